@@ -1,0 +1,213 @@
+package engine
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+)
+
+// Deps is what an engine actor needs from its node. Request is the template
+// of its request actors' deps.
+type Deps struct {
+	Engine  string
+	Request request.Deps
+	Outbox  *actors.Outbox
+	Metrics *metrics.Metrics
+	Log     *slog.Logger
+	// Closed is closed once a retired engine has released every request and
+	// stopped; the node then closes the engine's device.
+	Closed chan struct{}
+}
+
+type entry struct {
+	id  string
+	pid *actor.PID
+}
+
+// Actor is one engine's actor; its fields are touched only from Receive.
+type Actor struct {
+	deps     Deps
+	epoch    string
+	seq      uint64
+	haveSeq  bool
+	live     map[string]*entry // request id → live request actor
+	byPID    map[string]*entry // actor id → entry, live or draining
+	retiring bool
+	perReq   map[string][]messages.Event // scratch: one batch's events by request
+	order    []string
+}
+
+// Props builds an engine actor. Its request actors are stopped, never
+// restarted, when they fail.
+func Props(deps Deps) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
+			perReq: map[string][]messages.Event{}}
+	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)))
+}
+
+func (a *Actor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		a.deps.Metrics.EnginesLive.Inc()
+	case *actor.Stopping, *actor.Restarting:
+	case *actor.Stopped:
+		a.deps.Metrics.EnginesLive.Dec()
+		if a.deps.Closed != nil {
+			close(a.deps.Closed)
+		}
+	case *Batch:
+		a.batch(c, m)
+	case *request.Done:
+		a.done(c, m)
+	case *actor.Terminated:
+		a.terminated(m)
+	case *Retire:
+		a.retiring = true
+		a.resetAll(c)
+		a.maybeStop(c)
+	case *StatusQuery:
+		a.status(c, m)
+	default:
+		a.deps.Metrics.Unexpected.WithLabelValues("engine").Inc()
+	}
+}
+
+// batch applies seq/epoch rules (PROTOCOL.md, "EventBatch") and routes the
+// events, in order, one message per request.
+func (a *Actor) batch(c actor.Context, m *Batch) {
+	b := &m.Batch
+	if a.retiring {
+		return
+	}
+	a.deps.Metrics.Batches.Inc()
+	if b.Epoch != a.epoch {
+		if a.epoch != "" {
+			a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", a.epoch, "new", b.Epoch)
+			a.deps.Metrics.EpochResets.Inc()
+			a.resetAll(c)
+		}
+		a.epoch, a.haveSeq = b.Epoch, false
+	}
+	if a.haveSeq {
+		if b.Seq <= a.seq {
+			a.deps.Metrics.BatchDuplicate.Inc()
+			return
+		}
+		if b.Seq > a.seq+1 {
+			a.deps.Metrics.EventGaps.Inc()
+			a.deps.Log.Warn("event gap", "engine", a.deps.Engine, "after", a.seq, "got", b.Seq)
+		}
+	}
+	a.seq, a.haveSeq = b.Seq, true
+
+	for i := range b.Events {
+		a.route(c, m, &b.Events[i])
+	}
+	for _, id := range a.order {
+		if e := a.live[id]; e != nil {
+			c.Send(e.pid, &request.Events{Events: a.perReq[id], Ctx: m.Ctx, Arrived: m.Arrived})
+		}
+		delete(a.perReq, id)
+	}
+	a.order = a.order[:0]
+}
+
+func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) {
+	id := ev.Request
+	if _, ok := a.live[id]; !ok {
+		switch ev.Type {
+		case messages.EvAdded:
+			a.spawn(c, m.Ctx, ev)
+			return // the added event is the actor's first state
+		case messages.EvFinished:
+			// PROTOCOL.md: finished for an unknown request is answered with
+			// released at once (the engine may be waiting for its blocks).
+			reason := messages.ReasonFinished
+			if ev.Aborted {
+				reason = messages.ReasonAborted
+			}
+			a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
+			a.deps.Outbox.Released(m.Ctx, a.deps.Engine, id, reason)
+			return
+		default:
+			a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonUnknownReq).Inc()
+			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
+				"type", ev.Type.String(), "err", "unknown request")
+			return
+		}
+	}
+	evs, seen := a.perReq[id]
+	if !seen {
+		a.order = append(a.order, id)
+	}
+	a.perReq[id] = append(evs, *ev)
+}
+
+func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	pid := c.Spawn(request.Props(a.deps.Request, *added, ctx))
+	e := &entry{id: added.Request, pid: pid}
+	a.live[added.Request] = e
+	a.byPID[pid.Id] = e
+}
+
+// done: the request was released for good. The actor is stopped here, by
+// its parent, so a Terminated for a pid still live means a failure.
+func (a *Actor) done(c actor.Context, m *request.Done) {
+	if e := a.live[m.Request]; e != nil && e.pid.Equal(m.PID) {
+		delete(a.live, m.Request)
+	}
+	delete(a.byPID, m.PID.Id)
+	c.Stop(m.PID)
+	a.maybeStop(c)
+}
+
+func (a *Actor) terminated(m *actor.Terminated) {
+	e, ok := a.byPID[m.Who.Id]
+	if !ok {
+		return // stopped after Done: nothing owed
+	}
+	delete(a.byPID, m.Who.Id)
+	if cur := a.live[e.id]; cur == e {
+		delete(a.live, e.id)
+	}
+	// The request actor failed (supervision stopped it). The engine is owed a
+	// release so it can reuse the blocks; the request's stores are abandoned.
+	a.deps.Metrics.RequestFailure.Inc()
+	a.deps.Metrics.Releases.WithLabelValues(messages.ReasonAborted).Inc()
+	a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
+	a.deps.Outbox.Released(context.Background(), a.deps.Engine, e.id, messages.ReasonAborted)
+}
+
+// resetAll sends every live request a Reset; they release (engine_reset) once
+// their in-flight copies finish and report Done, as before.
+func (a *Actor) resetAll(c actor.Context) {
+	for id, e := range a.live {
+		c.Send(e.pid, &request.Reset{})
+		delete(a.live, id)
+	}
+}
+
+func (a *Actor) maybeStop(c actor.Context) {
+	if a.retiring && len(a.byPID) == 0 {
+		c.Stop(c.Self())
+	}
+}
+
+func (a *Actor) status(c actor.Context, m *StatusQuery) {
+	st := Status{Engine: a.deps.Engine, Epoch: a.epoch, Seq: a.seq}
+	pids := make([]*actor.PID, 0, len(a.live))
+	for _, e := range a.live {
+		pids = append(pids, e.pid)
+	}
+	c.Spawn(collectorProps(st, pids, m.Reply))
+}

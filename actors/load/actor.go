@@ -1,0 +1,109 @@
+package load
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/tracing"
+)
+
+// Job is one prepared load: its keys are already pinned in Pool.
+type Job struct {
+	Engine    string
+	Request   string
+	Tokens    int
+	Keys      []messages.Key // pinned; unpinned when the copy ends
+	Chunks    []sched.JobChunk
+	Bytes     int64
+	Layout    *sched.Layout
+	Device    backend.Device
+	SlotBytes int64
+	Reply     string // NATS reply subject
+	Ctx       context.Context
+}
+
+// Deps is what a load actor needs from its node.
+type Deps struct {
+	Pool     *hostpool.Shared
+	Transfer *actor.PID
+	Outbox   *actors.Outbox
+	Metrics  *metrics.Metrics
+	Tracer   trace.Tracer
+	Log      *slog.Logger
+}
+
+// Actor runs one load.
+type Actor struct {
+	deps  Deps
+	job   *Job
+	span  trace.Span
+	start time.Time
+}
+
+// Props builds the actor for one load.
+func Props(deps Deps, job *Job) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, job: job} })
+}
+
+func (a *Actor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		a.submit(c)
+	case *actor.Stopping, *actor.Stopped, *actor.Restarting:
+	case *transfer.JobDone:
+		a.done(c, m)
+	default:
+		a.deps.Metrics.Unexpected.WithLabelValues("load").Inc()
+	}
+}
+
+func (a *Actor) submit(c actor.Context) {
+	j := a.job
+	a.start = time.Now()
+	var ctx context.Context
+	ctx, a.span = a.deps.Tracer.Start(j.Ctx, tracing.SpanLoad, trace.WithAttributes(
+		tracing.AttrEngine.String(j.Engine), tracing.AttrRequest.String(j.Request),
+		tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
+	j.Ctx = ctx
+	if len(j.Chunks) == 0 { // nothing to copy (every target id was 0)
+		a.done(c, &transfer.JobDone{})
+		return
+	}
+	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
+		Dir: backend.HostToDevice, Chunks: j.Chunks, Bytes: j.Bytes, Layout: j.Layout, Device: j.Device,
+		SlotBytes: j.SlotBytes, Span: a.span.SpanContext()})
+}
+
+func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
+	j := a.job
+	a.deps.Pool.CompleteLoad(j.Keys)
+	if m.Err != nil || m.Cancelled {
+		err := m.Err
+		if err == nil {
+			err = fmt.Errorf("load cancelled")
+		}
+		a.span.RecordError(err)
+		a.span.SetStatus(codes.Error, err.Error())
+		a.deps.Metrics.Loads.WithLabelValues("error").Inc()
+		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
+		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error()})
+	} else {
+		a.deps.Metrics.Loads.WithLabelValues("ok").Inc()
+		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens})
+	}
+	a.span.End()
+	c.Stop(c.Self())
+}

@@ -1,0 +1,236 @@
+package request
+
+import (
+	"context"
+	"encoding/hex"
+	"log/slog"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/tracing"
+)
+
+// Deps is what a request actor needs from its engine.
+type Deps struct {
+	Engine    string
+	Layout    *sched.Layout
+	Device    backend.Device
+	Pool      *hostpool.Shared
+	SlotBytes int64
+	Transfer  *actor.PID
+	Outbox    *actors.Outbox
+	Metrics   *metrics.Metrics
+	Tracer    trace.Tracer
+	Log       *slog.Logger
+}
+
+// Actor is one request's actor. All fields are touched only from Receive.
+type Actor struct {
+	deps  Deps
+	state *sched.Request
+	span  trace.Span
+	ctx   context.Context // carries span
+	jobs  map[sched.JobID]*job
+	// retryArmed: a RetryDue timer is pending; later retries wait for it.
+	retryArmed bool
+	done       bool
+}
+
+type job struct {
+	store *sched.StoreJob
+	span  trace.Span
+	ctx   context.Context
+}
+
+// Props builds a request actor from its added event; first carries the batch
+// context that created it.
+func Props(deps Deps, added messages.Event, parent context.Context) *actor.Props {
+	return actor.PropsFromProducer(func() actor.Actor {
+		a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, &added), jobs: map[sched.JobID]*job{}}
+		a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest, trace.WithAttributes(
+			tracing.AttrEngine.String(deps.Engine),
+			tracing.AttrRequest.String(added.Request)))
+		return a
+	})
+}
+
+func (a *Actor) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *actor.Started:
+		a.deps.Metrics.RequestsLive.Inc()
+	case *actor.Stopping, *actor.Restarting:
+	case *actor.Stopped:
+		a.deps.Metrics.RequestsLive.Dec()
+		if !a.done {
+			a.span.SetStatus(codes.Error, "request actor stopped before release")
+		}
+		a.span.End()
+	case *Events:
+		a.apply(c, m)
+	case *transfer.JobDone:
+		a.jobDone(c, m)
+	case *RetryDue:
+		a.retryArmed = false
+		a.perform(c, a.state.Advance(a.deps.Pool), time.Time{})
+	case *Reset:
+		a.span.AddEvent("engine_reset")
+		a.perform(c, a.state.Reset(), time.Time{})
+	case *StatusQuery:
+		c.Send(m.ReplyTo, &Status{Snapshot: a.state.Snapshot()})
+	default:
+		a.deps.Metrics.Unexpected.WithLabelValues("request").Inc()
+	}
+}
+
+func (a *Actor) apply(c actor.Context, m *Events) {
+	if a.done {
+		return
+	}
+	for i := range m.Events {
+		ev := &m.Events[i]
+		if err := a.state.Step(ev); err != nil {
+			a.reject(ev, err)
+			continue
+		}
+		a.deps.Metrics.EventsApplied.Inc()
+	}
+	a.perform(c, a.state.Advance(a.deps.Pool), m.Arrived)
+}
+
+// reject logs and counts a rejected event; the state is unchanged.
+func (a *Actor) reject(ev *messages.Event, err error) {
+	a.deps.Metrics.Rejected.WithLabelValues(actors.RejectReason(err)).Inc()
+	a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", ev.Request,
+		"type", ev.Type.String(), "err", err)
+}
+
+func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
+	j, ok := a.jobs[m.ID]
+	if !ok {
+		a.deps.Metrics.Unexpected.WithLabelValues("request").Inc()
+		return
+	}
+	delete(a.jobs, m.ID)
+	keys := j.store.Keys()
+	success := m.Err == nil && !m.Cancelled
+	a.deps.Pool.CompleteStore(keys, success)
+	switch {
+	case success:
+		a.published(j)
+		j.span.SetAttributes(tracing.AttrBytes.Int64(m.Bytes))
+	case m.Cancelled:
+		j.span.AddEvent("cancelled")
+	default:
+		j.span.RecordError(m.Err)
+		j.span.SetStatus(codes.Error, m.Err.Error())
+		a.deps.Log.Warn("store copy failed; will retry", "engine", a.deps.Engine,
+			"request", a.state.ID(), "job", m.ID, "err", m.Err)
+	}
+	j.span.End()
+	a.perform(c, a.state.JobDone(m.ID, success, m.Cancelled), time.Time{})
+}
+
+// published announces a completed store job: stored to the engine, one
+// BlockStored per group to routers.
+func (a *Actor) published(j *job) {
+	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.store.Bytes,
+		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
+	var kv []messages.KVEvent
+	for i, ch := range j.store.Chunks {
+		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: hex.EncodeToString([]byte(ch.Key))}
+		hash, _ := sched.SplitKey(ch.Key)
+		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
+			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
+		}
+		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, hex.EncodeToString([]byte(hash)))
+	}
+	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
+	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
+	a.deps.Outbox.KVEvents(j.ctx, a.deps.Engine, kv)
+}
+
+// perform carries out effects in the documented order (sched.Effects).
+func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
+	if len(eff.Cancel) > 0 {
+		c.Send(a.deps.Transfer, &transfer.Cancel{Owner: c.Self(), IDs: append([]sched.JobID(nil), eff.Cancel...)})
+	}
+	if eff.Job != nil {
+		a.submit(c, eff.Job, arrived)
+	}
+	if len(eff.Evicted) > 0 {
+		a.evicted(eff.Evicted)
+	}
+	a.deps.Metrics.ChunksDeduped.Add(float64(eff.Deduped))
+	for _, d := range eff.Deferred {
+		a.deps.Metrics.Deferrals.WithLabelValues(d.Reason.String()).Inc()
+		a.span.AddEvent(tracing.EventDeferred, trace.WithAttributes(
+			tracing.AttrGroup.Int(d.Group), tracing.AttrChunk.Int(int(d.Chunk)),
+			tracing.AttrReason.String(d.Reason.String())))
+	}
+	if r := eff.Retry; r != nil {
+		a.deps.Metrics.Retries.WithLabelValues(r.Reason.String()).Inc()
+		a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
+			tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
+			tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
+		a.armRetry(c, r)
+	}
+	if eff.Dropped > 0 {
+		a.deps.Metrics.ChunksDropped.Add(float64(eff.Dropped))
+		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
+			"chunks", eff.Dropped)
+	}
+	for _, reason := range eff.Releases {
+		a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
+		a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
+		a.deps.Outbox.Released(a.ctx, a.deps.Engine, a.state.ID(), reason)
+	}
+	if eff.Drop {
+		a.done = true
+		if len(eff.Releases) > 0 {
+			a.span.SetAttributes(tracing.AttrReason.String(eff.Releases[len(eff.Releases)-1]))
+		}
+		c.Send(c.Parent(), &Done{Request: a.state.ID(), PID: c.Self()})
+	}
+}
+
+func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
+	ctx, span := a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob, trace.WithAttributes(
+		tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
+		tracing.AttrBytes.Int64(sj.Bytes)))
+	a.jobs[sj.ID] = &job{store: sj, span: span, ctx: ctx}
+	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
+		Dir: backend.DeviceToHost, Chunks: sj.Chunks, Bytes: sj.Bytes, Layout: a.deps.Layout,
+		Device: a.deps.Device, SlotBytes: a.deps.SlotBytes, Span: span.SpanContext(), Arrived: arrived})
+}
+
+func (a *Actor) evicted(keys []messages.Key) {
+	a.deps.Metrics.Evictions.Add(float64(len(keys)))
+	kv := make([]messages.KVEvent, 0, len(keys))
+	for _, k := range keys {
+		hash, g := sched.SplitKey(k)
+		kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
+			BlockHashes: []string{hex.EncodeToString([]byte(hash))}})
+	}
+	a.deps.Outbox.KVEvents(a.ctx, a.deps.Engine, kv)
+}
+
+// armRetry schedules one RetryDue; the timer only sends a message, so the
+// decision itself still runs in Receive.
+func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
+	if a.retryArmed {
+		return
+	}
+	a.retryArmed = true
+	root, self := c.ActorSystem().Root, c.Self()
+	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{Attempt: r.Attempt}) })
+}

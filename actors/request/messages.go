@@ -1,0 +1,39 @@
+package request
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// Events carries one batch's events for this request, in order.
+type Events struct {
+	Events  []messages.Event
+	Ctx     context.Context // the batch's trace context
+	Arrived time.Time
+}
+
+// RetryDue is the retry timer firing: take the store decision again.
+type RetryDue struct{ Attempt int }
+
+// Reset ends the request for an engine reset (PROTOCOL.md, "epoch").
+type Reset struct{}
+
+// Done tells the engine actor the request was released for good; the engine
+// removes it from its table and stops the actor.
+type Done struct {
+	Request string
+	PID     *actor.PID
+}
+
+// StatusQuery asks for a Status sent to ReplyTo.
+type StatusQuery struct{ ReplyTo *actor.PID }
+
+// Status is one request's snapshot for P.E.status.
+type Status struct {
+	Snapshot sched.RequestSnapshot
+}

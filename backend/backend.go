@@ -1,0 +1,76 @@
+package backend
+
+import (
+	"errors"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Direction of a copy.
+type Direction uint8
+
+const (
+	// DeviceToHost copies engine (GPU) memory into the host pool: a store.
+	DeviceToHost Direction = iota
+	// HostToDevice copies host pool memory into engine (GPU) memory: a load.
+	HostToDevice
+)
+
+// String returns the vLLM transfer_type label for the direction.
+func (d Direction) String() string {
+	if d == HostToDevice {
+		return "CPU_to_GPU"
+	}
+	return "GPU_to_CPU"
+}
+
+// Range is one contiguous copy between a device segment and the pool arena.
+type Range struct {
+	Segment   int   // index into the engine's segments
+	SegOffset int64 // byte offset in that segment
+	PoolOff   int64 // byte offset in the pool arena
+	Len       int64
+}
+
+// Errors shared by backends.
+var (
+	// ErrNotBuilt is returned by a backend compiled out of this binary (the
+	// cuda backend without the cuda build tag).
+	ErrNotBuilt = errors.New("backend not built into this binary")
+	// ErrBadSegment is returned for a segment the backend refuses to attach
+	// (hostile name, missing object, wrong kind).
+	ErrBadSegment = errors.New("bad segment")
+	// ErrOutOfRange is returned for a copy outside its segment or the arena.
+	ErrOutOfRange = errors.New("copy range out of bounds")
+	// ErrClosed is returned after Close.
+	ErrClosed = errors.New("closed")
+)
+
+// Backend attaches engines' device memory and allocates host memory. It is
+// safe for concurrent use.
+type Backend interface {
+	// Name is the backend's short name ("shm", "cuda").
+	Name() string
+	// AllocArena returns host memory of at least bytes for the pool.
+	AllocArena(bytes int64) (Arena, error)
+	// Attach opens an engine's segments, in spec order.
+	Attach(engine string, segs []messages.Segment) (Device, error)
+}
+
+// Arena is the host pool's memory.
+type Arena interface {
+	// Bytes is the arena's memory; valid until Close.
+	Bytes() []byte
+	Close() error
+}
+
+// Device is one engine's attached segments. Copy may be called from several
+// goroutines at once; copies of disjoint ranges do not interfere.
+type Device interface {
+	// SegmentSize is the size in bytes of segment i.
+	SegmentSize(i int) int64
+	// Copy performs every range in the direction given and returns when the
+	// bytes have landed (or the first error).
+	Copy(dir Direction, arena Arena, ranges []Range) error
+	Close() error
+}

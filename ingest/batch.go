@@ -1,0 +1,184 @@
+package ingest
+
+import (
+	"bytes"
+	"fmt"
+	"unicode/utf8"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// DecodeBatch decodes the body of P.E.events for engine (the id from the
+// subject, copied into the batch). It returns an error wrapping ErrMalformed,
+// and no batch, if the body is not valid JSON, is not an object, lacks a
+// non-empty epoch string of at most 256 bytes, a non-negative integer seq or
+// an events array, or holds more than lim.MaxEvents events. Otherwise every
+// well-formed event is in the batch, in order, and each rejected event is
+// reported once in the []EventError (PROTOCOL.md "EventBatch"). Zero fields
+// of lim mean their defaults.
+func DecodeBatch(engine string, data []byte, lim Limits) (messages.EventBatch, []EventError, error) {
+	d := decoder{lexer: lexer{data: data}, lim: lim.WithDefaults()}
+	b := messages.EventBatch{Engine: engine}
+	var (
+		bad                         []EventError
+		hasEpoch, hasSeq, hasEvents bool
+	)
+	if d.peek() != '{' {
+		return messages.EventBatch{}, nil, d.envelope("the body is not a JSON object")
+	}
+	for more := !d.open('}'); more; {
+		k, err := d.key()
+		if err != nil {
+			return messages.EventBatch{}, nil, err
+		}
+		switch string(k) {
+		case "epoch":
+			b.Epoch, hasEpoch, err = d.epoch()
+		case "seq":
+			b.Seq, hasSeq, err = d.seq()
+		case "events":
+			// A repeated key replaces the earlier value, as in encoding/json.
+			b.Events, bad, hasEvents, err = d.events(b.Events[:0], bad[:0])
+		default:
+			err = d.skip(inEnvelope)
+		}
+		if err != nil {
+			return messages.EventBatch{}, nil, err
+		}
+		if more, err = d.next('}'); err != nil {
+			return messages.EventBatch{}, nil, err
+		}
+	}
+	if err := d.end(); err != nil {
+		return messages.EventBatch{}, nil, err
+	}
+	switch {
+	case !hasEpoch:
+		return messages.EventBatch{}, nil, d.envelope(`missing "epoch"`)
+	case !hasSeq:
+		return messages.EventBatch{}, nil, d.envelope(`missing "seq"`)
+	case !hasEvents:
+		return messages.EventBatch{}, nil, d.envelope(`missing "events"`)
+	}
+	return b, bad, nil
+}
+
+var openBrace = []byte{'{'}
+
+// decoder holds the state of one DecodeBatch call. Its scratch slices are
+// reused from event to event; each accepted event gets its own exact-size
+// copies, so a consumer may keep one event's slices without pinning the rest.
+type decoder struct {
+	lexer
+	lim      Limits
+	ids      []messages.BlockID // block ids of the current event
+	hashRaw  []byte             // decoded bytes of the current event's hashes
+	hashEnds []int              // end offset in hashRaw of each hash
+	requests []string           // distinct request ids seen in this batch
+	ev       wireEvent
+}
+
+func (d *decoder) envelope(msg string) error {
+	return fmt.Errorf("%w: event batch: %s", ErrMalformed, msg)
+}
+
+// epoch reads the "epoch" value: a non-empty UTF-8 string of at most
+// MaxEpochBytes. null counts as absent, as in encoding/json.
+func (d *decoder) epoch() (string, bool, error) {
+	switch c := d.peek(); c {
+	case 'n':
+		return "", false, d.literal("null")
+	case '"':
+	default:
+		return "", false, d.envelope(`"epoch" is a ` + kind(c) + ", want a string")
+	}
+	raw, esc, err := d.str()
+	if err != nil {
+		return "", false, err
+	}
+	valid := true
+	if esc {
+		raw, valid = d.unescape(raw)
+	}
+	switch {
+	case len(raw) == 0:
+		return "", false, d.envelope(`"epoch" is empty`)
+	case len(raw) > MaxEpochBytes:
+		return "", false, d.envelope(fmt.Sprintf(`"epoch" is %d bytes, over %d`, len(raw), MaxEpochBytes))
+	case !valid || !utf8.Valid(raw):
+		return "", false, d.envelope(`"epoch" is not valid UTF-8`)
+	}
+	return string(raw), true, nil
+}
+
+// seq reads the "seq" value: an integer in [0, 2^63). null counts as absent.
+func (d *decoder) seq() (uint64, bool, error) {
+	switch c := d.peek(); {
+	case c == 'n':
+		return 0, false, d.literal("null")
+	case c == '-' || ('0' <= c && c <= '9'):
+	default:
+		return 0, false, d.envelope(`"seq" is a ` + kind(c) + ", want an integer")
+	}
+	v, cls, err := d.number()
+	switch {
+	case err != nil:
+		return 0, false, err
+	case cls != numInt || v < 0:
+		return 0, false, d.envelope(`"seq" is not an integer in [0, 2^63)`)
+	}
+	return uint64(v), true, nil
+}
+
+// events reads the "events" array, appending good events to evs and
+// rejections to bad.
+func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Event, []EventError, bool, error) {
+	switch c := d.peek(); c {
+	case 'n':
+		return evs, bad, false, d.literal("null")
+	case '[':
+	default:
+		return evs, bad, false, d.envelope(`"events" is a ` + kind(c) + ", want an array")
+	}
+	if evs == nil {
+		// Every event is an object, so counting '{' bounds the events from
+		// above for the usual body (a vectorised byte count, far cheaper
+		// than regrowing); append still grows it if the guess is short.
+		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), d.lim.MaxEvents))
+	}
+	i := 0
+	for more := !d.open(']'); more; i++ {
+		if i >= d.lim.MaxEvents {
+			return evs, bad, false, fmt.Errorf("%w: %w: more than %d events in one batch", ErrMalformed, ErrTooLarge, d.lim.MaxEvents)
+		}
+		ev, err := d.event()
+		if err != nil {
+			return evs, bad, false, err
+		}
+		if d.ev.err != nil {
+			bad = append(bad, EventError{Index: i, Type: d.ev.typeName, Request: d.ev.request, Err: d.ev.err})
+		} else {
+			evs = append(evs, ev)
+		}
+		if more, err = d.next(']'); err != nil {
+			return evs, bad, false, err
+		}
+	}
+	return evs, bad, true, nil
+}
+
+// intern returns raw as a string, sharing the allocation with an equal
+// request id seen earlier in the batch: a batch usually carries several
+// events (hashes, blocks, tokens) for each of a few requests.
+func (d *decoder) intern(raw []byte) string {
+	for _, s := range d.requests {
+		if s == string(raw) {
+			return s
+		}
+	}
+	s := string(raw)
+	if len(d.requests) < 16 {
+		d.requests = append(d.requests, s)
+	}
+	return s
+}

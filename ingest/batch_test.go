@@ -1,0 +1,188 @@
+package ingest
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// protocolBatch uses every event type of PROTOCOL.md "EventBatch", with the
+// fields its table lists.
+const protocolBatch = `{"epoch": "b3f1", "seq": 17, "events": [
+  {"type": "added", "request": "r1", "prompt_tokens": 20},
+  {"type": "added", "request": "r2", "prompt_tokens": 8, "max_offload_tokens": 4},
+  {"type": "hashes", "request": "r1", "start": 0, "hashes": ["00ff", "a1b2"]},
+  {"type": "blocks", "request": "r1", "group": 1, "start": 3, "ids": [7, 0, 4294967295]},
+  {"type": "tokens", "request": "r1", "computed": 12, "total": 21},
+  {"type": "preempted", "request": "r1"},
+  {"type": "resumed", "request": "r1"},
+  {"type": "finished", "request": "r2", "aborted": true, "computed": 3, "total": 8}
+]}`
+
+func TestDecodeBatchProtocolExample(t *testing.T) {
+	b, bad, err := DecodeBatch("e1", []byte(protocolBatch), Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	require.Equal(t, messages.EventBatch{Engine: "e1", Epoch: "b3f1", Seq: 17, Events: []messages.Event{
+		{Type: messages.EvAdded, Request: "r1", PromptTokens: 20, MaxOffloadTokens: -1},
+		{Type: messages.EvAdded, Request: "r2", PromptTokens: 8, MaxOffloadTokens: 4},
+		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"\x00\xff", "\xa1\xb2"}},
+		{Type: messages.EvBlocks, Request: "r1", Group: 1, Start: 3, IDs: []messages.BlockID{7, 0, 4294967295}},
+		{Type: messages.EvTokens, Request: "r1", Computed: 12, Total: 21},
+		{Type: messages.EvPreempted, Request: "r1"},
+		{Type: messages.EvResumed, Request: "r1"},
+		{Type: messages.EvFinished, Request: "r2", Aborted: true, Computed: 3, Total: 8},
+	}}, b)
+}
+
+// TestDecodeBatchRejectsBatch: envelope problems and syntax errors anywhere
+// reject the whole batch with ErrMalformed.
+func TestDecodeBatchRejectsBatch(t *testing.T) {
+	ev := `{"type":"preempted","request":"r1"}`
+	for _, tc := range []struct{ name, body string }{
+		{"empty body", ``},
+		{"not an object", `[]`},
+		{"null body", `null`},
+		{"truncated", `{"epoch":"e","seq":1,"events":[` + ev},
+		{"trailing data", `{"epoch":"e","seq":1,"events":[]} {}`},
+		{"trailing comma", `{"epoch":"e","seq":1,"events":[],}`},
+		{"single quotes", `{'epoch':"e","seq":1,"events":[]}`},
+		{"syntax error in a later event", `{"epoch":"e","seq":1,"events":[` + ev + `,{"type":"tokens","computed":1x}]}`},
+		{"syntax error after the events", `{"events":[` + ev + `],"epoch":"e","seq":1,"x":tru}`},
+		{"control character in a string", "{\"epoch\":\"e\x01\",\"seq\":1,\"events\":[]}"},
+		{"bad escape", `{"epoch":"\q","seq":1,"events":[]}`},
+		{"bad unicode escape", `{"epoch":"\u12g4","seq":1,"events":[]}`},
+		{"leading zero", `{"epoch":"e","seq":01,"events":[]}`},
+		{"bare minus", `{"epoch":"e","seq":-,"events":[]}`},
+		{"nesting too deep in an unknown field", `{"epoch":"e","seq":1,"events":[],"x":` + strings.Repeat("[", 10002) + strings.Repeat("]", 10002) + `}`},
+		{"missing epoch", `{"seq":1,"events":[]}`},
+		{"null epoch", `{"epoch":null,"seq":1,"events":[]}`},
+		{"empty epoch", `{"epoch":"","seq":1,"events":[]}`},
+		{"epoch over 256 bytes", `{"epoch":"` + strings.Repeat("e", 257) + `","seq":1,"events":[]}`},
+		{"epoch not a string", `{"epoch":7,"seq":1,"events":[]}`},
+		{"epoch not UTF-8", "{\"epoch\":\"\xff\",\"seq\":1,\"events\":[]}"},
+		{"epoch lone surrogate", `{"epoch":"\ud800","seq":1,"events":[]}`},
+		{"missing seq", `{"epoch":"e","events":[]}`},
+		{"negative seq", `{"epoch":"e","seq":-1,"events":[]}`},
+		{"fractional seq", `{"epoch":"e","seq":1.5,"events":[]}`},
+		{"exponent seq", `{"epoch":"e","seq":1e3,"events":[]}`},
+		{"string seq", `{"epoch":"e","seq":"1","events":[]}`},
+		{"seq over int64", `{"epoch":"e","seq":9223372036854775808,"events":[]}`},
+		{"missing events", `{"epoch":"e","seq":1}`},
+		{"null events", `{"epoch":"e","seq":1,"events":null}`},
+		{"events not an array", `{"epoch":"e","seq":1,"events":{}}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := DecodeBatch("e1", []byte(tc.body), Limits{})
+			require.ErrorIs(t, err, ErrMalformed)
+		})
+	}
+}
+
+func TestDecodeBatchRejectsTooManyEvents(t *testing.T) {
+	ev := `{"type":"resumed","request":"r"}`
+	body := `{"epoch":"e","seq":1,"events":[` + ev + `,` + ev + `,` + ev + `]}`
+	_, _, err := DecodeBatch("e1", []byte(body), Limits{MaxEvents: 2})
+	require.ErrorIs(t, err, ErrMalformed)
+	require.ErrorIs(t, err, ErrTooLarge)
+	_, _, err = DecodeBatch("e1", []byte(body), Limits{MaxEvents: 3})
+	require.NoError(t, err)
+}
+
+func TestDecodeBatchAcceptsEdgeCases(t *testing.T) {
+	for _, tc := range []struct {
+		name, event string
+		want        messages.Event
+	}{
+		{"unknown fields are ignored", `{"x":{"y":[1,{"z":null}]},"type":"resumed","request":"r","future":"v2"}`,
+			messages.Event{Type: messages.EvResumed, Request: "r"}},
+		{"type may come last", `{"request":"r","computed":3,"total":4,"type":"tokens"}`,
+			messages.Event{Type: messages.EvTokens, Request: "r", Computed: 3, Total: 4}},
+		{"absent counts are zero (omitempty encoders)", `{"type":"blocks","request":"r","ids":[1]}`,
+			messages.Event{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{1}}},
+		{"null is absent", `{"type":"added","request":"r","prompt_tokens":null,"max_offload_tokens":null}`,
+			messages.Event{Type: messages.EvAdded, Request: "r", MaxOffloadTokens: -1}},
+		{"max_offload_tokens 0 is set", `{"type":"added","request":"r","prompt_tokens":5,"max_offload_tokens":0}`,
+			messages.Event{Type: messages.EvAdded, Request: "r", PromptTokens: 5}},
+		{"the last of duplicate keys wins", `{"type":"tokens","request":"a","request":"b","computed":1,"computed":2}`,
+			messages.Event{Type: messages.EvTokens, Request: "b", Computed: 2}},
+		{"request ids may hold subject characters", `{"type":"resumed","request":"a.*.>"}`,
+			messages.Event{Type: messages.EvResumed, Request: "a.*.>"}},
+		{"escapes in a request id are decoded", `{"type":"resumed","request":"q\"\\\/\n\u00e9\ud83d\ude00"}`,
+			messages.Event{Type: messages.EvResumed, Request: "q\"\\/\né😀"}},
+		{"escapes in a key are decoded", `{"\u0074ype":"resumed","request":"r"}`,
+			messages.Event{Type: messages.EvResumed, Request: "r"}},
+		{"a 256-byte request id", `{"type":"resumed","request":"` + strings.Repeat("r", 256) + `"}`,
+			messages.Event{Type: messages.EvResumed, Request: strings.Repeat("r", 256)}},
+		{"the largest group", `{"type":"blocks","request":"r","group":63,"ids":[]}`,
+			messages.Event{Type: messages.EvBlocks, Request: "r", Group: 63}},
+		{"a 64-byte hash", `{"type":"hashes","request":"r","hashes":["` + strings.Repeat("ab", 64) + `"]}`,
+			messages.Event{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{messages.Hash(strings.Repeat("\xab", 64))}}},
+		{"fields the type does not use are dropped", `{"type":"preempted","request":"r","ids":[1],"hashes":["aa"],"computed":4}`,
+			messages.Event{Type: messages.EvPreempted, Request: "r"}},
+		{"negative zero is zero", `{"type":"tokens","request":"r","computed":-0,"total":0}`,
+			messages.Event{Type: messages.EvTokens, Request: "r"}},
+		{"white space everywhere", " {\n\t\"type\" : \"resumed\" ,\r\n \"request\" : \"r\" } ",
+			messages.Event{Type: messages.EvResumed, Request: "r"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, bad, err := DecodeBatch("e1", []byte(`{"epoch":"e","seq":0,"events":[`+tc.event+`]}`), Limits{})
+			require.NoError(t, err)
+			require.Empty(t, bad)
+			require.Equal(t, []messages.Event{tc.want}, b.Events)
+		})
+	}
+}
+
+func TestDecodeBatchLastEventsKeyWins(t *testing.T) {
+	b, bad, err := DecodeBatch("e1", []byte(`{"epoch":"e","seq":1,"events":[{"type":"x"}],
+		"events":[{"type":"resumed","request":"r"}]}`), Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	require.Len(t, b.Events, 1)
+}
+
+// TestDecodeBatchEventsOwnTheirSlices: the decoder reuses scratch space, so
+// check that no two events (or later appends) share backing arrays.
+func TestDecodeBatchEventsOwnTheirSlices(t *testing.T) {
+	b, _, err := DecodeBatch("e1", []byte(`{"epoch":"e","seq":1,"events":[
+		{"type":"blocks","request":"r","ids":[1,2]},
+		{"type":"blocks","request":"r","ids":[3,4]},
+		{"type":"hashes","request":"r","hashes":["01"]},
+		{"type":"hashes","request":"r","hashes":["02"]}]}`), Limits{})
+	require.NoError(t, err)
+	grown := append(b.Events[0].IDs, 9)
+	grown[0] = 100
+	require.Equal(t, []messages.BlockID{1, 2}, b.Events[0].IDs)
+	require.Equal(t, []messages.BlockID{3, 4}, b.Events[1].IDs)
+	require.Equal(t, []messages.Hash{"\x01"}, b.Events[2].Hashes)
+	require.Equal(t, []messages.Hash{"\x02"}, b.Events[3].Hashes)
+}
+
+// TestDecodeBatchNestingLimitMatchesEncodingJSON: both readers allow 10000
+// nested objects and arrays and no more, so they agree on what is valid.
+func TestDecodeBatchNestingLimitMatchesEncodingJSON(t *testing.T) {
+	for _, tc := range []struct {
+		where string
+		wrap  func(v string) string
+		outer int // containers around the value
+	}{
+		{"envelope", func(v string) string { return `{"epoch":"e","seq":1,"events":[],"x":` + v + `}` }, 1},
+		{"event", func(v string) string { return `{"epoch":"e","seq":1,"events":[` + v + `]}` }, 2},
+		{"field", func(v string) string { return `{"epoch":"e","seq":1,"events":[{"x":` + v + `}]}` }, 3},
+		{"hash", func(v string) string { return `{"epoch":"e","seq":1,"events":[{"hashes":[` + v + `]}]}` }, 4},
+		{"id", func(v string) string { return `{"epoch":"e","seq":1,"events":[{"ids":[` + v + `]}]}` }, 4},
+	} {
+		for _, extra := range []int{0, 1} {
+			n := maxDepth - tc.outer + extra
+			body := []byte(tc.wrap(strings.Repeat("[", n) + strings.Repeat("]", n)))
+			_, _, err := DecodeBatch("e1", body, Limits{})
+			require.Equal(t, json.Valid(body), err == nil, "%s, %d deep: %v", tc.where, tc.outer+n, err)
+			require.Equal(t, extra == 0, err == nil, "%s, %d deep: %v", tc.where, tc.outer+n, err)
+		}
+	}
+}

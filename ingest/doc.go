@@ -1,0 +1,35 @@
+// Package ingest turns raw NATS message bodies and subjects into checked
+// messages values: DecodeBatch for P.E.events, DecodeSpec for P.E.register,
+// DecodeLookup and DecodeLoad for the request/reply bodies, and ParseSubject
+// for the subjects themselves (docs/PROTOCOL.md, shared/PROTOCOL.md).
+//
+// The package is pure: no actors, no NATS connection, no clock, no globals.
+// Everything a caller may tune is in Limits. Each input is decoded and checked
+// once here, at the edge, so that the engine and request actors can trust the
+// values they receive (STYLE.md: "decode and validate each batch once").
+//
+// Event batches are on the hot path (the service targets 500k events/s on two
+// cores), so DecodeBatch does not use encoding/json: it reads the body with a
+// small hand-written JSON reader (lexer.go) that decodes each event exactly
+// once into the flat messages.Event, without reflection, maps or a second
+// pass. The reader still accepts exactly RFC 8259 JSON: a syntax error
+// anywhere rejects the whole batch (as encoding/json would), while a
+// well-formed event with a bad value rejects only that event.
+//
+// Choices where the protocol is silent (written down in docs/ as well):
+//
+//   - Envelope fields epoch, seq and events are required; a missing or null
+//     one rejects the batch. Inside an event only "type" and "request" are
+//     required: other absent (or null) fields take their zero value, as with
+//     encoding/json, so an engine whose encoder omits zero values (Go's
+//     omitempty) still works. max_offload_tokens absent or null means unset.
+//   - Object keys match exactly (case-sensitive, like encoding/json/v2);
+//     a differently cased key is an unknown field and is ignored. Of
+//     duplicate keys the last wins.
+//   - A known field with the wrong JSON type rejects the event even when the
+//     field has no meaning for that event type (one wire shape for all
+//     types); range checks apply only to the fields the type uses.
+//   - Request ids and the epoch must be valid UTF-8 after unescaping; a lone
+//     surrogate escape (\ud800) is not, so it is rejected rather than
+//     replaced by U+FFFD (two distinct ids must never collapse into one).
+package ingest

@@ -1,0 +1,280 @@
+package ingest
+
+import (
+	"fmt"
+	"math"
+	"unicode/utf8"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// wireEvent is what one event object said, before it becomes a
+// messages.Event. Every field of every event type is here (one wire shape),
+// because "type" may come last in the object.
+type wireEvent struct {
+	typ           messages.EventType
+	typeName      string // as sent, for EventError
+	request       string // "" until a valid id was read
+	aborted       bool
+	group         int
+	start         int
+	promptTokens  int
+	computed      int
+	total         int
+	maxOffload    int
+	hasMaxOffload bool
+	err           error // the first problem; the event is rejected if set
+}
+
+// reject records the event's first problem; later ones add nothing.
+func (d *decoder) reject(reason error, msg string) {
+	if d.ev.err == nil {
+		d.ev.err = fmt.Errorf("%w: %w: %s", ErrBadEvent, reason, msg)
+	}
+}
+
+// event reads one element of the events array into d.ev and returns the
+// messages.Event it makes; d.ev.err is set if the event is rejected. The
+// error result is for syntax errors only, which end the batch.
+//
+// Every known field that is present is checked, whatever the type uses, so
+// that the rule for engine authors is simple: a malformed field (wrong JSON
+// type, negative count, id outside uint32, bad hash) rejects the event.
+func (d *decoder) event() (messages.Event, error) {
+	d.ev = wireEvent{}
+	d.ids, d.hashRaw, d.hashEnds = d.ids[:0], d.hashRaw[:0], d.hashEnds[:0]
+	if c := d.peek(); c != '{' {
+		d.reject(ErrWrongType, "the event is a "+kind(c)+", want an object")
+		return messages.Event{}, d.skip(inEvents)
+	}
+	for more := !d.open('}'); more; {
+		k, err := d.key()
+		if err != nil {
+			return messages.Event{}, err
+		}
+		e := &d.ev
+		switch string(k) {
+		case "type":
+			err = d.typeField()
+		case "request":
+			err = d.requestField()
+		case "aborted":
+			err = d.boolField("aborted", &e.aborted)
+		case "group":
+			if err = d.countField("group", &e.group); err == nil && e.group >= d.lim.MaxGroups {
+				d.reject(ErrOutOfRange, fmt.Sprintf("group = %d, limit is %d groups", e.group, d.lim.MaxGroups))
+			}
+		case "start":
+			err = d.countField("start", &e.start)
+		case "prompt_tokens":
+			err = d.countField("prompt_tokens", &e.promptTokens)
+		case "max_offload_tokens":
+			e.maxOffload = -1
+			err = d.countField("max_offload_tokens", &e.maxOffload)
+			e.hasMaxOffload = e.maxOffload >= 0
+		case "computed":
+			err = d.countField("computed", &e.computed)
+		case "total":
+			err = d.countField("total", &e.total)
+		case "hashes":
+			err = d.hashesField()
+		case "ids":
+			err = d.idsField()
+		default:
+			err = d.skip(inField) // unknown fields are ignored (forward compatibility)
+		}
+		if err != nil {
+			return messages.Event{}, err
+		}
+		if more, err = d.next('}'); err != nil {
+			return messages.Event{}, err
+		}
+	}
+	return d.build(), nil
+}
+
+// build turns a checked d.ev into an Event, copying only the fields its type
+// uses (messages.Event's doc comment lists them).
+func (d *decoder) build() messages.Event {
+	e := &d.ev
+	switch {
+	case e.err != nil:
+		return messages.Event{}
+	case e.typ == 0 && e.typeName == "":
+		d.reject(ErrUnknownType, `missing "type"`)
+		return messages.Event{}
+	case e.typ == 0:
+		d.reject(ErrUnknownType, fmt.Sprintf("%q is not an event type", e.typeName))
+		return messages.Event{}
+	case e.request == "":
+		d.reject(ErrBadRequestID, `missing "request"`)
+		return messages.Event{}
+	}
+	ev := messages.Event{Type: e.typ, Request: e.request}
+	switch e.typ {
+	case messages.EvAdded:
+		ev.PromptTokens = e.promptTokens
+		ev.MaxOffloadTokens = -1
+		if e.hasMaxOffload {
+			ev.MaxOffloadTokens = e.maxOffload
+		}
+	case messages.EvHashes:
+		if e.start > math.MaxInt-len(d.hashEnds) {
+			d.reject(ErrOutOfRange, "start + len(hashes) overflows")
+			return messages.Event{}
+		}
+		ev.Start = e.start
+		ev.Hashes = d.hashes()
+	case messages.EvBlocks:
+		if e.start > math.MaxInt-len(d.ids) {
+			d.reject(ErrOutOfRange, "start + len(ids) overflows")
+			return messages.Event{}
+		}
+		ev.Group, ev.Start = e.group, e.start
+		if len(d.ids) > 0 {
+			ev.IDs = append(make([]messages.BlockID, 0, len(d.ids)), d.ids...)
+		}
+	case messages.EvTokens:
+		ev.Computed, ev.Total = e.computed, e.total
+	case messages.EvFinished:
+		ev.Aborted, ev.Computed, ev.Total = e.aborted, e.computed, e.total
+	}
+	return ev
+}
+
+// hashes returns the current event's hashes. They share one string (one
+// allocation for all their bytes), which is immutable, so sharing is safe.
+func (d *decoder) hashes() []messages.Hash {
+	if len(d.hashEnds) == 0 {
+		return nil
+	}
+	all := string(d.hashRaw)
+	hs := make([]messages.Hash, len(d.hashEnds))
+	prev := 0
+	for i, end := range d.hashEnds {
+		hs[i] = messages.Hash(all[prev:end])
+		prev = end
+	}
+	return hs
+}
+
+// eventType maps a protocol name to its type without allocating.
+func eventType(b []byte) messages.EventType {
+	switch string(b) {
+	case "added":
+		return messages.EvAdded
+	case "hashes":
+		return messages.EvHashes
+	case "blocks":
+		return messages.EvBlocks
+	case "tokens":
+		return messages.EvTokens
+	case "preempted":
+		return messages.EvPreempted
+	case "resumed":
+		return messages.EvResumed
+	case "finished":
+		return messages.EvFinished
+	}
+	return 0
+}
+
+func (d *decoder) typeField() error {
+	switch c := d.peek(); c {
+	case 'n':
+		return d.literal("null")
+	case '"':
+	default:
+		d.reject(ErrWrongType, `"type" is a `+kind(c)+", want a string")
+		return d.skip(inField)
+	}
+	raw, esc, err := d.str()
+	if err != nil {
+		return err
+	}
+	if esc {
+		raw, _ = d.unescape(raw)
+	}
+	if d.ev.typ = eventType(raw); d.ev.typ != 0 {
+		d.ev.typeName = d.ev.typ.String() // a constant: no allocation
+	} else {
+		d.ev.typeName = string(raw[:min(len(raw), maxTypeBytes)])
+	}
+	return nil
+}
+
+// requestField reads "request": 1..MaxRequestIDBytes bytes of valid UTF-8.
+func (d *decoder) requestField() error {
+	switch c := d.peek(); c {
+	case 'n':
+		d.ev.request = ""
+		return d.literal("null")
+	case '"':
+	default:
+		d.reject(ErrBadRequestID, `"request" is a `+kind(c)+", want a string")
+		return d.skip(inField)
+	}
+	raw, esc, err := d.str()
+	if err != nil {
+		return err
+	}
+	valid := true
+	if esc {
+		raw, valid = d.unescape(raw)
+	}
+	d.ev.request = ""
+	switch {
+	case len(raw) == 0:
+		d.reject(ErrBadRequestID, `"request" is empty`)
+	case len(raw) > d.lim.MaxRequestIDBytes:
+		d.reject(ErrBadRequestID, fmt.Sprintf(`"request" is %d bytes, over %d`, len(raw), d.lim.MaxRequestIDBytes))
+	case !valid || !utf8.Valid(raw):
+		d.reject(ErrBadRequestID, `"request" is not valid UTF-8`)
+	default:
+		d.ev.request = d.intern(raw)
+	}
+	return nil
+}
+
+func (d *decoder) boolField(name string, dst *bool) error {
+	switch c := d.peek(); c {
+	case 't':
+		*dst = true
+		return d.literal("true")
+	case 'f':
+		*dst = false
+		return d.literal("false")
+	case 'n':
+		return d.literal("null")
+	default:
+		d.reject(ErrWrongType, fmt.Sprintf("%q is a %s, want a bool", name, kind(c)))
+		return d.skip(inField)
+	}
+}
+
+// countField reads a count, index or offset: an integer in [0, MaxInt].
+// null leaves *dst unchanged (absent).
+func (d *decoder) countField(name string, dst *int) error {
+	c := d.peek()
+	switch {
+	case c == 'n':
+		return d.literal("null")
+	case c != '-' && (c < '0' || c > '9'):
+		d.reject(ErrWrongType, fmt.Sprintf("%q is a %s, want an integer", name, kind(c)))
+		return d.skip(inField)
+	}
+	v, cls, err := d.number()
+	switch {
+	case err != nil:
+		return err
+	case cls == numFrac:
+		d.reject(ErrWrongType, fmt.Sprintf("%q is not an integer", name))
+	case cls == numOverflow || v > math.MaxInt:
+		d.reject(ErrOutOfRange, fmt.Sprintf("%q is too large", name))
+	case v < 0:
+		d.reject(ErrOutOfRange, fmt.Sprintf("%q = %d is negative", name, v))
+	default:
+		*dst = int(v)
+	}
+	return nil
+}

@@ -1,0 +1,155 @@
+package ingest
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// protocolSpec is the EngineSpec example of PROTOCOL.md, verbatim.
+const protocolSpec = `{
+  "tokens_per_hash": 4,
+  "blocks_per_chunk": 3,
+  "num_gpu_blocks": 1024,
+  "offload_prompt_only": false,
+  "segments": [{"shm": "kvactors-e1"}],
+  "groups": [
+    {"kind": "full", "tokens_per_block": 4,
+     "regions": [{"segment": 0, "offset": 0, "block_stride": 4096, "block_bytes": 4096}]},
+    {"kind": "sliding_window", "tokens_per_block": 4, "sliding_window": 8,
+     "regions": [{"segment": 0, "offset": 4194304, "block_stride": 4096, "block_bytes": 4096}]}
+  ]
+}`
+
+func TestDecodeSpecProtocolExample(t *testing.T) {
+	s, err := DecodeSpec([]byte(protocolSpec), Limits{})
+	require.NoError(t, err)
+	require.Equal(t, messages.EngineSpec{
+		TokensPerHash: 4, BlocksPerChunk: 3, NumGPUBlocks: 1024,
+		Segments: []messages.Segment{{Shm: "kvactors-e1"}},
+		Groups: []messages.GroupSpec{
+			{Kind: messages.KindFull, TokensPerBlock: 4,
+				Regions: []messages.Region{{Segment: 0, Offset: 0, BlockStride: 4096, BlockBytes: 4096}}},
+			{Kind: messages.KindSlidingWindow, TokensPerBlock: 4, SlidingWindow: 8,
+				Regions: []messages.Region{{Segment: 0, Offset: 4194304, BlockStride: 4096, BlockBytes: 4096}}},
+		},
+	}, s)
+}
+
+func TestDecodeSpecAcceptsCUDAIPCAndEagle(t *testing.T) {
+	s, err := DecodeSpec([]byte(`{"tokens_per_hash":16,"blocks_per_chunk":1,"num_gpu_blocks":4294967296,
+		"segments":[{"cuda_ipc":"`+strings.Repeat("0f", 64)+`","device":1,"bytes":1048576}],
+		"groups":[{"kind":"eagle","tokens_per_block":16,"regions":[{"segment":0,"offset":0,"block_stride":64,"block_bytes":32}]}],
+		"future_field":true}`), Limits{})
+	require.NoError(t, err)
+	require.Equal(t, messages.Segment{CUDAIPC: strings.Repeat("0f", 64), Device: 1, Bytes: 1 << 20}, s.Segments[0])
+}
+
+// specWith returns the protocol example after edit changed its decoded form.
+func specWith(t *testing.T, edit func(s map[string]any)) []byte {
+	t.Helper()
+	var m map[string]any
+	require.NoError(t, json.Unmarshal([]byte(protocolSpec), &m))
+	edit(m)
+	b, err := json.Marshal(m)
+	require.NoError(t, err)
+	return b
+}
+
+func group(m map[string]any, i int) map[string]any {
+	return m["groups"].([]any)[i].(map[string]any)
+}
+
+func region(m map[string]any, g, i int) map[string]any {
+	return group(m, g)["regions"].([]any)[i].(map[string]any)
+}
+
+func segment(m map[string]any, i int) map[string]any {
+	return m["segments"].([]any)[i].(map[string]any)
+}
+
+func TestDecodeSpecRejects(t *testing.T) {
+	manyGroups := make([]any, 65)
+	for i := range manyGroups {
+		manyGroups[i] = map[string]any{"kind": "full", "tokens_per_block": 4,
+			"regions": []any{map[string]any{"segment": 0, "block_stride": 1, "block_bytes": 1}}}
+	}
+	manyRegions := make([]any, 4097)
+	for i := range manyRegions {
+		manyRegions[i] = map[string]any{"segment": 0, "block_stride": 1, "block_bytes": 1}
+	}
+	for _, tc := range []struct {
+		name string
+		edit func(m map[string]any)
+		want string // part of the message
+	}{
+		{"tokens_per_hash 0", func(m map[string]any) { m["tokens_per_hash"] = 0 }, "tokens_per_hash"},
+		{"tokens_per_hash missing", func(m map[string]any) { delete(m, "tokens_per_hash") }, "tokens_per_hash"},
+		{"blocks_per_chunk 0", func(m map[string]any) { m["blocks_per_chunk"] = 0 }, "blocks_per_chunk"},
+		{"num_gpu_blocks 0", func(m map[string]any) { m["num_gpu_blocks"] = 0 }, "num_gpu_blocks"},
+		{"num_gpu_blocks over uint32 ids", func(m map[string]any) { m["num_gpu_blocks"] = int64(1)<<32 + 1 }, "num_gpu_blocks"},
+		{"no groups", func(m map[string]any) { m["groups"] = []any{} }, "groups"},
+		{"over 64 groups", func(m map[string]any) { m["groups"] = manyGroups }, "groups"},
+		{"unknown kind", func(m map[string]any) { group(m, 0)["kind"] = "mamba" }, "kind"},
+		{"missing kind", func(m map[string]any) { delete(group(m, 0), "kind") }, "kind"},
+		{"tokens_per_block 0", func(m map[string]any) { group(m, 0)["tokens_per_block"] = 0 }, "tokens_per_block"},
+		{"chunk not a multiple of tokens_per_hash", func(m map[string]any) { group(m, 1)["tokens_per_block"] = 3 }, "multiple of tokens_per_hash"},
+		{"sliding window 0", func(m map[string]any) { group(m, 1)["sliding_window"] = 0 }, "sliding_window"},
+		{"no regions", func(m map[string]any) { group(m, 0)["regions"] = []any{} }, "regions"},
+		{"over 4096 regions", func(m map[string]any) { group(m, 0)["regions"] = manyRegions }, "regions"},
+		{"segment index out of range", func(m map[string]any) { region(m, 0, 0)["segment"] = 1 }, "segment"},
+		{"negative segment index", func(m map[string]any) { region(m, 0, 0)["segment"] = -1 }, "segment"},
+		{"negative offset", func(m map[string]any) { region(m, 0, 0)["offset"] = -1 }, "offset"},
+		{"block_bytes 0", func(m map[string]any) { region(m, 0, 0)["block_bytes"] = 0 }, "block_bytes"},
+		{"block_stride under block_bytes", func(m map[string]any) { region(m, 1, 0)["block_stride"] = 4095 }, "block_stride"},
+		{"region end overflows", func(m map[string]any) { region(m, 0, 0)["block_stride"] = int64(1) << 60 }, "overflows"},
+		{"no segments", func(m map[string]any) { m["segments"] = []any{} }, "segments"},
+		{"segment with neither kind", func(m map[string]any) { m["segments"] = []any{map[string]any{}} }, "neither"},
+		{"segment with both kinds", func(m map[string]any) { segment(m, 0)["cuda_ipc"] = strings.Repeat("00", 64) }, "both"},
+		{"shm name with a slash", func(m map[string]any) { segment(m, 0)["shm"] = "../etc/passwd" }, "plain file name"},
+		{"shm name dot-dot", func(m map[string]any) { segment(m, 0)["shm"] = ".." }, "plain file name"},
+		{"cuda_ipc too short", func(m map[string]any) {
+			m["segments"] = []any{map[string]any{"cuda_ipc": strings.Repeat("00", 63), "bytes": 1}}
+		}, "cuda_ipc"},
+		{"cuda_ipc not hex", func(m map[string]any) {
+			m["segments"] = []any{map[string]any{"cuda_ipc": strings.Repeat("zz", 64), "bytes": 1}}
+		}, "cuda_ipc"},
+		{"cuda_ipc without bytes", func(m map[string]any) {
+			m["segments"] = []any{map[string]any{"cuda_ipc": strings.Repeat("00", 64)}}
+		}, "bytes"},
+		{"wrong JSON type", func(m map[string]any) { m["tokens_per_hash"] = "4" }, "tokens_per_hash"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeSpec(specWith(t, tc.edit), Limits{})
+			require.ErrorIs(t, err, ErrBadSpec)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+}
+
+func TestDecodeSpecRejectsBadJSON(t *testing.T) {
+	for name, body := range map[string]string{
+		"empty":          ``,
+		"not an object":  `[1]`,
+		"null":           `null`,
+		"invalid JSON":   `{"tokens_per_hash":}`,
+		"trailing data":  protocolSpec + `{}`,
+		"invalid UTF-8":  "{\"segments\":[{\"shm\":\"\xff\"}]}",
+		"wrong type key": `{"groups":{}}`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeSpec([]byte(body), Limits{})
+			require.ErrorIs(t, err, ErrBadSpec)
+			require.ErrorIs(t, err, ErrMalformed)
+		})
+	}
+}
+
+func TestDecodeSpecErrorNamesThePath(t *testing.T) {
+	_, err := DecodeSpec(specWith(t, func(m map[string]any) { region(m, 1, 0)["block_bytes"] = 0 }), Limits{})
+	require.ErrorContains(t, err, "groups[1]: regions[0]: ")
+}

@@ -1,0 +1,91 @@
+package testkit
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestNATSServesPublishSubscribeAndJetStream(t *testing.T) {
+	t.Parallel()
+	s, nc := NATS(t)
+	require.True(t, s.JetStreamEnabled())
+	require.Contains(t, s.ClientURL(), "127.0.0.1")
+	ch := Subscribe(t, nc, "kvactors.e1.>")
+	require.NoError(t, nc.Publish("kvactors.e1.released", []byte(`{"request":"r1"}`)))
+	m := Recv(t, ch, 5*time.Second, "the released message")
+	require.Equal(t, "kvactors.e1.released", m.Subject)
+	NoRecv(t, ch, 10*time.Millisecond, "a second message")
+
+	other := Connect(t, s)
+	require.NoError(t, other.Publish("kvactors.e1.stored", nil))
+	require.Equal(t, "kvactors.e1.stored", Recv(t, ch, 5*time.Second, "the stored message").Subject)
+}
+
+func TestEventuallyPollsUntilNil(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if n := calls.Add(1); n < 3 {
+			return fmt.Errorf("%d calls", n)
+		}
+		return nil
+	})
+	require.Equal(t, int32(3), calls.Load())
+}
+
+// fakeTB records the failure that a helper reports, and ends the goroutine
+// as testing.T.Fatalf does.
+type fakeTB struct {
+	testing.TB
+	failure string
+}
+
+func (f *fakeTB) Helper() {}
+
+func (f *fakeTB) Fatalf(format string, args ...any) {
+	f.failure = fmt.Sprintf(format, args...)
+	runtime.Goexit()
+}
+
+// failure runs fn against a fakeTB in its own goroutine (Fatalf ends it) and
+// returns the failure message.
+func failure(t *testing.T, fn func(tb testing.TB)) string {
+	f := &fakeTB{TB: t}
+	done := make(chan struct{}, 1)
+	go func() {
+		defer func() { done <- struct{}{} }() // runs on Goexit too
+		fn(f)
+	}()
+	Recv(t, done, 10*time.Second, "the helper to return or fail")
+	return f.failure
+}
+
+func TestEventuallyFailsWithTheLastError(t *testing.T) {
+	t.Parallel()
+	msg := failure(t, func(tb testing.TB) {
+		Eventually(tb, 20*time.Millisecond, time.Millisecond, func() error { return errors.New("2 of 3 chunks stored") })
+	})
+	require.Equal(t, "still waiting after 20ms: 2 of 3 chunks stored", msg)
+}
+
+func TestRecvFailsNamingWhatItWaitedFor(t *testing.T) {
+	t.Parallel()
+	msg := failure(t, func(tb testing.TB) { Recv(tb, make(chan int), 10*time.Millisecond, "released for r1") })
+	require.Equal(t, "timed out after 10ms waiting for released for r1", msg)
+
+	closed := make(chan int)
+	close(closed)
+	msg = failure(t, func(tb testing.TB) { Recv(tb, closed, time.Second, "a job") })
+	require.Equal(t, "waiting for a job: channel closed", msg)
+
+	full := make(chan int, 1)
+	full <- 7
+	msg = failure(t, func(tb testing.TB) { NoRecv(tb, full, time.Second, "a second released") })
+	require.Equal(t, "unexpected a second released: 7", msg)
+}

@@ -1,0 +1,131 @@
+package messages
+
+// Wire bodies of protocol v1 (docs/PROTOCOL.md). Field names follow the JSON
+// exactly; unknown fields are ignored by encoding/json, which is what forward
+// compatibility asks for.
+
+// EngineSpec is the body of P.E.register.
+type EngineSpec struct {
+	TokensPerHash     int         `json:"tokens_per_hash"`
+	BlocksPerChunk    int         `json:"blocks_per_chunk"`
+	NumGPUBlocks      int         `json:"num_gpu_blocks"`
+	OffloadPromptOnly bool        `json:"offload_prompt_only"`
+	Segments          []Segment   `json:"segments"`
+	Groups            []GroupSpec `json:"groups"`
+}
+
+// Segment says where one piece of the engine's device memory lives: either a
+// POSIX shared-memory object (Shm) or a CUDA allocation exported by IPC.
+type Segment struct {
+	Shm     string `json:"shm,omitempty"`
+	CUDAIPC string `json:"cuda_ipc,omitempty"` // hex of cudaIpcMemHandle_t
+	Device  int    `json:"device,omitempty"`
+	Bytes   int64  `json:"bytes,omitempty"`
+}
+
+// Group kinds.
+const (
+	KindFull          = "full"
+	KindSlidingWindow = "sliding_window"
+	KindEagle         = "eagle"
+)
+
+// GroupSpec is one KV-cache group of the engine.
+type GroupSpec struct {
+	Kind           string   `json:"kind"`
+	TokensPerBlock int      `json:"tokens_per_block"`
+	SlidingWindow  int      `json:"sliding_window,omitempty"`
+	Regions        []Region `json:"regions"`
+}
+
+// Region is one layer's tensor of a group: GPU block b is the bytes
+// [Offset + b*BlockStride, Offset + b*BlockStride + BlockBytes) of Segment.
+type Region struct {
+	Segment     int   `json:"segment"`
+	Offset      int64 `json:"offset"`
+	BlockStride int64 `json:"block_stride"`
+	BlockBytes  int64 `json:"block_bytes"`
+}
+
+// RegisterReply answers P.E.register (and is the error shape of every
+// request/reply subject).
+type RegisterReply struct {
+	OK    bool   `json:"ok,omitempty"`
+	Error string `json:"error,omitempty"`
+}
+
+// Release reasons published on P.E.released.
+const (
+	ReasonFinished    = "finished"
+	ReasonAborted     = "aborted"
+	ReasonPreempted   = "preempted"
+	ReasonEngineReset = "engine_reset"
+)
+
+// Released is the body of P.E.released.
+type Released struct {
+	Request string `json:"request"`
+	Reason  string `json:"reason"`
+}
+
+// StoredChunk names one chunk of a completed store job.
+type StoredChunk struct {
+	Group int    `json:"group"`
+	Index int    `json:"index"`
+	Key   string `json:"key"` // lowercase hex
+}
+
+// Stored is the body of P.E.stored: one per completed store job.
+type Stored struct {
+	Request string        `json:"request"`
+	Job     uint64        `json:"job"`
+	Chunks  []StoredChunk `json:"chunks"`
+	Bytes   int64         `json:"bytes"`
+}
+
+// KV event types and the medium kvactors stores to.
+const (
+	KVBlockStored  = "BlockStored"
+	KVBlockRemoved = "BlockRemoved"
+	MediumCPU      = "CPU"
+)
+
+// KVEvent is one vLLM-style KV cache event.
+type KVEvent struct {
+	Type        string   `json:"type"`
+	BlockHashes []string `json:"block_hashes"`
+	GroupIdx    int      `json:"group_idx"`
+	Medium      string   `json:"medium"`
+}
+
+// KVEventBatch is the body of P.E.kv_events. TS is seconds since the epoch.
+type KVEventBatch struct {
+	TS     float64   `json:"ts"`
+	Events []KVEvent `json:"events"`
+}
+
+// LookupRequest is the body of P.E.lookup.
+type LookupRequest struct {
+	Hashes []string `json:"hashes"`
+}
+
+// LookupReply answers P.E.lookup.
+type LookupReply struct {
+	HitTokens int    `json:"hit_tokens"`
+	Error     string `json:"error,omitempty"`
+}
+
+// LoadRequest is the body of P.E.load.
+type LoadRequest struct {
+	Request   string    `json:"request"`
+	Hashes    []string  `json:"hashes"`
+	NumTokens int       `json:"num_tokens"`
+	Blocks    [][]int64 `json:"blocks"`
+}
+
+// LoadReply answers P.E.load.
+type LoadReply struct {
+	OK           bool   `json:"ok,omitempty"`
+	LoadedTokens int    `json:"loaded_tokens"`
+	Error        string `json:"error,omitempty"`
+}

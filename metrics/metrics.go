@@ -1,0 +1,142 @@
+package metrics
+
+import (
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics is every collector of a node. Fields are safe for concurrent use.
+type Metrics struct {
+	// Events and ingest.
+	EventsApplied  prometheus.Counter
+	Batches        prometheus.Counter
+	BatchDuplicate prometheus.Counter
+	EventGaps      prometheus.Counter
+	EpochResets    prometheus.Counter
+	Rejected       *prometheus.CounterVec // reason
+	Unexpected     *prometheus.CounterVec // actor: messages no case handled
+
+	// Store scheduling.
+	Deferrals      *prometheus.CounterVec // reason: tokens, hashes, blocks
+	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
+	ChunksStored   prometheus.Counter
+	ChunksDeduped  prometheus.Counter
+	ChunksDropped  prometheus.Counter
+	Releases       *prometheus.CounterVec // reason
+	RequestsLive   prometheus.Gauge
+	RequestFailure prometheus.Counter
+	DecisionTime   prometheus.Histogram // event received → copy started
+
+	// Transfers.
+	TransferBytes *prometheus.CounterVec // transfer_type (vLLM: kv_offload_total_bytes)
+	TransferTime  *prometheus.CounterVec // transfer_type (vLLM: kv_offload_total_time)
+	CopySize      *prometheus.HistogramVec
+	CopyFailures  *prometheus.CounterVec
+	JobsInFlight  prometheus.Gauge
+	BytesInFlight prometheus.Gauge
+	JobsQueued    prometheus.Gauge
+
+	// Pool.
+	Evictions     prometheus.Counter
+	Lookups       prometheus.Counter
+	LookupHits    prometheus.Counter
+	HitTokens     prometheus.Counter
+	Loads         *prometheus.CounterVec // result: ok, error
+	EnginesLive   prometheus.Gauge
+	NATSConnected prometheus.Gauge
+}
+
+// New builds the collectors and registers them (plus Go and process
+// collectors) on reg.
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		EventsApplied:  counter("events", "applied_total", "Protocol events handed to request actors."),
+		Batches:        counter("events", "batches_total", "Event batches received."),
+		BatchDuplicate: counter("events", "duplicate_batches_total", "Batches ignored because seq was not new."),
+		EventGaps:      counter("events", "gaps_total", "Batches whose seq skipped ahead (applied anyway)."),
+		EpochResets:    counter("engine", "resets_total", "Engine resets (new epoch or new spec)."),
+		Rejected:       counterVec("events", "rejected_total", "Rejected inputs by reason.", "reason"),
+		Unexpected:     counterVec("actor", "unexpected_messages_total", "Messages an actor had no case for.", "actor"),
+
+		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
+		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
+		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
+		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
+		Releases:       counterVec("requests", "released_total", "released messages published.", "reason"),
+		RequestsLive:   gauge("requests", "live", "Requests tracked."),
+		RequestFailure: counter("requests", "failures_total", "Request actors that failed and were released by supervision."),
+		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
+			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+
+		TransferBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kv_offload_total_bytes",
+			Help: "Bytes copied, by direction (vLLM-compatible)."}, []string{"transfer_type"}),
+		TransferTime: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kv_offload_total_time",
+			Help: "Seconds spent copying, by direction (vLLM-compatible)."}, []string{"transfer_type"}),
+		CopySize: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "transfer",
+			Name: "copy_size_bytes", Help: "Bytes per copy job.",
+			Buckets: prometheus.ExponentialBuckets(4096, 4, 10)}, []string{"transfer_type"}),
+		CopyFailures:  counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
+		JobsInFlight:  gauge("transfer", "jobs_in_flight", "Copy jobs running."),
+		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
+		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
+
+		Evictions:     counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Lookups:       counter("load", "lookups_total", "Lookup requests."),
+		LookupHits:    counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
+		HitTokens:     counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
+		Loads:         counterVec("load", "requests_total", "Load requests by result.", "result"),
+		EnginesLive:   gauge("engine", "live", "Registered engines."),
+		NATSConnected: gauge("nats", "connected", "1 while the NATS connection is up."),
+	}
+	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
+		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
+		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
+		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Lookups,
+		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// Discard returns metrics registered nowhere, for tests and benchmarks that
+// do not read them.
+func Discard() *Metrics { return New(prometheus.NewRegistry()) }
+
+func counter(sub, name, help string) prometheus.Counter {
+	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})
+}
+
+func counterVec(sub, name, help, label string) *prometheus.CounterVec {
+	return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "kvactors", Subsystem: sub, Name: name,
+		Help: help}, []string{label})
+}
+
+func gauge(sub, name, help string) prometheus.Gauge {
+	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})
+}
+
+// RegisterPool exports the pool's slot counts, read at scrape time so the
+// store path never touches a gauge for them.
+func RegisterPool(reg prometheus.Registerer, stats func() hostpool.Stats) {
+	desc := prometheus.NewDesc("kvactors_pool_slots", "Pool slots by state.", []string{"state"}, nil)
+	reg.MustRegister(poolCollector{desc: desc, stats: stats})
+}
+
+type poolCollector struct {
+	desc  *prometheus.Desc
+	stats func() hostpool.Stats
+}
+
+func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+
+func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
+	st := p.stats()
+	for _, v := range []struct {
+		state string
+		n     int
+	}{{"free", st.Free}, {"pending", st.Pending}, {"ready", st.Ready}, {"pinned", st.Pinned}} {
+		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(v.n), v.state)
+	}
+}

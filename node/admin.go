@@ -1,0 +1,70 @@
+package node
+
+import (
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and
+// /debug/pprof on the admin address (loopback by default).
+func (n *Node) startHTTP() error {
+	if n.cfg.HTTPAddr == HTTPOff {
+		return nil
+	}
+	ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if err != nil {
+		return fmt.Errorf("admin http on %s: %w", n.cfg.HTTPAddr, err)
+	}
+	n.ln = ln
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(n.cfg.Registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if err := n.Ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	mux.HandleFunc("/debug/engines", n.serveEngines)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := n.http.Serve(ln); err != nil && err != http.ErrServerClosed {
+			n.log.Error("admin http stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// serveEngines is the status snapshot of every engine (?engine=ID for one).
+func (n *Node) serveEngines(w http.ResponseWriter, r *http.Request) {
+	ids := n.Engines()
+	if one := r.URL.Query().Get("engine"); one != "" {
+		ids = []string{one}
+	}
+	out := make([]StatusReply, 0, len(ids))
+	for _, id := range ids {
+		st, err := n.Status(id, 2*time.Second)
+		if err != nil {
+			st.Engine, st.Error = id, err.Error()
+		}
+		out = append(out, st)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(out)
+}

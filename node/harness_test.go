@@ -1,0 +1,231 @@
+package node_test
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// env is one node plus a NATS client, both torn down at cleanup.
+type env struct {
+	t    *testing.T
+	node *node.Node
+	nc   *nats.Conn
+	reg  *prometheus.Registry
+	dir  string
+}
+
+func startNode(t *testing.T, mutate ...func(*node.Config)) *env {
+	t.Helper()
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir, PoolBytes: 1 << 20,
+		HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return &env{t: t, node: n, nc: nc, reg: reg, dir: dir}
+}
+
+// testEngine is a scripted engine: one shm segment, one region per group,
+// block b of group g filled with a pattern that names (engine, g, b, gen).
+type testEngine struct {
+	e        *env
+	id       string
+	spec     messages.EngineSpec
+	seg      *shm.Segment
+	blockLen int64
+	epoch    string
+	seq      uint64
+	released chan messages.Released
+	stored   chan messages.Stored
+	kv       chan messages.KVEventBatch
+}
+
+type engineOpts struct {
+	tph, bpc, blocks int
+	tpb              []int // tokens per block per group
+	kinds            []string
+	window           int
+	blockBytes       int64
+}
+
+func defaultOpts() engineOpts {
+	return engineOpts{tph: 4, bpc: 1, blocks: 64, tpb: []int{4}, kinds: []string{"full"}, blockBytes: 256}
+}
+
+func (e *env) newEngine(id string, o engineOpts) *testEngine {
+	t := e.t
+	t.Helper()
+	groupBytes := int64(o.blocks) * o.blockBytes
+	seg, err := shm.Create(e.dir, "seg-"+id, groupBytes*int64(len(o.tpb)))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	spec := messages.EngineSpec{TokensPerHash: o.tph, BlocksPerChunk: o.bpc, NumGPUBlocks: o.blocks,
+		Segments: []messages.Segment{{Shm: seg.Name()}}}
+	for g, tpb := range o.tpb {
+		kind := "full"
+		if g < len(o.kinds) {
+			kind = o.kinds[g]
+		}
+		gs := messages.GroupSpec{Kind: kind, TokensPerBlock: tpb,
+			Regions: []messages.Region{{Segment: 0, Offset: int64(g) * groupBytes, BlockStride: o.blockBytes, BlockBytes: o.blockBytes}}}
+		if kind == "sliding_window" {
+			gs.SlidingWindow = o.window
+		}
+		spec.Groups = append(spec.Groups, gs)
+	}
+	te := &testEngine{e: e, id: id, spec: spec, seg: seg, blockLen: o.blockBytes, epoch: "ep1",
+		released: make(chan messages.Released, 1024), stored: make(chan messages.Stored, 1024),
+		kv: make(chan messages.KVEventBatch, 1024)}
+	subscribeJSON(t, e.nc, "kvactors."+id+".released", te.released)
+	subscribeJSON(t, e.nc, "kvactors."+id+".stored", te.stored)
+	subscribeJSON(t, e.nc, "kvactors."+id+".kv_events", te.kv)
+	require.NoError(t, e.nc.Flush())
+	return te
+}
+
+func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T) {
+	t.Helper()
+	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		var v T
+		if err := json.Unmarshal(m.Data, &v); err != nil {
+			t.Errorf("%s: bad body %q: %v", subject, m.Data, err)
+			return
+		}
+		ch <- v
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+}
+
+func (te *testEngine) register() {
+	te.e.t.Helper()
+	reply := te.request("register", te.spec)
+	require.Contains(te.e.t, string(reply), `"ok":true`, "register reply")
+}
+
+func (te *testEngine) request(verb string, body any) []byte {
+	te.e.t.Helper()
+	data, err := json.Marshal(body)
+	require.NoError(te.e.t, err)
+	msg, err := te.e.nc.Request("kvactors."+te.id+"."+verb, data, 5*time.Second)
+	require.NoError(te.e.t, err, verb)
+	return msg.Data
+}
+
+// block returns the bytes of GPU block b of group g.
+func (te *testEngine) block(g int, b messages.BlockID) []byte {
+	off := te.spec.Groups[g].Regions[0].Offset + int64(b)*te.blockLen
+	return te.seg.Bytes()[off : off+te.blockLen]
+}
+
+// fill writes a pattern into block b of group g.
+func (te *testEngine) fill(g int, b messages.BlockID, gen byte) {
+	p := te.block(g, b)
+	for i := range p {
+		p[i] = byte(int(gen)*31 + g*7 + int(b)*13 + i)
+	}
+}
+
+// send publishes one batch of wire events (maps, so tests can send anything).
+func (te *testEngine) send(events ...map[string]any) {
+	te.e.t.Helper()
+	te.seq++
+	te.sendRaw(map[string]any{"epoch": te.epoch, "seq": te.seq, "events": events})
+}
+
+func (te *testEngine) sendRaw(body any) {
+	te.e.t.Helper()
+	data, ok := body.([]byte)
+	if !ok {
+		var err error
+		data, err = json.Marshal(body)
+		require.NoError(te.e.t, err)
+	}
+	require.NoError(te.e.t, te.e.nc.Publish("kvactors."+te.id+".events", data))
+	require.NoError(te.e.t, te.e.nc.Flush())
+}
+
+func added(req string, prompt int) map[string]any {
+	return map[string]any{"type": "added", "request": req, "prompt_tokens": prompt}
+}
+
+func hashesEv(req string, start int, hs ...string) map[string]any {
+	return map[string]any{"type": "hashes", "request": req, "start": start, "hashes": hs}
+}
+
+func blocksEv(req string, group, start int, ids ...int) map[string]any {
+	return map[string]any{"type": "blocks", "request": req, "group": group, "start": start, "ids": ids}
+}
+
+func tokensEv(req string, computed, total int) map[string]any {
+	return map[string]any{"type": "tokens", "request": req, "computed": computed, "total": total}
+}
+
+func finishedEv(req string, aborted bool, computed, total int) map[string]any {
+	return map[string]any{"type": "finished", "request": req, "aborted": aborted, "computed": computed, "total": total}
+}
+
+// hash is a deterministic 8-byte hash for block i of a prompt family.
+func hash(family string, i int) string {
+	return hex.EncodeToString([]byte(fmt.Sprintf("%-4.4s%04d", family, i)))
+}
+
+func recv[T any](t *testing.T, ch <-chan T, what string) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(5 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+	var zero T
+	return zero
+}
+
+// none asserts nothing arrives on ch until a status round trip proves the
+// node has processed everything sent before (status goes through the same
+// engine actor after the batches).
+func none[T any](te *testEngine, ch <-chan T, what string) {
+	te.e.t.Helper()
+	te.sync()
+	select {
+	case v := <-ch:
+		te.e.t.Fatalf("unexpected %s: %+v", what, v)
+	default:
+	}
+}
+
+var syncSeq atomic.Int64
+
+// sync waits until the engine actor and its request actors have handled
+// everything published before: a status query is answered after them.
+func (te *testEngine) sync() node.StatusReply {
+	te.e.t.Helper()
+	require.NoError(te.e.t, te.e.nc.Flush())
+	var st node.StatusReply
+	require.NoError(te.e.t, json.Unmarshal(te.request("status", map[string]any{}), &st))
+	require.Empty(te.e.t, st.Error)
+	return st
+}

@@ -1,0 +1,99 @@
+package node
+
+import (
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/actors/load"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// onLookup answers P.E.lookup: the hit tokens of a hash prefix.
+func (n *Node) onLookup(engineID string, m *nats.Msg) {
+	ctx := n.msgCtx(m)
+	n.metrics.Lookups.Inc()
+	var err error
+	rec := n.engine(engineID)
+	if rec == nil {
+		err = fmt.Errorf("%w %q", errUnknownEngine, engineID)
+	}
+	var hashes []messages.Hash
+	if err == nil {
+		hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
+	}
+	if err != nil {
+		n.rejected(ingest.Reason(err), "lookup refused", "subject", m.Subject, "err", err)
+		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error()})
+		return
+	}
+	pool := n.sharedPool()
+	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
+		st, _ := pool.Lookup(k)
+		return st == hostpool.Ready
+	})
+	if hit > 0 {
+		n.metrics.LookupHits.Inc()
+		n.metrics.HitTokens.Add(float64(hit))
+	}
+	n.outbox.Reply(ctx, m.Reply, messages.LookupReply{HitTokens: hit})
+}
+
+// onLoad starts P.E.load: the keys are pinned here, then a load actor runs
+// the copy and answers once it completed.
+func (n *Node) onLoad(engineID string, m *nats.Msg) {
+	ctx := n.msgCtx(m)
+	fail := func(err error) {
+		n.metrics.Loads.WithLabelValues("error").Inc()
+		n.log.Error("load refused", "subject", m.Subject, "err", err)
+		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error()})
+	}
+	rec := n.engine(engineID)
+	if rec == nil {
+		fail(fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		return
+	}
+	req, err := ingest.DecodeLoad(m.Data, n.cfg.Limits)
+	if err != nil {
+		fail(err)
+		return
+	}
+	chunks, err := rec.layout.LoadChunks(req.Hashes, req.NumTokens, req.Blocks)
+	if err != nil {
+		fail(err)
+		return
+	}
+	keys := make([]messages.Key, len(chunks))
+	for i := range chunks {
+		keys[i] = chunks[i].Key
+	}
+	pool := n.sharedPool()
+	slots, err := pool.PrepareLoad(keys)
+	if err != nil {
+		fail(fmt.Errorf("load %q: %w", req.Request, err))
+		return
+	}
+	var bytes int64
+	for i := range chunks {
+		chunks[i].Slot = slots[i]
+		bytes += rec.layout.ChunkBytes(&chunks[i])
+	}
+	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
+		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
+			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: m.Reply, Ctx: ctx}))
+}
+
+func (n *Node) sharedPool() *hostpool.Shared {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.pool
+}
+
+func (n *Node) slotBytesNow() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.slotBytes
+}

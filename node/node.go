@@ -1,0 +1,295 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/backend/cuda"
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/tracing"
+)
+
+// Node is one running kvactors node.
+type Node struct {
+	cfg     Config
+	log     *slog.Logger
+	tracer  trace.Tracer
+	metrics *metrics.Metrics
+
+	ns       *server.Server // embedded server, nil with --nats
+	storeDir string         // temp JetStream dir to remove, if we made it
+	nc       *nats.Conn
+	subs     []*nats.Subscription
+	outbox   *actors.Outbox
+
+	backend  backend.Backend
+	arena    backend.Arena
+	system   *actor.ActorSystem
+	transfer *actor.PID
+
+	mu        sync.Mutex
+	engines   map[string]*engineRec
+	pool      *hostpool.Shared // created at the first registration
+	slotBytes int64
+
+	ingest *ingester
+	http   *http.Server
+	ln     net.Listener
+	ready  atomic.Bool
+	closed atomic.Bool
+}
+
+// Start brings a node up: NATS, backend and arena, actors, subscriptions,
+// admin HTTP. It returns once the node is ready (subscriptions live).
+func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	n = &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}}
+	tp := cfg.Tracer
+	if tp == nil {
+		tp = noop.NewTracerProvider()
+	}
+	n.tracer = tp.Tracer(tracing.TracerName)
+	n.metrics = metrics.New(cfg.Registry)
+	metrics.RegisterPool(cfg.Registry, n.poolStats)
+	defer func() {
+		if err != nil {
+			n.teardown()
+		}
+	}()
+	if err := n.startBackend(); err != nil {
+		return nil, err
+	}
+	if err := n.connect(); err != nil {
+		return nil, err
+	}
+	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
+	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+		return n.log.With("lib", "protoactor")
+	}))
+	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log}))
+	if err := n.subscribe(); err != nil {
+		return nil, err
+	}
+	if err := n.startHTTP(); err != nil {
+		return nil, err
+	}
+	n.ready.Store(true)
+	n.log.Info("kvactors ready", "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
+		"pool_bytes", cfg.PoolBytes, "http", n.HTTPAddr())
+	return n, nil
+}
+
+// Run starts a node and serves until ctx is cancelled, then shuts down.
+func Run(ctx context.Context, cfg Config) error {
+	n, err := Start(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	<-ctx.Done()
+	return n.Close(context.Background())
+}
+
+func (n *Node) startBackend() error {
+	var err error
+	switch n.cfg.Backend {
+	case "cuda":
+		n.backend, err = cuda.New(cuda.Config{Device: n.cfg.CUDADevice})
+	default:
+		n.backend, err = shm.New(shm.Config{Dir: n.cfg.ShmDir})
+	}
+	if err != nil {
+		return fmt.Errorf("backend %s: %w", n.cfg.Backend, err)
+	}
+	if n.arena, err = n.backend.AllocArena(n.cfg.PoolBytes); err != nil {
+		return fmt.Errorf("allocate pool arena of %d bytes: %w", n.cfg.PoolBytes, err)
+	}
+	return nil
+}
+
+// connect starts the embedded server (no --nats) and connects to NATS.
+func (n *Node) connect() error {
+	url := n.cfg.NATSURL
+	if url == "" {
+		dir := n.cfg.NATSStoreDir
+		if dir == "" {
+			tmp, err := os.MkdirTemp("", "kvactors-js-")
+			if err != nil {
+				return fmt.Errorf("jetstream dir: %w", err)
+			}
+			dir, n.storeDir = tmp, tmp
+		}
+		ns, err := server.NewServer(&server.Options{Host: n.cfg.NATSHost, Port: n.cfg.NATSPort,
+			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+		if err != nil {
+			return fmt.Errorf("embedded nats: %w", err)
+		}
+		ns.Start()
+		if !ns.ReadyForConnections(10 * time.Second) {
+			ns.Shutdown()
+			return fmt.Errorf("embedded nats on %s:%d did not become ready", n.cfg.NATSHost, n.cfg.NATSPort)
+		}
+		n.ns = ns
+		url = ns.ClientURL()
+	}
+	opts := []nats.Option{nats.Name("kvactors"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			n.metrics.NATSConnected.Set(0)
+			n.log.Warn("nats disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(c *nats.Conn) {
+			n.metrics.NATSConnected.Set(1)
+			n.log.Info("nats reconnected", "url", c.ConnectedUrl())
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
+			subj := ""
+			if s != nil {
+				subj = s.Subject
+			}
+			n.log.Error("nats async error", "subject", subj, "err", err)
+		})}
+	if n.cfg.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(n.cfg.NATSCreds))
+	}
+	if n.cfg.NATSUser != "" {
+		opts = append(opts, nats.UserInfo(n.cfg.NATSUser, n.cfg.NATSPassword))
+	}
+	if n.cfg.NATSToken != "" {
+		opts = append(opts, nats.Token(n.cfg.NATSToken))
+	}
+	if n.cfg.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("connect to nats %s: %w", url, err)
+	}
+	n.nc = nc
+	n.metrics.NATSConnected.Set(1)
+	return nil
+}
+
+// NATSURL is the URL engines connect to.
+func (n *Node) NATSURL() string {
+	if n.ns != nil {
+		return n.ns.ClientURL()
+	}
+	return n.cfg.NATSURL
+}
+
+// HTTPAddr is the admin server's bound address ("" when off).
+func (n *Node) HTTPAddr() string {
+	if n.ln == nil {
+		return ""
+	}
+	return n.ln.Addr().String()
+}
+
+// Ready reports whether the node is connected and subscribed (/readyz).
+func (n *Node) Ready() error {
+	switch {
+	case !n.ready.Load():
+		return errors.New("starting or stopping")
+	case !n.nc.IsConnected():
+		return errors.New("nats not connected")
+	}
+	for _, s := range n.subs {
+		if !s.IsValid() {
+			return fmt.Errorf("subscription %s not valid", s.Subject)
+		}
+	}
+	if h, ok := n.backend.(interface{ Healthy() error }); ok {
+		if err := h.Healthy(); err != nil {
+			return fmt.Errorf("backend: %w", err)
+		}
+	}
+	return nil
+}
+
+// Arena is the pool's memory (read by the demo's integrity check through
+// the load path's slots; exported for tests).
+func (n *Node) Arena() backend.Arena { return n.arena }
+
+func (n *Node) poolStats() hostpool.Stats {
+	n.mu.Lock()
+	p := n.pool
+	n.mu.Unlock()
+	if p == nil {
+		return hostpool.Stats{}
+	}
+	return p.Stats()
+}
+
+// Close shuts down gracefully, in this order: stop taking events (drain the
+// subscriptions), retire every engine (queued copies cancelled, in-flight
+// copies finish, pending releases published), stop the actors, flush and
+// close NATS, stop the embedded server, stop HTTP, free the arena.
+func (n *Node) Close(ctx context.Context) error {
+	if !n.closed.CompareAndSwap(false, true) {
+		return nil
+	}
+	n.ready.Store(false)
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
+	defer cancel()
+	for _, s := range n.subs {
+		_ = s.Unsubscribe()
+	}
+	if n.ingest != nil {
+		n.ingest.stop()
+	}
+	n.retireAll(ctx)
+	n.teardown()
+	return nil
+}
+
+func (n *Node) teardown() {
+	if n.http != nil {
+		_ = n.http.Close()
+	}
+	if n.system != nil {
+		n.system.Shutdown()
+	}
+	if n.nc != nil {
+		_ = n.nc.Flush()
+		n.nc.Close()
+	}
+	if n.ns != nil {
+		n.ns.Shutdown()
+		n.ns.WaitForShutdown()
+	}
+	if n.storeDir != "" {
+		_ = os.RemoveAll(n.storeDir)
+	}
+	n.mu.Lock()
+	for _, e := range n.engines {
+		_ = e.device.Close()
+	}
+	n.engines = map[string]*engineRec{}
+	n.mu.Unlock()
+	if n.arena != nil {
+		_ = n.arena.Close()
+	}
+}

@@ -1,0 +1,73 @@
+package node_test
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// loadInto loads the first tokens of a hash prefix into blocks (one list per
+// group) and returns the reply.
+func (te *testEngine) loadInto(req string, hashes []string, tokens int, blocks ...[]int) messages.LoadReply {
+	te.e.t.Helper()
+	var r messages.LoadReply
+	require.NoError(te.e.t, json.Unmarshal(te.request("load", map[string]any{"request": req, "hashes": hashes,
+		"num_tokens": tokens, "blocks": blocks}), &r))
+	return r
+}
+
+func (te *testEngine) lookup(hashes []string) int {
+	te.e.t.Helper()
+	var r messages.LookupReply
+	require.NoError(te.e.t, json.Unmarshal(te.request("lookup", map[string]any{"hashes": hashes}), &r))
+	require.Empty(te.e.t, r.Error)
+	return r.HitTokens
+}
+
+func chunkIndexes(s messages.Stored) []int {
+	out := make([]int, len(s.Chunks))
+	for i, c := range s.Chunks {
+		out[i] = c.Index
+	}
+	return out
+}
+
+// PROTOCOL.md "deferred, never skipped": a missing key stores chunk 0 only,
+// then chunk 1 once its hash arrives; the bytes that come back by load are
+// the bytes the engine wrote.
+func TestHashLagStoresChunkOnceHashArrives(t *testing.T) {
+	e := startNode(t)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.fill(0, 5, 1)
+	te.fill(0, 6, 1)
+	h := []string{hash("a", 0), hash("a", 1)}
+	te.send(added("r1", 8), blocksEv("r1", 0, 0, 5, 6), hashesEv("r1", 0, h[0]), tokensEv("r1", 8, 8))
+	st := recv(t, te.stored, "stored job 1")
+	require.Equal(t, []int{0}, chunkIndexes(st))
+	require.Equal(t, "r1", st.Request)
+	require.EqualValues(t, 256, st.Bytes)
+	kv := recv(t, te.kv, "BlockStored")
+	require.Equal(t, messages.KVBlockStored, kv.Events[0].Type)
+	require.Equal(t, []string{h[0]}, kv.Events[0].BlockHashes)
+
+	te.send(hashesEv("r1", 1, h[1]))
+	st = recv(t, te.stored, "stored job 2")
+	require.Equal(t, []int{1}, chunkIndexes(st))
+	require.Equal(t, 8, te.lookup(h))
+
+	// Load both chunks into blocks 20, 21 and compare every byte.
+	r := te.loadInto("r2", h, 8, []int{20, 21})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 8, r.LoadedTokens)
+	require.True(t, bytes.Equal(te.block(0, 5), te.block(0, 20)), "chunk 0 bytes")
+	require.True(t, bytes.Equal(te.block(0, 6), te.block(0, 21)), "chunk 1 bytes")
+
+	te.send(finishedEv("r1", false, 8, 8))
+	rel := recv(t, te.released, "released")
+	require.Equal(t, messages.Released{Request: "r1", Reason: "finished"}, rel)
+}

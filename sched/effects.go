@@ -1,0 +1,93 @@
+package sched
+
+import (
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// DeferReason names the term of the ready prefix that holds a chunk back.
+type DeferReason uint8
+
+const (
+	DeferNone DeferReason = iota
+	DeferTokens
+	DeferHashes
+	DeferBlocks
+)
+
+var deferNames = [...]string{"none", "tokens", "hashes", "blocks"}
+
+// String is the metric label and span attribute value.
+func (r DeferReason) String() string { return deferNames[r] }
+
+// Deferral says chunk Chunk of group Group is not ready because of Reason. It
+// is reported once per chunk per reason change, not once per event.
+type Deferral struct {
+	Group  int
+	Chunk  messages.ChunkIndex
+	Reason DeferReason
+}
+
+// RetryReason says why a store is retried.
+type RetryReason uint8
+
+const (
+	RetryPoolFull RetryReason = iota + 1
+	RetryCopyFailed
+)
+
+func (r RetryReason) String() string {
+	if r == RetryCopyFailed {
+		return "copy_failed"
+	}
+	return "pool_full"
+}
+
+// Retry asks the caller to call Advance again after Backoff (a RetryDue
+// timer); the next event of the request triggers it sooner.
+type Retry struct {
+	Reason  RetryReason
+	Attempt int
+	Backoff time.Duration
+}
+
+// Effects is the work Advance and JobDone hand back, in the order the caller
+// performs it: cancel queued copies, start Job, publish Evicted as
+// BlockRemoved, record Deferred, schedule Retry, publish Releases.
+// Its slices are owned by the Request and valid until its next call.
+type Effects struct {
+	Cancel   []JobID // queued copies of this request to cancel (preemption)
+	Job      *StoreJob
+	Evicted  []messages.Key // ready keys the pool evicted to make room
+	Deduped  int            // candidate chunks already present in the pool
+	Deferred []Deferral
+	Retry    *Retry
+	Dropped  int      // ready chunks given up after the retry limit at finish
+	Releases []string // reasons to publish on P.E.released, in order
+	Drop     bool     // the request is done: drop it after publishing Releases
+}
+
+// Empty reports whether there is nothing to do.
+func (e *Effects) Empty() bool {
+	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
+		e.Retry == nil && len(e.Releases) == 0 && e.Dropped == 0 && !e.Drop
+}
+
+// Backoff policy for retries: doubling from RetryBase up to RetryMax.
+const (
+	RetryBase = 10 * time.Millisecond
+	RetryMax  = time.Second
+	// FinishRetryLimit bounds retries of a finished request: the engine holds
+	// its GPU blocks until released, so after this many failed attempts the
+	// remaining chunks are dropped (counted) and the request released.
+	FinishRetryLimit = 16
+)
+
+func backoff(attempt int) time.Duration {
+	d := RetryBase
+	for i := 1; i < attempt && d < RetryMax; i++ {
+		d *= 2
+	}
+	return min(d, RetryMax)
+}

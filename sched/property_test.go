@@ -1,0 +1,596 @@
+package sched
+
+import (
+	"fmt"
+	"math/rand"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// The property test (raft's quorum/quick_test.go habit): random layouts and
+// random interleavings of an engine's events, checked after every step
+// against a deliberately naive model of PROTOCOL.md "What kvactors does".
+//
+// The engine side knows the truth (every hash, every block id of the current
+// incarnation) and sends it late, in pieces, out of step, with resends, holes
+// and conflicts. The model side mirrors what sched must have accepted and
+// recomputes the ready prefix from scratch. Checked:
+//   - the incremental ready prefix equals the naive one, after every step;
+//   - the cursor never decreases;
+//   - a job only holds chunks that are ready (tokens, key and every block
+//     known), whose last block is not null, with the current block ids;
+//   - no job while preempted;
+//   - every chunk ready when the request finished (last block not null) is
+//     stored exactly once over the run, unless Dropped > 0 was reported, and
+//     no chunk is ever stored twice;
+//   - one release per finished/preempted/reset event, in order, each only
+//     after the copies it waits for are done or cancelled.
+
+func TestPropertyRandomInterleavings(t *testing.T) {
+	runs := 1500
+	if testing.Short() {
+		runs = 200
+	}
+	for seed := int64(1); seed <= int64(runs); seed++ {
+		m := newModel(t, seed)
+		func() {
+			defer func() { // require's FailNow unwinds through here
+				if t.Failed() {
+					t.Logf("seed %d: %s\n%s", seed, m.desc, strings.Join(m.log, "\n"))
+				}
+			}()
+			m.run()
+		}()
+	}
+}
+
+type gc struct {
+	g int
+	c messages.ChunkIndex
+}
+
+type mjob struct {
+	job        *StoreJob
+	cancelAsk  bool // a Cancel effect named it
+	queuedOnly bool // with cancelAsk: it had not started, so it is cancelled
+}
+
+type owed struct {
+	reason  string
+	waitFor []JobID // jobs that must be done before this release
+}
+
+type model struct {
+	t    *testing.T
+	rng  *rand.Rand
+	desc string
+	lay  *Layout
+	pool *hostpool.Pool
+	req  *Request
+	salt string
+
+	// engine truth
+	prompt, length int
+	maxOff         int
+	truthHashes    []messages.Hash
+	truthBlocks    [][]messages.BlockID // current incarnation, per group
+	null           [][]bool             // null block positions, per group
+	computed       int                  // engine's
+	sentHashes     int
+	sentBlocks     []int // this incarnation
+
+	// mirror of what sched must hold
+	phase       Phase
+	mComputed   int
+	mTotal      int
+	hashesKnown int
+	tracked     []int // block ids tracked per group
+	aborted     bool
+	reset       bool
+
+	// run bookkeeping
+	inflight  []JobID // ascending
+	jobs      map[JobID]*mjob
+	stored    map[gc]int
+	owed      []owed
+	cursors   []messages.ChunkIndex
+	dropped   int
+	mustStore map[gc]bool
+	failPct   int
+	log       []string // what happened, printed when a seed fails
+}
+
+func (m *model) logf(format string, a ...any) { m.log = append(m.log, fmt.Sprintf(format, a...)) }
+
+func newModel(t *testing.T, seed int64) *model {
+	rng := rand.New(rand.NewSource(seed))
+	m := &model{t: t, rng: rng, salt: fmt.Sprintf("s%d-", seed), jobs: map[JobID]*mjob{},
+		stored: map[gc]int{}, failPct: 15}
+	// Layout: 1-3 groups, any kinds, bpc 1-3, tph dividing every tokens_per_chunk.
+	tph := []int{1, 2, 4}[rng.Intn(3)]
+	bpc := 1 + rng.Intn(3)
+	var groups []grp
+	for range 1 + rng.Intn(3) {
+		tpb := 1 + rng.Intn(8)
+		for tpb*bpc%tph != 0 {
+			tpb = 1 + rng.Intn(8)
+		}
+		switch rng.Intn(3) {
+		case 0:
+			groups = append(groups, full(tpb))
+		case 1:
+			groups = append(groups, swa(tpb, 1+rng.Intn(16)))
+		default:
+			groups = append(groups, eagle(tpb))
+		}
+	}
+	s := spec(tph, bpc, groups...)
+	s.OffloadPromptOnly = rng.Intn(5) == 0
+	m.lay = mustLayout(t, s)
+	capacity := 256
+	if rng.Intn(4) == 0 {
+		capacity = 1 + rng.Intn(4) // tiny: forces no-room
+	}
+	m.pool = hostpool.New(capacity)
+	m.prompt = 1 + rng.Intn(40)
+	m.length = m.prompt + rng.Intn(31)
+	m.maxOff = -1
+	if rng.Intn(5) == 0 {
+		m.maxOff = rng.Intn(m.length + 1)
+	}
+	m.truthHashes = make([]messages.Hash, m.length/tph)
+	for i := range m.truthHashes {
+		m.truthHashes[i] = messages.Hash(fmt.Sprintf("%s%d", m.salt, i))
+	}
+	G := len(groups)
+	m.truthBlocks = make([][]messages.BlockID, G)
+	m.sentBlocks = make([]int, G)
+	m.tracked = make([]int, G)
+	m.cursors = make([]messages.ChunkIndex, G)
+	m.newIncarnation()
+	add := &messages.Event{Type: messages.EvAdded, Request: rid, PromptTokens: m.prompt, MaxOffloadTokens: m.maxOff}
+	m.req = NewRequest(m.lay, add)
+	m.desc = fmt.Sprintf("tph=%d bpc=%d groups=%+v promptOnly=%v cap=%d prompt=%d length=%d maxOff=%d",
+		tph, bpc, groups, s.OffloadPromptOnly, capacity, m.prompt, m.length, m.maxOff)
+	return m
+}
+
+// newIncarnation draws fresh block ids (at start and at resumed). Which
+// blocks are null depends on their position only (a sliding window skips the
+// same blocks after a resume), so it is drawn once per run.
+func (m *model) newIncarnation() {
+	if m.null == nil {
+		m.null = make([][]bool, len(m.lay.Groups))
+		for g, gl := range m.lay.Groups {
+			m.null[g] = make([]bool, (m.length+gl.TokensPerBlock-1)/gl.TokensPerBlock)
+			for i := range m.null[g] {
+				m.null[g][i] = m.rng.Intn(7) == 0
+			}
+		}
+	}
+	for g := range m.lay.Groups {
+		ids := make([]messages.BlockID, len(m.null[g]))
+		for i := range ids {
+			if !m.null[g][i] {
+				ids[i] = messages.BlockID(1 + m.rng.Intn(m.lay.NumGPUBlocks-1))
+			}
+		}
+		m.truthBlocks[g] = ids
+		m.sentBlocks[g] = 0
+	}
+}
+
+func (m *model) ev(e messages.Event) *messages.Event {
+	e.Request = rid
+	return &e
+}
+
+func (m *model) run() {
+	steps := 20 + m.rng.Intn(120)
+	for i := 0; i < steps && m.phase != Done && !m.t.Failed(); i++ {
+		m.engineStep()
+	}
+	if m.phase == Running || m.phase == Preempted {
+		m.end()
+	}
+	m.drain()
+	if m.t.Failed() {
+		return
+	}
+	require.Equal(m.t, Done, m.phase, "the request is released for good")
+	require.Empty(m.t, m.owed, "every owed release was published")
+	require.Empty(m.t, m.inflight)
+	for k, n := range m.stored {
+		require.LessOrEqual(m.t, n, 1, "chunk %v stored at most once", k)
+	}
+	if m.rng.Intn(4) == 0 {
+		e := m.req.Reset()
+		require.True(m.t, e.Empty(), "a reset after the release owes nothing: %+v", e)
+	}
+	if m.dropped == 0 {
+		for k := range m.mustStore {
+			require.Equal(m.t, 1, m.stored[k], "chunk %v ready at finish is stored exactly once", k)
+		}
+	}
+}
+
+// engineStep is one random engine action (or a timer, or a copy completion).
+func (m *model) engineStep() {
+	r := m.rng.Intn(100)
+	switch {
+	case r < 25:
+		m.sendTokens()
+	case r < 42:
+		m.sendHashes()
+	case r < 62:
+		m.sendBlocks(m.rng.Intn(len(m.lay.Groups)))
+	case r < 75:
+		m.completeOne()
+	case r < 79:
+		m.apply(m.ev(messages.Event{Type: messages.EvPreempted}), nil)
+	case r < 84:
+		m.apply(m.ev(messages.Event{Type: messages.EvResumed}), nil)
+	case r < 89:
+		m.sendBad()
+	case r < 94:
+		m.advance() // a retry timer
+	case r < 97:
+		m.end()
+	default:
+		m.apply(m.ev(messages.Event{Type: messages.EvAdded, PromptTokens: m.prompt}), nil)
+	}
+}
+
+func (m *model) sendTokens() {
+	switch m.rng.Intn(20) {
+	case 0: // computed > total: clamped
+		m.apply(m.ev(messages.Event{Type: messages.EvTokens, Computed: m.computed + 1 + m.rng.Intn(5),
+			Total: m.computed}), nil)
+		return
+	case 1: // computed goes down (after a preemption the engine recomputes)
+		m.computed = max(0, m.computed-m.rng.Intn(6))
+	default:
+		m.computed = min(m.length, m.computed+m.rng.Intn(9))
+	}
+	m.apply(m.ev(messages.Event{Type: messages.EvTokens, Computed: m.computed, Total: m.totalNow()}), nil)
+}
+
+func (m *model) totalNow() int {
+	return min(m.length, max(m.prompt, m.computed+m.rng.Intn(2)))
+}
+
+func (m *model) sendHashes() {
+	avail := min(m.length, max(m.prompt, m.computed)) / m.lay.TokensPerHash
+	if avail <= m.sentHashes && m.rng.Intn(2) == 0 {
+		return
+	}
+	start := max(0, m.sentHashes-m.rng.Intn(3)) // a resent overlap now and then
+	end := min(avail, m.sentHashes+1+m.rng.Intn(4))
+	end = max(end, start)
+	m.apply(m.ev(messages.Event{Type: messages.EvHashes, Start: start, Hashes: m.truthHashes[start:end]}), nil)
+	m.sentHashes = max(m.sentHashes, end)
+}
+
+func (m *model) sendBlocks(g int) {
+	gl := m.lay.Groups[g]
+	avail := min(len(m.truthBlocks[g]), (max(m.prompt, m.computed)+gl.TokensPerBlock+gl.TokensPerBlock-1)/gl.TokensPerBlock)
+	start := max(0, m.sentBlocks[g]-m.rng.Intn(3))
+	end := max(start, min(avail, m.sentBlocks[g]+1+m.rng.Intn(4)))
+	ids := m.truthBlocks[g][start:end]
+	var want error
+	if m.phase == Preempted {
+		want = ErrPreempted
+	}
+	m.apply(m.ev(messages.Event{Type: messages.EvBlocks, Group: g, Start: start, IDs: ids}), want)
+	if want == nil {
+		m.sentBlocks[g] = max(m.sentBlocks[g], end)
+	}
+}
+
+// sendBad sends an event PROTOCOL.md says to reject: a hole or a conflict.
+func (m *model) sendBad() {
+	switch m.rng.Intn(3) {
+	case 0:
+		m.apply(m.ev(messages.Event{Type: messages.EvHashes, Start: m.hashesKnown + 1,
+			Hashes: []messages.Hash{"x"}}), ErrHole)
+	case 1:
+		if m.hashesKnown > 0 {
+			m.apply(m.ev(messages.Event{Type: messages.EvHashes, Start: m.rng.Intn(m.hashesKnown),
+				Hashes: []messages.Hash{"conflict"}}), ErrConflict)
+		}
+	default:
+		g := m.rng.Intn(len(m.lay.Groups))
+		if m.phase != Running {
+			return
+		}
+		if m.tracked[g] > 0 && m.rng.Intn(2) == 0 {
+			i := m.rng.Intn(m.tracked[g])
+			bad := (m.truthBlocks[g][i] + 1) % messages.BlockID(m.lay.NumGPUBlocks)
+			m.apply(m.ev(messages.Event{Type: messages.EvBlocks, Group: g, Start: i,
+				IDs: []messages.BlockID{bad}}), ErrConflict)
+			return
+		}
+		m.apply(m.ev(messages.Event{Type: messages.EvBlocks, Group: g, Start: m.tracked[g] + 1,
+			IDs: []messages.BlockID{1}}), ErrHole)
+	}
+}
+
+// end finishes (sometimes aborted) or resets the request.
+func (m *model) end() {
+	if m.rng.Intn(12) == 0 {
+		m.doReset()
+		return
+	}
+	e := messages.Event{Type: messages.EvFinished, Computed: m.computed, Total: m.totalNow()}
+	if m.rng.Intn(5) == 0 {
+		e.Aborted = true
+	}
+	m.apply(m.ev(e), nil)
+}
+
+func (m *model) doReset() {
+	if m.phase == Done {
+		return
+	}
+	if !m.reset {
+		m.reset = true
+		m.owed = m.owed[:0]
+		if slices.ContainsFunc(m.tracked, func(n int) bool { return n > 0 }) {
+			m.owed = append(m.owed, owed{reason: messages.ReasonEngineReset, waitFor: slices.Clone(m.inflight)})
+		}
+	}
+	for i := range m.owed {
+		m.owed[i].waitFor = slices.Clone(m.inflight)
+	}
+	m.phase = Finishing
+	m.mComputed, m.mTotal = 0, 0
+	clear(m.tracked)
+	m.mustStore = nil
+	m.effects(m.req.Reset(), "reset")
+}
+
+// drain completes every copy and fires retry timers until the request is done.
+// In some runs every copy fails from now on: the request must still be
+// released, after FinishRetryLimit retries.
+func (m *model) drain() {
+	if m.rng.Intn(8) == 0 {
+		m.failPct = 100
+	}
+	for i := 0; i < 2000 && m.phase != Done && !m.t.Failed(); i++ {
+		switch {
+		case m.rng.Intn(10) == 0 && m.phase != Done:
+			m.sendHashes() // hashes after finished are accepted
+		case len(m.inflight) > 0 && m.rng.Intn(3) != 0:
+			m.completeOne()
+		default:
+			m.advance()
+		}
+	}
+}
+
+// apply steps one event: the mirror predicts acceptance (want) and the new
+// state, then an Advance follows, as the request actor does after a batch.
+func (m *model) apply(e *messages.Event, want error) {
+	if m.phase == Done {
+		want = ErrReleased
+	}
+	before := m.req.Snapshot()
+	err := m.req.Step(e)
+	m.logf("step %v start=%d group=%d n=%d/%d computed=%d total=%d aborted=%v -> %v", e.Type, e.Start, e.Group,
+		len(e.Hashes), len(e.IDs), e.Computed, e.Total, e.Aborted, err)
+	if want != nil {
+		require.ErrorIs(m.t, err, want, "%v event", e.Type)
+		require.Equal(m.t, before, m.req.Snapshot(), "a rejected %v event changes nothing", e.Type)
+		return
+	}
+	require.NoError(m.t, err, "%v event", e.Type)
+	m.mirror(e)
+	m.check("step " + e.Type.String())
+	m.advance()
+}
+
+// mirror applies an accepted event to the model.
+func (m *model) mirror(e *messages.Event) {
+	switch e.Type {
+	case messages.EvHashes:
+		m.hashesKnown = max(m.hashesKnown, e.Start+len(e.Hashes))
+	case messages.EvBlocks:
+		if m.phase != Finishing {
+			m.tracked[e.Group] = max(m.tracked[e.Group], e.Start+len(e.IDs))
+		}
+	case messages.EvTokens:
+		if m.phase != Finishing {
+			m.mComputed, m.mTotal = e.Computed, e.Total
+		}
+	case messages.EvPreempted:
+		if m.phase == Running {
+			m.phase = Preempted
+			m.owed = append(m.owed, owed{reason: messages.ReasonPreempted, waitFor: slices.Clone(m.inflight)})
+		}
+	case messages.EvResumed:
+		if m.phase == Preempted {
+			m.phase = Running
+			clear(m.tracked)
+			m.newIncarnation()
+		}
+	case messages.EvFinished:
+		if m.phase == Finishing {
+			return
+		}
+		if m.phase == Preempted {
+			clear(m.tracked)
+		}
+		m.phase = Finishing
+		m.mComputed, m.mTotal, m.aborted = e.Computed, e.Total, e.Aborted
+		reason := messages.ReasonFinished
+		if e.Aborted {
+			reason = messages.ReasonAborted
+		}
+		m.owed = append(m.owed, owed{reason: reason})
+		for i := range m.owed {
+			m.owed[i].waitFor = nil // a finished request waits for every copy
+		}
+		// Every chunk ready now whose last block is not null must be stored.
+		m.mustStore = map[gc]bool{}
+		bpc := m.lay.BlocksPerChunk
+		for g := range m.lay.Groups {
+			for c := range m.naiveReady(g) {
+				if m.truthBlocks[g][(c+1)*bpc-1] != 0 {
+					m.mustStore[gc{g, messages.ChunkIndex(c)}] = true
+				}
+			}
+		}
+	}
+}
+
+// naiveT is T recomputed from the mirror (PROTOCOL.md "What kvactors does").
+func (m *model) naiveT() int {
+	t := min(m.mComputed, m.mTotal)
+	if m.maxOff >= 0 {
+		t = min(t, m.maxOff)
+	}
+	if m.lay.OffloadPromptOnly {
+		t = min(t, m.prompt)
+	}
+	return max(t, 0)
+}
+
+// naiveReady recomputes ready[g] from scratch.
+func (m *model) naiveReady(g int) int {
+	gl := m.lay.Groups[g]
+	t := m.naiveT()
+	tok := t / gl.TokensPerChunk
+	if gl.Kind == KindEagle && m.phase != Finishing && t > m.prompt {
+		tok = max(tok-1, 0)
+	}
+	return min(tok, m.hashesKnown/gl.HashesPerChunk, m.tracked[g]/m.lay.BlocksPerChunk)
+}
+
+func (m *model) advance() {
+	m.effects(m.req.Advance(m.pool), "advance")
+}
+
+// completeOne ends one copy in flight: cancelled if it was queued when its
+// Cancel came, else ok or failed.
+func (m *model) completeOne() {
+	if len(m.inflight) == 0 {
+		return
+	}
+	id := m.inflight[m.rng.Intn(len(m.inflight))]
+	j := m.jobs[id]
+	cancelled := j.cancelAsk && j.queuedOnly
+	ok := !cancelled && m.rng.Intn(100) >= m.failPct
+	m.pool.CompleteStore(j.job.Keys(), ok)
+	m.inflight = slices.DeleteFunc(m.inflight, func(x JobID) bool { return x == id })
+	delete(m.jobs, id)
+	if ok {
+		for _, c := range j.job.Chunks {
+			m.stored[gc{c.Group, c.Index}]++
+		}
+	}
+	m.effects(m.req.JobDone(id, ok, cancelled), fmt.Sprintf("job %d done ok=%v cancelled=%v", id, ok, cancelled))
+}
+
+// effects checks and records what a call asked for.
+func (m *model) effects(e Effects, where string) {
+	t := m.t
+	m.logf("  %s: job=%v cancel=%v retry=%v deduped=%d dropped=%d releases=%v drop=%v deferred=%v", where,
+		jobChunks(e.Job), e.Cancel, e.Retry, e.Deduped, e.Dropped, e.Releases, e.Drop, e.Deferred)
+	bpc := m.lay.BlocksPerChunk
+	for _, id := range e.Cancel {
+		j, ok := m.jobs[id]
+		require.True(t, ok, "%s: cancel names job %d in flight", where, id)
+		if !j.cancelAsk {
+			j.cancelAsk, j.queuedOnly = true, m.rng.Intn(2) == 0
+		}
+	}
+	if j := e.Job; j != nil {
+		require.Contains(t, []Phase{Running, Finishing}, m.phase, "%s: no job while %v", where, m.phase)
+		require.NotEmpty(t, j.Chunks)
+		for _, c := range j.Chunks {
+			g, ci := c.Group, int(c.Index)
+			require.Less(t, ci, m.naiveReady(g), "%s: chunk %d/%d offered only once ready", where, g, ci)
+			hpc := m.lay.Groups[g].HashesPerChunk
+			require.Equal(t, Key(m.truthHashes[(ci+1)*hpc-1], g), c.Key, "%s: key", where)
+			require.Equal(t, m.truthBlocks[g][ci*bpc:(ci+1)*bpc], c.Blocks, "%s: the current block ids", where)
+			require.NotZero(t, c.Blocks[bpc-1], "%s: last block not null", where)
+			require.Zero(t, m.stored[gc{g, c.Index}], "%s: chunk %d/%d stored already", where, g, ci)
+			for _, other := range m.jobs {
+				for _, oc := range other.job.Chunks {
+					require.False(t, oc.Group == g && oc.Index == c.Index, "%s: chunk %d/%d in two jobs", where, g, ci)
+				}
+			}
+		}
+		require.NotContains(t, m.jobs, j.ID)
+		m.jobs[j.ID] = &mjob{job: j}
+		m.inflight = append(m.inflight, j.ID)
+	}
+	for _, d := range e.Deferred {
+		require.Equal(t, m.naiveReady(d.Group), int(d.Chunk), "%s: a deferral names the first chunk not ready", where)
+	}
+	m.dropped += e.Dropped
+	for _, reason := range e.Releases {
+		require.NotEmpty(t, m.owed, "%s: release %q owed", where, reason)
+		o := m.owed[0]
+		m.owed = m.owed[1:]
+		require.Equal(t, o.reason, reason, "%s: releases in event order", where)
+		if o.reason == messages.ReasonPreempted && m.phase != Finishing {
+			for _, id := range o.waitFor {
+				require.NotContains(t, m.inflight, id, "%s: preempted released before job %d is done", where, id)
+			}
+			if m.phase == Preempted {
+				clear(m.tracked) // PROTOCOL.md "preempted": clear block ids
+			}
+		} else {
+			require.Empty(t, m.inflight, "%s: %s released with copies in flight", where, reason)
+		}
+	}
+	// PROTOCOL.md "preempted": released once the copies in flight at the
+	// preemption are done, also when resumed came first.
+	if (m.phase == Running || m.phase == Preempted) && len(m.owed) > 0 && where != "reset" {
+		for _, o := range m.owed {
+			for _, id := range o.waitFor {
+				if slices.Contains(m.inflight, id) {
+					goto waiting
+				}
+			}
+		}
+		require.Fail(t, "preempted release withheld", "%s: owed %v with the copies it waits for done", where, m.owed)
+	}
+waiting:
+	if e.Drop {
+		if !m.reset { // a reset of a request without blocks owes no release
+			require.NotEmpty(t, e.Releases, "%s: dropped without its release", where)
+		}
+		require.Empty(t, m.owed)
+		m.phase = Done
+	}
+	m.check(where)
+}
+
+// check compares the request with the model after every call.
+func (m *model) check(where string) {
+	t := m.t
+	s := m.req.Snapshot()
+	require.Equal(t, m.phase, s.Phase, "%s: phase", where)
+	require.Equal(t, m.naiveT(), s.T, "%s: T", where)
+	require.Equal(t, m.hashesKnown, s.Hashes, "%s: hashes", where)
+	require.Equal(t, nilIfEmpty(m.inflight), nilIfEmpty(s.InFlight), "%s: jobs in flight", where)
+	pending := 0
+	for _, id := range m.inflight {
+		pending += len(m.jobs[id].job.Chunks)
+	}
+	require.Equal(t, pending, m.pool.Stats().Pending, "%s: pool pending = chunks of the jobs in flight", where)
+	for g, gs := range s.Groups {
+		require.Equal(t, m.tracked[g], gs.Blocks, "%s: group %d blocks", where, g)
+		require.Equal(t, m.naiveReady(g), int(gs.Ready), "%s: group %d ready prefix", where, g)
+		require.GreaterOrEqual(t, gs.Cursor, m.cursors[g], "%s: group %d cursor never decreases", where, g)
+		m.cursors[g] = gs.Cursor
+	}
+}

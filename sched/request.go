@@ -1,0 +1,510 @@
+package sched
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Phase is a request's lifecycle phase. Only the become* methods change it.
+type Phase uint8
+
+const (
+	Running   Phase = iota
+	Preempted       // between preempted and resumed: no new jobs
+	Finishing       // finished seen: final passes until every job is done
+	Done            // released for good; drop the request
+)
+
+var phaseNames = [...]string{"running", "preempted", "finishing", "done"}
+
+func (p Phase) String() string { return phaseNames[p] }
+
+// Preparer is the part of the host pool a decision needs.
+type Preparer interface {
+	PrepareStore(keys []messages.Key) (hostpool.Prepared, error)
+}
+
+// Request is one request's store state. It is not safe for concurrent use:
+// its owner (the request actor) is its only caller.
+type Request struct {
+	id         string
+	lay        *Layout
+	prompt     int
+	maxOffload int // -1: unset
+	computed   int
+	total      int
+	hashes     []messages.Hash
+	groups     []group
+	phase      Phase
+	aborted    bool
+	inflight   []*StoreJob
+	nextJob    JobID
+	poolFails  int      // consecutive decisions without room; reset by one with room
+	copyFails  int      // consecutive failed copies; reset by a copy that succeeds
+	releases   []string // release reasons owed once inflight drains
+	// fence: the owed preempted releases wait for the jobs up to it (the copies
+	// queued or in flight at the preemption), not for jobs made after resumed.
+	fence   JobID
+	reset   bool // Reset was called: its release is owed, not recomputed
+	eff     Effects
+	keyBuf  []messages.Key
+	candBuf []candidate
+}
+
+type candidate struct {
+	group int
+	chunk messages.ChunkIndex
+}
+
+// NewRequest starts the state of a request from its added event.
+func NewRequest(l *Layout, added *messages.Event) *Request {
+	r := &Request{id: added.Request, lay: l, prompt: added.PromptTokens,
+		maxOffload: added.MaxOffloadTokens, groups: make([]group, len(l.Groups))}
+	if added.Type != messages.EvAdded {
+		r.maxOffload = -1
+	}
+	for i := range r.groups {
+		r.groups[i].lay = &l.Groups[i]
+		r.groups[i].lastDefer.Chunk = -1
+	}
+	return r
+}
+
+// ID is the request id.
+func (r *Request) ID() string { return r.id }
+
+// Phase is the lifecycle phase.
+func (r *Request) Phase() Phase { return r.phase }
+
+// HasBlocks reports whether any GPU block id is tracked now.
+func (r *Request) HasBlocks() bool {
+	for i := range r.groups {
+		if len(r.groups[i].blocks) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// InFlight is the number of store jobs not yet done.
+func (r *Request) InFlight() int { return len(r.inflight) }
+
+// Offloadable is T (PROTOCOL.md): min(computed, total), then capped by
+// max_offload_tokens and, with offload_prompt_only, by prompt_tokens.
+func (r *Request) Offloadable() int {
+	t := min(r.computed, r.total)
+	if r.maxOffload >= 0 {
+		t = min(t, r.maxOffload)
+	}
+	if r.lay.OffloadPromptOnly {
+		t = min(t, r.prompt)
+	}
+	return max(t, 0)
+}
+
+// Step applies one event. A returned error rejects the event and leaves the
+// request unchanged. Events that the lifecycle says to ignore (a second
+// finished, preempted twice) return nil and change nothing.
+func (r *Request) Step(ev *messages.Event) error {
+	if ev.Request != r.id {
+		return ErrWrongRequest
+	}
+	if r.phase == Done {
+		return ErrReleased
+	}
+	switch ev.Type {
+	case messages.EvAdded:
+		if ev.PromptTokens != r.prompt {
+			return ErrPromptMismatch
+		}
+		return nil // a resent added: ignored
+	case messages.EvHashes:
+		if ev.Start < 0 {
+			return ErrNegative
+		}
+		return r.applyHashes(ev.Start, ev.Hashes)
+	case messages.EvBlocks:
+		if ev.Group < 0 || ev.Group >= len(r.groups) {
+			return ErrBadGroup
+		}
+		if r.phase == Preempted {
+			return ErrPreempted // the engine freed these blocks
+		}
+		if r.phase == Finishing {
+			return nil // blocks after finished change nothing: the final T is fixed
+		}
+		if ev.Start < 0 {
+			return ErrNegative
+		}
+		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks)
+	case messages.EvTokens:
+		if r.phase != Finishing { // the finished event's T is final
+			r.computed, r.total = ev.Computed, ev.Total
+		}
+		return nil
+	case messages.EvPreempted:
+		if r.phase == Running {
+			r.becomePreempted()
+		}
+		return nil
+	case messages.EvResumed:
+		if r.phase == Preempted {
+			r.becomeRunning()
+		}
+		return nil
+	case messages.EvFinished:
+		if r.phase != Finishing {
+			r.becomeFinishing(ev)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: %v", ErrBadEventType, ev.Type)
+}
+
+func (r *Request) applyHashes(start int, hs []messages.Hash) error {
+	n := len(r.hashes)
+	if start > n {
+		return ErrHole
+	}
+	for i, h := range hs {
+		if start+i < n && r.hashes[start+i] != h {
+			return ErrConflict
+		}
+	}
+	if end := start + len(hs); end > n {
+		r.hashes = append(r.hashes, hs[n-start:]...)
+	}
+	return nil
+}
+
+// becomePreempted: no new jobs, cancel queued copies, wait for in-flight ones,
+// then release (PROTOCOL.md, "preempted").
+func (r *Request) becomePreempted() {
+	r.phase = Preempted
+	r.releases = append(r.releases, messages.ReasonPreempted)
+	r.fence = r.nextJob
+	for _, j := range r.inflight {
+		r.eff.Cancel = append(r.eff.Cancel, j.ID)
+	}
+}
+
+// becomeRunning: resumed. Block ids of every group are cleared; fresh blocks
+// events from start 0 follow. Hashes and cursors stay (the content is stored).
+func (r *Request) becomeRunning() {
+	r.phase = Running
+	r.clearBlocks()
+}
+
+func (r *Request) becomeFinishing(ev *messages.Event) {
+	if r.phase == Preempted {
+		r.clearBlocks() // the engine freed them at preemption: no job may read them
+	}
+	r.phase = Finishing
+	r.computed, r.total = ev.Computed, ev.Total
+	r.aborted = ev.Aborted
+	reason := messages.ReasonFinished
+	if ev.Aborted {
+		reason = messages.ReasonAborted
+	}
+	r.releases = append(r.releases, reason)
+	r.poolFails, r.copyFails = 0, 0
+}
+
+func (r *Request) clearBlocks() {
+	for i := range r.groups {
+		r.groups[i].blocks = r.groups[i].blocks[:0]
+	}
+}
+
+// Reset ends the request for an engine reset: queued copies are cancelled,
+// in-flight ones finish, and one engine_reset release is owed if the request
+// has GPU blocks tracked. Further events are rejected.
+// Resetting again, or a request already released, adds nothing.
+func (r *Request) Reset() Effects {
+	if r.phase == Done {
+		return r.take() // released for good: nothing is owed
+	}
+	if !r.reset {
+		r.reset = true
+		r.releases = r.releases[:0]
+		if r.HasBlocks() {
+			r.releases = append(r.releases, messages.ReasonEngineReset)
+		}
+	}
+	r.eff.Retry, r.eff.Job = nil, nil
+	r.eff.Cancel = r.eff.Cancel[:0] // every in-flight job, once
+	for _, j := range r.inflight {
+		r.eff.Cancel = append(r.eff.Cancel, j.ID)
+	}
+	r.phase = Finishing
+	r.aborted = true
+	r.computed, r.total = 0, 0 // no further stores
+	r.clearBlocks()
+	r.settle()
+	return r.take()
+}
+
+// ready is the ready prefix of group g with the term that bounds it
+// (PROTOCOL.md, "ready prefix"): full chunks of offloadable tokens (an eagle
+// group holds back its trailing chunk while decoding and not finished),
+// complete tracked block chunks, and chunks whose key is known.
+func (r *Request) ready(g int, t int) (messages.ChunkIndex, DeferReason, messages.ChunkIndex) {
+	gl := &r.lay.Groups[g]
+	tok := t / gl.TokensPerChunk
+	if gl.Kind == KindEagle && r.phase != Finishing && t > r.prompt {
+		tok = max(tok-1, 0)
+	}
+	hsh := len(r.hashes) / gl.HashesPerChunk
+	blk := len(r.groups[g].blocks) / r.lay.BlocksPerChunk
+	ready, reason := tok, DeferTokens
+	if hsh < ready {
+		ready, reason = hsh, DeferHashes
+	}
+	if blk < ready {
+		ready, reason = blk, DeferBlocks
+	}
+	return messages.ChunkIndex(ready), reason, messages.ChunkIndex(max(tok, hsh, blk))
+}
+
+// Advance takes one store decision for the request across all its groups
+// and returns the effects. Call it after a batch of Steps, on a retry timer,
+// and after JobDone.
+//
+// PROTOCOL.md: candidates are chunks [cursor, ready) (plus chunks whose copy
+// failed) whose last block is not null; all go to the pool in one
+// PrepareStore. No room: no job, cursors unchanged, a retry. Otherwise every
+// cursor moves to max(cursor, ready).
+func (r *Request) Advance(p Preparer) Effects {
+	if r.phase == Running || r.phase == Finishing {
+		r.decide(p)
+	}
+	r.settle()
+	return r.take()
+}
+
+func (r *Request) decide(p Preparer) {
+	t := r.Offloadable()
+	bpc := r.lay.BlocksPerChunk
+	cands := r.candBuf[:0]
+	keys := r.keyBuf[:0]
+	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
+	readies := ready[:0]
+	for g := range r.groups {
+		gr := &r.groups[g]
+		rd, reason, best := r.ready(g, t)
+		readies = append(readies, rd)
+		if best > rd { // something about chunk rd is known, but not all: a deferral
+			d := Deferral{Group: g, Chunk: rd, Reason: reason}
+			if d != gr.lastDefer {
+				gr.lastDefer = d
+				r.eff.Deferred = append(r.eff.Deferred, d)
+			}
+		}
+		for _, c := range gr.redo {
+			if c < rd && gr.lastBlock(c, bpc) != 0 {
+				cands = append(cands, candidate{g, c})
+			}
+		}
+		for c := gr.cursor; c < rd; c++ {
+			if gr.lastBlock(c, bpc) != 0 {
+				cands = append(cands, candidate{g, c})
+			}
+		}
+	}
+	for _, c := range cands {
+		hpc := r.lay.Groups[c.group].HashesPerChunk
+		keys = append(keys, Key(r.hashes[(int(c.chunk)+1)*hpc-1], c.group))
+	}
+	r.candBuf, r.keyBuf = cands, keys
+	var prep hostpool.Prepared
+	if len(keys) > 0 {
+		var err error
+		prep, err = p.PrepareStore(keys)
+		if errors.Is(err, hostpool.ErrNoRoom) || err != nil {
+			r.failAttempt(RetryPoolFull)
+			return
+		}
+	}
+	r.poolFails = 0
+	for g := range r.groups {
+		gr := &r.groups[g]
+		gr.cursor = max(gr.cursor, readies[g])
+		gr.redo = dropBelow(gr.redo, readies[g])
+	}
+	r.eff.Evicted = append(r.eff.Evicted, prep.Evicted...)
+	r.eff.Deduped += len(keys) - len(prep.Keys)
+	if len(prep.Keys) == 0 {
+		return
+	}
+	r.eff.Job = r.buildJob(cands, keys, prep)
+	r.inflight = append(r.inflight, r.eff.Job)
+}
+
+// dropBelow removes redo chunks below rd: they were just offered again.
+func dropBelow(redo []messages.ChunkIndex, rd messages.ChunkIndex) []messages.ChunkIndex {
+	out := redo[:0]
+	for _, c := range redo {
+		if c >= rd {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool.Prepared) *StoreJob {
+	r.nextJob++
+	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
+	bpc := r.lay.BlocksPerChunk
+	next := 0 // prep.Keys is an ordered subsequence of keys
+	for i, c := range cands {
+		if next >= len(prep.Keys) || prep.Keys[next] != keys[i] {
+			continue
+		}
+		gr := &r.groups[c.group]
+		jc := JobChunk{Group: c.group, Index: c.chunk, Key: keys[i], Slot: prep.Slots[next],
+			Blocks: gr.chunkBlocks(c.chunk, bpc, make([]messages.BlockID, 0, bpc))}
+		job.Bytes += r.lay.ChunkBytes(&jc)
+		job.Chunks = append(job.Chunks, jc)
+		next++
+	}
+	return job
+}
+
+// failAttempt records a failed decision and asks for a retry; a finishing
+// request gives up after FinishRetryLimit attempts so the engine gets its
+// blocks back.
+//
+// Pool-full and copy failures are counted apart: a decision that finds room
+// does not end a run of failed copies (each retry of a failing copy finds
+// room), and only a copy that succeeds does.
+func (r *Request) failAttempt(reason RetryReason) {
+	n := &r.poolFails
+	if reason == RetryCopyFailed {
+		n = &r.copyFails
+	}
+	*n++
+	if r.phase == Finishing && *n > FinishRetryLimit {
+		r.eff.Dropped += r.giveUp()
+		return
+	}
+	r.eff.Retry = &Retry{Reason: reason, Attempt: *n, Backoff: backoff(*n)}
+}
+
+// giveUp forgets every undecided chunk so that a finishing request can be
+// released, and returns how many ready chunks it gave up.
+func (r *Request) giveUp() int {
+	t := r.Offloadable()
+	bpc := r.lay.BlocksPerChunk
+	dropped := 0
+	for g := range r.groups {
+		gr := &r.groups[g]
+		rd, _, _ := r.ready(g, t)
+		for _, c := range gr.redo {
+			if c < rd && gr.lastBlock(c, bpc) != 0 {
+				dropped++
+			}
+		}
+		for c := gr.cursor; c < rd; c++ {
+			if gr.lastBlock(c, bpc) != 0 {
+				dropped++
+			}
+		}
+		gr.cursor = max(gr.cursor, rd)
+		gr.redo = gr.redo[:0]
+	}
+	return dropped
+}
+
+// JobDone records the end of store job id: ok, failed (its chunks are offered
+// again, with a retry), or cancelled (its chunks are offered again once their
+// blocks are tracked again). The caller has already completed the pool side
+// (CompleteStore). Call Advance afterwards to act on a retry or a release.
+func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
+	for i, j := range r.inflight {
+		if j.ID != id {
+			continue
+		}
+		r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
+		if ok {
+			r.copyFails = 0
+			break
+		}
+		for _, c := range j.Chunks {
+			r.groups[c.Group].addRedo(c.Index)
+		}
+		if !cancelled && r.phase != Done {
+			r.failAttempt(RetryCopyFailed)
+		}
+		break
+	}
+	r.settle()
+	return r.take()
+}
+
+// settle publishes owed releases. A finishing request is released once no
+// copy of it is in flight and nothing is left to store (or it gave up), and
+// is then Done. A preemption is released once the copies made before it are
+// done (PROTOCOL.md "preempted": "wait for copies in flight; publish
+// released"), also when resumed came first; a still preempted request's block
+// ids are then cleared.
+func (r *Request) settle() {
+	switch r.phase {
+	case Finishing:
+		if len(r.inflight) > 0 || r.eff.Retry != nil || r.pendingChunks() {
+			return // a copy is in flight, or a final chunk is still to be stored
+		}
+		r.phase = Done
+		r.eff.Drop = true
+	case Preempted, Running:
+		if len(r.releases) == 0 || r.inflightUpTo(r.fence) {
+			return
+		}
+		if r.phase == Preempted {
+			r.clearBlocks() // the engine may reuse the blocks once released
+		}
+	default:
+		return
+	}
+	r.eff.Releases = append(r.eff.Releases, r.releases...)
+	r.releases = r.releases[:0]
+}
+
+// inflightUpTo reports whether a job numbered id or lower is in flight.
+func (r *Request) inflightUpTo(id JobID) bool {
+	for _, j := range r.inflight {
+		if j.ID <= id {
+			return true
+		}
+	}
+	return false
+}
+
+// pendingChunks reports whether some group still has a ready chunk not yet
+// decided (a redo chunk, or one past the cursor).
+func (r *Request) pendingChunks() bool {
+	t := r.Offloadable()
+	bpc := r.lay.BlocksPerChunk
+	for g := range r.groups {
+		gr := &r.groups[g]
+		rd, _, _ := r.ready(g, t)
+		for _, c := range gr.redo {
+			if c < rd && gr.lastBlock(c, bpc) != 0 {
+				return true
+			}
+		}
+		if gr.cursor < rd {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *Request) take() Effects {
+	e := r.eff
+	r.eff = Effects{Cancel: e.Cancel[:0], Deferred: e.Deferred[:0], Evicted: e.Evicted[:0],
+		Releases: e.Releases[:0]}
+	return e
+}

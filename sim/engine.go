@@ -1,0 +1,252 @@
+package sim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// engine is one simulated engine for the length of one Run. Everything but
+// kv (shared with the kv_events callback) belongs to Run's goroutine.
+type engine struct {
+	cfg Config
+	nc  *nats.Conn
+	log *slog.Logger
+	mem *memory
+	al  *allocator
+
+	subject  string // P.E.
+	epoch    string
+	seq      uint64
+	b        batch
+	body     []byte
+	prefixes [][]uint32
+	lcmBlock int // every group's block size divides it: resume hits are multiples of it
+
+	reqs     []*request
+	byID     map[string]*request
+	waiting  []*request // FIFO; preempted requests go back to the front
+	running  []*request // in scheduling order; the last is preempted first
+	doomed   []*request // queued, to be aborted before any block
+	arrivals *arrivals
+	ended    int // requests finished or aborted
+	owed     int // releases owed and not yet received
+	// heldBlocks counts block ids waiting for `released` before reuse.
+	heldBlocks int
+
+	storedKeys map[string]keyRef // every key this engine was told is stored
+	msgs       chan *nats.Msg
+	kv         kvState
+
+	rep          Report
+	lastProgress time.Time
+}
+
+// keyRef is where a stored key was first reported.
+type keyRef struct {
+	req *request
+	ch  chunkRef
+}
+
+// kvState is what the kv_events subscription learnt; its callback runs on
+// the NATS client's goroutine, hence the lock.
+type kvState struct {
+	mu        sync.Mutex
+	evicted   map[string]bool // key hex
+	evictions int
+	processed uint64 // kv_events messages handled, to tell when the queue is drained
+}
+
+// Run registers the engine with the kvactors node reachable on nc, serves
+// cfg.Requests simulated requests, then checks what kvactors did (see the
+// package doc). The error is for what stopped the run (bad config, NATS,
+// shared memory, ctx, a stall); failed checks are in Report.Err. The
+// Report is filled as far as the run got either way.
+func Run(ctx context.Context, nc *nats.Conn, cfg Config) (Report, error) {
+	start := time.Now()
+	e, err := newEngine(nc, cfg)
+	if err != nil {
+		return Report{Engine: cfg.Engine}, err
+	}
+	defer func() {
+		if rerr := e.mem.remove(); rerr != nil {
+			e.log.Warn("sim: remove segments", "engine", cfg.Engine, "err", rerr)
+		}
+	}()
+	err = e.run(ctx)
+	e.rep.Elapsed = time.Since(start)
+	return e.rep.clone(), err
+}
+
+func newEngine(nc *nats.Conn, cfg Config) (*engine, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	var epoch [16]byte
+	_, _ = rand.Read(epoch[:]) // crypto/rand.Read never fails
+	e := &engine{cfg: cfg, nc: nc, log: cfg.Log, subject: cfg.Prefix + "." + cfg.Engine + ".",
+		epoch: hex.EncodeToString(epoch[:]), byID: map[string]*request{}, storedKeys: map[string]keyRef{},
+		msgs: make(chan *nats.Msg, 1<<16), lcmBlock: 1,
+		rep: Report{Engine: cfg.Engine, Releases: map[string]int{}}}
+	e.kv.evicted = map[string]bool{}
+	for _, g := range cfg.Groups {
+		e.lcmBlock = lcm(e.lcmBlock, g.TokensPerBlock)
+	}
+	e.prefixes = sharedPrefixes(&e.cfg)
+	e.arrivals = newArrivals(&e.cfg)
+	e.al = newAllocator(&e.cfg)
+	mem, err := newMemory(&e.cfg)
+	if err != nil {
+		return nil, err
+	}
+	e.mem = mem
+	return e, nil
+}
+
+func (e *engine) run(ctx context.Context) error {
+	subs, err := e.subscribe()
+	defer func() {
+		for _, s := range subs {
+			_ = s.Unsubscribe()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	if err := e.register(); err != nil {
+		return err
+	}
+	served := time.Now()
+	err = e.serve(ctx)
+	e.rep.Serving = time.Since(served)
+	if err != nil {
+		e.settleReleases()
+		return err
+	}
+	if err := e.verify(ctx, subs[len(subs)-1]); err != nil {
+		return err
+	}
+	e.settleReleases()
+	return nil
+}
+
+// subscribe listens for released and stored (one channel, so they are seen
+// in the order kvactors published them: a request's stored messages before
+// its release) and for every engine's kv_events (evictions anywhere can
+// remove a key this engine stored). The kv_events subscription is last.
+func (e *engine) subscribe() ([]*nats.Subscription, error) {
+	var subs []*nats.Subscription
+	for _, verb := range []string{"released", "stored"} {
+		s, err := e.nc.ChanSubscribe(e.subject+verb, e.msgs)
+		if err != nil {
+			return subs, fmt.Errorf("sim: subscribe %s: %w", e.subject+verb, err)
+		}
+		_ = s.SetPendingLimits(-1, -1) // the channel's capacity is the limit
+		subs = append(subs, s)
+	}
+	s, err := e.nc.Subscribe(e.cfg.Prefix+".*.kv_events", e.onKVEvents)
+	if err != nil {
+		return subs, fmt.Errorf("sim: subscribe kv_events: %w", err)
+	}
+	subs = append(subs, s)
+	if err := e.nc.Flush(); err != nil {
+		return subs, fmt.Errorf("sim: flush subscriptions: %w", err)
+	}
+	return subs, nil
+}
+
+// register sends the EngineSpec and expects {"ok":true}.
+func (e *engine) register() error {
+	var reply messages.RegisterReply
+	if err := e.request("register", e.mem.spec(), &reply); err != nil {
+		return err
+	}
+	if !reply.OK {
+		return fmt.Errorf("sim: engine %s: register refused: %s", e.cfg.Engine, reply.Error)
+	}
+	return nil
+}
+
+// request does one request/reply on P.E.verb with JSON bodies.
+func (e *engine) request(verb string, body, reply any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("sim: encode %s: %w", verb, err)
+	}
+	m, err := e.nc.Request(e.subject+verb, data, e.cfg.RequestTimeout)
+	if err != nil {
+		return fmt.Errorf("sim: engine %s: %s: %w", e.cfg.Engine, verb, err)
+	}
+	if err := json.Unmarshal(m.Data, reply); err != nil {
+		return fmt.Errorf("sim: engine %s: decode %s reply %q: %w", e.cfg.Engine, verb, m.Data, err)
+	}
+	return nil
+}
+
+// ErrStalled is returned when the run made no progress for StallTimeout.
+var ErrStalled = errors.New("sim: stalled")
+
+// serve runs scheduler steps until every request ended and every release
+// owed arrived.
+func (e *engine) serve(ctx context.Context) error {
+	tick := time.NewTicker(e.cfg.StepInterval)
+	defer tick.Stop()
+	e.lastProgress = time.Now()
+	for e.ended < e.cfg.Requests || e.owed > 0 {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sim: engine %s: %w", e.cfg.Engine, ctx.Err())
+		case m := <-e.msgs:
+			e.handle(m)
+		case now := <-tick.C:
+			if now.Sub(e.lastProgress) > e.cfg.StallTimeout {
+				return fmt.Errorf("%w: engine %s: nothing happened for %v: %d of %d requests ended, %d running, "+
+					"%d waiting, %d releases owed", ErrStalled, e.cfg.Engine, e.cfg.StallTimeout, e.ended,
+					e.cfg.Requests, len(e.running), len(e.waiting), e.owed)
+			}
+			if err := e.step(); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// publish sends the step's batch, if it has events.
+func (e *engine) publish() error {
+	if e.b.events == 0 {
+		return nil
+	}
+	e.seq++
+	e.body = e.b.body(e.body, e.epoch, e.seq)
+	if err := e.nc.Publish(e.subject+"events", e.body); err != nil {
+		return fmt.Errorf("sim: engine %s: publish batch %d: %w", e.cfg.Engine, e.seq, err)
+	}
+	e.rep.Batches++
+	e.rep.Events += e.b.events
+	return nil
+}
+
+// progress marks that something moved, for stall detection.
+func (e *engine) progress() { e.lastProgress = time.Now() }
+
+func lcm(a, b int) int {
+	x, y := a, b
+	for y != 0 {
+		x, y = y, x%y
+	}
+	return a / x * b
+}

@@ -1,0 +1,182 @@
+package sim
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// handle applies one released or stored message, on Run's goroutine.
+func (e *engine) handle(m *nats.Msg) {
+	switch strings.TrimPrefix(m.Subject, e.subject) {
+	case "released":
+		e.onReleased(m.Data)
+	case "stored":
+		e.onStored(m.Data)
+	}
+}
+
+// onReleased frees the blocks held for the oldest owed release of that
+// reason. Only now may the scheduler hand them out again.
+func (e *engine) onReleased(data []byte) {
+	var rel messages.Released
+	if err := json.Unmarshal(data, &rel); err != nil {
+		e.badMessage("released body %q: %v", data, err)
+		return
+	}
+	e.rep.Releases[rel.Reason]++
+	r := e.byID[rel.Request]
+	if r == nil {
+		e.rep.UnknownReleases++
+		e.rep.fail("released %q (%s): no such request", rel.Request, rel.Reason)
+		return
+	}
+	r.received[rel.Reason]++
+	held := r.held[rel.Reason]
+	if len(held) == 0 {
+		return // a duplicate, or a reason never owed: counted by settleReleases
+	}
+	r.held[rel.Reason] = held[1:]
+	for g, ids := range held[0] {
+		for _, id := range ids {
+			if id != 0 {
+				e.heldBlocks--
+			}
+		}
+		e.al.put(g, ids)
+	}
+	e.owed--
+	e.progress()
+}
+
+// onStored records a completed store job after checking that each key is
+// the one this engine's hashes give for that chunk.
+func (e *engine) onStored(data []byte) {
+	var st messages.Stored
+	if err := json.Unmarshal(data, &st); err != nil {
+		e.badMessage("stored body %q: %v", data, err)
+		return
+	}
+	r := e.byID[st.Request]
+	if r == nil {
+		e.badMessage("stored job %d for unknown request %q", st.Job, st.Request)
+		return
+	}
+	e.rep.StoredJobs++
+	e.rep.ChunksStored += len(st.Chunks)
+	e.rep.BytesStored += st.Bytes
+	var want int64
+	for _, ch := range st.Chunks {
+		ref := chunkRef{ch.Group, ch.Index}
+		key, err := r.key(&e.cfg, ref)
+		if err != nil {
+			e.badMessage("stored job %d: %v", st.Job, err)
+			continue
+		}
+		if key != ch.Key {
+			e.badMessage("stored job %d of %s: chunk %d of group %d has key %s, want %s",
+				st.Job, r.id, ch.Index, ch.Group, ch.Key, key)
+			continue
+		}
+		r.stored[ref] = true
+		if _, ok := e.storedKeys[key]; !ok {
+			e.storedKeys[key] = keyRef{req: r, ch: ref}
+		}
+		// The simulator never stores a chunk with null blocks (package doc),
+		// so every stored chunk is all its blocks.
+		want += int64(e.cfg.BlocksPerChunk*e.cfg.RegionsPerGroup) * e.cfg.BlockBytes
+	}
+	if st.Bytes != want {
+		e.badMessage("stored job %d of %s: %d bytes, want %d for %d chunks", st.Job, r.id, st.Bytes, want,
+			len(st.Chunks))
+	}
+}
+
+func (e *engine) badMessage(format string, a ...any) {
+	e.rep.BadMessages++
+	e.rep.fail(format, a...)
+}
+
+// onKVEvents runs on the NATS client's goroutine: it remembers every key
+// evicted anywhere, so that a stored key found absent later can be told
+// apart from a lost one.
+func (e *engine) onKVEvents(m *nats.Msg) {
+	var b messages.KVEventBatch
+	err := json.Unmarshal(m.Data, &b)
+	e.kv.mu.Lock()
+	defer e.kv.mu.Unlock()
+	e.kv.processed++
+	if err != nil {
+		return // not this engine's business to police routers' feed
+	}
+	for _, ev := range b.Events {
+		if ev.Type != messages.KVBlockRemoved {
+			continue
+		}
+		for _, h := range ev.BlockHashes {
+			e.kv.evicted[strings.ToLower(h)+fmt.Sprintf("%08x", uint32(ev.GroupIdx))] = true
+			e.kv.evictions++
+		}
+	}
+}
+
+// wasEvicted reports whether key was evicted. kvactors publishes an
+// eviction's BlockRemoved from the actor that evicted, which can race with
+// the load reply that found the key gone, so a miss waits (bounded) for
+// the kv_events queue to drain and for late news.
+func (e *engine) wasEvicted(sub *nats.Subscription, key string) bool {
+	const grace, limit = 100 * time.Millisecond, 2 * time.Second
+	start := time.Now()
+	for {
+		e.kv.mu.Lock()
+		evicted, processed := e.kv.evicted[key], e.kv.processed
+		e.kv.mu.Unlock()
+		if evicted {
+			return true
+		}
+		pending, _, _ := sub.Pending()
+		delivered, _ := sub.Delivered()
+		drained := pending == 0 && uint64(delivered) == processed
+		if waited := time.Since(start); (drained && waited >= grace) || waited >= limit {
+			return false
+		}
+		time.Sleep(5 * time.Millisecond) // polling a NATS client queue: it has no event to wait on
+	}
+}
+
+// settleReleases drains what arrived and counts, per request and reason,
+// releases beyond one per owed event (duplicates) and owed ones that never
+// came (missing).
+func (e *engine) settleReleases() {
+	for {
+		select {
+		case m := <-e.msgs:
+			e.handle(m)
+			continue
+		default:
+		}
+		break
+	}
+	for _, r := range e.reqs {
+		for reason, got := range r.received {
+			if want := r.expected[reason]; got > want {
+				e.rep.DuplicateReleases += got - want
+				e.rep.fail("request %s: %d %q releases for %d events", r.id, got, reason, want)
+			}
+		}
+		for reason, want := range r.expected {
+			if got := r.received[reason]; got < want {
+				e.rep.MissingReleases += want - got
+				e.rep.fail("request %s: %d %q releases for %d events", r.id, got, reason, want)
+			}
+		}
+	}
+	e.kv.mu.Lock()
+	e.rep.Evictions = e.kv.evictions
+	e.kv.mu.Unlock()
+}

@@ -1,0 +1,58 @@
+package tracing
+
+import (
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TracerName is the instrumentation scope of every kvactors span.
+const TracerName = "github.com/kvactors/kvactors"
+
+// Tracer returns kvactors' tracer from tp, so that no caller repeats the
+// scope name.
+func Tracer(tp trace.TracerProvider) trace.Tracer { return tp.Tracer(TracerName) }
+
+// Span names: one scheme, "kvactors.<what>".
+const (
+	// SpanBatch covers the handling of one P.E.events batch; its parent is
+	// the engine's span from the message's traceparent header, if any.
+	SpanBatch = "kvactors.batch"
+	// SpanRequest lives as long as a request is tracked (added .. released).
+	SpanRequest = "kvactors.request"
+	// SpanStoreJob covers one store job, from prepare_store to completion.
+	SpanStoreJob = "kvactors.store_job"
+	// SpanCopy covers one device<->host copy of a job.
+	SpanCopy = "kvactors.copy"
+	// SpanLoad covers one P.E.load request, up to the reply.
+	SpanLoad = "kvactors.load"
+	// SpanLookup covers one P.E.lookup request.
+	SpanLookup = "kvactors.lookup"
+)
+
+// Span event names.
+const (
+	// EventDeferred: a chunk is waiting for a lagging term (AttrReason says
+	// which: tokens, hashes or blocks).
+	EventDeferred = "deferred"
+	// EventRetry: the pool had no room; the chunks are retried after
+	// AttrBackoffMS (attempt AttrAttempt).
+	EventRetry = "retry"
+)
+
+// Attribute keys: one scheme, "kvactors.<what>".
+const (
+	AttrEngine    attribute.Key = "kvactors.engine"     // engine id
+	AttrRequest   attribute.Key = "kvactors.request"    // request id
+	AttrGroup     attribute.Key = "kvactors.group"      // group index
+	AttrChunk     attribute.Key = "kvactors.chunk"      // chunk index in its group
+	AttrReason    attribute.Key = "kvactors.reason"     // why (deferral, release, rejection)
+	AttrAttempt   attribute.Key = "kvactors.attempt"    // retry attempt, from 1
+	AttrBackoffMS attribute.Key = "kvactors.backoff_ms" // retry delay in milliseconds
+	AttrJob       attribute.Key = "kvactors.job"        // store job id
+	AttrBytes     attribute.Key = "kvactors.bytes"      // bytes copied
+	AttrChunks    attribute.Key = "kvactors.chunks"     // chunks in a job or load
+	AttrDevice    attribute.Key = "kvactors.device"     // CUDA device or backend name
+	AttrDirection attribute.Key = "kvactors.direction"  // "store" (device->host) or "load"
+	AttrSeq       attribute.Key = "kvactors.seq"        // batch seq
+	AttrEvents    attribute.Key = "kvactors.events"     // events in a batch
+)
