@@ -16,7 +16,7 @@
 // anywhere rejects the whole batch (as encoding/json would), while a
 // well-formed event with a bad value rejects only that event.
 //
-// Choices where the protocol is silent (written down in docs/ as well):
+// Choices where the protocol is silent (docs/ should state them too):
 //
 //   - Envelope fields epoch, seq and events are required; a missing or null
 //     one rejects the batch. Inside an event only "type" and "request" are
@@ -26,9 +26,12 @@
 //   - Object keys match exactly (case-sensitive, like encoding/json/v2);
 //     a differently cased key is an unknown field and is ignored. Of
 //     duplicate keys the last wins.
-//   - A known field with the wrong JSON type rejects the event even when the
-//     field has no meaning for that event type (one wire shape for all
-//     types); range checks apply only to the fields the type uses.
+//   - Every known field that is present is checked, whatever the event type
+//     uses (one wire shape for all types, since "type" may come last): a
+//     wrong JSON type, a negative count, an id outside uint32, a group at or
+//     over MaxGroups or a bad hash rejects the event. Fields the type does
+//     not use are then dropped, so a decoded Event holds only its own.
+//   - seq must be an integer in [0, 2^63).
 //   - Request ids and the epoch must be valid UTF-8 after unescaping; a lone
 //     surrogate escape (\ud800) is not, so it is rejected rather than
 //     replaced by U+FFFD (two distinct ids must never collapse into one).

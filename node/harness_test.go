@@ -229,3 +229,5 @@ func (te *testEngine) sync() node.StatusReply {
 	require.Empty(te.e.t, st.Error)
 	return st
 }
+
+func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }

@@ -119,6 +119,10 @@ type Config struct {
 	// ends (finished or aborted). Several engines may share one callback,
 	// so it must be safe for concurrent use; it must not block.
 	OnRequestDone func() `json:"-"`
+	// BeforeCheck, if set, is called on Run's goroutine once every request
+	// ended and was released, just before the final check. Tests use it to
+	// tamper with the pool and see the check fail.
+	BeforeCheck func() `json:"-"`
 }
 
 // DefaultConfig returns a small engine that runs for a few seconds.

@@ -136,6 +136,9 @@ func (e *engine) run(ctx context.Context) error {
 		e.settleReleases()
 		return err
 	}
+	if e.cfg.BeforeCheck != nil {
+		e.cfg.BeforeCheck()
+	}
 	if err := e.verify(ctx, subs[len(subs)-1]); err != nil {
 		return err
 	}

@@ -9,6 +9,7 @@ import (
 	"bytes"
 	"errors"
 	"math/rand/v2"
+	"os"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -177,4 +178,39 @@ func random(seed uint64, n int) []byte {
 	p := make([]byte, n)
 	_, _ = rand.NewChaCha8(s).Read(p)
 	return p
+}
+
+// TestInjectedErrors needs scripts/cuda-check's fake driver
+// (testdata/fakecuda.c), which can make one call fail on demand: a failed
+// enqueue fails only its Copy; an error that breaks the context fails that
+// Copy, shows in Healthy, and fails every later Copy.
+func TestInjectedErrors(t *testing.T) {
+	if os.Getenv("KVACTORS_FAKECUDA") == "" {
+		t.Skip("needs the fake driver of scripts/cuda-check (KVACTORS_FAKECUDA=1)")
+	}
+	b := openBackend(t)
+	buf, err := b.AllocDevice(1 << 16)
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, buf.Free()) })
+	dev, err := b.attachPointers([]cu.DevicePtr{buf.ptr}, []int64{1 << 16})
+	require.NoError(t, err)
+	t.Cleanup(func() { require.NoError(t, dev.Close()) })
+	arena := allocArena(t, b, 1<<16)
+	ranges := []backend.Range{{Len: 4096}, {SegOffset: 8192, PoolOff: 8192, Len: 4096}}
+
+	t.Setenv("FAKECUDA_FAIL", "cuMemcpyDtoHAsync=1")
+	err = dev.Copy(backend.DeviceToHost, arena, ranges)
+	require.ErrorContains(t, err, "cuMemcpyDtoHAsync: CUDA_ERROR_INVALID_VALUE (1)")
+	require.NoError(t, b.Healthy(), "a refused copy does not break the context")
+	t.Setenv("FAKECUDA_FAIL", "")
+	require.NoError(t, dev.Copy(backend.DeviceToHost, arena, ranges))
+
+	t.Setenv("FAKECUDA_FAIL", "cuEventQuery=700")
+	err = dev.Copy(backend.DeviceToHost, arena, ranges)
+	require.ErrorContains(t, err, "cuEventQuery: CUDA_ERROR_ILLEGAL_ADDRESS (700)")
+	t.Setenv("FAKECUDA_FAIL", "")
+	var e *Error
+	require.ErrorAs(t, b.Healthy(), &e)
+	require.True(t, e.Sticky())
+	require.ErrorContains(t, dev.Copy(backend.HostToDevice, arena, ranges), "context unusable")
 }

@@ -1,0 +1,269 @@
+package hostpool
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// The pool's rules come from PROTOCOL.md "What kvactors does": "dedup: keys
+// already present, ready or pending, are not stored again; space: evict least
+// recently used ready blocks that are not among the offered keys and not
+// pinned by a load", "If the pool cannot make room: no job", and "A failed
+// copy frees the slots (complete_store with failure)". The sequence below is
+// vLLM's tests/v1/kv_offload/test_cpu_offloading_manager.py, adapted.
+
+func k(names ...any) []messages.Key {
+	out := make([]messages.Key, len(names))
+	for i, n := range names {
+		out[i] = messages.Key(fmt.Sprint(n))
+	}
+	return out
+}
+
+func slots(s ...Slot) []Slot { return s }
+
+// pop is one step of a pool script.
+type pop struct {
+	name    string
+	store   []messages.Key // PrepareStore
+	done    []messages.Key // CompleteStore(done, ok)
+	ok      bool
+	load    []messages.Key // PrepareLoad
+	unload  []messages.Key // CompleteLoad
+	touch   []messages.Key // Touch
+	wantErr error
+	want    Prepared // for store
+	slots   []Slot   // for load
+	states  map[string]State
+	stats   *Stats
+}
+
+func runPool(t *testing.T, p *Pool, script []pop) {
+	t.Helper()
+	for i, s := range script {
+		msg := fmt.Sprintf("step %d: %s", i, s.name)
+		before := snapshot(p)
+		var err error
+		switch {
+		case s.store != nil:
+			var got Prepared
+			got, err = p.PrepareStore(s.store)
+			if s.wantErr == nil {
+				require.Equal(t, s.want, got, msg)
+			}
+		case s.done != nil:
+			p.CompleteStore(s.done, s.ok)
+		case s.load != nil:
+			var got []Slot
+			got, err = p.PrepareLoad(s.load)
+			if s.wantErr == nil {
+				require.Equal(t, s.slots, got, msg)
+			}
+		case s.unload != nil:
+			p.CompleteLoad(s.unload)
+		case s.touch != nil:
+			p.Touch(s.touch)
+		}
+		if s.wantErr != nil {
+			require.ErrorIs(t, err, s.wantErr, msg)
+			require.Equal(t, before, snapshot(p), "%s: a failed call changes nothing", msg)
+		} else {
+			require.NoError(t, err, msg)
+		}
+		for key, st := range s.states {
+			got, _ := p.Lookup(messages.Key(key))
+			require.Equal(t, st, got, "%s: state of %s", msg, key)
+		}
+		if s.stats != nil {
+			require.Equal(t, *s.stats, p.Stats(), msg)
+		}
+		checkInvariants(t, p)
+	}
+}
+
+func TestCPUManagerSequence(t *testing.T) {
+	runPool(t, New(4), []pop{
+		{name: "store [1,2] into fresh slots", store: k(1, 2),
+			want: Prepared{Keys: k(1, 2), Slots: slots(0, 1)}, states: map[string]State{"1": Pending, "2": Pending},
+			stats: &Stats{Capacity: 4, Used: 2, Pending: 2, Free: 2}},
+		{name: "pending keys are not loadable", load: k(1), wantErr: ErrNotReady},
+		{name: "complete [1,2]", done: k(1, 2), ok: true, states: map[string]State{"1": Ready, "2": Ready},
+			stats: &Stats{Capacity: 4, Used: 2, Ready: 2, Free: 2}},
+		{name: "store [2,3,4,5]: 2 is present, 1 is evicted, 2 is offered so kept", store: k(2, 3, 4, 5),
+			want:   Prepared{Keys: k(3, 4, 5), Slots: slots(2, 3, 0), Evicted: k(1)},
+			states: map[string]State{"1": Absent, "2": Ready, "3": Pending}},
+		{name: "[1,6] has no room while 3,4,5 are pending", store: k(1, 6), wantErr: ErrNoRoom},
+		{name: "complete [3,4,5]", done: k(3, 4, 5), ok: true},
+		{name: "pin [2,3,4,5]", load: k(2, 3, 4, 5), slots: slots(1, 2, 3, 0),
+			stats: &Stats{Capacity: 4, Used: 4, Ready: 4, Pinned: 4}},
+		{name: "pins block eviction", store: k(6), wantErr: ErrNoRoom},
+		{name: "unpin", unload: k(2, 3, 4, 5), stats: &Stats{Capacity: 4, Used: 4, Ready: 4}},
+		{name: "store [6] evicts the least recently used, 2", store: k(6),
+			want: Prepared{Keys: k(6), Slots: slots(1), Evicted: k(2)}},
+		{name: "a failed completion frees pending keys but not ready ones", done: k(6, 3), ok: false,
+			states: map[string]State{"6": Absent, "3": Ready},
+			stats:  &Stats{Capacity: 4, Used: 3, Ready: 3, Free: 1}},
+		{name: "the freed slot is reused", store: k(7), want: Prepared{Keys: k(7), Slots: slots(1)}},
+		{name: "all present: nothing to store, no error", store: k(3, 4, 7), want: Prepared{}},
+	})
+}
+
+// PROTOCOL.md: eviction picks ready keys "that are not among the offered
+// keys": a key offered (present) is never evicted to make room for its
+// siblings, even when that means no room.
+func TestOfferedKeyNeverEvictedForSiblings(t *testing.T) {
+	runPool(t, New(2), []pop{
+		{name: "store [a,b]", store: k("a", "b"), want: Prepared{Keys: k("a", "b"), Slots: slots(0, 1)}},
+		{name: "ready", done: k("a", "b"), ok: true},
+		{name: "[a,c]: a is the LRU but offered, so b goes", store: k("a", "c"),
+			want: Prepared{Keys: k("c"), Slots: slots(1), Evicted: k("b")}},
+		{name: "[a,c,d,e]: only offered or pending keys left", store: k("a", "c", "d", "e"), wantErr: ErrNoRoom},
+		{name: "ready c", done: k("c"), ok: true},
+		{name: "[c,d,e]: two new keys, only a evictable", store: k("c", "d", "e"), wantErr: ErrNoRoom},
+		{name: "[c,d]: a goes", store: k("c", "d"), want: Prepared{Keys: k("d"), Slots: slots(0), Evicted: k("a")}},
+	})
+}
+
+// New keys take never-used slots first, then released slots, newest first.
+func TestSlotsFreshFirstThenFreedLIFO(t *testing.T) {
+	runPool(t, New(5), []pop{
+		{name: "store [a,b,c]", store: k("a", "b", "c"), want: Prepared{Keys: k("a", "b", "c"), Slots: slots(0, 1, 2)}},
+		{name: "fail a then b: slots 0 then 1 freed", done: k("a", "b"), ok: false},
+		{name: "fresh 3, 4, then freed 1, 0", store: k("d", "e", "f", "g"),
+			want: Prepared{Keys: k("d", "e", "f", "g"), Slots: slots(3, 4, 1, 0)}},
+		{name: "full", store: k("h"), wantErr: ErrNoRoom},
+	})
+}
+
+// Touch walks keys in reverse like vLLM, so the first key of a prefix ends up
+// the most recent and a prefix is evicted from its tail.
+func TestTouchOrder(t *testing.T) {
+	p := New(3)
+	_, err := p.PrepareStore(k("a", "b", "c"))
+	require.NoError(t, err)
+	p.CompleteStore(k("a", "b", "c"), true) // LRU: a, b, c
+	p.Touch(k("a", "b", "zz"))              // absent keys are ignored; LRU: c, b, a
+	require.Equal(t, k("c", "b", "a"), lruOrder(p))
+
+	_, err = p.PrepareStore(k("x"))
+	require.NoError(t, err)
+	p.Touch(k("x")) // pending keys are not in the LRU
+	require.Equal(t, k("b", "a"), lruOrder(p)[:2])
+
+	// The tail of the touched prefix goes first: b, then a.
+	got, err := p.PrepareStore(k("y"))
+	require.NoError(t, err)
+	require.Equal(t, k("b"), got.Evicted)
+	got, err = p.PrepareStore(k("z"))
+	require.NoError(t, err)
+	require.Equal(t, k("a"), got.Evicted)
+	checkInvariants(t, p)
+}
+
+// PROTOCOL.md "P.E.load": an error "naming the missing key"; a failed
+// PrepareLoad pins nothing.
+func TestPrepareLoadNotReady(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		keys []messages.Key
+		bad  messages.Key
+	}{
+		{"absent", k("zz"), "zz"},
+		{"pending", k("p"), "p"},
+		{"ready then absent", k("r", "zz"), "zz"},
+		{"ready then pending then absent", k("r", "p", "zz"), "p"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(2)
+			_, err := p.PrepareStore(k("r", "p"))
+			require.NoError(t, err)
+			p.CompleteStore(k("r"), true)
+			before := snapshot(p)
+			got, err := p.PrepareLoad(tc.keys)
+			require.Nil(t, got)
+			require.ErrorIs(t, err, ErrNotReady)
+			var ke *KeyError
+			require.True(t, errors.As(err, &ke))
+			require.Equal(t, tc.bad, ke.Key)
+			require.Contains(t, err.Error(), fmt.Sprintf("%x", string(tc.bad)))
+			require.Equal(t, before, snapshot(p), "nothing pinned")
+			require.Zero(t, p.Stats().Pinned)
+		})
+	}
+}
+
+// Pins nest: a key loaded twice stays pinned until both loads complete.
+func TestPinsNest(t *testing.T) {
+	p := New(1)
+	_, err := p.PrepareStore(k("a"))
+	require.NoError(t, err)
+	p.CompleteStore(k("a"), true)
+	_, err = p.PrepareLoad(k("a", "a"))
+	require.NoError(t, err)
+	_, err = p.PrepareLoad(k("a"))
+	require.NoError(t, err)
+	require.Equal(t, 1, p.Stats().Pinned)
+	p.CompleteLoad(k("a", "a"))
+	_, err = p.PrepareStore(k("b"))
+	require.ErrorIs(t, err, ErrNoRoom, "still pinned once")
+	p.CompleteLoad(k("a", "a", "zz")) // extra unpins and absent keys are ignored
+	require.Zero(t, p.Stats().Pinned)
+	got, err := p.PrepareStore(k("b"))
+	require.NoError(t, err)
+	require.Equal(t, k("a"), got.Evicted)
+	checkInvariants(t, p)
+}
+
+// Offered lists longer than keySetScanMax take the map path; dedup and the
+// offered-keys rule hold the same.
+func TestLargeOfferedLists(t *testing.T) {
+	var ready, fresh []messages.Key
+	for i := range 20 {
+		ready = append(ready, messages.Key(fmt.Sprintf("r%02d", i)))
+		fresh = append(fresh, messages.Key(fmt.Sprintf("n%02d", i)))
+	}
+	p := New(24)
+	_, err := p.PrepareStore(ready)
+	require.NoError(t, err)
+	p.CompleteStore(ready, true)
+
+	// 10 present (offered, so kept), 10 new with one offered twice: 4 free
+	// slots, so the 6 least recently used ready keys not offered go.
+	offer := append(append(append([]messages.Key{}, ready[10:]...), fresh[:10]...), fresh[0])
+	require.Greater(t, len(offer), keySetScanMax)
+	got, err := p.PrepareStore(offer)
+	require.NoError(t, err)
+	require.Equal(t, fresh[:10], got.Keys)
+	require.Equal(t, ready[:6], got.Evicted)
+	require.Len(t, got.Slots, 10)
+	checkInvariants(t, p)
+
+	// Every ready key offered: nothing is evictable.
+	offer = append(append([]messages.Key{}, ready[6:]...), fresh[10:]...)
+	before := snapshot(p)
+	_, err = p.PrepareStore(offer)
+	require.ErrorIs(t, err, ErrNoRoom)
+	require.Equal(t, before, snapshot(p))
+}
+
+func TestNewClampsNegativeCapacity(t *testing.T) {
+	p := New(-3)
+	require.Equal(t, 0, p.Capacity())
+	_, err := p.PrepareStore(k("a"))
+	require.ErrorIs(t, err, ErrNoRoom)
+	got, err := p.PrepareStore(nil)
+	require.NoError(t, err, "nothing to store is not an error")
+	require.Empty(t, got.Keys)
+}
+
+func TestStateStrings(t *testing.T) {
+	require.Equal(t, []string{"absent", "pending", "ready"}, []string{Absent.String(), Pending.String(), Ready.String()})
+	st, slot := New(1).Lookup("x")
+	require.Equal(t, Absent, st)
+	require.Equal(t, Slot(-1), slot)
+}

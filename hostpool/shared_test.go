@@ -1,0 +1,118 @@
+package hostpool
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Shared is the one pool of a node, used by every request actor at once: each
+// method is one critical section. Run under -race.
+func TestSharedConcurrentUse(t *testing.T) {
+	const workers, rounds = 8, 300
+	s := NewShared(64)
+	common := k("c0", "c1", "c2", "c3") // keys every worker stores and loads
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range rounds {
+				own := messages.Key(fmt.Sprintf("w%d-%d", w, i%20))
+				keys := append([]messages.Key{own}, common[i%len(common)])
+				prep, err := s.PrepareStore(keys)
+				if err != nil && !errors.Is(err, ErrNoRoom) {
+					errs <- err
+					return
+				}
+				if err == nil {
+					s.CompleteStore(prep.Keys, i%7 != 0)
+				}
+				if slots, err := s.PrepareLoad(keys); err == nil {
+					if len(slots) != len(keys) {
+						errs <- fmt.Errorf("load slots %v for %v", slots, keys)
+						return
+					}
+					s.CompleteLoad(keys)
+				} else if !errors.Is(err, ErrNotReady) {
+					errs <- err
+					return
+				}
+				s.Touch(common)
+				s.Lookup(own)
+				if n := s.ReadyPrefix(common); n < 0 || n > len(common) {
+					errs <- fmt.Errorf("ready prefix %d", n)
+					return
+				}
+				if st := s.Stats(); st.Used > st.Capacity || st.Pinned > st.Used {
+					errs <- fmt.Errorf("stats %+v", st)
+					return
+				}
+			}
+		}()
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("workers did not finish within 30s")
+	}
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	require.Equal(t, 64, s.Capacity())
+	require.Zero(t, s.Stats().Pinned, "every load completed")
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	checkInvariants(t, s.pool)
+}
+
+// PROTOCOL.md "P.E.lookup": the leading keys "stored and ready (stop at the
+// first miss or pending key)".
+func TestSharedReadyPrefix(t *testing.T) {
+	s := NewShared(8)
+	_, err := s.PrepareStore(k("a", "b", "c", "d"))
+	require.NoError(t, err)
+	s.CompleteStore(k("a", "b", "d"), true)
+	for _, tc := range []struct {
+		keys []messages.Key
+		want int
+	}{
+		{k("a", "b", "c", "d"), 2}, // c is pending
+		{k("a", "b"), 2},
+		{k("zz", "a"), 0},
+		{k("d", "a", "zz"), 2},
+		{nil, 0},
+	} {
+		require.Equal(t, tc.want, s.ReadyPrefix(tc.keys), "%v", tc.keys)
+	}
+	st, _ := s.Lookup("c")
+	require.Equal(t, Pending, st)
+}
+
+// Shared.PrepareLoad also touches the loaded keys: a loaded prefix is hot and
+// is evicted last.
+func TestSharedPrepareLoadTouches(t *testing.T) {
+	s := NewShared(3)
+	_, err := s.PrepareStore(k("a", "b", "c"))
+	require.NoError(t, err)
+	s.CompleteStore(k("a", "b", "c"), true)
+	_, err = s.PrepareLoad(k("a"))
+	require.NoError(t, err)
+	s.CompleteLoad(k("a"))
+	got, err := s.PrepareStore(k("x"))
+	require.NoError(t, err)
+	require.Equal(t, k("b"), got.Evicted, "a was touched by its load")
+	_, err = s.PrepareLoad(k("zz"))
+	require.ErrorIs(t, err, ErrNotReady)
+	require.Equal(t, Stats{Capacity: 3, Used: 3, Pending: 1, Ready: 2}, s.Stats())
+}
