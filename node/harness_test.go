@@ -231,3 +231,5 @@ func (te *testEngine) sync() node.StatusReply {
 }
 
 func jsonUnmarshal(data []byte, v any) error { return json.Unmarshal(data, v) }
+
+func errf(format string, a ...any) error { return fmt.Errorf(format, a...) }

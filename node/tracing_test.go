@@ -1,0 +1,168 @@
+package node_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/node"
+	"github.com/kvactors/kvactors/tracing"
+)
+
+func withRecorder(t *testing.T) (*tracetest.SpanRecorder, func(*node.Config)) {
+	rec := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return rec, func(c *node.Config) { c.Tracer = tp }
+}
+
+func spansNamed(rec *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpan {
+	var out []sdktrace.ReadOnlySpan
+	for _, s := range rec.Ended() {
+		if s.Name() == name {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// A hash lag produces exactly one deferred event (reason hashes) for the
+// lagging chunk on the request span, and a store job span once the hash
+// arrives (issue 4).
+func TestHashLagTracesOneDeferral(t *testing.T) {
+	rec, opt := withRecorder(t)
+	e := startNode(t, opt)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	h := []string{hash("t", 0), hash("t", 1)}
+	te.send(added("r", 8), blocksEv("r", 0, 0, 1, 2), hashesEv("r", 0, h[0]), tokensEv("r", 8, 8))
+	recv(t, te.stored, "chunk 0")
+	te.send(tokensEv("r", 8, 8)) // another event while the hash still lags: no second deferral
+	te.sync()
+	te.send(hashesEv("r", 1, h[1]))
+	recv(t, te.stored, "chunk 1")
+	te.send(finishedEv("r", false, 8, 8))
+	recv(t, te.released, "released")
+
+	var req sdktrace.ReadOnlySpan
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if s := spansNamed(rec, tracing.SpanRequest); len(s) == 1 {
+			req = s[0]
+			return nil
+		}
+		return errf("request span not ended yet")
+	})
+	var deferred []sdktrace.Event
+	for _, ev := range req.Events() {
+		if ev.Name == tracing.EventDeferred {
+			deferred = append(deferred, ev)
+		}
+	}
+	require.Len(t, deferred, 1)
+	got := map[string]any{}
+	for _, a := range deferred[0].Attributes {
+		got[string(a.Key)] = a.Value.AsInterface()
+	}
+	require.Equal(t, map[string]any{string(tracing.AttrGroup): int64(0), string(tracing.AttrChunk): int64(1),
+		string(tracing.AttrReason): "hashes"}, got)
+
+	jobs := spansNamed(rec, tracing.SpanStoreJob)
+	require.Len(t, jobs, 2)
+	for _, j := range jobs {
+		require.Equal(t, req.SpanContext().SpanID(), j.Parent().SpanID(), "store job is a child of the request span")
+	}
+	require.True(t, jobs[1].StartTime().After(deferred[0].Time), "the second job starts after the deferral")
+	copies := spansNamed(rec, tracing.SpanCopy)
+	require.Len(t, copies, 2)
+	for _, c := range copies {
+		require.Equal(t, req.SpanContext().TraceID(), c.SpanContext().TraceID())
+	}
+}
+
+// A pool that cannot make room records retry events (pool_full) and leaves
+// the cursor; once the candidates fit, the same chunks are stored (issue 4).
+func TestPoolFullTracesRetriesThenStores(t *testing.T) {
+	rec, opt := withRecorder(t)
+	e := startNode(t, opt, func(c *node.Config) { c.PoolBytes = 2 * 256 })
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	hs := []string{hash("f", 0), hash("f", 1), hash("f", 2)}
+	// Three chunks ready at once, two slots: no room, ever, for all three.
+	te.send(added("r", 12), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 1, 2, 3), tokensEv("r", 12, 12))
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if v := metricValue(t, e.reg, "kvactors_store_retries_total", map[string]string{"reason": "pool_full"}); v < 3 {
+			return errf("retries = %v, want >= 3 (timer-driven)", v)
+		}
+		return nil
+	})
+	st := te.sync()
+	require.EqualValues(t, 0, st.Requests[0].Groups[0].Cursor, "no room keeps the cursor")
+	// Preempt and resume with two blocks: two chunks fit and are stored.
+	te.send(map[string]any{"type": "preempted", "request": "r"})
+	recv(t, te.released, "released (preempted)")
+	te.send(map[string]any{"type": "resumed", "request": "r"}, blocksEv("r", 0, 0, 4, 5))
+	require.Equal(t, []int{0, 1}, chunkIndexes(recv(t, te.stored, "the retried chunks")))
+	te.send(finishedEv("r", true, 8, 12))
+	recv(t, te.released, "released")
+
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if len(spansNamed(rec, tracing.SpanRequest)) != 1 {
+			return errf("request span not ended")
+		}
+		return nil
+	})
+	req := spansNamed(rec, tracing.SpanRequest)[0]
+	retries := 0
+	for _, ev := range req.Events() {
+		if ev.Name == tracing.EventRetry {
+			retries++
+			require.Contains(t, ev.Attributes, tracing.AttrReason.String("pool_full"))
+		}
+	}
+	require.GreaterOrEqual(t, retries, 3)
+	require.Len(t, spansNamed(rec, tracing.SpanStoreJob), 1)
+}
+
+// The engine's traceparent makes its span the parent of kvactors' batch span,
+// and kvactors' stored and released messages carry kvactors' context.
+func TestTraceContextFlowsThroughNATSHeaders(t *testing.T) {
+	rec, opt := withRecorder(t)
+	e := startNode(t, opt)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	engineTP := sdktrace.NewTracerProvider()
+	ctx, engineSpan := engineTP.Tracer("engine").Start(context.Background(), "engine.step")
+	stored := testkit.Subscribe(t, e.nc, "kvactors.e1.stored")
+	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
+
+	msg := nats.NewMsg("kvactors.e1.events")
+	msg.Data = []byte(`{"epoch":"ep1","seq":1,"events":[{"type":"added","request":"r","prompt_tokens":4},` +
+		`{"type":"hashes","request":"r","start":0,"hashes":["` + hash("c", 0) + `"]},` +
+		`{"type":"blocks","request":"r","group":0,"start":0,"ids":[1]},` +
+		`{"type":"tokens","request":"r","computed":4,"total":4},` +
+		`{"type":"finished","request":"r","aborted":false,"computed":4,"total":4}]}`)
+	msg.Header = nats.Header{}
+	tracing.Inject(ctx, msg.Header)
+	msg.Header["Traceparent"] = msg.Header["traceparent"] // engines may capitalise
+	delete(msg.Header, "traceparent")
+	require.NoError(t, e.nc.PublishMsg(msg))
+	engineSpan.End()
+
+	for _, m := range []*nats.Msg{testkit.Recv(t, stored, 5*time.Second, "stored"),
+		testkit.Recv(t, released, 5*time.Second, "released")} {
+		sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), m.Header))
+		require.True(t, sc.IsValid(), "%s carries a valid traceparent", m.Subject)
+		require.Equal(t, engineSpan.SpanContext().TraceID(), sc.TraceID(), "same trace as the engine")
+	}
+	batches := spansNamed(rec, tracing.SpanBatch)
+	require.Len(t, batches, 1)
+	require.Equal(t, engineSpan.SpanContext().SpanID(), batches[0].Parent().SpanID())
+	require.True(t, batches[0].Parent().IsRemote())
+}
