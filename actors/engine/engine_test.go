@@ -1,0 +1,84 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// A request actor that panics is stopped by its engine's supervision, its
+// request released as aborted and counted; the engine and the other requests
+// go on (issue 3, "A request actor's failure ... is contained").
+func TestRequestActorPanicIsContained(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 16,
+		Segments: []messages.Segment{{Shm: "x"}},
+		Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 8, BlockBytes: 8}}}}})
+	require.NoError(t, err)
+	m := metrics.Discard()
+	outbox := actors.NewOutbox(nc, "kvactors", log)
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	// Pool is nil: the first store decision of a request dereferences it and
+	// panics, which stands in for any bug on bad state.
+	closed := make(chan struct{})
+	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox, Metrics: m, Log: log,
+		Closed: closed, Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox, Metrics: m,
+			Tracer: noop.NewTracerProvider().Tracer(""), Log: log}}))
+
+	ev := func(e messages.Event) messages.Event { return e }
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,
+		Events: []messages.Event{
+			ev(messages.Event{Type: messages.EvAdded, Request: "ok", PromptTokens: 4, MaxOffloadTokens: -1}),
+			ev(messages.Event{Type: messages.EvAdded, Request: "boom", PromptTokens: 4, MaxOffloadTokens: -1}),
+			ev(messages.Event{Type: messages.EvHashes, Request: "boom", Hashes: []messages.Hash{"h"}}),
+			ev(messages.Event{Type: messages.EvBlocks, Request: "boom", IDs: []messages.BlockID{3}}),
+			ev(messages.Event{Type: messages.EvTokens, Request: "boom", Computed: 4, Total: 4}),
+		}}})
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "release of the failed request").Data, &rel))
+	require.Equal(t, messages.Released{Request: "boom", Reason: "aborted"}, rel)
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if v := testutilValue(m); v != 1 {
+			return errString("request failures not counted yet")
+		}
+		return nil
+	})
+
+	// The engine and the other request still work.
+	ch := make(chan engine.Status, 1)
+	system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
+	st := testkit.Recv(t, ch, 5*time.Second, "status")
+	require.Len(t, st.Requests, 1)
+	require.Equal(t, "ok", st.Requests[0].Request)
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
+		Events: []messages.Event{{Type: messages.EvFinished, Request: "ok", Computed: 2, Total: 4}}}})
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "release of ok").Data, &rel))
+	require.Equal(t, messages.Released{Request: "ok", Reason: "finished"}, rel)
+
+	// Retire: the engine stops once every request is released.
+	system.Root.Send(pid, &engine.Retire{})
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("retired engine did not stop")
+	}
+}
