@@ -24,6 +24,7 @@ var rejectReasons = []struct {
 	{sched.ErrConflict, "conflict"},
 	{sched.ErrBadGroup, "bad_group"},
 	{sched.ErrBlockRange, "block_range"},
+	{sched.ErrNegative, "out_of_range"},
 	{sched.ErrPreempted, "preempted"},
 	{sched.ErrReleased, "released"},
 	{sched.ErrPromptMismatch, "prompt_mismatch"},

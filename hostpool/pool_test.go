@@ -129,7 +129,9 @@ func TestOfferedKeyNeverEvictedForSiblings(t *testing.T) {
 	})
 }
 
-// New keys take never-used slots first, then released slots, newest first.
+// PROTOCOL.md "space": slots are taken before anything is evicted. New keys
+// take never-used slots first, then released slots, newest first (vLLM's
+// CPU backend reuses freed blocks the same way).
 func TestSlotsFreshFirstThenFreedLIFO(t *testing.T) {
 	runPool(t, New(5), []pop{
 		{name: "store [a,b,c]", store: k("a", "b", "c"), want: Prepared{Keys: k("a", "b", "c"), Slots: slots(0, 1, 2)}},
@@ -140,8 +142,9 @@ func TestSlotsFreshFirstThenFreedLIFO(t *testing.T) {
 	})
 }
 
-// Touch walks keys in reverse like vLLM, so the first key of a prefix ends up
-// the most recent and a prefix is evicted from its tail.
+// PROTOCOL.md "evict least recently used ready blocks". Touch walks keys in
+// reverse like vLLM, so the first key of a prefix ends up the most recent and
+// a prefix is evicted from its tail.
 func TestTouchOrder(t *testing.T) {
 	p := New(3)
 	_, err := p.PrepareStore(k("a", "b", "c"))
@@ -197,7 +200,8 @@ func TestPrepareLoadNotReady(t *testing.T) {
 	}
 }
 
-// Pins nest: a key loaded twice stays pinned until both loads complete.
+// PROTOCOL.md "not pinned by a load": pins nest, so a key loaded twice stays
+// pinned until both loads complete.
 func TestPinsNest(t *testing.T) {
 	p := New(1)
 	_, err := p.PrepareStore(k("a"))
@@ -219,8 +223,8 @@ func TestPinsNest(t *testing.T) {
 	checkInvariants(t, p)
 }
 
-// Offered lists longer than keySetScanMax take the map path; dedup and the
-// offered-keys rule hold the same.
+// PROTOCOL.md "dedup" and "not among the offered keys", for offered lists
+// longer than keySetScanMax (the map path; a long prompt stored at once).
 func TestLargeOfferedLists(t *testing.T) {
 	var ready, fresh []messages.Key
 	for i := range 20 {
@@ -251,6 +255,8 @@ func TestLargeOfferedLists(t *testing.T) {
 	require.Equal(t, before, snapshot(p))
 }
 
+// PROTOCOL.md "If the pool cannot make room": a pool of no slots has no room,
+// and "nothing to store" is not "no room".
 func TestNewClampsNegativeCapacity(t *testing.T) {
 	p := New(-3)
 	require.Equal(t, 0, p.Capacity())
@@ -261,6 +267,7 @@ func TestNewClampsNegativeCapacity(t *testing.T) {
 	require.Empty(t, got.Keys)
 }
 
+// PROTOCOL.md "ready or pending": the states' names (status and logs).
 func TestStateStrings(t *testing.T) {
 	require.Equal(t, []string{"absent", "pending", "ready"}, []string{Absent.String(), Pending.String(), Ready.String()})
 	st, slot := New(1).Lookup("x")

@@ -13,6 +13,6 @@
 // back as Effects. Copy completions come back in through Request.JobDone. The
 // actors in actors/request own one Request each and are its only caller.
 //
-// sched imports only the standard library, messages and hostpool; an import
-// test keeps it that way.
+// sched imports only the standard library, messages, hostpool and backend
+// (for backend.Range); an import test keeps it that way.
 package sched

@@ -122,8 +122,10 @@ func TestStoredAndLoadedChunksLineUp(t *testing.T) {
 	require.Equal(t, store[0].PoolOff+testBlockBytes, load[0].PoolOff)
 }
 
-// A store job's Bytes are the bytes its non-null blocks copy, and its Keys
-// are its chunks' keys in order.
+// PROTOCOL.md "A store job copies each accepted chunk's non-null blocks (all
+// regions) from device memory into its pool slot": Bytes counts those blocks,
+// Keys are the chunks' keys in order ("stored" lists them), Slot is the pool
+// slot PrepareStore gave the key.
 func TestStoreJobBytesAndKeys(t *testing.T) {
 	h := newHarness(t, layout(t, 4, 2, swa(4, 8)), 64, added(16))
 	h.step(hashes(0, 4), blocks(0, 0, 0, 5, 6, 7), tokens(16, 16))

@@ -137,7 +137,7 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 					ErrBadLayout, gi, ri, last, r.BlockStride)
 			}
 			end := r.Offset + last*r.BlockStride + r.BlockBytes
-			if size := segSize(r.Segment); end > size {
+			if size := segSize(r.Segment); end > size || end < r.Offset {
 				return fmt.Errorf("%w: group %d region %d: block %d ends at byte %d, past segment %d (%d bytes)",
 					ErrBadLayout, gi, ri, last, end, r.Segment, size)
 			}

@@ -107,6 +107,12 @@ func TestCheckSegments(t *testing.T) {
 		err := mustLayout(t, s).CheckSegments(func(int) int64 { return math.MaxInt64 })
 		require.ErrorIs(t, err, ErrBadLayout)
 	})
+	t.Run("offset plus block bytes overflowing with one block", func(t *testing.T) {
+		s := spec(4, 1, full(4))
+		s.NumGPUBlocks = 1
+		s.Groups[0].Regions[0].Offset = math.MaxInt64 - 10
+		require.ErrorIs(t, mustLayout(t, s).CheckSegments(func(int) int64 { return math.MaxInt64 }), ErrBadLayout)
+	})
 	t.Run("stride whose product wraps to a small offset", func(t *testing.T) {
 		// last*stride ≡ m (mod 2^64), m small, for a valid positive stride:
 		// without an overflow check the region "ends" inside a 1 MiB segment.
@@ -158,6 +164,8 @@ func TestKeySplitKeyRoundTrip(t *testing.T) {
 	require.Zero(t, g)
 }
 
+// The String values are metric labels, span attributes and status JSON
+// (STYLE.md, raft's named types); PROTOCOL.md names the group kinds.
 func TestEnumStrings(t *testing.T) {
 	require.Equal(t, []string{"none", "tokens", "hashes", "blocks"},
 		[]string{DeferNone.String(), DeferTokens.String(), DeferHashes.String(), DeferBlocks.String()})
@@ -168,6 +176,8 @@ func TestEnumStrings(t *testing.T) {
 		[]string{KindFull.String(), KindSlidingWindow.String(), KindEagle.String()})
 }
 
+// Effects is the work the caller owes (STYLE.md, raft's Ready): Empty says
+// there is none, so an actor can skip perform.
 func TestEffectsEmpty(t *testing.T) {
 	require.True(t, (&Effects{}).Empty())
 	require.True(t, (&Effects{Cancel: []JobID{}, Deduped: 3}).Empty(), "a dedup alone is no work")

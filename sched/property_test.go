@@ -33,9 +33,9 @@ import (
 //     after the copies it waits for are done or cancelled.
 
 func TestPropertyRandomInterleavings(t *testing.T) {
-	runs := 1500
+	runs := 3000
 	if testing.Short() {
-		runs = 200
+		runs = 300
 	}
 	for seed := int64(1); seed <= int64(runs); seed++ {
 		m := newModel(t, seed)
@@ -103,6 +103,7 @@ type model struct {
 	dropped   int
 	mustStore map[gc]bool
 	failPct   int
+	calm      bool     // a run with no preemption: long stretches of stores
 	log       []string // what happened, printed when a seed fails
 }
 
@@ -111,7 +112,7 @@ func (m *model) logf(format string, a ...any) { m.log = append(m.log, fmt.Sprint
 func newModel(t *testing.T, seed int64) *model {
 	rng := rand.New(rand.NewSource(seed))
 	m := &model{t: t, rng: rng, salt: fmt.Sprintf("s%d-", seed), jobs: map[JobID]*mjob{},
-		stored: map[gc]int{}, failPct: 15}
+		stored: map[gc]int{}, failPct: 15, calm: rng.Intn(2) == 0}
 	// Layout: 1-3 groups, any kinds, bpc 1-3, tph dividing every tokens_per_chunk.
 	tph := []int{1, 2, 4}[rng.Intn(3)]
 	bpc := 1 + rng.Intn(3)
@@ -156,8 +157,8 @@ func newModel(t *testing.T, seed int64) *model {
 	m.newIncarnation()
 	add := &messages.Event{Type: messages.EvAdded, Request: rid, PromptTokens: m.prompt, MaxOffloadTokens: m.maxOff}
 	m.req = NewRequest(m.lay, add)
-	m.desc = fmt.Sprintf("tph=%d bpc=%d groups=%+v promptOnly=%v cap=%d prompt=%d length=%d maxOff=%d",
-		tph, bpc, groups, s.OffloadPromptOnly, capacity, m.prompt, m.length, m.maxOff)
+	m.desc = fmt.Sprintf("tph=%d bpc=%d groups=%+v promptOnly=%v cap=%d prompt=%d length=%d maxOff=%d calm=%v",
+		tph, bpc, groups, s.OffloadPromptOnly, capacity, m.prompt, m.length, m.maxOff, m.calm)
 	return m
 }
 
@@ -233,6 +234,10 @@ func (m *model) engineStep() {
 	case r < 75:
 		m.completeOne()
 	case r < 79:
+		if m.calm {
+			m.sendTokens()
+			return
+		}
 		m.apply(m.ev(messages.Event{Type: messages.EvPreempted}), nil)
 	case r < 84:
 		m.apply(m.ev(messages.Event{Type: messages.EvResumed}), nil)
@@ -240,10 +245,16 @@ func (m *model) engineStep() {
 		m.sendBad()
 	case r < 94:
 		m.advance() // a retry timer
-	case r < 97:
+	case r < 96:
 		m.end()
-	default:
+	case r < 97:
 		m.apply(m.ev(messages.Event{Type: messages.EvAdded, PromptTokens: m.prompt}), nil)
+	default:
+		for g := range m.lay.Groups { // a batch that catches every term up
+			m.sendBlocks(g)
+		}
+		m.sendHashes()
+		m.sendTokens()
 	}
 }
 
@@ -389,7 +400,9 @@ func (m *model) apply(e *messages.Event, want error) {
 		require.Equal(m.t, before, m.req.Snapshot(), "a rejected %v event changes nothing", e.Type)
 		return
 	}
-	require.NoError(m.t, err, "%v event", e.Type)
+	if err != nil {
+		m.failf("%v event rejected: %v", e.Type, err)
+	}
 	m.mirror(e)
 	m.check("step " + e.Type.String())
 	m.advance()
@@ -515,15 +528,24 @@ func (m *model) effects(e Effects, where string) {
 		require.NotEmpty(t, j.Chunks)
 		for _, c := range j.Chunks {
 			g, ci := c.Group, int(c.Index)
-			require.Less(t, ci, m.naiveReady(g), "%s: chunk %d/%d offered only once ready", where, g, ci)
 			hpc := m.lay.Groups[g].HashesPerChunk
-			require.Equal(t, Key(m.truthHashes[(ci+1)*hpc-1], g), c.Key, "%s: key", where)
-			require.Equal(t, m.truthBlocks[g][ci*bpc:(ci+1)*bpc], c.Blocks, "%s: the current block ids", where)
-			require.NotZero(t, c.Blocks[bpc-1], "%s: last block not null", where)
-			require.Zero(t, m.stored[gc{g, c.Index}], "%s: chunk %d/%d stored already", where, g, ci)
+			switch {
+			case ci >= m.naiveReady(g):
+				m.failf("%s: chunk %d/%d offered before it is ready (ready %d)", where, g, ci, m.naiveReady(g))
+			case c.Key != Key(m.truthHashes[(ci+1)*hpc-1], g):
+				m.failf("%s: chunk %d/%d key %q", where, g, ci, c.Key)
+			case !slices.Equal(c.Blocks, m.truthBlocks[g][ci*bpc:(ci+1)*bpc]):
+				m.failf("%s: chunk %d/%d blocks %v, current ids %v", where, g, ci, c.Blocks, m.truthBlocks[g][ci*bpc:(ci+1)*bpc])
+			case c.Blocks[bpc-1] == 0:
+				m.failf("%s: chunk %d/%d has a null last block", where, g, ci)
+			case m.stored[gc{g, c.Index}] > 0:
+				m.failf("%s: chunk %d/%d stored already", where, g, ci)
+			}
 			for _, other := range m.jobs {
 				for _, oc := range other.job.Chunks {
-					require.False(t, oc.Group == g && oc.Index == c.Index, "%s: chunk %d/%d in two jobs", where, g, ci)
+					if oc.Group == g && oc.Index == c.Index {
+						m.failf("%s: chunk %d/%d in two jobs", where, g, ci)
+					}
 				}
 			}
 		}
@@ -532,7 +554,9 @@ func (m *model) effects(e Effects, where string) {
 		m.inflight = append(m.inflight, j.ID)
 	}
 	for _, d := range e.Deferred {
-		require.Equal(t, m.naiveReady(d.Group), int(d.Chunk), "%s: a deferral names the first chunk not ready", where)
+		if int(d.Chunk) != m.naiveReady(d.Group) {
+			m.failf("%s: deferral %+v does not name the first chunk not ready (%d)", where, d, m.naiveReady(d.Group))
+		}
 	}
 	m.dropped += e.Dropped
 	for _, reason := range e.Releases {
@@ -574,23 +598,41 @@ waiting:
 	m.check(where)
 }
 
-// check compares the request with the model after every call.
+// check compares the request with the model after every call. It runs after
+// every step, so it compares plainly and calls the testing package only to
+// fail (require's t.Helper walks the stack on every call).
 func (m *model) check(where string) {
-	t := m.t
 	s := m.req.Snapshot()
-	require.Equal(t, m.phase, s.Phase, "%s: phase", where)
-	require.Equal(t, m.naiveT(), s.T, "%s: T", where)
-	require.Equal(t, m.hashesKnown, s.Hashes, "%s: hashes", where)
-	require.Equal(t, nilIfEmpty(m.inflight), nilIfEmpty(s.InFlight), "%s: jobs in flight", where)
 	pending := 0
 	for _, id := range m.inflight {
 		pending += len(m.jobs[id].job.Chunks)
 	}
-	require.Equal(t, pending, m.pool.Stats().Pending, "%s: pool pending = chunks of the jobs in flight", where)
+	switch {
+	case s.Phase != m.phase:
+		m.failf("%s: phase %v, model %v", where, s.Phase, m.phase)
+	case s.T != m.naiveT():
+		m.failf("%s: T %d, naive %d", where, s.T, m.naiveT())
+	case s.Hashes != m.hashesKnown:
+		m.failf("%s: hashes %d, model %d", where, s.Hashes, m.hashesKnown)
+	case !slices.Equal(s.InFlight, m.inflight):
+		m.failf("%s: jobs in flight %v, model %v", where, s.InFlight, m.inflight)
+	case m.pool.Stats().Pending != pending:
+		m.failf("%s: pool pending %d, chunks of the jobs in flight %d", where, m.pool.Stats().Pending, pending)
+	}
 	for g, gs := range s.Groups {
-		require.Equal(t, m.tracked[g], gs.Blocks, "%s: group %d blocks", where, g)
-		require.Equal(t, m.naiveReady(g), int(gs.Ready), "%s: group %d ready prefix", where, g)
-		require.GreaterOrEqual(t, gs.Cursor, m.cursors[g], "%s: group %d cursor never decreases", where, g)
+		switch {
+		case gs.Blocks != m.tracked[g]:
+			m.failf("%s: group %d blocks %d, model %d", where, g, gs.Blocks, m.tracked[g])
+		case int(gs.Ready) != m.naiveReady(g):
+			m.failf("%s: group %d ready prefix %d, naive recomputation %d", where, g, gs.Ready, m.naiveReady(g))
+		case gs.Cursor < m.cursors[g]:
+			m.failf("%s: group %d cursor went down from %d to %d", where, g, m.cursors[g], gs.Cursor)
+		}
 		m.cursors[g] = gs.Cursor
 	}
+}
+
+func (m *model) failf(format string, a ...any) {
+	m.t.Helper()
+	m.t.Fatalf(format, a...)
 }

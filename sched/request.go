@@ -280,9 +280,26 @@ func (r *Request) ready(g int, t int) (messages.ChunkIndex, DeferReason, message
 func (r *Request) Advance(p Preparer) Effects {
 	if r.phase == Running || r.phase == Finishing {
 		r.decide(p)
+		r.trimScratch()
 	}
 	r.settle()
 	return r.take()
+}
+
+// keepScratch is the most candidates whose scratch buffers a request keeps
+// between decisions (a decode step offers one or two chunks).
+const keepScratch = 16
+
+// trimScratch drops the decision's references to its keys, and drops the
+// buffers themselves when a big decision (a long prefill) grew them: a live
+// request then holds a few hundred bytes of scratch, not kilobytes, and no
+// key the pool has evicted.
+func (r *Request) trimScratch() {
+	if cap(r.keyBuf) > keepScratch || cap(r.candBuf) > keepScratch {
+		r.keyBuf, r.candBuf = nil, nil
+		return
+	}
+	clear(r.keyBuf)
 }
 
 func (r *Request) decide(p Preparer) {

@@ -386,8 +386,9 @@ func TestBackoffDoublesToMax(t *testing.T) {
 	}
 }
 
-// A decision that hits no room on the shared pool path behaves the same as on
-// a plain pool (the actors pass hostpool.Shared as the Preparer).
+// PROTOCOL.md "If the pool cannot make room: no job, cursor unchanged": the
+// same on the node's shared pool (the actors pass hostpool.Shared as the
+// Preparer) as on a plain one.
 func TestAdvanceWithSharedPool(t *testing.T) {
 	lay := oneGroup4(t)
 	r := NewRequest(lay, added(12))
