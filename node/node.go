@@ -85,9 +85,8 @@ func Start(ctx context.Context, cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
-	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
-		return n.log.With("lib", "protoactor")
-	}))
+	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
+	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log}))
 	if err := n.subscribe(); err != nil {
