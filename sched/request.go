@@ -8,20 +8,6 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// Phase is a request's lifecycle phase. Only the become* methods change it.
-type Phase uint8
-
-const (
-	Running   Phase = iota
-	Preempted       // between preempted and resumed: no new jobs
-	Finishing       // finished seen: final passes until every job is done
-	Done            // released for good; drop the request
-)
-
-var phaseNames = [...]string{"running", "preempted", "finishing", "done"}
-
-func (p Phase) String() string { return phaseNames[p] }
-
 // Preparer is the part of the host pool a decision needs.
 type Preparer interface {
 	PrepareStore(keys []messages.Key) (hostpool.Prepared, error)
@@ -178,73 +164,6 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 		r.hashes = append(r.hashes, hs[n-start:]...)
 	}
 	return nil
-}
-
-// becomePreempted: no new jobs, cancel queued copies, wait for in-flight ones,
-// then release (PROTOCOL.md, "preempted").
-func (r *Request) becomePreempted() {
-	r.phase = Preempted
-	r.releases = append(r.releases, messages.ReasonPreempted)
-	r.fence = r.nextJob
-	for _, j := range r.inflight {
-		r.eff.Cancel = append(r.eff.Cancel, j.ID)
-	}
-}
-
-// becomeRunning: resumed. Block ids of every group are cleared; fresh blocks
-// events from start 0 follow. Hashes and cursors stay (the content is stored).
-func (r *Request) becomeRunning() {
-	r.phase = Running
-	r.clearBlocks()
-}
-
-func (r *Request) becomeFinishing(ev *messages.Event) {
-	if r.phase == Preempted {
-		r.clearBlocks() // the engine freed them at preemption: no job may read them
-	}
-	r.phase = Finishing
-	r.computed, r.total = ev.Computed, ev.Total
-	r.aborted = ev.Aborted
-	reason := messages.ReasonFinished
-	if ev.Aborted {
-		reason = messages.ReasonAborted
-	}
-	r.releases = append(r.releases, reason)
-	r.poolFails, r.copyFails = 0, 0
-}
-
-func (r *Request) clearBlocks() {
-	for i := range r.groups {
-		r.groups[i].blocks = r.groups[i].blocks[:0]
-	}
-}
-
-// Reset ends the request for an engine reset: queued copies are cancelled,
-// in-flight ones finish, and one engine_reset release is owed if the request
-// has GPU blocks tracked. Further events are rejected.
-// Resetting again, or a request already released, adds nothing.
-func (r *Request) Reset() Effects {
-	if r.phase == Done {
-		return r.take() // released for good: nothing is owed
-	}
-	if !r.reset {
-		r.reset = true
-		r.releases = r.releases[:0]
-		if r.HasBlocks() {
-			r.releases = append(r.releases, messages.ReasonEngineReset)
-		}
-	}
-	r.eff.Retry, r.eff.Job = nil, nil
-	r.eff.Cancel = r.eff.Cancel[:0] // every in-flight job, once
-	for _, j := range r.inflight {
-		r.eff.Cancel = append(r.eff.Cancel, j.ID)
-	}
-	r.phase = Finishing
-	r.aborted = true
-	r.computed, r.total = 0, 0 // no further stores
-	r.clearBlocks()
-	r.settle()
-	return r.take()
 }
 
 // ready is the ready prefix of group g with the term that bounds it
@@ -433,90 +352,6 @@ func (r *Request) giveUp() int {
 		gr.redo = gr.redo[:0]
 	}
 	return dropped
-}
-
-// JobDone records the end of store job id: ok, failed (its chunks are offered
-// again, with a retry), or cancelled (its chunks are offered again once their
-// blocks are tracked again). The caller has already completed the pool side
-// (CompleteStore). Call Advance afterwards to act on a retry or a release.
-func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
-	for i, j := range r.inflight {
-		if j.ID != id {
-			continue
-		}
-		r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
-		if ok {
-			r.copyFails = 0
-			break
-		}
-		for _, c := range j.Chunks {
-			r.groups[c.Group].addRedo(c.Index)
-		}
-		if !cancelled && r.phase != Done {
-			r.failAttempt(RetryCopyFailed)
-		}
-		break
-	}
-	r.settle()
-	return r.take()
-}
-
-// settle publishes owed releases. A finishing request is released once no
-// copy of it is in flight and nothing is left to store (or it gave up), and
-// is then Done. A preemption is released once the copies made before it are
-// done (PROTOCOL.md "preempted": "wait for copies in flight; publish
-// released"), also when resumed came first; a still preempted request's block
-// ids are then cleared.
-func (r *Request) settle() {
-	switch r.phase {
-	case Finishing:
-		if len(r.inflight) > 0 || r.eff.Retry != nil || r.pendingChunks() {
-			return // a copy is in flight, or a final chunk is still to be stored
-		}
-		r.phase = Done
-		r.eff.Drop = true
-	case Preempted, Running:
-		if len(r.releases) == 0 || r.inflightUpTo(r.fence) {
-			return
-		}
-		if r.phase == Preempted {
-			r.clearBlocks() // the engine may reuse the blocks once released
-		}
-	default:
-		return
-	}
-	r.eff.Releases = append(r.eff.Releases, r.releases...)
-	r.releases = r.releases[:0]
-}
-
-// inflightUpTo reports whether a job numbered id or lower is in flight.
-func (r *Request) inflightUpTo(id JobID) bool {
-	for _, j := range r.inflight {
-		if j.ID <= id {
-			return true
-		}
-	}
-	return false
-}
-
-// pendingChunks reports whether some group still has a ready chunk not yet
-// decided (a redo chunk, or one past the cursor).
-func (r *Request) pendingChunks() bool {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
-	for g := range r.groups {
-		gr := &r.groups[g]
-		rd, _, _ := r.ready(g, t)
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				return true
-			}
-		}
-		if gr.cursor < rd {
-			return true
-		}
-	}
-	return false
 }
 
 func (r *Request) take() Effects {
