@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -115,6 +117,10 @@ type Config struct {
 
 	// Log receives the engine's log (default slog.Default()).
 	Log *slog.Logger `json:"-"`
+	// Tracer, if set, wraps each published batch in a "sim.step" span and
+	// sends its W3C trace context in the NATS headers, so kvactors' spans for
+	// the batch become its children (PROTOCOL.md). Nil sends no headers.
+	Tracer trace.TracerProvider `json:"-"`
 	// OnRequestDone is called from Run's goroutine once per request that
 	// ends (finished or aborted). Several engines may share one callback,
 	// so it must be safe for concurrent use; it must not block.

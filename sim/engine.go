@@ -12,8 +12,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/tracing"
 )
 
 // engine is one simulated engine for the length of one Run. Everything but
@@ -22,8 +24,10 @@ type engine struct {
 	cfg Config
 	nc  *nats.Conn
 	log *slog.Logger
-	mem *memory
-	al  *allocator
+	// tracer is nil without Config.Tracer.
+	tracer trace.Tracer
+	mem    *memory
+	al     *allocator
 
 	subject  string // P.E.
 	epoch    string
@@ -102,6 +106,9 @@ func newEngine(nc *nats.Conn, cfg Config) (*engine, error) {
 		msgs: make(chan *nats.Msg, 1<<16), lcmBlock: 1,
 		rep: Report{Engine: cfg.Engine, Releases: map[string]int{}}}
 	e.kv.evicted = map[string]bool{}
+	if cfg.Tracer != nil {
+		e.tracer = cfg.Tracer.Tracer("github.com/kvactors/kvactors/sim")
+	}
 	for _, g := range cfg.Groups {
 		e.lcmBlock = lcm(e.lcmBlock, g.TokensPerBlock)
 	}
@@ -235,13 +242,24 @@ func (e *engine) publish() error {
 	}
 	e.seq++
 	e.body = e.b.body(e.body, e.epoch, e.seq)
-	if err := e.nc.Publish(e.subject+"events", e.body); err != nil {
+	msg := &nats.Msg{Subject: e.subject + "events", Data: e.body}
+	if e.tracer != nil {
+		ctx, span := e.tracer.Start(context.Background(), SpanStep, trace.WithAttributes(
+			tracing.AttrEngine.String(e.cfg.Engine), tracing.AttrSeq.Int64(int64(e.seq)),
+			tracing.AttrEvents.Int(e.b.events)))
+		tracing.InjectMsg(ctx, msg)
+		defer span.End()
+	}
+	if err := e.nc.PublishMsg(msg); err != nil {
 		return fmt.Errorf("sim: engine %s: publish batch %d: %w", e.cfg.Engine, e.seq, err)
 	}
 	e.rep.Batches++
 	e.rep.Events += e.b.events
 	return nil
 }
+
+// SpanStep is the engine's span around one published batch.
+const SpanStep = "sim.step"
 
 // progress marks that something moved, for stall detection.
 func (e *engine) progress() { e.lastProgress = time.Now() }

@@ -84,6 +84,8 @@ func (e *engine) onStored(data []byte) {
 			continue
 		}
 		r.stored[ref] = true
+		e.log.Debug("sim: stored", "engine", e.cfg.Engine, "request", r.id, "job", st.Job, "group", ch.Group,
+			"chunk", ch.Index, "key", ch.Key)
 		if _, ok := e.storedKeys[key]; !ok {
 			e.storedKeys[key] = keyRef{req: r, ch: ref}
 		}

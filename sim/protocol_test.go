@@ -35,12 +35,14 @@ type strictPeer struct {
 	due     []dueRelease
 	errs    []string
 	batches int
+	touched []string // requests with a tokens event in the current batch
 }
 
 type peerReq struct {
 	blocks    [][]messages.BlockID
 	preempted bool
 	hashes    int
+	computed  int
 }
 
 type dueRelease struct {
@@ -71,14 +73,29 @@ func (p *strictPeer) onBatch(m *nats.Msg) {
 		p.errorf("batch epoch %s seq %d after epoch %s seq %d", b.Epoch, b.Seq, p.epoch, p.seq)
 	}
 	p.seq = b.Seq
+	p.touched = p.touched[:0]
 	for i := range b.Events {
 		p.apply(&b.Events[i])
 	}
-	// Release what is due, freeing the ids first: the engine may reuse them
-	// as soon as it reads the release.
+	// A resume announces its recompute point before its fresh blocks, so
+	// tokens are checked against blocks once the whole batch is applied.
+	for _, id := range p.touched {
+		r := p.reqs[id]
+		for g, tpb := range p.tpb {
+			if !r.preempted && r.computed > len(r.blocks[g])*tpb {
+				p.errorf("%s: %d tokens computed with %d blocks of group %d", id, r.computed, len(r.blocks[g]), g)
+			}
+		}
+	}
+	p.release(engine, p.seq)
+}
+
+// release publishes the releases due by seq, freeing the ids first: the
+// engine may reuse them as soon as it reads the release.
+func (p *strictPeer) release(engine string, seq uint64) {
 	keep := p.due[:0]
 	for _, d := range p.due {
-		if d.at > p.seq {
+		if d.at > seq {
 			keep = append(keep, d)
 			continue
 		}
@@ -130,11 +147,8 @@ func (p *strictPeer) apply(ev *messages.Event) {
 		if ev.Computed > ev.Total {
 			p.errorf("%s: computed %d > total %d", ev.Request, ev.Computed, ev.Total)
 		}
-		for g, tpb := range p.tpb {
-			if ev.Computed > len(r.blocks[g])*tpb {
-				p.errorf("%s: %d tokens computed with %d blocks of group %d", ev.Request, ev.Computed, len(r.blocks[g]), g)
-			}
-		}
+		r.computed = ev.Computed
+		p.touched = append(p.touched, ev.Request)
 	case messages.EvPreempted:
 		r.preempted = true
 		p.later(ev.Request, messages.ReasonPreempted, r)
@@ -179,9 +193,15 @@ func TestEngineKeepsTheProtocol(t *testing.T) {
 		rep, err := sim.Run(ctx, nc, cfg)
 		done <- result{rep, err}
 	}()
-	// The peer runs here, on the test goroutine: one message at a time.
+	// The peer runs here, on the test goroutine: one message at a time. An
+	// idle engine sends no batch, so a ticker releases whatever is still due
+	// (a node would release once its copies finish).
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
 	for {
 		select {
+		case <-tick.C:
+			peer.release("strict", peer.seq+peer.lag)
 		case m := <-events:
 			peer.onBatch(m)
 		case m := <-requests:

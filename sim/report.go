@@ -45,11 +45,14 @@ type Report struct {
 	// (not aborted; full chunks of computed tokens with known hashes and
 	// blocks, last block not null). Each is ReadyStored (this request's
 	// store), Deduplicated (present: stored by another request or engine),
-	// ReadyEvicted (absent, but its key was evicted) or Missing (a failure).
+	// ReadyEvicted (absent, but its key was evicted), ReadySkipped (absent,
+	// but the chunk had null blocks before a resume, so kvactors could pass
+	// it over for good) or Missing (a failure).
 	ChunksReady  int `json:"chunks_ready"`
 	ReadyStored  int `json:"ready_stored"`
 	Deduplicated int `json:"deduplicated"`
 	ReadyEvicted int `json:"ready_evicted"`
+	ReadySkipped int `json:"ready_skipped"`
 	Missing      int `json:"missing"`
 
 	// Releases counts `released` by reason. DuplicateReleases are releases
@@ -141,6 +144,7 @@ func (r *Report) Add(o Report) {
 	r.ReadyStored += o.ReadyStored
 	r.Deduplicated += o.Deduplicated
 	r.ReadyEvicted += o.ReadyEvicted
+	r.ReadySkipped += o.ReadySkipped
 	r.Missing += o.Missing
 	if r.Releases == nil {
 		r.Releases = map[string]int{}

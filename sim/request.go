@@ -51,6 +51,10 @@ type request struct {
 	finalHashes int
 	finalBlocks [][]uint32
 	stored      map[chunkRef]bool
+	// nulled are chunks that had a null block at some point: kvactors may
+	// rightly have passed them over for good (a cursor never goes back),
+	// even if a later resume gave them real blocks.
+	nulled map[chunkRef]bool
 
 	// Releases: owed per reason, received per reason, and the block ids
 	// each owed release will free (oldest first).
@@ -73,6 +77,7 @@ func (e *engine) newRequest(i int) *request {
 		written:  make([]int, len(c.Groups)),
 		blocks:   make([][]uint32, len(c.Groups)),
 		stored:   map[chunkRef]bool{},
+		nulled:   map[chunkRef]bool{},
 		expected: map[string]int{},
 		received: map[string]int{},
 		held:     map[string][][][]uint32{},

@@ -4,11 +4,14 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"math"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/node"
@@ -18,16 +21,22 @@ import (
 // startNode runs a real node on an embedded NATS server on a random port,
 // with the shm backend in a test directory, and connects a client to it.
 func startNode(t *testing.T, poolBytes int64) (*nats.Conn, string, *node.Node) {
+	nc, dir, n, _ := startNodeWithRegistry(t, poolBytes)
+	return nc, dir, n
+}
+
+func startNodeWithRegistry(t *testing.T, poolBytes int64) (*nats.Conn, string, *node.Node, *prometheus.Registry) {
 	t.Helper()
 	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
 	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, ShmDir: dir, PoolBytes: poolBytes,
-		HTTPAddr: node.HTTPOff, Log: quietLog(), Registry: prometheus.NewRegistry()})
+		HTTPAddr: node.HTTPOff, Log: quietLog(), Registry: reg})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	nc, err := nats.Connect(n.NATSURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	return nc, dir, n
+	return nc, dir, n, reg
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -62,7 +71,7 @@ func runCtx(t *testing.T) context.Context {
 }
 
 func TestRunPassesEveryCheck(t *testing.T) {
-	nc, dir, _ := startNode(t, 64<<20)
+	nc, dir, _, reg := startNodeWithRegistry(t, 64<<20)
 	cfg := smallConfig("e1", dir)
 	done := 0
 	cfg.OnRequestDone = func() { done++ } // one engine: called from one goroutine
@@ -79,7 +88,7 @@ func TestRunPassesEveryCheck(t *testing.T) {
 	require.Positive(t, rep.Preemptions)
 	require.Positive(t, rep.ChunksStored)
 	require.Positive(t, rep.ChunksReady)
-	require.Equal(t, rep.ChunksReady, rep.ReadyStored+rep.Deduplicated+rep.ReadyEvicted)
+	require.Equal(t, rep.ChunksReady, rep.ReadyStored+rep.Deduplicated+rep.ReadyEvicted+rep.ReadySkipped)
 	require.Positive(t, rep.VerifyOK)
 	require.Zero(t, rep.VerifyFailed)
 	require.Zero(t, rep.Evictions, "the pool is large enough that nothing is evicted")
@@ -89,6 +98,36 @@ func TestRunPassesEveryCheck(t *testing.T) {
 	require.Equal(t, rep.Preemptions, rep.Releases["preempted"])
 	require.Equal(t, rep.Steps >= rep.Batches, true)
 	require.Positive(t, rep.Events)
+
+	// The node's own counts agree with what the engine saw.
+	stats, err := sim.GatherNodeStats(reg)
+	require.NoError(t, err)
+	require.Equal(t, float64(rep.ChunksStored), stats.ChunksStored)
+	require.Equal(t, float64(rep.Preemptions), stats.Releases["preempted"])
+	require.Equal(t, float64(rep.StoredJobs), stats.Decisions)
+	require.Equal(t, float64(rep.BytesStored), stats.CopyBytes["GPU_to_CPU"])
+	require.Empty(t, stats.Rejected)
+	require.Positive(t, stats.DecisionP99)
+	require.LessOrEqual(t, stats.DecisionP50, stats.DecisionP99)
+	var out strings.Builder
+	sim.WriteSummary(&out, []sim.Report{rep}, stats, rep.Serving)
+	require.Contains(t, out.String(), "integrity")
+	require.Contains(t, out.String(), "OK: ")
+}
+
+func TestQuantileInterpolatesInBuckets(t *testing.T) {
+	bucket := func(upper float64, count uint64) *dto.Bucket {
+		return &dto.Bucket{UpperBound: &upper, CumulativeCount: &count}
+	}
+	n := uint64(100)
+	h := &dto.Histogram{SampleCount: &n, Bucket: []*dto.Bucket{
+		bucket(1, 50), bucket(2, 90), bucket(4, 100), bucket(math.Inf(1), 100)}}
+	require.InDelta(t, 1.0, sim.Quantile(0.5, h), 1e-9)
+	require.InDelta(t, 0.5, sim.Quantile(0.25, h), 1e-9, "the first bucket interpolates from 0")
+	require.InDelta(t, 1.5, sim.Quantile(0.7, h), 1e-9)
+	require.InDelta(t, 3.8, sim.Quantile(0.99, h), 1e-9)
+	zero := uint64(0)
+	require.True(t, math.IsNaN(sim.Quantile(0.5, &dto.Histogram{SampleCount: &zero})))
 }
 
 func TestTwoEnginesDeduplicateSharedPrefixes(t *testing.T) {
@@ -120,7 +159,7 @@ func TestTwoEnginesDeduplicateSharedPrefixes(t *testing.T) {
 	}
 	t.Logf("total: %+v", total)
 	require.Positive(t, total.Deduplicated, "shared prefixes must deduplicate")
-	require.Equal(t, total.ChunksReady, total.ReadyStored+total.Deduplicated+total.ReadyEvicted)
+	require.Equal(t, total.ChunksReady, total.ReadyStored+total.Deduplicated+total.ReadyEvicted+total.ReadySkipped)
 }
 
 // TestEvictionIsNotAFailure runs with a pool far too small for everything

@@ -166,6 +166,7 @@ func (e *engine) end(r *request, aborted bool) {
 	if aborted {
 		reason = messages.ReasonAborted
 	}
+	e.logEnd(r, reason)
 	e.hold(r, reason)
 	e.ended++
 	e.progress()
@@ -187,6 +188,11 @@ func (e *engine) hold(r *request, reason string) {
 	e.owed++
 }
 
+func (e *engine) logEnd(r *request, reason string) {
+	e.log.Debug("sim: ended", "engine", e.cfg.Engine, "request", r.id, "reason", reason, "computed", r.computed,
+		"total", len(r.tokens), "hashes", r.pubHash)
+}
+
 // preempt frees r's blocks (once released) and puts it back at the front
 // of the waiting queue; the caller removes it from running. A resume may
 // find the tokens computed so far in the local prefix cache.
@@ -201,6 +207,8 @@ func (e *engine) preempt(r *request) {
 	}
 	r.inflight = r.computed
 	e.waiting = append([]*request{r}, e.waiting...)
+	e.log.Debug("sim: preempted", "engine", e.cfg.Engine, "request", r.id, "computed", r.computed,
+		"resume_hit", r.hit)
 }
 
 // schedule gives this step's token budget to running requests first, in
@@ -252,16 +260,21 @@ func (e *engine) schedule() {
 		if r.phase == preempted {
 			e.rep.Resumes++
 			e.b.lifecycle("resumed", r.id)
+			e.log.Debug("sim: resumed", "engine", e.cfg.Engine, "request", r.id, "hit", start)
 			if start > 0 {
 				e.rep.ResumeHits++
 			}
 		}
+		if r.phase == preempted {
+			// kvactors keeps the last tokens event across a preemption ("the
+			// latest tokens event wins"): announce the recompute point before
+			// the fresh blocks, or it would copy them before they are written.
+			e.b.tokens(r.id, start, len(r.tokens))
+		}
 		r.phase = running
 		e.allocate(r, start+n, start)
-		if r.computed = start; start > 0 {
-			e.writeBlocks(r)
-			e.b.tokens(r.id, r.computed, len(r.tokens))
-		}
+		r.computed = start
+		e.writeBlocks(r) // the prefix-cache hit, if any: written before the batch goes out
 		r.inflight = start + n
 		budget -= n
 		e.running = append(e.running, r)
@@ -312,6 +325,9 @@ func (e *engine) allocate(r *request, end, hit int) bool {
 		}
 		start := len(r.blocks[g])
 		ids := make([]uint32, total-real, total) // leading null blocks
+		for b := start; b < start+total-real; b++ {
+			r.nulled[chunkRef{g, b / e.cfg.BlocksPerChunk}] = true
+		}
 		ids = append(ids, e.al.take(g, real)...)
 		r.blocks[g] = append(r.blocks[g], ids...)
 		e.b.blocks(r.id, g, start, ids)

@@ -17,11 +17,11 @@ import (
 type outcome uint8
 
 const (
-	unchecked outcome = iota
-	matched           // loaded; every byte is the pattern
-	mismatched        // loaded; some byte is not
-	absent            // the load said the key is not ready
-	loadFailed        // the load failed for another reason
+	unchecked  outcome = iota
+	matched            // loaded; every byte is the pattern
+	mismatched         // loaded; some byte is not
+	absent             // the load said the key is not ready
+	loadFailed         // the load failed for another reason
 )
 
 // verify is the final check (package doc). Phase one loads every key
@@ -96,8 +96,10 @@ func (v *verifier) ready(ctx context.Context) error {
 		}
 		var unknown []chunkRef
 		for _, ch := range r.readyChunks(&e.cfg) {
+			// Keys this engine was told are stored were checked in phase one;
+			// a chunk once null may rightly never have been stored at all.
 			key, _ := r.key(&e.cfg, ch) // a ready chunk's hashes are known
-			if !r.stored[ch] && v.seen[key] == unchecked {
+			if !r.stored[ch] && !r.nulled[ch] && v.seen[key] == unchecked {
 				unknown = append(unknown, ch)
 			}
 		}
@@ -114,6 +116,8 @@ func (v *verifier) ready(ctx context.Context) error {
 				e.rep.Deduplicated++
 			case v.seen[key] == absent:
 				e.rep.ReadyEvicted++
+			case r.nulled[ch]:
+				e.rep.ReadySkipped++
 			default:
 				e.rep.Missing++
 				e.rep.fail("request %s: ready chunk %d of group %d (key %s) was neither stored nor present: %s",
