@@ -1,14 +1,18 @@
 package node
 
 import (
+	"errors"
 	"fmt"
+	"log/slog"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/tracing"
 )
 
 // onLookup answers P.E.lookup: the hit tokens of a hash prefix.
@@ -29,11 +33,14 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error()})
 		return
 	}
+	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
+	defer span.End()
 	pool := n.sharedPool()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		st, _ := pool.Lookup(k)
 		return st == hostpool.Ready
 	})
+	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {
 		n.metrics.LookupHits.Inc()
 		n.metrics.HitTokens.Add(float64(hit))
@@ -47,7 +54,11 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues("error").Inc()
-		n.log.Error("load refused", "subject", m.Subject, "err", err)
+		level := slog.LevelError
+		if errors.Is(err, hostpool.ErrNotReady) {
+			level = slog.LevelInfo // evicted or never stored: a miss, not bad input
+		}
+		n.log.Log(ctx, level, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error()})
 	}
 	rec := n.engine(engineID)

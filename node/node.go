@@ -157,7 +157,9 @@ func (n *Node) connect() error {
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.metrics.NATSConnected.Set(0)
-			n.log.Warn("nats disconnected", "err", err)
+			if err != nil { // nil: our own Close
+				n.log.Warn("nats disconnected", "err", err)
+			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
 			n.metrics.NATSConnected.Set(1)

@@ -107,7 +107,7 @@ func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 	// Preempt and resume with two blocks: two chunks fit and are stored.
 	te.send(map[string]any{"type": "preempted", "request": "r"})
 	recv(t, te.released, "released (preempted)")
-	te.send(map[string]any{"type": "resumed", "request": "r"}, blocksEv("r", 0, 0, 4, 5))
+	te.send(map[string]any{"type": "resumed", "request": "r"}, blocksEv("r", 0, 0, 4, 5), tokensEv("r", 8, 12))
 	require.Equal(t, []int{0, 1}, chunkIndexes(recv(t, te.stored, "the retried chunks")))
 	te.send(finishedEv("r", true, 8, 12))
 	recv(t, te.released, "released")

@@ -18,8 +18,14 @@ func (p Phase) String() string { return phaseNames[p] }
 
 // becomePreempted: no new jobs, cancel queued copies, wait for in-flight ones,
 // then release (PROTOCOL.md, "preempted").
+//
+// computed goes back to 0: the blocks the request resumes with hold no KV
+// until the engine reports tokens again (it may do so before resumed), so an
+// engine that never lowers computed after a preemption cannot get unwritten
+// blocks copied (docs/PROTOCOL.md).
 func (r *Request) becomePreempted() {
 	r.phase = Preempted
+	r.computed = 0
 	r.releases = append(r.releases, messages.ReasonPreempted)
 	r.fence = r.nextJob
 	for _, j := range r.inflight {

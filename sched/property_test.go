@@ -424,6 +424,7 @@ func (m *model) mirror(e *messages.Event) {
 	case messages.EvPreempted:
 		if m.phase == Running {
 			m.phase = Preempted
+			m.mComputed = 0 // kvactors forgets computed at preemption
 			m.owed = append(m.owed, owed{reason: messages.ReasonPreempted, waitFor: slices.Clone(m.inflight)})
 		}
 	case messages.EvResumed:

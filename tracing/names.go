@@ -55,4 +55,6 @@ const (
 	AttrDirection attribute.Key = "kvactors.direction"  // "store" (device->host) or "load"
 	AttrSeq       attribute.Key = "kvactors.seq"        // batch seq
 	AttrEvents    attribute.Key = "kvactors.events"     // events in a batch
+	AttrHashes    attribute.Key = "kvactors.hashes"     // hashes in a lookup
+	AttrHitTokens attribute.Key = "kvactors.hit_tokens" // tokens a lookup hit
 )

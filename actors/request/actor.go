@@ -138,6 +138,12 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 	}
 	j.span.End()
 	a.perform(c, a.state.JobDone(m.ID, success, m.Cancelled), time.Time{})
+	if m.Err == nil && !a.done {
+		// A completed or cancelled job can leave chunks to offer (a cancelled
+		// job's chunks once blocks are tracked again): decide now. A failed
+		// copy waits for its retry timer instead, so it backs off.
+		a.perform(c, a.state.Advance(a.deps.Pool), time.Time{})
+	}
 }
 
 // published announces a completed store job: stored to the engine, one
