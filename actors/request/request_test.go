@@ -1,0 +1,93 @@
+package request_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// heldTransfer is a transfer actor that forwards every Submit and Cancel to
+// the test, which answers JobDone when it chooses.
+type heldTransfer struct{ seen chan any }
+
+func (h *heldTransfer) Receive(c actor.Context) {
+	switch m := c.Message().(type) {
+	case *transfer.Submit, *transfer.Cancel:
+		h.seen <- m
+	}
+}
+
+// Regression: a store job still queued when the request is preempted,
+// resumed and finished is cancelled late; its chunks must be stored again
+// from the fresh blocks and the request released (it used to stall for ever,
+// holding the engine's blocks).
+func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := []messages.Region{{BlockStride: 8, BlockBytes: 8}}
+	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
+		Segments: []messages.Segment{{Shm: "s"}}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4, Regions: r}}})
+	require.NoError(t, err)
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	seen := make(chan any, 16)
+	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
+	pool := hostpool.NewShared(16)
+	deps := request.Deps{Engine: "e", Layout: lay, Pool: pool, SlotBytes: 8, Transfer: xfer,
+		Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
+	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
+	send := func(evs ...messages.Event) {
+		for i := range evs {
+			evs[i].Request = "r"
+		}
+		system.Root.Send(pid, &request.Events{Events: evs, Ctx: context.Background()})
+	}
+	send(messages.Event{Type: messages.EvHashes, Hashes: []messages.Hash{"h0", "h1"}},
+		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{1, 2}},
+		messages.Event{Type: messages.EvTokens, Computed: 8, Total: 8})
+	first := testkit.Recv(t, seen, 5*time.Second, "first store job").(*transfer.Submit)
+	require.Len(t, first.Chunks, 2)
+
+	// Preempted while the job is queued: the actor asks to cancel it; the
+	// transfer actor answers only after resumed and finished.
+	send(messages.Event{Type: messages.EvPreempted})
+	cancel := testkit.Recv(t, seen, 5*time.Second, "cancel").(*transfer.Cancel)
+	require.Equal(t, []sched.JobID{first.ID}, cancel.IDs)
+	send(messages.Event{Type: messages.EvResumed},
+		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{5, 6}},
+		messages.Event{Type: messages.EvTokens, Computed: 8, Total: 8},
+		messages.Event{Type: messages.EvFinished, Computed: 8, Total: 8})
+	system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: first.ID, Cancelled: true}, xfer)
+
+	second := testkit.Recv(t, seen, 5*time.Second, "the chunks stored again").(*transfer.Submit)
+	require.Equal(t, []messages.BlockID{5}, second.Chunks[0].Blocks, "from the fresh blocks")
+	require.Equal(t, []messages.BlockID{6}, second.Chunks[1].Blocks)
+	system.Root.Send(pid, &transfer.JobDone{ID: second.ID})
+
+	var reasons []string
+	for len(reasons) < 2 {
+		var rel messages.Released
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "released").Data, &rel))
+		reasons = append(reasons, rel.Reason)
+	}
+	require.Equal(t, []string{"preempted", "finished"}, reasons)
+}
