@@ -205,7 +205,9 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		if len(eff.Releases) > 0 {
 			a.span.SetAttributes(tracing.AttrReason.String(eff.Releases[len(eff.Releases)-1]))
 		}
-		c.Send(c.Parent(), &Done{Request: a.state.ID(), PID: c.Self()})
+		if p := c.Parent(); p != nil {
+			c.Send(p, &Done{Request: a.state.ID(), PID: c.Self()})
+		}
 	}
 }
 
