@@ -42,6 +42,9 @@ func bench(args []string) int {
 	var o benchOptions
 	o.bind(fs)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	if fs.NArg() > 0 {

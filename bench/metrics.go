@@ -1,0 +1,201 @@
+package bench
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Metric names read from the node (package metrics).
+const (
+	mApplied  = "kvactors_events_applied_total"
+	mBatches  = "kvactors_events_batches_total"
+	mRejected = "kvactors_events_rejected_total"
+	mStored   = "kvactors_store_chunks_stored_total"
+	mDeduped  = "kvactors_store_chunks_deduplicated_total"
+	mDecision = "kvactors_store_decision_seconds"
+	mBytes    = "kv_offload_total_bytes"
+	mCopyTime = "kv_offload_total_time"
+	mReqsLive = "kvactors_requests_live"
+)
+
+// counter reads one of the node's counters. Gathering the whole registry
+// costs tens of microseconds (Go and process collectors), too much for a
+// flow-control loop, so fastCounter gets hold of the collector itself.
+type counter func() float64
+
+// fastCounter returns a reader of counter name registered on reg (with
+// label=value when label is not empty; the metric must have a sample
+// already). It registers an identical collector, which the registry refuses
+// with AlreadyRegisteredError naming the existing one (client_golang's
+// documented way to reach a registered collector); failing that it gathers.
+func fastCounter(reg *prometheus.Registry, name, label, value string) (counter, error) {
+	fam, err := family(reg, name)
+	if err != nil {
+		return nil, err
+	}
+	opts := prometheus.CounterOpts{Name: name, Help: fam.GetHelp()}
+	var probe prometheus.Collector = prometheus.NewCounter(opts)
+	if label != "" {
+		probe = prometheus.NewCounterVec(opts, []string{label})
+	}
+	err = reg.Register(probe)
+	if err == nil {
+		reg.Unregister(probe)
+		return nil, fmt.Errorf("metric %s: gathered but not registered as a counter", name)
+	}
+	var c prometheus.Counter
+	var are prometheus.AlreadyRegisteredError
+	if errors.As(err, &are) {
+		switch e := are.ExistingCollector.(type) {
+		case prometheus.Counter:
+			c = e
+		case *prometheus.CounterVec:
+			c, _ = e.GetMetricWithLabelValues(value)
+		}
+	}
+	if c == nil {
+		return func() float64 { return gatherSum(reg, name, label, value) }, nil
+	}
+	return func() float64 {
+		var m dto.Metric
+		_ = c.Write(&m)
+		return m.GetCounter().GetValue()
+	}, nil
+}
+
+func family(reg prometheus.Gatherer, name string) (*dto.MetricFamily, error) {
+	fams, err := reg.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("gather metrics: %w", err)
+	}
+	for _, f := range fams {
+		if f.GetName() == name {
+			return f, nil
+		}
+	}
+	return nil, fmt.Errorf("metric %s not found", name)
+}
+
+// gatherSum is the sum of name's counter, gauge or histogram-count samples
+// whose label (if given) has value; 0 when the metric has no samples yet.
+func gatherSum(reg prometheus.Gatherer, name, label, value string) float64 {
+	f, err := family(reg, name)
+	if err != nil {
+		return 0
+	}
+	var sum float64
+	for _, m := range f.GetMetric() {
+		if label != "" && !hasLabel(m, label, value) {
+			continue
+		}
+		switch {
+		case m.Counter != nil:
+			sum += m.GetCounter().GetValue()
+		case m.Gauge != nil:
+			sum += m.GetGauge().GetValue()
+		case m.Histogram != nil:
+			sum += float64(m.GetHistogram().GetSampleCount())
+		}
+	}
+	return sum
+}
+
+func hasLabel(m *dto.Metric, name, value string) bool {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name && l.GetValue() == value {
+			return true
+		}
+	}
+	return false
+}
+
+// histogram is a snapshot of a Prometheus histogram: cumulative counts per
+// upper bound (the last bound is +Inf).
+type histogram struct {
+	bounds []float64
+	counts []uint64
+}
+
+func snapshot(reg prometheus.Gatherer, name string) histogram {
+	var h histogram
+	f, err := family(reg, name)
+	if err != nil || len(f.GetMetric()) == 0 || f.GetMetric()[0].Histogram == nil {
+		return h
+	}
+	hp := f.GetMetric()[0].GetHistogram()
+	for _, b := range hp.GetBucket() {
+		h.bounds = append(h.bounds, b.GetUpperBound())
+		h.counts = append(h.counts, b.GetCumulativeCount())
+	}
+	h.bounds = append(h.bounds, math.Inf(1))
+	h.counts = append(h.counts, hp.GetSampleCount())
+	return h
+}
+
+// minus is h's observations since before.
+func (h histogram) minus(before histogram) histogram {
+	d := histogram{bounds: h.bounds, counts: append([]uint64(nil), h.counts...)}
+	for i := range d.counts {
+		if i < len(before.counts) {
+			d.counts[i] -= before.counts[i]
+		}
+	}
+	return d
+}
+
+func (h histogram) count() uint64 {
+	if len(h.counts) == 0 {
+		return 0
+	}
+	return h.counts[len(h.counts)-1]
+}
+
+// quantile estimates the q-quantile by linear interpolation inside the
+// bucket that holds it (as PromQL's histogram_quantile does). A quantile in
+// the +Inf bucket is reported as the last finite bound.
+func (h histogram) quantile(q float64) float64 {
+	n := h.count()
+	if n == 0 {
+		return 0 // no observations (JSON has no NaN)
+	}
+	rank := q * float64(n)
+	lower, below := 0.0, uint64(0)
+	for i, c := range h.counts {
+		if float64(c) >= rank {
+			if math.IsInf(h.bounds[i], 1) {
+				return lower
+			}
+			inBucket := c - below
+			if inBucket == 0 {
+				return h.bounds[i]
+			}
+			return lower + (h.bounds[i]-lower)*(rank-float64(below))/float64(inBucket)
+		}
+		lower, below = h.bounds[i], c
+	}
+	return lower
+}
+
+// residentBytes is this process's resident set size (/proc/self/statm).
+func residentBytes() int64 {
+	data, err := os.ReadFile("/proc/self/statm")
+	if err != nil {
+		return 0
+	}
+	fields := strings.Fields(string(data))
+	if len(fields) < 2 {
+		return 0
+	}
+	pages, err := strconv.ParseInt(fields[1], 10, 64)
+	if err != nil {
+		return 0
+	}
+	return pages * int64(os.Getpagesize())
+}
