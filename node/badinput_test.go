@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"context"
 	"fmt"
 	"io"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
 )
 
 // metricValue sums the samples of a metric whose labels include want.
@@ -187,4 +189,14 @@ func TestAdminEndpointsAndCounters(t *testing.T) {
 	require.Contains(t, body, `kvactors_store_deferrals_total{reason="hashes"} 2`)
 	require.Contains(t, body, `kvactors_requests_released_total{reason="finished"} 1`)
 	require.Contains(t, body, `kvactors_pool_slots{state="ready"} 2`)
+}
+
+// A node that cannot start returns an error and leaves nothing behind
+// (it used to panic tearing down a nil node).
+func TestStartFailureIsAnError(t *testing.T) {
+	_, err := node.Start(context.Background(), node.Config{NATSURL: "nats://127.0.0.1:1", HTTPAddr: "off",
+		ShmDir: t.TempDir(), PoolBytes: 1 << 20})
+	require.ErrorContains(t, err, "connect to nats")
+	_, err = node.Start(context.Background(), node.Config{Backend: "tape"})
+	require.ErrorIs(t, err, node.ErrConfig)
 }

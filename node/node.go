@@ -60,12 +60,12 @@ type Node struct {
 
 // Start brings a node up: NATS, backend and arena, actors, subscriptions,
 // admin HTTP. It returns once the node is ready (subscriptions live).
-func Start(ctx context.Context, cfg Config) (n *Node, err error) {
+func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	n = &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}}
+	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}}
 	tp := cfg.Tracer
 	if tp == nil {
 		tp = noop.NewTracerProvider()
