@@ -30,10 +30,27 @@ type entryState struct {
 	Pins  int32
 }
 
+// entryView is an entry with its slot, as the invariants read it.
+type entryView struct {
+	key   messages.Key
+	slot  Slot
+	state State
+	pins  int32
+}
+
+func entriesOf(p *Pool) map[messages.Key]entryView {
+	m := make(map[messages.Key]entryView, len(p.index))
+	for k, sl := range p.index {
+		e := p.slots[sl]
+		m[k] = entryView{e.key, sl, e.state, e.pins}
+	}
+	return m
+}
+
 func snapshot(p *Pool) poolState {
 	s := poolState{Fresh: p.fresh, Free: slices.Clone(p.free), Entries: map[messages.Key]entryState{},
 		LRU: lruOrder(p), Pending: p.pending, Pinned: p.pinned}
-	for k, e := range p.entries {
+	for k, e := range entriesOf(p) {
 		s.Entries[k] = entryState{e.slot, e.state, e.pins}
 	}
 	return s
@@ -42,8 +59,8 @@ func snapshot(p *Pool) poolState {
 // lruOrder lists ready keys from least to most recently used.
 func lruOrder(p *Pool) []messages.Key {
 	var out []messages.Key
-	for e := p.head; e != nil; e = e.next {
-		out = append(out, e.key)
+	for sl := p.head; sl != none; sl = p.slots[sl].next {
+		out = append(out, p.slots[sl].key)
 	}
 	return out
 }
@@ -58,12 +75,13 @@ func checkInvariants(t *testing.T, p *Pool) {
 		t.Helper()
 		t.Fatalf("pool invariant: "+format, a...)
 	}
-	if len(p.entries) > p.capacity || p.fresh > p.capacity {
-		fail("used %d, fresh %d, capacity %d", len(p.entries), p.fresh, p.capacity)
+	entries := entriesOf(p)
+	if len(entries) > p.capacity || p.fresh > p.capacity {
+		fail("used %d, fresh %d, capacity %d", len(entries), p.fresh, p.capacity)
 	}
 	seen := make(map[Slot]bool, p.fresh)
 	pending, ready, pinned := 0, 0, 0
-	for k, e := range p.entries {
+	for k, e := range entries {
 		switch {
 		case k != e.key:
 			fail("entry %q under key %q", e.key, k)
@@ -94,27 +112,31 @@ func checkInvariants(t *testing.T, p *Pool) {
 		}
 		seen[s] = true
 	}
-	if p.fresh != len(p.entries)+len(p.free) {
-		fail("%d slots handed out, %d used + %d free", p.fresh, len(p.entries), len(p.free))
+	if p.fresh != len(entries)+len(p.free) {
+		fail("%d slots handed out, %d used + %d free", p.fresh, len(entries), len(p.free))
 	}
-	if pending != p.pending || pinned != p.pinned || len(p.entries) != pending+ready {
+	if pending != p.pending || pinned != p.pinned || len(entries) != pending+ready {
 		fail("counted pending %d pinned %d ready %d; pool says pending %d pinned %d used %d",
-			pending, pinned, ready, p.pending, p.pinned, len(p.entries))
+			pending, pinned, ready, p.pending, p.pinned, len(entries))
 	}
 	n := 0
-	var prev *entry
-	for e := p.head; e != nil; e = e.next {
-		if e.prev != prev || p.entries[e.key] != e || e.state != Ready {
+	prev := none
+	for sl := p.head; sl != none; sl = p.slots[sl].next {
+		e := p.slots[sl]
+		if e.prev != prev || p.index[e.key] != sl || e.state != Ready {
 			fail("LRU entry %q: bad link, not in the map, or not ready", e.key)
 		}
-		prev = e
+		prev = sl
 		n++
+		if n > len(p.slots) {
+			fail("LRU list has a cycle")
+		}
 	}
 	if prev != p.tail || n != ready {
 		fail("LRU holds %d entries, %d ready keys", n, ready)
 	}
-	want := Stats{Capacity: p.capacity, Used: len(p.entries), Pending: pending, Ready: ready,
-		Pinned: pinned, Free: p.capacity - len(p.entries)}
+	want := Stats{Capacity: p.capacity, Used: len(entries), Pending: pending, Ready: ready,
+		Pinned: pinned, Free: p.capacity - len(entries)}
 	if got := p.Stats(); got != want {
 		fail("Stats %+v, want %+v", got, want)
 	}
@@ -207,7 +229,7 @@ func pendingJobs(p *Pool, jobs [][]messages.Key) [][]messages.Key {
 		}
 	}
 	var loose []messages.Key
-	for k, e := range p.entries {
+	for k, e := range entriesOf(p) {
 		if e.state == Pending && !inJob[k] {
 			loose = append(loose, k)
 		}

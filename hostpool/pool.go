@@ -42,24 +42,37 @@ type Prepared struct {
 	Evicted []messages.Key // ready keys evicted to make room, oldest first
 }
 
+// entry is one slot's bookkeeping. Entries live in a slab indexed by slot,
+// so storing a key allocates nothing but its map entry.
 type entry struct {
-	key        messages.Key
-	slot       Slot
-	state      State
-	pins       int32
-	prev, next *entry // LRU list links; only ready entries are linked
+	key   messages.Key
+	state State
+	pins  int32
+	mark  uint32 // == Pool.epoch while offered in the running PrepareStore
+	// LRU links by slot (none: -1); only ready entries are linked.
+	prev, next Slot
 }
+
+// none is the null slot link; offeredNew marks, during one PrepareStore, a
+// key offered and not yet present.
+const (
+	none       Slot = -1
+	offeredNew Slot = -2
+)
 
 // Pool tracks capacity slots. The zero value is not usable; call New.
 type Pool struct {
 	capacity int
 	fresh    int    // slots [fresh, capacity) were never used
 	free     []Slot // released slots, reused last-in-first-out
-	entries  map[messages.Key]*entry
+	slots    []entry
+	index    map[messages.Key]Slot
 	// LRU list of ready entries: head is least recently used.
-	head, tail *entry
+	head, tail Slot
 	pending    int
 	pinned     int
+	epoch      uint32
+	victims    []Slot // scratch of PrepareStore
 }
 
 // New returns a pool of capacity slots (capacity >= 0).
@@ -67,14 +80,14 @@ func New(capacity int) *Pool {
 	if capacity < 0 {
 		capacity = 0
 	}
-	return &Pool{capacity: capacity, entries: make(map[messages.Key]*entry)}
+	return &Pool{capacity: capacity, index: make(map[messages.Key]Slot), head: none, tail: none}
 }
 
 // Capacity is the number of slots.
 func (p *Pool) Capacity() int { return p.capacity }
 
 // Len is the number of keys present, pending or ready.
-func (p *Pool) Len() int { return len(p.entries) }
+func (p *Pool) Len() int { return len(p.index) }
 
 // Stats is a point-in-time view of the pool.
 type Stats struct {
@@ -88,18 +101,18 @@ type Stats struct {
 
 // Stats reports slot usage.
 func (p *Pool) Stats() Stats {
-	used := len(p.entries)
+	used := len(p.index)
 	return Stats{Capacity: p.capacity, Used: used, Pending: p.pending,
 		Ready: used - p.pending, Pinned: p.pinned, Free: p.capacity - used}
 }
 
 // Lookup returns the state of key and its slot (valid unless Absent).
 func (p *Pool) Lookup(key messages.Key) (State, Slot) {
-	e, ok := p.entries[key]
+	sl, ok := p.index[key]
 	if !ok {
 		return Absent, -1
 	}
-	return e.state, e.slot
+	return p.slots[sl].state, sl
 }
 
 // PrepareStore allocates slots for the keys not yet present. It is
@@ -108,48 +121,79 @@ func (p *Pool) Lookup(key messages.Key) (State, Slot) {
 // (newest first), then by evicting least recently used ready keys that are
 // neither pinned nor among keys (an offered key is never evicted to make room
 // for its siblings). New keys start Pending.
+//
+// Duplicate keys in one offer are stored once.
 func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
-	offered := newKeySet(keys)
-	var toStore []messages.Key
-	for i, k := range keys {
-		if _, ok := p.entries[k]; ok || offered.firstIndex(k) != i {
-			continue // dedup: present (ready or pending) or offered twice
+	p.epoch++
+	if p.epoch == 0 { // wrapped: no mark may look current
+		for i := range p.slots {
+			p.slots[i].mark = 0
 		}
-		toStore = append(toStore, k)
+		p.epoch = 1
 	}
-	if len(toStore) == 0 {
+	// Mark offered keys that are present (they must not be evicted for their
+	// siblings) and tentatively index new ones, which also dedups the offer.
+	need := 0
+	for _, k := range keys {
+		if sl, ok := p.index[k]; ok {
+			if sl >= 0 {
+				p.slots[sl].mark = p.epoch
+			}
+			continue
+		}
+		p.index[k] = offeredNew
+		need++
+	}
+	if need == 0 {
 		return Prepared{}, nil
 	}
 	avail := p.capacity - p.fresh + len(p.free)
-	var victims []*entry
-	for e := p.head; e != nil && avail+len(victims) < len(toStore); e = e.next {
-		if e.pins == 0 && offered.firstIndex(e.key) < 0 {
-			victims = append(victims, e)
+	victims := p.victims[:0]
+	for sl := p.head; sl != none && avail+len(victims) < need; sl = p.slots[sl].next {
+		if e := &p.slots[sl]; e.pins == 0 && e.mark != p.epoch {
+			victims = append(victims, sl)
 		}
 	}
-	if avail+len(victims) < len(toStore) {
+	p.victims = victims[:0]
+	if avail+len(victims) < need {
+		for _, k := range keys { // roll back the tentative entries
+			if p.index[k] == offeredNew {
+				delete(p.index, k)
+			}
+		}
 		return Prepared{}, fmt.Errorf("%w: %d slots needed, %d free, %d evictable", ErrNoRoom,
-			len(toStore), avail, len(victims))
+			need, avail, len(victims))
 	}
-	out := Prepared{Keys: toStore, Slots: make([]Slot, 0, len(toStore))}
-	for _, e := range victims {
-		p.unlink(e)
-		delete(p.entries, e.key)
-		p.free = append(p.free, e.slot)
+	out := Prepared{Keys: make([]messages.Key, 0, need), Slots: make([]Slot, 0, need)}
+	if len(victims) > 0 {
+		out.Evicted = make([]messages.Key, 0, len(victims))
+	}
+	for _, sl := range victims {
+		e := &p.slots[sl]
+		p.unlink(sl)
+		delete(p.index, e.key)
 		out.Evicted = append(out.Evicted, e.key)
+		e.key = ""
+		p.free = append(p.free, sl)
 	}
-	for _, k := range toStore {
-		var s Slot
+	for _, k := range keys {
+		if p.index[k] != offeredNew {
+			continue // present, or a duplicate already given a slot
+		}
+		var sl Slot
 		if p.fresh < p.capacity {
-			s = Slot(p.fresh)
+			sl = Slot(p.fresh)
 			p.fresh++
+			p.slots = append(p.slots, entry{})
 		} else {
-			s = p.free[len(p.free)-1]
+			sl = p.free[len(p.free)-1]
 			p.free = p.free[:len(p.free)-1]
 		}
-		p.entries[k] = &entry{key: k, slot: s, state: Pending}
+		p.slots[sl] = entry{key: k, state: Pending, prev: none, next: none}
+		p.index[k] = sl
 		p.pending++
-		out.Slots = append(out.Slots, s)
+		out.Keys = append(out.Keys, k)
+		out.Slots = append(out.Slots, sl)
 	}
 	return out, nil
 }
@@ -159,18 +203,19 @@ func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
 // freed; ready keys are never affected by a failure (another job stored them).
 func (p *Pool) CompleteStore(keys []messages.Key, ok bool) {
 	for _, k := range keys {
-		e, found := p.entries[k]
-		if !found || e.state != Pending {
+		sl, found := p.index[k]
+		if !found || p.slots[sl].state != Pending {
 			continue
 		}
 		p.pending--
 		if ok {
-			e.state = Ready
-			p.pushBack(e)
+			p.slots[sl].state = Ready
+			p.pushBack(sl)
 			continue
 		}
-		delete(p.entries, k)
-		p.free = append(p.free, e.slot)
+		delete(p.index, k)
+		p.slots[sl].key = ""
+		p.free = append(p.free, sl)
 	}
 }
 
@@ -181,14 +226,14 @@ func (p *Pool) CompleteStore(keys []messages.Key, ok bool) {
 func (p *Pool) PrepareLoad(keys []messages.Key) ([]Slot, error) {
 	slots := make([]Slot, len(keys))
 	for i, k := range keys {
-		e, ok := p.entries[k]
-		if !ok || e.state != Ready {
+		sl, ok := p.index[k]
+		if !ok || p.slots[sl].state != Ready {
 			return nil, &KeyError{Key: k, Err: ErrNotReady}
 		}
-		slots[i] = e.slot
+		slots[i] = sl
 	}
-	for _, k := range keys {
-		e := p.entries[k]
+	for _, sl := range slots {
+		e := &p.slots[sl]
 		if e.pins == 0 {
 			p.pinned++
 		}
@@ -200,7 +245,8 @@ func (p *Pool) PrepareLoad(keys []messages.Key) ([]Slot, error) {
 // CompleteLoad unpins keys pinned by PrepareLoad.
 func (p *Pool) CompleteLoad(keys []messages.Key) {
 	for _, k := range keys {
-		if e, ok := p.entries[k]; ok && e.pins > 0 {
+		if sl, ok := p.index[k]; ok && p.slots[sl].pins > 0 {
+			e := &p.slots[sl]
 			e.pins--
 			if e.pins == 0 {
 				p.pinned--
@@ -214,9 +260,9 @@ func (p *Pool) CompleteLoad(keys []messages.Key) {
 // is evicted from its tail first.
 func (p *Pool) Touch(keys []messages.Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if e, ok := p.entries[keys[i]]; ok && e.state == Ready {
-			p.unlink(e)
-			p.pushBack(e)
+		if sl, ok := p.index[keys[i]]; ok && p.slots[sl].state == Ready {
+			p.unlink(sl)
+			p.pushBack(sl)
 		}
 	}
 }
@@ -230,63 +276,28 @@ type KeyError struct {
 func (e *KeyError) Error() string { return fmt.Sprintf("key %x: %v", string(e.Key), e.Err) }
 func (e *KeyError) Unwrap() error { return e.Err }
 
-func (p *Pool) pushBack(e *entry) {
-	e.prev, e.next = p.tail, nil
-	if p.tail != nil {
-		p.tail.next = e
+func (p *Pool) pushBack(sl Slot) {
+	e := &p.slots[sl]
+	e.prev, e.next = p.tail, none
+	if p.tail != none {
+		p.slots[p.tail].next = sl
 	} else {
-		p.head = e
+		p.head = sl
 	}
-	p.tail = e
+	p.tail = sl
 }
 
-func (p *Pool) unlink(e *entry) {
-	if e.prev != nil {
-		e.prev.next = e.next
-	} else {
+func (p *Pool) unlink(sl Slot) {
+	e := &p.slots[sl]
+	if e.prev != none {
+		p.slots[e.prev].next = e.next
+	} else if p.head == sl {
 		p.head = e.next
 	}
-	if e.next != nil {
-		e.next.prev = e.prev
-	} else {
+	if e.next != none {
+		p.slots[e.next].prev = e.prev
+	} else if p.tail == sl {
 		p.tail = e.prev
 	}
-	e.prev, e.next = nil, nil
-}
-
-// keySet answers "is k offered, and where first" for PrepareStore. Offered
-// lists are usually one request's few new chunks, where a linear scan beats
-// building a map; long prompts stored at once get the map.
-type keySet struct {
-	keys []messages.Key
-	idx  map[messages.Key]int
-}
-
-const keySetScanMax = 16
-
-func newKeySet(keys []messages.Key) keySet {
-	s := keySet{keys: keys}
-	if len(keys) > keySetScanMax {
-		s.idx = make(map[messages.Key]int, len(keys))
-		for i := len(keys) - 1; i >= 0; i-- {
-			s.idx[keys[i]] = i
-		}
-	}
-	return s
-}
-
-// firstIndex is the index of k's first occurrence, or -1.
-func (s keySet) firstIndex(k messages.Key) int {
-	if s.idx != nil {
-		if i, ok := s.idx[k]; ok {
-			return i
-		}
-		return -1
-	}
-	for i, x := range s.keys {
-		if x == k {
-			return i
-		}
-	}
-	return -1
+	e.prev, e.next = none, none
 }
