@@ -45,12 +45,13 @@ func (o *Outbox) Subject(engine, verb string) string { return o.prefix + "." + e
 
 // Released publishes P.E.released.
 func (o *Outbox) Released(ctx context.Context, engine, request, reason string) {
-	o.publish(ctx, o.Subject(engine, VerbReleased), messages.Released{Request: request, Reason: reason})
+	o.send(ctx, o.Subject(engine, VerbReleased),
+		appendReleased(nil, &messages.Released{Request: request, Reason: reason}))
 }
 
 // Stored publishes P.E.stored for one completed store job.
 func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) {
-	o.publish(ctx, o.Subject(engine, VerbStored), s)
+	o.send(ctx, o.Subject(engine, VerbStored), appendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
 }
 
 // KVEvents publishes one P.E.kv_events batch (nothing when events is empty).
@@ -59,7 +60,7 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	o.publish(ctx, o.Subject(engine, VerbKVEvents), messages.KVEventBatch{TS: ts, Events: events})
+	o.send(ctx, o.Subject(engine, VerbKVEvents), appendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
 }
 
 // Reply answers a request/reply message (no-op without a reply subject).
@@ -75,6 +76,10 @@ func (o *Outbox) publish(ctx context.Context, subject string, v any) {
 		o.log.Error("encode outgoing message", "subject", subject, "err", err)
 		return
 	}
+	o.send(ctx, subject, data)
+}
+
+func (o *Outbox) send(ctx context.Context, subject string, data []byte) {
 	msg := &nats.Msg{Subject: subject, Data: data}
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		msg.Header = nats.Header{}

@@ -394,6 +394,9 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 	for l := range e2eLayers {
 		for g := range e2eGroups {
 			for i, src := range e2eSource[g] {
+				if g == 1 && i == 7 && l == 1 {
+					continue // MUTATION
+				}
 				so := g*e2eGroupBytes + src*e2eBlockBytes
 				do := g*e2eGroupBytes + e2eTarget[g][i]*e2eBlockBytes
 				copy(want[l][do:do+e2eBlockBytes], want[l][so:so+e2eBlockBytes])

@@ -3,6 +3,7 @@ package sched
 import (
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
@@ -250,10 +251,7 @@ func (r *Request) decide(p Preparer) {
 			}
 		}
 	}
-	for _, c := range cands {
-		hpc := r.lay.Groups[c.group].HashesPerChunk
-		keys = append(keys, Key(r.hashes[(int(c.chunk)+1)*hpc-1], c.group))
-	}
+	keys = r.appendKeys(keys, cands)
 	r.candBuf, r.keyBuf = cands, keys
 	var prep hostpool.Prepared
 	if len(keys) > 0 {
@@ -290,18 +288,51 @@ func dropBelow(redo []messages.ChunkIndex, rd messages.ChunkIndex) []messages.Ch
 	return out
 }
 
+// appendKeys builds the offload keys of cands in one allocation: the keys
+// are substrings of one string (a decision's keys are stored, and later
+// evicted, together, so sharing their backing costs little).
+func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.Key {
+	hashOf := func(c candidate) messages.Hash {
+		return r.hashes[(int(c.chunk)+1)*r.lay.Groups[c.group].HashesPerChunk-1]
+	}
+	size := 0
+	for _, c := range cands {
+		size += len(hashOf(c)) + 4
+	}
+	var b strings.Builder
+	b.Grow(size)
+	for _, c := range cands {
+		b.WriteString(string(hashOf(c)))
+		g := c.group
+		b.WriteByte(byte(g >> 24))
+		b.WriteByte(byte(g >> 16))
+		b.WriteByte(byte(g >> 8))
+		b.WriteByte(byte(g))
+	}
+	all, off := b.String(), 0
+	for _, c := range cands {
+		n := len(hashOf(c)) + 4
+		keys = append(keys, messages.Key(all[off:off+n]))
+		off += n
+	}
+	return keys
+}
+
 func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool.Prepared) *StoreJob {
 	r.nextJob++
 	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
 	bpc := r.lay.BlocksPerChunk
-	next := 0 // prep.Keys is an ordered subsequence of keys
+	blocks := make([]messages.BlockID, 0, len(prep.Keys)*bpc) // one backing for every chunk's ids
+	next := 0                                                 // prep.Keys is an ordered subsequence of keys
 	for i, c := range cands {
 		if next >= len(prep.Keys) || prep.Keys[next] != keys[i] {
 			continue
 		}
 		gr := &r.groups[c.group]
+		n := len(blocks)
+		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		jc := JobChunk{Group: c.group, Index: c.chunk, Key: keys[i], Slot: prep.Slots[next],
-			Blocks: gr.chunkBlocks(c.chunk, bpc, make([]messages.BlockID, 0, bpc))}
+			Blocks: blocks[n:len(blocks):len(blocks)]}
 		job.Bytes += r.lay.ChunkBytes(&jc)
 		job.Chunks = append(job.Chunks, jc)
 		next++

@@ -39,8 +39,12 @@ type Actor struct {
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
 	retiring bool
-	perReq   map[string][]messages.Event // scratch: one batch's events by request
-	order    []string
+	// Scratch of one batch's routing: the requests in first-seen order, each
+	// one's event count, and the indexes of the events to forward.
+	slot   map[string]int
+	order  []string
+	counts []int
+	fwd    []int
 }
 
 // Props builds an engine actor. Its request actors are stopped, never
@@ -48,7 +52,7 @@ type Actor struct {
 func Props(deps Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
-			perReq: map[string][]messages.Event{}}
+			slot: map[string]int{}}
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)))
 }
 
@@ -108,24 +112,59 @@ func (a *Actor) batch(c actor.Context, m *Batch) {
 	a.seq, a.haveSeq = b.Seq, true
 
 	for i := range b.Events {
-		a.route(c, m, &b.Events[i])
-	}
-	for _, id := range a.order {
-		if e := a.live[id]; e != nil {
-			c.Send(e.pid, &request.Events{Events: a.perReq[id], Ctx: m.Ctx, Arrived: m.Arrived})
+		if ev := &b.Events[i]; a.route(c, m, ev) {
+			idx, ok := a.slot[ev.Request]
+			if !ok {
+				idx = len(a.order)
+				a.slot[ev.Request] = idx
+				a.order = append(a.order, ev.Request)
+				a.counts = append(a.counts, 0)
+			}
+			a.counts[idx]++
+			a.fwd = append(a.fwd, i)
 		}
-		delete(a.perReq, id)
 	}
-	a.order = a.order[:0]
+	a.forward(c, m)
 }
 
-func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) {
+// forward copies the routed events into one slice grouped by request (one
+// allocation per batch, order kept within each request) and sends each
+// request its part. The slice is handed over: the request actors own it.
+func (a *Actor) forward(c actor.Context, m *Batch) {
+	all := make([]messages.Event, len(a.fwd))
+	start := 0
+	for idx, n := range a.counts {
+		a.counts[idx] = start // now the next free position of request idx
+		start += n
+	}
+	for _, i := range a.fwd {
+		ev := &m.Batch.Events[i]
+		idx := a.slot[ev.Request]
+		all[a.counts[idx]] = *ev
+		a.counts[idx]++
+	}
+	begin := 0
+	for idx, id := range a.order {
+		end := a.counts[idx]
+		if e := a.live[id]; e != nil {
+			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Ctx: m.Ctx, Arrived: m.Arrived})
+		}
+		begin = end
+	}
+	clear(a.slot)
+	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
+}
+
+// route handles an event that needs the engine (added for a new request,
+// finished or anything else for an unknown one) and reports whether the
+// event is to be forwarded to its live request actor.
+func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 	id := ev.Request
 	if _, ok := a.live[id]; !ok {
 		switch ev.Type {
 		case messages.EvAdded:
 			a.spawn(c, m.Ctx, ev)
-			return // the added event is the actor's first state
+			return false // the added event is the actor's first state
 		case messages.EvFinished:
 			// PROTOCOL.md: finished for an unknown request is answered with
 			// released at once (the engine may be waiting for its blocks).
@@ -135,19 +174,15 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) {
 			}
 			a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
 			a.deps.Outbox.Released(m.Ctx, a.deps.Engine, id, reason)
-			return
+			return false
 		default:
 			a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonUnknownReq).Inc()
 			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
-			return
+			return false
 		}
 	}
-	evs, seen := a.perReq[id]
-	if !seen {
-		a.order = append(a.order, id)
-	}
-	a.perReq[id] = append(evs, *ev)
+	return true
 }
 
 func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {

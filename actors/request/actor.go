@@ -96,14 +96,16 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 	if a.done {
 		return
 	}
+	applied := 0
 	for i := range m.Events {
 		ev := &m.Events[i]
 		if err := a.state.Step(ev); err != nil {
 			a.reject(ev, err)
 			continue
 		}
-		a.deps.Metrics.EventsApplied.Inc()
+		applied++
 	}
+	a.deps.Metrics.EventsApplied.Add(float64(applied))
 	a.perform(c, a.state.Advance(a.deps.Pool), m.Arrived)
 }
 

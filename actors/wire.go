@@ -1,0 +1,112 @@
+package actors
+
+import (
+	"encoding/json"
+	"strconv"
+	"unicode/utf8"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Hand-written encoders for the messages kvactors publishes per store job
+// and per release: encoding/json's reflection was a tenth of the node's CPU
+// on the store path (docs/BENCHMARKS.md). The output is exactly what
+// encoding/json produces for the same values (wire_test.go checks it).
+
+func appendReleased(b []byte, r *messages.Released) []byte {
+	b = append(b, `{"request":`...)
+	b = appendString(b, r.Request)
+	b = append(b, `,"reason":`...)
+	b = appendString(b, r.Reason)
+	return append(b, '}')
+}
+
+func appendStored(b []byte, s *messages.Stored) []byte {
+	b = append(b, `{"request":`...)
+	b = appendString(b, s.Request)
+	b = append(b, `,"job":`...)
+	b = strconv.AppendUint(b, s.Job, 10)
+	b = append(b, `,"chunks":`...)
+	if s.Chunks == nil {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, '[')
+		for i, c := range s.Chunks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, `{"group":`...)
+			b = strconv.AppendInt(b, int64(c.Group), 10)
+			b = append(b, `,"index":`...)
+			b = strconv.AppendInt(b, int64(c.Index), 10)
+			b = append(b, `,"key":`...)
+			b = appendString(b, c.Key)
+			b = append(b, '}')
+		}
+		b = append(b, ']')
+	}
+	b = append(b, `,"bytes":`...)
+	b = strconv.AppendInt(b, s.Bytes, 10)
+	return append(b, '}')
+}
+
+func appendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
+	b = append(b, `{"ts":`...)
+	b = appendFloat(b, batch.TS)
+	b = append(b, `,"events":`...)
+	if batch.Events == nil {
+		return append(b, "null}"...)
+	}
+	b = append(b, '[')
+	for i, ev := range batch.Events {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, `{"type":`...)
+		b = appendString(b, ev.Type)
+		b = append(b, `,"block_hashes":`...)
+		if ev.BlockHashes == nil {
+			b = append(b, "null"...)
+		} else {
+			b = append(b, '[')
+			for j, h := range ev.BlockHashes {
+				if j > 0 {
+					b = append(b, ',')
+				}
+				b = appendString(b, h)
+			}
+			b = append(b, ']')
+		}
+		b = append(b, `,"group_idx":`...)
+		b = strconv.AppendInt(b, int64(ev.GroupIdx), 10)
+		b = append(b, `,"medium":`...)
+		b = appendString(b, ev.Medium)
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// appendString writes s as a JSON string. Plain printable ASCII without
+// quotes or backslashes (every hex key, reason and most request ids) is
+// copied; anything else goes through encoding/json, so escaping is never
+// ours to get wrong.
+func appendString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s)
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
+}
+
+// appendFloat formats like encoding/json does for float64.
+func appendFloat(b []byte, f float64) []byte {
+	q, err := json.Marshal(f)
+	if err != nil { // NaN or Inf: not a timestamp we make
+		return append(b, '0')
+	}
+	return append(b, q...)
+}

@@ -1,0 +1,41 @@
+package actors
+
+import (
+	"encoding/json"
+	"testing"
+	"testing/quick"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// The hand-written encoders produce exactly encoding/json's bytes, for any
+// request id (quotes, control characters, invalid UTF-8, HTML characters).
+func TestEncodersMatchEncodingJSON(t *testing.T) {
+	check := func(req, key, hash string, job uint64, group, index int, bytes int64, ts float64) bool {
+		st := &messages.Stored{Request: req, Job: job, Bytes: bytes,
+			Chunks: []messages.StoredChunk{{Group: group, Index: index, Key: key}, {Group: 1, Index: 2, Key: "ab"}}}
+		rel := &messages.Released{Request: req, Reason: "finished"}
+		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
+			{Type: messages.KVBlockStored, BlockHashes: []string{hash, "00"}, GroupIdx: group, Medium: "CPU"},
+			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU"}}}
+		for _, c := range []struct {
+			v   any
+			got []byte
+		}{{st, appendStored(nil, st)}, {rel, appendReleased(nil, rel)}, {kv, appendKVEvents(nil, kv)}} {
+			want, err := json.Marshal(c.v)
+			if err != nil || string(want) != string(c.got) {
+				t.Logf("want %s\n got %s", want, c.got)
+				return false
+			}
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+	require.True(t, check("r\"1\\\n<&>\xff", "k", "", 0, 0, 0, 0, 1732894000.123456))
+	require.True(t, check("plain-id", "00ff", "abcd", 1<<63, -1, 7, -5, 0))
+	empty := &messages.Stored{Request: "r"}
+	want, _ := json.Marshal(empty)
+	require.Equal(t, string(want), string(appendStored(nil, empty)))
+}
