@@ -53,12 +53,20 @@ type entry struct {
 	prev, next Slot
 }
 
-// none is the null slot link; offeredNew marks, during one PrepareStore, a
-// key offered and not yet present.
-const (
-	none       Slot = -1
-	offeredNew Slot = -2
-)
+// none is the null slot link.
+const none Slot = -1
+
+// distinctNew counts the distinct keys not in index (only when room is
+// short, so the set it builds is rare).
+func distinctNew(keys []messages.Key, index map[messages.Key]Slot) int {
+	seen := make(map[messages.Key]struct{}, len(keys))
+	for _, k := range keys {
+		if _, ok := index[k]; !ok {
+			seen[k] = struct{}{}
+		}
+	}
+	return len(seen)
+}
 
 // Pool tracks capacity slots. The zero value is not usable; call New.
 type Pool struct {
@@ -132,16 +140,14 @@ func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
 		p.epoch = 1
 	}
 	// Mark offered keys that are present (they must not be evicted for their
-	// siblings) and tentatively index new ones, which also dedups the offer.
+	// siblings) and count the new ones. No map changes yet: "no room" must
+	// cost little, since an overloaded node meets it on every event.
 	need := 0
 	for _, k := range keys {
 		if sl, ok := p.index[k]; ok {
-			if sl >= 0 {
-				p.slots[sl].mark = p.epoch
-			}
+			p.slots[sl].mark = p.epoch
 			continue
 		}
-		p.index[k] = offeredNew
 		need++
 	}
 	if need == 0 {
@@ -156,38 +162,33 @@ func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
 	}
 	p.victims = victims[:0]
 	if avail+len(victims) < need {
-		for _, k := range keys { // roll back the tentative entries
-			if p.index[k] == offeredNew {
-				delete(p.index, k)
-			}
+		// need counted repeats; only when that makes the difference is the
+		// offer deduplicated (rare: no room, or an offer with repeats).
+		if need = distinctNew(keys, p.index); avail+len(victims) < need {
+			return Prepared{}, fmt.Errorf("%w: %d slots needed, %d free, %d evictable", ErrNoRoom,
+				need, avail, len(victims))
 		}
-		return Prepared{}, fmt.Errorf("%w: %d slots needed, %d free, %d evictable", ErrNoRoom,
-			need, avail, len(victims))
 	}
 	out := Prepared{Keys: make([]messages.Key, 0, need), Slots: make([]Slot, 0, need)}
-	if len(victims) > 0 {
-		out.Evicted = make([]messages.Key, 0, len(victims))
-	}
-	for _, sl := range victims {
-		e := &p.slots[sl]
-		p.unlink(sl)
-		delete(p.index, e.key)
-		out.Evicted = append(out.Evicted, e.key)
-		e.key = ""
-		p.free = append(p.free, sl)
-	}
 	for _, k := range keys {
-		if p.index[k] != offeredNew {
-			continue // present, or a duplicate already given a slot
+		if _, ok := p.index[k]; ok {
+			continue // present, or a repeat already given a slot
 		}
 		var sl Slot
-		if p.fresh < p.capacity {
+		switch {
+		case p.fresh < p.capacity:
 			sl = Slot(p.fresh)
 			p.fresh++
 			p.slots = append(p.slots, entry{})
-		} else {
+		case len(p.free) > 0:
 			sl = p.free[len(p.free)-1]
 			p.free = p.free[:len(p.free)-1]
+		default: // evict the least recently used candidate, only as needed
+			sl, victims = victims[0], victims[1:]
+			e := &p.slots[sl]
+			p.unlink(sl)
+			delete(p.index, e.key)
+			out.Evicted = append(out.Evicted, e.key)
 		}
 		p.slots[sl] = entry{key: k, state: Pending, prev: none, next: none}
 		p.index[k] = sl

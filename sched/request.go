@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
@@ -34,11 +35,9 @@ type Request struct {
 	releases   []string // release reasons owed once inflight drains
 	// fence: the owed preempted releases wait for the jobs up to it (the copies
 	// queued or in flight at the preemption), not for jobs made after resumed.
-	fence   JobID
-	reset   bool // Reset was called: its release is owed, not recomputed
-	eff     Effects
-	keyBuf  []messages.Key
-	candBuf []candidate
+	fence JobID
+	reset bool // Reset was called: its release is owed, not recomputed
+	eff   Effects
 }
 
 type candidate struct {
@@ -199,34 +198,43 @@ func (r *Request) ready(g int, t int) (messages.ChunkIndex, DeferReason, message
 // cursor moves to max(cursor, ready).
 func (r *Request) Advance(p Preparer) Effects {
 	if r.phase == Running || r.phase == Finishing {
-		r.decide(p)
-		r.trimScratch()
+		sc := scratchPool.Get().(*scratch)
+		r.decide(p, sc)
+		sc.release()
 	}
 	r.settle()
 	return r.take()
 }
 
-// keepScratch is the most candidates whose scratch buffers a request keeps
-// between decisions (a decode step offers one or two chunks).
-const keepScratch = 16
-
-// trimScratch drops the decision's references to its keys, and drops the
-// buffers themselves when a big decision (a long prefill) grew them: a live
-// request then holds a few hundred bytes of scratch, not kilobytes, and no
-// key the pool has evicted.
-func (r *Request) trimScratch() {
-	if cap(r.keyBuf) > keepScratch || cap(r.candBuf) > keepScratch {
-		r.keyBuf, r.candBuf = nil, nil
-		return
-	}
-	clear(r.keyBuf)
+// scratch is a decision's working memory. It is pooled across requests
+// rather than kept per request: a live request holds none of it, and a
+// retry storm under overload (every event re-offering a prefill's chunks)
+// allocates nothing for it.
+type scratch struct {
+	cands []candidate
+	keys  []messages.Key
 }
 
-func (r *Request) decide(p Preparer) {
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// scratchMax bounds what a pooled scratch keeps (a huge prefill's buffers
+// are dropped rather than pooled).
+const scratchMax = 4096
+
+func (sc *scratch) release() {
+	clear(sc.keys) // no pooled reference to keys the pool may evict
+	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax {
+		return
+	}
+	sc.cands, sc.keys = sc.cands[:0], sc.keys[:0]
+	scratchPool.Put(sc)
+}
+
+func (r *Request) decide(p Preparer, sc *scratch) {
 	t := r.Offloadable()
 	bpc := r.lay.BlocksPerChunk
-	cands := r.candBuf[:0]
-	keys := r.keyBuf[:0]
+	cands := sc.cands[:0]
+	keys := sc.keys[:0]
 	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
 	readies := ready[:0]
 	for g := range r.groups {
@@ -252,7 +260,7 @@ func (r *Request) decide(p Preparer) {
 		}
 	}
 	keys = r.appendKeys(keys, cands)
-	r.candBuf, r.keyBuf = cands, keys
+	sc.cands, sc.keys = cands, keys
 	var prep hostpool.Prepared
 	if len(keys) > 0 {
 		var err error
