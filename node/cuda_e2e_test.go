@@ -69,9 +69,18 @@ const (
 	verdictPrefix = "KVACTORS-E2E-VERDICT "
 )
 
-// The engine's layout: two layers (one cuMemAlloc segment each: vLLM keeps
-// one tensor per layer), two full-attention groups side by side in each
-// segment, 4 blocks of 64 KiB per chunk. Request r1 has 4 chunks per group.
+// The engine's layout: two full-attention groups of two layers each, 4
+// blocks per chunk, 64 KiB per block and layer, in three cuMemAlloc
+// segments (three IPC handles). A chunk's host copy is its blocks in order,
+// each block its layers in order (PROTOCOL.md), so:
+//   - group 0 keeps both layers in segment 0, interleaved per block (layer l
+//     of block b at cell 2b+l): a chunk of adjacent blocks is contiguous on
+//     the device and in the pool, and the backend merges it into one 512 KiB
+//     copy;
+//   - group 1 keeps one tensor per layer, as vLLM does (layer l in segment
+//     1+l, block b at cell b): a chunk is 8 copies of 64 KiB, none mergeable.
+//
+// Request r1 has 4 chunks per group.
 const (
 	e2eTPH        = 16
 	e2eTPB        = 16
@@ -85,15 +94,14 @@ const (
 	e2eHashesPC   = e2eTokensPC / e2eTPH    // hashes per chunk
 	e2eTokens     = e2eChunks * e2eTokensPC // r1's tokens
 	e2eHashes     = e2eChunks * e2eHashesPC // r1's hashes
-	e2eGroupBytes = e2eBlocks * e2eBlockBytes
-	e2eSegBytes   = e2eGroups * e2eGroupBytes
+	e2eSegments   = 3
 	e2eChunkBytes = e2eBPC * e2eLayers * e2eBlockBytes
 	e2eLagChunks  = 2 // chunks whose hashes the first batch carries
 )
 
 // e2eSource are r1's blocks per group, e2eTarget where r2 loads them. Group
-// 0 runs forward (adjacent blocks merge into one DMA per chunk and layer),
-// group 1 backward and scattered (nothing merges).
+// 0 runs forward (a chunk's blocks are adjacent: one DMA per chunk), group 1
+// backward and scattered.
 var e2eSource, e2eTarget = func() ([e2eGroups][]int, [e2eGroups][]int) {
 	var src, dst [e2eGroups][]int
 	n := e2eChunks * e2eBPC
@@ -121,10 +129,36 @@ func e2eKey(hs []string, g, c int) string {
 	return hs[(c+1)*e2eHashesPC-1] + hex.EncodeToString(gb[:])
 }
 
-// e2ePattern fills p, block b of group g in layer l, with bytes that name
-// all three, so a block copied to the wrong place shows.
-func e2ePattern(p []byte, l, g, b int) {
-	x := uint64(l)<<48 | uint64(g)<<40 | uint64(b)<<24 | 0x9e3779b9
+// e2eSegBytes is the size of segment s.
+func e2eSegBytes(s int) int {
+	if s == 0 {
+		return e2eBlocks * e2eLayers * e2eBlockBytes
+	}
+	return e2eBlocks * e2eBlockBytes
+}
+
+// e2eCell is where layer l of block b of group g lives: segment and cell
+// (a cell is e2eBlockBytes).
+func e2eCell(g, l, b int) (seg, cell int) {
+	if g == 0 {
+		return 0, b*e2eLayers + l
+	}
+	return 1 + l, b
+}
+
+// e2eWhat names the group, block and layer at a segment offset.
+func e2eWhat(seg, off int) string {
+	cell := off / e2eBlockBytes
+	if seg == 0 {
+		return fmt.Sprintf("group 0 block %d layer %d", cell/e2eLayers, cell%e2eLayers)
+	}
+	return fmt.Sprintf("group 1 block %d layer %d", cell, seg-1)
+}
+
+// e2ePattern fills p, cell c of segment s, with bytes that name both, so a
+// block copied to the wrong place shows.
+func e2ePattern(p []byte, s, c int) {
+	x := uint64(s)<<48 | uint64(c)<<24 | 0x9e3779b9
 	for i := 0; i+8 <= len(p); i += 8 {
 		x += 0x9e3779b97f4a7c15 // splitmix64
 		z := x
@@ -134,15 +168,11 @@ func e2ePattern(p []byte, l, g, b int) {
 	}
 }
 
-// e2eSegment is layer l's initial contents: every block of every group
-// holds its own pattern.
-func e2eSegment(l int) []byte {
-	p := make([]byte, e2eSegBytes)
-	for g := range e2eGroups {
-		for b := range e2eBlocks {
-			off := g*e2eGroupBytes + b*e2eBlockBytes
-			e2ePattern(p[off:off+e2eBlockBytes], l, g, b)
-		}
+// e2eSegment is segment s's initial contents: every cell its own pattern.
+func e2eSegment(s int) []byte {
+	p := make([]byte, e2eSegBytes(s))
+	for c := range len(p) / e2eBlockBytes {
+		e2ePattern(p[c*e2eBlockBytes:(c+1)*e2eBlockBytes], s, c)
 	}
 	return p
 }
@@ -216,28 +246,30 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 		return errors.Join(append(errs, b.Close())...)
 	}
 	spec := messages.EngineSpec{TokensPerHash: e2eTPH, BlocksPerChunk: e2eBPC, NumGPUBlocks: e2eBlocks}
-	want := make([][]byte, e2eLayers)
-	for l := range e2eLayers {
-		buf, err := b.AllocDevice(e2eSegBytes)
+	want := make([][]byte, e2eSegments)
+	for s := range e2eSegments {
+		buf, err := b.AllocDevice(int64(e2eSegBytes(s)))
 		if err != nil {
 			return v, cleanup, err
 		}
 		bufs = append(bufs, buf)
 		spec.Segments = append(spec.Segments, buf.Segment())
-		want[l] = e2eSegment(l)
-		if err := buf.Write(0, want[l]); err != nil { // host→device
+		want[s] = e2eSegment(s)
+		if err := buf.Write(0, want[s]); err != nil { // host→device
 			return v, cleanup, err
 		}
 	}
 	for g := range e2eGroups {
 		gs := messages.GroupSpec{Kind: messages.KindFull, TokensPerBlock: e2eTPB}
 		for l := range e2eLayers {
-			gs.Regions = append(gs.Regions, messages.Region{Segment: l, Offset: int64(g) * e2eGroupBytes,
-				BlockStride: e2eBlockBytes, BlockBytes: e2eBlockBytes})
+			seg, cell := e2eCell(g, l, 0)
+			_, next := e2eCell(g, l, 1)
+			gs.Regions = append(gs.Regions, messages.Region{Segment: seg, Offset: int64(cell) * e2eBlockBytes,
+				BlockStride: int64(next-cell) * e2eBlockBytes, BlockBytes: e2eBlockBytes})
 		}
 		spec.Groups = append(spec.Groups, gs)
 	}
-	logf("allocated %d segments of %d bytes, patterns written", e2eLayers, e2eSegBytes)
+	logf("allocated %d segments (%d, %d, %d bytes), patterns written", e2eSegments, e2eSegBytes(0), e2eSegBytes(1), e2eSegBytes(2))
 
 	nc, err := nats.Connect(url, nats.Name("cuda-e2e-engine"))
 	if err != nil {
@@ -391,22 +423,21 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 	if !lr.OK || lr.LoadedTokens != e2eTokens {
 		return v, cleanup, fmt.Errorf("load: ok=%v loaded_tokens=%d error=%q, want %d tokens", lr.OK, lr.LoadedTokens, lr.Error, e2eTokens)
 	}
-	for l := range e2eLayers {
-		for g := range e2eGroups {
-			for i, src := range e2eSource[g] {
-				if g == 1 && i == 7 && l == 1 {
-					continue // MUTATION
-				}
-				so := g*e2eGroupBytes + src*e2eBlockBytes
-				do := g*e2eGroupBytes + e2eTarget[g][i]*e2eBlockBytes
-				copy(want[l][do:do+e2eBlockBytes], want[l][so:so+e2eBlockBytes])
+	for g := range e2eGroups {
+		for i, src := range e2eSource[g] {
+			for l := range e2eLayers {
+				ss, sc := e2eCell(g, l, src)
+				ds, dc := e2eCell(g, l, e2eTarget[g][i])
+				copy(want[ds][dc*e2eBlockBytes:(dc+1)*e2eBlockBytes], want[ss][sc*e2eBlockBytes:(sc+1)*e2eBlockBytes])
 			}
 		}
-		got := make([]byte, e2eSegBytes)
-		if err := bufs[l].Read(0, got); err != nil {
+	}
+	for s := range e2eSegments {
+		got := make([]byte, e2eSegBytes(s))
+		if err := bufs[s].Read(0, got); err != nil { // device→host
 			return v, cleanup, err
 		}
-		if err := e2eCompare(l, want[l], got); err != nil {
+		if err := e2eCompare(s, want[s], got); err != nil {
 			return v, cleanup, err
 		}
 		v.CheckedBytes += int64(len(got))
@@ -430,7 +461,7 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 }
 
 // e2eCompare names the first differing block and how many bytes differ.
-func e2eCompare(l int, want, got []byte) error {
+func e2eCompare(seg int, want, got []byte) error {
 	if bytes.Equal(want, got) {
 		return nil
 	}
@@ -443,8 +474,7 @@ func e2eCompare(l int, want, got []byte) error {
 			n++
 		}
 	}
-	g, b := first/e2eGroupBytes, first%e2eGroupBytes/e2eBlockBytes
-	return fmt.Errorf("layer %d: %d bytes differ, first at offset %d (group %d block %d)", l, n, first, g, b)
+	return fmt.Errorf("segment %d: %d bytes differ, first at offset %d (%s)", seg, n, first, e2eWhat(seg, first))
 }
 
 // cudaEngine is the parent's handle on the child.
@@ -543,7 +573,7 @@ func cudaScenario(t *testing.T, url, id string, closeNode func()) e2eVerdict {
 	v := eng.wait()
 	require.True(t, v.OK, "engine child: %s", v.Error)
 	t.Logf("engine child verdict: %+v", v)
-	require.EqualValues(t, e2eLayers*e2eSegBytes, v.CheckedBytes)
+	require.EqualValues(t, e2eSegBytes(0)+e2eSegBytes(1)+e2eSegBytes(2), v.CheckedBytes)
 
 	// Stored, as the node published it: every chunk once, with its key, the
 	// lagging chunks after the others, and the bytes of the chunks.
