@@ -2,6 +2,7 @@ package actors
 
 import (
 	"encoding/json"
+	"math"
 	"strconv"
 	"unicode/utf8"
 
@@ -102,8 +103,12 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// appendFloat formats like encoding/json does for float64.
+// appendFloat formats like encoding/json does for float64: plain decimal in
+// [1e-6, 1e21) (every timestamp), encoding/json itself elsewhere.
 func appendFloat(b []byte, f float64) []byte {
+	if a := math.Abs(f); a == 0 || (a >= 1e-6 && a < 1e21) {
+		return strconv.AppendFloat(b, f, 'f', -1, 64)
+	}
 	q, err := json.Marshal(f)
 	if err != nil { // NaN or Inf: not a timestamp we make
 		return append(b, '0')

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -223,13 +224,19 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		Device: a.deps.Device, SlotBytes: a.deps.SlotBytes, Span: span.SpanContext(), Arrived: arrived})
 }
 
+// evicted announces evicted keys as one BlockRemoved per group.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	kv := make([]messages.KVEvent, 0, len(keys))
+	var kv []messages.KVEvent
 	for _, k := range keys {
 		hash, g := sched.SplitKey(k)
-		kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
-			BlockHashes: []string{hex.EncodeToString([]byte(hash))}})
+		i := slices.IndexFunc(kv, func(e messages.KVEvent) bool { return e.GroupIdx == g })
+		if i < 0 {
+			i = len(kv)
+			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
+				BlockHashes: make([]string, 0, len(keys))})
+		}
+		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
 	}
 	a.deps.Outbox.KVEvents(a.ctx, a.deps.Engine, kv)
 }
