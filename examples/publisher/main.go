@@ -50,16 +50,19 @@ func main() {
 	request(nc, *engine, "register", spec)
 
 	subject := func(verb string) string { return "kvactors." + *engine + "." + verb }
+	// One subscription for both answers, so they print in the order kvactors
+	// sent them (every stored of a request comes before its released).
 	released := make(chan struct{}, 1)
-	for _, verb := range []string{"stored", "released"} {
-		if _, err := nc.Subscribe(subject(verb), func(m *nats.Msg) {
+	if _, err := nc.Subscribe(subject("*"), func(m *nats.Msg) {
+		switch verb := m.Subject[len(subject("")):]; verb {
+		case "stored", "released":
 			fmt.Printf("<- %s %s\n", verb, m.Data)
 			if verb == "released" {
 				released <- struct{}{}
 			}
-		}); err != nil {
-			log.Fatal(err)
 		}
+	}); err != nil {
+		log.Fatal(err)
 	}
 
 	// One request of 64 tokens: 4 blocks (ids 1..4), allocated up front.
