@@ -274,7 +274,9 @@ func (n *Node) teardown() {
 		n.system.Shutdown()
 	}
 	if n.nc != nil {
-		_ = n.nc.Flush()
+		if n.nc.IsConnected() { // with the server gone, Flush would wait out its timeout
+			_ = n.nc.FlushTimeout(2 * time.Second)
+		}
 		n.nc.Close()
 	}
 	if n.ns != nil {
