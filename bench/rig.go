@@ -39,6 +39,23 @@ type rig struct {
 // startRig starts a node with pool bytes and slot size (0: the first
 // engine's chunk) under a prefix of its own, so a shared --nats server's
 // other traffic is not involved.
+// startEventRig starts the event phases' node and registers one engine per
+// id with the event geometry, returning their connections.
+func startEventRig(ctx context.Context, cfg Config, ids []string) (*rig, []*nats.Conn, error) {
+	r, err := startRig(ctx, cfg, eventPoolBytes, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	conns := make([]*nats.Conn, len(ids))
+	for i, id := range ids {
+		if conns[i], _, err = r.engine(id, eventGeometry()); err != nil {
+			r.close()
+			return nil, nil, err
+		}
+	}
+	return r, conns, nil
+}
+
 func startRig(ctx context.Context, cfg Config, poolBytes, slotBytes int64) (*rig, error) {
 	tag := make([]byte, 4)
 	for i := range tag {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"runtime"
 	"runtime/debug"
-
-	"github.com/nats-io/nats.go"
 )
 
 // Scale is the scale phase's result: memory per live request, and decode
@@ -33,17 +31,11 @@ type Scale struct {
 func runScale(ctx context.Context, cfg Config) (*Scale, error) {
 	ids := engineIDs(cfg.Engines)
 	gens := newGens("s", ids, mixedWorkload(), false)
-	r, err := startRig(ctx, cfg, eventPoolBytes, 0)
+	r, conns, err := startEventRig(ctx, cfg, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
-	conns := make([]*nats.Conn, len(ids))
-	for i, id := range ids {
-		if conns[i], _, err = r.engine(id, eventGeometry()); err != nil {
-			return nil, err
-		}
-	}
 	sink := r.nodeSink(ids, conns)
 	seed := func(n int) [][]batch {
 		out := make([][]batch, len(gens))

@@ -84,17 +84,11 @@ func mixedStreams(tag string, ids []string, events int, w workload, track bool) 
 
 func runThroughput(ctx context.Context, cfg Config) (*Throughput, error) {
 	ids := engineIDs(cfg.Engines)
-	r, err := startRig(ctx, cfg, eventPoolBytes, 0)
+	r, conns, err := startEventRig(ctx, cfg, ids)
 	if err != nil {
 		return nil, err
 	}
 	defer r.close()
-	conns := make([]*nats.Conn, len(ids))
-	for i, id := range ids {
-		if conns[i], _, err = r.engine(id, eventGeometry()); err != nil {
-			return nil, err
-		}
-	}
 	res := &Throughput{Engines: cfg.Engines}
 	var bytes, encoded int
 	chunks := func() func() [][]batch {

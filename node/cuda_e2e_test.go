@@ -46,6 +46,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/backend/backendtest"
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -465,15 +466,7 @@ func e2eCompare(seg int, want, got []byte) error {
 	if bytes.Equal(want, got) {
 		return nil
 	}
-	first, n := -1, 0
-	for i := range want {
-		if want[i] != got[i] {
-			if first < 0 {
-				first = i
-			}
-			n++
-		}
-	}
+	first, n := backendtest.Diff(want, got)
 	return fmt.Errorf("segment %d: %d bytes differ, first at offset %d (%s)", seg, n, first, e2eWhat(seg, first))
 }
 

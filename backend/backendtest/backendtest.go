@@ -152,14 +152,11 @@ func (w *world) verify(when string) {
 	sameBytes(w.t, w.poolModel, w.arena.Bytes(), when+": arena")
 }
 
-// sameBytes reports the first difference instead of dumping megabytes.
-func sameBytes(t *testing.T, want, got []byte, what string) {
-	t.Helper()
-	if bytes.Equal(want, got) {
-		return
-	}
-	require.Len(t, got, len(want), what)
-	first, n := -1, 0
+// Diff returns the offset of the first byte where want and got (of equal
+// length) differ, and how many bytes differ; (-1, 0) when they are equal.
+// Byte-for-byte checks report this rather than dumping megabytes.
+func Diff(want, got []byte) (first, n int) {
+	first = -1
 	for i := range want {
 		if want[i] != got[i] {
 			if first < 0 {
@@ -168,6 +165,17 @@ func sameBytes(t *testing.T, want, got []byte, what string) {
 			n++
 		}
 	}
+	return first, n
+}
+
+// sameBytes reports the first difference instead of dumping megabytes.
+func sameBytes(t *testing.T, want, got []byte, what string) {
+	t.Helper()
+	if bytes.Equal(want, got) {
+		return
+	}
+	require.Len(t, got, len(want), what)
+	first, n := Diff(want, got)
 	require.Failf(t, "bytes differ", "%s: %d of %d bytes differ, first at %d (want %#02x, got %#02x)",
 		what, n, len(want), first, want[first], got[first])
 }
