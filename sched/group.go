@@ -15,6 +15,10 @@ type group struct {
 	// redo holds chunks below cursor whose copy failed or was cancelled: they
 	// are offered again once ready, so a failure never skips a chunk.
 	redo []messages.ChunkIndex
+	// keys caches the offload keys of chunks [cursor, cursor+len(keys)),
+	// built while the pool has no room for them (retries reuse them); nil
+	// once the cursor moves past them.
+	keys []messages.Key
 	// lastDefer is the deferral last reported, so each chunk's reason is
 	// reported once per change.
 	lastDefer Deferral
@@ -58,4 +62,15 @@ func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks int) er
 		g.blocks = append(g.blocks, ids[n-start:]...)
 	}
 	return nil
+}
+
+// dropKeys empties the key cache; a small one keeps its capacity for the
+// next decision (a decode step caches one key), a prefill's is freed.
+func (g *group) dropKeys() {
+	if cap(g.keys) > 8 {
+		g.keys = nil
+		return
+	}
+	clear(g.keys)
+	g.keys = g.keys[:0]
 }

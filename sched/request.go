@@ -211,8 +211,10 @@ func (r *Request) Advance(p Preparer) Effects {
 // retry storm under overload (every event re-offering a prefill's chunks)
 // allocates nothing for it.
 type scratch struct {
-	cands []candidate
-	keys  []messages.Key
+	cands   []candidate
+	keys    []messages.Key
+	missing []candidate    // chunks whose keys a decision builds
+	built   []messages.Key // their keys
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -223,10 +225,11 @@ const scratchMax = 4096
 
 func (sc *scratch) release() {
 	clear(sc.keys) // no pooled reference to keys the pool may evict
-	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax {
+	clear(sc.built)
+	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax {
 		return
 	}
-	sc.cands, sc.keys = sc.cands[:0], sc.keys[:0]
+	sc.cands, sc.keys, sc.missing, sc.built = sc.cands[:0], sc.keys[:0], sc.missing[:0], sc.built[:0]
 	scratchPool.Put(sc)
 }
 
@@ -259,7 +262,7 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 			}
 		}
 	}
-	keys = r.appendKeys(keys, cands)
+	keys = r.candidateKeys(keys, cands, readies, sc)
 	sc.cands, sc.keys = cands, keys
 	var prep hostpool.Prepared
 	if len(keys) > 0 {
@@ -275,6 +278,7 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 		gr := &r.groups[g]
 		gr.cursor = max(gr.cursor, readies[g])
 		gr.redo = dropBelow(gr.redo, readies[g])
+		gr.dropKeys() // every cached key is below the cursor now
 	}
 	r.eff.Evicted = append(r.eff.Evicted, prep.Evicted...)
 	r.eff.Deduped += len(keys) - len(prep.Keys)
@@ -294,6 +298,45 @@ func dropBelow(redo []messages.ChunkIndex, rd messages.ChunkIndex) []messages.Ch
 		}
 	}
 	return out
+}
+
+// candidateKeys returns the keys of cands. Keys of chunks at or past the
+// cursor come from the group's cache, which is extended to the ready prefix
+// first: while the pool has no room, every event retries the same chunks,
+// and their keys are built once, not per retry. Redo chunks (below the
+// cursor, rare) get fresh keys. The new keys of a decision share one
+// allocation (appendKeys).
+func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies []messages.ChunkIndex,
+	sc *scratch) []messages.Key {
+	missing := sc.missing[:0]
+	for g := range r.groups {
+		gr := &r.groups[g]
+		for c := gr.cursor + messages.ChunkIndex(len(gr.keys)); c < readies[g]; c++ {
+			missing = append(missing, candidate{g, c})
+		}
+	}
+	extend := len(missing)
+	for _, c := range cands {
+		if c.chunk < r.groups[c.group].cursor {
+			missing = append(missing, c)
+		}
+	}
+	built := r.appendKeys(sc.built[:0], missing)
+	for i, c := range missing[:extend] {
+		gr := &r.groups[c.group]
+		gr.keys = append(gr.keys, built[i])
+	}
+	redo := built[extend:]
+	for _, c := range cands {
+		gr := &r.groups[c.group]
+		if c.chunk < gr.cursor {
+			keys, redo = append(keys, redo[0]), redo[1:]
+			continue
+		}
+		keys = append(keys, gr.keys[c.chunk-gr.cursor])
+	}
+	sc.missing, sc.built = missing, built
+	return keys
 }
 
 // appendKeys builds the offload keys of cands in one allocation: the keys
@@ -388,6 +431,7 @@ func (r *Request) giveUp() int {
 			}
 		}
 		gr.cursor = max(gr.cursor, rd)
+		gr.dropKeys()
 		gr.redo = gr.redo[:0]
 	}
 	return dropped
