@@ -79,17 +79,17 @@ func (a *Actor) submit(c actor.Context) {
 		tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
 	j.Ctx = ctx
 	if len(j.Chunks) == 0 { // nothing to copy (every target id was 0)
+		a.deps.Pool.CompleteLoad(j.Keys)
 		a.done(c, &transfer.JobDone{})
 		return
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
 		Dir: backend.HostToDevice, Chunks: j.Chunks, Bytes: j.Bytes, Layout: j.Layout, Device: j.Device,
-		SlotBytes: j.SlotBytes, Span: a.span.SpanContext()})
+		SlotBytes: j.SlotBytes, Pool: a.deps.Pool, Keys: j.Keys, Span: a.span.SpanContext()})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
-	j := a.job
-	a.deps.Pool.CompleteLoad(j.Keys)
+	j := a.job // the transfer side unpinned the keys (or this actor did, below)
 	if m.Err != nil || m.Cancelled {
 		err := m.Err
 		if err == nil {

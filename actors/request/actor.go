@@ -124,9 +124,7 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 		return
 	}
 	delete(a.jobs, m.ID)
-	keys := j.store.Keys()
-	success := m.Err == nil && !m.Cancelled
-	a.deps.Pool.CompleteStore(keys, success)
+	success := m.Err == nil && !m.Cancelled // the transfer side completed the pool
 	switch {
 	case success:
 		a.published(j)
@@ -221,7 +219,8 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	a.jobs[sj.ID] = &job{store: sj, span: span, ctx: ctx}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Chunks: sj.Chunks, Bytes: sj.Bytes, Layout: a.deps.Layout,
-		Device: a.deps.Device, SlotBytes: a.deps.SlotBytes, Span: span.SpanContext(), Arrived: arrived})
+		Device: a.deps.Device, SlotBytes: a.deps.SlotBytes, Pool: a.deps.Pool, Keys: sj.Keys(),
+		Span: span.SpanContext(), Arrived: arrived})
 }
 
 // evicted announces evicted keys as one BlockRemoved per group.

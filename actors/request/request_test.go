@@ -76,11 +76,13 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{5, 6}},
 		messages.Event{Type: messages.EvTokens, Computed: 8, Total: 8},
 		messages.Event{Type: messages.EvFinished, Computed: 8, Total: 8})
+	first.Pool.CompleteStore(first.Keys, false) // what the transfer actor does for a cancelled job
 	system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: first.ID, Cancelled: true}, xfer)
 
 	second := testkit.Recv(t, seen, 5*time.Second, "the chunks stored again").(*transfer.Submit)
 	require.Equal(t, []messages.BlockID{5}, second.Chunks[0].Blocks, "from the fresh blocks")
 	require.Equal(t, []messages.BlockID{6}, second.Chunks[1].Blocks)
+	second.Pool.CompleteStore(second.Keys, true)
 	system.Root.Send(pid, &transfer.JobDone{ID: second.ID})
 
 	var reasons []string

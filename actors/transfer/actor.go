@@ -133,6 +133,7 @@ func (a *Actor) cancel(c actor.Context, m *Cancel) {
 	kept := a.queue[:0]
 	for _, s := range a.queue {
 		if s.Owner.Equal(m.Owner) && containsID(m.IDs, s.ID) {
+			s.completePool(false)
 			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true})
 			continue
 		}
@@ -171,6 +172,7 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID, work <-chan *Su
 		start := time.Now()
 		err := job.Device.Copy(job.Dir, a.deps.Arena, ranges)
 		dur := time.Since(start)
+		job.completePool(err == nil)
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())

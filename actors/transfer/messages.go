@@ -7,6 +7,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -21,6 +23,13 @@ type Submit struct {
 	Layout    *sched.Layout
 	Device    backend.Device
 	SlotBytes int64             // pool slot size: chunk c's bytes start at Slot*SlotBytes
+	// Pool and Keys: the transfer side completes the pool as soon as the
+	// copy ends (or the job is cancelled): a store's pending keys become
+	// ready, or are freed on failure; a load's pinned keys are unpinned.
+	// Completing here, not in the owner, frees slots at copy speed even when
+	// the owner's mailbox is deep in events.
+	Pool      *hostpool.Shared
+	Keys      []messages.Key
 	Span      trace.SpanContext // the job span: the copy span's parent
 	Arrived   time.Time         // when the batch that caused it arrived (decision latency)
 }
@@ -39,6 +48,18 @@ type JobDone struct {
 	Cancelled bool
 	Bytes     int64
 	Duration  time.Duration
+}
+
+// completePool ends the job's pool side: ok says the bytes landed.
+func (s *Submit) completePool(ok bool) {
+	if s.Pool == nil {
+		return
+	}
+	if s.Dir == backend.HostToDevice {
+		s.Pool.CompleteLoad(s.Keys)
+		return
+	}
+	s.Pool.CompleteStore(s.Keys, ok)
 }
 
 // copyDone goes from a worker back to the transfer actor.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
@@ -150,4 +151,41 @@ func TestInFlightBytesBoundAndFailure(t *testing.T) {
 			t.Fatal("missing JobDone")
 		}
 	}
+}
+
+// The transfer side completes the pool itself: a finished store's keys are
+// ready, a failed or cancelled one's are freed, a load's are unpinned, before
+// the owner hears JobDone (so slots free at copy speed).
+func TestTransferCompletesThePool(t *testing.T) {
+	system, pid, owner, done := setup(t, transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20})
+	pool := hostpool.NewShared(8)
+	prep, err := pool.PrepareStore([]messages.Key{"a", "b", "c"})
+	require.NoError(t, err)
+	require.Len(t, prep.Keys, 3)
+	dev := &gatedDevice{gate: make(chan struct{})}
+	withKeys := func(s *transfer.Submit, keys ...messages.Key) *transfer.Submit {
+		s.Pool, s.Keys = pool, keys
+		return s
+	}
+	system.Root.Send(pid, withKeys(job(owner, 1, backend.DeviceToHost, dev, 1), "a"))
+	waitStarted(t, dev, 1)
+	system.Root.Send(pid, withKeys(job(owner, 2, backend.DeviceToHost, dev, 1), "b"))
+	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{2}})
+	d := testkit.Recv(t, done, 5*time.Second, "cancelled job")
+	require.True(t, d.Cancelled)
+	st, _ := pool.Lookup("b")
+	require.Equal(t, hostpool.Absent, st, "a cancelled store frees its pending slot before JobDone")
+	dev.gate <- struct{}{}
+	d = testkit.Recv(t, done, 5*time.Second, "store job")
+	require.NoError(t, d.Err)
+	st, _ = pool.Lookup("a")
+	require.Equal(t, hostpool.Ready, st, "a finished store is ready before JobDone")
+
+	_, err = pool.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+	require.Equal(t, 1, pool.Stats().Pinned)
+	close(dev.gate)
+	system.Root.Send(pid, withKeys(job(owner, 3, backend.HostToDevice, dev, 1), "a"))
+	testkit.Recv(t, done, 5*time.Second, "load job")
+	require.Equal(t, 0, pool.Stats().Pinned, "a load unpins before JobDone")
 }
