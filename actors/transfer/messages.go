@@ -22,16 +22,16 @@ type Submit struct {
 	Bytes     int64
 	Layout    *sched.Layout
 	Device    backend.Device
-	SlotBytes int64             // pool slot size: chunk c's bytes start at Slot*SlotBytes
+	SlotBytes int64 // pool slot size: chunk c's bytes start at Slot*SlotBytes
 	// Pool and Keys: the transfer side completes the pool as soon as the
 	// copy ends (or the job is cancelled): a store's pending keys become
 	// ready, or are freed on failure; a load's pinned keys are unpinned.
 	// Completing here, not in the owner, frees slots at copy speed even when
 	// the owner's mailbox is deep in events.
-	Pool      *hostpool.Shared
-	Keys      []messages.Key
-	Span      trace.SpanContext // the job span: the copy span's parent
-	Arrived   time.Time         // when the batch that caused it arrived (decision latency)
+	Pool    *hostpool.Shared
+	Keys    []messages.Key
+	Span    trace.SpanContext // the job span: the copy span's parent
+	Arrived time.Time         // when the batch that caused it arrived (decision latency)
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone
