@@ -100,6 +100,11 @@ func New(capacity int) *Pool {
 	return &Pool{capacity: capacity, index: make(map[messages.Key]Slot), head: none, tail: none}
 }
 
+// full reports whether every slot is pending or pinned: no key can be added.
+func (p *Pool) full() bool {
+	return p.capacity-p.fresh+len(p.free) == 0 && len(p.index)-p.pending-p.pinned == 0
+}
+
 // Capacity is the number of slots.
 func (p *Pool) Capacity() int { return p.capacity }
 
@@ -142,7 +147,7 @@ func (p *Pool) Lookup(key messages.Key) (State, Slot) {
 // Duplicate keys in one offer are stored once (see dedupMax for how they
 // count when room is short).
 func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
-	if p.capacity-p.fresh+len(p.free) == 0 && len(p.index)-p.pending-p.pinned == 0 {
+	if p.full() {
 		// Every slot is pending or pinned: no key can be added, so the first
 		// absent key decides. This is the overloaded node's common case (the
 		// copies lag, every event retries), so it costs one lookup, not a pass.

@@ -1,7 +1,9 @@
 package hostpool
 
 import (
+	"fmt"
 	"sync"
+	"sync/atomic"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -12,20 +14,35 @@ import (
 type Shared struct {
 	mu   sync.Mutex
 	pool *Pool
+	// full is set, after every change, while every slot is pending or
+	// pinned. PrepareStore then answers ErrNoRoom without the lock: an
+	// overloaded node retries on every event, and those retries must not
+	// queue on the mutex that completing copies need to free slots. (An
+	// offer whose keys are all present already is told "no room" too while
+	// full; it is retried, and deduplicated, once a slot frees.)
+	full atomic.Bool
 }
 
 // NewShared returns a shared pool of capacity slots.
 func NewShared(capacity int) *Shared { return &Shared{pool: New(capacity)} }
 
 func (s *Shared) PrepareStore(keys []messages.Key) (Prepared, error) {
+	if s.full.Load() && len(keys) > 0 {
+		return Prepared{}, errFull
+	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.pool.PrepareStore(keys)
+	prep, err := s.pool.PrepareStore(keys)
+	s.full.Store(s.pool.full())
+	return prep, err
 }
+
+var errFull = fmt.Errorf("%w: every slot is pending or pinned", ErrNoRoom)
 
 func (s *Shared) CompleteStore(keys []messages.Key, ok bool) {
 	s.mu.Lock()
 	s.pool.CompleteStore(keys, ok)
+	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
 
@@ -38,12 +55,14 @@ func (s *Shared) PrepareLoad(keys []messages.Key) ([]Slot, error) {
 	if err == nil {
 		s.pool.Touch(keys)
 	}
+	s.full.Store(s.pool.full())
 	return slots, err
 }
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
 	s.pool.CompleteLoad(keys)
+	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
 

@@ -116,3 +116,27 @@ func TestSharedPrepareLoadTouches(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotReady)
 	require.Equal(t, Stats{Capacity: 3, Used: 3, Pending: 1, Ready: 2}, s.Stats())
 }
+
+// While every slot is pending or pinned, Shared answers no room without the
+// lock (even for an offer of present keys, retried once a slot frees); a
+// completed store lifts it.
+func TestSharedFullFastPath(t *testing.T) {
+	s := NewShared(2)
+	_, err := s.PrepareStore([]messages.Key{"a", "b"})
+	require.NoError(t, err)
+	require.True(t, s.full.Load())
+	_, err = s.PrepareStore([]messages.Key{"c"})
+	require.ErrorIs(t, err, ErrNoRoom)
+	_, err = s.PrepareStore([]messages.Key{"a"})
+	require.ErrorIs(t, err, ErrNoRoom, "present keys wait too while full")
+	s.CompleteStore([]messages.Key{"a"}, true)
+	require.False(t, s.full.Load())
+	got, err := s.PrepareStore([]messages.Key{"a"})
+	require.NoError(t, err)
+	require.Empty(t, got.Keys, "a is deduplicated once the pool is not full")
+	got, err = s.PrepareStore([]messages.Key{"c"})
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{"c"}, got.Keys)
+	require.Equal(t, []messages.Key{"a"}, got.Evicted, "the ready key makes room")
+	require.True(t, s.full.Load(), "b and c pending")
+}
