@@ -47,14 +47,12 @@ type Deps struct {
 	Log     *slog.Logger
 }
 
-// Actor is the transfer actor of one device. Its state is touched only from
-// Receive; workers talk to it by message.
+// Actor is the transfer actor of one device. It owns the queue and its
+// workers; the workers take jobs from the queue and report each end as a
+// message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
-	deps     Deps
-	work     chan *Submit
-	queue    []*Submit
-	running  int
-	inflight int64
+	deps Deps
+	q    *queue
 }
 
 // Props builds a transfer actor. Its workers stop when it stops.
@@ -68,84 +66,35 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Started:
 		a.start(c)
 	case *actor.Stopping:
-		close(a.work) // workers drain what they hold and exit
+		a.q.close() // workers finish the copy they hold and exit
 	case *actor.Stopped, *actor.Restarting:
 	case *Submit:
-		a.enqueue(m)
-		a.dispatch()
+		a.q.push(m)
 	case *Cancel:
-		a.cancel(c, m)
+		for _, s := range a.q.cancel(m.Owner, m.IDs) {
+			s.completePool(false)
+			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true})
+		}
 	case *copyDone:
 		a.finish(c, m)
-		a.dispatch()
 	default:
 		a.deps.Metrics.Unexpected.WithLabelValues("transfer").Inc()
 	}
-	a.deps.Metrics.JobsQueued.Set(float64(len(a.queue)))
+	queued, running, inflight := a.q.stats()
+	a.deps.Metrics.JobsQueued.Set(float64(queued))
+	a.deps.Metrics.JobsInFlight.Set(float64(running))
+	a.deps.Metrics.BytesInFlight.Set(float64(inflight))
 }
 
 func (a *Actor) start(c actor.Context) {
-	a.work = make(chan *Submit, a.deps.Config.Workers)
+	a.q = newQueue(a.deps.Config.MaxInFlightBytes)
 	self, root := c.Self(), c.ActorSystem().Root
 	for range a.deps.Config.Workers {
-		go a.worker(root, self, a.work)
+		go a.worker(root, self)
 	}
-}
-
-// enqueue puts loads ahead of stores: a load is on a request's time to first
-// token, a store only has to happen before the blocks are released.
-func (a *Actor) enqueue(s *Submit) {
-	if s.Dir != backend.HostToDevice {
-		a.queue = append(a.queue, s)
-		return
-	}
-	i := 0
-	for i < len(a.queue) && a.queue[i].Dir == backend.HostToDevice {
-		i++
-	}
-	a.queue = append(a.queue, nil)
-	copy(a.queue[i+1:], a.queue[i:])
-	a.queue[i] = s
-}
-
-// dispatch starts queued jobs while a worker is free and the in-flight bound
-// allows (a job bigger than the bound runs when nothing else is in flight).
-func (a *Actor) dispatch() {
-	for len(a.queue) > 0 && a.running < a.deps.Config.Workers {
-		next := a.queue[0]
-		if a.inflight > 0 && a.inflight+next.Bytes > a.deps.Config.MaxInFlightBytes {
-			return
-		}
-		a.queue[0] = nil
-		a.queue = a.queue[1:]
-		a.running++
-		a.inflight += next.Bytes
-		if !next.Arrived.IsZero() {
-			a.deps.Metrics.DecisionTime.Observe(time.Since(next.Arrived).Seconds())
-		}
-		a.work <- next // never blocks: running < Workers = cap(work)
-	}
-	a.deps.Metrics.JobsInFlight.Set(float64(a.running))
-	a.deps.Metrics.BytesInFlight.Set(float64(a.inflight))
-}
-
-func (a *Actor) cancel(c actor.Context, m *Cancel) {
-	kept := a.queue[:0]
-	for _, s := range a.queue {
-		if s.Owner.Equal(m.Owner) && containsID(m.IDs, s.ID) {
-			s.completePool(false)
-			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true})
-			continue
-		}
-		kept = append(kept, s)
-	}
-	clear(a.queue[len(kept):])
-	a.queue = kept
 }
 
 func (a *Actor) finish(c actor.Context, d *copyDone) {
-	a.running--
-	a.inflight -= d.job.Bytes
 	dir := d.job.Dir.String()
 	if d.err != nil {
 		a.deps.Metrics.CopyFailures.WithLabelValues(dir).Inc()
@@ -157,11 +106,14 @@ func (a *Actor) finish(c actor.Context, d *copyDone) {
 	c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur})
 }
 
-// worker runs copies until the work channel closes. Only the backend call
-// happens here; results go back to the actor as messages.
-func (a *Actor) worker(root *actor.RootContext, self *actor.PID, work <-chan *Submit) {
+// worker runs copies until the queue closes: the backend call, the pool's
+// completion, then a message to the actor.
+func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	var ranges []backend.Range
-	for job := range work {
+	for job := a.q.next(); job != nil; job = a.q.next() {
+		if !job.Arrived.IsZero() {
+			a.deps.Metrics.DecisionTime.Observe(time.Since(job.Arrived).Seconds())
+		}
 		ranges = sched.Ranges(job.Layout, job.Chunks, job.SlotBytes, ranges[:0])
 		ctx := trace.ContextWithSpanContext(context.Background(), job.Span)
 		_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy, trace.WithAttributes(
@@ -173,6 +125,7 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID, work <-chan *Su
 		err := job.Device.Copy(job.Dir, a.deps.Arena, ranges)
 		dur := time.Since(start)
 		job.completePool(err == nil)
+		a.q.done(job)
 		if err != nil {
 			span.RecordError(err)
 			span.SetStatus(codes.Error, err.Error())
@@ -180,13 +133,4 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID, work <-chan *Su
 		span.End()
 		root.Send(self, &copyDone{job: job, err: err, dur: dur})
 	}
-}
-
-func containsID(ids []sched.JobID, id sched.JobID) bool {
-	for _, x := range ids {
-		if x == id {
-			return true
-		}
-	}
-	return false
 }

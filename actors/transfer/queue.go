@@ -1,0 +1,125 @@
+package transfer
+
+import (
+	"sync"
+
+	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// queue is one device's copy queue, shared by the transfer actor (which adds
+// and cancels jobs) and its workers (which take the next job themselves).
+// Workers pulling, rather than the actor handing out one job per worker,
+// matters on a busy node: a worker that finishes a copy starts the next at
+// once instead of waiting for the actor's mailbox to be scheduled (measured:
+// copies ran at a fraction of their speed the other way). Every method is a
+// short critical section; no copy happens under the lock.
+type queue struct {
+	mu       sync.Mutex
+	wake     sync.Cond
+	items    []*Submit // loads first, then stores, each in arrival order
+	running  int
+	inflight int64 // bytes of running jobs
+	maxBytes int64
+	closed   bool
+}
+
+func newQueue(maxBytes int64) *queue {
+	q := &queue{maxBytes: maxBytes}
+	q.wake.L = &q.mu
+	return q
+}
+
+// push adds a job; a load goes ahead of every store (a load is on a
+// request's time to first token, a store only has to happen before the
+// blocks are released).
+func (q *queue) push(s *Submit) {
+	q.mu.Lock()
+	i := len(q.items)
+	if s.Dir == backend.HostToDevice {
+		for i = 0; i < len(q.items) && q.items[i].Dir == backend.HostToDevice; i++ {
+		}
+	}
+	q.items = append(q.items, nil)
+	copy(q.items[i+1:], q.items[i:])
+	q.items[i] = s
+	q.mu.Unlock()
+	q.wake.Signal()
+}
+
+// cancel removes the owner's queued jobs among ids and returns them.
+func (q *queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []*Submit
+	kept := q.items[:0]
+	for _, s := range q.items {
+		if s.Owner.Equal(owner) && containsID(ids, s.ID) {
+			out = append(out, s)
+			continue
+		}
+		kept = append(kept, s)
+	}
+	clear(q.items[len(kept):])
+	q.items = kept
+	return out
+}
+
+// next blocks until a job may start (the in-flight bound allows it; a job
+// larger than the bound starts when nothing else runs) and returns it, or
+// returns nil once the queue is closed.
+func (q *queue) next() *Submit {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for {
+		if q.closed {
+			return nil
+		}
+		if len(q.items) > 0 {
+			if s := q.items[0]; q.inflight == 0 || q.inflight+s.Bytes <= q.maxBytes {
+				q.items[0] = nil
+				q.items = q.items[1:]
+				q.running++
+				q.inflight += s.Bytes
+				return s
+			}
+		}
+		q.wake.Wait()
+	}
+}
+
+// done ends a running job, which may let a waiting large job start.
+func (q *queue) done(s *Submit) {
+	q.mu.Lock()
+	q.running--
+	q.inflight -= s.Bytes
+	q.mu.Unlock()
+	q.wake.Signal()
+}
+
+// close wakes every worker to exit; queued jobs are left (the node is
+// stopping).
+func (q *queue) close() {
+	q.mu.Lock()
+	q.closed = true
+	q.mu.Unlock()
+	q.wake.Broadcast()
+}
+
+// stats is for the gauges.
+func (q *queue) stats() (queued, running int, inflight int64) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.items), q.running, q.inflight
+}
+
+func containsID(ids []sched.JobID, id sched.JobID) bool {
+	for _, x := range ids {
+		if x == id {
+			return true
+		}
+	}
+	return false
+}
