@@ -45,6 +45,29 @@ type Metrics struct {
 	Loads         *prometheus.CounterVec // result: ok, error
 	EnginesLive   prometheus.Gauge
 	NATSConnected prometheus.Gauge
+
+	// Children of the hot labelled counters, resolved once (WithLabelValues
+	// hashes and locks on every call).
+	deferralBy map[string]prometheus.Counter
+	retryBy    map[string]prometheus.Counter
+}
+
+// Deferral is Deferrals for reason (tokens, hashes, blocks; others resolved
+// on the fly).
+func (m *Metrics) Deferral(reason string) prometheus.Counter {
+	if c, ok := m.deferralBy[reason]; ok {
+		return c
+	}
+	return m.Deferrals.WithLabelValues(reason)
+}
+
+// Retry is Retries for reason (pool_full, copy_failed; others resolved on
+// the fly).
+func (m *Metrics) Retry(reason string) prometheus.Counter {
+	if c, ok := m.retryBy[reason]; ok {
+		return c
+	}
+	return m.Retries.WithLabelValues(reason)
 }
 
 // New builds the collectors and registers them (plus Go and process
@@ -90,6 +113,14 @@ func New(reg prometheus.Registerer) *Metrics {
 		Loads:         counterVec("load", "requests_total", "Load requests by result.", "result"),
 		EnginesLive:   gauge("engine", "live", "Registered engines."),
 		NATSConnected: gauge("nats", "connected", "1 while the NATS connection is up."),
+	}
+	m.deferralBy = map[string]prometheus.Counter{}
+	for _, r := range []string{"tokens", "hashes", "blocks"} {
+		m.deferralBy[r] = m.Deferrals.WithLabelValues(r)
+	}
+	m.retryBy = map[string]prometheus.Counter{}
+	for _, r := range []string{"pool_full", "copy_failed"} {
+		m.retryBy[r] = m.Retries.WithLabelValues(r)
 	}
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,

@@ -123,9 +123,11 @@ func (in *ingester) events(engineID string, m *nats.Msg) {
 	}
 	ctx := n.msgCtx(m)
 	var span trace.Span
-	ctx, span = n.tracer.Start(ctx, tracing.SpanBatch, trace.WithAttributes(
-		tracing.AttrEngine.String(engineID), tracing.AttrSeq.Int64(int64(batch.Seq)),
-		tracing.AttrEvents.Int(len(batch.Events))))
+	ctx, span = n.tracer.Start(ctx, tracing.SpanBatch)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrEngine.String(engineID), tracing.AttrSeq.Int64(int64(batch.Seq)),
+			tracing.AttrEvents.Int(len(batch.Events)))
+	}
 	span.End() // the batch span marks arrival; request spans hang below it
 	n.system.Root.Send(pid, &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived})
 }

@@ -58,9 +58,10 @@ type job struct {
 func Props(deps Deps, added messages.Event, parent context.Context) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, &added), jobs: map[sched.JobID]*job{}}
-		a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest, trace.WithAttributes(
-			tracing.AttrEngine.String(deps.Engine),
-			tracing.AttrRequest.String(added.Request)))
+		a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
+		if a.span.IsRecording() { // attributes cost allocations even for a no-op span
+			a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(added.Request))
+		}
 		return a
 	})
 }
@@ -178,17 +179,24 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.evicted(eff.Evicted)
 	}
 	a.deps.Metrics.ChunksDeduped.Add(float64(eff.Deduped))
+	// Span events are built only for a recording span: with tracing off
+	// their attribute lists would be the cost.
+	recording := a.span.IsRecording()
 	for _, d := range eff.Deferred {
-		a.deps.Metrics.Deferrals.WithLabelValues(d.Reason.String()).Inc()
-		a.span.AddEvent(tracing.EventDeferred, trace.WithAttributes(
-			tracing.AttrGroup.Int(d.Group), tracing.AttrChunk.Int(int(d.Chunk)),
-			tracing.AttrReason.String(d.Reason.String())))
+		a.deps.Metrics.Deferral(d.Reason.String()).Inc()
+		if recording {
+			a.span.AddEvent(tracing.EventDeferred, trace.WithAttributes(
+				tracing.AttrGroup.Int(d.Group), tracing.AttrChunk.Int(int(d.Chunk)),
+				tracing.AttrReason.String(d.Reason.String())))
+		}
 	}
 	if r := eff.Retry; r != nil {
-		a.deps.Metrics.Retries.WithLabelValues(r.Reason.String()).Inc()
-		a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
-			tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
-			tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
+		a.deps.Metrics.Retry(r.Reason.String()).Inc()
+		if recording {
+			a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
+				tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
+				tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
+		}
 		a.armRetry(c, r)
 	}
 	if eff.Dropped > 0 {
@@ -198,7 +206,9 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	}
 	for _, reason := range eff.Releases {
 		a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
-		a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
+		if recording {
+			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
+		}
 		a.deps.Outbox.Released(a.ctx, a.deps.Engine, a.state.ID(), reason)
 	}
 	if eff.Drop {
@@ -213,9 +223,11 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 }
 
 func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
-	ctx, span := a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob, trace.WithAttributes(
-		tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
-		tracing.AttrBytes.Int64(sj.Bytes)))
+	ctx, span := a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
+			tracing.AttrBytes.Int64(sj.Bytes))
+	}
 	a.jobs[sj.ID] = &job{store: sj, span: span, ctx: ctx}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Chunks: sj.Chunks, Bytes: sj.Bytes, Layout: a.deps.Layout,

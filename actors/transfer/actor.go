@@ -116,11 +116,11 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 		}
 		ranges = sched.Ranges(job.Layout, job.Chunks, job.SlotBytes, ranges[:0])
 		ctx := trace.ContextWithSpanContext(context.Background(), job.Span)
-		_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy, trace.WithAttributes(
-			tracing.AttrEngine.String(job.Engine),
-			tracing.AttrDirection.String(job.Dir.String()),
-			tracing.AttrBytes.Int64(job.Bytes),
-			tracing.AttrChunks.Int(len(job.Chunks))))
+		_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy)
+		if span.IsRecording() {
+			span.SetAttributes(tracing.AttrEngine.String(job.Engine), tracing.AttrDirection.String(job.Dir.String()),
+				tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
+		}
 		start := time.Now()
 		err := job.Device.Copy(job.Dir, a.deps.Arena, ranges)
 		dur := time.Since(start)
