@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -216,8 +215,6 @@ func none[T any](te *testEngine, ch <-chan T, what string) {
 	default:
 	}
 }
-
-var syncSeq atomic.Int64
 
 // sync waits until the engine actor and its request actors have handled
 // everything published before: a status query is answered after them.

@@ -43,7 +43,6 @@ type request struct {
 	abortStep   int
 	abortAt     int // abort during prefill once computed reaches it (0: never)
 	preemptAt   int // preempt on purpose once computed reaches it (0: never)
-	resumeHit   bool
 
 	// End state, for the final check.
 	aborted     bool
