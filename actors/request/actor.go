@@ -155,12 +155,14 @@ func (a *Actor) published(j *job) {
 		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
 	var kv []messages.KVEvent
 	for i, ch := range j.store.Chunks {
-		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: hex.EncodeToString([]byte(ch.Key))}
-		hash, _ := sched.SplitKey(ch.Key)
+		// One hex encoding per chunk: the key is the hash plus 4 group bytes,
+		// so the hash's hex is a prefix of the key's.
+		keyHex := hex.EncodeToString([]byte(ch.Key))
+		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
 		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
 		}
-		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, hex.EncodeToString([]byte(hash)))
+		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, keyHex[:len(keyHex)-8])
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
