@@ -25,6 +25,10 @@ type Deps struct {
 	Closed chan struct{}
 }
 
+// routed is one event to forward: its index in the batch and its request's
+// index in the batch's first-seen order.
+type routed struct{ event, request int }
+
 type entry struct {
 	id  string
 	pid *actor.PID
@@ -44,7 +48,7 @@ type Actor struct {
 	slot   map[string]int
 	order  []string
 	counts []int
-	fwd    []int
+	fwd    []routed
 }
 
 // Props builds an engine actor. Its request actors are stopped, never
@@ -121,7 +125,7 @@ func (a *Actor) batch(c actor.Context, m *Batch) {
 				a.counts = append(a.counts, 0)
 			}
 			a.counts[idx]++
-			a.fwd = append(a.fwd, i)
+			a.fwd = append(a.fwd, routed{event: i, request: idx})
 		}
 	}
 	a.forward(c, m)
@@ -137,11 +141,9 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 		a.counts[idx] = start // now the next free position of request idx
 		start += n
 	}
-	for _, i := range a.fwd {
-		ev := &m.Batch.Events[i]
-		idx := a.slot[ev.Request]
-		all[a.counts[idx]] = *ev
-		a.counts[idx]++
+	for _, f := range a.fwd {
+		all[a.counts[f.request]] = m.Batch.Events[f.event]
+		a.counts[f.request]++
 	}
 	begin := 0
 	for idx, id := range a.order {
