@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/tracing"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // Subject verbs of protocol v1.
@@ -46,12 +47,12 @@ func (o *Outbox) Subject(engine, verb string) string { return o.prefix + "." + e
 // Released publishes P.E.released.
 func (o *Outbox) Released(ctx context.Context, engine, request, reason string) {
 	o.send(ctx, o.Subject(engine, VerbReleased),
-		appendReleased(nil, &messages.Released{Request: request, Reason: reason}))
+		wire.AppendReleased(nil, &messages.Released{Request: request, Reason: reason}))
 }
 
 // Stored publishes P.E.stored for one completed store job.
 func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) {
-	o.send(ctx, o.Subject(engine, VerbStored), appendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
+	o.send(ctx, o.Subject(engine, VerbStored), wire.AppendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
 }
 
 // KVEvents publishes one P.E.kv_events batch (nothing when events is empty).
@@ -60,7 +61,7 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	o.send(ctx, o.Subject(engine, VerbKVEvents), appendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
+	o.send(ctx, o.Subject(engine, VerbKVEvents), wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
 }
 
 // Reply answers a request/reply message (no-op without a reply subject).

@@ -133,7 +133,7 @@ func (g *engineGen) next(target int) batch {
 	perTurn := 2 + g.geo.groups() // the most events one turn emits
 	g.seq++
 	g.enc.begin(g.epoch, g.seq)
-	for visited := 0; g.enc.events < target && g.enc.events+perTurn <= maxEvents; visited++ {
+	for visited := 0; g.enc.b.Events() < target && g.enc.b.Events()+perTurn <= maxEvents; visited++ {
 		if len(g.run) < g.w.running {
 			g.run = append(g.run, g.newRequest())
 		}
@@ -279,7 +279,7 @@ func (g *engineGen) live(n int) []batch {
 	for i := 0; i < n; {
 		g.seq++
 		g.enc.begin(g.epoch, g.seq)
-		for ; i < n && g.enc.events+3+g.geo.groups() <= 64; i++ {
+		for ; i < n && g.enc.b.Events()+3+g.geo.groups() <= 64; i++ {
 			g.reqs++
 			r := &genReq{id: "cmpl-" + g.tag + "-" + g.id + "-" + strconv.FormatUint(g.reqs, 10), family: -1,
 				abortAt: -1, seed: splitmix64(g.seed ^ g.reqs<<20), prompt: g.geo.tpb, target: 1 << 30, turn: 1}

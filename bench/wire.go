@@ -1,9 +1,6 @@
 package bench
 
-import (
-	"encoding/hex"
-	"strconv"
-)
+import "github.com/kvactors/kvactors/wire"
 
 // hashBytes is the size of one block hash: vLLM's default sha256-based
 // prefix hash.
@@ -19,104 +16,52 @@ type batch struct {
 	applied int32
 }
 
-// encoder appends one batch body as JSON directly, the way an engine's
-// msgspec encoder would, so building a workload is cheap. Request ids are
-// plain ASCII and need no escaping.
+// encoder builds batch bodies with wire.Batch, the engine-side encoder the
+// simulated engine uses too, and counts what the node will apply.
 type encoder struct {
-	buf     []byte
-	events  int
-	applied int
+	b      wire.Batch
+	epoch  string
+	seq    uint64
+	addeds int
+	body   []byte
+	h      [hashBytes]byte
 }
 
 func (e *encoder) begin(epoch string, seq uint64) {
-	e.buf = append(e.buf[:0], `{"epoch":"`...)
-	e.buf = append(e.buf, epoch...)
-	e.buf = append(e.buf, `","seq":`...)
-	e.buf = strconv.AppendUint(e.buf, seq, 10)
-	e.buf = append(e.buf, `,"events":[`...)
-	e.events, e.applied = 0, 0
+	e.b.Reset()
+	e.epoch, e.seq, e.addeds = epoch, seq, 0
 }
 
-// finish closes the body and returns an exact-size copy of it.
+// finish returns an exact-size copy of the body.
 func (e *encoder) finish() batch {
-	e.buf = append(e.buf, ']', '}')
-	return batch{body: append([]byte(nil), e.buf...), events: int32(e.events), applied: int32(e.applied)}
-}
-
-func (e *encoder) open(typ, request string) {
-	if e.events > 0 {
-		e.buf = append(e.buf, ',')
-	}
-	e.events++
-	if typ != "added" {
-		e.applied++
-	}
-	e.buf = append(e.buf, `{"type":"`...)
-	e.buf = append(e.buf, typ...)
-	e.buf = append(e.buf, `","request":"`...)
-	e.buf = append(e.buf, request...)
-	e.buf = append(e.buf, '"')
-}
-
-func (e *encoder) int(name string, v int) {
-	e.buf = append(e.buf, ',', '"')
-	e.buf = append(e.buf, name...)
-	e.buf = append(e.buf, '"', ':')
-	e.buf = strconv.AppendInt(e.buf, int64(v), 10)
+	e.body = e.b.Body(e.body, e.epoch, e.seq)
+	n := e.b.Events()
+	return batch{body: append([]byte(nil), e.body...), events: int32(n), applied: int32(n - e.addeds)}
 }
 
 func (e *encoder) added(req string, prompt int) {
-	e.open("added", req)
-	e.int("prompt_tokens", prompt)
-	e.buf = append(e.buf, '}')
+	e.b.Added(req, prompt)
+	e.addeds++
 }
 
 // hashes writes hashes [start, end) of a request; hash(i) fills one.
 func (e *encoder) hashes(req string, start, end int, hash func(i int, dst *[hashBytes]byte)) {
-	e.open("hashes", req)
-	e.int("start", start)
-	e.buf = append(e.buf, `,"hashes":[`...)
-	var h [hashBytes]byte
+	e.b.BeginHashes(req, start)
 	for i := start; i < end; i++ {
-		if i > start {
-			e.buf = append(e.buf, ',')
-		}
-		hash(i, &h)
-		e.buf = append(e.buf, '"')
-		e.buf = hex.AppendEncode(e.buf, h[:])
-		e.buf = append(e.buf, '"')
+		hash(i, &e.h)
+		e.b.Hash(e.h[:])
 	}
-	e.buf = append(e.buf, ']', '}')
+	e.b.EndHashes()
 }
 
 func (e *encoder) blocks(req string, group, start int, ids []uint32) {
-	e.open("blocks", req)
-	e.int("group", group)
-	e.int("start", start)
-	e.buf = append(e.buf, `,"ids":[`...)
-	for i, id := range ids {
-		if i > 0 {
-			e.buf = append(e.buf, ',')
-		}
-		e.buf = strconv.AppendUint(e.buf, uint64(id), 10)
-	}
-	e.buf = append(e.buf, ']', '}')
+	e.b.Blocks(req, group, start, ids)
 }
 
-func (e *encoder) tokens(req string, computed, total int) {
-	e.open("tokens", req)
-	e.int("computed", computed)
-	e.int("total", total)
-	e.buf = append(e.buf, '}')
-}
+func (e *encoder) tokens(req string, computed, total int) { e.b.Tokens(req, computed, total) }
 
 func (e *encoder) finished(req string, aborted bool, computed, total int) {
-	e.open("finished", req)
-	e.buf = append(e.buf, `,"aborted":`...)
-	e.buf = strconv.AppendBool(e.buf, aborted)
-	e.int("computed", computed)
-	e.int("total", total)
-	e.buf = append(e.buf, '}')
+	e.b.Finished(req, aborted, computed, total)
 }
 
 // splitmix64 is a fast, well-mixed 64-bit hash for deterministic content.

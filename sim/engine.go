@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/tracing"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // engine is one simulated engine for the length of one Run. Everything but
@@ -32,7 +33,7 @@ type engine struct {
 	subject  string // P.E.
 	epoch    string
 	seq      uint64
-	b        batch
+	b        wire.Batch
 	body     []byte
 	prefixes [][]uint32
 	lcmBlock int // every group's block size divides it: resume hits are multiples of it
@@ -237,16 +238,16 @@ func (e *engine) serve(ctx context.Context) error {
 
 // publish sends the step's batch, if it has events.
 func (e *engine) publish() error {
-	if e.b.events == 0 {
+	if e.b.Events() == 0 {
 		return nil
 	}
 	e.seq++
-	e.body = e.b.body(e.body, e.epoch, e.seq)
+	e.body = e.b.Body(e.body, e.epoch, e.seq)
 	msg := &nats.Msg{Subject: e.subject + "events", Data: e.body}
 	if e.tracer != nil {
 		ctx, span := e.tracer.Start(context.Background(), SpanStep, trace.WithAttributes(
 			tracing.AttrEngine.String(e.cfg.Engine), tracing.AttrSeq.Int64(int64(e.seq)),
-			tracing.AttrEvents.Int(e.b.events)))
+			tracing.AttrEvents.Int(e.b.Events())))
 		tracing.InjectMsg(ctx, msg)
 		defer span.End()
 	}
@@ -254,7 +255,7 @@ func (e *engine) publish() error {
 		return fmt.Errorf("sim: engine %s: publish batch %d: %w", e.cfg.Engine, e.seq, err)
 	}
 	e.rep.Batches++
-	e.rep.Events += e.b.events
+	e.rep.Events += e.b.Events()
 	return nil
 }
 

@@ -31,7 +31,7 @@ func (a *arrivals) next() int {
 // of the tokens). Everything the step tells kvactors goes in one batch.
 func (e *engine) step() error {
 	e.rep.Steps++
-	e.b.reset()
+	e.b.Reset()
 	e.arrive()
 	e.abortQueued()
 	e.complete()
@@ -46,7 +46,7 @@ func (e *engine) arrive() {
 		e.reqs = append(e.reqs, r)
 		e.byID[r.id] = r
 		e.rep.Requests++
-		e.b.added(r.id, r.prompt)
+		e.b.Added(r.id, r.prompt)
 		if r.queuedAbort {
 			e.doomed = append(e.doomed, r)
 		} else {
@@ -101,7 +101,7 @@ func (e *engine) complete() {
 				continue
 			}
 		}
-		e.b.tokens(r.id, r.computed, len(r.tokens))
+		e.b.Tokens(r.id, r.computed, len(r.tokens))
 		if r.preemptAt > 0 && r.computed >= r.preemptAt {
 			r.preemptAt = 0
 			e.preempt(r)
@@ -117,7 +117,11 @@ func (e *engine) complete() {
 func (e *engine) publishHashes(r *request, n int) {
 	n = min(n, len(r.hashes))
 	if n > r.pubHash {
-		e.b.hashes(r.id, r.pubHash, r.hashes[r.pubHash:n])
+		e.b.BeginHashes(r.id, r.pubHash)
+		for i := r.pubHash; i < n; i++ {
+			e.b.Hash(r.hashes[i][:])
+		}
+		e.b.EndHashes()
 		r.pubHash = n
 	}
 }
@@ -155,7 +159,7 @@ func blockHash(hs []Hash, b, tpb, tph int) Hash {
 // them all by now), then finished; its blocks wait for `released`.
 func (e *engine) end(r *request, aborted bool) {
 	e.publishHashes(r, r.computed/e.cfg.TokensPerHash)
-	e.b.finished(r.id, aborted, r.computed, len(r.tokens))
+	e.b.Finished(r.id, aborted, r.computed, len(r.tokens))
 	r.phase, r.aborted = ended, aborted
 	r.finalT, r.finalHashes = min(r.computed, len(r.tokens)), r.pubHash
 	r.finalBlocks = make([][]uint32, len(r.blocks))
@@ -198,7 +202,7 @@ func (e *engine) logEnd(r *request, reason string) {
 // find the tokens computed so far in the local prefix cache.
 func (e *engine) preempt(r *request) {
 	e.rep.Preemptions++
-	e.b.lifecycle("preempted", r.id)
+	e.b.Preempted(r.id)
 	e.hold(r, messages.ReasonPreempted)
 	r.phase = preempted
 	r.hit = 0
@@ -259,7 +263,7 @@ func (e *engine) schedule() {
 		e.waiting = e.waiting[1:]
 		if r.phase == preempted {
 			e.rep.Resumes++
-			e.b.lifecycle("resumed", r.id)
+			e.b.Resumed(r.id)
 			e.log.Debug("sim: resumed", "engine", e.cfg.Engine, "request", r.id, "hit", start)
 			if start > 0 {
 				e.rep.ResumeHits++
@@ -269,7 +273,7 @@ func (e *engine) schedule() {
 			// kvactors keeps the last tokens event across a preemption ("the
 			// latest tokens event wins"): announce the recompute point before
 			// the fresh blocks, or it would copy them before they are written.
-			e.b.tokens(r.id, start, len(r.tokens))
+			e.b.Tokens(r.id, start, len(r.tokens))
 		}
 		r.phase = running
 		e.allocate(r, start+n, start)
@@ -330,7 +334,7 @@ func (e *engine) allocate(r *request, end, hit int) bool {
 		}
 		ids = append(ids, e.al.take(g, real)...)
 		r.blocks[g] = append(r.blocks[g], ids...)
-		e.b.blocks(r.id, g, start, ids)
+		e.b.Blocks(r.id, g, start, ids)
 	}
 	return true
 }

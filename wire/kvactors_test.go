@@ -1,4 +1,4 @@
-package actors
+package wire
 
 import (
 	"encoding/json"
@@ -23,7 +23,7 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 		for _, c := range []struct {
 			v   any
 			got []byte
-		}{{st, appendStored(nil, st)}, {rel, appendReleased(nil, rel)}, {kv, appendKVEvents(nil, kv)}} {
+		}{{st, AppendStored(nil, st)}, {rel, AppendReleased(nil, rel)}, {kv, AppendKVEvents(nil, kv)}} {
 			want, err := json.Marshal(c.v)
 			if err != nil || string(want) != string(c.got) {
 				t.Logf("want %s\n got %s", want, c.got)
@@ -37,5 +37,5 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 	require.True(t, check("plain-id", "00ff", "abcd", 1<<63, -1, 7, -5, 0))
 	empty := &messages.Stored{Request: "r"}
 	want, _ := json.Marshal(empty)
-	require.Equal(t, string(want), string(appendStored(nil, empty)))
+	require.Equal(t, string(want), string(AppendStored(nil, empty)))
 }

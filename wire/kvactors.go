@@ -1,4 +1,4 @@
-package actors
+package wire
 
 import (
 	"encoding/json"
@@ -9,22 +9,19 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// Hand-written encoders for the messages kvactors publishes per store job
-// and per release: encoding/json's reflection was a tenth of the node's CPU
-// on the store path (docs/BENCHMARKS.md). The output is exactly what
-// encoding/json produces for the same values (wire_test.go checks it).
-
-func appendReleased(b []byte, r *messages.Released) []byte {
+// AppendReleased appends a P.E.released body.
+func AppendReleased(b []byte, r *messages.Released) []byte {
 	b = append(b, `{"request":`...)
-	b = appendString(b, r.Request)
+	b = AppendString(b, r.Request)
 	b = append(b, `,"reason":`...)
-	b = appendString(b, r.Reason)
+	b = AppendString(b, r.Reason)
 	return append(b, '}')
 }
 
-func appendStored(b []byte, s *messages.Stored) []byte {
+// AppendStored appends a P.E.stored body.
+func AppendStored(b []byte, s *messages.Stored) []byte {
 	b = append(b, `{"request":`...)
-	b = appendString(b, s.Request)
+	b = AppendString(b, s.Request)
 	b = append(b, `,"job":`...)
 	b = strconv.AppendUint(b, s.Job, 10)
 	b = append(b, `,"chunks":`...)
@@ -41,7 +38,7 @@ func appendStored(b []byte, s *messages.Stored) []byte {
 			b = append(b, `,"index":`...)
 			b = strconv.AppendInt(b, int64(c.Index), 10)
 			b = append(b, `,"key":`...)
-			b = appendString(b, c.Key)
+			b = AppendString(b, c.Key)
 			b = append(b, '}')
 		}
 		b = append(b, ']')
@@ -51,7 +48,8 @@ func appendStored(b []byte, s *messages.Stored) []byte {
 	return append(b, '}')
 }
 
-func appendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
+// AppendKVEvents appends a P.E.kv_events body.
+func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 	b = append(b, `{"ts":`...)
 	b = appendFloat(b, batch.TS)
 	b = append(b, `,"events":`...)
@@ -64,7 +62,7 @@ func appendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 			b = append(b, ',')
 		}
 		b = append(b, `{"type":`...)
-		b = appendString(b, ev.Type)
+		b = AppendString(b, ev.Type)
 		b = append(b, `,"block_hashes":`...)
 		if ev.BlockHashes == nil {
 			b = append(b, "null"...)
@@ -74,24 +72,24 @@ func appendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 				if j > 0 {
 					b = append(b, ',')
 				}
-				b = appendString(b, h)
+				b = AppendString(b, h)
 			}
 			b = append(b, ']')
 		}
 		b = append(b, `,"group_idx":`...)
 		b = strconv.AppendInt(b, int64(ev.GroupIdx), 10)
 		b = append(b, `,"medium":`...)
-		b = appendString(b, ev.Medium)
+		b = AppendString(b, ev.Medium)
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)
 }
 
-// appendString writes s as a JSON string. Plain printable ASCII without
+// AppendString writes s as a JSON string. Plain printable ASCII without
 // quotes or backslashes (every hex key, reason and most request ids) is
 // copied; anything else goes through encoding/json, so escaping is never
 // ours to get wrong.
-func appendString(b []byte, s string) []byte {
+func AppendString(b []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		if c := s[i]; c < 0x20 || c >= utf8.RuneSelf || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
 			q, _ := json.Marshal(s)
