@@ -26,7 +26,7 @@ import (
 type ingester struct {
 	n       *Node
 	in      chan *nats.Msg
-	queues  []chan *nats.Msg
+	queues  []chan inbound
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
@@ -40,10 +40,16 @@ const (
 	queueDepth   = 1024
 )
 
+// inbound is a message with its subject already parsed by the dispatcher.
+type inbound struct {
+	msg          *nats.Msg
+	engine, verb string
+}
+
 func newIngester(n *Node, workers int) *ingester {
 	in := &ingester{n: n, in: make(chan *nats.Msg, inboundDepth), engines: map[string]*actor.PID{}}
 	for range workers {
-		q := make(chan *nats.Msg, queueDepth)
+		q := make(chan inbound, queueDepth)
 		in.queues = append(in.queues, q)
 		in.wg.Add(1)
 		go in.work(q)
@@ -74,22 +80,22 @@ func (in *ingester) dispatch() {
 		}
 	}()
 	for m := range in.in {
-		engineID, _, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
+		engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
 		if err != nil {
 			in.n.rejected(ingest.Reason(err), "bad subject", "subject", m.Subject, "err", err)
 			continue
 		}
 		h := fnv.New32a()
 		_, _ = h.Write([]byte(engineID))
-		in.queues[h.Sum32()%uint32(len(in.queues))] <- m
+		in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb}
 	}
 }
 
-func (in *ingester) work(q <-chan *nats.Msg) {
+func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
-	for m := range q {
-		engineID, verb, _ := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
-		switch verb {
+	for x := range q {
+		engineID, m := x.engine, x.msg
+		switch x.verb {
 		case actors.VerbEvents:
 			in.events(engineID, m)
 		case actors.VerbRegister:
