@@ -126,9 +126,9 @@ func TestHostileSegmentsAreRefused(t *testing.T) {
 		mutate  func(s *messages.EngineSpec)
 		wantErr string
 	}{
-		{"path traversal", func(s *messages.EngineSpec) { s.Segments[0].Shm = "../etc/passwd" }, "segment"},
+		{"path traversal", func(s *messages.EngineSpec) { s.Segments[0].Shm = "../etc/passwd" }, "not a plain file name"},
 		{"symlink", func(s *messages.EngineSpec) { s.Segments[0].Shm = "link" }, "symlink"},
-		{"missing", func(s *messages.EngineSpec) { s.Segments[0].Shm = "nope" }, "segment"},
+		{"missing", func(s *messages.EngineSpec) { s.Segments[0].Shm = "nope" }, "does not exist"},
 		{"region past the end", func(s *messages.EngineSpec) { s.Groups[0].Regions[0].Offset = 1 << 20 }, "past segment"},
 		{"tokens_per_chunk not a multiple of tph", func(s *messages.EngineSpec) { s.TokensPerHash = 3 }, "multiple"},
 	}

@@ -205,10 +205,15 @@ func recv[T any](t *testing.T, ch <-chan T, what string) T {
 
 // none asserts nothing arrives on ch until a status round trip proves the
 // node has processed everything sent before (status goes through the same
-// engine actor after the batches).
+// engine actor after the batches). A stored message could still follow a
+// copy in flight, so none also requires that no request has a job in flight:
+// otherwise a late duplicate store would slip past it.
 func none[T any](te *testEngine, ch <-chan T, what string) {
 	te.e.t.Helper()
-	te.sync()
+	st := te.sync()
+	for _, r := range st.Requests {
+		require.Empty(te.e.t, r.InFlight, "request %s still has store jobs in flight", r.Request)
+	}
 	select {
 	case v := <-ch:
 		te.e.t.Fatalf("unexpected %s: %+v", what, v)
