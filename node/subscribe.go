@@ -57,21 +57,27 @@ type StatusReply struct {
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
 func (n *Node) Status(engineID string, timeout time.Duration) (StatusReply, error) {
+	return n.startStatus(engineID)(timeout)
+}
+
+// startStatus sends the engine actor a status query now (so the answer
+// reflects every message handled before) and returns the wait for it.
+func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusReply, error) {
 	rec := n.engine(engineID)
 	if rec == nil {
-		return StatusReply{}, fmt.Errorf("%w %q", errUnknownEngine, engineID)
+		return func(time.Duration) (StatusReply, error) {
+			return StatusReply{}, fmt.Errorf("%w %q", errUnknownEngine, engineID)
+		}
 	}
 	ch := make(chan engine.Status, 1)
 	n.system.Root.Send(rec.pid, &engine.StatusQuery{Reply: ch})
-	return n.awaitStatus(engineID, ch, timeout)
-}
-
-func (n *Node) awaitStatus(engineID string, ch <-chan engine.Status, timeout time.Duration) (StatusReply, error) {
-	select {
-	case st := <-ch:
-		return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow()}, nil
-	case <-time.After(timeout):
-		return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
+	return func(timeout time.Duration) (StatusReply, error) {
+		select {
+		case st := <-ch:
+			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow()}, nil
+		case <-time.After(timeout):
+			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
+		}
 	}
 }
 
@@ -90,15 +96,9 @@ func (n *Node) Engines() []string {
 // every batch the engine sent before it; the answer is awaited off the
 // ingest worker so a slow gather never holds up events.
 func (n *Node) onStatus(engineID string, m *nats.Msg) {
-	rec := n.engine(engineID)
-	if rec == nil {
-		n.outbox.Reply(n.msgCtx(m), m.Reply, StatusReply{Error: fmt.Sprintf("%v %q", errUnknownEngine, engineID)})
-		return
-	}
-	ch := make(chan engine.Status, 1)
-	n.system.Root.Send(rec.pid, &engine.StatusQuery{Reply: ch})
+	wait := n.startStatus(engineID)
 	go func() {
-		st, err := n.awaitStatus(engineID, ch, 2*time.Second)
+		st, err := wait(2 * time.Second)
 		if err != nil {
 			st.Engine, st.Error = engineID, err.Error()
 		}
