@@ -8,7 +8,6 @@ import (
 
 // Reject reasons (metric label values) for inputs refused outside sched.
 const (
-	ReasonMalformed     = "malformed"
 	ReasonBadEvent      = "bad_event"
 	ReasonUnknownEngine = "unknown_engine"
 	ReasonUnknownReq    = "unknown_request"

@@ -147,17 +147,6 @@ func (p *Pool) Lookup(key messages.Key) (State, Slot) {
 // Duplicate keys in one offer are stored once (see dedupMax for how they
 // count when room is short).
 func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
-	if p.full() {
-		// Every slot is pending or pinned: no key can be added, so the first
-		// absent key decides. This is the overloaded node's common case (the
-		// copies lag, every event retries), so it costs one lookup, not a pass.
-		for _, k := range keys {
-			if _, ok := p.index[k]; !ok {
-				return Prepared{}, fmt.Errorf("%w: every slot is pending or pinned", ErrNoRoom)
-			}
-		}
-		return Prepared{}, nil
-	}
 	p.epoch++
 	if p.epoch == 0 { // wrapped: no mark may look current
 		for i := range p.slots {

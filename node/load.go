@@ -89,7 +89,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	var bytes int64
 	for i := range chunks {
 		chunks[i].Slot = slots[i]
-		bytes += rec.layout.ChunkBytes(&chunks[i])
+		bytes += rec.layout.CopyBytes(&chunks[i])
 	}
 	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log},

@@ -70,3 +70,14 @@ func appendMerged(dst []backend.Range, r backend.Range) []backend.Range {
 	}
 	return append(dst, r)
 }
+
+// CopyBytes is the bytes a copy of the chunk moves: its non-null blocks.
+func (l *Layout) CopyBytes(c *JobChunk) int64 {
+	var n int64
+	for _, b := range c.Blocks {
+		if b != 0 {
+			n += l.Groups[c.Group].BlockBytes
+		}
+	}
+	return n
+}

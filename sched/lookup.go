@@ -108,14 +108,3 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 	}
 	return out, nil
 }
-
-// ChunkBytes is the bytes a chunk's non-null blocks occupy.
-func (l *Layout) ChunkBytes(c *JobChunk) int64 {
-	var n int64
-	for _, b := range c.Blocks {
-		if b != 0 {
-			n += l.Groups[c.Group].BlockBytes
-		}
-	}
-	return n
-}

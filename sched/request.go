@@ -384,7 +384,7 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		jc := JobChunk{Group: c.group, Index: c.chunk, Key: keys[i], Slot: prep.Slots[next],
 			Blocks: blocks[n:len(blocks):len(blocks)]}
-		job.Bytes += r.lay.ChunkBytes(&jc)
+		job.Bytes += r.lay.CopyBytes(&jc)
 		job.Chunks = append(job.Chunks, jc)
 		next++
 	}
