@@ -1,8 +1,8 @@
 package messages
 
-// Wire bodies of protocol v1 (docs/PROTOCOL.md). Field names follow the JSON
-// exactly; unknown fields are ignored by encoding/json, which is what forward
-// compatibility asks for.
+// Wire bodies of the protocol (docs/PROTOCOL.md; v2 additions are in
+// session.go). Field names follow the JSON exactly; unknown fields are
+// ignored by encoding/json, which is what forward compatibility asks for.
 
 // EngineSpec is the body of P.E.register.
 type EngineSpec struct {
@@ -12,6 +12,15 @@ type EngineSpec struct {
 	OffloadPromptOnly bool        `json:"offload_prompt_only"`
 	Segments          []Segment   `json:"segments"`
 	Groups            []GroupSpec `json:"groups"`
+	// Namespace (v2) scopes keys, dedup, lookup, load and eviction; empty
+	// means the engine id (share with nobody).
+	Namespace string `json:"namespace,omitempty"`
+	// MaxModelLen (v2) bounds a request's hashes and block ids; 0 means
+	// num_gpu_blocks times the largest tokens_per_block.
+	MaxModelLen int `json:"max_model_len,omitempty"`
+	// Node (v2, clusters) names the node that must serve this engine; empty
+	// lets any node take it.
+	Node string `json:"node,omitempty"`
 }
 
 // Segment says where one piece of the engine's device memory lives: either a
@@ -48,23 +57,32 @@ type Region struct {
 }
 
 // RegisterReply answers P.E.register (and is the error shape of every
-// request/reply subject).
+// request/reply subject). v2: every reply names the node and its boot.
 type RegisterReply struct {
-	OK    bool   `json:"ok,omitempty"`
-	Error string `json:"error,omitempty"`
+	OK      bool   `json:"ok,omitempty"`
+	Error   string `json:"error,omitempty"`
+	Node    string `json:"node,omitempty"`
+	Boot    string `json:"boot,omitempty"`
+	LeaseMS int64  `json:"lease_ms,omitempty"`
 }
 
-// Release reasons published on P.E.released.
+// Release reasons published on P.E.released. ReasonNodeLost is never
+// published: it is what an engine concludes when it loses its node.
 const (
 	ReasonFinished    = "finished"
 	ReasonAborted     = "aborted"
 	ReasonPreempted   = "preempted"
 	ReasonEngineReset = "engine_reset"
+	ReasonEngineGone  = "engine_gone"
+	ReasonNodeLost    = "node_lost"
 )
 
-// Released is the body of P.E.released.
+// Released is the body of P.E.released. v2 adds Epoch (the epoch whose
+// events the release answers) and RSeq (1, 2, ... per engine per epoch).
 type Released struct {
 	Request string `json:"request"`
+	Epoch   string `json:"epoch"`
+	RSeq    uint64 `json:"rseq"`
 	Reason  string `json:"reason"`
 }
 
@@ -96,6 +114,7 @@ type KVEvent struct {
 	BlockHashes []string `json:"block_hashes"`
 	GroupIdx    int      `json:"group_idx"`
 	Medium      string   `json:"medium"`
+	Namespace   string   `json:"namespace,omitempty"` // v2
 }
 
 // KVEventBatch is the body of P.E.kv_events. TS is seconds since the epoch.
@@ -113,6 +132,8 @@ type LookupRequest struct {
 type LookupReply struct {
 	HitTokens int    `json:"hit_tokens"`
 	Error     string `json:"error,omitempty"`
+	Node      string `json:"node,omitempty"`
+	Boot      string `json:"boot,omitempty"`
 }
 
 // LoadRequest is the body of P.E.load.
@@ -127,5 +148,8 @@ type LoadRequest struct {
 type LoadReply struct {
 	OK           bool   `json:"ok,omitempty"`
 	LoadedTokens int    `json:"loaded_tokens"`
+	RemoteChunks int    `json:"remote_chunks,omitempty"` // v2 clusters
 	Error        string `json:"error,omitempty"`
+	Node         string `json:"node,omitempty"`
+	Boot         string `json:"boot,omitempty"`
 }

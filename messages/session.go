@@ -1,0 +1,100 @@
+package messages
+
+// Protocol v2 vocabulary: sessions and delivery (shared/PROTOCOL.md
+// "Sessions", "Delivery"). Engine subjects are P.<engine>.<verb>; node
+// subjects are P._node.<node>.<verb>.
+
+// Verbs of engine subjects, in both directions.
+const (
+	VerbRegister   = "register"   // engine → node, request/reply
+	VerbEvents     = "events"     // engine → node
+	VerbHeartbeat  = "heartbeat"  // engine → node, request/reply
+	VerbUnregister = "unregister" // engine → node, request/reply
+	VerbLookup     = "lookup"     // engine → node, request/reply
+	VerbLoad       = "load"       // engine → node, request/reply
+	VerbStatus     = "status"     // anyone → node, request/reply
+	VerbReleased   = "released"   // node → engine
+	VerbStored     = "stored"     // node → engine
+	VerbKVEvents   = "kv_events"  // node → routers
+	VerbResync     = "resync"     // node → engine
+)
+
+// Node subjects: P._node.<node>.<verb>.
+const (
+	NodeToken         = "_node"
+	NodeVerbHello     = "hello"
+	NodeVerbHeartbeat = "heartbeat"
+	NodeVerbFetch     = "fetch"
+)
+
+// EngineSubject is P.E.verb.
+func EngineSubject(prefix, engine, verb string) string { return prefix + "." + engine + "." + verb }
+
+// NodeSubject is P._node.N.verb.
+func NodeSubject(prefix, node, verb string) string {
+	return prefix + "." + NodeToken + "." + node + "." + verb
+}
+
+// Hello is published on P._node.<node>.hello at start and after every
+// reconnect of the node.
+type Hello struct {
+	Node    string `json:"node"`
+	Boot    string `json:"boot"`
+	LeaseMS int64  `json:"lease_ms"`
+}
+
+// NodeHeartbeat is published on P._node.<node>.heartbeat every lease/4.
+type NodeHeartbeat struct {
+	Node    string `json:"node"`
+	Boot    string `json:"boot"`
+	Engines int    `json:"engines"`
+}
+
+// HeartbeatRequest is the body of P.E.heartbeat: the engine's epoch and the
+// seq of the last batch it published in that epoch.
+type HeartbeatRequest struct {
+	Epoch string `json:"epoch"`
+	Seq   uint64 `json:"seq"`
+}
+
+// HeartbeatReply answers P.E.heartbeat: the last batch seq the node applied
+// in that epoch and how many releases it has published for that epoch.
+type HeartbeatReply struct {
+	Node     string `json:"node"`
+	Boot     string `json:"boot"`
+	Epoch    string `json:"epoch,omitempty"`
+	Applied  uint64 `json:"applied"`
+	Released uint64 `json:"released"`
+	Error    string `json:"error,omitempty"`
+}
+
+// UnregisterReply answers P.E.unregister (body {}).
+type UnregisterReply struct {
+	OK       bool   `json:"ok,omitempty"`
+	Released int    `json:"released"`
+	Node     string `json:"node"`
+	Boot     string `json:"boot"`
+	Error    string `json:"error,omitempty"`
+}
+
+// Resync reasons.
+const (
+	ResyncGap       = "gap"       // a seq jump, a lost tail, or an epoch not starting at 1
+	ResyncReconnect = "reconnect" // the node itself reconnected to NATS
+	ResyncOverflow  = "overflow"  // the node's inbound queue could not take a batch
+)
+
+// Resync is published on P.E.resync: the node applies nothing more of Epoch;
+// the engine must start a new epoch and re-announce its live requests.
+type Resync struct {
+	Node     string `json:"node"`
+	Boot     string `json:"boot"`
+	Epoch    string `json:"epoch"`
+	Expected uint64 `json:"expected"`
+	Got      uint64 `json:"got"`
+	Reason   string `json:"reason"`
+}
+
+// KVAllBlocksCleared is published on P.E.kv_events before anything else at
+// an engine's first register in a node's boot.
+const KVAllBlocksCleared = "AllBlocksCleared"
