@@ -12,6 +12,8 @@ const (
 	ReasonUnknownEngine = "unknown_engine"
 	ReasonUnknownReq    = "unknown_request"
 	ReasonBadSpec       = "bad_spec"
+	ReasonTooLarge      = "too_large" // over max_model_len (ingest's label for over-limit arrays too)
+	ReasonLimit         = "limit"     // past a node bound: engines, requests per engine, segments
 	ReasonOther         = "other"
 )
 
@@ -27,6 +29,7 @@ var rejectReasons = []struct {
 	{sched.ErrPreempted, "preempted"},
 	{sched.ErrReleased, "released"},
 	{sched.ErrPromptMismatch, "prompt_mismatch"},
+	{sched.ErrTooLarge, ReasonTooLarge},
 	{sched.ErrBadEventType, ReasonBadEvent},
 	{sched.ErrWrongRequest, ReasonBadEvent},
 }

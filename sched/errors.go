@@ -16,4 +16,7 @@ var (
 	ErrBadEventType   = errors.New("event type not handled by a request")
 	ErrReleased       = errors.New("request already released")
 	ErrPromptMismatch = errors.New("added again with a different prompt_tokens")
+	// ErrTooLarge: the event would hold more hashes or block ids than
+	// max_model_len allows (PROTOCOL.md "Isolation", bounds).
+	ErrTooLarge = errors.New("more than max_model_len allows")
 )

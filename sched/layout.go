@@ -37,6 +37,9 @@ type GroupLayout struct {
 	Regions        []messages.Region
 	BlockBytes     int64 // host bytes of one block: its regions' block_bytes summed
 	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: one pool slot's worth
+	// MaxBlocks bounds a request's block ids in this group:
+	// ceil(max_model_len / tokens_per_block).
+	MaxBlocks int
 }
 
 // Layout is an engine's validated geometry. After NewLayout the core trusts
@@ -47,6 +50,12 @@ type Layout struct {
 	NumGPUBlocks      int
 	OffloadPromptOnly bool
 	Groups            []GroupLayout
+	// Namespace prefixes every key of this engine; the node sets it after
+	// interning the spec's namespace (zero until then).
+	Namespace NamespaceID
+	// MaxHashes bounds a request's hashes: ceil(max_model_len / tph)
+	// (PROTOCOL.md "Isolation", bounds).
+	MaxHashes int
 }
 
 // ErrBadLayout wraps every reason NewLayout rejects a spec.
@@ -68,6 +77,8 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 		return bad("num_gpu_blocks %d out of [1, 2^31]", spec.NumGPUBlocks)
 	case len(spec.Groups) == 0:
 		return bad("no groups")
+	case spec.MaxModelLen < 0:
+		return bad("max_model_len %d < 0", spec.MaxModelLen)
 	}
 	l := &Layout{TokensPerHash: spec.TokensPerHash, BlocksPerChunk: spec.BlocksPerChunk,
 		NumGPUBlocks: spec.NumGPUBlocks, OffloadPromptOnly: spec.OffloadPromptOnly}
@@ -111,7 +122,56 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 		gl.ChunkBytes = gl.BlockBytes * int64(spec.BlocksPerChunk)
 		l.Groups = append(l.Groups, gl)
 	}
+	mml := int64(spec.MaxModelLen)
+	if mml == 0 {
+		for _, g := range l.Groups {
+			mml = max(mml, int64(spec.NumGPUBlocks)*int64(g.TokensPerBlock))
+		}
+	}
+	l.MaxHashes = ceilDiv(mml, spec.TokensPerHash)
+	for i := range l.Groups {
+		l.Groups[i].MaxBlocks = ceilDiv(mml, l.Groups[i].TokensPerBlock)
+	}
 	return l, nil
+}
+
+// ceilDiv is ceil(a/b) for a >= 0, b >= 1, capped at MaxInt32 (a bound past
+// it is no bound: ingest limits one event far below).
+func ceilDiv(a int64, b int) int {
+	return int(min((a+int64(b)-1)/int64(b), math.MaxInt32))
+}
+
+// SameGeometry reports whether o stores chunks exactly as l does: the same
+// tokens per hash, blocks per chunk, and per group the same kind, tokens per
+// block and bytes per block per region. Engines that share a namespace must
+// (PROTOCOL.md "Isolation"): a key names the same bytes for all of them.
+func (l *Layout) SameGeometry(o *Layout) error {
+	switch {
+	case l.TokensPerHash != o.TokensPerHash:
+		return fmt.Errorf("tokens_per_hash %d, the namespace holds %d", o.TokensPerHash, l.TokensPerHash)
+	case l.BlocksPerChunk != o.BlocksPerChunk:
+		return fmt.Errorf("blocks_per_chunk %d, the namespace holds %d", o.BlocksPerChunk, l.BlocksPerChunk)
+	case len(l.Groups) != len(o.Groups):
+		return fmt.Errorf("%d groups, the namespace holds %d", len(o.Groups), len(l.Groups))
+	}
+	for g := range l.Groups {
+		a, b := &l.Groups[g], &o.Groups[g]
+		switch {
+		case a.Kind != b.Kind:
+			return fmt.Errorf("group %d: kind %s, the namespace holds %s", g, b.Kind, a.Kind)
+		case a.TokensPerBlock != b.TokensPerBlock:
+			return fmt.Errorf("group %d: tokens_per_block %d, the namespace holds %d", g, b.TokensPerBlock, a.TokensPerBlock)
+		case len(a.Regions) != len(b.Regions):
+			return fmt.Errorf("group %d: %d regions, the namespace holds %d", g, len(b.Regions), len(a.Regions))
+		}
+		for r := range a.Regions {
+			if a.Regions[r].BlockBytes != b.Regions[r].BlockBytes {
+				return fmt.Errorf("group %d region %d: block_bytes %d, the namespace holds %d",
+					g, r, b.Regions[r].BlockBytes, a.Regions[r].BlockBytes)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxChunkBytes is the largest chunk of any group: the pool slot size this
@@ -146,21 +206,52 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 	return nil
 }
 
-// Key builds the offload key of a chunk: the chunk's last block hash followed
+// NamespaceID is a node's small number for a namespace (PROTOCOL.md
+// "Isolation"): the node interns each namespace name once, and every pool
+// key starts with it, so dedup, lookup, load and eviction never cross
+// namespaces while the pool sees keys as opaque strings.
+type NamespaceID uint32
+
+// nsBytes is the width of a key's namespace prefix.
+const nsBytes = 4
+
+// Key builds the pool key of a chunk: the namespace id (4 big-endian bytes),
+// then the protocol's offload key, i.e. the chunk's last block hash followed
 // by the group index as 4 big-endian bytes (PROTOCOL.md, "offload key").
-func Key(last messages.Hash, group int) messages.Key {
-	b := make([]byte, len(last)+4)
-	n := copy(b, last)
-	b[n], b[n+1], b[n+2], b[n+3] = byte(group>>24), byte(group>>16), byte(group>>8), byte(group)
-	return messages.Key(b)
+func Key(ns NamespaceID, last messages.Hash, group int) messages.Key {
+	return messages.Key(appendKey(make([]byte, 0, nsBytes+len(last)+4), ns, last, group))
 }
 
-// SplitKey is Key's inverse: the block hash and the group index.
-func SplitKey(k messages.Key) (messages.Hash, int) {
-	if len(k) < 4 {
-		return messages.Hash(k), 0
+// appendKey is the one encoder of pool keys (Key and Request.appendKeys).
+func appendKey(b []byte, ns NamespaceID, last messages.Hash, group int) []byte {
+	b = append(b, byte(ns>>24), byte(ns>>16), byte(ns>>8), byte(ns))
+	b = append(b, last...)
+	return append(b, byte(group>>24), byte(group>>16), byte(group>>8), byte(group))
+}
+
+// SplitKey is Key's inverse: the namespace id, the block hash and the group
+// index. A key too short to hold both prefixes (never built by Key) splits
+// into namespace 0, the whole key as hash, group 0.
+func SplitKey(k messages.Key) (NamespaceID, messages.Hash, int) {
+	if len(k) < nsBytes+4 {
+		return 0, messages.Hash(k), 0
 	}
+	ns := NamespaceID(k[0])<<24 | NamespaceID(k[1])<<16 | NamespaceID(k[2])<<8 | NamespaceID(k[3])
 	n := len(k) - 4
 	g := int(k[n])<<24 | int(k[n+1])<<16 | int(k[n+2])<<8 | int(k[n+3])
-	return messages.Hash(k[:n]), g
+	return ns, messages.Hash(k[nsBytes:n]), g
+}
+
+// WireKey is the offload key as the protocol shows it (P.E.stored "key"):
+// hash and group, without the node-local namespace prefix.
+func WireKey(k messages.Key) messages.Key {
+	if len(k) < nsBytes+4 {
+		return k
+	}
+	return k[nsBytes:]
+}
+
+// Key is the pool key of a chunk of this layout's namespace.
+func (l *Layout) Key(last messages.Hash, group int) messages.Key {
+	return Key(l.Namespace, last, group)
 }

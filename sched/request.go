@@ -111,6 +111,9 @@ func (r *Request) Step(ev *messages.Event) error {
 		if ev.Start < 0 {
 			return ErrNegative
 		}
+		if len(ev.Hashes) > r.lay.MaxHashes-ev.Start { // not Start+len: Start is the sender's
+			return fmt.Errorf("%w: %d hashes from %d, at most %d in all", ErrTooLarge, len(ev.Hashes), ev.Start, r.lay.MaxHashes)
+		}
 		return r.applyHashes(ev.Start, ev.Hashes)
 	case messages.EvBlocks:
 		if ev.Group < 0 || ev.Group >= len(r.groups) {
@@ -124,6 +127,9 @@ func (r *Request) Step(ev *messages.Event) error {
 		}
 		if ev.Start < 0 {
 			return ErrNegative
+		}
+		if most := r.lay.Groups[ev.Group].MaxBlocks; len(ev.IDs) > most-ev.Start {
+			return fmt.Errorf("%w: group %d: %d block ids from %d, at most %d in all", ErrTooLarge, ev.Group, len(ev.IDs), ev.Start, most)
 		}
 		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks)
 	case messages.EvTokens:
@@ -339,30 +345,26 @@ func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies 
 	return keys
 }
 
-// appendKeys builds the offload keys of cands in one allocation: the keys
-// are substrings of one string (a decision's keys are stored, and later
-// evicted, together, so sharing their backing costs little).
+// appendKeys builds the pool keys of cands in one allocation: the keys are
+// substrings of one string (a decision's keys are stored, and later evicted,
+// together, so sharing their backing costs little).
 func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.Key {
 	hashOf := func(c candidate) messages.Hash {
 		return r.hashes[(int(c.chunk)+1)*r.lay.Groups[c.group].HashesPerChunk-1]
 	}
 	size := 0
 	for _, c := range cands {
-		size += len(hashOf(c)) + 4
+		size += nsBytes + len(hashOf(c)) + 4
 	}
 	var b strings.Builder
 	b.Grow(size)
+	var tmp [80]byte // a 64-byte hash's key fits: no allocation per key
 	for _, c := range cands {
-		b.WriteString(string(hashOf(c)))
-		g := c.group
-		b.WriteByte(byte(g >> 24))
-		b.WriteByte(byte(g >> 16))
-		b.WriteByte(byte(g >> 8))
-		b.WriteByte(byte(g))
+		b.Write(appendKey(tmp[:0], r.lay.Namespace, hashOf(c), c.group))
 	}
 	all, off := b.String(), 0
 	for _, c := range cands {
-		n := len(hashOf(c)) + 4
+		n := nsBytes + len(hashOf(c)) + 4
 		keys = append(keys, messages.Key(all[off:off+n]))
 		off += n
 	}

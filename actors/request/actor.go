@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -33,6 +32,11 @@ type Deps struct {
 	Metrics   *metrics.Metrics
 	Tracer    trace.Tracer
 	Log       *slog.Logger
+	// Namespace is the engine's namespace (BlockStored's "namespace");
+	// NamespaceName names the namespace of an evicted key, which may be
+	// another engine's (the pool's LRU spans namespaces). nil: Namespace.
+	Namespace     string
+	NamespaceName func(sched.NamespaceID) string
 }
 
 // Actor is one request's actor. All fields are touched only from Receive.
@@ -155,12 +159,13 @@ func (a *Actor) published(j *job) {
 		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
 	var kv []messages.KVEvent
 	for i, ch := range j.store.Chunks {
-		// One hex encoding per chunk: the key is the hash plus 4 group bytes,
-		// so the hash's hex is a prefix of the key's.
-		keyHex := hex.EncodeToString([]byte(ch.Key))
+		// One hex encoding per chunk: the wire key is the hash plus 4 group
+		// bytes, so the hash's hex is a prefix of the key's.
+		keyHex := hex.EncodeToString([]byte(sched.WireKey(ch.Key)))
 		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
 		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
+			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU,
+				Namespace: a.deps.Namespace})
 		}
 		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, keyHex[:len(keyHex)-8])
 	}
@@ -237,21 +242,35 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		Span: span.SpanContext(), Arrived: arrived})
 }
 
-// evicted announces evicted keys as one BlockRemoved per group.
+// evicted announces evicted keys as one BlockRemoved per namespace and
+// group, each naming the namespace the key was stored in.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
+	type nsGroup struct {
+		ns sched.NamespaceID
+		g  int
+	}
 	var kv []messages.KVEvent
+	at := map[nsGroup]int{} // index in kv
 	for _, k := range keys {
-		hash, g := sched.SplitKey(k)
-		i := slices.IndexFunc(kv, func(e messages.KVEvent) bool { return e.GroupIdx == g })
-		if i < 0 {
+		ns, hash, g := sched.SplitKey(k)
+		i, ok := at[nsGroup{ns, g}]
+		if !ok {
 			i = len(kv)
+			at[nsGroup{ns, g}] = i
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
-				BlockHashes: make([]string, 0, len(keys))})
+				Namespace: a.namespaceName(ns), BlockHashes: make([]string, 0, len(keys))})
 		}
 		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
 	}
 	a.deps.Outbox.KVEvents(a.ctx, a.deps.Engine, kv)
+}
+
+func (a *Actor) namespaceName(ns sched.NamespaceID) string {
+	if a.deps.NamespaceName == nil || ns == a.deps.Layout.Namespace {
+		return a.deps.Namespace
+	}
+	return a.deps.NamespaceName(ns)
 }
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the
