@@ -67,7 +67,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.NATSURL, "nats", "", "NATS server or cluster URL(s); empty starts an embedded server")
 	str(&c.NATSHost, "nats-host", DefaultNATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", DefaultNATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory (default: a temp dir)")
+	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", "", "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", "", "CA bundle for NATS TLS")
 	str(&c.Prefix, "prefix", DefaultPrefix, "subject prefix P of P.<engine>.<verb>")
@@ -83,6 +83,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	num(&c.Limits.MaxIDs, "max-ids", 1<<20, "most hashes or block ids in one event")
 	num(&c.Limits.MaxGroups, "max-groups", 64, "most KV-cache groups per engine")
 	dur(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
+	// isolation
+	num(&c.MaxEngines, "max-engines", DefaultMaxEngines, "most engines registered on this node")
+	num(&c.MaxRequests, "max-requests", DefaultMaxRequests, "most live requests per engine")
+	num(&c.MaxMappedSegments, "max-mapped-segments", DefaultMaxMappedSegments, "most engine segments mapped on this node")
+	str(&c.NATSConfig, "nats-config", "", "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
+	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file kvactors authenticates to NATS with")
 	// Secrets come from the environment only, never a flag (ps would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 	return flags, firstErr

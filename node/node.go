@@ -25,6 +25,7 @@ import (
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -36,6 +37,8 @@ type Node struct {
 	metrics *metrics.Metrics
 
 	ns       *server.Server // embedded server, nil with --nats
+	// embeddedOpts are the embedded server's options (nil with --nats).
+	embeddedOpts *server.Options
 	storeDir string         // temp JetStream dir to remove, if we made it
 	nc       *nats.Conn
 	subs     []*nats.Subscription
@@ -50,6 +53,9 @@ type Node struct {
 	engines   map[string]*engineRec
 	pool      *hostpool.Shared // created at the first registration
 	slotBytes int64
+	nss       namespaces // isolation: namespace ids and geometry
+	mapped    int        // isolation: engine segments mapped now
+	rejectLog *ratelog.Log
 
 	ingest *ingester
 	http   *http.Server
@@ -66,6 +72,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}}
+	n.rejectLog = ratelog.NewLog(n.log, nil)
 	tp := cfg.Tracer
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -95,6 +102,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startHTTP(); err != nil {
 		return nil, err
 	}
+	n.warnExposure(n.embeddedOpts)
 	n.ready.Store(true)
 	n.log.Info("kvactors ready", "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
 		"pool_bytes", cfg.PoolBytes, "http", n.HTTPAddr())
@@ -132,25 +140,33 @@ func (n *Node) startBackend() error {
 func (n *Node) connect() error {
 	url := n.cfg.NATSURL
 	if url == "" {
-		dir := n.cfg.NATSStoreDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "kvactors-js-")
-			if err != nil {
-				return fmt.Errorf("jetstream dir: %w", err)
-			}
-			dir, n.storeDir = tmp, tmp
+		sopts, err := n.cfg.embeddedOptions()
+		if err != nil {
+			return err
 		}
-		ns, err := server.NewServer(&server.Options{Host: n.cfg.NATSHost, Port: n.cfg.NATSPort,
-			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+		if sopts.JetStream && sopts.StoreDir == "" {
+			sopts.StoreDir = n.cfg.NATSStoreDir
+			if sopts.StoreDir == "" {
+				tmp, err := os.MkdirTemp("", "kvactors-js-")
+				if err != nil {
+					return fmt.Errorf("jetstream dir: %w", err)
+				}
+				sopts.StoreDir, n.storeDir = tmp, tmp
+			}
+		}
+		ns, err := server.NewServer(sopts)
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)
+		}
+		if n.cfg.NATSConfig != "" {
+			ns.ConfigureLogger() // the operator's file chose logging
 		}
 		ns.Start()
 		if !ns.ReadyForConnections(10 * time.Second) {
 			ns.Shutdown()
-			return fmt.Errorf("embedded nats on %s:%d did not become ready", n.cfg.NATSHost, n.cfg.NATSPort)
+			return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
 		}
-		n.ns = ns
+		n.ns, n.embeddedOpts = ns, sopts
 		url = ns.ClientURL()
 	}
 	opts := []nats.Option{nats.Name("kvactors"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
@@ -180,6 +196,13 @@ func (n *Node) connect() error {
 	}
 	if n.cfg.NATSToken != "" {
 		opts = append(opts, nats.Token(n.cfg.NATSToken))
+	}
+	if n.cfg.NATSNKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(n.cfg.NATSNKey)
+		if err != nil {
+			return fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
+		}
+		opts = append(opts, opt)
 	}
 	if n.cfg.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
@@ -290,6 +313,7 @@ func (n *Node) teardown() {
 	for _, e := range n.engines {
 		_ = e.device.Close()
 	}
+	n.mapped = 0 // a retiring engine's goroutine may still subtract: harmless at teardown
 	n.engines = map[string]*engineRec{}
 	n.mu.Unlock()
 	if n.arena != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -33,15 +34,27 @@ var ErrRegister = errors.New("register refused")
 // engine actor. An identical spec for a live engine is a no-op; a different
 // one retires the old engine actor (an engine reset) and starts a new one.
 func (n *Node) register(id string, spec messages.EngineSpec) error {
+	// Ownership of segment names before anything is opened (PROTOCOL.md
+	// "Isolation"); the backend checks the objects themselves at Attach.
+	if err := ingest.CheckOwner(id, &spec); err != nil {
+		return fmt.Errorf("%w: %w", ErrRegister, err)
+	}
 	lay, err := sched.NewLayout(&spec)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	nsName := ingest.Namespace(id, &spec)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := n.engines[id]
 	if old != nil && reflect.DeepEqual(old.spec, spec) {
 		return nil
+	}
+	if err := n.admit(old, &spec); err != nil {
+		return err
+	}
+	if _, err := n.nss.check(nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
+		return err
 	}
 	if err := n.ensurePool(lay); err != nil {
 		return err
@@ -54,6 +67,8 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	n.mapped += len(spec.Segments)
+	lay.Namespace = n.nss.commit(nsName, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()
@@ -62,12 +77,15 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
 		Engine: id, Outbox: n.outbox, Metrics: n.metrics, Log: n.log.With("engine", id), Closed: rec.closed,
+		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
-			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
+			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log,
+			Namespace: nsName, NamespaceName: n.nameOf, Reject: n.rejectLog},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)
-	n.log.Info("engine registered", "engine", id, "groups", len(lay.Groups), "chunk_bytes", lay.MaxChunkBytes())
+	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
+		"chunk_bytes", lay.MaxChunkBytes())
 	return nil
 }
 
@@ -105,6 +123,7 @@ func (n *Node) retire(rec *engineRec) {
 	go func() {
 		<-rec.closed
 		_ = rec.device.Close()
+		n.unmapped(len(rec.spec.Segments))
 	}()
 }
 

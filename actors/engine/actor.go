@@ -10,6 +10,7 @@ import (
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 )
 
 // Deps is what an engine actor needs from its node. Request is the template
@@ -23,6 +24,12 @@ type Deps struct {
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
+	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
+	// bound); an added past it is rejected (reason "limit").
+	MaxRequests int
+	// Reject logs rejections, rate-limited per reason (nil: not logged;
+	// they are always counted).
+	Reject *ratelog.Log
 }
 
 // routed is one event to forward: its index in the batch and its request's
@@ -165,6 +172,12 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 	if _, ok := a.live[id]; !ok {
 		switch ev.Type {
 		case messages.EvAdded:
+			if a.deps.MaxRequests > 0 && len(a.live) >= a.deps.MaxRequests {
+				a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonLimit).Inc()
+				a.deps.Reject.Reject(actors.ReasonLimit, "added refused: too many live requests", "engine", a.deps.Engine,
+					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
+				return false
+			}
 			a.spawn(c, m.Ctx, ev)
 			return false // the added event is the actor's first state
 		case messages.EvFinished:
@@ -179,7 +192,7 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 			return false
 		default:
 			a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonUnknownReq).Inc()
-			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
+			a.deps.Reject.Reject(actors.ReasonUnknownReq, "event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
 			return false
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -37,6 +38,9 @@ type Deps struct {
 	// another engine's (the pool's LRU spans namespaces). nil: Namespace.
 	Namespace     string
 	NamespaceName func(sched.NamespaceID) string
+	// Reject logs rejected events, rate-limited per reason (nil: not
+	// logged; they are always counted).
+	Reject *ratelog.Log
 }
 
 // Actor is one request's actor. All fields are touched only from Receive.
@@ -117,8 +121,9 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 
 // reject logs and counts a rejected event; the state is unchanged.
 func (a *Actor) reject(ev *messages.Event, err error) {
-	a.deps.Metrics.Rejected.WithLabelValues(actors.RejectReason(err)).Inc()
-	a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", ev.Request,
+	reason := actors.RejectReason(err)
+	a.deps.Metrics.Rejected.WithLabelValues(reason).Inc()
+	a.deps.Reject.Reject(reason, "event rejected", "engine", a.deps.Engine, "request", ev.Request,
 		"type", ev.Type.String(), "err", err)
 }
 

@@ -38,7 +38,7 @@ func main() {
 	defer nc.Close()
 
 	// The engine's KV cache: one segment, one group, one region (layer).
-	seg, err := shm.Create(*shmDir, "kvactors-example-"+*engine, numBlocks*blockBytes)
+	seg, err := shm.Create(*shmDir, *engine+"-kvactors-example", numBlocks*blockBytes)
 	if err != nil {
 		log.Fatalf("create segment: %v", err)
 	}
