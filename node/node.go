@@ -36,13 +36,13 @@ type Node struct {
 	tracer  trace.Tracer
 	metrics *metrics.Metrics
 
-	ns       *server.Server // embedded server, nil with --nats
+	ns *server.Server // embedded server, nil with --nats
 	// embeddedOpts are the embedded server's options (nil with --nats).
 	embeddedOpts *server.Options
-	storeDir string         // temp JetStream dir to remove, if we made it
-	nc       *nats.Conn
-	subs     []*nats.Subscription
-	outbox   *actors.Outbox
+	storeDir     string // temp JetStream dir to remove, if we made it
+	nc           *nats.Conn
+	subs         []*nats.Subscription
+	outbox       *actors.Outbox
 
 	backend  backend.Backend
 	arena    backend.Arena
