@@ -25,6 +25,7 @@ import (
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -169,7 +170,9 @@ func (n *Node) connect() error {
 		n.ns, n.embeddedOpts = ns, sopts
 		url = ns.ClientURL()
 	}
-	opts := []nats.Option{nats.Name("kvactors"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
+	// The inbox prefix is the one natsauth lets kvactors' user read.
+	opts := []nats.Option{nats.Name("kvactors"), nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser)),
+		nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.metrics.NATSConnected.Set(0)
