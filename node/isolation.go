@@ -3,12 +3,14 @@ package node
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/netip"
 
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -121,9 +123,6 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 		opts.MaxPayload = 8 << 20
 	}
 	opts.NoSigs = true
-	if c.NATSConfig == "" {
-		opts.NoLog = true
-	}
 	return opts, nil
 }
 
@@ -169,3 +168,28 @@ func (n *Node) warnExposure(embedded *server.Options) {
 		}
 	}
 }
+
+// natsLog routes the embedded server's log into the node's: notices at
+// debug, warnings as warnings, errors through the rejection limiter. A
+// client can make the server log an error per message it sends (every
+// permissions violation is one), so those lines are rate-limited like any
+// rejected input.
+type natsLog struct {
+	log    *slog.Logger
+	reject *ratelog.Log
+}
+
+func (l natsLog) Noticef(format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Warnf(format string, v ...any) {
+	l.log.Warn(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Fatalf(format string, v ...any) {
+	l.log.Error(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Errorf(format string, v ...any) {
+	l.reject.Reject("nats_server", fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Debugf(string, ...any) {}
+func (l natsLog) Tracef(string, ...any) {}

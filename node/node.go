@@ -159,9 +159,7 @@ func (n *Node) connect() error {
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)
 		}
-		if n.cfg.NATSConfig != "" {
-			ns.ConfigureLogger() // the operator's file chose logging
-		}
+		ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
 		ns.Start()
 		if !ns.ReadyForConnections(10 * time.Second) {
 			ns.Shutdown()

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -40,7 +41,11 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 		err = n.register(engineID, spec)
 	}
 	if err != nil {
-		n.rejected(actors.ReasonBadSpec, "register refused", "engine", engineID, "err", err)
+		reason := actors.ReasonBadSpec
+		if errors.Is(err, ErrLimit) {
+			reason = actors.ReasonLimit
+		}
+		n.rejected(reason, "register refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.RegisterReply{Error: err.Error()})
 		return
 	}
