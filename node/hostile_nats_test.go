@@ -24,7 +24,8 @@ import (
 // `kvactors nats-config` generates for engines (the node authenticates as
 // kvactors' user), and returns a connect function that logs a client in as
 // one of them, with its inbox prefix, reporting its async errors on errs.
-func securedNode(t *testing.T, o natsauth.Options) (*env, func(id string, errs chan<- error) *nats.Conn) {
+func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config)) (*env,
+	func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn) {
 	t.Helper()
 	g, err := natsauth.Generate(o)
 	require.NoError(t, err)
@@ -33,22 +34,26 @@ func securedNode(t *testing.T, o natsauth.Options) (*env, func(id string, errs c
 	require.NoError(t, err)
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
 		PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NATSConfig: filepath.Join(creds, natsauth.ConfigFile), NATSNKey: filepath.Join(creds, natsauth.ServiceUser+".nk")})
+		NATSConfig: filepath.Join(creds, natsauth.ConfigFile), NATSNKey: filepath.Join(creds, natsauth.ServiceUser+".nk")}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	connect := func(id string, errs chan<- error) *nats.Conn {
+	connect := func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn {
 		t.Helper()
 		seed, err := nats.NkeyOptionFromSeed(filepath.Join(creds, id+".nk"))
 		require.NoError(t, err)
-		nc, err := nats.Connect(n.NATSURL(), seed, nats.CustomInboxPrefix(natsauth.InboxPrefix(id)),
+		nc, err := nats.Connect(n.NATSURL(), append([]nats.Option{seed, nats.CustomInboxPrefix(natsauth.InboxPrefix(id)),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				select {
 				case errs <- err:
 				default: // the test reads what it expects; more is not its business
 				}
-			}))
+			})}, opts...)...)
 		require.NoError(t, err)
 		t.Cleanup(nc.Close)
 		return nc
