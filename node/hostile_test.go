@@ -3,8 +3,12 @@ package node_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -310,4 +315,46 @@ func TestHostileAnonymousJetStream(t *testing.T) {
 	_, err = js.AddStream(&nats.StreamConfig{Name: "fill", Subjects: []string{"fill.>"}})
 	require.Error(t, err, "no JetStream to create a stream in")
 	require.True(t, errors.Is(err, nats.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders), "got %v", err)
+}
+
+// lockedBuffer is an io.Writer safe for the node's goroutines.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// Attack: a flood of rejected input, to fill the disk with log lines. Every
+// rejection is counted; only the first few per reason are logged.
+func TestHostileRejectionFloodLogsBounded(t *testing.T) {
+	var logs lockedBuffer
+	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
+	vic, hs, want := victim(t, e)
+	mal := e.newEngine("mal", defaultOpts())
+	mal.register()
+	before := rejected(t, e, "malformed")
+	const flood = 2000
+	for range flood {
+		require.NoError(t, e.nc.Publish("kvactors.mal.events", []byte(`{"epoch":`)))
+	}
+	require.NoError(t, e.nc.Flush())
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if got := rejected(t, e, "malformed"); got != before+flood {
+			return fmt.Errorf("%v of %d malformed batches counted", got-before, flood)
+		}
+		return nil
+	})
+	require.Equal(t, 5, strings.Count(logs.String(), "reason=malformed"), "the log holds the first few only")
+	intact(t, vic, hs, want)
 }

@@ -85,6 +85,12 @@ func NewLog(log *slog.Logger, lim *Limiter) *Log {
 // suppresses it; a summary line comes first when a window just ended with
 // lines suppressed. A nil *Log logs nothing.
 func (r *Log) Reject(reason, msg string, args ...any) {
+	r.Log(slog.LevelError, reason, msg, args...)
+}
+
+// Log is Reject at another level, for input-driven lines that are not
+// errors (a load that misses, say) but could flood the log all the same.
+func (r *Log) Log(level slog.Level, reason, msg string, args ...any) {
 	if r == nil {
 		return
 	}
@@ -95,6 +101,6 @@ func (r *Log) Reject(reason, msg string, args ...any) {
 			slog.Duration("window", r.lim.window))
 	}
 	if log {
-		r.log.Error(msg, append(args, "reason", reason)...)
+		r.log.Log(context.Background(), level, msg, append(args, "reason", reason)...)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 	"github.com/kvactors/kvactors/tracing"
@@ -233,7 +234,9 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine))
+		// The inbox prefix natsauth's permissions allow each engine.
+		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine),
+			nats.CustomInboxPrefix(natsauth.InboxPrefix(c.Engine)))
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/natsauth"
 )
 
 const (
@@ -31,7 +32,9 @@ func main() {
 	engine := flag.String("engine", "example", "engine id")
 	flag.Parse()
 
-	nc, err := nats.Connect(*url)
+	// An engine reads replies only under its own inbox prefix
+	// (docs/SECURITY.md, NATS permissions).
+	nc, err := nats.Connect(*url, nats.CustomInboxPrefix(natsauth.InboxPrefix(*engine)))
 	if err != nil {
 		log.Fatalf("connect: %v", err)
 	}
