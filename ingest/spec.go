@@ -58,6 +58,10 @@ func decodeJSON(data []byte, v any) error {
 	return nil
 }
 
+// SpecError is a spec refusal found outside this package (it wraps
+// ErrBadSpec, so it counts as bad_spec).
+func SpecError(format string, args ...any) error { return specErr(format, args...) }
+
 func specErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadSpec, fmt.Sprintf(format, args...))
 }

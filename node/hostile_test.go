@@ -358,3 +358,22 @@ func TestHostileRejectionFloodLogsBounded(t *testing.T) {
 	require.Equal(t, 5, strings.Count(logs.String(), "reason=malformed"), "the log holds the first few only")
 	intact(t, vic, hs, want)
 }
+
+// Attack: ids that are prefixes of each other. Engine "e1" may name
+// "e1-kv-seg" by the name rule, which is the segment of engine "e1-kv". A
+// name mapped by one live engine is refused to every other, whichever came
+// first.
+func TestHostilePrefixIDsShareNoSegment(t *testing.T) {
+	e := startNode(t)
+	vic := e.newEngine("e1-kv", defaultOpts()) // its segment: "e1-kv-seg"
+	vic.register()
+	mal := e.newEngine("e1", defaultOpts())
+	spec := mal.spec
+	spec.Segments = []messages.Segment{{Shm: "e1-kv-seg"}}
+	var reply messages.RegisterReply
+	require.NoError(t, jsonUnmarshal(mal.request("register", spec), &reply))
+	require.False(t, reply.OK)
+	require.Contains(t, reply.Error, `shm "e1-kv-seg" is mapped by engine "e1-kv"`)
+	mal.register() // its own "e1-seg" is fine
+	vic.register() // and the victim's identical re-register is still a no-op
+}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
@@ -79,8 +80,30 @@ func (n *Node) nameOf(id sched.NamespaceID) string {
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil
-// for a new engine). Caller holds n.mu.
+// for a new engine), and refuses a shm segment another live engine maps.
+// Caller holds n.mu.
+//
+// The name rule lets engine "e1" name "e1-kv-x", which engine "e1-kv" would
+// name too (ids may contain '-'). Objects have one link, so one name is one
+// object: refusing a name already mapped keeps two engines from ever sharing
+// memory, whichever registered first (docs/SECURITY.md).
 func (n *Node) admit(old *engineRec, spec *messages.EngineSpec) error {
+	for _, seg := range spec.Segments {
+		if seg.Shm == "" {
+			continue
+		}
+		for id, rec := range n.engines {
+			if rec == old {
+				continue
+			}
+			for _, other := range rec.spec.Segments {
+				if other.Shm == seg.Shm {
+					return fmt.Errorf("%w: %w", ErrRegister,
+						ingest.SpecError("shm %q is mapped by engine %q", seg.Shm, id))
+				}
+			}
+		}
+	}
 	if old == nil && len(n.engines) >= n.cfg.MaxEngines {
 		return fmt.Errorf("%w: %d engines registered (--max-engines)", ErrLimit, len(n.engines))
 	}
