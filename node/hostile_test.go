@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -222,9 +223,13 @@ func TestHostileHugeBlockLists(t *testing.T) {
 	}
 	ids := make([]int, per)
 	for i := range ids {
-		ids[i] = 1 + i%63
+		ids[i] = 1 + i%9 // one digit: 3M ids fit in one 8 MiB message
 	}
 	before := rejected(t, e, "too_large")
+	var mem runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&mem)
+	heapBefore := mem.HeapInuse
 	for range 25 {
 		mal.send(blocksEv("big", 0, 0, ids...), blocksEv("big", 0, 0, ids...), blocksEv("big", 0, 0, ids...))
 	}
@@ -237,6 +242,10 @@ func TestHostileHugeBlockLists(t *testing.T) {
 	require.Len(t, st.Requests, 1)
 	require.Zero(t, st.Requests[0].Groups[0].Blocks, "the request holds none of the ids")
 	require.Equal(t, before+76, rejected(t, e, "too_large"), "every oversized event rejected and counted")
+	runtime.GC()
+	runtime.ReadMemStats(&mem)
+	t.Logf("%d ids sent; heap in use %d MiB before, %d MiB after", 75*per, heapBefore>>20, mem.HeapInuse>>20)
+	require.Less(t, int64(mem.HeapInuse)-int64(heapBefore), int64(64<<20), "nothing of the flood is retained")
 	mal.send(blocksEv("big", 0, 0, 1, 2, 3, 4), tokensEv("big", 16, 16))
 	st = mal.sync()
 	require.Equal(t, 4, st.Requests[0].Groups[0].Blocks, "within bounds the request still works")
