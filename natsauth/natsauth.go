@@ -181,8 +181,8 @@ func servicePerms(o Options) string {
 	}
 	subs = append(subs, o.Prefix+"."+messages.NodeToken+".>", InboxPrefix(ServiceUser)+".>")
 	pubs := []string{o.Prefix + ".>"}
-	if o.JetStream {
-		pubs = append(pubs, "$JS.API.>")
+	if o.JetStream { // the API, and acks of the messages kvactors consumes
+		pubs = append(pubs, "$JS.API.>", "$JS.ACK.>")
 	}
 	return fmt.Sprintf("{\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n        allow_responses: true }",
 		list(pubs...), list(subs...))
