@@ -135,10 +135,15 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 	return l, nil
 }
 
-// ceilDiv is ceil(a/b) for a >= 0, b >= 1, capped at MaxInt32 (a bound past
-// it is no bound: ingest limits one event far below).
+// ceilDiv is ceil(a/b) for a >= 0, b >= 1 (no overflow near MaxInt64),
+// capped at MaxInt32: a larger bound holds nothing back anyway, and the cap
+// keeps Start+len arithmetic far from overflow.
 func ceilDiv(a int64, b int) int {
-	return int(min((a+int64(b)-1)/int64(b), math.MaxInt32))
+	q := a / int64(b)
+	if a%int64(b) != 0 {
+		q++
+	}
+	return int(min(q, math.MaxInt32))
 }
 
 // SameGeometry reports whether o stores chunks exactly as l does: the same

@@ -91,6 +91,10 @@ func TestLayoutMaxModelLen(t *testing.T) {
 	require.Equal(t, 26, l.MaxHashes)
 	require.Equal(t, 26, l.Groups[0].MaxBlocks)
 	require.Equal(t, 13, l.Groups[1].MaxBlocks)
+	s.MaxModelLen = math.MaxInt
+	l = mustLayout(t, s)
+	require.Equal(t, math.MaxInt32, l.MaxHashes, "a huge bound is capped, not wrapped")
+	require.Equal(t, math.MaxInt32, l.Groups[1].MaxBlocks)
 	s.MaxModelLen = -1
 	_, err := NewLayout(s)
 	require.ErrorIs(t, err, ErrBadLayout)
