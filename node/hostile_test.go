@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -385,4 +386,60 @@ func TestHostilePrefixIDsShareNoSegment(t *testing.T) {
 	require.Contains(t, reply.Error, `shm "e1-kv-seg" is mapped by engine "e1-kv"`)
 	mal.register() // its own "e1-seg" is fine
 	vic.register() // and the victim's identical re-register is still a no-op
+}
+
+// The issue's 1,100 engines × 64 segments against the default bounds (256
+// engines, 4096 mapped segments): the node maps 4096 segments at most, the
+// process's map count stays far from vm.max_map_count, and the victim keeps
+// working. Creates 4096 small shm objects, so it runs only with
+// KVACTORS_HOSTILE_FULL=1 (TestHostileEngineSegmentAndRequestLimits is the
+// scaled version that always runs).
+func TestHostileManyEnginesAtDefaults(t *testing.T) {
+	if os.Getenv("KVACTORS_HOSTILE_FULL") != "1" {
+		t.Skip("set KVACTORS_HOSTILE_FULL=1 to replay 1,100 engines × 64 segments")
+	}
+	e := startNode(t)
+	vic, hs, want := victim(t, e)
+	maps := func() int {
+		b, err := os.ReadFile("/proc/self/maps")
+		require.NoError(t, err)
+		return bytes.Count(b, []byte("\n"))
+	}
+	mapsBefore := maps()
+	accepted, limited := 0, 0
+	for i := range 1100 {
+		id := fmt.Sprintf("a%04d", i)
+		spec := vic.spec
+		spec.Segments = nil
+		for s := range 64 {
+			name := fmt.Sprintf("%s.%02d", id, s)
+			if i < node.DefaultMaxMappedSegments/64 { // only these get as far as opening
+				seg, err := shm.Create(e.dir, name, 64*256)
+				require.NoError(t, err)
+				require.NoError(t, seg.Close()) // the engine side's mapping is not the point
+				t.Cleanup(func() { _ = seg.Remove() })
+			}
+			spec.Segments = append(spec.Segments, messages.Segment{Shm: name})
+		}
+		spec.Groups = append([]messages.GroupSpec(nil), vic.spec.Groups...)
+		body, err := json.Marshal(spec)
+		require.NoError(t, err)
+		m, err := e.nc.Request("kvactors."+id+".register", body, 5*time.Second)
+		require.NoError(t, err)
+		var reply messages.RegisterReply
+		require.NoError(t, json.Unmarshal(m.Data, &reply))
+		switch {
+		case reply.OK:
+			accepted++
+		case strings.Contains(reply.Error, "--max-mapped-segments") || strings.Contains(reply.Error, "--max-engines"):
+			limited++
+		default:
+			t.Fatalf("engine %s: unexpected refusal %q", id, reply.Error)
+		}
+	}
+	t.Logf("1100 engines × 64 segments: %d accepted, %d refused at a bound; process maps %d → %d",
+		accepted, limited, mapsBefore, maps())
+	require.Equal(t, (node.DefaultMaxMappedSegments-1)/64, accepted, "the victim holds one segment")
+	require.Less(t, maps()-mapsBefore, node.DefaultMaxMappedSegments+256)
+	intact(t, vic, hs, want)
 }
