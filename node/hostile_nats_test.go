@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync/atomic"
@@ -36,7 +37,17 @@ func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config))
 	reg := prometheus.NewRegistry()
 	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
 		PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NATSConfig: filepath.Join(creds, natsauth.ConfigFile), NATSNKey: filepath.Join(creds, natsauth.ServiceUser+".nk")}
+		NATSConfig: filepath.Join(creds, natsauth.ConfigFile)}
+	password := func(id string) string {
+		b, err := os.ReadFile(filepath.Join(creds, id+".password"))
+		require.NoError(t, err)
+		return strings.TrimSpace(string(b))
+	}
+	if o.Auth == natsauth.AuthPassword {
+		cfg.NATSUser, cfg.NATSPassword = natsauth.ServiceUser, password(natsauth.ServiceUser)
+	} else {
+		cfg.NATSNKey = filepath.Join(creds, natsauth.ServiceUser+".nk")
+	}
 	for _, m := range mutate {
 		m(&cfg)
 	}
@@ -45,9 +56,15 @@ func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config))
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	connect := func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn {
 		t.Helper()
-		seed, err := nats.NkeyOptionFromSeed(filepath.Join(creds, id+".nk"))
-		require.NoError(t, err)
-		nc, err := nats.Connect(n.NATSURL(), append([]nats.Option{seed, nats.CustomInboxPrefix(natsauth.InboxPrefix(id)),
+		var auth nats.Option
+		if o.Auth == natsauth.AuthPassword {
+			auth = nats.UserInfo(id, password(id))
+		} else {
+			var err error
+			auth, err = nats.NkeyOptionFromSeed(filepath.Join(creds, id+".nk"))
+			require.NoError(t, err)
+		}
+		nc, err := nats.Connect(n.NATSURL(), append([]nats.Option{auth, nats.CustomInboxPrefix(natsauth.InboxPrefix(id)),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 				select {
 				case errs <- err:
@@ -85,7 +102,13 @@ func violation(t *testing.T, errs <-chan error, subject string) {
 // requests, bytes and lookups are untouched and a well-behaved engine is
 // served throughout.
 func TestHostileNATSPermissions(t *testing.T) {
-	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal", "good"}})
+	for _, auth := range []string{natsauth.AuthNKey, natsauth.AuthPassword} {
+		t.Run(auth, func(t *testing.T) { hostileNATSPermissions(t, auth) })
+	}
+}
+
+func hostileNATSPermissions(t *testing.T, auth string) {
+	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal", "good"}, Auth: auth})
 	vicEnv, malEnv, goodEnv := *base, *base, *base
 	vicErrs, malErrs := make(chan error, 64), make(chan error, 64)
 	vicEnv.nc = connect("vic", vicErrs)
