@@ -27,12 +27,18 @@ var ErrLimit = errors.New("node limit reached")
 // within a boot, so a key can never change namespace.
 type namespaces struct {
 	byName map[string]*namespace
-	byID   []string // byID[id-1] is the name; id 0 is never given out
+	byID   []*namespace // byID[id-1]; id 0 is never given out
 }
 
 type namespace struct {
 	id     sched.NamespaceID
+	name   string
 	layout *sched.Layout // the geometry it holds
+	// engine is the engine last registered in it: evictions of its keys
+	// caused by an engine of another namespace are announced on this
+	// engine's kv_events, never on the evicter's (which would tell one
+	// tenant another's block hashes).
+	engine string
 }
 
 // maxNamespacesPerEngine bounds the table: each successful register may
@@ -55,28 +61,32 @@ func (t *namespaces) check(name string, lay *sched.Layout, most int) (sched.Name
 	return ns.id, nil
 }
 
-// commit records a successful register in namespace name and returns its id.
-func (t *namespaces) commit(name string, lay *sched.Layout) sched.NamespaceID {
-	if ns := t.byName[name]; ns != nil {
-		return ns.id
+// commit records a successful register of engine in namespace name and
+// returns the namespace's id.
+func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.NamespaceID {
+	ns := t.byName[name]
+	if ns == nil {
+		if t.byName == nil {
+			t.byName = map[string]*namespace{}
+		}
+		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, layout: lay}
+		t.byID = append(t.byID, ns)
+		t.byName[name] = ns
 	}
-	if t.byName == nil {
-		t.byName = map[string]*namespace{}
-	}
-	t.byID = append(t.byID, name)
-	ns := &namespace{id: sched.NamespaceID(len(t.byID)), layout: lay}
-	t.byName[name] = ns
+	ns.engine = engine
 	return ns.id
 }
 
-// nameOf is the namespace of id ("" for an id never given out).
-func (n *Node) nameOf(id sched.NamespaceID) string {
+// namespaceOf names namespace id and the engine whose kv_events announce
+// its evictions ("" for an id never given out).
+func (n *Node) namespaceOf(id sched.NamespaceID) (name, engine string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if id == 0 || int(id) > len(n.nss.byID) {
-		return ""
+		return "", ""
 	}
-	return n.nss.byID[id-1]
+	ns := n.nss.byID[id-1]
+	return ns.name, ns.engine
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil

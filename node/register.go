@@ -68,7 +68,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
 	n.mapped += len(spec.Segments)
-	lay.Namespace = n.nss.commit(nsName, lay)
+	lay.Namespace = n.nss.commit(nsName, id, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()
@@ -80,7 +80,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
 			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log,
-			Namespace: nsName, NamespaceName: n.nameOf, Reject: n.rejectLog},
+			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)

@@ -33,11 +33,12 @@ type Deps struct {
 	Metrics   *metrics.Metrics
 	Tracer    trace.Tracer
 	Log       *slog.Logger
-	// Namespace is the engine's namespace (BlockStored's "namespace");
-	// NamespaceName names the namespace of an evicted key, which may be
-	// another engine's (the pool's LRU spans namespaces). nil: Namespace.
-	Namespace     string
-	NamespaceName func(sched.NamespaceID) string
+	// Namespace is the engine's namespace (BlockStored's "namespace").
+	// NamespaceOf names the namespace of an evicted key, which may be
+	// another one (the pool's LRU spans namespaces), and the engine whose
+	// kv_events announce it. nil: every key is this engine's.
+	Namespace   string
+	NamespaceOf func(sched.NamespaceID) (name, engine string)
 	// Reject logs rejected events, rate-limited per reason (nil: not
 	// logged; they are always counted).
 	Reject *ratelog.Log
@@ -248,7 +249,10 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 }
 
 // evicted announces evicted keys as one BlockRemoved per namespace and
-// group, each naming the namespace the key was stored in.
+// group, each naming the namespace the key was stored in. Keys of another
+// namespace are announced on the kv_events of an engine of that namespace:
+// routers see every eviction, and this engine never learns another
+// namespace's block hashes.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
 	type nsGroup struct {
@@ -256,7 +260,8 @@ func (a *Actor) evicted(keys []messages.Key) {
 		g  int
 	}
 	var kv []messages.KVEvent
-	at := map[nsGroup]int{} // index in kv
+	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
+	at := map[nsGroup]int{}     // index in kv
 	for _, k := range keys {
 		ns, hash, g := sched.SplitKey(k)
 		i, ok := at[nsGroup{ns, g}]
@@ -264,18 +269,38 @@ func (a *Actor) evicted(keys []messages.Key) {
 			i = len(kv)
 			at[nsGroup{ns, g}] = i
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
-				Namespace: a.namespaceName(ns), BlockHashes: make([]string, 0, len(keys))})
+				BlockHashes: make([]string, 0, len(keys))})
+			nss = append(nss, ns)
 		}
 		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
 	}
-	a.deps.Outbox.KVEvents(a.ctx, a.deps.Engine, kv)
+	// One batch per announcing engine, in first-seen order.
+	for len(kv) > 0 {
+		name, engine := a.namespaceOf(nss[0])
+		var batch, rest []messages.KVEvent
+		var restNS []sched.NamespaceID
+		for i := range kv {
+			if nss[i] == nss[0] {
+				kv[i].Namespace = name
+				batch = append(batch, kv[i])
+			} else {
+				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+			}
+		}
+		if engine != "" {
+			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
+		}
+		kv, nss = rest, restNS
+	}
 }
 
-func (a *Actor) namespaceName(ns sched.NamespaceID) string {
-	if a.deps.NamespaceName == nil || ns == a.deps.Layout.Namespace {
-		return a.deps.Namespace
+// namespaceOf is the name of namespace ns and the engine that announces its
+// evictions.
+func (a *Actor) namespaceOf(ns sched.NamespaceID) (name, engine string) {
+	if a.deps.NamespaceOf == nil || ns == a.deps.Layout.Namespace {
+		return a.deps.Namespace, a.deps.Engine
 	}
-	return a.deps.NamespaceName(ns)
+	return a.deps.NamespaceOf(ns)
 }
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the
