@@ -42,6 +42,9 @@ type Options struct {
 	// TLSCert and TLSKey, when set, make the server require TLS with them;
 	// TLSCA verifies client certificates too when set.
 	TLSCert, TLSKey, TLSCA string
+	// BcryptCost is the password hashes' cost (0: bcrypt.DefaultCost). The
+	// server pays it at every connect; tests lower it.
+	BcryptCost int
 }
 
 // Credential is one user's secret: what its client presents.
@@ -82,6 +85,9 @@ func Generate(o Options) (Generated, error) {
 	if strings.ContainsAny(o.Prefix, "*> \t\"") {
 		return Generated{}, fmt.Errorf("%w: prefix %q", ErrOptions, o.Prefix)
 	}
+	if o.BcryptCost != 0 && (o.BcryptCost < bcrypt.MinCost || o.BcryptCost > bcrypt.MaxCost) {
+		return Generated{}, fmt.Errorf("%w: bcrypt cost %d: want %d..%d", ErrOptions, o.BcryptCost, bcrypt.MinCost, bcrypt.MaxCost)
+	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return Generated{}, fmt.Errorf("%w: TLS needs both a certificate and a key", ErrOptions)
 	}
@@ -114,7 +120,11 @@ func Generate(o Options) (Generated, error) {
 			var b [24]byte
 			_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
 			c.Password = base64.RawURLEncoding.EncodeToString(b[:])
-			hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), bcrypt.DefaultCost)
+			cost := o.BcryptCost
+			if cost == 0 {
+				cost = bcrypt.DefaultCost
+			}
+			hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), cost)
 			if err != nil {
 				return fmt.Errorf("natsauth: hash for %s: %w", id, err)
 			}

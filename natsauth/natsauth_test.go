@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 )
 
 // The generated file is a configuration nats-server accepts, with one user
@@ -15,7 +16,8 @@ import (
 func TestGenerateParses(t *testing.T) {
 	for _, auth := range []string{AuthNKey, AuthPassword} {
 		t.Run(auth, func(t *testing.T) {
-			g, err := Generate(Options{Prefix: "kv", Engines: []string{"e1", "e2"}, Routers: []string{"r1"}, Auth: auth})
+			g, err := Generate(Options{Prefix: "kv", Engines: []string{"e1", "e2"}, Routers: []string{"r1"}, Auth: auth,
+				BcryptCost: bcrypt.MinCost})
 			require.NoError(t, err)
 			require.Len(t, g.Creds, 4)
 			dir := t.TempDir()
@@ -85,6 +87,7 @@ func TestGenerateRefuses(t *testing.T) {
 		"unknown auth":     {Engines: []string{"e1"}, Auth: "token"},
 		"wildcard prefix":  {Engines: []string{"e1"}, Prefix: "kv.>"},
 		"cert without key": {Engines: []string{"e1"}, TLSCert: "c.pem"},
+		"bcrypt cost":      {Engines: []string{"e1"}, Auth: AuthPassword, BcryptCost: 99},
 	} {
 		_, err := Generate(o)
 		require.ErrorIs(t, err, ErrOptions, name)

@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
 
 	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/node"
@@ -108,7 +109,8 @@ func TestHostileNATSPermissions(t *testing.T) {
 }
 
 func hostileNATSPermissions(t *testing.T, auth string) {
-	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal", "good"}, Auth: auth})
+	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal", "good"}, Auth: auth,
+		BcryptCost: bcrypt.MinCost}) // the server checks a hash per connect; -race makes the default cost slow
 	vicEnv, malEnv, goodEnv := *base, *base, *base
 	vicErrs, malErrs := make(chan error, 64), make(chan error, 64)
 	vicEnv.nc = connect("vic", vicErrs)
