@@ -41,12 +41,6 @@ func (r *releases) on(rel client.Release) {
 	r.ch <- rel
 }
 
-func (r *releases) all() []client.Release {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]client.Release(nil), r.got...)
-}
-
 func dial(t *testing.T, url, engine string) *nats.Conn {
 	t.Helper()
 	nc, err := client.Dial(url, engine)

@@ -31,13 +31,12 @@ type fakeNode struct {
 	epoch       string
 	applied     uint64
 	gapped      bool
-	released    uint64 // in epoch
+	released    uint64          // in epoch
 	reqs        map[string]bool // request -> preempted
 	log         []fakeEvent     // every applied event
 	resyncs     int
 	unregisters int
 	holdRelease func(rseq uint64) bool // true: count the release but do not publish it
-	silent      bool                   // stops answering and heartbeating (a dead node)
 
 	subs []*nats.Subscription
 	stop chan struct{}
