@@ -217,6 +217,17 @@ func (c *Client) tickOnce() time.Duration {
 		c.reconnects = n
 		c.wantResyncLocked("reconnect")
 	}
+	if c.boot == "" {
+		// A v1 node (no boot in its register reply): no node heartbeats to
+		// judge it by and no P.E.heartbeat to send.
+		resync := c.resync != "" && !c.closed
+		if resync {
+			_ = c.resyncLocked()
+		}
+		period := c.lease / 4
+		c.mu.Unlock()
+		return period
+	}
 	if !c.lost && now.Sub(c.lastSeen) > c.lease {
 		c.loseLocked(fmt.Sprintf("no heartbeat for %v", now.Sub(c.lastSeen).Round(time.Millisecond)))
 	}
