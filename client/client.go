@@ -157,7 +157,10 @@ func (c *Client) Tokens(req string, computed, total int) {
 }
 
 // Preempted announces that the engine wants req's blocks back; OnReleased
-// says when it may reuse them.
+// says when it may reuse them. Every Preempted of a running request and
+// every Finished of a request not finished yet is answered by exactly one
+// OnReleased call (a resume before the preemption's release makes two
+// owed; they are answered in order).
 func (c *Client) Preempted(req string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -166,7 +169,8 @@ func (c *Client) Preempted(req string) {
 	if r == nil || r.phase != running {
 		return // the node ignores it too
 	}
-	r.phase, r.awaiting = preempted, true
+	r.phase = preempted
+	r.owed++
 	c.freeIfNoNodeLocked(r)
 }
 
@@ -194,13 +198,8 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	if r.phase == finished {
 		return
 	}
-	if r.phase == preempted && !r.awaiting {
-		// No blocks are held: nothing to wait for; the node's answer is due silently.
-		delete(c.reqs, req)
-		return
-	}
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
-	r.awaiting = true
+	r.owed++
 	c.freeIfNoNodeLocked(r)
 }
 
@@ -208,7 +207,7 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 // wait is over: no node can copy its blocks.
 func (c *Client) freeIfNoNodeLocked(r *mreq) {
 	if c.lost && c.freedLoss {
-		c.freeLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
+		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
 	}
 }
 
@@ -248,7 +247,11 @@ func (c *Client) publishLocked() error {
 		return nil
 	}
 	c.body = c.batch.Body(c.body, c.epoch, c.seq)
-	if err := c.nc.Publish(c.subj+messages.VerbEvents, c.body); err != nil {
+	m := &nats.Msg{Subject: c.subj + messages.VerbEvents, Data: c.body}
+	if c.cfg.BeforePublish != nil {
+		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
+	}
+	if err := c.nc.PublishMsg(m); err != nil {
 		// Lost like any other batch: the node sees the gap and asks for a resync.
 		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
 	}
@@ -280,7 +283,7 @@ func (c *Client) resyncLocked() error {
 		}
 	}
 	for _, r := range reqs {
-		r.silent = r.phase == preempted && !r.awaiting
+		r.silent = r.phase == preempted && r.owed == 0
 		r.announce(&c.batch, flush)
 	}
 	if c.batch.Events() > 0 {
@@ -311,7 +314,7 @@ func (c *Client) Stats() Stats {
 	}
 	s.Epoch, s.Seq, s.Node, s.Boot, s.Live = c.epoch, c.seq, c.node, c.boot, len(c.reqs)
 	for _, r := range c.reqs {
-		if r.awaiting {
+		if r.owed > 0 {
 			s.Awaiting++
 		}
 	}

@@ -359,3 +359,33 @@ func TestCloseUnregistersAndStops(t *testing.T) {
 		return nil
 	})
 }
+
+// TestResumeBeforeReleaseOwesTwo: preempted, resumed with other blocks and
+// finished before either release arrived, then both releases are lost:
+// the resync re-announces a preemption and the finish, and the engine gets
+// exactly the two releases it is owed, in order, in the new epoch.
+func TestResumeBeforeReleaseOwesTwo(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	n := 0
+	f.holdRelease = func(uint64) bool { n++; return n <= 2 }
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	first := c.Epoch()
+	c.Added("p", 8)
+	c.Blocks("p", 0, 0, []uint32{1, 2})
+	c.Tokens("p", 8, 8)
+	c.Preempted("p")
+	require.NoError(t, c.Flush())
+	c.Resumed("p")
+	c.Blocks("p", 0, 0, []uint32{3, 4})
+	c.Finished("p", false, 8, 8)
+	require.NoError(t, c.Flush())
+	a := testkit.Recv(t, rels.ch, 5*time.Second, "the first release")
+	b := testkit.Recv(t, rels.ch, 5*time.Second, "the second release")
+	require.Equal(t, []string{messages.ReasonPreempted, messages.ReasonFinished}, []string{a.Reason, b.Reason})
+	require.NotEqual(t, first, a.Epoch)
+	require.Equal(t, a.Epoch, b.Epoch)
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
+	require.Zero(t, c.Stats().Live)
+}

@@ -38,6 +38,11 @@ type Config struct {
 	// OnStored is called once per P.E.stored message. Optional.
 	OnStored func(messages.Stored)
 
+	// BeforePublish, if set, is called with each batch message just before
+	// it is published (under the client's lock: keep it short), e.g. to add
+	// a W3C traceparent header; events is the number of events in it.
+	BeforePublish func(m *nats.Msg, seq uint64, events int)
+
 	// DropBatch is fault injection for tests: when it returns true for a
 	// batch's seq, that batch is counted in Stats.DroppedBatches and not
 	// published, as if the transport had lost it. Nil in production.

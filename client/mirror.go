@@ -27,8 +27,9 @@ type mreq struct {
 	hasTokens       bool
 	phase           phase
 	aborted         bool
-	// awaiting: the engine waits for a release of this request's blocks.
-	awaiting bool
+	// owed: releases the engine waits for (a preemption not yet released
+	// may be followed by a resume and a finish: two).
+	owed int
 	// silent: a release is due from the node that the engine does not wait
 	// for (a preempted request re-announced after its blocks were freed).
 	silent bool
@@ -84,14 +85,18 @@ func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 		b.EndHashes()
 		flush(n)
 	}
-	if r.phase == running && r.awaiting {
+	extra := r.owed
+	if r.phase != running {
+		extra-- // the phase event below answers one
+	}
+	for range extra {
 		// Resumed while a release for the preemption was still due: the old
 		// blocks are gone from the mirror, so a preemption with none tracked
-		// (released at once) answers the wait, then the fresh blocks follow.
+		// (released at once) answers that wait, then the fresh blocks follow.
 		b.Preempted(r.id)
 		b.Resumed(r.id)
 	}
-	announceBlocks := r.phase != preempted || r.awaiting
+	announceBlocks := r.phase != preempted || r.owed > 0
 	for g, ids := range r.blocks {
 		if !announceBlocks {
 			break

@@ -88,7 +88,7 @@ func (c *Client) onReleased(m *nats.Msg) {
 		r.silent = false
 		return
 	}
-	if !r.awaiting {
+	if r.owed == 0 {
 		c.st.UnexpectedRel++
 		return
 	}
@@ -98,11 +98,12 @@ func (c *Client) onReleased(m *nats.Msg) {
 // freeLocked answers r's wait: delivered at once, or once the fence of a
 // lost node has passed (until then a late copy of the old node may run).
 func (c *Client) freeLocked(r *mreq, rel Release) {
-	r.awaiting = false
-	switch r.phase {
-	case finished:
+	r.owed--
+	switch {
+	case r.owed > 0:
+	case r.phase == finished:
 		delete(c.reqs, r.id)
-	case preempted:
+	case r.phase == preempted:
 		r.clearBlocks()
 	}
 	c.st.Releases++
@@ -110,6 +111,13 @@ func (c *Client) freeLocked(r *mreq, rel Release) {
 		c.st.NodeLostFrees++
 	}
 	c.out.push(rel)
+}
+
+// freeAllLocked answers every release r is owed with rel.
+func (c *Client) freeAllLocked(r *mreq, rel Release) {
+	for r.owed > 0 {
+		c.freeLocked(r, rel)
+	}
 }
 
 func (c *Client) onStored(m *nats.Msg) {
@@ -240,9 +248,7 @@ func (c *Client) tickOnce() time.Duration {
 		}
 		c.freedLoss = true
 		for _, r := range c.reqs {
-			if r.awaiting {
-				c.freeLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
-			}
+			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
 			r.silent = false
 		}
 	}
