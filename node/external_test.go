@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -34,7 +35,7 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 	url := s.ClientURL()
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20,
+	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20, Lease: time.Second,
 		HTTPAddr: "off", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
@@ -45,6 +46,8 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(e.nc.Close)
 	te := e.newEngine("ext", defaultOpts())
+	hellos := make(chan messages.Hello, 16)
+	subscribeJSON(t, e.nc, "kvactors._node."+n.NodeID()+".hello", hellos)
 	te.register()
 	te.send(added("r", 4), hashesEv("r", 0, hash("x", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
 	recv(t, te.stored, "stored before the outage")
@@ -69,8 +72,35 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, e.nc.Flush())
+	// PROTOCOL.md v2 "Delivery": batches sent while the node was away may be
+	// lost, so after its reconnect the node says hello again and resyncs the
+	// live epoch (reason reconnect); a batch of that epoch is not applied.
+	// The hello or resync may have been published before this client was
+	// back, so a batch of the old epoch asks for the (repeated) resync.
+	var rs messages.Resync
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		select {
+		case rs = <-te.resync:
+			return nil
+		default:
+		}
+		te.send(added("lost", 4))
+		return fmt.Errorf("no resync yet")
+	})
+	require.Equal(t, messages.Resync{Node: n.NodeID(), Boot: n.Boot(), Epoch: "ep1", Expected: 2, Got: 0,
+		Reason: messages.ResyncReconnect}, rs)
+	select {
+	case h := <-hellos:
+		require.Equal(t, messages.Hello{Node: n.NodeID(), Boot: n.Boot(), LeaseMS: 1000}, h)
+	default: // published while this client was still reconnecting: not delivered to it
+	}
+	te.epoch, te.seq = "ep2", 0
 	te.send(added("r2", 4), hashesEv("r2", 0, hash("y", 0)), blocksEv("r2", 0, 0, 2), tokensEv("r2", 4, 4))
-	recv(t, te.stored, "stored after the reconnect")
+	recv(t, te.stored, "stored after the reconnect and a new epoch")
+	st := te.sync()
+	require.Equal(t, "ep2", st.Epoch)
+	require.False(t, st.Resyncing)
+	require.Len(t, st.Requests, 1, "the lost request of the old epoch was never applied")
 }
 
 func freePort(t *testing.T) int {

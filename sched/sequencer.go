@@ -83,6 +83,9 @@ func (s *Sequencer) Applied() uint64 { return s.applied }
 // Resyncing reports whether the live epoch is waiting for a new one.
 func (s *Sequencer) Resyncing() bool { return s.resyncing }
 
+// ResyncReason is the reason of the live epoch's resync ("" when none).
+func (s *Sequencer) ResyncReason() string { return s.reason }
+
 // Batch decides what to do with batch (epoch, seq) arriving at now.
 //
 //   - A batch of another epoch starts that epoch (Reset names the old one);
