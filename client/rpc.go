@@ -56,7 +56,7 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	lost := c.lost
+	lost := c.lost || c.boot == "" // a v1 node has no unregister
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()

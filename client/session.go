@@ -58,7 +58,8 @@ func (c *Client) onReleased(m *nats.Msg) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed || rel.Epoch != c.epoch {
+	// A release without an epoch comes from a v1 node, which knows only one.
+	if c.closed || (rel.Epoch != "" && rel.Epoch != c.epoch) {
 		c.st.StaleReleases++
 		return
 	}
