@@ -286,7 +286,13 @@ func (c *Client) sleep(d time.Duration) {
 // than the node had published a heartbeat ago is a lost release.
 func (c *Client) heartbeat(epoch string, seq uint64) {
 	var rep messages.HeartbeatReply
-	if err := c.request(messages.VerbHeartbeat, messages.HeartbeatRequest{Epoch: epoch, Seq: seq}, &rep); err != nil {
+	c.mu.Lock()
+	period := c.lease / 4
+	c.mu.Unlock()
+	// Bounded by the period, so a silent node never holds up the loss check.
+	ctx, cancel := context.WithTimeout(context.Background(), period)
+	defer cancel()
+	if err := c.requestCtx(ctx, messages.VerbHeartbeat, messages.HeartbeatRequest{Epoch: epoch, Seq: seq}, &rep); err != nil {
 		return // liveness is judged by the node's own heartbeats
 	}
 	c.mu.Lock()
