@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/ingest"
 )
 
@@ -71,6 +72,9 @@ type Config struct {
 	// FailStop ends the process when fencing demands it (default: log and
 	// exit with status 3); tests inject their own.
 	FailStop func(reason string) `json:"-"`
+	// WrapDevice, when set, wraps each engine's attached device (tests hold
+	// or fail copies with it).
+	WrapDevice func(backend.Device) backend.Device `json:"-"`
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.

@@ -55,6 +55,9 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	if n.cfg.WrapDevice != nil {
+		dev = n.cfg.WrapDevice(dev)
+	}
 	if err := lay.CheckSegments(dev.SegmentSize); err != nil {
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
