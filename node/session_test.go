@@ -302,7 +302,7 @@ func TestUnregisterReleasesOnceAndUnmaps(t *testing.T) {
 	require.True(t, mapped(t, path), "segment mapped after register")
 	te.storeOne("a", 1)
 	te.send(added("b", 8), blocksEv("b", 0, 0, 2, 3), hashesEv("b", 0, hash("b", 0))) // deferred: no tokens
-	te.send(added("c", 4))                                                           // no blocks at all
+	te.send(added("c", 4))                                                            // no blocks at all
 	te.sync()
 
 	var r messages.UnregisterReply
