@@ -13,7 +13,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
@@ -106,7 +105,7 @@ func msgBytes(m *nats.Msg) int64 {
 func (in *ingester) take(m *nats.Msg) {
 	engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
 	if err != nil {
-		in.n.rejected(ingest.Reason(err), "bad subject", "subject", m.Subject, "err", err)
+		in.n.rejected(messages.RejectLabel(err), "bad subject", "subject", m.Subject, "err", err)
 		in.n.replyError(context.Background(), m.Reply, err)
 		return
 	}
@@ -159,7 +158,7 @@ func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 		in.anyLost.Store(true)
 		return
 	}
-	in.n.rejected("overflow", "request dropped: inbound queue full", "engine", engineID, "verb", verb)
+	in.n.rejected(messages.RejectOverflow, "request dropped: inbound queue full", "engine", engineID, "verb", verb)
 	in.n.replyError(context.Background(), m.Reply, errOverloaded)
 }
 
@@ -224,7 +223,7 @@ func (in *ingester) handle(x inbound) {
 	case messages.VerbLoad:
 		in.n.onLoad(engineID, m)
 	default:
-		in.n.rejected("unknown_verb", "unknown verb", "engine", engineID, "verb", x.verb)
+		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
 		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))
 	}
 }
@@ -234,17 +233,17 @@ func (in *ingester) events(engineID string, m *nats.Msg) {
 	n := in.n
 	pid := in.lookup(engineID)
 	if pid == nil {
-		n.rejected(actors.ReasonUnknownEngine, "events for an unregistered engine", "engine", engineID)
+		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)
 		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
 	batch, evErrs, err := ingest.DecodeBatch(engineID, m.Data, n.cfg.Limits)
 	if err != nil {
-		n.rejected(ingest.Reason(err), "batch rejected", "engine", engineID, "err", err)
+		n.rejected(messages.RejectLabel(err), "batch rejected", "engine", engineID, "err", err)
 		return
 	}
 	for _, e := range evErrs {
-		n.rejected(ingest.Reason(e.Err), "event rejected", "engine", engineID, "request", e.Request,
+		n.rejected(messages.RejectLabel(e.Err), "event rejected", "engine", engineID, "request", e.Request,
 			"index", e.Index, "type", e.Type, "err", e.Err)
 	}
 	ctx := n.msgCtx(m)

@@ -29,7 +29,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 		hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
 	}
 	if err != nil {
-		n.rejected(ingest.Reason(err), "lookup refused", "subject", m.Subject, "err", err)
+		n.rejected(messages.RejectLabel(err), "lookup refused", "subject", m.Subject, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 		return
 	}

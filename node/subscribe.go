@@ -8,7 +8,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
@@ -50,7 +49,7 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 		err = n.register(engineID, spec)
 	}
 	if err != nil {
-		n.rejected(actors.ReasonBadSpec, "register refused", "engine", engineID, "err", err)
+		n.rejected(messages.RejectBadSpec, "register refused", "engine", engineID, "err", err)
 		n.replyError(ctx, m.Reply, err)
 		return
 	}
@@ -64,13 +63,13 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	rec := n.engine(engineID)
 	if rec == nil {
-		n.rejected(actors.ReasonUnknownEngine, "heartbeat of an unregistered engine", "engine", engineID)
+		n.rejected(messages.RejectUnknownEngine, "heartbeat of an unregistered engine", "engine", engineID)
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
 	var hb messages.HeartbeatRequest
 	if err := json.Unmarshal(m.Data, &hb); err != nil {
-		n.rejected("malformed", "heartbeat refused", "engine", engineID, "err", err)
+		n.rejected(messages.RejectMalformed, "heartbeat refused", "engine", engineID, "err", err)
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w: heartbeat: %w", ingest.ErrMalformed, err))
 		return
 	}

@@ -248,7 +248,7 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason)
 			return false
 		default:
-			a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonUnknownReq).Inc()
+			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
 			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
 			return false

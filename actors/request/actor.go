@@ -127,7 +127,7 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 
 // reject logs and counts a rejected event; the state is unchanged.
 func (a *Actor) reject(ev *messages.Event, err error) {
-	a.deps.Metrics.Rejected.WithLabelValues(actors.RejectReason(err)).Inc()
+	a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLabel(err)).Inc()
 	a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", ev.Request,
 		"type", ev.Type.String(), "err", err)
 }
