@@ -176,7 +176,7 @@ func (a *Actor) published(j *job) {
 		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
 		}
-		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, keyHex[:len(keyHex)-8])
+		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, sched.KeyHashHex(keyHex))
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
