@@ -155,9 +155,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.DroppedBatches.WithLabelValues(r)
 		m.Resyncs.WithLabelValues(r)
 	}
-	for _, l := range messages.RejectLabels {
-		m.Rejected.WithLabelValues(l)
-	}
 	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
 		m.NATSEvents.WithLabelValues(e)
 	}
