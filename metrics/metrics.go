@@ -25,6 +25,7 @@ type Metrics struct {
 	Expired        prometheus.Counter
 	Unregistered   prometheus.Counter
 	NATSEvents     *prometheus.CounterVec // event: disconnect, reconnect, slow_consumer, error
+	NATSDisconnect *prometheus.CounterVec // cause: eof, stale_connection, timeout, auth, other
 	FenceWaits     prometheus.Counter
 
 	// Store scheduling.
@@ -64,6 +65,9 @@ type Metrics struct {
 
 // ResyncReasons are the label values of DroppedBatches and Resyncs.
 var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
+
+// DisconnectCauses are the label values of NATSDisconnect.
+var DisconnectCauses = []string{"eof", "stale_connection", "timeout", "auth", "other"}
 
 // DroppedBatch is DroppedBatches for reason.
 func (m *Metrics) DroppedBatch(reason string) prometheus.Counter {
@@ -113,7 +117,8 @@ func New(reg prometheus.Registerer) *Metrics {
 		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
 		NATSEvents: counterVec("nats", "events_total",
 			"NATS connection events: disconnect, reconnect, slow_consumer, error.", "event"),
-		FenceWaits: counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
+		NATSDisconnect: counterVec("nats", "disconnects_total", "NATS disconnects by cause.", "cause"),
+		FenceWaits:     counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
 
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
@@ -158,6 +163,9 @@ func New(reg prometheus.Registerer) *Metrics {
 	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
 		m.NATSEvents.WithLabelValues(e)
 	}
+	for _, c := range DisconnectCauses {
+		m.NATSDisconnect.WithLabelValues(c)
+	}
 	m.retryBy = map[string]prometheus.Counter{}
 	for _, r := range []string{"pool_full", "copy_failed"} {
 		m.retryBy[r] = m.Retries.WithLabelValues(r)
@@ -167,7 +175,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
 		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Lookups,
 		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
-		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.FenceWaits,
+		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.NATSDisconnect, m.FenceWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

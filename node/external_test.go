@@ -35,19 +35,23 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 	url := s.ClientURL()
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20, Lease: time.Second,
-		HTTPAddr: "off", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	require.Equal(t, url, n.NATSURL())
-
-	e := &env{t: t, node: n, reg: reg, dir: dir}
+	e := &env{t: t, reg: reg, dir: dir}
+	var err error
 	e.nc, err = nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(e.nc.Close)
-	te := e.newEngine("ext", defaultOpts())
 	hellos := make(chan messages.Hello, 16)
-	subscribeJSON(t, e.nc, "kvactors._node."+n.NodeID()+".hello", hellos)
+	subscribeJSON(t, e.nc, "kvactors._node.ext-node.hello", hellos)
+	require.NoError(t, e.nc.Flush())
+	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20, Lease: time.Second,
+		NodeID: "ext-node", HTTPAddr: "off", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	require.Equal(t, url, n.NATSURL())
+	e.node = n
+	// PROTOCOL.md v2 "Hello and heartbeat": a hello at start.
+	require.Equal(t, messages.Hello{Node: "ext-node", Boot: n.Boot(), LeaseMS: 1000}, recv(t, hellos, "hello at start"))
+	te := e.newEngine("ext", defaultOpts())
 	te.register()
 	te.send(added("r", 4), hashesEv("r", 0, hash("x", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
 	recv(t, te.stored, "stored before the outage")
@@ -94,6 +98,9 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 		require.Equal(t, messages.Hello{Node: n.NodeID(), Boot: n.Boot(), LeaseMS: 1000}, h)
 	default: // published while this client was still reconnecting: not delivered to it
 	}
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_events_total", map[string]string{"event": "reconnect"}))
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_events_total", map[string]string{"event": "disconnect"}))
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_disconnects_total", nil), "one disconnect, one cause")
 	te.epoch, te.seq = "ep2", 0
 	te.send(added("r2", 4), hashesEv("r2", 0, hash("y", 0)), blocksEv("r2", 0, 0, 2), tokensEv("r2", 4, 4))
 	recv(t, te.stored, "stored after the reconnect and a new epoch")

@@ -45,6 +45,7 @@ type ingester struct {
 	stopped bool
 	budget  int64        // bytes the shard queues may hold
 	pending atomic.Int64 // bytes in the shard queues and workers
+	peak    atomic.Int64 // most pending ever
 
 	lostMu  sync.Mutex
 	lost    map[string]bool // engines that lost a batch at intake
@@ -137,6 +138,8 @@ func (in *ingester) admit(size int64) bool {
 		}
 		if in.pending.CompareAndSwap(cur, cur+size) {
 			in.n.metrics.PendingBytes.Add(float64(size))
+			for p := in.peak.Load(); cur+size > p && !in.peak.CompareAndSwap(p, cur+size); p = in.peak.Load() {
+			}
 			return true
 		}
 	}

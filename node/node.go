@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -177,6 +178,7 @@ func (n *Node) connect() error {
 			n.metrics.NATSConnected.Set(0)
 			if err != nil { // nil: our own Close
 				n.metrics.NATSEvents.WithLabelValues("disconnect").Inc()
+				n.metrics.NATSDisconnect.WithLabelValues(disconnectCause(err)).Inc()
 				n.log.Warn("nats disconnected", "err", err)
 			}
 		}),
@@ -218,6 +220,22 @@ func (n *Node) connect() error {
 	n.nc = nc
 	n.metrics.NATSConnected.Set(1)
 	return nil
+}
+
+// disconnectCause labels why the NATS connection dropped.
+func disconnectCause(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, io.EOF):
+		return "eof"
+	case errors.Is(err, nats.ErrStaleConnection):
+		return "stale_connection"
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return "auth"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	}
+	return "other"
 }
 
 // NATSURL is the URL engines connect to.

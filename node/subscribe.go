@@ -36,6 +36,19 @@ func (n *Node) subscribe() error {
 	return nil
 }
 
+// IntakePeak is the most inbound bytes the node has held at once: the peak
+// of its own queues plus the peak of nats.go's pending queue for the
+// subscription. It never exceeds --max-pending-bytes.
+func (n *Node) IntakePeak() int64 {
+	peak := n.ingest.peak.Load()
+	if len(n.subs) > 0 {
+		if _, b, err := n.subs[0].MaxPending(); err == nil {
+			peak += int64(b)
+		}
+	}
+	return peak
+}
+
 // replyError answers a request/reply message with {"error", node, boot}
 // (no-op without a reply subject).
 func (n *Node) replyError(ctx context.Context, reply string, err error) {
