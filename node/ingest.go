@@ -110,6 +110,10 @@ func (in *ingester) take(m *nats.Msg) {
 		in.n.replyError(context.Background(), m.Reply, err)
 		return
 	}
+	switch verb {
+	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
+		return // another node's publish (NoEcho hides only our own): not for us
+	}
 	size := msgBytes(m)
 	in.gate.RLock()
 	defer in.gate.RUnlock()

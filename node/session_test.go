@@ -438,3 +438,18 @@ func TestOverflowResyncsAndRecovers(t *testing.T) {
 	te.storeOne("a", 1)
 	require.False(t, te.sync().Resyncing)
 }
+
+// The node's one subscription (P.*.*) also sees what other nodes publish to
+// engines; those are ignored, not counted as rejections.
+func TestOtherNodesPublishesAreIgnored(t *testing.T) {
+	e := startNode(t, func(c *node.Config) { c.DecodeWorkers = 1 }) // one worker: status is a barrier for all
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	for _, verb := range []string{"released", "stored", "kv_events", "resync"} {
+		require.NoError(t, e.nc.Publish("kvactors.e9."+verb, []byte(`{}`)))
+	}
+	require.NoError(t, e.nc.Publish("kvactors.e9.bogus", []byte(`{}`)))
+	te.sync()
+	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_events_rejected_total", nil), "only the unknown verb")
+	require.Equal(t, 1.0, rejected(t, e, "unknown_verb"))
+}
