@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nkeys"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -67,8 +68,9 @@ var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 var ErrOptions = errors.New("natsauth: bad options")
 
 // InboxPrefix is the reply-inbox prefix user id must set in its NATS
-// client (nats.CustomInboxPrefix): the only inboxes it may subscribe to.
-func InboxPrefix(id string) string { return "_INBOX." + id }
+// client: the only inboxes it may subscribe to. It is the engine SDK's
+// (client.Dial sets it), so the two cannot drift.
+func InboxPrefix(id string) string { return client.InboxPrefix(id) }
 
 // Generate makes fresh credentials for every user and the configuration
 // that grants each its permissions.
@@ -180,16 +182,12 @@ func list(subjects ...string) string {
 	return "[" + strings.Join(q, ", ") + "]"
 }
 
-// ServedVerbs are the engine verbs kvactors subscribes to.
-var ServedVerbs = []string{messages.VerbRegister, messages.VerbEvents, messages.VerbHeartbeat,
-	messages.VerbUnregister, messages.VerbLookup, messages.VerbLoad, messages.VerbStatus}
-
+// servicePerms: kvactors takes every P.<engine>.<verb> through one
+// subscription to P.*.* (one engine's messages keep their order across
+// verbs), so its user may read all of them; the point of the configuration
+// is that no other user may.
 func servicePerms(o Options) string {
-	subs := make([]string, 0, len(ServedVerbs)+2)
-	for _, v := range ServedVerbs {
-		subs = append(subs, o.Prefix+".*."+v)
-	}
-	subs = append(subs, o.Prefix+"."+messages.NodeToken+".>", InboxPrefix(ServiceUser)+".>")
+	subs := []string{o.Prefix + ".*.*", o.Prefix + "." + messages.NodeToken + ".>", InboxPrefix(ServiceUser) + ".>"}
 	pubs := []string{o.Prefix + ".>"}
 	if o.JetStream { // the API, and acks of the messages kvactors consumes
 		pubs = append(pubs, "$JS.API.>", "$JS.ACK.>")

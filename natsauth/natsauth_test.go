@@ -57,7 +57,7 @@ func TestGenerateParses(t *testing.T) {
 			require.Nil(t, e1.Response, "an engine answers nobody's requests")
 			svc := perms[ServiceUser]
 			require.Equal(t, []string{"kv.>"}, svc.Publish.Allow)
-			require.Contains(t, svc.Subscribe.Allow, "kv.*.register")
+			require.Contains(t, svc.Subscribe.Allow, "kv.*.*", "kvactors reads every engine verb through one subscription")
 			require.Contains(t, svc.Subscribe.Allow, "kv._node.>")
 			require.NotNil(t, svc.Response, "kvactors publishes replies")
 			require.Equal(t, []string{"kv.*.status"}, perms["r1"].Publish.Allow)

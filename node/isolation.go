@@ -1,7 +1,6 @@
 package node
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -15,9 +14,9 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// ErrLimit wraps a register or added refused past a node bound
-// (--max-engines, --max-requests, --max-mapped-segments).
-var ErrLimit = errors.New("node limit reached")
+// ErrLimit wraps a register refused past a node bound (--max-engines,
+// --max-mapped-segments, the namespaces of a boot); reject label "limit".
+var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
 
 // namespaces interns namespace names to the small ids that prefix pool keys
 // (PROTOCOL.md "Isolation"). The first engine registered in a namespace

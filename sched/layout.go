@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -211,52 +212,69 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 	return nil
 }
 
+// The pool key's encoding lives here and only here: AppendKey builds it,
+// SplitKey, WireKey and KeyHashHex take it apart.
+//
 // NamespaceID is a node's small number for a namespace (PROTOCOL.md
-// "Isolation"): the node interns each namespace name once, and every pool
-// key starts with it, so dedup, lookup, load and eviction never cross
-// namespaces while the pool sees keys as opaque strings.
+// "Isolation"): the node interns each namespace name once and every pool key
+// starts with it, so dedup, lookup, load and eviction never cross
+// namespaces while the pool sees keys as opaque strings. On the wire
+// (P.E.stored, kv_events) a key is the protocol's offload key, without it.
 type NamespaceID uint32
 
-// nsBytes is the width of a key's namespace prefix.
-const nsBytes = 4
+// keyNSBytes and keyGroupBytes are the lengths of a key's namespace prefix
+// and group suffix.
+const (
+	keyNSBytes    = 4
+	keyGroupBytes = 4
+)
 
-// Key builds the pool key of a chunk: the namespace id (4 big-endian bytes),
-// then the protocol's offload key, i.e. the chunk's last block hash followed
-// by the group index as 4 big-endian bytes (PROTOCOL.md, "offload key").
-func Key(ns NamespaceID, last messages.Hash, group int) messages.Key {
-	return messages.Key(appendKey(make([]byte, 0, nsBytes+len(last)+4), ns, last, group))
+// AppendKey appends the pool key of a chunk to b: the namespace id (4
+// big-endian bytes), then the offload key, i.e. the chunk's last block hash
+// followed by the group index as 4 big-endian bytes (PROTOCOL.md, "offload
+// key").
+func AppendKey(b []byte, ns NamespaceID, last messages.Hash, group int) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(ns))
+	b = append(b, last...)
+	return binary.BigEndian.AppendUint32(b, uint32(group))
 }
 
-// appendKey is the one encoder of pool keys (Key and Request.appendKeys).
-func appendKey(b []byte, ns NamespaceID, last messages.Hash, group int) []byte {
-	b = append(b, byte(ns>>24), byte(ns>>16), byte(ns>>8), byte(ns))
-	b = append(b, last...)
-	return append(b, byte(group>>24), byte(group>>16), byte(group>>8), byte(group))
+// Key is the pool key of a chunk (AppendKey).
+func Key(ns NamespaceID, last messages.Hash, group int) messages.Key {
+	return messages.Key(AppendKey(make([]byte, 0, keyNSBytes+len(last)+keyGroupBytes), ns, last, group))
+}
+
+// Key is the pool key of a chunk in this layout's namespace.
+func (l *Layout) Key(last messages.Hash, group int) messages.Key {
+	return Key(l.Namespace, last, group)
 }
 
 // SplitKey is Key's inverse: the namespace id, the block hash and the group
-// index. A key too short to hold both prefixes (never built by Key) splits
-// into namespace 0, the whole key as hash, group 0.
+// index. A key too short for both (never built by Key) splits into
+// namespace 0, the whole key as hash, group 0.
 func SplitKey(k messages.Key) (NamespaceID, messages.Hash, int) {
-	if len(k) < nsBytes+4 {
+	if len(k) < keyNSBytes+keyGroupBytes {
 		return 0, messages.Hash(k), 0
 	}
-	ns := NamespaceID(k[0])<<24 | NamespaceID(k[1])<<16 | NamespaceID(k[2])<<8 | NamespaceID(k[3])
-	n := len(k) - 4
-	g := int(k[n])<<24 | int(k[n+1])<<16 | int(k[n+2])<<8 | int(k[n+3])
-	return ns, messages.Hash(k[nsBytes:n]), g
+	n := len(k) - keyGroupBytes
+	return NamespaceID(binary.BigEndian.Uint32([]byte(k[:keyNSBytes]))), messages.Hash(k[keyNSBytes:n]),
+		int(binary.BigEndian.Uint32([]byte(k[n:])))
 }
 
 // WireKey is the offload key as the protocol shows it (P.E.stored "key"):
 // hash and group, without the node-local namespace prefix.
 func WireKey(k messages.Key) messages.Key {
-	if len(k) < nsBytes+4 {
+	if len(k) < keyNSBytes+keyGroupBytes {
 		return k
 	}
-	return k[nsBytes:]
+	return k[keyNSBytes:]
 }
 
-// Key is the pool key of a chunk of this layout's namespace.
-func (l *Layout) Key(last messages.Hash, group int) messages.Key {
-	return Key(l.Namespace, last, group)
+// KeyHashHex is the hex of a wire key's block hash, given the wire key's
+// hex (the hash is its prefix, so a chunk needs only one hex encoding).
+func KeyHashHex(keyHex string) string {
+	if len(keyHex) < 2*keyGroupBytes {
+		return keyHex
+	}
+	return keyHex[:len(keyHex)-2*keyGroupBytes]
 }

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"math"
 	"testing"
@@ -178,8 +179,11 @@ func TestKeySplitKeyRoundTrip(t *testing.T) {
 		g &= math.MaxInt32 // group indexes are non-negative ints
 		k := Key(NamespaceID(ns), messages.Hash(h), int(g))
 		gotNS, gotH, gotG := SplitKey(k)
+		wireHex := hex.EncodeToString([]byte(WireKey(k)))
 		return len(k) == 4+len(h)+4 && gotNS == NamespaceID(ns) && gotH == messages.Hash(h) && gotG == int(g) &&
-			WireKey(k) == messages.Key(string(h)+string(k[len(k)-4:]))
+			WireKey(k) == messages.Key(string(h)+string(k[len(k)-4:])) &&
+			KeyHashHex(wireHex) == hex.EncodeToString(h) &&
+			string(AppendKey([]byte("x"), NamespaceID(ns), messages.Hash(h), int(g))) == "x"+string(k)
 	}
 	require.NoError(t, quick.Check(roundTrip, &quick.Config{MaxCount: 2000}))
 	require.Equal(t, messages.Key("\x00\x00\x01\x07ab\x00\x00\x01\x02"), Key(263, "ab", 258))

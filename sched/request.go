@@ -3,7 +3,6 @@ package sched
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/kvactors/kvactors/hostpool"
@@ -354,17 +353,15 @@ func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.
 	}
 	size := 0
 	for _, c := range cands {
-		size += nsBytes + len(hashOf(c)) + 4
+		size += keyNSBytes + len(hashOf(c)) + keyGroupBytes
 	}
-	var b strings.Builder
-	b.Grow(size)
-	var tmp [80]byte // a 64-byte hash's key fits: no allocation per key
+	b := make([]byte, 0, size)
 	for _, c := range cands {
-		b.Write(appendKey(tmp[:0], r.lay.Namespace, hashOf(c), c.group))
+		b = AppendKey(b, r.lay.Namespace, hashOf(c), c.group)
 	}
-	all, off := b.String(), 0
+	all, off := string(b), 0
 	for _, c := range cands {
-		n := nsBytes + len(hashOf(c)) + 4
+		n := keyNSBytes + len(hashOf(c)) + keyGroupBytes
 		keys = append(keys, messages.Key(all[off:off+n]))
 		off += n
 	}

@@ -19,7 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/natsauth"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 	"github.com/kvactors/kvactors/tracing"
@@ -234,9 +234,9 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		// The inbox prefix natsauth's permissions allow each engine.
+		// The inbox prefix NATS permissions allow each engine (docs/SECURITY.md).
 		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine),
-			nats.CustomInboxPrefix(natsauth.InboxPrefix(c.Engine)))
+			nats.CustomInboxPrefix(client.InboxPrefix(c.Engine)))
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
 		}
