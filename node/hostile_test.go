@@ -292,8 +292,10 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 	}
 	before := rejected(t, e, "limit")
 	var refused []string
+	var ms []*testEngine
 	for i := range 5 {
 		te := e.newEngine("m"+string(rune('0'+i)), defaultOpts())
+		ms = append(ms, te)
 		segs(te, 4)
 		var reply messages.RegisterReply
 		require.NoError(t, jsonUnmarshal(te.request("register", te.spec), &reply))
@@ -327,6 +329,14 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 	recv(t, vic.released, "q1 released")
 	vic.send(added("q4", 8))
 	require.Len(t, vic.sync().Requests, 3, "a finished request frees its place")
+
+	// An unregistered engine gives its segments and its place back.
+	var un messages.UnregisterReply
+	require.NoError(t, jsonUnmarshal(ms[0].request("unregister", map[string]any{}), &un))
+	require.True(t, un.OK, un.Error)
+	late := e.newEngine("late", defaultOpts())
+	segs(late, 4)
+	late.register()
 	intact(t, vic, hs, want)
 }
 
