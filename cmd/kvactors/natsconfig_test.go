@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -65,7 +66,8 @@ func TestNATSConfigAndServeWithIt(t *testing.T) {
 	connect := func(id string, errs chan error) *nats.Conn {
 		seed, err := nats.NkeyOptionFromSeed(filepath.Join(out, id+".nk"))
 		require.NoError(t, err)
-		nc, err := nats.Connect(url, seed, nats.CustomInboxPrefix("_INBOX."+id),
+		// The SDK's connection: its inbox prefix is the one the permissions allow.
+		nc, err := client.Dial(url, id, seed,
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
 		require.NoError(t, err)
 		t.Cleanup(nc.Close)
