@@ -330,6 +330,7 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 	vic.send(added("q4", 8))
 	require.Len(t, vic.sync().Requests, 3, "a finished request frees its place")
 
+	require.Equal(t, 12.0, metricValue(t, e.reg, "kvactors_isolation_segments_mapped", nil), "at the bound")
 	// An unregistered engine gives its segments and its place back.
 	var un messages.UnregisterReply
 	require.NoError(t, jsonUnmarshal(ms[0].request("unregister", map[string]any{}), &un))

@@ -125,6 +125,19 @@ func (n *Node) admit(old *engineRec, spec *messages.EngineSpec) error {
 	return nil
 }
 
+// mappedNow and namespacesNow are read at scrape time.
+func (n *Node) mappedNow() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mapped
+}
+
+func (n *Node) namespacesNow() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.nss.byID)
+}
+
 // unmapped gives back the segment count of a closed device.
 func (n *Node) unmapped(segments int) {
 	n.mu.Lock()

@@ -90,6 +90,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.tracer = tp.Tracer(tracing.TracerName)
 	n.metrics = metrics.New(cfg.Registry)
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
+	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow)
 	defer func() {
 		if err != nil {
 			n.teardown()
