@@ -31,13 +31,13 @@ type Cluster struct {
 	opts    []*server.Options
 }
 
-// NATSCluster starts an n-server NATS cluster (n ≥ 1; 3 is the usual) and
+// NATSCluster starts an n-server NATS cluster (n ≥ 2; 3 is the usual) and
 // waits until every server is routed to the others and JetStream has a meta
 // leader that counts all n peers. Every server is shut down when the test
 // ends.
 func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
-	require.GreaterOrEqual(t, n, 1, "a cluster needs a server")
+	require.GreaterOrEqual(t, n, 2, "clustered JetStream needs routes: two servers at least")
 	c := &Cluster{t: t, name: "kvactors-test", servers: make([]*server.Server, n), opts: make([]*server.Options, n)}
 	t.Cleanup(c.shutdown)
 	// Clustered JetStream wants every server's routes configured up front,
