@@ -1,0 +1,203 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// testLease is the shortest lease nats-server allows for a bucket whose
+// expiries leave markers (1 s).
+const testLease = time.Second
+
+func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int) *Owners {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var o *Owners
+	// Bucket creation needs a JetStream meta leader; right after a server
+	// stop there may briefly be none.
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		o, err = OpenOwners(ctx, js, Config{Node: node, Boot: node + "-boot1", StandbyFor: standbyFor, Lease: testLease, Replicas: replicas})
+		return err
+	})
+	return o
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// "a register naming no node is answered by exactly one node (the one whose
+// compare-and-set won)": three nodes on three NATS servers race for each
+// of 20 engines; each ends with exactly one server, and the others ignore
+// naming that winner.
+func TestConcurrentClaimsOnThreeServersEndWithOneOwner(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	nodes := make([]*Owners, 3)
+	for i := range nodes {
+		nodes[i] = openOwners(t, c.Connect(i), fmt.Sprintf("gpu-%d", i), "", 3)
+	}
+	ctx := ctxT(t)
+	for e := range 20 {
+		engine := fmt.Sprintf("e%d", e)
+		decisions := make([]ownership.Decision, 3)
+		errs := make([]error, 3)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, o := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start // closed below, before Wait: never blocks past the test
+				decisions[i], errs[i] = o.Resolve(ctx, engine, Request{Register: true, Local: true})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		var winner string
+		for i, d := range decisions {
+			require.NoError(t, errs[i], "node %d on %s", i, engine)
+			if d.Action == ownership.Serve {
+				require.Empty(t, winner, "%s: two owners (%s and gpu-%d)", engine, winner, i)
+				winner = fmt.Sprintf("gpu-%d", i)
+			}
+		}
+		require.NotEmpty(t, winner, "%s: no owner: %+v", engine, decisions)
+		for i, d := range decisions {
+			if d.Action != ownership.Serve {
+				require.Equal(t, ownership.Ignore, d.Action, "node %d", i)
+				require.Equal(t, winner, d.Owner, "node %d names the owner", i)
+			}
+		}
+		got, err := nodes[0].Get(ctx, engine)
+		require.NoError(t, err)
+		require.Equal(t, winner, got.Node)
+	}
+}
+
+// The owner keeps its engine while it renews; once it stops, its standby
+// takes the engine over no sooner than a lease after the owner's last
+// write, and the old owner's next keep-alive is fenced by the revision.
+func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	owner := openOwners(t, c.Connect(0), "gpu-0", "", 3)
+	standby := openOwners(t, c.Connect(1), "gpu-0b", "gpu-0", 3)
+	other := openOwners(t, c.Connect(2), "gpu-9", "", 3)
+	ctx := ctxT(t)
+	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
+
+	d, err := owner.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+
+	// Two leases of keep-alives: the standby never gets the engine.
+	tick := time.NewTicker(testLease / 8) // the keep-alive period, as a node's would be
+	defer tick.Stop()
+	until := time.Now().Add(2 * testLease)
+	for time.Now().Before(until) {
+		_, err := owner.KeepAlive(ctx, "e1")
+		require.NoError(t, err)
+		d, err := standby.Resolve(ctx, "e1", reg)
+		require.NoError(t, err)
+		require.Equal(t, ownership.Ignore, d.Action)
+		require.Equal(t, "gpu-0", d.Owner)
+		testkit.Recv(t, tick.C, testLease, "the next keep-alive tick")
+	}
+	require.True(t, owner.Serving("e1", time.Now()))
+
+	// The owner stops renewing (as if killed). Its last write:
+	lastSent := time.Now()
+	_, err = owner.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	var tookOver time.Time
+	testkit.Eventually(t, 10*testLease, 20*time.Millisecond, func() error {
+		// A node that neither is named nor stands by never claims it.
+		d, err := other.Resolve(ctx, "e1", reg)
+		require.NoError(t, err)
+		require.NotEqual(t, ownership.Serve, d.Action, "a node neither named nor standby took the engine")
+		d, err = standby.Resolve(ctx, "e1", reg)
+		if err != nil {
+			return err
+		}
+		if d.Action != ownership.Serve {
+			return fmt.Errorf("standby: %v (%s)", d.Action, d.Reason)
+		}
+		tookOver = time.Now()
+		return nil
+	})
+	require.GreaterOrEqual(t, tookOver.Sub(lastSent), testLease, "taken over before the lease ran out")
+	require.False(t, owner.Serving("e1", time.Now()), "the old owner's local lease has run out too")
+
+	_, err = owner.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrFenced)
+	require.ErrorIs(t, owner.Release(ctx, "e1"), ErrNotMine, "a fenced claim is forgotten")
+	got, err := other.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, "gpu-0b", got.Node)
+	require.Equal(t, standby.Revision("e1"), got.Revision)
+
+	// The engine re-registers naming its first node: the standby serves it,
+	// the restarted first node stays silent.
+	d, err = standby.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	d, err = owner.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action)
+	require.Equal(t, "gpu-0b", d.Owner)
+}
+
+// "a register naming another node than the live owner is refused by the
+// owner with an error naming itself"; other nodes stay silent.
+func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	b := openOwners(t, testkit.Connect(t, s), "gpu-1", "", 1)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Refuse, d.Action)
+	require.Contains(t, ownership.RefusalError(d.Owner, "gpu-1"), "owned by node gpu-0")
+	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action)
+
+	// Released: the named node claims it.
+	require.NoError(t, a.Release(ctx, "e1"))
+	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	// A released claim is no longer kept alive.
+	_, err = a.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrNotMine)
+}
+
+// Buckets are shared: a node with another lease is refused, not silently
+// given the first node's.
+func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	openOwners(t, nc, "gpu-0", "", 1)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = OpenOwners(ctxT(t), js, Config{Node: "gpu-1", Boot: "b", Lease: 2 * testLease})
+	require.Error(t, err)
+	require.True(t, errors.Is(err, jetstream.ErrBucketExists), "%v", err)
+}
