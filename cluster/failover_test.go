@@ -82,9 +82,7 @@ func TestOwnershipAndFetchSurviveOneServerStopped(t *testing.T) {
 	require.True(t, bytes.Equal(want, got))
 
 	c.Restart(down)
-	e, err := b.Get(ctx, "e1")
-	require.NoError(t, err)
-	require.Equal(t, "gpu-0", e.Node)
+	eventuallyOwner(t, b, "e1", "gpu-0")
 	_, err = a.KeepAlive(ctx, "e1")
 	require.NoError(t, err)
 }
@@ -92,6 +90,7 @@ func TestOwnershipAndFetchSurviveOneServerStopped(t *testing.T) {
 // A node joining learns another node's keys by catch-up, in pages under
 // max_payload, and the index then counts that node as their holder.
 func TestCatchUpFillsTheIndexInPages(t *testing.T) {
+	t.Parallel()
 	c := testkit.NATSCluster(t, 3)
 	ncA, ncC := c.Connect(0), c.Connect(2)
 	var keys []holders.NSKey

@@ -27,11 +27,32 @@ type fakeNode struct {
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	keysSub    *nats.Subscription
+	keys       *swappableKeys
+}
+
+// swappableKeys is a KeySource whose set a test replaces, as if the node's
+// pool changed while its kv_events were lost.
+type swappableKeys struct {
+	mu   sync.Mutex
+	keys SortedKeys
+}
+
+func (s *swappableKeys) set(keys []holders.NSKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys = NewSortedKeys(keys)
+}
+
+func (s *swappableKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keys.KeysAfter(after, max)
 }
 
 func startFakeNode(t *testing.T, nc *nats.Conn, node, boot string, keys []holders.NSKey) *fakeNode {
-	n := &fakeNode{t: t, nc: nc, node: node, boot: boot}
-	sub, err := ServeKeys(nc, "kvactors", node, boot, NewSortedKeys(keys))
+	n := &fakeNode{t: t, nc: nc, node: node, boot: boot, keys: &swappableKeys{}}
+	n.keys.set(keys)
+	sub, err := ServeKeys(nc, "kvactors", node, boot, n.keys)
 	require.NoError(t, err)
 	n.keysSub = sub
 	require.NoError(t, nc.Flush())
@@ -135,6 +156,13 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 		}
 		return nil
 	})
+
+	// This node missed kv_events while away from NATS: after Reconnected,
+	// the next heartbeat catches the node up again.
+	missed := hashKey("dd", 0)
+	a.keys.set([]holders.NSKey{old, missed})
+	feed.Reconnected()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, missed))
 
 	// "A node that is gone stops counting as a holder within lease_ms."
 	a.kill()

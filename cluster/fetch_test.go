@@ -77,6 +77,7 @@ func fetcher(t *testing.T, nc *nats.Conn, mod func(*Config)) *Fetcher {
 
 // Every size around the piece boundaries comes back byte-identical.
 func TestFetchSizesAroundPieceBoundaries(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	src := newMemSource()
 	serve(t, nc, "a", src)
@@ -99,6 +100,7 @@ func TestFetchSizesAroundPieceBoundaries(t *testing.T) {
 // A fetch of a 4 MiB chunk between clients on different NATS servers is
 // byte-identical, whichever server the client is on.
 func TestFetch4MiBAcrossServersIsByteIdentical(t *testing.T) {
+	t.Parallel()
 	c := testkit.NATSCluster(t, 3)
 	src := newMemSource()
 	want := randomBytes(42, 4<<20)
@@ -142,6 +144,7 @@ func offsetOf(m *nats.Msg) int64 {
 }
 
 func TestFetchRefusesCorruptMissingAndLyingPieces(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	src := newMemSource()
 	key := messages.Key("\x01\x02\x03")
@@ -218,6 +221,7 @@ func TestFetchRefusesCorruptMissingAndLyingPieces(t *testing.T) {
 // A chunk corrupted in the pool (bytes changed after the checksum was
 // taken) fails at the client the same way.
 func TestFetchDetectsAChunkCorruptedAtTheSource(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	good := randomBytes(9, 100_000)
 	bad := bytes.Clone(good)
@@ -232,6 +236,7 @@ func TestFetchDetectsAChunkCorruptedAtTheSource(t *testing.T) {
 
 // Bad requests get an error reply, never a panic or a piece.
 func TestServeFetchRefusesBadRequests(t *testing.T) {
+	t.Parallel()
 	_, nc := testkit.NATS(t)
 	serve(t, nc, "a", newMemSource())
 	for _, body := range []string{``, `{`, `{"namespace":"m","key":"zz","max":1}`, `{"namespace":"","key":"aa","max":1}`, `{"namespace":"m","key":"aa","max":0}`, `{"namespace":"m","key":"aa","offset":-1,"max":5}`} {

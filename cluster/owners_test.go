@@ -36,6 +36,26 @@ func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas i
 	return o
 }
 
+// eventuallyOwner waits until o reads engine's record naming node: reads
+// are direct gets that any replica may serve, and a replica may lag the
+// quorum that acknowledged the write.
+func eventuallyOwner(t *testing.T, o *Owners, engine, node string) *ownership.Entry {
+	t.Helper()
+	var got *ownership.Entry
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		e, err := o.Get(context.Background(), engine)
+		if err != nil {
+			return err
+		}
+		if e == nil || e.Node != node {
+			return fmt.Errorf("owner of %s reads %+v, want %s", engine, e, node)
+		}
+		got = e
+		return nil
+	})
+	return got
+}
+
 func ctxT(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	t.Cleanup(cancel)
@@ -47,6 +67,7 @@ func ctxT(t *testing.T) context.Context {
 // of 20 engines; each ends with exactly one server, and the others ignore
 // naming that winner.
 func TestConcurrentClaimsOnThreeServersEndWithOneOwner(t *testing.T) {
+	t.Parallel()
 	c := testkit.NATSCluster(t, 3)
 	nodes := make([]*Owners, 3)
 	for i := range nodes {
@@ -84,9 +105,7 @@ func TestConcurrentClaimsOnThreeServersEndWithOneOwner(t *testing.T) {
 				require.Equal(t, winner, d.Owner, "node %d names the owner", i)
 			}
 		}
-		got, err := nodes[0].Get(ctx, engine)
-		require.NoError(t, err)
-		require.Equal(t, winner, got.Node)
+		eventuallyOwner(t, nodes[0], engine, winner)
 	}
 }
 
@@ -146,9 +165,7 @@ func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
 	_, err = owner.KeepAlive(ctx, "e1")
 	require.ErrorIs(t, err, ErrFenced)
 	require.ErrorIs(t, owner.Release(ctx, "e1"), ErrNotMine, "a fenced claim is forgotten")
-	got, err := other.Get(ctx, "e1")
-	require.NoError(t, err)
-	require.Equal(t, "gpu-0b", got.Node)
+	got := eventuallyOwner(t, other, "e1", "gpu-0b")
 	require.Equal(t, standby.Revision("e1"), got.Revision)
 
 	// The engine re-registers naming its first node: the standby serves it,
@@ -165,6 +182,7 @@ func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
 // "a register naming another node than the live owner is refused by the
 // owner with an error naming itself"; other nodes stay silent.
 func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	a := openOwners(t, nc, "gpu-0", "", 1)
 	b := openOwners(t, testkit.Connect(t, s), "gpu-1", "", 1)
@@ -193,6 +211,7 @@ func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 // Buckets are shared: a node with another lease is refused, not silently
 // given the first node's.
 func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
+	t.Parallel()
 	_, nc := testkit.NATS(t)
 	openOwners(t, nc, "gpu-0", "", 1)
 	js, err := jetstream.New(nc)

@@ -39,7 +39,6 @@ func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	require.GreaterOrEqual(t, n, 2, "clustered JetStream needs routes: two servers at least")
 	c := &Cluster{t: t, name: "kvactors-test", servers: make([]*server.Server, n), opts: make([]*server.Options, n)}
-	t.Cleanup(c.shutdown)
 	// Clustered JetStream wants every server's routes configured up front,
 	// so the route ports are chosen before any server starts: freed loopback
 	// ports, taken again by the servers at once (the usual test-port race,
@@ -64,6 +63,9 @@ func NATSCluster(t testing.TB, n int) *Cluster {
 	for i, o := range c.opts {
 		o.Routes = c.routesFrom(i)
 	}
+	// After the TempDirs: clean-ups run last-in first-out, so the servers
+	// stop before their stores are removed.
+	t.Cleanup(c.shutdown)
 	for i, o := range c.opts {
 		c.start(i)
 		// Pin the client port actually bound, so a restart comes back where
