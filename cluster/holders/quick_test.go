@@ -185,5 +185,5 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 		}
 		return true
 	}
-	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 200}))
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 50}))
 }
