@@ -137,11 +137,18 @@ type piece struct {
 	data         []byte
 }
 
-// Fetch reads ns/key from node: the first piece says the size and the
-// checksum, the rest are requested FetchWindow at a time, and the whole is
-// verified against the checksum. Any error names the node, namespace and
-// key; no partial bytes are returned.
+// Fetch reads ns/key from node into a new buffer (see FetchTo).
 func (f *Fetcher) Fetch(ctx context.Context, node, ns string, key messages.Key) ([]byte, error) {
+	return f.FetchTo(ctx, node, ns, key, func(size int64) ([]byte, error) { return make([]byte, size), nil })
+}
+
+// FetchTo reads ns/key from node into the buffer alloc returns for the
+// chunk's size (a pool slot, so the bytes are copied once): the first piece
+// says the size and the checksum, the rest are requested FetchWindow at a
+// time, and the whole is verified against the checksum. Any error names the
+// node, namespace and key; the buffer's contents are then undefined and
+// must not be used (the caller frees the slot).
+func (f *Fetcher) FetchTo(ctx context.Context, node, ns string, key messages.Key, alloc func(size int64) ([]byte, error)) ([]byte, error) {
 	name := fmt.Sprintf("key %s/%x from node %s", ns, []byte(key), node)
 	subj := messages.NodeSubject(f.cfg.Prefix, node, messages.NodeVerbFetch)
 	pieceMax := f.nc.MaxPayload() - headerRoom
@@ -152,17 +159,20 @@ func (f *Fetcher) Fetch(ctx context.Context, node, ns string, key messages.Key) 
 	if first.size > f.cfg.MaxChunkBytes {
 		return nil, fmt.Errorf("fetch %s: %w: size %d over the %d limit", name, ErrPiece, first.size, f.cfg.MaxChunkBytes)
 	}
-	if int64(len(first.data)) > first.size {
-		return nil, fmt.Errorf("fetch %s: %w: first piece of %d bytes, chunk of %d", name, ErrPiece, len(first.data), first.size)
-	}
-	buf := make([]byte, first.size)
-	copy(buf, first.data)
 	// The server may cut pieces shorter than asked (its own max_payload);
 	// its first piece's length is the stride.
 	stride := int64(len(first.data))
 	if stride == 0 && first.size > 0 {
 		return nil, fmt.Errorf("fetch %s: %w: empty first piece of a %d-byte chunk", name, ErrPiece, first.size)
 	}
+	buf, err := alloc(first.size)
+	if err != nil {
+		return nil, fmt.Errorf("fetch %s: room for %d bytes: %w", name, first.size, err)
+	}
+	if int64(len(buf)) != first.size {
+		return nil, fmt.Errorf("fetch %s: buffer of %d bytes for a %d-byte chunk", name, len(buf), first.size)
+	}
+	copy(buf, first.data)
 	if err := f.rest(ctx, subj, ns, key, buf, first, stride); err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", name, err)
 	}
@@ -170,6 +180,27 @@ func (f *Fetcher) Fetch(ctx context.Context, node, ns string, key messages.Key) 
 		return nil, fmt.Errorf("fetch %s: %w: got %08x, want %08x", name, ErrCorrupt, got, first.crc)
 	}
 	return buf, nil
+}
+
+// FetchAny fetches ns/key from the first of holders that serves it intact,
+// in order (the caller's preference: the index's, or nearest first). It
+// returns the node that served it, or every holder's error joined.
+func (f *Fetcher) FetchAny(ctx context.Context, holders []string, ns string, key messages.Key, alloc func(size int64) ([]byte, error)) ([]byte, string, error) {
+	var errs []error
+	for _, node := range holders {
+		b, err := f.FetchTo(ctx, node, ns, key, alloc)
+		if err == nil {
+			return b, node, nil
+		}
+		errs = append(errs, err)
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	if len(errs) == 0 {
+		return nil, "", fmt.Errorf("fetch key %s/%x: %w: no holder", ns, []byte(key), ErrRefused)
+	}
+	return nil, "", errors.Join(errs...)
 }
 
 // rest fetches every piece after the first into buf, FetchWindow at a time.

@@ -246,3 +246,40 @@ func TestServeFetchRefusesBadRequests(t *testing.T) {
 		require.Empty(t, m.Data)
 	}
 }
+
+// FetchAny skips a holder that is gone and one that serves corrupt bytes,
+// and takes the chunk from the next; with no good holder, the error names
+// every one.
+func TestFetchAnyFallsBackToTheNextHolder(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	want := randomBytes(5, 1<<20+3)
+	good := newMemSource()
+	good.put("m", "k", want)
+	serve(t, nc, "good", good)
+	serve(t, nc, "rotten", ChunkSourceFunc(func(string, messages.Key) ([]byte, uint32, error) {
+		bad := bytes.Clone(want)
+		bad[0] ^= 1
+		return bad, CRC32C(want), nil
+	}))
+	f := fetcher(t, testkit.Connect(t, s), func(c *Config) { c.FetchTimeout = 200 * time.Millisecond })
+	allocs := 0
+	alloc := func(n int64) ([]byte, error) { allocs++; return make([]byte, n), nil }
+	got, from, err := f.FetchAny(ctxT(t), []string{"gone", "rotten", "good"}, "m", "k", alloc)
+	require.NoError(t, err)
+	require.Equal(t, "good", from)
+	require.True(t, bytes.Equal(want, got))
+	require.Equal(t, 2, allocs, "no buffer for the holder that is gone")
+
+	_, _, err = f.FetchAny(ctxT(t), []string{"gone", "rotten"}, "m", "k", alloc)
+	require.ErrorIs(t, err, ErrPiece)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorContains(t, err, "node gone")
+	require.ErrorContains(t, err, "node rotten")
+	_, _, err = f.FetchAny(ctxT(t), nil, "m", "k", alloc)
+	require.ErrorIs(t, err, ErrRefused)
+
+	// A buffer of the wrong size is refused, not overrun.
+	_, err = f.FetchTo(ctxT(t), "good", "m", "k", func(n int64) ([]byte, error) { return make([]byte, n-1), nil })
+	require.ErrorContains(t, err, "buffer of")
+}
