@@ -29,7 +29,7 @@ func BenchmarkFetchAcrossServers(b *testing.B) {
 	for _, n := range benchSizes {
 		src.put("m", messages.Key(fmt.Sprint(n)), randomBytes(uint64(n), n))
 	}
-	sub, err := ServeFetch(server, "kvactors", "a", src)
+	sub, err := ServeFetch(server, "kvactors", "a", src, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -73,7 +73,7 @@ func BenchmarkFetchAcrossServers(b *testing.B) {
 			}
 		})
 		for _, window := range []int{1, 4} {
-			f, err := NewFetcher(client, Config{FetchWindow: window})
+			f, err := NewFetcher(client, Config{FetchWindow: window}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}

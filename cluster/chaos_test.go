@@ -67,7 +67,7 @@ func TestNATSServerCrashKeepAliveGap(t *testing.T) {
 	testkit.Eventually(t, 30*time.Second, 200*time.Millisecond, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		o, err = OpenOwners(ctx, js, Config{Node: "gpu-0", Boot: "b", Lease: lease, Replicas: 3})
+		o, err = OpenOwners(ctx, js, Config{Node: "gpu-0", Boot: "b", Lease: lease, Replicas: 3}, nil)
 		return err
 	})
 	ctx := context.Background()

@@ -37,10 +37,11 @@ type FeedStats struct {
 // building block the node's holder actor will wrap; until then it guards
 // the index with a mutex.
 type Feed struct {
-	nc   *nats.Conn
-	cfg  Config
-	log  *slog.Logger
-	subs []*nats.Subscription
+	nc      *nats.Conn
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	subs    []*nats.Subscription
 
 	mu       sync.Mutex
 	x        *holders.Index
@@ -56,12 +57,12 @@ type Feed struct {
 // StartFeed subscribes and starts the expiry loop; Close stops both.
 // cfg.Node is this node, whose own messages are skipped (its pool answers
 // for itself).
-func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger) (*Feed, error) {
+func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger, metrics *Metrics) (*Feed, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &Feed{nc: nc, cfg: cfg, log: log, x: holders.New(cfg.Lease), catching: map[string]bool{}, pending: map[string]bool{}, ctx: ctx, cancel: cancel}
+	f := &Feed{nc: nc, cfg: cfg, log: log, metrics: metrics.orNew(), x: holders.New(cfg.Lease), catching: map[string]bool{}, pending: map[string]bool{}, ctx: ctx, cancel: cancel}
 	for subj, h := range map[string]nats.MsgHandler{
 		cfg.Prefix + ".*." + messages.VerbKVEvents:                        f.onKVEvents,
 		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHeartbeat): f.onHeartbeat,
@@ -111,6 +112,7 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	var hb messages.NodeHeartbeat // a hello has the same node and boot
 	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Node == "" || hb.Boot == "" {
 		f.count(func(s *FeedStats) { s.BadMessages++ })
+		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
 		return
 	}
 	if hb.Node == f.cfg.Node {
@@ -118,6 +120,9 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	}
 	f.mu.Lock()
 	need, err := f.x.Heartbeat(hb.Node, hb.Boot, time.Now())
+	if err != nil {
+		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
+	}
 	if err == nil && need {
 		f.pending[hb.Node] = true
 	}
@@ -167,7 +172,10 @@ func (f *Feed) catchUp(node, boot string) {
 		f.pending[node] = true
 		f.stats.CatchUpFails++
 		f.mu.Unlock()
+		f.metrics.CatchUps.WithLabelValues("error").Inc()
 		f.log.Warn("key catch-up failed", "node", node, "boot", boot, "err", err)
+	} else if err == nil {
+		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	}
 }
 
@@ -186,6 +194,7 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	node, boot := m.Header.Get(HeaderNode), m.Header.Get(HeaderBoot)
 	if node == "" || boot == "" {
 		f.count(func(s *FeedStats) { s.Unattributed++ })
+		f.metrics.FeedRejected.WithLabelValues("unattributed").Inc()
 		return
 	}
 	if node == f.cfg.Node {
@@ -195,12 +204,14 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	var b messages.KVEventBatch
 	if err := json.Unmarshal(m.Data, &b); err != nil {
 		f.count(func(s *FeedStats) { s.BadMessages++ })
+		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
 		return
 	}
 	f.mu.Lock()
 	_, err := f.x.ApplyKVEvents(node, boot, engine, b)
 	f.mu.Unlock()
 	if err != nil {
+		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
 		f.log.Debug("kv_events refused", "node", node, "engine", engine, "err", err)
 	}
 }

@@ -117,7 +117,7 @@ func holdersOf(f *Feed, k holders.NSKey) func() error {
 func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *testing.T) {
 	c := testkit.NATSCluster(t, 3)
 	ncA, ncC := c.Connect(0), c.Connect(2)
-	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler))
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	t.Cleanup(feed.Close)
 	require.NoError(t, ncC.Flush())

@@ -9,6 +9,7 @@ import (
 	"hash/crc32"
 	"strconv"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -72,22 +73,25 @@ type fetchRequest struct {
 // subscription is drained or the connection closed. Each request reads the
 // chunk from src again (a pool read is a slice reference, not a copy) so
 // the server keeps no per-fetch state.
-func ServeFetch(nc *nats.Conn, prefix, node string, src ChunkSource) (*nats.Subscription, error) {
+func ServeFetch(nc *nats.Conn, prefix, node string, src ChunkSource, metrics *Metrics) (*nats.Subscription, error) {
 	subj := messages.NodeSubject(prefix, node, messages.NodeVerbFetch)
-	sub, err := nc.Subscribe(subj, func(m *nats.Msg) { serveFetch(nc, m, src) })
+	metrics = metrics.orNew()
+	sub, err := nc.Subscribe(subj, func(m *nats.Msg) { serveFetch(nc, m, src, metrics) })
 	if err != nil {
 		return nil, fmt.Errorf("subscribe %s: %w", subj, err)
 	}
 	return sub, nil
 }
 
-func serveFetch(nc *nats.Conn, m *nats.Msg, src ChunkSource) {
+func serveFetch(nc *nats.Conn, m *nats.Msg, src ChunkSource, metrics *Metrics) {
 	reply := nats.NewMsg(m.Reply)
 	data, err := fetchPiece(nc, m.Data, src, reply.Header)
 	if err != nil {
 		reply.Header.Set(HeaderError, err.Error())
+		metrics.ServeRefused.Inc()
 	} else {
 		reply.Data = data
+		metrics.ServedBytes.Add(float64(len(data)))
 	}
 	_ = m.RespondMsg(reply) // a requester that went away is not this server's error
 }
@@ -118,16 +122,17 @@ func fetchPiece(nc *nats.Conn, body []byte, src ChunkSource, h nats.Header) ([]b
 
 // Fetcher fetches chunks from other nodes. Safe for concurrent use.
 type Fetcher struct {
-	nc  *nats.Conn
-	cfg Config
+	nc      *nats.Conn
+	cfg     Config
+	metrics *Metrics
 }
 
-// NewFetcher returns a fetch client on nc.
-func NewFetcher(nc *nats.Conn, cfg Config) (*Fetcher, error) {
+// NewFetcher returns a fetch client on nc; metrics may be nil.
+func NewFetcher(nc *nats.Conn, cfg Config, metrics *Metrics) (*Fetcher, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	return &Fetcher{nc: nc, cfg: cfg}, nil
+	return &Fetcher{nc: nc, cfg: cfg, metrics: metrics.orNew()}, nil
 }
 
 // piece is one verified reply.
@@ -149,6 +154,18 @@ func (f *Fetcher) Fetch(ctx context.Context, node, ns string, key messages.Key) 
 // node, namespace and key; the buffer's contents are then undefined and
 // must not be used (the caller frees the slot).
 func (f *Fetcher) FetchTo(ctx context.Context, node, ns string, key messages.Key, alloc func(size int64) ([]byte, error)) ([]byte, error) {
+	start := time.Now()
+	b, err := f.fetchTo(ctx, node, ns, key, alloc)
+	if err != nil {
+		f.metrics.FetchFailures.WithLabelValues(fetchReason(err)).Inc()
+		return nil, err
+	}
+	f.metrics.FetchBytes.Add(float64(len(b)))
+	f.metrics.FetchSeconds.Observe(time.Since(start).Seconds())
+	return b, nil
+}
+
+func (f *Fetcher) fetchTo(ctx context.Context, node, ns string, key messages.Key, alloc func(size int64) ([]byte, error)) ([]byte, error) {
 	name := fmt.Sprintf("key %s/%x from node %s", ns, []byte(key), node)
 	subj := messages.NodeSubject(f.cfg.Prefix, node, messages.NodeVerbFetch)
 	pieceMax := f.nc.MaxPayload() - headerRoom

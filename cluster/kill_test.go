@@ -38,7 +38,7 @@ func TestOwnerChildProcess(t *testing.T) {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := context.Background()
-	o, err := OpenOwners(ctx, js, Config{Node: "gpu-0", Boot: fmt.Sprintf("pid%d", os.Getpid()), Lease: testLease, Replicas: 3})
+	o, err := OpenOwners(ctx, js, Config{Node: "gpu-0", Boot: fmt.Sprintf("pid%d", os.Getpid()), Lease: testLease, Replicas: 3}, nil)
 	require.NoError(t, err)
 	engine := os.Getenv(envOwnerEngine)
 	d, err := o.Resolve(ctx, engine, Request{Register: true, Local: true, SpecNode: "gpu-0"})
@@ -57,6 +57,7 @@ func TestOwnerChildProcess(t *testing.T) {
 // after the lease (never before the lease has passed since the kill's last
 // possible renewal), and a node neither named nor standby never does.
 func TestKilledOwnerIsTakenOverByItsStandby(t *testing.T) {
+	t.Parallel()
 	c := testkit.NATSCluster(t, 3)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestOwnerChildProcess$", "-test.v")
 	cmd.Env = append(os.Environ(), envOwnerURL+"="+c.URLs(0), envOwnerEngine+"=e1")

@@ -26,9 +26,10 @@ var (
 // decides with ownership.Decide, claims with compare-and-set and keeps its
 // own claims alive. Safe for concurrent use.
 type Owners struct {
-	cfg Config
-	kv  jetstream.KeyValue
-	me  ownership.Identity
+	cfg     Config
+	kv      jetstream.KeyValue
+	me      ownership.Identity
+	metrics *Metrics
 
 	mu   sync.Mutex
 	mine map[string]held // engines this process claimed and has not lost
@@ -44,7 +45,7 @@ type held struct {
 // OpenOwners creates the ownership bucket, or binds to it if another node
 // made it with the same settings; different settings (lease, replicas) are
 // an error, since one node's lease cannot be another's.
-func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config) (*Owners, error) {
+func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metrics) (*Owners, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -66,7 +67,7 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config) (*Owner
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
 	}
-	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, mine: map[string]held{}}, nil
+	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}}, nil
 }
 
 // Get reads engine's ownership; nil if nobody holds it.
@@ -106,6 +107,7 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 	}
 	for attempt := 0; ; attempt++ {
 		d := ownership.Decide(o.input(engine, e, req))
+		o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
 		if d.Action != ownership.Claim {
 			if d.Action == ownership.Ignore {
 				o.forget(engine, e)
@@ -125,9 +127,10 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 	}
 }
 
-// maxClaimAttempts bounds Resolve's claim retries: each lost claim means
-// another node wrote, which settles ownership, so a second loss is rare.
-const maxClaimAttempts = 3
+// maxClaimAttempts bounds Resolve's claim retries (each lost claim means
+// another node wrote, which settles ownership, so a second loss is rare)
+// and claim's retries of a write that was refused without a verdict.
+const maxClaimAttempts = 5
 
 // readPast reads engine's record until it is not the one at revision rev
 // (0: none) or a lease has passed.
@@ -156,7 +159,9 @@ func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*owne
 // than register, where the caller keeps the entry from a watch or from
 // Resolve.
 func (o *Owners) Decide(engine string, e *ownership.Entry, req Request) ownership.Decision {
-	return ownership.Decide(o.input(engine, e, req))
+	d := ownership.Decide(o.input(engine, e, req))
+	o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+	return d
 }
 
 func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership.Input {
@@ -184,32 +189,76 @@ func (o *Owners) forget(engine string, e *ownership.Entry) {
 }
 
 // claim writes this node's record with compare-and-set: create when rev is
-// 0, else replace rev.
+// 0, else replace rev. Two kinds of failed compare-and-set are not a fence:
+//   - "wrong last sequence" without a sequence (JetStream error 10164): the
+//     stream leader refused because another write of the key was still in
+//     process; it says nothing about who won, so the write is tried again;
+//   - a mismatch after which the record names this very node and boot: the
+//     newer revision is this process's own write whose reply was lost (a
+//     timeout across a leader change); nobody else can write this identity,
+//     so the claim carries on from that revision.
+//
+// Anything else, or the same after maxClaimAttempts, is ErrFenced.
 func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
-	sent := time.Now() // before the write: the servers' lease starts later
-	val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
-	var (
-		nrev uint64
-		err  error
-	)
-	if rev == 0 {
-		nrev, err = o.kv.Create(ctx, engine, val)
-	} else {
-		nrev, err = o.kv.Update(ctx, engine, val, rev)
-	}
-	if err != nil {
-		if errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			o.mu.Lock()
-			delete(o.mine, engine)
-			o.mu.Unlock()
-			return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
+	var err error
+	for attempt := 1; ; attempt++ {
+		sent := time.Now() // before the write: the servers' lease starts later
+		val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
+		var nrev uint64
+		if rev == 0 {
+			nrev, err = o.kv.Create(ctx, engine, val)
+		} else {
+			nrev, err = o.kv.Update(ctx, engine, val, rev)
 		}
-		return fmt.Errorf("claim engine %s: %w", engine, err)
+		if err == nil {
+			o.mu.Lock()
+			o.mine[engine] = held{rev: nrev, renewed: sent}
+			o.mu.Unlock()
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("claim engine %s: %w", engine, err)
+		}
+		if attempt == maxClaimAttempts || ctx.Err() != nil {
+			break
+		}
+		if inProcessConflict(err) {
+			if !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
+				break
+			}
+			continue
+		}
+		e, gerr := o.Get(ctx, engine)
+		if gerr != nil || e == nil || e.Identity != o.me || e.Revision == rev {
+			break
+		}
+		rev = e.Revision // this process's own write, whose reply was lost
 	}
 	o.mu.Lock()
-	o.mine[engine] = held{rev: nrev, renewed: sent}
+	delete(o.mine, engine)
 	o.mu.Unlock()
-	return nil
+	o.metrics.Fenced.Inc()
+	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
+}
+
+// inProcessConflict: JetStream refused an expected-sequence write because
+// another write of the subject was in flight (10164), not because the
+// sequence was wrong.
+func inProcessConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// pause waits d or until ctx ends; false if ctx ended.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 // KeepAlive rewrites engine's record on the revision this node last wrote:
