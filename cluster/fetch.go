@@ -85,7 +85,7 @@ func ServeFetch(nc *nats.Conn, prefix, node string, src ChunkSource, metrics *Me
 
 func serveFetch(nc *nats.Conn, m *nats.Msg, src ChunkSource, metrics *Metrics) {
 	reply := nats.NewMsg(m.Reply)
-	data, err := fetchPiece(nc, m.Data, src, reply.Header)
+	data, err := fetchPiece(nc.MaxPayload(), m.Data, src, reply.Header)
 	if err != nil {
 		reply.Header.Set(HeaderError, err.Error())
 		metrics.ServeRefused.Inc()
@@ -96,7 +96,7 @@ func serveFetch(nc *nats.Conn, m *nats.Msg, src ChunkSource, metrics *Metrics) {
 	_ = m.RespondMsg(reply) // a requester that went away is not this server's error
 }
 
-func fetchPiece(nc *nats.Conn, body []byte, src ChunkSource, h nats.Header) ([]byte, error) {
+func fetchPiece(maxPayload int64, body []byte, src ChunkSource, h nats.Header) ([]byte, error) {
 	var req fetchRequest
 	if err := json.Unmarshal(body, &req); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrFetchInput, err)
@@ -113,7 +113,7 @@ func fetchPiece(nc *nats.Conn, body []byte, src ChunkSource, h nats.Header) ([]b
 	if req.Offset > size {
 		return nil, fmt.Errorf("%w: offset %d past size %d", ErrFetchInput, req.Offset, size)
 	}
-	n := min(req.Max, nc.MaxPayload()-headerRoom, size-req.Offset)
+	n := min(req.Max, maxPayload-headerRoom, size-req.Offset)
 	h.Set(HeaderSize, strconv.FormatInt(size, 10))
 	h.Set(HeaderCRC, fmt.Sprintf("%08x", crc))
 	h.Set(HeaderOffset, strconv.FormatInt(req.Offset, 10))

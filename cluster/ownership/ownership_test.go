@@ -115,3 +115,18 @@ func requireStdOnly(t *testing.T, pkg string) {
 		require.True(t, strings.HasPrefix(dep, "github.com/kvactors/kvactors/cluster/ownership"), "imports %s", dep)
 	}
 }
+
+// Any bucket value: a record with an owner, or ErrBadRecord.
+func FuzzDecodeRecord(f *testing.F) {
+	f.Add([]byte(`{"node":"a","boot":"b","lease_ms":1000}`))
+	f.Add([]byte(`{"node":""}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		r, err := DecodeRecord(b)
+		if err != nil {
+			require.ErrorIs(t, err, ErrBadRecord)
+			return
+		}
+		require.NotEmpty(t, r.Node)
+		require.NotEmpty(t, r.Boot)
+	})
+}
