@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -200,15 +200,18 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	if node == f.cfg.Node {
 		return
 	}
-	engine := strings.TrimSuffix(strings.TrimPrefix(m.Subject, f.cfg.Prefix+"."), "."+messages.VerbKVEvents)
+	engine, _, err := ingest.ParseSubject(f.cfg.Prefix, m.Subject)
 	var b messages.KVEventBatch
-	if err := json.Unmarshal(m.Data, &b); err != nil {
+	if err == nil {
+		err = json.Unmarshal(m.Data, &b)
+	}
+	if err != nil {
 		f.count(func(s *FeedStats) { s.BadMessages++ })
 		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
 		return
 	}
 	f.mu.Lock()
-	_, err := f.x.ApplyKVEvents(node, boot, engine, b)
+	_, err = f.x.ApplyKVEvents(node, boot, engine, b)
 	f.mu.Unlock()
 	if err != nil {
 		f.metrics.FeedRejected.WithLabelValues("refused").Inc()

@@ -148,6 +148,18 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 		}
 		return nil
 	})
+	// A subject that names no engine is counted as a bad message.
+	bad := nats.NewMsg("kvactors._x.kv_events")
+	bad.Header.Set(HeaderNode, "gpu-0")
+	bad.Header.Set(HeaderBoot, "a1")
+	bad.Data = []byte(`{"events":[]}`)
+	require.NoError(t, ncA.PublishMsg(bad))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if fs, _ := feed.Stats(); fs.BadMessages != 1 {
+			return fmt.Errorf("%d bad messages, want 1", fs.BadMessages)
+		}
+		return nil
+	})
 	// Events without the node headers are counted, not guessed at.
 	require.NoError(t, ncA.Publish(messages.EngineSubject("kvactors", "e1", messages.VerbKVEvents), []byte(`{"events":[]}`)))
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/ingest"
 )
 
 // Errors of Owners.
@@ -20,6 +21,9 @@ var (
 	ErrFenced = errors.New("cluster: ownership fenced")
 	// ErrNotMine: the engine is not held by this node.
 	ErrNotMine = errors.New("cluster: engine not owned by this node")
+	// ErrBadEngine: not an engine id ([A-Za-z0-9_-]{1,64}, not starting
+	// with _), so never a key of the bucket.
+	ErrBadEngine = errors.New("cluster: bad engine id")
 )
 
 // Owners is a node's view of the ownership bucket: it reads records,
@@ -72,6 +76,9 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 
 // Get reads engine's ownership; nil if nobody holds it.
 func (o *Owners) Get(ctx context.Context, engine string) (*ownership.Entry, error) {
+	if !ingest.ValidEngineID(engine) {
+		return nil, fmt.Errorf("%w: %q", ErrBadEngine, engine)
+	}
 	e, err := o.kv.Get(ctx, engine)
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):

@@ -205,6 +205,11 @@ func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Serve, d.Action)
+	// Not an engine id: refused before the bucket sees it.
+	for _, bad := range []string{"", "a.b", "_node", "a*", "a>"} {
+		_, err = b.Resolve(ctx, bad, Request{Register: true, Local: true})
+		require.ErrorIs(t, err, ErrBadEngine, "%q", bad)
+	}
 	// A released claim is no longer kept alive.
 	_, err = a.KeepAlive(ctx, "e1")
 	require.ErrorIs(t, err, ErrNotMine)
