@@ -100,6 +100,9 @@ func (f *Feed) expireLoop() {
 		case now := <-t.C:
 			f.mu.Lock()
 			gone := f.x.Expire(now)
+			for _, n := range gone {
+				delete(f.pending, n) // a node that comes back is new: caught up anyway
+			}
 			f.mu.Unlock()
 			if len(gone) > 0 {
 				f.log.Info("nodes gone: no heartbeat for the lease", "nodes", gone, "lease", f.cfg.Lease)
