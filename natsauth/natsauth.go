@@ -189,8 +189,8 @@ func list(subjects ...string) string {
 func servicePerms(o Options) string {
 	subs := []string{o.Prefix + ".*.*", o.Prefix + "." + messages.NodeToken + ".>", InboxPrefix(ServiceUser) + ".>"}
 	pubs := []string{o.Prefix + ".>"}
-	if o.JetStream { // the API, and acks of the messages kvactors consumes
-		pubs = append(pubs, "$JS.API.>", "$JS.ACK.>")
+	if o.JetStream { // the API, acks of what it consumes, KV puts (cluster ownership)
+		pubs = append(pubs, "$JS.API.>", "$JS.ACK.>", "$KV.>")
 	}
 	return fmt.Sprintf("{\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n        allow_responses: true }",
 		list(pubs...), list(subs...))
