@@ -66,6 +66,25 @@ func (l *Limiter) Allow(r string, now time.Time) (log bool, summary int) {
 	return false, summary
 }
 
+// Flush ends, at now, every reason's window that is over and returns how
+// many rejections each left unlogged (reasons with none are left out), so a
+// summary is not held back until that reason's next rejection.
+func (l *Limiter) Flush(now time.Time) map[string]int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out map[string]int
+	for r, st := range l.reasons {
+		if st.suppressed > 0 && (now.Sub(st.start) >= l.window || now.Before(st.start)) {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[r] = st.suppressed
+			*st = reason{start: now}
+		}
+	}
+	return out
+}
+
 // Log is a logger for rejections that goes through a Limiter.
 type Log struct {
 	log *slog.Logger
@@ -96,11 +115,26 @@ func (r *Log) Log(level slog.Level, reason, msg string, args ...any) {
 	}
 	log, summary := r.lim.Allow(reason, r.now())
 	if summary > 0 {
-		r.log.LogAttrs(context.Background(), slog.LevelWarn, "rejections not logged (rate limit)",
-			slog.String("reason", reason), slog.Int("suppressed", summary),
-			slog.Duration("window", r.lim.window))
+		r.summary(reason, summary)
 	}
 	if log {
 		r.log.Log(context.Background(), level, msg, append(args, "reason", reason)...)
 	}
+}
+
+// Flush writes the summary line of every reason whose window is over with
+// rejections unlogged; call it periodically (the node does, every lease/4).
+// A nil *Log does nothing.
+func (r *Log) Flush() {
+	if r == nil {
+		return
+	}
+	for reason, n := range r.lim.Flush(r.now()) {
+		r.summary(reason, n)
+	}
+}
+
+func (r *Log) summary(reason string, suppressed int) {
+	r.log.LogAttrs(context.Background(), slog.LevelWarn, "rejections not logged (rate limit)",
+		slog.String("reason", reason), slog.Int("suppressed", suppressed), slog.Duration("window", r.lim.window))
 }

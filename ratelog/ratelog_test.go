@@ -63,3 +63,27 @@ func TestLogFloodIsBounded(t *testing.T) {
 	var nilLog *Log
 	nilLog.Reject("x", "nothing") // a nil Log is silent, not a panic
 }
+
+// Flush reports a window that is over without waiting for that reason's next
+// rejection, once, and only for reasons with something unlogged.
+func TestFlushEndsWindowsThatAreOver(t *testing.T) {
+	var buf bytes.Buffer
+	log := NewLog(slog.New(slog.NewTextHandler(&buf, nil)), New(1, time.Minute))
+	clock := time.Unix(0, 0)
+	log.now = func() time.Time { return clock }
+	for range 10 {
+		log.Reject("a", "rejected")
+	}
+	log.Reject("b", "rejected") // within its burst: nothing to summarise
+	log.Flush()
+	require.NotContains(t, buf.String(), "suppressed", "the window is not over")
+	clock = clock.Add(time.Minute)
+	log.Flush()
+	require.Contains(t, buf.String(), "reason=a suppressed=9")
+	require.NotContains(t, buf.String(), "reason=b suppressed")
+	n := strings.Count(buf.String(), "\n")
+	log.Flush()
+	require.Equal(t, n, strings.Count(buf.String(), "\n"), "once")
+	var nilLog *Log
+	nilLog.Flush()
+}
