@@ -468,3 +468,25 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 	require.Less(t, maps()-mapsBefore, node.DefaultMaxMappedSegments+256)
 	intact(t, vic, hs, want)
 }
+
+// Attack: re-register over and over with a fresh namespace each time, to
+// grow the node's namespace table (entries live for the boot). Past 16 ×
+// --max-engines namespaces a register is refused as "limit".
+func TestHostileNamespaceChurnIsBounded(t *testing.T) {
+	e := startNode(t, func(c *node.Config) { c.MaxEngines = 1 })
+	mal := e.newEngine("mal", defaultOpts())
+	before := rejected(t, e, "limit")
+	for i := range 16 {
+		mal.spec.Namespace = fmt.Sprintf("ns-%d", i)
+		mal.register()
+	}
+	mal.spec.Namespace = "ns-16"
+	var reply messages.RegisterReply
+	require.NoError(t, jsonUnmarshal(mal.request("register", mal.spec), &reply))
+	require.False(t, reply.OK)
+	require.Contains(t, reply.Error, "16 namespaces opened in this boot")
+	require.Equal(t, before+1, rejected(t, e, "limit"))
+	require.Equal(t, 16.0, metricValue(t, e.reg, "kvactors_isolation_namespaces", nil))
+	mal.spec.Namespace = "ns-3" // an open namespace is still fine
+	mal.register()
+}
