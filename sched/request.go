@@ -171,26 +171,11 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 	return nil
 }
 
-// ready is the ready prefix of group g with the term that bounds it
-// (PROTOCOL.md, "ready prefix"): full chunks of offloadable tokens (an eagle
-// group holds back its trailing chunk while decoding and not finished),
-// complete tracked block chunks, and chunks whose key is known.
-func (r *Request) ready(g int, t int) (messages.ChunkIndex, DeferReason, messages.ChunkIndex) {
-	gl := &r.lay.Groups[g]
-	tok := t / gl.TokensPerChunk
-	if gl.Kind == KindEagle && r.phase != Finishing && t > r.prompt {
-		tok = max(tok-1, 0)
-	}
-	hsh := len(r.hashes) / gl.HashesPerChunk
-	blk := len(r.groups[g].blocks) / r.lay.BlocksPerChunk
-	ready, reason := tok, DeferTokens
-	if hsh < ready {
-		ready, reason = hsh, DeferHashes
-	}
-	if blk < ready {
-		ready, reason = blk, DeferBlocks
-	}
-	return messages.ChunkIndex(ready), reason, messages.ChunkIndex(max(tok, hsh, blk))
+// readyTerms returns the request-level terms of its groups' ready prefixes.
+func (r *Request) readyTerms() readyTerms {
+	t := r.Offloadable()
+	return readyTerms{tokens: t, hashes: len(r.hashes), decoding: r.phase != Finishing && t > r.prompt,
+		bpc: r.lay.BlocksPerChunk}
 }
 
 // Advance takes one store decision for the request across all its groups
@@ -239,15 +224,14 @@ func (sc *scratch) release() {
 }
 
 func (r *Request) decide(p Preparer, sc *scratch) {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
+	tm := r.readyTerms()
 	cands := sc.cands[:0]
 	keys := sc.keys[:0]
 	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
 	readies := ready[:0]
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, reason, best := r.ready(g, t)
+		rd, reason, best := gr.ready(tm)
 		readies = append(readies, rd)
 		if best > rd { // something about chunk rd is known, but not all: a deferral
 			d := Deferral{Group: g, Chunk: rd, Reason: reason}
@@ -256,15 +240,8 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 				r.eff.Deferred = append(r.eff.Deferred, d)
 			}
 		}
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				cands = append(cands, candidate{g, c})
-			}
-		}
-		for c := gr.cursor; c < rd; c++ {
-			if gr.lastBlock(c, bpc) != 0 {
-				cands = append(cands, candidate{g, c})
-			}
+		for c := range gr.candidates(rd, tm.bpc) {
+			cands = append(cands, candidate{g, c})
 		}
 	}
 	keys = r.candidateKeys(keys, cands, readies, sc)
@@ -413,21 +390,13 @@ func (r *Request) failAttempt(reason RetryReason) {
 // giveUp forgets every undecided chunk so that a finishing request can be
 // released, and returns how many ready chunks it gave up.
 func (r *Request) giveUp() int {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
+	tm := r.readyTerms()
 	dropped := 0
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, _, _ := r.ready(g, t)
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				dropped++
-			}
-		}
-		for c := gr.cursor; c < rd; c++ {
-			if gr.lastBlock(c, bpc) != 0 {
-				dropped++
-			}
+		rd, _, _ := gr.ready(tm)
+		for range gr.candidates(rd, tm.bpc) {
+			dropped++
 		}
 		gr.cursor = max(gr.cursor, rd)
 		gr.dropKeys()
