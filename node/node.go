@@ -87,7 +87,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	n.tracer = tp.Tracer(tracing.TracerName)
+	n.tracer = tracing.Tracer(tp)
 	n.metrics = metrics.New(cfg.Registry)
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
 	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow)

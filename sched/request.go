@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 
@@ -73,9 +72,6 @@ func (r *Request) HasBlocks() bool {
 	}
 	return false
 }
-
-// InFlight is the number of store jobs not yet done.
-func (r *Request) InFlight() int { return len(r.inflight) }
 
 // Offloadable is T (PROTOCOL.md): min(computed, total), then capped by
 // max_offload_tokens and, with offload_prompt_only, by prompt_tokens.
@@ -250,7 +246,7 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 	if len(keys) > 0 {
 		var err error
 		prep, err = p.PrepareStore(keys)
-		if errors.Is(err, hostpool.ErrNoRoom) || err != nil {
+		if err != nil { // no room, or a pool that refuses the keys: retry either way
 			r.failAttempt(RetryPoolFull)
 			return
 		}

@@ -328,5 +328,5 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
 	}
 	a.retryArmed = true
 	root, self := c.ActorSystem().Root, c.Self()
-	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{Attempt: r.Attempt}) })
+	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{}) })
 }

@@ -60,7 +60,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		for i := range evs {
 			evs[i].Request = "r"
 		}
-		system.Root.Send(pid, &request.Events{Events: evs, Ctx: context.Background()})
+		system.Root.Send(pid, &request.Events{Events: evs})
 	}
 	send(messages.Event{Type: messages.EvHashes, Hashes: []messages.Hash{"h0", "h1"}},
 		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{1, 2}},
