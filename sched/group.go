@@ -14,7 +14,7 @@ type group struct {
 	lay    *GroupLayout
 	blocks []messages.BlockID
 	// cursor: chunks below it were decided (stored, deduplicated, or queued).
-	// It never decreases (PROTOCOL.md: "The cursor never decreases").
+	// It never decreases (docs/PROTOCOL.md: "the cursor never decreases").
 	cursor messages.ChunkIndex
 	// redo holds chunks below cursor whose copy failed or was cancelled: they
 	// are offered again once ready, so a failure never skips a chunk.

@@ -295,11 +295,11 @@ func (h *harness) check(i int, o op, e Effects) {
 		require.Equal(h.t, w.cursors, h.cursors(), "%s: cursors", msg)
 	}
 	require.Equal(h.t, w.releases, nilIfEmpty(e.Releases), "%s: releases", msg)
-	require.Equal(h.t, w.drop, e.Drop, "%s: drop", msg)
+	require.Equal(h.t, w.drop, e.Done, "%s: drop", msg)
 	require.Equal(h.t, w.retry, e.Retry, "%s: retry", msg)
 	require.Equal(h.t, w.cancel, nilIfEmpty(e.Cancel), "%s: cancel", msg)
 	require.Equal(h.t, w.deduped, e.Deduped, "%s: deduped", msg)
-	require.Equal(h.t, w.dropped, e.Dropped, "%s: dropped", msg)
+	require.Equal(h.t, w.dropped, e.GivenUp, "%s: dropped", msg)
 	require.Len(h.t, e.Evicted, w.evicted, "%s: evicted", msg)
 	switch {
 	case w.deferred == nil:

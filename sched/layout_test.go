@@ -214,7 +214,7 @@ func TestEffectsEmpty(t *testing.T) {
 	require.True(t, (&Effects{Cancel: []JobID{}, Deduped: 3}).Empty(), "a dedup alone is no work")
 	for _, e := range []Effects{
 		{Cancel: []JobID{1}}, {Job: &StoreJob{}}, {Evicted: []messages.Key{"k"}},
-		{Deferred: []Deferral{{}}}, {Retry: &Retry{}}, {Dropped: 1}, {Releases: []string{"x"}}, {Drop: true},
+		{Deferred: []Deferral{{}}}, {Retry: &Retry{}}, {GivenUp: 1}, {Releases: []string{"x"}}, {Done: true},
 	} {
 		require.False(t, e.Empty(), "%+v", e)
 	}

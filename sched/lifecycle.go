@@ -132,7 +132,7 @@ func (r *Request) settle() {
 			return // a copy is in flight, or a final chunk is still to be stored
 		}
 		r.phase = Done
-		r.eff.Drop = true
+		r.eff.Done = true
 	case Preempted, Running:
 		if len(r.releases) == 0 || r.inflightUpTo(r.fence) {
 			return

@@ -377,7 +377,7 @@ func (r *Request) failAttempt(reason RetryReason) {
 	}
 	*n++
 	if r.phase == Finishing && *n > FinishRetryLimit {
-		r.eff.Dropped += r.giveUp()
+		r.eff.GivenUp += r.giveUp()
 		return
 	}
 	r.eff.Retry = &Retry{Reason: reason, Attempt: *n, Backoff: backoff(*n)}

@@ -226,10 +226,10 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 		a.armRetry(c, r)
 	}
-	if eff.Dropped > 0 {
-		a.deps.Metrics.ChunksDropped.Add(float64(eff.Dropped))
+	if eff.GivenUp > 0 {
+		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
-			"chunks", eff.Dropped)
+			"chunks", eff.GivenUp)
 	}
 	for _, reason := range eff.Releases {
 		a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
@@ -238,7 +238,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 		a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason)
 	}
-	if eff.Drop {
+	if eff.Done {
 		a.done = true
 		if a.deps.Owed != nil {
 			a.deps.Owed.Add(-1)
