@@ -1,0 +1,207 @@
+package load_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/load"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// The load actor is tested black-box: a real NATS server carries its reply,
+// a stand-in transfer actor hands its Submit to the test (which answers
+// JobDone as the real one would), and a parent actor watches it stop.
+
+const wait = 5 * time.Second
+
+// heldTransfer forwards every Submit to the test.
+type heldTransfer struct{ seen chan *transfer.Submit }
+
+func (h *heldTransfer) Receive(c actor.Context) {
+	if m, ok := c.Message().(*transfer.Submit); ok {
+		h.seen <- m
+	}
+}
+
+// watcher spawns one load actor as its child and reports when it stops.
+type watcher struct {
+	props   *actor.Props
+	stopped chan struct{}
+}
+
+func (w *watcher) Receive(c actor.Context) {
+	switch c.Message().(type) {
+	case *actor.Started:
+		c.Spawn(w.props)
+	case *actor.Terminated:
+		w.stopped <- struct{}{}
+	}
+}
+
+type rig struct {
+	t       *testing.T
+	system  *actor.ActorSystem
+	replies <-chan *nats.Msg
+	submits chan *transfer.Submit
+	m       *metrics.Metrics
+	pool    *hostpool.Shared
+	deps    load.Deps
+	done    atomic.Int32 // calls of deps.Done
+}
+
+func newRig(t *testing.T) *rig {
+	_, nc := testkit.NATS(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := &rig{t: t, system: actor.NewActorSystem(), replies: testkit.Subscribe(t, nc, "test.reply"),
+		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry()),
+		pool: hostpool.NewShared(4)}
+	t.Cleanup(r.system.Shutdown)
+	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
+	r.deps = load.Deps{Pool: r.pool, Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m,
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
+		Done: func() { r.done.Add(1) }}
+	return r
+}
+
+// start runs one load of job and returns a channel closed when it stops.
+func (r *rig) start(job *load.Job) <-chan struct{} {
+	w := &watcher{props: load.Props(r.deps, job), stopped: make(chan struct{}, 1)}
+	r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
+	return w.stopped
+}
+
+func (r *rig) reply() messages.LoadReply {
+	var rep messages.LoadReply
+	msg := testkit.Recv(r.t, r.replies, wait, "load reply")
+	require.NoError(r.t, json.Unmarshal(msg.Data, &rep))
+	return rep
+}
+
+func (r *rig) loads(result string) float64 {
+	return testutil.ToFloat64(r.m.Loads.WithLabelValues(result))
+}
+
+func job(chunks int) *load.Job {
+	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Reply: "test.reply", Ctx: context.Background()}
+	for i := range chunks {
+		j.Chunks = append(j.Chunks, sched.JobChunk{Index: messages.ChunkIndex(i), Key: messages.Key(rune('a' + i)),
+			Blocks: []messages.BlockID{messages.BlockID(i + 1)}})
+		j.Bytes += 64
+	}
+	return j
+}
+
+// TestLoadCopiesAndAnswers: a load submits one host→device job carrying its
+// chunks, answers ok with the loaded tokens and this node's identity once
+// the copy is done, calls Done once, counts the load, and stops.
+func TestLoadCopiesAndAnswers(t *testing.T) {
+	r := newRig(t)
+	j := job(2)
+	stopped := r.start(j)
+	sub := testkit.Recv(t, r.submits, wait, "submit")
+	require.Equal(t, backend.HostToDevice, sub.Dir)
+	require.Equal(t, "e", sub.Engine)
+	require.Equal(t, j.Chunks, sub.Chunks)
+	require.Equal(t, j.Bytes, sub.Bytes)
+
+	r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID, Bytes: sub.Bytes})
+	require.Equal(t, messages.LoadReply{OK: true, LoadedTokens: 32, Node: "n1", Boot: "b1"}, r.reply())
+	testkit.Recv(t, stopped, wait, "the load actor stops")
+	require.EqualValues(t, 1, r.done.Load())
+	require.EqualValues(t, 1, r.loads("ok"))
+	require.Zero(t, r.loads("error"))
+}
+
+// TestLoadCopyFails injects a failed copy and a cancelled one: each answers
+// an error naming the cause (never ok), counts an error, still calls Done
+// (the segments may be unmapped) and stops.
+func TestLoadCopyFails(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		done transfer.JobDone
+		want string
+	}{
+		{"failed", transfer.JobDone{Err: errors.New("dma fault")}, "copy failed: dma fault"},
+		{"cancelled", transfer.JobDone{Cancelled: true}, "copy failed: load cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			stopped := r.start(job(1))
+			sub := testkit.Recv(t, r.submits, wait, "submit")
+			tc.done.ID = sub.ID
+			r.system.Root.Send(sub.Owner, &tc.done)
+			rep := r.reply()
+			require.False(t, rep.OK)
+			require.Equal(t, tc.want, rep.Error)
+			require.Equal(t, "n1", rep.Node)
+			testkit.Recv(t, stopped, wait, "the load actor stops")
+			require.EqualValues(t, 1, r.done.Load())
+			require.EqualValues(t, 1, r.loads("error"))
+			require.Zero(t, r.loads("ok"))
+		})
+	}
+}
+
+// TestLoadNothingToCopy: a load whose every target block is null submits no
+// copy, unpins its keys itself (no transfer actor will) and answers ok.
+func TestLoadNothingToCopy(t *testing.T) {
+	r := newRig(t)
+	keys := []messages.Key{"k"}
+	_, err := r.pool.PrepareStore(keys)
+	require.NoError(t, err)
+	r.pool.CompleteStore(keys, true)
+	_, err = r.pool.PrepareLoad(keys)
+	require.NoError(t, err)
+	require.Equal(t, 1, r.pool.Stats().Pinned)
+	j := job(0)
+	j.Tokens, j.Keys = 48, keys
+	stopped := r.start(j)
+	require.Equal(t, messages.LoadReply{OK: true, LoadedTokens: 48, Node: "n1", Boot: "b1"}, r.reply())
+	testkit.Recv(t, stopped, wait, "the load actor stops")
+	select {
+	case sub := <-r.submits:
+		t.Fatalf("a copy was submitted: %+v", sub)
+	default:
+	}
+	require.EqualValues(t, 1, r.done.Load())
+	require.Zero(t, r.pool.Stats().Pinned, "the keys are unpinned")
+}
+
+// TestLoadUnexpectedMessage: a stray message is counted, not acted on; the
+// load still completes normally.
+func TestLoadUnexpectedMessage(t *testing.T) {
+	r := newRig(t)
+	stopped := r.start(job(1))
+	sub := testkit.Recv(t, r.submits, wait, "submit")
+	r.system.Root.Send(sub.Owner, "stray")
+	testkit.Eventually(t, wait, 5*time.Millisecond, func() error {
+		if n := testutil.ToFloat64(r.m.Unexpected.WithLabelValues("load")); n != 1 {
+			return fmt.Errorf("unexpected messages counted: %v", n)
+		}
+		return nil
+	})
+	r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID})
+	require.True(t, r.reply().OK)
+	testkit.Recv(t, stopped, wait, "the load actor stops")
+}
