@@ -22,11 +22,13 @@ import (
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+
+	// What the test runs on: a real host pool, real NATS, bounded waits.
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 // The load actor is tested black-box: a real NATS server carries its reply,
