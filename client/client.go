@@ -63,6 +63,7 @@ type Stats struct {
 	Registers        int
 	Batches          int
 	DroppedBatches   int            // by Config.DropBatch
+	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
 	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
 	NodeLosses       int
@@ -214,7 +215,10 @@ func (c *Client) freeIfNoNodeLocked(r *mreq) {
 // Flush publishes the events announced since the last Flush as one batch
 // (one per scheduler step). With a resync due it starts the new epoch
 // instead, which re-announces those events too. Without a node the batch
-// is discarded: the resync after re-registering re-announces it.
+// is discarded: the resync after re-registering re-announces it. A batch
+// the NATS client refuses (its reconnect buffer is full) is lost like any
+// other: it is counted in Stats.PublishErrors and a resync is due. Flush
+// fails only after Close.
 func (c *Client) Flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -229,14 +233,17 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if c.resync != "" {
-		return c.resyncLocked()
+		c.resyncLocked()
+		return nil
 	}
 	if c.batch.Events() == 0 {
 		return nil
 	}
-	err := c.publishLocked()
+	if err := c.publishLocked(); err != nil {
+		c.wantResyncLocked("publish_error")
+	}
 	c.batch.Reset()
-	return err
+	return nil
 }
 
 // publishLocked sends the batch under the next seq.
@@ -252,7 +259,8 @@ func (c *Client) publishLocked() error {
 		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
 	}
 	if err := c.nc.PublishMsg(m); err != nil {
-		// Lost like any other batch: the node sees the gap and asks for a resync.
+		c.st.PublishErrors++
+		c.cfg.Log.Debug("client: publish", "engine", c.cfg.Engine, "seq", c.seq, "err", err)
 		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
 	}
 	c.st.Batches++
@@ -260,8 +268,9 @@ func (c *Client) publishLocked() error {
 }
 
 // resyncLocked starts a new epoch whose first batches re-announce every
-// live request (PROTOCOL.md "Resync").
-func (c *Client) resyncLocked() error {
+// live request (PROTOCOL.md "Resync"). If a batch cannot be published,
+// another resync is due.
+func (c *Client) resyncLocked() {
 	c.st.Resyncs[c.resync]++
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
 		"old_seq", c.seq, "requests", len(c.reqs))
@@ -293,7 +302,6 @@ func (c *Client) resyncLocked() error {
 	if err != nil {
 		c.resync = "retry" // a publish failed: start over with yet another epoch
 	}
-	return err
 }
 
 func firstErr(a, b error) error {

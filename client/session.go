@@ -231,7 +231,7 @@ func (c *Client) tickOnce() time.Duration {
 		// judge it by and no P.E.heartbeat to send.
 		resync := c.resync != "" && !c.closed
 		if resync {
-			_ = c.resyncLocked()
+			c.resyncLocked()
 		}
 		period := c.lease / 4
 		c.mu.Unlock()
@@ -264,7 +264,7 @@ func (c *Client) tickOnce() time.Duration {
 		c.mu.Lock()
 	}
 	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
-		_ = c.resyncLocked() // an error leaves a resync due
+		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	period := c.lease / 4
 	c.mu.Unlock()
