@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 	"github.com/kvactors/kvactors/tracing"
@@ -231,7 +232,8 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine))
+		// client.Options: the per-engine inbox prefix engines must use.
+		nc, err := nats.Connect(url, append(client.Options(c.Engine), nats.Name("kvactors-demo-"+c.Engine))...)
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
 		}
