@@ -453,3 +453,23 @@ func TestOwnReconnectResyncs(t *testing.T) {
 		return nil
 	})
 }
+
+// TestCloseDuringLeaseWait: a new boot makes the client wait out the
+// lease (5 s here) before freeing; Close during that wait returns at once.
+func TestCloseDuringLeaseWait(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	f := startFakeNode(t, nc, "n1", "boot1", lease)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	f.kill()
+	startFakeNode(t, nc, "n1", "boot2", lease)
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if c.Stats().NodeLosses != 1 {
+			return fmt.Errorf("no node loss yet")
+		}
+		return nil
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	require.NoError(t, testkit.Recv(t, closed, time.Second, "Close during the lease wait"))
+}

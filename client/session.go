@@ -244,7 +244,9 @@ func (c *Client) tickOnce() time.Duration {
 		if now.Before(c.fenceUntil) {
 			wait := c.fenceUntil.Sub(now)
 			c.mu.Unlock()
-			c.sleep(wait)
+			if !c.sleep(wait) {
+				return 0 // closed
+			}
 			return c.tickOnce()
 		}
 		c.freedLoss = true
@@ -271,13 +273,15 @@ func (c *Client) tickOnce() time.Duration {
 	return period
 }
 
-// sleep waits d or until Close.
-func (c *Client) sleep(d time.Duration) {
+// sleep waits d; false if Close came first.
+func (c *Client) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
 	case <-c.stop:
+		return false
 	}
 }
 
