@@ -118,6 +118,10 @@ func (v *verifier) ready(ctx context.Context) error {
 				e.rep.ReadyEvicted++
 			case r.nulled[ch]:
 				e.rep.ReadySkipped++
+			case r.nodeLost:
+				// Its release said node_lost: the node may have died before
+				// storing it, and the engine was told so (PROTOCOL.md "Resync").
+				e.rep.ReadyNodeLost++
 			default:
 				e.rep.Missing++
 				e.rep.fail("request %s: ready chunk %d of group %d (key %s) was neither stored nor present: %s",
