@@ -93,6 +93,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.connect(); err != nil {
 		return nil, err
 	}
+	if max := n.nc.MaxPayload(); cfg.MaxPendingBytes < 4*max {
+		// nats.go's half of the budget must hold two of the largest messages,
+		// or a single large batch or request would always be dropped there.
+		return nil, fmt.Errorf("%w: max pending bytes %d: want at least 4 × the NATS server's max payload (%d)",
+			ErrConfig, cfg.MaxPendingBytes, max)
+	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")

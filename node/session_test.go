@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -401,7 +403,21 @@ func TestNodeHelloAndHeartbeat(t *testing.T) {
 // grow the intake; what does not fit is dropped, counted and resynced
 // (reason overflow), and the node serves normally afterwards.
 func TestOverflowResyncsAndRecovers(t *testing.T) {
-	e := startNode(t, func(c *node.Config) { c.MaxPendingBytes = 16 << 10; c.DecodeWorkers = 1 })
+	const budget = 64 << 10
+	// A server with a 16 KiB max payload, so a 64 KiB budget is allowed
+	// (it must hold 4 of the largest messages).
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		MaxPayload: 16 << 10})
+	require.NoError(t, err)
+	s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(s.Shutdown)
+	_, err = node.Start(context.Background(), node.Config{NATSURL: s.ClientURL(), MaxPendingBytes: budget - 1,
+		HTTPAddr: "off", ShmDir: t.TempDir(), PoolBytes: 1 << 20})
+	require.ErrorIs(t, err, node.ErrConfig, "a budget under 4 max payloads is refused")
+	e := startNode(t, func(c *node.Config) {
+		c.NATSURL, c.MaxPendingBytes, c.DecodeWorkers = s.ClientURL(), budget, 1
+	})
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	pad := strings.Repeat("x", 2000)
@@ -426,7 +442,7 @@ func TestOverflowResyncsAndRecovers(t *testing.T) {
 	require.Positive(t, dropped(t, e, "overflow"))
 	require.Positive(t, resyncs(t, e, "overflow"))
 	// The intake never held more than its budget, and is empty again.
-	require.LessOrEqual(t, e.node.IntakePeak(), int64(16<<10))
+	require.LessOrEqual(t, e.node.IntakePeak(), int64(budget))
 	require.Positive(t, e.node.IntakePeak())
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		if v := metricValue(t, e.reg, "kvactors_ingest_pending_bytes", nil); v != 0 {
