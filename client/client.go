@@ -111,14 +111,32 @@ func newEpoch() string {
 }
 
 // Added announces a new request with prompt tokens.
-func (c *Client) Added(req string, prompt int) {
+func (c *Client) Added(req string, prompt int) { c.added(req, prompt, -1) }
+
+// AddedMax announces a new request of which kvactors offloads at most
+// maxOffload tokens (max_offload_tokens, ≥ 0).
+func (c *Client) AddedMax(req string, prompt, maxOffload int) {
+	c.added(req, prompt, max(maxOffload, 0))
+}
+
+func (c *Client) added(req string, prompt, maxOffload int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.reqs[req]; !ok {
 		c.nextN++
-		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, blocks: make([][]uint32, c.groups)}
+		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload,
+			blocks: make([][]uint32, c.groups)}
 	}
-	c.batch.Added(req, prompt)
+	appendAdded(&c.batch, req, prompt, maxOffload)
+}
+
+// appendAdded appends added, with max_offload_tokens when maxOffload ≥ 0.
+func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
+	if maxOffload >= 0 {
+		b.AddedMax(req, prompt, maxOffload)
+		return
+	}
+	b.Added(req, prompt)
 }
 
 // Hashes announces block hashes hashes[start...] of req (raw bytes; the
