@@ -37,9 +37,10 @@ type Client struct {
 
 	epoch    string
 	seq      uint64
-	lastRSeq uint64 // highest rseq received in the epoch
-	relGot   uint64 // releases received in the epoch
-	hbPrev   uint64 // the node's released count at the previous heartbeat of the epoch
+	lastRSeq uint64    // highest rseq received in the epoch
+	relGot   uint64    // releases received in the epoch
+	hbPrev   uint64    // the node's released count at the previous heartbeat of the epoch
+	hbPrevAt time.Time // when that reply came (zero: none yet this epoch)
 	batch    wire.Batch
 	body     []byte
 
@@ -293,7 +294,7 @@ func (c *Client) resyncLocked() {
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
 		"old_seq", c.seq, "requests", len(c.reqs))
 	c.resync = ""
-	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev = newEpoch(), 0, 0, 0, 0
+	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.batch.Reset()
 	reqs := make([]*mreq, 0, len(c.reqs))
 	for _, r := range c.reqs {

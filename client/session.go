@@ -259,14 +259,15 @@ func (c *Client) tickOnce() time.Duration {
 		c.mu.Unlock()
 		c.tryRegister()
 		c.mu.Lock()
-	} else {
+	}
+	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
+		c.resyncLocked() // a failed publish leaves a resync due
+	}
+	if !c.lost && !c.reregister {
 		epoch, seq := c.epoch, c.seq
 		c.mu.Unlock()
 		c.heartbeat(epoch, seq)
 		c.mu.Lock()
-	}
-	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
-		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	period := c.lease / 4
 	c.mu.Unlock()
@@ -316,12 +317,18 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 	if epoch != c.epoch {
 		return
 	}
+	// Judged against the count of a reply at least half a period old, so a
+	// release published before it has surely been handed to onReleased
+	// (replies and releases reach different goroutines of the NATS client).
+	if !c.hbPrevAt.IsZero() && time.Since(c.hbPrevAt) < period/2 {
+		return
+	}
 	if c.relGot < c.hbPrev {
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
 			"node_published", c.hbPrev)
 		c.wantResyncLocked("lost_release")
 	}
-	c.hbPrev = rep.Released
+	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }
 
 // registerRetry registers until a node answers, ctx ends or Close.
