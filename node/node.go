@@ -324,17 +324,27 @@ func (n *Node) Close(ctx context.Context) error {
 	if n.ingest != nil {
 		n.ingest.stop()
 	}
+	sentBefore := int64(0)
+	if n.outbox != nil {
+		sentBefore = n.outbox.Releases()
+	}
 	n.retireAll(ctx)
-	undelivered := n.owed.Load()
-	if undelivered == 0 && n.nc != nil {
+	// From here on nothing is published: the count below stays true.
+	var undelivered, unconfirmed int64
+	if n.outbox != nil {
+		undelivered = n.outbox.Seal(n.owed.Load)
+	}
+	if n.nc != nil {
 		// Published is not delivered until the server has it; with NATS down,
 		// waiting out the timeout would not change that.
+		flushed := false
 		if n.nc.IsConnected() {
-			if err := n.nc.FlushWithContext(ctx); err != nil {
-				undelivered = -1
-			}
-		} else if b, err := n.nc.Buffered(); err != nil || b > 0 {
-			undelivered = -1
+			flushed = n.nc.FlushWithContext(ctx) == nil
+		} else if b, err := n.nc.Buffered(); err == nil && b == 0 {
+			flushed = true
+		}
+		if !flushed && n.outbox != nil {
+			unconfirmed = n.outbox.Releases() - sentBefore
 		}
 	}
 	if n.stop != nil {
@@ -345,13 +355,11 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	n.teardown()
 	n.loops.Wait()
-	switch {
-	case undelivered > 0:
-		n.log.Error("shutdown timed out", "undelivered_releases", undelivered, "timeout", n.cfg.ShutdownTimeout)
-		return fmt.Errorf("%w: %d releases", ErrUndelivered, undelivered)
-	case undelivered < 0:
-		n.log.Error("shutdown: releases published but not flushed to NATS", "timeout", n.cfg.ShutdownTimeout)
-		return fmt.Errorf("%w: releases published but not flushed to NATS", ErrUndelivered)
+	if undelivered > 0 || unconfirmed > 0 {
+		n.log.Error("shutdown timed out with releases undelivered", "undelivered_releases", undelivered,
+			"unconfirmed_releases", unconfirmed, "timeout", n.cfg.ShutdownTimeout)
+		return fmt.Errorf("%w: %d releases never published, %d published during shutdown but not confirmed by NATS",
+			ErrUndelivered, undelivered, unconfirmed)
 	}
 	return nil
 }
