@@ -267,6 +267,8 @@ func (n *Node) Ready() error {
 		return errors.New("starting or stopping")
 	case !n.nc.IsConnected():
 		return errors.New("nats not connected")
+	case n.fence.Fenced():
+		return errors.New("fenced: no NATS round trip for lease/2, copies wait")
 	}
 	for _, s := range n.subs {
 		if !s.IsValid() {
