@@ -210,6 +210,7 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 
 	s = start()
 	t.Cleanup(s.Shutdown)
+	t.Cleanup(func() { _ = n.Close(context.Background()) }) // before the server goes
 	testkit.Recv(t, dev.started, 10*time.Second, "copy b after NATS is back")
 	require.False(t, n.Fenced())
 	dev.gate <- struct{}{}

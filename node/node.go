@@ -321,7 +321,24 @@ func (n *Node) Close(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
 	defer cancel()
 	for _, s := range n.subs {
-		_ = s.Unsubscribe()
+		// Drain: what NATS already handed the client is still taken, so a
+		// batch that arrived before the shutdown is applied, not lost.
+		// With NATS down there is nothing to drain and draining would wait
+		// out the timeout.
+		closed := s.StatusChanged(nats.SubscriptionClosed)
+		if !n.nc.IsConnected() || s.Drain() != nil {
+			_ = s.Unsubscribe()
+			continue
+		}
+		drained := time.NewTimer(n.cfg.ShutdownTimeout / 4) // leave most of the time to the releases
+		select {
+		case <-closed:
+		case <-drained.C:
+			_ = s.Unsubscribe()
+		case <-ctx.Done():
+			_ = s.Unsubscribe()
+		}
+		drained.Stop()
 	}
 	if n.ingest != nil {
 		n.ingest.stop()
