@@ -53,9 +53,12 @@ type Node struct {
 	stop  context.CancelFunc // ends the session loops
 	loops sync.WaitGroup
 
-	mu        sync.Mutex
-	engines   map[string]*engineRec
-	cleared   map[string]bool  // engines that had AllBlocksCleared this boot
+	mu      sync.Mutex
+	engines map[string]*engineRec
+	cleared map[string]bool // engines that had AllBlocksCleared this boot
+	// releases numbers each engine id's releases for the whole boot, across
+	// re-registrations, so rseq never restarts within an epoch.
+	releases  map[string]*actors.Releases
 	pool      *hostpool.Shared // created at the first registration
 	slotBytes int64
 
@@ -73,7 +76,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{}, boot: newBoot()}
+	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
+		releases: map[string]*actors.Releases{}, boot: newBoot()}
 	n.log = n.log.With("node", cfg.NodeID)
 	tp := cfg.Tracer
 	if tp == nil {

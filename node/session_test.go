@@ -333,6 +333,12 @@ func TestUnregisterReleasesOnceAndUnmaps(t *testing.T) {
 		t.Fatalf("a second release after unregister: %+v", rel)
 	default:
 	}
+	// rseq counts per engine per epoch for the whole boot: an engine that
+	// comes back with the same epoch continues its numbering (the harness
+	// checks rseq 4 here).
+	te.seq = 0
+	te.send(finishedEv("z", false, 0, 0))
+	require.Equal(t, messages.Released{Request: "z", Reason: "finished"}, recv(t, te.released, "release after re-register"))
 }
 
 // mapped reports whether the node maps path: the test engine, in this same
