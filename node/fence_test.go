@@ -82,6 +82,7 @@ func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
 	after := time.Duration(stopped.Load() - cut.UnixNano())
 	require.GreaterOrEqual(t, after, lease-lease/4, "fail-stop before the lease ran out")
 	require.Less(t, after, 3*lease)
+	t.Logf("fail-stop %v after the outage began (lease %v)", after, lease)
 }
 
 // PROTOCOL.md "P.E.unregister": in-flight copies (a store and a load) finish

@@ -376,7 +376,9 @@ func TestSilentEngineExpires(t *testing.T) {
 		}
 		return nil
 	})
-	require.GreaterOrEqual(t, time.Since(start), lease-lease/4, "expired early")
+	took := time.Since(start)
+	require.GreaterOrEqual(t, took, lease-lease/4, "expired early")
+	t.Logf("silent engine expired and unmapped %v after its last sign of life (lease %v)", took, lease)
 	require.Equal(t, messages.Released{Request: "a", Reason: "engine_gone"}, recv(t, silent.released, "release"))
 	require.ElementsMatch(t, []string{"alive"}, e.node.Engines())
 	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_engine_expired_total", nil))
@@ -449,6 +451,8 @@ func TestOverflowResyncsAndRecovers(t *testing.T) {
 	require.Positive(t, resyncs(t, e, "overflow"))
 	// The intake never held more than its budget, and is empty again.
 	require.LessOrEqual(t, e.node.IntakePeak(), int64(budget))
+	t.Logf("flood: %v batches dropped (overflow), %v resyncs published, intake peak %d of %d bytes",
+		dropped(t, e, "overflow"), resyncs(t, e, "overflow")+resyncs(t, e, "gap"), e.node.IntakePeak(), budget)
 	require.Positive(t, e.node.IntakePeak())
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		if v := metricValue(t, e.reg, "kvactors_ingest_pending_bytes", nil); v != 0 {
