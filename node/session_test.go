@@ -445,10 +445,14 @@ func TestOverflowResyncsAndRecovers(t *testing.T) {
 		require.NoError(t, e.nc.Flush())
 		return fmt.Errorf("no resync yet")
 	})
-	require.Equal(t, "overflow", rs.Reason)
+	// A drop in kvactors' queues resyncs with reason overflow at once; a drop
+	// inside nats.go is reported to the node asynchronously, so the next batch
+	// may reveal the gap first (reason gap). Either way the loss is counted
+	// and resynced, never applied past.
+	require.Contains(t, []string{"overflow", "gap"}, rs.Reason)
 	require.Equal(t, "ep1", rs.Epoch)
 	require.Positive(t, dropped(t, e, "overflow"))
-	require.Positive(t, resyncs(t, e, "overflow"))
+	require.Positive(t, resyncs(t, e, "overflow")+resyncs(t, e, "gap"))
 	// The intake never held more than its budget, and is empty again.
 	require.LessOrEqual(t, e.node.IntakePeak(), int64(budget))
 	t.Logf("flood: %v batches dropped (overflow), %v resyncs published, intake peak %d of %d bytes",
