@@ -224,3 +224,41 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 	}
 	require.Equal(t, "b", st.Request)
 }
+
+// A load copying into the engine's blocks is not a request of the engine,
+// yet unregister still waits for it before unmapping the segments.
+func TestUnregisterWaitsForALoadInFlight(t *testing.T) {
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	e := startNode(t, func(c *node.Config) {
+		c.WrapDevice = func(d backend.Device) backend.Device { dev.Device = d; return dev }
+	})
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	path := filepath.Join(e.dir, te.spec.Segments[0].Shm)
+	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4),
+		finishedEv("a", false, 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "store copy of a")
+	dev.gate <- struct{}{}
+	recv(t, te.stored, "stored a")
+	recv(t, te.released, "a released") // no request is left
+
+	loadReply := make(chan *nats.Msg, 1)
+	_, err := e.nc.ChanSubscribe("_INBOX.load2", loadReply)
+	require.NoError(t, err)
+	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,
+		"blocks": [][]int{{9}}})
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", "_INBOX.load2", body))
+	testkit.Recv(t, dev.started, 5*time.Second, "load copy")
+	unreg := make(chan *nats.Msg, 1)
+	_, err = e.nc.ChanSubscribe("_INBOX.unreg2", unreg)
+	require.NoError(t, err)
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.unregister", "_INBOX.unreg2", []byte(`{}`)))
+	testkit.NoRecv(t, unreg, 100*time.Millisecond, "the unregister reply while a load copies")
+	require.True(t, mapped(t, path), "segments unmapped under a running load")
+	dev.gate <- struct{}{}
+	require.Contains(t, string(testkit.Recv(t, loadReply, 5*time.Second, "load reply").Data), `"ok":true`)
+	var r messages.UnregisterReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, unreg, 5*time.Second, "unregister reply").Data, &r))
+	require.Equal(t, 0, r.Released)
+	require.False(t, mapped(t, path))
+}
