@@ -41,14 +41,26 @@ func natsOn(t *testing.T, port int) *server.Server {
 // every chunk ready when its request finished, blocks held, is stored or
 // present, and every stored chunk loads back byte for byte — what a
 // fault-free run guarantees.
+//
+// With a lease shorter than the outage (the second subtest) both sides
+// give up on each other: the node expires the engine, the engine frees
+// every owed request as node_lost after the lease, then registers again
+// and resyncs; the oracle then excuses only the chunks of requests whose
+// release said node_lost.
 func TestNATSOutage(t *testing.T) {
+	t.Run("lease 10s", func(t *testing.T) { natsOutage(t, 10*time.Second) })
+	t.Run("lease 2s", func(t *testing.T) { natsOutage(t, 2*time.Second) })
+}
+
+func natsOutage(t *testing.T, lease time.Duration) {
 	outage := 5 * time.Second
 	first := natsOn(t, 0)
 	url := first.ClientURL()
 	port := first.Addr().(*net.TCPAddr).Port
 	dir := t.TempDir()
 	hello := testkit.Subscribe(t, testkit.Connect(t, first), "kvactors._node.n1.hello")
-	serve(t, "--nats", url, "--node-id", "n1", "--shm-dir", dir, "--pool-bytes", "256M", "--log-level", "error")
+	serve(t, "--nats", url, "--node-id", "n1", "--shm-dir", dir, "--pool-bytes", "256M", "--log-level", "error",
+		"--lease", lease.String())
 	testkit.Recv(t, hello, 10*time.Second, "the node's hello")
 
 	nc, err := client.Dial(url, "sim")
@@ -91,9 +103,13 @@ func TestNATSOutage(t *testing.T) {
 	require.NoError(t, rep.Err())
 	require.GreaterOrEqual(t, rep.Resyncs, 1, "the outage must show up as a resync")
 	require.Zero(t, rep.Missing+rep.MissingReleases+rep.DuplicateReleases+rep.UnknownReleases+rep.VerifyFailed)
-	t.Logf("%d requests around a %v NATS outage: %d resyncs, %d node losses, %d batches; %d chunks ready, "+
-		"%d stored, %d verified; releases %v", rep.Requests, outage, rep.Resyncs, rep.NodeLosses, rep.Batches,
-		rep.ChunksReady, rep.ChunksStored, rep.VerifyOK, rep.Releases)
+	if lease < outage {
+		require.Positive(t, rep.NodeLosses, "a %v outage outlasts a %v lease", outage, lease)
+	}
+	t.Logf("%d requests around a %v NATS outage, lease %v: %d resyncs, %d node losses, %d batches; %d chunks "+
+		"ready, %d stored, %d verified, %d excused by node_lost; releases %v", rep.Requests, outage, lease,
+		rep.Resyncs, rep.NodeLosses, rep.Batches, rep.ChunksReady, rep.ChunksStored, rep.VerifyOK,
+		rep.ReadyNodeLost, rep.Releases)
 }
 
 // natsOnNoCleanup restarts the server from a goroutine (no t.Cleanup

@@ -348,6 +348,14 @@ func (c *Client) Stats() Stats {
 	return s
 }
 
+// Live reports whether the session is up: registered with a node not
+// known to be lost, with no re-register or resync pending.
+func (c *Client) Live() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed && !c.lost && !c.reregister && c.resync == ""
+}
+
 // Epoch is the current epoch.
 func (c *Client) Epoch() string {
 	c.mu.Lock()
