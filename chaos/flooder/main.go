@@ -1,7 +1,8 @@
 // Command flooder is chaos test 3's hostile engine, a separate process so
 // that it floods at full speed even when the tests run under -race: it
-// registers one engine and publishes ~256 KiB event batches, unpaced, until
-// --bytes are sent, then prints "sent <bytes> <seconds>".
+// registers one engine (unless --register=false) and publishes ~256 KiB
+// event batches, unpaced, until --bytes are sent, then prints
+// "sent <bytes> <seconds>".
 package main
 
 import (
@@ -12,6 +13,8 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
@@ -24,36 +27,24 @@ func main() {
 	engine := flag.String("engine", "flood", "engine id")
 	shmDir := flag.String("shm-dir", "", "kvactors' --shm-dir")
 	total := flag.Int64("bytes", 256<<20, "bytes of batches to send")
+	register := flag.Bool("register", true, "register first (false: an earlier run did)")
 	flag.Parse()
-	if err := run(*url, *engine, *shmDir, *total); err != nil {
+	if err := run(*url, *engine, *shmDir, *total, *register); err != nil {
 		fmt.Fprintln(os.Stderr, "flooder:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, engine, shmDir string, total int64) (err error) {
+func run(url, engine, shmDir string, total int64, register bool) (err error) {
 	nc, err := client.Dial(url, engine)
 	if err != nil {
 		return err
 	}
 	defer nc.Close()
-	seg, err := shm.Create(shmDir, engine+"-kv", 1<<20)
-	if err != nil {
-		return err
-	}
-	defer func() { _ = seg.Remove() }()
-	spec := messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 1 << 16,
-		Segments: []messages.Segment{seg.Spec()},
-		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: 4,
-			Regions: []messages.Region{{BlockStride: 16, BlockBytes: 16}}}}}
-	body, _ := json.Marshal(spec)
-	m, err := nc.Request("kvactors."+engine+".register", body, 5*time.Second)
-	if err != nil {
-		return fmt.Errorf("register: %w", err)
-	}
-	var reg messages.RegisterReply
-	if err := json.Unmarshal(m.Data, &reg); err != nil || !reg.OK {
-		return fmt.Errorf("register: %s", m.Data)
+	if register {
+		if err := registerEngine(nc, engine, shmDir); err != nil {
+			return err
+		}
 	}
 	var b wire.Batch
 	b.Added("x", 1<<18)
@@ -80,5 +71,29 @@ func run(url, engine, shmDir string, total int64) (err error) {
 		return err
 	}
 	fmt.Printf("sent %d %.3f\n", sent, time.Since(start).Seconds())
+	return nil
+}
+
+// registerEngine creates the engine's segment and registers it. The
+// segment is removed when the process exits; the node keeps its mapping.
+func registerEngine(nc *nats.Conn, engine, shmDir string) error {
+	seg, err := shm.Create(shmDir, engine+"-kv", 1<<20)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = seg.Remove() }()
+	spec := messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 1 << 16,
+		Segments: []messages.Segment{seg.Spec()},
+		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 16, BlockBytes: 16}}}}}
+	body, _ := json.Marshal(spec)
+	m, err := nc.Request("kvactors."+engine+".register", body, 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("register: %w", err)
+	}
+	var reg messages.RegisterReply
+	if err := json.Unmarshal(m.Data, &reg); err != nil || !reg.OK {
+		return fmt.Errorf("register: %s", m.Data)
+	}
 	return nil
 }
