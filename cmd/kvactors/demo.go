@@ -193,13 +193,15 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	return nil
 }
 
-// demoConfigs splits the requests across engines. All share the seed, so
-// their shared prefixes are the same tokens and deduplicate in the pool.
+// demoConfigs splits the requests across engines. All share the seed and
+// one namespace, so their shared prefixes are the same keys and deduplicate
+// in the pool.
 func demoConfigs(o demoOptions, log *slog.Logger, done func()) []sim.Config {
 	cfgs := make([]sim.Config, o.engines)
 	for i := range cfgs {
 		c := sim.DefaultConfig()
 		c.Engine = fmt.Sprintf("engine-%d", i+1)
+		c.Namespace = "kvactors-demo"
 		c.ShmDir = o.shmDir
 		c.Requests = o.requests / o.engines
 		if i < o.requests%o.engines {
@@ -232,7 +234,8 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		// client.Options: the per-engine inbox prefix engines must use.
+		// client.Options: the per-engine inbox prefix NATS permissions allow
+		// each engine (docs/SECURITY.md).
 		nc, err := nats.Connect(url, append(client.Options(c.Engine), nats.Name("kvactors-demo-"+c.Engine))...)
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
