@@ -3,6 +3,7 @@
 package chaos_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"regexp"
@@ -26,8 +27,8 @@ import (
 // than lease + 1 s after the exit.
 //
 // Copies are fast, so the node is stopped (SIGSTOP, well under lease/2)
-// while the engine publishes, and gets SIGINT once its first store
-// completed. If it still finished everything before the signal landed
+// while the engine publishes, and gets SIGINT as soon as a heartbeat shows
+// it applied every batch. If it still finished everything before the signal landed
 // (exit 0, every release from the node), nothing was in flight: the fault
 // was not injected and the attempt is repeated, at most three times.
 func TestShutdownTimeoutWithReleasesInFlight(t *testing.T) {
@@ -62,8 +63,8 @@ func shutdownOnce(t *testing.T) shutdownResult {
 	nc := testkit.Connect(t, srv)
 	dir := t.TempDir()
 	node := serve(t, "--nats", srv.ClientURL(), "--lease", lease.String(), "--node-id", "n1", "--shm-dir", dir,
-		"--pool-bytes", "128M", "--copy-workers", "1", "--shutdown-timeout", "1ms")
-	r := newRig(t, nc, dir, "e1", res.requests, 2, 64<<10)
+		"--pool-bytes", "320M", "--copy-workers", "1", "--shutdown-timeout", "1ms")
+	r := newRig(t, nc, dir, "e1", res.requests, 2, 256<<10) // 256 MiB to copy: it takes a while
 	for i := range res.requests {
 		r.fill(i)
 	}
@@ -78,7 +79,26 @@ func shutdownOnce(t *testing.T) shutdownResult {
 	r.flush()
 	require.NoError(t, nc.Flush())
 	require.NoError(t, node.cmd.Process.Signal(syscall.SIGCONT))
-	testkit.Recv(t, r.storedCh, 10*time.Second, "the first stored after SIGCONT")
+	// SIGINT once the node has applied every batch: the 500 finished
+	// events are in its hands, their copies queued or running. A heartbeat
+	// with seq 0 reads `applied` without claiming a lost tail.
+	epoch, last := r.c.Epoch(), r.c.Stats().Seq
+	hb, err := json.Marshal(messages.HeartbeatRequest{Epoch: epoch})
+	require.NoError(t, err)
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		m, err := nc.Request("kvactors.e1.heartbeat", hb, time.Second)
+		if err != nil {
+			return err
+		}
+		var rep messages.HeartbeatReply
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			return err
+		}
+		if rep.Applied < last {
+			return fmt.Errorf("node applied %d of %d batches", rep.Applied, last)
+		}
+		return nil
+	})
 	require.NoError(t, node.cmd.Process.Signal(os.Interrupt))
 	res.code = node.exitCode(t, 30*time.Second)
 	exited := time.Now()

@@ -203,18 +203,35 @@ func (c *Client) loop() {
 	c.mu.Unlock()
 	tick := time.NewTicker(period)
 	defer tick.Stop()
+	// Also wake the moment the lease runs out, so a silent node is noticed
+	// at lease_ms, not up to a heartbeat period later.
+	expiry := time.NewTimer(c.untilExpiry())
+	defer expiry.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-tick.C:
 		case <-c.kick:
+		case <-expiry.C:
 		}
 		if p := c.tickOnce(); p != period && p > 0 {
 			period = p
 			tick.Reset(period)
 		}
+		expiry.Reset(c.untilExpiry())
 	}
+}
+
+// untilExpiry is how long until the node's lease runs out (a period when
+// that does not apply: a v1 node, or the node already lost).
+func (c *Client) untilExpiry() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.boot == "" || c.lost {
+		return c.lease / 4
+	}
+	return max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
 }
 
 // tickOnce does what is due now and returns the heartbeat period.
