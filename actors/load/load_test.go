@@ -22,14 +22,71 @@ import (
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
-
-	// What the test runs on: a real host pool, real NATS, bounded waits.
-	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/internal/testkit"
 )
+
+// answeringTransfer answers every Submit with JobDone carrying err.
+type answeringTransfer struct {
+	err  error
+	seen chan *transfer.Submit
+}
+
+func (a *answeringTransfer) Receive(c actor.Context) {
+	if m, ok := c.Message().(*transfer.Submit); ok {
+		a.seen <- m
+		c.Send(m.Owner, &transfer.JobDone{ID: m.ID, Err: a.err, Bytes: m.Bytes})
+	}
+}
+
+// A load submits one host→device copy and answers after it: ok with the
+// tokens, or the copy's error; either reply names the node and boot, and
+// Done runs once the copy is over (the node unmaps segments only after it).
+func TestLoadAnswersAfterTheCopy(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	for _, c := range []struct {
+		name    string
+		copyErr error
+		want    messages.LoadReply
+	}{
+		{"ok", nil, messages.LoadReply{OK: true, LoadedTokens: 8, Node: "n1", Boot: "b1"}},
+		{"copy failed", errors.New("dma fault"), messages.LoadReply{Error: "copy failed: dma fault", Node: "n1", Boot: "b1"}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			seen := make(chan *transfer.Submit, 1)
+			xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor {
+				return &answeringTransfer{err: c.copyErr, seen: seen}
+			}))
+			inbox := "_INBOX." + t.Name()
+			replies := testkit.Subscribe(t, nc, inbox)
+			var done atomic.Int32
+			system.Root.Spawn(load.Props(load.Deps{Pool: hostpool.NewShared(4), Transfer: xfer,
+				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+				Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
+				Done: func() { done.Add(1) }},
+				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Keys: []messages.Key{"k"},
+					Chunks: []sched.JobChunk{{Key: "k", Blocks: []messages.BlockID{3}}}, Bytes: 64,
+					Reply: inbox, Ctx: context.Background()}))
+			sub := testkit.Recv(t, seen, 5*time.Second, "the copy")
+			require.Equal(t, backend.HostToDevice, sub.Dir)
+			var got messages.LoadReply
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 5*time.Second, "the reply").Data, &got))
+			require.Equal(t, c.want, got)
+			testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+				if n := done.Load(); n != 1 {
+					return fmt.Errorf("Done ran %d times", n)
+				}
+				return nil
+			})
+		})
+	}
+}
 
 // The load actor is tested black-box: a real NATS server carries its reply,
 // a stand-in transfer actor hands its Submit to the test (which answers
@@ -114,53 +171,36 @@ func job(chunks int) *load.Job {
 	return j
 }
 
-// TestLoadCopiesAndAnswers: a load submits one host→device job carrying its
-// chunks, answers ok with the loaded tokens and this node's identity once
-// the copy is done, calls Done once, counts the load, and stops.
-func TestLoadCopiesAndAnswers(t *testing.T) {
-	r := newRig(t)
-	j := job(2)
-	stopped := r.start(j)
-	sub := testkit.Recv(t, r.submits, wait, "submit")
-	require.Equal(t, backend.HostToDevice, sub.Dir)
-	require.Equal(t, "e", sub.Engine)
-	require.Equal(t, j.Chunks, sub.Chunks)
-	require.Equal(t, j.Bytes, sub.Bytes)
-
-	r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID, Bytes: sub.Bytes})
-	require.Equal(t, messages.LoadReply{OK: true, LoadedTokens: 32, Node: "n1", Boot: "b1"}, r.reply())
-	testkit.Recv(t, stopped, wait, "the load actor stops")
-	require.EqualValues(t, 1, r.done.Load())
-	require.EqualValues(t, 1, r.loads("ok"))
-	require.Zero(t, r.loads("error"))
-}
-
-// TestLoadCopyFails injects a failed copy and a cancelled one: each answers
-// an error naming the cause (never ok), counts an error, still calls Done
-// (the segments may be unmapped) and stops.
-func TestLoadCopyFails(t *testing.T) {
+// TestLoadCountsAndStops: whatever the copy's end (ok, failed, or cancelled
+// because the transfer actor dropped it), the load is counted by result,
+// answers once (a cancelled copy is an error, never ok), calls Done once
+// and stops. load_test.go checks the replies' content.
+func TestLoadCountsAndStops(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		done transfer.JobDone
-		want string
+		name    string
+		done    transfer.JobDone
+		result  string
+		wantErr string
 	}{
-		{"failed", transfer.JobDone{Err: errors.New("dma fault")}, "copy failed: dma fault"},
-		{"cancelled", transfer.JobDone{Cancelled: true}, "copy failed: load cancelled"},
+		{"ok", transfer.JobDone{}, "ok", ""},
+		{"failed", transfer.JobDone{Err: errors.New("dma fault")}, "error", "copy failed: dma fault"},
+		{"cancelled", transfer.JobDone{Cancelled: true}, "error", "copy failed: load cancelled"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newRig(t)
-			stopped := r.start(job(1))
+			j := job(2)
+			stopped := r.start(j)
 			sub := testkit.Recv(t, r.submits, wait, "submit")
+			require.Equal(t, j.Chunks, sub.Chunks)
 			tc.done.ID = sub.ID
 			r.system.Root.Send(sub.Owner, &tc.done)
 			rep := r.reply()
-			require.False(t, rep.OK)
-			require.Equal(t, tc.want, rep.Error)
-			require.Equal(t, "n1", rep.Node)
+			require.Equal(t, tc.wantErr == "", rep.OK)
+			require.Equal(t, tc.wantErr, rep.Error)
 			testkit.Recv(t, stopped, wait, "the load actor stops")
 			require.EqualValues(t, 1, r.done.Load())
-			require.EqualValues(t, 1, r.loads("error"))
-			require.Zero(t, r.loads("ok"))
+			require.EqualValues(t, 1, r.loads(tc.result))
+			require.EqualValues(t, 1, r.loads("ok")+r.loads("error"))
 		})
 	}
 }
