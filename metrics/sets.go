@@ -61,10 +61,10 @@ func (m *Events) Resync(reason string) prometheus.Counter { return m.Resyncs.Wit
 
 // Engines are the engine sessions' collectors.
 type Engines struct {
-	EnginesLive  prometheus.Gauge
-	EpochResets  prometheus.Counter
-	Expired      prometheus.Counter
-	Unregistered prometheus.Counter
+	EnginesLive  prometheus.Gauge   // registered now
+	EpochResets  prometheus.Counter // a new epoch or spec reset the engine's requests
+	Expired      prometheus.Counter // a lease without a sign of life
+	Unregistered prometheus.Counter // P.E.unregister
 }
 
 // NewEngines builds the engine session collectors.
