@@ -23,40 +23,68 @@ type Shared struct {
 	full atomic.Bool
 }
 
-// NewShared returns a shared pool of capacity slots.
-func NewShared(capacity int) *Shared { return &Shared{pool: New(capacity)} }
+// NewShared returns a shared pool (see New).
+func NewShared(bytes, pageBytes int64) *Shared { return &Shared{pool: New(bytes, pageBytes)} }
 
-func (s *Shared) PrepareStore(keys []messages.Key) (Prepared, error) {
+func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
 	if s.full.Load() && len(keys) > 0 {
 		return Prepared{}, errFull
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	prep, err := s.pool.PrepareStore(keys)
+	prep, err := s.pool.PrepareStore(keys, sizes)
 	s.full.Store(s.pool.full())
 	return prep, err
 }
 
 var errFull = fmt.Errorf("%w: every slot is pending or pinned", ErrNoRoom)
 
-func (s *Shared) CompleteStore(keys []messages.Key, ok bool) {
+func (s *Shared) CompleteStore(keys []messages.Key, sums []uint32) {
 	s.mu.Lock()
-	s.pool.CompleteStore(keys, ok)
+	s.pool.CompleteStore(keys, sums)
 	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
 
 // PrepareLoad pins keys and touches them: a prefix that is loaded is hot
 // and should stay resident (LRU).
-func (s *Shared) PrepareLoad(keys []messages.Key) ([]Slot, error) {
+func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slots, err := s.pool.PrepareLoad(keys)
+	err := s.pool.PrepareLoad(keys)
 	if err == nil {
 		s.pool.Touch(keys)
 	}
 	s.full.Store(s.pool.full())
-	return slots, err
+	return err
+}
+
+// Locate appends the extents of each key to dst (see Pool.Locate) in one
+// critical section, and each key's checksum to sums; it reports the first
+// key not present.
+func (s *Shared) Locate(keys []messages.Key, dst []Extent, ends []int, sums []uint32) ([]Extent, []int, []uint32, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		var sum uint32
+		var ok bool
+		dst, sum, ok = s.pool.Locate(k, dst)
+		if !ok {
+			return dst, ends, sums, &KeyError{Key: k, Err: ErrNotReady}
+		}
+		ends = append(ends, len(dst))
+		sums = append(sums, sum)
+	}
+	return dst, ends, sums, nil
+}
+
+// Drop removes a ready, unpinned key (see Pool.Drop).
+func (s *Shared) Drop(key messages.Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := s.pool.Drop(key)
+	s.full.Store(s.pool.full())
+	return ok
 }
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
@@ -72,7 +100,7 @@ func (s *Shared) Touch(keys []messages.Key) {
 	s.mu.Unlock()
 }
 
-func (s *Shared) Lookup(key messages.Key) (State, Slot) {
+func (s *Shared) Lookup(key messages.Key) (State, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pool.Lookup(key)
@@ -97,4 +125,6 @@ func (s *Shared) Stats() Stats {
 	return s.pool.Stats()
 }
 
-func (s *Shared) Capacity() int { return s.pool.Capacity() }
+func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
+
+func (s *Shared) PageBytes() int64 { return s.pool.PageBytes() }

@@ -39,6 +39,7 @@ type Metrics struct {
 
 	// Pool.
 	Evictions     prometheus.Counter
+	Corrupt       prometheus.Counter // chunks whose bytes failed their checksum on a load
 	Lookups       prometheus.Counter
 	LookupHits    prometheus.Counter
 	HitTokens     prometheus.Counter
@@ -107,6 +108,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
 
 		Evictions:     counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Corrupt:       counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
 		Lookups:       counter("load", "lookups_total", "Lookup requests."),
 		LookupHits:    counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
 		HitTokens:     counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
@@ -125,7 +127,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
-		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Lookups,
+		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Corrupt, m.Lookups,
 		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -148,26 +150,35 @@ func gauge(sub, name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})
 }
 
-// RegisterPool exports the pool's slot counts, read at scrape time so the
-// store path never touches a gauge for them.
+// RegisterPool exports the pool's chunk counts and bytes, read at scrape
+// time so the store path never touches a gauge for them.
 func RegisterPool(reg prometheus.Registerer, stats func() hostpool.Stats) {
-	desc := prometheus.NewDesc("kvactors_pool_slots", "Pool slots by state.", []string{"state"}, nil)
-	reg.MustRegister(poolCollector{desc: desc, stats: stats})
+	reg.MustRegister(poolCollector{
+		chunks: prometheus.NewDesc("kvactors_pool_chunks", "Pool chunks by state.", []string{"state"}, nil),
+		bytes: prometheus.NewDesc("kvactors_pool_bytes",
+			"Pool bytes: capacity, data (chunks stored or being stored), free (whole free pages).", []string{"kind"}, nil),
+		stats: stats})
 }
 
 type poolCollector struct {
-	desc  *prometheus.Desc
-	stats func() hostpool.Stats
+	chunks, bytes *prometheus.Desc
+	stats         func() hostpool.Stats
 }
 
-func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.chunks; ch <- p.bytes }
 
 func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
 	st := p.stats()
 	for _, v := range []struct {
 		state string
 		n     int
-	}{{"free", st.Free}, {"pending", st.Pending}, {"ready", st.Ready}, {"pinned", st.Pinned}} {
-		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(v.n), v.state)
+	}{{"pending", st.Pending}, {"ready", st.Ready}, {"pinned", st.Pinned}} {
+		ch <- prometheus.MustNewConstMetric(p.chunks, prometheus.GaugeValue, float64(v.n), v.state)
+	}
+	for _, v := range []struct {
+		kind string
+		n    int64
+	}{{"capacity", st.Capacity}, {"data", st.Data}, {"free", int64(st.FreePages) * st.PageBytes}} {
+		ch <- prometheus.MustNewConstMetric(p.bytes, prometheus.GaugeValue, float64(v.n), v.kind)
 	}
 }

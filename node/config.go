@@ -44,8 +44,9 @@ type Config struct {
 	CUDADevice int `json:"cuda_device"`
 	// PoolBytes is the host pool's size (default 1 GiB).
 	PoolBytes int64 `json:"pool_bytes"`
-	// SlotBytes is the pool's slot size; 0 takes the largest chunk of the
-	// first engine that registers. Engines with larger chunks are refused.
+	// SlotBytes is deprecated and ignored: the pool takes chunks of any size
+	// from every engine (see PoolPageBytes). Kept so old command lines and
+	// config files still parse; a non-zero value is logged as ignored.
 	SlotBytes int64 `json:"slot_bytes"`
 	// HTTPAddr is the admin server's address (default 127.0.0.1:9464;
 	// "off" disables it; port 0 picks a free one, see Node.HTTPAddr).
@@ -65,6 +66,12 @@ type Config struct {
 	Log      *slog.Logger         `json:"-"`
 	Tracer   trace.TracerProvider `json:"-"`
 	Registry *prometheus.Registry `json:"-"`
+
+	// pool
+	// PoolPageBytes is the pool's page size (default 1 MiB): pages are handed
+	// to chunk sizes as needed, and a chunk larger than a page spans several.
+	// A page wastes under 1/16 of itself whatever the chunk sizes.
+	PoolPageBytes int64 `json:"pool_page_bytes"`
 }
 
 // Defaults.
@@ -128,8 +135,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: backend %q: want shm or cuda", ErrConfig, c.Backend)
 	case c.PoolBytes < 0:
 		return fmt.Errorf("%w: pool bytes %d < 0", ErrConfig, c.PoolBytes)
-	case c.SlotBytes < 0 || (c.SlotBytes > 0 && c.SlotBytes > c.PoolBytes):
-		return fmt.Errorf("%w: slot bytes %d: want 0 (auto) or 1..pool bytes", ErrConfig, c.SlotBytes)
+	case c.PoolPageBytes < 0:
+		return fmt.Errorf("%w: pool page bytes %d < 0", ErrConfig, c.PoolPageBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case !validPrefix(c.Prefix):

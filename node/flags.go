@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvactors/kvactors/hostpool"
 )
 
 // Flag is one serve flag: its name, the environment variable that supplies
@@ -75,7 +77,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.ShmDir, "shm-dir", DefaultShmDir, "directory of engines' shared-memory segments")
 	num(&c.CUDADevice, "cuda-device", 0, "CUDA device ordinal for the cuda backend")
 	size(&c.PoolBytes, "pool-bytes", DefaultPoolBytes, "host pool size")
-	size(&c.SlotBytes, "slot-bytes", 0, "pool slot size; 0 takes the first engine's largest chunk")
+	size(&c.SlotBytes, "slot-bytes", 0, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
 	str(&c.HTTPAddr, "http", DefaultHTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
 	num(&c.DecodeWorkers, "decode-workers", 2, "goroutines decoding event batches")
 	num(&c.Transfer.Workers, "copy-workers", 2, "copies running at once per device")
@@ -83,6 +85,9 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	num(&c.Limits.MaxIDs, "max-ids", 1<<20, "most hashes or block ids in one event")
 	num(&c.Limits.MaxGroups, "max-groups", 64, "most KV-cache groups per engine")
 	dur(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
+	// pool
+	size(&c.PoolPageBytes, "pool-page-bytes", hostpool.DefaultPageBytes,
+		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
 	// Secrets come from the environment only, never a flag (ps would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 	return flags, firstErr

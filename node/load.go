@@ -12,6 +12,7 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -35,11 +36,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
-	pool := n.sharedPool()
-	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
-		st, _ := pool.Lookup(k)
-		return st == hostpool.Ready
-	})
+	hit := rec.layout.HitTokens(hashes, n.store.Ready)
 	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {
 		n.metrics.LookupHits.Inc()
@@ -80,31 +77,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
-	pool := n.sharedPool()
-	slots, err := pool.PrepareLoad(keys)
-	if err != nil {
+	if err := rec.store.PrepareLoad(keys); err != nil {
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
 	}
-	var bytes int64
-	for i := range chunks {
-		chunks[i].Slot = slots[i]
-		bytes += rec.layout.CopyBytes(&chunks[i])
-	}
-	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
+	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
-		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
-			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: m.Reply, Ctx: ctx}))
-}
-
-func (n *Node) sharedPool() *hostpool.Shared {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.pool
-}
-
-func (n *Node) slotBytesNow() int64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.slotBytes
+		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: m.Reply, Ctx: ctx}))
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -43,13 +44,12 @@ type Node struct {
 
 	backend  backend.Backend
 	arena    backend.Arena
+	store    *store.Store // owns the pool and the arena's contents
 	system   *actor.ActorSystem
 	transfer *actor.PID
 
-	mu        sync.Mutex
-	engines   map[string]*engineRec
-	pool      *hostpool.Shared // created at the first registration
-	slotBytes int64
+	mu      sync.Mutex
+	engines map[string]*engineRec
 
 	ingest *ingester
 	http   *http.Server
@@ -87,7 +87,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
-	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
+	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
@@ -124,6 +124,10 @@ func (n *Node) startBackend() error {
 	}
 	if n.arena, err = n.backend.AllocArena(n.cfg.PoolBytes); err != nil {
 		return fmt.Errorf("allocate pool arena of %d bytes: %w", n.cfg.PoolBytes, err)
+	}
+	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.metrics)
+	if n.cfg.SlotBytes != 0 {
+		n.log.Warn("--slot-bytes is deprecated and ignored: the pool takes any chunk size", "slot_bytes", n.cfg.SlotBytes)
 	}
 	return nil
 }
@@ -234,14 +238,15 @@ func (n *Node) Ready() error {
 // the load path's slots; exported for tests).
 func (n *Node) Arena() backend.Arena { return n.arena }
 
+// Store is the node's store (exported for tests: the corruption tests reach
+// into the pool's bytes through it).
+func (n *Node) Store() *store.Store { return n.store }
+
 func (n *Node) poolStats() hostpool.Stats {
-	n.mu.Lock()
-	p := n.pool
-	n.mu.Unlock()
-	if p == nil {
+	if n.store == nil { // set once in Start, before the admin server runs
 		return hostpool.Stats{}
 	}
-	return p.Stats()
+	return n.store.Stats()
 }
 
 // Close shuts down gracefully, in this order: stop taking events (drain the

@@ -11,9 +11,9 @@ import (
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
 
 // engineRec is the node's record of a registered engine.
@@ -22,6 +22,7 @@ type engineRec struct {
 	spec   messages.EngineSpec
 	layout *sched.Layout
 	device backend.Device
+	store  *store.Engine
 	pid    *actor.PID
 	closed chan struct{} // closed when the engine actor stopped
 }
@@ -43,8 +44,8 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if old != nil && reflect.DeepEqual(old.spec, spec) {
 		return nil
 	}
-	if err := n.ensurePool(lay); err != nil {
-		return err
+	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
+		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool", ErrRegister, need)
 	}
 	dev, err := n.backend.Attach(id, spec.Segments)
 	if err != nil {
@@ -59,42 +60,16 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
 	}
-	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, closed: make(chan struct{})}
+	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(lay, dev),
+		closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
 		Engine: id, Outbox: n.outbox, Metrics: n.metrics, Log: n.log.With("engine", id), Closed: rec.closed,
-		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
+		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)
 	n.log.Info("engine registered", "engine", id, "groups", len(lay.Groups), "chunk_bytes", lay.MaxChunkBytes())
-	return nil
-}
-
-// ensurePool cuts the arena into slots on the first registration: the slot
-// is the configured size, or this engine's largest chunk. Later engines must
-// fit that slot (their chunks share the pool, and content-addressed keys let
-// engines with the same layout load each other's prefixes).
-// Caller holds n.mu.
-func (n *Node) ensurePool(lay *sched.Layout) error {
-	need := lay.MaxChunkBytes()
-	if n.pool == nil {
-		slot := n.cfg.SlotBytes
-		if slot == 0 {
-			slot = need
-		}
-		capacity := n.cfg.PoolBytes / slot
-		if capacity < 1 {
-			return fmt.Errorf("%w: pool of %d bytes holds no %d-byte chunk", ErrRegister, n.cfg.PoolBytes, slot)
-		}
-		n.slotBytes = slot
-		n.pool = hostpool.NewShared(int(capacity))
-		n.log.Info("host pool cut", "slot_bytes", slot, "slots", capacity)
-	}
-	if need > n.slotBytes {
-		return fmt.Errorf("%w: chunk of %d bytes exceeds the pool slot of %d bytes (set --slot-bytes)",
-			ErrRegister, need, n.slotBytes)
-	}
 	return nil
 }
 

@@ -50,9 +50,8 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 // StatusReply is the body of a P.E.status reply.
 type StatusReply struct {
 	engine.Status
-	Pool      hostpool.Stats `json:"pool"`
-	SlotBytes int64          `json:"slot_bytes"`
-	Error     string         `json:"error,omitempty"`
+	Pool  hostpool.Stats `json:"pool"`
+	Error string         `json:"error,omitempty"`
 }
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
@@ -74,7 +73,7 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 	return func(timeout time.Duration) (StatusReply, error) {
 		select {
 		case st := <-ch:
-			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow()}, nil
+			return StatusReply{Status: st, Pool: n.poolStats()}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
 		}

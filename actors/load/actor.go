@@ -2,6 +2,8 @@ package load
 
 import (
 	"context"
+	"encoding/hex"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -17,27 +19,24 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// Job is one prepared load: its keys are already pinned in Pool.
+// Job is one prepared load: its chunks' keys are already pinned in the store.
 type Job struct {
-	Engine    string
-	Request   string
-	Tokens    int
-	Keys      []messages.Key // pinned; unpinned when the copy ends
-	Chunks    []sched.JobChunk
-	Bytes     int64
-	Layout    *sched.Layout
-	Device    backend.Device
-	SlotBytes int64
-	Reply     string // NATS reply subject
-	Ctx       context.Context
+	Engine  string
+	Request string
+	Tokens  int
+	Store   transfer.Store // the engine's store: copies, verifies, unpins
+	Chunks  []sched.JobChunk
+	Bytes   int64
+	Reply   string // NATS reply subject
+	Ctx     context.Context
 }
 
 // Deps is what a load actor needs from its node.
 type Deps struct {
-	Pool     *hostpool.Shared
 	Transfer *actor.PID
 	Outbox   *actors.Outbox
 	Metrics  *metrics.Metrics
@@ -79,13 +78,11 @@ func (a *Actor) submit(c actor.Context) {
 		tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
 	j.Ctx = ctx
 	if len(j.Chunks) == 0 { // nothing to copy (every target id was 0)
-		a.deps.Pool.CompleteLoad(j.Keys)
 		a.done(c, &transfer.JobDone{})
 		return
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
-		Dir: backend.HostToDevice, Chunks: j.Chunks, Bytes: j.Bytes, Layout: j.Layout, Device: j.Device,
-		SlotBytes: j.SlotBytes, Pool: a.deps.Pool, Keys: j.Keys, Span: a.span.SpanContext()})
+		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext()})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
@@ -99,6 +96,7 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		a.span.SetStatus(codes.Error, err.Error())
 		a.deps.Metrics.Loads.WithLabelValues("error").Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
+		a.corrupt(err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error()})
 	} else {
 		a.deps.Metrics.Loads.WithLabelValues("ok").Inc()
@@ -106,4 +104,17 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 	}
 	a.span.End()
 	c.Stop(c.Self())
+}
+
+// corrupt announces a chunk the store dropped because its bytes failed their
+// checksum: BlockRemoved, so routers stop sending its prefix here
+// (PROTOCOL.md, "Integrity").
+func (a *Actor) corrupt(err error) {
+	var ke *hostpool.KeyError
+	if !errors.Is(err, store.ErrCorrupt) || !errors.As(err, &ke) {
+		return
+	}
+	hash, g := sched.SplitKey(ke.Key)
+	a.deps.Outbox.KVEvents(a.job.Ctx, a.job.Engine, []messages.KVEvent{{Type: messages.KVBlockRemoved,
+		GroupIdx: g, Medium: messages.MediumCPU, BlockHashes: []string{hex.EncodeToString([]byte(hash))}}})
 }
