@@ -41,7 +41,7 @@ func TestCorruptChunkInHostMemoryIsNeverLoaded(t *testing.T) {
 	require.False(t, r.OK)
 	require.Contains(t, r.Error, fmt.Sprintf("%x", mustHex(hs[1])), "the error names the corrupt key")
 	require.Contains(t, r.Error, "checksum mismatch")
-	require.Equal(t, dst0, te.block(0, 20), "nothing was copied: not the healthy chunk")
+	require.Equal(t, dst0, te.block(0, 20), "nothing was copied: the healthy chunk shares the corrupt one's tile")
 	require.Equal(t, dst1, te.block(0, 21), "nothing was copied: not the corrupt chunk")
 
 	removed := recv(t, te.kv, "BlockRemoved for the corrupt chunk")

@@ -1,6 +1,8 @@
 package store
 
 import (
+	"math"
+
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/sched"
@@ -14,26 +16,39 @@ import (
 // split there. Ranges adjacent in both device and pool memory are merged, so
 // consecutive blocks of one tensor become one DMA-sized copy.
 func appendRanges(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, dst []backend.Range) []backend.Range {
+	return appendWindow(l, c, ext, 0, math.MaxInt64, dst)
+}
+
+// appendWindow is appendRanges for the chunk's logical bytes [lo, hi) only
+// (a large chunk is copied a window at a time).
+func appendWindow(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, lo, hi int64,
+	dst []backend.Range) []backend.Range {
 	regions := l.Groups[c.Group].Regions
 	var off int64            // logical offset in the chunk
 	ei, start := 0, int64(0) // extent ext[ei] holds logical [start, start+ext[ei].Len)
 	for _, b := range c.Blocks {
 		for _, r := range regions {
-			if b == 0 {
+			rlo, rhi := max(off, lo), min(off+r.BlockBytes, hi)
+			if b == 0 || rlo >= rhi {
 				off += r.BlockBytes
 				continue
 			}
-			seg, segOff, n := r.Segment, r.Offset+int64(b)*r.BlockStride, r.BlockBytes
+			seg, segOff, n := r.Segment, r.Offset+int64(b)*r.BlockStride+rlo-off, rhi-rlo
+			at := rlo
 			for n > 0 {
-				for off >= start+ext[ei].Len {
+				for at >= start+ext[ei].Len {
 					start += ext[ei].Len
 					ei++
 				}
-				take := min(n, start+ext[ei].Len-off)
+				take := min(n, start+ext[ei].Len-at)
 				dst = appendMerged(dst, backend.Range{Segment: seg, SegOffset: segOff,
-					PoolOff: ext[ei].Off + off - start, Len: take})
-				off, segOff, n = off+take, segOff+take, n-take
+					PoolOff: ext[ei].Off + at - start, Len: take})
+				at, segOff, n = at+take, segOff+take, n-take
 			}
+			off += r.BlockBytes
+		}
+		if off >= hi {
+			break
 		}
 	}
 	return dst

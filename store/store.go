@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"math"
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
@@ -71,11 +72,20 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 // PrepareLoad pins the keys of a load (all ready) and touches them.
 func (e *Engine) PrepareLoad(keys []messages.Key) error { return e.s.pool.PrepareLoad(keys) }
 
+// tileBytes bounds the copy bytes of one device call: a job is copied a tile
+// of whole chunks at a time, and each tile's checksums are taken (store) or
+// checked (load) while its bytes are still in cache, instead of in a second
+// pass over the whole job from memory (measured: the second pass cost 3x the
+// copy time on the copy bench; docs/BENCHMARKS.md).
+const tileBytes = 512 << 10
+
 // Copy runs one job's copies and completes the pool: a store's chunks become
-// ready with their checksums (or are freed if the copy failed); a load's
-// chunks are verified first, then copied, then unpinned. A load that finds a
-// corrupt chunk copies nothing, drops the chunk and returns ErrCorrupt in a
-// *hostpool.KeyError naming it.
+// ready with their checksums, computed tile by tile as they are copied in (or
+// are freed if a copy failed); a load's chunks are verified tile by tile
+// before the tile is copied, then unpinned. A load that finds a corrupt chunk
+// stops there: that chunk's bytes never reach the device (earlier tiles
+// have, which is harmless: the load fails as a whole), the chunk is dropped,
+// and the error is ErrCorrupt in a *hostpool.KeyError naming it.
 func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	keys := keysOf(chunks)
 	ext, ends, sums, err := e.s.pool.Locate(keys, nil, make([]int, 0, len(keys)), make([]uint32, 0, len(keys)))
@@ -83,29 +93,83 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 		e.complete(dir, keys, nil)
 		return fmt.Errorf("store: %w", err)
 	}
-	if dir == backend.HostToDevice {
-		if err := e.verify(keys, ext, ends, sums); err != nil {
+	var ranges []backend.Range
+	for lo := 0; lo < len(chunks); {
+		if size := e.lay.Groups[chunks[lo].Group].ChunkBytes; size > tileBytes {
+			if err := e.copyLarge(dir, keys, chunks, ext, ends, sums, lo, size); err != nil {
+				return err
+			}
+			lo++
+			continue
+		}
+		hi, n := lo, int64(0) // a tile of whole chunks
+		for ; hi < len(chunks) && e.lay.Groups[chunks[hi].Group].ChunkBytes <= tileBytes &&
+			(hi == lo || n+e.lay.Groups[chunks[hi].Group].ChunkBytes <= tileBytes); hi++ {
+			n += e.lay.Groups[chunks[hi].Group].ChunkBytes
+		}
+		if dir == backend.HostToDevice {
+			if err := e.verify(keys, ext, ends, sums, lo, hi); err != nil {
+				return err
+			}
+		}
+		ranges = ranges[:0]
+		for i := lo; i < hi; i++ {
+			ranges = appendRanges(e.lay, &chunks[i], ext[start(ends, i):ends[i]], ranges)
+		}
+		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
+			e.complete(dir, keys, nil)
 			return err
 		}
+		if dir == backend.DeviceToHost {
+			for i := lo; i < hi; i++ {
+				sums[i] = e.s.checksum(ext[start(ends, i):ends[i]], 0, math.MaxInt64, 0)
+			}
+		}
+		lo = hi
 	}
-	var ranges []backend.Range
-	lo := 0
-	for i := range chunks {
-		ranges = appendRanges(e.lay, &chunks[i], ext[lo:ends[i]], ranges)
-		lo = ends[i]
-	}
-	err = e.dev.Copy(dir, e.s.arena, ranges)
-	if err != nil || dir == backend.HostToDevice {
-		e.complete(dir, keys, nil)
-		return err
-	}
-	lo = 0
-	for i := range keys {
-		sums[i] = e.s.checksum(ext[lo:ends[i]])
-		lo = ends[i]
+	if dir == backend.HostToDevice {
+		sums = nil
 	}
 	e.complete(dir, keys, sums)
 	return nil
+}
+
+// copyLarge copies chunk i, larger than a tile, a tile-sized window at a
+// time; a store checksums each window after its copy, a load verifies the
+// whole chunk before its first window moves.
+func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []sched.JobChunk,
+	ext []hostpool.Extent, ends []int, sums []uint32, i int, size int64) error {
+	cext := ext[start(ends, i):ends[i]]
+	if dir == backend.HostToDevice {
+		if err := e.verify(keys, ext, ends, sums, i, i+1); err != nil {
+			return err
+		}
+	}
+	var sum uint32
+	var ranges []backend.Range
+	for lo := int64(0); lo < size; lo += tileBytes {
+		hi := min(lo+tileBytes, size)
+		ranges = appendWindow(e.lay, &chunks[i], cext, lo, hi, ranges[:0])
+		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
+			e.complete(dir, keys, nil)
+			return err
+		}
+		if dir == backend.DeviceToHost {
+			sum = e.s.checksum(cext, lo, hi, sum)
+		}
+	}
+	if dir == backend.DeviceToHost {
+		sums[i] = sum
+	}
+	return nil
+}
+
+// start is where chunk i's extents begin.
+func start(ends []int, i int) int {
+	if i == 0 {
+		return 0
+	}
+	return ends[i-1]
 }
 
 // Abort completes a job that never ran (cancelled while queued): a store's
@@ -122,27 +186,32 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 	e.s.pool.CompleteStore(keys, sums)
 }
 
-// verify checks every chunk of a load against its checksum before any byte
-// moves. On a mismatch the load is unpinned and the chunk dropped.
-func (e *Engine) verify(keys []messages.Key, ext []hostpool.Extent, ends []int, sums []uint32) error {
-	lo := 0
-	for i, k := range keys {
-		if got := e.s.checksum(ext[lo:ends[i]]); got != sums[i] {
+// verify checks chunks [lo, hi) of a load against their checksums. On a
+// mismatch the load is unpinned and the chunk dropped.
+func (e *Engine) verify(keys []messages.Key, ext []hostpool.Extent, ends []int, sums []uint32, lo, hi int) error {
+	for i := lo; i < hi; i++ {
+		if got := e.s.checksum(ext[start(ends, i):ends[i]], 0, math.MaxInt64, 0); got != sums[i] {
 			e.s.pool.CompleteLoad(keys)
-			e.s.pool.Drop(k)
+			e.s.pool.Drop(keys[i])
 			e.s.metrics.Corrupt.Inc()
-			return &hostpool.KeyError{Key: k, Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, sums[i])}
+			return &hostpool.KeyError{Key: keys[i],
+				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, sums[i])}
 		}
-		lo = ends[i]
 	}
 	return nil
 }
 
-func (s *Store) checksum(ext []hostpool.Extent) uint32 {
+// checksum continues sum over the chunk's logical bytes [lo, hi), which lie
+// in ext in order.
+func (s *Store) checksum(ext []hostpool.Extent, lo, hi int64, sum uint32) uint32 {
 	b := s.arena.Bytes()
-	var sum uint32
+	var at int64 // logical offset of x
 	for _, x := range ext {
-		sum = crc32.Update(sum, castagnoli, b[x.Off:x.Off+x.Len])
+		a, z := max(lo, at), min(hi, at+x.Len)
+		if a < z {
+			sum = crc32.Update(sum, castagnoli, b[x.Off+a-at:x.Off+z-at])
+		}
+		at += x.Len
 	}
 	return sum
 }

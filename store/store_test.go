@@ -154,3 +154,61 @@ func TestFailedAndAbortedJobsComplete(t *testing.T) {
 	e.Abort(backend.HostToDevice, []sched.JobChunk{chunk("z", 4)})
 	require.Zero(t, s.Stats().Pinned)
 }
+
+// A chunk larger than a tile (20 blocks of 64 KiB = 1.25 MiB, with a null
+// block, across two pieces) is copied a window at a time: its checksum is
+// still the CRC-32C of all its bytes in order, it loads back byte for byte,
+// and once corrupt none of it reaches the device.
+func TestLargeChunkWindows(t *testing.T) {
+	const bb = 64 << 10
+	l := mustLayout(t, 20, messages.Region{BlockStride: bb, BlockBytes: bb})
+	dev := &memDevice{mem: make([]byte, 48*bb)}
+	for i := range dev.mem {
+		dev.mem[i] = byte(i*7 + i/251)
+	}
+	s := New(heapArena(make([]byte, 4<<20)), 1<<20, metrics.Discard())
+	e := s.Engine(l, dev)
+	src := make([]messages.BlockID, 20)
+	for i := range src {
+		src[i] = messages.BlockID(1 + i)
+	}
+	src[7] = 0 // null: not copied, its place kept
+	prep, err := e.PrepareStore([]messages.Key{"big"}, []int64{20 * bb})
+	require.NoError(t, err)
+	require.Len(t, prep.Keys, 1)
+	require.NoError(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("big", src...)}))
+	ext, _, sums, err := s.pool.Locate([]messages.Key{"big"}, nil, nil, nil)
+	require.NoError(t, err)
+	require.Len(t, ext, 2, "a page and a 256 KiB slot")
+	var logical []byte
+	for _, x := range ext {
+		logical = append(logical, s.arena.Bytes()[x.Off:x.Off+x.Len]...)
+	}
+	require.Equal(t, crc32.Checksum(logical, castagnoli), sums[0])
+	for i, b := range src {
+		if b != 0 {
+			require.Equal(t, dev.mem[int(b)*bb:int(b+1)*bb], logical[i*bb:(i+1)*bb], "block %d", i)
+		}
+	}
+
+	dst := make([]messages.BlockID, 20)
+	for i := range dst {
+		dst[i] = messages.BlockID(25 + i%20)
+	}
+	require.NoError(t, e.PrepareLoad([]messages.Key{"big"}))
+	dev.in = 0
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)}))
+	require.Equal(t, int64(20*bb), dev.in)
+	for i := range dst {
+		require.Equal(t, logical[i*bb:(i+1)*bb], dev.mem[int(dst[i])*bb:int(dst[i]+1)*bb], "block %d", i)
+	}
+
+	s.arena.Bytes()[ext[1].Off+ext[1].Len-1] ^= 0x80 // the last byte of the chunk
+	require.NoError(t, e.PrepareLoad([]messages.Key{"big"}))
+	dev.in = 0
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)})
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Zero(t, dev.in, "no window of a corrupt chunk is copied")
+	require.False(t, s.Ready("big"))
+	require.Zero(t, s.Stats().Used)
+}
