@@ -246,7 +246,7 @@ func (d *Disk) write(sp spill) {
 	}
 	d.mu.Unlock()
 	d.notify(sp.engine, []messages.Key{sp.key}, nil)
-	d.announce(removed)
+	d.announce(removed, sp.engine)
 }
 
 func writeFile(name, key string, sum uint32, data []byte) error {
@@ -281,11 +281,17 @@ func (d *Disk) evictFront() *item {
 	return it
 }
 
-// announce tells Notify about removed items, grouped by engine.
-func (d *Disk) announce(removed []*item) {
+// announce tells Notify about removed items, grouped by the engine that
+// spilled them; items found at open (no engine known) go to fallback, the
+// engine whose action removed them.
+func (d *Disk) announce(removed []*item, fallback string) {
 	by := map[string][]messages.Key{}
 	for _, it := range removed {
-		by[it.engine] = append(by[it.engine], it.key)
+		engine := it.engine
+		if engine == "" {
+			engine = fallback
+		}
+		by[engine] = append(by[engine], it.key)
 	}
 	for engine, keys := range by {
 		d.notify(engine, nil, keys)
@@ -306,8 +312,9 @@ func (d *Disk) Has(key messages.Key) (size int64, sum uint32, ok bool) {
 // ReadInto reads key's bytes into dst, in order (the host extents its load
 // made room for), checking them against the record's checksum, and returns
 // that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
-// is deleted and reported as ErrCorrupt (Notify hears it as removed).
-func (d *Disk) ReadInto(key messages.Key, dst [][]byte) (uint32, error) {
+// is deleted and reported as ErrCorrupt (Notify hears it as removed, for
+// engine if the chunk was found at open).
+func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
 	start := time.Now()
 	d.mu.Lock()
 	it, ok := d.items[key]
@@ -323,11 +330,11 @@ func (d *Disk) ReadInto(key messages.Key, dst [][]byte) (uint32, error) {
 		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
 	}
 	if err != nil {
-		d.Drop(key)
+		d.Drop(engine, key)
 		return 0, fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
 	}
 	if sum != it.sum {
-		d.Drop(key)
+		d.Drop(engine, key)
 		return 0, fmt.Errorf("%w: key %x: checksum %08x, indexed %08x", ErrCorrupt, string(key), sum, it.sum)
 	}
 	d.hits.Add(1)
@@ -366,8 +373,9 @@ func readRecord(name string, key messages.Key, dst [][]byte) (uint32, int64, err
 	return sum, want, nil
 }
 
-// Drop deletes key from disk (announced as removed).
-func (d *Disk) Drop(key messages.Key) {
+// Drop deletes key from disk (announced as removed; for engine if the chunk
+// was found at open).
+func (d *Disk) Drop(engine string, key messages.Key) {
 	d.mu.Lock()
 	it, ok := d.items[key]
 	if ok {
@@ -378,7 +386,7 @@ func (d *Disk) Drop(key messages.Key) {
 	}
 	d.mu.Unlock()
 	if ok {
-		d.announce([]*item{it})
+		d.announce([]*item{it}, engine)
 	}
 }
 

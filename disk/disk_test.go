@@ -69,7 +69,7 @@ func readBack(t *testing.T, d *Disk, k messages.Key, size int) ([]byte, error) {
 	t.Helper()
 	b := make([]byte, size)
 	half := size / 2 // two extents, as a chunk cut into pieces
-	_, err := d.ReadInto(k, [][]byte{b[:half], b[half:]})
+	_, err := d.ReadInto("e", k, [][]byte{b[:half], b[half:]})
 	return b, err
 }
 

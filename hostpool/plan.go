@@ -77,6 +77,13 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)
+		if p.keepVictims {
+			v := Victim{Key: e.key, Sum: e.sum, Extents: make([]Extent, 0, len(e.pieces))}
+			for _, pc := range e.pieces {
+				v.Extents = append(v.Extents, p.extent(pc))
+			}
+			out.Victims = append(out.Victims, v)
+		}
 		p.unlink(r)
 		p.remove(r)
 	}

@@ -40,6 +40,17 @@ var (
 type Prepared struct {
 	Keys    []messages.Key
 	Evicted []messages.Key // ready keys evicted to make room, oldest first
+	// Victims are the evicted chunks' checksums and extents, in Evicted's
+	// order, when the pool keeps them (SetKeepVictims: a disk tier copies
+	// them out). Their room now belongs to Keys: read it before their copy.
+	Victims []Victim
+}
+
+// Victim is an evicted chunk: where its bytes were and their checksum.
+type Victim struct {
+	Key     messages.Key
+	Sum     uint32
+	Extents []Extent
 }
 
 // ref is an entry's index in the entry slab.
@@ -88,6 +99,7 @@ type Pool struct {
 	pinned     int
 	dataBytes  int64
 	epoch      uint32
+	keepVictims bool
 	// scratch of PrepareStore
 	victims []ref
 	needed  []*class
@@ -117,6 +129,10 @@ func New(bytes, pageBytes int64) *Pool {
 	}
 	return p
 }
+
+// SetKeepVictims makes PrepareStore report evicted chunks' extents and
+// checksums (Prepared.Victims).
+func (p *Pool) SetKeepVictims(keep bool) { p.keepVictims = keep }
 
 // PageBytes is the page size.
 func (p *Pool) PageBytes() int64 { return p.pageBytes }
@@ -204,6 +220,23 @@ func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
 		}
 		p.remove(r)
 	}
+}
+
+// CompleteStorePinned completes pending keys as ready with their checksums,
+// pinned and most recently used, in one step: a load that brought them back
+// from disk copies them out next, and nothing may evict them in between.
+func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	p.CompleteStore(keys, sums)
+	for _, k := range keys {
+		if r, ok := p.index[k]; ok && p.entries[r].state == Ready {
+			e := &p.entries[r]
+			if e.pins == 0 {
+				p.pinned++
+			}
+			e.pins++
+		}
+	}
+	p.Touch(keys)
 }
 
 // Drop removes a ready, unpinned key (a chunk found corrupt) and reports

@@ -2,6 +2,7 @@ package hostpool
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -59,23 +60,93 @@ func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	return err
 }
 
-// Locate appends the extents of each key to dst (see Pool.Locate) in one
-// critical section, and each key's checksum to sums; it reports the first
-// key not present.
-func (s *Shared) Locate(keys []messages.Key, dst []Extent, ends []int, sums []uint32) ([]Extent, []int, []uint32, error) {
+// Located is where a job's chunks are: Ext holds every chunk's extents in
+// order, chunk i's are Ext[start(i):Ends[i]]; Sums and States per chunk.
+type Located struct {
+	Ext    []Extent
+	Ends   []int
+	Sums   []uint32
+	States []State
+}
+
+// Locate finds every key (see Pool.Locate) in one critical section; it
+// reports the first key not present.
+func (s *Shared) Locate(keys []messages.Key) (Located, error) {
+	loc := Located{Ends: make([]int, 0, len(keys)), Sums: make([]uint32, 0, len(keys)),
+		States: make([]State, 0, len(keys))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for _, k := range keys {
 		var sum uint32
 		var ok bool
-		dst, sum, ok = s.pool.Locate(k, dst)
+		loc.Ext, sum, ok = s.pool.Locate(k, loc.Ext)
 		if !ok {
-			return dst, ends, sums, &KeyError{Key: k, Err: ErrNotReady}
+			return loc, &KeyError{Key: k, Err: ErrNotReady}
 		}
-		ends = append(ends, len(dst))
-		sums = append(sums, sum)
+		st, _ := s.pool.Lookup(k)
+		loc.Ends = append(loc.Ends, len(loc.Ext))
+		loc.Sums = append(loc.Sums, sum)
+		loc.States = append(loc.States, st)
 	}
-	return dst, ends, sums, nil
+	return loc, nil
+}
+
+// PrepareLoadFrom is PrepareLoad for a pool with a lower tier: keys that are
+// absent here but that fetch finds (with their size) are given pending room
+// to be read back into, the others must be ready and are pinned and touched.
+// All-or-nothing: a pending or unfetchable key is ErrNotReady, no room is
+// ErrNoRoom, and then nothing changed. Fetched lists the keys given room;
+// complete them with CompleteStorePinned (or CompleteStore(keys, nil)).
+func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
+	fetched []messages.Key, prep Prepared, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() { s.full.Store(s.pool.full()) }()
+	var here []messages.Key
+	var sizes []int64
+	for _, k := range keys {
+		switch st, _ := s.pool.Lookup(k); {
+		case st == Ready:
+			here = append(here, k)
+			continue
+		case st == Absent:
+			if size, ok := fetch(k); ok {
+				if !slices.Contains(fetched, k) {
+					fetched, sizes = append(fetched, k), append(sizes, size)
+				}
+				continue
+			}
+		}
+		return nil, Prepared{}, &KeyError{Key: k, Err: ErrNotReady}
+	}
+	// Pin what is here first: the room for the rest must not evict it.
+	if err := s.pool.PrepareLoad(here); err != nil {
+		return nil, Prepared{}, err
+	}
+	if len(fetched) > 0 {
+		if prep, err = s.pool.PrepareStore(fetched, sizes); err != nil {
+			s.pool.CompleteLoad(here)
+			return nil, Prepared{}, err
+		}
+	}
+	s.pool.Touch(here)
+	return fetched, prep, nil
+}
+
+// CompleteStorePinned completes fetched keys as ready, pinned (see
+// Pool.CompleteStorePinned).
+func (s *Shared) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	s.mu.Lock()
+	s.pool.CompleteStorePinned(keys, sums)
+	s.full.Store(s.pool.full())
+	s.mu.Unlock()
+}
+
+// SetKeepVictims: see Pool.SetKeepVictims.
+func (s *Shared) SetKeepVictims(keep bool) {
+	s.mu.Lock()
+	s.pool.SetKeepVictims(keep)
+	s.mu.Unlock()
 }
 
 // Drop removes a ready, unpinned key (see Pool.Drop).
@@ -128,3 +199,12 @@ func (s *Shared) Stats() Stats {
 func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
 
 func (s *Shared) PageBytes() int64 { return s.pool.PageBytes() }
+
+// Chunk is chunk i's extents.
+func (l *Located) Chunk(i int) []Extent {
+	lo := 0
+	if i > 0 {
+		lo = l.Ends[i-1]
+	}
+	return l.Ext[lo:l.Ends[i]]
+}

@@ -39,9 +39,9 @@ func TestSharedConcurrentUse(t *testing.T) {
 					s.CompleteStore(prep.Keys, okSums(prep.Keys, i%7 != 0))
 				}
 				if err := s.PrepareLoad(keys); err == nil {
-					ext, ends, _, err := s.Locate(keys, nil, nil, nil)
-					if err != nil || len(ends) != len(keys) || ends[len(ends)-1] != len(ext) {
-						errs <- fmt.Errorf("locate %v: %v %v %v", keys, ext, ends, err)
+					loc, err := s.Locate(keys)
+					if err != nil || len(loc.Ends) != len(keys) || loc.Ends[len(keys)-1] != len(loc.Ext) {
+						errs <- fmt.Errorf("locate %v: %+v %v", keys, loc, err)
 						return
 					}
 					s.CompleteLoad(keys)

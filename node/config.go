@@ -72,6 +72,13 @@ type Config struct {
 	// to chunk sizes as needed, and a chunk larger than a page spans several.
 	// A page wastes under 1/16 of itself whatever the chunk sizes.
 	PoolPageBytes int64 `json:"pool_page_bytes"`
+	// DiskDir turns on the disk tier: chunks evicted from host memory are
+	// written there (one file per chunk) instead of vanishing, and the
+	// directory is re-indexed at start. Empty: no disk tier (the default).
+	DiskDir string `json:"disk_dir"`
+	// DiskBytes is the disk tier's budget of chunk bytes (required with
+	// DiskDir); past it the least recently used chunks are deleted.
+	DiskBytes int64 `json:"disk_bytes"`
 }
 
 // Defaults.
@@ -137,6 +144,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: pool bytes %d < 0", ErrConfig, c.PoolBytes)
 	case c.PoolPageBytes < 0:
 		return fmt.Errorf("%w: pool page bytes %d < 0", ErrConfig, c.PoolPageBytes)
+	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
+		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case !validPrefix(c.Prefix):

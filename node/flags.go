@@ -88,6 +88,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	// pool
 	size(&c.PoolPageBytes, "pool-page-bytes", hostpool.DefaultPageBytes,
 		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
+	str(&c.DiskDir, "disk-dir", "", "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
+	size(&c.DiskBytes, "disk-bytes", 0, "disk tier budget (required with --disk-dir)")
 	// Secrets come from the environment only, never a flag (ps would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 	return flags, firstErr

@@ -1,9 +1,12 @@
 package node
 
 import (
+	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -12,6 +15,7 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -77,7 +81,9 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
-	if err := rec.store.PrepareLoad(keys); err != nil {
+	evicted, err := rec.store.PrepareLoad(keys)
+	n.evicted(ctx, engineID, evicted) // room for chunks read back from disk
+	if err != nil {
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
 	}
@@ -85,4 +91,41 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
 		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
 			Bytes: store.CopyBytes(rec.layout, chunks), Reply: m.Reply, Ctx: ctx}))
+}
+
+// evicted announces keys evicted from host memory outside a store decision
+// (a load making room to read chunks back from disk): BlockRemoved, medium
+// CPU, one event per group.
+func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	n.metrics.Evictions.Add(float64(len(keys)))
+	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockRemoved, messages.MediumCPU, keys))
+}
+
+// diskChanged announces the disk tier's writes and deletions (medium DISK)
+// on the engine that spilled the chunks.
+func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
+	if n.outbox == nil {
+		return
+	}
+	ctx := context.Background()
+	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockStored, messages.MediumDisk, stored))
+	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockRemoved, messages.MediumDisk, removed))
+}
+
+// kvEvents groups keys into one event per group, block hashes in hex.
+func kvEvents(typ, medium string, keys []messages.Key) []messages.KVEvent {
+	var out []messages.KVEvent
+	for _, k := range keys {
+		hash, g := sched.SplitKey(k)
+		i := slices.IndexFunc(out, func(e messages.KVEvent) bool { return e.GroupIdx == g })
+		if i < 0 {
+			i = len(out)
+			out = append(out, messages.KVEvent{Type: typ, GroupIdx: g, Medium: medium})
+		}
+		out[i].BlockHashes = append(out[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+	}
+	return out
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/store"
@@ -45,6 +46,7 @@ type Node struct {
 	backend  backend.Backend
 	arena    backend.Arena
 	store    *store.Store // owns the pool and the arena's contents
+	disk     *disk.Disk   // the disk tier; nil without --disk-dir
 	system   *actor.ActorSystem
 	transfer *actor.PID
 
@@ -125,7 +127,16 @@ func (n *Node) startBackend() error {
 	if n.arena, err = n.backend.AllocArena(n.cfg.PoolBytes); err != nil {
 		return fmt.Errorf("allocate pool arena of %d bytes: %w", n.cfg.PoolBytes, err)
 	}
-	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.metrics)
+	if n.cfg.DiskDir != "" {
+		if n.disk, err = disk.Open(disk.Config{Dir: n.cfg.DiskDir, Bytes: n.cfg.DiskBytes}, n.diskChanged); err != nil {
+			return fmt.Errorf("disk tier: %w", err)
+		}
+		metrics.RegisterDisk(n.cfg.Registry, n.disk.Stats)
+		st := n.disk.Stats()
+		n.log.Info("disk tier opened", "dir", n.cfg.DiskDir, "chunks", st.Chunks, "bytes", st.Bytes,
+			"discarded", st.Discarded)
+	}
+	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics)
 	if n.cfg.SlotBytes != 0 {
 		n.log.Warn("--slot-bytes is deprecated and ignored: the pool takes any chunk size", "slot_bytes", n.cfg.SlotBytes)
 	}
@@ -277,6 +288,9 @@ func (n *Node) teardown() {
 	}
 	if n.system != nil {
 		n.system.Shutdown()
+	}
+	if n.disk != nil { // after the actors (no more spills), before NATS (it announces the last writes)
+		n.disk.Close()
 	}
 	if n.nc != nil {
 		if n.nc.IsConnected() { // with the server gone, Flush would wait out its timeout

@@ -60,7 +60,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
 	}
-	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(lay, dev),
+	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
 		Engine: id, Outbox: n.outbox, Metrics: n.metrics, Log: n.log.With("engine", id), Closed: rec.closed,

@@ -7,6 +7,7 @@ import (
 	"math"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
@@ -15,34 +16,44 @@ import (
 
 // ErrCorrupt means a stored chunk's bytes no longer match the CRC-32C taken
 // when they were copied in; it comes wrapped in a *hostpool.KeyError naming
-// the key. The chunk was dropped and none of the load's bytes reached the
-// device (PROTOCOL.md, "Integrity").
+// the key. The chunk was dropped and none of its bytes reached the device
+// (PROTOCOL.md, "Integrity").
 var ErrCorrupt = errors.New("store: chunk checksum mismatch")
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// Store owns a node's host pool and arena. Safe for concurrent use: the pool
-// is behind one mutex (hostpool.Shared), and the arena bytes of a chunk are
-// only written while its key is pending and only read while it is pinned.
+// Store owns a node's host pool and arena, and the disk tier below them when
+// there is one. Safe for concurrent use: the pool is behind one mutex
+// (hostpool.Shared), and the arena bytes of a chunk are only written while
+// its key is pending and only read while it is pinned.
 type Store struct {
 	pool    *hostpool.Shared
 	arena   backend.Arena
+	disk    *disk.Disk // nil: no disk tier
 	metrics *metrics.Metrics
 }
 
 // New returns the store over arena, its pool cut into pages of pageBytes
-// (hostpool.DefaultPageBytes when <= 0).
-func New(arena backend.Arena, pageBytes int64, m *metrics.Metrics) *Store {
-	return &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, metrics: m}
+// (hostpool.DefaultPageBytes when <= 0), with the disk tier d (nil: none).
+func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Metrics) *Store {
+	s := &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, disk: d, metrics: m}
+	s.pool.SetKeepVictims(d != nil)
+	return s
 }
 
 // Stats is the pool's usage.
 func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 
-// Ready reports whether key is stored and loadable (a lookup hit).
+// Ready reports whether key can be loaded: stored in host memory, or on disk.
 func (s *Store) Ready(key messages.Key) bool {
-	st, _ := s.pool.Lookup(key)
-	return st == hostpool.Ready
+	if st, _ := s.pool.Lookup(key); st == hostpool.Ready {
+		return true
+	}
+	if s.disk != nil {
+		_, _, ok := s.disk.Has(key)
+		return ok
+	}
+	return false
 }
 
 // Fits reports whether a chunk of size bytes can be stored at all (it is not
@@ -52,25 +63,54 @@ func (s *Store) Fits(size int64) bool { return size <= s.pool.Capacity() }
 // Engine is the store as one engine's copies use it: its layout and device.
 type Engine struct {
 	s   *Store
+	id  string
 	lay *sched.Layout
 	dev backend.Device
 }
 
-// Engine binds the store to an engine's layout and device.
-func (s *Store) Engine(lay *sched.Layout, dev backend.Device) *Engine {
-	return &Engine{s: s, lay: lay, dev: dev}
+// Engine binds the store to an engine's id, layout and device.
+func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Device) *Engine {
+	return &Engine{s: s, id: id, lay: lay, dev: dev}
 }
 
-// Layout is the engine's layout.
-func (e *Engine) Layout() *sched.Layout { return e.lay }
-
-// PrepareStore makes room for a decision's chunks (sched.Preparer).
+// PrepareStore makes room for a decision's chunks (sched.Preparer). With a
+// disk tier the evicted chunks' bytes are copied out here, before the job
+// that reuses their room is submitted, and queued for the disk writer.
 func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error) {
-	return e.s.pool.PrepareStore(keys, sizes)
+	prep, err := e.s.pool.PrepareStore(keys, sizes)
+	e.spill(prep.Victims)
+	return prep, err
 }
 
-// PrepareLoad pins the keys of a load (all ready) and touches them.
-func (e *Engine) PrepareLoad(keys []messages.Key) error { return e.s.pool.PrepareLoad(keys) }
+func (e *Engine) spill(victims []hostpool.Victim) {
+	b := e.s.arena.Bytes()
+	for _, v := range victims {
+		var n int64
+		for _, x := range v.Extents {
+			n += x.Len
+		}
+		data := make([]byte, 0, n)
+		for _, x := range v.Extents {
+			data = append(data, b[x.Off:x.Off+x.Len]...)
+		}
+		e.s.disk.Spill(e.id, v.Key, v.Sum, data)
+	}
+}
+
+// PrepareLoad readies the keys of a load: pinned in host memory, or given
+// room there to be read back from disk by the load's Copy. It returns the
+// keys evicted from host memory to make that room.
+func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
+	if e.s.disk == nil {
+		return nil, e.s.pool.PrepareLoad(keys)
+	}
+	_, prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
+		size, _, ok := e.s.disk.Has(k)
+		return size, ok
+	})
+	e.spill(prep.Victims)
+	return prep.Evicted, err
+}
 
 // tileBytes bounds the copy bytes of one device call: a job is copied a tile
 // of whole chunks at a time, and each tile's checksums are taken (store) or
@@ -81,22 +121,28 @@ const tileBytes = 512 << 10
 
 // Copy runs one job's copies and completes the pool: a store's chunks become
 // ready with their checksums, computed tile by tile as they are copied in (or
-// are freed if a copy failed); a load's chunks are verified tile by tile
-// before the tile is copied, then unpinned. A load that finds a corrupt chunk
-// stops there: that chunk's bytes never reach the device (earlier tiles
-// have, which is harmless: the load fails as a whole), the chunk is dropped,
-// and the error is ErrCorrupt in a *hostpool.KeyError naming it.
+// are freed if a copy failed); a load first reads back any chunk that is on
+// disk only (disk to host, verified), then verifies each tile before copying
+// it, then unpins. A load that finds a corrupt chunk stops there: that
+// chunk's bytes never reach the device (earlier tiles have, which is
+// harmless: the load fails as a whole), the chunk is dropped, and the error
+// is ErrCorrupt in a *hostpool.KeyError naming it.
 func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	keys := keysOf(chunks)
-	ext, ends, sums, err := e.s.pool.Locate(keys, nil, make([]int, 0, len(keys)), make([]uint32, 0, len(keys)))
+	loc, err := e.s.pool.Locate(keys)
 	if err != nil { // a bug: a job's keys are pending or pinned until it completes
 		e.complete(dir, keys, nil)
 		return fmt.Errorf("store: %w", err)
 	}
+	if dir == backend.HostToDevice {
+		if err := e.fetch(keys, &loc); err != nil {
+			return err
+		}
+	}
 	var ranges []backend.Range
 	for lo := 0; lo < len(chunks); {
 		if size := e.lay.Groups[chunks[lo].Group].ChunkBytes; size > tileBytes {
-			if err := e.copyLarge(dir, keys, chunks, ext, ends, sums, lo, size); err != nil {
+			if err := e.copyLarge(dir, keys, chunks, &loc, lo, size); err != nil {
 				return err
 			}
 			lo++
@@ -108,13 +154,13 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 			n += e.lay.Groups[chunks[hi].Group].ChunkBytes
 		}
 		if dir == backend.HostToDevice {
-			if err := e.verify(keys, ext, ends, sums, lo, hi); err != nil {
+			if err := e.verify(keys, &loc, lo, hi); err != nil {
 				return err
 			}
 		}
 		ranges = ranges[:0]
 		for i := lo; i < hi; i++ {
-			ranges = appendRanges(e.lay, &chunks[i], ext[start(ends, i):ends[i]], ranges)
+			ranges = appendRanges(e.lay, &chunks[i], loc.Chunk(i), ranges)
 		}
 		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
 			e.complete(dir, keys, nil)
@@ -122,11 +168,12 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 		}
 		if dir == backend.DeviceToHost {
 			for i := lo; i < hi; i++ {
-				sums[i] = e.s.checksum(ext[start(ends, i):ends[i]], 0, math.MaxInt64, 0)
+				loc.Sums[i] = e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0)
 			}
 		}
 		lo = hi
 	}
+	sums := loc.Sums
 	if dir == backend.HostToDevice {
 		sums = nil
 	}
@@ -134,14 +181,48 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	return nil
 }
 
+// fetch reads the load's chunks that are pending (given room by PrepareLoad
+// to come back from disk) into host memory, then makes them ready and
+// pinned. A chunk that cannot be read back fails the load naming it.
+func (e *Engine) fetch(keys []messages.Key, loc *located) error {
+	var fetched []messages.Key
+	var sums []uint32
+	b := e.s.arena.Bytes()
+	for i, k := range keys {
+		if loc.States[i] != hostpool.Pending {
+			e.s.metrics.PoolHits.Inc()
+			continue
+		}
+		var dst [][]byte
+		for _, x := range loc.Chunk(i) {
+			dst = append(dst, b[x.Off:x.Off+x.Len])
+		}
+		sum, err := e.s.disk.ReadInto(e.id, k, dst)
+		if err != nil {
+			e.s.pool.CompleteStore(keys, nil) // frees every key still pending
+			e.s.pool.CompleteLoad(keys)
+			if errors.Is(err, disk.ErrCorrupt) {
+				e.s.metrics.Corrupt.Inc()
+			}
+			return &hostpool.KeyError{Key: k, Err: err}
+		}
+		loc.Sums[i] = sum
+		fetched, sums = append(fetched, k), append(sums, sum)
+	}
+	if len(fetched) > 0 {
+		e.s.pool.CompleteStorePinned(fetched, sums)
+	}
+	return nil
+}
+
 // copyLarge copies chunk i, larger than a tile, a tile-sized window at a
 // time; a store checksums each window after its copy, a load verifies the
 // whole chunk before its first window moves.
-func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []sched.JobChunk,
-	ext []hostpool.Extent, ends []int, sums []uint32, i int, size int64) error {
-	cext := ext[start(ends, i):ends[i]]
+func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []sched.JobChunk, loc *located,
+	i int, size int64) error {
+	cext := loc.Chunk(i)
 	if dir == backend.HostToDevice {
-		if err := e.verify(keys, ext, ends, sums, i, i+1); err != nil {
+		if err := e.verify(keys, loc, i, i+1); err != nil {
 			return err
 		}
 	}
@@ -159,27 +240,24 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 		}
 	}
 	if dir == backend.DeviceToHost {
-		sums[i] = sum
+		loc.Sums[i] = sum
 	}
 	return nil
 }
 
-// start is where chunk i's extents begin.
-func start(ends []int, i int) int {
-	if i == 0 {
-		return 0
-	}
-	return ends[i-1]
-}
+// located is hostpool.Located with its per-chunk view.
+type located = hostpool.Located
 
 // Abort completes a job that never ran (cancelled while queued): a store's
-// pending chunks are freed, a load's unpinned.
+// pending chunks are freed, a load's unpinned (and any room it held for
+// chunks to read back from disk freed).
 func (e *Engine) Abort(dir backend.Direction, chunks []sched.JobChunk) {
 	e.complete(dir, keysOf(chunks), nil)
 }
 
 func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uint32) {
 	if dir == backend.HostToDevice {
+		e.s.pool.CompleteStore(keys, nil) // a load's keys still pending were never read back
 		e.s.pool.CompleteLoad(keys)
 		return
 	}
@@ -188,14 +266,14 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 
 // verify checks chunks [lo, hi) of a load against their checksums. On a
 // mismatch the load is unpinned and the chunk dropped.
-func (e *Engine) verify(keys []messages.Key, ext []hostpool.Extent, ends []int, sums []uint32, lo, hi int) error {
+func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
 	for i := lo; i < hi; i++ {
-		if got := e.s.checksum(ext[start(ends, i):ends[i]], 0, math.MaxInt64, 0); got != sums[i] {
+		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
 			e.s.pool.CompleteLoad(keys)
 			e.s.pool.Drop(keys[i])
 			e.s.metrics.Corrupt.Inc()
 			return &hostpool.KeyError{Key: keys[i],
-				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, sums[i])}
+				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}
 		}
 	}
 	return nil

@@ -57,8 +57,8 @@ func fixture(t *testing.T, bpc int, poolBytes, pageBytes int64) (*Store, *Engine
 		dev.mem[i] = byte(i*7 + i/251)
 	}
 	m := metrics.Discard()
-	s := New(heapArena(make([]byte, poolBytes)), pageBytes, m)
-	return s, s.Engine(l, dev), dev, m
+	s := New(heapArena(make([]byte, poolBytes)), pageBytes, nil, m)
+	return s, s.Engine("e", l, dev), dev, m
 }
 
 func chunk(key string, ids ...messages.BlockID) sched.JobChunk {
@@ -91,7 +91,8 @@ func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
 	}
 	storeChunks(t, e, chunk("k1", ids(1)...))
 	require.True(t, s.Ready("k1"))
-	ext, _, sums, err := s.pool.Locate([]messages.Key{"k1"}, nil, nil, nil)
+	loc, err := s.pool.Locate([]messages.Key{"k1"})
+	ext, sums := loc.Ext, loc.Sums
 	require.NoError(t, err)
 	require.Greater(t, len(ext), 1, "the chunk spans pieces")
 	var want []byte
@@ -100,7 +101,8 @@ func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
 	}
 	require.Equal(t, crc32.Checksum(want, castagnoli), sums[0])
 
-	require.NoError(t, e.PrepareLoad([]messages.Key{"k1"}))
+	_, err = e.PrepareLoad([]messages.Key{"k1"})
+	require.NoError(t, err)
 	target := ids(13)[:48]
 	for i := range target {
 		target[i] = 13 + messages.BlockID(i%12) // 12 fresh blocks (a repeated id gets the last write)
@@ -119,11 +121,13 @@ func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
 func TestCorruptChunkFailsLoadBeforeAnyCopy(t *testing.T) {
 	s, e, dev, m := fixture(t, 2, 16<<10, 0)
 	storeChunks(t, e, chunk("a", 1, 2), chunk("b", 3, 4))
-	ext, _, _, err := s.pool.Locate([]messages.Key{"b"}, nil, nil, nil)
+	loc, err := s.pool.Locate([]messages.Key{"b"})
+	ext := loc.Ext
 	require.NoError(t, err)
 	s.arena.Bytes()[ext[0].Off+5] ^= 1
 
-	require.NoError(t, e.PrepareLoad([]messages.Key{"a", "b"}))
+	_, err = e.PrepareLoad([]messages.Key{"a", "b"})
+	require.NoError(t, err)
 	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 10, 11), chunk("b", 12, 13)})
 	require.ErrorIs(t, err, ErrCorrupt)
 	var ke *hostpool.KeyError
@@ -149,7 +153,8 @@ func TestFailedAndAbortedJobsComplete(t *testing.T) {
 	require.Zero(t, s.Stats().Used)
 	dev.fail = nil
 	storeChunks(t, e, chunk("z", 3))
-	require.NoError(t, e.PrepareLoad([]messages.Key{"z"}))
+	_, err = e.PrepareLoad([]messages.Key{"z"})
+	require.NoError(t, err)
 	require.Equal(t, 1, s.Stats().Pinned)
 	e.Abort(backend.HostToDevice, []sched.JobChunk{chunk("z", 4)})
 	require.Zero(t, s.Stats().Pinned)
@@ -166,8 +171,8 @@ func TestLargeChunkWindows(t *testing.T) {
 	for i := range dev.mem {
 		dev.mem[i] = byte(i*7 + i/251)
 	}
-	s := New(heapArena(make([]byte, 4<<20)), 1<<20, metrics.Discard())
-	e := s.Engine(l, dev)
+	s := New(heapArena(make([]byte, 4<<20)), 1<<20, nil, metrics.Discard())
+	e := s.Engine("e", l, dev)
 	src := make([]messages.BlockID, 20)
 	for i := range src {
 		src[i] = messages.BlockID(1 + i)
@@ -177,7 +182,8 @@ func TestLargeChunkWindows(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, prep.Keys, 1)
 	require.NoError(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("big", src...)}))
-	ext, _, sums, err := s.pool.Locate([]messages.Key{"big"}, nil, nil, nil)
+	loc, err := s.pool.Locate([]messages.Key{"big"})
+	ext, sums := loc.Ext, loc.Sums
 	require.NoError(t, err)
 	require.Len(t, ext, 2, "a page and a 256 KiB slot")
 	var logical []byte
@@ -195,7 +201,8 @@ func TestLargeChunkWindows(t *testing.T) {
 	for i := range dst {
 		dst[i] = messages.BlockID(25 + i%20)
 	}
-	require.NoError(t, e.PrepareLoad([]messages.Key{"big"}))
+	_, err = e.PrepareLoad([]messages.Key{"big"})
+	require.NoError(t, err)
 	dev.in = 0
 	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)}))
 	require.Equal(t, int64(20*bb), dev.in)
@@ -204,7 +211,8 @@ func TestLargeChunkWindows(t *testing.T) {
 	}
 
 	s.arena.Bytes()[ext[1].Off+ext[1].Len-1] ^= 0x80 // the last byte of the chunk
-	require.NoError(t, e.PrepareLoad([]messages.Key{"big"}))
+	_, err = e.PrepareLoad([]messages.Key{"big"})
+	require.NoError(t, err)
 	dev.in = 0
 	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)})
 	require.ErrorIs(t, err, ErrCorrupt)

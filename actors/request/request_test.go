@@ -62,7 +62,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	st := store.New(heapArena(make([]byte, 16*8)), 8, metrics.Discard()).Engine(lay, nopDevice{})
+	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.Discard()).Engine("e", lay, nopDevice{})
 	deps := request.Deps{Engine: "e", Layout: lay, Store: st, Transfer: xfer,
 		Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}

@@ -1,0 +1,121 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+func withDisk(dir string) func(*node.Config) {
+	return func(c *node.Config) { c.DiskDir, c.DiskBytes = dir, 1<<20 }
+}
+
+// recvKV waits for a kv_events batch whose first event is typ on medium.
+func recvKV(t *testing.T, te *testEngine, typ, medium string) messages.KVEvent {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case b := <-te.kv:
+			if len(b.Events) > 0 && b.Events[0].Type == typ && b.Events[0].Medium == medium {
+				return b.Events[0]
+			}
+		case <-deadline:
+			t.Fatalf("no %s on %s", typ, medium)
+		}
+	}
+}
+
+// Issue 12, disk tier: chunks evicted from host memory are written to disk
+// (BlockStored, medium DISK) instead of vanishing; lookup counts them; a
+// load brings them back disk → host → device byte-identical; after a
+// restart the node re-indexes the directory and serves them again; a chunk
+// corrupted on disk is never loaded (error naming it, BlockRemoved DISK).
+func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
+	diskDir := t.TempDir()
+	e := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	old := []string{hash("old", 0), hash("old", 1)}
+	te.fill(0, 1, 7)
+	te.fill(0, 2, 7)
+	want := append(bytes.Clone(te.block(0, 1)), te.block(0, 2)...)
+	te.send(added("a", 8), hashesEv("a", 0, old...), blocksEv("a", 0, 0, 1, 2), tokensEv("a", 8, 8))
+	recv(t, te.stored, "old prefix stored")
+	te.send(added("b", 8), hashesEv("b", 0, hash("new", 0), hash("new", 1)), blocksEv("b", 0, 0, 3, 4),
+		tokensEv("b", 8, 8))
+	recv(t, te.stored, "new prefix stored (evicting old)")
+	recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU)
+	var onDisk []string // the writer announces each chunk as it lands
+	for len(onDisk) < len(old) {
+		onDisk = append(onDisk, recvKV(t, te, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
+	}
+	require.ElementsMatch(t, old, onDisk, "the evicted chunks reached the disk")
+	require.Equal(t, 8, te.lookup(old), "lookup counts disk chunks")
+
+	load := func(te *testEngine, dst []int) {
+		t.Helper()
+		te.fill(0, messages.BlockID(dst[0]), 0)
+		te.fill(0, messages.BlockID(dst[1]), 0)
+		r := te.loadInto("c", old, 8, dst)
+		require.True(t, r.OK, r.Error)
+		got := append(bytes.Clone(te.block(0, messages.BlockID(dst[0]))), te.block(0, messages.BlockID(dst[1]))...)
+		require.Equal(t, want, got, "disk → host → device, byte-identical")
+	}
+	load(te, []int{10, 11})
+	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_disk_hits_total", nil)/2, "two chunks read back")
+	recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU) // the new prefix made room
+	require.NoError(t, e.node.Close(context.Background()))
+
+	// Restart on the same directory: the index is rebuilt from the files.
+	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	te2 := e2.newEngine("e1", defaultOpts())
+	te2.register()
+	require.Equal(t, 8, te2.lookup(old), "the old prefix is found on disk after a restart")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := metricValue(t, e2.reg, "kvactors_disk_chunks", nil); n < 2 {
+			return fmt.Errorf("%v chunks indexed", n)
+		}
+		return nil
+	})
+	// new prefix chunks were spilled when old came back: both prefixes on disk
+	newKeys := []string{hash("new", 0), hash("new", 1)}
+	require.Equal(t, 8, te2.lookup(newKeys))
+
+	// Corrupt one of the new prefix's files: its load fails naming it.
+	files, err := filepath.Glob(filepath.Join(diskDir, "*.kv"))
+	require.NoError(t, err)
+	var target string
+	for _, f := range files {
+		if bytes.Contains([]byte(filepath.Base(f)), []byte(newKeys[1])) {
+			target = f
+		}
+	}
+	require.NotEmpty(t, target, "the file of %s", newKeys[1])
+	raw, err := os.ReadFile(target)
+	require.NoError(t, err)
+	raw[len(raw)-1] ^= 1
+	require.NoError(t, os.WriteFile(target, raw, 0o600))
+	te2.fill(0, 20, 3)
+	te2.fill(0, 21, 3)
+	before := append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...)
+	r := te2.loadInto("d", newKeys, 8, []int{20, 21})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, newKeys[1], "the error names the corrupt key")
+	require.Equal(t, before, append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...), "nothing reached the device")
+	removed := recvKV(t, te2, messages.KVBlockRemoved, messages.MediumDisk)
+	require.Equal(t, []string{newKeys[1]}, removed.BlockHashes)
+	require.Equal(t, 4, te2.lookup(newKeys), "the corrupt chunk is gone from every tier")
+	require.Zero(t, te2.sync().Pool.Pinned)
+	require.Zero(t, te2.sync().Pool.Pending, "no room left held for the failed read")
+}
