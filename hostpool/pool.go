@@ -94,11 +94,11 @@ type Pool struct {
 	freeRefs  []ref
 	index     map[messages.Key]ref
 	// LRU list of ready entries: head is least recently used.
-	head, tail ref
-	pending    int
-	pinned     int
-	dataBytes  int64
-	epoch      uint32
+	head, tail  ref
+	pending     int
+	pinned      int
+	dataBytes   int64
+	epoch       uint32
 	keepVictims bool
 	// scratch of PrepareStore
 	victims []ref
