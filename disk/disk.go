@@ -2,15 +2,14 @@ package disk
 
 import (
 	"container/list"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"hash/crc32"
 	"io"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -21,11 +20,15 @@ import (
 
 // Config is the disk tier's settings.
 type Config struct {
-	// Dir holds one file per chunk; created if missing.
+	// Dir holds the segment files; created if missing.
 	Dir string
-	// Bytes is the budget of chunk data on disk; past it the least recently
-	// used chunks are deleted.
+	// Bytes is the budget of live chunk data on disk; past it the least
+	// recently used chunks are dropped. Segment files may hold up to half as
+	// much again in dropped records before the oldest segment is deleted.
 	Bytes int64
+	// SegmentBytes is the size at which the writer starts a new segment
+	// (default: Bytes/16, at least 1 MiB, at most 256 MiB).
+	SegmentBytes int64
 	// QueueBytes bounds the spilled bytes waiting for the writer (default
 	// 64 MiB); a spill past it is dropped (counted), never waited for.
 	QueueBytes int64
@@ -36,21 +39,31 @@ var (
 	ErrConfig = errors.New("disk: bad config")
 	// ErrMissing means a chunk is not on disk (never was, or evicted).
 	ErrMissing = errors.New("disk: chunk not on disk")
-	// ErrCorrupt means a chunk's bytes on disk failed their checksum; the
-	// file was deleted.
+	// ErrCorrupt means a chunk's bytes on disk failed their checksum; it was
+	// dropped.
 	ErrCorrupt = errors.New("disk: chunk checksum mismatch")
 )
 
 // Notify is told, off any lock, which keys were written to (stored) or
-// deleted from (removed) the disk, for the engine that spilled them.
+// dropped from (removed) the disk, for the engine that spilled them.
 type Notify func(engine string, stored, removed []messages.Key)
 
 type item struct {
 	key    messages.Key
+	seg    *segment
+	off    int64 // where the data starts in the segment
 	size   int64
 	sum    uint32
 	engine string
 	elem   *list.Element
+}
+
+// segment is one append-only file of records.
+type segment struct {
+	id   int
+	f    *os.File
+	size int64 // bytes written (records whole or, at rebuild, verified)
+	live int   // indexed records in it
 }
 
 type spill struct {
@@ -65,24 +78,30 @@ type Disk struct {
 	cfg    Config
 	notify Notify
 
-	mu     sync.Mutex
-	items  map[messages.Key]*item
-	lru    *list.List // of *item; front is least recently used
-	used   int64
-	queued int64
-	closed bool
-	q      chan spill
-	done   chan struct{}
+	mu        sync.Mutex
+	items     map[messages.Key]*item
+	lru       *list.List // of *item; front is least recently used
+	segs      []*segment // oldest first; the last is being written
+	used      int64      // live data bytes
+	fileBytes int64      // bytes of every segment
+	queued    int64
+	closed    bool
+	q         chan spill
+	done      chan struct{}
 
 	hits, evictions, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed                             atomic.Int64
 }
 
-// Open rebuilds the index from cfg.Dir (verifying every record; deleting
-// temporary and bad files) and starts the writer.
+// Open rebuilds the index from cfg.Dir (verifying every record; cutting a
+// torn tail off a segment and skipping records that fail their checksum) and
+// starts the writer on a new segment.
 func Open(cfg Config, notify Notify) (*Disk, error) {
 	if cfg.Dir == "" || cfg.Bytes <= 0 {
 		return nil, fmt.Errorf("%w: dir %q, bytes %d", ErrConfig, cfg.Dir, cfg.Bytes)
+	}
+	if cfg.SegmentBytes <= 0 {
+		cfg.SegmentBytes = min(max(cfg.Bytes/16, 1<<20), 256<<20)
 	}
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = 64 << 20
@@ -96,86 +115,137 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 	d := &Disk{cfg: cfg, notify: notify, items: map[messages.Key]*item{}, lru: list.New(),
 		q: make(chan spill, 1<<16), done: make(chan struct{})}
 	if err := d.rebuild(); err != nil {
+		d.closeFiles()
+		return nil, err
+	}
+	if err := d.newSegment(); err != nil {
+		d.closeFiles()
 		return nil, err
 	}
 	go d.writer()
 	return d, nil
 }
 
-func (d *Disk) path(key messages.Key) string {
-	return filepath.Join(d.cfg.Dir, hex.EncodeToString([]byte(key))+".kv")
+const segSuffix = ".kvseg"
+
+// smallRecord: records up to this many data bytes are written in one call.
+const smallRecord = 64 << 10
+
+func (d *Disk) segPath(id int) string {
+	return filepath.Join(d.cfg.Dir, fmt.Sprintf("%08d%s", id, segSuffix))
 }
 
-// rebuild indexes every intact record, oldest first by modification time,
-// then trims to the budget.
+// rebuild indexes every intact record of every segment, in write order
+// (which is the LRU order it starts with), then trims to the budget.
 func (d *Disk) rebuild() error {
 	entries, err := os.ReadDir(d.cfg.Dir)
 	if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
-	type found struct {
-		it  *item
-		mod time.Time
-	}
-	var all []found
+	var ids []int
 	for _, e := range entries {
-		name := filepath.Join(d.cfg.Dir, e.Name())
-		switch {
-		case strings.HasSuffix(e.Name(), ".tmp"): // a write that never reached its rename
-			d.discard(name)
-			continue
-		case !strings.HasSuffix(e.Name(), ".kv") || !e.Type().IsRegular():
-			continue
+		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), segSuffix))
+		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() {
+			continue // not ours
 		}
-		it, err := verifyFile(name)
-		if err != nil || d.path(it.key) != name {
-			d.discard(name)
-			continue
-		}
-		info, err := e.Info()
-		if err != nil {
-			continue
-		}
-		all = append(all, found{it, info.ModTime()})
+		ids = append(ids, id)
 	}
-	slices.SortStableFunc(all, func(a, b found) int { return a.mod.Compare(b.mod) })
-	for _, f := range all {
-		f.it.elem = d.lru.PushBack(f.it)
-		d.items[f.it.key] = f.it
-		d.used += f.it.size
+	slices.Sort(ids)
+	for _, id := range ids {
+		f, err := os.OpenFile(d.segPath(id), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("disk: %w", err)
+		}
+		seg := &segment{id: id, f: f}
+		d.segs = append(d.segs, seg)
+		if err := d.scan(seg); err != nil {
+			return err
+		}
+		d.fileBytes += seg.size
 	}
 	for d.used > d.cfg.Bytes {
 		d.evictFront()
 	}
+	d.dropDead()
 	return nil
 }
 
-func (d *Disk) discard(name string) {
-	d.discarded.Add(1)
-	_ = os.Remove(name)
+// scan indexes seg's records. A record that ends past the file or whose
+// header fails its checksum is a torn write: the segment is cut there. A
+// whole record whose data fails its checksum is skipped.
+func (d *Disk) scan(seg *segment) error {
+	r := &countReader{r: seg.f}
+	for {
+		start := r.n
+		h, err := readHeader(r)
+		if errors.Is(err, errEOF) {
+			break
+		}
+		if err == nil {
+			hash := crc32.New(castagnoli)
+			var n int64
+			n, err = io.CopyN(hash, r, h.size)
+			if err == nil && hash.Sum32() != h.sum {
+				d.discarded.Add(1) // bit rot in a whole record: skip it
+				continue
+			}
+			_ = n
+		}
+		if err != nil { // torn: cut the tail
+			d.discarded.Add(1)
+			if terr := seg.f.Truncate(start); terr != nil {
+				return fmt.Errorf("disk: cut torn tail of %s: %w", seg.f.Name(), terr)
+			}
+			r.n = start
+			break
+		}
+		key := messages.Key(h.key)
+		if old, ok := d.items[key]; ok { // written again later: the later record wins
+			d.unindex(old)
+		}
+		it := &item{key: key, seg: seg, off: start + int64(h.len), size: h.size, sum: h.sum}
+		d.index(it)
+	}
+	seg.size = r.n
+	return nil
 }
 
-// verifyFile reads a whole record and checks both checksums and its length.
-func verifyFile(name string) (*item, error) {
-	f, err := os.Open(name)
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (d *Disk) index(it *item) {
+	it.elem = d.lru.PushBack(it)
+	d.items[it.key] = it
+	d.used += it.size
+	it.seg.live++
+}
+
+func (d *Disk) unindex(it *item) {
+	d.lru.Remove(it.elem)
+	delete(d.items, it.key)
+	d.used -= it.size
+	it.seg.live--
+}
+
+func (d *Disk) newSegment() error {
+	id := 1
+	if n := len(d.segs); n > 0 {
+		id = d.segs[n-1].id + 1
+	}
+	f, err := os.OpenFile(d.segPath(id), os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, err
+		return fmt.Errorf("disk: %w", err)
 	}
-	defer f.Close()
-	h, err := readHeader(f)
-	if err != nil {
-		return nil, err
-	}
-	hash := crc32.New(castagnoli)
-	n, err := io.Copy(hash, f)
-	if err != nil {
-		return nil, err
-	}
-	if n != h.size || hash.Sum32() != h.sum {
-		return nil, fmt.Errorf("%w: %d of %d bytes, checksum %08x, want %08x", ErrBadRecord, n, h.size,
-			hash.Sum32(), h.sum)
-	}
-	return &item{key: messages.Key(h.key), size: h.size, sum: h.sum}, nil
+	d.segs = append(d.segs, &segment{id: id, f: f})
+	return nil
 }
 
 // Spill queues a chunk evicted from host memory for writing; sum is its
@@ -212,8 +282,9 @@ func (d *Disk) writer() {
 	}
 }
 
-// write puts one record in place (temporary name, then rename) and indexes
-// it, evicting least recently used chunks past the budget.
+// write appends one record to the current segment and indexes it, dropping
+// least recently used chunks past the budget. Only the writer calls it, so
+// the current segment's size changes nowhere else.
 func (d *Disk) write(sp spill) {
 	if crc32.Checksum(sp.data, castagnoli) != sp.sum {
 		d.raced.Add(1) // the host bytes were reused before they were copied out
@@ -223,62 +294,85 @@ func (d *Disk) write(sp spill) {
 		d.dropped.Add(1)
 		return
 	}
-	start := time.Now()
-	name := d.path(sp.key)
-	if err := writeFile(name, string(sp.key), sp.sum, sp.data); err != nil {
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	full := seg.size > 0 && seg.size+int64(len(sp.data)) > d.cfg.SegmentBytes
+	var err error
+	if full {
+		err = d.newSegment()
+		seg = d.segs[len(d.segs)-1]
+	}
+	d.mu.Unlock()
+	if err != nil {
 		d.failed.Add(1)
+		return
+	}
+	start := time.Now()
+	hdr := appendHeader(nil, string(sp.key), int64(len(sp.data)), sp.sum)
+	if len(sp.data) <= smallRecord { // one syscall: the copy is cheaper than the second write
+		_, err = seg.f.Write(append(hdr, sp.data...))
+	} else if _, err = seg.f.Write(hdr); err == nil {
+		_, err = seg.f.Write(sp.data)
+	}
+	if err != nil { // cut what was written: the segment stays a run of whole records
+		d.failed.Add(1)
+		_ = seg.f.Truncate(seg.size)
 		return
 	}
 	d.writeNanos.Add(int64(time.Since(start)))
 	d.writeBytes.Add(int64(len(sp.data)))
 	d.mu.Lock()
-	if _, ok := d.items[sp.key]; ok {
-		d.mu.Unlock()
-		return
+	off := seg.size + int64(len(hdr))
+	seg.size = off + int64(len(sp.data))
+	d.fileBytes += int64(len(hdr) + len(sp.data))
+	if old, ok := d.items[sp.key]; ok {
+		d.unindex(old)
 	}
-	it := &item{key: sp.key, size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine}
-	it.elem = d.lru.PushBack(it)
-	d.items[sp.key] = it
-	d.used += it.size
+	d.index(&item{key: sp.key, seg: seg, off: off, size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
 	var removed []*item
 	for d.used > d.cfg.Bytes {
 		removed = append(removed, d.evictFront())
 	}
+	removed = append(removed, d.dropDead()...)
 	d.mu.Unlock()
 	d.notify(sp.engine, []messages.Key{sp.key}, nil)
 	d.announce(removed, sp.engine)
 }
 
-func writeFile(name, key string, sum uint32, data []byte) error {
-	tmp := name + ".tmp"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(appendHeader(make([]byte, 0, headerLen(key)), key, int64(len(data)), sum))
-	if err == nil {
-		_, err = f.Write(data)
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil {
-		err = os.Rename(tmp, name)
-	}
-	if err != nil {
-		_ = os.Remove(tmp)
-	}
-	return err
+// evictFront drops the least recently used chunk. Caller holds d.mu.
+func (d *Disk) evictFront() *item {
+	it := d.lru.Front().Value.(*item)
+	d.unindex(it)
+	d.evictions.Add(1)
+	return it
 }
 
-// evictFront deletes the least recently used chunk. Caller holds d.mu.
-func (d *Disk) evictFront() *item {
-	it := d.lru.Remove(d.lru.Front()).(*item)
-	delete(d.items, it.key)
-	d.used -= it.size
-	d.evictions.Add(1)
-	_ = os.Remove(d.path(it.key))
-	return it
+// dropDead deletes old segments with no live record, and while the files
+// hold more than half the budget again in dropped records, the oldest
+// segment with the live records still in it (counted as evictions). Caller
+// holds d.mu; it returns the chunks dropped.
+func (d *Disk) dropDead() []*item {
+	var removed []*item
+	for len(d.segs) > 1 {
+		seg := d.segs[0]
+		if seg.live > 0 && d.fileBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
+			break
+		}
+		for e := d.lru.Front(); e != nil && seg.live > 0; {
+			next := e.Next()
+			if it := e.Value.(*item); it.seg == seg {
+				d.unindex(it)
+				d.evictions.Add(1)
+				removed = append(removed, it)
+			}
+			e = next
+		}
+		d.segs = d.segs[1:]
+		d.fileBytes -= seg.size
+		_ = seg.f.Close()
+		_ = os.Remove(seg.f.Name())
+	}
+	return removed
 }
 
 // announce tells Notify about removed items, grouped by the engine that
@@ -309,10 +403,21 @@ func (d *Disk) Has(key messages.Key) (size int64, sum uint32, ok bool) {
 	return it.size, it.sum, true
 }
 
+// Where is the segment file and data offset of key (tests and tools).
+func (d *Disk) Where(key messages.Key) (path string, off int64, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	it, ok := d.items[key]
+	if !ok {
+		return "", 0, false
+	}
+	return it.seg.f.Name(), it.off, true
+}
+
 // ReadInto reads key's bytes into dst, in order (the host extents its load
 // made room for), checking them against the record's checksum, and returns
 // that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
-// is deleted and reported as ErrCorrupt (Notify hears it as removed, for
+// is dropped and reported as ErrCorrupt (Notify hears it as removed, for
 // engine if the chunk was found at open).
 func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
 	start := time.Now()
@@ -325,69 +430,52 @@ func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, 
 	if !ok {
 		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
 	}
-	sum, n, err := readRecord(d.path(key), key, dst)
-	if errors.Is(err, fs.ErrNotExist) { // evicted since the index was read
-		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
+	var want int64
+	for _, b := range dst {
+		want += int64(len(b))
+	}
+	if want != it.size {
+		return 0, fmt.Errorf("disk: key %x: %d bytes on disk, %d asked", string(key), it.size, want)
+	}
+	var sum uint32
+	off := it.off
+	var err error
+	for _, b := range dst {
+		if _, err = it.seg.f.ReadAt(b, off); err != nil {
+			break
+		}
+		sum = crc32.Update(sum, castagnoli, b)
+		off += int64(len(b))
 	}
 	if err != nil {
+		if _, _, still := d.Has(key); !still { // dropped, its segment deleted, while we read
+			return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
+		}
 		d.Drop(engine, key)
 		return 0, fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
 	}
 	if sum != it.sum {
 		d.Drop(engine, key)
-		return 0, fmt.Errorf("%w: key %x: checksum %08x, indexed %08x", ErrCorrupt, string(key), sum, it.sum)
+		return 0, fmt.Errorf("%w: key %x: checksum %08x, stored %08x", ErrCorrupt, string(key), sum, it.sum)
 	}
 	d.hits.Add(1)
-	d.readBytes.Add(n)
+	d.readBytes.Add(want)
 	d.readNanos.Add(int64(time.Since(start)))
 	return sum, nil
 }
 
-func readRecord(name string, key messages.Key, dst [][]byte) (uint32, int64, error) {
-	f, err := os.Open(name)
-	if err != nil {
-		return 0, 0, err
-	}
-	defer f.Close()
-	h, err := readHeader(f)
-	if err != nil {
-		return 0, 0, err
-	}
-	var want int64
-	for _, b := range dst {
-		want += int64(len(b))
-	}
-	if h.key != string(key) || h.size != want {
-		return 0, 0, fmt.Errorf("%w: record of key %x, %d bytes; want %d", ErrBadRecord, h.key, h.size, want)
-	}
-	var sum uint32
-	for _, b := range dst {
-		if _, err := io.ReadFull(f, b); err != nil {
-			return 0, 0, fmt.Errorf("%w: %v", ErrBadRecord, err)
-		}
-		sum = crc32.Update(sum, castagnoli, b)
-	}
-	if sum != h.sum {
-		return 0, 0, fmt.Errorf("checksum %08x, record says %08x", sum, h.sum)
-	}
-	return sum, want, nil
-}
-
-// Drop deletes key from disk (announced as removed; for engine if the chunk
-// was found at open).
+// Drop drops key from disk (announced as removed; for engine if the chunk
+// was found at open). Its bytes stay in the segment until the segment goes.
 func (d *Disk) Drop(engine string, key messages.Key) {
 	d.mu.Lock()
 	it, ok := d.items[key]
+	var removed []*item
 	if ok {
-		d.lru.Remove(it.elem)
-		delete(d.items, key)
-		d.used -= it.size
-		_ = os.Remove(d.path(key))
+		d.unindex(it)
+		removed = append([]*item{it}, d.dropDead()...)
 	}
 	d.mu.Unlock()
-	if ok {
-		d.announce([]*item{it}, engine)
-	}
+	d.announce(removed, engine)
 }
 
 // Keys lists the keys on disk, least recently used first.
@@ -401,21 +489,35 @@ func (d *Disk) Keys() []messages.Key {
 	return out
 }
 
-// Close stops taking spills and waits for the writer to finish the queue.
+// Close stops taking spills, waits for the writer to finish the queue and
+// closes the files.
 func (d *Disk) Close() {
 	d.mu.Lock()
-	if !d.closed {
+	first := !d.closed
+	if first {
 		d.closed = true
 		close(d.q)
 	}
 	d.mu.Unlock()
 	<-d.done
+	if first {
+		d.mu.Lock()
+		d.closeFiles()
+		d.mu.Unlock()
+	}
+}
+
+func (d *Disk) closeFiles() {
+	for _, seg := range d.segs {
+		_ = seg.f.Close()
+	}
 }
 
 // Stats is a point-in-time view of the disk tier.
 type Stats struct {
 	Budget     int64 `json:"budget_bytes"`
-	Bytes      int64 `json:"bytes"`
+	Bytes      int64 `json:"bytes"`      // live chunk data
+	FileBytes  int64 `json:"file_bytes"` // segment files, dropped records included
 	Chunks     int   `json:"chunks"`
 	Queued     int64 `json:"queued_bytes"`
 	Hits       int64 `json:"hits"`
@@ -426,13 +528,13 @@ type Stats struct {
 	WriteNanos int64 `json:"write_nanos"`
 	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large
 	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
-	Discarded  int64 `json:"discarded"` // temporary or bad files deleted at open
+	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
 	Failed     int64 `json:"failed"`    // writes that failed
 }
 
 func (d *Disk) Stats() Stats {
 	d.mu.Lock()
-	st := Stats{Budget: d.cfg.Bytes, Bytes: d.used, Chunks: len(d.items), Queued: d.queued}
+	st := Stats{Budget: d.cfg.Bytes, Bytes: d.used, FileBytes: d.fileBytes, Chunks: len(d.items), Queued: d.queued}
 	d.mu.Unlock()
 	st.Hits, st.Evictions = d.hits.Load(), d.evictions.Load()
 	st.ReadBytes, st.WriteBytes = d.readBytes.Load(), d.writeBytes.Load()

@@ -41,10 +41,16 @@ type header struct {
 	len  int // bytes before the data
 }
 
+// errEOF is a clean end: no byte of a next record.
+var errEOF = errors.New("disk: end of segment")
+
 // readHeader reads and checks a record's header.
 func readHeader(r io.Reader) (header, error) {
 	fixed := make([]byte, fixedHeader)
-	if _, err := io.ReadFull(r, fixed); err != nil {
+	if n, err := io.ReadFull(r, fixed); err != nil {
+		if n == 0 && errors.Is(err, io.EOF) {
+			return header{}, errEOF
+		}
 		return header{}, fmt.Errorf("%w: header: %v", ErrBadRecord, err)
 	}
 	if string(fixed[:4]) != magic {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
+	"github.com/kvactors/kvactors/sched"
 )
 
 func withDisk(dir string) func(*node.Config) {
@@ -92,20 +92,18 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	newKeys := []string{hash("new", 0), hash("new", 1)}
 	require.Equal(t, 8, te2.lookup(newKeys))
 
-	// Corrupt one of the new prefix's files: its load fails naming it.
-	files, err := filepath.Glob(filepath.Join(diskDir, "*.kv"))
+	// Corrupt one of the new prefix's records on disk: its load fails naming it.
+	path, off, ok := e2.node.Disk().Where(sched.Key(messages.Hash(mustHex(newKeys[1])), 0))
+	require.True(t, ok, "the record of %s", newKeys[1])
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	require.NoError(t, err)
-	var target string
-	for _, f := range files {
-		if bytes.Contains([]byte(filepath.Base(f)), []byte(newKeys[1])) {
-			target = f
-		}
-	}
-	require.NotEmpty(t, target, "the file of %s", newKeys[1])
-	raw, err := os.ReadFile(target)
+	b := []byte{0}
+	_, err = f.ReadAt(b, off+5)
 	require.NoError(t, err)
-	raw[len(raw)-1] ^= 1
-	require.NoError(t, os.WriteFile(target, raw, 0o600))
+	b[0] ^= 1
+	_, err = f.WriteAt(b, off+5)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 	te2.fill(0, 20, 3)
 	te2.fill(0, 21, 3)
 	before := append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...)

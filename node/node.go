@@ -253,6 +253,9 @@ func (n *Node) Arena() backend.Arena { return n.arena }
 // into the pool's bytes through it).
 func (n *Node) Store() *store.Store { return n.store }
 
+// Disk is the node's disk tier, nil without --disk-dir (exported for tests).
+func (n *Node) Disk() *disk.Disk { return n.disk }
+
 func (n *Node) poolStats() hostpool.Stats {
 	if n.store == nil { // set once in Start, before the admin server runs
 		return hostpool.Stats{}
