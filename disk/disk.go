@@ -89,8 +89,8 @@ type Disk struct {
 	q         chan spill
 	done      chan struct{}
 
-	hits, evictions, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
-	dropped, raced, discarded, failed                             atomic.Int64
+	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
+	dropped, raced, discarded, failed                                     atomic.Int64
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
@@ -321,6 +321,7 @@ func (d *Disk) write(sp spill) {
 	}
 	d.writeNanos.Add(int64(time.Since(start)))
 	d.writeBytes.Add(int64(len(sp.data)))
+	d.writes.Add(1)
 	d.mu.Lock()
 	off := seg.size + int64(len(hdr))
 	seg.size = off + int64(len(sp.data))
@@ -522,6 +523,7 @@ type Stats struct {
 	Queued     int64 `json:"queued_bytes"`
 	Hits       int64 `json:"hits"`
 	Evictions  int64 `json:"evictions"`
+	Writes     int64 `json:"writes"` // chunks written
 	ReadBytes  int64 `json:"read_bytes"`
 	WriteBytes int64 `json:"write_bytes"`
 	ReadNanos  int64 `json:"read_nanos"`
@@ -536,7 +538,7 @@ func (d *Disk) Stats() Stats {
 	d.mu.Lock()
 	st := Stats{Budget: d.cfg.Bytes, Bytes: d.used, FileBytes: d.fileBytes, Chunks: len(d.items), Queued: d.queued}
 	d.mu.Unlock()
-	st.Hits, st.Evictions = d.hits.Load(), d.evictions.Load()
+	st.Hits, st.Evictions, st.Writes = d.hits.Load(), d.evictions.Load(), d.writes.Load()
 	st.ReadBytes, st.WriteBytes = d.readBytes.Load(), d.writeBytes.Load()
 	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
 	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
