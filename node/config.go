@@ -4,12 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/ingest"
 )
 
@@ -54,8 +56,26 @@ type Config struct {
 	// DecodeWorkers decode event batches in parallel; one engine's batches
 	// always go to the same worker, so they apply in order (default 2).
 	DecodeWorkers int `json:"decode_workers"`
-	// ShutdownTimeout bounds the graceful part of Close (default 10s).
+	// ShutdownTimeout bounds the graceful part of Close (default 10s); if it
+	// expires with releases undelivered, Close returns ErrUndelivered.
 	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
+	// NodeID names this node in replies, resyncs and P._node.<id>.* (default:
+	// the host name reduced to [A-Za-z0-9_-]).
+	NodeID string `json:"node_id"`
+	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
+	// every Lease/4, engines expire after Lease without a sign of life,
+	// copies wait when NATS has not answered for Lease/2 and the process
+	// stops if a copy runs Lease past the last answer (default 10s).
+	Lease time.Duration `json:"lease"`
+	// MaxPendingBytes bounds inbound message bytes taken and not yet handled
+	// (default 256 MiB); what does not fit becomes a resync (reason overflow).
+	MaxPendingBytes int64 `json:"max_pending_bytes"`
+	// FailStop ends the process when fencing demands it (default: log and
+	// exit with status 3); tests inject their own.
+	FailStop func(reason string) `json:"-"`
+	// WrapDevice, when set, wraps each engine's attached device (tests hold
+	// or fail copies with it).
+	WrapDevice func(backend.Device) backend.Device `json:"-"`
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.
@@ -89,6 +109,13 @@ const (
 	DefaultShmDir    = "/dev/shm"
 	DefaultPoolBytes = 1 << 30
 	DefaultHTTPAddr  = "127.0.0.1:9464"
+	DefaultLease     = 10 * time.Second
+	// DefaultMaxPendingBytes bounds the inbound queue.
+	DefaultMaxPendingBytes = 256 << 20
+	// DefaultShutdownTimeout bounds a graceful shutdown.
+	DefaultShutdownTimeout = 10 * time.Second
+	// FailStopExit is the exit status of a fencing fail-stop.
+	FailStopExit = 3
 	// HTTPOff disables the admin server.
 	HTTPOff = "off"
 )
@@ -122,7 +149,16 @@ func (c Config) withDefaults() Config {
 		c.DecodeWorkers = 2
 	}
 	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 10 * time.Second
+		c.ShutdownTimeout = DefaultShutdownTimeout
+	}
+	if c.NodeID == "" {
+		c.NodeID = DefaultNodeID()
+	}
+	if c.Lease == 0 {
+		c.Lease = DefaultLease
+	}
+	if c.MaxPendingBytes == 0 {
+		c.MaxPendingBytes = DefaultMaxPendingBytes
 	}
 	c.Limits = c.Limits.WithDefaults()
 	if c.Log == nil {
@@ -130,6 +166,13 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
+	}
+	if c.FailStop == nil {
+		log := c.Log
+		c.FailStop = func(reason string) {
+			log.Error("fail-stop: ending the process", "reason", reason)
+			os.Exit(FailStopExit)
+		}
 	}
 	return c
 }
@@ -152,11 +195,36 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:
 		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
+	case !ingest.ValidEngineID(c.NodeID):
+		return fmt.Errorf("%w: node id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, c.NodeID)
+	case c.Lease < 40*time.Millisecond:
+		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
+	case c.MaxPendingBytes < 4096:
+		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
+}
+
+// DefaultNodeID is the host name reduced to [A-Za-z0-9_-] (at most 64
+// bytes, a leading _ dropped), or "kvactors" when nothing is left.
+func DefaultNodeID() string {
+	host, _ := os.Hostname()
+	id := make([]byte, 0, len(host))
+	for i := 0; i < len(host) && len(id) < 64; i++ {
+		switch ch := host[i]; {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9', ch == '-':
+			id = append(id, ch)
+		case ch == '_' && len(id) > 0:
+			id = append(id, ch)
+		}
+	}
+	if len(id) == 0 {
+		return "kvactors"
+	}
+	return string(id)
 }
 
 func validPrefix(p string) bool {

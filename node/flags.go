@@ -84,7 +84,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	size(&c.Transfer.MaxInFlightBytes, "max-inflight-bytes", 256<<20, "bytes of copies in flight per device")
 	num(&c.Limits.MaxIDs, "max-ids", 1<<20, "most hashes or block ids in one event")
 	num(&c.Limits.MaxGroups, "max-groups", 64, "most KV-cache groups per engine")
-	dur(&c.ShutdownTimeout, "shutdown-timeout", 10*time.Second, "bound on graceful shutdown")
+	dur(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout,
+		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
+	str(&c.NodeID, "node-id", "", "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
+	dur(&c.Lease, "lease", DefaultLease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
+	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
 	// pool
 	size(&c.PoolPageBytes, "pool-page-bytes", hostpool.DefaultPageBytes,
 		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")

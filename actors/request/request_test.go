@@ -63,8 +63,9 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
 	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.Discard()).Engine("e", lay, nopDevice{})
-	deps := request.Deps{Engine: "e", Layout: lay, Store: st, Transfer: xfer,
-		Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+	outbox := actors.NewOutbox(nc, "kvactors", log)
+	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
+		Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))

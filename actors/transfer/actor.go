@@ -42,6 +42,8 @@ type Deps struct {
 	Metrics *metrics.Metrics
 	Tracer  trace.Tracer
 	Log     *slog.Logger
+	// Fence, when set, holds copies back while NATS is unreachable.
+	Fence *Fence
 }
 
 // Actor is the transfer actor of one device. It owns the queue and its
@@ -112,6 +114,19 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	}
 }
 
+// copy runs one job's copies through its store, inside the fence (if any).
+// A copy the fence refuses never starts; its pool side is aborted.
+func (a *Actor) copy(job *Submit) error {
+	if f := a.deps.Fence; f != nil {
+		if err := f.Enter(); err != nil {
+			job.Store.Abort(job.Dir, job.Chunks)
+			return err
+		}
+		defer f.Leave()
+	}
+	return job.Store.Copy(job.Dir, job.Chunks)
+}
+
 // run is the one point where a copy starts: the store plans it, copies,
 // checksums and completes the pool.
 func (a *Actor) run(job *Submit) (time.Duration, error) {
@@ -125,7 +140,7 @@ func (a *Actor) run(job *Submit) (time.Duration, error) {
 			tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
 	}
 	start := time.Now()
-	err := job.Store.Copy(job.Dir, job.Chunks)
+	err := a.copy(job)
 	dur := time.Since(start)
 	if err != nil {
 		span.RecordError(err)
