@@ -86,6 +86,7 @@ type Disk struct {
 	fileBytes int64      // bytes of every segment
 	queued    int64
 	closed    bool
+	scratch   []byte // the writer's record buffer
 	q         chan spill
 	done      chan struct{}
 
@@ -308,12 +309,15 @@ func (d *Disk) write(sp spill) {
 		return
 	}
 	start := time.Now()
-	hdr := appendHeader(nil, string(sp.key), int64(len(sp.data)), sp.sum)
+	hdr := appendHeader(d.scratch[:0], string(sp.key), int64(len(sp.data)), sp.sum)
+	hlen := len(hdr)
 	if len(sp.data) <= smallRecord { // one syscall: the copy is cheaper than the second write
-		_, err = seg.f.Write(append(hdr, sp.data...))
+		hdr = append(hdr, sp.data...)
+		_, err = seg.f.Write(hdr)
 	} else if _, err = seg.f.Write(hdr); err == nil {
 		_, err = seg.f.Write(sp.data)
 	}
+	d.scratch = hdr[:0]
 	if err != nil { // cut what was written: the segment stays a run of whole records
 		d.failed.Add(1)
 		_ = seg.f.Truncate(seg.size)
@@ -323,9 +327,9 @@ func (d *Disk) write(sp spill) {
 	d.writeBytes.Add(int64(len(sp.data)))
 	d.writes.Add(1)
 	d.mu.Lock()
-	off := seg.size + int64(len(hdr))
+	off := seg.size + int64(hlen)
 	seg.size = off + int64(len(sp.data))
-	d.fileBytes += int64(len(hdr) + len(sp.data))
+	d.fileBytes += int64(hlen + len(sp.data))
 	if old, ok := d.items[sp.key]; ok {
 		d.unindex(old)
 	}
