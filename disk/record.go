@@ -22,8 +22,6 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // ErrBadRecord means a file is not a whole, intact record.
 var ErrBadRecord = errors.New("disk: bad record")
 
-func headerLen(key string) int { return fixedHeader + len(key) + 4 }
-
 func appendHeader(b []byte, key string, size int64, sum uint32) []byte {
 	b = append(b, magic...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
