@@ -184,13 +184,11 @@ func (d *Disk) scan(seg *segment) error {
 		}
 		if err == nil {
 			hash := crc32.New(castagnoli)
-			var n int64
-			n, err = io.CopyN(hash, r, h.size)
+			_, err = io.CopyN(hash, r, h.size)
 			if err == nil && hash.Sum32() != h.sum {
 				d.discarded.Add(1) // bit rot in a whole record: skip it
 				continue
 			}
-			_ = n
 		}
 		if err != nil { // torn: cut the tail
 			d.discarded.Add(1)

@@ -144,3 +144,50 @@ func TestSharedFullFastPath(t *testing.T) {
 	require.Equal(t, []messages.Key{"a"}, got.Evicted, "the ready key makes room")
 	require.True(t, s.full.Load(), "b and c pending")
 }
+
+// A load over a lower tier: ready keys are pinned, fetchable absent keys get
+// pending room (evicting LRU keys not in the load), all-or-nothing; a pending
+// or unfetchable key, or no room, changes nothing. CompleteStorePinned makes
+// the fetched keys ready and pinned at once.
+func TestSharedPrepareLoadFrom(t *testing.T) {
+	s := NewShared(3, 1)
+	_, err := s.PrepareStore(k("a", "b", "p"), nil)
+	require.NoError(t, err)
+	s.CompleteStore(k("a", "b"), okSums(k("a", "b"), true)) // LRU: a, b; p pending
+	onDisk := func(key messages.Key) (int64, bool) { return 1, key == "d" || key == "e" }
+	snap := func() poolState {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return snapshot(s.pool)
+	}
+
+	before := snap()
+	for _, keys := range [][]messages.Key{k("a", "p"), k("a", "zz"), k("d", "e", "a", "b")} {
+		_, _, err := s.PrepareLoadFrom(keys, onDisk)
+		require.Error(t, err, "%v", keys)
+		require.Equal(t, before, snap(), "%v: nothing changed", keys)
+	}
+	_, _, err = s.PrepareLoadFrom(k("d", "e", "a", "b"), onDisk)
+	require.ErrorIs(t, err, ErrNoRoom, "a and b are pinned by the load, p is pending: no room for d and e")
+
+	fetched, prep, err := s.PrepareLoadFrom(k("b", "d", "d"), onDisk)
+	require.NoError(t, err)
+	require.Equal(t, k("d"), fetched, "fetched once")
+	require.Equal(t, k("a"), prep.Evicted, "the LRU key not in the load makes room")
+	st, _ := s.Lookup("d")
+	require.Equal(t, Pending, st)
+	s.CompleteStorePinned(fetched, []uint32{7})
+	st, _ = s.Lookup("d")
+	require.Equal(t, Ready, st)
+	require.Equal(t, 2, s.Stats().Pinned, "b and d pinned")
+	_, err = s.PrepareStore(k("x"), nil)
+	require.ErrorIs(t, err, ErrNoRoom, "pinned and pending: nothing to evict")
+	s.CompleteLoad(k("b", "d", "d"))
+	require.Zero(t, s.Stats().Pinned)
+	loc, err := s.Locate(k("d"))
+	require.NoError(t, err)
+	require.Equal(t, []uint32{7}, loc.Sums)
+	s.mu.Lock()
+	checkInvariants(t, s.pool)
+	s.mu.Unlock()
+}
