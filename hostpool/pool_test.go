@@ -264,3 +264,20 @@ func TestStateStrings(t *testing.T) {
 	require.Equal(t, Absent, state)
 	require.Zero(t, size)
 }
+
+// Bad input to PrepareStore (sizes not matching keys, a size <= 0) is a
+// clear error naming the problem and changes nothing; a chunk larger than
+// the whole pool is "no room".
+func TestPrepareStoreBadSizes(t *testing.T) {
+	p := New(4<<10, 1<<10)
+	before := snapshot(p)
+	_, err := p.PrepareStore(k("a", "b"), []int64{1})
+	require.ErrorIs(t, err, ErrBadSize)
+	_, err = p.PrepareStore(k("a", "b"), []int64{1, 0})
+	require.ErrorIs(t, err, ErrBadSize)
+	require.Contains(t, err.Error(), fmt.Sprintf("%x", "b"))
+	_, err = p.PrepareStore(k("a"), []int64{5 << 10})
+	require.ErrorIs(t, err, ErrNoRoom)
+	require.Equal(t, before, snapshot(p))
+	checkInvariants(t, p)
+}

@@ -114,3 +114,21 @@ func TestMixedChunkSizesFromThreeEngines(t *testing.T) {
 	require.Equal(t, 6, st.Ready)
 	require.Equal(t, int64(2*256+2*8<<10+2*2<<20), st.Data)
 }
+
+// Only a chunk larger than the whole pool is refused at register (no slot
+// size is fixed by an earlier engine); the error says why.
+func TestChunkLargerThanPoolRefused(t *testing.T) {
+	e := startNode(t, withPoolSlots(2)) // 512 bytes
+	small := e.newEngine("small", defaultOpts())
+	small.register()
+	o := defaultOpts()
+	o.blockBytes = 1024
+	big := e.newEngine("big", o)
+	var reply messages.RegisterReply
+	require.NoError(t, jsonUnmarshal(big.request("register", big.spec), &reply))
+	require.False(t, reply.OK)
+	require.Contains(t, reply.Error, "chunk of 1024 bytes is larger than the pool")
+	o.blockBytes = 512 // twice the first engine's chunk, the whole pool: accepted
+	fits := e.newEngine("fits", o)
+	fits.register()
+}
