@@ -5,12 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
-	"io"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -134,90 +130,6 @@ const smallRecord = 64 << 10
 
 func (d *Disk) segPath(id int) string {
 	return filepath.Join(d.cfg.Dir, fmt.Sprintf("%08d%s", id, segSuffix))
-}
-
-// rebuild indexes every intact record of every segment, in write order
-// (which is the LRU order it starts with), then trims to the budget.
-func (d *Disk) rebuild() error {
-	entries, err := os.ReadDir(d.cfg.Dir)
-	if err != nil {
-		return fmt.Errorf("disk: %w", err)
-	}
-	var ids []int
-	for _, e := range entries {
-		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), segSuffix))
-		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() {
-			continue // not ours
-		}
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		f, err := os.OpenFile(d.segPath(id), os.O_RDWR, 0)
-		if err != nil {
-			return fmt.Errorf("disk: %w", err)
-		}
-		seg := &segment{id: id, f: f}
-		d.segs = append(d.segs, seg)
-		if err := d.scan(seg); err != nil {
-			return err
-		}
-		d.fileBytes += seg.size
-	}
-	for d.used > d.cfg.Bytes {
-		d.evictFront()
-	}
-	d.dropDead()
-	return nil
-}
-
-// scan indexes seg's records. A record that ends past the file or whose
-// header fails its checksum is a torn write: the segment is cut there. A
-// whole record whose data fails its checksum is skipped.
-func (d *Disk) scan(seg *segment) error {
-	r := &countReader{r: seg.f}
-	for {
-		start := r.n
-		h, err := readHeader(r)
-		if errors.Is(err, errEOF) {
-			break
-		}
-		if err == nil {
-			hash := crc32.New(castagnoli)
-			_, err = io.CopyN(hash, r, h.size)
-			if err == nil && hash.Sum32() != h.sum {
-				d.discarded.Add(1) // bit rot in a whole record: skip it
-				continue
-			}
-		}
-		if err != nil { // torn: cut the tail
-			d.discarded.Add(1)
-			if terr := seg.f.Truncate(start); terr != nil {
-				return fmt.Errorf("disk: cut torn tail of %s: %w", seg.f.Name(), terr)
-			}
-			r.n = start
-			break
-		}
-		key := messages.Key(h.key)
-		if old, ok := d.items[key]; ok { // written again later: the later record wins
-			d.unindex(old)
-		}
-		it := &item{key: key, seg: seg, off: start + int64(h.len), size: h.size, sum: h.sum}
-		d.index(it)
-	}
-	seg.size = r.n
-	return nil
-}
-
-type countReader struct {
-	r io.Reader
-	n int64
-}
-
-func (c *countReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += int64(n)
-	return n, err
 }
 
 func (d *Disk) index(it *item) {
@@ -514,36 +426,4 @@ func (d *Disk) closeFiles() {
 	for _, seg := range d.segs {
 		_ = seg.f.Close()
 	}
-}
-
-// Stats is a point-in-time view of the disk tier.
-type Stats struct {
-	Budget     int64 `json:"budget_bytes"`
-	Bytes      int64 `json:"bytes"`      // live chunk data
-	FileBytes  int64 `json:"file_bytes"` // segment files, dropped records included
-	Chunks     int   `json:"chunks"`
-	Queued     int64 `json:"queued_bytes"`
-	Hits       int64 `json:"hits"`
-	Evictions  int64 `json:"evictions"`
-	Writes     int64 `json:"writes"` // chunks written
-	ReadBytes  int64 `json:"read_bytes"`
-	WriteBytes int64 `json:"write_bytes"`
-	ReadNanos  int64 `json:"read_nanos"`
-	WriteNanos int64 `json:"write_nanos"`
-	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large
-	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
-	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
-	Failed     int64 `json:"failed"`    // writes that failed
-}
-
-func (d *Disk) Stats() Stats {
-	d.mu.Lock()
-	st := Stats{Budget: d.cfg.Bytes, Bytes: d.used, FileBytes: d.fileBytes, Chunks: len(d.items), Queued: d.queued}
-	d.mu.Unlock()
-	st.Hits, st.Evictions, st.Writes = d.hits.Load(), d.evictions.Load(), d.writes.Load()
-	st.ReadBytes, st.WriteBytes = d.readBytes.Load(), d.writeBytes.Load()
-	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
-	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
-		d.failed.Load()
-	return st
 }
