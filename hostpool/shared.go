@@ -15,12 +15,13 @@ import (
 type Shared struct {
 	mu   sync.Mutex
 	pool *Pool
-	// full is set, after every change, while every slot is pending or
-	// pinned. PrepareStore then answers ErrNoRoom without the lock: an
-	// overloaded node retries on every event, and those retries must not
-	// queue on the mutex that completing copies need to free slots. (An
-	// offer whose keys are all present already is told "no room" too while
-	// full; it is retried, and deduplicated, once a slot frees.)
+	// full is set, after every change, while nothing can be added: no free
+	// page or slot, every chunk pending or pinned. PrepareStore then answers
+	// ErrNoRoom without the lock: an overloaded node retries on every event,
+	// and those retries must not queue on the mutex that completing copies
+	// need to free room. (An offer whose keys are all present already is
+	// told "no room" too while full; it is retried, and deduplicated, once
+	// room frees.)
 	full atomic.Bool
 }
 
@@ -38,7 +39,7 @@ func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, err
 	return prep, err
 }
 
-var errFull = fmt.Errorf("%w: every slot is pending or pinned", ErrNoRoom)
+var errFull = fmt.Errorf("%w: every chunk is pending or pinned", ErrNoRoom)
 
 func (s *Shared) CompleteStore(keys []messages.Key, sums []uint32) {
 	s.mu.Lock()

@@ -37,7 +37,7 @@ type GroupLayout struct {
 	SlidingWindow  int
 	Regions        []messages.Region
 	BlockBytes     int64 // host bytes of one block: its regions' block_bytes summed
-	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: one pool slot's worth
+	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: a chunk's bytes in the pool
 }
 
 // Layout is an engine's validated geometry. After NewLayout the core trusts
@@ -115,8 +115,8 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 	return l, nil
 }
 
-// MaxChunkBytes is the largest chunk of any group: the pool slot size this
-// engine needs.
+// MaxChunkBytes is the largest chunk of any group (register refuses an
+// engine whose largest chunk does not fit in the pool).
 func (l *Layout) MaxChunkBytes() int64 {
 	var m int64
 	for _, g := range l.Groups {
