@@ -89,7 +89,10 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	}
 	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
+		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
+			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
+		}},
 		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
 			Bytes: store.CopyBytes(rec.layout, chunks), Reply: m.Reply, Ctx: ctx}))
 }
@@ -102,7 +105,7 @@ func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key
 		return
 	}
 	n.metrics.Evictions.Add(float64(len(keys)))
-	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockRemoved, messages.MediumCPU, keys))
+	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumCPU, keys)
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)
@@ -112,8 +115,20 @@ func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
 		return
 	}
 	ctx := context.Background()
-	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockStored, messages.MediumDisk, stored))
-	n.outbox.KVEvents(ctx, engineID, kvEvents(messages.KVBlockRemoved, messages.MediumDisk, removed))
+	n.announce(ctx, engineID, messages.KVBlockStored, messages.MediumDisk, stored)
+	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumDisk, removed)
+}
+
+// announce publishes keys the store or the disk tier added or dropped
+// outside a request's own store job (load-made room, corrupt chunks, disk
+// writes and deletions) on engineID's kv_events: the one place that turns
+// such keys into kv_events (with namespaces, the place to route a key to an
+// engine of its own namespace, as request evictions are).
+func (n *Node) announce(ctx context.Context, engineID, typ, medium string, keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	n.outbox.KVEvents(ctx, engineID, kvEvents(typ, medium, keys))
 }
 
 // kvEvents groups keys into one event per group, block hashes in hex.

@@ -2,7 +2,6 @@ package load
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -47,6 +46,9 @@ type Deps struct {
 	// Done, if set, is called once the load's copy is over (the engine's
 	// segments may be unmapped only after it).
 	Done func()
+	// Removed announces keys the store dropped (BlockRemoved, medium CPU);
+	// the node decides on which engine's kv_events.
+	Removed func(ctx context.Context, engine string, keys []messages.Key)
 }
 
 // Actor runs one load.
@@ -122,10 +124,8 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 // (PROTOCOL.md, "Integrity").
 func (a *Actor) corrupt(err error) {
 	var ke *hostpool.KeyError
-	if !errors.Is(err, store.ErrCorrupt) || !errors.As(err, &ke) {
+	if a.deps.Removed == nil || !errors.Is(err, store.ErrCorrupt) || !errors.As(err, &ke) {
 		return
 	}
-	hash, g := sched.SplitKey(ke.Key)
-	a.deps.Outbox.KVEvents(a.job.Ctx, a.job.Engine, []messages.KVEvent{{Type: messages.KVBlockRemoved,
-		GroupIdx: g, Medium: messages.MediumCPU, BlockHashes: []string{hex.EncodeToString([]byte(hash))}}})
+	a.deps.Removed(a.job.Ctx, a.job.Engine, []messages.Key{ke.Key})
 }
