@@ -51,8 +51,9 @@ type Metrics struct {
 
 	// Pool.
 	Evictions     prometheus.Counter
-	Corrupt       prometheus.Counter // chunks whose bytes failed their checksum on a load
-	PoolHits      prometheus.Counter // chunks loaded from host memory
+	Corrupt       prometheus.Counter     // chunks whose bytes failed their checksum on a load
+	PoolHits      prometheus.Counter     // chunks loaded from host memory
+	ChecksumTime  *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 	Lookups       prometheus.Counter
 	LookupHits    prometheus.Counter
 	HitTokens     prometheus.Counter
@@ -147,9 +148,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
 		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
 
-		Evictions:     counter("pool", "evictions_total", "Ready chunks evicted to make room."),
-		Corrupt:       counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
-		PoolHits:      counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		Evictions: counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Corrupt:   counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
+		PoolHits:  counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		ChecksumTime: counterVec("store", "checksum_seconds_total",
+			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 		Lookups:       counter("load", "lookups_total", "Lookup requests."),
 		LookupHits:    counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
 		HitTokens:     counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
@@ -178,7 +181,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
-		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Corrupt, m.PoolHits, m.Lookups,
+		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Corrupt, m.PoolHits, m.ChecksumTime, m.Lookups,
 		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
 		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.NATSDisconnect, m.FenceWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

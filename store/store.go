@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/disk"
@@ -31,12 +34,16 @@ type Store struct {
 	arena   backend.Arena
 	disk    *disk.Disk // nil: no disk tier
 	metrics *metrics.Metrics
+	// checksum time by direction, resolved once (the hot path adds to them)
+	sumStore, sumLoad prometheus.Counter
 }
 
 // New returns the store over arena, its pool cut into pages of pageBytes
 // (hostpool.DefaultPageBytes when <= 0), with the disk tier d (nil: none).
 func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Metrics) *Store {
-	s := &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, disk: d, metrics: m}
+	s := &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, disk: d, metrics: m,
+		sumStore: m.ChecksumTime.WithLabelValues(backend.DeviceToHost.String()),
+		sumLoad:  m.ChecksumTime.WithLabelValues(backend.HostToDevice.String())}
 	s.pool.SetKeepVictims(d != nil)
 	return s
 }
@@ -154,7 +161,10 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 			n += e.lay.Groups[chunks[hi].Group].ChunkBytes
 		}
 		if dir == backend.HostToDevice {
-			if err := e.verify(keys, &loc, lo, hi); err != nil {
+			t := time.Now()
+			err := e.verify(keys, &loc, lo, hi)
+			e.s.sumLoad.Add(time.Since(t).Seconds())
+			if err != nil {
 				return err
 			}
 		}
@@ -167,9 +177,11 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 			return err
 		}
 		if dir == backend.DeviceToHost {
+			t := time.Now()
 			for i := lo; i < hi; i++ {
 				loc.Sums[i] = e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0)
 			}
+			e.s.sumStore.Add(time.Since(t).Seconds())
 		}
 		lo = hi
 	}
@@ -222,7 +234,10 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 	i int, size int64) error {
 	cext := loc.Chunk(i)
 	if dir == backend.HostToDevice {
-		if err := e.verify(keys, loc, i, i+1); err != nil {
+		t := time.Now()
+		err := e.verify(keys, loc, i, i+1)
+		e.s.sumLoad.Add(time.Since(t).Seconds())
+		if err != nil {
 			return err
 		}
 	}
@@ -236,7 +251,9 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 			return err
 		}
 		if dir == backend.DeviceToHost {
+			t := time.Now()
 			sum = e.s.checksum(cext, lo, hi, sum)
+			e.s.sumStore.Add(time.Since(t).Seconds())
 		}
 	}
 	if dir == backend.DeviceToHost {

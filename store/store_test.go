@@ -81,7 +81,7 @@ func storeChunks(t *testing.T, e *Engine, chunks ...sched.JobChunk) {
 // as the store completes, and a load verifies it; a chunk cut into pieces
 // (3 KiB chunks in 1 KiB pages) round-trips byte for byte.
 func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
-	s, e, dev, _ := fixture(t, 48, 64<<10, 1<<10) // 48 blocks * 64 B = 3 KiB chunks
+	s, e, dev, m := fixture(t, 48, 64<<10, 1<<10) // 48 blocks * 64 B = 3 KiB chunks
 	ids := func(first messages.BlockID) []messages.BlockID {
 		out := make([]messages.BlockID, 48)
 		for i := range out {
@@ -113,6 +113,8 @@ func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
 		require.Equal(t, want[i*testBlockBytes:(i+1)*testBlockBytes], dev.mem[int(b)*testBlockBytes:int(b+1)*testBlockBytes])
 	}
 	require.Zero(t, s.Stats().Pinned)
+	require.Positive(t, testutil.ToFloat64(m.ChecksumTime.WithLabelValues("GPU_to_CPU")), "checksum time counted")
+	require.Positive(t, testutil.ToFloat64(m.ChecksumTime.WithLabelValues("CPU_to_GPU")), "verify time counted")
 }
 
 // PROTOCOL.md "Integrity": a corrupt chunk fails the load with ErrCorrupt in
