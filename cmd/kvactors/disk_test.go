@@ -149,6 +149,7 @@ func TestServeDiskTierSurvivesKill9(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 	_ = cmd.Wait()
 	close(stop)
+	nc.Close() // its server died with the node: a Flush would wait out its timeout
 	select {
 	case n := <-published:
 		t.Logf("published %d requests before the kill", n)
