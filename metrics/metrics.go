@@ -296,3 +296,16 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	count(d.discarded, float64(st.Discarded))
 	count(d.failed, float64(st.Failed))
 }
+
+// RegisterIsolation exports the isolation bounds' usage, read at scrape
+// time: engine segments mapped now (against --max-mapped-segments) and
+// namespaces opened this boot.
+func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_segments_mapped",
+			Help: "Engine segments mapped now (bounded by --max-mapped-segments)."},
+			func() float64 { return float64(mapped()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_namespaces",
+			Help: "Namespaces opened in this boot (each keeps its geometry for the boot)."},
+			func() float64 { return float64(namespaces()) }))
+}

@@ -93,7 +93,13 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	require.Equal(t, 8, te2.lookup(newKeys))
 
 	// Corrupt one of the new prefix's records on disk: its load fails naming it.
-	path, off, ok := e2.node.Disk().Where(sched.Key(messages.Hash(mustHex(newKeys[1])), 0))
+	var target messages.Key // the key of newKeys[1], in whatever namespace id the node gave the engine
+	for _, k := range e2.node.Disk().Keys() {
+		if _, h, _ := sched.SplitKey(k); string(h) == string(mustHex(newKeys[1])) {
+			target = k
+		}
+	}
+	path, off, ok := e2.node.Disk().Where(target)
 	require.True(t, ok, "the record of %s", newKeys[1])
 	f, err := os.OpenFile(path, os.O_RDWR, 0)
 	require.NoError(t, err)

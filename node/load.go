@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -55,11 +54,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues("error").Inc()
-		level := slog.LevelError
+		level, reason := slog.LevelError, "load_error"
 		if errors.Is(err, hostpool.ErrNotReady) {
-			level = slog.LevelInfo // evicted or never stored: a miss, not bad input
+			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
 		}
-		n.log.Log(ctx, level, "load refused", "engine", engineID, "err", err)
+		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
+		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 	}
 	rec := n.engine(engineID)
@@ -109,7 +109,8 @@ func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)
-// on the engine that spilled the chunks.
+// for the engine that spilled the chunks (each key on an engine of its own
+// namespace, see announce).
 func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
 	if n.outbox == nil {
 		return
@@ -121,27 +122,56 @@ func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
 
 // announce publishes keys the store or the disk tier added or dropped
 // outside a request's own store job (load-made room, corrupt chunks, disk
-// writes and deletions) on engineID's kv_events: the one place that turns
-// such keys into kv_events (with namespaces, the place to route a key to an
-// engine of its own namespace, as request evictions are).
+// writes and deletions): the one place that turns such keys into kv_events.
+// As request evictions are, each key is announced, naming its namespace, on
+// an engine of its own namespace: engineID for engineID's namespace, another
+// engine's kv_events for another namespace's keys (the pool and the disk
+// span namespaces; no engine learns another namespace's hashes), and not at
+// all when no engine of that namespace is registered.
 func (n *Node) announce(ctx context.Context, engineID, typ, medium string, keys []messages.Key) {
 	if len(keys) == 0 {
 		return
 	}
-	n.outbox.KVEvents(ctx, engineID, kvEvents(typ, medium, keys))
-}
-
-// kvEvents groups keys into one event per group, block hashes in hex.
-func kvEvents(typ, medium string, keys []messages.Key) []messages.KVEvent {
-	var out []messages.KVEvent
-	for _, k := range keys {
-		hash, g := sched.SplitKey(k)
-		i := slices.IndexFunc(out, func(e messages.KVEvent) bool { return e.GroupIdx == g })
-		if i < 0 {
-			i = len(out)
-			out = append(out, messages.KVEvent{Type: typ, GroupIdx: g, Medium: medium})
-		}
-		out[i].BlockHashes = append(out[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+	own, known := sched.NamespaceID(0), false
+	if rec := n.engine(engineID); rec != nil {
+		own, known = rec.layout.Namespace, true
 	}
-	return out
+	type nsGroup struct {
+		ns sched.NamespaceID
+		g  int
+	}
+	var kv []messages.KVEvent
+	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
+	at := map[nsGroup]int{}
+	for _, k := range keys {
+		ns, hash, g := sched.SplitKey(k)
+		i, ok := at[nsGroup{ns, g}]
+		if !ok {
+			i = len(kv)
+			at[nsGroup{ns, g}] = i
+			kv = append(kv, messages.KVEvent{Type: typ, GroupIdx: g, Medium: medium})
+			nss = append(nss, ns)
+		}
+		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+	}
+	for len(kv) > 0 { // one batch per announcing engine
+		name, engine := n.namespaceOf(nss[0])
+		if known && nss[0] == own {
+			engine = engineID
+		}
+		var batch, rest []messages.KVEvent
+		var restNS []sched.NamespaceID
+		for i := range kv {
+			if nss[i] == nss[0] {
+				kv[i].Namespace = name
+				batch = append(batch, kv[i])
+			} else {
+				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+			}
+		}
+		if engine != "" {
+			n.outbox.KVEvents(ctx, engine, batch)
+		}
+		kv, nss = rest, restNS
+	}
 }

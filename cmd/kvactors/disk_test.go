@@ -178,7 +178,7 @@ func TestServeDiskTierSurvivesKill9(t *testing.T) {
 	keys := n.Disk().Keys()
 	listed := map[string]bool{}
 	for _, k := range keys {
-		h, _ := sched.SplitKey(k)
+		_, h, _ := sched.SplitKey(k)
 		listed[hex.EncodeToString([]byte(h))] = true
 	}
 	for _, h := range before {

@@ -20,6 +20,7 @@ commands:
   demo      run a node and a simulated engine, print what happened, check every byte
   bench     measure event throughput, latency, copy bandwidth and scale
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
+  nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
   version   print the version
 
 Run 'kvactors <command> --help' for a command's flags.
@@ -40,6 +41,8 @@ func main() {
 		code = bench(args)
 	case "flags":
 		code = flagsTable(args)
+	case "nats-config":
+		code = natsConfig(args)
 	case "version", "--version", "-v":
 		fmt.Println("kvactors", version)
 	case "help", "--help", "-h":
