@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,7 +14,6 @@ import (
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
-	"github.com/kvactors/kvactors/sched"
 )
 
 func withDisk(dir string) func(*node.Config) {
@@ -93,9 +93,9 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	require.Equal(t, 8, te2.lookup(newKeys))
 
 	// Corrupt one of the new prefix's records on disk: its load fails naming it.
-	var target messages.Key // the key of newKeys[1], in whatever namespace id the node gave the engine
+	var target messages.Key // disk keys end with the offload key: hash, then group 0
 	for _, k := range e2.node.Disk().Keys() {
-		if _, h, _ := sched.SplitKey(k); string(h) == string(mustHex(newKeys[1])) {
+		if strings.HasSuffix(string(k), string(mustHex(newKeys[1]))+"\x00\x00\x00\x00") {
 			target = k
 		}
 	}
@@ -122,4 +122,44 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	require.Equal(t, 4, te2.lookup(newKeys), "the corrupt chunk is gone from every tier")
 	require.Zero(t, te2.sync().Pool.Pinned)
 	require.Zero(t, te2.sync().Pool.Pending, "no room left held for the failed read")
+}
+
+// PROTOCOL.md "Isolation" across a restart: namespace ids are given in
+// registration order, so they differ from boot to boot; the disk tier keys
+// chunks by namespace name and geometry instead. A chunk engine ta spilled
+// is not a hit for engine tb after a restart in which tb registered first
+// (and got the id ta had), and it still is for ta.
+func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
+	diskDir := t.TempDir()
+	prefix := []string{hash("shared", 0), hash("shared", 1)}
+	e := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	ta, tb := e.newEngine("ta", defaultOpts()), e.newEngine("tb", defaultOpts())
+	ta.register()
+	tb.register()
+	ta.fill(0, 1, 4)
+	ta.fill(0, 2, 4)
+	want := append(bytes.Clone(ta.block(0, 1)), ta.block(0, 2)...)
+	ta.send(added("x", 8), hashesEv("x", 0, prefix...), blocksEv("x", 0, 0, 1, 2), tokensEv("x", 8, 8))
+	recv(t, ta.stored, "ta's prefix stored")
+	ta.send(added("y", 8), hashesEv("y", 0, hash("other", 0), hash("other", 1)), blocksEv("y", 0, 0, 3, 4),
+		tokensEv("y", 8, 8))
+	recv(t, ta.stored, "ta's second prefix stored, the first evicted")
+	var onDisk []string
+	for len(onDisk) < 2 {
+		onDisk = append(onDisk, recvKV(t, ta, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
+	}
+	require.Equal(t, 0, tb.lookup(prefix), "another namespace never sees ta's chunks")
+	require.NoError(t, e.node.Close(context.Background()))
+
+	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	tb2, ta2 := e2.newEngine("tb", defaultOpts()), e2.newEngine("ta", defaultOpts())
+	tb2.register() // tb now gets the namespace id ta had in the first boot
+	ta2.register()
+	require.Equal(t, 0, tb2.lookup(prefix), "after the restart too")
+	r := tb2.loadInto("steal", prefix, 8, []int{10, 11})
+	require.False(t, r.OK, "tb cannot load ta's chunks")
+	require.Equal(t, 8, ta2.lookup(prefix), "ta finds its chunks on disk")
+	r = ta2.loadInto("back", prefix, 8, []int{10, 11})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, want, append(bytes.Clone(ta2.block(0, 10)), ta2.block(0, 11)...))
 }

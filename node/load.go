@@ -110,11 +110,22 @@ func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)
 // for the engine that spilled the chunks (each key on an engine of its own
-// namespace, see announce).
+// namespace, see announce). The disk speaks in disk keys: a key whose
+// namespace is not open in this boot is not announced.
 func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
 	if n.outbox == nil {
 		return
 	}
+	poolKeys := func(keys []messages.Key) []messages.Key {
+		out := keys[:0:0]
+		for _, k := range keys {
+			if pk, ok := n.diskKeys.FromDisk(k); ok {
+				out = append(out, pk)
+			}
+		}
+		return out
+	}
+	stored, removed = poolKeys(stored), poolKeys(removed)
 	ctx := context.Background()
 	n.announce(ctx, engineID, messages.KVBlockStored, messages.MediumDisk, stored)
 	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumDisk, removed)

@@ -52,6 +52,7 @@ type Node struct {
 	arena    backend.Arena
 	store    *store.Store // owns the pool and the arena's contents
 	disk     *disk.Disk   // the disk tier; nil without --disk-dir
+	diskKeys *diskKeys    // pool keys ↔ the disk's boot-independent keys
 	system   *actor.ActorSystem
 	transfer *actor.PID
 
@@ -164,6 +165,8 @@ func (n *Node) startBackend() error {
 			"discarded", st.Discarded)
 	}
 	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics)
+	n.diskKeys = newDiskKeys()
+	n.store.UseDiskKeys(n.diskKeys)
 	if n.cfg.SlotBytes != 0 {
 		n.log.Warn("--slot-bytes is deprecated and ignored: the pool takes any chunk size", "slot_bytes", n.cfg.SlotBytes)
 	}

@@ -78,6 +78,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	}
 	n.mapped += len(spec.Segments)
 	lay.Namespace = n.nss.commit(nsName, id, lay)
+	n.diskKeys.learn(lay.Namespace, nsName, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()

@@ -36,6 +36,25 @@ type Store struct {
 	metrics *metrics.Metrics
 	// checksum time by direction, resolved once (the hot path adds to them)
 	sumStore, sumLoad prometheus.Counter
+	diskKeys          DiskKeys // nil: disk keys are pool keys
+}
+
+// DiskKeys maps pool keys to the disk tier's persistent keys: a pool key
+// may hold ids valid for one boot only (namespaces), a disk key outlives the
+// boot. ToDisk's false: the key is not to be written to disk.
+type DiskKeys interface {
+	ToDisk(k messages.Key) (messages.Key, bool)
+}
+
+// UseDiskKeys sets the mapping to disk keys; call it before any engine is
+// bound. (Keys the disk announces are disk keys: map them back there.)
+func (s *Store) UseDiskKeys(k DiskKeys) { s.diskKeys = k }
+
+func (s *Store) toDisk(k messages.Key) (messages.Key, bool) {
+	if s.diskKeys == nil {
+		return k, true
+	}
+	return s.diskKeys.ToDisk(k)
 }
 
 // New returns the store over arena, its pool cut into pages of pageBytes
@@ -57,8 +76,10 @@ func (s *Store) Ready(key messages.Key) bool {
 		return true
 	}
 	if s.disk != nil {
-		_, _, ok := s.disk.Has(key)
-		return ok
+		if dk, ok := s.toDisk(key); ok {
+			_, _, ok = s.disk.Has(dk)
+			return ok
+		}
 	}
 	return false
 }
@@ -100,7 +121,9 @@ func (e *Engine) spill(victims []hostpool.Victim) {
 		for _, x := range v.Extents {
 			data = append(data, b[x.Off:x.Off+x.Len]...)
 		}
-		e.s.disk.Spill(e.id, v.Key, v.Sum, data)
+		if dk, ok := e.s.toDisk(v.Key); ok {
+			e.s.disk.Spill(e.id, dk, v.Sum, data)
+		}
 	}
 }
 
@@ -112,7 +135,11 @@ func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 		return nil, e.s.pool.PrepareLoad(keys)
 	}
 	_, prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
-		size, _, ok := e.s.disk.Has(k)
+		dk, ok := e.s.toDisk(k)
+		if !ok {
+			return 0, false
+		}
+		size, _, ok := e.s.disk.Has(dk)
 		return size, ok
 	})
 	e.spill(prep.Victims)
@@ -209,7 +236,8 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 		for _, x := range loc.Chunk(i) {
 			dst = append(dst, b[x.Off:x.Off+x.Len])
 		}
-		sum, err := e.s.disk.ReadInto(e.id, k, dst)
+		dk, _ := e.s.toDisk(k) // it was fetchable, so it maps
+		sum, err := e.s.disk.ReadInto(e.id, dk, dst)
 		if err != nil {
 			e.s.pool.CompleteStore(keys, nil) // frees every key still pending
 			e.s.pool.CompleteLoad(keys)
