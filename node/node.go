@@ -441,7 +441,7 @@ func (n *Node) teardown() {
 	if n.system != nil {
 		n.system.Shutdown()
 	}
-	if n.disk != nil { // after the actors (no more spills), before NATS (it announces the last writes)
+	if n.disk != nil { // after the actors (no more spills): the writer drains its queue (announcements after the seal are not sent)
 		n.disk.Close()
 	}
 	if n.nc != nil {
