@@ -67,9 +67,9 @@ type Node struct {
 	cleared map[string]bool // engines that had AllBlocksCleared this boot
 	// releases numbers each engine id's releases for the whole boot, across
 	// re-registrations, so rseq never restarts within an epoch.
-	releases map[string]*actors.Releases
-	nss      namespaces // isolation: namespace ids and geometry
-	mapped   int        // isolation: engine segments mapped now
+	releases  map[string]*actors.Releases
+	nss       namespaces // isolation: namespace ids and geometry
+	mapped    int        // isolation: engine segments mapped now
 	rejectLog *ratelog.Log
 
 	ingest *ingester
