@@ -70,9 +70,11 @@ type Engines struct {
 // NewEngines builds the engine session collectors.
 func NewEngines(reg prometheus.Registerer) *Engines {
 	m := &Engines{
-		EnginesLive:  gauge("engine", "live", "Registered engines."),
-		EpochResets:  counter("engine", "resets_total", "Engine resets (new epoch or new spec)."),
-		Expired:      counter("engine", "expired_total", "Engines expired after a lease without a sign of life."),
+		EnginesLive: gauge("engine", "live", "Registered engines."),
+		EpochResets: counter("engine", "resets_total",
+			"Engine resets (new epoch or new spec)."),
+		Expired: counter("engine", "expired_total",
+			"Engines expired after a lease without a sign of life."),
 		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
 	}
 	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered)
@@ -86,7 +88,7 @@ type Store struct {
 	ChunksStored   prometheus.Counter
 	ChunksDeduped  prometheus.Counter
 	ChunksDropped  prometheus.Counter
-	Evictions      prometheus.Counter
+	ChecksumTime   *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 	Releases       *prometheus.CounterVec // reason
 	RequestsLive   prometheus.Gauge
 	RequestFailure prometheus.Counter
@@ -101,12 +103,13 @@ type Store struct {
 // NewStore builds the store and request collectors.
 func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
-		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
-		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
-		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
-		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
-		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
-		Evictions:      counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Deferrals:     counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
+		Retries:       counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		ChunksStored:  counter("store", "chunks_stored_total", "Chunks copied into the pool."),
+		ChunksDeduped: counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
+		ChunksDropped: counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
+		ChecksumTime: counterVec("store", "checksum_seconds_total",
+			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 		Releases:       counterVec("requests", "released_total", "released messages published.", "reason"),
 		RequestsLive:   gauge("requests", "live", "Requests tracked."),
 		RequestFailure: counter("requests", "failures_total", "Request actors that failed and were released by supervision."),
@@ -122,7 +125,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 	for _, r := range []string{"pool_full", "copy_failed"} {
 		m.retryBy[r] = m.Retries.WithLabelValues(r)
 	}
-	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
+	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.ChecksumTime,
 		m.Releases, m.RequestsLive, m.RequestFailure, m.DecisionTime)
 	return m
 }
@@ -143,6 +146,25 @@ func (m *Store) Retry(reason string) prometheus.Counter {
 		return c
 	}
 	return m.Retries.WithLabelValues(reason)
+}
+
+// Pool are the host pool's event counters (its sizes are read at scrape
+// time: RegisterPool).
+type Pool struct {
+	Evictions prometheus.Counter
+	Corrupt   prometheus.Counter // chunks whose bytes failed their checksum on a load
+	PoolHits  prometheus.Counter // chunks loaded from host memory
+}
+
+// NewPool builds the pool counters.
+func NewPool(reg prometheus.Registerer) *Pool {
+	m := &Pool{
+		Evictions: counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Corrupt:   counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
+		PoolHits:  counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+	}
+	register(reg, m.Evictions, m.Corrupt, m.PoolHits)
+	return m
 }
 
 // Transfer are the copy workers' collectors. The byte and time counters keep

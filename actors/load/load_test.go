@@ -27,7 +27,14 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
+
+// nopStore is a store whose copies the answering transfer never runs.
+type nopStore struct{}
+
+func (nopStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
+func (nopStore) Abort(backend.Direction, []sched.JobChunk)      {}
 
 // answeringTransfer answers every Submit with JobDone carrying err.
 type answeringTransfer struct {
@@ -66,11 +73,11 @@ func TestLoadAnswersAfterTheCopy(t *testing.T) {
 			inbox := "_INBOX." + t.Name()
 			replies := testkit.Subscribe(t, nc, inbox)
 			var done atomic.Int32
-			system.Root.Spawn(load.Props(load.Deps{Pool: hostpool.NewShared(4), Transfer: xfer,
+			system.Root.Spawn(load.Props(load.Deps{Transfer: xfer,
 				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
 				Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 				Done: func() { done.Add(1) }},
-				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Keys: []messages.Key{"k"},
+				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Store: nopStore{},
 					Chunks: []sched.JobChunk{{Key: "k", Blocks: []messages.BlockID{3}}}, Bytes: 64,
 					Reply: inbox, Ctx: context.Background()}))
 			sub := testkit.Recv(t, seen, 5*time.Second, "the copy")
@@ -124,7 +131,6 @@ type rig struct {
 	replies <-chan *nats.Msg
 	submits chan *transfer.Submit
 	m       *metrics.Metrics
-	pool    *hostpool.Shared
 	deps    load.Deps
 	done    atomic.Int32 // calls of deps.Done
 }
@@ -133,11 +139,10 @@ func newRig(t *testing.T) *rig {
 	_, nc := testkit.NATS(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := &rig{t: t, system: actor.NewActorSystem(), replies: testkit.Subscribe(t, nc, "test.reply"),
-		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry()),
-		pool: hostpool.NewShared(4)}
+		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry())}
 	t.Cleanup(r.system.Shutdown)
 	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
-	r.deps = load.Deps{Pool: r.pool, Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m,
+	r.deps = load.Deps{Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m,
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 		Done: func() { r.done.Add(1) }}
 	return r
@@ -162,7 +167,8 @@ func (r *rig) loads(result string) float64 {
 }
 
 func job(chunks int) *load.Job {
-	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Reply: "test.reply", Ctx: context.Background()}
+	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Store: nopStore{}, Reply: "test.reply",
+		Ctx: context.Background()}
 	for i := range chunks {
 		j.Chunks = append(j.Chunks, sched.JobChunk{Index: messages.ChunkIndex(i), Key: messages.Key(rune('a' + i)),
 			Blocks: []messages.BlockID{messages.BlockID(i + 1)}})
@@ -206,18 +212,11 @@ func TestLoadCountsAndStops(t *testing.T) {
 }
 
 // TestLoadNothingToCopy: a load whose every target block is null submits no
-// copy, unpins its keys itself (no transfer actor will) and answers ok.
+// copy and answers ok at once.
 func TestLoadNothingToCopy(t *testing.T) {
 	r := newRig(t)
-	keys := []messages.Key{"k"}
-	_, err := r.pool.PrepareStore(keys)
-	require.NoError(t, err)
-	r.pool.CompleteStore(keys, true)
-	_, err = r.pool.PrepareLoad(keys)
-	require.NoError(t, err)
-	require.Equal(t, 1, r.pool.Stats().Pinned)
 	j := job(0)
-	j.Tokens, j.Keys = 48, keys
+	j.Tokens = 48
 	stopped := r.start(j)
 	require.Equal(t, messages.LoadReply{OK: true, LoadedTokens: 48, Node: "n1", Boot: "b1"}, r.reply())
 	testkit.Recv(t, stopped, wait, "the load actor stops")
@@ -227,7 +226,43 @@ func TestLoadNothingToCopy(t *testing.T) {
 	default:
 	}
 	require.EqualValues(t, 1, r.done.Load())
-	require.Zero(t, r.pool.Stats().Pinned, "the keys are unpinned")
+}
+
+// TestLoadAnnouncesCorruptChunk injects a copy that fails its checksum: the
+// chunk the store dropped is announced (BlockRemoved) through Removed, once,
+// for this engine; any other failure announces nothing.
+func TestLoadAnnouncesCorruptChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []messages.Key
+	}{
+		{"corrupt", fmt.Errorf("copy: %w", &hostpool.KeyError{Key: "b", Err: fmt.Errorf("%w: crc32c 1, stored 2",
+			store.ErrCorrupt)}), []messages.Key{"e", "b"}},
+		{"other key error", &hostpool.KeyError{Key: "b", Err: errors.New("pinned")}, nil},
+		{"dma fault", errors.New("dma fault"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			removed := make(chan []messages.Key, 2)
+			r.deps.Removed = func(_ context.Context, engine string, keys []messages.Key) {
+				removed <- append([]messages.Key{messages.Key(engine)}, keys...) // checked by the test goroutine
+			}
+			stopped := r.start(job(2))
+			sub := testkit.Recv(t, r.submits, wait, "submit")
+			r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID, Err: tc.err})
+			require.False(t, r.reply().OK)
+			testkit.Recv(t, stopped, wait, "the load actor stops")
+			if tc.want != nil {
+				require.Equal(t, tc.want, testkit.Recv(t, removed, wait, "the corrupt key, for engine e"))
+			}
+			select {
+			case keys := <-removed:
+				t.Fatalf("announced %v", keys)
+			default:
+			}
+		})
+	}
 }
 
 // TestLoadUnexpectedMessage: a stray message is counted, not acted on; the
