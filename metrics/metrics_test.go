@@ -140,9 +140,9 @@ func TestEachSetRegistersItsOwn(t *testing.T) {
 	prefixes := map[string][]string{
 		"events":   {"kvactors_events_", "kvactors_dropped_batches_", "kvactors_resyncs_", "kvactors_ingest_"},
 		"engines":  {"kvactors_engine_"},
-		"store":    {"kvactors_store_", "kvactors_requests_"},
-		"pool":     {"kvactors_pool_"},
-		"transfer": {"kvactors_transfer_", "kv_offload_"},
+		"store":    {"kvactors_store_", "kvactors_requests_", "kvactors_pool_evictions_"},
+		"pool":     {"kvactors_pool_", "kvactors_store_checksum_"},
+		"transfer": {"kvactors_transfer_", "kv_offload_", "kvactors_store_decision_"},
 		"load":     {"kvactors_load_"},
 		"nats":     {"kvactors_nats_"},
 		"actors":   {"kvactors_actor_"},

@@ -88,11 +88,10 @@ type Store struct {
 	ChunksStored   prometheus.Counter
 	ChunksDeduped  prometheus.Counter
 	ChunksDropped  prometheus.Counter
-	ChecksumTime   *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
+	Evictions      prometheus.Counter
 	Releases       *prometheus.CounterVec // reason
 	RequestsLive   prometheus.Gauge
 	RequestFailure prometheus.Counter
-	DecisionTime   prometheus.Histogram // event received → copy started
 
 	// Children of the hot labelled counters, resolved once (WithLabelValues
 	// hashes and locks on every call).
@@ -103,21 +102,17 @@ type Store struct {
 // NewStore builds the store and request collectors.
 func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
-		Deferrals:     counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
-		Retries:       counterVec("store", "retries_total", "Store decisions retried.", "reason"),
-		ChunksStored:  counter("store", "chunks_stored_total", "Chunks copied into the pool."),
-		ChunksDeduped: counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
-		ChunksDropped: counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
-		ChecksumTime: counterVec("store", "checksum_seconds_total",
-			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
+		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
+		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
+		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
+		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
+		Evictions:      counter("pool", "evictions_total", "Ready chunks evicted to make room."),
 		Releases:       counterVec("requests", "released_total", "released messages published.", "reason"),
 		RequestsLive:   gauge("requests", "live", "Requests tracked."),
 		RequestFailure: counter("requests", "failures_total", "Request actors that failed and were released by supervision."),
-		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
-			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
-		deferralBy: map[string]prometheus.Counter{},
-		retryBy:    map[string]prometheus.Counter{},
+		deferralBy:     map[string]prometheus.Counter{},
+		retryBy:        map[string]prometheus.Counter{},
 	}
 	for _, r := range []string{"tokens", "hashes", "blocks"} {
 		m.deferralBy[r] = m.Deferrals.WithLabelValues(r)
@@ -125,8 +120,8 @@ func NewStore(reg prometheus.Registerer) *Store {
 	for _, r := range []string{"pool_full", "copy_failed"} {
 		m.retryBy[r] = m.Retries.WithLabelValues(r)
 	}
-	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.ChecksumTime,
-		m.Releases, m.RequestsLive, m.RequestFailure, m.DecisionTime)
+	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
+		m.Releases, m.RequestsLive, m.RequestFailure)
 	return m
 }
 
@@ -148,22 +143,25 @@ func (m *Store) Retry(reason string) prometheus.Counter {
 	return m.Retries.WithLabelValues(reason)
 }
 
-// Pool are the host pool's event counters (its sizes are read at scrape
-// time: RegisterPool).
+// Pool are the collectors of the pool's copy path (package store): hits,
+// checksums, corrupt chunks. The pool's sizes are read at scrape time
+// (RegisterPool); its evictions are counted with the store decisions that
+// cause them (Store).
 type Pool struct {
-	Evictions prometheus.Counter
-	Corrupt   prometheus.Counter // chunks whose bytes failed their checksum on a load
-	PoolHits  prometheus.Counter // chunks loaded from host memory
+	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load
+	PoolHits     prometheus.Counter     // chunks loaded from host memory
+	ChecksumTime *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 }
 
-// NewPool builds the pool counters.
+// NewPool builds the copy path's collectors.
 func NewPool(reg prometheus.Registerer) *Pool {
 	m := &Pool{
-		Evictions: counter("pool", "evictions_total", "Ready chunks evicted to make room."),
-		Corrupt:   counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
-		PoolHits:  counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
+		PoolHits: counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		ChecksumTime: counterVec("store", "checksum_seconds_total",
+			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 	}
-	register(reg, m.Evictions, m.Corrupt, m.PoolHits)
+	register(reg, m.Corrupt, m.PoolHits, m.ChecksumTime)
 	return m
 }
 
@@ -178,6 +176,9 @@ type Transfer struct {
 	BytesInFlight prometheus.Gauge
 	JobsQueued    prometheus.Gauge
 	FenceWaits    prometheus.Counter
+	// DecisionTime keeps its store_ name: it measures a store decision, from
+	// the batch's arrival to its copy starting, which only the copier sees.
+	DecisionTime prometheus.Histogram
 }
 
 // NewTransfer builds the copy collectors.
@@ -195,9 +196,12 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
 		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
 		FenceWaits:    counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
+		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
+			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
 	}
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits)
+		m.JobsQueued, m.FenceWaits, m.DecisionTime)
 	return m
 }
 

@@ -89,7 +89,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	}
 	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues("load"), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
 		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
 			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
 		}},

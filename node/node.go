@@ -120,7 +120,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Fence: n.fence}))
+		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues("transfer"), Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}
@@ -174,7 +174,7 @@ func (n *Node) startBackend() error {
 		n.log.Info("disk tier opened", "dir", n.cfg.DiskDir, "chunks", st.Chunks, "bytes", st.Bytes,
 			"discarded", st.Discarded)
 	}
-	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics)
+	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics.Pool)
 	n.diskKeys = newDiskKeys()
 	n.store.UseDiskKeys(n.diskKeys)
 	if n.cfg.SlotBytes != 0 {

@@ -74,7 +74,7 @@ func TestLoadAnswersAfterTheCopy(t *testing.T) {
 			replies := testkit.Subscribe(t, nc, inbox)
 			var done atomic.Int32
 			system.Root.Spawn(load.Props(load.Deps{Transfer: xfer,
-				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.NewLoad(nil),
 				Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 				Done: func() { done.Add(1) }},
 				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Store: nopStore{},
@@ -142,8 +142,9 @@ func newRig(t *testing.T) *rig {
 		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry())}
 	t.Cleanup(r.system.Shutdown)
 	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
-	r.deps = load.Deps{Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m,
-		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
+	r.deps = load.Deps{Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m.Load,
+		Unexpected: r.m.Unexpected.WithLabelValues("load"),
+		Tracer:     noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 		Done: func() { r.done.Add(1) }}
 	return r
 }

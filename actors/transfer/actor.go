@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -39,9 +40,11 @@ func (c Config) withDefaults() Config {
 // Deps is what the actor needs from its node.
 type Deps struct {
 	Config  Config
-	Metrics *metrics.Metrics
-	Tracer  trace.Tracer
-	Log     *slog.Logger
+	Metrics *metrics.Transfer
+	// Unexpected counts messages with no case (nil: not counted).
+	Unexpected prometheus.Counter
+	Tracer     trace.Tracer
+	Log        *slog.Logger
 	// Fence, when set, holds copies back while NATS is unreachable.
 	Fence *Fence
 }
@@ -77,7 +80,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *copyDone:
 		a.finish(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("transfer").Inc()
+		if a.deps.Unexpected != nil {
+			a.deps.Unexpected.Inc()
+		}
 	}
 	queued, running, inflight := a.q.stats()
 	a.deps.Metrics.JobsQueued.Set(float64(queued))
