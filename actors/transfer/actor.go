@@ -14,7 +14,7 @@ import (
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// Config bounds one device's copies.
+// Config bounds the node's copies (one transfer actor per node; a node serves one GPU).
 type Config struct {
 	// Workers is the number of copies running at once (default 2).
 	Workers int
@@ -49,7 +49,7 @@ type Deps struct {
 	Fence *Fence
 }
 
-// Actor is the transfer actor of one device. It owns the queue and its
+// Actor is the node's transfer actor. It owns the queue and its
 // workers; the workers take jobs from the queue and report each end as a
 // message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
