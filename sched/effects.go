@@ -68,12 +68,6 @@ type Effects struct {
 	Done     bool     // the request is done: drop it after publishing Releases
 }
 
-// Empty reports whether there is nothing to do.
-func (e *Effects) Empty() bool {
-	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
-		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
-}
-
 // Backoff policy for retries: doubling from RetryBase up to RetryMax.
 const (
 	RetryBase = 10 * time.Millisecond

@@ -338,3 +338,10 @@ func nilIfEmpty[T any](s []T) []T {
 	}
 	return s
 }
+
+// noWork reports whether effects ask the caller for nothing (a dedup count
+// alone is no work).
+func noWork(e *Effects) bool {
+	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
+		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
+}
