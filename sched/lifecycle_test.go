@@ -41,7 +41,7 @@ func TestLifecycleScenarios(t *testing.T) {
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
 		{
-			// PROTOCOL.md: "A second ... preempted before resumed ... is ignored".
+			// docs/PROTOCOL.md: "A second finished, or preempted before resumed, is ignored".
 			name: "preempted twice releases once",
 			rule: "lifecycle: preempted twice",
 			lay:  oneGroup4, add: added(12),

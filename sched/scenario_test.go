@@ -303,7 +303,7 @@ func TestStoreScenarios(t *testing.T) {
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
 		{
-			// PROTOCOL.md "A failed copy frees the slots and is retried".
+			// docs/PROTOCOL.md: "A failed copy frees its pending slots and its chunks are offered again with a retry".
 			name: "failed copy is retried and stored",
 			rule: "store job (failed copy)",
 			lay:  oneGroup4, add: added(12),
