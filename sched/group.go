@@ -61,9 +61,9 @@ func (g *group) ready(tm readyTerms) (ready messages.ChunkIndex, reason DeferRea
 	return messages.ChunkIndex(rd), reason, messages.ChunkIndex(max(tok, hsh, blk))
 }
 
-// candidates yields the chunks a decision at ready prefix rd considers
-// (PROTOCOL.md): redo chunks below rd, then [cursor, rd), each only if its
-// last block is not null (a null last block means the engine skipped it).
+// candidates yields the chunks a decision at ready prefix rd considers:
+// redo chunks below rd, then [cursor, rd), each only if its last block is
+// not null (docs/PROTOCOL.md: "whose last block id is not 0").
 func (g *group) candidates(rd messages.ChunkIndex, bpc int) iter.Seq[messages.ChunkIndex] {
 	return func(yield func(messages.ChunkIndex) bool) {
 		for _, c := range g.redo {
