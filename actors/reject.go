@@ -2,6 +2,7 @@ package actors
 
 import (
 	"errors"
+	"slices"
 
 	"github.com/kvactors/kvactors/sched"
 )
@@ -29,6 +30,18 @@ var rejectReasons = []struct {
 	{sched.ErrPromptMismatch, "prompt_mismatch"},
 	{sched.ErrBadEventType, ReasonBadEvent},
 	{sched.ErrWrongRequest, ReasonBadEvent},
+}
+
+// RejectReasons lists every label RejectReason and the Reason* constants
+// give (metrics preset them at 0).
+func RejectReasons() []string {
+	out := []string{ReasonUnknownEngine, ReasonUnknownReq, ReasonBadSpec, ReasonOther}
+	for _, r := range rejectReasons {
+		if !slices.Contains(out, r.reason) {
+			out = append(out, r.reason)
+		}
+	}
+	return out
 }
 
 // RejectReason maps a rejection error to its metric label.

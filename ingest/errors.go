@@ -53,6 +53,18 @@ var reasons = []struct {
 	{ErrBadEvent, "bad_event"},
 }
 
+// reasonOther labels an error not from this package.
+const reasonOther = "other"
+
+// Reasons lists every label Reason returns (metrics preset them at 0).
+func Reasons() []string {
+	out := make([]string, 0, len(reasons)+1)
+	for _, r := range reasons {
+		out = append(out, r.label)
+	}
+	return append(out, reasonOther)
+}
+
 // Reason returns a short, bounded label for err (for a metric label or a
 // span attribute): "unknown_type", "bad_request_id", "wrong_type",
 // "out_of_range", "bad_hash", "too_large", "bad_spec", "bad_subject",
@@ -63,7 +75,7 @@ func Reason(err error) string {
 			return r.label
 		}
 	}
-	return "other"
+	return reasonOther
 }
 
 // EventError reports one rejected event of a batch. The event is left out of

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and
-// /debug/pprof on the admin address (loopback by default).
+// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and, with
+// --pprof, /debug/pprof on the admin address (loopback by default).
 func (n *Node) startHTTP() error {
 	if n.cfg.HTTPAddr == HTTPOff {
 		return nil
@@ -35,11 +35,13 @@ func (n *Node) startHTTP() error {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("/debug/engines", n.serveEngines)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if n.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.http.Serve(ln); err != nil && err != http.ErrServerClosed {

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"time"
 
@@ -20,6 +21,10 @@ type Config struct {
 	// NATSURL connects to an existing NATS server or cluster; empty starts an
 	// embedded server.
 	NATSURL string `json:"nats_url"`
+	// NATSConnectTimeout bounds the retries (with backoff) of the first
+	// connection to NATSURL, so a node started before its NATS cluster waits
+	// for it instead of exiting (default 30s).
+	NATSConnectTimeout time.Duration `json:"nats_connect_timeout"`
 	// NATSHost and NATSPort are the embedded server's listen address
 	// (default 127.0.0.1:4222; port -1 picks a free one).
 	NATSHost string `json:"nats_host"`
@@ -55,6 +60,13 @@ type Config struct {
 	DecodeWorkers int `json:"decode_workers"`
 	// ShutdownTimeout bounds the graceful part of Close (default 10s).
 	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
+	// Pprof serves /debug/pprof on the admin address (default off: profiles
+	// expose internals and cost CPU while taken).
+	Pprof bool `json:"pprof"`
+	// LogLevel (debug, info, warn, error) and LogFormat (text, json) build
+	// the logger of NewLogger; a node given Log ignores them.
+	LogLevel  string `json:"log_level"`
+	LogFormat string `json:"log_format"`
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.
@@ -67,49 +79,54 @@ type Config struct {
 	Registry *prometheus.Registry `json:"-"`
 }
 
-// Defaults.
+// HTTPOff as the admin address disables the admin server.
+const HTTPOff = "off"
+
+// Log formats.
 const (
-	DefaultPrefix    = "kvactors"
-	DefaultNATSHost  = "127.0.0.1"
-	DefaultNATSPort  = 4222
-	DefaultShmDir    = "/dev/shm"
-	DefaultPoolBytes = 1 << 30
-	DefaultHTTPAddr  = "127.0.0.1:9464"
-	// HTTPOff disables the admin server.
-	HTTPOff = "off"
+	LogText = "text"
+	LogJSON = "json"
 )
+
+// DefaultConfig is every setting's default: the one place they are written
+// (withDefaults, the serve flags, `kvactors flags` and docs/CONFIG.md read
+// them from here).
+func DefaultConfig() Config {
+	return Config{
+		NATSConnectTimeout: 30 * time.Second,
+		NATSHost:           "127.0.0.1",
+		NATSPort:           4222,
+		Prefix:             "kvactors",
+		Backend:            "shm",
+		ShmDir:             "/dev/shm",
+		PoolBytes:          1 << 30,
+		HTTPAddr:           "127.0.0.1:9464",
+		DecodeWorkers:      2,
+		ShutdownTimeout:    10 * time.Second,
+		LogLevel:           "info",
+		LogFormat:          LogText,
+		Transfer:           transfer.DefaultConfig(),
+		Limits:             ingest.DefaultLimits(),
+	}
+}
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("bad config")
 
 func (c Config) withDefaults() Config {
-	if c.NATSHost == "" {
-		c.NATSHost = DefaultNATSHost
-	}
-	if c.NATSPort == 0 {
-		c.NATSPort = DefaultNATSPort
-	}
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.Backend == "" {
-		c.Backend = "shm"
-	}
-	if c.ShmDir == "" {
-		c.ShmDir = DefaultShmDir
-	}
-	if c.PoolBytes == 0 {
-		c.PoolBytes = DefaultPoolBytes
-	}
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = DefaultHTTPAddr
-	}
-	if c.DecodeWorkers == 0 {
-		c.DecodeWorkers = 2
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = 10 * time.Second
-	}
+	d := DefaultConfig()
+	orDefault(&c.NATSConnectTimeout, d.NATSConnectTimeout)
+	orDefault(&c.NATSHost, d.NATSHost)
+	orDefault(&c.NATSPort, d.NATSPort)
+	orDefault(&c.Prefix, d.Prefix)
+	orDefault(&c.Backend, d.Backend)
+	orDefault(&c.ShmDir, d.ShmDir)
+	orDefault(&c.PoolBytes, d.PoolBytes)
+	orDefault(&c.HTTPAddr, d.HTTPAddr)
+	orDefault(&c.DecodeWorkers, d.DecodeWorkers)
+	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
+	orDefault(&c.LogLevel, d.LogLevel)
+	orDefault(&c.LogFormat, d.LogFormat)
 	c.Limits = c.Limits.WithDefaults()
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -118,6 +135,15 @@ func (c Config) withDefaults() Config {
 		c.Registry = prometheus.NewRegistry()
 	}
 	return c
+}
+
+// orDefault sets a zero *v to def (the zero value of a setting means its
+// default).
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Validate reports the first bad setting.
@@ -136,6 +162,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:
 		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
+	case c.NATSConnectTimeout < 0 || c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: negative timeout", ErrConfig)
+	}
+	if _, err := c.NewLogger(io.Discard); err != nil {
+		return err
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -156,4 +187,21 @@ func validPrefix(p string) bool {
 		}
 	}
 	return true
+}
+
+// NewLogger is the logger LogLevel and LogFormat describe, writing to w.
+func (c Config) NewLogger(w io.Writer) (*slog.Logger, error) {
+	c = c.withDefaults()
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return nil, fmt.Errorf("%w: log level %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch c.LogFormat {
+	case LogText:
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case LogJSON:
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("%w: log format %q: want %s or %s", ErrConfig, c.LogFormat, LogText, LogJSON)
 }

@@ -72,6 +72,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.tracer = tp.Tracer(tracing.TracerName)
 	n.metrics = metrics.New(cfg.Registry)
+	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
 	defer func() {
 		if err != nil {
@@ -81,7 +82,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startBackend(); err != nil {
 		return nil, err
 	}
-	if err := n.connect(); err != nil {
+	if err := n.connect(ctx); err != nil {
 		return nil, err
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
@@ -129,30 +130,59 @@ func (n *Node) startBackend() error {
 }
 
 // connect starts the embedded server (no --nats) and connects to NATS.
-func (n *Node) connect() error {
+func (n *Node) connect(ctx context.Context) error {
 	url := n.cfg.NATSURL
 	if url == "" {
-		dir := n.cfg.NATSStoreDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "kvactors-js-")
-			if err != nil {
-				return fmt.Errorf("jetstream dir: %w", err)
-			}
-			dir, n.storeDir = tmp, tmp
+		if err := n.startEmbedded(); err != nil {
+			return err
 		}
-		ns, err := server.NewServer(&server.Options{Host: n.cfg.NATSHost, Port: n.cfg.NATSPort,
-			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
-		if err != nil {
-			return fmt.Errorf("embedded nats: %w", err)
-		}
-		ns.Start()
-		if !ns.ReadyForConnections(10 * time.Second) {
-			ns.Shutdown()
-			return fmt.Errorf("embedded nats on %s:%d did not become ready", n.cfg.NATSHost, n.cfg.NATSPort)
-		}
-		n.ns = ns
-		url = ns.ClientURL()
+		url = n.ns.ClientURL()
 	}
+	opts := n.natsOptions()
+	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
+	if err != nil {
+		return err
+	}
+	n.nc = nc
+	n.metrics.NATSConnected.Set(1)
+	return nil
+}
+
+// startEmbedded starts the embedded NATS server. A port already taken is
+// found before the server starts (it runs with NoLog, and would otherwise
+// only fail to become ready).
+func (n *Node) startEmbedded() error {
+	dir := n.cfg.NATSStoreDir
+	if dir == "" {
+		tmp, err := os.MkdirTemp("", "kvactors-js-")
+		if err != nil {
+			return fmt.Errorf("jetstream dir: %w", err)
+		}
+		dir, n.storeDir = tmp, tmp
+	}
+	if err := portFree(n.cfg.NATSHost, n.cfg.NATSPort); err != nil {
+		return err
+	}
+	ns, err := server.NewServer(&server.Options{Host: n.cfg.NATSHost, Port: n.cfg.NATSPort,
+		JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: MaxPayload})
+	if err != nil {
+		return fmt.Errorf("embedded nats: %w", err)
+	}
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		if err := portFree(n.cfg.NATSHost, n.cfg.NATSPort); err != nil { // lost a race for the port
+			return err
+		}
+		return fmt.Errorf("embedded nats on %s:%d did not become ready", n.cfg.NATSHost, n.cfg.NATSPort)
+	}
+	n.ns = ns
+	return nil
+}
+
+// natsOptions are the client's options: reconnect for ever once connected,
+// with the connection gauge and logs kept current.
+func (n *Node) natsOptions() []nats.Option {
 	opts := []nats.Option{nats.Name("kvactors"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
@@ -184,13 +214,7 @@ func (n *Node) connect() error {
 	if n.cfg.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", url, err)
-	}
-	n.nc = nc
-	n.metrics.NATSConnected.Set(1)
-	return nil
+	return opts
 }
 
 // NATSURL is the URL engines connect to.

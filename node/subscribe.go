@@ -52,7 +52,8 @@ type StatusReply struct {
 	engine.Status
 	Pool      hostpool.Stats `json:"pool"`
 	SlotBytes int64          `json:"slot_bytes"`
-	Error     string         `json:"error,omitempty"`
+	StatusPage
+	Error string `json:"error,omitempty"`
 }
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
@@ -74,7 +75,8 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 	return func(timeout time.Duration) (StatusReply, error) {
 		select {
 		case st := <-ch:
-			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow()}, nil
+			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow(),
+				StatusPage: StatusPage{Pages: 1, TotalRequests: len(st.Requests)}}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
 		}
@@ -96,12 +98,19 @@ func (n *Node) Engines() []string {
 // every batch the engine sent before it; the answer is awaited off the
 // ingest worker so a slow gather never holds up events.
 func (n *Node) onStatus(engineID string, m *nats.Msg) {
+	page, err := decodeStatusQuery(m.Data)
+	if err != nil {
+		n.rejected(ingest.Reason(err), "status request refused", "engine", engineID, "err", err)
+		n.outbox.Reply(context.Background(), m.Reply, StatusReply{Status: engine.Status{Engine: engineID},
+			Error: err.Error()})
+		return
+	}
 	wait := n.startStatus(engineID)
 	go func() {
 		st, err := wait(2 * time.Second)
 		if err != nil {
 			st.Engine, st.Error = engineID, err.Error()
 		}
-		n.outbox.Reply(context.Background(), m.Reply, st)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusPage(st, page))
 	}()
 }

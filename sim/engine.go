@@ -90,6 +90,7 @@ func Run(ctx context.Context, nc *nats.Conn, cfg Config) (Report, error) {
 	}()
 	err = e.run(ctx)
 	e.rep.Elapsed = time.Since(start)
+	e.rep.Interrupted = ctx.Err() != nil
 	return e.rep.clone(), err
 }
 

@@ -2,14 +2,17 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -42,11 +45,11 @@ func TestMain(m *testing.M) {
 func TestVersionAndHelp(t *testing.T) {
 	out, err := exec.Command(binary, "version").CombinedOutput()
 	require.NoError(t, err)
-	require.Contains(t, string(out), "kvactors")
+	require.Regexp(t, `^kvactors \S+, revision \S+.*, built \S+, go1\.`, string(out))
 
 	out, err = exec.Command(binary, "serve", "--help").CombinedOutput()
-	require.Error(t, err) // flag's --help exits 2
-	for _, f := range []string{"-nats", "-prefix", "-shm-dir", "-pool-bytes", "-http"} {
+	require.NoError(t, err, "--help exits 0")
+	for _, f := range []string{"-nats", "-prefix", "-shm-dir", "-pool-bytes", "-http", "-config", "-log-format"} {
 		require.Contains(t, string(out), f)
 	}
 	out, err = exec.Command(binary, "nonsense").CombinedOutput()
@@ -54,13 +57,118 @@ func TestVersionAndHelp(t *testing.T) {
 	require.Contains(t, string(out), "unknown command")
 }
 
-// A malformed KVACTORS_* variable is an error naming it, not a silent default.
-func TestEnvFallbackIsChecked(t *testing.T) {
-	cmd := exec.Command(binary, "serve")
+// The exit-status table (main.go usage, docs/OPERATIONS.md): --help is 0 for
+// every command; a bad flag, a stray argument or a bad value is 2 and one
+// line pointing at --help (never the whole usage); nothing starts.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		say  string
+	}{
+		{[]string{"serve", "--help"}, 0, "usage: kvactors serve"},
+		{[]string{"demo", "--help"}, 0, "usage: kvactors demo"},
+		{[]string{"bench", "--help"}, 0, "usage: kvactors bench"},
+		{[]string{"flags", "--help"}, 0, "usage: kvactors flags"},
+		{[]string{"version", "--help"}, 0, "usage: kvactors version"},
+		{[]string{"help"}, 0, "usage: kvactors <command>"},
+		{[]string{}, 2, "usage: kvactors <command>"},
+		{[]string{"serve", "extra-arg", "--nats-port", "-1"}, 2, `unexpected argument "extra-arg"`},
+		{[]string{"flags", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"version", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"bench", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"serve", "--no-such-flag"}, 2, "flag provided but not defined"},
+		{[]string{"serve", "--pool-bytes", "abc"}, 2, `bad byte size "abc"`},
+		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
+		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
+		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		{[]string{"demo", "--pool-bytes", "abc"}, 2, "--pool-bytes"},
+		{[]string{"demo", "--pool-bytes", "0"}, 2, "--pool-bytes"},
+		{[]string{"bench", "--engines", "x"}, 2, "invalid value"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		require.Equal(t, tc.code, code, "%q: stdout %s stderr %s", tc.args, stdout.String(), stderr.String())
+		require.Contains(t, stdout.String()+stderr.String(), tc.say, "%q", tc.args)
+		if tc.code == 2 && len(tc.args) > 0 {
+			require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "%q: one line, not the usage:\n%s",
+				tc.args, stderr.String())
+			require.Contains(t, stderr.String(), "--help")
+		}
+	}
+}
+
+// Flag beats environment: a malformed KVACTORS_POOL_BYTES is not read when
+// --pool-bytes is given (the node starts), and is an error naming it when
+// not (below).
+func TestFlagBeatsMalformedEnv(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "--pool-bytes", "1M", "--nats-port", "-1", "--http", "127.0.0.1:0",
+		"--shm-dir", t.TempDir(), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTES=lots")
+	serving, stop := startServe(t, cmd)
+	require.Contains(t, serving, "kvactors serving")
+	require.Equal(t, 0, stop())
+}
+
+// A busy embedded NATS port fails at once with "address already in use" and
+// the way out, exit 1 (a runtime failure, not a usage error).
+func TestBusyNATSPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	start := time.Now()
+	cmd := exec.Command(binary, "serve", "--nats-port", port, "--http", "off", "--shm-dir", t.TempDir())
 	out, err := cmd.CombinedOutput()
-	require.Error(t, err)
-	require.Contains(t, string(out), "KVACTORS_POOL_BYTES")
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 1, exit.ExitCode())
+	require.Contains(t, string(out), "address already in use")
+	require.Contains(t, string(out), "--nats-port")
+	require.Less(t, time.Since(start), 5*time.Second, "no wait for a server that cannot listen")
+}
+
+// startServe starts a serve command, waits for its "kvactors serving" line
+// and returns it with a stop function (SIGTERM, then the exit status).
+func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
+	t.Helper()
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			if strings.HasPrefix(s.Text(), "kvactors serving") {
+				line <- s.Text()
+			}
+		}
+	}()
+	var serving string
+	select {
+	case serving = <-line:
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not print its URL")
+	}
+	return serving, func() int {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if exit, ok := err.(*exec.ExitError); ok {
+				return exit.ExitCode()
+			}
+			require.NoError(t, err)
+			return 0
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not exit after SIGTERM")
+			return -1
+		}
+	}
 }
 
 // docs/CONFIG.md's table is what `kvactors flags` prints (the
