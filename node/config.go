@@ -11,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend/cuda"
+	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/ingest"
 )
 
@@ -98,7 +100,8 @@ func DefaultConfig() Config {
 		NATSPort:           4222,
 		Prefix:             "kvactors",
 		Backend:            "shm",
-		ShmDir:             "/dev/shm",
+		CUDADevice:         cuda.DefaultConfig().Device,
+		ShmDir:             shm.DefaultConfig().Dir,
 		PoolBytes:          1 << 30,
 		HTTPAddr:           "127.0.0.1:9464",
 		DecodeWorkers:      2,

@@ -26,12 +26,13 @@ type benchOptions struct {
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
-	fs.IntVar(&o.cfg.Engines, "engines", 4, "simulated engines publishing at once")
-	fs.DurationVar(&o.cfg.Duration, "duration", 0, "length of each measured step (default 3s, 1s with --quick)")
+	d := kvbench.DefaultConfig()
+	fs.IntVar(&o.cfg.Engines, "engines", d.Engines, "simulated engines publishing at once")
+	fs.DurationVar(&o.cfg.Duration, "duration", 0, fmt.Sprintf("length of each measured step (default %v; %v with --quick)", d.Duration, kvbench.QuickDuration))
 	fs.StringVar(&o.cfg.NATSURL, "nats", "", "NATS server URL (default: an embedded server on a free port)")
-	fs.BoolVar(&o.cfg.Quick, "quick", false, "shorter run: 1s steps and 10,000 live requests in the scale phase")
-	fs.IntVar(&o.cfg.ScaleRequests, "scale-requests", 0, "live requests in the scale phase (default 100000; 10000 with --quick)")
-	fs.StringVar(&o.phases, "phases", strings.Join(kvbench.AllPhases, ","), "comma-separated phases to run")
+	fs.BoolVar(&o.cfg.Quick, "quick", false, fmt.Sprintf("shorter run: %v steps and %d live requests in the scale phase", kvbench.QuickDuration, kvbench.QuickScaleRequests))
+	fs.IntVar(&o.cfg.ScaleRequests, "scale-requests", 0, fmt.Sprintf("live requests in the scale phase (default %d; %d with --quick)", d.ScaleRequests, kvbench.QuickScaleRequests))
+	fs.StringVar(&o.phases, "phases", strings.Join(d.Phases, ","), "comma-separated phases to run")
 	fs.StringVar(&o.cfg.ShmDir, "shm-dir", "", "directory for the engines' shm segments (default /dev/shm if writable)")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON instead of tables")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the throughput phase's node run to this file")

@@ -90,7 +90,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	fs.DurationVar(&o.step, "step", 10*time.Millisecond, "scheduler step of each engine")
 	fs.StringVar(&o.natsURL, "nats", "", "NATS URL to use instead of an embedded server")
 	fs.StringVar(&o.shmDir, "shm-dir", defaultShmDir(), "where engines create their shm segments")
-	fs.StringVar(&o.poolBytes, "pool-bytes", "1GiB", "host pool size")
+	fs.StringVar(&o.poolBytes, "pool-bytes", node.FormatBytes(node.DefaultConfig().PoolBytes), "host pool size")
 	fs.StringVar(&o.traceFile, "trace-file", "", "write the node's spans to this file (console exporter JSON, one span per object)")
 	fs.BoolVar(&o.otlp, "otlp", false, "also export spans by OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, e.g. a local Jaeger)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the token streams, lengths and fates")
@@ -137,10 +137,11 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 // defaultShmDir is /dev/shm where it can be written (the real thing), else
 // the temp dir (the shm backend works on any directory).
 func defaultShmDir() string {
-	if f, err := os.CreateTemp("/dev/shm", "kvactors-probe-"); err == nil {
+	dir := node.DefaultConfig().ShmDir
+	if f, err := os.CreateTemp(dir, "kvactors-probe-"); err == nil {
 		_ = f.Close()
 		_ = os.Remove(f.Name())
-		return "/dev/shm"
+		return dir
 	}
 	return os.TempDir()
 }
