@@ -199,11 +199,7 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 
 	exported := scrapeFreshNode(t)
 	var queried []string
-	add := func(expr string) {
-		for _, m := range promName.FindAllString(expr, -1) {
-			queried = append(queried, m)
-		}
-	}
+	add := func(expr string) { queried = append(queried, promName.FindAllString(expr, -1)...) }
 	for _, p := range dash.Panels {
 		require.NotEmpty(t, p.Title)
 		require.NotEmpty(t, p.Targets, "panel %q has no query", p.Title)

@@ -256,3 +256,49 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 		t.Fatal("serve did not exit after SIGTERM")
 	}
 }
+
+// --log-format json: every log line is a JSON object. The run also shows
+// the --nats-port warning under --nats and the bounded start-up retries
+// ending in exit 1 (a runtime failure) with the attempts counted.
+func TestServeJSONLogsWarningAndConnectTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	url := "nats://" + ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	cmd := exec.Command(binary, "serve", "--nats", url, "--nats-port", "5000", "--nats-connect-timeout", "300ms",
+		"--log-format", "json", "--http", "off", "--shm-dir", t.TempDir(), "--pool-bytes", "1M")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 1, exit.ExitCode(), stderr.String())
+	var msgs []string
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var rec struct{ Level, Msg, Err string }
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "not JSON: %s", line)
+		msgs = append(msgs, rec.Level+" "+rec.Msg+" "+rec.Err)
+	}
+	all := strings.Join(msgs, "\n")
+	require.Contains(t, all, "WARN --nats-port is ignored")
+	require.Contains(t, all, "nats not reachable, retrying")
+	require.Regexp(t, `ERROR start connect to nats .* attempts in 300ms`, all)
+}
+
+// --config: serve takes its settings from the file, and a flag still beats
+// the file's key.
+func TestServeConfigFile(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "kvactors.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("nats-port: -1\nhttp: 127.0.0.1:0\npool-bytes: 1M\n"+
+		"shm-dir: "+t.TempDir()+"\nprefix: fromfile\nlog-level: warn\n"), 0o600))
+	cmd := exec.Command(binary, "serve", "--config", cfg, "--prefix", "fromflag")
+	serving, stop := startServe(t, cmd)
+	require.Contains(t, serving, `prefix "fromflag"`)
+	require.Regexp(t, `admin http 127\.0\.0\.1:\d+`, serving)
+	require.Equal(t, 0, stop())
+
+	require.NoError(t, os.WriteFile(cfg, []byte("pool-bytse: 1M\n"), 0o600))
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"serve", "--config", cfg}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), `unknown key "pool-bytse"`)
+}
