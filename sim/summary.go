@@ -160,7 +160,8 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 		t.AbortedQueued, t.AbortedMidPrefill)
 	row("preemptions", "%d (%d by block pressure), %d resumed, %d with a prefix-cache hit", t.Preemptions,
 		t.PreemptedPressure, t.Resumes, t.ResumeHits)
-	row("events", "%d sent in %d batches (%.0f/s); node: %.0f batches received, %.0f events applied, rejected %s",
+	row("events", "%d sent in %d batches (%.0f/s); node: %.0f batches received, %.0f events applied to live "+
+		"requests (each request's added starts it, not counted), rejected %s",
 		t.Events, t.Batches, rate(float64(t.Events), secs), node.Batches, node.EventsApplied, counts(node.Rejected))
 	row("chunks stored", "%d reported in %d stored messages; node: %.0f copied into the pool, %.0f already there "+
 		"(deduplicated), %.0f dropped, %.0f evicted later", t.ChunksStored, t.StoredJobs, node.ChunksStored,

@@ -46,6 +46,12 @@ func TestVersionAndHelp(t *testing.T) {
 	out, err := exec.Command(binary, "version").CombinedOutput()
 	require.NoError(t, err)
 	require.Regexp(t, `^kvactors \S+, revision \S+.*, built \S+, go1\.`, string(out))
+	out, err = exec.Command(binary, "version", "--json").Output()
+	require.NoError(t, err)
+	var info struct{ Version, Revision, GoVersion string }
+	require.NoError(t, json.Unmarshal(out, &info))
+	require.NotEmpty(t, info.Version)
+	require.NotEmpty(t, info.Revision)
 
 	out, err = exec.Command(binary, "serve", "--help").CombinedOutput()
 	require.NoError(t, err, "--help exits 0")
