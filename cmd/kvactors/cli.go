@@ -29,14 +29,20 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 }
 
 // parseExit turns a parse error into what the user sees and the exit code:
-// -1 to go on; 0 after printing the usage for --help; 2 after printing the
-// problem as one line that points at --help.
-func parseExit(cmd string, err error, fs *flag.FlagSet, stdout, stderr io.Writer) int {
+// -1 to go on; 0 after printing the usage (and notes) for --help; 2 after
+// printing the problem as one line that points at --help.
+func parseExit(cmd string, err error, fs *flag.FlagSet, stdout, stderr io.Writer, notes ...string) int {
 	switch {
 	case err == nil:
 		return -1
 	case errors.Is(err, flag.ErrHelp):
 		fmt.Fprintf(stdout, "usage: kvactors %s [flags]\n\n", cmd)
+		for _, n := range notes {
+			fmt.Fprintln(stdout, n)
+		}
+		if len(notes) > 0 {
+			fmt.Fprintln(stdout)
+		}
 		fs.SetOutput(stdout)
 		fs.PrintDefaults()
 		return exitOK

@@ -308,3 +308,43 @@ func TestServeConfigFile(t *testing.T) {
 	require.Equal(t, 2, run([]string{"serve", "--config", cfg}, &stdout, &stderr))
 	require.Contains(t, stderr.String(), `unknown key "pool-bytse"`)
 }
+
+// An interrupted bench prints what finished and exits 130, not 1.
+func TestBenchInterrupted(t *testing.T) {
+	cmd := exec.Command(binary, "bench", "--phases", "copy", "--duration", "60s", "--shm-dir", t.TempDir())
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = io.Discard
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	select {
+	case <-lines: // the bench is running
+	case <-time.After(20 * time.Second):
+		t.Fatal("bench printed nothing")
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	var rest []string
+	timeout := time.After(30 * time.Second)
+	for done := false; !done; {
+		select {
+		case l, ok := <-lines:
+			rest = append(rest, l)
+			done = !ok
+		case <-timeout:
+			t.Fatal("bench did not stop after Ctrl-C")
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, strings.Join(rest, "\n"))
+	require.Equal(t, 130, exit.ExitCode())
+	require.Contains(t, strings.Join(rest, "\n"), "kvactors bench: interrupted")
+}

@@ -19,7 +19,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	var cfg node.Config
 	flags := cfg.BindFlags(fs)
-	if code := parseExit("serve", flags.Parse(args), fs, stdout, stderr); code >= 0 {
+	if code := parseExit("serve", flags.Parse(args), fs, stdout, stderr,
+		"Each setting comes from its flag, else its KVACTORS_<FLAG> variable, else the --config file, else the",
+		"default (docs/CONFIG.md). NATS secrets: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only)."); code >= 0 {
 		return code
 	}
 	if err := cfg.Validate(); err != nil {
