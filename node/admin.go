@@ -2,10 +2,12 @@ package node
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -18,6 +20,10 @@ func (n *Node) startHTTP() error {
 		return nil
 	}
 	ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("admin http on %s: address already in use: pick another with --http "+
+			"(port 0: any free port; off: no admin server): %w", n.cfg.HTTPAddr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("admin http on %s: %w", n.cfg.HTTPAddr, err)
 	}

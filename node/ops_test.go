@@ -190,7 +190,8 @@ func TestStartGivesUpOnNATS(t *testing.T) {
 }
 
 // A taken embedded NATS port is "address already in use" with the way out,
-// at once (the server runs silent, and used to time out after 10 s).
+// at once (the server runs silent, and used to time out after 10 s); so is
+// a taken admin port.
 func TestEmbeddedNATSPortInUse(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -201,6 +202,12 @@ func TestEmbeddedNATSPortInUse(t *testing.T) {
 	require.ErrorContains(t, err, "address already in use")
 	require.ErrorContains(t, err, "--nats-port")
 	require.Less(t, time.Since(start), 5*time.Second)
+
+	// The admin port too.
+	_, err = node.Start(context.Background(), node.Config{NATSPort: -1, ShmDir: t.TempDir(), PoolBytes: 1 << 20,
+		HTTPAddr: ln.Addr().String(), Log: slog.New(slog.DiscardHandler)})
+	require.ErrorContains(t, err, "address already in use")
+	require.ErrorContains(t, err, "--http")
 }
 
 func scrape(t *testing.T, e *env) string {
