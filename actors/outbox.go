@@ -14,18 +14,6 @@ import (
 	"github.com/kvactors/kvactors/wire"
 )
 
-// Subject verbs of protocol v1.
-const (
-	VerbRegister = "register"
-	VerbEvents   = "events"
-	VerbReleased = "released"
-	VerbStored   = "stored"
-	VerbKVEvents = "kv_events"
-	VerbLookup   = "lookup"
-	VerbLoad     = "load"
-	VerbStatus   = "status"
-)
-
 // Outbox publishes kvactors' messages to engines and routers. Publishing on a
 // core NATS connection is a buffered write, so actors may call it from
 // Receive. Each message carries the caller's trace context in its headers.
@@ -42,17 +30,29 @@ func NewOutbox(nc *nats.Conn, prefix string, log *slog.Logger) *Outbox {
 }
 
 // Subject is P.E.verb.
-func (o *Outbox) Subject(engine, verb string) string { return o.prefix + "." + engine + "." + verb }
+func (o *Outbox) Subject(engine, verb string) string {
+	return messages.EngineSubject(o.prefix, engine, verb)
+}
 
-// Released publishes P.E.released.
-func (o *Outbox) Released(ctx context.Context, engine, request, reason string) {
-	o.send(ctx, o.Subject(engine, VerbReleased),
-		wire.AppendReleased(nil, &messages.Released{Request: request, Reason: reason}))
+// released publishes P.E.released; only Releases calls it, so that every
+// release is numbered.
+func (o *Outbox) released(ctx context.Context, engine string, r *messages.Released) {
+	o.send(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r))
+}
+
+// Resync publishes P.E.resync.
+func (o *Outbox) Resync(ctx context.Context, engine string, r *messages.Resync) {
+	o.publish(ctx, o.Subject(engine, messages.VerbResync), r)
+}
+
+// Node publishes on P._node.<node>.<verb> (hello, heartbeat).
+func (o *Outbox) Node(node, verb string, v any) {
+	o.publish(context.Background(), messages.NodeSubject(o.prefix, node, verb), v)
 }
 
 // Stored publishes P.E.stored for one completed store job.
 func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) {
-	o.send(ctx, o.Subject(engine, VerbStored), wire.AppendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
+	o.send(ctx, o.Subject(engine, messages.VerbStored), wire.AppendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
 }
 
 // KVEvents publishes one P.E.kv_events batch (nothing when events is empty).
@@ -61,7 +61,21 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	o.send(ctx, o.Subject(engine, VerbKVEvents), wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
+	o.send(ctx, o.Subject(engine, messages.VerbKVEvents), wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
+}
+
+// AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":
+// "AllBlocksCleared","medium":"CPU"}]}: routers drop what they believed this
+// node held for the engine.
+func (o *Outbox) AllBlocksCleared(ctx context.Context, engine string) {
+	type cleared struct {
+		Type   string `json:"type"`
+		Medium string `json:"medium"`
+	}
+	o.publish(ctx, o.Subject(engine, messages.VerbKVEvents), struct {
+		TS     float64   `json:"ts"`
+		Events []cleared `json:"events"`
+	}{float64(o.now().UnixNano()) / 1e9, []cleared{{messages.KVAllBlocksCleared, messages.MediumCPU}}})
 }
 
 // Reply answers a request/reply message (no-op without a reply subject).

@@ -80,7 +80,7 @@ func TestDecodeBatchRejectsOneEvent(t *testing.T) {
 			require.Equal(t, tc.request, bad[0].Request)
 			require.ErrorIs(t, bad[0].Err, ErrBadEvent)
 			require.ErrorIs(t, bad[0], tc.reason)
-			require.NotEqual(t, "other", Reason(bad[0].Err))
+			require.NotEqual(t, "other", messages.RejectLabel(bad[0].Err))
 		})
 	}
 }
@@ -119,8 +119,8 @@ func TestDecodeBatchTruncatesLongUnknownType(t *testing.T) {
 	require.Len(t, bad[0].Type, maxTypeBytes)
 }
 
-func TestReason(t *testing.T) {
-	require.Equal(t, "wrong_type", Reason(EventError{Err: ErrWrongType}))
-	require.Equal(t, "malformed", Reason(ErrMalformed))
-	require.Equal(t, "other", Reason(nil))
+func TestRejectLabel(t *testing.T) {
+	require.Equal(t, "wrong_type", messages.RejectLabel(EventError{Err: ErrWrongType}))
+	require.Equal(t, "malformed", messages.RejectLabel(ErrMalformed))
+	require.Equal(t, "other", messages.RejectLabel(nil))
 }

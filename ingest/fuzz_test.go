@@ -53,7 +53,7 @@ func FuzzDecodeBatch(f *testing.F) {
 			require.Greater(t, e.Index, last, "EventErrors in order, once each")
 			last = e.Index
 			require.ErrorIs(t, e.Err, ErrBadEvent)
-			require.NotEqual(t, "other", Reason(e.Err))
+			require.NotEqual(t, "other", messages.RejectLabel(e.Err))
 		}
 	})
 }

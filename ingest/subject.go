@@ -6,10 +6,11 @@ import (
 )
 
 // ValidEngineID reports whether s is a protocol engine id:
-// [A-Za-z0-9_-]{1,64}. Engine ids appear in NATS subjects, so this also
-// guarantees they hold no '.', '*', '>' or space.
+// [A-Za-z0-9_-]{1,64}, not starting with '_' (reserved for kvactors' own
+// subjects, such as P._node.*). Engine ids appear in NATS subjects, so this
+// also guarantees they hold no '.', '*', '>' or space.
 func ValidEngineID(s string) bool {
-	if len(s) == 0 || len(s) > MaxEngineIDBytes {
+	if len(s) == 0 || len(s) > MaxEngineIDBytes || s[0] == '_' {
 		return false
 	}
 	for i := 0; i < len(s); i++ {
@@ -42,7 +43,7 @@ func ParseSubject(prefix, subject string) (engine, verb string, err error) {
 		return "", "", fmt.Errorf("%w: %q: want %s.<engine>.<verb>", ErrBadSubject, subject, prefix)
 	}
 	if !ValidEngineID(engine) {
-		return "", "", fmt.Errorf("%w: %q: engine id %q is not [A-Za-z0-9_-]{1,64}", ErrBadSubject, subject, engine)
+		return "", "", fmt.Errorf("%w: %q: engine id %q is not [A-Za-z0-9_-]{1,64} or starts with the reserved _", ErrBadSubject, subject, engine)
 	}
 	return engine, verb, nil
 }

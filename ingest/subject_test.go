@@ -19,6 +19,9 @@ func TestValidEngineID(t *testing.T) {
 		">":                     false,
 		"a b":                   false,
 		"é":                     false,
+		"_node":                 false, // PROTOCOL.md "Words": ids starting with _ are reserved
+		"_":                     false,
+		"a_":                    true,
 	} {
 		require.Equal(t, want, ValidEngineID(id), "%q", id)
 	}

@@ -3,6 +3,7 @@ package metrics
 import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/buildinfo"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -17,6 +18,16 @@ type Metrics struct {
 	EpochResets    prometheus.Counter
 	Rejected       *prometheus.CounterVec // reason
 	Unexpected     *prometheus.CounterVec // actor: messages no case handled
+
+	// Sessions and delivery (PROTOCOL.md v2).
+	DroppedBatches *prometheus.CounterVec // reason: gap, reconnect, overflow
+	Resyncs        *prometheus.CounterVec // reason: gap, reconnect, overflow
+	PendingBytes   prometheus.Gauge       // inbound bytes taken, not yet handled
+	Expired        prometheus.Counter
+	Unregistered   prometheus.Counter
+	NATSEvents     *prometheus.CounterVec // event: disconnect, reconnect, slow_consumer, error
+	NATSDisconnect *prometheus.CounterVec // cause: eof, stale_connection, timeout, auth, other
+	FenceWaits     prometheus.Counter
 
 	// Store scheduling.
 	Deferrals      *prometheus.CounterVec // reason: tokens, hashes, blocks
@@ -52,6 +63,20 @@ type Metrics struct {
 	deferralBy map[string]prometheus.Counter
 	retryBy    map[string]prometheus.Counter
 }
+
+// ResyncReasons are the label values of DroppedBatches and Resyncs.
+var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
+
+// DisconnectCauses are the label values of NATSDisconnect.
+var DisconnectCauses = []string{"eof", "stale_connection", "timeout", "auth", "other"}
+
+// DroppedBatch is DroppedBatches for reason.
+func (m *Metrics) DroppedBatch(reason string) prometheus.Counter {
+	return m.DroppedBatches.WithLabelValues(reason)
+}
+
+// Resync is Resyncs for reason.
+func (m *Metrics) Resync(reason string) prometheus.Counter { return m.Resyncs.WithLabelValues(reason) }
 
 // Labels are the known values of each label, owned by the packages that
 // produce them (node gathers them): Preset creates every child at 0, so
@@ -115,10 +140,23 @@ func New(reg prometheus.Registerer) *Metrics {
 		EventsApplied:  counter("events", "applied_total", "Protocol events handed to request actors."),
 		Batches:        counter("events", "batches_total", "Event batches received."),
 		BatchDuplicate: counter("events", "duplicate_batches_total", "Batches ignored because seq was not new."),
-		EventGaps:      counter("events", "gaps_total", "Batches whose seq skipped ahead (applied anyway)."),
+		EventGaps:      counter("events", "gaps_total", "Gaps seen (seq jump, lost tail, epoch not starting at 1, reconnect, overflow); never applied."),
 		EpochResets:    counter("engine", "resets_total", "Engine resets (new epoch or new spec)."),
 		Rejected:       counterVec("events", "rejected_total", "Rejected inputs by reason.", "reason"),
 		Unexpected:     counterVec("actor", "unexpected_messages_total", "Messages an actor had no case for.", "actor"),
+
+		DroppedBatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_dropped_batches_total",
+			Help: "Event batches not applied: taken while their epoch resyncs, or refused by a full inbound queue."},
+			[]string{"reason"}),
+		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_resyncs_total",
+			Help: "P.E.resync messages published (repeats included)."}, []string{"reason"}),
+		PendingBytes: gauge("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled."),
+		Expired:      counter("engine", "expired_total", "Engines expired after a lease without a sign of life."),
+		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
+		NATSEvents: counterVec("nats", "events_total",
+			"NATS connection events: disconnect, reconnect, slow_consumer, error.", "event"),
+		NATSDisconnect: counterVec("nats", "disconnects_total", "NATS disconnects by cause.", "cause"),
+		FenceWaits:     counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
 
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
@@ -153,12 +191,23 @@ func New(reg prometheus.Registerer) *Metrics {
 		NATSConnected: gauge("nats", "connected", "1 while the NATS connection is up."),
 	}
 	m.deferralBy = map[string]prometheus.Counter{}
+	for _, r := range ResyncReasons {
+		m.DroppedBatches.WithLabelValues(r)
+		m.Resyncs.WithLabelValues(r)
+	}
+	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
+		m.NATSEvents.WithLabelValues(e)
+	}
+	for _, c := range DisconnectCauses {
+		m.NATSDisconnect.WithLabelValues(c)
+	}
 	m.retryBy = map[string]prometheus.Counter{}
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
 		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Lookups,
 		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected, buildInfo(),
+		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.NATSDisconnect, m.FenceWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/ingest"
@@ -60,7 +62,8 @@ type Config struct {
 	// DecodeWorkers decode event batches in parallel; one engine's batches
 	// always go to the same worker, so they apply in order (default 2).
 	DecodeWorkers int `json:"decode_workers"`
-	// ShutdownTimeout bounds the graceful part of Close (default 10s).
+	// ShutdownTimeout bounds the graceful part of Close (default 10s); if it
+	// expires with releases undelivered, Close returns ErrUndelivered.
 	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
 	// Pprof serves /debug/pprof on the admin address (default off: profiles
 	// expose internals and cost CPU while taken).
@@ -69,6 +72,23 @@ type Config struct {
 	// the logger of NewLogger; a node given Log ignores them.
 	LogLevel  string `json:"log_level"`
 	LogFormat string `json:"log_format"`
+	// NodeID names this node in replies, resyncs and P._node.<id>.* (default:
+	// the host name reduced to [A-Za-z0-9_-]).
+	NodeID string `json:"node_id"`
+	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
+	// every Lease/4, engines expire after Lease without a sign of life,
+	// copies wait when NATS has not answered for Lease/2 and the process
+	// stops if a copy runs Lease past the last answer (default 10s).
+	Lease time.Duration `json:"lease"`
+	// MaxPendingBytes bounds inbound message bytes taken and not yet handled
+	// (default 256 MiB); what does not fit becomes a resync (reason overflow).
+	MaxPendingBytes int64 `json:"max_pending_bytes"`
+	// FailStop ends the process when fencing demands it (default: log and
+	// exit with status 3); tests inject their own.
+	FailStop func(reason string) `json:"-"`
+	// WrapDevice, when set, wraps each engine's attached device (tests hold
+	// or fail copies with it).
+	WrapDevice func(backend.Device) backend.Device `json:"-"`
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.
@@ -90,6 +110,9 @@ const (
 	LogJSON = "json"
 )
 
+// FailStopExit is the exit status of a fencing fail-stop.
+const FailStopExit = 3
+
 // DefaultConfig is every setting's default: the one place they are written
 // (withDefaults, the serve flags, `kvactors flags` and docs/CONFIG.md read
 // them from here).
@@ -106,6 +129,8 @@ func DefaultConfig() Config {
 		HTTPAddr:           "127.0.0.1:9464",
 		DecodeWorkers:      2,
 		ShutdownTimeout:    10 * time.Second,
+		Lease:              10 * time.Second,
+		MaxPendingBytes:    256 << 20,
 		LogLevel:           "info",
 		LogFormat:          LogText,
 		Transfer:           transfer.DefaultConfig(),
@@ -130,12 +155,24 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
 	orDefault(&c.LogLevel, d.LogLevel)
 	orDefault(&c.LogFormat, d.LogFormat)
+	orDefault(&c.Lease, d.Lease)
+	orDefault(&c.MaxPendingBytes, d.MaxPendingBytes)
+	if c.NodeID == "" { // not in DefaultConfig: it depends on the host
+		c.NodeID = DefaultNodeID()
+	}
 	c.Limits = c.Limits.WithDefaults()
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
 	if c.Registry == nil {
 		c.Registry = prometheus.NewRegistry()
+	}
+	if c.FailStop == nil {
+		log := c.Log
+		c.FailStop = func(reason string) {
+			log.Error("fail-stop: ending the process", "reason", reason)
+			os.Exit(FailStopExit)
+		}
 	}
 	return c
 }
@@ -167,6 +204,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
 	case c.NATSConnectTimeout < 0 || c.ShutdownTimeout < 0:
 		return fmt.Errorf("%w: negative timeout", ErrConfig)
+	case !ingest.ValidEngineID(c.NodeID):
+		return fmt.Errorf("%w: node id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, c.NodeID)
+	case c.Lease < 40*time.Millisecond:
+		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
+	case c.MaxPendingBytes < 4096:
+		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
 	}
 	if _, err := c.NewLogger(io.Discard); err != nil {
 		return err
@@ -175,6 +218,25 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
 	}
 	return nil
+}
+
+// DefaultNodeID is the host name reduced to [A-Za-z0-9_-] (at most 64
+// bytes, a leading _ dropped), or "kvactors" when nothing is left.
+func DefaultNodeID() string {
+	host, _ := os.Hostname()
+	id := make([]byte, 0, len(host))
+	for i := 0; i < len(host) && len(id) < 64; i++ {
+		switch ch := host[i]; {
+		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9', ch == '-':
+			id = append(id, ch)
+		case ch == '_' && len(id) > 0:
+			id = append(id, ch)
+		}
+	}
+	if len(id) == 0 {
+		return "kvactors"
+	}
+	return string(id)
 }
 
 func validPrefix(p string) bool {

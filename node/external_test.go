@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -34,16 +35,22 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 	url := s.ClientURL()
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20,
-		HTTPAddr: "off", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	require.Equal(t, url, n.NATSURL())
-
-	e := &env{t: t, node: n, reg: reg, dir: dir}
+	e := &env{t: t, reg: reg, dir: dir}
+	var err error
 	e.nc, err = nats.Connect(url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(e.nc.Close)
+	hellos := make(chan messages.Hello, 16)
+	subscribeJSON(t, e.nc, "kvactors._node.ext-node.hello", hellos)
+	require.NoError(t, e.nc.Flush())
+	n, err := node.Start(context.Background(), node.Config{NATSURL: url, ShmDir: dir, PoolBytes: 1 << 20, Lease: time.Second,
+		NodeID: "ext-node", HTTPAddr: "off", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	require.Equal(t, url, n.NATSURL())
+	e.node = n
+	// PROTOCOL.md v2 "Hello and heartbeat": a hello at start.
+	require.Equal(t, messages.Hello{Node: "ext-node", Boot: n.Boot(), LeaseMS: 1000}, recv(t, hellos, "hello at start"))
 	te := e.newEngine("ext", defaultOpts())
 	te.register()
 	te.send(added("r", 4), hashesEv("r", 0, hash("x", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
@@ -69,8 +76,38 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, e.nc.Flush())
+	// PROTOCOL.md v2 "Delivery": batches sent while the node was away may be
+	// lost, so after its reconnect the node says hello again and resyncs the
+	// live epoch (reason reconnect); a batch of that epoch is not applied.
+	// The hello or resync may have been published before this client was
+	// back, so a batch of the old epoch asks for the (repeated) resync.
+	var rs messages.Resync
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		select {
+		case rs = <-te.resync:
+			return nil
+		default:
+		}
+		te.send(added("lost", 4))
+		return fmt.Errorf("no resync yet")
+	})
+	require.Equal(t, messages.Resync{Node: n.NodeID(), Boot: n.Boot(), Epoch: "ep1", Expected: 2, Got: 0,
+		Reason: messages.ResyncReconnect}, rs)
+	select {
+	case h := <-hellos:
+		require.Equal(t, messages.Hello{Node: n.NodeID(), Boot: n.Boot(), LeaseMS: 1000}, h)
+	default: // published while this client was still reconnecting: not delivered to it
+	}
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_events_total", map[string]string{"event": "reconnect"}))
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_events_total", map[string]string{"event": "disconnect"}))
+	require.Equal(t, 1.0, metricValue(t, reg, "kvactors_nats_disconnects_total", nil), "one disconnect, one cause")
+	te.epoch, te.seq = "ep2", 0
 	te.send(added("r2", 4), hashesEv("r2", 0, hash("y", 0)), blocksEv("r2", 0, 0, 2), tokensEv("r2", 4, 4))
-	recv(t, te.stored, "stored after the reconnect")
+	recv(t, te.stored, "stored after the reconnect and a new epoch")
+	st := te.sync()
+	require.Equal(t, "ep2", st.Epoch)
+	require.False(t, st.Resyncing)
+	require.Len(t, st.Requests, 1, "the lost request of the old epoch was never applied")
 }
 
 func freePort(t *testing.T) int {

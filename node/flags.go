@@ -97,7 +97,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	c.Limits = d.Limits // the limits without a flag keep their defaults
 	num(&c.Limits.MaxIDs, "max-ids", d.Limits.MaxIDs, "most hashes or block ids in one event")
 	num(&c.Limits.MaxGroups, "max-groups", d.Limits.MaxGroups, "most KV-cache groups per engine")
-	dur(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout, "bound on graceful shutdown")
+	dur(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout,
+		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
+	str(&c.NodeID, "node-id", d.NodeID, "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
+	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
+	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	// Secrets come from the environment only, never a flag or file (ps and

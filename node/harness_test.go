@@ -56,9 +56,13 @@ type testEngine struct {
 	blockLen int64
 	epoch    string
 	seq      uint64
-	released chan messages.Released
+	released chan messages.Released // epoch and rseq checked, then cleared
 	stored   chan messages.Stored
 	kv       chan messages.KVEventBatch
+	resync   chan messages.Resync
+	// rseqs is the last rseq seen per epoch (the subscription's goroutine).
+	rseqs      map[string]uint64
+	registered bool
 }
 
 type engineOpts struct {
@@ -97,7 +101,23 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 	te := &testEngine{e: e, id: id, spec: spec, seg: seg, blockLen: o.blockBytes, epoch: "ep1",
 		released: make(chan messages.Released, 1024), stored: make(chan messages.Stored, 1024),
 		kv: make(chan messages.KVEventBatch, 1024)}
-	subscribeJSON(t, e.nc, "kvactors."+id+".released", te.released)
+	te.resync = make(chan messages.Resync, 1024)
+	te.rseqs = map[string]uint64{}
+	raw := make(chan messages.Released, 1024)
+	subscribeJSON(t, e.nc, "kvactors."+id+".released", raw)
+	go func() {
+		// PROTOCOL.md v2: every release names its epoch, and rseq counts
+		// 1, 2, … per epoch with no hole and no repeat.
+		for r := range raw {
+			if r.Epoch == "" || r.RSeq != te.rseqs[r.Epoch]+1 {
+				t.Errorf("release %+v: want epoch set and rseq %d", r, te.rseqs[r.Epoch]+1)
+			}
+			te.rseqs[r.Epoch] = r.RSeq
+			r.Epoch, r.RSeq = "", 0
+			te.released <- r
+		}
+	}()
+	subscribeJSON(t, e.nc, "kvactors."+id+".resync", te.resync)
 	subscribeJSON(t, e.nc, "kvactors."+id+".stored", te.stored)
 	subscribeJSON(t, e.nc, "kvactors."+id+".kv_events", te.kv)
 	require.NoError(t, e.nc.Flush())
@@ -118,10 +138,25 @@ func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 }
 
+// register registers the engine and checks the v2 reply; at the first
+// register it also checks that AllBlocksCleared came before anything else on
+// kv_events.
 func (te *testEngine) register() {
 	te.e.t.Helper()
 	reply := te.request("register", te.spec)
 	require.Contains(te.e.t, string(reply), `"ok":true`, "register reply")
+	var r messages.RegisterReply
+	require.NoError(te.e.t, json.Unmarshal(reply, &r))
+	require.Equal(te.e.t, messages.RegisterReply{OK: true, Node: te.e.node.NodeID(), Boot: te.e.node.Boot(),
+		LeaseMS: r.LeaseMS}, r)
+	require.Positive(te.e.t, r.LeaseMS)
+	if !te.registered {
+		te.registered = true
+		kv := recv(te.e.t, te.kv, "AllBlocksCleared")
+		require.Len(te.e.t, kv.Events, 1)
+		require.Equal(te.e.t, messages.KVAllBlocksCleared, kv.Events[0].Type)
+		require.Equal(te.e.t, messages.MediumCPU, kv.Events[0].Medium)
+	}
 }
 
 func (te *testEngine) request(verb string, body any) []byte {

@@ -3,59 +3,75 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/fnv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// ingester serialises each engine's inbound messages. Every protocol subject
-// is a channel subscription into one channel, which nats.go fills from its
-// read loop in arrival order; a dispatcher shards messages by engine id onto
-// a few workers (llm-d's sharded queues), so one engine's register, events,
-// status, lookup and load are handled in the order the engine sent them,
-// while different engines decode in parallel.
+// ingester serialises each engine's inbound messages. One subscription on
+// P.*.* carries every inbound verb (the connection has NoEcho, so the node's
+// own publishes never come back), and nats.go calls take for it on one
+// goroutine in arrival order; take shards by engine id onto a few workers
+// (llm-d's sharded queues), so one engine's register, events, heartbeat,
+// status, lookup, load and unregister are handled in the order the engine
+// sent them, while different engines decode in parallel.
+//
+// Intake is bounded in bytes (PROTOCOL.md "Back-pressure"): the bytes taken
+// and not yet handled never exceed the budget. What does not fit is dropped
+// and attributed to its engine, which resyncs (reason overflow); a
+// request/reply message gets an error reply instead of silence. nats.go's
+// own pending queue for the subscription is bounded too (the rest of
+// --max-pending-bytes); a drop there names no engine, so every engine
+// resyncs.
 type ingester struct {
 	n       *Node
-	in      chan *nats.Msg
 	queues  []chan inbound
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
+
+	gate    sync.RWMutex // take holds it shared; stop exclusively, to close the queues
+	stopped bool
+	budget  int64        // bytes the shard queues may hold
+	pending atomic.Int64 // bytes in the shard queues and workers
+	peak    atomic.Int64 // most pending ever
+
+	lostMu  sync.Mutex
+	lost    map[string]bool // engines that lost a batch at intake
+	lostAll bool            // nats.go dropped for the subscription
+	anyLost atomic.Bool
 }
 
-// Buffer sizes: the inbound channel absorbs bursts (past it NATS counts the
-// subscription a slow consumer and drops, as for any NATS subscriber); the
-// shard queues hand off to the workers.
-const (
-	inboundDepth = 1 << 16
-	queueDepth   = 1024
-)
+// queueDepth bounds each shard queue in messages too; the byte budget is
+// what normally binds.
+const queueDepth = 1 << 14
 
-// inbound is a message with its subject already parsed by the dispatcher.
+// inbound is a message with its subject already parsed.
 type inbound struct {
 	msg          *nats.Msg
 	engine, verb string
+	size         int64
 }
 
-func newIngester(n *Node, workers int) *ingester {
-	in := &ingester{n: n, in: make(chan *nats.Msg, inboundDepth), engines: map[string]*actor.PID{}}
+func newIngester(n *Node, workers int, budget int64) *ingester {
+	in := &ingester{n: n, engines: map[string]*actor.PID{}, budget: budget, lost: map[string]bool{}}
 	for range workers {
 		q := make(chan inbound, queueDepth)
 		in.queues = append(in.queues, q)
 		in.wg.Add(1)
 		go in.work(q)
 	}
-	in.wg.Add(1)
-	go in.dispatch()
 	return in
 }
 
@@ -65,48 +81,157 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 	in.mu.Unlock()
 }
 
+// unroute removes engineID's route if it still points at pid.
+func (in *ingester) unroute(engineID string, pid *actor.PID) {
+	in.mu.Lock()
+	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
+		delete(in.engines, engineID)
+	}
+	in.mu.Unlock()
+}
+
 func (in *ingester) lookup(engineID string) *actor.PID {
 	in.mu.RLock()
 	defer in.mu.RUnlock()
 	return in.engines[engineID]
 }
 
-// dispatch shards by engine id. It parses only the subject.
-func (in *ingester) dispatch() {
-	defer in.wg.Done()
-	defer func() {
-		for _, q := range in.queues {
-			close(q)
+// msgBytes is what one message holds in memory, near enough.
+func msgBytes(m *nats.Msg) int64 {
+	return int64(len(m.Data) + len(m.Subject) + len(m.Reply) + 64)
+}
+
+// take is the subscription's handler: parse the subject, admit the message
+// within the byte budget, hand it to its engine's shard.
+func (in *ingester) take(m *nats.Msg) {
+	engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
+	if err != nil {
+		in.n.rejected(messages.RejectLabel(err), "bad subject", "subject", m.Subject, "err", err)
+		in.n.replyError(context.Background(), m.Reply, err)
+		return
+	}
+	switch verb {
+	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
+		return // another node's publish (NoEcho hides only our own): not for us
+	}
+	size := msgBytes(m)
+	in.gate.RLock()
+	defer in.gate.RUnlock()
+	if in.stopped {
+		return
+	}
+	if !in.admit(size) {
+		in.overflow(engineID, verb, m)
+		return
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(engineID))
+	select {
+	case in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb, size: size}:
+	default:
+		in.release(size)
+		in.overflow(engineID, verb, m)
+	}
+}
+
+func (in *ingester) admit(size int64) bool {
+	for {
+		cur := in.pending.Load()
+		if cur+size > in.budget {
+			return false
 		}
-	}()
-	for m := range in.in {
-		engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
-		if err != nil {
-			in.n.rejected(ingest.Reason(err), "bad subject", "subject", m.Subject, "err", err)
-			continue
+		if in.pending.CompareAndSwap(cur, cur+size) {
+			in.n.metrics.PendingBytes.Add(float64(size))
+			for p := in.peak.Load(); cur+size > p && !in.peak.CompareAndSwap(p, cur+size); p = in.peak.Load() {
+			}
+			return true
 		}
-		h := fnv.New32a()
-		_, _ = h.Write([]byte(engineID))
-		in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb}
+	}
+}
+
+func (in *ingester) release(size int64) {
+	in.pending.Add(-size)
+	in.n.metrics.PendingBytes.Sub(float64(size))
+}
+
+// overflow drops a message the intake cannot hold: a batch makes its engine
+// resync; a request gets an error reply.
+func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
+	if verb == messages.VerbEvents {
+		in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
+		in.lostMu.Lock()
+		in.lost[engineID] = true
+		in.lostMu.Unlock()
+		in.anyLost.Store(true)
+		return
+	}
+	in.n.rejected(messages.RejectOverflow, "request dropped: inbound queue full", "engine", engineID, "verb", verb)
+	in.n.replyError(context.Background(), m.Reply, errOverloaded)
+}
+
+// loseAll: nats.go dropped messages of the subscription (slow consumer);
+// they name no engine, so every engine resyncs.
+func (in *ingester) loseAll() {
+	in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
+	in.lostMu.Lock()
+	in.lostAll = true
+	in.lostMu.Unlock()
+	in.anyLost.Store(true)
+}
+
+// flushLost tells each engine that lost a batch at intake to resync. It runs
+// on the workers and the session loop, never on take's goroutine.
+func (in *ingester) flushLost() {
+	if !in.anyLost.Load() {
+		return
+	}
+	in.lostMu.Lock()
+	lost, all := in.lost, in.lostAll
+	in.lost, in.lostAll = map[string]bool{}, false
+	in.anyLost.Store(false)
+	in.lostMu.Unlock()
+	in.mu.RLock()
+	var pids []*actor.PID
+	for id, pid := range in.engines {
+		if all || lost[id] {
+			pids = append(pids, pid)
+		}
+	}
+	in.mu.RUnlock()
+	for _, pid := range pids {
+		in.n.system.Root.Send(pid, &engine.Lost{Reason: messages.ResyncOverflow})
 	}
 }
 
 func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
 	for x := range q {
-		engineID, m := x.engine, x.msg
-		switch x.verb {
-		case actors.VerbEvents:
-			in.events(engineID, m)
-		case actors.VerbRegister:
-			in.n.onRegister(engineID, m)
-		case actors.VerbStatus:
-			in.n.onStatus(engineID, m)
-		case actors.VerbLookup:
-			in.n.onLookup(engineID, m)
-		case actors.VerbLoad:
-			in.n.onLoad(engineID, m)
-		}
+		in.flushLost()
+		in.handle(x)
+		in.release(x.size)
+	}
+}
+
+func (in *ingester) handle(x inbound) {
+	engineID, m := x.engine, x.msg
+	switch x.verb {
+	case messages.VerbEvents:
+		in.events(engineID, m)
+	case messages.VerbRegister:
+		in.n.onRegister(engineID, m)
+	case messages.VerbHeartbeat:
+		in.n.onHeartbeat(engineID, m)
+	case messages.VerbUnregister:
+		in.n.onUnregister(engineID, m)
+	case messages.VerbStatus:
+		in.n.onStatus(engineID, m)
+	case messages.VerbLookup:
+		in.n.onLookup(engineID, m)
+	case messages.VerbLoad:
+		in.n.onLoad(engineID, m)
+	default:
+		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
+		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))
 	}
 }
 
@@ -115,16 +240,17 @@ func (in *ingester) events(engineID string, m *nats.Msg) {
 	n := in.n
 	pid := in.lookup(engineID)
 	if pid == nil {
-		n.rejected(actors.ReasonUnknownEngine, "events for an unregistered engine", "engine", engineID)
+		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)
+		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
 	batch, evErrs, err := ingest.DecodeBatch(engineID, m.Data, n.cfg.Limits)
 	if err != nil {
-		n.rejected(ingest.Reason(err), "batch rejected", "engine", engineID, "err", err)
+		n.rejected(messages.RejectLabel(err), "batch rejected", "engine", engineID, "err", err)
 		return
 	}
 	for _, e := range evErrs {
-		n.rejected(ingest.Reason(e.Err), "event rejected", "engine", engineID, "request", e.Request,
+		n.rejected(messages.RejectLabel(e.Err), "event rejected", "engine", engineID, "request", e.Request,
 			"index", e.Index, "type", e.Type, "err", e.Err)
 	}
 	ctx := n.msgCtx(m)
@@ -138,9 +264,15 @@ func (in *ingester) events(engineID string, m *nats.Msg) {
 	n.system.Root.Send(pid, &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived})
 }
 
-// stop ends intake: the caller has unsubscribed, so nothing more arrives.
+// stop ends intake: the caller has unsubscribed (and drained), so nothing
+// more arrives.
 func (in *ingester) stop() {
-	close(in.in)
+	in.gate.Lock()
+	in.stopped = true
+	in.gate.Unlock()
+	for _, q := range in.queues {
+		close(q)
+	}
 	in.wg.Wait()
 }
 
@@ -157,4 +289,7 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 	n.log.Error(msg, append(args, "reason", reason)...)
 }
 
-var errUnknownEngine = errors.New("unknown engine")
+var (
+	errUnknownEngine = errors.New("unknown engine")
+	errOverloaded    = errors.New("node overloaded: inbound queue full, try again")
+)

@@ -1,12 +1,8 @@
 package node
 
 import (
-	"slices"
-
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
@@ -16,18 +12,12 @@ import (
 // from the package that produces it, so a fresh node's /metrics already has
 // every labelled counter at 0.
 func knownLabels() metrics.Labels {
-	rejected := actors.RejectReasons()
-	for _, r := range ingest.Reasons() {
-		if !slices.Contains(rejected, r) {
-			rejected = append(rejected, r)
-		}
-	}
 	dirs := make([]string, 0, len(backend.Directions))
 	for _, d := range backend.Directions {
 		dirs = append(dirs, d.String())
 	}
 	return metrics.Labels{
-		Rejected:  rejected,
+		Rejected:  messages.RejectLabels,
 		Deferrals: sched.DeferLabels(),
 		Retries:   sched.RetryLabels(),
 		Releases: []string{messages.ReasonFinished, messages.ReasonAborted, messages.ReasonPreempted,

@@ -29,8 +29,8 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 		hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
 	}
 	if err != nil {
-		n.rejected(ingest.Reason(err), "lookup refused", "subject", m.Subject, "err", err)
-		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error()})
+		n.rejected(messages.RejectLabel(err), "lookup refused", "subject", m.Subject, "err", err)
+		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 		return
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
@@ -45,7 +45,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 		n.metrics.LookupHits.Inc()
 		n.metrics.HitTokens.Add(float64(hit))
 	}
-	n.outbox.Reply(ctx, m.Reply, messages.LookupReply{HitTokens: hit})
+	n.outbox.Reply(ctx, m.Reply, messages.LookupReply{HitTokens: hit, Node: n.cfg.NodeID, Boot: n.boot})
 }
 
 // onLoad starts P.E.load: the keys are pinned here, then a load actor runs
@@ -59,7 +59,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 			level = slog.LevelInfo // evicted or never stored: a miss, not bad input
 		}
 		n.log.Log(ctx, level, "load refused", "engine", engineID, "err", err)
-		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error()})
+		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 	}
 	rec := n.engine(engineID)
 	if rec == nil {
@@ -91,8 +91,9 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 		chunks[i].Slot = slots[i]
 		bytes += rec.layout.CopyBytes(&chunks[i])
 	}
+	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
 		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
 			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: m.Reply, Ctx: ctx}))
 }

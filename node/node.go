@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -46,8 +47,15 @@ type Node struct {
 	system   *actor.ActorSystem
 	transfer *actor.PID
 
+	boot  string // random per start (PROTOCOL.md "Node identity")
+	owed  atomic.Int64
+	fence *transfer.Fence
+	stop  context.CancelFunc // ends the session loops
+	loops sync.WaitGroup
+
 	mu        sync.Mutex
 	engines   map[string]*engineRec
+	cleared   map[string]bool  // engines that had AllBlocksCleared this boot
 	pool      *hostpool.Shared // created at the first registration
 	slotBytes int64
 
@@ -65,7 +73,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}}
+	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{}, boot: newBoot()}
+	n.log = n.log.With("node", cfg.NodeID)
 	tp := cfg.Tracer
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -86,18 +95,26 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
+	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log}))
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}
 	if err := n.startHTTP(); err != nil {
 		return nil, err
 	}
+	n.hello()
+	loops, stop := context.WithCancel(context.Background())
+	n.stop = stop
+	n.loops.Add(3)
+	go n.sessionLoop(loops)
+	go n.pinger(loops)
+	go n.watchdog(loops)
 	n.ready.Store(true)
-	n.log.Info("kvactors ready", "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
+	n.log.Info("kvactors ready", "boot", n.boot, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
 		"pool_bytes", cfg.PoolBytes, "http", n.HTTPAddr())
 	return n, nil
 }
@@ -183,22 +200,34 @@ func (n *Node) startEmbedded() error {
 // natsOptions are the client's options: reconnect for ever once connected,
 // with the connection gauge and logs kept current.
 func (n *Node) natsOptions() []nats.Option {
-	opts := []nats.Option{nats.Name("kvactors"), nats.MaxReconnects(-1), nats.ReconnectWait(250 * time.Millisecond),
-		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+	// NoEcho: the node subscribes to P.*.* and must not receive what it
+	// publishes itself (released, stored, kv_events, resync).
+	opts := []nats.Option{nats.Name("kvactors " + n.cfg.NodeID), nats.NoEcho(), nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.metrics.NATSConnected.Set(0)
 			if err != nil { // nil: our own Close
+				n.metrics.NATSEvents.WithLabelValues("disconnect").Inc()
+				n.metrics.NATSDisconnect.WithLabelValues(disconnectCause(err)).Inc()
 				n.log.Warn("nats disconnected", "err", err)
 			}
 		}),
 		nats.ReconnectHandler(func(c *nats.Conn) {
-			n.metrics.NATSConnected.Set(1)
-			n.log.Info("nats reconnected", "url", c.ConnectedUrl())
+			n.log.Info("nats reconnected: resyncing every engine", "url", c.ConnectedUrl())
+			n.reconnected()
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
 			subj := ""
 			if s != nil {
 				subj = s.Subject
+			}
+			if errors.Is(err, nats.ErrSlowConsumer) {
+				n.metrics.NATSEvents.WithLabelValues("slow_consumer").Inc()
+				if n.ingest != nil && s != nil && len(n.subs) > 0 && s == n.subs[0] {
+					n.ingest.loseAll()
+				}
+			} else {
+				n.metrics.NATSEvents.WithLabelValues("error").Inc()
 			}
 			n.log.Error("nats async error", "subject", subj, "err", err)
 		})}
@@ -215,6 +244,22 @@ func (n *Node) natsOptions() []nats.Option {
 		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
 	}
 	return opts
+}
+
+// disconnectCause labels why the NATS connection dropped.
+func disconnectCause(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, io.EOF):
+		return "eof"
+	case errors.Is(err, nats.ErrStaleConnection):
+		return "stale_connection"
+	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
+		return "auth"
+	case errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	}
+	return "other"
 }
 
 // NATSURL is the URL engines connect to.
@@ -268,10 +313,22 @@ func (n *Node) poolStats() hostpool.Stats {
 	return p.Stats()
 }
 
+// ErrUndelivered: Close's timeout expired with releases not yet published
+// (or not flushed to NATS).
+var ErrUndelivered = errors.New("shutdown timed out with releases undelivered")
+
+// Boot is this process's boot id.
+func (n *Node) Boot() string { return n.boot }
+
+// NodeID is this node's id.
+func (n *Node) NodeID() string { return n.cfg.NodeID }
+
 // Close shuts down gracefully, in this order: stop taking events (drain the
 // subscriptions), retire every engine (queued copies cancelled, in-flight
 // copies finish, pending releases published), stop the actors, flush and
-// close NATS, stop the embedded server, stop HTTP, free the arena.
+// close NATS, stop the embedded server, stop HTTP, free the arena. If the
+// shutdown timeout expires first, it still tears down and returns an error
+// wrapping ErrUndelivered that says how many releases were not delivered.
 func (n *Node) Close(ctx context.Context) error {
 	if !n.closed.CompareAndSwap(false, true) {
 		return nil
@@ -286,7 +343,34 @@ func (n *Node) Close(ctx context.Context) error {
 		n.ingest.stop()
 	}
 	n.retireAll(ctx)
+	undelivered := n.owed.Load()
+	if undelivered == 0 && n.nc != nil {
+		// Published is not delivered until the server has it; with NATS down,
+		// waiting out the timeout would not change that.
+		if n.nc.IsConnected() {
+			if err := n.nc.FlushWithContext(ctx); err != nil {
+				undelivered = -1
+			}
+		} else if b, err := n.nc.Buffered(); err != nil || b > 0 {
+			undelivered = -1
+		}
+	}
+	if n.stop != nil {
+		n.stop()
+	}
+	if n.fence != nil {
+		n.fence.Close()
+	}
 	n.teardown()
+	n.loops.Wait()
+	switch {
+	case undelivered > 0:
+		n.log.Error("shutdown timed out", "undelivered_releases", undelivered, "timeout", n.cfg.ShutdownTimeout)
+		return fmt.Errorf("%w: %d releases", ErrUndelivered, undelivered)
+	case undelivered < 0:
+		n.log.Error("shutdown: releases published but not flushed to NATS", "timeout", n.cfg.ShutdownTimeout)
+		return fmt.Errorf("%w: releases published but not flushed to NATS", ErrUndelivered)
+	}
 	return nil
 }
 

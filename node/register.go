@@ -5,9 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
@@ -23,7 +26,8 @@ type engineRec struct {
 	layout *sched.Layout
 	device backend.Device
 	pid    *actor.PID
-	closed chan struct{} // closed when the engine actor stopped
+	closed chan struct{}  // closed when the engine actor stopped
+	loads  sync.WaitGroup // loads copying into the device
 }
 
 // ErrRegister wraps every reason a registration is refused.
@@ -41,6 +45,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	defer n.mu.Unlock()
 	old := n.engines[id]
 	if old != nil && reflect.DeepEqual(old.spec, spec) {
+		n.system.Root.Send(old.pid, &engine.Touch{})
 		return nil
 	}
 	if err := n.ensurePool(lay); err != nil {
@@ -49,6 +54,9 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	dev, err := n.backend.Attach(id, spec.Segments)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
+	}
+	if n.cfg.WrapDevice != nil {
+		dev = n.cfg.WrapDevice(dev)
 	}
 	if err := lay.CheckSegments(dev.SegmentSize); err != nil {
 		_ = dev.Close()
@@ -59,11 +67,20 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
 	}
+	if !n.cleared[id] {
+		// PROTOCOL.md v2 "Register reply": the first register of an engine in
+		// a boot clears what routers believed this node held, before anything
+		// else is published for the engine (its actor does not exist yet).
+		n.cleared[id] = true
+		n.outbox.AllBlocksCleared(context.Background(), id)
+	}
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
-		Engine: id, Outbox: n.outbox, Metrics: n.metrics, Log: n.log.With("engine", id), Closed: rec.closed,
+		Engine: id, Outbox: n.outbox, Releases: actors.NewReleases(n.outbox, id), Metrics: n.metrics,
+		Log: n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
+		Expired: n.expired,
 		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
-			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log},
+			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)
@@ -104,7 +121,102 @@ func (n *Node) retire(rec *engineRec) {
 	n.system.Root.Send(rec.pid, &engine.Retire{})
 	go func() {
 		<-rec.closed
+		rec.loads.Wait()
 		_ = rec.device.Close()
+	}()
+}
+
+// detach removes engine id from the node (new messages for it are refused as
+// for an unknown engine) if pid is nil or still its actor.
+func (n *Node) detach(id string, pid *actor.PID) *engineRec {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	rec := n.engines[id]
+	if rec == nil || (pid != nil && !rec.pid.Equal(pid)) {
+		return nil
+	}
+	delete(n.engines, id)
+	n.ingest.unroute(id, rec.pid)
+	return rec
+}
+
+// end retires a detached engine for good (PROTOCOL.md "P.E.unregister"):
+// every request released engine_gone (queued copies cancelled, in-flight
+// ones finished first), then the segments unmapped. It returns how many
+// requests were released, once all of that is done or ctx ends.
+func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
+	count := make(chan int, 1)
+	n.system.Root.Send(rec.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	released := 0
+	select {
+	case released = <-count:
+	case <-ctx.Done():
+		return 0, fmt.Errorf("engine %q did not retire: %w", rec.id, ctx.Err())
+	}
+	select {
+	case <-rec.closed:
+	case <-ctx.Done():
+		go func() { // unmap once the copies are done, never under them
+			<-rec.closed
+			rec.loads.Wait()
+			_ = rec.device.Close()
+		}()
+		return released, fmt.Errorf("engine %q: copies still in flight: %w", rec.id, ctx.Err())
+	}
+	rec.loads.Wait()
+	if err := rec.device.Close(); err != nil {
+		return released, fmt.Errorf("unmap segments of %q: %w", rec.id, err)
+	}
+	return released, nil
+}
+
+// onUnregister answers P.E.unregister once the engine's requests are
+// released and its segments unmapped (awaited off the ingest worker).
+func (n *Node) onUnregister(engineID string, m *nats.Msg) {
+	ctx := n.msgCtx(m)
+	rec := n.detach(engineID, nil)
+	if rec == nil {
+		n.rejected(messages.RejectUnknownEngine, "unregister of an unknown engine", "engine", engineID)
+		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		return
+	}
+	n.metrics.Unregistered.Inc()
+	go func() {
+		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+		defer cancel()
+		released, err := n.end(wait, rec)
+		if err != nil {
+			n.log.Error("unregister", "engine", engineID, "err", err)
+			n.replyError(ctx, m.Reply, err)
+			return
+		}
+		n.log.Info("engine unregistered", "engine", engineID, "released", released)
+		n.outbox.Reply(ctx, m.Reply, messages.UnregisterReply{OK: true, Released: released, Node: n.cfg.NodeID,
+			Boot: n.boot})
+	}()
+}
+
+// expired is the engine actor's report that the engine's lease ran out: it
+// ends exactly as an unregister does, with no one to reply to.
+func (n *Node) expired(engineID string) {
+	rec := n.engine(engineID)
+	if rec == nil {
+		return
+	}
+	rec = n.detach(engineID, rec.pid)
+	if rec == nil {
+		return
+	}
+	n.metrics.Expired.Inc()
+	go func() {
+		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+		defer cancel()
+		released, err := n.end(wait, rec)
+		if err != nil {
+			n.log.Error("expire", "engine", engineID, "err", err)
+			return
+		}
+		n.log.Info("engine expired and released", "engine", engineID, "released", released)
 	}()
 }
 

@@ -54,6 +54,12 @@ func (n *Node) statusBudget() int {
 	return budget
 }
 
+// statusError is the error reply to a status request for engineID.
+func (n *Node) statusError(engineID string, page StatusPage, err error) StatusReply {
+	return StatusReply{Status: engine.Status{Engine: engineID}, StatusPage: page, Error: err.Error(),
+		Node: n.cfg.NodeID, Boot: n.boot}
+}
+
 // statusPage cuts st down to page page and makes sure the reply fits the
 // server's max_payload: a reply that would not fit becomes an error reply,
 // never a publish that fails with only a log line.
@@ -64,12 +70,11 @@ func (n *Node) statusPage(st StatusReply, page int) StatusReply {
 	var err error
 	st.Requests, st.StatusPage, err = paginate(st.Requests, page, n.statusBudget())
 	if err != nil {
-		return StatusReply{Status: engine.Status{Engine: st.Engine}, StatusPage: st.StatusPage, Error: err.Error()}
+		return n.statusError(st.Engine, st.StatusPage, err)
 	}
 	if data, _ := json.Marshal(st); int64(len(data)) > n.nc.MaxPayload() {
-		return StatusReply{Status: engine.Status{Engine: st.Engine}, StatusPage: st.StatusPage,
-			Error: fmt.Sprintf("status page %d is %d bytes, over the server's max_payload %d", page, len(data),
-				n.nc.MaxPayload())}
+		return n.statusError(st.Engine, st.StatusPage, fmt.Errorf("status page %d is %d bytes, over the "+
+			"server's max_payload %d", page, len(data), n.nc.MaxPayload()))
 	}
 	return st
 }

@@ -2,35 +2,57 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
-// subscribe wires the protocol subjects into the ingester: events, and
-// register, status, lookup and load as request/reply.
+// subscribe wires every inbound protocol subject (P.<engine>.<verb>) into
+// the ingester through one subscription, so one engine's messages keep their
+// order across verbs. A quarter of --max-pending-bytes bounds nats.go's
+// pending queue for it, the rest the ingester's shard queues.
 func (n *Node) subscribe() error {
-	n.ingest = newIngester(n, n.cfg.DecodeWorkers)
-	for _, verb := range []string{actors.VerbEvents, actors.VerbRegister, actors.VerbStatus,
-		actors.VerbLookup, actors.VerbLoad} {
-		subject := n.cfg.Prefix + ".*." + verb
-		s, err := n.nc.ChanSubscribe(subject, n.ingest.in)
-		if err != nil {
-			return fmt.Errorf("subscribe %s: %w", subject, err)
-		}
-		n.subs = append(n.subs, s)
+	natsBudget := n.cfg.MaxPendingBytes / 4
+	n.ingest = newIngester(n, n.cfg.DecodeWorkers, n.cfg.MaxPendingBytes-natsBudget)
+	subject := n.cfg.Prefix + ".*.*"
+	s, err := n.nc.Subscribe(subject, n.ingest.take)
+	if err != nil {
+		return fmt.Errorf("subscribe %s: %w", subject, err)
 	}
+	if err := s.SetPendingLimits(-1, int(natsBudget)); err != nil {
+		return fmt.Errorf("pending limits of %s: %w", subject, err)
+	}
+	n.subs = append(n.subs, s)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}
 	return nil
+}
+
+// IntakePeak is the most inbound bytes the node has held at once: the peak
+// of its own queues plus the peak of nats.go's pending queue for the
+// subscription. It never exceeds --max-pending-bytes.
+func (n *Node) IntakePeak() int64 {
+	peak := n.ingest.peak.Load()
+	if len(n.subs) > 0 {
+		if _, b, err := n.subs[0].MaxPending(); err == nil {
+			peak += int64(b)
+		}
+	}
+	return peak
+}
+
+// replyError answers a request/reply message with {"error", node, boot}
+// (no-op without a reply subject).
+func (n *Node) replyError(ctx context.Context, reply string, err error) {
+	n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 }
 
 func (n *Node) onRegister(engineID string, m *nats.Msg) {
@@ -40,11 +62,31 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 		err = n.register(engineID, spec)
 	}
 	if err != nil {
-		n.rejected(actors.ReasonBadSpec, "register refused", "engine", engineID, "err", err)
-		n.outbox.Reply(ctx, m.Reply, messages.RegisterReply{Error: err.Error()})
+		n.rejected(messages.RejectBadSpec, "register refused", "engine", engineID, "err", err)
+		n.replyError(ctx, m.Reply, err)
 		return
 	}
-	n.outbox.Reply(ctx, m.Reply, messages.RegisterReply{OK: true})
+	n.outbox.Reply(ctx, m.Reply, messages.RegisterReply{OK: true, Node: n.cfg.NodeID, Boot: n.boot,
+		LeaseMS: n.cfg.Lease.Milliseconds()})
+}
+
+// onHeartbeat hands P.E.heartbeat to the engine actor, which answers it after
+// every batch the engine sent before it.
+func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
+	ctx := n.msgCtx(m)
+	rec := n.engine(engineID)
+	if rec == nil {
+		n.rejected(messages.RejectUnknownEngine, "heartbeat of an unregistered engine", "engine", engineID)
+		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		return
+	}
+	var hb messages.HeartbeatRequest
+	if err := json.Unmarshal(m.Data, &hb); err != nil {
+		n.rejected(messages.RejectMalformed, "heartbeat refused", "engine", engineID, "err", err)
+		n.replyError(ctx, m.Reply, fmt.Errorf("%w: heartbeat: %w", ingest.ErrMalformed, err))
+		return
+	}
+	n.system.Root.Send(rec.pid, &engine.Heartbeat{Epoch: hb.Epoch, Seq: hb.Seq, Reply: m.Reply, Ctx: ctx})
 }
 
 // StatusReply is the body of a P.E.status reply.
@@ -54,6 +96,8 @@ type StatusReply struct {
 	SlotBytes int64          `json:"slot_bytes"`
 	StatusPage
 	Error string `json:"error,omitempty"`
+	Node  string `json:"node"`
+	Boot  string `json:"boot"`
 }
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
@@ -76,7 +120,7 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 		select {
 		case st := <-ch:
 			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow(),
-				StatusPage: StatusPage{Pages: 1, TotalRequests: len(st.Requests)}}, nil
+				StatusPage: StatusPage{Pages: 1, TotalRequests: len(st.Requests)}, Node: n.cfg.NodeID, Boot: n.boot}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
 		}
@@ -100,9 +144,8 @@ func (n *Node) Engines() []string {
 func (n *Node) onStatus(engineID string, m *nats.Msg) {
 	page, err := decodeStatusQuery(m.Data)
 	if err != nil {
-		n.rejected(ingest.Reason(err), "status request refused", "engine", engineID, "err", err)
-		n.outbox.Reply(context.Background(), m.Reply, StatusReply{Status: engine.Status{Engine: engineID},
-			Error: err.Error()})
+		n.rejected(messages.RejectLabel(err), "status request refused", "engine", engineID, "err", err)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
 		return
 	}
 	wait := n.startStatus(engineID)
@@ -110,6 +153,7 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 		st, err := wait(2 * time.Second)
 		if err != nil {
 			st.Engine, st.Error = engineID, err.Error()
+			st.Node, st.Boot = n.cfg.NodeID, n.boot
 		}
 		n.outbox.Reply(context.Background(), m.Reply, n.statusPage(st, page))
 	}()

@@ -1,19 +1,20 @@
 package sched
 
-import "errors"
+import "github.com/kvactors/kvactors/messages"
 
 // Errors returned by Request.Step. Each rejects one event and leaves the
 // request unchanged (PROTOCOL.md: "rejects that event with a counted, logged
-// error and changes nothing"). Check with errors.Is.
+// error and changes nothing"). Check with errors.Is; each names its reject
+// label (messages.RejectLabel).
 var (
-	ErrHole           = errors.New("start past the known length (hole)")
-	ErrNegative       = errors.New("negative start")
-	ErrConflict       = errors.New("overlap disagrees with what is known")
-	ErrBadGroup       = errors.New("group out of range")
-	ErrBlockRange     = errors.New("block id out of range")
-	ErrPreempted      = errors.New("blocks for a preempted request")
-	ErrWrongRequest   = errors.New("event for another request")
-	ErrBadEventType   = errors.New("event type not handled by a request")
-	ErrReleased       = errors.New("request already released")
-	ErrPromptMismatch = errors.New("added again with a different prompt_tokens")
+	ErrHole           = messages.NewRejection(messages.RejectHole, "start past the known length (hole)")
+	ErrNegative       = messages.NewRejection(messages.RejectOutOfRange, "negative start")
+	ErrConflict       = messages.NewRejection(messages.RejectConflict, "overlap disagrees with what is known")
+	ErrBadGroup       = messages.NewRejection(messages.RejectBadGroup, "group out of range")
+	ErrBlockRange     = messages.NewRejection(messages.RejectBlockRange, "block id out of range")
+	ErrPreempted      = messages.NewRejection(messages.RejectPreempted, "blocks for a preempted request")
+	ErrWrongRequest   = messages.NewRejection(messages.RejectBadEvent, "event for another request")
+	ErrBadEventType   = messages.NewRejection(messages.RejectBadEvent, "event type not handled by a request")
+	ErrReleased       = messages.NewRejection(messages.RejectReleased, "request already released")
+	ErrPromptMismatch = messages.NewRejection(messages.RejectPromptMismatch, "added again with a different prompt_tokens")
 )

@@ -89,7 +89,7 @@ func FuzzRequestStep(f *testing.F) {
 				handle(r.JobDone(id, mode == 0, mode == 2))
 			case 10:
 				if d.byte()%4 == 0 {
-					handle(r.Reset())
+					handle(r.Reset(messages.ReasonEngineReset))
 				}
 			default:
 				ev := d.event(messages.EventType(op + 1))

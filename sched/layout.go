@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math"
@@ -146,21 +147,39 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 	return nil
 }
 
-// Key builds the offload key of a chunk: the chunk's last block hash followed
-// by the group index as 4 big-endian bytes (PROTOCOL.md, "offload key").
+// The offload key's encoding lives here and only here: AppendKey builds it,
+// SplitKey and KeyHashHex take it apart.
+
+// keyGroupBytes is the length of the group suffix of a key.
+const keyGroupBytes = 4
+
+// AppendKey appends the offload key of a chunk to b: the chunk's last block
+// hash followed by the group index as 4 big-endian bytes (PROTOCOL.md,
+// "offload key").
+func AppendKey(b []byte, last messages.Hash, group int) []byte {
+	b = append(b, last...)
+	return binary.BigEndian.AppendUint32(b, uint32(group))
+}
+
+// Key is the offload key of a chunk (AppendKey).
 func Key(last messages.Hash, group int) messages.Key {
-	b := make([]byte, len(last)+4)
-	n := copy(b, last)
-	b[n], b[n+1], b[n+2], b[n+3] = byte(group>>24), byte(group>>16), byte(group>>8), byte(group)
-	return messages.Key(b)
+	return messages.Key(AppendKey(make([]byte, 0, len(last)+keyGroupBytes), last, group))
 }
 
 // SplitKey is Key's inverse: the block hash and the group index.
 func SplitKey(k messages.Key) (messages.Hash, int) {
-	if len(k) < 4 {
+	if len(k) < keyGroupBytes {
 		return messages.Hash(k), 0
 	}
-	n := len(k) - 4
-	g := int(k[n])<<24 | int(k[n+1])<<16 | int(k[n+2])<<8 | int(k[n+3])
-	return messages.Hash(k[:n]), g
+	n := len(k) - keyGroupBytes
+	return messages.Hash(k[:n]), int(binary.BigEndian.Uint32([]byte(k[n:])))
+}
+
+// KeyHashHex is the hex of a key's block hash, given the key's hex (the hash
+// is the key's prefix, so a chunk needs only one hex encoding).
+func KeyHashHex(keyHex string) string {
+	if len(keyHex) < 2*keyGroupBytes {
+		return keyHex
+	}
+	return keyHex[:len(keyHex)-2*keyGroupBytes]
 }

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"math"
 	"testing"
@@ -154,7 +155,10 @@ func TestKeySplitKeyRoundTrip(t *testing.T) {
 		g &= math.MaxInt32 // group indexes are non-negative ints
 		k := Key(messages.Hash(h), int(g))
 		gotH, gotG := SplitKey(k)
-		return len(k) == len(h)+4 && gotH == messages.Hash(h) && gotG == int(g)
+		keyHex := hex.EncodeToString([]byte(k))
+		return len(k) == len(h)+4 && gotH == messages.Hash(h) && gotG == int(g) &&
+			KeyHashHex(keyHex) == hex.EncodeToString(h) &&
+			string(AppendKey([]byte("x"), messages.Hash(h), int(g))) == "x"+string(k)
 	}
 	require.NoError(t, quick.Check(roundTrip, &quick.Config{MaxCount: 2000}))
 	require.Equal(t, messages.Key("ab\x00\x00\x01\x02"), Key("ab", 258))

@@ -61,19 +61,23 @@ func (r *Request) clearBlocks() {
 	}
 }
 
-// Reset ends the request for an engine reset: queued copies are cancelled,
-// in-flight ones finish, and one engine_reset release is owed if the request
-// has GPU blocks tracked. Further events are rejected.
-// Resetting again, or a request already released, adds nothing.
-func (r *Request) Reset() Effects {
+// Reset ends the request for an engine reset (reason engine_reset) or the
+// engine's end (engine_gone: unregister or expiry): queued copies are
+// cancelled, in-flight ones finish, and one release with reason is owed —
+// for engine_reset only if the request has GPU blocks tracked (PROTOCOL.md
+// "EventBatch"), for engine_gone always ("every request of the engine gets
+// one released"). A release it already owed (finished, preempted) is
+// replaced, never added to. Further events are rejected. Resetting again, or
+// a request already released, adds nothing.
+func (r *Request) Reset(reason string) Effects {
 	if r.phase == Done {
 		return r.take() // released for good: nothing is owed
 	}
 	if !r.reset {
 		r.reset = true
 		r.releases = r.releases[:0]
-		if r.HasBlocks() {
-			r.releases = append(r.releases, messages.ReasonEngineReset)
+		if r.HasBlocks() || reason != messages.ReasonEngineReset {
+			r.releases = append(r.releases, reason)
 		}
 	}
 	r.eff.Retry, r.eff.Job = nil, nil

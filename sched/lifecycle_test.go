@@ -150,16 +150,16 @@ func TestLifecycleScenarios(t *testing.T) {
 				{evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(4, 12)), want: want{job: []string{"0/0"}, cursors: cur(1)}},
 				{evs: ev(tokens(8, 12)), want: want{job: []string{"0/1"}, cursors: cur(2)}},
 				{noAdv: true, do: func(h *harness) {
-					e := h.record(h.req.Reset())
+					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					h.check(-1, op{want: want{cancel: []JobID{1, 2}}}, e)
-					e = h.record(h.req.Reset())
+					e = h.record(h.req.Reset(messages.ReasonEngineReset))
 					h.check(-1, op{comment: "reset twice", want: want{cancel: []JobID{1, 2}}}, e)
 				}},
 				{cancel: 1, want: want{}},
 				{comment: "no store after a reset", want: want{}},
 				{done: 2, want: want{releases: released(messages.ReasonEngineReset), drop: true}},
 				{noAdv: true, do: func(h *harness) {
-					e := h.record(h.req.Reset())
+					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					require.True(h.t, e.Empty(), "reset after release: %+v", e)
 					require.Equal(h.t, []string{messages.ReasonEngineReset}, h.rels)
 				}},
@@ -173,7 +173,7 @@ func TestLifecycleScenarios(t *testing.T) {
 			ops: []op{
 				{evs: ev(hashes(0, 3), tokens(12, 12)), want: want{cursors: cur(0)}},
 				{noAdv: true, do: func(h *harness) {
-					e := h.record(h.req.Reset())
+					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					h.check(-1, op{want: want{drop: true}}, e)
 				}},
 			},
@@ -188,7 +188,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				{evs: prefill3, want: want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3)}},
 				{evs: ev(preempted()), want: want{cancel: []JobID{1}, cursors: cur(3)}},
 				{noAdv: true, do: func(h *harness) {
-					e := h.record(h.req.Reset())
+					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					h.check(-1, op{want: want{cancel: []JobID{1}}}, e)
 				}},
 				{done: 1, want: want{releases: released(messages.ReasonEngineReset), drop: true}},

@@ -211,7 +211,7 @@ func (m *model) run() {
 		require.LessOrEqual(m.t, n, 1, "chunk %v stored at most once", k)
 	}
 	if m.rng.Intn(4) == 0 {
-		e := m.req.Reset()
+		e := m.req.Reset(messages.ReasonEngineReset)
 		require.True(m.t, e.Empty(), "a reset after the release owes nothing: %+v", e)
 	}
 	if m.dropped == 0 {
@@ -363,7 +363,7 @@ func (m *model) doReset() {
 	m.mComputed, m.mTotal = 0, 0
 	clear(m.tracked)
 	m.mustStore = nil
-	m.effects(m.req.Reset(), "reset")
+	m.effects(m.req.Reset(messages.ReasonEngineReset), "reset")
 }
 
 // drain completes every copy and fires retry timers until the request is done.

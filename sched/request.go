@@ -3,7 +3,6 @@ package sched
 import (
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 
 	"github.com/kvactors/kvactors/hostpool"
@@ -348,21 +347,15 @@ func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.
 	}
 	size := 0
 	for _, c := range cands {
-		size += len(hashOf(c)) + 4
+		size += len(hashOf(c)) + keyGroupBytes
 	}
-	var b strings.Builder
-	b.Grow(size)
+	b := make([]byte, 0, size)
 	for _, c := range cands {
-		b.WriteString(string(hashOf(c)))
-		g := c.group
-		b.WriteByte(byte(g >> 24))
-		b.WriteByte(byte(g >> 16))
-		b.WriteByte(byte(g >> 8))
-		b.WriteByte(byte(g))
+		b = AppendKey(b, hashOf(c), c.group)
 	}
-	all, off := b.String(), 0
+	all, off := string(b), 0
 	for _, c := range cands {
-		n := len(hashOf(c)) + 4
+		n := len(hashOf(c)) + keyGroupBytes
 		keys = append(keys, messages.Key(all[off:off+n]))
 		off += n
 	}

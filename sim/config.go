@@ -116,6 +116,11 @@ type Config struct {
 	// (no token, release or finish) for this long (default 20s).
 	StallTimeout time.Duration `json:"stall_timeout"`
 
+	// DropBatches is fault injection: the fraction of event batches the
+	// SDK's transport drops at random (client.Config.DropBatch), to show
+	// that every loss is recovered by a resync. 0 in production.
+	DropBatches float64 `json:"drop_batches"`
+
 	// Log receives the engine's log (default slog.Default()).
 	Log *slog.Logger `json:"-"`
 	// Tracer, if set, wraps each published batch in a "sim.step" span and
@@ -218,6 +223,8 @@ func (c *Config) Validate() error {
 		return bad("ratios must be in [0, 1]")
 	case c.QueuedAbortRatio+c.MidAbortRatio > 1:
 		return bad("queued + mid abort ratios %v exceed 1", c.QueuedAbortRatio+c.MidAbortRatio)
+	case c.DropBatches < 0 || c.DropBatches >= 1:
+		return bad("drop batches %v: want [0, 1)", c.DropBatches)
 	case c.RequestTimeout <= 0 || c.StallTimeout <= 0:
 		return bad("request timeout %v and stall timeout %v must be > 0", c.RequestTimeout, c.StallTimeout)
 	}

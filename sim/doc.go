@@ -1,6 +1,9 @@
 // Package sim is a simulated inference engine that speaks kvactors' wire
-// protocol v1 (docs/PROTOCOL.md) over a real NATS connection. The demo, the
-// benchmarks and the integration tests drive kvactors with it.
+// protocol (docs/PROTOCOL.md) over a real NATS connection, through the Go
+// engine SDK (package client: epochs, seq, heartbeats, resyncs, releases
+// per epoch). The demo, the benchmarks and the integration tests drive
+// kvactors with it; Config.DropBatches drops batches in the SDK's transport
+// to show that every loss is recovered.
 //
 // It behaves like vLLM with async scheduling, in the parts that matter to
 // an offload service: a scheduler step every Config.StepInterval; chunked

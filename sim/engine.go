@@ -2,21 +2,19 @@ package sim
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/tracing"
-	"github.com/kvactors/kvactors/wire"
 )
 
 // engine is one simulated engine for the length of one Run. Everything but
@@ -30,11 +28,14 @@ type engine struct {
 	mem    *memory
 	al     *allocator
 
-	subject  string // P.E.
-	epoch    string
-	seq      uint64
-	b        wire.Batch
-	body     []byte
+	subject string // P.E.
+	// c is the SDK session (epochs, seq, heartbeats, resyncs); b hands it
+	// one step's events.
+	c        *client.Client
+	b        events
+	closing  chan struct{} // closed when Run stops reading msgs
+	batches  atomic.Int64  // published, counted in the SDK's publish hook
+	nevents  atomic.Int64
 	prefixes [][]uint32
 	lcmBlock int // every group's block size divides it: resume hits are multiples of it
 
@@ -50,7 +51,7 @@ type engine struct {
 	heldBlocks int
 
 	storedKeys map[string]keyRef // every key this engine was told is stored
-	msgs       chan *nats.Msg
+	msgs       chan any          // client.Release or messages.Stored, in arrival order
 	kv         kvState
 
 	rep          Report
@@ -91,6 +92,7 @@ func Run(ctx context.Context, nc *nats.Conn, cfg Config) (Report, error) {
 	err = e.run(ctx)
 	e.rep.Elapsed = time.Since(start)
 	e.rep.Interrupted = ctx.Err() != nil
+	e.rep.Batches, e.rep.Events = int(e.batches.Load()), int(e.nevents.Load())
 	return e.rep.clone(), err
 }
 
@@ -101,11 +103,9 @@ func newEngine(nc *nats.Conn, cfg Config) (*engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	var epoch [16]byte
-	_, _ = rand.Read(epoch[:]) // crypto/rand.Read never fails
 	e := &engine{cfg: cfg, nc: nc, log: cfg.Log, subject: cfg.Prefix + "." + cfg.Engine + ".",
-		epoch: hex.EncodeToString(epoch[:]), byID: map[string]*request{}, storedKeys: map[string]keyRef{},
-		msgs: make(chan *nats.Msg, 1<<16), lcmBlock: 1,
+		byID: map[string]*request{}, storedKeys: map[string]keyRef{}, closing: make(chan struct{}),
+		msgs: make(chan any, 1<<16), lcmBlock: 1,
 		rep: Report{Engine: cfg.Engine, Releases: map[string]int{}}}
 	e.kv.evicted = map[string]bool{}
 	if cfg.Tracer != nil {
@@ -135,9 +135,10 @@ func (e *engine) run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if err := e.register(); err != nil {
+	if err := e.connect(ctx); err != nil {
 		return err
 	}
+	defer e.disconnect()
 	served := time.Now()
 	err = e.serve(ctx)
 	e.rep.Serving = time.Since(served)
@@ -155,20 +156,10 @@ func (e *engine) run(ctx context.Context) error {
 	return nil
 }
 
-// subscribe listens for released and stored (one channel, so they are seen
-// in the order kvactors published them: a request's stored messages before
-// its release) and for every engine's kv_events (evictions anywhere can
-// remove a key this engine stored). The kv_events subscription is last.
+// subscribe listens for every engine's kv_events (evictions anywhere can
+// remove a key this engine stored); the SDK listens for the rest.
 func (e *engine) subscribe() ([]*nats.Subscription, error) {
 	var subs []*nats.Subscription
-	for _, verb := range []string{"released", "stored"} {
-		s, err := e.nc.ChanSubscribe(e.subject+verb, e.msgs)
-		if err != nil {
-			return subs, fmt.Errorf("sim: subscribe %s: %w", e.subject+verb, err)
-		}
-		_ = s.SetPendingLimits(-1, -1) // the channel's capacity is the limit
-		subs = append(subs, s)
-	}
 	s, err := e.nc.Subscribe(e.cfg.Prefix+".*.kv_events", e.onKVEvents)
 	if err != nil {
 		return subs, fmt.Errorf("sim: subscribe kv_events: %w", err)
@@ -178,18 +169,6 @@ func (e *engine) subscribe() ([]*nats.Subscription, error) {
 		return subs, fmt.Errorf("sim: flush subscriptions: %w", err)
 	}
 	return subs, nil
-}
-
-// register sends the EngineSpec and expects {"ok":true}.
-func (e *engine) register() error {
-	var reply messages.RegisterReply
-	if err := e.request("register", e.mem.spec(), &reply); err != nil {
-		return err
-	}
-	if !reply.OK {
-		return fmt.Errorf("sim: engine %s: register refused: %s", e.cfg.Engine, reply.Error)
-	}
-	return nil
 }
 
 // request does one request/reply on P.E.verb with JSON bodies.
@@ -237,27 +216,27 @@ func (e *engine) serve(ctx context.Context) error {
 	return nil
 }
 
-// publish sends the step's batch, if it has events.
+// publish ends the step: the SDK sends its events as one batch (or starts
+// a new epoch that re-announces them, when a resync is due).
 func (e *engine) publish() error {
-	if e.b.Events() == 0 {
-		return nil
+	if err := e.c.Flush(); err != nil {
+		return fmt.Errorf("sim: engine %s: %w", e.cfg.Engine, err)
 	}
-	e.seq++
-	e.body = e.b.Body(e.body, e.epoch, e.seq)
-	msg := &nats.Msg{Subject: e.subject + "events", Data: e.body}
+	return nil
+}
+
+// beforePublish counts each batch the SDK publishes and, with a tracer,
+// wraps it in a span whose context travels in the NATS headers.
+func (e *engine) beforePublish(msg *nats.Msg, seq uint64, events int) {
+	e.batches.Add(1)
+	e.nevents.Add(int64(events))
 	if e.tracer != nil {
 		ctx, span := e.tracer.Start(context.Background(), SpanStep, trace.WithAttributes(
-			tracing.AttrEngine.String(e.cfg.Engine), tracing.AttrSeq.Int64(int64(e.seq)),
-			tracing.AttrEvents.Int(e.b.Events())))
+			tracing.AttrEngine.String(e.cfg.Engine), tracing.AttrSeq.Int64(int64(seq)),
+			tracing.AttrEvents.Int(events)))
 		tracing.InjectMsg(ctx, msg)
-		defer span.End()
+		span.End()
 	}
-	if err := e.nc.PublishMsg(msg); err != nil {
-		return fmt.Errorf("sim: engine %s: publish batch %d: %w", e.cfg.Engine, e.seq, err)
-	}
-	e.rep.Batches++
-	e.rep.Events += e.b.Events()
-	return nil
 }
 
 // SpanStep is the engine's span around one published batch.

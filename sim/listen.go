@@ -3,32 +3,31 @@ package sim
 import (
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 )
 
-// handle applies one released or stored message, on Run's goroutine.
-func (e *engine) handle(m *nats.Msg) {
-	switch strings.TrimPrefix(m.Subject, e.subject) {
-	case "released":
-		e.onReleased(m.Data)
-	case "stored":
-		e.onStored(m.Data)
+// handle applies one release or stored message, on Run's goroutine.
+func (e *engine) handle(m any) {
+	switch m := m.(type) {
+	case client.Release:
+		e.onReleased(m)
+	case messages.Stored:
+		e.onStored(m)
 	}
 }
 
 // onReleased frees the blocks held for the oldest owed release of that
-// reason. Only now may the scheduler hand them out again.
-func (e *engine) onReleased(data []byte) {
-	var rel messages.Released
-	if err := json.Unmarshal(data, &rel); err != nil {
-		e.badMessage("released body %q: %v", data, err)
-		return
-	}
+// reason. Only now may the scheduler hand them out again. A release the
+// node did not give for that event (node_lost when the SDK lost its node,
+// engine_reset or engine_gone) answers the oldest owed event.
+func (e *engine) onReleased(rel client.Release) {
 	e.rep.Releases[rel.Reason]++
 	r := e.byID[rel.Request]
 	if r == nil {
@@ -36,12 +35,19 @@ func (e *engine) onReleased(data []byte) {
 		e.rep.fail("released %q (%s): no such request", rel.Request, rel.Reason)
 		return
 	}
-	r.received[rel.Reason]++
-	held := r.held[rel.Reason]
+	reason := rel.Reason
+	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 {
+		reason = r.owedOrder[0]
+	}
+	r.received[reason]++
+	held := r.held[reason]
 	if len(held) == 0 {
 		return // a duplicate, or a reason never owed: counted by settleReleases
 	}
-	r.held[rel.Reason] = held[1:]
+	r.held[reason] = held[1:]
+	if i := slices.Index(r.owedOrder, reason); i >= 0 {
+		r.owedOrder = slices.Delete(r.owedOrder, i, i+1)
+	}
 	for g, ids := range held[0] {
 		for _, id := range ids {
 			if id != 0 {
@@ -56,12 +62,7 @@ func (e *engine) onReleased(data []byte) {
 
 // onStored records a completed store job after checking that each key is
 // the one this engine's hashes give for that chunk.
-func (e *engine) onStored(data []byte) {
-	var st messages.Stored
-	if err := json.Unmarshal(data, &st); err != nil {
-		e.badMessage("stored body %q: %v", data, err)
-		return
-	}
+func (e *engine) onStored(st messages.Stored) {
 	r := e.byID[st.Request]
 	if r == nil {
 		e.badMessage("stored job %d for unknown request %q", st.Job, st.Request)

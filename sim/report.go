@@ -35,6 +35,12 @@ type Report struct {
 	Batches        int   `json:"batches"`
 	Events         int   `json:"events"`
 	TokensComputed int64 `json:"tokens_computed"`
+	// DroppedBatches were dropped on purpose (Config.DropBatches), Resyncs
+	// counts new epochs the SDK started to recover (a node's resync, a lost
+	// release, a new boot), NodeLosses the times it declared its node lost.
+	DroppedBatches int `json:"dropped_batches"`
+	Resyncs        int `json:"resyncs"`
+	NodeLosses     int `json:"node_losses"`
 
 	// StoredJobs counts `stored` messages, ChunksStored the chunks in them
 	// and BytesStored their bytes.
@@ -141,6 +147,9 @@ func (r *Report) Add(o Report) {
 	r.Batches += o.Batches
 	r.Events += o.Events
 	r.TokensComputed += o.TokensComputed
+	r.DroppedBatches += o.DroppedBatches
+	r.Resyncs += o.Resyncs
+	r.NodeLosses += o.NodeLosses
 	r.StoredJobs += o.StoredJobs
 	r.ChunksStored += o.ChunksStored
 	r.BytesStored += o.BytesStored

@@ -60,6 +60,8 @@ type request struct {
 	expected map[string]int
 	received map[string]int
 	held     map[string][][][]uint32
+	// owedOrder is the reasons of owed releases, oldest first.
+	owedOrder []string
 }
 
 // newRequest draws request i of the engine: lengths, prompt tokens (a
@@ -132,6 +134,7 @@ func (r *request) sample(tph int) {
 // arrives, and owes that release.
 func (r *request) hold(reason string) {
 	r.expected[reason]++
+	r.owedOrder = append(r.owedOrder, reason)
 	r.held[reason] = append(r.held[reason], r.blocks)
 	r.blocks = make([][]uint32, len(r.blocks))
 	for g := range r.written {

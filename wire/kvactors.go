@@ -13,6 +13,10 @@ import (
 func AppendReleased(b []byte, r *messages.Released) []byte {
 	b = append(b, `{"request":`...)
 	b = AppendString(b, r.Request)
+	b = append(b, `,"epoch":`...)
+	b = AppendString(b, r.Epoch)
+	b = append(b, `,"rseq":`...)
+	b = strconv.AppendUint(b, r.RSeq, 10)
 	b = append(b, `,"reason":`...)
 	b = AppendString(b, r.Reason)
 	return append(b, '}')

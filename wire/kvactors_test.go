@@ -16,7 +16,7 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 	check := func(req, key, hash string, job uint64, group, index int, bytes int64, ts float64) bool {
 		st := &messages.Stored{Request: req, Job: job, Bytes: bytes,
 			Chunks: []messages.StoredChunk{{Group: group, Index: index, Key: key}, {Group: 1, Index: 2, Key: "ab"}}}
-		rel := &messages.Released{Request: req, Reason: "finished"}
+		rel := &messages.Released{Request: req, Epoch: hash + req, RSeq: job, Reason: "finished"}
 		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
 			{Type: messages.KVBlockStored, BlockHashes: []string{hash, "00"}, GroupIdx: group, Medium: "CPU"},
 			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU"}}}

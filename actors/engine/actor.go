@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -10,16 +11,27 @@ import (
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // Deps is what an engine actor needs from its node. Request is the template
 // of its request actors' deps.
 type Deps struct {
-	Engine  string
-	Request request.Deps
-	Outbox  *actors.Outbox
-	Metrics *metrics.Metrics
-	Log     *slog.Logger
+	Engine   string
+	Request  request.Deps
+	Outbox   *actors.Outbox
+	Releases *actors.Releases
+	Metrics  *metrics.Metrics
+	Log      *slog.Logger
+	// Node and Boot name this node in resyncs and heartbeat replies; Lease
+	// is the engine lease (expiry after it, resyncs repeat per Lease/4).
+	Node, Boot string
+	Lease      time.Duration
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+	// Expired is called (from Receive, once) when a Tick finds the engine
+	// silent for a lease; the node then retires it as on unregister.
+	Expired func(engine string)
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
@@ -30,33 +42,40 @@ type Deps struct {
 type routed struct{ event, request int }
 
 type entry struct {
-	id  string
-	pid *actor.PID
+	id    string
+	epoch string
+	pid   *actor.PID
 }
 
-// Actor is one engine's actor; its fields are touched only from Receive.
+// Actor is one engine's actor: a shell around its sched.Sequencer (the
+// session rules) that routes applied events to request actors. Its fields
+// are touched only from Receive.
 type Actor struct {
 	deps     Deps
-	epoch    string
-	seq      uint64
-	haveSeq  bool
+	seq      *sched.Sequencer
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
+	perEpoch map[string]int    // epoch → entries in byPID
 	retiring bool
-	// Scratch of one batch's routing: the requests in first-seen order, each
-	// one's event count, and the indexes of the events to forward.
-	slot   map[string]int
-	order  []string
-	counts []int
-	fwd    []routed
+	expired  bool
+	// Scratch of one batch's routing: the requests in first-seen order
+	// (reqIndex: request id → position), each one's event count, and the
+	// indexes of the events to forward.
+	reqIndex map[string]int
+	order    []string
+	counts   []int
+	fwd      []routed
 }
 
 // Props builds an engine actor. Its request actors are stopped, never
 // restarted, when they fail.
 func Props(deps Deps) *actor.Props {
+	if deps.Now == nil {
+		deps.Now = time.Now
+	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
-			slot: map[string]int{}}
+			perEpoch: map[string]int{}, reqIndex: map[string]int{}, seq: sched.NewSequencer(deps.Now(), deps.Lease)}
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)))
 }
 
@@ -72,14 +91,29 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 	case *Batch:
 		a.batch(c, m)
+	case *Heartbeat:
+		a.heartbeat(c, m)
+	case *Lost:
+		if !a.retiring {
+			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
+		}
+	case *Touch:
+		a.seq.Touch(a.deps.Now())
+	case *Tick:
+		if !a.retiring && !a.expired && a.seq.Expired(a.deps.Now()) {
+			a.expired = true
+			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
+				"lease", a.deps.Lease)
+			if a.deps.Expired != nil {
+				a.deps.Expired(a.deps.Engine)
+			}
+		}
 	case *request.Done:
 		a.done(c, m)
 	case *actor.Terminated:
 		a.terminated(m)
 	case *Retire:
-		a.retiring = true
-		a.resetAll(c)
-		a.maybeStop(c)
+		a.retire(c, m)
 	case *StatusQuery:
 		a.status(c, m)
 	default:
@@ -87,40 +121,30 @@ func (a *Actor) Receive(c actor.Context) {
 	}
 }
 
-// batch applies seq/epoch rules (PROTOCOL.md, "EventBatch") and routes the
-// events, in order, one message per request.
+// batch applies the session rules (sched.Sequencer) and routes the events of
+// an applied batch, in order, one message per request.
 func (a *Actor) batch(c actor.Context, m *Batch) {
 	b := &m.Batch
 	if a.retiring {
 		return
 	}
 	a.deps.Metrics.Batches.Inc()
-	if b.Epoch != a.epoch {
-		if a.epoch != "" {
-			a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", a.epoch, "new", b.Epoch)
-			a.deps.Metrics.EpochResets.Inc()
-			a.resetAll(c)
-		}
-		a.epoch, a.haveSeq = b.Epoch, false
+	d := a.seq.Batch(a.deps.Now(), b.Epoch, b.Seq)
+	a.decided(c, m.Ctx, d)
+	switch d.Verdict {
+	case sched.Duplicate:
+		a.deps.Metrics.BatchDuplicate.Inc()
+		return
+	case sched.Dropped:
+		a.deps.Metrics.DroppedBatch(a.seq.ResyncReason()).Inc()
+		return
 	}
-	if a.haveSeq {
-		if b.Seq <= a.seq {
-			a.deps.Metrics.BatchDuplicate.Inc()
-			return
-		}
-		if b.Seq > a.seq+1 {
-			a.deps.Metrics.EventGaps.Inc()
-			a.deps.Log.Warn("event gap", "engine", a.deps.Engine, "after", a.seq, "got", b.Seq)
-		}
-	}
-	a.seq, a.haveSeq = b.Seq, true
-
 	for i := range b.Events {
 		if ev := &b.Events[i]; a.route(c, m, ev) {
-			idx, ok := a.slot[ev.Request]
+			idx, ok := a.reqIndex[ev.Request]
 			if !ok {
 				idx = len(a.order)
-				a.slot[ev.Request] = idx
+				a.reqIndex[ev.Request] = idx
 				a.order = append(a.order, ev.Request)
 				a.counts = append(a.counts, 0)
 			}
@@ -129,6 +153,52 @@ func (a *Actor) batch(c actor.Context, m *Batch) {
 		}
 	}
 	a.forward(c, m)
+}
+
+// decided carries out a sequencer decision's side effects: an ended epoch
+// resets its requests (before anything of the new epoch is routed), a
+// resync order is published.
+func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) {
+	if d.Reset != "" {
+		a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", d.Reset, "new", a.seq.Epoch())
+		a.deps.Metrics.EpochResets.Inc()
+		a.resetAll(c, messages.ReasonEngineReset)
+		a.forgetIfIdle(d.Reset)
+	}
+	if r := d.Resync; r != nil {
+		a.deps.Metrics.Resync(r.Reason).Inc()
+		if !r.Repeat {
+			a.deps.Metrics.EventGaps.Inc()
+			a.deps.Log.Warn("resync: applying nothing more of this epoch", "engine", a.deps.Engine,
+				"epoch", r.Epoch, "expected", r.Expected, "got", r.Got, "reason", r.Reason)
+		}
+		if ctx == nil {
+			ctx = context.Background()
+		}
+		a.deps.Outbox.Resync(ctx, a.deps.Engine, &messages.Resync{Node: a.deps.Node, Boot: a.deps.Boot,
+			Epoch: r.Epoch, Expected: r.Expected, Got: r.Got, Reason: r.Reason})
+	}
+}
+
+// heartbeat answers P.E.heartbeat after every batch the engine sent before
+// it (they reach this mailbox first): the last seq applied in the engine's
+// epoch and the releases published for it.
+func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
+	ctx := m.Ctx
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if !a.retiring {
+		a.decided(c, ctx, a.seq.Heartbeat(a.deps.Now(), m.Epoch, m.Seq))
+	}
+	var applied uint64
+	if m.Epoch == a.seq.Epoch() {
+		applied = a.seq.Applied()
+	}
+	a.deps.Releases.Reply(ctx, m.Reply, m.Epoch, func(released uint64) any {
+		return messages.HeartbeatReply{Node: a.deps.Node, Boot: a.deps.Boot, Epoch: m.Epoch, Applied: applied,
+			Released: released}
+	})
 }
 
 // forward copies the routed events into one slice grouped by request (one
@@ -153,7 +223,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 		}
 		begin = end
 	}
-	clear(a.slot)
+	clear(a.reqIndex)
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
 }
 
@@ -175,10 +245,10 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 				reason = messages.ReasonAborted
 			}
 			a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
-			a.deps.Outbox.Released(m.Ctx, a.deps.Engine, id, reason)
+			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason)
 			return false
 		default:
-			a.deps.Metrics.Rejected.WithLabelValues(actors.ReasonUnknownReq).Inc()
+			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
 			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
 			return false
@@ -191,10 +261,29 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	pid := c.Spawn(request.Props(a.deps.Request, *added, ctx))
-	e := &entry{id: added.Request, pid: pid}
+	deps := a.deps.Request
+	deps.Epoch, deps.Releases = a.seq.Epoch(), a.deps.Releases
+	pid := c.Spawn(request.Props(deps, *added, ctx))
+	e := &entry{id: added.Request, epoch: deps.Epoch, pid: pid}
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e
+	a.perEpoch[e.epoch]++
+}
+
+// gone removes a request from byPID; an ended epoch with no request left
+// forgets its release count.
+func (a *Actor) gone(e *entry, pid *actor.PID) {
+	delete(a.byPID, pid.Id)
+	if a.perEpoch[e.epoch]--; a.perEpoch[e.epoch] <= 0 {
+		delete(a.perEpoch, e.epoch)
+		a.forgetIfIdle(e.epoch)
+	}
+}
+
+func (a *Actor) forgetIfIdle(epoch string) {
+	if epoch != a.seq.Epoch() && a.perEpoch[epoch] == 0 {
+		a.deps.Releases.Forget(epoch)
+	}
 }
 
 // done: the request was released for good. The actor is stopped here, by
@@ -203,7 +292,9 @@ func (a *Actor) done(c actor.Context, m *request.Done) {
 	if e := a.live[m.Request]; e != nil && e.pid.Equal(m.PID) {
 		delete(a.live, m.Request)
 	}
-	delete(a.byPID, m.PID.Id)
+	if e := a.byPID[m.PID.Id]; e != nil {
+		a.gone(e, m.PID)
+	}
 	c.Stop(m.PID)
 	a.maybeStop(c)
 }
@@ -213,7 +304,7 @@ func (a *Actor) terminated(m *actor.Terminated) {
 	if !ok {
 		return // stopped after Done: nothing owed
 	}
-	delete(a.byPID, m.Who.Id)
+	a.gone(e, m.Who)
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}
@@ -222,16 +313,40 @@ func (a *Actor) terminated(m *actor.Terminated) {
 	a.deps.Metrics.RequestFailure.Inc()
 	a.deps.Metrics.Releases.WithLabelValues(messages.ReasonAborted).Inc()
 	a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
-	a.deps.Outbox.Released(context.Background(), a.deps.Engine, e.id, messages.ReasonAborted)
+	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted)
 }
 
-// resetAll sends every live request a Reset; they release (engine_reset) once
-// their in-flight copies finish and report Done, as before.
-func (a *Actor) resetAll(c actor.Context) {
+// retire ends the engine: every live request is reset with the reason
+// (engine_gone on unregister and expiry, engine_reset on a new spec or
+// shutdown), and the actor stops once all are released.
+func (a *Actor) retire(c actor.Context, m *Retire) {
+	reason := m.Reason
+	if reason == "" {
+		reason = messages.ReasonEngineReset
+	}
+	n := 0
+	if !a.retiring {
+		a.retiring = true
+		n = a.resetAll(c, reason)
+	}
+	if m.Reset != nil {
+		select {
+		case m.Reset <- n:
+		default:
+		}
+	}
+	a.maybeStop(c)
+}
+
+// resetAll sends every live request a Reset; they release (with reason) once
+// their in-flight copies finish and report Done. It returns how many.
+func (a *Actor) resetAll(c actor.Context, reason string) int {
+	n := len(a.live)
 	for id, e := range a.live {
-		c.Send(e.pid, &request.Reset{})
+		c.Send(e.pid, &request.Reset{Reason: reason})
 		delete(a.live, id)
 	}
+	return n
 }
 
 func (a *Actor) maybeStop(c actor.Context) {
@@ -241,7 +356,7 @@ func (a *Actor) maybeStop(c actor.Context) {
 }
 
 func (a *Actor) status(c actor.Context, m *StatusQuery) {
-	st := Status{Engine: a.deps.Engine, Epoch: a.epoch, Seq: a.seq}
+	st := Status{Engine: a.deps.Engine, Epoch: a.seq.Epoch(), Seq: a.seq.Applied(), Resyncing: a.seq.Resyncing()}
 	pids := make([]*actor.PID, 0, len(a.live))
 	for _, e := range a.live {
 		pids = append(pids, e.pid)

@@ -41,6 +41,7 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 	// panics, which stands in for any bug on bad state.
 	closed := make(chan struct{})
 	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox, Metrics: m, Log: log,
+		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute,
 		Closed: closed, Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox, Metrics: m,
 			Tracer: noop.NewTracerProvider().Tracer(""), Log: log}}))
 
@@ -55,7 +56,7 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 		}}})
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "release of the failed request").Data, &rel))
-	require.Equal(t, messages.Released{Request: "boom", Reason: "aborted"}, rel)
+	require.Equal(t, messages.Released{Request: "boom", Epoch: "a", RSeq: 1, Reason: "aborted"}, rel)
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if v := testutilValue(m); v != 1 {
 			return errString("request failures not counted yet")
@@ -72,7 +73,7 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
 		Events: []messages.Event{{Type: messages.EvFinished, Request: "ok", Computed: 2, Total: 4}}}})
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "release of ok").Data, &rel))
-	require.Equal(t, messages.Released{Request: "ok", Reason: "finished"}, rel)
+	require.Equal(t, messages.Released{Request: "ok", Epoch: "a", RSeq: 2, Reason: "finished"}, rel)
 
 	// Retire: the engine stops once every request is released.
 	system.Root.Send(pid, &engine.Retire{})

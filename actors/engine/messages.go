@@ -15,10 +15,33 @@ type Batch struct {
 	Arrived time.Time
 }
 
-// Retire ends the engine (its spec changed, or the node is shutting down):
-// every request is reset as on a new epoch, and the actor stops once they are
-// all released. Then Closed is closed.
-type Retire struct{}
+// Retire ends the engine: every request is reset and released with Reason
+// (engine_gone for unregister and expiry; engine_reset, the default, for a
+// new spec or a node shutdown), and the actor stops once they are all
+// released. Then Closed is closed. Reset, if set (buffered), receives how
+// many requests were reset.
+type Retire struct {
+	Reason string
+	Reset  chan<- int
+}
+
+// Heartbeat is P.E.heartbeat; the reply is published on Reply.
+type Heartbeat struct {
+	Epoch string
+	Seq   uint64
+	Reply string
+	Ctx   context.Context
+}
+
+// Lost says the node may have lost some of this engine's batches without
+// seeing their seq (Reason: reconnect, overflow).
+type Lost struct{ Reason string }
+
+// Touch is a sign of life other than a batch or heartbeat (a register).
+type Touch struct{}
+
+// Tick asks the engine to check its lease (expiry).
+type Tick struct{}
 
 // StatusQuery asks for the engine's Status; it is sent on Reply (buffered,
 // never blocks the actor).
@@ -26,9 +49,11 @@ type StatusQuery struct{ Reply chan<- Status }
 
 // Status is one engine's part of P.E.status.
 type Status struct {
-	Engine   string                  `json:"engine"`
-	Epoch    string                  `json:"epoch"`
-	Seq      uint64                  `json:"seq"`
-	Requests []sched.RequestSnapshot `json:"requests"`
-	Partial  bool                    `json:"partial,omitempty"` // some request did not answer in time
+	Engine string `json:"engine"`
+	Epoch  string `json:"epoch"`
+	Seq    uint64 `json:"seq"` // last batch applied in Epoch
+	// Resyncing: a gap was seen; nothing more of Epoch is applied.
+	Resyncing bool                    `json:"resyncing,omitempty"`
+	Requests  []sched.RequestSnapshot `json:"requests"`
+	Partial   bool                    `json:"partial,omitempty"` // some request did not answer in time
 }

@@ -52,6 +52,11 @@ type Deps struct {
 	Metrics  *metrics.Metrics
 	Tracer   trace.Tracer
 	Log      *slog.Logger
+	// Node and Boot name this node in the reply (PROTOCOL.md v2).
+	Node, Boot string
+	// Done, if set, is called once the load's copy is over (the engine's
+	// segments may be unmapped only after it).
+	Done func()
 }
 
 // Actor runs one load.
@@ -108,10 +113,16 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		a.span.SetStatus(codes.Error, err.Error())
 		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
-		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error()})
+		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
+			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {
 		a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
-		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens})
+		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
+			Node: a.deps.Node, Boot: a.deps.Boot})
+	}
+	if a.deps.Done != nil {
+		a.deps.Done()
+		a.deps.Done = nil
 	}
 	a.span.End()
 	c.Stop(c.Self())

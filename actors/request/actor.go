@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"log/slog"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -23,7 +24,11 @@ import (
 
 // Deps is what a request actor needs from its engine.
 type Deps struct {
-	Engine    string
+	Engine string
+	// Epoch is the epoch whose events created the request: its releases
+	// carry it, also after a newer epoch began (PROTOCOL.md v2 "released").
+	Epoch     string
+	Releases  *actors.Releases
 	Layout    *sched.Layout
 	Device    backend.Device
 	Pool      *hostpool.Shared
@@ -33,6 +38,9 @@ type Deps struct {
 	Metrics   *metrics.Metrics
 	Tracer    trace.Tracer
 	Log       *slog.Logger
+	// Owed, when set, counts requests not yet released for good (the node
+	// reports them when a shutdown times out).
+	Owed *atomic.Int64
 }
 
 // Actor is one request's actor. All fields are touched only from Receive.
@@ -70,11 +78,17 @@ func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.RequestsLive.Inc()
+		if a.deps.Owed != nil {
+			a.deps.Owed.Add(1)
+		}
 	case *actor.Stopping, *actor.Restarting:
 	case *actor.Stopped:
 		a.deps.Metrics.RequestsLive.Dec()
 		if !a.done {
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
+			if a.deps.Owed != nil {
+				a.deps.Owed.Add(-1)
+			}
 		}
 		a.span.End()
 	case *Events:
@@ -85,8 +99,8 @@ func (a *Actor) Receive(c actor.Context) {
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Pool), time.Time{})
 	case *Reset:
-		a.span.AddEvent("engine_reset")
-		a.perform(c, a.state.Reset(), time.Time{})
+		a.span.AddEvent(m.Reason)
+		a.perform(c, a.state.Reset(m.Reason), time.Time{})
 	case *StatusQuery:
 		c.Send(m.ReplyTo, &Status{Snapshot: a.state.Snapshot()})
 	default:
@@ -113,7 +127,7 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 
 // reject logs and counts a rejected event; the state is unchanged.
 func (a *Actor) reject(ev *messages.Event, err error) {
-	a.deps.Metrics.Rejected.WithLabelValues(actors.RejectReason(err)).Inc()
+	a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLabel(err)).Inc()
 	a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", ev.Request,
 		"type", ev.Type.String(), "err", err)
 }
@@ -162,7 +176,7 @@ func (a *Actor) published(j *job) {
 		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
 		}
-		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, keyHex[:len(keyHex)-8])
+		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, sched.KeyHashHex(keyHex))
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
@@ -211,10 +225,13 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		if recording {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
-		a.deps.Outbox.Released(a.ctx, a.deps.Engine, a.state.ID(), reason)
+		a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason)
 	}
 	if eff.Drop {
 		a.done = true
+		if a.deps.Owed != nil {
+			a.deps.Owed.Add(-1)
+		}
 		if len(eff.Releases) > 0 {
 			a.span.SetAttributes(tracing.AttrReason.String(eff.Releases[len(eff.Releases)-1]))
 		}

@@ -20,8 +20,9 @@ type Events struct {
 // RetryDue is the retry timer firing: take the store decision again.
 type RetryDue struct{ Attempt int }
 
-// Reset ends the request for an engine reset (PROTOCOL.md, "epoch").
-type Reset struct{}
+// Reset ends the request for an engine reset (Reason engine_reset:
+// PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).
+type Reset struct{ Reason string }
 
 // Done tells the engine actor the request was released for good; the engine
 // removes it from its table and stops the actor.

@@ -50,8 +50,9 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
 	pool := hostpool.NewShared(16)
-	deps := request.Deps{Engine: "e", Layout: lay, Pool: pool, SlotBytes: 8, Transfer: xfer,
-		Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+	outbox := actors.NewOutbox(nc, "kvactors", log)
+	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Pool: pool,
+		SlotBytes: 8, Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))

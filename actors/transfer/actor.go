@@ -45,6 +45,8 @@ type Deps struct {
 	Metrics *metrics.Metrics
 	Tracer  trace.Tracer
 	Log     *slog.Logger
+	// Fence, when set, holds copies back while NATS is unreachable.
+	Fence *Fence
 }
 
 // Actor is the transfer actor of one device. It owns the queue and its
@@ -106,6 +108,17 @@ func (a *Actor) finish(c actor.Context, d *copyDone) {
 	c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur})
 }
 
+// copy runs one job's backend copy inside the fence (if any).
+func (a *Actor) copy(job *Submit, ranges []backend.Range) error {
+	if f := a.deps.Fence; f != nil {
+		if err := f.Enter(); err != nil {
+			return err
+		}
+		defer f.Leave()
+	}
+	return job.Device.Copy(job.Dir, a.deps.Arena, ranges)
+}
+
 // worker runs copies until the queue closes: the backend call, the pool's
 // completion, then a message to the actor.
 func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
@@ -122,7 +135,7 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 				tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
 		}
 		start := time.Now()
-		err := job.Device.Copy(job.Dir, a.deps.Arena, ranges)
+		err := a.copy(job, ranges)
 		dur := time.Since(start)
 		job.completePool(err == nil)
 		a.q.done(job)

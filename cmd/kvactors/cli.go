@@ -9,9 +9,10 @@ import (
 
 // Exit codes, the same for every command (docs/OPERATIONS.md).
 const (
-	exitOK          = 0   // success, or --help
-	exitFailure     = 1   // a runtime failure: start failed, a check failed
-	exitUsage       = 2   // a bad flag, argument, variable, config file or value
+	exitOK      = 0 // success, or --help
+	exitFailure = 1 // a runtime failure: start failed, a check failed
+	exitUsage   = 2 // a bad flag, argument, variable, config file or value
+	// 3 is node.FailStopExit: serve ended itself because fencing demanded it.
 	exitInterrupted = 130 // demo or bench stopped by Ctrl-C or SIGTERM (128+SIGINT)
 )
 

@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -250,7 +251,7 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	msg, err := released.NextMsg(10 * time.Second)
 	require.NoError(t, err, "released on shutdown")
-	require.JSONEq(t, `{"request":"r","reason":"engine_reset"}`, string(msg.Data))
+	require.JSONEq(t, `{"request":"r","epoch":"e","rseq":1,"reason":"engine_reset"}`, string(msg.Data))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	done := make(chan error, 1)
@@ -347,4 +348,76 @@ func TestBenchInterrupted(t *testing.T) {
 	require.ErrorAs(t, err, &exit, strings.Join(rest, "\n"))
 	require.Equal(t, 130, exit.ExitCode())
 	require.Contains(t, strings.Join(rest, "\n"), "kvactors bench: interrupted")
+}
+
+// PROTOCOL.md v2 / issue 10: a shutdown whose --shutdown-timeout expires with
+// releases still owed exits non-zero and says how many were undelivered.
+func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir,
+		"--pool-bytes", "1M", "--log-level", "warn", "--shutdown-timeout", "1ns")
+	cmd.Env = os.Environ()
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			if strings.HasPrefix(s.Text(), "kvactors serving") {
+				line <- s.Text()
+			}
+		}
+	}()
+	var serving string
+	select {
+	case serving = <-line:
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not print its URL")
+	}
+	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
+	require.Len(t, m, 2, serving)
+	nc, err := nats.Connect(m[1])
+	require.NoError(t, err)
+	defer nc.Close()
+	seg, err := shm.Create(dir, "cli", 512*256)
+	require.NoError(t, err)
+	defer seg.Close()
+	spec := messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 512,
+		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 256, BlockBytes: 256}}}}}
+	body, _ := json.Marshal(spec)
+	reply, err := nc.Request("kvactors.cli.register", body, 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), `"ok":true`)
+	// 300 requests holding blocks: each owes a release at shutdown, and a
+	// 1ns timeout cannot wait for them.
+	var events []string
+	for i := range 300 {
+		events = append(events, fmt.Sprintf(`{"type":"added","request":"r%d","prompt_tokens":8},`+
+			`{"type":"blocks","request":"r%d","group":0,"start":0,"ids":[%d]}`, i, i, i+1))
+	}
+	require.NoError(t, nc.Publish("kvactors.cli.events", []byte(`{"epoch":"e","seq":1,"events":[`+
+		strings.Join(events, ",")+`]}`)))
+	var st struct{ Requests []json.RawMessage }
+	msg, err := nc.Request("kvactors.cli.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.NoError(t, json.Unmarshal(msg.Data, &st))
+	require.Len(t, st.Requests, 300)
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, "serve must exit non-zero; stderr:\n%s", stderr.String())
+		require.Equal(t, 1, exit.ExitCode())
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not exit after SIGTERM")
+	}
+	require.Regexp(t, `undelivered_releases=[1-9]`, stderr.String())
 }

@@ -26,7 +26,8 @@ commands:
 
 Run 'kvactors <command> --help' for a command's flags.
 Exit status: 0 success or --help; 1 runtime failure; 2 bad flag, argument,
-variable, config file or value; 130 demo or bench interrupted.
+variable, config file or value; 3 serve's fencing fail-stop; 130 demo or
+bench interrupted.
 `
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

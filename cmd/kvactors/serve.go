@@ -61,6 +61,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	<-ctx.Done()
 	log.Info("shutting down")
 	if err := n.Close(context.Background()); err != nil {
+		// ErrUndelivered names how many releases were left owed: an engine
+		// waiting for them learns of it through the node's new boot.
 		log.Error("shutdown", "err", err)
 		return exitFailure
 	}

@@ -1,112 +1,139 @@
-// Command publisher is the smallest engine that speaks kvactors protocol v1:
-// it owns one shared-memory segment as its "GPU", registers, runs one request
-// through prefill with its hashes lagging a step behind its tokens, finishes
-// it, and prints what kvactors answers. Run `kvactors serve` first, then
+// Command publisher is the smallest engine that speaks kvactors protocol v2,
+// through the Go SDK (package client): it owns one shared-memory segment as
+// its "GPU", registers, runs one request through prefill with its hashes
+// lagging a step behind its tokens, finishes it, waits for `released` and
+// looks the prompt up. Run `kvactors serve` first, then
 //
 //	go run ./examples/publisher --nats nats://127.0.0.1:4222
+//
+// (or set NATS_URL). It exits non-zero on any error, a refused register
+// included, and removes its segment on every exit path.
 package main
 
 import (
-	"encoding/json"
+	"context"
+	"encoding/hex"
+	"errors"
 	"flag"
 	"fmt"
-	"log"
 	"os"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 )
 
 const (
 	blockBytes = 4096
 	numBlocks  = 256
+	tokens     = 16 // per block and per hash
+
+	defaultTimeout = 10 * time.Second
 )
 
 func main() {
-	url := flag.String("nats", nats.DefaultURL, "NATS URL of kvactors")
+	defURL := os.Getenv("NATS_URL")
+	if defURL == "" {
+		defURL = nats.DefaultURL
+	}
+	url := flag.String("nats", defURL, "NATS URL of kvactors (default $NATS_URL, else "+nats.DefaultURL+")")
+	prefix := flag.String("prefix", "kvactors", "kvactors' subject prefix (its --prefix)")
 	shmDir := flag.String("shm-dir", "/dev/shm", "kvactors' --shm-dir")
 	engine := flag.String("engine", "example", "engine id")
+	timeout := flag.Duration("timeout", defaultTimeout, "give up registering or waiting for released after this")
 	flag.Parse()
+	if err := run(*url, *prefix, *shmDir, *engine, *timeout); err != nil {
+		fmt.Fprintln(os.Stderr, "publisher:", err)
+		os.Exit(1)
+	}
+}
 
-	nc, err := nats.Connect(*url)
+func run(url, prefix, shmDir, engine string, timeout time.Duration) (err error) {
+	nc, err := client.Dial(url, engine)
 	if err != nil {
-		log.Fatalf("connect: %v", err)
+		return err
 	}
 	defer nc.Close()
 
-	// The engine's KV cache: one segment, one group, one region (layer).
-	seg, err := shm.Create(*shmDir, "kvactors-example-"+*engine, numBlocks*blockBytes)
+	// The engine's KV cache: one segment (named after the engine, as
+	// kvactors requires), one group, one region (layer).
+	seg, err := shm.Create(shmDir, engine+"-kv", numBlocks*blockBytes)
 	if err != nil {
-		log.Fatalf("create segment: %v", err)
+		return fmt.Errorf("create segment: %w", err)
 	}
-	defer func() { _ = seg.Remove() }()
-	spec := messages.EngineSpec{TokensPerHash: 16, BlocksPerChunk: 1, NumGPUBlocks: numBlocks,
+	defer func() { err = errors.Join(err, seg.Remove()) }()
+	spec := messages.EngineSpec{TokensPerHash: tokens, BlocksPerChunk: 1, NumGPUBlocks: numBlocks,
 		Segments: []messages.Segment{seg.Spec()},
-		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: 16,
+		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: tokens,
 			Regions: []messages.Region{{Segment: 0, Offset: 0, BlockStride: blockBytes, BlockBytes: blockBytes}}}}}
-	request(nc, *engine, "register", spec)
 
-	subject := func(verb string) string { return "kvactors." + *engine + "." + verb }
-	// One subscription for both answers, so they print in the order kvactors
-	// sent them (every stored of a request comes before its released).
-	released := make(chan struct{}, 1)
-	if _, err := nc.Subscribe(subject("*"), func(m *nats.Msg) {
-		switch verb := m.Subject[len(subject("")):]; verb {
-		case "stored", "released":
-			fmt.Printf("<- %s %s\n", verb, m.Data)
-			if verb == "released" {
-				released <- struct{}{}
-			}
-		}
-	}); err != nil {
-		log.Fatal(err)
+	released := make(chan client.Release, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	c, err := client.Connect(ctx, nc, client.Config{Engine: engine, Prefix: prefix, Spec: spec,
+		OnReleased: func(r client.Release) { released <- r },
+		OnStored: func(s messages.Stored) {
+			fmt.Printf("<- stored job %d: %d chunks, %d bytes\n", s.Job, len(s.Chunks), s.Bytes)
+		}})
+	if err != nil {
+		return err
 	}
+	defer func() { err = errors.Join(err, c.Close()) }()
+	st := c.Stats()
+	fmt.Printf("<- registered with node %s (boot %s)\n", st.Node, st.Boot)
 
 	// One request of 64 tokens: 4 blocks (ids 1..4), allocated up front.
-	// Each step computes 16 tokens; its hash is published one step later.
-	seq := uint64(0)
-	send := func(events ...map[string]any) {
-		seq++
-		body, _ := json.Marshal(map[string]any{"epoch": fmt.Sprint(os.Getpid()), "seq": seq, "events": events})
-		if err := nc.Publish(subject("events"), body); err != nil {
-			log.Fatal(err)
-		}
-		fmt.Printf("-> batch %d: %d events\n", seq, len(events))
+	// Each step computes 16 tokens; its hash is announced one step later.
+	hash := func(i int) []byte { h := make([]byte, 32); h[31] = byte(i); return h }
+	c.Added("r1", 64)
+	c.Blocks("r1", 0, 0, []uint32{1, 2, 3, 4})
+	if err := flush(c); err != nil {
+		return err
 	}
-	send(map[string]any{"type": "added", "request": "r1", "prompt_tokens": 64},
-		map[string]any{"type": "blocks", "request": "r1", "group": 0, "start": 0, "ids": []int{1, 2, 3, 4}})
 	for step := 1; step <= 4; step++ {
 		// Write the KV of block `step` before announcing it as computed.
 		b := seg.Bytes()[step*blockBytes : (step+1)*blockBytes]
 		for i := range b {
 			b[i] = byte(step)
 		}
-		events := []map[string]any{{"type": "tokens", "request": "r1", "computed": 16 * step, "total": 64}}
+		c.Tokens("r1", tokens*step, 64)
 		if step > 1 { // async scheduling: the hash of the previous block arrives now
-			events = append(events, map[string]any{"type": "hashes", "request": "r1", "start": step - 2,
-				"hashes": []string{fmt.Sprintf("%064x", step-1)}})
+			c.Hashes("r1", step-2, hash(step-1))
 		}
-		send(events...)
+		if err := flush(c); err != nil {
+			return err
+		}
 	}
-	send(map[string]any{"type": "hashes", "request": "r1", "start": 3, "hashes": []string{fmt.Sprintf("%064x", 4)}},
-		map[string]any{"type": "finished", "request": "r1", "aborted": false, "computed": 64, "total": 64})
+	c.Hashes("r1", 3, hash(4))
+	c.Finished("r1", false, 64, 64)
+	if err := flush(c); err != nil {
+		return err
+	}
 	select { // the engine may reuse r1's blocks only after released
-	case <-released:
-	case <-time.After(5 * time.Second):
-		log.Fatal("no released within 5s")
+	case r := <-released:
+		fmt.Printf("<- released %s (%s)\n", r.Request, r.Reason)
+	case <-ctx.Done():
+		return fmt.Errorf("no released within %v", timeout)
 	}
-	request(nc, *engine, "lookup", map[string]any{"hashes": []string{
-		fmt.Sprintf("%064x", 1), fmt.Sprintf("%064x", 2), fmt.Sprintf("%064x", 3), fmt.Sprintf("%064x", 4)}})
+	var hs []string
+	for i := 1; i <= 4; i++ {
+		hs = append(hs, hex.EncodeToString(hash(i)))
+	}
+	hit, err := c.Lookup(ctx, hs)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("<- lookup: %d of 64 tokens stored\n", hit)
+	return nil
 }
 
-func request(nc *nats.Conn, engine, verb string, body any) {
-	data, _ := json.Marshal(body)
-	msg, err := nc.Request("kvactors."+engine+"."+verb, data, 5*time.Second)
-	if err != nil {
-		log.Fatalf("%s: %v", verb, err)
+func flush(c *client.Client) error {
+	if err := c.Flush(); err != nil {
+		return err
 	}
-	fmt.Printf("<- %s reply %s\n", verb, msg.Data)
+	fmt.Printf("-> batch %d\n", c.Stats().Seq)
+	return nil
 }

@@ -1,6 +1,6 @@
 package messages
 
-// Wire bodies of the protocol (docs/PROTOCOL.md; v2 additions are in
+// Bodies of the protocol (docs/PROTOCOL.md; v2 additions are in
 // session.go). Field names follow the JSON exactly; unknown fields are
 // ignored by encoding/json, which is what forward compatibility asks for.
 

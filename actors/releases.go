@@ -1,0 +1,52 @@
+package actors
+
+import (
+	"context"
+	"sync"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Releases numbers and publishes one engine's releases (PROTOCOL.md v2:
+// `released` carries the epoch it answers and rseq 1, 2, … per engine per
+// epoch). Request actors publish concurrently, so numbering and publishing
+// happen under one lock, and the heartbeat reply, which reports how many
+// releases an epoch has had, is built and published under the same lock:
+// its count is never ahead of what was already written to the connection, so
+// an engine never resyncs for a release that is merely still on its way.
+type Releases struct {
+	out    *Outbox
+	engine string
+
+	mu     sync.Mutex
+	counts map[string]uint64 // epoch → releases published
+}
+
+// NewReleases publishes engine's releases on out.
+func NewReleases(out *Outbox, engine string) *Releases {
+	return &Releases{out: out, engine: engine, counts: map[string]uint64{}}
+}
+
+// Publish numbers and publishes one release of a request of epoch.
+func (r *Releases) Publish(ctx context.Context, epoch, request, reason string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.counts[epoch]++
+	r.out.released(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: r.counts[epoch],
+		Reason: reason})
+}
+
+// Reply publishes the reply build makes from epoch's release count, under
+// the lock that orders it after every release it counts.
+func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(released uint64) any) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.out.Reply(ctx, reply, build(r.counts[epoch]))
+}
+
+// Forget drops an ended epoch's count once none of its requests is left.
+func (r *Releases) Forget(epoch string) {
+	r.mu.Lock()
+	delete(r.counts, epoch)
+	r.mu.Unlock()
+}

@@ -1,0 +1,300 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/messages"
+)
+
+var long = flag.Bool("chaos.long", false, "run the long versions of the chaos tests")
+
+// kvactorsBin is the kvactors binary, built once for the package.
+var kvactorsBin string
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	dir, err := os.MkdirTemp("", "kvactors-chaos-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	kvactorsBin = filepath.Join(dir, "kvactors")
+	build := exec.Command("go", "build", "-o", kvactorsBin, "github.com/kvactors/kvactors/cmd/kvactors")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build kvactors:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// lockedBuffer collects a child's output.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// proc is one `kvactors serve` child process.
+type proc struct {
+	cmd  *exec.Cmd
+	out  *lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+// serve starts `kvactors serve` with the given flags, never on default
+// ports (--http off unless given). It is killed at cleanup if still up.
+func serve(t *testing.T, args ...string) *proc {
+	t.Helper()
+	has := func(f string) bool {
+		for _, a := range args {
+			if a == f || strings.HasPrefix(a, f+"=") {
+				return true
+			}
+		}
+		return false
+	}
+	if !has("--http") {
+		args = append(args, "--http", "off")
+	}
+	p := &proc{out: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(kvactorsBin, append([]string{"serve"}, args...)...)
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	require.NoError(t, p.cmd.Start())
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			_ = p.cmd.Process.Kill()
+			<-p.done
+		}
+		if t.Failed() {
+			t.Logf("kvactors serve %v output:\n%s", args, p.out.String())
+		}
+	})
+	return p
+}
+
+// kill9 kills the node like a crash would and waits for it to be gone.
+func (p *proc) kill9(t *testing.T) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(os.Kill))
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("kvactors did not die after SIGKILL")
+	}
+}
+
+// exitCode waits up to d for the process to exit and returns its code.
+func (p *proc) exitCode(t *testing.T, d time.Duration) int {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-time.After(d):
+		t.Fatalf("kvactors still running after %v", d)
+	}
+	var ee *exec.ExitError
+	if errors.As(p.err, &ee) {
+		return ee.ExitCode()
+	}
+	require.NoError(t, p.err)
+	return 0
+}
+
+// peakRSS is the child's VmHWM in bytes (its peak resident set).
+func (p *proc) peakRSS(t *testing.T) int64 {
+	t.Helper()
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	require.NoError(t, err)
+	defer f.Close()
+	s := bufio.NewScanner(f)
+	for s.Scan() {
+		if rest, ok := strings.CutPrefix(s.Text(), "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(rest), " kB"), 10, 64)
+			require.NoError(t, err)
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmHWM in /proc status")
+	return 0
+}
+
+// rig is one SDK-driven engine with one full-attention group, one block
+// per chunk, 4 tokens per block and per hash, and its own shm segment:
+// request i owns blocks [i*bpr+1, (i+1)*bpr], each filled with a pattern
+// before the tokens that cover it are announced.
+type rig struct {
+	t      *testing.T
+	id     string
+	c      *client.Client
+	seg    *shm.Segment
+	bpr    int // blocks per request
+	blockB int
+
+	mu       sync.Mutex
+	releases map[string][]client.Release
+	relCh    chan client.Release
+	stored   map[string]bool // keys
+}
+
+const tph = 4
+
+func newRig(t *testing.T, nc *nats.Conn, shmDir, id string, requests, bpr, blockBytes int, tweak ...func(*client.Config)) *rig {
+	t.Helper()
+	blocks := requests*bpr + 1
+	seg, err := shm.Create(shmDir, id+"-kv", int64(blocks*blockBytes))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	r := &rig{t: t, id: id, seg: seg, bpr: bpr, blockB: blockBytes, releases: map[string][]client.Release{},
+		relCh: make(chan client.Release, 1<<16), stored: map[string]bool{}}
+	cfg := client.Config{Engine: id, Spec: messages.EngineSpec{TokensPerHash: tph, BlocksPerChunk: 1, NumGPUBlocks: blocks,
+		Segments: []messages.Segment{seg.Spec()},
+		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: tph,
+			Regions: []messages.Region{{BlockStride: int64(blockBytes), BlockBytes: int64(blockBytes)}}}}},
+		OnReleased: func(rel client.Release) {
+			r.mu.Lock()
+			r.releases[rel.Request] = append(r.releases[rel.Request], rel)
+			r.mu.Unlock()
+			r.relCh <- rel
+		},
+		OnStored: func(s messages.Stored) {
+			r.mu.Lock()
+			for _, ch := range s.Chunks {
+				r.stored[ch.Key] = true
+			}
+			r.mu.Unlock()
+		}}
+	for _, f := range tweak {
+		f(&cfg)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r.c, err = client.Connect(ctx, nc, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.c.Close() })
+	return r
+}
+
+func reqID(i int) string { return "r" + strconv.Itoa(i) }
+
+// hash is block j's hash of request i (raw bytes).
+func (r *rig) hash(i, j int) []byte {
+	var b [16]byte
+	binary.BigEndian.PutUint64(b[:8], uint64(i))
+	binary.BigEndian.PutUint64(b[8:], uint64(j))
+	h := sha256.Sum256(append([]byte(r.id), b[:]...))
+	return h[:]
+}
+
+func (r *rig) hashesHex(i int) []string {
+	out := make([]string, r.bpr)
+	for j := range out {
+		out[j] = hex.EncodeToString(r.hash(i, j))
+	}
+	return out
+}
+
+// start announces request i fully computed: added, blocks, hashes, tokens
+// (its blocks written first). The caller flushes.
+func (r *rig) start(i int) {
+	id := reqID(i)
+	ids := make([]uint32, r.bpr)
+	hs := make([][]byte, r.bpr)
+	mem := r.seg.Bytes()
+	for j := range ids {
+		ids[j] = uint32(i*r.bpr + j + 1)
+		hs[j] = r.hash(i, j)
+		blk := mem[int(ids[j])*r.blockB : (int(ids[j])+1)*r.blockB]
+		for k := range blk {
+			blk[k] = hs[j][k%len(hs[j])]
+		}
+	}
+	r.c.Added(id, r.bpr*tph)
+	r.c.Blocks(id, 0, 0, ids)
+	r.c.Hashes(id, 0, hs...)
+	r.c.Tokens(id, r.bpr*tph, r.bpr*tph)
+}
+
+func (r *rig) finish(i int) { r.c.Finished(reqID(i), false, r.bpr*tph, r.bpr*tph) }
+
+func (r *rig) flush() { require.NoError(r.t, r.c.Flush()) }
+
+// releasesOf returns a copy of request i's releases.
+func (r *rig) releasesOf(i int) []client.Release {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]client.Release(nil), r.releases[reqID(i)]...)
+}
+
+// released counts requests in [from, to) with exactly one release, and
+// fails the test on a second.
+func (r *rig) released(from, to int) int {
+	n := 0
+	for i := from; i < to; i++ {
+		switch rs := r.releasesOf(i); len(rs) {
+		case 0:
+		case 1:
+			n++
+		default:
+			r.t.Fatalf("request %s released %d times: %+v", reqID(i), len(rs), rs)
+		}
+	}
+	return n
+}
+
+// allLoadable reports how many of requests [from, to) the node can load in
+// full (every chunk stored and ready).
+func (r *rig) allLoadable(from, to int) (int, error) {
+	n := 0
+	for i := from; i < to; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		hit, err := r.c.Lookup(ctx, r.hashesHex(i))
+		cancel()
+		if err != nil {
+			return n, err
+		}
+		if hit == r.bpr*tph {
+			n++
+		}
+	}
+	return n, nil
+}

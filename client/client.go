@@ -1,0 +1,350 @@
+package client
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/wire"
+)
+
+// Client is one engine's session with its kvactors node. Create it with
+// Connect; end it with Close.
+type Client struct {
+	cfg  Config
+	nc   *nats.Conn
+	subj string // P.E.
+	out  *dispatcher
+
+	mu sync.Mutex
+	// The node that answered the last register, and its lease.
+	node, boot string
+	lease      time.Duration
+	lastSeen   time.Time // last hello, heartbeat or reply of node/boot
+	lost       bool      // the node is lost: frees wait for fenceUntil, then re-register
+	freedLoss  bool      // the node_lost frees of this loss are done
+	fenceUntil time.Time
+	reregister bool   // the node forgot the engine: register again, then resync
+	resync     string // a resync is due, for this reason ("" = none)
+	reconnects uint64 // nc.Stats().Reconnects last seen
+
+	epoch    string
+	seq      uint64
+	lastRSeq uint64 // highest rseq received in the epoch
+	relGot   uint64 // releases received in the epoch
+	hbPrev   uint64 // the node's released count at the previous heartbeat of the epoch
+	batch    wire.Batch
+	body     []byte
+
+	reqs   map[string]*mreq
+	nextN  uint64
+	groups int
+	st     Stats
+	closed bool
+
+	subs []*nats.Subscription
+	kick chan struct{}
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+// Stats counts what the client did; Stats() returns a copy.
+type Stats struct {
+	Epoch            string
+	Seq              uint64
+	Node, Boot       string
+	Registers        int
+	Batches          int
+	DroppedBatches   int            // by Config.DropBatch
+	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
+	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
+	NodeLosses       int
+	Releases         int // delivered to OnReleased
+	NodeLostFrees    int // of which reason node_lost
+	StaleReleases    int // for an old epoch: not a free
+	UnexpectedRel    int // for a request not waiting for one
+	Live             int // requests mirrored
+	Awaiting         int // requests waiting for a release
+}
+
+// Connect subscribes, registers cfg.Spec (retrying with backoff while no
+// node answers, until ctx ends) and starts the session. A register the
+// node refuses is returned as an error at once.
+func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	c := &Client{cfg: cfg, nc: nc, subj: cfg.Prefix + "." + cfg.Engine + ".", reqs: map[string]*mreq{},
+		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		st: Stats{Resyncs: map[string]int{}}}
+	c.epoch = newEpoch()
+	c.reconnects = nc.Stats().Reconnects
+	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored)
+	if err := c.subscribe(); err != nil {
+		c.unsubscribe()
+		c.out.close()
+		return nil, err
+	}
+	if err := c.registerRetry(ctx); err != nil {
+		c.unsubscribe()
+		c.out.close()
+		return nil, err
+	}
+	c.wg.Add(1)
+	go c.loop()
+	return c, nil
+}
+
+func newEpoch() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+// Added announces a new request with prompt tokens.
+func (c *Client) Added(req string, prompt int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.reqs[req]; !ok {
+		c.nextN++
+		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, blocks: make([][]uint32, c.groups)}
+	}
+	c.batch.Added(req, prompt)
+}
+
+// Hashes announces block hashes hashes[start...] of req (raw bytes; the
+// client copies them).
+func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.reqs[req]; r != nil {
+		r.addHashes(start, hashes)
+	}
+	c.batch.BeginHashes(req, start)
+	for _, h := range hashes {
+		c.batch.Hash(h)
+	}
+	c.batch.EndHashes()
+}
+
+// Blocks announces GPU block ids block_ids[group][start...] of req.
+func (c *Client) Blocks(req string, group, start int, ids []uint32) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.reqs[req]; r != nil && r.phase == running {
+		r.addBlocks(group, start, ids)
+	}
+	c.batch.Blocks(req, group, start, ids)
+}
+
+// Tokens announces that the KV of tokens [0, computed) is written and
+// fenced; total is the sequence length.
+func (c *Client) Tokens(req string, computed, total int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.reqs[req]; r != nil && r.phase != finished {
+		r.computed, r.total, r.hasTokens = computed, total, true
+	}
+	c.batch.Tokens(req, computed, total)
+}
+
+// Preempted announces that the engine wants req's blocks back; OnReleased
+// says when it may reuse them. Every Preempted of a running request and
+// every Finished of a request not finished yet is answered by exactly one
+// OnReleased call (a resume before the preemption's release makes two
+// owed; they are answered in order).
+func (c *Client) Preempted(req string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.batch.Preempted(req)
+	r := c.reqs[req]
+	if r == nil || r.phase != running {
+		return // the node ignores it too
+	}
+	r.phase = preempted
+	r.owed++
+	c.freeIfNoNodeLocked(r)
+}
+
+// Resumed announces that req runs again; fresh Blocks from start 0 follow.
+func (c *Client) Resumed(req string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r := c.reqs[req]; r != nil && r.phase == preempted {
+		r.phase = running
+		r.clearBlocks()
+	}
+	c.batch.Resumed(req)
+}
+
+// Finished announces that req ended; OnReleased says when its blocks may be
+// reused.
+func (c *Client) Finished(req string, aborted bool, computed, total int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.batch.Finished(req, aborted, computed, total)
+	r := c.reqs[req]
+	if r == nil {
+		return // the node answers a finished for an unknown request at once; nothing waits here
+	}
+	if r.phase == finished {
+		return
+	}
+	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
+	r.owed++
+	c.freeIfNoNodeLocked(r)
+}
+
+// freeIfNoNodeLocked frees r at once when the node is lost and the lease
+// wait is over: no node can copy its blocks.
+func (c *Client) freeIfNoNodeLocked(r *mreq) {
+	if c.lost && c.freedLoss {
+		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
+	}
+}
+
+// Flush publishes the events announced since the last Flush as one batch
+// (one per scheduler step). With a resync due it starts the new epoch
+// instead, which re-announces those events too. Without a node the batch
+// is discarded: the resync after re-registering re-announces it.
+func (c *Client) Flush() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return fmt.Errorf("client: engine %s: flush after Close", c.cfg.Engine)
+	}
+	if c.lost || c.reregister {
+		if c.batch.Events() > 0 {
+			c.st.DiscardedBatches++
+		}
+		c.batch.Reset()
+		return nil
+	}
+	if c.resync != "" {
+		return c.resyncLocked()
+	}
+	if c.batch.Events() == 0 {
+		return nil
+	}
+	err := c.publishLocked()
+	c.batch.Reset()
+	return err
+}
+
+// publishLocked sends the batch under the next seq.
+func (c *Client) publishLocked() error {
+	c.seq++
+	if c.cfg.DropBatch != nil && c.cfg.DropBatch(c.seq) {
+		c.st.DroppedBatches++
+		return nil
+	}
+	c.body = c.batch.Body(c.body, c.epoch, c.seq)
+	m := &nats.Msg{Subject: c.subj + messages.VerbEvents, Data: c.body}
+	if c.cfg.BeforePublish != nil {
+		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
+	}
+	if err := c.nc.PublishMsg(m); err != nil {
+		// Lost like any other batch: the node sees the gap and asks for a resync.
+		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
+	}
+	c.st.Batches++
+	return nil
+}
+
+// resyncLocked starts a new epoch whose first batches re-announce every
+// live request (PROTOCOL.md "Resync").
+func (c *Client) resyncLocked() error {
+	c.st.Resyncs[c.resync]++
+	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
+		"old_seq", c.seq, "requests", len(c.reqs))
+	c.resync = ""
+	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev = newEpoch(), 0, 0, 0, 0
+	c.batch.Reset()
+	reqs := make([]*mreq, 0, len(c.reqs))
+	for _, r := range c.reqs {
+		reqs = append(reqs, r)
+	}
+	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
+	var err error
+	size := 0
+	flush := func(n int) {
+		if size += n; size >= c.cfg.MaxBatchBytes {
+			err = firstErr(err, c.publishLocked())
+			c.batch.Reset()
+			size = 0
+		}
+	}
+	for _, r := range reqs {
+		r.silent = r.phase == preempted && r.owed == 0
+		r.announce(&c.batch, flush)
+	}
+	if c.batch.Events() > 0 {
+		err = firstErr(err, c.publishLocked())
+		c.batch.Reset()
+	}
+	if err != nil {
+		c.resync = "retry" // a publish failed: start over with yet another epoch
+	}
+	return err
+}
+
+func firstErr(a, b error) error {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// Stats returns a copy of the counters.
+func (c *Client) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.st
+	s.Resyncs = make(map[string]int, len(c.st.Resyncs))
+	for k, v := range c.st.Resyncs {
+		s.Resyncs[k] = v
+	}
+	s.Epoch, s.Seq, s.Node, s.Boot, s.Live = c.epoch, c.seq, c.node, c.boot, len(c.reqs)
+	for _, r := range c.reqs {
+		if r.owed > 0 {
+			s.Awaiting++
+		}
+	}
+	return s
+}
+
+// Epoch is the current epoch.
+func (c *Client) Epoch() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.epoch
+}
+
+// Resync asks for a new epoch at the next Flush (or heartbeat tick).
+func (c *Client) Resync() {
+	c.mu.Lock()
+	c.wantResyncLocked("engine")
+	c.mu.Unlock()
+}
+
+func (c *Client) wantResyncLocked(reason string) {
+	if c.resync == "" {
+		c.resync = reason
+	}
+	c.wake()
+}
+
+func (c *Client) wake() {
+	select {
+	case c.kick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,391 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+const testLease = 400 * time.Millisecond
+
+func spec() messages.EngineSpec {
+	return messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
+		Segments: []messages.Segment{{Shm: "e1-kv"}},
+		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 64, BlockBytes: 64}}}}}
+}
+
+// releases collects OnReleased calls.
+type releases struct {
+	mu  sync.Mutex
+	got []client.Release
+	ch  chan client.Release
+}
+
+func newReleases() *releases { return &releases{ch: make(chan client.Release, 1024)} }
+
+func (r *releases) on(rel client.Release) {
+	r.mu.Lock()
+	r.got = append(r.got, rel)
+	r.mu.Unlock()
+	r.ch <- rel
+}
+
+func dial(t *testing.T, url, engine string) *nats.Conn {
+	t.Helper()
+	nc, err := client.Dial(url, engine)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+func connect(t *testing.T, nc *nats.Conn, cfg client.Config) *client.Client {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, nc, cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// oneRequest announces r: added, blocks, hashes, tokens (one batch), then
+// finished in a second batch.
+func oneRequest(t *testing.T, c *client.Client, r string) {
+	t.Helper()
+	c.Added(r, 8)
+	c.Blocks(r, 0, 0, []uint32{1, 2})
+	c.Hashes(r, 0, []byte{1}, []byte{2})
+	c.Tokens(r, 8, 8)
+	require.NoError(t, c.Flush())
+	c.Finished(r, false, 8, 8)
+	require.NoError(t, c.Flush())
+}
+
+// TestConnectRetriesUntilANodeAnswers: no node at first (the register
+// request times out); Connect keeps trying and succeeds once one starts.
+func TestConnectRetriesUntilANodeAnswers(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	attempts := testkit.Subscribe(t, nc, "kvactors.e1.register")
+	enc := dial(t, s.ClientURL(), "e1")
+	done := make(chan error, 1)
+	var c *client.Client
+	go func() {
+		var err error
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		c, err = client.Connect(ctx, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 100 * time.Millisecond})
+		done <- err
+	}()
+	testkit.Recv(t, attempts, 5*time.Second, "a first register attempt")
+	testkit.Recv(t, attempts, 5*time.Second, "a retried register attempt")
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	require.NoError(t, testkit.Recv(t, done, 10*time.Second, "Connect"))
+	st := c.Stats()
+	require.Equal(t, "n1", st.Node)
+	require.Equal(t, "boot1", st.Boot)
+	require.NoError(t, c.Close())
+}
+
+// TestConnectStopsOnRefusal: a register the node refuses is an error at
+// once, not retried until the context ends.
+func TestConnectStopsOnRefusal(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.refuse = "bad_spec: no"
+	_, err := client.Connect(context.Background(), dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	require.ErrorContains(t, err, "bad_spec: no")
+}
+
+// TestInboxPrefixIsPerEngine: replies come to _INBOX.<engine>.…, which is
+// what NATS permissions confine an engine to.
+func TestInboxPrefixIsPerEngine(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	inboxes := make(chan string, 16)
+	sub, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) {
+		inboxes <- m.Reply
+		_ = m.Respond([]byte(`{"ok":true,"node":"n1","boot":"b","lease_ms":400}`))
+	})
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	require.Regexp(t, `^_INBOX\.e1\.`, testkit.Recv(t, inboxes, 5*time.Second, "the register's reply subject"))
+}
+
+// TestReleasedOncePerEventInCurrentEpoch: a finished request is freed
+// once, by the node's release for the current epoch; a release carrying
+// another epoch frees nothing.
+func TestReleasedOncePerEventInCurrentEpoch(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	c.Added("stale", 8)
+	c.Blocks("stale", 0, 0, []uint32{3})
+	c.Finished("stale", false, 4, 8)
+	// A release for an old epoch must not free "stale": published before
+	// the batch, so it is surely handled before r1's release.
+	require.NoError(t, nc.Publish("kvactors.e1.released",
+		[]byte(`{"request":"stale","epoch":"old","rseq":1,"reason":"finished"}`)))
+	oneRequest(t, c, "r1")
+	first := testkit.Recv(t, rels.ch, 5*time.Second, "the first release")
+	second := testkit.Recv(t, rels.ch, 5*time.Second, "the second release")
+	require.ElementsMatch(t, []string{"stale", "r1"}, []string{first.Request, second.Request})
+	for _, rel := range []client.Release{first, second} {
+		require.Equal(t, messages.ReasonFinished, rel.Reason)
+		require.Equal(t, c.Epoch(), rel.Epoch)
+	}
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a second release")
+	st := c.Stats()
+	require.Equal(t, 1, st.StaleReleases)
+	require.Zero(t, st.Awaiting)
+	require.Zero(t, st.Live)
+}
+
+// TestDroppedBatchIsResynced injects the loss of one batch in the
+// transport: the node sees the gap, asks for a resync, and the new epoch
+// re-announces the request from the mirror (hashes and blocks from 0), so
+// it is released exactly once, in the new epoch.
+func TestDroppedBatchIsResynced(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		DropBatch: func(seq uint64) bool { return seq == 2 }})
+	first := c.Epoch()
+	c.Added("r1", 8)
+	require.NoError(t, c.Flush())
+	c.Blocks("r1", 0, 0, []uint32{1, 2})
+	c.Hashes("r1", 0, []byte{1}, []byte{2})
+	c.Tokens("r1", 8, 8)
+	require.NoError(t, c.Flush()) // seq 2: dropped
+	c.Finished("r1", false, 8, 8)
+	require.NoError(t, c.Flush()) // seq 3: a gap
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1")
+	require.Equal(t, "r1", rel.Request)
+	require.NotEqual(t, first, rel.Epoch)
+	require.Equal(t, c.Epoch(), rel.Epoch)
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a second release of r1")
+	var types []string
+	for _, ev := range f.events(rel.Epoch) {
+		types = append(types, fmt.Sprintf("%s@%d", ev.Type, ev.Start))
+	}
+	require.Equal(t, []string{"added@0", "hashes@0", "blocks@0", "finished@0"}, types)
+	st := c.Stats()
+	require.Equal(t, 1, st.DroppedBatches)
+	require.Equal(t, 1, st.Resyncs["resync"])
+	resyncs, _ := f.counts()
+	require.GreaterOrEqual(t, resyncs, 1) // a heartbeat of the old epoch may repeat it
+}
+
+// firstOnly holds back the very first release of the test (the fake node
+// calls it under its lock).
+func firstOnly() func(uint64) bool {
+	held := false
+	return func(uint64) bool {
+		defer func() { held = true }()
+		return !held
+	}
+}
+
+// TestLostTailIsResynced drops the last batch (the finished event): only
+// the heartbeat's seq shows the node what it missed.
+func TestLostTailIsResynced(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		DropBatch: func(seq uint64) bool { return seq == 2 }})
+	oneRequest(t, c, "r1")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1 after the heartbeat")
+	require.Equal(t, "r1", rel.Request)
+	require.Equal(t, 1, c.Stats().Resyncs["resync"])
+}
+
+// TestLostReleaseIsResynced: the node publishes r1's release but the
+// engine never receives it. r2's release (rseq 2) shows the gap; the
+// resync re-announces r1, whose release then arrives in the new epoch.
+func TestLostReleaseIsResynced(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.holdRelease = firstOnly()
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	first := c.Epoch()
+	oneRequest(t, c, "r1")
+	oneRequest(t, c, "r2")
+	got := map[string]client.Release{}
+	for range 2 {
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, "releases of r1 and r2")
+		got[rel.Request] = rel
+	}
+	require.Equal(t, first, got["r2"].Epoch)
+	require.NotEqual(t, first, got["r1"].Epoch)
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
+	require.Equal(t, 1, c.Stats().Resyncs["lost_release"])
+}
+
+// TestLostLastReleaseIsResynced: the only release is lost, so no rseq gap
+// shows it: the heartbeat reply's released count does.
+func TestLostLastReleaseIsResynced(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.holdRelease = firstOnly()
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	first := c.Epoch()
+	oneRequest(t, c, "r1")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1 after two heartbeats")
+	require.NotEqual(t, first, rel.Epoch)
+	require.Equal(t, 1, c.Stats().Resyncs["lost_release"])
+}
+
+// TestNodeLossFreesAfterLeaseThenResyncs kills the node (no reply, no
+// heartbeat) while r1 awaits its release and r2 runs: r1 is freed with
+// node_lost no sooner than the lease after the node's last sign of life
+// and no later than lease + 1 s after its death; a new boot of the node
+// gets a register and a new epoch re-announcing r2.
+func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.holdRelease = func(uint64) bool { return true } // nothing is released before the death
+	beats := testkit.Subscribe(t, nc, "kvactors._node.n1.heartbeat")
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	c.Added("r2", 8)
+	c.Blocks("r2", 0, 0, []uint32{5})
+	require.NoError(t, c.Flush())
+	oneRequest(t, c, "r1")
+	testkit.Recv(t, beats, 5*time.Second, "a node heartbeat")
+	f.kill()
+	died := time.Now()
+	rel := testkit.Recv(t, rels.ch, testLease+time.Second, "r1 freed by node loss")
+	freed := time.Since(died)
+	require.Equal(t, "r1", rel.Request)
+	require.Equal(t, messages.ReasonNodeLost, rel.Reason)
+	t.Logf("freed %v after the node died (lease %v)", freed, testLease)
+	require.Equal(t, 1, c.Stats().NodeLosses)
+
+	f2 := startFakeNode(t, nc, "n1", "boot2", testLease)
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if st := c.Stats(); st.Boot != "boot2" || st.Resyncs["new_boot"] != 1 {
+			return fmt.Errorf("boot %s, resyncs %v", st.Boot, st.Resyncs)
+		}
+		if evs := f2.events(c.Epoch()); len(evs) < 2 || evs[0].Request != "r2" {
+			return fmt.Errorf("new node saw %v", evs)
+		}
+		return nil
+	})
+	testkit.NoRecv(t, rels.ch, 2*testLease, "another release")
+}
+
+// TestPreemptedResyncStates: a resync re-announces each phase as the
+// protocol says, and a preempted request whose blocks were already freed
+// is re-announced without its blocks, its new release absorbed silently.
+func TestPreemptedResyncStates(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	c.Added("p", 8)
+	c.Blocks("p", 0, 0, []uint32{1, 2})
+	c.Tokens("p", 8, 8)
+	c.Preempted("p")
+	require.NoError(t, c.Flush())
+	require.Equal(t, messages.ReasonPreempted, testkit.Recv(t, rels.ch, 5*time.Second, "p preempted").Reason)
+	c.Resync()
+	require.NoError(t, c.Flush())
+	var types []string
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		types = types[:0]
+		for _, ev := range f.events(c.Epoch()) {
+			types = append(types, ev.Type.String())
+		}
+		if len(types) < 3 {
+			return fmt.Errorf("new epoch: %v", types)
+		}
+		return nil
+	})
+	require.Equal(t, []string{"added", "tokens", "preempted"}, types)
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a release for the re-announced preemption")
+	c.Resumed("p")
+	c.Blocks("p", 0, 0, []uint32{7})
+	c.Finished("p", true, 4, 8)
+	require.NoError(t, c.Flush())
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "p aborted")
+	require.Equal(t, messages.ReasonAborted, rel.Reason)
+}
+
+// TestCloseUnregistersAndStops: Close sends unregister, no callback runs
+// afterwards and the client's goroutines are gone.
+func TestCloseUnregistersAndStops(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	enc := dial(t, s.ClientURL(), "e1")
+	// A first session creates what the connection keeps for its life (the
+	// request/reply inbox subscription); the second must leave nothing.
+	require.NoError(t, connect(t, enc, client.Config{Engine: "e1", Spec: spec()}).Close())
+	base := runtime.NumGoroutine()
+	closed := make(chan struct{})
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), OnReleased: func(client.Release) {
+		select {
+		case <-closed:
+			t.Error("a callback after Close")
+		default:
+		}
+	}})
+	c.Added("r1", 8)
+	c.Blocks("r1", 0, 0, []uint32{1})
+	require.NoError(t, c.Flush())
+	require.NoError(t, c.Close())
+	close(closed)
+	_, unregisters := f.counts()
+	require.Equal(t, 2, unregisters)
+	require.Error(t, c.Flush())
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := runtime.NumGoroutine(); n > base {
+			return fmt.Errorf("%d goroutines, %d before Connect", n, base)
+		}
+		return nil
+	})
+}
+
+// TestResumeBeforeReleaseOwesTwo: preempted, resumed with other blocks and
+// finished before either release arrived, then both releases are lost:
+// the resync re-announces a preemption and the finish, and the engine gets
+// exactly the two releases it is owed, in order, in the new epoch.
+func TestResumeBeforeReleaseOwesTwo(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	n := 0
+	f.holdRelease = func(uint64) bool { n++; return n <= 2 }
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	first := c.Epoch()
+	c.Added("p", 8)
+	c.Blocks("p", 0, 0, []uint32{1, 2})
+	c.Tokens("p", 8, 8)
+	c.Preempted("p")
+	require.NoError(t, c.Flush())
+	c.Resumed("p")
+	c.Blocks("p", 0, 0, []uint32{3, 4})
+	c.Finished("p", false, 8, 8)
+	require.NoError(t, c.Flush())
+	a := testkit.Recv(t, rels.ch, 5*time.Second, "the first release")
+	b := testkit.Recv(t, rels.ch, 5*time.Second, "the second release")
+	require.Equal(t, []string{messages.ReasonPreempted, messages.ReasonFinished}, []string{a.Reason, b.Reason})
+	require.NotEqual(t, first, a.Epoch)
+	require.Equal(t, a.Epoch, b.Epoch)
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
+	require.Zero(t, c.Stats().Live)
+}

@@ -1,0 +1,117 @@
+package client
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Config says which engine this is and how to reach its node.
+type Config struct {
+	// Engine is the engine id: [A-Za-z0-9_-]{1,64}, not starting with "_".
+	Engine string
+	// Prefix is the subject prefix P (default "kvactors").
+	Prefix string
+	// Spec is the EngineSpec sent on every register.
+	Spec messages.EngineSpec
+	// RequestTimeout bounds each request/reply (default 5s).
+	RequestTimeout time.Duration
+	// DefaultLease is assumed when a register reply carries no lease_ms (a
+	// v1 node). Default 10s, the protocol's default.
+	DefaultLease time.Duration
+	// MaxBatchBytes splits a resync's re-announcement into batches of about
+	// this size, well under NATS' max_payload (default 256 KiB).
+	MaxBatchBytes int
+	// Log receives the client's warnings (default slog.Default()).
+	Log *slog.Logger
+
+	// OnReleased is called once per finished or preempted event whose GPU
+	// blocks the engine may now reuse (see Release). Optional, but an
+	// engine that never learns of releases can never reuse a block.
+	OnReleased func(Release)
+	// OnStored is called once per P.E.stored message. Optional.
+	OnStored func(messages.Stored)
+
+	// BeforePublish, if set, is called with each batch message just before
+	// it is published (under the client's lock: keep it short), e.g. to add
+	// a W3C traceparent header; events is the number of events in it.
+	BeforePublish func(m *nats.Msg, seq uint64, events int)
+
+	// DropBatch is fault injection for tests: when it returns true for a
+	// batch's seq, that batch is counted in Stats.DroppedBatches and not
+	// published, as if the transport had lost it. Nil in production.
+	DropBatch func(seq uint64) bool
+}
+
+// Release says that the GPU blocks a request held when it last finished or
+// was preempted may be reused.
+type Release struct {
+	Request string
+	// Reason is the node's (finished, aborted, preempted, engine_reset,
+	// engine_gone) or messages.ReasonNodeLost when the node was lost.
+	Reason string
+	// Epoch is the epoch the release answers (empty for node_lost).
+	Epoch string
+}
+
+var engineID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ErrConfig wraps every configuration error.
+var ErrConfig = errors.New("client: bad config")
+
+func (c *Config) withDefaults() (Config, error) {
+	out := *c
+	if !engineID.MatchString(out.Engine) || out.Engine[0] == '_' {
+		return out, fmt.Errorf("%w: engine id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, out.Engine)
+	}
+	if out.Prefix == "" {
+		out.Prefix = "kvactors"
+	}
+	if out.RequestTimeout <= 0 {
+		out.RequestTimeout = 5 * time.Second
+	}
+	if out.DefaultLease <= 0 {
+		out.DefaultLease = 10 * time.Second
+	}
+	if out.MaxBatchBytes <= 0 {
+		out.MaxBatchBytes = 256 << 10
+	}
+	if out.Log == nil {
+		out.Log = slog.Default()
+	}
+	if len(out.Spec.Groups) == 0 {
+		return out, fmt.Errorf("%w: the spec has no groups", ErrConfig)
+	}
+	return out, nil
+}
+
+// InboxPrefix is the reply-inbox prefix engine's NATS connection must use,
+// so that NATS permissions can confine its replies to `_INBOX.<engine>.>`.
+func InboxPrefix(engine string) string { return "_INBOX." + engine }
+
+// Options are the nats.Options an engine's connection needs: the
+// per-engine inbox prefix, a name, and reconnecting forever (the client
+// resyncs after a reconnect). Pass them to nats.Connect, or use Dial.
+func Options(engine string) []nats.Option {
+	return []nats.Option{
+		nats.CustomInboxPrefix(InboxPrefix(engine)),
+		nats.Name("kvactors-engine-" + engine),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+	}
+}
+
+// Dial connects to NATS at url with Options(engine) followed by opts.
+func Dial(url, engine string, opts ...nats.Option) (*nats.Conn, error) {
+	nc, err := nats.Connect(url, append(Options(engine), opts...)...)
+	if err != nil {
+		return nil, fmt.Errorf("client: connect to NATS at %s: %w", url, err)
+	}
+	return nc, nil
+}

@@ -1,0 +1,33 @@
+// Package client is the Go engine SDK of kvactors: everything protocol v2
+// (docs/PROTOCOL.md, "Engine checklist") asks of an inference engine, so
+// that an engine author calls one method per scheduler event and one Flush
+// per scheduler step, and gets told when GPU blocks may be reused.
+//
+// What it owns:
+//   - the session: register (retried with backoff until the context ends),
+//     the node and boot that answered, heartbeats every lease/4, node-loss
+//     detection (a hello, heartbeat or reply with another boot, or no node
+//     heartbeat for lease_ms) and, after the lease wait, re-registering;
+//   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
+//     batch per Flush, and a resync (new epoch re-announcing every live
+//     request) on P.E.resync, on a lost release (an rseq gap or a
+//     heartbeat reply counting more releases than arrived), on a new boot
+//     and after its own NATS reconnect;
+//   - releases: a request that finished or was preempted is free only on a
+//     `released` for the current epoch, or (reason node_lost) once its node
+//     is lost and the lease has passed. Each such event is answered exactly
+//     once through Config.OnReleased;
+//   - the mirror: what the engine told it about every live request (prompt,
+//     hashes, block ids per group, tokens, phase), which is what a resync
+//     re-announces without the engine's help.
+//
+// The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
+// so that per-engine NATS permissions can be enforced: Dial sets it, or
+// pass Options(engine) to nats.Connect yourself.
+//
+// Concurrency: every method is safe for concurrent use. Callbacks run one
+// at a time, in arrival order, on one goroutine of the client, never on a
+// NATS goroutine; a slow callback delays later callbacks, not NATS. A
+// callback may call the client's event methods but not Close. No goroutine
+// of the client outlives Close.
+package client

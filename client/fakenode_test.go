@@ -1,0 +1,252 @@
+package client_test
+
+import (
+	"encoding/json"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// fakeNode speaks the node side of protocol v2 sessions and delivery just
+// far enough to exercise the SDK: register, heartbeat and unregister
+// replies, hello and node heartbeats, gap detection with resync, and one
+// release per finished or preempted event (no copies).
+type fakeNode struct {
+	t      testing.TB
+	nc     *nats.Conn
+	prefix string
+	node   string
+	boot   string
+	lease  time.Duration
+
+	mu          sync.Mutex
+	registered  bool
+	refuse      string
+	epoch       string
+	applied     uint64
+	gapped      bool
+	released    uint64          // in epoch
+	reqs        map[string]bool // request -> preempted
+	log         []fakeEvent     // every applied event
+	resyncs     int
+	unregisters int
+	holdRelease func(rseq uint64) bool // true: count the release but do not publish it
+
+	subs []*nats.Subscription
+	stop chan struct{}
+	done chan struct{}
+}
+
+type fakeEvent struct {
+	epoch string
+	ev    messages.Event
+}
+
+func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Duration) *fakeNode {
+	t.Helper()
+	f := &fakeNode{t: t, nc: nc, prefix: "kvactors", node: node, boot: boot, lease: lease, reqs: map[string]bool{},
+		stop: make(chan struct{}), done: make(chan struct{})}
+	for subject, h := range map[string]nats.MsgHandler{
+		"kvactors.*.register":   f.onRegister,
+		"kvactors.*.events":     f.onEvents,
+		"kvactors.*.heartbeat":  f.onHeartbeat,
+		"kvactors.*.unregister": f.onUnregister,
+	} {
+		s, err := nc.Subscribe(subject, h)
+		if err != nil {
+			t.Fatalf("fake node: subscribe %s: %v", subject, err)
+		}
+		f.subs = append(f.subs, s)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	f.publish(messages.NodeSubject(f.prefix, node, messages.NodeVerbHello),
+		messages.Hello{Node: node, Boot: boot, LeaseMS: lease.Milliseconds()})
+	go f.beat()
+	t.Cleanup(f.kill)
+	return f
+}
+
+// kill stops the node at once, like kill -9: no reply, no heartbeat.
+func (f *fakeNode) kill() {
+	select {
+	case <-f.stop:
+		return
+	default:
+	}
+	close(f.stop)
+	<-f.done
+	for _, s := range f.subs {
+		_ = s.Unsubscribe()
+	}
+}
+
+func (f *fakeNode) beat() {
+	defer close(f.done)
+	tick := time.NewTicker(f.lease / 4)
+	defer tick.Stop()
+	for {
+		select {
+		case <-f.stop:
+			return
+		case <-tick.C:
+			f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
+				messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
+		}
+	}
+}
+
+func (f *fakeNode) publish(subject string, body any) {
+	data, _ := json.Marshal(body)
+	_ = f.nc.Publish(subject, data)
+}
+
+func (f *fakeNode) reply(m *nats.Msg, body any) {
+	data, _ := json.Marshal(body)
+	_ = m.Respond(data)
+}
+
+func engineOf(subject string) string {
+	_, rest, _ := strings.Cut(subject, ".")
+	e, _, _ := strings.Cut(rest, ".")
+	return e
+}
+
+func (f *fakeNode) onRegister(m *nats.Msg) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.refuse != "" {
+		f.reply(m, messages.RegisterReply{Error: f.refuse, Node: f.node, Boot: f.boot})
+		return
+	}
+	f.registered = true
+	f.reply(m, messages.RegisterReply{OK: true, Node: f.node, Boot: f.boot, LeaseMS: f.lease.Milliseconds()})
+}
+
+func (f *fakeNode) onUnregister(m *nats.Msg) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unregisters++
+	n := 0
+	for id := range f.reqs {
+		f.releaseLocked(engineOf(m.Subject), id, messages.ReasonEngineGone)
+		n++
+	}
+	f.reqs = map[string]bool{}
+	f.registered = false
+	f.reply(m, messages.UnregisterReply{OK: true, Released: n, Node: f.node, Boot: f.boot})
+}
+
+func (f *fakeNode) onHeartbeat(m *nats.Msg) {
+	var hb messages.HeartbeatRequest
+	_ = json.Unmarshal(m.Data, &hb)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.registered {
+		f.reply(m, messages.HeartbeatReply{Node: f.node, Boot: f.boot, Error: "unknown engine " + engineOf(m.Subject)})
+		return
+	}
+	if hb.Epoch == f.epoch && hb.Seq > f.applied {
+		f.gapLocked(engineOf(m.Subject), f.applied+1, hb.Seq)
+	}
+	rep := messages.HeartbeatReply{Node: f.node, Boot: f.boot, Epoch: hb.Epoch}
+	if hb.Epoch == f.epoch {
+		rep.Applied, rep.Released = f.applied, f.released
+	}
+	f.reply(m, rep)
+}
+
+func (f *fakeNode) gapLocked(engine string, expected, got uint64) {
+	f.gapped = true
+	f.resyncs++
+	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbResync), messages.Resync{Node: f.node,
+		Boot: f.boot, Epoch: f.epoch, Expected: expected, Got: got, Reason: messages.ResyncGap})
+}
+
+func (f *fakeNode) onEvents(m *nats.Msg) {
+	engine := engineOf(m.Subject)
+	b, _, err := ingest.DecodeBatch(engine, m.Data, ingest.Limits{})
+	if err != nil {
+		f.t.Errorf("fake node: bad batch %q: %v", m.Data, err)
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.registered {
+		return
+	}
+	if b.Epoch != f.epoch {
+		for id := range f.reqs {
+			f.releaseLocked(engine, id, messages.ReasonEngineReset)
+		}
+		f.epoch, f.applied, f.gapped, f.released, f.reqs = b.Epoch, 0, false, 0, map[string]bool{}
+	}
+	switch {
+	case f.gapped || b.Seq <= f.applied:
+		return
+	case b.Seq != f.applied+1:
+		f.gapLocked(engine, f.applied+1, b.Seq)
+		return
+	}
+	f.applied = b.Seq
+	for _, ev := range b.Events {
+		f.log = append(f.log, fakeEvent{epoch: b.Epoch, ev: ev})
+		switch ev.Type {
+		case messages.EvAdded:
+			if _, ok := f.reqs[ev.Request]; !ok {
+				f.reqs[ev.Request] = false
+			}
+		case messages.EvPreempted:
+			if pre, ok := f.reqs[ev.Request]; ok && !pre {
+				f.reqs[ev.Request] = true
+				f.releaseLocked(engine, ev.Request, messages.ReasonPreempted)
+			}
+		case messages.EvResumed:
+			if _, ok := f.reqs[ev.Request]; ok {
+				f.reqs[ev.Request] = false
+			}
+		case messages.EvFinished:
+			reason := messages.ReasonFinished
+			if ev.Aborted {
+				reason = messages.ReasonAborted
+			}
+			delete(f.reqs, ev.Request)
+			f.releaseLocked(engine, ev.Request, reason)
+		}
+	}
+}
+
+func (f *fakeNode) releaseLocked(engine, req, reason string) {
+	f.released++
+	if f.holdRelease != nil && f.holdRelease(f.released) {
+		return
+	}
+	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbReleased),
+		messages.Released{Request: req, Epoch: f.epoch, RSeq: f.released, Reason: reason})
+}
+
+// events returns the applied events of epoch.
+func (f *fakeNode) events(epoch string) []messages.Event {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []messages.Event
+	for _, e := range f.log {
+		if e.epoch == epoch {
+			out = append(out, e.ev)
+		}
+	}
+	return out
+}
+
+func (f *fakeNode) counts() (resyncs, unregisters int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.resyncs, f.unregisters
+}

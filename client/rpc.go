@@ -1,0 +1,76 @@
+package client
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Lookup asks how many leading tokens of a prompt with these block hashes
+// (lowercase hex) the node can load.
+func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
+	var rep messages.LookupReply
+	if err := c.requestCtx(ctx, messages.VerbLookup, messages.LookupRequest{Hashes: hashes}, &rep); err != nil {
+		return 0, err
+	}
+	c.replied(rep.Node, rep.Boot)
+	if rep.Error != "" {
+		return 0, fmt.Errorf("client: engine %s: lookup: %s", c.cfg.Engine, rep.Error)
+	}
+	return rep.HitTokens, nil
+}
+
+// Load copies the first numTokens tokens' chunks of a prompt with these
+// hashes into blocks (per group, blocks_per_chunk ids per chunk; id 0 is
+// skipped) and returns once the copies completed.
+func (c *Client) Load(ctx context.Context, req string, hashes []string, numTokens int, blocks [][]int64) (int, error) {
+	var rep messages.LoadReply
+	body := messages.LoadRequest{Request: req, Hashes: hashes, NumTokens: numTokens, Blocks: blocks}
+	if err := c.requestCtx(ctx, messages.VerbLoad, body, &rep); err != nil {
+		return 0, err
+	}
+	c.replied(rep.Node, rep.Boot)
+	if rep.Error != "" || !rep.OK {
+		return 0, fmt.Errorf("client: engine %s: load %s: %s", c.cfg.Engine, req, rep.Error)
+	}
+	return rep.LoadedTokens, nil
+}
+
+// replied notes the node and boot of a reply: another boot is a lost node.
+func (c *Client) replied(node, boot string) {
+	c.mu.Lock()
+	c.seenLocked(node, boot)
+	c.mu.Unlock()
+}
+
+// Close unregisters the engine (the node releases every request with reason
+// engine_gone and unmaps its segments), stops the session and waits for
+// its goroutines. Callbacks still queued are not delivered. Close must not
+// be called from a callback.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	lost := c.lost || c.boot == "" // a v1 node has no unregister
+	c.mu.Unlock()
+	close(c.stop)
+	c.wg.Wait()
+	var err error
+	if !lost {
+		var rep messages.UnregisterReply
+		ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.RequestTimeout, 5*time.Second))
+		err = c.requestCtx(ctx, messages.VerbUnregister, struct{}{}, &rep)
+		cancel()
+		if err == nil && rep.Error != "" {
+			err = fmt.Errorf("client: engine %s: unregister: %s", c.cfg.Engine, rep.Error)
+		}
+	}
+	c.unsubscribe()
+	c.out.close()
+	return err
+}

@@ -1,0 +1,406 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// subscribe listens for released, stored and resync of this engine and for
+// every node's hello and heartbeat (the handlers keep those of its node).
+func (c *Client) subscribe() error {
+	subs := []struct {
+		subject string
+		handle  nats.MsgHandler
+	}{
+		{c.subj + messages.VerbReleased, c.onReleased},
+		{c.subj + messages.VerbStored, c.onStored},
+		{c.subj + messages.VerbResync, c.onResync},
+		{c.cfg.Prefix + "." + messages.NodeToken + ".*." + messages.NodeVerbHello, c.onHello},
+		{c.cfg.Prefix + "." + messages.NodeToken + ".*." + messages.NodeVerbHeartbeat, c.onNodeHeartbeat},
+	}
+	for _, s := range subs {
+		sub, err := c.nc.Subscribe(s.subject, s.handle)
+		if err != nil {
+			return fmt.Errorf("client: subscribe %s: %w", s.subject, err)
+		}
+		// Releases must not be dropped as a slow consumer: the handlers only
+		// take a lock and append, so unbounded pending costs memory only
+		// while the process is starved.
+		_ = sub.SetPendingLimits(-1, -1)
+		c.subs = append(c.subs, sub)
+	}
+	if err := c.nc.Flush(); err != nil {
+		return fmt.Errorf("client: flush subscriptions: %w", err)
+	}
+	return nil
+}
+
+func (c *Client) unsubscribe() {
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	c.subs = nil
+}
+
+func (c *Client) onReleased(m *nats.Msg) {
+	var rel messages.Released
+	if err := json.Unmarshal(m.Data, &rel); err != nil {
+		c.cfg.Log.Warn("client: bad released body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	// A release without an epoch comes from a v1 node, which knows only one.
+	if c.closed || (rel.Epoch != "" && rel.Epoch != c.epoch) {
+		c.st.StaleReleases++
+		return
+	}
+	switch {
+	case rel.RSeq == 0: // a v1 node: no rseq to check
+	case rel.RSeq <= c.lastRSeq:
+		return // a duplicate
+	case rel.RSeq > c.lastRSeq+1:
+		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", c.epoch, "want_rseq", c.lastRSeq+1,
+			"got_rseq", rel.RSeq)
+		c.wantResyncLocked("lost_release")
+	}
+	c.lastRSeq = max(c.lastRSeq, rel.RSeq)
+	c.relGot++
+	if rel.Reason == messages.ReasonEngineGone {
+		// The node dropped the engine (an unregister or expiry it saw):
+		// everything must be announced again to a fresh registration.
+		c.reregister = true
+		c.wake()
+	}
+	r := c.reqs[rel.Request]
+	if r == nil {
+		c.st.UnexpectedRel++
+		return
+	}
+	if r.silent && rel.Reason == messages.ReasonPreempted {
+		r.silent = false
+		return
+	}
+	if r.owed == 0 {
+		c.st.UnexpectedRel++
+		return
+	}
+	c.freeLocked(r, Release{Request: rel.Request, Reason: rel.Reason, Epoch: rel.Epoch})
+}
+
+// freeLocked answers r's wait: delivered at once, or once the fence of a
+// lost node has passed (until then a late copy of the old node may run).
+func (c *Client) freeLocked(r *mreq, rel Release) {
+	r.owed--
+	switch {
+	case r.owed > 0:
+	case r.phase == finished:
+		delete(c.reqs, r.id)
+	case r.phase == preempted:
+		r.clearBlocks()
+	}
+	c.st.Releases++
+	if rel.Reason == messages.ReasonNodeLost {
+		c.st.NodeLostFrees++
+	}
+	c.out.push(rel)
+}
+
+// freeAllLocked answers every release r is owed with rel.
+func (c *Client) freeAllLocked(r *mreq, rel Release) {
+	for r.owed > 0 {
+		c.freeLocked(r, rel)
+	}
+}
+
+func (c *Client) onStored(m *nats.Msg) {
+	var st messages.Stored
+	if err := json.Unmarshal(m.Data, &st); err != nil {
+		c.cfg.Log.Warn("client: bad stored body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)
+		return
+	}
+	c.out.push(st)
+}
+
+func (c *Client) onResync(m *nats.Msg) {
+	var rs messages.Resync
+	if err := json.Unmarshal(m.Data, &rs); err != nil {
+		c.cfg.Log.Warn("client: bad resync body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.seenLocked(rs.Node, rs.Boot)
+	if rs.Epoch != c.epoch {
+		return // about an epoch already left behind
+	}
+	c.wantResyncLocked("resync")
+}
+
+func (c *Client) onHello(m *nats.Msg) {
+	var h messages.Hello
+	if json.Unmarshal(m.Data, &h) == nil {
+		c.mu.Lock()
+		c.seenLocked(h.Node, h.Boot)
+		c.mu.Unlock()
+	}
+}
+
+func (c *Client) onNodeHeartbeat(m *nats.Msg) {
+	var h messages.NodeHeartbeat
+	if json.Unmarshal(m.Data, &h) == nil {
+		c.mu.Lock()
+		c.seenLocked(h.Node, h.Boot)
+		c.mu.Unlock()
+	}
+}
+
+// seenLocked records a sign of life of node/boot: of this engine's node it
+// refreshes the lease; another boot of it means the node restarted.
+func (c *Client) seenLocked(node, boot string) {
+	if node == "" || node != c.node || boot == "" {
+		return
+	}
+	if boot == c.boot {
+		if !c.lost {
+			c.lastSeen = time.Now()
+		}
+		return
+	}
+	if !c.lost {
+		c.loseLocked("new boot " + boot)
+	}
+	c.wake() // a new boot is up: register as soon as the fence allows
+}
+
+// loseLocked starts the node-loss procedure: every request awaiting a
+// release is freed once lease has passed since the node's last sign of
+// life (the node's fencing rule guarantees no copy after that), then the
+// engine registers again and resyncs.
+func (c *Client) loseLocked(why string) {
+	c.lost, c.freedLoss = true, false
+	c.fenceUntil = c.lastSeen.Add(c.lease)
+	c.st.NodeLosses++
+	c.cfg.Log.Warn("client: node lost", "engine", c.cfg.Engine, "node", c.node, "boot", c.boot, "why", why,
+		"free_at", c.fenceUntil)
+	c.wake()
+}
+
+// loop is the session's clock: heartbeats every lease/4, node-loss checks,
+// the lease wait, re-registering and resyncs nobody's Flush picked up.
+func (c *Client) loop() {
+	defer c.wg.Done()
+	c.mu.Lock()
+	period := c.lease / 4
+	c.mu.Unlock()
+	tick := time.NewTicker(period)
+	defer tick.Stop()
+	for {
+		select {
+		case <-c.stop:
+			return
+		case <-tick.C:
+		case <-c.kick:
+		}
+		if p := c.tickOnce(); p != period && p > 0 {
+			period = p
+			tick.Reset(period)
+		}
+	}
+}
+
+// tickOnce does what is due now and returns the heartbeat period.
+func (c *Client) tickOnce() time.Duration {
+	now := time.Now()
+	c.mu.Lock()
+	if n := c.nc.Stats().Reconnects; n != c.reconnects {
+		// Our own connection dropped: whatever was in flight may be lost.
+		c.reconnects = n
+		c.wantResyncLocked("reconnect")
+	}
+	if c.boot == "" {
+		// A v1 node (no boot in its register reply): no node heartbeats to
+		// judge it by and no P.E.heartbeat to send.
+		resync := c.resync != "" && !c.closed
+		if resync {
+			_ = c.resyncLocked()
+		}
+		period := c.lease / 4
+		c.mu.Unlock()
+		return period
+	}
+	if !c.lost && now.Sub(c.lastSeen) > c.lease {
+		c.loseLocked(fmt.Sprintf("no heartbeat for %v", now.Sub(c.lastSeen).Round(time.Millisecond)))
+	}
+	if c.lost && !c.freedLoss {
+		if now.Before(c.fenceUntil) {
+			wait := c.fenceUntil.Sub(now)
+			c.mu.Unlock()
+			c.sleep(wait)
+			return c.tickOnce()
+		}
+		c.freedLoss = true
+		for _, r := range c.reqs {
+			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
+			r.silent = false
+		}
+	}
+	if c.lost || c.reregister {
+		c.mu.Unlock()
+		c.tryRegister()
+		c.mu.Lock()
+	} else {
+		epoch, seq := c.epoch, c.seq
+		c.mu.Unlock()
+		c.heartbeat(epoch, seq)
+		c.mu.Lock()
+	}
+	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
+		_ = c.resyncLocked() // an error leaves a resync due
+	}
+	period := c.lease / 4
+	c.mu.Unlock()
+	return period
+}
+
+// sleep waits d or until Close.
+func (c *Client) sleep(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-c.stop:
+	}
+}
+
+// heartbeat sends P.E.heartbeat and acts on the reply: another boot is a
+// lost node, an unknown engine registers again, and fewer releases received
+// than the node had published a heartbeat ago is a lost release.
+func (c *Client) heartbeat(epoch string, seq uint64) {
+	var rep messages.HeartbeatReply
+	c.mu.Lock()
+	period := c.lease / 4
+	c.mu.Unlock()
+	// Bounded by the period, so a silent node never holds up the loss check.
+	ctx, cancel := context.WithTimeout(context.Background(), period)
+	defer cancel()
+	if err := c.requestCtx(ctx, messages.VerbHeartbeat, messages.HeartbeatRequest{Epoch: epoch, Seq: seq}, &rep); err != nil {
+		return // liveness is judged by the node's own heartbeats
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if rep.Boot != "" && rep.Boot != c.boot {
+		c.seenLocked(rep.Node, rep.Boot)
+		return
+	}
+	c.seenLocked(rep.Node, rep.Boot)
+	if rep.Error != "" {
+		if strings.Contains(rep.Error, "unknown engine") {
+			c.cfg.Log.Warn("client: the node forgot this engine", "engine", c.cfg.Engine, "err", rep.Error)
+			c.reregister = true
+		}
+		return
+	}
+	if epoch != c.epoch {
+		return
+	}
+	if c.relGot < c.hbPrev {
+		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
+			"node_published", c.hbPrev)
+		c.wantResyncLocked("lost_release")
+	}
+	c.hbPrev = rep.Released
+}
+
+// registerRetry registers until a node answers, ctx ends or Close.
+func (c *Client) registerRetry(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := c.registerOnce()
+		if err == nil || errors.Is(err, errRefused) {
+			return err
+		}
+		c.cfg.Log.Debug("client: register", "engine", c.cfg.Engine, "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, ctx.Err(), err)
+		case <-c.stop:
+			t.Stop()
+			return fmt.Errorf("client: engine %s: closed while registering", c.cfg.Engine)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+var errRefused = errors.New("register refused")
+
+// registerOnce sends the spec; on success the node, boot and lease of the
+// reply become the session's.
+func (c *Client) registerOnce() error {
+	var rep messages.RegisterReply
+	if err := c.request(messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		return fmt.Errorf("client: engine %s: %w: %s", c.cfg.Engine, errRefused, rep.Error)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.node, c.boot = rep.Node, rep.Boot
+	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
+	if c.lease <= 0 {
+		c.lease = c.cfg.DefaultLease
+	}
+	c.lastSeen = time.Now()
+	c.st.Registers++
+	return nil
+}
+
+// tryRegister is one re-register attempt after a loss; success starts a
+// new epoch that re-announces every live request.
+func (c *Client) tryRegister() {
+	if err := c.registerOnce(); err != nil {
+		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	reason := "reregister"
+	if c.lost {
+		reason = "new_boot"
+	}
+	c.lost, c.reregister, c.resync = false, false, reason
+}
+
+// request does one request/reply on P.E.verb with JSON bodies.
+func (c *Client) request(verb string, body, reply any) error {
+	return c.requestCtx(context.Background(), verb, body, reply)
+}
+
+func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
+	data, err := json.Marshal(body)
+	if err != nil {
+		return fmt.Errorf("client: encode %s: %w", verb, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	m, err := c.nc.RequestWithContext(ctx, c.subj+verb, data)
+	if err != nil {
+		return fmt.Errorf("client: engine %s: %s: %w", c.cfg.Engine, verb, err)
+	}
+	if err := json.Unmarshal(m.Data, reply); err != nil {
+		return fmt.Errorf("client: engine %s: decode %s reply %q: %w", c.cfg.Engine, verb, m.Data, err)
+	}
+	return nil
+}

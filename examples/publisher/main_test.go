@@ -1,0 +1,44 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"os"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/node"
+)
+
+// TestPublisherAgainstANode runs the example against a real in-process
+// node, then makes it fail after its segment exists (an engine id the SDK
+// refuses) and with no NATS at all: each ends non-nil where it should and
+// leaves no segment behind.
+func TestPublisherAgainstANode(t *testing.T) {
+	dir := t.TempDir()
+	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: prometheus.NewRegistry(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+
+	require.NoError(t, run(n.NATSURL(), "kvactors", dir, "example", defaultTimeout))
+	requireEmpty(t, dir)
+
+	err = run(n.NATSURL(), "kvactors", dir, "_reserved", defaultTimeout)
+	require.ErrorContains(t, err, "engine id")
+	requireEmpty(t, dir)
+
+	require.Error(t, run("nats://127.0.0.1:1", "kvactors", dir, "example", defaultTimeout))
+	requireEmpty(t, dir)
+}
+
+func requireEmpty(t *testing.T, dir string) {
+	t.Helper()
+	left, err := os.ReadDir(dir)
+	require.NoError(t, err)
+	require.Empty(t, left, "segments left in %s", dir)
+}

@@ -1,0 +1,111 @@
+package node
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"time"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// newBoot is a random boot id: a restarted node is told apart from the one
+// before it (PROTOCOL.md "Node identity").
+func newBoot() string {
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails (Go 1.24+)
+	return hex.EncodeToString(b[:])
+}
+
+// hello announces this node: at start and after every reconnect.
+func (n *Node) hello() {
+	n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHello,
+		messages.Hello{Node: n.cfg.NodeID, Boot: n.boot, LeaseMS: n.cfg.Lease.Milliseconds()})
+}
+
+// sessionLoop runs every Lease/4 until ctx ends: the node heartbeat, each
+// engine's lease check, and the resyncs owed for batches the intake dropped.
+func (n *Node) sessionLoop(ctx context.Context) {
+	defer n.loops.Done()
+	t := time.NewTicker(n.cfg.Lease / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		recs := n.liveEngines()
+		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
+			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs)})
+		for _, rec := range recs {
+			n.system.Root.Send(rec.pid, &engine.Tick{})
+		}
+		n.ingest.flushLost()
+	}
+}
+
+// pinger measures round trips with NATS for the fence: each completed flush
+// proves the server heard the node at the time the flush was sent.
+func (n *Node) pinger(ctx context.Context) {
+	defer n.loops.Done()
+	period := n.cfg.Lease / 8
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sent := time.Now()
+		if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
+			n.fence.RoundTrip(sent)
+		}
+	}
+}
+
+// watchdog fail-stops the process when a copy runs Lease past the last
+// round trip: an engine may already have declared this node lost and reused
+// the blocks the copy reads or writes.
+func (n *Node) watchdog(ctx context.Context) {
+	defer n.loops.Done()
+	t := time.NewTicker(n.cfg.Lease / 8)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			if n.fence.Overdue(now) {
+				n.cfg.FailStop("a device copy is running a lease after the last NATS round trip")
+				return
+			}
+		}
+	}
+}
+
+// reconnected: batches published while the node was away may be lost, so
+// every engine with a live epoch resyncs (reason reconnect), after a hello.
+func (n *Node) reconnected() {
+	n.metrics.NATSEvents.WithLabelValues("reconnect").Inc()
+	n.metrics.NATSConnected.Set(1)
+	if n.outbox == nil || n.closed.Load() {
+		return
+	}
+	n.hello()
+	for _, rec := range n.liveEngines() {
+		n.system.Root.Send(rec.pid, &engine.Lost{Reason: messages.ResyncReconnect})
+	}
+}
+
+func (n *Node) liveEngines() []*engineRec {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	recs := make([]*engineRec, 0, len(n.engines))
+	for _, rec := range n.engines {
+		recs = append(recs, rec)
+	}
+	return recs
+}

@@ -1,0 +1,191 @@
+package sched
+
+import (
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Sequencer holds one engine's session rules (PROTOCOL.md "EventBatch",
+// "Sessions", "Delivery"): which epoch is live, the last batch applied in
+// it, whether the epoch is being resynced, and when the engine last showed a
+// sign of life. It is a plain value: the engine actor feeds it batches,
+// heartbeats and losses with the time, and carries out the decision it
+// returns (apply, reset, publish a resync, drop). It reads no clock.
+type Sequencer struct {
+	epoch   string
+	applied uint64 // last batch seq applied in epoch; 0: none yet
+	live    bool   // an epoch has been seen
+
+	resyncing  bool // nothing more of epoch is applied
+	expected   uint64
+	got        uint64
+	reason     string
+	lastResync time.Time
+
+	// repeat is the least time between two resyncs of one epoch (lease/4);
+	// lease is how long the engine may stay silent before it expires.
+	repeat, lease time.Duration
+	lastSign      time.Time
+}
+
+// Verdict says what to do with a batch.
+type Verdict uint8
+
+const (
+	// NoBatch: the decision is not about a batch (heartbeat, loss).
+	NoBatch Verdict = iota
+	// Apply: route the batch's events.
+	Apply
+	// Duplicate: seq at or below the last applied; ignore.
+	Duplicate
+	// Dropped: the epoch is being resynced (or this batch opened the gap);
+	// count it, apply nothing.
+	Dropped
+)
+
+var verdictNames = [...]string{"none", "apply", "duplicate", "dropped"}
+
+func (v Verdict) String() string { return verdictNames[v] }
+
+// ResyncOrder is a P.E.resync to publish.
+type ResyncOrder struct {
+	Epoch         string
+	Expected, Got uint64
+	Reason        string
+	Repeat        bool // a repeat of an earlier order for this epoch
+}
+
+// Decision is the outcome of one input.
+type Decision struct {
+	Verdict Verdict
+	// Reset names the epoch that just ended (PROTOCOL.md: a new epoch is an
+	// engine reset): release its requests with engine_reset before anything
+	// else. Empty when no epoch ended.
+	Reset string
+	// Resync, when set, is to be published now.
+	Resync *ResyncOrder
+}
+
+// NewSequencer starts an engine's session at now (its register). lease is
+// the engine lease (PROTOCOL.md "Engine liveness"); resyncs repeat at most
+// once per lease/4.
+func NewSequencer(now time.Time, lease time.Duration) *Sequencer {
+	return &Sequencer{lease: lease, repeat: lease / 4, lastSign: now}
+}
+
+// Epoch is the live epoch ("" before the first batch).
+func (s *Sequencer) Epoch() string { return s.epoch }
+
+// Applied is the last batch seq applied in the live epoch.
+func (s *Sequencer) Applied() uint64 { return s.applied }
+
+// Resyncing reports whether the live epoch is waiting for a new one.
+func (s *Sequencer) Resyncing() bool { return s.resyncing }
+
+// ResyncReason is the reason of the live epoch's resync ("" when none).
+func (s *Sequencer) ResyncReason() string { return s.reason }
+
+// Batch decides what to do with batch (epoch, seq) arriving at now.
+//
+//   - A batch of another epoch starts that epoch (Reset names the old one);
+//     its first batch must have seq 1, else it is a gap (seq 0 included:
+//     an engine counting from 0 would otherwise lose its first batch).
+//   - In the live epoch: seq ≤ applied is a duplicate; applied+1 is applied;
+//     anything beyond is a gap (expected applied+1, got seq).
+//   - A gap publishes a resync; later batches of the epoch are dropped, and
+//     the resync is repeated at most once per lease/4 while they arrive.
+func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
+	s.lastSign = now
+	var d Decision
+	if !s.live || epoch != s.epoch {
+		d.Reset = s.begin(epoch)
+	}
+	switch {
+	case s.resyncing:
+		d.Verdict = Dropped
+		d.Resync = s.repeatResync(now)
+	case seq <= s.applied && s.applied > 0:
+		d.Verdict = Duplicate
+	case seq == s.applied+1:
+		d.Verdict = Apply
+		s.applied = seq
+	default:
+		d.Verdict = Dropped
+		d.Resync = s.startResync(now, s.applied+1, seq, messages.ResyncGap)
+	}
+	return d
+}
+
+// Heartbeat takes P.E.heartbeat {epoch, seq} at now: the engine is alive,
+// and seq is the last batch it published in epoch. A seq beyond what was
+// applied is a lost tail (a gap). A heartbeat of an epoch the node has not
+// seen with seq > 0 means that epoch's batches were all lost: the epoch
+// begins here, already a gap (expected 1). A heartbeat with seq 0 changes
+// nothing but liveness.
+func (s *Sequencer) Heartbeat(now time.Time, epoch string, seq uint64) Decision {
+	s.lastSign = now
+	var d Decision
+	if epoch != s.epoch || !s.live {
+		if seq == 0 {
+			return d
+		}
+		d.Reset = s.begin(epoch)
+	}
+	switch {
+	case s.resyncing:
+		d.Resync = s.repeatResync(now)
+	case seq > s.applied:
+		d.Resync = s.startResync(now, s.applied+1, seq, messages.ResyncGap)
+	}
+	return d
+}
+
+// Lost reports that batches of the live epoch may have been lost without the
+// node seeing their seq: its own NATS reconnect, or its inbound queue
+// overflowing. With a live epoch it starts a resync (got 0: unknown); an
+// epoch already resyncing repeats its resync subject to the rate limit.
+func (s *Sequencer) Lost(now time.Time, reason string) Decision {
+	var d Decision
+	switch {
+	case !s.live:
+	case s.resyncing:
+		d.Resync = s.repeatResync(now)
+	default:
+		d.Resync = s.startResync(now, s.applied+1, 0, reason)
+	}
+	return d
+}
+
+// Touch records a sign of life other than a batch or heartbeat (a register).
+func (s *Sequencer) Touch(now time.Time) { s.lastSign = now }
+
+// Expired reports whether the engine has shown no sign of life for a lease.
+func (s *Sequencer) Expired(now time.Time) bool {
+	return s.lease > 0 && now.Sub(s.lastSign) >= s.lease
+}
+
+// begin makes epoch the live one and returns the epoch it ends ("" if none).
+func (s *Sequencer) begin(epoch string) string {
+	old := ""
+	if s.live {
+		old = s.epoch
+	}
+	*s = Sequencer{epoch: epoch, live: true, repeat: s.repeat, lease: s.lease, lastSign: s.lastSign}
+	return old
+}
+
+func (s *Sequencer) startResync(now time.Time, expected, got uint64, reason string) *ResyncOrder {
+	s.resyncing, s.expected, s.got, s.reason, s.lastResync = true, expected, got, reason, now
+	return &ResyncOrder{Epoch: s.epoch, Expected: expected, Got: got, Reason: reason}
+}
+
+// repeatResync repeats the epoch's resync if lease/4 has passed since the
+// last one, so a lost resync cannot leave the engine talking to a wall.
+func (s *Sequencer) repeatResync(now time.Time) *ResyncOrder {
+	if now.Sub(s.lastResync) < s.repeat {
+		return nil
+	}
+	s.lastResync = now
+	return &ResyncOrder{Epoch: s.epoch, Expected: s.expected, Got: s.got, Reason: s.reason, Repeat: true}
+}
