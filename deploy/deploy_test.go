@@ -220,7 +220,8 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	// The panels the operators asked for (issue 15).
 	for _, m := range []string{"kvactors_events_applied_total", "kvactors_store_deferrals_total",
 		"kvactors_store_retries_total", "kvactors_pool_slots", "kv_offload_total_bytes",
-		"kvactors_load_hit_tokens_total", "kvactors_engine_resets_total", "kvactors_store_decision_seconds_bucket"} {
+		"kvactors_load_hit_tokens_total", "kvactors_engine_resets_total", "kvactors_resyncs_total",
+		"kvactors_dropped_batches_total", "kvactors_store_decision_seconds_bucket"} {
 		require.Contains(t, queried, m)
 	}
 }
