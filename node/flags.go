@@ -156,10 +156,15 @@ func (f *Flags) Parse(args []string) error {
 	}
 	for _, fl := range f.List {
 		// A zero for a setting whose default is not zero would silently mean
-		// the default (withDefaults): say so instead.
-		if src, ok := given[fl.Name]; ok && !isZero(fl.Default) && isZero(f.fs.Lookup(fl.Name).Value.String()) {
+		// the default (withDefaults): say so instead. (A false bool is a
+		// value, not a zero.)
+		v := f.fs.Lookup(fl.Name).Value
+		if b, ok := v.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if src, ok := given[fl.Name]; ok && !isZero(fl.Default) && isZero(v.String()) {
 			return fmt.Errorf("%w: %s is %q: 0 or empty would mean the default %s; give a value",
-				ErrConfig, src, f.fs.Lookup(fl.Name).Value.String(), fl.Default)
+				ErrConfig, src, v.String(), fl.Default)
 		}
 	}
 	if _, ok := given["nats-port"]; ok && f.cfg.NATSURL != "" {
@@ -175,7 +180,7 @@ func (f *Flags) Usage(w io.Writer) {
 	f.fs.PrintDefaults()
 }
 
-func isZero(s string) bool { return s == "" || s == "0" || s == "0s" || s == "false" }
+func isZero(s string) bool { return s == "" || s == "0" || s == "0s" }
 
 // WriteFlagTable writes the Markdown table of flags (docs/CONFIG.md).
 func WriteFlagTable(w io.Writer, flags []Flag) {
