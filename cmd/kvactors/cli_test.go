@@ -186,6 +186,14 @@ func TestConfigDocMatchesFlags(t *testing.T) {
 	doc, err := os.ReadFile("../../docs/CONFIG.md")
 	require.NoError(t, err)
 	require.Contains(t, string(doc), string(out), "regenerate with: go run ./cmd/kvactors flags")
+
+	// The table shows the built-in defaults, whatever this shell's
+	// environment says (the docs must not depend on who generated them).
+	cmd := exec.Command(binary, "flags")
+	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTES=5G", "KVACTORS_PREFIX=mine")
+	withEnv, err := cmd.Output()
+	require.NoError(t, err)
+	require.Equal(t, string(out), string(withEnv))
 }
 
 // serve with no --nats starts an embedded server, prints its URL, serves an
