@@ -138,11 +138,14 @@ func TestBusyNATSPort(t *testing.T) {
 
 // startServe starts a serve command, waits for its "kvactors serving" line
 // and returns it with a stop function (SIGTERM, then the exit status).
+// Stderr goes to the test's unless the command already has one.
 func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
 	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
 	line := make(chan string, 1)
@@ -202,28 +205,7 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--shm-dir", dir,
 		"--pool-bytes", "1M", "--log-level", "warn")
-	cmd.Env = os.Environ()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "kvactors serving") {
-				line <- s.Text()
-			}
-		}
-	}()
-	var serving string
-	select {
-	case serving = <-line:
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not print its URL")
-	}
+	serving, _ := startServe(t, cmd) // this test stops it itself, checking the releases on the way
 	m := regexp.MustCompile(`nats (nats://\S+),.*admin http (\S+)`).FindStringSubmatch(serving)
 	require.Len(t, m, 3, serving)
 	resp, err := http.Get("http://" + m[2] + "/readyz")
@@ -364,28 +346,9 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir,
 		"--pool-bytes", "1M", "--log-level", "warn", "--shutdown-timeout", "1ns")
-	cmd.Env = os.Environ()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "kvactors serving") {
-				line <- s.Text()
-			}
-		}
-	}()
-	var serving string
-	select {
-	case serving = <-line:
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not print its URL")
-	}
+	serving, _ := startServe(t, cmd)
 	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
 	require.Len(t, m, 2, serving)
 	nc, err := nats.Connect(m[1])
