@@ -19,18 +19,19 @@ import (
 )
 
 // Config is every setting of a node. The zero value of a field means its
-// default (withDefaults); cmd/kvactors binds flags and KVACTORS_* variables
-// to it (docs/CONFIG.md).
+// default, and every default is in DefaultConfig (withDefaults fills them;
+// docs/CONFIG.md lists them); node.Flags binds flags, KVACTORS_* variables
+// and the --config file to it.
 type Config struct {
 	// NATSURL connects to an existing NATS server or cluster; empty starts an
 	// embedded server.
 	NATSURL string `json:"nats_url"`
 	// NATSConnectTimeout bounds the retries (with backoff) of the first
 	// connection to NATSURL, so a node started before its NATS cluster waits
-	// for it instead of exiting (default 30s).
+	// for it instead of exiting.
 	NATSConnectTimeout time.Duration `json:"nats_connect_timeout"`
 	// NATSHost and NATSPort are the embedded server's listen address
-	// (default 127.0.0.1:4222; port -1 picks a free one).
+	// (port -1 picks a free one).
 	NATSHost string `json:"nats_host"`
 	NATSPort int    `json:"nats_port"`
 	// NATSStoreDir is the embedded JetStream directory (default: a temp dir,
@@ -43,26 +44,25 @@ type Config struct {
 	NATSPassword string `json:"-"`
 	NATSToken    string `json:"-"`
 	NATSCA       string `json:"nats_ca"`
-	// Prefix is the subject prefix P (default "kvactors").
+	// Prefix is the subject prefix P.
 	Prefix string `json:"prefix"`
-	// Backend is "shm" (default) or "cuda".
+	// Backend is "shm" or "cuda".
 	Backend string `json:"backend"`
-	// ShmDir is where shm segments live (default /dev/shm).
+	// ShmDir is where shm segments live.
 	ShmDir string `json:"shm_dir"`
-	// CUDADevice is the device the cuda backend uses (default 0).
+	// CUDADevice is the device the cuda backend uses.
 	CUDADevice int `json:"cuda_device"`
-	// PoolBytes is the host pool's size (default 1 GiB).
+	// PoolBytes is the host pool's size.
 	PoolBytes int64 `json:"pool_bytes"`
 	// SlotBytes is the pool's slot size; 0 takes the largest chunk of the
 	// first engine that registers. Engines with larger chunks are refused.
 	SlotBytes int64 `json:"slot_bytes"`
-	// HTTPAddr is the admin server's address (default 127.0.0.1:9464;
-	// "off" disables it; port 0 picks a free one, see Node.HTTPAddr).
+	// HTTPAddr is the admin server's address ("off" disables it; port 0 picks a free one, see Node.HTTPAddr).
 	HTTPAddr string `json:"http_addr"`
 	// DecodeWorkers decode event batches in parallel; one engine's batches
-	// always go to the same worker, so they apply in order (default 2).
+	// always go to the same worker, so they apply in order.
 	DecodeWorkers int `json:"decode_workers"`
-	// ShutdownTimeout bounds the graceful part of Close (default 10s); if it
+	// ShutdownTimeout bounds the graceful part of Close; if it
 	// expires with releases undelivered, Close returns ErrUndelivered.
 	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
 	// Pprof serves /debug/pprof on the admin address (default off: profiles
@@ -78,10 +78,10 @@ type Config struct {
 	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
 	// every Lease/4, engines expire after Lease without a sign of life,
 	// copies wait when NATS has not answered for Lease/2 and the process
-	// stops if a copy runs Lease past the last answer (default 10s).
+	// stops if a copy runs Lease past the last answer.
 	Lease time.Duration `json:"lease"`
-	// MaxPendingBytes bounds inbound message bytes taken and not yet handled
-	// (default 256 MiB); what does not fit becomes a resync (reason overflow).
+	// MaxPendingBytes bounds inbound message bytes taken and not yet handled;
+	// what does not fit becomes a resync (reason overflow).
 	MaxPendingBytes int64 `json:"max_pending_bytes"`
 	// FailStop ends the process when fencing demands it (default: log and
 	// exit with status 3); tests inject their own.
