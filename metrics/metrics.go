@@ -89,6 +89,7 @@ type Labels struct {
 	Releases      []string // requests_released_total reason
 	TransferTypes []string // kv_offload_total_*, transfer_*: transfer_type
 	LoadResults   []string // load_requests_total result
+	Actors        []string // actor_unexpected_messages_total actor
 }
 
 // Preset creates every known child at 0 and resolves the hot ones once.
@@ -113,6 +114,9 @@ func (m *Metrics) Preset(l Labels) {
 	}
 	for _, v := range l.LoadResults {
 		m.Loads.WithLabelValues(v)
+	}
+	for _, v := range l.Actors {
+		m.Unexpected.WithLabelValues(v)
 	}
 }
 

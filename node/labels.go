@@ -1,6 +1,7 @@
 package node
 
 import (
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/messages"
@@ -24,5 +25,6 @@ func knownLabels() metrics.Labels {
 			messages.ReasonEngineReset, messages.ReasonEngineGone, messages.ReasonNodeLost},
 		TransferTypes: dirs,
 		LoadResults:   load.Results,
+		Actors:        actors.Kinds,
 	}
 }

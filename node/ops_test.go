@@ -110,6 +110,8 @@ func TestFreshNodeExportsEveryKnownLabel(t *testing.T) {
 		`kvactors_transfer_copy_size_bytes_count{transfer_type="CPU_to_GPU"} 0`,
 		`kvactors_load_requests_total{result="ok"} 0`,
 		`kvactors_load_requests_total{result="error"} 0`,
+		`kvactors_actor_unexpected_messages_total{actor="request"} 0`,
+		`kvactors_actor_unexpected_messages_total{actor="transfer"} 0`,
 	} {
 		require.Contains(t, body, want)
 	}

@@ -80,7 +80,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.done(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("load").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindLoad).Inc()
 	}
 }
 
