@@ -36,6 +36,10 @@ type Flags struct {
 	configFile string
 }
 
+// embeddedOnly are the settings of the embedded NATS server, which mean
+// nothing with --nats.
+var embeddedOnly = []string{"nats-host", "nats-port", "nats-store-dir"}
+
 // configFlag names the config file; it is itself a flag or a variable,
 // never a key of the file.
 const configFlag = "config"
@@ -167,9 +171,11 @@ func (f *Flags) Parse(args []string) error {
 				ErrConfig, src, v.String(), fl.Default)
 		}
 	}
-	if _, ok := given["nats-port"]; ok && f.cfg.NATSURL != "" {
-		f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, no embedded one starts",
-			given["nats-port"], f.cfg.NATSURL))
+	for _, name := range embeddedOnly {
+		if src, ok := given[name]; ok && f.cfg.NATSURL != "" {
+			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, "+
+				"no embedded one starts", src, f.cfg.NATSURL))
+		}
 	}
 	return nil
 }

@@ -120,13 +120,16 @@ func TestBadSettingsAreClassified(t *testing.T) {
 	require.True(t, errors.Is(err, flag.ErrHelp))
 }
 
-// --nats-port means nothing with --nats: a warning says so.
+// --nats-port (and the other embedded-server settings) mean nothing with
+// --nats: a warning names each, and where it came from.
 func TestNATSPortWithExternalNATSWarns(t *testing.T) {
+	t.Setenv("KVACTORS_NATS_HOST", "0.0.0.0")
 	_, f, err := parse(t, "--nats", "nats://127.0.0.1:4222", "--nats-port", "5000")
 	require.NoError(t, err)
-	require.Len(t, f.Warnings, 1)
-	require.Contains(t, f.Warnings[0], "--nats-port")
-	_, f, err = parse(t, "--nats", "nats://127.0.0.1:4222")
+	require.Len(t, f.Warnings, 2)
+	require.Contains(t, f.Warnings[0], "KVACTORS_NATS_HOST")
+	require.Contains(t, f.Warnings[1], "--nats-port")
+	_, f, err = parse(t, "--nats-port", "5000") // the embedded server: no warning
 	require.NoError(t, err)
 	require.Empty(t, f.Warnings)
 }
