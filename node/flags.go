@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -171,6 +172,10 @@ func (f *Flags) Parse(args []string) error {
 				ErrConfig, src, v.String(), fl.Default)
 		}
 	}
+	if f.cfg.Pprof && !loopback(f.cfg.HTTPAddr) {
+		f.Warnings = append(f.Warnings, fmt.Sprintf("--pprof serves profiles on %s, beyond loopback: "+
+			"anyone who reaches it can read the process's internals", f.cfg.HTTPAddr))
+	}
 	for _, name := range embeddedOnly {
 		if src, ok := given[name]; ok && f.cfg.NATSURL != "" {
 			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, "+
@@ -184,6 +189,19 @@ func (f *Flags) Parse(args []string) error {
 func (f *Flags) Usage(w io.Writer) {
 	f.fs.SetOutput(w)
 	f.fs.PrintDefaults()
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 func isZero(s string) bool { return s == "" || s == "0" || s == "0s" }

@@ -136,6 +136,19 @@ func TestNATSPortWithExternalNATSWarns(t *testing.T) {
 
 // The flag table lists every Config field a flag sets, with the defaults
 // of DefaultConfig in their flag syntax.
+// --pprof beyond loopback works, with a warning.
+func TestPprofBeyondLoopbackWarns(t *testing.T) {
+	for addr, warn := range map[string]bool{"127.0.0.1:9464": false, "localhost:0": false, "[::1]:9464": false,
+		"0.0.0.0:9464": true, ":9464": true, "10.0.0.5:9464": true} {
+		_, f, err := parse(t, "--pprof", "--http", addr)
+		require.NoError(t, err)
+		require.Equal(t, warn, len(f.Warnings) == 1, "%s: %v", addr, f.Warnings)
+	}
+	_, f, err := parse(t, "--http", "0.0.0.0:9464")
+	require.NoError(t, err)
+	require.Empty(t, f.Warnings, "no pprof, nothing to warn about")
+}
+
 func TestFlagTableDefaults(t *testing.T) {
 	_, f, err := parse(t)
 	require.NoError(t, err)
