@@ -1,0 +1,93 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Config holds the cluster settings of one node. The zero value of a field
+// means its default (DefaultConfig); Validate fills them in.
+type Config struct {
+	// Prefix is the NATS subject prefix P (default "kvactors").
+	Prefix string `json:"prefix"`
+	// Bucket is the ownership KV bucket (default "kvactors_owners").
+	Bucket string `json:"bucket"`
+	// Replicas of the ownership bucket: 3 on a NATS cluster of 3 or more
+	// servers, so it survives one server's loss (default 1, one server).
+	Replicas int `json:"replicas"`
+	// Lease is the ownership lease: the bucket's max age, so a record not
+	// renewed for Lease is removed by the servers. Must be ≥ 1 s (the
+	// shortest expiry-marker TTL nats-server accepts). Default 10 s, the
+	// node's session lease. Every node of a cluster must use the same.
+	Lease time.Duration `json:"lease"`
+	// Node and Boot are this node process (node id, boot id).
+	Node string `json:"node"`
+	Boot string `json:"boot"`
+	// StandbyFor names the node this one stands by for ("" none).
+	StandbyFor string `json:"standby_for"`
+	// FetchWindow is how many fetch pieces a client keeps in flight
+	// (default 4).
+	FetchWindow int `json:"fetch_window"`
+	// FetchTimeout bounds each fetch piece's round trip (default 5 s).
+	FetchTimeout time.Duration `json:"fetch_timeout"`
+	// MaxChunkBytes is the largest chunk a fetch client accepts, so a
+	// hostile or broken peer cannot make it allocate without bound
+	// (default 1 GiB).
+	MaxChunkBytes int64 `json:"max_chunk_bytes"`
+}
+
+// DefaultConfig is the one source of the defaults.
+func DefaultConfig() Config {
+	return Config{
+		Prefix:        "kvactors",
+		Bucket:        "kvactors_owners",
+		Replicas:      1,
+		Lease:         10 * time.Second,
+		FetchWindow:   4,
+		FetchTimeout:  5 * time.Second,
+		MaxChunkBytes: 1 << 30,
+	}
+}
+
+// Errors of Validate.
+var ErrConfig = errors.New("cluster: bad config")
+
+// Validate fills in defaults and refuses bad values.
+func (c *Config) Validate() error {
+	d := DefaultConfig()
+	if c.Prefix == "" {
+		c.Prefix = d.Prefix
+	}
+	if c.Bucket == "" {
+		c.Bucket = d.Bucket
+	}
+	if c.Replicas == 0 {
+		c.Replicas = d.Replicas
+	}
+	if c.Lease == 0 {
+		c.Lease = d.Lease
+	}
+	if c.FetchWindow == 0 {
+		c.FetchWindow = d.FetchWindow
+	}
+	if c.FetchTimeout == 0 {
+		c.FetchTimeout = d.FetchTimeout
+	}
+	if c.MaxChunkBytes == 0 {
+		c.MaxChunkBytes = d.MaxChunkBytes
+	}
+	switch {
+	case c.Replicas < 1 || c.Replicas > 5:
+		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
+	case c.Lease < time.Second:
+		return fmt.Errorf("%w: lease %v under 1s", ErrConfig, c.Lease)
+	case c.FetchWindow < 1:
+		return fmt.Errorf("%w: fetch window %d", ErrConfig, c.FetchWindow)
+	case c.FetchTimeout < 0:
+		return fmt.Errorf("%w: fetch timeout %v", ErrConfig, c.FetchTimeout)
+	case c.MaxChunkBytes < 1:
+		return fmt.Errorf("%w: max chunk bytes %d", ErrConfig, c.MaxChunkBytes)
+	}
+	return nil
+}

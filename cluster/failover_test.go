@@ -1,0 +1,127 @@
+package cluster
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// One NATS server of three stopped: the clients that were on it fail over,
+// the owner keeps its engine alive through the others, a new engine is
+// claimed, and a fetch between nodes still returns the same bytes. The
+// server then comes back and nothing is lost.
+func TestOwnershipAndFetchSurviveOneServerStopped(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	openOwners(t, c.Connect(0), "setup", "", 3) // creates the bucket
+	// The server to stop is the bucket's stream leader, and A is on it.
+	down := -1
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		for i := range 3 {
+			if c.Server(i).JetStreamIsStreamLeader("$G", "KV_kvactors_owners") {
+				down = i
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader for the ownership stream")
+	})
+	ncA, ncB := c.Connect(down), c.Connect((down+1)%3)
+	a := openOwners(t, ncA, "gpu-0", "", 3)
+	b := openOwners(t, ncB, "gpu-1", "", 3)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+
+	src := newMemSource()
+	want := randomBytes(3, 2<<20+5)
+	src.put("m", "k", want)
+	serve(t, ncA, "gpu-0", src)
+	f := fetcher(t, ncB, nil)
+
+	c.Stop(down)
+	// A reconnects to s1 or s2; JetStream may elect a new meta or stream
+	// leader. Within a lease the owner renews again, on the same claim.
+	rev := a.Revision("e1")
+	testkit.Eventually(t, testLease, 20*time.Millisecond, func() error {
+		_, err := a.KeepAlive(ctx, "e1")
+		return err
+	})
+	require.Greater(t, a.Revision("e1"), rev)
+	require.NotEqual(t, c.URL(down), ncA.ConnectedUrl(), "A failed over")
+
+	// A new engine is claimed through the remaining servers, by exactly one node.
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		d, err := b.Resolve(ctx, "e2", Request{Register: true, Local: true})
+		if err != nil {
+			return err
+		}
+		if d.Action != ownership.Serve {
+			return fmt.Errorf("e2: %v %s", d.Action, d.Reason)
+		}
+		return nil
+	})
+	d, err = a.Resolve(ctx, "e2", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action)
+	require.Equal(t, "gpu-1", d.Owner)
+
+	// The fetch subscription moved with A's connection.
+	var got []byte
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		got, err = f.Fetch(ctx, "gpu-0", "m", "k")
+		return err
+	})
+	require.True(t, bytes.Equal(want, got))
+
+	c.Restart(down)
+	eventuallyOwner(t, b, "e1", "gpu-0")
+	_, err = a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+}
+
+// A node joining learns another node's keys by catch-up, in pages under
+// max_payload, and the index then counts that node as their holder.
+func TestCatchUpFillsTheIndexInPages(t *testing.T) {
+	t.Parallel()
+	c := testkit.NATSCluster(t, 3)
+	ncA, ncC := c.Connect(0), c.Connect(2)
+	var keys []holders.NSKey
+	for i := range 20_000 {
+		keys = append(keys, holders.NSKey{NS: fmt.Sprintf("ns%d", i%3), Key: holders.KeyOf([]byte(fmt.Sprintf("hash-%027d", i)), i%2)})
+	}
+	sub, err := ServeKeys(ncA, "kvactors", "gpu-0", "boot-a", NewSortedKeys(keys))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, ncA.Flush())
+
+	x := holders.New(testLease)
+	now := time.Now()
+	_, err = x.Heartbeat("gpu-0", "boot-a", now)
+	require.NoError(t, err)
+	pages := 0
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		pages = 0
+		id, err := x.BeginCatchUp("gpu-0", "boot-a")
+		require.NoError(t, err)
+		defer x.EndCatchUp("gpu-0", id)
+		return CatchUp(ctxT(t), ncC, "kvactors", "gpu-0", 5*time.Second, func(boot string, page []holders.NSKey) error {
+			require.Equal(t, "boot-a", boot)
+			pages++
+			return x.CatchUpPage("gpu-0", id, page)
+		})
+	})
+	require.Greater(t, pages, 1, "20000 keys need more than one page under max_payload")
+	for _, k := range keys {
+		require.Equal(t, []string{"gpu-0"}, x.Holders(k.NS, k.Key, now), "%s/%x", k.NS, []byte(k.Key))
+	}
+	require.Equal(t, len(keys), x.Nodes(now)[0].Keys)
+	require.Empty(t, x.Holders("ns0", messages.Key("nope"), now))
+}

@@ -1,0 +1,250 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Headers a node sets on every P.E.kv_events it publishes, so other nodes
+// know whose pool the events describe (the body is vLLM's and names no
+// node; routers ignore headers they do not know).
+const (
+	HeaderNode = "Kvactors-Node"
+	HeaderBoot = "Kvactors-Boot"
+)
+
+// FeedStats counts what the feed refused, beside the index's own Stats.
+type FeedStats struct {
+	Unattributed uint64 // kv_events without node and boot headers
+	BadMessages  uint64 // undecodable heartbeats, hellos or batches
+	CatchUpFails uint64 // catch-ups that failed (retried on the next heartbeat)
+}
+
+// Feed keeps a holders.Index current from NATS: other nodes' kv_events,
+// hellos and heartbeats, a key-set catch-up of every node that is new,
+// rebooted or back from silence, and expiry of silent nodes. It is the
+// building block the node's holder actor will wrap; until then it guards
+// the index with a mutex.
+type Feed struct {
+	nc      *nats.Conn
+	cfg     Config
+	log     *slog.Logger
+	metrics *Metrics
+	subs    []*nats.Subscription
+
+	mu       sync.Mutex
+	x        *holders.Index
+	stats    FeedStats
+	catching map[string]bool // nodes with a catch-up in flight
+	pending  map[string]bool // nodes whose key set must be (re)read
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+// StartFeed subscribes and starts the expiry loop; Close stops both.
+// cfg.Node is this node, whose own messages are skipped (its pool answers
+// for itself).
+func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger, metrics *Metrics) (*Feed, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	f := &Feed{nc: nc, cfg: cfg, log: log, metrics: metrics.orNew(), x: holders.New(cfg.Lease), catching: map[string]bool{}, pending: map[string]bool{}, ctx: ctx, cancel: cancel}
+	for subj, h := range map[string]nats.MsgHandler{
+		cfg.Prefix + ".*." + messages.VerbKVEvents:                        f.onKVEvents,
+		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHeartbeat): f.onHeartbeat,
+		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHello):     f.onHeartbeat,
+	} {
+		sub, err := nc.Subscribe(subj, h)
+		if err != nil {
+			f.Close()
+			return nil, fmt.Errorf("subscribe %s: %w", subj, err)
+		}
+		f.subs = append(f.subs, sub)
+	}
+	f.wg.Add(1)
+	go f.expireLoop()
+	return f, nil
+}
+
+// Close unsubscribes and waits for the expiry loop and any catch-up.
+func (f *Feed) Close() {
+	for _, s := range f.subs {
+		_ = s.Unsubscribe()
+	}
+	f.cancel()
+	f.wg.Wait()
+}
+
+func (f *Feed) expireLoop() {
+	defer f.wg.Done()
+	t := time.NewTicker(f.cfg.Lease / 4)
+	defer t.Stop()
+	for {
+		select {
+		case <-f.ctx.Done():
+			return
+		case now := <-t.C:
+			f.mu.Lock()
+			gone := f.x.Expire(now)
+			for _, n := range gone {
+				delete(f.pending, n) // a node that comes back is new: caught up anyway
+			}
+			f.mu.Unlock()
+			if len(gone) > 0 {
+				f.log.Info("nodes gone: no heartbeat for the lease", "nodes", gone, "lease", f.cfg.Lease)
+			}
+		}
+	}
+}
+
+func (f *Feed) onHeartbeat(m *nats.Msg) {
+	var hb messages.NodeHeartbeat // a hello has the same node and boot
+	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Node == "" || hb.Boot == "" {
+		f.count(func(s *FeedStats) { s.BadMessages++ })
+		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
+		return
+	}
+	if hb.Node == f.cfg.Node {
+		return
+	}
+	f.mu.Lock()
+	need, err := f.x.Heartbeat(hb.Node, hb.Boot, time.Now())
+	if err != nil {
+		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
+	}
+	if err == nil && need {
+		f.pending[hb.Node] = true
+	}
+	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node]
+	if start {
+		delete(f.pending, hb.Node)
+		f.catching[hb.Node] = true
+	}
+	f.mu.Unlock()
+	if start {
+		f.wg.Add(1)
+		go f.catchUp(hb.Node, hb.Boot)
+	}
+}
+
+// catchUp asks node for its key set; removals seen meanwhile win (see
+// holders.Index.BeginCatchUp). A failure is counted and logged, and the
+// node's next heartbeat retries.
+func (f *Feed) catchUp(node, boot string) {
+	defer f.wg.Done()
+	defer func() {
+		f.mu.Lock()
+		delete(f.catching, node)
+		f.mu.Unlock()
+	}()
+	f.mu.Lock()
+	id, err := f.x.BeginCatchUp(node, boot)
+	f.mu.Unlock()
+	if err != nil {
+		return
+	}
+	defer func() {
+		f.mu.Lock()
+		f.x.EndCatchUp(node, id)
+		f.mu.Unlock()
+	}()
+	err = CatchUp(f.ctx, f.nc, f.cfg.Prefix, node, f.cfg.FetchTimeout, func(b string, keys []holders.NSKey) error {
+		if b != boot {
+			return fmt.Errorf("%w: node %s answered for boot %s, not %s", ErrCatchUp, node, b, boot)
+		}
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		return f.x.CatchUpPage(node, id, keys)
+	})
+	if err != nil && !errors.Is(err, context.Canceled) {
+		f.mu.Lock()
+		f.pending[node] = true
+		f.stats.CatchUpFails++
+		f.mu.Unlock()
+		f.metrics.CatchUps.WithLabelValues("error").Inc()
+		f.log.Warn("key catch-up failed", "node", node, "boot", boot, "err", err)
+	} else if err == nil {
+		f.metrics.CatchUps.WithLabelValues("ok").Inc()
+	}
+}
+
+// Reconnected marks every known node for catch-up: while this node was
+// away from NATS it may have missed their kv_events. Wire it to the
+// connection's reconnect handler.
+func (f *Feed) Reconnected() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range f.x.Nodes(time.Now()) {
+		f.pending[n.Node] = true
+	}
+}
+
+func (f *Feed) onKVEvents(m *nats.Msg) {
+	node, boot := m.Header.Get(HeaderNode), m.Header.Get(HeaderBoot)
+	if node == "" || boot == "" {
+		f.count(func(s *FeedStats) { s.Unattributed++ })
+		f.metrics.FeedRejected.WithLabelValues("unattributed").Inc()
+		return
+	}
+	if node == f.cfg.Node {
+		return
+	}
+	engine, _, err := ingest.ParseSubject(f.cfg.Prefix, m.Subject)
+	var b messages.KVEventBatch
+	if err == nil {
+		err = json.Unmarshal(m.Data, &b)
+	}
+	if err != nil {
+		f.count(func(s *FeedStats) { s.BadMessages++ })
+		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
+		return
+	}
+	f.mu.Lock()
+	_, err = f.x.ApplyKVEvents(node, boot, engine, b)
+	f.mu.Unlock()
+	if err != nil {
+		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
+		f.log.Debug("kv_events refused", "node", node, "engine", engine, "err", err)
+	}
+}
+
+func (f *Feed) count(inc func(*FeedStats)) {
+	f.mu.Lock()
+	inc(&f.stats)
+	f.mu.Unlock()
+}
+
+// Holders returns the live nodes other than this one holding ns/key.
+func (f *Feed) Holders(ns string, key messages.Key) []string {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.x.Holders(ns, key, time.Now())
+}
+
+// Nodes lists the nodes the feed knows.
+func (f *Feed) Nodes() []holders.NodeInfo {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.x.Nodes(time.Now())
+}
+
+// Stats returns the feed's and the index's counters.
+func (f *Feed) Stats() (FeedStats, holders.Stats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stats, f.x.Stats()
+}

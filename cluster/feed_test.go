@@ -1,0 +1,195 @@
+package cluster
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// fakeNode plays another node on the wire: hello and heartbeats every
+// lease/4, a key set for catch-up, kv_events with its headers.
+type fakeNode struct {
+	t          *testing.T
+	nc         *nats.Conn
+	node, boot string
+	stop       context.CancelFunc
+	done       sync.WaitGroup
+	keysSub    *nats.Subscription
+	keys       *swappableKeys
+}
+
+// swappableKeys is a KeySource whose set a test replaces, as if the node's
+// pool changed while its kv_events were lost.
+type swappableKeys struct {
+	mu   sync.Mutex
+	keys SortedKeys
+}
+
+func (s *swappableKeys) set(keys []holders.NSKey) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys = NewSortedKeys(keys)
+}
+
+func (s *swappableKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.keys.KeysAfter(after, max)
+}
+
+func startFakeNode(t *testing.T, nc *nats.Conn, node, boot string, keys []holders.NSKey) *fakeNode {
+	n := &fakeNode{t: t, nc: nc, node: node, boot: boot, keys: &swappableKeys{}}
+	n.keys.set(keys)
+	sub, err := ServeKeys(nc, "kvactors", node, boot, n.keys)
+	require.NoError(t, err)
+	n.keysSub = sub
+	require.NoError(t, nc.Flush())
+	ctx, cancel := context.WithCancel(context.Background())
+	n.stop = cancel
+	hello, _ := json.Marshal(messages.Hello{Node: node, Boot: boot, LeaseMS: testLease.Milliseconds()})
+	require.NoError(t, nc.Publish(messages.NodeSubject("kvactors", node, messages.NodeVerbHello), hello))
+	n.done.Add(1)
+	go func() {
+		defer n.done.Done()
+		tick := time.NewTicker(testLease / 4)
+		defer tick.Stop()
+		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: node, Boot: boot, Engines: 1})
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				_ = nc.Publish(messages.NodeSubject("kvactors", node, messages.NodeVerbHeartbeat), hb)
+			}
+		}
+	}()
+	t.Cleanup(n.kill)
+	return n
+}
+
+// kill stops the heartbeats and the key service, as a SIGKILL would; it
+// returns when the last heartbeat has been published.
+func (n *fakeNode) kill() {
+	n.stop()
+	n.done.Wait()
+	_ = n.keysSub.Unsubscribe()
+	_ = n.nc.Flush()
+}
+
+func (n *fakeNode) kvEvents(engine string, evs ...messages.KVEvent) {
+	b, _ := json.Marshal(messages.KVEventBatch{Events: evs})
+	m := nats.NewMsg(messages.EngineSubject("kvactors", engine, messages.VerbKVEvents))
+	m.Data = b
+	m.Header.Set(HeaderNode, n.node)
+	m.Header.Set(HeaderBoot, n.boot)
+	require.NoError(n.t, n.nc.PublishMsg(m))
+}
+
+func hashKey(h string, g int) holders.NSKey {
+	raw, _ := hex.DecodeString(h)
+	return holders.NSKey{NS: "m", Key: holders.KeyOf(raw, g)}
+}
+
+func holdersOf(f *Feed, k holders.NSKey) func() error {
+	return func() error {
+		if got := f.Holders(k.NS, k.Key); len(got) != 1 || got[0] != "gpu-0" {
+			return fmt.Errorf("holders of %x: %v, want [gpu-0]", []byte(k.Key), got)
+		}
+		return nil
+	}
+}
+
+// A node's keys become known to a node on another server by catch-up and
+// by kv_events; it stops counting within the lease once its heartbeats
+// stop; its next boot counts only what that boot holds.
+func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	ncA, ncC := c.Connect(0), c.Connect(2)
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		// Interest crosses the routes asynchronously; a probe heartbeat
+		// from a throwaway node proves C's subscriptions reach s0.
+		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "probe", Boot: "p"})
+		_ = ncA.Publish(messages.NodeSubject("kvactors", "probe", messages.NodeVerbHeartbeat), hb)
+		for _, n := range feed.Nodes() {
+			if n.Node == "probe" {
+				return nil
+			}
+		}
+		return fmt.Errorf("probe heartbeat not seen by the feed")
+	})
+
+	old := hashKey("aa", 0)
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, old)) // by catch-up
+
+	stored := hashKey("bb", 1)
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"bb"}, GroupIdx: 1, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, stored)) // by kv_events
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockRemoved, BlockHashes: []string{"bb"}, GroupIdx: 1, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := feed.Holders("m", stored.Key); len(got) != 0 {
+			return fmt.Errorf("still held by %v after BlockRemoved", got)
+		}
+		return nil
+	})
+	// A subject that names no engine is counted as a bad message.
+	bad := nats.NewMsg("kvactors._x.kv_events")
+	bad.Header.Set(HeaderNode, "gpu-0")
+	bad.Header.Set(HeaderBoot, "a1")
+	bad.Data = []byte(`{"events":[]}`)
+	require.NoError(t, ncA.PublishMsg(bad))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if fs, _ := feed.Stats(); fs.BadMessages != 1 {
+			return fmt.Errorf("%d bad messages, want 1", fs.BadMessages)
+		}
+		return nil
+	})
+	// Events without the node headers are counted, not guessed at.
+	require.NoError(t, ncA.Publish(messages.EngineSubject("kvactors", "e1", messages.VerbKVEvents), []byte(`{"events":[]}`)))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if fs, _ := feed.Stats(); fs.Unattributed != 1 {
+			return fmt.Errorf("%d unattributed batches, want 1", fs.Unattributed)
+		}
+		return nil
+	})
+
+	// This node missed kv_events while away from NATS: after Reconnected,
+	// the next heartbeat catches the node up again.
+	missed := hashKey("dd", 0)
+	a.keys.set([]holders.NSKey{old, missed})
+	feed.Reconnected()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, missed))
+
+	// "A node that is gone stops counting as a holder within lease_ms."
+	a.kill()
+	killed := time.Now()
+	testkit.Eventually(t, 2*testLease, 10*time.Millisecond, func() error {
+		if got := feed.Holders("m", old.Key); len(got) != 0 {
+			return fmt.Errorf("gpu-0 still counts %v after %v", got, time.Since(killed))
+		}
+		return nil
+	})
+	require.LessOrEqual(t, time.Since(killed), testLease+250*time.Millisecond, "dropped within the lease (plus delivery and polling)")
+
+	// A new boot counts only what it holds.
+	fresh := hashKey("cc", 0)
+	startFakeNode(t, ncA, "gpu-0", "a2", []holders.NSKey{fresh})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, fresh))
+	require.Empty(t, feed.Holders("m", old.Key))
+}

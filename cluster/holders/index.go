@@ -1,0 +1,323 @@
+package holders
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// NSKey is an offload key in its namespace: keys never match across
+// namespaces (shared PROTOCOL.md, Isolation).
+type NSKey struct {
+	NS  string
+	Key messages.Key
+}
+
+// Errors. Every rejected input changes nothing and is counted in Stats.
+var (
+	ErrBadEvent  = errors.New("holders: bad kv event")
+	ErrStaleBoot = errors.New("holders: message of a retired boot")
+	ErrNoSync    = errors.New("holders: no such catch-up")
+)
+
+// retiredBoots bounds how many past boots of a node are remembered, so a
+// late message of one never brings a dead process back.
+const retiredBoots = 8
+
+// Stats counts what the index refused or dropped.
+type Stats struct {
+	Rejected uint64 // malformed kv_events batches
+	Stale    uint64 // messages of a retired boot
+	Expired  uint64 // nodes dropped for silence
+	Rebooted uint64 // nodes seen with a new boot
+}
+
+type node struct {
+	boot     string
+	lastSeen time.Time // last hello or heartbeat; zero if none yet
+	retired  []string
+	keys     map[NSKey]struct{}
+	sync     *catchUp
+}
+
+// catchUp is a key-set request in progress: removals seen meanwhile win
+// over the (older) page that may still list them.
+type catchUp struct {
+	id      uint64
+	boot    string
+	removed map[NSKey]struct{}
+}
+
+// Index knows which live nodes hold which keys. Not safe for concurrent
+// use: one goroutine (the holder actor) owns it.
+type Index struct {
+	lease  time.Duration
+	nodes  map[string]*node
+	held   map[NSKey][]string // sorted node ids
+	syncID uint64
+	stats  Stats
+}
+
+// New returns an empty index; a node counts as a holder while its last
+// hello or heartbeat is younger than lease.
+func New(lease time.Duration) *Index {
+	return &Index{lease: lease, nodes: map[string]*node{}, held: map[NSKey][]string{}}
+}
+
+// Stats returns the counters.
+func (x *Index) Stats() Stats { return x.stats }
+
+// Heartbeat records a hello or heartbeat of node at now. It reports true
+// when the node is new to the index or has a new boot: the caller asks it
+// for its key set (catch-up).
+func (x *Index) Heartbeat(nodeID, boot string, now time.Time) (catchUpNeeded bool, err error) {
+	n, fresh, err := x.current(nodeID, boot)
+	if err != nil {
+		return false, err
+	}
+	catchUpNeeded = fresh || n.lastSeen.IsZero() || !x.live(n, now)
+	n.lastSeen = now
+	return catchUpNeeded, nil
+}
+
+// current returns node's state for boot, switching to boot if it is new
+// (every key of the old boot dropped); a retired boot is refused.
+func (x *Index) current(nodeID, boot string) (*node, bool, error) {
+	n := x.nodes[nodeID]
+	if n == nil {
+		n = &node{boot: boot, keys: map[NSKey]struct{}{}}
+		x.nodes[nodeID] = n
+		return n, true, nil
+	}
+	if n.boot == boot {
+		return n, false, nil
+	}
+	if slices.Contains(n.retired, boot) {
+		x.stats.Stale++
+		return nil, false, fmt.Errorf("%w: node %s boot %s", ErrStaleBoot, nodeID, boot)
+	}
+	x.stats.Rebooted++
+	x.dropKeys(nodeID, n)
+	n.retired = append(n.retired, n.boot)
+	if len(n.retired) > retiredBoots {
+		n.retired = n.retired[1:]
+	}
+	n.boot, n.sync, n.lastSeen = boot, nil, time.Time{}
+	return n, true, nil
+}
+
+// ApplyKVEvents applies one P.E.kv_events batch that node (boot) published
+// for engine: BlockStored adds, BlockRemoved removes, AllBlocksCleared drops
+// every key of the node (the caller then asks for its key set again, so
+// this errs on the side of counting too little). A key's namespace is the
+// event's, else the engine id (the namespace default). A malformed batch
+// changes nothing.
+func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBatch) (clearedAll bool, err error) {
+	type op struct {
+		typ  string
+		keys []NSKey
+	}
+	ops := make([]op, 0, len(b.Events))
+	for i, ev := range b.Events {
+		ns := ev.Namespace
+		if ns == "" {
+			ns = engine
+		}
+		o := op{typ: ev.Type}
+		switch ev.Type {
+		case messages.KVBlockStored, messages.KVBlockRemoved:
+			if ev.GroupIdx < 0 {
+				x.stats.Rejected++
+				return false, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)
+			}
+			for _, h := range ev.BlockHashes {
+				raw, err := hex.DecodeString(h)
+				if err != nil || len(raw) == 0 {
+					x.stats.Rejected++
+					return false, fmt.Errorf("%w: event %d: hash %q is not hex", ErrBadEvent, i, h)
+				}
+				o.keys = append(o.keys, NSKey{NS: ns, Key: KeyOf(raw, ev.GroupIdx)})
+			}
+		case messages.KVAllBlocksCleared:
+		default:
+			x.stats.Rejected++
+			return false, fmt.Errorf("%w: event %d: type %q", ErrBadEvent, i, ev.Type)
+		}
+		ops = append(ops, o)
+	}
+	n, _, err := x.current(nodeID, boot)
+	if err != nil {
+		return false, err
+	}
+	for _, o := range ops {
+		switch o.typ {
+		case messages.KVBlockStored:
+			for _, k := range o.keys {
+				x.add(nodeID, n, k)
+			}
+		case messages.KVBlockRemoved:
+			for _, k := range o.keys {
+				x.remove(nodeID, n, k)
+			}
+		case messages.KVAllBlocksCleared:
+			x.dropKeys(nodeID, n)
+			n.sync = nil // its pages may list what was just cleared
+			clearedAll = true
+		}
+	}
+	return clearedAll, nil
+}
+
+// KeyOf is the offload key of a block hash in a group: the hash bytes and
+// the group as 4 big-endian bytes (shared PROTOCOL.md, Words).
+func KeyOf(hash []byte, group int) messages.Key {
+	k := make([]byte, len(hash)+4)
+	copy(k, hash)
+	binary.BigEndian.PutUint32(k[len(hash):], uint32(group))
+	return messages.Key(k)
+}
+
+func (x *Index) add(nodeID string, n *node, k NSKey) {
+	if n.sync != nil {
+		delete(n.sync.removed, k)
+	}
+	if _, ok := n.keys[k]; ok {
+		return
+	}
+	n.keys[k] = struct{}{}
+	hs := x.held[k]
+	i, _ := slices.BinarySearch(hs, nodeID)
+	x.held[k] = slices.Insert(hs, i, nodeID)
+}
+
+func (x *Index) remove(nodeID string, n *node, k NSKey) {
+	if n.sync != nil {
+		n.sync.removed[k] = struct{}{}
+	}
+	if _, ok := n.keys[k]; !ok {
+		return
+	}
+	delete(n.keys, k)
+	x.unhold(nodeID, k)
+}
+
+func (x *Index) unhold(nodeID string, k NSKey) {
+	hs := x.held[k]
+	if i, ok := slices.BinarySearch(hs, nodeID); ok {
+		hs = slices.Delete(hs, i, i+1)
+	}
+	if len(hs) == 0 {
+		delete(x.held, k)
+	} else {
+		x.held[k] = hs
+	}
+}
+
+func (x *Index) dropKeys(nodeID string, n *node) {
+	for k := range n.keys {
+		x.unhold(nodeID, k)
+	}
+	n.keys = map[NSKey]struct{}{}
+}
+
+// BeginCatchUp starts a key-set catch-up of node (boot): from now until
+// EndCatchUp, a key removed by a kv_event is not re-added by a page that
+// was read before the removal. A second BeginCatchUp supersedes the first.
+func (x *Index) BeginCatchUp(nodeID, boot string) (uint64, error) {
+	n, _, err := x.current(nodeID, boot)
+	if err != nil {
+		return 0, err
+	}
+	x.syncID++
+	n.sync = &catchUp{id: x.syncID, boot: boot, removed: map[NSKey]struct{}{}}
+	return x.syncID, nil
+}
+
+// CatchUpPage adds one page of the node's key set.
+func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) error {
+	n := x.nodes[nodeID]
+	if n == nil || n.sync == nil || n.sync.id != id {
+		return fmt.Errorf("%w: node %s catch-up %d", ErrNoSync, nodeID, id)
+	}
+	for _, k := range keys {
+		if _, gone := n.sync.removed[k]; !gone {
+			x.add(nodeID, n, k)
+		}
+	}
+	return nil
+}
+
+// EndCatchUp ends catch-up id (a no-op if it was superseded).
+func (x *Index) EndCatchUp(nodeID string, id uint64) {
+	if n := x.nodes[nodeID]; n != nil && n.sync != nil && n.sync.id == id {
+		n.sync = nil
+	}
+}
+
+func (x *Index) live(n *node, now time.Time) bool {
+	return !n.lastSeen.IsZero() && now.Sub(n.lastSeen) < x.lease
+}
+
+// Holders returns the live nodes that hold key in ns, sorted.
+func (x *Index) Holders(ns string, key messages.Key, now time.Time) []string {
+	var out []string
+	for _, id := range x.held[NSKey{ns, key}] {
+		if x.live(x.nodes[id], now) {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// HeldElsewhere reports whether a live node other than self holds key in ns.
+func (x *Index) HeldElsewhere(ns string, key messages.Key, self string, now time.Time) bool {
+	for _, id := range x.held[NSKey{ns, key}] {
+		if id != self && x.live(x.nodes[id], now) {
+			return true
+		}
+	}
+	return false
+}
+
+// Expire forgets every node silent for a lease or longer, with its keys and
+// retired boots, returning their ids sorted. Holders already ignores such
+// nodes; Expire frees their memory. A forgotten node that speaks again is
+// new: the caller catches it up.
+func (x *Index) Expire(now time.Time) []string {
+	var gone []string
+	for id, n := range x.nodes {
+		if !x.live(n, now) && !n.lastSeen.IsZero() {
+			x.dropKeys(id, n)
+			delete(x.nodes, id)
+			gone = append(gone, id)
+			x.stats.Expired++
+		}
+	}
+	slices.Sort(gone)
+	return gone
+}
+
+// NodeInfo is one node as the index sees it.
+type NodeInfo struct {
+	Node     string
+	Boot     string
+	LastSeen time.Time
+	Live     bool
+	Keys     int
+}
+
+// Nodes lists every known node, sorted by id.
+func (x *Index) Nodes(now time.Time) []NodeInfo {
+	out := make([]NodeInfo, 0, len(x.nodes))
+	for id, n := range x.nodes {
+		out = append(out, NodeInfo{Node: id, Boot: n.boot, LastSeen: n.lastSeen, Live: x.live(n, now), Keys: len(n.keys)})
+	}
+	slices.SortFunc(out, func(a, b NodeInfo) int { return strings.Compare(a.Node, b.Node) })
+	return out
+}

@@ -1,0 +1,189 @@
+package holders
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"testing/quick"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/stretchr/testify/require"
+)
+
+// naive is the deliberately simple model the index is checked against:
+// per node a list of facts, and Holders by scanning every node.
+type naive struct {
+	lease time.Duration
+	nodes map[string]*naiveNode
+	sync  uint64
+}
+
+type naiveNode struct {
+	boot     string
+	seen     time.Time
+	retired  []string
+	keys     map[NSKey]bool
+	syncID   uint64
+	syncGone map[NSKey]bool
+}
+
+func (m *naive) node(id, boot string) *naiveNode {
+	n := m.nodes[id]
+	if n == nil {
+		n = &naiveNode{boot: boot, keys: map[NSKey]bool{}}
+		m.nodes[id] = n
+		return n
+	}
+	if n.boot == boot {
+		return n
+	}
+	if slices.Contains(n.retired, boot) {
+		return nil
+	}
+	n.retired = append(n.retired, n.boot)
+	*n = naiveNode{boot: boot, keys: map[NSKey]bool{}, retired: n.retired}
+	return n
+}
+
+func (m *naive) holders(k NSKey, now time.Time) []string {
+	var out []string
+	for id, n := range m.nodes {
+		if n.keys[k] && !n.seen.IsZero() && now.Sub(n.seen) < m.lease {
+			out = append(out, id)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// The index and the model agree on every key's holders after every step of
+// random sequences of heartbeats (new and stale boots), stores, removals,
+// clears, catch-ups, time passing and expiry.
+func TestQuickIndexMatchesNaiveModel(t *testing.T) {
+	nodes := []string{"a", "b", "c"}
+	hashes := []string{"01", "02", "03"}
+	nss := []string{"m", "n"}
+	var universe []NSKey
+	for _, ns := range nss {
+		for _, h := range hashes {
+			for g := range 2 {
+				universe = append(universe, NSKey{ns, key(t, h, g)})
+			}
+		}
+	}
+	check := func(seed uint64) bool {
+		r := rand.New(rand.NewPCG(seed, 7))
+		x := New(lease)
+		m := &naive{lease: lease, nodes: map[string]*naiveNode{}}
+		now := t0
+		boots := map[string]int{}
+		bootOf := func(id string) string {
+			// Mostly the current boot, sometimes a new one, sometimes an old one.
+			switch p := r.IntN(20); {
+			case p == 0 && boots[id] < 5:
+				boots[id]++
+			case p == 1 && boots[id] > 0:
+				return fmt.Sprintf("%s%d", id, r.IntN(boots[id]))
+			}
+			return fmt.Sprintf("%s%d", id, boots[id])
+		}
+		catchUps := map[string]uint64{}
+		for step := range 300 {
+			id := nodes[r.IntN(len(nodes))]
+			boot := bootOf(id)
+			switch op := r.IntN(10); op {
+			case 0, 1:
+				_, err := x.Heartbeat(id, boot, now)
+				if n := m.node(id, boot); n != nil {
+					require.NoError(t, err)
+					n.seen = now
+				} else {
+					require.ErrorIs(t, err, ErrStaleBoot)
+				}
+			case 2, 3, 4:
+				typ := messages.KVBlockStored
+				if op == 4 {
+					typ = messages.KVBlockRemoved
+				}
+				ns, h, g := nss[r.IntN(2)], hashes[r.IntN(len(hashes))], r.IntN(2)
+				_, err := x.ApplyKVEvents(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
+				n := m.node(id, boot)
+				if n == nil {
+					require.ErrorIs(t, err, ErrStaleBoot)
+					break
+				}
+				require.NoError(t, err)
+				k := NSKey{ns, key(t, h, g)}
+				if typ == messages.KVBlockStored {
+					n.keys[k] = true
+					delete(n.syncGone, k)
+				} else {
+					delete(n.keys, k)
+					if n.syncID != 0 {
+						n.syncGone[k] = true
+					}
+				}
+			case 5:
+				_, err := x.ApplyKVEvents(id, boot, "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}))
+				if n := m.node(id, boot); n != nil {
+					require.NoError(t, err)
+					n.keys = map[NSKey]bool{}
+					n.syncID, n.syncGone = 0, nil
+				}
+			case 6:
+				sid, err := x.BeginCatchUp(id, boot)
+				if n := m.node(id, boot); n != nil {
+					require.NoError(t, err)
+					m.sync++
+					require.Equal(t, m.sync, sid)
+					n.syncID, n.syncGone = sid, map[NSKey]bool{}
+					catchUps[id] = sid
+				}
+			case 7:
+				sid := catchUps[id]
+				var page []NSKey
+				for _, k := range universe {
+					if r.IntN(3) == 0 {
+						page = append(page, k)
+					}
+				}
+				err := x.CatchUpPage(id, sid, page)
+				n := m.nodes[id]
+				if n == nil || n.syncID == 0 || n.syncID != sid {
+					require.ErrorIs(t, err, ErrNoSync)
+					break
+				}
+				require.NoError(t, err)
+				for _, k := range page {
+					if !n.syncGone[k] {
+						n.keys[k] = true
+					}
+				}
+				if r.IntN(2) == 0 {
+					x.EndCatchUp(id, sid)
+					n.syncID, n.syncGone = 0, nil
+				}
+			case 8:
+				now = now.Add(time.Duration(r.IntN(4)) * time.Second)
+			case 9:
+				gone := x.Expire(now)
+				var want []string
+				for nid, n := range m.nodes {
+					if !n.seen.IsZero() && now.Sub(n.seen) >= lease {
+						want = append(want, nid)
+						delete(m.nodes, nid)
+					}
+				}
+				slices.Sort(want)
+				require.Equal(t, want, gone, "expired at step %d", step)
+			}
+			for _, k := range universe {
+				require.Equal(t, m.holders(k, now), x.Holders(k.NS, k.Key, now), "seed %d step %d key %x/%s", seed, step, k.Key, k.NS)
+			}
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 50}))
+}

@@ -1,0 +1,343 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/ingest"
+)
+
+// Errors of Owners.
+var (
+	// ErrFenced: a write of this node's ownership record failed its
+	// compare-and-set: another node holds the engine now (or the record
+	// lapsed and was re-created). The node must stop serving the engine.
+	ErrFenced = errors.New("cluster: ownership fenced")
+	// ErrNotMine: the engine is not held by this node.
+	ErrNotMine = errors.New("cluster: engine not owned by this node")
+	// ErrBadEngine: not an engine id ([A-Za-z0-9_-]{1,64}, not starting
+	// with _), so never a key of the bucket.
+	ErrBadEngine = errors.New("cluster: bad engine id")
+)
+
+// Owners is a node's view of the ownership bucket: it reads records,
+// decides with ownership.Decide, claims with compare-and-set and keeps its
+// own claims alive. Safe for concurrent use.
+type Owners struct {
+	cfg     Config
+	kv      jetstream.KeyValue
+	me      ownership.Identity
+	metrics *Metrics
+
+	mu   sync.Mutex
+	mine map[string]held // engines this process claimed and has not lost
+}
+
+// held is one engine this node claimed: the revision its last write got
+// (the fencing token) and when it sent that write.
+type held struct {
+	rev     uint64
+	renewed time.Time
+}
+
+// OpenOwners creates the ownership bucket, or binds to it if another node
+// made it with the same settings; different settings (lease, replicas) are
+// an error, since one node's lease cannot be another's.
+func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics *Metrics) (*Owners, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.Node == "" || cfg.Boot == "" {
+		return nil, fmt.Errorf("%w: node %q boot %q", ErrConfig, cfg.Node, cfg.Boot)
+	}
+	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "kvactors engine ownership: engine id -> {node, boot}",
+		History:     1,
+		// The lease: a record not rewritten within it is removed by the
+		// servers (stream max age), and the marker they leave tells
+		// watchers it lapsed.
+		TTL:            cfg.Lease,
+		LimitMarkerTTL: cfg.Lease,
+		Storage:        jetstream.FileStorage,
+		Replicas:       cfg.Replicas,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
+	}
+	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}}, nil
+}
+
+// Get reads engine's ownership; nil if nobody holds it.
+func (o *Owners) Get(ctx context.Context, engine string) (*ownership.Entry, error) {
+	if !ingest.ValidEngineID(engine) {
+		return nil, fmt.Errorf("%w: %q", ErrBadEngine, engine)
+	}
+	e, err := o.kv.Get(ctx, engine)
+	switch {
+	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("read owner of engine %s: %w", engine, err)
+	}
+	r, err := ownership.DecodeRecord(e.Value())
+	if err != nil {
+		return nil, fmt.Errorf("owner of engine %s: %w", engine, err)
+	}
+	return &ownership.Entry{Record: r, Revision: e.Revision()}, nil
+}
+
+// Request is what the caller knows of one engine message beyond the
+// bucket: see ownership.Input.
+type Request struct {
+	Register  bool
+	SpecNode  string
+	Local     bool
+	NamedLive bool
+}
+
+// Resolve reads engine's ownership, decides, and performs a claim if that
+// is the decision. A claim lost to another node's compare-and-set is
+// decided again on the winner's record. Reads may be served by any replica
+// (the bucket allows direct gets) and lag the write that beat this node, so
+// the record is read until it differs from the one the claim was made on.
+func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (ownership.Decision, error) {
+	e, err := o.Get(ctx, engine)
+	if err != nil {
+		return ownership.Decision{}, err
+	}
+	for attempt := 0; ; attempt++ {
+		d := ownership.Decide(o.input(engine, e, req))
+		o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+		if d.Action != ownership.Claim {
+			if d.Action == ownership.Ignore {
+				o.forget(engine, e)
+			}
+			return d, nil
+		}
+		err = o.claim(ctx, engine, d.Revision)
+		if err == nil {
+			return ownership.Decision{Action: ownership.Serve, Owner: o.me.Node, Reason: d.Reason}, nil
+		}
+		if !errors.Is(err, ErrFenced) || attempt == maxClaimAttempts {
+			return ownership.Decision{}, err
+		}
+		if e, err = o.readPast(ctx, engine, d.Revision); err != nil {
+			return ownership.Decision{}, err
+		}
+	}
+}
+
+// maxClaimAttempts bounds Resolve's claim retries (each lost claim means
+// another node wrote, which settles ownership, so a second loss is rare)
+// and claim's retries of a write that was refused without a verdict.
+const maxClaimAttempts = 5
+
+// readPast reads engine's record until it is not the one at revision rev
+// (0: none) or a lease has passed.
+func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*ownership.Entry, error) {
+	ctx, cancel := context.WithTimeout(ctx, o.cfg.Lease)
+	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		e, err := o.Get(ctx, engine)
+		if err != nil {
+			return nil, err
+		}
+		if (e == nil && rev != 0) || (e != nil && e.Revision != rev) {
+			return e, nil
+		}
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// Decide answers from the last read entry without I/O: for messages other
+// than register, where the caller keeps the entry from a watch or from
+// Resolve.
+func (o *Owners) Decide(engine string, e *ownership.Entry, req Request) ownership.Decision {
+	d := ownership.Decide(o.input(engine, e, req))
+	o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+	return d
+}
+
+func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership.Input {
+	o.mu.Lock()
+	h := o.mine[engine]
+	o.mu.Unlock()
+	var renewed time.Time
+	if e != nil && e.Identity == o.me && e.Revision == h.rev {
+		renewed = h.renewed
+	}
+	return ownership.Input{
+		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
+		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive,
+		Renewed: renewed, Lease: o.cfg.Lease, Now: time.Now(),
+	}
+}
+
+// forget drops a claim the bucket no longer shows as this process's.
+func (o *Owners) forget(engine string, e *ownership.Entry) {
+	if e == nil || e.Identity != o.me {
+		o.mu.Lock()
+		delete(o.mine, engine)
+		o.mu.Unlock()
+	}
+}
+
+// claim writes this node's record with compare-and-set: create when rev is
+// 0, else replace rev. Two kinds of failed compare-and-set are not a fence:
+//   - "wrong last sequence" without a sequence (JetStream error 10164): the
+//     stream leader refused because another write of the key was still in
+//     process; it says nothing about who won, so the write is tried again;
+//   - a mismatch after which the record names this very node and boot: the
+//     newer revision is this process's own write whose reply was lost (a
+//     timeout across a leader change); nobody else can write this identity,
+//     so the claim carries on from that revision.
+//
+// Anything else, or the same after maxClaimAttempts, is ErrFenced.
+func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		sent := time.Now() // before the write: the servers' lease starts later
+		val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
+		var nrev uint64
+		if rev == 0 {
+			nrev, err = o.kv.Create(ctx, engine, val)
+		} else {
+			nrev, err = o.kv.Update(ctx, engine, val, rev)
+		}
+		if err == nil {
+			o.mu.Lock()
+			o.mine[engine] = held{rev: nrev, renewed: sent}
+			o.mu.Unlock()
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("claim engine %s: %w", engine, err)
+		}
+		if attempt == maxClaimAttempts || ctx.Err() != nil {
+			break
+		}
+		if inProcessConflict(err) {
+			if !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
+				break
+			}
+			continue
+		}
+		e, gerr := o.Get(ctx, engine)
+		if gerr != nil || e == nil || e.Identity != o.me || e.Revision == rev {
+			break
+		}
+		rev = e.Revision // this process's own write, whose reply was lost
+	}
+	o.mu.Lock()
+	delete(o.mine, engine)
+	o.mu.Unlock()
+	o.metrics.Fenced.Inc()
+	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
+}
+
+// inProcessConflict: JetStream refused an expected-sequence write because
+// another write of the subject was in flight (10164), not because the
+// sequence was wrong.
+func inProcessConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// pause waits d or until ctx ends; false if ctx ended.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// KeepAlive rewrites engine's record on the revision this node last wrote:
+// the lease starts again; ErrFenced if anyone else wrote since (the engine
+// is lost: stop serving it), ErrNotMine if this node holds no claim.
+func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
+	o.mu.Lock()
+	h, ok := o.mine[engine]
+	o.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: %s", ErrNotMine, engine)
+	}
+	if err := o.claim(ctx, engine, h.rev); err != nil {
+		return 0, err
+	}
+	return o.Revision(engine), nil
+}
+
+// KeepAliveAll renews every claim; it returns the engines lost (fenced)
+// and the first other error (a NATS outage: claims stay and are retried
+// next time, while the lease, measured locally, runs out).
+func (o *Owners) KeepAliveAll(ctx context.Context) (lost []string, err error) {
+	for _, engine := range o.Mine() {
+		if _, e := o.KeepAlive(ctx, engine); errors.Is(e, ErrFenced) {
+			lost = append(lost, engine)
+		} else if e != nil && err == nil {
+			err = e
+		}
+	}
+	return lost, err
+}
+
+// Release gives engine up (unregister, shutdown): the record is deleted
+// only if this node's last write is still the latest.
+func (o *Owners) Release(ctx context.Context, engine string) error {
+	o.mu.Lock()
+	h, ok := o.mine[engine]
+	delete(o.mine, engine)
+	o.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotMine, engine)
+	}
+	if err := o.kv.Delete(ctx, engine, jetstream.LastRevision(h.rev)); err != nil {
+		return fmt.Errorf("release engine %s (revision %d): %w", engine, h.rev, err)
+	}
+	return nil
+}
+
+// Revision is the fencing token of this node's claim on engine (0: none).
+func (o *Owners) Revision(engine string) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.mine[engine].rev
+}
+
+// Mine lists the engines this process holds claims on.
+func (o *Owners) Mine() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := make([]string, 0, len(o.mine))
+	for e := range o.mine {
+		out = append(out, e)
+	}
+	return out
+}
+
+// Serving reports whether this node may serve engine now: it holds a claim
+// whose last successful write was sent less than a lease ago (the fencing
+// rule; see ownership.Decide).
+func (o *Owners) Serving(engine string, now time.Time) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	h, ok := o.mine[engine]
+	return ok && now.Sub(h.renewed) < o.cfg.Lease
+}

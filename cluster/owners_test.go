@@ -1,0 +1,263 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// testLease is the shortest lease nats-server allows for a bucket whose
+// expiries leave markers (1 s).
+const testLease = time.Second
+
+func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int) *Owners {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var o *Owners
+	// Bucket creation needs a JetStream meta leader; right after a server
+	// stop there may briefly be none.
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		o, err = OpenOwners(ctx, js, Config{Node: node, Boot: node + "-boot1", StandbyFor: standbyFor, Lease: testLease, Replicas: replicas}, nil)
+		return err
+	})
+	return o
+}
+
+// eventuallyOwner waits until o reads engine's record naming node (any
+// node if ""): reads
+// are direct gets that any replica may serve, and a replica may lag the
+// quorum that acknowledged the write.
+func eventuallyOwner(t *testing.T, o *Owners, engine, node string) *ownership.Entry {
+	t.Helper()
+	var got *ownership.Entry
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		e, err := o.Get(context.Background(), engine)
+		if err != nil {
+			return err
+		}
+		if e == nil || (node != "" && e.Node != node) {
+			return fmt.Errorf("owner of %s reads %+v, want %s", engine, e, node)
+		}
+		got = e
+		return nil
+	})
+	return got
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// "a register naming no node is answered by exactly one node (the one whose
+// compare-and-set won)": three nodes on three NATS servers race for each
+// of 20 engines; each ends with exactly one server, and the others ignore
+// naming that winner.
+func TestConcurrentClaimsOnThreeServersEndWithOneOwner(t *testing.T) {
+	t.Parallel()
+	c := testkit.NATSCluster(t, 3)
+	nodes := make([]*Owners, 3)
+	for i := range nodes {
+		nodes[i] = openOwners(t, c.Connect(i), fmt.Sprintf("gpu-%d", i), "", 3)
+	}
+	ctx := ctxT(t)
+	for e := range 20 {
+		engine := fmt.Sprintf("e%d", e)
+		decisions := make([]ownership.Decision, 3)
+		errs := make([]error, 3)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for i, o := range nodes {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				<-start // closed below, before Wait: never blocks past the test
+				decisions[i], errs[i] = o.Resolve(ctx, engine, Request{Register: true, Local: true})
+			}()
+		}
+		close(start)
+		wg.Wait()
+		var winner string
+		for i, d := range decisions {
+			require.NoError(t, errs[i], "node %d on %s", i, engine)
+			if d.Action == ownership.Serve {
+				require.Empty(t, winner, "%s: two owners (%s and gpu-%d)", engine, winner, i)
+				winner = fmt.Sprintf("gpu-%d", i)
+			}
+		}
+		require.NotEmpty(t, winner, "%s: no owner: %+v", engine, decisions)
+		for i, d := range decisions {
+			if d.Action != ownership.Serve {
+				require.Equal(t, ownership.Ignore, d.Action, "node %d", i)
+				require.Equal(t, winner, d.Owner, "node %d names the owner", i)
+			}
+		}
+		eventuallyOwner(t, nodes[0], engine, winner)
+	}
+}
+
+// The owner keeps its engine while it renews; once it stops, its standby
+// takes the engine over no sooner than a lease after the owner's last
+// write, and the old owner's next keep-alive is fenced by the revision.
+func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
+	t.Parallel()
+	c := testkit.NATSCluster(t, 3)
+	owner := openOwners(t, c.Connect(0), "gpu-0", "", 3)
+	standby := openOwners(t, c.Connect(1), "gpu-0b", "gpu-0", 3)
+	other := openOwners(t, c.Connect(2), "gpu-9", "", 3)
+	ctx := ctxT(t)
+	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
+
+	d, err := owner.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+
+	// Two leases of keep-alives: the standby never gets the engine.
+	tick := time.NewTicker(testLease / 8) // the keep-alive period, as a node's would be
+	defer tick.Stop()
+	until := time.Now().Add(2 * testLease)
+	for time.Now().Before(until) {
+		_, err := owner.KeepAlive(ctx, "e1")
+		require.NoError(t, err)
+		d, err := standby.Resolve(ctx, "e1", reg)
+		require.NoError(t, err)
+		require.Equal(t, ownership.Ignore, d.Action)
+		require.Equal(t, "gpu-0", d.Owner)
+		testkit.Recv(t, tick.C, testLease, "the next keep-alive tick")
+	}
+	require.True(t, owner.Serving("e1", time.Now()))
+
+	// The owner stops renewing (as if killed). Its last write:
+	lastSent := time.Now()
+	_, err = owner.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	var tookOver time.Time
+	testkit.Eventually(t, 10*testLease, 20*time.Millisecond, func() error {
+		// A node that neither is named nor stands by never claims it.
+		d, err := other.Resolve(ctx, "e1", reg)
+		require.NoError(t, err)
+		require.NotEqual(t, ownership.Serve, d.Action, "a node neither named nor standby took the engine")
+		d, err = standby.Resolve(ctx, "e1", reg)
+		if err != nil {
+			return err
+		}
+		if d.Action != ownership.Serve {
+			return fmt.Errorf("standby: %v (%s)", d.Action, d.Reason)
+		}
+		tookOver = time.Now()
+		return nil
+	})
+	require.GreaterOrEqual(t, tookOver.Sub(lastSent), testLease, "taken over before the lease ran out")
+	require.False(t, owner.Serving("e1", time.Now()), "the old owner's local lease has run out too")
+
+	_, err = owner.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrFenced)
+	require.ErrorIs(t, owner.Release(ctx, "e1"), ErrNotMine, "a fenced claim is forgotten")
+	got := eventuallyOwner(t, other, "e1", "gpu-0b")
+	require.Equal(t, standby.Revision("e1"), got.Revision)
+
+	// The engine re-registers naming its first node: the standby serves it,
+	// the restarted first node stays silent.
+	d, err = standby.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	d, err = owner.Resolve(ctx, "e1", reg)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action)
+	require.Equal(t, "gpu-0b", d.Owner)
+}
+
+// "a register naming another node than the live owner is refused by the
+// owner with an error naming itself"; other nodes stay silent.
+func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	b := openOwners(t, testkit.Connect(t, s), "gpu-1", "", 1)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Refuse, d.Action)
+	require.Contains(t, ownership.RefusalError(d.Owner, "gpu-1"), "owned by node gpu-0")
+	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action)
+
+	// Released: the named node claims it.
+	require.NoError(t, a.Release(ctx, "e1"))
+	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	// Not an engine id: refused before the bucket sees it.
+	for _, bad := range []string{"", "a.b", "_node", "a*", "a>"} {
+		_, err = b.Resolve(ctx, bad, Request{Register: true, Local: true})
+		require.ErrorIs(t, err, ErrBadEngine, "%q", bad)
+	}
+	// A released claim is no longer kept alive.
+	_, err = a.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrNotMine)
+}
+
+// Buckets are shared: a node with another lease is refused, not silently
+// given the first node's.
+func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	openOwners(t, nc, "gpu-0", "", 1)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = OpenOwners(ctxT(t), js, Config{Node: "gpu-1", Boot: "b", Lease: 2 * testLease}, nil)
+	require.Error(t, err)
+	require.True(t, errors.Is(err, jetstream.ErrBucketExists), "%v", err)
+}
+
+// A keep-alive whose write committed but whose reply was lost leaves the
+// node one revision behind: the next keep-alive sees its own record at the
+// newer revision and carries on (not fenced). A record of anyone else
+// fences it.
+func TestKeepAliveAdoptsItsOwnLostWriteButNotAnothers(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	ctx := ctxT(t)
+	_, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctx, "kvactors_owners")
+	require.NoError(t, err)
+	write := func(id ownership.Identity) uint64 {
+		cur := eventuallyOwner(t, a, "e1", "")
+		rev, err := kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: id, LeaseMS: 1000}), cur.Revision)
+		require.NoError(t, err)
+		return rev
+	}
+
+	lost := write(ownership.Identity{Node: "gpu-0", Boot: "gpu-0-boot1"}) // a's own write, reply lost
+	rev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	require.Greater(t, rev, lost)
+	require.True(t, a.Serving("e1", time.Now()))
+
+	write(ownership.Identity{Node: "gpu-0", Boot: "gpu-0-boot0"}) // the same node's previous process: not a's
+	_, err = a.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrFenced)
+	require.False(t, a.Serving("e1", time.Now()))
+}

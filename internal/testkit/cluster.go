@@ -1,0 +1,91 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/embedded"
+)
+
+// clusterFormTimeout bounds the wait for routes and a JetStream meta leader:
+// a fresh 3-server cluster elects one in about a second on loopback.
+const clusterFormTimeout = 20 * time.Second
+
+// Cluster is a NATS cluster of embedded servers on 127.0.0.1 (package
+// cluster/embedded) bound to a test: each server has JetStream and its own
+// store under t.TempDir(), and failures fail the test. Servers are
+// numbered from 0. Its methods may be called from the test goroutine only.
+type Cluster struct {
+	*embedded.Cluster
+	t testing.TB
+}
+
+// NATSCluster starts an n-server NATS cluster (n ≥ 2; 3 is the usual) and
+// waits until every server is routed to the others and JetStream has a meta
+// leader that counts all n peers. NATS_LOGGING=debug|trace turns on the
+// servers' logs. Every server is shut down when the test ends, before its
+// store is removed.
+func NATSCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	dir := t.TempDir() // before the shutdown's clean-up, so removed after it
+	c, err := embedded.Start(embedded.Options{
+		Servers: n, Dir: dir, Name: "kvactors-test",
+		Debug: os.Getenv("NATS_LOGGING") == "debug", Trace: os.Getenv("NATS_LOGGING") == "trace",
+	})
+	require.NoError(t, err, "start a %d-server NATS cluster", n)
+	t.Cleanup(c.Close)
+	tc := &Cluster{Cluster: c, t: t}
+	tc.WaitFormed()
+	return tc
+}
+
+// WaitFormed waits (bounded) until the cluster is formed again.
+func (c *Cluster) WaitFormed() {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), clusterFormTimeout)
+	defer cancel()
+	require.NoError(c.t, c.Cluster.WaitFormed(ctx), "wait for the NATS cluster to form")
+}
+
+// Server returns server i, or nil while it is stopped.
+func (c *Cluster) Server(i int) *server.Server { return c.Cluster.Server(i) }
+
+// Connect connects a client to server i (and knows the others, to fail
+// over to), closed when the test ends. Reconnects never give up while the
+// test runs, and server order is kept so the client starts on server i.
+func (c *Cluster) Connect(i int, opts ...nats.Option) *nats.Conn {
+	t := c.t
+	t.Helper()
+	all := append([]nats.Option{
+		nats.Name(fmt.Sprintf("%s@s%d", t.Name(), i)),
+		nats.DontRandomize(),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(20 * time.Millisecond),
+	}, opts...)
+	nc, err := nats.Connect(c.URLs(i), all...)
+	require.NoError(t, err, "connect to NATS server %d at %s", i, c.URL(i))
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// Stop shuts server i down and waits for it; its store stays, so Restart
+// brings it back with its JetStream state.
+func (c *Cluster) Stop(i int) {
+	c.t.Helper()
+	require.NoError(c.t, c.Cluster.Stop(i))
+}
+
+// Restart starts a stopped server i again on its ports and store, routed
+// to every other server, and waits until the cluster is formed again.
+func (c *Cluster) Restart(i int) {
+	c.t.Helper()
+	require.NoError(c.t, c.Cluster.Restart(i))
+	c.WaitFormed()
+}
