@@ -99,6 +99,22 @@ type Config struct {
 	Log      *slog.Logger         `json:"-"`
 	Tracer   trace.TracerProvider `json:"-"`
 	Registry *prometheus.Registry `json:"-"`
+
+	// isolation (PROTOCOL.md "Isolation", docs/SECURITY.md).
+	// MaxEngines bounds the engines registered on this node.
+	MaxEngines int `json:"max_engines"`
+	// MaxRequests bounds one engine's live requests.
+	MaxRequests int `json:"max_requests"`
+	// MaxMappedSegments bounds the engine segments mapped on this node at
+	// once, so registrations cannot exhaust the process's map count
+	// (vm.max_map_count, 65530 by default) for everyone.
+	MaxMappedSegments int `json:"max_mapped_segments"`
+	// NATSConfig is a nats-server configuration file the embedded server
+	// loads (auth, TLS, accounts; see kvactors nats-config). Its listen
+	// address, when set, wins over NATSHost/NATSPort.
+	NATSConfig string `json:"nats_config"`
+	// NATSNKey is the nkey seed file the node authenticates to NATS with.
+	NATSNKey string `json:"nats_nkey"`
 }
 
 // HTTPOff as the admin address disables the admin server.
@@ -131,10 +147,14 @@ func DefaultConfig() Config {
 		ShutdownTimeout:    10 * time.Second,
 		Lease:              10 * time.Second,
 		MaxPendingBytes:    256 << 20,
-		LogLevel:           "info",
-		LogFormat:          LogText,
-		Transfer:           transfer.DefaultConfig(),
-		Limits:             ingest.DefaultLimits(),
+		// isolation: bounds an 8-GPU host never reaches.
+		MaxEngines:        256,
+		MaxRequests:       1 << 16,
+		MaxMappedSegments: 4096,
+		LogLevel:          "info",
+		LogFormat:         LogText,
+		Transfer:          transfer.DefaultConfig(),
+		Limits:            ingest.DefaultLimits(),
 	}
 }
 
@@ -161,6 +181,9 @@ func (c Config) withDefaults() Config {
 		c.NodeID = DefaultNodeID()
 	}
 	c.Limits = c.Limits.WithDefaults()
+	orDefault(&c.MaxEngines, d.MaxEngines)
+	orDefault(&c.MaxRequests, d.MaxRequests)
+	orDefault(&c.MaxMappedSegments, d.MaxMappedSegments)
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -210,6 +233,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
+	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
+		return fmt.Errorf("%w: max engines %d, max requests %d, max mapped segments %d: want >= 1 (0: the default)",
+			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
+	case c.NATSConfig != "" && c.NATSURL != "":
+		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
 	}
 	if _, err := c.NewLogger(io.Discard); err != nil {
 		return err

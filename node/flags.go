@@ -85,7 +85,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.NATSConnectTimeout, "nats-connect-timeout", d.NATSConnectTimeout, "with --nats, how long to retry the first connection (with backoff) before giving up")
 	str(&c.NATSHost, "nats-host", d.NATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", d.NATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory (default: a temp dir)")
+	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
 	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb>")
@@ -107,6 +107,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	str(&c.NodeID, "node-id", d.NodeID, "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
 	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
+	// isolation
+	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
+	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")
+	num(&c.MaxMappedSegments, "max-mapped-segments", d.MaxMappedSegments, "most engine segments mapped on this node")
+	str(&c.NATSConfig, "nats-config", d.NATSConfig, "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
+	str(&c.NATSNKey, "nats-nkey", d.NATSNKey, "nkey seed file kvactors authenticates to NATS with")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	// Secrets come from the environment only, never a flag or file (ps and

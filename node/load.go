@@ -54,11 +54,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
-		level := slog.LevelError
+		level, reason := slog.LevelError, "load_error"
 		if errors.Is(err, hostpool.ErrNotReady) {
-			level = slog.LevelInfo // evicted or never stored: a miss, not bad input
+			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
 		}
-		n.log.Log(ctx, level, "load refused", "engine", engineID, "err", err)
+		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
+		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 	}
 	rec := n.engine(engineID)

@@ -22,6 +22,7 @@ commands:
   demo      run a node and a simulated engine, print what happened, check every byte
   bench     measure event throughput, latency, copy bandwidth and scale
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
+  nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
   version   print the version, VCS revision and build time
 
 Run 'kvactors <command> --help' for a command's flags.
@@ -46,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runBench(args, stdout, stderr)
 	case "flags":
 		return flagsTable(args, stdout, stderr)
+	case "nats-config":
+		return natsConfig(args, stdout, stderr)
 	case "version", "--version", "-v":
 		return printVersion(args, stdout, stderr)
 	case "help", "--help", "-h":
