@@ -93,7 +93,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	str(&c.ShmDir, "shm-dir", d.ShmDir, "directory of engines' shared-memory segments")
 	num(&c.CUDADevice, "cuda-device", d.CUDADevice, "CUDA device ordinal for the cuda backend")
 	size(&c.PoolBytes, "pool-bytes", d.PoolBytes, "host pool size")
-	size(&c.SlotBytes, "slot-bytes", d.SlotBytes, "pool slot size; 0 takes the first engine's largest chunk")
+	size(&c.SlotBytes, "slot-bytes", d.SlotBytes, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
 	str(&c.HTTPAddr, "http", d.HTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
 	boolean(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof on the admin address")
 	num(&c.DecodeWorkers, "decode-workers", d.DecodeWorkers, "goroutines decoding event batches")
@@ -113,6 +113,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.MaxMappedSegments, "max-mapped-segments", d.MaxMappedSegments, "most engine segments mapped on this node")
 	str(&c.NATSConfig, "nats-config", d.NATSConfig, "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
 	str(&c.NATSNKey, "nats-nkey", d.NATSNKey, "nkey seed file kvactors authenticates to NATS with")
+	// pool
+	size(&c.PoolPageBytes, "pool-page-bytes", d.PoolPageBytes,
+		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
+	str(&c.DiskDir, "disk-dir", d.DiskDir, "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
+	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir)")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	// Secrets come from the environment only, never a flag or file (ps and

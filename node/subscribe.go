@@ -101,8 +101,7 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 // StatusReply is the body of a P.E.status reply.
 type StatusReply struct {
 	engine.Status
-	Pool      hostpool.Stats `json:"pool"`
-	SlotBytes int64          `json:"slot_bytes"`
+	Pool hostpool.Stats `json:"pool"`
 	StatusPage
 	Error string `json:"error,omitempty"`
 	Node  string `json:"node"`
@@ -128,7 +127,7 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 	return func(timeout time.Duration) (StatusReply, error) {
 		select {
 		case st := <-ch:
-			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow(),
+			return StatusReply{Status: st, Pool: n.poolStats(),
 				StatusPage: StatusPage{Pages: 1, TotalRequests: len(st.Requests)}, Node: n.cfg.NodeID, Boot: n.boot}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)

@@ -39,6 +39,9 @@ type demoOptions struct {
 	seed      uint64
 	quick     bool
 	logLevel  string
+	diskDir   string
+	diskBytes string
+	disk      int64 // diskBytes parsed
 	// minCoverage is the share of checked keys that must be found and
 	// matched for the verdict to mean much; below it the demo warns, or
 	// fails with requireCoverage.
@@ -97,6 +100,8 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the token streams, lengths and fates")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 5 seconds: fewer, shorter requests")
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level of the node and engines: debug, info, warn, error, off")
+	fs.StringVar(&o.diskDir, "disk-dir", "", "give the node a disk tier here (try a small --pool-bytes: evicted chunks are loaded back from disk)")
+	fs.StringVar(&o.diskBytes, "disk-bytes", "4GiB", "the disk tier's budget, with --disk-dir")
 	fs.Float64Var(&o.minCoverage, "min-coverage", 0.5, "warn when fewer of the checked keys than this share were still in the pool to compare")
 	fs.BoolVar(&o.requireCoverage, "require-coverage", false, "fail (exit 1) instead of warning below --min-coverage")
 	if code := parseExit("demo", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
@@ -109,6 +114,11 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	var err error
 	if o.pool, err = node.ParseBytes(o.poolBytes); err != nil || o.pool == 0 {
 		return bad("--pool-bytes %q: want a size > 0 such as 64MiB or 1G", o.poolBytes)
+	}
+	if o.diskDir != "" {
+		if o.disk, err = node.ParseBytes(o.diskBytes); err != nil || o.disk == 0 {
+			return bad("--disk-bytes %q: want a size > 0 such as 4GiB", o.diskBytes)
+		}
 	}
 	if o.quick {
 		// Explicit flags still win over --quick's defaults.
@@ -167,7 +177,7 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 
 	reg := prometheus.NewRegistry()
 	n, err := node.Start(ctx, node.Config{NATSURL: o.natsURL, NATSPort: -1, ShmDir: o.shmDir, PoolBytes: o.pool,
-		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg})
+		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg, DiskDir: o.diskDir, DiskBytes: o.disk})
 	if err != nil {
 		return fmt.Errorf("start the node: %w", err)
 	}
@@ -210,6 +220,11 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	}
 	fmt.Fprintln(stdout)
 	sim.WriteSummary(stdout, reps, stats, serving)
+	if d := n.Disk(); d != nil {
+		st := d.Stats()
+		fmt.Fprintf(stdout, "disk tier: %d chunks written (%d bytes), %d loaded back from disk (hits), %d evicted, %d on disk now\n",
+			st.Writes, st.WriteBytes, st.Hits, st.Evictions, st.Chunks)
+	}
 	if interrupted {
 		finished := 0
 		for _, r := range reps {
