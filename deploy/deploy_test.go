@@ -219,19 +219,20 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	}
 	// The panels the operators asked for (issue 15).
 	for _, m := range []string{"kvactors_events_applied_total", "kvactors_store_deferrals_total",
-		"kvactors_store_retries_total", "kvactors_pool_slots", "kv_offload_total_bytes",
+		"kvactors_store_retries_total", "kvactors_pool_bytes", "kv_offload_total_bytes",
 		"kvactors_load_hit_tokens_total", "kvactors_engine_resets_total", "kvactors_resyncs_total",
-		"kvactors_dropped_batches_total", "kvactors_store_decision_seconds_bucket"} {
+		"kvactors_dropped_batches_total", "kvactors_store_decision_seconds_bucket", "kvactors_disk_bytes"} {
 		require.Contains(t, queried, m)
 	}
 }
 
-// scrapeFreshNode starts a node and returns the series names on /metrics.
+// scrapeFreshNode starts a node (with a disk tier, whose metrics exist only
+// then) and returns the series names on /metrics.
 func scrapeFreshNode(t *testing.T) []string {
 	t.Helper()
 	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(),
 		ShmDir: t.TempDir(), PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: prometheus.NewRegistry(),
-		Log: slog.New(slog.DiscardHandler)})
+		DiskDir: t.TempDir(), DiskBytes: 1 << 20, Log: slog.New(slog.DiscardHandler)})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	resp, err := http.Get("http://" + n.HTTPAddr() + "/metrics")
