@@ -3,6 +3,7 @@ package metrics
 import (
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/buildinfo"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -21,18 +22,72 @@ type Metrics struct {
 	*Actors
 }
 
-// New builds every set and registers them (plus Go and process collectors)
-// on reg.
+// Labels are the known values of each label, owned by the packages that
+// produce them (node gathers them): Preset creates every child at 0, so
+// /metrics shows a counter before its first event and an alert on rate()
+// sees 0, not "no data".
+type Labels struct {
+	Rejected      []string // events_rejected_total reason
+	Deferrals     []string // store_deferrals_total reason
+	Retries       []string // store_retries_total reason
+	Releases      []string // requests_released_total reason
+	TransferTypes []string // kv_offload_total_*, transfer_*: transfer_type
+	LoadResults   []string // load_requests_total result
+	Actors        []string // actor_unexpected_messages_total actor
+}
+
+// Preset creates every known child at 0 and resolves the hot ones once.
+func (m *Metrics) Preset(l Labels) {
+	for _, v := range l.Rejected {
+		m.Rejected.WithLabelValues(v)
+	}
+	for _, v := range l.Deferrals {
+		m.deferralBy[v] = m.Deferrals.WithLabelValues(v)
+	}
+	for _, v := range l.Retries {
+		m.retryBy[v] = m.Retries.WithLabelValues(v)
+	}
+	for _, v := range l.Releases {
+		m.Releases.WithLabelValues(v)
+	}
+	for _, v := range l.TransferTypes {
+		m.TransferBytes.WithLabelValues(v)
+		m.TransferTime.WithLabelValues(v)
+		m.CopySize.WithLabelValues(v)
+		m.CopyFailures.WithLabelValues(v)
+	}
+	for _, v := range l.LoadResults {
+		m.Loads.WithLabelValues(v)
+	}
+	for _, v := range l.Actors {
+		m.Unexpected.WithLabelValues(v)
+	}
+}
+
+// New builds every set and registers them (plus the build info, Go and
+// process collectors) on reg.
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{Events: NewEvents(reg), Engines: NewEngines(reg), Store: NewStore(reg), Pool: NewPool(reg),
 		Transfer: NewTransfer(reg), Load: NewLoad(reg), NATS: NewNATS(reg), Actors: NewActors(reg)}
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(buildInfo(), collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
 
 // Discard returns metrics registered nowhere, for tests and benchmarks that
 // do not read them.
 func Discard() *Metrics { return New(prometheus.NewRegistry()) }
+
+// buildInfo is kvactors_build_info{version,revision,goversion} 1: joins any
+// series to the build that produced it.
+func buildInfo() prometheus.Collector {
+	in := buildinfo.Read()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Name: "build_info",
+		Help:        "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{"version": in.Version, "revision": in.Revision, "goversion": in.GoVersion}})
+	g.Set(1)
+	return g
+}
 
 func counter(sub, name, help string) prometheus.Counter {
 	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})

@@ -114,18 +114,12 @@ func NewStore(reg prometheus.Registerer) *Store {
 		deferralBy:     map[string]prometheus.Counter{},
 		retryBy:        map[string]prometheus.Counter{},
 	}
-	for _, r := range []string{"tokens", "hashes", "blocks"} {
-		m.deferralBy[r] = m.Deferrals.WithLabelValues(r)
-	}
-	for _, r := range []string{"pool_full", "copy_failed"} {
-		m.retryBy[r] = m.Retries.WithLabelValues(r)
-	}
 	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
 		m.Releases, m.RequestsLive, m.RequestFailure)
 	return m
 }
 
-// Deferral is Deferrals for reason (tokens, hashes, blocks; others resolved
+// Deferral is Deferrals for reason (resolved once by Metrics.Preset; others
 // on the fly).
 func (m *Store) Deferral(reason string) prometheus.Counter {
 	if c, ok := m.deferralBy[reason]; ok {
@@ -134,7 +128,7 @@ func (m *Store) Deferral(reason string) prometheus.Counter {
 	return m.Deferrals.WithLabelValues(reason)
 }
 
-// Retry is Retries for reason (pool_full, copy_failed; others resolved on
+// Retry is Retries for reason (resolved once by Metrics.Preset; others on
 // the fly).
 func (m *Store) Retry(reason string) prometheus.Counter {
 	if c, ok := m.retryBy[reason]; ok {

@@ -143,7 +143,7 @@ func newRig(t *testing.T) *rig {
 	t.Cleanup(r.system.Shutdown)
 	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
 	r.deps = load.Deps{Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m.Load,
-		Unexpected: r.m.Unexpected.WithLabelValues("load"),
+		Unexpected: r.m.Unexpected.WithLabelValues(actors.KindLoad),
 		Tracer:     noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 		Done: func() { r.done.Add(1) }}
 	return r
@@ -274,7 +274,7 @@ func TestLoadUnexpectedMessage(t *testing.T) {
 	sub := testkit.Recv(t, r.submits, wait, "submit")
 	r.system.Root.Send(sub.Owner, "stray")
 	testkit.Eventually(t, wait, 5*time.Millisecond, func() error {
-		if n := testutil.ToFloat64(r.m.Unexpected.WithLabelValues("load")); n != 1 {
+		if n := testutil.ToFloat64(r.m.Unexpected.WithLabelValues(actors.KindLoad)); n != 1 {
 			return fmt.Errorf("unexpected messages counted: %v", n)
 		}
 		return nil
