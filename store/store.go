@@ -93,11 +93,11 @@ type Engine struct {
 	s   *Store
 	id  string
 	lay *sched.Layout
-	dev backend.Device
+	dev backend.Attachment
 }
 
 // Engine binds the store to an engine's id, layout and device.
-func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Device) *Engine {
+func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Attachment) *Engine {
 	return &Engine{s: s, id: id, lay: lay, dev: dev}
 }
 
