@@ -264,14 +264,14 @@ type want struct {
 	job      []string              // chunks "g/c" of the job made; nil: none
 	cursors  []messages.ChunkIndex // nil: not checked
 	releases []string              // nil: none
-	done     bool
-	retry    *Retry               // nil: none
-	cancel   []JobID              // nil: none
-	deduped  int                  //
-	givenUp  int                  //
-	deferred []Deferral           // nil: not checked
-	evicted  int                  // number of evicted keys
-	blocks   [][]messages.BlockID // per job chunk, when non-nil
+	drop     bool                  // Effects.Done
+	retry    *Retry                // nil: none
+	cancel   []JobID               // nil: none
+	deduped  int                   //
+	dropped  int                   // Effects.GivenUp
+	deferred []Deferral            // nil: not checked
+	evicted  int                   // number of evicted keys
+	blocks   [][]messages.BlockID  // per job chunk, when non-nil
 }
 
 func ev(evs ...*messages.Event) []*messages.Event { return evs }
@@ -309,11 +309,11 @@ func (h *harness) check(i int, o op, e Effects) {
 		require.Equal(h.t, w.cursors, h.cursors(), "%s: cursors", msg)
 	}
 	require.Equal(h.t, w.releases, nilIfEmpty(e.Releases), "%s: releases", msg)
-	require.Equal(h.t, w.done, e.Done, "%s: done", msg)
+	require.Equal(h.t, w.drop, e.Done, "%s: done", msg)
 	require.Equal(h.t, w.retry, e.Retry, "%s: retry", msg)
 	require.Equal(h.t, w.cancel, nilIfEmpty(e.Cancel), "%s: cancel", msg)
 	require.Equal(h.t, w.deduped, e.Deduped, "%s: deduped", msg)
-	require.Equal(h.t, w.givenUp, e.GivenUp, "%s: given up", msg)
+	require.Equal(h.t, w.dropped, e.GivenUp, "%s: given up", msg)
 	require.Len(h.t, e.Evicted, w.evicted, "%s: evicted", msg)
 	switch {
 	case w.deferred == nil:

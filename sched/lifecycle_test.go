@@ -29,7 +29,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				{evs: prefill3, want: want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3)}},
 				{evs: ev(finished(12, 12)), want: want{cursors: cur(3)}},
 				{evs: ev(finished(12, 12), aborted(4, 12)), want: want{cursors: cur(3)}},
-				{done: 1, want: want{releases: released(messages.ReasonFinished), done: true}},
+				{done: 1, want: want{releases: released(messages.ReasonFinished), drop: true}},
 				{noAdv: true, do: func(h *harness) {
 					require.ErrorIs(h.t, h.req.Step(finished(12, 12)), ErrReleased)
 					require.ErrorIs(h.t, h.req.Step(hashes(3, 1)), ErrReleased)
@@ -105,7 +105,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				{done: 1, comment: "the copy in flight at the preemption is done",
 					want: want{releases: released(messages.ReasonPreempted)}},
 				{done: 2, want: want{}},
-				{evs: ev(finished(12, 12)), want: want{releases: released(messages.ReasonFinished), done: true, cursors: cur(3)}},
+				{evs: ev(finished(12, 12)), want: want{releases: released(messages.ReasonFinished), drop: true, cursors: cur(3)}},
 				{noAdv: true, do: func(h *harness) {
 					require.Equal(h.t, []string{messages.ReasonPreempted, messages.ReasonFinished}, h.rels)
 				}},
@@ -121,7 +121,7 @@ func TestLifecycleScenarios(t *testing.T) {
 			ops: []op{
 				{evs: prefill3, want: want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3)}},
 				{evs: ev(preempted(), finished(12, 12)), want: want{cancel: []JobID{1}, cursors: cur(3)}},
-				{done: 1, want: want{releases: []string{messages.ReasonPreempted, messages.ReasonFinished}, done: true}},
+				{done: 1, want: want{releases: []string{messages.ReasonPreempted, messages.ReasonFinished}, drop: true}},
 			},
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
@@ -157,7 +157,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				}},
 				{cancel: 1, want: want{}},
 				{comment: "no store after a reset", want: want{}},
-				{done: 2, want: want{releases: released(messages.ReasonEngineReset), done: true}},
+				{done: 2, want: want{releases: released(messages.ReasonEngineReset), drop: true}},
 				{noAdv: true, do: func(h *harness) {
 					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					require.True(h.t, noWork(&e), "reset after release: %+v", e)
@@ -174,7 +174,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				{evs: ev(hashes(0, 3), tokens(12, 12)), want: want{cursors: cur(0)}},
 				{noAdv: true, do: func(h *harness) {
 					e := h.record(h.req.Reset(messages.ReasonEngineReset))
-					h.check(-1, op{want: want{done: true}}, e)
+					h.check(-1, op{want: want{drop: true}}, e)
 				}},
 			},
 		},
@@ -191,7 +191,7 @@ func TestLifecycleScenarios(t *testing.T) {
 					e := h.record(h.req.Reset(messages.ReasonEngineReset))
 					h.check(-1, op{want: want{cancel: []JobID{1}}}, e)
 				}},
-				{done: 1, want: want{releases: released(messages.ReasonEngineReset), done: true}},
+				{done: 1, want: want{releases: released(messages.ReasonEngineReset), drop: true}},
 			},
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
