@@ -96,8 +96,8 @@ func (c *Client) onReleased(m *nats.Msg) {
 	c.freeLocked(r, Release{Request: rel.Request, Reason: rel.Reason, Epoch: rel.Epoch})
 }
 
-// freeLocked answers r's wait: delivered at once, or once the fence of a
-// lost node has passed (until then a late copy of the old node may run).
+// freeLocked answers one of r's owed releases and hands it to the engine's
+// callback (node_lost frees come here only after the lease wait).
 func (c *Client) freeLocked(r *mreq, rel Release) {
 	r.owed--
 	switch {
