@@ -515,3 +515,19 @@ func TestConcurrentUse(t *testing.T) {
 		require.Equal(t, 1, n, "request %s", r)
 	}
 }
+
+// TestLostTailWithoutResyncMessage drops the last batch and every resync
+// message the node sends: the heartbeat replies alone (applied stays below
+// what was published) make the client resync.
+func TestLostTailWithoutResyncMessage(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.muteResync = true
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		DropBatch: func(seq uint64) bool { return seq == 2 }})
+	oneRequest(t, c, "r1")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1 after the client saw the lost tail")
+	require.Equal(t, "r1", rel.Request)
+	require.Equal(t, 1, c.Stats().Resyncs["lost_tail"])
+}

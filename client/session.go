@@ -345,6 +345,23 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 			"node_published", c.hbPrev)
 		c.wantResyncLocked("lost_release")
 	}
+	// A batch still not applied a whole period after a heartbeat carried
+	// its seq is a lost tail whose resync (the node's answer to that
+	// heartbeat) did not arrive.
+	if c.tailSeq > 0 {
+		switch {
+		case rep.Applied >= c.tailSeq:
+			c.tailSeq = 0
+		case time.Since(c.tailAt) >= period:
+			c.cfg.Log.Warn("client: lost tail", "engine", c.cfg.Engine, "epoch", epoch, "applied", rep.Applied,
+				"published", c.tailSeq)
+			c.wantResyncLocked("lost_tail")
+			c.tailSeq = 0
+		}
+	}
+	if c.tailSeq == 0 && rep.Applied < seq {
+		c.tailSeq, c.tailAt = seq, time.Now()
+	}
 	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }
 
