@@ -36,9 +36,9 @@ import (
 func TestShutdownTimeoutWithReleasesInFlight(t *testing.T) {
 	for attempt := 1; ; attempt++ {
 		res := shutdownOnce(t)
-		t.Logf("attempt %d: exit %d, node logged %d undelivered, %d unconfirmed; engine: %d released by the node, "+
-			"%d node_lost, all within %v of the exit; resyncs %v, stale releases %d", attempt, res.code, res.undelivered,
-			res.unconfirmed, res.requests-res.nodeLost, res.nodeLost, res.freed.Round(time.Millisecond), res.st.Resyncs,
+		t.Logf("attempt %d: exit %d, node logged %d undelivered, %d unconfirmed, %d unapplied messages; engine: %d "+
+			"released by the node, %d node_lost, all within %v of the exit; resyncs %v, stale releases %d", attempt,
+			res.code, res.undelivered, res.unconfirmed, res.unapplied, res.requests-res.nodeLost, res.nodeLost, res.freed.Round(time.Millisecond), res.st.Resyncs,
 			res.st.StaleReleases)
 		if res.code == 0 && res.nodeLost == 0 && attempt < 3 {
 			continue // the node was done before the signal: nothing was in flight
@@ -48,7 +48,9 @@ func TestShutdownTimeoutWithReleasesInFlight(t *testing.T) {
 		// The node's count is exact: a release it counted as undelivered
 		// never reaches the engine, and every other one does, unless the
 		// final flush failed (unconfirmed_releases=M): so the engine frees
-		// between N and N+M as node_lost, never more (no silent loss).
+		// between N and N+M as node_lost, never more (no silent loss). Every
+		// batch was applied before the signal, so messages the node dropped
+		// unread (unapplied_messages) announce no request.
 		require.GreaterOrEqual(t, res.undelivered, 0, "the node must log undelivered_releases=N")
 		require.GreaterOrEqual(t, res.nodeLost, res.undelivered)
 		require.LessOrEqual(t, res.nodeLost, res.undelivered+res.unconfirmed)
@@ -57,7 +59,7 @@ func TestShutdownTimeoutWithReleasesInFlight(t *testing.T) {
 }
 
 type shutdownResult struct {
-	code, requests, nodeLost, undelivered, unconfirmed int
+	code, requests, nodeLost, undelivered, unconfirmed, unapplied int
 	st                                                 client.Stats
 	freed                                              time.Duration
 	out                                                string
@@ -129,6 +131,9 @@ func shutdownOnce(t *testing.T) shutdownResult {
 	}
 	if m := regexp.MustCompile(`unconfirmed_releases=(\d+)`).FindStringSubmatch(res.out); m != nil {
 		res.unconfirmed, _ = strconv.Atoi(m[1])
+	}
+	if m := regexp.MustCompile(`unapplied_messages=(\d+)`).FindStringSubmatch(res.out); m != nil {
+		res.unapplied, _ = strconv.Atoi(m[1])
 	}
 	return res
 }
