@@ -60,9 +60,9 @@ func TestShutdownTimeoutWithReleasesInFlight(t *testing.T) {
 
 type shutdownResult struct {
 	code, requests, nodeLost, undelivered, unconfirmed, unapplied int
-	st                                                 client.Stats
-	freed                                              time.Duration
-	out                                                string
+	st                                                            client.Stats
+	freed                                                         time.Duration
+	out                                                           string
 }
 
 func shutdownOnce(t *testing.T) shutdownResult {
