@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
@@ -53,7 +54,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
-		n.metrics.Loads.WithLabelValues("error").Inc()
+		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"
 		if errors.Is(err, hostpool.ErrNotReady) {
 			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
@@ -89,7 +90,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	}
 	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
 		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
 			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
 		}},

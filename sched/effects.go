@@ -21,6 +21,10 @@ var deferNames = [...]string{"none", "tokens", "hashes", "blocks"}
 // String is the metric label and span attribute value.
 func (r DeferReason) String() string { return deferNames[r] }
 
+// DeferLabels are the metric labels of every reason a chunk can be deferred
+// for (metrics preset them at 0).
+func DeferLabels() []string { return deferNames[DeferTokens:] }
+
 // Deferral says chunk Chunk of group Group is not ready because of Reason. It
 // is reported once per chunk per reason change, not once per event.
 type Deferral struct {
@@ -37,12 +41,18 @@ const (
 	RetryCopyFailed
 )
 
+var retryNames = [...]string{RetryPoolFull: "pool_full", RetryCopyFailed: "copy_failed"}
+
+// String is the metric label and span attribute value.
 func (r RetryReason) String() string {
 	if r == RetryCopyFailed {
-		return "copy_failed"
+		return retryNames[RetryCopyFailed]
 	}
-	return "pool_full"
+	return retryNames[RetryPoolFull]
 }
+
+// RetryLabels are the metric labels of every retry reason.
+func RetryLabels() []string { return retryNames[RetryPoolFull:] }
 
 // Retry asks the caller to call Advance again after Backoff (a RetryDue
 // timer); the next event of the request triggers it sooner.
@@ -63,15 +73,9 @@ type Effects struct {
 	Deduped  int            // candidate chunks already present in the pool
 	Deferred []Deferral
 	Retry    *Retry
-	Dropped  int      // ready chunks given up after the retry limit at finish
+	GivenUp  int      // ready chunks given up after the retry limit at finish
 	Releases []string // reasons to publish on P.E.released, in order
-	Drop     bool     // the request is done: drop it after publishing Releases
-}
-
-// Empty reports whether there is nothing to do.
-func (e *Effects) Empty() bool {
-	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
-		e.Retry == nil && len(e.Releases) == 0 && e.Dropped == 0 && !e.Drop
+	Done     bool     // the request is done: drop it after publishing Releases
 }
 
 // Backoff policy for retries: doubling from RetryBase up to RetryMax.

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -21,6 +22,15 @@ import (
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
+
+// Results of a load (the kvactors_load_requests_total result label).
+const (
+	ResultOK    = "ok"
+	ResultError = "error"
+)
+
+// Results lists every result label (metrics preset them at 0).
+var Results = []string{ResultOK, ResultError}
 
 // Job is one prepared load: its chunks' keys are already pinned in the store.
 type Job struct {
@@ -38,9 +48,11 @@ type Job struct {
 type Deps struct {
 	Transfer *actor.PID
 	Outbox   *actors.Outbox
-	Metrics  *metrics.Metrics
-	Tracer   trace.Tracer
-	Log      *slog.Logger
+	Metrics  *metrics.Load
+	// Unexpected counts messages with no case (nil: not counted).
+	Unexpected prometheus.Counter
+	Tracer     trace.Tracer
+	Log        *slog.Logger
 	// Node and Boot name this node in the reply (PROTOCOL.md v2).
 	Node, Boot string
 	// Done, if set, is called once the load's copy is over (the engine's
@@ -72,7 +84,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.done(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("load").Inc()
+		if a.deps.Unexpected != nil {
+			a.deps.Unexpected.Inc()
+		}
 	}
 }
 
@@ -101,13 +115,13 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		}
 		a.span.RecordError(err)
 		a.span.SetStatus(codes.Error, err.Error())
-		a.deps.Metrics.Loads.WithLabelValues("error").Inc()
+		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
 		a.corrupt(err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {
-		a.deps.Metrics.Loads.WithLabelValues("ok").Inc()
+		a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	}
