@@ -50,7 +50,7 @@ func TestSimWithDroppedBatches(t *testing.T) {
 	defer cancel()
 	rep, err := sim.Run(ctx, nc, cfg)
 	require.NoError(t, err)
-	require.NoError(t, rep.Err())
+	require.NoError(t, rep.Err(), "first failures: %v", rep.Failures)
 	require.Positive(t, rep.DroppedBatches, "1% of %d batches", rep.Batches)
 	require.GreaterOrEqual(t, rep.Resyncs, 1)
 	require.Zero(t, rep.Missing+rep.MissingReleases+rep.DuplicateReleases+rep.UnknownReleases+rep.VerifyFailed)

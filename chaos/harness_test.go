@@ -12,9 +12,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -26,6 +28,7 @@ import (
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -326,4 +329,36 @@ func (r *rig) allLoadable(from, to int) (int, error) {
 		}
 	}
 	return n, nil
+}
+
+// metricSum scrapes the node's /metrics (it must run with --http
+// 127.0.0.1:0) and sums every sample of the metric name, labels ignored.
+func (p *proc) metricSum(t *testing.T, name string) float64 {
+	t.Helper()
+	var addr string
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		m := regexp.MustCompile(`admin http (\S+)`).FindStringSubmatch(p.out.String())
+		if m == nil {
+			return errors.New("the node has not printed its admin address")
+		}
+		addr = m[1]
+		return nil
+	})
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	sum := 0.0
+	s := bufio.NewScanner(resp.Body)
+	s.Buffer(nil, 1<<20)
+	for s.Scan() {
+		line := s.Text()
+		if !strings.HasPrefix(line, name+" ") && !strings.HasPrefix(line, name+"{") {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[strings.LastIndexByte(line, ' ')+1:], 64)
+		require.NoError(t, err, "metric line %q", line)
+		sum += v
+	}
+	require.NoError(t, s.Err())
+	return sum
 }

@@ -4,6 +4,7 @@ package chaos_test
 
 import (
 	"fmt"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,8 +17,8 @@ import (
 // TestKill9AndRestart (chaos 1) injects a SIGKILL of a real `kvactors
 // serve` (its NATS server is the test's, so the engine's connection
 // survives) while 200 requests are live: a quarter finished and released,
-// a quarter just finished (their releases may be in flight or never sent),
-// half running with their blocks held. It proves: every finished request is released exactly once, by
+// a quarter just finished (the node, stopped, never reads them), half
+// running with their blocks held. It proves: every finished request is released exactly once, by
 // the node (before or after the kill) or as node_lost, no later than
 // lease + 1 s after the death; a
 // restarted node gets the engine back (register, new epoch) and stores
@@ -55,7 +56,7 @@ func TestKill9AndRestart(t *testing.T) {
 		return nil
 	})
 	// The first quarter finishes and is released by the node; the second
-	// finishes right before the SIGKILL, so its releases may never be sent.
+	// finishes right before the SIGKILL.
 	for i := range requests / 4 {
 		r.finish(i)
 	}
@@ -66,6 +67,9 @@ func TestKill9AndRestart(t *testing.T) {
 		}
 		return nil
 	})
+	// Stopped first, so these finishes are surely never applied: their
+	// releases can only come as node_lost.
+	require.NoError(t, node.cmd.Process.Signal(syscall.SIGSTOP))
 	for i := requests / 4; i < requests/2; i++ {
 		r.finish(i)
 	}
@@ -86,6 +90,7 @@ func TestKill9AndRestart(t *testing.T) {
 			nodeLost++
 		}
 	}
+	require.Equal(t, requests/4, nodeLost, "the finishes the node never read are freed as node_lost")
 	require.Zero(t, r.released(requests/2, requests), "a running request released")
 
 	restarted := time.Now()

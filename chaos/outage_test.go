@@ -59,8 +59,8 @@ func natsOutage(t *testing.T, lease time.Duration) {
 	port := first.Addr().(*net.TCPAddr).Port
 	dir := t.TempDir()
 	hello := testkit.Subscribe(t, testkit.Connect(t, first), "kvactors._node.n1.hello")
-	serve(t, "--nats", url, "--node-id", "n1", "--shm-dir", dir, "--pool-bytes", "256M", "--log-level", "error",
-		"--lease", lease.String())
+	node := serve(t, "--nats", url, "--node-id", "n1", "--shm-dir", dir, "--pool-bytes", "256M", "--log-level", "error",
+		"--lease", lease.String(), "--http", "127.0.0.1:0")
 	testkit.Recv(t, hello, 10*time.Second, "the node's hello")
 
 	nc, err := client.Dial(url, "sim")
@@ -103,9 +103,16 @@ func natsOutage(t *testing.T, lease time.Duration) {
 	require.NoError(t, rep.Err())
 	require.GreaterOrEqual(t, rep.Resyncs, 1, "the outage must show up as a resync")
 	require.Zero(t, rep.Missing+rep.MissingReleases+rep.DuplicateReleases+rep.UnknownReleases+rep.VerifyFailed)
+	// Every batch the node dropped belongs to an epoch it asked to resync.
+	dropped := node.metricSum(t, "kvactors_dropped_batches_total")
+	resyncs := node.metricSum(t, "kvactors_resyncs_total")
+	if dropped > 0 {
+		require.Positive(t, resyncs, "%v batches dropped without a resync", dropped)
+	}
 	if lease < outage {
 		require.Positive(t, rep.NodeLosses, "a %v outage outlasts a %v lease", outage, lease)
 	}
+	t.Logf("node: %v batches dropped, %v resyncs published", dropped, resyncs)
 	t.Logf("%d requests around a %v NATS outage, lease %v: %d resyncs, %d node losses, %d batches; %d chunks "+
 		"ready, %d stored, %d verified, %d excused by node_lost; releases %v", rep.Requests, outage, lease,
 		rep.Resyncs, rep.NodeLosses, rep.Batches, rep.ChunksReady, rep.ChunksStored, rep.VerifyOK,

@@ -41,6 +41,8 @@ type Client struct {
 	relGot   uint64    // releases received in the epoch
 	hbPrev   uint64    // the node's released count at the previous heartbeat of the epoch
 	hbPrevAt time.Time // when that reply came (zero: none yet this epoch)
+	tailSeq  uint64    // a seq a heartbeat found not applied yet (0: none)
+	tailAt   time.Time // when
 	batch    wire.Batch
 	body     []byte
 
@@ -295,6 +297,7 @@ func (c *Client) resyncLocked() {
 		"old_seq", c.seq, "requests", len(c.reqs))
 	c.resync = ""
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
+	c.tailSeq = 0
 	c.batch.Reset()
 	reqs := make([]*mreq, 0, len(c.reqs))
 	for _, r := range c.reqs {

@@ -473,3 +473,61 @@ func TestCloseDuringLeaseWait(t *testing.T) {
 	go func() { closed <- c.Close() }()
 	require.NoError(t, testkit.Recv(t, closed, time.Second, "Close during the lease wait"))
 }
+
+// TestConcurrentUse drives one client from several goroutines at once
+// (each its own requests, each flushing) while Stats and Resync are called
+// too: under -race this checks the documented safety, and every request
+// is released exactly once.
+func TestConcurrentUse(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	const workers, each = 4, 25
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				r := fmt.Sprintf("w%d-r%d", w, i)
+				c.Added(r, 8)
+				c.Blocks(r, 0, 0, []uint32{uint32(w*each + i + 1)})
+				c.Tokens(r, 4, 8)
+				_ = c.Flush()
+				c.Finished(r, false, 4, 8)
+				_ = c.Flush()
+				if i%10 == 0 {
+					_ = c.Stats()
+				}
+			}
+		})
+	}
+	wg.Go(func() { c.Resync() })
+	wg.Wait()
+	require.NoError(t, c.Flush())
+	seen := map[string]int{}
+	for range workers * each {
+		rel := testkit.Recv(t, rels.ch, 10*time.Second, "a release")
+		seen[rel.Request]++
+	}
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a release beyond one per request")
+	require.Len(t, seen, workers*each)
+	for r, n := range seen {
+		require.Equal(t, 1, n, "request %s", r)
+	}
+}
+
+// TestLostTailWithoutResyncMessage drops the last batch and every resync
+// message the node sends: the heartbeat replies alone (applied stays below
+// what was published) make the client resync.
+func TestLostTailWithoutResyncMessage(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.muteResync = true
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		DropBatch: func(seq uint64) bool { return seq == 2 }})
+	oneRequest(t, c, "r1")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1 after the client saw the lost tail")
+	require.Equal(t, "r1", rel.Request)
+	require.Equal(t, 1, c.Stats().Resyncs["lost_tail"])
+}

@@ -11,8 +11,10 @@
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
 //     batch per Flush, and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
-//     heartbeat reply counting more releases than arrived), on a new boot
-//     and after its own NATS reconnect;
+//     heartbeat reply counting more releases than arrived), on a lost tail
+//     the node's resync did not report (a batch still unapplied a heartbeat
+//     period later), on a new boot or re-register, on a batch the NATS
+//     client refused, and after its own NATS reconnect;
 //   - releases: a request that finished or was preempted is free only on a
 //     `released` for the current epoch, or (reason node_lost) once its node
 //     is lost and the lease has passed. Each such event is answered exactly

@@ -37,6 +37,7 @@ type fakeNode struct {
 	resyncs     int
 	unregisters int
 	holdRelease func(rseq uint64) bool // true: count the release but do not publish it
+	muteResync  bool                   // resyncs are counted but never reach the engine
 
 	subs []*nats.Subscription
 	stop chan struct{}
@@ -166,6 +167,9 @@ func (f *fakeNode) onHeartbeat(m *nats.Msg) {
 func (f *fakeNode) gapLocked(engine string, expected, got uint64) {
 	f.gapped = true
 	f.resyncs++
+	if f.muteResync {
+		return
+	}
 	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbResync), messages.Resync{Node: f.node,
 		Boot: f.boot, Epoch: f.epoch, Expected: expected, Got: got, Reason: messages.ResyncGap})
 }

@@ -96,8 +96,8 @@ func (c *Client) onReleased(m *nats.Msg) {
 	c.freeLocked(r, Release{Request: rel.Request, Reason: rel.Reason, Epoch: rel.Epoch})
 }
 
-// freeLocked answers r's wait: delivered at once, or once the fence of a
-// lost node has passed (until then a late copy of the old node may run).
+// freeLocked answers one of r's owed releases and hands it to the engine's
+// callback (node_lost frees come here only after the lease wait).
 func (c *Client) freeLocked(r *mreq, rel Release) {
 	r.owed--
 	switch {
@@ -344,6 +344,23 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
 			"node_published", c.hbPrev)
 		c.wantResyncLocked("lost_release")
+	}
+	// A batch still not applied a whole period after a heartbeat carried
+	// its seq is a lost tail whose resync (the node's answer to that
+	// heartbeat) did not arrive.
+	if c.tailSeq > 0 {
+		switch {
+		case rep.Applied >= c.tailSeq:
+			c.tailSeq = 0
+		case time.Since(c.tailAt) >= period:
+			c.cfg.Log.Warn("client: lost tail", "engine", c.cfg.Engine, "epoch", epoch, "applied", rep.Applied,
+				"published", c.tailSeq)
+			c.wantResyncLocked("lost_tail")
+			c.tailSeq = 0
+		}
+	}
+	if c.tailSeq == 0 && rep.Applied < seq {
+		c.tailSeq, c.tailAt = seq, time.Now()
 	}
 	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }

@@ -216,6 +216,13 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 	t.Cleanup(func() { _ = n.Close(context.Background()) }) // before the server goes
 	testkit.Recv(t, dev.started, 10*time.Second, "copy b after NATS is back")
 	require.False(t, n.Fenced())
+	// This client must be back (and resubscribed) before b's stored goes out.
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if !e.nc.IsConnected() {
+			return fmt.Errorf("test client not reconnected")
+		}
+		return e.nc.Flush()
+	})
 	dev.gate <- struct{}{}
 	testkit.NoRecv(t, stops, 10*time.Millisecond, "a fail-stop (no copy ran through the lease)")
 	// a's stored was published during the outage (buffered, maybe delivered

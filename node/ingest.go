@@ -41,11 +41,12 @@ type ingester struct {
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
 
-	gate    sync.RWMutex // take holds it shared; stop exclusively, to close the queues
-	stopped bool
-	budget  int64        // bytes the shard queues may hold
-	pending atomic.Int64 // bytes in the shard queues and workers
-	peak    atomic.Int64 // most pending ever
+	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
+	stopped   bool
+	budget    int64        // bytes the shard queues may hold
+	pending   atomic.Int64 // bytes in the shard queues and workers
+	discarded atomic.Int64 // messages dropped unread after stop
+	peak      atomic.Int64 // most pending ever
 
 	lostMu  sync.Mutex
 	lost    map[string]bool // engines that lost a batch at intake
@@ -118,6 +119,7 @@ func (in *ingester) take(m *nats.Msg) {
 	in.gate.RLock()
 	defer in.gate.RUnlock()
 	if in.stopped {
+		in.discarded.Add(1)
 		return
 	}
 	if !in.admit(size) {

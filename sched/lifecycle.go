@@ -64,8 +64,8 @@ func (r *Request) clearBlocks() {
 // Reset ends the request for an engine reset (reason engine_reset) or the
 // engine's end (engine_gone: unregister or expiry): queued copies are
 // cancelled, in-flight ones finish, and one release with reason is owed —
-// for engine_reset only if the request has GPU blocks tracked (PROTOCOL.md
-// "EventBatch"), for engine_gone always ("every request of the engine gets
+// for engine_reset only if the request has GPU blocks tracked or a release
+// still owed (PROTOCOL.md "EventBatch"), for engine_gone always ("every request of the engine gets
 // one released"). A release it already owed (finished, preempted) is
 // replaced, never added to. Further events are rejected. Resetting again, or
 // a request already released, adds nothing.
@@ -75,8 +75,12 @@ func (r *Request) Reset(reason string) Effects {
 	}
 	if !r.reset {
 		r.reset = true
+		// A release still owed (preempted or finished, waiting for a copy)
+		// is owed even when the block ids are already forgotten (finished
+		// after preempted forgets them).
+		owed := len(r.releases) > 0
 		r.releases = r.releases[:0]
-		if r.HasBlocks() || reason != messages.ReasonEngineReset {
+		if r.HasBlocks() || owed || reason != messages.ReasonEngineReset {
 			r.releases = append(r.releases, reason)
 		}
 	}

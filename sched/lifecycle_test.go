@@ -195,6 +195,26 @@ func TestLifecycleScenarios(t *testing.T) {
 			},
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
+		{
+			// Regression: finished after preempted forgets the block ids while
+			// both releases are still owed (a copy in flight); a reset then
+			// still owes one release, or the engine would wait for ever.
+			name: "engine reset of a finished-after-preempted request still releases",
+			rule: "engine reset",
+			lay:  oneGroup4, add: added(12),
+			ops: []op{
+				{evs: prefill3, want: want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3)}},
+				{evs: ev(preempted()), want: want{cancel: []JobID{1}, cursors: cur(3)}},
+				{evs: ev(finished(12, 12)), want: want{cursors: cur(3)}},
+				{noAdv: true, do: func(h *harness) {
+					require.False(h.t, h.req.HasBlocks())
+					e := h.record(h.req.Reset(messages.ReasonEngineReset))
+					h.check(-1, op{want: want{cancel: []JobID{1}}}, e)
+				}},
+				{done: 1, want: want{releases: released(messages.ReasonEngineReset), drop: true}},
+			},
+			after: storedOnce("0/0", "0/1", "0/2"),
+		},
 	})
 }
 

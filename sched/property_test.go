@@ -352,8 +352,9 @@ func (m *model) doReset() {
 	}
 	if !m.reset {
 		m.reset = true
+		hadOwed := len(m.owed) > 0 // a release still owed stays owed, as engine_reset
 		m.owed = m.owed[:0]
-		if slices.ContainsFunc(m.tracked, func(n int) bool { return n > 0 }) {
+		if hadOwed || slices.ContainsFunc(m.tracked, func(n int) bool { return n > 0 }) {
 			m.owed = append(m.owed, owed{reason: messages.ReasonEngineReset, waitFor: slices.Clone(m.inflight)})
 		}
 	}

@@ -276,6 +276,9 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	}
 	deps := a.deps.Request
 	deps.Epoch, deps.Releases = a.seq.Epoch(), a.deps.Releases
+	if deps.Owed != nil {
+		deps.Owed.Add(1) // before the actor exists: a shutdown count never misses it
+	}
 	pid := c.Spawn(request.Props(deps, *added, ctx))
 	e := &entry{id: added.Request, epoch: deps.Epoch, pid: pid}
 	a.live[added.Request] = e

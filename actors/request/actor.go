@@ -53,7 +53,9 @@ type Deps struct {
 	// logged; they are always counted).
 	Reject *ratelog.Log
 	// Owed, when set, counts requests not yet released for good (the node
-	// reports them when a shutdown times out).
+	// reports them when a shutdown times out). The spawner adds the request
+	// before spawning it (so none is missed while its actor starts); the
+	// actor takes it off with its final release.
 	Owed *atomic.Int64
 }
 
@@ -93,9 +95,6 @@ func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.RequestsLive.Inc()
-		if a.deps.Owed != nil {
-			a.deps.Owed.Add(1)
-		}
 	case *actor.Stopping, *actor.Restarting:
 	case *actor.Stopped:
 		a.deps.Metrics.RequestsLive.Dec()
