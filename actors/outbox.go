@@ -22,6 +22,28 @@ type Outbox struct {
 	prefix string
 	log    *slog.Logger
 	now    func() time.Time
+	stamp  *KVStamp
+}
+
+// KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
+// the Kvactors-Node and Kvactors-Boot headers, so other nodes know whose
+// pool a batch describes, and each event's namespace. Observe, if set, sees
+// every stamped batch (the node keeps its key set for catch-ups with it).
+type KVStamp struct {
+	Node, Boot string
+	Namespace  func(engine string) string
+	Observe    func(engine string, events []messages.KVEvent)
+}
+
+// SetKVStamp stamps every later kv_events batch; call it before anything is
+// published.
+func (o *Outbox) SetKVStamp(s *KVStamp) { o.stamp = s }
+
+func (o *Outbox) kvHeader() nats.Header {
+	if o.stamp == nil {
+		return nil
+	}
+	return nats.Header{messages.HeaderNode: []string{o.stamp.Node}, messages.HeaderBoot: []string{o.stamp.Boot}}
 }
 
 // NewOutbox publishes on nc under prefix.
@@ -61,7 +83,19 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	o.send(ctx, o.Subject(engine, messages.VerbKVEvents), wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
+	if o.stamp != nil && o.stamp.Namespace != nil {
+		ns := o.stamp.Namespace(engine)
+		for i := range events {
+			if events[i].Namespace == "" {
+				events[i].Namespace = ns
+			}
+		}
+	}
+	if o.stamp != nil && o.stamp.Observe != nil {
+		o.stamp.Observe(engine, events)
+	}
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents),
+		wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}), o.kvHeader())
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":
@@ -72,10 +106,11 @@ func (o *Outbox) AllBlocksCleared(ctx context.Context, engine string) {
 		Type   string `json:"type"`
 		Medium string `json:"medium"`
 	}
-	o.publish(ctx, o.Subject(engine, messages.VerbKVEvents), struct {
+	data, _ := json.Marshal(struct { // plain strings and a float: cannot fail
 		TS     float64   `json:"ts"`
 		Events []cleared `json:"events"`
 	}{float64(o.now().UnixNano()) / 1e9, []cleared{{messages.KVAllBlocksCleared, messages.MediumCPU}}})
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
 }
 
 // Reply answers a request/reply message (no-op without a reply subject).
@@ -95,9 +130,15 @@ func (o *Outbox) publish(ctx context.Context, subject string, v any) {
 }
 
 func (o *Outbox) send(ctx context.Context, subject string, data []byte) {
-	msg := &nats.Msg{Subject: subject, Data: data}
+	o.sendHeader(ctx, subject, data, nil)
+}
+
+func (o *Outbox) sendHeader(ctx context.Context, subject string, data []byte, h nats.Header) {
+	msg := &nats.Msg{Subject: subject, Data: data, Header: h}
 	if trace.SpanContextFromContext(ctx).IsValid() {
-		msg.Header = nats.Header{}
+		if msg.Header == nil {
+			msg.Header = nats.Header{}
+		}
 		tracing.Inject(ctx, msg.Header)
 	}
 	if err := o.nc.PublishMsg(msg); err != nil {

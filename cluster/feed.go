@@ -16,12 +16,11 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// Headers a node sets on every P.E.kv_events it publishes, so other nodes
-// know whose pool the events describe (the body is vLLM's and names no
-// node; routers ignore headers they do not know).
+// Headers a node sets on every P.E.kv_events it publishes (the protocol
+// words are messages.HeaderNode and messages.HeaderBoot).
 const (
-	HeaderNode = "Kvactors-Node"
-	HeaderBoot = "Kvactors-Boot"
+	HeaderNode = messages.HeaderNode
+	HeaderBoot = messages.HeaderBoot
 )
 
 // FeedStats counts what the feed refused, beside the index's own Stats.

@@ -87,6 +87,21 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.NodeID, "node-id", "", "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
 	dur(&c.Lease, "lease", DefaultLease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
 	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
+	// cluster
+	boolean := func(p *bool, name string, usage string) {
+		v, key := env(name, "false", usage)
+		b, err := strconv.ParseBool(v)
+		if err != nil && firstErr == nil {
+			firstErr = fmt.Errorf("%w: %s=%q: %v", ErrConfig, key, v, err)
+		}
+		fs.BoolVar(p, name, b, usage)
+	}
+	boolean(&c.Cluster, "cluster", "join a cluster: claim engines in the ownership bucket (needs JetStream), serve and fetch chunks across nodes")
+	str(&c.StandbyFor, "standby-for", "", "stand by for this node: take its engines over when its ownership lease lapses (implies --cluster)")
+	str(&c.ClusterBucket, "cluster-bucket", "kvactors_owners", "ownership KV bucket")
+	num(&c.ClusterReplicas, "cluster-replicas", 1, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
+	num(&c.FetchWindow, "fetch-window", 4, "fetch pieces in flight per remote chunk")
+	dur(&c.FetchTimeout, "fetch-timeout", 5*time.Second, "bound on each fetch piece's round trip")
 	// Secrets come from the environment only, never a flag (ps would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 	return flags, firstErr

@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -36,9 +38,10 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
 	pool := n.sharedPool()
+	ns := n.namespaceOf(engineID)
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		st, _ := pool.Lookup(k)
-		return st == hostpool.Ready
+		return st == hostpool.Ready || n.heldElsewhere(ns, k)
 	})
 	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {
@@ -80,6 +83,27 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
+	if remote := n.remoteKeys(engineID, keys); len(remote) > 0 {
+		// Fetching takes round trips: off the ingest worker, holding the
+		// device open as a load does.
+		rec.loads.Add(1)
+		go func() {
+			defer rec.loads.Done()
+			fetched, err := n.fetchRemote(ctx, engineID, remote)
+			if err != nil {
+				fail(fmt.Errorf("load %q: %w", req.Request, err))
+				return
+			}
+			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, fail)
+		}()
+		return
+	}
+	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, fail)
+}
+
+// startLoad pins the keys and hands the copy to a load actor.
+func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
+	keys []messages.Key, reply string, remote int, fail func(error)) {
 	pool := n.sharedPool()
 	slots, err := pool.PrepareLoad(keys)
 	if err != nil {
@@ -94,8 +118,9 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
-		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
-			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: m.Reply, Ctx: ctx}))
+		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
+			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: reply, Ctx: ctx,
+			RemoteChunks: remote}))
 }
 
 func (n *Node) sharedPool() *hostpool.Shared {

@@ -64,6 +64,8 @@ type Node struct {
 	ln     net.Listener
 	ready  atomic.Bool
 	closed atomic.Bool
+
+	cl *clusterNode // nil unless clustered (node/cluster.go)
 }
 
 // Start brings a node up: NATS, backend and arena, actors, subscriptions,
@@ -97,6 +99,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
+	if err := n.startCluster(); err != nil {
+		return nil, err
+	}
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
@@ -112,8 +117,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	go n.sessionLoop(loops)
 	go n.pinger(loops)
 	go n.watchdog(loops)
+	if n.cl != nil {
+		n.loops.Add(1)
+		go n.ownershipLoop(loops)
+	}
 	n.ready.Store(true)
-	n.log.Info("kvactors ready", "boot", n.boot, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
+	n.log.Info("kvactors ready", "boot", n.boot, "cluster", cfg.Clustered(), "standby_for", cfg.StandbyFor, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
 		"pool_bytes", cfg.PoolBytes, "http", n.HTTPAddr())
 	return n, nil
 }
@@ -319,6 +328,7 @@ func (n *Node) Close(ctx context.Context) error {
 		n.ingest.stop()
 	}
 	n.retireAll(ctx)
+	n.closeCluster(ctx)
 	undelivered := n.owed.Load()
 	if undelivered == 0 && n.nc != nil {
 		// Published is not delivered until the server has it; with NATS down,
@@ -351,6 +361,9 @@ func (n *Node) Close(ctx context.Context) error {
 }
 
 func (n *Node) teardown() {
+	if n.cl != nil && n.cl.feed != nil && !n.closed.Load() {
+		n.cl.feed.Close() // a failed Start
+	}
 	if n.http != nil {
 		_ = n.http.Close()
 	}

@@ -191,6 +191,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 			return
 		}
 		n.log.Info("engine unregistered", "engine", engineID, "released", released)
+		n.releaseClaim(engineID)
 		n.outbox.Reply(ctx, m.Reply, messages.UnregisterReply{OK: true, Released: released, Node: n.cfg.NodeID,
 			Boot: n.boot})
 	}()
@@ -217,6 +218,7 @@ func (n *Node) expired(engineID string) {
 			return
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)
+		n.releaseClaim(engineID)
 	}()
 }
 

@@ -84,6 +84,10 @@ func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 		b = strconv.AppendInt(b, int64(ev.GroupIdx), 10)
 		b = append(b, `,"medium":`...)
 		b = AppendString(b, ev.Medium)
+		if ev.Namespace != "" {
+			b = append(b, `,"namespace":`...)
+			b = AppendString(b, ev.Namespace)
+		}
 		b = append(b, '}')
 	}
 	return append(b, "]}"...)
