@@ -53,6 +53,9 @@ func (n *Node) startCluster() error {
 		return nil
 	}
 	cfg := n.cfg.clusterConfig(n.boot)
+	if err := cfg.Validate(); err != nil { // fills the defaults
+		return err
+	}
 	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: &heldKeys{m: map[holders.NSKey]bool{}}}
 	n.cl = c
 	js, err := jetstream.New(n.nc)
@@ -366,4 +369,13 @@ func (n *Node) announceEvicted(engine string, keys []messages.Key) {
 	}
 	n.metrics.Evictions.Add(float64(len(keys)))
 	n.outbox.KVEvents(context.Background(), engine, kv)
+}
+
+// ClusterNodes lists the other nodes this node's holders index knows (nil
+// when not clustered).
+func (n *Node) ClusterNodes() []holders.NodeInfo {
+	if n.cl == nil || n.cl.feed == nil {
+		return nil
+	}
+	return n.cl.feed.Nodes()
 }

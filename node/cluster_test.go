@@ -1,0 +1,229 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// clusterLease is the lease of the cluster tests: the ownership bucket
+// needs at least 1 s.
+const clusterLease = time.Second
+
+// kvCluster is n nodes, n<i> on server i of a NATS cluster, sharing one shm
+// directory (so any node can serve any engine unless its spec names one).
+type kvCluster struct {
+	t     *testing.T
+	nats  *testkit.Cluster
+	dir   string
+	nodes []*env
+}
+
+func startCluster(t *testing.T, n int, mutate ...func(i int, c *node.Config)) *kvCluster {
+	t.Helper()
+	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
+	for i := range n {
+		kc.nodes = append(kc.nodes, kc.startNode(i%3, fmt.Sprintf("n%d", i), mutate...))
+	}
+	kc.waitSeen()
+	return kc
+}
+
+// startNode starts node id on server s (its client connection there too).
+func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.Config)) *env {
+	t := kc.t
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := node.Config{NATSURL: kc.nats.URLs(s), NodeID: id, Cluster: true, ClusterReplicas: 3, Lease: clusterLease,
+		ShmDir: kc.dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mutate {
+		m(s, &cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
+	require.NoError(t, err, "start node %s", id)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return &env{t: t, node: n, nc: kc.nats.Connect(s), reg: reg, dir: kc.dir}
+}
+
+// waitSeen waits until every node's feed has heard every other node.
+func (kc *kvCluster) waitSeen() {
+	testkit.Eventually(kc.t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, e := range kc.nodes {
+			if got := len(e.node.ClusterNodes()); got < len(kc.nodes)-1 {
+				return fmt.Errorf("node %s sees %d other nodes", e.node.NodeID(), got)
+			}
+		}
+		return nil
+	})
+}
+
+func decisions(e *env, action string) float64 {
+	return e.counter("kvactors_cluster_ownership_decisions_total", action)
+}
+
+// counter sums a counter of the node's registry: the series with a label
+// of value label, or every series when label is "".
+func (e *env) counter(name, label string) float64 {
+	mfs, err := e.reg.Gather()
+	require.NoError(e.t, err)
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				match = match || l.GetValue() == label
+			}
+			if match {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// collect publishes one request and returns the channel of every reply.
+func collect(t *testing.T, nc *nats.Conn, subject string, body any) <-chan *nats.Msg {
+	t.Helper()
+	data, err := json.Marshal(body)
+	require.NoError(t, err)
+	inbox := nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.PublishRequest(subject, inbox, data))
+	return ch
+}
+
+// Concurrent registers of one engine reach all three nodes at once (one
+// publish, three subscribers on three servers): exactly one node answers
+// and serves it, the two others stay silent and count the message; then
+// every other message of the engine is answered by that node only.
+func TestClusterConcurrentRegistersEndWithOneOwner(t *testing.T) {
+	kc := startCluster(t, 3)
+	for round := range 4 {
+		id := fmt.Sprintf("e%d", round)
+		te := kc.nodes[0].newEngine(id, defaultOpts())
+		before := make([]float64, 3)
+		for i, e := range kc.nodes {
+			before[i] = decisions(e, "ignore")
+		}
+		replies := collect(t, kc.nodes[round%3].nc, "kvactors."+id+".register", te.spec)
+		first := testkit.Recv(t, replies, 10*time.Second, "the register reply")
+		var r messages.RegisterReply
+		require.NoError(t, json.Unmarshal(first.Data, &r))
+		require.True(t, r.OK, r.Error)
+		// The two losers decide (ignore) within the claim's round trips.
+		testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+			ignored := 0
+			for i, e := range kc.nodes {
+				if decisions(e, "ignore") > before[i] {
+					ignored++
+				}
+			}
+			if ignored < 2 {
+				return fmt.Errorf("%d nodes decided to ignore", ignored)
+			}
+			return nil
+		})
+		owners := 0
+		for _, e := range kc.nodes {
+			for _, eng := range e.node.Engines() {
+				if eng == id {
+					owners++
+					require.Equal(t, r.Node, e.node.NodeID(), "the node that answered serves the engine")
+				}
+			}
+		}
+		require.Equal(t, 1, owners, "engine %s registered on exactly one node", id)
+		testkit.NoRecv(t, replies, 200*time.Millisecond, "a second register reply")
+
+		// A lookup is answered by the owner alone.
+		lookups := collect(t, kc.nodes[(round+1)%3].nc, "kvactors."+id+".lookup", map[string]any{"hashes": []string{hash("x", 0)}})
+		var lr messages.LookupReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, lookups, 5*time.Second, "lookup reply").Data, &lr))
+		require.Empty(t, lr.Error)
+		require.Equal(t, r.Node, lr.Node)
+		testkit.NoRecv(t, lookups, 200*time.Millisecond, "a second lookup reply")
+	}
+}
+
+// A register naming another node than the live owner is refused by the
+// owner, naming itself; no other node answers, and the engine is not reset.
+func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	kc := startCluster(t, 3)
+	te := kc.nodes[1].newEngine("e1", defaultOpts())
+	te.spec.Node = "n1"
+	te.register()
+	other := te.spec
+	other.Node = "n2"
+	replies := collect(t, kc.nodes[0].nc, "kvactors.e1.register", other)
+	var r messages.RegisterReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 5*time.Second, "refusal").Data, &r))
+	require.False(t, r.OK)
+	require.Equal(t, "n1", r.Node)
+	require.Contains(t, r.Error, "owned by node n1")
+	testkit.NoRecv(t, replies, 300*time.Millisecond, "a second answer")
+	require.Equal(t, []string{"e1"}, kc.nodes[1].node.Engines())
+	require.Empty(t, kc.nodes[2].node.Engines())
+}
+
+// A prefix stored through node A is counted by lookup on node C and loads
+// byte-identically through C: fetched over P._node.n0.fetch (remote_chunks),
+// verified, stored in C's pool and copied to C's engine.
+func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	other := kc.nodes[2].newEngine("eo", defaultOpts())
+	other.spec.Node, other.spec.Namespace = "n2", "other"
+	a.register()
+	c.register()
+	other.register()
+
+	hs := []string{hash("x", 0), hash("x", 1), hash("x", 2), hash("x", 3)}
+	for i := range 4 {
+		a.fill(0, messages.BlockID(40+i), 77)
+	}
+	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41, 42, 43), tokensEv("r", 16, 16))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 16 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	require.Equal(t, 0, other.lookup(hs), "another namespace does not see the prefix")
+	r := c.loadInto("rc", hs, 16, []int{2, 3, 4, 5})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, "n2", r.Node)
+	require.Equal(t, 4, r.RemoteChunks)
+	for i := range 4 {
+		require.True(t, bytes.Equal(a.block(0, messages.BlockID(40+i)), c.block(0, messages.BlockID(2+i))),
+			"block %d loaded on C equals the one stored on A", i)
+	}
+	// Now in C's pool: a second load is local.
+	r = c.loadInto("rc2", hs, 16, []int{6, 7, 8, 9})
+	require.True(t, r.OK, r.Error)
+	require.Zero(t, r.RemoteChunks)
+	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_bytes_total", ""))
+}
