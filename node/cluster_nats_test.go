@@ -1,0 +1,114 @@
+package node_test
+
+import (
+	"bytes"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// One NATS server of the three stopped: the node and the engine that were
+// on it reconnect to the others (learnt from the server's INFO), the owner
+// keeps its claim (the bucket has three replicas), the engine resyncs and
+// its requests are released once, a new engine is claimed, and a prefix
+// stored before the stop still loads byte-identically through another node.
+func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
+	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
+	for i := range 3 {
+		// Node i knows only server i: it must fail over by discovery.
+		kc.nodes = append(kc.nodes, kc.startNode(i, fmt.Sprintf("n%d", i), func(s int, c *node.Config) {
+			c.NATSURL = kc.nats.URL(s)
+		}))
+	}
+	kc.waitSeen()
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a.register()
+	hs := []string{hash("s", 0), hash("s", 1)}
+	a.fill(0, 30, 5)
+	a.fill(0, 31, 5)
+	a.send(added("r1", 8), hashesEv("r1", 0, hs...), blocksEv("r1", 0, 0, 30, 31), tokensEv("r1", 8, 8))
+	recv(t, a.stored, "stored before the stop")
+	a.send(added("r2", 8), hashesEv("r2", 0, hash("t", 0), hash("t", 1)), blocksEv("r2", 0, 0, 32, 33), tokensEv("r2", 8, 8))
+	recv(t, a.stored, "r2 stored before the stop")
+
+	kc.nats.Stop(0)
+	stopped := time.Now()
+	testkit.Eventually(t, 15*time.Second, 20*time.Millisecond, func() error {
+		if kc.nodes[0].counter("kvactors_nats_events_total", "reconnect") < 1 {
+			return fmt.Errorf("node n0 has not reconnected")
+		}
+		if err := kc.nodes[0].node.Ready(); err != nil {
+			return fmt.Errorf("node n0: %w", err)
+		}
+		if !a.e.nc.IsConnected() || a.e.nc.Stats().Reconnects < 1 {
+			return fmt.Errorf("engine not reconnected")
+		}
+		return nil
+	})
+	t.Logf("node n0 reconnected %v after its server stopped", time.Since(stopped))
+	// n0 resyncs its engine after the reconnect; the engine starts a new
+	// epoch and re-announces its live request.
+	var rs messages.Resync
+	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
+		select {
+		case rs = <-a.resync:
+			return nil
+		default:
+			a.send(added("lost", 4)) // a batch of the old epoch asks for the resync again
+			return fmt.Errorf("no resync yet")
+		}
+	})
+	require.Equal(t, "n0", rs.Node, "the same node, still the owner")
+	require.Equal(t, kc.nodes[0].node.Boot(), rs.Boot)
+	// The claim survived: n0 still answers the engine's heartbeats (which
+	// keep its engine lease) two ownership leases after the stop.
+	testkit.Eventually(t, 5*time.Second, 50*time.Millisecond, func() error {
+		var hb messages.HeartbeatReply
+		if err := jsonUnmarshal(a.request("heartbeat", messages.HeartbeatRequest{Epoch: a.epoch, Seq: a.seq}), &hb); err != nil {
+			return err
+		}
+		require.Equal(t, "n0", hb.Node)
+		if d := time.Since(stopped); d < 2*clusterLease {
+			return fmt.Errorf("only %v since the stop", d)
+		}
+		return nil
+	})
+	require.Equal(t, []string{"ea"}, kc.nodes[0].node.Engines(), "n0 kept its engine")
+	require.Zero(t, kc.nodes[0].counter("kvactors_cluster_ownership_fenced_total", ""), "no keep-alive lost its claim")
+	a.epoch, a.seq = "ep2", 0
+	a.send(added("r2", 8), hashesEv("r2", 0, hash("t", 0), hash("t", 1)), blocksEv("r2", 0, 0, 32, 33), tokensEv("r2", 8, 8))
+	a.send(finishedEv("r2", false, 8, 8))
+	// The old epoch's requests are released once (engine_reset, the new
+	// epoch re-announced r2), then r2 of the new epoch once (finished).
+	var got []messages.Released
+	for range 3 {
+		got = append(got, recv(t, a.released, "release"))
+	}
+	require.ElementsMatch(t, []messages.Released{{Request: "r1", Reason: "engine_reset"},
+		{Request: "r2", Reason: "engine_reset"}, {Request: "r2", Reason: "finished"}}, got)
+	none(a, a.released, "a further release")
+
+	// An engine registered after the stop (the bucket lost a replica) is
+	// claimed, and the prefix stored before the stop loads through n2.
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	c.register()
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("n2 counts %d tokens", got)
+		}
+		return nil
+	})
+	r := c.loadInto("rc", hs, 8, []int{1, 2})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	require.True(t, bytes.Equal(a.block(0, 30), c.block(0, 1)))
+	require.True(t, bytes.Equal(a.block(0, 31), c.block(0, 2)))
+}
