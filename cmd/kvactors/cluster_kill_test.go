@@ -115,7 +115,7 @@ func TestClusterKilledNodeIsTakenOverByItsStandby(t *testing.T) {
 		// the request timeout: short, so the takeover is seen soon after.
 		c, err := client.Connect(ctx, enc, client.Config{Engine: id, Spec: spec, OnReleased: rel.add,
 			RequestTimeout: 300 * time.Millisecond,
-			Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			Log:            slog.New(slog.NewTextHandler(io.Discard, nil))})
 		cancel()
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = c.Close() })
