@@ -19,6 +19,7 @@ commands:
   serve     run a node (embedded NATS unless --nats)
   demo      run a node and a simulated engine, print what happened, check every byte
   bench     measure event throughput, latency, copy bandwidth and scale
+  nodes     list the nodes of a cluster (node, boot, engines, pool and disk, last heartbeat)
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
   version   print the version
 
@@ -38,6 +39,8 @@ func main() {
 		code = demo(args)
 	case "bench":
 		code = bench(args)
+	case "nodes":
+		code = nodes(args)
 	case "flags":
 		code = flagsTable(args)
 	case "version", "--version", "-v":
