@@ -38,6 +38,7 @@ type demoOptions struct {
 	seed      uint64
 	quick     bool
 	logLevel  string
+	cluster   int // >0: the cluster demo (cluster/demo)
 }
 
 func demo(args []string) int { return runDemo(args, os.Stdout, os.Stderr) }
@@ -58,6 +59,9 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	if o.cluster > 0 {
+		return runClusterDemo(ctx, o, log, stdout, stderr)
+	}
 	if err := runDemoWith(ctx, o, log, stdout, stderr); err != nil {
 		fmt.Fprintln(stderr, "kvactors demo:", err)
 		return 1
@@ -81,6 +85,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the token streams, lengths and fates")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 5 seconds: fewer, shorter requests")
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level of the node and engines: debug, info, warn, error, off")
+	fs.IntVar(&o.cluster, "cluster", 0, "run N nodes on an N-server NATS cluster instead (cross-node hits, integrity of every remote byte)")
 	if err := fs.Parse(args); err != nil {
 		return o, 2 // flag printed the problem (or the help)
 	}
