@@ -227,3 +227,41 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	require.Zero(t, r.RemoteChunks)
 	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_bytes_total", ""))
 }
+
+// The holder goes away between lookup and load (its fetch server is gone
+// before the lease drops it from the index): the load fails with an error
+// naming the key, nothing is copied into the engine's blocks, and the slots
+// reserved for the fetch are freed (a later store of the prefix works).
+func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	a.register()
+	c.register()
+	hs := []string{hash("g", 0), hash("g", 1)}
+	a.fill(0, 40, 9)
+	a.fill(0, 41, 9)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
+	before := append([]byte(nil), c.block(0, 2)...)
+	r := c.loadInto("rc", hs, 8, []int{2, 3})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, "fetch key m/"+hs[0])
+	require.Contains(t, r.Error, "from node n0")
+	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
+	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_failures_total", ""))
+	// The reserved slots were freed: C stores the prefix itself.
+	c.fill(0, 10, 3)
+	c.fill(0, 11, 3)
+	c.send(added("own", 8), hashesEv("own", 0, hs...), blocksEv("own", 0, 0, 10, 11), tokensEv("own", 8, 8))
+	recv(t, c.stored, "stored by C after the failed fetch")
+}
