@@ -18,6 +18,7 @@ import (
 	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/cluster/holders"
 	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -34,6 +35,7 @@ type clusterNode struct {
 	subs    []*nats.Subscription
 	keys    *heldKeys
 	nsOf    sync.Map // engine id → namespace, set at register
+	recent  recentChunksCache
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -283,7 +285,10 @@ func (n *Node) releaseClaim(id string) {
 }
 
 // readChunk serves a chunk of the pool to another node: the whole slot,
-// pinned while it is copied out, and its CRC-32C.
+// copied out while pinned, and its CRC-32C. A fetch asks for a chunk piece
+// by piece (each under max_payload), so the last few chunks read are kept,
+// for as long as their key stays ready in the same slot: a 4 MiB chunk is
+// then copied and summed once per fetch, not once per piece.
 //
 // TODO(pool v2): the checksum is taken here, at the fetch boundary; once
 // the pool keeps a CRC per chunk taken when it was copied from the device,
@@ -296,6 +301,15 @@ func (n *Node) readChunk(ns string, key messages.Key) ([]byte, uint32, error) {
 	if pool == nil {
 		return nil, 0, fmt.Errorf("%w: no pool", cluster.ErrNoChunk)
 	}
+	c := &n.cl.recent
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, slot := pool.Lookup(key)
+	for i := range c.chunks {
+		if e := &c.chunks[i]; e.key == key && st == hostpool.Ready && e.slot == slot {
+			return e.data, e.crc, nil
+		}
+	}
 	keys := []messages.Key{key}
 	slots, err := pool.PrepareLoad(keys)
 	if err != nil {
@@ -304,7 +318,28 @@ func (n *Node) readChunk(ns string, key messages.Key) ([]byte, uint32, error) {
 	defer pool.CompleteLoad(keys)
 	off := int64(slots[0]) * sb
 	b := slices.Clone(n.arena.Bytes()[off : off+sb])
-	return b, cluster.CRC32C(b), nil
+	crc := cluster.CRC32C(b)
+	if len(c.chunks) == recentChunks {
+		c.chunks = c.chunks[1:]
+	}
+	c.chunks = append(c.chunks, servedChunk{key: key, slot: slots[0], data: b, crc: crc})
+	return b, crc, nil
+}
+
+// recentChunks bounds the chunks a node keeps for the pieces of fetches in
+// flight (a fetch client keeps FetchWindow pieces of one chunk in flight).
+const recentChunks = 4
+
+type servedChunk struct {
+	key  messages.Key
+	slot hostpool.Slot
+	data []byte
+	crc  uint32
+}
+
+type recentChunksCache struct {
+	mu     sync.Mutex
+	chunks []servedChunk // oldest first
 }
 
 // heldKeys is this node's (namespace, key) set as its kv_events announced
