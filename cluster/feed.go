@@ -213,7 +213,13 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		return
 	}
 	f.mu.Lock()
-	_, err = f.x.ApplyKVEvents(node, boot, engine, b)
+	cleared, err := f.x.ApplyKVEvents(node, boot, engine, b)
+	if cleared {
+		// The index dropped every key of the node (a router's clear names
+		// one engine, the pool is the node's): read its key set again at
+		// its next heartbeat.
+		f.pending[node] = true
+	}
 	f.mu.Unlock()
 	if err != nil {
 		f.metrics.FeedRejected.WithLabelValues("refused").Inc()

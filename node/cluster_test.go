@@ -226,6 +226,24 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	require.True(t, r.OK, r.Error)
 	require.Zero(t, r.RemoteChunks)
 	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_bytes_total", ""))
+
+	// A second engine registers on A: its AllBlocksCleared makes the other
+	// nodes drop A's keys, and read A's key set again (catch-up), so B
+	// counts the prefix held only by A.
+	b := kc.nodes[1].newEngine("eb", defaultOpts())
+	b.spec.Node, b.spec.Namespace = "n1", "m"
+	b.register()
+	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok")
+	a2 := kc.nodes[0].newEngine("ea2", defaultOpts())
+	a2.spec.Node, a2.spec.Namespace = "n0", "m"
+	a2.register()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok"); got <= catchUps {
+			return fmt.Errorf("no catch-up of A by B after A's clear")
+		}
+		return nil
+	})
+	require.Equal(t, 16, b.lookup(hs), "B counts A's prefix after the catch-up")
 }
 
 // The holder goes away between lookup and load (its fetch server is gone
