@@ -27,11 +27,10 @@ type Outbox struct {
 
 // KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
 // the Kvactors-Node and Kvactors-Boot headers, so other nodes know whose
-// pool a batch describes, and each event's namespace. Observe, if set, sees
-// every stamped batch (the node keeps its key set for catch-ups with it).
+// pool a batch describes. Observe, if set, sees every stamped batch (the
+// node keeps its key set for catch-ups with it).
 type KVStamp struct {
 	Node, Boot string
-	Namespace  func(engine string) string
 	Observe    func(engine string, events []messages.KVEvent)
 }
 
@@ -83,14 +82,6 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	if o.stamp != nil && o.stamp.Namespace != nil {
-		ns := o.stamp.Namespace(engine)
-		for i := range events {
-			if events[i].Namespace == "" {
-				events[i].Namespace = ns
-			}
-		}
-	}
 	if o.stamp != nil && o.stamp.Observe != nil {
 		o.stamp.Observe(engine, events)
 	}

@@ -22,10 +22,15 @@ func (g geometry) tokensPerChunk() int { return g.tpb * g.bpc }
 func (g geometry) hashesPerChunk() int { return g.tokensPerChunk() / g.tph }
 func (g geometry) segmentBytes() int64 { return int64(g.groups()) * int64(g.numBlocks) * g.blockBytes }
 
+// benchNamespace is shared by the generated engines: their requests share a
+// system prompt, and its chunks deduplicate across engines only within one
+// namespace (PROTOCOL.md "Isolation").
+const benchNamespace = "kvactors-bench"
+
 // spec is the EngineSpec of an engine with this geometry in segment shm.
 func (g geometry) spec(shm string) messages.EngineSpec {
 	s := messages.EngineSpec{TokensPerHash: g.tph, BlocksPerChunk: g.bpc, NumGPUBlocks: g.numBlocks,
-		Segments: []messages.Segment{{Shm: shm}}}
+		Segments: []messages.Segment{{Shm: shm}}, Namespace: benchNamespace}
 	for i, kind := range g.kinds {
 		gs := messages.GroupSpec{Kind: kind, TokensPerBlock: g.tpb, Regions: []messages.Region{{
 			Offset: int64(i) * int64(g.numBlocks) * g.blockBytes, BlockStride: g.blockBytes, BlockBytes: g.blockBytes}}}

@@ -109,7 +109,7 @@ func (r *rig) connect(name string) (*nats.Conn, error) {
 // every byte of it (a GPU's memory is resident; copies should not measure
 // tmpfs page allocation), connects and registers it.
 func (r *rig) engine(id string, geo geometry) (*nats.Conn, *shm.Segment, error) {
-	seg, err := shm.Create(r.cfg.ShmDir, r.prefix+"-"+id, geo.segmentBytes())
+	seg, err := shm.Create(r.cfg.ShmDir, id+"-"+r.prefix, geo.segmentBytes())
 	if err != nil {
 		return nil, nil, err
 	}

@@ -18,6 +18,9 @@ const cudaIPCHandleBytes = 64
 // maxShmNameBytes is NAME_MAX on Linux: a shm name is one file name.
 const maxShmNameBytes = 255
 
+// MaxNamespaceBytes bounds EngineSpec "namespace" (PROTOCOL.md "Isolation").
+const MaxNamespaceBytes = 128
+
 // DecodeSpec decodes the body of P.E.register and checks its structure
 // (PROTOCOL.md "EngineSpec"). It does not check that regions lie inside
 // their segments: that needs the segment sizes, which only the backend that
@@ -55,6 +58,10 @@ func decodeJSON(data []byte, v any) error {
 	return nil
 }
 
+// SpecError is a spec refusal found outside this package (it wraps
+// ErrBadSpec, so it counts as bad_spec).
+func SpecError(format string, args ...any) error { return specErr(format, args...) }
+
 func specErr(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadSpec, fmt.Sprintf(format, args...))
 }
@@ -71,6 +78,10 @@ func checkSpec(s *messages.EngineSpec, lim Limits) error {
 		return specErr("%d segments, want 1..%d", len(s.Segments), lim.MaxSegments)
 	case len(s.Groups) < 1 || len(s.Groups) > lim.MaxGroups:
 		return specErr("%d groups, want 1..%d", len(s.Groups), lim.MaxGroups)
+	case len(s.Namespace) > MaxNamespaceBytes:
+		return specErr("namespace is %d bytes, want 1..%d (or absent: the engine id)", len(s.Namespace), MaxNamespaceBytes)
+	case s.MaxModelLen < 0:
+		return specErr("max_model_len = %d, want >= 0 (0: num_gpu_blocks * the largest tokens_per_block)", s.MaxModelLen)
 	}
 	for i := range s.Segments {
 		if err := checkSegment(&s.Segments[i]); err != nil {
@@ -83,6 +94,33 @@ func checkSpec(s *messages.EngineSpec, lim Limits) error {
 		}
 	}
 	return nil
+}
+
+// CheckOwner applies the rules of PROTOCOL.md "Isolation" that need the
+// engine id, before anything is opened: every shm segment is named after
+// the engine (its id followed by '-' or '.': engine e1 may name e1-kv or
+// e1.kv, never e2-kv). The rest of the ownership rule (a regular file with
+// one link, inside the shm directory) is the shm backend's, at attach.
+func CheckOwner(engine string, s *messages.EngineSpec) error {
+	for i, seg := range s.Segments {
+		if seg.Shm == "" {
+			continue
+		}
+		rest, ok := strings.CutPrefix(seg.Shm, engine)
+		if !ok || rest == "" || (rest[0] != '-' && rest[0] != '.') {
+			return fmt.Errorf("segments[%d]: %w", i,
+				specErr("shm %q is not engine %q's: its name must start with %q or %q", seg.Shm, engine, engine+"-", engine+"."))
+		}
+	}
+	return nil
+}
+
+// Namespace is the spec's namespace: its "namespace", or the engine id.
+func Namespace(engine string, s *messages.EngineSpec) string {
+	if s.Namespace != "" {
+		return s.Namespace
+	}
+	return engine
 }
 
 func checkSegment(seg *messages.Segment) error {

@@ -153,3 +153,59 @@ func TestDecodeSpecErrorNamesThePath(t *testing.T) {
 	_, err := DecodeSpec(specWith(t, func(m map[string]any) { region(m, 1, 0)["block_bytes"] = 0 }), Limits{})
 	require.ErrorContains(t, err, "groups[1]: regions[0]: ")
 }
+
+// PROTOCOL.md "Isolation": engine e1 may name e1-kv or e1.kv, never e2-kv;
+// the check is on the name alone, before anything is opened.
+func TestCheckOwner(t *testing.T) {
+	for _, tc := range []struct {
+		engine, shm string
+		ok          bool
+	}{
+		{"e1", "e1-kv", true},
+		{"e1", "e1.kv", true},
+		{"e1", "e1-", true},
+		{"e1", "e1", false},
+		{"e1", "e2-kv", false},
+		{"e1", "e10-kv", false},
+		{"e1", "kvactors-e1", false},
+		{"e1", "E1-kv", false},
+		{"e1", "e1_kv", false},
+		{"vic", "vic-kv", true},
+		{"mal", "vic-kv", false},
+	} {
+		s := messages.EngineSpec{Segments: []messages.Segment{{Shm: tc.engine + "-ok"}, {Shm: tc.shm}}}
+		err := CheckOwner(tc.engine, &s)
+		if tc.ok {
+			require.NoError(t, err, "%s may name %q", tc.engine, tc.shm)
+			continue
+		}
+		require.ErrorIs(t, err, ErrBadSpec, "%s may not name %q", tc.engine, tc.shm)
+		require.ErrorContains(t, err, "segments[1]")
+	}
+	ipc := messages.EngineSpec{Segments: []messages.Segment{{CUDAIPC: "ab", Bytes: 1}}}
+	require.NoError(t, CheckOwner("e1", &ipc), "the name rule is for shm segments")
+}
+
+// PROTOCOL.md "Isolation": namespace is 1..128 bytes (absent: the engine
+// id); max_model_len is >= 0.
+func TestDecodeSpecNamespaceAndMaxModelLen(t *testing.T) {
+	s, err := DecodeSpec(specWith(t, func(m map[string]any) {
+		m["namespace"] = "llama-3-70b/fp8/tp8 ✓"
+		m["max_model_len"] = 8192
+	}), Limits{})
+	require.NoError(t, err)
+	require.Equal(t, "llama-3-70b/fp8/tp8 ✓", Namespace("e1", &s))
+	require.Equal(t, 8192, s.MaxModelLen)
+	s.Namespace = ""
+	require.Equal(t, "e1", Namespace("e1", &s), "default: the engine id")
+	for name, edit := range map[string]func(m map[string]any){
+		"namespace of 129 bytes": func(m map[string]any) { m["namespace"] = strings.Repeat("n", 129) },
+		"negative max_model_len": func(m map[string]any) { m["max_model_len"] = -1 },
+		"namespace not a string": func(m map[string]any) { m["namespace"] = 7 },
+	} {
+		_, err := DecodeSpec(specWith(t, edit), Limits{})
+		require.ErrorIs(t, err, ErrBadSpec, name)
+	}
+	_, err = DecodeSpec(specWith(t, func(m map[string]any) { m["namespace"] = strings.Repeat("n", 128) }), Limits{})
+	require.NoError(t, err, "128 bytes is the bound")
+}

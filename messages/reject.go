@@ -24,6 +24,7 @@ const (
 	RejectUnknownRequest = "unknown_request"
 	RejectUnknownVerb    = "unknown_verb"
 	RejectOverflow       = "overflow"
+	RejectLimit          = "limit" // past a node bound: engines, requests per engine, mapped segments
 	RejectBadSpec        = "bad_spec"
 	RejectBadSubject     = "bad_subject"
 	RejectMalformed      = "malformed"
@@ -35,7 +36,7 @@ const (
 var RejectLabels = []string{RejectUnknownType, RejectBadRequestID, RejectWrongType, RejectOutOfRange,
 	RejectBadHash, RejectTooLarge, RejectHole, RejectConflict, RejectBadGroup, RejectBlockRange,
 	RejectPreempted, RejectReleased, RejectPromptMismatch, RejectUnknownEngine, RejectUnknownRequest,
-	RejectUnknownVerb, RejectOverflow, RejectBadSpec, RejectBadSubject, RejectMalformed, RejectBadEvent,
+	RejectUnknownVerb, RejectOverflow, RejectLimit, RejectBadSpec, RejectBadSubject, RejectMalformed, RejectBadEvent,
 	RejectOther}
 
 // Rejection is a sentinel error that names its reject label. Packages that

@@ -42,7 +42,7 @@ func TestRejectLabel(t *testing.T) {
 func TestEverySentinelHasALabel(t *testing.T) {
 	for _, err := range []error{sched.ErrHole, sched.ErrNegative, sched.ErrConflict, sched.ErrBadGroup,
 		sched.ErrBlockRange, sched.ErrPreempted, sched.ErrWrongRequest, sched.ErrBadEventType, sched.ErrReleased,
-		sched.ErrPromptMismatch, ingest.ErrMalformed, ingest.ErrBadEvent, ingest.ErrBadSpec, ingest.ErrBadSubject,
+		sched.ErrPromptMismatch, sched.ErrTooLarge, ingest.ErrMalformed, ingest.ErrBadEvent, ingest.ErrBadSpec, ingest.ErrBadSubject,
 		ingest.ErrUnknownType, ingest.ErrBadRequestID, ingest.ErrWrongType, ingest.ErrOutOfRange, ingest.ErrBadHash,
 		ingest.ErrTooLarge} {
 		require.NotEqual(t, messages.RejectOther, messages.RejectLabel(err), "%v", err)

@@ -220,3 +220,16 @@ func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(v.n), v.state)
 	}
 }
+
+// RegisterIsolation exports the isolation bounds' usage, read at scrape
+// time: engine segments mapped now (against --max-mapped-segments) and
+// namespaces opened this boot.
+func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_segments_mapped",
+			Help: "Engine segments mapped now (bounded by --max-mapped-segments)."},
+			func() float64 { return float64(mapped()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_namespaces",
+			Help: "Namespaces opened in this boot (each keeps its geometry for the boot)."},
+			func() float64 { return float64(namespaces()) }))
+}

@@ -119,7 +119,7 @@ func TestHostileSegmentsAreRefused(t *testing.T) {
 	e := startNode(t)
 	outside := filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(outside, make([]byte, 1<<20), 0o600))
-	require.NoError(t, os.Symlink(outside, filepath.Join(e.dir, "link")))
+	require.NoError(t, os.Symlink(outside, filepath.Join(e.dir, "h-link")))
 	te := e.newEngine("h", defaultOpts())
 	cases := []struct {
 		name    string
@@ -127,8 +127,9 @@ func TestHostileSegmentsAreRefused(t *testing.T) {
 		wantErr string
 	}{
 		{"path traversal", func(s *messages.EngineSpec) { s.Segments[0].Shm = "../etc/passwd" }, "not a plain file name"},
-		{"symlink", func(s *messages.EngineSpec) { s.Segments[0].Shm = "link" }, "symlink"},
-		{"missing", func(s *messages.EngineSpec) { s.Segments[0].Shm = "nope" }, "does not exist"},
+		{"symlink", func(s *messages.EngineSpec) { s.Segments[0].Shm = "h-link" }, "symlink"},
+		{"missing", func(s *messages.EngineSpec) { s.Segments[0].Shm = "h-nope" }, "does not exist"},
+		{"not named after the engine", func(s *messages.EngineSpec) { s.Segments[0].Shm = "link" }, `is not engine "h"'s`},
 		{"region past the end", func(s *messages.EngineSpec) { s.Groups[0].Regions[0].Offset = 1 << 20 }, "past segment"},
 		{"tokens_per_chunk not a multiple of tph", func(s *messages.EngineSpec) { s.TokensPerHash = 3 }, "multiple"},
 	}

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"github.com/kvactors/kvactors/cluster/holders"
 	"github.com/kvactors/kvactors/cluster/ownership"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -69,7 +71,7 @@ func (n *Node) startCluster() error {
 	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
 	}
-	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot, Namespace: n.namespaceOf, Observe: c.keys.observe})
+	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot, Observe: c.keys.observe})
 	log := n.log.With("part", "cluster")
 	if c.feed, err = cluster.StartFeed(n.nc, cfg, log, c.metrics); err != nil {
 		return err
@@ -112,21 +114,15 @@ func (n *Node) closeCluster(ctx context.Context) {
 	}
 }
 
-// namespaceOf is the namespace of engine's keys: its spec's, else its id.
-func (n *Node) namespaceOf(engine string) string {
+// engineNamespace is the name of engine's namespace: its spec's, else its
+// id (ingest.Namespace).
+func (n *Node) engineNamespace(engine string) string {
 	if n.cl != nil {
 		if ns, ok := n.cl.nsOf.Load(engine); ok {
 			return ns.(string)
 		}
 	}
 	return engine
-}
-
-func specNamespace(id string, spec messages.EngineSpec) string {
-	if spec.Namespace != "" {
-		return spec.Namespace
-	}
-	return id
 }
 
 // serving is the ownership gate for every engine message but register:
@@ -170,7 +166,7 @@ func (n *Node) claimRegister(ctx context.Context, id string, spec messages.Engin
 		n.log.Debug("cluster: register left to another node", "engine", id, "owner", d.Owner, "reason", d.Reason)
 		return false
 	}
-	c.nsOf.Store(id, specNamespace(id, spec))
+	c.nsOf.Store(id, ingest.Namespace(id, &spec))
 	return true
 }
 
@@ -297,9 +293,10 @@ func (n *Node) readChunk(ns string, key messages.Key) ([]byte, uint32, error) {
 	if !n.cl.keys.has(ns, key) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(key))
 	}
+	key, ok := n.poolKey(ns, key)
 	pool, sb := n.sharedPool(), n.slotBytesNow()
-	if pool == nil {
-		return nil, 0, fmt.Errorf("%w: no pool", cluster.ErrNoChunk)
+	if !ok || pool == nil {
+		return nil, 0, fmt.Errorf("%w: %s/%x not in this pool", cluster.ErrNoChunk, ns, []byte(key))
 	}
 	c := &n.cl.recent
 	c.mu.Lock()
@@ -387,23 +384,51 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 }
 
 // announceEvicted publishes BlockRemoved for keys a remote fetch evicted
-// from the pool (a store by an engine announces its own).
-func (n *Node) announceEvicted(engine string, keys []messages.Key) {
+// from the pool (a store by an engine announces its own), each on an
+// engine of the key's namespace, as the request actor does.
+func (n *Node) announceEvicted(keys []messages.Key) {
 	if len(keys) == 0 {
 		return
 	}
-	var kv []messages.KVEvent
-	for _, k := range keys {
-		hash, g := sched.SplitKey(k)
-		i := slices.IndexFunc(kv, func(e messages.KVEvent) bool { return e.GroupIdx == g })
-		if i < 0 {
-			i = len(kv)
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU})
-		}
-		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
-	}
 	n.metrics.Evictions.Add(float64(len(keys)))
-	n.outbox.KVEvents(context.Background(), engine, kv)
+	type nsGroup struct {
+		ns sched.NamespaceID
+		g  int
+	}
+	by := map[nsGroup][]string{}
+	var order []nsGroup
+	for _, k := range keys {
+		ns, hash, g := sched.SplitKey(k)
+		at := nsGroup{ns, g}
+		if by[at] == nil {
+			order = append(order, at)
+		}
+		by[at] = append(by[at], hex.EncodeToString([]byte(hash)))
+	}
+	for _, at := range order {
+		name, engine := n.namespaceOf(at.ns)
+		if engine == "" {
+			continue
+		}
+		n.outbox.KVEvents(context.Background(), engine, []messages.KVEvent{{Type: messages.KVBlockRemoved,
+			BlockHashes: by[at], GroupIdx: at.g, Medium: messages.MediumCPU, Namespace: name}})
+	}
+}
+
+// poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in
+// namespace ns; false if ns has no id on this node.
+func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
+	if len(wk) <= 4 {
+		return "", false
+	}
+	n.mu.Lock()
+	rec := n.nss.byName[ns]
+	n.mu.Unlock()
+	if rec == nil {
+		return "", false
+	}
+	g := binary.BigEndian.Uint32([]byte(wk[len(wk)-4:]))
+	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), true
 }
 
 // ClusterNodes lists the other nodes this node's holders index knows (nil

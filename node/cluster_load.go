@@ -8,11 +8,13 @@ import (
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
-// heldElsewhere: a live node of the cluster other than this one holds ns/key.
+// heldElsewhere: a live node of the cluster other than this one holds pool
+// key k of namespace ns (other nodes know it by its wire key).
 func (n *Node) heldElsewhere(ns string, k messages.Key) bool {
-	return n.cl != nil && len(n.cl.feed.Holders(ns, k)) > 0
+	return n.cl != nil && len(n.cl.feed.Holders(ns, sched.WireKey(k))) > 0
 }
 
 // remoteKeys are the keys of a load that this pool does not hold ready and
@@ -21,7 +23,7 @@ func (n *Node) remoteKeys(engine string, keys []messages.Key) []messages.Key {
 	if n.cl == nil {
 		return nil
 	}
-	pool, ns := n.sharedPool(), n.namespaceOf(engine)
+	pool, ns := n.sharedPool(), n.engineNamespace(engine)
 	var out []messages.Key
 	seen := map[messages.Key]bool{}
 	for _, k := range keys {
@@ -46,12 +48,12 @@ const fetchParallel = 4
 // names the key), and bytes that failed verification are never made ready,
 // so never copied to a device.
 func (n *Node) fetchRemote(ctx context.Context, engine string, keys []messages.Key) (int, error) {
-	pool, sb, ns := n.sharedPool(), n.slotBytesNow(), n.namespaceOf(engine)
+	pool, sb, ns := n.sharedPool(), n.slotBytesNow(), n.engineNamespace(engine)
 	prep, err := pool.PrepareStore(keys)
 	if err != nil {
 		return 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
-	n.announceEvicted(engine, prep.Evicted)
+	n.announceEvicted(prep.Evicted)
 	arena := n.arena.Bytes()
 	errs := make([]error, len(prep.Keys))
 	sem := make(chan struct{}, fetchParallel)
@@ -70,7 +72,8 @@ func (n *Node) fetchRemote(ctx context.Context, engine string, keys []messages.K
 			}
 			fctx, cancel := context.WithTimeout(ctx, n.cl.cfg.FetchTimeout*4)
 			defer cancel()
-			_, _, err := n.cl.fetcher.FetchAny(fctx, n.cl.feed.Holders(ns, k), ns, k, alloc)
+			wk := sched.WireKey(k)
+			_, _, err := n.cl.fetcher.FetchAny(fctx, n.cl.feed.Holders(ns, wk), ns, wk, alloc)
 			pool.CompleteStore([]messages.Key{k}, err == nil)
 			errs[i] = err
 		}()

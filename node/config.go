@@ -105,6 +105,22 @@ type Config struct {
 	Log      *slog.Logger         `json:"-"`
 	Tracer   trace.TracerProvider `json:"-"`
 	Registry *prometheus.Registry `json:"-"`
+
+	// isolation (PROTOCOL.md "Isolation", docs/SECURITY.md).
+	// MaxEngines bounds the engines registered on this node (default 256).
+	MaxEngines int `json:"max_engines"`
+	// MaxRequests bounds one engine's live requests (default 65536).
+	MaxRequests int `json:"max_requests"`
+	// MaxMappedSegments bounds the engine segments mapped on this node at
+	// once, so registrations cannot exhaust the process's map count
+	// (vm.max_map_count, 65530 by default) for everyone (default 4096).
+	MaxMappedSegments int `json:"max_mapped_segments"`
+	// NATSConfig is a nats-server configuration file the embedded server
+	// loads (auth, TLS, accounts; see kvactors nats-config). Its listen
+	// address, when set, wins over NATSHost/NATSPort.
+	NATSConfig string `json:"nats_config"`
+	// NATSNKey is the nkey seed file the node authenticates to NATS with.
+	NATSNKey string `json:"nats_nkey"`
 }
 
 // Defaults.
@@ -124,6 +140,11 @@ const (
 	FailStopExit = 3
 	// HTTPOff disables the admin server.
 	HTTPOff = "off"
+
+	// isolation: bounds an 8-GPU host never reaches.
+	DefaultMaxEngines        = 256
+	DefaultMaxRequests       = 1 << 16
+	DefaultMaxMappedSegments = 4096
 )
 
 // ErrConfig wraps every configuration error.
@@ -167,6 +188,15 @@ func (c Config) withDefaults() Config {
 		c.MaxPendingBytes = DefaultMaxPendingBytes
 	}
 	c.Limits = c.Limits.WithDefaults()
+	if c.MaxEngines == 0 {
+		c.MaxEngines = DefaultMaxEngines
+	}
+	if c.MaxRequests == 0 {
+		c.MaxRequests = DefaultMaxRequests
+	}
+	if c.MaxMappedSegments == 0 {
+		c.MaxMappedSegments = DefaultMaxMappedSegments
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -205,6 +235,11 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
+	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
+		return fmt.Errorf("%w: max engines %d, max requests %d, max mapped segments %d: want >= 1 (0: the default)",
+			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
+	case c.NATSConfig != "" && c.NATSURL != "":
+		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
 	case c.StandbyFor != "" && (!ingest.ValidEngineID(c.StandbyFor) || c.StandbyFor == c.NodeID):
 		return fmt.Errorf("%w: standby-for %q: want another node's id", ErrConfig, c.StandbyFor)
 	case c.Clustered() && c.Lease < time.Second:

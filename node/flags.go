@@ -67,7 +67,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.NATSURL, "nats", "", "NATS server or cluster URL(s); empty starts an embedded server")
 	str(&c.NATSHost, "nats-host", DefaultNATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", DefaultNATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory (default: a temp dir)")
+	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", "", "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", "", "CA bundle for NATS TLS")
 	str(&c.Prefix, "prefix", DefaultPrefix, "subject prefix P of P.<engine>.<verb>")
@@ -87,6 +87,12 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.NodeID, "node-id", "", "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
 	dur(&c.Lease, "lease", DefaultLease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
 	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
+	// isolation
+	num(&c.MaxEngines, "max-engines", DefaultMaxEngines, "most engines registered on this node")
+	num(&c.MaxRequests, "max-requests", DefaultMaxRequests, "most live requests per engine")
+	num(&c.MaxMappedSegments, "max-mapped-segments", DefaultMaxMappedSegments, "most engine segments mapped on this node")
+	str(&c.NATSConfig, "nats-config", "", "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
+	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file kvactors authenticates to NATS with")
 	// cluster
 	boolean := func(p *bool, name string, usage string) {
 		v, key := env(name, "false", usage)

@@ -81,7 +81,7 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 	t := e.t
 	t.Helper()
 	groupBytes := int64(o.blocks) * o.blockBytes
-	seg, err := shm.Create(e.dir, "seg-"+id, groupBytes*int64(len(o.tpb)))
+	seg, err := shm.Create(e.dir, id+"-seg", groupBytes*int64(len(o.tpb)))
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = seg.Remove() })
 	spec := messages.EngineSpec{TokensPerHash: o.tph, BlocksPerChunk: o.bpc, NumGPUBlocks: o.blocks,

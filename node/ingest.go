@@ -286,10 +286,11 @@ func (n *Node) msgCtx(m *nats.Msg) context.Context {
 	return tracing.Extract(context.Background(), m.Header)
 }
 
-// rejected counts and logs one refused input; nothing else changes.
+// rejected counts and logs one refused input; nothing else changes. The log
+// is rate-limited per reason (ratelog), the counter counts every one.
 func (n *Node) rejected(reason, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Inc()
-	n.log.Error(msg, append(args, "reason", reason)...)
+	n.rejectLog.Reject(reason, msg, args...)
 }
 
 var (

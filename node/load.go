@@ -38,7 +38,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
 	pool := n.sharedPool()
-	ns := n.namespaceOf(engineID)
+	ns := n.engineNamespace(engineID)
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		st, _ := pool.Lookup(k)
 		return st == hostpool.Ready || n.heldElsewhere(ns, k)
@@ -57,11 +57,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues("error").Inc()
-		level := slog.LevelError
+		level, reason := slog.LevelError, "load_error"
 		if errors.Is(err, hostpool.ErrNotReady) {
-			level = slog.LevelInfo // evicted or never stored: a miss, not bad input
+			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
 		}
-		n.log.Log(ctx, level, "load refused", "engine", engineID, "err", err)
+		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
+		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 	}
 	rec := n.engine(engineID)

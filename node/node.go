@@ -26,6 +26,8 @@ import (
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/natsauth"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -36,11 +38,13 @@ type Node struct {
 	tracer  trace.Tracer
 	metrics *metrics.Metrics
 
-	ns       *server.Server // embedded server, nil with --nats
-	storeDir string         // temp JetStream dir to remove, if we made it
-	nc       *nats.Conn
-	subs     []*nats.Subscription
-	outbox   *actors.Outbox
+	ns *server.Server // embedded server, nil with --nats
+	// embeddedOpts are the embedded server's options (nil with --nats).
+	embeddedOpts *server.Options
+	storeDir     string // temp JetStream dir to remove, if we made it
+	nc           *nats.Conn
+	subs         []*nats.Subscription
+	outbox       *actors.Outbox
 
 	backend  backend.Backend
 	arena    backend.Arena
@@ -58,6 +62,9 @@ type Node struct {
 	cleared   map[string]bool  // engines that had AllBlocksCleared this boot
 	pool      *hostpool.Shared // created at the first registration
 	slotBytes int64
+	nss       namespaces // isolation: namespace ids and geometry
+	mapped    int        // isolation: engine segments mapped now
+	rejectLog *ratelog.Log
 
 	ingest *ingester
 	http   *http.Server
@@ -77,6 +84,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{}, boot: newBoot()}
 	n.log = n.log.With("node", cfg.NodeID)
+	n.rejectLog = ratelog.NewLog(n.log, nil)
 	tp := cfg.Tracer
 	if tp == nil {
 		tp = noop.NewTracerProvider()
@@ -84,6 +92,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.tracer = tp.Tracer(tracing.TracerName)
 	n.metrics = metrics.New(cfg.Registry)
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
+	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow)
 	defer func() {
 		if err != nil {
 			n.teardown()
@@ -110,6 +119,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startHTTP(); err != nil {
 		return nil, err
 	}
+	n.warnExposure(n.embeddedOpts)
 	n.hello()
 	loops, stop := context.WithCancel(context.Background())
 	n.stop = stop
@@ -158,30 +168,38 @@ func (n *Node) startBackend() error {
 func (n *Node) connect() error {
 	url := n.cfg.NATSURL
 	if url == "" {
-		dir := n.cfg.NATSStoreDir
-		if dir == "" {
-			tmp, err := os.MkdirTemp("", "kvactors-js-")
-			if err != nil {
-				return fmt.Errorf("jetstream dir: %w", err)
-			}
-			dir, n.storeDir = tmp, tmp
+		sopts, err := n.cfg.embeddedOptions()
+		if err != nil {
+			return err
 		}
-		ns, err := server.NewServer(&server.Options{Host: n.cfg.NATSHost, Port: n.cfg.NATSPort,
-			JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true, MaxPayload: 8 << 20})
+		if sopts.JetStream && sopts.StoreDir == "" {
+			sopts.StoreDir = n.cfg.NATSStoreDir
+			if sopts.StoreDir == "" {
+				tmp, err := os.MkdirTemp("", "kvactors-js-")
+				if err != nil {
+					return fmt.Errorf("jetstream dir: %w", err)
+				}
+				sopts.StoreDir, n.storeDir = tmp, tmp
+			}
+		}
+		ns, err := server.NewServer(sopts)
 		if err != nil {
 			return fmt.Errorf("embedded nats: %w", err)
 		}
+		ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
 		ns.Start()
 		if !ns.ReadyForConnections(10 * time.Second) {
 			ns.Shutdown()
-			return fmt.Errorf("embedded nats on %s:%d did not become ready", n.cfg.NATSHost, n.cfg.NATSPort)
+			return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
 		}
-		n.ns = ns
+		n.ns, n.embeddedOpts = ns, sopts
 		url = ns.ClientURL()
 	}
 	// NoEcho: the node subscribes to P.*.* and must not receive what it
-	// publishes itself (released, stored, kv_events, resync).
+	// publishes itself (released, stored, kv_events, resync). The inbox
+	// prefix is the one natsauth lets kvactors' user read.
 	opts := []nats.Option{nats.Name("kvactors " + n.cfg.NodeID), nats.NoEcho(), nats.MaxReconnects(-1),
+		nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser)),
 		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.metrics.NATSConnected.Set(0)
@@ -218,6 +236,13 @@ func (n *Node) connect() error {
 	}
 	if n.cfg.NATSToken != "" {
 		opts = append(opts, nats.Token(n.cfg.NATSToken))
+	}
+	if n.cfg.NATSNKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(n.cfg.NATSNKey)
+		if err != nil {
+			return fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
+		}
+		opts = append(opts, opt)
 	}
 	if n.cfg.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
@@ -387,6 +412,7 @@ func (n *Node) teardown() {
 	for _, e := range n.engines {
 		_ = e.device.Close()
 	}
+	n.mapped = 0 // a retiring engine's goroutine may still subtract: harmless at teardown
 	n.engines = map[string]*engineRec{}
 	n.mu.Unlock()
 	if n.arena != nil {

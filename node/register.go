@@ -15,6 +15,7 @@ import (
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -37,16 +38,28 @@ var ErrRegister = errors.New("register refused")
 // engine actor. An identical spec for a live engine is a no-op; a different
 // one retires the old engine actor (an engine reset) and starts a new one.
 func (n *Node) register(id string, spec messages.EngineSpec) error {
+	// Ownership of segment names before anything is opened (PROTOCOL.md
+	// "Isolation"); the backend checks the objects themselves at Attach.
+	if err := ingest.CheckOwner(id, &spec); err != nil {
+		return fmt.Errorf("%w: %w", ErrRegister, err)
+	}
 	lay, err := sched.NewLayout(&spec)
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	nsName := ingest.Namespace(id, &spec)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := n.engines[id]
 	if old != nil && reflect.DeepEqual(old.spec, spec) {
 		n.system.Root.Send(old.pid, &engine.Touch{})
 		return nil
+	}
+	if err := n.admit(old, &spec); err != nil {
+		return err
+	}
+	if _, err := n.nss.check(nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
+		return err
 	}
 	if err := n.ensurePool(lay); err != nil {
 		return err
@@ -62,6 +75,8 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	n.mapped += len(spec.Segments)
+	lay.Namespace = n.nss.commit(nsName, id, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()
@@ -78,13 +93,15 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: actors.NewReleases(n.outbox, id), Metrics: n.metrics,
 		Log: n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
-		Expired: n.expired,
+		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
-			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed},
+			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
+			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)
-	n.log.Info("engine registered", "engine", id, "groups", len(lay.Groups), "chunk_bytes", lay.MaxChunkBytes())
+	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
+		"chunk_bytes", lay.MaxChunkBytes())
 	return nil
 }
 
@@ -122,8 +139,16 @@ func (n *Node) retire(rec *engineRec) {
 	go func() {
 		<-rec.closed
 		rec.loads.Wait()
-		_ = rec.device.Close()
+		_ = n.unmap(rec)
 	}()
+}
+
+// unmap closes an engine's device and gives its segments back to
+// --max-mapped-segments (isolation).
+func (n *Node) unmap(rec *engineRec) error {
+	err := rec.device.Close()
+	n.unmapped(len(rec.spec.Segments))
+	return err
 }
 
 // detach removes engine id from the node (new messages for it are refused as
@@ -159,12 +184,12 @@ func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
 		go func() { // unmap once the copies are done, never under them
 			<-rec.closed
 			rec.loads.Wait()
-			_ = rec.device.Close()
+			_ = n.unmap(rec)
 		}()
 		return released, fmt.Errorf("engine %q: copies still in flight: %w", rec.id, ctx.Err())
 	}
 	rec.loads.Wait()
-	if err := rec.device.Close(); err != nil {
+	if err := n.unmap(rec); err != nil {
 		return released, fmt.Errorf("unmap segments of %q: %w", rec.id, err)
 	}
 	return released, nil

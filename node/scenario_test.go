@@ -159,12 +159,14 @@ func TestNewEpochResetsEngine(t *testing.T) {
 	require.Equal(t, "c", st.Requests[0].Request)
 }
 
-// Two engines with the same layout share the pool: a prefix stored by A is a
-// hit for B and loads into B's blocks byte for byte (issue 7).
+// Two engines with the same layout in one namespace share the pool: a prefix
+// stored by A is a hit for B and loads into B's blocks byte for byte (issue
+// 7; PROTOCOL.md "Isolation": only within a namespace).
 func TestPrefixStoredByOneEngineLoadsIntoAnother(t *testing.T) {
 	e := startNode(t)
 	a := e.newEngine("ea", defaultOpts())
 	b := e.newEngine("eb", defaultOpts())
+	a.spec.Namespace, b.spec.Namespace = "shared", "shared"
 	a.register()
 	b.register()
 	hs := []string{hash("x", 0), hash("x", 1), hash("x", 2), hash("x", 3)}

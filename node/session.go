@@ -45,6 +45,7 @@ func (n *Node) sessionLoop(ctx context.Context) {
 			n.system.Root.Send(rec.pid, &engine.Tick{})
 		}
 		n.ingest.flushLost()
+		n.rejectLog.Flush() // isolation: rate-limited rejection summaries
 	}
 }
 

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -69,7 +70,11 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 		err = n.register(engineID, spec)
 	}
 	if err != nil {
-		n.rejected(messages.RejectBadSpec, "register refused", "engine", engineID, "err", err)
+		reason := messages.RejectBadSpec
+		if errors.Is(err, ErrLimit) {
+			reason = messages.RejectLimit
+		}
+		n.rejected(reason, "register refused", "engine", engineID, "err", err)
 		n.replyError(ctx, m.Reply, err)
 		return
 	}

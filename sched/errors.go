@@ -17,4 +17,7 @@ var (
 	ErrBadEventType   = messages.NewRejection(messages.RejectBadEvent, "event type not handled by a request")
 	ErrReleased       = messages.NewRejection(messages.RejectReleased, "request already released")
 	ErrPromptMismatch = messages.NewRejection(messages.RejectPromptMismatch, "added again with a different prompt_tokens")
+	// ErrTooLarge: the event would hold more hashes or block ids than
+	// max_model_len allows (PROTOCOL.md "Isolation", bounds).
+	ErrTooLarge = messages.NewRejection(messages.RejectTooLarge, "more than max_model_len allows")
 )

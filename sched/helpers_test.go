@@ -67,7 +67,7 @@ func hashRange(start, n int) []messages.Hash {
 }
 
 // key is the offload key of chunk c of group g under hpc hashes per chunk.
-func key(g, c, hpc int) messages.Key { return Key(hash((c+1)*hpc-1), g) }
+func key(g, c, hpc int) messages.Key { return Key(0, hash((c+1)*hpc-1), g) }
 
 func added(prompt int) *messages.Event {
 	return &messages.Event{Type: messages.EvAdded, Request: rid, PromptTokens: prompt, MaxOffloadTokens: -1}

@@ -34,7 +34,7 @@ func readySet(l *Layout, hs []messages.Hash, chunks map[int][]int) func(messages
 	for g, cs := range chunks {
 		hpc := l.Groups[g].HashesPerChunk
 		for _, c := range cs {
-			set[Key(hs[(c+1)*hpc-1], g)] = true
+			set[Key(0, hs[(c+1)*hpc-1], g)] = true
 		}
 	}
 	return func(k messages.Key) bool { return set[k] }
@@ -85,8 +85,8 @@ func TestLoadChunks(t *testing.T) {
 	chunks, err := l.LoadChunks(hs, 16, [][]messages.BlockID{{5, 6, 7, 8}, {0, 9}})
 	require.NoError(t, err)
 	require.Len(t, chunks, 5)
-	require.Equal(t, Key(hs[3], 0), chunks[3].Key)
-	require.Equal(t, JobChunk{Group: 1, Index: 1, Key: Key(hs[3], 1), Blocks: []messages.BlockID{9}}, chunks[4])
+	require.Equal(t, Key(0, hs[3], 0), chunks[3].Key)
+	require.Equal(t, JobChunk{Group: 1, Index: 1, Key: Key(0, hs[3], 1), Blocks: []messages.BlockID{9}}, chunks[4])
 
 	for name, blocks := range map[string][][]messages.BlockID{
 		"too few lists":   {{5, 6, 7, 8}},

@@ -38,6 +38,9 @@ type GroupLayout struct {
 	Regions        []messages.Region
 	BlockBytes     int64 // host bytes of one block: its regions' block_bytes summed
 	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: one pool slot's worth
+	// MaxBlocks bounds a request's block ids in this group:
+	// ceil(max_model_len / tokens_per_block).
+	MaxBlocks int
 }
 
 // Layout is an engine's validated geometry. After NewLayout the core trusts
@@ -48,6 +51,12 @@ type Layout struct {
 	NumGPUBlocks      int
 	OffloadPromptOnly bool
 	Groups            []GroupLayout
+	// Namespace prefixes every key of this engine; the node sets it after
+	// interning the spec's namespace (zero until then).
+	Namespace NamespaceID
+	// MaxHashes bounds a request's hashes: ceil(max_model_len / tph)
+	// (PROTOCOL.md "Isolation", bounds).
+	MaxHashes int
 }
 
 // ErrBadLayout wraps every reason NewLayout rejects a spec.
@@ -69,6 +78,8 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 		return bad("num_gpu_blocks %d out of [1, 2^31]", spec.NumGPUBlocks)
 	case len(spec.Groups) == 0:
 		return bad("no groups")
+	case spec.MaxModelLen < 0:
+		return bad("max_model_len %d < 0", spec.MaxModelLen)
 	}
 	l := &Layout{TokensPerHash: spec.TokensPerHash, BlocksPerChunk: spec.BlocksPerChunk,
 		NumGPUBlocks: spec.NumGPUBlocks, OffloadPromptOnly: spec.OffloadPromptOnly}
@@ -112,7 +123,61 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 		gl.ChunkBytes = gl.BlockBytes * int64(spec.BlocksPerChunk)
 		l.Groups = append(l.Groups, gl)
 	}
+	mml := int64(spec.MaxModelLen)
+	if mml == 0 {
+		for _, g := range l.Groups {
+			mml = max(mml, int64(spec.NumGPUBlocks)*int64(g.TokensPerBlock))
+		}
+	}
+	l.MaxHashes = ceilDiv(mml, spec.TokensPerHash)
+	for i := range l.Groups {
+		l.Groups[i].MaxBlocks = ceilDiv(mml, l.Groups[i].TokensPerBlock)
+	}
 	return l, nil
+}
+
+// ceilDiv is ceil(a/b) for a >= 0, b >= 1 (no overflow near MaxInt64),
+// capped at MaxInt32: a larger bound holds nothing back anyway, and the cap
+// keeps Start+len arithmetic far from overflow.
+func ceilDiv(a int64, b int) int {
+	q := a / int64(b)
+	if a%int64(b) != 0 {
+		q++
+	}
+	return int(min(q, math.MaxInt32))
+}
+
+// SameGeometry reports whether o stores chunks exactly as l does: the same
+// tokens per hash, blocks per chunk, and per group the same kind, tokens per
+// block and bytes per block per region. Engines that share a namespace must
+// (PROTOCOL.md "Isolation"): a key names the same bytes for all of them.
+func (l *Layout) SameGeometry(o *Layout) error {
+	switch {
+	case l.TokensPerHash != o.TokensPerHash:
+		return fmt.Errorf("tokens_per_hash %d, the namespace holds %d", o.TokensPerHash, l.TokensPerHash)
+	case l.BlocksPerChunk != o.BlocksPerChunk:
+		return fmt.Errorf("blocks_per_chunk %d, the namespace holds %d", o.BlocksPerChunk, l.BlocksPerChunk)
+	case len(l.Groups) != len(o.Groups):
+		return fmt.Errorf("%d groups, the namespace holds %d", len(o.Groups), len(l.Groups))
+	}
+	for g := range l.Groups {
+		a, b := &l.Groups[g], &o.Groups[g]
+		switch {
+		case a.Kind != b.Kind:
+			return fmt.Errorf("group %d: kind %s, the namespace holds %s", g, b.Kind, a.Kind)
+		case a.TokensPerBlock != b.TokensPerBlock:
+			return fmt.Errorf("group %d: tokens_per_block %d, the namespace holds %d", g, b.TokensPerBlock, a.TokensPerBlock)
+		case len(a.Regions) != len(b.Regions):
+			return fmt.Errorf("group %d: %d regions, the namespace holds %d", g, len(b.Regions), len(a.Regions))
+		}
+		for r := range a.Regions {
+			if a.Regions[r].BlockBytes != b.Regions[r].BlockBytes {
+				return fmt.Errorf("group %d region %d: block_bytes %d, the namespace holds %d",
+					g, r, b.Regions[r].BlockBytes, a.Regions[r].BlockBytes)
+			}
+		}
+	}
+	return nil
 }
 
 // MaxChunkBytes is the largest chunk of any group: the pool slot size this
@@ -147,36 +212,66 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 	return nil
 }
 
-// The offload key's encoding lives here and only here: AppendKey builds it,
-// SplitKey and KeyHashHex take it apart.
+// The pool key's encoding lives here and only here: AppendKey builds it,
+// SplitKey, WireKey and KeyHashHex take it apart.
+//
+// NamespaceID is a node's small number for a namespace (PROTOCOL.md
+// "Isolation"): the node interns each namespace name once and every pool key
+// starts with it, so dedup, lookup, load and eviction never cross
+// namespaces while the pool sees keys as opaque strings. On the wire
+// (P.E.stored, kv_events) a key is the protocol's offload key, without it.
+type NamespaceID uint32
 
-// keyGroupBytes is the length of the group suffix of a key.
-const keyGroupBytes = 4
+// keyNSBytes and keyGroupBytes are the lengths of a key's namespace prefix
+// and group suffix.
+const (
+	keyNSBytes    = 4
+	keyGroupBytes = 4
+)
 
-// AppendKey appends the offload key of a chunk to b: the chunk's last block
-// hash followed by the group index as 4 big-endian bytes (PROTOCOL.md,
-// "offload key").
-func AppendKey(b []byte, last messages.Hash, group int) []byte {
+// AppendKey appends the pool key of a chunk to b: the namespace id (4
+// big-endian bytes), then the offload key, i.e. the chunk's last block hash
+// followed by the group index as 4 big-endian bytes (PROTOCOL.md, "offload
+// key").
+func AppendKey(b []byte, ns NamespaceID, last messages.Hash, group int) []byte {
+	b = binary.BigEndian.AppendUint32(b, uint32(ns))
 	b = append(b, last...)
 	return binary.BigEndian.AppendUint32(b, uint32(group))
 }
 
-// Key is the offload key of a chunk (AppendKey).
-func Key(last messages.Hash, group int) messages.Key {
-	return messages.Key(AppendKey(make([]byte, 0, len(last)+keyGroupBytes), last, group))
+// Key is the pool key of a chunk (AppendKey).
+func Key(ns NamespaceID, last messages.Hash, group int) messages.Key {
+	return messages.Key(AppendKey(make([]byte, 0, keyNSBytes+len(last)+keyGroupBytes), ns, last, group))
 }
 
-// SplitKey is Key's inverse: the block hash and the group index.
-func SplitKey(k messages.Key) (messages.Hash, int) {
-	if len(k) < keyGroupBytes {
-		return messages.Hash(k), 0
+// Key is the pool key of a chunk in this layout's namespace.
+func (l *Layout) Key(last messages.Hash, group int) messages.Key {
+	return Key(l.Namespace, last, group)
+}
+
+// SplitKey is Key's inverse: the namespace id, the block hash and the group
+// index. A key too short for both (never built by Key) splits into
+// namespace 0, the whole key as hash, group 0.
+func SplitKey(k messages.Key) (NamespaceID, messages.Hash, int) {
+	if len(k) < keyNSBytes+keyGroupBytes {
+		return 0, messages.Hash(k), 0
 	}
 	n := len(k) - keyGroupBytes
-	return messages.Hash(k[:n]), int(binary.BigEndian.Uint32([]byte(k[n:])))
+	return NamespaceID(binary.BigEndian.Uint32([]byte(k[:keyNSBytes]))), messages.Hash(k[keyNSBytes:n]),
+		int(binary.BigEndian.Uint32([]byte(k[n:])))
 }
 
-// KeyHashHex is the hex of a key's block hash, given the key's hex (the hash
-// is the key's prefix, so a chunk needs only one hex encoding).
+// WireKey is the offload key as the protocol shows it (P.E.stored "key"):
+// hash and group, without the node-local namespace prefix.
+func WireKey(k messages.Key) messages.Key {
+	if len(k) < keyNSBytes+keyGroupBytes {
+		return k
+	}
+	return k[keyNSBytes:]
+}
+
+// KeyHashHex is the hex of a wire key's block hash, given the wire key's
+// hex (the hash is its prefix, so a chunk needs only one hex encoding).
 func KeyHashHex(keyHex string) string {
 	if len(keyHex) < 2*keyGroupBytes {
 		return keyHex

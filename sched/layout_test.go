@@ -63,10 +63,12 @@ func TestNewLayoutDerivesGeometry(t *testing.T) {
 	l := mustLayout(t, s)
 	require.Len(t, l.Groups, 3)
 	for i, want := range []GroupLayout{
-		{Kind: KindFull, TokensPerBlock: 4, TokensPerChunk: 12, HashesPerChunk: 3, BlockBytes: 164, ChunkBytes: 492},
+		{Kind: KindFull, TokensPerBlock: 4, TokensPerChunk: 12, HashesPerChunk: 3, BlockBytes: 164, ChunkBytes: 492,
+			MaxBlocks: 128},
 		{Kind: KindSlidingWindow, TokensPerBlock: 8, TokensPerChunk: 24, HashesPerChunk: 6, SlidingWindow: 64,
-			BlockBytes: 64, ChunkBytes: 192},
-		{Kind: KindEagle, TokensPerBlock: 4, TokensPerChunk: 12, HashesPerChunk: 3, BlockBytes: 64, ChunkBytes: 192},
+			BlockBytes: 64, ChunkBytes: 192, MaxBlocks: 64},
+		{Kind: KindEagle, TokensPerBlock: 4, TokensPerChunk: 12, HashesPerChunk: 3, BlockBytes: 64, ChunkBytes: 192,
+			MaxBlocks: 128},
 	} {
 		got := l.Groups[i]
 		got.Regions = nil
@@ -76,6 +78,27 @@ func TestNewLayoutDerivesGeometry(t *testing.T) {
 	require.Equal(t, 4, l.TokensPerHash)
 	require.Equal(t, 3, l.BlocksPerChunk)
 	require.Equal(t, 64, l.NumGPUBlocks)
+	// PROTOCOL.md "Isolation": max_model_len defaults to num_gpu_blocks times
+	// the largest tokens_per_block (64 * 8 = 512 tokens).
+	require.Equal(t, 128, l.MaxHashes)
+}
+
+// PROTOCOL.md "Isolation", bounds: ceil(max_model_len / tph) hashes and
+// ceil(max_model_len / tokens_per_block[g]) block ids per group.
+func TestLayoutMaxModelLen(t *testing.T) {
+	s := spec(4, 2, full(4), swa(8, 16))
+	s.MaxModelLen = 101
+	l := mustLayout(t, s)
+	require.Equal(t, 26, l.MaxHashes)
+	require.Equal(t, 26, l.Groups[0].MaxBlocks)
+	require.Equal(t, 13, l.Groups[1].MaxBlocks)
+	s.MaxModelLen = math.MaxInt
+	l = mustLayout(t, s)
+	require.Equal(t, math.MaxInt32, l.MaxHashes, "a huge bound is capped, not wrapped")
+	require.Equal(t, math.MaxInt32, l.Groups[1].MaxBlocks)
+	s.MaxModelLen = -1
+	_, err := NewLayout(s)
+	require.ErrorIs(t, err, ErrBadLayout)
 }
 
 // PROTOCOL.md "EngineSpec": "Every region must lie inside its segment."
@@ -149,23 +172,27 @@ func TestCheckSegments(t *testing.T) {
 }
 
 // PROTOCOL.md "offload key": the chunk's last block hash followed by the group
-// as 4 big-endian bytes; SplitKey inverts it.
+// as 4 big-endian bytes, behind the namespace id (PROTOCOL.md "Isolation");
+// SplitKey inverts it and WireKey drops the namespace.
 func TestKeySplitKeyRoundTrip(t *testing.T) {
-	roundTrip := func(h []byte, g uint32) bool {
+	roundTrip := func(ns uint32, h []byte, g uint32) bool {
 		g &= math.MaxInt32 // group indexes are non-negative ints
-		k := Key(messages.Hash(h), int(g))
-		gotH, gotG := SplitKey(k)
-		keyHex := hex.EncodeToString([]byte(k))
-		return len(k) == len(h)+4 && gotH == messages.Hash(h) && gotG == int(g) &&
-			KeyHashHex(keyHex) == hex.EncodeToString(h) &&
-			string(AppendKey([]byte("x"), messages.Hash(h), int(g))) == "x"+string(k)
+		k := Key(NamespaceID(ns), messages.Hash(h), int(g))
+		gotNS, gotH, gotG := SplitKey(k)
+		wireHex := hex.EncodeToString([]byte(WireKey(k)))
+		return len(k) == 4+len(h)+4 && gotNS == NamespaceID(ns) && gotH == messages.Hash(h) && gotG == int(g) &&
+			WireKey(k) == messages.Key(string(h)+string(k[len(k)-4:])) &&
+			KeyHashHex(wireHex) == hex.EncodeToString(h) &&
+			string(AppendKey([]byte("x"), NamespaceID(ns), messages.Hash(h), int(g))) == "x"+string(k)
 	}
 	require.NoError(t, quick.Check(roundTrip, &quick.Config{MaxCount: 2000}))
-	require.Equal(t, messages.Key("ab\x00\x00\x01\x02"), Key("ab", 258))
-	require.Equal(t, messages.Key("\x00\x00\x00\x00"), Key("", 0))
-	h, g := SplitKey("ab")
-	require.Equal(t, messages.Hash("ab"), h, "a key shorter than 4 bytes is all hash")
+	require.Equal(t, messages.Key("\x00\x00\x01\x07ab\x00\x00\x01\x02"), Key(263, "ab", 258))
+	require.Equal(t, messages.Key("\x00\x00\x00\x00\x00\x00\x00\x00"), Key(0, "", 0))
+	ns, h, g := SplitKey("ab")
+	require.Equal(t, messages.Hash("ab"), h, "a key shorter than 8 bytes is all hash")
 	require.Zero(t, g)
+	require.Zero(t, ns)
+	require.NotEqual(t, Key(1, "ab", 0), Key(2, "ab", 0), "namespaces never share a key")
 }
 
 // The String values are metric labels, span attributes and status JSON

@@ -230,6 +230,12 @@ func TestRejectedEventsChangeNothing(t *testing.T) {
 		{"unknown event type", &messages.Event{Type: 99, Request: rid}, ErrBadEventType},
 		{"zero event type", &messages.Event{Request: rid}, ErrBadEventType},
 		{"added again with another prompt", added(13), ErrPromptMismatch},
+		// PROTOCOL.md "Isolation", bounds: max_model_len defaults to 64 blocks *
+		// 4 tokens = 256 tokens: 64 hashes, 64 block ids per group.
+		{"hashes past max_model_len", hashes(2, 63), ErrTooLarge},
+		{"hashes start near MaxInt", hashList(math.MaxInt, hash(0)), ErrTooLarge},
+		{"blocks past max_model_len", blocks(0, 2, seq(3, 63)...), ErrTooLarge},
+		{"blocks start near MaxInt", blocks(1, math.MaxInt, 1), ErrTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := base(t)

@@ -28,7 +28,7 @@ func (l *Layout) HitTokens(hashes []messages.Hash, ready func(messages.Key) bool
 		}
 		n := 0
 		for ; (n+1)*gl.HashesPerChunk <= len(hashes); n++ {
-			if !ready(Key(hashes[(n+1)*gl.HashesPerChunk-1], g)) {
+			if !ready(l.Key(hashes[(n+1)*gl.HashesPerChunk-1], g)) {
 				break
 			}
 		}
@@ -62,7 +62,7 @@ func (l *Layout) othersBack(t int, hashes []messages.Hash, ready func(messages.K
 		}
 		for c := first; c < end; c++ {
 			i := (c+1)*gl.HashesPerChunk - 1
-			if i >= len(hashes) || !ready(Key(hashes[i], g)) {
+			if i >= len(hashes) || !ready(l.Key(hashes[i], g)) {
 				return false
 			}
 		}
@@ -103,7 +103,7 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 				continue
 			}
 			out = append(out, JobChunk{Group: g, Index: messages.ChunkIndex(c),
-				Key: Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
+				Key: l.Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
 		}
 	}
 	return out, nil

@@ -133,6 +133,7 @@ func newModel(t *testing.T, seed int64) *model {
 	}
 	s := spec(tph, bpc, groups...)
 	s.OffloadPromptOnly = rng.Intn(5) == 0
+	s.MaxModelLen = 1 << 20 // the naive model has no bound; TestStepTooLarge covers it
 	m.lay = mustLayout(t, s)
 	capacity := 256
 	if rng.Intn(4) == 0 {
@@ -533,7 +534,7 @@ func (m *model) effects(e Effects, where string) {
 			switch {
 			case ci >= m.naiveReady(g):
 				m.failf("%s: chunk %d/%d offered before it is ready (ready %d)", where, g, ci, m.naiveReady(g))
-			case c.Key != Key(m.truthHashes[(ci+1)*hpc-1], g):
+			case c.Key != Key(0, m.truthHashes[(ci+1)*hpc-1], g):
 				m.failf("%s: chunk %d/%d key %q", where, g, ci, c.Key)
 			case !slices.Equal(c.Blocks, m.truthBlocks[g][ci*bpc:(ci+1)*bpc]):
 				m.failf("%s: chunk %d/%d blocks %v, current ids %v", where, g, ci, c.Blocks, m.truthBlocks[g][ci*bpc:(ci+1)*bpc])

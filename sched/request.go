@@ -110,6 +110,9 @@ func (r *Request) Step(ev *messages.Event) error {
 		if ev.Start < 0 {
 			return ErrNegative
 		}
+		if len(ev.Hashes) > r.lay.MaxHashes-ev.Start { // not Start+len: Start is the sender's
+			return fmt.Errorf("%w: %d hashes from %d, at most %d in all", ErrTooLarge, len(ev.Hashes), ev.Start, r.lay.MaxHashes)
+		}
 		return r.applyHashes(ev.Start, ev.Hashes)
 	case messages.EvBlocks:
 		if ev.Group < 0 || ev.Group >= len(r.groups) {
@@ -123,6 +126,9 @@ func (r *Request) Step(ev *messages.Event) error {
 		}
 		if ev.Start < 0 {
 			return ErrNegative
+		}
+		if most := r.lay.Groups[ev.Group].MaxBlocks; len(ev.IDs) > most-ev.Start {
+			return fmt.Errorf("%w: group %d: %d block ids from %d, at most %d in all", ErrTooLarge, ev.Group, len(ev.IDs), ev.Start, most)
 		}
 		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks)
 	case messages.EvTokens:
@@ -338,24 +344,24 @@ func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies 
 	return keys
 }
 
-// appendKeys builds the offload keys of cands in one allocation: the keys
-// are substrings of one string (a decision's keys are stored, and later
-// evicted, together, so sharing their backing costs little).
+// appendKeys builds the pool keys of cands in one allocation: the keys are
+// substrings of one string (a decision's keys are stored, and later evicted,
+// together, so sharing their backing costs little).
 func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.Key {
 	hashOf := func(c candidate) messages.Hash {
 		return r.hashes[(int(c.chunk)+1)*r.lay.Groups[c.group].HashesPerChunk-1]
 	}
 	size := 0
 	for _, c := range cands {
-		size += len(hashOf(c)) + keyGroupBytes
+		size += keyNSBytes + len(hashOf(c)) + keyGroupBytes
 	}
 	b := make([]byte, 0, size)
 	for _, c := range cands {
-		b = AppendKey(b, hashOf(c), c.group)
+		b = AppendKey(b, r.lay.Namespace, hashOf(c), c.group)
 	}
 	all, off := string(b), 0
 	for _, c := range cands {
-		n := len(hashOf(c)) + keyGroupBytes
+		n := keyNSBytes + len(hashOf(c)) + keyGroupBytes
 		keys = append(keys, messages.Key(all[off:off+n]))
 		off += n
 	}

@@ -86,6 +86,11 @@ type Config struct {
 	// (default 4). They depend only on Seed, so engines with the same Seed
 	// share them and their keys deduplicate across engines.
 	SharedPrefixes int `json:"shared_prefixes"`
+	// Namespace is the EngineSpec namespace (PROTOCOL.md "Isolation").
+	// Engines of one run share it (default "kvactors-sim"), so their keys
+	// deduplicate and their kv_events evictions concern each other; set it
+	// to the engine id to keep an engine to itself.
+	Namespace string `json:"namespace"`
 	// SharedPrefixTokens is the length of each shared prefix (default 256;
 	// a prompt that is shorter takes part of it).
 	SharedPrefixTokens int `json:"shared_prefix_tokens"`
@@ -170,10 +175,14 @@ func DefaultConfig() Config {
 		PreemptRatio:       0.1,
 		ResumeHitRatio:     0.5,
 		Seed:               1,
+		Namespace:          DefaultNamespace,
 		RequestTimeout:     5 * time.Second,
 		StallTimeout:       20 * time.Second,
 	}
 }
+
+// DefaultNamespace is the namespace sim engines share unless told otherwise.
+const DefaultNamespace = "kvactors-sim"
 
 // ErrConfig wraps every reason Validate rejects a Config.
 var ErrConfig = errors.New("sim: bad config")

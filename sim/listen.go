@@ -106,8 +106,8 @@ func (e *engine) badMessage(format string, a ...any) {
 }
 
 // onKVEvents runs on the NATS client's goroutine: it remembers every key
-// evicted anywhere, so that a stored key found absent later can be told
-// apart from a lost one.
+// evicted from this engine's namespace by any engine, so that a stored key
+// found absent later can be told apart from a lost one.
 func (e *engine) onKVEvents(m *nats.Msg) {
 	var b messages.KVEventBatch
 	err := json.Unmarshal(m.Data, &b)
@@ -118,7 +118,7 @@ func (e *engine) onKVEvents(m *nats.Msg) {
 		return // not this engine's business to police routers' feed
 	}
 	for _, ev := range b.Events {
-		if ev.Type != messages.KVBlockRemoved {
+		if ev.Type != messages.KVBlockRemoved || (ev.Namespace != "" && ev.Namespace != e.namespace()) {
 			continue
 		}
 		for _, h := range ev.BlockHashes {
@@ -126,6 +126,14 @@ func (e *engine) onKVEvents(m *nats.Msg) {
 			e.kv.evictions++
 		}
 	}
+}
+
+// namespace is the engine's namespace as kvactors names it.
+func (e *engine) namespace() string {
+	if e.cfg.Namespace != "" {
+		return e.cfg.Namespace
+	}
+	return e.cfg.Engine
 }
 
 // wasEvicted reports whether key was evicted. kvactors publishes an

@@ -27,7 +27,7 @@ func newMemory(cfg *Config) (*memory, error) {
 	m := &memory{cfg: cfg}
 	size := int64(cfg.RegionsPerGroup) * int64(cfg.NumGPUBlocks) * cfg.BlockBytes
 	for g := range cfg.Groups {
-		name := fmt.Sprintf("kvactors-sim-%s-%s-g%d", cfg.Engine, hex.EncodeToString(suffix[:]), g)
+		name := fmt.Sprintf("%s-kvactors-sim-%s-g%d", cfg.Engine, hex.EncodeToString(suffix[:]), g)
 		seg, err := shm.Create(cfg.ShmDir, name, size)
 		if err != nil {
 			_ = m.remove()
@@ -59,7 +59,7 @@ func (m *memory) block(g, r int, b uint32) []byte {
 func (m *memory) spec() messages.EngineSpec {
 	c := m.cfg
 	s := messages.EngineSpec{TokensPerHash: c.TokensPerHash, BlocksPerChunk: c.BlocksPerChunk,
-		NumGPUBlocks: c.NumGPUBlocks}
+		NumGPUBlocks: c.NumGPUBlocks, Namespace: c.Namespace}
 	for g, gc := range c.Groups {
 		s.Segments = append(s.Segments, m.segs[g].Spec())
 		gs := messages.GroupSpec{Kind: gc.Kind, TokensPerBlock: gc.TokensPerBlock, SlidingWindow: gc.SlidingWindow}

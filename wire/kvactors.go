@@ -84,7 +84,7 @@ func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 		b = strconv.AppendInt(b, int64(ev.GroupIdx), 10)
 		b = append(b, `,"medium":`...)
 		b = AppendString(b, ev.Medium)
-		if ev.Namespace != "" {
+		if ev.Namespace != "" { // omitempty, as encoding/json
 			b = append(b, `,"namespace":`...)
 			b = AppendString(b, ev.Namespace)
 		}

@@ -39,3 +39,23 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 	want, _ := json.Marshal(empty)
 	require.Equal(t, string(want), string(AppendStored(nil, empty)))
 }
+
+// v2: kv_events carry "namespace" (omitted when empty, as encoding/json's
+// omitempty does), escaped like any string.
+func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
+	check := func(ns, hash string, group int, ts float64) bool {
+		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
+			{Type: messages.KVBlockStored, BlockHashes: []string{hash}, GroupIdx: group, Medium: "CPU", Namespace: ns},
+			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU"}}}
+		want, err := json.Marshal(kv)
+		got := AppendKVEvents(nil, kv)
+		if err != nil || string(want) != string(got) {
+			t.Logf("want %s\n got %s", want, got)
+			return false
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+	require.True(t, check("llama \"70b\" <fp8>\xff", "ab", 0, 1))
+	require.True(t, check("", "ab", 0, 1))
+}

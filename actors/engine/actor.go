@@ -11,6 +11,7 @@ import (
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -35,6 +36,12 @@ type Deps struct {
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
+	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
+	// bound); an added past it is rejected (reason "limit").
+	MaxRequests int
+	// Reject logs rejections, rate-limited per reason (nil: not logged;
+	// they are always counted).
+	Reject *ratelog.Log
 }
 
 // routed is one event to forward: its index in the batch and its request's
@@ -235,6 +242,12 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 	if _, ok := a.live[id]; !ok {
 		switch ev.Type {
 		case messages.EvAdded:
+			if a.deps.MaxRequests > 0 && len(a.live) >= a.deps.MaxRequests {
+				a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
+				a.deps.Reject.Reject(messages.RejectLimit, "added refused: too many live requests", "engine", a.deps.Engine,
+					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
+				return false
+			}
 			a.spawn(c, m.Ctx, ev)
 			return false // the added event is the actor's first state
 		case messages.EvFinished:
@@ -249,7 +262,7 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 			return false
 		default:
 			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
-			a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", id,
+			a.deps.Reject.Reject(messages.RejectUnknownRequest, "event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
 			return false
 		}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/hex"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -38,6 +38,15 @@ type Deps struct {
 	Metrics   *metrics.Metrics
 	Tracer    trace.Tracer
 	Log       *slog.Logger
+	// Namespace is the engine's namespace (BlockStored's "namespace").
+	// NamespaceOf names the namespace of an evicted key, which may be
+	// another one (the pool's LRU spans namespaces), and the engine whose
+	// kv_events announce it. nil: every key is this engine's.
+	Namespace   string
+	NamespaceOf func(sched.NamespaceID) (name, engine string)
+	// Reject logs rejected events, rate-limited per reason (nil: not
+	// logged; they are always counted).
+	Reject *ratelog.Log
 	// Owed, when set, counts requests not yet released for good (the node
 	// reports them when a shutdown times out).
 	Owed *atomic.Int64
@@ -127,8 +136,9 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 
 // reject logs and counts a rejected event; the state is unchanged.
 func (a *Actor) reject(ev *messages.Event, err error) {
-	a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLabel(err)).Inc()
-	a.deps.Log.Error("event rejected", "engine", a.deps.Engine, "request", ev.Request,
+	reason := messages.RejectLabel(err)
+	a.deps.Metrics.Rejected.WithLabelValues(reason).Inc()
+	a.deps.Reject.Reject(reason, "event rejected", "engine", a.deps.Engine, "request", ev.Request,
 		"type", ev.Type.String(), "err", err)
 }
 
@@ -169,12 +179,13 @@ func (a *Actor) published(j *job) {
 		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
 	var kv []messages.KVEvent
 	for i, ch := range j.store.Chunks {
-		// One hex encoding per chunk: the key is the hash plus 4 group bytes,
-		// so the hash's hex is a prefix of the key's.
-		keyHex := hex.EncodeToString([]byte(ch.Key))
+		// One hex encoding per chunk: the wire key is the hash plus 4 group
+		// bytes, so the hash's hex is a prefix of the key's.
+		keyHex := hex.EncodeToString([]byte(sched.WireKey(ch.Key)))
 		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
 		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU})
+			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU,
+				Namespace: a.deps.Namespace})
 		}
 		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, sched.KeyHashHex(keyHex))
 	}
@@ -254,21 +265,59 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		Span: span.SpanContext(), Arrived: arrived})
 }
 
-// evicted announces evicted keys as one BlockRemoved per group.
+// evicted announces evicted keys as one BlockRemoved per namespace and
+// group, each naming the namespace the key was stored in. Keys of another
+// namespace are announced on the kv_events of an engine of that namespace:
+// routers see every eviction, and this engine never learns another
+// namespace's block hashes.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
+	type nsGroup struct {
+		ns sched.NamespaceID
+		g  int
+	}
 	var kv []messages.KVEvent
+	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
+	at := map[nsGroup]int{}     // index in kv
 	for _, k := range keys {
-		hash, g := sched.SplitKey(k)
-		i := slices.IndexFunc(kv, func(e messages.KVEvent) bool { return e.GroupIdx == g })
-		if i < 0 {
+		ns, hash, g := sched.SplitKey(k)
+		i, ok := at[nsGroup{ns, g}]
+		if !ok {
 			i = len(kv)
+			at[nsGroup{ns, g}] = i
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
 				BlockHashes: make([]string, 0, len(keys))})
+			nss = append(nss, ns)
 		}
 		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
 	}
-	a.deps.Outbox.KVEvents(a.ctx, a.deps.Engine, kv)
+	// One batch per announcing engine, in first-seen order.
+	for len(kv) > 0 {
+		name, engine := a.namespaceOf(nss[0])
+		var batch, rest []messages.KVEvent
+		var restNS []sched.NamespaceID
+		for i := range kv {
+			if nss[i] == nss[0] {
+				kv[i].Namespace = name
+				batch = append(batch, kv[i])
+			} else {
+				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+			}
+		}
+		if engine != "" {
+			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
+		}
+		kv, nss = rest, restNS
+	}
+}
+
+// namespaceOf is the name of namespace ns and the engine that announces its
+// evictions.
+func (a *Actor) namespaceOf(ns sched.NamespaceID) (name, engine string) {
+	if a.deps.NamespaceOf == nil || ns == a.deps.Layout.Namespace {
+		return a.deps.Namespace, a.deps.Engine
+	}
+	return a.deps.NamespaceOf(ns)
 }
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the

@@ -121,19 +121,13 @@ func (b *Backend) attachOne(s messages.Segment) ([]byte, error) {
 	if err := checkName(s.Shm); err != nil {
 		return nil, err
 	}
-	fd, err := openAt(b.dir, s.Shm, unix.O_RDWR, 0)
+	fd, st, err := openOwned(b.dir, s.Shm)
 	if err != nil {
 		return nil, err
 	}
 	// The mapping keeps the object alive; the fd is not needed after mmap.
 	defer unix.Close(fd)
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil {
-		return nil, fmt.Errorf("fstat: %w", err)
-	}
 	switch {
-	case st.Mode&unix.S_IFMT != unix.S_IFREG:
-		return nil, fmt.Errorf("is not a regular file (mode %#o)", st.Mode&unix.S_IFMT)
 	case st.Size <= 0:
 		return nil, errors.New("is empty (size 0)")
 	case int64(int(st.Size)) != st.Size:

@@ -111,6 +111,12 @@ func TestAttachRefuses(t *testing.T) {
 	require.NoError(t, os.Mkdir(filepath.Join(dir, "subdir"), 0o700))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "empty"), nil, 0o600))
 	require.NoError(t, unix.Mkfifo(filepath.Join(dir, "fifo"), 0o600))
+	// PROTOCOL.md "Isolation": a hard link in the shm dir to a file outside
+	// it (or to another engine's object) has two links and is refused.
+	require.NoError(t, os.WriteFile(filepath.Join(outside, "big"), make([]byte, 4096), 0o600))
+	require.NoError(t, os.Link(filepath.Join(outside, "big"), filepath.Join(dir, "hard-out")))
+	victim := create(t, dir, "vic-kv", 4096)
+	require.NoError(t, os.Link(filepath.Join(dir, victim.Name()), filepath.Join(dir, "mal-kv")))
 	b := newBackend(t, dir)
 
 	cases := []struct {
@@ -135,6 +141,8 @@ func TestAttachRefuses(t *testing.T) {
 		{"directory", messages.Segment{Shm: "subdir"}, "is a directory"},
 		{"zero size", messages.Segment{Shm: "empty"}, "is empty"},
 		{"fifo", messages.Segment{Shm: "fifo"}, "not a regular file"},
+		{"hard link to a file outside", messages.Segment{Shm: "hard-out"}, "has 2 links"},
+		{"hard link to another engine's object", messages.Segment{Shm: "mal-kv"}, "has 2 links"},
 		{"cuda_ipc", messages.Segment{CUDAIPC: "abcd", Bytes: 4096}, "cuda_ipc"},
 		{"both kinds", messages.Segment{Shm: "good", CUDAIPC: "abcd"}, "both"},
 	}
@@ -151,6 +159,9 @@ func TestAttachRefuses(t *testing.T) {
 	secret, err := os.ReadFile(filepath.Join(outside, "secret"))
 	require.NoError(t, err)
 	require.Equal(t, "secret", string(secret))
+	big, err := os.ReadFile(filepath.Join(outside, "big"))
+	require.NoError(t, err)
+	require.Equal(t, make([]byte, 4096), big)
 }
 
 func TestAttachValidNames(t *testing.T) {

@@ -273,7 +273,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (res Result, err error) {
 }
 
 func startEngine(ctx context.Context, url, nodeID, id string, blocks int, o Options) (*engine, error) {
-	seg, err := shm.Create(o.ShmDir, "kvactors-demo-"+id, int64(blocks)*o.BlockBytes)
+	seg, err := shm.Create(o.ShmDir, id+"-kvactors-demo", int64(blocks)*o.BlockBytes)
 	if err != nil {
 		return nil, fmt.Errorf("engine %s: %w", id, err)
 	}

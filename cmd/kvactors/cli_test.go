@@ -113,7 +113,7 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	nc, err := nats.Connect(m[1])
 	require.NoError(t, err)
 	defer nc.Close()
-	seg, err := shm.Create(dir, "cli", 64*256)
+	seg, err := shm.Create(dir, "cli-kv", 64*256)
 	require.NoError(t, err)
 	defer seg.Close()
 	spec := messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
@@ -183,7 +183,7 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	nc, err := nats.Connect(m[1])
 	require.NoError(t, err)
 	defer nc.Close()
-	seg, err := shm.Create(dir, "cli", 512*256)
+	seg, err := shm.Create(dir, "cli-kv", 512*256)
 	require.NoError(t, err)
 	defer seg.Close()
 	spec := messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 512,

@@ -31,7 +31,7 @@ const killLease = time.Second
 // engineSpec is a one-group engine on a fresh shm segment in dir: 64 blocks
 // of 256 bytes, 4 tokens per block and per hash, one block per chunk.
 func engineSpec(t *testing.T, dir, id, nodeID string) (messages.EngineSpec, *shm.Segment) {
-	seg, err := shm.Create(dir, "seg-"+id, 64*256)
+	seg, err := shm.Create(dir, id+"-seg", 64*256)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = seg.Remove() })
 	return messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64, Node: nodeID,

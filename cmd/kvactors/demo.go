@@ -19,6 +19,7 @@ import (
 	"github.com/schollz/progressbar/v3"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 	"github.com/kvactors/kvactors/tracing"
@@ -197,13 +198,15 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	return nil
 }
 
-// demoConfigs splits the requests across engines. All share the seed, so
-// their shared prefixes are the same tokens and deduplicate in the pool.
+// demoConfigs splits the requests across engines. All share the seed and
+// one namespace, so their shared prefixes are the same keys and deduplicate
+// in the pool.
 func demoConfigs(o demoOptions, log *slog.Logger, done func()) []sim.Config {
 	cfgs := make([]sim.Config, o.engines)
 	for i := range cfgs {
 		c := sim.DefaultConfig()
 		c.Engine = fmt.Sprintf("engine-%d", i+1)
+		c.Namespace = "kvactors-demo"
 		c.ShmDir = o.shmDir
 		c.Requests = o.requests / o.engines
 		if i < o.requests%o.engines {
@@ -236,7 +239,9 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine))
+		// The inbox prefix NATS permissions allow each engine (docs/SECURITY.md).
+		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine),
+			nats.CustomInboxPrefix(client.InboxPrefix(c.Engine)))
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
 		}

@@ -21,6 +21,7 @@ commands:
   bench     measure event throughput, latency, copy bandwidth and scale
   nodes     list the nodes of a cluster (node, boot, engines, pool and disk, last heartbeat)
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
+  nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
   version   print the version
 
 Run 'kvactors <command> --help' for a command's flags.
@@ -43,6 +44,8 @@ func main() {
 		code = nodes(args)
 	case "flags":
 		code = flagsTable(args)
+	case "nats-config":
+		code = natsConfig(args)
 	case "version", "--version", "-v":
 		fmt.Println("kvactors", version)
 	case "help", "--help", "-h":

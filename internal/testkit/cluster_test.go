@@ -40,13 +40,26 @@ func TestNATSClusterRoutesAndReplicatesAcrossARestart(t *testing.T) {
 	c.Stop(0) // a fails over to s1 or s2
 	jsB, err := jetstream.New(b)
 	require.NoError(t, err)
-	kvB, err := jsB.KeyValue(ctx, "t")
-	require.NoError(t, err)
-	Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		_, err := kvB.Put(ctx, "k", []byte("v2"))
+	// Stopping a server may take the JetStream meta leader with it; the
+	// survivors elect another within NATS' election timeout (seconds), and
+	// until then stream lookups time out. Each try has its own deadline.
+	var kvB jetstream.KeyValue
+	Eventually(t, 30*time.Second, 100*time.Millisecond, func() error {
+		try, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if kvB == nil {
+			kv, err := jsB.KeyValue(try, "t")
+			if err != nil {
+				return err
+			}
+			kvB = kv
+		}
+		_, err := kvB.Put(try, "k", []byte("v2"))
 		return err
 	})
 	c.Restart(0)
+	ctx, cancel = context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	e, err := kvB.Get(ctx, "k")
 	require.NoError(t, err)
 	require.Equal(t, "v2", string(e.Value()))

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/kvactors/kvactors/natsauth"
+)
+
+// natsConfig is `kvactors nats-config`: it prints a nats-server
+// configuration that isolates the listed engines (docs/SECURITY.md) and
+// writes it with one secret file per user into --out.
+func natsConfig(args []string) int {
+	fs := flag.NewFlagSet("nats-config", flag.ContinueOnError)
+	var o natsauth.Options
+	engines := fs.String("engines", "", "comma-separated engine ids, one user each (required)")
+	routers := fs.String("routers", "", "comma-separated router ids: read-only users (kv_events, status)")
+	out := fs.String("out", "", "directory for nats-server.conf and the secret files (required; created 0700)")
+	fs.StringVar(&o.Prefix, "prefix", "kvactors", "subject prefix P")
+	fs.StringVar(&o.Auth, "auth", natsauth.AuthNKey, "nkey (the config holds public keys) or password (bcrypt hashes)")
+	fs.BoolVar(&o.JetStream, "jetstream", false, "enable JetStream, its API for kvactors' user only")
+	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate file (requires --tls-key)")
+	fs.StringVar(&o.TLSKey, "tls-key", "", "server key file")
+	fs.StringVar(&o.TLSCA, "tls-ca", "", "CA file: also verify client certificates")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *engines == "" || *out == "" {
+		fmt.Fprintln(os.Stderr, "kvactors nats-config: --engines and --out are required")
+		return 2
+	}
+	o.Engines = split(*engines)
+	o.Routers = split(*routers)
+	g, err := natsauth.Generate(o)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvactors nats-config:", err)
+		return 2
+	}
+	paths, err := g.Write(*out)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "kvactors nats-config:", err)
+		return 1
+	}
+	fmt.Print(g.Config)
+	conf := *out + "/" + natsauth.ConfigFile
+	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join(paths, ", "))
+	if o.Auth == natsauth.AuthPassword {
+		fmt.Fprintf(os.Stderr, "serve with: NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" kvactors serve --nats-config %s\n",
+			natsauth.ServiceUser, *out, natsauth.ServiceUser, conf)
+	} else {
+		fmt.Fprintf(os.Stderr, "serve with: kvactors serve --nats-config %s --nats-nkey %s/%s.nk\n", conf, *out, natsauth.ServiceUser)
+	}
+	return 0
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}

@@ -1,0 +1,98 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// The recipe of docs/SECURITY.md through the binary: nats-config writes a
+// configuration and secrets; serve loads it (--nats-config, --nats-nkey);
+// engine e1 registers with its own seed and inbox; e2 cannot publish on
+// e1's subjects; an anonymous client is not let in.
+func TestNATSConfigAndServeWithIt(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "nats")
+	conf, err := exec.Command(binary, "nats-config", "--engines", "e1,e2", "--out", out).Output()
+	require.NoError(t, err)
+	require.Contains(t, string(conf), "authorization {")
+	for _, f := range []string{"nats-server.conf", "_kvactors.nk", "e1.nk", "e2.nk"} {
+		require.FileExists(t, filepath.Join(out, f))
+	}
+	bad, err := exec.Command(binary, "nats-config", "--engines", "_x", "--out", t.TempDir()).CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(bad), "not starting with '_'")
+
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir, "--pool-bytes", "1M",
+		"--log-level", "warn", "--nats-config", filepath.Join(out, "nats-server.conf"),
+		"--nats-nkey", filepath.Join(out, "_kvactors.nk"))
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line := make(chan string, 1)
+	go func() {
+		s := bufio.NewScanner(stdout)
+		for s.Scan() {
+			if strings.HasPrefix(s.Text(), "kvactors serving") {
+				line <- s.Text()
+			}
+		}
+	}()
+	var serving string
+	select {
+	case serving = <-line:
+	case <-time.After(20 * time.Second):
+		t.Fatal("serve did not print its URL")
+	}
+	url := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)[1]
+
+	_, err = nats.Connect(url)
+	require.ErrorIs(t, err, nats.ErrAuthorization, "no anonymous clients")
+	connect := func(id string, errs chan error) *nats.Conn {
+		seed, err := nats.NkeyOptionFromSeed(filepath.Join(out, id+".nk"))
+		require.NoError(t, err)
+		// The SDK's connection: its inbox prefix is the one the permissions allow.
+		nc, err := client.Dial(url, id, seed,
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	e1 := connect("e1", make(chan error, 8))
+	seg, err := shm.Create(dir, "e1.kv", 64*256)
+	require.NoError(t, err)
+	defer seg.Close()
+	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
+		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 256, BlockBytes: 256}}}}})
+	reply, err := e1.Request("kvactors.e1.register", spec, 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), `"ok":true`)
+
+	e2errs := make(chan error, 8)
+	e2 := connect("e2", e2errs)
+	require.NoError(t, e2.Publish("kvactors.e1.events", []byte(`{}`)))
+	require.NoError(t, e2.Flush())
+	select {
+	case err := <-e2errs:
+		require.ErrorIs(t, err, nats.ErrPermissionViolation)
+		require.Contains(t, err.Error(), "kvactors.e1.events")
+	case <-time.After(5 * time.Second):
+		t.Fatal("no permissions violation for e2 publishing on e1's subject")
+	}
+}

@@ -1,0 +1,212 @@
+package natsauth
+
+import (
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/nats-io/nkeys"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Auth kinds.
+const (
+	AuthNKey     = "nkey"     // the config holds public keys; each user keeps a seed
+	AuthPassword = "password" // the config holds bcrypt hashes; each user keeps a password
+)
+
+// ServiceUser is kvactors' own user name. It starts with '_' so no engine
+// id can take it, and names kvactors' reply inboxes (InboxPrefix).
+const ServiceUser = "_kvactors"
+
+// Options says what to generate.
+type Options struct {
+	// Prefix is the subject prefix P (default "kvactors").
+	Prefix string
+	// Engines are the engine ids that get a user each.
+	Engines []string
+	// Routers get read-only users: kv_events of every engine, node hellos
+	// and heartbeats, and P.*.status requests.
+	Routers []string
+	// Auth is AuthNKey (default) or AuthPassword.
+	Auth string
+	// JetStream turns on the server's JetStream (off otherwise); only
+	// kvactors' user may use its API.
+	JetStream bool
+	// TLSCert and TLSKey, when set, make the server require TLS with them;
+	// TLSCA verifies client certificates too when set.
+	TLSCert, TLSKey, TLSCA string
+	// BcryptCost is the password hashes' cost (0: bcrypt.DefaultCost). The
+	// server pays it at every connect; tests lower it.
+	BcryptCost int
+}
+
+// Credential is one user's secret: what its client presents.
+type Credential struct {
+	User     string // engine id, router id, or ServiceUser
+	Role     string // "kvactors", "engine" or "router"
+	Seed     string // nkey seed (AuthNKey)
+	Password string // plaintext (AuthPassword); the config holds its hash
+}
+
+// Generated is a configuration and the secrets that go with it.
+type Generated struct {
+	Config string
+	Creds  []Credential
+}
+
+var idRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
+
+// ErrOptions wraps every reason Generate refuses its options.
+var ErrOptions = errors.New("natsauth: bad options")
+
+// InboxPrefix is the reply-inbox prefix user id must set in its NATS
+// client: the only inboxes it may subscribe to. It is the engine SDK's
+// (client.Dial sets it), so the two cannot drift.
+func InboxPrefix(id string) string { return client.InboxPrefix(id) }
+
+// Generate makes fresh credentials for every user and the configuration
+// that grants each its permissions.
+func Generate(o Options) (Generated, error) {
+	if o.Prefix == "" {
+		o.Prefix = "kvactors"
+	}
+	if o.Auth == "" {
+		o.Auth = AuthNKey
+	}
+	if o.Auth != AuthNKey && o.Auth != AuthPassword {
+		return Generated{}, fmt.Errorf("%w: auth %q: want %s or %s", ErrOptions, o.Auth, AuthNKey, AuthPassword)
+	}
+	if strings.ContainsAny(o.Prefix, "*> \t\"") {
+		return Generated{}, fmt.Errorf("%w: prefix %q", ErrOptions, o.Prefix)
+	}
+	if o.BcryptCost != 0 && (o.BcryptCost < bcrypt.MinCost || o.BcryptCost > bcrypt.MaxCost) {
+		return Generated{}, fmt.Errorf("%w: bcrypt cost %d: want %d..%d", ErrOptions, o.BcryptCost, bcrypt.MinCost, bcrypt.MaxCost)
+	}
+	if (o.TLSCert == "") != (o.TLSKey == "") {
+		return Generated{}, fmt.Errorf("%w: TLS needs both a certificate and a key", ErrOptions)
+	}
+	seen := map[string]bool{}
+	for _, id := range append(append([]string(nil), o.Engines...), o.Routers...) {
+		switch {
+		case !idRE.MatchString(id) || id[0] == '_':
+			return Generated{}, fmt.Errorf("%w: id %q: want [A-Za-z0-9_-]{1,64}, not starting with '_'", ErrOptions, id)
+		case seen[id]:
+			return Generated{}, fmt.Errorf("%w: id %q listed twice", ErrOptions, id)
+		}
+		seen[id] = true
+	}
+	var g Generated
+	var users []string
+	add := func(id, role string, perms string) error {
+		c := Credential{User: id, Role: role}
+		var auth string
+		switch o.Auth {
+		case AuthNKey:
+			kp, err := nkeys.CreateUser()
+			if err != nil {
+				return fmt.Errorf("natsauth: nkey for %s: %w", id, err)
+			}
+			seed, _ := kp.Seed()
+			pub, _ := kp.PublicKey()
+			c.Seed = string(seed)
+			auth = "nkey: " + strconv.Quote(pub)
+		case AuthPassword:
+			var b [24]byte
+			_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+			c.Password = base64.RawURLEncoding.EncodeToString(b[:])
+			cost := o.BcryptCost
+			if cost == 0 {
+				cost = bcrypt.DefaultCost
+			}
+			hash, err := bcrypt.GenerateFromPassword([]byte(c.Password), cost)
+			if err != nil {
+				return fmt.Errorf("natsauth: hash for %s: %w", id, err)
+			}
+			auth = "user: " + strconv.Quote(id) + ", password: " + strconv.Quote(string(hash))
+		}
+		g.Creds = append(g.Creds, c)
+		users = append(users, fmt.Sprintf("    # %s %s\n    { %s,\n      permissions: %s }", role, id, auth, perms))
+		return nil
+	}
+	if err := add(ServiceUser, "kvactors", servicePerms(o)); err != nil {
+		return Generated{}, err
+	}
+	for _, id := range o.Engines {
+		if err := add(id, "engine", enginePerms(o.Prefix, id)); err != nil {
+			return Generated{}, err
+		}
+	}
+	for _, id := range o.Routers {
+		if err := add(id, "router", routerPerms(o.Prefix, id)); err != nil {
+			return Generated{}, err
+		}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "# nats-server configuration for kvactors (generated by `kvactors nats-config`).\n")
+	fmt.Fprintf(&b, "# Subject prefix %q. Each engine may publish only on %s.<id>.> and read only its\n", o.Prefix, o.Prefix)
+	fmt.Fprintf(&b, "# own subjects, node hellos and heartbeats, and its inboxes _INBOX.<id>.> (clients\n")
+	fmt.Fprintf(&b, "# must set that inbox prefix). See docs/SECURITY.md.\n\n")
+	if o.JetStream {
+		b.WriteString("# JetStream: only kvactors' user may use its API.\njetstream: enabled\n\n")
+	} else {
+		b.WriteString("# No jetstream block: JetStream is off.\n\n")
+	}
+	if o.TLSCert != "" {
+		fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n", strconv.Quote(o.TLSCert), strconv.Quote(o.TLSKey))
+		if o.TLSCA != "" {
+			fmt.Fprintf(&b, "  ca_file: %s\n  verify: true\n", strconv.Quote(o.TLSCA))
+		}
+		b.WriteString("}\n\n")
+	}
+	b.WriteString("authorization {\n  users = [\n")
+	b.WriteString(strings.Join(users, ",\n"))
+	b.WriteString("\n  ]\n}\n")
+	g.Config = b.String()
+	return g, nil
+}
+
+// list renders subjects as a config array.
+func list(subjects ...string) string {
+	q := make([]string, len(subjects))
+	for i, s := range subjects {
+		q[i] = strconv.Quote(s)
+	}
+	return "[" + strings.Join(q, ", ") + "]"
+}
+
+// servicePerms: kvactors takes every P.<engine>.<verb> through one
+// subscription to P.*.* (one engine's messages keep their order across
+// verbs), so its user may read all of them; the point of the configuration
+// is that no other user may.
+func servicePerms(o Options) string {
+	subs := []string{o.Prefix + ".*.*", o.Prefix + "." + messages.NodeToken + ".>", InboxPrefix(ServiceUser) + ".>"}
+	pubs := []string{o.Prefix + ".>"}
+	if o.JetStream { // the API, acks of what it consumes, KV puts (cluster ownership)
+		pubs = append(pubs, "$JS.API.>", "$JS.ACK.>", "$KV.>")
+	}
+	return fmt.Sprintf("{\n        publish: { allow: %s }\n        subscribe: { allow: %s }\n        allow_responses: true }",
+		list(pubs...), list(subs...))
+}
+
+func enginePerms(prefix, id string) string {
+	node := prefix + "." + messages.NodeToken + ".*."
+	return fmt.Sprintf("{\n        publish: { allow: %s }\n        subscribe: { allow: %s } }",
+		list(prefix+"."+id+".>"),
+		list(prefix+"."+id+".>", node+messages.NodeVerbHello, node+messages.NodeVerbHeartbeat, InboxPrefix(id)+".>"))
+}
+
+func routerPerms(prefix, id string) string {
+	node := prefix + "." + messages.NodeToken + ".*."
+	return fmt.Sprintf("{\n        publish: { allow: %s }\n        subscribe: { allow: %s } }",
+		list(prefix+".*."+messages.VerbStatus),
+		list(prefix+".*."+messages.VerbKVEvents, node+messages.NodeVerbHello, node+messages.NodeVerbHeartbeat,
+			InboxPrefix(id)+".>"))
+}

@@ -1,0 +1,202 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+	"golang.org/x/crypto/bcrypt"
+
+	"github.com/kvactors/kvactors/natsauth"
+	"github.com/kvactors/kvactors/node"
+)
+
+// securedNode starts a node whose embedded server loads the configuration
+// `kvactors nats-config` generates for engines (the node authenticates as
+// kvactors' user), and returns a connect function that logs a client in as
+// one of them, with its inbox prefix, reporting its async errors on errs.
+func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config)) (*env,
+	func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn) {
+	t.Helper()
+	g, err := natsauth.Generate(o)
+	require.NoError(t, err)
+	creds := filepath.Join(t.TempDir(), "creds")
+	_, err = g.Write(creds)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	reg := prometheus.NewRegistry()
+	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NATSConfig: filepath.Join(creds, natsauth.ConfigFile)}
+	password := func(id string) string {
+		b, err := os.ReadFile(filepath.Join(creds, id+".password"))
+		require.NoError(t, err)
+		return strings.TrimSpace(string(b))
+	}
+	if o.Auth == natsauth.AuthPassword {
+		cfg.NATSUser, cfg.NATSPassword = natsauth.ServiceUser, password(natsauth.ServiceUser)
+	} else {
+		cfg.NATSNKey = filepath.Join(creds, natsauth.ServiceUser+".nk")
+	}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	connect := func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn {
+		t.Helper()
+		var auth nats.Option
+		if o.Auth == natsauth.AuthPassword {
+			auth = nats.UserInfo(id, password(id))
+		} else {
+			var err error
+			auth, err = nats.NkeyOptionFromSeed(filepath.Join(creds, id+".nk"))
+			require.NoError(t, err)
+		}
+		nc, err := nats.Connect(n.NATSURL(), append([]nats.Option{auth, nats.CustomInboxPrefix(natsauth.InboxPrefix(id)),
+			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+				select {
+				case errs <- err:
+				default: // the test reads what it expects; more is not its business
+				}
+			})}, opts...)...)
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	return &env{t: t, node: n, reg: reg, dir: dir}, connect
+}
+
+// violation waits for the async permission error about subject.
+func violation(t *testing.T, errs <-chan error, subject string) {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case err := <-errs:
+			if errors.Is(err, nats.ErrPermissionViolation) && strings.Contains(err.Error(), `"`+subject+`"`) {
+				return
+			}
+		case <-deadline:
+			t.Fatalf("no permissions violation reported for %s", subject)
+		}
+	}
+}
+
+// The permission attacks of issue 11 against a node and a nats-server
+// configured by `kvactors nats-config`: publishing finished on the victim's
+// subject, registering under its name, answering P.vic.lookup, reading its
+// reply inboxes, subscribing to the verbs kvactors serves, asking for its
+// status. NATS refuses each with a permissions violation; the victim's
+// requests, bytes and lookups are untouched and a well-behaved engine is
+// served throughout.
+func TestHostileNATSPermissions(t *testing.T) {
+	for _, auth := range []string{natsauth.AuthNKey, natsauth.AuthPassword} {
+		t.Run(auth, func(t *testing.T) { hostileNATSPermissions(t, auth) })
+	}
+}
+
+func hostileNATSPermissions(t *testing.T, auth string) {
+	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal", "good"}, Auth: auth,
+		BcryptCost: bcrypt.MinCost}) // the server checks a hash per connect; -race makes the default cost slow
+	vicEnv, malEnv, goodEnv := *base, *base, *base
+	vicErrs, malErrs := make(chan error, 64), make(chan error, 64)
+	vicEnv.nc = connect("vic", vicErrs)
+	malEnv.nc = connect("mal", malErrs)
+	goodEnv.nc = connect("good", make(chan error, 64))
+	vic, hs, want := victim(t, &vicEnv)
+	mal := malEnv.newEngine("mal", defaultOpts())
+	mal.register() // its own name is fine
+
+	// Forged answers and eavesdropping: subscriptions refused.
+	var forged atomic.Int32
+	for _, subj := range []string{"kvactors.vic.lookup", "_INBOX.vic.>", "kvactors.*.register", "kvactors._node.>",
+		"kvactors.vic.released"} {
+		_, err := malEnv.nc.Subscribe(subj, func(m *nats.Msg) {
+			forged.Add(1)
+			_ = m.Respond([]byte(`{"hit_tokens":9999}`))
+		})
+		require.NoError(t, err)
+		require.NoError(t, malEnv.nc.Flush())
+		violation(t, malErrs, subj)
+	}
+
+	// Acting as the victim: publishes refused.
+	fin, _ := json.Marshal(map[string]any{"epoch": "ep1", "seq": 2, "events": []any{finishedEv("r", true, 0, 16)}})
+	require.NoError(t, malEnv.nc.Publish("kvactors.vic.events", fin))
+	require.NoError(t, malEnv.nc.Flush())
+	violation(t, malErrs, "kvactors.vic.events")
+	spec, _ := json.Marshal(mal.spec)
+	_, err := malEnv.nc.Request("kvactors.vic.register", spec, 500*time.Millisecond)
+	require.Error(t, err, "no reply to a refused request")
+	violation(t, malErrs, "kvactors.vic.register")
+	_, err = malEnv.nc.Request("kvactors.vic.status", []byte(`{}`), 500*time.Millisecond)
+	require.Error(t, err)
+	violation(t, malErrs, "kvactors.vic.status")
+	require.NoError(t, malEnv.nc.Publish("$JS.API.STREAM.CREATE.fill", []byte(`{"name":"fill"}`)))
+	require.NoError(t, malEnv.nc.Flush())
+	violation(t, malErrs, "$JS.API.STREAM.CREATE.fill")
+
+	// The victim: request r still live (not released by the forged
+	// finished), lookups answered by the node only, bytes intact.
+	none(vic, vic.released, "a release forged by the attacker")
+	st := vic.sync()
+	require.Len(t, st.Requests, 1)
+	require.Equal(t, "r", st.Requests[0].Request)
+	intact(t, vic, hs, want)
+	require.Zero(t, forged.Load(), "the attacker's handlers never ran")
+	select {
+	case err := <-vicErrs:
+		t.Fatalf("the victim hit a permission error: %v", err)
+	default:
+	}
+
+	// A well-behaved engine is served, end to end.
+	good := goodEnv.newEngine("good", defaultOpts())
+	good.register()
+	good.fill(0, 7, 3)
+	good.send(added("g", 4), hashesEv("g", 0, hash("g", 0)), blocksEv("g", 0, 0, 7), tokensEv("g", 4, 4))
+	recv(t, good.stored, "good engine's store")
+	require.Equal(t, 4, good.lookup([]string{hash("g", 0)}))
+}
+
+// With JetStream turned on in the generated configuration, only kvactors'
+// user may use its API: an engine cannot create a stream.
+func TestHostileJetStreamRestricted(t *testing.T) {
+	_, connect := securedNode(t, natsauth.Options{Engines: []string{"mal"}, JetStream: true})
+	errs := make(chan error, 64)
+	nc := connect("mal", errs)
+	js, err := nc.JetStream(nats.MaxWait(500 * time.Millisecond))
+	require.NoError(t, err)
+	_, err = js.AddStream(&nats.StreamConfig{Name: "fill", Subjects: []string{"fill.>"}})
+	require.Error(t, err)
+	violation(t, errs, "$JS.API.STREAM.CREATE.fill")
+
+	svc := connect(natsauth.ServiceUser, make(chan error, 64))
+	sjs, err := svc.JetStream(nats.MaxWait(5 * time.Second))
+	require.NoError(t, err)
+	_, err = sjs.AddStream(&nats.StreamConfig{Name: "kv", Subjects: []string{"kvactors.x.events"}})
+	require.NoError(t, err, "kvactors' own user may")
+	kv, err := sjs.CreateKeyValue(&nats.KeyValueConfig{Bucket: "owners"})
+	require.NoError(t, err, "kvactors' own user may keep a KV bucket (cluster ownership)")
+	_, err = kv.Put("e1", []byte("node-a"))
+	require.NoError(t, err)
+	require.NoError(t, nc.Publish("$KV.owners.e1", []byte("forged")))
+	require.NoError(t, nc.Flush())
+	violation(t, errs, "$KV.owners.e1")
+	got, err := kv.Get("e1")
+	require.NoError(t, err)
+	require.Equal(t, "node-a", string(got.Value()), "an engine cannot forge an ownership record")
+}

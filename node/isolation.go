@@ -1,0 +1,240 @@
+package node
+
+import (
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+
+	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/ratelog"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// ErrLimit wraps a register refused past a node bound (--max-engines,
+// --max-mapped-segments, the namespaces of a boot); reject label "limit".
+var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
+
+// namespaces interns namespace names to the small ids that prefix pool keys
+// (PROTOCOL.md "Isolation"). The first engine registered in a namespace
+// fixes its geometry for the rest of the node's boot, whether or not that
+// engine stays: the namespace's keys stay in the pool, and they must mean
+// the same bytes to every engine that loads them. Ids are never reused
+// within a boot, so a key can never change namespace.
+type namespaces struct {
+	byName map[string]*namespace
+	byID   []*namespace // byID[id-1]; id 0 is never given out
+}
+
+type namespace struct {
+	id     sched.NamespaceID
+	name   string
+	layout *sched.Layout // the geometry it holds
+	// engine is the engine last registered in it: evictions of its keys
+	// caused by an engine of another namespace are announced on this
+	// engine's kv_events, never on the evicter's (which would tell one
+	// tenant another's block hashes).
+	engine string
+}
+
+// maxNamespacesPerEngine bounds the table: each successful register may
+// open a namespace, and entries live for the boot.
+const maxNamespacesPerEngine = 16
+
+// check reports whether lay may join namespace name, and its id (0 if the
+// namespace is new: commit gives it one). Caller holds n.mu.
+func (t *namespaces) check(name string, lay *sched.Layout, most int) (sched.NamespaceID, error) {
+	ns := t.byName[name]
+	if ns == nil {
+		if len(t.byID) >= most {
+			return 0, fmt.Errorf("%w: %d namespaces opened in this boot", ErrLimit, len(t.byID))
+		}
+		return 0, nil
+	}
+	if err := ns.layout.SameGeometry(lay); err != nil {
+		return 0, fmt.Errorf("%w: namespace %q: %w", ErrRegister, name, err)
+	}
+	return ns.id, nil
+}
+
+// commit records a successful register of engine in namespace name and
+// returns the namespace's id.
+func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.NamespaceID {
+	ns := t.byName[name]
+	if ns == nil {
+		if t.byName == nil {
+			t.byName = map[string]*namespace{}
+		}
+		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, layout: lay}
+		t.byID = append(t.byID, ns)
+		t.byName[name] = ns
+	}
+	ns.engine = engine
+	return ns.id
+}
+
+// namespaceOf names namespace id and the engine whose kv_events announce
+// its evictions ("" for an id never given out).
+func (n *Node) namespaceOf(id sched.NamespaceID) (name, engine string) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if id == 0 || int(id) > len(n.nss.byID) {
+		return "", ""
+	}
+	ns := n.nss.byID[id-1]
+	return ns.name, ns.engine
+}
+
+// admit applies the node bounds to a register of spec replacing old (nil
+// for a new engine), and refuses a shm segment another live engine maps.
+// Caller holds n.mu.
+//
+// The name rule lets engine "e1" name "e1-kv-x", which engine "e1-kv" would
+// name too (ids may contain '-'). Objects have one link, so one name is one
+// object: refusing a name already mapped keeps two engines from ever sharing
+// memory, whichever registered first (docs/SECURITY.md).
+func (n *Node) admit(old *engineRec, spec *messages.EngineSpec) error {
+	for _, seg := range spec.Segments {
+		if seg.Shm == "" {
+			continue
+		}
+		for id, rec := range n.engines {
+			if rec == old {
+				continue
+			}
+			for _, other := range rec.spec.Segments {
+				if other.Shm == seg.Shm {
+					return fmt.Errorf("%w: %w", ErrRegister,
+						ingest.SpecError("shm %q is mapped by engine %q", seg.Shm, id))
+				}
+			}
+		}
+	}
+	if old == nil && len(n.engines) >= n.cfg.MaxEngines {
+		return fmt.Errorf("%w: %d engines registered (--max-engines)", ErrLimit, len(n.engines))
+	}
+	// The old engine's segments stay mapped until it has retired, so they
+	// count until then: a burst of re-registers cannot overshoot.
+	if m := n.mapped + len(spec.Segments); m > n.cfg.MaxMappedSegments {
+		return fmt.Errorf("%w: %d segments mapped, %d more would pass %d (--max-mapped-segments)",
+			ErrLimit, n.mapped, len(spec.Segments), n.cfg.MaxMappedSegments)
+	}
+	return nil
+}
+
+// mappedNow and namespacesNow are read at scrape time.
+func (n *Node) mappedNow() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mapped
+}
+
+func (n *Node) namespacesNow() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return len(n.nss.byID)
+}
+
+// unmapped gives back the segment count of a closed device.
+func (n *Node) unmapped(segments int) {
+	n.mu.Lock()
+	n.mapped -= segments
+	n.mu.Unlock()
+}
+
+// embeddedOptions are the embedded server's options: from --nats-config
+// when set (its listen address wins over --nats-host/--nats-port when it
+// has one), else a plain loopback server. JetStream runs only when that
+// file enables it: no kvactors feature needs it, and an open JetStream lets
+// any client fill the node's disk.
+func (c Config) embeddedOptions() (*server.Options, error) {
+	opts := &server.Options{}
+	if c.NATSConfig != "" {
+		var err error
+		if opts, err = server.ProcessConfigFile(c.NATSConfig); err != nil {
+			return nil, fmt.Errorf("%w: --nats-config %s: %w", ErrConfig, c.NATSConfig, err)
+		}
+	}
+	if opts.Host == "" {
+		opts.Host = c.NATSHost
+	}
+	if opts.Port == 0 {
+		opts.Port = c.NATSPort
+	}
+	if opts.MaxPayload == 0 {
+		opts.MaxPayload = 8 << 20
+	}
+	opts.NoSigs = true
+	return opts, nil
+}
+
+// hasAuth reports whether the server options require clients to
+// authenticate.
+func hasAuth(o *server.Options) bool {
+	return len(o.Users) > 0 || len(o.Nkeys) > 0 || o.Authorization != "" || o.Username != "" ||
+		o.TrustedOperators != nil || len(o.TrustedKeys) > 0 || o.AuthCallout != nil
+}
+
+// beyondLoopback reports whether a listen host accepts more than loopback
+// connections ("" and 0.0.0.0 are every interface; a name is resolved).
+func beyondLoopback(host string) bool {
+	if host == "localhost" {
+		return false
+	}
+	if a, err := netip.ParseAddr(host); err == nil {
+		return !a.IsLoopback()
+	}
+	ips, err := net.LookupIP(host)
+	if err != nil || len(ips) == 0 {
+		return true
+	}
+	for _, ip := range ips {
+		if !ip.IsLoopback() {
+			return true
+		}
+	}
+	return false
+}
+
+// warnExposure warns once at start about listeners that let anyone who can
+// reach them act without credentials (docs/SECURITY.md).
+func (n *Node) warnExposure(embedded *server.Options) {
+	if embedded != nil && beyondLoopback(embedded.Host) && !hasAuth(embedded) {
+		n.log.Warn("embedded NATS listens beyond loopback without auth: any client that reaches it can act as any engine (use --nats-config, docs/SECURITY.md)",
+			"host", embedded.Host, "port", embedded.Port)
+	}
+	if n.ln != nil {
+		if host, _, err := net.SplitHostPort(n.cfg.HTTPAddr); err == nil && beyondLoopback(host) {
+			n.log.Warn("admin HTTP listens beyond loopback and has no auth: anyone who reaches it reads metrics and engine status (docs/SECURITY.md)",
+				"addr", n.HTTPAddr())
+		}
+	}
+}
+
+// natsLog routes the embedded server's log into the node's: notices at
+// debug, warnings as warnings, errors through the rejection limiter. A
+// client can make the server log an error per message it sends (every
+// permissions violation is one), so those lines are rate-limited like any
+// rejected input.
+type natsLog struct {
+	log    *slog.Logger
+	reject *ratelog.Log
+}
+
+func (l natsLog) Noticef(format string, v ...any) {
+	l.log.Debug(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Warnf(format string, v ...any) {
+	l.log.Warn(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Fatalf(format string, v ...any) {
+	l.log.Error(fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Errorf(format string, v ...any) {
+	l.reject.Reject("nats_server", fmt.Sprintf(format, v...), "lib", "nats-server")
+}
+func (l natsLog) Debugf(string, ...any) {}
+func (l natsLog) Tracef(string, ...any) {}
