@@ -51,7 +51,7 @@ func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.C
 	// servers still route to its subscription): 1 s, under the tests' 5 s.
 	cfg := node.Config{NATSURL: kc.nats.URLs(s), NodeID: id, Cluster: true, ClusterReplicas: 3, Lease: clusterLease,
 		FetchTimeout: time.Second,
-		ShmDir: kc.dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg,
+		ShmDir:       kc.dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg,
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mutate {
 		m(s, &cfg)
