@@ -62,7 +62,9 @@ func (r *releases) of(req string) []string {
 // counting on the other nodes within the lease, its standby takes its
 // engines over once the ownership lease lapses, the engines see the new
 // boot and resync, and every request is released exactly once.
-func TestClusterKilledNodeIsTakenOverByItsStandby(t *testing.T) {
+func TestClusterKilledNodeIsTakenOverByItsStandby(t *testing.T) { killAndTakeOver(t) }
+
+func killAndTakeOver(t *testing.T) {
 	nc3 := testkit.NATSCluster(t, 3)
 	dir := t.TempDir()
 	lease := killLease.String()
