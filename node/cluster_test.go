@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -158,13 +159,21 @@ func TestClusterConcurrentRegistersEndWithOneOwner(t *testing.T) {
 		require.Equal(t, 1, owners, "engine %s registered on exactly one node", id)
 		testkit.NoRecv(t, replies, 200*time.Millisecond, "a second register reply")
 
-		// A lookup is answered by the owner alone.
+		// A lookup is answered by the owner alone; the others count it.
+		for i, e := range kc.nodes {
+			before[i] = decisions(e, "ignore")
+		}
 		lookups := collect(t, kc.nodes[(round+1)%3].nc, "kvactors."+id+".lookup", map[string]any{"hashes": []string{hash("x", 0)}})
 		var lr messages.LookupReply
 		require.NoError(t, json.Unmarshal(testkit.Recv(t, lookups, 5*time.Second, "lookup reply").Data, &lr))
 		require.Empty(t, lr.Error)
 		require.Equal(t, r.Node, lr.Node)
 		testkit.NoRecv(t, lookups, 200*time.Millisecond, "a second lookup reply")
+		for i, e := range kc.nodes {
+			if e.node.NodeID() != r.Node {
+				require.Equal(t, before[i]+1, decisions(e, "ignore"), "node %s counted the lookup it ignored", e.node.NodeID())
+			}
+		}
 	}
 }
 
@@ -285,4 +294,27 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	c.fill(0, 11, 3)
 	c.send(added("own", 8), hashesEv("own", 0, hs...), blocksEv("own", 0, 0, 10, 11), tokensEv("own", 8, 8))
 	recv(t, c.stored, "stored by C after the failed fetch")
+}
+
+// The fetch server serves a key only in the namespace it was announced in:
+// the same key asked for in another namespace is refused, so a node never
+// hands one tenant's chunk to a fetch naming another.
+func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a.register()
+	a.fill(0, 7, 4)
+	a.send(added("r", 4), hashesEv("r", 0, hash("f", 0)), blocksEv("r", 0, 0, 7), tokensEv("r", 4, 4))
+	recv(t, a.stored, "stored by A")
+	f, err := cluster.NewFetcher(kc.nodes[1].nc, cluster.Config{Lease: clusterLease, FetchTimeout: time.Second}, nil)
+	require.NoError(t, err)
+	key := messages.Key(append(mustHex(hash("f", 0)), 0, 0, 0, 0)) // group 0
+	got, err := f.Fetch(context.Background(), "n0", "m", key)
+	require.NoError(t, err)
+	require.Equal(t, a.block(0, 7), got, "the chunk as stored (one 256-byte block per slot)")
+	_, err = f.Fetch(context.Background(), "n0", "other", key)
+	require.ErrorIs(t, err, cluster.ErrRefused)
+	_, err = f.Fetch(context.Background(), "n0", "ea", key)
+	require.ErrorIs(t, err, cluster.ErrRefused, "not even the engine id's default namespace")
 }
