@@ -2,10 +2,12 @@ package node_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -111,4 +113,22 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 	require.Equal(t, 2, r.RemoteChunks)
 	require.True(t, bytes.Equal(a.block(0, 30), c.block(0, 1)))
 	require.True(t, bytes.Equal(a.block(0, 31), c.block(0, 2)))
+}
+
+// --cluster without --nats: the embedded server runs JetStream (off
+// otherwise), the node claims its engine in a one-replica bucket and serves
+// it as a single node would.
+func TestClusterOnTheEmbeddedServer(t *testing.T) {
+	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease = true, time.Second })
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.storeOne("a", 1)
+	require.Equal(t, 1.0, e.counter("kvactors_cluster_ownership_decisions_total", "claim"))
+	js, err := jetstream.New(e.nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(context.Background(), "kvactors_owners")
+	require.NoError(t, err)
+	rec, err := kv.Get(context.Background(), "e1")
+	require.NoError(t, err)
+	require.Contains(t, string(rec.Value()), `"node":"`+e.node.NodeID()+`"`)
 }

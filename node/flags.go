@@ -67,7 +67,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.NATSURL, "nats", "", "NATS server or cluster URL(s); empty starts an embedded server")
 	str(&c.NATSHost, "nats-host", DefaultNATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", DefaultNATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
+	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory, used only when --nats-config enables JetStream or the node is clustered (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", "", "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", "", "CA bundle for NATS TLS")
 	str(&c.Prefix, "prefix", DefaultPrefix, "subject prefix P of P.<engine>.<verb>")
