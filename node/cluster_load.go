@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
@@ -82,5 +83,39 @@ func (n *Node) fetchRemote(ctx context.Context, engine string, keys []messages.K
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}
+	// Keys PrepareStore left out were already present: ready, or pending
+	// because another load (or a store) is filling them. Wait for those,
+	// as long as a fetch may take, so that two loads of one remote prefix
+	// at once both succeed.
+	if len(prep.Keys) < len(keys) {
+		waitSettled(ctx, pool, keys, time.Now().Add(n.cl.cfg.FetchTimeout*4))
+	}
 	return len(prep.Keys), nil
+}
+
+// settlePoll is how often waitSettled looks at the pool.
+const settlePoll = 2 * time.Millisecond
+
+// waitSettled returns once no key is pending in pool, at deadline, or when
+// ctx ends (the load then finds a key not ready and fails as a miss).
+func waitSettled(ctx context.Context, pool *hostpool.Shared, keys []messages.Key, deadline time.Time) {
+	t := time.NewTicker(settlePoll)
+	defer t.Stop()
+	for {
+		pending := false
+		for _, k := range keys {
+			if st, _ := pool.Lookup(k); st == hostpool.Pending {
+				pending = true
+				break
+			}
+		}
+		if !pending || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }

@@ -325,3 +325,60 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 	_, err = f.Fetch(context.Background(), "n0", "ea", key)
 	require.ErrorIs(t, err, cluster.ErrRefused, "not even the engine id's default namespace")
 }
+
+// Two engines of one namespace on C load the same remote prefix at once:
+// one load fetches each chunk, the other waits for it instead of failing
+// as a miss; both get A's bytes, and each chunk crossed the wire once.
+func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a.register()
+	var cs []*testEngine
+	for _, id := range []string{"c1", "c2"} {
+		c := kc.nodes[1].newEngine(id, defaultOpts())
+		c.spec.Node, c.spec.Namespace = "n1", "m"
+		c.register()
+		cs = append(cs, c)
+	}
+	hs := []string{hash("w", 0), hash("w", 1), hash("w", 2), hash("w", 3)}
+	for i := range 4 {
+		a.fill(0, messages.BlockID(20+i), 6)
+	}
+	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 20, 21, 22, 23), tokensEv("r", 16, 16))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := cs[0].lookup(hs); got != 16 {
+			return fmt.Errorf("n1 counts %d tokens", got)
+		}
+		return nil
+	})
+	replies := make(chan messages.LoadReply, 2)
+	for i, c := range cs {
+		body, err := json.Marshal(map[string]any{"request": "l", "hashes": hs, "num_tokens": 16,
+			"blocks": [][]int{{2 + i*10, 3 + i*10, 4 + i*10, 5 + i*10}}})
+		require.NoError(t, err)
+		go func() {
+			var r messages.LoadReply
+			m, err := c.e.nc.Request("kvactors."+c.id+".load", body, 5*time.Second)
+			if err != nil {
+				r.Error = err.Error()
+			} else if err := json.Unmarshal(m.Data, &r); err != nil {
+				r.Error = err.Error()
+			}
+			replies <- r
+		}()
+	}
+	remote := 0
+	for range 2 {
+		r := testkit.Recv(t, replies, 10*time.Second, "load reply")
+		require.True(t, r.OK, r.Error)
+		remote += r.RemoteChunks
+	}
+	require.Equal(t, 4, remote, "each chunk fetched once")
+	for i, c := range cs {
+		for j := range 4 {
+			require.Equal(t, a.block(0, messages.BlockID(20+j)), c.block(0, messages.BlockID(2+i*10+j)))
+		}
+	}
+}
