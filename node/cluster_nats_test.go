@@ -132,3 +132,32 @@ func TestClusterOnTheEmbeddedServer(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(rec.Value()), `"node":"`+e.node.NodeID()+`"`)
 }
+
+// Fencing: another writer replaces the owner's record (as a node that took
+// the engine over after a partition would). The owner's next keep-alive
+// fails its compare-and-set; it drops the engine at once (its live request
+// released once, engine_gone) and answers nothing more for it.
+func TestClusterFencedOwnerDropsItsEngine(t *testing.T) {
+	kc := startCluster(t, 2)
+	te := kc.nodes[0].newEngine("e1", defaultOpts())
+	te.spec.Node = "n0"
+	te.register()
+	te.storeOne("live", 3)
+	js, err := jetstream.New(kc.nodes[1].nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(context.Background(), "kvactors_owners")
+	require.NoError(t, err)
+	_, err = kv.Put(context.Background(), "e1", []byte(`{"node":"n9","boot":"b9","lease_ms":2000}`))
+	require.NoError(t, err)
+	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
+		if len(kc.nodes[0].node.Engines()) != 0 {
+			return fmt.Errorf("n0 still serves e1")
+		}
+		return nil
+	})
+	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_cluster_ownership_fenced_total", ""))
+	require.Equal(t, messages.Released{Request: "live", Reason: "engine_gone"}, recv(t, te.released, "release of the live request"))
+	testkit.NoRecv(t, te.released, 300*time.Millisecond, "a second release")
+	replies := collect(t, kc.nodes[0].nc, "kvactors.e1.lookup", map[string]any{"hashes": []string{hash("x", 0)}})
+	testkit.NoRecv(t, replies, 300*time.Millisecond, "an answer from a fenced or foreign node")
+}
