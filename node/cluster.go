@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/cluster/holders"
 	"github.com/kvactors/kvactors/cluster/ownership"
@@ -429,6 +430,35 @@ func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
 	}
 	g := binary.BigEndian.Uint32([]byte(wk[len(wk)-4:]))
 	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), true
+}
+
+// errNotOwner: a copy refused because this node may no longer serve the
+// engine.
+var errNotOwner = errors.New("cluster: this node no longer owns the engine")
+
+// ownedDevice refuses every copy once this node's claim on the engine may
+// have lapsed (Owners.Serving): after that another node may own the engine
+// and reuse its blocks. It joins the session fence (no copy past lease/2
+// without a NATS round trip) for the case NATS answers but the bucket does
+// not. Without a cluster the device is returned as it is.
+func (n *Node) ownedDevice(engine string, dev backend.Device) backend.Device {
+	if n.cl == nil {
+		return dev
+	}
+	return &ownedDev{Device: dev, engine: engine, serving: func() bool { return n.cl.owners.Serving(engine, time.Now()) }}
+}
+
+type ownedDev struct {
+	backend.Device
+	engine  string
+	serving func() bool
+}
+
+func (d *ownedDev) Copy(dir backend.Direction, arena backend.Arena, ranges []backend.Range) error {
+	if !d.serving() {
+		return fmt.Errorf("%w: engine %s: copy refused", errNotOwner, d.engine)
+	}
+	return d.Device.Copy(dir, arena, ranges)
 }
 
 // ClusterNodes lists the other nodes this node's holders index knows (nil

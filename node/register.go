@@ -71,6 +71,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if n.cfg.WrapDevice != nil {
 		dev = n.cfg.WrapDevice(dev)
 	}
+	dev = n.ownedDevice(id, dev) // clusters: no copy once the claim may have lapsed
 	if err := lay.CheckSegments(dev.SegmentSize); err != nil {
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
