@@ -24,6 +24,7 @@ import (
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
 
 // clusterNode is a node's part in a cluster (docs/CLUSTER.md): ownership of
@@ -281,46 +282,44 @@ func (n *Node) releaseClaim(id string) {
 	}
 }
 
-// readChunk serves a chunk of the pool to another node: the whole slot,
-// copied out while pinned, and its CRC-32C. A fetch asks for a chunk piece
-// by piece (each under max_payload), so the last few chunks read are kept,
-// for as long as their key stays ready in the same slot: a 4 MiB chunk is
-// then copied and summed once per fetch, not once per piece.
-//
-// TODO(pool v2): the checksum is taken here, at the fetch boundary; once
-// the pool keeps a CRC per chunk taken when it was copied from the device,
-// serve that one so corruption in the pool is caught too.
-func (n *Node) readChunk(ns string, key messages.Key) ([]byte, uint32, error) {
-	if !n.cl.keys.has(ns, key) {
-		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(key))
+// readChunk serves a chunk of host memory to another node's fetch: its
+// bytes and the CRC-32C the store took when the chunk was copied from the
+// device, after the store checked the bytes against it (store.ReadChunk;
+// a corrupt chunk is dropped and announced, never served). A fetch asks
+// piece by piece, so the last few chunks read are kept while their key stays
+// ready, for a fetch timeout: a 4 MiB chunk is copied and checked once per
+// fetch, not once per piece.
+func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
+	if !n.cl.keys.has(ns, wk) {
+		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
-	key, ok := n.poolKey(ns, key)
-	pool, sb := n.sharedPool(), n.slotBytesNow()
-	if !ok || pool == nil {
-		return nil, 0, fmt.Errorf("%w: %s/%x not in this pool", cluster.ErrNoChunk, ns, []byte(key))
+	key, ok := n.poolKey(ns, wk)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: namespace %s not open on this node", cluster.ErrNoChunk, ns)
 	}
 	c := &n.cl.recent
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	st, slot := pool.Lookup(key)
-	for i := range c.chunks {
-		if e := &c.chunks[i]; e.key == key && st == hostpool.Ready && e.slot == slot {
-			return e.data, e.crc, nil
+	now := time.Now()
+	if st, _ := n.store.Lookup(key); st == hostpool.Ready {
+		for i := range c.chunks {
+			if e := &c.chunks[i]; e.key == key && now.Sub(e.at) < n.cl.cfg.FetchTimeout {
+				return e.data, e.crc, nil
+			}
 		}
 	}
-	keys := []messages.Key{key}
-	slots, err := pool.PrepareLoad(keys)
+	b, crc, err := n.store.ReadChunk(key)
+	if errors.Is(err, store.ErrCorrupt) {
+		n.announce(context.Background(), "", messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{key})
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
 	}
-	defer pool.CompleteLoad(keys)
-	off := int64(slots[0]) * sb
-	b := slices.Clone(n.arena.Bytes()[off : off+sb])
-	crc := cluster.CRC32C(b)
+	c.chunks = slices.DeleteFunc(c.chunks, func(e servedChunk) bool { return e.key == key })
 	if len(c.chunks) == recentChunks {
 		c.chunks = c.chunks[1:]
 	}
-	c.chunks = append(c.chunks, servedChunk{key: key, slot: slots[0], data: b, crc: crc})
+	c.chunks = append(c.chunks, servedChunk{key: key, data: b, crc: crc, at: now})
 	return b, crc, nil
 }
 
@@ -330,9 +329,9 @@ const recentChunks = 4
 
 type servedChunk struct {
 	key  messages.Key
-	slot hostpool.Slot
 	data []byte
 	crc  uint32
+	at   time.Time
 }
 
 type recentChunksCache struct {
@@ -382,38 +381,6 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 	}
 	h.mu.Unlock()
 	return cluster.NewSortedKeys(all).KeysAfter(after, max)
-}
-
-// announceEvicted publishes BlockRemoved for keys a remote fetch evicted
-// from the pool (a store by an engine announces its own), each on an
-// engine of the key's namespace, as the request actor does.
-func (n *Node) announceEvicted(keys []messages.Key) {
-	if len(keys) == 0 {
-		return
-	}
-	n.metrics.Evictions.Add(float64(len(keys)))
-	type nsGroup struct {
-		ns sched.NamespaceID
-		g  int
-	}
-	by := map[nsGroup][]string{}
-	var order []nsGroup
-	for _, k := range keys {
-		ns, hash, g := sched.SplitKey(k)
-		at := nsGroup{ns, g}
-		if by[at] == nil {
-			order = append(order, at)
-		}
-		by[at] = append(by[at], hex.EncodeToString([]byte(hash)))
-	}
-	for _, at := range order {
-		name, engine := n.namespaceOf(at.ns)
-		if engine == "" {
-			continue
-		}
-		n.outbox.KVEvents(context.Background(), engine, []messages.KVEvent{{Type: messages.KVBlockRemoved,
-			BlockHashes: by[at], GroupIdx: at.g, Medium: messages.MediumCPU, Namespace: name}})
-	}
 }
 
 // poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in

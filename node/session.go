@@ -38,9 +38,13 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		}
 		recs := n.liveEngines()
 		st := n.poolStats()
+		var diskBytes int64
+		if n.disk != nil {
+			diskBytes = n.disk.Stats().Bytes
+		}
 		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
 			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
-				PoolBytes: int64(st.Used) * n.slotBytesNow(), PoolCapacityBytes: n.cfg.PoolBytes})
+				PoolBytes: st.Data, PoolCapacityBytes: st.Capacity, DiskBytes: diskBytes})
 		for _, rec := range recs {
 			n.system.Root.Send(rec.pid, &engine.Tick{})
 		}
