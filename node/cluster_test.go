@@ -382,3 +382,50 @@ func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 		}
 	}
 }
+
+// A chunk corrupted in the holder's host memory is never fetched: the
+// holder checks it against the checksum its store took at the copy from
+// the device, drops it and refuses; the load through C fails naming the key
+// and no byte reaches C's engine, and C's pool does not keep it.
+func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[1].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n1", "m"
+	a.register()
+	c.register()
+	hs := []string{hash("z", 0), hash("z", 1)}
+	a.fill(0, 1, 3)
+	a.fill(0, 2, 3)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 1, 2), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	arena := kc.nodes[0].node.Arena().Bytes()
+	at := bytes.Index(arena, a.block(0, 2))
+	require.GreaterOrEqual(t, at, 0, "chunk 1's bytes are in A's pool")
+	arena[at+5] ^= 0x10
+
+	c.fill(0, 30, 8)
+	c.fill(0, 31, 8)
+	dst := bytes.Clone(c.block(0, 31))
+	r := c.loadInto("rc", hs, 8, []int{30, 31})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, "fetch key m/"+hs[1])
+	require.Contains(t, r.Error, "checksum mismatch")
+	require.Equal(t, dst, c.block(0, 31), "no byte of the corrupt chunk reached C's engine")
+	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_pool_corrupt_chunks_total", ""), "A dropped it")
+	require.Positive(t, kc.nodes[1].counter("kvactors_cluster_fetch_failures_total", ""))
+	// The corrupt chunk is counted nowhere once A's BlockRemoved is seen.
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 4 {
+			return fmt.Errorf("C counts %d tokens: A's removal not seen yet", got)
+		}
+		return nil
+	})
+}
