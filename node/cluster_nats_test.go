@@ -163,3 +163,19 @@ func TestClusterFencedOwnerDropsItsEngine(t *testing.T) {
 	replies := collect(t, kc.nodes[0].nc, "kvactors.e1.lookup", map[string]any{"hashes": []string{hash("x", 0)}})
 	testkit.NoRecv(t, replies, 300*time.Millisecond, "an answer from a fenced or foreign node")
 }
+
+// Cluster settings are checked before anything starts.
+func TestClusterConfigIsChecked(t *testing.T) {
+	for name, c := range map[string]node.Config{
+		"standby for itself":     {NodeID: "a", StandbyFor: "a"},
+		"standby for a bad id":   {NodeID: "a", StandbyFor: "_x"},
+		"lease under 1s":         {NodeID: "a", Cluster: true, Lease: 500 * time.Millisecond},
+		"replicas over 5":        {NodeID: "a", Cluster: true, ClusterReplicas: 7},
+		"negative fetch timeout": {NodeID: "a", Cluster: true, FetchTimeout: -time.Second},
+	} {
+		require.ErrorIs(t, c.Validate(), node.ErrConfig, name)
+	}
+	require.NoError(t, node.Config{NodeID: "a", StandbyFor: "b"}.Validate())
+	require.NoError(t, node.Config{NodeID: "a", Lease: 500 * time.Millisecond}.Validate(), "no cluster: any lease")
+	require.True(t, node.Config{StandbyFor: "b"}.Clustered(), "--standby-for implies --cluster")
+}
