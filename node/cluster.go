@@ -350,6 +350,9 @@ func (h *heldKeys) observe(_ string, events []messages.KVEvent) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, ev := range events {
+		if ev.Medium != "" && ev.Medium != messages.MediumCPU {
+			continue // the disk tier's: fetches are served from host memory only
+		}
 		for _, hx := range ev.BlockHashes {
 			raw, err := hex.DecodeString(hx)
 			if err != nil {
