@@ -92,6 +92,15 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 		}()
 	}
 	wg.Wait()
+	var fetched []messages.Key
+	for i, k := range prep.Keys {
+		if errs[i] == nil {
+			fetched = append(fetched, k)
+		}
+	}
+	// What this node's host memory now holds is announced like any store:
+	// routers see it, and other nodes may fetch it from here.
+	n.announce(ctx, rec.id, messages.KVBlockStored, messages.MediumCPU, fetched)
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}

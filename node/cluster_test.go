@@ -429,3 +429,52 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 		return nil
 	})
 }
+
+// A chunk fetched into C's pool is announced by C (BlockStored on the
+// loading engine's kv_events), so it is held twice: once A is gone, B still
+// loads the prefix, from C.
+func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
+	kc := startCluster(t, 3)
+	var es []*testEngine
+	for i, id := range []string{"ea", "eb", "ec"} {
+		te := kc.nodes[i].newEngine(id, defaultOpts())
+		te.spec.Node, te.spec.Namespace = fmt.Sprintf("n%d", i), "m"
+		te.register()
+		es = append(es, te)
+	}
+	a, b, c := es[0], es[1], es[2]
+	hs := []string{hash("o", 0), hash("o", 1)}
+	a.fill(0, 5, 2)
+	a.fill(0, 6, 2)
+	want := append(bytes.Clone(a.block(0, 5)), a.block(0, 6)...)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 5, 6), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	r := c.loadInto("rc", hs, 8, []int{1, 2})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	kv := recv(t, c.kv, "C's BlockStored for the fetched chunks")
+	require.Equal(t, messages.KVBlockStored, kv.Events[0].Type)
+	require.Equal(t, "m", kv.Events[0].Namespace)
+	require.ElementsMatch(t, hs, kv.Events[0].BlockHashes)
+
+	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
+	testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+		for _, ni := range kc.nodes[1].node.ClusterNodes() {
+			if ni.Node == "n0" && ni.Live {
+				return fmt.Errorf("B still counts A")
+			}
+		}
+		return nil
+	})
+	require.Equal(t, 8, b.lookup(hs), "held by C")
+	r = b.loadInto("rb", hs, 8, []int{3, 4})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	require.Equal(t, want, append(bytes.Clone(b.block(0, 3)), b.block(0, 4)...))
+}
