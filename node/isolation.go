@@ -166,7 +166,7 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 		opts.Port = c.NATSPort
 	}
 	if opts.MaxPayload == 0 {
-		opts.MaxPayload = 8 << 20
+		opts.MaxPayload = MaxPayload
 	}
 	if c.Clustered() {
 		opts.JetStream = true // the ownership bucket (docs/CLUSTER.md)

@@ -260,7 +260,7 @@ func Run(ctx context.Context, o Options, w io.Writer) (res Result, err error) {
 			defer table.Stop()
 		}
 	}
-	rows, err := cluster.Survey(ctx, enc, node.DefaultPrefix, table, lease/2)
+	rows, err := cluster.Survey(ctx, enc, node.DefaultConfig().Prefix, table, lease/2)
 	if err != nil {
 		return res, err
 	}
@@ -348,7 +348,7 @@ func waitLookup(ctx context.Context, dst *engine, hx []string, want int) error {
 // shows.
 func load(e *engine, req string, hx []string, toks int, blocks [][]int64) (messages.LoadReply, error) {
 	body, _ := json.Marshal(messages.LoadRequest{Request: req, Hashes: hx, NumTokens: toks, Blocks: blocks})
-	m, err := e.nc.Request(node.DefaultPrefix+"."+e.id+"."+messages.VerbLoad, body, 20*time.Second)
+	m, err := e.nc.Request(node.DefaultConfig().Prefix+"."+e.id+"."+messages.VerbLoad, body, 20*time.Second)
 	if err != nil {
 		return messages.LoadReply{}, fmt.Errorf("engine %s: load %s: %w", e.id, req, err)
 	}

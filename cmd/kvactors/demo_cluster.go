@@ -12,8 +12,8 @@ import (
 // runClusterDemo is `kvactors demo --cluster N` (package cluster/demo).
 func runClusterDemo(ctx context.Context, o demoOptions, log *slog.Logger, stdout, stderr io.Writer) int {
 	if o.cluster < 2 {
-		fmt.Fprintln(stderr, "kvactors demo: --cluster wants at least 2 nodes")
-		return 2
+		fmt.Fprintln(stderr, "kvactors demo: --cluster wants at least 2 nodes (see kvactors demo --help)")
+		return exitUsage
 	}
 	opts := clusterdemo.Options{Nodes: o.cluster, Seed: o.seed, Log: log}
 	if o.quick {
@@ -21,7 +21,7 @@ func runClusterDemo(ctx context.Context, o demoOptions, log *slog.Logger, stdout
 	}
 	if _, err := clusterdemo.Run(ctx, opts, stdout); err != nil {
 		fmt.Fprintln(stderr, "kvactors demo --cluster:", err)
-		return 1
+		return exitFailure
 	}
-	return 0
+	return exitOK
 }

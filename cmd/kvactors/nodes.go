@@ -16,15 +16,12 @@ import (
 	"github.com/kvactors/kvactors/node"
 )
 
-func nodes(args []string) int { return runNodes(args, os.Stdout, os.Stderr) }
-
 // runNodes is `kvactors nodes`: it listens to node heartbeats for --wait,
 // joins them with the ownership bucket and prints one row per node (node,
 // boot, engines reported and owned, pool and disk usage, age of the last
 // heartbeat). The logic is cluster.Survey and cluster.WriteNodes.
 func runNodes(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nodes", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	env := func(k, def string) string {
 		if v, ok := os.LookupEnv(k); ok {
 			return v
@@ -32,12 +29,12 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 		return def
 	}
 	url := fs.String("nats", env("KVACTORS_NATS", nats.DefaultURL), "NATS server or cluster URL(s)")
-	prefix := fs.String("prefix", env("KVACTORS_PREFIX", node.DefaultPrefix), "subject prefix P")
+	prefix := fs.String("prefix", env("KVACTORS_PREFIX", node.DefaultConfig().Prefix), "subject prefix P")
 	bucket := fs.String("cluster-bucket", env("KVACTORS_CLUSTER_BUCKET", cluster.DefaultConfig().Bucket), "ownership KV bucket")
 	creds := fs.String("nats-creds", env("KVACTORS_NATS_CREDS", ""), "NATS credentials file")
 	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats (at least lease/4)")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+		return code
 	}
 	opts := []nats.Option{nats.Name("kvactors nodes")}
 	if *creds != "" {
@@ -46,7 +43,7 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	nc, err := nats.Connect(*url, opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
-		return 1
+		return exitFailure
 	}
 	defer nc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), *wait+10*time.Second)
@@ -66,11 +63,11 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	rows, err := cluster.Survey(ctx, nc, *prefix, table, *wait)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
-		return 1
+		return exitFailure
 	}
 	if err := cluster.WriteNodes(stdout, rows); err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
-		return 1
+		return exitFailure
 	}
-	return 0
+	return exitOK
 }
