@@ -411,15 +411,15 @@ var errNotOwner = errors.New("cluster: this node no longer owns the engine")
 // and reuse its blocks. It joins the session fence (no copy past lease/2
 // without a NATS round trip) for the case NATS answers but the bucket does
 // not. Without a cluster the device is returned as it is.
-func (n *Node) ownedDevice(engine string, dev backend.Device) backend.Device {
+func (n *Node) ownedDevice(engine string, dev backend.Attachment) backend.Attachment {
 	if n.cl == nil {
 		return dev
 	}
-	return &ownedDev{Device: dev, engine: engine, serving: func() bool { return n.cl.owners.Serving(engine, time.Now()) }}
+	return &ownedDev{Attachment: dev, engine: engine, serving: func() bool { return n.cl.owners.Serving(engine, time.Now()) }}
 }
 
 type ownedDev struct {
-	backend.Device
+	backend.Attachment
 	engine  string
 	serving func() bool
 }
@@ -428,7 +428,7 @@ func (d *ownedDev) Copy(dir backend.Direction, arena backend.Arena, ranges []bac
 	if !d.serving() {
 		return fmt.Errorf("%w: engine %s: copy refused", errNotOwner, d.engine)
 	}
-	return d.Device.Copy(dir, arena, ranges)
+	return d.Attachment.Copy(dir, arena, ranges)
 }
 
 // ClusterNodes lists the other nodes this node's holders index knows (nil

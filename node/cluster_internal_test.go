@@ -10,7 +10,7 @@ import (
 )
 
 type countingDevice struct {
-	backend.Device
+	backend.Attachment
 	copies int
 }
 
@@ -24,7 +24,7 @@ func (d *countingDevice) Copy(backend.Direction, backend.Arena, []backend.Range)
 func TestOwnedDeviceRefusesCopiesOnceTheClaimMayHaveLapsed(t *testing.T) {
 	inner := &countingDevice{}
 	serving := true
-	d := &ownedDev{Device: inner, engine: "e1", serving: func() bool { return serving }}
+	d := &ownedDev{Attachment: inner, engine: "e1", serving: func() bool { return serving }}
 	require.NoError(t, d.Copy(backend.HostToDevice, nil, nil))
 	require.Equal(t, 1, inner.copies)
 	serving = false
@@ -32,5 +32,5 @@ func TestOwnedDeviceRefusesCopiesOnceTheClaimMayHaveLapsed(t *testing.T) {
 	require.True(t, errors.Is(err, errNotOwner), "%v", err)
 	require.Contains(t, err.Error(), "e1")
 	require.Equal(t, 1, inner.copies, "the device was not touched")
-	require.Equal(t, backend.Device(inner), (&Node{}).ownedDevice("e1", inner), "no wrapper without a cluster")
+	require.Equal(t, backend.Attachment(inner), (&Node{}).ownedDevice("e1", inner), "no wrapper without a cluster")
 }
