@@ -30,6 +30,28 @@ type Outbox struct {
 	sealMu   sync.RWMutex
 	sealed   bool
 	releases atomic.Int64 // releases published
+
+	stamp *KVStamp
+}
+
+// KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
+// the Kvactors-Node and Kvactors-Boot headers, so other nodes know whose
+// pool a batch describes. Observe, if set, sees every stamped batch (the
+// node keeps its key set for catch-ups with it).
+type KVStamp struct {
+	Node, Boot string
+	Observe    func(engine string, events []messages.KVEvent)
+}
+
+// SetKVStamp stamps every later kv_events batch; call it before anything is
+// published.
+func (o *Outbox) SetKVStamp(s *KVStamp) { o.stamp = s }
+
+func (o *Outbox) kvHeader() nats.Header {
+	if o.stamp == nil {
+		return nil
+	}
+	return nats.Header{messages.HeaderNode: []string{o.stamp.Node}, messages.HeaderBoot: []string{o.stamp.Boot}}
 }
 
 // NewOutbox publishes on nc under prefix.
@@ -46,7 +68,7 @@ func (o *Outbox) Subject(engine, verb string) string {
 // sealMu for reading), so that every release is numbered.
 func (o *Outbox) releasedLocked(ctx context.Context, engine string, r *messages.Released) {
 	o.releases.Add(1)
-	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r))
+	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r), nil)
 }
 
 // Seal stops all publishing and returns count(), read while no publish is
@@ -82,7 +104,11 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 		return
 	}
 	ts := float64(o.now().UnixNano()) / 1e9
-	o.send(ctx, o.Subject(engine, messages.VerbKVEvents), wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}))
+	if o.stamp != nil && o.stamp.Observe != nil {
+		o.stamp.Observe(engine, events)
+	}
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents),
+		wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}), o.kvHeader())
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":
@@ -93,10 +119,11 @@ func (o *Outbox) AllBlocksCleared(ctx context.Context, engine string) {
 		Type   string `json:"type"`
 		Medium string `json:"medium"`
 	}
-	o.publish(ctx, o.Subject(engine, messages.VerbKVEvents), struct {
+	data, _ := json.Marshal(struct { // plain strings and a float: cannot fail
 		TS     float64   `json:"ts"`
 		Events []cleared `json:"events"`
 	}{float64(o.now().UnixNano()) / 1e9, []cleared{{messages.KVAllBlocksCleared, messages.MediumCPU}}})
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
 }
 
 // Reply answers a request/reply message (no-op without a reply subject).
@@ -118,22 +145,28 @@ func (o *Outbox) publishLocked(ctx context.Context, subject string, v any) {
 		o.log.Error("encode outgoing message", "subject", subject, "err", err)
 		return
 	}
-	o.sendLocked(ctx, subject, data)
+	o.sendLocked(ctx, subject, data, nil)
 }
 
 func (o *Outbox) send(ctx context.Context, subject string, data []byte) {
-	o.sealMu.RLock()
-	defer o.sealMu.RUnlock()
-	o.sendLocked(ctx, subject, data)
+	o.sendHeader(ctx, subject, data, nil)
 }
 
-func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte) {
+func (o *Outbox) sendHeader(ctx context.Context, subject string, data []byte, h nats.Header) {
+	o.sealMu.RLock()
+	defer o.sealMu.RUnlock()
+	o.sendLocked(ctx, subject, data, h)
+}
+
+func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte, h nats.Header) {
 	if o.sealed {
 		return // shutting down: the caller reports what was not sent
 	}
-	msg := &nats.Msg{Subject: subject, Data: data}
+	msg := &nats.Msg{Subject: subject, Data: data, Header: h}
 	if trace.SpanContextFromContext(ctx).IsValid() {
-		msg.Header = nats.Header{}
+		if msg.Header == nil {
+			msg.Header = nats.Header{}
+		}
 		tracing.Inject(ctx, msg.Header)
 	}
 	if err := o.nc.PublishMsg(msg); err != nil {

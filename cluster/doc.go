@@ -8,6 +8,6 @@
 // when a node joins or reconnects.
 //
 // The decisions are pure and live in the subpackages ownership and
-// holders; this package does the NATS I/O around them. It is not yet wired
-// into node/: docs/CLUSTER.md has the plan.
+// holders; this package does the NATS I/O around them. node/cluster.go
+// wires it into the node (docs/CLUSTER.md, "In the node").
 package cluster

@@ -16,12 +16,11 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// Headers a node sets on every P.E.kv_events it publishes, so other nodes
-// know whose pool the events describe (the body is vLLM's and names no
-// node; routers ignore headers they do not know).
+// Headers a node sets on every P.E.kv_events it publishes (the protocol
+// words are messages.HeaderNode and messages.HeaderBoot).
 const (
-	HeaderNode = "Kvactors-Node"
-	HeaderBoot = "Kvactors-Boot"
+	HeaderNode = messages.HeaderNode
+	HeaderBoot = messages.HeaderBoot
 )
 
 // FeedStats counts what the feed refused, beside the index's own Stats.
@@ -214,7 +213,13 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		return
 	}
 	f.mu.Lock()
-	_, err = f.x.ApplyKVEvents(node, boot, engine, b)
+	cleared, err := f.x.ApplyKVEvents(node, boot, engine, b)
+	if cleared {
+		// The index dropped every key of the node (a router's clear names
+		// one engine, the pool is the node's): read its key set again at
+		// its next heartbeat.
+		f.pending[node] = true
+	}
 	f.mu.Unlock()
 	if err != nil {
 		f.metrics.FeedRejected.WithLabelValues("refused").Inc()

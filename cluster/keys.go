@@ -16,10 +16,9 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// VerbKeys is the catch-up verb: P._node.<node>.keys, request/reply. It
-// belongs beside messages.NodeVerbFetch once the node is wired (kept here
-// so this branch does not touch the shared vocabulary).
-const VerbKeys = "keys"
+// VerbKeys is the catch-up verb: P._node.<node>.keys, request/reply (the
+// protocol word is messages.NodeVerbKeys).
+const VerbKeys = messages.NodeVerbKeys
 
 // Catch-up wire. Request: {"after":{"namespace":"m","key":"<hex>"}} (omit
 // "after" for the first page). Reply: {"node","boot","keys":[{"namespace",

@@ -17,15 +17,8 @@ import (
 )
 
 // HeartbeatUsage is a node heartbeat with the usage fields `kvactors nodes`
-// shows. The fields beyond messages.NodeHeartbeat are optional (older
-// nodes omit them; readers ignore unknown fields): the node adds them when
-// it is wired (docs/CLUSTER.md).
-type HeartbeatUsage struct {
-	messages.NodeHeartbeat
-	PoolBytes         int64 `json:"pool_bytes,omitempty"`
-	PoolCapacityBytes int64 `json:"pool_capacity_bytes,omitempty"`
-	DiskBytes         int64 `json:"disk_bytes,omitempty"`
-}
+// shows (optional fields of messages.NodeHeartbeat).
+type HeartbeatUsage = messages.NodeHeartbeat
 
 // NodeRow is one line of `kvactors nodes`.
 type NodeRow struct {

@@ -41,7 +41,7 @@ func TestSurveyListsLiveNodesAndSilentOwners(t *testing.T) {
 		return nil
 	})
 	// gpu-0 heartbeats (on s0) while the survey listens (on s2).
-	hb, _ := json.Marshal(HeartbeatUsage{NodeHeartbeat: messages.NodeHeartbeat{Node: "gpu-0", Boot: "b0", Engines: 2},
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "b0", Engines: 2,
 		PoolBytes: 3 << 20, PoolCapacityBytes: 8 << 20})
 	stop := make(chan struct{})
 	beating := make(chan struct{}, 1)

@@ -28,7 +28,22 @@ type OwnerTable struct {
 // WatchOwners starts the watch and returns once the table holds the
 // bucket's current records (or ctx ends).
 func (o *Owners) WatchOwners(ctx context.Context) (*OwnerTable, error) {
-	w, err := o.kv.WatchAll(context.Background())
+	return watchOwners(ctx, o.kv)
+}
+
+// WatchBucket watches an existing ownership bucket without joining the
+// cluster (`kvactors nodes`): jetstream.ErrBucketNotFound (wrapped) if no
+// node has made it yet.
+func WatchBucket(ctx context.Context, js jetstream.JetStream, bucket string) (*OwnerTable, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return nil, fmt.Errorf("ownership bucket %s: %w", bucket, err)
+	}
+	return watchOwners(ctx, kv)
+}
+
+func watchOwners(ctx context.Context, kv jetstream.KeyValue) (*OwnerTable, error) {
+	w, err := kv.WatchAll(context.Background())
 	if err != nil {
 		return nil, fmt.Errorf("watch ownership bucket: %w", err)
 	}

@@ -25,6 +25,17 @@ const (
 	NodeVerbHello     = "hello"
 	NodeVerbHeartbeat = "heartbeat"
 	NodeVerbFetch     = "fetch"
+	// NodeVerbKeys is the key-set catch-up (clusters): request/reply, one
+	// page of the node's (namespace, key) pairs per reply.
+	NodeVerbKeys = "keys"
+)
+
+// Headers a clustered node sets on every P.E.kv_events it publishes, so
+// other nodes know whose pool the events describe (the body is vLLM's and
+// names no node; routers ignore headers they do not know).
+const (
+	HeaderNode = "Kvactors-Node"
+	HeaderBoot = "Kvactors-Boot"
 )
 
 // EngineSubject is P.E.verb.
@@ -44,10 +55,17 @@ type Hello struct {
 }
 
 // NodeHeartbeat is published on P._node.<node>.heartbeat every lease/4.
+// The usage fields are optional (older nodes omit them): `kvactors nodes`
+// shows them.
 type NodeHeartbeat struct {
 	Node    string `json:"node"`
 	Boot    string `json:"boot"`
 	Engines int    `json:"engines"`
+	// PoolBytes is the host pool's bytes in use, PoolCapacityBytes its size,
+	// DiskBytes the disk tier's bytes in use (0 without one).
+	PoolBytes         int64 `json:"pool_bytes,omitempty"`
+	PoolCapacityBytes int64 `json:"pool_capacity_bytes,omitempty"`
+	DiskBytes         int64 `json:"disk_bytes,omitempty"`
 }
 
 // HeartbeatRequest is the body of P.E.heartbeat: the engine's epoch and the

@@ -15,6 +15,7 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 )
@@ -96,6 +97,26 @@ type Config struct {
 	// Limits bounds what one message may contain.
 	Limits ingest.Limits `json:"limits"`
 
+	// cluster (docs/CLUSTER.md). Clustering is on with Cluster or
+	// StandbyFor: the node then needs JetStream (an operator's NATS cluster
+	// with --nats, or the embedded server), claims the engines it serves in
+	// the ownership bucket, answers lookup and load for chunks held by other
+	// nodes, and serves its own chunks over P._node.<node>.fetch. Off, a
+	// single node works exactly as without a cluster.
+	Cluster bool `json:"cluster"`
+	// StandbyFor names the node this one stands by for: it takes that node's
+	// engines over once their ownership lease lapses (implies Cluster).
+	StandbyFor string `json:"standby_for"`
+	// ClusterBucket is the ownership KV bucket (default kvactors_owners).
+	ClusterBucket string `json:"cluster_bucket"`
+	// ClusterReplicas are the ownership bucket's replicas (default 1; 3 on a
+	// NATS cluster of three servers or more).
+	ClusterReplicas int `json:"cluster_replicas"`
+	// FetchWindow is how many fetch pieces are in flight per remote chunk
+	// (default 4); FetchTimeout bounds each piece (default 5s).
+	FetchWindow  int           `json:"fetch_window"`
+	FetchTimeout time.Duration `json:"fetch_timeout"`
+
 	// Log, Tracer and Registry are injected (nil: slog.Default, a no-op
 	// tracer, a fresh registry).
 	Log      *slog.Logger         `json:"-"`
@@ -170,6 +191,11 @@ func DefaultConfig() Config {
 		LogFormat:         LogText,
 		Transfer:          transfer.DefaultConfig(),
 		Limits:            ingest.DefaultLimits(),
+		// cluster: off; the rest are cluster.DefaultConfig's.
+		ClusterBucket:   cluster.DefaultConfig().Bucket,
+		ClusterReplicas: cluster.DefaultConfig().Replicas,
+		FetchWindow:     cluster.DefaultConfig().FetchWindow,
+		FetchTimeout:    cluster.DefaultConfig().FetchTimeout,
 	}
 }
 
@@ -256,6 +282,16 @@ func (c Config) Validate() error {
 			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
+	case c.StandbyFor != "" && (!ingest.ValidEngineID(c.StandbyFor) || c.StandbyFor == c.NodeID):
+		return fmt.Errorf("%w: standby-for %q: want another node's id", ErrConfig, c.StandbyFor)
+	case c.Clustered() && c.Lease < time.Second:
+		return fmt.Errorf("%w: lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
+	}
+	if c.Clustered() {
+		cc := c.clusterConfig("")
+		if err := cc.Validate(); err != nil {
+			return fmt.Errorf("%w: %w", ErrConfig, err)
+		}
 	}
 	if _, err := c.NewLogger(io.Discard); err != nil {
 		return err

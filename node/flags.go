@@ -85,7 +85,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.NATSConnectTimeout, "nats-connect-timeout", d.NATSConnectTimeout, "with --nats, how long to retry the first connection (with backoff) before giving up")
 	str(&c.NATSHost, "nats-host", d.NATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", d.NATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
+	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream or the node is clustered (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
 	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb>")
@@ -120,6 +120,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir)")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
+	// cluster
+	boolean(&c.Cluster, "cluster", d.Cluster, "join a cluster: claim engines in the ownership bucket (needs JetStream), serve and fetch chunks across nodes")
+	str(&c.StandbyFor, "standby-for", d.StandbyFor, "stand by for this node: take its engines over when its ownership lease lapses (implies --cluster)")
+	str(&c.ClusterBucket, "cluster-bucket", d.ClusterBucket, "ownership KV bucket")
+	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
+	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
+	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
 	// Secrets come from the environment only, never a flag or file (ps and
 	// config repositories would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")

@@ -216,6 +216,9 @@ func (in *ingester) work(q <-chan inbound) {
 
 func (in *ingester) handle(x inbound) {
 	engineID, m := x.engine, x.msg
+	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
+		return // another node's engine (clusters): stay silent, counted
+	}
 	switch x.verb {
 	case messages.VerbEvents:
 		in.events(engineID, m)

@@ -148,8 +148,9 @@ func (n *Node) unmapped(segments int) {
 // embeddedOptions are the embedded server's options: from --nats-config
 // when set (its listen address wins over --nats-host/--nats-port when it
 // has one), else a plain loopback server. JetStream runs only when that
-// file enables it: no kvactors feature needs it, and an open JetStream lets
-// any client fill the node's disk.
+// file enables it or the node is clustered (--cluster, --standby-for: the
+// ownership bucket needs it): nothing else needs it, and an open JetStream
+// lets any client fill the node's disk.
 func (c Config) embeddedOptions() (*server.Options, error) {
 	opts := &server.Options{}
 	if c.NATSConfig != "" {
@@ -166,6 +167,9 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 	}
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = MaxPayload
+	}
+	if c.Clustered() {
+		opts.JetStream = true // the ownership bucket (docs/CLUSTER.md)
 	}
 	opts.NoSigs = true
 	return opts, nil

@@ -40,7 +40,10 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
-	hit := rec.layout.HitTokens(hashes, n.store.Ready)
+	ns := n.engineNamespace(engineID)
+	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
+		return n.store.Ready(k) || n.heldElsewhere(ns, k)
+	})
 	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {
 		n.metrics.LookupHits.Inc()
@@ -82,8 +85,29 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
+	if remote := n.remoteKeys(engineID, keys); len(remote) > 0 {
+		// Fetching takes round trips: off the ingest worker, holding the
+		// device open as a load does.
+		rec.loads.Add(1)
+		go func() {
+			defer rec.loads.Done()
+			fetched, err := n.fetchRemote(ctx, rec, remote)
+			if err != nil {
+				fail(fmt.Errorf("load %q: %w", req.Request, err))
+				return
+			}
+			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, fail)
+		}()
+		return
+	}
+	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, fail)
+}
+
+// startLoad pins the keys and hands the copy to a load actor.
+func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
+	keys []messages.Key, reply string, remote int, fail func(error)) {
 	evicted, err := rec.store.PrepareLoad(keys)
-	n.evicted(ctx, engineID, evicted) // room for chunks read back from disk
+	n.evicted(ctx, rec.id, evicted) // room for chunks read back from disk
 	if err != nil {
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
@@ -94,8 +118,8 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
 			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
 		}},
-		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
-			Bytes: store.CopyBytes(rec.layout, chunks), Reply: m.Reply, Ctx: ctx}))
+		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote}))
 }
 
 // evicted announces keys evicted from host memory outside a store decision

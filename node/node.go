@@ -77,6 +77,8 @@ type Node struct {
 	ln     net.Listener
 	ready  atomic.Bool
 	closed atomic.Bool
+
+	cl *clusterNode // nil unless clustered (node/cluster.go)
 }
 
 // Start brings a node up: NATS, backend and arena, actors, subscriptions,
@@ -120,6 +122,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
+	if err := n.startCluster(); err != nil {
+		return nil, err
+	}
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
@@ -136,8 +141,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	go n.sessionLoop(loops)
 	go n.pinger(loops)
 	go n.watchdog(loops)
+	if n.cl != nil {
+		n.loops.Add(1)
+		go n.ownershipLoop(loops)
+	}
 	n.ready.Store(true)
-	n.log.Info("kvactors ready", "boot", n.boot, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
+	n.log.Info("kvactors ready", "boot", n.boot, "cluster", cfg.Clustered(), "standby_for", cfg.StandbyFor, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
 		"pool_bytes", cfg.PoolBytes, "http", n.HTTPAddr())
 	return n, nil
 }
@@ -435,6 +444,7 @@ func (n *Node) Close(ctx context.Context) error {
 		sentBefore = n.outbox.Releases()
 	}
 	n.retireAll(ctx)
+	n.closeCluster(ctx)
 	// From here on nothing is published: the count below stays true.
 	var undelivered, unconfirmed int64
 	if n.outbox != nil {
@@ -476,6 +486,9 @@ func (n *Node) Close(ctx context.Context) error {
 }
 
 func (n *Node) teardown() {
+	if n.cl != nil && n.cl.feed != nil && !n.closed.Load() {
+		n.cl.feed.Close() // a failed Start
+	}
 	if n.http != nil {
 		_ = n.http.Close()
 	}

@@ -72,6 +72,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if n.cfg.WrapDevice != nil {
 		dev = n.cfg.WrapDevice(dev)
 	}
+	dev = n.ownedDevice(id, dev) // clusters: no copy once the claim may have lapsed
 	if err := lay.CheckSegments(dev.SegmentSize); err != nil {
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
@@ -197,6 +198,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 			return
 		}
 		n.log.Info("engine unregistered", "engine", engineID, "released", released)
+		n.releaseClaim(engineID)
 		n.outbox.Reply(ctx, m.Reply, messages.UnregisterReply{OK: true, Released: released, Node: n.cfg.NodeID,
 			Boot: n.boot})
 	}()
@@ -223,6 +225,7 @@ func (n *Node) expired(engineID string) {
 			return
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)
+		n.releaseClaim(engineID)
 	}()
 }
 

@@ -37,8 +37,14 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		recs := n.liveEngines()
+		st := n.poolStats()
+		var diskBytes int64
+		if n.disk != nil {
+			diskBytes = n.disk.Stats().Bytes
+		}
 		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
-			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs)})
+			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
+				PoolBytes: st.Data, PoolCapacityBytes: st.Capacity, DiskBytes: diskBytes})
 		for _, rec := range recs {
 			n.system.Root.Send(rec.pid, &engine.Tick{})
 		}
@@ -96,6 +102,9 @@ func (n *Node) reconnected() {
 		return
 	}
 	n.hello()
+	if n.cl != nil && n.cl.feed != nil {
+		n.cl.feed.Reconnected() // kv_events of other nodes may have been missed
+	}
 	for _, rec := range n.liveEngines() {
 		n.system.Root.Send(rec.pid, &engine.Lost{Reason: messages.ResyncReconnect})
 	}

@@ -63,7 +63,14 @@ func (n *Node) replyError(ctx context.Context, reply string, err error) {
 func (n *Node) onRegister(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	spec, err := ingest.DecodeSpec(m.Data, n.cfg.Limits)
-	if err == nil {
+	if err == nil && n.cl != nil {
+		if !n.claimRegister(ctx, engineID, spec, m.Reply) {
+			return
+		}
+		if err = n.register(engineID, spec); err != nil && n.engine(engineID) == nil {
+			n.releaseClaim(engineID) // claimed for a spec this node cannot serve
+		}
+	} else if err == nil {
 		err = n.register(engineID, spec)
 	}
 	if err != nil {

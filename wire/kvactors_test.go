@@ -19,7 +19,7 @@ func TestEncodersMatchEncodingJSON(t *testing.T) {
 		rel := &messages.Released{Request: req, Epoch: hash + req, RSeq: job, Reason: "finished"}
 		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
 			{Type: messages.KVBlockStored, BlockHashes: []string{hash, "00"}, GroupIdx: group, Medium: "CPU"},
-			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU"}}}
+			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU", Namespace: req}}}
 		for _, c := range []struct {
 			v   any
 			got []byte

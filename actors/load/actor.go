@@ -42,6 +42,9 @@ type Job struct {
 	Bytes   int64
 	Reply   string // NATS reply subject
 	Ctx     context.Context
+	// RemoteChunks is how many chunks the node fetched from other nodes of
+	// its cluster for this load (the reply's remote_chunks).
+	RemoteChunks int
 }
 
 // Deps is what a load actor needs from its node.
@@ -123,7 +126,7 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 	} else {
 		a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
-			Node: a.deps.Node, Boot: a.deps.Boot})
+			Node: a.deps.Node, Boot: a.deps.Boot, RemoteChunks: j.RemoteChunks})
 	}
 	if a.deps.Done != nil {
 		a.deps.Done()

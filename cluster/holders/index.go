@@ -117,7 +117,8 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 // every key of the node (the caller then asks for its key set again, so
 // this errs on the side of counting too little). A key's namespace is the
 // event's, else the engine id (the namespace default). A malformed batch
-// changes nothing.
+// changes nothing. Only host-memory events count (medium CPU, or none
+// given): a disk tier's events are skipped.
 func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBatch) (clearedAll bool, err error) {
 	type op struct {
 		typ  string
@@ -132,6 +133,11 @@ func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBat
 		o := op{typ: ev.Type}
 		switch ev.Type {
 		case messages.KVBlockStored, messages.KVBlockRemoved:
+			if ev.Medium != "" && ev.Medium != messages.MediumCPU {
+				// A node fetches only from host memory: its disk tier's
+				// writes and deletions say nothing about what it can serve.
+				continue
+			}
 			if ev.GroupIdx < 0 {
 				x.stats.Rejected++
 				return false, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)

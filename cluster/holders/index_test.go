@@ -71,6 +71,19 @@ func TestNamespaceDefaultsToTheEngine(t *testing.T) {
 	require.Equal(t, []string{"a"}, x.Holders("e7", key(t, "aa", 0), t0))
 }
 
+// Only host memory counts: a node's disk-tier events (medium DISK) neither
+// add nor remove a holder, since fetches are served from host memory.
+func TestDiskTierEventsAreSkipped(t *testing.T) {
+	x := New(lease)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	disk := func(ev messages.KVEvent) messages.KVEvent { ev.Medium = messages.MediumDisk; return ev }
+	apply(t, x, "a", "a1", stored("m", 0, "aa"), disk(stored("m", 0, "bb")))
+	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 0), t0))
+	require.Empty(t, x.Holders("m", key(t, "bb", 0), t0), "on disk only: not fetchable")
+	apply(t, x, "a", "a1", disk(removed("m", 0, "aa")))
+	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 0), t0), "a disk deletion leaves host memory's copy")
+}
+
 // "A node that is gone stops counting as a holder within lease_ms."
 func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 	x := New(lease)

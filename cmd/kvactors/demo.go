@@ -48,6 +48,7 @@ type demoOptions struct {
 	minCoverage     float64
 	requireCoverage bool
 	pool            int64 // poolBytes parsed
+	cluster         int   // >0: the cluster demo (cluster/demo)
 }
 
 // errInterrupted ends a demo stopped by Ctrl-C or SIGTERM.
@@ -72,6 +73,9 @@ func runDemoCtx(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if err != nil {
 		fmt.Fprintf(stderr, "kvactors demo: %v (see kvactors demo --help)\n", err)
 		return exitUsage
+	}
+	if o.cluster > 0 {
+		return runClusterDemo(ctx, o, log, stdout, stderr)
 	}
 	err = runDemoWith(ctx, o, log, stdout, stderr)
 	switch {
@@ -104,6 +108,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	fs.StringVar(&o.diskBytes, "disk-bytes", "4GiB", "the disk tier's budget, with --disk-dir")
 	fs.Float64Var(&o.minCoverage, "min-coverage", 0.5, "warn when fewer of the checked keys than this share were still in the pool to compare")
 	fs.BoolVar(&o.requireCoverage, "require-coverage", false, "fail (exit 1) instead of warning below --min-coverage")
+	fs.IntVar(&o.cluster, "cluster", 0, "run N nodes on an N-server NATS cluster instead (cross-node hits, integrity of every remote byte)")
 	if code := parseExit("demo", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
 		return o, code
 	}

@@ -21,6 +21,7 @@ commands:
   serve     run a node (embedded NATS unless --nats)
   demo      run a node and a simulated engine, print what happened, check every byte
   bench     measure event throughput, latency, copy bandwidth and scale
+  nodes     list the nodes of a cluster (node, boot, engines, pool and disk, last heartbeat)
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
   nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
   version   print the version, VCS revision and build time
@@ -45,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDemo(args, stdout, stderr)
 	case "bench":
 		return runBench(args, stdout, stderr)
+	case "nodes":
+		return runNodes(args, stdout, stderr)
 	case "flags":
 		return flagsTable(args, stdout, stderr)
 	case "nats-config":

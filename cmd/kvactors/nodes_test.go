@@ -1,0 +1,50 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"os/exec"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// `kvactors nodes` (the real binary) lists every node of a cluster with its
+// boot, its engines (reported and owned), its pool usage and the age of its
+// last heartbeat.
+func TestNodesListsTheCluster(t *testing.T) {
+	nc3 := testkit.NATSCluster(t, 3)
+	dir := t.TempDir()
+	var ns []*node.Node
+	for i, id := range []string{"gpu-0", "gpu-1"} {
+		n, err := node.Start(context.Background(), node.Config{NATSURL: nc3.URLs(i), NodeID: id, Cluster: true,
+			ClusterReplicas: 3, Lease: time.Second, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: node.HTTPOff,
+			Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		require.NoError(t, err)
+		t.Cleanup(func() { _ = n.Close(context.Background()) })
+		ns = append(ns, n)
+	}
+	spec, _ := engineSpec(t, dir, "e1", "gpu-1")
+	enc := nc3.Connect(2)
+	data, _ := json.Marshal(spec)
+	m, err := enc.Request("kvactors.e1.register", data, 10*time.Second)
+	require.NoError(t, err)
+	var r messages.RegisterReply
+	require.NoError(t, json.Unmarshal(m.Data, &r))
+	require.True(t, r.OK, r.Error)
+
+	out, err := exec.Command(binary, "nodes", "--nats", nc3.URL(0), "--wait", "1s").CombinedOutput()
+	require.NoError(t, err, string(out))
+	t.Logf("kvactors nodes:\n%s", out)
+	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-0\s+`+ns[0].Boot()+`\s+0\s+-\s+0\.0MiB/1\.0MiB\s+-\s+\d+ms ago$`), string(out))
+	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-1\s+`+ns[1].Boot()+`\s+1\s+e1\s+0\.0MiB/1\.0MiB\s+-\s+\d+ms ago$`), string(out))
+}

@@ -1,0 +1,441 @@
+package node
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
+)
+
+// clusterNode is a node's part in a cluster (docs/CLUSTER.md): ownership of
+// the engines it serves, the index of what other nodes hold, the fetch
+// client, and the fetch and key-set servers over its own pool.
+type clusterNode struct {
+	cfg     cluster.Config
+	metrics *cluster.Metrics
+	owners  *cluster.Owners
+	feed    *cluster.Feed
+	fetcher *cluster.Fetcher
+	subs    []*nats.Subscription
+	keys    *heldKeys
+	nsOf    sync.Map // engine id → namespace, set at register
+	recent  recentChunksCache
+}
+
+// Clustered reports whether clustering is on (--cluster or --standby-for).
+func (c Config) Clustered() bool { return c.Cluster || c.StandbyFor != "" }
+
+func (c Config) clusterConfig(boot string) cluster.Config {
+	return cluster.Config{Prefix: c.Prefix, Bucket: c.ClusterBucket, Replicas: c.ClusterReplicas, Lease: c.Lease,
+		Node: c.NodeID, Boot: boot, StandbyFor: c.StandbyFor, FetchWindow: c.FetchWindow, FetchTimeout: c.FetchTimeout}
+}
+
+// startCluster joins the cluster: it opens the ownership bucket, starts the
+// holders feed and serves fetch and keys. It runs after the outbox exists
+// and before the node subscribes to engines, so every kv_events batch is
+// stamped with this node and boot.
+func (n *Node) startCluster() error {
+	if !n.cfg.Clustered() {
+		return nil
+	}
+	cfg := n.cfg.clusterConfig(n.boot)
+	if err := cfg.Validate(); err != nil { // fills the defaults
+		return err
+	}
+	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: &heldKeys{m: map[holders.NSKey]bool{}}}
+	n.cl = c
+	js, err := jetstream.New(n.nc)
+	if err != nil {
+		return fmt.Errorf("cluster: jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
+		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
+	}
+	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot, Observe: c.keys.observe})
+	log := n.log.With("part", "cluster")
+	if c.feed, err = cluster.StartFeed(n.nc, cfg, log, c.metrics); err != nil {
+		return err
+	}
+	if c.fetcher, err = cluster.NewFetcher(n.nc, cfg, c.metrics); err != nil {
+		return err
+	}
+	s, err := cluster.ServeFetch(n.nc, cfg.Prefix, cfg.Node, cluster.ChunkSourceFunc(n.readChunk), c.metrics)
+	if err != nil {
+		return err
+	}
+	c.subs = append(c.subs, s)
+	if s, err = cluster.ServeKeys(n.nc, cfg.Prefix, cfg.Node, n.boot, c.keys); err != nil {
+		return err
+	}
+	c.subs = append(c.subs, s)
+	return nil
+}
+
+// closeCluster gives up every claim (so the engines' next registers are
+// answered at once by another node rather than after a lease), then stops
+// the feed and the fetch and key servers.
+func (n *Node) closeCluster(ctx context.Context) {
+	c := n.cl
+	if c == nil {
+		return
+	}
+	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
+		for _, id := range c.owners.Mine() {
+			if err := c.owners.Release(ctx, id); err != nil {
+				n.log.Warn("cluster: release on shutdown", "engine", id, "err", err)
+			}
+		}
+	}
+	for _, s := range c.subs {
+		_ = s.Unsubscribe()
+	}
+	if c.feed != nil {
+		c.feed.Close()
+	}
+}
+
+// engineNamespace is the name of engine's namespace: its spec's, else its
+// id (ingest.Namespace).
+func (n *Node) engineNamespace(engine string) string {
+	if n.cl != nil {
+		if ns, ok := n.cl.nsOf.Load(engine); ok {
+			return ns.(string)
+		}
+	}
+	return engine
+}
+
+// serving is the ownership gate for every engine message but register:
+// only the owner, within its lease, answers or applies it; every other node
+// stays silent and counts it.
+func (n *Node) serving(engine, verb string) bool {
+	if n.cl == nil {
+		return true
+	}
+	if n.cl.owners.Serving(engine, time.Now()) {
+		n.cl.metrics.Decisions.WithLabelValues(ownership.Serve.String()).Inc()
+		return true
+	}
+	n.cl.metrics.Decisions.WithLabelValues(ownership.Ignore.String()).Inc()
+	n.log.Debug("cluster: message of an engine this node does not own ignored", "engine", engine, "verb", verb)
+	return false
+}
+
+// claimRegister decides a register on a cluster: true if this node serves
+// the engine (it owned it or won the claim). A refusal is answered here;
+// every other outcome is silence.
+func (n *Node) claimRegister(ctx context.Context, id string, spec messages.EngineSpec, reply string) bool {
+	c := n.cl
+	rctx, cancel := context.WithTimeout(ctx, n.cfg.Lease)
+	defer cancel()
+	d, err := c.owners.Resolve(rctx, id, cluster.Request{Register: true, SpecNode: spec.Node,
+		Local: n.localMemory(spec), NamedLive: c.live(spec.Node)})
+	switch {
+	case err != nil:
+		// Another node may hold or win it; an error reply from every node
+		// that could not read the bucket would be noise. The engine retries.
+		n.log.Warn("cluster: register not decided", "engine", id, "err", err)
+		return false
+	case d.Action == ownership.Refuse:
+		n.metrics.Rejected.WithLabelValues(messages.RejectBadSpec).Inc()
+		n.log.Info("cluster: register refused: names another node", "engine", id, "named", spec.Node)
+		n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: ownership.RefusalError(n.cfg.NodeID, spec.Node),
+			Node: n.cfg.NodeID, Boot: n.boot})
+		return false
+	case d.Action != ownership.Serve:
+		n.log.Debug("cluster: register left to another node", "engine", id, "owner", d.Owner, "reason", d.Reason)
+		return false
+	}
+	c.nsOf.Store(id, ingest.Namespace(id, &spec))
+	return true
+}
+
+// localMemory: this node can copy for the engine (shm segments exist in
+// its shm dir; a CUDA device is on this host by construction).
+func (n *Node) localMemory(spec messages.EngineSpec) bool {
+	if n.cfg.Backend != "shm" {
+		return true
+	}
+	for _, s := range spec.Segments {
+		if s.Shm == "" || !n.backendHas(s.Shm) {
+			return false
+		}
+	}
+	return len(spec.Segments) > 0
+}
+
+func (n *Node) backendHas(shmName string) bool {
+	fi, err := os.Stat(filepath.Join(n.cfg.ShmDir, shmName))
+	return err == nil && fi.Mode().IsRegular()
+}
+
+// live reports whether node sent a hello or heartbeat within the lease.
+func (c *clusterNode) live(node string) bool {
+	if node == "" {
+		return false
+	}
+	for _, ni := range c.feed.Nodes() {
+		if ni.Node == node {
+			return ni.Live
+		}
+	}
+	return false
+}
+
+// ownershipLoop renews this node's claims every lease/4 (on its own
+// goroutine: a JetStream stall must not delay heartbeats). A NATS error is
+// retried every 100 ms until the next tick; an engine whose claim was
+// fenced (another node wrote its record) is dropped at once.
+func (n *Node) ownershipLoop(ctx context.Context) {
+	defer n.loops.Done()
+	period := n.cfg.Lease / 4
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		next := time.Now().Add(period)
+		for {
+			wctx, cancel := context.WithDeadline(ctx, next)
+			lost, err := n.cl.owners.KeepAliveAll(wctx)
+			cancel()
+			for _, id := range lost {
+				n.fenced(id)
+			}
+			if err == nil || time.Until(next) < 100*time.Millisecond {
+				if err != nil {
+					n.log.Warn("cluster: keep-alive failed", "err", err)
+				}
+				break
+			}
+			if !pause(ctx, 100*time.Millisecond) {
+				return
+			}
+		}
+	}
+}
+
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// fenced drops an engine another node now owns: as an expiry, with no one
+// to reply to (the engine resyncs with its new owner).
+func (n *Node) fenced(id string) {
+	n.log.Warn("cluster: ownership lost (fenced): dropping engine", "engine", id)
+	rec := n.detach(id, nil)
+	if rec == nil {
+		return
+	}
+	go func() {
+		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+		defer cancel()
+		if _, err := n.end(wait, rec); err != nil {
+			n.log.Error("cluster: drop fenced engine", "engine", id, "err", err)
+		}
+	}()
+}
+
+// released gives up the claim on an engine this node no longer serves
+// (unregister, expiry).
+func (n *Node) releaseClaim(id string) {
+	if n.cl == nil {
+		return
+	}
+	n.cl.nsOf.Delete(id)
+	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease)
+	defer cancel()
+	if err := n.cl.owners.Release(ctx, id); err != nil && !errors.Is(err, cluster.ErrNotMine) {
+		n.log.Warn("cluster: release", "engine", id, "err", err)
+	}
+}
+
+// readChunk serves a chunk of host memory to another node's fetch: its
+// bytes and the CRC-32C the store took when the chunk was copied from the
+// device, after the store checked the bytes against it (store.ReadChunk;
+// a corrupt chunk is dropped and announced, never served). A fetch asks
+// piece by piece, so the last few chunks read are kept while their key stays
+// ready, for a fetch timeout: a 4 MiB chunk is copied and checked once per
+// fetch, not once per piece.
+func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
+	if !n.cl.keys.has(ns, wk) {
+		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
+	}
+	key, ok := n.poolKey(ns, wk)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: namespace %s not open on this node", cluster.ErrNoChunk, ns)
+	}
+	c := &n.cl.recent
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := time.Now()
+	if st, _ := n.store.Lookup(key); st == hostpool.Ready {
+		for i := range c.chunks {
+			if e := &c.chunks[i]; e.key == key && now.Sub(e.at) < n.cl.cfg.FetchTimeout {
+				return e.data, e.crc, nil
+			}
+		}
+	}
+	b, crc, err := n.store.ReadChunk(key)
+	if errors.Is(err, store.ErrCorrupt) {
+		n.announce(context.Background(), "", messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{key})
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
+	}
+	c.chunks = slices.DeleteFunc(c.chunks, func(e servedChunk) bool { return e.key == key })
+	if len(c.chunks) == recentChunks {
+		c.chunks = c.chunks[1:]
+	}
+	c.chunks = append(c.chunks, servedChunk{key: key, data: b, crc: crc, at: now})
+	return b, crc, nil
+}
+
+// recentChunks bounds the chunks a node keeps for the pieces of fetches in
+// flight (a fetch client keeps FetchWindow pieces of one chunk in flight).
+const recentChunks = 4
+
+type servedChunk struct {
+	key  messages.Key
+	data []byte
+	crc  uint32
+	at   time.Time
+}
+
+type recentChunksCache struct {
+	mu     sync.Mutex
+	chunks []servedChunk // oldest first
+}
+
+// heldKeys is this node's (namespace, key) set as its kv_events announced
+// it: what it serves to fetches and key-set catch-ups.
+type heldKeys struct {
+	mu sync.Mutex
+	m  map[holders.NSKey]bool
+}
+
+func (h *heldKeys) observe(_ string, events []messages.KVEvent) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, ev := range events {
+		if ev.Medium != "" && ev.Medium != messages.MediumCPU {
+			continue // the disk tier's: fetches are served from host memory only
+		}
+		for _, hx := range ev.BlockHashes {
+			raw, err := hex.DecodeString(hx)
+			if err != nil {
+				continue // our own encoding: cannot happen
+			}
+			k := holders.NSKey{NS: ev.Namespace, Key: holders.KeyOf(raw, ev.GroupIdx)}
+			switch ev.Type {
+			case messages.KVBlockStored:
+				h.m[k] = true
+			case messages.KVBlockRemoved:
+				delete(h.m, k)
+			}
+		}
+	}
+}
+
+func (h *heldKeys) has(ns string, key messages.Key) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.m[holders.NSKey{NS: ns, Key: key}]
+}
+
+// KeysAfter lists the set in (namespace, key) order (cluster.KeySource).
+func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	h.mu.Lock()
+	all := make([]holders.NSKey, 0, len(h.m))
+	for k := range h.m {
+		all = append(all, k)
+	}
+	h.mu.Unlock()
+	return cluster.NewSortedKeys(all).KeysAfter(after, max)
+}
+
+// poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in
+// namespace ns; false if ns has no id on this node.
+func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
+	if len(wk) <= 4 {
+		return "", false
+	}
+	n.mu.Lock()
+	rec := n.nss.byName[ns]
+	n.mu.Unlock()
+	if rec == nil {
+		return "", false
+	}
+	g := binary.BigEndian.Uint32([]byte(wk[len(wk)-4:]))
+	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), true
+}
+
+// errNotOwner: a copy refused because this node may no longer serve the
+// engine.
+var errNotOwner = errors.New("cluster: this node no longer owns the engine")
+
+// ownedDevice refuses every copy once this node's claim on the engine may
+// have lapsed (Owners.Serving): after that another node may own the engine
+// and reuse its blocks. It joins the session fence (no copy past lease/2
+// without a NATS round trip) for the case NATS answers but the bucket does
+// not. Without a cluster the device is returned as it is.
+func (n *Node) ownedDevice(engine string, dev backend.Attachment) backend.Attachment {
+	if n.cl == nil {
+		return dev
+	}
+	return &ownedDev{Attachment: dev, engine: engine, serving: func() bool { return n.cl.owners.Serving(engine, time.Now()) }}
+}
+
+type ownedDev struct {
+	backend.Attachment
+	engine  string
+	serving func() bool
+}
+
+func (d *ownedDev) Copy(dir backend.Direction, arena backend.Arena, ranges []backend.Range) error {
+	if !d.serving() {
+		return fmt.Errorf("%w: engine %s: copy refused", errNotOwner, d.engine)
+	}
+	return d.Attachment.Copy(dir, arena, ranges)
+}
+
+// ClusterNodes lists the other nodes this node's holders index knows (nil
+// when not clustered).
+func (n *Node) ClusterNodes() []holders.NodeInfo {
+	if n.cl == nil || n.cl.feed == nil {
+		return nil
+	}
+	return n.cl.feed.Nodes()
+}

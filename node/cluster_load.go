@@ -1,0 +1,143 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// heldElsewhere: a live node of the cluster other than this one holds pool
+// key k of namespace ns (other nodes know it by its wire key).
+func (n *Node) heldElsewhere(ns string, k messages.Key) bool {
+	return n.cl != nil && len(n.cl.feed.Holders(ns, sched.WireKey(k))) > 0
+}
+
+// remoteKeys are the keys of a load that this node's store cannot load
+// (not in host memory or on disk) and another node holds (in the engine's
+// namespace), deduplicated.
+func (n *Node) remoteKeys(engine string, keys []messages.Key) []messages.Key {
+	if n.cl == nil {
+		return nil
+	}
+	ns := n.engineNamespace(engine)
+	var out []messages.Key
+	seen := map[messages.Key]bool{}
+	for _, k := range keys {
+		if seen[k] {
+			continue
+		}
+		seen[k] = true
+		if !n.store.Ready(k) && n.heldElsewhere(ns, k) {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
+// fetchParallel bounds the chunks of one load fetched at once.
+const fetchParallel = 4
+
+// fetchRemote stores keys in this node's store from the nodes that hold
+// them: room is made as for a store (the engine's PrepareStore: evictions
+// are announced, and spilled to disk when there is a disk tier), each chunk
+// is fetched (its CRC-32C checked over the whole chunk), written into its
+// room and checked again there, and only then made ready. It returns how
+// many chunks it fetched; any failure fails the load with the error naming
+// the key, frees that key's room, and no byte of it is ever loadable.
+func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
+	ns := n.engineNamespace(rec.id)
+	sizes := make([]int64, len(keys))
+	for i, k := range keys {
+		_, _, g := sched.SplitKey(k)
+		if g < 0 || g >= len(rec.layout.Groups) {
+			return 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(k), g)
+		}
+		sizes[i] = rec.layout.Groups[g].ChunkBytes
+	}
+	prep, err := rec.store.PrepareStore(keys, sizes)
+	n.evicted(ctx, rec.id, prep.Evicted)
+	if err != nil {
+		return 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
+	}
+	errs := make([]error, len(prep.Keys))
+	sem := make(chan struct{}, fetchParallel)
+	var wg sync.WaitGroup
+	for i, k := range prep.Keys {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			fctx, cancel := context.WithTimeout(ctx, n.cl.cfg.FetchTimeout*4)
+			defer cancel()
+			wk := sched.WireKey(k)
+			data, _, err := n.cl.fetcher.FetchAny(fctx, n.cl.feed.Holders(ns, wk), ns, wk, func(size int64) ([]byte, error) {
+				if _, want := n.store.Lookup(k); size != want {
+					return nil, fmt.Errorf("chunk of %d bytes, %d in this engine's layout", size, want)
+				}
+				return make([]byte, size), nil
+			})
+			if err != nil {
+				n.store.AbortRemote([]messages.Key{k})
+			} else {
+				err = n.store.FillRemote(k, data, cluster.CRC32C(data))
+			}
+			errs[i] = err
+		}()
+	}
+	wg.Wait()
+	var fetched []messages.Key
+	for i, k := range prep.Keys {
+		if errs[i] == nil {
+			fetched = append(fetched, k)
+		}
+	}
+	// What this node's host memory now holds is announced like any store:
+	// routers see it, and other nodes may fetch it from here.
+	n.announce(ctx, rec.id, messages.KVBlockStored, messages.MediumCPU, fetched)
+	if err := errors.Join(errs...); err != nil {
+		return 0, err
+	}
+	// Keys PrepareStore left out were already present: ready, or pending
+	// because another load (or a store) is filling them. Wait for those,
+	// as long as a fetch may take, so that two loads of one remote prefix
+	// at once both succeed.
+	if len(prep.Keys) < len(keys) {
+		n.waitSettled(ctx, keys, time.Now().Add(n.cl.cfg.FetchTimeout*4))
+	}
+	return len(prep.Keys), nil
+}
+
+// settlePoll is how often waitSettled looks at the store.
+const settlePoll = 2 * time.Millisecond
+
+// waitSettled returns once no key is pending in host memory, at deadline,
+// or when ctx ends (the load then finds a key not ready and fails as a
+// miss).
+func (n *Node) waitSettled(ctx context.Context, keys []messages.Key, deadline time.Time) {
+	t := time.NewTicker(settlePoll)
+	defer t.Stop()
+	for {
+		pending := false
+		for _, k := range keys {
+			if st, _ := n.store.Lookup(k); st == hostpool.Pending {
+				pending = true
+				break
+			}
+		}
+		if !pending || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

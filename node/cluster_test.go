@@ -1,0 +1,480 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// clusterLease is the lease of the cluster tests: the ownership bucket
+// needs at least 1 s, and the scripted engines stay silent between steps.
+const clusterLease = 2 * time.Second
+
+// kvCluster is n nodes, n<i> on server i of a NATS cluster, sharing one shm
+// directory (so any node can serve any engine unless its spec names one).
+type kvCluster struct {
+	t     *testing.T
+	nats  *testkit.Cluster
+	dir   string
+	nodes []*env
+}
+
+func startCluster(t *testing.T, n int, mutate ...func(i int, c *node.Config)) *kvCluster {
+	t.Helper()
+	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
+	for i := range n {
+		kc.nodes = append(kc.nodes, kc.startNode(i%3, fmt.Sprintf("n%d", i), mutate...))
+	}
+	kc.waitSeen()
+	return kc
+}
+
+// startNode starts node id on server s (its client connection there too).
+func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.Config)) *env {
+	t := kc.t
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	// A fetch from a node just gone may wait out its piece timeout (the
+	// servers still route to its subscription): 1 s, under the tests' 5 s.
+	cfg := node.Config{NATSURL: kc.nats.URLs(s), NodeID: id, Cluster: true, ClusterReplicas: 3, Lease: clusterLease,
+		FetchTimeout: time.Second,
+		ShmDir:       kc.dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for _, m := range mutate {
+		m(s, &cfg)
+	}
+	n, err := node.Start(context.Background(), cfg)
+	require.NoError(t, err, "start node %s", id)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	return &env{t: t, node: n, nc: kc.nats.Connect(s), reg: reg, dir: kc.dir}
+}
+
+// waitSeen waits until every node's feed has heard every other node.
+func (kc *kvCluster) waitSeen() {
+	testkit.Eventually(kc.t, 10*time.Second, 20*time.Millisecond, func() error {
+		for _, e := range kc.nodes {
+			if got := len(e.node.ClusterNodes()); got < len(kc.nodes)-1 {
+				return fmt.Errorf("node %s sees %d other nodes", e.node.NodeID(), got)
+			}
+		}
+		return nil
+	})
+}
+
+func decisions(e *env, action string) float64 {
+	return e.counter("kvactors_cluster_ownership_decisions_total", action)
+}
+
+// counter sums a counter of the node's registry: the series with a label
+// of value label, or every series when label is "".
+func (e *env) counter(name, label string) float64 {
+	mfs, err := e.reg.Gather()
+	require.NoError(e.t, err)
+	var v float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := label == ""
+			for _, l := range m.GetLabel() {
+				match = match || l.GetValue() == label
+			}
+			if match {
+				v += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return v
+}
+
+// collect publishes one request and returns the channel of every reply.
+func collect(t *testing.T, nc *nats.Conn, subject string, body any) <-chan *nats.Msg {
+	t.Helper()
+	data, err := json.Marshal(body)
+	require.NoError(t, err)
+	inbox := nc.NewRespInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := nc.ChanSubscribe(inbox, ch)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, nc.PublishRequest(subject, inbox, data))
+	return ch
+}
+
+// Concurrent registers of one engine reach all three nodes at once (one
+// publish, three subscribers on three servers): exactly one node answers
+// and serves it, the two others stay silent and count the message; then
+// every other message of the engine is answered by that node only.
+func TestClusterConcurrentRegistersEndWithOneOwner(t *testing.T) {
+	kc := startCluster(t, 3)
+	for round := range 4 {
+		id := fmt.Sprintf("e%d", round)
+		te := kc.nodes[0].newEngine(id, defaultOpts())
+		before := make([]float64, 3)
+		for i, e := range kc.nodes {
+			before[i] = decisions(e, "ignore")
+		}
+		replies := collect(t, kc.nodes[round%3].nc, "kvactors."+id+".register", te.spec)
+		first := testkit.Recv(t, replies, 10*time.Second, "the register reply")
+		var r messages.RegisterReply
+		require.NoError(t, json.Unmarshal(first.Data, &r))
+		require.True(t, r.OK, r.Error)
+		// The two losers decide (ignore) within the claim's round trips.
+		testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+			ignored := 0
+			for i, e := range kc.nodes {
+				if decisions(e, "ignore") > before[i] {
+					ignored++
+				}
+			}
+			if ignored < 2 {
+				return fmt.Errorf("%d nodes decided to ignore", ignored)
+			}
+			return nil
+		})
+		owners := 0
+		for _, e := range kc.nodes {
+			for _, eng := range e.node.Engines() {
+				if eng == id {
+					owners++
+					require.Equal(t, r.Node, e.node.NodeID(), "the node that answered serves the engine")
+				}
+			}
+		}
+		require.Equal(t, 1, owners, "engine %s registered on exactly one node", id)
+		testkit.NoRecv(t, replies, 200*time.Millisecond, "a second register reply")
+
+		// A lookup is answered by the owner alone; the others count it.
+		for i, e := range kc.nodes {
+			before[i] = decisions(e, "ignore")
+		}
+		lookups := collect(t, kc.nodes[(round+1)%3].nc, "kvactors."+id+".lookup", map[string]any{"hashes": []string{hash("x", 0)}})
+		var lr messages.LookupReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, lookups, 5*time.Second, "lookup reply").Data, &lr))
+		require.Empty(t, lr.Error)
+		require.Equal(t, r.Node, lr.Node)
+		testkit.NoRecv(t, lookups, 200*time.Millisecond, "a second lookup reply")
+		for i, e := range kc.nodes {
+			if e.node.NodeID() != r.Node {
+				require.Equal(t, before[i]+1, decisions(e, "ignore"), "node %s counted the lookup it ignored", e.node.NodeID())
+			}
+		}
+	}
+}
+
+// A register naming another node than the live owner is refused by the
+// owner, naming itself; no other node answers, and the engine is not reset.
+func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	kc := startCluster(t, 3)
+	te := kc.nodes[1].newEngine("e1", defaultOpts())
+	te.spec.Node = "n1"
+	te.register()
+	other := te.spec
+	other.Node = "n2"
+	replies := collect(t, kc.nodes[0].nc, "kvactors.e1.register", other)
+	var r messages.RegisterReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 5*time.Second, "refusal").Data, &r))
+	require.False(t, r.OK)
+	require.Equal(t, "n1", r.Node)
+	require.Contains(t, r.Error, "owned by node n1")
+	testkit.NoRecv(t, replies, 300*time.Millisecond, "a second answer")
+	require.Equal(t, []string{"e1"}, kc.nodes[1].node.Engines())
+	require.Empty(t, kc.nodes[2].node.Engines())
+}
+
+// A prefix stored through node A is counted by lookup on node C and loads
+// byte-identically through C: fetched over P._node.n0.fetch (remote_chunks),
+// verified, stored in C's pool and copied to C's engine.
+func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	other := kc.nodes[2].newEngine("eo", defaultOpts())
+	other.spec.Node, other.spec.Namespace = "n2", "other"
+	a.register()
+	c.register()
+	other.register()
+
+	hs := []string{hash("x", 0), hash("x", 1), hash("x", 2), hash("x", 3)}
+	for i := range 4 {
+		a.fill(0, messages.BlockID(40+i), 77)
+	}
+	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41, 42, 43), tokensEv("r", 16, 16))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 16 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	require.Equal(t, 0, other.lookup(hs), "another namespace does not see the prefix")
+	r := c.loadInto("rc", hs, 16, []int{2, 3, 4, 5})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, "n2", r.Node)
+	require.Equal(t, 4, r.RemoteChunks)
+	for i := range 4 {
+		require.True(t, bytes.Equal(a.block(0, messages.BlockID(40+i)), c.block(0, messages.BlockID(2+i))),
+			"block %d loaded on C equals the one stored on A", i)
+	}
+	// Now in C's pool: a second load is local.
+	r = c.loadInto("rc2", hs, 16, []int{6, 7, 8, 9})
+	require.True(t, r.OK, r.Error)
+	require.Zero(t, r.RemoteChunks)
+	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_bytes_total", ""))
+
+	// A second engine registers on A: its AllBlocksCleared makes the other
+	// nodes drop A's keys, and read A's key set again (catch-up), so B
+	// counts the prefix held only by A.
+	b := kc.nodes[1].newEngine("eb", defaultOpts())
+	b.spec.Node, b.spec.Namespace = "n1", "m"
+	b.register()
+	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok")
+	a2 := kc.nodes[0].newEngine("ea2", defaultOpts())
+	a2.spec.Node, a2.spec.Namespace = "n0", "m"
+	a2.register()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok"); got <= catchUps {
+			return fmt.Errorf("no catch-up of A by B after A's clear")
+		}
+		return nil
+	})
+	// A catch-up that began before the clear arrived is cancelled by it; the
+	// next one, at A's next heartbeat, brings the keys back.
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		if got := b.lookup(hs); got != 16 {
+			return fmt.Errorf("B counts %d tokens of A's prefix", got)
+		}
+		return nil
+	})
+}
+
+// The holder goes away between lookup and load (its fetch server is gone
+// before the lease drops it from the index): the load fails with an error
+// naming the key, nothing is copied into the engine's blocks, and the slots
+// reserved for the fetch are freed (a later store of the prefix works).
+func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	a.register()
+	c.register()
+	hs := []string{hash("g", 0), hash("g", 1)}
+	a.fill(0, 40, 9)
+	a.fill(0, 41, 9)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
+	before := append([]byte(nil), c.block(0, 2)...)
+	r := c.loadInto("rc", hs, 8, []int{2, 3})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, "fetch key m/"+hs[0])
+	require.Contains(t, r.Error, "from node n0")
+	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
+	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_failures_total", ""))
+	// The reserved slots were freed: C stores the prefix itself.
+	c.fill(0, 10, 3)
+	c.fill(0, 11, 3)
+	c.send(added("own", 8), hashesEv("own", 0, hs...), blocksEv("own", 0, 0, 10, 11), tokensEv("own", 8, 8))
+	recv(t, c.stored, "stored by C after the failed fetch")
+}
+
+// The fetch server serves a key only in the namespace it was announced in:
+// the same key asked for in another namespace is refused, so a node never
+// hands one tenant's chunk to a fetch naming another.
+func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a.register()
+	a.fill(0, 7, 4)
+	a.send(added("r", 4), hashesEv("r", 0, hash("f", 0)), blocksEv("r", 0, 0, 7), tokensEv("r", 4, 4))
+	recv(t, a.stored, "stored by A")
+	f, err := cluster.NewFetcher(kc.nodes[1].nc, cluster.Config{Lease: clusterLease, FetchTimeout: time.Second}, nil)
+	require.NoError(t, err)
+	key := messages.Key(append(mustHex(hash("f", 0)), 0, 0, 0, 0)) // group 0
+	got, err := f.Fetch(context.Background(), "n0", "m", key)
+	require.NoError(t, err)
+	require.Equal(t, a.block(0, 7), got, "the chunk as stored (one 256-byte block per slot)")
+	_, err = f.Fetch(context.Background(), "n0", "other", key)
+	require.ErrorIs(t, err, cluster.ErrRefused)
+	_, err = f.Fetch(context.Background(), "n0", "ea", key)
+	require.ErrorIs(t, err, cluster.ErrRefused, "not even the engine id's default namespace")
+}
+
+// Two engines of one namespace on C load the same remote prefix at once:
+// one load fetches each chunk, the other waits for it instead of failing
+// as a miss; both get A's bytes, and each chunk crossed the wire once.
+func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a.register()
+	var cs []*testEngine
+	for _, id := range []string{"c1", "c2"} {
+		c := kc.nodes[1].newEngine(id, defaultOpts())
+		c.spec.Node, c.spec.Namespace = "n1", "m"
+		c.register()
+		cs = append(cs, c)
+	}
+	hs := []string{hash("w", 0), hash("w", 1), hash("w", 2), hash("w", 3)}
+	for i := range 4 {
+		a.fill(0, messages.BlockID(20+i), 6)
+	}
+	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 20, 21, 22, 23), tokensEv("r", 16, 16))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := cs[0].lookup(hs); got != 16 {
+			return fmt.Errorf("n1 counts %d tokens", got)
+		}
+		return nil
+	})
+	replies := make(chan messages.LoadReply, 2)
+	for i, c := range cs {
+		body, err := json.Marshal(map[string]any{"request": "l", "hashes": hs, "num_tokens": 16,
+			"blocks": [][]int{{2 + i*10, 3 + i*10, 4 + i*10, 5 + i*10}}})
+		require.NoError(t, err)
+		go func() {
+			var r messages.LoadReply
+			m, err := c.e.nc.Request("kvactors."+c.id+".load", body, 5*time.Second)
+			if err != nil {
+				r.Error = err.Error()
+			} else if err := json.Unmarshal(m.Data, &r); err != nil {
+				r.Error = err.Error()
+			}
+			replies <- r
+		}()
+	}
+	remote := 0
+	for range 2 {
+		r := testkit.Recv(t, replies, 10*time.Second, "load reply")
+		require.True(t, r.OK, r.Error)
+		remote += r.RemoteChunks
+	}
+	require.Equal(t, 4, remote, "each chunk fetched once")
+	for i, c := range cs {
+		for j := range 4 {
+			require.Equal(t, a.block(0, messages.BlockID(20+j)), c.block(0, messages.BlockID(2+i*10+j)))
+		}
+	}
+}
+
+// A chunk corrupted in the holder's host memory is never fetched: the
+// holder checks it against the checksum its store took at the copy from
+// the device, drops it and refuses; the load through C fails naming the key
+// and no byte reaches C's engine, and C's pool does not keep it.
+func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
+	kc := startCluster(t, 2)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[1].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n1", "m"
+	a.register()
+	c.register()
+	hs := []string{hash("z", 0), hash("z", 1)}
+	a.fill(0, 1, 3)
+	a.fill(0, 2, 3)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 1, 2), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	arena := kc.nodes[0].node.Arena().Bytes()
+	at := bytes.Index(arena, a.block(0, 2))
+	require.GreaterOrEqual(t, at, 0, "chunk 1's bytes are in A's pool")
+	arena[at+5] ^= 0x10
+
+	c.fill(0, 30, 8)
+	c.fill(0, 31, 8)
+	dst := bytes.Clone(c.block(0, 31))
+	r := c.loadInto("rc", hs, 8, []int{30, 31})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, "fetch key m/"+hs[1])
+	require.Contains(t, r.Error, "checksum mismatch")
+	require.Equal(t, dst, c.block(0, 31), "no byte of the corrupt chunk reached C's engine")
+	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_pool_corrupt_chunks_total", ""), "A dropped it")
+	require.Positive(t, kc.nodes[1].counter("kvactors_cluster_fetch_failures_total", ""))
+	// The corrupt chunk is counted nowhere once A's BlockRemoved is seen.
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 4 {
+			return fmt.Errorf("C counts %d tokens: A's removal not seen yet", got)
+		}
+		return nil
+	})
+}
+
+// A chunk fetched into C's pool is announced by C (BlockStored on the
+// loading engine's kv_events), so it is held twice: once A is gone, B still
+// loads the prefix, from C.
+func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
+	kc := startCluster(t, 3)
+	var es []*testEngine
+	for i, id := range []string{"ea", "eb", "ec"} {
+		te := kc.nodes[i].newEngine(id, defaultOpts())
+		te.spec.Node, te.spec.Namespace = fmt.Sprintf("n%d", i), "m"
+		te.register()
+		es = append(es, te)
+	}
+	a, b, c := es[0], es[1], es[2]
+	hs := []string{hash("o", 0), hash("o", 1)}
+	a.fill(0, 5, 2)
+	a.fill(0, 6, 2)
+	want := append(bytes.Clone(a.block(0, 5)), a.block(0, 6)...)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 5, 6), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := c.lookup(hs); got != 8 {
+			return fmt.Errorf("C counts %d tokens", got)
+		}
+		return nil
+	})
+	r := c.loadInto("rc", hs, 8, []int{1, 2})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	kv := recv(t, c.kv, "C's BlockStored for the fetched chunks")
+	require.Equal(t, messages.KVBlockStored, kv.Events[0].Type)
+	require.Equal(t, "m", kv.Events[0].Namespace)
+	require.ElementsMatch(t, hs, kv.Events[0].BlockHashes)
+
+	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
+	testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+		for _, ni := range kc.nodes[1].node.ClusterNodes() {
+			if ni.Node == "n0" && ni.Live {
+				return fmt.Errorf("B still counts A")
+			}
+		}
+		return nil
+	})
+	require.Equal(t, 8, b.lookup(hs), "held by C")
+	r = b.loadInto("rb", hs, 8, []int{3, 4})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	require.Equal(t, want, append(bytes.Clone(b.block(0, 3)), b.block(0, 4)...))
+}

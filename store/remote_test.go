@@ -1,0 +1,82 @@
+package store
+
+import (
+	"errors"
+	"hash/crc32"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// A chunk crosses stores: ReadChunk gives its bytes and stored checksum;
+// FillRemote puts them into another store's room and makes them ready with
+// that checksum (a chunk cut into pieces round-trips).
+func TestChunkCrossesStoresWithItsChecksum(t *testing.T) {
+	src, se, _, _ := fixture(t, 48, 64<<10, 1<<10) // 3 KiB chunks in 1 KiB pages
+	storeChunks(t, se, chunk("k", make([]messages.BlockID, 48)...))
+	data, sum, err := src.ReadChunk("k")
+	require.NoError(t, err)
+	require.Len(t, data, 48*testBlockBytes)
+	require.Equal(t, crc32.Checksum(data, castagnoli), sum)
+	require.Zero(t, src.Stats().Pinned, "the read unpinned")
+
+	dst, de, _, _ := fixture(t, 48, 64<<10, 1<<10)
+	prep, err := de.PrepareStore([]messages.Key{"k"}, []int64{int64(len(data))})
+	require.NoError(t, err)
+	require.Len(t, prep.Keys, 1)
+	require.NoError(t, dst.FillRemote("k", data, sum))
+	require.True(t, dst.Ready("k"))
+	again, sum2, err := dst.ReadChunk("k")
+	require.NoError(t, err)
+	require.Equal(t, data, again)
+	require.Equal(t, sum, sum2)
+}
+
+// Bad input changes nothing: a chunk whose bytes do not match the sent
+// checksum, or of the wrong size, is never made ready and its room is
+// freed; a key never prepared is refused.
+func TestFillRemoteRefusesBadChunks(t *testing.T) {
+	s, e, _, _ := fixture(t, 2, 16<<10, 0)
+	size := e.lay.Groups[0].ChunkBytes
+	data := make([]byte, size)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	sum := crc32.Checksum(data, castagnoli)
+	for _, tc := range []struct {
+		name string
+		data []byte
+		sum  uint32
+		want error
+	}{
+		{"checksum", data, sum ^ 1, ErrCorrupt},
+		{"size", data[1:], sum, hostpool.ErrBadSize},
+	} {
+		_, err := e.PrepareStore([]messages.Key{"k"}, []int64{size})
+		require.NoError(t, err)
+		err = s.FillRemote("k", tc.data, tc.sum)
+		require.True(t, errors.Is(err, tc.want), "%s: %v", tc.name, err)
+		st, _ := s.Lookup("k")
+		require.Equal(t, hostpool.Absent, st, "%s: room freed", tc.name)
+	}
+	require.Error(t, s.FillRemote("never", data, sum))
+	require.Zero(t, s.Stats().Pending)
+}
+
+// A chunk corrupted in host memory is not served: ReadChunk drops it and
+// counts it.
+func TestReadChunkDropsACorruptChunk(t *testing.T) {
+	s, e, _, m := fixture(t, 2, 16<<10, 0)
+	storeChunks(t, e, chunk("a", 1, 2))
+	loc, err := s.pool.Locate([]messages.Key{"a"})
+	require.NoError(t, err)
+	s.arena.Bytes()[loc.Ext[0].Off+3] ^= 1
+	_, _, err = s.ReadChunk("a")
+	require.True(t, errors.Is(err, ErrCorrupt), "%v", err)
+	require.False(t, s.Ready("a"))
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Corrupt))
+}
