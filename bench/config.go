@@ -71,6 +71,13 @@ type Config struct {
 	// per phase step.
 	Log      *slog.Logger
 	Progress io.Writer
+	// External adds the out-of-process run (issue 14): ServeBinary serve
+	// (default: this executable) as a child process, driven over NATS.
+	// ExternalProfile, when set, receives the child's CPU profile of that
+	// run (its /debug/pprof/profile).
+	External        bool
+	ServeBinary     string
+	ExternalProfile io.Writer
 }
 
 func (c Config) withDefaults() Config {
@@ -83,7 +90,7 @@ func (c Config) withDefaults() Config {
 			c.Duration = time.Second
 		}
 	}
-	if len(c.Phases) == 0 {
+	if len(c.Phases) == 0 && !c.External {
 		c.Phases = AllPhases
 	}
 	if c.ScaleRequests == 0 {
