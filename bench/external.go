@@ -79,7 +79,8 @@ func storeGeometry() geometry {
 }
 
 // externalChunkEvents bounds one timed chunk so that everything published
-// ahead of the node fits the child's inbound budget (--max-pending-bytes).
+// ahead of the node (about 14 MB at 100,000 events) fits the child's default
+// inbound budget (--max-pending-bytes 256 MiB, a quarter of it for nats.go).
 func externalChunkEvents(d time.Duration) int {
 	return max(2_000, min(100_000, int(d.Seconds()*100_000)))
 }
@@ -106,7 +107,7 @@ func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) 
 	}
 	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
 		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
-		"--max-pending-bytes", "1G", "--log-level", "error"}
+		"--log-level", "error"}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv()
 	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
