@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -22,6 +24,12 @@ type Outbox struct {
 	prefix string
 	log    *slog.Logger
 	now    func() time.Time
+
+	// sealMu orders every publish against Seal: after Seal nothing more is
+	// published, so what a shutdown reports as undelivered stays so.
+	sealMu   sync.RWMutex
+	sealed   bool
+	releases atomic.Int64 // releases published
 }
 
 // NewOutbox publishes on nc under prefix.
@@ -34,11 +42,24 @@ func (o *Outbox) Subject(engine, verb string) string {
 	return messages.EngineSubject(o.prefix, engine, verb)
 }
 
-// released publishes P.E.released; only Releases calls it, so that every
-// release is numbered.
-func (o *Outbox) released(ctx context.Context, engine string, r *messages.Released) {
-	o.send(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r))
+// releasedLocked publishes P.E.released; only Releases calls it (holding
+// sealMu for reading), so that every release is numbered.
+func (o *Outbox) releasedLocked(ctx context.Context, engine string, r *messages.Released) {
+	o.releases.Add(1)
+	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r))
 }
+
+// Seal stops all publishing and returns count(), read while no publish is
+// in progress.
+func (o *Outbox) Seal(count func() int64) int64 {
+	o.sealMu.Lock()
+	defer o.sealMu.Unlock()
+	o.sealed = true
+	return count()
+}
+
+// Releases is how many releases have been published.
+func (o *Outbox) Releases() int64 { return o.releases.Load() }
 
 // Resync publishes P.E.resync.
 func (o *Outbox) Resync(ctx context.Context, engine string, r *messages.Resync) {
@@ -86,15 +107,30 @@ func (o *Outbox) Reply(ctx context.Context, reply string, v any) {
 }
 
 func (o *Outbox) publish(ctx context.Context, subject string, v any) {
+	o.sealMu.RLock()
+	defer o.sealMu.RUnlock()
+	o.publishLocked(ctx, subject, v)
+}
+
+func (o *Outbox) publishLocked(ctx context.Context, subject string, v any) {
 	data, err := json.Marshal(v)
 	if err != nil { // our own types: a bug, not bad input
 		o.log.Error("encode outgoing message", "subject", subject, "err", err)
 		return
 	}
-	o.send(ctx, subject, data)
+	o.sendLocked(ctx, subject, data)
 }
 
 func (o *Outbox) send(ctx context.Context, subject string, data []byte) {
+	o.sealMu.RLock()
+	defer o.sealMu.RUnlock()
+	o.sendLocked(ctx, subject, data)
+}
+
+func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte) {
+	if o.sealed {
+		return // shutting down: the caller reports what was not sent
+	}
 	msg := &nats.Msg{Subject: subject, Data: data}
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		msg.Header = nats.Header{}

@@ -27,21 +27,37 @@ func NewReleases(out *Outbox, engine string) *Releases {
 	return &Releases{out: out, engine: engine, counts: map[string]uint64{}}
 }
 
-// Publish numbers and publishes one release of a request of epoch.
-func (r *Releases) Publish(ctx context.Context, epoch, request, reason string) {
+// Publish numbers and publishes one release of a request of epoch, then
+// runs then (if set) before a shutdown's Seal can look. Once the outbox is
+// sealed it publishes nothing and reports false.
+func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, then func()) bool {
+	r.out.sealMu.RLock() // lock order: sealMu, then mu (Reply too)
+	defer r.out.sealMu.RUnlock()
+	if r.out.sealed {
+		return false
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.counts[epoch]++
-	r.out.released(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: r.counts[epoch],
+	r.out.releasedLocked(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: r.counts[epoch],
 		Reason: reason})
+	if then != nil {
+		then()
+	}
+	return true
 }
 
 // Reply publishes the reply build makes from epoch's release count, under
 // the lock that orders it after every release it counts.
 func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(released uint64) any) {
+	if reply == "" {
+		return
+	}
+	r.out.sealMu.RLock()
+	defer r.out.sealMu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.out.Reply(ctx, reply, build(r.counts[epoch]))
+	r.out.publishLocked(ctx, reply, build(r.counts[epoch]))
 }
 
 // Forget drops an ended epoch's count once none of its requests is left.

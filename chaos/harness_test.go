@@ -31,8 +31,8 @@ import (
 
 var long = flag.Bool("chaos.long", false, "run the long versions of the chaos tests")
 
-// kvactorsBin is the kvactors binary, built once for the package.
-var kvactorsBin string
+// kvactorsBin and flooderBin are built once for the package, without -race.
+var kvactorsBin, flooderBin string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -41,12 +41,14 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	kvactorsBin = filepath.Join(dir, "kvactors")
-	build := exec.Command("go", "build", "-o", kvactorsBin, "github.com/kvactors/kvactors/cmd/kvactors")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build kvactors:", err)
-		os.Exit(1)
+	kvactorsBin, flooderBin = filepath.Join(dir, "kvactors"), filepath.Join(dir, "flooder")
+	for bin, pkg := range map[string]string{kvactorsBin: "./cmd/kvactors", flooderBin: "./chaos/flooder"} {
+		build := exec.Command("go", "build", "-o", bin, "github.com/kvactors/kvactors/"+strings.TrimPrefix(pkg, "./"))
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			fmt.Fprintln(os.Stderr, "build", pkg+":", err)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	_ = os.RemoveAll(dir)
@@ -174,6 +176,7 @@ type rig struct {
 	releases map[string][]client.Release
 	relCh    chan client.Release
 	stored   map[string]bool // keys
+	storedCh chan struct{}   // a token per stored message, dropped when full
 }
 
 const tph = 4
@@ -185,7 +188,8 @@ func newRig(t *testing.T, nc *nats.Conn, shmDir, id string, requests, bpr, block
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = seg.Remove() })
 	r := &rig{t: t, id: id, seg: seg, bpr: bpr, blockB: blockBytes, releases: map[string][]client.Release{},
-		relCh: make(chan client.Release, 1<<16), stored: map[string]bool{}}
+		relCh: make(chan client.Release, 1<<16), stored: map[string]bool{},
+		storedCh: make(chan struct{}, 1)}
 	cfg := client.Config{Engine: id, Spec: messages.EngineSpec{TokensPerHash: tph, BlocksPerChunk: 1, NumGPUBlocks: blocks,
 		Segments: []messages.Segment{seg.Spec()},
 		Groups: []messages.GroupSpec{{Kind: messages.KindFull, TokensPerBlock: tph,
@@ -202,6 +206,10 @@ func newRig(t *testing.T, nc *nats.Conn, shmDir, id string, requests, bpr, block
 				r.stored[ch.Key] = true
 			}
 			r.mu.Unlock()
+			select {
+			case r.storedCh <- struct{}{}:
+			default:
+			}
 		}}
 	for _, f := range tweak {
 		f(&cfg)
@@ -233,23 +241,44 @@ func (r *rig) hashesHex(i int) []string {
 	return out
 }
 
-// start announces request i fully computed: added, blocks, hashes, tokens
-// (its blocks written first). The caller flushes.
+// start announces request i fully computed (fill, then announce). The
+// caller flushes.
 func (r *rig) start(i int) {
-	id := reqID(i)
+	r.fill(i)
+	r.announce(i)
+}
+
+// blockIDs are request i's block ids.
+func (r *rig) blockIDs(i int) []uint32 {
 	ids := make([]uint32, r.bpr)
-	hs := make([][]byte, r.bpr)
-	mem := r.seg.Bytes()
 	for j := range ids {
 		ids[j] = uint32(i*r.bpr + j + 1)
-		hs[j] = r.hash(i, j)
-		blk := mem[int(ids[j])*r.blockB : (int(ids[j])+1)*r.blockB]
-		for k := range blk {
-			blk[k] = hs[j][k%len(hs[j])]
+	}
+	return ids
+}
+
+// fill writes request i's blocks: each its hash, repeated.
+func (r *rig) fill(i int) {
+	mem := r.seg.Bytes()
+	for j, id := range r.blockIDs(i) {
+		blk := mem[int(id)*r.blockB : (int(id)+1)*r.blockB]
+		n := copy(blk, r.hash(i, j))
+		for n < len(blk) {
+			n += copy(blk[n:], blk[:n])
 		}
 	}
+}
+
+// announce tells the node request i is fully computed: added, blocks,
+// hashes, tokens.
+func (r *rig) announce(i int) {
+	id := reqID(i)
+	hs := make([][]byte, r.bpr)
+	for j := range hs {
+		hs[j] = r.hash(i, j)
+	}
 	r.c.Added(id, r.bpr*tph)
-	r.c.Blocks(id, 0, 0, ids)
+	r.c.Blocks(id, 0, 0, r.blockIDs(i))
 	r.c.Hashes(id, 0, hs...)
 	r.c.Tokens(id, r.bpr*tph, r.bpr*tph)
 }

@@ -37,9 +37,10 @@ type Client struct {
 
 	epoch    string
 	seq      uint64
-	lastRSeq uint64 // highest rseq received in the epoch
-	relGot   uint64 // releases received in the epoch
-	hbPrev   uint64 // the node's released count at the previous heartbeat of the epoch
+	lastRSeq uint64    // highest rseq received in the epoch
+	relGot   uint64    // releases received in the epoch
+	hbPrev   uint64    // the node's released count at the previous heartbeat of the epoch
+	hbPrevAt time.Time // when that reply came (zero: none yet this epoch)
 	batch    wire.Batch
 	body     []byte
 
@@ -63,6 +64,7 @@ type Stats struct {
 	Registers        int
 	Batches          int
 	DroppedBatches   int            // by Config.DropBatch
+	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
 	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
 	NodeLosses       int
@@ -110,14 +112,32 @@ func newEpoch() string {
 }
 
 // Added announces a new request with prompt tokens.
-func (c *Client) Added(req string, prompt int) {
+func (c *Client) Added(req string, prompt int) { c.added(req, prompt, -1) }
+
+// AddedMax announces a new request of which kvactors offloads at most
+// maxOffload tokens (max_offload_tokens, ≥ 0).
+func (c *Client) AddedMax(req string, prompt, maxOffload int) {
+	c.added(req, prompt, max(maxOffload, 0))
+}
+
+func (c *Client) added(req string, prompt, maxOffload int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if _, ok := c.reqs[req]; !ok {
 		c.nextN++
-		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, blocks: make([][]uint32, c.groups)}
+		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload,
+			blocks: make([][]uint32, c.groups)}
 	}
-	c.batch.Added(req, prompt)
+	appendAdded(&c.batch, req, prompt, maxOffload)
+}
+
+// appendAdded appends added, with max_offload_tokens when maxOffload ≥ 0.
+func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
+	if maxOffload >= 0 {
+		b.AddedMax(req, prompt, maxOffload)
+		return
+	}
+	b.Added(req, prompt)
 }
 
 // Hashes announces block hashes hashes[start...] of req (raw bytes; the
@@ -214,7 +234,10 @@ func (c *Client) freeIfNoNodeLocked(r *mreq) {
 // Flush publishes the events announced since the last Flush as one batch
 // (one per scheduler step). With a resync due it starts the new epoch
 // instead, which re-announces those events too. Without a node the batch
-// is discarded: the resync after re-registering re-announces it.
+// is discarded: the resync after re-registering re-announces it. A batch
+// the NATS client refuses (its reconnect buffer is full) is lost like any
+// other: it is counted in Stats.PublishErrors and a resync is due. Flush
+// fails only after Close.
 func (c *Client) Flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -229,14 +252,17 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if c.resync != "" {
-		return c.resyncLocked()
+		c.resyncLocked()
+		return nil
 	}
 	if c.batch.Events() == 0 {
 		return nil
 	}
-	err := c.publishLocked()
+	if err := c.publishLocked(); err != nil {
+		c.wantResyncLocked("publish_error")
+	}
 	c.batch.Reset()
-	return err
+	return nil
 }
 
 // publishLocked sends the batch under the next seq.
@@ -252,7 +278,8 @@ func (c *Client) publishLocked() error {
 		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
 	}
 	if err := c.nc.PublishMsg(m); err != nil {
-		// Lost like any other batch: the node sees the gap and asks for a resync.
+		c.st.PublishErrors++
+		c.cfg.Log.Debug("client: publish", "engine", c.cfg.Engine, "seq", c.seq, "err", err)
 		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
 	}
 	c.st.Batches++
@@ -260,13 +287,14 @@ func (c *Client) publishLocked() error {
 }
 
 // resyncLocked starts a new epoch whose first batches re-announce every
-// live request (PROTOCOL.md "Resync").
-func (c *Client) resyncLocked() error {
+// live request (PROTOCOL.md "Resync"). If a batch cannot be published,
+// another resync is due.
+func (c *Client) resyncLocked() {
 	c.st.Resyncs[c.resync]++
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
 		"old_seq", c.seq, "requests", len(c.reqs))
 	c.resync = ""
-	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev = newEpoch(), 0, 0, 0, 0
+	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.batch.Reset()
 	reqs := make([]*mreq, 0, len(c.reqs))
 	for _, r := range c.reqs {
@@ -293,7 +321,6 @@ func (c *Client) resyncLocked() error {
 	if err != nil {
 		c.resync = "retry" // a publish failed: start over with yet another epoch
 	}
-	return err
 }
 
 func firstErr(a, b error) error {
@@ -319,6 +346,14 @@ func (c *Client) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// Live reports whether the session is up: registered with a node not
+// known to be lost, with no re-register or resync pending.
+func (c *Client) Live() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return !c.closed && !c.lost && !c.reregister && c.resync == ""
 }
 
 // Epoch is the current epoch.

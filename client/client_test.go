@@ -3,6 +3,8 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"runtime"
 	"sync"
 	"testing"
@@ -51,6 +53,9 @@ func dial(t *testing.T, url, engine string) *nats.Conn {
 
 func connect(t *testing.T, nc *nats.Conn, cfg client.Config) *client.Client {
 	t.Helper()
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	c, err := client.Connect(ctx, nc, cfg)
@@ -388,4 +393,83 @@ func TestResumeBeforeReleaseOwesTwo(t *testing.T) {
 	require.Equal(t, a.Epoch, b.Epoch)
 	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
 	require.Zero(t, c.Stats().Live)
+}
+
+// TestForgottenEngineRegistersAgain: the node drops the engine (as an
+// expiry would) without the engine hearing of it; the heartbeat's
+// "unknown engine" makes the client register again and re-announce the
+// request it still runs, in a new epoch.
+func TestForgottenEngineRegistersAgain(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	first := c.Epoch()
+	c.Added("r1", 8)
+	c.Blocks("r1", 0, 0, []uint32{1})
+	require.NoError(t, c.Flush())
+	f.mu.Lock()
+	f.registered, f.reqs = false, map[string]bool{}
+	f.mu.Unlock()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		epoch := c.Epoch()
+		if epoch == first {
+			return fmt.Errorf("still on the first epoch")
+		}
+		if evs := f.events(epoch); len(evs) < 2 || evs[0].Request != "r1" {
+			return fmt.Errorf("the node saw %v in the new epoch", evs)
+		}
+		return nil
+	})
+	st := c.Stats()
+	require.Equal(t, 2, st.Registers)
+	require.Equal(t, 1, st.Resyncs["reregister"])
+	require.Zero(t, st.NodeLosses)
+}
+
+// TestOwnReconnectResyncs restarts the NATS server under the engine: after
+// its connection comes back the client starts a new epoch (whatever was in
+// flight may be lost).
+func TestOwnReconnectResyncs(t *testing.T) {
+	s := testkit.NATSServer(t)
+	url := s.ClientURL()
+	nc := testkit.Connect(t, s)
+	startFakeNode(t, nc, "n1", "boot1", 2*time.Second)
+	enc := dial(t, url, "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec()})
+	first := c.Epoch()
+	// Dropping the engine's connection from the server side is a
+	// reconnect for the client, with the server (and the node) still up.
+	conns, err := s.Connz(nil)
+	require.NoError(t, err)
+	for _, ci := range conns.Conns {
+		if ci.Name == "kvactors-engine-e1" {
+			s.DisconnectClientByID(ci.Cid)
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if c.Epoch() == first || c.Stats().Resyncs["reconnect"] != 1 {
+			return fmt.Errorf("resyncs %v", c.Stats().Resyncs)
+		}
+		return nil
+	})
+}
+
+// TestCloseDuringLeaseWait: a new boot makes the client wait out the
+// lease (5 s here) before freeing; Close during that wait returns at once.
+func TestCloseDuringLeaseWait(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	f := startFakeNode(t, nc, "n1", "boot1", lease)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	f.kill()
+	startFakeNode(t, nc, "n1", "boot2", lease)
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if c.Stats().NodeLosses != 1 {
+			return fmt.Errorf("no node loss yet")
+		}
+		return nil
+	})
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	require.NoError(t, testkit.Recv(t, closed, time.Second, "Close during the lease wait"))
 }

@@ -20,8 +20,10 @@ type mreq struct {
 	id     string
 	n      uint64 // arrival order, so a resync re-announces in a stable order
 	prompt int
-	hashes [][]byte
-	blocks [][]uint32 // per group
+	// maxOffload is max_offload_tokens, -1 when unset.
+	maxOffload int
+	hashes     [][]byte
+	blocks     [][]uint32 // per group
 	// Last tokens (or finished) event.
 	computed, total int
 	hasTokens       bool
@@ -73,7 +75,7 @@ const (
 // once it is big enough.
 func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 	const event = 64 + 256 // envelope of one event plus the longest request id
-	b.Added(r.id, r.prompt)
+	appendAdded(b, r.id, r.prompt, r.maxOffload)
 	for s := 0; s < len(r.hashes); s += announceHashes {
 		hs := r.hashes[s:min(s+announceHashes, len(r.hashes))]
 		b.BeginHashes(r.id, s)

@@ -203,18 +203,35 @@ func (c *Client) loop() {
 	c.mu.Unlock()
 	tick := time.NewTicker(period)
 	defer tick.Stop()
+	// Also wake the moment the lease runs out, so a silent node is noticed
+	// at lease_ms, not up to a heartbeat period later.
+	expiry := time.NewTimer(c.untilExpiry())
+	defer expiry.Stop()
 	for {
 		select {
 		case <-c.stop:
 			return
 		case <-tick.C:
 		case <-c.kick:
+		case <-expiry.C:
 		}
 		if p := c.tickOnce(); p != period && p > 0 {
 			period = p
 			tick.Reset(period)
 		}
+		expiry.Reset(c.untilExpiry())
 	}
+}
+
+// untilExpiry is how long until the node's lease runs out (a period when
+// that does not apply: a v1 node, or the node already lost).
+func (c *Client) untilExpiry() time.Duration {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.boot == "" || c.lost {
+		return c.lease / 4
+	}
+	return max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
 }
 
 // tickOnce does what is due now and returns the heartbeat period.
@@ -231,7 +248,7 @@ func (c *Client) tickOnce() time.Duration {
 		// judge it by and no P.E.heartbeat to send.
 		resync := c.resync != "" && !c.closed
 		if resync {
-			_ = c.resyncLocked()
+			c.resyncLocked()
 		}
 		period := c.lease / 4
 		c.mu.Unlock()
@@ -244,7 +261,9 @@ func (c *Client) tickOnce() time.Duration {
 		if now.Before(c.fenceUntil) {
 			wait := c.fenceUntil.Sub(now)
 			c.mu.Unlock()
-			c.sleep(wait)
+			if !c.sleep(wait) {
+				return 0 // closed
+			}
 			return c.tickOnce()
 		}
 		c.freedLoss = true
@@ -257,27 +276,30 @@ func (c *Client) tickOnce() time.Duration {
 		c.mu.Unlock()
 		c.tryRegister()
 		c.mu.Lock()
-	} else {
+	}
+	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
+		c.resyncLocked() // a failed publish leaves a resync due
+	}
+	if !c.lost && !c.reregister {
 		epoch, seq := c.epoch, c.seq
 		c.mu.Unlock()
 		c.heartbeat(epoch, seq)
 		c.mu.Lock()
-	}
-	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
-		_ = c.resyncLocked() // an error leaves a resync due
 	}
 	period := c.lease / 4
 	c.mu.Unlock()
 	return period
 }
 
-// sleep waits d or until Close.
-func (c *Client) sleep(d time.Duration) {
+// sleep waits d; false if Close came first.
+func (c *Client) sleep(d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
+		return true
 	case <-c.stop:
+		return false
 	}
 }
 
@@ -312,12 +334,18 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 	if epoch != c.epoch {
 		return
 	}
+	// Judged against the count of a reply at least half a period old, so a
+	// release published before it has surely been handed to onReleased
+	// (replies and releases reach different goroutines of the NATS client).
+	if !c.hbPrevAt.IsZero() && time.Since(c.hbPrevAt) < period/2 {
+		return
+	}
 	if c.relGot < c.hbPrev {
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
 			"node_published", c.hbPrev)
 		c.wantResyncLocked("lost_release")
 	}
-	c.hbPrev = rep.Released
+	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }
 
 // registerRetry registers until a node answers, ctx ends or Close.

@@ -66,6 +66,7 @@ func TestExternalNATSAndReconnect(t *testing.T) {
 	})
 	s = start()
 	t.Cleanup(s.Shutdown)
+	t.Cleanup(func() { _ = n.Close(context.Background()) }) // before the server goes
 	testkit.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
 		if err := n.Ready(); err != nil {
 			return err

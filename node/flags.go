@@ -86,7 +86,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
 	str(&c.NodeID, "node-id", "", "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
 	dur(&c.Lease, "lease", DefaultLease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
-	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued; beyond it batches are dropped and resynced")
+	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	// isolation
 	num(&c.MaxEngines, "max-engines", DefaultMaxEngines, "most engines registered on this node")
 	num(&c.MaxRequests, "max-requests", DefaultMaxRequests, "most live requests per engine")

@@ -57,9 +57,12 @@ type Node struct {
 	stop  context.CancelFunc // ends the session loops
 	loops sync.WaitGroup
 
-	mu        sync.Mutex
-	engines   map[string]*engineRec
-	cleared   map[string]bool  // engines that had AllBlocksCleared this boot
+	mu      sync.Mutex
+	engines map[string]*engineRec
+	cleared map[string]bool // engines that had AllBlocksCleared this boot
+	// releases numbers each engine id's releases for the whole boot, across
+	// re-registrations, so rseq never restarts within an epoch.
+	releases  map[string]*actors.Releases
 	pool      *hostpool.Shared // created at the first registration
 	slotBytes int64
 	nss       namespaces // isolation: namespace ids and geometry
@@ -80,7 +83,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{}, boot: newBoot()}
+	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
+		releases: map[string]*actors.Releases{}, boot: newBoot()}
 	n.log = n.log.With("node", cfg.NodeID)
 	n.rejectLog = ratelog.NewLog(n.log, nil)
 	tp := cfg.Tracer
@@ -101,6 +105,12 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	if err := n.connect(); err != nil {
 		return nil, err
+	}
+	if max := n.nc.MaxPayload(); cfg.MaxPendingBytes < 4*max {
+		// nats.go's half of the budget must hold two of the largest messages,
+		// or a single large batch or request would always be dropped there.
+		return nil, fmt.Errorf("%w: max pending bytes %d: want at least 4 × the NATS server's max payload (%d)",
+			ErrConfig, cfg.MaxPendingBytes, max)
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
@@ -286,6 +296,8 @@ func (n *Node) Ready() error {
 		return errors.New("starting or stopping")
 	case !n.nc.IsConnected():
 		return errors.New("nats not connected")
+	case n.fence.Fenced():
+		return errors.New("fenced: no NATS round trip for lease/2, copies wait")
 	}
 	for _, s := range n.subs {
 		if !s.IsValid() {
@@ -338,22 +350,49 @@ func (n *Node) Close(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
 	defer cancel()
 	for _, s := range n.subs {
-		_ = s.Unsubscribe()
+		// Drain: what NATS already handed the client is still taken, so a
+		// batch that arrived before the shutdown is applied, not lost.
+		// With NATS down there is nothing to drain and draining would wait
+		// out the timeout.
+		closed := s.StatusChanged(nats.SubscriptionClosed)
+		if !n.nc.IsConnected() || s.Drain() != nil {
+			_ = s.Unsubscribe()
+			continue
+		}
+		drained := time.NewTimer(n.cfg.ShutdownTimeout / 4) // leave most of the time to the releases
+		select {
+		case <-closed:
+		case <-drained.C:
+			_ = s.Unsubscribe()
+		case <-ctx.Done():
+			_ = s.Unsubscribe()
+		}
+		drained.Stop()
 	}
 	if n.ingest != nil {
 		n.ingest.stop()
 	}
+	sentBefore := int64(0)
+	if n.outbox != nil {
+		sentBefore = n.outbox.Releases()
+	}
 	n.retireAll(ctx)
-	undelivered := n.owed.Load()
-	if undelivered == 0 && n.nc != nil {
+	// From here on nothing is published: the count below stays true.
+	var undelivered, unconfirmed int64
+	if n.outbox != nil {
+		undelivered = n.outbox.Seal(n.owed.Load)
+	}
+	if n.nc != nil {
 		// Published is not delivered until the server has it; with NATS down,
 		// waiting out the timeout would not change that.
+		flushed := false
 		if n.nc.IsConnected() {
-			if err := n.nc.FlushWithContext(ctx); err != nil {
-				undelivered = -1
-			}
-		} else if b, err := n.nc.Buffered(); err != nil || b > 0 {
-			undelivered = -1
+			flushed = n.nc.FlushWithContext(ctx) == nil
+		} else if b, err := n.nc.Buffered(); err == nil && b == 0 {
+			flushed = true
+		}
+		if !flushed && n.outbox != nil {
+			unconfirmed = n.outbox.Releases() - sentBefore
 		}
 	}
 	if n.stop != nil {
@@ -364,13 +403,11 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	n.teardown()
 	n.loops.Wait()
-	switch {
-	case undelivered > 0:
-		n.log.Error("shutdown timed out", "undelivered_releases", undelivered, "timeout", n.cfg.ShutdownTimeout)
-		return fmt.Errorf("%w: %d releases", ErrUndelivered, undelivered)
-	case undelivered < 0:
-		n.log.Error("shutdown: releases published but not flushed to NATS", "timeout", n.cfg.ShutdownTimeout)
-		return fmt.Errorf("%w: releases published but not flushed to NATS", ErrUndelivered)
+	if undelivered > 0 || unconfirmed > 0 {
+		n.log.Error("shutdown timed out with releases undelivered", "undelivered_releases", undelivered,
+			"unconfirmed_releases", unconfirmed, "timeout", n.cfg.ShutdownTimeout)
+		return fmt.Errorf("%w: %d releases never published, %d published during shutdown but not confirmed by NATS",
+			ErrUndelivered, undelivered, unconfirmed)
 	}
 	return nil
 }

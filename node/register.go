@@ -89,9 +89,14 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		n.cleared[id] = true
 		n.outbox.AllBlocksCleared(context.Background(), id)
 	}
+	rel := n.releases[id]
+	if rel == nil {
+		rel = actors.NewReleases(n.outbox, id)
+		n.releases[id] = rel
+	}
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
-		Engine: id, Outbox: n.outbox, Releases: actors.NewReleases(n.outbox, id), Metrics: n.metrics,
+		Engine: id, Outbox: n.outbox, Releases: rel, Metrics: n.metrics,
 		Log: n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,

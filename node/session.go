@@ -101,6 +101,10 @@ func (n *Node) reconnected() {
 	}
 }
 
+// Fenced reports whether device copies are held back now: no round trip
+// with NATS for lease/2 (PROTOCOL.md "Fencing, node side").
+func (n *Node) Fenced() bool { return n.fence.Fenced() }
+
 func (n *Node) liveEngines() []*engineRec {
 	n.mu.Lock()
 	defer n.mu.Unlock()

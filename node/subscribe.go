@@ -17,17 +17,21 @@ import (
 
 // subscribe wires every inbound protocol subject (P.<engine>.<verb>) into
 // the ingester through one subscription, so one engine's messages keep their
-// order across verbs. A quarter of --max-pending-bytes bounds nats.go's
-// pending queue for it, the rest the ingester's shard queues.
+// order across verbs. Half of --max-pending-bytes bounds nats.go's pending
+// queue for it (it holds only what the fast handler has not yet taken), half
+// the ingester's shard queues (where work waits for the decode workers, and
+// where a refusal can be attributed to its engine).
 func (n *Node) subscribe() error {
-	natsBudget := n.cfg.MaxPendingBytes / 4
+	natsBudget := n.cfg.MaxPendingBytes / 2
 	n.ingest = newIngester(n, n.cfg.DecodeWorkers, n.cfg.MaxPendingBytes-natsBudget)
 	subject := n.cfg.Prefix + ".*.*"
 	s, err := n.nc.Subscribe(subject, n.ingest.take)
 	if err != nil {
 		return fmt.Errorf("subscribe %s: %w", subject, err)
 	}
-	if err := s.SetPendingLimits(-1, int(natsBudget)); err != nil {
+	// nats.go counts a message before it drops it for the limit: keep one
+	// largest message of headroom so its pending bytes never pass its half.
+	if err := s.SetPendingLimits(-1, int(natsBudget-n.nc.MaxPayload())); err != nil {
 		return fmt.Errorf("pending limits of %s: %w", subject, err)
 	}
 	n.subs = append(n.subs, s)

@@ -145,6 +145,9 @@ func (e *engine) run(ctx context.Context) error {
 		e.settleReleases()
 		return err
 	}
+	if err := e.waitLive(ctx); err != nil {
+		return err
+	}
 	if e.cfg.BeforeCheck != nil {
 		e.cfg.BeforeCheck()
 	}

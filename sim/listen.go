@@ -39,6 +39,9 @@ func (e *engine) onReleased(rel client.Release) {
 	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 {
 		reason = r.owedOrder[0]
 	}
+	if rel.Reason == messages.ReasonNodeLost && reason != messages.ReasonPreempted {
+		r.nodeLost = true // the final release: the chunks ready at the end may never have been stored
+	}
 	r.received[reason]++
 	held := r.held[reason]
 	if len(held) == 0 {

@@ -59,7 +59,10 @@ type Report struct {
 	Deduplicated int `json:"deduplicated"`
 	ReadyEvicted int `json:"ready_evicted"`
 	ReadySkipped int `json:"ready_skipped"`
-	Missing      int `json:"missing"`
+	// ReadyNodeLost are ready chunks, absent, of requests whose release
+	// said node_lost (the SDK gave up on a lost node).
+	ReadyNodeLost int `json:"ready_node_lost"`
+	Missing       int `json:"missing"`
 
 	// Releases counts `released` by reason. DuplicateReleases are releases
 	// beyond one per finished/preempted event, MissingReleases events that
@@ -154,6 +157,7 @@ func (r *Report) Add(o Report) {
 	r.Deduplicated += o.Deduplicated
 	r.ReadyEvicted += o.ReadyEvicted
 	r.ReadySkipped += o.ReadySkipped
+	r.ReadyNodeLost += o.ReadyNodeLost
 	r.Missing += o.Missing
 	if r.Releases == nil {
 		r.Releases = map[string]int{}

@@ -62,6 +62,8 @@ type request struct {
 	held     map[string][][][]uint32
 	// owedOrder is the reasons of owed releases, oldest first.
 	owedOrder []string
+	// nodeLost: a release answered the final event as node_lost.
+	nodeLost bool
 }
 
 // newRequest draws request i of the engine: lengths, prompt tokens (a

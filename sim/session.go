@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
@@ -93,4 +94,25 @@ func (b *events) Resumed(req string)                     { b.n++; b.c.Resumed(re
 func (b *events) Finished(req string, aborted bool, computed, total int) {
 	b.n++
 	b.c.Finished(req, aborted, computed, total)
+}
+
+// waitLive waits, at most StallTimeout, until the SDK's session is up, so
+// that the final check talks to a node that knows the engine (after a node
+// loss the last requests may end before the engine registers again).
+func (e *engine) waitLive(ctx context.Context) error {
+	deadline := time.NewTimer(e.cfg.StallTimeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for !e.c.Live() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("sim: engine %s: %w", e.cfg.Engine, ctx.Err())
+		case <-deadline.C:
+			return fmt.Errorf("%w: engine %s: no live session for %v before the check", ErrStalled, e.cfg.Engine,
+				e.cfg.StallTimeout)
+		case <-tick.C: // the SDK has no event to wait on for this
+		}
+	}
+	return nil
 }

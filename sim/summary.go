@@ -165,6 +165,13 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 		t.ChunksStored, t.StoredJobs, node.ChunksStored, node.ChunksDeduped, node.ChunksDropped, node.Evictions)
 	row("ready at finish", "%d: %d stored, %d deduplicated, %d evicted, %d skipped (null before a resume), %d missing",
 		t.ChunksReady, t.ReadyStored, t.Deduplicated, t.ReadyEvicted, t.ReadySkipped, t.Missing)
+	if t.ReadyNodeLost > 0 {
+		row("ready, node lost", "%d absent in requests released as node_lost", t.ReadyNodeLost)
+	}
+	if t.Resyncs+t.NodeLosses+t.DroppedBatches > 0 {
+		row("sessions", "%d resyncs (new epochs), %d node losses, %d batches dropped on purpose", t.Resyncs,
+			t.NodeLosses, t.DroppedBatches)
+	}
 	row("deferred", "%s", counts(node.Deferrals))
 	row("retried", "%s", counts(node.Retries))
 	for _, dir := range slices.Sorted(maps.Keys(node.CopyBytes)) {

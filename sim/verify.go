@@ -96,6 +96,9 @@ func (v *verifier) ready(ctx context.Context) error {
 		}
 		var unknown []chunkRef
 		for _, ch := range r.readyChunks(&e.cfg) {
+			if r.nodeLost {
+				break // the release said node_lost: absence is excused, no load needed to tell
+			}
 			// Keys this engine was told are stored were checked in phase one;
 			// a chunk once null may rightly never have been stored at all.
 			key, _ := r.key(&e.cfg, ch) // a ready chunk's hashes are known
@@ -118,6 +121,10 @@ func (v *verifier) ready(ctx context.Context) error {
 				e.rep.ReadyEvicted++
 			case r.nulled[ch]:
 				e.rep.ReadySkipped++
+			case r.nodeLost:
+				// Its release said node_lost: the node may have died before
+				// storing it, and the engine was told so (PROTOCOL.md "Resync").
+				e.rep.ReadyNodeLost++
 			default:
 				e.rep.Missing++
 				e.rep.fail("request %s: ready chunk %d of group %d (key %s) was neither stored nor present: %s",

@@ -27,6 +27,15 @@ func (b *Batch) Added(req string, promptTokens int) {
 	b.close()
 }
 
+// AddedMax appends an added event with max_offload_tokens (a bound on
+// what kvactors offloads of the request).
+func (b *Batch) AddedMax(req string, promptTokens, maxOffloadTokens int) {
+	b.open("added", req)
+	b.int("prompt_tokens", promptTokens)
+	b.int("max_offload_tokens", maxOffloadTokens)
+	b.close()
+}
+
 // BeginHashes starts a hashes event; append each raw hash with Hash, then
 // EndHashes. (An appender, not a slice argument, so callers with hashes in
 // arrays or computed on the fly allocate nothing.)

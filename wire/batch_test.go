@@ -57,3 +57,14 @@ func TestBatchDecodesToItsEvents(t *testing.T) {
 	require.Zero(t, b.Events())
 	require.Equal(t, `{"epoch":"x","seq":1,"events":[]}`, string(b.Body(nil, "x", 1)))
 }
+
+// AddedMax carries max_offload_tokens.
+func TestBatchAddedMax(t *testing.T) {
+	var b wire.Batch
+	b.AddedMax("r", 64, 16)
+	got, bad, err := ingest.DecodeBatch("e", b.Body(nil, "ep", 1), ingest.Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	require.Equal(t, []messages.Event{{Type: messages.EvAdded, Request: "r", PromptTokens: 64, MaxOffloadTokens: 16}},
+		got.Events)
+}

@@ -261,7 +261,7 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 				reason = messages.ReasonAborted
 			}
 			a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
-			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason)
+			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
 			return false
 		default:
 			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
@@ -329,7 +329,7 @@ func (a *Actor) terminated(m *actor.Terminated) {
 	a.deps.Metrics.RequestFailure.Inc()
 	a.deps.Metrics.Releases.WithLabelValues(messages.ReasonAborted).Inc()
 	a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
-	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted)
+	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted, nil)
 }
 
 // retire ends the engine: every live request is reset with the reason

@@ -239,16 +239,26 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
 			"chunks", eff.Dropped)
 	}
-	for _, reason := range eff.Releases {
+	owedSettled := false
+	for i, reason := range eff.Releases {
 		a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
 		if recording {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
-		a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason)
+		var then func()
+		if eff.Drop && i == len(eff.Releases)-1 && a.deps.Owed != nil {
+			// The final release and the owed count change together, so a
+			// shutdown never counts a release both sent and owed.
+			then = func() { a.deps.Owed.Add(-1) }
+			owedSettled = true
+		}
+		if !a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason, then) {
+			owedSettled = true // sealed: stays owed, and the shutdown reports it
+		}
 	}
 	if eff.Drop {
 		a.done = true
-		if a.deps.Owed != nil {
+		if a.deps.Owed != nil && !owedSettled {
 			a.deps.Owed.Add(-1)
 		}
 		if len(eff.Releases) > 0 {

@@ -72,6 +72,13 @@ func (f *Fence) Leave() {
 	f.mu.Unlock()
 }
 
+// Fenced reports whether a copy would have to wait now.
+func (f *Fence) Fenced() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.now().Sub(f.last) >= f.lease/2
+}
+
 // Overdue reports whether a copy is running Lease or more after the last
 // round trip: the engine may already have declared this node lost.
 func (f *Fence) Overdue(now time.Time) bool {

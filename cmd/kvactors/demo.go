@@ -234,9 +234,9 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 		}
 	}()
 	for i, c := range cfgs {
-		// The inbox prefix NATS permissions allow each engine (docs/SECURITY.md).
-		nc, err := nats.Connect(url, nats.Name("kvactors-demo-"+c.Engine),
-			nats.CustomInboxPrefix(client.InboxPrefix(c.Engine)))
+		// client.Options: the per-engine inbox prefix NATS permissions allow
+		// each engine (docs/SECURITY.md).
+		nc, err := nats.Connect(url, append(client.Options(c.Engine), nats.Name("kvactors-demo-"+c.Engine))...)
 		if err != nil {
 			return nil, fmt.Errorf("engine %s: connect to %s: %w", c.Engine, url, err)
 		}

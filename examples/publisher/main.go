@@ -7,7 +7,7 @@
 //	go run ./examples/publisher --nats nats://127.0.0.1:4222
 //
 // (or set NATS_URL). It exits non-zero on any error, a refused register
-// included, and removes its segment on every exit path.
+// included, and removes its segment on every exit path, Ctrl-C included.
 package main
 
 import (
@@ -17,6 +17,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/signal"
+	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -45,13 +47,18 @@ func main() {
 	engine := flag.String("engine", "example", "engine id")
 	timeout := flag.Duration("timeout", defaultTimeout, "give up registering or waiting for released after this")
 	flag.Parse()
-	if err := run(*url, *prefix, *shmDir, *engine, *timeout); err != nil {
+	// Ctrl-C or SIGTERM end the run through ctx, so the deferred clean-up
+	// (the segment, the session) runs on that exit path too.
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, *url, *prefix, *shmDir, *engine, *timeout); err != nil {
+		stop()
 		fmt.Fprintln(os.Stderr, "publisher:", err)
 		os.Exit(1)
 	}
 }
 
-func run(url, prefix, shmDir, engine string, timeout time.Duration) (err error) {
+func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.Duration) (err error) {
 	nc, err := client.Dial(url, engine)
 	if err != nil {
 		return err
@@ -71,7 +78,7 @@ func run(url, prefix, shmDir, engine string, timeout time.Duration) (err error) 
 			Regions: []messages.Region{{Segment: 0, Offset: 0, BlockStride: blockBytes, BlockBytes: blockBytes}}}}}
 
 	released := make(chan client.Release, 1)
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	c, err := client.Connect(ctx, nc, client.Config{Engine: engine, Prefix: prefix, Spec: spec,
 		OnReleased: func(r client.Release) { released <- r },
@@ -116,7 +123,7 @@ func run(url, prefix, shmDir, engine string, timeout time.Duration) (err error) 
 	case r := <-released:
 		fmt.Printf("<- released %s (%s)\n", r.Request, r.Reason)
 	case <-ctx.Done():
-		return fmt.Errorf("no released within %v", timeout)
+		return fmt.Errorf("no released: %w", ctx.Err())
 	}
 	var hs []string
 	for i := 1; i <= 4; i++ {

@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -25,14 +28,14 @@ func TestPublisherAgainstANode(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 
-	require.NoError(t, run(n.NATSURL(), "kvactors", dir, "example", defaultTimeout))
+	require.NoError(t, run(context.Background(), n.NATSURL(), "kvactors", dir, "example", defaultTimeout))
 	requireEmpty(t, dir)
 
-	err = run(n.NATSURL(), "kvactors", dir, "_reserved", defaultTimeout)
+	err = run(context.Background(), n.NATSURL(), "kvactors", dir, "_reserved", defaultTimeout)
 	require.ErrorContains(t, err, "engine id")
 	requireEmpty(t, dir)
 
-	require.Error(t, run("nats://127.0.0.1:1", "kvactors", dir, "example", defaultTimeout))
+	require.Error(t, run(context.Background(), "nats://127.0.0.1:1", "kvactors", dir, "example", defaultTimeout))
 	requireEmpty(t, dir)
 }
 
@@ -41,4 +44,24 @@ func requireEmpty(t *testing.T, dir string) {
 	left, err := os.ReadDir(dir)
 	require.NoError(t, err)
 	require.Empty(t, left, "segments left in %s", dir)
+}
+
+// TestPublisherInterrupted: with NATS up but no node, the publisher keeps
+// retrying its register; cancelling its context (what Ctrl-C does) ends it
+// with an error and no segment left behind.
+func TestPublisherInterrupted(t *testing.T) {
+	s, _ := testkit.NATS(t)
+	dir := t.TempDir()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, s.ClientURL(), "kvactors", dir, "example", time.Minute) }()
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if left, _ := os.ReadDir(dir); len(left) == 0 {
+			return errors.New("no segment yet")
+		}
+		return nil
+	})
+	cancel()
+	require.ErrorIs(t, testkit.Recv(t, done, 5*time.Second, "the interrupted run"), context.Canceled)
+	requireEmpty(t, dir)
 }

@@ -1,0 +1,123 @@
+//go:build chaos
+
+package chaos_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sim"
+)
+
+// TestFloodOverCapacity (chaos 3) injects an unpaced flood of event
+// batches (about 256 KiB each, 16× --max-pending-bytes in total; 64× with
+// -chaos.long) from one engine that never waits, the node paused for the
+// first 300 ms of it. It proves the node's
+// resident set never grows past pool + max-pending-bytes + 256 MiB, that
+// what it could not take shows up as resyncs to that engine (never a
+// silent loss), and that the node then serves a normal simulated engine
+// with every check of the simulator's oracle passing.
+func TestFloodOverCapacity(t *testing.T) {
+	const (
+		poolBytes    = 64 << 20
+		pendingBytes = 16 << 20
+	)
+	total := int64(16 * pendingBytes)
+	if *long {
+		total = 64 * pendingBytes
+	}
+	srv := testkit.NATSServer(t)
+	nc := testkit.Connect(t, srv)
+	dir := t.TempDir()
+	hello := testkit.Subscribe(t, nc, "kvactors._node.n1.hello")
+	node := serve(t, "--nats", srv.ClientURL(), "--lease", "10s", "--node-id", "n1", "--shm-dir", dir,
+		"--pool-bytes", fmt.Sprint(poolBytes), "--max-pending-bytes", fmt.Sprint(pendingBytes), "--decode-workers", "1",
+		"--slot-bytes", "16384",
+		"--log-level", "error")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.flood.resync")
+	testkit.Recv(t, hello, 10*time.Second, "the node's hello")
+
+	// The flooding engine is a separate process speaking raw NATS: one
+	// register, then batches of hashes as fast as its client takes them.
+	// The node is stopped (SIGSTOP) for the first 300 ms of it (well under
+	// lease/2), so that the flood arrives faster than any node can decode
+	// it, whatever this machine's speed.
+	reg, err := exec.Command(flooderBin, "--nats", srv.ClientURL(), "--engine", "flood", "--shm-dir", dir,
+		"--bytes", "0").CombinedOutput()
+	require.NoError(t, err, "flooder register: %s", reg)
+	flood := exec.Command(flooderBin, "--nats", srv.ClientURL(), "--engine", "flood", "--shm-dir", dir,
+		"--register=false", "--bytes", fmt.Sprint(total))
+	var floodOut lockedBuffer
+	flood.Stdout, flood.Stderr = &floodOut, &floodOut
+	require.NoError(t, node.cmd.Process.Signal(syscall.SIGSTOP))
+	require.NoError(t, flood.Start())
+	floodDone := make(chan error, 1)
+	go func() { floodDone <- flood.Wait() }()
+	var floodErr error
+	finished := false
+	select {
+	case floodErr = <-floodDone:
+		finished = true
+	case <-time.After(300 * time.Millisecond): // the pause's length, not a wait for an event
+	}
+	require.NoError(t, node.cmd.Process.Signal(syscall.SIGCONT))
+	if !finished {
+		floodErr = testkit.Recv(t, floodDone, 2*time.Minute, "the flooder's exit")
+	}
+	out := []byte(floodOut.String())
+	require.NoError(t, floodErr, "flooder: %s", out)
+	var sent int64
+	var secs float64
+	_, err = fmt.Sscanf(string(out), "sent %d %f", &sent, &secs)
+	require.NoError(t, err, "flooder said %q", out)
+	floodTime := time.Duration(secs * float64(time.Second))
+	reasons := map[string]int{}
+	got := 0
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for {
+			select {
+			case m := <-resyncs:
+				var rs messages.Resync
+				require.NoError(t, json.Unmarshal(m.Data, &rs))
+				reasons[rs.Reason]++
+				got++
+				continue
+			default:
+			}
+			break
+		}
+		if got == 0 {
+			return fmt.Errorf("no resync after %d MiB in %v", sent>>20, floodTime)
+		}
+		return nil
+	})
+
+	// The node serves a normal engine afterwards.
+	enc, err := client.Dial(srv.ClientURL(), "sim")
+	require.NoError(t, err)
+	t.Cleanup(enc.Close)
+	cfg := sim.DefaultConfig()
+	cfg.ShmDir, cfg.Log, cfg.Requests = dir, quietLog(), 100
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rep, err := sim.Run(ctx, enc, cfg)
+	require.NoError(t, err)
+	require.NoError(t, rep.Err())
+
+	rss := node.peakRSS(t)
+	bound := int64(poolBytes + pendingBytes + 256<<20)
+	t.Logf("flood %d MiB in %v (%.0f MiB/s): %d resyncs to the flooding engine %v; node peak RSS %d MiB (bound %d MiB); "+
+		"then a normal engine: %d requests, %d chunks verified", sent>>20, floodTime.Round(time.Millisecond),
+		float64(sent)/floodTime.Seconds()/(1<<20), got, reasons, rss>>20, bound>>20, rep.Requests, rep.VerifyOK)
+	require.Less(t, rss, bound)
+}
