@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -67,7 +68,15 @@ func (h *holder) handleAll(t *testing.T) {
 // opens again. An engine whose route ends gives its credits back.
 func TestBurstBoundedByCreditWindow(t *testing.T) {
 	const maxPending = 64 << 10
-	n, err := Start(context.Background(), Config{NATSPort: -1, HTTPAddr: HTTPOff, ShmDir: t.TempDir(),
+	// A 16 KiB max payload, so a 64 KiB budget is allowed (4 of the
+	// largest messages).
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		MaxPayload: 16 << 10})
+	require.NoError(t, err)
+	s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(s.Shutdown)
+	n, err := Start(context.Background(), Config{NATSURL: s.ClientURL(), HTTPAddr: HTTPOff, ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, MaxPendingBytes: maxPending, Registry: prometheus.NewRegistry(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
