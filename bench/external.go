@@ -58,6 +58,16 @@ type External struct {
 	RawNodeCPUSeconds float64 `json:"raw_node_cpu_seconds"`
 	RawNodeUSPerEvent float64 `json:"raw_node_us_per_event"`
 	Ratio             float64 `json:"ratio"`
+	// NoStore* is the same mix without hashes on other engines of the same
+	// child, after the store-heavy run: nothing becomes ready, nothing is
+	// stored. StoreUSPerChunk is the store-heavy run's node CPU less its
+	// events at the no-store cost, per stored chunk: what storing adds
+	// (its jobs, copies, stored and kv_events messages and evictions).
+	NoStoreEvents     int     `json:"nostore_events"`
+	NoStoreSeconds    float64 `json:"nostore_seconds"`
+	NoStoreCPUSeconds float64 `json:"nostore_node_cpu_seconds"`
+	NoStoreUSPerEvent float64 `json:"nostore_node_us_per_event"`
+	StoreUSPerChunk   float64 `json:"store_node_us_per_stored_chunk"`
 	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end.
 	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
 }
@@ -290,13 +300,14 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		}
 	}
 	res := &External{Workload: "store-heavy", Engines: cfg.Engines}
-	chunks := func() func() [][]batch {
+	gens := func(ids []string, tag string, w workload) func() [][]batch {
 		gens := make([]*engineGen, len(ids))
 		for i, id := range ids {
-			gens[i] = newEngineGen(id, "x", uint64(i+1)*0x9e37, storeGeometry(), storeHeavyWorkload())
+			gens[i] = newEngineGen(id, tag, uint64(i+1)*0x9e37, storeGeometry(), w)
 		}
 		return func() [][]batch { return fill(gens, externalChunkEvents(cfg.Duration)) }
 	}
+	storeHeavy := func() func() [][]batch { return gens(ids, "x", storeHeavyWorkload()) }
 
 	// The raw baseline first, on the child's server (the node does not
 	// subscribe to its subjects).
@@ -305,7 +316,7 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := rawBaseline(ctx, cfg, r, ids, chunks(), &raw); err != nil {
+	if err := rawBaseline(ctx, cfg, r, ids, storeHeavy(), &raw); err != nil {
 		return nil, err
 	}
 	cpu1, err := c.cpuSeconds()
@@ -315,6 +326,15 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	res.RawEvents, res.RawSeconds, res.RawEventsPerSec = raw.RawEvents, raw.RawSeconds, raw.RawEventsPerSec
 	res.RawNodeCPUSeconds = cpu1 - cpu0
 
+	// The no-store engines register now, before anything is timed.
+	noIDs := make([]string, len(ids))
+	noConns := make([]*nats.Conn, len(ids))
+	for i := range ids {
+		noIDs[i] = "n" + ids[i]
+		if noConns[i], _, err = r.engine(noIDs[i], storeGeometry()); err != nil {
+			return nil, err
+		}
+	}
 	obs, err := r.connect("observer")
 	if err != nil {
 		return nil, err
@@ -324,9 +344,48 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		return nil, err
 	}
 	prof := startProfile(cfg, c)
-	next := chunks()
+	m, err := runMix(ctx, cfg, c, r, ids, conns, storeHeavy(), &out)
+	if err != nil {
+		return nil, err
+	}
+	if err := prof.wait(); err != nil {
+		return nil, err
+	}
+	res.Events, res.Batches, res.Finishes = m.events, m.batches, m.finishes
+	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = m.secs, m.nodeCPU, m.benchCPU
+	res.Requests = int(out.released.Load())
+	res.StoreJobs, res.StoredChunks = int(out.jobs.Load()), int(out.chunks.Load())
+
+	w := storeHeavyWorkload()
+	w.noHashes = true
+	ns, err := runMix(ctx, cfg, c, r, noIDs, noConns, gens(noIDs, "y", w), &out)
+	if err != nil {
+		return nil, fmt.Errorf("no-store mix: %w", err)
+	}
+	if got := int(out.chunks.Load()); got != res.StoredChunks {
+		return nil, fmt.Errorf("no-store mix: %d chunks stored, want none (a generator bug)", got-res.StoredChunks)
+	}
+	res.NoStoreEvents, res.NoStoreSeconds, res.NoStoreCPUSeconds = ns.events, ns.secs, ns.nodeCPU
+	res.NodeMaxRSSBytes = c.maxRSS()
+	res.derive()
+	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
+		res.EventsPerSec, res.NodeUSPerEvent, res.NoStoreUSPerEvent, res.RawEventsPerSec)
+	return res, nil
+}
+
+// mix is what one runMix published and what it cost.
+type mix struct {
+	events, batches, finishes int
+	secs, nodeCPU, benchCPU   float64
+}
+
+// runMix publishes next's chunks to engines ids on conns, each chunk
+// unthrottled (it fits the child's intake budget) and timed until every
+// request it finished was released, for at least cfg.Duration.
+func runMix(ctx context.Context, cfg Config, c *child, r *rig, ids []string, conns []*nats.Conn,
+	next func() [][]batch, out *outcome) (mix, error) {
+	var m mix
 	var elapsed time.Duration
-	var nodeCPU, benchCPU float64
 	for n := 0; n == 0 || elapsed < cfg.Duration; n++ {
 		chunk := next()
 		streams := make([]stream, len(chunk))
@@ -334,45 +393,34 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		for i, bs := range chunk {
 			streams[i] = stream{nc: conns[i], subject: r.subject(ids[i], "events"), batches: bs}
 			for _, b := range bs {
-				res.Events += int(b.events)
+				m.events += int(b.events)
+				m.finishes += int(b.finishes)
 				want += int64(b.finishes)
-				res.Finishes += int(b.finishes)
 			}
-			res.Batches += len(bs)
+			m.batches += len(bs)
 		}
 		n0, err := c.cpuSeconds()
 		if err != nil {
-			return nil, err
+			return mix{}, err
 		}
 		b0, start := cpuSeconds(), time.Now()
-		// No window: a chunk fits the child's inbound budget, and the
-		// child's own flow control is what is measured.
 		if err := drive(ctx, streams, func() uint64 { return 0 }, 1<<30); err != nil {
-			return nil, err
+			return mix{}, err
 		}
 		if err := waitFor(ctx, fmt.Sprintf("%d releases", want), 60*time.Second,
 			func() bool { return out.released.Load() >= want }); err != nil {
-			return nil, fmt.Errorf("%w (child: %s)", err, c.stderr)
+			return mix{}, fmt.Errorf("%w (child: %s)", err, c.stderr)
 		}
 		elapsed += time.Since(start)
-		benchCPU += cpuSeconds() - b0
+		m.benchCPU += cpuSeconds() - b0
 		n1, err := c.cpuSeconds()
 		if err != nil {
-			return nil, err
+			return mix{}, err
 		}
-		nodeCPU += n1 - n0
+		m.nodeCPU += n1 - n0
 	}
-	if err := prof.wait(); err != nil {
-		return nil, err
-	}
-	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = elapsed.Seconds(), nodeCPU, benchCPU
-	res.Requests = int(out.released.Load())
-	res.StoreJobs, res.StoredChunks = int(out.jobs.Load()), int(out.chunks.Load())
-	res.NodeMaxRSSBytes = c.maxRSS()
-	res.derive()
-	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event, raw %.0f events/s",
-		res.EventsPerSec, res.NodeUSPerEvent, res.RawEventsPerSec)
-	return res, nil
+	m.secs = elapsed.Seconds()
+	return m, nil
 }
 
 // derive computes the rates from the counts.
@@ -393,6 +441,8 @@ func (e *External) derive() {
 	e.NodeUSPerChunk = per(e.NodeCPUSeconds, e.StoredChunks)
 	e.NodeUSPerJob = per(e.NodeCPUSeconds, e.StoreJobs)
 	e.RawNodeUSPerEvent = per(e.RawNodeCPUSeconds, e.RawEvents)
+	e.NoStoreUSPerEvent = per(e.NoStoreCPUSeconds, e.NoStoreEvents)
+	e.StoreUSPerChunk = per(e.NodeCPUSeconds-float64(e.Events)*e.NoStoreUSPerEvent/1e6, e.StoredChunks)
 	if e.RawEventsPerSec > 0 {
 		e.Ratio = e.EventsPerSec / e.RawEventsPerSec
 	}

@@ -38,6 +38,10 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.Events), e.NodeUSPerEvent, 1e-9)
 	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.StoredChunks), e.NodeUSPerChunk, 1e-9)
 	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.StoreJobs), e.NodeUSPerJob, 1e-9)
+	require.Positive(t, e.NoStoreEvents)
+	require.InDelta(t, e.NoStoreCPUSeconds*1e6/float64(e.NoStoreEvents), e.NoStoreUSPerEvent, 1e-9)
+	require.InDelta(t, (e.NodeCPUSeconds*1e6-float64(e.Events)*e.NoStoreUSPerEvent)/float64(e.StoredChunks),
+		e.StoreUSPerChunk, 1e-6)
 	require.Positive(t, e.RawEvents)
 	require.InDelta(t, e.EventsPerSec/e.RawEventsPerSec, e.Ratio, 1e-9)
 	require.Positive(t, e.NodeMaxRSSBytes)
