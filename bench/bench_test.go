@@ -214,7 +214,7 @@ func benchRig(b *testing.B, cfg Config, n int) (*rig, []stream) {
 	cfg.ShmDir = b.TempDir()
 	ids := engineIDs(cfg.Engines)
 	_, per := mixedStreamsBatches("b", ids, n)
-	r, err := startRig(context.Background(), cfg, eventPoolBytes, 0)
+	r, err := startRig(context.Background(), cfg, eventPoolBytes)
 	require.NoError(b, err)
 	b.Cleanup(r.close)
 	streams := make([]stream, len(ids))

@@ -88,7 +88,7 @@ const copySlots = 2 * copyBlocks // the pool holds two jobs; the third evicts
 func newCopyRig(ctx context.Context, cfg Config, size int64) (*copyRig, error) {
 	geo := geometry{tph: 16, tpb: 16, bpc: 1, kinds: []string{messages.KindFull}, blockBytes: size,
 		numBlocks: 1 + copySets(size)*copyBlocks}
-	r, err := startRig(ctx, cfg, copySlots*size, size)
+	r, err := startRig(ctx, cfg, copySlots*size)
 	if err != nil {
 		return nil, err
 	}

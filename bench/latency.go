@@ -103,7 +103,7 @@ func latencyLevel(ctx context.Context, cfg Config, fraction, rate float64) (*Lat
 	events := min(maxEvents, int(rate*cfg.Duration.Seconds()))
 	gens, perEngine := mixedStreams(fmt.Sprintf("l%.0f", fraction*100), ids, events, w, true)
 
-	r, err := startRig(ctx, cfg, eventPoolBytes, 0)
+	r, err := startRig(ctx, cfg, eventPoolBytes)
 	if err != nil {
 		return nil, err
 	}

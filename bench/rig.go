@@ -36,13 +36,10 @@ type rig struct {
 	segs    []*shm.Segment
 }
 
-// startRig starts a node with pool bytes and slot size (0: the first
-// engine's chunk) under a prefix of its own, so a shared --nats server's
-// other traffic is not involved.
 // startEventRig starts the event phases' node and registers one engine per
 // id with the event geometry, returning their connections.
 func startEventRig(ctx context.Context, cfg Config, ids []string) (*rig, []*nats.Conn, error) {
-	r, err := startRig(ctx, cfg, eventPoolBytes, 0)
+	r, err := startRig(ctx, cfg, eventPoolBytes)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -56,14 +53,16 @@ func startEventRig(ctx context.Context, cfg Config, ids []string) (*rig, []*nats
 	return r, conns, nil
 }
 
-func startRig(ctx context.Context, cfg Config, poolBytes, slotBytes int64) (*rig, error) {
+// startRig starts a node with a pool of poolBytes under a prefix of its own,
+// so a shared --nats server's other traffic is not involved.
+func startRig(ctx context.Context, cfg Config, poolBytes int64) (*rig, error) {
 	tag := make([]byte, 4)
 	for i := range tag {
 		tag[i] = byte(rand.Uint32())
 	}
 	r := &rig{cfg: cfg, reg: prometheus.NewRegistry(), prefix: "kvbench_" + hex.EncodeToString(tag)}
 	n, err := node.Start(ctx, node.Config{NATSURL: cfg.NATSURL, NATSPort: -1, HTTPAddr: node.HTTPOff,
-		ShmDir: cfg.ShmDir, Prefix: r.prefix, PoolBytes: poolBytes, SlotBytes: slotBytes,
+		ShmDir: cfg.ShmDir, Prefix: r.prefix, PoolBytes: poolBytes,
 		Registry: r.reg, Log: cfg.Log})
 	if err != nil {
 		return nil, fmt.Errorf("start node: %w", err)

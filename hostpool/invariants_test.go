@@ -16,42 +16,28 @@ import (
 // poolState is a deep, comparable copy of a pool, to prove a failed call
 // changed nothing.
 type poolState struct {
-	Fresh   int
-	Free    []Slot
-	Entries map[messages.Key]entryState
-	LRU     []messages.Key
-	Pending int
-	Pinned  int
+	FreePages []int32
+	Entries   map[messages.Key]entryState
+	LRU       []messages.Key
+	Pending   int
+	Pinned    int
+	Data      int64
 }
 
 type entryState struct {
-	Slot  Slot
-	State State
-	Pins  int32
-}
-
-// entryView is an entry with its slot, as the invariants read it.
-type entryView struct {
-	key   messages.Key
-	slot  Slot
-	state State
-	pins  int32
-}
-
-func entriesOf(p *Pool) map[messages.Key]entryView {
-	m := make(map[messages.Key]entryView, len(p.index))
-	for k, sl := range p.index {
-		e := p.slots[sl]
-		m[k] = entryView{e.key, sl, e.state, e.pins}
-	}
-	return m
+	Extents []Extent
+	State   State
+	Pins    int32
+	Size    int64
 }
 
 func snapshot(p *Pool) poolState {
-	s := poolState{Fresh: p.fresh, Free: slices.Clone(p.free), Entries: map[messages.Key]entryState{},
-		LRU: lruOrder(p), Pending: p.pending, Pinned: p.pinned}
-	for k, e := range entriesOf(p) {
-		s.Entries[k] = entryState{e.slot, e.state, e.pins}
+	s := poolState{FreePages: slices.Clone(p.freePages), Entries: map[messages.Key]entryState{},
+		LRU: lruOrder(p), Pending: p.pending, Pinned: p.pinned, Data: p.dataBytes}
+	for k, r := range p.index {
+		e := p.entries[r]
+		ext, _, _ := p.Locate(k, nil)
+		s.Entries[k] = entryState{ext, e.state, e.pins, e.size}
 	}
 	return s
 }
@@ -59,36 +45,50 @@ func snapshot(p *Pool) poolState {
 // lruOrder lists ready keys from least to most recently used.
 func lruOrder(p *Pool) []messages.Key {
 	var out []messages.Key
-	for sl := p.head; sl != none; sl = p.slots[sl].next {
-		out = append(out, p.slots[sl].key)
+	for r := p.head; r != none; r = p.entries[r].next {
+		out = append(out, p.entries[r].key)
 	}
 	return out
 }
 
-// checkInvariants: used <= capacity; slots unique and either used or free;
-// pending + ready = used; the LRU list holds exactly the ready keys; pins
-// only on ready keys; Stats agrees. (Plain comparisons: it runs after every
-// operation of the quick-check.)
+// checkInvariants: every chunk's extents add up to its size, lie in pages of
+// their class inside the arena, and overlap no other; page counts agree with
+// the slots in use; free pages hold nothing; pending + ready = used; the LRU
+// list holds exactly the ready keys; pins only on ready keys; Stats agrees.
 func checkInvariants(t *testing.T, p *Pool) {
 	t.Helper()
 	fail := func(format string, a ...any) {
 		t.Helper()
 		t.Fatalf("pool invariant: "+format, a...)
 	}
-	entries := entriesOf(p)
-	if len(entries) > p.capacity || p.fresh > p.capacity {
-		fail("used %d, fresh %d, capacity %d", len(entries), p.fresh, p.capacity)
-	}
-	seen := make(map[Slot]bool, p.fresh)
+	type slotID struct{ pg, idx int32 }
+	seen := map[slotID]messages.Key{}
+	usedPerPage := make([]int32, len(p.pages))
 	pending, ready, pinned := 0, 0, 0
-	for k, e := range entries {
+	var data int64
+	for k, r := range p.index {
+		e := p.entries[r]
+		var n int64
+		for _, pc := range e.pieces {
+			pg := p.pages[pc.pg]
+			switch {
+			case pg.class == 0:
+				fail("%q has a piece in free page %d", k, pc.pg)
+			case pc.idx < 0 || pc.idx >= pg.fresh || int64(pc.idx+1)*pg.class > p.pageBytes:
+				fail("%q: slot %d of page %d (class %d, fresh %d) out of range", k, pc.idx, pc.pg, pg.class, pg.fresh)
+			}
+			if other, dup := seen[slotID(pc)]; dup {
+				fail("slot %v held by %q and %q", pc, other, k)
+			}
+			seen[slotID(pc)] = k
+			usedPerPage[pc.pg]++
+			n += pg.class
+		}
 		switch {
 		case k != e.key:
 			fail("entry %q under key %q", e.key, k)
-		case e.slot < 0 || int(e.slot) >= p.fresh:
-			fail("slot %d of %q never handed out (fresh %d)", e.slot, k, p.fresh)
-		case seen[e.slot]:
-			fail("slot %d used twice", e.slot)
+		case n != e.size:
+			fail("%q: pieces hold %d bytes, size %d", k, n, e.size)
 		case e.pins < 0:
 			fail("%q pins %d", k, e.pins)
 		case e.state == Pending && e.pins != 0:
@@ -96,7 +96,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 		case e.state != Pending && e.state != Ready:
 			fail("%q state %v", k, e.state)
 		}
-		seen[e.slot] = true
+		data += e.size
 		if e.state == Pending {
 			pending++
 		} else {
@@ -106,37 +106,60 @@ func checkInvariants(t *testing.T, p *Pool) {
 			pinned++
 		}
 	}
-	for _, s := range p.free {
-		if s < 0 || int(s) >= p.fresh || seen[s] {
-			fail("free slot %d in use, freed twice or never handed out", s)
+	freeSet := map[int32]bool{}
+	for _, pg := range p.freePages {
+		if freeSet[pg] || p.pages[pg].class != 0 {
+			fail("free page %d listed twice or has class %d", pg, p.pages[pg].class)
 		}
-		seen[s] = true
+		freeSet[pg] = true
 	}
-	if p.fresh != len(entries)+len(p.free) {
-		fail("%d slots handed out, %d used + %d free", p.fresh, len(entries), len(p.free))
+	avail := map[int64]int64{}
+	for i, pg := range p.pages {
+		if pg.class == 0 {
+			if !freeSet[int32(i)] {
+				fail("page %d has no class and is not free", i)
+			}
+			continue
+		}
+		c := p.classes[pg.class]
+		if usedPerPage[i] != pg.used || pg.used == 0 || pg.used > c.perPage {
+			fail("page %d: %d slots held, used %d, per page %d", i, usedPerPage[i], pg.used, c.perPage)
+		}
+		if int(pg.fresh)-len(pg.free) != int(pg.used) {
+			fail("page %d: fresh %d - free %d != used %d", i, pg.fresh, len(pg.free), pg.used)
+		}
+		if (pg.pos >= 0) != (pg.used < c.perPage) || (pg.pos >= 0 && c.partial[pg.pos] != int32(i)) {
+			fail("page %d: partial list position %d, used %d of %d", i, pg.pos, pg.used, c.perPage)
+		}
+		avail[pg.class] += int64(c.perPage - pg.used)
 	}
-	if pending != p.pending || pinned != p.pinned || len(entries) != pending+ready {
-		fail("counted pending %d pinned %d ready %d; pool says pending %d pinned %d used %d",
-			pending, pinned, ready, p.pending, p.pinned, len(entries))
+	for size, c := range p.classes {
+		if c.avail != avail[size] {
+			fail("class %d: avail %d, pages say %d", size, c.avail, avail[size])
+		}
+	}
+	if pending != p.pending || pinned != p.pinned || data != p.dataBytes {
+		fail("counted pending %d pinned %d data %d; pool says %d %d %d", pending, pinned, data,
+			p.pending, p.pinned, p.dataBytes)
 	}
 	n := 0
 	prev := none
-	for sl := p.head; sl != none; sl = p.slots[sl].next {
-		e := p.slots[sl]
-		if e.prev != prev || p.index[e.key] != sl || e.state != Ready {
+	for r := p.head; r != none; r = p.entries[r].next {
+		e := p.entries[r]
+		if e.prev != prev || p.index[e.key] != r || e.state != Ready {
 			fail("LRU entry %q: bad link, not in the map, or not ready", e.key)
 		}
-		prev = sl
+		prev = r
 		n++
-		if n > len(p.slots) {
+		if n > len(p.entries) {
 			fail("LRU list has a cycle")
 		}
 	}
 	if prev != p.tail || n != ready {
 		fail("LRU holds %d entries, %d ready keys", n, ready)
 	}
-	want := Stats{Capacity: p.capacity, Used: len(entries), Pending: pending, Ready: ready,
-		Pinned: pinned, Free: p.capacity - len(entries)}
+	want := Stats{Capacity: p.Capacity(), Data: data, PageBytes: p.pageBytes, Pages: len(p.pages),
+		FreePages: len(p.freePages), Used: len(p.index), Pending: pending, Ready: ready, Pinned: pinned}
 	if got := p.Stats(); got != want {
 		fail("Stats %+v, want %+v", got, want)
 	}
@@ -150,7 +173,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 func TestPoolQuickCheck(t *testing.T) {
 	prop := func(seed int64, capacity uint8) bool {
 		rng := rand.New(rand.NewSource(seed))
-		p := New(int(capacity % 10))
+		p := New(int64(capacity%10), 1)
 		alphabet := 12 + rng.Intn(30)
 		randKeys := func(n int) []messages.Key {
 			out := make([]messages.Key, n)
@@ -165,7 +188,7 @@ func TestPoolQuickCheck(t *testing.T) {
 			case r < 35:
 				keys := randKeys(rng.Intn(24))
 				checkPrepareStore(t, p, keys)
-				if got, err := p.PrepareStore(nil); err != nil || len(got.Keys) > 0 {
+				if got, err := p.PrepareStore(nil, nil); err != nil || len(got.Keys) > 0 {
 					t.Fatalf("empty store: %v %v", got, err)
 				}
 			case r < 38:
@@ -176,12 +199,12 @@ func TestPoolQuickCheck(t *testing.T) {
 					break
 				}
 				i := rng.Intn(len(jobs))
-				p.CompleteStore(jobs[i], rng.Intn(10) < 7)
+				p.CompleteStore(jobs[i], okSums(jobs[i], rng.Intn(10) < 7))
 				jobs = slices.Delete(jobs, i, i+1)
 			case r < 75:
 				keys := randKeys(1 + rng.Intn(4))
 				before := snapshot(p)
-				slotsGot, err := p.PrepareLoad(keys)
+				err := p.PrepareLoad(keys)
 				allReady := true
 				for _, k := range keys {
 					if st, _ := p.Lookup(k); st != Ready {
@@ -195,10 +218,6 @@ func TestPoolQuickCheck(t *testing.T) {
 					break
 				}
 				require.True(t, allReady)
-				for i, k := range keys {
-					_, s := p.Lookup(k)
-					require.Equal(t, s, slotsGot[i])
-				}
 				loads = append(loads, keys)
 			case r < 85:
 				if len(loads) > 0 {
@@ -209,7 +228,8 @@ func TestPoolQuickCheck(t *testing.T) {
 			case r < 95:
 				p.Touch(randKeys(rng.Intn(5)))
 			default:
-				p.CompleteStore(randKeys(rng.Intn(3)), rng.Intn(2) == 0) // stray completions
+				stray := randKeys(rng.Intn(3))
+				p.CompleteStore(stray, okSums(stray, rng.Intn(2) == 0)) // stray completions
 			}
 			checkInvariants(t, p)
 			// Track the keys each successful store left pending.
@@ -229,8 +249,8 @@ func pendingJobs(p *Pool, jobs [][]messages.Key) [][]messages.Key {
 		}
 	}
 	var loose []messages.Key
-	for k, e := range entriesOf(p) {
-		if e.state == Pending && !inJob[k] {
+	for k, r := range p.index {
+		if p.entries[r].state == Pending && !inJob[k] {
 			loose = append(loose, k)
 		}
 	}
@@ -260,8 +280,8 @@ func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key) {
 			evictable = append(evictable, k)
 		}
 	}
-	free := p.capacity - len(before.Entries)
-	got, err := p.PrepareStore(keys)
+	free := len(p.pages) - len(before.Entries)
+	got, err := p.PrepareStore(keys, nil)
 	if len(want) > free+len(evictable) {
 		require.ErrorIs(t, err, ErrNoRoom)
 		require.True(t, errors.Is(err, ErrNoRoom))
@@ -270,13 +290,11 @@ func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key) {
 	}
 	require.NoError(t, err)
 	require.Equal(t, want, nilIfEmpty(got.Keys), "dedup keeps the first of each absent key, in order")
-	require.Len(t, got.Slots, len(want))
 	require.Equal(t, nilIfEmpty(evictable[:max(0, len(want)-free)]), nilIfEmpty(got.Evicted),
 		"the least recently used unpinned, unoffered ready keys go, and only as many as needed")
-	for i, k := range got.Keys {
-		st, s := p.Lookup(k)
+	for _, k := range got.Keys {
+		st, _ := p.Lookup(k)
 		require.Equal(t, Pending, st)
-		require.Equal(t, got.Slots[i], s)
 	}
 	for _, k := range got.Evicted {
 		st, _ := p.Lookup(k)
@@ -293,4 +311,12 @@ func nilIfEmpty[T any](s []T) []T {
 		return nil
 	}
 	return s
+}
+
+// okSums is a completion: checksums when ok, nil (failure) otherwise.
+func okSums(keys []messages.Key, ok bool) []uint32 {
+	if !ok {
+		return nil
+	}
+	return make([]uint32, len(keys))
 }

@@ -8,15 +8,12 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// Slot is the index of a chunk-sized slot in the pool arena.
-type Slot int32
-
 // State of a key in the pool.
 type State uint8
 
 const (
 	Absent  State = iota // not in the pool
-	Pending              // a store copy is filling its slot; not loadable
+	Pending              // a store copy is filling its slots; not loadable
 	Ready                // stored and loadable
 )
 
@@ -26,239 +23,272 @@ func (s State) String() string { return stateNames[s] }
 
 // Errors returned by the pool; check with errors.Is.
 var (
-	// ErrNoRoom means PrepareStore could not free enough slots: every
-	// evictable slot is pending, pinned or among the offered keys. Nothing
+	// ErrNoRoom means PrepareStore could not free enough room: every
+	// evictable chunk is pending, pinned or among the offered keys. Nothing
 	// changed; the caller retries later (PROTOCOL.md: "a retry").
 	ErrNoRoom = errors.New("hostpool: no room")
 	// ErrNotReady means a key asked for by a load is absent or pending.
 	ErrNotReady = errors.New("hostpool: key not ready")
+	// ErrBadSize means an offer's sizes do not match its keys or a size is
+	// not positive; nothing changed.
+	ErrBadSize = errors.New("hostpool: bad chunk size")
 )
 
-// Prepared is the outcome of a successful PrepareStore. Keys[i] is to be
-// copied into Slots[i]; keys already present (ready or pending) are left out.
-// An empty Keys with a nil error is "nothing to store", distinct from ErrNoRoom.
+// Prepared is the outcome of a successful PrepareStore: Keys are to be copied
+// in (keys already present, ready or pending, are left out). An empty Keys
+// with a nil error is "nothing to store", distinct from ErrNoRoom.
 type Prepared struct {
 	Keys    []messages.Key
-	Slots   []Slot
 	Evicted []messages.Key // ready keys evicted to make room, oldest first
+	// Victims are the evicted chunks' checksums and extents, in Evicted's
+	// order, when the pool keeps them (SetKeepVictims: a disk tier copies
+	// them out). Their room now belongs to Keys: read it before their copy.
+	Victims []Victim
 }
 
-// entry is one slot's bookkeeping. Entries live in a slab indexed by slot,
-// so storing a key allocates nothing but its map entry.
+// Victim is an evicted chunk: where its bytes were and their checksum.
+type Victim struct {
+	Key     messages.Key
+	Sum     uint32
+	Extents []Extent
+}
+
+// ref is an entry's index in the entry slab.
+type ref int32
+
+// none is the null entry link.
+const none ref = -1
+
+// entry is one chunk's bookkeeping.
 type entry struct {
-	key   messages.Key
-	state State
-	pins  int32
-	mark  uint32 // == Pool.epoch while offered in the running PrepareStore
-	// LRU links by slot (none: -1); only ready entries are linked.
-	prev, next Slot
+	key    messages.Key
+	state  State
+	pins   int32
+	mark   uint32 // == Pool.epoch while offered in the running PrepareStore
+	size   int64
+	sum    uint32 // CRC-32C of the chunk's bytes, set when its store completes
+	pieces []piece
+	// LRU links; only ready entries are linked.
+	prev, next ref
 }
-
-// none is the null slot link.
-const none Slot = -1
 
 // dedupMax: when room is short, an offer of up to this many keys is checked
-// for repeats (a repeat needs no second slot) by a scan; a longer one counts
+// for repeats (a repeat needs no second chunk) by a scan; a longer one counts
 // repeats as new keys. A repeated key means two chunks with one last hash,
 // which a chained-hash engine never sends, and an overloaded node meets "no
 // room" on every event, where a set per call would cost a tenth of its CPU.
 const dedupMax = 32
 
-// distinctNew counts the distinct keys not in index, by an O(n²) scan of a
-// short offer.
-func distinctNew(keys []messages.Key, index map[messages.Key]Slot) int {
-	n := 0
-	for i, k := range keys {
-		if _, ok := index[k]; ok || slices.Contains(keys[:i], k) {
-			continue
-		}
-		n++
-	}
-	return n
-}
+// DefaultPageBytes is the page size New uses for pageBytes <= 0.
+const DefaultPageBytes = 1 << 20
 
-// Pool tracks capacity slots. The zero value is not usable; call New.
+// Pool tracks which chunk lives where in an arena of pages. The zero value is
+// not usable; call New.
 type Pool struct {
-	capacity int
-	fresh    int    // slots [fresh, capacity) were never used
-	free     []Slot // released slots, reused last-in-first-out
-	slots    []entry
-	index    map[messages.Key]Slot
+	pageBytes int64
+	unit      int64 // pageBytes/16: the piece size of chunks that fit pages badly
+	pages     []page
+	freePages []int32
+	classes   map[int64]*class
+	entries   []entry
+	freeRefs  []ref
+	index     map[messages.Key]ref
 	// LRU list of ready entries: head is least recently used.
-	head, tail Slot
-	pending    int
-	pinned     int
-	epoch      uint32
-	victims    []Slot // scratch of PrepareStore
+	head, tail  ref
+	pending     int
+	pinned      int
+	dataBytes   int64
+	epoch       uint32
+	keepVictims bool
+	// scratch of PrepareStore
+	victims []ref
+	needed  []*class
+	cut     []int64
 }
 
-// New returns a pool of capacity slots (capacity >= 0).
-func New(capacity int) *Pool {
-	if capacity < 0 {
-		capacity = 0
+// New returns a pool over bytes of arena cut into pages of pageBytes
+// (DefaultPageBytes when <= 0; a pool smaller than a page is one page). The
+// tail past the last whole page is not used.
+func New(bytes, pageBytes int64) *Pool {
+	if pageBytes <= 0 {
+		pageBytes = DefaultPageBytes
 	}
-	return &Pool{capacity: capacity, index: make(map[messages.Key]Slot), head: none, tail: none}
+	if bytes < 0 {
+		bytes = 0
+	}
+	if bytes > 0 && bytes < pageBytes {
+		pageBytes = bytes
+	}
+	n := bytes / pageBytes
+	p := &Pool{pageBytes: pageBytes, unit: max(pageBytes/16, 1), pages: make([]page, n),
+		freePages: make([]int32, n), classes: map[int64]*class{}, index: map[messages.Key]ref{},
+		head: none, tail: none}
+	for i := range p.pages {
+		p.pages[i].pos = -1
+		p.freePages[i] = int32(n) - 1 - int32(i) // page 0 is handed out first
+	}
+	return p
 }
 
-// full reports whether every slot is pending or pinned: no key can be added.
-func (p *Pool) full() bool {
-	return p.capacity-p.fresh+len(p.free) == 0 && len(p.index)-p.pending-p.pinned == 0
-}
+// SetKeepVictims makes PrepareStore report evicted chunks' extents and
+// checksums (Prepared.Victims).
+func (p *Pool) SetKeepVictims(keep bool) { p.keepVictims = keep }
 
-// Capacity is the number of slots.
-func (p *Pool) Capacity() int { return p.capacity }
+// PageBytes is the page size.
+func (p *Pool) PageBytes() int64 { return p.pageBytes }
+
+// Capacity is the bytes of the pool's pages.
+func (p *Pool) Capacity() int64 { return int64(len(p.pages)) * p.pageBytes }
 
 // Len is the number of keys present, pending or ready.
 func (p *Pool) Len() int { return len(p.index) }
 
+// full reports whether no key can be added: no free page, no free slot, and
+// every chunk pending or pinned.
+func (p *Pool) full() bool {
+	if len(p.freePages) > 0 || len(p.index)-p.pending-p.pinned > 0 {
+		return false
+	}
+	for _, c := range p.classes {
+		if c.avail > 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // Stats is a point-in-time view of the pool.
 type Stats struct {
-	Capacity int `json:"capacity"`
-	Used     int `json:"used"`
-	Pending  int `json:"pending"`
-	Ready    int `json:"ready"`
-	Pinned   int `json:"pinned"`
-	Free     int `json:"free"`
+	Capacity  int64 `json:"capacity_bytes"`
+	Data      int64 `json:"data_bytes"` // bytes of stored and pending chunks
+	PageBytes int64 `json:"page_bytes"`
+	Pages     int   `json:"pages"`
+	FreePages int   `json:"free_pages"`
+	Used      int   `json:"chunks"`
+	Pending   int   `json:"pending"`
+	Ready     int   `json:"ready"`
+	Pinned    int   `json:"pinned"`
 }
 
-// Stats reports slot usage.
+// Stats reports usage.
 func (p *Pool) Stats() Stats {
 	used := len(p.index)
-	return Stats{Capacity: p.capacity, Used: used, Pending: p.pending,
-		Ready: used - p.pending, Pinned: p.pinned, Free: p.capacity - used}
+	return Stats{Capacity: p.Capacity(), Data: p.dataBytes, PageBytes: p.pageBytes, Pages: len(p.pages),
+		FreePages: len(p.freePages), Used: used, Pending: p.pending, Ready: used - p.pending, Pinned: p.pinned}
 }
 
-// Lookup returns the state of key and its slot (valid unless Absent).
-func (p *Pool) Lookup(key messages.Key) (State, Slot) {
-	sl, ok := p.index[key]
+// Lookup returns the state of key and its size in bytes (0 when Absent).
+func (p *Pool) Lookup(key messages.Key) (State, int64) {
+	r, ok := p.index[key]
 	if !ok {
-		return Absent, -1
+		return Absent, 0
 	}
-	return p.slots[sl].state, sl
+	return p.entries[r].state, p.entries[r].size
 }
 
-// PrepareStore allocates slots for the keys not yet present. It is
-// all-or-nothing: when room cannot be made it returns ErrNoRoom and changes
-// nothing. Room comes from never-used slots first, then released slots
-// (newest first), then by evicting least recently used ready keys that are
-// neither pinned nor among keys (an offered key is never evicted to make room
-// for its siblings). New keys start Pending.
-//
-// Duplicate keys in one offer are stored once (see dedupMax for how they
-// count when room is short).
-func (p *Pool) PrepareStore(keys []messages.Key) (Prepared, error) {
-	p.epoch++
-	if p.epoch == 0 { // wrapped: no mark may look current
-		for i := range p.slots {
-			p.slots[i].mark = 0
-		}
-		p.epoch = 1
+// Locate appends the arena extents of a present key, in chunk order, to dst
+// and returns them with the chunk's checksum (valid once ready). Extents do
+// not move while the key is pending or pinned.
+func (p *Pool) Locate(key messages.Key, dst []Extent) ([]Extent, uint32, bool) {
+	r, ok := p.index[key]
+	if !ok {
+		return dst, 0, false
 	}
-	// Mark offered keys that are present (they must not be evicted for their
-	// siblings) and count the new ones. No map changes yet: "no room" must
-	// cost little, since an overloaded node meets it on every event.
-	need := 0
-	for _, k := range keys {
-		if sl, ok := p.index[k]; ok {
-			p.slots[sl].mark = p.epoch
-			continue
-		}
-		need++
+	e := &p.entries[r]
+	for _, pc := range e.pieces {
+		dst = append(dst, p.extent(pc))
 	}
-	if need == 0 {
-		return Prepared{}, nil
-	}
-	avail := p.capacity - p.fresh + len(p.free)
-	victims := p.victims[:0]
-	for sl := p.head; sl != none && avail+len(victims) < need; sl = p.slots[sl].next {
-		if e := &p.slots[sl]; e.pins == 0 && e.mark != p.epoch {
-			victims = append(victims, sl)
-		}
-	}
-	p.victims = victims[:0]
-	if avail+len(victims) < need && (len(keys) > dedupMax || avail+len(victims) < distinctNew(keys, p.index)) {
-		return Prepared{}, fmt.Errorf("%w: %d slots needed, %d free, %d evictable", ErrNoRoom,
-			need, avail, len(victims))
-	}
-	out := Prepared{Keys: make([]messages.Key, 0, need), Slots: make([]Slot, 0, need)}
-	for _, k := range keys {
-		if _, ok := p.index[k]; ok {
-			continue // present, or a repeat already given a slot
-		}
-		var sl Slot
-		switch {
-		case p.fresh < p.capacity:
-			sl = Slot(p.fresh)
-			p.fresh++
-			p.slots = append(p.slots, entry{})
-		case len(p.free) > 0:
-			sl = p.free[len(p.free)-1]
-			p.free = p.free[:len(p.free)-1]
-		default: // evict the least recently used candidate, only as needed
-			sl, victims = victims[0], victims[1:]
-			e := &p.slots[sl]
-			p.unlink(sl)
-			delete(p.index, e.key)
-			out.Evicted = append(out.Evicted, e.key)
-		}
-		p.slots[sl] = entry{key: k, state: Pending, prev: none, next: none}
-		p.index[k] = sl
-		p.pending++
-		out.Keys = append(out.Keys, k)
-		out.Slots = append(out.Slots, sl)
-	}
-	return out, nil
+	return dst, e.sum, true
 }
 
-// CompleteStore ends the copies of keys. On success pending keys become ready
-// (most recently used). On failure pending keys are removed and their slots
-// freed; ready keys are never affected by a failure (another job stored them).
-func (p *Pool) CompleteStore(keys []messages.Key, ok bool) {
-	for _, k := range keys {
-		sl, found := p.index[k]
-		if !found || p.slots[sl].state != Pending {
+// CompleteStore ends the copies of keys. On success (sums non-nil, one per
+// key: each chunk's CRC-32C) pending keys become ready, most recently used.
+// On failure (sums nil) pending keys are removed and their room freed; ready
+// keys are never affected by a failure (another job stored them).
+func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
+	for i, k := range keys {
+		r, found := p.index[k]
+		if !found || p.entries[r].state != Pending {
 			continue
 		}
 		p.pending--
-		if ok {
-			p.slots[sl].state = Ready
-			p.pushBack(sl)
+		if sums != nil {
+			e := &p.entries[r]
+			e.state, e.sum = Ready, sums[i]
+			p.pushBack(r)
 			continue
 		}
-		delete(p.index, k)
-		p.slots[sl].key = ""
-		p.free = append(p.free, sl)
+		p.remove(r)
 	}
 }
 
-// PrepareLoad pins every key so it cannot be evicted while its bytes are
-// copied out, and returns their slots. All keys must be ready; otherwise it
-// returns an error naming the first key that is not (ErrNotReady) and pins
-// nothing.
-func (p *Pool) PrepareLoad(keys []messages.Key) ([]Slot, error) {
-	slots := make([]Slot, len(keys))
-	for i, k := range keys {
-		sl, ok := p.index[k]
-		if !ok || p.slots[sl].state != Ready {
-			return nil, &KeyError{Key: k, Err: ErrNotReady}
+// CompleteStorePinned completes pending keys as ready with their checksums,
+// pinned and most recently used, in one step: a load that brought them back
+// from disk copies them out next, and nothing may evict them in between.
+func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	p.CompleteStore(keys, sums)
+	for _, k := range keys {
+		if r, ok := p.index[k]; ok && p.entries[r].state == Ready {
+			e := &p.entries[r]
+			if e.pins == 0 {
+				p.pinned++
+			}
+			e.pins++
 		}
-		slots[i] = sl
 	}
-	for _, sl := range slots {
-		e := &p.slots[sl]
+	p.Touch(keys)
+}
+
+// Drop removes a ready, unpinned key (a chunk found corrupt) and reports
+// whether it did; a key pinned by another load is left to that load, which
+// verifies it too.
+func (p *Pool) Drop(key messages.Key) bool {
+	r, ok := p.index[key]
+	if !ok || p.entries[r].state != Ready || p.entries[r].pins > 0 {
+		return false
+	}
+	p.unlink(r)
+	p.remove(r)
+	return true
+}
+
+// remove frees an unlinked entry and its room.
+func (p *Pool) remove(r ref) {
+	e := &p.entries[r]
+	for _, pc := range e.pieces {
+		p.release(pc)
+	}
+	delete(p.index, e.key)
+	p.dataBytes -= e.size
+	e.key, e.pieces = "", e.pieces[:0]
+	p.freeRefs = append(p.freeRefs, r)
+}
+
+// PrepareLoad pins every key so it cannot be evicted while its bytes are
+// copied out. All keys must be ready; otherwise it returns an error naming
+// the first key that is not (ErrNotReady) and pins nothing.
+func (p *Pool) PrepareLoad(keys []messages.Key) error {
+	for _, k := range keys {
+		r, ok := p.index[k]
+		if !ok || p.entries[r].state != Ready {
+			return &KeyError{Key: k, Err: ErrNotReady}
+		}
+	}
+	for _, k := range keys {
+		e := &p.entries[p.index[k]]
 		if e.pins == 0 {
 			p.pinned++
 		}
 		e.pins++
 	}
-	return slots, nil
+	return nil
 }
 
 // CompleteLoad unpins keys pinned by PrepareLoad.
 func (p *Pool) CompleteLoad(keys []messages.Key) {
 	for _, k := range keys {
-		if sl, ok := p.index[k]; ok && p.slots[sl].pins > 0 {
-			e := &p.slots[sl]
+		if r, ok := p.index[k]; ok && p.entries[r].pins > 0 {
+			e := &p.entries[r]
 			e.pins--
 			if e.pins == 0 {
 				p.pinned--
@@ -272,9 +302,9 @@ func (p *Pool) CompleteLoad(keys []messages.Key) {
 // is evicted from its tail first.
 func (p *Pool) Touch(keys []messages.Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if sl, ok := p.index[keys[i]]; ok && p.slots[sl].state == Ready {
-			p.unlink(sl)
-			p.pushBack(sl)
+		if r, ok := p.index[keys[i]]; ok && p.entries[r].state == Ready {
+			p.unlink(r)
+			p.pushBack(r)
 		}
 	}
 }
@@ -288,28 +318,37 @@ type KeyError struct {
 func (e *KeyError) Error() string { return fmt.Sprintf("key %x: %v", string(e.Key), e.Err) }
 func (e *KeyError) Unwrap() error { return e.Err }
 
-func (p *Pool) pushBack(sl Slot) {
-	e := &p.slots[sl]
+func (p *Pool) pushBack(r ref) {
+	e := &p.entries[r]
 	e.prev, e.next = p.tail, none
 	if p.tail != none {
-		p.slots[p.tail].next = sl
+		p.entries[p.tail].next = r
 	} else {
-		p.head = sl
+		p.head = r
 	}
-	p.tail = sl
+	p.tail = r
 }
 
-func (p *Pool) unlink(sl Slot) {
-	e := &p.slots[sl]
+func (p *Pool) unlink(r ref) {
+	e := &p.entries[r]
 	if e.prev != none {
-		p.slots[e.prev].next = e.next
-	} else if p.head == sl {
+		p.entries[e.prev].next = e.next
+	} else if p.head == r {
 		p.head = e.next
 	}
 	if e.next != none {
-		p.slots[e.next].prev = e.prev
-	} else if p.tail == sl {
+		p.entries[e.next].prev = e.prev
+	} else if p.tail == r {
 		p.tail = e.prev
 	}
 	e.prev, e.next = none, none
+}
+
+// distinctNew reports whether keys[i] is new: absent and not a repeat of an
+// earlier key (the scan is for short offers only, see dedupMax).
+func distinctNew(keys []messages.Key, i int, index map[messages.Key]ref) bool {
+	if _, ok := index[keys[i]]; ok {
+		return false
+	}
+	return !slices.Contains(keys[:i], keys[i])
 }

@@ -25,7 +25,14 @@ func k(names ...any) []messages.Key {
 	return out
 }
 
-func slots(s ...Slot) []Slot { return s }
+// sums are stand-in checksums for a successful completion of keys.
+func sums(keys []messages.Key) []uint32 { return make([]uint32, len(keys)) }
+
+// st is the Stats of a pool of one-byte pages holding one-page chunks.
+func st(capacity, used, pending, pinned int) *Stats {
+	return &Stats{Capacity: int64(capacity), Data: int64(used), PageBytes: 1, Pages: capacity,
+		FreePages: capacity - used, Used: used, Pending: pending, Ready: used - pending, Pinned: pinned}
+}
 
 // pop is one step of a pool script.
 type pop struct {
@@ -38,7 +45,6 @@ type pop struct {
 	touch   []messages.Key // Touch
 	wantErr error
 	want    Prepared // for store
-	slots   []Slot   // for load
 	states  map[string]State
 	stats   *Stats
 }
@@ -52,18 +58,18 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 		switch {
 		case s.store != nil:
 			var got Prepared
-			got, err = p.PrepareStore(s.store)
+			got, err = p.PrepareStore(s.store, nil)
 			if s.wantErr == nil {
 				require.Equal(t, s.want, got, msg)
 			}
 		case s.done != nil:
-			p.CompleteStore(s.done, s.ok)
-		case s.load != nil:
-			var got []Slot
-			got, err = p.PrepareLoad(s.load)
-			if s.wantErr == nil {
-				require.Equal(t, s.slots, got, msg)
+			var sm []uint32
+			if s.ok {
+				sm = sums(s.done)
 			}
+			p.CompleteStore(s.done, sm)
+		case s.load != nil:
+			err = p.PrepareLoad(s.load)
 		case s.unload != nil:
 			p.CompleteLoad(s.unload)
 		case s.touch != nil:
@@ -87,28 +93,28 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 }
 
 func TestCPUManagerSequence(t *testing.T) {
-	runPool(t, New(4), []pop{
+	runPool(t, New(4, 1), []pop{
 		{name: "store [1,2] into fresh slots", store: k(1, 2),
-			want: Prepared{Keys: k(1, 2), Slots: slots(0, 1)}, states: map[string]State{"1": Pending, "2": Pending},
-			stats: &Stats{Capacity: 4, Used: 2, Pending: 2, Free: 2}},
+			want: Prepared{Keys: k(1, 2)}, states: map[string]State{"1": Pending, "2": Pending},
+			stats: st(4, 2, 2, 0)},
 		{name: "pending keys are not loadable", load: k(1), wantErr: ErrNotReady},
 		{name: "complete [1,2]", done: k(1, 2), ok: true, states: map[string]State{"1": Ready, "2": Ready},
-			stats: &Stats{Capacity: 4, Used: 2, Ready: 2, Free: 2}},
+			stats: st(4, 2, 0, 0)},
 		{name: "store [2,3,4,5]: 2 is present, 1 is evicted, 2 is offered so kept", store: k(2, 3, 4, 5),
-			want:   Prepared{Keys: k(3, 4, 5), Slots: slots(2, 3, 0), Evicted: k(1)},
+			want:   Prepared{Keys: k(3, 4, 5), Evicted: k(1)},
 			states: map[string]State{"1": Absent, "2": Ready, "3": Pending}},
 		{name: "[1,6] has no room while 3,4,5 are pending", store: k(1, 6), wantErr: ErrNoRoom},
 		{name: "complete [3,4,5]", done: k(3, 4, 5), ok: true},
-		{name: "pin [2,3,4,5]", load: k(2, 3, 4, 5), slots: slots(1, 2, 3, 0),
-			stats: &Stats{Capacity: 4, Used: 4, Ready: 4, Pinned: 4}},
+		{name: "pin [2,3,4,5]", load: k(2, 3, 4, 5),
+			stats: st(4, 4, 0, 4)},
 		{name: "pins block eviction", store: k(6), wantErr: ErrNoRoom},
-		{name: "unpin", unload: k(2, 3, 4, 5), stats: &Stats{Capacity: 4, Used: 4, Ready: 4}},
+		{name: "unpin", unload: k(2, 3, 4, 5), stats: st(4, 4, 0, 0)},
 		{name: "store [6] evicts the least recently used, 2", store: k(6),
-			want: Prepared{Keys: k(6), Slots: slots(1), Evicted: k(2)}},
+			want: Prepared{Keys: k(6), Evicted: k(2)}},
 		{name: "a failed completion frees pending keys but not ready ones", done: k(6, 3), ok: false,
 			states: map[string]State{"6": Absent, "3": Ready},
-			stats:  &Stats{Capacity: 4, Used: 3, Ready: 3, Free: 1}},
-		{name: "the freed slot is reused", store: k(7), want: Prepared{Keys: k(7), Slots: slots(1)}},
+			stats:  st(4, 3, 0, 0)},
+		{name: "the freed slot is reused", store: k(7), want: Prepared{Keys: k(7)}},
 		{name: "all present: nothing to store, no error", store: k(3, 4, 7), want: Prepared{}},
 	})
 }
@@ -117,28 +123,15 @@ func TestCPUManagerSequence(t *testing.T) {
 // keys": a key offered (present) is never evicted to make room for its
 // siblings, even when that means no room.
 func TestOfferedKeyNeverEvictedForSiblings(t *testing.T) {
-	runPool(t, New(2), []pop{
-		{name: "store [a,b]", store: k("a", "b"), want: Prepared{Keys: k("a", "b"), Slots: slots(0, 1)}},
+	runPool(t, New(2, 1), []pop{
+		{name: "store [a,b]", store: k("a", "b"), want: Prepared{Keys: k("a", "b")}},
 		{name: "ready", done: k("a", "b"), ok: true},
 		{name: "[a,c]: a is the LRU but offered, so b goes", store: k("a", "c"),
-			want: Prepared{Keys: k("c"), Slots: slots(1), Evicted: k("b")}},
+			want: Prepared{Keys: k("c"), Evicted: k("b")}},
 		{name: "[a,c,d,e]: only offered or pending keys left", store: k("a", "c", "d", "e"), wantErr: ErrNoRoom},
 		{name: "ready c", done: k("c"), ok: true},
 		{name: "[c,d,e]: two new keys, only a evictable", store: k("c", "d", "e"), wantErr: ErrNoRoom},
-		{name: "[c,d]: a goes", store: k("c", "d"), want: Prepared{Keys: k("d"), Slots: slots(0), Evicted: k("a")}},
-	})
-}
-
-// PROTOCOL.md "space": slots are taken before anything is evicted. New keys
-// take never-used slots first, then released slots, newest first (vLLM's
-// CPU backend reuses freed blocks the same way).
-func TestSlotsFreshFirstThenFreedLIFO(t *testing.T) {
-	runPool(t, New(5), []pop{
-		{name: "store [a,b,c]", store: k("a", "b", "c"), want: Prepared{Keys: k("a", "b", "c"), Slots: slots(0, 1, 2)}},
-		{name: "fail a then b: slots 0 then 1 freed", done: k("a", "b"), ok: false},
-		{name: "fresh 3, 4, then freed 1, 0", store: k("d", "e", "f", "g"),
-			want: Prepared{Keys: k("d", "e", "f", "g"), Slots: slots(3, 4, 1, 0)}},
-		{name: "full", store: k("h"), wantErr: ErrNoRoom},
+		{name: "[c,d]: a goes", store: k("c", "d"), want: Prepared{Keys: k("d"), Evicted: k("a")}},
 	})
 }
 
@@ -146,23 +139,23 @@ func TestSlotsFreshFirstThenFreedLIFO(t *testing.T) {
 // reverse like vLLM, so the first key of a prefix ends up the most recent and
 // a prefix is evicted from its tail.
 func TestTouchOrder(t *testing.T) {
-	p := New(3)
-	_, err := p.PrepareStore(k("a", "b", "c"))
+	p := New(3, 1)
+	_, err := p.PrepareStore(k("a", "b", "c"), nil)
 	require.NoError(t, err)
-	p.CompleteStore(k("a", "b", "c"), true) // LRU: a, b, c
-	p.Touch(k("a", "b", "zz"))              // absent keys are ignored; LRU: c, b, a
+	p.CompleteStore(k("a", "b", "c"), sums(k("a", "b", "c"))) // LRU: a, b, c
+	p.Touch(k("a", "b", "zz"))                                // absent keys are ignored; LRU: c, b, a
 	require.Equal(t, k("c", "b", "a"), lruOrder(p))
 
-	_, err = p.PrepareStore(k("x"))
+	_, err = p.PrepareStore(k("x"), nil)
 	require.NoError(t, err)
 	p.Touch(k("x")) // pending keys are not in the LRU
 	require.Equal(t, k("b", "a"), lruOrder(p)[:2])
 
 	// The tail of the touched prefix goes first: b, then a.
-	got, err := p.PrepareStore(k("y"))
+	got, err := p.PrepareStore(k("y"), nil)
 	require.NoError(t, err)
 	require.Equal(t, k("b"), got.Evicted)
-	got, err = p.PrepareStore(k("z"))
+	got, err = p.PrepareStore(k("z"), nil)
 	require.NoError(t, err)
 	require.Equal(t, k("a"), got.Evicted)
 	checkInvariants(t, p)
@@ -182,13 +175,12 @@ func TestPrepareLoadNotReady(t *testing.T) {
 		{"ready then pending then absent", k("r", "p", "zz"), "p"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := New(2)
-			_, err := p.PrepareStore(k("r", "p"))
+			p := New(2, 1)
+			_, err := p.PrepareStore(k("r", "p"), nil)
 			require.NoError(t, err)
-			p.CompleteStore(k("r"), true)
+			p.CompleteStore(k("r"), sums(k("r")))
 			before := snapshot(p)
-			got, err := p.PrepareLoad(tc.keys)
-			require.Nil(t, got)
+			err = p.PrepareLoad(tc.keys)
 			require.ErrorIs(t, err, ErrNotReady)
 			var ke *KeyError
 			require.True(t, errors.As(err, &ke))
@@ -203,21 +195,21 @@ func TestPrepareLoadNotReady(t *testing.T) {
 // PROTOCOL.md "not pinned by a load": pins nest, so a key loaded twice stays
 // pinned until both loads complete.
 func TestPinsNest(t *testing.T) {
-	p := New(1)
-	_, err := p.PrepareStore(k("a"))
+	p := New(1, 1)
+	_, err := p.PrepareStore(k("a"), nil)
 	require.NoError(t, err)
-	p.CompleteStore(k("a"), true)
-	_, err = p.PrepareLoad(k("a", "a"))
+	p.CompleteStore(k("a"), sums(k("a")))
+	err = p.PrepareLoad(k("a", "a"))
 	require.NoError(t, err)
-	_, err = p.PrepareLoad(k("a"))
+	err = p.PrepareLoad(k("a"))
 	require.NoError(t, err)
 	require.Equal(t, 1, p.Stats().Pinned)
 	p.CompleteLoad(k("a", "a"))
-	_, err = p.PrepareStore(k("b"))
+	_, err = p.PrepareStore(k("b"), nil)
 	require.ErrorIs(t, err, ErrNoRoom, "still pinned once")
 	p.CompleteLoad(k("a", "a", "zz")) // extra unpins and absent keys are ignored
 	require.Zero(t, p.Stats().Pinned)
-	got, err := p.PrepareStore(k("b"))
+	got, err := p.PrepareStore(k("b"), nil)
 	require.NoError(t, err)
 	require.Equal(t, k("a"), got.Evicted)
 	checkInvariants(t, p)
@@ -231,25 +223,24 @@ func TestLargeOfferedLists(t *testing.T) {
 		ready = append(ready, messages.Key(fmt.Sprintf("r%02d", i)))
 		fresh = append(fresh, messages.Key(fmt.Sprintf("n%02d", i)))
 	}
-	p := New(24)
-	_, err := p.PrepareStore(ready)
+	p := New(24, 1)
+	_, err := p.PrepareStore(ready, nil)
 	require.NoError(t, err)
-	p.CompleteStore(ready, true)
+	p.CompleteStore(ready, sums(ready))
 
 	// 10 present (offered, so kept), 10 new with one offered twice: 4 free
 	// slots, so the 6 least recently used ready keys not offered go.
 	offer := append(append(append([]messages.Key{}, ready[10:]...), fresh[:10]...), fresh[0])
-	got, err := p.PrepareStore(offer)
+	got, err := p.PrepareStore(offer, nil)
 	require.NoError(t, err)
 	require.Equal(t, fresh[:10], got.Keys)
 	require.Equal(t, ready[:6], got.Evicted)
-	require.Len(t, got.Slots, 10)
 	checkInvariants(t, p)
 
 	// Every ready key offered: nothing is evictable.
 	offer = append(append([]messages.Key{}, ready[6:]...), fresh[10:]...)
 	before := snapshot(p)
-	_, err = p.PrepareStore(offer)
+	_, err = p.PrepareStore(offer, nil)
 	require.ErrorIs(t, err, ErrNoRoom)
 	require.Equal(t, before, snapshot(p))
 }
@@ -257,11 +248,11 @@ func TestLargeOfferedLists(t *testing.T) {
 // PROTOCOL.md "If the pool cannot make room": a pool of no slots has no room,
 // and "nothing to store" is not "no room".
 func TestNewClampsNegativeCapacity(t *testing.T) {
-	p := New(-3)
-	require.Equal(t, 0, p.Capacity())
-	_, err := p.PrepareStore(k("a"))
+	p := New(-3, 1)
+	require.Zero(t, p.Capacity())
+	_, err := p.PrepareStore(k("a"), nil)
 	require.ErrorIs(t, err, ErrNoRoom)
-	got, err := p.PrepareStore(nil)
+	got, err := p.PrepareStore(nil, nil)
 	require.NoError(t, err, "nothing to store is not an error")
 	require.Empty(t, got.Keys)
 }
@@ -269,7 +260,24 @@ func TestNewClampsNegativeCapacity(t *testing.T) {
 // PROTOCOL.md "ready or pending": the states' names (status and logs).
 func TestStateStrings(t *testing.T) {
 	require.Equal(t, []string{"absent", "pending", "ready"}, []string{Absent.String(), Pending.String(), Ready.String()})
-	st, slot := New(1).Lookup("x")
-	require.Equal(t, Absent, st)
-	require.Equal(t, Slot(-1), slot)
+	state, size := New(1, 1).Lookup("x")
+	require.Equal(t, Absent, state)
+	require.Zero(t, size)
+}
+
+// Bad input to PrepareStore (sizes not matching keys, a size <= 0) is a
+// clear error naming the problem and changes nothing; a chunk larger than
+// the whole pool is "no room".
+func TestPrepareStoreBadSizes(t *testing.T) {
+	p := New(4<<10, 1<<10)
+	before := snapshot(p)
+	_, err := p.PrepareStore(k("a", "b"), []int64{1})
+	require.ErrorIs(t, err, ErrBadSize)
+	_, err = p.PrepareStore(k("a", "b"), []int64{1, 0})
+	require.ErrorIs(t, err, ErrBadSize)
+	require.Contains(t, err.Error(), fmt.Sprintf("%x", "b"))
+	_, err = p.PrepareStore(k("a"), []int64{5 << 10})
+	require.ErrorIs(t, err, ErrNoRoom)
+	require.Equal(t, before, snapshot(p))
+	checkInvariants(t, p)
 }

@@ -2,6 +2,7 @@ package hostpool
 
 import (
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -14,49 +15,148 @@ import (
 type Shared struct {
 	mu   sync.Mutex
 	pool *Pool
-	// full is set, after every change, while every slot is pending or
-	// pinned. PrepareStore then answers ErrNoRoom without the lock: an
-	// overloaded node retries on every event, and those retries must not
-	// queue on the mutex that completing copies need to free slots. (An
-	// offer whose keys are all present already is told "no room" too while
-	// full; it is retried, and deduplicated, once a slot frees.)
+	// full is set, after every change, while nothing can be added: no free
+	// page or slot, every chunk pending or pinned. PrepareStore then answers
+	// ErrNoRoom without the lock: an overloaded node retries on every event,
+	// and those retries must not queue on the mutex that completing copies
+	// need to free room. (An offer whose keys are all present already is
+	// told "no room" too while full; it is retried, and deduplicated, once
+	// room frees.)
 	full atomic.Bool
 }
 
-// NewShared returns a shared pool of capacity slots.
-func NewShared(capacity int) *Shared { return &Shared{pool: New(capacity)} }
+// NewShared returns a shared pool (see New).
+func NewShared(bytes, pageBytes int64) *Shared { return &Shared{pool: New(bytes, pageBytes)} }
 
-func (s *Shared) PrepareStore(keys []messages.Key) (Prepared, error) {
+func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
 	if s.full.Load() && len(keys) > 0 {
 		return Prepared{}, errFull
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	prep, err := s.pool.PrepareStore(keys)
+	prep, err := s.pool.PrepareStore(keys, sizes)
 	s.full.Store(s.pool.full())
 	return prep, err
 }
 
-var errFull = fmt.Errorf("%w: every slot is pending or pinned", ErrNoRoom)
+var errFull = fmt.Errorf("%w: every chunk is pending or pinned", ErrNoRoom)
 
-func (s *Shared) CompleteStore(keys []messages.Key, ok bool) {
+func (s *Shared) CompleteStore(keys []messages.Key, sums []uint32) {
 	s.mu.Lock()
-	s.pool.CompleteStore(keys, ok)
+	s.pool.CompleteStore(keys, sums)
 	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
 
 // PrepareLoad pins keys and touches them: a prefix that is loaded is hot
 // and should stay resident (LRU).
-func (s *Shared) PrepareLoad(keys []messages.Key) ([]Slot, error) {
+func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	slots, err := s.pool.PrepareLoad(keys)
+	err := s.pool.PrepareLoad(keys)
 	if err == nil {
 		s.pool.Touch(keys)
 	}
 	s.full.Store(s.pool.full())
-	return slots, err
+	return err
+}
+
+// Located is where a job's chunks are: Ext holds every chunk's extents in
+// order, chunk i's are Ext[start(i):Ends[i]]; Sums and States per chunk.
+type Located struct {
+	Ext    []Extent
+	Ends   []int
+	Sums   []uint32
+	States []State
+}
+
+// Locate finds every key (see Pool.Locate) in one critical section; it
+// reports the first key not present.
+func (s *Shared) Locate(keys []messages.Key) (Located, error) {
+	loc := Located{Ends: make([]int, 0, len(keys)), Sums: make([]uint32, 0, len(keys)),
+		States: make([]State, 0, len(keys))}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, k := range keys {
+		var sum uint32
+		var ok bool
+		loc.Ext, sum, ok = s.pool.Locate(k, loc.Ext)
+		if !ok {
+			return loc, &KeyError{Key: k, Err: ErrNotReady}
+		}
+		st, _ := s.pool.Lookup(k)
+		loc.Ends = append(loc.Ends, len(loc.Ext))
+		loc.Sums = append(loc.Sums, sum)
+		loc.States = append(loc.States, st)
+	}
+	return loc, nil
+}
+
+// PrepareLoadFrom is PrepareLoad for a pool with a lower tier: keys that are
+// absent here but that fetch finds (with their size) are given pending room
+// to be read back into, the others must be ready and are pinned and touched.
+// All-or-nothing: a pending or unfetchable key is ErrNotReady, no room is
+// ErrNoRoom, and then nothing changed. Fetched lists the keys given room;
+// complete them with CompleteStorePinned (or CompleteStore(keys, nil)).
+func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
+	fetched []messages.Key, prep Prepared, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	defer func() { s.full.Store(s.pool.full()) }()
+	var here []messages.Key
+	var sizes []int64
+	for _, k := range keys {
+		switch st, _ := s.pool.Lookup(k); {
+		case st == Ready:
+			here = append(here, k)
+			continue
+		case st == Absent:
+			if size, ok := fetch(k); ok {
+				if !slices.Contains(fetched, k) {
+					fetched, sizes = append(fetched, k), append(sizes, size)
+				}
+				continue
+			}
+		}
+		return nil, Prepared{}, &KeyError{Key: k, Err: ErrNotReady}
+	}
+	// Pin what is here first: the room for the rest must not evict it.
+	if err := s.pool.PrepareLoad(here); err != nil {
+		return nil, Prepared{}, err
+	}
+	if len(fetched) > 0 {
+		if prep, err = s.pool.PrepareStore(fetched, sizes); err != nil {
+			s.pool.CompleteLoad(here)
+			return nil, Prepared{}, err
+		}
+	}
+	s.pool.Touch(here)
+	return fetched, prep, nil
+}
+
+// CompleteStorePinned completes fetched keys as ready, pinned (see
+// Pool.CompleteStorePinned).
+func (s *Shared) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	s.mu.Lock()
+	s.pool.CompleteStorePinned(keys, sums)
+	s.full.Store(s.pool.full())
+	s.mu.Unlock()
+}
+
+// SetKeepVictims: see Pool.SetKeepVictims.
+func (s *Shared) SetKeepVictims(keep bool) {
+	s.mu.Lock()
+	s.pool.SetKeepVictims(keep)
+	s.mu.Unlock()
+}
+
+// Drop removes a ready, unpinned key (see Pool.Drop).
+func (s *Shared) Drop(key messages.Key) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ok := s.pool.Drop(key)
+	s.full.Store(s.pool.full())
+	return ok
 }
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
@@ -72,7 +172,7 @@ func (s *Shared) Touch(keys []messages.Key) {
 	s.mu.Unlock()
 }
 
-func (s *Shared) Lookup(key messages.Key) (State, Slot) {
+func (s *Shared) Lookup(key messages.Key) (State, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pool.Lookup(key)
@@ -97,4 +197,15 @@ func (s *Shared) Stats() Stats {
 	return s.pool.Stats()
 }
 
-func (s *Shared) Capacity() int { return s.pool.Capacity() }
+func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
+
+func (s *Shared) PageBytes() int64 { return s.pool.PageBytes() }
+
+// Chunk is chunk i's extents.
+func (l *Located) Chunk(i int) []Extent {
+	lo := 0
+	if i > 0 {
+		lo = l.Ends[i-1]
+	}
+	return l.Ext[lo:l.Ends[i]]
+}

@@ -16,7 +16,10 @@ import (
 // method is one critical section. Run under -race.
 func TestSharedConcurrentUse(t *testing.T) {
 	const workers, rounds = 8, 300
-	s := NewShared(64)
+	// Mixed chunk sizes (a 16-byte page, chunks of 3 to 40 bytes): several
+	// classes and multi-page chunks share the pages.
+	s := NewShared(64*16, 16)
+	sizeOf := func(k messages.Key) int64 { return 3 + int64(len(k)*7)%38 }
 	common := k("c0", "c1", "c2", "c3") // keys every worker stores and loads
 	var wg sync.WaitGroup
 	errs := make(chan error, workers)
@@ -27,17 +30,18 @@ func TestSharedConcurrentUse(t *testing.T) {
 			for i := range rounds {
 				own := messages.Key(fmt.Sprintf("w%d-%d", w, i%20))
 				keys := append([]messages.Key{own}, common[i%len(common)])
-				prep, err := s.PrepareStore(keys)
+				prep, err := s.PrepareStore(keys, []int64{sizeOf(keys[0]), sizeOf(keys[1])})
 				if err != nil && !errors.Is(err, ErrNoRoom) {
 					errs <- err
 					return
 				}
 				if err == nil {
-					s.CompleteStore(prep.Keys, i%7 != 0)
+					s.CompleteStore(prep.Keys, okSums(prep.Keys, i%7 != 0))
 				}
-				if slots, err := s.PrepareLoad(keys); err == nil {
-					if len(slots) != len(keys) {
-						errs <- fmt.Errorf("load slots %v for %v", slots, keys)
+				if err := s.PrepareLoad(keys); err == nil {
+					loc, err := s.Locate(keys)
+					if err != nil || len(loc.Ends) != len(keys) || loc.Ends[len(keys)-1] != len(loc.Ext) {
+						errs <- fmt.Errorf("locate %v: %+v %v", keys, loc, err)
 						return
 					}
 					s.CompleteLoad(keys)
@@ -51,7 +55,7 @@ func TestSharedConcurrentUse(t *testing.T) {
 					errs <- fmt.Errorf("ready prefix %d", n)
 					return
 				}
-				if st := s.Stats(); st.Used > st.Capacity || st.Pinned > st.Used {
+				if st := s.Stats(); st.Data > st.Capacity || st.Pinned > st.Used {
 					errs <- fmt.Errorf("stats %+v", st)
 					return
 				}
@@ -69,7 +73,7 @@ func TestSharedConcurrentUse(t *testing.T) {
 	for err := range errs {
 		require.NoError(t, err)
 	}
-	require.Equal(t, 64, s.Capacity())
+	require.Equal(t, int64(64*16), s.Capacity())
 	require.Zero(t, s.Stats().Pinned, "every load completed")
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -79,10 +83,10 @@ func TestSharedConcurrentUse(t *testing.T) {
 // PROTOCOL.md "P.E.lookup": the leading keys "stored and ready (stop at the
 // first miss or pending key)".
 func TestSharedReadyPrefix(t *testing.T) {
-	s := NewShared(8)
-	_, err := s.PrepareStore(k("a", "b", "c", "d"))
+	s := NewShared(8, 1)
+	_, err := s.PrepareStore(k("a", "b", "c", "d"), nil)
 	require.NoError(t, err)
-	s.CompleteStore(k("a", "b", "d"), true)
+	s.CompleteStore(k("a", "b", "d"), okSums(k("a", "b", "d"), true))
 	for _, tc := range []struct {
 		keys []messages.Key
 		want int
@@ -102,41 +106,88 @@ func TestSharedReadyPrefix(t *testing.T) {
 // Shared.PrepareLoad also touches the loaded keys: a loaded prefix is hot and
 // is evicted last.
 func TestSharedPrepareLoadTouches(t *testing.T) {
-	s := NewShared(3)
-	_, err := s.PrepareStore(k("a", "b", "c"))
+	s := NewShared(3, 1)
+	_, err := s.PrepareStore(k("a", "b", "c"), nil)
 	require.NoError(t, err)
-	s.CompleteStore(k("a", "b", "c"), true)
-	_, err = s.PrepareLoad(k("a"))
+	s.CompleteStore(k("a", "b", "c"), okSums(k("a", "b", "c"), true))
+	err = s.PrepareLoad(k("a"))
 	require.NoError(t, err)
 	s.CompleteLoad(k("a"))
-	got, err := s.PrepareStore(k("x"))
+	got, err := s.PrepareStore(k("x"), nil)
 	require.NoError(t, err)
 	require.Equal(t, k("b"), got.Evicted, "a was touched by its load")
-	_, err = s.PrepareLoad(k("zz"))
+	err = s.PrepareLoad(k("zz"))
 	require.ErrorIs(t, err, ErrNotReady)
-	require.Equal(t, Stats{Capacity: 3, Used: 3, Pending: 1, Ready: 2}, s.Stats())
+	require.Equal(t, Stats{Capacity: 3, Data: 3, PageBytes: 1, Pages: 3, Used: 3, Pending: 1, Ready: 2}, s.Stats())
 }
 
 // While every slot is pending or pinned, Shared answers no room without the
 // lock (even for an offer of present keys, retried once a slot frees); a
 // completed store lifts it.
 func TestSharedFullFastPath(t *testing.T) {
-	s := NewShared(2)
-	_, err := s.PrepareStore([]messages.Key{"a", "b"})
+	s := NewShared(2, 1)
+	_, err := s.PrepareStore([]messages.Key{"a", "b"}, nil)
 	require.NoError(t, err)
 	require.True(t, s.full.Load())
-	_, err = s.PrepareStore([]messages.Key{"c"})
+	_, err = s.PrepareStore([]messages.Key{"c"}, nil)
 	require.ErrorIs(t, err, ErrNoRoom)
-	_, err = s.PrepareStore([]messages.Key{"a"})
+	_, err = s.PrepareStore([]messages.Key{"a"}, nil)
 	require.ErrorIs(t, err, ErrNoRoom, "present keys wait too while full")
-	s.CompleteStore([]messages.Key{"a"}, true)
+	s.CompleteStore([]messages.Key{"a"}, okSums([]messages.Key{"a"}, true))
 	require.False(t, s.full.Load())
-	got, err := s.PrepareStore([]messages.Key{"a"})
+	got, err := s.PrepareStore([]messages.Key{"a"}, nil)
 	require.NoError(t, err)
 	require.Empty(t, got.Keys, "a is deduplicated once the pool is not full")
-	got, err = s.PrepareStore([]messages.Key{"c"})
+	got, err = s.PrepareStore([]messages.Key{"c"}, nil)
 	require.NoError(t, err)
 	require.Equal(t, []messages.Key{"c"}, got.Keys)
 	require.Equal(t, []messages.Key{"a"}, got.Evicted, "the ready key makes room")
 	require.True(t, s.full.Load(), "b and c pending")
+}
+
+// A load over a lower tier: ready keys are pinned, fetchable absent keys get
+// pending room (evicting LRU keys not in the load), all-or-nothing; a pending
+// or unfetchable key, or no room, changes nothing. CompleteStorePinned makes
+// the fetched keys ready and pinned at once.
+func TestSharedPrepareLoadFrom(t *testing.T) {
+	s := NewShared(3, 1)
+	_, err := s.PrepareStore(k("a", "b", "p"), nil)
+	require.NoError(t, err)
+	s.CompleteStore(k("a", "b"), okSums(k("a", "b"), true)) // LRU: a, b; p pending
+	onDisk := func(key messages.Key) (int64, bool) { return 1, key == "d" || key == "e" }
+	snap := func() poolState {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		return snapshot(s.pool)
+	}
+
+	before := snap()
+	for _, keys := range [][]messages.Key{k("a", "p"), k("a", "zz"), k("d", "e", "a", "b")} {
+		_, _, err := s.PrepareLoadFrom(keys, onDisk)
+		require.Error(t, err, "%v", keys)
+		require.Equal(t, before, snap(), "%v: nothing changed", keys)
+	}
+	_, _, err = s.PrepareLoadFrom(k("d", "e", "a", "b"), onDisk)
+	require.ErrorIs(t, err, ErrNoRoom, "a and b are pinned by the load, p is pending: no room for d and e")
+
+	fetched, prep, err := s.PrepareLoadFrom(k("b", "d", "d"), onDisk)
+	require.NoError(t, err)
+	require.Equal(t, k("d"), fetched, "fetched once")
+	require.Equal(t, k("a"), prep.Evicted, "the LRU key not in the load makes room")
+	st, _ := s.Lookup("d")
+	require.Equal(t, Pending, st)
+	s.CompleteStorePinned(fetched, []uint32{7})
+	st, _ = s.Lookup("d")
+	require.Equal(t, Ready, st)
+	require.Equal(t, 2, s.Stats().Pinned, "b and d pinned")
+	_, err = s.PrepareStore(k("x"), nil)
+	require.ErrorIs(t, err, ErrNoRoom, "pinned and pending: nothing to evict")
+	s.CompleteLoad(k("b", "d", "d"))
+	require.Zero(t, s.Stats().Pinned)
+	loc, err := s.Locate(k("d"))
+	require.NoError(t, err)
+	require.Equal(t, []uint32{7}, loc.Sums)
+	s.mu.Lock()
+	checkInvariants(t, s.pool)
+	s.mu.Unlock()
 }

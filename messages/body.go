@@ -101,11 +101,13 @@ type Stored struct {
 	Bytes   int64         `json:"bytes"`
 }
 
-// KV event types and the medium kvactors stores to.
+// KV event types and the media kvactors stores to: host memory, and the
+// optional disk tier (--disk-dir).
 const (
 	KVBlockStored  = "BlockStored"
 	KVBlockRemoved = "BlockRemoved"
 	MediumCPU      = "CPU"
+	MediumDisk     = "DISK"
 )
 
 // KVEvent is one vLLM-style KV cache event.

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,9 @@ type Metrics struct {
 
 	// Pool.
 	Evictions     prometheus.Counter
+	Corrupt       prometheus.Counter     // chunks whose bytes failed their checksum on a load
+	PoolHits      prometheus.Counter     // chunks loaded from host memory
+	ChecksumTime  *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 	Lookups       prometheus.Counter
 	LookupHits    prometheus.Counter
 	HitTokens     prometheus.Counter
@@ -144,7 +148,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
 		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
 
-		Evictions:     counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Evictions: counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Corrupt:   counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
+		PoolHits:  counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		ChecksumTime: counterVec("store", "checksum_seconds_total",
+			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 		Lookups:       counter("load", "lookups_total", "Lookup requests."),
 		LookupHits:    counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
 		HitTokens:     counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
@@ -173,7 +181,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
-		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Lookups,
+		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Corrupt, m.PoolHits, m.ChecksumTime, m.Lookups,
 		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
 		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.NATSDisconnect, m.FenceWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -197,28 +205,96 @@ func gauge(sub, name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})
 }
 
-// RegisterPool exports the pool's slot counts, read at scrape time so the
-// store path never touches a gauge for them.
+// RegisterPool exports the pool's chunk counts and bytes, read at scrape
+// time so the store path never touches a gauge for them.
 func RegisterPool(reg prometheus.Registerer, stats func() hostpool.Stats) {
-	desc := prometheus.NewDesc("kvactors_pool_slots", "Pool slots by state.", []string{"state"}, nil)
-	reg.MustRegister(poolCollector{desc: desc, stats: stats})
+	reg.MustRegister(poolCollector{
+		chunks: prometheus.NewDesc("kvactors_pool_chunks", "Pool chunks by state.", []string{"state"}, nil),
+		bytes: prometheus.NewDesc("kvactors_pool_bytes",
+			"Pool bytes: capacity, data (chunks stored or being stored), free (whole free pages).", []string{"kind"}, nil),
+		stats: stats})
 }
 
 type poolCollector struct {
-	desc  *prometheus.Desc
-	stats func() hostpool.Stats
+	chunks, bytes *prometheus.Desc
+	stats         func() hostpool.Stats
 }
 
-func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.desc }
+func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.chunks; ch <- p.bytes }
 
 func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
 	st := p.stats()
 	for _, v := range []struct {
 		state string
 		n     int
-	}{{"free", st.Free}, {"pending", st.Pending}, {"ready", st.Ready}, {"pinned", st.Pinned}} {
-		ch <- prometheus.MustNewConstMetric(p.desc, prometheus.GaugeValue, float64(v.n), v.state)
+	}{{"pending", st.Pending}, {"ready", st.Ready}, {"pinned", st.Pinned}} {
+		ch <- prometheus.MustNewConstMetric(p.chunks, prometheus.GaugeValue, float64(v.n), v.state)
 	}
+	for _, v := range []struct {
+		kind string
+		n    int64
+	}{{"capacity", st.Capacity}, {"data", st.Data}, {"free", int64(st.FreePages) * st.PageBytes}} {
+		ch <- prometheus.MustNewConstMetric(p.bytes, prometheus.GaugeValue, float64(v.n), v.kind)
+	}
+}
+
+// RegisterDisk exports the disk tier's gauges and counters, read at scrape
+// time from its own atomics.
+func RegisterDisk(reg prometheus.Registerer, stats func() disk.Stats) {
+	reg.MustRegister(diskCollector{stats: stats})
+}
+
+type diskCollector struct{ stats func() disk.Stats }
+
+var diskDescs = struct {
+	bytes, chunks, budget, queued, hits, evictions, read, write, readTime, writeTime, dropped, raced, discarded, failed *prometheus.Desc
+}{
+	bytes:     prometheus.NewDesc("kvactors_disk_bytes", "Chunk bytes on disk.", nil, nil),
+	chunks:    prometheus.NewDesc("kvactors_disk_chunks", "Chunks on disk.", nil, nil),
+	budget:    prometheus.NewDesc("kvactors_disk_budget_bytes", "The disk tier's budget (--disk-bytes).", nil, nil),
+	queued:    prometheus.NewDesc("kvactors_disk_queued_bytes", "Evicted bytes waiting for the disk writer.", nil, nil),
+	hits:      prometheus.NewDesc("kvactors_disk_hits_total", "Chunks a load read back from disk.", nil, nil),
+	evictions: prometheus.NewDesc("kvactors_disk_evictions_total", "Chunks deleted from disk to stay in budget.", nil, nil),
+	read:      prometheus.NewDesc("kvactors_disk_read_bytes_total", "Bytes read back from disk.", nil, nil),
+	write:     prometheus.NewDesc("kvactors_disk_write_bytes_total", "Bytes written to disk.", nil, nil),
+	readTime:  prometheus.NewDesc("kvactors_disk_read_seconds_total", "Time spent reading chunks back (GB/s = read bytes / this).", nil, nil),
+	writeTime: prometheus.NewDesc("kvactors_disk_write_seconds_total", "Time spent writing chunks (GB/s = write bytes / this).", nil, nil),
+	dropped:   prometheus.NewDesc("kvactors_disk_dropped_total", "Evicted chunks not written: writer queue full, closing, or larger than the budget.", nil, nil),
+	raced:     prometheus.NewDesc("kvactors_disk_raced_total", "Evicted chunks not written because their host bytes changed before the copy-out.", nil, nil),
+	discarded: prometheus.NewDesc("kvactors_disk_discarded_total", "Torn or bad files deleted when the index was rebuilt.", nil, nil),
+	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Chunk writes that failed.", nil, nil),
+}
+
+func (diskCollector) Describe(ch chan<- *prometheus.Desc) {
+	d := diskDescs
+	for _, x := range []*prometheus.Desc{d.bytes, d.chunks, d.budget, d.queued, d.hits, d.evictions, d.read, d.write,
+		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed} {
+		ch <- x
+	}
+}
+
+func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
+	st, d := c.stats(), diskDescs
+	gauge := func(desc *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.GaugeValue, v)
+	}
+	count := func(desc *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(desc, prometheus.CounterValue, v)
+	}
+	gauge(d.bytes, float64(st.Bytes))
+	gauge(d.chunks, float64(st.Chunks))
+	gauge(d.budget, float64(st.Budget))
+	gauge(d.queued, float64(st.Queued))
+	count(d.hits, float64(st.Hits))
+	count(d.evictions, float64(st.Evictions))
+	count(d.read, float64(st.ReadBytes))
+	count(d.write, float64(st.WriteBytes))
+	count(d.readTime, float64(st.ReadNanos)/1e9)
+	count(d.writeTime, float64(st.WriteNanos)/1e9)
+	count(d.dropped, float64(st.Dropped))
+	count(d.raced, float64(st.Raced))
+	count(d.discarded, float64(st.Discarded))
+	count(d.failed, float64(st.Failed))
 }
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
 )
@@ -37,15 +38,38 @@ func TestNewRegistersOnItsOwnRegistryWithKnownLabels(t *testing.T) {
 	require.Equal(t, 1.0, value(t, reg, "kvactors_store_retries_total", "reason", "pool_full"))
 }
 
-// The pool gauge reads the pool at scrape time.
-func TestPoolSlotsReadAtScrape(t *testing.T) {
+// The pool gauges read the pool at scrape time.
+func TestPoolGaugesReadAtScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	st := hostpool.Stats{Free: 3, Pending: 2, Ready: 1}
+	st := hostpool.Stats{Capacity: 1 << 20, Data: 4096, PageBytes: 1024, FreePages: 3, Pending: 2, Ready: 1}
 	metrics.RegisterPool(reg, func() hostpool.Stats { return st })
-	require.Equal(t, 3.0, value(t, reg, "kvactors_pool_slots", "state", "free"))
-	st.Free = 7
-	require.Equal(t, 7.0, value(t, reg, "kvactors_pool_slots", "state", "free"))
-	require.Equal(t, 2.0, value(t, reg, "kvactors_pool_slots", "state", "pending"))
+	require.Equal(t, 3072.0, value(t, reg, "kvactors_pool_bytes", "kind", "free"))
+	st.FreePages = 7
+	require.Equal(t, 7168.0, value(t, reg, "kvactors_pool_bytes", "kind", "free"))
+	require.Equal(t, 4096.0, value(t, reg, "kvactors_pool_bytes", "kind", "data"))
+	require.Equal(t, 2.0, value(t, reg, "kvactors_pool_chunks", "state", "pending"))
+}
+
+// The disk tier's gauges and counters are read at scrape time.
+func TestDiskReadAtScrape(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	st := disk.Stats{Bytes: 10, Chunks: 2, Hits: 5, WriteBytes: 100}
+	metrics.RegisterDisk(reg, func() disk.Stats { return st })
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		m := mf.GetMetric()[0]
+		if m.Counter != nil {
+			got[mf.GetName()] = m.Counter.GetValue()
+		} else {
+			got[mf.GetName()] = m.Gauge.GetValue()
+		}
+	}
+	require.Equal(t, 10.0, got["kvactors_disk_bytes"])
+	require.Equal(t, 2.0, got["kvactors_disk_chunks"])
+	require.Equal(t, 5.0, got["kvactors_disk_hits_total"])
+	require.Equal(t, 100.0, got["kvactors_disk_write_bytes_total"])
 }
 
 func value(t *testing.T, reg *prometheus.Registry, name, label, want string) float64 {

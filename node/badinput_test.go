@@ -189,7 +189,7 @@ func TestAdminEndpointsAndCounters(t *testing.T) {
 	require.Contains(t, body, `kv_offload_total_bytes{transfer_type="GPU_to_CPU"} 512`)
 	require.Contains(t, body, `kvactors_store_deferrals_total{reason="hashes"} 2`)
 	require.Contains(t, body, `kvactors_requests_released_total{reason="finished"} 1`)
-	require.Contains(t, body, `kvactors_pool_slots{state="ready"} 2`)
+	require.Contains(t, body, `kvactors_pool_chunks{state="ready"} 2`)
 }
 
 // A node that cannot start returns an error and leaves nothing behind

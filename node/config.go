@@ -46,8 +46,9 @@ type Config struct {
 	CUDADevice int `json:"cuda_device"`
 	// PoolBytes is the host pool's size (default 1 GiB).
 	PoolBytes int64 `json:"pool_bytes"`
-	// SlotBytes is the pool's slot size; 0 takes the largest chunk of the
-	// first engine that registers. Engines with larger chunks are refused.
+	// SlotBytes is deprecated and ignored: the pool takes chunks of any size
+	// from every engine (see PoolPageBytes). Kept so old command lines and
+	// config files still parse; a non-zero value is logged as ignored.
 	SlotBytes int64 `json:"slot_bytes"`
 	// HTTPAddr is the admin server's address (default 127.0.0.1:9464;
 	// "off" disables it; port 0 picks a free one, see Node.HTTPAddr).
@@ -101,6 +102,18 @@ type Config struct {
 	NATSConfig string `json:"nats_config"`
 	// NATSNKey is the nkey seed file the node authenticates to NATS with.
 	NATSNKey string `json:"nats_nkey"`
+	// pool
+	// PoolPageBytes is the pool's page size (default 1 MiB): pages are handed
+	// to chunk sizes as needed, and a chunk larger than a page spans several.
+	// A page wastes under 1/16 of itself whatever the chunk sizes.
+	PoolPageBytes int64 `json:"pool_page_bytes"`
+	// DiskDir turns on the disk tier: chunks evicted from host memory are
+	// written there (appended to segment files) instead of vanishing, and the
+	// directory is re-indexed at start. Empty: no disk tier (the default).
+	DiskDir string `json:"disk_dir"`
+	// DiskBytes is the disk tier's budget of chunk bytes (required with
+	// DiskDir); past it the least recently used chunks are deleted.
+	DiskBytes int64 `json:"disk_bytes"`
 }
 
 // Defaults.
@@ -201,8 +214,10 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: backend %q: want shm or cuda", ErrConfig, c.Backend)
 	case c.PoolBytes < 0:
 		return fmt.Errorf("%w: pool bytes %d < 0", ErrConfig, c.PoolBytes)
-	case c.SlotBytes < 0 || (c.SlotBytes > 0 && c.SlotBytes > c.PoolBytes):
-		return fmt.Errorf("%w: slot bytes %d: want 0 (auto) or 1..pool bytes", ErrConfig, c.SlotBytes)
+	case c.PoolPageBytes < 0:
+		return fmt.Errorf("%w: pool page bytes %d < 0", ErrConfig, c.PoolPageBytes)
+	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
+		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case !validPrefix(c.Prefix):

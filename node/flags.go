@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/kvactors/kvactors/hostpool"
 )
 
 // Flag is one serve flag: its name, the environment variable that supplies
@@ -75,7 +77,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	str(&c.ShmDir, "shm-dir", DefaultShmDir, "directory of engines' shared-memory segments")
 	num(&c.CUDADevice, "cuda-device", 0, "CUDA device ordinal for the cuda backend")
 	size(&c.PoolBytes, "pool-bytes", DefaultPoolBytes, "host pool size")
-	size(&c.SlotBytes, "slot-bytes", 0, "pool slot size; 0 takes the first engine's largest chunk")
+	size(&c.SlotBytes, "slot-bytes", 0, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
 	str(&c.HTTPAddr, "http", DefaultHTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
 	num(&c.DecodeWorkers, "decode-workers", 2, "goroutines decoding event batches")
 	num(&c.Transfer.Workers, "copy-workers", 2, "copies running at once per device")
@@ -93,6 +95,11 @@ func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
 	num(&c.MaxMappedSegments, "max-mapped-segments", DefaultMaxMappedSegments, "most engine segments mapped on this node")
 	str(&c.NATSConfig, "nats-config", "", "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
 	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file kvactors authenticates to NATS with")
+	// pool
+	size(&c.PoolPageBytes, "pool-page-bytes", hostpool.DefaultPageBytes,
+		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
+	str(&c.DiskDir, "disk-dir", "", "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
+	size(&c.DiskBytes, "disk-bytes", 0, "disk tier budget (required with --disk-dir)")
 	// Secrets come from the environment only, never a flag (ps would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 	return flags, firstErr

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -12,6 +14,8 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -35,11 +39,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
-	pool := n.sharedPool()
-	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
-		st, _ := pool.Lookup(k)
-		return st == hostpool.Ready
-	})
+	hit := rec.layout.HitTokens(hashes, n.store.Ready)
 	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {
 		n.metrics.LookupHits.Inc()
@@ -81,32 +81,108 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
-	pool := n.sharedPool()
-	slots, err := pool.PrepareLoad(keys)
+	evicted, err := rec.store.PrepareLoad(keys)
+	n.evicted(ctx, engineID, evicted) // room for chunks read back from disk
 	if err != nil {
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
 	}
-	var bytes int64
-	for i := range chunks {
-		chunks[i].Slot = slots[i]
-		bytes += rec.layout.CopyBytes(&chunks[i])
-	}
 	rec.loads.Add(1)
-	n.system.Root.Spawn(load.Props(load.Deps{Pool: pool, Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
-		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Keys: keys, Chunks: chunks,
-			Bytes: bytes, Layout: rec.layout, Device: rec.device, SlotBytes: n.slotBytesNow(), Reply: m.Reply, Ctx: ctx}))
+	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
+		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
+		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
+			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
+		}},
+		&load.Job{Engine: engineID, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: m.Reply, Ctx: ctx}))
 }
 
-func (n *Node) sharedPool() *hostpool.Shared {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.pool
+// evicted announces keys evicted from host memory outside a store decision
+// (a load making room to read chunks back from disk): BlockRemoved, medium
+// CPU, one event per group.
+func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	n.metrics.Evictions.Add(float64(len(keys)))
+	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumCPU, keys)
 }
 
-func (n *Node) slotBytesNow() int64 {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	return n.slotBytes
+// diskChanged announces the disk tier's writes and deletions (medium DISK)
+// for the engine that spilled the chunks (each key on an engine of its own
+// namespace, see announce). The disk speaks in disk keys: a key whose
+// namespace is not open in this boot is not announced.
+func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
+	if n.outbox == nil {
+		return
+	}
+	poolKeys := func(keys []messages.Key) []messages.Key {
+		out := keys[:0:0]
+		for _, k := range keys {
+			if pk, ok := n.diskKeys.FromDisk(k); ok {
+				out = append(out, pk)
+			}
+		}
+		return out
+	}
+	stored, removed = poolKeys(stored), poolKeys(removed)
+	ctx := context.Background()
+	n.announce(ctx, engineID, messages.KVBlockStored, messages.MediumDisk, stored)
+	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumDisk, removed)
+}
+
+// announce publishes keys the store or the disk tier added or dropped
+// outside a request's own store job (load-made room, corrupt chunks, disk
+// writes and deletions): the one place that turns such keys into kv_events.
+// As request evictions are, each key is announced, naming its namespace, on
+// an engine of its own namespace: engineID for engineID's namespace, another
+// engine's kv_events for another namespace's keys (the pool and the disk
+// span namespaces; no engine learns another namespace's hashes), and not at
+// all when no engine of that namespace is registered.
+func (n *Node) announce(ctx context.Context, engineID, typ, medium string, keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	own, known := sched.NamespaceID(0), false
+	if rec := n.engine(engineID); rec != nil {
+		own, known = rec.layout.Namespace, true
+	}
+	type nsGroup struct {
+		ns sched.NamespaceID
+		g  int
+	}
+	var kv []messages.KVEvent
+	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
+	at := map[nsGroup]int{}
+	for _, k := range keys {
+		ns, hash, g := sched.SplitKey(k)
+		i, ok := at[nsGroup{ns, g}]
+		if !ok {
+			i = len(kv)
+			at[nsGroup{ns, g}] = i
+			kv = append(kv, messages.KVEvent{Type: typ, GroupIdx: g, Medium: medium})
+			nss = append(nss, ns)
+		}
+		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+	}
+	for len(kv) > 0 { // one batch per announcing engine
+		name, engine := n.namespaceOf(nss[0])
+		if known && nss[0] == own {
+			engine = engineID
+		}
+		var batch, rest []messages.KVEvent
+		var restNS []sched.NamespaceID
+		for i := range kv {
+			if nss[i] == nss[0] {
+				kv[i].Namespace = name
+				batch = append(batch, kv[i])
+			} else {
+				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+			}
+		}
+		if engine != "" {
+			n.outbox.KVEvents(ctx, engine, batch)
+		}
+		kv, nss = rest, restNS
+	}
 }

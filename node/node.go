@@ -24,10 +24,12 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/ratelog"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -48,6 +50,9 @@ type Node struct {
 
 	backend  backend.Backend
 	arena    backend.Arena
+	store    *store.Store // owns the pool and the arena's contents
+	disk     *disk.Disk   // the disk tier; nil without --disk-dir
+	diskKeys *diskKeys    // pool keys ↔ the disk's boot-independent keys
 	system   *actor.ActorSystem
 	transfer *actor.PID
 
@@ -63,8 +68,6 @@ type Node struct {
 	// releases numbers each engine id's releases for the whole boot, across
 	// re-registrations, so rseq never restarts within an epoch.
 	releases  map[string]*actors.Releases
-	pool      *hostpool.Shared // created at the first registration
-	slotBytes int64
 	nss       namespaces // isolation: namespace ids and geometry
 	mapped    int        // isolation: engine segments mapped now
 	rejectLog *ratelog.Log
@@ -116,7 +119,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
-	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer, Arena: n.arena,
+	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
@@ -161,6 +164,21 @@ func (n *Node) startBackend() error {
 	}
 	if n.arena, err = n.backend.AllocArena(n.cfg.PoolBytes); err != nil {
 		return fmt.Errorf("allocate pool arena of %d bytes: %w", n.cfg.PoolBytes, err)
+	}
+	if n.cfg.DiskDir != "" {
+		if n.disk, err = disk.Open(disk.Config{Dir: n.cfg.DiskDir, Bytes: n.cfg.DiskBytes}, n.diskChanged); err != nil {
+			return fmt.Errorf("disk tier: %w", err)
+		}
+		metrics.RegisterDisk(n.cfg.Registry, n.disk.Stats)
+		st := n.disk.Stats()
+		n.log.Info("disk tier opened", "dir", n.cfg.DiskDir, "chunks", st.Chunks, "bytes", st.Bytes,
+			"discarded", st.Discarded)
+	}
+	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics)
+	n.diskKeys = newDiskKeys()
+	n.store.UseDiskKeys(n.diskKeys)
+	if n.cfg.SlotBytes != 0 {
+		n.log.Warn("--slot-bytes is deprecated and ignored: the pool takes any chunk size", "slot_bytes", n.cfg.SlotBytes)
 	}
 	return nil
 }
@@ -316,14 +334,18 @@ func (n *Node) Ready() error {
 // the load path's slots; exported for tests).
 func (n *Node) Arena() backend.Arena { return n.arena }
 
+// Store is the node's store (exported for tests: the corruption tests reach
+// into the pool's bytes through it).
+func (n *Node) Store() *store.Store { return n.store }
+
+// Disk is the node's disk tier, nil without --disk-dir (exported for tests).
+func (n *Node) Disk() *disk.Disk { return n.disk }
+
 func (n *Node) poolStats() hostpool.Stats {
-	n.mu.Lock()
-	p := n.pool
-	n.mu.Unlock()
-	if p == nil {
+	if n.store == nil { // set once in Start, before the admin server runs
 		return hostpool.Stats{}
 	}
-	return p.Stats()
+	return n.store.Stats()
 }
 
 // ErrUndelivered: Close's timeout expired with releases not yet published
@@ -418,6 +440,9 @@ func (n *Node) teardown() {
 	}
 	if n.system != nil {
 		n.system.Shutdown()
+	}
+	if n.disk != nil { // after the actors (no more spills): the writer drains its queue (announcements after the seal are not sent)
+		n.disk.Close()
 	}
 	if n.nc != nil {
 		if n.nc.IsConnected() { // with the server gone, Flush would wait out its timeout

@@ -14,10 +14,10 @@ import (
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
 
 // engineRec is the node's record of a registered engine.
@@ -26,6 +26,7 @@ type engineRec struct {
 	spec   messages.EngineSpec
 	layout *sched.Layout
 	device backend.Device
+	store  *store.Engine
 	pid    *actor.PID
 	closed chan struct{}  // closed when the engine actor stopped
 	loads  sync.WaitGroup // loads copying into the device
@@ -61,8 +62,8 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if _, err := n.nss.check(nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
 		return err
 	}
-	if err := n.ensurePool(lay); err != nil {
-		return err
+	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
+		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool", ErrRegister, need)
 	}
 	dev, err := n.backend.Attach(id, spec.Segments)
 	if err != nil {
@@ -77,6 +78,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	}
 	n.mapped += len(spec.Segments)
 	lay.Namespace = n.nss.commit(nsName, id, lay)
+	n.diskKeys.learn(lay.Namespace, nsName, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()
@@ -94,12 +96,13 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		rel = actors.NewReleases(n.outbox, id)
 		n.releases[id] = rel
 	}
-	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, closed: make(chan struct{})}
+	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
+		closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: rel, Metrics: n.metrics,
 		Log: n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
-		Request: request.Deps{Engine: id, Layout: lay, Device: dev, Pool: n.pool, SlotBytes: n.slotBytes,
+		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
 			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
 	}))
@@ -107,33 +110,6 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	n.ingest.route(id, rec.pid)
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
-	return nil
-}
-
-// ensurePool cuts the arena into slots on the first registration: the slot
-// is the configured size, or this engine's largest chunk. Later engines must
-// fit that slot (their chunks share the pool, and content-addressed keys let
-// engines with the same layout load each other's prefixes).
-// Caller holds n.mu.
-func (n *Node) ensurePool(lay *sched.Layout) error {
-	need := lay.MaxChunkBytes()
-	if n.pool == nil {
-		slot := n.cfg.SlotBytes
-		if slot == 0 {
-			slot = need
-		}
-		capacity := n.cfg.PoolBytes / slot
-		if capacity < 1 {
-			return fmt.Errorf("%w: pool of %d bytes holds no %d-byte chunk", ErrRegister, n.cfg.PoolBytes, slot)
-		}
-		n.slotBytes = slot
-		n.pool = hostpool.NewShared(int(capacity))
-		n.log.Info("host pool cut", "slot_bytes", slot, "slots", capacity)
-	}
-	if need > n.slotBytes {
-		return fmt.Errorf("%w: chunk of %d bytes exceeds the pool slot of %d bytes (set --slot-bytes)",
-			ErrRegister, need, n.slotBytes)
-	}
 	return nil
 }
 

@@ -101,11 +101,10 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 // StatusReply is the body of a P.E.status reply.
 type StatusReply struct {
 	engine.Status
-	Pool      hostpool.Stats `json:"pool"`
-	SlotBytes int64          `json:"slot_bytes"`
-	Error     string         `json:"error,omitempty"`
-	Node      string         `json:"node"`
-	Boot      string         `json:"boot"`
+	Pool  hostpool.Stats `json:"pool"`
+	Error string         `json:"error,omitempty"`
+	Node  string         `json:"node"`
+	Boot  string         `json:"boot"`
 }
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
@@ -127,8 +126,7 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 	return func(timeout time.Duration) (StatusReply, error) {
 		select {
 		case st := <-ch:
-			return StatusReply{Status: st, Pool: n.poolStats(), SlotBytes: n.slotBytesNow(),
-				Node: n.cfg.NodeID, Boot: n.boot}, nil
+			return StatusReply{Status: st, Pool: n.poolStats(), Node: n.cfg.NodeID, Boot: n.boot}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
 		}

@@ -76,7 +76,7 @@ func BenchmarkAdvance(b *testing.B) {
 	// stored (no dedup) and eviction is part of the steady state.
 	hashSets := [2][]messages.Hash{benchHashes(tokensPerReq/16, "a"), benchHashes(tokensPerReq/16, "b")}
 	hs := hashSets[0]
-	pool := hostpool.New(1024)
+	pool := poolOf(lay, 1024)
 	add := added(16)
 	r := NewRequest(lay, add)
 	var blocks [2]messages.Event
@@ -121,7 +121,7 @@ func BenchmarkAdvance(b *testing.B) {
 		e := r.Advance(pool)
 		if e.Job != nil {
 			chunks += len(e.Job.Chunks)
-			pool.CompleteStore(e.Job.Keys(), true)
+			pool.CompleteStore(e.Job.Keys(), sumsIf(e.Job.Keys(), true))
 			r.JobDone(e.Job.ID, true, false)
 		}
 	}
@@ -157,7 +157,7 @@ func BenchmarkRequestMemory(b *testing.B) {
 			if e.Job == nil {
 				b.Fatal("no job")
 			}
-			pool.CompleteStore(e.Job.Keys(), true)
+			pool.CompleteStore(e.Job.Keys(), sumsIf(e.Job.Keys(), true))
 			r.JobDone(e.Job.ID, true, false)
 		}
 		return r
@@ -170,7 +170,7 @@ func BenchmarkRequestMemory(b *testing.B) {
 			var perReq float64
 			for b.Loop() {
 				reqs := make([]*Request, n)
-				pool := hostpool.New(1 << 20)
+				pool := hostpool.New(1<<20*lay.MaxChunkBytes(), 0) // default pages: 1<<20 one-page chunks would cost 80 MB of bookkeeping
 				var before, after runtime.MemStats
 				runtime.GC()
 				runtime.ReadMemStats(&before)

@@ -13,6 +13,8 @@
 // back as Effects. Copy completions come back in through Request.JobDone. The
 // actors in actors/request own one Request each and are its only caller.
 //
-// sched imports only the standard library, messages, hostpool and backend
-// (for backend.Range); an import test keeps it that way.
+// sched keeps only the decision: where a chunk lives in the pool and how it
+// is copied (ranges, merging, copy bytes, checksums) belong to package store.
+// sched imports only the standard library, messages and hostpool (for the
+// Preparer's answer); an import test keeps it that way.
 package sched

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -40,7 +39,7 @@ func FuzzRequestStep(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d := &fuzzData{b: data}
 		lay := layouts[int(d.byte())%len(layouts)]
-		pool := hostpool.New(int(d.byte() % 8))
+		pool := poolOf(lay, int(d.byte()%8))
 		add := added(int(d.byte()))
 		if d.byte()%2 == 0 {
 			add.MaxOffloadTokens = d.int()
@@ -84,7 +83,7 @@ func FuzzRequestStep(f *testing.F) {
 				id := ids[i]
 				ids = append(ids[:i], ids[i+1:]...)
 				mode := d.byte() % 3
-				pool.CompleteStore(jobs[id].Keys(), mode == 0)
+				pool.CompleteStore(jobs[id].Keys(), sumsIf(jobs[id].Keys(), mode == 0))
 				delete(jobs, id)
 				handle(r.JobDone(id, mode == 0, mode == 2))
 			case 10:

@@ -128,9 +128,23 @@ type harness struct {
 	rels   []string            // every release published, in order
 }
 
+// sumsIf is a completion: stand-in checksums when ok, nil (failed) otherwise.
+func sumsIf(keys []messages.Key, ok bool) []uint32 {
+	if !ok {
+		return nil
+	}
+	return make([]uint32, len(keys))
+}
+
+// poolOf is a pool holding capacity of lay's largest chunks (one per page).
+func poolOf(lay *Layout, capacity int) *hostpool.Pool {
+	c := lay.MaxChunkBytes()
+	return hostpool.New(int64(capacity)*c, c)
+}
+
 func newHarness(t *testing.T, lay *Layout, capacity int, add *messages.Event) *harness {
 	t.Helper()
-	return &harness{t: t, lay: lay, pool: hostpool.New(capacity), req: NewRequest(lay, add),
+	return &harness{t: t, lay: lay, pool: poolOf(lay, capacity), req: NewRequest(lay, add),
 		jobs: map[JobID]*StoreJob{}, stored: map[string]int{}}
 }
 
@@ -164,7 +178,7 @@ func (h *harness) done(id JobID, ok bool) Effects {
 	j, found := h.jobs[id]
 	require.True(h.t, found, "job %d is in flight", id)
 	delete(h.jobs, id)
-	h.pool.CompleteStore(j.Keys(), ok)
+	h.pool.CompleteStore(j.Keys(), sumsIf(j.Keys(), ok))
 	if ok {
 		for _, c := range j.Chunks {
 			h.stored[chunkName(c.Group, c.Index)]++
@@ -179,7 +193,7 @@ func (h *harness) cancel(id JobID) Effects {
 	j, found := h.jobs[id]
 	require.True(h.t, found, "job %d is in flight", id)
 	delete(h.jobs, id)
-	h.pool.CompleteStore(j.Keys(), false)
+	h.pool.CompleteStore(j.Keys(), nil)
 	return h.record(h.req.JobDone(id, false, true))
 }
 

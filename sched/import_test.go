@@ -9,14 +9,13 @@ import (
 )
 
 // STYLE.md "Where code lives": sched is the pure core; it imports only the
-// standard library and kvactors' messages, hostpool and backend (types only),
+// standard library and kvactors' messages and hostpool (types only),
 // never protoactor, NATS or OTel.
 func TestImportsOnlyStdlibAndCore(t *testing.T) {
 	requireDeps(t, ".", map[string]bool{
 		"github.com/kvactors/kvactors/sched":    true,
 		"github.com/kvactors/kvactors/messages": true,
 		"github.com/kvactors/kvactors/hostpool": true,
-		"github.com/kvactors/kvactors/backend":  true,
 	})
 }
 

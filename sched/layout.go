@@ -37,7 +37,7 @@ type GroupLayout struct {
 	SlidingWindow  int
 	Regions        []messages.Region
 	BlockBytes     int64 // host bytes of one block: its regions' block_bytes summed
-	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: one pool slot's worth
+	ChunkBytes     int64 // BlockBytes * BlocksPerChunk: a chunk's bytes in the pool
 	// MaxBlocks bounds a request's block ids in this group:
 	// ceil(max_model_len / tokens_per_block).
 	MaxBlocks int
@@ -180,8 +180,8 @@ func (l *Layout) SameGeometry(o *Layout) error {
 	return nil
 }
 
-// MaxChunkBytes is the largest chunk of any group: the pool slot size this
-// engine needs.
+// MaxChunkBytes is the largest chunk of any group (register refuses an
+// engine whose largest chunk does not fit in the pool).
 func (l *Layout) MaxChunkBytes() int64 {
 	var m int64
 	for _, g := range l.Groups {

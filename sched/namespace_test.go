@@ -14,7 +14,7 @@ import (
 // against the other), while a second request in the same namespace is
 // deduplicated.
 func TestNamespacesNeverShareKeys(t *testing.T) {
-	pool := hostpool.New(64)
+	pool := hostpool.New(64*testBlockBytes, testBlockBytes) // room for 64 one-block chunks
 	store := func(ns NamespaceID, id string) *StoreJob {
 		lay := layout(t, 4, 1, full(4))
 		lay.Namespace = ns
@@ -27,7 +27,7 @@ func TestNamespacesNeverShareKeys(t *testing.T) {
 		}
 		e := r.Advance(pool)
 		if e.Job != nil {
-			pool.CompleteStore(e.Job.Keys(), true)
+			pool.CompleteStore(e.Job.Keys(), sumsIf(e.Job.Keys(), true))
 			for _, c := range e.Job.Chunks {
 				gotNS, h, g := SplitKey(c.Key)
 				require.Equal(t, ns, gotNS, "every key of the job is in the layout's namespace")

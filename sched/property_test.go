@@ -139,7 +139,7 @@ func newModel(t *testing.T, seed int64) *model {
 	if rng.Intn(4) == 0 {
 		capacity = 1 + rng.Intn(4) // tiny: forces no-room
 	}
-	m.pool = hostpool.New(capacity)
+	m.pool = poolOf(m.lay, capacity)
 	m.prompt = 1 + rng.Intn(40)
 	m.length = m.prompt + rng.Intn(31)
 	m.maxOff = -1
@@ -501,7 +501,7 @@ func (m *model) completeOne() {
 	j := m.jobs[id]
 	cancelled := j.cancelAsk && j.queuedOnly
 	ok := !cancelled && m.rng.Intn(100) >= m.failPct
-	m.pool.CompleteStore(j.job.Keys(), ok)
+	m.pool.CompleteStore(j.job.Keys(), sumsIf(j.job.Keys(), ok))
 	m.inflight = slices.DeleteFunc(m.inflight, func(x JobID) bool { return x == id })
 	delete(m.jobs, id)
 	if ok {

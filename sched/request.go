@@ -11,7 +11,8 @@ import (
 
 // Preparer is the part of the host pool a decision needs.
 type Preparer interface {
-	PrepareStore(keys []messages.Key) (hostpool.Prepared, error)
+	// PrepareStore makes room for keys, sizes[i] bytes for keys[i].
+	PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error)
 }
 
 // Request is one request's store state. It is not safe for concurrent use:
@@ -220,6 +221,7 @@ type scratch struct {
 	keys    []messages.Key
 	missing []candidate    // chunks whose keys a decision builds
 	built   []messages.Key // their keys
+	sizes   []int64        // bytes of each offered chunk
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -234,7 +236,8 @@ func (sc *scratch) release() {
 	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax {
 		return
 	}
-	sc.cands, sc.keys, sc.missing, sc.built = sc.cands[:0], sc.keys[:0], sc.missing[:0], sc.built[:0]
+	sc.cands, sc.keys, sc.missing, sc.built, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0], sc.built[:0],
+		sc.sizes[:0]
 	scratchPool.Put(sc)
 }
 
@@ -272,7 +275,12 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 	var prep hostpool.Prepared
 	if len(keys) > 0 {
 		var err error
-		prep, err = p.PrepareStore(keys)
+		sizes := sc.sizes[:0]
+		for _, c := range cands {
+			sizes = append(sizes, r.lay.Groups[c.group].ChunkBytes)
+		}
+		sc.sizes = sizes
+		prep, err = p.PrepareStore(keys, sizes)
 		if errors.Is(err, hostpool.ErrNoRoom) || err != nil {
 			r.failAttempt(RetryPoolFull)
 			return
@@ -381,10 +389,8 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 		gr := &r.groups[c.group]
 		n := len(blocks)
 		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
-		jc := JobChunk{Group: c.group, Index: c.chunk, Key: keys[i], Slot: prep.Slots[next],
-			Blocks: blocks[n:len(blocks):len(blocks)]}
-		job.Bytes += r.lay.CopyBytes(&jc)
-		job.Chunks = append(job.Chunks, jc)
+		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
+			Blocks: blocks[n:len(blocks):len(blocks)]})
 		next++
 	}
 	return job

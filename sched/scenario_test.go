@@ -227,13 +227,13 @@ func TestStoreScenarios(t *testing.T) {
 			lay:  oneGroup4, add: added(12), cap: 3,
 			ops: []op{
 				{do: func(h *harness) {
-					_, err := h.pool.PrepareStore([]messages.Key{"other-x", "other-y"})
+					_, err := h.pool.PrepareStore([]messages.Key{"other-x", "other-y"}, nil)
 					require.NoError(h.t, err)
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
 					want: want{cursors: cur(0), retry: &Retry{Reason: RetryPoolFull, Attempt: 1, Backoff: RetryBase}}},
 				{comment: "retry timer, still no room",
 					want: want{cursors: cur(0), retry: &Retry{Reason: RetryPoolFull, Attempt: 2, Backoff: 2 * RetryBase}}},
-				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{"other-x", "other-y"}, true) },
+				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{"other-x", "other-y"}, make([]uint32, 2)) },
 					comment: "room made: the other keys are ready, hence evictable",
 					want:    want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3), evicted: 2}},
 				{done: 1},
@@ -249,9 +249,9 @@ func TestStoreScenarios(t *testing.T) {
 			ops: []op{
 				{do: func(h *harness) {
 					ks := []messages.Key{key(0, 0, 1), key(0, 1, 1), key(0, 2, 1)}
-					_, err := h.pool.PrepareStore(ks)
+					_, err := h.pool.PrepareStore(ks, nil)
 					require.NoError(h.t, err)
-					h.pool.CompleteStore(ks[:2], true) // two ready, one pending
+					h.pool.CompleteStore(ks[:2], make([]uint32, 2)) // two ready, one pending
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
 					want: want{cursors: cur(3), deduped: 3}},
 			},
@@ -263,7 +263,7 @@ func TestStoreScenarios(t *testing.T) {
 			lay:  oneGroup4, add: added(12),
 			ops: []op{
 				{do: func(h *harness) {
-					_, err := h.pool.PrepareStore([]messages.Key{key(0, 1, 1)})
+					_, err := h.pool.PrepareStore([]messages.Key{key(0, 1, 1)}, nil)
 					require.NoError(h.t, err)
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
 					want: want{job: []string{"0/0", "0/2"}, cursors: cur(3), deduped: 1}},
@@ -395,11 +395,12 @@ func TestAdvanceWithSharedPool(t *testing.T) {
 	for _, e := range ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)) {
 		require.NoError(t, r.Step(e))
 	}
-	sp := hostpool.NewShared(2)
+	c := lay.MaxChunkBytes()
+	sp := hostpool.NewShared(2*c, c)
 	e := r.Advance(sp)
 	require.Nil(t, e.Job)
 	require.Equal(t, RetryPoolFull, e.Retry.Reason)
-	sp2 := hostpool.NewShared(3)
+	sp2 := hostpool.NewShared(3*c, c)
 	e = r.Advance(sp2)
 	require.Equal(t, []string{"0/0", "0/1", "0/2"}, jobChunks(e.Job))
 	require.Equal(t, 3, sp2.Stats().Pending)

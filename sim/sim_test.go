@@ -204,8 +204,10 @@ func TestConfigValidate(t *testing.T) {
 	}
 }
 
-// TestCorruptedPoolFailsTheCheck flips one byte of every pool slot before
-// the check: every stored chunk must then fail verification.
+// TestCorruptedPoolFailsTheCheck flips one byte every 16 KiB of the pool
+// before the check: every stored chunk must then fail verification, and it
+// fails at the store's checksum (PROTOCOL.md, "Integrity"): the load is
+// refused naming the key, so the corrupt bytes never reach the engine.
 func TestCorruptedPoolFailsTheCheck(t *testing.T) {
 	const pool, slot = 8 << 20, 16 << 10 // the default layout's chunk is 2 blocks * 2 regions * 4 KiB
 	nc, dir, n := startNode(t, pool)
@@ -224,7 +226,8 @@ func TestCorruptedPoolFailsTheCheck(t *testing.T) {
 	require.Zero(t, rep.VerifyOK)
 	require.Equal(t, len(rep.Failures) > 0, true)
 	require.Positive(t, rep.VerifyFailed)
-	require.Contains(t, rep.Failures[0], "first differing byte at 100")
+	require.Contains(t, rep.Failures[0], "chunk checksum mismatch")
+	require.Regexp(t, `key [0-9a-f]+: store: chunk checksum mismatch`, rep.Failures[0])
 }
 
 func TestPatternIsDeterministic(t *testing.T) {

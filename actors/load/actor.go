@@ -2,6 +2,7 @@ package load
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -17,27 +18,24 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// Job is one prepared load: its keys are already pinned in Pool.
+// Job is one prepared load: its chunks' keys are already pinned in the store.
 type Job struct {
-	Engine    string
-	Request   string
-	Tokens    int
-	Keys      []messages.Key // pinned; unpinned when the copy ends
-	Chunks    []sched.JobChunk
-	Bytes     int64
-	Layout    *sched.Layout
-	Device    backend.Device
-	SlotBytes int64
-	Reply     string // NATS reply subject
-	Ctx       context.Context
+	Engine  string
+	Request string
+	Tokens  int
+	Store   transfer.Store // the engine's store: copies, verifies, unpins
+	Chunks  []sched.JobChunk
+	Bytes   int64
+	Reply   string // NATS reply subject
+	Ctx     context.Context
 }
 
 // Deps is what a load actor needs from its node.
 type Deps struct {
-	Pool     *hostpool.Shared
 	Transfer *actor.PID
 	Outbox   *actors.Outbox
 	Metrics  *metrics.Metrics
@@ -48,6 +46,9 @@ type Deps struct {
 	// Done, if set, is called once the load's copy is over (the engine's
 	// segments may be unmapped only after it).
 	Done func()
+	// Removed announces keys the store dropped (BlockRemoved, medium CPU);
+	// the node decides on which engine's kv_events.
+	Removed func(ctx context.Context, engine string, keys []messages.Key)
 }
 
 // Actor runs one load.
@@ -84,13 +85,11 @@ func (a *Actor) submit(c actor.Context) {
 		tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
 	j.Ctx = ctx
 	if len(j.Chunks) == 0 { // nothing to copy (every target id was 0)
-		a.deps.Pool.CompleteLoad(j.Keys)
 		a.done(c, &transfer.JobDone{})
 		return
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
-		Dir: backend.HostToDevice, Chunks: j.Chunks, Bytes: j.Bytes, Layout: j.Layout, Device: j.Device,
-		SlotBytes: j.SlotBytes, Pool: a.deps.Pool, Keys: j.Keys, Span: a.span.SpanContext()})
+		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext()})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
@@ -104,6 +103,7 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		a.span.SetStatus(codes.Error, err.Error())
 		a.deps.Metrics.Loads.WithLabelValues("error").Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
+		a.corrupt(err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {
@@ -117,4 +117,15 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 	}
 	a.span.End()
 	c.Stop(c.Self())
+}
+
+// corrupt announces a chunk the store dropped because its bytes failed their
+// checksum: BlockRemoved, so routers stop sending its prefix here
+// (PROTOCOL.md, "Integrity").
+func (a *Actor) corrupt(err error) {
+	var ke *hostpool.KeyError
+	if a.deps.Removed == nil || !errors.Is(err, store.ErrCorrupt) || !errors.As(err, &ke) {
+		return
+	}
+	a.deps.Removed(a.job.Ctx, a.job.Engine, []messages.Key{ke.Key})
 }

@@ -19,12 +19,17 @@ import (
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
+
+// nopStore is a store whose copies the answering transfer never runs.
+type nopStore struct{}
+
+func (nopStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
+func (nopStore) Abort(backend.Direction, []sched.JobChunk)      {}
 
 // answeringTransfer answers every Submit with JobDone carrying err.
 type answeringTransfer struct {
@@ -63,11 +68,11 @@ func TestLoadAnswersAfterTheCopy(t *testing.T) {
 			inbox := "_INBOX." + t.Name()
 			replies := testkit.Subscribe(t, nc, inbox)
 			var done atomic.Int32
-			system.Root.Spawn(load.Props(load.Deps{Pool: hostpool.NewShared(4), Transfer: xfer,
+			system.Root.Spawn(load.Props(load.Deps{Transfer: xfer,
 				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
 				Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 				Done: func() { done.Add(1) }},
-				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Keys: []messages.Key{"k"},
+				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Store: nopStore{},
 					Chunks: []sched.JobChunk{{Key: "k", Blocks: []messages.BlockID{3}}}, Bytes: 64,
 					Reply: inbox, Ctx: context.Background()}))
 			sub := testkit.Recv(t, seen, 5*time.Second, "the copy")

@@ -14,30 +14,35 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
+
+// Store is the node's store as a request actor uses it: decisions prepare
+// room (sched.Preparer) and the transfer workers run its copies.
+type Store interface {
+	sched.Preparer
+	transfer.Store
+}
 
 // Deps is what a request actor needs from its engine.
 type Deps struct {
 	Engine string
 	// Epoch is the epoch whose events created the request: its releases
 	// carry it, also after a newer epoch began (PROTOCOL.md v2 "released").
-	Epoch     string
-	Releases  *actors.Releases
-	Layout    *sched.Layout
-	Device    backend.Device
-	Pool      *hostpool.Shared
-	SlotBytes int64
-	Transfer  *actor.PID
-	Outbox    *actors.Outbox
-	Metrics   *metrics.Metrics
-	Tracer    trace.Tracer
-	Log       *slog.Logger
+	Epoch    string
+	Releases *actors.Releases
+	Layout   *sched.Layout
+	Store    Store
+	Transfer *actor.PID
+	Outbox   *actors.Outbox
+	Metrics  *metrics.Metrics
+	Tracer   trace.Tracer
+	Log      *slog.Logger
 	// Namespace is the engine's namespace (BlockStored's "namespace").
 	// NamespaceOf names the namespace of an evicted key, which may be
 	// another one (the pool's LRU spans namespaces), and the engine whose
@@ -66,6 +71,7 @@ type Actor struct {
 
 type job struct {
 	store *sched.StoreJob
+	bytes int64 // the bytes its copy moves
 	span  trace.Span
 	ctx   context.Context
 }
@@ -114,7 +120,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.jobDone(c, m)
 	case *RetryDue:
 		a.retryArmed = false
-		a.perform(c, a.state.Advance(a.deps.Pool), time.Time{})
+		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Reset:
 		a.span.AddEvent(m.Reason)
 		a.perform(c, a.state.Reset(m.Reason), time.Time{})
@@ -139,7 +145,7 @@ func (a *Actor) apply(c actor.Context, m *Events) {
 		applied++
 	}
 	a.deps.Metrics.EventsApplied.Add(float64(applied))
-	a.perform(c, a.state.Advance(a.deps.Pool), m.Arrived)
+	a.perform(c, a.state.Advance(a.deps.Store), m.Arrived)
 }
 
 // reject logs and counts a rejected event; the state is unchanged.
@@ -176,14 +182,14 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 		// A completed or cancelled job can leave chunks to offer (a cancelled
 		// job's chunks once blocks are tracked again): decide now. A failed
 		// copy waits for its retry timer instead, so it backs off.
-		a.perform(c, a.state.Advance(a.deps.Pool), time.Time{})
+		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	}
 }
 
 // published announces a completed store job: stored to the engine, one
 // BlockStored per group to routers.
 func (a *Actor) published(j *job) {
-	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.store.Bytes,
+	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
 		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
 	var kv []messages.KVEvent
 	for i, ch := range j.store.Chunks {
@@ -271,15 +277,15 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 }
 
 func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
+	bytes := store.CopyBytes(a.deps.Layout, sj.Chunks)
 	ctx, span := a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
-			tracing.AttrBytes.Int64(sj.Bytes))
+			tracing.AttrBytes.Int64(bytes))
 	}
-	a.jobs[sj.ID] = &job{store: sj, span: span, ctx: ctx}
+	a.jobs[sj.ID] = &job{store: sj, bytes: bytes, span: span, ctx: ctx}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
-		Dir: backend.DeviceToHost, Chunks: sj.Chunks, Bytes: sj.Bytes, Layout: a.deps.Layout,
-		Device: a.deps.Device, SlotBytes: a.deps.SlotBytes, Pool: a.deps.Pool, Keys: sj.Keys(),
+		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
 		Span: span.SpanContext(), Arrived: arrived})
 }
 

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
@@ -57,7 +58,7 @@ func decodeStream(n int) [][]messages.Event {
 func BenchmarkCoreOnly(b *testing.B) {
 	lay := benchLayout(b)
 	stream := decodeStream(b.N)
-	pool := hostpool.NewShared(1 << 22)
+	pool := hostpool.NewShared(1<<22*lay.MaxChunkBytes(), 0)
 	r := sched.NewRequest(lay, &messages.Event{Type: messages.EvAdded, Request: "r", PromptTokens: 1, MaxOffloadTokens: -1})
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
@@ -100,7 +101,7 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 	defer system.Shutdown()
 	lay := benchLayout(b)
 	sink := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sinkActor{} }))
-	deps := request.Deps{Engine: "e", Layout: lay, Pool: hostpool.NewShared(1 << 22), SlotBytes: 64,
+	deps := request.Deps{Engine: "e", Layout: lay, Store: benchStore{hostpool.NewShared(1<<22*lay.MaxChunkBytes(), 0)},
 		Transfer: sink, Metrics: metrics.Discard(), Tracer: tp.Tracer("bench"),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
@@ -124,3 +125,10 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 		b.Fatal("request actor did not drain its mailbox")
 	}
 }
+
+// benchStore prepares in a real pool; its copies never run (the transfer
+// actor is a sink).
+type benchStore struct{ *hostpool.Shared }
+
+func (benchStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
+func (benchStore) Abort(backend.Direction, []sched.JobChunk)      {}

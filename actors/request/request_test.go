@@ -15,12 +15,25 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
-	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
+
+// heapArena is pool memory on the heap; nopDevice copies nothing.
+type heapArena []byte
+
+func (a heapArena) Bytes() []byte { return a }
+func (a heapArena) Close() error  { return nil }
+
+type nopDevice struct{}
+
+func (nopDevice) SegmentSize(int) int64                                        { return 1 << 30 }
+func (nopDevice) Copy(backend.Direction, backend.Arena, []backend.Range) error { return nil }
+func (nopDevice) Close() error                                                 { return nil }
 
 // heldTransfer is a transfer actor that forwards every Submit and Cancel to
 // the test, which answers JobDone when it chooses.
@@ -49,10 +62,10 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	pool := hostpool.NewShared(16)
+	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.Discard()).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
-	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Pool: pool,
-		SlotBytes: 8, Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
+	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
+		Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
@@ -77,13 +90,13 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{5, 6}},
 		messages.Event{Type: messages.EvTokens, Computed: 8, Total: 8},
 		messages.Event{Type: messages.EvFinished, Computed: 8, Total: 8})
-	first.Pool.CompleteStore(first.Keys, false) // what the transfer actor does for a cancelled job
+	first.Store.Abort(first.Dir, first.Chunks) // what the transfer actor does for a cancelled job
 	system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: first.ID, Cancelled: true}, xfer)
 
 	second := testkit.Recv(t, seen, 5*time.Second, "the chunks stored again").(*transfer.Submit)
 	require.Equal(t, []messages.BlockID{5}, second.Chunks[0].Blocks, "from the fresh blocks")
 	require.Equal(t, []messages.BlockID{6}, second.Chunks[1].Blocks)
-	second.Pool.CompleteStore(second.Keys, true)
+	require.NoError(t, second.Store.Copy(second.Dir, second.Chunks))
 	system.Root.Send(pid, &transfer.JobDone{ID: second.ID})
 
 	var reasons []string

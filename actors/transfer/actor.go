@@ -9,9 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/metrics"
-	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -41,7 +39,6 @@ func (c Config) withDefaults() Config {
 // Deps is what the actor needs from its node.
 type Deps struct {
 	Config  Config
-	Arena   backend.Arena
 	Metrics *metrics.Metrics
 	Tracer  trace.Tracer
 	Log     *slog.Logger
@@ -74,7 +71,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.q.push(m)
 	case *Cancel:
 		for _, s := range a.q.cancel(m.Owner, m.IDs) {
-			s.completePool(false)
+			s.Store.Abort(s.Dir, s.Chunks)
 			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true})
 		}
 	case *copyDone:
@@ -108,42 +105,47 @@ func (a *Actor) finish(c actor.Context, d *copyDone) {
 	c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur})
 }
 
-// copy runs one job's backend copy inside the fence (if any).
-func (a *Actor) copy(job *Submit, ranges []backend.Range) error {
+// worker runs copies until the queue closes.
+func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
+	for job := a.q.next(); job != nil; job = a.q.next() {
+		dur, err := a.run(job)
+		a.q.done(job)
+		root.Send(self, &copyDone{job: job, err: err, dur: dur})
+	}
+}
+
+// copy runs one job's copies through its store, inside the fence (if any).
+// A copy the fence refuses never starts; its pool side is aborted.
+func (a *Actor) copy(job *Submit) error {
 	if f := a.deps.Fence; f != nil {
 		if err := f.Enter(); err != nil {
+			job.Store.Abort(job.Dir, job.Chunks)
 			return err
 		}
 		defer f.Leave()
 	}
-	return job.Device.Copy(job.Dir, a.deps.Arena, ranges)
+	return job.Store.Copy(job.Dir, job.Chunks)
 }
 
-// worker runs copies until the queue closes: the backend call, the pool's
-// completion, then a message to the actor.
-func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
-	var ranges []backend.Range
-	for job := a.q.next(); job != nil; job = a.q.next() {
-		if !job.Arrived.IsZero() {
-			a.deps.Metrics.DecisionTime.Observe(time.Since(job.Arrived).Seconds())
-		}
-		ranges = sched.Ranges(job.Layout, job.Chunks, job.SlotBytes, ranges[:0])
-		ctx := trace.ContextWithSpanContext(context.Background(), job.Span)
-		_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy)
-		if span.IsRecording() {
-			span.SetAttributes(tracing.AttrEngine.String(job.Engine), tracing.AttrDirection.String(job.Dir.String()),
-				tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
-		}
-		start := time.Now()
-		err := a.copy(job, ranges)
-		dur := time.Since(start)
-		job.completePool(err == nil)
-		a.q.done(job)
-		if err != nil {
-			span.RecordError(err)
-			span.SetStatus(codes.Error, err.Error())
-		}
-		span.End()
-		root.Send(self, &copyDone{job: job, err: err, dur: dur})
+// run is the one point where a copy starts: the store plans it, copies,
+// checksums and completes the pool.
+func (a *Actor) run(job *Submit) (time.Duration, error) {
+	if !job.Arrived.IsZero() {
+		a.deps.Metrics.DecisionTime.Observe(time.Since(job.Arrived).Seconds())
 	}
+	ctx := trace.ContextWithSpanContext(context.Background(), job.Span)
+	_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrEngine.String(job.Engine), tracing.AttrDirection.String(job.Dir.String()),
+			tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
+	}
+	start := time.Now()
+	err := a.copy(job)
+	dur := time.Since(start)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
+	return dur, err
 }

@@ -50,21 +50,22 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	t.Cleanup(fence.Close)
 	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 2},
-		Arena: arena{make([]byte, 1<<20)}, Metrics: metrics.Discard(), Tracer: noop.NewTracerProvider().Tracer(""),
+		Metrics: metrics.Discard(), Tracer: noop.NewTracerProvider().Tracer(""),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Fence: fence}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
 	dev := &gatedDevice{gate: make(chan struct{})}
+	st := &gatedStore{dev: dev}
 
 	// Fresh: a copy starts at once.
-	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, dev, 1))
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
 	waitStarted(t, dev, 1)
 	require.False(t, fence.Overdue(clock.Now()))
 
 	// NATS silent for lease/2: the next copies (a store and a load) wait.
 	clock.Add(lease / 2)
-	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, dev, 1))
-	system.Root.Send(pid, job(owner, 3, backend.HostToDevice, dev, 1))
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1))
+	system.Root.Send(pid, job(owner, 3, backend.HostToDevice, st, 1))
 	testkit.NoRecv(t, done, 50*time.Millisecond, "a JobDone while copies are fenced")
 	require.Len(t, dev.startedCopies(), 1, "a copy started without a fresh round trip")
 

@@ -7,29 +7,31 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
+// Store is the owner of the pool and arena, as the workers use it (package
+// store's Engine is the one implementation; decorators may wrap it).
+type Store interface {
+	// Copy runs the copies of chunks and completes the pool before it
+	// returns: a store's pending chunks become ready (or are freed when the
+	// copy failed), a load's are unpinned. Completing on the worker, not in
+	// the owner, frees room at copy speed even when the owner's mailbox is
+	// deep in events.
+	Copy(dir backend.Direction, chunks []sched.JobChunk) error
+	// Abort completes chunks whose copy never ran (cancelled while queued).
+	Abort(dir backend.Direction, chunks []sched.JobChunk)
+}
+
 // Submit asks for one job's copies. Owner receives exactly one JobDone for it.
 type Submit struct {
-	Owner     *actor.PID
-	Engine    string
-	ID        sched.JobID
-	Dir       backend.Direction
-	Chunks    []sched.JobChunk
-	Bytes     int64
-	Layout    *sched.Layout
-	Device    backend.Device
-	SlotBytes int64 // pool slot size: chunk c's bytes start at Slot*SlotBytes
-	// Pool and Keys: the transfer side completes the pool as soon as the
-	// copy ends (or the job is cancelled): a store's pending keys become
-	// ready, or are freed on failure; a load's pinned keys are unpinned.
-	// Completing here, not in the owner, frees slots at copy speed even when
-	// the owner's mailbox is deep in events.
-	Pool    *hostpool.Shared
-	Keys    []messages.Key
+	Owner   *actor.PID
+	Engine  string // for spans
+	ID      sched.JobID
+	Dir     backend.Direction
+	Store   Store
+	Chunks  []sched.JobChunk
+	Bytes   int64             // bytes the copy moves: the in-flight bound's unit
 	Span    trace.SpanContext // the job span: the copy span's parent
 	Arrived time.Time         // when the batch that caused it arrived (decision latency)
 }
@@ -48,18 +50,6 @@ type JobDone struct {
 	Cancelled bool
 	Bytes     int64
 	Duration  time.Duration
-}
-
-// completePool ends the job's pool side: ok says the bytes landed.
-func (s *Submit) completePool(ok bool) {
-	if s.Pool == nil {
-		return
-	}
-	if s.Dir == backend.HostToDevice {
-		s.Pool.CompleteLoad(s.Keys)
-		return
-	}
-	s.Pool.CompleteStore(s.Keys, ok)
 }
 
 // copyDone goes from a worker back to the transfer actor.

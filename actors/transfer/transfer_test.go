@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -15,7 +16,6 @@ import (
 
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
@@ -51,10 +51,43 @@ func (d *gatedDevice) startedCopies() []int64 {
 	return append([]int64(nil), d.started...)
 }
 
-type arena struct{ b []byte }
+// gatedStore is a transfer.Store over a gatedDevice: each copy is one
+// device call of the job's block bytes; it records which chunks were
+// completed (Copy returned) and aborted.
+type gatedStore struct {
+	dev     *gatedDevice
+	mu      sync.Mutex
+	copied  []messages.Key
+	aborted []messages.Key
+}
 
-func (a arena) Bytes() []byte { return a.b }
-func (a arena) Close() error  { return nil }
+func (s *gatedStore) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
+	var r []backend.Range
+	for _, c := range chunks {
+		r = append(r, backend.Range{Len: int64(100 * len(c.Blocks))})
+	}
+	err := s.dev.Copy(dir, nil, r)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range chunks {
+		s.copied = append(s.copied, c.Key)
+	}
+	return err
+}
+
+func (s *gatedStore) Abort(_ backend.Direction, chunks []sched.JobChunk) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range chunks {
+		s.aborted = append(s.aborted, c.Key)
+	}
+}
+
+func (s *gatedStore) seen() (copied, aborted []messages.Key) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.copied), slices.Clone(s.aborted)
+}
 
 // sink collects JobDone messages.
 type sink struct{ ch chan *transfer.JobDone }
@@ -68,7 +101,7 @@ func (s *sink) Receive(c actor.Context) {
 func setup(t *testing.T, cfg transfer.Config) (*actor.ActorSystem, *actor.PID, *actor.PID, chan *transfer.JobDone) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
-	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Arena: arena{make([]byte, 1<<20)},
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg,
 		Metrics: metrics.Discard(), Tracer: noop.NewTracerProvider().Tracer(""),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 64)
@@ -76,13 +109,11 @@ func setup(t *testing.T, cfg transfer.Config) (*actor.ActorSystem, *actor.PID, *
 	return system, pid, owner, done
 }
 
-var lay = &sched.Layout{BlocksPerChunk: 1, Groups: []sched.GroupLayout{{BlockBytes: 100,
-	Regions: []messages.Region{{BlockStride: 100, BlockBytes: 100}}}}}
-
-func job(owner *actor.PID, id sched.JobID, dir backend.Direction, dev backend.Device, blocks int) *transfer.Submit {
-	s := &transfer.Submit{Owner: owner, ID: id, Dir: dir, Layout: lay, Device: dev, SlotBytes: 100}
+func job(owner *actor.PID, id sched.JobID, dir backend.Direction, st transfer.Store, blocks int) *transfer.Submit {
+	s := &transfer.Submit{Owner: owner, ID: id, Dir: dir, Store: st}
 	for i := 0; i < blocks; i++ {
-		s.Chunks = append(s.Chunks, sched.JobChunk{Slot: 0, Blocks: []messages.BlockID{messages.BlockID(2 * (i + 1))}})
+		s.Chunks = append(s.Chunks, sched.JobChunk{Key: messages.Key(fmt.Sprintf("j%d-%d", id, i)),
+			Blocks: []messages.BlockID{messages.BlockID(2 * (i + 1))}})
 		s.Bytes += 100
 	}
 	return s
@@ -103,11 +134,12 @@ func waitStarted(t *testing.T, d *gatedDevice, n int) {
 func TestWorkersBoundCancelAndLoadPriority(t *testing.T) {
 	system, pid, owner, done := setup(t, transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20})
 	dev := &gatedDevice{gate: make(chan struct{})}
-	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, dev, 1))
+	st := &gatedStore{dev: dev}
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
 	waitStarted(t, dev, 1)
-	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, dev, 2))
-	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, dev, 3))
-	system.Root.Send(pid, job(owner, 4, backend.HostToDevice, dev, 4))
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 2))
+	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, st, 3))
+	system.Root.Send(pid, job(owner, 4, backend.HostToDevice, st, 4))
 	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{3}})
 	select {
 	case d := <-done:
@@ -138,8 +170,9 @@ func TestWorkersBoundCancelAndLoadPriority(t *testing.T) {
 func TestInFlightBytesBoundAndFailure(t *testing.T) {
 	system, pid, owner, done := setup(t, transfer.Config{Workers: 4, MaxInFlightBytes: 250})
 	dev := &gatedDevice{gate: make(chan struct{}), fail: errors.New("dma fault")}
-	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, dev, 2)) // 200 bytes
-	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, dev, 1)) // +100 > 250: waits
+	st := &gatedStore{dev: dev}
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 2)) // 200 bytes
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1)) // +100 > 250: waits
 	waitStarted(t, dev, 1)
 	require.Len(t, dev.startedCopies(), 1)
 	close(dev.gate)
@@ -153,39 +186,30 @@ func TestInFlightBytesBoundAndFailure(t *testing.T) {
 	}
 }
 
-// The transfer side completes the pool itself: a finished store's keys are
-// ready, a failed or cancelled one's are freed, a load's are unpinned, before
-// the owner hears JobDone (so slots free at copy speed).
+// The transfer side completes the pool itself, through its Store: a
+// cancelled job is aborted, a copied one completed (Copy returned), before
+// the owner hears JobDone (so room frees at copy speed).
 func TestTransferCompletesThePool(t *testing.T) {
 	system, pid, owner, done := setup(t, transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20})
-	pool := hostpool.NewShared(8)
-	prep, err := pool.PrepareStore([]messages.Key{"a", "b", "c"})
-	require.NoError(t, err)
-	require.Len(t, prep.Keys, 3)
 	dev := &gatedDevice{gate: make(chan struct{})}
-	withKeys := func(s *transfer.Submit, keys ...messages.Key) *transfer.Submit {
-		s.Pool, s.Keys = pool, keys
-		return s
-	}
-	system.Root.Send(pid, withKeys(job(owner, 1, backend.DeviceToHost, dev, 1), "a"))
+	st := &gatedStore{dev: dev}
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
 	waitStarted(t, dev, 1)
-	system.Root.Send(pid, withKeys(job(owner, 2, backend.DeviceToHost, dev, 1), "b"))
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1))
 	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{2}})
 	d := testkit.Recv(t, done, 5*time.Second, "cancelled job")
 	require.True(t, d.Cancelled)
-	st, _ := pool.Lookup("b")
-	require.Equal(t, hostpool.Absent, st, "a cancelled store frees its pending slot before JobDone")
+	copied, aborted := st.seen()
+	require.Equal(t, []messages.Key{"j2-0"}, aborted, "a cancelled store is aborted before JobDone")
+	require.Empty(t, copied)
 	dev.gate <- struct{}{}
 	d = testkit.Recv(t, done, 5*time.Second, "store job")
 	require.NoError(t, d.Err)
-	st, _ = pool.Lookup("a")
-	require.Equal(t, hostpool.Ready, st, "a finished store is ready before JobDone")
-
-	_, err = pool.PrepareLoad([]messages.Key{"a"})
-	require.NoError(t, err)
-	require.Equal(t, 1, pool.Stats().Pinned)
+	copied, _ = st.seen()
+	require.Equal(t, []messages.Key{"j1-0"}, copied, "a finished store is completed before JobDone")
 	close(dev.gate)
-	system.Root.Send(pid, withKeys(job(owner, 3, backend.HostToDevice, dev, 1), "a"))
+	system.Root.Send(pid, job(owner, 3, backend.HostToDevice, st, 1))
 	testkit.Recv(t, done, 5*time.Second, "load job")
-	require.Equal(t, 0, pool.Stats().Pinned, "a load unpins before JobDone")
+	copied, _ = st.seen()
+	require.Equal(t, []messages.Key{"j1-0", "j3-0"}, copied, "a load is completed before JobDone")
 }

@@ -39,6 +39,8 @@ type demoOptions struct {
 	seed      uint64
 	quick     bool
 	logLevel  string
+	diskDir   string
+	diskBytes string
 }
 
 func demo(args []string) int { return runDemo(args, os.Stdout, os.Stderr) }
@@ -82,6 +84,8 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the token streams, lengths and fates")
 	fs.BoolVar(&o.quick, "quick", false, "a run of about 5 seconds: fewer, shorter requests")
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level of the node and engines: debug, info, warn, error, off")
+	fs.StringVar(&o.diskDir, "disk-dir", "", "give the node a disk tier here (try a small --pool-bytes: evicted chunks are loaded back from disk)")
+	fs.StringVar(&o.diskBytes, "disk-bytes", "4GiB", "the disk tier's budget, with --disk-dir")
 	if err := fs.Parse(args); err != nil {
 		return o, 2 // flag printed the problem (or the help)
 	}
@@ -147,9 +151,15 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	}
 	defer func() { err = errors.Join(err, shutdownTracing()) }()
 
+	var diskBytes int64
+	if o.diskDir != "" {
+		if diskBytes, err = node.ParseBytes(o.diskBytes); err != nil {
+			return fmt.Errorf("--disk-bytes: %w", err)
+		}
+	}
 	reg := prometheus.NewRegistry()
 	n, err := node.Start(ctx, node.Config{NATSURL: o.natsURL, NATSPort: -1, ShmDir: o.shmDir, PoolBytes: pool,
-		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg})
+		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg, DiskDir: o.diskDir, DiskBytes: diskBytes})
 	if err != nil {
 		return fmt.Errorf("start the node: %w", err)
 	}
@@ -182,6 +192,11 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	}
 	fmt.Fprintln(stdout)
 	sim.WriteSummary(stdout, reps, stats, serving)
+	if d := n.Disk(); d != nil {
+		st := d.Stats()
+		fmt.Fprintf(stdout, "disk tier: %d chunks written (%d bytes), %d loaded back from disk (hits), %d evicted, %d on disk now\n",
+			st.Writes, st.WriteBytes, st.Hits, st.Evictions, st.Chunks)
+	}
 	if runErr != nil {
 		return runErr
 	}

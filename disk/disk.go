@@ -1,0 +1,429 @@
+package disk
+
+import (
+	"container/list"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Config is the disk tier's settings.
+type Config struct {
+	// Dir holds the segment files; created if missing.
+	Dir string
+	// Bytes is the budget of live chunk data on disk; past it the least
+	// recently used chunks are dropped. Segment files may hold up to half as
+	// much again in dropped records before the oldest segment is deleted.
+	Bytes int64
+	// SegmentBytes is the size at which the writer starts a new segment
+	// (default: Bytes/16, at least 1 MiB, at most 256 MiB).
+	SegmentBytes int64
+	// QueueBytes bounds the spilled bytes waiting for the writer (default
+	// 64 MiB); a spill past it is dropped (counted), never waited for.
+	QueueBytes int64
+}
+
+// Errors; check with errors.Is.
+var (
+	ErrConfig = errors.New("disk: bad config")
+	// ErrMissing means a chunk is not on disk (never was, or evicted).
+	ErrMissing = errors.New("disk: chunk not on disk")
+	// ErrCorrupt means a chunk's bytes on disk failed their checksum; it was
+	// dropped.
+	ErrCorrupt = errors.New("disk: chunk checksum mismatch")
+)
+
+// Notify is told, off any lock, which keys were written to (stored) or
+// dropped from (removed) the disk, for the engine that spilled them.
+type Notify func(engine string, stored, removed []messages.Key)
+
+type item struct {
+	key    messages.Key
+	seg    *segment
+	off    int64 // where the data starts in the segment
+	size   int64
+	sum    uint32
+	engine string
+	elem   *list.Element
+}
+
+// segment is one append-only file of records.
+type segment struct {
+	id   int
+	f    *os.File
+	size int64 // bytes written (records whole or, at rebuild, verified)
+	live int   // indexed records in it
+}
+
+type spill struct {
+	engine string
+	key    messages.Key
+	sum    uint32
+	data   []byte
+}
+
+// Disk is the disk tier. Safe for concurrent use.
+type Disk struct {
+	cfg    Config
+	notify Notify
+
+	mu        sync.Mutex
+	items     map[messages.Key]*item
+	lru       *list.List // of *item; front is least recently used
+	segs      []*segment // oldest first; the last is being written
+	used      int64      // live data bytes
+	fileBytes int64      // bytes of every segment
+	queued    int64
+	closed    bool
+	scratch   []byte // the writer's record buffer
+	q         chan spill
+	done      chan struct{}
+
+	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
+	dropped, raced, discarded, failed                                     atomic.Int64
+}
+
+// Open rebuilds the index from cfg.Dir (verifying every record; cutting a
+// torn tail off a segment and skipping records that fail their checksum) and
+// starts the writer on a new segment.
+func Open(cfg Config, notify Notify) (*Disk, error) {
+	if cfg.Dir == "" || cfg.Bytes <= 0 {
+		return nil, fmt.Errorf("%w: dir %q, bytes %d", ErrConfig, cfg.Dir, cfg.Bytes)
+	}
+	if cfg.SegmentBytes <= 0 {
+		cfg.SegmentBytes = min(max(cfg.Bytes/16, 1<<20), 256<<20)
+	}
+	if cfg.QueueBytes <= 0 {
+		cfg.QueueBytes = 64 << 20
+	}
+	if notify == nil {
+		notify = func(string, []messages.Key, []messages.Key) {}
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	d := &Disk{cfg: cfg, notify: notify, items: map[messages.Key]*item{}, lru: list.New(),
+		q: make(chan spill, 1<<16), done: make(chan struct{})}
+	if err := d.rebuild(); err != nil {
+		d.closeFiles()
+		return nil, err
+	}
+	if err := d.newSegment(); err != nil {
+		d.closeFiles()
+		return nil, err
+	}
+	go d.writer()
+	return d, nil
+}
+
+const segSuffix = ".kvseg"
+
+// smallRecord: records up to this many data bytes are written in one call.
+const smallRecord = 64 << 10
+
+func (d *Disk) segPath(id int) string {
+	return filepath.Join(d.cfg.Dir, fmt.Sprintf("%08d%s", id, segSuffix))
+}
+
+func (d *Disk) index(it *item) {
+	it.elem = d.lru.PushBack(it)
+	d.items[it.key] = it
+	d.used += it.size
+	it.seg.live++
+}
+
+func (d *Disk) unindex(it *item) {
+	d.lru.Remove(it.elem)
+	delete(d.items, it.key)
+	d.used -= it.size
+	it.seg.live--
+}
+
+func (d *Disk) newSegment() error {
+	id := 1
+	if n := len(d.segs); n > 0 {
+		id = d.segs[n-1].id + 1
+	}
+	f, err := os.OpenFile(d.segPath(id), os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	d.segs = append(d.segs, &segment{id: id, f: f})
+	return nil
+}
+
+// Spill queues a chunk evicted from host memory for writing; sum is its
+// CRC-32C. It never blocks: a full queue or a closed disk drops the chunk
+// (counted) and returns false. The writer checks data against sum before
+// writing, so bytes that changed after the sum was taken are dropped too.
+func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.items[key]; ok {
+		return true
+	}
+	if d.closed || d.queued+int64(len(data)) > d.cfg.QueueBytes {
+		d.dropped.Add(1)
+		return false
+	}
+	select {
+	case d.q <- spill{engine, key, sum, data}:
+		d.queued += int64(len(data))
+		return true
+	default:
+		d.dropped.Add(1)
+		return false
+	}
+}
+
+func (d *Disk) writer() {
+	defer close(d.done)
+	for sp := range d.q {
+		d.write(sp)
+		d.mu.Lock()
+		d.queued -= int64(len(sp.data))
+		d.mu.Unlock()
+	}
+}
+
+// write appends one record to the current segment and indexes it, dropping
+// least recently used chunks past the budget. Only the writer calls it, so
+// the current segment's size changes nowhere else.
+func (d *Disk) write(sp spill) {
+	if crc32.Checksum(sp.data, castagnoli) != sp.sum {
+		d.raced.Add(1) // the host bytes were reused before they were copied out
+		return
+	}
+	if int64(len(sp.data)) > d.cfg.Bytes {
+		d.dropped.Add(1)
+		return
+	}
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	full := seg.size > 0 && seg.size+int64(len(sp.data)) > d.cfg.SegmentBytes
+	var err error
+	if full {
+		err = d.newSegment()
+		seg = d.segs[len(d.segs)-1]
+	}
+	d.mu.Unlock()
+	if err != nil {
+		d.failed.Add(1)
+		return
+	}
+	start := time.Now()
+	hdr := appendHeader(d.scratch[:0], string(sp.key), int64(len(sp.data)), sp.sum)
+	hlen := len(hdr)
+	if len(sp.data) <= smallRecord { // one syscall: the copy is cheaper than the second write
+		hdr = append(hdr, sp.data...)
+		_, err = seg.f.Write(hdr)
+	} else if _, err = seg.f.Write(hdr); err == nil {
+		_, err = seg.f.Write(sp.data)
+	}
+	d.scratch = hdr[:0]
+	if err != nil { // cut what was written: the segment stays a run of whole records
+		d.failed.Add(1)
+		_ = seg.f.Truncate(seg.size)
+		return
+	}
+	d.writeNanos.Add(int64(time.Since(start)))
+	d.writeBytes.Add(int64(len(sp.data)))
+	d.writes.Add(1)
+	d.mu.Lock()
+	off := seg.size + int64(hlen)
+	seg.size = off + int64(len(sp.data))
+	d.fileBytes += int64(hlen + len(sp.data))
+	if old, ok := d.items[sp.key]; ok {
+		d.unindex(old)
+	}
+	d.index(&item{key: sp.key, seg: seg, off: off, size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
+	var removed []*item
+	for d.used > d.cfg.Bytes {
+		removed = append(removed, d.evictFront())
+	}
+	removed = append(removed, d.dropDead()...)
+	d.mu.Unlock()
+	d.notify(sp.engine, []messages.Key{sp.key}, nil)
+	d.announce(removed, sp.engine)
+}
+
+// evictFront drops the least recently used chunk. Caller holds d.mu.
+func (d *Disk) evictFront() *item {
+	it := d.lru.Front().Value.(*item)
+	d.unindex(it)
+	d.evictions.Add(1)
+	return it
+}
+
+// dropDead deletes old segments with no live record, and while the files
+// hold more than half the budget again in dropped records, the oldest
+// segment with the live records still in it (counted as evictions). Caller
+// holds d.mu; it returns the chunks dropped.
+func (d *Disk) dropDead() []*item {
+	var removed []*item
+	for len(d.segs) > 1 {
+		seg := d.segs[0]
+		if seg.live > 0 && d.fileBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
+			break
+		}
+		for e := d.lru.Front(); e != nil && seg.live > 0; {
+			next := e.Next()
+			if it := e.Value.(*item); it.seg == seg {
+				d.unindex(it)
+				d.evictions.Add(1)
+				removed = append(removed, it)
+			}
+			e = next
+		}
+		d.segs = d.segs[1:]
+		d.fileBytes -= seg.size
+		_ = seg.f.Close()
+		_ = os.Remove(seg.f.Name())
+	}
+	return removed
+}
+
+// announce tells Notify about removed items, grouped by the engine that
+// spilled them; items found at open (no engine known) go to fallback, the
+// engine whose action removed them.
+func (d *Disk) announce(removed []*item, fallback string) {
+	by := map[string][]messages.Key{}
+	for _, it := range removed {
+		engine := it.engine
+		if engine == "" {
+			engine = fallback
+		}
+		by[engine] = append(by[engine], it.key)
+	}
+	for engine, keys := range by {
+		d.notify(engine, nil, keys)
+	}
+}
+
+// Has reports whether key is on disk, and its size and checksum.
+func (d *Disk) Has(key messages.Key) (size int64, sum uint32, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	it, ok := d.items[key]
+	if !ok {
+		return 0, 0, false
+	}
+	return it.size, it.sum, true
+}
+
+// Where is the segment file and data offset of key (tests and tools).
+func (d *Disk) Where(key messages.Key) (path string, off int64, ok bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	it, ok := d.items[key]
+	if !ok {
+		return "", 0, false
+	}
+	return it.seg.f.Name(), it.off, true
+}
+
+// ReadInto reads key's bytes into dst, in order (the host extents its load
+// made room for), checking them against the record's checksum, and returns
+// that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
+// is dropped and reported as ErrCorrupt (Notify hears it as removed, for
+// engine if the chunk was found at open).
+func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
+	start := time.Now()
+	d.mu.Lock()
+	it, ok := d.items[key]
+	if ok {
+		d.lru.MoveToBack(it.elem)
+	}
+	d.mu.Unlock()
+	if !ok {
+		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
+	}
+	var want int64
+	for _, b := range dst {
+		want += int64(len(b))
+	}
+	if want != it.size {
+		return 0, fmt.Errorf("disk: key %x: %d bytes on disk, %d asked", string(key), it.size, want)
+	}
+	var sum uint32
+	off := it.off
+	var err error
+	for _, b := range dst {
+		if _, err = it.seg.f.ReadAt(b, off); err != nil {
+			break
+		}
+		sum = crc32.Update(sum, castagnoli, b)
+		off += int64(len(b))
+	}
+	if err != nil {
+		if _, _, still := d.Has(key); !still { // dropped, its segment deleted, while we read
+			return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
+		}
+		d.Drop(engine, key)
+		return 0, fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
+	}
+	if sum != it.sum {
+		d.Drop(engine, key)
+		return 0, fmt.Errorf("%w: key %x: checksum %08x, stored %08x", ErrCorrupt, string(key), sum, it.sum)
+	}
+	d.hits.Add(1)
+	d.readBytes.Add(want)
+	d.readNanos.Add(int64(time.Since(start)))
+	return sum, nil
+}
+
+// Drop drops key from disk (announced as removed; for engine if the chunk
+// was found at open). Its bytes stay in the segment until the segment goes.
+func (d *Disk) Drop(engine string, key messages.Key) {
+	d.mu.Lock()
+	it, ok := d.items[key]
+	var removed []*item
+	if ok {
+		d.unindex(it)
+		removed = append([]*item{it}, d.dropDead()...)
+	}
+	d.mu.Unlock()
+	d.announce(removed, engine)
+}
+
+// Keys lists the keys on disk, least recently used first.
+func (d *Disk) Keys() []messages.Key {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	out := make([]messages.Key, 0, d.lru.Len())
+	for e := d.lru.Front(); e != nil; e = e.Next() {
+		out = append(out, e.Value.(*item).key)
+	}
+	return out
+}
+
+// Close stops taking spills, waits for the writer to finish the queue and
+// closes the files.
+func (d *Disk) Close() {
+	d.mu.Lock()
+	first := !d.closed
+	if first {
+		d.closed = true
+		close(d.q)
+	}
+	d.mu.Unlock()
+	<-d.done
+	if first {
+		d.mu.Lock()
+		d.closeFiles()
+		d.mu.Unlock()
+	}
+}
+
+func (d *Disk) closeFiles() {
+	for _, seg := range d.segs {
+		_ = seg.f.Close()
+	}
+}

@@ -1,0 +1,98 @@
+package disk
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// rebuild indexes every intact record of every segment, in write order
+// (which is the LRU order it starts with), then trims to the budget.
+func (d *Disk) rebuild() error {
+	entries, err := os.ReadDir(d.cfg.Dir)
+	if err != nil {
+		return fmt.Errorf("disk: %w", err)
+	}
+	var ids []int
+	for _, e := range entries {
+		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), segSuffix))
+		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() {
+			continue // not ours
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		f, err := os.OpenFile(d.segPath(id), os.O_RDWR, 0)
+		if err != nil {
+			return fmt.Errorf("disk: %w", err)
+		}
+		seg := &segment{id: id, f: f}
+		d.segs = append(d.segs, seg)
+		if err := d.scan(seg); err != nil {
+			return err
+		}
+		d.fileBytes += seg.size
+	}
+	for d.used > d.cfg.Bytes {
+		d.evictFront()
+	}
+	d.dropDead()
+	return nil
+}
+
+// scan indexes seg's records. A record that ends past the file or whose
+// header fails its checksum is a torn write: the segment is cut there. A
+// whole record whose data fails its checksum is skipped.
+func (d *Disk) scan(seg *segment) error {
+	r := &countReader{r: seg.f}
+	for {
+		start := r.n
+		h, err := readHeader(r)
+		if errors.Is(err, errEOF) {
+			break
+		}
+		if err == nil {
+			hash := crc32.New(castagnoli)
+			_, err = io.CopyN(hash, r, h.size)
+			if err == nil && hash.Sum32() != h.sum {
+				d.discarded.Add(1) // bit rot in a whole record: skip it
+				continue
+			}
+		}
+		if err != nil { // torn: cut the tail
+			d.discarded.Add(1)
+			if terr := seg.f.Truncate(start); terr != nil {
+				return fmt.Errorf("disk: cut torn tail of %s: %w", seg.f.Name(), terr)
+			}
+			r.n = start
+			break
+		}
+		key := messages.Key(h.key)
+		if old, ok := d.items[key]; ok { // written again later: the later record wins
+			d.unindex(old)
+		}
+		it := &item{key: key, seg: seg, off: start + int64(h.len), size: h.size, sum: h.sum}
+		d.index(it)
+	}
+	seg.size = r.n
+	return nil
+}
+
+type countReader struct {
+	r io.Reader
+	n int64
+}
+
+func (c *countReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += int64(n)
+	return n, err
+}

@@ -1,0 +1,76 @@
+package disk
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+)
+
+// Record layout (little endian):
+//
+//	magic "KVD1" | key length u32 | data size u64 | data crc32c u32 | key | header crc32c u32 | data
+//
+// The header checksum covers everything before it.
+const magic = "KVD1"
+
+const fixedHeader = 4 + 4 + 8 + 4
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrBadRecord means a file is not a whole, intact record.
+var ErrBadRecord = errors.New("disk: bad record")
+
+func appendHeader(b []byte, key string, size int64, sum uint32) []byte {
+	b = append(b, magic...)
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
+	b = binary.LittleEndian.AppendUint64(b, uint64(size))
+	b = binary.LittleEndian.AppendUint32(b, sum)
+	b = append(b, key...)
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// header is a record's parsed header.
+type header struct {
+	key  string
+	size int64
+	sum  uint32
+	len  int // bytes before the data
+}
+
+// errEOF is a clean end: no byte of a next record.
+var errEOF = errors.New("disk: end of segment")
+
+// readHeader reads and checks a record's header.
+func readHeader(r io.Reader) (header, error) {
+	fixed := make([]byte, fixedHeader)
+	if n, err := io.ReadFull(r, fixed); err != nil {
+		if n == 0 && errors.Is(err, io.EOF) {
+			return header{}, errEOF
+		}
+		return header{}, fmt.Errorf("%w: header: %v", ErrBadRecord, err)
+	}
+	if string(fixed[:4]) != magic {
+		return header{}, fmt.Errorf("%w: magic %q", ErrBadRecord, fixed[:4])
+	}
+	klen := binary.LittleEndian.Uint32(fixed[4:])
+	if klen > 4096 {
+		return header{}, fmt.Errorf("%w: key length %d", ErrBadRecord, klen)
+	}
+	rest := make([]byte, int(klen)+4)
+	if _, err := io.ReadFull(r, rest); err != nil {
+		return header{}, fmt.Errorf("%w: header: %v", ErrBadRecord, err)
+	}
+	want := binary.LittleEndian.Uint32(rest[klen:])
+	got := crc32.Update(crc32.Checksum(fixed, castagnoli), castagnoli, rest[:klen])
+	if got != want {
+		return header{}, fmt.Errorf("%w: header checksum", ErrBadRecord)
+	}
+	h := header{key: string(rest[:klen]), size: int64(binary.LittleEndian.Uint64(fixed[8:])),
+		sum: binary.LittleEndian.Uint32(fixed[16:]), len: fixedHeader + int(klen) + 4}
+	if h.size < 0 {
+		return header{}, fmt.Errorf("%w: size %d", ErrBadRecord, h.size)
+	}
+	return h, nil
+}

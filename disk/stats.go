@@ -1,0 +1,33 @@
+package disk
+
+// Stats is a point-in-time view of the disk tier.
+type Stats struct {
+	Budget     int64 `json:"budget_bytes"`
+	Bytes      int64 `json:"bytes"`      // live chunk data
+	FileBytes  int64 `json:"file_bytes"` // segment files, dropped records included
+	Chunks     int   `json:"chunks"`
+	Queued     int64 `json:"queued_bytes"`
+	Hits       int64 `json:"hits"`
+	Evictions  int64 `json:"evictions"`
+	Writes     int64 `json:"writes"` // chunks written
+	ReadBytes  int64 `json:"read_bytes"`
+	WriteBytes int64 `json:"write_bytes"`
+	ReadNanos  int64 `json:"read_nanos"`
+	WriteNanos int64 `json:"write_nanos"`
+	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large
+	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
+	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
+	Failed     int64 `json:"failed"`    // writes that failed
+}
+
+func (d *Disk) Stats() Stats {
+	d.mu.Lock()
+	st := Stats{Budget: d.cfg.Bytes, Bytes: d.used, FileBytes: d.fileBytes, Chunks: len(d.items), Queued: d.queued}
+	d.mu.Unlock()
+	st.Hits, st.Evictions, st.Writes = d.hits.Load(), d.evictions.Load(), d.writes.Load()
+	st.ReadBytes, st.WriteBytes = d.readBytes.Load(), d.writeBytes.Load()
+	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
+	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
+		d.failed.Load()
+	return st
+}

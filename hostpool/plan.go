@@ -1,0 +1,180 @@
+package hostpool
+
+import (
+	"fmt"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// PrepareStore makes room for the keys not yet present, sizes[i] bytes for
+// keys[i] (sizes nil: every chunk is one page, the single-size pool). It is
+// all-or-nothing: when room cannot be made it returns ErrNoRoom and changes
+// nothing. Room comes from free slots and free pages first, then by evicting
+// least recently used ready keys that are neither pinned nor among keys (an
+// offered key is never evicted to make room for its siblings), in LRU order
+// and only as many as needed. New keys start Pending.
+//
+// Duplicate keys in one offer are stored once (see dedupMax for how they
+// count when room is short).
+func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
+	if sizes != nil && len(sizes) != len(keys) {
+		return Prepared{}, fmt.Errorf("%w: %d sizes for %d keys", ErrBadSize, len(sizes), len(keys))
+	}
+	for i, s := range sizes {
+		if s <= 0 {
+			return Prepared{}, fmt.Errorf("%w: key %x: %d bytes", ErrBadSize, string(keys[i]), s)
+		}
+	}
+	p.nextEpoch()
+	// Mark offered keys that are present (they must not be evicted for their
+	// siblings) and count what the new ones need, per slot class. No map
+	// changes yet: "no room" must cost little, since an overloaded node
+	// meets it on every event.
+	needed := p.needed[:0]
+	short := len(keys) <= dedupMax
+	newKeys := 0
+	for i, k := range keys {
+		if r, ok := p.index[k]; ok {
+			p.entries[r].mark = p.epoch
+			continue
+		}
+		if short && !distinctNew(keys, i, p.index) {
+			continue
+		}
+		newKeys++
+		p.cut = p.split(p.sizeOf(sizes, i), p.cut[:0])
+		for _, cs := range p.cut {
+			c := p.classOf(cs)
+			if c.mark != p.epoch {
+				c.mark, c.need, c.avail2 = p.epoch, 0, c.avail
+				needed = append(needed, c)
+			}
+			c.need++
+		}
+	}
+	p.needed = needed
+	if newKeys == 0 {
+		return Prepared{}, nil
+	}
+	freed := 0
+	victims := p.victims[:0]
+	for r := p.head; r != none && !p.fits(needed, freed); r = p.entries[r].next {
+		e := &p.entries[r]
+		if e.pins != 0 || e.mark == p.epoch {
+			continue
+		}
+		victims = append(victims, r)
+		for _, pc := range e.pieces {
+			freed += p.planFree(pc)
+		}
+	}
+	p.victims = victims[:0]
+	if !p.fits(needed, freed) {
+		return Prepared{}, fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
+			newKeys, len(p.freePages), len(victims))
+	}
+	out := Prepared{Keys: make([]messages.Key, 0, newKeys)}
+	for _, r := range victims {
+		e := &p.entries[r]
+		out.Evicted = append(out.Evicted, e.key)
+		if p.keepVictims {
+			v := Victim{Key: e.key, Sum: e.sum, Extents: make([]Extent, 0, len(e.pieces))}
+			for _, pc := range e.pieces {
+				v.Extents = append(v.Extents, p.extent(pc))
+			}
+			out.Victims = append(out.Victims, v)
+		}
+		p.unlink(r)
+		p.remove(r)
+	}
+	for i, k := range keys {
+		if _, ok := p.index[k]; ok {
+			continue // present, or a repeat already given room
+		}
+		p.add(k, p.sizeOf(sizes, i))
+		out.Keys = append(out.Keys, k)
+	}
+	return out, nil
+}
+
+func (p *Pool) sizeOf(sizes []int64, i int) int64 {
+	if sizes == nil {
+		return p.pageBytes
+	}
+	return sizes[i]
+}
+
+// nextEpoch starts a new PrepareStore's marks.
+func (p *Pool) nextEpoch() {
+	p.epoch++
+	if p.epoch != 0 {
+		return
+	}
+	// wrapped: no mark may look current
+	for i := range p.entries {
+		p.entries[i].mark = 0
+	}
+	for i := range p.pages {
+		p.pages[i].mark = 0
+	}
+	for _, c := range p.classes {
+		c.mark = 0
+	}
+	p.epoch = 1
+}
+
+// planFree counts a victim's piece toward the plan and returns 1 when it
+// empties its page: the page then serves any class, and its slots stop
+// counting for its own.
+func (p *Pool) planFree(pc piece) int {
+	pg := &p.pages[pc.pg]
+	if pg.mark != p.epoch {
+		pg.mark, pg.victims = p.epoch, 0
+	}
+	pg.victims++
+	c := p.classes[pg.class]
+	if pg.victims == pg.used {
+		if c.mark == p.epoch {
+			c.avail2 -= int64(c.perPage) - 1 // the page's other free slots move with it
+		}
+		return 1
+	}
+	if c.mark == p.epoch {
+		c.avail2++
+	}
+	return 0
+}
+
+// fits reports whether the needed slots fit in the planned free slots of
+// their classes plus the free pages and the pages the plan empties.
+func (p *Pool) fits(needed []*class, freed int) bool {
+	pages := 0
+	for _, c := range needed {
+		if short := c.need - c.avail2; short > 0 {
+			pages += int((short + int64(c.perPage) - 1) / int64(c.perPage))
+		}
+	}
+	return pages <= len(p.freePages)+freed
+}
+
+// add stores key as a new pending entry of size bytes.
+func (p *Pool) add(k messages.Key, size int64) {
+	var r ref
+	if n := len(p.freeRefs); n > 0 {
+		r = p.freeRefs[n-1]
+		p.freeRefs = p.freeRefs[:n-1]
+	} else {
+		r = ref(len(p.entries))
+		p.entries = append(p.entries, entry{})
+	}
+	e := &p.entries[r]
+	pieces := e.pieces[:0]
+	p.cut = p.split(size, p.cut[:0])
+	for _, cs := range p.cut {
+		pieces = append(pieces, p.alloc(cs))
+	}
+	*e = entry{key: k, state: Pending, size: size, pieces: pieces, prev: none, next: none}
+	p.index[k] = r
+	p.pending++
+	p.dataBytes += size
+}

@@ -1,0 +1,165 @@
+package node_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+func withDisk(dir string) func(*node.Config) {
+	return func(c *node.Config) { c.DiskDir, c.DiskBytes = dir, 1<<20 }
+}
+
+// recvKV waits for a kv_events batch whose first event is typ on medium.
+func recvKV(t *testing.T, te *testEngine, typ, medium string) messages.KVEvent {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case b := <-te.kv:
+			if len(b.Events) > 0 && b.Events[0].Type == typ && b.Events[0].Medium == medium {
+				return b.Events[0]
+			}
+		case <-deadline:
+			t.Fatalf("no %s on %s", typ, medium)
+		}
+	}
+}
+
+// Issue 12, disk tier: chunks evicted from host memory are written to disk
+// (BlockStored, medium DISK) instead of vanishing; lookup counts them; a
+// load brings them back disk → host → device byte-identical; after a
+// restart the node re-indexes the directory and serves them again; a chunk
+// corrupted on disk is never loaded (error naming it, BlockRemoved DISK).
+func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
+	diskDir := t.TempDir()
+	e := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	old := []string{hash("old", 0), hash("old", 1)}
+	te.fill(0, 1, 7)
+	te.fill(0, 2, 7)
+	want := append(bytes.Clone(te.block(0, 1)), te.block(0, 2)...)
+	te.send(added("a", 8), hashesEv("a", 0, old...), blocksEv("a", 0, 0, 1, 2), tokensEv("a", 8, 8))
+	recv(t, te.stored, "old prefix stored")
+	te.send(added("b", 8), hashesEv("b", 0, hash("new", 0), hash("new", 1)), blocksEv("b", 0, 0, 3, 4),
+		tokensEv("b", 8, 8))
+	recv(t, te.stored, "new prefix stored (evicting old)")
+	recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU)
+	var onDisk []string // the writer announces each chunk as it lands
+	for len(onDisk) < len(old) {
+		onDisk = append(onDisk, recvKV(t, te, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
+	}
+	require.ElementsMatch(t, old, onDisk, "the evicted chunks reached the disk")
+	require.Equal(t, 8, te.lookup(old), "lookup counts disk chunks")
+
+	load := func(te *testEngine, dst []int) {
+		t.Helper()
+		te.fill(0, messages.BlockID(dst[0]), 0)
+		te.fill(0, messages.BlockID(dst[1]), 0)
+		r := te.loadInto("c", old, 8, dst)
+		require.True(t, r.OK, r.Error)
+		got := append(bytes.Clone(te.block(0, messages.BlockID(dst[0]))), te.block(0, messages.BlockID(dst[1]))...)
+		require.Equal(t, want, got, "disk → host → device, byte-identical")
+	}
+	load(te, []int{10, 11})
+	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_disk_hits_total", nil)/2, "two chunks read back")
+	recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU) // the new prefix made room
+	require.NoError(t, e.node.Close(context.Background()))
+
+	// Restart on the same directory: the index is rebuilt from the files.
+	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	te2 := e2.newEngine("e1", defaultOpts())
+	te2.register()
+	require.Equal(t, 8, te2.lookup(old), "the old prefix is found on disk after a restart")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := metricValue(t, e2.reg, "kvactors_disk_chunks", nil); n < 2 {
+			return fmt.Errorf("%v chunks indexed", n)
+		}
+		return nil
+	})
+	// new prefix chunks were spilled when old came back: both prefixes on disk
+	newKeys := []string{hash("new", 0), hash("new", 1)}
+	require.Equal(t, 8, te2.lookup(newKeys))
+
+	// Corrupt one of the new prefix's records on disk: its load fails naming it.
+	var target messages.Key // disk keys end with the offload key: hash, then group 0
+	for _, k := range e2.node.Disk().Keys() {
+		if strings.HasSuffix(string(k), string(mustHex(newKeys[1]))+"\x00\x00\x00\x00") {
+			target = k
+		}
+	}
+	path, off, ok := e2.node.Disk().Where(target)
+	require.True(t, ok, "the record of %s", newKeys[1])
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	b := []byte{0}
+	_, err = f.ReadAt(b, off+5)
+	require.NoError(t, err)
+	b[0] ^= 1
+	_, err = f.WriteAt(b, off+5)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	te2.fill(0, 20, 3)
+	te2.fill(0, 21, 3)
+	before := append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...)
+	r := te2.loadInto("d", newKeys, 8, []int{20, 21})
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, newKeys[1], "the error names the corrupt key")
+	require.Equal(t, before, append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...), "nothing reached the device")
+	removed := recvKV(t, te2, messages.KVBlockRemoved, messages.MediumDisk)
+	require.Equal(t, []string{newKeys[1]}, removed.BlockHashes)
+	require.Equal(t, 4, te2.lookup(newKeys), "the corrupt chunk is gone from every tier")
+	require.Zero(t, te2.sync().Pool.Pinned)
+	require.Zero(t, te2.sync().Pool.Pending, "no room left held for the failed read")
+}
+
+// PROTOCOL.md "Isolation" across a restart: namespace ids are given in
+// registration order, so they differ from boot to boot; the disk tier keys
+// chunks by namespace name and geometry instead. A chunk engine ta spilled
+// is not a hit for engine tb after a restart in which tb registered first
+// (and got the id ta had), and it still is for ta.
+func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
+	diskDir := t.TempDir()
+	prefix := []string{hash("shared", 0), hash("shared", 1)}
+	e := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	ta, tb := e.newEngine("ta", defaultOpts()), e.newEngine("tb", defaultOpts())
+	ta.register()
+	tb.register()
+	ta.fill(0, 1, 4)
+	ta.fill(0, 2, 4)
+	want := append(bytes.Clone(ta.block(0, 1)), ta.block(0, 2)...)
+	ta.send(added("x", 8), hashesEv("x", 0, prefix...), blocksEv("x", 0, 0, 1, 2), tokensEv("x", 8, 8))
+	recv(t, ta.stored, "ta's prefix stored")
+	ta.send(added("y", 8), hashesEv("y", 0, hash("other", 0), hash("other", 1)), blocksEv("y", 0, 0, 3, 4),
+		tokensEv("y", 8, 8))
+	recv(t, ta.stored, "ta's second prefix stored, the first evicted")
+	var onDisk []string
+	for len(onDisk) < 2 {
+		onDisk = append(onDisk, recvKV(t, ta, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
+	}
+	require.Equal(t, 0, tb.lookup(prefix), "another namespace never sees ta's chunks")
+	require.NoError(t, e.node.Close(context.Background()))
+
+	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir))
+	tb2, ta2 := e2.newEngine("tb", defaultOpts()), e2.newEngine("ta", defaultOpts())
+	tb2.register() // tb now gets the namespace id ta had in the first boot
+	ta2.register()
+	require.Equal(t, 0, tb2.lookup(prefix), "after the restart too")
+	r := tb2.loadInto("steal", prefix, 8, []int{10, 11})
+	require.False(t, r.OK, "tb cannot load ta's chunks")
+	require.Equal(t, 8, ta2.lookup(prefix), "ta finds its chunks on disk")
+	r = ta2.loadInto("back", prefix, 8, []int{10, 11})
+	require.True(t, r.OK, r.Error)
+	require.Equal(t, want, append(bytes.Clone(ta2.block(0, 10)), ta2.block(0, 11)...))
+}

@@ -1,0 +1,99 @@
+package node
+
+import (
+	"encoding/binary"
+	"hash/fnv"
+	"sync"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// diskKeys maps pool keys to the disk tier's persistent keys and back. A
+// pool key starts with a namespace id that is only valid for this boot (ids
+// are given in registration order), so a key written to disk under it could
+// name another tenant's namespace after a restart. On disk the id is
+// replaced by the namespace's name and a fingerprint of its geometry: after a
+// restart a chunk comes back only into the same namespace with the same
+// geometry (PROTOCOL.md "Isolation"), and is a miss otherwise.
+type diskKeys struct {
+	mu       sync.RWMutex
+	byID     map[sched.NamespaceID]string // id → persistent prefix
+	byPrefix map[string]sched.NamespaceID
+}
+
+func newDiskKeys() *diskKeys {
+	return &diskKeys{byID: map[sched.NamespaceID]string{}, byPrefix: map[string]sched.NamespaceID{}}
+}
+
+// learn records namespace id's name and geometry (at register, once the
+// namespace has its id).
+func (d *diskKeys) learn(id sched.NamespaceID, name string, lay *sched.Layout) {
+	p := binary.AppendUvarint(nil, uint64(len(name)))
+	p = append(p, name...)
+	p = binary.BigEndian.AppendUint64(p, geometry(lay))
+	d.mu.Lock()
+	d.byID[id], d.byPrefix[string(p)] = string(p), id
+	d.mu.Unlock()
+}
+
+// ToDisk is k's persistent key; false for a namespace not learnt.
+func (d *diskKeys) ToDisk(k messages.Key) (messages.Key, bool) {
+	id, rest, ok := splitNS(k)
+	if !ok {
+		return "", false
+	}
+	d.mu.RLock()
+	p, ok := d.byID[id]
+	d.mu.RUnlock()
+	if !ok {
+		return "", false
+	}
+	return messages.Key(p + rest), true
+}
+
+// FromDisk is the pool key of persistent key k in this boot; false when its
+// namespace (with that geometry) is not open in this boot.
+func (d *diskKeys) FromDisk(k messages.Key) (messages.Key, bool) {
+	n, w := binary.Uvarint([]byte(k))
+	if w <= 0 || uint64(len(k)-w) < n+8 {
+		return "", false
+	}
+	end := w + int(n) + 8
+	d.mu.RLock()
+	id, ok := d.byPrefix[string(k[:end])]
+	d.mu.RUnlock()
+	if !ok {
+		return "", false
+	}
+	b := binary.BigEndian.AppendUint32(make([]byte, 0, 4+len(k)-end), uint32(id))
+	return messages.Key(append(b, k[end:]...)), true
+}
+
+// splitNS cuts a pool key into its namespace id and the rest (the offload
+// key: hash and group), as sched.AppendKey lays it out.
+func splitNS(k messages.Key) (sched.NamespaceID, string, bool) {
+	if len(k) < 4 {
+		return 0, "", false
+	}
+	return sched.NamespaceID(binary.BigEndian.Uint32([]byte(k[:4]))), string(k[4:]), true
+}
+
+// geometry fingerprints what sched.Layout.SameGeometry compares: a key names
+// the same bytes only under the same geometry.
+func geometry(l *sched.Layout) uint64 {
+	h := fnv.New64a()
+	var b []byte
+	b = binary.AppendUvarint(b, uint64(l.TokensPerHash))
+	b = binary.AppendUvarint(b, uint64(l.BlocksPerChunk))
+	for _, g := range l.Groups {
+		b = binary.AppendUvarint(b, uint64(g.Kind))
+		b = binary.AppendUvarint(b, uint64(g.TokensPerBlock))
+		b = binary.AppendUvarint(b, uint64(len(g.Regions)))
+		for _, r := range g.Regions {
+			b = binary.AppendUvarint(b, uint64(r.BlockBytes))
+		}
+	}
+	_, _ = h.Write(b)
+	return h.Sum64()
+}

@@ -1,0 +1,348 @@
+package store
+
+import (
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"math"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/disk"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// ErrCorrupt means a stored chunk's bytes no longer match the CRC-32C taken
+// when they were copied in; it comes wrapped in a *hostpool.KeyError naming
+// the key. The chunk was dropped and none of its bytes reached the device
+// (PROTOCOL.md, "Integrity").
+var ErrCorrupt = errors.New("store: chunk checksum mismatch")
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// Store owns a node's host pool and arena, and the disk tier below them when
+// there is one. Safe for concurrent use: the pool is behind one mutex
+// (hostpool.Shared), and the arena bytes of a chunk are only written while
+// its key is pending and only read while it is pinned.
+type Store struct {
+	pool    *hostpool.Shared
+	arena   backend.Arena
+	disk    *disk.Disk // nil: no disk tier
+	metrics *metrics.Metrics
+	// checksum time by direction, resolved once (the hot path adds to them)
+	sumStore, sumLoad prometheus.Counter
+	diskKeys          DiskKeys // nil: disk keys are pool keys
+}
+
+// DiskKeys maps pool keys to the disk tier's persistent keys: a pool key
+// may hold ids valid for one boot only (namespaces), a disk key outlives the
+// boot. ToDisk's false: the key is not to be written to disk.
+type DiskKeys interface {
+	ToDisk(k messages.Key) (messages.Key, bool)
+}
+
+// UseDiskKeys sets the mapping to disk keys; call it before any engine is
+// bound. (Keys the disk announces are disk keys: map them back there.)
+func (s *Store) UseDiskKeys(k DiskKeys) { s.diskKeys = k }
+
+func (s *Store) toDisk(k messages.Key) (messages.Key, bool) {
+	if s.diskKeys == nil {
+		return k, true
+	}
+	return s.diskKeys.ToDisk(k)
+}
+
+// New returns the store over arena, its pool cut into pages of pageBytes
+// (hostpool.DefaultPageBytes when <= 0), with the disk tier d (nil: none).
+func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Metrics) *Store {
+	s := &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, disk: d, metrics: m,
+		sumStore: m.ChecksumTime.WithLabelValues(backend.DeviceToHost.String()),
+		sumLoad:  m.ChecksumTime.WithLabelValues(backend.HostToDevice.String())}
+	s.pool.SetKeepVictims(d != nil)
+	return s
+}
+
+// Stats is the pool's usage.
+func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
+
+// Ready reports whether key can be loaded: stored in host memory, or on disk.
+func (s *Store) Ready(key messages.Key) bool {
+	if st, _ := s.pool.Lookup(key); st == hostpool.Ready {
+		return true
+	}
+	if s.disk != nil {
+		if dk, ok := s.toDisk(key); ok {
+			_, _, ok = s.disk.Has(dk)
+			return ok
+		}
+	}
+	return false
+}
+
+// Fits reports whether a chunk of size bytes can be stored at all (it is not
+// larger than the pool).
+func (s *Store) Fits(size int64) bool { return size <= s.pool.Capacity() }
+
+// Engine is the store as one engine's copies use it: its layout and device.
+type Engine struct {
+	s   *Store
+	id  string
+	lay *sched.Layout
+	dev backend.Device
+}
+
+// Engine binds the store to an engine's id, layout and device.
+func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Device) *Engine {
+	return &Engine{s: s, id: id, lay: lay, dev: dev}
+}
+
+// PrepareStore makes room for a decision's chunks (sched.Preparer). With a
+// disk tier the evicted chunks' bytes are copied out here, before the job
+// that reuses their room is submitted, and queued for the disk writer.
+func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error) {
+	prep, err := e.s.pool.PrepareStore(keys, sizes)
+	e.spill(prep.Victims)
+	return prep, err
+}
+
+func (e *Engine) spill(victims []hostpool.Victim) {
+	b := e.s.arena.Bytes()
+	for _, v := range victims {
+		var n int64
+		for _, x := range v.Extents {
+			n += x.Len
+		}
+		data := make([]byte, 0, n)
+		for _, x := range v.Extents {
+			data = append(data, b[x.Off:x.Off+x.Len]...)
+		}
+		if dk, ok := e.s.toDisk(v.Key); ok {
+			e.s.disk.Spill(e.id, dk, v.Sum, data)
+		}
+	}
+}
+
+// PrepareLoad readies the keys of a load: pinned in host memory, or given
+// room there to be read back from disk by the load's Copy. It returns the
+// keys evicted from host memory to make that room.
+func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
+	if e.s.disk == nil {
+		return nil, e.s.pool.PrepareLoad(keys)
+	}
+	_, prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
+		dk, ok := e.s.toDisk(k)
+		if !ok {
+			return 0, false
+		}
+		size, _, ok := e.s.disk.Has(dk)
+		return size, ok
+	})
+	e.spill(prep.Victims)
+	return prep.Evicted, err
+}
+
+// tileBytes bounds the copy bytes of one device call: a job is copied a tile
+// of whole chunks at a time, and each tile's checksums are taken (store) or
+// checked (load) while its bytes are still in cache, instead of in a second
+// pass over the whole job from memory (measured: the second pass cost 3x the
+// copy time on the copy bench; docs/BENCHMARKS.md).
+const tileBytes = 512 << 10
+
+// Copy runs one job's copies and completes the pool: a store's chunks become
+// ready with their checksums, computed tile by tile as they are copied in (or
+// are freed if a copy failed); a load first reads back any chunk that is on
+// disk only (disk to host, verified), then verifies each tile before copying
+// it, then unpins. A load that finds a corrupt chunk stops there: that
+// chunk's bytes never reach the device (earlier tiles have, which is
+// harmless: the load fails as a whole), the chunk is dropped, and the error
+// is ErrCorrupt in a *hostpool.KeyError naming it.
+func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
+	keys := keysOf(chunks)
+	loc, err := e.s.pool.Locate(keys)
+	if err != nil { // a bug: a job's keys are pending or pinned until it completes
+		e.complete(dir, keys, nil)
+		return fmt.Errorf("store: %w", err)
+	}
+	if dir == backend.HostToDevice {
+		if err := e.fetch(keys, &loc); err != nil {
+			return err
+		}
+	}
+	var ranges []backend.Range
+	for lo := 0; lo < len(chunks); {
+		if size := e.lay.Groups[chunks[lo].Group].ChunkBytes; size > tileBytes {
+			if err := e.copyLarge(dir, keys, chunks, &loc, lo, size); err != nil {
+				return err
+			}
+			lo++
+			continue
+		}
+		hi, n := lo, int64(0) // a tile of whole chunks
+		for ; hi < len(chunks) && e.lay.Groups[chunks[hi].Group].ChunkBytes <= tileBytes &&
+			(hi == lo || n+e.lay.Groups[chunks[hi].Group].ChunkBytes <= tileBytes); hi++ {
+			n += e.lay.Groups[chunks[hi].Group].ChunkBytes
+		}
+		if dir == backend.HostToDevice {
+			t := time.Now()
+			err := e.verify(keys, &loc, lo, hi)
+			e.s.sumLoad.Add(time.Since(t).Seconds())
+			if err != nil {
+				return err
+			}
+		}
+		ranges = ranges[:0]
+		for i := lo; i < hi; i++ {
+			ranges = appendRanges(e.lay, &chunks[i], loc.Chunk(i), ranges)
+		}
+		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
+			e.complete(dir, keys, nil)
+			return err
+		}
+		if dir == backend.DeviceToHost {
+			t := time.Now()
+			for i := lo; i < hi; i++ {
+				loc.Sums[i] = e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0)
+			}
+			e.s.sumStore.Add(time.Since(t).Seconds())
+		}
+		lo = hi
+	}
+	sums := loc.Sums
+	if dir == backend.HostToDevice {
+		sums = nil
+	}
+	e.complete(dir, keys, sums)
+	return nil
+}
+
+// fetch reads the load's chunks that are pending (given room by PrepareLoad
+// to come back from disk) into host memory, then makes them ready and
+// pinned. A chunk that cannot be read back fails the load naming it.
+func (e *Engine) fetch(keys []messages.Key, loc *located) error {
+	var fetched []messages.Key
+	var sums []uint32
+	b := e.s.arena.Bytes()
+	for i, k := range keys {
+		if loc.States[i] != hostpool.Pending {
+			e.s.metrics.PoolHits.Inc()
+			continue
+		}
+		var dst [][]byte
+		for _, x := range loc.Chunk(i) {
+			dst = append(dst, b[x.Off:x.Off+x.Len])
+		}
+		dk, _ := e.s.toDisk(k) // it was fetchable, so it maps
+		sum, err := e.s.disk.ReadInto(e.id, dk, dst)
+		if err != nil {
+			e.s.pool.CompleteStore(keys, nil) // frees every key still pending
+			e.s.pool.CompleteLoad(keys)
+			if errors.Is(err, disk.ErrCorrupt) {
+				e.s.metrics.Corrupt.Inc()
+			}
+			return &hostpool.KeyError{Key: k, Err: err}
+		}
+		loc.Sums[i] = sum
+		fetched, sums = append(fetched, k), append(sums, sum)
+	}
+	if len(fetched) > 0 {
+		e.s.pool.CompleteStorePinned(fetched, sums)
+	}
+	return nil
+}
+
+// copyLarge copies chunk i, larger than a tile, a tile-sized window at a
+// time; a store checksums each window after its copy, a load verifies the
+// whole chunk before its first window moves.
+func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []sched.JobChunk, loc *located,
+	i int, size int64) error {
+	cext := loc.Chunk(i)
+	if dir == backend.HostToDevice {
+		t := time.Now()
+		err := e.verify(keys, loc, i, i+1)
+		e.s.sumLoad.Add(time.Since(t).Seconds())
+		if err != nil {
+			return err
+		}
+	}
+	var sum uint32
+	var ranges []backend.Range
+	for lo := int64(0); lo < size; lo += tileBytes {
+		hi := min(lo+tileBytes, size)
+		ranges = appendWindow(e.lay, &chunks[i], cext, lo, hi, ranges[:0])
+		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
+			e.complete(dir, keys, nil)
+			return err
+		}
+		if dir == backend.DeviceToHost {
+			t := time.Now()
+			sum = e.s.checksum(cext, lo, hi, sum)
+			e.s.sumStore.Add(time.Since(t).Seconds())
+		}
+	}
+	if dir == backend.DeviceToHost {
+		loc.Sums[i] = sum
+	}
+	return nil
+}
+
+// located is hostpool.Located with its per-chunk view.
+type located = hostpool.Located
+
+// Abort completes a job that never ran (cancelled while queued): a store's
+// pending chunks are freed, a load's unpinned (and any room it held for
+// chunks to read back from disk freed).
+func (e *Engine) Abort(dir backend.Direction, chunks []sched.JobChunk) {
+	e.complete(dir, keysOf(chunks), nil)
+}
+
+func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uint32) {
+	if dir == backend.HostToDevice {
+		e.s.pool.CompleteStore(keys, nil) // a load's keys still pending were never read back
+		e.s.pool.CompleteLoad(keys)
+		return
+	}
+	e.s.pool.CompleteStore(keys, sums)
+}
+
+// verify checks chunks [lo, hi) of a load against their checksums. On a
+// mismatch the load is unpinned and the chunk dropped.
+func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
+	for i := lo; i < hi; i++ {
+		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
+			e.s.pool.CompleteLoad(keys)
+			e.s.pool.Drop(keys[i])
+			e.s.metrics.Corrupt.Inc()
+			return &hostpool.KeyError{Key: keys[i],
+				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}
+		}
+	}
+	return nil
+}
+
+// checksum continues sum over the chunk's logical bytes [lo, hi), which lie
+// in ext in order.
+func (s *Store) checksum(ext []hostpool.Extent, lo, hi int64, sum uint32) uint32 {
+	b := s.arena.Bytes()
+	var at int64 // logical offset of x
+	for _, x := range ext {
+		a, z := max(lo, at), min(hi, at+x.Len)
+		if a < z {
+			sum = crc32.Update(sum, castagnoli, b[x.Off+a-at:x.Off+z-at])
+		}
+		at += x.Len
+	}
+	return sum
+}
+
+func keysOf(chunks []sched.JobChunk) []messages.Key {
+	keys := make([]messages.Key, len(chunks))
+	for i := range chunks {
+		keys[i] = chunks[i].Key
+	}
+	return keys
+}
