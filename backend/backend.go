@@ -16,6 +16,9 @@ const (
 	HostToDevice
 )
 
+// Directions are both directions (metrics preset their labels at 0).
+var Directions = []Direction{DeviceToHost, HostToDevice}
+
 // String returns the vLLM transfer_type label for the direction.
 func (d Direction) String() string {
 	if d == HostToDevice {

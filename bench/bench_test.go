@@ -72,6 +72,12 @@ func TestRunQuick(t *testing.T) {
 	for _, want := range []string{"THROUGHPUT", "LATENCY", "COPY", "SCALE", "GOAL"} {
 		require.Contains(t, table.String(), want)
 	}
+	// A quick run judges nothing: no goal row says FAIL (or PASS).
+	require.NotContains(t, table.String(), "FAIL")
+	for _, g := range rep.Goals {
+		require.False(t, g.Judged, g.Name)
+	}
+	require.True(t, rep.Passed())
 	_, err = json.Marshal(rep)
 	require.NoError(t, err, "the report must encode (no NaN)")
 }
@@ -237,4 +243,23 @@ func mixedStreamsBatches(tag string, ids []string, n int) ([]*engineGen, [][]bat
 		}
 	}
 	return gens, out
+}
+
+// A full-size run judges its goals: a missed one is FAIL and fails Passed;
+// the same numbers at --quick size are "not judged".
+func TestGoalsJudgedOnlyAtFullSize(t *testing.T) {
+	for _, quick := range []bool{false, true} {
+		rep := Report{Quick: quick, Throughput: &Throughput{EventsPerSec: 1, Ratio: 0.1}}
+		rep.goals()
+		var table bytes.Buffer
+		require.NoError(t, rep.WriteTable(&table))
+		if quick {
+			require.True(t, rep.Passed())
+			require.Contains(t, table.String(), notJudged)
+			require.NotContains(t, table.String(), "FAIL")
+		} else {
+			require.False(t, rep.Passed())
+			require.Contains(t, table.String(), "FAIL")
+		}
+	}
 }

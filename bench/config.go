@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/kvactors/kvactors/backend/shm"
 )
 
 // Phase names, in the order Run runs them.
@@ -80,38 +82,50 @@ type Config struct {
 	ExternalProfile io.Writer
 }
 
+// DefaultConfig is every setting's default at full size (the bench flags
+// read theirs from here); Quick's smaller sizes are QuickDuration and
+// QuickScaleRequests.
+func DefaultConfig() Config {
+	return Config{Engines: 4, Duration: 3 * time.Second, Phases: AllPhases, ScaleRequests: 100_000,
+		ScaleBase: 1_000, CopySizes: []int64{64 << 10, 512 << 10, 2 << 20}, Window: 2048}
+}
+
+// Quick's defaults (the rest are DefaultConfig's).
+const (
+	QuickDuration      = time.Second
+	QuickScaleRequests = 10_000
+)
+
 func (c Config) withDefaults() Config {
+	d := DefaultConfig()
+	if c.Quick {
+		d.Duration, d.ScaleRequests = QuickDuration, QuickScaleRequests
+	}
 	if c.Engines == 0 {
-		c.Engines = 4
+		c.Engines = d.Engines
 	}
 	if c.Duration == 0 {
-		c.Duration = 3 * time.Second
-		if c.Quick {
-			c.Duration = time.Second
-		}
+		c.Duration = d.Duration
 	}
 	if len(c.Phases) == 0 && !c.External {
-		c.Phases = AllPhases
+		c.Phases = d.Phases
 	}
 	if c.ScaleRequests == 0 {
-		c.ScaleRequests = 100_000
-		if c.Quick {
-			c.ScaleRequests = 10_000
-		}
+		c.ScaleRequests = d.ScaleRequests
 	}
 	if c.ScaleBase == 0 {
-		c.ScaleBase = min(1_000, c.ScaleRequests)
+		c.ScaleBase = min(d.ScaleBase, c.ScaleRequests)
 	}
 	if len(c.CopySizes) == 0 {
-		c.CopySizes = []int64{64 << 10, 512 << 10, 2 << 20}
+		c.CopySizes = d.CopySizes
 	}
 	if c.Window == 0 {
-		c.Window = 2048
+		c.Window = d.Window
 	}
 	if c.ShmDir == "" {
 		c.ShmDir = os.TempDir()
-		if unix.Access("/dev/shm", unix.W_OK) == nil {
-			c.ShmDir = "/dev/shm"
+		if unix.Access(shm.DefaultDir, unix.W_OK) == nil {
+			c.ShmDir = shm.DefaultDir
 		}
 	}
 	if c.Log == nil {

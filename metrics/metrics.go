@@ -3,6 +3,7 @@ package metrics
 import (
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/buildinfo"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -81,8 +82,50 @@ func (m *Metrics) DroppedBatch(reason string) prometheus.Counter {
 // Resync is Resyncs for reason.
 func (m *Metrics) Resync(reason string) prometheus.Counter { return m.Resyncs.WithLabelValues(reason) }
 
-// Deferral is Deferrals for reason (tokens, hashes, blocks; others resolved
-// on the fly).
+// Labels are the known values of each label, owned by the packages that
+// produce them (node gathers them): Preset creates every child at 0, so
+// /metrics shows a counter before its first event and an alert on rate()
+// sees 0, not "no data".
+type Labels struct {
+	Rejected      []string // events_rejected_total reason
+	Deferrals     []string // store_deferrals_total reason
+	Retries       []string // store_retries_total reason
+	Releases      []string // requests_released_total reason
+	TransferTypes []string // kv_offload_total_*, transfer_*: transfer_type
+	LoadResults   []string // load_requests_total result
+	Actors        []string // actor_unexpected_messages_total actor
+}
+
+// Preset creates every known child at 0 and resolves the hot ones once.
+func (m *Metrics) Preset(l Labels) {
+	for _, v := range l.Rejected {
+		m.Rejected.WithLabelValues(v)
+	}
+	for _, v := range l.Deferrals {
+		m.deferralBy[v] = m.Deferrals.WithLabelValues(v)
+	}
+	for _, v := range l.Retries {
+		m.retryBy[v] = m.Retries.WithLabelValues(v)
+	}
+	for _, v := range l.Releases {
+		m.Releases.WithLabelValues(v)
+	}
+	for _, v := range l.TransferTypes {
+		m.TransferBytes.WithLabelValues(v)
+		m.TransferTime.WithLabelValues(v)
+		m.CopySize.WithLabelValues(v)
+		m.CopyFailures.WithLabelValues(v)
+	}
+	for _, v := range l.LoadResults {
+		m.Loads.WithLabelValues(v)
+	}
+	for _, v := range l.Actors {
+		m.Unexpected.WithLabelValues(v)
+	}
+}
+
+// Deferral is Deferrals for reason (resolved once by Preset; others on the
+// fly).
 func (m *Metrics) Deferral(reason string) prometheus.Counter {
 	if c, ok := m.deferralBy[reason]; ok {
 		return c
@@ -90,8 +133,7 @@ func (m *Metrics) Deferral(reason string) prometheus.Counter {
 	return m.Deferrals.WithLabelValues(reason)
 }
 
-// Retry is Retries for reason (pool_full, copy_failed; others resolved on
-// the fly).
+// Retry is Retries for reason (resolved once by Preset; others on the fly).
 func (m *Metrics) Retry(reason string) prometheus.Counter {
 	if c, ok := m.retryBy[reason]; ok {
 		return c
@@ -161,9 +203,6 @@ func New(reg prometheus.Registerer) *Metrics {
 		NATSConnected: gauge("nats", "connected", "1 while the NATS connection is up."),
 	}
 	m.deferralBy = map[string]prometheus.Counter{}
-	for _, r := range []string{"tokens", "hashes", "blocks"} {
-		m.deferralBy[r] = m.Deferrals.WithLabelValues(r)
-	}
 	for _, r := range ResyncReasons {
 		m.DroppedBatches.WithLabelValues(r)
 		m.Resyncs.WithLabelValues(r)
@@ -175,14 +214,11 @@ func New(reg prometheus.Registerer) *Metrics {
 		m.NATSDisconnect.WithLabelValues(c)
 	}
 	m.retryBy = map[string]prometheus.Counter{}
-	for _, r := range []string{"pool_full", "copy_failed"} {
-		m.retryBy[r] = m.Retries.WithLabelValues(r)
-	}
 	reg.MustRegister(m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.EpochResets, m.Rejected,
 		m.Unexpected, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Releases,
 		m.RequestsLive, m.RequestFailure, m.DecisionTime, m.TransferBytes, m.TransferTime, m.CopySize,
 		m.CopyFailures, m.JobsInFlight, m.BytesInFlight, m.JobsQueued, m.Evictions, m.Corrupt, m.PoolHits, m.ChecksumTime, m.Lookups,
-		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected,
+		m.LookupHits, m.HitTokens, m.Loads, m.EnginesLive, m.NATSConnected, buildInfo(),
 		m.DroppedBatches, m.Resyncs, m.PendingBytes, m.Expired, m.Unregistered, m.NATSEvents, m.NATSDisconnect, m.FenceWaits,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -191,6 +227,17 @@ func New(reg prometheus.Registerer) *Metrics {
 // Discard returns metrics registered nowhere, for tests and benchmarks that
 // do not read them.
 func Discard() *Metrics { return New(prometheus.NewRegistry()) }
+
+// buildInfo is kvactors_build_info{version,revision,goversion} 1: joins any
+// series to the build that produced it.
+func buildInfo() prometheus.Collector {
+	in := buildinfo.Read()
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Name: "build_info",
+		Help:        "Always 1; the labels say which build is running.",
+		ConstLabels: prometheus.Labels{"version": in.Version, "revision": in.Revision, "goversion": in.GoVersion}})
+	g.Set(1)
+	return g
+}
 
 func counter(sub, name, help string) prometheus.Counter {
 	return prometheus.NewCounter(prometheus.CounterOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})

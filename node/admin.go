@@ -2,22 +2,28 @@ package node
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and
-// /debug/pprof on the admin address (loopback by default).
+// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and, with
+// --pprof, /debug/pprof on the admin address (loopback by default).
 func (n *Node) startHTTP() error {
 	if n.cfg.HTTPAddr == HTTPOff {
 		return nil
 	}
 	ln, err := net.Listen("tcp", n.cfg.HTTPAddr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("admin http on %s: address already in use: pick another with --http "+
+			"(port 0: any free port; off: no admin server): %w", n.cfg.HTTPAddr, err)
+	}
 	if err != nil {
 		return fmt.Errorf("admin http on %s: %w", n.cfg.HTTPAddr, err)
 	}
@@ -35,11 +41,13 @@ func (n *Node) startHTTP() error {
 		_, _ = w.Write([]byte("ready\n"))
 	})
 	mux.HandleFunc("/debug/engines", n.serveEngines)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if n.cfg.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {
 		if err := n.http.Serve(ln); err != nil && err != http.ErrServerClosed {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -196,7 +197,8 @@ func TestAdminEndpointsAndCounters(t *testing.T) {
 // (it used to panic tearing down a nil node).
 func TestStartFailureIsAnError(t *testing.T) {
 	_, err := node.Start(context.Background(), node.Config{NATSURL: "nats://127.0.0.1:1", HTTPAddr: "off",
-		ShmDir: t.TempDir(), PoolBytes: 1 << 20})
+		ShmDir: t.TempDir(), PoolBytes: 1 << 20, NATSConnectTimeout: 50 * time.Millisecond,
+		Log: slog.New(slog.DiscardHandler)})
 	require.ErrorContains(t, err, "connect to nats")
 	_, err = node.Start(context.Background(), node.Config{Backend: "tape"})
 	require.ErrorIs(t, err, node.ErrConfig)

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"time"
@@ -12,18 +13,26 @@ import (
 
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/backend/cuda"
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 )
 
 // Config is every setting of a node. The zero value of a field means its
-// default (withDefaults); cmd/kvactors binds flags and KVACTORS_* variables
-// to it (docs/CONFIG.md).
+// default, and every default is in DefaultConfig (withDefaults fills them;
+// docs/CONFIG.md lists them); node.Flags binds flags, KVACTORS_* variables
+// and the --config file to it.
 type Config struct {
 	// NATSURL connects to an existing NATS server or cluster; empty starts an
 	// embedded server.
 	NATSURL string `json:"nats_url"`
+	// NATSConnectTimeout bounds the retries (with backoff) of the first
+	// connection to NATSURL, so a node started before its NATS cluster waits
+	// for it instead of exiting.
+	NATSConnectTimeout time.Duration `json:"nats_connect_timeout"`
 	// NATSHost and NATSPort are the embedded server's listen address
-	// (default 127.0.0.1:4222; port -1 picks a free one).
+	// (port -1 picks a free one).
 	NATSHost string `json:"nats_host"`
 	NATSPort int    `json:"nats_port"`
 	// NATSStoreDir is the embedded JetStream directory (default: a temp dir,
@@ -36,39 +45,45 @@ type Config struct {
 	NATSPassword string `json:"-"`
 	NATSToken    string `json:"-"`
 	NATSCA       string `json:"nats_ca"`
-	// Prefix is the subject prefix P (default "kvactors").
+	// Prefix is the subject prefix P.
 	Prefix string `json:"prefix"`
-	// Backend is "shm" (default) or "cuda".
+	// Backend is "shm" or "cuda".
 	Backend string `json:"backend"`
-	// ShmDir is where shm segments live (default /dev/shm).
+	// ShmDir is where shm segments live.
 	ShmDir string `json:"shm_dir"`
-	// CUDADevice is the device the cuda backend uses (default 0).
+	// CUDADevice is the device the cuda backend uses.
 	CUDADevice int `json:"cuda_device"`
-	// PoolBytes is the host pool's size (default 1 GiB).
+	// PoolBytes is the host pool's size.
 	PoolBytes int64 `json:"pool_bytes"`
 	// SlotBytes is deprecated and ignored: the pool takes chunks of any size
 	// from every engine (see PoolPageBytes). Kept so old command lines and
 	// config files still parse; a non-zero value is logged as ignored.
 	SlotBytes int64 `json:"slot_bytes"`
-	// HTTPAddr is the admin server's address (default 127.0.0.1:9464;
-	// "off" disables it; port 0 picks a free one, see Node.HTTPAddr).
+	// HTTPAddr is the admin server's address ("off" disables it; port 0 picks a free one, see Node.HTTPAddr).
 	HTTPAddr string `json:"http_addr"`
 	// DecodeWorkers decode event batches in parallel; one engine's batches
-	// always go to the same worker, so they apply in order (default 2).
+	// always go to the same worker, so they apply in order.
 	DecodeWorkers int `json:"decode_workers"`
-	// ShutdownTimeout bounds the graceful part of Close (default 10s); if it
+	// ShutdownTimeout bounds the graceful part of Close; if it
 	// expires with releases undelivered, Close returns ErrUndelivered.
 	ShutdownTimeout time.Duration `json:"shutdown_timeout"`
+	// Pprof serves /debug/pprof on the admin address (default off: profiles
+	// expose internals and cost CPU while taken).
+	Pprof bool `json:"pprof"`
+	// LogLevel (debug, info, warn, error) and LogFormat (text, json) build
+	// the logger of NewLogger; a node given Log ignores them.
+	LogLevel  string `json:"log_level"`
+	LogFormat string `json:"log_format"`
 	// NodeID names this node in replies, resyncs and P._node.<id>.* (default:
 	// the host name reduced to [A-Za-z0-9_-]).
 	NodeID string `json:"node_id"`
 	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
 	// every Lease/4, engines expire after Lease without a sign of life,
 	// copies wait when NATS has not answered for Lease/2 and the process
-	// stops if a copy runs Lease past the last answer (default 10s).
+	// stops if a copy runs Lease past the last answer.
 	Lease time.Duration `json:"lease"`
-	// MaxPendingBytes bounds inbound message bytes taken and not yet handled
-	// (default 256 MiB); what does not fit becomes a resync (reason overflow).
+	// MaxPendingBytes bounds inbound message bytes taken and not yet handled;
+	// what does not fit becomes a resync (reason overflow).
 	MaxPendingBytes int64 `json:"max_pending_bytes"`
 	// FailStop ends the process when fencing demands it (default: log and
 	// exit with status 3); tests inject their own.
@@ -88,13 +103,13 @@ type Config struct {
 	Registry *prometheus.Registry `json:"-"`
 
 	// isolation (PROTOCOL.md "Isolation", docs/SECURITY.md).
-	// MaxEngines bounds the engines registered on this node (default 256).
+	// MaxEngines bounds the engines registered on this node.
 	MaxEngines int `json:"max_engines"`
-	// MaxRequests bounds one engine's live requests (default 65536).
+	// MaxRequests bounds one engine's live requests.
 	MaxRequests int `json:"max_requests"`
 	// MaxMappedSegments bounds the engine segments mapped on this node at
 	// once, so registrations cannot exhaust the process's map count
-	// (vm.max_map_count, 65530 by default) for everyone (default 4096).
+	// (vm.max_map_count, 65530 by default) for everyone.
 	MaxMappedSegments int `json:"max_mapped_segments"`
 	// NATSConfig is a nats-server configuration file the embedded server
 	// loads (auth, TLS, accounts; see kvactors nats-config). Its listen
@@ -103,7 +118,7 @@ type Config struct {
 	// NATSNKey is the nkey seed file the node authenticates to NATS with.
 	NATSNKey string `json:"nats_nkey"`
 	// pool
-	// PoolPageBytes is the pool's page size (default 1 MiB): pages are handed
+	// PoolPageBytes is the pool's page size: pages are handed
 	// to chunk sizes as needed, and a chunk larger than a page spans several.
 	// A page wastes under 1/16 of itself whatever the chunk sizes.
 	PoolPageBytes int64 `json:"pool_page_bytes"`
@@ -116,80 +131,75 @@ type Config struct {
 	DiskBytes int64 `json:"disk_bytes"`
 }
 
-// Defaults.
-const (
-	DefaultPrefix    = "kvactors"
-	DefaultNATSHost  = "127.0.0.1"
-	DefaultNATSPort  = 4222
-	DefaultShmDir    = "/dev/shm"
-	DefaultPoolBytes = 1 << 30
-	DefaultHTTPAddr  = "127.0.0.1:9464"
-	DefaultLease     = 10 * time.Second
-	// DefaultMaxPendingBytes bounds the inbound queue.
-	DefaultMaxPendingBytes = 256 << 20
-	// DefaultShutdownTimeout bounds a graceful shutdown.
-	DefaultShutdownTimeout = 10 * time.Second
-	// FailStopExit is the exit status of a fencing fail-stop.
-	FailStopExit = 3
-	// HTTPOff disables the admin server.
-	HTTPOff = "off"
+// HTTPOff as the admin address disables the admin server.
+const HTTPOff = "off"
 
-	// isolation: bounds an 8-GPU host never reaches.
-	DefaultMaxEngines        = 256
-	DefaultMaxRequests       = 1 << 16
-	DefaultMaxMappedSegments = 4096
+// Log formats.
+const (
+	LogText = "text"
+	LogJSON = "json"
 )
+
+// FailStopExit is the exit status of a fencing fail-stop.
+const FailStopExit = 3
+
+// DefaultConfig is every setting's default: the one place they are written
+// (withDefaults, the serve flags, `kvactors flags` and docs/CONFIG.md read
+// them from here).
+func DefaultConfig() Config {
+	return Config{
+		NATSConnectTimeout: 30 * time.Second,
+		NATSHost:           "127.0.0.1",
+		NATSPort:           4222,
+		Prefix:             "kvactors",
+		Backend:            "shm",
+		CUDADevice:         cuda.DefaultConfig().Device,
+		ShmDir:             shm.DefaultConfig().Dir,
+		PoolBytes:          1 << 30,
+		HTTPAddr:           "127.0.0.1:9464",
+		DecodeWorkers:      2,
+		ShutdownTimeout:    10 * time.Second,
+		Lease:              10 * time.Second,
+		MaxPendingBytes:    256 << 20,
+		// isolation: bounds an 8-GPU host never reaches.
+		MaxEngines:        256,
+		MaxRequests:       1 << 16,
+		MaxMappedSegments: 4096,
+		PoolPageBytes:     hostpool.DefaultPageBytes,
+		LogLevel:          "info",
+		LogFormat:         LogText,
+		Transfer:          transfer.DefaultConfig(),
+		Limits:            ingest.DefaultLimits(),
+	}
+}
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("bad config")
 
 func (c Config) withDefaults() Config {
-	if c.NATSHost == "" {
-		c.NATSHost = DefaultNATSHost
-	}
-	if c.NATSPort == 0 {
-		c.NATSPort = DefaultNATSPort
-	}
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.Backend == "" {
-		c.Backend = "shm"
-	}
-	if c.ShmDir == "" {
-		c.ShmDir = DefaultShmDir
-	}
-	if c.PoolBytes == 0 {
-		c.PoolBytes = DefaultPoolBytes
-	}
-	if c.HTTPAddr == "" {
-		c.HTTPAddr = DefaultHTTPAddr
-	}
-	if c.DecodeWorkers == 0 {
-		c.DecodeWorkers = 2
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
-	if c.NodeID == "" {
+	d := DefaultConfig()
+	orDefault(&c.NATSConnectTimeout, d.NATSConnectTimeout)
+	orDefault(&c.NATSHost, d.NATSHost)
+	orDefault(&c.NATSPort, d.NATSPort)
+	orDefault(&c.Prefix, d.Prefix)
+	orDefault(&c.Backend, d.Backend)
+	orDefault(&c.ShmDir, d.ShmDir)
+	orDefault(&c.PoolBytes, d.PoolBytes)
+	orDefault(&c.HTTPAddr, d.HTTPAddr)
+	orDefault(&c.DecodeWorkers, d.DecodeWorkers)
+	orDefault(&c.ShutdownTimeout, d.ShutdownTimeout)
+	orDefault(&c.LogLevel, d.LogLevel)
+	orDefault(&c.LogFormat, d.LogFormat)
+	orDefault(&c.Lease, d.Lease)
+	orDefault(&c.MaxPendingBytes, d.MaxPendingBytes)
+	if c.NodeID == "" { // not in DefaultConfig: it depends on the host
 		c.NodeID = DefaultNodeID()
 	}
-	if c.Lease == 0 {
-		c.Lease = DefaultLease
-	}
-	if c.MaxPendingBytes == 0 {
-		c.MaxPendingBytes = DefaultMaxPendingBytes
-	}
 	c.Limits = c.Limits.WithDefaults()
-	if c.MaxEngines == 0 {
-		c.MaxEngines = DefaultMaxEngines
-	}
-	if c.MaxRequests == 0 {
-		c.MaxRequests = DefaultMaxRequests
-	}
-	if c.MaxMappedSegments == 0 {
-		c.MaxMappedSegments = DefaultMaxMappedSegments
-	}
+	orDefault(&c.MaxEngines, d.MaxEngines)
+	orDefault(&c.MaxRequests, d.MaxRequests)
+	orDefault(&c.MaxMappedSegments, d.MaxMappedSegments)
+	orDefault(&c.PoolPageBytes, d.PoolPageBytes)
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -204,6 +214,15 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	return c
+}
+
+// orDefault sets a zero *v to def (the zero value of a setting means its
+// default).
+func orDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
 }
 
 // Validate reports the first bad setting.
@@ -224,6 +243,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:
 		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
+	case c.NATSConnectTimeout < 0 || c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: negative timeout", ErrConfig)
 	case !ingest.ValidEngineID(c.NodeID):
 		return fmt.Errorf("%w: node id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, c.NodeID)
 	case c.Lease < 40*time.Millisecond:
@@ -235,6 +256,9 @@ func (c Config) Validate() error {
 			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
+	}
+	if _, err := c.NewLogger(io.Discard); err != nil {
+		return err
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
@@ -274,4 +298,21 @@ func validPrefix(p string) bool {
 		}
 	}
 	return true
+}
+
+// NewLogger is the logger LogLevel and LogFormat describe, writing to w.
+func (c Config) NewLogger(w io.Writer) (*slog.Logger, error) {
+	c = c.withDefaults()
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
+		return nil, fmt.Errorf("%w: log level %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch c.LogFormat {
+	case LogText:
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case LogJSON:
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("%w: log format %q: want %s or %s", ErrConfig, c.LogFormat, LogText, LogJSON)
 }

@@ -1,109 +1,221 @@
 package node
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/kvactors/kvactors/hostpool"
 )
 
 // Flag is one serve flag: its name, the environment variable that supplies
-// its default, the built-in default and what it does. Flags beat their
-// KVACTORS_* variable, which beats the default.
+// it when the flag is not given, the built-in default and what it does.
 type Flag struct {
 	Name, Env, Default, Usage string
 }
 
-// BindFlags registers every Config flag on fs. A KVACTORS_* variable that is
-// set replaces the default (so --help shows the effective value); a malformed
-// one is an error naming it.
-func (c *Config) BindFlags(fs *flag.FlagSet) ([]Flag, error) {
-	var flags []Flag
-	var firstErr error
-	env := func(name, def, usage string) (string, string) {
-		key := "KVACTORS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		flags = append(flags, Flag{Name: name, Env: key, Default: def, Usage: usage})
-		if v, ok := os.LookupEnv(key); ok {
-			return v, key
-		}
-		return def, ""
+// ErrUsage wraps command-line mistakes: an unknown flag, a malformed flag
+// value, a stray argument.
+var ErrUsage = errors.New("bad usage")
+
+// Flags is the serve flag set bound to a Config. Parse resolves every
+// setting from, in order of precedence: the flag, its KVACTORS_* variable,
+// the --config file, the default (DefaultConfig).
+type Flags struct {
+	// List is every flag in registration order (docs/CONFIG.md's table).
+	List []Flag
+	// Warnings are settings that were given but mean nothing together
+	// (filled by Parse; the caller logs them).
+	Warnings []string
+
+	cfg        *Config
+	fs         *flag.FlagSet
+	configFile string
+}
+
+// embeddedOnly are the settings of the embedded NATS server, which mean
+// nothing with --nats.
+var embeddedOnly = []string{"nats-host", "nats-port", "nats-store-dir"}
+
+// configFlag names the config file; it is itself a flag or a variable,
+// never a key of the file.
+const configFlag = "config"
+
+// EnvName is the KVACTORS_* variable of a flag.
+func EnvName(flagName string) string {
+	return "KVACTORS_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// BindFlags registers every Config flag on fs, each with its default from
+// DefaultConfig; call Parse on the result. A flag added here appears in
+// `kvactors flags`, docs/CONFIG.md, the environment and the config file.
+func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
+	d := DefaultConfig()
+	f := &Flags{cfg: c, fs: fs}
+	add := func(name, def, usage string) {
+		f.List = append(f.List, Flag{Name: name, Env: EnvName(name), Default: def, Usage: usage})
 	}
 	str := func(p *string, name, def, usage string) {
-		v, _ := env(name, def, usage)
-		fs.StringVar(p, name, v, usage)
+		add(name, def, usage)
+		fs.StringVar(p, name, def, usage)
 	}
 	num := func(p *int, name string, def int, usage string) {
-		v, key := env(name, strconv.Itoa(def), usage)
-		n, err := strconv.Atoi(v)
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("%w: %s=%q: %v", ErrConfig, key, v, err)
-		}
-		fs.IntVar(p, name, n, usage)
+		add(name, strconv.Itoa(def), usage)
+		fs.IntVar(p, name, def, usage)
 	}
 	size := func(p *int64, name string, def int64, usage string) {
-		v, key := env(name, strconv.FormatInt(def, 10), usage)
-		n, err := ParseBytes(v)
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("%w: %s=%q: %v", ErrConfig, key, v, err)
-		}
-		*p = n
-		fs.Func(name, usage+fmt.Sprintf(" (bytes; k/M/G suffixes; default %s)", v), func(s string) error {
-			n, err := ParseBytes(s)
-			*p = n
-			return err
-		})
+		add(name, FormatBytes(def), usage)
+		*p = def
+		fs.Var((*bytesValue)(p), name, usage+" (bytes; k/M/G/T suffixes)")
 	}
 	dur := func(p *time.Duration, name string, def time.Duration, usage string) {
-		v, key := env(name, def.String(), usage)
-		d, err := time.ParseDuration(v)
-		if err != nil && firstErr == nil {
-			firstErr = fmt.Errorf("%w: %s=%q: %v", ErrConfig, key, v, err)
-		}
-		fs.DurationVar(p, name, d, usage)
+		add(name, def.String(), usage)
+		fs.DurationVar(p, name, def, usage)
 	}
-	str(&c.NATSURL, "nats", "", "NATS server or cluster URL(s); empty starts an embedded server")
-	str(&c.NATSHost, "nats-host", DefaultNATSHost, "embedded NATS listen host")
-	num(&c.NATSPort, "nats-port", DefaultNATSPort, "embedded NATS listen port (-1: any free port)")
-	str(&c.NATSStoreDir, "nats-store-dir", "", "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
-	str(&c.NATSCreds, "nats-creds", "", "NATS credentials file")
-	str(&c.NATSCA, "nats-ca", "", "CA bundle for NATS TLS")
-	str(&c.Prefix, "prefix", DefaultPrefix, "subject prefix P of P.<engine>.<verb>")
-	str(&c.Backend, "backend", "shm", "device backend: shm, or cuda (binary built with -tags cuda)")
-	str(&c.ShmDir, "shm-dir", DefaultShmDir, "directory of engines' shared-memory segments")
-	num(&c.CUDADevice, "cuda-device", 0, "CUDA device ordinal for the cuda backend")
-	size(&c.PoolBytes, "pool-bytes", DefaultPoolBytes, "host pool size")
-	size(&c.SlotBytes, "slot-bytes", 0, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
-	str(&c.HTTPAddr, "http", DefaultHTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
-	num(&c.DecodeWorkers, "decode-workers", 2, "goroutines decoding event batches")
-	num(&c.Transfer.Workers, "copy-workers", 2, "copies running at once per device")
-	size(&c.Transfer.MaxInFlightBytes, "max-inflight-bytes", 256<<20, "bytes of copies in flight per device")
-	num(&c.Limits.MaxIDs, "max-ids", 1<<20, "most hashes or block ids in one event")
-	num(&c.Limits.MaxGroups, "max-groups", 64, "most KV-cache groups per engine")
-	dur(&c.ShutdownTimeout, "shutdown-timeout", DefaultShutdownTimeout,
+	boolean := func(p *bool, name string, def bool, usage string) {
+		add(name, strconv.FormatBool(def), usage)
+		fs.BoolVar(p, name, def, usage)
+	}
+	str(&f.configFile, configFlag, "", "YAML file of settings keyed by flag name (pool-bytes: 8GiB); flags and KVACTORS_* beat it")
+	str(&c.NATSURL, "nats", d.NATSURL, "NATS server or cluster URL(s); empty starts an embedded server")
+	dur(&c.NATSConnectTimeout, "nats-connect-timeout", d.NATSConnectTimeout, "with --nats, how long to retry the first connection (with backoff) before giving up")
+	str(&c.NATSHost, "nats-host", d.NATSHost, "embedded NATS listen host")
+	num(&c.NATSPort, "nats-port", d.NATSPort, "embedded NATS listen port (-1: any free port)")
+	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream (default: a temp dir)")
+	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
+	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
+	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb>")
+	str(&c.Backend, "backend", d.Backend, "device backend: shm, or cuda (binary built with -tags cuda)")
+	str(&c.ShmDir, "shm-dir", d.ShmDir, "directory of engines' shared-memory segments")
+	num(&c.CUDADevice, "cuda-device", d.CUDADevice, "CUDA device ordinal for the cuda backend")
+	size(&c.PoolBytes, "pool-bytes", d.PoolBytes, "host pool size")
+	size(&c.SlotBytes, "slot-bytes", d.SlotBytes, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
+	str(&c.HTTPAddr, "http", d.HTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
+	boolean(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof on the admin address")
+	num(&c.DecodeWorkers, "decode-workers", d.DecodeWorkers, "goroutines decoding event batches")
+	num(&c.Transfer.Workers, "copy-workers", d.Transfer.Workers, "copies running at once per device")
+	size(&c.Transfer.MaxInFlightBytes, "max-inflight-bytes", d.Transfer.MaxInFlightBytes, "bytes of copies in flight per device")
+	c.Limits = d.Limits // the limits without a flag keep their defaults
+	num(&c.Limits.MaxIDs, "max-ids", d.Limits.MaxIDs, "most hashes or block ids in one event")
+	num(&c.Limits.MaxGroups, "max-groups", d.Limits.MaxGroups, "most KV-cache groups per engine")
+	dur(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout,
 		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
-	str(&c.NodeID, "node-id", "", "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
-	dur(&c.Lease, "lease", DefaultLease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
-	size(&c.MaxPendingBytes, "max-pending-bytes", DefaultMaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
+	str(&c.NodeID, "node-id", d.NodeID, "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
+	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
+	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	// isolation
-	num(&c.MaxEngines, "max-engines", DefaultMaxEngines, "most engines registered on this node")
-	num(&c.MaxRequests, "max-requests", DefaultMaxRequests, "most live requests per engine")
-	num(&c.MaxMappedSegments, "max-mapped-segments", DefaultMaxMappedSegments, "most engine segments mapped on this node")
-	str(&c.NATSConfig, "nats-config", "", "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
-	str(&c.NATSNKey, "nats-nkey", "", "nkey seed file kvactors authenticates to NATS with")
+	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
+	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")
+	num(&c.MaxMappedSegments, "max-mapped-segments", d.MaxMappedSegments, "most engine segments mapped on this node")
+	str(&c.NATSConfig, "nats-config", d.NATSConfig, "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
+	str(&c.NATSNKey, "nats-nkey", d.NATSNKey, "nkey seed file kvactors authenticates to NATS with")
 	// pool
-	size(&c.PoolPageBytes, "pool-page-bytes", hostpool.DefaultPageBytes,
+	size(&c.PoolPageBytes, "pool-page-bytes", d.PoolPageBytes,
 		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
-	str(&c.DiskDir, "disk-dir", "", "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
-	size(&c.DiskBytes, "disk-bytes", 0, "disk tier budget (required with --disk-dir)")
-	// Secrets come from the environment only, never a flag (ps would show them).
+	str(&c.DiskDir, "disk-dir", d.DiskDir, "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
+	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir)")
+	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
+	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
+	// Secrets come from the environment only, never a flag or file (ps and
+	// config repositories would show them).
 	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
-	return flags, firstErr
+	return f
 }
+
+// Parse parses args, then fills every setting not given as a flag from its
+// KVACTORS_* variable, else from the --config file. The error wraps
+// flag.ErrHelp (--help), ErrUsage (a bad flag or a stray argument) or
+// ErrConfig (a bad variable, file or value); a malformed variable whose
+// flag is given is not read at all.
+func (f *Flags) Parse(args []string) error {
+	f.fs.SetOutput(io.Discard) // the caller prints one line, not the usage
+	if err := f.fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", ErrUsage, err)
+	}
+	if f.fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q: serve takes flags only", ErrUsage, f.fs.Arg(0))
+	}
+	given := map[string]string{} // flag name → where its value came from
+	f.fs.Visit(func(fl *flag.Flag) { given[fl.Name] = "--" + fl.Name })
+	if _, ok := given[configFlag]; !ok {
+		if v, ok := os.LookupEnv(EnvName(configFlag)); ok {
+			f.configFile = v
+		}
+	}
+	file, err := readConfigFile(f.configFile, f.List)
+	if err != nil {
+		return err
+	}
+	for _, fl := range f.List {
+		if _, ok := given[fl.Name]; ok || fl.Name == configFlag {
+			continue
+		}
+		src, v, ok := fl.Env, "", false
+		if v, ok = os.LookupEnv(fl.Env); !ok {
+			src = f.configFile + ": " + fl.Name
+			v, ok = file[fl.Name]
+		}
+		if !ok {
+			continue
+		}
+		if err := f.fs.Set(fl.Name, v); err != nil {
+			return fmt.Errorf("%w: %s=%q: %v", ErrConfig, src, v, err)
+		}
+		given[fl.Name] = src
+	}
+	for _, fl := range f.List {
+		// A zero for a setting whose default is not zero would silently mean
+		// the default (withDefaults): say so instead. (A false bool is a
+		// value, not a zero.)
+		v := f.fs.Lookup(fl.Name).Value
+		if b, ok := v.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			continue
+		}
+		if src, ok := given[fl.Name]; ok && !isZero(fl.Default) && isZero(v.String()) {
+			return fmt.Errorf("%w: %s is %q: 0 or empty would mean the default %s; give a value",
+				ErrConfig, src, v.String(), fl.Default)
+		}
+	}
+	if f.cfg.Pprof && !loopback(f.cfg.HTTPAddr) {
+		f.Warnings = append(f.Warnings, fmt.Sprintf("--pprof serves profiles on %s, beyond loopback: "+
+			"anyone who reaches it can read the process's internals", f.cfg.HTTPAddr))
+	}
+	for _, name := range embeddedOnly {
+		if src, ok := given[name]; ok && f.cfg.NATSURL != "" {
+			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, "+
+				"no embedded one starts", src, f.cfg.NATSURL))
+		}
+	}
+	return nil
+}
+
+// Usage writes the flags and their defaults.
+func (f *Flags) Usage(w io.Writer) {
+	f.fs.SetOutput(w)
+	f.fs.PrintDefaults()
+}
+
+// loopback reports whether addr (host:port) listens on loopback only.
+func loopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+func isZero(s string) bool { return s == "" || s == "0" || s == "0s" }
 
 // WriteFlagTable writes the Markdown table of flags (docs/CONFIG.md).
 func WriteFlagTable(w io.Writer, flags []Flag) {
@@ -116,6 +228,36 @@ func WriteFlagTable(w io.Writer, flags []Flag) {
 		}
 		fmt.Fprintf(w, "| `--%s` | `%s` | `%s` | %s |\n", f.Name, f.Env, def, f.Usage)
 	}
+}
+
+// bytesValue is a flag.Value of a byte size (ParseBytes).
+type bytesValue int64
+
+func (b *bytesValue) String() string { return FormatBytes(int64(*b)) }
+
+func (b *bytesValue) Set(s string) error {
+	n, err := ParseBytes(s)
+	if err != nil {
+		return err
+	}
+	*b = bytesValue(n)
+	return nil
+}
+
+var byteUnits = []struct {
+	s string
+	m int64
+}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+
+// FormatBytes is n in the largest binary unit that divides it (1GiB,
+// 256MiB, 1000).
+func FormatBytes(n int64) string {
+	for _, u := range byteUnits {
+		if n != 0 && n%u.m == 0 {
+			return strconv.FormatInt(n/u.m, 10) + u.s
+		}
+	}
+	return strconv.FormatInt(n, 10)
 }
 
 // ParseBytes parses 1024, 64k, 512KiB, 1G, 1GiB (binary multiples).

@@ -438,7 +438,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 		spec.Segments = nil
 		for s := range 64 {
 			name := fmt.Sprintf("%s.%02d", id, s)
-			if i < node.DefaultMaxMappedSegments/64 { // only these get as far as opening
+			if i < node.DefaultConfig().MaxMappedSegments/64 { // only these get as far as opening
 				seg, err := shm.Create(e.dir, name, 64*256)
 				require.NoError(t, err)
 				require.NoError(t, seg.Close()) // the engine side's mapping is not the point
@@ -464,8 +464,8 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 	}
 	t.Logf("1100 engines × 64 segments: %d accepted, %d refused at a bound; process maps %d → %d",
 		accepted, limited, mapsBefore, maps())
-	require.Equal(t, (node.DefaultMaxMappedSegments-1)/64, accepted, "the victim holds one segment")
-	require.Less(t, maps()-mapsBefore, node.DefaultMaxMappedSegments+256)
+	require.Equal(t, (node.DefaultConfig().MaxMappedSegments-1)/64, accepted, "the victim holds one segment")
+	require.Less(t, maps()-mapsBefore, node.DefaultConfig().MaxMappedSegments+256)
 	intact(t, vic, hs, want)
 }
 

@@ -165,7 +165,7 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 		opts.Port = c.NATSPort
 	}
 	if opts.MaxPayload == 0 {
-		opts.MaxPayload = 8 << 20
+		opts.MaxPayload = MaxPayload
 	}
 	opts.NoSigs = true
 	return opts, nil

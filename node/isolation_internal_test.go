@@ -86,9 +86,9 @@ func TestEmbeddedOptions(t *testing.T) {
 // The isolation bounds: 0 takes the default, negative is a config error.
 func TestIsolationBoundsConfig(t *testing.T) {
 	c := Config{}.withDefaults()
-	require.Equal(t, DefaultMaxEngines, c.MaxEngines)
-	require.Equal(t, DefaultMaxRequests, c.MaxRequests)
-	require.Equal(t, DefaultMaxMappedSegments, c.MaxMappedSegments)
+	require.Equal(t, DefaultConfig().MaxEngines, c.MaxEngines)
+	require.Equal(t, DefaultConfig().MaxRequests, c.MaxRequests)
+	require.Equal(t, DefaultConfig().MaxMappedSegments, c.MaxMappedSegments)
 	require.NoError(t, Config{}.Validate())
 	for _, bad := range []Config{{MaxEngines: -1}, {MaxRequests: -1}, {MaxMappedSegments: -1}} {
 		require.ErrorIs(t, bad.Validate(), ErrConfig)

@@ -53,7 +53,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
-		n.metrics.Loads.WithLabelValues("error").Inc()
+		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"
 		if errors.Is(err, hostpool.ErrNotReady) {
 			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input

@@ -96,6 +96,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.tracer = tp.Tracer(tracing.TracerName)
 	n.metrics = metrics.New(cfg.Registry)
+	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
 	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow)
 	defer func() {
@@ -106,7 +107,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startBackend(); err != nil {
 		return nil, err
 	}
-	if err := n.connect(); err != nil {
+	if err := n.connect(ctx); err != nil {
 		return nil, err
 	}
 	if max := n.nc.MaxPayload(); cfg.MaxPendingBytes < 4*max {
@@ -184,36 +185,69 @@ func (n *Node) startBackend() error {
 }
 
 // connect starts the embedded server (no --nats) and connects to NATS.
-func (n *Node) connect() error {
+func (n *Node) connect(ctx context.Context) error {
 	url := n.cfg.NATSURL
 	if url == "" {
-		sopts, err := n.cfg.embeddedOptions()
-		if err != nil {
+		if err := n.startEmbedded(); err != nil {
 			return err
 		}
-		if sopts.JetStream && sopts.StoreDir == "" {
-			sopts.StoreDir = n.cfg.NATSStoreDir
-			if sopts.StoreDir == "" {
-				tmp, err := os.MkdirTemp("", "kvactors-js-")
-				if err != nil {
-					return fmt.Errorf("jetstream dir: %w", err)
-				}
-				sopts.StoreDir, n.storeDir = tmp, tmp
-			}
-		}
-		ns, err := server.NewServer(sopts)
-		if err != nil {
-			return fmt.Errorf("embedded nats: %w", err)
-		}
-		ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
-		ns.Start()
-		if !ns.ReadyForConnections(10 * time.Second) {
-			ns.Shutdown()
-			return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
-		}
-		n.ns, n.embeddedOpts = ns, sopts
-		url = ns.ClientURL()
+		url = n.ns.ClientURL()
 	}
+	opts, err := n.natsOptions()
+	if err != nil {
+		return err
+	}
+	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
+	if err != nil {
+		return err
+	}
+	n.nc = nc
+	n.metrics.NATSConnected.Set(1)
+	return nil
+}
+
+// startEmbedded starts the embedded NATS server (its options from the
+// config, and --nats-config's file when set). A port already taken is found
+// before the server starts, and named as such: the server would otherwise
+// only fail to become ready.
+func (n *Node) startEmbedded() error {
+	sopts, err := n.cfg.embeddedOptions()
+	if err != nil {
+		return err
+	}
+	if err := portFree(sopts.Host, sopts.Port); err != nil {
+		return err
+	}
+	if sopts.JetStream && sopts.StoreDir == "" {
+		sopts.StoreDir = n.cfg.NATSStoreDir
+		if sopts.StoreDir == "" {
+			tmp, err := os.MkdirTemp("", "kvactors-js-")
+			if err != nil {
+				return fmt.Errorf("jetstream dir: %w", err)
+			}
+			sopts.StoreDir, n.storeDir = tmp, tmp
+		}
+	}
+	ns, err := server.NewServer(sopts)
+	if err != nil {
+		return fmt.Errorf("embedded nats: %w", err)
+	}
+	ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
+	ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		ns.Shutdown()
+		if err := portFree(sopts.Host, sopts.Port); err != nil { // lost a race for the port
+			return err
+		}
+		return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
+	}
+	n.ns, n.embeddedOpts = ns, sopts
+	return nil
+}
+
+// natsOptions are the client's options: reconnect for ever once connected,
+// with the connection gauge and logs kept current.
+func (n *Node) natsOptions() ([]nats.Option, error) {
 	// NoEcho: the node subscribes to P.*.* and must not receive what it
 	// publishes itself (released, stored, kv_events, resync). The inbox
 	// prefix is the one natsauth lets kvactors' user read.
@@ -259,20 +293,14 @@ func (n *Node) connect() error {
 	if n.cfg.NATSNKey != "" {
 		opt, err := nats.NkeyOptionFromSeed(n.cfg.NATSNKey)
 		if err != nil {
-			return fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
+			return nil, fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
 		}
 		opts = append(opts, opt)
 	}
 	if n.cfg.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
 	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return fmt.Errorf("connect to nats %s: %w", url, err)
-	}
-	n.nc = nc
-	n.metrics.NATSConnected.Set(1)
-	return nil
+	return opts, nil
 }
 
 // disconnectCause labels why the NATS connection dropped.

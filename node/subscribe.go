@@ -101,10 +101,11 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 // StatusReply is the body of a P.E.status reply.
 type StatusReply struct {
 	engine.Status
-	Pool  hostpool.Stats `json:"pool"`
-	Error string         `json:"error,omitempty"`
-	Node  string         `json:"node"`
-	Boot  string         `json:"boot"`
+	Pool hostpool.Stats `json:"pool"`
+	StatusPage
+	Error string `json:"error,omitempty"`
+	Node  string `json:"node"`
+	Boot  string `json:"boot"`
 }
 
 // Status gathers one engine's snapshot (also served on /debug/engines).
@@ -126,7 +127,8 @@ func (n *Node) startStatus(engineID string) func(timeout time.Duration) (StatusR
 	return func(timeout time.Duration) (StatusReply, error) {
 		select {
 		case st := <-ch:
-			return StatusReply{Status: st, Pool: n.poolStats(), Node: n.cfg.NodeID, Boot: n.boot}, nil
+			return StatusReply{Status: st, Pool: n.poolStats(),
+				StatusPage: StatusPage{Pages: 1, TotalRequests: len(st.Requests)}, Node: n.cfg.NodeID, Boot: n.boot}, nil
 		case <-time.After(timeout):
 			return StatusReply{}, fmt.Errorf("engine %q did not answer status within %v", engineID, timeout)
 		}
@@ -148,6 +150,12 @@ func (n *Node) Engines() []string {
 // every batch the engine sent before it; the answer is awaited off the
 // ingest worker so a slow gather never holds up events.
 func (n *Node) onStatus(engineID string, m *nats.Msg) {
+	page, err := decodeStatusQuery(m.Data)
+	if err != nil {
+		n.rejected(messages.RejectLabel(err), "status request refused", "engine", engineID, "err", err)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		return
+	}
 	wait := n.startStatus(engineID)
 	go func() {
 		st, err := wait(2 * time.Second)
@@ -155,6 +163,6 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 			st.Engine, st.Error = engineID, err.Error()
 			st.Node, st.Boot = n.cfg.NodeID, n.boot
 		}
-		n.outbox.Reply(context.Background(), m.Reply, st)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusPage(st, page))
 	}()
 }

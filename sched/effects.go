@@ -21,6 +21,10 @@ var deferNames = [...]string{"none", "tokens", "hashes", "blocks"}
 // String is the metric label and span attribute value.
 func (r DeferReason) String() string { return deferNames[r] }
 
+// DeferLabels are the metric labels of every reason a chunk can be deferred
+// for (metrics preset them at 0).
+func DeferLabels() []string { return deferNames[DeferTokens:] }
+
 // Deferral says chunk Chunk of group Group is not ready because of Reason. It
 // is reported once per chunk per reason change, not once per event.
 type Deferral struct {
@@ -37,12 +41,18 @@ const (
 	RetryCopyFailed
 )
 
+var retryNames = [...]string{RetryPoolFull: "pool_full", RetryCopyFailed: "copy_failed"}
+
+// String is the metric label and span attribute value.
 func (r RetryReason) String() string {
 	if r == RetryCopyFailed {
-		return "copy_failed"
+		return retryNames[RetryCopyFailed]
 	}
-	return "pool_full"
+	return retryNames[RetryPoolFull]
 }
+
+// RetryLabels are the metric labels of every retry reason.
+func RetryLabels() []string { return retryNames[RetryPoolFull:] }
 
 // Retry asks the caller to call Advance again after Backoff (a RetryDue
 // timer); the next event of the request triggers it sooner.

@@ -10,6 +10,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -146,7 +147,7 @@ func DefaultConfig() Config {
 	return Config{
 		Engine:         "sim",
 		Prefix:         "kvactors",
-		ShmDir:         "/dev/shm",
+		ShmDir:         shm.DefaultDir,
 		TokensPerHash:  4,
 		BlocksPerChunk: 2,
 		Groups: []Group{

@@ -90,6 +90,10 @@ type Report struct {
 	VerifyEvicted int   `json:"verify_evicted"`
 	VerifiedBytes int64 `json:"verified_bytes"`
 
+	// Interrupted says the run was cancelled (Ctrl-C) before it ended: the
+	// check did not run, so the Verify counts are not a verdict.
+	Interrupted bool `json:"interrupted,omitempty"`
+
 	// Elapsed is the whole run; Serving excludes registration and the check.
 	Elapsed time.Duration `json:"elapsed"`
 	Serving time.Duration `json:"serving"`
@@ -176,6 +180,7 @@ func (r *Report) Add(o Report) {
 	r.VerifyFailed += o.VerifyFailed
 	r.VerifyEvicted += o.VerifyEvicted
 	r.VerifiedBytes += o.VerifiedBytes
+	r.Interrupted = r.Interrupted || o.Interrupted
 	r.Elapsed = max(r.Elapsed, o.Elapsed)
 	r.Serving = max(r.Serving, o.Serving)
 	for _, f := range o.Failures {
@@ -190,4 +195,12 @@ func (r Report) clone() Report {
 	r.Releases = maps.Clone(r.Releases)
 	r.Failures = append([]string(nil), r.Failures...)
 	return r
+}
+
+// Coverage is the check's reach: of the checked keys (every key reported
+// stored or present at a request's finish, loaded back once per engine),
+// matched were found and equal byte for byte. The rest were evicted before
+// the check (or failed); a small pool evicts most, and then OK says little.
+func (r *Report) Coverage() (matched, checked int) {
+	return r.VerifyOK, r.VerifyOK + r.VerifyFailed + r.VerifyEvicted
 }

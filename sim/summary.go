@@ -80,7 +80,8 @@ func GatherNodeStats(g prometheus.Gatherer) (NodeStats, error) {
 			case plain[name] != nil:
 				*plain[name] += value(m)
 			default:
-				if bl, ok := byLabel[name]; ok {
+				// Children preset at 0 (node metrics.Preset) are not news.
+				if bl, ok := byLabel[name]; ok && value(m) != 0 {
 					bl.m[label(m, bl.label)] += value(m)
 				}
 			}
@@ -159,10 +160,12 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 		t.AbortedQueued, t.AbortedMidPrefill)
 	row("preemptions", "%d (%d by block pressure), %d resumed, %d with a prefix-cache hit", t.Preemptions,
 		t.PreemptedPressure, t.Resumes, t.ResumeHits)
-	row("events", "%d in %d batches, %.0f events/s (node applied %.0f, rejected %s)", t.Events, t.Batches,
-		rate(float64(t.Events), secs), node.EventsApplied, counts(node.Rejected))
-	row("chunks stored", "%d in %d jobs (node: %.0f stored, %.0f deduplicated, %.0f dropped, %.0f evicted)",
-		t.ChunksStored, t.StoredJobs, node.ChunksStored, node.ChunksDeduped, node.ChunksDropped, node.Evictions)
+	row("events", "%d sent in %d batches (%.0f/s); node: %.0f batches received, %.0f events applied to live "+
+		"requests (each request's added starts it, not counted), rejected %s",
+		t.Events, t.Batches, rate(float64(t.Events), secs), node.Batches, node.EventsApplied, counts(node.Rejected))
+	row("chunks stored", "%d reported in %d stored messages; node: %.0f copied into the pool, %.0f already there "+
+		"(deduplicated), %.0f dropped, %.0f evicted later", t.ChunksStored, t.StoredJobs, node.ChunksStored,
+		node.ChunksDeduped, node.ChunksDropped, node.Evictions)
 	row("ready at finish", "%d: %d stored, %d deduplicated, %d evicted, %d skipped (null before a resume), %d missing",
 		t.ChunksReady, t.ReadyStored, t.Deduplicated, t.ReadyEvicted, t.ReadySkipped, t.Missing)
 	if t.ReadyNodeLost > 0 {
@@ -187,12 +190,20 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 		t.MissingReleases, t.UnknownReleases)
 	row("check", "%d lookups (%d hit tokens), %d loads (node: %s)", t.Lookups, t.LookupHitTokens,
 		int(node.Loads["ok"]+node.Loads["error"]), counts(node.Loads))
-	verdict := "OK"
-	if err := combinedErr(reps); err != nil {
-		verdict = "FAILED"
+	matched, checked := t.Coverage()
+	switch {
+	case t.Interrupted:
+		row("integrity", "not checked: the run was interrupted")
+	default:
+		verdict := "OK"
+		if err := combinedErr(reps); err != nil {
+			verdict = "FAILED"
+		}
+		row("integrity", "%s: %d of %d keys checked matched byte for byte (%s; coverage %.0f%%), %d evicted "+
+			"before the check, %d failed, %d bad messages (each engine checks every key it saw stored or present, "+
+			"so keys two engines share count twice)", verdict, matched, checked, bytesIEC(float64(t.VerifiedBytes)),
+			100*ratio(matched, checked), t.VerifyEvicted, t.VerifyFailed, t.BadMessages)
 	}
-	row("integrity", "%s: %d chunks match byte for byte (%s), %d failed, %d evicted before the check, %d bad messages",
-		verdict, t.VerifyOK, bytesIEC(float64(t.VerifiedBytes)), t.VerifyFailed, t.VerifyEvicted, t.BadMessages)
 	_ = tw.Flush()
 	for _, f := range t.Failures {
 		fmt.Fprintf(w, "  failure: %s\n", f)
@@ -206,6 +217,14 @@ func combinedErr(reps []Report) error {
 		}
 	}
 	return nil
+}
+
+// ratio is n/d, 0 for d = 0.
+func ratio(n, d int) float64 {
+	if d == 0 {
+		return 0
+	}
+	return float64(n) / float64(d)
 }
 
 func rate(n, secs float64) float64 {

@@ -127,7 +127,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *StatusQuery:
 		a.status(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("engine").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindEngine).Inc()
 	}
 }
 

@@ -22,6 +22,15 @@ import (
 	"github.com/kvactors/kvactors/tracing"
 )
 
+// Results of a load (the kvactors_load_requests_total result label).
+const (
+	ResultOK    = "ok"
+	ResultError = "error"
+)
+
+// Results lists every result label (metrics preset them at 0).
+var Results = []string{ResultOK, ResultError}
+
 // Job is one prepared load: its chunks' keys are already pinned in the store.
 type Job struct {
 	Engine  string
@@ -72,7 +81,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.done(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("load").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindLoad).Inc()
 	}
 }
 
@@ -101,13 +110,13 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		}
 		a.span.RecordError(err)
 		a.span.SetStatus(codes.Error, err.Error())
-		a.deps.Metrics.Loads.WithLabelValues("error").Inc()
+		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
 		a.corrupt(err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {
-		a.deps.Metrics.Loads.WithLabelValues("ok").Inc()
+		a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	}

@@ -127,7 +127,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *StatusQuery:
 		c.Send(m.ReplyTo, &Status{Snapshot: a.state.Snapshot()})
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("request").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
 	}
 }
 
@@ -159,7 +159,7 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 	j, ok := a.jobs[m.ID]
 	if !ok {
-		a.deps.Metrics.Unexpected.WithLabelValues("request").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
 		return
 	}
 	delete(a.jobs, m.ID)

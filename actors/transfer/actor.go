@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -77,7 +78,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *copyDone:
 		a.finish(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues("transfer").Inc()
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindTransfer).Inc()
 	}
 	queued, running, inflight := a.q.stats()
 	a.deps.Metrics.JobsQueued.Set(float64(queued))

@@ -13,6 +13,7 @@ import (
 	"syscall"
 
 	kvbench "github.com/kvactors/kvactors/bench"
+	"github.com/kvactors/kvactors/node"
 )
 
 // benchOptions are the bench command's flags; they fill kvbench.Config.
@@ -26,12 +27,13 @@ type benchOptions struct {
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
-	fs.IntVar(&o.cfg.Engines, "engines", 4, "simulated engines publishing at once")
-	fs.DurationVar(&o.cfg.Duration, "duration", 0, "length of each measured step (default 3s, 1s with --quick)")
+	d := kvbench.DefaultConfig()
+	fs.IntVar(&o.cfg.Engines, "engines", d.Engines, "simulated engines publishing at once")
+	fs.DurationVar(&o.cfg.Duration, "duration", 0, fmt.Sprintf("length of each measured step (default %v; %v with --quick)", d.Duration, kvbench.QuickDuration))
 	fs.StringVar(&o.cfg.NATSURL, "nats", "", "NATS server URL (default: an embedded server on a free port)")
-	fs.BoolVar(&o.cfg.Quick, "quick", false, "shorter run: 1s steps and 10,000 live requests in the scale phase")
-	fs.IntVar(&o.cfg.ScaleRequests, "scale-requests", 0, "live requests in the scale phase (default 100000; 10000 with --quick)")
-	fs.StringVar(&o.phases, "phases", strings.Join(kvbench.AllPhases, ","), "comma-separated phases to run")
+	fs.BoolVar(&o.cfg.Quick, "quick", false, fmt.Sprintf("shorter run: %v steps and %d live requests in the scale phase", kvbench.QuickDuration, kvbench.QuickScaleRequests))
+	fs.IntVar(&o.cfg.ScaleRequests, "scale-requests", 0, fmt.Sprintf("live requests in the scale phase (default %d; %d with --quick)", d.ScaleRequests, kvbench.QuickScaleRequests))
+	fs.StringVar(&o.phases, "phases", strings.Join(d.Phases, ","), "comma-separated phases to run")
 	fs.StringVar(&o.cfg.ShmDir, "shm-dir", "", "directory for the engines' shm segments (default /dev/shm if writable)")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON instead of tables")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the throughput phase's node run to this file")
@@ -41,42 +43,37 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
 }
 
-func bench(args []string) int {
+// runBench is `kvactors bench`. Missed goals are reported, not an error:
+// the numbers are the result.
+func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o benchOptions
 	o.bind(fs)
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(os.Stderr, "kvactors bench: unexpected arguments %q\n", fs.Args())
-		return 2
+	if code := parseExit("bench", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+		return code
 	}
 	o.cfg.Phases = strings.Split(o.phases, ",")
 	if o.cfg.External && !flagSet(fs, "phases") {
 		o.cfg.Phases = nil // --external alone runs only the out-of-process mix
 	}
-	o.cfg.Progress = os.Stderr
+	o.cfg.Progress = stderr
 	if o.logLevel != "" {
-		log, err := newLogger(o.logLevel)
+		log, err := node.Config{LogLevel: o.logLevel}.NewLogger(stderr)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "kvactors bench:", err)
-			return 2
+			fmt.Fprintf(stderr, "kvactors bench: %v (see kvactors bench --help)\n", err)
+			return exitUsage
 		}
 		o.cfg.Log = log
 	}
 	if err := o.cfg.Validate(); err != nil {
-		fmt.Fprintln(os.Stderr, "kvactors bench:", err)
-		return 2
+		fmt.Fprintf(stderr, "kvactors bench: %v (see kvactors bench --help)\n", err)
+		return exitUsage
 	}
 	if o.cpuprofile != "" {
 		f, err := os.Create(o.cpuprofile)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "kvactors bench:", err)
-			return 1
+			fmt.Fprintln(stderr, "kvactors bench:", err)
+			return exitFailure
 		}
 		defer f.Close()
 		o.cfg.CPUProfile = f
@@ -84,8 +81,8 @@ func bench(args []string) int {
 	if o.extProfile != "" {
 		f, err := os.Create(o.extProfile)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "kvactors bench:", err)
-			return 1
+			fmt.Fprintln(stderr, "kvactors bench:", err)
+			return exitFailure
 		}
 		defer f.Close()
 		o.cfg.ExternalProfile = f
@@ -93,21 +90,20 @@ func bench(args []string) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	rep, err := kvbench.Run(ctx, o.cfg)
-	if werr := writeReport(os.Stdout, &rep, o.json); werr != nil && err == nil {
+	if werr := writeReport(stdout, &rep, o.json); werr != nil && err == nil {
 		err = werr
 	}
 	switch {
 	case errors.Is(err, context.Canceled):
-		fmt.Fprintln(os.Stderr, "kvactors bench: interrupted")
-		return 1
+		fmt.Fprintln(stderr, "kvactors bench: interrupted; the phases above finished")
+		return exitInterrupted
 	case err != nil:
-		fmt.Fprintln(os.Stderr, "kvactors bench:", err)
-		return 1
+		fmt.Fprintln(stderr, "kvactors bench:", err)
+		return exitFailure
 	case !rep.Passed():
-		// The numbers are the result; missed goals are reported, not errors.
-		fmt.Fprintln(os.Stderr, "kvactors bench: some goals were missed (see GOAL)")
+		fmt.Fprintln(stderr, "kvactors bench: some goals were missed (see GOAL)")
 	}
-	return 0
+	return exitOK
 }
 
 func writeReport(w io.Writer, rep *kvbench.Report, asJSON bool) error {

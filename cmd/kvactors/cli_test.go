@@ -2,15 +2,18 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -44,11 +47,17 @@ func TestMain(m *testing.M) {
 func TestVersionAndHelp(t *testing.T) {
 	out, err := exec.Command(binary, "version").CombinedOutput()
 	require.NoError(t, err)
-	require.Contains(t, string(out), "kvactors")
+	require.Regexp(t, `^kvactors \S+, revision \S+.*, built \S+, go1\.`, string(out))
+	out, err = exec.Command(binary, "version", "--json").Output()
+	require.NoError(t, err)
+	var info struct{ Version, Revision, GoVersion string }
+	require.NoError(t, json.Unmarshal(out, &info))
+	require.NotEmpty(t, info.Version)
+	require.NotEmpty(t, info.Revision)
 
 	out, err = exec.Command(binary, "serve", "--help").CombinedOutput()
-	require.Error(t, err) // flag's --help exits 2
-	for _, f := range []string{"-nats", "-prefix", "-shm-dir", "-pool-bytes", "-http"} {
+	require.NoError(t, err, "--help exits 0")
+	for _, f := range []string{"-nats", "-prefix", "-shm-dir", "-pool-bytes", "-http", "-config", "-log-format"} {
 		require.Contains(t, string(out), f)
 	}
 	out, err = exec.Command(binary, "nonsense").CombinedOutput()
@@ -56,38 +65,93 @@ func TestVersionAndHelp(t *testing.T) {
 	require.Contains(t, string(out), "unknown command")
 }
 
-// A malformed KVACTORS_* variable is an error naming it, not a silent default.
-func TestEnvFallbackIsChecked(t *testing.T) {
-	cmd := exec.Command(binary, "serve")
+// The exit-status table (main.go usage, docs/OPERATIONS.md): --help is 0 for
+// every command; a bad flag, a stray argument or a bad value is 2 and one
+// line pointing at --help (never the whole usage); nothing starts.
+func TestExitCodes(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		code int
+		say  string
+	}{
+		{[]string{"serve", "--help"}, 0, "usage: kvactors serve"},
+		{[]string{"demo", "--help"}, 0, "usage: kvactors demo"},
+		{[]string{"bench", "--help"}, 0, "usage: kvactors bench"},
+		{[]string{"flags", "--help"}, 0, "usage: kvactors flags"},
+		{[]string{"version", "--help"}, 0, "usage: kvactors version"},
+		{[]string{"nats-config", "--help"}, 0, "usage: kvactors nats-config"},
+		{[]string{"nats-config", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"nats-config", "--engines", "e1"}, 2, "--engines and --out are required"},
+		{[]string{"help"}, 0, "usage: kvactors <command>"},
+		{[]string{}, 2, "usage: kvactors <command>"},
+		{[]string{"serve", "extra-arg", "--nats-port", "-1"}, 2, `unexpected argument "extra-arg"`},
+		{[]string{"flags", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"version", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"demo", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"bench", "extra"}, 2, `unexpected argument "extra"`},
+		{[]string{"serve", "--no-such-flag"}, 2, "flag provided but not defined"},
+		{[]string{"serve", "--pool-bytes", "abc"}, 2, `bad byte size "abc"`},
+		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
+		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
+		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		{[]string{"demo", "--pool-bytes", "abc"}, 2, "--pool-bytes"},
+		{[]string{"demo", "--pool-bytes", "0"}, 2, "--pool-bytes"},
+		{[]string{"bench", "--engines", "x"}, 2, "invalid value"},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		require.Equal(t, tc.code, code, "%q: stdout %s stderr %s", tc.args, stdout.String(), stderr.String())
+		require.Contains(t, stdout.String()+stderr.String(), tc.say, "%q", tc.args)
+		if tc.code == 2 && len(tc.args) > 0 {
+			require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "%q: one line, not the usage:\n%s",
+				tc.args, stderr.String())
+			require.Contains(t, stderr.String(), "--help")
+		}
+	}
+}
+
+// Flag beats environment: a malformed KVACTORS_POOL_BYTES is not read when
+// --pool-bytes is given (the node starts), and is an error naming it when
+// not (below).
+func TestFlagBeatsMalformedEnv(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "--pool-bytes", "1M", "--nats-port", "-1", "--http", "127.0.0.1:0",
+		"--shm-dir", t.TempDir(), "--log-level", "warn")
 	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTES=lots")
+	serving, stop := startServe(t, cmd)
+	require.Contains(t, serving, "kvactors serving")
+	require.Equal(t, 0, stop())
+}
+
+// A busy embedded NATS port fails at once with "address already in use" and
+// the way out, exit 1 (a runtime failure, not a usage error).
+func TestBusyNATSPort(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	port := strconv.Itoa(ln.Addr().(*net.TCPAddr).Port)
+	start := time.Now()
+	cmd := exec.Command(binary, "serve", "--nats-port", port, "--http", "off", "--shm-dir", t.TempDir())
 	out, err := cmd.CombinedOutput()
-	require.Error(t, err)
-	require.Contains(t, string(out), "KVACTORS_POOL_BYTES")
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 1, exit.ExitCode())
+	require.Contains(t, string(out), "address already in use")
+	require.Contains(t, string(out), "--nats-port")
+	require.Less(t, time.Since(start), 5*time.Second, "no wait for a server that cannot listen")
 }
 
-// docs/CONFIG.md's table is what `kvactors flags` prints (the
-// documentation cannot drift from the flags).
-func TestConfigDocMatchesFlags(t *testing.T) {
-	out, err := exec.Command(binary, "flags").Output()
-	require.NoError(t, err)
-	doc, err := os.ReadFile("../../docs/CONFIG.md")
-	require.NoError(t, err)
-	require.Contains(t, string(doc), string(out), "regenerate with: go run ./cmd/kvactors flags")
-}
-
-// serve with no --nats starts an embedded server, prints its URL, serves an
-// engine end to end, and on SIGTERM releases what it still holds and exits 0.
-func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
-	dir := t.TempDir()
-	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--shm-dir", dir,
-		"--pool-bytes", "1M", "--log-level", "warn")
-	cmd.Env = os.Environ()
+// startServe starts a serve command, waits for its "kvactors serving" line
+// and returns it with a stop function (SIGTERM, then the exit status).
+// Stderr goes to the test's unless the command already has one.
+func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
+	t.Helper()
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
+	if cmd.Stderr == nil {
+		cmd.Stderr = os.Stderr
+	}
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-
 	line := make(chan string, 1)
 	go func() {
 		s := bufio.NewScanner(stdout)
@@ -103,6 +167,49 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not print its URL")
 	}
+	return serving, func() int {
+		require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if exit, ok := err.(*exec.ExitError); ok {
+				return exit.ExitCode()
+			}
+			require.NoError(t, err)
+			return 0
+		case <-time.After(20 * time.Second):
+			t.Fatal("serve did not exit after SIGTERM")
+			return -1
+		}
+	}
+}
+
+// docs/CONFIG.md's table is what `kvactors flags` prints (the
+// documentation cannot drift from the flags).
+func TestConfigDocMatchesFlags(t *testing.T) {
+	out, err := exec.Command(binary, "flags").Output()
+	require.NoError(t, err)
+	doc, err := os.ReadFile("../../docs/CONFIG.md")
+	require.NoError(t, err)
+	require.Contains(t, string(doc), string(out), "regenerate with: go run ./cmd/kvactors flags")
+
+	// The table shows the built-in defaults, whatever this shell's
+	// environment says (the docs must not depend on who generated them).
+	cmd := exec.Command(binary, "flags")
+	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTES=5G", "KVACTORS_PREFIX=mine")
+	withEnv, err := cmd.Output()
+	require.NoError(t, err)
+	require.Equal(t, string(out), string(withEnv))
+}
+
+// serve with no --nats starts an embedded server, prints its URL, serves an
+// engine end to end, and on SIGTERM releases what it still holds and exits 0.
+func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--shm-dir", dir,
+		"--pool-bytes", "1M", "--log-level", "warn")
+	serving, _ := startServe(t, cmd) // this test stops it itself, checking the releases on the way
 	m := regexp.MustCompile(`nats (nats://\S+),.*admin http (\S+)`).FindStringSubmatch(serving)
 	require.Len(t, m, 3, serving)
 	resp, err := http.Get("http://" + m[2] + "/readyz")
@@ -151,34 +258,101 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	}
 }
 
+// --log-format json: every log line is a JSON object. The run also shows
+// the --nats-port warning under --nats and the bounded start-up retries
+// ending in exit 1 (a runtime failure) with the attempts counted.
+func TestServeJSONLogsWarningAndConnectTimeout(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	url := "nats://" + ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens there now
+	cmd := exec.Command(binary, "serve", "--nats", url, "--nats-port", "5000", "--nats-connect-timeout", "300ms",
+		"--log-format", "json", "--http", "off", "--shm-dir", t.TempDir(), "--pool-bytes", "1M")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 1, exit.ExitCode(), stderr.String())
+	var msgs []string
+	for _, line := range strings.Split(strings.TrimSpace(stderr.String()), "\n") {
+		var rec struct{ Level, Msg, Err string }
+		require.NoError(t, json.Unmarshal([]byte(line), &rec), "not JSON: %s", line)
+		msgs = append(msgs, rec.Level+" "+rec.Msg+" "+rec.Err)
+	}
+	all := strings.Join(msgs, "\n")
+	require.Contains(t, all, "WARN --nats-port is ignored")
+	require.Contains(t, all, "nats not reachable, retrying")
+	require.Regexp(t, `ERROR start connect to nats .* attempts in 300ms`, all)
+}
+
+// --config: serve takes its settings from the file, and a flag still beats
+// the file's key.
+func TestServeConfigFile(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "kvactors.yaml")
+	require.NoError(t, os.WriteFile(cfg, []byte("nats-port: -1\nhttp: 127.0.0.1:0\npool-bytes: 1M\n"+
+		"shm-dir: "+t.TempDir()+"\nprefix: fromfile\nlog-level: warn\n"), 0o600))
+	cmd := exec.Command(binary, "serve", "--config", cfg, "--prefix", "fromflag")
+	serving, stop := startServe(t, cmd)
+	require.Contains(t, serving, `prefix "fromflag"`)
+	require.Regexp(t, `admin http 127\.0\.0\.1:\d+`, serving)
+	require.Equal(t, 0, stop())
+
+	require.NoError(t, os.WriteFile(cfg, []byte("pool-bytse: 1M\n"), 0o600))
+	var stdout, stderr bytes.Buffer
+	require.Equal(t, 2, run([]string{"serve", "--config", cfg}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), `unknown key "pool-bytse"`)
+}
+
+// An interrupted bench prints what finished and exits 130, not 1.
+func TestBenchInterrupted(t *testing.T) {
+	cmd := exec.Command(binary, "bench", "--phases", "copy", "--duration", "60s", "--shm-dir", t.TempDir())
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	cmd.Stdout = io.Discard
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	lines := make(chan string, 64)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	select {
+	case <-lines: // the bench is running
+	case <-time.After(20 * time.Second):
+		t.Fatal("bench printed nothing")
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	var rest []string
+	timeout := time.After(30 * time.Second)
+	for done := false; !done; {
+		select {
+		case l, ok := <-lines:
+			rest = append(rest, l)
+			done = !ok
+		case <-timeout:
+			t.Fatal("bench did not stop after Ctrl-C")
+		}
+	}
+	err = cmd.Wait()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, strings.Join(rest, "\n"))
+	require.Equal(t, 130, exit.ExitCode())
+	require.Contains(t, strings.Join(rest, "\n"), "kvactors bench: interrupted")
+}
+
 // PROTOCOL.md v2 / issue 10: a shutdown whose --shutdown-timeout expires with
 // releases still owed exits non-zero and says how many were undelivered.
 func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	dir := t.TempDir()
 	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir,
 		"--pool-bytes", "1M", "--log-level", "warn", "--shutdown-timeout", "1ns")
-	cmd.Env = os.Environ()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "kvactors serving") {
-				line <- s.Text()
-			}
-		}
-	}()
-	var serving string
-	select {
-	case serving = <-line:
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not print its URL")
-	}
+	serving, _ := startServe(t, cmd)
 	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
 	require.Len(t, m, 2, serving)
 	nc, err := nats.Connect(m[1])

@@ -41,36 +41,52 @@ type demoOptions struct {
 	logLevel  string
 	diskDir   string
 	diskBytes string
+	disk      int64 // diskBytes parsed
+	// minCoverage is the share of checked keys that must be found and
+	// matched for the verdict to mean much; below it the demo warns, or
+	// fails with requireCoverage.
+	minCoverage     float64
+	requireCoverage bool
+	pool            int64 // poolBytes parsed
 }
 
-func demo(args []string) int { return runDemo(args, os.Stdout, os.Stderr) }
+// errInterrupted ends a demo stopped by Ctrl-C or SIGTERM.
+var errInterrupted = errors.New("interrupted")
 
 // runDemo is `kvactors demo`: a node and simulated engines in one process,
 // a progress bar while they run, then the summary and the integrity
 // verdict. Exit status: 0 when every check passed, 1 when one failed or
-// the run broke, 2 for bad flags.
+// the run broke, 2 for bad flags, 130 when interrupted.
 func runDemo(args []string, stdout, stderr io.Writer) int {
-	o, code := parseDemoFlags(args, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	return runDemoCtx(ctx, args, stdout, stderr)
+}
+
+func runDemoCtx(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	o, code := parseDemoFlags(args, stdout, stderr)
 	if code >= 0 {
 		return code
 	}
 	log, err := newDemoLogger(o.logLevel, stderr)
 	if err != nil {
-		fmt.Fprintln(stderr, "kvactors demo:", err)
-		return 2
+		fmt.Fprintf(stderr, "kvactors demo: %v (see kvactors demo --help)\n", err)
+		return exitUsage
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := runDemoWith(ctx, o, log, stdout, stderr); err != nil {
+	err = runDemoWith(ctx, o, log, stdout, stderr)
+	switch {
+	case errors.Is(err, errInterrupted):
 		fmt.Fprintln(stderr, "kvactors demo:", err)
-		return 1
+		return exitInterrupted
+	case err != nil:
+		fmt.Fprintln(stderr, "kvactors demo:", err)
+		return exitFailure
 	}
-	return 0
+	return exitOK
 }
 
-func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
+func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var o demoOptions
 	fs.IntVar(&o.engines, "engines", 2, "simulated engines, sharing one node and one seed (so their prefixes deduplicate)")
 	fs.IntVar(&o.requests, "requests", 400, "requests in all, split across the engines")
@@ -78,7 +94,7 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 	fs.DurationVar(&o.step, "step", 10*time.Millisecond, "scheduler step of each engine")
 	fs.StringVar(&o.natsURL, "nats", "", "NATS URL to use instead of an embedded server")
 	fs.StringVar(&o.shmDir, "shm-dir", defaultShmDir(), "where engines create their shm segments")
-	fs.StringVar(&o.poolBytes, "pool-bytes", "1GiB", "host pool size")
+	fs.StringVar(&o.poolBytes, "pool-bytes", node.FormatBytes(node.DefaultConfig().PoolBytes), "host pool size")
 	fs.StringVar(&o.traceFile, "trace-file", "", "write the node's spans to this file (console exporter JSON, one span per object)")
 	fs.BoolVar(&o.otlp, "otlp", false, "also export spans by OTLP (OTEL_EXPORTER_OTLP_ENDPOINT, e.g. a local Jaeger)")
 	fs.Uint64Var(&o.seed, "seed", 1, "seed of the token streams, lengths and fates")
@@ -86,8 +102,23 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 	fs.StringVar(&o.logLevel, "log-level", "error", "log level of the node and engines: debug, info, warn, error, off")
 	fs.StringVar(&o.diskDir, "disk-dir", "", "give the node a disk tier here (try a small --pool-bytes: evicted chunks are loaded back from disk)")
 	fs.StringVar(&o.diskBytes, "disk-bytes", "4GiB", "the disk tier's budget, with --disk-dir")
-	if err := fs.Parse(args); err != nil {
-		return o, 2 // flag printed the problem (or the help)
+	fs.Float64Var(&o.minCoverage, "min-coverage", 0.5, "warn when fewer of the checked keys than this share were still in the pool to compare")
+	fs.BoolVar(&o.requireCoverage, "require-coverage", false, "fail (exit 1) instead of warning below --min-coverage")
+	if code := parseExit("demo", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+		return o, code
+	}
+	bad := func(format string, a ...any) (demoOptions, int) {
+		fmt.Fprintf(stderr, "kvactors demo: "+format+" (see kvactors demo --help)\n", a...)
+		return o, exitUsage
+	}
+	var err error
+	if o.pool, err = node.ParseBytes(o.poolBytes); err != nil || o.pool == 0 {
+		return bad("--pool-bytes %q: want a size > 0 such as 64MiB or 1G", o.poolBytes)
+	}
+	if o.diskDir != "" {
+		if o.disk, err = node.ParseBytes(o.diskBytes); err != nil || o.disk == 0 {
+			return bad("--disk-bytes %q: want a size > 0 such as 4GiB", o.diskBytes)
+		}
 	}
 	if o.quick {
 		// Explicit flags still win over --quick's defaults.
@@ -104,16 +135,12 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 		}
 	}
 	switch {
-	case fs.NArg() > 0:
-		fmt.Fprintf(stderr, "kvactors demo: unexpected arguments %q\n", fs.Args())
-		return o, 2
 	case o.engines < 1 || o.requests < o.engines:
-		fmt.Fprintf(stderr, "kvactors demo: want at least one engine and one request per engine (got %d, %d)\n",
-			o.engines, o.requests)
-		return o, 2
+		return bad("want at least one engine and one request per engine (got %d, %d)", o.engines, o.requests)
 	case o.spread <= 0 || o.step <= 0:
-		fmt.Fprintln(stderr, "kvactors demo: --spread and --step must be > 0")
-		return o, 2
+		return bad("--spread and --step must be > 0")
+	case o.minCoverage < 0 || o.minCoverage > 1:
+		return bad("--min-coverage %v: want 0..1", o.minCoverage)
 	}
 	return o, -1
 }
@@ -121,10 +148,11 @@ func parseDemoFlags(args []string, stderr io.Writer) (demoOptions, int) {
 // defaultShmDir is /dev/shm where it can be written (the real thing), else
 // the temp dir (the shm backend works on any directory).
 func defaultShmDir() string {
-	if f, err := os.CreateTemp("/dev/shm", "kvactors-probe-"); err == nil {
+	dir := node.DefaultConfig().ShmDir
+	if f, err := os.CreateTemp(dir, "kvactors-probe-"); err == nil {
 		_ = f.Close()
 		_ = os.Remove(f.Name())
-		return "/dev/shm"
+		return dir
 	}
 	return os.TempDir()
 }
@@ -141,25 +169,15 @@ func newDemoLogger(level string, w io.Writer) (*slog.Logger, error) {
 }
 
 func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, stderr io.Writer) (err error) {
-	pool, err := node.ParseBytes(o.poolBytes)
-	if err != nil {
-		return fmt.Errorf("--pool-bytes: %w", err)
-	}
 	tp, shutdownTracing, err := demoTracing(ctx, o, stderr)
 	if err != nil {
 		return err
 	}
 	defer func() { err = errors.Join(err, shutdownTracing()) }()
 
-	var diskBytes int64
-	if o.diskDir != "" {
-		if diskBytes, err = node.ParseBytes(o.diskBytes); err != nil {
-			return fmt.Errorf("--disk-bytes: %w", err)
-		}
-	}
 	reg := prometheus.NewRegistry()
-	n, err := node.Start(ctx, node.Config{NATSURL: o.natsURL, NATSPort: -1, ShmDir: o.shmDir, PoolBytes: pool,
-		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg, DiskDir: o.diskDir, DiskBytes: diskBytes})
+	n, err := node.Start(ctx, node.Config{NATSURL: o.natsURL, NATSPort: -1, ShmDir: o.shmDir, PoolBytes: o.pool,
+		HTTPAddr: node.HTTPOff, Log: log, Tracer: tp, Registry: reg, DiskDir: o.diskDir, DiskBytes: o.disk})
 	if err != nil {
 		return fmt.Errorf("start the node: %w", err)
 	}
@@ -170,7 +188,11 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	bar := progressbar.NewOptions(o.requests, progressbar.OptionSetWriter(stderr),
 		progressbar.OptionSetDescription("requests"), progressbar.OptionShowCount(),
 		progressbar.OptionSetElapsedTime(true), progressbar.OptionThrottle(100*time.Millisecond),
-		progressbar.OptionOnCompletion(func() { fmt.Fprintln(stderr, "\nchecking every stored chunk byte for byte…") }))
+		progressbar.OptionOnCompletion(func() {
+			if ctx.Err() == nil { // Exit (on an interrupt) completes the bar too
+				fmt.Fprintln(stderr, "\nchecking every stored chunk byte for byte…")
+			}
+		}))
 	cfgs := demoConfigs(o, log, func() { _ = bar.Add(1) })
 	if o.traceFile != "" || o.otlp {
 		// The engines' step spans become the parents of the node's spans.
@@ -179,7 +201,13 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 		}
 	}
 	reps, runErr := runEngines(ctx, n.NATSURL(), cfgs)
-	_ = bar.Finish()
+	interrupted := ctx.Err() != nil
+	if interrupted {
+		_ = bar.Exit() // not Finish: the bar stays where the run stopped
+		fmt.Fprintln(stderr)
+	} else {
+		_ = bar.Finish()
+	}
 	// The summary is worth printing even for a run that broke off: it says
 	// how far it got.
 	stats, err := sim.GatherNodeStats(reg)
@@ -197,6 +225,14 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 		fmt.Fprintf(stdout, "disk tier: %d chunks written (%d bytes), %d loaded back from disk (hits), %d evicted, %d on disk now\n",
 			st.Writes, st.WriteBytes, st.Hits, st.Evictions, st.Chunks)
 	}
+	if interrupted {
+		finished := 0
+		for _, r := range reps {
+			finished += r.Finished + r.AbortedQueued + r.AbortedMidPrefill
+		}
+		return fmt.Errorf("%w after %d of %d requests; the integrity check did not run", errInterrupted,
+			finished, o.requests)
+	}
 	if runErr != nil {
 		return runErr
 	}
@@ -205,6 +241,28 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 			return err
 		}
 	}
+	return checkCoverage(reps, o, stderr)
+}
+
+// checkCoverage warns (or, with --require-coverage, fails) when too few of
+// the checked keys were still in the pool: "integrity OK" then rests on a
+// small sample (a small --pool-bytes evicts most chunks before the check).
+func checkCoverage(reps []sim.Report, o demoOptions, stderr io.Writer) error {
+	var t sim.Report
+	for _, r := range reps {
+		t.Add(r)
+	}
+	matched, checked := t.Coverage()
+	if checked == 0 || float64(matched) >= o.minCoverage*float64(checked) {
+		return nil
+	}
+	msg := fmt.Sprintf("integrity coverage %d of %d keys (%.0f%%) is below --min-coverage %.0f%%: most chunks "+
+		"were evicted before the check; a larger --pool-bytes checks more", matched, checked,
+		100*float64(matched)/float64(checked), 100*o.minCoverage)
+	if o.requireCoverage {
+		return errors.New(msg)
+	}
+	fmt.Fprintln(stderr, "kvactors demo: warning:", msg)
 	return nil
 }
 

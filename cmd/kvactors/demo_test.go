@@ -5,8 +5,12 @@ import (
 	"bytes"
 	"encoding/json"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -51,9 +55,90 @@ func TestDemoBadFlags(t *testing.T) {
 		{"--step", "0s"},
 		{"--no-such-flag"},
 		{"extra"},
+		{"--pool-bytes", "abc"},
+		{"--min-coverage", "2"},
 	} {
 		var stdout, stderr bytes.Buffer
 		require.Equal(t, 2, runDemo(args, &stdout, &stderr), "args %q", args)
 		require.NotEmpty(t, stderr.String())
 	}
+}
+
+// Ctrl-C during the run: the demo stops the engines, prints the summary
+// with "not checked" (never "integrity OK" over nothing), leaves the bar
+// where it was, and exits 130 with one line saying so.
+func TestDemoInterrupted(t *testing.T) {
+	cmd := exec.Command(binary, "demo", "--requests", "400", "--spread", "60s", "--shm-dir", t.TempDir(),
+		"--pool-bytes", "64MiB")
+	var stdout bytes.Buffer
+	cmd.Stdout = &stdout
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	started := make(chan struct{})
+	var errOut bytes.Buffer
+	readDone := make(chan struct{})
+	go func() {
+		defer close(readDone)
+		sc := bufio.NewScanner(stderr)
+		sc.Split(bufio.ScanRunes) // the bar rewrites one line without newlines
+		once := false
+		progressed := regexp.MustCompile(`\([1-9]\d*/400\)`)
+		for sc.Scan() {
+			errOut.Write(sc.Bytes())
+			// Interrupt once some requests are done, so the bar has moved.
+			if !once && progressed.MatchString(errOut.String()) {
+				once = true
+				close(started)
+			}
+		}
+	}()
+	select {
+	case <-started:
+	case <-time.After(20 * time.Second):
+		t.Fatal("demo did not start")
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("demo did not stop after Ctrl-C")
+	}
+	select {
+	case <-readDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("stderr not closed")
+	}
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit)
+	require.Equal(t, 130, exit.ExitCode(), "stderr:\n%s", errOut.String())
+	require.Contains(t, stdout.String(), "not checked: the run was interrupted")
+	require.NotContains(t, stdout.String(), "OK:")
+	require.NotContains(t, errOut.String(), "100%")
+	require.NotContains(t, errOut.String(), "(400/400)")
+	require.Regexp(t, `interrupted after [1-9]\d* of 400 requests`, errOut.String())
+	require.NotContains(t, errOut.String(), "checking every stored chunk")
+	require.Equal(t, 1, strings.Count(errOut.String(), "kvactors demo: interrupted"), errOut.String())
+}
+
+// A pool far too small for the run evicts most chunks before the check:
+// the summary reports the coverage, and --require-coverage turns it into a
+// failure (without it, a warning and exit 0).
+func TestDemoLowCoverage(t *testing.T) {
+	args := []string{"--quick", "--requests", "16", "--spread", "300ms", "--step", "2ms",
+		"--shm-dir", t.TempDir(), "--pool-bytes", "1MiB", "--log-level", "off", "--min-coverage", "1"}
+	var stdout, stderr bytes.Buffer
+	code := runDemo(args, &stdout, &stderr)
+	require.Equal(t, 0, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Contains(t, stdout.String(), "coverage")
+	require.Contains(t, stderr.String(), "warning: integrity coverage")
+
+	stdout.Reset()
+	stderr.Reset()
+	code = runDemo(append(args, "--require-coverage"), &stdout, &stderr)
+	require.Equal(t, 1, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Contains(t, stderr.String(), "below --min-coverage")
 }

@@ -1,15 +1,17 @@
 // Command kvactors is the KV-cache offload service: serve runs a node, demo
 // runs a node with a simulated engine and checks every byte, bench measures
-// it, version prints the version.
+// it, version prints the build.
 package main
 
 import (
+	"encoding/json"
+	"flag"
 	"fmt"
+	"io"
 	"os"
-)
 
-// version is set at build time with -ldflags "-X main.version=...".
-var version = "dev"
+	"github.com/kvactors/kvactors/internal/buildinfo"
+)
 
 const usage = `kvactors: out-of-engine KV-cache offload service
 
@@ -21,35 +23,54 @@ commands:
   bench     measure event throughput, latency, copy bandwidth and scale
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
   nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
-  version   print the version
+  version   print the version, VCS revision and build time
 
 Run 'kvactors <command> --help' for a command's flags.
+Exit status: 0 success or --help; 1 runtime failure; 2 bad flag, argument,
+variable, config file or value; 3 serve's fencing fail-stop; 130 demo or
+bench interrupted.
 `
 
-func main() {
-	if len(os.Args) < 2 {
-		fmt.Fprint(os.Stderr, usage)
-		os.Exit(2)
+func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return exitUsage
 	}
-	var code int
-	switch cmd, args := os.Args[1], os.Args[2:]; cmd {
+	switch cmd, args := args[0], args[1:]; cmd {
 	case "serve":
-		code = serve(args)
+		return runServe(args, stdout, stderr)
 	case "demo":
-		code = demo(args)
+		return runDemo(args, stdout, stderr)
 	case "bench":
-		code = bench(args)
+		return runBench(args, stdout, stderr)
 	case "flags":
-		code = flagsTable(args)
+		return flagsTable(args, stdout, stderr)
 	case "nats-config":
-		code = natsConfig(args)
+		return natsConfig(args, stdout, stderr)
 	case "version", "--version", "-v":
-		fmt.Println("kvactors", version)
+		return printVersion(args, stdout, stderr)
 	case "help", "--help", "-h":
-		fmt.Print(usage)
+		fmt.Fprint(stdout, usage)
+		return exitOK
 	default:
-		fmt.Fprintf(os.Stderr, "kvactors: unknown command %q\n\n%s", cmd, usage)
-		code = 2
+		fmt.Fprintf(stderr, "kvactors: unknown command %q (see kvactors --help)\n", cmd)
+		return exitUsage
 	}
-	os.Exit(code)
+}
+
+func printVersion(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print the build info as JSON")
+	if code := parseExit("version", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+		return code
+	}
+	info := buildinfo.Read()
+	if *asJSON {
+		_ = json.NewEncoder(stdout).Encode(info)
+		return exitOK
+	}
+	fmt.Fprintln(stdout, info)
+	return exitOK
 }

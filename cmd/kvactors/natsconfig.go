@@ -3,56 +3,57 @@ package main
 import (
 	"flag"
 	"fmt"
-	"os"
+	"io"
 	"strings"
 
 	"github.com/kvactors/kvactors/natsauth"
+	"github.com/kvactors/kvactors/node"
 )
 
 // natsConfig is `kvactors nats-config`: it prints a nats-server
 // configuration that isolates the listed engines (docs/SECURITY.md) and
 // writes it with one secret file per user into --out.
-func natsConfig(args []string) int {
+func natsConfig(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nats-config", flag.ContinueOnError)
 	var o natsauth.Options
 	engines := fs.String("engines", "", "comma-separated engine ids, one user each (required)")
 	routers := fs.String("routers", "", "comma-separated router ids: read-only users (kv_events, status)")
 	out := fs.String("out", "", "directory for nats-server.conf and the secret files (required; created 0700)")
-	fs.StringVar(&o.Prefix, "prefix", "kvactors", "subject prefix P")
+	fs.StringVar(&o.Prefix, "prefix", node.DefaultConfig().Prefix, "subject prefix P")
 	fs.StringVar(&o.Auth, "auth", natsauth.AuthNKey, "nkey (the config holds public keys) or password (bcrypt hashes)")
 	fs.BoolVar(&o.JetStream, "jetstream", false, "enable JetStream, its API for kvactors' user only")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate file (requires --tls-key)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "server key file")
 	fs.StringVar(&o.TLSCA, "tls-ca", "", "CA file: also verify client certificates")
-	if err := fs.Parse(args); err != nil {
-		return 2
+	if code := parseExit("nats-config", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+		return code
 	}
 	if *engines == "" || *out == "" {
-		fmt.Fprintln(os.Stderr, "kvactors nats-config: --engines and --out are required")
-		return 2
+		fmt.Fprintln(stderr, "kvactors nats-config: --engines and --out are required (see kvactors nats-config --help)")
+		return exitUsage
 	}
 	o.Engines = split(*engines)
 	o.Routers = split(*routers)
 	g, err := natsauth.Generate(o)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvactors nats-config:", err)
-		return 2
+		fmt.Fprintln(stderr, "kvactors nats-config:", err)
+		return exitUsage
 	}
 	paths, err := g.Write(*out)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "kvactors nats-config:", err)
-		return 1
+		fmt.Fprintln(stderr, "kvactors nats-config:", err)
+		return exitFailure
 	}
-	fmt.Print(g.Config)
+	fmt.Fprint(stdout, g.Config)
 	conf := *out + "/" + natsauth.ConfigFile
-	fmt.Fprintf(os.Stderr, "wrote %s\n", strings.Join(paths, ", "))
+	fmt.Fprintf(stderr, "wrote %s\n", strings.Join(paths, ", "))
 	if o.Auth == natsauth.AuthPassword {
-		fmt.Fprintf(os.Stderr, "serve with: NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" kvactors serve --nats-config %s\n",
+		fmt.Fprintf(stderr, "serve with: NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" kvactors serve --nats-config %s\n",
 			natsauth.ServiceUser, *out, natsauth.ServiceUser, conf)
 	} else {
-		fmt.Fprintf(os.Stderr, "serve with: kvactors serve --nats-config %s --nats-nkey %s/%s.nk\n", conf, *out, natsauth.ServiceUser)
+		fmt.Fprintf(stderr, "serve with: kvactors serve --nats-config %s --nats-nkey %s/%s.nk\n", conf, *out, natsauth.ServiceUser)
 	}
-	return 0
+	return exitOK
 }
 
 func split(s string) []string {

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+)
+
+// Exit codes, the same for every command (docs/OPERATIONS.md).
+const (
+	exitOK      = 0 // success, or --help
+	exitFailure = 1 // a runtime failure: start failed, a check failed
+	exitUsage   = 2 // a bad flag, argument, variable, config file or value
+	// 3 is node.FailStopExit: serve ended itself because fencing demanded it.
+	exitInterrupted = 130 // demo or bench stopped by Ctrl-C or SIGTERM (128+SIGINT)
+)
+
+// parseFlags parses a command's flags; no command takes positional
+// arguments, so one is an error rather than the silent end of the flags.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard) // parseExit prints one line, not the usage
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected argument %q: %s takes flags only", fs.Arg(0), fs.Name())
+	}
+	return nil
+}
+
+// parseExit turns a parse error into what the user sees and the exit code:
+// -1 to go on; 0 after printing the usage (and notes) for --help; 2 after
+// printing the problem as one line that points at --help.
+func parseExit(cmd string, err error, fs *flag.FlagSet, stdout, stderr io.Writer, notes ...string) int {
+	switch {
+	case err == nil:
+		return -1
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(stdout, "usage: kvactors %s [flags]\n\n", cmd)
+		for _, n := range notes {
+			fmt.Fprintln(stdout, n)
+		}
+		if len(notes) > 0 {
+			fmt.Fprintln(stdout)
+		}
+		fs.SetOutput(stdout)
+		fs.PrintDefaults()
+		return exitOK
+	}
+	fmt.Fprintf(stderr, "kvactors %s: %v (see kvactors %s --help)\n", cmd, err, cmd)
+	return exitUsage
+}

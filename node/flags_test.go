@@ -1,0 +1,175 @@
+package node_test
+
+import (
+	"errors"
+	"flag"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/node"
+)
+
+// parse binds a fresh Config to a fresh flag set and parses args.
+func parse(t *testing.T, args ...string) (node.Config, *node.Flags, error) {
+	t.Helper()
+	var cfg node.Config
+	f := cfg.BindFlags(flag.NewFlagSet("serve", flag.ContinueOnError))
+	err := f.Parse(args)
+	return cfg, f, err
+}
+
+func writeFile(t *testing.T, body string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "kvactors.yaml")
+	require.NoError(t, os.WriteFile(p, []byte(body), 0o600))
+	return p
+}
+
+// With nothing given, the flags yield exactly DefaultConfig: the defaults
+// are written once (issue 16), and the flags cannot disagree with the code.
+func TestFlagDefaultsAreDefaultConfig(t *testing.T) {
+	cfg, f, err := parse(t)
+	require.NoError(t, err)
+	d := node.DefaultConfig()
+	// Secrets come from the environment, not the defaults.
+	cfg.NATSUser, cfg.NATSPassword, cfg.NATSToken = "", "", ""
+	require.Equal(t, d, cfg)
+	require.Empty(t, f.Warnings)
+	// And the zero Config means the same, setting by setting: Validate
+	// accepts both, and withDefaults (via Start) fills the zero one to d.
+	require.NoError(t, node.Config{}.Validate())
+	require.NoError(t, d.Validate())
+}
+
+// Precedence: flag beats KVACTORS_* beats the --config file beats the
+// default, setting by setting.
+func TestFlagEnvFilePrecedence(t *testing.T) {
+	file := writeFile(t, "pool-bytes: 3GiB\nprefix: fromfile\ndecode-workers: 7\nshutdown-timeout: 3s\npprof: true\n")
+	t.Setenv("KVACTORS_PREFIX", "fromenv")
+	t.Setenv("KVACTORS_DECODE_WORKERS", "5")
+	cfg, _, err := parse(t, "--config", file, "--decode-workers", "9")
+	require.NoError(t, err)
+	require.Equal(t, int64(3<<30), cfg.PoolBytes, "file beats default")
+	require.Equal(t, "fromenv", cfg.Prefix, "env beats file")
+	require.Equal(t, 9, cfg.DecodeWorkers, "flag beats env and file")
+	require.Equal(t, 3*time.Second, cfg.ShutdownTimeout)
+	require.True(t, cfg.Pprof)
+	require.Equal(t, node.DefaultConfig().HTTPAddr, cfg.HTTPAddr, "default where nothing is given")
+
+	// KVACTORS_CONFIG names the file when --config does not.
+	t.Setenv("KVACTORS_CONFIG", file)
+	cfg, _, err = parse(t)
+	require.NoError(t, err)
+	require.Equal(t, int64(3<<30), cfg.PoolBytes)
+}
+
+// A malformed variable is not read when its flag is given, and is an error
+// naming it when it is not.
+func TestMalformedEnvOnlyMattersWithoutTheFlag(t *testing.T) {
+	t.Setenv("KVACTORS_POOL_BYTES", "lots")
+	cfg, _, err := parse(t, "--pool-bytes", "2M")
+	require.NoError(t, err)
+	require.Equal(t, int64(2<<20), cfg.PoolBytes)
+	_, _, err = parse(t)
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "KVACTORS_POOL_BYTES")
+}
+
+// Every kind of bad input is an error of the right class, and changes
+// nothing else: usage errors (the command line) vs config errors (values,
+// variables, the file).
+func TestBadSettingsAreClassified(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		file string
+		want error
+		say  string
+	}{
+		{"stray argument", []string{"extra", "--nats-port", "-1"}, "", node.ErrUsage, `unexpected argument "extra"`},
+		{"unknown flag", []string{"--no-such"}, "", node.ErrUsage, "no-such"},
+		{"malformed flag", []string{"--pool-bytes", "abc"}, "", node.ErrUsage, "bad byte size"},
+		{"zero pool", []string{"--pool-bytes", "0"}, "", node.ErrConfig, "--pool-bytes"},
+		{"zero workers", []string{"--copy-workers", "0"}, "", node.ErrConfig, "--copy-workers"},
+		{"empty prefix", []string{"--prefix", ""}, "", node.ErrConfig, "--prefix"},
+		{"unknown file key", nil, "pool-byts: 1G\n", node.ErrConfig, `unknown key "pool-byts"`},
+		{"file key config", nil, "config: other.yaml\n", node.ErrConfig, `unknown key "config"`},
+		{"malformed file value", nil, "pool-bytes: lots\n", node.ErrConfig, "pool-bytes"},
+		{"zero in file", nil, "pool-bytes: 0\n", node.ErrConfig, "pool-bytes"},
+		{"list in file", nil, "nats: [a, b]\n", node.ErrConfig, "single value"},
+		{"not a mapping", nil, "- a\n", node.ErrConfig, "mapping"},
+		{"not yaml", nil, "a: [\n", node.ErrConfig, "config file"},
+		{"missing file", []string{"--config", "/nonexistent/kvactors.yaml"}, "", node.ErrConfig, "config file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if tc.file != "" {
+				args = append(args, "--config", writeFile(t, tc.file))
+			}
+			_, _, err := parse(t, args...)
+			require.ErrorIs(t, err, tc.want)
+			require.ErrorContains(t, err, tc.say)
+		})
+	}
+	_, _, err := parse(t, "--help")
+	require.True(t, errors.Is(err, flag.ErrHelp))
+}
+
+// --nats-port (and the other embedded-server settings) mean nothing with
+// --nats: a warning names each, and where it came from.
+func TestNATSPortWithExternalNATSWarns(t *testing.T) {
+	t.Setenv("KVACTORS_NATS_HOST", "0.0.0.0")
+	_, f, err := parse(t, "--nats", "nats://127.0.0.1:4222", "--nats-port", "5000")
+	require.NoError(t, err)
+	require.Len(t, f.Warnings, 2)
+	require.Contains(t, f.Warnings[0], "KVACTORS_NATS_HOST")
+	require.Contains(t, f.Warnings[1], "--nats-port")
+	_, f, err = parse(t, "--nats-port", "5000") // the embedded server: no warning
+	require.NoError(t, err)
+	require.Empty(t, f.Warnings)
+}
+
+// The flag table lists every Config field a flag sets, with the defaults
+// of DefaultConfig in their flag syntax.
+// --pprof beyond loopback works, with a warning.
+func TestPprofBeyondLoopbackWarns(t *testing.T) {
+	for addr, warn := range map[string]bool{"127.0.0.1:9464": false, "localhost:0": false, "[::1]:9464": false,
+		"0.0.0.0:9464": true, ":9464": true, "10.0.0.5:9464": true} {
+		_, f, err := parse(t, "--pprof", "--http", addr)
+		require.NoError(t, err)
+		require.Equal(t, warn, len(f.Warnings) == 1, "%s: %v", addr, f.Warnings)
+	}
+	_, f, err := parse(t, "--http", "0.0.0.0:9464")
+	require.NoError(t, err)
+	require.Empty(t, f.Warnings, "no pprof, nothing to warn about")
+}
+
+func TestFlagTableDefaults(t *testing.T) {
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	byName := map[string]node.Flag{}
+	for _, fl := range f.List {
+		byName[fl.Name] = fl
+		require.Equal(t, node.EnvName(fl.Name), fl.Env)
+	}
+	d := node.DefaultConfig()
+	require.Equal(t, "1GiB", byName["pool-bytes"].Default)
+	require.Equal(t, node.FormatBytes(d.Transfer.MaxInFlightBytes), byName["max-inflight-bytes"].Default)
+	require.Equal(t, d.ShutdownTimeout.String(), byName["shutdown-timeout"].Default)
+	require.Equal(t, d.HTTPAddr, byName["http"].Default)
+	require.True(t, reflect.DeepEqual(node.Flag{Name: "pprof", Env: "KVACTORS_PPROF", Default: "false",
+		Usage: byName["pprof"].Usage}, byName["pprof"]))
+}
+
+func TestFormatBytesRoundTrips(t *testing.T) {
+	for _, n := range []int64{0, 1, 1000, 1024, 3 << 20, 1 << 30, 5 << 40, 1<<30 + 1} {
+		got, err := node.ParseBytes(node.FormatBytes(n))
+		require.NoError(t, err)
+		require.Equal(t, n, got, node.FormatBytes(n))
+	}
+}
