@@ -57,7 +57,7 @@ type Backend interface {
 	// AllocArena returns host memory of at least bytes for the pool.
 	AllocArena(bytes int64) (Arena, error)
 	// Attach opens an engine's segments, in spec order.
-	Attach(engine string, segs []messages.Segment) (Device, error)
+	Attach(engine string, segs []messages.Segment) (Attachment, error)
 }
 
 // Arena is the host pool's memory.
@@ -67,9 +67,11 @@ type Arena interface {
 	Close() error
 }
 
-// Device is one engine's attached segments. Copy may be called from several
-// goroutines at once; copies of disjoint ranges do not interfere.
-type Device interface {
+// Attachment is one engine's attached segments (not a GPU: the node serves
+// one GPU, and attaches each engine's segments on it). Copy may be called
+// from several goroutines at once; copies of disjoint ranges do not
+// interfere.
+type Attachment interface {
 	// SegmentSize is the size in bytes of segment i.
 	SegmentSize(i int) int64
 	// Copy performs every range in the direction given and returns when the
@@ -77,3 +79,9 @@ type Device interface {
 	Copy(dir Direction, arena Arena, ranges []Range) error
 	Close() error
 }
+
+// Device is Attachment's old name, kept only while branches written against
+// it land.
+//
+// Deprecated: use Attachment.
+type Device = Attachment

@@ -29,7 +29,7 @@ type CopySize struct {
 	JobBytes   int64 `json:"job_bytes"`
 	Jobs       int   `json:"jobs"`
 	// NodeGBps is per job kv_offload_total_bytes / kv_offload_total_time:
-	// the transfer worker's Device.Copy call; NodeTotalGBps the same over
+	// the transfer worker's Attachment.Copy call; NodeTotalGBps the same over
 	// all jobs together.
 	NodeGBps      float64 `json:"node_gbps"`
 	NodeTotalGBps float64 `json:"node_total_gbps"`

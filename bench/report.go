@@ -151,7 +151,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 				sizeLabel(s.JobBytes), s.Jobs, s.NodeGBps, s.NodeTotalGBps, s.EndToEndGBps, s.PlainGBps, s.Ratio,
 				s.EndToEndRatio, s.JobP50MS)
 		}
-		fmt.Fprintf(w, "median job; node: kv_offload_total_bytes / kv_offload_total_time (Device.Copy); end to end: publish → stored\n")
+		fmt.Fprintf(w, "median job; node: kv_offload_total_bytes / kv_offload_total_time (Attachment.Copy); end to end: publish → stored\n")
 	}
 	if s := r.Scale; s != nil {
 		fmt.Fprintf(w, "\nSCALE\tlive requests\tevents/s\tevents/CPU-s\theap B/request\tRSS B/request\n")

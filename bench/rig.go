@@ -82,7 +82,7 @@ func startRig(ctx context.Context, cfg Config, poolBytes int64) (*rig, error) {
 // prefault writes one byte per page of the pool arena before any engine
 // registers (nothing is stored yet, so no content changes). The shm backend
 // maps the arena lazily, so the first store into each page would take a
-// page fault inside Device.Copy, a cost a long-running node pays once:
+// page fault inside Attachment.Copy, a cost a long-running node pays once:
 // the bench measures a resident pool.
 func prefault(mem []byte) {
 	page := os.Getpagesize()

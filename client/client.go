@@ -20,7 +20,7 @@ import (
 type Client struct {
 	cfg  Config
 	nc   *nats.Conn
-	subj string // P.E.
+	subj string // P.E. (messages.EngineSubject with no verb)
 	out  *dispatcher
 
 	mu sync.Mutex
@@ -84,7 +84,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Client{cfg: cfg, nc: nc, subj: cfg.Prefix + "." + cfg.Engine + ".", reqs: map[string]*mreq{},
+	c := &Client{cfg: cfg, nc: nc, subj: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""), reqs: map[string]*mreq{},
 		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
 	c.epoch = newEpoch()

@@ -166,29 +166,10 @@ func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Unlock()
 }
 
-func (s *Shared) Touch(keys []messages.Key) {
-	s.mu.Lock()
-	s.pool.Touch(keys)
-	s.mu.Unlock()
-}
-
 func (s *Shared) Lookup(key messages.Key) (State, int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.pool.Lookup(key)
-}
-
-// ReadyPrefix counts the leading keys that are ready, stopping at the first
-// absent or pending one (a lookup hit must be loadable now).
-func (s *Shared) ReadyPrefix(keys []messages.Key) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i, k := range keys {
-		if st, _ := s.pool.Lookup(k); st != Ready {
-			return i
-		}
-	}
-	return len(keys)
 }
 
 func (s *Shared) Stats() Stats {

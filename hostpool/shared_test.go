@@ -49,10 +49,9 @@ func TestSharedConcurrentUse(t *testing.T) {
 					errs <- err
 					return
 				}
-				s.Touch(common)
 				s.Lookup(own)
-				if n := s.ReadyPrefix(common); n < 0 || n > len(common) {
-					errs <- fmt.Errorf("ready prefix %d", n)
+				if st, _ := s.Lookup(common[i%len(common)]); st > Ready {
+					errs <- fmt.Errorf("state %v", st)
 					return
 				}
 				if st := s.Stats(); st.Data > st.Capacity || st.Pinned > st.Used {
@@ -80,27 +79,17 @@ func TestSharedConcurrentUse(t *testing.T) {
 	checkInvariants(t, s.pool)
 }
 
-// PROTOCOL.md "P.E.lookup": the leading keys "stored and ready (stop at the
-// first miss or pending key)".
-func TestSharedReadyPrefix(t *testing.T) {
+// Lookup tells ready, pending and absent keys apart, with a ready key's size
+// (sched.HitTokens stops a lookup at the first key not ready).
+func TestSharedLookupStates(t *testing.T) {
 	s := NewShared(8, 1)
 	_, err := s.PrepareStore(k("a", "b", "c", "d"), nil)
 	require.NoError(t, err)
 	s.CompleteStore(k("a", "b", "d"), okSums(k("a", "b", "d"), true))
-	for _, tc := range []struct {
-		keys []messages.Key
-		want int
-	}{
-		{k("a", "b", "c", "d"), 2}, // c is pending
-		{k("a", "b"), 2},
-		{k("zz", "a"), 0},
-		{k("d", "a", "zz"), 2},
-		{nil, 0},
-	} {
-		require.Equal(t, tc.want, s.ReadyPrefix(tc.keys), "%v", tc.keys)
+	for key, want := range map[messages.Key]State{"a": Ready, "b": Ready, "c": Pending, "d": Ready, "zz": Absent} {
+		st, _ := s.Lookup(key)
+		require.Equal(t, want, st, "%s", key)
 	}
-	st, _ := s.Lookup("c")
-	require.Equal(t, Pending, st)
 }
 
 // Shared.PrepareLoad also touches the loaded keys: a loaded prefix is hot and

@@ -158,27 +158,6 @@ func (d *decoder) hashes() []messages.Hash {
 	return hs
 }
 
-// eventType maps a protocol name to its type without allocating.
-func eventType(b []byte) messages.EventType {
-	switch string(b) {
-	case "added":
-		return messages.EvAdded
-	case "hashes":
-		return messages.EvHashes
-	case "blocks":
-		return messages.EvBlocks
-	case "tokens":
-		return messages.EvTokens
-	case "preempted":
-		return messages.EvPreempted
-	case "resumed":
-		return messages.EvResumed
-	case "finished":
-		return messages.EvFinished
-	}
-	return 0
-}
-
 func (d *decoder) typeField() error {
 	switch c := d.peek(); c {
 	case 'n':
@@ -195,7 +174,7 @@ func (d *decoder) typeField() error {
 	if esc {
 		raw, _ = d.unescape(raw)
 	}
-	if d.ev.typ = eventType(raw); d.ev.typ != 0 {
+	if d.ev.typ = messages.ParseEventType(raw); d.ev.typ != 0 {
 		d.ev.typeName = d.ev.typ.String() // a constant: no allocation
 	} else {
 		d.ev.typeName = string(raw[:min(len(raw), maxTypeBytes)])

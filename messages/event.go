@@ -40,10 +40,12 @@ func (t EventType) String() string {
 	return fmt.Sprintf("EventType(%d)", t)
 }
 
-// ParseEventType maps a protocol name to its EventType (0 if unknown).
-func ParseEventType(s string) EventType {
+// ParseEventType maps a protocol name to its EventType (0 if unknown). It
+// takes the name's bytes as decoded and allocates nothing (the event path
+// calls it once per event).
+func ParseEventType(name []byte) EventType {
 	for i, n := range eventTypeNames {
-		if i > 0 && n == s {
+		if i > 0 && n == string(name) {
 			return EventType(i)
 		}
 	}

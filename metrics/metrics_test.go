@@ -1,6 +1,8 @@
 package metrics_test
 
 import (
+	"slices"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -93,4 +95,81 @@ func value(t *testing.T, reg *prometheus.Registry, name, label, want string) flo
 	}
 	t.Fatalf("%s{%s=%q} not exported", name, label, want)
 	return 0
+}
+
+// recorder is a Registerer that keeps what is registered, to read the
+// descriptors of collectors that have no children yet.
+type recorder struct{ cs []prometheus.Collector }
+
+func (r *recorder) Register(c prometheus.Collector) error   { r.cs = append(r.cs, c); return nil }
+func (r *recorder) MustRegister(cs ...prometheus.Collector) { r.cs = append(r.cs, cs...) }
+func (r *recorder) Unregister(prometheus.Collector) bool    { return false }
+
+func (r *recorder) names() []string {
+	ch := make(chan *prometheus.Desc, 256)
+	go func() {
+		for _, c := range r.cs {
+			c.Describe(ch)
+		}
+		close(ch)
+	}()
+	var out []string
+	for d := range ch {
+		s := d.String() // Desc{fqName: "name", ...}
+		out = append(out, s[strings.Index(s, `"`)+1:strings.Index(s, `", help`)])
+	}
+	slices.Sort(out)
+	return out
+}
+
+// Each component's set registers its own collectors and only those, so a
+// component (or its test) can build just its set; together the sets are
+// every kvactors collector New registers, each exactly once; a nil
+// registerer builds a set registered nowhere.
+func TestEachSetRegistersItsOwn(t *testing.T) {
+	sets := map[string]func(prometheus.Registerer){
+		"events":   func(r prometheus.Registerer) { metrics.NewEvents(r) },
+		"engines":  func(r prometheus.Registerer) { metrics.NewEngines(r) },
+		"store":    func(r prometheus.Registerer) { metrics.NewStore(r) },
+		"pool":     func(r prometheus.Registerer) { metrics.NewPool(r) },
+		"transfer": func(r prometheus.Registerer) { metrics.NewTransfer(r) },
+		"load":     func(r prometheus.Registerer) { metrics.NewLoad(r) },
+		"nats":     func(r prometheus.Registerer) { metrics.NewNATS(r) },
+		"actors":   func(r prometheus.Registerer) { metrics.NewActors(r) },
+	}
+	prefixes := map[string][]string{
+		"events":   {"kvactors_events_", "kvactors_dropped_batches_", "kvactors_resyncs_", "kvactors_ingest_"},
+		"engines":  {"kvactors_engine_"},
+		"store":    {"kvactors_store_", "kvactors_requests_", "kvactors_pool_evictions_"},
+		"pool":     {"kvactors_pool_", "kvactors_store_checksum_"},
+		"transfer": {"kvactors_transfer_", "kv_offload_", "kvactors_store_decision_"},
+		"load":     {"kvactors_load_"},
+		"nats":     {"kvactors_nats_"},
+		"actors":   {"kvactors_actor_"},
+	}
+	var union []string
+	for name, build := range sets {
+		r := &recorder{}
+		build(r)
+		got := r.names()
+		require.NotEmpty(t, got, name)
+		for _, n := range got {
+			require.True(t, slices.ContainsFunc(prefixes[name], func(p string) bool { return strings.HasPrefix(n, p) }),
+				"set %s registers %s, another subsystem's", name, n)
+		}
+		union = append(union, got...)
+		build(nil)                      // unregistered: no panic
+		build(prometheus.NewRegistry()) // a real registry: no duplicate within a set
+	}
+	slices.Sort(union)
+	all := &recorder{}
+	metrics.New(all)
+	var kv []string
+	for _, n := range all.names() {
+		if strings.HasPrefix(n, "kv") && n != "kvactors_build_info" { // New's own, not a component's
+			kv = append(kv, n)
+		}
+	}
+	require.Equal(t, kv, union)
+	require.Len(t, slices.Compact(slices.Clone(union)), len(union), "a collector in two sets")
 }

@@ -90,7 +90,7 @@ type Config struct {
 	FailStop func(reason string) `json:"-"`
 	// WrapDevice, when set, wraps each engine's attached device (tests hold
 	// or fail copies with it).
-	WrapDevice func(backend.Device) backend.Device `json:"-"`
+	WrapDevice func(backend.Attachment) backend.Attachment `json:"-"`
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.

@@ -24,7 +24,7 @@ import (
 
 // heldDevice holds every copy until the test lets it go.
 type heldDevice struct {
-	backend.Device
+	backend.Attachment
 	started chan struct{}
 	gate    chan struct{}
 }
@@ -32,7 +32,7 @@ type heldDevice struct {
 func (d *heldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Range) error {
 	d.started <- struct{}{}
 	<-d.gate
-	return d.Device.Copy(dir, a, r)
+	return d.Attachment.Copy(dir, a, r)
 }
 
 // PROTOCOL.md "Fencing, node side": a copy still running lease after the
@@ -53,7 +53,7 @@ func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
 	dir := t.TempDir()
 	n, err := node.Start(context.Background(), node.Config{NATSURL: s.ClientURL(), ShmDir: dir, PoolBytes: 1 << 20,
 		HTTPAddr: "off", Registry: reg, Lease: lease, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		WrapDevice: func(d backend.Device) backend.Device { dev.Device = d; return dev },
+		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev },
 		FailStop: func(reason string) {
 			stopped.Store(time.Now().UnixNano())
 			stops <- reason
@@ -93,7 +93,7 @@ func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
 func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{})}
 	e := startNode(t, func(c *node.Config) {
-		c.WrapDevice = func(d backend.Device) backend.Device { dev.Device = d; return dev }
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
 		c.Transfer.Workers = 2
 	})
 	te := e.newEngine("e1", defaultOpts())
@@ -177,7 +177,7 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 	dir := t.TempDir()
 	cfg := node.Config{NATSURL: s.ClientURL(), ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off", Registry: reg,
 		Lease: lease, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		WrapDevice: func(d backend.Device) backend.Device { dev.Device = d; return dev },
+		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev },
 		FailStop:   func(reason string) { stops <- reason }}
 	cfg.Transfer.Workers = 1
 	n, err := node.Start(context.Background(), cfg)
@@ -232,7 +232,7 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 func TestUnregisterWaitsForALoadInFlight(t *testing.T) {
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
 	e := startNode(t, func(c *node.Config) {
-		c.WrapDevice = func(d backend.Device) backend.Device { dev.Device = d; return dev }
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
 	})
 	te := e.newEngine("e1", defaultOpts())
 	te.register()

@@ -94,7 +94,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
-	n.tracer = tp.Tracer(tracing.TracerName)
+	n.tracer = tracing.Tracer(tp)
 	n.metrics = metrics.New(cfg.Registry)
 	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
@@ -121,7 +121,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
-		Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Fence: n.fence}))
+		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}
@@ -175,7 +175,7 @@ func (n *Node) startBackend() error {
 		n.log.Info("disk tier opened", "dir", n.cfg.DiskDir, "chunks", st.Chunks, "bytes", st.Bytes,
 			"discarded", st.Discarded)
 	}
-	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics)
+	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics.Pool)
 	n.diskKeys = newDiskKeys()
 	n.store.UseDiskKeys(n.diskKeys)
 	if n.cfg.SlotBytes != 0 {

@@ -25,7 +25,7 @@ type engineRec struct {
 	id     string
 	spec   messages.EngineSpec
 	layout *sched.Layout
-	device backend.Device
+	device backend.Attachment
 	store  *store.Engine
 	pid    *actor.PID
 	closed chan struct{}  // closed when the engine actor stopped

@@ -73,15 +73,9 @@ type Effects struct {
 	Deduped  int            // candidate chunks already present in the pool
 	Deferred []Deferral
 	Retry    *Retry
-	Dropped  int      // ready chunks given up after the retry limit at finish
+	GivenUp  int      // ready chunks given up after the retry limit at finish
 	Releases []string // reasons to publish on P.E.released, in order
-	Drop     bool     // the request is done: drop it after publishing Releases
-}
-
-// Empty reports whether there is nothing to do.
-func (e *Effects) Empty() bool {
-	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
-		e.Retry == nil && len(e.Releases) == 0 && e.Dropped == 0 && !e.Drop
+	Done     bool     // the request is done: drop it after publishing Releases
 }
 
 // Backoff policy for retries: doubling from RetryBase up to RetryMax.

@@ -264,14 +264,14 @@ type want struct {
 	job      []string              // chunks "g/c" of the job made; nil: none
 	cursors  []messages.ChunkIndex // nil: not checked
 	releases []string              // nil: none
-	drop     bool
-	retry    *Retry               // nil: none
-	cancel   []JobID              // nil: none
-	deduped  int                  //
-	dropped  int                  //
-	deferred []Deferral           // nil: not checked
-	evicted  int                  // number of evicted keys
-	blocks   [][]messages.BlockID // per job chunk, when non-nil
+	drop     bool                  // Effects.Done
+	retry    *Retry                // nil: none
+	cancel   []JobID               // nil: none
+	deduped  int                   //
+	dropped  int                   // Effects.GivenUp
+	deferred []Deferral            // nil: not checked
+	evicted  int                   // number of evicted keys
+	blocks   [][]messages.BlockID  // per job chunk, when non-nil
 }
 
 func ev(evs ...*messages.Event) []*messages.Event { return evs }
@@ -309,11 +309,11 @@ func (h *harness) check(i int, o op, e Effects) {
 		require.Equal(h.t, w.cursors, h.cursors(), "%s: cursors", msg)
 	}
 	require.Equal(h.t, w.releases, nilIfEmpty(e.Releases), "%s: releases", msg)
-	require.Equal(h.t, w.drop, e.Drop, "%s: drop", msg)
+	require.Equal(h.t, w.drop, e.Done, "%s: done", msg)
 	require.Equal(h.t, w.retry, e.Retry, "%s: retry", msg)
 	require.Equal(h.t, w.cancel, nilIfEmpty(e.Cancel), "%s: cancel", msg)
 	require.Equal(h.t, w.deduped, e.Deduped, "%s: deduped", msg)
-	require.Equal(h.t, w.dropped, e.Dropped, "%s: dropped", msg)
+	require.Equal(h.t, w.dropped, e.GivenUp, "%s: given up", msg)
 	require.Len(h.t, e.Evicted, w.evicted, "%s: evicted", msg)
 	switch {
 	case w.deferred == nil:
@@ -337,4 +337,11 @@ func nilIfEmpty[T any](s []T) []T {
 		return nil
 	}
 	return s
+}
+
+// noWork reports whether effects ask the caller for nothing (a dedup count
+// alone is no work).
+func noWork(e *Effects) bool {
+	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
+		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
 }

@@ -207,19 +207,6 @@ func TestEnumStrings(t *testing.T) {
 		[]string{KindFull.String(), KindSlidingWindow.String(), KindEagle.String()})
 }
 
-// Effects is the work the caller owes (STYLE.md, raft's Ready): Empty says
-// there is none, so an actor can skip perform.
-func TestEffectsEmpty(t *testing.T) {
-	require.True(t, (&Effects{}).Empty())
-	require.True(t, (&Effects{Cancel: []JobID{}, Deduped: 3}).Empty(), "a dedup alone is no work")
-	for _, e := range []Effects{
-		{Cancel: []JobID{1}}, {Job: &StoreJob{}}, {Evicted: []messages.Key{"k"}},
-		{Deferred: []Deferral{{}}}, {Retry: &Retry{}}, {Dropped: 1}, {Releases: []string{"x"}}, {Drop: true},
-	} {
-		require.False(t, e.Empty(), "%+v", e)
-	}
-}
-
 // The status endpoint (PROTOCOL.md "P.E.status": per-group cursors and ready
 // prefix, in-flight jobs) serves RequestSnapshot as JSON.
 func TestSnapshotJSON(t *testing.T) {

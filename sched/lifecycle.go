@@ -132,7 +132,7 @@ func (r *Request) settle() {
 			return // a copy is in flight, or a final chunk is still to be stored
 		}
 		r.phase = Done
-		r.eff.Drop = true
+		r.eff.Done = true
 	case Preempted, Running:
 		if len(r.releases) == 0 || r.inflightUpTo(r.fence) {
 			return
@@ -160,17 +160,14 @@ func (r *Request) inflightUpTo(id JobID) bool {
 // pendingChunks reports whether some group still has a ready chunk not yet
 // decided (a redo chunk, or one past the cursor).
 func (r *Request) pendingChunks() bool {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
+	tm := r.readyTerms()
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, _, _ := r.ready(g, t)
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				return true
-			}
+		rd, _, _ := gr.ready(tm)
+		if gr.cursor < rd { // a decision is owed, even if every chunk is null: it moves the cursor
+			return true
 		}
-		if gr.cursor < rd {
+		for range gr.candidates(rd, tm.bpc) {
 			return true
 		}
 	}

@@ -35,13 +35,13 @@ func TestLifecycleScenarios(t *testing.T) {
 					require.ErrorIs(h.t, h.req.Step(hashes(3, 1)), ErrReleased)
 					require.Equal(h.t, []string{messages.ReasonFinished}, h.rels)
 					e := h.advance()
-					require.True(h.t, e.Empty(), "a done request does nothing: %+v", e)
+					require.True(h.t, noWork(&e), "a done request does nothing: %+v", e)
 				}},
 			},
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
 		{
-			// PROTOCOL.md: "A second ... preempted before resumed ... is ignored".
+			// docs/PROTOCOL.md: "A second finished, or preempted before resumed, is ignored".
 			name: "preempted twice releases once",
 			rule: "lifecycle: preempted twice",
 			lay:  oneGroup4, add: added(12),
@@ -160,7 +160,7 @@ func TestLifecycleScenarios(t *testing.T) {
 				{done: 2, want: want{releases: released(messages.ReasonEngineReset), drop: true}},
 				{noAdv: true, do: func(h *harness) {
 					e := h.record(h.req.Reset(messages.ReasonEngineReset))
-					require.True(h.t, e.Empty(), "reset after release: %+v", e)
+					require.True(h.t, noWork(&e), "reset after release: %+v", e)
 					require.Equal(h.t, []string{messages.ReasonEngineReset}, h.rels)
 				}},
 			},

@@ -213,7 +213,7 @@ func (m *model) run() {
 	}
 	if m.rng.Intn(4) == 0 {
 		e := m.req.Reset(messages.ReasonEngineReset)
-		require.True(m.t, e.Empty(), "a reset after the release owes nothing: %+v", e)
+		require.True(m.t, noWork(&e), "a reset after the release owes nothing: %+v", e)
 	}
 	if m.dropped == 0 {
 		for k := range m.mustStore {
@@ -516,7 +516,7 @@ func (m *model) completeOne() {
 func (m *model) effects(e Effects, where string) {
 	t := m.t
 	m.logf("  %s: job=%v cancel=%v retry=%v deduped=%d dropped=%d releases=%v drop=%v deferred=%v", where,
-		jobChunks(e.Job), e.Cancel, e.Retry, e.Deduped, e.Dropped, e.Releases, e.Drop, e.Deferred)
+		jobChunks(e.Job), e.Cancel, e.Retry, e.Deduped, e.GivenUp, e.Releases, e.Done, e.Deferred)
 	bpc := m.lay.BlocksPerChunk
 	for _, id := range e.Cancel {
 		j, ok := m.jobs[id]
@@ -560,7 +560,7 @@ func (m *model) effects(e Effects, where string) {
 			m.failf("%s: deferral %+v does not name the first chunk not ready (%d)", where, d, m.naiveReady(d.Group))
 		}
 	}
-	m.dropped += e.Dropped
+	m.dropped += e.GivenUp
 	for _, reason := range e.Releases {
 		require.NotEmpty(t, m.owed, "%s: release %q owed", where, reason)
 		o := m.owed[0]
@@ -590,7 +590,7 @@ func (m *model) effects(e Effects, where string) {
 		require.Fail(t, "preempted release withheld", "%s: owed %v with the copies it waits for done", where, m.owed)
 	}
 waiting:
-	if e.Drop {
+	if e.Done {
 		if !m.reset { // a reset of a request without blocks owes no release
 			require.NotEmpty(t, e.Releases, "%s: dropped without its release", where)
 		}

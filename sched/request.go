@@ -1,7 +1,6 @@
 package sched
 
 import (
-	"errors"
 	"fmt"
 	"sync"
 
@@ -74,9 +73,6 @@ func (r *Request) HasBlocks() bool {
 	}
 	return false
 }
-
-// InFlight is the number of store jobs not yet done.
-func (r *Request) InFlight() int { return len(r.inflight) }
 
 // Offloadable is T (PROTOCOL.md): min(computed, total), then capped by
 // max_offload_tokens and, with offload_prompt_only, by prompt_tokens.
@@ -172,26 +168,11 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 	return nil
 }
 
-// ready is the ready prefix of group g with the term that bounds it
-// (PROTOCOL.md, "ready prefix"): full chunks of offloadable tokens (an eagle
-// group holds back its trailing chunk while decoding and not finished),
-// complete tracked block chunks, and chunks whose key is known.
-func (r *Request) ready(g int, t int) (messages.ChunkIndex, DeferReason, messages.ChunkIndex) {
-	gl := &r.lay.Groups[g]
-	tok := t / gl.TokensPerChunk
-	if gl.Kind == KindEagle && r.phase != Finishing && t > r.prompt {
-		tok = max(tok-1, 0)
-	}
-	hsh := len(r.hashes) / gl.HashesPerChunk
-	blk := len(r.groups[g].blocks) / r.lay.BlocksPerChunk
-	ready, reason := tok, DeferTokens
-	if hsh < ready {
-		ready, reason = hsh, DeferHashes
-	}
-	if blk < ready {
-		ready, reason = blk, DeferBlocks
-	}
-	return messages.ChunkIndex(ready), reason, messages.ChunkIndex(max(tok, hsh, blk))
+// readyTerms returns the request-level terms of its groups' ready prefixes.
+func (r *Request) readyTerms() readyTerms {
+	t := r.Offloadable()
+	return readyTerms{tokens: t, hashes: len(r.hashes), decoding: r.phase != Finishing && t > r.prompt,
+		bpc: r.lay.BlocksPerChunk}
 }
 
 // Advance takes one store decision for the request across all its groups
@@ -242,15 +223,14 @@ func (sc *scratch) release() {
 }
 
 func (r *Request) decide(p Preparer, sc *scratch) {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
+	tm := r.readyTerms()
 	cands := sc.cands[:0]
 	keys := sc.keys[:0]
 	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
 	readies := ready[:0]
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, reason, best := r.ready(g, t)
+		rd, reason, best := gr.ready(tm)
 		readies = append(readies, rd)
 		if best > rd { // something about chunk rd is known, but not all: a deferral
 			d := Deferral{Group: g, Chunk: rd, Reason: reason}
@@ -259,15 +239,8 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 				r.eff.Deferred = append(r.eff.Deferred, d)
 			}
 		}
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				cands = append(cands, candidate{g, c})
-			}
-		}
-		for c := gr.cursor; c < rd; c++ {
-			if gr.lastBlock(c, bpc) != 0 {
-				cands = append(cands, candidate{g, c})
-			}
+		for c := range gr.candidates(rd, tm.bpc) {
+			cands = append(cands, candidate{g, c})
 		}
 	}
 	keys = r.candidateKeys(keys, cands, readies, sc)
@@ -281,7 +254,7 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 		}
 		sc.sizes = sizes
 		prep, err = p.PrepareStore(keys, sizes)
-		if errors.Is(err, hostpool.ErrNoRoom) || err != nil {
+		if err != nil { // no room, or a pool that refuses the keys: retry either way
 			r.failAttempt(RetryPoolFull)
 			return
 		}
@@ -410,7 +383,7 @@ func (r *Request) failAttempt(reason RetryReason) {
 	}
 	*n++
 	if r.phase == Finishing && *n > FinishRetryLimit {
-		r.eff.Dropped += r.giveUp()
+		r.eff.GivenUp += r.giveUp()
 		return
 	}
 	r.eff.Retry = &Retry{Reason: reason, Attempt: *n, Backoff: backoff(*n)}
@@ -419,21 +392,13 @@ func (r *Request) failAttempt(reason RetryReason) {
 // giveUp forgets every undecided chunk so that a finishing request can be
 // released, and returns how many ready chunks it gave up.
 func (r *Request) giveUp() int {
-	t := r.Offloadable()
-	bpc := r.lay.BlocksPerChunk
+	tm := r.readyTerms()
 	dropped := 0
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, _, _ := r.ready(g, t)
-		for _, c := range gr.redo {
-			if c < rd && gr.lastBlock(c, bpc) != 0 {
-				dropped++
-			}
-		}
-		for c := gr.cursor; c < rd; c++ {
-			if gr.lastBlock(c, bpc) != 0 {
-				dropped++
-			}
+		rd, _, _ := gr.ready(tm)
+		for range gr.candidates(rd, tm.bpc) {
+			dropped++
 		}
 		gr.cursor = max(gr.cursor, rd)
 		gr.dropKeys()

@@ -303,7 +303,7 @@ func TestStoreScenarios(t *testing.T) {
 			after: storedOnce("0/0", "0/1", "0/2"),
 		},
 		{
-			// PROTOCOL.md "A failed copy frees the slots and is retried".
+			// docs/PROTOCOL.md: "A failed copy frees its pending slots and its chunks are offered again with a retry".
 			name: "failed copy is retried and stored",
 			rule: "store job (failed copy)",
 			lay:  oneGroup4, add: added(12),
@@ -362,13 +362,13 @@ func TestFinishedGivesUpAfterRetryLimit(t *testing.T) {
 				e := tc.fail(h)
 				require.Equal(t, &Retry{Reason: tc.reason, Attempt: attempt, Backoff: backoff(attempt)}, e.Retry)
 				require.Empty(t, e.Releases, "attempt %d: not released while retrying", attempt)
-				require.Zero(t, e.Dropped)
+				require.Zero(t, e.GivenUp)
 			}
 			e := tc.fail(h)
 			require.Nil(t, e.Retry)
-			require.Equal(t, 3, e.Dropped, "the three ready chunks are given up")
+			require.Equal(t, 3, e.GivenUp, "the three ready chunks are given up")
 			require.Equal(t, []string{messages.ReasonFinished}, e.Releases)
-			require.True(t, e.Drop)
+			require.True(t, e.Done)
 			require.Equal(t, Done, h.req.Phase())
 			require.Empty(t, h.stored)
 		})

@@ -30,16 +30,16 @@ type GroupSnapshot struct {
 
 // Snapshot returns the request's state now. It changes nothing.
 func (r *Request) Snapshot() RequestSnapshot {
-	t := r.Offloadable()
+	tm := r.readyTerms()
 	s := RequestSnapshot{Request: r.id, Phase: r.phase, Prompt: r.prompt, Computed: r.computed,
-		Total: r.total, T: t, Hashes: len(r.hashes), InFlight: make([]JobID, len(r.inflight)),
+		Total: r.total, T: tm.tokens, Hashes: len(r.hashes), InFlight: make([]JobID, len(r.inflight)),
 		Groups: make([]GroupSnapshot, len(r.groups))}
 	for i, j := range r.inflight {
 		s.InFlight[i] = j.ID
 	}
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, reason, best := r.ready(g, t)
+		rd, reason, best := gr.ready(tm)
 		if best <= rd {
 			reason = DeferNone
 		}

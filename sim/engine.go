@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -28,7 +29,7 @@ type engine struct {
 	mem    *memory
 	al     *allocator
 
-	subject string // P.E.
+	subject string // P.E. (messages.EngineSubject with no verb)
 	// c is the SDK session (epochs, seq, heartbeats, resyncs); b hands it
 	// one step's events.
 	c        *client.Client
@@ -103,7 +104,7 @@ func newEngine(nc *nats.Conn, cfg Config) (*engine, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.Default()
 	}
-	e := &engine{cfg: cfg, nc: nc, log: cfg.Log, subject: cfg.Prefix + "." + cfg.Engine + ".",
+	e := &engine{cfg: cfg, nc: nc, log: cfg.Log, subject: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""),
 		byID: map[string]*request{}, storedKeys: map[string]keyRef{}, closing: make(chan struct{}),
 		msgs: make(chan any, 1<<16), lcmBlock: 1,
 		rep: Report{Engine: cfg.Engine, Releases: map[string]int{}}}

@@ -142,7 +142,7 @@ func (v *verifier) lookup(r *request) error {
 		hs[i] = hex.EncodeToString(r.hashes[i][:])
 	}
 	var reply messages.LookupReply
-	if err := v.e.request("lookup", messages.LookupRequest{Hashes: hs}, &reply); err != nil {
+	if err := v.e.request(messages.VerbLookup, messages.LookupRequest{Hashes: hs}, &reply); err != nil {
 		return err
 	}
 	v.e.rep.Lookups++
@@ -278,7 +278,7 @@ func (v *verifier) load(ctx context.Context, r *request, chunks []chunkRef) (str
 	v.loads++
 	var reply messages.LoadReply
 	req := messages.LoadRequest{Request: fmt.Sprintf("verify-%d", v.loads), Hashes: hs, NumTokens: tokens, Blocks: blocks}
-	if err := e.request("load", req, &reply); err != nil {
+	if err := e.request(messages.VerbLoad, req, &reply); err != nil {
 		return "", err
 	}
 	if !reply.OK {

@@ -44,7 +44,7 @@ func TestConcurrentStoresAndLoadsOverDisk(t *testing.T) {
 	}
 	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
 	require.NoError(t, err)
-	s := New(heapArena(make([]byte, 16*bb)), bb, d, metrics.Discard())
+	s := New(heapArena(make([]byte, 16*bb)), bb, d, metrics.NewPool(nil))
 	e := s.Engine("e", l, dev)
 	key := func(i int) messages.Key { return messages.Key(fmt.Sprintf("k%03d", i)) }
 	src := func(i int) messages.BlockID { return messages.BlockID(1 + i%(srcBlocks-1)) } // id 0 is the null block

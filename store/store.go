@@ -33,7 +33,7 @@ type Store struct {
 	pool    *hostpool.Shared
 	arena   backend.Arena
 	disk    *disk.Disk // nil: no disk tier
-	metrics *metrics.Metrics
+	metrics *metrics.Pool
 	// checksum time by direction, resolved once (the hot path adds to them)
 	sumStore, sumLoad prometheus.Counter
 	diskKeys          DiskKeys // nil: disk keys are pool keys
@@ -59,7 +59,7 @@ func (s *Store) toDisk(k messages.Key) (messages.Key, bool) {
 
 // New returns the store over arena, its pool cut into pages of pageBytes
 // (hostpool.DefaultPageBytes when <= 0), with the disk tier d (nil: none).
-func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Metrics) *Store {
+func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Pool) *Store {
 	s := &Store{pool: hostpool.NewShared(int64(len(arena.Bytes())), pageBytes), arena: arena, disk: d, metrics: m,
 		sumStore: m.ChecksumTime.WithLabelValues(backend.DeviceToHost.String()),
 		sumLoad:  m.ChecksumTime.WithLabelValues(backend.HostToDevice.String())}
@@ -93,11 +93,11 @@ type Engine struct {
 	s   *Store
 	id  string
 	lay *sched.Layout
-	dev backend.Device
+	dev backend.Attachment
 }
 
 // Engine binds the store to an engine's id, layout and device.
-func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Device) *Engine {
+func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Attachment) *Engine {
 	return &Engine{s: s, id: id, lay: lay, dev: dev}
 }
 

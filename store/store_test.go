@@ -49,14 +49,14 @@ func (d *memDevice) Copy(dir backend.Direction, a backend.Arena, rs []backend.Ra
 	return nil
 }
 
-func fixture(t *testing.T, bpc int, poolBytes, pageBytes int64) (*Store, *Engine, *memDevice, *metrics.Metrics) {
+func fixture(t *testing.T, bpc int, poolBytes, pageBytes int64) (*Store, *Engine, *memDevice, *metrics.Pool) {
 	t.Helper()
 	l := mustLayout(t, bpc, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
 	dev := &memDevice{mem: make([]byte, 64*testBlockBytes)}
 	for i := range dev.mem {
 		dev.mem[i] = byte(i*7 + i/251)
 	}
-	m := metrics.Discard()
+	m := metrics.NewPool(nil)
 	s := New(heapArena(make([]byte, poolBytes)), pageBytes, nil, m)
 	return s, s.Engine("e", l, dev), dev, m
 }
@@ -173,7 +173,7 @@ func TestLargeChunkWindows(t *testing.T) {
 	for i := range dev.mem {
 		dev.mem[i] = byte(i*7 + i/251)
 	}
-	s := New(heapArena(make([]byte, 4<<20)), 1<<20, nil, metrics.Discard())
+	s := New(heapArena(make([]byte, 4<<20)), 1<<20, nil, metrics.NewPool(nil))
 	e := s.Engine("e", l, dev)
 	src := make([]messages.BlockID, 20)
 	for i := range src {

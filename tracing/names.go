@@ -51,7 +51,6 @@ const (
 	AttrJob       attribute.Key = "kvactors.job"        // store job id
 	AttrBytes     attribute.Key = "kvactors.bytes"      // bytes copied
 	AttrChunks    attribute.Key = "kvactors.chunks"     // chunks in a job or load
-	AttrDevice    attribute.Key = "kvactors.device"     // CUDA device or backend name
 	AttrDirection attribute.Key = "kvactors.direction"  // "store" (device->host) or "load"
 	AttrSeq       attribute.Key = "kvactors.seq"        // batch seq
 	AttrEvents    attribute.Key = "kvactors.events"     // events in a batch

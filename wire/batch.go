@@ -3,6 +3,8 @@ package wire
 import (
 	"encoding/hex"
 	"strconv"
+
+	"github.com/kvactors/kvactors/messages"
 )
 
 // Batch builds one P.E.events body, engine side (PROTOCOL.md "EventBatch"):
@@ -22,7 +24,7 @@ func (b *Batch) Events() int { return b.events }
 
 // Added appends an added event.
 func (b *Batch) Added(req string, promptTokens int) {
-	b.open("added", req)
+	b.open(messages.EvAdded, req)
 	b.int("prompt_tokens", promptTokens)
 	b.close()
 }
@@ -30,7 +32,7 @@ func (b *Batch) Added(req string, promptTokens int) {
 // AddedMax appends an added event with max_offload_tokens (a bound on
 // what kvactors offloads of the request).
 func (b *Batch) AddedMax(req string, promptTokens, maxOffloadTokens int) {
-	b.open("added", req)
+	b.open(messages.EvAdded, req)
 	b.int("prompt_tokens", promptTokens)
 	b.int("max_offload_tokens", maxOffloadTokens)
 	b.close()
@@ -40,7 +42,7 @@ func (b *Batch) AddedMax(req string, promptTokens, maxOffloadTokens int) {
 // EndHashes. (An appender, not a slice argument, so callers with hashes in
 // arrays or computed on the fly allocate nothing.)
 func (b *Batch) BeginHashes(req string, start int) {
-	b.open("hashes", req)
+	b.open(messages.EvHashes, req)
 	b.int("start", start)
 	b.buf = append(b.buf, `,"hashes":[`...)
 	b.inList = false
@@ -65,7 +67,7 @@ func (b *Batch) EndHashes() {
 
 // Blocks appends a blocks event.
 func (b *Batch) Blocks(req string, group, start int, ids []uint32) {
-	b.open("blocks", req)
+	b.open(messages.EvBlocks, req)
 	b.int("group", group)
 	b.int("start", start)
 	b.buf = append(b.buf, `,"ids":[`...)
@@ -81,21 +83,21 @@ func (b *Batch) Blocks(req string, group, start int, ids []uint32) {
 
 // Tokens appends a tokens event.
 func (b *Batch) Tokens(req string, computed, total int) {
-	b.open("tokens", req)
+	b.open(messages.EvTokens, req)
 	b.int("computed", computed)
 	b.int("total", total)
 	b.close()
 }
 
 // Preempted appends a preempted event.
-func (b *Batch) Preempted(req string) { b.open("preempted", req); b.close() }
+func (b *Batch) Preempted(req string) { b.open(messages.EvPreempted, req); b.close() }
 
 // Resumed appends a resumed event.
-func (b *Batch) Resumed(req string) { b.open("resumed", req); b.close() }
+func (b *Batch) Resumed(req string) { b.open(messages.EvResumed, req); b.close() }
 
 // Finished appends a finished event.
 func (b *Batch) Finished(req string, aborted bool, computed, total int) {
-	b.open("finished", req)
+	b.open(messages.EvFinished, req)
 	b.buf = append(b.buf, `,"aborted":`...)
 	b.buf = strconv.AppendBool(b.buf, aborted)
 	b.int("computed", computed)
@@ -114,13 +116,13 @@ func (b *Batch) Body(dst []byte, epoch string, seq uint64) []byte {
 	return append(dst, ']', '}')
 }
 
-func (b *Batch) open(typ, request string) {
+func (b *Batch) open(typ messages.EventType, request string) {
 	if b.events > 0 {
 		b.buf = append(b.buf, ',')
 	}
 	b.events++
 	b.buf = append(b.buf, `{"type":"`...)
-	b.buf = append(b.buf, typ...)
+	b.buf = append(b.buf, typ.String()...)
 	b.buf = append(b.buf, `","request":`...)
 	b.buf = AppendString(b.buf, request)
 }

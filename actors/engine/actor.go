@@ -229,7 +229,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	for idx, id := range a.order {
 		end := a.counts[idx]
 		if e := a.live[id]; e != nil {
-			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Ctx: m.Ctx, Arrived: m.Arrived})
+			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Arrived: m.Arrived})
 		}
 		begin = end
 	}

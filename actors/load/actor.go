@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
@@ -47,9 +48,11 @@ type Job struct {
 type Deps struct {
 	Transfer *actor.PID
 	Outbox   *actors.Outbox
-	Metrics  *metrics.Metrics
-	Tracer   trace.Tracer
-	Log      *slog.Logger
+	Metrics  *metrics.Load
+	// Unexpected counts messages with no case (nil: not counted).
+	Unexpected prometheus.Counter
+	Tracer     trace.Tracer
+	Log        *slog.Logger
 	// Node and Boot name this node in the reply (PROTOCOL.md v2).
 	Node, Boot string
 	// Done, if set, is called once the load's copy is over (the engine's
@@ -81,7 +84,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.done(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindLoad).Inc()
+		if a.deps.Unexpected != nil {
+			a.deps.Unexpected.Inc()
+		}
 	}
 }
 

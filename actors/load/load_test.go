@@ -12,6 +12,9 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -19,10 +22,12 @@ import (
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
 )
 
 // nopStore is a store whose copies the answering transfer never runs.
@@ -69,7 +74,7 @@ func TestLoadAnswersAfterTheCopy(t *testing.T) {
 			replies := testkit.Subscribe(t, nc, inbox)
 			var done atomic.Int32
 			system.Root.Spawn(load.Props(load.Deps{Transfer: xfer,
-				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.Discard(),
+				Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: metrics.NewLoad(nil),
 				Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
 				Done: func() { done.Add(1) }},
 				&load.Job{Engine: "e1", Request: "r", Tokens: 8, Store: nopStore{},
@@ -88,4 +93,193 @@ func TestLoadAnswersAfterTheCopy(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The load actor is tested black-box: a real NATS server carries its reply,
+// a stand-in transfer actor hands its Submit to the test (which answers
+// JobDone as the real one would), and a parent actor watches it stop.
+
+const wait = 5 * time.Second
+
+// heldTransfer forwards every Submit to the test.
+type heldTransfer struct{ seen chan *transfer.Submit }
+
+func (h *heldTransfer) Receive(c actor.Context) {
+	if m, ok := c.Message().(*transfer.Submit); ok {
+		h.seen <- m
+	}
+}
+
+// watcher spawns one load actor as its child and reports when it stops.
+type watcher struct {
+	props   *actor.Props
+	stopped chan struct{}
+}
+
+func (w *watcher) Receive(c actor.Context) {
+	switch c.Message().(type) {
+	case *actor.Started:
+		c.Spawn(w.props)
+	case *actor.Terminated:
+		w.stopped <- struct{}{}
+	}
+}
+
+type rig struct {
+	t       *testing.T
+	system  *actor.ActorSystem
+	replies <-chan *nats.Msg
+	submits chan *transfer.Submit
+	m       *metrics.Metrics
+	deps    load.Deps
+	done    atomic.Int32 // calls of deps.Done
+}
+
+func newRig(t *testing.T) *rig {
+	_, nc := testkit.NATS(t)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	r := &rig{t: t, system: actor.NewActorSystem(), replies: testkit.Subscribe(t, nc, "test.reply"),
+		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry())}
+	t.Cleanup(r.system.Shutdown)
+	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
+	r.deps = load.Deps{Transfer: xfer, Outbox: actors.NewOutbox(nc, "kvactors", log), Metrics: r.m.Load,
+		Unexpected: r.m.Unexpected.WithLabelValues(actors.KindLoad),
+		Tracer:     noop.NewTracerProvider().Tracer(""), Log: log, Node: "n1", Boot: "b1",
+		Done: func() { r.done.Add(1) }}
+	return r
+}
+
+// start runs one load of job and returns a channel closed when it stops.
+func (r *rig) start(job *load.Job) <-chan struct{} {
+	w := &watcher{props: load.Props(r.deps, job), stopped: make(chan struct{}, 1)}
+	r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
+	return w.stopped
+}
+
+func (r *rig) reply() messages.LoadReply {
+	var rep messages.LoadReply
+	msg := testkit.Recv(r.t, r.replies, wait, "load reply")
+	require.NoError(r.t, json.Unmarshal(msg.Data, &rep))
+	return rep
+}
+
+func (r *rig) loads(result string) float64 {
+	return testutil.ToFloat64(r.m.Loads.WithLabelValues(result))
+}
+
+func job(chunks int) *load.Job {
+	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Store: nopStore{}, Reply: "test.reply",
+		Ctx: context.Background()}
+	for i := range chunks {
+		j.Chunks = append(j.Chunks, sched.JobChunk{Index: messages.ChunkIndex(i), Key: messages.Key(rune('a' + i)),
+			Blocks: []messages.BlockID{messages.BlockID(i + 1)}})
+		j.Bytes += 64
+	}
+	return j
+}
+
+// TestLoadCountsAndStops: whatever the copy's end (ok, failed, or cancelled
+// because the transfer actor dropped it), the load is counted by result,
+// answers once (a cancelled copy is an error, never ok), calls Done once
+// and stops. load_test.go checks the replies' content.
+func TestLoadCountsAndStops(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		done    transfer.JobDone
+		result  string
+		wantErr string
+	}{
+		{"ok", transfer.JobDone{}, "ok", ""},
+		{"failed", transfer.JobDone{Err: errors.New("dma fault")}, "error", "copy failed: dma fault"},
+		{"cancelled", transfer.JobDone{Cancelled: true}, "error", "copy failed: load cancelled"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			j := job(2)
+			stopped := r.start(j)
+			sub := testkit.Recv(t, r.submits, wait, "submit")
+			require.Equal(t, j.Chunks, sub.Chunks)
+			tc.done.ID = sub.ID
+			r.system.Root.Send(sub.Owner, &tc.done)
+			rep := r.reply()
+			require.Equal(t, tc.wantErr == "", rep.OK)
+			require.Equal(t, tc.wantErr, rep.Error)
+			testkit.Recv(t, stopped, wait, "the load actor stops")
+			require.EqualValues(t, 1, r.done.Load())
+			require.EqualValues(t, 1, r.loads(tc.result))
+			require.EqualValues(t, 1, r.loads("ok")+r.loads("error"))
+		})
+	}
+}
+
+// TestLoadNothingToCopy: a load whose every target block is null submits no
+// copy and answers ok at once.
+func TestLoadNothingToCopy(t *testing.T) {
+	r := newRig(t)
+	j := job(0)
+	j.Tokens = 48
+	stopped := r.start(j)
+	require.Equal(t, messages.LoadReply{OK: true, LoadedTokens: 48, Node: "n1", Boot: "b1"}, r.reply())
+	testkit.Recv(t, stopped, wait, "the load actor stops")
+	select {
+	case sub := <-r.submits:
+		t.Fatalf("a copy was submitted: %+v", sub)
+	default:
+	}
+	require.EqualValues(t, 1, r.done.Load())
+}
+
+// TestLoadAnnouncesCorruptChunk injects a copy that fails its checksum: the
+// chunk the store dropped is announced (BlockRemoved) through Removed, once,
+// for this engine; any other failure announces nothing.
+func TestLoadAnnouncesCorruptChunk(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want []messages.Key
+	}{
+		{"corrupt", fmt.Errorf("copy: %w", &hostpool.KeyError{Key: "b", Err: fmt.Errorf("%w: crc32c 1, stored 2",
+			store.ErrCorrupt)}), []messages.Key{"e", "b"}},
+		{"other key error", &hostpool.KeyError{Key: "b", Err: errors.New("pinned")}, nil},
+		{"dma fault", errors.New("dma fault"), nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRig(t)
+			removed := make(chan []messages.Key, 2)
+			r.deps.Removed = func(_ context.Context, engine string, keys []messages.Key) {
+				removed <- append([]messages.Key{messages.Key(engine)}, keys...) // checked by the test goroutine
+			}
+			stopped := r.start(job(2))
+			sub := testkit.Recv(t, r.submits, wait, "submit")
+			r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID, Err: tc.err})
+			require.False(t, r.reply().OK)
+			testkit.Recv(t, stopped, wait, "the load actor stops")
+			if tc.want != nil {
+				require.Equal(t, tc.want, testkit.Recv(t, removed, wait, "the corrupt key, for engine e"))
+			}
+			select {
+			case keys := <-removed:
+				t.Fatalf("announced %v", keys)
+			default:
+			}
+		})
+	}
+}
+
+// TestLoadUnexpectedMessage: a stray message is counted, not acted on; the
+// load still completes normally.
+func TestLoadUnexpectedMessage(t *testing.T) {
+	r := newRig(t)
+	stopped := r.start(job(1))
+	sub := testkit.Recv(t, r.submits, wait, "submit")
+	r.system.Root.Send(sub.Owner, "stray")
+	testkit.Eventually(t, wait, 5*time.Millisecond, func() error {
+		if n := testutil.ToFloat64(r.m.Unexpected.WithLabelValues(actors.KindLoad)); n != 1 {
+			return fmt.Errorf("unexpected messages counted: %v", n)
+		}
+		return nil
+	})
+	r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID})
+	require.True(t, r.reply().OK)
+	testkit.Recv(t, stopped, wait, "the load actor stops")
 }

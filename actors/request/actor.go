@@ -240,10 +240,10 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 		a.armRetry(c, r)
 	}
-	if eff.Dropped > 0 {
-		a.deps.Metrics.ChunksDropped.Add(float64(eff.Dropped))
+	if eff.GivenUp > 0 {
+		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
-			"chunks", eff.Dropped)
+			"chunks", eff.GivenUp)
 	}
 	owedSettled := false
 	for i, reason := range eff.Releases {
@@ -252,7 +252,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
 		var then func()
-		if eff.Drop && i == len(eff.Releases)-1 && a.deps.Owed != nil {
+		if eff.Done && i == len(eff.Releases)-1 && a.deps.Owed != nil {
 			// The final release and the owed count change together, so a
 			// shutdown never counts a release both sent and owed.
 			then = func() { a.deps.Owed.Add(-1) }
@@ -262,7 +262,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 			owedSettled = true // sealed: stays owed, and the shutdown reports it
 		}
 	}
-	if eff.Drop {
+	if eff.Done {
 		a.done = true
 		if a.deps.Owed != nil && !owedSettled {
 			a.deps.Owed.Add(-1)
@@ -352,5 +352,5 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
 	}
 	a.retryArmed = true
 	root, self := c.ActorSystem().Root, c.Self()
-	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{Attempt: r.Attempt}) })
+	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{}) })
 }

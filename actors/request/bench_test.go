@@ -109,7 +109,7 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 	stream := decodeStream(b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		system.Root.Send(pid, &request.Events{Events: stream[i], Ctx: context.Background()})
+		system.Root.Send(pid, &request.Events{Events: stream[i]})
 	}
 	// The status answer comes after every Events message was applied.
 	done := make(chan struct{})

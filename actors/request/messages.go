@@ -1,7 +1,6 @@
 package request
 
 import (
-	"context"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -13,12 +12,11 @@ import (
 // Events carries one batch's events for this request, in order.
 type Events struct {
 	Events  []messages.Event
-	Ctx     context.Context // the batch's trace context
 	Arrived time.Time
 }
 
 // RetryDue is the retry timer firing: take the store decision again.
-type RetryDue struct{ Attempt int }
+type RetryDue struct{}
 
 // Reset ends the request for an engine reset (Reason engine_reset:
 // PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).

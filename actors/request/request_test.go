@@ -62,7 +62,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.Discard()).Engine("e", lay, nopDevice{})
+	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
 		Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
@@ -73,7 +73,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		for i := range evs {
 			evs[i].Request = "r"
 		}
-		system.Root.Send(pid, &request.Events{Events: evs, Ctx: context.Background()})
+		system.Root.Send(pid, &request.Events{Events: evs})
 	}
 	send(messages.Event{Type: messages.EvHashes, Hashes: []messages.Hash{"h0", "h1"}},
 		messages.Event{Type: messages.EvBlocks, IDs: []messages.BlockID{1, 2}},

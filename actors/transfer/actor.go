@@ -6,15 +6,15 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// Config bounds one device's copies.
+// Config bounds the node's copies (one transfer actor per node; a node serves one GPU).
 type Config struct {
 	// Workers is the number of copies running at once (default 2).
 	Workers int
@@ -40,14 +40,16 @@ func (c Config) withDefaults() Config {
 // Deps is what the actor needs from its node.
 type Deps struct {
 	Config  Config
-	Metrics *metrics.Metrics
-	Tracer  trace.Tracer
-	Log     *slog.Logger
+	Metrics *metrics.Transfer
+	// Unexpected counts messages with no case (nil: not counted).
+	Unexpected prometheus.Counter
+	Tracer     trace.Tracer
+	Log        *slog.Logger
 	// Fence, when set, holds copies back while NATS is unreachable.
 	Fence *Fence
 }
 
-// Actor is the transfer actor of one device. It owns the queue and its
+// Actor is the node's transfer actor. It owns the queue and its
 // workers; the workers take jobs from the queue and report each end as a
 // message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
@@ -78,7 +80,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *copyDone:
 		a.finish(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindTransfer).Inc()
+		if a.deps.Unexpected != nil {
+			a.deps.Unexpected.Inc()
+		}
 	}
 	queued, running, inflight := a.q.stats()
 	a.deps.Metrics.JobsQueued.Set(float64(queued))

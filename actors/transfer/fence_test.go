@@ -50,7 +50,7 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	t.Cleanup(fence.Close)
 	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 2},
-		Metrics: metrics.Discard(), Tracer: noop.NewTracerProvider().Tracer(""),
+		Metrics: metrics.NewTransfer(nil), Tracer: noop.NewTracerProvider().Tracer(""),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Fence: fence}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))

@@ -9,7 +9,7 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// queue is one device's copy queue, shared by the transfer actor (which adds
+// queue is the node's copy queue, shared by the transfer actor (which adds
 // and cancels jobs) and its workers (which take the next job themselves).
 // Workers pulling, rather than the actor handing out one job per worker,
 // matters on a busy node: a worker that finishes a copy starts the next at

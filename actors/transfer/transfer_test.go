@@ -102,7 +102,7 @@ func setup(t *testing.T, cfg transfer.Config) (*actor.ActorSystem, *actor.PID, *
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg,
-		Metrics: metrics.Discard(), Tracer: noop.NewTracerProvider().Tracer(""),
+		Metrics: metrics.NewTransfer(nil), Tracer: noop.NewTracerProvider().Tracer(""),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 64)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))

@@ -75,7 +75,7 @@ func Run(t *testing.T, h Harness) {
 // of both should hold.
 type world struct {
 	t     *testing.T
-	dev   backend.Device
+	dev   backend.Attachment
 	arena backend.Arena
 	segs  Segments
 	sizes []int64

@@ -123,7 +123,7 @@ func (w *worker) free(a *arena) error {
 // Every segment must be cuda_ipc on the configured device with bytes > 0;
 // anything else wraps backend.ErrBadSegment, as does an allocation smaller
 // than its declared bytes.
-func (b *Backend) Attach(engine string, segs []messages.Segment) (backend.Device, error) {
+func (b *Backend) Attach(engine string, segs []messages.Segment) (backend.Attachment, error) {
 	parsed, err := parseSegments(b.cfg.Device, segs)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: engine %q: %w", engine, err)

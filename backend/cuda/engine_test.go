@@ -232,7 +232,7 @@ type directBackend struct {
 	bufs *sync.Map // Segment().CUDAIPC → *DeviceBuffer
 }
 
-func (d directBackend) Attach(engine string, segs []messages.Segment) (backend.Device, error) {
+func (d directBackend) Attach(engine string, segs []messages.Segment) (backend.Attachment, error) {
 	parsed, err := parseSegments(d.cfg.Device, segs)
 	if err != nil {
 		return nil, fmt.Errorf("cuda: engine %q: %w", engine, err)

@@ -13,7 +13,7 @@ import (
 // blocksPerOp is how many blocks one Copy moves, about one store job's worth.
 const blocksPerOp = 16
 
-// BenchmarkCopy measures Device.Copy in both directions against a plain
+// BenchmarkCopy measures Attachment.Copy in both directions against a plain
 // copy() of the same bytes, so the backend's own overhead (bounds checks,
 // locks) shows as the gap. Memory is touched once before timing so page
 // faults are not measured.
@@ -57,7 +57,7 @@ func BenchmarkCopy(b *testing.B) {
 	}
 }
 
-func benchSetup(b *testing.B, block int64) (backend.Device, backend.Arena) {
+func benchSetup(b *testing.B, block int64) (backend.Attachment, backend.Arena) {
 	b.Helper()
 	dir := b.TempDir()
 	seg := create(b, dir, fmt.Sprintf("bench-%d", block), blocksPerOp*block)

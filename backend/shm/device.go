@@ -26,7 +26,7 @@ type device struct {
 	segs   [][]byte // guarded by mu; nil after Close
 }
 
-var _ backend.Device = (*device)(nil)
+var _ backend.Attachment = (*device)(nil)
 
 // SegmentSize returns the mapped size of segment i, or 0 for an index out of
 // range or after Close.

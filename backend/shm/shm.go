@@ -88,7 +88,7 @@ func (b *Backend) AllocArena(bytes int64) (backend.Arena, error) {
 
 // Attach maps every segment of the engine, in spec order. It is all or
 // nothing: on an error in segment k, segments 0..k-1 are unmapped again.
-func (b *Backend) Attach(engine string, segs []messages.Segment) (backend.Device, error) {
+func (b *Backend) Attach(engine string, segs []messages.Segment) (backend.Attachment, error) {
 	if len(segs) == 0 {
 		return nil, fmt.Errorf("shm: engine %q: no segments: %w", engine, backend.ErrBadSegment)
 	}

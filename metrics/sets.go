@@ -1,0 +1,266 @@
+package metrics
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Each set below is one subsystem's collectors (the subsystem in their
+// names), built and registered by its own constructor on the registerer
+// passed in; a nil registerer leaves them unregistered (tests). Fields are
+// safe for concurrent use.
+
+// Events are the inbound path's collectors: batches, events, rejections,
+// delivery (PROTOCOL.md v2: gaps never applied, resyncs).
+type Events struct {
+	EventsApplied  prometheus.Counter
+	Batches        prometheus.Counter
+	BatchDuplicate prometheus.Counter
+	EventGaps      prometheus.Counter
+	Rejected       *prometheus.CounterVec // reason
+	DroppedBatches *prometheus.CounterVec // reason: gap, reconnect, overflow
+	Resyncs        *prometheus.CounterVec // reason: gap, reconnect, overflow
+	PendingBytes   prometheus.Gauge       // inbound bytes taken, not yet handled
+}
+
+// ResyncReasons are the label values of DroppedBatches and Resyncs.
+var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
+
+// NewEvents builds the inbound collectors, with every resync reason at 0.
+func NewEvents(reg prometheus.Registerer) *Events {
+	m := &Events{
+		EventsApplied:  counter("events", "applied_total", "Protocol events handed to request actors."),
+		Batches:        counter("events", "batches_total", "Event batches received."),
+		BatchDuplicate: counter("events", "duplicate_batches_total", "Batches ignored because seq was not new."),
+		EventGaps:      counter("events", "gaps_total", "Gaps seen (seq jump, lost tail, epoch not starting at 1, reconnect, overflow); never applied."),
+		Rejected:       counterVec("events", "rejected_total", "Rejected inputs by reason.", "reason"),
+		DroppedBatches: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_dropped_batches_total",
+			Help: "Event batches not applied: taken while their epoch resyncs, or refused by a full inbound queue."},
+			[]string{"reason"}),
+		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_resyncs_total",
+			Help: "P.E.resync messages published (repeats included)."}, []string{"reason"}),
+		PendingBytes: gauge("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled."),
+	}
+	for _, r := range ResyncReasons {
+		m.DroppedBatches.WithLabelValues(r)
+		m.Resyncs.WithLabelValues(r)
+	}
+	register(reg, m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.Rejected, m.DroppedBatches,
+		m.Resyncs, m.PendingBytes)
+	return m
+}
+
+// DroppedBatch is DroppedBatches for reason.
+func (m *Events) DroppedBatch(reason string) prometheus.Counter {
+	return m.DroppedBatches.WithLabelValues(reason)
+}
+
+// Resync is Resyncs for reason.
+func (m *Events) Resync(reason string) prometheus.Counter { return m.Resyncs.WithLabelValues(reason) }
+
+// Engines are the engine sessions' collectors.
+type Engines struct {
+	EnginesLive  prometheus.Gauge   // registered now
+	EpochResets  prometheus.Counter // a new epoch or spec reset the engine's requests
+	Expired      prometheus.Counter // a lease without a sign of life
+	Unregistered prometheus.Counter // P.E.unregister
+}
+
+// NewEngines builds the engine session collectors.
+func NewEngines(reg prometheus.Registerer) *Engines {
+	m := &Engines{
+		EnginesLive: gauge("engine", "live", "Registered engines."),
+		EpochResets: counter("engine", "resets_total",
+			"Engine resets (new epoch or new spec)."),
+		Expired: counter("engine", "expired_total",
+			"Engines expired after a lease without a sign of life."),
+		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
+	}
+	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered)
+	return m
+}
+
+// Store are the store decisions' and requests' collectors.
+type Store struct {
+	Deferrals      *prometheus.CounterVec // reason: tokens, hashes, blocks
+	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
+	ChunksStored   prometheus.Counter
+	ChunksDeduped  prometheus.Counter
+	ChunksDropped  prometheus.Counter
+	Evictions      prometheus.Counter
+	Releases       *prometheus.CounterVec // reason
+	RequestsLive   prometheus.Gauge
+	RequestFailure prometheus.Counter
+
+	// Children of the hot labelled counters, resolved once (WithLabelValues
+	// hashes and locks on every call).
+	deferralBy map[string]prometheus.Counter
+	retryBy    map[string]prometheus.Counter
+}
+
+// NewStore builds the store and request collectors.
+func NewStore(reg prometheus.Registerer) *Store {
+	m := &Store{
+		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
+		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
+		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
+		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
+		Evictions:      counter("pool", "evictions_total", "Ready chunks evicted to make room."),
+		Releases:       counterVec("requests", "released_total", "released messages published.", "reason"),
+		RequestsLive:   gauge("requests", "live", "Requests tracked."),
+		RequestFailure: counter("requests", "failures_total", "Request actors that failed and were released by supervision."),
+		deferralBy:     map[string]prometheus.Counter{},
+		retryBy:        map[string]prometheus.Counter{},
+	}
+	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
+		m.Releases, m.RequestsLive, m.RequestFailure)
+	return m
+}
+
+// Deferral is Deferrals for reason (resolved once by Metrics.Preset; others
+// on the fly).
+func (m *Store) Deferral(reason string) prometheus.Counter {
+	if c, ok := m.deferralBy[reason]; ok {
+		return c
+	}
+	return m.Deferrals.WithLabelValues(reason)
+}
+
+// Retry is Retries for reason (resolved once by Metrics.Preset; others on
+// the fly).
+func (m *Store) Retry(reason string) prometheus.Counter {
+	if c, ok := m.retryBy[reason]; ok {
+		return c
+	}
+	return m.Retries.WithLabelValues(reason)
+}
+
+// Pool are the collectors of the pool's copy path (package store): hits,
+// checksums, corrupt chunks. The pool's sizes are read at scrape time
+// (RegisterPool); its evictions are counted with the store decisions that
+// cause them (Store).
+type Pool struct {
+	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load
+	PoolHits     prometheus.Counter     // chunks loaded from host memory
+	ChecksumTime *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
+}
+
+// NewPool builds the copy path's collectors.
+func NewPool(reg prometheus.Registerer) *Pool {
+	m := &Pool{
+		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
+		PoolHits: counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		ChecksumTime: counterVec("store", "checksum_seconds_total",
+			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
+	}
+	register(reg, m.Corrupt, m.PoolHits, m.ChecksumTime)
+	return m
+}
+
+// Transfer are the copy workers' collectors. The byte and time counters keep
+// vLLM's names (kv_offload_total_*) so its dashboards work.
+type Transfer struct {
+	TransferBytes *prometheus.CounterVec // transfer_type (vLLM: kv_offload_total_bytes)
+	TransferTime  *prometheus.CounterVec // transfer_type (vLLM: kv_offload_total_time)
+	CopySize      *prometheus.HistogramVec
+	CopyFailures  *prometheus.CounterVec
+	JobsInFlight  prometheus.Gauge
+	BytesInFlight prometheus.Gauge
+	JobsQueued    prometheus.Gauge
+	FenceWaits    prometheus.Counter
+	// DecisionTime keeps its store_ name: it measures a store decision, from
+	// the batch's arrival to its copy starting, which only the copier sees.
+	DecisionTime prometheus.Histogram
+}
+
+// NewTransfer builds the copy collectors.
+func NewTransfer(reg prometheus.Registerer) *Transfer {
+	m := &Transfer{
+		TransferBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kv_offload_total_bytes",
+			Help: "Bytes copied, by direction (vLLM-compatible)."}, []string{"transfer_type"}),
+		TransferTime: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kv_offload_total_time",
+			Help: "Seconds spent copying, by direction (vLLM-compatible)."}, []string{"transfer_type"}),
+		CopySize: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "transfer",
+			Name: "copy_size_bytes", Help: "Bytes per copy job.",
+			Buckets: prometheus.ExponentialBuckets(4096, 4, 10)}, []string{"transfer_type"}),
+		CopyFailures:  counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
+		JobsInFlight:  gauge("transfer", "jobs_in_flight", "Copy jobs running."),
+		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
+		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
+		FenceWaits:    counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
+		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
+			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+	}
+	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
+		m.JobsQueued, m.FenceWaits, m.DecisionTime)
+	return m
+}
+
+// Load are the lookup and load collectors.
+type Load struct {
+	Lookups    prometheus.Counter
+	LookupHits prometheus.Counter
+	HitTokens  prometheus.Counter
+	Loads      *prometheus.CounterVec // result: ok, error
+}
+
+// NewLoad builds the lookup and load collectors.
+func NewLoad(reg prometheus.Registerer) *Load {
+	m := &Load{
+		Lookups:    counter("load", "lookups_total", "Lookup requests."),
+		LookupHits: counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
+		HitTokens:  counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
+		Loads:      counterVec("load", "requests_total", "Load requests by result.", "result"),
+	}
+	register(reg, m.Lookups, m.LookupHits, m.HitTokens, m.Loads)
+	return m
+}
+
+// NATS are the NATS connection's collectors.
+type NATS struct {
+	NATSConnected  prometheus.Gauge
+	NATSEvents     *prometheus.CounterVec // event: disconnect, reconnect, slow_consumer, error
+	NATSDisconnect *prometheus.CounterVec // cause: eof, stale_connection, timeout, auth, other
+}
+
+// DisconnectCauses are the label values of NATSDisconnect.
+var DisconnectCauses = []string{"eof", "stale_connection", "timeout", "auth", "other"}
+
+// NewNATS builds the connection collectors, every event and cause at 0.
+func NewNATS(reg prometheus.Registerer) *NATS {
+	m := &NATS{
+		NATSConnected: gauge("nats", "connected", "1 while the NATS connection is up."),
+		NATSEvents: counterVec("nats", "events_total",
+			"NATS connection events: disconnect, reconnect, slow_consumer, error.", "event"),
+		NATSDisconnect: counterVec("nats", "disconnects_total", "NATS disconnects by cause.", "cause"),
+	}
+	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
+		m.NATSEvents.WithLabelValues(e)
+	}
+	for _, c := range DisconnectCauses {
+		m.NATSDisconnect.WithLabelValues(c)
+	}
+	register(reg, m.NATSConnected, m.NATSEvents, m.NATSDisconnect)
+	return m
+}
+
+// Actors count messages an actor had no case for, by actor kind.
+type Actors struct {
+	Unexpected *prometheus.CounterVec // actor
+}
+
+// NewActors builds the actor collectors.
+func NewActors(reg prometheus.Registerer) *Actors {
+	m := &Actors{Unexpected: counterVec("actor", "unexpected_messages_total", "Messages an actor had no case for.", "actor")}
+	register(reg, m.Unexpected)
+	return m
+}
+
+func register(reg prometheus.Registerer, cs ...prometheus.Collector) {
+	if reg != nil {
+		reg.MustRegister(cs...)
+	}
+}

@@ -1,0 +1,121 @@
+package sched
+
+import (
+	"math/rand"
+	"reflect"
+	"slices"
+	"testing"
+	"testing/quick"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// groupCase is one random group with random request-level terms, for the
+// quick checks of the group's own ready prefix and candidates.
+type groupCase struct {
+	kind     Kind
+	tpc, hpc int // tokens and hashes per chunk
+	bpc      int
+	tokens   int
+	hashes   int
+	decoding bool
+	blocks   []messages.BlockID // 0 is the null block
+	cursor   messages.ChunkIndex
+	redo     []messages.ChunkIndex
+}
+
+func (groupCase) Generate(rnd *rand.Rand, _ int) reflect.Value {
+	c := groupCase{kind: []Kind{KindFull, KindSlidingWindow, KindEagle}[rnd.Intn(3)],
+		hpc: 1 + rnd.Intn(3), bpc: 1 + rnd.Intn(3), tokens: rnd.Intn(200), hashes: rnd.Intn(40),
+		decoding: rnd.Intn(2) == 0}
+	c.tpc = c.hpc * (1 + rnd.Intn(8))
+	c.blocks = make([]messages.BlockID, rnd.Intn(40))
+	for i := range c.blocks {
+		if rnd.Intn(4) > 0 { // a quarter null, as a sliding window or a skip leaves them
+			c.blocks[i] = messages.BlockID(1 + rnd.Intn(63))
+		}
+	}
+	complete := len(c.blocks) / c.bpc
+	c.cursor = messages.ChunkIndex(rnd.Intn(complete + 1))
+	for ch := range c.cursor {
+		if rnd.Intn(3) == 0 {
+			c.redo = append(c.redo, ch)
+		}
+	}
+	return reflect.ValueOf(c)
+}
+
+func (c groupCase) group() (*group, readyTerms) {
+	lay := &GroupLayout{Kind: c.kind, TokensPerChunk: c.tpc, HashesPerChunk: c.hpc}
+	g := &group{lay: lay, blocks: c.blocks, cursor: c.cursor, redo: slices.Clone(c.redo)}
+	return g, readyTerms{tokens: c.tokens, hashes: c.hashes, decoding: c.decoding, bpc: c.bpc}
+}
+
+// naiveReady is PROTOCOL.md's ready prefix recomputed plainly.
+func (c groupCase) naiveReady() int {
+	tok := c.tokens / c.tpc
+	if c.kind == KindEagle && c.decoding {
+		tok = max(tok-1, 0)
+	}
+	return min(tok, c.hashes/c.hpc, len(c.blocks)/c.bpc)
+}
+
+// TestGroupReadyIsNaive: the group's own O(1) ready prefix equals the naive
+// min of the three terms, names a term that bounds it, and reports a deferral
+// exactly when some term reaches past it.
+func TestGroupReadyIsNaive(t *testing.T) {
+	f := func(c groupCase) bool {
+		g, tm := c.group()
+		rd, reason, best := g.ready(tm)
+		tok := c.tokens / c.tpc
+		if c.kind == KindEagle && c.decoding {
+			tok = max(tok-1, 0)
+		}
+		terms := map[DeferReason]int{DeferTokens: tok, DeferHashes: c.hashes / c.hpc,
+			DeferBlocks: len(c.blocks) / c.bpc}
+		if int(rd) != c.naiveReady() || terms[reason] != int(rd) {
+			t.Logf("%+v: ready %d reason %v, naive %d", c, rd, reason, c.naiveReady())
+			return false
+		}
+		return int(best) == max(terms[DeferTokens], terms[DeferHashes], terms[DeferBlocks])
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 5000}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGroupCandidatesAreNaive: the chunks a decision considers are the redo
+// chunks below ready, then [cursor, ready), less those whose last block is
+// null; stopping early stops the walk.
+func TestGroupCandidatesAreNaive(t *testing.T) {
+	f := func(c groupCase) bool {
+		g, tm := c.group()
+		rd := messages.ChunkIndex(c.naiveReady())
+		var want []messages.ChunkIndex
+		notNull := func(ch messages.ChunkIndex) bool { return c.blocks[(int(ch)+1)*c.bpc-1] != 0 }
+		for _, ch := range c.redo {
+			if ch < rd && notNull(ch) {
+				want = append(want, ch)
+			}
+		}
+		for ch := c.cursor; ch < rd; ch++ {
+			if notNull(ch) {
+				want = append(want, ch)
+			}
+		}
+		got := slices.Collect(g.candidates(rd, tm.bpc))
+		if !slices.Equal(got, want) {
+			t.Logf("%+v: candidates %v, naive %v", c, got, want)
+			return false
+		}
+		n := 0
+		for range g.candidates(rd, tm.bpc) {
+			n++
+			break
+		}
+		return n == min(1, len(want))
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 5000}); err != nil {
+		t.Fatal(err)
+	}
+}
