@@ -467,6 +467,14 @@ func (n *Node) teardown() {
 		_ = n.http.Close()
 	}
 	if n.system != nil {
+		// The transfer actor first, and waited for: its workers may be in a
+		// copy that reads engine segments and writes the arena, both freed
+		// below (ActorSystem.Shutdown does not stop actors).
+		if n.transfer != nil {
+			if err := n.system.Root.StopFuture(n.transfer).Wait(); err != nil {
+				n.log.Error("shutdown: transfer actor did not stop", "err", err)
+			}
+		}
 		n.system.Shutdown()
 	}
 	if n.disk != nil { // after the actors (no more spills): the writer drains its queue (announcements after the seal are not sent)

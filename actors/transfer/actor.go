@@ -3,6 +3,7 @@ package transfer
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -53,8 +54,9 @@ type Deps struct {
 // workers; the workers take jobs from the queue and report each end as a
 // message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
-	deps Deps
-	q    *queue
+	deps    Deps
+	q       *queue
+	workers sync.WaitGroup
 }
 
 // Props builds a transfer actor. Its workers stop when it stops.
@@ -68,7 +70,11 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Started:
 		a.start(c)
 	case *actor.Stopping:
-		a.q.close() // workers finish the copy they hold and exit
+		// Workers finish the copy they hold and exit; the actor stops only
+		// after they have, so whoever frees the devices and the arena after
+		// stopping it (node teardown) never frees memory under a copy.
+		a.q.close()
+		a.workers.Wait()
 	case *actor.Stopped, *actor.Restarting:
 	case *Submit:
 		a.q.push(m)
@@ -94,6 +100,7 @@ func (a *Actor) start(c actor.Context) {
 	a.q = newQueue(a.deps.Config.MaxInFlightBytes)
 	self, root := c.Self(), c.ActorSystem().Root
 	for range a.deps.Config.Workers {
+		a.workers.Add(1)
 		go a.worker(root, self)
 	}
 }
@@ -112,6 +119,7 @@ func (a *Actor) finish(c actor.Context, d *copyDone) {
 
 // worker runs copies until the queue closes.
 func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
+	defer a.workers.Done()
 	for job := a.q.next(); job != nil; job = a.q.next() {
 		dur, err := a.run(job)
 		a.q.done(job)
