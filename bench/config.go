@@ -73,6 +73,13 @@ type Config struct {
 	// per phase step.
 	Log      *slog.Logger
 	Progress io.Writer
+	// External adds the out-of-process run (issue 14): ServeBinary serve
+	// (default: this executable) as a child process, driven over NATS.
+	// ExternalProfile, when set, receives the child's CPU profile of that
+	// run (its /debug/pprof/profile).
+	External        bool
+	ServeBinary     string
+	ExternalProfile io.Writer
 }
 
 // DefaultConfig is every setting's default at full size (the bench flags
@@ -100,7 +107,7 @@ func (c Config) withDefaults() Config {
 	if c.Duration == 0 {
 		c.Duration = d.Duration
 	}
-	if len(c.Phases) == 0 {
+	if len(c.Phases) == 0 && !c.External {
 		c.Phases = d.Phases
 	}
 	if c.ScaleRequests == 0 {

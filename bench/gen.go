@@ -67,6 +67,7 @@ type workload struct {
 	shared               float64 // fraction starting with a shared prefix
 	families             int     // distinct shared prefixes
 	sharedHashes         int     // hashes in a shared prefix
+	noHashes             bool    // publish no hashes: no chunk is ever ready, nothing is stored
 }
 
 // mixedWorkload is the throughput phase's mix: requests arrive, prefill in
@@ -231,7 +232,7 @@ func (g *engineGen) turn(r *genReq) bool {
 }
 
 func (g *engineGen) publishHashes(r *genReq, upTo int) {
-	if upTo > r.hashes {
+	if upTo > r.hashes && !g.w.noHashes {
 		g.enc.hashes(r.id, r.hashes, upTo, g.hash(r))
 		r.hashes = upTo
 	}

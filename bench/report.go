@@ -22,6 +22,7 @@ type Report struct {
 	Latency    *Latency    `json:"latency,omitempty"`
 	Copy       *Copy       `json:"copy,omitempty"`
 	Scale      *Scale      `json:"scale,omitempty"`
+	External   *External   `json:"external,omitempty"`
 	Goals      []Goal      `json:"goals"`
 }
 
@@ -89,6 +90,7 @@ func (r *Report) goals() {
 			}
 		}
 	}
+	r.externalGoals()
 	if c := r.Copy; c != nil {
 		for _, s := range c.Sizes {
 			r.Goals = append(r.Goals, Goal{Name: "copy " + sizeLabel(s.BlockBytes) + " vs copy()",
@@ -159,6 +161,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 		fmt.Fprintf(w, "scaled / base\t\t%.2f\t%.2f\t\t\n", s.Ratio, s.CPURatio)
 		fmt.Fprintf(w, "seeding took %.2f s; %.0f live at the end; rejected %.0f\n", s.SetupSeconds, s.LiveAtEnd, s.Rejected)
 	}
+	r.External.writeTable(w)
 	if len(r.Goals) > 0 {
 		fmt.Fprintf(w, "\nGOAL\ttarget\tvalue\tresult\n")
 		for _, g := range r.Goals {

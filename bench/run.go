@@ -40,6 +40,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return rep, phaseErr(PhaseScale, err)
 		}
 	}
+	if cfg.External {
+		if rep.External, err = runExternal(ctx, cfg); err != nil {
+			return rep, phaseErr("external", err)
+		}
+	}
 	rep.goals()
 	return rep, nil
 }

@@ -14,6 +14,9 @@ type batch struct {
 	// kvactors_events_applied_total: all but "added", which spawns the
 	// request actor instead of being applied to one.
 	applied int32
+	// finishes is how many "finished" events it holds: each is answered by
+	// exactly one released (the out-of-process run's progress).
+	finishes int32
 }
 
 // encoder builds batch bodies with wire.Batch, the engine-side encoder the
@@ -23,20 +26,21 @@ type encoder struct {
 	epoch  string
 	seq    uint64
 	addeds int
+	ends   int
 	body   []byte
 	h      [hashBytes]byte
 }
 
 func (e *encoder) begin(epoch string, seq uint64) {
 	e.b.Reset()
-	e.epoch, e.seq, e.addeds = epoch, seq, 0
+	e.epoch, e.seq, e.addeds, e.ends = epoch, seq, 0, 0
 }
 
 // finish returns an exact-size copy of the body.
 func (e *encoder) finish() batch {
 	e.body = e.b.Body(e.body, e.epoch, e.seq)
 	n := e.b.Events()
-	return batch{body: append([]byte(nil), e.body...), events: int32(n), applied: int32(n - e.addeds)}
+	return batch{body: append([]byte(nil), e.body...), events: int32(n), applied: int32(n - e.addeds), finishes: int32(e.ends)}
 }
 
 func (e *encoder) added(req string, prompt int) {
@@ -62,6 +66,7 @@ func (e *encoder) tokens(req string, computed, total int) { e.b.Tokens(req, comp
 
 func (e *encoder) finished(req string, aborted bool, computed, total int) {
 	e.b.Finished(req, aborted, computed, total)
+	e.ends++
 }
 
 // splitmix64 is a fast, well-mixed 64-bit hash for deterministic content.

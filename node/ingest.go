@@ -34,12 +34,20 @@ import (
 // own pending queue for the subscription is bounded too (the rest of
 // --max-pending-bytes); a drop there names no engine, so every engine
 // resyncs.
+//
+// The budget is also a credit window between intake and the engine actors:
+// a batch handed to its engine actor keeps its bytes counted until the actor
+// has handled it (engine.Batch.Done), so intake cannot run ahead of the
+// actors by more than the budget, and a burst's decoded batches cannot pile
+// up in actor mailboxes unbounded. The credits of an engine whose route ends
+// are returned then (a stopped actor's mailbox is never handled).
 type ingester struct {
 	n       *Node
 	queues  []chan inbound
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
+	credits map[string]map[*credit]struct{} // per engine, under mu
 
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
@@ -66,7 +74,8 @@ type inbound struct {
 }
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
-	in := &ingester{n: n, engines: map[string]*actor.PID{}, budget: budget, lost: map[string]bool{}}
+	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
+		budget: budget, lost: map[string]bool{}}
 	for range workers {
 		q := make(chan inbound, queueDepth)
 		in.queues = append(in.queues, q)
@@ -78,17 +87,77 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 
 func (in *ingester) route(engineID string, pid *actor.PID) {
 	in.mu.Lock()
+	var held map[*credit]struct{}
+	if cur := in.engines[engineID]; cur != nil && !cur.Equal(pid) {
+		held = in.credits[engineID]
+		delete(in.credits, engineID)
+	}
 	in.engines[engineID] = pid
 	in.mu.Unlock()
+	in.returnAll(held)
 }
 
-// unroute removes engineID's route if it still points at pid.
+// unroute removes engineID's route if it still points at pid, and returns
+// the credits of batches its actor has not handled.
 func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	in.mu.Lock()
+	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
 		delete(in.engines, engineID)
+		held = in.credits[engineID]
+		delete(in.credits, engineID)
 	}
 	in.mu.Unlock()
+	in.returnAll(held)
+}
+
+// credit is one batch's bytes in the intake budget while its engine actor
+// has not handled it. It is returned once: by the actor, or when the
+// engine's route ends, whichever comes first.
+type credit struct {
+	in       *ingester
+	engine   string
+	size     int64
+	returned atomic.Bool
+}
+
+// lend counts a batch of size bytes (already admitted) as held by engineID's
+// actor pid until the credit is returned; nil when pid is no longer the
+// engine's route (its credits were returned already: the caller releases).
+func (in *ingester) lend(engineID string, pid *actor.PID, size int64) *credit {
+	c := &credit{in: in, engine: engineID, size: size}
+	in.mu.Lock()
+	if cur := in.engines[engineID]; cur == nil || !cur.Equal(pid) {
+		in.mu.Unlock()
+		return nil
+	}
+	set := in.credits[engineID]
+	if set == nil {
+		set = map[*credit]struct{}{}
+		in.credits[engineID] = set
+	}
+	set[c] = struct{}{}
+	in.mu.Unlock()
+	return c
+}
+
+// Return gives the batch's bytes back to the budget (engine.Batch.Done).
+func (c *credit) Return() {
+	if !c.returned.CompareAndSwap(false, true) {
+		return
+	}
+	c.in.mu.Lock()
+	delete(c.in.credits[c.engine], c)
+	c.in.mu.Unlock()
+	c.in.release(c.size)
+}
+
+func (in *ingester) returnAll(held map[*credit]struct{}) {
+	for c := range held {
+		if c.returned.CompareAndSwap(false, true) {
+			in.release(c.size)
+		}
+	}
 }
 
 func (in *ingester) lookup(engineID string) *actor.PID {
@@ -209,19 +278,22 @@ func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
 	for x := range q {
 		in.flushLost()
-		in.handle(x)
-		in.release(x.size)
+		if !in.handle(x) {
+			in.release(x.size)
+		}
 	}
 }
 
-func (in *ingester) handle(x inbound) {
+// handle reports whether the message's bytes went on to an engine actor as
+// a credit (returned when it has handled them).
+func (in *ingester) handle(x inbound) (lent bool) {
 	engineID, m := x.engine, x.msg
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
 		return // another node's engine (clusters): stay silent, counted
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		in.events(engineID, m)
+		return in.events(engineID, m, x.size)
 	case messages.VerbRegister:
 		in.n.onRegister(engineID, m)
 	case messages.VerbHeartbeat:
@@ -238,21 +310,22 @@ func (in *ingester) handle(x inbound) {
 		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
 		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))
 	}
+	return false
 }
 
-func (in *ingester) events(engineID string, m *nats.Msg) {
+func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool) {
 	arrived := time.Now()
 	n := in.n
 	pid := in.lookup(engineID)
 	if pid == nil {
 		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)
 		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
-		return
+		return false
 	}
 	batch, evErrs, err := ingest.DecodeBatch(engineID, m.Data, n.cfg.Limits)
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "batch rejected", "engine", engineID, "err", err)
-		return
+		return false
 	}
 	for _, e := range evErrs {
 		n.rejected(messages.RejectLabel(e.Err), "event rejected", "engine", engineID, "request", e.Request,
@@ -266,7 +339,12 @@ func (in *ingester) events(engineID string, m *nats.Msg) {
 			tracing.AttrEvents.Int(len(batch.Events)))
 	}
 	span.End() // the batch span marks arrival; request spans hang below it
-	n.system.Root.Send(pid, &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived})
+	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived}
+	if c := in.lend(engineID, pid, size); c != nil {
+		msg.Done, lent = c.Return, true
+	}
+	n.system.Root.Send(pid, msg)
+	return lent
 }
 
 // stop ends intake: the caller has unsubscribed (and drained), so nothing

@@ -98,6 +98,9 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 	case *Batch:
 		a.batch(c, m)
+		if m.Done != nil {
+			m.Done()
+		}
 	case *Heartbeat:
 		a.heartbeat(c, m)
 	case *Lost:

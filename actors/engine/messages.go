@@ -13,6 +13,10 @@ type Batch struct {
 	Batch   messages.EventBatch
 	Ctx     context.Context // the engine's trace context from the NATS headers
 	Arrived time.Time
+	// Done, when set, is called once the actor has handled the batch: it
+	// returns the batch's share of the node's intake budget (the credit
+	// window between intake and this actor).
+	Done func()
 }
 
 // Retire ends the engine: every request is reset and released with Reason

@@ -78,6 +78,14 @@ type job struct {
 	ctx   context.Context
 }
 
+// dispatcher runs a request actor's mailbox on the goroutine that posted to
+// it when the mailbox is idle: the engine actor's turn for its events (one
+// engine step is one unit of work, with no goroutine hand-off per request)
+// and the transfer actor's turn for its JobDone. The mailbox still admits
+// one runner at a time, so the actor's state is touched by one goroutine at
+// once as before; a message posted while it runs waits in the queue.
+var dispatcher = actor.NewSynchronizedDispatcher(300)
+
 // Props builds a request actor from its added event; first carries the batch
 // context that created it.
 func Props(deps Deps, added messages.Event, parent context.Context) *actor.Props {
@@ -88,7 +96,7 @@ func Props(deps Deps, added messages.Event, parent context.Context) *actor.Props
 			a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(added.Request))
 		}
 		return a
-	})
+	}, actor.WithDispatcher(dispatcher))
 }
 
 func (a *Actor) Receive(c actor.Context) {

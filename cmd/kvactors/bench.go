@@ -23,6 +23,7 @@ type benchOptions struct {
 	json       bool
 	cpuprofile string
 	logLevel   string
+	extProfile string
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
@@ -36,6 +37,9 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.cfg.ShmDir, "shm-dir", "", "directory for the engines' shm segments (default /dev/shm if writable)")
 	fs.BoolVar(&o.json, "json", false, "print the report as JSON instead of tables")
 	fs.StringVar(&o.cpuprofile, "cpuprofile", "", "write a CPU profile of the throughput phase's node run to this file")
+	fs.BoolVar(&o.cfg.External, "external", false, "also run the store-heavy mix against kvactors serve started as a child process (alone unless --phases is given)")
+	fs.StringVar(&o.cfg.ServeBinary, "serve-binary", "", "kvactors binary the --external run starts (default: this one)")
+	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
 }
 
@@ -49,6 +53,9 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	o.cfg.Phases = strings.Split(o.phases, ",")
+	if o.cfg.External && !flagSet(fs, "phases") {
+		o.cfg.Phases = nil // --external alone runs only the out-of-process mix
+	}
 	o.cfg.Progress = stderr
 	if o.logLevel != "" {
 		log, err := node.Config{LogLevel: o.logLevel}.NewLogger(stderr)
@@ -70,6 +77,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		}
 		defer f.Close()
 		o.cfg.CPUProfile = f
+	}
+	if o.extProfile != "" {
+		f, err := os.Create(o.extProfile)
+		if err != nil {
+			fmt.Fprintln(stderr, "kvactors bench:", err)
+			return exitFailure
+		}
+		defer f.Close()
+		o.cfg.ExternalProfile = f
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -97,4 +113,11 @@ func writeReport(w io.Writer, rep *kvbench.Report, asJSON bool) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(rep)
+}
+
+// flagSet reports whether flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }

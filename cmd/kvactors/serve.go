@@ -36,6 +36,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	for _, w := range flags.Warnings {
 		log.Warn(w)
 	}
+	setGC(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tp, shutdownTracing, err := tracing.Init(ctx, tracing.Options{})

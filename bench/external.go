@@ -1,0 +1,490 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net/http"
+	"os"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// External is the out-of-process run's result (issue 14): a separate
+// `kvactors serve` process, engines on real NATS connections, the clock
+// stopped when the last `released` of a chunk's finished requests arrived.
+// Node CPU is the child's user + system time (/proc/<pid>/stat) over the
+// same intervals, so it holds everything the node process does: its
+// embedded NATS server, decoding, actors, copies and outgoing messages.
+type External struct {
+	Workload       string  `json:"workload"`
+	Engines        int     `json:"engines"`
+	Events         int     `json:"events"`
+	Batches        int     `json:"batches"`
+	Finishes       int     `json:"finished_events"`
+	Requests       int     `json:"requests_released"`
+	EventsPerReq   float64 `json:"events_per_request"`
+	StoreJobs      int     `json:"store_jobs"`
+	StoredChunks   int     `json:"stored_chunks"`
+	Seconds        float64 `json:"seconds"`
+	EventsPerSec   float64 `json:"events_per_sec"`
+	NodeCPUSeconds float64 `json:"node_cpu_seconds"`
+	// NodeUSPer* divide the node's whole CPU time by one count each: they
+	// are not a split of the CPU between events, chunks and jobs.
+	NodeUSPerEvent float64 `json:"node_us_per_event"`
+	NodeUSPerChunk float64 `json:"node_us_per_stored_chunk"`
+	NodeUSPerJob   float64 `json:"node_us_per_store_job"`
+	// BenchCPUSeconds is this process's CPU over the node run (publishing
+	// engines and the released/stored subscribers).
+	BenchCPUSeconds float64 `json:"bench_cpu_seconds"`
+	// Raw* is the baseline in the same run: the same bodies through the
+	// child's NATS server to a plain subscriber here that parses the subject
+	// and calls ingest.DecodeBatch. RawNodeCPUSeconds is the child's CPU
+	// meanwhile (its NATS server routing only).
+	RawEvents         int     `json:"raw_events"`
+	RawSeconds        float64 `json:"raw_seconds"`
+	RawEventsPerSec   float64 `json:"raw_events_per_sec"`
+	RawNodeCPUSeconds float64 `json:"raw_node_cpu_seconds"`
+	RawNodeUSPerEvent float64 `json:"raw_node_us_per_event"`
+	Ratio             float64 `json:"ratio"`
+	// NoStore* is the same mix without hashes on other engines of the same
+	// child, after the store-heavy run: nothing becomes ready, nothing is
+	// stored. StoreUSPerChunk is the store-heavy run's node CPU less its
+	// events at the no-store cost, per stored chunk: what storing adds
+	// (its jobs, copies, stored and kv_events messages and evictions).
+	NoStoreEvents     int     `json:"nostore_events"`
+	NoStoreSeconds    float64 `json:"nostore_seconds"`
+	NoStoreCPUSeconds float64 `json:"nostore_node_cpu_seconds"`
+	NoStoreUSPerEvent float64 `json:"nostore_node_us_per_event"`
+	StoreUSPerChunk   float64 `json:"store_node_us_per_stored_chunk"`
+	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end.
+	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
+}
+
+// storeHeavyWorkload is issue 14's mix: about 22 events per request, one
+// 256-byte block per chunk (storeGeometry), two groups; short prompts and
+// short decodes so most events complete a chunk.
+func storeHeavyWorkload() workload {
+	return workload{promptMin: 64, promptMax: 192, outputMin: 0, outputMax: 24, prefillChunk: 64,
+		running: 32, queuedAbort: 0.03, midAbort: 0.05, shared: 0.25, families: 8, sharedHashes: 4}
+}
+
+// storeGeometry is eventGeometry with one block per chunk: every 16 tokens
+// complete one chunk per group.
+func storeGeometry() geometry {
+	g := eventGeometry()
+	g.bpc = 1
+	return g
+}
+
+// externalChunkEvents bounds one timed chunk so that everything published
+// ahead of the node (about 14 MB at 100,000 events) fits the child's default
+// inbound budget (--max-pending-bytes 256 MiB, a quarter of it for nats.go).
+func externalChunkEvents(d time.Duration) int {
+	return max(2_000, min(100_000, int(d.Seconds()*100_000)))
+}
+
+// child is a running `kvactors serve`.
+type child struct {
+	cmd      *exec.Cmd
+	natsURL  string
+	httpAddr string
+	stderr   *tailBuffer
+	done     chan struct{}
+}
+
+var servingLine = regexp.MustCompile(`^kvactors serving: nats (\S+), prefix "[^"]*", admin http (\S+)`)
+
+// startChild starts bin serve on free ports and waits for its serving line.
+func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) {
+	bin := cfg.ServeBinary
+	if bin == "" {
+		var err error
+		if bin, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("find the kvactors binary: %w", err)
+		}
+	}
+	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
+		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
+		"--log-level", "error"}
+	cmd := exec.Command(bin, args...)
+	cmd.Env = childEnv()
+	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
+	cmd.Stderr = c.stderr
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s serve: %w", bin, err)
+	}
+	lines := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(out)
+		for sc.Scan() {
+			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
+				lines <- m[1] + " " + m[2]
+			}
+		}
+		_ = cmd.Wait()
+		close(c.done)
+	}()
+	select {
+	case l := <-lines:
+		c.natsURL, c.httpAddr, _ = strings.Cut(l, " ")
+		return c, nil
+	case <-c.done:
+		return nil, fmt.Errorf("kvactors serve exited before serving: %s: %s", cmd.ProcessState, c.stderr)
+	case <-ctx.Done():
+		c.stop()
+		return nil, ctx.Err()
+	case <-time.After(60 * time.Second):
+		c.stop()
+		return nil, fmt.Errorf("kvactors serve did not start within 60s: %s", c.stderr)
+	}
+}
+
+// childEnv drops KVACTORS_* settings of the caller's environment, so the
+// child runs with the flags above and the defaults only. GOGC and
+// GOMEMLIMIT pass through: they are what a run may want to compare.
+func childEnv() []string {
+	var env []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "KVACTORS_") {
+			env = append(env, kv)
+		}
+	}
+	return env
+}
+
+// stop ends the child with SIGTERM (it shuts down gracefully), SIGKILL
+// after 30 s.
+func (c *child) stop() {
+	_ = c.cmd.Process.Signal(os.Interrupt)
+	select {
+	case <-c.done:
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.done
+	}
+}
+
+// cpuSeconds is the child's user + system time: /proc/<pid>/stat fields
+// 14 and 15, in clock ticks of 1/100 s (USER_HZ on Linux).
+func (c *child) cpuSeconds() (float64, error) {
+	return procCPUSeconds(c.cmd.Process.Pid)
+}
+
+func procCPUSeconds(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, fmt.Errorf("child cpu: %w", err)
+	}
+	return parseStatCPU(b)
+}
+
+// parseStatCPU reads utime + stime from a /proc/<pid>/stat line. The
+// command name (field 2) may hold spaces, so fields count from its ')'.
+func parseStatCPU(stat []byte) (float64, error) {
+	i := bytes.LastIndexByte(stat, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("child cpu: no ')' in stat %q", stat)
+	}
+	f := strings.Fields(string(stat[i+1:]))
+	// f[0] is field 3 (state): utime is field 14, stime field 15.
+	if len(f) < 13 {
+		return 0, fmt.Errorf("child cpu: short stat %q", stat)
+	}
+	ut, err1 := strconv.ParseUint(f[11], 10, 64)
+	st, err2 := strconv.ParseUint(f[12], 10, 64)
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("child cpu: %w", err)
+	}
+	const userHZ = 100
+	return float64(ut+st) / userHZ, nil
+}
+
+// maxRSS is the child's VmHWM in bytes (0 when unreadable).
+func (c *child) maxRSS() int64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			return kb << 10
+		}
+	}
+	return 0
+}
+
+// tailBuffer keeps the last max bytes written (the child's stderr, for
+// error messages).
+type tailBuffer struct {
+	mu  sync.Mutex
+	b   []byte
+	max int
+}
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.b = append(t.b, p...)
+	if len(t.b) > t.max {
+		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) String() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return strings.TrimSpace(string(t.b))
+}
+
+// outcome counts what the node sent back to the engines; noStoreChunks
+// are chunks stored for the no-store engines (none expected).
+type outcome struct {
+	released, jobs, chunks, noStoreChunks atomic.Int64
+}
+
+// noStorePrefix starts the no-store engines' ids.
+const noStorePrefix = "n"
+
+// observe subscribes to every engine's released and stored subjects.
+func (o *outcome) observe(nc *nats.Conn, prefix string) error {
+	for verb, f := range map[string]func(*nats.Msg){
+		"released": func(*nats.Msg) { o.released.Add(1) },
+		"stored": func(m *nats.Msg) {
+			n := int64(bytes.Count(m.Data, []byte(`"key"`)))
+			if strings.Contains(m.Subject, "."+noStorePrefix) {
+				o.noStoreChunks.Add(n)
+				return
+			}
+			o.jobs.Add(1)
+			o.chunks.Add(n)
+		},
+	} {
+		s, err := nc.Subscribe(prefix+".*."+verb, f)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", verb, err)
+		}
+		if err := s.SetPendingLimits(-1, -1); err != nil {
+			return err
+		}
+	}
+	return nc.Flush()
+}
+
+func runExternal(ctx context.Context, cfg Config) (*External, error) {
+	tag := make([]byte, 4)
+	for i := range tag {
+		tag[i] = byte(rand.Uint32())
+	}
+	prefix := fmt.Sprintf("kvbenchx_%x", tag)
+	c, err := startChild(ctx, cfg, prefix)
+	if err != nil {
+		return nil, err
+	}
+	defer c.stop()
+	r := &rig{cfg: cfg, prefix: prefix, url: c.natsURL}
+	defer r.close()
+	ids := engineIDs(cfg.Engines)
+	conns := make([]*nats.Conn, len(ids))
+	for i, id := range ids {
+		if conns[i], _, err = r.engine(id, storeGeometry()); err != nil {
+			return nil, err
+		}
+	}
+	res := &External{Workload: "store-heavy", Engines: cfg.Engines}
+	gens := func(ids []string, tag string, w workload) func() [][]batch {
+		gens := make([]*engineGen, len(ids))
+		for i, id := range ids {
+			gens[i] = newEngineGen(id, tag, uint64(i+1)*0x9e37, storeGeometry(), w)
+		}
+		return func() [][]batch { return fill(gens, externalChunkEvents(cfg.Duration)) }
+	}
+	storeHeavy := func() func() [][]batch { return gens(ids, "x", storeHeavyWorkload()) }
+
+	// The raw baseline first, on the child's server (the node does not
+	// subscribe to its subjects).
+	var raw Throughput
+	cpu0, err := c.cpuSeconds()
+	if err != nil {
+		return nil, err
+	}
+	if err := rawBaseline(ctx, cfg, r, ids, storeHeavy(), &raw); err != nil {
+		return nil, err
+	}
+	cpu1, err := c.cpuSeconds()
+	if err != nil {
+		return nil, err
+	}
+	res.RawEvents, res.RawSeconds, res.RawEventsPerSec = raw.RawEvents, raw.RawSeconds, raw.RawEventsPerSec
+	res.RawNodeCPUSeconds = cpu1 - cpu0
+
+	// The no-store engines register now, before anything is timed.
+	noIDs := make([]string, len(ids))
+	noConns := make([]*nats.Conn, len(ids))
+	for i := range ids {
+		noIDs[i] = noStorePrefix + ids[i]
+		if noConns[i], _, err = r.engine(noIDs[i], storeGeometry()); err != nil {
+			return nil, err
+		}
+	}
+	obs, err := r.connect("observer")
+	if err != nil {
+		return nil, err
+	}
+	var out outcome
+	if err := out.observe(obs, prefix); err != nil {
+		return nil, err
+	}
+	prof := startProfile(cfg, c)
+	m, err := runMix(ctx, cfg, c, r, ids, conns, storeHeavy(), &out)
+	if err != nil {
+		return nil, err
+	}
+	if err := prof.wait(); err != nil {
+		return nil, err
+	}
+	res.Events, res.Batches, res.Finishes = m.events, m.batches, m.finishes
+	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = m.secs, m.nodeCPU, m.benchCPU
+	res.Requests = int(out.released.Load())
+	res.StoreJobs, res.StoredChunks = int(out.jobs.Load()), int(out.chunks.Load())
+
+	w := storeHeavyWorkload()
+	w.noHashes = true
+	ns, err := runMix(ctx, cfg, c, r, noIDs, noConns, gens(noIDs, "y", w), &out)
+	if err != nil {
+		return nil, fmt.Errorf("no-store mix: %w", err)
+	}
+	if got := out.noStoreChunks.Load(); got != 0 {
+		return nil, fmt.Errorf("no-store mix: %d chunks stored, want none (a generator bug)", got)
+	}
+	res.NoStoreEvents, res.NoStoreSeconds, res.NoStoreCPUSeconds = ns.events, ns.secs, ns.nodeCPU
+	res.NodeMaxRSSBytes = c.maxRSS()
+	res.derive()
+	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
+		res.EventsPerSec, res.NodeUSPerEvent, res.NoStoreUSPerEvent, res.RawEventsPerSec)
+	return res, nil
+}
+
+// mix is what one runMix published and what it cost.
+type mix struct {
+	events, batches, finishes int
+	secs, nodeCPU, benchCPU   float64
+}
+
+// runMix publishes next's chunks to engines ids on conns, each chunk
+// unthrottled (it fits the child's intake budget) and timed until every
+// request it finished was released, for at least cfg.Duration.
+func runMix(ctx context.Context, cfg Config, c *child, r *rig, ids []string, conns []*nats.Conn,
+	next func() [][]batch, out *outcome) (mix, error) {
+	var m mix
+	var elapsed time.Duration
+	for n := 0; n == 0 || elapsed < cfg.Duration; n++ {
+		chunk := next()
+		streams := make([]stream, len(chunk))
+		want := out.released.Load()
+		for i, bs := range chunk {
+			streams[i] = stream{nc: conns[i], subject: r.subject(ids[i], "events"), batches: bs}
+			for _, b := range bs {
+				m.events += int(b.events)
+				m.finishes += int(b.finishes)
+				want += int64(b.finishes)
+			}
+			m.batches += len(bs)
+		}
+		n0, err := c.cpuSeconds()
+		if err != nil {
+			return mix{}, err
+		}
+		b0, start := cpuSeconds(), time.Now()
+		if err := drive(ctx, streams, func() uint64 { return 0 }, 1<<30); err != nil {
+			return mix{}, err
+		}
+		if err := waitFor(ctx, fmt.Sprintf("%d releases", want), 60*time.Second,
+			func() bool { return out.released.Load() >= want }); err != nil {
+			return mix{}, fmt.Errorf("%w (child: %s)", err, c.stderr)
+		}
+		elapsed += time.Since(start)
+		m.benchCPU += cpuSeconds() - b0
+		n1, err := c.cpuSeconds()
+		if err != nil {
+			return mix{}, err
+		}
+		m.nodeCPU += n1 - n0
+	}
+	m.secs = elapsed.Seconds()
+	return m, nil
+}
+
+// derive computes the rates from the counts.
+func (e *External) derive() {
+	per := func(cpu float64, n int) float64 {
+		if n == 0 {
+			return 0
+		}
+		return cpu * 1e6 / float64(n)
+	}
+	if e.Seconds > 0 {
+		e.EventsPerSec = float64(e.Events) / e.Seconds
+	}
+	if e.Requests > 0 {
+		e.EventsPerReq = float64(e.Events) / float64(e.Requests)
+	}
+	e.NodeUSPerEvent = per(e.NodeCPUSeconds, e.Events)
+	e.NodeUSPerChunk = per(e.NodeCPUSeconds, e.StoredChunks)
+	e.NodeUSPerJob = per(e.NodeCPUSeconds, e.StoreJobs)
+	e.RawNodeUSPerEvent = per(e.RawNodeCPUSeconds, e.RawEvents)
+	e.NoStoreUSPerEvent = per(e.NoStoreCPUSeconds, e.NoStoreEvents)
+	e.StoreUSPerChunk = per(e.NodeCPUSeconds-float64(e.Events)*e.NoStoreUSPerEvent/1e6, e.StoredChunks)
+	if e.RawEventsPerSec > 0 {
+		e.Ratio = e.EventsPerSec / e.RawEventsPerSec
+	}
+}
+
+// profile is a CPU profile of the child taken through its
+// /debug/pprof/profile over the node run.
+type profile struct {
+	done chan error
+}
+
+func startProfile(cfg Config, c *child) *profile {
+	p := &profile{done: make(chan error, 1)}
+	if cfg.ExternalProfile == nil {
+		p.done <- nil
+		return p
+	}
+	secs := max(1, int(cfg.Duration.Seconds()+0.5))
+	go func() {
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.httpAddr, secs))
+		if err != nil {
+			p.done <- fmt.Errorf("child profile: %w", err)
+			return
+		}
+		defer resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			p.done <- fmt.Errorf("child profile: %s", resp.Status)
+			return
+		}
+		_, err = io.Copy(cfg.ExternalProfile, resp.Body)
+		p.done <- err
+	}()
+	return p
+}
+
+func (p *profile) wait() error { return <-p.done }

@@ -1,0 +1,57 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kvbench "github.com/kvactors/kvactors/bench"
+)
+
+// A tiny --external run: the child is started and stopped, every finished
+// request is released exactly once over real NATS, and the report's figures
+// are the stated quotients of its counts (not a check of speed).
+func TestBenchExternalArithmetic(t *testing.T) {
+	shm := t.TempDir()
+	cmd := exec.Command(binary, "bench", "--external", "--duration", "50ms", "--engines", "2", "--json",
+		"--shm-dir", shm, "--serve-binary", binary)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var rep kvbench.Report
+	require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
+	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
+	e := rep.External
+	require.NotNil(t, e)
+	require.Positive(t, e.Events)
+	require.Positive(t, e.Finishes)
+	require.Equal(t, e.Finishes, e.Requests, "one released per finished event, no more")
+	require.Positive(t, e.StoreJobs)
+	require.GreaterOrEqual(t, e.StoredChunks, e.StoreJobs, "a stored message names at least one chunk")
+	require.Positive(t, e.Seconds)
+	require.InDelta(t, float64(e.Events)/e.Seconds, e.EventsPerSec, 1e-6*e.EventsPerSec)
+	require.InDelta(t, float64(e.Events)/float64(e.Requests), e.EventsPerReq, 1e-9)
+	require.GreaterOrEqual(t, e.NodeCPUSeconds, 0.0)
+	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.Events), e.NodeUSPerEvent, 1e-9)
+	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.StoredChunks), e.NodeUSPerChunk, 1e-9)
+	require.InDelta(t, e.NodeCPUSeconds*1e6/float64(e.StoreJobs), e.NodeUSPerJob, 1e-9)
+	require.Positive(t, e.NoStoreEvents)
+	require.InDelta(t, e.NoStoreCPUSeconds*1e6/float64(e.NoStoreEvents), e.NoStoreUSPerEvent, 1e-9)
+	require.InDelta(t, (e.NodeCPUSeconds*1e6-float64(e.Events)*e.NoStoreUSPerEvent)/float64(e.StoredChunks),
+		e.StoreUSPerChunk, 1e-6)
+	require.Positive(t, e.RawEvents)
+	require.InDelta(t, e.EventsPerSec/e.RawEventsPerSec, e.Ratio, 1e-9)
+	require.Positive(t, e.NodeMaxRSSBytes)
+	names := map[string]bool{}
+	for _, g := range rep.Goals {
+		names[g.Name] = true
+	}
+	require.True(t, names["external: node CPU per event"])
+
+	left, err := os.ReadDir(shm)
+	require.NoError(t, err)
+	require.Empty(t, left, "the engines' segments are removed")
+}

@@ -1,0 +1,150 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/wire"
+)
+
+// holder stands in for an engine actor that does not get to its mailbox: it
+// keeps every batch unhandled until the test lets go.
+type holder struct {
+	mu   sync.Mutex
+	done []func()
+	last uint64 // seq of the newest batch
+}
+
+func (h *holder) Receive(c actor.Context) {
+	if b, ok := c.Message().(*engine.Batch); ok {
+		h.mu.Lock()
+		h.done = append(h.done, b.Done)
+		h.last = max(h.last, b.Batch.Seq)
+		h.mu.Unlock()
+	}
+}
+
+func (h *holder) newest() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.last
+}
+
+func (h *holder) held() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return len(h.done)
+}
+
+// handleAll is the actor handling what it holds: each credit goes back.
+func (h *holder) handleAll(t *testing.T) {
+	h.mu.Lock()
+	done := h.done
+	h.done = nil
+	h.mu.Unlock()
+	for _, d := range done {
+		require.NotNil(t, d, "a batch handed over without its credit")
+		d()
+	}
+}
+
+// A burst cannot grow what waits for an engine actor past the credit window:
+// with the actor not handling anything, the batches it was handed hold at
+// most the intake budget, the rest of a burst 20× the budget is dropped
+// (the engine resyncs), and once the actor handles its batches the window
+// opens again. An engine whose route ends gives its credits back.
+func TestBurstBoundedByCreditWindow(t *testing.T) {
+	const maxPending = 64 << 10
+	// A 16 KiB max payload, so a 64 KiB budget is allowed (4 of the
+	// largest messages).
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
+		MaxPayload: 16 << 10})
+	require.NoError(t, err)
+	s.Start()
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	t.Cleanup(s.Shutdown)
+	n, err := Start(context.Background(), Config{NATSURL: s.ClientURL(), HTTPAddr: HTTPOff, ShmDir: t.TempDir(),
+		PoolBytes: 1 << 20, MaxPendingBytes: maxPending, Registry: prometheus.NewRegistry(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	budget := n.ingest.budget
+
+	h := &holder{}
+	pid := n.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
+	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
+	n.ingest.route("hold", pid)
+
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	subject := n.cfg.Prefix + ".hold.events"
+	var b wire.Batch
+	seq := uint64(100_000) // fixed width: every message has the same size
+	body := func() []byte {
+		b.Reset()
+		for i := range 40 {
+			b.Added(fmt.Sprintf("req-%06d-%02d", seq, i), 16)
+		}
+		seq++
+		return b.Body(nil, "ep", seq)
+	}
+	size := msgBytes(&nats.Msg{Subject: subject, Data: body()})
+	burst := int(20 * budget / size)
+	for range burst {
+		require.NoError(t, nc.Publish(subject, body()))
+	}
+	require.NoError(t, nc.Flush())
+	// The server has routed the burst; a round trip on the node's connection
+	// brings all of it into nats.go's queue.
+	require.NoError(t, n.nc.Flush())
+
+	// Settled: everything not dropped reached the holder, the queues are
+	// empty, and what the holder has is exactly what intake counts.
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if msgs, _, err := n.subs[0].Pending(); err != nil || msgs > 0 {
+			return fmt.Errorf("nats.go still holds %d messages (%v)", msgs, err)
+		}
+		if got, want := n.ingest.pending.Load(), int64(h.held())*size; got != want {
+			return fmt.Errorf("pending %d bytes, holder holds %d", got, want)
+		}
+		return nil
+	})
+	held := h.held()
+	require.Positive(t, held)
+	require.LessOrEqual(t, int64(held)*size, budget, "the actor was handed more than the window")
+	require.Less(t, held, burst/4, "most of the burst was dropped, not queued")
+	require.LessOrEqual(t, n.ingest.peak.Load(), budget)
+	require.LessOrEqual(t, n.IntakePeak(), int64(maxPending))
+
+	// Handling gives the credits back; the window opens again.
+	h.handleAll(t)
+	require.Zero(t, n.ingest.pending.Load())
+	require.NoError(t, nc.Publish(subject, body()))
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if h.newest() != seq {
+			return fmt.Errorf("the batch after the window opened has not arrived (newest %d, want %d)", h.newest(), seq)
+		}
+		return nil
+	})
+
+	// The route ends with a batch unhandled: its credit comes back, once.
+	require.Equal(t, int64(h.held())*size, n.ingest.pending.Load())
+	n.ingest.unroute("hold", pid)
+	require.Zero(t, n.ingest.pending.Load())
+	h.handleAll(t) // a late Done after the route ended returns nothing twice
+	require.Zero(t, n.ingest.pending.Load())
+}
