@@ -79,9 +79,3 @@ type Attachment interface {
 	Copy(dir Direction, arena Arena, ranges []Range) error
 	Close() error
 }
-
-// Device is Attachment's old name, kept only while branches written against
-// it land.
-//
-// Deprecated: use Attachment.
-type Device = Attachment
