@@ -33,9 +33,13 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 	needed := p.needed[:0]
 	short := len(keys) <= dedupMax
 	newKeys := 0
+	var pending []messages.Key // allocated only when some offered key is pending
 	for i, k := range keys {
 		if r, ok := p.index[k]; ok {
 			p.entries[r].mark = p.epoch
+			if p.entries[r].state == Pending {
+				pending = append(pending, k)
+			}
 			continue
 		}
 		if short && !distinctNew(keys, i, p.index) {
@@ -54,7 +58,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 	}
 	p.needed = needed
 	if newKeys == 0 {
-		return Prepared{}, nil
+		return Prepared{Pending: pending}, nil
 	}
 	freed := 0
 	victims := p.victims[:0]
@@ -73,7 +77,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 		return Prepared{}, fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
 			newKeys, len(p.freePages), len(victims))
 	}
-	out := Prepared{Keys: make([]messages.Key, 0, newKeys)}
+	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending}
 	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)

@@ -38,7 +38,12 @@ var (
 // in (keys already present, ready or pending, are left out). An empty Keys
 // with a nil error is "nothing to store", distinct from ErrNoRoom.
 type Prepared struct {
-	Keys    []messages.Key
+	Keys []messages.Key
+	// Pending are the offered keys left out because another copy is still
+	// filling them, in offer order: that copy may yet fail or be cancelled
+	// and free them, so the offerer must offer them again until they are
+	// ready (PROTOCOL.md: a ready chunk is never skipped).
+	Pending []messages.Key
 	Evicted []messages.Key // ready keys evicted to make room, oldest first
 	// Victims are the evicted chunks' checksums and extents, in Evicted's
 	// order, when the pool keeps them (SetKeepVictims: a disk tier copies

@@ -115,7 +115,12 @@ func TestCPUManagerSequence(t *testing.T) {
 			states: map[string]State{"6": Absent, "3": Ready},
 			stats:  st(4, 3, 0, 0)},
 		{name: "the freed slot is reused", store: k(7), want: Prepared{Keys: k(7)}},
-		{name: "all present: nothing to store, no error", store: k(3, 4, 7), want: Prepared{}},
+		{name: "all present: nothing to store, no error; 7 is named pending (its copy may yet fail)",
+			store: k(3, 4, 7), want: Prepared{Pending: k(7)}},
+		{name: "7's copy fails: 7 is absent again", done: k(7), ok: false, states: map[string]State{"7": Absent}},
+		{name: "7 offered again is stored", store: k(3, 7), want: Prepared{Keys: k(7)}},
+		{name: "pending keys are named in offer order beside new ones", store: k(7, 8, 3),
+			want: Prepared{Keys: k(8), Pending: k(7), Evicted: k(4)}},
 	})
 }
 

@@ -39,14 +39,18 @@ type RetryReason uint8
 const (
 	RetryPoolFull RetryReason = iota + 1
 	RetryCopyFailed
+	// RetryPending: a chunk's key was pending in another copy, which may
+	// still fail or be cancelled; the chunk is offered again until its key
+	// is ready.
+	RetryPending
 )
 
-var retryNames = [...]string{RetryPoolFull: "pool_full", RetryCopyFailed: "copy_failed"}
+var retryNames = [...]string{RetryPoolFull: "pool_full", RetryCopyFailed: "copy_failed", RetryPending: "pending"}
 
 // String is the metric label and span attribute value.
 func (r RetryReason) String() string {
-	if r == RetryCopyFailed {
-		return retryNames[RetryCopyFailed]
+	if r == RetryCopyFailed || r == RetryPending {
+		return retryNames[r]
 	}
 	return retryNames[RetryPoolFull]
 }

@@ -202,7 +202,9 @@ func TestEnumStrings(t *testing.T) {
 		[]string{DeferNone.String(), DeferTokens.String(), DeferHashes.String(), DeferBlocks.String()})
 	require.Equal(t, []string{"running", "preempted", "finishing", "done"},
 		[]string{Running.String(), Preempted.String(), Finishing.String(), Done.String()})
-	require.Equal(t, []string{"pool_full", "copy_failed"}, []string{RetryPoolFull.String(), RetryCopyFailed.String()})
+	require.Equal(t, []string{"pool_full", "copy_failed", "pending"},
+		[]string{RetryPoolFull.String(), RetryCopyFailed.String(), RetryPending.String()})
+	require.Equal(t, []string{"pool_full", "copy_failed", "pending"}, RetryLabels())
 	require.Equal(t, []string{"full", "sliding_window", "eagle"},
 		[]string{KindFull.String(), KindSlidingWindow.String(), KindEagle.String()})
 }

@@ -31,6 +31,7 @@ type Request struct {
 	nextJob    JobID
 	poolFails  int      // consecutive decisions without room; reset by one with room
 	copyFails  int      // consecutive failed copies; reset by a copy that succeeds
+	pendFails  int      // consecutive decisions that met keys pending elsewhere
 	releases   []string // release reasons owed once inflight drains
 	// fence: the owed preempted releases wait for the jobs up to it (the copies
 	// queued or in flight at the preemption), not for jobs made after resumed.
@@ -267,12 +268,34 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 		gr.dropKeys() // every cached key is below the cursor now
 	}
 	r.eff.Evicted = append(r.eff.Evicted, prep.Evicted...)
-	r.eff.Deduped += len(keys) - len(prep.Keys)
+	r.eff.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
+	r.holdPending(cands, keys, prep.Pending)
 	if len(prep.Keys) == 0 {
 		return
 	}
 	r.eff.Job = r.buildJob(cands, keys, prep)
 	r.inflight = append(r.inflight, r.eff.Job)
+}
+
+// holdPending keeps the chunks whose keys another copy is still filling as
+// redo chunks and asks for a retry: that copy may yet fail or be cancelled
+// (an engine reset cancels a dead epoch's queued copies) and free the key,
+// and a ready chunk is never skipped (PROTOCOL.md). Once the key is ready the
+// retry deduplicates it; once it is absent the retry stores it. pending is an
+// ordered subsequence of keys.
+func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key) {
+	if len(pending) == 0 {
+		r.pendFails = 0
+		return
+	}
+	next := 0
+	for i, c := range cands {
+		if next < len(pending) && pending[next] == keys[i] {
+			r.groups[c.group].addRedo(c.chunk)
+			next++
+		}
+	}
+	r.failAttempt(RetryPending)
 }
 
 // dropBelow removes redo chunks below rd: they were just offered again.
@@ -378,8 +401,11 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 // room), and only a copy that succeeds does.
 func (r *Request) failAttempt(reason RetryReason) {
 	n := &r.poolFails
-	if reason == RetryCopyFailed {
+	switch reason {
+	case RetryCopyFailed:
 		n = &r.copyFails
+	case RetryPending:
+		n = &r.pendFails
 	}
 	*n++
 	if r.phase == Finishing && *n > FinishRetryLimit {

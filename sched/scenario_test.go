@@ -253,7 +253,11 @@ func TestStoreScenarios(t *testing.T) {
 					require.NoError(h.t, err)
 					h.pool.CompleteStore(ks[:2], make([]uint32, 2)) // two ready, one pending
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
-					want: want{cursors: cur(3), deduped: 3}},
+					// the pending one is held for a retry, not counted as stored
+					want: want{cursors: cur(3), deduped: 2,
+						retry: &Retry{Reason: RetryPending, Attempt: 1, Backoff: RetryBase}}},
+				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{key(0, 2, 1)}, make([]uint32, 1)) },
+					comment: "the other copy completes: the retry deduplicates it", want: want{cursors: cur(3), deduped: 1}},
 			},
 			after: storedOnce(),
 		},
@@ -266,10 +270,37 @@ func TestStoreScenarios(t *testing.T) {
 					_, err := h.pool.PrepareStore([]messages.Key{key(0, 1, 1)}, nil)
 					require.NoError(h.t, err)
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
-					want: want{job: []string{"0/0", "0/2"}, cursors: cur(3), deduped: 1}},
+					want: want{job: []string{"0/0", "0/2"}, cursors: cur(3),
+						retry: &Retry{Reason: RetryPending, Attempt: 1, Backoff: RetryBase}}},
 				{done: 1},
+				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{key(0, 1, 1)}, make([]uint32, 1)) },
+					comment: "the other copy completes: the retry deduplicates it", want: want{cursors: cur(3), deduped: 1}},
 			},
 			after: storedOnce("0/0", "0/2"),
+		},
+		{
+			// The chaos 4 failure: an engine reset cancels a dead epoch's queued
+			// copy (its pending keys are freed) after the new epoch's request
+			// was deduplicated against them. A key pending in another copy is
+			// not stored yet: the chunk is held and offered again ("never
+			// skipped"), and its request is not released before it is stored.
+			name: "a key pending in a copy that is then cancelled is offered again, never skipped",
+			rule: "candidates (dedup of a pending key)",
+			lay:  oneGroup4, add: added(12),
+			ops: []op{
+				{do: func(h *harness) {
+					_, err := h.pool.PrepareStore([]messages.Key{key(0, 1, 1)}, nil) // the old epoch's queued copy
+					require.NoError(h.t, err)
+				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12), finished(12, 12)),
+					want: want{job: []string{"0/0", "0/2"}, cursors: cur(3),
+						retry: &Retry{Reason: RetryPending, Attempt: 1, Backoff: RetryBase}}},
+				{done: 1, comment: "not released: chunk 1 is not stored"},
+				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{key(0, 1, 1)}, nil) },
+					comment: "the old copy is cancelled: its key is freed; the retry stores chunk 1",
+					want:    want{job: []string{"0/1"}, cursors: cur(3)}},
+				{done: 2, want: want{releases: []string{messages.ReasonFinished}, drop: true}},
+			},
+			after: storedOnce("0/0", "0/1", "0/2"),
 		},
 		{
 			// PROTOCOL.md "preempted": no new job; cancel queued copies; wait for
