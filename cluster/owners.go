@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvactors/kvactors/cluster/ownership"
@@ -80,6 +81,15 @@ func (o *Owners) Get(ctx context.Context, engine string) (*ownership.Entry, erro
 		return nil, fmt.Errorf("%w: %q", ErrBadEngine, engine)
 	}
 	e, err := o.kv.Get(ctx, engine)
+	// No responders: no replica serves direct gets right now (the stream
+	// is new, or its leader is being elected). That passes; the read is
+	// retried for up to a lease rather than failing a register over it.
+	for wait := time.Now().Add(o.cfg.Lease); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(wait); {
+		if !pause(ctx, 20*time.Millisecond) {
+			break
+		}
+		e, err = o.kv.Get(ctx, engine)
+	}
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 		return nil, nil
@@ -140,7 +150,8 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 const maxClaimAttempts = 5
 
 // readPast reads engine's record until it is not the one at revision rev
-// (0: none) or a lease has passed.
+// (0: none) or a lease has passed. A failed read (a leader election in
+// progress) is tried again within that lease.
 func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*ownership.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Lease)
 	defer cancel()
@@ -148,14 +159,14 @@ func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*owne
 	defer tick.Stop()
 	for {
 		e, err := o.Get(ctx, engine)
-		if err != nil {
-			return nil, err
-		}
-		if (e == nil && rev != 0) || (e != nil && e.Revision != rev) {
+		if err == nil && ((e == nil && rev != 0) || (e != nil && e.Revision != rev)) {
 			return e, nil
 		}
 		select {
 		case <-ctx.Done():
+			if err != nil {
+				return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, err)
+			}
 			return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, ctx.Err())
 		case <-tick.C:
 		}
@@ -235,8 +246,10 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
 			}
 			continue
 		}
-		e, gerr := o.Get(ctx, engine)
-		if gerr != nil || e == nil || e.Identity != o.me || e.Revision == rev {
+		// A single read may come from a replica that lags the write which
+		// caused the mismatch: read until the record moves past rev.
+		e, gerr := o.readPast(ctx, engine, rev)
+		if gerr != nil || e == nil || e.Identity != o.me {
 			break
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
