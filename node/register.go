@@ -100,11 +100,13 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{})}
 	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
-		Engine: id, Outbox: n.outbox, Releases: rel, Metrics: n.metrics,
-		Log: n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
+		Engine: id, Outbox: n.outbox, Releases: rel,
+		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
+		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
-			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
+			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
+			Transfer: n.transfer, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
 			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
 	}))
 	n.engines[id] = rec

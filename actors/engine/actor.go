@@ -10,7 +10,6 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -22,7 +21,7 @@ type Deps struct {
 	Request  request.Deps
 	Outbox   *actors.Outbox
 	Releases *actors.Releases
-	Metrics  *metrics.Metrics
+	Metrics  Metrics
 	Log      *slog.Logger
 	// Node and Boot name this node in resyncs and heartbeat replies; Lease
 	// is the engine lease (expiry after it, resyncs repeat per Lease/4).
@@ -127,7 +126,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *StatusQuery:
 		a.status(c, m)
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindEngine).Inc()
+		a.deps.Metrics.Unexpected.Inc()
 	}
 }
 

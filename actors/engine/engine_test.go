@@ -40,10 +40,12 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 	// Pool is nil: the first store decision of a request dereferences it and
 	// panics, which stands in for any bug on bad state.
 	closed := make(chan struct{})
-	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox, Metrics: m, Log: log,
+	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
+		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
 		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute,
-		Closed: closed, Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox, Metrics: m,
-			Tracer: noop.NewTracerProvider().Tracer(""), Log: log}}))
+		Closed: closed, Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox,
+			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
+			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log}}))
 
 	ev := func(e messages.Event) messages.Event { return e }
 	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,

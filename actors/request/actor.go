@@ -15,7 +15,6 @@ import (
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
@@ -40,7 +39,7 @@ type Deps struct {
 	Store    Store
 	Transfer *actor.PID
 	Outbox   *actors.Outbox
-	Metrics  *metrics.Metrics
+	Metrics  Metrics
 	Tracer   trace.Tracer
 	Log      *slog.Logger
 	// Namespace is the engine's namespace (BlockStored's "namespace").
@@ -126,7 +125,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *StatusQuery:
 		c.Send(m.ReplyTo, &Status{Snapshot: a.state.Snapshot()})
 	default:
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
+		a.deps.Metrics.Unexpected.Inc()
 	}
 }
 
@@ -158,7 +157,7 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 	j, ok := a.jobs[m.ID]
 	if !ok {
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
+		a.deps.Metrics.Unexpected.Inc()
 		return
 	}
 	delete(a.jobs, m.ID)

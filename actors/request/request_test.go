@@ -65,7 +65,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
-		Transfer: xfer, Outbox: outbox, Metrics: metrics.Discard(),
+		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
