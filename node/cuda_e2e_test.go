@@ -452,8 +452,9 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 	}
 	select {
 	case r := <-released:
-		if r != (messages.Released{Request: "r1", Reason: messages.ReasonFinished}) {
-			return v, cleanup, fmt.Errorf("released %+v, want r1 finished", r)
+		// v2: released names the epoch it belongs to and a per-epoch rseq.
+		if r.Request != "r1" || r.Reason != messages.ReasonFinished || r.Epoch != "cuda-e2e" || r.RSeq < 1 {
+			return v, cleanup, fmt.Errorf("released %+v, want r1 finished in epoch cuda-e2e", r)
 		}
 	case <-time.After(cudaStepLimit):
 		return v, cleanup, fmt.Errorf("no released for r1 within %v", cudaStepLimit)
@@ -596,7 +597,8 @@ func cudaScenario(t *testing.T, url, id string, closeNode func()) e2eVerdict {
 	}
 	require.Equal(t, v.StoredJobs, jobs)
 	require.EqualValues(t, e2eGroups*e2eChunks*e2eChunkBytes, total)
-	require.Equal(t, messages.Released{Request: "r1", Reason: messages.ReasonFinished}, recv(t, released, "released"))
+	require.Equal(t, messages.Released{Request: "r1", Epoch: "cuda-e2e", RSeq: 1, Reason: messages.ReasonFinished},
+		recv(t, released, "released"), "v2: released names its epoch and per-epoch rseq")
 
 	closeNode()
 	require.NoError(t, eng.stop(), "engine child exit")
