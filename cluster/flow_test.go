@@ -67,6 +67,10 @@ func TestPrefixStoredOnAIsFoundAndFetchedByteIdenticallyOnC(t *testing.T) {
 		if n := heldPrefix(); n != len(hashes) {
 			return fmt.Errorf("C counts %d of %d chunks held in the cluster", n, len(hashes))
 		}
+		// B's key arrives by C's catch-up of B, on its own schedule.
+		if h := feed.Holders(ns, last); len(h) != 2 {
+			return fmt.Errorf("C knows holders %v of the last chunk, want gpu-0 and gpu-1", h)
+		}
 		return nil
 	})
 	require.Equal(t, []string{"gpu-0", "gpu-1"}, feed.Holders(ns, last))
