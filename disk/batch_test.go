@@ -132,3 +132,51 @@ func TestBatchAcrossSegmentsRacedAndBudget(t *testing.T) {
 	writeBatch(small, "e", batchChunks(), 0, 1, 3, 7)
 	require.Equal(t, []messages.Key{key(1), key(3), key(7)}, small.Keys(), "8K+300+8K+8K > 20K: the oldest went")
 }
+
+// ReadMany reads a load's keys straight into their extents, records lying
+// back to back in one preadv, and checks each: a record corrupted in the
+// middle of such a group fails the load naming it (its index and key), is
+// dropped, and the keys before it were read and checked.
+func TestReadManyGroupsAndCorruption(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 64 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	chunks := batchChunks()
+	writeBatch(d, "e", chunks, 0, 1, 2, 3, 4, 5, 6, 7)
+	order := []int{0, 1, 3, 4, 5, 2, 7, 6} // adjacent runs, a large one alone, out of write order
+	load := func(order []int) ([][][]byte, []uint32, int, error) {
+		keys := make([]messages.Key, len(order))
+		dst := make([][][]byte, len(order))
+		for j, i := range order {
+			keys[j] = key(i)
+			b := make([]byte, len(chunks[i]))
+			dst[j] = [][]byte{b[:len(b)/3], b[len(b)/3 : len(b)/2], b[len(b)/2:]} // a chunk in pieces
+		}
+		sums := make([]uint32, len(order))
+		n, err := d.ReadMany("e", keys, dst, sums)
+		return dst, sums, n, err
+	}
+	dst, sums, n, err := load(order)
+	require.NoError(t, err)
+	require.Equal(t, len(order), n)
+	for j, i := range order {
+		require.Equal(t, chunks[i], bytes.Join(dst[j], nil), "chunk %d", i)
+		require.Equal(t, sum(chunks[i]), sums[j])
+	}
+	require.Equal(t, int64(len(order)), d.Stats().Hits)
+
+	flipAt(t, d, key(4), 0) // inside the run 3, 4, 5
+	_, _, n, err = load([]int{3, 4, 5})
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Contains(t, err.Error(), fmt.Sprintf("%x", string(key(4))))
+	require.Equal(t, 1, n)
+	_, _, ok := d.Has(key(4))
+	require.False(t, ok, "dropped")
+	_, _, n, err = load([]int{3, 4, 5})
+	require.ErrorIs(t, err, ErrMissing)
+	require.Equal(t, 1, n)
+	dst, _, _, err = load([]int{3, 5})
+	require.NoError(t, err)
+	require.Equal(t, chunks[5], bytes.Join(dst[1], nil))
+}

@@ -4,12 +4,10 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -228,56 +226,6 @@ func (d *Disk) Where(key messages.Key) (path string, off int64, ok bool) {
 		return "", 0, false
 	}
 	return it.seg.f.Name(), it.off, true
-}
-
-// ReadInto reads key's bytes into dst, in order (the host extents its load
-// made room for), checking them against the record's checksum, and returns
-// that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
-// is dropped and reported as ErrCorrupt (Notify hears it as removed, for
-// engine if the chunk was found at open).
-func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
-	start := time.Now()
-	d.mu.Lock()
-	it, ok := d.items[key]
-	if ok {
-		d.lru.MoveToBack(it.elem)
-	}
-	d.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
-	}
-	var want int64
-	for _, b := range dst {
-		want += int64(len(b))
-	}
-	if want != it.size {
-		return 0, fmt.Errorf("disk: key %x: %d bytes on disk, %d asked", string(key), it.size, want)
-	}
-	var sum uint32
-	off := it.off
-	var err error
-	for _, b := range dst {
-		if _, err = it.seg.f.ReadAt(b, off); err != nil {
-			break
-		}
-		sum = crc32.Update(sum, castagnoli, b)
-		off += int64(len(b))
-	}
-	if err != nil {
-		if _, _, still := d.Has(key); !still { // dropped, its segment deleted, while we read
-			return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
-		}
-		d.Drop(engine, key)
-		return 0, fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
-	}
-	if sum != it.sum {
-		d.Drop(engine, key)
-		return 0, fmt.Errorf("%w: key %x: checksum %08x, stored %08x", ErrCorrupt, string(key), sum, it.sum)
-	}
-	d.hits.Add(1)
-	d.readBytes.Add(want)
-	d.readNanos.Add(int64(time.Since(start)))
-	return sum, nil
 }
 
 // Drop drops key from disk (announced as removed; for engine if the chunk
