@@ -4,12 +4,10 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
-	"hash/crc32"
 	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -82,7 +80,6 @@ type Disk struct {
 	fileBytes int64      // bytes of every segment
 	queued    int64
 	closed    bool
-	scratch   []byte // the writer's record buffer
 	q         chan spill
 	done      chan struct{}
 
@@ -125,9 +122,6 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 
 const segSuffix = ".kvseg"
 
-// smallRecord: records up to this many data bytes are written in one call.
-const smallRecord = 64 << 10
-
 func (d *Disk) segPath(id int) string {
 	return filepath.Join(d.cfg.Dir, fmt.Sprintf("%08d%s", id, segSuffix))
 }
@@ -157,101 +151,6 @@ func (d *Disk) newSegment() error {
 	}
 	d.segs = append(d.segs, &segment{id: id, f: f})
 	return nil
-}
-
-// Spill queues a chunk evicted from host memory for writing; sum is its
-// CRC-32C. It never blocks: a full queue or a closed disk drops the chunk
-// (counted) and returns false. The writer checks data against sum before
-// writing, so bytes that changed after the sum was taken are dropped too.
-func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) bool {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if _, ok := d.items[key]; ok {
-		return true
-	}
-	if d.closed || d.queued+int64(len(data)) > d.cfg.QueueBytes {
-		d.dropped.Add(1)
-		return false
-	}
-	select {
-	case d.q <- spill{engine, key, sum, data}:
-		d.queued += int64(len(data))
-		return true
-	default:
-		d.dropped.Add(1)
-		return false
-	}
-}
-
-func (d *Disk) writer() {
-	defer close(d.done)
-	for sp := range d.q {
-		d.write(sp)
-		d.mu.Lock()
-		d.queued -= int64(len(sp.data))
-		d.mu.Unlock()
-	}
-}
-
-// write appends one record to the current segment and indexes it, dropping
-// least recently used chunks past the budget. Only the writer calls it, so
-// the current segment's size changes nowhere else.
-func (d *Disk) write(sp spill) {
-	if crc32.Checksum(sp.data, castagnoli) != sp.sum {
-		d.raced.Add(1) // the host bytes were reused before they were copied out
-		return
-	}
-	if int64(len(sp.data)) > d.cfg.Bytes {
-		d.dropped.Add(1)
-		return
-	}
-	d.mu.Lock()
-	seg := d.segs[len(d.segs)-1]
-	full := seg.size > 0 && seg.size+int64(len(sp.data)) > d.cfg.SegmentBytes
-	var err error
-	if full {
-		err = d.newSegment()
-		seg = d.segs[len(d.segs)-1]
-	}
-	d.mu.Unlock()
-	if err != nil {
-		d.failed.Add(1)
-		return
-	}
-	start := time.Now()
-	hdr := appendHeader(d.scratch[:0], string(sp.key), int64(len(sp.data)), sp.sum)
-	hlen := len(hdr)
-	if len(sp.data) <= smallRecord { // one syscall: the copy is cheaper than the second write
-		hdr = append(hdr, sp.data...)
-		_, err = seg.f.Write(hdr)
-	} else if _, err = seg.f.Write(hdr); err == nil {
-		_, err = seg.f.Write(sp.data)
-	}
-	d.scratch = hdr[:0]
-	if err != nil { // cut what was written: the segment stays a run of whole records
-		d.failed.Add(1)
-		_ = seg.f.Truncate(seg.size)
-		return
-	}
-	d.writeNanos.Add(int64(time.Since(start)))
-	d.writeBytes.Add(int64(len(sp.data)))
-	d.writes.Add(1)
-	d.mu.Lock()
-	off := seg.size + int64(hlen)
-	seg.size = off + int64(len(sp.data))
-	d.fileBytes += int64(hlen + len(sp.data))
-	if old, ok := d.items[sp.key]; ok {
-		d.unindex(old)
-	}
-	d.index(&item{key: sp.key, seg: seg, off: off, size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
-	var removed []*item
-	for d.used > d.cfg.Bytes {
-		removed = append(removed, d.evictFront())
-	}
-	removed = append(removed, d.dropDead()...)
-	d.mu.Unlock()
-	d.notify(sp.engine, []messages.Key{sp.key}, nil)
-	d.announce(removed, sp.engine)
 }
 
 // evictFront drops the least recently used chunk. Caller holds d.mu.
@@ -327,56 +226,6 @@ func (d *Disk) Where(key messages.Key) (path string, off int64, ok bool) {
 		return "", 0, false
 	}
 	return it.seg.f.Name(), it.off, true
-}
-
-// ReadInto reads key's bytes into dst, in order (the host extents its load
-// made room for), checking them against the record's checksum, and returns
-// that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
-// is dropped and reported as ErrCorrupt (Notify hears it as removed, for
-// engine if the chunk was found at open).
-func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
-	start := time.Now()
-	d.mu.Lock()
-	it, ok := d.items[key]
-	if ok {
-		d.lru.MoveToBack(it.elem)
-	}
-	d.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
-	}
-	var want int64
-	for _, b := range dst {
-		want += int64(len(b))
-	}
-	if want != it.size {
-		return 0, fmt.Errorf("disk: key %x: %d bytes on disk, %d asked", string(key), it.size, want)
-	}
-	var sum uint32
-	off := it.off
-	var err error
-	for _, b := range dst {
-		if _, err = it.seg.f.ReadAt(b, off); err != nil {
-			break
-		}
-		sum = crc32.Update(sum, castagnoli, b)
-		off += int64(len(b))
-	}
-	if err != nil {
-		if _, _, still := d.Has(key); !still { // dropped, its segment deleted, while we read
-			return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
-		}
-		d.Drop(engine, key)
-		return 0, fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
-	}
-	if sum != it.sum {
-		d.Drop(engine, key)
-		return 0, fmt.Errorf("%w: key %x: checksum %08x, stored %08x", ErrCorrupt, string(key), sum, it.sum)
-	}
-	d.hits.Add(1)
-	d.readBytes.Add(want)
-	d.readNanos.Add(int64(time.Since(start)))
-	return sum, nil
 }
 
 // Drop drops key from disk (announced as removed; for engine if the chunk

@@ -3,14 +3,23 @@
 // vanishing, kept under a byte budget with their own LRU, and read back into
 // host memory for a load, verifying their CRC-32C.
 //
-// One file per chunk, named by the key's hex: a self-describing record
-// (header with the key, size and data checksum, protected by its own
-// checksum; then the data). A file is written under a temporary name and
-// renamed into place, so a file under its final name is always whole; on
-// open the index is rebuilt from the directory, every record's checksums are
-// verified, and temporary or bad files are deleted. Durability: files are
-// not fsynced. A process crash (kill -9) loses nothing that was renamed into
-// place (the page cache survives the process); a power loss may lose or
-// truncate recent files, which the rebuild then finds and discards, so a
-// torn chunk is never served.
+// Chunks are records appended to segment files (NNNNNNNN.kvseg), each a
+// self-describing record: a header with the key, size and data checksum,
+// protected by its own checksum; then the data. The writer appends a batch
+// at a time: the spills already queued when it takes one (never waiting for
+// more), several records per write call. A record is indexed, and announced
+// stored, only once the write holding it has returned; a failed write cuts
+// the segment back to where the batch began. On open the index is rebuilt
+// from the segments in write order, every record's checksums verified: a
+// record cut short or whose header fails its checksum is a torn tail, and the
+// segment is cut there, so the records before it survive (in its batch or
+// earlier) and the torn one and all after it go; a record of full length
+// whose data fails its checksum is skipped, and each record after it is kept
+// only if its own checksums hold.
+//
+// Durability: segments are not fsynced; the tier's durability is the page
+// cache's. A process crash (kill -9) loses nothing that was announced stored
+// (the page cache survives the process); a power loss may lose or tear
+// recent records, which the rebuild then finds and discards, so a torn
+// chunk is never served.
 package disk

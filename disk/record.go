@@ -22,13 +22,15 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // ErrBadRecord means a file is not a whole, intact record.
 var ErrBadRecord = errors.New("disk: bad record")
 
+// appendHeader appends a record's header to b.
 func appendHeader(b []byte, key string, size int64, sum uint32) []byte {
+	start := len(b)
 	b = append(b, magic...)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(key)))
 	b = binary.LittleEndian.AppendUint64(b, uint64(size))
 	b = binary.LittleEndian.AppendUint32(b, sum)
 	b = append(b, key...)
-	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+	return binary.LittleEndian.AppendUint32(b, crc32.Checksum(b[start:], castagnoli))
 }
 
 // header is a record's parsed header.

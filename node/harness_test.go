@@ -59,6 +59,7 @@ type testEngine struct {
 	released chan messages.Released // epoch and rseq checked, then cleared
 	stored   chan messages.Stored
 	kv       chan messages.KVEventBatch
+	kvLeft   []messages.KVEvent // events recvKV received and has not returned
 	resync   chan messages.Resync
 	// rseqs is the last rseq seen per epoch (the subscription's goroutine).
 	rseqs      map[string]uint64

@@ -221,37 +221,45 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 }
 
 // fetch reads the load's chunks that are pending (given room by PrepareLoad
-// to come back from disk) into host memory, then makes them ready and
-// pinned. A chunk that cannot be read back fails the load naming it.
+// to come back from disk) into host memory, in one disk read for the whole
+// load (records lying back to back on disk are read together), then makes
+// them ready and pinned. A chunk that cannot be read back fails the load
+// naming it.
 func (e *Engine) fetch(keys []messages.Key, loc *located) error {
-	var fetched []messages.Key
-	var sums []uint32
+	var at []int // the pending keys' indexes in keys
+	var dks []messages.Key
+	var dst [][][]byte
 	b := e.s.arena.Bytes()
 	for i, k := range keys {
 		if loc.States[i] != hostpool.Pending {
 			e.s.metrics.PoolHits.Inc()
 			continue
 		}
-		var dst [][]byte
+		var ext [][]byte
 		for _, x := range loc.Chunk(i) {
-			dst = append(dst, b[x.Off:x.Off+x.Len])
+			ext = append(ext, b[x.Off:x.Off+x.Len])
 		}
 		dk, _ := e.s.toDisk(k) // it was fetchable, so it maps
-		sum, err := e.s.disk.ReadInto(e.id, dk, dst)
-		if err != nil {
-			e.s.pool.CompleteStore(keys, nil) // frees every key still pending
-			e.s.pool.CompleteLoad(keys)
-			if errors.Is(err, disk.ErrCorrupt) {
-				e.s.metrics.Corrupt.Inc()
-			}
-			return &hostpool.KeyError{Key: k, Err: err}
+		at, dks, dst = append(at, i), append(dks, dk), append(dst, ext)
+	}
+	if len(at) == 0 {
+		return nil
+	}
+	sums := make([]uint32, len(at))
+	if j, err := e.s.disk.ReadMany(e.id, dks, dst, sums); err != nil {
+		e.s.pool.CompleteStore(keys, nil) // frees every key still pending
+		e.s.pool.CompleteLoad(keys)
+		if errors.Is(err, disk.ErrCorrupt) {
+			e.s.metrics.Corrupt.Inc()
 		}
-		loc.Sums[i] = sum
-		fetched, sums = append(fetched, k), append(sums, sum)
+		return &hostpool.KeyError{Key: keys[at[j]], Err: err}
 	}
-	if len(fetched) > 0 {
-		e.s.pool.CompleteStorePinned(fetched, sums)
+	fetched := make([]messages.Key, len(at))
+	for j, i := range at {
+		loc.Sums[i] = sums[j]
+		fetched[j] = keys[i]
 	}
+	e.s.pool.CompleteStorePinned(fetched, sums)
 	return nil
 }
 

@@ -1,0 +1,203 @@
+package disk
+
+import (
+	"hash/crc32"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Spill queues a chunk evicted from host memory for writing; sum is its
+// CRC-32C. It never blocks: a full queue or a closed disk drops the chunk
+// (counted) and returns false. The writer checks data against sum before
+// writing, so bytes that changed after the sum was taken are dropped too.
+func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if _, ok := d.items[key]; ok {
+		return true
+	}
+	if d.closed || d.queued+int64(len(data)) > d.cfg.QueueBytes {
+		d.dropped.Add(1)
+		return false
+	}
+	select {
+	case d.q <- spill{engine, key, sum, data}:
+		d.queued += int64(len(data))
+		return true
+	default:
+		d.dropped.Add(1)
+		return false
+	}
+}
+
+// The writer appends a batch at a time: it takes a spill, then whatever else
+// is already queued (it never waits for more), up to batchRecords records or
+// batchBytes of data. The batch's records go to the segment with as few
+// writes as it can: small records (header and data) are gathered in one
+// buffer and written in one call; a large record's header ends the buffer's
+// write and its data is written from the spill's own bytes (the copy would
+// cost more than the call it saves). Measured in docs/BENCHMARKS.md.
+const (
+	batchBytes   = 256 << 10
+	batchRecords = 256
+	smallRecord  = 64 << 10
+)
+
+// writer is the one goroutine that appends records; its buffers are its own.
+type writer struct {
+	d     *Disk
+	batch []spill // the spills taken
+	run   []spill // the batch's records bound for the current segment
+	buf   []byte  // the records gathered for one write
+	offs  []int64 // where each record of run has its data
+}
+
+func (d *Disk) writer() {
+	defer close(d.done)
+	w := &writer{d: d}
+	for sp := range d.q {
+		w.batch = append(w.batch[:0], sp)
+		n := int64(len(sp.data))
+	gather:
+		for len(w.batch) < batchRecords && n < batchBytes {
+			select {
+			case sp, ok := <-d.q:
+				if !ok {
+					break gather
+				}
+				w.batch = append(w.batch, sp)
+				n += int64(len(sp.data))
+			default:
+				break gather
+			}
+		}
+		w.write()
+		clear(w.batch) // let the spilled bytes go
+		d.mu.Lock()
+		d.queued -= n
+		d.mu.Unlock()
+	}
+}
+
+// write appends the batch's records to the current segment (starting a new
+// segment where the next record would not fit) and indexes them. Only the
+// writer calls it, so the current segment's size changes nowhere else.
+func (w *writer) write() {
+	d := w.d
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	d.mu.Unlock()
+	end := seg.size // where the run ends
+	w.run = w.run[:0]
+	for _, sp := range w.batch {
+		if crc32.Checksum(sp.data, castagnoli) != sp.sum {
+			d.raced.Add(1) // the host bytes were reused before they were copied out
+			continue
+		}
+		if int64(len(sp.data)) > d.cfg.Bytes {
+			d.dropped.Add(1)
+			continue
+		}
+		if end > 0 && end+int64(len(sp.data)) > d.cfg.SegmentBytes {
+			w.flush(seg)
+			w.run = w.run[:0]
+			d.mu.Lock()
+			err := d.newSegment()
+			seg = d.segs[len(d.segs)-1]
+			d.mu.Unlock()
+			end = seg.size
+			if err != nil {
+				d.failed.Add(1)
+				continue
+			}
+		}
+		w.run = append(w.run, sp)
+		end += int64(len(sp.data))
+	}
+	w.flush(seg)
+	clear(w.run)
+}
+
+// flush writes run's records at the end of seg, then indexes them (dropping
+// least recently used chunks past the budget) and announces them stored. A
+// failed write cuts the segment back to where the run began, so the
+// segment stays a run of whole records; none of the run's records is
+// indexed or announced.
+func (w *writer) flush(seg *segment) {
+	if len(w.run) == 0 {
+		return
+	}
+	d := w.d
+	start := time.Now()
+	buf, offs := w.buf[:0], w.offs[:0]
+	pos := seg.size
+	var data int64
+	var err error
+	for _, sp := range w.run {
+		data += int64(len(sp.data))
+		h := len(buf)
+		buf = appendHeader(buf, string(sp.key), int64(len(sp.data)), sp.sum)
+		pos += int64(len(buf) - h)
+		offs = append(offs, pos)
+		pos += int64(len(sp.data))
+		if len(sp.data) <= smallRecord {
+			buf = append(buf, sp.data...)
+			continue
+		}
+		if _, err = seg.f.Write(buf); err != nil {
+			break
+		}
+		buf = buf[:0]
+		if _, err = seg.f.Write(sp.data); err != nil {
+			break
+		}
+	}
+	if err == nil && len(buf) > 0 {
+		_, err = seg.f.Write(buf)
+	}
+	w.buf, w.offs = buf[:0], offs
+	if err != nil {
+		d.failed.Add(int64(len(w.run)))
+		_ = seg.f.Truncate(seg.size)
+		return
+	}
+	d.writeNanos.Add(int64(time.Since(start)))
+	d.writeBytes.Add(data)
+	d.writes.Add(int64(len(w.run)))
+
+	var removed []*item
+	d.mu.Lock()
+	d.fileBytes += pos - seg.size
+	seg.size = pos
+	for i, sp := range w.run {
+		if old, ok := d.items[sp.key]; ok {
+			d.unindex(old)
+		}
+		d.index(&item{key: sp.key, seg: seg, off: offs[i], size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
+		for d.used > d.cfg.Bytes {
+			it := d.evictFront()
+			if it.engine == "" { // found at open: the engine whose spill evicted it hears of it
+				it.engine = sp.engine
+			}
+			removed = append(removed, it)
+		}
+	}
+	last := w.run[len(w.run)-1].engine
+	for _, it := range d.dropDead() {
+		if it.engine == "" {
+			it.engine = last
+		}
+		removed = append(removed, it)
+	}
+	d.mu.Unlock()
+
+	for i := 0; i < len(w.run); { // stored, per engine, in write order
+		engine, keys := w.run[i].engine, []messages.Key(nil)
+		for ; i < len(w.run) && w.run[i].engine == engine; i++ {
+			keys = append(keys, w.run[i].key)
+		}
+		d.notify(engine, keys, nil)
+	}
+	d.announce(removed, last)
+}
