@@ -398,12 +398,17 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not exit after SIGTERM")
 	}
-	m = regexp.MustCompile(`undelivered_releases=([0-9]+)`).FindStringSubmatch(stderr.String())
-	require.Len(t, m, 2, stderr.String())
-	var undelivered int
+	// Either releases were never published (undelivered) or published but
+	// not confirmed by NATS before the deadline (unconfirmed): which one
+	// depends on how far the actors got in 1ns; the sum is never 0.
+	m = regexp.MustCompile(`undelivered_releases=([0-9]+) unconfirmed_releases=([0-9]+)`).FindStringSubmatch(stderr.String())
+	require.Len(t, m, 3, stderr.String())
+	var undelivered, unconfirmed int
 	_, err = fmt.Sscan(m[1], &undelivered)
 	require.NoError(t, err)
-	require.Positive(t, undelivered)
+	_, err = fmt.Sscan(m[2], &unconfirmed)
+	require.NoError(t, err)
+	require.Positive(t, undelivered+unconfirmed, "a timed-out shutdown says what it could not deliver")
 	// The count is not an over-count: no release is published after it was
 	// taken (every request holds blocks, so each owes exactly one).
 	// The server died with serve: once the client sees that, all it sent is read.
@@ -415,5 +420,5 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	})
 	got := len(released)
 	require.LessOrEqual(t, got, 300-undelivered, "releases arrived that the node counted as undelivered")
-	t.Logf("undelivered %d, received %d of 300", undelivered, got)
+	t.Logf("undelivered %d, unconfirmed %d, received %d of 300", undelivered, unconfirmed, got)
 }
