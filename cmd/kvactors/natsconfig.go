@@ -21,7 +21,7 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "", "directory for nats-server.conf and the secret files (required; created 0700)")
 	fs.StringVar(&o.Prefix, "prefix", node.DefaultConfig().Prefix, "subject prefix P")
 	fs.StringVar(&o.Auth, "auth", natsauth.AuthNKey, "nkey (the config holds public keys) or password (bcrypt hashes)")
-	fs.BoolVar(&o.JetStream, "jetstream", false, "enable JetStream, its API for kvactors' user only")
+	fs.BoolVar(&o.JetStream, "jetstream", false, "enable JetStream (needed by serve --cluster), its API for kvactors' user only")
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate file (requires --tls-key)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "server key file")
 	fs.StringVar(&o.TLSCA, "tls-ca", "", "CA file: also verify client certificates")
