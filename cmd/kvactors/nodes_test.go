@@ -41,6 +41,23 @@ func TestNodesListsTheCluster(t *testing.T) {
 	var r messages.RegisterReply
 	require.NoError(t, json.Unmarshal(m.Data, &r))
 	require.True(t, r.OK, r.Error)
+	// The engine stays alive past the 1 s lease however slowly the command
+	// starts: a heartbeat (seq 0) is a sign of life that changes nothing else.
+	stop := make(chan struct{})
+	beats := make(chan struct{})
+	go func() {
+		defer close(beats)
+		hb, _ := json.Marshal(messages.HeartbeatRequest{})
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(200 * time.Millisecond):
+			}
+			_, _ = enc.Request(messages.EngineSubject("kvactors", "e1", messages.VerbHeartbeat), hb, time.Second)
+		}
+	}()
+	defer func() { close(stop); <-beats }()
 
 	out, err := exec.Command(binary, "nodes", "--nats", nc3.URL(0), "--wait", "1s").CombinedOutput()
 	require.NoError(t, err, string(out))
