@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"encoding/hex"
 	"encoding/json"
 	"testing"
 	"testing/quick"
@@ -58,4 +59,13 @@ func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
 	require.True(t, check("llama \"70b\" <fp8>\xff", "ab", 0, 1))
 	require.True(t, check("", "ab", 0, 1))
+}
+
+// AppendHex is encoding/hex's lowercase encoding.
+func TestAppendHexMatchesEncodingHex(t *testing.T) {
+	check := func(prefix []byte, s string) bool {
+		return string(AppendHex(append([]byte(nil), prefix...), s)) == string(prefix)+hex.EncodeToString([]byte(s))
+	}
+	require.NoError(t, quick.Check(check, nil))
+	require.Equal(t, "00ff10", string(AppendHex(nil, "\x00\xff\x10")))
 }

@@ -2,7 +2,6 @@ package request
 
 import (
 	"context"
-	"encoding/hex"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -20,6 +19,7 @@ import (
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // Store is the node's store as a request actor uses it: decisions prepare
@@ -69,6 +69,9 @@ type Actor struct {
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
+	// scratch of evicted
+	evSets         []nsGroup
+	evSlot, evNext []int
 }
 
 type job struct {
@@ -188,21 +191,36 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 // published announces a completed store job: stored to the engine, one
 // BlockStored per group to routers.
 func (a *Actor) published(j *job) {
+	chunks := j.store.Chunks
+	// One hex encoding per chunk, all into one string: the wire key is the
+	// hash plus 4 group bytes, so the hash's hex is a prefix of the key's.
+	n := 0
+	for _, ch := range chunks {
+		n += 2 * len(sched.WireKey(ch.Key))
+	}
+	hx := make([]byte, 0, n)
+	for _, ch := range chunks {
+		hx = wire.AppendHex(hx, string(sched.WireKey(ch.Key)))
+	}
+	all := string(hx)
 	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
-		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
-	var kv []messages.KVEvent
-	for i, ch := range j.store.Chunks {
-		// One hex encoding per chunk: the wire key is the hash plus 4 group
-		// bytes, so the hash's hex is a prefix of the key's.
-		keyHex := hex.EncodeToString([]byte(sched.WireKey(ch.Key)))
+		Chunks: make([]messages.StoredChunk, len(chunks))}
+	hashes := make([]string, len(chunks))
+	kv := make([]messages.KVEvent, 0, 2)
+	start, off := 0, 0
+	for i, ch := range chunks {
+		keyHex := all[off : off+2*len(sched.WireKey(ch.Key))]
+		off += len(keyHex)
 		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
-		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
+		hashes[i] = sched.KeyHashHex(keyHex)
+		if k := len(kv); k == 0 || kv[k-1].GroupIdx != ch.Group {
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU,
 				Namespace: a.deps.Namespace})
+			start = i
 		}
-		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, sched.KeyHashHex(keyHex))
+		kv[len(kv)-1].BlockHashes = hashes[start : i+1 : i+1]
 	}
-	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
+	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
 	a.deps.Outbox.KVEvents(j.ctx, a.deps.Engine, kv)
 }
@@ -295,43 +313,100 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // namespace's block hashes.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	type nsGroup struct {
-		ns sched.NamespaceID
-		g  int
-	}
-	var kv []messages.KVEvent
-	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
-	at := map[nsGroup]int{}     // index in kv
+	// Every hash hexed into one string; then a counting sort by (namespace,
+	// group) in first-seen order, so each event's hashes are one sub-slice
+	// of one slice (a decision's keys rarely span more than two groups).
+	sets := a.evSets[:0]
+	slot := a.evSlot[:0]
+	n := 0
 	for _, k := range keys {
 		ns, hash, g := sched.SplitKey(k)
-		i, ok := at[nsGroup{ns, g}]
-		if !ok {
-			i = len(kv)
-			at[nsGroup{ns, g}] = i
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
-				BlockHashes: make([]string, 0, len(keys))})
-			nss = append(nss, ns)
+		n += 2 * len(hash)
+		i := 0
+		for i < len(sets) && (sets[i].ns != ns || sets[i].g != g) {
+			i++
 		}
-		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+		if i == len(sets) {
+			sets = append(sets, nsGroup{ns: ns, g: g})
+		}
+		sets[i].count++
+		slot = append(slot, i)
 	}
-	// One batch per announcing engine, in first-seen order.
+	hx := make([]byte, 0, n)
+	for _, k := range keys {
+		_, hash, _ := sched.SplitKey(k)
+		hx = wire.AppendHex(hx, string(hash))
+	}
+	all := string(hx)
+	hashes := make([]string, len(keys))
+	next := a.evNext[:0] // next free position of each set in hashes
+	pos := 0
+	for _, s := range sets {
+		next = append(next, pos)
+		pos += s.count
+	}
+	off := 0
+	for i, k := range keys {
+		_, hash, _ := sched.SplitKey(k)
+		hashes[next[slot[i]]] = all[off : off+2*len(hash)]
+		next[slot[i]]++
+		off += 2 * len(hash)
+	}
+	kv := make([]messages.KVEvent, len(sets))
+	pos = 0
+	for i, s := range sets {
+		kv[i] = messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: s.g, Medium: messages.MediumCPU,
+			BlockHashes: hashes[pos : pos+s.count : pos+s.count]}
+		pos += s.count
+	}
+	a.evSets, a.evSlot, a.evNext = sets[:0], slot[:0], next[:0]
+	// One batch per announcing engine, in first-seen order; the common case
+	// is one namespace, announced as is.
 	for len(kv) > 0 {
-		name, engine := a.namespaceOf(nss[0])
-		var batch, rest []messages.KVEvent
-		var restNS []sched.NamespaceID
-		for i := range kv {
-			if nss[i] == nss[0] {
-				kv[i].Namespace = name
-				batch = append(batch, kv[i])
-			} else {
-				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+		ns := sets[0].ns
+		name, engine := a.namespaceOf(ns)
+		batch := kv
+		if !sameNamespace(sets, ns) {
+			batch = nil
+			for i := range kv {
+				if sets[i].ns == ns {
+					batch = append(batch, kv[i])
+				}
 			}
+		}
+		for i := range batch {
+			batch[i].Namespace = name
 		}
 		if engine != "" {
 			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
 		}
-		kv, nss = rest, restNS
+		// Drop this namespace's sets; the rest keep their order.
+		k := 0
+		for i := range kv {
+			if sets[i].ns != ns {
+				kv[k], sets[k] = kv[i], sets[i]
+				k++
+			}
+		}
+		kv, sets = kv[:k], sets[:k]
 	}
+}
+
+// nsGroup is one BlockRemoved of an eviction batch: its namespace, group
+// and number of keys.
+type nsGroup struct {
+	ns    sched.NamespaceID
+	g     int
+	count int
+}
+
+func sameNamespace(sets []nsGroup, ns sched.NamespaceID) bool {
+	for _, s := range sets {
+		if s.ns != ns {
+			return false
+		}
+	}
+	return true
 }
 
 // namespaceOf is the name of namespace ns and the engine that announces its
