@@ -69,6 +69,12 @@ type Actor struct {
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
+	// step gathers kv_events while a message of a step (an engine batch, a
+	// completion batch) is handled; nil: they are published directly.
+	step *actors.KVStep
+	// decideAfterJobs: a completion of this batch calls for a decision
+	// after the owner's last one (JobDone.More).
+	decideAfterJobs bool
 	// scratch of evicted
 	evSets         []nsGroup
 	evSlot, evNext []int
@@ -117,9 +123,13 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.span.End()
 	case *Events:
+		a.step = m.KV
 		a.apply(c, m)
+		a.step = nil
 	case *transfer.JobDone:
+		a.step = m.KV
 		a.jobDone(c, m)
+		a.step = nil
 	case *RetryDue:
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
@@ -159,12 +169,34 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 }
 
 func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
-	j, ok := a.jobs[m.ID]
-	if !ok {
-		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
-		return
+	if m.Err != nil {
+		// A failure waits for its retry timer (so it backs off); a decision
+		// owed to an earlier completion of the batch is taken before it, as
+		// if each completion had come alone.
+		a.decideOwed(c)
 	}
-	delete(a.jobs, m.ID)
+	if j, ok := a.jobs[m.ID]; ok {
+		delete(a.jobs, m.ID)
+		a.jobEnded(c, j, m)
+	} else {
+		a.deps.Metrics.Unexpected.WithLabelValues(actors.KindRequest).Inc()
+	}
+	if !m.More {
+		a.decideOwed(c)
+	}
+}
+
+// decideOwed takes the decision that completed or cancelled jobs call for
+// (they can leave chunks to offer: a cancelled job's chunks once blocks are
+// tracked again), once per batch of this owner's completions.
+func (a *Actor) decideOwed(c actor.Context) {
+	if a.decideAfterJobs && !a.done {
+		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
+	}
+	a.decideAfterJobs = false
+}
+
+func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 	success := m.Err == nil && !m.Cancelled // the transfer side completed the pool
 	switch {
 	case success:
@@ -180,11 +212,8 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 	}
 	j.span.End()
 	a.perform(c, a.state.JobDone(m.ID, success, m.Cancelled), time.Time{})
-	if m.Err == nil && !a.done {
-		// A completed or cancelled job can leave chunks to offer (a cancelled
-		// job's chunks once blocks are tracked again): decide now. A failed
-		// copy waits for its retry timer instead, so it backs off.
-		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
+	if m.Err == nil {
+		a.decideAfterJobs = true
 	}
 }
 
@@ -222,7 +251,7 @@ func (a *Actor) published(j *job) {
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
-	a.deps.Outbox.KVEvents(j.ctx, a.deps.Engine, kv)
+	a.announce(j.ctx, a.deps.Engine, kv)
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -378,7 +407,7 @@ func (a *Actor) evicted(keys []messages.Key) {
 			batch[i].Namespace = name
 		}
 		if engine != "" {
-			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
+			a.announce(a.ctx, engine, batch)
 		}
 		// Drop this namespace's sets; the rest keep their order.
 		k := 0
@@ -389,6 +418,14 @@ func (a *Actor) evicted(keys []messages.Key) {
 			}
 		}
 		kv, sets = kv[:k], sets[:k]
+	}
+}
+
+// announce publishes kv_events for engine, through the running step when
+// there is one (one message per engine per step).
+func (a *Actor) announce(ctx context.Context, engine string, events []messages.KVEvent) {
+	if !a.step.Add(ctx, engine, events) {
+		a.deps.Outbox.KVEvents(ctx, engine, events)
 	}
 }
 
