@@ -105,7 +105,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Transfer: n.transfer, Outbox: n.outbox, Metrics: n.metrics, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
-			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
+			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog, EvictionsAtOnce: n.disk != nil},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)

@@ -52,6 +52,11 @@ type Deps struct {
 	// Reject logs rejected events, rate-limited per reason (nil: not
 	// logged; they are always counted).
 	Reject *ratelog.Log
+	// EvictionsAtOnce announces evictions as the decision makes them, not
+	// at the end of the step: a disk tier announces a spilled chunk's
+	// BlockStored DISK from its writer once it lands, which must follow the
+	// chunk's BlockRemoved CPU (PROTOCOL.md kv_events).
+	EvictionsAtOnce bool
 	// Owed, when set, counts requests not yet released for good (the node
 	// reports them when a shutdown times out). The spawner adds the request
 	// before spawning it (so none is missed while its actor starts); the
@@ -406,8 +411,8 @@ func (a *Actor) evicted(keys []messages.Key) {
 		for i := range batch {
 			batch[i].Namespace = name
 		}
-		if engine != "" {
-			a.announce(a.ctx, engine, batch)
+		if engine != "" && (a.deps.EvictionsAtOnce || !a.step.Add(a.ctx, engine, batch)) {
+			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
 		}
 		// Drop this namespace's sets; the rest keep their order.
 		k := 0
