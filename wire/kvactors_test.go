@@ -3,6 +3,7 @@ package wire
 import (
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"testing/quick"
 
@@ -68,4 +69,21 @@ func TestAppendHexMatchesEncodingHex(t *testing.T) {
 	}
 	require.NoError(t, quick.Check(check, nil))
 	require.Equal(t, "00ff10", string(AppendHex(nil, "\x00\xff\x10")))
+}
+
+// BenchmarkAppendKVEvents: a completion step's kv_events, 2 events of 8
+// 32-byte hashes (64 hex characters each).
+func BenchmarkAppendKVEvents(b *testing.B) {
+	hashes := make([]string, 8)
+	for i := range hashes {
+		hashes[i] = hex.EncodeToString([]byte(fmt.Sprintf("%032d", i)))
+	}
+	batch := &messages.KVEventBatch{TS: 1732894000.123456, Events: []messages.KVEvent{
+		{Type: messages.KVBlockStored, BlockHashes: hashes, GroupIdx: 0, Medium: messages.MediumCPU},
+		{Type: messages.KVBlockRemoved, BlockHashes: hashes, GroupIdx: 1, Medium: messages.MediumCPU}}}
+	var buf []byte
+	b.ReportAllocs()
+	for range b.N {
+		buf = AppendKVEvents(buf[:0], batch)
+	}
 }
