@@ -64,11 +64,31 @@ func (o *Outbox) Subject(engine, verb string) string {
 	return messages.EngineSubject(o.prefix, engine, verb)
 }
 
+// bodies recycles the buffers of the hand-encoded bodies (released, stored,
+// kv_events): nats.go copies a published body into its write buffer, so
+// the buffer is free again once PublishMsg returns.
+var bodies = sync.Pool{New: func() any { return new([]byte) }}
+
+// maxPooledBody: a larger buffer (a big eviction batch) is left to the GC.
+const maxPooledBody = 64 << 10
+
+func getBody() *[]byte { return bodies.Get().(*[]byte) }
+
+func putBody(b *[]byte, data []byte) {
+	if cap(data) <= maxPooledBody {
+		*b = data[:0]
+		bodies.Put(b)
+	}
+}
+
 // releasedLocked publishes P.E.released; only Releases calls it (holding
 // sealMu for reading), so that every release is numbered.
 func (o *Outbox) releasedLocked(ctx context.Context, engine string, r *messages.Released) {
 	o.releases.Add(1)
-	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), wire.AppendReleased(nil, r), nil)
+	b := getBody()
+	data := wire.AppendReleased(*b, r)
+	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), data, nil)
+	putBody(b, data)
 }
 
 // Seal stops all publishing and returns count(), read while no publish is
@@ -95,7 +115,10 @@ func (o *Outbox) Node(node, verb string, v any) {
 
 // Stored publishes P.E.stored for one completed store job.
 func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) {
-	o.send(ctx, o.Subject(engine, messages.VerbStored), wire.AppendStored(make([]byte, 0, 64+80*len(s.Chunks)), s))
+	b := getBody()
+	data := wire.AppendStored(*b, s)
+	o.send(ctx, o.Subject(engine, messages.VerbStored), data)
+	putBody(b, data)
 }
 
 // KVEvents publishes one P.E.kv_events batch (nothing when events is empty).
@@ -107,8 +130,10 @@ func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.
 	if o.stamp != nil && o.stamp.Observe != nil {
 		o.stamp.Observe(engine, events)
 	}
-	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents),
-		wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: ts, Events: events}), o.kvHeader())
+	b := getBody()
+	data := wire.AppendKVEvents(*b, &messages.KVEventBatch{TS: ts, Events: events})
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
+	putBody(b, data)
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":

@@ -118,6 +118,9 @@ func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) 
 	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
 		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
 		"--log-level", "error"}
+	if cfg.ExternalProfile != nil {
+		args = append(args, "--pprof") // /debug/pprof is off by default
+	}
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv()
 	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}

@@ -2,6 +2,7 @@ package hostpool
 
 import (
 	"fmt"
+	"slices"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -33,6 +34,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 	needed := p.needed[:0]
 	short := len(keys) <= dedupMax
 	newKeys := 0
+	fresh := p.fresh[:0]       // the new keys' indexes: no second lookup to add them
 	var pending []messages.Key // allocated only when some offered key is pending
 	for i, k := range keys {
 		if r, ok := p.index[k]; ok {
@@ -42,10 +44,11 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 			}
 			continue
 		}
-		if short && !distinctNew(keys, i, p.index) {
-			continue
+		if short && slices.Contains(keys[:i], k) {
+			continue // a repeat of an absent key: one chunk for both
 		}
 		newKeys++
+		fresh = append(fresh, int32(i))
 		p.cut = p.split(p.sizeOf(sizes, i), p.cut[:0])
 		for _, cs := range p.cut {
 			c := p.classOf(cs)
@@ -56,7 +59,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 			c.need++
 		}
 	}
-	p.needed = needed
+	p.needed, p.fresh = needed, fresh[:0]
 	if newKeys == 0 {
 		return Prepared{Pending: pending}, nil
 	}
@@ -91,11 +94,14 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 		p.unlink(r)
 		p.remove(r)
 	}
-	for i, k := range keys {
-		if _, ok := p.index[k]; ok {
-			continue // present, or a repeat already given room
+	for _, i := range fresh {
+		k := keys[i]
+		if !short {
+			if _, ok := p.index[k]; ok {
+				continue // a repeat in a long offer, already given room
+			}
 		}
-		p.add(k, p.sizeOf(sizes, i))
+		p.add(k, p.sizeOf(sizes, int(i)))
 		out.Keys = append(out.Keys, k)
 	}
 	return out, nil

@@ -3,7 +3,6 @@ package hostpool
 import (
 	"errors"
 	"fmt"
-	"slices"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -109,6 +108,7 @@ type Pool struct {
 	victims []ref
 	needed  []*class
 	cut     []int64
+	fresh   []int32
 }
 
 // New returns a pool over bytes of arena cut into pages of pageBytes
@@ -195,15 +195,21 @@ func (p *Pool) Lookup(key messages.Key) (State, int64) {
 // and returns them with the chunk's checksum (valid once ready). Extents do
 // not move while the key is pending or pinned.
 func (p *Pool) Locate(key messages.Key, dst []Extent) ([]Extent, uint32, bool) {
+	dst, sum, st := p.locate(key, dst)
+	return dst, sum, st != Absent
+}
+
+// locate is Locate with the key's state, in one lookup.
+func (p *Pool) locate(key messages.Key, dst []Extent) ([]Extent, uint32, State) {
 	r, ok := p.index[key]
 	if !ok {
-		return dst, 0, false
+		return dst, 0, Absent
 	}
 	e := &p.entries[r]
 	for _, pc := range e.pieces {
 		dst = append(dst, p.extent(pc))
 	}
-	return dst, e.sum, true
+	return dst, e.sum, e.state
 }
 
 // CompleteStore ends the copies of keys. On success (sums non-nil, one per
@@ -347,13 +353,4 @@ func (p *Pool) unlink(r ref) {
 		p.tail = e.prev
 	}
 	e.prev, e.next = none, none
-}
-
-// distinctNew reports whether keys[i] is new: absent and not a repeat of an
-// earlier key (the scan is for short offers only, see dedupMax).
-func distinctNew(keys []messages.Key, i int, index map[messages.Key]ref) bool {
-	if _, ok := index[keys[i]]; ok {
-		return false
-	}
-	return !slices.Contains(keys[:i], keys[i])
 }

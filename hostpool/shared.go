@@ -79,12 +79,11 @@ func (s *Shared) Locate(keys []messages.Key) (Located, error) {
 	defer s.mu.Unlock()
 	for _, k := range keys {
 		var sum uint32
-		var ok bool
-		loc.Ext, sum, ok = s.pool.Locate(k, loc.Ext)
-		if !ok {
+		var st State
+		loc.Ext, sum, st = s.pool.locate(k, loc.Ext)
+		if st == Absent {
 			return loc, &KeyError{Key: k, Err: ErrNotReady}
 		}
-		st, _ := s.pool.Lookup(k)
 		loc.Ends = append(loc.Ends, len(loc.Ext))
 		loc.Sums = append(loc.Sums, sum)
 		loc.States = append(loc.States, st)

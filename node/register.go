@@ -107,7 +107,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
-			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog},
+			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog, EvictionsAtOnce: n.disk != nil},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)

@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"encoding/hex"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"testing/quick"
 
@@ -58,4 +60,30 @@ func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
 	require.True(t, check("llama \"70b\" <fp8>\xff", "ab", 0, 1))
 	require.True(t, check("", "ab", 0, 1))
+}
+
+// AppendHex is encoding/hex's lowercase encoding.
+func TestAppendHexMatchesEncodingHex(t *testing.T) {
+	check := func(prefix []byte, s string) bool {
+		return string(AppendHex(append([]byte(nil), prefix...), s)) == string(prefix)+hex.EncodeToString([]byte(s))
+	}
+	require.NoError(t, quick.Check(check, nil))
+	require.Equal(t, "00ff10", string(AppendHex(nil, "\x00\xff\x10")))
+}
+
+// BenchmarkAppendKVEvents: a completion step's kv_events, 2 events of 8
+// 32-byte hashes (64 hex characters each).
+func BenchmarkAppendKVEvents(b *testing.B) {
+	hashes := make([]string, 8)
+	for i := range hashes {
+		hashes[i] = hex.EncodeToString([]byte(fmt.Sprintf("%032d", i)))
+	}
+	batch := &messages.KVEventBatch{TS: 1732894000.123456, Events: []messages.KVEvent{
+		{Type: messages.KVBlockStored, BlockHashes: hashes, GroupIdx: 0, Medium: messages.MediumCPU},
+		{Type: messages.KVBlockRemoved, BlockHashes: hashes, GroupIdx: 1, Medium: messages.MediumCPU}}}
+	var buf []byte
+	b.ReportAllocs()
+	for range b.N {
+		buf = AppendKVEvents(buf[:0], batch)
+	}
 }

@@ -213,7 +213,11 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 // forward copies the routed events into one slice grouped by request (one
 // allocation per batch, order kept within each request) and sends each
 // request its part. The slice is handed over: the request actors own it.
+// The batch is one step: its requests' kv_events (evictions of their
+// decisions) go out as one message per engine once every request has run.
 func (a *Actor) forward(c actor.Context, m *Batch) {
+	step := a.deps.Outbox.NewKVStep()
+	defer step.Publish()
 	all := make([]messages.Event, len(a.fwd))
 	start := 0
 	for idx, n := range a.counts {
@@ -228,7 +232,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	for idx, id := range a.order {
 		end := a.counts[idx]
 		if e := a.live[id]; e != nil {
-			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Arrived: m.Arrived})
+			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Arrived: m.Arrived, KV: step})
 		}
 		begin = end
 	}

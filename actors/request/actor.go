@@ -2,7 +2,6 @@ package request
 
 import (
 	"context"
-	"encoding/hex"
 	"log/slog"
 	"sync/atomic"
 	"time"
@@ -19,6 +18,7 @@ import (
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // Store is the node's store as a request actor uses it: decisions prepare
@@ -51,6 +51,11 @@ type Deps struct {
 	// Reject logs rejected events, rate-limited per reason (nil: not
 	// logged; they are always counted).
 	Reject *ratelog.Log
+	// EvictionsAtOnce announces evictions as the decision makes them, not
+	// at the end of the step: a disk tier announces a spilled chunk's
+	// BlockStored DISK from its writer once it lands, which must follow the
+	// chunk's BlockRemoved CPU (PROTOCOL.md kv_events).
+	EvictionsAtOnce bool
 	// Owed, when set, counts requests not yet released for good (the node
 	// reports them when a shutdown times out). The spawner adds the request
 	// before spawning it (so none is missed while its actor starts); the
@@ -68,6 +73,15 @@ type Actor struct {
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
+	// step gathers kv_events while a message of a step (an engine batch, a
+	// completion batch) is handled; nil: they are published directly.
+	step *actors.KVStep
+	// decideAfterJobs: a completion of this batch calls for a decision
+	// after the owner's last one (JobDone.More).
+	decideAfterJobs bool
+	// scratch of evicted
+	evSets         []nsGroup
+	evSlot, evNext []int
 }
 
 type job struct {
@@ -113,9 +127,13 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.span.End()
 	case *Events:
+		a.step = m.KV
 		a.apply(c, m)
+		a.step = nil
 	case *transfer.JobDone:
+		a.step = m.KV
 		a.jobDone(c, m)
+		a.step = nil
 	case *RetryDue:
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
@@ -155,12 +173,34 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 }
 
 func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
-	j, ok := a.jobs[m.ID]
-	if !ok {
-		a.deps.Metrics.Unexpected.Inc()
-		return
+	if m.Err != nil {
+		// A failure waits for its retry timer (so it backs off); a decision
+		// owed to an earlier completion of the batch is taken before it, as
+		// if each completion had come alone.
+		a.decideOwed(c)
 	}
-	delete(a.jobs, m.ID)
+	if j, ok := a.jobs[m.ID]; ok {
+		delete(a.jobs, m.ID)
+		a.jobEnded(c, j, m)
+	} else {
+		a.deps.Metrics.Unexpected.Inc()
+	}
+	if !m.More {
+		a.decideOwed(c)
+	}
+}
+
+// decideOwed takes the decision that completed or cancelled jobs call for
+// (they can leave chunks to offer: a cancelled job's chunks once blocks are
+// tracked again), once per batch of this owner's completions.
+func (a *Actor) decideOwed(c actor.Context) {
+	if a.decideAfterJobs && !a.done {
+		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
+	}
+	a.decideAfterJobs = false
+}
+
+func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 	success := m.Err == nil && !m.Cancelled // the transfer side completed the pool
 	switch {
 	case success:
@@ -176,34 +216,46 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 	}
 	j.span.End()
 	a.perform(c, a.state.JobDone(m.ID, success, m.Cancelled), time.Time{})
-	if m.Err == nil && !a.done {
-		// A completed or cancelled job can leave chunks to offer (a cancelled
-		// job's chunks once blocks are tracked again): decide now. A failed
-		// copy waits for its retry timer instead, so it backs off.
-		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
+	if m.Err == nil {
+		a.decideAfterJobs = true
 	}
 }
 
 // published announces a completed store job: stored to the engine, one
 // BlockStored per group to routers.
 func (a *Actor) published(j *job) {
+	chunks := j.store.Chunks
+	// One hex encoding per chunk, all into one string: the wire key is the
+	// hash plus 4 group bytes, so the hash's hex is a prefix of the key's.
+	n := 0
+	for _, ch := range chunks {
+		n += 2 * len(sched.WireKey(ch.Key))
+	}
+	hx := make([]byte, 0, n)
+	for _, ch := range chunks {
+		hx = wire.AppendHex(hx, string(sched.WireKey(ch.Key)))
+	}
+	all := string(hx)
 	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
-		Chunks: make([]messages.StoredChunk, len(j.store.Chunks))}
-	var kv []messages.KVEvent
-	for i, ch := range j.store.Chunks {
-		// One hex encoding per chunk: the wire key is the hash plus 4 group
-		// bytes, so the hash's hex is a prefix of the key's.
-		keyHex := hex.EncodeToString([]byte(sched.WireKey(ch.Key)))
+		Chunks: make([]messages.StoredChunk, len(chunks))}
+	hashes := make([]string, len(chunks))
+	kv := make([]messages.KVEvent, 0, 2)
+	start, off := 0, 0
+	for i, ch := range chunks {
+		keyHex := all[off : off+2*len(sched.WireKey(ch.Key))]
+		off += len(keyHex)
 		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
-		if n := len(kv); n == 0 || kv[n-1].GroupIdx != ch.Group {
+		hashes[i] = sched.KeyHashHex(keyHex)
+		if k := len(kv); k == 0 || kv[k-1].GroupIdx != ch.Group {
 			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU,
 				Namespace: a.deps.Namespace})
+			start = i
 		}
-		kv[len(kv)-1].BlockHashes = append(kv[len(kv)-1].BlockHashes, sched.KeyHashHex(keyHex))
+		kv[len(kv)-1].BlockHashes = hashes[start : i+1 : i+1]
 	}
-	a.deps.Metrics.ChunksStored.Add(float64(len(j.store.Chunks)))
+	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
-	a.deps.Outbox.KVEvents(j.ctx, a.deps.Engine, kv)
+	a.announce(j.ctx, a.deps.Engine, kv)
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -294,43 +346,108 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // namespace's block hashes.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	type nsGroup struct {
-		ns sched.NamespaceID
-		g  int
-	}
-	var kv []messages.KVEvent
-	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
-	at := map[nsGroup]int{}     // index in kv
+	// Every hash hexed into one string; then a counting sort by (namespace,
+	// group) in first-seen order, so each event's hashes are one sub-slice
+	// of one slice (a decision's keys rarely span more than two groups).
+	sets := a.evSets[:0]
+	slot := a.evSlot[:0]
+	n := 0
 	for _, k := range keys {
 		ns, hash, g := sched.SplitKey(k)
-		i, ok := at[nsGroup{ns, g}]
-		if !ok {
-			i = len(kv)
-			at[nsGroup{ns, g}] = i
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: g, Medium: messages.MediumCPU,
-				BlockHashes: make([]string, 0, len(keys))})
-			nss = append(nss, ns)
+		n += 2 * len(hash)
+		i := 0
+		for i < len(sets) && (sets[i].ns != ns || sets[i].g != g) {
+			i++
 		}
-		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
+		if i == len(sets) {
+			sets = append(sets, nsGroup{ns: ns, g: g})
+		}
+		sets[i].count++
+		slot = append(slot, i)
 	}
-	// One batch per announcing engine, in first-seen order.
+	hx := make([]byte, 0, n)
+	for _, k := range keys {
+		_, hash, _ := sched.SplitKey(k)
+		hx = wire.AppendHex(hx, string(hash))
+	}
+	all := string(hx)
+	hashes := make([]string, len(keys))
+	next := a.evNext[:0] // next free position of each set in hashes
+	pos := 0
+	for _, s := range sets {
+		next = append(next, pos)
+		pos += s.count
+	}
+	off := 0
+	for i, k := range keys {
+		_, hash, _ := sched.SplitKey(k)
+		hashes[next[slot[i]]] = all[off : off+2*len(hash)]
+		next[slot[i]]++
+		off += 2 * len(hash)
+	}
+	kv := make([]messages.KVEvent, len(sets))
+	pos = 0
+	for i, s := range sets {
+		kv[i] = messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: s.g, Medium: messages.MediumCPU,
+			BlockHashes: hashes[pos : pos+s.count : pos+s.count]}
+		pos += s.count
+	}
+	a.evSets, a.evSlot, a.evNext = sets[:0], slot[:0], next[:0]
+	// One batch per announcing engine, in first-seen order; the common case
+	// is one namespace, announced as is.
 	for len(kv) > 0 {
-		name, engine := a.namespaceOf(nss[0])
-		var batch, rest []messages.KVEvent
-		var restNS []sched.NamespaceID
-		for i := range kv {
-			if nss[i] == nss[0] {
-				kv[i].Namespace = name
-				batch = append(batch, kv[i])
-			} else {
-				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
+		ns := sets[0].ns
+		name, engine := a.namespaceOf(ns)
+		batch := kv
+		if !sameNamespace(sets, ns) {
+			batch = nil
+			for i := range kv {
+				if sets[i].ns == ns {
+					batch = append(batch, kv[i])
+				}
 			}
 		}
-		if engine != "" {
+		for i := range batch {
+			batch[i].Namespace = name
+		}
+		if engine != "" && (a.deps.EvictionsAtOnce || !a.step.Add(a.ctx, engine, batch)) {
 			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
 		}
-		kv, nss = rest, restNS
+		// Drop this namespace's sets; the rest keep their order.
+		k := 0
+		for i := range kv {
+			if sets[i].ns != ns {
+				kv[k], sets[k] = kv[i], sets[i]
+				k++
+			}
+		}
+		kv, sets = kv[:k], sets[:k]
 	}
+}
+
+// announce publishes kv_events for engine, through the running step when
+// there is one (one message per engine per step).
+func (a *Actor) announce(ctx context.Context, engine string, events []messages.KVEvent) {
+	if !a.step.Add(ctx, engine, events) {
+		a.deps.Outbox.KVEvents(ctx, engine, events)
+	}
+}
+
+// nsGroup is one BlockRemoved of an eviction batch: its namespace, group
+// and number of keys.
+type nsGroup struct {
+	ns    sched.NamespaceID
+	g     int
+	count int
+}
+
+func sameNamespace(sets []nsGroup, ns sched.NamespaceID) bool {
+	for _, s := range sets {
+		if s.ns != ns {
+			return false
+		}
+	}
+	return true
 }
 
 // namespaceOf is the name of namespace ns and the engine that announces its

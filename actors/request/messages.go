@@ -5,14 +5,17 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
-// Events carries one batch's events for this request, in order.
+// Events carries one batch's events for this request, in order. KV gathers
+// the engine step's kv_events (nil: publish directly).
 type Events struct {
 	Events  []messages.Event
 	Arrived time.Time
+	KV      *actors.KVStep
 }
 
 // RetryDue is the retry timer firing: take the store decision again.

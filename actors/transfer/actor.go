@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -48,6 +49,9 @@ type Deps struct {
 	Log        *slog.Logger
 	// Fence, when set, holds copies back while NATS is unreachable.
 	Fence *Fence
+	// Outbox, when set, publishes the kv_events of a batch of completions
+	// as one message per engine (actors.KVStep).
+	Outbox *actors.Outbox
 }
 
 // Actor is the node's transfer actor. It owns the queue and its
@@ -79,12 +83,15 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Submit:
 		a.q.push(m)
 	case *Cancel:
-		for _, s := range a.q.cancel(m.Owner, m.IDs) {
+		cancelled := a.q.cancel(m.Owner, m.IDs)
+		step := a.deps.Outbox.NewKVStep()
+		for i, s := range cancelled {
 			s.Store.Abort(s.Dir, s.Chunks)
-			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true})
+			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(cancelled)-1, KV: step})
 		}
-	case *copyDone:
-		a.finish(c, m)
+		step.Publish()
+	case *completed:
+		a.finish(c, a.q.take())
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
@@ -105,16 +112,51 @@ func (a *Actor) start(c actor.Context) {
 	}
 }
 
-func (a *Actor) finish(c actor.Context, d *copyDone) {
-	dir := d.job.Dir.String()
-	if d.err != nil {
-		a.deps.Metrics.CopyFailures.WithLabelValues(dir).Inc()
-	} else {
-		a.deps.Metrics.TransferBytes.WithLabelValues(dir).Add(float64(d.job.Bytes))
-		a.deps.Metrics.TransferTime.WithLabelValues(dir).Add(d.dur.Seconds())
-		a.deps.Metrics.CopySize.WithLabelValues(dir).Observe(float64(d.job.Bytes))
+// finish reports a batch of finished copies, in the order they finished:
+// each owner's JobDone but its last carries More, and the batch's kv_events
+// go out together once every owner has handled its completions (the owners
+// run inline in this turn unless their mailbox was busy).
+func (a *Actor) finish(c actor.Context, done []*copyDone) {
+	step := a.deps.Outbox.NewKVStep()
+	more := lastPerOwner(done)
+	for i, d := range done {
+		dir := d.job.Dir.String()
+		if d.err != nil {
+			a.deps.Metrics.CopyFailures.WithLabelValues(dir).Inc()
+		} else {
+			a.deps.Metrics.TransferBytes.WithLabelValues(dir).Add(float64(d.job.Bytes))
+			a.deps.Metrics.TransferTime.WithLabelValues(dir).Add(d.dur.Seconds())
+			a.deps.Metrics.CopySize.WithLabelValues(dir).Observe(float64(d.job.Bytes))
+		}
+		c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur,
+			More: more[i], KV: step})
 	}
-	c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur})
+	step.Publish()
+}
+
+// lastPerOwner marks each completion that its owner has another one after.
+// Owners are compared by pointer (an actor's Self): two pointers to one
+// owner only cost that owner an extra decision.
+func lastPerOwner(done []*copyDone) []bool {
+	more := make([]bool, len(done))
+	if len(done) <= 8 {
+		for i, d := range done {
+			for _, e := range done[i+1:] {
+				if e.job.Owner == d.job.Owner {
+					more[i] = true
+					break
+				}
+			}
+		}
+		return more
+	}
+	seen := make(map[*actor.PID]struct{}, len(done))
+	for i := len(done) - 1; i >= 0; i-- {
+		o := done[i].job.Owner
+		_, more[i] = seen[o]
+		seen[o] = struct{}{}
+	}
+	return more
 }
 
 // worker runs copies until the queue closes.
@@ -122,8 +164,9 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	defer a.workers.Done()
 	for job := a.q.next(); job != nil; job = a.q.next() {
 		dur, err := a.run(job)
-		a.q.done(job)
-		root.Send(self, &copyDone{job: job, err: err, dur: dur})
+		if a.q.done(&copyDone{job: job, err: err, dur: dur}) {
+			root.Send(self, &completed{})
+		}
 	}
 }
 

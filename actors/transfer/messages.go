@@ -6,6 +6,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -43,16 +44,25 @@ type Cancel struct {
 	IDs   []sched.JobID
 }
 
-// JobDone reports the end of a job to its owner.
+// JobDone reports the end of a job to its owner. The transfer actor hands
+// out completions in batches: More says another JobDone for the same owner
+// follows in this batch (a request takes its next store decision after the
+// last one), and KV gathers the batch's kv_events (nil: publish directly).
 type JobDone struct {
 	ID        sched.JobID
 	Err       error // nil: every byte landed
 	Cancelled bool
 	Bytes     int64
 	Duration  time.Duration
+	More      bool
+	KV        *actors.KVStep
 }
 
-// copyDone goes from a worker back to the transfer actor.
+// completed tells the transfer actor that workers have finished copies
+// (queue.finished); one is sent when that list stops being empty.
+type completed struct{}
+
+// copyDone is one finished copy, from a worker to the transfer actor.
 type copyDone struct {
 	job *Submit
 	err error

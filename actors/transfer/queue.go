@@ -24,6 +24,8 @@ type queue struct {
 	inflight int64 // bytes of running jobs
 	maxBytes int64
 	closed   bool
+	// finished copies the actor has not taken yet (take)
+	finished []*copyDone
 }
 
 func newQueue(maxBytes int64) *queue {
@@ -90,13 +92,28 @@ func (q *queue) next() *Submit {
 	}
 }
 
-// done ends a running job, which may let a waiting large job start.
-func (q *queue) done(s *Submit) {
+// done ends a running job, which may let a waiting large job start, and
+// adds it to the finished list. It reports whether the list was empty: the
+// caller then tells the actor (one message per batch of completions, not
+// per job).
+func (q *queue) done(d *copyDone) bool {
 	q.mu.Lock()
 	q.running--
-	q.inflight -= s.Bytes
+	q.inflight -= d.job.Bytes
+	first := len(q.finished) == 0
+	q.finished = append(q.finished, d)
 	q.mu.Unlock()
 	q.wake.Signal()
+	return first
+}
+
+// take returns the finished copies, oldest first, and empties the list.
+func (q *queue) take() []*copyDone {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	out := q.finished
+	q.finished = nil
+	return out
 }
 
 // close wakes every worker to exit; queued jobs are left (the node is
