@@ -11,16 +11,12 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
-	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 )
 
 // A completion batch is one step: the BlockStored of every completed job and
@@ -31,21 +27,9 @@ func TestCompletionBatchPublishesOneKVEventsMessage(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	kvEvents := testkit.Subscribe(t, nc, "kvactors.e.kv_events")
 	storedMsgs := testkit.Subscribe(t, nc, "kvactors.e.stored")
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := []messages.Region{{BlockStride: 8, BlockBytes: 8}}
-	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
-		Segments: []messages.Segment{{Shm: "s"}}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4, Regions: r}}})
-	require.NoError(t, err)
-	system := actor.NewActorSystem()
-	t.Cleanup(system.Shutdown)
-	seen := make(chan any, 16)
-	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
 	// Room for 4 chunks of 8 bytes.
-	st := store.New(heapArena(make([]byte, 4*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
-	outbox := actors.NewOutbox(nc, "kvactors", log)
-	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
-		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
-		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
+	rig := newHeldRig(t, nc, 4)
+	system, deps, seen := rig.system, rig.deps, rig.seen
 	spawn := func(id string) *actor.PID {
 		return system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: id,
 			PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
@@ -87,7 +71,7 @@ func TestCompletionBatchPublishesOneKVEventsMessage(t *testing.T) {
 
 	// One step: a's and b's completions, c's cancel. c's decision after it
 	// evicts a's chunks to store its own again.
-	step := outbox.NewKVStep()
+	step := deps.Outbox.NewKVStep()
 	system.Root.Send(a, &transfer.JobDone{ID: ja.ID, KV: step})
 	system.Root.Send(b, &transfer.JobDone{ID: jb.ID, KV: step})
 	system.Root.Send(c, &transfer.JobDone{ID: jc.ID, Cancelled: true, KV: step})

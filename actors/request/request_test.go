@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -46,13 +47,17 @@ func (h *heldTransfer) Receive(c actor.Context) {
 	}
 }
 
-// Regression: a store job still queued when the request is preempted,
-// resumed and finished is cancelled late; its chunks must be stored again
-// from the fresh blocks and the request released (it used to stall for ever,
-// holding the engine's blocks).
-func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+// heldRig is a request actor's world with the transfer side held by the
+// test: one full group of 4-token blocks of 8 bytes (one block per chunk), a
+// pool of chunks chunks, and seen receiving every Submit and Cancel.
+type heldRig struct {
+	system *actor.ActorSystem
+	deps   request.Deps
+	seen   chan any
+}
+
+func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := []messages.Region{{BlockStride: 8, BlockBytes: 8}}
 	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
@@ -62,11 +67,23 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	st := store.New(heapArena(make([]byte, 16*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
+	st := store.New(heapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
 		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
 		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
+	return heldRig{system: system, deps: deps, seen: seen}
+}
+
+// Regression: a store job still queued when the request is preempted,
+// resumed and finished is cancelled late; its chunks must be stored again
+// from the fresh blocks and the request released (it used to stall for ever,
+// holding the engine's blocks).
+func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	system, deps, seen := rig.system, rig.deps, rig.seen
 	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
 	send := func(evs ...messages.Event) {
@@ -91,7 +108,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		messages.Event{Type: messages.EvTokens, Computed: 8, Total: 8},
 		messages.Event{Type: messages.EvFinished, Computed: 8, Total: 8})
 	first.Store.Abort(first.Dir, first.Chunks) // what the transfer actor does for a cancelled job
-	system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: first.ID, Cancelled: true}, xfer)
+	system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: first.ID, Cancelled: true}, deps.Transfer)
 
 	second := testkit.Recv(t, seen, 5*time.Second, "the chunks stored again").(*transfer.Submit)
 	require.Equal(t, []messages.BlockID{5}, second.Chunks[0].Blocks, "from the fresh blocks")
