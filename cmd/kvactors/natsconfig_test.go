@@ -96,3 +96,29 @@ func TestNATSConfigAndServeWithIt(t *testing.T) {
 		t.Fatal("no permissions violation for e2 publishing on e1's subject")
 	}
 }
+
+// The operator's view under a generated configuration: serve --cluster on
+// the embedded server loaded from `nats-config --jetstream`, and `kvactors
+// nodes` logged in as kvactors' user (its seed and inbox prefix) lists it.
+// An engine's seed cannot survey the cluster: its permissions refuse it.
+func TestNodesUnderGeneratedConfig(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "nats")
+	_, err := exec.Command(binary, "nats-config", "--engines", "e1", "--jetstream", "--out", out).Output()
+	require.NoError(t, err)
+	dir := t.TempDir()
+	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir, "--pool-bytes", "1M",
+		"--log-level", "warn", "--nats-config", filepath.Join(out, "nats-server.conf"),
+		"--nats-nkey", filepath.Join(out, "_kvactors.nk"), "--cluster", "--node-id", "gpu-7", "--lease", "2s")
+	serving, _ := startServe(t, cmd)
+	url := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)[1]
+
+	nodes := exec.Command(binary, "nodes", "--nats", url, "--nats-nkey", filepath.Join(out, "_kvactors.nk"), "--wait", "1500ms")
+	listing, err := nodes.CombinedOutput()
+	require.NoError(t, err, string(listing))
+	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-7\s+[0-9a-f]{16}\s+0\s+-\s+`), string(listing))
+
+	denied, err := exec.Command(binary, "nodes", "--nats", url, "--nats-nkey", filepath.Join(out, "e1.nk"), "--wait", "500ms").CombinedOutput()
+	require.Error(t, err, "an engine's seed may not survey the cluster:\n%s", denied)
+	require.NotContains(t, string(denied), "gpu-7")
+	t.Logf("engine seed: %s", denied)
+}

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -32,22 +33,56 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	prefix := fs.String("prefix", env("KVACTORS_PREFIX", node.DefaultConfig().Prefix), "subject prefix P")
 	bucket := fs.String("cluster-bucket", env("KVACTORS_CLUSTER_BUCKET", cluster.DefaultConfig().Bucket), "ownership KV bucket")
 	creds := fs.String("nats-creds", env("KVACTORS_NATS_CREDS", ""), "NATS credentials file")
+	nkey := fs.String("nats-nkey", env("KVACTORS_NATS_NKEY", ""), "nkey seed file (kvactors' user of a kvactors nats-config configuration)")
+	ca := fs.String("nats-ca", env("KVACTORS_NATS_CA", ""), "CA certificate file for NATS TLS")
 	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats (at least lease/4)")
 	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
 		return code
 	}
-	opts := []nats.Option{nats.Name("kvactors nodes")}
+	// kvactors' inbox prefix: the one natsauth lets kvactors' user read, so
+	// the survey's replies reach it under a generated configuration.
+	opts := []nats.Option{nats.Name("kvactors nodes"), nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser))}
 	if *creds != "" {
 		opts = append(opts, nats.UserCredentials(*creds))
 	}
+	if *nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(*nkey)
+		if err != nil {
+			fmt.Fprintln(stderr, "kvactors nodes: --nats-nkey:", err)
+			return exitUsage
+		}
+		opts = append(opts, opt)
+	}
+	if *ca != "" {
+		opts = append(opts, nats.RootCAs(*ca))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *wait+10*time.Second)
+	defer cancel()
+	// A permissions violation (credentials that are not kvactors') cannot
+	// heal by waiting: say so and stop at once.
+	denied := make(chan error, 1)
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+		if errors.Is(err, nats.ErrPermissionViolation) {
+			select {
+			case denied <- err:
+			default:
+			}
+			cancel()
+		}
+	}))
+	defer func() {
+		select {
+		case err := <-denied:
+			fmt.Fprintln(stderr, "kvactors nodes: not kvactors' credentials?", err)
+		default:
+		}
+	}()
 	nc, err := nats.Connect(*url, opts...)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
 		return exitFailure
 	}
 	defer nc.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), *wait+10*time.Second)
-	defer cancel()
 	var table *cluster.OwnerTable
 	if js, err := jetstream.New(nc); err == nil {
 		table, err = cluster.WatchBucket(ctx, js, *bucket)
