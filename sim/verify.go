@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -230,6 +231,8 @@ func (v *verifier) batch(ctx context.Context, r *request, chunks []chunkRef) err
 
 func isAbsent(errText string) bool { return strings.Contains(errText, "not ready") }
 
+func isNoRoom(errText string) bool { return strings.Contains(errText, "no room") }
+
 func (v *verifier) record(key string, o outcome, why string) {
 	v.seen[key] = o
 	if why != "" {
@@ -278,8 +281,22 @@ func (v *verifier) load(ctx context.Context, r *request, chunks []chunkRef) (str
 	v.loads++
 	var reply messages.LoadReply
 	req := messages.LoadRequest{Request: fmt.Sprintf("verify-%d", v.loads), Hashes: hs, NumTokens: tokens, Blocks: blocks}
-	if err := e.request(messages.VerbLoad, req, &reply); err != nil {
-		return "", err
+	// "No room" is transient: a pool about the size of one load has no room
+	// for it while the other engine's load holds some of it pinned. Try
+	// again, bounded (about 2.5 s in all).
+	for wait := 10 * time.Millisecond; ; wait *= 2 {
+		reply = messages.LoadReply{}
+		if err := e.request(messages.VerbLoad, req, &reply); err != nil {
+			return "", err
+		}
+		if reply.OK || !isNoRoom(reply.Error) || wait > time.Second {
+			break
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("sim: verify: %w", ctx.Err())
+		case <-time.After(wait):
+		}
 	}
 	if !reply.OK {
 		if reply.Error == "" {

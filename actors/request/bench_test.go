@@ -132,3 +132,4 @@ type benchStore struct{ *hostpool.Shared }
 
 func (benchStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
 func (benchStore) Abort(backend.Direction, []sched.JobChunk)      {}
+func (benchStore) Announced([]messages.Key)                       {}

@@ -54,8 +54,25 @@ func Start(o Options) (*Cluster, error) {
 	}
 	// Clustered JetStream wants every server's routes configured up front,
 	// so the route ports are chosen before any server starts: loopback
-	// ports freed a moment before the servers take them (the usual
-	// test-port race, narrow on loopback).
+	// ports freed a moment before the servers take them. Another process
+	// (or a parallel test) may take one in that moment; the server then
+	// never becomes ready, and the whole cluster is started again on new
+	// ports, in a fresh store directory.
+	var err error
+	for attempt := range startAttempts {
+		var c *Cluster
+		c, err = start(o, filepath.Join(o.Dir, fmt.Sprintf("try%d", attempt)))
+		if err == nil {
+			return c, nil
+		}
+	}
+	return nil, err
+}
+
+// startAttempts bounds Start's retries after a lost route-port race.
+const startAttempts = 3
+
+func start(o Options, dir string) (*Cluster, error) {
 	routePorts, err := freePorts(o.Servers)
 	if err != nil {
 		return nil, err
@@ -67,7 +84,7 @@ func Start(o Options) (*Cluster, error) {
 			Host:       "127.0.0.1", // loopback only
 			Port:       server.RANDOM_PORT,
 			JetStream:  true,
-			StoreDir:   filepath.Join(o.Dir, fmt.Sprintf("s%d", i)),
+			StoreDir:   filepath.Join(dir, fmt.Sprintf("s%d", i)),
 			NoLog:      !o.Debug && !o.Trace,
 			Debug:      o.Debug || o.Trace,
 			Trace:      o.Trace,
