@@ -33,7 +33,6 @@ type KVStep struct {
 	closed bool
 	hashes int
 	parts  []kvPart
-	after  []func() // run once the events added before them are published
 }
 
 type kvPart struct {
@@ -55,26 +54,16 @@ func (o *Outbox) NewKVStep() *KVStep {
 // took them; false once the step was published (or s is nil), and the
 // caller publishes them itself.
 func (s *KVStep) Add(ctx context.Context, engine string, events []messages.KVEvent) bool {
-	return s.AddThen(ctx, engine, events, nil)
-}
-
-// AddThen is Add, and runs then (when not nil) once those events are
-// published. When it reports false nothing runs: the caller publishes and
-// then runs then itself.
-func (s *KVStep) AddThen(ctx context.Context, engine string, events []messages.KVEvent, then func()) bool {
 	if s == nil {
 		return false
+	}
+	if len(events) == 0 {
+		return true
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return false
-	}
-	if then != nil {
-		s.after = append(s.after, then)
-	}
-	if len(events) == 0 {
-		return true
 	}
 	i := 0
 	for i < len(s.parts) && s.parts[i].engine != engine {
@@ -117,9 +106,4 @@ func (s *KVStep) publishLocked() {
 	}
 	clear(s.parts)
 	s.parts, s.hashes = s.parts[:0], 0
-	for _, f := range s.after {
-		f()
-	}
-	clear(s.after)
-	s.after = s.after[:0]
 }

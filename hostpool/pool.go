@@ -233,26 +233,6 @@ func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
 	}
 }
 
-// CompleteStoreHeld completes pending keys like CompleteStore and pins the
-// ones that became ready: they can be loaded and deduplicated at once but
-// not evicted until their store is announced (CompleteLoad unpins), so a
-// key's BlockRemoved can never precede its BlockStored.
-func (p *Pool) CompleteStoreHeld(keys []messages.Key, sums []uint32) {
-	p.CompleteStore(keys, sums)
-	if sums == nil {
-		return
-	}
-	for _, k := range keys {
-		if r, ok := p.index[k]; ok && p.entries[r].state == Ready {
-			e := &p.entries[r]
-			if e.pins == 0 {
-				p.pinned++
-			}
-			e.pins++
-		}
-	}
-}
-
 // CompleteStorePinned completes pending keys as ready with their checksums,
 // pinned and most recently used, in one step: a load that brought them back
 // from disk copies them out next, and nothing may evict them in between.

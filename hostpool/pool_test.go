@@ -220,34 +220,6 @@ func TestPinsNest(t *testing.T) {
 	checkInvariants(t, p)
 }
 
-// A held store (CompleteStoreHeld) is ready at once (loadable,
-// deduplicated) but not evictable until its hold ends, and a load's pin on
-// the same key nests with the hold; a failed held store pins nothing.
-func TestHeldStoreIsNotEvictedUntilAnnounced(t *testing.T) {
-	p := New(2, 1)
-	_, err := p.PrepareStore(k("a", "f"), nil)
-	require.NoError(t, err)
-	p.CompleteStoreHeld(k("f"), nil) // failed: freed, nothing pinned
-	p.CompleteStoreHeld(k("a"), sums(k("a")))
-	st, _ := p.Lookup("a")
-	require.Equal(t, Ready, st)
-	require.Equal(t, 1, p.Stats().Pinned)
-	got, err := p.PrepareStore(k("a"), nil)
-	require.NoError(t, err)
-	require.Empty(t, got.Keys, "deduplicated while held")
-	require.NoError(t, p.PrepareLoad(k("a"))) // a load pins it too
-	_, err = p.PrepareStore(k("b", "c"), nil)
-	require.ErrorIs(t, err, ErrNoRoom, "a held key is not a victim")
-	p.CompleteLoad(k("a")) // the hold ends (announced)
-	_, err = p.PrepareStore(k("b", "c"), nil)
-	require.ErrorIs(t, err, ErrNoRoom, "still pinned by the load")
-	p.CompleteLoad(k("a"))
-	got, err = p.PrepareStore(k("b", "c"), nil)
-	require.NoError(t, err)
-	require.Equal(t, k("a"), got.Evicted)
-	checkInvariants(t, p)
-}
-
 // PROTOCOL.md "dedup" and "not among the offered keys", for offered lists
 // long ones (a long prompt stored at once), with a key offered twice.
 func TestLargeOfferedLists(t *testing.T) {

@@ -133,15 +133,6 @@ func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (
 	return fetched, prep, nil
 }
 
-// CompleteStoreHeld completes a store's keys as ready and pinned until
-// announced (see Pool.CompleteStoreHeld).
-func (s *Shared) CompleteStoreHeld(keys []messages.Key, sums []uint32) {
-	s.mu.Lock()
-	s.pool.CompleteStoreHeld(keys, sums)
-	s.full.Store(s.pool.full())
-	s.mu.Unlock()
-}
-
 // CompleteStorePinned completes fetched keys as ready, pinned (see
 // Pool.CompleteStorePinned).
 func (s *Shared) CompleteStorePinned(keys []messages.Key, sums []uint32) {

@@ -186,7 +186,6 @@ func (n *Node) startBackend() error {
 			"discarded", st.Discarded)
 	}
 	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics.Pool)
-	n.store.HoldUntilAnnounced() // request actors announce every store they complete
 	n.diskKeys = newDiskKeys()
 	n.store.UseDiskKeys(n.diskKeys)
 	if n.cfg.SlotBytes != 0 {

@@ -37,17 +37,7 @@ type Store struct {
 	// checksum time by direction, resolved once (the hot path adds to them)
 	sumStore, sumLoad prometheus.Counter
 	diskKeys          DiskKeys // nil: disk keys are pool keys
-	// holdStored: a completed store's keys stay pinned until Announced
-	// (HoldUntilAnnounced).
-	holdStored bool
 }
-
-// HoldUntilAnnounced makes a completed store's keys unevictable until the
-// store is announced (Engine.Announced): another decision evicting them in
-// between would publish their BlockRemoved before their BlockStored
-// (PROTOCOL.md "kvactors' choice, kv_events"). Call it before any engine is
-// bound; whoever completes stores must then announce every successful one.
-func (s *Store) HoldUntilAnnounced() { s.holdStored = true }
 
 // DiskKeys maps pool keys to the disk tier's persistent keys: a pool key
 // may hold ids valid for one boot only (namespaces), a disk key outlives the
@@ -324,19 +314,7 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 		e.s.pool.CompleteLoad(keys)
 		return
 	}
-	if e.s.holdStored {
-		e.s.pool.CompleteStoreHeld(keys, sums)
-		return
-	}
 	e.s.pool.CompleteStore(keys, sums)
-}
-
-// Announced releases the hold on a successful store's keys once their
-// BlockStored is published (HoldUntilAnnounced; a no-op without it).
-func (e *Engine) Announced(keys []messages.Key) {
-	if e.s.holdStored {
-		e.s.pool.CompleteLoad(keys)
-	}
 }
 
 // verify checks chunks [lo, hi) of a load against their checksums. On a

@@ -26,9 +26,6 @@ import (
 type Store interface {
 	sched.Preparer
 	transfer.Store
-	// Announced: a successful store job's BlockStored is published; its
-	// keys may be evicted from now on (store.HoldUntilAnnounced).
-	Announced(keys []messages.Key)
 }
 
 // Deps is what a request actor needs from its engine.
@@ -258,19 +255,7 @@ func (a *Actor) published(j *job) {
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
-	// Through the running step when there is one (one kv_events message per
-	// engine per step). The keys stay unevictable until their BlockStored is
-	// on the wire: an eviction in between would announce BlockRemoved first.
-	keys := make([]messages.Key, len(chunks))
-	for i, ch := range chunks {
-		keys[i] = ch.Key
-	}
-	store := a.deps.Store
-	held := func() { store.Announced(keys) }
-	if !a.step.AddThen(j.ctx, a.deps.Engine, kv, held) {
-		a.deps.Outbox.KVEvents(j.ctx, a.deps.Engine, kv)
-		held()
-	}
+	a.announce(j.ctx, a.deps.Engine, kv)
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -437,6 +422,14 @@ func (a *Actor) evicted(keys []messages.Key) {
 			}
 		}
 		kv, sets = kv[:k], sets[:k]
+	}
+}
+
+// announce publishes kv_events for engine, through the running step when
+// there is one (one message per engine per step).
+func (a *Actor) announce(ctx context.Context, engine string, events []messages.KVEvent) {
+	if !a.step.Add(ctx, engine, events) {
+		a.deps.Outbox.KVEvents(ctx, engine, events)
 	}
 }
 

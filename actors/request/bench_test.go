@@ -132,4 +132,3 @@ type benchStore struct{ *hostpool.Shared }
 
 func (benchStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
 func (benchStore) Abort(backend.Direction, []sched.JobChunk)      {}
-func (benchStore) Announced([]messages.Key)                       {}

@@ -17,7 +17,6 @@ import (
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/store"
 )
 
 // A completion batch is one step: the BlockStored of every completed job and
@@ -148,60 +147,4 @@ func TestKVStepOrderAndLateAdd(t *testing.T) {
 		t.Fatalf("unexpected message on %s: %s", m.Subject, m.Data)
 	default:
 	}
-}
-
-// Regression (PROTOCOL.md "kvactors' choice, kv_events"): a copy makes its
-// keys ready before its request announces them. With the node's hold
-// (store.HoldUntilAnnounced) another request's decision cannot evict them in
-// between: it waits for room, and their BlockRemoved follows their
-// BlockStored. Without the hold b's decision evicted a's keys at once and
-// announced BlockRemoved for keys never announced stored.
-func TestKeysAreNotEvictedBeforeTheirBlockStored(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	kvEvents := testkit.Subscribe(t, nc, "kvactors.e.kv_events")
-	rig := newHeldRig(t, nc, 2, (*store.Store).HoldUntilAnnounced) // room for 2 chunks
-	system, deps, seen := rig.system, rig.deps, rig.seen
-	spawn := func(id string) *actor.PID {
-		return system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: id,
-			PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
-	}
-	ready := func(pid *actor.PID, id string, h0, h1 messages.Hash, b0, b1 messages.BlockID) {
-		system.Root.Send(pid, &request.Events{Events: []messages.Event{
-			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{h0, h1}},
-			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{b0, b1}},
-			{Type: messages.EvTokens, Request: id, Computed: 8, Total: 8}}})
-	}
-	submit := func(what string) *transfer.Submit {
-		return testkit.Recv(t, seen, 5*time.Second, what).(*transfer.Submit)
-	}
-	hx := func(s string) string { return hex.EncodeToString([]byte(s)) }
-	next := func(what string) (typ string, hashes []string) {
-		var batch messages.KVEventBatch
-		require.NoError(t, json.Unmarshal(testkit.Recv(t, kvEvents, 5*time.Second, what).Data, &batch))
-		require.Len(t, batch.Events, 1, what)
-		return batch.Events[0].Type, batch.Events[0].BlockHashes
-	}
-
-	a, b := spawn("a"), spawn("b")
-	ready(a, "a", "a0", "a1", 1, 2)
-	ja := submit("a's job")
-	require.NoError(t, ja.Store.Copy(ja.Dir, ja.Chunks)) // a's keys ready, not yet announced
-	ready(b, "b", "b0", "b1", 3, 4)
-	select {
-	case m := <-seen:
-		t.Fatalf("b's decision found room by evicting a's unannounced keys: %+v", m)
-	case m := <-kvEvents:
-		t.Fatalf("kv_events before a's completion was handled: %s", m.Data)
-	case <-time.After(100 * time.Millisecond): // b retries meanwhile (10 ms, then doubling)
-	}
-
-	system.Root.Send(a, &transfer.JobDone{ID: ja.ID}) // a announces; its hold ends
-	typ, hs := next("a's BlockStored")
-	require.Equal(t, messages.KVBlockStored, typ)
-	require.Equal(t, []string{hx("a0"), hx("a1")}, hs)
-	jb := submit("b's job, on b's retry")
-	require.Len(t, jb.Chunks, 2)
-	typ, hs = next("a's BlockRemoved")
-	require.Equal(t, messages.KVBlockRemoved, typ)
-	require.ElementsMatch(t, []string{hx("a0"), hx("a1")}, hs)
 }

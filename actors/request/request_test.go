@@ -56,7 +56,7 @@ type heldRig struct {
 	seen   chan any
 }
 
-func newHeldRig(t *testing.T, nc *nats.Conn, chunks int, configure ...func(*store.Store)) heldRig {
+func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := []messages.Region{{BlockStride: 8, BlockBytes: 8}}
@@ -67,11 +67,7 @@ func newHeldRig(t *testing.T, nc *nats.Conn, chunks int, configure ...func(*stor
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	pool := store.New(heapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil))
-	for _, f := range configure {
-		f(pool)
-	}
-	st := pool.Engine("e", lay, nopDevice{})
+	st := store.New(heapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
 		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
