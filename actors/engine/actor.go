@@ -62,6 +62,7 @@ type Actor struct {
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
 	perEpoch map[string]int    // epoch → entries in byPID
+	reqDeps  *request.Deps     // the deps of the current epoch's requests (spawn)
 	retiring bool
 	expired  bool
 	// Scratch of one batch's routing: the requests in first-seen order
@@ -280,12 +281,17 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	deps := a.deps.Request
-	deps.Epoch, deps.Releases = a.seq.Epoch(), a.deps.Releases
+	// One Deps per epoch, shared by its requests (it names their epoch).
+	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
+		d := a.deps.Request
+		d.Epoch, d.Releases = a.seq.Epoch(), a.deps.Releases
+		a.reqDeps = &d
+	}
+	deps := a.reqDeps
 	if deps.Owed != nil {
 		deps.Owed.Add(1) // before the actor exists: a shutdown count never misses it
 	}
-	pid := c.Spawn(request.Props(deps, *added, ctx))
+	pid := c.Spawn(request.Props(deps, added, ctx))
 	e := &entry{id: added.Request, epoch: deps.Epoch, pid: pid}
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e

@@ -65,7 +65,7 @@ type Deps struct {
 
 // Actor is one request's actor. All fields are touched only from Receive.
 type Actor struct {
-	deps  Deps
+	deps  *Deps // shared by the engine's requests of one epoch
 	state *sched.Request
 	span  trace.Span
 	ctx   context.Context // carries span
@@ -99,14 +99,17 @@ type job struct {
 // once as before; a message posted while it runs waits in the queue.
 var dispatcher = actor.NewSynchronizedDispatcher(300)
 
-// Props builds a request actor from its added event; first carries the batch
-// context that created it.
-func Props(deps Deps, added messages.Event, parent context.Context) *actor.Props {
+// Props builds a request actor from its added event; parent carries the
+// batch context that created it. deps is shared (read only) by the engine's
+// requests of one epoch, and the producer keeps only the request's state,
+// not the event: each live request costs the heap as little as it can.
+func Props(deps *Deps, added *messages.Event, parent context.Context) *actor.Props {
+	state := sched.NewRequest(deps.Layout, added)
 	return actor.PropsFromProducer(func() actor.Actor {
-		a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, &added), jobs: map[sched.JobID]*job{}}
+		a := &Actor{deps: deps, state: state}
 		a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
 		if a.span.IsRecording() { // attributes cost allocations even for a no-op span
-			a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(added.Request))
+			a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(state.ID()))
 		}
 		return a
 	}, actor.WithDispatcher(dispatcher))
@@ -332,6 +335,9 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
 			tracing.AttrBytes.Int64(bytes))
+	}
+	if a.jobs == nil { // most requests never store: no map until one does
+		a.jobs = map[sched.JobID]*job{}
 	}
 	a.jobs[sj.ID] = &job{store: sj, bytes: bytes, span: span, ctx: ctx}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,

@@ -84,7 +84,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
 	rig := newHeldRig(t, nc, 16)
 	system, deps, seen := rig.system, rig.deps, rig.seen
-	pid := system.Root.Spawn(request.Props(deps, messages.Event{Type: messages.EvAdded, Request: "r",
+	pid := system.Root.Spawn(request.Props(&deps, &messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
 	send := func(evs ...messages.Event) {
 		for i := range evs {
