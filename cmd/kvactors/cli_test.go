@@ -143,6 +143,14 @@ func TestBusyNATSPort(t *testing.T) {
 // startServe starts a serve command, waits for its "kvactors serving" line
 // and returns it with a stop function (SIGTERM, then the exit status).
 // Stderr goes to the test's unless the command already has one.
+// servingURL is the NATS URL in serve's "kvactors serving" line.
+func servingURL(t *testing.T, serving string) string {
+	t.Helper()
+	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
+	require.Len(t, m, 2, serving)
+	return m[1]
+}
+
 func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
 	t.Helper()
 	stdout, err := cmd.StdoutPipe()
@@ -353,9 +361,7 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	serving, _ := startServe(t, cmd)
-	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
-	require.Len(t, m, 2, serving)
-	nc, err := nats.Connect(m[1])
+	nc, err := nats.Connect(servingURL(t, serving))
 	require.NoError(t, err)
 	defer nc.Close()
 	seg, err := shm.Create(dir, "cli-kv", 512*256)
@@ -401,7 +407,7 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	// Either releases were never published (undelivered) or published but
 	// not confirmed by NATS before the deadline (unconfirmed): which one
 	// depends on how far the actors got in 1ns; the sum is never 0.
-	m = regexp.MustCompile(`undelivered_releases=([0-9]+) unconfirmed_releases=([0-9]+)`).FindStringSubmatch(stderr.String())
+	m := regexp.MustCompile(`undelivered_releases=([0-9]+) unconfirmed_releases=([0-9]+)`).FindStringSubmatch(stderr.String())
 	require.Len(t, m, 3, stderr.String())
 	var undelivered, unconfirmed int
 	_, err = fmt.Sscan(m[1], &undelivered)

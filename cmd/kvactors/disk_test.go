@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/hex"
 	"encoding/json"
@@ -10,8 +9,6 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"regexp"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -58,29 +55,8 @@ func TestServeDiskTierSurvivesKill9(t *testing.T) {
 	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir,
 		"--pool-bytes", "16K", "--disk-dir", diskDir, "--disk-bytes", "64M", "--log-level", "error")
 	cmd.Env = os.Environ()
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "kvactors serving") {
-				line <- s.Text()
-			}
-		}
-	}()
-	var serving string
-	select {
-	case serving = <-line:
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not print its URL")
-	}
-	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
-	require.Len(t, m, 2, serving)
-	nc, err := nats.Connect(m[1])
+	serving, _ := startServe(t, cmd)
+	nc, err := nats.Connect(servingURL(t, serving))
 	require.NoError(t, err)
 	defer nc.Close()
 	reply, err := nc.Request("kvactors.cli.register", specBody, 5*time.Second)

@@ -1,13 +1,10 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -39,27 +36,8 @@ func TestNATSConfigAndServeWithIt(t *testing.T) {
 	cmd := exec.Command(binary, "serve", "--nats-port", "-1", "--http", "off", "--shm-dir", dir, "--pool-bytes", "1M",
 		"--log-level", "warn", "--nats-config", filepath.Join(out, "nats-server.conf"),
 		"--nats-nkey", filepath.Join(out, "_kvactors.nk"))
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
-	line := make(chan string, 1)
-	go func() {
-		s := bufio.NewScanner(stdout)
-		for s.Scan() {
-			if strings.HasPrefix(s.Text(), "kvactors serving") {
-				line <- s.Text()
-			}
-		}
-	}()
-	var serving string
-	select {
-	case serving = <-line:
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not print its URL")
-	}
-	url := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)[1]
+	serving, _ := startServe(t, cmd)
+	url := servingURL(t, serving)
 
 	_, err = nats.Connect(url)
 	require.ErrorIs(t, err, nats.ErrAuthorization, "no anonymous clients")
@@ -110,7 +88,7 @@ func TestNodesUnderGeneratedConfig(t *testing.T) {
 		"--log-level", "warn", "--nats-config", filepath.Join(out, "nats-server.conf"),
 		"--nats-nkey", filepath.Join(out, "_kvactors.nk"), "--cluster", "--node-id", "gpu-7", "--lease", "2s")
 	serving, _ := startServe(t, cmd)
-	url := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)[1]
+	url := servingURL(t, serving)
 
 	nodes := exec.Command(binary, "nodes", "--nats", url, "--nats-nkey", filepath.Join(out, "_kvactors.nk"), "--wait", "1500ms")
 	listing, err := nodes.CombinedOutput()
