@@ -21,7 +21,6 @@ import (
 	"github.com/kvactors/kvactors/cluster/holders"
 	"github.com/kvactors/kvactors/cluster/ownership"
 	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
@@ -38,7 +37,6 @@ type clusterNode struct {
 	fetcher *cluster.Fetcher
 	subs    []*nats.Subscription
 	keys    *heldKeys
-	nsOf    sync.Map // engine id → namespace, set at register
 	recent  recentChunksCache
 }
 
@@ -116,17 +114,6 @@ func (n *Node) closeCluster(ctx context.Context) {
 	}
 }
 
-// engineNamespace is the name of engine's namespace: its spec's, else its
-// id (ingest.Namespace).
-func (n *Node) engineNamespace(engine string) string {
-	if n.cl != nil {
-		if ns, ok := n.cl.nsOf.Load(engine); ok {
-			return ns.(string)
-		}
-	}
-	return engine
-}
-
 // serving is the ownership gate for every engine message but register:
 // only the owner, within its lease, answers or applies it; every other node
 // stays silent and counts it.
@@ -168,7 +155,6 @@ func (n *Node) claimRegister(ctx context.Context, id string, spec messages.Engin
 		n.log.Debug("cluster: register left to another node", "engine", id, "owner", d.Owner, "reason", d.Reason)
 		return false
 	}
-	c.nsOf.Store(id, ingest.Namespace(id, &spec))
 	return true
 }
 
@@ -274,7 +260,6 @@ func (n *Node) releaseClaim(id string) {
 	if n.cl == nil {
 		return
 	}
-	n.cl.nsOf.Delete(id)
 	ctx, cancel := context.WithTimeout(context.Background(), n.cfg.Lease)
 	defer cancel()
 	if err := n.cl.owners.Release(ctx, id); err != nil && !errors.Is(err, cluster.ErrNotMine) {

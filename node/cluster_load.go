@@ -22,11 +22,11 @@ func (n *Node) heldElsewhere(ns string, k messages.Key) bool {
 // remoteKeys are the keys of a load that this node's store cannot load
 // (not in host memory or on disk) and another node holds (in the engine's
 // namespace), deduplicated.
-func (n *Node) remoteKeys(engine string, keys []messages.Key) []messages.Key {
+func (n *Node) remoteKeys(rec *engineRec, keys []messages.Key) []messages.Key {
 	if n.cl == nil {
 		return nil
 	}
-	ns := n.engineNamespace(engine)
+	ns := rec.namespace()
 	var out []messages.Key
 	seen := map[messages.Key]bool{}
 	for _, k := range keys {
@@ -52,7 +52,7 @@ const fetchParallel = 4
 // many chunks it fetched; any failure fails the load with the error naming
 // the key, frees that key's room, and no byte of it is ever loadable.
 func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
-	ns := n.engineNamespace(rec.id)
+	ns := rec.namespace()
 	sizes := make([]int64, len(keys))
 	for i, k := range keys {
 		_, _, g := sched.SplitKey(k)

@@ -478,3 +478,49 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 	require.Equal(t, 2, r.RemoteChunks)
 	require.Equal(t, want, append(bytes.Clone(b.block(0, 3)), b.block(0, 4)...))
 }
+
+// Isolation across a refused re-register: an engine that re-registers
+// naming another tenant's namespace with a spec the node refuses (its
+// geometry differs from that namespace's) keeps its own namespace. Its
+// lookups never count, and its loads never fetch, the other namespace's
+// chunks held on another node.
+func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.nodes[0].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = "n0", "m"
+	c := kc.nodes[2].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = "n2", "own"
+	a.register()
+	c.register()
+	hs := []string{hash("iso", 0), hash("iso", 1)}
+	a.fill(0, 40, 9)
+	a.fill(0, 41, 9)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A in namespace m")
+	// A third engine of namespace m on C's node sees the prefix: the holders
+	// index has it, so the check below is not vacuous.
+	probe := kc.nodes[2].newEngine("ep", defaultOpts())
+	probe.spec.Node, probe.spec.Namespace = "n2", "m"
+	probe.register()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := probe.lookup(hs); got != 8 {
+			return fmt.Errorf("a namespace-m engine on n2 counts %d tokens", got)
+		}
+		return nil
+	})
+
+	bad := c.spec
+	bad.Namespace = "m"
+	bad.Groups = append([]messages.GroupSpec(nil), c.spec.Groups...)
+	bad.Groups[0].Regions = []messages.Region{{BlockStride: 128, BlockBytes: 128}} // m's blocks are 256 bytes
+	reply := c.request("register", bad)
+	require.Contains(t, string(reply), `"error"`, "a spec whose geometry differs from namespace m's is refused")
+	require.NotContains(t, string(reply), `"ok":true`)
+	t.Logf("refused: %s", reply)
+	require.Zero(t, c.lookup(hs), "ec still counts in its own namespace only")
+	before := append([]byte(nil), c.block(0, 2)...)
+	r := c.loadInto("rc", hs, 8, []int{2, 3})
+	require.False(t, r.OK, "ec cannot load namespace m's chunks")
+	require.Zero(t, r.RemoteChunks)
+	require.Equal(t, before, c.block(0, 2), "no byte of m's chunks reached ec's blocks")
+}

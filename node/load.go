@@ -40,7 +40,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
-	ns := n.engineNamespace(engineID)
+	ns := rec.namespace()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		return n.store.Ready(k) || n.heldElsewhere(ns, k)
 	})
@@ -85,7 +85,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	for i := range chunks {
 		keys[i] = chunks[i].Key
 	}
-	if remote := n.remoteKeys(engineID, keys); len(remote) > 0 {
+	if remote := n.remoteKeys(rec, keys); len(remote) > 0 {
 		// Fetching takes round trips: off the ingest worker, holding the
 		// device open as a load does.
 		rec.loads.Add(1)

@@ -32,6 +32,11 @@ type engineRec struct {
 	loads  sync.WaitGroup // loads copying into the device
 }
 
+// namespace is the engine's namespace as its registered spec names it (the
+// engine id when it names none): the spec the node serves, never one it
+// refused.
+func (r *engineRec) namespace() string { return ingest.Namespace(r.id, &r.spec) }
+
 // ErrRegister wraps every reason a registration is refused.
 var ErrRegister = errors.New("register refused")
 
