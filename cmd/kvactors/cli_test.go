@@ -143,14 +143,6 @@ func TestBusyNATSPort(t *testing.T) {
 // startServe starts a serve command, waits for its "kvactors serving" line
 // and returns it with a stop function (SIGTERM, then the exit status).
 // Stderr goes to the test's unless the command already has one.
-// servingURL is the NATS URL in serve's "kvactors serving" line.
-func servingURL(t *testing.T, serving string) string {
-	t.Helper()
-	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
-	require.Len(t, m, 2, serving)
-	return m[1]
-}
-
 func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
 	t.Helper()
 	stdout, err := cmd.StdoutPipe()
@@ -191,6 +183,14 @@ func startServe(t *testing.T, cmd *exec.Cmd) (string, func() int) {
 			return -1
 		}
 	}
+}
+
+// servingURL is the NATS URL in serve's "kvactors serving" line.
+func servingURL(t *testing.T, serving string) string {
+	t.Helper()
+	m := regexp.MustCompile(`nats (nats://\S+),`).FindStringSubmatch(serving)
+	require.Len(t, m, 2, serving)
+	return m[1]
 }
 
 // docs/CONFIG.md's table is what `kvactors flags` prints (the
