@@ -131,7 +131,7 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 			}
 			return d, nil
 		}
-		err = o.claim(ctx, engine, d.Revision)
+		err = o.claim(ctx, engine, d.Revision, false)
 		if err == nil {
 			return ownership.Decision{Action: ownership.Serve, Owner: o.me.Node, Reason: d.Reason}, nil
 		}
@@ -217,7 +217,11 @@ func (o *Owners) forget(engine string, e *ownership.Entry) {
 //     so the claim carries on from that revision.
 //
 // Anything else, or the same after maxClaimAttempts, is ErrFenced.
-func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
+//
+// renew (a keep-alive) races Release: a claim released meanwhile is not
+// brought back (its fresh record is deleted again) nor reported fenced; it
+// is ErrNotMine.
+func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew bool) error {
 	var err error
 	for attempt := 1; ; attempt++ {
 		sent := time.Now() // before the write: the servers' lease starts later
@@ -230,8 +234,15 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
 		}
 		if err == nil {
 			o.mu.Lock()
-			o.mine[engine] = held{rev: nrev, renewed: sent}
+			_, still := o.mine[engine]
+			if still || !renew {
+				o.mine[engine] = held{rev: nrev, renewed: sent}
+			}
 			o.mu.Unlock()
+			if !still && renew {
+				_ = o.kv.Delete(ctx, engine, jetstream.LastRevision(nrev)) // best effort: the lease ends it anyway
+				return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
+			}
 			return nil
 		}
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
@@ -255,8 +266,12 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64) error {
 		rev = e.Revision // this process's own write, whose reply was lost
 	}
 	o.mu.Lock()
+	_, still := o.mine[engine]
 	delete(o.mine, engine)
 	o.mu.Unlock()
+	if renew && !still {
+		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
+	}
 	o.metrics.Fenced.Inc()
 	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
 }
@@ -291,7 +306,7 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: %s", ErrNotMine, engine)
 	}
-	if err := o.claim(ctx, engine, h.rev); err != nil {
+	if err := o.claim(ctx, engine, h.rev, true); err != nil {
 		return 0, err
 	}
 	return o.Revision(engine), nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/cluster/ownership"
@@ -260,4 +261,43 @@ func TestKeepAliveAdoptsItsOwnLostWriteButNotAnothers(t *testing.T) {
 	_, err = a.KeepAlive(ctx, "e1")
 	require.ErrorIs(t, err, ErrFenced)
 	require.False(t, a.Serving("e1", time.Now()))
+}
+
+// A keep-alive racing a release (unregister while the keep-alive loop runs)
+// never brings the claim back nor reports it fenced: whichever write lands
+// first, the engine ends unowned by this node, with no record left naming it.
+func TestKeepAliveRacingReleaseLeavesTheEngineReleased(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	ctx := ctxT(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctx, "kvactors_owners")
+	require.NoError(t, err)
+	for i := range 40 {
+		engine := fmt.Sprintf("e%d", i)
+		_, err := a.Resolve(ctx, engine, Request{Register: true, Local: true})
+		require.NoError(t, err)
+		require.Contains(t, a.Mine(), engine)
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var kaErr error
+		wg.Go(func() { <-start; _, kaErr = a.KeepAlive(ctx, engine) })
+		wg.Go(func() { <-start; _ = a.Release(ctx, engine) })
+		close(start)
+		wg.Wait()
+		require.False(t, errors.Is(kaErr, ErrFenced), "round %d: a released engine is not fenced: %v", i, kaErr)
+		require.NotContains(t, a.Mine(), engine, "round %d: the release stands", i)
+		e, err := kv.Get(ctx, engine)
+		if err == nil {
+			rec, derr := ownership.DecodeRecord(e.Value())
+			require.NoError(t, derr)
+			require.NotEqual(t, "gpu-0", rec.Identity.Node, "round %d: a record still names the releasing node", i)
+		} else {
+			require.True(t, errors.Is(err, jetstream.ErrKeyDeleted) || errors.Is(err, jetstream.ErrKeyNotFound),
+				"round %d: %v", i, err)
+		}
+	}
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced), "no release was counted as a fence")
 }
