@@ -84,7 +84,12 @@ func (f *Feed) Close() {
 	for _, s := range f.subs {
 		_ = s.Unsubscribe()
 	}
+	// Under mu: a heartbeat handler still running either saw the feed open
+	// and added its catch-up to wg already, or sees it closed and starts none
+	// (a wg.Add racing Wait at zero is a misuse of WaitGroup).
+	f.mu.Lock()
 	f.cancel()
+	f.mu.Unlock()
 	f.wg.Wait()
 }
 
@@ -128,14 +133,14 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	if err == nil && need {
 		f.pending[hb.Node] = true
 	}
-	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node]
+	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node] && f.ctx.Err() == nil
 	if start {
 		delete(f.pending, hb.Node)
 		f.catching[hb.Node] = true
+		f.wg.Add(1)
 	}
 	f.mu.Unlock()
 	if start {
-		f.wg.Add(1)
 		go f.catchUp(hb.Node, hb.Boot)
 	}
 }

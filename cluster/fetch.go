@@ -114,6 +114,9 @@ func fetchPiece(maxPayload int64, body []byte, src ChunkSource, h nats.Header) (
 		return nil, fmt.Errorf("%w: offset %d past size %d", ErrFetchInput, req.Offset, size)
 	}
 	n := min(req.Max, maxPayload-headerRoom, size-req.Offset)
+	if n < 1 && req.Offset < size { // a server whose max_payload leaves no room past the headers
+		return nil, fmt.Errorf("%w: max_payload %d leaves no room for a piece", ErrFetchInput, maxPayload)
+	}
 	h.Set(HeaderSize, strconv.FormatInt(size, 10))
 	h.Set(HeaderCRC, fmt.Sprintf("%08x", crc))
 	h.Set(HeaderOffset, strconv.FormatInt(req.Offset, 10))

@@ -68,3 +68,15 @@ func FuzzKeysPage(f *testing.F) {
 		require.LessOrEqual(t, size, budget)
 	})
 }
+
+// A max_payload too small for a piece is refused, not a panic in the
+// NATS handler.
+func TestFetchPieceWithTinyMaxPayload(t *testing.T) {
+	src := newMemSource()
+	src.put("m", "k", randomBytes(1, 4096))
+	for _, mp := range []int64{0, 512, headerRoom} {
+		piece, err := fetchPiece(mp, []byte(`{"namespace":"m","key":"6b","offset":0,"max":1048576}`), src, nats.Header{})
+		require.ErrorIs(t, err, ErrFetchInput, "max_payload %d", mp)
+		require.Nil(t, piece)
+	}
+}
