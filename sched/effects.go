@@ -49,7 +49,7 @@ var retryNames = [...]string{RetryPoolFull: "pool_full", RetryCopyFailed: "copy_
 
 // String is the metric label and span attribute value.
 func (r RetryReason) String() string {
-	if r == RetryCopyFailed || r == RetryPending {
+	if int(r) < len(retryNames) && retryNames[r] != "" {
 		return retryNames[r]
 	}
 	return retryNames[RetryPoolFull]

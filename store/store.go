@@ -113,6 +113,13 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 func (e *Engine) spill(victims []hostpool.Victim) {
 	b := e.s.arena.Bytes()
 	for _, v := range victims {
+		dk, ok := e.s.toDisk(v.Key)
+		if !ok {
+			continue
+		}
+		if _, _, on := e.s.disk.Has(dk); on {
+			continue // back from disk and evicted again: no copy for Spill to throw away
+		}
 		var n int64
 		for _, x := range v.Extents {
 			n += x.Len
@@ -121,9 +128,7 @@ func (e *Engine) spill(victims []hostpool.Victim) {
 		for _, x := range v.Extents {
 			data = append(data, b[x.Off:x.Off+x.Len]...)
 		}
-		if dk, ok := e.s.toDisk(v.Key); ok {
-			e.s.disk.Spill(e.id, dk, v.Sum, data)
-		}
+		e.s.disk.Spill(e.id, dk, v.Sum, data)
 	}
 }
 
@@ -247,8 +252,7 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 	}
 	sums := make([]uint32, len(at))
 	if j, err := e.s.disk.ReadMany(e.id, dks, dst, sums); err != nil {
-		e.s.pool.CompleteStore(keys, nil) // frees every key still pending
-		e.s.pool.CompleteLoad(keys)
+		e.complete(backend.HostToDevice, keys, nil) // frees every key still pending, unpins the rest
 		if errors.Is(err, disk.ErrCorrupt) {
 			e.s.metrics.Corrupt.Inc()
 		}
@@ -321,6 +325,9 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 // mismatch the load is unpinned and the chunk dropped.
 func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
 	for i := lo; i < hi; i++ {
+		if loc.States[i] == hostpool.Pending {
+			continue // read back from disk by fetch, which checked these very arena bytes
+		}
 		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
 			e.s.pool.CompleteLoad(keys)
 			e.s.pool.Drop(keys[i])
