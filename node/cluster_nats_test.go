@@ -29,8 +29,23 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 		}))
 	}
 	kc.waitSeen()
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
+	// The engine's owner is the node on the server that leads the ownership
+	// bucket's stream: stopping that server is the case the claim must ride
+	// out (a clean stop hands the leadership over), not a follower's.
+	o := -1
+	testkit.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for i := range 3 {
+			if kc.nats.Server(i).JetStreamIsStreamLeader("$G", "KV_kvactors_owners") {
+				o = i
+				return nil
+			}
+		}
+		return fmt.Errorf("no leader of the ownership bucket yet")
+	})
+	q := (o + 1) % 3 // a node on a server that stays
+	owner, other := fmt.Sprintf("n%d", o), fmt.Sprintf("n%d", q)
+	a := kc.nodes[o].newEngine("ea", defaultOpts())
+	a.spec.Node, a.spec.Namespace = owner, "m"
 	a.register()
 	hs := []string{hash("s", 0), hash("s", 1)}
 	a.fill(0, 30, 5)
@@ -40,21 +55,22 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 	a.send(added("r2", 8), hashesEv("r2", 0, hash("t", 0), hash("t", 1)), blocksEv("r2", 0, 0, 32, 33), tokensEv("r2", 8, 8))
 	recv(t, a.stored, "r2 stored before the stop")
 
-	kc.nats.Stop(0)
+	require.True(t, kc.nats.Server(o).JetStreamIsStreamLeader("$G", "KV_kvactors_owners"), "the stopped server leads the bucket")
+	kc.nats.Stop(o)
 	stopped := time.Now()
 	testkit.Eventually(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if kc.nodes[0].counter("kvactors_nats_events_total", "reconnect") < 1 {
-			return fmt.Errorf("node n0 has not reconnected")
+		if kc.nodes[o].counter("kvactors_nats_events_total", "reconnect") < 1 {
+			return fmt.Errorf("node %s has not reconnected", owner)
 		}
-		if err := kc.nodes[0].node.Ready(); err != nil {
-			return fmt.Errorf("node n0: %w", err)
+		if err := kc.nodes[o].node.Ready(); err != nil {
+			return fmt.Errorf("node %s: %w", owner, err)
 		}
 		if !a.e.nc.IsConnected() || a.e.nc.Stats().Reconnects < 1 {
 			return fmt.Errorf("engine not reconnected")
 		}
 		return nil
 	})
-	t.Logf("node n0 reconnected %v after its server stopped", time.Since(stopped))
+	t.Logf("node %s reconnected %v after its server stopped", owner, time.Since(stopped))
 	// n0 resyncs its engine after the reconnect; the engine starts a new
 	// epoch and re-announces its live request.
 	var rs messages.Resync
@@ -67,8 +83,8 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 			return fmt.Errorf("no resync yet")
 		}
 	})
-	require.Equal(t, "n0", rs.Node, "the same node, still the owner")
-	require.Equal(t, kc.nodes[0].node.Boot(), rs.Boot)
+	require.Equal(t, owner, rs.Node, "the same node, still the owner")
+	require.Equal(t, kc.nodes[o].node.Boot(), rs.Boot)
 	// The claim survived: n0 still answers the engine's heartbeats (which
 	// keep its engine lease) one and a half ownership leases after the stop,
 	// so it renewed its claim after the stop (it serves only within a lease
@@ -78,14 +94,14 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 		if err := jsonUnmarshal(a.request("heartbeat", messages.HeartbeatRequest{Epoch: a.epoch, Seq: a.seq}), &hb); err != nil {
 			return err
 		}
-		require.Equal(t, "n0", hb.Node)
+		require.Equal(t, owner, hb.Node)
 		if d := time.Since(stopped); d < clusterLease+clusterLease/2 {
 			return fmt.Errorf("only %v since the stop", d)
 		}
 		return nil
 	})
-	require.Equal(t, []string{"ea"}, kc.nodes[0].node.Engines(), "n0 kept its engine")
-	require.Zero(t, kc.nodes[0].counter("kvactors_cluster_ownership_fenced_total", ""), "no keep-alive lost its claim")
+	require.Equal(t, []string{"ea"}, kc.nodes[o].node.Engines(), "the owner kept its engine")
+	require.Zero(t, kc.nodes[o].counter("kvactors_cluster_ownership_fenced_total", ""), "no keep-alive lost its claim")
 	a.epoch, a.seq = "ep2", 0
 	a.send(added("r2", 8), hashesEv("r2", 0, hash("t", 0), hash("t", 1)), blocksEv("r2", 0, 0, 32, 33), tokensEv("r2", 8, 8))
 	a.send(finishedEv("r2", false, 8, 8))
@@ -101,12 +117,12 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 
 	// An engine registered after the stop (the bucket lost a replica) is
 	// claimed, and the prefix stored before the stop loads through n2.
-	c := kc.nodes[2].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = "n2", "m"
+	c := kc.nodes[q].newEngine("ec", defaultOpts())
+	c.spec.Node, c.spec.Namespace = other, "m"
 	c.register()
 	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
 		if got := c.lookup(hs); got != 8 {
-			return fmt.Errorf("n2 counts %d tokens", got)
+			return fmt.Errorf("%s counts %d tokens", other, got)
 		}
 		return nil
 	})

@@ -168,8 +168,11 @@ func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 	tb2.register() // tb now gets the namespace id ta had in the first boot
 	ta2.register()
 	require.Equal(t, 0, tb2.lookup(prefix), "after the restart too")
+	before := append(bytes.Clone(tb2.block(0, 10)), tb2.block(0, 11)...)
 	r := tb2.loadInto("steal", prefix, 8, []int{10, 11})
 	require.False(t, r.OK, "tb cannot load ta's chunks")
+	require.Contains(t, r.Error, "not ready", "a miss, not a failure partway through a copy")
+	require.Equal(t, before, append(bytes.Clone(tb2.block(0, 10)), tb2.block(0, 11)...), "no byte of ta's reached tb's blocks")
 	require.Equal(t, 8, ta2.lookup(prefix), "ta finds its chunks on disk")
 	r = ta2.loadInto("back", prefix, 8, []int{10, 11})
 	require.True(t, r.OK, r.Error)

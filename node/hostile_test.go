@@ -153,10 +153,12 @@ func TestHostilePoisonAfterEviction(t *testing.T) {
 	for _, h := range hs {
 		require.True(t, removed[h], "victim's key %s removed", h)
 	}
-	mal.sync()
+	mal.sync() // the status reply follows every kv_events the node published before it
+	seen := 0
 	for drained := false; !drained; {
 		select {
 		case b := <-mal.kv:
+			seen++
 			for _, ev := range b.Events {
 				require.Equal(t, "mal", ev.Namespace, "the attacker's kv_events carry only its own namespace")
 				for _, h := range ev.BlockHashes {
@@ -167,6 +169,7 @@ func TestHostilePoisonAfterEviction(t *testing.T) {
 			drained = true
 		}
 	}
+	require.Positive(t, seen, "the attacker's own BlockStored were drained: the check above saw its kv_events")
 	// The poison: the attacker's bytes under the victim's hashes.
 	for i := range 4 {
 		mal.fill(0, messages.BlockID(20+i), 99)
