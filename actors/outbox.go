@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -32,6 +33,7 @@ type Outbox struct {
 	releases atomic.Int64 // releases published
 
 	stamp *KVStamp
+	kvHdr nats.Header // node and boot of the stamp (nil without one)
 }
 
 // KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
@@ -45,14 +47,14 @@ type KVStamp struct {
 
 // SetKVStamp stamps every later kv_events batch; call it before anything is
 // published.
-func (o *Outbox) SetKVStamp(s *KVStamp) { o.stamp = s }
-
-func (o *Outbox) kvHeader() nats.Header {
-	if o.stamp == nil {
-		return nil
-	}
-	return nats.Header{messages.HeaderNode: []string{o.stamp.Node}, messages.HeaderBoot: []string{o.stamp.Boot}}
+func (o *Outbox) SetKVStamp(s *KVStamp) {
+	o.stamp = s
+	o.kvHdr = nats.Header{messages.HeaderNode: []string{s.Node}, messages.HeaderBoot: []string{s.Boot}}
 }
+
+// kvHeader is the stamp's header, built once; sendLocked clones it before
+// adding a trace context, so the shared map is never written.
+func (o *Outbox) kvHeader() nats.Header { return o.kvHdr }
 
 // NewOutbox publishes on nc under prefix.
 func NewOutbox(nc *nats.Conn, prefix string, log *slog.Logger) *Outbox {
@@ -191,6 +193,8 @@ func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte, h 
 	if trace.SpanContextFromContext(ctx).IsValid() {
 		if msg.Header == nil {
 			msg.Header = nats.Header{}
+		} else {
+			msg.Header = maps.Clone(msg.Header) // callers' headers may be shared (kvHeader)
 		}
 		tracing.Inject(ctx, msg.Header)
 	}

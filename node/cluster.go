@@ -338,8 +338,13 @@ func (h *heldKeys) observe(_ string, events []messages.KVEvent) {
 		if ev.Medium != "" && ev.Medium != messages.MediumCPU {
 			continue // the disk tier's: fetches are served from host memory only
 		}
+		var buf [64]byte // the default longest hash, decoded without an allocation
 		for _, hx := range ev.BlockHashes {
-			raw, err := hex.DecodeString(hx)
+			raw := buf[:0]
+			if len(hx) > 2*len(buf) {
+				raw = make([]byte, 0, len(hx)/2) // a node configured for longer hashes
+			}
+			raw, err := hex.AppendDecode(raw, []byte(hx))
 			if err != nil {
 				continue // our own encoding: cannot happen
 			}
