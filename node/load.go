@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -172,42 +171,18 @@ func (n *Node) announce(ctx context.Context, engineID, typ, medium string, keys 
 	if rec := n.engine(engineID); rec != nil {
 		own, known = rec.layout.Namespace, true
 	}
-	type nsGroup struct {
-		ns sched.NamespaceID
-		g  int
-	}
-	var kv []messages.KVEvent
-	var nss []sched.NamespaceID // nss[i] is kv[i]'s namespace
-	at := map[nsGroup]int{}
-	for _, k := range keys {
-		ns, hash, g := sched.SplitKey(k)
-		i, ok := at[nsGroup{ns, g}]
-		if !ok {
-			i = len(kv)
-			at[nsGroup{ns, g}] = i
-			kv = append(kv, messages.KVEvent{Type: typ, GroupIdx: g, Medium: medium})
-			nss = append(nss, ns)
-		}
-		kv[i].BlockHashes = append(kv[i].BlockHashes, hex.EncodeToString([]byte(hash)))
-	}
-	for len(kv) > 0 { // one batch per announcing engine
-		name, engine := n.namespaceOf(nss[0])
-		if known && nss[0] == own {
+	var ke actors.KeyEvents
+	ke.Group(keys, typ, medium, func(ns sched.NamespaceID, batch []messages.KVEvent) {
+		name, engine := n.namespaceOf(ns)
+		if known && ns == own {
 			engine = engineID
 		}
-		var batch, rest []messages.KVEvent
-		var restNS []sched.NamespaceID
-		for i := range kv {
-			if nss[i] == nss[0] {
-				kv[i].Namespace = name
-				batch = append(batch, kv[i])
-			} else {
-				rest, restNS = append(rest, kv[i]), append(restNS, nss[i])
-			}
+		if engine == "" {
+			return
 		}
-		if engine != "" {
-			n.outbox.KVEvents(ctx, engine, batch)
+		for i := range batch {
+			batch[i].Namespace = name
 		}
-		kv, nss = rest, restNS
-	}
+		n.outbox.KVEvents(ctx, engine, batch)
+	})
 }

@@ -79,9 +79,7 @@ type Actor struct {
 	// decideAfterJobs: a completion of this batch calls for a decision
 	// after the owner's last one (JobDone.More).
 	decideAfterJobs bool
-	// scratch of evicted
-	evSets         []nsGroup
-	evSlot, evNext []int
+	evGroup         actors.KeyEvents // scratch of evicted
 }
 
 type job struct {
@@ -352,83 +350,20 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // namespace's block hashes.
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	// Every hash hexed into one string; then a counting sort by (namespace,
-	// group) in first-seen order, so each event's hashes are one sub-slice
-	// of one slice (a decision's keys rarely span more than two groups).
-	sets := a.evSets[:0]
-	slot := a.evSlot[:0]
-	n := 0
-	for _, k := range keys {
-		ns, hash, g := sched.SplitKey(k)
-		n += 2 * len(hash)
-		i := 0
-		for i < len(sets) && (sets[i].ns != ns || sets[i].g != g) {
-			i++
-		}
-		if i == len(sets) {
-			sets = append(sets, nsGroup{ns: ns, g: g})
-		}
-		sets[i].count++
-		slot = append(slot, i)
-	}
-	hx := make([]byte, 0, n)
-	for _, k := range keys {
-		_, hash, _ := sched.SplitKey(k)
-		hx = wire.AppendHex(hx, string(hash))
-	}
-	all := string(hx)
-	hashes := make([]string, len(keys))
-	next := a.evNext[:0] // next free position of each set in hashes
-	pos := 0
-	for _, s := range sets {
-		next = append(next, pos)
-		pos += s.count
-	}
-	off := 0
-	for i, k := range keys {
-		_, hash, _ := sched.SplitKey(k)
-		hashes[next[slot[i]]] = all[off : off+2*len(hash)]
-		next[slot[i]]++
-		off += 2 * len(hash)
-	}
-	kv := make([]messages.KVEvent, len(sets))
-	pos = 0
-	for i, s := range sets {
-		kv[i] = messages.KVEvent{Type: messages.KVBlockRemoved, GroupIdx: s.g, Medium: messages.MediumCPU,
-			BlockHashes: hashes[pos : pos+s.count : pos+s.count]}
-		pos += s.count
-	}
-	a.evSets, a.evSlot, a.evNext = sets[:0], slot[:0], next[:0]
-	// One batch per announcing engine, in first-seen order; the common case
-	// is one namespace, announced as is.
-	for len(kv) > 0 {
-		ns := sets[0].ns
+	a.evGroup.Group(keys, messages.KVBlockRemoved, messages.MediumCPU, func(ns sched.NamespaceID, batch []messages.KVEvent) {
 		name, engine := a.namespaceOf(ns)
-		batch := kv
-		if !sameNamespace(sets, ns) {
-			batch = nil
-			for i := range kv {
-				if sets[i].ns == ns {
-					batch = append(batch, kv[i])
-				}
-			}
+		if engine == "" {
+			return
 		}
 		for i := range batch {
 			batch[i].Namespace = name
 		}
-		if engine != "" && (a.deps.EvictionsAtOnce || !a.step.Add(a.ctx, engine, batch)) {
+		if a.deps.EvictionsAtOnce {
 			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
+			return
 		}
-		// Drop this namespace's sets; the rest keep their order.
-		k := 0
-		for i := range kv {
-			if sets[i].ns != ns {
-				kv[k], sets[k] = kv[i], sets[i]
-				k++
-			}
-		}
-		kv, sets = kv[:k], sets[:k]
-	}
+		a.announce(a.ctx, engine, batch)
+	})
 }
 
 // announce publishes kv_events for engine, through the running step when
@@ -437,23 +372,6 @@ func (a *Actor) announce(ctx context.Context, engine string, events []messages.K
 	if !a.step.Add(ctx, engine, events) {
 		a.deps.Outbox.KVEvents(ctx, engine, events)
 	}
-}
-
-// nsGroup is one BlockRemoved of an eviction batch: its namespace, group
-// and number of keys.
-type nsGroup struct {
-	ns    sched.NamespaceID
-	g     int
-	count int
-}
-
-func sameNamespace(sets []nsGroup, ns sched.NamespaceID) bool {
-	for _, s := range sets {
-		if s.ns != ns {
-			return false
-		}
-	}
-	return true
 }
 
 // namespaceOf is the name of namespace ns and the engine that announces its
