@@ -232,14 +232,27 @@ func (d *Disk) Where(key messages.Key) (path string, off int64, ok bool) {
 // was found at open). Its bytes stay in the segment until the segment goes.
 func (d *Disk) Drop(engine string, key messages.Key) {
 	d.mu.Lock()
-	it, ok := d.items[key]
-	var removed []*item
-	if ok {
-		d.unindex(it)
-		removed = append([]*item{it}, d.dropDead()...)
+	it := d.items[key]
+	d.mu.Unlock()
+	if it != nil {
+		d.dropItem(engine, it)
 	}
+}
+
+// dropItem drops record it if key still names it, and reports whether it
+// did: a read that found it bad must not drop a newer record of the key
+// (spilled again while the read ran).
+func (d *Disk) dropItem(engine string, it *item) bool {
+	d.mu.Lock()
+	if d.items[it.key] != it {
+		d.mu.Unlock()
+		return false
+	}
+	d.unindex(it)
+	removed := append([]*item{it}, d.dropDead()...)
 	d.mu.Unlock()
 	d.announce(removed, engine)
+	return true
 }
 
 // Keys lists the keys on disk, least recently used first.

@@ -304,3 +304,37 @@ func TestKill9DuringSpillThenRestart(t *testing.T) {
 			round, len(stored), len(listed), d.Stats().Discarded)
 	}
 }
+
+// A read that finds a record bad drops that record, not the key: if the key
+// was spilled again while the read ran, the newer record stays and the
+// reader is told the key it read is missing (its bytes were the old
+// record's), not corrupt.
+func TestBadReadDropsItsRecordNotANewerOne(t *testing.T) {
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	one, two := []byte(strings.Repeat("1", 512)), []byte(strings.Repeat("2", 512))
+	require.True(t, d.Spill("e", key(1), sum(one), one))
+	waitOnDisk(t, d, key(1))
+	d.mu.Lock()
+	old := d.items[key(1)]
+	d.mu.Unlock()
+	d.Drop("e", key(1))
+	require.True(t, d.Spill("e", key(1), sum(two), two)) // spilled again meanwhile
+	waitOnDisk(t, d, key(1))
+
+	err = d.check("e", key(1), old, sum(one)^1, nil) // the old record's read came back bad
+	require.ErrorIs(t, err, ErrMissing)
+	_, _, still := d.Has(key(1))
+	require.True(t, still, "the newer record stays")
+	got, err := readBack(t, d, key(1), 512)
+	require.NoError(t, err)
+	require.Equal(t, two, got)
+
+	d.mu.Lock()
+	cur := d.items[key(1)]
+	d.mu.Unlock()
+	require.ErrorIs(t, d.check("e", key(1), cur, sum(two)^1, nil), ErrCorrupt, "a bad read of the current record drops it")
+	_, _, still = d.Has(key(1))
+	require.False(t, still)
+}

@@ -53,14 +53,15 @@ func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, 
 // deleted while it was read) and the error says so.
 func (d *Disk) check(engine string, key messages.Key, it *item, sum uint32, err error) error {
 	if err != nil {
-		if _, _, still := d.Has(key); !still { // dropped, its segment deleted, while we read
+		if !d.dropItem(engine, it) { // dropped (its segment deleted) or replaced while we read
 			return fmt.Errorf("%w: key %x", ErrMissing, string(key))
 		}
-		d.Drop(engine, key)
 		return fmt.Errorf("%w: key %x: %v", ErrCorrupt, string(key), err)
 	}
 	if sum != it.sum {
-		d.Drop(engine, key)
+		if !d.dropItem(engine, it) { // replaced while we read: these bytes were the old record's
+			return fmt.Errorf("%w: key %x", ErrMissing, string(key))
+		}
 		return fmt.Errorf("%w: key %x: checksum %08x, stored %08x", ErrCorrupt, string(key), sum, it.sum)
 	}
 	d.hits.Add(1)
