@@ -57,7 +57,7 @@ func TestFloodOverCapacity(t *testing.T) {
 	require.NoError(t, err, "flooder register: %s", reg)
 	flood := exec.Command(flooderBin, "--nats", srv.ClientURL(), "--engine", "flood", "--shm-dir", dir,
 		"--register=false", "--bytes", fmt.Sprint(total))
-	var floodOut lockedBuffer
+	var floodOut testkit.SyncBuffer
 	flood.Stdout, flood.Stderr = &floodOut, &floodOut
 	require.NoError(t, node.cmd.Process.Signal(syscall.SIGSTOP))
 	require.NoError(t, flood.Start())

@@ -4,7 +4,6 @@ package chaos_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -58,28 +57,10 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// lockedBuffer collects a child's output.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // proc is one `kvactors serve` child process.
 type proc struct {
 	cmd  *exec.Cmd
-	out  *lockedBuffer
+	out  *testkit.SyncBuffer
 	done chan struct{}
 	err  error
 }
@@ -99,7 +80,7 @@ func serve(t *testing.T, args ...string) *proc {
 	if !has("--http") {
 		args = append(args, "--http", "off")
 	}
-	p := &proc{out: &lockedBuffer{}, done: make(chan struct{})}
+	p := &proc{out: &testkit.SyncBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(kvactorsBin, append([]string{"serve"}, args...)...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	require.NoError(t, p.cmd.Start())

@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -355,28 +354,10 @@ func TestHostileAnonymousJetStream(t *testing.T) {
 	require.True(t, errors.Is(err, nats.ErrJetStreamNotEnabled) || errors.Is(err, nats.ErrNoResponders), "got %v", err)
 }
 
-// lockedBuffer is an io.Writer safe for the node's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // Attack: a flood of rejected input, to fill the disk with log lines. Every
 // rejection is counted; only the first few per reason are logged.
 func TestHostileRejectionFloodLogsBounded(t *testing.T) {
-	var logs lockedBuffer
+	var logs testkit.SyncBuffer
 	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
