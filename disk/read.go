@@ -26,26 +26,9 @@ const maxIovecs = 1024
 // is dropped and reported as ErrCorrupt (Notify hears it as removed, for
 // engine if the chunk was found at open).
 func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
-	start := time.Now()
-	d.mu.Lock()
-	it, ok := d.items[key]
-	if ok {
-		d.lru.MoveToBack(it.elem)
-	}
-	d.mu.Unlock()
-	if !ok {
-		return 0, fmt.Errorf("%w: key %x", ErrMissing, string(key))
-	}
-	if want := extentBytes(dst); want != it.size {
-		return 0, fmt.Errorf("disk: key %x: %d bytes on disk, %d asked", string(key), it.size, want)
-	}
-	sum, err := readOne(it, dst)
-	if err = d.check(engine, key, it, sum, err); err != nil {
-		return 0, err
-	}
-	d.readBytes.Add(it.size)
-	d.readNanos.Add(int64(time.Since(start)))
-	return sum, nil
+	var sum [1]uint32
+	_, err := d.ReadMany(engine, []messages.Key{key}, [][][]byte{dst}, sum[:])
+	return sum[0], err
 }
 
 // check counts a hit if key's read went well and its bytes match the

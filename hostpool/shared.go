@@ -2,7 +2,6 @@ package hostpool
 
 import (
 	"fmt"
-	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -95,14 +94,15 @@ func (s *Shared) Locate(keys []messages.Key) (Located, error) {
 // absent here but that fetch finds (with their size) are given pending room
 // to be read back into, the others must be ready and are pinned and touched.
 // All-or-nothing: a pending or unfetchable key is ErrNotReady, no room is
-// ErrNoRoom, and then nothing changed. Fetched lists the keys given room;
-// complete them with CompleteStorePinned (or CompleteStore(keys, nil)).
+// ErrNoRoom, and then nothing changed. prep.Keys are the keys given room
+// (each once); complete them with CompleteStorePinned (or CompleteStore(keys,
+// nil)).
 func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
-	fetched []messages.Key, prep Prepared, err error) {
+	prep Prepared, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer func() { s.full.Store(s.pool.full()) }()
-	var here []messages.Key
+	var here, absent []messages.Key
 	var sizes []int64
 	for _, k := range keys {
 		switch st, _ := s.pool.Lookup(k); {
@@ -111,26 +111,24 @@ func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (
 			continue
 		case st == Absent:
 			if size, ok := fetch(k); ok {
-				if !slices.Contains(fetched, k) {
-					fetched, sizes = append(fetched, k), append(sizes, size)
-				}
+				absent, sizes = append(absent, k), append(sizes, size) // PrepareStore gives a repeat one room
 				continue
 			}
 		}
-		return nil, Prepared{}, &KeyError{Key: k, Err: ErrNotReady}
+		return Prepared{}, &KeyError{Key: k, Err: ErrNotReady}
 	}
 	// Pin what is here first: the room for the rest must not evict it.
 	if err := s.pool.PrepareLoad(here); err != nil {
-		return nil, Prepared{}, err
+		return Prepared{}, err
 	}
-	if len(fetched) > 0 {
-		if prep, err = s.pool.PrepareStore(fetched, sizes); err != nil {
+	if len(absent) > 0 {
+		if prep, err = s.pool.PrepareStore(absent, sizes); err != nil {
 			s.pool.CompleteLoad(here)
-			return nil, Prepared{}, err
+			return Prepared{}, err
 		}
 	}
 	s.pool.Touch(here)
-	return fetched, prep, nil
+	return prep, nil
 }
 
 // CompleteStorePinned completes fetched keys as ready, pinned (see

@@ -152,15 +152,16 @@ func TestSharedPrepareLoadFrom(t *testing.T) {
 
 	before := snap()
 	for _, keys := range [][]messages.Key{k("a", "p"), k("a", "zz"), k("d", "e", "a", "b")} {
-		_, _, err := s.PrepareLoadFrom(keys, onDisk)
+		_, err := s.PrepareLoadFrom(keys, onDisk)
 		require.Error(t, err, "%v", keys)
 		require.Equal(t, before, snap(), "%v: nothing changed", keys)
 	}
-	_, _, err = s.PrepareLoadFrom(k("d", "e", "a", "b"), onDisk)
+	_, err = s.PrepareLoadFrom(k("d", "e", "a", "b"), onDisk)
 	require.ErrorIs(t, err, ErrNoRoom, "a and b are pinned by the load, p is pending: no room for d and e")
 
-	fetched, prep, err := s.PrepareLoadFrom(k("b", "d", "d"), onDisk)
+	prep, err := s.PrepareLoadFrom(k("b", "d", "d"), onDisk)
 	require.NoError(t, err)
+	fetched := prep.Keys
 	require.Equal(t, k("d"), fetched, "fetched once")
 	require.Equal(t, k("a"), prep.Evicted, "the LRU key not in the load makes room")
 	st, _ := s.Lookup("d")

@@ -139,7 +139,7 @@ func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 	if e.s.disk == nil {
 		return nil, e.s.pool.PrepareLoad(keys)
 	}
-	_, prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
+	prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
 		dk, ok := e.s.toDisk(k)
 		if !ok {
 			return 0, false
