@@ -48,10 +48,7 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 	a.spec.Node, a.spec.Namespace = owner, "m"
 	a.register()
 	hs := []string{hash("s", 0), hash("s", 1)}
-	a.fill(0, 30, 5)
-	a.fill(0, 31, 5)
-	a.send(added("r1", 8), hashesEv("r1", 0, hs...), blocksEv("r1", 0, 0, 30, 31), tokensEv("r1", 8, 8))
-	recv(t, a.stored, "stored before the stop")
+	a.storePrefix("r1", hs, 30, 31, 5, "stored before the stop")
 	a.send(added("r2", 8), hashesEv("r2", 0, hash("t", 0), hash("t", 1)), blocksEv("r2", 0, 0, 32, 33), tokensEv("r2", 8, 8))
 	recv(t, a.stored, "r2 stored before the stop")
 

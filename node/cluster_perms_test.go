@@ -245,10 +245,7 @@ func TestClusterUnderGeneratedNATSPermissions(t *testing.T) {
 	// prefix, n1 loads it remotely, ef is answered by its owner; no node or
 	// well-behaved engine ever hit a permission error.
 	hs2 := []string{hash("q", 0), hash("q", 1)}
-	a.fill(0, 30, 8)
-	a.fill(0, 31, 8)
-	a.send(added("r2", 8), hashesEv("r2", 0, hs2...), blocksEv("r2", 0, 0, 30, 31), tokensEv("r2", 8, 8))
-	recv(t, a.stored, "second prefix stored through n0")
+	a.storePrefix("r2", hs2, 30, 31, 8, "second prefix stored through n0")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := b.lookup(hs2); got != 8 {
 			return fmt.Errorf("n1 counts %d tokens of the second prefix", got)

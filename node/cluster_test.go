@@ -43,6 +43,16 @@ func startCluster(t *testing.T, n int, mutate ...func(i int, c *node.Config)) *k
 	return kc
 }
 
+// storePrefix stores request req's two-chunk prefix hs (8 tokens) from
+// blocks b0 and b1, filled with generation gen, and waits for its stored.
+func (te *testEngine) storePrefix(req string, hs []string, b0, b1 messages.BlockID, gen byte, what string) {
+	te.e.t.Helper()
+	te.fill(0, b0, gen)
+	te.fill(0, b1, gen)
+	te.send(added(req, 8), hashesEv(req, 0, hs...), blocksEv(req, 0, 0, int(b0), int(b1)), tokensEv(req, 8, 8))
+	recv(te.e.t, te.stored, what)
+}
+
 // startNode starts node id on server s (its client connection there too).
 func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.Config)) *env {
 	t := kc.t
@@ -278,10 +288,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	a.register()
 	c.register()
 	hs := []string{hash("g", 0), hash("g", 1)}
-	a.fill(0, 40, 9)
-	a.fill(0, 41, 9)
-	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41), tokensEv("r", 8, 8))
-	recv(t, a.stored, "stored by A")
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := c.lookup(hs); got != 8 {
 			return fmt.Errorf("C counts %d tokens", got)
@@ -297,10 +304,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
 	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_failures_total", ""))
 	// The reserved slots were freed: C stores the prefix itself.
-	c.fill(0, 10, 3)
-	c.fill(0, 11, 3)
-	c.send(added("own", 8), hashesEv("own", 0, hs...), blocksEv("own", 0, 0, 10, 11), tokensEv("own", 8, 8))
-	recv(t, c.stored, "stored by C after the failed fetch")
+	c.storePrefix("own", hs, 10, 11, 3, "stored by C after the failed fetch")
 }
 
 // The fetch server serves a key only in the namespace it was announced in:
@@ -396,10 +400,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	a.register()
 	c.register()
 	hs := []string{hash("z", 0), hash("z", 1)}
-	a.fill(0, 1, 3)
-	a.fill(0, 2, 3)
-	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 1, 2), tokensEv("r", 8, 8))
-	recv(t, a.stored, "stored by A")
+	a.storePrefix("r", hs, 1, 2, 3, "stored by A")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := c.lookup(hs); got != 8 {
 			return fmt.Errorf("C counts %d tokens", got)
@@ -493,10 +494,7 @@ func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
 	a.register()
 	c.register()
 	hs := []string{hash("iso", 0), hash("iso", 1)}
-	a.fill(0, 40, 9)
-	a.fill(0, 41, 9)
-	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41), tokensEv("r", 8, 8))
-	recv(t, a.stored, "stored by A in namespace m")
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
 	// A third engine of namespace m on C's node sees the prefix: the holders
 	// index has it, so the check below is not vacuous.
 	probe := kc.nodes[2].newEngine("ep", defaultOpts())
