@@ -76,10 +76,12 @@ type Config struct {
 	// External adds the out-of-process run (issue 14): ServeBinary serve
 	// (default: this executable) as a child process, driven over NATS.
 	// ExternalProfile, when set, receives the child's CPU profile of that
-	// run (its /debug/pprof/profile).
+	// run (its /debug/pprof/profile); ExternalAllocs its allocation
+	// profile at the end of the store-heavy run (/debug/pprof/allocs).
 	External        bool
 	ServeBinary     string
 	ExternalProfile io.Writer
+	ExternalAllocs  io.Writer
 }
 
 // DefaultConfig is every setting's default at full size (the bench flags

@@ -118,7 +118,7 @@ func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) 
 	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
 		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
 		"--log-level", "error"}
-	if cfg.ExternalProfile != nil {
+	if cfg.ExternalProfile != nil || cfg.ExternalAllocs != nil {
 		args = append(args, "--pprof") // /debug/pprof is off by default
 	}
 	cmd := exec.Command(bin, args...)
@@ -363,6 +363,9 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	if err := prof.wait(); err != nil {
 		return nil, err
 	}
+	if err := fetchAllocs(cfg, c); err != nil {
+		return nil, err
+	}
 	res.Events, res.Batches, res.Finishes = m.events, m.batches, m.finishes
 	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = m.secs, m.nodeCPU, m.benchCPU
 	res.Requests = int(out.released.Load())
@@ -491,3 +494,23 @@ func startProfile(cfg Config, c *child) *profile {
 }
 
 func (p *profile) wait() error { return <-p.done }
+
+// fetchAllocs saves the child's /debug/pprof/allocs: every allocation
+// since it started, so mostly the store-heavy run just finished.
+func fetchAllocs(cfg Config, c *child) error {
+	if cfg.ExternalAllocs == nil {
+		return nil
+	}
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/allocs", c.httpAddr))
+	if err != nil {
+		return fmt.Errorf("child allocs profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("child allocs profile: %s", resp.Status)
+	}
+	if _, err := io.Copy(cfg.ExternalAllocs, resp.Body); err != nil {
+		return fmt.Errorf("child allocs profile: %w", err)
+	}
+	return nil
+}

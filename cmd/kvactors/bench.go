@@ -24,6 +24,7 @@ type benchOptions struct {
 	cpuprofile string
 	logLevel   string
 	extProfile string
+	extAllocs  string
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
@@ -40,6 +41,7 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&o.cfg.External, "external", false, "also run the store-heavy mix against kvactors serve started as a child process (alone unless --phases is given)")
 	fs.StringVar(&o.cfg.ServeBinary, "serve-binary", "", "kvactors binary the --external run starts (default: this one)")
 	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
+	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
 }
 
@@ -86,6 +88,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		}
 		defer f.Close()
 		o.cfg.ExternalProfile = f
+	}
+	if o.extAllocs != "" {
+		f, err := os.Create(o.extAllocs)
+		if err != nil {
+			fmt.Fprintln(stderr, "kvactors bench:", err)
+			return exitFailure
+		}
+		defer f.Close()
+		o.cfg.ExternalAllocs = f
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
