@@ -63,6 +63,7 @@ type Actor struct {
 	byPID    map[string]*entry // actor id → entry, live or draining
 	perEpoch map[string]int    // epoch → entries in byPID
 	reqDeps  *request.Deps     // the deps of the current epoch's requests (spawn)
+	spawner  *request.Spawner
 	retiring bool
 	expired  bool
 	// Scratch of one batch's routing: the requests in first-seen order
@@ -82,7 +83,7 @@ func Props(deps Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
-			perEpoch: map[string]int{}, reqIndex: map[string]int{}, seq: sched.NewSequencer(deps.Now(), deps.Lease)}
+			perEpoch: map[string]int{}, reqIndex: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)))
 }
 
@@ -291,7 +292,7 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if deps.Owed != nil {
 		deps.Owed.Add(1) // before the actor exists: a shutdown count never misses it
 	}
-	pid := c.Spawn(request.Props(deps, added, ctx))
+	pid := a.spawner.Spawn(c, deps, added, ctx)
 	e := &entry{id: added.Request, epoch: deps.Epoch, pid: pid}
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e

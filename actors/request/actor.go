@@ -3,6 +3,7 @@ package request
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -79,7 +80,6 @@ type Actor struct {
 	// decideAfterJobs: a completion of this batch calls for a decision
 	// after the owner's last one (JobDone.More).
 	decideAfterJobs bool
-	evGroup         actors.KeyEvents // scratch of evicted
 }
 
 type job struct {
@@ -89,28 +89,71 @@ type job struct {
 	ctx   context.Context
 }
 
-// dispatcher runs a request actor's mailbox on the goroutine that posted to
-// it when the mailbox is idle: the engine actor's turn for its events (one
-// engine step is one unit of work, with no goroutine hand-off per request)
-// and the transfer actor's turn for its JobDone. The mailbox still admits
-// one runner at a time, so the actor's state is touched by one goroutine at
-// once as before; a message posted while it runs waits in the queue.
-var dispatcher = actor.NewSynchronizedDispatcher(300)
-
-// Props builds a request actor from its added event; parent carries the
-// batch context that created it. deps is shared (read only) by the engine's
-// requests of one epoch, and the producer keeps only the request's state,
-// not the event: each live request costs the heap as little as it can.
+// Props builds one request actor from its added event; parent carries the
+// batch context that created it. deps is shared (read only) by the
+// engine's requests of one epoch. An engine spawning many requests uses a
+// Spawner instead, which shares one Props among them.
 func Props(deps *Deps, added *messages.Event, parent context.Context) *actor.Props {
-	state := sched.NewRequest(deps.Layout, added)
-	return actor.PropsFromProducer(func() actor.Actor {
-		a := &Actor{deps: deps, state: state}
-		a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
-		if a.span.IsRecording() { // attributes cost allocations even for a no-op span
-			a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(state.ID()))
+	a := newActor(deps, added, parent)
+	return actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithMailbox(actors.InlineMailbox))
+}
+
+// Spawner spawns an engine's request actors from one Props: a live request
+// then costs the heap its own state and protoactor's per-actor records, not
+// a Props and a producer closure of its own. Each actor runs on
+// actors.InlineMailbox: on the goroutine that posts to it while it is idle
+// (the engine actor's turn for its events, the transfer actor's for its
+// JobDone), so one engine step is one unit of work with no goroutine
+// hand-off per request; one runner at a time, as with any mailbox.
+//
+// A Spawner is used from one actor's turn at a time (its engine's).
+// protoactor calls the producer inside Spawn, and again only to restart a
+// failed actor, which the engine's supervisor never does (it stops them:
+// actors.StopOnPanic); a restart would get an actor that releases nothing
+// and reports itself unexpected.
+type Spawner struct {
+	props *actor.Props
+	next  *Actor
+}
+
+// NewSpawner makes an engine's Spawner.
+func NewSpawner() *Spawner {
+	s := &Spawner{}
+	s.props = actor.PropsFromProducer(func() actor.Actor {
+		a := s.next
+		s.next = nil
+		if a == nil {
+			return unexpectedRestart{}
 		}
 		return a
-	}, actor.WithDispatcher(dispatcher))
+	}, actor.WithMailbox(actors.InlineMailbox))
+	return s
+}
+
+// Spawn starts the request actor of added as a child of c.
+func (s *Spawner) Spawn(c actor.SpawnerContext, deps *Deps, added *messages.Event, parent context.Context) *actor.PID {
+	s.next = newActor(deps, added, parent)
+	return c.Spawn(s.props)
+}
+
+// unexpectedRestart stands in for a request actor protoactor restarted;
+// see Spawner.
+type unexpectedRestart struct{}
+
+func (unexpectedRestart) Receive(actor.Context) {}
+
+func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor {
+	a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, added)}
+	a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
+	if a.span.IsRecording() { // attributes cost allocations even for a no-op span
+		a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(a.state.ID()))
+	} else if a.span.SpanContext().Equal(trace.SpanContextFromContext(parent)) {
+		// A no-op tracer's span only carries the parent's span context:
+		// the parent context propagates the same, without a context value
+		// held by every live request.
+		a.ctx = parent
+	}
+	return a
 }
 
 func (a *Actor) Receive(c actor.Context) {
@@ -348,9 +391,15 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // namespace are announced on the kv_events of an engine of that namespace:
 // routers see every eviction, and this engine never learns another
 // namespace's block hashes.
+// keyEventsPool holds evicted's scratch: kept per actor, it would be
+// 72 bytes of every live request.
+var keyEventsPool = sync.Pool{New: func() any { return new(actors.KeyEvents) }}
+
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	a.evGroup.Group(keys, messages.KVBlockRemoved, messages.MediumCPU, func(ns sched.NamespaceID, batch []messages.KVEvent) {
+	ke := keyEventsPool.Get().(*actors.KeyEvents)
+	defer keyEventsPool.Put(ke)
+	ke.Group(keys, messages.KVBlockRemoved, messages.MediumCPU, func(ns sched.NamespaceID, batch []messages.KVEvent) {
 		name, engine := a.namespaceOf(ns)
 		if engine == "" {
 			return
