@@ -255,6 +255,18 @@ func (n *Node) startEmbedded() error {
 	return nil
 }
 
+// natsWriteBuffer is the client's write buffer. A publish that fills it
+// writes to the socket in the publisher's turn; at 32 KiB (nats.go's
+// default) a store-heavy node did that several thousand times a second.
+const natsWriteBuffer = 256 << 10
+
+func writeBuffer(n int) nats.Option {
+	return func(o *nats.Options) error {
+		o.WriteBufferSize = n
+		return nil
+	}
+}
+
 // natsOptions are the client's options: reconnect for ever once connected,
 // with the connection gauge and logs kept current.
 func (n *Node) natsOptions() ([]nats.Option, error) {
@@ -264,6 +276,7 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 	opts := []nats.Option{nats.Name("kvactors " + n.cfg.NodeID), nats.NoEcho(), nats.MaxReconnects(-1),
 		nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser)),
 		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		writeBuffer(natsWriteBuffer),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			n.metrics.NATSConnected.Set(0)
 			if err != nil { // nil: our own Close
