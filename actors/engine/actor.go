@@ -212,24 +212,17 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 	})
 }
 
-// forward copies the routed events into one slice grouped by request (one
-// allocation per batch, order kept within each request) and sends each
-// request its part. The slice is handed over: the request actors own it.
+// forward groups the routed events by request (order kept within each
+// request) and sends each request its part, which the request actor owns
+// from then on. Engines usually send a request's events together: then
+// the batch's own slice is compacted in place; otherwise they are copied
+// into one new slice, one allocation per batch.
 // The batch is one step: its requests' kv_events (evictions of their
 // decisions) go out as one message per engine once every request has run.
 func (a *Actor) forward(c actor.Context, m *Batch) {
 	step := a.deps.Outbox.NewKVStep()
 	defer step.Publish()
-	all := make([]messages.Event, len(a.fwd))
-	start := 0
-	for idx, n := range a.counts {
-		a.counts[idx] = start // now the next free position of request idx
-		start += n
-	}
-	for _, f := range a.fwd {
-		all[a.counts[f.request]] = m.Batch.Events[f.event]
-		a.counts[f.request]++
-	}
+	all := groupEvents(m.Batch.Events, a.fwd, a.counts)
 	begin := 0
 	for idx, id := range a.order {
 		end := a.counts[idx]
@@ -240,6 +233,46 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	}
 	clear(a.reqIndex)
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
+}
+
+// groupEvents lays the routed events (fwd, in batch order) out request by
+// request, keeping their order, and leaves in counts (each request's event
+// count on entry) the end of each request's part. It reuses events when
+// the parts are already runs (see forward).
+func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages.Event {
+	if grouped(fwd) {
+		for w, f := range fwd { // f.event >= w: nothing unread is overwritten
+			if f.event != w {
+				events[w] = events[f.event]
+			}
+		}
+		for idx := 1; idx < len(counts); idx++ {
+			counts[idx] += counts[idx-1]
+		}
+		return events[:len(fwd)]
+	}
+	all := make([]messages.Event, len(fwd))
+	start := 0
+	for idx, n := range counts {
+		counts[idx] = start // now the next free position of request idx
+		start += n
+	}
+	for _, f := range fwd {
+		all[counts[f.request]] = events[f.event]
+		counts[f.request]++
+	}
+	return all
+}
+
+// grouped reports whether each request's routed events come in one run
+// (requests are indexed in first-seen order, so the runs are ascending).
+func grouped(fwd []routed) bool {
+	for i := 1; i < len(fwd); i++ {
+		if fwd[i].request < fwd[i-1].request {
+			return false
+		}
+	}
+	return true
 }
 
 // route handles an event that needs the engine (added for a new request,
