@@ -57,7 +57,7 @@ func (ke *KeyEvents) Group(keys []messages.Key, typ, medium string,
 		_, hash, _ := sched.SplitKey(k)
 		hx = wire.AppendHex(hx, string(hash))
 	}
-	all := string(hx)
+	all := wire.Frozen(hx) // hx is not written again
 	hashes := make([]string, len(keys))
 	next, pos := ke.next[:0], 0 // next free position of each set in hashes
 	for _, s := range sets {

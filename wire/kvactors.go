@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -122,6 +123,11 @@ func AppendString(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
+
+// Frozen is b as a string without a copy, for a buffer built once (a
+// batch's hex keys) and then only read through the strings cut from it.
+// b must not be written again.
+func Frozen(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // AppendHex appends s's bytes as lowercase hex (encoding/hex's digits),
 // without converting s to a []byte first.

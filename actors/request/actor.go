@@ -279,7 +279,7 @@ func (a *Actor) published(j *job) {
 	for _, ch := range chunks {
 		hx = wire.AppendHex(hx, string(sched.WireKey(ch.Key)))
 	}
-	all := string(hx)
+	all := wire.Frozen(hx) // hx is not written again
 	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
 		Chunks: make([]messages.StoredChunk, len(chunks))}
 	hashes := make([]string, len(chunks))
