@@ -69,7 +69,8 @@ type Retry struct {
 // Effects is the work Advance and JobDone hand back, in the order the caller
 // performs it: cancel queued copies, start Job, publish Evicted as
 // BlockRemoved, record Deferred, schedule Retry, publish Releases.
-// Its slices are owned by the Request and valid until its next call.
+// They are the caller's: the Request keeps no reference to their slices
+// (Evicted is the slice the Preparer returned).
 type Effects struct {
 	Cancel   []JobID // queued copies of this request to cancel (preemption)
 	Job      *StoreJob

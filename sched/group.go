@@ -2,30 +2,61 @@ package sched
 
 import (
 	"iter"
+	"slices"
 
 	"github.com/kvactors/kvactors/messages"
 )
 
 // group is one KV-cache group's store state within a request: its GPU block
-// ids, its store cursor, the chunks to store again, and the last deferral
-// reported. It computes its own ready prefix from the request-level terms
-// (readyTerms) in O(1); the request's decision combines its groups' answers.
+// ids, its store cursor, the last deferral reported, and (rarely) chunks to
+// store again. It computes its own ready prefix from its layout and the
+// request-level terms (readyTerms) in O(1); the request's decision combines
+// its groups' answers. Every live request holds one per group, so it is kept
+// small: its layout is the request's, its index is its place in the request.
 type group struct {
-	lay    *GroupLayout
 	blocks []messages.BlockID
 	// cursor: chunks below it were decided (stored, deduplicated, or queued).
 	// It never decreases (docs/PROTOCOL.md: "the cursor never decreases").
 	cursor messages.ChunkIndex
-	// redo holds chunks below cursor whose copy failed or was cancelled: they
-	// are offered again once ready, so a failure never skips a chunk.
-	redo []messages.ChunkIndex
-	// keys caches the offload keys of chunks [cursor, cursor+len(keys)),
-	// built while the pool has no room for them (retries reuse them); nil
-	// once the cursor moves past them.
-	keys []messages.Key
+	// retry holds what chunks waiting on the pool need; nil while none
+	// does (most groups never retry).
+	retry *groupRetry
 	// lastDefer is the deferral last reported, so each chunk's reason is
 	// reported once per change.
-	lastDefer Deferral
+	lastDefer deferNote
+}
+
+// deferNote is a group's last reported deferral. A chunk index fits in
+// int32: chunks are below MaxBlocks, which ceilDiv caps at MaxInt32.
+type deferNote struct {
+	chunk  int32 // -1: none yet
+	reason DeferReason
+}
+
+// groupRetry is a group's state for chunks that wait on the pool.
+type groupRetry struct {
+	// redo holds chunks below cursor whose copy failed or was cancelled, or
+	// whose key was pending in another copy: they are offered again once
+	// ready, so a failure never skips a chunk.
+	redo []messages.ChunkIndex
+	// keys caches the offload keys of chunks [cursor, cursor+len(keys)),
+	// built by a decision the pool had no room for: while it has none,
+	// every event retries the same chunks, and their keys are built once.
+	keys []messages.Key
+}
+
+func (g *group) redo() []messages.ChunkIndex {
+	if g.retry == nil {
+		return nil
+	}
+	return g.retry.redo
+}
+
+func (g *group) cachedKeys() []messages.Key {
+	if g.retry == nil {
+		return nil
+	}
+	return g.retry.keys
 }
 
 // readyTerms are the request-level inputs of every group's ready prefix
@@ -44,12 +75,12 @@ type readyTerms struct {
 // while decoding), complete tracked block chunks, and chunks whose key is
 // known. best is the largest of the three terms: best > ready means something
 // about chunk ready is known but not all of it (a deferral).
-func (g *group) ready(tm readyTerms) (ready messages.ChunkIndex, reason DeferReason, best messages.ChunkIndex) {
-	tok := tm.tokens / g.lay.TokensPerChunk
-	if g.lay.Kind == KindEagle && tm.decoding {
+func (g *group) ready(gl *GroupLayout, tm readyTerms) (ready messages.ChunkIndex, reason DeferReason, best messages.ChunkIndex) {
+	tok := tm.tokens / gl.TokensPerChunk
+	if gl.Kind == KindEagle && tm.decoding {
 		tok = max(tok-1, 0)
 	}
-	hsh := tm.hashes / g.lay.HashesPerChunk
+	hsh := tm.hashes / gl.HashesPerChunk
 	blk := len(g.blocks) / tm.bpc
 	rd, reason := tok, DeferTokens
 	if hsh < rd {
@@ -66,7 +97,7 @@ func (g *group) ready(tm readyTerms) (ready messages.ChunkIndex, reason DeferRea
 // not null (docs/PROTOCOL.md: "whose last block id is not 0").
 func (g *group) candidates(rd messages.ChunkIndex, bpc int) iter.Seq[messages.ChunkIndex] {
 	return func(yield func(messages.ChunkIndex) bool) {
-		for _, c := range g.redo {
+		for _, c := range g.redo() {
 			if c < rd && g.lastBlock(c, bpc) != 0 && !yield(c) {
 				return
 			}
@@ -90,12 +121,37 @@ func (g *group) chunkBlocks(c messages.ChunkIndex, bpc int, dst []messages.Block
 }
 
 func (g *group) addRedo(c messages.ChunkIndex) {
-	for _, x := range g.redo {
-		if x == c {
-			return
-		}
+	if g.retry == nil {
+		g.retry = &groupRetry{}
 	}
-	g.redo = append(g.redo, c)
+	if !slices.Contains(g.retry.redo, c) {
+		g.retry.redo = append(g.retry.redo, c)
+	}
+}
+
+// cacheKeys extends the key cache with the keys of the chunks after it.
+func (g *group) cacheKeys(keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	if g.retry == nil {
+		g.retry = &groupRetry{}
+	}
+	g.retry.keys = append(g.retry.keys, keys...)
+}
+
+// decided follows a decision that moved the cursor to it: redo chunks below
+// rd were offered again, and every cached key is below the cursor.
+func (g *group) decided(rd messages.ChunkIndex) {
+	g.cursor = max(g.cursor, rd)
+	if g.retry == nil {
+		return
+	}
+	g.retry.keys = nil
+	g.retry.redo = slices.DeleteFunc(g.retry.redo, func(c messages.ChunkIndex) bool { return c < rd })
+	if len(g.retry.redo) == 0 {
+		g.retry = nil
+	}
 }
 
 // applyBlocks appends ids at start: the overlap must agree, a start past the
@@ -117,15 +173,4 @@ func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks int) er
 		g.blocks = append(g.blocks, ids[n-start:]...)
 	}
 	return nil
-}
-
-// dropKeys empties the key cache; a small one keeps its capacity for the
-// next decision (a decode step caches one key), a prefill's is freed.
-func (g *group) dropKeys() {
-	if cap(g.keys) > 8 {
-		g.keys = nil
-		return
-	}
-	clear(g.keys)
-	g.keys = g.keys[:0]
 }

@@ -45,10 +45,13 @@ func (groupCase) Generate(rnd *rand.Rand, _ int) reflect.Value {
 	return reflect.ValueOf(c)
 }
 
-func (c groupCase) group() (*group, readyTerms) {
+func (c groupCase) group() (*group, *GroupLayout, readyTerms) {
 	lay := &GroupLayout{Kind: c.kind, TokensPerChunk: c.tpc, HashesPerChunk: c.hpc}
-	g := &group{lay: lay, blocks: c.blocks, cursor: c.cursor, redo: slices.Clone(c.redo)}
-	return g, readyTerms{tokens: c.tokens, hashes: c.hashes, decoding: c.decoding, bpc: c.bpc}
+	g := &group{blocks: c.blocks, cursor: c.cursor}
+	for _, ch := range c.redo {
+		g.addRedo(ch)
+	}
+	return g, lay, readyTerms{tokens: c.tokens, hashes: c.hashes, decoding: c.decoding, bpc: c.bpc}
 }
 
 // naiveReady is PROTOCOL.md's ready prefix recomputed plainly.
@@ -65,8 +68,8 @@ func (c groupCase) naiveReady() int {
 // exactly when some term reaches past it.
 func TestGroupReadyIsNaive(t *testing.T) {
 	f := func(c groupCase) bool {
-		g, tm := c.group()
-		rd, reason, best := g.ready(tm)
+		g, lay, tm := c.group()
+		rd, reason, best := g.ready(lay, tm)
 		tok := c.tokens / c.tpc
 		if c.kind == KindEagle && c.decoding {
 			tok = max(tok-1, 0)
@@ -89,7 +92,7 @@ func TestGroupReadyIsNaive(t *testing.T) {
 // null; stopping early stops the walk.
 func TestGroupCandidatesAreNaive(t *testing.T) {
 	f := func(c groupCase) bool {
-		g, tm := c.group()
+		g, _, tm := c.group()
 		rd := messages.ChunkIndex(c.naiveReady())
 		var want []messages.ChunkIndex
 		notNull := func(ch messages.ChunkIndex) bool { return c.blocks[(int(ch)+1)*c.bpc-1] != 0 }

@@ -24,6 +24,9 @@ type StoreJob struct {
 	ID      JobID
 	Request string
 	Chunks  []JobChunk
+	// next is the request's next job in flight: a list, not a slice, so a
+	// live request holds no backing array for them.
+	next *StoreJob
 }
 
 // Keys lists the job's keys, in chunk order.

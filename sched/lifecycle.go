@@ -28,8 +28,20 @@ func (r *Request) becomePreempted() {
 	r.computed = 0
 	r.releases = append(r.releases, messages.ReasonPreempted)
 	r.fence = r.nextJob
-	for _, j := range r.inflight {
-		r.eff.Cancel = append(r.eff.Cancel, j.ID)
+	r.cancelOwed = true
+}
+
+// cancelQueued hands over the cancels a preemption owes: the copies made
+// before it that are still in flight.
+func (r *Request) cancelQueued(e *Effects) {
+	if !r.cancelOwed {
+		return
+	}
+	r.cancelOwed = false
+	for j := r.inflight; j != nil; j = j.next {
+		if j.ID <= r.fence {
+			e.Cancel = append(e.Cancel, j.ID)
+		}
 	}
 }
 
@@ -46,7 +58,6 @@ func (r *Request) becomeFinishing(ev *messages.Event) {
 	}
 	r.phase = Finishing
 	r.computed, r.total = ev.Computed, ev.Total
-	r.aborted = ev.Aborted
 	reason := messages.ReasonFinished
 	if ev.Aborted {
 		reason = messages.ReasonAborted
@@ -70,8 +81,9 @@ func (r *Request) clearBlocks() {
 // replaced, never added to. Further events are rejected. Resetting again, or
 // a request already released, adds nothing.
 func (r *Request) Reset(reason string) Effects {
+	var e Effects
 	if r.phase == Done {
-		return r.take() // released for good: nothing is owed
+		return e // released for good: nothing is owed
 	}
 	if !r.reset {
 		r.reset = true
@@ -84,17 +96,15 @@ func (r *Request) Reset(reason string) Effects {
 			r.releases = append(r.releases, reason)
 		}
 	}
-	r.eff.Retry, r.eff.Job = nil, nil
-	r.eff.Cancel = r.eff.Cancel[:0] // every in-flight job, once
-	for _, j := range r.inflight {
-		r.eff.Cancel = append(r.eff.Cancel, j.ID)
+	r.cancelOwed = false
+	for j := r.inflight; j != nil; j = j.next { // every in-flight job, once
+		e.Cancel = append(e.Cancel, j.ID)
 	}
 	r.phase = Finishing
-	r.aborted = true
 	r.computed, r.total = 0, 0 // no further stores
 	r.clearBlocks()
-	r.settle()
-	return r.take()
+	r.settle(&e)
+	return e
 }
 
 // JobDone records the end of store job id: ok, failed (its chunks are offered
@@ -102,11 +112,14 @@ func (r *Request) Reset(reason string) Effects {
 // blocks are tracked again). The caller has already completed the pool side
 // (CompleteStore). Call Advance afterwards to act on a retry or a release.
 func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
-	for i, j := range r.inflight {
+	var e Effects
+	r.cancelQueued(&e)
+	for p := &r.inflight; *p != nil; p = &(*p).next {
+		j := *p
 		if j.ID != id {
 			continue
 		}
-		r.inflight = append(r.inflight[:i], r.inflight[i+1:]...)
+		*p, j.next = j.next, nil // a done job holds on to no other
 		if ok {
 			r.copyFails = 0
 			break
@@ -115,12 +128,12 @@ func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
 			r.groups[c.Group].addRedo(c.Index)
 		}
 		if !cancelled && r.phase != Done {
-			r.failAttempt(RetryCopyFailed)
+			r.failAttempt(RetryCopyFailed, &e)
 		}
 		break
 	}
-	r.settle()
-	return r.take()
+	r.settle(&e)
+	return e
 }
 
 // settle publishes owed releases. A finishing request is released once no
@@ -129,14 +142,14 @@ func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
 // done (PROTOCOL.md "preempted": "wait for copies in flight; publish
 // released"), also when resumed came first; a still preempted request's block
 // ids are then cleared.
-func (r *Request) settle() {
+func (r *Request) settle(e *Effects) {
 	switch r.phase {
 	case Finishing:
-		if len(r.inflight) > 0 || r.eff.Retry != nil || r.pendingChunks() {
+		if r.inflight != nil || e.Retry != nil || r.pendingChunks() {
 			return // a copy is in flight, or a final chunk is still to be stored
 		}
 		r.phase = Done
-		r.eff.Done = true
+		e.Done = true
 	case Preempted, Running:
 		if len(r.releases) == 0 || r.inflightUpTo(r.fence) {
 			return
@@ -147,13 +160,13 @@ func (r *Request) settle() {
 	default:
 		return
 	}
-	r.eff.Releases = append(r.eff.Releases, r.releases...)
-	r.releases = r.releases[:0]
+	e.Releases = r.releases // owed reasons are rare: the next owed one allocates anew
+	r.releases = nil
 }
 
 // inflightUpTo reports whether a job numbered id or lower is in flight.
 func (r *Request) inflightUpTo(id JobID) bool {
-	for _, j := range r.inflight {
+	for j := r.inflight; j != nil; j = j.next {
 		if j.ID <= id {
 			return true
 		}
@@ -167,7 +180,7 @@ func (r *Request) pendingChunks() bool {
 	tm := r.readyTerms()
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, _, _ := gr.ready(tm)
+		rd, _, _ := r.ready(g, tm)
 		if gr.cursor < rd { // a decision is owed, even if every chunk is null: it moves the cursor
 			return true
 		}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"sync"
 
 	"github.com/kvactors/kvactors/hostpool"
@@ -15,7 +16,9 @@ type Preparer interface {
 }
 
 // Request is one request's store state. It is not safe for concurrent use:
-// its owner (the request actor) is its only caller.
+// its owner (the request actor) is its only caller. Every live request holds
+// one, so it holds no per-decision state: a decision's effects are built on
+// the caller's stack and its working memory is pooled (scratch).
 type Request struct {
 	id         string
 	lay        *Layout
@@ -25,19 +28,22 @@ type Request struct {
 	total      int
 	hashes     []messages.Hash
 	groups     []group
-	phase      Phase
-	aborted    bool
-	inflight   []*StoreJob
+	inflight   *StoreJob // jobs not yet done, oldest first, linked by StoreJob.next
+	releases   []string  // release reasons owed once inflight drains
 	nextJob    JobID
-	poolFails  int      // consecutive decisions without room; reset by one with room
-	copyFails  int      // consecutive failed copies; reset by a copy that succeeds
-	pendFails  int      // consecutive decisions that met keys pending elsewhere
-	releases   []string // release reasons owed once inflight drains
 	// fence: the owed preempted releases wait for the jobs up to it (the copies
 	// queued or in flight at the preemption), not for jobs made after resumed.
 	fence JobID
-	reset bool // Reset was called: its release is owed, not recomputed
-	eff   Effects
+	// Consecutive failures, saturating at MaxUint32 (a running request
+	// retries for as long as the pool stays full).
+	poolFails uint32 // decisions without room; reset by one with room
+	copyFails uint32 // failed copies; reset by a copy that succeeds
+	pendFails uint32 // decisions that met keys pending elsewhere
+	phase     Phase
+	reset     bool // Reset was called: its release is owed, not recomputed
+	// cancelOwed: a preemption (a Step, which returns no Effects) asks to
+	// cancel the copies up to fence; the next Effects carry it.
+	cancelOwed bool
 }
 
 type candidate struct {
@@ -53,8 +59,7 @@ func NewRequest(l *Layout, added *messages.Event) *Request {
 		r.maxOffload = -1
 	}
 	for i := range r.groups {
-		r.groups[i].lay = &l.Groups[i]
-		r.groups[i].lastDefer.Chunk = -1
+		r.groups[i].lastDefer.chunk = -1
 	}
 	return r
 }
@@ -185,13 +190,20 @@ func (r *Request) readyTerms() readyTerms {
 // PrepareStore. No room: no job, cursors unchanged, a retry. Otherwise every
 // cursor moves to max(cursor, ready).
 func (r *Request) Advance(p Preparer) Effects {
+	var e Effects
+	r.cancelQueued(&e)
 	if r.phase == Running || r.phase == Finishing {
 		sc := scratchPool.Get().(*scratch)
-		r.decide(p, sc)
+		r.decide(p, sc, &e)
 		sc.release()
 	}
-	r.settle()
-	return r.take()
+	r.settle(&e)
+	return e
+}
+
+// ready is group g's ready prefix (group.ready).
+func (r *Request) ready(g int, tm readyTerms) (ready messages.ChunkIndex, reason DeferReason, best messages.ChunkIndex) {
+	return r.groups[g].ready(&r.lay.Groups[g], tm)
 }
 
 // scratch is a decision's working memory. It is pooled across requests
@@ -203,6 +215,7 @@ type scratch struct {
 	keys    []messages.Key
 	missing []candidate    // chunks whose keys a decision builds
 	built   []messages.Key // their keys
+	starts  []int          // per group, where its chunks past its key cache start in missing
 	sizes   []int64        // bytes of each offered chunk
 }
 
@@ -218,12 +231,12 @@ func (sc *scratch) release() {
 	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax {
 		return
 	}
-	sc.cands, sc.keys, sc.missing, sc.built, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0], sc.built[:0],
-		sc.sizes[:0]
+	sc.cands, sc.keys, sc.missing, sc.built, sc.starts, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0],
+		sc.built[:0], sc.starts[:0], sc.sizes[:0]
 	scratchPool.Put(sc)
 }
 
-func (r *Request) decide(p Preparer, sc *scratch) {
+func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
 	tm := r.readyTerms()
 	cands := sc.cands[:0]
 	keys := sc.keys[:0]
@@ -231,13 +244,15 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 	readies := ready[:0]
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, reason, best := gr.ready(tm)
+		rd, reason, best := r.ready(g, tm)
 		readies = append(readies, rd)
 		if best > rd { // something about chunk rd is known, but not all: a deferral
-			d := Deferral{Group: g, Chunk: rd, Reason: reason}
-			if d != gr.lastDefer {
+			if d := (deferNote{int32(rd), reason}); d != gr.lastDefer {
 				gr.lastDefer = d
-				r.eff.Deferred = append(r.eff.Deferred, d)
+				if e.Deferred == nil {
+					e.Deferred = make([]Deferral, 0, len(r.groups))
+				}
+				e.Deferred = append(e.Deferred, Deferral{Group: g, Chunk: rd, Reason: reason})
 			}
 		}
 		for c := range gr.candidates(rd, tm.bpc) {
@@ -256,25 +271,27 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 		sc.sizes = sizes
 		prep, err = p.PrepareStore(keys, sizes)
 		if err != nil { // no room, or a pool that refuses the keys: retry either way
-			r.failAttempt(RetryPoolFull)
+			r.cacheKeys(sc)
+			r.failAttempt(RetryPoolFull, e)
 			return
 		}
 	}
 	r.poolFails = 0
 	for g := range r.groups {
-		gr := &r.groups[g]
-		gr.cursor = max(gr.cursor, readies[g])
-		gr.redo = dropBelow(gr.redo, readies[g])
-		gr.dropKeys() // every cached key is below the cursor now
+		r.groups[g].decided(readies[g])
 	}
-	r.eff.Evicted = append(r.eff.Evicted, prep.Evicted...)
-	r.eff.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
-	r.holdPending(cands, keys, prep.Pending)
+	e.Evicted = prep.Evicted // the pool's own slice, made for this call
+	e.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
+	r.holdPending(cands, keys, prep.Pending, e)
 	if len(prep.Keys) == 0 {
 		return
 	}
-	r.eff.Job = r.buildJob(cands, keys, prep)
-	r.inflight = append(r.inflight, r.eff.Job)
+	e.Job = r.buildJob(cands, keys, prep)
+	last := &r.inflight
+	for *last != nil {
+		last = &(*last).next
+	}
+	*last = e.Job
 }
 
 // holdPending keeps the chunks whose keys another copy is still filling as
@@ -283,7 +300,7 @@ func (r *Request) decide(p Preparer, sc *scratch) {
 // and a ready chunk is never skipped (PROTOCOL.md). Once the key is ready the
 // retry deduplicates it; once it is absent the retry stores it. pending is an
 // ordered subsequence of keys.
-func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key) {
+func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key, e *Effects) {
 	if len(pending) == 0 {
 		r.pendFails = 0
 		return
@@ -295,46 +312,32 @@ func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key) {
 			next++
 		}
 	}
-	r.failAttempt(RetryPending)
-}
-
-// dropBelow removes redo chunks below rd: they were just offered again.
-func dropBelow(redo []messages.ChunkIndex, rd messages.ChunkIndex) []messages.ChunkIndex {
-	out := redo[:0]
-	for _, c := range redo {
-		if c >= rd {
-			out = append(out, c)
-		}
-	}
-	return out
+	r.failAttempt(RetryPending, e)
 }
 
 // candidateKeys returns the keys of cands. Keys of chunks at or past the
-// cursor come from the group's cache, which is extended to the ready prefix
-// first: while the pool has no room, every event retries the same chunks,
-// and their keys are built once, not per retry. Redo chunks (below the
+// cursor come from the group's cache, and those past the cache are built
+// (cacheKeys keeps them if the pool has no room). Redo chunks (below the
 // cursor, rare) get fresh keys. The new keys of a decision share one
 // allocation (appendKeys).
 func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies []messages.ChunkIndex,
 	sc *scratch) []messages.Key {
-	missing := sc.missing[:0]
+	missing, starts := sc.missing[:0], sc.starts[:0]
 	for g := range r.groups {
 		gr := &r.groups[g]
-		for c := gr.cursor + messages.ChunkIndex(len(gr.keys)); c < readies[g]; c++ {
+		starts = append(starts, len(missing))
+		for c := gr.cursor + messages.ChunkIndex(len(gr.cachedKeys())); c < readies[g]; c++ {
 			missing = append(missing, candidate{g, c})
 		}
 	}
 	extend := len(missing)
+	starts = append(starts, extend)
 	for _, c := range cands {
 		if c.chunk < r.groups[c.group].cursor {
 			missing = append(missing, c)
 		}
 	}
 	built := r.appendKeys(sc.built[:0], missing)
-	for i, c := range missing[:extend] {
-		gr := &r.groups[c.group]
-		gr.keys = append(gr.keys, built[i])
-	}
 	redo := built[extend:]
 	for _, c := range cands {
 		gr := &r.groups[c.group]
@@ -342,10 +345,23 @@ func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies 
 			keys, redo = append(keys, redo[0]), redo[1:]
 			continue
 		}
-		keys = append(keys, gr.keys[c.chunk-gr.cursor])
+		i, cached := int(c.chunk-gr.cursor), gr.cachedKeys()
+		if i < len(cached) {
+			keys = append(keys, cached[i])
+		} else {
+			keys = append(keys, built[starts[c.group]+i-len(cached)])
+		}
 	}
-	sc.missing, sc.built = missing, built
+	sc.missing, sc.built, sc.starts = missing, built, starts
 	return keys
+}
+
+// cacheKeys keeps the keys candidateKeys built past each group's cache, for
+// a decision the pool had no room for.
+func (r *Request) cacheKeys(sc *scratch) {
+	for g := range r.groups {
+		r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]])
+	}
 }
 
 // appendKeys builds the pool keys of cands in one allocation: the keys are
@@ -399,7 +415,7 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 // Pool-full and copy failures are counted apart: a decision that finds room
 // does not end a run of failed copies (each retry of a failing copy finds
 // room), and only a copy that succeeds does.
-func (r *Request) failAttempt(reason RetryReason) {
+func (r *Request) failAttempt(reason RetryReason, e *Effects) {
 	n := &r.poolFails
 	switch reason {
 	case RetryCopyFailed:
@@ -407,12 +423,14 @@ func (r *Request) failAttempt(reason RetryReason) {
 	case RetryPending:
 		n = &r.pendFails
 	}
-	*n++
+	if *n < math.MaxUint32 {
+		*n++
+	}
 	if r.phase == Finishing && *n > FinishRetryLimit {
-		r.eff.GivenUp += r.giveUp()
+		e.GivenUp += r.giveUp()
 		return
 	}
-	r.eff.Retry = &Retry{Reason: reason, Attempt: *n, Backoff: backoff(*n)}
+	e.Retry = &Retry{Reason: reason, Attempt: int(*n), Backoff: backoff(int(*n))}
 }
 
 // giveUp forgets every undecided chunk so that a finishing request can be
@@ -422,20 +440,12 @@ func (r *Request) giveUp() int {
 	dropped := 0
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, _, _ := gr.ready(tm)
+		rd, _, _ := r.ready(g, tm)
 		for range gr.candidates(rd, tm.bpc) {
 			dropped++
 		}
 		gr.cursor = max(gr.cursor, rd)
-		gr.dropKeys()
-		gr.redo = gr.redo[:0]
+		gr.retry = nil
 	}
 	return dropped
-}
-
-func (r *Request) take() Effects {
-	e := r.eff
-	r.eff = Effects{Cancel: e.Cancel[:0], Deferred: e.Deferred[:0], Evicted: e.Evicted[:0],
-		Releases: e.Releases[:0]}
-	return e
 }

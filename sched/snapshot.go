@@ -32,19 +32,19 @@ type GroupSnapshot struct {
 func (r *Request) Snapshot() RequestSnapshot {
 	tm := r.readyTerms()
 	s := RequestSnapshot{Request: r.id, Phase: r.phase, Prompt: r.prompt, Computed: r.computed,
-		Total: r.total, T: tm.tokens, Hashes: len(r.hashes), InFlight: make([]JobID, len(r.inflight)),
+		Total: r.total, T: tm.tokens, Hashes: len(r.hashes), InFlight: []JobID{},
 		Groups: make([]GroupSnapshot, len(r.groups))}
-	for i, j := range r.inflight {
-		s.InFlight[i] = j.ID
+	for j := r.inflight; j != nil; j = j.next {
+		s.InFlight = append(s.InFlight, j.ID)
 	}
 	for g := range r.groups {
 		gr := &r.groups[g]
-		rd, reason, best := gr.ready(tm)
+		rd, reason, best := r.ready(g, tm)
 		if best <= rd {
 			reason = DeferNone
 		}
 		s.Groups[g] = GroupSnapshot{Cursor: gr.cursor, Ready: rd, Deferred: reason,
-			Blocks: len(gr.blocks), Redo: append([]messages.ChunkIndex{}, gr.redo...)}
+			Blocks: len(gr.blocks), Redo: append([]messages.ChunkIndex{}, gr.redo()...)}
 	}
 	return s
 }
