@@ -23,6 +23,20 @@ import (
 // Post from inside a run is queued, never recursive.
 func InlineMailbox() actor.Mailbox { return &inlineMailbox{} }
 
+// InlineMailboxFor is InlineMailbox for the messages inline accepts (user
+// messages only); any other post to an idle actor runs it on its
+// dispatcher, as protoactor's default mailbox does. An engine actor takes
+// its batches on the ingest worker that decoded them, while its timers,
+// lifecycle messages and anything posted by code that may hold a lock the
+// actor needs keep their own goroutine.
+func InlineMailboxFor(inline func(msg any) bool) actor.MailboxProducer {
+	return func() actor.Mailbox {
+		m := &inlineMailbox{some: &someInline{inline: inline}}
+		m.some.run = m.run // one closure per mailbox, not one per schedule
+		return m
+	}
+}
+
 // inlineThroughput is how many messages one run handles before yielding
 // the processor, as protoactor's dispatchers do.
 const inlineThroughput = 300
@@ -35,36 +49,52 @@ type inlineMailbox struct {
 	running   bool
 	suspended bool
 	invoker   actor.MessageInvoker
+	some      *someInline // nil: every post runs inline
+}
+
+// someInline is InlineMailboxFor's: inline picks the posts that run on the
+// poster; the rest run on dispatcher (run is the mailbox's run, made once).
+type someInline struct {
+	inline     func(msg any) bool
+	dispatcher actor.Dispatcher
+	run        func()
 }
 
 func (m *inlineMailbox) PostUserMessage(msg any) {
 	m.mu.Lock()
 	m.user = append(m.user, msg)
-	m.scheduleLocked()
+	m.scheduleLocked(m.some == nil || m.some.inline(msg))
 }
 
 func (m *inlineMailbox) PostSystemMessage(msg any) {
 	m.mu.Lock()
 	m.system = append(m.system, msg)
-	m.scheduleLocked()
+	m.scheduleLocked(m.some == nil)
 }
 
-// scheduleLocked runs the mailbox here unless a runner already has it; it
-// releases m.mu either way.
-func (m *inlineMailbox) scheduleLocked() {
+// scheduleLocked starts a runner unless one already has the mailbox: here
+// (here) or on the dispatcher. It releases m.mu either way.
+func (m *inlineMailbox) scheduleLocked(here bool) {
 	if m.running {
 		m.mu.Unlock()
 		return
 	}
 	m.running = true
 	m.mu.Unlock()
-	m.run()
+	if here {
+		m.run()
+	} else {
+		m.some.dispatcher.Schedule(m.some.run)
+	}
 }
 
-// RegisterHandlers keeps the invoker; the dispatcher is not used (the
-// mailbox runs on the poster's goroutine).
-func (m *inlineMailbox) RegisterHandlers(invoker actor.MessageInvoker, _ actor.Dispatcher) {
+// RegisterHandlers keeps the invoker, and the dispatcher for the posts
+// that do not run inline.
+func (m *inlineMailbox) RegisterHandlers(invoker actor.MessageInvoker, dispatcher actor.Dispatcher) {
 	m.invoker = invoker
+	if m.some != nil {
+		m.some.dispatcher = dispatcher
+	}
 }
 
 func (m *inlineMailbox) Start() {}

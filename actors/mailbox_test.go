@@ -174,3 +174,62 @@ func TestInlineMailboxPanicEscalatesAndStops(t *testing.T) {
 		t.Fatalf("handled %v, want [1]", got)
 	}
 }
+
+// InlineMailboxFor runs only the messages it accepts on the poster: others
+// (and system messages) go to the dispatcher, so a poster that holds a
+// lock the handler needs does not deadlock, and a batch posted while that
+// runner works waits for it.
+func TestInlineMailboxForRunsOthersOnTheDispatcher(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	var mu sync.Mutex
+	var got []string
+	release := make(chan struct{})
+	blocked := make(chan struct{})
+	handled := make(chan struct{}, 4)
+	pid := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		s, ok := c.Message().(string)
+		if !ok {
+			return
+		}
+		if s == "held" {
+			close(blocked)
+			<-release
+		}
+		mu.Lock()
+		got = append(got, s)
+		mu.Unlock()
+		handled <- struct{}{}
+	}, actor.WithMailbox(actors.InlineMailboxFor(func(m any) bool { return m == "inline" }))))
+
+	system.Root.Send(pid, "warm") // after Started, which ran on the dispatcher
+	<-handled
+	system.Root.Send(pid, "inline") // idle: handled before Send returns
+	mu.Lock()
+	if len(got) != 2 {
+		mu.Unlock()
+		t.Fatalf("inline message not handled on the poster: %v", got)
+	}
+	mu.Unlock()
+	<-handled
+	system.Root.Send(pid, "held") // not inline: Send returns while it blocks
+	select {
+	case <-blocked:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the dispatched message never ran")
+	}
+	system.Root.Send(pid, "inline") // a runner has the mailbox: queued
+	close(release)
+	for range 2 {
+		select {
+		case <-handled:
+		case <-time.After(10 * time.Second):
+			t.Fatal("queued message not handled")
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"warm", "inline", "held", "inline"}; len(got) != 4 || got[2] != want[2] || got[3] != want[3] {
+		t.Fatalf("handled %v, want %v", got, want)
+	}
+}

@@ -84,8 +84,18 @@ func Props(deps Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, reqIndex: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
-	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)))
+	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline))
 }
+
+// batchesInline runs an idle engine actor's batches on the goroutine that
+// posts them (the ingest worker that decoded them: one engine step is one
+// unit of work from decode to copy queue, with no goroutine hand-off);
+// anything else it gets runs on protoactor's dispatcher as before. A Batch
+// must not be posted by code holding a lock the actor's turn may take.
+var batchesInline = actors.InlineMailboxFor(func(m any) bool {
+	_, ok := m.(*Batch)
+	return ok
+})
 
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
