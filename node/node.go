@@ -55,6 +55,8 @@ type Node struct {
 	diskKeys *diskKeys    // pool keys ↔ the disk's boot-independent keys
 	system   *actor.ActorSystem
 	transfer *actor.PID
+	// copyQueue is the transfer actor's queue; request actors push store jobs to it.
+	copyQueue *transfer.Queue
 
 	boot  string // random per start (PROTOCOL.md "Node identity")
 	owed  atomic.Int64
@@ -125,9 +127,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.startCluster(); err != nil {
 		return nil, err
 	}
+	n.copyQueue = transfer.NewQueue(cfg.Transfer)
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
-		Outbox: n.outbox}))
+		Outbox: n.outbox, Queue: n.copyQueue}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}

@@ -39,6 +39,10 @@ type Deps struct {
 	Layout   *sched.Layout
 	Store    Store
 	Transfer *actor.PID
+	// Queue, when set, is the transfer actor's queue: store jobs are pushed
+	// to it directly (no mailbox hop between decision and copy queue);
+	// nil: they are sent to Transfer.
+	Queue *transfer.Queue
 	Outbox   *actors.Outbox
 	Metrics  Metrics
 	Tracer   trace.Tracer
@@ -381,9 +385,14 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		a.jobs = map[sched.JobID]*job{}
 	}
 	a.jobs[sj.ID] = &job{store: sj, bytes: bytes, span: span, ctx: ctx}
-	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
+	sub := &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived})
+		Span: span.SpanContext(), Arrived: arrived}
+	if a.deps.Queue != nil {
+		a.deps.Queue.Submit(sub)
+	} else {
+		c.Send(a.deps.Transfer, sub)
+	}
 }
 
 // evicted announces evicted keys as one BlockRemoved per namespace and

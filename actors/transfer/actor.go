@@ -52,6 +52,10 @@ type Deps struct {
 	// Outbox, when set, publishes the kv_events of a batch of completions
 	// as one message per engine (actors.KVStep).
 	Outbox *actors.Outbox
+	// Queue, when set, is the queue the actor runs (NewQueue), shared with
+	// owners that push their jobs straight to it (Queue.Submit); nil: the
+	// actor makes its own, reached only through Submit messages.
+	Queue *Queue
 }
 
 // Actor is the node's transfer actor. It owns the queue and its
@@ -59,7 +63,7 @@ type Deps struct {
 // message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
 	deps    Deps
-	q       *queue
+	q       *Queue
 	workers sync.WaitGroup
 }
 
@@ -104,7 +108,9 @@ func (a *Actor) Receive(c actor.Context) {
 }
 
 func (a *Actor) start(c actor.Context) {
-	a.q = newQueue(a.deps.Config.MaxInFlightBytes)
+	if a.q = a.deps.Queue; a.q == nil {
+		a.q = NewQueue(a.deps.Config)
+	}
 	self, root := c.Self(), c.ActorSystem().Root
 	for range a.deps.Config.Workers {
 		a.workers.Add(1)

@@ -9,14 +9,15 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// queue is the node's copy queue, shared by the transfer actor (which adds
-// and cancels jobs) and its workers (which take the next job themselves).
+// Queue is the node's copy queue, shared by the transfer actor (which adds
+// and cancels jobs), its workers (which take the next job themselves) and,
+// through Submit, the owners that push their jobs straight in.
 // Workers pulling, rather than the actor handing out one job per worker,
 // matters on a busy node: a worker that finishes a copy starts the next at
 // once instead of waiting for the actor's mailbox to be scheduled (measured:
 // copies ran at a fraction of their speed the other way). Every method is a
 // short critical section; no copy happens under the lock.
-type queue struct {
+type Queue struct {
 	mu       sync.Mutex
 	wake     sync.Cond
 	items    []*Submit // loads first, then stores, each in arrival order
@@ -28,16 +29,23 @@ type queue struct {
 	finished []*copyDone
 }
 
-func newQueue(maxBytes int64) *queue {
-	q := &queue{maxBytes: maxBytes}
+// NewQueue makes a copy queue bounded by cfg (see Deps.Queue).
+func NewQueue(cfg Config) *Queue {
+	q := &Queue{maxBytes: cfg.withDefaults().MaxInFlightBytes}
 	q.wake.L = &q.mu
 	return q
 }
 
+// Submit queues a job as the Submit message does, without the hop through
+// the transfer actor's mailbox: an engine step's copies are queued (and a
+// worker woken) in the step's own turn. The owner gets its JobDone from
+// the actor as usual.
+func (q *Queue) Submit(s *Submit) { q.push(s) }
+
 // push adds a job; a load goes ahead of every store (a load is on a
 // request's time to first token, a store only has to happen before the
 // blocks are released).
-func (q *queue) push(s *Submit) {
+func (q *Queue) push(s *Submit) {
 	q.mu.Lock()
 	i := len(q.items)
 	if s.Dir == backend.HostToDevice {
@@ -52,7 +60,7 @@ func (q *queue) push(s *Submit) {
 }
 
 // cancel removes the owner's queued jobs among ids and returns them.
-func (q *queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
+func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var out []*Submit
@@ -72,7 +80,7 @@ func (q *queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 // next blocks until a job may start (the in-flight bound allows it; a job
 // larger than the bound starts when nothing else runs) and returns it, or
 // returns nil once the queue is closed.
-func (q *queue) next() *Submit {
+func (q *Queue) next() *Submit {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	for {
@@ -96,7 +104,7 @@ func (q *queue) next() *Submit {
 // adds it to the finished list. It reports whether the list was empty: the
 // caller then tells the actor (one message per batch of completions, not
 // per job).
-func (q *queue) done(d *copyDone) bool {
+func (q *Queue) done(d *copyDone) bool {
 	q.mu.Lock()
 	q.running--
 	q.inflight -= d.job.Bytes
@@ -108,7 +116,7 @@ func (q *queue) done(d *copyDone) bool {
 }
 
 // take returns the finished copies, oldest first, and empties the list.
-func (q *queue) take() []*copyDone {
+func (q *Queue) take() []*copyDone {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.finished
@@ -118,7 +126,7 @@ func (q *queue) take() []*copyDone {
 
 // close wakes every worker to exit; queued jobs are left (the node is
 // stopping).
-func (q *queue) close() {
+func (q *Queue) close() {
 	q.mu.Lock()
 	q.closed = true
 	q.mu.Unlock()
@@ -126,7 +134,7 @@ func (q *queue) close() {
 }
 
 // stats is for the gauges.
-func (q *queue) stats() (queued, running int, inflight int64) {
+func (q *Queue) stats() (queued, running int, inflight int64) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	return len(q.items), q.running, q.inflight

@@ -213,3 +213,38 @@ func TestTransferCompletesThePool(t *testing.T) {
 	copied, _ = st.seen()
 	require.Equal(t, []messages.Key{"j1-0", "j3-0"}, copied, "a load is completed before JobDone")
 }
+
+// A job pushed straight to the actor's queue (Queue.Submit, as request
+// actors do) runs and is reported like a Submit message, and a Cancel sent
+// through the mailbox afterwards still finds the jobs queued behind it.
+func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	cfg := transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}
+	q := transfer.NewQueue(cfg)
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Queue: q,
+		Metrics: metrics.NewTransfer(nil), Tracer: noop.NewTracerProvider().Tracer(""),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	done := make(chan *transfer.JobDone, 8)
+	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
+	dev := &gatedDevice{gate: make(chan struct{})}
+	st := &gatedStore{dev: dev}
+	q.Submit(job(owner, 1, backend.DeviceToHost, st, 1))
+	waitStarted(t, dev, 1) // the actor's worker took it from the shared queue
+	q.Submit(job(owner, 2, backend.DeviceToHost, st, 1))
+	q.Submit(job(owner, 3, backend.DeviceToHost, st, 1))
+	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{2}})
+	got := testkit.Recv(t, done, 5*time.Second, "cancelled job 2")
+	require.Equal(t, sched.JobID(2), got.ID)
+	require.True(t, got.Cancelled)
+	close(dev.gate)
+	for _, id := range []sched.JobID{1, 3} {
+		got := testkit.Recv(t, done, 5*time.Second, fmt.Sprintf("job %d", id))
+		require.Equal(t, id, got.ID)
+		require.NoError(t, got.Err)
+		require.False(t, got.Cancelled)
+	}
+	copied, aborted := st.seen()
+	require.Equal(t, []messages.Key{"j1-0", "j3-0"}, copied)
+	require.Equal(t, []messages.Key{"j2-0"}, aborted)
+}
