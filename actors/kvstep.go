@@ -38,8 +38,16 @@ type KVStep struct {
 type kvPart struct {
 	ctx    context.Context // the first contributor's trace context
 	engine string
-	events []messages.KVEvent
+	events *[]messages.KVEvent // from kvEventsPool; back to it once published
 }
+
+// kvEventsPool recycles the steps' event lists: a step lives for one batch
+// and Outbox.KVEvents keeps nothing of what it encodes.
+var kvEventsPool = sync.Pool{New: func() any { return new([]messages.KVEvent) }}
+
+// kvEventsKeep is the largest list put back: a rare huge step's array is
+// left to the collector rather than held for ever.
+const kvEventsKeep = 1024
 
 // NewKVStep starts a step that publishes through o (nil for a nil Outbox:
 // every Add then reports false).
@@ -70,9 +78,9 @@ func (s *KVStep) Add(ctx context.Context, engine string, events []messages.KVEve
 		i++
 	}
 	if i == len(s.parts) {
-		s.parts = append(s.parts, kvPart{ctx: ctx, engine: engine})
+		s.parts = append(s.parts, kvPart{ctx: ctx, engine: engine, events: kvEventsPool.Get().(*[]messages.KVEvent)})
 	}
-	s.parts[i].events = append(s.parts[i].events, events...)
+	*s.parts[i].events = append(*s.parts[i].events, events...)
 	for _, ev := range events {
 		s.hashes += len(ev.BlockHashes)
 	}
@@ -102,7 +110,12 @@ func (s *KVStep) publishLocked() {
 		if ctx == nil {
 			ctx = context.Background()
 		}
-		s.out.KVEvents(ctx, p.engine, p.events)
+		s.out.KVEvents(ctx, p.engine, *p.events)
+		if cap(*p.events) <= kvEventsKeep {
+			clear(*p.events) // drop the hash strings
+			*p.events = (*p.events)[:0]
+			kvEventsPool.Put(p.events)
+		}
 	}
 	clear(s.parts)
 	s.parts, s.hashes = s.parts[:0], 0
