@@ -167,6 +167,29 @@ func (p *Pool) fits(needed []*class, freed int) bool {
 	return pages <= len(p.freePages)+freed
 }
 
+// reserveMax bounds the entries reserve sizes the tables for at once.
+const reserveMax = 1 << 20
+
+// reserve sizes the entry slab and the index, when they are full, for as
+// many chunks of size bytes as the pool holds: a pool filling up grows them
+// once instead of doubling its way there (each doubling copies the slab and
+// rehashes the index, in PrepareStore's critical section).
+func (p *Pool) reserve(size int64) {
+	if len(p.entries) < cap(p.entries) {
+		return
+	}
+	n := int(min(p.Capacity()/max(size, 1), reserveMax))
+	if n <= 2*cap(p.entries) {
+		return // append's doubling is as good
+	}
+	entries := make([]entry, len(p.entries), n)
+	copy(entries, p.entries)
+	p.entries = entries
+	if len(p.index) == 0 {
+		p.index = make(map[messages.Key]ref, n)
+	}
+}
+
 // add stores key as a new pending entry of size bytes.
 func (p *Pool) add(k messages.Key, size int64) {
 	var r ref
@@ -174,6 +197,7 @@ func (p *Pool) add(k messages.Key, size int64) {
 		r = p.freeRefs[n-1]
 		p.freeRefs = p.freeRefs[:n-1]
 	} else {
+		p.reserve(size)
 		r = ref(len(p.entries))
 		p.entries = append(p.entries, entry{})
 	}

@@ -286,3 +286,40 @@ func TestPrepareStoreBadSizes(t *testing.T) {
 	require.Equal(t, before, snapshot(p))
 	checkInvariants(t, p)
 }
+
+// A pool filling up with one chunk size sizes its tables once, for as many
+// chunks as it holds, instead of doubling its way there; keys stay
+// findable across the reserve.
+func TestReserveSizesTablesOnce(t *testing.T) {
+	p := New(1<<20, 64<<10) // 16 pages of 64 KiB
+	const size = 1 << 10    // 1,024 chunks fit
+	keys := make([]messages.Key, 0, 1024)
+	for i := range 1024 {
+		keys = append(keys, messages.Key(fmt.Sprintf("k%04d", i)))
+	}
+	if _, err := p.PrepareStore(keys[:1], []int64{size}); err != nil {
+		t.Fatal(err)
+	}
+	if c := cap(p.entries); c < 1024 {
+		t.Fatalf("after the first key the slab holds %d entries, want room for 1024", c)
+	}
+	slab := &p.entries[:1][0]
+	sizes := make([]int64, 1023)
+	for i := range sizes {
+		sizes[i] = size
+	}
+	if _, err := p.PrepareStore(keys[1:], sizes); err != nil {
+		t.Fatal(err)
+	}
+	if &p.entries[0] != slab {
+		t.Fatal("the slab was reallocated while the pool filled")
+	}
+	if p.Len() != 1024 {
+		t.Fatalf("pool holds %d keys, want 1024", p.Len())
+	}
+	for _, k := range keys {
+		if _, ok := p.index[k]; !ok {
+			t.Fatalf("key %s lost", k)
+		}
+	}
+}
