@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"unsafe"
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
@@ -379,7 +380,7 @@ func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.
 	for _, c := range cands {
 		b = AppendKey(b, r.lay.Namespace, hashOf(c), c.group)
 	}
-	all, off := string(b), 0
+	all, off := unsafe.String(unsafe.SliceData(b), len(b)), 0 // b is not written again
 	for _, c := range cands {
 		n := keyNSBytes + len(hashOf(c)) + keyGroupBytes
 		keys = append(keys, messages.Key(all[off:off+n]))

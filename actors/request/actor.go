@@ -309,7 +309,7 @@ func (a *Actor) published(j *job) {
 // perform carries out effects in the documented order (sched.Effects).
 func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	if len(eff.Cancel) > 0 {
-		c.Send(a.deps.Transfer, &transfer.Cancel{Owner: c.Self(), IDs: append([]sched.JobID(nil), eff.Cancel...)})
+		c.Send(a.deps.Transfer, &transfer.Cancel{Owner: c.Self(), IDs: eff.Cancel})
 	}
 	if eff.Job != nil {
 		a.submit(c, eff.Job, arrived)
