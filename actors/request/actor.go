@@ -42,11 +42,11 @@ type Deps struct {
 	// Queue, when set, is the transfer actor's queue: store jobs are pushed
 	// to it directly (no mailbox hop between decision and copy queue);
 	// nil: they are sent to Transfer.
-	Queue *transfer.Queue
-	Outbox   *actors.Outbox
-	Metrics  Metrics
-	Tracer   trace.Tracer
-	Log      *slog.Logger
+	Queue   *transfer.Queue
+	Outbox  *actors.Outbox
+	Metrics Metrics
+	Tracer  trace.Tracer
+	Log     *slog.Logger
 	// Namespace is the engine's namespace (BlockStored's "namespace").
 	// NamespaceOf names the namespace of an evicted key, which may be
 	// another one (the pool's LRU spans namespaces), and the engine whose
