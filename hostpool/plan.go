@@ -80,7 +80,8 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 		return Prepared{}, fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
 			newKeys, len(p.freePages), len(victims))
 	}
-	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending}
+	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending, Ends: make([]int, 0, newKeys),
+		Ext: make([]Extent, 0, newKeys)}
 	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)
@@ -101,8 +102,12 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 				continue // a repeat in a long offer, already given room
 			}
 		}
-		p.add(k, p.sizeOf(sizes, int(i)))
+		r := p.add(k, p.sizeOf(sizes, int(i)))
 		out.Keys = append(out.Keys, k)
+		for _, pc := range p.entries[r].pieces {
+			out.Ext = append(out.Ext, p.extent(pc))
+		}
+		out.Ends = append(out.Ends, len(out.Ext))
 	}
 	return out, nil
 }
@@ -190,8 +195,8 @@ func (p *Pool) reserve(size int64) {
 	}
 }
 
-// add stores key as a new pending entry of size bytes.
-func (p *Pool) add(k messages.Key, size int64) {
+// add stores key as a new pending entry of size bytes and returns it.
+func (p *Pool) add(k messages.Key, size int64) ref {
 	var r ref
 	if n := len(p.freeRefs); n > 0 {
 		r = p.freeRefs[n-1]
@@ -211,4 +216,5 @@ func (p *Pool) add(k messages.Key, size int64) {
 	p.index[k] = r
 	p.pending++
 	p.dataBytes += size
+	return r
 }

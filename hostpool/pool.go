@@ -38,6 +38,12 @@ var (
 // with a nil error is "nothing to store", distinct from ErrNoRoom.
 type Prepared struct {
 	Keys []messages.Key
+	// Ext and Ends are the room given to Keys: Keys[i]'s extents are
+	// Ext[Ends[i-1]:Ends[i]] (Room). A store job copies into it without
+	// locating its keys again: they stay pending, so their room cannot
+	// move, until the job completes or is aborted.
+	Ext  []Extent
+	Ends []int
 	// Pending are the offered keys left out because another copy is still
 	// filling them, in offer order: that copy may yet fail or be cancelled
 	// and free them, so the offerer must offer them again until they are
@@ -48,6 +54,15 @@ type Prepared struct {
 	// order, when the pool keeps them (SetKeepVictims: a disk tier copies
 	// them out). Their room now belongs to Keys: read it before their copy.
 	Victims []Victim
+}
+
+// Room is the extents given to Keys[i].
+func (p *Prepared) Room(i int) []Extent {
+	lo := 0
+	if i > 0 {
+		lo = p.Ends[i-1]
+	}
+	return p.Ext[lo:p.Ends[i]:p.Ends[i]]
 }
 
 // Victim is an evicted chunk: where its bytes were and their checksum.

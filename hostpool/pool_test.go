@@ -60,6 +60,14 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 			var got Prepared
 			got, err = p.PrepareStore(s.store, nil)
 			if s.wantErr == nil {
+				// Each new key's room is where the pool now locates it.
+				require.Len(t, got.Ends, len(got.Keys), msg)
+				for i, k := range got.Keys {
+					ext, _, st := p.locate(k, nil)
+					require.Equal(t, Pending, st, msg)
+					require.Equal(t, ext, got.Room(i), msg)
+				}
+				got.Ext, got.Ends = nil, nil
 				require.Equal(t, s.want, got, msg)
 			}
 		case s.done != nil:

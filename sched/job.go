@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -16,6 +17,9 @@ type JobChunk struct {
 	Index  messages.ChunkIndex
 	Key    messages.Key
 	Blocks []messages.BlockID
+	// Room is where a store job's chunk goes in the arena, as its decision
+	// reserved it (hostpool.Prepared.Room); nil: the copy locates the key.
+	Room []hostpool.Extent
 }
 
 // StoreJob copies chunks of one request from device to pool. Chunks are

@@ -389,6 +389,15 @@ func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.
 	return keys
 }
 
+// roomOf is prep's room for its i'th key, nil when the preparer reported
+// none (a test double): the copy then locates the key itself.
+func roomOf(prep *hostpool.Prepared, i int) []hostpool.Extent {
+	if i >= len(prep.Ends) {
+		return nil
+	}
+	return prep.Room(i)
+}
+
 func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool.Prepared) *StoreJob {
 	r.nextJob++
 	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
@@ -403,7 +412,7 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 		n := len(blocks)
 		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
-			Blocks: blocks[n:len(blocks):len(blocks)]})
+			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(&prep, next)})
 		next++
 	}
 	return job

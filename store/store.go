@@ -168,10 +168,13 @@ const tileBytes = 512 << 10
 // is ErrCorrupt in a *hostpool.KeyError naming it.
 func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	keys := keysOf(chunks)
-	loc, err := e.s.pool.Locate(keys)
-	if err != nil { // a bug: a job's keys are pending or pinned until it completes
-		e.complete(dir, keys, nil)
-		return fmt.Errorf("store: %w", err)
+	loc, ok := reserved(dir, chunks)
+	if !ok {
+		var err error
+		if loc, err = e.s.pool.Locate(keys); err != nil { // a bug: a job's keys are pending or pinned until it completes
+			e.complete(dir, keys, nil)
+			return fmt.Errorf("store: %w", err)
+		}
 	}
 	if dir == backend.HostToDevice {
 		if err := e.fetch(keys, &loc); err != nil {
@@ -223,6 +226,28 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	}
 	e.complete(dir, keys, sums)
 	return nil
+}
+
+// reserved is a store job's room as its decision reserved it (JobChunk.Room),
+// with no trip through the pool's lock; false when a chunk has none.
+func reserved(dir backend.Direction, chunks []sched.JobChunk) (hostpool.Located, bool) {
+	if dir != backend.DeviceToHost {
+		return hostpool.Located{}, false
+	}
+	n := 0
+	for i := range chunks {
+		if chunks[i].Room == nil {
+			return hostpool.Located{}, false
+		}
+		n += len(chunks[i].Room)
+	}
+	loc := hostpool.Located{Ext: make([]hostpool.Extent, 0, n), Ends: make([]int, len(chunks)),
+		Sums: make([]uint32, len(chunks))}
+	for i := range chunks {
+		loc.Ext = append(loc.Ext, chunks[i].Room...)
+		loc.Ends[i] = len(loc.Ext)
+	}
+	return loc, true
 }
 
 // fetch reads the load's chunks that are pending (given room by PrepareLoad
