@@ -68,8 +68,15 @@ type External struct {
 	NoStoreCPUSeconds float64 `json:"nostore_node_cpu_seconds"`
 	NoStoreUSPerEvent float64 `json:"nostore_node_us_per_event"`
 	StoreUSPerChunk   float64 `json:"store_node_us_per_stored_chunk"`
-	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end.
+	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end
+	// of the no-store run.
 	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
+	// Latency is paced runs through the same child after the no-store run
+	// (external_latency.go), at fractions of EventsPerSec: the store-heavy
+	// mix with no shared prefixes, on fresh engines per level. Node* is the
+	// child's kvactors_store_decision_seconds scraped from its /metrics.
+	LatencyWorkload string                 `json:"latency_workload"`
+	Latency         []ExternalLatencyLevel `json:"latency_levels"`
 }
 
 // storeHeavyWorkload is issue 14's mix: about 22 events per request, one
@@ -385,6 +392,12 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	res.derive()
 	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
 		res.EventsPerSec, res.NodeUSPerEvent, res.NoStoreUSPerEvent, res.RawEventsPerSec)
+
+	obs.Close() // the latency levels time their own engines' stored messages
+	res.LatencyWorkload = "store-heavy, shared 0"
+	if res.Latency, err = externalLatency(ctx, cfg, c, r, res.EventsPerSec); err != nil {
+		return nil, err
+	}
 	return res, nil
 }
 

@@ -1,15 +1,21 @@
 package bench
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"math"
+	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // Metric names read from the node (package metrics).
@@ -181,6 +187,44 @@ func (h histogram) quantile(q float64) float64 {
 		lower, below = h.bounds[i], c
 	}
 	return lower
+}
+
+// scrape reads another process's metrics from its Prometheus endpoint url
+// (a node's /metrics, text exposition format) into a Gatherer, so snapshot
+// and gatherSum read them as they read an in-process registry. Histograms
+// drop their +Inf bucket, which the text format spells out and a registry's
+// Gather leaves implicit (snapshot adds it from the sample count).
+func scrape(ctx context.Context, url string) (prometheus.Gatherer, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	req.Header.Set("Accept", "text/plain;version=0.0.4")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("scrape %s: %s", url, resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	byName, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		return nil, fmt.Errorf("scrape %s: %w", url, err)
+	}
+	fams := make([]*dto.MetricFamily, 0, len(byName))
+	for _, f := range byName {
+		for _, m := range f.GetMetric() {
+			if h := m.GetHistogram(); h != nil {
+				h.Bucket = slices.DeleteFunc(h.Bucket, func(b *dto.Bucket) bool { return math.IsInf(b.GetUpperBound(), 1) })
+			}
+		}
+		fams = append(fams, f)
+	}
+	return prometheus.GathererFunc(func() ([]*dto.MetricFamily, error) { return fams, nil }), nil
 }
 
 // residentBytes is this process's resident set size (/proc/self/statm).

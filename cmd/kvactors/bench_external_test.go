@@ -45,11 +45,28 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.Positive(t, e.RawEvents)
 	require.InDelta(t, e.EventsPerSec/e.RawEventsPerSec, e.Ratio, 1e-9)
 	require.Positive(t, e.NodeMaxRSSBytes)
+	require.Len(t, e.Latency, 2, "latency levels at 25% and 50%")
+	for _, l := range e.Latency {
+		require.Positive(t, l.Events)
+		require.Positive(t, l.Jobs, "%.0f%%: stored messages timed", l.Fraction*100)
+		require.Positive(t, l.NodeJobs, "%.0f%%: the child's decision histogram moved", l.Fraction*100)
+		require.InDelta(t, l.Fraction*e.EventsPerSec, l.TargetPerSec, 1e-6*e.EventsPerSec)
+		require.GreaterOrEqual(t, l.ClientP50MS, 0.0)
+		require.LessOrEqual(t, l.ClientP50MS, l.ClientP99MS)
+		require.LessOrEqual(t, l.ClientP99MS, l.ClientP999MS)
+		require.GreaterOrEqual(t, l.NodeP50MS, 0.0)
+		require.LessOrEqual(t, l.NodeP50MS, l.NodeP99MS)
+		require.LessOrEqual(t, l.NodeP99MS, l.NodeP999MS)
+	}
+	require.Equal(t, 0.25, e.Latency[0].Fraction)
+	require.Equal(t, 0.5, e.Latency[1].Fraction)
 	names := map[string]bool{}
 	for _, g := range rep.Goals {
 		names[g.Name] = true
 	}
 	require.True(t, names["external: node CPU per event"])
+	require.True(t, names["external: node p99 at 50%"])
+	require.True(t, names["external: client p99 at 50%"])
 
 	left, err := os.ReadDir(shm)
 	require.NoError(t, err)

@@ -1,0 +1,181 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// ExternalLatencyLevel is one paced level of the out-of-process run: the
+// latency phase's figures plus the CPU both processes spent on it, from the
+// first publish until the stored messages stopped (NodeCPUSeconds is the
+// child's, BenchCPUSeconds this process's: pacing, stored-message parsing).
+type ExternalLatencyLevel struct {
+	LatencyLevel
+	NodeCPUSeconds  float64 `json:"node_cpu_seconds"`
+	NodeUSPerEvent  float64 `json:"node_us_per_event"`
+	BenchCPUSeconds float64 `json:"bench_cpu_seconds"`
+}
+
+// externalLatencyFractions are the out-of-process run's paced rates, as
+// fractions of its store-heavy run's events/s.
+var externalLatencyFractions = []float64{0.25, 0.5}
+
+// externalLevelMinEvents keeps a short run's level big enough to see jobs.
+const externalLevelMinEvents = 2_000
+
+// externalLatencyWorkload is the store-heavy mix with no shared prefixes:
+// every ready chunk is stored (nothing deduplicates), so every job comes
+// back as a stored message to be timed, as in the latency phase.
+func externalLatencyWorkload() workload {
+	w := storeHeavyWorkload()
+	w.shared = 0
+	return w
+}
+
+// externalLatency paces the store-heavy mix (shared = 0) through the child
+// at each fraction of capacity (the store-heavy run's events/s), on fresh
+// engines per level.
+func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity float64) ([]ExternalLatencyLevel, error) {
+	var levels []ExternalLatencyLevel
+	for k, f := range externalLatencyFractions {
+		lvl, err := externalLevel(ctx, cfg, c, r, k, f, capacity*f)
+		if err != nil {
+			return nil, fmt.Errorf("latency at %.0f%%: %w", f*100, err)
+		}
+		levels = append(levels, *lvl)
+		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (%d jobs), node %.2f µs CPU/event, bench CPU-s %.2f",
+			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.Jobs, lvl.NodeUSPerEvent, lvl.BenchCPUSeconds)
+	}
+	return levels, nil
+}
+
+// externalLevel is latencyLevel against the child: engines "l<percent>e<i>"
+// register on it, their batches are pre-encoded and paced at rate events/s,
+// client latency comes from their stored messages, node latency from the
+// child's kvactors_store_decision_seconds scraped before and after.
+func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fraction, rate float64) (*ExternalLatencyLevel, error) {
+	tag := fmt.Sprintf("l%.0f", fraction*100)
+	base := engineIDs(cfg.Engines)
+	ids := make([]string, len(base))
+	gens := make([]*engineGen, len(base))
+	for i, id := range base {
+		ids[i] = tag + id
+		// Seeds of their own: the child's pool still holds earlier runs'
+		// chunks, and a hash met before would deduplicate, not store.
+		gens[i] = newEngineGen(ids[i], tag, uint64(i+1)*0x9e37+uint64(k+1)<<48, storeGeometry(), externalLatencyWorkload())
+		gens[i].trigger = map[chunkRef]int{}
+	}
+	events := max(externalLevelMinEvents, min(maxEvents, int(rate*cfg.Duration.Seconds())))
+	perEngine := fill(gens, events)
+
+	var s sampler
+	published := make([][]atomic.Int64, len(ids))
+	streams := make([]stream, len(ids))
+	conns := make([]*nats.Conn, len(ids))
+	for i, id := range ids {
+		nc, _, err := r.engine(id, storeGeometry())
+		if err != nil {
+			return nil, err
+		}
+		conns[i] = nc
+		published[i] = make([]atomic.Int64, len(perEngine[i]))
+		g, pub := gens[i], published[i]
+		sub, err := nc.Subscribe(r.subject(id, "stored"), func(m *nats.Msg) { s.onStored(g, pub, m) })
+		if err != nil {
+			return nil, err
+		}
+		if err := sub.SetPendingLimits(-1, -1); err != nil {
+			return nil, err
+		}
+		if err := nc.Flush(); err != nil {
+			return nil, err
+		}
+		streams[i] = stream{nc: nc, subject: r.subject(id, "events"), batches: perEngine[i]}
+	}
+	total, applied := 0, 0
+	events = 0
+	for _, st := range streams {
+		total += len(st.batches)
+		for _, b := range st.batches {
+			events += int(b.events)
+			applied += int(b.applied)
+		}
+	}
+	batchRate := rate / (float64(events) / float64(total))
+
+	metrics := "http://" + c.httpAddr + "/metrics"
+	before, err := scrape(ctx, metrics)
+	if err != nil {
+		return nil, err
+	}
+	appliedBase, rejectedBase := gatherSum(before, mApplied, "", ""), gatherSum(before, mRejected, "", "")
+	cpu0, err := c.cpuSeconds()
+	if err != nil {
+		return nil, err
+	}
+	bench0 := cpuSeconds()
+	start, last, err := pace(ctx, streams, published, batchRate)
+	if err != nil {
+		return nil, err
+	}
+	// Every event applied (scraped every 2 ms; the other engines are idle),
+	// then stored messages trail the last batch by a copy: wait until none
+	// has arrived for 50 ms.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		g, err := scrape(ctx, metrics)
+		if err != nil {
+			return nil, err
+		}
+		if gatherSum(g, mApplied, "", "")-appliedBase >= float64(applied) {
+			break
+		}
+		if time.Now().After(deadline) {
+			return nil, fmt.Errorf("timed out after 30s waiting for the child to apply %d events (child: %s)", applied, c.stderr)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	_ = waitFor(ctx, "stored messages to stop arriving", 5*time.Second, func() bool {
+		return time.Since(time.Unix(0, s.last.Load())) > 50*time.Millisecond
+	})
+	for _, nc := range conns {
+		_ = nc.Drain() // delivers what the subscriptions still hold
+	}
+	_ = waitFor(ctx, "engine connections to drain", 5*time.Second, func() bool {
+		for _, nc := range conns {
+			if !nc.IsClosed() {
+				return false
+			}
+		}
+		return true
+	})
+	cpu1, err := c.cpuSeconds()
+	if err != nil {
+		return nil, err
+	}
+	bench1 := cpuSeconds()
+	after, err := scrape(ctx, metrics)
+	if err != nil {
+		return nil, err
+	}
+	node := snapshot(after, mDecision).minus(snapshot(before, mDecision))
+
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	slices.Sort(s.samples)
+	lvl := &ExternalLatencyLevel{LatencyLevel: LatencyLevel{Fraction: fraction, TargetPerSec: rate, Events: events,
+		Jobs: len(s.samples), Unmatched: s.unmatched, NodeJobs: node.count(),
+		RejectedOrFailed: gatherSum(after, mRejected, "", "") - rejectedBase},
+		NodeCPUSeconds: cpu1 - cpu0, NodeUSPerEvent: (cpu1 - cpu0) * 1e6 / float64(events), BenchCPUSeconds: bench1 - bench0}
+	if secs := last.Sub(start).Seconds(); secs > 0 {
+		lvl.AchievedPerSec = float64(events) / secs
+	}
+	lvl.ClientP50MS, lvl.ClientP99MS, lvl.ClientP999MS = pct(s.samples, 0.5), pct(s.samples, 0.99), pct(s.samples, 0.999)
+	lvl.NodeP50MS, lvl.NodeP99MS, lvl.NodeP999MS = node.quantile(0.5)*1e3, node.quantile(0.99)*1e3, node.quantile(0.999)*1e3
+	return lvl, nil
+}
