@@ -17,8 +17,15 @@ import (
 // reported once in the []EventError (PROTOCOL.md "EventBatch"). Zero fields
 // of lim mean their defaults.
 func DecodeBatch(engine string, data []byte, lim Limits) (messages.EventBatch, []EventError, error) {
+	return DecodeBatchInto(engine, data, lim, nil)
+}
+
+// DecodeBatchInto is DecodeBatch appending the events to evs[:0] (a slice
+// being reused: the node recycles its batches' event slices); it grows as
+// append does when evs is short.
+func DecodeBatchInto(engine string, data []byte, lim Limits, evs []messages.Event) (messages.EventBatch, []EventError, error) {
 	d := decoder{lexer: lexer{data: data}, lim: lim.WithDefaults()}
-	b := messages.EventBatch{Engine: engine}
+	b := messages.EventBatch{Engine: engine, Events: evs[:0]}
 	var (
 		bad                         []EventError
 		hasEpoch, hasSeq, hasEvents bool
@@ -140,11 +147,11 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 	default:
 		return evs, bad, false, d.envelope(`"events" is a ` + kind(c) + ", want an array")
 	}
-	if evs == nil {
-		// Every event is an object, so counting '{' bounds the events from
-		// above for the usual body (a vectorised byte count, far cheaper
-		// than regrowing); append still grows it if the guess is short.
-		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), d.lim.MaxEvents))
+	// Every event is an object, so counting '{' bounds the events from
+	// above for the usual body (a vectorised byte count, far cheaper than
+	// regrowing); append still grows it if the guess is short.
+	if need := min(bytes.Count(d.data, openBrace), d.lim.MaxEvents); cap(evs) < need {
+		evs = make([]messages.Event, 0, need)
 	}
 	i := 0
 	for more := !d.open(']'); more; i++ {

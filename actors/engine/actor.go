@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -109,6 +110,9 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 	case *Batch:
 		a.batch(c, m)
+		if m.Recycle != nil { // not handed over to request actors (forward)
+			m.Recycle(clearEvents(m.Batch.Events))
+		}
 		if m.Done != nil {
 			m.Done()
 		}
@@ -233,13 +237,30 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	step := a.deps.Outbox.NewKVStep()
 	defer step.Publish()
 	all := groupEvents(m.Batch.Events, a.fwd, a.counts)
+	var held *heldEvents
+	if m.Recycle != nil && len(all) > 0 && &all[0] == &m.Batch.Events[0] {
+		// The request actors get parts of the batch's own slice: the last
+		// to apply its part recycles it (this turn holds one share).
+		held = &heldEvents{events: m.Batch.Events, recycle: m.Recycle}
+		held.left.Store(1)
+		m.Recycle = nil
+	}
+	msgs := make([]request.Events, len(a.order)) // one allocation for the step's messages
 	begin := 0
 	for idx, id := range a.order {
 		end := a.counts[idx]
 		if e := a.live[id]; e != nil {
-			c.Send(e.pid, &request.Events{Events: all[begin:end:end], Arrived: m.Arrived, KV: step})
+			msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived, KV: step}
+			if held != nil {
+				held.left.Add(1)
+				msgs[idx].Applied = held.release
+			}
+			c.Send(e.pid, &msgs[idx])
 		}
 		begin = end
+	}
+	if held != nil {
+		held.release()
 	}
 	clear(a.reqIndex)
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
@@ -272,6 +293,27 @@ func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages
 		counts[f.request]++
 	}
 	return all
+}
+
+// heldEvents is a batch's event slice shared by the request actors that got
+// parts of it; the last to let go hands it back (Batch.Recycle).
+type heldEvents struct {
+	left    atomic.Int32
+	events  []messages.Event
+	recycle func([]messages.Event)
+}
+
+func (h *heldEvents) release() {
+	if h.left.Add(-1) == 0 {
+		h.recycle(clearEvents(h.events))
+	}
+}
+
+// clearEvents drops what events point to (ids, hashes, request ids) and
+// returns the slice emptied, for reuse.
+func clearEvents(events []messages.Event) []messages.Event {
+	clear(events)
+	return events[:0]
 }
 
 // grouped reports whether each request's routed events come in one run

@@ -17,6 +17,10 @@ type Batch struct {
 	// returns the batch's share of the node's intake budget (the credit
 	// window between intake and this actor).
 	Done func()
+	// Recycle, when set, takes the batch's event slice back for reuse once
+	// nothing holds it: at once when no request actor got a part of it,
+	// else after the last request actor has applied its part.
+	Recycle func([]messages.Event)
 }
 
 // Retire ends the engine: every request is reset and released with Reason

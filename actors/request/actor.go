@@ -178,6 +178,9 @@ func (a *Actor) Receive(c actor.Context) {
 		a.step = m.KV
 		a.apply(c, m)
 		a.step = nil
+		if m.Applied != nil {
+			m.Applied()
+		}
 	case *transfer.JobDone:
 		a.step = m.KV
 		a.jobDone(c, m)

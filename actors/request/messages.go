@@ -16,6 +16,9 @@ type Events struct {
 	Events  []messages.Event
 	Arrived time.Time
 	KV      *actors.KVStep
+	// Applied, when set, is called once the actor is done with Events
+	// (applied or ignored): the engine reuses the batch's slice after that.
+	Applied func()
 }
 
 // RetryDue is the retry timer firing: take the store decision again.
