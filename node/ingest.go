@@ -357,11 +357,15 @@ var eventSlices sync.Pool
 // left to the collector).
 const eventsKeep = 1024
 
+// eventsMin is a new slice's capacity: most batches fit, so a recycled
+// slice rarely meets a batch it is too short for.
+const eventsMin = 64
+
 func getEvents() []messages.Event {
 	if p, ok := eventSlices.Get().(*[]messages.Event); ok {
 		return *p
 	}
-	return nil
+	return make([]messages.Event, 0, eventsMin)
 }
 
 func putEvents(evs []messages.Event) {

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -238,14 +239,22 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	defer step.Publish()
 	all := groupEvents(m.Batch.Events, a.fwd, a.counts)
 	var held *heldEvents
+	var release func() // held.release, bound once
 	if m.Recycle != nil && len(all) > 0 && &all[0] == &m.Batch.Events[0] {
 		// The request actors get parts of the batch's own slice: the last
 		// to apply its part recycles it (this turn holds one share).
 		held = &heldEvents{events: m.Batch.Events, recycle: m.Recycle}
 		held.left.Store(1)
+		release = held.release
 		m.Recycle = nil
 	}
-	msgs := make([]request.Events, len(a.order)) // one allocation for the step's messages
+	var msgs []request.Events // one allocation for the step's messages, recycled with the events
+	if held != nil {
+		held.msgs = getEventMsgs(len(a.order))
+		msgs = held.msgs
+	} else {
+		msgs = make([]request.Events, len(a.order))
+	}
 	begin := 0
 	for idx, id := range a.order {
 		end := a.counts[idx]
@@ -253,7 +262,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 			msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived, KV: step}
 			if held != nil {
 				held.left.Add(1)
-				msgs[idx].Applied = held.release
+				msgs[idx].Applied = release
 			}
 			c.Send(e.pid, &msgs[idx])
 		}
@@ -300,12 +309,33 @@ func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages
 type heldEvents struct {
 	left    atomic.Int32
 	events  []messages.Event
+	msgs    []request.Events
 	recycle func([]messages.Event)
 }
 
 func (h *heldEvents) release() {
 	if h.left.Add(-1) == 0 {
 		h.recycle(clearEvents(h.events))
+		putEventMsgs(h.msgs)
+	}
+}
+
+// eventMsgs recycles the steps' request messages along with their events
+// (heldEvents): the request actors hold them exactly as long.
+var eventMsgs sync.Pool
+
+func getEventMsgs(n int) []request.Events {
+	if p, ok := eventMsgs.Get().(*[]request.Events); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]request.Events, n, max(n, 16))
+}
+
+func putEventMsgs(msgs []request.Events) {
+	if cap(msgs) <= 1024 {
+		clear(msgs)
+		msgs = msgs[:0]
+		eventMsgs.Put(&msgs)
 	}
 }
 
