@@ -3,22 +3,14 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
-	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
-	"github.com/kvactors/kvactors/sched"
 )
 
 // A request actor that panics is stopped by its engine's supervision, its
@@ -27,25 +19,10 @@ import (
 func TestRequestActorPanicIsContained(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 16,
-		Segments: []messages.Segment{{Shm: "x"}},
-		Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
-			Regions: []messages.Region{{BlockStride: 8, BlockBytes: 8}}}}})
-	require.NoError(t, err)
-	m := metrics.Discard()
-	outbox := actors.NewOutbox(nc, "kvactors", log)
-	system := actor.NewActorSystem()
-	t.Cleanup(system.Shutdown)
-	// Pool is nil: the first store decision of a request dereferences it and
-	// panics, which stands in for any bug on bad state.
+	// The pool is nil: the first store decision of a request dereferences
+	// it and panics, which stands in for any bug on bad state.
 	closed := make(chan struct{})
-	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
-		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
-		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute,
-		Closed: closed, Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox,
-			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
-			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log}}))
+	system, pid, m := startEngine(t, nc, closed)
 
 	ev := func(e messages.Event) messages.Event { return e }
 	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,

@@ -2,12 +2,49 @@ package engine_test
 
 import (
 	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
 )
 
 func testutilValue(m *metrics.Metrics) float64 { return testutil.ToFloat64(m.RequestFailure) }
 
 func errString(s string) error { return errors.New(s) }
+
+// startEngine spawns engine "e1" (one full group, 4 tokens per block and
+// per hash, one block per chunk) publishing on nc, with no store: its
+// requests' first store decision dereferences a nil pool.
+func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}) (*actor.ActorSystem, *actor.PID, *metrics.Metrics) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
+		Segments: []messages.Segment{{Shm: "x"}},
+		Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 8, BlockBytes: 8}}}}})
+	require.NoError(t, err)
+	m := metrics.Discard()
+	outbox := actors.NewOutbox(nc, "kvactors", log)
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
+		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
+		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed,
+		Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox,
+			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
+			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log}}))
+	return system, pid, m
+}

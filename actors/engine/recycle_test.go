@@ -2,24 +2,16 @@ package engine_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
-	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
-	"github.com/kvactors/kvactors/sched"
 )
 
 // A batch's event slice goes back for reuse (Batch.Recycle) exactly once,
@@ -29,22 +21,7 @@ import (
 // place, handed to the request actors) and interleaved (copied first).
 func TestBatchEventsRecycledOnceAfterTheRequestsApplied(t *testing.T) {
 	_, nc := testkit.NATS(t)
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
-		Segments: []messages.Segment{{Shm: "x"}},
-		Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
-			Regions: []messages.Region{{BlockStride: 8, BlockBytes: 8}}}}})
-	require.NoError(t, err)
-	m := metrics.Discard()
-	outbox := actors.NewOutbox(nc, "kvactors", log)
-	system := actor.NewActorSystem()
-	t.Cleanup(system.Shutdown)
-	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
-		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
-		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: make(chan struct{}),
-		Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox,
-			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
-			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log}}))
+	system, pid, _ := startEngine(t, nc, make(chan struct{}))
 
 	var mu sync.Mutex
 	recycled := 0

@@ -71,32 +71,21 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvactors bench: %v (see kvactors bench --help)\n", err)
 		return exitUsage
 	}
-	if o.cpuprofile != "" {
-		f, err := os.Create(o.cpuprofile)
+	// Each profile flag names a file the run writes into.
+	for _, out := range []struct {
+		path string
+		to   *io.Writer
+	}{{o.cpuprofile, &o.cfg.CPUProfile}, {o.extProfile, &o.cfg.ExternalProfile}, {o.extAllocs, &o.cfg.ExternalAllocs}} {
+		if out.path == "" {
+			continue
+		}
+		f, err := os.Create(out.path)
 		if err != nil {
 			fmt.Fprintln(stderr, "kvactors bench:", err)
 			return exitFailure
 		}
 		defer f.Close()
-		o.cfg.CPUProfile = f
-	}
-	if o.extProfile != "" {
-		f, err := os.Create(o.extProfile)
-		if err != nil {
-			fmt.Fprintln(stderr, "kvactors bench:", err)
-			return exitFailure
-		}
-		defer f.Close()
-		o.cfg.ExternalProfile = f
-	}
-	if o.extAllocs != "" {
-		f, err := os.Create(o.extAllocs)
-		if err != nil {
-			fmt.Fprintln(stderr, "kvactors bench:", err)
-			return exitFailure
-		}
-		defer f.Close()
-		o.cfg.ExternalAllocs = f
+		*out.to = f
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
