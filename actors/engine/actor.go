@@ -3,8 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -228,8 +226,8 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 }
 
 // forward groups the routed events by request (order kept within each
-// request) and sends each request its part, which the request actor owns
-// from then on. Engines usually send a request's events together: then
+// request) and sends each request its part, which the request actor holds
+// until it has applied it (Events.Applied). Engines usually send a request's events together: then
 // the batch's own slice is compacted in place; otherwise they are copied
 // into one new slice, one allocation per batch.
 // The batch is one step: its requests' kv_events (evictions of their
@@ -273,88 +271,6 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	}
 	clear(a.reqIndex)
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
-}
-
-// groupEvents lays the routed events (fwd, in batch order) out request by
-// request, keeping their order, and leaves in counts (each request's event
-// count on entry) the end of each request's part. It reuses events when
-// the parts are already runs (see forward).
-func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages.Event {
-	if grouped(fwd) {
-		for w, f := range fwd { // f.event >= w: nothing unread is overwritten
-			if f.event != w {
-				events[w] = events[f.event]
-			}
-		}
-		for idx := 1; idx < len(counts); idx++ {
-			counts[idx] += counts[idx-1]
-		}
-		return events[:len(fwd)]
-	}
-	all := make([]messages.Event, len(fwd))
-	start := 0
-	for idx, n := range counts {
-		counts[idx] = start // now the next free position of request idx
-		start += n
-	}
-	for _, f := range fwd {
-		all[counts[f.request]] = events[f.event]
-		counts[f.request]++
-	}
-	return all
-}
-
-// heldEvents is a batch's event slice shared by the request actors that got
-// parts of it; the last to let go hands it back (Batch.Recycle).
-type heldEvents struct {
-	left    atomic.Int32
-	events  []messages.Event
-	msgs    []request.Events
-	recycle func([]messages.Event)
-}
-
-func (h *heldEvents) release() {
-	if h.left.Add(-1) == 0 {
-		h.recycle(clearEvents(h.events))
-		putEventMsgs(h.msgs)
-	}
-}
-
-// eventMsgs recycles the steps' request messages along with their events
-// (heldEvents): the request actors hold them exactly as long.
-var eventMsgs sync.Pool
-
-func getEventMsgs(n int) []request.Events {
-	if p, ok := eventMsgs.Get().(*[]request.Events); ok && cap(*p) >= n {
-		return (*p)[:n]
-	}
-	return make([]request.Events, n, max(n, 16))
-}
-
-func putEventMsgs(msgs []request.Events) {
-	if cap(msgs) <= 1024 {
-		clear(msgs)
-		msgs = msgs[:0]
-		eventMsgs.Put(&msgs)
-	}
-}
-
-// clearEvents drops what events point to (ids, hashes, request ids) and
-// returns the slice emptied, for reuse.
-func clearEvents(events []messages.Event) []messages.Event {
-	clear(events)
-	return events[:0]
-}
-
-// grouped reports whether each request's routed events come in one run
-// (requests are indexed in first-seen order, so the runs are ascending).
-func grouped(fwd []routed) bool {
-	for i := 1; i < len(fwd); i++ {
-		if fwd[i].request < fwd[i-1].request {
-			return false
-		}
-	}
-	return true
 }
 
 // route handles an event that needs the engine (added for a new request,

@@ -1,0 +1,95 @@
+package engine
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// One batch is one engine step: forward lays its events out per request
+// and the request actors apply them in the step's turn. This file holds
+// the layout and the recycling of a step's memory.
+
+// groupEvents lays the routed events (fwd, in batch order) out request by
+// request, keeping their order, and leaves in counts (each request's event
+// count on entry) the end of each request's part. It reuses events when
+// the parts are already runs (see forward).
+func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages.Event {
+	if grouped(fwd) {
+		for w, f := range fwd { // f.event >= w: nothing unread is overwritten
+			if f.event != w {
+				events[w] = events[f.event]
+			}
+		}
+		for idx := 1; idx < len(counts); idx++ {
+			counts[idx] += counts[idx-1]
+		}
+		return events[:len(fwd)]
+	}
+	all := make([]messages.Event, len(fwd))
+	start := 0
+	for idx, n := range counts {
+		counts[idx] = start // now the next free position of request idx
+		start += n
+	}
+	for _, f := range fwd {
+		all[counts[f.request]] = events[f.event]
+		counts[f.request]++
+	}
+	return all
+}
+
+// heldEvents is a batch's event slice shared by the request actors that got
+// parts of it; the last to let go hands it back (Batch.Recycle).
+type heldEvents struct {
+	left    atomic.Int32
+	events  []messages.Event
+	msgs    []request.Events
+	recycle func([]messages.Event)
+}
+
+func (h *heldEvents) release() {
+	if h.left.Add(-1) == 0 {
+		h.recycle(clearEvents(h.events))
+		putEventMsgs(h.msgs)
+	}
+}
+
+// eventMsgs recycles the steps' request messages along with their events
+// (heldEvents): the request actors hold them exactly as long.
+var eventMsgs sync.Pool
+
+func getEventMsgs(n int) []request.Events {
+	if p, ok := eventMsgs.Get().(*[]request.Events); ok && cap(*p) >= n {
+		return (*p)[:n]
+	}
+	return make([]request.Events, n, max(n, 16))
+}
+
+func putEventMsgs(msgs []request.Events) {
+	if cap(msgs) <= 1024 {
+		clear(msgs)
+		msgs = msgs[:0]
+		eventMsgs.Put(&msgs)
+	}
+}
+
+// clearEvents drops what events point to (ids, hashes, request ids) and
+// returns the slice emptied, for reuse.
+func clearEvents(events []messages.Event) []messages.Event {
+	clear(events)
+	return events[:0]
+}
+
+// grouped reports whether each request's routed events come in one run
+// (requests are indexed in first-seen order, so the runs are ascending).
+func grouped(fwd []routed) bool {
+	for i := 1; i < len(fwd); i++ {
+		if fwd[i].request < fwd[i-1].request {
+			return false
+		}
+	}
+	return true
+}
