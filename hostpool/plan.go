@@ -81,7 +81,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 			newKeys, len(p.freePages), len(victims))
 	}
 	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending, Ends: make([]int, 0, newKeys),
-		Ext: make([]Extent, 0, newKeys)}
+		Ext: make([]Extent, 0, newKeys), Slots: make([]int32, 0, newKeys)}
 	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)
@@ -108,6 +108,7 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 			out.Ext = append(out.Ext, p.extent(pc))
 		}
 		out.Ends = append(out.Ends, len(out.Ext))
+		out.Slots = append(out.Slots, int32(r))
 	}
 	return out, nil
 }

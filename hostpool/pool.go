@@ -44,6 +44,9 @@ type Prepared struct {
 	// move, until the job completes or is aborted.
 	Ext  []Extent
 	Ends []int
+	// Slots are Keys' entries in the pool: completing a job by them
+	// (CompleteStoreAt) skips a lookup per key.
+	Slots []int32
 	// Pending are the offered keys left out because another copy is still
 	// filling them, in offer order: that copy may yet fail or be cancelled
 	// and free them, so the offerer must offer them again until they are
@@ -232,8 +235,21 @@ func (p *Pool) locate(key messages.Key, dst []Extent) ([]Extent, uint32, State) 
 // On failure (sums nil) pending keys are removed and their room freed; ready
 // keys are never affected by a failure (another job stored them).
 func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
+	p.CompleteStoreAt(keys, nil, sums)
+}
+
+// CompleteStoreAt is CompleteStore with each key's entry as PrepareStore
+// reported it (Prepared.Slots; nil: look every key up). A slot that does
+// not hold its key (it cannot, while the key is pending, but a caller may
+// be wrong) is looked up instead.
+func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
 	for i, k := range keys {
-		r, found := p.index[k]
+		r, found := none, false
+		if i < len(slots) && slots[i] >= 0 && int(slots[i]) < len(p.entries) && p.entries[slots[i]].key == k {
+			r, found = ref(slots[i]), true
+		} else {
+			r, found = p.index[k]
+		}
 		if !found || p.entries[r].state != Pending {
 			continue
 		}

@@ -3,6 +3,7 @@ package hostpool
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -60,14 +61,17 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 			var got Prepared
 			got, err = p.PrepareStore(s.store, nil)
 			if s.wantErr == nil {
-				// Each new key's room is where the pool now locates it.
+				// Each new key's room is where the pool now locates it, and
+				// its slot is its entry.
 				require.Len(t, got.Ends, len(got.Keys), msg)
+				require.Len(t, got.Slots, len(got.Keys), msg)
 				for i, k := range got.Keys {
 					ext, _, st := p.locate(k, nil)
 					require.Equal(t, Pending, st, msg)
 					require.Equal(t, ext, got.Room(i), msg)
+					require.Equal(t, p.index[k], ref(got.Slots[i]), msg)
 				}
-				got.Ext, got.Ends = nil, nil
+				got.Ext, got.Ends, got.Slots = nil, nil, nil
 				require.Equal(t, s.want, got, msg)
 			}
 		case s.done != nil:
@@ -330,4 +334,30 @@ func TestReserveSizesTablesOnce(t *testing.T) {
 			t.Fatalf("key %s lost", k)
 		}
 	}
+}
+
+// CompleteStoreAt trusts a slot only when it holds its key: a wrong, stale
+// or out-of-range slot is looked up, so it completes the same keys as
+// CompleteStore.
+func TestCompleteStoreAtChecksEverySlot(t *testing.T) {
+	p := New(4, 1)
+	prep, err := p.PrepareStore(k("a", "b", "c"), nil)
+	require.NoError(t, err)
+	slots := slices.Clone(prep.Slots)
+	slots[0], slots[1] = slots[1], slots[0] // swapped: each names the other's entry
+	slots[2] = 99                           // out of range
+	p.CompleteStoreAt(prep.Keys, slots, sums(prep.Keys))
+	for _, key := range prep.Keys {
+		_, sum, st := p.locate(key, nil)
+		require.Equal(t, Ready, st, string(key))
+		require.Equal(t, sums(k(string(key)))[0], sum, string(key))
+	}
+	// A freed entry (its key cleared) never matches: completing "d" by the
+	// slot "a" had, after "a" was dropped, finds "d" itself.
+	prep, err = p.PrepareStore(k("d"), nil)
+	require.NoError(t, err)
+	require.True(t, p.Drop("a"))
+	p.CompleteStoreAt(k("d"), []int32{slots[1]}, nil) // a failed copy: "d" is freed
+	_, _, st := p.locate("d", nil)
+	require.Equal(t, Absent, st)
 }

@@ -41,8 +41,13 @@ func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, err
 var errFull = fmt.Errorf("%w: every chunk is pending or pinned", ErrNoRoom)
 
 func (s *Shared) CompleteStore(keys []messages.Key, sums []uint32) {
+	s.CompleteStoreAt(keys, nil, sums)
+}
+
+// CompleteStoreAt: see Pool.CompleteStoreAt.
+func (s *Shared) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
 	s.mu.Lock()
-	s.pool.CompleteStore(keys, sums)
+	s.pool.CompleteStoreAt(keys, slots, sums)
 	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
@@ -67,6 +72,7 @@ type Located struct {
 	Ends   []int
 	Sums   []uint32
 	States []State
+	Slots  []int32 // the keys' entries when known (a store job's room); nil from Locate
 }
 
 // Locate finds every key (see Pool.Locate) in one critical section; it

@@ -18,8 +18,10 @@ type JobChunk struct {
 	Key    messages.Key
 	Blocks []messages.BlockID
 	// Room is where a store job's chunk goes in the arena, as its decision
-	// reserved it (hostpool.Prepared.Room); nil: the copy locates the key.
+	// reserved it (hostpool.Prepared.Room), and Slot its pool entry
+	// (Prepared.Slots); Room nil: the copy locates the key.
 	Room []hostpool.Extent
+	Slot int32
 }
 
 // StoreJob copies chunks of one request from device to pool. Chunks are

@@ -398,6 +398,14 @@ func roomOf(prep *hostpool.Prepared, i int) []hostpool.Extent {
 	return prep.Room(i)
 }
 
+// slotOf is prep's pool entry for its i'th key, -1 when it reported none.
+func slotOf(prep *hostpool.Prepared, i int) int32 {
+	if i >= len(prep.Slots) {
+		return -1
+	}
+	return prep.Slots[i]
+}
+
 func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool.Prepared) *StoreJob {
 	r.nextJob++
 	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
@@ -412,7 +420,7 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 		n := len(blocks)
 		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
-			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(&prep, next)})
+			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(&prep, next), Slot: slotOf(&prep, next)})
 		next++
 	}
 	return job

@@ -224,7 +224,7 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	if dir == backend.HostToDevice {
 		sums = nil
 	}
-	e.complete(dir, keys, sums)
+	e.completeAt(dir, keys, loc.Slots, sums)
 	return nil
 }
 
@@ -242,10 +242,11 @@ func reserved(dir backend.Direction, chunks []sched.JobChunk) (hostpool.Located,
 		n += len(chunks[i].Room)
 	}
 	loc := hostpool.Located{Ext: make([]hostpool.Extent, 0, n), Ends: make([]int, len(chunks)),
-		Sums: make([]uint32, len(chunks))}
+		Sums: make([]uint32, len(chunks)), Slots: make([]int32, len(chunks))}
 	for i := range chunks {
 		loc.Ext = append(loc.Ext, chunks[i].Room...)
 		loc.Ends[i] = len(loc.Ext)
+		loc.Slots[i] = chunks[i].Slot
 	}
 	return loc, true
 }
@@ -338,12 +339,18 @@ func (e *Engine) Abort(dir backend.Direction, chunks []sched.JobChunk) {
 }
 
 func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uint32) {
+	e.completeAt(dir, keys, nil, sums)
+}
+
+// completeAt is complete with a store's pool entries when its decision
+// reported them (Located.Slots: no lookup per key).
+func (e *Engine) completeAt(dir backend.Direction, keys []messages.Key, slots []int32, sums []uint32) {
 	if dir == backend.HostToDevice {
 		e.s.pool.CompleteStore(keys, nil) // a load's keys still pending were never read back
 		e.s.pool.CompleteLoad(keys)
 		return
 	}
-	e.s.pool.CompleteStore(keys, sums)
+	e.s.pool.CompleteStoreAt(keys, slots, sums)
 }
 
 // verify checks chunks [lo, hi) of a load against their checksums. On a
