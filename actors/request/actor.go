@@ -113,8 +113,8 @@ func Props(deps *Deps, added *messages.Event, parent context.Context) *actor.Pro
 // A Spawner is used from one actor's turn at a time (its engine's).
 // protoactor calls the producer inside Spawn, and again only to restart a
 // failed actor, which the engine's supervisor never does (it stops them:
-// actors.StopOnPanic); a restart would get an actor that releases nothing
-// and reports itself unexpected.
+// actors.StopOnPanic); were it to, the restarted actor would ignore every
+// message rather than run on state it no longer has.
 type Spawner struct {
 	props *actor.Props
 	next  *Actor
