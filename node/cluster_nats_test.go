@@ -117,12 +117,7 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 	c := kc.nodes[q].newEngine("ec", defaultOpts())
 	c.spec.Node, c.spec.Namespace = other, "m"
 	c.register()
-	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 8 {
-			return fmt.Errorf("%s counts %d tokens", other, got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 8, other)
 	r := c.loadInto("rc", hs, 8, []int{1, 2})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, 2, r.RemoteChunks)

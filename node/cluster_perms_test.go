@@ -160,12 +160,7 @@ func TestClusterUnderGeneratedNATSPermissions(t *testing.T) {
 	}
 	a.send(added("r", 12), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 20, 21, 22), tokensEv("r", 12, 12))
 	recv(t, a.stored, "stored through n0")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := b.lookup(hs); got != 12 {
-			return fmt.Errorf("n1 counts %d tokens of n0's prefix", got)
-		}
-		return nil
-	})
+	awaitLookup(t, b, hs, 12, "n1 of n0's prefix")
 	r := b.loadInto("rb", hs, 12, []int{1, 2, 3})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, 3, r.RemoteChunks)
@@ -246,12 +241,7 @@ func TestClusterUnderGeneratedNATSPermissions(t *testing.T) {
 	// well-behaved engine ever hit a permission error.
 	hs2 := []string{hash("q", 0), hash("q", 1)}
 	a.storePrefix("r2", hs2, 30, 31, 8, "second prefix stored through n0")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := b.lookup(hs2); got != 8 {
-			return fmt.Errorf("n1 counts %d tokens of the second prefix", got)
-		}
-		return nil
-	})
+	awaitLookup(t, b, hs2, 8, "n1 of the second prefix")
 	r = b.loadInto("rb2", hs2, 8, []int{4, 5})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, 2, r.RemoteChunks)

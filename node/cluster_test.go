@@ -228,12 +228,7 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	}
 	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 40, 41, 42, 43), tokensEv("r", 16, 16))
 	recv(t, a.stored, "stored by A")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 16 {
-			return fmt.Errorf("C counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 16, "C")
 	require.Equal(t, 0, other.lookup(hs), "another namespace does not see the prefix")
 	r := c.loadInto("rc", hs, 16, []int{2, 3, 4, 5})
 	require.True(t, r.OK, r.Error)
@@ -267,12 +262,7 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	})
 	// A catch-up that began before the clear arrived is cancelled by it; the
 	// next one, at A's next heartbeat, brings the keys back.
-	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if got := b.lookup(hs); got != 16 {
-			return fmt.Errorf("B counts %d tokens of A's prefix", got)
-		}
-		return nil
-	})
+	awaitLookup(t, b, hs, 16, "B of A's prefix")
 }
 
 // The holder goes away between lookup and load (its fetch server is gone
@@ -289,12 +279,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	c.register()
 	hs := []string{hash("g", 0), hash("g", 1)}
 	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 8 {
-			return fmt.Errorf("C counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 8, "C")
 	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
 	before := append([]byte(nil), c.block(0, 2)...)
 	r := c.loadInto("rc", hs, 8, []int{2, 3})
@@ -351,12 +336,7 @@ func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 	}
 	a.send(added("r", 16), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 20, 21, 22, 23), tokensEv("r", 16, 16))
 	recv(t, a.stored, "stored by A")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := cs[0].lookup(hs); got != 16 {
-			return fmt.Errorf("n1 counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, cs[0], hs, 16, "n1")
 	replies := make(chan messages.LoadReply, 2)
 	for i, c := range cs {
 		body, err := json.Marshal(map[string]any{"request": "l", "hashes": hs, "num_tokens": 16,
@@ -401,12 +381,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	c.register()
 	hs := []string{hash("z", 0), hash("z", 1)}
 	a.storePrefix("r", hs, 1, 2, 3, "stored by A")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 8 {
-			return fmt.Errorf("C counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 8, "C")
 	arena := kc.nodes[0].node.Arena().Bytes()
 	at := bytes.Index(arena, a.block(0, 2))
 	require.GreaterOrEqual(t, at, 0, "chunk 1's bytes are in A's pool")
@@ -423,12 +398,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_pool_corrupt_chunks_total", ""), "A dropped it")
 	require.Positive(t, kc.nodes[1].counter("kvactors_cluster_fetch_failures_total", ""))
 	// The corrupt chunk is counted nowhere once A's BlockRemoved is seen.
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 4 {
-			return fmt.Errorf("C counts %d tokens: A's removal not seen yet", got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 4, "C (A's removal seen)")
 }
 
 // A chunk fetched into C's pool is announced by C (BlockStored on the
@@ -450,12 +420,7 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 	want := append(bytes.Clone(a.block(0, 5)), a.block(0, 6)...)
 	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 5, 6), tokensEv("r", 8, 8))
 	recv(t, a.stored, "stored by A")
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := c.lookup(hs); got != 8 {
-			return fmt.Errorf("C counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, c, hs, 8, "C")
 	r := c.loadInto("rc", hs, 8, []int{1, 2})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, 2, r.RemoteChunks)
@@ -500,12 +465,7 @@ func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
 	probe := kc.nodes[2].newEngine("ep", defaultOpts())
 	probe.spec.Node, probe.spec.Namespace = "n2", "m"
 	probe.register()
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := probe.lookup(hs); got != 8 {
-			return fmt.Errorf("a namespace-m engine on n2 counts %d tokens", got)
-		}
-		return nil
-	})
+	awaitLookup(t, probe, hs, 8, "a namespace-m engine on n2")
 
 	bad := c.spec
 	bad.Namespace = "m"

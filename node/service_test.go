@@ -3,10 +3,13 @@ package node_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -26,6 +29,18 @@ func (te *testEngine) lookup(hashes []string) int {
 	require.NoError(te.e.t, json.Unmarshal(te.request("lookup", map[string]any{"hashes": hashes}), &r))
 	require.Empty(te.e.t, r.Error)
 	return r.HitTokens
+}
+
+// awaitLookup waits (5 s at most) until te's lookup of hashes counts want
+// tokens: another node's announcement has reached te's node.
+func awaitLookup(t *testing.T, te *testEngine, hashes []string, want int, who string) {
+	t.Helper()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := te.lookup(hashes); got != want {
+			return fmt.Errorf("%s counts %d tokens, want %d", who, got, want)
+		}
+		return nil
+	})
 }
 
 func chunkIndexes(s messages.Stored) []int {
