@@ -93,15 +93,6 @@ type job struct {
 	ctx   context.Context
 }
 
-// Props builds one request actor from its added event; parent carries the
-// batch context that created it. deps is shared (read only) by the
-// engine's requests of one epoch. An engine spawning many requests uses a
-// Spawner instead, which shares one Props among them.
-func Props(deps *Deps, added *messages.Event, parent context.Context) *actor.Props {
-	a := newActor(deps, added, parent)
-	return actor.PropsFromProducer(func() actor.Actor { return a }, actor.WithMailbox(actors.InlineMailbox))
-}
-
 // Spawner spawns an engine's request actors from one Props: a live request
 // then costs the heap its own state and protoactor's per-actor records, not
 // a Props and a producer closure of its own. Each actor runs on
@@ -134,7 +125,9 @@ func NewSpawner() *Spawner {
 	return s
 }
 
-// Spawn starts the request actor of added as a child of c.
+// Spawn starts the request actor of added as a child of c; parent carries
+// the batch context that created it, and deps is shared (read only) by the
+// engine's requests of one epoch.
 func (s *Spawner) Spawn(c actor.SpawnerContext, deps *Deps, added *messages.Event, parent context.Context) *actor.PID {
 	s.next = newActor(deps, added, parent)
 	return c.Spawn(s.props)

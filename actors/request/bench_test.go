@@ -104,8 +104,8 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 	deps := request.Deps{Engine: "e", Layout: lay, Store: benchStore{hostpool.NewShared(1<<22*lay.MaxChunkBytes(), 0)},
 		Transfer: sink, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)), Tracer: tp.Tracer("bench"),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	pid := system.Root.Spawn(request.Props(&deps, &messages.Event{Type: messages.EvAdded, Request: "r",
-		PromptTokens: 1, MaxOffloadTokens: -1}, context.Background()))
+	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 1, MaxOffloadTokens: -1}, context.Background())
 	stream := decodeStream(b.N)
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {

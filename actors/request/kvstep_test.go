@@ -31,8 +31,8 @@ func TestCompletionBatchPublishesOneKVEventsMessage(t *testing.T) {
 	rig := newHeldRig(t, nc, 4)
 	system, deps, seen := rig.system, rig.deps, rig.seen
 	spawn := func(id string) *actor.PID {
-		return system.Root.Spawn(request.Props(&deps, &messages.Event{Type: messages.EvAdded, Request: id,
-			PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
+		return request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: id,
+			PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
 	}
 	send := func(pid *actor.PID, id string, evs ...messages.Event) {
 		for i := range evs {

@@ -84,8 +84,8 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
 	rig := newHeldRig(t, nc, 16)
 	system, deps, seen := rig.system, rig.deps, rig.seen
-	pid := system.Root.Spawn(request.Props(&deps, &messages.Event{Type: messages.EvAdded, Request: "r",
-		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background()))
+	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
 	send := func(evs ...messages.Event) {
 		for i := range evs {
 			evs[i].Request = "r"
