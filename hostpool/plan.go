@@ -18,6 +18,13 @@ import (
 // Duplicate keys in one offer are stored once (see dedupMax for how they
 // count when room is short).
 func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
+	return p.prepareStore(keys, sizes, true)
+}
+
+// prepareStore is PrepareStore; rooms says whether to report the new keys'
+// Extents and Slots (a caller that locates its keys later, as a load from
+// disk does, does not need them built under the pool's lock).
+func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Prepared, error) {
 	if sizes != nil && len(sizes) != len(keys) {
 		return Prepared{}, fmt.Errorf("%w: %d sizes for %d keys", ErrBadSize, len(sizes), len(keys))
 	}
@@ -80,8 +87,11 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 		return Prepared{}, fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
 			newKeys, len(p.freePages), len(victims))
 	}
-	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending, Ends: make([]int, 0, newKeys),
-		Ext: make([]Extent, 0, newKeys), Slots: make([]int32, 0, newKeys)}
+	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending}
+	if rooms {
+		out.Ext, out.Ends = make([]Extent, 0, newKeys), make([]int, 0, newKeys)
+		out.Slots = make([]int32, 0, newKeys)
+	}
 	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)
@@ -104,6 +114,9 @@ func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error
 		}
 		r := p.add(k, p.sizeOf(sizes, int(i)))
 		out.Keys = append(out.Keys, k)
+		if !rooms {
+			continue
+		}
 		for _, pc := range p.entries[r].pieces {
 			out.Ext = append(out.Ext, p.extent(pc))
 		}
@@ -173,11 +186,15 @@ func (p *Pool) fits(needed []*class, freed int) bool {
 	return pages <= len(p.freePages)+freed
 }
 
-// reserveMax bounds the entries reserve sizes the tables for at once.
-const reserveMax = 1 << 20
+// reserveMax bounds the entries reserve sizes the tables for at once
+// (~5 MiB of slab): a big pool whose first chunk is small must not take
+// memory for a million entries it may never hold; past it the tables grow
+// by doubling.
+const reserveMax = 1 << 16
 
-// reserve sizes the entry slab and the index, when they are full, for as
-// many chunks of size bytes as the pool holds: a pool filling up grows them
+// reserve sizes the entry slab, when it is full, for as many chunks of size
+// bytes as the pool holds (at most reserveMax), and the index too when it is
+// still empty (a map is sized only when made): a pool filling up grows them
 // once instead of doubling its way there (each doubling copies the slab and
 // rehashes the index, in PrepareStore's critical section).
 func (p *Pool) reserve(size int64) {

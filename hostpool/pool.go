@@ -38,14 +38,13 @@ var (
 // with a nil error is "nothing to store", distinct from ErrNoRoom.
 type Prepared struct {
 	Keys []messages.Key
-	// Ext and Ends are the room given to Keys: Keys[i]'s extents are
-	// Ext[Ends[i-1]:Ends[i]] (Room). A store job copies into it without
-	// locating its keys again: they stay pending, so their room cannot
-	// move, until the job completes or is aborted.
-	Ext  []Extent
-	Ends []int
-	// Slots are Keys' entries in the pool: completing a job by them
-	// (CompleteStoreAt) skips a lookup per key.
+	// Extents are the room given to Keys (Chunk(i) is Keys[i]'s), and Slots
+	// their entries, when PrepareStore reports them. A store job copies into
+	// that room and completes by those entries without locating its keys
+	// again. That is sound because a pending entry is freed by its own job
+	// only (completed or aborted; never evicted, never cancelled while
+	// copying), so its room cannot change hands before the job ends.
+	Extents
 	Slots []int32
 	// Pending are the offered keys left out because another copy is still
 	// filling them, in offer order: that copy may yet fail or be cancelled
@@ -59,13 +58,20 @@ type Prepared struct {
 	Victims []Victim
 }
 
-// Room is the extents given to Keys[i].
-func (p *Prepared) Room(i int) []Extent {
+// Extents are the extents of several chunks, flat: chunk i's are
+// Ext[Ends[i-1]:Ends[i]].
+type Extents struct {
+	Ext  []Extent
+	Ends []int
+}
+
+// Chunk is chunk i's extents.
+func (x *Extents) Chunk(i int) []Extent {
 	lo := 0
 	if i > 0 {
-		lo = p.Ends[i-1]
+		lo = x.Ends[i-1]
 	}
-	return p.Ext[lo:p.Ends[i]:p.Ends[i]]
+	return x.Ext[lo:x.Ends[i]:x.Ends[i]]
 }
 
 // Victim is an evicted chunk: where its bytes were and their checksum.

@@ -68,7 +68,7 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 				for i, k := range got.Keys {
 					ext, _, st := p.locate(k, nil)
 					require.Equal(t, Pending, st, msg)
-					require.Equal(t, ext, got.Room(i), msg)
+					require.Equal(t, ext, got.Chunk(i), msg)
 					require.Equal(t, p.index[k], ref(got.Slots[i]), msg)
 				}
 				got.Ext, got.Ends, got.Slots = nil, nil, nil
@@ -360,4 +360,29 @@ func TestCompleteStoreAtChecksEverySlot(t *testing.T) {
 	p.CompleteStoreAt(k("d"), []int32{slots[1]}, nil) // a failed copy: "d" is freed
 	_, _, st := p.locate("d", nil)
 	require.Equal(t, Absent, st)
+}
+
+// A big pool whose first chunk is small reserves tables for reserveMax
+// entries, not for every chunk of that size it could hold.
+func TestReserveIsBounded(t *testing.T) {
+	p := New(1<<30, 1<<20) // 4,194,304 chunks of 256 bytes would fit
+	_, err := p.PrepareStore(k("a"), []int64{256})
+	require.NoError(t, err)
+	require.Equal(t, reserveMax, cap(p.entries))
+}
+
+// A load from disk reserves room without reporting it (it locates its
+// keys when it copies), a store reports one room per new key.
+func TestPrepareLoadFromReportsNoRooms(t *testing.T) {
+	s := NewShared(8, 1)
+	prep, err := s.PrepareStore(k("a"), nil)
+	require.NoError(t, err)
+	require.Len(t, prep.Ends, 1)
+	require.Len(t, prep.Slots, 1)
+	s.CompleteStoreAt(prep.Keys, prep.Slots, sums(prep.Keys))
+	prep, err = s.PrepareLoadFrom(k("a", "b"), func(messages.Key) (int64, bool) { return 1, true })
+	require.NoError(t, err)
+	require.Equal(t, k("b"), prep.Keys)
+	require.Nil(t, prep.Ends)
+	require.Nil(t, prep.Slots)
 }

@@ -65,11 +65,10 @@ func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	return err
 }
 
-// Located is where a job's chunks are: Ext holds every chunk's extents in
-// order, chunk i's are Ext[start(i):Ends[i]]; Sums and States per chunk.
+// Located is where a job's chunks are (Extents: chunk i's are Chunk(i)),
+// with Sums and States per chunk.
 type Located struct {
-	Ext    []Extent
-	Ends   []int
+	Extents
 	Sums   []uint32
 	States []State
 	Slots  []int32 // the keys' entries when known (a store job's room); nil from Locate
@@ -78,7 +77,7 @@ type Located struct {
 // Locate finds every key (see Pool.Locate) in one critical section; it
 // reports the first key not present.
 func (s *Shared) Locate(keys []messages.Key) (Located, error) {
-	loc := Located{Ends: make([]int, 0, len(keys)), Sums: make([]uint32, 0, len(keys)),
+	loc := Located{Extents: Extents{Ends: make([]int, 0, len(keys))}, Sums: make([]uint32, 0, len(keys)),
 		States: make([]State, 0, len(keys))}
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -128,7 +127,7 @@ func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (
 		return Prepared{}, err
 	}
 	if len(absent) > 0 {
-		if prep, err = s.pool.PrepareStore(absent, sizes); err != nil {
+		if prep, err = s.pool.prepareStore(absent, sizes, false); err != nil { // located again when copied
 			s.pool.CompleteLoad(here)
 			return Prepared{}, err
 		}
@@ -184,12 +183,3 @@ func (s *Shared) Stats() Stats {
 func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
 
 func (s *Shared) PageBytes() int64 { return s.pool.PageBytes() }
-
-// Chunk is chunk i's extents.
-func (l *Located) Chunk(i int) []Extent {
-	lo := 0
-	if i > 0 {
-		lo = l.Ends[i-1]
-	}
-	return l.Ext[lo:l.Ends[i]]
-}

@@ -395,7 +395,7 @@ func roomOf(prep *hostpool.Prepared, i int) []hostpool.Extent {
 	if i >= len(prep.Ends) {
 		return nil
 	}
-	return prep.Room(i)
+	return prep.Chunk(i)
 }
 
 // slotOf is prep's pool entry for its i'th key, -1 when it reported none.

@@ -241,7 +241,7 @@ func reserved(dir backend.Direction, chunks []sched.JobChunk) (hostpool.Located,
 		}
 		n += len(chunks[i].Room)
 	}
-	loc := hostpool.Located{Ext: make([]hostpool.Extent, 0, n), Ends: make([]int, len(chunks)),
+	loc := hostpool.Located{Extents: hostpool.Extents{Ext: make([]hostpool.Extent, 0, n), Ends: make([]int, len(chunks))},
 		Sums: make([]uint32, len(chunks)), Slots: make([]int32, len(chunks))}
 	for i := range chunks {
 		loc.Ext = append(loc.Ext, chunks[i].Room...)
