@@ -76,7 +76,7 @@ func BenchmarkDiskRead(b *testing.B) {
 			b.SetBytes(int64(size))
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				if _, err := d.ReadInto("e", benchKey(i), [][]byte{dst}); err != nil {
+				if _, err := d.readInto("e", benchKey(i), [][]byte{dst}); err != nil {
 					b.Fatal(err)
 				}
 			}

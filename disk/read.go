@@ -20,17 +20,6 @@ const groupBytes = 512 << 10
 // maxIovecs is the most buffers one preadv takes (Linux's IOV_MAX).
 const maxIovecs = 1024
 
-// ReadInto reads key's bytes into dst, in order (the host extents its load
-// made room for), checking them against the record's checksum, and returns
-// that checksum. A missing chunk is ErrMissing; a corrupt or unreadable one
-// is dropped and reported as ErrCorrupt (Notify hears it as removed, for
-// engine if the chunk was found at open).
-func (d *Disk) ReadInto(engine string, key messages.Key, dst [][]byte) (uint32, error) {
-	var sum [1]uint32
-	_, err := d.ReadMany(engine, []messages.Key{key}, [][][]byte{dst}, sum[:])
-	return sum[0], err
-}
-
 // check counts a hit if key's read went well and its bytes match the
 // record's checksum; otherwise the key is dropped (or was already: a segment
 // deleted while it was read) and the error says so.
@@ -51,14 +40,17 @@ func (d *Disk) check(engine string, key messages.Key, it *item, sum uint32, err 
 	return nil
 }
 
-// ReadMany is ReadInto for a load's keys: it reads keys[i] into dst[i] and
-// sets sums[i], for every i. The bytes go straight into dst, no buffer in
-// between. Records that lie back to back in a segment, in keys' order, are
-// read together with one preadv (their headers into a scratch buffer), up to
-// groupBytes, and each is checked before the next group is read; any other
-// record is read and checked alone, as by ReadInto. On failure it returns
-// the index of the key that failed, and an error as ReadInto's; the keys
-// before it were read and checked.
+// ReadMany reads a load's keys: keys[i]'s bytes into dst[i], in order (the
+// host extents its load made room for), checked against the record's
+// checksum, which goes to sums[i]. The bytes go straight into dst, no buffer
+// in between. Records that lie back to back in a segment, in keys' order,
+// are read together with one preadv (their headers into a scratch buffer),
+// up to groupBytes, and each is checked before the next group is read; any
+// other record is read and checked alone. On failure it returns the index of
+// the key that failed, and an error: ErrMissing for a missing chunk,
+// ErrCorrupt for a corrupt or unreadable one, which is dropped (Notify hears
+// it as removed, for engine if the chunk was found at open); the keys before
+// it were read and checked.
 func (d *Disk) ReadMany(engine string, keys []messages.Key, dst [][][]byte, sums []uint32) (int, error) {
 	start := time.Now()
 	its := make([]*item, len(keys))

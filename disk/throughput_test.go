@@ -20,7 +20,7 @@ import (
 // same machine: each round does both writes, then both reads, the order of
 // each pair alternating from round to round. It reports per-round ratios
 // (median and range over 7 rounds). Reads are measured a chunk per call
-// (ReadInto) and, for chunks smaller than groupBytes, a load of 32 adjacent
+// (readInto) and, for chunks smaller than groupBytes, a load of 32 adjacent
 // chunks per call (ReadMany: one preadv per 512 KiB); the plain read is one read
 // call per chunk in both. Writes land in the page cache (no fsync,
 // as the tier relies on). For the floor of a verified read it also measures,
@@ -77,7 +77,7 @@ func TestThroughputVsPlain(t *testing.T) {
 			readDisk := func() {
 				r.disk = append(r.disk, rate(func() {
 					for i := 0; i < c.n; i++ {
-						_, err := d.ReadInto("e", benchKey(i), [][]byte{dst})
+						_, err := d.readInto("e", benchKey(i), [][]byte{dst})
 						require.NoError(t, err)
 					}
 				}))

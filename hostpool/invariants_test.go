@@ -36,7 +36,7 @@ func snapshot(p *Pool) poolState {
 		LRU: lruOrder(p), Pending: p.pending, Pinned: p.pinned, Data: p.dataBytes}
 	for k, r := range p.index {
 		e := p.entries[r]
-		ext, _, _ := p.Locate(k, nil)
+		ext, _, _ := p.locate(k, nil)
 		s.Entries[k] = entryState{ext, e.state, e.pins, e.size}
 	}
 	return s

@@ -215,15 +215,10 @@ func (p *Pool) Lookup(key messages.Key) (State, int64) {
 	return p.entries[r].state, p.entries[r].size
 }
 
-// Locate appends the arena extents of a present key, in chunk order, to dst
-// and returns them with the chunk's checksum (valid once ready). Extents do
-// not move while the key is pending or pinned.
-func (p *Pool) Locate(key messages.Key, dst []Extent) ([]Extent, uint32, bool) {
-	dst, sum, st := p.locate(key, dst)
-	return dst, sum, st != Absent
-}
-
-// locate is Locate with the key's state, in one lookup.
+// locate appends the arena extents of a key, in chunk order, to dst and
+// returns them with the chunk's checksum (valid once ready) and its state
+// (Absent: nothing appended). Extents do not move while the key is pending
+// or pinned.
 func (p *Pool) locate(key messages.Key, dst []Extent) ([]Extent, uint32, State) {
 	r, ok := p.index[key]
 	if !ok {

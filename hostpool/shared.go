@@ -74,7 +74,7 @@ type Located struct {
 	Slots  []int32 // the keys' entries when known (a store job's room); nil from Locate
 }
 
-// Locate finds every key (see Pool.Locate) in one critical section; it
+// Locate finds every key (its extents, checksum and state) in one critical section; it
 // reports the first key not present.
 func (s *Shared) Locate(keys []messages.Key) (Located, error) {
 	loc := Located{Extents: Extents{Ends: make([]int, 0, len(keys))}, Sums: make([]uint32, 0, len(keys)),
