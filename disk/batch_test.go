@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -179,4 +180,30 @@ func TestReadManyGroupsAndCorruption(t *testing.T) {
 	dst, _, _, err = load([]int{3, 5})
 	require.NoError(t, err)
 	require.Equal(t, chunks[5], bytes.Join(dst[1], nil))
+}
+
+// A batch of small records rolls segments on what the records take with
+// their headers: no segment grows past SegmentBytes (it did by a header per
+// record when only data was counted).
+func TestBatchSegmentsStayWithinSegmentBytes(t *testing.T) {
+	dir := t.TempDir()
+	const segBytes = 16 << 10
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: segBytes}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	w := &writer{d: d}
+	c := bytes.Repeat([]byte("s"), 1<<10)
+	for i := range 64 {
+		w.batch = append(w.batch, spill{"e", key(i), sum(c), c})
+	}
+	w.write()
+	require.Len(t, d.Keys(), 64)
+	files, err := filepath.Glob(filepath.Join(dir, "*"+segSuffix))
+	require.NoError(t, err)
+	require.Greater(t, len(files), 3)
+	for _, f := range files {
+		fi, err := os.Stat(f)
+		require.NoError(t, err)
+		require.LessOrEqual(t, fi.Size(), int64(segBytes), f)
+	}
 }

@@ -9,7 +9,8 @@
 // at a time: the spills already queued when it takes one (never waiting for
 // more), several records per write call. A record is indexed, and announced
 // stored, only once the write holding it has returned; a failed write cuts
-// the segment back to where the batch began. On open the index is rebuilt
+// the segment back to where that write began (a batch that rolled into a
+// new segment keeps the records written to the earlier one). On open the index is rebuilt
 // from the segments in write order, every record's checksums verified: a
 // record cut short or whose header fails its checksum is a torn tail, and the
 // segment is cut there, so the records before it survive (in its batch or

@@ -99,7 +99,8 @@ func (w *writer) write() {
 			d.dropped.Add(1)
 			continue
 		}
-		if end > 0 && end+int64(len(sp.data)) > d.cfg.SegmentBytes {
+		rec := headerLen(sp.key) + int64(len(sp.data)) // what the record takes in the segment
+		if end > 0 && end+rec > d.cfg.SegmentBytes {
 			w.flush(seg)
 			w.run = w.run[:0]
 			d.mu.Lock()
@@ -113,7 +114,7 @@ func (w *writer) write() {
 			}
 		}
 		w.run = append(w.run, sp)
-		end += int64(len(sp.data))
+		end += rec
 	}
 	w.flush(seg)
 	clear(w.run)
