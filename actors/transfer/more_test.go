@@ -1,0 +1,44 @@
+package transfer
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
+)
+
+// lastPerOwner marks every completion but each owner's last in the batch
+// (JobDone.More): an owner whose last completion carried More would never
+// take the decision its completions call for, so this is checked on both
+// paths (a scan up to 8 completions, a map past that) against a plain
+// reference, with owners interleaved.
+func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
+	owners := []*actor.PID{actor.NewPID("l", "a"), actor.NewPID("l", "b"), actor.NewPID("l", "c")}
+	for _, n := range []int{1, 2, 5, 8, 9, 13, 40} {
+		var done []*copyDone
+		for i := range n {
+			done = append(done, &copyDone{job: &Submit{Owner: owners[(i*7+i/3)%len(owners)]}})
+		}
+		got := lastPerOwner(done)
+		for i, d := range done {
+			want := false
+			for _, e := range done[i+1:] {
+				if e.job.Owner == d.job.Owner {
+					want = true
+				}
+			}
+			if got[i] != want {
+				t.Fatalf("%d completions: More[%d] = %v, want %v", n, i, got[i], want)
+			}
+		}
+		last := map[*actor.PID]int{}
+		for i, d := range done {
+			last[d.job.Owner] = i
+		}
+		for o, i := range last {
+			if got[i] {
+				t.Fatalf("%d completions: owner %s's last completion carries More", n, fmt.Sprint(o.Id))
+			}
+		}
+	}
+}
