@@ -301,3 +301,31 @@ func TestKeepAliveRacingReleaseLeavesTheEngineReleased(t *testing.T) {
 	}
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced), "no release was counted as a fence")
 }
+
+// The keep-alive's write landing after a release took the engine out of
+// this node's claims (the ordering the racing test above rarely hits): the
+// keep-alive reports ErrNotMine, does not bring the claim back, and deletes
+// the record it just wrote.
+func TestKeepAliveWriteAfterReleaseUndoesItself(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	ctx := ctxT(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctx, "kvactors_owners")
+	require.NoError(t, err)
+	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	a.mu.Lock()
+	rev := a.mine["e1"].rev
+	delete(a.mine, "e1") // the release's first half; its delete of the record has not run
+	a.mu.Unlock()
+
+	err = a.claim(ctx, "e1", rev, true)
+	require.ErrorIs(t, err, ErrNotMine)
+	require.NotContains(t, a.Mine(), "e1", "the keep-alive did not bring the claim back")
+	_, err = kv.Get(ctx, "e1")
+	require.True(t, errors.Is(err, jetstream.ErrKeyDeleted) || errors.Is(err, jetstream.ErrKeyNotFound),
+		"the record the keep-alive wrote is gone: %v", err)
+}
