@@ -86,6 +86,7 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	load(te, []int{10, 11})
 	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_disk_hits_total", nil)/2, "two chunks read back")
 	madeRoom := recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU) // the new prefix made room
+	require.NotEmpty(t, madeRoom.BlockHashes)
 	require.Subset(t, []string{hash("new", 0), hash("new", 1)}, madeRoom.BlockHashes)
 	require.NoError(t, e.node.Close(context.Background()))
 

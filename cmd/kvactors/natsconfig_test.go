@@ -97,6 +97,7 @@ func TestNodesUnderGeneratedConfig(t *testing.T) {
 
 	denied, err := exec.Command(binary, "nodes", "--nats", url, "--nats-nkey", filepath.Join(out, "e1.nk"), "--wait", "500ms").CombinedOutput()
 	require.Error(t, err, "an engine's seed may not survey the cluster:\n%s", denied)
+	require.Contains(t, string(denied), "permissions violation", "refused by the server's permissions, not another failure")
 	require.NotContains(t, string(denied), "gpu-7")
 	t.Logf("engine seed: %s", denied)
 }
