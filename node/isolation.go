@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"sync"
 
 	"github.com/nats-io/nats-server/v2/server"
 
@@ -25,6 +26,11 @@ var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
 // the same bytes to every engine that loads them. Ids are never reused
 // within a boot, so a key can never change namespace.
 type namespaces struct {
+	// mu guards the table against namespaceOf, which runs in engine steps
+	// (on decode workers) and must not wait for n.mu, held by a register
+	// across its device attach. Writers hold n.mu as well, so other readers
+	// under n.mu need not take it.
+	mu     sync.RWMutex
 	byName map[string]*namespace
 	byID   []*namespace // byID[id-1]; id 0 is never given out
 }
@@ -63,6 +69,8 @@ func (t *namespaces) check(name string, lay *sched.Layout, most int) (sched.Name
 // commit records a successful register of engine in namespace name and
 // returns the namespace's id.
 func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.NamespaceID {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	ns := t.byName[name]
 	if ns == nil {
 		if t.byName == nil {
@@ -79,8 +87,8 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.Namesp
 // namespaceOf names namespace id and the engine whose kv_events announce
 // its evictions ("" for an id never given out).
 func (n *Node) namespaceOf(id sched.NamespaceID) (name, engine string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.nss.mu.RLock()
+	defer n.nss.mu.RUnlock()
 	if id == 0 || int(id) > len(n.nss.byID) {
 		return "", ""
 	}
