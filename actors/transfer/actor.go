@@ -85,7 +85,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.workers.Wait()
 	case *actor.Stopped, *actor.Restarting:
 	case *Submit:
-		a.q.push(m)
+		a.q.Submit(m)
 	case *Cancel:
 		cancelled := a.q.cancel(m.Owner, m.IDs)
 		step := a.deps.Outbox.NewKVStep()
@@ -101,15 +101,11 @@ func (a *Actor) Receive(c actor.Context) {
 			a.deps.Unexpected.Inc()
 		}
 	}
-	queued, running, inflight := a.q.stats()
-	a.deps.Metrics.JobsQueued.Set(float64(queued))
-	a.deps.Metrics.JobsInFlight.Set(float64(running))
-	a.deps.Metrics.BytesInFlight.Set(float64(inflight))
 }
 
 func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {
-		a.q = NewQueue(a.deps.Config)
+		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
 	self, root := c.Self(), c.ActorSystem().Root
 	for range a.deps.Config.Workers {

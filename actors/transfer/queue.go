@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"github.com/kvactors/kvactors/metrics"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -27,25 +28,27 @@ type Queue struct {
 	closed   bool
 	// finished copies the actor has not taken yet (take)
 	finished []*copyDone
+	// gauges, when set, get the queue's state on every change: jobs are
+	// pushed straight here (Submit), so the actor's turns alone would leave
+	// them stale, most of all while the fence holds the workers.
+	gauges *metrics.Transfer
 }
 
-// NewQueue makes a copy queue bounded by cfg (see Deps.Queue).
-func NewQueue(cfg Config) *Queue {
-	q := &Queue{maxBytes: cfg.withDefaults().MaxInFlightBytes}
+// NewQueue makes a copy queue bounded by cfg (see Deps.Queue) that keeps
+// gauges (nil: none) current.
+func NewQueue(cfg Config, gauges *metrics.Transfer) *Queue {
+	q := &Queue{maxBytes: cfg.withDefaults().MaxInFlightBytes, gauges: gauges}
 	q.wake.L = &q.mu
 	return q
 }
 
-// Submit queues a job as the Submit message does, without the hop through
-// the transfer actor's mailbox: an engine step's copies are queued (and a
-// worker woken) in the step's own turn. The owner gets its JobDone from
-// the actor as usual.
-func (q *Queue) Submit(s *Submit) { q.push(s) }
-
-// push adds a job; a load goes ahead of every store (a load is on a
+// Submit adds a job; a load goes ahead of every store (a load is on a
 // request's time to first token, a store only has to happen before the
-// blocks are released).
-func (q *Queue) push(s *Submit) {
+// blocks are released). Owners may call it directly, without the hop
+// through the transfer actor's mailbox that the Submit message takes: an
+// engine step's copies are queued (and a worker woken) in the step's own
+// turn. The owner gets its JobDone from the actor either way.
+func (q *Queue) Submit(s *Submit) {
 	q.mu.Lock()
 	i := len(q.items)
 	if s.Dir == backend.HostToDevice {
@@ -55,6 +58,7 @@ func (q *Queue) push(s *Submit) {
 	q.items = append(q.items, nil)
 	copy(q.items[i+1:], q.items[i:])
 	q.items[i] = s
+	q.reportLocked()
 	q.mu.Unlock()
 	q.wake.Signal()
 }
@@ -74,6 +78,7 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	}
 	clear(q.items[len(kept):])
 	q.items = kept
+	q.reportLocked()
 	return out
 }
 
@@ -93,6 +98,7 @@ func (q *Queue) next() *Submit {
 				q.items = q.items[1:]
 				q.running++
 				q.inflight += s.Bytes
+				q.reportLocked()
 				return s
 			}
 		}
@@ -110,6 +116,7 @@ func (q *Queue) done(d *copyDone) bool {
 	q.inflight -= d.job.Bytes
 	first := len(q.finished) == 0
 	q.finished = append(q.finished, d)
+	q.reportLocked()
 	q.mu.Unlock()
 	q.wake.Signal()
 	return first
@@ -133,11 +140,14 @@ func (q *Queue) close() {
 	q.wake.Broadcast()
 }
 
-// stats is for the gauges.
-func (q *Queue) stats() (queued, running int, inflight int64) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return len(q.items), q.running, q.inflight
+// reportLocked sets the gauges (if any) to the queue's state.
+func (q *Queue) reportLocked() {
+	if q.gauges == nil {
+		return
+	}
+	q.gauges.JobsQueued.Set(float64(len(q.items)))
+	q.gauges.JobsInFlight.Set(float64(q.running))
+	q.gauges.BytesInFlight.Set(float64(q.inflight))
 }
 
 func containsID(ids []sched.JobID, id sched.JobID) bool {

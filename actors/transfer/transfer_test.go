@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -221,9 +222,10 @@ func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	cfg := transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}
-	q := transfer.NewQueue(cfg)
+	gauges := metrics.NewTransfer(nil)
+	q := transfer.NewQueue(cfg, gauges)
 	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Queue: q,
-		Metrics: metrics.NewTransfer(nil), Tracer: noop.NewTracerProvider().Tracer(""),
+		Metrics: gauges, Tracer: noop.NewTracerProvider().Tracer(""),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
@@ -233,6 +235,10 @@ func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
 	waitStarted(t, dev, 1) // the actor's worker took it from the shared queue
 	q.Submit(job(owner, 2, backend.DeviceToHost, st, 1))
 	q.Submit(job(owner, 3, backend.DeviceToHost, st, 1))
+	// The gauges follow the queue, not the actor's turns (none ran here).
+	require.Equal(t, 2.0, testutil.ToFloat64(gauges.JobsQueued))
+	require.Equal(t, 1.0, testutil.ToFloat64(gauges.JobsInFlight))
+	require.Equal(t, 100.0, testutil.ToFloat64(gauges.BytesInFlight))
 	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{2}})
 	got := testkit.Recv(t, done, 5*time.Second, "cancelled job 2")
 	require.Equal(t, sched.JobID(2), got.ID)
@@ -244,6 +250,8 @@ func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
 		require.NoError(t, got.Err)
 		require.False(t, got.Cancelled)
 	}
+	require.Zero(t, testutil.ToFloat64(gauges.JobsQueued))
+	require.Zero(t, testutil.ToFloat64(gauges.JobsInFlight))
 	copied, aborted := st.seen()
 	require.Equal(t, []messages.Key{"j1-0", "j3-0"}, copied)
 	require.Equal(t, []messages.Key{"j2-0"}, aborted)
