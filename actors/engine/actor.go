@@ -112,8 +112,7 @@ func (a *Actor) Receive(c actor.Context) {
 			close(a.deps.Closed)
 		}
 	case *Batch:
-		a.batch(c, m)
-		if m.Recycle != nil { // not handed over to request actors (forward)
+		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
 		if m.Done != nil {
@@ -150,11 +149,12 @@ func (a *Actor) Receive(c actor.Context) {
 }
 
 // batch applies the session rules (sched.Sequencer) and routes the events of
-// an applied batch, in order, one message per request.
-func (a *Actor) batch(c actor.Context, m *Batch) {
+// an applied batch, in order, one message per request. handed: the batch's
+// event slice went to request actors, which recycle it (forward).
+func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	b := &m.Batch
 	if a.retiring {
-		return
+		return false
 	}
 	a.deps.Metrics.Batches.Inc()
 	d := a.seq.Batch(a.deps.Now(), b.Epoch, b.Seq)
@@ -162,10 +162,10 @@ func (a *Actor) batch(c actor.Context, m *Batch) {
 	switch d.Verdict {
 	case sched.Duplicate:
 		a.deps.Metrics.BatchDuplicate.Inc()
-		return
+		return false
 	case sched.Dropped:
 		a.deps.Metrics.DroppedBatch(a.seq.ResyncReason()).Inc()
-		return
+		return false
 	}
 	for i := range b.Events {
 		if ev := &b.Events[i]; a.route(c, m, ev) {
@@ -180,7 +180,7 @@ func (a *Actor) batch(c actor.Context, m *Batch) {
 			a.fwd = append(a.fwd, routed{event: i, request: idx})
 		}
 	}
-	a.forward(c, m)
+	return a.forward(c, m)
 }
 
 // decided carries out a sequencer decision's side effects: an ended epoch
@@ -236,19 +236,18 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 // into one new slice, one allocation per batch.
 // The batch is one step: its requests' kv_events (evictions of their
 // decisions) go out as one message per engine once every request has run.
-func (a *Actor) forward(c actor.Context, m *Batch) {
+func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 	step := a.deps.Outbox.NewKVStep()
 	defer step.Publish()
-	all := groupEvents(m.Batch.Events, a.fwd, a.counts)
+	all, inPlace := groupEvents(m.Batch.Events, a.fwd, a.counts)
 	var held *heldEvents
 	var release func() // held.release, bound once
-	if m.Recycle != nil && len(all) > 0 && &all[0] == &m.Batch.Events[0] {
+	if handed = inPlace && len(all) > 0 && m.Recycle != nil; handed {
 		// The request actors get parts of the batch's own slice: the last
 		// to apply its part recycles it (this turn holds one share).
 		held = &heldEvents{events: m.Batch.Events, recycle: m.Recycle}
 		held.left.Store(1)
 		release = held.release
-		m.Recycle = nil
 	}
 	var msgs []request.Events // one allocation for the step's messages, recycled with the events
 	if held != nil {
@@ -275,6 +274,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) {
 	}
 	clear(a.reqIndex)
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
+	return handed
 }
 
 // route handles an event that needs the engine (added for a new request,

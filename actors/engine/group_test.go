@@ -36,7 +36,10 @@ func TestGroupEventsKeepsEachRequestsOrder(t *testing.T) {
 			fwd = append(fwd, routed{event: i, request: idx})
 			want[id] = append(want[id], i)
 		}
-		all := groupEvents(events, fwd, counts)
+		all, inPlace := groupEvents(events, fwd, counts)
+		if len(all) > 0 && inPlace != (&all[0] == &events[0]) {
+			return false // inPlace must say whether all is the batch's own slice
+		}
 		begin := 0
 		for idx, id := range order {
 			part := all[begin:counts[idx]]

@@ -14,9 +14,10 @@ import (
 
 // groupEvents lays the routed events (fwd, in batch order) out request by
 // request, keeping their order, and leaves in counts (each request's event
-// count on entry) the end of each request's part. It reuses events when
-// the parts are already runs (see forward).
-func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages.Event {
+// count on entry) the end of each request's part. When the parts are
+// already runs it compacts events in place and says so (inPlace);
+// otherwise it copies them into a new slice.
+func groupEvents(events []messages.Event, fwd []routed, counts []int) (all []messages.Event, inPlace bool) {
 	if grouped(fwd) {
 		for w, f := range fwd { // f.event >= w: nothing unread is overwritten
 			if f.event != w {
@@ -26,9 +27,9 @@ func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages
 		for idx := 1; idx < len(counts); idx++ {
 			counts[idx] += counts[idx-1]
 		}
-		return events[:len(fwd)]
+		return events[:len(fwd)], true
 	}
-	all := make([]messages.Event, len(fwd))
+	all = make([]messages.Event, len(fwd))
 	start := 0
 	for idx, n := range counts {
 		counts[idx] = start // now the next free position of request idx
@@ -38,7 +39,7 @@ func groupEvents(events []messages.Event, fwd []routed, counts []int) []messages
 		all[counts[f.request]] = events[f.event]
 		counts[f.request]++
 	}
-	return all
+	return all, false
 }
 
 // heldEvents is a batch's event slice shared by the request actors that got
