@@ -104,8 +104,9 @@ type job struct {
 // A Spawner is used from one actor's turn at a time (its engine's).
 // protoactor calls the producer inside Spawn, and again only to restart a
 // failed actor, which the engine's supervisor never does (it stops them:
-// actors.StopOnPanic); were it to, the restarted actor would ignore every
-// message rather than run on state it no longer has.
+// actors.StopOnPanic); were it to, the restarted actor stops itself at
+// once rather than run on state it no longer has, and its engine releases
+// the request as failed (as for any request actor that stops unreleased).
 type Spawner struct {
 	props *actor.Props
 	next  *Actor
@@ -137,7 +138,11 @@ func (s *Spawner) Spawn(c actor.SpawnerContext, deps *Deps, added *messages.Even
 // see Spawner.
 type unexpectedRestart struct{}
 
-func (unexpectedRestart) Receive(actor.Context) {}
+func (unexpectedRestart) Receive(c actor.Context) {
+	if _, ok := c.Message().(*actor.Started); ok {
+		c.Stop(c.Self())
+	}
+}
 
 func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor {
 	a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, added)}
