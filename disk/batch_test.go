@@ -207,3 +207,57 @@ func TestBatchSegmentsStayWithinSegmentBytes(t *testing.T) {
 		require.LessOrEqual(t, fi.Size(), int64(segBytes), f)
 	}
 }
+
+// A write that fails indexes and announces none of its records, counts
+// them failed, and leaves the segment as it was: nothing is lost silently
+// (the chunks were evicted from host memory already; they are counted) and
+// nothing half-written is ever served; the segment stays usable
+// (later batches are written once the segment takes writes again).
+func TestFailedWriteIndexesAndAnnouncesNothing(t *testing.T) {
+	dir := t.TempDir()
+	ev := &events{}
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1 << 20}, ev.notify)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	w := &writer{d: d}
+	good := bytes.Repeat([]byte("g"), 512)
+	w.batch = append(w.batch, spill{"e", key(0), sum(good), good})
+	w.write()
+	require.Equal(t, []messages.Key{key(0)}, d.Keys())
+
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	writable := seg.f
+	ro, err := os.Open(writable.Name()) // writes to it fail
+	require.NoError(t, err)
+	seg.f = ro
+	size := seg.size
+	d.mu.Unlock()
+	w.batch = w.batch[:0]
+	for i := 1; i <= 3; i++ {
+		c := bytes.Repeat([]byte{byte('a' + i)}, 100<<10) // one small record, two large ones
+		if i == 1 {
+			c = c[:300]
+		}
+		w.batch = append(w.batch, spill{"e", key(i), sum(c), c})
+	}
+	w.write()
+	require.Equal(t, int64(3), d.Stats().Failed)
+	require.Equal(t, []messages.Key{key(0)}, d.Keys(), "no record of the failed write is indexed")
+	stored, _ := ev.get()
+	require.Equal(t, []messages.Key{key(0)}, stored, "none is announced stored")
+	fi, err := os.Stat(writable.Name())
+	require.NoError(t, err)
+	require.Equal(t, size, fi.Size(), "the segment is as it was")
+	got, err := readBack(t, d, key(0), len(good))
+	require.NoError(t, err)
+	require.Equal(t, good, got, "the record before it still reads")
+
+	d.mu.Lock()
+	seg.f = writable
+	d.mu.Unlock()
+	require.NoError(t, ro.Close())
+	w.batch = append(w.batch[:0], spill{"e", key(4), sum(good), good})
+	w.write()
+	require.Equal(t, []messages.Key{key(0), key(4)}, d.Keys(), "the segment takes writes again")
+}
