@@ -40,10 +40,7 @@ func TestMetricsCountDecisionsFencingAndFetches(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Decisions.WithLabelValues("ignore")))
 
 	// Someone else overwrites the record: a's keep-alive is fenced.
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctx, "kvactors_owners")
-	require.NoError(t, err)
+	kv := ownersBucket(t, nc)
 	_, err = kv.Put(ctx, "e1", []byte(`{"node":"gpu-7","boot":"x"}`))
 	require.NoError(t, err)
 	_, err = a.KeepAlive(ctx, "e1")

@@ -21,6 +21,16 @@ import (
 // expiries leave markers (1 s).
 const testLease = time.Second
 
+// ownersBucket is the claims' KV bucket, as another client reads it.
+func ownersBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(ctxT(t), "kvactors_owners")
+	require.NoError(t, err)
+	return kv
+}
+
 func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int) *Owners {
 	t.Helper()
 	js, err := jetstream.New(nc)
@@ -240,10 +250,7 @@ func TestKeepAliveAdoptsItsOwnLostWriteButNotAnothers(t *testing.T) {
 	ctx := ctxT(t)
 	_, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctx, "kvactors_owners")
-	require.NoError(t, err)
+	kv := ownersBucket(t, nc)
 	write := func(id ownership.Identity) uint64 {
 		cur := eventuallyOwner(t, a, "e1", "")
 		rev, err := kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: id, LeaseMS: 1000}), cur.Revision)
@@ -271,10 +278,7 @@ func TestKeepAliveRacingReleaseLeavesTheEngineReleased(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	a := openOwners(t, nc, "gpu-0", "", 1)
 	ctx := ctxT(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctx, "kvactors_owners")
-	require.NoError(t, err)
+	kv := ownersBucket(t, nc)
 	for i := range 40 {
 		engine := fmt.Sprintf("e%d", i)
 		_, err := a.Resolve(ctx, engine, Request{Register: true, Local: true})
@@ -311,11 +315,8 @@ func TestKeepAliveWriteAfterReleaseUndoesItself(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	a := openOwners(t, nc, "gpu-0", "", 1)
 	ctx := ctxT(t)
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	kv, err := js.KeyValue(ctx, "kvactors_owners")
-	require.NoError(t, err)
-	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	kv := ownersBucket(t, nc)
+	_, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	a.mu.Lock()
 	rev := a.mine["e1"].rev
