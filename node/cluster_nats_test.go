@@ -44,8 +44,7 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 	})
 	q := (o + 1) % 3 // a node on a server that stays
 	owner, other := fmt.Sprintf("n%d", o), fmt.Sprintf("n%d", q)
-	a := kc.nodes[o].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = owner, "m"
+	a := kc.engineOn(o, "ea", "m")
 	a.register()
 	hs := []string{hash("s", 0), hash("s", 1)}
 	a.storePrefix("r1", hs, 30, 31, 5, "stored before the stop")
@@ -114,8 +113,7 @@ func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
 
 	// An engine registered after the stop (the bucket lost a replica) is
 	// claimed, and the prefix stored before the stop loads through n2.
-	c := kc.nodes[q].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = other, "m"
+	c := kc.engineOn(q, "ec", "m")
 	c.register()
 	awaitLookup(t, c, hs, 8, other)
 	r := c.loadInto("rc", hs, 8, []int{1, 2})

@@ -53,6 +53,14 @@ func (te *testEngine) storePrefix(req string, hs []string, b0, b1 messages.Block
 	recv(te.e.t, te.stored, what)
 }
 
+// engineOn is an engine (not yet registered) of node i ("n<i>"), in
+// namespace ns.
+func (kc *kvCluster) engineOn(i int, id, ns string) *testEngine {
+	te := kc.nodes[i].newEngine(id, defaultOpts())
+	te.spec.Node, te.spec.Namespace = fmt.Sprintf("n%d", i), ns
+	return te
+}
+
 // startNode starts node id on server s (its client connection there too).
 func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.Config)) *env {
 	t := kc.t
@@ -212,12 +220,9 @@ func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 // verified, stored in C's pool and copied to C's engine.
 func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	kc := startCluster(t, 3)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
-	c := kc.nodes[2].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = "n2", "m"
-	other := kc.nodes[2].newEngine("eo", defaultOpts())
-	other.spec.Node, other.spec.Namespace = "n2", "other"
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(2, "ec", "m")
+	other := kc.engineOn(2, "eo", "other")
 	a.register()
 	c.register()
 	other.register()
@@ -247,12 +252,10 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	// A second engine registers on A: its AllBlocksCleared makes the other
 	// nodes drop A's keys, and read A's key set again (catch-up), so B
 	// counts the prefix held only by A.
-	b := kc.nodes[1].newEngine("eb", defaultOpts())
-	b.spec.Node, b.spec.Namespace = "n1", "m"
+	b := kc.engineOn(1, "eb", "m")
 	b.register()
 	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok")
-	a2 := kc.nodes[0].newEngine("ea2", defaultOpts())
-	a2.spec.Node, a2.spec.Namespace = "n0", "m"
+	a2 := kc.engineOn(0, "ea2", "m")
 	a2.register()
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "ok"); got <= catchUps {
@@ -271,10 +274,8 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 // reserved for the fetch are freed (a later store of the prefix works).
 func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	kc := startCluster(t, 3)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
-	c := kc.nodes[2].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = "n2", "m"
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(2, "ec", "m")
 	a.register()
 	c.register()
 	hs := []string{hash("g", 0), hash("g", 1)}
@@ -297,8 +298,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 // hands one tenant's chunk to a fetch naming another.
 func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 	kc := startCluster(t, 2)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a := kc.engineOn(0, "ea", "m")
 	a.register()
 	a.fill(0, 7, 4)
 	a.send(added("r", 4), hashesEv("r", 0, hash("f", 0)), blocksEv("r", 0, 0, 7), tokensEv("r", 4, 4))
@@ -320,13 +320,11 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 // as a miss; both get A's bytes, and each chunk crossed the wire once.
 func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 	kc := startCluster(t, 2)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
+	a := kc.engineOn(0, "ea", "m")
 	a.register()
 	var cs []*testEngine
 	for _, id := range []string{"c1", "c2"} {
-		c := kc.nodes[1].newEngine(id, defaultOpts())
-		c.spec.Node, c.spec.Namespace = "n1", "m"
+		c := kc.engineOn(1, id, "m")
 		c.register()
 		cs = append(cs, c)
 	}
@@ -373,10 +371,8 @@ func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 // and no byte reaches C's engine, and C's pool does not keep it.
 func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	kc := startCluster(t, 2)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
-	c := kc.nodes[1].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = "n1", "m"
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
 	a.register()
 	c.register()
 	hs := []string{hash("z", 0), hash("z", 1)}
@@ -408,8 +404,7 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 	kc := startCluster(t, 3)
 	var es []*testEngine
 	for i, id := range []string{"ea", "eb", "ec"} {
-		te := kc.nodes[i].newEngine(id, defaultOpts())
-		te.spec.Node, te.spec.Namespace = fmt.Sprintf("n%d", i), "m"
+		te := kc.engineOn(i, id, "m")
 		te.register()
 		es = append(es, te)
 	}
@@ -452,18 +447,15 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 // chunks held on another node.
 func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
 	kc := startCluster(t, 3)
-	a := kc.nodes[0].newEngine("ea", defaultOpts())
-	a.spec.Node, a.spec.Namespace = "n0", "m"
-	c := kc.nodes[2].newEngine("ec", defaultOpts())
-	c.spec.Node, c.spec.Namespace = "n2", "own"
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(2, "ec", "own")
 	a.register()
 	c.register()
 	hs := []string{hash("iso", 0), hash("iso", 1)}
 	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
 	// A third engine of namespace m on C's node sees the prefix: the holders
 	// index has it, so the check below is not vacuous.
-	probe := kc.nodes[2].newEngine("ep", defaultOpts())
-	probe.spec.Node, probe.spec.Namespace = "n2", "m"
+	probe := kc.engineOn(2, "ep", "m")
 	probe.register()
 	awaitLookup(t, probe, hs, 8, "a namespace-m engine on n2")
 
