@@ -210,6 +210,9 @@ func (n *Node) connect(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if n.ns != nil {
+		opts = append(opts, nats.InProcessServer(n.ns))
+	}
 	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
 	if err != nil {
 		return err
