@@ -82,6 +82,12 @@ type Config struct {
 	ServeBinary     string
 	ExternalProfile io.Writer
 	ExternalAllocs  io.Writer
+	// ExternalBurst, when positive, adds the burst run (issue 14's bounded
+	// memory): that many requests published at once by SDK engines against
+	// a child of its own; ExternalBurstBudget is its --max-pending-bytes
+	// (0: the node's default).
+	ExternalBurst       int
+	ExternalBurstBudget int64
 }
 
 // DefaultConfig is every setting's default at full size (the bench flags
@@ -109,7 +115,7 @@ func (c Config) withDefaults() Config {
 	if c.Duration == 0 {
 		c.Duration = d.Duration
 	}
-	if len(c.Phases) == 0 && !c.External {
+	if len(c.Phases) == 0 && !c.External && c.ExternalBurst == 0 {
 		c.Phases = d.Phases
 	}
 	if c.ScaleRequests == 0 {
@@ -156,6 +162,12 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: scale base %d: want engines..scale requests", ErrConfig, c.ScaleBase)
 	case c.Window < 1 || c.Window > 16_384:
 		return fmt.Errorf("%w: window %d: want 1..16384 batches", ErrConfig, c.Window)
+	case c.ExternalBurst < 0 || c.ExternalBurst > 1_000_000:
+		return fmt.Errorf("%w: burst %d requests: want 0..1,000,000", ErrConfig, c.ExternalBurst)
+	case c.ExternalBurst > 0 && c.ExternalBurst < c.Engines:
+		return fmt.Errorf("%w: burst %d requests: want at least one per engine (%d)", ErrConfig, c.ExternalBurst, c.Engines)
+	case c.ExternalBurstBudget < 0:
+		return fmt.Errorf("%w: burst budget %d bytes: want 0 (the node's default) or more", ErrConfig, c.ExternalBurstBudget)
 	}
 	for _, s := range c.CopySizes {
 		if s < 4096 || s > 64<<20 {

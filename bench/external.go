@@ -113,8 +113,9 @@ type child struct {
 
 var servingLine = regexp.MustCompile(`^kvactors serving: nats (\S+), prefix "[^"]*", admin http (\S+)`)
 
-// startChild starts bin serve on free ports and waits for its serving line.
-func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) {
+// startChild starts bin serve on free ports, with extra flags after the
+// bench's own, and waits for its serving line.
+func startChild(ctx context.Context, cfg Config, prefix string, extra ...string) (*child, error) {
 	bin := cfg.ServeBinary
 	if bin == "" {
 		var err error
@@ -128,6 +129,7 @@ func startChild(ctx context.Context, cfg Config, prefix string) (*child, error) 
 	if cfg.ExternalProfile != nil || cfg.ExternalAllocs != nil {
 		args = append(args, "--pprof") // /debug/pprof is off by default
 	}
+	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv()
 	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
@@ -226,18 +228,33 @@ func parseStatCPU(stat []byte) (float64, error) {
 }
 
 // maxRSS is the child's VmHWM in bytes (0 when unreadable).
-func (c *child) maxRSS() int64 {
+func (c *child) maxRSS() int64 { return c.memory().HWM }
+
+// memStatus is a process's resident memory from /proc/<pid>/status, in
+// bytes: HWM is the peak of RSS; RSS is Anon (heap, stacks) + File
+// (mapped files: the binary) + Shmem (shared memory it has touched: the
+// pool, and the engines' segments it copied from).
+type memStatus struct {
+	HWM, RSS, Anon, File, Shmem int64
+}
+
+// memory reads the child's memStatus (zeros when unreadable).
+func (c *child) memory() memStatus {
+	var m memStatus
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
 	if err != nil {
-		return 0
+		return m
 	}
+	fields := map[string]*int64{"VmHWM:": &m.HWM, "VmRSS:": &m.RSS, "RssAnon:": &m.Anon, "RssFile:": &m.File,
+		"RssShmem:": &m.Shmem}
 	for _, l := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmHWM:"); ok {
+		name, v, ok := strings.Cut(l, "\t")
+		if f := fields[name]; ok && f != nil {
 			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10
+			*f = kb << 10
 		}
 	}
-	return 0
+	return m
 }
 
 // tailBuffer keeps the last max bytes written (the child's stderr, for

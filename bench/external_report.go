@@ -71,3 +71,40 @@ func (e *External) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "paced on fresh engines of the same child; client: publish of the batch that made a job ready → its stored message here\n")
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken by an ingest worker → copy start (bucket-interpolated)\n")
 }
+
+// GoalBurstRSSHeadroom is issue 14's memory bound for a burst: the child's
+// peak RSS at most its pool plus this.
+const GoalBurstRSSHeadroom = 256 << 20
+
+func (r *Report) burstGoals() {
+	b := r.Burst
+	if b == nil {
+		return
+	}
+	limit := b.PoolBytes + GoalBurstRSSHeadroom
+	own := b.PoolBytes + b.NodePeakAnonBytes
+	r.Goals = append(r.Goals,
+		Goal{Name: "external burst: node memory (pool + peak anon)", Target: fmt.Sprintf("<= %d MiB", limit>>20),
+			Value: float64(own) / (1 << 20), Unit: "MiB", Pass: b.NodePeakAnonBytes > 0 && own <= limit},
+		Goal{Name: "external burst: released exactly once", Target: fmt.Sprintf("%d", b.Requests),
+			Value: float64(b.Released), Unit: "requests", Pass: b.Released == b.Requests && b.Unexpected == 0})
+}
+
+// writeTable prints the burst run (nothing when b is nil).
+func (b *ExternalBurst) writeTable(w io.Writer) {
+	if b == nil {
+		return
+	}
+	budget := "default"
+	if b.BudgetBytes > 0 {
+		budget = fmt.Sprintf("%d MiB", b.BudgetBytes>>20)
+	}
+	fmt.Fprintf(w, "\nEXTERNAL BURST (SDK engines, child process)\trequests\tevents\tpublish s\tto last release s\tnode CPU-s\tpeak anon MiB\tpeak RSS MiB\tstore delay p50 ms\tp99\tmax\n")
+	fmt.Fprintf(w, "%d engines, pool %d MiB, intake budget %s\t%d\t%d\t%.2f\t%.2f\t%.2f\t%.0f\t%.0f\t%.1f\t%.1f\t%.1f\n",
+		b.Engines, b.PoolBytes>>20, budget, b.Requests, b.Events, b.PublishSeconds, b.Seconds, b.NodeCPUSeconds,
+		float64(b.NodePeakAnonBytes)/(1<<20), float64(b.NodeMaxRSSBytes)/(1<<20), b.DelayP50MS, b.DelayP99MS, b.DelayMaxMS)
+	fmt.Fprintf(w, "%d released (%d unexpected), %d store jobs, %d chunks stored; node overflow resyncs %.0f, engine resyncs %v\n",
+		b.Released, b.Unexpected, b.Jobs, b.Chunks, b.Overflow, b.Resyncs)
+	fmt.Fprintf(w, "store delay: a request's Flush at its engine → its first stored message there\n")
+	fmt.Fprintf(w, "peak anon: the child's RssAnon sampled every 5 ms (what it allocates); peak RSS: its VmHWM, which also holds the engines' segment pages it copied from\n")
+}

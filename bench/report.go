@@ -13,17 +13,18 @@ import (
 
 // Report is everything a run measured. Phases that did not run are nil.
 type Report struct {
-	Machine    Machine     `json:"machine"`
-	Engines    int         `json:"engines"`
-	Duration   string      `json:"duration_per_phase"`
-	Quick      bool        `json:"quick"`
-	Started    time.Time   `json:"started"`
-	Throughput *Throughput `json:"throughput,omitempty"`
-	Latency    *Latency    `json:"latency,omitempty"`
-	Copy       *Copy       `json:"copy,omitempty"`
-	Scale      *Scale      `json:"scale,omitempty"`
-	External   *External   `json:"external,omitempty"`
-	Goals      []Goal      `json:"goals"`
+	Machine    Machine        `json:"machine"`
+	Engines    int            `json:"engines"`
+	Duration   string         `json:"duration_per_phase"`
+	Quick      bool           `json:"quick"`
+	Started    time.Time      `json:"started"`
+	Throughput *Throughput    `json:"throughput,omitempty"`
+	Latency    *Latency       `json:"latency,omitempty"`
+	Copy       *Copy          `json:"copy,omitempty"`
+	Scale      *Scale         `json:"scale,omitempty"`
+	External   *External      `json:"external,omitempty"`
+	Burst      *ExternalBurst `json:"external_burst,omitempty"`
+	Goals      []Goal         `json:"goals"`
 }
 
 // Machine says where the numbers were taken.
@@ -91,6 +92,7 @@ func (r *Report) goals() {
 		}
 	}
 	r.externalGoals()
+	r.burstGoals()
 	if c := r.Copy; c != nil {
 		for _, s := range c.Sizes {
 			r.Goals = append(r.Goals, Goal{Name: "copy " + sizeLabel(s.BlockBytes) + " vs copy()",
@@ -162,6 +164,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 		fmt.Fprintf(w, "seeding took %.2f s; %.0f live at the end; rejected %.0f\n", s.SetupSeconds, s.LiveAtEnd, s.Rejected)
 	}
 	r.External.writeTable(w)
+	r.Burst.writeTable(w)
 	if len(r.Goals) > 0 {
 		fmt.Fprintf(w, "\nGOAL\ttarget\tvalue\tresult\n")
 		for _, g := range r.Goals {

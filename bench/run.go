@@ -45,6 +45,11 @@ func Run(ctx context.Context, cfg Config) (Report, error) {
 			return rep, phaseErr("external", err)
 		}
 	}
+	if cfg.ExternalBurst > 0 {
+		if rep.Burst, err = runExternalBurst(ctx, cfg); err != nil {
+			return rep, phaseErr("external burst", err)
+		}
+	}
 	rep.goals()
 	return rep, nil
 }

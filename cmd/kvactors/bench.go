@@ -42,6 +42,8 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.cfg.ServeBinary, "serve-binary", "", "kvactors binary the --external run starts (default: this one)")
 	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
 	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
+	fs.IntVar(&o.cfg.ExternalBurst, "external-burst", 0, "also publish this many requests at once through SDK engines against a child of its own and report its peak RSS, store delay and resyncs (alone unless --phases or --external is given; issue 14 uses 40000)")
+	fs.Int64Var(&o.cfg.ExternalBurstBudget, "external-burst-budget", 0, "the burst child's --max-pending-bytes (default: the node's default)")
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
 }
 
@@ -55,8 +57,8 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		return code
 	}
 	o.cfg.Phases = strings.Split(o.phases, ",")
-	if o.cfg.External && !flagSet(fs, "phases") {
-		o.cfg.Phases = nil // --external alone runs only the out-of-process mix
+	if (o.cfg.External || o.cfg.ExternalBurst > 0) && !flagSet(fs, "phases") {
+		o.cfg.Phases = nil // --external and --external-burst alone run only out of process
 	}
 	o.cfg.Progress = stderr
 	if o.logLevel != "" {

@@ -1,0 +1,53 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"strconv"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	kvbench "github.com/kvactors/kvactors/bench"
+)
+
+// runBurst runs `kvactors bench --external-burst` with args and returns
+// its report's burst section.
+func runBurst(t *testing.T, requests int, args ...string) *kvbench.ExternalBurst {
+	t.Helper()
+	all := append([]string{"bench", "--external-burst", strconv.Itoa(requests), "--json",
+		"--shm-dir", t.TempDir(), "--serve-binary", binary}, args...)
+	cmd := exec.Command(binary, all...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var rep kvbench.Report
+	require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
+	require.Nil(t, rep.Throughput, "--external-burst alone runs no in-process phase")
+	require.Nil(t, rep.External, "nor the store-heavy external run")
+	b := rep.Burst
+	require.NotNil(t, b)
+	require.Equal(t, requests, b.Requests)
+	require.Equal(t, 6*requests, b.Events, "added, hashes, two blocks, tokens, finished per request")
+	require.Equal(t, requests, b.Released, "every request released by the SDK")
+	require.Zero(t, b.Unexpected, "and none twice")
+	require.GreaterOrEqual(t, b.Jobs, requests, "at least one store job per request")
+	require.GreaterOrEqual(t, b.Chunks, 8*requests, "every chunk of every request stored (4 per group)")
+	require.Positive(t, b.NodePeakAnonBytes)
+	require.GreaterOrEqual(t, b.NodeMaxRSSBytes, b.NodePeakAnonBytes, "VmHWM holds the anon peak")
+	require.LessOrEqual(t, b.DelayP50MS, b.DelayP99MS)
+	require.LessOrEqual(t, b.DelayP99MS, b.DelayMaxMS)
+	require.Positive(t, b.DelayMaxMS)
+	require.GreaterOrEqual(t, b.Seconds, b.PublishSeconds)
+	return b
+}
+
+// A small burst at the node's default intake budget: everything fits, so
+// nothing overflows and nothing is resynced; each chunk is stored once.
+func TestBenchExternalBurst(t *testing.T) {
+	b := runBurst(t, 2000, "--engines", "2")
+	require.Zero(t, b.Overflow, "nothing dropped at the default budget")
+	require.Empty(t, b.Resyncs)
+	require.Equal(t, 8*2000, b.Chunks, "no chunk stored twice without a resync")
+}
