@@ -79,6 +79,11 @@ func (ke *KeyEvents) Group(keys []messages.Key, typ, medium string,
 		pos += s.count
 	}
 	ke.sets, ke.slot, ke.next = sets, slot[:0], next[:0]
+	if oneNamespace(sets) { // the usual case: no split, kv goes as it is
+		emit(sets[0].ns, kv)
+		ke.sets = ke.sets[:0]
+		return
+	}
 	// One call per namespace in first-seen order; sets stays parallel to kv.
 	for len(kv) > 0 {
 		ns := sets[0].ns
@@ -97,4 +102,13 @@ func (ke *KeyEvents) Group(keys []messages.Key, typ, medium string,
 		kv, sets = rest, sets[:k]
 	}
 	ke.sets = ke.sets[:0]
+}
+
+func oneNamespace(sets []keySet) bool {
+	for _, s := range sets[1:] {
+		if s.ns != sets[0].ns {
+			return false
+		}
+	}
+	return true
 }

@@ -39,6 +39,14 @@ func TestKeyEventsGroupsByNamespaceThenGroup(t *testing.T) {
 			{9, []messages.KVEvent{ev(1, hx("x"), hx("y"))}},
 		}, got)
 	}
+	// One namespace (the usual case): one call with every group's event.
+	got = got[:0]
+	ke.Group([]messages.Key{key(7, "a", 1), key(7, "b", 0), key(7, "c", 1)}, messages.KVBlockStored, messages.MediumDisk,
+		func(ns sched.NamespaceID, ev []messages.KVEvent) { got = append(got, call{ns, ev}) })
+	require.Equal(t, []call{{7, []messages.KVEvent{
+		{Type: messages.KVBlockStored, GroupIdx: 1, Medium: messages.MediumDisk, BlockHashes: []string{hx("a"), hx("c")}},
+		{Type: messages.KVBlockStored, GroupIdx: 0, Medium: messages.MediumDisk, BlockHashes: []string{hx("b")}},
+	}}}, got)
 	ke.Group(nil, messages.KVBlockStored, messages.MediumDisk, func(sched.NamespaceID, []messages.KVEvent) {
 		t.Fatal("no keys: nothing to emit")
 	})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -167,8 +168,11 @@ const tileBytes = 512 << 10
 // harmless: the load fails as a whole), the chunk is dropped, and the error
 // is ErrCorrupt in a *hostpool.KeyError naming it.
 func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
-	keys := keysOf(chunks)
-	loc, ok := reserved(dir, chunks)
+	sc := copyScratchPool.Get().(*copyScratch)
+	defer sc.release()
+	sc.keys = appendKeys(sc.keys[:0], chunks)
+	keys := sc.keys
+	loc, ok := sc.reserved(dir, chunks)
 	if !ok {
 		var err error
 		if loc, err = e.s.pool.Locate(keys); err != nil { // a bug: a job's keys are pending or pinned until it completes
@@ -181,7 +185,8 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 			return err
 		}
 	}
-	var ranges []backend.Range
+	ranges := sc.ranges[:0]
+	defer func() { sc.ranges = ranges[:0] }()
 	for lo := 0; lo < len(chunks); {
 		if size := e.lay.Groups[chunks[lo].Group].ChunkBytes; size > tileBytes {
 			if err := e.copyLarge(dir, keys, chunks, &loc, lo, size); err != nil {
@@ -228,27 +233,60 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	return nil
 }
 
+// copyScratch is one Copy's working memory, reused across jobs: Copy keeps
+// none of it after it returns (the pool copies what it keeps), and a store
+// job allocating five slices per copy was a tenth of the node's garbage on
+// the store-heavy bench.
+type copyScratch struct {
+	keys   []messages.Key
+	loc    located
+	ranges []backend.Range
+}
+
+var copyScratchPool = sync.Pool{New: func() any { return new(copyScratch) }}
+
+// scratchKeep bounds what a scratch keeps: a rare huge job's slices are
+// left to the collector rather than held by the pool.
+const scratchKeep = 4096
+
+func (sc *copyScratch) release() {
+	clear(sc.keys) // the keys' strings are the job's, not ours to keep alive
+	if cap(sc.keys) > scratchKeep || cap(sc.loc.Ext) > scratchKeep || cap(sc.ranges) > scratchKeep {
+		return
+	}
+	copyScratchPool.Put(sc)
+}
+
 // reserved is a store job's room as its decision reserved it (JobChunk.Room),
-// with no trip through the pool's lock; false when a chunk has none.
-func reserved(dir backend.Direction, chunks []sched.JobChunk) (hostpool.Located, bool) {
+// with no trip through the pool's lock, in the scratch's slices; false when
+// a chunk has none.
+func (sc *copyScratch) reserved(dir backend.Direction, chunks []sched.JobChunk) (hostpool.Located, bool) {
 	if dir != backend.DeviceToHost {
 		return hostpool.Located{}, false
 	}
-	n := 0
 	for i := range chunks {
 		if chunks[i].Room == nil {
 			return hostpool.Located{}, false
 		}
-		n += len(chunks[i].Room)
 	}
-	loc := hostpool.Located{Extents: hostpool.Extents{Ext: make([]hostpool.Extent, 0, n), Ends: make([]int, len(chunks))},
-		Sums: make([]uint32, len(chunks)), Slots: make([]int32, len(chunks))}
+	loc := &sc.loc
+	loc.Ext, loc.Ends = loc.Ext[:0], resize(loc.Ends, len(chunks))
+	loc.Sums, loc.Slots, loc.States = resize(loc.Sums, len(chunks)), resize(loc.Slots, len(chunks)), nil
 	for i := range chunks {
 		loc.Ext = append(loc.Ext, chunks[i].Room...)
 		loc.Ends[i] = len(loc.Ext)
 		loc.Slots[i] = chunks[i].Slot
 	}
-	return loc, true
+	return *loc, true
+}
+
+// resize is s with length n, reusing its array when it is big enough (the
+// contents are the caller's to overwrite).
+func resize[T any](s []T, n int) []T {
+	if cap(s) < n {
+		return make([]T, n)
+	}
+	return s[:n]
 }
 
 // fetch reads the load's chunks that are pending (given room by PrepareLoad
@@ -387,9 +425,12 @@ func (s *Store) checksum(ext []hostpool.Extent, lo, hi int64, sum uint32) uint32
 }
 
 func keysOf(chunks []sched.JobChunk) []messages.Key {
-	keys := make([]messages.Key, len(chunks))
+	return appendKeys(make([]messages.Key, 0, len(chunks)), chunks)
+}
+
+func appendKeys(dst []messages.Key, chunks []sched.JobChunk) []messages.Key {
 	for i := range chunks {
-		keys[i] = chunks[i].Key
+		dst = append(dst, chunks[i].Key)
 	}
-	return keys
+	return dst
 }

@@ -3,6 +3,7 @@ package request
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -285,8 +286,10 @@ func (a *Actor) published(j *job) {
 		hx = wire.AppendHex(hx, string(sched.WireKey(ch.Key)))
 	}
 	all := wire.Frozen(hx) // hx is not written again
-	st := &messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
-		Chunks: make([]messages.StoredChunk, len(chunks))}
+	st := storedPool.Get().(*messages.Stored)
+	defer putStored(st)
+	*st = messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
+		Chunks: slices.Grow(st.Chunks[:0], len(chunks))[:len(chunks)]}
 	hashes := make([]string, len(chunks))
 	kv := make([]messages.KVEvent, 0, 2)
 	start, off := 0, 0
@@ -401,6 +404,19 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // namespace are announced on the kv_events of an engine of that namespace:
 // routers see every eviction, and this engine never learns another
 // namespace's block hashes.
+// storedPool holds published's message: it is encoded before Stored
+// returns, so only its chunk list is worth keeping, and not per actor.
+var storedPool = sync.Pool{New: func() any { return new(messages.Stored) }}
+
+func putStored(st *messages.Stored) {
+	if cap(st.Chunks) > 1024 {
+		return
+	}
+	clear(st.Chunks) // their keys are the job's strings
+	*st = messages.Stored{Chunks: st.Chunks[:0]}
+	storedPool.Put(st)
+}
+
 // keyEventsPool holds evicted's scratch: kept per actor, it would be
 // 72 bytes of every live request.
 var keyEventsPool = sync.Pool{New: func() any { return new(actors.KeyEvents) }}

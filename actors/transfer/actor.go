@@ -191,8 +191,12 @@ func (a *Actor) run(job *Submit) (time.Duration, error) {
 	if !job.Arrived.IsZero() {
 		a.deps.Metrics.DecisionTime.Observe(time.Since(job.Arrived).Seconds())
 	}
-	ctx := trace.ContextWithSpanContext(context.Background(), job.Span)
-	_, span := a.deps.Tracer.Start(ctx, tracing.SpanCopy)
+	// With tracing off the job has no span: starting a no-op one would
+	// still allocate its context, once per copy.
+	span := trace.SpanFromContext(context.Background())
+	if job.Span.IsValid() {
+		_, span = a.deps.Tracer.Start(trace.ContextWithSpanContext(context.Background(), job.Span), tracing.SpanCopy)
+	}
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrEngine.String(job.Engine), tracing.AttrDirection.String(job.Dir.String()),
 			tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
