@@ -34,7 +34,7 @@ func (d *Disk) rebuild() error {
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
-		seg := &segment{id: id, f: f}
+		seg := &segment{id: id, f: f, out: f}
 		d.segs = append(d.segs, seg)
 		if err := d.scan(seg); err != nil {
 			return err
