@@ -2,7 +2,9 @@ package disk
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"testing"
@@ -208,56 +210,197 @@ func TestBatchSegmentsStayWithinSegmentBytes(t *testing.T) {
 	}
 }
 
-// A write that fails indexes and announces none of its records, counts
-// them failed, and leaves the segment as it was: nothing is lost silently
-// (the chunks were evicted from host memory already; they are counted) and
-// nothing half-written is ever served; the segment stays usable
-// (later batches are written once the segment takes writes again).
+// failingFile is a segment file with one transient fault: a write fails
+// once limit bytes have gone through (the bytes before the limit land: a
+// write failing part-way), later writes go through again; its Truncate
+// fails when cutFails.
+type failingFile struct {
+	f        *os.File
+	limit    int
+	cutFails bool
+	failed   bool // the failing write happened
+}
+
+var errInjected = errors.New("injected fault")
+
+func (ff *failingFile) Write(b []byte) (int, error) {
+	if ff.failed {
+		return ff.f.Write(b)
+	}
+	n, err := ff.f.Write(b[:min(len(b), ff.limit)])
+	ff.limit -= n
+	if err == nil && n < len(b) {
+		ff.failed = true
+		err = fmt.Errorf("%w: write stopped after %d of %d bytes", errInjected, n, len(b))
+	}
+	return n, err
+}
+
+func (ff *failingFile) Truncate(size int64) error {
+	if ff.cutFails {
+		return fmt.Errorf("%w: truncate", errInjected)
+	}
+	return ff.f.Truncate(size)
+}
+
+// failWrites makes the current segment's next write fail after limit bytes
+// (and its cuts, when cutFails) and returns the segment; the writer
+// goroutine has nothing queued meanwhile.
+func failWrites(d *Disk, limit int, cutFails bool) *segment {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seg := d.segs[len(d.segs)-1]
+	seg.out = &failingFile{f: seg.f, limit: limit, cutFails: cutFails}
+	return seg
+}
+
+// checkRecords reads every key back byte for byte and checks the header
+// just before each indexed offset names that key and size: no record is
+// indexed where it does not lie.
+func checkRecords(t *testing.T, d *Disk, chunks map[int][]byte, want ...int) {
+	t.Helper()
+	var keys []messages.Key
+	for _, i := range want {
+		keys = append(keys, key(i))
+		path, off, ok := d.Where(key(i))
+		require.True(t, ok, "chunk %d indexed", i)
+		f, err := os.Open(path)
+		require.NoError(t, err)
+		h, err := readHeader(io.NewSectionReader(f, off-headerLen(key(i)), headerLen(key(i))))
+		require.NoError(t, f.Close())
+		require.NoError(t, err, "chunk %d: a record header at its offset", i)
+		require.Equal(t, string(key(i)), h.key)
+		require.Equal(t, int64(len(chunks[i])), h.size)
+		got, err := readBack(t, d, key(i), len(chunks[i]))
+		require.NoError(t, err, "chunk %d", i)
+		require.Equal(t, chunks[i], got, "chunk %d", i)
+	}
+	require.Equal(t, keys, d.Keys())
+}
+
+// A write that fails part-way indexes and announces none of its records,
+// counts them failed, and cuts the segment back to where it was: nothing is
+// lost silently (the chunks were evicted from host memory already; they are
+// counted) and nothing half-written is ever served; the segment stays in
+// use, later batches land in it where their offsets say.
 func TestFailedWriteIndexesAndAnnouncesNothing(t *testing.T) {
 	dir := t.TempDir()
 	ev := &events{}
 	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1 << 20}, ev.notify)
 	require.NoError(t, err)
 	t.Cleanup(d.Close)
-	w := &writer{d: d}
-	good := bytes.Repeat([]byte("g"), 512)
-	w.batch = append(w.batch, spill{"e", key(0), sum(good), good})
-	w.write()
-	require.Equal(t, []messages.Key{key(0)}, d.Keys())
+	chunks := batchChunks()
+	writeBatch(d, "e", chunks, 0)
+	path, _, _ := d.Where(key(0))
 
-	d.mu.Lock()
-	seg := d.segs[len(d.segs)-1]
-	writable := seg.f
-	ro, err := os.Open(writable.Name()) // writes to it fail
-	require.NoError(t, err)
-	seg.f = ro
+	// 1 (300 B) is gathered with 2's header; 2's data (200 KiB) stops after
+	// 64 KiB of the batch have landed.
+	seg := failWrites(d, 64<<10, false)
 	size := seg.size
-	d.mu.Unlock()
-	w.batch = w.batch[:0]
-	for i := 1; i <= 3; i++ {
-		c := bytes.Repeat([]byte{byte('a' + i)}, 100<<10) // one small record, two large ones
-		if i == 1 {
-			c = c[:300]
-		}
-		w.batch = append(w.batch, spill{"e", key(i), sum(c), c})
-	}
-	w.write()
+	writeBatch(d, "e", chunks, 1, 2, 3)
+	require.True(t, seg.out.(*failingFile).failed)
+	require.Zero(t, seg.out.(*failingFile).limit, "64 KiB landed before the write failed")
 	require.Equal(t, int64(3), d.Stats().Failed)
+	require.Zero(t, d.Stats().Retired)
 	require.Equal(t, []messages.Key{key(0)}, d.Keys(), "no record of the failed write is indexed")
 	stored, _ := ev.get()
 	require.Equal(t, []messages.Key{key(0)}, stored, "none is announced stored")
-	fi, err := os.Stat(writable.Name())
+	fi, err := os.Stat(path)
 	require.NoError(t, err)
-	require.Equal(t, size, fi.Size(), "the segment is as it was")
-	got, err := readBack(t, d, key(0), len(good))
-	require.NoError(t, err)
-	require.Equal(t, good, got, "the record before it still reads")
+	require.Equal(t, size, fi.Size(), "the segment is cut back to where it was")
 
-	d.mu.Lock()
-	seg.f = writable
-	d.mu.Unlock()
-	require.NoError(t, ro.Close())
-	w.batch = append(w.batch[:0], spill{"e", key(4), sum(good), good})
-	w.write()
-	require.Equal(t, []messages.Key{key(0), key(4)}, d.Keys(), "the segment takes writes again")
+	writeBatch(d, "e", chunks, 4, 5, 1) // the fault has passed
+	checkRecords(t, d, chunks, 0, 4, 5, 1)
+	for _, i := range []int{4, 5, 1} {
+		p, _, _ := d.Where(key(i))
+		require.Equal(t, path, p, "chunk %d: the segment takes writes again", i)
+	}
+}
+
+// A write that fails part-way and whose cut fails too leaves its bytes past
+// the segment's last record, where the next append would land instead of
+// where its offsets say: the segment is retired (counted) and later batches
+// go to a new one, every record indexed where it lies and read back byte
+// for byte; after a restart the retired segment's torn tail is cut and
+// everything announced stored still reads back.
+func TestFailedCutRetiresSegment(t *testing.T) {
+	dir := t.TempDir()
+	ev := &events{}
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1 << 20}, ev.notify)
+	require.NoError(t, err)
+	chunks := batchChunks()
+	writeBatch(d, "e", chunks, 0, 1)
+	path, _, _ := d.Where(key(0))
+
+	seg := failWrites(d, 100, true) // 100 bytes of the batch land: part of 2's header
+	size := seg.size
+	writeBatch(d, "e", chunks, 2, 3, 4)
+	st := d.Stats()
+	require.Equal(t, int64(3), st.Failed)
+	require.Equal(t, int64(1), st.Retired)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, size+100, fi.Size(), "the failed write's bytes stay past the last record")
+
+	writeBatch(d, "e", chunks, 5, 6, 7, 2) // the fault has passed
+	want := []int{0, 1, 5, 6, 7, 2}
+	checkRecords(t, d, chunks, want...)
+	for _, i := range []int{5, 6, 7, 2} {
+		p, _, _ := d.Where(key(i))
+		require.NotEqual(t, path, p, "chunk %d: written to a new segment", i)
+	}
+	stored, _ := ev.get()
+	require.Equal(t, []messages.Key{key(0), key(1), key(5), key(6), key(7), key(2)}, stored)
+	d.Close()
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	require.Equal(t, int64(1), d2.Stats().Discarded, "the torn tail is cut")
+	checkRecords(t, d2, chunks, want...)
+}
+
+// Writes after a restart: a rebuilt segment is never written again (Open
+// starts a new one), so records written after the restart, a dropped key
+// written again among them, land in a new segment at the offsets they are indexed
+// at, the old records are untouched, and all read back byte for byte, then
+// and after a second restart.
+func TestWritesAfterRestart(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	chunks := batchChunks()
+	for i := range 4 {
+		require.True(t, d.Spill("e", key(i), sum(chunks[i]), chunks[i]))
+	}
+	waitOnDisk(t, d, key(0), key(1), key(2), key(3))
+	path, _, _ := d.Where(key(0))
+	d.Close()
+	before, err := os.ReadFile(path)
+	require.NoError(t, err)
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	d2.Drop("e", key(1))                        // dropped, then spilled again with other bytes:
+	chunks[1] = bytes.Repeat([]byte("L"), 3000) // its old record stays in the old segment
+	for _, i := range []int{4, 5, 6, 7, 1} {
+		require.True(t, d2.Spill("e", key(i), sum(chunks[i]), chunks[i]))
+	}
+	waitOnDisk(t, d2, key(4), key(5), key(6), key(7), key(1))
+	want := []int{0, 2, 3, 4, 5, 6, 7, 1}
+	checkRecords(t, d2, chunks, want...)
+	for _, i := range []int{4, 5, 6, 7, 1} {
+		p, _, _ := d2.Where(key(i))
+		require.NotEqual(t, path, p, "chunk %d: written to a new segment", i)
+	}
+	after, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Equal(t, before, after, "the rebuilt segment is untouched")
+	d2.Close()
+
+	d3, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d3.Close)
+	require.Zero(t, d3.Stats().Discarded)
+	checkRecords(t, d3, chunks, want...)
 }

@@ -56,8 +56,23 @@ type item struct {
 type segment struct {
 	id   int
 	f    *os.File
-	size int64 // bytes written (records whole or, at rebuild, verified)
-	live int   // indexed records in it
+	out  appendFile // where the writer writes f (tests wrap it to fail)
+	size int64      // bytes written (records whole or, at rebuild, verified)
+	live int        // indexed records in it
+	// retired: a failed write could not be cut back, so the file may hold
+	// bytes past size, and an append would land there, not at size, where
+	// its records would be indexed. The writer starts a new segment
+	// instead; the records before size still read. Only the writer reads
+	// or sets it.
+	retired bool
+}
+
+// appendFile is what the writer needs of a segment file, opened O_APPEND:
+// a write lands at the file's end, which is seg.size while every failed
+// write is cut back.
+type appendFile interface {
+	Write(b []byte) (int, error)
+	Truncate(size int64) error
 }
 
 type spill struct {
@@ -84,7 +99,7 @@ type Disk struct {
 	done      chan struct{}
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
-	dropped, raced, discarded, failed                                     atomic.Int64
+	dropped, raced, discarded, failed, retired                            atomic.Int64
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
@@ -149,7 +164,7 @@ func (d *Disk) newSegment() error {
 	if err != nil {
 		return fmt.Errorf("disk: %w", err)
 	}
-	d.segs = append(d.segs, &segment{id: id, f: f})
+	d.segs = append(d.segs, &segment{id: id, f: f, out: f})
 	return nil
 }
 

@@ -10,7 +10,10 @@
 // more), several records per write call. A record is indexed, and announced
 // stored, only once the write holding it has returned; a failed write cuts
 // the segment back to where that write began (a batch that rolled into a
-// new segment keeps the records written to the earlier one). On open the index is rebuilt
+// new segment keeps the records written to the earlier one). If that cut
+// fails too, the segment is retired (counted): its file may now run past
+// its last record, where an append would land instead of where its offsets
+// say, so later records go to a new segment. On open the index is rebuilt
 // from the segments in write order, every record's checksums verified: a
 // record cut short or whose header fails its checksum is a torn tail, and the
 // segment is cut there, so the records before it survive (in its batch or

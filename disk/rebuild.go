@@ -30,11 +30,14 @@ func (d *Disk) rebuild() error {
 	}
 	slices.Sort(ids)
 	for _, id := range ids {
-		f, err := os.OpenFile(d.segPath(id), os.O_RDWR, 0)
+		// Open starts a new segment after the rebuild, so these are only
+		// read and cut; O_APPEND all the same, so that a write to any
+		// segment lands at its end, not where the scan left the offset.
+		f, err := os.OpenFile(d.segPath(id), os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
-		seg := &segment{id: id, f: f}
+		seg := &segment{id: id, f: f, out: f}
 		d.segs = append(d.segs, seg)
 		if err := d.scan(seg); err != nil {
 			return err

@@ -18,6 +18,7 @@ type Stats struct {
 	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
 	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
 	Failed     int64 `json:"failed"`    // writes that failed
+	Retired    int64 `json:"retired"`   // segments written no more: a failed write could not be cut back
 }
 
 func (d *Disk) Stats() Stats {
@@ -29,5 +30,6 @@ func (d *Disk) Stats() Stats {
 	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
 	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
 		d.failed.Load()
+	st.Retired = d.retired.Load()
 	return st
 }

@@ -81,8 +81,9 @@ func (d *Disk) writer() {
 }
 
 // write appends the batch's records to the current segment (starting a new
-// segment where the next record would not fit) and indexes them. Only the
-// writer calls it, so the current segment's size changes nowhere else.
+// segment where the next record would not fit, or where the current one is
+// retired) and indexes them. Only the writer calls it, so the current
+// segment's size changes nowhere else.
 func (w *writer) write() {
 	d := w.d
 	d.mu.Lock()
@@ -100,7 +101,7 @@ func (w *writer) write() {
 			continue
 		}
 		rec := headerLen(sp.key) + int64(len(sp.data)) // what the record takes in the segment
-		if end > 0 && end+rec > d.cfg.SegmentBytes {
+		if seg.retired || (end > 0 && end+rec > d.cfg.SegmentBytes) {
 			w.flush(seg)
 			w.run = w.run[:0]
 			d.mu.Lock()
@@ -124,7 +125,9 @@ func (w *writer) write() {
 // least recently used chunks past the budget) and announces them stored. A
 // failed write cuts the segment back to where the run began, so the
 // segment stays a run of whole records; none of the run's records is
-// indexed or announced.
+// indexed or announced. If the cut fails too, seg is retired (counted):
+// its file may run past seg.size, so later appends would not land where
+// their offsets say.
 func (w *writer) flush(seg *segment) {
 	if len(w.run) == 0 {
 		return
@@ -146,21 +149,24 @@ func (w *writer) flush(seg *segment) {
 			buf = append(buf, sp.data...)
 			continue
 		}
-		if _, err = seg.f.Write(buf); err != nil {
+		if _, err = seg.out.Write(buf); err != nil {
 			break
 		}
 		buf = buf[:0]
-		if _, err = seg.f.Write(sp.data); err != nil {
+		if _, err = seg.out.Write(sp.data); err != nil {
 			break
 		}
 	}
 	if err == nil && len(buf) > 0 {
-		_, err = seg.f.Write(buf)
+		_, err = seg.out.Write(buf)
 	}
 	w.buf, w.offs = buf[:0], offs
 	if err != nil {
 		d.failed.Add(int64(len(w.run)))
-		_ = seg.f.Truncate(seg.size)
+		if seg.out.Truncate(seg.size) != nil {
+			seg.retired = true
+			d.retired.Add(1)
+		}
 		return
 	}
 	d.writeNanos.Add(int64(time.Since(start)))

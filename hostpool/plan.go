@@ -15,8 +15,8 @@ import (
 // offered key is never evicted to make room for its siblings), in LRU order
 // and only as many as needed. New keys start Pending.
 //
-// Duplicate keys in one offer are stored once (see dedupMax for how they
-// count when room is short).
+// Duplicate keys in one offer are stored once and need room once (see
+// dedupMax).
 func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
 	return p.prepareStore(keys, sizes, true)
 }
@@ -51,7 +51,7 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 			}
 			continue
 		}
-		if short && slices.Contains(keys[:i], k) {
+		if short && slices.Contains(keys[:i], k) || !short && p.seenBefore(k) {
 			continue // a repeat of an absent key: one chunk for both
 		}
 		newKeys++
@@ -67,6 +67,9 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 		}
 	}
 	p.needed, p.fresh = needed, fresh[:0]
+	if !short {
+		p.clearSeen()
+	}
 	if newKeys == 0 {
 		return Prepared{Pending: pending}, nil
 	}
@@ -107,11 +110,6 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 	}
 	for _, i := range fresh {
 		k := keys[i]
-		if !short {
-			if _, ok := p.index[k]; ok {
-				continue // a repeat in a long offer, already given room
-			}
-		}
 		r := p.add(k, p.sizeOf(sizes, int(i)))
 		out.Keys = append(out.Keys, k)
 		if !rooms {
@@ -124,6 +122,29 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 		out.Slots = append(out.Slots, int32(r))
 	}
 	return out, nil
+}
+
+// seenBefore reports whether k, an absent key of a long offer, was offered
+// before in this call, and notes it in p.seen.
+func (p *Pool) seenBefore(k messages.Key) bool {
+	if p.seen == nil {
+		p.seen = map[messages.Key]struct{}{} // grows to the longest offer once
+	}
+	if _, ok := p.seen[k]; ok {
+		return true
+	}
+	p.seen[k] = struct{}{}
+	return false
+}
+
+// clearSeen empties p.seen after a long offer, or drops it when it holds
+// more than seenMax keys.
+func (p *Pool) clearSeen() {
+	if len(p.seen) > seenMax {
+		p.seen = nil
+		return
+	}
+	clear(p.seen)
 }
 
 func (p *Pool) sizeOf(sizes []int64, i int) int64 {

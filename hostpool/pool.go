@@ -100,12 +100,20 @@ type entry struct {
 	prev, next ref
 }
 
-// dedupMax: when room is short, an offer of up to this many keys is checked
-// for repeats (a repeat needs no second chunk) by a scan; a longer one counts
-// repeats as new keys. A repeated key means two chunks with one last hash,
-// which a chained-hash engine never sends, and an overloaded node meets "no
-// room" on every event, where a set per call would cost a tenth of its CPU.
+// dedupMax: an offer of up to this many keys is checked for repeats of an
+// absent key (a repeat needs no second chunk) by a scan of the keys before
+// it, which allocates nothing; a longer one through the Pool's seen set,
+// which a scan would make quadratic. A repeat is rare (two chunks with one
+// last hash, which a chained-hash engine never sends) but must not be
+// counted twice: that refuses an offer that fits, or evicts more than it
+// needs. Offers are mostly short, and an overloaded node meets "no room" on
+// every event, so the short path stays a scan.
 const dedupMax = 32
+
+// seenMax bounds the seen set kept between calls: a table that grew for a
+// huge offer is dropped rather than cleared every later call (clearing a
+// map costs its capacity, not its length).
+const seenMax = 1 << 12
 
 // DefaultPageBytes is the page size New uses for pageBytes <= 0.
 const DefaultPageBytes = 1 << 20
@@ -133,6 +141,7 @@ type Pool struct {
 	needed  []*class
 	cut     []int64
 	fresh   []int32
+	seen    map[messages.Key]struct{} // absent keys of a long offer (see dedupMax)
 }
 
 // New returns a pool over bytes of arena cut into pages of pageBytes

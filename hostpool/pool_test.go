@@ -386,3 +386,56 @@ func TestPrepareLoadFromReportsNoRooms(t *testing.T) {
 	require.Nil(t, prep.Ends)
 	require.Nil(t, prep.Slots)
 }
+
+// PROTOCOL.md "dedup", for an offer longer than dedupMax: a repeated absent
+// key needs room once, so an offer that fits its distinct keys is not
+// refused, and evicts only the least recently used keys it needs (the
+// naive recomputation in checkPrepareStore).
+func TestLongOfferCountsRepeatsOnce(t *testing.T) {
+	var ready, fresh []messages.Key
+	for i := range 10 {
+		ready = append(ready, messages.Key(fmt.Sprintf("r%02d", i)))
+	}
+	for i := range 30 {
+		fresh = append(fresh, messages.Key(fmt.Sprintf("n%02d", i)))
+	}
+	// 40 keys, 30 distinct: every tenth key is offered again, three times.
+	offer := append([]messages.Key{}, fresh...)
+	for i := range 10 {
+		offer = append(offer, fresh[(i%3)*10])
+	}
+	require.Greater(t, len(offer), dedupMax)
+	for _, tc := range []struct {
+		name    string
+		pages   int64
+		evicted []messages.Key
+	}{
+		{"room for the distinct keys", 40, nil},
+		{"room after evicting four", 36, ready[:4]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := New(tc.pages, 1)
+			_, err := p.PrepareStore(ready, nil)
+			require.NoError(t, err)
+			p.CompleteStore(ready, sums(ready))
+			before := snapshot(p)
+			got, err := p.PrepareStore(offer, nil)
+			require.NoError(t, err, "30 distinct new keys fit")
+			require.Equal(t, fresh, got.Keys, "each new key given room once, in offer order")
+			require.Equal(t, tc.evicted, got.Evicted)
+			require.Len(t, got.Ends, len(fresh))
+			checkInvariants(t, p)
+
+			// The same through the naive model, from the same start, and a
+			// second long offer right after (the seen set starts empty).
+			p = New(tc.pages, 1)
+			_, err = p.PrepareStore(ready, nil)
+			require.NoError(t, err)
+			p.CompleteStore(ready, sums(ready))
+			require.Equal(t, before, snapshot(p))
+			checkPrepareStore(t, p, offer)
+			checkInvariants(t, p)
+			checkPrepareStore(t, p, offer)
+		})
+	}
+}

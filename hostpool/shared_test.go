@@ -3,6 +3,7 @@ package hostpool
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -180,4 +181,49 @@ func TestSharedPrepareLoadFrom(t *testing.T) {
 	s.mu.Lock()
 	checkInvariants(t, s.pool)
 	s.mu.Unlock()
+}
+
+// A load from disk of more than dedupMax absent keys, one repeated: the
+// repeat is fetched into one room, so a pool with room for the distinct
+// keys (after evicting what it must, least recently used first) takes the
+// load, and evicts nothing beyond that.
+func TestSharedPrepareLoadFromLongRepeats(t *testing.T) {
+	var ready, onDisk []messages.Key
+	for i := range 4 {
+		ready = append(ready, messages.Key(fmt.Sprintf("r%d", i)))
+	}
+	for i := range 30 {
+		onDisk = append(onDisk, messages.Key(fmt.Sprintf("d%02d", i)))
+	}
+	// 36 keys: one ready key, then the 30 on disk, then five repeats.
+	load := append(append([]messages.Key{ready[3]}, onDisk...), onDisk[0], onDisk[7], onDisk[7], onDisk[29], ready[3])
+	fetch := func(k messages.Key) (int64, bool) { return 1, slices.Contains(onDisk, k) }
+	for _, tc := range []struct {
+		name    string
+		pages   int64
+		evicted []messages.Key
+	}{
+		{"room for the distinct keys", 34, nil},
+		{"room after evicting two", 32, ready[:2]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := NewShared(tc.pages, 1)
+			_, err := s.PrepareStore(ready, nil)
+			require.NoError(t, err)
+			s.CompleteStore(ready, sums(ready))
+			prep, err := s.PrepareLoadFrom(load, fetch)
+			require.NoError(t, err, "30 distinct keys to fetch fit")
+			require.Equal(t, onDisk, prep.Keys, "each fetched key given room once")
+			require.Equal(t, tc.evicted, prep.Evicted)
+			s.CompleteStorePinned(prep.Keys, sums(prep.Keys))
+			st := s.Stats()
+			require.Equal(t, 31, st.Pinned, "r3 and the 30 fetched keys")
+			require.Equal(t, 34-len(tc.evicted), st.Used)
+			s.CompleteLoad(load)
+			require.Zero(t, s.Stats().Pinned)
+			s.mu.Lock()
+			checkInvariants(t, s.pool)
+			s.mu.Unlock()
+		})
+	}
 }

@@ -144,7 +144,8 @@ func RegisterDisk(reg prometheus.Registerer, stats func() disk.Stats) {
 type diskCollector struct{ stats func() disk.Stats }
 
 var diskDescs = struct {
-	bytes, chunks, budget, queued, hits, evictions, read, write, readTime, writeTime, dropped, raced, discarded, failed *prometheus.Desc
+	bytes, chunks, budget, queued, hits, evictions, read, write, readTime, writeTime, dropped, raced, discarded, failed,
+	retired *prometheus.Desc
 }{
 	bytes:     prometheus.NewDesc("kvactors_disk_bytes", "Chunk bytes on disk.", nil, nil),
 	chunks:    prometheus.NewDesc("kvactors_disk_chunks", "Chunks on disk.", nil, nil),
@@ -160,12 +161,13 @@ var diskDescs = struct {
 	raced:     prometheus.NewDesc("kvactors_disk_raced_total", "Evicted chunks not written because their host bytes changed before the copy-out.", nil, nil),
 	discarded: prometheus.NewDesc("kvactors_disk_discarded_total", "Torn or bad files deleted when the index was rebuilt.", nil, nil),
 	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Chunk writes that failed.", nil, nil),
+	retired:   prometheus.NewDesc("kvactors_disk_segments_retired_total", "Segments written no more because a failed write could not be cut back.", nil, nil),
 }
 
 func (diskCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := diskDescs
 	for _, x := range []*prometheus.Desc{d.bytes, d.chunks, d.budget, d.queued, d.hits, d.evictions, d.read, d.write,
-		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed} {
+		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed, d.retired} {
 		ch <- x
 	}
 }
@@ -192,6 +194,7 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	count(d.raced, float64(st.Raced))
 	count(d.discarded, float64(st.Discarded))
 	count(d.failed, float64(st.Failed))
+	count(d.retired, float64(st.Retired))
 }
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape
