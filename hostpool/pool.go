@@ -142,6 +142,9 @@ type Pool struct {
 	cut     []int64
 	fresh   []int32
 	seen    map[messages.Key]struct{} // absent keys of a long offer (see dedupMax)
+	// madeReady are the keys the last CompleteStoreAt made ready (for
+	// Shared's journal; reused).
+	madeReady []messages.Key
 }
 
 // New returns a pool over bytes of arena cut into pages of pageBytes
@@ -253,6 +256,7 @@ func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
 // not hold its key (it cannot, while the key is pending, but a caller may
 // be wrong) is looked up instead.
 func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
+	p.madeReady = p.madeReady[:0]
 	for i, k := range keys {
 		r, found := none, false
 		if i < len(slots) && slots[i] >= 0 && int(slots[i]) < len(p.entries) && p.entries[slots[i]].key == k {
@@ -268,6 +272,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 			e := &p.entries[r]
 			e.state, e.sum = Ready, sums[i]
 			p.pushBack(r)
+			p.madeReady = append(p.madeReady, k)
 			continue
 		}
 		p.remove(r)

@@ -22,18 +22,62 @@ type Shared struct {
 	// told "no room" too while full; it is retried, and deduplicated, once
 	// room frees.)
 	full atomic.Bool
+	// journal, when set, is told every change to what is loadable, under
+	// mu, in the order of the changes (see Journal).
+	journal Journal
 }
+
+// Journal is told, under the pool's lock and so in the order they happen,
+// of the keys that became loadable (stored true: a store completed) and of
+// those that stopped being loadable (stored false: evicted or dropped),
+// with the engine whose operation made the change ("" when none was
+// named). It runs under the lock: it must copy keys if it keeps them and
+// return at once. A node turns it into kv_events published in this order,
+// so a router applying them in order ends where the pool is (PROTOCOL.md,
+// "kv_events").
+type Journal func(stored bool, keys []messages.Key, engine string)
+
+// SetJournal sets the journal (nil: none). Set it before the pool is used.
+func (s *Shared) SetJournal(j Journal) {
+	s.mu.Lock()
+	s.journal = j
+	s.mu.Unlock()
+}
+
+// note tells the journal of a change; under s.mu.
+func (s *Shared) note(stored bool, keys []messages.Key, engine string) {
+	if s.journal != nil && len(keys) > 0 {
+		s.journal(stored, keys, engine)
+	}
+}
+
+// By is the pool's changing operations on behalf of engine: the journal
+// is told which engine made each change. A value: no allocation per call.
+type By struct {
+	s      *Shared
+	engine string
+}
+
+// By returns the operations of engine.
+func (s *Shared) By(engine string) By { return By{s: s, engine: engine} }
 
 // NewShared returns a shared pool (see New).
 func NewShared(bytes, pageBytes int64) *Shared { return &Shared{pool: New(bytes, pageBytes)} }
 
 func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
+	return s.By("").PrepareStore(keys, sizes)
+}
+
+// PrepareStore: see Pool.PrepareStore; its evictions are journaled.
+func (b By) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
+	s := b.s
 	if s.full.Load() && len(keys) > 0 {
 		return Prepared{}, errFull
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	prep, err := s.pool.PrepareStore(keys, sizes)
+	s.note(false, prep.Evicted, b.engine)
 	s.full.Store(s.pool.full())
 	return prep, err
 }
@@ -41,15 +85,33 @@ func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, err
 var errFull = fmt.Errorf("%w: every chunk is pending or pinned", ErrNoRoom)
 
 func (s *Shared) CompleteStore(keys []messages.Key, sums []uint32) {
-	s.CompleteStoreAt(keys, nil, sums)
+	s.By("").CompleteStoreAt(keys, nil, sums)
 }
 
 // CompleteStoreAt: see Pool.CompleteStoreAt.
 func (s *Shared) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
+	s.By("").CompleteStoreAt(keys, slots, sums)
+}
+
+// CompleteStore: see Pool.CompleteStore; the keys made ready are journaled.
+func (b By) CompleteStore(keys []messages.Key, sums []uint32) { b.CompleteStoreAt(keys, nil, sums) }
+
+// CompleteStoreAt: see Pool.CompleteStoreAt; the keys made ready are
+// journaled.
+func (b By) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
+	s := b.s
 	s.mu.Lock()
 	s.pool.CompleteStoreAt(keys, slots, sums)
+	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
 	s.mu.Unlock()
+}
+
+// noteReady journals the keys the last completion made ready; under s.mu.
+func (s *Shared) noteReady(engine string) {
+	s.note(true, s.pool.madeReady, engine)
+	clear(s.pool.madeReady) // the keys are the callers' strings
+	s.pool.madeReady = s.pool.madeReady[:0]
 }
 
 // PrepareLoad pins keys and touches them: a prefix that is loaded is hot
@@ -104,6 +166,14 @@ func (s *Shared) Locate(keys []messages.Key) (Located, error) {
 // nil)).
 func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
 	prep Prepared, err error) {
+	return s.By("").PrepareLoadFrom(keys, fetch)
+}
+
+// PrepareLoadFrom: see Shared.PrepareLoadFrom; the evictions that made
+// room are journaled.
+func (b By) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
+	prep Prepared, err error) {
+	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	defer func() { s.full.Store(s.pool.full()) }()
@@ -131,6 +201,7 @@ func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (
 			s.pool.CompleteLoad(here)
 			return Prepared{}, err
 		}
+		s.note(false, prep.Evicted, b.engine)
 	}
 	s.pool.Touch(here)
 	return prep, nil
@@ -139,8 +210,16 @@ func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (
 // CompleteStorePinned completes fetched keys as ready, pinned (see
 // Pool.CompleteStorePinned).
 func (s *Shared) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	s.By("").CompleteStorePinned(keys, sums)
+}
+
+// CompleteStorePinned: see Shared.CompleteStorePinned; the keys made
+// ready are journaled.
+func (b By) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	s := b.s
 	s.mu.Lock()
 	s.pool.CompleteStorePinned(keys, sums)
+	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
 	s.mu.Unlock()
 }
@@ -153,10 +232,17 @@ func (s *Shared) SetKeepVictims(keep bool) {
 }
 
 // Drop removes a ready, unpinned key (see Pool.Drop).
-func (s *Shared) Drop(key messages.Key) bool {
+func (s *Shared) Drop(key messages.Key) bool { return s.By("").Drop(key) }
+
+// Drop: see Shared.Drop; a dropped key is journaled.
+func (b By) Drop(key messages.Key) bool {
+	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	ok := s.pool.Drop(key)
+	if ok {
+		s.note(false, []messages.Key{key}, b.engine)
+	}
 	s.full.Store(s.pool.full())
 	return ok
 }

@@ -23,7 +23,6 @@ import (
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 )
 
 // clusterNode is a node's part in a cluster (docs/CLUSTER.md): ownership of
@@ -293,10 +292,7 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 			}
 		}
 	}
-	b, crc, err := n.store.ReadChunk(key)
-	if errors.Is(err, store.ErrCorrupt) {
-		n.announce(context.Background(), "", messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{key})
-	}
+	b, crc, err := n.store.ReadChunk(key) // a corrupt chunk is dropped, its BlockRemoved journaled
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
 	}

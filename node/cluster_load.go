@@ -61,8 +61,8 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}
-	prep, err := rec.store.PrepareStore(keys, sizes)
-	n.evicted(ctx, rec.id, prep.Evicted)
+	prep, err := rec.store.PrepareStore(keys, sizes) // evictions and fills are journaled (kvJournal)
+	n.metrics.Evictions.Add(float64(len(prep.Evicted)))
 	if err != nil {
 		return 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
@@ -86,21 +86,12 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 			if err != nil {
 				n.store.AbortRemote([]messages.Key{k})
 			} else {
-				err = n.store.FillRemote(k, data, cluster.CRC32C(data))
+				err = n.store.FillRemote(rec.id, k, data, cluster.CRC32C(data))
 			}
 			errs[i] = err
 		}()
 	}
 	wg.Wait()
-	var fetched []messages.Key
-	for i, k := range prep.Keys {
-		if errs[i] == nil {
-			fetched = append(fetched, k)
-		}
-	}
-	// What this node's host memory now holds is announced like any store:
-	// routers see it, and other nodes may fetch it from here.
-	n.announce(ctx, rec.id, messages.KVBlockStored, messages.MediumCPU, fetched)
 	if err := errors.Join(errs...); err != nil {
 		return 0, err
 	}

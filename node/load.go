@@ -105,31 +105,17 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 // startLoad pins the keys and hands the copy to a load actor.
 func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
 	keys []messages.Key, reply string, remote int, fail func(error)) {
-	evicted, err := rec.store.PrepareLoad(keys)
-	n.evicted(ctx, rec.id, evicted) // room for chunks read back from disk
+	evicted, err := rec.store.PrepareLoad(keys) // its evictions are journaled (kvJournal)
+	n.metrics.Evictions.Add(float64(len(evicted)))
 	if err != nil {
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
 	}
 	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done,
-		Removed: func(ctx context.Context, engine string, keys []messages.Key) {
-			n.announce(ctx, engine, messages.KVBlockRemoved, messages.MediumCPU, keys)
-		}},
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
 			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote}))
-}
-
-// evicted announces keys evicted from host memory outside a store decision
-// (a load making room to read chunks back from disk): BlockRemoved, medium
-// CPU, one event per group.
-func (n *Node) evicted(ctx context.Context, engineID string, keys []messages.Key) {
-	if len(keys) == 0 {
-		return
-	}
-	n.metrics.Evictions.Add(float64(len(keys)))
-	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumCPU, keys)
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)
@@ -149,40 +135,8 @@ func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
 		}
 		return out
 	}
-	stored, removed = poolKeys(stored), poolKeys(removed)
-	ctx := context.Background()
-	n.announce(ctx, engineID, messages.KVBlockStored, messages.MediumDisk, stored)
-	n.announce(ctx, engineID, messages.KVBlockRemoved, messages.MediumDisk, removed)
-}
-
-// announce publishes keys the store or the disk tier added or dropped
-// outside a request's own store job (load-made room, corrupt chunks, disk
-// writes and deletions): the one place that turns such keys into kv_events.
-// As request evictions are, each key is announced, naming its namespace, on
-// an engine of its own namespace: engineID for engineID's namespace, another
-// engine's kv_events for another namespace's keys (the pool and the disk
-// span namespaces; no engine learns another namespace's hashes), and not at
-// all when no engine of that namespace is registered.
-func (n *Node) announce(ctx context.Context, engineID, typ, medium string, keys []messages.Key) {
-	if len(keys) == 0 {
-		return
-	}
-	own, known := sched.NamespaceID(0), false
-	if rec := n.engine(engineID); rec != nil {
-		own, known = rec.layout.Namespace, true
-	}
-	var ke actors.KeyEvents
-	ke.Group(keys, typ, medium, func(ns sched.NamespaceID, batch []messages.KVEvent) {
-		name, engine := n.namespaceOf(ns)
-		if known && ns == own {
-			engine = engineID
-		}
-		if engine == "" {
-			return
-		}
-		for i := range batch {
-			batch[i].Namespace = name
-		}
-		n.outbox.KVEvents(ctx, engine, batch)
-	})
+	// Through the journal: after the BlockRemoved CPU of the eviction
+	// that spilled them, which the pool journaled before the spill.
+	n.kv.add(engineID, messages.KVBlockStored, messages.MediumDisk, poolKeys(stored))
+	n.kv.add(engineID, messages.KVBlockRemoved, messages.MediumDisk, poolKeys(removed))
 }

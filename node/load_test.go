@@ -27,10 +27,8 @@ func TestLoadOfEvictedKeyFailsAndChangesNothing(t *testing.T) {
 	fresh := []string{hash("new", 0), hash("new", 1)}
 	te.send(added("b", 8), hashesEv("b", 0, fresh...), blocksEv("b", 0, 0, 3, 4), tokensEv("b", 8, 8))
 	recv(t, te.stored, "new prefix stored")
-	removed := recv(t, te.kv, "BlockRemoved")
-	require.Equal(t, messages.KVBlockRemoved, removed.Events[0].Type)
-	require.Len(t, removed.Events, 1, "one BlockRemoved per group")
-	require.ElementsMatch(t, old, removed.Events[0].BlockHashes)
+	removed := recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU)
+	require.ElementsMatch(t, old, removed.BlockHashes, "one BlockRemoved for the group's evicted keys")
 
 	before := te.sync().Pool
 	te.fill(0, 9, 1)

@@ -39,6 +39,7 @@ type Node struct {
 	log     *slog.Logger
 	tracer  trace.Tracer
 	metrics *metrics.Metrics
+	kv      *kvJournal // kv_events in the order the pool and disk changed
 
 	ns *server.Server // embedded server, nil with --nats
 	// embeddedOpts are the embedded server's options (nil with --nats).
@@ -108,6 +109,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			n.teardown()
 		}
 	}()
+	n.kv = newKVJournal(n.publishKV, n.kvTarget)
 	if err := n.startBackend(); err != nil {
 		return nil, err
 	}
@@ -121,6 +123,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			ErrConfig, cfg.MaxPendingBytes, max)
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
+	n.kv.start()
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
@@ -189,6 +192,7 @@ func (n *Node) startBackend() error {
 			"discarded", st.Discarded)
 	}
 	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics.Pool)
+	n.store.SetJournal(n.kv.pool)
 	n.diskKeys = newDiskKeys()
 	n.store.UseDiskKeys(n.diskKeys)
 	if n.cfg.SlotBytes != 0 {
@@ -465,6 +469,7 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	n.retireAll(ctx)
 	n.closeCluster(ctx)
+	n.kv.close() // what the pool and disk changed so far is announced
 	// From here on nothing is published: the count below stays true.
 	var undelivered, unconfirmed int64
 	if n.outbox != nil {
@@ -506,6 +511,7 @@ func (n *Node) Close(ctx context.Context) error {
 }
 
 func (n *Node) teardown() {
+	n.kv.close() // a failed Start; after Close's, a no-op
 	if n.cl != nil && n.cl.feed != nil && !n.closed.Load() {
 		n.cl.feed.Close() // a failed Start
 	}

@@ -112,7 +112,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
-			Namespace: nsName, NamespaceOf: n.namespaceOf, Reject: n.rejectLog, EvictionsAtOnce: n.disk != nil},
+			Reject: n.rejectLog},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)

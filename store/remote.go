@@ -45,10 +45,10 @@ func (s *Store) ReadChunk(key messages.Key) ([]byte, uint32, error) {
 }
 
 // FillRemote writes a fetched chunk into the room PrepareStore gave key and
-// makes it ready with sum, the checksum the serving node stored it with,
+// makes it ready with sum (journaled as engine's store), the checksum the serving node stored it with,
 // after checking the bytes now in host memory against it. On any error the
 // room is freed and the key stays absent: no unverified byte is loadable.
-func (s *Store) FillRemote(key messages.Key, data []byte, sum uint32) error {
+func (s *Store) FillRemote(engine string, key messages.Key, data []byte, sum uint32) error {
 	keys := []messages.Key{key}
 	loc, err := s.pool.Locate(keys)
 	if err == nil && loc.States[0] != hostpool.Pending {
@@ -76,7 +76,7 @@ func (s *Store) FillRemote(key messages.Key, data []byte, sum uint32) error {
 		s.pool.CompleteStore(keys, nil)
 		return &hostpool.KeyError{Key: key, Err: fmt.Errorf("%w: crc32c %08x, sent %08x", ErrCorrupt, got, sum)}
 	}
-	s.pool.CompleteStore(keys, []uint32{sum})
+	s.pool.By(engine).CompleteStore(keys, []uint32{sum})
 	return nil
 }
 

@@ -28,7 +28,7 @@ func TestChunkCrossesStoresWithItsChecksum(t *testing.T) {
 	prep, err := de.PrepareStore([]messages.Key{"k"}, []int64{int64(len(data))})
 	require.NoError(t, err)
 	require.Len(t, prep.Keys, 1)
-	require.NoError(t, dst.FillRemote("k", data, sum))
+	require.NoError(t, dst.FillRemote("e", "k", data, sum))
 	require.True(t, dst.Ready("k"))
 	again, sum2, err := dst.ReadChunk("k")
 	require.NoError(t, err)
@@ -58,12 +58,12 @@ func TestFillRemoteRefusesBadChunks(t *testing.T) {
 	} {
 		_, err := e.PrepareStore([]messages.Key{"k"}, []int64{size})
 		require.NoError(t, err)
-		err = s.FillRemote("k", tc.data, tc.sum)
+		err = s.FillRemote("e", "k", tc.data, tc.sum)
 		require.True(t, errors.Is(err, tc.want), "%s: %v", tc.name, err)
 		st, _ := s.Lookup("k")
 		require.Equal(t, hostpool.Absent, st, "%s: room freed", tc.name)
 	}
-	require.Error(t, s.FillRemote("never", data, sum))
+	require.Error(t, s.FillRemote("e", "never", data, sum))
 	require.Zero(t, s.Stats().Pending)
 }
 

@@ -71,6 +71,11 @@ func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Pool) *S
 // Stats is the pool's usage.
 func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 
+// SetJournal sets the pool's journal (hostpool.Journal): every change to
+// what is loadable, in order, with the engine that made it. Set it before
+// the store is used.
+func (s *Store) SetJournal(j hostpool.Journal) { s.pool.SetJournal(j) }
+
 // Ready reports whether key can be loaded: stored in host memory, or on disk.
 func (s *Store) Ready(key messages.Key) bool {
 	if st, _ := s.pool.Lookup(key); st == hostpool.Ready {
@@ -106,7 +111,7 @@ func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Attachment) *En
 // disk tier the evicted chunks' bytes are copied out here, before the job
 // that reuses their room is submitted, and queued for the disk writer.
 func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error) {
-	prep, err := e.s.pool.PrepareStore(keys, sizes)
+	prep, err := e.s.pool.By(e.id).PrepareStore(keys, sizes)
 	e.spill(prep.Victims)
 	return prep, err
 }
@@ -140,7 +145,7 @@ func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 	if e.s.disk == nil {
 		return nil, e.s.pool.PrepareLoad(keys)
 	}
-	prep, err := e.s.pool.PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
+	prep, err := e.s.pool.By(e.id).PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
 		dk, ok := e.s.toDisk(k)
 		if !ok {
 			return 0, false
@@ -327,7 +332,7 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 		loc.Sums[i] = sums[j]
 		fetched[j] = keys[i]
 	}
-	e.s.pool.CompleteStorePinned(fetched, sums)
+	e.s.pool.By(e.id).CompleteStorePinned(fetched, sums)
 	return nil
 }
 
@@ -384,11 +389,11 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 // reported them (Located.Slots: no lookup per key).
 func (e *Engine) completeAt(dir backend.Direction, keys []messages.Key, slots []int32, sums []uint32) {
 	if dir == backend.HostToDevice {
-		e.s.pool.CompleteStore(keys, nil) // a load's keys still pending were never read back
+		e.s.pool.By(e.id).CompleteStore(keys, nil) // a load's keys still pending were never read back
 		e.s.pool.CompleteLoad(keys)
 		return
 	}
-	e.s.pool.CompleteStoreAt(keys, slots, sums)
+	e.s.pool.By(e.id).CompleteStoreAt(keys, slots, sums)
 }
 
 // verify checks chunks [lo, hi) of a load against their checksums. On a
@@ -400,7 +405,7 @@ func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
 		}
 		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
 			e.s.pool.CompleteLoad(keys)
-			e.s.pool.Drop(keys[i])
+			e.s.pool.By(e.id).Drop(keys[i])
 			e.s.metrics.Corrupt.Inc()
 			return &hostpool.KeyError{Key: keys[i],
 				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}

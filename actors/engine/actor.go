@@ -234,11 +234,7 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 // until it has applied it (Events.Applied). Engines usually send a request's events together: then
 // the batch's own slice is compacted in place; otherwise they are copied
 // into one new slice, one allocation per batch.
-// The batch is one step: its requests' kv_events (evictions of their
-// decisions) go out as one message per engine once every request has run.
 func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
-	step := a.deps.Outbox.NewKVStep()
-	defer step.Publish()
 	all, inPlace := groupEvents(m.Batch.Events, a.fwd, a.counts)
 	var held *heldEvents
 	var release func() // held.release, bound once
@@ -260,7 +256,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 	for idx, id := range a.order {
 		end := a.counts[idx]
 		if e := a.live[id]; e != nil {
-			msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived, KV: step}
+			msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived}
 			if held != nil {
 				held.left.Add(1)
 				msgs[idx].Applied = release

@@ -2,7 +2,6 @@ package load
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -15,11 +14,9 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -61,9 +58,6 @@ type Deps struct {
 	// Done, if set, is called once the load's copy is over (the engine's
 	// segments may be unmapped only after it).
 	Done func()
-	// Removed announces keys the store dropped (BlockRemoved, medium CPU);
-	// the node decides on which engine's kv_events.
-	Removed func(ctx context.Context, engine string, keys []messages.Key)
 }
 
 // Actor runs one load.
@@ -120,7 +114,6 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		a.span.SetStatus(codes.Error, err.Error())
 		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
 		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
-		a.corrupt(err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {
@@ -134,15 +127,4 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 	}
 	a.span.End()
 	c.Stop(c.Self())
-}
-
-// corrupt announces a chunk the store dropped because its bytes failed their
-// checksum: BlockRemoved, so routers stop sending its prefix here
-// (PROTOCOL.md, "Integrity").
-func (a *Actor) corrupt(err error) {
-	var ke *hostpool.KeyError
-	if a.deps.Removed == nil || !errors.Is(err, store.ErrCorrupt) || !errors.As(err, &ke) {
-		return
-	}
-	a.deps.Removed(a.job.Ctx, a.job.Engine, []messages.Key{ke.Key})
 }

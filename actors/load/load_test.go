@@ -22,12 +22,10 @@ import (
 	"github.com/kvactors/kvactors/actors/load"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 )
 
 // nopStore is a store whose copies the answering transfer never runs.
@@ -227,43 +225,6 @@ func TestLoadNothingToCopy(t *testing.T) {
 	default:
 	}
 	require.EqualValues(t, 1, r.done.Load())
-}
-
-// TestLoadAnnouncesCorruptChunk injects a copy that fails its checksum: the
-// chunk the store dropped is announced (BlockRemoved) through Removed, once,
-// for this engine; any other failure announces nothing.
-func TestLoadAnnouncesCorruptChunk(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		err  error
-		want []messages.Key
-	}{
-		{"corrupt", fmt.Errorf("copy: %w", &hostpool.KeyError{Key: "b", Err: fmt.Errorf("%w: crc32c 1, stored 2",
-			store.ErrCorrupt)}), []messages.Key{"e", "b"}},
-		{"other key error", &hostpool.KeyError{Key: "b", Err: errors.New("pinned")}, nil},
-		{"dma fault", errors.New("dma fault"), nil},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t)
-			removed := make(chan []messages.Key, 2)
-			r.deps.Removed = func(_ context.Context, engine string, keys []messages.Key) {
-				removed <- append([]messages.Key{messages.Key(engine)}, keys...) // checked by the test goroutine
-			}
-			stopped := r.start(job(2))
-			sub := testkit.Recv(t, r.submits, wait, "submit")
-			r.system.Root.Send(sub.Owner, &transfer.JobDone{ID: sub.ID, Err: tc.err})
-			require.False(t, r.reply().OK)
-			testkit.Recv(t, stopped, wait, "the load actor stops")
-			if tc.want != nil {
-				require.Equal(t, tc.want, testkit.Recv(t, removed, wait, "the corrupt key, for engine e"))
-			}
-			select {
-			case keys := <-removed:
-				t.Fatalf("announced %v", keys)
-			default:
-			}
-		})
-	}
 }
 
 // TestLoadUnexpectedMessage: a stray message is counted, not acted on; the

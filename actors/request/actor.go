@@ -48,20 +48,9 @@ type Deps struct {
 	Metrics Metrics
 	Tracer  trace.Tracer
 	Log     *slog.Logger
-	// Namespace is the engine's namespace (BlockStored's "namespace").
-	// NamespaceOf names the namespace of an evicted key, which may be
-	// another one (the pool's LRU spans namespaces), and the engine whose
-	// kv_events announce it. nil: every key is this engine's.
-	Namespace   string
-	NamespaceOf func(sched.NamespaceID) (name, engine string)
 	// Reject logs rejected events, rate-limited per reason (nil: not
 	// logged; they are always counted).
 	Reject *ratelog.Log
-	// EvictionsAtOnce announces evictions as the decision makes them, not
-	// at the end of the step: a disk tier announces a spilled chunk's
-	// BlockStored DISK from its writer once it lands, which must follow the
-	// chunk's BlockRemoved CPU (PROTOCOL.md kv_events).
-	EvictionsAtOnce bool
 	// Owed, when set, counts requests not yet released for good (the node
 	// reports them when a shutdown times out). The spawner adds the request
 	// before spawning it (so none is missed while its actor starts); the
@@ -79,9 +68,6 @@ type Actor struct {
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
-	// step gathers kv_events while a message of a step (an engine batch, a
-	// completion batch) is handled; nil: they are published directly.
-	step *actors.KVStep
 	// decideAfterJobs: a completion of this batch calls for a decision
 	// after the owner's last one (JobDone.More).
 	decideAfterJobs bool
@@ -174,16 +160,12 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.span.End()
 	case *Events:
-		a.step = m.KV
 		a.apply(c, m)
-		a.step = nil
 		if m.Applied != nil {
 			m.Applied()
 		}
 	case *transfer.JobDone:
-		a.step = m.KV
 		a.jobDone(c, m)
-		a.step = nil
 	case *RetryDue:
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
@@ -271,12 +253,12 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 	}
 }
 
-// published announces a completed store job: stored to the engine, one
-// BlockStored per group to routers.
+// published tells the engine of a completed store job (stored). Routers
+// learn of its chunks from the pool's journal: BlockStored as the copy
+// completed, in order with every eviction (PROTOCOL.md, "kv_events").
 func (a *Actor) published(j *job) {
 	chunks := j.store.Chunks
-	// One hex encoding per chunk, all into one string: the wire key is the
-	// hash plus 4 group bytes, so the hash's hex is a prefix of the key's.
+	// One hex encoding per job, cut into the chunks' keys.
 	n := 0
 	for _, ch := range chunks {
 		n += 2 * len(sched.WireKey(ch.Key))
@@ -290,24 +272,14 @@ func (a *Actor) published(j *job) {
 	defer putStored(st)
 	*st = messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
 		Chunks: slices.Grow(st.Chunks[:0], len(chunks))[:len(chunks)]}
-	hashes := make([]string, len(chunks))
-	kv := make([]messages.KVEvent, 0, 2)
-	start, off := 0, 0
+	off := 0
 	for i, ch := range chunks {
 		keyHex := all[off : off+2*len(sched.WireKey(ch.Key))]
 		off += len(keyHex)
 		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
-		hashes[i] = sched.KeyHashHex(keyHex)
-		if k := len(kv); k == 0 || kv[k-1].GroupIdx != ch.Group {
-			kv = append(kv, messages.KVEvent{Type: messages.KVBlockStored, GroupIdx: ch.Group, Medium: messages.MediumCPU,
-				Namespace: a.deps.Namespace})
-			start = i
-		}
-		kv[len(kv)-1].BlockHashes = hashes[start : i+1 : i+1]
 	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
-	a.announce(j.ctx, a.deps.Engine, kv)
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -399,11 +371,6 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	}
 }
 
-// evicted announces evicted keys as one BlockRemoved per namespace and
-// group, each naming the namespace the key was stored in. Keys of another
-// namespace are announced on the kv_events of an engine of that namespace:
-// routers see every eviction, and this engine never learns another
-// namespace's block hashes.
 // storedPool holds published's message: it is encoded before Stored
 // returns, so only its chunk list is worth keeping, and not per actor.
 var storedPool = sync.Pool{New: func() any { return new(messages.Stored) }}
@@ -417,45 +384,10 @@ func putStored(st *messages.Stored) {
 	storedPool.Put(st)
 }
 
-// keyEventsPool holds evicted's scratch: kept per actor, it would be
-// 72 bytes of every live request.
-var keyEventsPool = sync.Pool{New: func() any { return new(actors.KeyEvents) }}
-
+// evicted counts a decision's evictions; the pool's journal announces
+// them (BlockRemoved, in order with the stores).
 func (a *Actor) evicted(keys []messages.Key) {
 	a.deps.Metrics.Evictions.Add(float64(len(keys)))
-	ke := keyEventsPool.Get().(*actors.KeyEvents)
-	defer keyEventsPool.Put(ke)
-	ke.Group(keys, messages.KVBlockRemoved, messages.MediumCPU, func(ns sched.NamespaceID, batch []messages.KVEvent) {
-		name, engine := a.namespaceOf(ns)
-		if engine == "" {
-			return
-		}
-		for i := range batch {
-			batch[i].Namespace = name
-		}
-		if a.deps.EvictionsAtOnce {
-			a.deps.Outbox.KVEvents(a.ctx, engine, batch)
-			return
-		}
-		a.announce(a.ctx, engine, batch)
-	})
-}
-
-// announce publishes kv_events for engine, through the running step when
-// there is one (one message per engine per step).
-func (a *Actor) announce(ctx context.Context, engine string, events []messages.KVEvent) {
-	if !a.step.Add(ctx, engine, events) {
-		a.deps.Outbox.KVEvents(ctx, engine, events)
-	}
-}
-
-// namespaceOf is the name of namespace ns and the engine that announces its
-// evictions.
-func (a *Actor) namespaceOf(ns sched.NamespaceID) (name, engine string) {
-	if a.deps.NamespaceOf == nil || ns == a.deps.Layout.Namespace {
-		return a.deps.Namespace, a.deps.Engine
-	}
-	return a.deps.NamespaceOf(ns)
 }
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the

@@ -5,17 +5,14 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
-// Events carries one batch's events for this request, in order. KV gathers
-// the engine step's kv_events (nil: publish directly).
+// Events carries one batch's events for this request, in order.
 type Events struct {
 	Events  []messages.Event
 	Arrived time.Time
-	KV      *actors.KVStep
 	// Applied, when set, is called once the actor is done with Events
 	// (applied or ignored): the engine reuses the batch's slice after that.
 	Applied func()

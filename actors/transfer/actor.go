@@ -88,12 +88,10 @@ func (a *Actor) Receive(c actor.Context) {
 		a.q.Submit(m)
 	case *Cancel:
 		cancelled := a.q.cancel(m.Owner, m.IDs)
-		step := a.deps.Outbox.NewKVStep()
 		for i, s := range cancelled {
 			s.Store.Abort(s.Dir, s.Chunks)
-			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(cancelled)-1, KV: step})
+			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(cancelled)-1})
 		}
-		step.Publish()
 	case *completed:
 		a.finish(c, a.q.take())
 	default:
@@ -119,7 +117,6 @@ func (a *Actor) start(c actor.Context) {
 // go out together once every owner has handled its completions (the owners
 // run inline in this turn unless their mailbox was busy).
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
-	step := a.deps.Outbox.NewKVStep()
 	more := lastPerOwner(done)
 	for i, d := range done {
 		dir := d.job.Dir.String()
@@ -131,9 +128,8 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 			a.deps.Metrics.CopySize.WithLabelValues(dir).Observe(float64(d.job.Bytes))
 		}
 		c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur,
-			More: more[i], KV: step})
+			More: more[i]})
 	}
-	step.Publish()
 }
 
 // lastPerOwner marks each completion that its owner has another one after.

@@ -6,7 +6,6 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -47,7 +46,7 @@ type Cancel struct {
 // JobDone reports the end of a job to its owner. The transfer actor hands
 // out completions in batches: More says another JobDone for the same owner
 // follows in this batch (a request takes its next store decision after the
-// last one), and KV gathers the batch's kv_events (nil: publish directly).
+// last one).
 type JobDone struct {
 	ID        sched.JobID
 	Err       error // nil: every byte landed
@@ -55,7 +54,6 @@ type JobDone struct {
 	Bytes     int64
 	Duration  time.Duration
 	More      bool
-	KV        *actors.KVStep
 }
 
 // completed tells the transfer actor that workers have finished copies

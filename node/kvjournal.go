@@ -1,0 +1,188 @@
+package node
+
+import (
+	"context"
+	"sync"
+
+	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// kvJournal publishes kv_events in the order the host pool and the disk
+// tier changed (PROTOCOL.md, "kv_events"). The pool tells it of every
+// change to what is loadable under the pool's lock (hostpool.Journal), the
+// disk tier of every write and deletion after the pool's eviction that
+// caused it; one goroutine turns the records into events and publishes
+// them in that order. So a router that applies a node's kv_events in order
+// ends where the pool is: a key stored, evicted and stored again is
+// BlockStored, BlockRemoved, BlockStored, whichever requests, engines and
+// copy workers did each step.
+//
+// Under the lock a record costs one slice append and a copy of its keys;
+// hex encoding, namespace lookup and publishing happen on the journal's
+// goroutine. Consecutive records for one engine go out as one message
+// (at most kvMessageHashes hashes), so a busy node publishes fewer,
+// larger kv_events messages than one per change.
+type kvJournal struct {
+	mu      sync.Mutex
+	recs    []kvRecord
+	spare   []kvRecord
+	closed  bool
+	wake    chan struct{}
+	done    chan struct{}
+	started bool
+	ke      actors.KeyEvents // run's scratch
+	// emit publishes one kv_events message for engine.
+	emit func(engine string, events []messages.KVEvent)
+	// target says on which engine's kv_events keys of namespace ns are
+	// announced, naming ns (see Node.kvTarget).
+	target func(engineID string, ns sched.NamespaceID) (name, engine string)
+}
+
+// kvRecord is one change: keys that became loadable (typ BlockStored) or
+// stopped being loadable (BlockRemoved) in medium, made by engine.
+type kvRecord struct {
+	engine, typ, medium string
+	keys                []messages.Key
+}
+
+// kvMessageHashes bounds one coalesced message's block hashes (about
+// 300 KiB of JSON with 64-character hashes, under NATS' 1 MiB default).
+const kvMessageHashes = 4096
+
+func newKVJournal(emit func(string, []messages.KVEvent),
+	target func(string, sched.NamespaceID) (string, string)) *kvJournal {
+	return &kvJournal{wake: make(chan struct{}, 1), done: make(chan struct{}), emit: emit, target: target}
+}
+
+// start runs the publishing goroutine; records added before it are kept.
+func (j *kvJournal) start() {
+	j.mu.Lock()
+	j.started = true
+	j.mu.Unlock()
+	go j.run()
+}
+
+// pool is the pool's hostpool.Journal: medium CPU.
+func (j *kvJournal) pool(stored bool, keys []messages.Key, engine string) {
+	typ := messages.KVBlockRemoved
+	if stored {
+		typ = messages.KVBlockStored
+	}
+	j.add(engine, typ, messages.MediumCPU, keys)
+}
+
+// add queues a record (its keys copied); nothing once closed.
+func (j *kvJournal) add(engine, typ, medium string, keys []messages.Key) {
+	if len(keys) == 0 {
+		return
+	}
+	j.mu.Lock()
+	if !j.closed {
+		j.recs = append(j.recs, kvRecord{engine: engine, typ: typ, medium: medium, keys: append([]messages.Key(nil), keys...)})
+	}
+	j.mu.Unlock()
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+}
+
+// close publishes what was added before it and stops the goroutine (a
+// journal never started is only marked closed).
+func (j *kvJournal) close() {
+	j.mu.Lock()
+	already, started := j.closed, j.started
+	j.closed = true
+	j.mu.Unlock()
+	if already || !started {
+		return
+	}
+	select {
+	case j.wake <- struct{}{}:
+	default:
+	}
+	<-j.done
+}
+
+func (j *kvJournal) run() {
+	defer close(j.done)
+	var msg kvMessage
+	for range j.wake {
+		j.mu.Lock()
+		recs, closed := j.recs, j.closed
+		j.recs, j.spare = j.spare[:0], nil
+		j.mu.Unlock()
+		for i := range recs {
+			j.publish(&recs[i], &msg)
+			recs[i] = kvRecord{}
+		}
+		msg.flush(j.emit)
+		j.mu.Lock()
+		j.spare = recs[:0]
+		more := len(j.recs) > 0
+		j.mu.Unlock()
+		if closed && !more {
+			return
+		}
+	}
+}
+
+// publish turns one record into events on the engines of its keys'
+// namespaces, appending to msg while the target engine stays the same.
+func (j *kvJournal) publish(r *kvRecord, msg *kvMessage) {
+	j.ke.Group(r.keys, r.typ, r.medium, func(ns sched.NamespaceID, events []messages.KVEvent) {
+		name, engine := j.target(r.engine, ns)
+		if engine == "" {
+			return // no engine of that namespace is registered: no one to tell
+		}
+		for i := range events {
+			events[i].Namespace = name
+		}
+		msg.add(engine, events, j.emit)
+	})
+}
+
+// kvMessage is the message being gathered: one engine's events in order.
+type kvMessage struct {
+	engine string
+	events []messages.KVEvent
+	hashes int
+}
+
+func (m *kvMessage) add(engine string, events []messages.KVEvent, emit func(string, []messages.KVEvent)) {
+	if engine != m.engine || m.hashes >= kvMessageHashes {
+		m.flush(emit)
+		m.engine = engine
+	}
+	m.events = append(m.events, events...)
+	for _, ev := range events {
+		m.hashes += len(ev.BlockHashes)
+	}
+}
+
+func (m *kvMessage) flush(emit func(string, []messages.KVEvent)) {
+	if len(m.events) > 0 {
+		emit(m.engine, m.events)
+	}
+	clear(m.events)
+	m.events, m.hashes = m.events[:0], 0
+}
+
+// kvTarget is where keys of namespace ns that engineID's operation
+// changed are announced: on engineID when it is registered in ns, else on
+// the engine last registered in ns (no engine learns another namespace's
+// hashes; none registered: not announced).
+func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine string) {
+	name, engine = n.namespaceOf(ns)
+	if rec := n.engine(engineID); rec != nil && rec.layout.Namespace == ns {
+		engine = engineID
+	}
+	return name, engine
+}
+
+// publishKV is the journal's emit: one kv_events message.
+func (n *Node) publishKV(engine string, events []messages.KVEvent) {
+	n.outbox.KVEvents(context.Background(), engine, events)
+}

@@ -1,0 +1,102 @@
+package node
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// The journal publishes records in the order they were added: consecutive
+// records for one engine share a message (up to kvMessageHashes hashes), a
+// change of engine starts a new one, keys of a namespace with no engine
+// are not announced, and close publishes what was added before it and
+// nothing after.
+func TestKVJournalOrderAndCoalescing(t *testing.T) {
+	type msg struct {
+		engine string
+		events []messages.KVEvent
+	}
+	var mu sync.Mutex
+	var got []msg
+	emit := func(engine string, events []messages.KVEvent) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, msg{engine, append([]messages.KVEvent(nil), events...)})
+	}
+	// Namespace 1 is "m" with engines ea (the default) and eb; 2 has none.
+	target := func(engineID string, ns sched.NamespaceID) (string, string) {
+		switch {
+		case ns != 1:
+			return "", ""
+		case engineID == "eb":
+			return "m", "eb"
+		}
+		return "m", "ea"
+	}
+	key := func(ns sched.NamespaceID, h string) messages.Key {
+		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), 0))
+	}
+	j := newKVJournal(emit, target)
+	// Before start: kept, in order.
+	j.pool(true, []messages.Key{key(1, "a")}, "ea")
+	j.pool(false, []messages.Key{key(1, "b"), key(2, "secret")}, "ea")
+	j.add("eb", messages.KVBlockStored, messages.MediumDisk, []messages.Key{key(1, "b")})
+	j.pool(true, []messages.Key{key(1, "c")}, "ea")
+	j.start()
+	j.close()
+	j.pool(true, []messages.Key{key(1, "late")}, "ea")
+
+	hx := func(s string) string { return fmt.Sprintf("%x", s) }
+	ev := func(typ, medium string, hs ...string) messages.KVEvent {
+		for i := range hs {
+			hs[i] = hx(hs[i])
+		}
+		return messages.KVEvent{Type: typ, Medium: medium, Namespace: "m", BlockHashes: hs}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []msg{
+		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "a"),
+			ev(messages.KVBlockRemoved, messages.MediumCPU, "b")}},
+		{"eb", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumDisk, "b")}},
+		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
+	}, got, "one message per run of one engine; namespace 2's key and the late record not announced")
+}
+
+// A long run of one engine is cut into messages of at most
+// kvMessageHashes hashes, in order.
+func TestKVJournalSplitsLongRuns(t *testing.T) {
+	var sizes []int
+	var order []string
+	emit := func(_ string, events []messages.KVEvent) {
+		n := 0
+		for _, e := range events {
+			n += len(e.BlockHashes)
+			order = append(order, e.BlockHashes...)
+		}
+		sizes = append(sizes, n)
+	}
+	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return "m", "ea" })
+	var want []string
+	for r := range 10 {
+		keys := make([]messages.Key, 1000)
+		for i := range keys {
+			h := fmt.Sprintf("%04d%04d", r, i)
+			keys[i] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0))
+			want = append(want, fmt.Sprintf("%x", h))
+		}
+		j.pool(true, keys, "ea")
+	}
+	j.start()
+	j.close()
+	require.Equal(t, want, order, "every hash once, in order")
+	for _, n := range sizes[:len(sizes)-1] {
+		require.GreaterOrEqual(t, n, kvMessageHashes, "a message is cut only once full")
+		require.Less(t, n, kvMessageHashes+1000, "and holds at most one record past the bound")
+	}
+}
