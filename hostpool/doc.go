@@ -11,5 +11,7 @@
 //
 // The package is plain code: no memory (the arena is package store's), no
 // locks, no clock. A Pool is owned by one caller at a time; Shared wraps it
-// with a mutex for the actors that share one node's pool.
+// with a mutex for the actors that share one node's pool, and tells its
+// Journal, under that mutex, of every change to what is loadable, so the
+// node can announce them (kv_events) in the pool's own order.
 package hostpool
