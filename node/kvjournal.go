@@ -19,7 +19,8 @@ import (
 // BlockStored, BlockRemoved, BlockStored, whichever requests, engines and
 // copy workers did each step.
 //
-// Under the lock a record costs one slice append and a copy of its keys;
+// Under the lock a record costs two slice appends (its keys are kept back
+// to back in one slice per drain);
 // hex encoding, namespace lookup and publishing happen on the journal's
 // goroutine. Consecutive records for one engine go out as one message
 // (at most kvMessageHashes hashes), so a busy node publishes fewer,
@@ -27,25 +28,32 @@ import (
 type kvJournal struct {
 	mu      sync.Mutex
 	recs    []kvRecord
+	keys    []messages.Key // the records' keys, back to back
 	spare   []kvRecord
+	spareK  []messages.Key
 	closed  bool
 	wake    chan struct{}
 	done    chan struct{}
 	started bool
 	ke      actors.KeyEvents // run's scratch
-	// emit publishes one kv_events message for engine.
+	// emit publishes one kv_events message for engine (the events are
+	// reused once it returns).
 	emit func(engine string, events []messages.KVEvent)
 	// target says on which engine's kv_events keys of namespace ns are
 	// announced, naming ns (see Node.kvTarget).
 	target func(engineID string, ns sched.NamespaceID) (name, engine string)
 }
 
-// kvRecord is one change: keys that became loadable (typ BlockStored) or
-// stopped being loadable (BlockRemoved) in medium, made by engine.
+// kvRecord is one change: keys[lo:hi] of its drain became loadable (typ
+// BlockStored) or stopped being loadable (BlockRemoved) in medium, made by
+// engine.
 type kvRecord struct {
 	engine, typ, medium string
-	keys                []messages.Key
+	lo, hi              int
 }
+
+// kvSpareKeys bounds the key buffer a journal keeps between drains.
+const kvSpareKeys = 1 << 16
 
 // kvMessageHashes bounds one coalesced message's block hashes (about
 // 300 KiB of JSON with 64-character hashes, under NATS' 1 MiB default).
@@ -80,7 +88,9 @@ func (j *kvJournal) add(engine, typ, medium string, keys []messages.Key) {
 	}
 	j.mu.Lock()
 	if !j.closed {
-		j.recs = append(j.recs, kvRecord{engine: engine, typ: typ, medium: medium, keys: append([]messages.Key(nil), keys...)})
+		lo := len(j.keys)
+		j.keys = append(j.keys, keys...)
+		j.recs = append(j.recs, kvRecord{engine: engine, typ: typ, medium: medium, lo: lo, hi: len(j.keys)})
 	}
 	j.mu.Unlock()
 	select {
@@ -111,16 +121,19 @@ func (j *kvJournal) run() {
 	var msg kvMessage
 	for range j.wake {
 		j.mu.Lock()
-		recs, closed := j.recs, j.closed
-		j.recs, j.spare = j.spare[:0], nil
+		recs, keys, closed := j.recs, j.keys, j.closed
+		j.recs, j.keys, j.spare, j.spareK = j.spare[:0], j.spareK[:0], nil, nil
 		j.mu.Unlock()
 		for i := range recs {
-			j.publish(&recs[i], &msg)
-			recs[i] = kvRecord{}
+			j.publish(&recs[i], keys[recs[i].lo:recs[i].hi], &msg)
 		}
 		msg.flush(j.emit)
+		clear(keys)                  // the pool's strings: not ours to keep alive
+		if cap(keys) > kvSpareKeys { // after a burst: let the collector have it
+			recs, keys = nil, nil
+		}
 		j.mu.Lock()
-		j.spare = recs[:0]
+		j.spare, j.spareK = recs[:0], keys[:0]
 		more := len(j.recs) > 0
 		j.mu.Unlock()
 		if closed && !more {
@@ -131,8 +144,8 @@ func (j *kvJournal) run() {
 
 // publish turns one record into events on the engines of its keys'
 // namespaces, appending to msg while the target engine stays the same.
-func (j *kvJournal) publish(r *kvRecord, msg *kvMessage) {
-	j.ke.Group(r.keys, r.typ, r.medium, func(ns sched.NamespaceID, events []messages.KVEvent) {
+func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
+	j.ke.Group(keys, r.typ, r.medium, func(ns sched.NamespaceID, events []messages.KVEvent) {
 		name, engine := j.target(r.engine, ns)
 		if engine == "" {
 			return // no engine of that namespace is registered: no one to tell

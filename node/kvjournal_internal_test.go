@@ -2,6 +2,7 @@ package node
 
 import (
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 
@@ -26,7 +27,12 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	emit := func(engine string, events []messages.KVEvent) {
 		mu.Lock()
 		defer mu.Unlock()
-		got = append(got, msg{engine, append([]messages.KVEvent(nil), events...)})
+		kept := make([]messages.KVEvent, len(events))
+		for i, e := range events { // hashes are the journal's until emit returns
+			e.BlockHashes = append([]string(nil), e.BlockHashes...)
+			kept[i] = e
+		}
+		got = append(got, msg{engine, kept})
 	}
 	// Namespace 1 is "m" with engines ea (the default) and eb; 2 has none.
 	target := func(engineID string, ns sched.NamespaceID) (string, string) {
@@ -77,7 +83,9 @@ func TestKVJournalSplitsLongRuns(t *testing.T) {
 		n := 0
 		for _, e := range events {
 			n += len(e.BlockHashes)
-			order = append(order, e.BlockHashes...)
+			for _, h := range e.BlockHashes {
+				order = append(order, strings.Clone(h)) // the journal's bytes until emit returns
+			}
 		}
 		sizes = append(sizes, n)
 	}
