@@ -21,5 +21,9 @@
 // Files: config.go (settings), gen.go and wire.go (the workload), metrics.go
 // (reading the node's metrics), rig.go (node, engines, flow-controlled
 // publishing), one file per phase (throughput.go, latency.go, copy.go,
-// scale.go), report.go (the table and JSON) and run.go.
+// scale.go), report.go (the table and JSON) and run.go. Out of process
+// (issue 14): child.go (the `kvactors serve` child, its CPU and memory),
+// external.go (the store-heavy and nothing-stored runs and the raw
+// baseline), external_latency.go (paced levels), external_burst.go (a
+// burst through SDK engines) and external_report.go.
 package bench

@@ -1,20 +1,13 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net/http"
-	"os"
-	"os/exec"
-	"regexp"
-	"strconv"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -100,185 +93,6 @@ func storeGeometry() geometry {
 // inbound budget (--max-pending-bytes 256 MiB, a quarter of it for nats.go).
 func externalChunkEvents(d time.Duration) int {
 	return max(2_000, min(100_000, int(d.Seconds()*100_000)))
-}
-
-// child is a running `kvactors serve`.
-type child struct {
-	cmd      *exec.Cmd
-	natsURL  string
-	httpAddr string
-	stderr   *tailBuffer
-	done     chan struct{}
-}
-
-var servingLine = regexp.MustCompile(`^kvactors serving: nats (\S+), prefix "[^"]*", admin http (\S+)`)
-
-// startChild starts bin serve on free ports, with extra flags after the
-// bench's own, and waits for its serving line.
-func startChild(ctx context.Context, cfg Config, prefix string, extra ...string) (*child, error) {
-	bin := cfg.ServeBinary
-	if bin == "" {
-		var err error
-		if bin, err = os.Executable(); err != nil {
-			return nil, fmt.Errorf("find the kvactors binary: %w", err)
-		}
-	}
-	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
-		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
-		"--log-level", "error"}
-	if cfg.ExternalProfile != nil || cfg.ExternalAllocs != nil {
-		args = append(args, "--pprof") // /debug/pprof is off by default
-	}
-	args = append(args, extra...)
-	cmd := exec.Command(bin, args...)
-	cmd.Env = childEnv()
-	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
-	cmd.Stderr = c.stderr
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		return nil, err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s serve: %w", bin, err)
-	}
-	lines := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(out)
-		for sc.Scan() {
-			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
-				lines <- m[1] + " " + m[2]
-			}
-		}
-		_ = cmd.Wait()
-		close(c.done)
-	}()
-	select {
-	case l := <-lines:
-		c.natsURL, c.httpAddr, _ = strings.Cut(l, " ")
-		return c, nil
-	case <-c.done:
-		return nil, fmt.Errorf("kvactors serve exited before serving: %s: %s", cmd.ProcessState, c.stderr)
-	case <-ctx.Done():
-		c.stop()
-		return nil, ctx.Err()
-	case <-time.After(60 * time.Second):
-		c.stop()
-		return nil, fmt.Errorf("kvactors serve did not start within 60s: %s", c.stderr)
-	}
-}
-
-// childEnv drops KVACTORS_* settings of the caller's environment, so the
-// child runs with the flags above and the defaults only. GOGC and
-// GOMEMLIMIT pass through: they are what a run may want to compare.
-func childEnv() []string {
-	var env []string
-	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KVACTORS_") {
-			env = append(env, kv)
-		}
-	}
-	return env
-}
-
-// stop ends the child with SIGTERM (it shuts down gracefully), SIGKILL
-// after 30 s.
-func (c *child) stop() {
-	_ = c.cmd.Process.Signal(os.Interrupt)
-	select {
-	case <-c.done:
-	case <-time.After(30 * time.Second):
-		_ = c.cmd.Process.Kill()
-		<-c.done
-	}
-}
-
-// cpuSeconds is the child's user + system time: /proc/<pid>/stat fields
-// 14 and 15, in clock ticks of 1/100 s (USER_HZ on Linux).
-func (c *child) cpuSeconds() (float64, error) {
-	return procCPUSeconds(c.cmd.Process.Pid)
-}
-
-func procCPUSeconds(pid int) (float64, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, fmt.Errorf("child cpu: %w", err)
-	}
-	return parseStatCPU(b)
-}
-
-// parseStatCPU reads utime + stime from a /proc/<pid>/stat line. The
-// command name (field 2) may hold spaces, so fields count from its ')'.
-func parseStatCPU(stat []byte) (float64, error) {
-	i := bytes.LastIndexByte(stat, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("child cpu: no ')' in stat %q", stat)
-	}
-	f := strings.Fields(string(stat[i+1:]))
-	// f[0] is field 3 (state): utime is field 14, stime field 15.
-	if len(f) < 13 {
-		return 0, fmt.Errorf("child cpu: short stat %q", stat)
-	}
-	ut, err1 := strconv.ParseUint(f[11], 10, 64)
-	st, err2 := strconv.ParseUint(f[12], 10, 64)
-	if err := errors.Join(err1, err2); err != nil {
-		return 0, fmt.Errorf("child cpu: %w", err)
-	}
-	const userHZ = 100
-	return float64(ut+st) / userHZ, nil
-}
-
-// maxRSS is the child's VmHWM in bytes (0 when unreadable).
-func (c *child) maxRSS() int64 { return c.memory().HWM }
-
-// memStatus is a process's resident memory from /proc/<pid>/status, in
-// bytes: HWM is the peak of RSS; RSS is Anon (heap, stacks) + File
-// (mapped files: the binary) + Shmem (shared memory it has touched: the
-// pool, and the engines' segments it copied from).
-type memStatus struct {
-	HWM, RSS, Anon, File, Shmem int64
-}
-
-// memory reads the child's memStatus (zeros when unreadable).
-func (c *child) memory() memStatus {
-	var m memStatus
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
-	if err != nil {
-		return m
-	}
-	fields := map[string]*int64{"VmHWM:": &m.HWM, "VmRSS:": &m.RSS, "RssAnon:": &m.Anon, "RssFile:": &m.File,
-		"RssShmem:": &m.Shmem}
-	for _, l := range strings.Split(string(b), "\n") {
-		name, v, ok := strings.Cut(l, "\t")
-		if f := fields[name]; ok && f != nil {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			*f = kb << 10
-		}
-	}
-	return m
-}
-
-// tailBuffer keeps the last max bytes written (the child's stderr, for
-// error messages).
-type tailBuffer struct {
-	mu  sync.Mutex
-	b   []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.b))
 }
 
 // outcome counts what the node sent back to the engines; noStoreChunks
