@@ -1,9 +1,6 @@
 package main
 
 import (
-	"encoding/json"
-	"os"
-	"os/exec"
 	"strconv"
 	"testing"
 
@@ -16,14 +13,7 @@ import (
 // its report's burst section.
 func runBurst(t *testing.T, requests int, args ...string) *kvbench.ExternalBurst {
 	t.Helper()
-	all := append([]string{"bench", "--external-burst", strconv.Itoa(requests), "--json",
-		"--shm-dir", t.TempDir(), "--serve-binary", binary}, args...)
-	cmd := exec.Command(binary, all...)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	require.NoError(t, err)
-	var rep kvbench.Report
-	require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
+	rep := runBenchJSON(t, append([]string{"--external-burst", strconv.Itoa(requests)}, args...)...)
 	require.Nil(t, rep.Throughput, "--external-burst alone runs no in-process phase")
 	require.Nil(t, rep.External, "nor the store-heavy external run")
 	b := rep.Burst

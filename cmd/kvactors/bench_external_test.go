@@ -15,14 +15,7 @@ import (
 // request is released exactly once over real NATS, and the report's figures
 // are the stated quotients of its counts (not a check of speed).
 func TestBenchExternalArithmetic(t *testing.T) {
-	shm := t.TempDir()
-	cmd := exec.Command(binary, "bench", "--external", "--duration", "50ms", "--engines", "2", "--json",
-		"--shm-dir", shm, "--serve-binary", binary)
-	cmd.Stderr = os.Stderr
-	out, err := cmd.Output()
-	require.NoError(t, err)
-	var rep kvbench.Report
-	require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
+	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2")
 	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
 	e := rep.External
 	require.NotNil(t, e)
@@ -71,8 +64,22 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.True(t, names["external: node CPU per event"])
 	require.True(t, names["external: node p99 at 50%"])
 	require.True(t, names["external: client p99 at 50%"])
+}
 
+// runBenchJSON runs `kvactors bench --json` with args (the engines' shm in
+// a temp dir, this test binary's serve as the child) and decodes its report;
+// the engines' segments must be gone after it.
+func runBenchJSON(t *testing.T, args ...string) kvbench.Report {
+	t.Helper()
+	shm := t.TempDir()
+	cmd := exec.Command(binary, append([]string{"bench", "--json", "--shm-dir", shm, "--serve-binary", binary}, args...)...)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	var rep kvbench.Report
+	require.NoError(t, json.Unmarshal(out, &rep), "%s", out)
 	left, err := os.ReadDir(shm)
 	require.NoError(t, err)
 	require.Empty(t, left, "the engines' segments are removed")
+	return rep
 }
