@@ -133,7 +133,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.copyQueue = transfer.NewQueue(cfg.Transfer, n.metrics.Transfer)
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
-		Outbox: n.outbox, Queue: n.copyQueue}))
+		Queue: n.copyQueue}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}

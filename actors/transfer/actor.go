@@ -11,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -49,9 +48,6 @@ type Deps struct {
 	Log        *slog.Logger
 	// Fence, when set, holds copies back while NATS is unreachable.
 	Fence *Fence
-	// Outbox, when set, publishes the kv_events of a batch of completions
-	// as one message per engine (actors.KVStep).
-	Outbox *actors.Outbox
 	// Queue, when set, is the queue the actor runs (NewQueue), shared with
 	// owners that push their jobs straight to it (Queue.Submit); nil: the
 	// actor makes its own, reached only through Submit messages.
