@@ -48,7 +48,7 @@ func (m *Metrics) Preset(l Labels) {
 		m.retryBy[v] = m.Retries.WithLabelValues(v)
 	}
 	for _, v := range l.Releases {
-		m.Releases.WithLabelValues(v)
+		m.releaseBy[v] = m.Releases.WithLabelValues(v)
 	}
 	for _, v := range l.TransferTypes {
 		m.TransferBytes.WithLabelValues(v)

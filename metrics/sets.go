@@ -97,6 +97,7 @@ type Store struct {
 	// hashes and locks on every call).
 	deferralBy map[string]prometheus.Counter
 	retryBy    map[string]prometheus.Counter
+	releaseBy  map[string]prometheus.Counter
 }
 
 // NewStore builds the store and request collectors.
@@ -113,6 +114,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 		RequestFailure: counter("requests", "failures_total", "Request actors that failed and were released by supervision."),
 		deferralBy:     map[string]prometheus.Counter{},
 		retryBy:        map[string]prometheus.Counter{},
+		releaseBy:      map[string]prometheus.Counter{},
 	}
 	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
 		m.Releases, m.RequestsLive, m.RequestFailure)
@@ -126,6 +128,15 @@ func (m *Store) Deferral(reason string) prometheus.Counter {
 		return c
 	}
 	return m.Deferrals.WithLabelValues(reason)
+}
+
+// Release is Releases for reason (resolved once by Metrics.Preset; others
+// on the fly): one per released request.
+func (m *Store) Release(reason string) prometheus.Counter {
+	if c, ok := m.releaseBy[reason]; ok {
+		return c
+	}
+	return m.Releases.WithLabelValues(reason)
 }
 
 // Retry is Retries for reason (resolved once by Metrics.Preset; others on

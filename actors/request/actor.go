@@ -293,7 +293,9 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	if len(eff.Evicted) > 0 {
 		a.evicted(eff.Evicted)
 	}
-	a.deps.Metrics.ChunksDeduped.Add(float64(eff.Deduped))
+	if eff.Deduped > 0 { // an atomic add on a counter every core shares: not for nothing
+		a.deps.Metrics.ChunksDeduped.Add(float64(eff.Deduped))
+	}
 	// Span events are built only for a recording span: with tracing off
 	// their attribute lists would be the cost.
 	recording := a.span.IsRecording()
@@ -321,7 +323,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	}
 	owedSettled := false
 	for i, reason := range eff.Releases {
-		a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
+		a.deps.Metrics.Release(reason).Inc()
 		if recording {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
