@@ -23,7 +23,11 @@ type kvRouter struct {
 	cpu    map[string]bool
 	events int
 	bad    error
+	log    []kvChange // every event of every medium, per hash, in order
 }
+
+// kvChange is one hash's part of one event.
+type kvChange struct{ typ, medium, hash string }
 
 func newKVRouter(t *testing.T, nc *nats.Conn) *kvRouter {
 	r := &kvRouter{cpu: map[string]bool{}}
@@ -37,6 +41,9 @@ func newKVRouter(t *testing.T, nc *nats.Conn) *kvRouter {
 			return
 		}
 		for _, ev := range b.Events {
+			for _, h := range ev.BlockHashes {
+				r.log = append(r.log, kvChange{ev.Type, ev.Medium, h})
+			}
 			if ev.Medium != messages.MediumCPU {
 				continue
 			}
@@ -113,4 +120,50 @@ func TestKVEventsFollowThePool(t *testing.T) {
 	router.mu.Lock()
 	defer router.mu.Unlock()
 	require.Greater(t, router.events, 2*len(hashes), "the chunks churned through the pool")
+}
+
+// With a disk tier, a chunk evicted from host memory is written to disk by
+// the disk writer's goroutine, after the decision that evicted it: its
+// BlockStored DISK must reach routers after its BlockRemoved CPU (a router
+// would otherwise believe the chunk left disk... or never knew it was on
+// disk). Forty distinct prefixes through a 2-slot pool spill 38 of them.
+func TestDiskStoredFollowsItsEviction(t *testing.T) {
+	e := startNode(t, withPoolSlots(2), withDisk(t.TempDir()))
+	router := newKVRouter(t, e.nc)
+	te := e.newEngine("d1", defaultOpts())
+	te.register()
+	const requests = 40
+	for i := range requests {
+		req := fmt.Sprintf("r%d", i)
+		te.send(added(req, 4), hashesEv(req, 0, hash("spill", i)), blocksEv(req, 0, 0, 1+i%60),
+			tokensEv(req, 4, 4), finishedEv(req, false, 4, 4))
+	}
+	for range requests {
+		recv(t, te.released, "every request released")
+	}
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		router.mu.Lock()
+		defer router.mu.Unlock()
+		onDisk := 0
+		for _, c := range router.log {
+			if c.typ == messages.KVBlockStored && c.medium == messages.MediumDisk {
+				onDisk++
+			}
+		}
+		if onDisk < requests-2 {
+			return fmt.Errorf("%d chunks announced on disk, want %d", onDisk, requests-2)
+		}
+		return nil
+	})
+	router.mu.Lock()
+	defer router.mu.Unlock()
+	inCPU := map[string]bool{}
+	for i, c := range router.log {
+		switch {
+		case c.medium != messages.MediumDisk:
+			inCPU[c.hash] = c.typ == messages.KVBlockStored
+		case c.typ == messages.KVBlockStored:
+			require.False(t, inCPU[c.hash], "event %d: %s announced on disk while still in host memory", i, c.hash)
+		}
+	}
 }
