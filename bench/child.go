@@ -193,3 +193,24 @@ func (t *tailBuffer) String() string {
 	defer t.mu.Unlock()
 	return strings.TrimSpace(string(t.b))
 }
+
+// await polls done every 2 ms (leaving the cores to the child it measures)
+// until it holds, the child exits, ctx ends or timeout passes.
+func (c *child) await(ctx context.Context, what string, timeout time.Duration, done func() bool) error {
+	deadline := time.NewTimer(timeout)
+	defer deadline.Stop()
+	tick := time.NewTicker(2 * time.Millisecond)
+	defer tick.Stop()
+	for !done() {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-c.done:
+			return fmt.Errorf("kvactors serve exited waiting for %s: %s: %s", what, c.cmd.ProcessState, c.stderr)
+		case <-deadline.C:
+			return fmt.Errorf("timed out after %v waiting for %s (child: %s)", timeout, what, c.stderr)
+		case <-tick.C:
+		}
+	}
+	return nil
+}

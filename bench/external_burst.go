@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
@@ -72,6 +74,7 @@ const burstPromptTokens = 64
 type burstEngine struct {
 	id  string
 	c   *client.Client
+	nc  *nats.Conn // the SDK does not close it
 	geo geometry
 
 	mu        sync.Mutex
@@ -125,6 +128,7 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 	defer func() {
 		for _, e := range engines {
 			_ = e.c.Close()
+			e.nc.Close()
 		}
 	}()
 	var segs []*shm.Segment
@@ -149,7 +153,7 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		if err != nil {
 			return nil, fmt.Errorf("connect %s: %w", id, err)
 		}
-		e := &burstEngine{id: id, geo: geo, published: map[string]time.Time{}}
+		e := &burstEngine{id: id, nc: nc, geo: geo, published: map[string]time.Time{}}
 		cl, err := client.Connect(ctx, nc, client.Config{Engine: id, Prefix: prefix, Spec: geo.spec(seg.Name()),
 			Log: quiet, OnStored: e.onStored, OnReleased: e.onReleased})
 		if err != nil {
@@ -222,10 +226,10 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		}
 		return n
 	}
-	if err := waitFor(ctx, "every request of the burst to be released", 5*time.Minute, func() bool {
+	if err := c.await(ctx, "every request of the burst to be released", 5*time.Minute, func() bool {
 		return released() >= cfg.ExternalBurst
 	}); err != nil {
-		return nil, fmt.Errorf("%w (%d of %d released; child: %s)", err, released(), cfg.ExternalBurst, c.stderr)
+		return nil, fmt.Errorf("%w (%d of %d released)", err, released(), cfg.ExternalBurst)
 	}
 	res.Seconds = time.Since(start).Seconds()
 	cpu1, err := c.cpuSeconds()

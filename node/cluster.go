@@ -49,8 +49,8 @@ func (c Config) clusterConfig(boot string) cluster.Config {
 
 // startCluster joins the cluster: it opens the ownership bucket, starts the
 // holders feed and serves fetch and keys. It runs after the outbox exists
-// and before the node subscribes to engines, so every kv_events batch is
-// stamped with this node and boot.
+// and before the node subscribes to engines and starts the kv_events
+// journal, so every kv_events batch is stamped with this node and boot.
 func (n *Node) startCluster() error {
 	if !n.cfg.Clustered() {
 		return nil

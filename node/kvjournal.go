@@ -23,7 +23,8 @@ import (
 // to back in one slice per drain);
 // hex encoding, namespace lookup and publishing happen on the journal's
 // goroutine. Consecutive records for one engine go out as one message
-// (at most kvMessageHashes hashes), so a busy node publishes fewer,
+// (at most kvMessageHashes hashes; a larger record is cut across messages),
+// so a busy node publishes fewer,
 // larger kv_events messages than one per change.
 type kvJournal struct {
 	mu      sync.Mutex
@@ -55,8 +56,9 @@ type kvRecord struct {
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
 
-// kvMessageHashes bounds one coalesced message's block hashes (about
-// 300 KiB of JSON with 64-character hashes, under NATS' 1 MiB default).
+// kvMessageHashes bounds one message's block hashes (about 300 KiB of JSON
+// with 64-character hashes: under NATS' default 1 MiB max_payload, which an
+// external server may keep; a message past it would be refused whole).
 const kvMessageHashes = 4096
 
 func newKVJournal(emit func(string, []messages.KVEvent),
@@ -67,8 +69,11 @@ func newKVJournal(emit func(string, []messages.KVEvent),
 // start runs the publishing goroutine; records added before it are kept.
 func (j *kvJournal) start() {
 	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.closed || j.started {
+		return // closed first (a failed start): no goroutine to leak
+	}
 	j.started = true
-	j.mu.Unlock()
 	go j.run()
 }
 
@@ -164,14 +169,27 @@ type kvMessage struct {
 	hashes int
 }
 
+// add appends events for engine, flushing first when the engine changes
+// and cutting an event's hashes wherever the message reaches
+// kvMessageHashes (a long-context job stores thousands of chunks at once).
 func (m *kvMessage) add(engine string, events []messages.KVEvent, emit func(string, []messages.KVEvent)) {
-	if engine != m.engine || m.hashes >= kvMessageHashes {
+	if engine != m.engine {
 		m.flush(emit)
 		m.engine = engine
 	}
-	m.events = append(m.events, events...)
 	for _, ev := range events {
-		m.hashes += len(ev.BlockHashes)
+		hashes := ev.BlockHashes
+		for len(hashes) > 0 {
+			if m.hashes >= kvMessageHashes {
+				m.flush(emit)
+			}
+			n := min(len(hashes), kvMessageHashes-m.hashes)
+			part := ev
+			part.BlockHashes = hashes[:n:n]
+			m.events = append(m.events, part)
+			m.hashes += n
+			hashes = hashes[n:]
+		}
 	}
 }
 

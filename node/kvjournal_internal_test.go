@@ -75,7 +75,9 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 }
 
 // A long run of one engine is cut into messages of at most
-// kvMessageHashes hashes, in order.
+// kvMessageHashes hashes, in order, even inside one record (a long-context
+// job's thousands of chunks): a message past NATS' max_payload would be
+// refused whole.
 func TestKVJournalSplitsLongRuns(t *testing.T) {
 	var sizes []int
 	var order []string
@@ -84,27 +86,36 @@ func TestKVJournalSplitsLongRuns(t *testing.T) {
 		for _, e := range events {
 			n += len(e.BlockHashes)
 			for _, h := range e.BlockHashes {
-				order = append(order, strings.Clone(h)) // the journal's bytes until emit returns
+				order = append(order, strings.Clone(h))
 			}
 		}
 		sizes = append(sizes, n)
 	}
 	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return "m", "ea" })
 	var want []string
-	for r := range 10 {
-		keys := make([]messages.Key, 1000)
+	record := func(r, n int) {
+		keys := make([]messages.Key, n)
 		for i := range keys {
-			h := fmt.Sprintf("%04d%04d", r, i)
+			h := fmt.Sprintf("%04d%05d", r, i)
 			keys[i] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0))
 			want = append(want, fmt.Sprintf("%x", h))
 		}
 		j.pool(true, keys, "ea")
 	}
+	for r := range 4095 {
+		record(r, 1)
+	}
+	record(9999, 20_000) // one record past several messages' worth
 	j.start()
 	j.close()
 	require.Equal(t, want, order, "every hash once, in order")
-	for _, n := range sizes[:len(sizes)-1] {
-		require.GreaterOrEqual(t, n, kvMessageHashes, "a message is cut only once full")
-		require.Less(t, n, kvMessageHashes+1000, "and holds at most one record past the bound")
+	total := 0
+	for i, n := range sizes {
+		total += n
+		if i < len(sizes)-1 {
+			require.Equal(t, kvMessageHashes, n, "message %d is cut exactly at the bound", i)
+		}
 	}
+	require.LessOrEqual(t, sizes[len(sizes)-1], kvMessageHashes)
+	require.Equal(t, 4095+20_000, total)
 }

@@ -120,12 +120,9 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)
 // for the engine that spilled the chunks (each key on an engine of its own
-// namespace, see announce). The disk speaks in disk keys: a key whose
-// namespace is not open in this boot is not announced.
+// namespace, see kvTarget), through the journal. The disk speaks in disk
+// keys: a key whose namespace is not open in this boot is not announced.
 func (n *Node) diskChanged(engineID string, stored, removed []messages.Key) {
-	if n.outbox == nil {
-		return
-	}
 	poolKeys := func(keys []messages.Key) []messages.Key {
 		out := keys[:0:0]
 		for _, k := range keys {

@@ -123,13 +123,13 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			ErrConfig, cfg.MaxPendingBytes, max)
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
-	n.kv.start()
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	if err := n.startCluster(); err != nil {
 		return nil, err
 	}
+	n.kv.start() // after the cluster's stamp: every kv_events message carries it
 	n.copyQueue = transfer.NewQueue(cfg.Transfer, n.metrics.Transfer)
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,

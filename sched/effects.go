@@ -67,8 +67,8 @@ type Retry struct {
 }
 
 // Effects is the work Advance and JobDone hand back, in the order the caller
-// performs it: cancel queued copies, start Job, publish Evicted as
-// BlockRemoved, record Deferred, schedule Retry, publish Releases.
+// performs it: cancel queued copies, start Job, count Evicted (the pool's
+// journal announces them), record Deferred, schedule Retry, publish Releases.
 // They are the caller's: the Request keeps no reference to their slices
 // (Evicted is the slice the Preparer returned).
 type Effects struct {

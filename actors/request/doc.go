@@ -2,7 +2,8 @@
 // engine actor. It owns one sched.Request (the store state of every KV group
 // of the request), steps it with the request's events, takes a store decision
 // against the node's host pool after each batch, and performs the effects:
-// store jobs to the transfer actor, stored / kv_events / released messages,
+// store jobs to the transfer actor, stored / released messages (kv_events
+// are the pool journal's: node/kvjournal.go),
 // retry timers, span events and counters.
 //
 // Supervision: the parent stops a failed request actor rather than restart it

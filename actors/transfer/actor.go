@@ -109,9 +109,9 @@ func (a *Actor) start(c actor.Context) {
 }
 
 // finish reports a batch of finished copies, in the order they finished:
-// each owner's JobDone but its last carries More, and the batch's kv_events
-// go out together once every owner has handled its completions (the owners
-// run inline in this turn unless their mailbox was busy).
+// each owner's JobDone but its last carries More (the owners run inline in
+// this turn unless their mailbox was busy). The pool's journal, not this,
+// announces the chunks (kv_events).
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
 	more := lastPerOwner(done)
 	for i, d := range done {
