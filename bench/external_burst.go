@@ -83,6 +83,7 @@ type burstEngine struct {
 	jobs      int
 	chunks    int
 	released  int
+	lastStore time.Time
 }
 
 func (e *burstEngine) onStored(s messages.Stored) {
@@ -91,6 +92,7 @@ func (e *burstEngine) onStored(s messages.Stored) {
 	defer e.mu.Unlock()
 	e.jobs++
 	e.chunks += len(s.Chunks)
+	e.lastStore = now
 	if t, ok := e.published[s.Request]; ok {
 		e.delays = append(e.delays, now.Sub(t))
 		delete(e.published, s.Request) // the first stored message only
@@ -232,6 +234,22 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		return nil, fmt.Errorf("%w (%d of %d released)", err, released(), cfg.ExternalBurst)
 	}
 	res.Seconds = time.Since(start).Seconds()
+	// stored and released are separate subscriptions: a request's last
+	// stored can be handed to the SDK's callbacks after its release. Wait
+	// until every request has had one, or none came for 200 ms (a request
+	// whose chunks were all dropped has none).
+	if err := c.await(ctx, "the last stored messages", 10*time.Second, func() bool {
+		waiting, quiet := 0, true
+		for _, e := range engines {
+			e.mu.Lock()
+			waiting += len(e.published)
+			quiet = quiet && time.Since(e.lastStore) > 200*time.Millisecond
+			e.mu.Unlock()
+		}
+		return waiting == 0 || quiet
+	}); err != nil {
+		return nil, err
+	}
 	cpu1, err := c.cpuSeconds()
 	if err != nil {
 		return nil, err
