@@ -209,3 +209,12 @@ func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int)
 			Help: "Namespaces opened in this boot (each keeps its geometry for the boot)."},
 			func() float64 { return float64(namespaces()) }))
 }
+
+// RegisterKVJournal exports the pool changes journaled and not yet taken
+// for publishing as kv_events, read at scrape time: a backlog that grows
+// means the journal's goroutine does not get the CPU to keep up.
+func RegisterKVJournal(reg prometheus.Registerer, pending func() int) {
+	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_kv_events_pending",
+		Help: "Host pool and disk changes journaled, not yet taken for publishing as kv_events."},
+		func() float64 { return float64(pending()) }))
+}

@@ -86,6 +86,13 @@ func (j *kvJournal) pool(stored bool, keys []messages.Key, engine string) {
 	j.add(engine, typ, messages.MediumCPU, keys)
 }
 
+// pending is how many records wait for the goroutine (a scrape's gauge).
+func (j *kvJournal) pending() int {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return len(j.recs)
+}
+
 // add queues a record (its keys copied); nothing once closed.
 func (j *kvJournal) add(engine, typ, medium string, keys []messages.Key) {
 	if len(keys) == 0 {

@@ -53,8 +53,10 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	j.pool(false, []messages.Key{key(1, "b"), key(2, "secret")}, "ea")
 	j.add("eb", messages.KVBlockStored, messages.MediumDisk, []messages.Key{key(1, "b")})
 	j.pool(true, []messages.Key{key(1, "c")}, "ea")
+	require.Equal(t, 4, j.pending(), "queued before start (the gauge)")
 	j.start()
 	j.close()
+	require.Zero(t, j.pending())
 	j.pool(true, []messages.Key{key(1, "late")}, "ea")
 
 	hx := func(s string) string { return fmt.Sprintf("%x", s) }

@@ -117,6 +117,7 @@ func TestKVEventsFollowThePool(t *testing.T) {
 		}
 		return nil
 	})
+	require.Zero(t, metricValue(t, e.reg, "kvactors_kv_events_pending", nil), "nothing left in the journal")
 	router.mu.Lock()
 	defer router.mu.Unlock()
 	require.Greater(t, router.events, 2*len(hashes), "the chunks churned through the pool")
