@@ -38,8 +38,10 @@ var (
 	ErrCorrupt = errors.New("disk: chunk checksum mismatch")
 )
 
-// Notify is told, off any lock, which keys were written to (stored) or
-// dropped from (removed) the disk, for the engine that spilled them.
+// Notify is told which keys were written to (stored) or dropped from
+// (removed) the disk, for the engine that spilled them, under the disk's
+// lock and so in the order the index changed: it must return fast and must
+// not call the Disk (a node queues the keys for its kv_events journal).
 type Notify func(engine string, stored, removed []messages.Key)
 
 type item struct {
@@ -206,7 +208,7 @@ func (d *Disk) dropDead() []*item {
 
 // announce tells Notify about removed items, grouped by the engine that
 // spilled them; items found at open (no engine known) go to fallback, the
-// engine whose action removed them.
+// engine whose action removed them. Caller holds d.mu.
 func (d *Disk) announce(removed []*item, fallback string) {
 	by := map[string][]messages.Key{}
 	for _, it := range removed {
@@ -265,8 +267,8 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 	}
 	d.unindex(it)
 	removed := append([]*item{it}, d.dropDead()...)
+	d.announce(removed, engine) // under the lock: in the index's order (Notify)
 	d.mu.Unlock()
-	d.announce(removed, engine)
 	return true
 }
 

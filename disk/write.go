@@ -197,8 +197,8 @@ func (w *writer) flush(seg *segment) {
 		}
 		removed = append(removed, it)
 	}
-	d.mu.Unlock()
-
+	// Told under the lock: a drop of one of these keys (a load that finds
+	// it bad) cannot be told before its write (see Notify).
 	for i := 0; i < len(w.run); { // stored, per engine, in write order
 		engine, keys := w.run[i].engine, []messages.Key(nil)
 		for ; i < len(w.run) && w.run[i].engine == engine; i++ {
@@ -207,4 +207,5 @@ func (w *writer) flush(seg *segment) {
 		d.notify(engine, keys, nil)
 	}
 	d.announce(removed, last)
+	d.mu.Unlock()
 }
