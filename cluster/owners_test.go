@@ -31,6 +31,12 @@ func ownersBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
 	return kv
 }
 
+// isGone reports whether a Get error says the record is not there
+// (deleted, or never written / purged).
+func isGone(err error) bool {
+	return errors.Is(err, jetstream.ErrKeyDeleted) || errors.Is(err, jetstream.ErrKeyNotFound)
+}
+
 func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int) *Owners {
 	t.Helper()
 	js, err := jetstream.New(nc)
@@ -299,8 +305,7 @@ func TestKeepAliveRacingReleaseLeavesTheEngineReleased(t *testing.T) {
 			require.NoError(t, derr)
 			require.NotEqual(t, "gpu-0", rec.Identity.Node, "round %d: a record still names the releasing node", i)
 		} else {
-			require.True(t, errors.Is(err, jetstream.ErrKeyDeleted) || errors.Is(err, jetstream.ErrKeyNotFound),
-				"round %d: %v", i, err)
+			require.True(t, isGone(err), "round %d: %v", i, err)
 		}
 	}
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced), "no release was counted as a fence")
@@ -327,6 +332,5 @@ func TestKeepAliveWriteAfterReleaseUndoesItself(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotMine)
 	require.NotContains(t, a.Mine(), "e1", "the keep-alive did not bring the claim back")
 	_, err = kv.Get(ctx, "e1")
-	require.True(t, errors.Is(err, jetstream.ErrKeyDeleted) || errors.Is(err, jetstream.ErrKeyNotFound),
-		"the record the keep-alive wrote is gone: %v", err)
+	require.True(t, isGone(err), "the record the keep-alive wrote is gone: %v", err)
 }
