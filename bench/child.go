@@ -144,11 +144,11 @@ func parseStatCPU(stat []byte) (float64, error) {
 func (c *child) maxRSS() int64 { return c.memory().HWM }
 
 // memStatus is a process's resident memory from /proc/<pid>/status, in
-// bytes: HWM is the peak of RSS; RSS is Anon (heap, stacks) + File
-// (mapped files: the binary) + Shmem (shared memory it has touched: the
-// pool, and the engines' segments it copied from).
+// bytes: HWM is the peak of RSS (anon + mapped files + the shared memory it
+// touched: the pool, the engines' segments it copied from); Anon is what it
+// allocated itself (heap, stacks).
 type memStatus struct {
-	HWM, RSS, Anon, File, Shmem int64
+	HWM, Anon int64
 }
 
 // memory reads the child's memStatus (zeros when unreadable).
@@ -158,8 +158,7 @@ func (c *child) memory() memStatus {
 	if err != nil {
 		return m
 	}
-	fields := map[string]*int64{"VmHWM:": &m.HWM, "VmRSS:": &m.RSS, "RssAnon:": &m.Anon, "RssFile:": &m.File,
-		"RssShmem:": &m.Shmem}
+	fields := map[string]*int64{"VmHWM:": &m.HWM, "RssAnon:": &m.Anon}
 	for _, l := range strings.Split(string(b), "\n") {
 		name, v, ok := strings.Cut(l, "\t")
 		if f := fields[name]; ok && f != nil {

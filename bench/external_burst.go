@@ -48,6 +48,9 @@ type ExternalBurst struct {
 	Overflow float64        `json:"node_overflow_resyncs"`
 	Jobs     int            `json:"store_jobs"`
 	Chunks   int            `json:"stored_chunks"`
+	// Unstored counts requests that never got a stored message (all their
+	// chunks dropped, or a stored message lost): 0 in a healthy run.
+	Unstored int `json:"requests_never_stored"`
 	// Store delay: each request's publish (the Flush of its batch) → its
 	// first stored message at its engine, over the requests that had one.
 	DelayP50MS float64 `json:"store_delay_p50_ms"`
@@ -275,6 +278,7 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		res.Released += e.released
 		res.Jobs += e.jobs
 		res.Chunks += e.chunks
+		res.Unstored += len(e.published)
 		delays = append(delays, e.delays...)
 		e.mu.Unlock()
 	}

@@ -126,19 +126,18 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	// Every event applied (scraped every 2 ms; the other engines are idle),
 	// then stored messages trail the last batch by a copy: wait until none
 	// has arrived for 50 ms.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	var scrapeErr error
+	if err := c.await(ctx, fmt.Sprintf("the child to apply %d events", applied), 30*time.Second, func() bool {
 		g, err := scrape(ctx, metrics)
-		if err != nil {
-			return nil, err
+		if scrapeErr = err; err != nil {
+			return true
 		}
-		if gatherSum(g, mApplied, "", "")-appliedBase >= float64(applied) {
-			break
-		}
-		if time.Now().After(deadline) {
-			return nil, fmt.Errorf("timed out after 30s waiting for the child to apply %d events (child: %s)", applied, c.stderr)
-		}
-		time.Sleep(2 * time.Millisecond)
+		return gatherSum(g, mApplied, "", "")-appliedBase >= float64(applied)
+	}); err != nil {
+		return nil, err
+	}
+	if scrapeErr != nil {
+		return nil, scrapeErr
 	}
 	_ = waitFor(ctx, "stored messages to stop arriving", 5*time.Second, func() bool {
 		return time.Since(time.Unix(0, s.last.Load())) > 50*time.Millisecond

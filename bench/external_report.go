@@ -72,8 +72,11 @@ func (e *External) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken by an ingest worker → copy start (bucket-interpolated)\n")
 }
 
-// GoalBurstRSSHeadroom is issue 14's memory bound for a burst: the child's
-// peak RSS at most its pool plus this.
+// GoalBurstRSSHeadroom is issue 14's memory bound for a burst: the pool plus
+// the child's peak RssAnon (what it allocates; sampled every 5 ms, so a
+// spike shorter than that is missed) at most the pool plus this. VmHWM is
+// reported beside it: it also counts the engines' segment pages the node
+// copied from and the binary's text.
 const GoalBurstRSSHeadroom = 256 << 20
 
 func (r *Report) burstGoals() {

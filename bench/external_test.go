@@ -19,3 +19,26 @@ func TestParseStatCPU(t *testing.T) {
 		require.Error(t, err, "%q", bad)
 	}
 }
+
+// The burst's memory goal is the pool plus the child's peak RssAnon, not
+// its VmHWM (which also counts the engines' segment pages it copied from):
+// a small anon peak passes whatever the high-water mark, a large one fails.
+func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
+	goal := func(anon, hwm int64) Goal {
+		r := Report{Burst: &ExternalBurst{Requests: 10, Released: 10, PoolBytes: 16 << 20,
+			NodePeakAnonBytes: anon, NodeMaxRSSBytes: hwm}}
+		r.goals()
+		for _, g := range r.Goals {
+			if g.Name == "external burst: node memory (pool + peak anon)" {
+				return g
+			}
+		}
+		t.Fatalf("no memory goal in %+v", r.Goals)
+		return Goal{}
+	}
+	g := goal(100<<20, 2<<30)
+	require.True(t, g.Pass, "100 MiB anon passes, a 2 GiB VmHWM notwithstanding")
+	require.InDelta(t, 116.0, g.Value, 1e-9, "pool + anon, in MiB")
+	require.False(t, goal(257<<20, 0).Pass, "past pool + 256 MiB fails")
+	require.False(t, goal(0, 0).Pass, "no sample is not a pass")
+}

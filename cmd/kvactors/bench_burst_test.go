@@ -24,6 +24,10 @@ func runBurst(t *testing.T, requests int, args ...string) *kvbench.ExternalBurst
 	require.Zero(t, b.Unexpected, "and none twice")
 	require.GreaterOrEqual(t, b.Jobs, requests, "at least one store job per request")
 	require.GreaterOrEqual(t, b.Chunks, 8*requests, "every chunk of every request stored (4 per group)")
+	require.Zero(t, b.Unstored, "every request had a stored message")
+	for _, g := range rep.Goals {
+		require.True(t, g.Pass, "goal %s: %v %s (target %s)", g.Name, g.Value, g.Unit, g.Target)
+	}
 	require.Positive(t, b.NodePeakAnonBytes)
 	require.GreaterOrEqual(t, b.NodeMaxRSSBytes, b.NodePeakAnonBytes, "VmHWM holds the anon peak")
 	require.LessOrEqual(t, b.DelayP50MS, b.DelayP99MS)
