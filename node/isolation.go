@@ -33,6 +33,9 @@ type namespaces struct {
 	mu     sync.RWMutex
 	byName map[string]*namespace
 	byID   []*namespace // byID[id-1]; id 0 is never given out
+	// member is each registered engine's namespace: the kv_events journal
+	// asks it per record, off n.mu (see kvTarget).
+	member map[string]sched.NamespaceID
 }
 
 type namespace struct {
@@ -81,7 +84,18 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.Namesp
 		t.byName[name] = ns
 	}
 	ns.engine = engine
+	if t.member == nil {
+		t.member = map[string]sched.NamespaceID{}
+	}
+	t.member[engine] = ns.id
 	return ns.id
+}
+
+// leave forgets a detached engine's membership (its namespace stays).
+func (t *namespaces) leave(engine string) {
+	t.mu.Lock()
+	delete(t.member, engine)
+	t.mu.Unlock()
 }
 
 // namespaceOf names namespace id and the engine whose kv_events announce

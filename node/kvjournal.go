@@ -212,12 +212,21 @@ func (m *kvMessage) flush(emit func(string, []messages.KVEvent)) {
 // changed are announced: on engineID when it is registered in ns, else on
 // the engine last registered in ns (no engine learns another namespace's
 // hashes; none registered: not announced).
+//
+// It reads the namespace table only (its own RWMutex): n.mu is held by a
+// register across its device attach, and the journal must not wait for it.
 func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine string) {
-	name, engine = n.namespaceOf(ns)
-	if rec := n.engine(engineID); rec != nil && rec.layout.Namespace == ns {
-		engine = engineID
+	t := &n.nss
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	if ns == 0 || int(ns) > len(t.byID) {
+		return "", ""
 	}
-	return name, engine
+	x := t.byID[ns-1]
+	if t.member[engineID] == ns {
+		return x.name, engineID
+	}
+	return x.name, x.engine
 }
 
 // publishKV is the journal's emit: one kv_events message.

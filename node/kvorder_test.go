@@ -168,3 +168,44 @@ func TestDiskStoredFollowsItsEviction(t *testing.T) {
 		}
 	}
 }
+
+// Each pool change is announced on the engine whose operation made it when
+// that engine is in the key's namespace: two engines of one namespace on
+// one node, a pool of one slot, each store evicting the other's chunk. An
+// engine's kv_events carry its own stores and the evictions its stores
+// caused, and nothing of the other's.
+func TestKVEventsGoToTheEngineThatMadeTheChange(t *testing.T) {
+	e := startNode(t, withPoolSlots(1))
+	ka, kb := e.newEngine("ka", defaultOpts()), e.newEngine("kb", defaultOpts())
+	for _, te := range []*testEngine{ka, kb} {
+		te.spec.Namespace = "shared"
+		te.register()
+	}
+	store := func(te *testEngine, req, h string) {
+		te.send(added(req, 4), hashesEv(req, 0, h), blocksEv(req, 0, 0, 1), tokensEv(req, 4, 4))
+		recv(t, te.stored, req+" stored")
+	}
+	k1, k2, k3 := hash("own", 1), hash("own", 2), hash("own", 3)
+	store(ka, "a1", k1)
+	store(kb, "b1", k2) // evicts k1
+	store(ka, "a2", k3) // evicts k2
+	// changes reads te's kv_events until the BlockStored of last.
+	changes := func(te *testEngine, last string) []string {
+		var got []string
+		for {
+			b := recv(t, te.kv, te.id+"'s kv_events")
+			for _, ev := range b.Events {
+				require.Equal(t, "shared", ev.Namespace)
+				for _, h := range ev.BlockHashes {
+					got = append(got, ev.Type+" "+h)
+				}
+			}
+			if got[len(got)-1] == messages.KVBlockStored+" "+last {
+				return got
+			}
+		}
+	}
+	require.Equal(t, []string{messages.KVBlockStored + " " + k1, messages.KVBlockRemoved + " " + k2,
+		messages.KVBlockStored + " " + k3}, changes(ka, k3))
+	require.Equal(t, []string{messages.KVBlockRemoved + " " + k1, messages.KVBlockStored + " " + k2}, changes(kb, k2))
+}

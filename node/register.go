@@ -150,6 +150,7 @@ func (n *Node) detach(id string, pid *actor.PID) *engineRec {
 		return nil
 	}
 	delete(n.engines, id)
+	n.nss.leave(id)
 	n.ingest.unroute(id, rec.pid)
 	return rec
 }
