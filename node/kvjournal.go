@@ -23,7 +23,7 @@ import (
 // to back in one slice per drain);
 // hex encoding, namespace lookup and publishing happen on the journal's
 // goroutine. Consecutive records for one engine go out as one message
-// (at most kvMessageHashes hashes; a larger record is cut across messages),
+// (at most about kvMessageBytes; a larger record is cut across messages),
 // so a busy node publishes fewer,
 // larger kv_events messages than one per change.
 type kvJournal struct {
@@ -56,10 +56,10 @@ type kvRecord struct {
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
 
-// kvMessageHashes bounds one message's block hashes (about 300 KiB of JSON
-// with 64-character hashes: under NATS' default 1 MiB max_payload, which an
-// external server may keep; a message past it would be refused whole).
-const kvMessageHashes = 4096
+// kvMessageBytes bounds one message's JSON (about; the envelope adds a few
+// dozen bytes): half of NATS' default 1 MiB max_payload, which an external
+// server may keep, so a message is never refused whole for its size.
+const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, []messages.KVEvent),
 	target func(string, sched.NamespaceID) (string, string)) *kvJournal {
@@ -169,32 +169,47 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 	})
 }
 
-// kvMessage is the message being gathered: one engine's events in order.
+// kvMessage is the message being gathered: one engine's events in order,
+// and about how many bytes they encode to.
 type kvMessage struct {
 	engine string
 	events []messages.KVEvent
-	hashes int
+	bytes  int
 }
 
+// kvEventBytes is an upper bound of one event's JSON without its hashes
+// (keys, type, medium, group, namespace, punctuation), and kvHashBytes of
+// one hash's (quotes and comma).
+func kvEventBytes(ev *messages.KVEvent) int {
+	return 96 + len(ev.Type) + len(ev.Medium) + len(ev.Namespace)
+}
+
+func kvHashBytes(h string) int { return len(h) + 3 }
+
 // add appends events for engine, flushing first when the engine changes
-// and cutting an event's hashes wherever the message reaches
-// kvMessageHashes (a long-context job stores thousands of chunks at once).
+// and cutting an event's hashes wherever the message would pass
+// kvMessageBytes (a long-context job stores thousands of chunks at once).
 func (m *kvMessage) add(engine string, events []messages.KVEvent, emit func(string, []messages.KVEvent)) {
 	if engine != m.engine {
 		m.flush(emit)
 		m.engine = engine
 	}
-	for _, ev := range events {
-		hashes := ev.BlockHashes
+	for i := range events {
+		hashes := events[i].BlockHashes
 		for len(hashes) > 0 {
-			if m.hashes >= kvMessageHashes {
+			head := kvEventBytes(&events[i])
+			if len(m.events) > 0 && m.bytes+head+kvHashBytes(hashes[0]) > kvMessageBytes {
 				m.flush(emit)
 			}
-			n := min(len(hashes), kvMessageHashes-m.hashes)
-			part := ev
+			n, size := 0, m.bytes+head
+			for n < len(hashes) && (n == 0 || size+kvHashBytes(hashes[n]) <= kvMessageBytes) {
+				size += kvHashBytes(hashes[n])
+				n++
+			}
+			part := events[i]
 			part.BlockHashes = hashes[:n:n]
 			m.events = append(m.events, part)
-			m.hashes += n
+			m.bytes = size
 			hashes = hashes[n:]
 		}
 	}
@@ -205,7 +220,7 @@ func (m *kvMessage) flush(emit func(string, []messages.KVEvent)) {
 		emit(m.engine, m.events)
 	}
 	clear(m.events)
-	m.events, m.hashes = m.events[:0], 0
+	m.events, m.bytes = m.events[:0], 0
 }
 
 // kvTarget is where keys of namespace ns that engineID's operation

@@ -10,10 +10,11 @@ import (
 
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // The journal publishes records in the order they were added: consecutive
-// records for one engine share a message (up to kvMessageHashes hashes), a
+// records for one engine share a message (up to about kvMessageBytes), a
 // change of engine starts a new one, keys of a namespace with no engine
 // are not announced, and close publishes what was added before it and
 // nothing after.
@@ -58,6 +59,7 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	j.close()
 	require.Zero(t, j.pending())
 	j.pool(true, []messages.Key{key(1, "late")}, "ea")
+	require.Zero(t, j.pending(), "a record added after close is dropped, not kept")
 
 	hx := func(s string) string { return fmt.Sprintf("%x", s) }
 	ev := func(typ, medium string, hs ...string) messages.KVEvent {
@@ -76,48 +78,50 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	}, got, "one message per run of one engine; namespace 2's key and the late record not announced")
 }
 
-// A long run of one engine is cut into messages of at most
-// kvMessageHashes hashes, in order, even inside one record (a long-context
-// job's thousands of chunks): a message past NATS' max_payload would be
+// A long run of one engine is cut into messages that each encode under
+// kvMessageBytes, in order, even inside one record (a long-context job's
+// thousands of chunks), and so does the worst case for the envelope: one
+// single-key record after another, each event naming the longest namespace
+// with the longest default hash. A message past NATS' max_payload would be
 // refused whole.
-func TestKVJournalSplitsLongRuns(t *testing.T) {
-	var sizes []int
-	var order []string
-	emit := func(_ string, events []messages.KVEvent) {
-		n := 0
-		for _, e := range events {
-			n += len(e.BlockHashes)
-			for _, h := range e.BlockHashes {
-				order = append(order, strings.Clone(h))
+func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
+	ns := strings.Repeat("n", 128) // PROTOCOL.md: a namespace is 1..128 bytes
+	for _, tc := range []struct {
+		name    string
+		records []int // keys per record
+	}{
+		{"a huge record after many small ones", append(make([]int, 4095), 20_000)},
+		{"single keys in alternating groups", make([]int, 12_000)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var sizes []int
+			var order []string
+			emit := func(_ string, events []messages.KVEvent) {
+				for _, e := range events {
+					for _, h := range e.BlockHashes {
+						order = append(order, strings.Clone(h))
+					}
+				}
+				sizes = append(sizes, len(wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: 1e9, Events: events})))
 			}
-		}
-		sizes = append(sizes, n)
+			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return ns, "ea" })
+			var want []string
+			for r, n := range tc.records {
+				keys := make([]messages.Key, max(n, 1))
+				for i := range keys {
+					h := fmt.Sprintf("%016d%016d", r, i) // 32 bytes: 64 hex characters
+					keys[i] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), r%2))
+					want = append(want, fmt.Sprintf("%x", h))
+				}
+				j.pool(r%3 == 0, keys, "ea")
+			}
+			j.start()
+			j.close()
+			require.Equal(t, want, order, "every hash once, in order")
+			require.Greater(t, len(sizes), 2, "cut into several messages")
+			for i, n := range sizes {
+				require.LessOrEqual(t, n, kvMessageBytes+256, "message %d: %d bytes", i, n)
+			}
+		})
 	}
-	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return "m", "ea" })
-	var want []string
-	record := func(r, n int) {
-		keys := make([]messages.Key, n)
-		for i := range keys {
-			h := fmt.Sprintf("%04d%05d", r, i)
-			keys[i] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0))
-			want = append(want, fmt.Sprintf("%x", h))
-		}
-		j.pool(true, keys, "ea")
-	}
-	for r := range 4095 {
-		record(r, 1)
-	}
-	record(9999, 20_000) // one record past several messages' worth
-	j.start()
-	j.close()
-	require.Equal(t, want, order, "every hash once, in order")
-	total := 0
-	for i, n := range sizes {
-		total += n
-		if i < len(sizes)-1 {
-			require.Equal(t, kvMessageHashes, n, "message %d is cut exactly at the bound", i)
-		}
-	}
-	require.LessOrEqual(t, sizes[len(sizes)-1], kvMessageHashes)
-	require.Equal(t, 4095+20_000, total)
 }
