@@ -26,7 +26,8 @@ func recorder(into *[]journaled) Journal {
 
 // The journal hears of a key when it becomes loadable (a completed store,
 // a fill from disk) and when it stops being loadable (an eviction to make
-// room, a drop), naming the engine whose operation it was; a failed or
+// room, for a store or a load reading back from disk; a drop), naming the
+// engine whose operation it was; a failed or
 // aborted store, a load and a lookup change nothing loadable and say
 // nothing.
 func TestJournalNamesEveryLoadableChange(t *testing.T) {
@@ -46,13 +47,26 @@ func TestJournalNamesEveryLoadableChange(t *testing.T) {
 	s.CompleteLoad(k("b"))
 	require.True(t, eb.Drop("c"))
 	require.False(t, eb.Drop("zz"), "absent: nothing dropped, nothing said")
-	_ = prep
+	// A load reading x and y back from disk makes room (evicting e, not b,
+	// which it pins) and then makes them ready, both in its engine's name.
+	prep, err = ea.PrepareStore(k("e"), nil)
+	require.NoError(t, err)
+	ea.CompleteStore(prep.Keys, okSums(prep.Keys, true))
+	ec := s.By("ec")
+	prep, err = ec.PrepareLoadFrom(k("b", "x", "y"), func(messages.Key) (int64, bool) { return 16, true })
+	require.NoError(t, err)
+	require.Equal(t, k("x", "y"), prep.Keys)
+	ec.CompleteStorePinned(prep.Keys, okSums(prep.Keys, true))
+	s.CompleteLoad(k("b", "x", "y"))
 
 	require.Equal(t, []journaled{
 		{true, k("a", "b"), "ea"},
 		{false, k("a"), "eb"},
 		{true, k("c"), "eb"},
 		{false, k("c"), "eb"},
+		{true, k("e"), "ea"},
+		{false, k("e"), "ec"},
+		{true, k("x", "y"), "ec"},
 	}, got)
 }
 

@@ -88,6 +88,14 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	madeRoom := recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU) // the new prefix made room
 	require.NotEmpty(t, madeRoom.BlockHashes)
 	require.Subset(t, []string{hash("new", 0), hash("new", 1)}, madeRoom.BlockHashes)
+	// Read back into host memory, loadable there again: each old hash has a
+	// second BlockStored CPU (the first was its original store).
+	seen := map[string]int{}
+	for seen[old[0]] < 2 || seen[old[1]] < 2 {
+		for _, h := range recvKV(t, te, messages.KVBlockStored, messages.MediumCPU).BlockHashes {
+			seen[h]++
+		}
+	}
 	require.NoError(t, e.node.Close(context.Background()))
 
 	// Restart on the same directory: the index is rebuilt from the files.
