@@ -1,7 +1,10 @@
 package actors_test
 
 import (
+	"bytes"
 	"log/slog"
+	"runtime"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -185,6 +188,7 @@ func TestInlineMailboxForRunsOthersOnTheDispatcher(t *testing.T) {
 	t.Cleanup(system.Shutdown)
 	var mu sync.Mutex
 	var got []string
+	var ranOn uint64 // the goroutine that handled the last message
 	release := make(chan struct{})
 	blocked := make(chan struct{})
 	handled := make(chan struct{}, 4)
@@ -193,6 +197,9 @@ func TestInlineMailboxForRunsOthersOnTheDispatcher(t *testing.T) {
 		if !ok {
 			return
 		}
+		mu.Lock()
+		ranOn = goroutineID()
+		mu.Unlock()
 		if s == "held" {
 			close(blocked)
 			<-release
@@ -209,16 +216,13 @@ func TestInlineMailboxForRunsOthersOnTheDispatcher(t *testing.T) {
 	// have given the mailbox up yet when "warm" signals (it does so just
 	// after): then "inline" queues behind it, and the next try finds the
 	// actor idle.
-	inline := false
+	inline, me := false, goroutineID()
 	for try := 0; try < 100 && !inline; try++ {
-		mu.Lock()
-		before := len(got)
-		mu.Unlock()
 		system.Root.Send(pid, "inline")
-		mu.Lock()
-		inline = len(got) == before+1
-		mu.Unlock()
 		<-handled
+		mu.Lock()
+		inline = ranOn == me
+		mu.Unlock()
 	}
 	require.True(t, inline, "an inline message posted to an idle actor runs on the poster")
 	mu.Lock()
@@ -244,4 +248,14 @@ func TestInlineMailboxForRunsOthersOnTheDispatcher(t *testing.T) {
 	if want := []string{"warm", "inline", "held", "inline"}; len(got) != 4 || got[2] != want[2] || got[3] != want[3] {
 		t.Fatalf("handled %v, want %v", got, want)
 	}
+}
+
+// goroutineID is the running goroutine's id, from its stack header
+// ("goroutine 42 [running]:"): tests only, to tell who ran a handler.
+func goroutineID() uint64 {
+	var buf [64]byte
+	b := buf[:runtime.Stack(buf[:], false)]
+	b = bytes.TrimPrefix(b, []byte("goroutine "))
+	id, _ := strconv.ParseUint(string(b[:bytes.IndexByte(b, ' ')]), 10, 64)
+	return id
 }
