@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -58,4 +59,39 @@ func TestCopyScratchCarriesNothingBetweenJobs(t *testing.T) {
 			require.True(t, s.Ready(keys[i]))
 		}
 	}
+}
+
+// A store job copies into the room its decision reserved (JobChunk.Room),
+// without locating its keys again: handed two chunks' rooms swapped, the
+// copy writes each chunk's bytes where it was told, so each key's room
+// holds the other chunk's bytes. (A decision never swaps rooms: this only
+// shows which room the copy trusts.)
+func TestCopyWritesIntoTheReservedRoom(t *testing.T) {
+	s, e, dev, _ := fixture(t, 2, 64<<10, 1<<10)
+	keys := []messages.Key{"x0", "x1"}
+	chunks := []sched.JobChunk{chunk("x0", 1, 2), chunk("x1", 5, 6)}
+	size := e.lay.Groups[0].ChunkBytes
+	prep, err := e.PrepareStore(keys, []int64{size, size})
+	require.NoError(t, err)
+	chunks[0].Room, chunks[0].Slot = prep.Chunk(1), prep.Slots[1]
+	chunks[1].Room, chunks[1].Slot = prep.Chunk(0), prep.Slots[0]
+	require.NoError(t, e.Copy(backend.DeviceToHost, chunks))
+	loc, err := s.pool.Locate(keys)
+	require.NoError(t, err)
+	bytesOf := func(ext []hostpool.Extent) []byte {
+		var b []byte
+		for _, x := range ext {
+			b = append(b, s.arena.Bytes()[x.Off:x.Off+x.Len]...)
+		}
+		return b
+	}
+	blocks := func(ids ...int) []byte {
+		var b []byte
+		for _, id := range ids {
+			b = append(b, dev.mem[id*testBlockBytes:(id+1)*testBlockBytes]...)
+		}
+		return b
+	}
+	require.Equal(t, blocks(5, 6), bytesOf(loc.Chunk(0)), "x0's room got x1's bytes: the reserved room was used")
+	require.Equal(t, blocks(1, 2), bytesOf(loc.Chunk(1)))
 }
