@@ -91,9 +91,11 @@ type job struct {
 // A Spawner is used from one actor's turn at a time (its engine's).
 // protoactor calls the producer inside Spawn, and again only to restart a
 // failed actor, which the engine's supervisor never does (it stops them:
-// actors.StopOnPanic); were it to, the restarted actor stops itself at
-// once rather than run on state it no longer has, and its engine releases
-// the request as failed (as for any request actor that stops unreleased).
+// actors.StopOnPanic); were it to, the failed instance settles its
+// accounts on Restarting (live gauge, owed count, span) and the restarted
+// one stops itself at once rather than run on state it no longer has; its
+// engine releases the request as failed (as for any request actor that
+// stops unreleased).
 type Spawner struct {
 	props *actor.Props
 	next  *Actor
@@ -149,8 +151,10 @@ func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.RequestsLive.Inc()
-	case *actor.Stopping, *actor.Restarting:
-	case *actor.Stopped:
+	case *actor.Stopping:
+	case *actor.Stopped, *actor.Restarting:
+		// Restarting is this instance's last message too: the replacement
+		// (unexpectedRestart) has none of its state, so it ends here.
 		a.deps.Metrics.RequestsLive.Dec()
 		if !a.done {
 			a.span.SetStatus(codes.Error, "request actor stopped before release")

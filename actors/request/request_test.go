@@ -3,13 +3,16 @@ package request_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -123,4 +126,34 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 		reasons = append(reasons, rel.Reason)
 	}
 	require.Equal(t, []string{"preempted", "finished"}, reasons)
+}
+
+// A request actor restarted by a supervisor that restarts (protoactor's
+// default; the engine's stops instead) does not run on: the replacement
+// stops at once, and the failed instance's accounts are settled: the live
+// gauge and the owed count go back to zero. The failure is injected as a
+// nil store, which the first store decision dereferences.
+func TestRestartedRequestActorStopsWithItsAccountsSettled(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	deps.Store = nil
+	var owed atomic.Int64
+	deps.Owed = &owed
+	owed.Add(1) // as the engine's spawn does
+	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{"h0", "h1"}},
+		{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{1, 2}},
+		{Type: messages.EvTokens, Request: "r", Computed: 8, Total: 8}}})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if live := testutil.ToFloat64(deps.Metrics.RequestsLive); live != 0 || owed.Load() != 0 {
+			return fmt.Errorf("live %v, owed %d", live, owed.Load())
+		}
+		if _, alive := rig.system.ProcessRegistry.Get(pid); alive {
+			return fmt.Errorf("the restarted actor still runs")
+		}
+		return nil
+	})
 }
