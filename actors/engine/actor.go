@@ -296,7 +296,7 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 			if ev.Aborted {
 				reason = messages.ReasonAborted
 			}
-			a.deps.Metrics.Releases.WithLabelValues(reason).Inc()
+			a.deps.Metrics.Release(reason).Inc()
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
 			return false
 		default:
@@ -371,7 +371,7 @@ func (a *Actor) terminated(m *actor.Terminated) {
 	// The request actor failed (supervision stopped it). The engine is owed a
 	// release so it can reuse the blocks; the request's stores are abandoned.
 	a.deps.Metrics.RequestFailure.Inc()
-	a.deps.Metrics.Releases.WithLabelValues(messages.ReasonAborted).Inc()
+	a.deps.Metrics.Release(messages.ReasonAborted).Inc()
 	a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
 	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted, nil)
 }

@@ -13,13 +13,13 @@ import (
 type Metrics struct {
 	*metrics.Engines
 	*metrics.Events
-	Releases       *prometheus.CounterVec // metrics.Store: reason
-	RequestFailure prometheus.Counter     // metrics.Store
-	Unexpected     prometheus.Counter     // metrics.Actors, actor="engine"
+	Release        func(reason string) prometheus.Counter // metrics.Store.Release: resolved per reason
+	RequestFailure prometheus.Counter                     // metrics.Store
+	Unexpected     prometheus.Counter                     // metrics.Actors, actor="engine"
 }
 
 // NewMetrics picks an engine actor's collectors out of the node's sets.
 func NewMetrics(engines *metrics.Engines, events *metrics.Events, store *metrics.Store, act *metrics.Actors) Metrics {
-	return Metrics{Engines: engines, Events: events, Releases: store.Releases, RequestFailure: store.RequestFailure,
+	return Metrics{Engines: engines, Events: events, Release: store.Release, RequestFailure: store.RequestFailure,
 		Unexpected: act.Unexpected.WithLabelValues(actors.KindEngine)}
 }
