@@ -419,12 +419,7 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 	r := c.loadInto("rc", hs, 8, []int{1, 2})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, 2, r.RemoteChunks)
-	var fetched []string // each fetch completes on its own: one event or several
-	for len(fetched) < len(hs) {
-		ev := recvKV(t, c, messages.KVBlockStored, messages.MediumCPU)
-		require.Equal(t, "m", ev.Namespace)
-		fetched = append(fetched, ev.BlockHashes...)
-	}
+	fetched := recvKVHashes(t, c, messages.KVBlockStored, messages.MediumCPU, "m", len(hs)) // each fetch on its own
 	require.ElementsMatch(t, hs, fetched, "C's BlockStored for the fetched chunks")
 
 	require.NoError(t, kc.nodes[0].node.Close(context.Background()))

@@ -20,6 +20,22 @@ func withDisk(dir string) func(*node.Config) {
 	return func(c *node.Config) { c.DiskDir, c.DiskBytes = dir, 1<<20 }
 }
 
+// recvKVHashes gathers the hashes of te's next typ events on medium
+// (recvKV) until it has n: a batch of changes may come as one event or
+// several. Each event must name namespace ns ("": any).
+func recvKVHashes(t *testing.T, te *testEngine, typ, medium, ns string, n int) []string {
+	t.Helper()
+	var hs []string
+	for len(hs) < n {
+		ev := recvKV(t, te, typ, medium)
+		if ns != "" {
+			require.Equal(t, ns, ev.Namespace)
+		}
+		hs = append(hs, ev.BlockHashes...)
+	}
+	return hs
+}
+
 // recvKV waits for the next kv_events event of typ on medium, looking at
 // every event of each batch and keeping the others, in order, for later
 // calls: a host eviction and the disk write of the evicted chunk are
@@ -62,15 +78,9 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	te.send(added("b", 8), hashesEv("b", 0, hash("new", 0), hash("new", 1)), blocksEv("b", 0, 0, 3, 4),
 		tokensEv("b", 8, 8))
 	recv(t, te.stored, "new prefix stored (evicting old)")
-	var evicted []string
-	for len(evicted) < len(old) {
-		evicted = append(evicted, recvKV(t, te, messages.KVBlockRemoved, messages.MediumCPU).BlockHashes...)
-	}
+	evicted := recvKVHashes(t, te, messages.KVBlockRemoved, messages.MediumCPU, "", len(old))
 	require.ElementsMatch(t, old, evicted, "the old prefix left host memory")
-	var onDisk []string // the writer announces each chunk as it lands
-	for len(onDisk) < len(old) {
-		onDisk = append(onDisk, recvKV(t, te, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
-	}
+	onDisk := recvKVHashes(t, te, messages.KVBlockStored, messages.MediumDisk, "", len(old)) // each as it lands
 	require.ElementsMatch(t, old, onDisk, "the evicted chunks reached the disk")
 	require.Equal(t, 8, te.lookup(old), "lookup counts disk chunks")
 
@@ -165,10 +175,8 @@ func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 	ta.send(added("y", 8), hashesEv("y", 0, hash("other", 0), hash("other", 1)), blocksEv("y", 0, 0, 3, 4),
 		tokensEv("y", 8, 8))
 	recv(t, ta.stored, "ta's second prefix stored, the first evicted")
-	var onDisk []string
-	for len(onDisk) < 2 {
-		onDisk = append(onDisk, recvKV(t, ta, messages.KVBlockStored, messages.MediumDisk).BlockHashes...)
-	}
+	require.ElementsMatch(t, prefix, recvKVHashes(t, ta, messages.KVBlockStored, messages.MediumDisk, "", 2),
+		"ta's first prefix reached the disk")
 	require.Equal(t, 0, tb.lookup(prefix), "another namespace never sees ta's chunks")
 	require.NoError(t, e.node.Close(context.Background()))
 
