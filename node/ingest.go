@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -322,7 +323,7 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool)
 		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return false
 	}
-	batch, evErrs, err := ingest.DecodeBatchInto(engineID, m.Data, n.cfg.Limits, getEvents())
+	batch, evErrs, err := ingest.DecodeBatchInto(engineID, m.Data, n.cfg.Limits, eventSlices.Get())
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "batch rejected", "engine", engineID, "err", err)
 		return false
@@ -339,7 +340,7 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool)
 			tracing.AttrEvents.Int(len(batch.Events)))
 	}
 	span.End() // the batch span marks arrival; request spans hang below it
-	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: putEvents}
+	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: eventSlices.Put}
 	if c := in.lend(engineID, pid, size); c != nil {
 		msg.Done, lent = c.Return, true
 	}
@@ -347,32 +348,13 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool)
 	return lent
 }
 
-// eventSlices recycles decoded batches' event slices (engine.Batch.Recycle):
-// a batch's events are garbage once its requests applied them, and at tens
-// of thousands of batches a second they were a large share of what the
-// collector had to clear and scan.
-var eventSlices sync.Pool
-
-// eventsKeep is the largest slice kept for reuse (a rare huge batch's is
-// left to the collector).
-const eventsKeep = 1024
-
-// eventsMin is a new slice's capacity: most batches fit, so a recycled
-// slice rarely meets a batch it is too short for.
-const eventsMin = 64
-
-func getEvents() []messages.Event {
-	if p, ok := eventSlices.Get().(*[]messages.Event); ok {
-		return *p
-	}
-	return make([]messages.Event, 0, eventsMin)
-}
-
-func putEvents(evs []messages.Event) {
-	if cap(evs) > 0 && cap(evs) <= eventsKeep {
-		eventSlices.Put(&evs)
-	}
-}
+// eventSlices recycles decoded batches' event slices (engine.Batch.Recycle,
+// which hands them back cleared): a batch's events are garbage once its
+// requests applied them, and at tens of thousands of batches a second they
+// were a large share of what the collector had to clear and scan. A new
+// slice holds 64 events (most batches fit); a rare huge batch's (past 1,024)
+// is left to the collector.
+var eventSlices = slicepool.Pool[messages.Event]{New: 64, Keep: 1024}
 
 // stop ends intake: the caller has unsubscribed (and drained), so nothing
 // more arrives.

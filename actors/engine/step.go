@@ -1,10 +1,11 @@
 package engine
 
 import (
-	"sync"
+	"slices"
 	"sync/atomic"
 
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -60,21 +61,13 @@ func (h *heldEvents) release() {
 
 // eventMsgs recycles the steps' request messages along with their events
 // (heldEvents): the request actors hold them exactly as long.
-var eventMsgs sync.Pool
+var eventMsgs = slicepool.Pool[request.Events]{New: 16, Keep: 1024}
 
-func getEventMsgs(n int) []request.Events {
-	if p, ok := eventMsgs.Get().(*[]request.Events); ok && cap(*p) >= n {
-		return (*p)[:n]
-	}
-	return make([]request.Events, n, max(n, 16))
-}
+func getEventMsgs(n int) []request.Events { return slices.Grow(eventMsgs.Get(), n)[:n] }
 
 func putEventMsgs(msgs []request.Events) {
-	if cap(msgs) <= 1024 {
-		clear(msgs)
-		msgs = msgs[:0]
-		eventMsgs.Put(&msgs)
-	}
+	clear(msgs) // nothing kept alive through the pool
+	eventMsgs.Put(msgs)
 }
 
 // clearEvents drops what events point to (ids, hashes, request ids) and

@@ -1,0 +1,37 @@
+package slicepool
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Get gives empty slices of at least New capacity; Put keeps only slices
+// within Keep (a huge one is not handed out again) and never empties them
+// of their contents (the caller's job), only of their length.
+func TestGetPutKeep(t *testing.T) {
+	p := Pool[int]{New: 4, Keep: 8}
+	s := p.Get()
+	require.Empty(t, s)
+	require.GreaterOrEqual(t, cap(s), 4)
+	for range 50 { // sync.Pool may drop what it holds (a quarter of Puts under -race)
+		s = append(p.Get(), 1, 2, 3)
+		p.Put(s)
+		if got := p.Get(); cap(got) == cap(s) && &got[:1][0] == &s[0] {
+			require.Empty(t, got, "handed out empty")
+			require.Equal(t, 1, got[:1][0], "contents left as they were")
+			return
+		}
+	}
+	t.Skip("the pool dropped every slice (GC ran between Put and Get)")
+}
+
+func TestPutIgnoresTooLargeAndEmpty(t *testing.T) {
+	p := Pool[int]{New: 2, Keep: 8}
+	big := make([]int, 0, 64)
+	p.Put(big)
+	p.Put(nil)
+	for range 4 {
+		require.LessOrEqual(t, cap(p.Get()), 8, "a slice past Keep is never handed out")
+	}
+}
