@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"slices"
 	"sync"
 	"time"
 
@@ -275,23 +276,15 @@ func (sc *copyScratch) reserved(dir backend.Direction, chunks []sched.JobChunk) 
 		}
 	}
 	loc := &sc.loc
-	loc.Ext, loc.Ends = loc.Ext[:0], resize(loc.Ends, len(chunks))
-	loc.Sums, loc.Slots, loc.States = resize(loc.Sums, len(chunks)), resize(loc.Slots, len(chunks)), nil
+	n := len(chunks) // each slice reused when big enough; every element is written below
+	loc.Ext, loc.Ends = loc.Ext[:0], slices.Grow(loc.Ends[:0], n)[:n]
+	loc.Sums, loc.Slots, loc.States = slices.Grow(loc.Sums[:0], n)[:n], slices.Grow(loc.Slots[:0], n)[:n], nil
 	for i := range chunks {
 		loc.Ext = append(loc.Ext, chunks[i].Room...)
 		loc.Ends[i] = len(loc.Ext)
 		loc.Slots[i] = chunks[i].Slot
 	}
 	return *loc, true
-}
-
-// resize is s with length n, reusing its array when it is big enough (the
-// contents are the caller's to overwrite).
-func resize[T any](s []T, n int) []T {
-	if cap(s) < n {
-		return make([]T, n)
-	}
-	return s[:n]
 }
 
 // fetch reads the load's chunks that are pending (given room by PrepareLoad
