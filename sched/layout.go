@@ -213,7 +213,7 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 }
 
 // The pool key's encoding lives here and only here: AppendKey builds it,
-// SplitKey, WireKey and KeyHashHex take it apart.
+// SplitKey and WireKey take it apart.
 //
 // NamespaceID is a node's small number for a namespace (PROTOCOL.md
 // "Isolation"): the node interns each namespace name once and every pool key
@@ -268,13 +268,4 @@ func WireKey(k messages.Key) messages.Key {
 		return k
 	}
 	return k[keyNSBytes:]
-}
-
-// KeyHashHex is the hex of a wire key's block hash, given the wire key's
-// hex (the hash is its prefix, so a chunk needs only one hex encoding).
-func KeyHashHex(keyHex string) string {
-	if len(keyHex) < 2*keyGroupBytes {
-		return keyHex
-	}
-	return keyHex[:len(keyHex)-2*keyGroupBytes]
 }
