@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -130,11 +129,7 @@ func (o *outcome) observe(nc *nats.Conn, prefix string) error {
 }
 
 func runExternal(ctx context.Context, cfg Config) (*External, error) {
-	tag := make([]byte, 4)
-	for i := range tag {
-		tag[i] = byte(rand.Uint32())
-	}
-	prefix := fmt.Sprintf("kvbenchx_%x", tag)
+	prefix := randomPrefix("kvbenchx_")
 	c, err := startChild(ctx, cfg, prefix)
 	if err != nil {
 		return nil, err

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -116,7 +115,7 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 	if cfg.ExternalBurstBudget > 0 {
 		extra = append(extra, "--max-pending-bytes", strconv.FormatInt(cfg.ExternalBurstBudget, 10))
 	}
-	prefix := fmt.Sprintf("kvbenchb_%08x", rand.Uint32())
+	prefix := randomPrefix("kvbenchb_")
 	c, err := startChild(ctx, cfg, prefix, extra...)
 	if err != nil {
 		return nil, err

@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -53,14 +52,15 @@ func startEventRig(ctx context.Context, cfg Config, ids []string) (*rig, []*nats
 	return r, conns, nil
 }
 
+// randomPrefix is a subject prefix of its own for one run (kind names the
+// run: kvbench_, kvbenchx_, kvbenchb_), so a shared NATS server's other
+// traffic, or an earlier run's, is not involved.
+func randomPrefix(kind string) string { return fmt.Sprintf("%s%08x", kind, rand.Uint32()) }
+
 // startRig starts a node with a pool of poolBytes under a prefix of its own,
 // so a shared --nats server's other traffic is not involved.
 func startRig(ctx context.Context, cfg Config, poolBytes int64) (*rig, error) {
-	tag := make([]byte, 4)
-	for i := range tag {
-		tag[i] = byte(rand.Uint32())
-	}
-	r := &rig{cfg: cfg, reg: prometheus.NewRegistry(), prefix: "kvbench_" + hex.EncodeToString(tag)}
+	r := &rig{cfg: cfg, reg: prometheus.NewRegistry(), prefix: randomPrefix("kvbench_")}
 	n, err := node.Start(ctx, node.Config{NATSURL: cfg.NATSURL, NATSPort: -1, HTTPAddr: node.HTTPOff,
 		ShmDir: cfg.ShmDir, Prefix: r.prefix, PoolBytes: poolBytes,
 		Registry: r.reg, Log: cfg.Log})
