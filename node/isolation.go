@@ -26,8 +26,8 @@ var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
 // the same bytes to every engine that loads them. Ids are never reused
 // within a boot, so a key can never change namespace.
 type namespaces struct {
-	// mu guards the table against namespaceOf, which runs in engine steps
-	// (on decode workers) and must not wait for n.mu, held by a register
+	// mu guards the table against kvTarget, which runs on the kv_events
+	// journal's goroutine and must not wait for n.mu, held by a register
 	// across its device attach. Writers hold n.mu as well, so other readers
 	// under n.mu need not take it.
 	mu     sync.RWMutex
@@ -96,18 +96,6 @@ func (t *namespaces) leave(engine string) {
 	t.mu.Lock()
 	delete(t.member, engine)
 	t.mu.Unlock()
-}
-
-// namespaceOf names namespace id and the engine whose kv_events announce
-// its evictions ("" for an id never given out).
-func (n *Node) namespaceOf(id sched.NamespaceID) (name, engine string) {
-	n.nss.mu.RLock()
-	defer n.nss.mu.RUnlock()
-	if id == 0 || int(id) > len(n.nss.byID) {
-		return "", ""
-	}
-	ns := n.nss.byID[id-1]
-	return ns.name, ns.engine
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil
