@@ -108,6 +108,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopping, *actor.Restarting:
 	case *actor.Stopped:
 		a.deps.Metrics.EnginesLive.Dec()
+		if t := a.deps.Request.Timers; t != nil {
+			t.Stop() // its requests, children, have stopped already
+		}
 		if a.deps.Closed != nil {
 			close(a.deps.Closed)
 		}

@@ -22,7 +22,7 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 	// The pool is nil: the first store decision of a request dereferences
 	// it and panics, which stands in for any bug on bad state.
 	closed := make(chan struct{})
-	system, pid, m := startEngine(t, nc, closed, nil)
+	system, pid, m, timers := startEngine(t, nc, closed, nil)
 
 	ev := func(e messages.Event) messages.Event { return e }
 	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,
@@ -61,4 +61,6 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("retired engine did not stop")
 	}
+	timers.Send(time.Hour, pid, &engine.Tick{})
+	require.Zero(t, timers.Pending(), "the stopped engine stopped its requests' timers")
 }

@@ -27,8 +27,9 @@ func errString(s string) error { return errors.New(s) }
 
 // startEngine spawns engine "e1" (one full group, 4 tokens per block and
 // per hash, one block per chunk) publishing on nc, its requests deciding
-// against store (nil: their first store decision dereferences a nil pool).
-func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store request.Store) (*actor.ActorSystem, *actor.PID, *metrics.Metrics) {
+// against store (nil: their first store decision dereferences a nil pool),
+// their retries delivered by timers (the engine stops it when it stops).
+func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store request.Store) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
@@ -40,11 +41,12 @@ func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store reques
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
+	timers := actors.NewTimers(system.Root)
 	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
 		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
 		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed,
 		Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox, Store: store,
 			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
-			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log}}))
-	return system, pid, m
+			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log, Timers: timers}}))
+	return system, pid, m, timers
 }

@@ -30,7 +30,7 @@ import (
 // busy one is TestBatchEventsWaitForABusyRequestActor's.
 func TestBatchEventsRecycledOnceAfterTheRequestsApplied(t *testing.T) {
 	_, nc := testkit.NATS(t)
-	system, pid, _ := startEngine(t, nc, make(chan struct{}), nil)
+	system, pid, _, _ := startEngine(t, nc, make(chan struct{}), nil)
 
 	rc := &recycler{t: t}
 	send := func(seq uint64, evs ...messages.Event) { rc.send(system, pid, seq, evs...) }
@@ -124,7 +124,7 @@ func (g *gatedStore) Abort(backend.Direction, []sched.JobChunk)      {}
 func TestBatchEventsWaitForABusyRequestActor(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	store := &gatedStore{blocked: make(chan struct{}), gate: make(chan struct{})}
-	system, pid, _ := startEngine(t, nc, make(chan struct{}), store)
+	system, pid, _, _ := startEngine(t, nc, make(chan struct{}), store)
 	rc := &recycler{t: t}
 	rc.send(system, pid, 1, added("r1"), added("r2"))
 	// r1 has a ready chunk and no room: its decision fails (first call) and

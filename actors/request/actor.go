@@ -56,6 +56,9 @@ type Deps struct {
 	// before spawning it (so none is missed while its actor starts); the
 	// actor takes it off with its final release.
 	Owed *atomic.Int64
+	// Timers delivers the requests' RetryDue (one goroutine per engine,
+	// not one per pending retry); the engine actor stops it.
+	Timers *actors.Timers
 }
 
 // Actor is one request's actor. All fields are touched only from Receive.
@@ -403,6 +406,5 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
 		return
 	}
 	a.retryArmed = true
-	root, self := c.ActorSystem().Root, c.Self()
-	time.AfterFunc(r.Backoff, func() { root.Send(self, &RetryDue{}) })
+	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{})
 }

@@ -14,6 +14,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
@@ -103,7 +104,8 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 	sink := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sinkActor{} }))
 	deps := request.Deps{Engine: "e", Layout: lay, Store: benchStore{hostpool.NewShared(1<<22*lay.MaxChunkBytes(), 0)},
 		Transfer: sink, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)), Tracer: tp.Tracer("bench"),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timers: actors.NewTimers(system.Root)}
+	defer deps.Timers.Stop()
 	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 1, MaxOffloadTokens: -1}, context.Background())
 	stream := decodeStream(b.N)

@@ -74,7 +74,8 @@ func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
 		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
-		Tracer: noop.NewTracerProvider().Tracer(""), Log: log}
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Timers: actors.NewTimers(system.Root)}
+	t.Cleanup(deps.Timers.Stop)
 	return heldRig{system: system, deps: deps, seen: seen}
 }
 

@@ -1,0 +1,132 @@
+package actors
+
+import (
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/quick"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+)
+
+// Whatever order messages are sent in, they come out by due time, and in
+// the order sent when due at the same time.
+func TestTimersFallDueInOrder(t *testing.T) {
+	base := time.Now().Add(-time.Hour) // all due already
+	check := func(offsets []uint8) bool {
+		tm := &Timers{wake: make(chan struct{}, 1)} // no goroutine: next is driven here
+		for i, o := range offsets {
+			tm.sendAt(base.Add(time.Duration(o%8)*time.Millisecond), nil, i)
+		}
+		var got []int
+		for {
+			e, wait, ok := tm.next()
+			if !ok || wait > 0 {
+				break
+			}
+			got = append(got, e.msg.(int))
+		}
+		want := make([]int, len(offsets))
+		for i := range want {
+			want[i] = i
+		}
+		slices.SortStableFunc(want, func(a, b int) int { return int(offsets[a]%8) - int(offsets[b]%8) })
+		return slices.Equal(got, want)
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 500}))
+}
+
+// The earliest pending message sets the wait; none pending waits long.
+func TestTimersWaitForTheEarliest(t *testing.T) {
+	tm := &Timers{wake: make(chan struct{}, 1)}
+	_, wait, ok := tm.next()
+	require.True(t, ok)
+	require.Equal(t, time.Hour, wait)
+	tm.Send(time.Minute, nil, "late")
+	tm.Send(time.Second, nil, "early")
+	_, wait, _ = tm.next()
+	require.Greater(t, wait, time.Duration(0))
+	require.LessOrEqual(t, wait, time.Second)
+	require.Equal(t, 2, tm.Pending())
+}
+
+// The point of Timers: deliveries that block (request actors run inline on
+// the sender and may wait for a shared lock) hold one goroutine, not one
+// each, and every message still arrives once the block clears.
+func TestTimersDeliverFromOneGoroutine(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	tm := NewTimers(system.Root)
+	t.Cleanup(tm.Stop)
+
+	gate := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	var delivered atomic.Int32
+	props := actor.PropsFromFunc(func(c actor.Context) {
+		if _, ok := c.Message().(string); !ok {
+			return
+		}
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-gate // like a release lock held elsewhere
+		delivered.Add(1)
+	}, actor.WithMailbox(InlineMailbox))
+
+	const n = 500
+	pids := make([]*actor.PID, n)
+	for i := range pids {
+		pids[i] = system.Root.Spawn(props)
+	}
+	before := runtime.NumGoroutine()
+	for _, pid := range pids {
+		tm.Send(0, pid, "retry")
+	}
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no delivery within 10s")
+	}
+	// The first delivery blocks; the other n-1 are due but wait their turn.
+	require.Equal(t, n-1, tm.Pending())
+	require.LessOrEqual(t, runtime.NumGoroutine(), before+2, "no goroutine per blocked delivery")
+
+	close(gate)
+	deadline := time.Now().Add(10 * time.Second)
+	for delivered.Load() < n {
+		require.True(t, time.Now().Before(deadline), "delivered %d of %d", delivered.Load(), n)
+		runtime.Gosched()
+	}
+	require.Zero(t, tm.Pending())
+}
+
+// Stop drops what is pending and ends the goroutine; later Sends and a
+// second Stop are harmless.
+func TestTimersStopDropsPending(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	got := make(chan any, 1)
+	pid := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if s, ok := c.Message().(string); ok {
+			got <- s
+		}
+	}))
+	tm := NewTimers(system.Root)
+	tm.Send(time.Hour, pid, "never")
+	require.Equal(t, 1, tm.Pending())
+	tm.Stop()
+	require.Zero(t, tm.Pending())
+	tm.Send(0, pid, "after stop")
+	require.Zero(t, tm.Pending())
+	tm.Stop()
+	select {
+	case <-tm.done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the delivering goroutine is still running")
+	}
+	require.Empty(t, got)
+}
