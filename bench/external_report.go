@@ -72,19 +72,32 @@ func (e *External) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken by an ingest worker → copy start (bucket-interpolated)\n")
 }
 
-// GoalBurstRSSHeadroom is issue 14's memory bound for a burst: the pool plus
-// the child's peak RssAnon (what it allocates; sampled every 5 ms, so a
-// spike shorter than that is missed) at most the pool plus this. VmHWM is
-// reported beside it: it also counts the engines' segment pages the node
-// copied from and the binary's text.
-const GoalBurstRSSHeadroom = 256 << 20
+// GoalBurstRSSHeadroom is issue 14's memory bound for a burst of
+// GoalBurstRequests: the pool plus the child's peak RssAnon (what it
+// allocates; sampled every 5 ms, so a spike shorter than that is missed)
+// at most the pool plus this. VmHWM is reported beside it: it also counts
+// the engines' segment pages the node copied from and the binary's text.
+// A larger burst also holds more live requests at once, and each may cost
+// the issue's heap goal per live request (GoalHeapPerLiveRequest): the
+// bound grows by that much per request past GoalBurstRequests.
+const (
+	GoalBurstRSSHeadroom   = 256 << 20
+	GoalBurstRequests      = 40_000
+	GoalHeapPerLiveRequest = 1536
+)
+
+// burstMemoryLimit is the memory goal of a burst of requests into pool
+// bytes of host pool.
+func burstMemoryLimit(pool int64, requests int) int64 {
+	return pool + GoalBurstRSSHeadroom + GoalHeapPerLiveRequest*int64(max(0, requests-GoalBurstRequests))
+}
 
 func (r *Report) burstGoals() {
 	b := r.Burst
 	if b == nil {
 		return
 	}
-	limit := b.PoolBytes + GoalBurstRSSHeadroom
+	limit := burstMemoryLimit(b.PoolBytes, b.Requests)
 	own := b.PoolBytes + b.NodePeakAnonBytes
 	r.Goals = append(r.Goals,
 		Goal{Name: "external burst: node memory (pool + peak anon)", Target: fmt.Sprintf("<= %d MiB", limit>>20),

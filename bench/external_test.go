@@ -24,8 +24,8 @@ func TestParseStatCPU(t *testing.T) {
 // its VmHWM (which also counts the engines' segment pages it copied from):
 // a small anon peak passes whatever the high-water mark, a large one fails.
 func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
-	goal := func(anon, hwm int64) Goal {
-		r := Report{Burst: &ExternalBurst{Requests: 10, Released: 10, PoolBytes: 16 << 20,
+	goalOf := func(requests int, anon, hwm int64) Goal {
+		r := Report{Burst: &ExternalBurst{Requests: requests, Released: requests, PoolBytes: 16 << 20,
 			NodePeakAnonBytes: anon, NodeMaxRSSBytes: hwm}}
 		r.goals()
 		for _, g := range r.Goals {
@@ -36,9 +36,17 @@ func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
 		t.Fatalf("no memory goal in %+v", r.Goals)
 		return Goal{}
 	}
+	goal := func(anon, hwm int64) Goal { return goalOf(10, anon, hwm) }
 	g := goal(100<<20, 2<<30)
 	require.True(t, g.Pass, "100 MiB anon passes, a 2 GiB VmHWM notwithstanding")
 	require.InDelta(t, 116.0, g.Value, 1e-9, "pool + anon, in MiB")
 	require.False(t, goal(257<<20, 0).Pass, "past pool + 256 MiB fails")
 	require.False(t, goal(0, 0).Pass, "no sample is not a pass")
+	require.Equal(t, "<= 272 MiB", goalOf(GoalBurstRequests, 1, 0).Target, "issue 14's 40k burst: pool + 256 MiB")
+
+	// Past 40k requests the bound grows by the heap goal per live request:
+	// 100k into a 16 MiB pool may use 16 + 256 + 60,000 × 1.5 KB ≈ 359.9 MiB.
+	require.True(t, goalOf(100_000, 300<<20, 0).Pass)
+	require.False(t, goalOf(100_000, 344<<20, 0).Pass, "16 + 344 MiB is past 359.9")
+	require.Equal(t, "<= 359 MiB", goalOf(100_000, 1, 0).Target)
 }
