@@ -1,12 +1,12 @@
 package transfer
 
 import (
-	"github.com/kvactors/kvactors/metrics"
 	"sync"
 
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
 
