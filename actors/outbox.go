@@ -38,11 +38,9 @@ type Outbox struct {
 
 // KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
 // the Kvactors-Node and Kvactors-Boot headers, so other nodes know whose
-// pool a batch describes. Observe, if set, sees every stamped batch (the
-// node keeps its key set for catch-ups with it).
+// pool a batch describes.
 type KVStamp struct {
 	Node, Boot string
-	Observe    func(engine string, events []messages.KVEvent)
 }
 
 // SetKVStamp stamps every later kv_events batch; call it before anything is
@@ -123,19 +121,11 @@ func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) 
 	putBody(b, data)
 }
 
-// KVEvents publishes one P.E.kv_events batch (nothing when events is empty).
-func (o *Outbox) KVEvents(ctx context.Context, engine string, events []messages.KVEvent) {
-	if len(events) == 0 {
-		return
-	}
-	ts := float64(o.now().UnixNano()) / 1e9
-	if o.stamp != nil && o.stamp.Observe != nil {
-		o.stamp.Observe(engine, events)
-	}
-	b := getBody()
-	data := wire.AppendKVEvents(*b, &messages.KVEventBatch{TS: ts, Events: events})
-	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
-	putBody(b, data)
+// KVEventsBody publishes one P.E.kv_events body, encoded by the caller
+// (the node's journal writes it in place; wire.AppendKVBatchOpen and the
+// rest).
+func (o *Outbox) KVEventsBody(ctx context.Context, engine string, body []byte) {
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), body, o.kvHeader())
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":

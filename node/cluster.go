@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"encoding/binary"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -70,7 +69,8 @@ func (n *Node) startCluster() error {
 	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
 	}
-	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot, Observe: c.keys.observe})
+	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot})
+	n.kv.observe = c.keys.observe // the journal starts after this
 	log := n.log.With("part", "cluster")
 	if c.feed, err = cluster.StartFeed(n.nc, cfg, log, c.metrics); err != nil {
 		return err
@@ -327,30 +327,21 @@ type heldKeys struct {
 	m  map[holders.NSKey]bool
 }
 
-func (h *heldKeys) observe(_ string, events []messages.KVEvent) {
+// observe is the journal's observer: keys (pool keys) of namespace ns
+// were announced as typ in medium.
+func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
+	if medium != messages.MediumCPU {
+		return // the disk tier's: fetches are served from host memory only
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	for _, ev := range events {
-		if ev.Medium != "" && ev.Medium != messages.MediumCPU {
-			continue // the disk tier's: fetches are served from host memory only
-		}
-		var buf [64]byte // the default longest hash, decoded without an allocation
-		for _, hx := range ev.BlockHashes {
-			raw := buf[:0]
-			if len(hx) > 2*len(buf) {
-				raw = make([]byte, 0, len(hx)/2) // a node configured for longer hashes
-			}
-			raw, err := hex.AppendDecode(raw, []byte(hx))
-			if err != nil {
-				continue // our own encoding: cannot happen
-			}
-			k := holders.NSKey{NS: ev.Namespace, Key: holders.KeyOf(raw, ev.GroupIdx)}
-			switch ev.Type {
-			case messages.KVBlockStored:
-				h.m[k] = true
-			case messages.KVBlockRemoved:
-				delete(h.m, k)
-			}
+	for _, k := range keys {
+		nk := holders.NSKey{NS: ns, Key: sched.WireKey(k)} // hash and group, as holders.KeyOf makes it
+		switch typ {
+		case messages.KVBlockStored:
+			h.m[nk] = true
+		case messages.KVBlockRemoved:
+			delete(h.m, nk)
 		}
 	}
 }

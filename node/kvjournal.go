@@ -2,11 +2,14 @@ package node
 
 import (
 	"context"
+	"iter"
+	"slices"
 	"sync"
+	"time"
 
-	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/wire"
 )
 
 // kvJournal publishes kv_events in the order the host pool and the disk
@@ -36,13 +39,16 @@ type kvJournal struct {
 	wake    chan struct{}
 	done    chan struct{}
 	started bool
-	ke      actors.KeyEvents // run's scratch
-	// emit publishes one kv_events message for engine (the events are
-	// reused once it returns).
-	emit func(engine string, events []messages.KVEvent)
+	// emit publishes one kv_events body for engine (the body is reused
+	// once it returns).
+	emit func(engine string, body []byte)
 	// target says on which engine's kv_events keys of namespace ns are
 	// announced, naming ns (see Node.kvTarget).
 	target func(engineID string, ns sched.NamespaceID) (name, engine string)
+	// observe, when set, sees every announced run of keys (the cluster's
+	// key set); set it before start.
+	observe func(typ, medium, namespace string, keys []messages.Key)
+	split   keySplit // run's scratch
 }
 
 // kvRecord is one change: keys[lo:hi] of its drain became loadable (typ
@@ -61,7 +67,7 @@ const kvSpareKeys = 1 << 16
 // server may keep, so a message is never refused whole for its size.
 const kvMessageBytes = 512 << 10
 
-func newKVJournal(emit func(string, []messages.KVEvent),
+func newKVJournal(emit func(string, []byte),
 	target func(string, sched.NamespaceID) (string, string)) *kvJournal {
 	return &kvJournal{wake: make(chan struct{}, 1), done: make(chan struct{}), emit: emit, target: target}
 }
@@ -157,70 +163,165 @@ func (j *kvJournal) run() {
 // publish turns one record into events on the engines of its keys'
 // namespaces, appending to msg while the target engine stays the same.
 func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
-	j.ke.Group(keys, r.typ, r.medium, func(ns sched.NamespaceID, events []messages.KVEvent) {
-		name, engine := j.target(r.engine, ns)
+	for run := range j.split.runs(keys) {
+		name, engine := j.target(r.engine, run.ns)
 		if engine == "" {
-			return // no engine of that namespace is registered: no one to tell
+			continue // no engine of that namespace is registered: no one to tell
 		}
-		for i := range events {
-			events[i].Namespace = name
+		if j.observe != nil {
+			j.observe(r.typ, r.medium, name, run.keys)
 		}
-		msg.add(engine, events, j.emit)
-	})
+		msg.add(engine, r.typ, run.group, r.medium, name, run.keys, j.emit)
+	}
 }
 
-// kvMessage is the message being gathered: one engine's events in order,
-// and about how many bytes they encode to.
+// kvMessage is the message being written: one engine's kv_events body,
+// built in place (each hash hex-encoded from the pool key straight into
+// it) and cut before it would pass kvMessageBytes.
 type kvMessage struct {
 	engine string
-	events []messages.KVEvent
-	bytes  int
+	body   []byte // the batch opened, events so far; empty: none
+	tail   []byte // the current event's closing, known before its hashes
 }
 
-// kvEventBytes is an upper bound of one event's JSON without its hashes
-// (keys, type, medium, group, namespace, punctuation), and kvHashBytes of
-// one hash's (quotes and comma).
-func kvEventBytes(ev *messages.KVEvent) int {
-	return 96 + len(ev.Type) + len(ev.Medium) + len(ev.Namespace)
-}
-
-func kvHashBytes(h string) int { return len(h) + 3 }
-
-// add appends events for engine, flushing first when the engine changes
-// and cutting an event's hashes wherever the message would pass
-// kvMessageBytes (a long-context job stores thousands of chunks at once).
-func (m *kvMessage) add(engine string, events []messages.KVEvent, emit func(string, []messages.KVEvent)) {
+// add appends one event of keys (one namespace, one group) for engine,
+// flushing first when the engine changes, and cutting the event across
+// messages wherever the body would pass kvMessageBytes (a long-context
+// job stores thousands of chunks at once).
+func (m *kvMessage) add(engine, typ string, group int, medium, namespace string, keys []messages.Key,
+	emit func(string, []byte)) {
 	if engine != m.engine {
 		m.flush(emit)
 		m.engine = engine
 	}
-	for i := range events {
-		hashes := events[i].BlockHashes
-		for len(hashes) > 0 {
-			head := kvEventBytes(&events[i])
-			if len(m.events) > 0 && m.bytes+head+kvHashBytes(hashes[0]) > kvMessageBytes {
-				m.flush(emit)
+	m.tail = wire.AppendKVEventClose(m.tail[:0], group, medium, namespace)
+	headBytes := len(`,{"type":"","block_hashes":[`) + len(typ)
+	for len(keys) > 0 {
+		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(keys[0])+len(m.tail)+2 > kvMessageBytes {
+			m.flush(emit)
+		}
+		if len(m.body) == 0 {
+			m.body = wire.AppendKVBatchOpen(m.body, float64(time.Now().UnixNano())/1e9)
+		} else {
+			m.body = append(m.body, ',')
+		}
+		m.body = wire.AppendKVEventOpen(m.body, typ)
+		n := 0
+		for ; n < len(keys); n++ {
+			if n > 0 {
+				if len(m.body)+hexBytes(keys[n])+len(m.tail)+2 > kvMessageBytes {
+					break
+				}
+				m.body = append(m.body, ',')
 			}
-			n, size := 0, m.bytes+head
-			for n < len(hashes) && (n == 0 || size+kvHashBytes(hashes[n]) <= kvMessageBytes) {
-				size += kvHashBytes(hashes[n])
-				n++
-			}
-			part := events[i]
-			part.BlockHashes = hashes[:n:n]
-			m.events = append(m.events, part)
-			m.bytes = size
-			hashes = hashes[n:]
+			_, h, _ := sched.SplitKey(keys[n])
+			m.body = wire.AppendHexString(m.body, string(h))
+		}
+		m.body = append(m.body, m.tail...)
+		if keys = keys[n:]; len(keys) > 0 {
+			m.flush(emit)
 		}
 	}
 }
 
-func (m *kvMessage) flush(emit func(string, []messages.KVEvent)) {
-	if len(m.events) > 0 {
-		emit(m.engine, m.events)
+// hexBytes is what a key's hash adds to a body: its hex, quotes and comma.
+func hexBytes(k messages.Key) int {
+	_, h, _ := sched.SplitKey(k)
+	return 2*len(h) + 3
+}
+
+func (m *kvMessage) flush(emit func(string, []byte)) {
+	if len(m.body) > 0 {
+		emit(m.engine, wire.AppendKVBatchClose(m.body))
 	}
-	clear(m.events)
-	m.events, m.bytes = m.events[:0], 0
+	m.body = m.body[:0]
+	if cap(m.body) > 2*kvMessageBytes {
+		m.body = nil
+	}
+}
+
+// keySplit groups a record's keys into runs of one (namespace, group),
+// namespaces in first-seen order and each namespace's groups in
+// first-seen order, so a record spanning namespaces (an eviction) makes
+// one run of events per namespace. Its scratch is reused: not safe for
+// concurrent use.
+type keySplit struct {
+	sets        []keySet
+	slot        []int
+	order, next []int
+	sorted      []messages.Key
+}
+
+// keySet is one run: its namespace, group, key count, and the namespace's
+// first-seen rank.
+type keySet struct {
+	ns    sched.NamespaceID
+	group int
+	count int
+	rank  int
+}
+
+// keyRun is one (namespace, group) of a record's keys.
+type keyRun struct {
+	ns    sched.NamespaceID
+	group int
+	keys  []messages.Key
+}
+
+// runs yields keys' runs; each run's keys are the split's until the next
+// call.
+func (s *keySplit) runs(keys []messages.Key) iter.Seq[keyRun] {
+	return func(yield func(keyRun) bool) {
+		// A counting sort by (namespace, group): a record rarely spans more
+		// than two groups, so the sets are searched linearly.
+		sets, slot, ranks := s.sets[:0], s.slot[:0], 0
+		for _, k := range keys {
+			ns, _, g := sched.SplitKey(k)
+			i, rank := 0, -1
+			for ; i < len(sets) && (sets[i].ns != ns || sets[i].group != g); i++ {
+				if sets[i].ns == ns {
+					rank = sets[i].rank
+				}
+			}
+			if i == len(sets) {
+				if rank < 0 {
+					rank, ranks = ranks, ranks+1
+				}
+				sets = append(sets, keySet{ns: ns, group: g, rank: rank})
+			}
+			sets[i].count++
+			slot = append(slot, i)
+		}
+		order := s.order[:0] // sets by namespace rank, then first seen
+		for r := range ranks {
+			for i := range sets {
+				if sets[i].rank == r {
+					order = append(order, i)
+				}
+			}
+		}
+		next := slices.Grow(s.next[:0], len(sets))[:len(sets)] // each set's next position in sorted
+		pos := 0
+		for _, i := range order {
+			next[i] = pos
+			pos += sets[i].count
+		}
+		sorted := slices.Grow(s.sorted[:0], len(keys))[:len(keys)]
+		for i, k := range keys {
+			sorted[next[slot[i]]] = k
+			next[slot[i]]++
+		}
+		s.sets, s.slot, s.order, s.next, s.sorted = sets, slot, order, next, sorted
+		defer clear(sorted) // the pool's strings: not ours to keep alive
+		pos = 0
+		for _, i := range order {
+			run := keyRun{ns: sets[i].ns, group: sets[i].group, keys: sorted[pos : pos+sets[i].count : pos+sets[i].count]}
+			pos += sets[i].count
+			if !yield(run) {
+				return
+			}
+		}
+	}
 }
 
 // kvTarget is where keys of namespace ns that engineID's operation
@@ -245,6 +346,6 @@ func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine str
 }
 
 // publishKV is the journal's emit: one kv_events message.
-func (n *Node) publishKV(engine string, events []messages.KVEvent) {
-	n.outbox.KVEvents(context.Background(), engine, events)
+func (n *Node) publishKV(engine string, body []byte) {
+	n.outbox.KVEventsBody(context.Background(), engine, body)
 }

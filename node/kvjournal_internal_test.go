@@ -1,17 +1,32 @@
 package node
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"testing/quick"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/wire"
 )
+
+// decodeKV decodes a kv_events body as a router would, failing the test on
+// anything but valid JSON of that shape.
+func decodeKV(t *testing.T, body []byte) []messages.KVEvent {
+	t.Helper()
+	var b messages.KVEventBatch
+	d := json.NewDecoder(bytes.NewReader(body))
+	d.DisallowUnknownFields()
+	require.NoError(t, d.Decode(&b), "%s", body)
+	require.Positive(t, b.TS)
+	return b.Events
+}
 
 // The journal publishes records in the order they were added: consecutive
 // records for one engine share a message (up to about kvMessageBytes), a
@@ -25,15 +40,10 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	}
 	var mu sync.Mutex
 	var got []msg
-	emit := func(engine string, events []messages.KVEvent) {
+	emit := func(engine string, body []byte) {
 		mu.Lock()
 		defer mu.Unlock()
-		kept := make([]messages.KVEvent, len(events))
-		for i, e := range events { // hashes are the journal's until emit returns
-			e.BlockHashes = append([]string(nil), e.BlockHashes...)
-			kept[i] = e
-		}
-		got = append(got, msg{engine, kept})
+		got = append(got, msg{engine, decodeKV(t, body)})
 	}
 	// Namespace 1 is "m" with engines ea (the default) and eb; 2 has none.
 	target := func(engineID string, ns sched.NamespaceID) (string, string) {
@@ -96,13 +106,11 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var sizes []int
 			var order []string
-			emit := func(_ string, events []messages.KVEvent) {
-				for _, e := range events {
-					for _, h := range e.BlockHashes {
-						order = append(order, strings.Clone(h))
-					}
+			emit := func(_ string, body []byte) {
+				for _, e := range decodeKV(t, body) {
+					order = append(order, e.BlockHashes...)
 				}
-				sizes = append(sizes, len(wire.AppendKVEvents(nil, &messages.KVEventBatch{TS: 1e9, Events: events})))
+				sizes = append(sizes, len(body))
 			}
 			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return ns, "ea" })
 			var want []string
@@ -120,8 +128,84 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 			require.Equal(t, want, order, "every hash once, in order")
 			require.Greater(t, len(sizes), 2, "cut into several messages")
 			for i, n := range sizes {
-				require.LessOrEqual(t, n, kvMessageBytes+256, "message %d: %d bytes", i, n)
+				require.LessOrEqual(t, n, kvMessageBytes, "message %d: %d bytes", i, n)
 			}
 		})
 	}
+}
+
+// Keys of two namespaces and two groups, interleaved: one run per
+// (namespace, group), a namespace's runs together, namespaces and each
+// one's groups in first-seen order, every key once. The scratch is reused:
+// a second call gives the same answer.
+func TestKeySplitGroupsByNamespaceThenGroup(t *testing.T) {
+	key := func(ns sched.NamespaceID, h string, g int) messages.Key {
+		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), g))
+	}
+	keys := []messages.Key{key(7, "a", 0), key(9, "x", 1), key(7, "b", 1), key(7, "c", 0), key(9, "y", 1)}
+	var s keySplit
+	for range 2 {
+		var got []keyRun
+		for run := range s.runs(keys) {
+			run.keys = slices.Clone(run.keys)
+			got = append(got, run)
+		}
+		require.Equal(t, []keyRun{
+			{ns: 7, group: 0, keys: []messages.Key{keys[0], keys[3]}},
+			{ns: 7, group: 1, keys: []messages.Key{keys[2]}},
+			{ns: 9, group: 1, keys: []messages.Key{keys[1], keys[4]}},
+		}, got)
+	}
+	for range s.runs(nil) {
+		t.Fatal("no keys: no run")
+	}
+}
+
+// For any keys: the runs hold each key once, each run one (namespace,
+// group) with its keys in their original order, no (namespace, group)
+// twice, and a namespace's runs next to each other.
+func TestKeySplitProperties(t *testing.T) {
+	var s keySplit
+	check := func(spec []uint8) bool {
+		keys := make([]messages.Key, len(spec))
+		for i, b := range spec {
+			keys[i] = messages.Key(sched.AppendKey(nil, sched.NamespaceID(1+b%3), messages.Hash(fmt.Sprint(i)), int(b/3%3)))
+		}
+		var flat []messages.Key
+		seen := map[[2]int]bool{}
+		nsDone := map[sched.NamespaceID]bool{}
+		var last sched.NamespaceID
+		for run := range s.runs(keys) {
+			id := [2]int{int(run.ns), run.group}
+			if seen[id] || len(run.keys) == 0 || (run.ns != last && nsDone[run.ns]) {
+				return false
+			}
+			seen[id], nsDone[last], last = true, true, run.ns
+			for _, k := range run.keys {
+				if ns, _, g := sched.SplitKey(k); ns != run.ns || g != run.group {
+					return false
+				}
+			}
+			flat = append(flat, run.keys...)
+		}
+		// Each key once, and the keys of one run in their original order.
+		if len(flat) != len(keys) {
+			return false
+		}
+		pos := map[messages.Key]int{}
+		for i, k := range keys {
+			pos[k] = i
+		}
+		for i := 1; i < len(flat); i++ {
+			a, b := flat[i-1], flat[i]
+			na, _, ga := sched.SplitKey(a)
+			nb, _, gb := sched.SplitKey(b)
+			if na == nb && ga == gb && pos[a] > pos[b] {
+				return false
+			}
+		}
+		slices.Sort(flat)
+		return len(slices.Compact(flat)) == len(keys)
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 500}))
 }

@@ -59,7 +59,9 @@ func AppendStored(b []byte, s *messages.Stored) []byte {
 	return append(b, '}')
 }
 
-// AppendKVEvents appends a P.E.kv_events body.
+// AppendKVEvents appends a P.E.kv_events body. It is the pieces below put
+// together; the node's journal uses the pieces to write its messages in
+// place, hex-encoding each hash straight from the pool key.
 func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 	n := 32
 	for _, ev := range batch.Events {
@@ -69,43 +71,78 @@ func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 		}
 	}
 	b = slices.Grow(b, n) // one allocation, not a growth per hash
-	b = append(b, `{"ts":`...)
-	b = appendFloat(b, batch.TS)
-	b = append(b, `,"events":`...)
 	if batch.Events == nil {
-		return append(b, "null}"...)
+		b = append(b, `{"ts":`...)
+		b = appendFloat(b, batch.TS)
+		return append(b, `,"events":null}`...)
 	}
-	b = append(b, '[')
+	b = AppendKVBatchOpen(b, batch.TS)
 	for i, ev := range batch.Events {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = append(b, `{"type":`...)
-		b = AppendString(b, ev.Type)
-		b = append(b, `,"block_hashes":`...)
 		if ev.BlockHashes == nil {
-			b = append(b, "null"...)
-		} else {
-			b = append(b, '[')
-			for j, h := range ev.BlockHashes {
-				if j > 0 {
-					b = append(b, ',')
-				}
-				b = AppendString(b, h)
+			b = append(b, `{"type":`...)
+			b = AppendString(b, ev.Type)
+			b = append(b, `,"block_hashes":null`...)
+			b = appendKVEventTail(b, ev.GroupIdx, ev.Medium, ev.Namespace)
+			continue
+		}
+		b = AppendKVEventOpen(b, ev.Type)
+		for j, h := range ev.BlockHashes {
+			if j > 0 {
+				b = append(b, ',')
 			}
-			b = append(b, ']')
+			b = AppendString(b, h)
 		}
-		b = append(b, `,"group_idx":`...)
-		b = strconv.AppendInt(b, int64(ev.GroupIdx), 10)
-		b = append(b, `,"medium":`...)
-		b = AppendString(b, ev.Medium)
-		if ev.Namespace != "" { // omitempty, as encoding/json
-			b = append(b, `,"namespace":`...)
-			b = AppendString(b, ev.Namespace)
-		}
-		b = append(b, '}')
+		b = AppendKVEventClose(b, ev.GroupIdx, ev.Medium, ev.Namespace)
 	}
-	return append(b, "]}"...)
+	return AppendKVBatchClose(b)
+}
+
+// AppendKVBatchOpen starts a kv_events body: `{"ts":TS,"events":[`.
+func AppendKVBatchOpen(b []byte, ts float64) []byte {
+	b = append(b, `{"ts":`...)
+	b = appendFloat(b, ts)
+	return append(b, `,"events":[`...)
+}
+
+// AppendKVBatchClose ends a body AppendKVBatchOpen started.
+func AppendKVBatchClose(b []byte) []byte { return append(b, "]}"...) }
+
+// AppendKVEventOpen starts one event, up to its first hash:
+// `{"type":TYPE,"block_hashes":[`.
+func AppendKVEventOpen(b []byte, typ string) []byte {
+	b = append(b, `{"type":`...)
+	b = AppendString(b, typ)
+	return append(b, `,"block_hashes":[`...)
+}
+
+// AppendHexString appends raw hex-encoded as a JSON string (hex needs no
+// escaping): a block hash as kv_events show it.
+func AppendHexString(b []byte, raw string) []byte {
+	b = append(b, '"')
+	b = AppendHex(b, raw)
+	return append(b, '"')
+}
+
+// AppendKVEventClose ends an event after its hashes:
+// `],"group_idx":G,"medium":M,"namespace":NS}` (namespace omitted when
+// empty, as encoding/json's omitempty does).
+func AppendKVEventClose(b []byte, group int, medium, namespace string) []byte {
+	return appendKVEventTail(append(b, ']'), group, medium, namespace)
+}
+
+func appendKVEventTail(b []byte, group int, medium, namespace string) []byte {
+	b = append(b, `,"group_idx":`...)
+	b = strconv.AppendInt(b, int64(group), 10)
+	b = append(b, `,"medium":`...)
+	b = AppendString(b, medium)
+	if namespace != "" {
+		b = append(b, `,"namespace":`...)
+		b = AppendString(b, namespace)
+	}
+	return append(b, '}')
 }
 
 // AppendString writes s as a JSON string. Plain printable ASCII without

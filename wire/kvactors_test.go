@@ -62,6 +62,36 @@ func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
 	require.True(t, check("", "ab", 0, 1))
 }
 
+// The pieces the journal writes a body with, hashes hex-encoded from their
+// raw bytes, make what encoding/json makes of the batch with hex strings.
+func TestKVPiecesMatchEncodingJSON(t *testing.T) {
+	check := func(raw [][]byte, typ, ns string, group int, ts float64) bool {
+		hexes := make([]string, len(raw))
+		b := AppendKVBatchOpen(nil, ts)
+		b = AppendKVEventOpen(b, typ)
+		for i, r := range raw {
+			hexes[i] = hex.EncodeToString(r)
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = AppendHexString(b, string(r))
+		}
+		b = AppendKVEventClose(b, group, messages.MediumCPU, ns)
+		b = append(b, ',')
+		b = AppendKVEventOpen(b, messages.KVBlockRemoved)
+		b = AppendKVBatchClose(AppendKVEventClose(b, 1, messages.MediumDisk, ""))
+		want, err := json.Marshal(&messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
+			{Type: typ, BlockHashes: hexes, GroupIdx: group, Medium: messages.MediumCPU, Namespace: ns},
+			{Type: messages.KVBlockRemoved, BlockHashes: []string{}, GroupIdx: 1, Medium: messages.MediumDisk}}})
+		if err != nil || string(want) != string(b) {
+			t.Logf("want %s\n got %s", want, b)
+			return false
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+}
+
 // AppendHex is encoding/hex's lowercase encoding.
 func TestAppendHexMatchesEncodingHex(t *testing.T) {
 	check := func(prefix []byte, s string) bool {
