@@ -113,10 +113,11 @@ func (o *Outbox) Node(node, verb string, v any) {
 	o.publish(context.Background(), messages.NodeSubject(o.prefix, node, verb), v)
 }
 
-// Stored publishes P.E.stored for one completed store job.
-func (o *Outbox) Stored(ctx context.Context, engine string, s *messages.Stored) {
+// Stored publishes P.E.stored for one completed store job: build appends
+// the body (wire.AppendStoredOpen and the rest) to a pooled buffer.
+func (o *Outbox) Stored(ctx context.Context, engine string, build func(body []byte) []byte) {
 	b := getBody()
-	data := wire.AppendStored(*b, s)
+	data := build(*b)
 	o.send(ctx, o.Subject(engine, messages.VerbStored), data)
 	putBody(b, data)
 }

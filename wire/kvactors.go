@@ -24,38 +24,68 @@ func AppendReleased(b []byte, r *messages.Released) []byte {
 	return append(b, '}')
 }
 
-// AppendStored appends a P.E.stored body.
+// AppendStored appends a P.E.stored body. It is the pieces below put
+// together; a request actor uses the pieces to write its message in place,
+// hex-encoding each chunk's key straight from the pool key.
 func AppendStored(b []byte, s *messages.Stored) []byte {
 	n := 64 + len(s.Request)
 	for _, c := range s.Chunks {
 		n += 40 + len(c.Key)
 	}
 	b = slices.Grow(b, n) // one allocation, not a growth per chunk
-	b = append(b, `{"request":`...)
-	b = AppendString(b, s.Request)
-	b = append(b, `,"job":`...)
-	b = strconv.AppendUint(b, s.Job, 10)
-	b = append(b, `,"chunks":`...)
 	if s.Chunks == nil {
-		b = append(b, "null"...)
-	} else {
-		b = append(b, '[')
-		for i, c := range s.Chunks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = append(b, `{"group":`...)
-			b = strconv.AppendInt(b, int64(c.Group), 10)
-			b = append(b, `,"index":`...)
-			b = strconv.AppendInt(b, int64(c.Index), 10)
-			b = append(b, `,"key":`...)
-			b = AppendString(b, c.Key)
-			b = append(b, '}')
-		}
-		b = append(b, ']')
+		b = append(b, `{"request":`...)
+		b = AppendString(b, s.Request)
+		b = append(b, `,"job":`...)
+		b = strconv.AppendUint(b, s.Job, 10)
+		b = append(b, `,"chunks":null`...)
+		return appendStoredTail(b, s.Bytes)
 	}
+	b = AppendStoredOpen(b, s.Request, s.Job)
+	for i, c := range s.Chunks {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendStoredChunkHead(b, c.Group, c.Index)
+		b = AppendString(b, c.Key)
+		b = append(b, '}')
+	}
+	return AppendStoredClose(b, s.Bytes)
+}
+
+// AppendStoredOpen starts a stored body, up to its first chunk:
+// `{"request":R,"job":J,"chunks":[`.
+func AppendStoredOpen(b []byte, request string, job uint64) []byte {
+	b = append(b, `{"request":`...)
+	b = AppendString(b, request)
+	b = append(b, `,"job":`...)
+	b = strconv.AppendUint(b, job, 10)
+	return append(b, `,"chunks":[`...)
+}
+
+// AppendStoredChunkHex appends one chunk, its key given raw and written as
+// hex: `{"group":G,"index":I,"key":"HEX"}`.
+func AppendStoredChunkHex(b []byte, group, index int, rawKey string) []byte {
+	b = appendStoredChunkHead(b, group, index)
+	return append(AppendHexString(b, rawKey), '}')
+}
+
+func appendStoredChunkHead(b []byte, group, index int) []byte {
+	b = append(b, `{"group":`...)
+	b = strconv.AppendInt(b, int64(group), 10)
+	b = append(b, `,"index":`...)
+	b = strconv.AppendInt(b, int64(index), 10)
+	return append(b, `,"key":`...)
+}
+
+// AppendStoredClose ends a body AppendStoredOpen started: `],"bytes":N}`.
+func AppendStoredClose(b []byte, bytes int64) []byte {
+	return appendStoredTail(append(b, ']'), bytes)
+}
+
+func appendStoredTail(b []byte, bytes int64) []byte {
 	b = append(b, `,"bytes":`...)
-	b = strconv.AppendInt(b, s.Bytes, 10)
+	b = strconv.AppendInt(b, bytes, 10)
 	return append(b, '}')
 }
 

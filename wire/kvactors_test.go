@@ -92,6 +92,30 @@ func TestKVPiecesMatchEncodingJSON(t *testing.T) {
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
 }
 
+// A stored body written with the pieces, keys hex-encoded from their raw
+// bytes, is what encoding/json makes of the message with hex keys.
+func TestStoredPiecesMatchEncodingJSON(t *testing.T) {
+	check := func(req string, job uint64, raw [][]byte, group, index int, bytes int64) bool {
+		st := &messages.Stored{Request: req, Job: job, Bytes: bytes, Chunks: []messages.StoredChunk{}}
+		b := AppendStoredOpen(nil, req, job)
+		for i, r := range raw {
+			st.Chunks = append(st.Chunks, messages.StoredChunk{Group: group + i, Index: index - i, Key: hex.EncodeToString(r)})
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = AppendStoredChunkHex(b, group+i, index-i, string(r))
+		}
+		b = AppendStoredClose(b, bytes)
+		want, err := json.Marshal(st)
+		if err != nil || string(want) != string(b) {
+			t.Logf("want %s\n got %s", want, b)
+			return false
+		}
+		return true
+	}
+	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+}
+
 // AppendHex is encoding/hex's lowercase encoding.
 func TestAppendHexMatchesEncodingHex(t *testing.T) {
 	check := func(prefix []byte, s string) bool {

@@ -3,8 +3,6 @@ package request
 import (
 	"context"
 	"log/slog"
-	"slices"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -265,28 +263,17 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 // completed, in order with every eviction (PROTOCOL.md, "kv_events").
 func (a *Actor) published(j *job) {
 	chunks := j.store.Chunks
-	// One hex encoding per job, cut into the chunks' keys.
-	n := 0
-	for _, ch := range chunks {
-		n += 2 * len(sched.WireKey(ch.Key))
-	}
-	hx := make([]byte, 0, n)
-	for _, ch := range chunks {
-		hx = wire.AppendHex(hx, string(sched.WireKey(ch.Key)))
-	}
-	all := wire.Frozen(hx) // hx is not written again
-	st := storedPool.Get().(*messages.Stored)
-	defer putStored(st)
-	*st = messages.Stored{Request: a.state.ID(), Job: uint64(j.store.ID), Bytes: j.bytes,
-		Chunks: slices.Grow(st.Chunks[:0], len(chunks))[:len(chunks)]}
-	off := 0
-	for i, ch := range chunks {
-		keyHex := all[off : off+2*len(sched.WireKey(ch.Key))]
-		off += len(keyHex)
-		st.Chunks[i] = messages.StoredChunk{Group: ch.Group, Index: int(ch.Index), Key: keyHex}
-	}
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
-	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, st)
+	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
+		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.store.ID))
+		for i, ch := range chunks {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = wire.AppendStoredChunkHex(b, ch.Group, int(ch.Index), string(sched.WireKey(ch.Key)))
+		}
+		return wire.AppendStoredClose(b, j.bytes)
+	})
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -378,19 +365,6 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	} else {
 		c.Send(a.deps.Transfer, sub)
 	}
-}
-
-// storedPool holds published's message: it is encoded before Stored
-// returns, so only its chunk list is worth keeping, and not per actor.
-var storedPool = sync.Pool{New: func() any { return new(messages.Stored) }}
-
-func putStored(st *messages.Stored) {
-	if cap(st.Chunks) > 1024 {
-		return
-	}
-	clear(st.Chunks) // their keys are the job's strings
-	*st = messages.Stored{Chunks: st.Chunks[:0]}
-	storedPool.Put(st)
 }
 
 // evicted counts a decision's evictions; the pool's journal announces
