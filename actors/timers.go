@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Timers sends delayed messages, all from one goroutine, in the order they
@@ -22,7 +23,8 @@ import (
 // Stop drops what is still pending; a Send after Stop is dropped too (its
 // receiver is being stopped with the owner).
 type Timers struct {
-	root *actor.RootContext
+	root  *actor.RootContext
+	gauge prometheus.Gauge // pending messages, across every engine's timers (nil: none)
 
 	mu      sync.Mutex
 	pending timerHeap
@@ -33,9 +35,10 @@ type Timers struct {
 	done chan struct{}
 }
 
-// NewTimers starts the delivering goroutine; Stop ends it.
-func NewTimers(root *actor.RootContext) *Timers {
-	t := &Timers{root: root, wake: make(chan struct{}, 1), done: make(chan struct{})}
+// NewTimers starts the delivering goroutine; Stop ends it. pending, when
+// set, counts the messages waiting (a node's engines share one gauge).
+func NewTimers(root *actor.RootContext, pending prometheus.Gauge) *Timers {
+	t := &Timers{root: root, gauge: pending, wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go t.run()
 	return t
 }
@@ -55,6 +58,7 @@ func (t *Timers) sendAt(due time.Time, to *actor.PID, msg any) {
 	e := timerEntry{due: due, seq: t.seq, to: to, msg: msg}
 	heap.Push(&t.pending, e)
 	first := t.pending[0].seq == e.seq
+	t.count(1)
 	t.mu.Unlock()
 	if first {
 		t.poke()
@@ -74,9 +78,18 @@ func (t *Timers) Pending() int {
 func (t *Timers) Stop() {
 	t.mu.Lock()
 	t.stopped = true
+	t.count(-len(t.pending))
 	t.pending = nil
 	t.mu.Unlock()
 	t.poke()
+}
+
+// count moves the gauge by n; under t.mu, so Stop's drop and a delivery's
+// pop are each counted once.
+func (t *Timers) count(n int) {
+	if t.gauge != nil && n != 0 {
+		t.gauge.Add(float64(n))
+	}
 }
 
 func (t *Timers) poke() {
@@ -122,6 +135,7 @@ func (t *Timers) next() (e timerEntry, wait time.Duration, ok bool) {
 	if wait = time.Until(t.pending[0].due); wait > 0 {
 		return e, wait, true
 	}
+	t.count(-1)
 	return heap.Pop(&t.pending).(timerEntry), 0, true
 }
 

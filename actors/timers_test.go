@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 )
 
@@ -59,7 +61,7 @@ func TestTimersWaitForTheEarliest(t *testing.T) {
 func TestTimersDeliverFromOneGoroutine(t *testing.T) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
-	tm := NewTimers(system.Root)
+	tm := NewTimers(system.Root, nil)
 	t.Cleanup(tm.Stop)
 
 	gate := make(chan struct{})
@@ -115,11 +117,15 @@ func TestTimersStopDropsPending(t *testing.T) {
 			got <- s
 		}
 	}))
-	tm := NewTimers(system.Root)
+	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "pending"})
+	tm := NewTimers(system.Root, gauge)
 	tm.Send(time.Hour, pid, "never")
-	require.Equal(t, 1, tm.Pending())
+	tm.Send(time.Hour, pid, "never either")
+	require.Equal(t, 2, tm.Pending())
+	require.Equal(t, 2.0, testutil.ToFloat64(gauge))
 	tm.Stop()
 	require.Zero(t, tm.Pending())
+	require.Zero(t, testutil.ToFloat64(gauge), "dropped messages leave the gauge")
 	tm.Send(0, pid, "after stop")
 	require.Zero(t, tm.Pending())
 	tm.Stop()

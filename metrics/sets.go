@@ -85,6 +85,7 @@ func NewEngines(reg prometheus.Registerer) *Engines {
 type Store struct {
 	Deferrals      *prometheus.CounterVec // reason: tokens, hashes, blocks
 	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
+	RetriesPending prometheus.Gauge       // requests whose retry timer has not fired
 	ChunksStored   prometheus.Counter
 	ChunksDeduped  prometheus.Counter
 	ChunksDropped  prometheus.Counter
@@ -105,6 +106,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		RetriesPending: gauge("store", "retries_pending", "Requests waiting for their retry timer (a burst into a full pool shows here)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
 		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
 		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
@@ -116,7 +118,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 		retryBy:        map[string]prometheus.Counter{},
 		releaseBy:      map[string]prometheus.Counter{},
 	}
-	register(reg, m.Deferrals, m.Retries, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
+	register(reg, m.Deferrals, m.Retries, m.RetriesPending, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
 		m.Releases, m.RequestsLive, m.RequestFailure)
 	return m
 }

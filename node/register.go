@@ -112,7 +112,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
-			Reject: n.rejectLog, Timers: actors.NewTimers(n.system.Root)},
+			Reject: n.rejectLog, Timers: actors.NewTimers(n.system.Root, n.metrics.Store.RetriesPending)},
 	}))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)

@@ -41,7 +41,7 @@ func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store reques
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
-	timers := actors.NewTimers(system.Root)
+	timers := actors.NewTimers(system.Root, nil)
 	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
 		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
 		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed,

@@ -104,7 +104,7 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 	sink := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return sinkActor{} }))
 	deps := request.Deps{Engine: "e", Layout: lay, Store: benchStore{hostpool.NewShared(1<<22*lay.MaxChunkBytes(), 0)},
 		Transfer: sink, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)), Tracer: tp.Tracer("bench"),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timers: actors.NewTimers(system.Root)}
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Timers: actors.NewTimers(system.Root, nil)}
 	defer deps.Timers.Stop()
 	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
 		PromptTokens: 1, MaxOffloadTokens: -1}, context.Background())

@@ -57,6 +57,7 @@ type heldRig struct {
 	system *actor.ActorSystem
 	deps   request.Deps
 	seen   chan any
+	store  *metrics.Store
 }
 
 func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
@@ -72,11 +73,12 @@ func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
 	st := store.New(heapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
+	sm := metrics.NewStore(nil)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
-		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), metrics.NewStore(nil), metrics.NewActors(nil)),
-		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Timers: actors.NewTimers(system.Root)}
+		Transfer: xfer, Outbox: outbox, Metrics: request.NewMetrics(metrics.NewEvents(nil), sm, metrics.NewActors(nil)),
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: log, Timers: actors.NewTimers(system.Root, sm.RetriesPending)}
 	t.Cleanup(deps.Timers.Stop)
-	return heldRig{system: system, deps: deps, seen: seen}
+	return heldRig{system: system, deps: deps, seen: seen, store: sm}
 }
 
 // Regression: a store job still queued when the request is preempted,
