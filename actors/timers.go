@@ -33,6 +33,9 @@ type Timers struct {
 
 	wake chan struct{} // cap 1: a new earliest entry, or Stop
 	done chan struct{}
+	// waiting, when set (tests), is told each wait before the goroutine
+	// sleeps on it.
+	waiting func(time.Duration)
 }
 
 // NewTimers starts the delivering goroutine; Stop ends it. pending, when
@@ -109,6 +112,9 @@ func (t *Timers) run() {
 			return
 		}
 		if wait > 0 {
+			if t.waiting != nil {
+				t.waiting(wait)
+			}
 			clock.Reset(wait)
 			select {
 			case <-clock.C:
@@ -130,6 +136,9 @@ func (t *Timers) next() (e timerEntry, wait time.Duration, ok bool) {
 		return e, 0, false
 	}
 	if len(t.pending) == 0 {
+		if cap(t.pending) > 1024 {
+			t.pending = nil // after a burst: let the collector have the backing array
+		}
 		return e, time.Hour, true
 	}
 	if wait = time.Until(t.pending[0].due); wait > 0 {

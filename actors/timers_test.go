@@ -55,6 +55,43 @@ func TestTimersWaitForTheEarliest(t *testing.T) {
 	require.Equal(t, 2, tm.Pending())
 }
 
+// A message due before the one the goroutine sleeps for wakes it: a 10 ms
+// retry never waits behind a 1 s one.
+func TestTimersEarlierMessageWakesTheGoroutine(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	got := make(chan string, 2)
+	pid := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if s, ok := c.Message().(string); ok {
+			got <- s
+		}
+	}))
+	sleeping := make(chan struct{})
+	var once atomic.Bool
+	tm := &Timers{root: system.Root, wake: make(chan struct{}, 1), done: make(chan struct{}),
+		waiting: func(d time.Duration) {
+			if d > 30*time.Second && once.CompareAndSwap(false, true) {
+				close(sleeping) // about to sleep for "late"
+			}
+		}}
+	go tm.run()
+	t.Cleanup(tm.Stop)
+	tm.Send(time.Minute, pid, "late")
+	select {
+	case <-sleeping:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the goroutine never waited for the late message")
+	}
+	tm.Send(time.Millisecond, pid, "early")
+	select {
+	case s := <-got:
+		require.Equal(t, "early", s)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the earlier message did not wake the goroutine")
+	}
+	require.Equal(t, 1, tm.Pending(), "late still waits")
+}
+
 // The point of Timers: deliveries that block (request actors run inline on
 // the sender and may wait for a shared lock) hold one goroutine, not one
 // each, and every message still arrives once the block clears.

@@ -62,6 +62,12 @@ type ExternalBurst struct {
 	// itself allocates), which with the pool is what the goal bounds.
 	NodeMaxRSSBytes   int64 `json:"node_max_rss_bytes"`
 	NodePeakAnonBytes int64 `json:"node_peak_anon_bytes"`
+	// NodePeakGoroutines and PeakRetriesPending are the highest
+	// go_goroutines and kvactors_store_retries_pending of the child's
+	// /metrics, scraped every 100 ms: goroutines must not grow with the
+	// requests waiting for room (a retry per goroutine once held 66,000).
+	NodePeakGoroutines float64 `json:"node_peak_goroutines"`
+	PeakRetriesPending float64 `json:"peak_retries_pending"`
 }
 
 // burstBatchRequests is how many requests' events one engine Flush carries
@@ -194,10 +200,29 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 			}
 		}
 	}()
+	peaks := make(chan [2]float64)
+	go func() { // the peaks of goroutines and pending retries, from /metrics
+		var p [2]float64
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if g, err := scrape(ctx, metrics); err == nil {
+				p[0] = max(p[0], gatherSum(g, "go_goroutines", "", ""))
+				p[1] = max(p[1], gatherSum(g, "kvactors_store_retries_pending", "", ""))
+			}
+			select {
+			case <-stopSampling:
+				peaks <- p
+				return
+			case <-t.C:
+			}
+		}
+	}()
 	defer func() {
 		if stopSampling != nil {
 			close(stopSampling)
 			<-sampled
+			<-peaks
 		}
 	}()
 	var wg sync.WaitGroup
@@ -259,7 +284,9 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 	res.NodeCPUSeconds = cpu1 - cpu0
 	res.NodeMaxRSSBytes = c.maxRSS()
 	close(stopSampling)
-	res.NodePeakAnonBytes, stopSampling = <-sampled, nil
+	res.NodePeakAnonBytes = <-sampled
+	p := <-peaks
+	res.NodePeakGoroutines, res.PeakRetriesPending, stopSampling = p[0], p[1], nil
 	after, err := scrape(ctx, metrics)
 	if err != nil {
 		return nil, err

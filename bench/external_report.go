@@ -92,18 +92,27 @@ func burstMemoryLimit(pool int64, requests int) int64 {
 	return pool + GoalBurstRSSHeadroom + GoalHeapPerLiveRequest*int64(max(0, requests-GoalBurstRequests))
 }
 
+// burstGoroutineLimit bounds the child's goroutines in a burst by what its
+// engines account for (a NATS connection's two server goroutines and a
+// retry timer each, with room to spare) and a fixed base, never by its
+// requests: requests waiting for pool room once held a goroutine each.
+func burstGoroutineLimit(engines int) float64 { return float64(64 + 8*engines) }
+
 func (r *Report) burstGoals() {
 	b := r.Burst
 	if b == nil {
 		return
 	}
+	goroutines := burstGoroutineLimit(b.Engines)
 	limit := burstMemoryLimit(b.PoolBytes, b.Requests)
 	own := b.PoolBytes + b.NodePeakAnonBytes
 	r.Goals = append(r.Goals,
-		Goal{Name: "external burst: node memory (pool + peak anon)", Target: fmt.Sprintf("<= %d MiB", limit>>20),
+		Goal{Name: "external burst: node memory (pool + peak anon)", Target: fmt.Sprintf("<= %.1f MiB", float64(limit)/(1<<20)),
 			Value: float64(own) / (1 << 20), Unit: "MiB", Pass: b.NodePeakAnonBytes > 0 && own <= limit},
 		Goal{Name: "external burst: released exactly once", Target: fmt.Sprintf("%d", b.Requests),
-			Value: float64(b.Released), Unit: "requests", Pass: b.Released == b.Requests && b.Unexpected == 0})
+			Value: float64(b.Released), Unit: "requests", Pass: b.Released == b.Requests && b.Unexpected == 0},
+		Goal{Name: "external burst: node goroutines (peak; not per request)", Target: fmt.Sprintf("<= %.0f", goroutines),
+			Value: b.NodePeakGoroutines, Unit: "goroutines", Pass: b.NodePeakGoroutines > 0 && b.NodePeakGoroutines <= goroutines})
 }
 
 // writeTable prints the burst run (nothing when b is nil).
@@ -121,6 +130,8 @@ func (b *ExternalBurst) writeTable(w io.Writer) {
 		float64(b.NodePeakAnonBytes)/(1<<20), float64(b.NodeMaxRSSBytes)/(1<<20), b.DelayP50MS, b.DelayP99MS, b.DelayMaxMS)
 	fmt.Fprintf(w, "%d released (%d unexpected), %d store jobs, %d chunks stored; node overflow resyncs %.0f, engine resyncs %v\n",
 		b.Released, b.Unexpected, b.Jobs, b.Chunks, b.Overflow, b.Resyncs)
+	fmt.Fprintf(w, "peak goroutines %.0f, peak retries pending %.0f (the child's /metrics every 100 ms)\n",
+		b.NodePeakGoroutines, b.PeakRetriesPending)
 	fmt.Fprintf(w, "store delay: a request's Flush at its engine → its first stored message there\n")
 	fmt.Fprintf(w, "peak anon: the child's RssAnon sampled every 5 ms (what it allocates); peak RSS: its VmHWM, which also holds the engines' segment pages it copied from\n")
 }

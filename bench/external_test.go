@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -20,12 +21,35 @@ func TestParseStatCPU(t *testing.T) {
 	}
 }
 
+// The burst's goroutine goal depends on its engines, never its requests:
+// 4 engines may use 96 goroutines, a burst that left a goroutine per
+// waiting request fails, and no sample is not a pass.
+func TestBurstGoroutineGoal(t *testing.T) {
+	goal := func(peak float64) Goal {
+		r := Report{Burst: &ExternalBurst{Requests: 100_000, Released: 100_000, Engines: 4, PoolBytes: 16 << 20,
+			NodePeakAnonBytes: 100 << 20, NodePeakGoroutines: peak}}
+		r.goals()
+		for _, g := range r.Goals {
+			if strings.HasPrefix(g.Name, "external burst: node goroutines") {
+				return g
+			}
+		}
+		t.Fatalf("no goroutine goal in %+v", r.Goals)
+		return Goal{}
+	}
+	require.True(t, goal(44).Pass)
+	require.True(t, goal(96).Pass)
+	require.False(t, goal(299).Pass, "a slow run of the AfterFunc retries")
+	require.False(t, goal(0).Pass)
+	require.Equal(t, "<= 96", goal(1).Target)
+}
+
 // The burst's memory goal is the pool plus the child's peak RssAnon, not
 // its VmHWM (which also counts the engines' segment pages it copied from):
 // a small anon peak passes whatever the high-water mark, a large one fails.
 func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
 	goalOf := func(requests int, anon, hwm int64) Goal {
-		r := Report{Burst: &ExternalBurst{Requests: requests, Released: requests, PoolBytes: 16 << 20,
+		r := Report{Burst: &ExternalBurst{Requests: requests, Released: requests, PoolBytes: 16 << 20, Engines: 4,
 			NodePeakAnonBytes: anon, NodeMaxRSSBytes: hwm}}
 		r.goals()
 		for _, g := range r.Goals {
@@ -42,11 +66,11 @@ func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
 	require.InDelta(t, 116.0, g.Value, 1e-9, "pool + anon, in MiB")
 	require.False(t, goal(257<<20, 0).Pass, "past pool + 256 MiB fails")
 	require.False(t, goal(0, 0).Pass, "no sample is not a pass")
-	require.Equal(t, "<= 272 MiB", goalOf(GoalBurstRequests, 1, 0).Target, "issue 14's 40k burst: pool + 256 MiB")
+	require.Equal(t, "<= 272.0 MiB", goalOf(GoalBurstRequests, 1, 0).Target, "issue 14's 40k burst: pool + 256 MiB")
 
 	// Past 40k requests the bound grows by the heap goal per live request:
 	// 100k into a 16 MiB pool may use 16 + 256 + 60,000 × 1.5 KB ≈ 359.9 MiB.
 	require.True(t, goalOf(100_000, 300<<20, 0).Pass)
 	require.False(t, goalOf(100_000, 344<<20, 0).Pass, "16 + 344 MiB is past 359.9")
-	require.Equal(t, "<= 359 MiB", goalOf(100_000, 1, 0).Target)
+	require.Equal(t, "<= 359.9 MiB", goalOf(100_000, 1, 0).Target)
 }

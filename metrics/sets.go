@@ -106,7 +106,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
-		RetriesPending: gauge("store", "retries_pending", "Requests waiting for their retry timer (a burst into a full pool shows here)."),
+		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile is counted until its timer falls due, at most 1 s)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
 		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
 		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),

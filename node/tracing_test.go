@@ -102,6 +102,12 @@ func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 		}
 		return nil
 	})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if v := metricValue(t, e.reg, "kvactors_store_retries_pending", nil); v != 1 {
+			return errf("retries pending = %v, want 1 (the request waiting for room)", v)
+		}
+		return nil
+	})
 	st := te.sync()
 	require.EqualValues(t, 0, st.Requests[0].Groups[0].Cursor, "no room keeps the cursor")
 	// Preempt and resume with two blocks: two chunks fit and are stored.
@@ -128,6 +134,12 @@ func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, retries, 3)
 	require.Len(t, spansNamed(rec, tracing.SpanStoreJob), 1)
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if v := metricValue(t, e.reg, "kvactors_store_retries_pending", nil); v != 0 {
+			return errf("retries pending = %v after the release, want 0 once its timer fell due", v)
+		}
+		return nil
+	})
 }
 
 // The engine's traceparent makes its span the parent of kvactors' batch span,

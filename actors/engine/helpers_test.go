@@ -42,6 +42,7 @@ func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store reques
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	timers := actors.NewTimers(system.Root, nil)
+	t.Cleanup(timers.Stop) // the engine stops it too, if it stops
 	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
 		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
 		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed,
