@@ -312,7 +312,12 @@ func (s *keySplit) runs(keys []messages.Key) iter.Seq[keyRun] {
 			next[slot[i]]++
 		}
 		s.sets, s.slot, s.order, s.next, s.sorted = sets, slot, order, next, sorted
-		defer clear(sorted) // the pool's strings: not ours to keep alive
+		defer func() {
+			clear(sorted)                  // the pool's strings: not ours to keep alive
+			if cap(sorted) > kvSpareKeys { // after a huge record: let the collector have them
+				s.slot, s.sorted = nil, nil
+			}
+		}()
 		pos = 0
 		for _, i := range order {
 			run := keyRun{ns: sets[i].ns, group: sets[i].group, keys: sorted[pos : pos+sets[i].count : pos+sets[i].count]}

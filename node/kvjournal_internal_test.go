@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -24,6 +26,8 @@ func decodeKV(t *testing.T, body []byte) []messages.KVEvent {
 	d := json.NewDecoder(bytes.NewReader(body))
 	d.DisallowUnknownFields()
 	require.NoError(t, d.Decode(&b), "%s", body)
+	_, err := d.Token()
+	require.ErrorIs(t, err, io.EOF, "nothing after the JSON value: %s", body)
 	require.Positive(t, b.TS)
 	return b.Events
 }
@@ -59,6 +63,14 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), 0))
 	}
 	j := newKVJournal(emit, target)
+	type seen struct {
+		typ, medium, ns string
+		keys            []messages.Key
+	}
+	var observed []seen // the cluster's key set sees what is announced, nothing else
+	j.observe = func(typ, medium, ns string, keys []messages.Key) {
+		observed = append(observed, seen{typ, medium, ns, slices.Clone(keys)})
+	}
 	// Before start: kept, in order.
 	j.pool(true, []messages.Key{key(1, "a")}, "ea")
 	j.pool(false, []messages.Key{key(1, "b"), key(2, "secret")}, "ea")
@@ -86,6 +98,12 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 		{"eb", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumDisk, "b")}},
 		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
 	}, got, "one message per run of one engine; namespace 2's key and the late record not announced")
+	require.Equal(t, []seen{
+		{messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{key(1, "a")}},
+		{messages.KVBlockRemoved, messages.MediumCPU, "m", []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumDisk, "m", []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{key(1, "c")}},
+	}, observed, "observed as announced: namespace 2's key, which no engine may learn, is not")
 }
 
 // A long run of one engine is cut into messages that each encode under
@@ -134,6 +152,56 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 	}
 }
 
+// Messages are cut exactly: none passes kvMessageBytes, and none but the
+// last is short of it by more than the next event would have needed
+// (records of random hash lengths, so the cuts land everywhere, and at
+// least once within a few bytes of the bound).
+func TestKVJournalFillsMessagesToTheBound(t *testing.T) {
+	var sizes []int
+	var hashes int
+	emit := func(_ string, body []byte) {
+		for _, e := range decodeKV(t, body) {
+			hashes += len(e.BlockHashes)
+		}
+		sizes = append(sizes, len(body))
+	}
+	ns := "llama-70b"
+	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return ns, "ea" })
+	rng := rand.New(rand.NewPCG(1, 2))
+	want := 0
+	for r := range 40_000 {
+		keys := make([]messages.Key, 1+rng.IntN(20))
+		for i := range keys {
+			h := make([]byte, 1+rng.IntN(70))
+			for k := range h {
+				h[k] = byte(rng.IntN(256))
+			}
+			keys[i] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), r%3))
+		}
+		want += len(keys)
+		j.pool(rng.IntN(2) == 0, keys, "ea")
+	}
+	j.start()
+	j.close()
+	require.Equal(t, want, hashes, "every hash once")
+	require.Greater(t, len(sizes), 50)
+	// The most one event adds: a comma, its head, one 70-byte hash (140
+	// hex and 3), and its tail with the namespace.
+	maxEvent := len(`,{"type":"BlockRemoved","block_hashes":[`) + 143 +
+		len(`],"group_idx":2,"medium":"CPU","namespace":""}`) + len(ns)
+	close := 0
+	for i, n := range sizes {
+		require.LessOrEqual(t, n, kvMessageBytes, "message %d", i)
+		if i < len(sizes)-1 {
+			require.Greater(t, n, kvMessageBytes-maxEvent, "message %d is cut early", i)
+		}
+		if n > kvMessageBytes-8 {
+			close++
+		}
+	}
+	require.Positive(t, close, "some message ends within 8 bytes of the bound")
+}
+
 // Keys of two namespaces and two groups, interleaved: one run per
 // (namespace, group), a namespace's runs together, namespaces and each
 // one's groups in first-seen order, every key once. The scratch is reused:
@@ -142,7 +210,7 @@ func TestKeySplitGroupsByNamespaceThenGroup(t *testing.T) {
 	key := func(ns sched.NamespaceID, h string, g int) messages.Key {
 		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), g))
 	}
-	keys := []messages.Key{key(7, "a", 0), key(9, "x", 1), key(7, "b", 1), key(7, "c", 0), key(9, "y", 1)}
+	keys := []messages.Key{key(7, "a", 1), key(9, "x", 1), key(7, "b", 0), key(7, "c", 1), key(9, "y", 1)}
 	var s keySplit
 	for range 2 {
 		var got []keyRun
@@ -151,10 +219,10 @@ func TestKeySplitGroupsByNamespaceThenGroup(t *testing.T) {
 			got = append(got, run)
 		}
 		require.Equal(t, []keyRun{
-			{ns: 7, group: 0, keys: []messages.Key{keys[0], keys[3]}},
-			{ns: 7, group: 1, keys: []messages.Key{keys[2]}},
+			{ns: 7, group: 1, keys: []messages.Key{keys[0], keys[3]}},
+			{ns: 7, group: 0, keys: []messages.Key{keys[2]}},
 			{ns: 9, group: 1, keys: []messages.Key{keys[1], keys[4]}},
-		}, got)
+		}, got, "group 1 was seen first in namespace 7")
 	}
 	for range s.runs(nil) {
 		t.Fatal("no keys: no run")

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
-	"unsafe"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -25,8 +24,9 @@ func AppendReleased(b []byte, r *messages.Released) []byte {
 }
 
 // AppendStored appends a P.E.stored body. It is the pieces below put
-// together; a request actor uses the pieces to write its message in place,
-// hex-encoding each chunk's key straight from the pool key.
+// together, the reference the tests hold them to; a request actor uses the
+// pieces to write its message in place, hex-encoding each chunk's key
+// straight from the pool key.
 func AppendStored(b []byte, s *messages.Stored) []byte {
 	n := 64 + len(s.Request)
 	for _, c := range s.Chunks {
@@ -90,8 +90,9 @@ func appendStoredTail(b []byte, bytes int64) []byte {
 }
 
 // AppendKVEvents appends a P.E.kv_events body. It is the pieces below put
-// together; the node's journal uses the pieces to write its messages in
-// place, hex-encoding each hash straight from the pool key.
+// together, the reference the tests hold them to; the node's journal uses
+// the pieces to write its messages in place, hex-encoding each hash
+// straight from the pool key.
 func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
 	n := 32
 	for _, ev := range batch.Events {
@@ -190,11 +191,6 @@ func AppendString(b []byte, s string) []byte {
 	b = append(b, s...)
 	return append(b, '"')
 }
-
-// Frozen is b as a string without a copy, for a buffer built once (a
-// batch's hex keys) and then only read through the strings cut from it.
-// b must not be written again.
-func Frozen(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 // AppendHex appends s's bytes as lowercase hex (encoding/hex's digits),
 // without converting s to a []byte first.

@@ -3,6 +3,7 @@ package request
 import (
 	"context"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -265,6 +266,11 @@ func (a *Actor) published(j *job) {
 	chunks := j.store.Chunks
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
+		n := 64 + len(a.state.ID())
+		for _, ch := range chunks {
+			n += 40 + 2*len(sched.WireKey(ch.Key))
+		}
+		b = slices.Grow(b, n) // one growth, not one per chunk, for a long-context job
 		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.store.ID))
 		for i, ch := range chunks {
 			if i > 0 {
