@@ -55,17 +55,24 @@ func TestTimersWaitForTheEarliest(t *testing.T) {
 	require.Equal(t, 2, tm.Pending())
 }
 
-// A message due before the one the goroutine sleeps for wakes it: a 10 ms
-// retry never waits behind a 1 s one.
-func TestTimersEarlierMessageWakesTheGoroutine(t *testing.T) {
+// stringSink is an actor system with an actor that passes on every string
+// it receives.
+func stringSink(t *testing.T) (*actor.ActorSystem, *actor.PID, chan string) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
-	got := make(chan string, 2)
+	got := make(chan string, 4)
 	pid := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if s, ok := c.Message().(string); ok {
 			got <- s
 		}
 	}))
+	return system, pid, got
+}
+
+// A message due before the one the goroutine sleeps for wakes it: a 10 ms
+// retry never waits behind a 1 s one.
+func TestTimersEarlierMessageWakesTheGoroutine(t *testing.T) {
+	system, pid, got := stringSink(t)
 	sleeping := make(chan struct{})
 	var once atomic.Bool
 	tm := &Timers{root: system.Root, wake: make(chan struct{}, 1), done: make(chan struct{}),
@@ -146,14 +153,7 @@ func TestTimersDeliverFromOneGoroutine(t *testing.T) {
 // Stop drops what is pending and ends the goroutine; later Sends and a
 // second Stop are harmless.
 func TestTimersStopDropsPending(t *testing.T) {
-	system := actor.NewActorSystem()
-	t.Cleanup(system.Shutdown)
-	got := make(chan any, 1)
-	pid := system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
-		if s, ok := c.Message().(string); ok {
-			got <- s
-		}
-	}))
+	system, pid, got := stringSink(t)
 	gauge := prometheus.NewGauge(prometheus.GaugeOpts{Name: "pending"})
 	tm := NewTimers(system.Root, gauge)
 	tm.Send(time.Hour, pid, "never")
