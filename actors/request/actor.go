@@ -76,8 +76,10 @@ type Actor struct {
 }
 
 type job struct {
+	// sub is what the copy queue holds, kept here so a job is one
+	// allocation; it is the transfer side's until the job's JobDone.
+	sub   transfer.Submit
 	store *sched.StoreJob
-	bytes int64 // the bytes its copy moves
 	span  trace.Span
 	ctx   context.Context
 }
@@ -278,7 +280,7 @@ func (a *Actor) published(j *job) {
 			}
 			b = wire.AppendStoredChunkHex(b, ch.Group, int(ch.Index), string(sched.WireKey(ch.Key)))
 		}
-		return wire.AppendStoredClose(b, j.bytes)
+		return wire.AppendStoredClose(b, j.sub.Bytes)
 	})
 }
 
@@ -362,10 +364,11 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	if a.jobs == nil { // most requests never store: no map until one does
 		a.jobs = map[sched.JobID]*job{}
 	}
-	a.jobs[sj.ID] = &job{store: sj, bytes: bytes, span: span, ctx: ctx}
-	sub := &transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
+	j := &job{store: sj, span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived}
+		Span: span.SpanContext(), Arrived: arrived}}
+	a.jobs[sj.ID] = j
+	sub := &j.sub
 	if a.deps.Queue != nil {
 		a.deps.Queue.Submit(sub)
 	} else {
