@@ -76,8 +76,12 @@ func FuzzRegister(f *testing.F) {
 	require.NoError(f, os.Mkdir(filepath.Join(dir, "e1-dir"), 0o700))
 	require.NoError(f, os.WriteFile(filepath.Join(dir, "e1-empty"), nil, 0o600))
 
+	// The victim sends no heartbeats: a lease longer than any fuzz run keeps
+	// it from expiring (a slow run once outlived the 10 s default, and the
+	// victim "left" for that reason, not the fuzzer's).
 	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, ShmDir: dir, PoolBytes: 1 << 20,
-		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Lease: time.Hour, HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(f, err)
 	f.Cleanup(func() { _ = n.Close(context.Background()) })
 	nc, err := nats.Connect(n.NATSURL())
