@@ -78,10 +78,9 @@ type Actor struct {
 type job struct {
 	// sub is what the copy queue holds, kept here so a job is one
 	// allocation; it is the transfer side's until the job's JobDone.
-	sub   transfer.Submit
-	store *sched.StoreJob
-	span  trace.Span
-	ctx   context.Context
+	sub  transfer.Submit
+	span trace.Span
+	ctx  context.Context
 }
 
 // Spawner spawns an engine's request actors from one Props: a live request
@@ -265,7 +264,7 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 // learn of its chunks from the pool's journal: BlockStored as the copy
 // completed, in order with every eviction (PROTOCOL.md, "kv_events").
 func (a *Actor) published(j *job) {
-	chunks := j.store.Chunks
+	chunks := j.sub.Chunks
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
 		n := 64 + len(a.state.ID())
@@ -273,7 +272,7 @@ func (a *Actor) published(j *job) {
 			n += 40 + 2*len(sched.WireKey(ch.Key))
 		}
 		b = slices.Grow(b, n) // one growth, not one per chunk, for a long-context job
-		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.store.ID))
+		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.sub.ID))
 		for i, ch := range chunks {
 			if i > 0 {
 				b = append(b, ',')
@@ -364,7 +363,7 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	if a.jobs == nil { // most requests never store: no map until one does
 		a.jobs = map[sched.JobID]*job{}
 	}
-	j := &job{store: sj, span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
+	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
 		Span: span.SpanContext(), Arrived: arrived}}
 	a.jobs[sj.ID] = j
