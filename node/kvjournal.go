@@ -246,19 +246,16 @@ func (m *kvMessage) flush(emit func(string, []byte)) {
 // one run of events per namespace. Its scratch is reused: not safe for
 // concurrent use.
 type keySplit struct {
-	sets        []keySet
-	slot        []int
-	order, next []int
-	sorted      []messages.Key
+	sets   []keySet
+	sorted []messages.Key
 }
 
-// keySet is one run: its namespace, group, key count, and the namespace's
-// first-seen rank.
+// keySet is one run being counted, then filled: its namespace, group, and
+// its keys' span of sorted (start, and next while filling).
 type keySet struct {
-	ns    sched.NamespaceID
-	group int
-	count int
-	rank  int
+	ns          sched.NamespaceID
+	group       int
+	count, next int
 }
 
 // keyRun is one (namespace, group) of a record's keys.
@@ -272,61 +269,59 @@ type keyRun struct {
 // call.
 func (s *keySplit) runs(keys []messages.Key) iter.Seq[keyRun] {
 	return func(yield func(keyRun) bool) {
-		// A counting sort by (namespace, group): a record rarely spans more
-		// than two groups, so the sets are searched linearly.
-		sets, slot, ranks := s.sets[:0], s.slot[:0], 0
+		// A counting sort by (namespace, group). A record rarely spans more
+		// than two sets, so they are searched linearly, and a namespace's
+		// sets are kept next to each other as they are found.
+		sets := s.sets[:0]
 		for _, k := range keys {
 			ns, _, g := sched.SplitKey(k)
-			i, rank := 0, -1
-			for ; i < len(sets) && (sets[i].ns != ns || sets[i].group != g); i++ {
-				if sets[i].ns == ns {
-					rank = sets[i].rank
-				}
+			if i := findSet(sets, ns, g); i >= 0 {
+				sets[i].count++
+				continue
 			}
-			if i == len(sets) {
-				if rank < 0 {
-					rank, ranks = ranks, ranks+1
-				}
-				sets = append(sets, keySet{ns: ns, group: g, rank: rank})
-			}
-			sets[i].count++
-			slot = append(slot, i)
-		}
-		order := s.order[:0] // sets by namespace rank, then first seen
-		for r := range ranks {
+			at := len(sets)
 			for i := range sets {
-				if sets[i].rank == r {
-					order = append(order, i)
+				if sets[i].ns == ns {
+					at = i + 1 // after the namespace's last set
 				}
 			}
+			sets = slices.Insert(sets, at, keySet{ns: ns, group: g, count: 1})
 		}
-		next := slices.Grow(s.next[:0], len(sets))[:len(sets)] // each set's next position in sorted
 		pos := 0
-		for _, i := range order {
-			next[i] = pos
-			pos += sets[i].count
+		for i := range sets {
+			sets[i].next, pos = pos, pos+sets[i].count
 		}
 		sorted := slices.Grow(s.sorted[:0], len(keys))[:len(keys)]
-		for i, k := range keys {
-			sorted[next[slot[i]]] = k
-			next[slot[i]]++
+		for _, k := range keys {
+			ns, _, g := sched.SplitKey(k)
+			set := &sets[findSet(sets, ns, g)]
+			sorted[set.next] = k
+			set.next++
 		}
-		s.sets, s.slot, s.order, s.next, s.sorted = sets, slot, order, next, sorted
+		s.sets, s.sorted = sets, sorted
 		defer func() {
 			clear(sorted)                  // the pool's strings: not ours to keep alive
 			if cap(sorted) > kvSpareKeys { // after a huge record: let the collector have them
-				s.slot, s.sorted = nil, nil
+				s.sorted = nil
 			}
 		}()
-		pos = 0
-		for _, i := range order {
-			run := keyRun{ns: sets[i].ns, group: sets[i].group, keys: sorted[pos : pos+sets[i].count : pos+sets[i].count]}
-			pos += sets[i].count
-			if !yield(run) {
+		for _, set := range sets { // set.next is now its end
+			run := sorted[set.next-set.count : set.next : set.next]
+			if !yield(keyRun{ns: set.ns, group: set.group, keys: run}) {
 				return
 			}
 		}
 	}
+}
+
+// findSet is the index of (ns, group) in sets, -1 if none.
+func findSet(sets []keySet, ns sched.NamespaceID, group int) int {
+	for i := range sets {
+		if sets[i].ns == ns && sets[i].group == group {
+			return i
+		}
+	}
+	return -1
 }
 
 // kvTarget is where keys of namespace ns that engineID's operation
