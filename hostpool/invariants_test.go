@@ -3,6 +3,7 @@ package hostpool
 import (
 	"errors"
 	"fmt"
+	"iter"
 	"math/rand"
 	"slices"
 	"testing"
@@ -34,12 +35,31 @@ type entryState struct {
 func snapshot(p *Pool) poolState {
 	s := poolState{FreePages: slices.Clone(p.freePages), Entries: map[messages.Key]entryState{},
 		LRU: lruOrder(p), Pending: p.pending, Pinned: p.pinned, Data: p.dataBytes}
-	for k, r := range p.index {
+	for k, r := range indexed(p) {
 		e := p.entries[r]
 		ext, _, _ := p.locate(k, nil)
 		s.Entries[k] = entryState{ext, e.state, e.pins, e.size}
 	}
 	return s
+}
+
+// indexed yields every indexed key and its entry, in table order.
+func indexed(p *Pool) iter.Seq2[messages.Key, ref] {
+	return func(yield func(messages.Key, ref) bool) {
+		for _, s := range p.index.slots {
+			if s != 0 && !yield(p.entries[slotRef(s)].key, slotRef(s)) {
+				return
+			}
+		}
+	}
+}
+
+// lookupRef is key's entry, or none.
+func lookupRef(p *Pool, key messages.Key) ref {
+	if r, ok := p.lookup(key); ok {
+		return r
+	}
+	return none
 }
 
 // lruOrder lists ready keys from least to most recently used.
@@ -66,7 +86,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 	usedPerPage := make([]int32, len(p.pages))
 	pending, ready, pinned := 0, 0, 0
 	var data int64
-	for k, r := range p.index {
+	for k, r := range indexed(p) {
 		e := p.entries[r]
 		var n int64
 		for _, pc := range e.pieces {
@@ -146,7 +166,7 @@ func checkInvariants(t *testing.T, p *Pool) {
 	prev := none
 	for r := p.head; r != none; r = p.entries[r].next {
 		e := p.entries[r]
-		if e.prev != prev || p.index[e.key] != r || e.state != Ready {
+		if e.prev != prev || lookupRef(p, e.key) != r || e.state != Ready {
 			fail("LRU entry %q: bad link, not in the map, or not ready", e.key)
 		}
 		prev = r
@@ -158,8 +178,9 @@ func checkInvariants(t *testing.T, p *Pool) {
 	if prev != p.tail || n != ready {
 		fail("LRU holds %d entries, %d ready keys", n, ready)
 	}
+	checkIndex(t, &p.index, p.entries)
 	want := Stats{Capacity: p.Capacity(), Data: data, PageBytes: p.pageBytes, Pages: len(p.pages),
-		FreePages: len(p.freePages), Used: len(p.index), Pending: pending, Ready: ready, Pinned: pinned}
+		FreePages: len(p.freePages), Used: p.index.n, Pending: pending, Ready: ready, Pinned: pinned}
 	if got := p.Stats(); got != want {
 		fail("Stats %+v, want %+v", got, want)
 	}
@@ -249,7 +270,7 @@ func pendingJobs(p *Pool, jobs [][]messages.Key) [][]messages.Key {
 		}
 	}
 	var loose []messages.Key
-	for k, r := range p.index {
+	for k, r := range indexed(p) {
 		if p.entries[r].state == Pending && !inJob[k] {
 			loose = append(loose, k)
 		}

@@ -44,7 +44,7 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 	fresh := p.fresh[:0]       // the new keys' indexes: no second lookup to add them
 	var pending []messages.Key // allocated only when some offered key is pending
 	for i, k := range keys {
-		if r, ok := p.index[k]; ok {
+		if r, ok := p.lookup(k); ok {
 			p.entries[r].mark = p.epoch
 			if p.entries[r].state == Pending {
 				pending = append(pending, k)
@@ -214,10 +214,10 @@ func (p *Pool) fits(needed []*class, freed int) bool {
 const reserveMax = 1 << 16
 
 // reserve sizes the entry slab, when it is full, for as many chunks of size
-// bytes as the pool holds (at most reserveMax), and the index too when it is
-// still empty (a map is sized only when made): a pool filling up grows them
-// once instead of doubling its way there (each doubling copies the slab and
-// rehashes the index, in PrepareStore's critical section).
+// bytes as the pool holds (at most reserveMax), and the index with it: a
+// pool filling up grows them once instead of doubling its way there (each
+// doubling copies the slab and rehashes the index, in PrepareStore's
+// critical section).
 func (p *Pool) reserve(size int64) {
 	if len(p.entries) < cap(p.entries) {
 		return
@@ -229,9 +229,7 @@ func (p *Pool) reserve(size int64) {
 	entries := make([]entry, len(p.entries), n)
 	copy(entries, p.entries)
 	p.entries = entries
-	if len(p.index) == 0 {
-		p.index = make(map[messages.Key]ref, n)
-	}
+	p.index.reserve(n)
 }
 
 // add stores key as a new pending entry of size bytes and returns it.
@@ -252,7 +250,7 @@ func (p *Pool) add(k messages.Key, size int64) ref {
 		pieces = append(pieces, p.alloc(cs))
 	}
 	*e = entry{key: k, state: Pending, size: size, pieces: pieces, prev: none, next: none}
-	p.index[k] = r
+	p.index.put(k, r)
 	p.pending++
 	p.dataBytes += size
 	return r

@@ -128,7 +128,7 @@ type Pool struct {
 	classes   map[int64]*class
 	entries   []entry
 	freeRefs  []ref
-	index     map[messages.Key]ref
+	index     keyIndex
 	// LRU list of ready entries: head is least recently used.
 	head, tail  ref
 	pending     int
@@ -162,7 +162,7 @@ func New(bytes, pageBytes int64) *Pool {
 	}
 	n := bytes / pageBytes
 	p := &Pool{pageBytes: pageBytes, unit: max(pageBytes/16, 1), pages: make([]page, n),
-		freePages: make([]int32, n), classes: map[int64]*class{}, index: map[messages.Key]ref{},
+		freePages: make([]int32, n), classes: map[int64]*class{}, index: newKeyIndex(0),
 		head: none, tail: none}
 	for i := range p.pages {
 		p.pages[i].pos = -1
@@ -182,12 +182,12 @@ func (p *Pool) PageBytes() int64 { return p.pageBytes }
 func (p *Pool) Capacity() int64 { return int64(len(p.pages)) * p.pageBytes }
 
 // Len is the number of keys present, pending or ready.
-func (p *Pool) Len() int { return len(p.index) }
+func (p *Pool) Len() int { return p.index.n }
 
 // full reports whether no key can be added: no free page, no free slot, and
 // every chunk pending or pinned.
 func (p *Pool) full() bool {
-	if len(p.freePages) > 0 || len(p.index)-p.pending-p.pinned > 0 {
+	if len(p.freePages) > 0 || p.index.n-p.pending-p.pinned > 0 {
 		return false
 	}
 	for _, c := range p.classes {
@@ -213,14 +213,17 @@ type Stats struct {
 
 // Stats reports usage.
 func (p *Pool) Stats() Stats {
-	used := len(p.index)
+	used := p.index.n
 	return Stats{Capacity: p.Capacity(), Data: p.dataBytes, PageBytes: p.pageBytes, Pages: len(p.pages),
 		FreePages: len(p.freePages), Used: used, Pending: p.pending, Ready: used - p.pending, Pinned: p.pinned}
 }
 
+// lookup is key's entry.
+func (p *Pool) lookup(key messages.Key) (ref, bool) { return p.index.get(key, p.entries) }
+
 // Lookup returns the state of key and its size in bytes (0 when Absent).
 func (p *Pool) Lookup(key messages.Key) (State, int64) {
-	r, ok := p.index[key]
+	r, ok := p.lookup(key)
 	if !ok {
 		return Absent, 0
 	}
@@ -232,7 +235,7 @@ func (p *Pool) Lookup(key messages.Key) (State, int64) {
 // (Absent: nothing appended). Extents do not move while the key is pending
 // or pinned.
 func (p *Pool) locate(key messages.Key, dst []Extent) ([]Extent, uint32, State) {
-	r, ok := p.index[key]
+	r, ok := p.lookup(key)
 	if !ok {
 		return dst, 0, Absent
 	}
@@ -262,7 +265,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 		if i < len(slots) && slots[i] >= 0 && int(slots[i]) < len(p.entries) && p.entries[slots[i]].key == k {
 			r, found = ref(slots[i]), true
 		} else {
-			r, found = p.index[k]
+			r, found = p.lookup(k)
 		}
 		if !found || p.entries[r].state != Pending {
 			continue
@@ -285,7 +288,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 	p.CompleteStore(keys, sums)
 	for _, k := range keys {
-		if r, ok := p.index[k]; ok && p.entries[r].state == Ready {
+		if r, ok := p.lookup(k); ok && p.entries[r].state == Ready {
 			e := &p.entries[r]
 			if e.pins == 0 {
 				p.pinned++
@@ -300,7 +303,7 @@ func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 // whether it did; a key pinned by another load is left to that load, which
 // verifies it too.
 func (p *Pool) Drop(key messages.Key) bool {
-	r, ok := p.index[key]
+	r, ok := p.lookup(key)
 	if !ok || p.entries[r].state != Ready || p.entries[r].pins > 0 {
 		return false
 	}
@@ -315,7 +318,7 @@ func (p *Pool) remove(r ref) {
 	for _, pc := range e.pieces {
 		p.release(pc)
 	}
-	delete(p.index, e.key)
+	p.index.del(e.key, r)
 	p.dataBytes -= e.size
 	e.key, e.pieces = "", e.pieces[:0]
 	p.freeRefs = append(p.freeRefs, r)
@@ -326,13 +329,14 @@ func (p *Pool) remove(r ref) {
 // the first key that is not (ErrNotReady) and pins nothing.
 func (p *Pool) PrepareLoad(keys []messages.Key) error {
 	for _, k := range keys {
-		r, ok := p.index[k]
+		r, ok := p.lookup(k)
 		if !ok || p.entries[r].state != Ready {
 			return &KeyError{Key: k, Err: ErrNotReady}
 		}
 	}
 	for _, k := range keys {
-		e := &p.entries[p.index[k]]
+		r, _ := p.lookup(k)
+		e := &p.entries[r]
 		if e.pins == 0 {
 			p.pinned++
 		}
@@ -344,7 +348,7 @@ func (p *Pool) PrepareLoad(keys []messages.Key) error {
 // CompleteLoad unpins keys pinned by PrepareLoad.
 func (p *Pool) CompleteLoad(keys []messages.Key) {
 	for _, k := range keys {
-		if r, ok := p.index[k]; ok && p.entries[r].pins > 0 {
+		if r, ok := p.lookup(k); ok && p.entries[r].pins > 0 {
 			e := &p.entries[r]
 			e.pins--
 			if e.pins == 0 {
@@ -359,7 +363,7 @@ func (p *Pool) CompleteLoad(keys []messages.Key) {
 // is evicted from its tail first.
 func (p *Pool) Touch(keys []messages.Key) {
 	for i := len(keys) - 1; i >= 0; i-- {
-		if r, ok := p.index[keys[i]]; ok && p.entries[r].state == Ready {
+		if r, ok := p.lookup(keys[i]); ok && p.entries[r].state == Ready {
 			p.unlink(r)
 			p.pushBack(r)
 		}

@@ -69,7 +69,7 @@ func runPool(t *testing.T, p *Pool, script []pop) {
 					ext, _, st := p.locate(k, nil)
 					require.Equal(t, Pending, st, msg)
 					require.Equal(t, ext, got.Chunk(i), msg)
-					require.Equal(t, p.index[k], ref(got.Slots[i]), msg)
+					require.Equal(t, lookupRef(p, k), ref(got.Slots[i]), msg)
 				}
 				got.Ext, got.Ends, got.Slots = nil, nil, nil
 				require.Equal(t, s.want, got, msg)
@@ -330,7 +330,7 @@ func TestReserveSizesTablesOnce(t *testing.T) {
 		t.Fatalf("pool holds %d keys, want 1024", p.Len())
 	}
 	for _, k := range keys {
-		if _, ok := p.index[k]; !ok {
+		if _, ok := p.lookup(k); !ok {
 			t.Fatalf("key %s lost", k)
 		}
 	}

@@ -24,7 +24,7 @@ func naiveFits(p *Pool, victims []messages.Key, keys []messages.Key, sizes []int
 		used[i], class[i] = pg.used, pg.class
 	}
 	for _, k := range victims {
-		for _, pc := range p.entries[p.index[k]].pieces {
+		for _, pc := range p.entries[lookupRef(p, k)].pieces {
 			used[pc.pg]--
 		}
 	}
@@ -35,7 +35,7 @@ func naiveFits(p *Pool, victims []messages.Key, keys []messages.Key, sizes []int
 	}
 	seen := map[messages.Key]bool{}
 	for i, k := range keys {
-		if _, ok := p.index[k]; ok || seen[k] {
+		if _, ok := p.lookup(k); ok || seen[k] {
 			continue
 		}
 		seen[k] = true
