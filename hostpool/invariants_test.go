@@ -204,16 +204,17 @@ func TestPoolQuickCheck(t *testing.T) {
 			return out
 		}
 		var jobs, loads [][]messages.Key
+		var scratch Prepared // reused by half the offers, as a decision's caller does
 		for range 150 {
 			switch r := rng.Intn(100); {
 			case r < 35:
 				keys := randKeys(rng.Intn(24))
-				checkPrepareStore(t, p, keys)
+				checkPrepareStore(t, p, keys, &scratch)
 				if got, err := p.PrepareStore(nil, nil); err != nil || len(got.Keys) > 0 {
 					t.Fatalf("empty store: %v %v", got, err)
 				}
 			case r < 38:
-				checkPrepareStore(t, p, randKeys(1+rng.Intn(3)))
+				checkPrepareStore(t, p, randKeys(1+rng.Intn(3)), nil)
 			case r < 60:
 				// Complete the keys of the last prepared jobs (kept in order).
 				if len(jobs) == 0 {
@@ -282,9 +283,10 @@ func pendingJobs(p *Pool, jobs [][]messages.Key) [][]messages.Key {
 	return jobs
 }
 
-// checkPrepareStore calls PrepareStore and checks its outcome against a naive
-// recomputation from the pool's state before the call.
-func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key) {
+// checkPrepareStore calls PrepareStore (scratch nil) or PrepareStoreInto
+// scratch and checks its outcome against a naive recomputation from the
+// pool's state before the call.
+func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key, scratch *Prepared) {
 	t.Helper()
 	before := snapshot(p)
 	offered := map[messages.Key]bool{}
@@ -302,9 +304,23 @@ func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key) {
 		}
 	}
 	free := len(p.pages) - len(before.Entries)
-	got, err := p.PrepareStore(keys, nil)
+	var got Prepared
+	var err error
+	if scratch == nil {
+		got, err = p.PrepareStore(keys, nil)
+	} else {
+		before := scratch.Ext
+		err = p.PrepareStoreInto(scratch, keys, nil)
+		got = *scratch
+		if len(before) > 0 && len(got.Ext) > 0 {
+			require.NotSame(t, &before[0], &got.Ext[0], "a job keeps its room: Ext is never reused")
+		}
+	}
 	if len(want) > free+len(evictable) {
 		require.ErrorIs(t, err, ErrNoRoom)
+		require.Empty(t, got.Keys, "no room: nothing prepared")
+		require.Empty(t, got.Evicted, "no room: nothing evicted")
+		require.Empty(t, got.Ext, "no room: no room given")
 		require.True(t, errors.Is(err, ErrNoRoom))
 		require.Equal(t, before, snapshot(p), "no room changes nothing")
 		return

@@ -18,19 +18,38 @@ import (
 // Duplicate keys in one offer are stored once and need room once (see
 // dedupMax).
 func (p *Pool) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
-	return p.prepareStore(keys, sizes, true)
+	var out Prepared
+	err := p.prepareStore(&out, keys, sizes, true)
+	return out, err
 }
 
-// prepareStore is PrepareStore; rooms says whether to report the new keys'
-// Extents and Slots (a caller that locates its keys later, as a load from
-// disk does, does not need them built under the pool's lock).
-func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Prepared, error) {
+// PrepareStoreInto is PrepareStore writing its outcome over out, whose
+// Keys, Ends, Slots, Pending, Evicted and Victims backing arrays it reuses
+// (a decision's caller keeps one Prepared as scratch: those slices are read
+// before the next decision). Ext is new every time, since a store job keeps
+// its room until it ends. On error out is empty.
+func (p *Pool) PrepareStoreInto(out *Prepared, keys []messages.Key, sizes []int64) error {
+	return p.prepareStore(out, keys, sizes, true)
+}
+
+// Reset empties out for another call, keeping its backing arrays except
+// Ext's (see PrepareStoreInto).
+func (out *Prepared) Reset() {
+	*out = Prepared{Keys: out.Keys[:0], Extents: Extents{Ends: out.Ends[:0]}, Slots: out.Slots[:0],
+		Pending: out.Pending[:0], Evicted: out.Evicted[:0], Victims: out.Victims[:0]}
+}
+
+// prepareStore is PrepareStoreInto; rooms says whether to report the new
+// keys' Extents and Slots (a caller that locates its keys later, as a load
+// from disk does, does not need them built under the pool's lock).
+func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, rooms bool) error {
+	out.Reset()
 	if sizes != nil && len(sizes) != len(keys) {
-		return Prepared{}, fmt.Errorf("%w: %d sizes for %d keys", ErrBadSize, len(sizes), len(keys))
+		return fmt.Errorf("%w: %d sizes for %d keys", ErrBadSize, len(sizes), len(keys))
 	}
 	for i, s := range sizes {
 		if s <= 0 {
-			return Prepared{}, fmt.Errorf("%w: key %x: %d bytes", ErrBadSize, string(keys[i]), s)
+			return fmt.Errorf("%w: key %x: %d bytes", ErrBadSize, string(keys[i]), s)
 		}
 	}
 	p.nextEpoch()
@@ -41,13 +60,12 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 	needed := p.needed[:0]
 	short := len(keys) <= dedupMax
 	newKeys := 0
-	fresh := p.fresh[:0]       // the new keys' indexes: no second lookup to add them
-	var pending []messages.Key // allocated only when some offered key is pending
+	fresh := p.fresh[:0] // the new keys' indexes: no second lookup to add them
 	for i, k := range keys {
 		if r, ok := p.lookup(k); ok {
 			p.entries[r].mark = p.epoch
 			if p.entries[r].state == Pending {
-				pending = append(pending, k)
+				out.Pending = append(out.Pending, k)
 			}
 			continue
 		}
@@ -71,7 +89,7 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 		p.clearSeen()
 	}
 	if newKeys == 0 {
-		return Prepared{Pending: pending}, nil
+		return nil
 	}
 	freed := 0
 	victims := p.victims[:0]
@@ -87,13 +105,14 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 	}
 	p.victims = victims[:0]
 	if !p.fits(needed, freed) {
-		return Prepared{}, fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
+		out.Reset()
+		return fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
 			newKeys, len(p.freePages), len(victims))
 	}
-	out := Prepared{Keys: make([]messages.Key, 0, newKeys), Pending: pending}
+	out.Keys, out.Evicted = slices.Grow(out.Keys, newKeys), slices.Grow(out.Evicted, len(victims))
 	if rooms {
-		out.Ext, out.Ends = make([]Extent, 0, newKeys), make([]int, 0, newKeys)
-		out.Slots = make([]int32, 0, newKeys)
+		out.Ext = make([]Extent, 0, newKeys) // kept by the job (JobChunk.Room): never reused
+		out.Ends, out.Slots = slices.Grow(out.Ends, newKeys), slices.Grow(out.Slots, newKeys)
 	}
 	for _, r := range victims {
 		e := &p.entries[r]
@@ -121,7 +140,7 @@ func (p *Pool) prepareStore(keys []messages.Key, sizes []int64, rooms bool) (Pre
 		out.Ends = append(out.Ends, len(out.Ext))
 		out.Slots = append(out.Slots, int32(r))
 	}
-	return out, nil
+	return nil
 }
 
 // seenBefore reports whether k, an absent key of a long offer, was offered

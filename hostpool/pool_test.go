@@ -433,9 +433,9 @@ func TestLongOfferCountsRepeatsOnce(t *testing.T) {
 			require.NoError(t, err)
 			p.CompleteStore(ready, sums(ready))
 			require.Equal(t, before, snapshot(p))
-			checkPrepareStore(t, p, offer)
+			checkPrepareStore(t, p, offer, nil)
 			checkInvariants(t, p)
-			checkPrepareStore(t, p, offer)
+			checkPrepareStore(t, p, offer, nil)
 		})
 	}
 }

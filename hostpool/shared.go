@@ -68,18 +68,30 @@ func (s *Shared) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, err
 	return s.By("").PrepareStore(keys, sizes)
 }
 
+func (s *Shared) PrepareStoreInto(out *Prepared, keys []messages.Key, sizes []int64) error {
+	return s.By("").PrepareStoreInto(out, keys, sizes)
+}
+
 // PrepareStore: see Pool.PrepareStore; its evictions are journaled.
 func (b By) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
+	var out Prepared
+	err := b.PrepareStoreInto(&out, keys, sizes)
+	return out, err
+}
+
+// PrepareStoreInto: see Pool.PrepareStoreInto; its evictions are journaled.
+func (b By) PrepareStoreInto(out *Prepared, keys []messages.Key, sizes []int64) error {
 	s := b.s
 	if s.full.Load() && len(keys) > 0 {
-		return Prepared{}, errFull
+		out.Reset()
+		return errFull
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	prep, err := s.pool.PrepareStore(keys, sizes)
-	s.note(false, prep.Evicted, b.engine)
+	err := s.pool.PrepareStoreInto(out, keys, sizes)
+	s.note(false, out.Evicted, b.engine)
 	s.full.Store(s.pool.full())
-	return prep, err
+	return err
 }
 
 var errFull = fmt.Errorf("%w: every chunk is pending or pinned", ErrNoRoom)
@@ -197,7 +209,7 @@ func (b By) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64
 		return Prepared{}, err
 	}
 	if len(absent) > 0 {
-		if prep, err = s.pool.prepareStore(absent, sizes, false); err != nil { // located again when copied
+		if err = s.pool.prepareStore(&prep, absent, sizes, false); err != nil { // located again when copied
 			s.pool.CompleteLoad(here)
 			return Prepared{}, err
 		}

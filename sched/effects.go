@@ -69,13 +69,12 @@ type Retry struct {
 // Effects is the work Advance and JobDone hand back, in the order the caller
 // performs it: cancel queued copies, start Job, count Evicted (the pool's
 // journal announces them), record Deferred, schedule Retry, publish Releases.
-// They are the caller's: the Request keeps no reference to their slices
-// (Evicted is the slice the Preparer returned).
+// They are the caller's: the Request keeps no reference to their slices.
 type Effects struct {
 	Cancel   []JobID // queued copies of this request to cancel (preemption)
 	Job      *StoreJob
-	Evicted  []messages.Key // ready keys the pool evicted to make room
-	Deduped  int            // candidate chunks already present in the pool
+	Evicted  int // ready chunks the pool evicted to make room
+	Deduped  int // candidate chunks already present in the pool
 	Deferred []Deferral
 	Retry    *Retry
 	GivenUp  int      // ready chunks given up after the retry limit at finish

@@ -211,7 +211,6 @@ func (h *harness) record(e Effects) Effects {
 	// Effects' slices are valid until the next call: keep copies.
 	e.Cancel = append([]JobID(nil), e.Cancel...)
 	e.Deferred = append([]Deferral(nil), e.Deferred...)
-	e.Evicted = append([]messages.Key(nil), e.Evicted...)
 	e.Releases = append([]string(nil), e.Releases...)
 	return e
 }
@@ -314,7 +313,7 @@ func (h *harness) check(i int, o op, e Effects) {
 	require.Equal(h.t, w.cancel, nilIfEmpty(e.Cancel), "%s: cancel", msg)
 	require.Equal(h.t, w.deduped, e.Deduped, "%s: deduped", msg)
 	require.Equal(h.t, w.dropped, e.GivenUp, "%s: given up", msg)
-	require.Len(h.t, e.Evicted, w.evicted, "%s: evicted", msg)
+	require.Equal(h.t, w.evicted, e.Evicted, "%s: evicted", msg)
 	switch {
 	case w.deferred == nil:
 	case len(w.deferred) == 0:
@@ -342,6 +341,6 @@ func nilIfEmpty[T any](s []T) []T {
 // noWork reports whether effects ask the caller for nothing (a dedup count
 // alone is no work).
 func noWork(e *Effects) bool {
-	return len(e.Cancel) == 0 && e.Job == nil && len(e.Evicted) == 0 && len(e.Deferred) == 0 &&
+	return len(e.Cancel) == 0 && e.Job == nil && e.Evicted == 0 && len(e.Deferred) == 0 &&
 		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
 }

@@ -12,8 +12,11 @@ import (
 
 // Preparer is the part of the host pool a decision needs.
 type Preparer interface {
-	// PrepareStore makes room for keys, sizes[i] bytes for keys[i].
-	PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error)
+	// PrepareStoreInto makes room for keys, sizes[i] bytes for keys[i],
+	// and writes what it did over out, reusing its slices' backing arrays
+	// except Ext's (hostpool.Pool.PrepareStoreInto): a decision reads them
+	// before its scratch is pooled again, and a job keeps only its room.
+	PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error
 }
 
 // Request is one request's store state. It is not safe for concurrent use:
@@ -218,6 +221,7 @@ type scratch struct {
 	built   []messages.Key // their keys
 	starts  []int          // per group, where its chunks past its key cache start in missing
 	sizes   []int64        // bytes of each offered chunk
+	prep    hostpool.Prepared
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -229,7 +233,12 @@ const scratchMax = 4096
 func (sc *scratch) release() {
 	clear(sc.keys) // no pooled reference to keys the pool may evict
 	clear(sc.built)
-	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax {
+	clear(sc.prep.Keys)
+	clear(sc.prep.Pending)
+	clear(sc.prep.Evicted)
+	sc.prep.Ext = nil // the job's now
+	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax ||
+		cap(sc.prep.Evicted) > scratchMax || cap(sc.prep.Pending) > scratchMax {
 		return
 	}
 	sc.cands, sc.keys, sc.missing, sc.built, sc.starts, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0],
@@ -262,16 +271,15 @@ func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
 	}
 	keys = r.candidateKeys(keys, cands, readies, sc)
 	sc.cands, sc.keys = cands, keys
-	var prep hostpool.Prepared
+	prep := &sc.prep
+	prep.Reset() // nothing of the last decision's, whatever the Preparer does
 	if len(keys) > 0 {
-		var err error
 		sizes := sc.sizes[:0]
 		for _, c := range cands {
 			sizes = append(sizes, r.lay.Groups[c.group].ChunkBytes)
 		}
 		sc.sizes = sizes
-		prep, err = p.PrepareStore(keys, sizes)
-		if err != nil { // no room, or a pool that refuses the keys: retry either way
+		if err := p.PrepareStoreInto(prep, keys, sizes); err != nil { // no room, or a pool that refuses the keys: retry either way
 			r.cacheKeys(sc)
 			r.failAttempt(RetryPoolFull, e)
 			return
@@ -281,7 +289,7 @@ func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
 	for g := range r.groups {
 		r.groups[g].decided(readies[g])
 	}
-	e.Evicted = prep.Evicted // the pool's own slice, made for this call
+	e.Evicted = len(prep.Evicted)
 	e.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
 	r.holdPending(cands, keys, prep.Pending, e)
 	if len(prep.Keys) == 0 {
@@ -406,7 +414,7 @@ func slotOf(prep *hostpool.Prepared, i int) int32 {
 	return prep.Slots[i]
 }
 
-func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool.Prepared) *StoreJob {
+func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep *hostpool.Prepared) *StoreJob {
 	r.nextJob++
 	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
 	bpc := r.lay.BlocksPerChunk
@@ -420,7 +428,7 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep hostpool
 		n := len(blocks)
 		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
-			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(&prep, next), Slot: slotOf(&prep, next)})
+			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(prep, next), Slot: slotOf(prep, next)})
 		next++
 	}
 	return job

@@ -108,13 +108,21 @@ func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Attachment) *En
 	return &Engine{s: s, id: id, lay: lay, dev: dev}
 }
 
-// PrepareStore makes room for a decision's chunks (sched.Preparer). With a
+// PrepareStore makes room for a decision's chunks. With a
 // disk tier the evicted chunks' bytes are copied out here, before the job
 // that reuses their room is submitted, and queued for the disk writer.
 func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error) {
-	prep, err := e.s.pool.By(e.id).PrepareStore(keys, sizes)
-	e.spill(prep.Victims)
+	var prep hostpool.Prepared
+	err := e.PrepareStoreInto(&prep, keys, sizes)
 	return prep, err
+}
+
+// PrepareStoreInto is PrepareStore writing over out (sched.Preparer; see
+// hostpool.Pool.PrepareStoreInto).
+func (e *Engine) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
+	err := e.s.pool.By(e.id).PrepareStoreInto(out, keys, sizes)
+	e.spill(out.Victims)
+	return err
 }
 
 func (e *Engine) spill(victims []hostpool.Victim) {

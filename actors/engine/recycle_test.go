@@ -106,12 +106,12 @@ type gatedStore struct {
 	gate    chan struct{}
 }
 
-func (g *gatedStore) PrepareStore([]messages.Key, []int64) (hostpool.Prepared, error) {
+func (g *gatedStore) PrepareStoreInto(*hostpool.Prepared, []messages.Key, []int64) error {
 	if g.calls.Add(1) == 2 {
 		close(g.blocked)
 		<-g.gate
 	}
-	return hostpool.Prepared{}, fmt.Errorf("%w: gated test store", hostpool.ErrNoRoom)
+	return fmt.Errorf("%w: gated test store", hostpool.ErrNoRoom)
 }
 
 func (g *gatedStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }

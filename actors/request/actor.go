@@ -66,7 +66,7 @@ type Actor struct {
 	state *sched.Request
 	span  trace.Span
 	ctx   context.Context // carries span
-	jobs  map[sched.JobID]*job
+	jobs  *job            // in flight, a list: a request has few, and a map costs two allocations
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
@@ -81,6 +81,18 @@ type job struct {
 	sub  transfer.Submit
 	span trace.Span
 	ctx  context.Context
+	next *job
+}
+
+// takeJob unlinks and returns the job in flight with id, nil if none.
+func (a *Actor) takeJob(id sched.JobID) *job {
+	for p := &a.jobs; *p != nil; p = &(*p).next {
+		if j := *p; j.sub.ID == id {
+			*p, j.next = j.next, nil
+			return j
+		}
+	}
+	return nil
 }
 
 // Spawner spawns an engine's request actors from one Props: a live request
@@ -218,8 +230,7 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 		// if each completion had come alone.
 		a.decideOwed(c)
 	}
-	if j, ok := a.jobs[m.ID]; ok {
-		delete(a.jobs, m.ID)
+	if j := a.takeJob(m.ID); j != nil {
 		a.jobEnded(c, j, m)
 	} else {
 		a.deps.Metrics.Unexpected.Inc()
@@ -291,7 +302,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	if eff.Job != nil {
 		a.submit(c, eff.Job, arrived)
 	}
-	if len(eff.Evicted) > 0 {
+	if eff.Evicted > 0 {
 		a.evicted(eff.Evicted)
 	}
 	if eff.Deduped > 0 { // an atomic add on a counter every core shares: not for nothing
@@ -360,13 +371,10 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
 			tracing.AttrBytes.Int64(bytes))
 	}
-	if a.jobs == nil { // most requests never store: no map until one does
-		a.jobs = map[sched.JobID]*job{}
-	}
 	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived}}
-	a.jobs[sj.ID] = j
+		Span: span.SpanContext(), Arrived: arrived}, next: a.jobs}
+	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {
 		a.deps.Queue.Submit(sub)
@@ -377,8 +385,8 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 
 // evicted counts a decision's evictions; the pool's journal announces
 // them (BlockRemoved, in order with the stores).
-func (a *Actor) evicted(keys []messages.Key) {
-	a.deps.Metrics.Evictions.Add(float64(len(keys)))
+func (a *Actor) evicted(n int) {
+	a.deps.Metrics.Evictions.Add(float64(n))
 }
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -159,4 +160,48 @@ func TestRestartedRequestActorStopsWithItsAccountsSettled(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// A request's jobs in flight end in whatever order the transfer side
+// finishes them: each JobDone finds its own job (the newest is not always
+// the one that ends), its chunks are stored, and the finished request is
+// released once the last ends.
+func TestJobsInFlightEndInAnyOrder(t *testing.T) {
+	for _, order := range []string{"oldest first", "newest first"} {
+		t.Run(order, func(t *testing.T) {
+			_, nc := testkit.NATS(t)
+			released := testkit.Subscribe(t, nc, "kvactors.e.released")
+			rig := newHeldRig(t, nc, 16)
+			system, deps, seen := rig.system, rig.deps, rig.seen
+			pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded,
+				Request: "r", PromptTokens: 12, MaxOffloadTokens: -1}, context.Background())
+			send := func(evs ...messages.Event) {
+				for i := range evs {
+					evs[i].Request = "r"
+				}
+				system.Root.Send(pid, &request.Events{Events: evs})
+			}
+			var jobs []*transfer.Submit
+			for i, h := range []messages.Hash{"h0", "h1", "h2"} {
+				send(messages.Event{Type: messages.EvHashes, Start: i, Hashes: []messages.Hash{h}},
+					messages.Event{Type: messages.EvBlocks, Start: i, IDs: []messages.BlockID{messages.BlockID(i + 1)}},
+					messages.Event{Type: messages.EvTokens, Computed: 4 * (i + 1), Total: 4 * (i + 1)})
+				jobs = append(jobs, testkit.Recv(t, seen, 5*time.Second, "store job").(*transfer.Submit))
+			}
+			send(messages.Event{Type: messages.EvFinished, Computed: 12, Total: 12})
+			if order == "newest first" {
+				slices.Reverse(jobs)
+			}
+			for _, j := range jobs {
+				require.Len(t, j.Chunks, 1)
+				require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+				system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: j.ID}, deps.Transfer)
+			}
+			var rel messages.Released
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "released").Data, &rel))
+			require.Equal(t, "finished", rel.Reason)
+			require.Zero(t, testutil.ToFloat64(deps.Metrics.Unexpected), "a JobDone found no job")
+			require.Equal(t, 3.0, testutil.ToFloat64(rig.store.ChunksStored), "every chunk stored")
+		})
+	}
 }

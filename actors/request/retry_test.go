@@ -29,16 +29,16 @@ type gatedStore struct {
 	entered chan struct{}
 }
 
-func (s *gatedStore) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prepared, error) {
+func (s *gatedStore) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
 	if s.refuse.Load() {
-		return hostpool.Prepared{}, errors.New("no room")
+		return errors.New("no room")
 	}
 	select {
 	case s.entered <- struct{}{}:
 	default:
 	}
 	<-s.gate
-	return s.Store.PrepareStore(keys, sizes)
+	return s.Store.PrepareStoreInto(out, keys, sizes)
 }
 
 // A request actor runs its retry on whoever delivers it. Retries of many
