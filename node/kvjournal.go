@@ -180,8 +180,9 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 // it) and cut before it would pass kvMessageBytes.
 type kvMessage struct {
 	engine string
-	body   []byte // the batch opened, events so far; empty: none
-	tail   []byte // the current event's closing, known before its hashes
+	body   []byte           // the batch opened, events so far; empty: none
+	tail   []byte           // the current event's closing, known before its hashes
+	now    func() time.Time // the batch's ts; nil: time.Now (a test fixes it to cut exactly)
 }
 
 // add appends one event of keys (one namespace, one group) for engine,
@@ -195,13 +196,18 @@ func (m *kvMessage) add(engine, typ string, group int, medium, namespace string,
 		m.engine = engine
 	}
 	m.tail = wire.AppendKVEventClose(m.tail[:0], group, medium, namespace)
-	headBytes := len(`,{"type":"","block_hashes":[`) + len(typ)
+	// An event's comma and head; its first hash has no comma of its own.
+	headBytes := len(`,{"type":"","block_hashes":[`) + len(typ) - 1
 	for len(keys) > 0 {
 		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(keys[0])+len(m.tail)+2 > kvMessageBytes {
 			m.flush(emit)
 		}
 		if len(m.body) == 0 {
-			m.body = wire.AppendKVBatchOpen(m.body, float64(time.Now().UnixNano())/1e9)
+			now := time.Now
+			if m.now != nil {
+				now = m.now
+			}
+			m.body = wire.AppendKVBatchOpen(m.body, float64(now().UnixNano())/1e9)
 		} else {
 			m.body = append(m.body, ',')
 		}

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 	"testing/quick"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -276,4 +277,95 @@ func TestKeySplitProperties(t *testing.T) {
 		return len(slices.Compact(flat)) == len(keys)
 	}
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 500}))
+}
+
+// fillKV writes records, each the hash lengths of one event's keys, as one
+// engine's messages at a fixed time, and returns the messages.
+func fillKV(recs [][]int) [][]byte {
+	m := kvMessage{now: func() time.Time { return time.Unix(1764547200, 5e8) }}
+	var out [][]byte
+	emit := func(_ string, b []byte) { out = append(out, slices.Clone(b)) }
+	for i, rec := range recs {
+		keys := make([]messages.Key, len(rec))
+		for j, n := range rec {
+			keys[j] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(bytes.Repeat([]byte{byte(i + j)}, n)), 0))
+		}
+		m.add("e", messages.KVBlockStored, 0, messages.MediumCPU, "ns", keys, emit)
+	}
+	m.flush(emit)
+	return out
+}
+
+// exactFit changes recs' hash lengths until the first message is exactly
+// kvMessageBytes: the last key it holds grows by half an even slack; an
+// odd slack first takes a 1-byte key (5 bytes) into the first record, or
+// pushes the last key out when under 5.
+func exactFit(t *testing.T, recs [][]int) [][]byte {
+	t.Helper()
+	for range 8 {
+		out := fillKV(recs)
+		require.Greater(t, len(out), 1, "the records must need more than one message")
+		slack := kvMessageBytes - len(out[0])
+		require.GreaterOrEqual(t, slack, 0)
+		if slack == 0 {
+			return out
+		}
+		last := -1 // the first message's keys, less one
+		for _, e := range decodeKV(t, out[0]) {
+			last += len(e.BlockHashes)
+		}
+		r, j := 0, last
+		for j >= len(recs[r]) {
+			j -= len(recs[r])
+			r++
+		}
+		switch {
+		case slack%2 == 0:
+			recs[r][j] += slack / 2
+		case slack >= 5:
+			recs[0] = slices.Insert(recs[0], 1, 1)
+		default:
+			recs[r][j] += (slack + 1) / 2
+		}
+	}
+	t.Fatal("no exact fit found")
+	return nil
+}
+
+// A key that fits exactly is not cut: a message reaches kvMessageBytes to
+// the byte, both where one event's keys are cut across messages and where a
+// new event starts one; none passes it, and every hash arrives once, in
+// order.
+func TestKVMessageCutsExactlyAtTheBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		recs [][]int
+	}{
+		{"inside one event", [][]int{slices.Repeat([]int{60}, 5000)}},
+		{"between events", func() [][]int {
+			recs := make([][]int, 4000)
+			for i := range recs {
+				recs[i] = []int{60}
+			}
+			return recs
+		}()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			out := exactFit(t, tc.recs)
+			require.Len(t, out[0], kvMessageBytes)
+			var want, got []int
+			for _, rec := range tc.recs {
+				want = append(want, rec...)
+			}
+			for i, body := range out {
+				require.LessOrEqual(t, len(body), kvMessageBytes, "message %d", i)
+				for _, e := range decodeKV(t, body) {
+					for _, h := range e.BlockHashes {
+						got = append(got, len(h)/2)
+					}
+				}
+			}
+			require.Equal(t, want, got, "every hash once, in order")
+		})
+	}
 }
