@@ -186,3 +186,34 @@ func TestDecodeBatchNestingLimitMatchesEncodingJSON(t *testing.T) {
 		}
 	}
 }
+
+// The decoder's working memory is pooled across batches; what a batch
+// returns is its own: decoding many more batches, some concurrently,
+// changes nothing in events kept from an earlier one.
+func TestDecodedEventsOutliveTheDecodersScratch(t *testing.T) {
+	first, bad, err := DecodeBatch("e1", []byte(protocolBatch), Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	want, err := json.Marshal(first)
+	require.NoError(t, err)
+	other := strings.NewReplacer(`"00ff", "a1b2"`, `"1111", "2222", "3333"`, `[7, 0, 4294967295]`, `[9, 9, 9, 9]`,
+		`"r1"`, `"q1"`).Replace(protocolBatch)
+	done := make(chan error, 4)
+	for range 4 {
+		go func() {
+			for range 200 {
+				if _, _, err := DecodeBatch("e2", []byte(other), Limits{}); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	for range 4 {
+		require.NoError(t, <-done)
+	}
+	got, err := json.Marshal(first)
+	require.NoError(t, err)
+	require.JSONEq(t, string(want), string(got))
+}
