@@ -33,7 +33,12 @@ type Client struct {
 	fenceUntil time.Time
 	reregister bool   // the node forgot the engine: register again, then resync
 	resync     string // a resync is due, for this reason ("" = none)
-	reconnects uint64 // nc.Stats().Reconnects last seen
+	// An overflow resync waits until holdUntil; overflows counts those
+	// less than a lease apart, lastOverflow the latest.
+	holdUntil    time.Time
+	overflows    int
+	lastOverflow time.Time
+	reconnects   uint64 // nc.Stats().Reconnects last seen
 
 	epoch    string
 	seq      uint64
@@ -68,6 +73,7 @@ type Stats struct {
 	DroppedBatches   int            // by Config.DropBatch
 	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
+	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)
 	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
 	NodeLosses       int
 	Releases         int // delivered to OnReleased
@@ -254,6 +260,13 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if c.resync != "" {
+		if time.Now().Before(c.holdUntil) {
+			if c.batch.Events() > 0 {
+				c.st.HeldBatches++
+			}
+			c.batch.Reset()
+			return nil
+		}
 		c.resyncLocked()
 		return nil
 	}

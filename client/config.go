@@ -28,6 +28,15 @@ type Config struct {
 	// MaxBatchBytes splits a resync's re-announcement into batches of about
 	// this size, well under NATS' max_payload (default 256 KiB).
 	MaxBatchBytes int
+	// OverflowBackoff is how long the client waits before answering a
+	// resync whose reason is overflow (the node's intake was full and
+	// dropped a batch): re-announcing every live request into a full
+	// intake at once overflows it again. It doubles with each overflow
+	// resync less than a lease after the last, up to lease/4, and each wait
+	// is drawn from [½, 1] of it so engines spread out. Batches flushed
+	// meanwhile are not sent (Stats.HeldBatches): the resync re-announces
+	// them. Default 25ms; negative: answer at once.
+	OverflowBackoff time.Duration
 	// Log receives the client's warnings (default slog.Default()).
 	Log *slog.Logger
 
@@ -78,6 +87,9 @@ func (c *Config) withDefaults() (Config, error) {
 	}
 	if out.DefaultLease <= 0 {
 		out.DefaultLease = 10 * time.Second
+	}
+	if out.OverflowBackoff == 0 {
+		out.OverflowBackoff = 25 * time.Millisecond
 	}
 	if out.MaxBatchBytes <= 0 {
 		out.MaxBatchBytes = 256 << 10

@@ -14,7 +14,12 @@
 //     heartbeat reply counting more releases than arrived), on a lost tail
 //     the node's resync did not report (a batch still unapplied a heartbeat
 //     period later), on a new boot or re-register, on a batch the NATS
-//     client refused, and after its own NATS reconnect;
+//     client refused, and after its own NATS reconnect. A resync whose
+//     reason is overflow (the node's intake was full) waits first:
+//     Config.OverflowBackoff, doubling with each overflow within a lease up
+//     to lease/4, each wait drawn from [½, 1] of it; batches flushed
+//     meanwhile are held (the resync re-announces them), because every
+//     engine re-announcing at once into a full intake overflows it again;
 //   - releases: a request that finished or was preempted is free only on a
 //     `released` for the current epoch, or (reason node_lost) once its node
 //     is lost and the lease has passed. Each such event is answered exactly

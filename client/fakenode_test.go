@@ -249,6 +249,17 @@ func (f *fakeNode) events(epoch string) []messages.Event {
 	return out
 }
 
+// overflow drops the engine's epoch from now on, as a node whose intake
+// was full does, and asks it to resync (reason overflow).
+func (f *fakeNode) overflow(engine string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gapped = true
+	f.resyncs++
+	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbResync), messages.Resync{Node: f.node,
+		Boot: f.boot, Epoch: f.epoch, Expected: f.applied + 1, Reason: messages.ResyncOverflow})
+}
+
 func (f *fakeNode) counts() (resyncs, unregisters int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"time"
 
@@ -142,7 +143,26 @@ func (c *Client) onResync(m *nats.Msg) {
 	if rs.Epoch != c.epoch {
 		return // about an epoch already left behind
 	}
+	if rs.Reason == messages.ResyncOverflow && c.resync == "" {
+		c.holdLocked(time.Now())
+	}
 	c.wantResyncLocked("resync")
+}
+
+// holdLocked delays the resync an overflow calls for (Config.OverflowBackoff).
+func (c *Client) holdLocked(now time.Time) {
+	base := c.cfg.OverflowBackoff
+	if base < 0 {
+		return
+	}
+	if now.Sub(c.lastOverflow) > c.lease {
+		c.overflows = 0
+	}
+	c.overflows++
+	c.lastOverflow = now
+	wait := min(base<<min(c.overflows-1, 20), max(c.lease/4, base))
+	wait = wait/2 + rand.N(wait/2+1) // [½, 1]: engines overflowed together answer apart
+	c.holdUntil = now.Add(wait)
 }
 
 func (c *Client) onHello(m *nats.Msg) {
@@ -204,7 +224,8 @@ func (c *Client) loop() {
 	tick := time.NewTicker(period)
 	defer tick.Stop()
 	// Also wake the moment the lease runs out, so a silent node is noticed
-	// at lease_ms, not up to a heartbeat period later.
+	// at lease_ms, not up to a heartbeat period later, and when an overflow
+	// resync's wait ends.
 	expiry := time.NewTimer(c.untilExpiry())
 	defer expiry.Stop()
 	for {
@@ -224,14 +245,21 @@ func (c *Client) loop() {
 }
 
 // untilExpiry is how long until the node's lease runs out (a period when
-// that does not apply: a v1 node, or the node already lost).
+// that does not apply: a v1 node, or the node already lost), or until an
+// overflow resync's wait ends if sooner.
 func (c *Client) untilExpiry() time.Duration {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.boot == "" || c.lost {
-		return c.lease / 4
+	d := c.lease / 4
+	if c.boot != "" && !c.lost {
+		d = max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
 	}
-	return max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
+	if c.resync != "" {
+		if hold := time.Until(c.holdUntil); hold > 0 {
+			d = min(d, hold+time.Millisecond)
+		}
+	}
+	return d
 }
 
 // tickOnce does what is due now and returns the heartbeat period.
@@ -246,7 +274,7 @@ func (c *Client) tickOnce() time.Duration {
 	if c.boot == "" {
 		// A v1 node (no boot in its register reply): no node heartbeats to
 		// judge it by and no P.E.heartbeat to send.
-		resync := c.resync != "" && !c.closed
+		resync := c.resync != "" && !c.closed && !now.Before(c.holdUntil)
 		if resync {
 			c.resyncLocked()
 		}
@@ -277,7 +305,7 @@ func (c *Client) tickOnce() time.Duration {
 		c.tryRegister()
 		c.mu.Lock()
 	}
-	if c.resync != "" && !c.lost && !c.reregister && !c.closed {
+	if c.resync != "" && !c.lost && !c.reregister && !c.closed && !now.Before(c.holdUntil) {
 		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	if !c.lost && !c.reregister {

@@ -1,0 +1,76 @@
+package client_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// An overflow resync is answered after Config.OverflowBackoff (drawn from
+// [½, 1] of it), not at once: batches flushed meanwhile are held, not
+// sent into the full intake, and the new epoch re-announces them.
+func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", 10*time.Second)
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	batches := testkit.Subscribe(t, nc, "kvactors.e1.events")
+	const backoff = time.Second
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OverflowBackoff: backoff})
+	c.Added("r0", 8)
+	require.NoError(t, c.Flush())
+	old := c.Stats().Epoch
+	testkit.Recv(t, batches, 5*time.Second, "the first batch")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if len(f.events(old)) == 0 {
+			return fmt.Errorf("the fake node has not applied the first batch")
+		}
+		return nil
+	})
+
+	asked := time.Now()
+	f.overflow("e1")
+	testkit.Recv(t, resyncs, 5*time.Second, "the overflow resync")
+	added := 1
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		c.Added(fmt.Sprintf("r%d", added), 8)
+		added++
+		require.NoError(t, c.Flush())
+		if st := c.Stats(); st.HeldBatches == 0 {
+			require.Equal(t, old, st.Epoch, "the resync came before any batch was held")
+			return fmt.Errorf("no batch held yet")
+		}
+		return nil
+	})
+	require.Equal(t, old, c.Stats().Epoch, "no new epoch while the wait lasts")
+
+	for {
+		m := testkit.Recv(t, batches, 5*time.Second, "the new epoch's first batch")
+		var b struct{ Epoch string }
+		require.NoError(t, json.Unmarshal(m.Data, &b))
+		if b.Epoch != old {
+			break
+		}
+	}
+	require.GreaterOrEqual(t, time.Since(asked), backoff/2, "the new epoch came before the wait was over")
+	st := c.Stats()
+	require.Equal(t, 1, st.Resyncs["resync"])
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		seen := map[string]bool{}
+		for _, ev := range f.events(st.Epoch) {
+			if ev.Type == messages.EvAdded {
+				seen[ev.Request] = true
+			}
+		}
+		if len(seen) != added {
+			return fmt.Errorf("the new epoch announced %d of %d requests", len(seen), added)
+		}
+		return nil
+	})
+}
