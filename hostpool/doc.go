@@ -7,7 +7,8 @@
 // is given to one slot size (class) when needed and back when empty, and a
 // chunk is one or more slots (alloc.go). A store decision is all-or-nothing
 // (plan.go): it evicts the shortest LRU prefix of evictable keys that makes
-// room for every new chunk, or changes nothing.
+// room for every new chunk, or changes nothing. Keys are found through a
+// pointer-free open-addressing index (index.go).
 //
 // The package is plain code: no memory (the arena is package store's), no
 // locks, no clock. A Pool is owned by one caller at a time; Shared wraps it
