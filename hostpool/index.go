@@ -76,13 +76,16 @@ func (x *keyIndex) get(k messages.Key, entries []entry) (ref, bool) {
 	}
 }
 
-// put adds k, which must be absent, as entry r.
-func (x *keyIndex) put(k messages.Key, r ref) {
+// put adds k, which must be absent, as entry r, and returns its tag (the
+// entry keeps it, so deleting it later reads and hashes no key).
+func (x *keyIndex) put(k messages.Key, r ref) uint32 {
 	if 2*(x.n+1) > len(x.slots) {
 		x.resize(2 * len(x.slots))
 	}
-	x.place(slotOf(x.tag(k), r))
+	tag := x.tag(k)
+	x.place(slotOf(tag, r))
 	x.n++
+	return tag
 }
 
 func (x *keyIndex) place(s uint64) {
@@ -111,9 +114,9 @@ func (x *keyIndex) resize(size int) {
 	}
 }
 
-// del removes k, held by entry r. Finding the slot by ref reads no key.
-func (x *keyIndex) del(k messages.Key, r ref) {
-	tag := x.tag(k)
+// del removes entry r, indexed under tag (put's). Finding the slot by ref
+// reads no key: an evicted entry's key is cold.
+func (x *keyIndex) del(tag uint32, r ref) {
 	want := slotOf(tag, r)
 	mask := len(x.slots) - 1
 	i := x.home(tag)

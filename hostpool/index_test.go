@@ -28,6 +28,7 @@ func checkIndex(t *testing.T, x *keyIndex, entries []entry) {
 		require.Less(t, int(r), len(entries), "slot %d: ref out of range", i)
 		k := entries[r].key
 		require.Equal(t, x.tag(k), slotTag(s), "slot %d: tag is not its key's", i)
+		require.Equal(t, entries[r].tag, slotTag(s), "slot %d: tag is not the one its entry keeps", i)
 		for j := x.home(slotTag(s)); j != i; j = (j + 1) & mask {
 			require.NotZero(t, x.slots[j], "slot %d is past an empty slot of its run (home %d)", i, x.home(slotTag(s)))
 		}
@@ -58,7 +59,7 @@ func TestKeyIndexMatchesAMap(t *testing.T) {
 			}
 			switch {
 			case ok && rng.Intn(2) == 0:
-				x.del(k, r)
+				x.del(entries[r].tag, r)
 				delete(model, k)
 				entries[r].key = ""
 				free = append(free, r)
@@ -70,7 +71,7 @@ func TestKeyIndexMatchesAMap(t *testing.T) {
 					entries = append(entries, entry{})
 				}
 				entries[r].key = k
-				x.put(k, r)
+				entries[r].tag = x.put(k, r)
 				model[k] = r
 			}
 			checkIndex(t, &x, entries)
@@ -106,12 +107,12 @@ func TestKeyIndexDeletesInsideAWrappingRun(t *testing.T) {
 	for rot := range keys {
 		x := keyIndex{seed: seed.seed, slots: make([]uint64, len(seed.slots))}
 		for i, k := range keys {
-			x.put(k, ref(i))
+			entries[i].tag = x.put(k, ref(i))
 		}
 		checkIndex(t, &x, entries)
 		for n := range keys {
 			i := (rot + n) % len(keys)
-			x.del(keys[i], ref(i))
+			x.del(entries[i].tag, ref(i))
 			_, ok := x.get(keys[i], entries)
 			require.False(t, ok, "rotation %d: deleted key %d still found", rot, i)
 			checkIndex(t, &x, entries)
@@ -128,7 +129,7 @@ func TestKeyIndexGrows(t *testing.T) {
 	for i := range 5000 {
 		k := messages.Key(fmt.Sprintf("grow-%d", i))
 		entries = append(entries, entry{key: k})
-		x.put(k, ref(i))
+		entries[i].tag = x.put(k, ref(i))
 	}
 	checkIndex(t, &x, entries)
 	require.Equal(t, 16384, len(x.slots), "5,000 keys at most half full")

@@ -269,7 +269,7 @@ func (p *Pool) add(k messages.Key, size int64) ref {
 		pieces = append(pieces, p.alloc(cs))
 	}
 	*e = entry{key: k, state: Pending, size: size, pieces: pieces, prev: none, next: none}
-	p.index.put(k, r)
+	e.tag = p.index.put(k, r)
 	p.pending++
 	p.dataBytes += size
 	return r

@@ -95,6 +95,7 @@ type entry struct {
 	mark   uint32 // == Pool.epoch while offered in the running PrepareStore
 	size   int64
 	sum    uint32 // CRC-32C of the chunk's bytes, set when its store completes
+	tag    uint32 // the key's index tag (keyIndex.put)
 	pieces []piece
 	// LRU links; only ready entries are linked.
 	prev, next ref
@@ -318,7 +319,7 @@ func (p *Pool) remove(r ref) {
 	for _, pc := range e.pieces {
 		p.release(pc)
 	}
-	p.index.del(e.key, r)
+	p.index.del(e.tag, r)
 	p.dataBytes -= e.size
 	e.key, e.pieces = "", e.pieces[:0]
 	p.freeRefs = append(p.freeRefs, r)
