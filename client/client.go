@@ -308,7 +308,7 @@ func (c *Client) resyncLocked() {
 	c.st.Resyncs[c.resync]++
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
 		"old_seq", c.seq, "requests", len(c.reqs))
-	c.resync = ""
+	c.resync, c.holdUntil = "", time.Time{}
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.tailSeq = 0
 	c.batch.Reset()

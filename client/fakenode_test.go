@@ -38,6 +38,7 @@ type fakeNode struct {
 	unregisters int
 	holdRelease func(rseq uint64) bool // true: count the release but do not publish it
 	muteResync  bool                   // resyncs are counted but never reach the engine
+	hbDelay     time.Duration          // each heartbeat reply waits this long (a busy node)
 
 	subs []*nats.Subscription
 	stop chan struct{}
@@ -148,6 +149,10 @@ func (f *fakeNode) onUnregister(m *nats.Msg) {
 func (f *fakeNode) onHeartbeat(m *nats.Msg) {
 	var hb messages.HeartbeatRequest
 	_ = json.Unmarshal(m.Data, &hb)
+	f.mu.Lock()
+	delay := f.hbDelay
+	f.mu.Unlock()
+	time.Sleep(delay) // the fault: a slow reply, not synchronisation
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.registered {

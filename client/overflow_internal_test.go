@@ -26,6 +26,13 @@ func TestOverflowWaitDoublesUpToAQuarterLease(t *testing.T) {
 	c.holdLocked(now)
 	require.LessOrEqual(t, c.holdUntil.Sub(now), 10*time.Millisecond, "a lease later the wait starts over")
 
+	c = &Client{cfg: Config{OverflowBackoff: 3 * time.Hour}, lease: 8 * time.Second}
+	for range 40 {
+		c.holdLocked(now)
+		require.LessOrEqual(t, c.holdUntil.Sub(now), 2*time.Second, "a base past lease/4 is cut to it")
+		now = now.Add(time.Second)
+	}
+
 	c = &Client{cfg: Config{OverflowBackoff: -1}, lease: 8 * time.Second}
 	c.holdLocked(now)
 	require.True(t, c.holdUntil.IsZero(), "no wait")

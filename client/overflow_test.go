@@ -74,3 +74,38 @@ func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
 		return nil
 	})
 }
+
+// An engine that flushes nothing while it waits still resyncs when the
+// wait ends, even if a heartbeat was awaiting its reply then (a node whose
+// intake overflowed answers slowly): not a heartbeat period later.
+func TestOverflowResyncOfAnIdleEngineEndsWithItsWait(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", 10*time.Second) // heartbeats every 2.5 s
+	batches := testkit.Subscribe(t, nc, "kvactors.e1.events")
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+		OverflowBackoff: 40 * time.Millisecond})
+	c.Added("r0", 8)
+	require.NoError(t, c.Flush())
+	old := c.Stats().Epoch
+	testkit.Recv(t, batches, 5*time.Second, "the first batch")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if len(f.events(old)) == 0 {
+			return fmt.Errorf("the fake node has not applied the first batch")
+		}
+		return nil
+	})
+	f.mu.Lock()
+	f.hbDelay = 300 * time.Millisecond // longer than the wait
+	f.mu.Unlock()
+	asked := time.Now()
+	f.overflow("e1")
+	for {
+		m := testkit.Recv(t, batches, 15*time.Second, "the new epoch's first batch")
+		var b struct{ Epoch string }
+		require.NoError(t, json.Unmarshal(m.Data, &b))
+		if b.Epoch != old {
+			break
+		}
+	}
+	require.Less(t, time.Since(asked), 2*time.Second, "the resync waited for the next heartbeat period")
+}

@@ -151,8 +151,8 @@ func (c *Client) onResync(m *nats.Msg) {
 
 // holdLocked delays the resync an overflow calls for (Config.OverflowBackoff).
 func (c *Client) holdLocked(now time.Time) {
-	base := c.cfg.OverflowBackoff
-	if base < 0 {
+	base, most := c.cfg.OverflowBackoff, c.lease/4
+	if base < 0 || most <= 0 {
 		return
 	}
 	if now.Sub(c.lastOverflow) > c.lease {
@@ -160,7 +160,10 @@ func (c *Client) holdLocked(now time.Time) {
 	}
 	c.overflows++
 	c.lastOverflow = now
-	wait := min(base<<min(c.overflows-1, 20), max(c.lease/4, base))
+	wait := min(base, most)
+	for i := 1; i < c.overflows && wait < most; i++ {
+		wait = min(2*wait, most)
+	}
 	wait = wait/2 + rand.N(wait/2+1) // [½, 1]: engines overflowed together answer apart
 	c.holdUntil = now.Add(wait)
 }
@@ -254,10 +257,10 @@ func (c *Client) untilExpiry() time.Duration {
 	if c.boot != "" && !c.lost {
 		d = max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
 	}
-	if c.resync != "" {
-		if hold := time.Until(c.holdUntil); hold > 0 {
-			d = min(d, hold+time.Millisecond)
-		}
+	if c.resync != "" && !c.holdUntil.IsZero() && !c.lost && !c.reregister {
+		// A hold that ended while a heartbeat was waiting for its reply
+		// wakes the loop at once, not a period later.
+		d = min(d, max(time.Until(c.holdUntil), 0)+time.Millisecond)
 	}
 	return d
 }
@@ -453,7 +456,8 @@ func (c *Client) tryRegister() {
 	if c.lost {
 		reason = "new_boot"
 	}
-	c.lost, c.reregister, c.resync = false, false, reason
+	// A new registration answers any overflow: its resync waits for nothing.
+	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
 }
 
 // request does one request/reply on P.E.verb with JSON bodies.

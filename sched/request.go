@@ -236,9 +236,10 @@ func (sc *scratch) release() {
 	clear(sc.prep.Keys)
 	clear(sc.prep.Pending)
 	clear(sc.prep.Evicted)
-	sc.prep.Ext = nil // the job's now
+	clear(sc.prep.Victims) // their keys and extents, kept for a disk tier
+	sc.prep.Ext = nil      // the job's now
 	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax ||
-		cap(sc.prep.Evicted) > scratchMax || cap(sc.prep.Pending) > scratchMax {
+		cap(sc.prep.Evicted) > scratchMax || cap(sc.prep.Pending) > scratchMax || cap(sc.prep.Victims) > scratchMax {
 		return
 	}
 	sc.cands, sc.keys, sc.missing, sc.built, sc.starts, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0],
