@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
@@ -13,19 +14,17 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// An overflow resync is answered after Config.OverflowBackoff (drawn from
-// [½, 1] of it), not at once: batches flushed meanwhile are held, not
-// sent into the full intake, and the new epoch re-announces them.
-func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
+// overflowRig is a fake node and an engine on it whose first batch the node
+// has applied; old is that batch's epoch.
+func overflowRig(t *testing.T, backoff time.Duration) (f *fakeNode, c *client.Client, batches <-chan *nats.Msg, old string) {
+	t.Helper()
 	s, nc := testkit.NATS(t)
-	f := startFakeNode(t, nc, "n1", "boot1", 10*time.Second)
-	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
-	batches := testkit.Subscribe(t, nc, "kvactors.e1.events")
-	const backoff = time.Second
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OverflowBackoff: backoff})
+	f = startFakeNode(t, nc, "n1", "boot1", 10*time.Second) // heartbeats every 2.5 s
+	batches = testkit.Subscribe(t, nc, "kvactors.e1.events")
+	c = connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OverflowBackoff: backoff})
 	c.Added("r0", 8)
 	require.NoError(t, c.Flush())
-	old := c.Stats().Epoch
+	old = c.Stats().Epoch
 	testkit.Recv(t, batches, 5*time.Second, "the first batch")
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		if len(f.events(old)) == 0 {
@@ -33,10 +32,30 @@ func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
 		}
 		return nil
 	})
+	return f, c, batches, old
+}
 
+// awaitNewEpoch waits for a batch of an epoch other than old.
+func awaitNewEpoch(t *testing.T, batches <-chan *nats.Msg, old string) {
+	t.Helper()
+	for {
+		m := testkit.Recv(t, batches, 15*time.Second, "the new epoch's first batch")
+		var b struct{ Epoch string }
+		require.NoError(t, json.Unmarshal(m.Data, &b))
+		if b.Epoch != old {
+			return
+		}
+	}
+}
+
+// An overflow resync is answered after Config.OverflowBackoff (drawn from
+// [½, 1] of it), not at once: batches flushed meanwhile are held, not
+// sent into the full intake, and the new epoch re-announces them.
+func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
+	const backoff = time.Second
+	f, c, batches, old := overflowRig(t, backoff)
 	asked := time.Now()
 	f.overflow("e1")
-	testkit.Recv(t, resyncs, 5*time.Second, "the overflow resync")
 	added := 1
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		c.Added(fmt.Sprintf("r%d", added), 8)
@@ -50,14 +69,7 @@ func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
 	})
 	require.Equal(t, old, c.Stats().Epoch, "no new epoch while the wait lasts")
 
-	for {
-		m := testkit.Recv(t, batches, 5*time.Second, "the new epoch's first batch")
-		var b struct{ Epoch string }
-		require.NoError(t, json.Unmarshal(m.Data, &b))
-		if b.Epoch != old {
-			break
-		}
-	}
+	awaitNewEpoch(t, batches, old)
 	require.GreaterOrEqual(t, time.Since(asked), backoff/2, "the new epoch came before the wait was over")
 	st := c.Stats()
 	require.Equal(t, 1, st.Resyncs["resync"])
@@ -79,33 +91,12 @@ func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
 // wait ends, even if a heartbeat was awaiting its reply then (a node whose
 // intake overflowed answers slowly): not a heartbeat period later.
 func TestOverflowResyncOfAnIdleEngineEndsWithItsWait(t *testing.T) {
-	s, nc := testkit.NATS(t)
-	f := startFakeNode(t, nc, "n1", "boot1", 10*time.Second) // heartbeats every 2.5 s
-	batches := testkit.Subscribe(t, nc, "kvactors.e1.events")
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
-		OverflowBackoff: 40 * time.Millisecond})
-	c.Added("r0", 8)
-	require.NoError(t, c.Flush())
-	old := c.Stats().Epoch
-	testkit.Recv(t, batches, 5*time.Second, "the first batch")
-	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if len(f.events(old)) == 0 {
-			return fmt.Errorf("the fake node has not applied the first batch")
-		}
-		return nil
-	})
+	f, _, batches, old := overflowRig(t, 40*time.Millisecond)
 	f.mu.Lock()
 	f.hbDelay = 300 * time.Millisecond // longer than the wait
 	f.mu.Unlock()
 	asked := time.Now()
 	f.overflow("e1")
-	for {
-		m := testkit.Recv(t, batches, 15*time.Second, "the new epoch's first batch")
-		var b struct{ Epoch string }
-		require.NoError(t, json.Unmarshal(m.Data, &b))
-		if b.Epoch != old {
-			break
-		}
-	}
+	awaitNewEpoch(t, batches, old)
 	require.Less(t, time.Since(asked), 2*time.Second, "the resync waited for the next heartbeat period")
 }
