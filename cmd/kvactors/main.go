@@ -21,6 +21,7 @@ commands:
   serve     run a node (embedded NATS unless --nats)
   demo      run a node and a simulated engine, print what happened, check every byte
   bench     measure event throughput, latency, copy bandwidth and scale
+  bench-compare  bench --external in alternating pairs against two kvactors binaries (--a, --b)
   nodes     list the nodes of a cluster (node, boot, engines, pool and disk, last heartbeat)
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
   nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
@@ -46,6 +47,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return runDemo(args, stdout, stderr)
 	case "bench":
 		return runBench(args, stdout, stderr)
+	case "bench-compare":
+		return runCompare(args, stdout, stderr)
 	case "nodes":
 		return runNodes(args, stdout, stderr)
 	case "flags":

@@ -1,0 +1,235 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"text/tabwriter"
+	"time"
+
+	kvbench "github.com/kvactors/kvactors/bench"
+)
+
+// runCompare is `kvactors bench-compare --a A --b B`: the out-of-process bench
+// (bench --external) run in pairs, this binary driving the engines each
+// time and A or B serving, A first in every pair. On a small shared machine
+// the same binary's runs differ by ±20–30%, so one run of each says
+// little: alternating pairs put A and B through the same spells of noise,
+// and a change that wins in most pairs is more than noise.
+func runCompare(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("bench-compare", flag.ContinueOnError)
+	binA := fs.String("a", "", "kvactors binary A, the baseline node (required)")
+	binB := fs.String("b", "", "kvactors binary B, the node compared with A (required)")
+	pairs := fs.Int("pairs", 4, "A, B runs alternated")
+	duration := fs.Duration("duration", 3*time.Second, "each run's --duration")
+	engines := fs.Int("engines", 0, "each run's --engines (default: bench's)")
+	shmDir := fs.String("shm-dir", "", "each run's --shm-dir (default: bench's)")
+	asJSON := fs.Bool("json", false, "print every run's report and the summary as JSON")
+	note := "A and B are kvactors binaries serving as the node; this binary drives the engines."
+	if code := parseExit("bench-compare", parseFlags(fs, args), fs, stdout, stderr, note); code >= 0 {
+		return code
+	}
+	if *binA == "" || *binB == "" || *pairs < 1 || *duration <= 0 {
+		fmt.Fprintln(stderr, "kvactors bench-compare: want --a and --b (kvactors binaries), --pairs >= 1 and --duration > 0 (see --help)")
+		return exitUsage
+	}
+	self, err := os.Executable()
+	if err != nil {
+		fmt.Fprintf(stderr, "kvactors bench-compare: %v\n", err)
+		return exitFailure
+	}
+	bins := [2]string{*binA, *binB}
+	for i, b := range bins {
+		if bins[i], err = filepath.Abs(b); err == nil {
+			_, err = os.Stat(bins[i])
+		}
+		if err != nil {
+			fmt.Fprintf(stderr, "kvactors bench-compare: %v\n", err)
+			return exitUsage
+		}
+	}
+	base := []string{"bench", "--external", "--json", "--duration", duration.String()}
+	if *engines > 0 {
+		base = append(base, "--engines", fmt.Sprint(*engines))
+	}
+	if *shmDir != "" {
+		base = append(base, "--shm-dir", *shmDir)
+	}
+	var cmp comparison
+	cmp.A, cmp.B = bins[0], bins[1]
+	for p := 1; p <= *pairs; p++ {
+		for side, bin := range bins {
+			ext, err := externalRun(self, append(slices.Clone(base), "--serve-binary", bin), stderr)
+			if err != nil {
+				fmt.Fprintf(stderr, "kvactors bench-compare: pair %d, %s: %v\n", p, bin, err)
+				return exitFailure
+			}
+			cmp.Runs = append(cmp.Runs, compareRun{Pair: p, Side: "AB"[side : side+1], External: ext})
+			fmt.Fprintf(stderr, "bench-compare: pair %d %s: %.2f µs/event\n", p, "AB"[side:side+1], ext.NodeUSPerEvent)
+		}
+	}
+	cmp.summarize()
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(cmp)
+		return exitOK
+	}
+	cmp.print(stdout)
+	return exitOK
+}
+
+// externalRun runs one `bench --external --json` and returns its report's
+// out-of-process part.
+func externalRun(self string, args []string, stderr io.Writer) (*kvbench.External, error) {
+	cmd := exec.Command(self, args...)
+	cmd.Stderr = stderr
+	out, err := cmd.Output()
+	if err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+	var rep kvbench.Report
+	if err := json.Unmarshal(out, &rep); err != nil {
+		return nil, fmt.Errorf("bench report: %w", err)
+	}
+	if rep.External == nil {
+		return nil, errors.New("bench report has no external run")
+	}
+	return rep.External, nil
+}
+
+type compareRun struct {
+	Pair     int               `json:"pair"`
+	Side     string            `json:"side"` // A or B
+	External *kvbench.External `json:"external"`
+}
+
+// comparison is bench-compare's result: every run, and per metric the mean
+// and median of each side, B's change from A's mean, and in how many pairs
+// B came out lower.
+type comparison struct {
+	A       string          `json:"a"`
+	B       string          `json:"b"`
+	Runs    []compareRun    `json:"runs"`
+	Metrics []compareMetric `json:"metrics"`
+}
+
+type compareMetric struct {
+	Name         string  `json:"name"`
+	MeanA        float64 `json:"mean_a"`
+	MeanB        float64 `json:"mean_b"`
+	MedianA      float64 `json:"median_a"`
+	MedianB      float64 `json:"median_b"`
+	ChangePct    float64 `json:"change_pct"` // (mean B − mean A) / mean A × 100
+	BLowerInPair int     `json:"b_lower_in_pairs"`
+	Pairs        int     `json:"pairs"`
+}
+
+// compareMetrics are what bench-compare summarizes, in its table's order.
+var compareMetrics = []struct {
+	name string
+	get  func(*kvbench.External) float64
+}{
+	{"events/s", func(e *kvbench.External) float64 { return e.EventsPerSec }},
+	{"node µs/event", func(e *kvbench.External) float64 { return e.NodeUSPerEvent }},
+	{"nothing stored µs/event", func(e *kvbench.External) float64 { return e.NoStoreUSPerEvent }},
+	{"storing adds µs/chunk", func(e *kvbench.External) float64 { return e.StoreUSPerChunk }},
+	{"vs raw", func(e *kvbench.External) float64 { return e.Ratio }},
+	{"node p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, true) }},
+	{"client p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, false) }},
+}
+
+func levelP99(e *kvbench.External, fraction float64, node bool) float64 {
+	for _, l := range e.Latency {
+		if l.Fraction == fraction {
+			if node {
+				return l.NodeP99MS
+			}
+			return l.ClientP99MS
+		}
+	}
+	return 0
+}
+
+func (c *comparison) summarize() {
+	c.Metrics = c.Metrics[:0]
+	for _, m := range compareMetrics {
+		var a, b []float64
+		byPair := map[int][2]float64{}
+		for _, r := range c.Runs {
+			v := m.get(r.External)
+			p := byPair[r.Pair]
+			if r.Side == "A" {
+				a, p[0] = append(a, v), v
+			} else {
+				b, p[1] = append(b, v), v
+			}
+			byPair[r.Pair] = p
+		}
+		cm := compareMetric{Name: m.name, MeanA: mean(a), MeanB: mean(b), MedianA: median(a), MedianB: median(b),
+			Pairs: len(byPair)}
+		if cm.MeanA != 0 {
+			cm.ChangePct = (cm.MeanB - cm.MeanA) / cm.MeanA * 100
+		}
+		for _, p := range byPair {
+			if p[1] < p[0] {
+				cm.BLowerInPair++
+			}
+		}
+		c.Metrics = append(c.Metrics, cm)
+	}
+}
+
+func (c *comparison) print(w io.Writer) {
+	fmt.Fprintf(w, "A %s\nB %s\n\n", c.A, c.B)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprint(tw, "pair\tside")
+	for _, m := range compareMetrics {
+		fmt.Fprintf(tw, "\t%s", m.name)
+	}
+	fmt.Fprintln(tw)
+	for _, r := range c.Runs {
+		fmt.Fprintf(tw, "%d\t%s", r.Pair, r.Side)
+		for _, m := range compareMetrics {
+			fmt.Fprintf(tw, "\t%.2f", m.get(r.External))
+		}
+		fmt.Fprintln(tw)
+	}
+	_ = tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "metric\tmean A\tmean B\tmedian A\tmedian B\tB vs A\tB lower in")
+	for _, m := range c.Metrics {
+		fmt.Fprintf(tw, "%s\t%.2f\t%.2f\t%.2f\t%.2f\t%+.1f%%\t%d of %d pairs\n", m.Name, m.MeanA, m.MeanB,
+			m.MedianA, m.MedianB, m.ChangePct, m.BLowerInPair, m.Pairs)
+	}
+	_ = tw.Flush()
+}
+
+func mean(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := 0.0
+	for _, x := range v {
+		s += x
+	}
+	return s / float64(len(v))
+}
+
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Sorted(slices.Values(v))
+	if n := len(s); n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
