@@ -5,12 +5,15 @@ import (
 	"context"
 	"encoding/json"
 	"math"
+	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/ingest"
@@ -125,6 +128,23 @@ func TestHistogramQuantile(t *testing.T) {
 	require.EqualValues(t, 10, h.minus(before).count())
 	require.Zero(t, histogram{}.quantile(0.5))
 	require.Equal(t, 2.0, pct([]time.Duration{time.Millisecond, 2 * time.Millisecond}, 0.99))
+}
+
+// gatherSum counts a summary's observations (the Go collector's GC pauses
+// are one, read per latency level), scraped as text as from a child.
+func TestGatherSumCountsSummaries(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s := prometheus.NewSummary(prometheus.SummaryOpts{Name: "pauses_seconds", Help: "h"})
+	reg.MustRegister(s)
+	for range 3 {
+		s.Observe(0.001)
+	}
+	require.Equal(t, 3.0, gatherSum(reg, "pauses_seconds", "", ""))
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	scraped, err := scrape(context.Background(), srv.URL)
+	require.NoError(t, err)
+	require.Equal(t, 3.0, gatherSum(scraped, "pauses_seconds", "", ""))
 }
 
 func TestConfigValidate(t *testing.T) {

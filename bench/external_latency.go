@@ -19,6 +19,11 @@ type ExternalLatencyLevel struct {
 	NodeCPUSeconds  float64 `json:"node_cpu_seconds"`
 	NodeUSPerEvent  float64 `json:"node_us_per_event"`
 	BenchCPUSeconds float64 `json:"bench_cpu_seconds"`
+	// GCCycles is how many collections the child ran during the level
+	// (go_gc_duration_seconds' count): a collection's mark phase takes a
+	// quarter of the node's processors and makes allocating goroutines
+	// assist, which is where the level's tail latency comes from.
+	GCCycles int `json:"node_gc_cycles"`
 }
 
 // externalLatencyFractions are the out-of-process run's paced rates, as
@@ -170,7 +175,8 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	lvl := &ExternalLatencyLevel{LatencyLevel: LatencyLevel{Fraction: fraction, TargetPerSec: rate, Events: events,
 		Jobs: len(s.samples), Unmatched: s.unmatched, NodeJobs: node.count(),
 		RejectedOrFailed: gatherSum(after, mRejected, "", "") - rejectedBase},
-		NodeCPUSeconds: cpu1 - cpu0, NodeUSPerEvent: (cpu1 - cpu0) * 1e6 / float64(events), BenchCPUSeconds: bench1 - bench0}
+		NodeCPUSeconds: cpu1 - cpu0, NodeUSPerEvent: (cpu1 - cpu0) * 1e6 / float64(events), BenchCPUSeconds: bench1 - bench0,
+		GCCycles: int(gatherSum(after, mGCPauses, "", "") - gatherSum(before, mGCPauses, "", ""))}
 	if secs := last.Sub(start).Seconds(); secs > 0 {
 		lvl.AchievedPerSec = float64(events) / secs
 	}

@@ -65,8 +65,8 @@ func (e *External) writeTable(w io.Writer) {
 			v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 	}
 	for _, v := range e.Latency {
-		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, bench CPU-s %.2f\n",
-			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent, v.BenchCPUSeconds)
+		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %d GC cycles, bench CPU-s %.2f\n",
+			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent, v.GCCycles, v.BenchCPUSeconds)
 	}
 	fmt.Fprintf(w, "paced on fresh engines of the same child; client: publish of the batch that made a job ready → its stored message here\n")
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken by an ingest worker → copy start (bucket-interpolated)\n")

@@ -29,6 +29,9 @@ const (
 	mBytes    = "kv_offload_total_bytes"
 	mCopyTime = "kv_offload_total_time"
 	mReqsLive = "kvactors_requests_live"
+	// mGCPauses is the Go collector's summary of GC pauses: its count is
+	// the collections so far.
+	mGCPauses = "go_gc_duration_seconds"
 )
 
 // counter reads one of the node's counters. Gathering the whole registry
@@ -108,6 +111,8 @@ func gatherSum(reg prometheus.Gatherer, name, label, value string) float64 {
 			sum += m.GetGauge().GetValue()
 		case m.Histogram != nil:
 			sum += float64(m.GetHistogram().GetSampleCount())
+		case m.Summary != nil:
+			sum += float64(m.GetSummary().GetSampleCount())
 		}
 	}
 	return sum
