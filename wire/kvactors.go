@@ -3,7 +3,6 @@ package wire
 import (
 	"encoding/json"
 	"math"
-	"slices"
 	"strconv"
 	"unicode/utf8"
 
@@ -23,35 +22,11 @@ func AppendReleased(b []byte, r *messages.Released) []byte {
 	return append(b, '}')
 }
 
-// AppendStored appends a P.E.stored body. It is the pieces below put
-// together, the reference the tests hold them to; a request actor uses the
-// pieces to write its message in place, hex-encoding each chunk's key
-// straight from the pool key.
-func AppendStored(b []byte, s *messages.Stored) []byte {
-	n := 64 + len(s.Request)
-	for _, c := range s.Chunks {
-		n += 40 + len(c.Key)
-	}
-	b = slices.Grow(b, n) // one allocation, not a growth per chunk
-	if s.Chunks == nil {
-		b = append(b, `{"request":`...)
-		b = AppendString(b, s.Request)
-		b = append(b, `,"job":`...)
-		b = strconv.AppendUint(b, s.Job, 10)
-		b = append(b, `,"chunks":null`...)
-		return appendStoredTail(b, s.Bytes)
-	}
-	b = AppendStoredOpen(b, s.Request, s.Job)
-	for i, c := range s.Chunks {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		b = appendStoredChunkHead(b, c.Group, c.Index)
-		b = AppendString(b, c.Key)
-		b = append(b, '}')
-	}
-	return AppendStoredClose(b, s.Bytes)
-}
+// A P.E.stored body is written in pieces, so that a request actor
+// hex-encodes each chunk's key straight from the pool key into the body:
+// AppendStoredOpen, AppendStoredChunkHex per chunk (comma-separated), then
+// AppendStoredClose. Together they make encoding/json's bytes for a
+// messages.Stored with hex keys.
 
 // AppendStoredOpen starts a stored body, up to its first chunk:
 // `{"request":R,"job":J,"chunks":[`.
@@ -66,70 +41,25 @@ func AppendStoredOpen(b []byte, request string, job uint64) []byte {
 // AppendStoredChunkHex appends one chunk, its key given raw and written as
 // hex: `{"group":G,"index":I,"key":"HEX"}`.
 func AppendStoredChunkHex(b []byte, group, index int, rawKey string) []byte {
-	b = appendStoredChunkHead(b, group, index)
-	return append(AppendHexString(b, rawKey), '}')
-}
-
-func appendStoredChunkHead(b []byte, group, index int) []byte {
 	b = append(b, `{"group":`...)
 	b = strconv.AppendInt(b, int64(group), 10)
 	b = append(b, `,"index":`...)
 	b = strconv.AppendInt(b, int64(index), 10)
-	return append(b, `,"key":`...)
+	b = append(b, `,"key":`...)
+	return append(AppendHexString(b, rawKey), '}')
 }
 
 // AppendStoredClose ends a body AppendStoredOpen started: `],"bytes":N}`.
 func AppendStoredClose(b []byte, bytes int64) []byte {
-	return appendStoredTail(append(b, ']'), bytes)
-}
-
-func appendStoredTail(b []byte, bytes int64) []byte {
-	b = append(b, `,"bytes":`...)
+	b = append(b, `],"bytes":`...)
 	b = strconv.AppendInt(b, bytes, 10)
 	return append(b, '}')
 }
 
-// AppendKVEvents appends a P.E.kv_events body. It is the pieces below put
-// together, the reference the tests hold them to; the node's journal uses
-// the pieces to write its messages in place, hex-encoding each hash
-// straight from the pool key.
-func AppendKVEvents(b []byte, batch *messages.KVEventBatch) []byte {
-	n := 32
-	for _, ev := range batch.Events {
-		n += 64 + len(ev.Type) + len(ev.Medium) + len(ev.Namespace)
-		for _, h := range ev.BlockHashes {
-			n += 3 + len(h)
-		}
-	}
-	b = slices.Grow(b, n) // one allocation, not a growth per hash
-	if batch.Events == nil {
-		b = append(b, `{"ts":`...)
-		b = appendFloat(b, batch.TS)
-		return append(b, `,"events":null}`...)
-	}
-	b = AppendKVBatchOpen(b, batch.TS)
-	for i, ev := range batch.Events {
-		if i > 0 {
-			b = append(b, ',')
-		}
-		if ev.BlockHashes == nil {
-			b = append(b, `{"type":`...)
-			b = AppendString(b, ev.Type)
-			b = append(b, `,"block_hashes":null`...)
-			b = appendKVEventTail(b, ev.GroupIdx, ev.Medium, ev.Namespace)
-			continue
-		}
-		b = AppendKVEventOpen(b, ev.Type)
-		for j, h := range ev.BlockHashes {
-			if j > 0 {
-				b = append(b, ',')
-			}
-			b = AppendString(b, h)
-		}
-		b = AppendKVEventClose(b, ev.GroupIdx, ev.Medium, ev.Namespace)
-	}
-	return AppendKVBatchClose(b)
-}
+// A P.E.kv_events body is written in pieces too, by the node's journal,
+// each hash hex-encoded from the pool key: AppendKVBatchOpen, then per
+// event (comma-separated) AppendKVEventOpen, its hashes by AppendHexString
+// (comma-separated) and AppendKVEventClose, then AppendKVBatchClose.
 
 // AppendKVBatchOpen starts a kv_events body: `{"ts":TS,"events":[`.
 func AppendKVBatchOpen(b []byte, ts float64) []byte {
@@ -161,11 +91,7 @@ func AppendHexString(b []byte, raw string) []byte {
 // `],"group_idx":G,"medium":M,"namespace":NS}` (namespace omitted when
 // empty, as encoding/json's omitempty does).
 func AppendKVEventClose(b []byte, group int, medium, namespace string) []byte {
-	return appendKVEventTail(append(b, ']'), group, medium, namespace)
-}
-
-func appendKVEventTail(b []byte, group int, medium, namespace string) []byte {
-	b = append(b, `,"group_idx":`...)
+	b = append(b, `],"group_idx":`...)
 	b = strconv.AppendInt(b, int64(group), 10)
 	b = append(b, `,"medium":`...)
 	b = AppendString(b, medium)

@@ -12,45 +12,13 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// The hand-written encoders produce exactly encoding/json's bytes, for any
-// request id (quotes, control characters, invalid UTF-8, HTML characters).
-func TestEncodersMatchEncodingJSON(t *testing.T) {
-	check := func(req, key, hash string, job uint64, group, index int, bytes int64, ts float64) bool {
-		st := &messages.Stored{Request: req, Job: job, Bytes: bytes,
-			Chunks: []messages.StoredChunk{{Group: group, Index: index, Key: key}, {Group: 1, Index: 2, Key: "ab"}}}
-		rel := &messages.Released{Request: req, Epoch: hash + req, RSeq: job, Reason: "finished"}
-		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
-			{Type: messages.KVBlockStored, BlockHashes: []string{hash, "00"}, GroupIdx: group, Medium: "CPU"},
-			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU", Namespace: req}}}
-		for _, c := range []struct {
-			v   any
-			got []byte
-		}{{st, AppendStored(nil, st)}, {rel, AppendReleased(nil, rel)}, {kv, AppendKVEvents(nil, kv)}} {
-			want, err := json.Marshal(c.v)
-			if err != nil || string(want) != string(c.got) {
-				t.Logf("want %s\n got %s", want, c.got)
-				return false
-			}
-		}
-		return true
-	}
-	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
-	require.True(t, check("r\"1\\\n<&>\xff", "k", "", 0, 0, 0, 0, 1732894000.123456))
-	require.True(t, check("plain-id", "00ff", "abcd", 1<<63, -1, 7, -5, 0))
-	empty := &messages.Stored{Request: "r"}
-	want, _ := json.Marshal(empty)
-	require.Equal(t, string(want), string(AppendStored(nil, empty)))
-}
-
-// v2: kv_events carry "namespace" (omitted when empty, as encoding/json's
-// omitempty does), escaped like any string.
-func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
-	check := func(ns, hash string, group int, ts float64) bool {
-		kv := &messages.KVEventBatch{TS: ts, Events: []messages.KVEvent{
-			{Type: messages.KVBlockStored, BlockHashes: []string{hash}, GroupIdx: group, Medium: "CPU", Namespace: ns},
-			{Type: messages.KVBlockRemoved, GroupIdx: 3, Medium: "CPU"}}}
-		want, err := json.Marshal(kv)
-		got := AppendKVEvents(nil, kv)
+// AppendReleased produces exactly encoding/json's bytes, for any request id
+// (quotes, control characters, invalid UTF-8, HTML characters).
+func TestReleasedMatchesEncodingJSON(t *testing.T) {
+	check := func(req, epoch string, rseq uint64) bool {
+		rel := &messages.Released{Request: req, Epoch: epoch + req, RSeq: rseq, Reason: "finished"}
+		want, err := json.Marshal(rel)
+		got := AppendReleased(nil, rel)
 		if err != nil || string(want) != string(got) {
 			t.Logf("want %s\n got %s", want, got)
 			return false
@@ -58,8 +26,8 @@ func TestKVEventsNamespaceMatchesEncodingJSON(t *testing.T) {
 		return true
 	}
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
-	require.True(t, check("llama \"70b\" <fp8>\xff", "ab", 0, 1))
-	require.True(t, check("", "ab", 0, 1))
+	require.True(t, check("r\"1\\\n<&>\xff", "", 0))
+	require.True(t, check("plain-id", "e", 1<<63))
 }
 
 // The pieces the journal writes a body with, hashes hex-encoded from their
@@ -90,6 +58,9 @@ func TestKVPiecesMatchEncodingJSON(t *testing.T) {
 		return true
 	}
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+	// v2's namespace: omitted when empty, escaped like any string.
+	require.True(t, check([][]byte{{0xab}}, messages.KVBlockStored, "llama \"70b\" <fp8>\xff", 0, 1))
+	require.True(t, check([][]byte{{0xab}}, messages.KVBlockStored, "", 0, 1732894000.123456))
 }
 
 // A stored body written with the pieces, keys hex-encoded from their raw
@@ -114,6 +85,8 @@ func TestStoredPiecesMatchEncodingJSON(t *testing.T) {
 		return true
 	}
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 2000}))
+	require.True(t, check("r\"1\\\n<&>\xff", 0, nil, 0, 0, 0), "an escaped request id, no chunks")
+	require.True(t, check("plain-id", 1<<63, [][]byte{{0, 0xff}, {}}, -1, 7, -5))
 }
 
 // AppendHex is encoding/hex's lowercase encoding.
@@ -125,19 +98,30 @@ func TestAppendHexMatchesEncodingHex(t *testing.T) {
 	require.Equal(t, "00ff10", string(AppendHex(nil, "\x00\xff\x10")))
 }
 
-// BenchmarkAppendKVEvents: a completion step's kv_events, 2 events of 8
-// 32-byte hashes (64 hex characters each).
-func BenchmarkAppendKVEvents(b *testing.B) {
+// BenchmarkKVPieces: a completion step's kv_events written as the journal
+// writes them, 2 events of 8 32-byte hashes (64 hex characters each).
+func BenchmarkKVPieces(b *testing.B) {
 	hashes := make([]string, 8)
 	for i := range hashes {
-		hashes[i] = hex.EncodeToString([]byte(fmt.Sprintf("%032d", i)))
+		hashes[i] = fmt.Sprintf("%032d", i)
 	}
-	batch := &messages.KVEventBatch{TS: 1732894000.123456, Events: []messages.KVEvent{
-		{Type: messages.KVBlockStored, BlockHashes: hashes, GroupIdx: 0, Medium: messages.MediumCPU},
-		{Type: messages.KVBlockRemoved, BlockHashes: hashes, GroupIdx: 1, Medium: messages.MediumCPU}}}
 	var buf []byte
 	b.ReportAllocs()
 	for range b.N {
-		buf = AppendKVEvents(buf[:0], batch)
+		buf = AppendKVBatchOpen(buf[:0], 1732894000.123456)
+		for ev, typ := range []string{messages.KVBlockStored, messages.KVBlockRemoved} {
+			if ev > 0 {
+				buf = append(buf, ',')
+			}
+			buf = AppendKVEventOpen(buf, typ)
+			for i, h := range hashes {
+				if i > 0 {
+					buf = append(buf, ',')
+				}
+				buf = AppendHexString(buf, h)
+			}
+			buf = AppendKVEventClose(buf, ev, messages.MediumCPU, "")
+		}
+		buf = AppendKVBatchClose(buf)
 	}
 }
