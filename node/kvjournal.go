@@ -198,8 +198,10 @@ func (m *kvMessage) add(engine, typ string, group int, medium, namespace string,
 	m.tail = wire.AppendKVEventClose(m.tail[:0], group, medium, namespace)
 	// An event's comma and head; its first hash has no comma of its own.
 	headBytes := len(`,{"type":"","block_hashes":[`) + len(typ) - 1
+	end := len(m.tail) + len("]}") // what must still fit after a hash
 	for len(keys) > 0 {
-		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(keys[0])+len(m.tail)+2 > kvMessageBytes {
+		_, h, _ := sched.SplitKey(keys[0])
+		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(h)+end > kvMessageBytes {
 			m.flush(emit)
 		}
 		if len(m.body) == 0 {
@@ -211,17 +213,14 @@ func (m *kvMessage) add(engine, typ string, group int, medium, namespace string,
 		} else {
 			m.body = append(m.body, ',')
 		}
-		m.body = wire.AppendKVEventOpen(m.body, typ)
-		n := 0
+		m.body = wire.AppendHexString(wire.AppendKVEventOpen(m.body, typ), string(h))
+		n := 1
 		for ; n < len(keys); n++ {
-			if n > 0 {
-				if len(m.body)+hexBytes(keys[n])+len(m.tail)+2 > kvMessageBytes {
-					break
-				}
-				m.body = append(m.body, ',')
-			}
 			_, h, _ := sched.SplitKey(keys[n])
-			m.body = wire.AppendHexString(m.body, string(h))
+			if len(m.body)+hexBytes(h)+end > kvMessageBytes {
+				break
+			}
+			m.body = wire.AppendHexString(append(m.body, ','), string(h))
 		}
 		m.body = append(m.body, m.tail...)
 		if keys = keys[n:]; len(keys) > 0 {
@@ -230,11 +229,8 @@ func (m *kvMessage) add(engine, typ string, group int, medium, namespace string,
 	}
 }
 
-// hexBytes is what a key's hash adds to a body: its hex, quotes and comma.
-func hexBytes(k messages.Key) int {
-	_, h, _ := sched.SplitKey(k)
-	return 2*len(h) + 3
-}
+// hexBytes is what a hash adds to a body: its hex, quotes and comma.
+func hexBytes(h messages.Hash) int { return 2*len(h) + 3 }
 
 func (m *kvMessage) flush(emit func(string, []byte)) {
 	if len(m.body) > 0 {
