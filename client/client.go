@@ -260,14 +260,12 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if c.resync != "" {
-		if time.Now().Before(c.holdUntil) {
-			if c.batch.Events() > 0 {
-				c.st.HeldBatches++
-			}
+		if c.resyncDueLocked(time.Now()) {
+			c.resyncLocked()
+		} else if c.batch.Events() > 0 { // an overflow's wait: the resync re-announces it
+			c.st.HeldBatches++
 			c.batch.Reset()
-			return nil
 		}
-		c.resyncLocked()
 		return nil
 	}
 	if c.batch.Events() == 0 {
@@ -384,6 +382,12 @@ func (c *Client) Resync() {
 	c.mu.Lock()
 	c.wantResyncLocked("engine")
 	c.mu.Unlock()
+}
+
+// resyncDueLocked reports whether a resync is due and may start now: not
+// while an overflow's wait lasts (holdLocked).
+func (c *Client) resyncDueLocked(now time.Time) bool {
+	return c.resync != "" && !now.Before(c.holdUntil)
 }
 
 func (c *Client) wantResyncLocked(reason string) {

@@ -277,8 +277,7 @@ func (c *Client) tickOnce() time.Duration {
 	if c.boot == "" {
 		// A v1 node (no boot in its register reply): no node heartbeats to
 		// judge it by and no P.E.heartbeat to send.
-		resync := c.resync != "" && !c.closed && !now.Before(c.holdUntil)
-		if resync {
+		if c.resyncDueLocked(now) && !c.closed {
 			c.resyncLocked()
 		}
 		period := c.lease / 4
@@ -308,7 +307,7 @@ func (c *Client) tickOnce() time.Duration {
 		c.tryRegister()
 		c.mu.Lock()
 	}
-	if c.resync != "" && !c.lost && !c.reregister && !c.closed && !now.Before(c.holdUntil) {
+	if c.resyncDueLocked(now) && !c.lost && !c.reregister && !c.closed {
 		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	if !c.lost && !c.reregister {
