@@ -237,7 +237,7 @@ func (sc *scratch) release() {
 	clear(sc.prep.Pending)
 	clear(sc.prep.Evicted)
 	clear(sc.prep.Victims) // their keys and extents, kept for a disk tier
-	sc.prep.Ext = nil      // the job's now
+	sc.prep.Reset()        // empty for the next decision; its Ext is the job's now
 	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax ||
 		cap(sc.prep.Evicted) > scratchMax || cap(sc.prep.Pending) > scratchMax || cap(sc.prep.Victims) > scratchMax {
 		return
@@ -272,8 +272,7 @@ func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
 	}
 	keys = r.candidateKeys(keys, cands, readies, sc)
 	sc.cands, sc.keys = cands, keys
-	prep := &sc.prep
-	prep.Reset() // nothing of the last decision's, whatever the Preparer does
+	prep := &sc.prep // empty (scratch.release); the Preparer writes over it
 	if len(keys) > 0 {
 		sizes := sc.sizes[:0]
 		for _, c := range cands {
