@@ -207,8 +207,8 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		defer t.Stop()
 		for {
 			if g, err := scrape(ctx, metrics); err == nil {
-				p[0] = max(p[0], gatherSum(g, "go_goroutines", "", ""))
-				p[1] = max(p[1], gatherSum(g, "kvactors_store_retries_pending", "", ""))
+				p[0] = max(p[0], gatherSum(g, mGoroutines, "", ""))
+				p[1] = max(p[1], gatherSum(g, mPending, "", ""))
 			}
 			select {
 			case <-stopSampling:

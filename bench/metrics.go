@@ -29,6 +29,9 @@ const (
 	mBytes    = "kv_offload_total_bytes"
 	mCopyTime = "kv_offload_total_time"
 	mReqsLive = "kvactors_requests_live"
+	mPending  = "kvactors_store_retries_pending"
+	// mGoroutines is the Go collector's goroutine count.
+	mGoroutines = "go_goroutines"
 	// mGCPauses is the Go collector's summary of GC pauses: its count is
 	// the collections so far.
 	mGCPauses = "go_gc_duration_seconds"
