@@ -14,7 +14,11 @@ import (
 // A tiny --external run: the child is started and stopped, every finished
 // request is released exactly once over real NATS, and the report's figures
 // are the stated quotients of its counts (not a check of speed).
+//
+// GOGC, which the bench passes on to its child, is low enough that the
+// child collects during every latency level: each level must count them.
 func TestBenchExternalArithmetic(t *testing.T) {
+	t.Setenv("GOGC", "2")
 	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2")
 	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
 	e := rep.External
@@ -54,6 +58,7 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.GreaterOrEqual(t, l.NodeP50MS, 0.0)
 		require.LessOrEqual(t, l.NodeP50MS, l.NodeP99MS)
 		require.LessOrEqual(t, l.NodeP99MS, l.NodeP999MS)
+		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
 	}
 	require.Equal(t, 0.25, e.Latency[0].Fraction)
 	require.Equal(t, 0.5, e.Latency[1].Fraction)
