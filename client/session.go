@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -123,8 +124,8 @@ func (c *Client) freeAllLocked(r *mreq, rel Release) {
 }
 
 func (c *Client) onStored(m *nats.Msg) {
-	var st messages.Stored
-	if err := json.Unmarshal(m.Data, &st); err != nil {
+	st, err := ingest.DecodeStored(m.Data)
+	if err != nil {
 		c.cfg.Log.Warn("client: bad stored body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)
 		return
 	}

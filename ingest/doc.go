@@ -1,7 +1,9 @@
 // Package ingest turns raw NATS message bodies and subjects into checked
 // messages values: DecodeBatch for P.E.events, DecodeSpec for P.E.register,
 // DecodeLookup and DecodeLoad for the request/reply bodies, and ParseSubject
-// for the subjects themselves (docs/PROTOCOL.md, shared/PROTOCOL.md).
+// for the subjects themselves (docs/PROTOCOL.md, shared/PROTOCOL.md). One
+// decoder runs on the other side: DecodeStored reads P.E.stored for the
+// engine SDK (package client), with the same hand-written reader.
 //
 // The package is pure: no actors, no NATS connection, no clock, no globals.
 // Everything a caller may tune is in Limits. Each input is decoded and checked
