@@ -283,3 +283,24 @@ func TestGoalsJudgedOnlyAtFullSize(t *testing.T) {
 		}
 	}
 }
+
+func TestTriggersAttributeAStoredJobToItsLastReadyChunk(t *testing.T) {
+	tr := triggers{}
+	tr.record("r", 0, 2, 5)
+	tr.record("r", 2, 3, 9)
+	tr.record("q", 0, 1, 7)
+	job := func(req string, idx ...int) *messages.Stored {
+		st := &messages.Stored{Request: req}
+		for _, i := range idx {
+			st.Chunks = append(st.Chunks, messages.StoredChunk{Group: i % 2, Index: i})
+		}
+		return st
+	}
+	require.Equal(t, 5, tr.of(job("r", 0, 1)))
+	require.Equal(t, 9, tr.of(job("r", 1, 2)), "the latest chunk's batch")
+	require.Equal(t, 7, tr.of(job("q", 0)))
+	require.Equal(t, -1, tr.of(job("r", 3)), "a chunk never recorded")
+	require.Equal(t, -1, tr.of(job("r", -1)))
+	require.Equal(t, -1, tr.of(job("x", 0)), "a request never recorded")
+	require.Equal(t, -1, tr.of(job("r")), "no chunks")
+}

@@ -73,7 +73,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		// Seeds of their own: the child's pool still holds earlier runs'
 		// chunks, and a hash met before would deduplicate, not store.
 		gens[i] = newEngineGen(ids[i], tag, uint64(i+1)*0x9e37+uint64(k+1)<<48, storeGeometry(), externalLatencyWorkload())
-		gens[i].trigger = map[chunkRef]int{}
+		gens[i].trigger = triggers{}
 	}
 	events := max(externalLevelMinEvents, min(maxEvents, int(rate*cfg.Duration.Seconds())))
 	perEngine := fill(gens, events)

@@ -97,11 +97,36 @@ type genReq struct {
 	ready     int // chunks per group ready so far (latency attribution)
 }
 
-// chunkRef names one chunk of one request (a StoredChunk).
-type chunkRef struct {
-	request string
-	group   int
-	index   int
+// triggers records, for latency attribution, the batch after which each
+// chunk of each request became ready: per request, indexed by chunk (a
+// chunk's groups become ready together). One slice per request, not a map
+// entry per chunk: the table is live through a level, and a pointer per
+// chunk made the bench's own collections (and its tail) grow with it.
+type triggers map[string][]int32
+
+// record notes that request's chunks [from, to) became ready after batch.
+func (t triggers) record(request string, from, to, batch int) {
+	s := t[request]
+	for len(s) < to {
+		s = append(s, -1)
+	}
+	for c := from; c < to; c++ {
+		s[c] = int32(batch)
+	}
+	t[request] = s
+}
+
+// of is the batch that made st's last chunk ready, or -1 when a chunk is
+// not in the table (a stored message this run did not cause).
+func (t triggers) of(st *messages.Stored) int {
+	s, trigger := t[st.Request], -1
+	for _, ch := range st.Chunks {
+		if ch.Index < 0 || ch.Index >= len(s) || s[ch.Index] < 0 {
+			return -1
+		}
+		trigger = max(trigger, int(s[ch.Index]))
+	}
+	return trigger
 }
 
 // engineGen generates one engine's batches in order.
@@ -122,7 +147,7 @@ type engineGen struct {
 	idBuf  []uint32
 	// trigger, when set, records for each chunk the index of the batch
 	// after which it is ready (latency attribution); batches counts them.
-	trigger map[chunkRef]int
+	trigger triggers
 	batches int
 }
 
@@ -266,12 +291,10 @@ func (g *engineGen) track(r *genReq, t int) {
 		return
 	}
 	ready := min(t/g.geo.tokensPerChunk(), r.blocks/g.geo.bpc, r.hashes/g.geo.hashesPerChunk())
-	for c := r.ready; c < ready; c++ {
-		for grp := range g.geo.groups() {
-			g.trigger[chunkRef{request: r.id, group: grp, index: c}] = g.batches
-		}
+	if ready > r.ready {
+		g.trigger.record(r.id, r.ready, ready, g.batches)
+		r.ready = ready
 	}
-	r.ready = max(r.ready, ready)
 }
 
 // live seeds n running requests directly in decode (scale phase): prompt of

@@ -55,7 +55,7 @@ func newGens(tag string, ids []string, w workload, track bool) []*engineGen {
 	for i, id := range ids {
 		gens[i] = newEngineGen(id, tag, uint64(i+1)*0x9e37+uint64(len(tag)), eventGeometry(), w)
 		if track {
-			gens[i].trigger = map[chunkRef]int{}
+			gens[i].trigger = triggers{}
 		}
 	}
 	return gens
