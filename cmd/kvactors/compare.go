@@ -18,15 +18,17 @@ import (
 
 // runCompare is `kvactors bench-compare --a A --b B`: the out-of-process bench
 // (bench --external) run in pairs, this binary driving the engines each
-// time and A or B serving, A first in every pair. On a small shared machine
-// the same binary's runs differ by ±20–30%, so one run of each says
-// little: alternating pairs put A and B through the same spells of noise,
-// and a change that wins in most pairs is more than noise.
+// time and A or B serving. On a small shared machine the same binary's runs
+// differ by ±20–30%, so one run of each says little: alternating pairs put
+// A and B through the same spells of noise, and a change that wins in most
+// pairs is more than noise. The order alternates too (AB, BA, AB, …): with
+// A always first, one binary compared with itself came out 11% "faster" as
+// B, in 3 of 4 pairs (docs/BENCHMARKS.md, sixth session).
 func runCompare(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench-compare", flag.ContinueOnError)
 	binA := fs.String("a", "", "kvactors binary A, the baseline node (required)")
 	binB := fs.String("b", "", "kvactors binary B, the node compared with A (required)")
-	pairs := fs.Int("pairs", 4, "A, B runs alternated")
+	pairs := fs.Int("pairs", 4, "pairs of runs, AB then BA alternately")
 	duration := fs.Duration("duration", 3*time.Second, "each run's --duration")
 	engines := fs.Int("engines", 0, "each run's --engines (default: bench's)")
 	shmDir := fs.String("shm-dir", "", "each run's --shm-dir (default: bench's)")
@@ -64,7 +66,8 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	var cmp comparison
 	cmp.A, cmp.B = bins[0], bins[1]
 	for p := 1; p <= *pairs; p++ {
-		for side, bin := range bins {
+		for _, side := range pairOrder(p) {
+			bin := bins[side]
 			ext, err := externalRun(self, append(slices.Clone(base), "--serve-binary", bin), stderr)
 			if err != nil {
 				fmt.Fprintf(stderr, "kvactors bench-compare: pair %d, %s: %v\n", p, bin, err)
@@ -83,6 +86,15 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	}
 	cmp.print(stdout)
 	return exitOK
+}
+
+// pairOrder is the sides of pair p (from 1) in running order: A first in
+// odd pairs, B first in even ones, so neither side always runs first.
+func pairOrder(p int) [2]int {
+	if p%2 == 0 {
+		return [2]int{1, 0}
+	}
+	return [2]int{0, 1}
 }
 
 // externalRun runs one `bench --external --json` and returns its report's
