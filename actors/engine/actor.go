@@ -51,6 +51,10 @@ type entry struct {
 	id    string
 	epoch string
 	pid   *actor.PID
+	// The entry's place in the routing scratch of batch number step (its
+	// request's position in order): one map lookup per routed event, not two.
+	step uint64
+	idx  int
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -66,13 +70,13 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
-	// Scratch of one batch's routing: the requests in first-seen order
-	// (reqIndex: request id → position), each one's event count, and the
-	// indexes of the events to forward.
-	reqIndex map[string]int
-	order    []string
-	counts   []int
-	fwd      []routed
+	// Scratch of one batch's routing (batch number step): the requests in
+	// first-seen order (an entry whose step is current holds its position),
+	// each one's event count, and the indexes of the events to forward.
+	step   uint64
+	order  []*entry
+	counts []int
+	fwd    []routed
 }
 
 // Props builds an engine actor. Its request actors are stopped, never
@@ -83,7 +87,7 @@ func Props(deps Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
-			perEpoch: map[string]int{}, reqIndex: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
+			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline))
 }
 
@@ -170,18 +174,19 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		a.deps.Metrics.DroppedBatch(a.seq.ResyncReason()).Inc()
 		return false
 	}
+	a.step++
 	for i := range b.Events {
-		if ev := &b.Events[i]; a.route(c, m, ev) {
-			idx, ok := a.reqIndex[ev.Request]
-			if !ok {
-				idx = len(a.order)
-				a.reqIndex[ev.Request] = idx
-				a.order = append(a.order, ev.Request)
-				a.counts = append(a.counts, 0)
-			}
-			a.counts[idx]++
-			a.fwd = append(a.fwd, routed{event: i, request: idx})
+		e := a.route(c, m, &b.Events[i])
+		if e == nil {
+			continue
 		}
+		if e.step != a.step {
+			e.step, e.idx = a.step, len(a.order)
+			a.order = append(a.order, e)
+			a.counts = append(a.counts, 0)
+		}
+		a.counts[e.idx]++
+		a.fwd = append(a.fwd, routed{event: i, request: e.idx})
 	}
 	return a.forward(c, m)
 }
@@ -255,43 +260,44 @@ func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 	} else {
 		msgs = make([]request.Events, len(a.order))
 	}
+	// Every routed entry is still live: only the engine's own turns (done,
+	// terminated, resetAll) remove one, and this is one turn.
 	begin := 0
-	for idx, id := range a.order {
+	for idx, e := range a.order {
 		end := a.counts[idx]
-		if e := a.live[id]; e != nil {
-			msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived}
-			if held != nil {
-				held.left.Add(1)
-				msgs[idx].Applied = release
-			}
-			c.Send(e.pid, &msgs[idx])
+		msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived}
+		if held != nil {
+			held.left.Add(1)
+			msgs[idx].Applied = release
 		}
+		c.Send(e.pid, &msgs[idx])
 		begin = end
 	}
 	if held != nil {
 		held.release()
 	}
-	clear(a.reqIndex)
+	clear(a.order) // no entry pinned past its life
 	a.order, a.counts, a.fwd = a.order[:0], a.counts[:0], a.fwd[:0]
 	return handed
 }
 
 // route handles an event that needs the engine (added for a new request,
-// finished or anything else for an unknown one) and reports whether the
-// event is to be forwarded to its live request actor.
-func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
+// finished or anything else for an unknown one) and returns the live
+// request the event is to be forwarded to, or nil.
+func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 	id := ev.Request
-	if _, ok := a.live[id]; !ok {
+	e := a.live[id]
+	if e == nil {
 		switch ev.Type {
 		case messages.EvAdded:
 			if a.deps.MaxRequests > 0 && len(a.live) >= a.deps.MaxRequests {
 				a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
 				a.deps.Reject.Reject(messages.RejectLimit, "added refused: too many live requests", "engine", a.deps.Engine,
 					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
-				return false
+				return nil
 			}
 			a.spawn(c, m.Ctx, ev)
-			return false // the added event is the actor's first state
+			return nil // the added event is the actor's first state
 		case messages.EvFinished:
 			// PROTOCOL.md: finished for an unknown request is answered with
 			// released at once (the engine may be waiting for its blocks).
@@ -301,15 +307,15 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) bool {
 			}
 			a.deps.Metrics.Release(reason).Inc()
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
-			return false
+			return nil
 		default:
 			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
 			a.deps.Reject.Reject(messages.RejectUnknownRequest, "event rejected", "engine", a.deps.Engine, "request", id,
 				"type", ev.Type.String(), "err", "unknown request")
-			return false
+			return nil
 		}
 	}
-	return true
+	return e
 }
 
 func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {
@@ -349,20 +355,27 @@ func (a *Actor) forgetIfIdle(epoch string) {
 	}
 }
 
-// done: the request was released for good. The actor is stopped here, by
-// its parent, so a Terminated for a pid still live means a failure.
+// done: the request was released for good. Its actor goes back to the
+// spawner for the next request, or is stopped here, by its parent; either
+// way a Terminated for a pid still live means a failure.
 func (a *Actor) done(c actor.Context, m *request.Done) {
 	if e := a.live[m.Request]; e != nil && e.pid.Equal(m.PID) {
 		delete(a.live, m.Request)
 	}
-	if e := a.byPID[m.PID.Id]; e != nil {
+	e := a.byPID[m.PID.Id]
+	if e != nil {
 		a.gone(e, m.PID)
 	}
-	c.Stop(m.PID)
+	if e != nil && !a.retiring {
+		a.spawner.Release(c, m.PID)
+	} else {
+		c.Stop(m.PID)
+	}
 	a.maybeStop(c)
 }
 
 func (a *Actor) terminated(m *actor.Terminated) {
+	a.spawner.Forget(m.Who) // an idle actor that stopped is not reused
 	e, ok := a.byPID[m.Who.Id]
 	if !ok {
 		return // stopped after Done: nothing owed

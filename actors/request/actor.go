@@ -73,6 +73,9 @@ type Actor struct {
 	// decideAfterJobs: a completion of this batch calls for a decision
 	// after the owner's last one (JobDone.More).
 	decideAfterJobs bool
+	// gen counts the requests this actor has served (Spawner reuses a
+	// released one): a RetryDue armed for an earlier one is ignored.
+	gen uint32
 }
 
 type job struct {
@@ -95,13 +98,21 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 	return nil
 }
 
-// Spawner spawns an engine's request actors from one Props: a live request
-// then costs the heap its own state and protoactor's per-actor records, not
-// a Props and a producer closure of its own. Each actor runs on
-// actors.InlineMailbox: on the goroutine that posts to it while it is idle
-// (the engine actor's turn for its events, the transfer actor's for its
-// JobDone), so one engine step is one unit of work with no goroutine
-// hand-off per request; one runner at a time, as with any mailbox.
+// Spawner starts an engine's request actors. A released actor (Done) is
+// not stopped but kept idle, up to maxIdle per engine, and the next added
+// request is given to it (assign): one actor still serves one live request,
+// but a request no longer pays protoactor's spawn and stop — a process
+// registry insert and delete into 32k small maps, the Started, Stopping,
+// Stopped and Terminated messages — which were about a sixth of the node's
+// CPU with nothing to store (docs/BENCHMARKS.md, sixth session).
+//
+// New actors come from one Props, so a live request costs the heap its own
+// state and protoactor's per-actor records, not a Props and a producer
+// closure of its own. Each actor runs on actors.InlineMailbox: on the
+// goroutine that posts to it while it is idle (the engine actor's turn for
+// its events, the transfer actor's for its JobDone), so one engine step is
+// one unit of work with no goroutine hand-off per request; one runner at a
+// time, as with any mailbox.
 //
 // A Spawner is used from one actor's turn at a time (its engine's).
 // protoactor calls the producer inside Spawn, and again only to restart a
@@ -114,7 +125,13 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 type Spawner struct {
 	props *actor.Props
 	next  *Actor
+	idle  []*actor.PID // released actors, the most recent last
 }
+
+// maxIdle bounds the released actors an engine keeps for reuse: enough for
+// the requests one step finishes and the next adds, small beside the live
+// ones (an idle actor holds its last request's state until reused).
+const maxIdle = 64
 
 // NewSpawner makes an engine's Spawner.
 func NewSpawner() *Spawner {
@@ -130,12 +147,58 @@ func NewSpawner() *Spawner {
 	return s
 }
 
-// Spawn starts the request actor of added as a child of c; parent carries
-// the batch context that created it, and deps is shared (read only) by the
-// engine's requests of one epoch.
-func (s *Spawner) Spawn(c actor.SpawnerContext, deps *Deps, added *messages.Event, parent context.Context) *actor.PID {
+// Spawn gives the request of added an actor, a child of c: an idle one if
+// there is one, else a new one. parent carries the batch context that
+// created it, and deps is shared (read only) by the engine's requests of one
+// epoch.
+func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, parent context.Context) *actor.PID {
+	if n := len(s.idle); n > 0 {
+		pid := s.idle[n-1]
+		s.idle[n-1], s.idle = nil, s.idle[:n-1]
+		// By value: the batch's events are recycled after the step, and an
+		// idle actor busy with a stale timer would take this after it.
+		c.Send(pid, &assign{deps: deps, added: *added, parent: parent})
+		return pid
+	}
 	s.next = newActor(deps, added, parent)
 	return c.Spawn(s.props)
+}
+
+// Release takes back the actor of a request that reported Done: it waits
+// for the next Spawn, or is stopped when maxIdle already wait.
+func (s *Spawner) Release(c actor.Context, pid *actor.PID) {
+	if len(s.idle) < maxIdle {
+		s.idle = append(s.idle, pid)
+		return
+	}
+	c.Stop(pid)
+}
+
+// Forget drops pid from the idle actors (it stopped: Terminated).
+func (s *Spawner) Forget(pid *actor.PID) {
+	for i, p := range s.idle {
+		if p.Equal(pid) {
+			s.idle = slices.Delete(s.idle, i, i+1)
+			return
+		}
+	}
+}
+
+// Idle is how many released actors wait for reuse.
+func (s *Spawner) Idle() int { return len(s.idle) }
+
+// SpawnContext is what Spawn needs of its caller: to spawn, and to send an
+// idle actor its request (an actor.Context, or a RootContext in tests).
+type SpawnContext interface {
+	actor.SpawnerContext
+	actor.SenderContext
+}
+
+// assign gives an idle (released) actor its next request.
+type assign struct {
+	deps   *Deps
+	added  messages.Event
+	parent context.Context
 }
 
 // unexpectedRestart stands in for a request actor protoactor restarted;
@@ -149,7 +212,14 @@ func (unexpectedRestart) Receive(c actor.Context) {
 }
 
 func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor {
-	a := &Actor{deps: deps, state: sched.NewRequest(deps.Layout, added)}
+	a := &Actor{}
+	a.init(deps, added, parent)
+	return a
+}
+
+// init starts the actor's next request (a new actor's first).
+func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context) {
+	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1}
 	a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
 	if a.span.IsRecording() { // attributes cost allocations even for a no-op span
 		a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(a.state.ID()))
@@ -159,25 +229,28 @@ func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor 
 		// held by every live request.
 		a.ctx = parent
 	}
-	return a
 }
 
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.RequestsLive.Inc()
+	case *assign:
+		a.init(m.deps, &m.added, m.parent)
+		a.deps.Metrics.RequestsLive.Inc()
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
 		// Restarting is this instance's last message too: the replacement
-		// (unexpectedRestart) has none of its state, so it ends here.
-		a.deps.Metrics.RequestsLive.Dec()
+		// (unexpectedRestart) has none of its state, so it ends here. A
+		// released request settled its accounts when it was done.
 		if !a.done {
+			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
 			if a.deps.Owed != nil {
 				a.deps.Owed.Add(-1)
 			}
+			a.span.End()
 		}
-		a.span.End()
 	case *Events:
 		a.apply(c, m)
 		if m.Applied != nil {
@@ -186,6 +259,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.jobDone(c, m)
 	case *RetryDue:
+		if m.gen != a.gen || a.done {
+			break // armed for an earlier request of this actor, or nothing owed
+		}
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Reset:
@@ -358,6 +434,8 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		if len(eff.Releases) > 0 {
 			a.span.SetAttributes(tracing.AttrReason.String(eff.Releases[len(eff.Releases)-1]))
 		}
+		a.span.End()
+		a.deps.Metrics.RequestsLive.Dec()
 		if p := c.Parent(); p != nil {
 			c.Send(p, &Done{Request: a.state.ID(), PID: c.Self()})
 		}
@@ -396,5 +474,5 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
 		return
 	}
 	a.retryArmed = true
-	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{})
+	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen})
 }

@@ -18,15 +18,16 @@ type Events struct {
 	Applied func()
 }
 
-// RetryDue is the retry timer firing: take the store decision again.
-type RetryDue struct{}
+// RetryDue is the retry timer firing: take the store decision again. gen is
+// the request it was armed for (Actor.gen).
+type RetryDue struct{ gen uint32 }
 
 // Reset ends the request for an engine reset (Reason engine_reset:
 // PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).
 type Reset struct{ Reason string }
 
 // Done tells the engine actor the request was released for good; the engine
-// removes it from its table and stops the actor.
+// removes it from its table and hands the actor back (Spawner.Release).
 type Done struct {
 	Request string
 	PID     *actor.PID

@@ -1,0 +1,95 @@
+package engine_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// A released request's actor serves a later request instead of being
+// stopped, up to a bound of idle ones; every request is still released
+// once, with its own id. Spawns are counted by the process registry's id
+// sequence (one id per unnamed spawn).
+func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	closed := make(chan struct{})
+	system, pid, _, _ := startEngine(t, nc, closed, nil) // nothing stored: no pool needed
+	seq := uint64(0)
+	send := func(evs ...messages.Event) {
+		seq++
+		system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
+	}
+	finished := func(id string) messages.Event {
+		return messages.Event{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}
+	}
+	expect := func(ids ...string) {
+		t.Helper()
+		want := map[string]bool{}
+		for _, id := range ids {
+			want[id] = true
+		}
+		for range ids {
+			var rel messages.Released
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "a release").Data, &rel))
+			require.True(t, want[rel.Request], "release of %q: unexpected or twice", rel.Request)
+			delete(want, rel.Request)
+			require.Equal(t, "finished", rel.Reason)
+		}
+	}
+	spawned := func() uint64 { return atomic.LoadUint64(&system.ProcessRegistry.SequenceID) }
+
+	// One request at a time: after the first, each reuses the one actor.
+	send(added("s0"), finished("s0"))
+	expect("s0")
+	base := spawned()
+	for i := 1; i <= 50; i++ {
+		id := fmt.Sprintf("s%d", i)
+		send(added(id), tokens(id, 4), finished(id))
+		expect(id)
+	}
+	// The engine takes each Done after the release it follows: a status
+	// query (answered by a spawned collector) comes after the last one.
+	require.Empty(t, requestsOf(t, system, pid))
+	require.Equal(t, base+1, spawned(), "50 requests in turn took no new actor (the status collector did)")
+
+	// 100 at once, released together: at most 64 wait idle, the rest stop;
+	// the next 100 take the 64 and spawn 36.
+	wave := func(tag string) []string {
+		ids := make([]string, 100)
+		var adds, ends []messages.Event
+		for i := range ids {
+			ids[i] = fmt.Sprintf("%s%d", tag, i)
+			adds = append(adds, added(ids[i]), tokens(ids[i], 4))
+			ends = append(ends, finished(ids[i]))
+		}
+		send(adds...)
+		require.Len(t, requestsOf(t, system, pid), 100)
+		send(ends...)
+		expect(ids...)
+		require.Empty(t, requestsOf(t, system, pid))
+		return ids
+	}
+	before := spawned()
+	wave("a")
+	afterA := spawned()
+	require.Equal(t, uint64(99+2), afterA-before, "99 new actors (one was idle) and two status collectors")
+	wave("b")
+	require.Equal(t, uint64(100-64+2), spawned()-afterA, "64 reused, 36 new, two status collectors")
+
+	system.Root.Send(pid, &engine.Retire{})
+	select { // closed, not sent on
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine did not stop with idle children")
+	}
+}
