@@ -1,5 +1,6 @@
 // Package request is the request actor: one per live request, a child of its
-// engine actor. It owns one sched.Request (the store state of every KV group
+// engine actor (a released one is kept for the engine's next request:
+// Spawner). It owns one sched.Request (the store state of every KV group
 // of the request), steps it with the request's events, takes a store decision
 // against the node's host pool after each batch, and performs the effects:
 // store jobs to the transfer actor, stored / released messages (kv_events
