@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
@@ -62,10 +63,11 @@ func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
 	require.Empty(t, requestsOf(t, system, pid))
 	require.Equal(t, base+1, spawned(), "50 requests in turn took no new actor (the status collector did)")
 
-	// 100 at once, released together: at most 64 wait idle, the rest stop;
-	// the next 100 take the 64 and spawn 36.
-	wave := func(tag string) []string {
-		ids := make([]string, 100)
+	// MaxIdle+36 at once, released together: MaxIdle wait idle, the rest
+	// stop; the next wave takes the MaxIdle and spawns 36.
+	n := request.MaxIdle + 36
+	wave := func(tag string) {
+		ids := make([]string, n)
 		var adds, ends []messages.Event
 		for i := range ids {
 			ids[i] = fmt.Sprintf("%s%d", tag, i)
@@ -73,18 +75,17 @@ func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
 			ends = append(ends, finished(ids[i]))
 		}
 		send(adds...)
-		require.Len(t, requestsOf(t, system, pid), 100)
+		require.Len(t, requestsOf(t, system, pid), n)
 		send(ends...)
 		expect(ids...)
 		require.Empty(t, requestsOf(t, system, pid))
-		return ids
 	}
 	before := spawned()
 	wave("a")
 	afterA := spawned()
-	require.Equal(t, uint64(99+2), afterA-before, "99 new actors (one was idle) and two status collectors")
+	require.Equal(t, uint64(n-1+2), afterA-before, "all new but the one idle actor, and two status collectors")
 	wave("b")
-	require.Equal(t, uint64(100-64+2), spawned()-afterA, "64 reused, 36 new, two status collectors")
+	require.Equal(t, uint64(36+2), spawned()-afterA, "MaxIdle reused, 36 new, two status collectors")
 
 	system.Root.Send(pid, &engine.Retire{})
 	select { // closed, not sent on

@@ -70,6 +70,7 @@ type Actor struct {
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
 	done       bool
+	released   string // the request's id once done (state is dropped then)
 	// decideAfterJobs: a completion of this batch calls for a decision
 	// after the owner's last one (JobDone.More).
 	decideAfterJobs bool
@@ -99,7 +100,7 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 }
 
 // Spawner starts an engine's request actors. A released actor (Done) is
-// not stopped but kept idle, up to maxIdle per engine, and the next added
+// not stopped but kept idle, up to MaxIdle per engine, and the next added
 // request is given to it (assign): one actor still serves one live request,
 // but a request no longer pays protoactor's spawn and stop — a process
 // registry insert and delete into 32k small maps, the Started, Stopping,
@@ -128,10 +129,10 @@ type Spawner struct {
 	idle  []*actor.PID // released actors, the most recent last
 }
 
-// maxIdle bounds the released actors an engine keeps for reuse: enough for
+// MaxIdle bounds the released actors an engine keeps for reuse: enough for
 // the requests one step finishes and the next adds, small beside the live
 // ones (an idle actor holds its last request's state until reused).
-const maxIdle = 64
+const MaxIdle = 512
 
 // NewSpawner makes an engine's Spawner.
 func NewSpawner() *Spawner {
@@ -165,9 +166,9 @@ func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, paren
 }
 
 // Release takes back the actor of a request that reported Done: it waits
-// for the next Spawn, or is stopped when maxIdle already wait.
+// for the next Spawn, or is stopped when MaxIdle already wait.
 func (s *Spawner) Release(c actor.Context, pid *actor.PID) {
-	if len(s.idle) < maxIdle {
+	if len(s.idle) < MaxIdle {
 		s.idle = append(s.idle, pid)
 		return
 	}
@@ -265,9 +266,16 @@ func (a *Actor) Receive(c actor.Context) {
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Reset:
+		if a.done {
+			break // released for good: nothing is owed
+		}
 		a.span.AddEvent(m.Reason)
 		a.perform(c, a.state.Reset(m.Reason), time.Time{})
 	case *StatusQuery:
+		if a.done { // a gather that asked before the release: its state is gone
+			c.Send(m.ReplyTo, &Status{Snapshot: sched.RequestSnapshot{Request: a.released, Phase: sched.Done}})
+			break
+		}
 		c.Send(m.ReplyTo, &Status{Snapshot: a.state.Snapshot()})
 	default:
 		a.deps.Metrics.Unexpected.Inc()
@@ -439,6 +447,9 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		if p := c.Parent(); p != nil {
 			c.Send(p, &Done{Request: a.state.ID(), PID: c.Self()})
 		}
+		// An idle actor keeps no request state (a long prompt's hashes and
+		// block ids): only its id, for a status gather that asked late.
+		a.released, a.state = a.state.ID(), nil
 	}
 }
 

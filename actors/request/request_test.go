@@ -205,3 +205,36 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 		})
 	}
 }
+
+// A released request's actor keeps no state (it may wait idle for the
+// engine's next request): a late status query gets the released id and
+// phase, a late reset changes nothing, and the live gauge went back to zero
+// with the release, not with a stop.
+func TestReleasedActorKeepsNoState(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
+	testkit.Recv(t, released, 5*time.Second, "released")
+	rig.system.Root.Send(pid, &request.Reset{Reason: messages.ReasonEngineGone})
+	reply := make(chan *request.Status, 1)
+	asker := rig.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
+		if st, ok := c.Message().(*request.Status); ok {
+			reply <- st
+		}
+	}))
+	rig.system.Root.Send(pid, &request.StatusQuery{ReplyTo: asker})
+	st := testkit.Recv(t, reply, 5*time.Second, "status")
+	require.Equal(t, sched.RequestSnapshot{Request: "r", Phase: sched.Done}, st.Snapshot)
+	require.Zero(t, testutil.ToFloat64(deps.Metrics.RequestsLive))
+	require.NoError(t, nc.Flush()) // a release published by the reset is in released now
+	select {
+	case m := <-released:
+		t.Fatalf("a second release after a late reset: %s", m.Data)
+	default:
+	}
+}
