@@ -10,6 +10,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -98,6 +99,9 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 	}
 	return nil
 }
+
+// noSpan is a job's span with tracing off: a no-op, ended like any other.
+var noSpan = trace.SpanFromContext(context.Background())
 
 // Spawner starts an engine's request actors. A released actor (Done) is
 // not stopped but kept idle, up to MaxIdle per engine, and the next added
@@ -455,7 +459,12 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 
 func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	bytes := store.CopyBytes(a.deps.Layout, sj.Chunks)
-	ctx, span := a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
+	ctx, span := a.ctx, noSpan
+	if _, off := a.deps.Tracer.(noop.Tracer); !off {
+		// Only a real tracer: the no-op one still allocates a context per
+		// span, once per job.
+		ctx, span = a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
+	}
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
 			tracing.AttrBytes.Int64(bytes))

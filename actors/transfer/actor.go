@@ -61,6 +61,7 @@ type Actor struct {
 	deps    Deps
 	q       *Queue
 	workers sync.WaitGroup
+	more    []bool // finish's scratch (lastPerOwner)
 }
 
 // Props builds a transfer actor. Its workers stop when it stops.
@@ -113,7 +114,8 @@ func (a *Actor) start(c actor.Context) {
 // this turn unless their mailbox was busy). The pool's journal, not this,
 // announces the chunks (kv_events).
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
-	more := lastPerOwner(done)
+	a.more = lastPerOwner(a.more[:0], done)
+	more := a.more
 	for i, d := range done {
 		dir := d.job.Dir.String()
 		if d.err != nil {
@@ -123,16 +125,16 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 			a.deps.Metrics.TransferTime.WithLabelValues(dir).Add(d.dur.Seconds())
 			a.deps.Metrics.CopySize.WithLabelValues(dir).Observe(float64(d.job.Bytes))
 		}
-		c.Send(d.job.Owner, &JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur,
-			More: more[i]})
+		d.done = JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur, More: more[i]}
+		c.Send(d.job.Owner, &d.done)
 	}
 }
 
 // lastPerOwner marks each completion that its owner has another one after.
 // Owners are compared by pointer (an actor's Self): two pointers to one
 // owner only cost that owner an extra decision.
-func lastPerOwner(done []*copyDone) []bool {
-	more := make([]bool, len(done))
+func lastPerOwner(more []bool, done []*copyDone) []bool {
+	more = append(more[:0], make([]bool, len(done))...)
 	if len(done) <= 8 {
 		for i, d := range done {
 			for _, e := range done[i+1:] {

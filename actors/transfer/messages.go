@@ -60,9 +60,11 @@ type JobDone struct {
 // (queue.finished); one is sent when that list stops being empty.
 type completed struct{}
 
-// copyDone is one finished copy, from a worker to the transfer actor.
+// copyDone is one finished copy, from a worker to the transfer actor; done
+// is its owner's JobDone, carried here so a copy costs one allocation.
 type copyDone struct {
-	job *Submit
-	err error
-	dur time.Duration
+	job  *Submit
+	err  error
+	dur  time.Duration
+	done JobDone
 }

@@ -19,7 +19,7 @@ func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
 		for i := range n {
 			done = append(done, &copyDone{job: &Submit{Owner: owners[(i*7+i/3)%len(owners)]}})
 		}
-		got := lastPerOwner(done)
+		got := lastPerOwner(nil, done)
 		for i, d := range done {
 			want := false
 			for _, e := range done[i+1:] {
