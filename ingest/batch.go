@@ -3,6 +3,7 @@ package ingest
 import (
 	"bytes"
 	"fmt"
+	"hash/maphash"
 	"sync"
 	"unicode/utf8"
 
@@ -28,6 +29,7 @@ func DecodeBatchInto(engine string, data []byte, lim Limits, evs []messages.Even
 	d := decoder{lexer: lexer{data: data}, lim: lim.WithDefaults()}
 	sc := scratchPool.Get().(*scratch)
 	d.ids, d.hashRaw, d.hashEnds = sc.ids[:0], sc.hashRaw[:0], sc.hashEnds[:0]
+	d.interned = &sc.interned
 	defer sc.keep(&d)
 	b := messages.EventBatch{Engine: engine, Events: evs[:0]}
 	var (
@@ -84,7 +86,19 @@ type scratch struct {
 	ids      []messages.BlockID
 	hashRaw  []byte
 	hashEnds []int
+	// interned are recent request ids, by a hash of their bytes: a request's
+	// events span several batches, and each batch allocated its ids afresh
+	// (a sixth of the node's allocations, counted). The scratch is pooled per
+	// P, so this outlives the batch; strings are immutable, so sharing one
+	// between batches or engines is safe.
+	interned [internSlots]string
 }
+
+// internSlots is the size of the cross-batch intern cache: a few batches'
+// worth of live requests per worker, 4 KiB of string headers.
+const internSlots = 256
+
+var internSeed = maphash.MakeSeed()
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 
@@ -112,7 +126,11 @@ type decoder struct {
 	hashEnds []int              // end offset in hashRaw of each hash
 	requests [16]string         // distinct request ids seen in this batch, the first 16
 	nreq     int
-	ev       wireEvent
+	interned *[internSlots]string // the scratch's cross-batch cache (nil: none)
+	// idArena backs the accepted events' block ids, one allocation for many
+	// events (sched copies ids out, so an event's own slice is short-lived).
+	idArena []messages.BlockID
+	ev      wireEvent
 }
 
 func (d *decoder) envelope(msg string) error {
@@ -213,7 +231,16 @@ func (d *decoder) intern(raw []byte) string {
 			return s
 		}
 	}
-	s := string(raw)
+	var s string
+	if d.interned != nil {
+		slot := &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
+		if *slot != string(raw) {
+			*slot = string(raw)
+		}
+		s = *slot
+	} else {
+		s = string(raw)
+	}
 	if d.nreq < len(d.requests) { // an array: no allocation per batch
 		d.requests[d.nreq] = s
 		d.nreq++

@@ -2,8 +2,10 @@ package ingest
 
 import (
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/stretchr/testify/require"
 
@@ -216,4 +218,23 @@ func TestDecodedEventsOutliveTheDecodersScratch(t *testing.T) {
 	got, err := json.Marshal(first)
 	require.NoError(t, err)
 	require.JSONEq(t, string(want), string(got))
+}
+
+// A request id seen in an earlier batch (its events span several) is not
+// allocated again: the decoder's scratch keeps recent ids. Every id still
+// comes back with its own bytes, whatever else shares its cache slot.
+func TestInternReusesAnIDAcrossBatches(t *testing.T) {
+	var cache [internSlots]string
+	d := &decoder{interned: &cache}
+	a := d.intern([]byte("req-1"))
+	d.nreq = 0 // the next batch
+	b := d.intern([]byte("req-1"))
+	require.Equal(t, unsafe.StringData(a), unsafe.StringData(b), "one allocation for both batches")
+	raw := []byte("req-1")
+	require.Zero(t, testing.AllocsPerRun(100, func() { d.nreq = 0; _ = d.intern(raw) }))
+	for i := range 4 * internSlots {
+		id := fmt.Sprintf("r%d", i)
+		d.nreq = 0
+		require.Equal(t, id, d.intern([]byte(id)))
+	}
 }

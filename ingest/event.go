@@ -93,6 +93,10 @@ func (d *decoder) event() (messages.Event, error) {
 	return d.build(), nil
 }
 
+// idArenaMin is the block ids one arena allocation holds at least: a
+// batch's blocks events share a few.
+const idArenaMin = 128
+
 // build turns a checked d.ev into an Event, copying only the fields its type
 // uses (messages.Event's doc comment lists them).
 func (d *decoder) build() messages.Event {
@@ -132,7 +136,12 @@ func (d *decoder) build() messages.Event {
 		}
 		ev.Group, ev.Start = e.group, e.start
 		if len(d.ids) > 0 {
-			ev.IDs = append(make([]messages.BlockID, 0, len(d.ids)), d.ids...)
+			if cap(d.idArena)-len(d.idArena) < len(d.ids) {
+				d.idArena = make([]messages.BlockID, 0, max(idArenaMin, len(d.ids)))
+			}
+			n := len(d.idArena)
+			d.idArena = append(d.idArena, d.ids...)
+			ev.IDs = d.idArena[n:len(d.idArena):len(d.idArena)] // capped: an append by a consumer copies
 		}
 	case messages.EvTokens:
 		ev.Computed, ev.Total = e.computed, e.total
