@@ -97,6 +97,16 @@ func (r *Request) Offloadable() int {
 	return max(t, 0)
 }
 
+// ContinueJobs numbers the request's store jobs after last, for an actor
+// that served an earlier request: a stale cancel it sent for that request's
+// jobs (still on its way to the transfer side) must not name this one's.
+// Call it before the first Advance.
+func (r *Request) ContinueJobs(last JobID) { r.nextJob = max(r.nextJob, last) }
+
+// LastJob is the ID of the request's latest store job (0: none yet, or the
+// one ContinueJobs was given).
+func (r *Request) LastJob() JobID { return r.nextJob }
+
 // Step applies one event. A returned error rejects the event and leaves the
 // request unchanged. Events that the lifecycle says to ignore (a second
 // finished, preempted twice) return nil and change nothing.
