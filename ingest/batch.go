@@ -116,8 +116,10 @@ func (sc *scratch) keep(d *decoder) {
 }
 
 // decoder holds the state of one DecodeBatch call. Its scratch slices are
-// reused from event to event; each accepted event gets its own exact-size
-// copies, so a consumer may keep one event's slices without pinning the rest.
+// reused from event to event; an accepted event gets copies nothing reuses:
+// its hashes its own, its block ids a capped part of this call's arena (a
+// consumer that keeps them pins at most that arena, 512 bytes or one
+// event's ids).
 type decoder struct {
 	lexer
 	lim      Limits

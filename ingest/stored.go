@@ -13,16 +13,20 @@ import (
 // and all (measured with the bench's client side, docs/BENCHMARKS.md).
 //
 // What it accepts is a subset of what json.Unmarshal into messages.Stored
-// accepts, and for that subset the values are the same:
+// accepts, and for that subset the values are the same but for repeated
+// keys:
 //
 //   - keys match exactly (encoding/json also matches other letter cases);
 //   - a wrong JSON type anywhere, a fraction, a number outside its field's
-//     type ("job" and "bytes" within int64, "group" and "index" within
-//     int), a null chunk, or a string that is not valid UTF-8 (a lone
-//     surrogate escape included) rejects the body, where encoding/json
-//     would report some of these but still fill the rest;
-//   - unknown fields are skipped; absent or null fields are zero; of
-//     duplicate keys the last wins.
+//     type ("job" within [0, 2^63) and without a minus sign, even "-0";
+//     "bytes" within int64; "group" and "index" within int), a null chunk,
+//     or a string that is not valid UTF-8 (a lone surrogate escape
+//     included) rejects the body, where encoding/json would report some of
+//     these but still fill the rest;
+//   - unknown fields are skipped; absent or null fields are zero;
+//   - of repeated keys the last wins whole: a repeated "chunks" replaces
+//     the earlier list, where encoding/json decodes it into the earlier
+//     elements, merging their fields. The node never repeats a key.
 //
 // Errors wrap ErrMalformed.
 func DecodeStored(data []byte) (messages.Stored, error) {
@@ -53,6 +57,9 @@ func (d *storedDecoder) stored() (st messages.Stored, err error) {
 		case "request":
 			st.Request, err = d.text("request")
 		case "job":
+			if d.peek() == '-' { // encoding/json refuses a sign on an unsigned field, "-0" too
+				return st, fmt.Errorf("%w: %w: \"job\" is negative", ErrMalformed, ErrOutOfRange)
+			}
 			var v int64
 			v, err = d.integer("job", 0, maxInt64)
 			st.Job = uint64(v)
