@@ -461,8 +461,10 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 			c.Send(p, &Done{Request: a.state.ID(), PID: c.Self()})
 		}
 		// An idle actor keeps no request state (a long prompt's hashes and
-		// block ids): only its id, for a status gather that asked late.
+		// block ids, a recorded span and its batch's context): only its id,
+		// for a status gather that asked late.
 		a.released, a.lastJob, a.state = a.state.ID(), a.state.LastJob(), nil
+		a.span, a.ctx = noSpan, context.Background()
 	}
 }
 
