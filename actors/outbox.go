@@ -34,7 +34,22 @@ type Outbox struct {
 
 	stamp *KVStamp
 	kvHdr nats.Header // node and boot of the stamp (nil without one)
+
+	// subjects caches each engine's P.E.verb for the verbs published per
+	// request or per job (building one was a tenth of the node's
+	// allocations, by count); nsubjects bounds it (cleared when full, since
+	// engine ids come and go).
+	subjects  sync.Map // engine → *engineSubjects
+	nsubjects atomic.Int64
 }
+
+// hotVerbs are the verbs Subject caches, in engineSubjects' order.
+var hotVerbs = [...]string{messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents}
+
+type engineSubjects [len(hotVerbs)]string
+
+// maxCachedEngines bounds Outbox.subjects.
+const maxCachedEngines = 4096
 
 // KVStamp is what a clustered node adds to its kv_events (docs/CLUSTER.md):
 // the Kvactors-Node and Kvactors-Boot headers, so other nodes know whose
@@ -61,7 +76,26 @@ func NewOutbox(nc *nats.Conn, prefix string, log *slog.Logger) *Outbox {
 
 // Subject is P.E.verb.
 func (o *Outbox) Subject(engine, verb string) string {
-	return messages.EngineSubject(o.prefix, engine, verb)
+	i := 0
+	for i < len(hotVerbs) && hotVerbs[i] != verb {
+		i++
+	}
+	if i == len(hotVerbs) {
+		return messages.EngineSubject(o.prefix, engine, verb)
+	}
+	if v, ok := o.subjects.Load(engine); ok {
+		return v.(*engineSubjects)[i]
+	}
+	if o.nsubjects.Add(1) > maxCachedEngines {
+		o.subjects.Clear()
+		o.nsubjects.Store(1)
+	}
+	var subj engineSubjects
+	for k, vb := range hotVerbs {
+		subj[k] = messages.EngineSubject(o.prefix, engine, vb)
+	}
+	v, _ := o.subjects.LoadOrStore(engine, &subj)
+	return v.(*engineSubjects)[i]
 }
 
 // bodies recycles the buffers of the hand-encoded bodies (released, stored,

@@ -234,6 +234,12 @@ func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor 
 func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context) {
 	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob}
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
+	if _, off := deps.Tracer.(noop.Tracer); off {
+		// The no-op tracer's span only carries the parent's span context,
+		// and starting it allocates a context: the parent does the same.
+		a.ctx, a.span = parent, noSpan
+		return
+	}
 	a.ctx, a.span = deps.Tracer.Start(parent, tracing.SpanRequest)
 	if a.span.IsRecording() { // attributes cost allocations even for a no-op span
 		a.span.SetAttributes(tracing.AttrEngine.String(deps.Engine), tracing.AttrRequest.String(a.state.ID()))
@@ -352,7 +358,9 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 	switch {
 	case success:
 		a.published(j)
-		j.span.SetAttributes(tracing.AttrBytes.Int64(m.Bytes))
+		if j.span.IsRecording() { // the attribute list escapes: not for a no-op span
+			j.span.SetAttributes(tracing.AttrBytes.Int64(m.Bytes))
+		}
 	case m.Cancelled:
 		j.span.AddEvent("cancelled")
 	default:
@@ -452,7 +460,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		if a.deps.Owed != nil && !owedSettled {
 			a.deps.Owed.Add(-1)
 		}
-		if len(eff.Releases) > 0 {
+		if len(eff.Releases) > 0 && recording {
 			a.span.SetAttributes(tracing.AttrReason.String(eff.Releases[len(eff.Releases)-1]))
 		}
 		a.span.End()
