@@ -432,7 +432,8 @@ func (a *Actor) maybeStop(c actor.Context) {
 }
 
 func (a *Actor) status(c actor.Context, m *StatusQuery) {
-	st := Status{Engine: a.deps.Engine, Epoch: a.seq.Epoch(), Seq: a.seq.Applied(), Resyncing: a.seq.Resyncing()}
+	st := Status{Engine: a.deps.Engine, Epoch: a.seq.Epoch(), Seq: a.seq.Applied(), Resyncing: a.seq.Resyncing(),
+		IdleActors: a.spawner.Idle()}
 	pids := make([]*actor.PID, 0, len(a.live))
 	for _, e := range a.live {
 		pids = append(pids, e.pid)

@@ -64,4 +64,7 @@ type Status struct {
 	Resyncing bool                    `json:"resyncing,omitempty"`
 	Requests  []sched.RequestSnapshot `json:"requests"`
 	Partial   bool                    `json:"partial,omitempty"` // some request did not answer in time
+	// IdleActors are released request actors kept for the engine's next
+	// requests (request.Spawner).
+	IdleActors int `json:"idle_actors,omitempty"`
 }

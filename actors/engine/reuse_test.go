@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -93,4 +95,51 @@ func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the engine did not stop with idle children")
 	}
+}
+
+// An idle actor that stops (it failed, or something stopped it) is never
+// given a request: the engine forgets it on Terminated, and the next
+// request gets a new actor and is released. Were the dead pid reused, the
+// request's events would go to dead letters and its engine would wait for
+// its release for ever.
+func TestAStoppedIdleActorIsNotReused(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	system, pid, _, _ := startEngine(t, nc, make(chan struct{}), nil)
+	finished := messages.Event{Type: messages.EvFinished, Request: "r0", Computed: 4, Total: 4}
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,
+		Events: []messages.Event{added("r0"), finished}}})
+	testkit.Recv(t, released, 5*time.Second, "r0 released")
+
+	// The engine's only child now is r0's actor (no status gather yet).
+	var children []*actor.PID
+	for _, bucket := range system.ProcessRegistry.LocalPIDs.LocalPIDs {
+		for _, id := range bucket.Keys() {
+			if strings.HasPrefix(id, pid.Id+"/") {
+				children = append(children, actor.NewPID(system.ProcessRegistry.Address, id))
+			}
+		}
+	}
+	require.Len(t, children, 1)
+	idle := func(want int) func() error {
+		return func() error {
+			ch := make(chan engine.Status, 1)
+			system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
+			if st := testkit.Recv(t, ch, 5*time.Second, "status"); st.IdleActors != want {
+				return fmt.Errorf("%d idle actors, want %d", st.IdleActors, want)
+			}
+			return nil
+		}
+	}
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, idle(1))
+
+	require.NoError(t, system.Root.StopFuture(children[0]).Wait())
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, idle(0))
+
+	finished.Request = "r1"
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
+		Events: []messages.Event{added("r1"), tokens("r1", 4), finished}}})
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r1 released").Data, &rel))
+	require.Equal(t, "r1", rel.Request)
 }
