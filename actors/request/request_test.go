@@ -206,11 +206,12 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 	}
 }
 
-// A released request's actor keeps no state (it may wait idle for the
-// engine's next request): a late status query gets the released id and
-// phase, a late reset changes nothing, and the live gauge went back to zero
-// with the release, not with a stop.
-func TestReleasedActorKeepsNoState(t *testing.T) {
+// A released request's actor (it may wait idle for the engine's next
+// request, its state dropped: TestIdleActorsHoldNoRequestState) answers a
+// late status query with the released id and phase, a late reset changes
+// nothing, and the live gauge went back to zero with the release, not with
+// a stop.
+func TestReleasedActorAnswersLateMessages(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
 	rig := newHeldRig(t, nc, 16)

@@ -3,8 +3,11 @@ package request_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,4 +136,51 @@ func TestStaleCancelOfAReleasedRequestSparesTheNextOne(t *testing.T) {
 		t.Fatalf("r2 submitted again (its job was cancelled): %#v", m)
 	default:
 	}
+}
+
+// Released actors wait idle for the next request without holding the last
+// one's state: 40 requests with 1 MiB of hashes each, released together,
+// leave 40 idle actors and none of those bytes on the heap.
+func TestIdleActorsHoldNoRequestState(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	system, deps := rig.system, rig.deps
+	par := &parentStub{sp: request.NewSpawner(), deps: &deps, pids: make(chan *actor.PID, 1), idle: make(chan int, 1)}
+	parent := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return par }))
+	const n, hashBytes = 40, 64 << 10
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	before := heap()
+	pids := make([]*actor.PID, n)
+	for i := range pids {
+		id := fmt.Sprintf("r%d", i)
+		system.Root.Send(parent, &spawnMsg{added: messages.Event{Type: messages.EvAdded, Request: id, PromptTokens: 4, MaxOffloadTokens: -1}})
+		pids[i] = testkit.Recv(t, par.pids, 5*time.Second, "pid")
+		hs := make([]messages.Hash, 16)
+		for k := range hs {
+			hs[k] = messages.Hash(strings.Repeat(string(rune('a'+k)), hashBytes-1) + id) // distinct, fresh
+		}
+		system.Root.Send(pids[i], &request.Events{Events: []messages.Event{{Type: messages.EvHashes, Request: id, Hashes: hs}}})
+	}
+	require.Greater(t, heap(), before+n*16*hashBytes*9/10, "the live requests hold their hashes")
+	for i, pid := range pids {
+		system.Root.Send(pid, &request.Events{Events: []messages.Event{
+			{Type: messages.EvFinished, Request: fmt.Sprintf("r%d", i), Computed: 4, Total: 4}}})
+	}
+	for range n {
+		testkit.Recv(t, released, 5*time.Second, "released")
+	}
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		system.Root.Send(parent, &idleQ{})
+		if got := <-par.idle; got != n {
+			return fmt.Errorf("%d idle, want %d", got, n)
+		}
+		return nil
+	})
+	require.Less(t, heap(), before+n*16*hashBytes/4, "idle actors still hold their requests' hashes")
 }
