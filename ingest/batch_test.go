@@ -238,3 +238,22 @@ func TestInternReusesAnIDAcrossBatches(t *testing.T) {
 		require.Equal(t, id, d.intern([]byte(id)))
 	}
 }
+
+// DecodeBatch itself uses the cache: decoding one body again gives the same
+// id strings, not new ones. The scratch comes from a sync.Pool, which may
+// drop it (a collection, the race detector's random drops), so only most
+// repeats are expected to share; one sharing pair proves the wiring.
+func TestDecodeBatchReusesIDsOfEarlierBatches(t *testing.T) {
+	var prev *byte
+	shared := 0
+	for range 20 {
+		b, _, err := DecodeBatch("e1", []byte(protocolBatch), Limits{})
+		require.NoError(t, err)
+		p := unsafe.StringData(b.Events[0].Request)
+		if p == prev {
+			shared++
+		}
+		prev = p
+	}
+	require.Positive(t, shared, "every batch allocated its ids afresh")
+}
