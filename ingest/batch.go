@@ -123,11 +123,9 @@ func (sc *scratch) keep(d *decoder) {
 type decoder struct {
 	lexer
 	lim      Limits
-	ids      []messages.BlockID // block ids of the current event
-	hashRaw  []byte             // decoded bytes of the current event's hashes
-	hashEnds []int              // end offset in hashRaw of each hash
-	requests [16]string         // distinct request ids seen in this batch, the first 16
-	nreq     int
+	ids      []messages.BlockID   // block ids of the current event
+	hashRaw  []byte               // decoded bytes of the current event's hashes
+	hashEnds []int                // end offset in hashRaw of each hash
 	interned *[internSlots]string // the scratch's cross-batch cache (nil: none)
 	// idArena backs the accepted events' block ids, one allocation for many
 	// events (sched copies ids out, so an event's own slice is short-lived).
@@ -225,27 +223,17 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 }
 
 // intern returns raw as a string, sharing the allocation with an equal
-// request id seen earlier in the batch: a batch usually carries several
-// events (hashes, blocks, tokens) for each of a few requests.
+// request id met before: a batch usually carries several events (hashes,
+// blocks, tokens) for each of a few requests, and a request's events span
+// several batches (the scratch's cache outlives the batch). A decoder given
+// no cache (tests) allocates every id.
 func (d *decoder) intern(raw []byte) string {
-	for _, s := range d.requests[:d.nreq] {
-		if s == string(raw) {
-			return s
-		}
+	if d.interned == nil {
+		return string(raw)
 	}
-	var s string
-	if d.interned != nil {
-		slot := &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
-		if *slot != string(raw) {
-			*slot = string(raw)
-		}
-		s = *slot
-	} else {
-		s = string(raw)
+	slot := &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
+	if *slot != string(raw) {
+		*slot = string(raw)
 	}
-	if d.nreq < len(d.requests) { // an array: no allocation per batch
-		d.requests[d.nreq] = s
-		d.nreq++
-	}
-	return s
+	return *slot
 }
