@@ -105,8 +105,16 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 	return nil
 }
 
-// noSpan is a job's span with tracing off: a no-op, ended like any other.
+// noSpan is a request's or job's span with tracing off: a no-op, ended
+// like any other.
 var noSpan = trace.SpanFromContext(context.Background())
+
+// tracingOff reports a no-op tracer: its spans record nothing, yet starting
+// one still allocates a context, once per request and once per job.
+func tracingOff(t trace.Tracer) bool {
+	_, off := t.(noop.Tracer)
+	return off
+}
 
 // Spawner starts an engine's request actors. A released actor (Done) is
 // not stopped but kept idle, up to MaxIdle per engine, and the next added
@@ -234,7 +242,7 @@ func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor 
 func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context) {
 	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob}
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
-	if _, off := deps.Tracer.(noop.Tracer); off {
+	if tracingOff(deps.Tracer) {
 		// The no-op tracer's span only carries the parent's span context,
 		// and starting it allocates a context: the parent does the same.
 		a.ctx, a.span = parent, noSpan
@@ -479,9 +487,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	bytes := store.CopyBytes(a.deps.Layout, sj.Chunks)
 	ctx, span := a.ctx, noSpan
-	if _, off := a.deps.Tracer.(noop.Tracer); !off {
-		// Only a real tracer: the no-op one still allocates a context per
-		// span, once per job.
+	if !tracingOff(a.deps.Tracer) {
 		ctx, span = a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
 	}
 	if span.IsRecording() {
