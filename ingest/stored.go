@@ -48,18 +48,11 @@ func (d *storedDecoder) stored() (st messages.Stored, err error) {
 	if d.peek() != '{' {
 		return st, fmt.Errorf("%w: the body is a %s, want an object", ErrMalformed, kind(d.peek()))
 	}
-	for more := !d.open('}'); more; {
-		k, err := d.key()
-		if err != nil {
-			return st, err
-		}
+	err = d.members(func(k []byte) (err error) {
 		switch string(k) {
 		case "request":
 			st.Request, err = d.text("request")
 		case "job":
-			if d.peek() == '-' { // encoding/json refuses a sign on an unsigned field, "-0" too
-				return st, fmt.Errorf("%w: %w: \"job\" is negative", ErrMalformed, ErrOutOfRange)
-			}
 			var v int64
 			v, err = d.integer("job", 0, maxInt64)
 			st.Job = uint64(v)
@@ -70,14 +63,30 @@ func (d *storedDecoder) stored() (st messages.Stored, err error) {
 		default:
 			err = d.skip(inEnvelope)
 		}
-		if err != nil {
-			return st, err
-		}
-		if more, err = d.next('}'); err != nil {
-			return st, err
-		}
+		return err
+	})
+	if err != nil {
+		return st, err
 	}
 	return st, d.end()
+}
+
+// members reads the object the caller peeked, calling member for each key
+// with the reader at its value.
+func (d *storedDecoder) members(member func(key []byte) error) error {
+	for more := !d.open('}'); more; {
+		k, err := d.key()
+		if err != nil {
+			return err
+		}
+		if err := member(k); err != nil {
+			return err
+		}
+		if more, err = d.next('}'); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 func (d *storedDecoder) chunks(out []messages.StoredChunk) ([]messages.StoredChunk, error) {
@@ -95,7 +104,23 @@ func (d *storedDecoder) chunks(out []messages.StoredChunk) ([]messages.StoredChu
 		if d.peek() != '{' {
 			return nil, d.wrong("chunks[]", "an object")
 		}
-		ch, err := d.chunk()
+		var ch messages.StoredChunk
+		err := d.members(func(k []byte) (err error) {
+			var v int64
+			switch string(k) {
+			case "group":
+				v, err = d.integer("group", minInt, maxInt)
+				ch.Group = int(v)
+			case "index":
+				v, err = d.integer("index", minInt, maxInt)
+				ch.Index = int(v)
+			case "key":
+				ch.Key, err = d.text("key")
+			default:
+				err = d.skip(inElement)
+			}
+			return err
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -105,35 +130,6 @@ func (d *storedDecoder) chunks(out []messages.StoredChunk) ([]messages.StoredChu
 		}
 	}
 	return out, nil
-}
-
-func (d *storedDecoder) chunk() (ch messages.StoredChunk, err error) {
-	for more := !d.open('}'); more; {
-		k, err := d.key()
-		if err != nil {
-			return ch, err
-		}
-		var v int64
-		switch string(k) {
-		case "group":
-			v, err = d.integer("group", minInt, maxInt)
-			ch.Group = int(v)
-		case "index":
-			v, err = d.integer("index", minInt, maxInt)
-			ch.Index = int(v)
-		case "key":
-			ch.Key, err = d.text("key")
-		default:
-			err = d.skip(inElement)
-		}
-		if err != nil {
-			return ch, err
-		}
-		if more, err = d.next('}'); err != nil {
-			return ch, err
-		}
-	}
-	return ch, nil
 }
 
 // text reads a string field (null is ""), unescaped and valid UTF-8.
@@ -159,12 +155,16 @@ func (d *storedDecoder) text(field string) (string, error) {
 	return string(raw), nil
 }
 
-// integer reads an integer field in [lo, hi] (null is 0).
+// integer reads an integer field in [lo, hi] (null is 0). With lo 0 the
+// field is unsigned and a minus sign is refused, "-0" too, as encoding/json
+// refuses it for a uint.
 func (d *storedDecoder) integer(field string, lo, hi int64) (int64, error) {
 	c := d.peek()
 	switch {
 	case c == 'n':
 		return 0, d.literal("null")
+	case c == '-' && lo == 0:
+		return 0, fmt.Errorf("%w: %w: %q is negative", ErrMalformed, ErrOutOfRange, field)
 	case c != '-' && (c < '0' || c > '9'):
 		return 0, d.wrong(field, "an integer")
 	}
