@@ -163,12 +163,18 @@ func tokens(id string, n int) messages.Event {
 	return messages.Event{Type: messages.EvTokens, Request: id, Computed: n, Total: n}
 }
 
-// requestsOf is the engine's live requests (P.E.status), by id.
-func requestsOf(t *testing.T, system *actor.ActorSystem, pid *actor.PID) []sched.RequestSnapshot {
+// statusOf is the engine's part of P.E.status.
+func statusOf(t *testing.T, system *actor.ActorSystem, pid *actor.PID) engine.Status {
 	t.Helper()
 	ch := make(chan engine.Status, 1)
 	system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
-	st := testkit.Recv(t, ch, 5*time.Second, "status")
+	return testkit.Recv(t, ch, 5*time.Second, "status")
+}
+
+// requestsOf is the engine's live requests (P.E.status), by id.
+func requestsOf(t *testing.T, system *actor.ActorSystem, pid *actor.PID) []sched.RequestSnapshot {
+	t.Helper()
+	st := statusOf(t, system, pid)
 	sort.Slice(st.Requests, func(i, j int) bool { return st.Requests[i].Request < st.Requests[j].Request })
 	return st.Requests
 }

@@ -123,9 +123,7 @@ func TestAStoppedIdleActorIsNotReused(t *testing.T) {
 	require.Len(t, children, 1)
 	idle := func(want int) func() error {
 		return func() error {
-			ch := make(chan engine.Status, 1)
-			system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
-			if st := testkit.Recv(t, ch, 5*time.Second, "status"); st.IdleActors != want {
+			if st := statusOf(t, system, pid); st.IdleActors != want {
 				return fmt.Errorf("%d idle actors, want %d", st.IdleActors, want)
 			}
 			return nil
