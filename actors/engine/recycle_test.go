@@ -159,6 +159,15 @@ func added(id string) messages.Event {
 	return messages.Event{Type: messages.EvAdded, Request: id, PromptTokens: 64, MaxOffloadTokens: -1}
 }
 
+func finished(id string) messages.Event {
+	return messages.Event{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}
+}
+
+// sendBatch posts batch seq of epoch "a".
+func sendBatch(system *actor.ActorSystem, pid *actor.PID, seq uint64, evs ...messages.Event) {
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
+}
+
 func tokens(id string, n int) messages.Event {
 	return messages.Event{Type: messages.EvTokens, Request: id, Computed: n, Total: n}
 }

@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -30,10 +29,7 @@ func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
 	seq := uint64(0)
 	send := func(evs ...messages.Event) {
 		seq++
-		system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
-	}
-	finished := func(id string) messages.Event {
-		return messages.Event{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}
+		sendBatch(system, pid, seq, evs...)
 	}
 	expect := func(ids ...string) {
 		t.Helper()
@@ -106,9 +102,7 @@ func TestAStoppedIdleActorIsNotReused(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	system, pid, _, _ := startEngine(t, nc, make(chan struct{}), nil)
-	finished := messages.Event{Type: messages.EvFinished, Request: "r0", Computed: 4, Total: 4}
-	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 1,
-		Events: []messages.Event{added("r0"), finished}}})
+	sendBatch(system, pid, 1, added("r0"), finished("r0"))
 	testkit.Recv(t, released, 5*time.Second, "r0 released")
 
 	// The engine's only child now is r0's actor (no status gather yet).
@@ -134,9 +128,7 @@ func TestAStoppedIdleActorIsNotReused(t *testing.T) {
 	require.NoError(t, system.Root.StopFuture(children[0]).Wait())
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, idle(0))
 
-	finished.Request = "r1"
-	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
-		Events: []messages.Event{added("r1"), tokens("r1", 4), finished}}})
+	sendBatch(system, pid, 2, added("r1"), tokens("r1", 4), finished("r1"))
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r1 released").Data, &rel))
 	require.Equal(t, "r1", rel.Request)
