@@ -109,7 +109,9 @@ func (q *Queue) next() *Submit {
 // done ends a running job, which may let a waiting large job start, and
 // adds it to the finished list. It reports whether the list was empty: the
 // caller then tells the actor (one message per batch of completions, not
-// per job).
+// per job). With nothing queued no waiting worker could start anything, so
+// none is woken: on a lightly loaded node that wake-up, for nothing, came
+// with every copy.
 func (q *Queue) done(d *copyDone) bool {
 	q.mu.Lock()
 	q.running--
@@ -117,8 +119,11 @@ func (q *Queue) done(d *copyDone) bool {
 	first := len(q.finished) == 0
 	q.finished = append(q.finished, d)
 	q.reportLocked()
+	waiting := len(q.items) > 0
 	q.mu.Unlock()
-	q.wake.Signal()
+	if waiting {
+		q.wake.Signal()
+	}
 	return first
 }
 
