@@ -306,8 +306,13 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 	f, err := cluster.NewFetcher(kc.nodes[1].nc, cluster.Config{Lease: clusterLease, FetchTimeout: time.Second}, nil)
 	require.NoError(t, err)
 	key := messages.Key(append(mustHex(hash("f", 0)), 0, 0, 0, 0)) // group 0
-	got, err := f.Fetch(context.Background(), "n0", "m", key)
-	require.NoError(t, err)
+	// A chunk is served once the journal has announced it (kv_events, up to
+	// --kv-events-linger after its stored message).
+	var got []byte
+	require.Eventually(t, func() bool {
+		got, err = f.Fetch(context.Background(), "n0", "m", key)
+		return err == nil
+	}, 10*time.Second, 5*time.Millisecond, "fetch of the stored chunk")
 	require.Equal(t, a.block(0, 7), got, "the chunk as stored (one 256-byte block per slot)")
 	_, err = f.Fetch(context.Background(), "n0", "other", key)
 	require.ErrorIs(t, err, cluster.ErrRefused)

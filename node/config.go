@@ -86,6 +86,12 @@ type Config struct {
 	// MaxPendingBytes bounds inbound message bytes taken and not yet handled;
 	// what does not fit becomes a resync (reason overflow).
 	MaxPendingBytes int64 `json:"max_pending_bytes"`
+	// KVEventsLinger is how long the kv_events journal lets changes gather
+	// after the first before it publishes them (default 1ms; negative:
+	// publish each at once). Routers learn of a change up to this much
+	// later; in exchange a lightly loaded node sends one kv_events message
+	// per engine per linger instead of one per copy, and wakes once for it.
+	KVEventsLinger time.Duration `json:"kv_events_linger"`
 	// FailStop ends the process when fencing demands it (default: log and
 	// exit with status 3); tests inject their own.
 	FailStop func(reason string) `json:"-"`
@@ -182,6 +188,7 @@ func DefaultConfig() Config {
 		ShutdownTimeout:    10 * time.Second,
 		Lease:              10 * time.Second,
 		MaxPendingBytes:    256 << 20,
+		KVEventsLinger:     time.Millisecond,
 		// isolation: bounds an 8-GPU host never reaches.
 		MaxEngines:        256,
 		MaxRequests:       1 << 16,
@@ -218,6 +225,7 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.LogFormat, d.LogFormat)
 	orDefault(&c.Lease, d.Lease)
 	orDefault(&c.MaxPendingBytes, d.MaxPendingBytes)
+	orDefault(&c.KVEventsLinger, d.KVEventsLinger)
 	if c.NodeID == "" { // not in DefaultConfig: it depends on the host
 		c.NodeID = DefaultNodeID()
 	}
@@ -277,6 +285,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
+	case c.KVEventsLinger > time.Second:
+		return fmt.Errorf("%w: kv events linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
 	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
 		return fmt.Errorf("%w: max engines %d, max requests %d, max mapped segments %d: want >= 1 (0: the default)",
 			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)

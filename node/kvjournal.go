@@ -37,6 +37,7 @@ type kvJournal struct {
 	spareK  []messages.Key
 	closed  bool
 	wake    chan struct{}
+	closing chan struct{} // closed by close: a lingering drain goes at once
 	done    chan struct{}
 	started bool
 	// emit publishes one kv_events body for engine (the body is reused
@@ -49,6 +50,9 @@ type kvJournal struct {
 	// key set); set it before start.
 	observe func(typ, medium, namespace string, keys []messages.Key)
 	split   keySplit // run's scratch
+	// linger is how long the goroutine waits, once woken, before it drains
+	// (0: it drains at once). See Config.KVEventsLinger.
+	linger time.Duration
 }
 
 // kvRecord is one change: keys[lo:hi] of its drain became loadable (typ
@@ -69,7 +73,8 @@ const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, []byte),
 	target func(string, sched.NamespaceID) (string, string)) *kvJournal {
-	return &kvJournal{wake: make(chan struct{}, 1), done: make(chan struct{}), emit: emit, target: target}
+	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
+		emit: emit, target: target}
 }
 
 // start runs the publishing goroutine; records added before it are kept.
@@ -127,6 +132,7 @@ func (j *kvJournal) close() {
 	if already || !started {
 		return
 	}
+	close(j.closing)
 	select {
 	case j.wake <- struct{}{}:
 	default:
@@ -137,7 +143,23 @@ func (j *kvJournal) close() {
 func (j *kvJournal) run() {
 	defer close(j.done)
 	var msg kvMessage
+	var linger *time.Timer
+	if j.linger > 0 {
+		linger = time.NewTimer(j.linger)
+		linger.Stop()
+	}
 	for range j.wake {
+		if linger != nil {
+			// Let the changes of the next moment join this drain: one wake-up
+			// and one message per engine for all of them, not one each.
+			// Closing does not wait for it.
+			linger.Reset(j.linger)
+			select {
+			case <-linger.C:
+			case <-j.closing:
+				linger.Stop()
+			}
+		}
 		j.mu.Lock()
 		recs, keys, closed := j.recs, j.keys, j.closed
 		j.recs, j.keys, j.spare, j.spareK = j.spare[:0], j.spareK[:0], nil, nil

@@ -369,3 +369,56 @@ func TestKVMessageCutsExactlyAtTheBound(t *testing.T) {
 		})
 	}
 }
+
+// With a linger, the changes added while the journal waits go out
+// together, in order, in one message; closing does not wait the linger
+// out; a short linger publishes on its own.
+func TestKVJournalLingerGathersChanges(t *testing.T) {
+	var mu sync.Mutex
+	var got [][]messages.KVEvent
+	emit := func(_ string, body []byte) {
+		mu.Lock()
+		defer mu.Unlock()
+		got = append(got, decodeKV(t, body))
+	}
+	emitted := func() [][]messages.KVEvent {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(got)
+	}
+	target := func(string, sched.NamespaceID) (string, string) { return "m", "ea" }
+	key := func(h string) messages.Key { return messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0)) }
+
+	j := newKVJournal(emit, target)
+	j.linger = time.Hour
+	j.start()
+	j.pool(true, []messages.Key{key("a")}, "ea")
+	j.pool(false, []messages.Key{key("b")}, "ea")
+	j.pool(true, []messages.Key{key("c")}, "ea")
+	require.Never(t, func() bool { return j.pending() < 3 || len(emitted()) > 0 }, 50*time.Millisecond, time.Millisecond,
+		"nothing drains while the journal lingers")
+	closed := make(chan struct{})
+	go func() { j.close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close waited for the linger")
+	}
+	msgs := emitted()
+	require.Len(t, msgs, 1, "one message for the three changes")
+	require.Len(t, msgs[0], 3)
+	for i, typ := range []string{messages.KVBlockStored, messages.KVBlockRemoved, messages.KVBlockStored} {
+		require.Equal(t, typ, msgs[0][i].Type, "event %d", i)
+	}
+
+	mu.Lock()
+	got = nil
+	mu.Unlock()
+	short := newKVJournal(emit, target)
+	short.linger = 5 * time.Millisecond
+	short.start()
+	defer short.close()
+	short.pool(true, []messages.Key{key("d")}, "ea")
+	require.Eventually(t, func() bool { return len(emitted()) == 1 }, 10*time.Second, time.Millisecond)
+	require.Zero(t, short.pending())
+}

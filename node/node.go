@@ -110,6 +110,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 	}()
 	n.kv = newKVJournal(n.publishKV, n.kvTarget)
+	n.kv.linger = max(0, cfg.KVEventsLinger)
 	metrics.RegisterKVJournal(cfg.Registry, n.kv.pending)
 	if err := n.startBackend(); err != nil {
 		return nil, err
