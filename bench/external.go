@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -60,6 +61,17 @@ type External struct {
 	NoStoreCPUSeconds float64 `json:"nostore_node_cpu_seconds"`
 	NoStoreUSPerEvent float64 `json:"nostore_node_us_per_event"`
 	StoreUSPerChunk   float64 `json:"store_node_us_per_stored_chunk"`
+	// Narrow* is the store-heavy mix again on engines of their own, with
+	// one block per prefill step, so its jobs hold fewer chunks (about 2,
+	// against about 5). Unit* splits what storing adds between chunks and
+	// jobs from the two mixes (unitCosts): issue 14's per-unit goals.
+	NarrowEvents       int     `json:"narrow_events"`
+	NarrowStoreJobs    int     `json:"narrow_store_jobs"`
+	NarrowStoredChunks int     `json:"narrow_stored_chunks"`
+	NarrowSeconds      float64 `json:"narrow_seconds"`
+	NarrowCPUSeconds   float64 `json:"narrow_node_cpu_seconds"`
+	UnitUSPerChunk     float64 `json:"unit_us_per_stored_chunk"`
+	UnitUSPerJob       float64 `json:"unit_us_per_store_job"`
 	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end
 	// of the no-store run.
 	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
@@ -77,6 +89,15 @@ type External struct {
 func storeHeavyWorkload() workload {
 	return workload{promptMin: 64, promptMax: 192, outputMin: 0, outputMax: 24, prefillChunk: 64,
 		running: 32, queuedAbort: 0.03, midAbort: 0.05, shared: 0.25, families: 8, sharedHashes: 4}
+}
+
+// narrowWorkload is storeHeavyWorkload prefilled one block (16 tokens) per
+// step: the same requests in more, smaller steps, so each store job holds
+// about one chunk per group.
+func narrowWorkload() workload {
+	w := storeHeavyWorkload()
+	w.prefillChunk = storeGeometry().tokensPerChunk()
+	return w
 }
 
 // storeGeometry is eventGeometry with one block per chunk: every 16 tokens
@@ -100,8 +121,12 @@ type outcome struct {
 	released, jobs, chunks, noStoreChunks atomic.Int64
 }
 
-// noStorePrefix starts the no-store engines' ids.
-const noStorePrefix = "n"
+// noStorePrefix starts the no-store engines' ids, narrowPrefix the narrow
+// mix's.
+const (
+	noStorePrefix = "n"
+	narrowPrefix  = "w"
+)
 
 // observe subscribes to every engine's released and stored subjects.
 func (o *outcome) observe(nc *nats.Conn, prefix string) error {
@@ -214,6 +239,23 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		return nil, fmt.Errorf("no-store mix: %d chunks stored, want none (a generator bug)", got)
 	}
 	res.NoStoreEvents, res.NoStoreSeconds, res.NoStoreCPUSeconds = ns.events, ns.secs, ns.nodeCPU
+
+	narrowIDs := make([]string, len(ids))
+	narrowConns := make([]*nats.Conn, len(ids))
+	for i := range ids {
+		narrowIDs[i] = narrowPrefix + ids[i]
+		if narrowConns[i], _, err = r.engine(narrowIDs[i], storeGeometry()); err != nil {
+			return nil, err
+		}
+	}
+	jobs0, chunks0 := out.jobs.Load(), out.chunks.Load()
+	nw, err := runMix(ctx, cfg, c, r, narrowIDs, narrowConns, gens(narrowIDs, "z", narrowWorkload()), &out)
+	if err != nil {
+		return nil, fmt.Errorf("narrow mix: %w", err)
+	}
+	res.NarrowEvents, res.NarrowSeconds, res.NarrowCPUSeconds = nw.events, nw.secs, nw.nodeCPU
+	res.NarrowStoreJobs = int(out.jobs.Load() - jobs0)
+	res.NarrowStoredChunks = int(out.chunks.Load() - chunks0)
 	res.NodeMaxRSSBytes = c.maxRSS()
 	res.derive()
 	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
@@ -300,6 +342,32 @@ func (e *External) derive() {
 	if e.RawEventsPerSec > 0 {
 		e.Ratio = e.EventsPerSec / e.RawEventsPerSec
 	}
+	nsPerEvent := e.NoStoreUSPerEvent / 1e6
+	e.UnitUSPerChunk, e.UnitUSPerJob = unitCosts(
+		storeMix{e.NodeCPUSeconds - float64(e.Events)*nsPerEvent, e.StoredChunks, e.StoreJobs},
+		storeMix{e.NarrowCPUSeconds - float64(e.NarrowEvents)*nsPerEvent, e.NarrowStoredChunks, e.NarrowStoreJobs})
+}
+
+// storeMix is what storing added to one mix: the node's CPU seconds beyond
+// its events at the nothing-stored cost, and the chunks and jobs stored.
+type storeMix struct {
+	cpu          float64
+	chunks, jobs int
+}
+
+// unitCosts solves cpu = chunk·chunks + job·jobs for the two mixes and
+// returns both in µs. Mixes whose chunks per job are too alike (or a
+// missing one) leave the system ill-conditioned: it then returns zeros
+// rather than a number the noise made up.
+func unitCosts(a, b storeMix) (chunk, job float64) {
+	ka, ja, kb, jb := float64(a.chunks), float64(a.jobs), float64(b.chunks), float64(b.jobs)
+	det := ka*jb - ja*kb
+	if ja == 0 || jb == 0 || math.Abs(det) < 0.2*ka*jb { // chunks per job differ by less than ~20%
+		return 0, 0
+	}
+	chunk = (a.cpu*jb - ja*b.cpu) / det
+	job = (ka*b.cpu - a.cpu*kb) / det
+	return chunk * 1e6, job * 1e6
 }
 
 // profile is a CPU profile of the child taken through its

@@ -24,6 +24,11 @@ type ExternalLatencyLevel struct {
 	// quarter of the node's processors and makes allocating goroutines
 	// assist, which is where the level's tail latency comes from.
 	GCCycles int `json:"node_gc_cycles"`
+	// Per event, the child's context switches (all threads) and read and
+	// write system calls over the level: the wake-ups and kernel trips
+	// behind its CPU per event at low rates.
+	NodeSwitchesPerEvent float64 `json:"node_switches_per_event"`
+	NodeSyscallsPerEvent float64 `json:"node_syscalls_per_event"`
 }
 
 // externalLatencyFractions are the out-of-process run's paced rates, as
@@ -53,8 +58,9 @@ func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity
 			return nil, fmt.Errorf("latency at %.0f%%: %w", f*100, err)
 		}
 		levels = append(levels, *lvl)
-		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (%d jobs), node %.2f µs CPU/event, bench CPU-s %.2f",
-			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.Jobs, lvl.NodeUSPerEvent, lvl.BenchCPUSeconds)
+		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (%d jobs), node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, bench CPU-s %.2f",
+			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
+			lvl.NodeSwitchesPerEvent, lvl.NodeSyscallsPerEvent, lvl.BenchCPUSeconds)
 	}
 	return levels, nil
 }
@@ -124,6 +130,10 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		return nil, err
 	}
 	bench0 := cpuSeconds()
+	pc0, err := readProcCounters(c.cmd.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
 	start, last, err := pace(ctx, streams, published, batchRate)
 	if err != nil {
 		return nil, err
@@ -163,6 +173,11 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		return nil, err
 	}
 	bench1 := cpuSeconds()
+	pc1, err := readProcCounters(c.cmd.Process.Pid)
+	if err != nil {
+		return nil, err
+	}
+	pc := pc1.minus(pc0)
 	after, err := scrape(ctx, metrics)
 	if err != nil {
 		return nil, err
@@ -176,7 +191,8 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		Jobs: len(s.samples), Unmatched: s.unmatched, NodeJobs: node.count(),
 		RejectedOrFailed: gatherSum(after, mRejected, "", "") - rejectedBase},
 		NodeCPUSeconds: cpu1 - cpu0, NodeUSPerEvent: (cpu1 - cpu0) * 1e6 / float64(events), BenchCPUSeconds: bench1 - bench0,
-		GCCycles: int(gatherSum(after, mGCPauses, "", "") - gatherSum(before, mGCPauses, "", ""))}
+		GCCycles:             int(gatherSum(after, mGCPauses, "", "") - gatherSum(before, mGCPauses, "", "")),
+		NodeSwitchesPerEvent: float64(pc.Switches) / float64(events), NodeSyscallsPerEvent: float64(pc.Syscalls) / float64(events)}
 	if secs := last.Sub(start).Seconds(); secs > 0 {
 		lvl.AchievedPerSec = float64(events) / secs
 	}

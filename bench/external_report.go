@@ -10,6 +10,11 @@ import (
 const (
 	GoalExternalUSPerEvent = 2.5 // node CPU µs per event, store-heavy mix
 	GoalExternalRawRatio   = 0.5 // events/s over raw NATS + decode, same run
+	// Per unit: an event when nothing is stored, and what storing adds per
+	// stored chunk and per store job (External.UnitUSPer*).
+	GoalExternalNoStoreUSPerEvent = 1.0
+	GoalExternalUSPerChunk        = 0.5
+	GoalExternalUSPerJob          = 1.0
 	// At 50% of the store-heavy events/s: the node's batch taken → copy
 	// start, and the client's publish → stored message.
 	GoalExternalNodeP99   = 2 * time.Millisecond
@@ -25,7 +30,16 @@ func (r *Report) externalGoals() {
 		Goal{Name: "external: node CPU per event", Target: fmt.Sprintf("<= %.1f µs", GoalExternalUSPerEvent),
 			Value: e.NodeUSPerEvent, Unit: "µs", Pass: e.Events > 0 && e.NodeUSPerEvent <= GoalExternalUSPerEvent},
 		Goal{Name: "external: vs raw NATS+decode", Target: fmt.Sprintf(">= %.2f", GoalExternalRawRatio),
-			Value: e.Ratio, Unit: "ratio", Pass: e.Ratio >= GoalExternalRawRatio})
+			Value: e.Ratio, Unit: "ratio", Pass: e.Ratio >= GoalExternalRawRatio},
+		Goal{Name: "external: node CPU per event, nothing stored", Target: fmt.Sprintf("<= %.1f µs", GoalExternalNoStoreUSPerEvent),
+			Value: e.NoStoreUSPerEvent, Unit: "µs", Pass: e.NoStoreEvents > 0 && e.NoStoreUSPerEvent <= GoalExternalNoStoreUSPerEvent})
+	// A zero unit cost means the two mixes could not be told apart: no verdict is a miss.
+	solved := e.UnitUSPerChunk != 0 || e.UnitUSPerJob != 0
+	r.Goals = append(r.Goals,
+		Goal{Name: "external: storing adds per stored chunk", Target: fmt.Sprintf("<= %.1f µs", GoalExternalUSPerChunk),
+			Value: e.UnitUSPerChunk, Unit: "µs", Pass: solved && e.UnitUSPerChunk <= GoalExternalUSPerChunk},
+		Goal{Name: "external: storing adds per store job", Target: fmt.Sprintf("<= %.1f µs", GoalExternalUSPerJob),
+			Value: e.UnitUSPerJob, Unit: "µs", Pass: solved && e.UnitUSPerJob <= GoalExternalUSPerJob})
 	ms := func(d time.Duration) float64 { return float64(d) / 1e6 }
 	for _, l := range e.Latency {
 		if l.Fraction == 0.5 {
@@ -48,12 +62,17 @@ func (e *External) writeTable(w io.Writer) {
 		e.EventsPerSec, e.Events, e.Seconds, e.NodeCPUSeconds, e.NodeUSPerEvent, e.NodeUSPerChunk, e.NodeUSPerJob)
 	fmt.Fprintf(w, "node, nothing stored (no hashes)\t%.0f\t%d\t%.2f\t%.2f\t%.2f\t\t\n",
 		float64(e.NoStoreEvents)/max(e.NoStoreSeconds, 1e-9), e.NoStoreEvents, e.NoStoreSeconds, e.NoStoreCPUSeconds, e.NoStoreUSPerEvent)
+	fmt.Fprintf(w, "node, narrow steps (%d jobs, %d chunks)\t%.0f\t%d\t%.2f\t%.2f\t%.2f\t\t\n",
+		e.NarrowStoreJobs, e.NarrowStoredChunks, float64(e.NarrowEvents)/max(e.NarrowSeconds, 1e-9), e.NarrowEvents,
+		e.NarrowSeconds, e.NarrowCPUSeconds, float64(e.NarrowCPUSeconds)*1e6/float64(max(e.NarrowEvents, 1)))
 	fmt.Fprintf(w, "raw (child's NATS → DecodeBatch here)\t%.0f\t%d\t%.2f\t%.2f\t%.2f\t\t\n",
 		e.RawEventsPerSec, e.RawEvents, e.RawSeconds, e.RawNodeCPUSeconds, e.RawNodeUSPerEvent)
 	fmt.Fprintf(w, "node / raw\t%.2f\t\t\t\t\t\t\n", e.Ratio)
 	fmt.Fprintf(w, "%d requests released (%.1f events/request), %d store jobs, %d chunks stored; node peak RSS %.0f MiB; bench CPU-s %.2f\n",
 		e.Requests, e.EventsPerReq, e.StoreJobs, e.StoredChunks, float64(e.NodeMaxRSSBytes)/(1<<20), e.BenchCPUSeconds)
 	fmt.Fprintf(w, "storing adds %.2f µs of node CPU per stored chunk (store-heavy CPU less its events at the nothing-stored cost)\n", e.StoreUSPerChunk)
+	fmt.Fprintf(w, "per unit (store-heavy and narrow mixes solved together): %.2f µs per stored chunk + %.2f µs per store job\n",
+		e.UnitUSPerChunk, e.UnitUSPerJob)
 	fmt.Fprintf(w, "node CPU-s: the child's user+system time (/proc/<pid>/stat); each µs/… divides all of it by one count\n")
 	if len(e.Latency) == 0 {
 		return
@@ -65,8 +84,9 @@ func (e *External) writeTable(w io.Writer) {
 			v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 	}
 	for _, v := range e.Latency {
-		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %d GC cycles, bench CPU-s %.2f\n",
-			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent, v.GCCycles, v.BenchCPUSeconds)
+		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %.2f context switches and %.2f read/write syscalls per event, %d GC cycles, bench CPU-s %.2f\n",
+			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent,
+			v.NodeSwitchesPerEvent, v.NodeSyscallsPerEvent, v.GCCycles, v.BenchCPUSeconds)
 	}
 	fmt.Fprintf(w, "paced on fresh engines of the same child; client: publish of the batch that made a job ready → its stored message here\n")
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken by an ingest worker → copy start (bucket-interpolated)\n")

@@ -1,8 +1,11 @@
 package bench
 
 import (
+	"math"
+	"os"
 	"strings"
 	"testing"
+	"testing/quick"
 
 	"github.com/stretchr/testify/require"
 )
@@ -73,4 +76,51 @@ func TestBurstMemoryGoalIsPoolPlusAnon(t *testing.T) {
 	require.True(t, goalOf(100_000, 300<<20, 0).Pass)
 	require.False(t, goalOf(100_000, 344<<20, 0).Pass, "16 + 344 MiB is past 359.9")
 	require.Equal(t, "<= 359.9 MiB", goalOf(100_000, 1, 0).Target)
+}
+
+// unitCosts recovers the per-chunk and per-job costs that made two mixes'
+// CPU, whatever they are, when the mixes' chunks per job differ enough; when
+// they do not, or a mix stored nothing, it gives no figure.
+func TestUnitCostsSplitChunksFromJobs(t *testing.T) {
+	prop := func(chunkNS, jobNS uint16, jobsA, jobsB uint16, perJobA, perJobB uint8) bool {
+		chunkUS, jobUS := float64(chunkNS)/1000, float64(jobNS)/1000
+		ja, jb := int(jobsA)+1, int(jobsB)+1
+		ka, kb := ja*(int(perJobA%4)+1), jb*(int(perJobB%8)+9) // 1..4 and 9..16 chunks per job
+		mix := func(chunks, jobs int) storeMix {
+			return storeMix{cpu: (chunkUS*float64(chunks) + jobUS*float64(jobs)) / 1e6, chunks: chunks, jobs: jobs}
+		}
+		c, j := unitCosts(mix(ka, ja), mix(kb, jb))
+		return math.Abs(c-chunkUS) < 1e-6 && math.Abs(j-jobUS) < 1e-6
+	}
+	require.NoError(t, quick.Check(prop, nil))
+
+	same := storeMix{cpu: 1, chunks: 500, jobs: 100}
+	c, j := unitCosts(same, storeMix{cpu: 2, chunks: 1050, jobs: 200})
+	require.Zero(t, c, "5 and 5.25 chunks per job cannot be told apart")
+	require.Zero(t, j)
+	c, j = unitCosts(same, storeMix{})
+	require.Zero(t, c, "a mix that stored nothing")
+	require.Zero(t, j)
+}
+
+// The counters come from /proc: this process's own grow as it works, and
+// a file missing a field is an error, not a zero.
+func TestProcCounters(t *testing.T) {
+	a, err := readProcCounters(os.Getpid())
+	require.NoError(t, err)
+	for range 50 {
+		_, err := os.ReadFile("/proc/self/stat")
+		require.NoError(t, err)
+	}
+	b, err := readProcCounters(os.Getpid())
+	require.NoError(t, err)
+	require.GreaterOrEqual(t, b.minus(a).Syscalls, int64(50))
+
+	v, err := procFields([]byte("syscr: 7\nwchar: 9\nsyscw: 5\n"), ':', "syscr", "syscw")
+	require.NoError(t, err)
+	require.Equal(t, int64(12), v)
+	_, err = procFields([]byte("syscr: 7\n"), ':', "syscr", "syscw")
+	require.Error(t, err)
+	_, err = procFields([]byte("syscr: x\nsyscw: 5\n"), ':', "syscr", "syscw")
+	require.Error(t, err)
 }

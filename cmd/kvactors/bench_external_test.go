@@ -39,6 +39,21 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.InDelta(t, e.NoStoreCPUSeconds*1e6/float64(e.NoStoreEvents), e.NoStoreUSPerEvent, 1e-9)
 	require.InDelta(t, (e.NodeCPUSeconds*1e6-float64(e.Events)*e.NoStoreUSPerEvent)/float64(e.StoredChunks),
 		e.StoreUSPerChunk, 1e-6)
+	require.Positive(t, e.NarrowEvents)
+	require.Positive(t, e.NarrowStoreJobs)
+	require.GreaterOrEqual(t, e.NarrowStoredChunks, e.NarrowStoreJobs)
+	require.Less(t, float64(e.NarrowStoredChunks)/float64(e.NarrowStoreJobs), float64(e.StoredChunks)/float64(e.StoreJobs),
+		"the narrow mix's jobs hold fewer chunks")
+	if e.UnitUSPerChunk != 0 || e.UnitUSPerJob != 0 { // solved: both mixes' storing CPU is what the units make
+		ns := e.NoStoreUSPerEvent
+		for _, m := range []struct {
+			cpu                  float64
+			events, chunks, jobs int
+		}{{e.NodeCPUSeconds, e.Events, e.StoredChunks, e.StoreJobs}, {e.NarrowCPUSeconds, e.NarrowEvents, e.NarrowStoredChunks, e.NarrowStoreJobs}} {
+			require.InDelta(t, m.cpu*1e6-float64(m.events)*ns, e.UnitUSPerChunk*float64(m.chunks)+e.UnitUSPerJob*float64(m.jobs),
+				1e-3*max(1, m.cpu*1e6))
+		}
+	}
 	require.Positive(t, e.RawEvents)
 	require.InDelta(t, e.EventsPerSec/e.RawEventsPerSec, e.Ratio, 1e-9)
 	require.Positive(t, e.NodeMaxRSSBytes)
@@ -59,6 +74,8 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.LessOrEqual(t, l.NodeP50MS, l.NodeP99MS)
 		require.LessOrEqual(t, l.NodeP99MS, l.NodeP999MS)
 		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
+		require.Positive(t, l.NodeSwitchesPerEvent, "%.0f%%: the child's threads woke", l.Fraction*100)
+		require.Positive(t, l.NodeSyscallsPerEvent, "%.0f%%: the child read its connections", l.Fraction*100)
 	}
 	require.Equal(t, 0.25, e.Latency[0].Fraction)
 	require.Equal(t, 0.5, e.Latency[1].Fraction)
@@ -68,6 +85,9 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	}
 	require.True(t, names["external: node CPU per event"])
 	require.True(t, names["external: node p99 at 50%"])
+	require.True(t, names["external: node CPU per event, nothing stored"])
+	require.True(t, names["external: storing adds per stored chunk"])
+	require.True(t, names["external: storing adds per store job"])
 	require.True(t, names["external: client p99 at 50%"])
 }
 
