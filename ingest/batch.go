@@ -130,7 +130,11 @@ type decoder struct {
 	// idArena backs the accepted events' block ids, one allocation for many
 	// events (sched copies ids out, so an event's own slice is short-lived).
 	idArena []messages.BlockID
-	ev      wireEvent
+	// hashArena backs the accepted events' hash slices the same way (each
+	// event's hash bytes are still a string of its own: a request keeps its
+	// hashes, and must not pin its batch's).
+	hashArena []messages.Hash
+	ev        wireEvent
 }
 
 func (d *decoder) envelope(msg string) error {

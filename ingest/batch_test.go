@@ -256,3 +256,27 @@ func TestDecodeBatchReusesIDsOfEarlierBatches(t *testing.T) {
 	}
 	require.Positive(t, shared, "every batch allocated its ids afresh")
 }
+
+// A batch's events share arenas for their hash and block id slices: each
+// slice is capped, so a consumer appending to one event's copies instead of
+// writing over the next event's.
+func TestEventSlicesShareNoTail(t *testing.T) {
+	body := `{"epoch": "e", "seq": 1, "events": [
+  {"type": "hashes", "request": "r1", "start": 0, "hashes": ["00ff"]},
+  {"type": "hashes", "request": "r2", "start": 0, "hashes": ["a1b2", "c3d4"]},
+  {"type": "blocks", "request": "r1", "group": 0, "start": 0, "ids": [1]},
+  {"type": "blocks", "request": "r2", "group": 0, "start": 0, "ids": [2, 3]}
+]}`
+	b, bad, err := DecodeBatch("e1", []byte(body), Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	ev := b.Events
+	require.Len(t, ev, 4)
+	h1, h2 := ev[0].Hashes, ev[1].Hashes
+	require.Equal(t, len(h1), cap(h1), "hashes capped")
+	require.Equal(t, len(ev[2].IDs), cap(ev[2].IDs), "ids capped")
+	_ = append(h1, "zz")
+	_ = append(ev[2].IDs, 99)
+	require.Equal(t, []messages.Hash{messages.Hash("\xa1\xb2"), messages.Hash("\xc3\xd4")}, h2)
+	require.Equal(t, []messages.BlockID{2, 3}, ev[3].IDs)
+}

@@ -93,9 +93,24 @@ func (d *decoder) event() (messages.Event, error) {
 	return d.build(), nil
 }
 
-// idArenaMin is the block ids one arena allocation holds at least: a
-// batch's blocks events share a few.
-const idArenaMin = 128
+// idArenaMin and hashArenaMin are the block ids and hashes one arena
+// allocation holds at least: a batch's events share a few.
+const (
+	idArenaMin   = 128
+	hashArenaMin = 16
+)
+
+// carve appends src to the arena (a fresh one, of at least atLeast, when it
+// lacks room; the full one is left to whoever holds parts of it) and
+// returns the appended part, capped so that an append by a consumer copies.
+func carve[T any](arena *[]T, src []T, atLeast int) []T {
+	if cap(*arena)-len(*arena) < len(src) {
+		*arena = make([]T, 0, max(atLeast, len(src)))
+	}
+	n := len(*arena)
+	*arena = append(*arena, src...)
+	return (*arena)[n:len(*arena):len(*arena)]
+}
 
 // build turns a checked d.ev into an Event, copying only the fields its type
 // uses (messages.Event's doc comment lists them).
@@ -136,12 +151,7 @@ func (d *decoder) build() messages.Event {
 		}
 		ev.Group, ev.Start = e.group, e.start
 		if len(d.ids) > 0 {
-			if cap(d.idArena)-len(d.idArena) < len(d.ids) {
-				d.idArena = make([]messages.BlockID, 0, max(idArenaMin, len(d.ids)))
-			}
-			n := len(d.idArena)
-			d.idArena = append(d.idArena, d.ids...)
-			ev.IDs = d.idArena[n:len(d.idArena):len(d.idArena)] // capped: an append by a consumer copies
+			ev.IDs = carve(&d.idArena, d.ids, idArenaMin)
 		}
 	case messages.EvTokens:
 		ev.Computed, ev.Total = e.computed, e.total
@@ -152,19 +162,24 @@ func (d *decoder) build() messages.Event {
 }
 
 // hashes returns the current event's hashes. They share one string (one
-// allocation for all their bytes), which is immutable, so sharing is safe.
+// allocation for all their bytes, which is immutable, so sharing is safe);
+// the slice is a capped part of the call's hash arena (sched copies the
+// hashes out, so it is short-lived, like block ids).
 func (d *decoder) hashes() []messages.Hash {
 	if len(d.hashEnds) == 0 {
 		return nil
 	}
 	all := string(d.hashRaw)
-	hs := make([]messages.Hash, len(d.hashEnds))
+	if cap(d.hashArena)-len(d.hashArena) < len(d.hashEnds) {
+		d.hashArena = make([]messages.Hash, 0, max(hashArenaMin, len(d.hashEnds)))
+	}
 	prev := 0
-	for i, end := range d.hashEnds {
-		hs[i] = messages.Hash(all[prev:end])
+	n := len(d.hashArena)
+	for _, end := range d.hashEnds {
+		d.hashArena = append(d.hashArena, messages.Hash(all[prev:end]))
 		prev = end
 	}
-	return hs
+	return d.hashArena[n:len(d.hashArena):len(d.hashArena)]
 }
 
 func (d *decoder) typeField() error {
