@@ -152,9 +152,23 @@ var compareMetrics = []struct {
 	{"node µs/event", func(e *kvbench.External) float64 { return e.NodeUSPerEvent }},
 	{"nothing stored µs/event", func(e *kvbench.External) float64 { return e.NoStoreUSPerEvent }},
 	{"storing adds µs/chunk", func(e *kvbench.External) float64 { return e.StoreUSPerChunk }},
+	{"unit µs/stored chunk", func(e *kvbench.External) float64 { return e.UnitUSPerChunk }},
+	{"unit µs/store job", func(e *kvbench.External) float64 { return e.UnitUSPerJob }},
 	{"vs raw", func(e *kvbench.External) float64 { return e.Ratio }},
+	{"node µs/event at 25%", func(e *kvbench.External) float64 { return levelCPU(e, 0.25) }},
 	{"node p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, true) }},
 	{"client p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, false) }},
+}
+
+// levelCPU is the child's CPU per event at a latency level: at low rates
+// per-message costs no longer batch.
+func levelCPU(e *kvbench.External, fraction float64) float64 {
+	for _, l := range e.Latency {
+		if l.Fraction == fraction {
+			return l.NodeUSPerEvent
+		}
+	}
+	return 0
 }
 
 func levelP99(e *kvbench.External, fraction float64, node bool) float64 {
