@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -62,6 +63,14 @@ type Actor struct {
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool // finish's scratch (lastPerOwner)
+	// byDir are each direction's series, looked up once: a label lookup
+	// hashes its values, four of them per copy.
+	byDir [2]dirSeries
+}
+
+type dirSeries struct {
+	bytes, secs, failures prometheus.Counter
+	size                  prometheus.Observer
 }
 
 // Props builds a transfer actor. Its workers stop when it stops.
@@ -102,6 +111,11 @@ func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {
 		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
+	for _, d := range backend.Directions {
+		dir, m := d.String(), a.deps.Metrics
+		a.byDir[d] = dirSeries{bytes: m.TransferBytes.WithLabelValues(dir), secs: m.TransferTime.WithLabelValues(dir),
+			failures: m.CopyFailures.WithLabelValues(dir), size: m.CopySize.WithLabelValues(dir)}
+	}
 	self, root := c.Self(), c.ActorSystem().Root
 	for range a.deps.Config.Workers {
 		a.workers.Add(1)
@@ -117,13 +131,13 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 	a.more = lastPerOwner(a.more[:0], done)
 	more := a.more
 	for i, d := range done {
-		dir := d.job.Dir.String()
+		m := &a.byDir[d.job.Dir]
 		if d.err != nil {
-			a.deps.Metrics.CopyFailures.WithLabelValues(dir).Inc()
+			m.failures.Inc()
 		} else {
-			a.deps.Metrics.TransferBytes.WithLabelValues(dir).Add(float64(d.job.Bytes))
-			a.deps.Metrics.TransferTime.WithLabelValues(dir).Add(d.dur.Seconds())
-			a.deps.Metrics.CopySize.WithLabelValues(dir).Observe(float64(d.job.Bytes))
+			m.bytes.Add(float64(d.job.Bytes))
+			m.secs.Add(d.dur.Seconds())
+			m.size.Observe(float64(d.job.Bytes))
 		}
 		d.done = JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur, More: more[i]}
 		c.Send(d.job.Owner, &d.done)

@@ -256,3 +256,42 @@ func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
 	require.Equal(t, []messages.Key{"j1-0", "j3-0"}, copied)
 	require.Equal(t, []messages.Key{"j2-0"}, aborted)
 }
+
+// A copy's end starts every queued job the in-flight bound now allows, not
+// only the one its own worker takes next: a second waiting worker is woken
+// for the job behind.
+func TestACopysEndStartsEveryJobTheBoundAllows(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	m := metrics.NewTransfer(nil)
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 2, MaxInFlightBytes: 300},
+		Metrics: m, Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	done := make(chan *transfer.JobDone, 8)
+	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
+	dev := &gatedDevice{gate: make(chan struct{})} // each send on gate ends one copy
+	st := &gatedStore{dev: dev}
+
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 2)) // 200 bytes: runs
+	waitStarted(t, dev, 1)
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 2)) // 200 + 200 > 300: waits
+	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, st, 1)) // 100, behind job 2
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if q := testutil.ToFloat64(m.JobsQueued); q != 2 {
+			return fmt.Errorf("%v jobs queued, want 2", q)
+		}
+		return nil
+	})
+	dev.gate <- struct{}{} // job 1 ends: 2 and 3 (300 bytes) may both run now
+	waitStarted(t, dev, 3)
+	require.ElementsMatch(t, []int64{200, 200, 100}, dev.startedCopies())
+	dev.gate <- struct{}{}
+	dev.gate <- struct{}{}
+	for range 3 {
+		select {
+		case d := <-done:
+			require.NoError(t, d.Err)
+		case <-time.After(5 * time.Second):
+			t.Fatal("missing JobDone")
+		}
+	}
+}
