@@ -115,10 +115,16 @@ func externalChunkEvents(d time.Duration) int {
 	return max(2_000, min(100_000, int(d.Seconds()*100_000)))
 }
 
-// outcome counts what the node sent back to the engines; noStoreChunks
-// are chunks stored for the no-store engines (none expected).
+// outcome counts what the node sent back to each mix's engines, told apart
+// by the engine id's first letter (noStorePrefix, narrowPrefix, else the
+// store-heavy mix's).
 type outcome struct {
-	released, jobs, chunks, noStoreChunks atomic.Int64
+	heavy, noStore, narrow replies
+}
+
+// replies counts one mix's releases, stored messages (jobs) and chunks stored.
+type replies struct {
+	released, jobs, chunks atomic.Int64
 }
 
 // noStorePrefix starts the no-store engines' ids, narrowPrefix the narrow
@@ -128,18 +134,32 @@ const (
 	narrowPrefix  = "w"
 )
 
+// of is the counts of the mix of the engine in subject P.<engine>.<verb>.
+func (o *outcome) of(subject string) *replies {
+	engine := subject
+	if i := strings.LastIndexByte(engine, '.'); i >= 0 {
+		engine = engine[:i]
+	}
+	if i := strings.LastIndexByte(engine, '.'); i >= 0 {
+		engine = engine[i+1:]
+	}
+	switch {
+	case strings.HasPrefix(engine, noStorePrefix):
+		return &o.noStore
+	case strings.HasPrefix(engine, narrowPrefix):
+		return &o.narrow
+	}
+	return &o.heavy
+}
+
 // observe subscribes to every engine's released and stored subjects.
 func (o *outcome) observe(nc *nats.Conn, prefix string) error {
 	for verb, f := range map[string]func(*nats.Msg){
-		"released": func(*nats.Msg) { o.released.Add(1) },
+		"released": func(m *nats.Msg) { o.of(m.Subject).released.Add(1) },
 		"stored": func(m *nats.Msg) {
-			n := int64(bytes.Count(m.Data, []byte(`"key"`)))
-			if strings.Contains(m.Subject, "."+noStorePrefix) {
-				o.noStoreChunks.Add(n)
-				return
-			}
-			o.jobs.Add(1)
-			o.chunks.Add(n)
+			t := o.of(m.Subject)
+			t.jobs.Add(1)
+			t.chunks.Add(int64(bytes.Count(m.Data, []byte(`"key"`))))
 		},
 	} {
 		s, err := nc.Subscribe(prefix+".*."+verb, f)
@@ -196,14 +216,24 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	res.RawEvents, res.RawSeconds, res.RawEventsPerSec = raw.RawEvents, raw.RawSeconds, raw.RawEventsPerSec
 	res.RawNodeCPUSeconds = cpu1 - cpu0
 
-	// The no-store engines register now, before anything is timed.
-	noIDs := make([]string, len(ids))
-	noConns := make([]*nats.Conn, len(ids))
-	for i := range ids {
-		noIDs[i] = noStorePrefix + ids[i]
-		if noConns[i], _, err = r.engine(noIDs[i], storeGeometry()); err != nil {
-			return nil, err
+	// The other mixes' engines register now, before anything is timed.
+	register := func(tag string) ([]string, []*nats.Conn, error) {
+		mids, mconns := make([]string, len(ids)), make([]*nats.Conn, len(ids))
+		for i := range ids {
+			mids[i] = tag + ids[i]
+			if mconns[i], _, err = r.engine(mids[i], storeGeometry()); err != nil {
+				return nil, nil, err
+			}
 		}
+		return mids, mconns, nil
+	}
+	noIDs, noConns, err := register(noStorePrefix)
+	if err != nil {
+		return nil, err
+	}
+	narrowIDs, narrowConns, err := register(narrowPrefix)
+	if err != nil {
+		return nil, err
 	}
 	obs, err := r.connect("observer")
 	if err != nil {
@@ -213,9 +243,13 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	if err := out.observe(obs, prefix); err != nil {
 		return nil, err
 	}
+	noStore := storeHeavyWorkload()
+	noStore.noHashes = true
+	heavy := &mixRun{ids: ids, conns: conns, next: storeHeavy(), t: &out.heavy}
+	none := &mixRun{ids: noIDs, conns: noConns, next: gens(noIDs, "y", noStore), t: &out.noStore}
+	narrow := &mixRun{ids: narrowIDs, conns: narrowConns, next: gens(narrowIDs, "z", narrowWorkload()), t: &out.narrow}
 	prof := startProfile(cfg, c)
-	m, err := runMix(ctx, cfg, c, r, ids, conns, storeHeavy(), &out)
-	if err != nil {
+	if err := runRounds(ctx, cfg, c, r, heavy, none, narrow); err != nil {
 		return nil, err
 	}
 	if err := prof.wait(); err != nil {
@@ -224,38 +258,16 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	if err := fetchAllocs(cfg, c); err != nil {
 		return nil, err
 	}
-	res.Events, res.Batches, res.Finishes = m.events, m.batches, m.finishes
-	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = m.secs, m.nodeCPU, m.benchCPU
-	res.Requests = int(out.released.Load())
-	res.StoreJobs, res.StoredChunks = int(out.jobs.Load()), int(out.chunks.Load())
-
-	w := storeHeavyWorkload()
-	w.noHashes = true
-	ns, err := runMix(ctx, cfg, c, r, noIDs, noConns, gens(noIDs, "y", w), &out)
-	if err != nil {
-		return nil, fmt.Errorf("no-store mix: %w", err)
-	}
-	if got := out.noStoreChunks.Load(); got != 0 {
+	if got := out.noStore.chunks.Load(); got != 0 {
 		return nil, fmt.Errorf("no-store mix: %d chunks stored, want none (a generator bug)", got)
 	}
-	res.NoStoreEvents, res.NoStoreSeconds, res.NoStoreCPUSeconds = ns.events, ns.secs, ns.nodeCPU
-
-	narrowIDs := make([]string, len(ids))
-	narrowConns := make([]*nats.Conn, len(ids))
-	for i := range ids {
-		narrowIDs[i] = narrowPrefix + ids[i]
-		if narrowConns[i], _, err = r.engine(narrowIDs[i], storeGeometry()); err != nil {
-			return nil, err
-		}
-	}
-	jobs0, chunks0 := out.jobs.Load(), out.chunks.Load()
-	nw, err := runMix(ctx, cfg, c, r, narrowIDs, narrowConns, gens(narrowIDs, "z", narrowWorkload()), &out)
-	if err != nil {
-		return nil, fmt.Errorf("narrow mix: %w", err)
-	}
-	res.NarrowEvents, res.NarrowSeconds, res.NarrowCPUSeconds = nw.events, nw.secs, nw.nodeCPU
-	res.NarrowStoreJobs = int(out.jobs.Load() - jobs0)
-	res.NarrowStoredChunks = int(out.chunks.Load() - chunks0)
+	res.Events, res.Batches, res.Finishes = heavy.events, heavy.batches, heavy.finishes
+	res.Seconds, res.NodeCPUSeconds, res.BenchCPUSeconds = heavy.secs(), heavy.nodeCPU, heavy.benchCPU
+	res.Requests = int(out.heavy.released.Load())
+	res.StoreJobs, res.StoredChunks = int(out.heavy.jobs.Load()), int(out.heavy.chunks.Load())
+	res.NoStoreEvents, res.NoStoreSeconds, res.NoStoreCPUSeconds = none.events, none.secs(), none.nodeCPU
+	res.NarrowEvents, res.NarrowSeconds, res.NarrowCPUSeconds = narrow.events, narrow.secs(), narrow.nodeCPU
+	res.NarrowStoreJobs, res.NarrowStoredChunks = int(out.narrow.jobs.Load()), int(out.narrow.chunks.Load())
 	res.NodeMaxRSSBytes = c.maxRSS()
 	res.derive()
 	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
@@ -269,54 +281,71 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	return res, nil
 }
 
-// mix is what one runMix published and what it cost.
-type mix struct {
+// mixRun is one mix: its engines, its generator, and what its rounds
+// published and cost.
+type mixRun struct {
+	ids                       []string
+	conns                     []*nats.Conn
+	next                      func() [][]batch
+	t                         *replies // its engines' releases
 	events, batches, finishes int
-	secs, nodeCPU, benchCPU   float64
+	nodeCPU, benchCPU         float64
+	elapsed                   time.Duration
 }
 
-// runMix publishes next's chunks to engines ids on conns, each chunk
-// unthrottled (it fits the child's intake budget) and timed until every
-// request it finished was released, for at least cfg.Duration.
-func runMix(ctx context.Context, cfg Config, c *child, r *rig, ids []string, conns []*nats.Conn,
-	next func() [][]batch, out *outcome) (mix, error) {
-	var m mix
-	var elapsed time.Duration
-	for n := 0; n == 0 || elapsed < cfg.Duration; n++ {
-		chunk := next()
-		streams := make([]stream, len(chunk))
-		want := out.released.Load()
-		for i, bs := range chunk {
-			streams[i] = stream{nc: conns[i], subject: r.subject(ids[i], "events"), batches: bs}
-			for _, b := range bs {
-				m.events += int(b.events)
-				m.finishes += int(b.finishes)
-				want += int64(b.finishes)
+func (m *mixRun) secs() float64 { return m.elapsed.Seconds() }
+
+// runRounds runs the mixes in rounds, one chunk of each per round, until
+// the first has run cfg.Duration: a slow spell of a shared machine falls on
+// all of them alike, so their differences (what storing adds, the per-unit
+// costs) are not made of the machine's drift between one mix and the next.
+func runRounds(ctx context.Context, cfg Config, c *child, r *rig, mixes ...*mixRun) error {
+	for n := 0; n == 0 || mixes[0].elapsed < cfg.Duration; n++ {
+		for _, m := range mixes {
+			if err := m.round(ctx, c, r); err != nil {
+				return err
 			}
-			m.batches += len(bs)
 		}
-		n0, err := c.cpuSeconds()
-		if err != nil {
-			return mix{}, err
-		}
-		b0, start := cpuSeconds(), time.Now()
-		if err := drive(ctx, streams, func() uint64 { return 0 }, 1<<30); err != nil {
-			return mix{}, err
-		}
-		if err := waitFor(ctx, fmt.Sprintf("%d releases", want), 60*time.Second,
-			func() bool { return out.released.Load() >= want }); err != nil {
-			return mix{}, fmt.Errorf("%w (child: %s)", err, c.stderr)
-		}
-		elapsed += time.Since(start)
-		m.benchCPU += cpuSeconds() - b0
-		n1, err := c.cpuSeconds()
-		if err != nil {
-			return mix{}, err
-		}
-		m.nodeCPU += n1 - n0
 	}
-	m.secs = elapsed.Seconds()
-	return m, nil
+	return nil
+}
+
+// round publishes one chunk of the mix, unthrottled (it fits the child's
+// intake budget), and times it until every request it finished was
+// released.
+func (m *mixRun) round(ctx context.Context, c *child, r *rig) error {
+	chunk := m.next()
+	streams := make([]stream, len(chunk))
+	want := m.t.released.Load()
+	for i, bs := range chunk {
+		streams[i] = stream{nc: m.conns[i], subject: r.subject(m.ids[i], "events"), batches: bs}
+		for _, b := range bs {
+			m.events += int(b.events)
+			m.finishes += int(b.finishes)
+			want += int64(b.finishes)
+		}
+		m.batches += len(bs)
+	}
+	n0, err := c.cpuSeconds()
+	if err != nil {
+		return err
+	}
+	b0, start := cpuSeconds(), time.Now()
+	if err := drive(ctx, streams, func() uint64 { return 0 }, 1<<30); err != nil {
+		return err
+	}
+	if err := waitFor(ctx, fmt.Sprintf("%d releases", want), 60*time.Second,
+		func() bool { return m.t.released.Load() >= want }); err != nil {
+		return fmt.Errorf("%w (child: %s)", err, c.stderr)
+	}
+	m.elapsed += time.Since(start)
+	m.benchCPU += cpuSeconds() - b0
+	n1, err := c.cpuSeconds()
+	if err != nil {
+		return err
+	}
+	m.nodeCPU += n1 - n0
+	return nil
 }
 
 // derive computes the rates from the counts.
@@ -357,8 +386,8 @@ type storeMix struct {
 
 // unitCosts solves cpu = chunk·chunks + job·jobs for the two mixes and
 // returns both in µs. Mixes whose chunks per job are too alike (or a
-// missing one) leave the system ill-conditioned: it then returns zeros
-// rather than a number the noise made up.
+// missing one) leave the system ill-conditioned, and a negative cost is
+// noise too: it then returns zeros rather than a number the noise made up.
 func unitCosts(a, b storeMix) (chunk, job float64) {
 	ka, ja, kb, jb := float64(a.chunks), float64(a.jobs), float64(b.chunks), float64(b.jobs)
 	det := ka*jb - ja*kb
@@ -367,6 +396,9 @@ func unitCosts(a, b storeMix) (chunk, job float64) {
 	}
 	chunk = (a.cpu*jb - ja*b.cpu) / det
 	job = (ka*b.cpu - a.cpu*kb) / det
+	if chunk < 0 || job < 0 {
+		return 0, 0
+	}
 	return chunk * 1e6, job * 1e6
 }
 

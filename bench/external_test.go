@@ -101,6 +101,11 @@ func TestUnitCostsSplitChunksFromJobs(t *testing.T) {
 	c, j = unitCosts(same, storeMix{})
 	require.Zero(t, c, "a mix that stored nothing")
 	require.Zero(t, j)
+	// 5 and 2 chunks per job, but the narrow mix's CPU came out too low: a
+	// negative job cost would follow. No figure.
+	c, j = unitCosts(same, storeMix{cpu: 0.3, chunks: 200, jobs: 100})
+	require.Zero(t, c, "noise, not a negative cost")
+	require.Zero(t, j)
 }
 
 // The counters come from /proc: this process's own grow as it works, and
