@@ -98,6 +98,10 @@ func counterVec(sub, name, help, label string) *prometheus.CounterVec {
 		Help: help}, []string{label})
 }
 
+func gaugeFunc(sub, name, help string, f func() float64) prometheus.GaugeFunc {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help}, f)
+}
+
 func gauge(sub, name, help string) prometheus.Gauge {
 	return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help})
 }

@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvactors/kvactors/messages"
@@ -179,13 +181,35 @@ type Transfer struct {
 	TransferTime  *prometheus.CounterVec // transfer_type (vLLM: kv_offload_total_time)
 	CopySize      *prometheus.HistogramVec
 	CopyFailures  *prometheus.CounterVec
-	JobsInFlight  prometheus.Gauge
-	BytesInFlight prometheus.Gauge
-	JobsQueued    prometheus.Gauge
+	// The copy queue's gauges read its state at scrape time (ReadQueueFrom):
+	// the copy path touches none of them.
+	JobsInFlight  prometheus.GaugeFunc
+	BytesInFlight prometheus.GaugeFunc
+	JobsQueued    prometheus.GaugeFunc
 	FenceWaits    prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
+
+	queue atomic.Pointer[func() QueueState]
+}
+
+// QueueState is the copy queue's state: jobs waiting, jobs running and the
+// bytes of the running ones.
+type QueueState struct {
+	Queued, Running int
+	BytesInFlight   int64
+}
+
+// ReadQueueFrom makes the queue gauges read state at scrape time (the last
+// queue to call it wins; none: zeros).
+func (m *Transfer) ReadQueueFrom(state func() QueueState) { m.queue.Store(&state) }
+
+func (m *Transfer) queueState() QueueState {
+	if f := m.queue.Load(); f != nil {
+		return (*f)()
+	}
+	return QueueState{}
 }
 
 // NewTransfer builds the copy collectors.
@@ -198,15 +222,18 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 		CopySize: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "transfer",
 			Name: "copy_size_bytes", Help: "Bytes per copy job.",
 			Buckets: prometheus.ExponentialBuckets(4096, 4, 10)}, []string{"transfer_type"}),
-		CopyFailures:  counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
-		JobsInFlight:  gauge("transfer", "jobs_in_flight", "Copy jobs running."),
-		BytesInFlight: gauge("transfer", "bytes_in_flight", "Bytes of copy jobs running."),
-		JobsQueued:    gauge("transfer", "jobs_queued", "Copy jobs waiting for a worker."),
-		FenceWaits:    counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
+		CopyFailures: counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
+		FenceWaits:   counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
 		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
 			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
 	}
+	m.JobsInFlight = gaugeFunc("transfer", "jobs_in_flight", "Copy jobs running.",
+		func() float64 { return float64(m.queueState().Running) })
+	m.BytesInFlight = gaugeFunc("transfer", "bytes_in_flight", "Bytes of copy jobs running.",
+		func() float64 { return float64(m.queueState().BytesInFlight) })
+	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
+		func() float64 { return float64(m.queueState().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
 		m.JobsQueued, m.FenceWaits, m.DecisionTime)
 	return m

@@ -28,18 +28,26 @@ type Queue struct {
 	closed   bool
 	// finished copies the actor has not taken yet (take)
 	finished []*copyDone
-	// gauges, when set, get the queue's state on every change: jobs are
-	// pushed straight here (Submit), so the actor's turns alone would leave
-	// them stale, most of all while the fence holds the workers.
-	gauges *metrics.Transfer
 }
 
-// NewQueue makes a copy queue bounded by cfg (see Deps.Queue) that keeps
-// gauges (nil: none) current.
+// NewQueue makes a copy queue bounded by cfg (see Deps.Queue) whose state
+// gauges (nil: none) read at scrape time: the copy path sets no gauge (three
+// per queue operation, on cache lines the submitting and copying cores
+// passed back and forth, when it did).
 func NewQueue(cfg Config, gauges *metrics.Transfer) *Queue {
-	q := &Queue{maxBytes: cfg.withDefaults().MaxInFlightBytes, gauges: gauges}
+	q := &Queue{maxBytes: cfg.withDefaults().MaxInFlightBytes}
 	q.wake.L = &q.mu
+	if gauges != nil {
+		gauges.ReadQueueFrom(q.state)
+	}
 	return q
+}
+
+// state is what the gauges show.
+func (q *Queue) state() metrics.QueueState {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return metrics.QueueState{Queued: len(q.items), Running: q.running, BytesInFlight: q.inflight}
 }
 
 // Submit adds a job; a load goes ahead of every store (a load is on a
@@ -58,7 +66,6 @@ func (q *Queue) Submit(s *Submit) {
 	q.items = append(q.items, nil)
 	copy(q.items[i+1:], q.items[i:])
 	q.items[i] = s
-	q.reportLocked()
 	q.mu.Unlock()
 	q.wake.Signal()
 }
@@ -78,7 +85,6 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	}
 	clear(q.items[len(kept):])
 	q.items = kept
-	q.reportLocked()
 	return out
 }
 
@@ -98,7 +104,6 @@ func (q *Queue) next() *Submit {
 				q.items = q.items[1:]
 				q.running++
 				q.inflight += s.Bytes
-				q.reportLocked()
 				return s
 			}
 		}
@@ -118,7 +123,6 @@ func (q *Queue) done(d *copyDone) bool {
 	q.inflight -= d.job.Bytes
 	first := len(q.finished) == 0
 	q.finished = append(q.finished, d)
-	q.reportLocked()
 	waiting := len(q.items) > 0
 	q.mu.Unlock()
 	if waiting {
@@ -143,16 +147,6 @@ func (q *Queue) close() {
 	q.closed = true
 	q.mu.Unlock()
 	q.wake.Broadcast()
-}
-
-// reportLocked sets the gauges (if any) to the queue's state.
-func (q *Queue) reportLocked() {
-	if q.gauges == nil {
-		return
-	}
-	q.gauges.JobsQueued.Set(float64(len(q.items)))
-	q.gauges.JobsInFlight.Set(float64(q.running))
-	q.gauges.BytesInFlight.Set(float64(q.inflight))
 }
 
 func containsID(ids []sched.JobID, id sched.JobID) bool {
