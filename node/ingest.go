@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,10 +278,18 @@ func (in *ingester) flushLost() {
 
 func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
+	copies := in.n.copyQueue
 	for x := range q {
 		in.flushLost()
+		woken := copies.Woken()
 		if !in.handle(x) {
 			in.release(x.size)
+		}
+		if copies.Woken() != woken {
+			// The message's decisions woke a copy worker, readied behind this
+			// goroutine: let its copy start now, not after the batches queued
+			// behind this one (transfer.Queue.Woken).
+			runtime.Gosched()
 		}
 	}
 }

@@ -3,8 +3,11 @@ package transfer
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+
+	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 // lastPerOwner marks every completion but each owner's last in the batch
@@ -40,5 +43,39 @@ func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
 				t.Fatalf("%d completions: owner %s's last completion carries More", n, fmt.Sprint(o.Id))
 			}
 		}
+	}
+}
+
+// Woken counts a Submit that wakes a waiting worker, and only that: with
+// every worker busy, submitting wakes no one and the count stays.
+func TestWokenCountsOnlySubmitsThatWakeAWorker(t *testing.T) {
+	q := NewQueue(Config{Workers: 1}, nil)
+	got := make(chan *Submit, 1)
+	go func() { got <- q.next() }()
+	idle := func() int {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		return q.idle
+	}
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if n := idle(); n != 1 {
+			return fmt.Errorf("%d workers waiting, want 1", n)
+		}
+		return nil
+	})
+	first := &Submit{ID: 1, Bytes: 1}
+	q.Submit(first)
+	if w := q.Woken(); w != 1 {
+		t.Fatalf("Woken = %d after waking the waiting worker, want 1", w)
+	}
+	if s := <-got; s != first {
+		t.Fatalf("the worker took %v, want job 1", s)
+	}
+	q.Submit(&Submit{ID: 2, Bytes: 1}) // the worker is busy with job 1: no one waits
+	if w := q.Woken(); w != 1 {
+		t.Fatalf("Woken = %d after a Submit that woke no one, want 1", w)
+	}
+	if (*Queue)(nil).Woken() != 0 {
+		t.Fatal("a nil queue wakes no one")
 	}
 }

@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"sync"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -28,6 +29,8 @@ type Queue struct {
 	closed   bool
 	// finished copies the actor has not taken yet (take)
 	finished []*copyDone
+	idle     int           // workers waiting in next
+	woken    atomic.Uint64 // Submits that woke a waiting worker (Woken)
 }
 
 // NewQueue makes a copy queue bounded by cfg (see Deps.Queue) whose state
@@ -66,8 +69,25 @@ func (q *Queue) Submit(s *Submit) {
 	q.items = append(q.items, nil)
 	copy(q.items[i+1:], q.items[i:])
 	q.items[i] = s
+	if q.idle > 0 {
+		q.woken.Add(1)
+	}
 	q.mu.Unlock()
 	q.wake.Signal()
+}
+
+// Woken counts the Submits that woke a waiting worker. Go readies a woken
+// goroutine on the waker's own processor, behind the waker: a submitter that
+// goes on to other work (the next queued batch, and the next) holds the copy
+// back until it blocks or is preempted (10 ms), unless the other cores are
+// idle. A submitter that sees this count move can yield (runtime.Gosched)
+// once its unit of work is done, so the copy starts then; when the workers
+// are all busy, no Submit wakes one and nothing yields.
+func (q *Queue) Woken() uint64 {
+	if q == nil { // a node's ingest in tests that build no transfer side
+		return 0
+	}
+	return q.woken.Load()
 }
 
 // cancel removes the owner's queued jobs among ids and returns them.
@@ -107,7 +127,9 @@ func (q *Queue) next() *Submit {
 				return s
 			}
 		}
+		q.idle++
 		q.wake.Wait()
+		q.idle--
 	}
 }
 
