@@ -23,8 +23,16 @@ type Events struct {
 	Rejected       *prometheus.CounterVec // reason
 	DroppedBatches *prometheus.CounterVec // reason: gap, reconnect, overflow
 	Resyncs        *prometheus.CounterVec // reason: gap, reconnect, overflow
-	PendingBytes   prometheus.Gauge       // inbound bytes taken, not yet handled
+	// PendingBytes are the inbound bytes taken and not yet handled, read at
+	// scrape time (ReadPendingFrom): intake touches no gauge per message.
+	PendingBytes prometheus.GaugeFunc
+
+	pending atomic.Pointer[func() int64]
 }
+
+// ReadPendingFrom makes PendingBytes read pending at scrape time (the last
+// intake to call it wins; none: 0).
+func (m *Events) ReadPendingFrom(pending func() int64) { m.pending.Store(&pending) }
 
 // ResyncReasons are the label values of DroppedBatches and Resyncs.
 var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
@@ -42,8 +50,14 @@ func NewEvents(reg prometheus.Registerer) *Events {
 			[]string{"reason"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_resyncs_total",
 			Help: "P.E.resync messages published (repeats included)."}, []string{"reason"}),
-		PendingBytes: gauge("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled."),
 	}
+	m.PendingBytes = gaugeFunc("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled.",
+		func() float64 {
+			if f := m.pending.Load(); f != nil {
+				return float64((*f)())
+			}
+			return 0
+		})
 	for _, r := range ResyncReasons {
 		m.DroppedBatches.WithLabelValues(r)
 		m.Resyncs.WithLabelValues(r)

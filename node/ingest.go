@@ -78,6 +78,7 @@ type inbound struct {
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
 		budget: budget, lost: map[string]bool{}}
+	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		q := make(chan inbound, queueDepth)
 		in.queues = append(in.queues, q)
@@ -214,7 +215,6 @@ func (in *ingester) admit(size int64) bool {
 			return false
 		}
 		if in.pending.CompareAndSwap(cur, cur+size) {
-			in.n.metrics.PendingBytes.Add(float64(size))
 			for p := in.peak.Load(); cur+size > p && !in.peak.CompareAndSwap(p, cur+size); p = in.peak.Load() {
 			}
 			return true
@@ -224,7 +224,6 @@ func (in *ingester) admit(size int64) bool {
 
 func (in *ingester) release(size int64) {
 	in.pending.Add(-size)
-	in.n.metrics.PendingBytes.Sub(float64(size))
 }
 
 // overflow drops a message the intake cannot hold: a batch makes its engine
