@@ -29,6 +29,11 @@ type ExternalLatencyLevel struct {
 	// behind its CPU per event at low rates.
 	NodeSwitchesPerEvent float64 `json:"node_switches_per_event"`
 	NodeSyscallsPerEvent float64 `json:"node_syscalls_per_event"`
+	// NodeQueueWait* is the part of node latency after the store job's
+	// submission: its wait for a copy worker (the child's
+	// kvactors_transfer_queue_wait_seconds).
+	NodeQueueWaitP50MS float64 `json:"node_queue_wait_p50_ms"`
+	NodeQueueWaitP99MS float64 `json:"node_queue_wait_p99_ms"`
 }
 
 // externalLatencyFractions are the out-of-process run's paced rates, as
@@ -58,8 +63,8 @@ func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity
 			return nil, fmt.Errorf("latency at %.0f%%: %w", f*100, err)
 		}
 		levels = append(levels, *lvl)
-		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (%d jobs), node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, bench CPU-s %.2f",
-			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
+		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (queue wait p99 %.3f), %d jobs, node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, bench CPU-s %.2f",
+			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.NodeQueueWaitP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
 			lvl.NodeSwitchesPerEvent, lvl.NodeSyscallsPerEvent, lvl.BenchCPUSeconds)
 	}
 	return levels, nil
@@ -183,6 +188,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		return nil, err
 	}
 	node := snapshot(after, mDecision).minus(snapshot(before, mDecision))
+	wait := snapshot(after, mQueueWait).minus(snapshot(before, mQueueWait))
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -198,5 +204,6 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	}
 	lvl.ClientP50MS, lvl.ClientP99MS, lvl.ClientP999MS = pct(s.samples, 0.5), pct(s.samples, 0.99), pct(s.samples, 0.999)
 	lvl.NodeP50MS, lvl.NodeP99MS, lvl.NodeP999MS = node.quantile(0.5)*1e3, node.quantile(0.99)*1e3, node.quantile(0.999)*1e3
+	lvl.NodeQueueWaitP50MS, lvl.NodeQueueWaitP99MS = wait.quantile(0.5)*1e3, wait.quantile(0.99)*1e3
 	return lvl, nil
 }

@@ -84,6 +84,8 @@ func (e *External) writeTable(w io.Writer) {
 			v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 	}
 	for _, v := range e.Latency {
+		fmt.Fprintf(w, "%.0f%%: node queue wait p50 %.3f ms, p99 %.3f ms (job submitted → copy start)\n", v.Fraction*100,
+			v.NodeQueueWaitP50MS, v.NodeQueueWaitP99MS)
 		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %.2f context switches and %.2f read/write syscalls per event, %d GC cycles, bench CPU-s %.2f\n",
 			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent,
 			v.NodeSwitchesPerEvent, v.NodeSyscallsPerEvent, v.GCCycles, v.BenchCPUSeconds)

@@ -204,6 +204,9 @@ type Transfer struct {
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
+	// QueueWait is the part of it after the decision: a copy job's
+	// submission to its copy starting (a worker's wake-up, the jobs ahead).
+	QueueWait prometheus.Histogram
 
 	queue atomic.Pointer[func() QueueState]
 }
@@ -241,6 +244,9 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
 			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
 			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "transfer",
+			Name: "queue_wait_seconds", Help: "Time from a copy job's submission to its copy starting.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
 	}
 	m.JobsInFlight = gaugeFunc("transfer", "jobs_in_flight", "Copy jobs running.",
 		func() float64 { return float64(m.queueState().Running) })
@@ -249,7 +255,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queueState().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.DecisionTime)
+		m.JobsQueued, m.FenceWaits, m.DecisionTime, m.QueueWait)
 	return m
 }
 

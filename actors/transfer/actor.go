@@ -196,9 +196,11 @@ func (a *Actor) copy(job *Submit) error {
 // run is the one point where a copy starts: the store plans it, copies,
 // checksums and completes the pool.
 func (a *Actor) run(job *Submit) (time.Duration, error) {
+	taken := time.Now()
 	if !job.Arrived.IsZero() {
-		a.deps.Metrics.DecisionTime.Observe(time.Since(job.Arrived).Seconds())
+		a.deps.Metrics.DecisionTime.Observe(taken.Sub(job.Arrived).Seconds())
 	}
+	a.deps.Metrics.QueueWait.Observe(taken.Sub(job.queued).Seconds())
 	// With tracing off the job has no span: starting a no-op one would
 	// still allocate its context, once per copy.
 	span := trace.SpanFromContext(context.Background())

@@ -34,6 +34,7 @@ type Submit struct {
 	Bytes   int64             // bytes the copy moves: the in-flight bound's unit
 	Span    trace.SpanContext // the job span: the copy span's parent
 	Arrived time.Time         // when the batch that caused it arrived (decision latency)
+	queued  time.Time         // when it was queued (Queue.Submit; queue wait)
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone

@@ -3,6 +3,7 @@ package transfer
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -60,6 +61,7 @@ func (q *Queue) state() metrics.QueueState {
 // engine step's copies are queued (and a worker woken) in the step's own
 // turn. The owner gets its JobDone from the actor either way.
 func (q *Queue) Submit(s *Submit) {
+	s.queued = time.Now()
 	q.mu.Lock()
 	i := len(q.items)
 	if s.Dir == backend.HostToDevice {

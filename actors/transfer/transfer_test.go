@@ -12,6 +12,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -294,4 +295,8 @@ func TestACopysEndStartsEveryJobTheBoundAllows(t *testing.T) {
 			t.Fatal("missing JobDone")
 		}
 	}
+	var h dto.Metric
+	require.NoError(t, m.QueueWait.Write(&h))
+	require.Equal(t, uint64(3), h.GetHistogram().GetSampleCount(), "each copy's queue wait, once")
+	require.Positive(t, h.GetHistogram().GetSampleSum(), "jobs 2 and 3 waited for job 1")
 }

@@ -73,6 +73,8 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.GreaterOrEqual(t, l.NodeP50MS, 0.0)
 		require.LessOrEqual(t, l.NodeP50MS, l.NodeP99MS)
 		require.LessOrEqual(t, l.NodeP99MS, l.NodeP999MS)
+		require.LessOrEqual(t, l.NodeQueueWaitP50MS, l.NodeQueueWaitP99MS)
+		require.Positive(t, l.NodeQueueWaitP99MS, "%.0f%%: the jobs' queue waits were scraped", l.Fraction*100)
 		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
 		require.Positive(t, l.NodeSwitchesPerEvent, "%.0f%%: the child's threads woke", l.Fraction*100)
 		require.Positive(t, l.NodeSyscallsPerEvent, "%.0f%%: the child read its connections", l.Fraction*100)
