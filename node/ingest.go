@@ -284,10 +284,11 @@ func (in *ingester) work(q <-chan inbound) {
 		if !in.handle(x) {
 			in.release(x.size)
 		}
-		if copies.Woken() != woken {
+		if copies.Woken() != woken && len(q) > 0 {
 			// The message's decisions woke a copy worker, readied behind this
 			// goroutine: let its copy start now, not after the batches queued
-			// behind this one (transfer.Queue.Woken).
+			// behind this one (transfer.Queue.Woken). With none queued this
+			// goroutine is about to wait anyway.
 			runtime.Gosched()
 		}
 	}
