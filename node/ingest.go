@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -277,19 +276,10 @@ func (in *ingester) flushLost() {
 
 func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
-	copies := in.n.copyQueue
 	for x := range q {
 		in.flushLost()
-		woken := copies.Woken()
 		if !in.handle(x) {
 			in.release(x.size)
-		}
-		if copies.Woken() != woken && len(q) > 0 {
-			// The message's decisions woke a copy worker, readied behind this
-			// goroutine: let its copy start now, not after the batches queued
-			// behind this one (transfer.Queue.Woken). With none queued this
-			// goroutine is about to wait anyway.
-			runtime.Gosched()
 		}
 	}
 }

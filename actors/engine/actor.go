@@ -3,6 +3,8 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"runtime"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -70,6 +72,9 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
+	// woke counts its requests' store jobs that woke a copy worker
+	// (request.Deps.Woke); the requests also run on other goroutines.
+	woke atomic.Uint64
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -119,11 +124,18 @@ func (a *Actor) Receive(c actor.Context) {
 			close(a.deps.Closed)
 		}
 	case *Batch:
+		woke := a.woke.Load()
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
 		if m.Done != nil {
 			m.Done()
+		}
+		if a.woke.Load() != woke {
+			// The batch's decisions woke a copy worker, readied behind this
+			// goroutine (transfer.Queue.Submit): let its copy start now, not
+			// after whatever this goroutine runs next.
+			runtime.Gosched()
 		}
 	case *Heartbeat:
 		a.heartbeat(c, m)
@@ -326,6 +338,9 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
 		d.Epoch, d.Releases = a.seq.Epoch(), a.deps.Releases
+		if d.Woke == nil {
+			d.Woke = &a.woke
+		}
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

@@ -43,7 +43,11 @@ type Deps struct {
 	// Queue, when set, is the transfer actor's queue: store jobs are pushed
 	// to it directly (no mailbox hop between decision and copy queue);
 	// nil: they are sent to Transfer.
-	Queue   *transfer.Queue
+	Queue *transfer.Queue
+	// Woke, when set, counts this engine's store jobs whose submission woke
+	// a copy worker (transfer.Queue.Submit): the engine actor yields after a
+	// batch that moved it, so the copy starts then.
+	Woke    *atomic.Uint64
 	Outbox  *actors.Outbox
 	Metrics Metrics
 	Tracer  trace.Tracer
@@ -500,7 +504,9 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {
-		a.deps.Queue.Submit(sub)
+		if a.deps.Queue.Submit(sub) && a.deps.Woke != nil {
+			a.deps.Woke.Add(1)
+		}
 	} else {
 		c.Send(a.deps.Transfer, sub)
 	}

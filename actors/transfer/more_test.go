@@ -46,9 +46,9 @@ func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
 	}
 }
 
-// Woken counts a Submit that wakes a waiting worker, and only that: with
-// every worker busy, submitting wakes no one and the count stays.
-func TestWokenCountsOnlySubmitsThatWakeAWorker(t *testing.T) {
+// Submit reports waking a waiting worker, and only that: with every worker
+// busy, submitting wakes no one.
+func TestSubmitReportsAWokenWorker(t *testing.T) {
 	q := NewQueue(Config{Workers: 1}, nil)
 	got := make(chan *Submit, 1)
 	go func() { got <- q.next() }()
@@ -64,18 +64,13 @@ func TestWokenCountsOnlySubmitsThatWakeAWorker(t *testing.T) {
 		return nil
 	})
 	first := &Submit{ID: 1, Bytes: 1}
-	q.Submit(first)
-	if w := q.Woken(); w != 1 {
-		t.Fatalf("Woken = %d after waking the waiting worker, want 1", w)
+	if !q.Submit(first) {
+		t.Fatal("Submit woke the waiting worker but did not say so")
 	}
 	if s := <-got; s != first {
 		t.Fatalf("the worker took %v, want job 1", s)
 	}
-	q.Submit(&Submit{ID: 2, Bytes: 1}) // the worker is busy with job 1: no one waits
-	if w := q.Woken(); w != 1 {
-		t.Fatalf("Woken = %d after a Submit that woke no one, want 1", w)
-	}
-	if (*Queue)(nil).Woken() != 0 {
-		t.Fatal("a nil queue wakes no one")
+	if q.Submit(&Submit{ID: 2, Bytes: 1}) { // the worker is busy with job 1: no one waits
+		t.Fatal("Submit reported a wake-up with no worker waiting")
 	}
 }

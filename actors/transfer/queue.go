@@ -2,7 +2,6 @@ package transfer
 
 import (
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -30,8 +29,7 @@ type Queue struct {
 	closed   bool
 	// finished copies the actor has not taken yet (take)
 	finished []*copyDone
-	idle     int           // workers waiting in next
-	woken    atomic.Uint64 // Submits that woke a waiting worker (Woken)
+	idle     int // workers waiting in next
 }
 
 // NewQueue makes a copy queue bounded by cfg (see Deps.Queue) whose state
@@ -60,7 +58,14 @@ func (q *Queue) state() metrics.QueueState {
 // through the transfer actor's mailbox that the Submit message takes: an
 // engine step's copies are queued (and a worker woken) in the step's own
 // turn. The owner gets its JobDone from the actor either way.
-func (q *Queue) Submit(s *Submit) {
+//
+// It reports whether a waiting worker was woken for the job. Go readies a
+// woken goroutine behind its waker, on the waker's processor: a submitter
+// that goes on to other work holds the copy back until it blocks or is
+// preempted (up to 10 ms) unless another core is idle. A submitter told so
+// can yield (runtime.Gosched) once its unit of work is done, so the copy
+// starts then; when every worker is busy none is woken and nothing yields.
+func (q *Queue) Submit(s *Submit) (woke bool) {
 	s.queued = time.Now()
 	q.mu.Lock()
 	i := len(q.items)
@@ -71,25 +76,10 @@ func (q *Queue) Submit(s *Submit) {
 	q.items = append(q.items, nil)
 	copy(q.items[i+1:], q.items[i:])
 	q.items[i] = s
-	if q.idle > 0 {
-		q.woken.Add(1)
-	}
+	woke = q.idle > 0
 	q.mu.Unlock()
 	q.wake.Signal()
-}
-
-// Woken counts the Submits that woke a waiting worker. Go readies a woken
-// goroutine on the waker's own processor, behind the waker: a submitter that
-// goes on to other work (the next queued batch, and the next) holds the copy
-// back until it blocks or is preempted (10 ms), unless the other cores are
-// idle. A submitter that sees this count move can yield (runtime.Gosched)
-// once its unit of work is done, so the copy starts then; when the workers
-// are all busy, no Submit wakes one and nothing yields.
-func (q *Queue) Woken() uint64 {
-	if q == nil { // a node's ingest in tests that build no transfer side
-		return 0
-	}
-	return q.woken.Load()
+	return woke
 }
 
 // cancel removes the owner's queued jobs among ids and returns them.
@@ -126,6 +116,9 @@ func (q *Queue) next() *Submit {
 				q.items = q.items[1:]
 				q.running++
 				q.inflight += s.Bytes
+				if len(q.items) > 0 && q.idle > 0 && q.inflight+q.items[0].Bytes <= q.maxBytes {
+					q.wake.Signal() // the next fits too: pass the wake-up on
+				}
 				return s
 			}
 		}

@@ -259,35 +259,37 @@ func TestQueueSubmitSkipsTheMailboxAndCancelStillFindsIt(t *testing.T) {
 }
 
 // A copy's end starts every queued job the in-flight bound now allows, not
-// only the one its own worker takes next: a second waiting worker is woken
-// for the job behind.
+// only the one its own worker takes next: each worker that takes a job wakes
+// another waiting one while the next job fits.
 func TestACopysEndStartsEveryJobTheBoundAllows(t *testing.T) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	m := metrics.NewTransfer(nil)
-	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 2, MaxInFlightBytes: 300},
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 3, MaxInFlightBytes: 300},
 		Metrics: m, Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
 	dev := &gatedDevice{gate: make(chan struct{})} // each send on gate ends one copy
 	st := &gatedStore{dev: dev}
 
-	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 2)) // 200 bytes: runs
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 3)) // 300 bytes: runs alone
 	waitStarted(t, dev, 1)
-	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 2)) // 200 + 200 > 300: waits
-	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, st, 1)) // 100, behind job 2
+	for id := sched.JobID(2); id <= 4; id++ {
+		system.Root.Send(pid, job(owner, id, backend.DeviceToHost, st, 1)) // 100 each: wait
+	}
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if q := testutil.ToFloat64(m.JobsQueued); q != 2 {
-			return fmt.Errorf("%v jobs queued, want 2", q)
+		if q := testutil.ToFloat64(m.JobsQueued); q != 3 {
+			return fmt.Errorf("%v jobs queued, want 3", q)
 		}
 		return nil
 	})
-	dev.gate <- struct{}{} // job 1 ends: 2 and 3 (300 bytes) may both run now
-	waitStarted(t, dev, 3)
-	require.ElementsMatch(t, []int64{200, 200, 100}, dev.startedCopies())
-	dev.gate <- struct{}{}
-	dev.gate <- struct{}{}
+	dev.gate <- struct{}{} // job 1 ends: 2, 3 and 4 (300 bytes) may all run now
+	waitStarted(t, dev, 4)
+	require.Equal(t, []int64{300, 100, 100, 100}, dev.startedCopies())
 	for range 3 {
+		dev.gate <- struct{}{}
+	}
+	for range 4 {
 		select {
 		case d := <-done:
 			require.NoError(t, d.Err)
@@ -297,6 +299,6 @@ func TestACopysEndStartsEveryJobTheBoundAllows(t *testing.T) {
 	}
 	var h dto.Metric
 	require.NoError(t, m.QueueWait.Write(&h))
-	require.Equal(t, uint64(3), h.GetHistogram().GetSampleCount(), "each copy's queue wait, once")
-	require.Positive(t, h.GetHistogram().GetSampleSum(), "jobs 2 and 3 waited for job 1")
+	require.Equal(t, uint64(4), h.GetHistogram().GetSampleCount(), "each copy's queue wait, once")
+	require.Positive(t, h.GetHistogram().GetSampleSum(), "jobs 2 to 4 waited for job 1")
 }
