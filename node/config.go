@@ -87,7 +87,7 @@ type Config struct {
 	// what does not fit becomes a resync (reason overflow).
 	MaxPendingBytes int64 `json:"max_pending_bytes"`
 	// KVEventsLinger is how long the kv_events journal lets changes gather
-	// after the first before it publishes them (default 1ms; negative:
+	// after the first before it publishes them (0: the default, 1ms; negative:
 	// publish each at once). Routers learn of a change up to this much
 	// later; in exchange a lightly loaded node sends one kv_events message
 	// per engine per linger instead of one per copy, and wakes once for it.

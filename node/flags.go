@@ -108,7 +108,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2")
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	dur(&c.KVEventsLinger, "kv-events-linger", d.KVEventsLinger,
-		"how long kv_events changes gather before they are published (at most 1s; negative: each at once)")
+		"how long kv_events changes gather before they are published (0: the default; negative: each at once; at most 1s)")
 	// isolation
 	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
 	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")

@@ -163,6 +163,10 @@ func (j *kvJournal) run() {
 		j.mu.Lock()
 		recs, keys, closed := j.recs, j.keys, j.closed
 		j.recs, j.keys, j.spare, j.spareK = j.spare[:0], j.spareK[:0], nil, nil
+		select {
+		case <-j.wake: // for records this drain takes: no second linger for them
+		default:
+		}
 		j.mu.Unlock()
 		for i := range recs {
 			j.publish(&recs[i], keys[recs[i].lo:recs[i].hi], &msg)
