@@ -147,17 +147,21 @@ type compareMetric struct {
 var compareMetrics = []struct {
 	name string
 	get  func(*kvbench.External) float64
+	// zeroIsNone: 0 means the run has no figure (a unit cost the mixes
+	// could not give, a level that did not run): it is left out of the
+	// means, medians and pairs rather than counted as a very low value.
+	zeroIsNone bool
 }{
-	{"events/s", func(e *kvbench.External) float64 { return e.EventsPerSec }},
-	{"node µs/event", func(e *kvbench.External) float64 { return e.NodeUSPerEvent }},
-	{"nothing stored µs/event", func(e *kvbench.External) float64 { return e.NoStoreUSPerEvent }},
-	{"storing adds µs/chunk", func(e *kvbench.External) float64 { return e.StoreUSPerChunk }},
-	{"unit µs/stored chunk", func(e *kvbench.External) float64 { return e.UnitUSPerChunk }},
-	{"unit µs/store job", func(e *kvbench.External) float64 { return e.UnitUSPerJob }},
-	{"vs raw", func(e *kvbench.External) float64 { return e.Ratio }},
-	{"node µs/event at 25%", func(e *kvbench.External) float64 { return levelCPU(e, 0.25) }},
-	{"node p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, true) }},
-	{"client p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, false) }},
+	{"events/s", func(e *kvbench.External) float64 { return e.EventsPerSec }, false},
+	{"node µs/event", func(e *kvbench.External) float64 { return e.NodeUSPerEvent }, false},
+	{"nothing stored µs/event", func(e *kvbench.External) float64 { return e.NoStoreUSPerEvent }, false},
+	{"storing adds µs/chunk", func(e *kvbench.External) float64 { return e.StoreUSPerChunk }, false},
+	{"unit µs/stored chunk", func(e *kvbench.External) float64 { return e.UnitUSPerChunk }, true},
+	{"unit µs/store job", func(e *kvbench.External) float64 { return e.UnitUSPerJob }, true},
+	{"vs raw", func(e *kvbench.External) float64 { return e.Ratio }, false},
+	{"node µs/event at 25%", func(e *kvbench.External) float64 { return levelCPU(e, 0.25) }, true},
+	{"node p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, true) }, false},
+	{"client p99 at 50% ms", func(e *kvbench.External) float64 { return levelP99(e, 0.5, false) }, false},
 }
 
 // levelCPU is the child's CPU per event at a latency level: at low rates
@@ -187,24 +191,39 @@ func (c *comparison) summarize() {
 	c.Metrics = c.Metrics[:0]
 	for _, m := range compareMetrics {
 		var a, b []float64
-		byPair := map[int][2]float64{}
-		for _, r := range c.Runs {
-			v := m.get(r.External)
-			p := byPair[r.Pair]
-			if r.Side == "A" {
-				a, p[0] = append(a, v), v
-			} else {
-				b, p[1] = append(b, v), v
-			}
-			byPair[r.Pair] = p
+		type pair struct {
+			v   [2]float64
+			has [2]bool
 		}
-		cm := compareMetric{Name: m.name, MeanA: mean(a), MeanB: mean(b), MedianA: median(a), MedianB: median(b),
-			Pairs: len(byPair)}
+		byPair := map[int]*pair{}
+		for _, r := range c.Runs {
+			p := byPair[r.Pair]
+			if p == nil {
+				p = &pair{}
+				byPair[r.Pair] = p
+			}
+			v := m.get(r.External)
+			if m.zeroIsNone && v == 0 {
+				continue
+			}
+			side := 1
+			if r.Side == "A" {
+				side, a = 0, append(a, v)
+			} else {
+				b = append(b, v)
+			}
+			p.v[side], p.has[side] = v, true
+		}
+		cm := compareMetric{Name: m.name, MeanA: mean(a), MeanB: mean(b), MedianA: median(a), MedianB: median(b)}
 		if cm.MeanA != 0 {
 			cm.ChangePct = (cm.MeanB - cm.MeanA) / cm.MeanA * 100
 		}
 		for _, p := range byPair {
-			if p[1] < p[0] {
+			if !p.has[0] || !p.has[1] {
+				continue // a pair with a side without a figure says nothing
+			}
+			cm.Pairs++
+			if p.v[1] < p.v[0] {
 				cm.BLowerInPair++
 			}
 		}

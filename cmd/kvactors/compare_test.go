@@ -42,6 +42,23 @@ func TestCompareSummary(t *testing.T) {
 	require.Equal(t, 2, p99.BLowerInPair)
 	require.InDelta(t, 2.5, median([]float64{4, 1, 3, 2}), 1e-9)
 	require.Zero(t, median(nil))
+
+	// A unit cost of 0 is no figure: left out of the mean and of the pairs.
+	unit := func(pair int, side string, job float64) compareRun {
+		return compareRun{Pair: pair, Side: side, External: &kvbench.External{UnitUSPerJob: job}}
+	}
+	c = comparison{Runs: []compareRun{unit(1, "A", 2), unit(1, "B", 0), unit(2, "A", 2), unit(2, "B", 4)}}
+	c.summarize()
+	for _, m := range c.Metrics {
+		if m.Name != "unit µs/store job" {
+			continue
+		}
+		require.InDelta(t, 4.0, m.MeanB, 1e-9, "pair 1's B has no figure")
+		require.Equal(t, 1, m.Pairs, "only pair 2 has both")
+		require.Zero(t, m.BLowerInPair)
+		return
+	}
+	t.Fatal("no unit job metric")
 }
 
 // bench-compare runs its pairs through real children and prints both
