@@ -31,12 +31,37 @@ func (te *testEngine) lookup(hashes []string) int {
 	return r.HitTokens
 }
 
-// awaitLookup waits (5 s at most) until te's lookup of hashes counts want
+// tryLookup is lookup for a retry loop: a timeout (a NATS server of a
+// cluster just stopped) or an error reply is returned, not fatal.
+func (te *testEngine) tryLookup(hashes []string) (int, error) {
+	data, err := json.Marshal(map[string]any{"hashes": hashes})
+	if err != nil {
+		return 0, err
+	}
+	msg, err := te.e.nc.Request("kvactors."+te.id+".lookup", data, time.Second)
+	if err != nil {
+		return 0, fmt.Errorf("lookup: %w", err)
+	}
+	var r messages.LookupReply
+	if err := json.Unmarshal(msg.Data, &r); err != nil {
+		return 0, err
+	}
+	if r.Error != "" {
+		return 0, fmt.Errorf("lookup: %s", r.Error)
+	}
+	return r.HitTokens, nil
+}
+
+// awaitLookup waits (10 s at most) until te's lookup of hashes counts want
 // tokens: another node's announcement has reached te's node.
 func awaitLookup(t *testing.T, te *testEngine, hashes []string, want int, who string) {
 	t.Helper()
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := te.lookup(hashes); got != want {
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		got, err := te.tryLookup(hashes)
+		if err != nil {
+			return fmt.Errorf("%s: %w", who, err)
+		}
+		if got != want {
 			return fmt.Errorf("%s counts %d tokens, want %d", who, got, want)
 		}
 		return nil
