@@ -117,9 +117,9 @@ func (sc *scratch) keep(d *decoder) {
 
 // decoder holds the state of one DecodeBatch call. Its scratch slices are
 // reused from event to event; an accepted event gets copies nothing reuses:
-// its hashes its own, its block ids a capped part of this call's arena (a
-// consumer that keeps them pins at most that arena, 512 bytes or one
-// event's ids).
+// its hash bytes a string of its own, its hash and block id slices capped
+// parts of this call's arenas (a consumer that keeps a slice pins at most
+// its arena: 512 bytes of ids, 16 hashes, or one event's).
 type decoder struct {
 	lexer
 	lim      Limits
