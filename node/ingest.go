@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -344,6 +345,11 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool)
 		msg.Done, lent = c.Return, true
 	}
 	n.system.Root.Send(pid, msg)
+	if msg.CopyWoken.Load() {
+		// The batch ran here and woke a copy worker, readied behind this
+		// goroutine: let the copy start before the next message.
+		runtime.Gosched()
+	}
 	return lent
 }
 

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -132,10 +131,7 @@ func (a *Actor) Receive(c actor.Context) {
 			m.Done()
 		}
 		if a.woke.Load() != woke {
-			// The batch's decisions woke a copy worker, readied behind this
-			// goroutine (transfer.Queue.Submit): let its copy start now, not
-			// after whatever this goroutine runs next.
-			runtime.Gosched()
+			m.CopyWoken.Store(true) // the poster may yield (Batch.CopyWoken)
 		}
 	case *Heartbeat:
 		a.heartbeat(c, m)

@@ -31,6 +31,14 @@ func errString(s string) error { return errors.New(s) }
 // their retries delivered by timers (the engine stops it when it stops).
 func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store request.Store) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
 	t.Helper()
+	return startEngineWith(t, nc, closed, func(_ *actor.ActorSystem, _ *sched.Layout, d *request.Deps) { d.Store = store })
+}
+
+// startEngineWith is startEngine with the requests' deps set by edit, which
+// gets the system and the engine's layout.
+func startEngineWith(t *testing.T, nc *nats.Conn, closed chan struct{},
+	edit func(*actor.ActorSystem, *sched.Layout, *request.Deps)) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
 		Segments: []messages.Segment{{Shm: "x"}},
@@ -43,11 +51,12 @@ func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store reques
 	t.Cleanup(system.Shutdown)
 	timers := actors.NewTimers(system.Root, nil)
 	t.Cleanup(timers.Stop) // the engine stops it too, if it stops
+	rd := request.Deps{Engine: "e1", Layout: lay, Outbox: outbox,
+		Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
+		Tracer:  noop.NewTracerProvider().Tracer(""), Log: log, Timers: timers}
+	edit(system, lay, &rd)
 	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
 		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
-		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed,
-		Request: request.Deps{Engine: "e1", Layout: lay, Outbox: outbox, Store: store,
-			Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
-			Tracer:  noop.NewTracerProvider().Tracer(""), Log: log, Timers: timers}}))
+		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed, Request: rd}))
 	return system, pid, m, timers
 }
