@@ -14,24 +14,12 @@ import (
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
-	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 )
-
-type heapArena []byte
-
-func (a heapArena) Bytes() []byte { return a }
-func (a heapArena) Close() error  { return nil }
-
-type nopDevice struct{}
-
-func (nopDevice) SegmentSize(int) int64                                        { return 1 << 30 }
-func (nopDevice) Copy(backend.Direction, backend.Arena, []backend.Range) error { return nil }
-func (nopDevice) Close() error                                                 { return nil }
 
 // A batch the engine actor ran on its poster's goroutine, whose store job
 // woke a waiting copy worker, comes back with CopyWoken set (the poster
@@ -40,7 +28,7 @@ func (nopDevice) Close() error                                                 {
 func TestABatchThatWokeACopyWorkerSaysSo(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		d.Store = store.New(heapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).Engine("e1", lay, nopDevice{})
+		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).Engine("e1", lay, testkit.NopDevice{})
 		cfg := transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}
 		d.Queue = transfer.NewQueue(cfg, nil)
 		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),

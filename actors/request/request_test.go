@@ -20,25 +20,12 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
-	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 )
-
-// heapArena is pool memory on the heap; nopDevice copies nothing.
-type heapArena []byte
-
-func (a heapArena) Bytes() []byte { return a }
-func (a heapArena) Close() error  { return nil }
-
-type nopDevice struct{}
-
-func (nopDevice) SegmentSize(int) int64                                        { return 1 << 30 }
-func (nopDevice) Copy(backend.Direction, backend.Arena, []backend.Range) error { return nil }
-func (nopDevice) Close() error                                                 { return nil }
 
 // heldTransfer is a transfer actor that forwards every Submit and Cancel to
 // the test, which answers JobDone when it chooses.
@@ -72,7 +59,7 @@ func newHeldRig(t *testing.T, nc *nats.Conn, chunks int) heldRig {
 	t.Cleanup(system.Shutdown)
 	seen := make(chan any, 16)
 	xfer := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: seen} }))
-	st := store.New(heapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, nopDevice{})
+	st := store.New(testkit.HeapArena(make([]byte, chunks*8)), 8, nil, metrics.NewPool(nil)).Engine("e", lay, testkit.NopDevice{})
 	outbox := actors.NewOutbox(nc, "kvactors", log)
 	sm := metrics.NewStore(nil)
 	deps := request.Deps{Engine: "e", Epoch: "a", Releases: actors.NewReleases(outbox, "e"), Layout: lay, Store: st,
