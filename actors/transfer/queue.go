@@ -110,17 +110,16 @@ func (q *Queue) next() *Submit {
 		if q.closed {
 			return nil
 		}
-		if len(q.items) > 0 {
-			if s := q.items[0]; q.inflight == 0 || q.inflight+s.Bytes <= q.maxBytes {
-				q.items[0] = nil
-				q.items = q.items[1:]
-				q.running++
-				q.inflight += s.Bytes
-				if len(q.items) > 0 && q.idle > 0 && q.inflight+q.items[0].Bytes <= q.maxBytes {
-					q.wake.Signal() // the next fits too: pass the wake-up on
-				}
-				return s
+		if q.headFitsLocked() {
+			s := q.items[0]
+			q.items[0] = nil
+			q.items = q.items[1:]
+			q.running++
+			q.inflight += s.Bytes
+			if q.idle > 0 && q.headFitsLocked() {
+				q.wake.Signal() // the next fits too: pass the wake-up on
 			}
+			return s
 		}
 		q.idle++
 		q.wake.Wait()
@@ -128,23 +127,24 @@ func (q *Queue) next() *Submit {
 	}
 }
 
+// headFitsLocked reports whether the first queued job may start now.
+func (q *Queue) headFitsLocked() bool {
+	return len(q.items) > 0 && (q.inflight == 0 || q.inflight+q.items[0].Bytes <= q.maxBytes)
+}
+
 // done ends a running job, which may let a waiting large job start, and
 // adds it to the finished list. It reports whether the list was empty: the
 // caller then tells the actor (one message per batch of completions, not
-// per job). With nothing queued no waiting worker could start anything, so
-// none is woken: on a lightly loaded node that wake-up, for nothing, came
-// with every copy.
+// per job). It wakes no one: the worker that calls it goes on to next,
+// takes the job its bytes made room for, and passes the wake-up on while
+// the next fits too.
 func (q *Queue) done(d *copyDone) bool {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.running--
 	q.inflight -= d.job.Bytes
 	first := len(q.finished) == 0
 	q.finished = append(q.finished, d)
-	waiting := len(q.items) > 0
-	q.mu.Unlock()
-	if waiting {
-		q.wake.Signal()
-	}
 	return first
 }
 
