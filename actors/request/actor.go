@@ -148,6 +148,10 @@ type Spawner struct {
 	props *actor.Props
 	next  *Actor
 	idle  []*actor.PID // released actors, the most recent last
+	// isIdle holds idle's ids: Forget is called for every stopped request
+	// actor, and past MaxIdle every release stops one, so a miss must not
+	// scan idle.
+	isIdle map[string]struct{}
 }
 
 // MaxIdle bounds the released actors an engine keeps for reuse. An idle
@@ -160,7 +164,7 @@ const MaxIdle = 512
 
 // NewSpawner makes an engine's Spawner.
 func NewSpawner() *Spawner {
-	s := &Spawner{}
+	s := &Spawner{isIdle: map[string]struct{}{}}
 	s.props = actor.PropsFromProducer(func() actor.Actor {
 		a := s.next
 		s.next = nil
@@ -180,6 +184,7 @@ func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, paren
 	if n := len(s.idle); n > 0 {
 		pid := s.idle[n-1]
 		s.idle[n-1], s.idle = nil, s.idle[:n-1]
+		delete(s.isIdle, pid.Id)
 		// By value: the batch's events are recycled after the step, and an
 		// idle actor busy with a stale timer would take this after it.
 		c.Send(pid, &assign{deps: deps, added: *added, parent: parent})
@@ -194,6 +199,7 @@ func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, paren
 func (s *Spawner) Release(c actor.Context, pid *actor.PID) {
 	if len(s.idle) < MaxIdle {
 		s.idle = append(s.idle, pid)
+		s.isIdle[pid.Id] = struct{}{}
 		return
 	}
 	c.Stop(pid)
@@ -201,6 +207,10 @@ func (s *Spawner) Release(c actor.Context, pid *actor.PID) {
 
 // Forget drops pid from the idle actors (it stopped: Terminated).
 func (s *Spawner) Forget(pid *actor.PID) {
+	if _, ok := s.isIdle[pid.Id]; !ok {
+		return
+	}
+	delete(s.isIdle, pid.Id)
 	for i, p := range s.idle {
 		if p.Equal(pid) {
 			s.idle = slices.Delete(s.idle, i, i+1)
