@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -125,6 +126,9 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 	})
 	held := h.held()
 	require.Positive(t, held)
+	// The gauge reads intake's own count at scrape time.
+	require.Equal(t, float64(int64(held)*size), testutil.ToFloat64(n.metrics.PendingBytes),
+		"kvactors_ingest_pending_bytes while the actor holds its batches")
 	require.LessOrEqual(t, int64(held)*size, budget, "the actor was handed more than the window")
 	require.Less(t, held, burst/4, "most of the burst was dropped, not queued")
 	require.LessOrEqual(t, n.ingest.peak.Load(), budget)
@@ -133,6 +137,7 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 	// Handling gives the credits back; the window opens again.
 	h.handleAll(t)
 	require.Zero(t, n.ingest.pending.Load())
+	require.Zero(t, testutil.ToFloat64(n.metrics.PendingBytes))
 	require.NoError(t, nc.Publish(subject, body()))
 	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
 		if h.newest() != seq {
