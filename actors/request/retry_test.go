@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -85,4 +86,53 @@ func TestBlockedRetriesWaitInTheTimers(t *testing.T) {
 	}
 	require.Zero(t, deps.Timers.Pending())
 	require.Zero(t, testutil.ToFloat64(rig.store.RetriesPending))
+}
+
+// A reused actor ignores a retry timer armed for the request it served
+// before: taken, it would clear the current request's armed retry and
+// decide again, and every later refusal would then keep two timers going.
+func TestAStaleRetryOfAnEarlierRequestIsIgnored(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	system, deps := rig.system, rig.deps
+	gs := &gatedStore{Store: deps.Store, gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	gs.refuse.Store(true) // every decision: no room, a retry
+	deps.Store = gs
+	par := &parentStub{sp: request.NewSpawner(), deps: &deps, pids: make(chan *actor.PID, 1), idle: make(chan int, 1)}
+	parent := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return par }))
+	spawn := func(id string) *actor.PID {
+		system.Root.Send(parent, &spawnMsg{added: messages.Event{Type: messages.EvAdded, Request: id, PromptTokens: 4, MaxOffloadTokens: -1}})
+		return testkit.Recv(t, par.pids, 5*time.Second, "pid")
+	}
+
+	// r1 is released at once: its actor goes idle.
+	p1 := spawn("r1")
+	system.Root.Send(p1, &request.Events{Events: []messages.Event{
+		{Type: messages.EvFinished, Request: "r1", Computed: 4, Total: 4}}})
+	testkit.Recv(t, released, 5*time.Second, "r1 released")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		system.Root.Send(parent, &idleQ{})
+		if n := <-par.idle; n != 1 {
+			return fmt.Errorf("%d idle actors, want 1", n)
+		}
+		return nil
+	})
+	// r2, on the same actor, has a chunk ready and no room: one retry armed.
+	p2 := spawn("r2")
+	require.True(t, p2.Equal(p1), "the released actor is reused")
+	system.Root.Send(p2, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r2", Hashes: []messages.Hash{"h"}},
+		{Type: messages.EvBlocks, Request: "r2", IDs: []messages.BlockID{1}},
+		{Type: messages.EvTokens, Request: "r2", Computed: 4, Total: 4}}})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if n := deps.Timers.Pending(); n != 1 {
+			return fmt.Errorf("%d retries armed, want r2's one", n)
+		}
+		return nil
+	})
+	// r1's retry, armed before its release, falls due now.
+	system.Root.Send(p2, request.RetryDueFor(1))
+	require.Never(t, func() bool { return deps.Timers.Pending() > 1 }, 100*time.Millisecond, time.Millisecond,
+		"r2 keeps one retry, not a second one started by r1's stale timer")
 }

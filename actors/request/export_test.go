@@ -1,0 +1,5 @@
+package request
+
+// RetryDueFor is a retry timer's message as armed by the actor's gen'th
+// request (an actor's first request is 1): tests deliver one late.
+func RetryDueFor(gen uint32) any { return &RetryDue{gen: gen} }
