@@ -67,14 +67,13 @@ type Deps struct {
 
 // Actor is one request's actor. All fields are touched only from Receive.
 type Actor struct {
-	deps  *Deps // shared by the engine's requests of one epoch
-	state *sched.Request
+	deps  *Deps          // shared by the engine's requests of one epoch
+	state *sched.Request // nil once the request is done (released for good)
 	span  trace.Span
 	ctx   context.Context // carries span
 	jobs  *job            // in flight, a list: a request has few, and a map costs two allocations
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
 	retryArmed bool
-	done       bool
 	released   string // the request's id once done (state is dropped then)
 	// lastJob is the latest job ID of the actor's requests: the next one's
 	// jobs are numbered after it, since the transfer side matches a Cancel
@@ -246,6 +245,9 @@ func (unexpectedRestart) Receive(c actor.Context) {
 	}
 }
 
+// isDone: the request was released for good; the actor waits for reuse.
+func (a *Actor) isDone() bool { return a.state == nil }
+
 func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor {
 	a := &Actor{}
 	a.init(deps, added, parent)
@@ -285,7 +287,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
 		// released request settled its accounts when it was done.
-		if !a.done {
+		if !a.isDone() {
 			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
 			if a.deps.Owed != nil {
@@ -301,19 +303,19 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.jobDone(c, m)
 	case *RetryDue:
-		if m.gen != a.gen || a.done {
+		if m.gen != a.gen || a.isDone() {
 			break // armed for an earlier request of this actor, or nothing owed
 		}
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Reset:
-		if a.done {
+		if a.isDone() {
 			break // released for good: nothing is owed
 		}
 		a.span.AddEvent(m.Reason)
 		a.perform(c, a.state.Reset(m.Reason), time.Time{})
 	case *StatusQuery:
-		if a.done { // a gather that asked before the release: its state is gone
+		if a.isDone() { // a gather that asked before the release: its state is gone
 			c.Send(m.ReplyTo, &Status{Snapshot: sched.RequestSnapshot{Request: a.released, Phase: sched.Done}})
 			break
 		}
@@ -324,7 +326,7 @@ func (a *Actor) Receive(c actor.Context) {
 }
 
 func (a *Actor) apply(c actor.Context, m *Events) {
-	if a.done {
+	if a.isDone() {
 		return
 	}
 	applied := 0
@@ -369,7 +371,7 @@ func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
 // (they can leave chunks to offer: a cancelled job's chunks once blocks are
 // tracked again), once per batch of this owner's completions.
 func (a *Actor) decideOwed(c actor.Context) {
-	if a.decideAfterJobs && !a.done {
+	if a.decideAfterJobs && !a.isDone() {
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	}
 	a.decideAfterJobs = false
@@ -478,7 +480,6 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 	}
 	if eff.Done {
-		a.done = true
 		if a.deps.Owed != nil && !owedSettled {
 			a.deps.Owed.Add(-1)
 		}
