@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strconv"
@@ -11,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -100,8 +100,7 @@ func newCopyRig(ctx context.Context, cfg Config, size int64) (*copyRig, error) {
 	}
 	c.nc, c.src = nc, seg.Bytes()
 	if _, err := nc.Subscribe(r.subject("c0", "stored"), func(m *nats.Msg) {
-		var st messages.Stored
-		if json.Unmarshal(m.Data, &st) == nil {
+		if st, err := ingest.DecodeStored(m.Data); err == nil { // the SDK's decoder, as the latency phase's
 			c.stored <- st
 		}
 	}); err != nil {
