@@ -63,6 +63,7 @@ type entry struct {
 // are touched only from Receive.
 type Actor struct {
 	deps     Deps
+	loop     *actors.LoopDispatcher // runs what is not run inline; closed when it stops
 	seq      *sched.Sequencer
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
@@ -83,16 +84,19 @@ type Actor struct {
 	fwd    []routed
 }
 
-// Props builds an engine actor. Its request actors are stopped, never
-// restarted, when they fail.
+// Props builds one engine actor (spawn it once: what its mailbox does not
+// run inline runs on a goroutine of its own, such as each released
+// request's Done). Its request actors are stopped, never restarted, when
+// they fail.
 func Props(deps Deps) *actor.Props {
 	if deps.Now == nil {
 		deps.Now = time.Now
 	}
+	loop := actors.NewLoopDispatcher()
 	return actor.PropsFromProducer(func() actor.Actor {
-		return &Actor{deps: deps, live: map[string]*entry{}, byPID: map[string]*entry{},
+		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
-	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline))
+	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
 // batchesInline runs an idle engine actor's batches on the goroutine that
@@ -115,6 +119,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.deps.Metrics.EnginesLive.Inc()
 	case *actor.Stopping, *actor.Restarting:
 	case *actor.Stopped:
+		a.loop.Close()
 		a.deps.Metrics.EnginesLive.Dec()
 		if t := a.deps.Request.Timers; t != nil {
 			t.Stop() // its requests, children, have stopped already

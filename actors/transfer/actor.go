@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/tracing"
@@ -60,6 +61,7 @@ type Deps struct {
 // message, so JobDone, metrics and spans are handled here, in Receive.
 type Actor struct {
 	deps    Deps
+	loop    *actors.LoopDispatcher // runs this actor's mailbox; closed when it stops
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool // finish's scratch (lastPerOwner)
@@ -73,10 +75,13 @@ type dirSeries struct {
 	size                  prometheus.Observer
 }
 
-// Props builds a transfer actor. Its workers stop when it stops.
+// Props builds one transfer actor (spawn it once: its mailbox runs on a
+// goroutine of its own). Its workers stop when it stops.
 func Props(deps Deps) *actor.Props {
 	deps.Config = deps.Config.withDefaults()
-	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps} })
+	loop := actors.NewLoopDispatcher()
+	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, loop: loop} },
+		actor.WithDispatcher(loop))
 }
 
 func (a *Actor) Receive(c actor.Context) {
@@ -89,7 +94,9 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
-	case *actor.Stopped, *actor.Restarting:
+	case *actor.Stopped:
+		a.loop.Close()
+	case *actor.Restarting:
 	case *Submit:
 		a.q.Submit(m)
 	case *Cancel:
