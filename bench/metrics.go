@@ -28,10 +28,12 @@ const (
 	mDecision = "kvactors_store_decision_seconds"
 	// mQueueWait is the part of a decision's time after the job's submission.
 	mQueueWait = "kvactors_transfer_queue_wait_seconds"
-	mBytes     = "kv_offload_total_bytes"
-	mCopyTime  = "kv_offload_total_time"
-	mReqsLive  = "kvactors_requests_live"
-	mPending   = "kvactors_store_retries_pending"
+	// mStoredTime runs on to the stored message's publish.
+	mStoredTime = "kvactors_store_stored_seconds"
+	mBytes      = "kv_offload_total_bytes"
+	mCopyTime   = "kv_offload_total_time"
+	mReqsLive   = "kvactors_requests_live"
+	mPending    = "kvactors_store_retries_pending"
 	// mGoroutines is the Go collector's goroutine count.
 	mGoroutines = "go_goroutines"
 	// mGCPauses is the Go collector's summary of GC pauses: its count is

@@ -103,6 +103,11 @@ type Store struct {
 	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
 	RetriesPending prometheus.Gauge       // requests whose retry timer has not fired
 	ChunksStored   prometheus.Counter
+	// StoredTime is the node's whole part of a store, the batch's arrival
+	// to the job's stored message handed to NATS: what an engine waits
+	// for, less the network both ways (decision_seconds ends at the copy's
+	// start).
+	StoredTime     prometheus.Histogram
 	ChunksDeduped  prometheus.Counter
 	ChunksDropped  prometheus.Counter
 	Evictions      prometheus.Counter
@@ -124,6 +129,9 @@ func NewStore(reg prometheus.Registerer) *Store {
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
 		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile is counted until its timer falls due, at most 1 s)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
+		StoredTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
+			Name: "stored_seconds", Help: "Time from a batch's arrival to the stored message of a job it made ready being published.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
 		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
 		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
 		Evictions:      counter("pool", "evictions_total", "Ready chunks evicted to make room."),
@@ -134,7 +142,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 		retryBy:        map[string]prometheus.Counter{},
 		releaseBy:      map[string]prometheus.Counter{},
 	}
-	register(reg, m.Deferrals, m.Retries, m.RetriesPending, m.ChunksStored, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
+	register(reg, m.Deferrals, m.Retries, m.RetriesPending, m.ChunksStored, m.StoredTime, m.ChunksDeduped, m.ChunksDropped, m.Evictions,
 		m.Releases, m.RequestsLive, m.RequestFailure)
 	return m
 }

@@ -73,6 +73,9 @@ type inbound struct {
 	msg          *nats.Msg
 	engine, verb string
 	size         int64
+	// taken is when take received it: a batch's arrival, so the time it
+	// waits in its shard queue counts in the store latency metrics.
+	taken time.Time
 }
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
@@ -201,7 +204,7 @@ func (in *ingester) take(m *nats.Msg) {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(engineID))
 	select {
-	case in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb, size: size}:
+	case in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb, size: size, taken: time.Now()}:
 	default:
 		in.release(size)
 		in.overflow(engineID, verb, m)
@@ -294,7 +297,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		return in.events(engineID, m, x.size)
+		return in.events(engineID, m, x.size, x.taken)
 	case messages.VerbRegister:
 		in.n.onRegister(engineID, m)
 	case messages.VerbHeartbeat:
@@ -314,8 +317,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	return false
 }
 
-func (in *ingester) events(engineID string, m *nats.Msg, size int64) (lent bool) {
-	arrived := time.Now()
+func (in *ingester) events(engineID string, m *nats.Msg, size int64, arrived time.Time) (lent bool) {
 	n := in.n
 	pid := in.lookup(engineID)
 	if pid == nil {

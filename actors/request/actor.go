@@ -406,6 +406,7 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 func (a *Actor) published(j *job) {
 	chunks := j.sub.Chunks
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
+	defer a.observeStored(j)
 	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
 		n := 64 + len(a.state.ID())
 		for _, ch := range chunks {
@@ -421,6 +422,14 @@ func (a *Actor) published(j *job) {
 		}
 		return wire.AppendStoredClose(b, j.sub.Bytes)
 	})
+}
+
+// observeStored times the job from its batch's arrival to its stored
+// message's publish (after it, so the publish is counted).
+func (a *Actor) observeStored(j *job) {
+	if !j.sub.Arrived.IsZero() {
+		a.deps.Metrics.StoredTime.Observe(time.Since(j.sub.Arrived).Seconds())
+	}
 }
 
 // perform carries out effects in the documented order (sched.Effects).

@@ -14,6 +14,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
 
@@ -166,7 +167,7 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 				for i := range evs {
 					evs[i].Request = "r"
 				}
-				system.Root.Send(pid, &request.Events{Events: evs})
+				system.Root.Send(pid, &request.Events{Events: evs, Arrived: time.Now()})
 			}
 			var jobs []*transfer.Submit
 			for i, h := range []messages.Hash{"h0", "h1", "h2"} {
@@ -189,6 +190,10 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 			require.Equal(t, "finished", rel.Reason)
 			require.Zero(t, testutil.ToFloat64(deps.Metrics.Unexpected), "a JobDone found no job")
 			require.Equal(t, 3.0, testutil.ToFloat64(rig.store.ChunksStored), "every chunk stored")
+			var h dto.Metric
+			require.NoError(t, rig.store.StoredTime.Write(&h))
+			require.Equal(t, uint64(3), h.GetHistogram().GetSampleCount(), "kvactors_store_stored_seconds: one per stored message")
+			require.Positive(t, h.GetHistogram().GetSampleSum())
 		})
 	}
 }
