@@ -82,6 +82,11 @@ type Config struct {
 	ServeBinary     string
 	ExternalProfile io.Writer
 	ExternalAllocs  io.Writer
+	// ExternalRate, when positive, is the events/s the external latency
+	// levels take their fractions of, instead of the run's own measured
+	// rate: two builds paced alike have their p99s taken under the same
+	// load (bench-compare).
+	ExternalRate float64
 	// ExternalBurst, when positive, adds the burst run (issue 14's bounded
 	// memory): that many requests published at once by SDK engines against
 	// a child of its own; ExternalBurstBudget is its --max-pending-bytes

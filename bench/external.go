@@ -76,11 +76,13 @@ type External struct {
 	// of the no-store run.
 	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
 	// Latency is paced runs through the same child after the no-store run
-	// (external_latency.go), at fractions of EventsPerSec: the store-heavy
-	// mix with no shared prefixes, on fresh engines per level. Node* is the
-	// child's kvactors_store_decision_seconds scraped from its /metrics.
-	LatencyWorkload string                 `json:"latency_workload"`
-	Latency         []ExternalLatencyLevel `json:"latency_levels"`
+	// (external_latency.go), at fractions of LatencyBasePerSec (EventsPerSec
+	// unless Config.ExternalRate set it): the store-heavy mix with no shared
+	// prefixes, on fresh engines per level. Node* is the child's
+	// kvactors_store_decision_seconds scraped from its /metrics.
+	LatencyWorkload   string                 `json:"latency_workload"`
+	LatencyBasePerSec float64                `json:"latency_base_events_per_sec"`
+	Latency           []ExternalLatencyLevel `json:"latency_levels"`
 }
 
 // storeHeavyWorkload is issue 14's mix: about 22 events per request, one
@@ -275,7 +277,11 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 
 	obs.Close() // the latency levels time their own engines' stored messages
 	res.LatencyWorkload = "store-heavy, shared 0"
-	if res.Latency, err = externalLatency(ctx, cfg, c, r, res.EventsPerSec); err != nil {
+	res.LatencyBasePerSec = res.EventsPerSec
+	if cfg.ExternalRate > 0 {
+		res.LatencyBasePerSec = cfg.ExternalRate
+	}
+	if res.Latency, err = externalLatency(ctx, cfg, c, r, res.LatencyBasePerSec); err != nil {
 		return nil, err
 	}
 	return res, nil

@@ -80,7 +80,7 @@ func (e *External) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "\nEXTERNAL LATENCY (ms; %s)\tevents/s\tjobs\tclient p50\tp99\tp99.9\tnode p50\tp99\tp99.9\n", e.LatencyWorkload)
 	for _, v := range e.Latency {
 		fmt.Fprintf(w, "%.0f%% of %.0f\t%.0f\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", v.Fraction*100,
-			e.EventsPerSec, v.AchievedPerSec, v.Jobs, v.ClientP50MS, v.ClientP99MS, v.ClientP999MS,
+			e.LatencyBasePerSec, v.AchievedPerSec, v.Jobs, v.ClientP50MS, v.ClientP99MS, v.ClientP999MS,
 			v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 	}
 	for _, v := range e.Latency {

@@ -41,6 +41,7 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.BoolVar(&o.cfg.External, "external", false, "also run the store-heavy mix against kvactors serve started as a child process (alone unless --phases is given)")
 	fs.StringVar(&o.cfg.ServeBinary, "serve-binary", "", "kvactors binary the --external run starts (default: this one)")
 	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
+	fs.Float64Var(&o.cfg.ExternalRate, "external-rate", 0, "pace the --external latency levels at 25% and 50% of this many events/s (default: of the run's own measured rate)")
 	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
 	fs.IntVar(&o.cfg.ExternalBurst, "external-burst", 0, "also publish this many requests at once through SDK engines against a child of its own and report its peak RSS, store delay and resyncs (alone unless --phases or --external is given; issue 14 uses 40000)")
 	fs.Int64Var(&o.cfg.ExternalBurstBudget, "external-burst-budget", 0, "the burst child's --max-pending-bytes (default: the node's default)")

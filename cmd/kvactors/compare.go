@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -33,6 +34,7 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	engines := fs.Int("engines", 0, "each run's --engines (default: bench's)")
 	shmDir := fs.String("shm-dir", "", "each run's --shm-dir (default: bench's)")
 	asJSON := fs.Bool("json", false, "print every run's report and the summary as JSON")
+	rate := fs.Float64("rate", 0, "pace every run's latency levels at 25% and 50% of this many events/s (0: of the first run's measured rate; -1: each run of its own)")
 	note := "A and B are kvactors binaries serving as the node; this binary drives the engines."
 	if code := parseExit("bench-compare", parseFlags(fs, args), fs, stdout, stderr, note); code >= 0 {
 		return code
@@ -68,10 +70,19 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	for p := 1; p <= *pairs; p++ {
 		for _, side := range pairOrder(p) {
 			bin := bins[side]
-			ext, err := externalRun(self, append(slices.Clone(base), "--serve-binary", bin), stderr)
+			args := append(slices.Clone(base), "--serve-binary", bin)
+			if *rate > 0 {
+				args = append(args, "--external-rate", fmt.Sprint(*rate))
+			}
+			ext, err := externalRun(self, args, stderr)
 			if err != nil {
 				fmt.Fprintf(stderr, "kvactors bench-compare: pair %d, %s: %v\n", p, bin, err)
 				return exitFailure
+			}
+			if *rate == 0 {
+				// The latency levels are paced alike from here on: a build
+				// measured faster is not also measured under more load.
+				*rate = ext.EventsPerSec
 			}
 			cmp.Runs = append(cmp.Runs, compareRun{Pair: p, Side: "AB"[side : side+1], External: ext})
 			fmt.Fprintf(stderr, "bench-compare: pair %d %s: %.2f µs/event\n", p, "AB"[side:side+1], ext.NodeUSPerEvent)
@@ -232,7 +243,14 @@ func (c *comparison) summarize() {
 }
 
 func (c *comparison) print(w io.Writer) {
-	fmt.Fprintf(w, "A %s\nB %s\n\n", c.A, c.B)
+	fmt.Fprintf(w, "A %s\nB %s\n", c.A, c.B)
+	var bases []string
+	for _, r := range c.Runs {
+		if b := fmt.Sprintf("%.0f", r.External.LatencyBasePerSec); !slices.Contains(bases, b) {
+			bases = append(bases, b)
+		}
+	}
+	fmt.Fprintf(w, "latency levels paced at 25%% and 50%% of %s events/s\n\n", strings.Join(bases, ", "))
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprint(tw, "pair\tside")
 	for _, m := range compareMetrics {

@@ -78,6 +78,11 @@ func TestBenchCompareRunsPairs(t *testing.T) {
 	for _, r := range c.Runs {
 		require.Positive(t, r.External.Events)
 		require.Positive(t, r.External.NodeUSPerEvent)
+		// Both builds' latency levels are paced at the first run's rate.
+		require.Equal(t, c.Runs[0].External.EventsPerSec, r.External.LatencyBasePerSec)
+		for _, l := range r.External.Latency {
+			require.InDelta(t, l.Fraction*c.Runs[0].External.EventsPerSec, l.TargetPerSec, 1e-6*l.TargetPerSec)
+		}
 	}
 	require.Len(t, c.Metrics, len(compareMetrics))
 
