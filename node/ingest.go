@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -347,11 +346,6 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64, arrived tim
 		msg.Done, lent = c.Return, true
 	}
 	n.system.Root.Send(pid, msg)
-	if msg.CopyWoken.Load() {
-		// The batch ran here and woke a copy worker, readied behind this
-		// goroutine: let the copy start before the next message.
-		runtime.Gosched()
-	}
 	return lent
 }
 

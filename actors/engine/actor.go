@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -72,9 +71,6 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
-	// woke counts its requests' store jobs that woke a copy worker
-	// (request.Deps.Woke); the requests also run on other goroutines.
-	woke atomic.Uint64
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -128,15 +124,11 @@ func (a *Actor) Receive(c actor.Context) {
 			close(a.deps.Closed)
 		}
 	case *Batch:
-		woke := a.woke.Load()
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
 		if m.Done != nil {
 			m.Done()
-		}
-		if a.woke.Load() != woke {
-			m.CopyWoken.Store(true) // the poster may yield (Batch.CopyWoken)
 		}
 	case *Heartbeat:
 		a.heartbeat(c, m)
@@ -339,9 +331,6 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
 		d.Epoch, d.Releases = a.seq.Epoch(), a.deps.Releases
-		if d.Woke == nil {
-			d.Woke = &a.woke
-		}
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -22,15 +21,6 @@ type Batch struct {
 	// nothing holds it: at once when no request actor got a part of it,
 	// else after the last request actor has applied its part.
 	Recycle func([]messages.Event)
-	// CopyWoken is set once the actor has handled the batch if its store
-	// jobs woke a waiting copy worker (request.Deps.Woke). Go readies the
-	// worker behind the goroutine that woke it: a poster that finds it set
-	// when Send returns ran the batch itself (the actor was idle, the
-	// mailbox ran it inline) and should yield before its next work, so the
-	// copy starts now. A batch queued behind a busy actor runs on the
-	// actor's goroutine, whose next work is more batches of the same kind:
-	// yielding there cost 19% more CPU per event at saturation.
-	CopyWoken atomic.Bool
 }
 
 // Retire ends the engine: every request is reset and released with Reason

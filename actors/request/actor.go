@@ -43,11 +43,7 @@ type Deps struct {
 	// Queue, when set, is the transfer actor's queue: store jobs are pushed
 	// to it directly (no mailbox hop between decision and copy queue);
 	// nil: they are sent to Transfer.
-	Queue *transfer.Queue
-	// Woke, when set, counts this engine's store jobs whose submission woke
-	// a copy worker (transfer.Queue.Submit): the engine actor yields after a
-	// batch that moved it, so the copy starts then.
-	Woke    *atomic.Uint64
+	Queue   *transfer.Queue
 	Outbox  *actors.Outbox
 	Metrics Metrics
 	Tracer  trace.Tracer
@@ -524,9 +520,7 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {
-		if a.deps.Queue.Submit(sub) && a.deps.Woke != nil {
-			a.deps.Woke.Add(1)
-		}
+		a.deps.Queue.Submit(sub)
 	} else {
 		c.Send(a.deps.Transfer, sub)
 	}

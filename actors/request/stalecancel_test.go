@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -184,42 +183,4 @@ func TestIdleActorsHoldNoRequestState(t *testing.T) {
 		return nil
 	})
 	require.Less(t, heap(), before+n*16*hashBytes/4, "idle actors still hold their requests' hashes")
-}
-
-// A store job whose submission woke a waiting copy worker is counted in
-// Deps.Woke (the engine actor yields after a batch that moved it, so the
-// copy starts then rather than after whatever its goroutine runs next).
-func TestASubmissionThatWakesACopyWorkerIsCounted(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e.released")
-	rig := newHeldRig(t, nc, 64)
-	system, deps := rig.system, rig.deps
-	cfg := transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}
-	deps.Queue = transfer.NewQueue(cfg, nil)
-	deps.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
-		Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: deps.Queue}))
-	var woke atomic.Uint64
-	deps.Woke = &woke
-	sp := request.NewSpawner()
-	// The worker waits for work once the transfer actor has started; should
-	// it not be waiting yet when a job comes, the next request's job finds it.
-	n := 0
-	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
-		n++
-		id := fmt.Sprintf("r%d", n)
-		pid := sp.Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: id, PromptTokens: 4,
-			MaxOffloadTokens: -1}, context.Background())
-		system.Root.Send(pid, &request.Events{Events: []messages.Event{
-			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash(id)}},
-			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{messages.BlockID(n % 64)}},
-			{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}}})
-		var rel messages.Released
-		require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, id+" released").Data, &rel))
-		require.Equal(t, id, rel.Request)
-		if woke.Load() == 0 {
-			return fmt.Errorf("%d jobs stored, none counted as waking the worker", n)
-		}
-		return nil
-	})
-	require.LessOrEqual(t, woke.Load(), uint64(n), "at most one count per job")
 }

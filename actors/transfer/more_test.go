@@ -3,11 +3,8 @@ package transfer
 import (
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-
-	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 // lastPerOwner marks every completion but each owner's last in the batch
@@ -43,34 +40,5 @@ func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
 				t.Fatalf("%d completions: owner %s's last completion carries More", n, fmt.Sprint(o.Id))
 			}
 		}
-	}
-}
-
-// Submit reports waking a waiting worker, and only that: with every worker
-// busy, submitting wakes no one.
-func TestSubmitReportsAWokenWorker(t *testing.T) {
-	q := NewQueue(Config{Workers: 1}, nil)
-	got := make(chan *Submit, 1)
-	go func() { got <- q.next() }()
-	idle := func() int {
-		q.mu.Lock()
-		defer q.mu.Unlock()
-		return q.idle
-	}
-	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if n := idle(); n != 1 {
-			return fmt.Errorf("%d workers waiting, want 1", n)
-		}
-		return nil
-	})
-	first := &Submit{ID: 1, Bytes: 1}
-	if !q.Submit(first) {
-		t.Fatal("Submit woke the waiting worker but did not say so")
-	}
-	if s := <-got; s != first {
-		t.Fatalf("the worker took %v, want job 1", s)
-	}
-	if q.Submit(&Submit{ID: 2, Bytes: 1}) { // the worker is busy with job 1: no one waits
-		t.Fatal("Submit reported a wake-up with no worker waiting")
 	}
 }
