@@ -40,6 +40,10 @@ type ExternalLatencyLevel struct {
 	// this process.
 	NodeStoredP50MS float64 `json:"node_stored_p50_ms"`
 	NodeStoredP99MS float64 `json:"node_stored_p99_ms"`
+	// NodeIntakeWait* is each batch's wait for its ingest worker (the
+	// child's kvactors_ingest_wait_seconds), over every batch of the level.
+	NodeIntakeWaitP50MS float64 `json:"node_intake_wait_p50_ms"`
+	NodeIntakeWaitP99MS float64 `json:"node_intake_wait_p99_ms"`
 }
 
 // externalLatencyFractions are the out-of-process run's paced rates, as
@@ -69,8 +73,8 @@ func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity
 			return nil, fmt.Errorf("latency at %.0f%%: %w", f*100, err)
 		}
 		levels = append(levels, *lvl)
-		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (queue wait p99 %.3f, to stored p99 %.3f), %d jobs, node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, bench CPU-s %.2f",
-			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.NodeQueueWaitP99MS, lvl.NodeStoredP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
+		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (intake wait p99 %.3f, queue wait p99 %.3f, to stored p99 %.3f), %d jobs, node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, bench CPU-s %.2f",
+			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.NodeIntakeWaitP99MS, lvl.NodeQueueWaitP99MS, lvl.NodeStoredP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
 			lvl.NodeSwitchesPerEvent, lvl.NodeSyscallsPerEvent, lvl.BenchCPUSeconds)
 	}
 	return levels, nil
@@ -196,6 +200,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	node := snapshot(after, mDecision).minus(snapshot(before, mDecision))
 	wait := snapshot(after, mQueueWait).minus(snapshot(before, mQueueWait))
 	stored := snapshot(after, mStoredTime).minus(snapshot(before, mStoredTime))
+	intake := snapshot(after, mIntakeWait).minus(snapshot(before, mIntakeWait))
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -213,5 +218,6 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	lvl.NodeP50MS, lvl.NodeP99MS, lvl.NodeP999MS = node.quantile(0.5)*1e3, node.quantile(0.99)*1e3, node.quantile(0.999)*1e3
 	lvl.NodeQueueWaitP50MS, lvl.NodeQueueWaitP99MS = wait.quantile(0.5)*1e3, wait.quantile(0.99)*1e3
 	lvl.NodeStoredP50MS, lvl.NodeStoredP99MS = stored.quantile(0.5)*1e3, stored.quantile(0.99)*1e3
+	lvl.NodeIntakeWaitP50MS, lvl.NodeIntakeWaitP99MS = intake.quantile(0.5)*1e3, intake.quantile(0.99)*1e3
 	return lvl, nil
 }

@@ -84,8 +84,8 @@ func (e *External) writeTable(w io.Writer) {
 			v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 	}
 	for _, v := range e.Latency {
-		fmt.Fprintf(w, "%.0f%%: node queue wait p50 %.3f ms, p99 %.3f ms (job submitted → copy start); node to stored p50 %.3f ms, p99 %.3f ms (batch taken → stored published)\n", v.Fraction*100,
-			v.NodeQueueWaitP50MS, v.NodeQueueWaitP99MS, v.NodeStoredP50MS, v.NodeStoredP99MS)
+		fmt.Fprintf(w, "%.0f%%: node intake wait p50 %.3f ms, p99 %.3f ms (batch taken → its ingest worker starts); queue wait p50 %.3f ms, p99 %.3f ms (job submitted → copy start); to stored p50 %.3f ms, p99 %.3f ms (batch taken → stored published)\n", v.Fraction*100,
+			v.NodeIntakeWaitP50MS, v.NodeIntakeWaitP99MS, v.NodeQueueWaitP50MS, v.NodeQueueWaitP99MS, v.NodeStoredP50MS, v.NodeStoredP99MS)
 		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %.2f context switches and %.2f read/write syscalls per event, %d GC cycles, bench CPU-s %.2f\n",
 			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent,
 			v.NodeSwitchesPerEvent, v.NodeSyscallsPerEvent, v.GCCycles, v.BenchCPUSeconds)

@@ -30,6 +30,8 @@ const (
 	mQueueWait = "kvactors_transfer_queue_wait_seconds"
 	// mStoredTime runs on to the stored message's publish.
 	mStoredTime = "kvactors_store_stored_seconds"
+	// mIntakeWait is the part of it before the batch's ingest worker starts.
+	mIntakeWait = "kvactors_ingest_wait_seconds"
 	mBytes      = "kv_offload_total_bytes"
 	mCopyTime   = "kv_offload_total_time"
 	mReqsLive   = "kvactors_requests_live"

@@ -26,6 +26,10 @@ type Events struct {
 	// PendingBytes are the inbound bytes taken and not yet handled, read at
 	// scrape time (ReadPendingFrom): intake touches no gauge per message.
 	PendingBytes prometheus.GaugeFunc
+	// IntakeWait is an events batch's wait between intake taking it and its
+	// ingest worker starting on it: the node's queueing before any decision
+	// (a worker whose turn stalls holds back every batch of its engines).
+	IntakeWait prometheus.Histogram
 
 	pending atomic.Pointer[func() int64]
 }
@@ -50,6 +54,9 @@ func NewEvents(reg prometheus.Registerer) *Events {
 			[]string{"reason"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_resyncs_total",
 			Help: "P.E.resync messages published (repeats included)."}, []string{"reason"}),
+		IntakeWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "ingest",
+			Name: "wait_seconds", Help: "Time an events batch waited between intake taking it and its ingest worker starting on it.",
+			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
 	}
 	m.PendingBytes = gaugeFunc("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled.",
 		func() float64 {
@@ -63,7 +70,7 @@ func NewEvents(reg prometheus.Registerer) *Events {
 		m.Resyncs.WithLabelValues(r)
 	}
 	register(reg, m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.Rejected, m.DroppedBatches,
-		m.Resyncs, m.PendingBytes)
+		m.Resyncs, m.PendingBytes, m.IntakeWait)
 	return m
 }
 

@@ -11,6 +11,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors"
@@ -82,4 +83,10 @@ func TestABatchArrivesWhenTakenNotWhenItsWorkerIsFree(t *testing.T) {
 	require.False(t, first.IsZero())
 	require.True(t, second.Before(freed), "batch 2 arrived %v, after its worker was freed at %v: its queue wait is not counted",
 		second, freed)
+	// kvactors_ingest_wait_seconds has both batches, batch 2's wait at
+	// least from its arrival to its worker being freed.
+	var h dto.Metric
+	require.NoError(t, n.metrics.IntakeWait.Write(&h))
+	require.Equal(t, uint64(2), h.GetHistogram().GetSampleCount())
+	require.GreaterOrEqual(t, h.GetHistogram().GetSampleSum(), freed.Sub(second).Seconds())
 }

@@ -318,6 +318,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 
 func (in *ingester) events(engineID string, m *nats.Msg, size int64, arrived time.Time) (lent bool) {
 	n := in.n
+	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
 	pid := in.lookup(engineID)
 	if pid == nil {
 		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)

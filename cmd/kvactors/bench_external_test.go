@@ -76,6 +76,8 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.LessOrEqual(t, l.NodeP99MS, l.NodeP999MS)
 		require.LessOrEqual(t, l.NodeQueueWaitP50MS, l.NodeQueueWaitP99MS)
 		require.LessOrEqual(t, l.NodeStoredP50MS, l.NodeStoredP99MS)
+		require.LessOrEqual(t, l.NodeIntakeWaitP50MS, l.NodeIntakeWaitP99MS)
+		require.Positive(t, l.NodeIntakeWaitP99MS, "%.0f%%: the batches' intake waits were scraped", l.Fraction*100)
 		require.Positive(t, l.NodeStoredP99MS, "%.0f%%: arrival → stored was scraped", l.Fraction*100)
 		require.Positive(t, l.NodeQueueWaitP99MS, "%.0f%%: the jobs' queue waits were scraped", l.Fraction*100)
 		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
