@@ -26,7 +26,7 @@ type Latency struct {
 // stored message arriving, an upper bound of publish → copy start (it adds
 // the copy and the stored message's trip). Node* is the node's
 // kvactors_store_decision_seconds histogram over the same run: batch taken
-// by an ingest worker → copy start, interpolated inside its buckets.
+// off the node's subscription → copy start, interpolated inside its buckets.
 type LatencyLevel struct {
 	Fraction         float64 `json:"fraction"`
 	TargetPerSec     float64 `json:"target_events_per_sec"`

@@ -144,7 +144,7 @@ func (r *Report) WriteTable(out io.Writer) error {
 				v.NodeP50MS, v.NodeP99MS, v.NodeP999MS)
 		}
 		fmt.Fprintf(w, "client: publish of the batch that made a job ready → its stored message at the engine (≥ publish → copy start)\n")
-		fmt.Fprintf(w, "node: kvactors_store_decision_seconds, batch taken by an ingest worker → copy start (bucket-interpolated)\n")
+		fmt.Fprintf(w, "node: kvactors_store_decision_seconds, batch taken off the node's subscription → copy start (bucket-interpolated)\n")
 	}
 	if c := r.Copy; c != nil {
 		fmt.Fprintf(w, "\nCOPY (GB/s)\tjob\tjobs\tnode\t(all jobs)\tend to end\tcopy()\tnode/copy()\te2e/copy()\tjob p50 ms\n")
