@@ -19,11 +19,13 @@ import (
 // A mailbox schedules at most one run at a time, so one pending slot would
 // do; the channel holds a few, and a run that finds it full (never expected)
 // or arrives after Close gets a goroutine of its own, as with protoactor's
-// dispatcher: no run is ever dropped. The owning actor calls Close when it
-// stops; the loop then finishes what it holds and exits.
+// dispatcher: no run is ever dropped. The goroutine starts with the first
+// run (Props built and never spawned cost none). The owning actor calls
+// Close when it stops; the loop then finishes what it holds and exits.
 type LoopDispatcher struct {
 	mu     sync.RWMutex // orders Schedule's send against Close's close
 	closed bool
+	start  sync.Once // the loop goroutine, or (closed unused) Exited
 	runs   chan func()
 	exited chan struct{}
 }
@@ -32,11 +34,9 @@ type LoopDispatcher struct {
 // run handles before it yields the processor.
 const loopThroughput = 300
 
-// NewLoopDispatcher starts the loop goroutine.
+// NewLoopDispatcher makes a dispatcher whose loop starts with its first run.
 func NewLoopDispatcher() *LoopDispatcher {
-	d := &LoopDispatcher{runs: make(chan func(), 4), exited: make(chan struct{})}
-	go d.loop()
-	return d
+	return &LoopDispatcher{runs: make(chan func(), 4), exited: make(chan struct{})}
 }
 
 func (d *LoopDispatcher) loop() {
@@ -46,7 +46,8 @@ func (d *LoopDispatcher) loop() {
 	}
 }
 
-// Exited is closed once the loop goroutine has returned (after Close).
+// Exited is closed once the loop goroutine has returned after Close (at
+// Close, if it never started).
 func (d *LoopDispatcher) Exited() <-chan struct{} { return d.exited }
 
 // Schedule runs fn on the loop, or on a goroutine of its own when the loop
@@ -54,6 +55,7 @@ func (d *LoopDispatcher) Exited() <-chan struct{} { return d.exited }
 func (d *LoopDispatcher) Schedule(fn func()) {
 	d.mu.RLock()
 	if !d.closed {
+		d.start.Do(func() { go d.loop() })
 		select {
 		case d.runs <- fn:
 			d.mu.RUnlock()
@@ -76,6 +78,7 @@ func (d *LoopDispatcher) Close() {
 	if !d.closed {
 		d.closed = true
 		close(d.runs)
+		d.start.Do(func() { close(d.exited) }) // never started: nothing to wait for
 	}
 }
 

@@ -51,6 +51,17 @@ func TestLoopDispatcherClosesFromItsOwnRunAndDropsNothing(t *testing.T) {
 	d.Close() // twice is fine
 }
 
+// A dispatcher that never ran anything has no goroutine to end: Close
+// says so at once.
+func TestAnUnusedLoopDispatcherClosesAtOnce(t *testing.T) {
+	d := actors.NewLoopDispatcher()
+	d.Close()
+	awaitClosed(t, d.Exited(), "Exited of a loop that never started")
+	ran := make(chan struct{})
+	d.Schedule(func() { close(ran) })
+	awaitClosed(t, ran, "a run scheduled after Close")
+}
+
 // More runs than the loop holds, scheduled while it is busy: every one runs.
 func TestLoopDispatcherBackedUpStillRunsEverything(t *testing.T) {
 	d := actors.NewLoopDispatcher()

@@ -110,10 +110,11 @@ type Store struct {
 	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
 	RetriesPending prometheus.Gauge       // requests whose retry timer has not fired
 	ChunksStored   prometheus.Counter
-	// StoredTime is the node's whole part of a store, the batch's arrival
-	// to the job's stored message handed to NATS: what an engine waits
-	// for, less the network both ways (decision_seconds ends at the copy's
-	// start).
+	// StoredTime is the node's part of a store, the batch's arrival (intake
+	// takes it; nats.go's pending queue before that is not counted) to the
+	// job's stored message handed to NATS (decision_seconds ends at the
+	// copy's start). A job completed while the node shuts down is counted
+	// though its stored message is not sent (Outbox.Seal).
 	StoredTime     prometheus.Histogram
 	ChunksDeduped  prometheus.Counter
 	ChunksDropped  prometheus.Counter

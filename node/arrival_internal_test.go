@@ -62,7 +62,12 @@ func TestABatchArrivesWhenTakenNotWhenItsWorkerIsFree(t *testing.T) {
 	var b wire.Batch
 	b.Added("r1", 16)
 	require.NoError(t, nc.Publish(subject, b.Body(nil, "ep", 1)))
-	first := <-s.arrived // the worker now holds batch 1
+	var first time.Time
+	select {
+	case first = <-s.arrived: // the worker now holds batch 1
+	case <-time.After(10 * time.Second):
+		t.Fatal("the first batch never reached the actor")
+	}
 	require.NoError(t, nc.Publish(subject, b.Body(nil, "ep", 2)))
 	require.NoError(t, nc.Flush())
 	size := msgBytes(&nats.Msg{Subject: subject, Data: b.Body(nil, "ep", 1)})

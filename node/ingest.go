@@ -200,10 +200,14 @@ func (in *ingester) take(m *nats.Msg) {
 		in.overflow(engineID, verb, m)
 		return
 	}
+	x := inbound{msg: m, engine: engineID, verb: verb, size: size}
+	if verb == messages.VerbEvents {
+		x.taken = time.Now()
+	}
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(engineID))
 	select {
-	case in.queues[h.Sum32()%uint32(len(in.queues))] <- inbound{msg: m, engine: engineID, verb: verb, size: size, taken: time.Now()}:
+	case in.queues[h.Sum32()%uint32(len(in.queues))] <- x:
 	default:
 		in.release(size)
 		in.overflow(engineID, verb, m)

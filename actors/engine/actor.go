@@ -98,8 +98,8 @@ func Props(deps Deps) *actor.Props {
 // batchesInline runs an idle engine actor's batches on the goroutine that
 // posts them (the ingest worker that decoded them: one engine step is one
 // unit of work from decode to copy queue, with no goroutine hand-off);
-// anything else posted to an idle actor starts a run on protoactor's
-// dispatcher, as before. A run drains what queued meanwhile, so a tick or a
+// anything else posted to an idle actor starts a run on the actor's own
+// loop goroutine (actors.LoopDispatcher). A run drains what queued meanwhile, so a tick or a
 // retire that arrives during a batch is handled on the decode worker too. A
 // Batch must not be posted by code holding a lock the actor's turn may
 // take, and what a turn locks (the pool, the namespace table) must not be
