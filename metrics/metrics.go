@@ -1,6 +1,8 @@
 package metrics
 
 import (
+	"sync/atomic"
+
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/buildinfo"
@@ -100,6 +102,28 @@ func counterVec(sub, name, help, label string) *prometheus.CounterVec {
 
 func gaugeFunc(sub, name, help string, f func() float64) prometheus.GaugeFunc {
 	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help}, f)
+}
+
+// latency is a histogram of seconds from 25 µs to about 0.8 s, in factors
+// of 2: every store latency the node times (the bench interpolates
+// quantiles inside these buckets).
+func latency(sub, name, help string) prometheus.Histogram {
+	return prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: sub, Name: name, Help: help,
+		Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)})
+}
+
+// scraped is a value read at scrape time from whoever set its source last
+// (none: T's zero), so the hot path that owns the value sets no gauge.
+type scraped[T any] struct{ f atomic.Pointer[func() T] }
+
+func (s *scraped[T]) from(f func() T) { s.f.Store(&f) }
+
+func (s *scraped[T]) get() T {
+	if f := s.f.Load(); f != nil {
+		return (*f)()
+	}
+	var zero T
+	return zero
 }
 
 func gauge(sub, name, help string) prometheus.Gauge {

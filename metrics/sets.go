@@ -1,8 +1,6 @@
 package metrics
 
 import (
-	"sync/atomic"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvactors/kvactors/messages"
@@ -31,12 +29,12 @@ type Events struct {
 	// (a worker whose turn stalls holds back every batch of its engines).
 	IntakeWait prometheus.Histogram
 
-	pending atomic.Pointer[func() int64]
+	pending scraped[int64]
 }
 
 // ReadPendingFrom makes PendingBytes read pending at scrape time (the last
 // intake to call it wins; none: 0).
-func (m *Events) ReadPendingFrom(pending func() int64) { m.pending.Store(&pending) }
+func (m *Events) ReadPendingFrom(pending func() int64) { m.pending.from(pending) }
 
 // ResyncReasons are the label values of DroppedBatches and Resyncs.
 var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
@@ -54,17 +52,11 @@ func NewEvents(reg prometheus.Registerer) *Events {
 			[]string{"reason"}),
 		Resyncs: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvactors_resyncs_total",
 			Help: "P.E.resync messages published (repeats included)."}, []string{"reason"}),
-		IntakeWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "ingest",
-			Name: "wait_seconds", Help: "Time an events batch waited between intake taking it and its ingest worker starting on it.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+		IntakeWait: latency("ingest", "wait_seconds",
+			"Time an events batch waited between intake taking it and its ingest worker starting on it."),
 	}
 	m.PendingBytes = gaugeFunc("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled.",
-		func() float64 {
-			if f := m.pending.Load(); f != nil {
-				return float64((*f)())
-			}
-			return 0
-		})
+		func() float64 { return float64(m.pending.get()) })
 	for _, r := range ResyncReasons {
 		m.DroppedBatches.WithLabelValues(r)
 		m.Resyncs.WithLabelValues(r)
@@ -137,9 +129,8 @@ func NewStore(reg prometheus.Registerer) *Store {
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
 		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile is counted until its timer falls due, at most 1 s)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
-		StoredTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
-			Name: "stored_seconds", Help: "Time from a batch's arrival to the stored message of a job it made ready being published.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+		StoredTime: latency("store", "stored_seconds",
+			"Time from a batch's arrival to the stored message of a job it made ready being published."),
 		ChunksDeduped:  counter("store", "chunks_deduplicated_total", "Ready chunks already present in the pool."),
 		ChunksDropped:  counter("store", "chunks_dropped_total", "Ready chunks given up after the retry limit at finish."),
 		Evictions:      counter("pool", "evictions_total", "Ready chunks evicted to make room."),
@@ -224,7 +215,7 @@ type Transfer struct {
 	// submission to its copy starting (a worker's wake-up, the jobs ahead).
 	QueueWait prometheus.Histogram
 
-	queue atomic.Pointer[func() QueueState]
+	queue scraped[QueueState]
 }
 
 // QueueState is the copy queue's state: jobs waiting, jobs running and the
@@ -236,14 +227,7 @@ type QueueState struct {
 
 // ReadQueueFrom makes the queue gauges read state at scrape time (the last
 // queue to call it wins; none: zeros).
-func (m *Transfer) ReadQueueFrom(state func() QueueState) { m.queue.Store(&state) }
-
-func (m *Transfer) queueState() QueueState {
-	if f := m.queue.Load(); f != nil {
-		return (*f)()
-	}
-	return QueueState{}
-}
+func (m *Transfer) ReadQueueFrom(state func() QueueState) { m.queue.from(state) }
 
 // NewTransfer builds the copy collectors.
 func NewTransfer(reg prometheus.Registerer) *Transfer {
@@ -257,19 +241,15 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			Buckets: prometheus.ExponentialBuckets(4096, 4, 10)}, []string{"transfer_type"}),
 		CopyFailures: counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
 		FenceWaits:   counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
-		DecisionTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "store",
-			Name: "decision_seconds", Help: "Time from a batch's arrival to its store job starting to copy.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
-		QueueWait: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "transfer",
-			Name: "queue_wait_seconds", Help: "Time from a copy job's submission to its copy starting.",
-			Buckets: prometheus.ExponentialBuckets(25e-6, 2, 16)}),
+		DecisionTime: latency("store", "decision_seconds", "Time from a batch's arrival to its store job starting to copy."),
+		QueueWait:    latency("transfer", "queue_wait_seconds", "Time from a copy job's submission to its copy starting."),
 	}
 	m.JobsInFlight = gaugeFunc("transfer", "jobs_in_flight", "Copy jobs running.",
-		func() float64 { return float64(m.queueState().Running) })
+		func() float64 { return float64(m.queue.get().Running) })
 	m.BytesInFlight = gaugeFunc("transfer", "bytes_in_flight", "Bytes of copy jobs running.",
-		func() float64 { return float64(m.queueState().BytesInFlight) })
+		func() float64 { return float64(m.queue.get().BytesInFlight) })
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
-		func() float64 { return float64(m.queueState().Queued) })
+		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
 		m.JobsQueued, m.FenceWaits, m.DecisionTime, m.QueueWait)
 	return m
