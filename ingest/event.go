@@ -100,16 +100,25 @@ const (
 	hashArenaMin = 16
 )
 
-// carve appends src to the arena (a fresh one, of at least atLeast, when it
-// lacks room; the full one is left to whoever holds parts of it) and
-// returns the appended part, capped so that an append by a consumer copies.
-func carve[T any](arena *[]T, src []T, atLeast int) []T {
-	if cap(*arena)-len(*arena) < len(src) {
-		*arena = make([]T, 0, max(atLeast, len(src)))
+// room makes room in the arena for n more elements (a fresh arena of at
+// least atLeast when it lacks it; the full one is left to whoever holds
+// parts of it) and returns where they will start.
+func room[T any](arena *[]T, n, atLeast int) int {
+	if cap(*arena)-len(*arena) < n {
+		*arena = make([]T, 0, max(atLeast, n))
 	}
-	n := len(*arena)
+	return len(*arena)
+}
+
+// since is what was appended to the arena from start on, capped so that an
+// append by a consumer copies.
+func since[T any](arena []T, start int) []T { return arena[start:len(arena):len(arena)] }
+
+// carve appends src to the arena and returns the appended part (room, since).
+func carve[T any](arena *[]T, src []T, atLeast int) []T {
+	start := room(arena, len(src), atLeast)
 	*arena = append(*arena, src...)
-	return (*arena)[n:len(*arena):len(*arena)]
+	return since(*arena, start)
 }
 
 // build turns a checked d.ev into an Event, copying only the fields its type
@@ -170,16 +179,13 @@ func (d *decoder) hashes() []messages.Hash {
 		return nil
 	}
 	all := string(d.hashRaw)
-	if cap(d.hashArena)-len(d.hashArena) < len(d.hashEnds) {
-		d.hashArena = make([]messages.Hash, 0, max(hashArenaMin, len(d.hashEnds)))
-	}
+	start := room(&d.hashArena, len(d.hashEnds), hashArenaMin)
 	prev := 0
-	n := len(d.hashArena)
 	for _, end := range d.hashEnds {
 		d.hashArena = append(d.hashArena, messages.Hash(all[prev:end]))
 		prev = end
 	}
-	return d.hashArena[n:len(d.hashArena):len(d.hashArena)]
+	return since(d.hashArena, start)
 }
 
 func (d *decoder) typeField() error {
