@@ -158,13 +158,8 @@ func (c *child) memory() memStatus {
 	if err != nil {
 		return m
 	}
-	fields := map[string]*int64{"VmHWM:": &m.HWM, "RssAnon:": &m.Anon}
-	for _, l := range strings.Split(string(b), "\n") {
-		name, v, ok := strings.Cut(l, "\t")
-		if f := fields[name]; ok && f != nil {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			*f = kb << 10
-		}
+	if kb, err := procValues(b, "VmHWM", "RssAnon"); err == nil {
+		m.HWM, m.Anon = kb[0]<<10, kb[1]<<10
 	}
 	return m
 }

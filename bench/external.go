@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/ingest"
 )
 
 // External is the out-of-process run's result (issue 14): a separate
@@ -121,6 +123,7 @@ func externalChunkEvents(d time.Duration) int {
 // by the engine id's first letter (noStorePrefix, narrowPrefix, else the
 // store-heavy mix's).
 type outcome struct {
+	prefix                 string // P of P.<engine>.<verb> (observe)
 	heavy, noStore, narrow replies
 }
 
@@ -136,15 +139,11 @@ const (
 	narrowPrefix  = "w"
 )
 
-// of is the counts of the mix of the engine in subject P.<engine>.<verb>.
+// of is the counts of the mix of the engine in subject P.<engine>.<verb>
+// (the node only publishes well-formed ones: any other counts as the
+// store-heavy mix's, whose checks then fail).
 func (o *outcome) of(subject string) *replies {
-	engine := subject
-	if i := strings.LastIndexByte(engine, '.'); i >= 0 {
-		engine = engine[:i]
-	}
-	if i := strings.LastIndexByte(engine, '.'); i >= 0 {
-		engine = engine[i+1:]
-	}
+	engine, _, _ := ingest.ParseSubject(o.prefix, subject)
 	switch {
 	case strings.HasPrefix(engine, noStorePrefix):
 		return &o.noStore
@@ -156,6 +155,7 @@ func (o *outcome) of(subject string) *replies {
 
 // observe subscribes to every engine's released and stored subjects.
 func (o *outcome) observe(nc *nats.Conn, prefix string) error {
+	o.prefix = prefix
 	for verb, f := range map[string]func(*nats.Msg){
 		"released": func(m *nats.Msg) { o.of(m.Subject).released.Add(1) },
 		"stored": func(m *nats.Msg) {
@@ -223,9 +223,11 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		mids, mconns := make([]string, len(ids)), make([]*nats.Conn, len(ids))
 		for i := range ids {
 			mids[i] = tag + ids[i]
-			if mconns[i], _, err = r.engine(mids[i], storeGeometry()); err != nil {
+			nc, _, err := r.engine(mids[i], storeGeometry())
+			if err != nil {
 				return nil, nil, err
 			}
+			mconns[i] = nc
 		}
 		return mids, mconns, nil
 	}

@@ -3,6 +3,7 @@ package bench
 import (
 	"math"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"testing/quick"
@@ -108,6 +109,15 @@ func TestUnitCostsSplitChunksFromJobs(t *testing.T) {
 	require.Zero(t, j)
 }
 
+// Replies to the three mixes' engines are counted apart by engine id.
+func TestOutcomeTellsMixesApart(t *testing.T) {
+	o := outcome{prefix: "kvactors"}
+	require.Same(t, &o.noStore, o.of("kvactors."+noStorePrefix+"e0.released"))
+	require.Same(t, &o.narrow, o.of("kvactors."+narrowPrefix+"e1.stored"))
+	require.Same(t, &o.heavy, o.of("kvactors.e2.stored"))
+	require.Same(t, &o.heavy, o.of("kvactors.l50e0.stored"))
+}
+
 // The counters come from /proc: this process's own grow as it works, and
 // a file missing a field is an error, not a zero.
 func TestProcCounters(t *testing.T) {
@@ -121,11 +131,21 @@ func TestProcCounters(t *testing.T) {
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, b.minus(a).Syscalls, int64(50))
 
-	v, err := procFields([]byte("syscr: 7\nwchar: 9\nsyscw: 5\n"), ':', "syscr", "syscw")
+	v, err := procValues([]byte("syscr: 7\nwchar: 9\nsyscw: 5\n"), "syscr", "syscw")
 	require.NoError(t, err)
-	require.Equal(t, int64(12), v)
-	_, err = procFields([]byte("syscr: 7\n"), ':', "syscr", "syscw")
+	require.Equal(t, []int64{7, 5}, v)
+	kb, err := procValues([]byte("VmHWM:\t  2048 kB\nRssAnon:\t 1024 kB\n"), "VmHWM", "RssAnon")
+	require.NoError(t, err)
+	require.Equal(t, []int64{2048, 1024}, kb, "status values in kB")
+	_, err = procValues([]byte("syscr: 7\n"), "syscr", "syscw")
 	require.Error(t, err)
-	_, err = procFields([]byte("syscr: x\nsyscw: 5\n"), ':', "syscr", "syscw")
+	_, err = procValues([]byte("syscr: x\nsyscw: 5\n"), "syscr", "syscw")
 	require.Error(t, err)
+
+	// The child's memory comes through the same reader.
+	self := &child{cmd: &exec.Cmd{Process: &os.Process{Pid: os.Getpid()}}}
+	m := self.memory()
+	require.Positive(t, m.HWM)
+	require.Positive(t, m.Anon)
+	require.GreaterOrEqual(t, m.HWM, m.Anon)
 }

@@ -37,46 +37,49 @@ func readProcCounters(pid int) (procCounters, error) {
 		if err != nil {
 			continue // the thread exited meanwhile
 		}
-		v, err := procFields(b, ':', "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
+		v, err := procValues(b, "voluntary_ctxt_switches", "nonvoluntary_ctxt_switches")
 		if err != nil {
 			return c, fmt.Errorf("%s: %w", t, err)
 		}
-		c.Switches += v
+		c.Switches += v[0] + v[1]
 	}
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
 	if err != nil {
 		return c, fmt.Errorf("process %d io: %w", pid, err)
 	}
-	if c.Syscalls, err = procFields(b, ':', "syscr", "syscw"); err != nil {
+	v, err := procValues(b, "syscr", "syscw")
+	if err != nil {
 		return c, fmt.Errorf("process %d io: %w", pid, err)
 	}
+	c.Syscalls = v[0] + v[1]
 	return c, nil
 }
 
-// procFields sums the named "name<sep> value" lines of a /proc file; each
-// must be present.
-func procFields(b []byte, sep byte, names ...string) (int64, error) {
-	var sum int64
+// procValues reads the named "name: value" lines of a /proc file
+// (/proc/<pid>/status, io), in names' order, a value's " kB" unit dropped;
+// each must be present.
+func procValues(b []byte, names ...string) ([]int64, error) {
+	vals := make([]int64, len(names))
 	found := 0
 	sc := bufio.NewScanner(bytes.NewReader(b))
 	for sc.Scan() {
-		name, val, ok := bytes.Cut(sc.Bytes(), []byte{sep})
+		name, val, ok := bytes.Cut(sc.Bytes(), []byte{':'})
 		if !ok {
 			continue
 		}
-		for _, n := range names {
+		for i, n := range names {
 			if string(name) == n {
-				v, err := strconv.ParseInt(string(bytes.TrimSpace(val)), 10, 64)
+				v, err := strconv.ParseInt(string(bytes.TrimSuffix(bytes.TrimSpace(val), []byte(" kB"))), 10, 64)
 				if err != nil {
-					return 0, fmt.Errorf("%s: %w", n, err)
+					return nil, fmt.Errorf("%s: %w", n, err)
 				}
-				sum += v
+				vals[i] = v
 				found++
 			}
 		}
 	}
 	if found != len(names) {
-		return 0, errors.New("missing fields")
+		return nil, errors.New("missing fields")
 	}
-	return sum, nil
+	return vals, nil
 }
