@@ -25,20 +25,19 @@ func (te *testEngine) loadInto(req string, hashes []string, tokens int, blocks .
 
 func (te *testEngine) lookup(hashes []string) int {
 	te.e.t.Helper()
-	var r messages.LookupReply
-	require.NoError(te.e.t, json.Unmarshal(te.request("lookup", map[string]any{"hashes": hashes}), &r))
-	require.Empty(te.e.t, r.Error)
-	return r.HitTokens
+	got, err := te.tryLookup(hashes, 5*time.Second)
+	require.NoError(te.e.t, err)
+	return got
 }
 
 // tryLookup is lookup for a retry loop: a timeout (a NATS server of a
 // cluster just stopped) or an error reply is returned, not fatal.
-func (te *testEngine) tryLookup(hashes []string) (int, error) {
+func (te *testEngine) tryLookup(hashes []string, timeout time.Duration) (int, error) {
 	data, err := json.Marshal(map[string]any{"hashes": hashes})
 	if err != nil {
 		return 0, err
 	}
-	msg, err := te.e.nc.Request("kvactors."+te.id+".lookup", data, time.Second)
+	msg, err := te.e.nc.Request("kvactors."+te.id+".lookup", data, timeout)
 	if err != nil {
 		return 0, fmt.Errorf("lookup: %w", err)
 	}
@@ -57,7 +56,7 @@ func (te *testEngine) tryLookup(hashes []string) (int, error) {
 func awaitLookup(t *testing.T, te *testEngine, hashes []string, want int, who string) {
 	t.Helper()
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
-		got, err := te.tryLookup(hashes)
+		got, err := te.tryLookup(hashes, time.Second)
 		if err != nil {
 			return fmt.Errorf("%s: %w", who, err)
 		}

@@ -136,3 +136,20 @@ func TestAStaleRetryOfAnEarlierRequestIsIgnored(t *testing.T) {
 	require.Never(t, func() bool { return deps.Timers.Pending() > 1 }, 100*time.Millisecond, time.Millisecond,
 		"r2 keeps one retry, not a second one started by r1's stale timer")
 }
+
+// An idle actor that stopped (Forget) is never handed the next request:
+// the request would go to a dead mailbox and never be released. Forgetting
+// an actor that is not idle changes nothing.
+func TestAStoppedIdleActorIsNotReused(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	sp := request.NewSpawner()
+	a, b := actor.NewPID("nonhost", "a"), actor.NewPID("nonhost", "b")
+	sp.Release(nil, a) // below MaxIdle: kept, the context is not used
+	sp.Release(nil, b)
+	sp.Forget(b) // the most recent idle actor stopped
+	sp.Forget(actor.NewPID("nonhost", "busy"))
+	added := &messages.Event{Type: messages.EvAdded, Request: "r", PromptTokens: 4}
+	got := sp.Spawn(system.Root, nil, added, context.Background())
+	require.True(t, got.Equal(a), "handed to %v, want the live idle actor a", got)
+}

@@ -58,13 +58,9 @@ func (q *Queue) state() metrics.QueueState {
 // through the transfer actor's mailbox that the Submit message takes: an
 // engine step's copies are queued (and a worker woken) in the step's own
 // turn. The owner gets its JobDone from the actor either way.
-//
-// Go readies the woken worker behind the submitter, on its processor, so
-// the copy may start only when the submitter's turn ends or another core
-// takes it. Yielding after such a turn (the seventh session's
-// runtime.Gosched in intake) cost intake more than the copy gained: with
-// the batch's wait in intake counted, node p99 at 50% load was 31–50%
-// lower without it (docs/BENCHMARKS.md, eighth session).
+// The woken worker runs when the submitter's turn ends or the other core
+// takes it; nothing yields for it (that held intake back: BENCHMARKS.md,
+// eighth session).
 func (q *Queue) Submit(s *Submit) {
 	s.queued = time.Now()
 	q.mu.Lock()
