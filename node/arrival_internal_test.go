@@ -50,15 +50,8 @@ func TestABatchArrivesWhenTakenNotWhenItsWorkerIsFree(t *testing.T) {
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 
 	s := &stuck{release: make(chan struct{}), arrived: make(chan time.Time, 2)}
-	pid := n.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return s },
+	_, nc, subject := routeStandIn(t, n, "slow", actor.PropsFromProducer(func() actor.Actor { return s },
 		actor.WithMailbox(actors.InlineMailbox)))
-	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
-	n.ingest.route("slow", pid)
-
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	subject := n.cfg.Prefix + ".slow.events"
 	var b wire.Batch
 	b.Added("r1", 16)
 	require.NoError(t, nc.Publish(subject, b.Body(nil, "ep", 1)))

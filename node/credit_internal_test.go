@@ -62,6 +62,19 @@ func (h *holder) handleAll(t *testing.T) {
 	}
 }
 
+// routeStandIn spawns props as engine's actor on n's intake, and returns it,
+// an engine connection and the engine's events subject.
+func routeStandIn(t *testing.T, n *Node, engine string, props *actor.Props) (*actor.PID, *nats.Conn, string) {
+	t.Helper()
+	pid := n.system.Root.Spawn(props)
+	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
+	n.ingest.route(engine, pid)
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return pid, nc, n.cfg.Prefix + "." + engine + ".events"
+}
+
 // A burst cannot grow what waits for an engine actor past the credit window:
 // with the actor not handling anything, the batches it was handed hold at
 // most the intake budget, the rest of a burst 20× the budget is dropped
@@ -85,14 +98,7 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 	budget := n.ingest.budget
 
 	h := &holder{}
-	pid := n.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
-	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
-	n.ingest.route("hold", pid)
-
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
-	subject := n.cfg.Prefix + ".hold.events"
+	pid, nc, subject := routeStandIn(t, n, "hold", actor.PropsFromProducer(func() actor.Actor { return h }))
 	var b wire.Batch
 	seq := uint64(100_000) // fixed width: every message has the same size
 	body := func() []byte {
