@@ -77,11 +77,15 @@ type Config struct {
 	// (default: this executable) as a child process, driven over NATS.
 	// ExternalProfile, when set, receives the child's CPU profile of that
 	// run (its /debug/pprof/profile); ExternalAllocs its allocation
-	// profile at the end of the store-heavy run (/debug/pprof/allocs).
+	// profile at the end of the store-heavy run (/debug/pprof/allocs);
+	// ExternalTrace its execution trace over the 50% latency level
+	// (/debug/pprof/trace), where the tail is: `go tool trace -pprof=sync`
+	// shows what the node's goroutines waited on (docs/BENCHMARKS.md).
 	External        bool
 	ServeBinary     string
 	ExternalProfile io.Writer
 	ExternalAllocs  io.Writer
+	ExternalTrace   io.Writer
 	// ExternalRate, when positive, is the events/s the external latency
 	// levels take their fractions of, instead of the run's own measured
 	// rate: two builds paced alike have their p99s taken under the same

@@ -410,54 +410,50 @@ func unitCosts(a, b storeMix) (chunk, job float64) {
 	return chunk * 1e6, job * 1e6
 }
 
-// profile is a CPU profile of the child taken through its
-// /debug/pprof/profile over the node run.
-type profile struct {
+// fetch is one of the child's /debug/pprof endpoints read in the
+// background while a run goes on (a CPU profile, an execution trace).
+type fetch struct {
 	done chan error
 }
 
-func startProfile(cfg Config, c *child) *profile {
-	p := &profile{done: make(chan error, 1)}
-	if cfg.ExternalProfile == nil {
-		p.done <- nil
-		return p
+// startFetch copies the child's path into w in the background; with no w
+// it does nothing.
+func startFetch(c *child, what, path string, w io.Writer) *fetch {
+	f := &fetch{done: make(chan error, 1)}
+	if w == nil {
+		f.done <- nil
+		return f
 	}
-	secs := max(1, int(cfg.Duration.Seconds()+0.5))
-	go func() {
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", c.httpAddr, secs))
-		if err != nil {
-			p.done <- fmt.Errorf("child profile: %w", err)
-			return
-		}
-		defer resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			p.done <- fmt.Errorf("child profile: %s", resp.Status)
-			return
-		}
-		_, err = io.Copy(cfg.ExternalProfile, resp.Body)
-		p.done <- err
-	}()
-	return p
+	go func() { f.done <- c.fetchDebug(what, path, w) }()
+	return f
 }
 
-func (p *profile) wait() error { return <-p.done }
+func (f *fetch) wait() error { return <-f.done }
+
+// startProfile takes the child's CPU profile over the node run.
+func startProfile(cfg Config, c *child) *fetch {
+	secs := max(1, int(cfg.Duration.Seconds()+0.5))
+	return startFetch(c, "profile", fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), cfg.ExternalProfile)
+}
 
 // fetchAllocs saves the child's /debug/pprof/allocs: every allocation
 // since it started, so mostly the store-heavy run just finished.
 func fetchAllocs(cfg Config, c *child) error {
-	if cfg.ExternalAllocs == nil {
-		return nil
-	}
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/allocs", c.httpAddr))
+	return startFetch(c, "allocs profile", "/debug/pprof/allocs", cfg.ExternalAllocs).wait()
+}
+
+// fetchDebug copies the child's /debug/pprof path into w.
+func (c *child) fetchDebug(what, path string, w io.Writer) error {
+	resp, err := http.Get("http://" + c.httpAddr + path)
 	if err != nil {
-		return fmt.Errorf("child allocs profile: %w", err)
+		return fmt.Errorf("child %s: %w", what, err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("child allocs profile: %s", resp.Status)
+		return fmt.Errorf("child %s: %s", what, resp.Status)
 	}
-	if _, err := io.Copy(cfg.ExternalAllocs, resp.Body); err != nil {
-		return fmt.Errorf("child allocs profile: %w", err)
+	if _, err := io.Copy(w, resp.Body); err != nil {
+		return fmt.Errorf("child %s: %w", what, err)
 	}
 	return nil
 }

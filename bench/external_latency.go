@@ -80,6 +80,10 @@ func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity
 	return levels, nil
 }
 
+// externalTraceFraction is the level Config.ExternalTrace traces: the one
+// issue 14's p99 goal is set at.
+const externalTraceFraction = 0.5
+
 // externalLevel is latencyLevel against the child: engines "l<percent>e<i>"
 // register on it, their batches are pre-encoded and paced at rate events/s,
 // client latency comes from their stored messages, node latency from the
@@ -149,8 +153,17 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	if err != nil {
 		return nil, err
 	}
+	var trace *fetch
+	if fraction == externalTraceFraction {
+		trace = startFetch(c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", cfg.Duration.Seconds()), cfg.ExternalTrace)
+	} else {
+		trace = startFetch(c, "trace", "", nil)
+	}
 	start, last, err := pace(ctx, streams, published, batchRate)
 	if err != nil {
+		return nil, err
+	}
+	if err := trace.wait(); err != nil {
 		return nil, err
 	}
 	// Every event applied (scraped every 2 ms; the other engines are idle),

@@ -25,6 +25,7 @@ type benchOptions struct {
 	logLevel   string
 	extProfile string
 	extAllocs  string
+	extTrace   string
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
@@ -43,6 +44,7 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
 	fs.Float64Var(&o.cfg.ExternalRate, "external-rate", 0, "pace the --external latency levels at 25% and 50% of this many events/s (default: of the run's own measured rate)")
 	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
+	fs.StringVar(&o.extTrace, "external-trace", "", "write the child's execution trace (/debug/pprof/trace) over the --external 50% latency level to this file (go tool trace -pprof=sync FILE: what its goroutines waited on)")
 	fs.IntVar(&o.cfg.ExternalBurst, "external-burst", 0, "also publish this many requests at once through SDK engines against a child of its own and report its peak RSS, store delay and resyncs (alone unless --phases or --external is given; issue 14 uses 40000)")
 	fs.Int64Var(&o.cfg.ExternalBurstBudget, "external-burst-budget", 0, "the burst child's --max-pending-bytes (default: the node's default)")
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
@@ -78,7 +80,7 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 	for _, out := range []struct {
 		path string
 		to   *io.Writer
-	}{{o.cpuprofile, &o.cfg.CPUProfile}, {o.extProfile, &o.cfg.ExternalProfile}, {o.extAllocs, &o.cfg.ExternalAllocs}} {
+	}{{o.cpuprofile, &o.cfg.CPUProfile}, {o.extProfile, &o.cfg.ExternalProfile}, {o.extAllocs, &o.cfg.ExternalAllocs}, {o.extTrace, &o.cfg.ExternalTrace}} {
 		if out.path == "" {
 			continue
 		}

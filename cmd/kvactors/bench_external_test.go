@@ -1,9 +1,11 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -19,7 +21,19 @@ import (
 // child collects during every latency level: each level must count them.
 func TestBenchExternalArithmetic(t *testing.T) {
 	t.Setenv("GOGC", "2")
-	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2")
+	dir := t.TempDir()
+	prof, trace := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "l50.trace")
+	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2",
+		"--external-cpuprofile", prof, "--external-trace", trace)
+	// The child's profile and trace came back whole: a gzipped profile, and
+	// an execution trace with its header.
+	b, err := os.ReadFile(prof)
+	require.NoError(t, err)
+	require.True(t, bytes.HasPrefix(b, []byte{0x1f, 0x8b}), "a gzipped pprof profile")
+	b, err = os.ReadFile(trace)
+	require.NoError(t, err)
+	require.Regexp(t, `^go 1\.\d+ trace\x00`, string(b[:min(len(b), 16)]))
+	require.Greater(t, len(b), 1000, "the trace holds events")
 	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
 	e := rep.External
 	require.NotNil(t, e)
