@@ -39,6 +39,13 @@ func isGone(err error) bool {
 
 func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int) *Owners {
 	t.Helper()
+	return openOwnersLease(t, nc, node, standbyFor, replicas, testLease)
+}
+
+// openOwnersLease is openOwners with a lease of its own (the bucket's, when
+// it creates the bucket).
+func openOwnersLease(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas int, lease time.Duration) *Owners {
+	t.Helper()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -47,7 +54,7 @@ func openOwners(t *testing.T, nc *nats.Conn, node, standbyFor string, replicas i
 	// Bucket creation needs a JetStream meta leader; right after a server
 	// stop there may briefly be none.
 	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		o, err = OpenOwners(ctx, js, Config{Node: node, Boot: node + "-boot1", StandbyFor: standbyFor, Lease: testLease, Replicas: replicas}, nil)
+		o, err = OpenOwners(ctx, js, Config{Node: node, Boot: node + "-boot1", StandbyFor: standbyFor, Lease: lease, Replicas: replicas}, nil)
 		return err
 	})
 	return o
