@@ -127,7 +127,8 @@ func TestKVEventsFollowThePool(t *testing.T) {
 // the disk writer's goroutine, after the decision that evicted it: its
 // BlockStored DISK must reach routers after its BlockRemoved CPU (a router
 // would otherwise believe the chunk left disk... or never knew it was on
-// disk). Forty distinct prefixes through a 2-slot pool spill 38 of them.
+// disk). Forty distinct prefixes through a 2-slot pool spill 38 of them
+// (on a quiet machine).
 func TestDiskStoredFollowsItsEviction(t *testing.T) {
 	e := startNode(t, withPoolSlots(2), withDisk(t.TempDir()))
 	router := newKVRouter(t, e.nc)
@@ -142,20 +143,34 @@ func TestDiskStoredFollowsItsEviction(t *testing.T) {
 	for range requests {
 		recv(t, te.released, "every request released")
 	}
+	// Every chunk stored in host memory but the pool's last two is evicted
+	// and spilled. On a loaded machine a finishing request may give up on
+	// a pool full of pending copies (FinishRetryLimit: the suite on two
+	// cores once gave up 3), and its chunk is never stored: count what
+	// was, and account for the rest as given up.
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		gaveUp := int(metricValue(t, e.reg, "kvactors_store_chunks_dropped_total", nil))
 		router.mu.Lock()
 		defer router.mu.Unlock()
-		onDisk := 0
+		onDisk, inHost := 0, map[string]bool{}
 		for _, c := range router.log {
-			if c.typ == messages.KVBlockStored && c.medium == messages.MediumDisk {
+			switch {
+			case c.typ != messages.KVBlockStored:
+			case c.medium == messages.MediumDisk:
 				onDisk++
+			default:
+				inHost[c.hash] = true
 			}
 		}
-		if onDisk < requests-2 {
-			return fmt.Errorf("%d chunks announced on disk, want %d", onDisk, requests-2)
+		if len(inHost)+gaveUp != requests || onDisk < len(inHost)-2 {
+			return fmt.Errorf("%d chunks announced on disk of %d stored in host memory (%d requests, %d given up)",
+				onDisk, len(inHost), requests, gaveUp)
 		}
 		return nil
 	})
+	for _, lost := range []string{"kvactors_disk_dropped_total", "kvactors_disk_raced_total", "kvactors_disk_write_failures_total"} {
+		require.Zero(t, metricValue(t, e.reg, lost, nil), lost)
+	}
 	router.mu.Lock()
 	defer router.mu.Unlock()
 	inCPU := map[string]bool{}
