@@ -41,6 +41,11 @@ const (
 	// mGCPauses is the Go collector's summary of GC pauses: its count is
 	// the collections so far.
 	mGCPauses = "go_gc_duration_seconds"
+	// The runtime metrics a node exports beside the defaults
+	// (metrics.runtimeTail).
+	mSchedLatency = "go_sched_latencies_seconds"
+	mGCCPU        = "go_cpu_classes_gc_total_cpu_seconds_total"
+	mMutexWait    = "go_sync_mutex_wait_total_seconds_total"
 )
 
 // counter reads one of the node's counters. Gathering the whole registry

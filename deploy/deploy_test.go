@@ -170,9 +170,9 @@ func TestDockerfile(t *testing.T) {
 	require.Contains(t, df, "/dev/shm")
 }
 
-// promName matches metric names in PromQL; the dashboard queries only
-// kvactors' own (and vLLM-compatible kv_offload_*) series.
-var promName = regexp.MustCompile(`\b(kvactors_[a-z0-9_]+|kv_offload_[a-z0-9_]+)\b`)
+// promName matches metric names in PromQL: kvactors' own, the
+// vLLM-compatible kv_offload_*, and the Go runtime's and process's.
+var promName = regexp.MustCompile(`\b(kvactors_[a-z0-9_]+|kv_offload_[a-z0-9_]+|go_[a-z0-9_]+|process_[a-z0-9_]+)\b`)
 
 // Every metric the Grafana dashboard queries exists on a running node's
 // /metrics (a fresh node: labelled counters are preset, so none is missing
@@ -221,7 +221,8 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	for _, m := range []string{"kvactors_events_applied_total", "kvactors_store_deferrals_total",
 		"kvactors_store_retries_total", "kvactors_pool_bytes", "kv_offload_total_bytes",
 		"kvactors_load_hit_tokens_total", "kvactors_engine_resets_total", "kvactors_resyncs_total",
-		"kvactors_dropped_batches_total", "kvactors_store_decision_seconds_bucket", "kvactors_disk_bytes"} {
+		"kvactors_dropped_batches_total", "kvactors_store_decision_seconds_bucket", "kvactors_disk_bytes",
+		"go_sched_latencies_seconds_bucket", "go_cpu_classes_gc_total_cpu_seconds_total", "go_sync_mutex_wait_total_seconds_total"} {
 		require.Contains(t, queried, m)
 	}
 }

@@ -1,6 +1,7 @@
 package metrics
 
 import (
+	"regexp"
 	"sync/atomic"
 
 	"github.com/kvactors/kvactors/disk"
@@ -71,10 +72,20 @@ func (m *Metrics) Preset(l Labels) {
 func New(reg prometheus.Registerer) *Metrics {
 	m := &Metrics{Events: NewEvents(reg), Engines: NewEngines(reg), Store: NewStore(reg), Pool: NewPool(reg),
 		Transfer: NewTransfer(reg), Load: NewLoad(reg), NATS: NewNATS(reg), Actors: NewActors(reg)}
-	reg.MustRegister(buildInfo(), collectors.NewGoCollector(),
+	reg.MustRegister(buildInfo(), collectors.NewGoCollector(collectors.WithGoCollectorRuntimeMetrics(runtimeTail)),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// runtimeTail adds the Go runtime's own account of what a node's store
+// latency tail is made of (docs/BENCHMARKS.md, ninth session) to the Go
+// collector's defaults: go_sched_latencies_seconds (how long goroutines
+// stood runnable before a processor took them), go_cpu_classes_gc_*
+// (the collector's CPU: background marking, assists, pauses; the runtime's
+// estimate) and go_sync_mutex_wait_total_seconds_total (time blocked on
+// sync.Mutex and RWMutex).
+var runtimeTail = collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(
+	`^(/sched/latencies:seconds|/cpu/classes/gc/.*|/cpu/classes/total:cpu-seconds|/sync/mutex/wait/total:seconds)$`)}
 
 // Discard returns metrics registered nowhere, for tests and benchmarks that
 // do not read them.

@@ -1,9 +1,13 @@
 package metrics_test
 
 import (
+	"fmt"
+	"runtime"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -11,6 +15,7 @@ import (
 
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/metrics"
 )
 
@@ -173,4 +178,48 @@ func TestEachSetRegistersItsOwn(t *testing.T) {
 	}
 	require.Equal(t, kv, union)
 	require.Len(t, slices.Compact(slices.Clone(union)), len(union), "a collector in two sets")
+}
+
+// The Go collector carries the runtime's account of a latency tail: time
+// runnable before running, the collector's CPU, and time blocked on
+// mutexes. Each moves when the process does that.
+func TestRuntimeTailMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	metrics.New(reg)
+	got := func(name string) (sum float64, count uint64) {
+		mfs, err := reg.Gather()
+		require.NoError(t, err)
+		for _, mf := range mfs {
+			if mf.GetName() != name {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				if h := m.GetHistogram(); h != nil {
+					return h.GetSampleSum(), h.GetSampleCount()
+				}
+				return m.GetCounter().GetValue(), 0
+			}
+		}
+		t.Fatalf("%s not exported", name)
+		return 0, 0
+	}
+	runtime.GC()
+	gc, _ := got("go_cpu_classes_gc_total_cpu_seconds_total")
+	require.Positive(t, gc, "the collector's CPU")
+	_, scheduled := got("go_sched_latencies_seconds")
+	require.Positive(t, scheduled, "goroutines scheduled")
+
+	before, _ := got("go_sync_mutex_wait_total_seconds_total")
+	var mu sync.Mutex
+	mu.Lock()
+	done := make(chan struct{})
+	go func() { mu.Lock(); mu.Unlock(); close(done) }()
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if after, _ := got("go_sync_mutex_wait_total_seconds_total"); after <= before {
+			return fmt.Errorf("no mutex wait counted yet (%g)", after)
+		}
+		return nil
+	})
+	mu.Unlock()
+	<-done
 }

@@ -95,6 +95,9 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.Positive(t, l.NodeStoredP99MS, "%.0f%%: arrival → stored was scraped", l.Fraction*100)
 		require.Positive(t, l.NodeQueueWaitP99MS, "%.0f%%: the jobs' queue waits were scraped", l.Fraction*100)
 		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
+		require.Positive(t, l.NodeGCCPUShare, "%.0f%%: the collections' CPU", l.Fraction*100)
+		require.Positive(t, l.NodeRunnableP99MS, "%.0f%%: the child's scheduling latencies were scraped", l.Fraction*100)
+		require.GreaterOrEqual(t, l.NodeMutexWaitSeconds, 0.0)
 		require.Positive(t, l.NodeSwitchesPerEvent, "%.0f%%: the child's threads woke", l.Fraction*100)
 		require.Positive(t, l.NodeSyscallsPerEvent, "%.0f%%: the child read its connections", l.Fraction*100)
 	}
