@@ -130,6 +130,16 @@ func TestHistogramQuantile(t *testing.T) {
 	require.Equal(t, 2.0, pct([]time.Duration{time.Millisecond, 2 * time.Millisecond}, 0.99))
 }
 
+// overNear reads the share above the bound nearest the threshold, as the
+// Go runtime's coarse scheduling-latency buckets are exported.
+func TestHistogramOverNear(t *testing.T) {
+	h := histogram{bounds: []float64{8.2e-5, 9.2e-4, 1.05e-2, 0.117, math.Inf(1)}, counts: []uint64{900, 980, 998, 1000, 1000}}
+	require.InDelta(t, 0.02, h.overNear(1e-3), 1e-12)  // above 0.92 ms
+	require.InDelta(t, 0.002, h.overNear(1e-2), 1e-12) // above 10.5 ms
+	require.InDelta(t, 0.1, h.overNear(1e-4), 1e-12)   // above 82 µs
+	require.Zero(t, histogram{}.overNear(1e-3))
+}
+
 // gatherSum counts a summary's observations (the Go collector's GC pauses
 // are one, read per latency level), scraped as text as from a child.
 func TestGatherSumCountsSummaries(t *testing.T) {

@@ -208,6 +208,30 @@ func (h histogram) quantile(q float64) float64 {
 	return lower
 }
 
+// overNear is the share of h's observations above the bucket bound nearest
+// to x (in ratio): for a histogram with coarse buckets, such as the Go
+// runtime's scheduling latencies (bounds ~11x apart), a share over a bound
+// says more than a quantile interpolated inside a bucket.
+func (h histogram) overNear(x float64) float64 {
+	n := h.count()
+	if n == 0 {
+		return 0
+	}
+	best, dist := -1, math.Inf(1)
+	for i, b := range h.bounds {
+		if math.IsInf(b, 1) || b <= 0 {
+			continue
+		}
+		if d := math.Abs(math.Log(b / x)); d < dist {
+			best, dist = i, d
+		}
+	}
+	if best < 0 {
+		return 0
+	}
+	return float64(n-h.counts[best]) / float64(n)
+}
+
 // scrape reads another process's metrics from its Prometheus endpoint url
 // (a node's /metrics, text exposition format) into a Gatherer, so snapshot
 // and gatherSum read them as they read an in-process registry. Histograms
