@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
 )
 
 // TestRunQuick runs every phase at a tiny size and checks the report is
@@ -138,6 +139,17 @@ func TestHistogramOverNear(t *testing.T) {
 	require.InDelta(t, 0.002, h.overNear(1e-2), 1e-12) // above 10.5 ms
 	require.InDelta(t, 0.1, h.overNear(1e-4), 1e-12)   // above 82 µs
 	require.Zero(t, histogram{}.overNear(1e-3))
+}
+
+// The runtime metrics each external level reads are the names a node
+// exports (a typo would read 0 silently, as against an older node).
+func TestRuntimeTailNamesAreExported(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	metrics.New(reg)
+	for _, name := range []string{mSchedLatency, mGCCPU, mCPUTotal, mCPUIdle, mMutexWait} {
+		_, err := family(reg, name)
+		require.NoError(t, err, name)
+	}
 }
 
 // gatherSum counts a summary's observations (the Go collector's GC pauses

@@ -252,14 +252,15 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	heavy := &mixRun{ids: ids, conns: conns, next: storeHeavy(), t: &out.heavy}
 	none := &mixRun{ids: noIDs, conns: noConns, next: gens(noIDs, "y", noStore), t: &out.noStore}
 	narrow := &mixRun{ids: narrowIDs, conns: narrowConns, next: gens(narrowIDs, "z", narrowWorkload()), t: &out.narrow}
-	prof := startProfile(cfg, c)
-	if err := runRounds(ctx, cfg, c, r, heavy, none, narrow); err != nil {
+	prof := startProfile(ctx, cfg, c)
+	err = runRounds(ctx, cfg, c, r, heavy, none, narrow)
+	if perr := prof.wait(); err == nil {
+		err = perr
+	}
+	if err != nil {
 		return nil, err
 	}
-	if err := prof.wait(); err != nil {
-		return nil, err
-	}
-	if err := fetchAllocs(cfg, c); err != nil {
+	if err := fetchAllocs(ctx, cfg, c); err != nil {
 		return nil, err
 	}
 	if got := out.noStore.chunks.Load(); got != 0 {
@@ -417,34 +418,38 @@ type fetch struct {
 }
 
 // startFetch copies the child's path into w in the background; with no w
-// it does nothing.
-func startFetch(c *child, what, path string, w io.Writer) *fetch {
+// it does nothing. Cancelling ctx ends the copy.
+func startFetch(ctx context.Context, c *child, what, path string, w io.Writer) *fetch {
 	f := &fetch{done: make(chan error, 1)}
 	if w == nil {
 		f.done <- nil
 		return f
 	}
-	go func() { f.done <- c.fetchDebug(what, path, w) }()
+	go func() { f.done <- c.fetchDebug(ctx, what, path, w) }()
 	return f
 }
 
 func (f *fetch) wait() error { return <-f.done }
 
 // startProfile takes the child's CPU profile over the node run.
-func startProfile(cfg Config, c *child) *fetch {
+func startProfile(ctx context.Context, cfg Config, c *child) *fetch {
 	secs := max(1, int(cfg.Duration.Seconds()+0.5))
-	return startFetch(c, "profile", fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), cfg.ExternalProfile)
+	return startFetch(ctx, c, "profile", fmt.Sprintf("/debug/pprof/profile?seconds=%d", secs), cfg.ExternalProfile)
 }
 
 // fetchAllocs saves the child's /debug/pprof/allocs: every allocation
 // since it started, so mostly the store-heavy run just finished.
-func fetchAllocs(cfg Config, c *child) error {
-	return startFetch(c, "allocs profile", "/debug/pprof/allocs", cfg.ExternalAllocs).wait()
+func fetchAllocs(ctx context.Context, cfg Config, c *child) error {
+	return startFetch(ctx, c, "allocs profile", "/debug/pprof/allocs", cfg.ExternalAllocs).wait()
 }
 
 // fetchDebug copies the child's /debug/pprof path into w.
-func (c *child) fetchDebug(what, path string, w io.Writer) error {
-	resp, err := http.Get("http://" + c.httpAddr + path)
+func (c *child) fetchDebug(ctx context.Context, what, path string, w io.Writer) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+c.httpAddr+path, nil)
+	if err != nil {
+		return fmt.Errorf("child %s: %w", what, err)
+	}
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return fmt.Errorf("child %s: %w", what, err)
 	}

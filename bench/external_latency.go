@@ -44,17 +44,19 @@ type ExternalLatencyLevel struct {
 	// child's kvactors_ingest_wait_seconds), over every batch of the level.
 	NodeIntakeWaitP50MS float64 `json:"node_intake_wait_p50_ms"`
 	NodeIntakeWaitP99MS float64 `json:"node_intake_wait_p99_ms"`
-	// The Go runtime's account of the level's tail (metrics.runtimeTail):
-	// the collector's share of the child's CPU (its estimate of background
-	// marking, assists and pauses, over the child's user+system time); the
-	// share of the times a goroutine became runnable that it waited over
-	// ~1 ms and over ~10 ms for a processor (the runtime's histogram, as
-	// exported, has bounds at 0.92 and 10.5 ms; a quantile inside its
-	// buckets would be made up); and the seconds goroutines spent blocked
-	// on mutexes.
+	// The Go runtime's account of the level's tail (metrics.runtimeTail;
+	// zero against a node built before it): the collector's share of the
+	// child's busy CPU, both the runtime's estimates (an overestimate,
+	// counted per cycle when the cycle ends, so a level's share is off by
+	// up to one cycle); the share of goroutine transitions to runnable that
+	// waited over ~1 ms and over ~10 ms for a processor (the runtime samples
+	// one in eight, RunnableSamples of them here; the exported histogram
+	// has bounds at 0.92 and 10.5 ms, too coarse for a quantile); and the
+	// goroutine-seconds blocked on mutexes (the runtime's own locks too).
 	NodeGCCPUShare       float64 `json:"node_gc_cpu_share"`
 	NodeRunnableOver1MS  float64 `json:"node_runnable_over_1ms_share"`
 	NodeRunnableOver10MS float64 `json:"node_runnable_over_10ms_share"`
+	NodeRunnableSamples  uint64  `json:"node_runnable_samples"`
 	NodeMutexWaitSeconds float64 `json:"node_mutex_wait_seconds"`
 }
 
@@ -78,6 +80,9 @@ func externalLatencyWorkload() workload {
 // at each fraction of capacity (the store-heavy run's events/s), on fresh
 // engines per level.
 func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity float64) ([]ExternalLatencyLevel, error) {
+	if cfg.ExternalTrace != nil && !slices.Contains(externalLatencyFractions, externalTraceFraction) {
+		return nil, fmt.Errorf("%w: no %.0f%% latency level to trace", ErrConfig, externalTraceFraction*100)
+	}
 	var levels []ExternalLatencyLevel
 	for k, f := range externalLatencyFractions {
 		lvl, err := externalLevel(ctx, cfg, c, r, k, f, capacity*f)
@@ -165,17 +170,19 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	if err != nil {
 		return nil, err
 	}
+	// The trace spans the pacing (so the level's CPU and switch figures
+	// include the tracer's cost, and starting it stops the world briefly).
 	var trace *fetch
 	if fraction == externalTraceFraction {
-		trace = startFetch(c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", cfg.Duration.Seconds()), cfg.ExternalTrace)
+		trace = startFetch(ctx, c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", float64(events)/rate), cfg.ExternalTrace)
 	} else {
-		trace = startFetch(c, "trace", "", nil)
+		trace = startFetch(ctx, c, "trace", "", nil)
 	}
 	start, last, err := pace(ctx, streams, published, batchRate)
-	if err != nil {
-		return nil, err
+	if terr := trace.wait(); err == nil {
+		err = terr
 	}
-	if err := trace.wait(); err != nil {
+	if err != nil {
 		return nil, err
 	}
 	// Every event applied (scraped every 2 ms; the other engines are idle),
@@ -247,9 +254,10 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	lvl.NodeStoredP50MS, lvl.NodeStoredP99MS = stored.quantile(0.5)*1e3, stored.quantile(0.99)*1e3
 	lvl.NodeIntakeWaitP50MS, lvl.NodeIntakeWaitP99MS = intake.quantile(0.5)*1e3, intake.quantile(0.99)*1e3
 	lvl.NodeRunnableOver1MS, lvl.NodeRunnableOver10MS = runnable.overNear(1e-3), runnable.overNear(10e-3)
+	lvl.NodeRunnableSamples = runnable.count()
 	lvl.NodeMutexWaitSeconds = delta(mMutexWait)
-	if lvl.NodeCPUSeconds > 0 {
-		lvl.NodeGCCPUShare = delta(mGCCPU) / lvl.NodeCPUSeconds
+	if busy := delta(mCPUTotal) - delta(mCPUIdle); busy > 0 {
+		lvl.NodeGCCPUShare = delta(mGCCPU) / busy
 	}
 	return lvl, nil
 }

@@ -45,6 +45,8 @@ const (
 	// (metrics.runtimeTail).
 	mSchedLatency = "go_sched_latencies_seconds"
 	mGCCPU        = "go_cpu_classes_gc_total_cpu_seconds_total"
+	mCPUTotal     = "go_cpu_classes_total_cpu_seconds_total"
+	mCPUIdle      = "go_cpu_classes_idle_cpu_seconds_total"
 	mMutexWait    = "go_sync_mutex_wait_total_seconds_total"
 )
 

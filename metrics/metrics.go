@@ -80,12 +80,14 @@ func New(reg prometheus.Registerer) *Metrics {
 // runtimeTail adds the Go runtime's own account of what a node's store
 // latency tail is made of (docs/BENCHMARKS.md, ninth session) to the Go
 // collector's defaults: go_sched_latencies_seconds (how long goroutines
-// stood runnable before a processor took them), go_cpu_classes_gc_*
-// (the collector's CPU: background marking, assists, pauses; the runtime's
-// estimate) and go_sync_mutex_wait_total_seconds_total (time blocked on
-// sync.Mutex and RWMutex).
+// stood runnable before a processor took them; the runtime samples one
+// transition in eight), go_cpu_classes_gc_* against go_cpu_classes_total
+// and _idle (the collector's CPU, the runtime's estimate, added at the end
+// of each cycle), and go_sync_mutex_wait_total_seconds_total (time blocked
+// on sync.Mutex and RWMutex, and on the runtime's own locks; an estimate
+// scaled from samples).
 var runtimeTail = collectors.GoRuntimeMetricsRule{Matcher: regexp.MustCompile(
-	`^(/sched/latencies:seconds|/cpu/classes/gc/.*|/cpu/classes/total:cpu-seconds|/sync/mutex/wait/total:seconds)$`)}
+	`^(/sched/latencies:seconds|/cpu/classes/gc/.*|/cpu/classes/(total|idle):cpu-seconds|/sync/mutex/wait/total:seconds)$`)}
 
 // Discard returns metrics registered nowhere, for tests and benchmarks that
 // do not read them.

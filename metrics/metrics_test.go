@@ -181,8 +181,10 @@ func TestEachSetRegistersItsOwn(t *testing.T) {
 }
 
 // The Go collector carries the runtime's account of a latency tail: time
-// runnable before running, the collector's CPU, and time blocked on
-// mutexes. Each moves when the process does that.
+// runnable before running, the collector's CPU against the process's, and
+// time blocked on mutexes. Each is exported and moves when the process does
+// that (the mutex counter also counts the runtime's own locks, so it is
+// only shown to move, not to move for this test's contention alone).
 func TestRuntimeTailMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics.New(reg)
@@ -206,20 +208,30 @@ func TestRuntimeTailMetrics(t *testing.T) {
 	runtime.GC()
 	gc, _ := got("go_cpu_classes_gc_total_cpu_seconds_total")
 	require.Positive(t, gc, "the collector's CPU")
+	total, _ := got("go_cpu_classes_total_cpu_seconds_total")
+	idle, _ := got("go_cpu_classes_idle_cpu_seconds_total")
+	require.Greater(t, total, idle, "the runtime's CPU total has a busy part to divide by")
 	_, scheduled := got("go_sched_latencies_seconds")
 	require.Positive(t, scheduled, "goroutines scheduled")
 
+	// Contend for a mutex until the (sampled) wait counter has moved.
 	before, _ := got("go_sync_mutex_wait_total_seconds_total")
-	var mu sync.Mutex
-	mu.Lock()
-	done := make(chan struct{})
-	go func() { mu.Lock(); mu.Unlock(); close(done) }()
 	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		var mu sync.Mutex
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				for range 200 {
+					mu.Lock()
+					runtime.Gosched() // hold it across a reschedule: the others block
+					mu.Unlock()
+				}
+			})
+		}
+		wg.Wait()
 		if after, _ := got("go_sync_mutex_wait_total_seconds_total"); after <= before {
 			return fmt.Errorf("no mutex wait counted yet (%g)", after)
 		}
 		return nil
 	})
-	mu.Unlock()
-	<-done
 }

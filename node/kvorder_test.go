@@ -147,7 +147,9 @@ func TestDiskStoredFollowsItsEviction(t *testing.T) {
 	// and spilled. On a loaded machine a finishing request may give up on
 	// a pool full of pending copies (FinishRetryLimit: the suite on two
 	// cores once gave up 3), and its chunk is never stored: count what
-	// was, and account for the rest as given up.
+	// was, and account for the rest as given up (the counter counts chunks:
+	// one per request here). Past a quarter given up, the ordering below
+	// would have too little to check: that fails too.
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		gaveUp := int(metricValue(t, e.reg, "kvactors_store_chunks_dropped_total", nil))
 		router.mu.Lock()
@@ -161,6 +163,9 @@ func TestDiskStoredFollowsItsEviction(t *testing.T) {
 			default:
 				inHost[c.hash] = true
 			}
+		}
+		if gaveUp > requests/4 {
+			return fmt.Errorf("%d of %d requests gave up", gaveUp, requests)
 		}
 		if len(inHost)+gaveUp != requests || onDisk < len(inHost)-2 {
 			return fmt.Errorf("%d chunks announced on disk of %d stored in host memory (%d requests, %d given up)",

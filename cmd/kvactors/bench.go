@@ -76,6 +76,10 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvactors bench: %v (see kvactors bench --help)\n", err)
 		return exitUsage
 	}
+	if (o.extProfile != "" || o.extAllocs != "" || o.extTrace != "") && !o.cfg.External {
+		fmt.Fprintln(stderr, "kvactors bench: --external-cpuprofile, --external-memprofile and --external-trace profile the --external run: add --external (see kvactors bench --help)")
+		return exitUsage
+	}
 	// Each profile flag names a file the run writes into.
 	for _, out := range []struct {
 		path string

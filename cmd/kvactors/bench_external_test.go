@@ -34,6 +34,11 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.NoError(t, err)
 	require.Regexp(t, `^go 1\.\d+ trace\x00`, string(b[:min(len(b), 16)]))
 	require.Greater(t, len(b), 1000, "the trace holds events")
+	// Profiles of the --external run need one.
+	var stderr bytes.Buffer
+	code := run([]string{"bench", "--external-trace", filepath.Join(dir, "x.trace")}, &bytes.Buffer{}, &stderr)
+	require.Equal(t, exitUsage, code, stderr.String())
+	require.Contains(t, stderr.String(), "add --external")
 	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
 	e := rep.External
 	require.NotNil(t, e)
@@ -96,8 +101,10 @@ func TestBenchExternalArithmetic(t *testing.T) {
 		require.Positive(t, l.NodeQueueWaitP99MS, "%.0f%%: the jobs' queue waits were scraped", l.Fraction*100)
 		require.Positive(t, l.GCCycles, "%.0f%%: the child's collections during the level", l.Fraction*100)
 		require.Positive(t, l.NodeGCCPUShare, "%.0f%%: the collections' CPU", l.Fraction*100)
+		require.Positive(t, l.NodeRunnableSamples, "%.0f%%: the child's scheduling latencies were scraped", l.Fraction*100)
 		require.GreaterOrEqual(t, l.NodeRunnableOver1MS, l.NodeRunnableOver10MS)
 		require.LessOrEqual(t, l.NodeRunnableOver1MS, 1.0)
+		require.Less(t, l.NodeGCCPUShare, 1.0, "a share of the busy CPU")
 		require.GreaterOrEqual(t, l.NodeMutexWaitSeconds, 0.0)
 		require.Positive(t, l.NodeSwitchesPerEvent, "%.0f%%: the child's threads woke", l.Fraction*100)
 		require.Positive(t, l.NodeSyscallsPerEvent, "%.0f%%: the child read its connections", l.Fraction*100)
