@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/disk"
@@ -80,22 +81,30 @@ func TestDiskReadAtScrape(t *testing.T) {
 	require.Equal(t, 1.0, got["kvactors_disk_segments_retired_total"])
 }
 
-func value(t *testing.T, reg *prometheus.Registry, name, label, want string) float64 {
+// family is name's family on reg, gathered now; the test fails when reg
+// does not export it.
+func family(t *testing.T, reg *prometheus.Registry, name string) *dto.MetricFamily {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
 	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
+		if mf.GetName() == name {
+			return mf
 		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == label && l.GetValue() == want {
-					if m.Counter != nil {
-						return m.Counter.GetValue()
-					}
-					return m.Gauge.GetValue()
+	}
+	t.Fatalf("%s not exported", name)
+	return nil
+}
+
+func value(t *testing.T, reg *prometheus.Registry, name, label, want string) float64 {
+	t.Helper()
+	for _, m := range family(t, reg, name).GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label && l.GetValue() == want {
+				if m.Counter != nil {
+					return m.Counter.GetValue()
 				}
+				return m.Gauge.GetValue()
 			}
 		}
 	}
@@ -189,21 +198,11 @@ func TestRuntimeTailMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	metrics.New(reg)
 	got := func(name string) (sum float64, count uint64) {
-		mfs, err := reg.Gather()
-		require.NoError(t, err)
-		for _, mf := range mfs {
-			if mf.GetName() != name {
-				continue
-			}
-			for _, m := range mf.GetMetric() {
-				if h := m.GetHistogram(); h != nil {
-					return h.GetSampleSum(), h.GetSampleCount()
-				}
-				return m.GetCounter().GetValue(), 0
-			}
+		m := family(t, reg, name).GetMetric()[0]
+		if h := m.GetHistogram(); h != nil {
+			return h.GetSampleSum(), h.GetSampleCount()
 		}
-		t.Fatalf("%s not exported", name)
-		return 0, 0
+		return m.GetCounter().GetValue(), 0
 	}
 	runtime.GC()
 	gc, _ := got("go_cpu_classes_gc_total_cpu_seconds_total")
