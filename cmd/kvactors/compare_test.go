@@ -40,6 +40,25 @@ func TestCompareSummary(t *testing.T) {
 	p99 := byName["node p99 at 50% ms"]
 	require.InDelta(t, 2.0, p99.MeanA, 1e-9)
 	require.Equal(t, 2, p99.BLowerInPair)
+	// The runtime's figures come from the 50% level, and a node without
+	// them (0) is no figure.
+	rt := func(pair int, side string, mutex float64) compareRun {
+		return compareRun{Pair: pair, Side: side, External: &kvbench.External{
+			Latency: []kvbench.ExternalLatencyLevel{{LatencyLevel: kvbench.LatencyLevel{Fraction: 0.5}, NodeMutexWaitSeconds: mutex}}}}
+	}
+	c2 := comparison{Runs: []compareRun{rt(1, "A", 1.2), rt(1, "B", 0.4), rt(2, "A", 0), rt(2, "B", 0.5)}}
+	c2.summarize()
+	found := false
+	for _, m := range c2.Metrics {
+		if m.Name == "mutex wait s at 50%" {
+			found = true
+			require.InDelta(t, 1.2, m.MeanA, 1e-9, "pair 2's A has no figure")
+			require.InDelta(t, 0.45, m.MeanB, 1e-9)
+			require.Equal(t, 1, m.Pairs)
+			require.Equal(t, 1, m.BLowerInPair)
+		}
+	}
+	require.True(t, found, "bench-compare summarizes the 50% level's mutex wait")
 	require.InDelta(t, 2.5, median([]float64{4, 1, 3, 2}), 1e-9)
 	require.Zero(t, median(nil))
 
