@@ -152,6 +152,51 @@ func TestRuntimeTailNamesAreExported(t *testing.T) {
 	}
 }
 
+// A level's runtime figures are the window's growth: the GC share of the
+// runtime's busy CPU (total less idle), the mutex wait, and the share of
+// runnable waits above the bounds nearest 1 and 10 ms, read from scrapes
+// as from a child.
+func TestLevelReadsTheRuntimeWindow(t *testing.T) {
+	node := func(gc, total, idle, mutex float64, waits ...float64) prometheus.Gatherer {
+		reg := prometheus.NewRegistry()
+		for name, v := range map[string]float64{mGCCPU: gc, mCPUTotal: total, mCPUIdle: idle, mMutexWait: mutex} {
+			c := prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: "h"})
+			c.Add(v)
+			reg.MustRegister(c)
+		}
+		h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: mSchedLatency, Help: "h",
+			Buckets: []float64{8.2e-5, 9.2e-4, 1.05e-2, 0.117}})
+		for _, w := range waits {
+			h.Observe(w)
+		}
+		reg.MustRegister(h)
+		srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+		defer srv.Close()
+		g, err := scrape(context.Background(), srv.URL)
+		require.NoError(t, err)
+		return g
+	}
+	before := node(1, 10, 6, 0.5, 1e-5)
+	// During the window: 2 s of GC in 12 busy (30 total, 18 idle), 1.2 s
+	// of mutex wait, 10 waits of which 2 over 0.92 ms and 1 over 10.5 ms.
+	after := node(3, 40, 24, 1.7, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 1e-5, 2e-3, 5e-2, 1e-5)
+	var l ExternalLatencyLevel
+	l.readRuntime(window{before, after})
+	require.InDelta(t, 2.0/12, l.NodeGCCPUShare, 1e-9)
+	require.InDelta(t, 1.2, l.NodeMutexWaitSeconds, 1e-9)
+	require.Equal(t, uint64(10), l.NodeRunnableSamples)
+	require.InDelta(t, 0.2, l.NodeRunnableOver1MS, 1e-9)
+	require.InDelta(t, 0.1, l.NodeRunnableOver10MS, 1e-9)
+	require.Contains(t, l.runtimeTail(), "mutex wait 1.200 s")
+
+	// Against a node without the metrics, every figure is 0.
+	var old ExternalLatencyLevel
+	empty := prometheus.NewRegistry()
+	old.readRuntime(window{empty, empty})
+	require.Zero(t, old.NodeGCCPUShare+old.NodeMutexWaitSeconds+old.NodeRunnableOver1MS)
+	require.Zero(t, old.NodeRunnableSamples)
+}
+
 // gatherSum counts a summary's observations (the Go collector's GC pauses
 // are one, read per latency level), scraped as text as from a child.
 func TestGatherSumCountsSummaries(t *testing.T) {

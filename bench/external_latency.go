@@ -3,11 +3,13 @@ package bench
 import (
 	"context"
 	"fmt"
+	"io"
 	"slices"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // ExternalLatencyLevel is one paced level of the out-of-process run: the
@@ -80,9 +82,6 @@ func externalLatencyWorkload() workload {
 // at each fraction of capacity (the store-heavy run's events/s), on fresh
 // engines per level.
 func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity float64) ([]ExternalLatencyLevel, error) {
-	if cfg.ExternalTrace != nil && !slices.Contains(externalLatencyFractions, externalTraceFraction) {
-		return nil, fmt.Errorf("%w: no %.0f%% latency level to trace", ErrConfig, externalTraceFraction*100)
-	}
 	var levels []ExternalLatencyLevel
 	for k, f := range externalLatencyFractions {
 		lvl, err := externalLevel(ctx, cfg, c, r, k, f, capacity*f)
@@ -90,9 +89,9 @@ func externalLatency(ctx context.Context, cfg Config, c *child, r *rig, capacity
 			return nil, fmt.Errorf("latency at %.0f%%: %w", f*100, err)
 		}
 		levels = append(levels, *lvl)
-		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (intake wait p99 %.3f, queue wait p99 %.3f, to stored p99 %.3f), %d jobs, node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, GC %.0f%% of its CPU, runnable > 1 ms %.2f%% and > 10 ms %.3f%% of wake-ups, mutex wait %.3f s, bench CPU-s %.2f",
+		progress(cfg, "external latency at %.0f%% (%.0f events/s): client p99 %.3f ms, node p99 %.3f ms (intake wait p99 %.3f, queue wait p99 %.3f, to stored p99 %.3f), %d jobs, node %.2f µs CPU/event, %.2f switches/event, %.2f syscalls/event, %s, bench CPU-s %.2f",
 			f*100, lvl.AchievedPerSec, lvl.ClientP99MS, lvl.NodeP99MS, lvl.NodeIntakeWaitP99MS, lvl.NodeQueueWaitP99MS, lvl.NodeStoredP99MS, lvl.Jobs, lvl.NodeUSPerEvent,
-			lvl.NodeSwitchesPerEvent, lvl.NodeSyscallsPerEvent, lvl.NodeGCCPUShare*100, lvl.NodeRunnableOver1MS*100, lvl.NodeRunnableOver10MS*100, lvl.NodeMutexWaitSeconds, lvl.BenchCPUSeconds)
+			lvl.NodeSwitchesPerEvent, lvl.NodeSyscallsPerEvent, lvl.runtimeTail(), lvl.BenchCPUSeconds)
 	}
 	return levels, nil
 }
@@ -172,12 +171,11 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	}
 	// The trace spans the pacing (so the level's CPU and switch figures
 	// include the tracer's cost, and starting it stops the world briefly).
-	var trace *fetch
+	var traceTo io.Writer // nil: startFetch does nothing
 	if fraction == externalTraceFraction {
-		trace = startFetch(ctx, c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", float64(events)/rate), cfg.ExternalTrace)
-	} else {
-		trace = startFetch(ctx, c, "trace", "", nil)
+		traceTo = cfg.ExternalTrace
 	}
+	trace := startFetch(ctx, c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", float64(events)/rate), traceTo)
 	start, last, err := pace(ctx, streams, published, batchRate)
 	if terr := trace.wait(); err == nil {
 		err = terr
@@ -229,12 +227,8 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	if err != nil {
 		return nil, err
 	}
-	node := snapshot(after, mDecision).minus(snapshot(before, mDecision))
-	wait := snapshot(after, mQueueWait).minus(snapshot(before, mQueueWait))
-	stored := snapshot(after, mStoredTime).minus(snapshot(before, mStoredTime))
-	intake := snapshot(after, mIntakeWait).minus(snapshot(before, mIntakeWait))
-	runnable := snapshot(after, mSchedLatency).minus(snapshot(before, mSchedLatency))
-	delta := func(name string) float64 { return gatherSum(after, name, "", "") - gatherSum(before, name, "", "") }
+	w := window{before, after}
+	node, wait, stored, intake := w.hist(mDecision), w.hist(mQueueWait), w.hist(mStoredTime), w.hist(mIntakeWait)
 
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -243,7 +237,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		Jobs: len(s.samples), Unmatched: s.unmatched, NodeJobs: node.count(),
 		RejectedOrFailed: gatherSum(after, mRejected, "", "") - rejectedBase},
 		NodeCPUSeconds: cpu1 - cpu0, NodeUSPerEvent: (cpu1 - cpu0) * 1e6 / float64(events), BenchCPUSeconds: bench1 - bench0,
-		GCCycles:             int(gatherSum(after, mGCPauses, "", "") - gatherSum(before, mGCPauses, "", "")),
+		GCCycles:             int(w.sum(mGCPauses)),
 		NodeSwitchesPerEvent: float64(pc.Switches) / float64(events), NodeSyscallsPerEvent: float64(pc.Syscalls) / float64(events)}
 	if secs := last.Sub(start).Seconds(); secs > 0 {
 		lvl.AchievedPerSec = float64(events) / secs
@@ -253,11 +247,39 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	lvl.NodeQueueWaitP50MS, lvl.NodeQueueWaitP99MS = wait.quantile(0.5)*1e3, wait.quantile(0.99)*1e3
 	lvl.NodeStoredP50MS, lvl.NodeStoredP99MS = stored.quantile(0.5)*1e3, stored.quantile(0.99)*1e3
 	lvl.NodeIntakeWaitP50MS, lvl.NodeIntakeWaitP99MS = intake.quantile(0.5)*1e3, intake.quantile(0.99)*1e3
-	lvl.NodeRunnableOver1MS, lvl.NodeRunnableOver10MS = runnable.overNear(1e-3), runnable.overNear(10e-3)
-	lvl.NodeRunnableSamples = runnable.count()
-	lvl.NodeMutexWaitSeconds = delta(mMutexWait)
-	if busy := delta(mCPUTotal) - delta(mCPUIdle); busy > 0 {
-		lvl.NodeGCCPUShare = delta(mGCCPU) / busy
-	}
+	lvl.readRuntime(w)
 	return lvl, nil
+}
+
+// window is the child's metrics before and after a level.
+type window struct{ before, after prometheus.Gatherer }
+
+// hist is name's observations during the window.
+func (w window) hist(name string) histogram {
+	return snapshot(w.after, name).minus(snapshot(w.before, name))
+}
+
+// sum is how much name's counter (or histogram or summary count) grew
+// during the window.
+func (w window) sum(name string) float64 {
+	return gatherSum(w.after, name, "", "") - gatherSum(w.before, name, "", "")
+}
+
+// readRuntime sets the level's runtime figures from the window (all zero
+// against a node that does not export them).
+func (l *ExternalLatencyLevel) readRuntime(w window) {
+	runnable := w.hist(mSchedLatency)
+	l.NodeRunnableOver1MS, l.NodeRunnableOver10MS = runnable.overNear(1e-3), runnable.overNear(10e-3)
+	l.NodeRunnableSamples = runnable.count()
+	l.NodeMutexWaitSeconds = w.sum(mMutexWait)
+	l.NodeGCCPUShare = 0
+	if busy := w.sum(mCPUTotal) - w.sum(mCPUIdle); busy > 0 {
+		l.NodeGCCPUShare = w.sum(mGCCPU) / busy
+	}
+}
+
+// runtimeTail is the level's runtime figures as one line's part.
+func (l *ExternalLatencyLevel) runtimeTail() string {
+	return fmt.Sprintf("GC %.0f%% of its busy CPU, goroutines runnable > 1 ms %.2f%% and > 10 ms %.3f%% of %d sampled wake-ups, mutex wait %.3f s",
+		l.NodeGCCPUShare*100, l.NodeRunnableOver1MS*100, l.NodeRunnableOver10MS*100, l.NodeRunnableSamples, l.NodeMutexWaitSeconds)
 }

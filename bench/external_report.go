@@ -86,9 +86,9 @@ func (e *External) writeTable(w io.Writer) {
 	for _, v := range e.Latency {
 		fmt.Fprintf(w, "%.0f%%: node intake wait p50 %.3f ms, p99 %.3f ms (batch taken → its ingest worker starts); queue wait p50 %.3f ms, p99 %.3f ms (job submitted → copy start); to stored p50 %.3f ms, p99 %.3f ms (batch taken → stored published)\n", v.Fraction*100,
 			v.NodeIntakeWaitP50MS, v.NodeIntakeWaitP99MS, v.NodeQueueWaitP50MS, v.NodeQueueWaitP99MS, v.NodeStoredP50MS, v.NodeStoredP99MS)
-		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %.2f context switches and %.2f read/write syscalls per event, %d GC cycles (%.0f%% of its CPU), goroutines runnable > 1 ms %.2f%% and > 10 ms %.3f%% of wake-ups, mutex wait %.3f s, bench CPU-s %.2f\n",
+		fmt.Fprintf(w, "%.0f%%: %d events, %d jobs timed at the node, %d stored messages not matched to a batch, %.0f events rejected; node %.2f µs CPU/event, %.2f context switches and %.2f read/write syscalls per event, %d GC cycles, %s, bench CPU-s %.2f\n",
 			v.Fraction*100, v.Events, v.NodeJobs, v.Unmatched, v.RejectedOrFailed, v.NodeUSPerEvent,
-			v.NodeSwitchesPerEvent, v.NodeSyscallsPerEvent, v.GCCycles, v.NodeGCCPUShare*100, v.NodeRunnableOver1MS*100, v.NodeRunnableOver10MS*100, v.NodeMutexWaitSeconds, v.BenchCPUSeconds)
+			v.NodeSwitchesPerEvent, v.NodeSyscallsPerEvent, v.GCCycles, v.runtimeTail(), v.BenchCPUSeconds)
 	}
 	fmt.Fprintf(w, "paced on fresh engines of the same child; client: publish of the batch that made a job ready → its stored message here\n")
 	fmt.Fprintf(w, "node: the child's kvactors_store_decision_seconds (/metrics delta), batch taken off the node's subscription → copy start (bucket-interpolated)\n")
