@@ -53,6 +53,8 @@ func TestGenerateParses(t *testing.T) {
 			}
 			e1 := perms["e1"]
 			require.Equal(t, []string{"kv.e1.>"}, e1.Publish.Allow)
+			require.Equal(t, []string{"kv.e1.released", "kv.e1.stored", "kv.e1.kv_events", "kv.e1.resync"}, e1.Publish.Deny,
+				"an engine cannot publish what kvactors publishes on its subjects")
 			require.Equal(t, []string{"kv.e1.>", "kv._node.*.hello", "kv._node.*.heartbeat", "_INBOX.e1.>"}, e1.Subscribe.Allow)
 			require.Nil(t, e1.Response, "an engine answers nobody's requests")
 			svc := perms[ServiceUser]

@@ -149,6 +149,18 @@ func hostileNATSPermissions(t *testing.T, auth string) {
 	require.NoError(t, malEnv.nc.Flush())
 	violation(t, malErrs, "$JS.API.STREAM.CREATE.fill")
 
+	// Forging what kvactors publishes on its own subjects: other nodes and
+	// routers read P.<engine>.kv_events as a node's account of its pool, in
+	// any namespace, so an engine may not publish there, nor its other
+	// node-only verbs (the server refuses each: nobody receives it).
+	forgedKV := []byte(`{"ts":1,"events":[{"type":"BlockStored","namespace":"vic","block_hashes":["abcd"],"medium":"CPU"}]}`)
+	for _, verb := range natsauth.NodeOnlyVerbs {
+		subj := "kvactors.mal." + verb
+		require.NoError(t, malEnv.nc.Publish(subj, forgedKV))
+		require.NoError(t, malEnv.nc.Flush())
+		violation(t, malErrs, subj)
+	}
+
 	// The victim: request r still live (not released by the forged
 	// finished), lookups answered by the node only, bytes intact.
 	none(vic, vic.released, "a release forged by the attacker")
