@@ -27,7 +27,17 @@ type Sequencer struct {
 	// lease is how long the engine may stay silent before it expires.
 	repeat, lease time.Duration
 	lastSign      time.Time
+
+	// ended are the epochs that ended last, newest at ended[0]: a heartbeat
+	// or batch of one of them is late (an engine never returns to an epoch
+	// it left; its heartbeat may be sent after its next epoch's first batch),
+	// and must not end the live epoch.
+	ended [endedEpochs]string
 }
+
+// endedEpochs is how many ended epochs a Sequencer remembers: late messages
+// trail the epoch change by a round trip or so, not several epochs.
+const endedEpochs = 4
 
 // Verdict says what to do with a batch.
 type Verdict uint8
@@ -42,9 +52,12 @@ const (
 	// Dropped: the epoch is being resynced (or this batch opened the gap);
 	// count it, apply nothing.
 	Dropped
+	// Stale: a batch of an epoch that has ended; ignore (it is a sign of
+	// life, nothing more).
+	Stale
 )
 
-var verdictNames = [...]string{"none", "apply", "duplicate", "dropped"}
+var verdictNames = [...]string{"none", "apply", "duplicate", "dropped", "stale"}
 
 func (v Verdict) String() string { return verdictNames[v] }
 
@@ -88,6 +101,7 @@ func (s *Sequencer) ResyncReason() string { return s.reason }
 
 // Batch decides what to do with batch (epoch, seq) arriving at now.
 //
+//   - A batch of one of the last epochs that ended is Stale: ignored.
 //   - A batch of another epoch starts that epoch (Reset names the old one);
 //     its first batch must have seq 1, else it is a gap (seq 0 included:
 //     an engine counting from 0 would otherwise lose its first batch).
@@ -98,6 +112,10 @@ func (s *Sequencer) ResyncReason() string { return s.reason }
 func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 	s.lastSign = now
 	var d Decision
+	if s.hasEnded(epoch) {
+		d.Verdict = Stale
+		return d
+	}
 	if !s.live || epoch != s.epoch {
 		d.Reset = s.begin(epoch)
 	}
@@ -122,12 +140,12 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 // applied is a lost tail (a gap). A heartbeat of an epoch the node has not
 // seen with seq > 0 means that epoch's batches were all lost: the epoch
 // begins here, already a gap (expected 1). A heartbeat with seq 0 changes
-// nothing but liveness.
+// nothing but liveness, as does a heartbeat of an epoch that has ended.
 func (s *Sequencer) Heartbeat(now time.Time, epoch string, seq uint64) Decision {
 	s.lastSign = now
 	var d Decision
 	if epoch != s.epoch || !s.live {
-		if seq == 0 {
+		if seq == 0 || s.hasEnded(epoch) {
 			return d
 		}
 		d.Reset = s.begin(epoch)
@@ -168,11 +186,24 @@ func (s *Sequencer) Expired(now time.Time) bool {
 // begin makes epoch the live one and returns the epoch it ends ("" if none).
 func (s *Sequencer) begin(epoch string) string {
 	old := ""
+	ended := s.ended
 	if s.live {
 		old = s.epoch
+		copy(ended[1:], ended[:])
+		ended[0] = old
 	}
-	*s = Sequencer{epoch: epoch, live: true, repeat: s.repeat, lease: s.lease, lastSign: s.lastSign}
+	*s = Sequencer{epoch: epoch, live: true, repeat: s.repeat, lease: s.lease, lastSign: s.lastSign, ended: ended}
 	return old
+}
+
+// hasEnded reports whether epoch is one of the epochs that ended last.
+func (s *Sequencer) hasEnded(epoch string) bool {
+	for _, e := range s.ended {
+		if e != "" && e == epoch {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Sequencer) startResync(now time.Time, expected, got uint64, reason string) *ResyncOrder {

@@ -97,6 +97,27 @@ func TestSequencerRules(t *testing.T) {
 			heartbeat(0, "b", 2, Decision{Reset: "a", Resync: order("b", 1, 2, gap, false)}),
 			batch(0, "b", 3, dropped),
 			batch(0, "c", 1, Decision{Verdict: Apply, Reset: "b"})}},
+		{"Sessions: a late heartbeat of the epoch that just ended changes nothing", []seqStep{
+			batch(0, "a", 1, apply), batch(0, "a", 2, apply),
+			batch(0, "b", 1, Decision{Verdict: Apply, Reset: "a"}),
+			heartbeat(0, "a", 2, nothing), // sent before b's first batch, arriving after it
+			heartbeat(0, "a", 3, nothing), // even one beyond what a applied: a is over
+			batch(0, "b", 2, apply), heartbeat(0, "b", 2, nothing)}},
+		{"Sessions: a late batch of an ended epoch is stale, not a new epoch", []seqStep{
+			batch(0, "a", 1, apply),
+			batch(0, "b", 1, Decision{Verdict: Apply, Reset: "a"}),
+			batch(0, "a", 2, Decision{Verdict: Stale}),
+			batch(0, "b", 2, apply)}},
+		{"Sessions: the last four ended epochs are remembered", []seqStep{
+			batch(0, "a", 1, apply),
+			batch(0, "b", 1, Decision{Verdict: Apply, Reset: "a"}),
+			batch(0, "c", 1, Decision{Verdict: Apply, Reset: "b"}),
+			batch(0, "d", 1, Decision{Verdict: Apply, Reset: "c"}),
+			batch(0, "e", 1, Decision{Verdict: Apply, Reset: "d"}),
+			heartbeat(0, "a", 5, nothing), heartbeat(0, "d", 5, nothing),
+			batch(0, "f", 1, Decision{Verdict: Apply, Reset: "e"}),
+			// a has been forgotten: an unseen epoch again
+			heartbeat(0, "a", 5, Decision{Reset: "f", Resync: order("a", 1, 5, gap, false)})}},
 		{"Sessions: a heartbeat with seq 0 of a new epoch changes nothing", []seqStep{
 			batch(0, "a", 1, apply), heartbeat(0, "b", 0, nothing), batch(0, "a", 2, apply)}},
 		{"Delivery: the node's own reconnect resyncs a live epoch", []seqStep{

@@ -172,7 +172,7 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	d := a.seq.Batch(a.deps.Now(), b.Epoch, b.Seq)
 	a.decided(c, m.Ctx, d)
 	switch d.Verdict {
-	case sched.Duplicate:
+	case sched.Duplicate, sched.Stale: // a stale batch is a late one of an epoch the engine left
 		a.deps.Metrics.BatchDuplicate.Inc()
 		return false
 	case sched.Dropped:
