@@ -179,13 +179,16 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	// "A node that is gone stops counting as a holder within lease_ms."
 	a.kill()
 	killed := time.Now()
-	testkit.Eventually(t, 2*testLease, 10*time.Millisecond, func() error {
+	testkit.Eventually(t, 3*testLease, 10*time.Millisecond, func() error {
 		if got := feed.Holders("m", old.Key); len(got) != 0 {
 			return fmt.Errorf("gpu-0 still counts %v after %v", got, time.Since(killed))
 		}
 		return nil
 	})
-	require.LessOrEqual(t, time.Since(killed), testLease+250*time.Millisecond, "dropped within the lease (plus delivery and polling)")
+	// Holders reads the clock, so the drop is due a lease after the last
+	// heartbeat (before the kill); the slack is for polling on a loaded
+	// machine (-race on two cores), not for the mechanism.
+	require.LessOrEqual(t, time.Since(killed), testLease+testLease/2, "dropped within the lease (plus polling)")
 
 	// A new boot counts only what it holds.
 	fresh := hashKey("cc", 0)

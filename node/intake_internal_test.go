@@ -25,7 +25,7 @@ import (
 func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	dir := t.TempDir()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: 400 * time.Millisecond,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: 2 * time.Second, // the overflow resync waits for the next lease/4 tick; the engine must not expire meanwhile
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })

@@ -358,15 +358,19 @@ func mapped(t *testing.T, path string) bool {
 // Sessions, "Engine liveness": an engine with no sign of life for a lease
 // expires exactly as if it had unregistered; one that heartbeats stays.
 func TestSilentEngineExpires(t *testing.T) {
-	const lease = 300 * time.Millisecond
+	// A lease long enough that the heartbeating engine's first beat comes
+	// well within it on a loaded machine; it registers after the silent
+	// engine's store, so nothing slow runs between its register and the
+	// polls that keep it alive.
+	const lease = time.Second
 	e := startNode(t, func(c *node.Config) { c.Lease = lease })
 	silent := e.newEngine("silent", defaultOpts())
 	alive := e.newEngine("alive", defaultOpts())
 	silent.register()
-	alive.register()
 	path := filepath.Join(e.dir, silent.spec.Segments[0].Shm)
 	silent.storeOne("a", 1)
 	start := time.Now()
+	alive.register()
 	testkit.Eventually(t, 10*time.Second, lease/8, func() error {
 		require.Empty(t, alive.heartbeat("ep1", 0).Error, "the heartbeating engine expired")
 		if mapped(t, path) {
