@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -51,6 +52,9 @@ type entry struct {
 	id    string
 	epoch string
 	pid   *actor.PID
+	// releasing: the request is publishing its final release (raised by its
+	// actor, request.Spawner.SpawnWatched); its events no longer go to it.
+	releasing atomic.Bool
 	// The entry's place in the routing scratch of batch number step (its
 	// request's position in order): one map lookup per routed event, not two.
 	step uint64
@@ -292,6 +296,14 @@ func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 	id := ev.Request
 	e := a.live[id]
+	if e != nil && e.releasing.Load() {
+		// Released for good, its Done not handled yet: the engine may
+		// already reuse the id (it has the release), so the request is
+		// unknown here, as it is once Done is handled (which then finds
+		// the id gone or another request's).
+		delete(a.live, id)
+		e = nil
+	}
 	if e == nil {
 		switch ev.Type {
 		case messages.EvAdded:
@@ -337,8 +349,9 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if deps.Owed != nil {
 		deps.Owed.Add(1) // before the actor exists: a shutdown count never misses it
 	}
-	pid := a.spawner.Spawn(c, deps, added, ctx)
-	e := &entry{id: added.Request, epoch: deps.Epoch, pid: pid}
+	e := &entry{id: added.Request, epoch: deps.Epoch}
+	pid := a.spawner.SpawnWatched(c, deps, added, ctx, &e.releasing)
+	e.pid = pid
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e
 	a.perEpoch[e.epoch]++

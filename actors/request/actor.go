@@ -82,6 +82,12 @@ type Actor struct {
 	// gen counts the requests this actor has served (Spawner reuses a
 	// released one): a RetryDue armed for an earlier one is ignored.
 	gen uint32
+	// releasing, when set, is raised before the request's final release is
+	// published (SpawnWatched): its engine actor stops routing to this actor
+	// at once, so an engine that reuses the request id as soon as it reads
+	// the release gets a new request, not this finished one, which would
+	// drop its events (the Done message may reach the engine actor later).
+	releasing *atomic.Bool
 }
 
 type job struct {
@@ -176,16 +182,23 @@ func NewSpawner() *Spawner {
 // created it, and deps is shared (read only) by the engine's requests of one
 // epoch.
 func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, parent context.Context) *actor.PID {
+	return s.SpawnWatched(c, deps, added, parent, nil)
+}
+
+// SpawnWatched is Spawn with a flag the request raises just before it
+// publishes its final release (nil: none).
+func (s *Spawner) SpawnWatched(c SpawnContext, deps *Deps, added *messages.Event, parent context.Context,
+	releasing *atomic.Bool) *actor.PID {
 	if n := len(s.idle); n > 0 {
 		pid := s.idle[n-1]
 		s.idle[n-1], s.idle = nil, s.idle[:n-1]
 		delete(s.isIdle, pid.Id)
 		// By value: the batch's events are recycled after the step, and an
 		// idle actor busy with a stale timer would take this after it.
-		c.Send(pid, &assign{deps: deps, added: *added, parent: parent})
+		c.Send(pid, &assign{deps: deps, added: *added, parent: parent, releasing: releasing})
 		return pid
 	}
-	s.next = newActor(deps, added, parent)
+	s.next = newActor(deps, added, parent, releasing)
 	return c.Spawn(s.props)
 }
 
@@ -226,9 +239,10 @@ type SpawnContext interface {
 
 // assign gives an idle (released) actor its next request.
 type assign struct {
-	deps   *Deps
-	added  messages.Event
-	parent context.Context
+	deps      *Deps
+	added     messages.Event
+	parent    context.Context
+	releasing *atomic.Bool
 }
 
 // unexpectedRestart stands in for a request actor protoactor restarted;
@@ -244,15 +258,16 @@ func (unexpectedRestart) Receive(c actor.Context) {
 // isDone: the request was released for good; the actor waits for reuse.
 func (a *Actor) isDone() bool { return a.state == nil }
 
-func newActor(deps *Deps, added *messages.Event, parent context.Context) *Actor {
+func newActor(deps *Deps, added *messages.Event, parent context.Context, releasing *atomic.Bool) *Actor {
 	a := &Actor{}
-	a.init(deps, added, parent)
+	a.init(deps, added, parent, releasing)
 	return a
 }
 
 // init starts the actor's next request (a new actor's first).
-func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context) {
-	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob}
+func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context, releasing *atomic.Bool) {
+	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob,
+		releasing: releasing}
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
 	if tracingOff(deps.Tracer) {
 		// The no-op tracer's span only carries the parent's span context,
@@ -276,7 +291,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Started:
 		a.deps.Metrics.RequestsLive.Inc()
 	case *assign:
-		a.init(m.deps, &m.added, m.parent)
+		a.init(m.deps, &m.added, m.parent, m.releasing)
 		a.deps.Metrics.RequestsLive.Inc()
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
@@ -466,6 +481,9 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
 			"chunks", eff.GivenUp)
+	}
+	if eff.Done && a.releasing != nil {
+		a.releasing.Store(true) // before the release goes out: see releasing
 	}
 	owedSettled := false
 	for i, reason := range eff.Releases {

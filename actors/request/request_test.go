@@ -232,3 +232,30 @@ func TestReleasedActorAnswersLateMessages(t *testing.T) {
 	default:
 	}
 }
+
+// A request raises its releasing flag before its final release goes out:
+// an engine that reads the release may reuse the request id at once, and
+// its engine actor must by then route the id's events to a new request, not
+// to this finished one (whose Done may reach the engine actor later). The
+// flag is read when the release arrives over NATS, as the engine reads it;
+// a release that is not final (preempted) leaves it down.
+func TestTheReleasingFlagIsUpBeforeTheFinalRelease(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	rig := newHeldRig(t, nc, 16)
+	var releasing atomic.Bool
+	seenAt := make(chan bool, 2)
+	_, err := nc.Subscribe("kvactors.e.released", func(*nats.Msg) { seenAt <- releasing.Load() })
+	require.NoError(t, err)
+	require.NoError(t, nc.Flush())
+	pid := request.NewSpawner().SpawnWatched(rig.system.Root, &rig.deps, &messages.Event{Type: messages.EvAdded,
+		Request: "r", PromptTokens: 8, MaxOffloadTokens: -1}, context.Background(), &releasing)
+	send := func(ev messages.Event) {
+		ev.Request = "r"
+		rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{ev}})
+	}
+	send(messages.Event{Type: messages.EvPreempted}) // no blocks: released at once, not for good
+	require.False(t, testkit.Recv(t, seenAt, 5*time.Second, "the preemption's release"), "a preemption is not the end")
+	send(messages.Event{Type: messages.EvResumed})
+	send(messages.Event{Type: messages.EvFinished, Computed: 0, Total: 8})
+	require.True(t, testkit.Recv(t, seenAt, 5*time.Second, "the final release"), "raised before the release went out")
+}
