@@ -87,9 +87,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	if remote := n.remoteKeys(rec, keys); len(remote) > 0 {
 		// Fetching takes round trips: off the ingest worker, holding the
 		// device open as a load does.
-		rec.loads.Add(1)
+		if !rec.loads.enter() {
+			fail(fmt.Errorf("%w %q", errUnknownEngine, engineID)) // ending: its segments are going away
+			return
+		}
 		go func() {
-			defer rec.loads.Done()
+			defer rec.loads.leave()
 			fetched, err := n.fetchRemote(ctx, rec, remote)
 			if err != nil {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
@@ -105,15 +108,19 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 // startLoad pins the keys and hands the copy to a load actor.
 func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
 	keys []messages.Key, reply string, remote int, fail func(error)) {
+	if !rec.loads.enter() {
+		fail(fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id)) // ending: see loadGate
+		return
+	}
 	evicted, err := rec.store.PrepareLoad(keys) // its evictions are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(evicted)))
 	if err != nil {
+		rec.loads.leave()
 		fail(fmt.Errorf("load %q: %w", req.Request, err))
 		return
 	}
-	rec.loads.Add(1)
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.Done},
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
 			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote}))
 }

@@ -28,8 +28,40 @@ type engineRec struct {
 	device backend.Attachment
 	store  *store.Engine
 	pid    *actor.PID
-	closed chan struct{}  // closed when the engine actor stopped
-	loads  sync.WaitGroup // loads copying into the device
+	closed chan struct{} // closed when the engine actor stopped
+	loads  loadGate      // loads copying into the device
+}
+
+// loadGate counts an engine's loads in flight and, once the engine is
+// ending, refuses new ones: a load taken on an ingest worker may race the
+// engine's expiry (decided on its actor's goroutine), and a load let in
+// after the wait began would copy into segments being unmapped.
+type loadGate struct {
+	mu      sync.Mutex
+	closing bool
+	wg      sync.WaitGroup
+}
+
+// enter counts a load in, unless the engine is ending.
+func (g *loadGate) enter() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closing {
+		return false
+	}
+	g.wg.Add(1)
+	return true
+}
+
+// leave counts a load out.
+func (g *loadGate) leave() { g.wg.Done() }
+
+// closeAndWait refuses new loads and waits for those in flight.
+func (g *loadGate) closeAndWait() {
+	g.mu.Lock()
+	g.closing = true
+	g.mu.Unlock()
+	g.wg.Wait()
 }
 
 // namespace is the engine's namespace as its registered spec names it (the
@@ -127,7 +159,7 @@ func (n *Node) retire(rec *engineRec) {
 	n.system.Root.Send(rec.pid, &engine.Retire{})
 	go func() {
 		<-rec.closed
-		rec.loads.Wait()
+		rec.loads.closeAndWait()
 		_ = n.unmap(rec)
 	}()
 }
@@ -173,12 +205,12 @@ func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
 	case <-ctx.Done():
 		go func() { // unmap once the copies are done, never under them
 			<-rec.closed
-			rec.loads.Wait()
+			rec.loads.closeAndWait()
 			_ = n.unmap(rec)
 		}()
 		return released, fmt.Errorf("engine %q: copies still in flight: %w", rec.id, ctx.Err())
 	}
-	rec.loads.Wait()
+	rec.loads.closeAndWait()
 	if err := n.unmap(rec); err != nil {
 		return released, fmt.Errorf("unmap segments of %q: %w", rec.id, err)
 	}
