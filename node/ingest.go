@@ -75,6 +75,8 @@ type inbound struct {
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics.
 	taken time.Time
+	// tick: not a message but the session loop's lease check (ingester.tick).
+	tick bool
 }
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
@@ -204,10 +206,8 @@ func (in *ingester) take(m *nats.Msg) {
 	if verb == messages.VerbEvents {
 		x.taken = time.Now()
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(engineID))
 	select {
-	case in.queues[h.Sum32()%uint32(len(in.queues))] <- x:
+	case in.queues[in.shard(engineID)] <- x:
 	default:
 		in.release(size)
 		in.overflow(engineID, verb, m)
@@ -281,10 +281,41 @@ func (in *ingester) flushLost() {
 	}
 }
 
+// tick asks engineID's actor to check its lease behind the engine's
+// messages already queued here: an engine's lease runs from its last sign
+// of life the actor has seen, and batches waiting in a backlog are signs it
+// has not seen yet. Sent straight to the actor, the check could expire an
+// engine whose batches are only queued. A full queue skips this check (the
+// next tick comes a quarter lease later).
+func (in *ingester) tick(engineID string) {
+	in.gate.RLock()
+	defer in.gate.RUnlock()
+	if in.stopped {
+		return
+	}
+	select {
+	case in.queues[in.shard(engineID)] <- inbound{engine: engineID, tick: true}:
+	default:
+	}
+}
+
+// shard is the queue of engineID's messages.
+func (in *ingester) shard(engineID string) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(engineID))
+	return int(h.Sum32() % uint32(len(in.queues)))
+}
+
 func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
 	for x := range q {
 		in.flushLost()
+		if x.tick {
+			if pid := in.lookup(x.engine); pid != nil {
+				in.n.system.Root.Send(pid, &engine.Tick{})
+			}
+			continue
+		}
 		if !in.handle(x) {
 			in.release(x.size)
 		}

@@ -86,3 +86,31 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	require.Contains(t, string(st.Data), `"seq":1`)
 	require.Contains(t, string(st.Data), `"resyncing":true`)
 }
+
+// The session loop's lease check for an engine waits in the engine's shard
+// queue behind the messages already taken for it: those are signs of life
+// its actor has not seen yet, and a check sent straight to the actor could
+// expire an engine whose batches are only queued. A full queue drops the
+// check rather than block the session loop.
+func TestLeaseCheckQueuesBehindTheEnginesMessages(t *testing.T) {
+	in := &ingester{queues: []chan inbound{make(chan inbound, 2), make(chan inbound, 2)}}
+	q := in.queues[in.shard("e1")]
+	q <- inbound{engine: "e1", verb: messages.VerbEvents}
+	in.tick("e1")
+	require.Len(t, q, 2, "the check went to e1's shard")
+	require.False(t, (<-q).tick, "the queued batch first")
+	require.True(t, (<-q).tick, "then the check")
+
+	q <- inbound{engine: "e1"}
+	q <- inbound{engine: "e1"}
+	done := make(chan struct{}, 1)
+	go func() { in.tick("e1"); done <- struct{}{} }()
+	testkit.Recv(t, done, 5*time.Second, "tick returning on a full queue")
+	require.Len(t, q, 2)
+	for range 2 {
+		require.False(t, (<-q).tick, "a full queue drops the check")
+	}
+	in.stopped = true
+	in.tick("e1")
+	require.Empty(t, q, "no check after the intake stopped")
+}
