@@ -44,7 +44,7 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 	}
 	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
-	cmd.Env = childEnv()
+	cmd.Env = childEnv(cfg.ExternalProcs)
 	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()
@@ -81,14 +81,19 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 }
 
 // childEnv drops KVACTORS_* settings of the caller's environment, so the
-// child runs with the flags above and the defaults only. GOGC and
-// GOMEMLIMIT pass through: they are what a run may want to compare.
-func childEnv() []string {
+// child runs with the flags above and the defaults only. GOGC, GOMEMLIMIT
+// and GOMAXPROCS pass through: they are what a run may want to compare;
+// procs, when positive, sets the child's GOMAXPROCS (Config.ExternalProcs).
+func childEnv(procs int) []string {
 	var env []string
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "KVACTORS_") {
-			env = append(env, kv)
+		if strings.HasPrefix(kv, "KVACTORS_") || (procs > 0 && strings.HasPrefix(kv, "GOMAXPROCS=")) {
+			continue
 		}
+		env = append(env, kv)
+	}
+	if procs > 0 {
+		env = append(env, "GOMAXPROCS="+strconv.Itoa(procs))
 	}
 	return env
 }

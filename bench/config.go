@@ -91,6 +91,11 @@ type Config struct {
 	// rate: two builds paced alike have their p99s taken under the same
 	// load (bench-compare).
 	ExternalRate float64
+	// ExternalProcs, when positive, is the child's GOMAXPROCS: the cores
+	// the node may run on at once, so that node and engines together do not
+	// ask the machine for more cores than it has (docs/BENCHMARKS.md, tenth
+	// session).
+	ExternalProcs int
 	// ExternalBurst, when positive, adds the burst run (issue 14's bounded
 	// memory): that many requests published at once by SDK engines against
 	// a child of its own; ExternalBurstBudget is its --max-pending-bytes
@@ -175,6 +180,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: burst %d requests: want 0..1,000,000", ErrConfig, c.ExternalBurst)
 	case c.ExternalBurst > 0 && c.ExternalBurst < c.Engines:
 		return fmt.Errorf("%w: burst %d requests: want at least one per engine (%d)", ErrConfig, c.ExternalBurst, c.Engines)
+	case c.ExternalProcs < 0 || c.ExternalProcs > 1024:
+		return fmt.Errorf("%w: external procs %d: want 0 (the default) to 1024", ErrConfig, c.ExternalProcs)
 	case c.ExternalBurstBudget < 0:
 		return fmt.Errorf("%w: burst budget %d bytes: want 0 (the node's default) or more", ErrConfig, c.ExternalBurstBudget)
 	}

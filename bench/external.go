@@ -77,6 +77,9 @@ type External struct {
 	// NodeMaxRSSBytes is the child's peak resident set (VmHWM) at the end
 	// of the no-store run.
 	NodeMaxRSSBytes int64 `json:"node_max_rss_bytes"`
+	// NodeProcs is the child's GOMAXPROCS, as its /metrics reports it
+	// (Config.ExternalProcs sets it; 0: not read).
+	NodeProcs int `json:"node_procs"`
 	// Latency is paced runs through the same child after the no-store run
 	// (external_latency.go), at fractions of LatencyBasePerSec (EventsPerSec
 	// unless Config.ExternalRate set it): the store-heavy mix with no shared
@@ -274,6 +277,9 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	res.NarrowEvents, res.NarrowSeconds, res.NarrowCPUSeconds = narrow.events, narrow.secs(), narrow.nodeCPU
 	res.NarrowStoreJobs, res.NarrowStoredChunks = int(out.narrow.jobs.Load()), int(out.narrow.chunks.Load())
 	res.NodeMaxRSSBytes = c.maxRSS()
+	if g, err := scrape(ctx, "http://"+c.httpAddr+"/metrics"); err == nil {
+		res.NodeProcs = int(gatherSum(g, "go_sched_gomaxprocs_threads", "", ""))
+	}
 	res.derive()
 	progress(cfg, "external: node %.0f events/s, %.2f µs node CPU/event (%.2f with nothing stored), raw %.0f events/s",
 		res.EventsPerSec, res.NodeUSPerEvent, res.NoStoreUSPerEvent, res.RawEventsPerSec)

@@ -68,8 +68,8 @@ func (e *External) writeTable(w io.Writer) {
 	fmt.Fprintf(w, "raw (child's NATS → DecodeBatch here)\t%.0f\t%d\t%.2f\t%.2f\t%.2f\t\t\n",
 		e.RawEventsPerSec, e.RawEvents, e.RawSeconds, e.RawNodeCPUSeconds, e.RawNodeUSPerEvent)
 	fmt.Fprintf(w, "node / raw\t%.2f\t\t\t\t\t\t\n", e.Ratio)
-	fmt.Fprintf(w, "%d requests released (%.1f events/request), %d store jobs, %d chunks stored; node peak RSS %.0f MiB; bench CPU-s %.2f\n",
-		e.Requests, e.EventsPerReq, e.StoreJobs, e.StoredChunks, float64(e.NodeMaxRSSBytes)/(1<<20), e.BenchCPUSeconds)
+	fmt.Fprintf(w, "%d requests released (%.1f events/request), %d store jobs, %d chunks stored; node peak RSS %.0f MiB, GOMAXPROCS %d; bench CPU-s %.2f\n",
+		e.Requests, e.EventsPerReq, e.StoreJobs, e.StoredChunks, float64(e.NodeMaxRSSBytes)/(1<<20), e.NodeProcs, e.BenchCPUSeconds)
 	fmt.Fprintf(w, "storing adds %.2f µs of node CPU per stored chunk (store-heavy CPU less its events at the nothing-stored cost)\n", e.StoreUSPerChunk)
 	fmt.Fprintf(w, "per unit (store-heavy and narrow mixes solved together): %.2f µs per stored chunk + %.2f µs per store job\n",
 		e.UnitUSPerChunk, e.UnitUSPerJob)

@@ -43,6 +43,7 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.StringVar(&o.cfg.ServeBinary, "serve-binary", "", "kvactors binary the --external run starts (default: this one)")
 	fs.StringVar(&o.extProfile, "external-cpuprofile", "", "write the child's CPU profile of the --external run to this file")
 	fs.Float64Var(&o.cfg.ExternalRate, "external-rate", 0, "pace the --external latency levels at 25% and 50% of this many events/s (default: of the run's own measured rate)")
+	fs.IntVar(&o.cfg.ExternalProcs, "external-procs", 0, "the --external child's GOMAXPROCS (default: the machine's, or GOMAXPROCS if set): give the node the cores the engines leave it")
 	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
 	fs.StringVar(&o.extTrace, "external-trace", "", "write the child's execution trace (/debug/pprof/trace) over the --external 50% latency level to this file (go tool trace -pprof=sync FILE: what its goroutines waited on)")
 	fs.IntVar(&o.cfg.ExternalBurst, "external-burst", 0, "also publish this many requests at once through SDK engines against a child of its own and report its peak RSS, store delay and resyncs (alone unless --phases or --external is given; issue 14 uses 40000)")

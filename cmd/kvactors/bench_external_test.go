@@ -24,7 +24,7 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	dir := t.TempDir()
 	prof, trace := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "l50.trace")
 	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2",
-		"--external-cpuprofile", prof, "--external-trace", trace)
+		"--external-cpuprofile", prof, "--external-trace", trace, "--external-procs", "1")
 	// The child's profile and trace came back whole: a gzipped profile, and
 	// an execution trace with its header.
 	b, err := os.ReadFile(prof)
@@ -42,6 +42,7 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	require.Nil(t, rep.Throughput, "--external alone runs no in-process phase")
 	e := rep.External
 	require.NotNil(t, e)
+	require.Equal(t, 1, e.NodeProcs, "the child ran with the GOMAXPROCS asked for, as its /metrics says")
 	require.Positive(t, e.Events)
 	require.Positive(t, e.Finishes)
 	require.Equal(t, e.Finishes, e.Requests, "one released per finished event, no more")

@@ -34,6 +34,7 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	engines := fs.Int("engines", 0, "each run's --engines (default: bench's)")
 	shmDir := fs.String("shm-dir", "", "each run's --shm-dir (default: bench's)")
 	asJSON := fs.Bool("json", false, "print every run's report and the summary as JSON")
+	procs := fs.Int("procs", 0, "each run's --external-procs: the node's GOMAXPROCS (default: the machine's)")
 	rate := fs.Float64("rate", 0, "pace every run's latency levels at 25% and 50% of this many events/s (0: of the first run's measured rate; -1: each run of its own)")
 	note := "A and B are kvactors binaries serving as the node; this binary drives the engines."
 	if code := parseExit("bench-compare", parseFlags(fs, args), fs, stdout, stderr, note); code >= 0 {
@@ -64,6 +65,9 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	}
 	if *shmDir != "" {
 		base = append(base, "--shm-dir", *shmDir)
+	}
+	if *procs > 0 {
+		base = append(base, "--external-procs", fmt.Sprint(*procs))
 	}
 	var cmp comparison
 	cmp.A, cmp.B = bins[0], bins[1]
