@@ -180,6 +180,7 @@ func (c *Client) Tokens(req string, computed, total int) {
 	defer c.mu.Unlock()
 	if r := c.reqs[req]; r != nil && r.phase != finished {
 		r.computed, r.total, r.hasTokens = computed, total, true
+		r.postTok = r.phase == preempted
 	}
 	c.batch.Tokens(req, computed, total)
 }
@@ -198,6 +199,7 @@ func (c *Client) Preempted(req string) {
 		return // the node ignores it too
 	}
 	r.phase = preempted
+	r.preComputed, r.preTotal, r.preHasTokens, r.postTok = r.computed, r.total, r.hasTokens, false
 	r.owed++
 	c.freeIfNoNodeLocked(r)
 }
@@ -226,6 +228,7 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	if r.phase == finished {
 		return
 	}
+	r.finPre = r.phase == preempted // its blocks go back with the preemption's release
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
 	r.owed++
 	c.freeIfNoNodeLocked(r)
@@ -310,30 +313,37 @@ func (c *Client) resyncLocked() {
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.tailSeq = 0
 	c.batch.Reset()
-	reqs := make([]*mreq, 0, len(c.reqs))
-	for _, r := range c.reqs {
-		reqs = append(reqs, r)
-	}
-	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
 	var err error
 	size := 0
-	flush := func(n int) {
+	c.reannounceLocked(func(n int) {
 		if size += n; size >= c.cfg.MaxBatchBytes {
 			err = firstErr(err, c.publishLocked())
 			c.batch.Reset()
 			size = 0
 		}
-	}
-	for _, r := range reqs {
-		r.silent = r.phase == preempted && r.owed == 0
-		r.announce(&c.batch, flush)
-	}
+	})
 	if c.batch.Events() > 0 {
 		err = firstErr(err, c.publishLocked())
 		c.batch.Reset()
 	}
 	if err != nil {
 		c.resync = "retry" // a publish failed: start over with yet another epoch
+	}
+}
+
+// reannounceLocked appends every mirrored request to the batch, oldest
+// first, calling flush between events (mreq.announce), and marks each
+// preempted request that owes nothing to absorb the release its
+// re-announced preempted will get.
+func (c *Client) reannounceLocked(flush func(bytes int)) {
+	reqs := make([]*mreq, 0, len(c.reqs))
+	for _, r := range c.reqs {
+		reqs = append(reqs, r)
+	}
+	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
+	for _, r := range reqs {
+		r.silent = r.phase == preempted && r.owed == 0
+		r.announce(&c.batch, flush)
 	}
 }
 

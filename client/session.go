@@ -103,10 +103,13 @@ func (c *Client) onReleased(m *nats.Msg) {
 func (c *Client) freeLocked(r *mreq, rel Release) {
 	r.owed--
 	switch {
-	case r.owed > 0:
-	case r.phase == finished:
+	case r.phase == finished && r.owed == 0:
 		delete(c.reqs, r.id)
-	case r.phase == preempted:
+	case r.phase != running && r.owed == r.blocksBackAt():
+		// This release answers the event that gave the mirrored blocks up
+		// (for a request finished while preempted: the preemption, before
+		// the finish's release): the engine may reuse them, so no resync
+		// may name them again.
 		r.clearBlocks()
 	}
 	c.st.Releases++
