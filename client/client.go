@@ -52,6 +52,7 @@ type Client struct {
 	body     []byte
 
 	reqs   map[string]*mreq
+	loads  map[*loadWait]struct{} // sent, not settled (load.go)
 	nextN  uint64
 	groups int
 	st     Stats
@@ -82,6 +83,8 @@ type Stats struct {
 	UnexpectedRel    int // for a request not waiting for one
 	Live             int // requests mirrored
 	Awaiting         int // requests waiting for a release
+	LoadsInDoubt     int // loads now in doubt: no reply yet, their blocks not to be reused (LoadInDoubtError)
+	LateLoadReplies  int // loads in doubt settled by their own late reply
 }
 
 // Connect subscribes, registers cfg.Spec (retrying with backoff while no
@@ -93,6 +96,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, nc: nc, subj: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""), reqs: map[string]*mreq{},
+		loads:  map[*loadWait]struct{}{},
 		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
 	c.epoch = newEpoch()

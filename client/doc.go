@@ -26,7 +26,15 @@
 //     once through Config.OnReleased;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
-//     re-announces without the engine's help.
+//     re-announces without the engine's help;
+//   - loads in doubt: a Load that got no reply by its deadline returns a
+//     *LoadInDoubtError (errors.Is ErrLoadInDoubt). The node never abandons
+//     a load, so the engine must not reuse its destination blocks until
+//     the error's Settled channel closes: on the load's own late reply, on
+//     the loss of its node once the lease has passed (the node's fence), or
+//     when Close's unregister is answered by that node (it waits for loads
+//     in flight). A heartbeat is no proof. Load sends nothing while the
+//     node is lost (ErrNoNode).
 //
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
 // so that per-engine NATS permissions can be enforced: Dial sets it, or

@@ -301,6 +301,7 @@ func (c *Client) tickOnce() time.Duration {
 			return c.tickOnce()
 		}
 		c.freedLoss = true
+		c.settleLoadsOfLocked(c.node, c.boot) // the fence covers loads as it does stores
 		for _, r := range c.reqs {
 			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
 			r.silent = false
