@@ -77,14 +77,16 @@ type Stats struct {
 	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)
 	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
 	NodeLosses       int
-	Releases         int // delivered to OnReleased
-	NodeLostFrees    int // of which reason node_lost
-	StaleReleases    int // for an old epoch: not a free
-	UnexpectedRel    int // for a request not waiting for one
-	Live             int // requests mirrored
-	Awaiting         int // requests waiting for a release
-	LoadsInDoubt     int // loads now in doubt: no reply yet, their blocks not to be reused (LoadInDoubtError)
-	LateLoadReplies  int // loads in doubt settled by their own late reply
+	Releases         int    // delivered to OnReleased
+	NodeLostFrees    int    // of which reason node_lost
+	StaleReleases    int    // for an old epoch: not a free
+	UnexpectedRel    int    // for a request not waiting for one
+	Live             int    // requests mirrored
+	Awaiting         int    // requests waiting for a release
+	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
+	RegisterRefused  string // the latest refusal while the session waits to register ("" once registered)
+	LoadsInDoubt     int    // loads now in doubt: no reply yet, their blocks not to be reused (LoadInDoubtError)
+	LateLoadReplies  int    // loads in doubt settled by their own late reply
 }
 
 // Connect subscribes, registers cfg.Spec (retrying with backoff while no
@@ -101,7 +103,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		st: Stats{Resyncs: map[string]int{}}}
 	c.epoch = newEpoch()
 	c.reconnects = nc.Stats().Reconnects
-	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored)
+	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored, cfg.OnRegisterRefused)
 	if err := c.subscribe(); err != nil {
 		c.unsubscribe()
 		c.out.close()

@@ -54,10 +54,16 @@ type fakeEvent struct {
 	ev    messages.Event
 }
 
-func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Duration) *fakeNode {
+// startFakeNode starts a node; each setup runs before it subscribes or says
+// hello.
+func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Duration,
+	setup ...func(*fakeNode)) *fakeNode {
 	t.Helper()
 	f := &fakeNode{t: t, nc: nc, prefix: "kvactors", node: node, boot: boot, lease: lease, reqs: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
+	for _, s := range setup {
+		s(f)
+	}
 	for subject, h := range map[string]nats.MsgHandler{
 		"kvactors.*.register":   f.onRegister,
 		"kvactors.*.events":     f.onEvents,

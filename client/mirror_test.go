@@ -182,7 +182,7 @@ func FuzzMirrorResync(f *testing.F) {
 	f.Fuzz(func(t *testing.T, prog []byte) {
 		c := &Client{reqs: map[string]*mreq{}, groups: 2, st: Stats{Resyncs: map[string]int{}},
 			cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBatchBytes: 1 << 30},
-			out: newDispatcher(nil, nil), epoch: "e1"}
+			out: newDispatcher(nil, nil, nil), epoch: "e1"}
 		defer c.out.close()
 		old := newModel()
 		eng := newEngineModel()
@@ -385,7 +385,7 @@ func TestReannounceAfterPreemption(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &Client{reqs: map[string]*mreq{}, groups: 1, st: Stats{Resyncs: map[string]int{}},
-				cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, out: newDispatcher(nil, nil), epoch: "e1"}
+				cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}, out: newDispatcher(nil, nil, nil), epoch: "e1"}
 			defer c.out.close()
 			start(c)
 			tc.steps(c)

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -398,70 +397,6 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 		c.tailSeq, c.tailAt = seq, time.Now()
 	}
 	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
-}
-
-// registerRetry registers until a node answers, ctx ends or Close.
-func (c *Client) registerRetry(ctx context.Context) error {
-	backoff := 50 * time.Millisecond
-	for {
-		err := c.registerOnce()
-		if err == nil || errors.Is(err, errRefused) {
-			return err
-		}
-		c.cfg.Log.Debug("client: register", "engine", c.cfg.Engine, "err", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, ctx.Err(), err)
-		case <-c.stop:
-			t.Stop()
-			return fmt.Errorf("client: engine %s: closed while registering", c.cfg.Engine)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
-}
-
-var errRefused = errors.New("register refused")
-
-// registerOnce sends the spec; on success the node, boot and lease of the
-// reply become the session's.
-func (c *Client) registerOnce() error {
-	var rep messages.RegisterReply
-	if err := c.request(messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
-		return err
-	}
-	if !rep.OK {
-		return fmt.Errorf("client: engine %s: %w: %s", c.cfg.Engine, errRefused, rep.Error)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.node, c.boot = rep.Node, rep.Boot
-	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
-	if c.lease <= 0 {
-		c.lease = c.cfg.DefaultLease
-	}
-	c.lastSeen = time.Now()
-	c.st.Registers++
-	return nil
-}
-
-// tryRegister is one re-register attempt after a loss; success starts a
-// new epoch that re-announces every live request.
-func (c *Client) tryRegister() {
-	if err := c.registerOnce(); err != nil {
-		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	reason := "reregister"
-	if c.lost {
-		reason = "new_boot"
-	}
-	// A new registration answers any overflow: its resync waits for nothing.
-	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
 }
 
 // request does one request/reply on P.E.verb with JSON bodies.
