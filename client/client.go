@@ -58,6 +58,8 @@ type Client struct {
 	st     Stats
 	closed bool
 
+	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
+
 	subs []*nats.Subscription
 	kick chan struct{}
 	stop chan struct{}

@@ -315,9 +315,18 @@ func (c *Client) tickOnce() time.Duration {
 		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	if !c.lost && !c.reregister {
+		// Published under the lock batches are published under, so a resync
+		// on another goroutine cannot put the new epoch's first batch ahead
+		// of a heartbeat carrying the epoch it ended; only the reply is
+		// awaited outside the lock.
 		epoch, seq := c.epoch, c.seq
+		sub, err := c.sendHeartbeatLocked(epoch, seq)
 		c.mu.Unlock()
-		c.heartbeat(epoch, seq)
+		if err == nil {
+			c.heartbeat(epoch, seq, sub)
+		} else {
+			c.cfg.Log.Debug("client: heartbeat", "engine", c.cfg.Engine, "err", err)
+		}
 		c.mu.Lock()
 	}
 	period := c.lease / 4
@@ -337,19 +346,44 @@ func (c *Client) sleep(d time.Duration) bool {
 	}
 }
 
-// heartbeat sends P.E.heartbeat and acts on the reply: another boot is a
-// lost node, an unknown engine registers again, and fewer releases received
-// than the node had published a heartbeat ago is a lost release.
-func (c *Client) heartbeat(epoch string, seq uint64) {
+// sendHeartbeatLocked publishes P.E.heartbeat {epoch, seq} with a reply
+// inbox of its own and returns that inbox's subscription. Caller holds c.mu.
+func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscription, error) {
+	data, err := json.Marshal(messages.HeartbeatRequest{Epoch: epoch, Seq: seq})
+	if err != nil {
+		return nil, fmt.Errorf("client: encode heartbeat: %w", err)
+	}
+	sub, err := c.nc.SubscribeSync(c.nc.NewInbox())
+	if err != nil {
+		return nil, fmt.Errorf("client: heartbeat reply inbox: %w", err)
+	}
+	_ = sub.AutoUnsubscribe(1)
+	if c.beforeHeartbeat != nil {
+		c.beforeHeartbeat()
+	}
+	if err := c.nc.PublishRequest(c.subj+messages.VerbHeartbeat, sub.Subject, data); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("client: publish heartbeat: %w", err)
+	}
+	return sub, nil
+}
+
+// heartbeat awaits the reply to the heartbeat sent on sub and acts on it:
+// another boot is a lost node, an unknown engine registers again, and
+// fewer releases received than the node had published a heartbeat ago is
+// a lost release.
+func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
+	defer func() { _ = sub.Unsubscribe() }()
 	var rep messages.HeartbeatReply
 	c.mu.Lock()
 	period := c.lease / 4
 	c.mu.Unlock()
 	// Bounded by the period, so a silent node never holds up the loss check.
-	ctx, cancel := context.WithTimeout(context.Background(), period)
+	ctx, cancel := context.WithTimeout(context.Background(), min(period, c.cfg.RequestTimeout))
 	defer cancel()
-	if err := c.requestCtx(ctx, messages.VerbHeartbeat, messages.HeartbeatRequest{Epoch: epoch, Seq: seq}, &rep); err != nil {
-		return // liveness is judged by the node's own heartbeats
+	m, err := sub.NextMsgWithContext(ctx)
+	if err != nil || len(m.Data) == 0 || json.Unmarshal(m.Data, &rep) != nil {
+		return // liveness is judged by the node's own heartbeats (no reply, or no responders)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
