@@ -66,6 +66,20 @@ type Client struct {
 	wg   sync.WaitGroup
 }
 
+// Why a resync started: the keys of Stats.Resyncs and the "reason" of the
+// client's resync log line.
+const (
+	ResyncNode         = "resync"        // the node's P.E.resync (a gap, overflow or its reconnect)
+	ResyncLostRelease  = "lost_release"  // an rseq gap, or fewer releases than a heartbeat reply counted
+	ResyncLostTail     = "lost_tail"     // a batch still unapplied a heartbeat period on, no resync came
+	ResyncNewBoot      = "new_boot"      // registered again after the node was lost
+	ResyncReregister   = "reregister"    // registered again after the node forgot the engine
+	ResyncReconnect    = "reconnect"     // the client's own NATS connection reconnected
+	ResyncPublishError = "publish_error" // the NATS client refused a batch
+	ResyncEngine       = "engine"        // Client.Resync
+	ResyncRetry        = "retry"         // a resync's own batch could not be published
+)
+
 // Stats counts what the client did; Stats() returns a copy.
 type Stats struct {
 	Epoch            string
@@ -77,7 +91,7 @@ type Stats struct {
 	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
 	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)
-	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
+	Resyncs          map[string]int // by reason: the Resync* constants
 	NodeLosses       int
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
@@ -283,7 +297,7 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if err := c.publishLocked(); err != nil {
-		c.wantResyncLocked("publish_error")
+		c.wantResyncLocked(ResyncPublishError)
 	}
 	c.batch.Reset()
 	return nil
@@ -335,7 +349,7 @@ func (c *Client) resyncLocked() {
 		c.batch.Reset()
 	}
 	if err != nil {
-		c.resync = "retry" // a publish failed: start over with yet another epoch
+		c.resync = ResyncRetry // a publish failed: start over with yet another epoch
 	}
 }
 
@@ -398,7 +412,7 @@ func (c *Client) Epoch() string {
 // Resync asks for a new epoch at the next Flush (or heartbeat tick).
 func (c *Client) Resync() {
 	c.mu.Lock()
-	c.wantResyncLocked("engine")
+	c.wantResyncLocked(ResyncEngine)
 	c.mu.Unlock()
 }
 

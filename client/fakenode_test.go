@@ -149,6 +149,10 @@ func (f *fakeNode) onRegister(m *nats.Msg) {
 func (f *fakeNode) onUnregister(m *nats.Msg) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !f.registered {
+		f.reply(m, messages.UnregisterReply{Node: f.node, Boot: f.boot, Error: "unknown engine " + engineOf(m.Subject)})
+		return
+	}
 	f.unregisters++
 	n := 0
 	for id := range f.reqs {

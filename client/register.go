@@ -13,7 +13,7 @@ import (
 func (c *Client) registerRetry(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
-		err := c.registerOnce()
+		err := c.registerOnce(ctx)
 		if err == nil || errors.Is(err, errRefused) {
 			return err
 		}
@@ -36,9 +36,10 @@ var errRefused = errors.New("register refused")
 
 // registerOnce sends the spec; on success the node, boot and lease of the
 // reply become the session's.
-func (c *Client) registerOnce() error {
+// ctx (besides RequestTimeout) bounds the wait for the reply.
+func (c *Client) registerOnce(ctx context.Context) error {
 	var rep messages.RegisterReply
-	if err := c.request(messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
+	if err := c.requestCtx(ctx, messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
 		return err
 	}
 	if !rep.OK {
@@ -68,7 +69,7 @@ func (c *Client) registerOnce() error {
 // engine can see a session that will not come back (say a namespace whose
 // geometry changed) and act, e.g. Close.
 func (c *Client) tryRegister() {
-	err := c.registerOnce()
+	err := c.registerOnce(context.Background()) // RequestTimeout bounds it
 	if err != nil && !errors.Is(err, errRefused) {
 		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
 		return
@@ -86,9 +87,9 @@ func (c *Client) tryRegister() {
 		return
 	}
 	c.st.RegisterRefused = ""
-	reason := "reregister"
+	reason := ResyncReregister
 	if c.lost {
-		reason = "new_boot"
+		reason = ResyncNewBoot
 	}
 	// A new registration answers any overflow: its resync waits for nothing.
 	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}

@@ -40,7 +40,9 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	lost := c.lost || c.boot == "" // a v1 node has no unregister
+	// A v1 node has no unregister; a lost node or one that forgot the
+	// engine (a re-register pending) would only answer with an error.
+	lost := c.lost || c.reregister || c.boot == ""
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()

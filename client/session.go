@@ -71,7 +71,7 @@ func (c *Client) onReleased(m *nats.Msg) {
 	case rel.RSeq > c.lastRSeq+1:
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", c.epoch, "want_rseq", c.lastRSeq+1,
 			"got_rseq", rel.RSeq)
-		c.wantResyncLocked("lost_release")
+		c.wantResyncLocked(ResyncLostRelease)
 	}
 	c.lastRSeq = max(c.lastRSeq, rel.RSeq)
 	c.relGot++
@@ -149,7 +149,7 @@ func (c *Client) onResync(m *nats.Msg) {
 	if rs.Reason == messages.ResyncOverflow && c.resync == "" {
 		c.holdLocked(time.Now())
 	}
-	c.wantResyncLocked("resync")
+	c.wantResyncLocked(ResyncNode)
 }
 
 // holdLocked delays the resync an overflow calls for (Config.OverflowBackoff).
@@ -275,7 +275,7 @@ func (c *Client) tickOnce() time.Duration {
 	if n := c.nc.Stats().Reconnects; n != c.reconnects {
 		// Our own connection dropped: whatever was in flight may be lost.
 		c.reconnects = n
-		c.wantResyncLocked("reconnect")
+		c.wantResyncLocked(ResyncReconnect)
 	}
 	if c.boot == "" {
 		// A v1 node (no boot in its register reply): no node heartbeats to
@@ -411,7 +411,7 @@ func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
 	if c.relGot < c.hbPrev {
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
 			"node_published", c.hbPrev)
-		c.wantResyncLocked("lost_release")
+		c.wantResyncLocked(ResyncLostRelease)
 	}
 	// A batch still not applied a whole period after a heartbeat carried
 	// its seq is a lost tail whose resync (the node's answer to that
@@ -423,7 +423,7 @@ func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
 		case time.Since(c.tailAt) >= period:
 			c.cfg.Log.Warn("client: lost tail", "engine", c.cfg.Engine, "epoch", epoch, "applied", rep.Applied,
 				"published", c.tailSeq)
-			c.wantResyncLocked("lost_tail")
+			c.wantResyncLocked(ResyncLostTail)
 			c.tailSeq = 0
 		}
 	}
@@ -433,11 +433,8 @@ func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
 	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }
 
-// request does one request/reply on P.E.verb with JSON bodies.
-func (c *Client) request(verb string, body, reply any) error {
-	return c.requestCtx(context.Background(), verb, body, reply)
-}
-
+// requestCtx does one request/reply on P.E.verb with JSON bodies, bounded
+// by ctx and RequestTimeout.
 func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
 	data, err := json.Marshal(body)
 	if err != nil {

@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -55,4 +56,42 @@ func TestRefusedReregisterIsSurfaced(t *testing.T) {
 		return nil
 	})
 	require.True(t, c.Live())
+}
+
+// TestConnectEndsWithItsContext: a register that reaches a responder that
+// never answers is bounded by Connect's ctx, not only by RequestTimeout.
+func TestConnectEndsWithItsContext(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	attempts := testkit.Subscribe(t, nc, "kvactors.e1.register") // hears, never answers
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := client.Connect(ctx, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+			RequestTimeout: time.Minute})
+		done <- err
+	}()
+	testkit.Recv(t, attempts, 5*time.Second, "the register")
+	require.ErrorIs(t, testkit.Recv(t, done, 2*time.Second, "Connect ending with its ctx"), context.DeadlineExceeded)
+}
+
+// TestCloseWhileReregisterPending: the node forgot the engine and refuses
+// it again, so a re-register is pending; Close sends no unregister (the
+// node would only answer "unknown engine") and reports no error.
+func TestCloseWhileReregisterPending(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	f.mu.Lock()
+	f.registered, f.refuse = false, "limit: no"
+	f.mu.Unlock()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if c.Stats().RegisterRefusals == 0 {
+			return fmt.Errorf("no refused re-register yet")
+		}
+		return nil
+	})
+	require.NoError(t, c.Close())
+	_, unregisters := f.counts()
+	require.Zero(t, unregisters)
 }
