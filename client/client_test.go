@@ -294,6 +294,9 @@ func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
 		return nil
 	})
 	testkit.NoRecv(t, rels.ch, 2*testLease, "another release")
+	// Closed while f2 lives: in cleanup, f2 is killed first, and an
+	// unregister racing its unsubscribe would wait out RequestTimeout.
+	require.NoError(t, c.Close())
 }
 
 // TestPreemptedResyncStates: a resync re-announces each phase as the
