@@ -52,16 +52,33 @@ type Client struct {
 	body     []byte
 
 	reqs   map[string]*mreq
+	loads  map[*loadWait]struct{} // sent, not settled (load.go)
 	nextN  uint64
 	groups int
 	st     Stats
 	closed bool
+
+	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
 
 	subs []*nats.Subscription
 	kick chan struct{}
 	stop chan struct{}
 	wg   sync.WaitGroup
 }
+
+// Why a resync started: the keys of Stats.Resyncs and the "reason" of the
+// client's resync log line.
+const (
+	ResyncNode         = "resync"        // the node's P.E.resync (a gap, overflow or its reconnect)
+	ResyncLostRelease  = "lost_release"  // an rseq gap, or fewer releases than a heartbeat reply counted
+	ResyncLostTail     = "lost_tail"     // a batch still unapplied a heartbeat period on, no resync came
+	ResyncNewBoot      = "new_boot"      // registered again after the node was lost
+	ResyncReregister   = "reregister"    // registered again after the node forgot the engine
+	ResyncReconnect    = "reconnect"     // the client's own NATS connection reconnected
+	ResyncPublishError = "publish_error" // the NATS client refused a batch
+	ResyncEngine       = "engine"        // Client.Resync
+	ResyncRetry        = "retry"         // a resync's own batch could not be published
+)
 
 // Stats counts what the client did; Stats() returns a copy.
 type Stats struct {
@@ -74,14 +91,18 @@ type Stats struct {
 	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
 	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)
-	Resyncs          map[string]int // by reason: resync, lost_release, new_boot, reregister, reconnect
+	Resyncs          map[string]int // by reason: the Resync* constants
 	NodeLosses       int
-	Releases         int // delivered to OnReleased
-	NodeLostFrees    int // of which reason node_lost
-	StaleReleases    int // for an old epoch: not a free
-	UnexpectedRel    int // for a request not waiting for one
-	Live             int // requests mirrored
-	Awaiting         int // requests waiting for a release
+	Releases         int    // delivered to OnReleased
+	NodeLostFrees    int    // of which reason node_lost
+	StaleReleases    int    // for an old epoch: not a free
+	UnexpectedRel    int    // for a request not waiting for one
+	Live             int    // requests mirrored
+	Awaiting         int    // requests waiting for a release
+	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
+	RegisterRefused  string // the latest refusal while the session waits to register ("" once registered)
+	LoadsInDoubt     int    // loads now in doubt: no reply yet, their blocks not to be reused (LoadInDoubtError)
+	LateLoadReplies  int    // loads in doubt settled by their own late reply
 }
 
 // Connect subscribes, registers cfg.Spec (retrying with backoff while no
@@ -93,11 +114,12 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		return nil, err
 	}
 	c := &Client{cfg: cfg, nc: nc, subj: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""), reqs: map[string]*mreq{},
+		loads:  map[*loadWait]struct{}{},
 		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
 	c.epoch = newEpoch()
 	c.reconnects = nc.Stats().Reconnects
-	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored)
+	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored, cfg.OnRegisterRefused)
 	if err := c.subscribe(); err != nil {
 		c.unsubscribe()
 		c.out.close()
@@ -180,6 +202,7 @@ func (c *Client) Tokens(req string, computed, total int) {
 	defer c.mu.Unlock()
 	if r := c.reqs[req]; r != nil && r.phase != finished {
 		r.computed, r.total, r.hasTokens = computed, total, true
+		r.postTok = r.phase == preempted
 	}
 	c.batch.Tokens(req, computed, total)
 }
@@ -198,6 +221,7 @@ func (c *Client) Preempted(req string) {
 		return // the node ignores it too
 	}
 	r.phase = preempted
+	r.preComputed, r.preTotal, r.preHasTokens, r.postTok = r.computed, r.total, r.hasTokens, false
 	r.owed++
 	c.freeIfNoNodeLocked(r)
 }
@@ -226,6 +250,7 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	if r.phase == finished {
 		return
 	}
+	r.finPre = r.phase == preempted // its blocks go back with the preemption's release
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
 	r.owed++
 	c.freeIfNoNodeLocked(r)
@@ -272,7 +297,7 @@ func (c *Client) Flush() error {
 		return nil
 	}
 	if err := c.publishLocked(); err != nil {
-		c.wantResyncLocked("publish_error")
+		c.wantResyncLocked(ResyncPublishError)
 	}
 	c.batch.Reset()
 	return nil
@@ -310,30 +335,37 @@ func (c *Client) resyncLocked() {
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.tailSeq = 0
 	c.batch.Reset()
-	reqs := make([]*mreq, 0, len(c.reqs))
-	for _, r := range c.reqs {
-		reqs = append(reqs, r)
-	}
-	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
 	var err error
 	size := 0
-	flush := func(n int) {
+	c.reannounceLocked(func(n int) {
 		if size += n; size >= c.cfg.MaxBatchBytes {
 			err = firstErr(err, c.publishLocked())
 			c.batch.Reset()
 			size = 0
 		}
-	}
-	for _, r := range reqs {
-		r.silent = r.phase == preempted && r.owed == 0
-		r.announce(&c.batch, flush)
-	}
+	})
 	if c.batch.Events() > 0 {
 		err = firstErr(err, c.publishLocked())
 		c.batch.Reset()
 	}
 	if err != nil {
-		c.resync = "retry" // a publish failed: start over with yet another epoch
+		c.resync = ResyncRetry // a publish failed: start over with yet another epoch
+	}
+}
+
+// reannounceLocked appends every mirrored request to the batch, oldest
+// first, calling flush between events (mreq.announce), and marks each
+// preempted request that owes nothing to absorb the release its
+// re-announced preempted will get.
+func (c *Client) reannounceLocked(flush func(bytes int)) {
+	reqs := make([]*mreq, 0, len(c.reqs))
+	for _, r := range c.reqs {
+		reqs = append(reqs, r)
+	}
+	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
+	for _, r := range reqs {
+		r.silent = r.phase == preempted && r.owed == 0
+		r.announce(&c.batch, flush)
 	}
 }
 
@@ -380,7 +412,7 @@ func (c *Client) Epoch() string {
 // Resync asks for a new epoch at the next Flush (or heartbeat tick).
 func (c *Client) Resync() {
 	c.mu.Lock()
-	c.wantResyncLocked("engine")
+	c.wantResyncLocked(ResyncEngine)
 	c.mu.Unlock()
 }
 

@@ -274,10 +274,12 @@ func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
 	testkit.Recv(t, beats, 5*time.Second, "a node heartbeat")
 	f.kill()
 	died := time.Now()
+	lastBeat := f.lastHeartbeat() // no client saw it sooner; a later reply only delays the free
 	rel := testkit.Recv(t, rels.ch, testLease+time.Second, "r1 freed by node loss")
 	freed := time.Since(died)
 	require.Equal(t, "r1", rel.Request)
 	require.Equal(t, messages.ReasonNodeLost, rel.Reason)
+	require.GreaterOrEqual(t, time.Since(lastBeat), testLease, "freed sooner than the lease after the last heartbeat")
 	t.Logf("freed %v after the node died (lease %v)", freed, testLease)
 	require.Equal(t, 1, c.Stats().NodeLosses)
 
@@ -292,6 +294,9 @@ func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
 		return nil
 	})
 	testkit.NoRecv(t, rels.ch, 2*testLease, "another release")
+	// Closed while f2 lives: in cleanup, f2 is killed first, and an
+	// unregister racing its unsubscribe would wait out RequestTimeout.
+	require.NoError(t, c.Close())
 }
 
 // TestPreemptedResyncStates: a resync re-announces each phase as the

@@ -46,6 +46,12 @@ type Config struct {
 	OnReleased func(Release)
 	// OnStored is called once per P.E.stored message. Optional.
 	OnStored func(messages.Stored)
+	// OnRegisterRefused is called with each refused re-register after a
+	// node loss or a node forgetting the engine (the client retries every
+	// lease/4, since a refusal such as --max-engines may pass; Connect's own
+	// register instead returns a refusal as its error). Optional; an
+	// engine that wants to stop then must call Close from elsewhere.
+	OnRegisterRefused func(error)
 
 	// BeforePublish, if set, is called with each batch message just before
 	// it is published (under the client's lock: keep it short), e.g. to add

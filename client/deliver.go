@@ -12,16 +12,20 @@ import (
 type dispatcher struct {
 	onReleased func(Release)
 	onStored   func(messages.Stored)
+	onRefused  func(error)
 
 	mu     sync.Mutex
-	queue  []any // Release or messages.Stored
+	queue  []any // Release, messages.Stored or refusal
 	wakeup chan struct{}
 	done   chan struct{}
 	exited chan struct{}
 }
 
-func newDispatcher(onReleased func(Release), onStored func(messages.Stored)) *dispatcher {
-	d := &dispatcher{onReleased: onReleased, onStored: onStored, wakeup: make(chan struct{}, 1),
+// refusal is a refused re-register, for Config.OnRegisterRefused.
+type refusal struct{ err error }
+
+func newDispatcher(onReleased func(Release), onStored func(messages.Stored), onRefused func(error)) *dispatcher {
+	d := &dispatcher{onReleased: onReleased, onStored: onStored, onRefused: onRefused, wakeup: make(chan struct{}, 1),
 		done: make(chan struct{}), exited: make(chan struct{})}
 	go d.run()
 	return d
@@ -67,6 +71,10 @@ func (d *dispatcher) run() {
 				case messages.Stored:
 					if d.onStored != nil {
 						d.onStored(v)
+					}
+				case refusal:
+					if d.onRefused != nil {
+						d.onRefused(v.err)
 					}
 				}
 			}

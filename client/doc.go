@@ -7,7 +7,10 @@
 //   - the session: register (retried with backoff until the context ends),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
 //     detection (a hello, heartbeat or reply with another boot, or no node
-//     heartbeat for lease_ms) and, after the lease wait, re-registering;
+//     heartbeat for lease_ms) and, after the lease wait, re-registering
+//     every lease/4 (a refusal then is retried too, since it may pass, but
+//     logged at Warn, counted in Stats and passed to
+//     Config.OnRegisterRefused);
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
 //     batch per Flush, and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
@@ -26,7 +29,15 @@
 //     once through Config.OnReleased;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
-//     re-announces without the engine's help.
+//     re-announces without the engine's help;
+//   - loads in doubt: a Load that got no reply by its deadline returns a
+//     *LoadInDoubtError (errors.Is ErrLoadInDoubt). The node never abandons
+//     a load, so the engine must not reuse its destination blocks until
+//     the error's Settled channel closes: on the load's own late reply, on
+//     the loss of its node once the lease has passed (the node's fence), or
+//     when Close's unregister is answered by that node (it waits for loads
+//     in flight). A heartbeat is no proof. Load sends nothing while the
+//     node is lost (ErrNoNode).
 //
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
 // so that per-engine NATS permissions can be enforced: Dial sets it, or

@@ -39,6 +39,10 @@ type fakeNode struct {
 	holdRelease func(rseq uint64) bool // true: count the release but do not publish it
 	muteResync  bool                   // resyncs are counted but never reach the engine
 	hbDelay     time.Duration          // each heartbeat reply waits this long (a busy node)
+	loadGate    chan struct{}          // non-nil: each load replies once a value comes (or the node dies)
+	loadsHeld   chan struct{}          // non-nil: told when a load waits at the gate
+	dropLoads   bool                   // loads complete but their replies are lost
+	lastBeat    time.Time              // just before the last node heartbeat was published
 
 	subs []*nats.Subscription
 	stop chan struct{}
@@ -50,15 +54,22 @@ type fakeEvent struct {
 	ev    messages.Event
 }
 
-func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Duration) *fakeNode {
+// startFakeNode starts a node; each setup runs before it subscribes or says
+// hello.
+func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Duration,
+	setup ...func(*fakeNode)) *fakeNode {
 	t.Helper()
 	f := &fakeNode{t: t, nc: nc, prefix: "kvactors", node: node, boot: boot, lease: lease, reqs: map[string]bool{},
 		stop: make(chan struct{}), done: make(chan struct{})}
+	for _, s := range setup {
+		s(f)
+	}
 	for subject, h := range map[string]nats.MsgHandler{
 		"kvactors.*.register":   f.onRegister,
 		"kvactors.*.events":     f.onEvents,
 		"kvactors.*.heartbeat":  f.onHeartbeat,
 		"kvactors.*.unregister": f.onUnregister,
+		"kvactors.*.load":       f.onLoad,
 	} {
 		s, err := nc.Subscribe(subject, h)
 		if err != nil {
@@ -99,6 +110,9 @@ func (f *fakeNode) beat() {
 		case <-f.stop:
 			return
 		case <-tick.C:
+			f.mu.Lock()
+			f.lastBeat = time.Now() // before the publish: no client can see it sooner
+			f.mu.Unlock()
 			f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
 				messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
 		}
@@ -135,6 +149,10 @@ func (f *fakeNode) onRegister(m *nats.Msg) {
 func (f *fakeNode) onUnregister(m *nats.Msg) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if !f.registered {
+		f.reply(m, messages.UnregisterReply{Node: f.node, Boot: f.boot, Error: "unknown engine " + engineOf(m.Subject)})
+		return
+	}
 	f.unregisters++
 	n := 0
 	for id := range f.reqs {
@@ -167,6 +185,37 @@ func (f *fakeNode) onHeartbeat(m *nats.Msg) {
 		rep.Applied, rep.Released = f.applied, f.released
 	}
 	f.reply(m, rep)
+}
+
+// onLoad answers a load (no copy) at once, after the gate opens, or never
+// (dropLoads: done, but the reply is lost).
+func (f *fakeNode) onLoad(m *nats.Msg) {
+	var req messages.LoadRequest
+	_ = json.Unmarshal(m.Data, &req)
+	f.mu.Lock()
+	gate, held, drop := f.loadGate, f.loadsHeld, f.dropLoads
+	f.mu.Unlock()
+	if gate != nil {
+		if held != nil {
+			held <- struct{}{}
+		}
+		select {
+		case <-gate:
+		case <-f.stop:
+			return
+		}
+	}
+	if drop {
+		return
+	}
+	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: f.boot})
+}
+
+// lastHeartbeat is when the node last published a heartbeat (just before).
+func (f *fakeNode) lastHeartbeat() time.Time {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.lastBeat
 }
 
 func (f *fakeNode) gapLocked(engine string, expected, got uint64) {

@@ -32,6 +32,14 @@ type mreq struct {
 	// owed: releases the engine waits for (a preemption not yet released
 	// may be followed by a resume and a finish: two).
 	owed int
+	// finPre: finished while preempted. The finish gives up no block: the
+	// mirrored blocks go back to the engine with the preemption's release,
+	// the one before the finish's (blocksBackAt).
+	finPre bool
+	// Tokens as of the preemption (the blocks it gives up hold that KV);
+	// postTok: a tokens event came after it (it describes blocks to come).
+	preComputed, preTotal int
+	preHasTokens, postTok bool
 	// silent: a release is due from the node that the engine does not wait
 	// for (a preempted request re-announced after its blocks were freed).
 	silent bool
@@ -55,6 +63,19 @@ func (r *mreq) addBlocks(g, start int, ids []uint32) {
 	}
 }
 
+// blocksBackAt is the owed count at which the mirrored blocks of a
+// preempted or finished request are the engine's again: when the release
+// of the event that gave them up arrives. That is the last owed one, or
+// for a request finished while preempted the one before it. Earlier owed
+// releases answer preemptions whose blocks a resume already dropped from
+// the mirror, so they free nothing mirrored.
+func (r *mreq) blocksBackAt() int {
+	if r.finPre {
+		return 1
+	}
+	return 0
+}
+
 func (r *mreq) clearBlocks() {
 	for g := range r.blocks {
 		r.blocks[g] = nil
@@ -73,6 +94,21 @@ const (
 // finished if it is in that phase. flush is called between events with
 // about how many bytes were appended, so the caller can publish the batch
 // once it is big enough.
+//
+// The rule that keeps reuse safe: the node releases a preempted with no
+// block tracked at once, and each release hands the engine back the blocks
+// of the event it answers. So blocks the engine will get back with an owed
+// release are named only before the preempted or finished whose release
+// that is, never after an earlier owed one:
+//   - owed releases of preemptions a resume already answered in the
+//     mirror (their blocks are dropped) become a block-less preempted +
+//     resumed each, first, each released at once;
+//   - a request finished while preempted, whose preemption's release is
+//     still owed, is blocks, preempted, finished: its blocks go back with
+//     that preempted's release, after which the node tracks none of them
+//     (finished of a preempted request forgets its block ids); once that
+//     release came, its blocks are dropped (blocksBackAt) and only the
+//     finished remains.
 func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 	const event = 64 + 256 // envelope of one event plus the longest request id
 	appendAdded(b, r.id, r.prompt, r.maxOffload)
@@ -87,35 +123,46 @@ func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 		b.EndHashes()
 		flush(n)
 	}
-	extra := r.owed
-	if r.phase != running {
-		extra-- // the phase event below answers one
+	// How many owed releases the closing events below answer.
+	closing := 0
+	preThenFin := r.phase == finished && r.finPre && r.owed >= 2
+	switch {
+	case preThenFin:
+		closing = 2
+	case r.phase != running:
+		closing = 1
 	}
-	for range extra {
-		// Resumed while a release for the preemption was still due: the old
-		// blocks are gone from the mirror, so a preemption with none tracked
-		// (released at once) answers that wait, then the fresh blocks follow.
+	for range r.owed - closing {
 		b.Preempted(r.id)
 		b.Resumed(r.id)
 	}
-	announceBlocks := r.phase != preempted || r.owed > 0
-	for g, ids := range r.blocks {
-		if !announceBlocks {
-			break
-		}
-		for s := 0; s < len(ids); s += announceIDs {
-			part := ids[s:min(s+announceIDs, len(ids))]
-			b.Blocks(r.id, g, s, part)
-			flush(event + 11*len(part))
+	// A preempted request that owes nothing has given its blocks back.
+	if r.phase != preempted || r.owed > 0 {
+		for g, ids := range r.blocks {
+			for s := 0; s < len(ids); s += announceIDs {
+				part := ids[s:min(s+announceIDs, len(ids))]
+				b.Blocks(r.id, g, s, part)
+				flush(event + 11*len(part))
+			}
 		}
 	}
-	if r.hasTokens && r.phase != finished {
-		b.Tokens(r.id, r.computed, r.total)
-	}
-	switch r.phase {
-	case preempted:
+	switch {
+	case r.phase == running:
+		if r.hasTokens {
+			b.Tokens(r.id, r.computed, r.total)
+		}
+	case r.phase == preempted || preThenFin:
+		// The KV the given-up blocks hold, then (the node zeroes computed at
+		// preempted) what came after, as the engine said it.
+		if r.preHasTokens {
+			b.Tokens(r.id, r.preComputed, r.preTotal)
+		}
 		b.Preempted(r.id)
-	case finished:
+		if r.phase == preempted && r.postTok {
+			b.Tokens(r.id, r.computed, r.total)
+		}
+	}
+	if r.phase == finished {
 		b.Finished(r.id, r.aborted, r.computed, r.total)
 	}
 	flush(4 * event)

@@ -35,11 +35,16 @@ func overflowRig(t *testing.T, backoff time.Duration) (f *fakeNode, c *client.Cl
 	return f, c, batches, old
 }
 
-// awaitNewEpoch waits for a batch of an epoch other than old.
+// awaitNewEpoch waits (15 s in all) for a batch of an epoch other than old.
 func awaitNewEpoch(t *testing.T, batches <-chan *nats.Msg, old string) {
 	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
 	for {
-		m := testkit.Recv(t, batches, 15*time.Second, "the new epoch's first batch")
+		left := time.Until(deadline)
+		if left <= 0 {
+			t.Fatalf("no batch of a new epoch within 15s (old epoch %s)", old)
+		}
+		m := testkit.Recv(t, batches, left, "the new epoch's first batch")
 		var b struct{ Epoch string }
 		require.NoError(t, json.Unmarshal(m.Data, &b))
 		if b.Epoch != old {

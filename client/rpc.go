@@ -22,22 +22,6 @@ func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 	return rep.HitTokens, nil
 }
 
-// Load copies the first numTokens tokens' chunks of a prompt with these
-// hashes into blocks (per group, blocks_per_chunk ids per chunk; id 0 is
-// skipped) and returns once the copies completed.
-func (c *Client) Load(ctx context.Context, req string, hashes []string, numTokens int, blocks [][]int64) (int, error) {
-	var rep messages.LoadReply
-	body := messages.LoadRequest{Request: req, Hashes: hashes, NumTokens: numTokens, Blocks: blocks}
-	if err := c.requestCtx(ctx, messages.VerbLoad, body, &rep); err != nil {
-		return 0, err
-	}
-	c.replied(rep.Node, rep.Boot)
-	if rep.Error != "" || !rep.OK {
-		return 0, fmt.Errorf("client: engine %s: load %s: %s", c.cfg.Engine, req, rep.Error)
-	}
-	return rep.LoadedTokens, nil
-}
-
 // replied notes the node and boot of a reply: another boot is a lost node.
 func (c *Client) replied(node, boot string) {
 	c.mu.Lock()
@@ -56,7 +40,9 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	lost := c.lost || c.boot == "" // a v1 node has no unregister
+	// A v1 node has no unregister; a lost node or one that forgot the
+	// engine (a re-register pending) would only answer with an error.
+	lost := c.lost || c.reregister || c.boot == ""
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()
@@ -69,7 +55,17 @@ func (c *Client) Close() error {
 		if err == nil && rep.Error != "" {
 			err = fmt.Errorf("client: engine %s: unregister: %s", c.cfg.Engine, rep.Error)
 		}
+		if err == nil {
+			// The node answers an unregister once its loads in flight are
+			// done: those sent to it are settled.
+			c.mu.Lock()
+			c.settleLoadsOfLocked(rep.Node, rep.Boot)
+			c.mu.Unlock()
+		}
 	}
+	c.mu.Lock()
+	c.stopWatchingLoadsLocked()
+	c.mu.Unlock()
 	c.unsubscribe()
 	c.out.close()
 	return err

@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -72,7 +71,7 @@ func (c *Client) onReleased(m *nats.Msg) {
 	case rel.RSeq > c.lastRSeq+1:
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", c.epoch, "want_rseq", c.lastRSeq+1,
 			"got_rseq", rel.RSeq)
-		c.wantResyncLocked("lost_release")
+		c.wantResyncLocked(ResyncLostRelease)
 	}
 	c.lastRSeq = max(c.lastRSeq, rel.RSeq)
 	c.relGot++
@@ -103,10 +102,13 @@ func (c *Client) onReleased(m *nats.Msg) {
 func (c *Client) freeLocked(r *mreq, rel Release) {
 	r.owed--
 	switch {
-	case r.owed > 0:
-	case r.phase == finished:
+	case r.phase == finished && r.owed == 0:
 		delete(c.reqs, r.id)
-	case r.phase == preempted:
+	case r.phase != running && r.owed == r.blocksBackAt():
+		// This release answers the event that gave the mirrored blocks up
+		// (for a request finished while preempted: the preemption, before
+		// the finish's release): the engine may reuse them, so no resync
+		// may name them again.
 		r.clearBlocks()
 	}
 	c.st.Releases++
@@ -147,7 +149,7 @@ func (c *Client) onResync(m *nats.Msg) {
 	if rs.Reason == messages.ResyncOverflow && c.resync == "" {
 		c.holdLocked(time.Now())
 	}
-	c.wantResyncLocked("resync")
+	c.wantResyncLocked(ResyncNode)
 }
 
 // holdLocked delays the resync an overflow calls for (Config.OverflowBackoff).
@@ -273,7 +275,7 @@ func (c *Client) tickOnce() time.Duration {
 	if n := c.nc.Stats().Reconnects; n != c.reconnects {
 		// Our own connection dropped: whatever was in flight may be lost.
 		c.reconnects = n
-		c.wantResyncLocked("reconnect")
+		c.wantResyncLocked(ResyncReconnect)
 	}
 	if c.boot == "" {
 		// A v1 node (no boot in its register reply): no node heartbeats to
@@ -298,6 +300,7 @@ func (c *Client) tickOnce() time.Duration {
 			return c.tickOnce()
 		}
 		c.freedLoss = true
+		c.settleLoadsOfLocked(c.node, c.boot) // the fence covers loads as it does stores
 		for _, r := range c.reqs {
 			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
 			r.silent = false
@@ -312,9 +315,18 @@ func (c *Client) tickOnce() time.Duration {
 		c.resyncLocked() // a failed publish leaves a resync due
 	}
 	if !c.lost && !c.reregister {
+		// Published under the lock batches are published under, so a resync
+		// on another goroutine cannot put the new epoch's first batch ahead
+		// of a heartbeat carrying the epoch it ended; only the reply is
+		// awaited outside the lock.
 		epoch, seq := c.epoch, c.seq
+		sub, err := c.sendHeartbeatLocked(epoch, seq)
 		c.mu.Unlock()
-		c.heartbeat(epoch, seq)
+		if err == nil {
+			c.heartbeat(epoch, seq, sub)
+		} else {
+			c.cfg.Log.Debug("client: heartbeat", "engine", c.cfg.Engine, "err", err)
+		}
 		c.mu.Lock()
 	}
 	period := c.lease / 4
@@ -334,19 +346,44 @@ func (c *Client) sleep(d time.Duration) bool {
 	}
 }
 
-// heartbeat sends P.E.heartbeat and acts on the reply: another boot is a
-// lost node, an unknown engine registers again, and fewer releases received
-// than the node had published a heartbeat ago is a lost release.
-func (c *Client) heartbeat(epoch string, seq uint64) {
+// sendHeartbeatLocked publishes P.E.heartbeat {epoch, seq} with a reply
+// inbox of its own and returns that inbox's subscription. Caller holds c.mu.
+func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscription, error) {
+	data, err := json.Marshal(messages.HeartbeatRequest{Epoch: epoch, Seq: seq})
+	if err != nil {
+		return nil, fmt.Errorf("client: encode heartbeat: %w", err)
+	}
+	sub, err := c.nc.SubscribeSync(c.nc.NewInbox())
+	if err != nil {
+		return nil, fmt.Errorf("client: heartbeat reply inbox: %w", err)
+	}
+	_ = sub.AutoUnsubscribe(1)
+	if c.beforeHeartbeat != nil {
+		c.beforeHeartbeat()
+	}
+	if err := c.nc.PublishRequest(c.subj+messages.VerbHeartbeat, sub.Subject, data); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, fmt.Errorf("client: publish heartbeat: %w", err)
+	}
+	return sub, nil
+}
+
+// heartbeat awaits the reply to the heartbeat sent on sub and acts on it:
+// another boot is a lost node, an unknown engine registers again, and
+// fewer releases received than the node had published a heartbeat ago is
+// a lost release.
+func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
+	defer func() { _ = sub.Unsubscribe() }()
 	var rep messages.HeartbeatReply
 	c.mu.Lock()
 	period := c.lease / 4
 	c.mu.Unlock()
 	// Bounded by the period, so a silent node never holds up the loss check.
-	ctx, cancel := context.WithTimeout(context.Background(), period)
+	ctx, cancel := context.WithTimeout(context.Background(), min(period, c.cfg.RequestTimeout))
 	defer cancel()
-	if err := c.requestCtx(ctx, messages.VerbHeartbeat, messages.HeartbeatRequest{Epoch: epoch, Seq: seq}, &rep); err != nil {
-		return // liveness is judged by the node's own heartbeats
+	m, err := sub.NextMsgWithContext(ctx)
+	if err != nil || len(m.Data) == 0 || json.Unmarshal(m.Data, &rep) != nil {
+		return // liveness is judged by the node's own heartbeats (no reply, or no responders)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -374,7 +411,7 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 	if c.relGot < c.hbPrev {
 		c.cfg.Log.Warn("client: lost release", "engine", c.cfg.Engine, "epoch", epoch, "received", c.relGot,
 			"node_published", c.hbPrev)
-		c.wantResyncLocked("lost_release")
+		c.wantResyncLocked(ResyncLostRelease)
 	}
 	// A batch still not applied a whole period after a heartbeat carried
 	// its seq is a lost tail whose resync (the node's answer to that
@@ -386,7 +423,7 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 		case time.Since(c.tailAt) >= period:
 			c.cfg.Log.Warn("client: lost tail", "engine", c.cfg.Engine, "epoch", epoch, "applied", rep.Applied,
 				"published", c.tailSeq)
-			c.wantResyncLocked("lost_tail")
+			c.wantResyncLocked(ResyncLostTail)
 			c.tailSeq = 0
 		}
 	}
@@ -396,75 +433,8 @@ func (c *Client) heartbeat(epoch string, seq uint64) {
 	c.hbPrev, c.hbPrevAt = rep.Released, time.Now()
 }
 
-// registerRetry registers until a node answers, ctx ends or Close.
-func (c *Client) registerRetry(ctx context.Context) error {
-	backoff := 50 * time.Millisecond
-	for {
-		err := c.registerOnce()
-		if err == nil || errors.Is(err, errRefused) {
-			return err
-		}
-		c.cfg.Log.Debug("client: register", "engine", c.cfg.Engine, "err", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, ctx.Err(), err)
-		case <-c.stop:
-			t.Stop()
-			return fmt.Errorf("client: engine %s: closed while registering", c.cfg.Engine)
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 2*time.Second)
-	}
-}
-
-var errRefused = errors.New("register refused")
-
-// registerOnce sends the spec; on success the node, boot and lease of the
-// reply become the session's.
-func (c *Client) registerOnce() error {
-	var rep messages.RegisterReply
-	if err := c.request(messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
-		return err
-	}
-	if !rep.OK {
-		return fmt.Errorf("client: engine %s: %w: %s", c.cfg.Engine, errRefused, rep.Error)
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.node, c.boot = rep.Node, rep.Boot
-	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
-	if c.lease <= 0 {
-		c.lease = c.cfg.DefaultLease
-	}
-	c.lastSeen = time.Now()
-	c.st.Registers++
-	return nil
-}
-
-// tryRegister is one re-register attempt after a loss; success starts a
-// new epoch that re-announces every live request.
-func (c *Client) tryRegister() {
-	if err := c.registerOnce(); err != nil {
-		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
-		return
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	reason := "reregister"
-	if c.lost {
-		reason = "new_boot"
-	}
-	// A new registration answers any overflow: its resync waits for nothing.
-	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
-}
-
-// request does one request/reply on P.E.verb with JSON bodies.
-func (c *Client) request(verb string, body, reply any) error {
-	return c.requestCtx(context.Background(), verb, body, reply)
-}
-
+// requestCtx does one request/reply on P.E.verb with JSON bodies, bounded
+// by ctx and RequestTimeout.
 func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
 	data, err := json.Marshal(body)
 	if err != nil {

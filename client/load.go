@@ -1,0 +1,188 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+var (
+	// ErrLoadInDoubt is what a LoadInDoubtError matches with errors.Is.
+	ErrLoadInDoubt = errors.New("load in doubt: the node may still write its destination blocks")
+	// ErrNoNode: the session's node is lost and no node has answered a
+	// register since; Load sends nothing meanwhile.
+	ErrNoNode = errors.New("no node: the session's node is lost")
+)
+
+// LoadInDoubtError is Load's error when the load was sent but no reply came
+// before RequestTimeout or the caller's ctx ended. The node never abandons
+// a load: it may still be copying into the destination blocks, or start
+// later. The engine must not reuse those blocks, nor load into them again,
+// until Settled is closed.
+type LoadInDoubtError struct {
+	Request    string
+	Node, Boot string // the node the load was sent to
+	Err        error  // why Load stopped waiting
+	settled    <-chan struct{}
+}
+
+func (e *LoadInDoubtError) Error() string {
+	return fmt.Sprintf("client: load %s: no reply from node %s (%v): its destination blocks may still be "+
+		"written until Settled", e.Request, e.Node, e.Err)
+}
+
+func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.Err} }
+
+// Settled is closed once the destination blocks are safe to reuse: the
+// load's own reply came (late: whatever it says, the node is done with
+// it); or its node was lost and the lease since its last sign of life
+// passed (the node's fencing: no copy runs past that); or Close's
+// unregister was answered by that node (it waits for loads in flight).
+// Nothing else proves it: a heartbeat or status round trip after the reply
+// would have come is no proof, since loads run beside the node's other
+// work. After Close the client stops watching, so a load still in doubt
+// then stays so until the engine's process (and its mappings) ends.
+func (e *LoadInDoubtError) Settled() <-chan struct{} { return e.settled }
+
+// loadWait is one load sent and not yet settled (its reply, a loss of its
+// node or Close's unregister). Fields other than the channel are under c.mu.
+type loadWait struct {
+	node, boot string
+	sub        *nats.Subscription
+	settled    chan struct{}
+	rep        *nats.Msg // the reply, once it came
+	done       bool      // settled
+	doubt      bool      // Load gave up waiting: counted in Stats.LoadsInDoubt
+}
+
+// Load copies the first numTokens tokens' chunks of a prompt with these
+// hashes into blocks (per group, blocks_per_chunk ids per chunk; id 0 is
+// skipped) and returns once the copies completed. An error matching
+// ErrLoadInDoubt (a *LoadInDoubtError) means no reply came: see its
+// Settled for when the blocks may be reused. Any other error means the
+// node wrote nothing it will still write (it answered, or the load was
+// never sent). While the node is lost Load sends nothing (ErrNoNode).
+func (c *Client) Load(ctx context.Context, req string, hashes []string, numTokens int, blocks [][]int64) (int, error) {
+	data, err := json.Marshal(messages.LoadRequest{Request: req, Hashes: hashes, NumTokens: numTokens, Blocks: blocks})
+	if err != nil {
+		return 0, fmt.Errorf("client: encode load: %w", err)
+	}
+	w := &loadWait{settled: make(chan struct{})}
+	c.mu.Lock()
+	closed, lost, node := c.closed, c.lost, c.node
+	w.node, w.boot = c.node, c.boot
+	c.mu.Unlock()
+	switch {
+	case closed:
+		return 0, fmt.Errorf("client: engine %s: load %s after Close", c.cfg.Engine, req)
+	case lost:
+		// Only loads sent before the loss are covered by the node's fence.
+		return 0, fmt.Errorf("client: engine %s: load %s: %w (node %s)", c.cfg.Engine, req, ErrNoNode, node)
+	}
+	// An inbox of its own, kept after Load gives up, so a late reply still
+	// settles the load.
+	w.sub, err = c.nc.Subscribe(c.nc.NewInbox(), func(m *nats.Msg) { c.loadReplied(w, m) })
+	if err != nil {
+		return 0, fmt.Errorf("client: engine %s: load %s: subscribe reply inbox: %w", c.cfg.Engine, req, err)
+	}
+	_ = w.sub.AutoUnsubscribe(1)
+	c.mu.Lock()
+	c.loads[w] = struct{}{}
+	c.mu.Unlock()
+	if err := c.nc.PublishRequest(c.subj+messages.VerbLoad, w.sub.Subject, data); err != nil {
+		c.mu.Lock()
+		c.settleLoadLocked(w) // never sent
+		c.mu.Unlock()
+		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, err)
+	}
+	wait, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
+	defer cancel()
+	select {
+	case <-w.settled:
+	case <-wait.Done():
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case w.rep != nil:
+		return c.loadResult(req, w.rep)
+	case w.done: // the node was lost (after its lease) or the client closed
+		return 0, fmt.Errorf("client: engine %s: load %s: %w before its reply; its blocks are safe", c.cfg.Engine,
+			req, ErrNoNode)
+	}
+	w.doubt = true
+	c.st.LoadsInDoubt++
+	c.cfg.Log.Warn("client: load in doubt", "engine", c.cfg.Engine, "request", req, "node", w.node, "err", wait.Err())
+	return 0, &LoadInDoubtError{Request: req, Node: w.node, Boot: w.boot, Err: wait.Err(), settled: w.settled}
+}
+
+// loadResult reads a load's reply. Caller holds c.mu.
+func (c *Client) loadResult(req string, m *nats.Msg) (int, error) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, nats.ErrNoResponders)
+	}
+	var rep messages.LoadReply
+	if err := json.Unmarshal(m.Data, &rep); err != nil {
+		return 0, fmt.Errorf("client: engine %s: decode load reply %q: %w", c.cfg.Engine, m.Data, err)
+	}
+	c.seenLocked(rep.Node, rep.Boot)
+	if rep.Error != "" || !rep.OK {
+		return 0, fmt.Errorf("client: engine %s: load %s: %s", c.cfg.Engine, req, rep.Error)
+	}
+	return rep.LoadedTokens, nil
+}
+
+// loadReplied is the reply inbox's handler: any reply (an error, or no
+// responders, included) means the node is done with the load.
+func (c *Client) loadReplied(w *loadWait, m *nats.Msg) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if w.done {
+		return
+	}
+	w.rep = m
+	if w.doubt {
+		c.st.LateLoadReplies++
+		c.cfg.Log.Info("client: a load in doubt was answered: its blocks are safe", "engine", c.cfg.Engine,
+			"node", w.node)
+	}
+	c.settleLoadLocked(w)
+}
+
+// settleLoadLocked ends w: its blocks are safe, nothing more is awaited.
+func (c *Client) settleLoadLocked(w *loadWait) {
+	if w.done {
+		return
+	}
+	w.done = true
+	delete(c.loads, w)
+	if w.doubt {
+		c.st.LoadsInDoubt--
+	}
+	_ = w.sub.Unsubscribe() // already gone after its one reply
+	close(w.settled)
+}
+
+// settleLoadsOfLocked settles every load sent to node/boot: the node is
+// done with all of them (lost past its lease, or unregistered).
+func (c *Client) settleLoadsOfLocked(node, boot string) {
+	for w := range c.loads {
+		if w.node == node && w.boot == boot {
+			c.settleLoadLocked(w)
+		}
+	}
+}
+
+// stopWatchingLoadsLocked drops the reply inboxes of loads not settled
+// (Close): they stay in doubt.
+func (c *Client) stopWatchingLoadsLocked() {
+	for w := range c.loads {
+		_ = w.sub.Unsubscribe()
+		delete(c.loads, w)
+	}
+}

@@ -1,0 +1,122 @@
+package client_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// loadInDoubt sends a load that the node does not answer within 100 ms
+// and returns its error, checked to be a LoadInDoubtError.
+func loadInDoubt(t *testing.T, c *client.Client) *client.LoadInDoubtError {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := c.Load(ctx, "l", []string{"aa"}, 4, [][]int64{{9}})
+	require.ErrorIs(t, err, client.ErrLoadInDoubt)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var d *client.LoadInDoubtError
+	require.ErrorAs(t, err, &d)
+	require.Equal(t, "l", d.Request)
+	require.Equal(t, "n1", d.Node)
+	require.Equal(t, 1, c.Stats().LoadsInDoubt)
+	return d
+}
+
+// TestLoadInDoubtUntilItsLateReply: a load the node answers after Load gave
+// up is in doubt (its blocks may still be written) through heartbeat round
+// trips, which prove nothing about it, and settled by its own late reply.
+func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	d := loadInDoubt(t, c)
+	testkit.Recv(t, held, 5*time.Second, "the load waiting at the node")
+	stillOpen(t, d.Settled(), 2*testLease, "the load settled while the node still holds it")
+	require.True(t, c.Live(), "heartbeats went on meanwhile")
+	gate <- struct{}{}
+	awaitClosed(t, d.Settled(), 5*time.Second, "the load settled by its late reply")
+	st := c.Stats()
+	require.Zero(t, st.LoadsInDoubt)
+	require.Equal(t, 1, st.LateLoadReplies)
+
+	gate <- struct{}{} // a load answered in time is in no doubt
+	n, err := c.Load(context.Background(), "l2", []string{"aa"}, 4, [][]int64{{9}})
+	require.NoError(t, err)
+	require.Equal(t, 4, n)
+	require.Zero(t, c.Stats().LoadsInDoubt)
+}
+
+// TestLoadInDoubtUntilTheNodeIsLost: a load the node never answers (it
+// dies) is settled when the node is declared lost, no sooner than the
+// lease after its last heartbeat (its fencing stops copies by then); while
+// the node is lost, Load sends nothing.
+func TestLoadInDoubtUntilTheNodeIsLost(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	held := make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = make(chan struct{}), held
+	f.mu.Unlock()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	d := loadInDoubt(t, c)
+	testkit.Recv(t, held, 5*time.Second, "the load waiting at the node")
+	f.kill()
+	lastBeat := f.lastHeartbeat()
+	awaitClosed(t, d.Settled(), testLease+2*time.Second, "the load settled by the node's loss")
+	require.GreaterOrEqual(t, time.Since(lastBeat), testLease, "settled before the lease since the last heartbeat")
+	require.Zero(t, c.Stats().LoadsInDoubt)
+	_, err := c.Load(context.Background(), "l2", []string{"aa"}, 4, [][]int64{{9}})
+	require.ErrorIs(t, err, client.ErrNoNode)
+}
+
+// TestLoadInDoubtUntilUnregistered: a load whose reply is lost is settled
+// by Close's unregister, which the node answers only once its loads in
+// flight are done.
+func TestLoadInDoubtUntilUnregistered(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.mu.Lock()
+	f.dropLoads = true
+	f.mu.Unlock()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	d := loadInDoubt(t, c)
+	stillOpen(t, d.Settled(), testLease, "the load settled with no reply")
+	require.NoError(t, c.Close())
+	awaitClosed(t, d.Settled(), time.Second, "the load settled by the unregister")
+}
+
+// awaitClosed fails unless ch is closed within d (testkit.Recv treats a
+// closed channel as a failure).
+func awaitClosed(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", d, what)
+	}
+}
+
+// stillOpen fails if ch is closed within d (testkit.NoRecv takes a close
+// for no value).
+func stillOpen(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-ch:
+		t.Fatalf("unexpected %s", what)
+	case <-timer.C:
+	}
+}

@@ -1,0 +1,96 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// registerRetry registers until a node answers, ctx ends or Close.
+func (c *Client) registerRetry(ctx context.Context) error {
+	backoff := 50 * time.Millisecond
+	for {
+		err := c.registerOnce(ctx)
+		if err == nil || errors.Is(err, errRefused) {
+			return err
+		}
+		c.cfg.Log.Debug("client: register", "engine", c.cfg.Engine, "err", err, "retry_in", backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, ctx.Err(), err)
+		case <-c.stop:
+			t.Stop()
+			return fmt.Errorf("client: engine %s: closed while registering", c.cfg.Engine)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+var errRefused = errors.New("register refused")
+
+// registerOnce sends the spec; on success the node, boot and lease of the
+// reply become the session's.
+// ctx (besides RequestTimeout) bounds the wait for the reply.
+func (c *Client) registerOnce(ctx context.Context) error {
+	var rep messages.RegisterReply
+	if err := c.requestCtx(ctx, messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
+		return err
+	}
+	if !rep.OK {
+		return fmt.Errorf("client: engine %s: %w: %s", c.cfg.Engine, errRefused, rep.Error)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.node, c.boot = rep.Node, rep.Boot
+	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
+	if c.lease <= 0 {
+		c.lease = c.cfg.DefaultLease
+	}
+	c.lastSeen = time.Now()
+	c.st.Registers++
+	return nil
+}
+
+// tryRegister is one re-register attempt after a loss; success starts a
+// new epoch that re-announces every live request.
+//
+// A refusal is not final here as it is for Connect (checklist step 5): it
+// may pass (--max-engines reached until another engine leaves; a cluster
+// owner whose lease has not lapsed), and the engine's requests are already
+// freed, so the client keeps trying every lease/4. But each refusal is
+// counted (Stats.RegisterRefusals, Stats.RegisterRefused), logged at Warn
+// when its text changes, and handed to Config.OnRegisterRefused, so an
+// engine can see a session that will not come back (say a namespace whose
+// geometry changed) and act, e.g. Close.
+func (c *Client) tryRegister() {
+	err := c.registerOnce(context.Background()) // RequestTimeout bounds it
+	if err != nil && !errors.Is(err, errRefused) {
+		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err != nil {
+		c.st.RegisterRefusals++
+		if msg := err.Error(); msg != c.st.RegisterRefused {
+			c.st.RegisterRefused = msg
+			c.cfg.Log.Warn("client: re-register refused; retrying every lease/4", "engine", c.cfg.Engine,
+				"err", err, "refusals", c.st.RegisterRefusals)
+		}
+		c.out.push(refusal{err})
+		return
+	}
+	c.st.RegisterRefused = ""
+	reason := ResyncReregister
+	if c.lost {
+		reason = ResyncNewBoot
+	}
+	// A new registration answers any overflow: its resync waits for nothing.
+	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
+}
