@@ -254,7 +254,11 @@ func (a *Actor) lapse(c actor.Context) bool {
 	if a.retiring {
 		return true // its requests are being reset already
 	}
-	a.deps.Log.Warn("NATS lapse: the engine may have declared this node lost; resyncing the epoch, resetting its requests",
+	level := slog.LevelWarn
+	if len(a.live) == 0 && a.seq.Resyncing() {
+		level = slog.LevelDebug // the lapse's end, or a second look at one: nothing left to do
+	}
+	a.deps.Log.Log(context.Background(), level, "NATS lapse: the engine may have declared this node lost; resyncing the epoch, resetting its requests",
 		"engine", a.deps.Engine, "epoch", a.seq.Epoch(), "requests", len(a.live))
 	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncReconnect))
 	a.resetAll(c, messages.ReasonEngineReset)
