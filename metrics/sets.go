@@ -208,6 +208,11 @@ type Transfer struct {
 	BytesInFlight prometheus.GaugeFunc
 	JobsQueued    prometheus.GaugeFunc
 	FenceWaits    prometheus.Counter
+	// FenceLapses counts lapses (no NATS round trip for 3/4 lease: an engine
+	// may have declared the node lost); CopiesLapsed the copies the fence
+	// refused for them (not in CopyFailures).
+	FenceLapses  prometheus.Counter
+	CopiesLapsed prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
@@ -241,6 +246,10 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			Buckets: prometheus.ExponentialBuckets(4096, 4, 10)}, []string{"transfer_type"}),
 		CopyFailures: counterVec("transfer", "failures_total", "Copy jobs that failed.", "transfer_type"),
 		FenceWaits:   counter("transfer", "fence_waits_total", "Copies held back until a NATS round trip was fresh."),
+		FenceLapses: counter("transfer", "fence_lapses_total",
+			"Times the node had no NATS round trip for 3/4 lease (an engine may have declared it lost)."),
+		CopiesLapsed: counter("transfer", "copies_lapsed_total",
+			"Copies refused because their session began before a lapse (never started)."),
 		DecisionTime: latency("store", "decision_seconds", "Time from a batch's arrival to its store job starting to copy."),
 		QueueWait:    latency("transfer", "queue_wait_seconds", "Time from a copy job's submission to its copy starting."),
 	}
@@ -251,7 +260,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.DecisionTime, m.QueueWait)
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.DecisionTime, m.QueueWait)
 	return m
 }
 

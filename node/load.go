@@ -55,6 +55,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 // the copy and answers once it completed.
 func (n *Node) onLoad(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
+	session := n.fence.Gen() // the load's session: a lapse from here on refuses its copy
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"
@@ -98,16 +99,16 @@ func (n *Node) onLoad(engineID string, m *nats.Msg) {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
 				return
 			}
-			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, fail)
+			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, session, fail)
 		}()
 		return
 	}
-	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, fail)
+	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, session, fail)
 }
 
 // startLoad pins the keys and hands the copy to a load actor.
 func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
-	keys []messages.Key, reply string, remote int, fail func(error)) {
+	keys []messages.Key, reply string, remote int, session uint64, fail func(error)) {
 	if !rec.loads.enter() {
 		fail(fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id)) // ending: see loadGate
 		return
@@ -122,7 +123,7 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
-			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote}))
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session}))
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)

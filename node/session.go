@@ -73,9 +73,10 @@ func (n *Node) pinger(ctx context.Context) {
 	}
 }
 
-// watchdog fail-stops the process when a copy runs Lease past the last
-// round trip: an engine may already have declared this node lost and reused
-// the blocks the copy reads or writes.
+// watchdog records a lapse that no round trip reveals (NATS still down:
+// transfer.Fence.Check), and fail-stops the process when a copy runs Lease
+// past the last round trip: an engine may already have declared this node
+// lost and reused the blocks the copy reads or writes.
 func (n *Node) watchdog(ctx context.Context) {
 	defer n.loops.Done()
 	t := time.NewTicker(n.cfg.Lease / 8)
@@ -85,6 +86,7 @@ func (n *Node) watchdog(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
+			n.fence.Check(now)
 			if n.fence.Overdue(now) {
 				n.cfg.FailStop("a device copy is running a lease after the last NATS round trip")
 				return
@@ -93,13 +95,35 @@ func (n *Node) watchdog(ctx context.Context) {
 	}
 }
 
+// lapsed runs once per lapse (transfer.Fence.OnLapse): no NATS round trip
+// for 3/4 lease, so an engine may have declared this node lost and be
+// reusing the blocks of its requests. Every engine resyncs and resets its
+// requests (engine.Lapsed); their copies, stamped with the old session,
+// never start (the fence refuses them).
+func (n *Node) lapsed() {
+	n.metrics.Transfer.FenceLapses.Inc()
+	recs := n.liveEngines()
+	n.log.Warn("NATS lapse: no round trip for 3/4 lease; engines may have declared this node lost: "+
+		"copies of their sessions are refused, every engine resyncs and its requests are reset",
+		"lease", n.cfg.Lease, "engines", len(recs))
+	for _, rec := range recs {
+		n.system.Root.Send(rec.pid, &engine.Lapsed{})
+	}
+}
+
 // reconnected: batches published while the node was away may be lost, so
 // every engine with a live epoch resyncs (reason reconnect), after a hello.
+// A round trip comes first: it ends a lapse (transfer.Fence.RoundTrip), so
+// the epochs the engines begin on hearing the hello get the new stamp.
 func (n *Node) reconnected() {
 	n.metrics.NATSEvents.WithLabelValues("reconnect").Inc()
 	n.metrics.NATSConnected.Set(1)
 	if n.outbox == nil || n.closed.Load() {
 		return
+	}
+	sent := time.Now()
+	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
+		n.fence.RoundTrip(sent)
 	}
 	n.hello()
 	if n.cl != nil && n.cl.feed != nil {

@@ -42,6 +42,11 @@ type Deps struct {
 	// Reject logs rejections, rate-limited per reason (nil: not logged;
 	// they are always counted).
 	Reject *ratelog.Log
+	// Session is the node's fence generation (transfer.Fence.Gen; nil:
+	// always 0). When it moves, an engine may have declared the node lost:
+	// the actor resyncs and resets its requests before anything else
+	// (lapse), and stamps the next epoch's copies with the new value.
+	Session func() uint64
 }
 
 // routed is one event to forward: its index in the batch and its request's
@@ -75,6 +80,9 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
+	// session is the fence generation this actor last reset for: the
+	// stamp of the epochs it begins (request.Deps.Session).
+	session uint64
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -93,9 +101,13 @@ func Props(deps Deps) *actor.Props {
 		deps.Now = time.Now
 	}
 	loop := actors.NewLoopDispatcher()
+	if deps.Session == nil {
+		deps.Session = func() uint64 { return 0 }
+	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
-			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease)}
+			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
+			session: deps.Session()}
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
@@ -128,6 +140,7 @@ func (a *Actor) Receive(c actor.Context) {
 			close(a.deps.Closed)
 		}
 	case *Batch:
+		a.lapse(c)
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
@@ -135,14 +148,18 @@ func (a *Actor) Receive(c actor.Context) {
 			m.Done()
 		}
 	case *Heartbeat:
+		a.lapse(c)
 		a.heartbeat(c, m)
 	case *Lost:
-		if !a.retiring {
+		if !a.lapse(c) && !a.retiring {
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
+	case *Lapsed:
+		a.lapse(c)
 	case *Touch:
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
+		a.lapse(c)
 		if !a.retiring && !a.expired && a.seq.Expired(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
@@ -223,6 +240,33 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 		a.deps.Outbox.Resync(ctx, a.deps.Engine, &messages.Resync{Node: a.deps.Node, Boot: a.deps.Boot,
 			Epoch: r.Epoch, Expected: r.Expected, Got: r.Got, Reason: r.Reason})
 	}
+}
+
+// lapse handles a move of the node's fence generation (a lapse began or
+// ended) before the message that revealed it: an engine may have declared
+// the node lost and reused the blocks of this epoch's requests, so the
+// epoch is resynced (reason reconnect: batches were lost with the link) and
+// its requests are reset, so none of them copies again (their copies carry
+// the old stamp, which the fence refuses anyway). Their engine_reset
+// releases carry the old epoch. It reports whether it acted.
+func (a *Actor) lapse(c actor.Context) bool {
+	g := a.deps.Session()
+	if g == a.session {
+		return false
+	}
+	a.session = g
+	if a.retiring {
+		return true // its requests are being reset already
+	}
+	level := slog.LevelWarn
+	if len(a.live) == 0 && a.seq.Resyncing() {
+		level = slog.LevelDebug // the lapse's end, or a second look at one: nothing left to do
+	}
+	a.deps.Log.Log(context.Background(), level, "NATS lapse: the engine may have declared this node lost; resyncing the epoch, resetting its requests",
+		"engine", a.deps.Engine, "epoch", a.seq.Epoch(), "requests", len(a.live))
+	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncReconnect))
+	a.resetAll(c, messages.ReasonEngineReset)
+	return true
 }
 
 // heartbeat answers P.E.heartbeat after every batch the engine sent before
@@ -339,10 +383,11 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	// One Deps per epoch, shared by its requests (it names their epoch).
+	// One Deps per epoch, shared by its requests (it names their epoch and
+	// stamps their copies with the session they began in).
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
-		d.Epoch, d.Releases = a.seq.Epoch(), a.deps.Releases
+		d.Epoch, d.Releases, d.Session = a.seq.Epoch(), a.deps.Releases, a.session
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

@@ -39,6 +39,15 @@ func startEngine(t *testing.T, nc *nats.Conn, closed chan struct{}, store reques
 func startEngineWith(t *testing.T, nc *nats.Conn, closed chan struct{},
 	edit func(*actor.ActorSystem, *sched.Layout, *request.Deps)) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
 	t.Helper()
+	return startEngineDeps(t, nc, closed, edit, nil)
+}
+
+// startEngineDeps is startEngineWith with the engine's own deps set by
+// editEngine (nil: none).
+func startEngineDeps(t *testing.T, nc *nats.Conn, closed chan struct{},
+	edit func(*actor.ActorSystem, *sched.Layout, *request.Deps),
+	editEngine func(*engine.Deps)) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
 		Segments: []messages.Segment{{Shm: "x"}},
@@ -55,8 +64,12 @@ func startEngineWith(t *testing.T, nc *nats.Conn, closed chan struct{},
 		Metrics: request.NewMetrics(m.Events, m.Store, m.Actors),
 		Tracer:  noop.NewTracerProvider().Tracer(""), Log: log, Timers: timers}
 	edit(system, lay, &rd)
-	pid := system.Root.Spawn(engine.Props(engine.Deps{Engine: "e1", Outbox: outbox,
+	ed := engine.Deps{Engine: "e1", Outbox: outbox,
 		Metrics: engine.NewMetrics(m.Engines, m.Events, m.Store, m.Actors), Log: log,
-		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed, Request: rd}))
+		Releases: actors.NewReleases(outbox, "e1"), Lease: time.Minute, Closed: closed, Request: rd}
+	if editEngine != nil {
+		editEngine(&ed)
+	}
+	pid := system.Root.Spawn(engine.Props(ed))
 	return system, pid, m, timers
 }

@@ -45,6 +45,11 @@ type Heartbeat struct {
 // seeing their seq (Reason: reconnect, overflow).
 type Lost struct{ Reason string }
 
+// Lapsed says the node's fence recorded a lapse (Deps.Session moved): the
+// engine may have declared the node lost. The actor resyncs its epoch and
+// resets its requests (it does the same whenever it sees Session move).
+type Lapsed struct{}
+
 // Touch is a sign of life other than a batch or heartbeat (a register).
 type Touch struct{}
 

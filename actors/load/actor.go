@@ -42,6 +42,9 @@ type Job struct {
 	// RemoteChunks is how many chunks the node fetched from other nodes of
 	// its cluster for this load (the reply's remote_chunks).
 	RemoteChunks int
+	// Session is the node's fence generation when the load request was
+	// taken (transfer.Submit.Session): a lapse since then refuses the copy.
+	Session uint64
 }
 
 // Deps is what a load actor needs from its node.
@@ -100,7 +103,8 @@ func (a *Actor) submit(c actor.Context) {
 		return
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
-		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext()})
+		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext(),
+		Session: j.Session})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {

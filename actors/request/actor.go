@@ -2,6 +2,7 @@ package request
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"slices"
 	"sync/atomic"
@@ -56,6 +57,9 @@ type Deps struct {
 	// before spawning it (so none is missed while its actor starts); the
 	// actor takes it off with its final release.
 	Owed *atomic.Int64
+	// Session stamps the requests' copies (transfer.Submit.Session): the
+	// node's fence generation when their epoch began.
+	Session uint64
 	// Timers delivers the requests' RetryDue (one goroutine per engine,
 	// not one per pending retry); the engine actor stops it.
 	Timers *actors.Timers
@@ -401,7 +405,13 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 	default:
 		j.span.RecordError(m.Err)
 		j.span.SetStatus(codes.Error, m.Err.Error())
-		a.deps.Log.Warn("store copy failed; will retry", "engine", a.deps.Engine,
+		level := slog.LevelWarn
+		if errors.Is(m.Err, transfer.ErrSessionLapsed) {
+			// Expected after a lapse, on every retry until the engine's
+			// reset ends the request: the fence counts them.
+			level = slog.LevelDebug
+		}
+		a.deps.Log.Log(context.Background(), level, "store copy failed; will retry", "engine", a.deps.Engine,
 			"request", a.state.ID(), "job", m.ID, "err", m.Err)
 	}
 	j.span.End()
@@ -534,7 +544,7 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	}
 	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived}, next: a.jobs}
+		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session}, next: a.jobs}
 	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {

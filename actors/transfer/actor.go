@@ -2,6 +2,7 @@ package transfer
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -139,9 +140,12 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 	more := a.more
 	for i, d := range done {
 		m := &a.byDir[d.job.Dir]
-		if d.err != nil {
+		switch {
+		case errors.Is(d.err, ErrSessionLapsed):
+			a.deps.Metrics.CopiesLapsed.Inc() // refused, not failed
+		case d.err != nil:
 			m.failures.Inc()
-		} else {
+		default:
 			m.bytes.Add(float64(d.job.Bytes))
 			m.secs.Add(d.dur.Seconds())
 			m.size.Observe(float64(d.job.Bytes))
@@ -188,10 +192,11 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 }
 
 // copy runs one job's copies through its store, inside the fence (if any).
-// A copy the fence refuses never starts; its pool side is aborted.
+// A copy the fence refuses (node stopping, session lapsed) never starts;
+// its pool side is aborted.
 func (a *Actor) copy(job *Submit) error {
 	if f := a.deps.Fence; f != nil {
-		if err := f.Enter(); err != nil {
+		if err := f.Enter(job.Session); err != nil {
 			job.Store.Abort(job.Dir, job.Chunks)
 			return err
 		}

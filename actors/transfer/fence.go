@@ -3,18 +3,34 @@ package transfer
 import (
 	"errors"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
-// ErrFenceClosed is a copy's error when the node stopped while the copy was
-// waiting for a fresh NATS round trip.
-var ErrFenceClosed = errors.New("node stopping: copy not started (no fresh NATS round trip)")
+// Errors of a copy the fence refuses; its pool side is aborted and its
+// owner gets them in JobDone.
+var (
+	// ErrFenceClosed: the node stopped while the copy was waiting for a
+	// fresh NATS round trip.
+	ErrFenceClosed = errors.New("node stopping: copy not started (no fresh NATS round trip)")
+	// ErrSessionLapsed: the copy belongs to a session that began before a
+	// lapse (no round trip for 3/4 lease): an engine may have declared this
+	// node lost since, and reused the blocks the copy reads or writes.
+	ErrSessionLapsed = errors.New("session lapsed: an engine may have declared this node lost since the copy's session began; copy not started")
+)
 
 // Fence holds back device copies while the node may be cut off from NATS
 // (PROTOCOL.md "Fencing, node side"): no copy starts when the last completed
 // round trip with NATS began Lease/2 or more ago, and a copy still running
 // Lease after it is overdue (the node then fail-stops). Round trips are
 // reported by the node's pinger; the copy workers call Enter and Leave.
+//
+// It also records lapses: Lease − Lease/4 without a round trip. The node
+// heartbeats every Lease/4, so an engine's last sight of it may be that much
+// older than the last round trip, and the engine may declare it lost from
+// then on. A copy carries the generation of the session it belongs to
+// (Gen, when the session began); one whose session began before a lapse, or
+// during one, never starts (ErrSessionLapsed).
 type Fence struct {
 	lease time.Duration
 	now   func() time.Time
@@ -25,6 +41,12 @@ type Fence struct {
 	running int
 	closed  bool
 	waits   func() // counts a copy that had to wait (may be nil)
+	// gen moves twice per lapse: when it is recorded and when the round
+	// trip that ends it completes, so a stamp taken during the lapse is
+	// stale too. Written under mu; read without it by Gen.
+	gen     atomic.Uint64
+	lapsed  bool   // a lapse is recorded and no round trip has ended it yet
+	onLapse func() // run once per lapse, outside mu (may be nil)
 }
 
 // NewFence starts a fence whose last round trip is now (the connect).
@@ -34,34 +56,110 @@ func NewFence(lease time.Duration, now func() time.Time, waits func()) *Fence {
 	return f
 }
 
-// RoundTrip records a round trip with NATS that was sent at sent and has
-// completed; waiting copies start.
-func (f *Fence) RoundTrip(sent time.Time) {
+// OnLapse sets fn to run once per lapse, when it is recorded, on the
+// goroutine that noticed it and without the fence's lock (the node resyncs
+// and resets its engines there).
+func (f *Fence) OnLapse(fn func()) {
 	f.mu.Lock()
-	if sent.After(f.last) {
-		f.last = sent
-	}
+	f.onLapse = fn
 	f.mu.Unlock()
-	f.fresh.Broadcast()
 }
 
-// Enter blocks until a copy may start (the last round trip is younger than
-// Lease/2), then counts it running. It fails only once the fence is closed.
-func (f *Fence) Enter() error {
+// Gen is the lapse generation: a session (an engine's epoch, a load) is
+// stamped with it when it begins, and its copies start only while it is
+// unchanged.
+func (f *Fence) Gen() uint64 { return f.gen.Load() }
+
+// lapseAfter is how long without a round trip before an engine may have
+// declared this node lost.
+func (f *Fence) lapseAfter() time.Duration { return f.lease - f.lease/4 }
+
+// lapseLocked records a lapse if none is recorded and now is lapseAfter or
+// more past the last round trip; it returns the callback to run (without
+// the lock) when it recorded one. Call with mu held.
+func (f *Fence) lapseLocked(now time.Time) (recorded bool, onLapse func()) {
+	if f.lapsed || now.Sub(f.last) < f.lapseAfter() {
+		return false, nil
+	}
+	f.lapsed = true
+	f.gen.Add(1)
+	return true, f.onLapse
+}
+
+// recorded wakes the waiting copies to check their stamp and runs onLapse
+// (nil: none); call without mu.
+func (f *Fence) recorded(onLapse func()) {
+	f.fresh.Broadcast()
+	if onLapse != nil {
+		onLapse()
+	}
+}
+
+// RoundTrip records a round trip with NATS that was sent at sent and has
+// completed; waiting copies start. A gap since the last one of lapseAfter or
+// more (at completion) is a lapse, recorded before the round trip moves the
+// fence on, and the round trip that ends a lapse moves Gen again.
+func (f *Fence) RoundTrip(sent time.Time) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	now := f.now()
+	_, onLapse := f.lapseLocked(now)
+	if sent.After(f.last) {
+		f.last = sent
+		if f.lapsed && now.Sub(f.last) < f.lapseAfter() {
+			f.lapsed = false
+			f.gen.Add(1)
+		}
+	}
+	f.mu.Unlock()
+	f.recorded(onLapse) // wakes the waiting copies either way
+}
+
+// Check records a lapse that has begun by now although no round trip came
+// to show it (the node's watchdog calls it periodically), so waiting copies
+// of the old session end and the engines are reset during the outage.
+func (f *Fence) Check(now time.Time) {
+	f.mu.Lock()
+	rec, onLapse := f.lapseLocked(now)
+	f.mu.Unlock()
+	if rec {
+		f.recorded(onLapse)
+	}
+}
+
+// Enter blocks until a copy of the session stamped session may start (the
+// last round trip is younger than Lease/2), then counts it running. It
+// fails once the fence is closed (ErrFenceClosed) or once Gen differs from
+// session (ErrSessionLapsed), also after a wait.
+func (f *Fence) Enter(session uint64) error {
+	f.mu.Lock()
 	waited := false
-	for !f.closed && f.now().Sub(f.last) >= f.lease/2 {
+	for {
+		if f.closed {
+			f.mu.Unlock()
+			return ErrFenceClosed
+		}
+		now := f.now()
+		if rec, onLapse := f.lapseLocked(now); rec {
+			f.mu.Unlock()
+			f.recorded(onLapse)
+			f.mu.Lock()
+			continue
+		}
+		if session != f.gen.Load() {
+			f.mu.Unlock()
+			return ErrSessionLapsed
+		}
+		if now.Sub(f.last) < f.lease/2 {
+			break
+		}
 		if !waited && f.waits != nil {
 			f.waits()
 		}
 		waited = true
 		f.fresh.Wait()
 	}
-	if f.closed {
-		return ErrFenceClosed
-	}
 	f.running++
+	f.mu.Unlock()
 	return nil
 }
 

@@ -69,11 +69,14 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	testkit.NoRecv(t, done, 50*time.Millisecond, "a JobDone while copies are fenced")
 	require.Len(t, dev.startedCopies(), 1, "a copy started without a fresh round trip")
 
-	// Copy 1 still running at lease after the last round trip: overdue.
+	// Copy 1 still running at lease after the last round trip: overdue
+	// (asked about a later time without moving the clock there, which would
+	// be a lapse: see TestFenceRefusesACopyWaitingAcrossALapse).
 	require.False(t, fence.Overdue(clock.Now()))
-	require.True(t, fence.Overdue(clock.Add(lease/2)))
+	require.True(t, fence.Overdue(clock.Now().Add(lease/2)))
 
-	// A round trip completes: the waiting copies start; nothing was lost.
+	// A round trip completes before 3/4 lease: the waiting copies start;
+	// nothing was lost.
 	fence.RoundTrip(clock.Now())
 	require.False(t, fence.Overdue(clock.Now()))
 	waitStarted(t, dev, 2) // one worker is still held by copy 1
@@ -92,11 +95,13 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 func TestFenceRoundTripOrderAndClose(t *testing.T) {
 	const lease = time.Second
 	clock := &fakeClock{now: time.Unix(0, 0)}
-	fence := transfer.NewFence(lease, clock.Now, nil)
-	clock.Add(lease)
+	waiting := make(chan struct{}, 1)
+	fence := transfer.NewFence(lease, clock.Now, func() { waiting <- struct{}{} })
+	clock.Add(lease / 2)
 	fence.RoundTrip(clock.Now().Add(-lease)) // older than the start: ignored
 	entered := make(chan error, 1)
-	go func() { entered <- fence.Enter() }()
+	go func() { entered <- fence.Enter(fence.Gen()) }()
+	testkit.Recv(t, waiting, 5*time.Second, "Enter to wait without a fresh round trip")
 	testkit.NoRecv(t, entered, 20*time.Millisecond, "Enter without a fresh round trip")
 	fence.Close()
 	require.ErrorIs(t, testkit.Recv(t, entered, 5*time.Second, "Enter after Close"), transfer.ErrFenceClosed)

@@ -34,7 +34,12 @@ type Submit struct {
 	Bytes   int64             // bytes the copy moves: the in-flight bound's unit
 	Span    trace.SpanContext // the job span: the copy span's parent
 	Arrived time.Time         // when the batch that caused it arrived (decision latency)
-	queued  time.Time         // when it was queued (Queue.Submit; queue wait)
+	// Session is the fence generation (Fence.Gen) of the session the copy
+	// belongs to, read when that session began: an engine's epoch for a
+	// store, the load request for a load. A copy whose session began before
+	// a lapse never starts (ErrSessionLapsed).
+	Session uint64
+	queued  time.Time // when it was queued (Queue.Submit; queue wait)
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone

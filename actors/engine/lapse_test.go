@@ -1,0 +1,88 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
+)
+
+// submits collects the store jobs request actors send to the transfer
+// actor; it never answers them (the copies stay in flight).
+type submits struct{ ch chan *transfer.Submit }
+
+func (s *submits) Receive(c actor.Context) {
+	if m, ok := c.Message().(*transfer.Submit); ok {
+		s.ch <- m
+	}
+}
+
+// PROTOCOL.md "Fencing, node side", lapse: when the node's fence generation
+// moves (an engine may have declared the node lost), the engine actor
+// resyncs its epoch (reason reconnect) and resets its requests
+// (engine_reset, old epoch) before it handles anything else, drops the old
+// epoch's later batches, and stamps the next epoch's copies with the new
+// generation; the old epoch's copies carried the old one.
+func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	var gen atomic.Uint64
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+				Engine("e1", lay, testkit.NopDevice{})
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, func(d *engine.Deps) { d.Session = gen.Load })
+	send := func(epoch string, seq uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
+	}
+	stored := func(id string, block messages.BlockID) []messages.Event {
+		return []messages.Event{added(id),
+			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash("h-" + id)}},
+			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{block}}, tokens(id, 4)}
+	}
+
+	send("a", 1, stored("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
+	require.Zero(t, j.Session, "stamped with the epoch's session")
+
+	gen.Store(1) // the fence recorded a lapse
+	system.Root.Send(pid, &engine.Lapsed{})
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	// r's copy is in flight (never answered here): its release waits for it,
+	// but the request is reset; the old epoch's later batches are dropped.
+	send("a", 2, stored("late", 2)...)
+	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job of the lapsed epoch")
+	st := statusOf(t, system, pid)
+	require.True(t, st.Resyncing)
+	require.Empty(t, st.Requests, "the old epoch's requests are still live")
+
+	// The lapse ends (the generation moves again) before the engine's new
+	// epoch arrives: the batch itself reveals it, and the epoch is stamped
+	// with the generation after it.
+	gen.Store(2)
+	send("b", 1, stored("n", 3)...)
+	var rel messages.Released
+	j2 := testkit.Recv(t, jobs, 5*time.Second, "n's store job")
+	require.Equal(t, uint64(2), j2.Session)
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID, Err: transfer.ErrSessionLapsed})
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineReset}, rel)
+}

@@ -1,0 +1,184 @@
+package node_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// link is a loopback TCP proxy to a NATS server: cutting it is an outage of
+// the node's NATS link alone, so the test's engine, connected to the server
+// directly, sees everything the node publishes once the link is back.
+type link struct {
+	t      *testing.T
+	addr   string // where the node connects
+	target string
+
+	mu    sync.Mutex
+	ln    net.Listener
+	conns []net.Conn
+}
+
+func newLink(t *testing.T, target string) *link {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	l := &link{t: t, addr: ln.Addr().String(), target: target, ln: ln}
+	go l.serve(ln)
+	t.Cleanup(l.cut)
+	return l
+}
+
+func (l *link) serve(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return // cut
+		}
+		s, err := net.Dial("tcp", l.target)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l.mu.Lock()
+		l.conns = append(l.conns, c, s)
+		l.mu.Unlock()
+		pipe := func(dst, src net.Conn) {
+			_, _ = io.Copy(dst, src)
+			_ = dst.Close()
+			_ = src.Close()
+		}
+		go pipe(c, s)
+		go pipe(s, c)
+	}
+}
+
+// cut closes the listener and every connection: the node's client sees its
+// connection drop and every reconnect refused.
+func (l *link) cut() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ln != nil {
+		_ = l.ln.Close()
+		l.ln = nil
+	}
+	for _, c := range l.conns {
+		_ = c.Close()
+	}
+	l.conns = nil
+}
+
+// restore listens again on the same address.
+func (l *link) restore() {
+	l.t.Helper()
+	ln, err := net.Listen("tcp", l.addr)
+	require.NoError(l.t, err, "listen again on %s", l.addr)
+	l.mu.Lock()
+	l.ln = ln
+	l.mu.Unlock()
+	go l.serve(ln)
+}
+
+// PROTOCOL.md "Fencing, node side", lapse: the node's NATS link is down for
+// more than 3/4 lease, so an engine may have declared the node lost and
+// reused the blocks of its requests. A store copy queued behind a held one
+// (one worker) must never start, not even once NATS answers again; the
+// engine is resynced (reason reconnect) and its old-epoch requests are
+// released with engine_reset; the refusal is counted; a new epoch (after a
+// re-register, in case the engine also expired) stores normally.
+func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
+	// Lease 4s: the lapse is seen by 7/8 lease after the last round trip
+	// (watchdog every lease/8), before the engine, silent since the cut, may
+	// expire (a lease after its last batch), which would release its
+	// requests as engine_gone instead.
+	const lease = 4 * time.Second
+	s := testkit.NATSServer(t)
+	l := newLink(t, s.Addr().String())
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	stops := make(chan string, 1)
+	reg := prometheus.NewRegistry()
+	dir := t.TempDir()
+	cfg := node.Config{NATSURL: "nats://" + l.addr, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off", Registry: reg,
+		Lease: lease, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev },
+		FailStop:   func(reason string) { stops <- reason }}
+	cfg.Transfer.Workers = 1
+	n, err := node.Start(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(func() { close(dev.gate); _ = n.Close(context.Background()) })
+	e := &env{t: t, node: n, reg: reg, dir: dir, nc: testkit.Connect(t, s)}
+	counter := func(name string) float64 { return metricValue(t, reg, name, nil) }
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "copy a")
+	te.send(added("b", 4), hashesEv("b", 0, hash("b", 0)), blocksEv("b", 0, 0, 2), tokensEv("b", 4, 4))
+	te.sync() // b's copy is queued behind a's
+
+	l.cut()
+	testkit.Eventually(t, lease, time.Millisecond, func() error {
+		if !n.Fenced() {
+			return errors.New("not fenced yet")
+		}
+		return nil
+	})
+	dev.gate <- struct{}{} // a ends long before the lease runs out; b reaches the fence
+	testkit.Eventually(t, 2*lease, 5*time.Millisecond, func() error {
+		if v := counter("kvactors_transfer_fence_lapses_total"); v != 1 {
+			return fmt.Errorf("%v lapses recorded, want 1", v)
+		}
+		if v := counter("kvactors_transfer_copies_lapsed_total"); v < 1 {
+			return errors.New("b's copy not refused yet")
+		}
+		return nil
+	})
+
+	l.restore()
+	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		return n.Ready() // connected, and a round trip since: not fenced
+	})
+	// What the node published during the outage reaches the engine now: the
+	// resync of the old epoch and the old epoch's releases.
+	rs := recv(t, te.resync, "the resync of the old epoch")
+	require.Equal(t, "ep1", rs.Epoch)
+	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	got := map[string]string{}
+	for range 2 {
+		rel := recv(t, te.released, "an old-epoch release")
+		got[rel.Request] = rel.Reason
+	}
+	require.Equal(t, map[string]string{"a": messages.ReasonEngineReset, "b": messages.ReasonEngineReset}, got)
+	// The old session's copy never started, NATS back or not.
+	te.register() // a no-op unless the engine expired meanwhile
+	te.sync()
+	testkit.NoRecv(t, dev.started, 100*time.Millisecond, "b's copy starting after the lapse")
+	require.Equal(t, 1.0, counter("kvactors_transfer_fence_lapses_total"))
+	require.Zero(t, counter("kvactors_transfer_failures_total"), "a refusal counted as a copy failure")
+
+	// The engine's new epoch stores normally.
+	te.epoch, te.seq = "ep2", 0
+	te.send(added("c", 4), hashesEv("c", 0, hash("c", 0)), blocksEv("c", 0, 0, 3), tokensEv("c", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "copy c of the new epoch")
+	dev.gate <- struct{}{}
+	st := recv(t, te.stored, "stored after the lapse")
+	if st.Request == "a" { // a's copy completed during the outage
+		st = recv(t, te.stored, "stored c")
+	}
+	require.Equal(t, "c", st.Request)
+	require.Equal(t, "ep2", te.sync().Epoch)
+	testkit.NoRecv(t, stops, 10*time.Millisecond, "a fail-stop")
+}
