@@ -34,7 +34,9 @@
 //     *LoadInDoubtError (errors.Is ErrLoadInDoubt). The node never abandons
 //     a load, so the engine must not reuse its destination blocks until
 //     the error's Settled channel closes: on the load's own late reply, on
-//     the loss of its node once the lease has passed (the node's fence), or
+//     the loss of its node once the lease has passed (the node's fence; only
+//     for a load whose flush came back, so none of it can still be in the
+//     connection's reconnect buffer), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
 //     node is lost (ErrNoNode).

@@ -41,7 +41,9 @@ func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.E
 // Settled is closed once the destination blocks are safe to reuse: the
 // load's own reply came (late: whatever it says, the node is done with
 // it); or its node was lost and the lease since its last sign of life
-// passed (the node's fencing: no copy runs past that); or Close's
+// passed (the node's fencing: no copy runs past that), if a flush after the
+// load came back (else the request may still sit in the connection's
+// reconnect buffer, to reach a node that is alive after all); or Close's
 // unregister was answered by that node (it waits for loads in flight).
 // Nothing else proves it: a heartbeat or status round trip after the reply
 // would have come is no proof, since loads run beside the node's other
@@ -58,6 +60,10 @@ type loadWait struct {
 	rep        *nats.Msg // the reply, once it came
 	done       bool      // settled
 	doubt      bool      // Load gave up waiting: counted in Stats.LoadsInDoubt
+	// atServer: a flush after the publish came back, so the request left
+	// this client: none of it waits in the connection's reconnect buffer,
+	// to reach the node after the node was given up for lost.
+	atServer bool
 }
 
 // Load copies the first numTokens tokens' chunks of a prompt with these
@@ -102,6 +108,11 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	}
 	wait, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
+	if err := c.nc.FlushWithContext(wait); err == nil {
+		c.mu.Lock()
+		w.atServer = true
+		c.mu.Unlock()
+	}
 	select {
 	case <-w.settled:
 	case <-wait.Done():
@@ -169,10 +180,15 @@ func (c *Client) settleLoadLocked(w *loadWait) {
 }
 
 // settleLoadsOfLocked settles every load sent to node/boot: the node is
-// done with all of them (lost past its lease, or unregistered).
-func (c *Client) settleLoadsOfLocked(node, boot string) {
+// done with all of them (lost past its lease, or unregistered). On a loss
+// (reachedOnly) a load not known to have left this client stays in doubt:
+// if the engine's own link dropped, the request may sit in the reconnect
+// buffer and reach a node that is alive after all, whose fence never
+// lapsed. An unregister's answer settles every one: the unregister went
+// out on the same connection after them.
+func (c *Client) settleLoadsOfLocked(node, boot string, reachedOnly bool) {
 	for w := range c.loads {
-		if w.node == node && w.boot == boot {
+		if w.node == node && w.boot == boot && (w.atServer || !reachedOnly) {
 			c.settleLoadLocked(w)
 		}
 	}

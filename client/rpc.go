@@ -59,7 +59,7 @@ func (c *Client) Close() error {
 			// The node answers an unregister once its loads in flight are
 			// done: those sent to it are settled.
 			c.mu.Lock()
-			c.settleLoadsOfLocked(rep.Node, rep.Boot)
+			c.settleLoadsOfLocked(rep.Node, rep.Boot, false)
 			c.mu.Unlock()
 		}
 	}

@@ -300,7 +300,7 @@ func (c *Client) tickOnce() time.Duration {
 			return c.tickOnce()
 		}
 		c.freedLoss = true
-		c.settleLoadsOfLocked(c.node, c.boot) // the fence covers loads as it does stores
+		c.settleLoadsOfLocked(c.node, c.boot, true) // the fence covers loads that reached NATS
 		for _, r := range c.reqs {
 			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
 			r.silent = false

@@ -1,0 +1,43 @@
+package client
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// A node given up for lost settles only the loads known to have reached
+// NATS: one whose flush never came back may still sit in the connection's
+// reconnect buffer (the engine's own link dropped) and reach a node that is
+// alive after all, whose fence never closed. Its reply or an answered
+// unregister (sent after it on the same connection) still settles it.
+func TestNodeLossSettlesOnlyLoadsThatReachedNATS(t *testing.T) {
+	c := &Client{loads: map[*loadWait]struct{}{}}
+	load := func(atServer bool) *loadWait {
+		w := &loadWait{node: "n1", boot: "b1", settled: make(chan struct{}), doubt: true, atServer: atServer}
+		c.loads[w] = struct{}{}
+		c.st.LoadsInDoubt++
+		return w
+	}
+	settled := func(w *loadWait) bool {
+		select {
+		case <-w.settled:
+			return true
+		default:
+			return false
+		}
+	}
+	reached, buffered, elsewhere := load(true), load(false), load(true)
+	elsewhere.node = "n2"
+
+	c.settleLoadsOfLocked("n1", "b1", true) // n1 lost past its lease
+	require.True(t, settled(reached), "a load at NATS is covered by the lost node's fence")
+	require.False(t, settled(buffered), "a load that may be in the reconnect buffer stays in doubt")
+	require.False(t, settled(elsewhere), "another node's load is not this loss's business")
+	require.Equal(t, 2, c.st.LoadsInDoubt)
+
+	c.settleLoadsOfLocked("n1", "b1", false) // n1 answered the unregister
+	require.True(t, settled(buffered))
+	require.False(t, settled(elsewhere))
+	require.Equal(t, 1, c.st.LoadsInDoubt)
+}
