@@ -114,7 +114,9 @@ func (n *Node) lapsed() {
 // reconnected: batches published while the node was away may be lost, so
 // every engine with a live epoch resyncs (reason reconnect), after a hello.
 // A round trip comes first: it ends a lapse (transfer.Fence.RoundTrip), so
-// the epochs the engines begin on hearing the hello get the new stamp.
+// the engine actors send the resync orders they held back during it
+// (engine.Actor.lapse), and the epochs the engines begin on them get the
+// new stamp.
 func (n *Node) reconnected() {
 	n.metrics.NATSEvents.WithLabelValues("reconnect").Inc()
 	n.metrics.NATSConnected.Set(1)

@@ -175,6 +175,17 @@ func (s *Sequencer) Lost(now time.Time, reason string) Decision {
 	return d
 }
 
+// Order is the live epoch's resync order now, not rate limited, as a first
+// order (nil when the epoch is not being resynced): for an order held back
+// and owed (the engine actor holds a lapse's order until NATS answers).
+func (s *Sequencer) Order(now time.Time) *ResyncOrder {
+	if !s.resyncing {
+		return nil
+	}
+	s.lastResync = now
+	return &ResyncOrder{Epoch: s.epoch, Expected: s.expected, Got: s.got, Reason: s.reason}
+}
+
 // Touch records a sign of life other than a batch or heartbeat (a register).
 func (s *Sequencer) Touch(now time.Time) { s.lastSign = now }
 

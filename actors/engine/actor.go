@@ -83,6 +83,9 @@ type Actor struct {
 	// session is the fence generation this actor last reset for: the
 	// stamp of the epochs it begins (request.Deps.Session).
 	session uint64
+	// resyncOwed: a lapse's resync order held back until the lapse ends
+	// (lapse).
+	resyncOwed bool
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -264,7 +267,22 @@ func (a *Actor) lapse(c actor.Context) bool {
 	}
 	a.deps.Log.Log(context.Background(), level, "NATS lapse: the engine may have declared this node lost; resyncing the epoch, resetting its requests",
 		"engine", a.deps.Engine, "epoch", a.seq.Epoch(), "requests", len(a.live))
-	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncReconnect))
+	now := a.deps.Now()
+	d := a.seq.Lost(now, messages.ResyncReconnect)
+	if g%2 == 1 {
+		// The lapse lasts (transfer.Fence: odd generations). Published now,
+		// the order would wait in nats.go's reconnect buffer and reach the
+		// engine before the round trip that ends the lapse; the epoch it
+		// starts would be stamped with this generation and reset once more
+		// when the lapse ends. It goes out then.
+		d.Resync, a.resyncOwed = nil, true
+	} else if a.resyncOwed {
+		a.resyncOwed = false
+		if d.Resync == nil {
+			d.Resync = a.seq.Order(now) // not the rate-limited repeat: it was never sent
+		}
+	}
+	a.decided(c, context.Background(), d)
 	a.resetAll(c, messages.ReasonEngineReset)
 	return true
 }

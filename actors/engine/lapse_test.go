@@ -62,10 +62,6 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 
 	gen.Store(1) // the fence recorded a lapse
 	system.Root.Send(pid, &engine.Lapsed{})
-	var rs messages.Resync
-	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync").Data, &rs))
-	require.Equal(t, "a", rs.Epoch)
-	require.Equal(t, messages.ResyncReconnect, rs.Reason)
 	// r's copy is in flight (never answered here): its release waits for it,
 	// but the request is reset; the old epoch's later batches are dropped.
 	send("a", 2, stored("late", 2)...)
@@ -73,11 +69,21 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	st := statusOf(t, system, pid)
 	require.True(t, st.Resyncing)
 	require.Empty(t, st.Requests, "the old epoch's requests are still live")
+	// The resync order waits for the lapse's end: sent now, it would sit in
+	// the node's reconnect buffer and reach the engine first, and the epoch
+	// it starts would be stamped lapsed and reset again.
+	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "a resync while the lapse lasts")
 
-	// The lapse ends (the generation moves again) before the engine's new
-	// epoch arrives: the batch itself reveals it, and the epoch is stamped
-	// with the generation after it.
+	// The lapse ends (the generation moves again): the next message the
+	// actor takes (a lease check here) sends the order held back, once.
 	gen.Store(2)
+	system.Root.Send(pid, &engine.Tick{})
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	// The engine's new epoch is stamped with the generation after the lapse
+	// and kept: no second reset, no second order.
 	send("b", 1, stored("n", 3)...)
 	var rel messages.Released
 	j2 := testkit.Recv(t, jobs, 5*time.Second, "n's store job")
@@ -85,4 +91,10 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID, Err: transfer.ErrSessionLapsed})
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineReset}, rel)
+	system.Root.Send(pid, &engine.Tick{})
+	st = statusOf(t, system, pid)
+	require.Equal(t, "b", st.Epoch)
+	require.False(t, st.Resyncing)
+	require.Len(t, st.Requests, 1, "the new epoch's request lives on")
+	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "a second resync")
 }
