@@ -49,6 +49,9 @@ type ingester struct {
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
 	credits map[string]map[*credit]struct{} // per engine, under mu
+	// arrivals: when take last saw a message of each routed engine (unix
+	// nanoseconds), its actor's view of the engine's liveness (Arrived).
+	arrivals map[string]*atomic.Int64
 
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
@@ -75,13 +78,11 @@ type inbound struct {
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics.
 	taken time.Time
-	// tick: not a message but the session loop's lease check (ingester.tick).
-	tick bool
 }
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		budget: budget, lost: map[string]bool{}}
+		arrivals: map[string]*atomic.Int64{}, budget: budget, lost: map[string]bool{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		q := make(chan inbound, queueDepth)
@@ -100,8 +101,33 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 		delete(in.credits, engineID)
 	}
 	in.engines[engineID] = pid
+	if in.arrivals[engineID] == nil {
+		in.arrivals[engineID] = new(atomic.Int64)
+	}
 	in.mu.Unlock()
 	in.returnAll(held)
+}
+
+// arrived is when take last saw a message of engineID (zero: none since
+// it was routed).
+func (in *ingester) arrived(engineID string) time.Time {
+	in.mu.RLock()
+	at := in.arrivals[engineID]
+	in.mu.RUnlock()
+	if at == nil || at.Load() == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, at.Load())
+}
+
+// seen records a message of engineID taken at now.
+func (in *ingester) seen(engineID string, now time.Time) {
+	in.mu.RLock()
+	at := in.arrivals[engineID]
+	in.mu.RUnlock()
+	if at != nil {
+		at.Store(now.UnixNano())
+	}
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -111,6 +137,7 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
 		delete(in.engines, engineID)
+		delete(in.arrivals, engineID)
 		held = in.credits[engineID]
 		delete(in.credits, engineID)
 	}
@@ -191,6 +218,10 @@ func (in *ingester) take(m *nats.Msg) {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
 	}
+	// A sign of life even if the message is dropped below (PROTOCOL.md
+	// "Engine liveness"), and before its actor handles it.
+	now := time.Now()
+	in.seen(engineID, now)
 	size := msgBytes(m)
 	in.gate.RLock()
 	defer in.gate.RUnlock()
@@ -204,7 +235,7 @@ func (in *ingester) take(m *nats.Msg) {
 	}
 	x := inbound{msg: m, engine: engineID, verb: verb, size: size}
 	if verb == messages.VerbEvents {
-		x.taken = time.Now()
+		x.taken = now
 	}
 	select {
 	case in.queues[in.shard(engineID)] <- x:
@@ -281,24 +312,6 @@ func (in *ingester) flushLost() {
 	}
 }
 
-// tick asks engineID's actor to check its lease behind the engine's
-// messages already queued here: an engine's lease runs from its last sign
-// of life the actor has seen, and batches waiting in a backlog are signs it
-// has not seen yet. Sent straight to the actor, the check could expire an
-// engine whose batches are only queued. A full queue skips this check (the
-// next tick comes a quarter lease later).
-func (in *ingester) tick(engineID string) {
-	in.gate.RLock()
-	defer in.gate.RUnlock()
-	if in.stopped {
-		return
-	}
-	select {
-	case in.queues[in.shard(engineID)] <- inbound{engine: engineID, tick: true}:
-	default:
-	}
-}
-
 // shard is the queue of engineID's messages.
 func (in *ingester) shard(engineID string) int {
 	h := fnv.New32a()
@@ -310,12 +323,6 @@ func (in *ingester) work(q <-chan inbound) {
 	defer in.wg.Done()
 	for x := range q {
 		in.flushLost()
-		if x.tick {
-			if pid := in.lookup(x.engine); pid != nil {
-				in.n.system.Root.Send(pid, &engine.Tick{})
-			}
-			continue
-		}
 		if !in.handle(x) {
 			in.release(x.size)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -87,30 +88,43 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	require.Contains(t, string(st.Data), `"resyncing":true`)
 }
 
-// The session loop's lease check for an engine waits in the engine's shard
-// queue behind the messages already taken for it: those are signs of life
-// its actor has not seen yet, and a check sent straight to the actor could
-// expire an engine whose batches are only queued. A full queue drops the
-// check rather than block the session loop.
-func TestLeaseCheckQueuesBehindTheEnginesMessages(t *testing.T) {
-	in := &ingester{queues: []chan inbound{make(chan inbound, 2), make(chan inbound, 2)}}
-	q := in.queues[in.shard("e1")]
-	q <- inbound{engine: "e1", verb: messages.VerbEvents}
-	in.tick("e1")
-	require.Len(t, q, 2, "the check went to e1's shard")
-	require.False(t, (<-q).tick, "the queued batch first")
-	require.True(t, (<-q).tick, "then the check")
+// A message taken for a routed engine is a sign of life at once, before
+// its actor handles it (a batch in a backlog), and also when the intake
+// drops it: the engine actor's lease check reads it (engine.Deps.Arrived).
+// An engine no longer routed is not tracked.
+func TestTakenMessagesAreSignsOfLife(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	in := n.ingest
+	pid := n.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
+	in.route("e1", pid)
+	require.True(t, in.arrived("e1").IsZero(), "nothing taken yet")
 
-	q <- inbound{engine: "e1"}
-	q <- inbound{engine: "e1"}
-	done := make(chan struct{}, 1)
-	go func() { in.tick("e1"); done <- struct{}{} }()
-	testkit.Recv(t, done, 5*time.Second, "tick returning on a full queue")
-	require.Len(t, q, 2)
-	for range 2 {
-		require.False(t, (<-q).tick, "a full queue drops the check")
+	taken := func() {
+		in.take(&nats.Msg{Subject: "kvactors.e1.heartbeat", Data: []byte(`{}`)})
 	}
-	in.stopped = true
-	in.tick("e1")
-	require.Empty(t, q, "no check after the intake stopped")
+	before := time.Now()
+	taken()
+	first := in.arrived("e1")
+	require.False(t, first.Before(before), "taken now")
+
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if p := in.pending.Load(); p != 0 {
+			return fmt.Errorf("%d bytes still pending", p)
+		}
+		return nil
+	})
+	full := in.budget
+	require.True(t, in.admit(full), "take the whole budget: the next message is dropped")
+	taken()
+	require.False(t, in.arrived("e1").Before(first), "a dropped message counts too")
+	in.release(full)
+
+	in.unroute("e1", pid)
+	require.True(t, in.arrived("e1").IsZero(), "an engine no longer routed is not tracked")
+	taken()
+	require.True(t, in.arrived("e1").IsZero())
 }

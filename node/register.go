@@ -1,6 +1,8 @@
 package node
 
 import (
+	"time"
+
 	"context"
 	"errors"
 	"fmt"
@@ -140,7 +142,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
-		Expired: n.expired, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen,
+		Expired: n.expired, Arrived: func() time.Time { return n.ingest.arrived(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,

@@ -46,7 +46,7 @@ func (n *Node) sessionLoop(ctx context.Context) {
 			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
 				PoolBytes: st.Data, PoolCapacityBytes: st.Capacity, DiskBytes: diskBytes})
 		for _, rec := range recs {
-			n.ingest.tick(rec.id) // behind its queued messages: see tick
+			n.system.Root.Send(rec.pid, &engine.Tick{})
 		}
 		n.ingest.flushLost()
 		n.rejectLog.Flush() // isolation: rate-limited rejection summaries

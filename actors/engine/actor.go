@@ -33,6 +33,11 @@ type Deps struct {
 	// Expired is called (from Receive, once) when a Tick finds the engine
 	// silent for a lease; the node then retires it as on unregister.
 	Expired func(engine string)
+	// Arrived, when set, is when the node last took a message of the engine
+	// off NATS: a sign of life the actor may not have handled yet (a batch
+	// in a backlog), so a Tick expires the engine only if that is a lease
+	// old too.
+	Arrived func() time.Time
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
@@ -163,7 +168,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
 		a.lapse(c)
-		if !a.retiring && !a.expired && a.seq.Expired(a.deps.Now()) {
+		if now := a.deps.Now(); !a.retiring && !a.expired && a.seq.Expired(now) && !a.arrivedWithin(now) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -243,6 +248,12 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 		a.deps.Outbox.Resync(ctx, a.deps.Engine, &messages.Resync{Node: a.deps.Node, Boot: a.deps.Boot,
 			Epoch: r.Epoch, Expected: r.Expected, Got: r.Got, Reason: r.Reason})
 	}
+}
+
+// arrivedWithin reports whether the node took a message of the engine less
+// than a lease before now (Deps.Arrived).
+func (a *Actor) arrivedWithin(now time.Time) bool {
+	return a.deps.Arrived != nil && now.Sub(a.deps.Arrived()) < a.deps.Lease
 }
 
 // lapse handles a move of the node's fence generation (a lapse began or
