@@ -476,6 +476,15 @@ func (a *Actor) terminated(m *actor.Terminated) {
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}
+	if e.releasing.Load() {
+		// It failed after its final release went out: a second, aborted,
+		// release could free a later request that reuses the id. (The flag
+		// goes up just before the publish, a buffered write that does not
+		// fail on its input.)
+		a.deps.Metrics.RequestFailure.Inc()
+		a.deps.Log.Error("request actor failed after its release", "engine", a.deps.Engine, "request", e.id)
+		return
+	}
 	// The request actor failed (supervision stopped it). The engine is owed a
 	// release so it can reuse the blocks; the request's stores are abandoned.
 	a.deps.Metrics.RequestFailure.Inc()
@@ -509,10 +518,14 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 // resetAll sends every live request a Reset; they release (with reason) once
 // their in-flight copies finish and report Done. It returns how many.
 func (a *Actor) resetAll(c actor.Context, reason string) int {
-	n := len(a.live)
+	n := 0
 	for id, e := range a.live {
-		c.Send(e.pid, &request.Reset{Reason: reason})
 		delete(a.live, id)
+		if e.releasing.Load() {
+			continue // released for good already: no release of this reason comes (its Done will)
+		}
+		c.Send(e.pid, &request.Reset{Reason: reason})
+		n++
 	}
 	return n
 }
