@@ -112,7 +112,7 @@ func (s *Sequencer) ResyncReason() string { return s.reason }
 func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 	s.lastSign = now
 	var d Decision
-	if s.hasEnded(epoch) {
+	if (!s.live || epoch != s.epoch) && s.hasEnded(epoch) { // the live epoch never has: no scan per batch
 		d.Verdict = Stale
 		return d
 	}
