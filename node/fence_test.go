@@ -77,9 +77,9 @@ func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
 	s.Shutdown()
 	reason := testkit.Recv(t, stops, 10*time.Second, "the fail-stop")
 	require.Contains(t, reason, "lease")
-	// A lease after the last round trip, which was sent before the cut (every
+	// 3/4 lease after the last round trip, which was sent before the cut (every
 	// lease/8 when the pinger is not starved; a loaded machine delays it), so
-	// well after lease/2 from the cut, and not much later than a lease (the
+	// well after lease/2 from the cut, and not much later than 7/8 lease (the
 	// watchdog looks every lease/8).
 	after := time.Duration(stopped.Load() - cut.UnixNano())
 	require.GreaterOrEqual(t, after, lease/2, "fail-stop long before the lease ran out")

@@ -74,8 +74,8 @@ func (n *Node) pinger(ctx context.Context) {
 }
 
 // watchdog records a lapse that no round trip reveals (NATS still down:
-// transfer.Fence.Check), and fail-stops the process when a copy runs Lease
-// past the last round trip: an engine may already have declared this node
+// transfer.Fence.Check), and fail-stops the process when a copy runs 3/4
+// Lease past the last round trip (transfer.Fence.Overdue): an engine may already have declared this node
 // lost and reused the blocks the copy reads or writes.
 func (n *Node) watchdog(ctx context.Context) {
 	defer n.loops.Done()
@@ -88,7 +88,7 @@ func (n *Node) watchdog(ctx context.Context) {
 		case now := <-t.C:
 			n.fence.Check(now)
 			if n.fence.Overdue(now) {
-				n.cfg.FailStop("a device copy is running a lease after the last NATS round trip")
+				n.cfg.FailStop("a device copy is running 3/4 of a lease after the last NATS round trip")
 				return
 			}
 		}

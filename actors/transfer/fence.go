@@ -177,12 +177,15 @@ func (f *Fence) Fenced() bool {
 	return f.now().Sub(f.last) >= f.lease/2
 }
 
-// Overdue reports whether a copy is running Lease or more after the last
-// round trip: the engine may already have declared this node lost.
+// Overdue reports whether a copy is running 3/4 Lease or more after the
+// last round trip: an engine may already have declared this node lost
+// (heartbeats go out every Lease/4, so its last one may be that much older
+// than the round trip). PROTOCOL.md's bound is a full Lease; the watchdog,
+// looking every Lease/8, then fail-stops well within it.
 func (f *Fence) Overdue(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.running > 0 && now.Sub(f.last) >= f.lease
+	return f.running > 0 && now.Sub(f.last) >= f.lapseAfter()
 }
 
 // Close releases every waiting copy with ErrFenceClosed.

@@ -69,11 +69,12 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	testkit.NoRecv(t, done, 50*time.Millisecond, "a JobDone while copies are fenced")
 	require.Len(t, dev.startedCopies(), 1, "a copy started without a fresh round trip")
 
-	// Copy 1 still running at lease after the last round trip: overdue
+	// Copy 1 still running at 3/4 lease after the last round trip: overdue
 	// (asked about a later time without moving the clock there, which would
 	// be a lapse: see TestFenceRefusesACopyWaitingAcrossALapse).
 	require.False(t, fence.Overdue(clock.Now()))
-	require.True(t, fence.Overdue(clock.Now().Add(lease/2)))
+	require.False(t, fence.Overdue(clock.Now().Add(lease/4-time.Nanosecond)))
+	require.True(t, fence.Overdue(clock.Now().Add(lease/4)), "3/4 lease: an engine may have declared the node lost")
 
 	// A round trip completes before 3/4 lease: the waiting copies start;
 	// nothing was lost.
