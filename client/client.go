@@ -30,6 +30,7 @@ type Client struct {
 	lastSeen   time.Time // last hello, heartbeat or reply of node/boot
 	lost       bool      // the node is lost: frees wait for fenceUntil, then re-register
 	freedLoss  bool      // the node_lost frees of this loss are done
+	otherBoot  bool      // another boot of node was seen: this boot's process is gone
 	fenceUntil time.Time
 	reregister bool   // the node forgot the engine: register again, then resync
 	resync     string // a resync is due, for this reason ("" = none)

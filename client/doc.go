@@ -36,7 +36,8 @@
 //     the error's Settled channel closes: on the load's own late reply, on
 //     the loss of its node once the lease has passed (the node's fence; only
 //     for a load whose flush came back, so none of it can still be in the
-//     connection's reconnect buffer), or
+//     connection's reconnect buffer), on another boot of that node (its old
+//     process can copy nothing), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
 //     node is lost (ErrNoNode).

@@ -43,7 +43,8 @@ func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.E
 // it); or its node was lost and the lease since its last sign of life
 // passed (the node's fencing: no copy runs past that), if a flush after the
 // load came back (else the request may still sit in the connection's
-// reconnect buffer, to reach a node that is alive after all); or Close's
+// reconnect buffer, to reach a node that is alive after all); or another
+// boot of that node answered (its old process can copy nothing); or Close's
 // unregister was answered by that node (it waits for loads in flight).
 // Nothing else proves it: a heartbeat or status round trip after the reply
 // would have come is no proof, since loads run beside the node's other

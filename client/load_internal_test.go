@@ -1,7 +1,10 @@
 package client
 
 import (
+	"io"
+	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -40,4 +43,26 @@ func TestNodeLossSettlesOnlyLoadsThatReachedNATS(t *testing.T) {
 	require.True(t, settled(buffered))
 	require.False(t, settled(elsewhere))
 	require.Equal(t, 1, c.st.LoadsInDoubt)
+}
+
+// Another boot of the node proves its old process can copy nothing any
+// more: at the loss's free, every load of the old boot is settled, also one
+// whose request may still have been in the reconnect buffer (the node's
+// crash took the engine's link, as with its embedded NATS server).
+func TestANewBootSettlesEveryLoadOfTheOldOne(t *testing.T) {
+	c := &Client{loads: map[*loadWait]struct{}{}, node: "n1", boot: "b1", lease: time.Second,
+		cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
+	w := &loadWait{node: "n1", boot: "b1", settled: make(chan struct{}), doubt: true}
+	c.loads[w] = struct{}{}
+	c.st.LoadsInDoubt++
+	c.lastSeen = time.Now().Add(-2 * time.Second)
+	c.seenLocked("n1", "b2") // n1's hello from its next process
+	require.True(t, c.lost)
+	c.freeLossLocked()
+	select {
+	case <-w.settled:
+	default:
+		t.Fatal("a load of the old boot stayed in doubt after the node restarted")
+	}
+	require.Zero(t, c.st.LoadsInDoubt)
 }

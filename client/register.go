@@ -47,7 +47,12 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.node, c.boot = rep.Node, rep.Boot
+	if c.boot != "" && rep.Node == c.node && rep.Boot != c.boot {
+		// The node restarted: its old process can copy nothing any more, so
+		// its loads in doubt are settled, reached NATS or not.
+		c.settleLoadsOfLocked(c.node, c.boot, false)
+	}
+	c.node, c.boot, c.otherBoot = rep.Node, rep.Boot, false
 	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
 	if c.lease <= 0 {
 		c.lease = c.cfg.DefaultLease

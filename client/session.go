@@ -201,6 +201,7 @@ func (c *Client) seenLocked(node, boot string) {
 		}
 		return
 	}
+	c.otherBoot = true
 	if !c.lost {
 		c.loseLocked("new boot " + boot)
 	}
@@ -218,6 +219,20 @@ func (c *Client) loseLocked(why string) {
 	c.cfg.Log.Warn("client: node lost", "engine", c.cfg.Engine, "node", c.node, "boot", c.boot, "why", why,
 		"free_at", c.fenceUntil)
 	c.wake()
+}
+
+// freeLossLocked frees what the lost node held once its fence has passed:
+// every request awaiting a release (node_lost), and the loads in doubt it
+// covers.
+func (c *Client) freeLossLocked() {
+	c.freedLoss = true
+	// The fence covers loads that reached NATS; once another boot of the
+	// node is up, this boot's process can copy nothing any more.
+	c.settleLoadsOfLocked(c.node, c.boot, !c.otherBoot)
+	for _, r := range c.reqs {
+		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
+		r.silent = false
+	}
 }
 
 // loop is the session's clock: heartbeats every lease/4, node-loss checks,
@@ -299,12 +314,7 @@ func (c *Client) tickOnce() time.Duration {
 			}
 			return c.tickOnce()
 		}
-		c.freedLoss = true
-		c.settleLoadsOfLocked(c.node, c.boot, true) // the fence covers loads that reached NATS
-		for _, r := range c.reqs {
-			c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
-			r.silent = false
-		}
+		c.freeLossLocked()
 	}
 	if c.lost || c.reregister {
 		c.mu.Unlock()

@@ -49,9 +49,12 @@ type ingester struct {
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
 	credits map[string]map[*credit]struct{} // per engine, under mu
-	// arrivals: when take last saw a message of each routed engine (unix
-	// nanoseconds), its actor's view of the engine's liveness (Arrived).
-	arrivals map[string]*atomic.Int64
+	// arrivals counts the messages take saw of each routed engine
+	// (*atomic.Uint64): signs of life its actor may not have handled yet
+	// (engine.Deps.Arrivals). A sync.Map: take reads it per message without
+	// a lock the workers also take, and it changes only when engines come
+	// and go.
+	arrivals sync.Map
 
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
@@ -82,7 +85,7 @@ type inbound struct {
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		arrivals: map[string]*atomic.Int64{}, budget: budget, lost: map[string]bool{}}
+		budget: budget, lost: map[string]bool{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		q := make(chan inbound, queueDepth)
@@ -101,33 +104,17 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 		delete(in.credits, engineID)
 	}
 	in.engines[engineID] = pid
-	if in.arrivals[engineID] == nil {
-		in.arrivals[engineID] = new(atomic.Int64)
-	}
+	in.arrivals.LoadOrStore(engineID, new(atomic.Uint64))
 	in.mu.Unlock()
 	in.returnAll(held)
 }
 
-// arrived is when take last saw a message of engineID (zero: none since
-// it was routed).
-func (in *ingester) arrived(engineID string) time.Time {
-	in.mu.RLock()
-	at := in.arrivals[engineID]
-	in.mu.RUnlock()
-	if at == nil || at.Load() == 0 {
-		return time.Time{}
+// taken is how many messages of engineID take has seen since it was routed.
+func (in *ingester) taken(engineID string) uint64 {
+	if v, ok := in.arrivals.Load(engineID); ok {
+		return v.(*atomic.Uint64).Load()
 	}
-	return time.Unix(0, at.Load())
-}
-
-// seen records a message of engineID taken at now.
-func (in *ingester) seen(engineID string, now time.Time) {
-	in.mu.RLock()
-	at := in.arrivals[engineID]
-	in.mu.RUnlock()
-	if at != nil {
-		at.Store(now.UnixNano())
-	}
+	return 0
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -137,7 +124,7 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
 		delete(in.engines, engineID)
-		delete(in.arrivals, engineID)
+		in.arrivals.Delete(engineID)
 		held = in.credits[engineID]
 		delete(in.credits, engineID)
 	}
@@ -219,9 +206,14 @@ func (in *ingester) take(m *nats.Msg) {
 		return // another node's publish (NoEcho hides only our own): not for us
 	}
 	// A sign of life even if the message is dropped below (PROTOCOL.md
-	// "Engine liveness"), and before its actor handles it.
-	now := time.Now()
-	in.seen(engineID, now)
+	// "Engine liveness": a batch, a heartbeat or a register; anyone may ask
+	// for status), and before its actor handles it.
+	switch verb {
+	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbRegister:
+		if v, ok := in.arrivals.Load(engineID); ok {
+			v.(*atomic.Uint64).Add(1)
+		}
+	}
 	size := msgBytes(m)
 	in.gate.RLock()
 	defer in.gate.RUnlock()
@@ -235,7 +227,7 @@ func (in *ingester) take(m *nats.Msg) {
 	}
 	x := inbound{msg: m, engine: engineID, verb: verb, size: size}
 	if verb == messages.VerbEvents {
-		x.taken = now
+		x.taken = time.Now()
 	}
 	select {
 	case in.queues[in.shard(engineID)] <- x:

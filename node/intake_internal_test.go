@@ -90,8 +90,8 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 
 // A message taken for a routed engine is a sign of life at once, before
 // its actor handles it (a batch in a backlog), and also when the intake
-// drops it: the engine actor's lease check reads it (engine.Deps.Arrived).
-// An engine no longer routed is not tracked.
+// drops it: the engine actor's lease check reads the count
+// (engine.Deps.Arrivals). An engine no longer routed is not counted.
 func TestTakenMessagesAreSignsOfLife(t *testing.T) {
 	dir := t.TempDir()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
@@ -101,15 +101,17 @@ func TestTakenMessagesAreSignsOfLife(t *testing.T) {
 	in := n.ingest
 	pid := n.system.Root.Spawn(actor.PropsFromFunc(func(actor.Context) {}))
 	in.route("e1", pid)
-	require.True(t, in.arrived("e1").IsZero(), "nothing taken yet")
+	require.Zero(t, in.taken("e1"), "nothing taken yet")
 
-	taken := func() {
+	take := func() {
 		in.take(&nats.Msg{Subject: "kvactors.e1.heartbeat", Data: []byte(`{}`)})
 	}
-	before := time.Now()
-	taken()
-	first := in.arrived("e1")
-	require.False(t, first.Before(before), "taken now")
+	take()
+	require.Equal(t, uint64(1), in.taken("e1"))
+	in.take(&nats.Msg{Subject: "kvactors.e1.stored", Data: []byte(`{}`)})
+	require.Equal(t, uint64(1), in.taken("e1"), "a verb only a node publishes is not the engine's sign")
+	in.take(&nats.Msg{Subject: "kvactors.e1.status", Data: []byte(`{}`)})
+	require.Equal(t, uint64(1), in.taken("e1"), "anyone may ask for status: not the engine's sign")
 
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		if p := in.pending.Load(); p != 0 {
@@ -119,12 +121,12 @@ func TestTakenMessagesAreSignsOfLife(t *testing.T) {
 	})
 	full := in.budget
 	require.True(t, in.admit(full), "take the whole budget: the next message is dropped")
-	taken()
-	require.False(t, in.arrived("e1").Before(first), "a dropped message counts too")
+	take()
+	require.Equal(t, uint64(2), in.taken("e1"), "a dropped message counts too")
 	in.release(full)
 
 	in.unroute("e1", pid)
-	require.True(t, in.arrived("e1").IsZero(), "an engine no longer routed is not tracked")
-	taken()
-	require.True(t, in.arrived("e1").IsZero())
+	require.Zero(t, in.taken("e1"), "an engine no longer routed is not counted")
+	take()
+	require.Zero(t, in.taken("e1"))
 }

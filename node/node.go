@@ -127,6 +127,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	n.fence.OnLapse(n.lapsed)
+	n.fence.OnLapseEnd(n.lapseEnded)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
 	if err := n.startCluster(); err != nil {

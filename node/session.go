@@ -74,7 +74,7 @@ func (n *Node) pinger(ctx context.Context) {
 }
 
 // watchdog records a lapse that no round trip reveals (NATS still down:
-// transfer.Fence.Check), and fail-stops the process when a copy runs 3/4
+// transfer.Fence.Check), and fail-stops the process when a copy runs 5/8
 // Lease past the last round trip (transfer.Fence.Overdue): an engine may already have declared this node
 // lost and reused the blocks the copy reads or writes.
 func (n *Node) watchdog(ctx context.Context) {
@@ -88,7 +88,7 @@ func (n *Node) watchdog(ctx context.Context) {
 		case now := <-t.C:
 			n.fence.Check(now)
 			if n.fence.Overdue(now) {
-				n.cfg.FailStop("a device copy is running 3/4 of a lease after the last NATS round trip")
+				n.cfg.FailStop("a device copy is running 5/8 of a lease after the last NATS round trip")
 				return
 			}
 		}
@@ -107,6 +107,16 @@ func (n *Node) lapsed() {
 		"copies of their sessions are refused, every engine resyncs and its requests are reset",
 		"lease", n.cfg.Lease, "engines", len(recs))
 	for _, rec := range recs {
+		n.system.Root.Send(rec.pid, &engine.Lapsed{})
+	}
+}
+
+// lapseEnded runs when a round trip ends a lapse (transfer.Fence.OnLapseEnd):
+// every engine actor sends the resync order it held during the lapse now,
+// not at its next batch or lease check.
+func (n *Node) lapseEnded() {
+	n.log.Info("NATS answers again after a lapse: engines are told to resync")
+	for _, rec := range n.liveEngines() {
 		n.system.Root.Send(rec.pid, &engine.Lapsed{})
 	}
 }

@@ -33,11 +33,11 @@ type Deps struct {
 	// Expired is called (from Receive, once) when a Tick finds the engine
 	// silent for a lease; the node then retires it as on unregister.
 	Expired func(engine string)
-	// Arrived, when set, is when the node last took a message of the engine
-	// off NATS: a sign of life the actor may not have handled yet (a batch
-	// in a backlog), so a Tick expires the engine only if that is a lease
-	// old too.
-	Arrived func() time.Time
+	// Arrivals, when set, counts the messages of the engine the node has
+	// taken off NATS: signs of life the actor may not have handled yet (a
+	// batch in a backlog). A Tick that finds the count moved counts as a
+	// sign of life then.
+	Arrivals func() uint64
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
@@ -91,6 +91,8 @@ type Actor struct {
 	// resyncOwed: a lapse's resync order held back until the lapse ends
 	// (lapse).
 	resyncOwed bool
+	// arrivals is Deps.Arrivals at the last lease check.
+	arrivals uint64
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -168,7 +170,9 @@ func (a *Actor) Receive(c actor.Context) {
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
 		a.lapse(c)
-		if now := a.deps.Now(); !a.retiring && !a.expired && a.seq.Expired(now) && !a.arrivedWithin(now) {
+		now := a.deps.Now()
+		a.arrivedSince(now)
+		if !a.retiring && !a.expired && a.seq.Expired(now) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -235,6 +239,9 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 		a.resetAll(c, messages.ReasonEngineReset)
 		a.forgetIfIdle(d.Reset)
 	}
+	if a.resyncOwed {
+		d.Resync = nil // a lapse lasts: no order until it ends (lapse), repeats and new gaps included
+	}
 	if r := d.Resync; r != nil {
 		a.deps.Metrics.Resync(r.Reason).Inc()
 		if !r.Repeat {
@@ -250,10 +257,17 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 	}
 }
 
-// arrivedWithin reports whether the node took a message of the engine less
-// than a lease before now (Deps.Arrived).
-func (a *Actor) arrivedWithin(now time.Time) bool {
-	return a.deps.Arrived != nil && now.Sub(a.deps.Arrived()) < a.deps.Lease
+// arrivedSince counts a message the node took since the last check as a
+// sign of life now (Deps.Arrivals): at most a check period (lease/4) late,
+// and only while the actor has not handled it.
+func (a *Actor) arrivedSince(now time.Time) {
+	if a.deps.Arrivals == nil {
+		return
+	}
+	if n := a.deps.Arrivals(); n != 0 && n != a.arrivals { // 0: no news
+		a.arrivals = n
+		a.seq.Touch(now)
+	}
 }
 
 // lapse handles a move of the node's fence generation (a lapse began or
@@ -289,9 +303,7 @@ func (a *Actor) lapse(c actor.Context) bool {
 		d.Resync, a.resyncOwed = nil, true
 	} else if a.resyncOwed {
 		a.resyncOwed = false
-		if d.Resync == nil {
-			d.Resync = a.seq.Order(now) // not the rate-limited repeat: it was never sent
-		}
+		d.Resync = a.seq.Order(now) // a first order, not the rate-limited repeat: none went out
 	}
 	a.decided(c, context.Background(), d)
 	a.resetAll(c, messages.ReasonEngineReset)

@@ -13,22 +13,22 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// PROTOCOL.md "Engine liveness": a lease check expires an engine only when
-// both the last sign of life its actor handled and the last message the
-// node took for it (Deps.Arrived: a batch may wait in a backlog the actor
-// has not reached) are a lease old.
+// PROTOCOL.md "Engine liveness": a message the node took for the engine
+// since the last lease check (Deps.Arrivals: a batch may wait in a backlog
+// the actor has not reached) is a sign of life at that check.
 func TestALeaseCheckCountsMessagesNotYetHandled(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	const lease = time.Minute
 	start := time.Unix(1_800_000_000, 0)
-	var clock, arrived atomic.Int64 // unix nanoseconds
+	var clock atomic.Int64 // unix nanoseconds
+	var taken atomic.Uint64
 	clock.Store(start.UnixNano())
 	expired := make(chan string, 1)
 	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
 		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
 			d.Lease = lease
 			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-			d.Arrived = func() time.Time { return time.Unix(0, arrived.Load()) }
+			d.Arrivals = taken.Load
 			d.Expired = func(e string) { expired <- e }
 		})
 	tick := func(at time.Time) {
@@ -38,14 +38,16 @@ func TestALeaseCheckCountsMessagesNotYetHandled(t *testing.T) {
 	}
 
 	// Silent for two leases as the actor sees it, but a message was taken
-	// half a lease ago: alive.
-	arrived.Store(start.Add(3 * lease / 2).UnixNano())
+	// since the last check: alive, and counted alive from this check on.
+	taken.Add(1)
 	tick(start.Add(2 * lease))
-	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry with a message taken within the lease")
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry with a message taken since the last check")
+	tick(start.Add(2*lease + lease/2))
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry within a lease of that check")
 
-	// Nothing taken for a lease either: expired, once.
-	tick(start.Add(5 * lease / 2))
-	testkit.Recv(t, expired, 5*time.Second, "the expiry")
+	// Nothing taken for a lease after it: expired, once.
 	tick(start.Add(3 * lease))
+	testkit.Recv(t, expired, 5*time.Second, "the expiry")
+	tick(start.Add(4 * lease))
 	testkit.NoRecv(t, expired, 10*time.Millisecond, "a second expiry")
 }

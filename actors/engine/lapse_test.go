@@ -40,13 +40,19 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
 	var gen atomic.Uint64
+	var clock atomic.Int64 // unix nanoseconds: resyncs repeat by it
+	clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
+	const lease = time.Minute
 	jobs := make(chan *transfer.Submit, 16)
 	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
 		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
 			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
 				Engine("e1", lay, testkit.NopDevice{})
 			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, func(d *engine.Deps) { d.Session = gen.Load })
+		}, func(d *engine.Deps) {
+			d.Session, d.Lease = gen.Load, lease
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+		})
 	send := func(epoch string, seq uint64, evs ...messages.Event) {
 		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
 	}
@@ -62,9 +68,13 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 
 	gen.Store(1) // the fence recorded a lapse
 	system.Root.Send(pid, &engine.Lapsed{})
+	statusOf(t, system, pid) // Lapsed handled at the clock's time
 	// r's copy is in flight (never answered here): its release waits for it,
-	// but the request is reset; the old epoch's later batches are dropped.
+	// but the request is reset; the old epoch's later batches are dropped,
+	// and the resync is not repeated for them however long the lapse lasts.
+	clock.Add(int64(lease))
 	send("a", 2, stored("late", 2)...)
+	system.Root.Send(pid, &engine.Heartbeat{Epoch: "a", Seq: 3})
 	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job of the lapsed epoch")
 	st := statusOf(t, system, pid)
 	require.True(t, st.Resyncing)
@@ -74,14 +84,17 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	// it starts would be stamped lapsed and reset again.
 	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "a resync while the lapse lasts")
 
-	// The lapse ends (the generation moves again): the next message the
-	// actor takes (a lease check here) sends the order held back, once.
+	// The lapse ends (the generation moves again; the node tells every
+	// engine actor): the order held back goes out, once.
 	gen.Store(2)
-	system.Root.Send(pid, &engine.Tick{})
+	system.Root.Send(pid, &engine.Lapsed{})
 	var rs messages.Resync
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync").Data, &rs))
 	require.Equal(t, "a", rs.Epoch)
 	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	system.Root.Send(pid, &engine.Tick{})
+	statusOf(t, system, pid)
+	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "the held order twice")
 	// The engine's new epoch is stamped with the generation after the lapse
 	// and kept: no second reset, no second order.
 	send("b", 1, stored("n", 3)...)

@@ -45,9 +45,10 @@ type Heartbeat struct {
 // seeing their seq (Reason: reconnect, overflow).
 type Lost struct{ Reason string }
 
-// Lapsed says the node's fence recorded a lapse (Deps.Session moved): the
-// engine may have declared the node lost. The actor resyncs its epoch and
-// resets its requests (it does the same whenever it sees Session move).
+// Lapsed says the node's fence generation moved (Deps.Session): a lapse
+// began (the engine may have declared the node lost: the actor resets its
+// requests and holds a resync order) or ended (it sends the order). It does
+// the same whenever it sees Session move.
 type Lapsed struct{}
 
 // Touch is a sign of life other than a batch or heartbeat (a register).

@@ -22,7 +22,7 @@ var (
 // Fence holds back device copies while the node may be cut off from NATS
 // (PROTOCOL.md "Fencing, node side"): no copy starts when the last completed
 // round trip with NATS began Lease/2 or more ago, and a copy still running
-// Lease after it is overdue (the node then fail-stops). Round trips are
+// 5/8 Lease after it is overdue (the node then fail-stops). Round trips are
 // reported by the node's pinger; the copy workers call Enter and Leave.
 //
 // It also records lapses: Lease − Lease/4 without a round trip. The node
@@ -47,6 +47,7 @@ type Fence struct {
 	gen     atomic.Uint64
 	lapsed  bool   // a lapse is recorded and no round trip has ended it yet
 	onLapse func() // run once per lapse, outside mu (may be nil)
+	onEnd   func() // run when a round trip ends a lapse, outside mu (may be nil)
 }
 
 // NewFence starts a fence whose last round trip is now (the connect).
@@ -62,6 +63,15 @@ func NewFence(lease time.Duration, now func() time.Time, waits func()) *Fence {
 func (f *Fence) OnLapse(fn func()) {
 	f.mu.Lock()
 	f.onLapse = fn
+	f.mu.Unlock()
+}
+
+// OnLapseEnd sets fn to run when a round trip ends a lapse (Gen moves
+// again), on the goroutine that reported it, without the fence's lock: the
+// node lets its engines send the resync orders they held (engine.Lapsed).
+func (f *Fence) OnLapseEnd(fn func()) {
+	f.mu.Lock()
+	f.onEnd = fn
 	f.mu.Unlock()
 }
 
@@ -103,15 +113,20 @@ func (f *Fence) RoundTrip(sent time.Time) {
 	f.mu.Lock()
 	now := f.now()
 	_, onLapse := f.lapseLocked(now)
+	var onEnd func()
 	if sent.After(f.last) {
 		f.last = sent
 		if f.lapsed && now.Sub(f.last) < f.lapseAfter() {
 			f.lapsed = false
 			f.gen.Add(1)
+			onEnd = f.onEnd
 		}
 	}
 	f.mu.Unlock()
 	f.recorded(onLapse) // wakes the waiting copies either way
+	if onEnd != nil {
+		onEnd()
+	}
 }
 
 // Check records a lapse that has begun by now although no round trip came
@@ -177,16 +192,21 @@ func (f *Fence) Fenced() bool {
 	return f.now().Sub(f.last) >= f.lease/2
 }
 
-// Overdue reports whether a copy is running 3/4 Lease or more after the
-// last round trip: an engine may already have declared this node lost
-// (heartbeats go out every Lease/4, so its last one may be that much older
-// than the round trip). PROTOCOL.md's bound is a full Lease; the watchdog,
-// looking every Lease/8, then fail-stops well within it.
+// Overdue reports whether a copy is running 5/8 Lease or more after the
+// last round trip (overdueAfter): the watchdog, looking every Lease/8, then
+// ends the process before 3/4 Lease, from when an engine may have declared
+// this node lost (heartbeats go out every Lease/4, so its last one may be
+// that much older than the round trip). PROTOCOL.md's bound is a Lease.
 func (f *Fence) Overdue(now time.Time) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.running > 0 && now.Sub(f.last) >= f.lapseAfter()
+	return f.running > 0 && now.Sub(f.last) >= f.overdueAfter()
 }
+
+// overdueAfter is how long a copy may run past the last round trip: the
+// watchdog looks every Lease/8, so it fail-stops a copy overdue at 5/8 Lease
+// by 3/4, before an engine may declare the node lost (lapseAfter).
+func (f *Fence) overdueAfter() time.Duration { return f.lapseAfter() - f.lease/8 }
 
 // Close releases every waiting copy with ErrFenceClosed.
 func (f *Fence) Close() {

@@ -39,8 +39,8 @@ func (c *fakeClock) Add(d time.Duration) time.Time {
 
 // PROTOCOL.md "Fencing, node side": with no NATS round trip for lease/2 a
 // copy (store or load) does not start — it waits, it is not dropped — and
-// starts once a round trip completes; a copy running lease after the last
-// round trip is overdue (the node fail-stops on it).
+// starts once a round trip completes; a copy running 5/8 lease after the
+// last round trip is overdue (the node fail-stops on it).
 func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	const lease = 10 * time.Second
 	clock := &fakeClock{now: time.Unix(1000, 0)}
@@ -69,12 +69,13 @@ func TestFenceHoldsCopiesWithoutARoundTrip(t *testing.T) {
 	testkit.NoRecv(t, done, 50*time.Millisecond, "a JobDone while copies are fenced")
 	require.Len(t, dev.startedCopies(), 1, "a copy started without a fresh round trip")
 
-	// Copy 1 still running at 3/4 lease after the last round trip: overdue
+	// Copy 1 still running at 5/8 lease after the last round trip: overdue
 	// (asked about a later time without moving the clock there, which would
 	// be a lapse: see TestFenceRefusesACopyWaitingAcrossALapse).
 	require.False(t, fence.Overdue(clock.Now()))
-	require.False(t, fence.Overdue(clock.Now().Add(lease/4-time.Nanosecond)))
-	require.True(t, fence.Overdue(clock.Now().Add(lease/4)), "3/4 lease: an engine may have declared the node lost")
+	require.False(t, fence.Overdue(clock.Now().Add(lease/8-time.Nanosecond)))
+	require.True(t, fence.Overdue(clock.Now().Add(lease/8)),
+		"5/8 lease: the watchdog (every lease/8) ends it before 3/4, when an engine may declare the node lost")
 
 	// A round trip completes before 3/4 lease: the waiting copies start;
 	// nothing was lost.

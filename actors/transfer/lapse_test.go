@@ -26,6 +26,7 @@ type lapseFence struct {
 	clock   *fakeClock
 	waiting chan struct{}
 	lapses  atomic.Int32
+	ends    atomic.Int32
 }
 
 const lapseLease = 10 * time.Second
@@ -37,6 +38,10 @@ func newLapseFence(t *testing.T) *lapseFence {
 		// Outside the fence's lock: this would deadlock under it.
 		_ = f.Fenced()
 		f.lapses.Add(1)
+	})
+	f.OnLapseEnd(func() {
+		_ = f.Fenced() // outside the lock too
+		f.ends.Add(1)
 	})
 	t.Cleanup(f.Close)
 	return f
@@ -137,14 +142,18 @@ func TestFenceCheckRecordsALapseOncePerOutage(t *testing.T) {
 	// Enter itself notices nothing new, nor does a copy stamped during it.
 	require.ErrorIs(t, f.Enter(session), transfer.ErrSessionLapsed)
 	require.ErrorIs(t, f.Enter(f.Gen()+1), transfer.ErrSessionLapsed)
+	require.Zero(t, f.ends.Load(), "no round trip yet: the lapse lasts")
 	f.RoundTrip(f.clock.Now())
 	require.Equal(t, int32(1), f.lapses.Load(), "one outage, one lapse")
+	require.Equal(t, int32(1), f.ends.Load(), "the round trip ended it: the engines send their held orders")
+	require.Zero(t, f.Gen()%2, "an even generation: no lapse lasts")
 
 	// NATS answers again: no lapse; then a second outage.
 	f.clock.Add(2 * time.Second)
 	f.RoundTrip(f.clock.Now())
 	f.Check(f.clock.Now())
 	require.Equal(t, int32(1), f.lapses.Load())
+	require.Equal(t, int32(1), f.ends.Load(), "a round trip outside a lapse ends none")
 	f.clock.Add(9 * time.Second)
 	f.Check(f.clock.Now())
 	require.Equal(t, int32(2), f.lapses.Load(), "a second outage is a second lapse")
