@@ -49,12 +49,6 @@ type ingester struct {
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
 	credits map[string]map[*credit]struct{} // per engine, under mu
-	// arrivals counts the messages take saw of each routed engine
-	// (*atomic.Uint64): signs of life its actor may not have handled yet
-	// (engine.Deps.Arrivals). A sync.Map: take reads it per message without
-	// a lock the workers also take, and it changes only when engines come
-	// and go.
-	arrivals sync.Map
 
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
@@ -104,17 +98,16 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 		delete(in.credits, engineID)
 	}
 	in.engines[engineID] = pid
-	in.arrivals.LoadOrStore(engineID, new(atomic.Uint64))
 	in.mu.Unlock()
 	in.returnAll(held)
 }
 
-// taken is how many messages of engineID take has seen since it was routed.
-func (in *ingester) taken(engineID string) uint64 {
-	if v, ok := in.arrivals.Load(engineID); ok {
-		return v.(*atomic.Uint64).Load()
-	}
-	return 0
+// backlogged reports whether engineID's shard queue holds messages taken
+// and not yet handled: some may be the engine's, signs of life its actor has
+// not seen (engine.Deps.Backlogged). Read at the lease check only, so the
+// per-message path pays nothing for it.
+func (in *ingester) backlogged(engineID string) bool {
+	return len(in.queues[in.shard(engineID)]) > 0
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -124,7 +117,6 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
 		delete(in.engines, engineID)
-		in.arrivals.Delete(engineID)
 		held = in.credits[engineID]
 		delete(in.credits, engineID)
 	}
@@ -204,15 +196,6 @@ func (in *ingester) take(m *nats.Msg) {
 	switch verb {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
-	}
-	// A sign of life even if the message is dropped below (PROTOCOL.md
-	// "Engine liveness": a batch, a heartbeat or a register; anyone may ask
-	// for status), and before its actor handles it.
-	switch verb {
-	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbRegister:
-		if v, ok := in.arrivals.Load(engineID); ok {
-			v.(*atomic.Uint64).Add(1)
-		}
 	}
 	size := msgBytes(m)
 	in.gate.RLock()

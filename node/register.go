@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
-	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
@@ -141,7 +140,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
-		Expired: n.expired, Arrivals: func() uint64 { return n.arrivals(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen,
+		Expired: n.expired, Backlogged: func() bool { return n.ingest.backlogged(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
@@ -152,16 +151,6 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
 	return nil
-}
-
-// arrivals is the count of the engine's signs of life taken off NATS
-// (engine.Deps.Arrivals); 0 (no news) while a cluster node does not serve
-// it: those messages are ignored, and must not keep it from expiring.
-func (n *Node) arrivals(id string) uint64 {
-	if n.cl != nil && !n.cl.owners.Serving(id, time.Now()) {
-		return 0
-	}
-	return n.ingest.taken(id)
 }
 
 // retire tells an engine actor to reset every request and stop; its device

@@ -33,11 +33,11 @@ type Deps struct {
 	// Expired is called (from Receive, once) when a Tick finds the engine
 	// silent for a lease; the node then retires it as on unregister.
 	Expired func(engine string)
-	// Arrivals, when set, counts the messages of the engine the node has
-	// taken off NATS: signs of life the actor may not have handled yet (a
-	// batch in a backlog). A Tick that finds the count moved counts as a
-	// sign of life then.
-	Arrivals func() uint64
+	// Backlogged, when set, reports whether messages the node has taken off
+	// NATS wait to be handled where the engine's would (its intake shard):
+	// signs of life the actor may not have seen. A Tick then leaves the
+	// engine alive until a later one finds no backlog.
+	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
 	Closed chan struct{}
@@ -91,8 +91,6 @@ type Actor struct {
 	// resyncOwed: a lapse's resync order held back until the lapse ends
 	// (lapse).
 	resyncOwed bool
-	// arrivals is Deps.Arrivals at the last lease check.
-	arrivals uint64
 	// Scratch of one batch's routing (batch number step): the requests in
 	// first-seen order (an entry whose step is current holds its position),
 	// each one's event count, and the indexes of the events to forward.
@@ -170,9 +168,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
 		a.lapse(c)
-		now := a.deps.Now()
-		a.arrivedSince(now)
-		if !a.retiring && !a.expired && a.seq.Expired(now) {
+		if !a.retiring && !a.expired && a.seq.Expired(a.deps.Now()) && !a.backlogged() {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -257,18 +253,8 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 	}
 }
 
-// arrivedSince counts a message the node took since the last check as a
-// sign of life now (Deps.Arrivals): at most a check period (lease/4) late,
-// and only while the actor has not handled it.
-func (a *Actor) arrivedSince(now time.Time) {
-	if a.deps.Arrivals == nil {
-		return
-	}
-	if n := a.deps.Arrivals(); n != 0 && n != a.arrivals { // 0: no news
-		a.arrivals = n
-		a.seq.Touch(now)
-	}
-}
+// backlogged is Deps.Backlogged (false without one).
+func (a *Actor) backlogged() bool { return a.deps.Backlogged != nil && a.deps.Backlogged() }
 
 // lapse handles a move of the node's fence generation (a lapse began or
 // ended) before the message that revealed it: an engine may have declared

@@ -13,22 +13,23 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// PROTOCOL.md "Engine liveness": a message the node took for the engine
-// since the last lease check (Deps.Arrivals: a batch may wait in a backlog
-// the actor has not reached) is a sign of life at that check.
+// PROTOCOL.md "Engine liveness": a lease check does not expire an engine
+// while messages the node has taken wait where the engine's would
+// (Deps.Backlogged: a batch in a backlog is a sign of life the actor has not
+// seen); a later check without a backlog does.
 func TestALeaseCheckCountsMessagesNotYetHandled(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	const lease = time.Minute
 	start := time.Unix(1_800_000_000, 0)
 	var clock atomic.Int64 // unix nanoseconds
-	var taken atomic.Uint64
+	var backlog atomic.Bool
 	clock.Store(start.UnixNano())
 	expired := make(chan string, 1)
 	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
 		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
 			d.Lease = lease
 			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-			d.Arrivals = taken.Load
+			d.Backlogged = backlog.Load
 			d.Expired = func(e string) { expired <- e }
 		})
 	tick := func(at time.Time) {
@@ -37,17 +38,16 @@ func TestALeaseCheckCountsMessagesNotYetHandled(t *testing.T) {
 		statusOf(t, system, pid) // the Tick was handled: the status query came after it
 	}
 
-	// Silent for two leases as the actor sees it, but a message was taken
-	// since the last check: alive, and counted alive from this check on.
-	taken.Add(1)
+	// Silent for two leases as the actor sees it, but messages wait in its
+	// shard: alive.
+	backlog.Store(true)
 	tick(start.Add(2 * lease))
-	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry with a message taken since the last check")
-	tick(start.Add(2*lease + lease/2))
-	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry within a lease of that check")
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry with messages still to handle")
 
-	// Nothing taken for a lease after it: expired, once.
-	tick(start.Add(3 * lease))
+	// The backlog drained with nothing of the engine in it: expired, once.
+	backlog.Store(false)
+	tick(start.Add(5 * lease / 2))
 	testkit.Recv(t, expired, 5*time.Second, "the expiry")
-	tick(start.Add(4 * lease))
+	tick(start.Add(3 * lease))
 	testkit.NoRecv(t, expired, 10*time.Millisecond, "a second expiry")
 }
