@@ -17,7 +17,7 @@ import (
 // while messages the node has taken wait where the engine's would
 // (Deps.Backlogged: a batch in a backlog is a sign of life the actor has not
 // seen); a later check without a backlog does.
-func TestALeaseCheckCountsMessagesNotYetHandled(t *testing.T) {
+func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	const lease = time.Minute
 	start := time.Unix(1_800_000_000, 0)
