@@ -50,6 +50,13 @@ type ingester struct {
 	engines map[string]*actor.PID
 	credits map[string]map[*credit]struct{} // per engine, under mu
 
+	// taken numbers the messages take has seen (nats.go calls it on one
+	// goroutine, in order); lapseEnd is where the last lapse ended in that
+	// numbering (stamp).
+	taken    uint64
+	lapseEnd atomic.Pointer[lapseBoundary]
+	sub      *nats.Subscription // the one take serves (markLapseEnd)
+
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
 	budget    int64        // bytes the shard queues may hold
@@ -75,6 +82,45 @@ type inbound struct {
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics.
 	taken time.Time
+	// session is the fence generation the message was taken in (stamp).
+	session uint64
+}
+
+// lapseBoundary: messages numbered upTo or less were read off the node's
+// connection before the round trip that moved the fence to gen (even: a
+// lapse ended) completed.
+type lapseBoundary struct{ gen, upTo uint64 }
+
+// markLapseEnd is called with the fence lapsed (gen odd), just before a
+// completed round trip is reported, which may end the lapse: every message
+// read off the connection before that round trip's answer is queued to the
+// subscription by then (nats.go reads in order), so those delivered or
+// pending now are the ones that may have waited through the lapse.
+func (in *ingester) markLapseEnd(gen uint64) {
+	if in.sub == nil {
+		return
+	}
+	delivered, err := in.sub.Delivered()
+	if err != nil {
+		return
+	}
+	pending, _, err := in.sub.Pending()
+	if err != nil {
+		return
+	}
+	in.lapseEnd.Store(&lapseBoundary{gen: gen + 1, upTo: uint64(delivered) + uint64(pending)})
+}
+
+// stamp is the fence generation a message numbered n belongs to: now's,
+// unless a lapse just ended and the message was read before the round trip
+// that ended it (it may have waited in the node's socket through the lapse:
+// an engine may have given the node up meanwhile): then the lapse's own
+// generation, so its session's copies never start (transfer.Fence.Enter).
+func stamp(gen, n uint64, end *lapseBoundary) uint64 {
+	if end != nil && gen == end.gen && n <= end.upTo {
+		return gen - 1
+	}
+	return gen
 }
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
@@ -187,6 +233,8 @@ func msgBytes(m *nats.Msg) int64 {
 // take is the subscription's handler: parse the subject, admit the message
 // within the byte budget, hand it to its engine's shard.
 func (in *ingester) take(m *nats.Msg) {
+	in.taken++ // every message nats.go delivers, as sub.Delivered counts them (markLapseEnd)
+	n := in.taken
 	engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
 	if err != nil {
 		in.n.rejected(messages.RejectLabel(err), "bad subject", "subject", m.Subject, "err", err)
@@ -208,7 +256,8 @@ func (in *ingester) take(m *nats.Msg) {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, engine: engineID, verb: verb, size: size}
+	x := inbound{msg: m, engine: engineID, verb: verb, size: size,
+		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load())}
 	if verb == messages.VerbEvents {
 		x.taken = time.Now()
 	}
@@ -313,7 +362,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		return in.events(engineID, m, x.size, x.taken)
+		return in.events(engineID, m, x)
 	case messages.VerbRegister:
 		in.n.onRegister(engineID, m)
 	case messages.VerbHeartbeat:
@@ -325,7 +374,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	case messages.VerbLookup:
 		in.n.onLookup(engineID, m)
 	case messages.VerbLoad:
-		in.n.onLoad(engineID, m)
+		in.n.onLoad(engineID, m, x.session)
 	default:
 		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
 		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))
@@ -333,7 +382,8 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	return false
 }
 
-func (in *ingester) events(engineID string, m *nats.Msg, size int64, arrived time.Time) (lent bool) {
+func (in *ingester) events(engineID string, m *nats.Msg, x inbound) (lent bool) {
+	size, arrived := x.size, x.taken
 	n := in.n
 	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
 	pid := in.lookup(engineID)
@@ -359,7 +409,8 @@ func (in *ingester) events(engineID string, m *nats.Msg, size int64, arrived tim
 			tracing.AttrEvents.Int(len(batch.Events)))
 	}
 	span.End() // the batch span marks arrival; request spans hang below it
-	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: eventSlices.Put}
+	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: eventSlices.Put,
+		Session: x.session, Stamped: true}
 	if c := in.lend(engineID, pid, size); c != nil {
 		msg.Done, lent = c.Return, true
 	}

@@ -103,3 +103,25 @@ func TestALeaseCheckSeesTheEnginesShardBacklog(t *testing.T) {
 	<-in.queues[in.shard("e1")]
 	require.False(t, in.backlogged("e1"))
 }
+
+// A message read off the connection before the round trip that ended a
+// lapse may have waited in the node's socket through it: it is stamped with
+// the lapse's generation, so the session it begins (a load, an epoch) never
+// copies. Later messages, and any outside that window, get the fence's
+// generation.
+func TestMessagesReadBeforeALapseEndedAreStampedLapsed(t *testing.T) {
+	end := &lapseBoundary{gen: 2, upTo: 10}
+	for _, tc := range []struct {
+		gen, n, want uint64
+		why          string
+	}{
+		{0, 5, 0, "no lapse yet"},
+		{1, 5, 1, "during the lapse: its own generation"},
+		{2, 10, 1, "read before the round trip that ended it"},
+		{2, 11, 2, "read after it"},
+		{4, 5, 4, "a later lapse's end: this boundary is not its"},
+	} {
+		require.Equal(t, tc.want, stamp(tc.gen, tc.n, end), tc.why)
+	}
+	require.Equal(t, uint64(2), stamp(2, 1, nil), "no lapse ended")
+}

@@ -53,9 +53,8 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 
 // onLoad starts P.E.load: the keys are pinned here, then a load actor runs
 // the copy and answers once it completed.
-func (n *Node) onLoad(engineID string, m *nats.Msg) {
+func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	ctx := n.msgCtx(m)
-	session := n.fence.Gen() // the load's session: a lapse from here on refuses its copy
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"

@@ -68,9 +68,18 @@ func (n *Node) pinger(ctx context.Context) {
 		}
 		sent := time.Now()
 		if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-			n.fence.RoundTrip(sent)
+			n.roundTrip(sent)
 		}
 	}
+}
+
+// roundTrip reports a completed round trip to the fence; one that may end
+// a lapse first marks which messages were read before it (ingester.stamp).
+func (n *Node) roundTrip(sent time.Time) {
+	if g := n.fence.Gen(); g%2 == 1 && n.ingest != nil {
+		n.ingest.markLapseEnd(g)
+	}
+	n.fence.RoundTrip(sent)
 }
 
 // watchdog records a lapse that no round trip reveals (NATS still down:
@@ -85,7 +94,8 @@ func (n *Node) watchdog(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
+		case <-t.C:
+			now := time.Now() // not the tick's time: a starved goroutine's tick is stale
 			n.fence.Check(now)
 			if n.fence.Overdue(now) {
 				n.cfg.FailStop("a device copy is running 5/8 of a lease after the last NATS round trip")
@@ -135,7 +145,7 @@ func (n *Node) reconnected() {
 	}
 	sent := time.Now()
 	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-		n.fence.RoundTrip(sent)
+		n.roundTrip(sent)
 	}
 	n.hello()
 	if n.cl != nil && n.cl.feed != nil {

@@ -35,6 +35,7 @@ func (n *Node) subscribe() error {
 		return fmt.Errorf("pending limits of %s: %w", subject, err)
 	}
 	n.subs = append(n.subs, s)
+	n.ingest.sub = s
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}

@@ -85,9 +85,11 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
-	// session is the fence generation this actor last reset for: the
-	// stamp of the epochs it begins (request.Deps.Session).
+	// session is the fence generation this actor last reset for (lapse).
 	session uint64
+	// epochSession stamps the current epoch's copies (request.Deps.Session):
+	// the generation when its first batch was taken (Batch.Session).
+	epochSession uint64
 	// resyncOwed: a lapse's resync order held back until the lapse ends
 	// (lapse).
 	resyncOwed bool
@@ -115,7 +117,8 @@ func Props(deps Deps) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor {
 		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
-			session: deps.Session()}
+			session: deps.Session(), epochSession: deps.Session(),
+			resyncOwed: deps.Session()%2 == 1} // begun during a lapse: no order until it ends
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
@@ -198,7 +201,28 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		return false
 	}
 	a.deps.Metrics.Batches.Inc()
-	d := a.seq.Batch(a.deps.Now(), b.Epoch, b.Seq)
+	prev, now := a.seq.Epoch(), a.deps.Now()
+	d := a.seq.Batch(now, b.Epoch, b.Seq)
+	if a.seq.Epoch() != prev {
+		// The batch began an epoch: its copies carry the generation the
+		// batch was taken in. Taken before a lapse ended (it waited in the
+		// node's socket or queues while the engine may have given the node
+		// up and reused the epoch's blocks), the epoch is stillborn: nothing
+		// of it is routed, and it is resynced (when the lapse is over).
+		stamp := a.deps.Session()
+		if m.Stamped {
+			stamp = m.Session
+		}
+		a.epochSession = stamp
+		if stamp != a.deps.Session() {
+			a.deps.Log.Warn("an epoch begun by a batch taken before a NATS lapse ended: resyncing it",
+				"engine", a.deps.Engine, "epoch", b.Epoch)
+			a.decided(c, m.Ctx, d)
+			a.decided(c, m.Ctx, a.seq.Lost(now, messages.ResyncReconnect))
+			a.deps.Metrics.DroppedBatch(messages.ResyncReconnect).Inc()
+			return false
+		}
+	}
 	a.decided(c, m.Ctx, d)
 	switch d.Verdict {
 	case sched.Duplicate, sched.Stale: // a stale batch is a late one of an epoch the engine left
@@ -414,7 +438,7 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	// stamps their copies with the session they began in).
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
-		d.Epoch, d.Releases, d.Session = a.seq.Epoch(), a.deps.Releases, a.session
+		d.Epoch, d.Releases, d.Session = a.seq.Epoch(), a.deps.Releases, a.epochSession
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

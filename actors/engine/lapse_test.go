@@ -111,3 +111,44 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	require.Len(t, st.Requests, 1, "the new epoch's request lives on")
 	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "a second resync")
 }
+
+// A batch taken before a lapse ended (stamped with the lapse's generation:
+// it waited in the node's socket while the engine may have given the node
+// up and reused its blocks) cannot begin a fresh epoch: nothing of it is
+// routed, and the epoch is resynced, so an engine still in it starts another.
+// A batch taken after the lapse begins its epoch normally.
+func TestABatchTakenBeforeALapseEndedBeginsNoFreshEpoch(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	var gen atomic.Uint64
+	gen.Store(2) // a lapse (generation 1) has ended
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+				Engine("e1", lay, testkit.NopDevice{})
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, func(d *engine.Deps) { d.Session = gen.Load })
+	stored := func(id string, block messages.BlockID) []messages.Event {
+		return []messages.Event{added(id),
+			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash("h-" + id)}},
+			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{block}}, tokens(id, 4)}
+	}
+	send := func(epoch string, session uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: 1, Events: evs},
+			Session: session, Stamped: true})
+	}
+
+	send("old", 1, stored("r", 1)...) // taken before the lapse's end
+	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job of a stillborn epoch")
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "its resync").Data, &rs))
+	require.Equal(t, "old", rs.Epoch)
+	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	require.Empty(t, statusOf(t, system, pid).Requests)
+
+	send("new", 2, stored("n", 2)...) // taken after it
+	j := testkit.Recv(t, jobs, 5*time.Second, "the new epoch's store job")
+	require.Equal(t, uint64(2), j.Session)
+	require.Equal(t, "new", statusOf(t, system, pid).Epoch)
+}

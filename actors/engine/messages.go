@@ -21,6 +21,13 @@ type Batch struct {
 	// nothing holds it: at once when no request actor got a part of it,
 	// else after the last request actor has applied its part.
 	Recycle func([]messages.Event)
+	// Session is the node's fence generation when intake took the batch off
+	// NATS, with Stamped set (node: ingester.stamp): an epoch the batch
+	// begins belongs to it, so a batch that waited through a lapse (in the
+	// node's socket or queues) cannot begin a fresh-looking epoch. Unstamped,
+	// the generation when the actor handles it.
+	Session uint64
+	Stamped bool
 }
 
 // Retire ends the engine: every request is reset and released with Reason
