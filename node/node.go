@@ -62,6 +62,9 @@ type Node struct {
 	boot  string // random per start (PROTOCOL.md "Node identity")
 	owed  atomic.Int64
 	fence *transfer.Fence
+	// beatStats is what the node heartbeat reports of the pool and disk,
+	// gathered off the heartbeat's path (statsLoop).
+	beatStats atomic.Pointer[beatStats]
 	stop  context.CancelFunc // ends the session loops
 	loops sync.WaitGroup
 
@@ -148,7 +151,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.hello()
 	loops, stop := context.WithCancel(context.Background())
 	n.stop = stop
-	n.loops.Add(3)
+	n.loops.Add(4)
+	go n.statsLoop(loops)
 	go n.sessionLoop(loops)
 	go n.pinger(loops)
 	go n.watchdog(loops)

@@ -37,19 +37,44 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		recs := n.liveEngines()
-		st := n.poolStats()
-		var diskBytes int64
-		if n.disk != nil {
-			diskBytes = n.disk.Stats().Bytes
+		var st beatStats
+		if p := n.beatStats.Load(); p != nil {
+			st = *p
 		}
 		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
 			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
-				PoolBytes: st.Data, PoolCapacityBytes: st.Capacity, DiskBytes: diskBytes})
+				PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
 		for _, rec := range recs {
 			n.system.Root.Send(rec.pid, &engine.Tick{})
 		}
 		n.ingest.flushLost()
 		n.rejectLog.Flush() // isolation: rate-limited rejection summaries
+	}
+}
+
+// beatStats is the pool's and disk's part of a node heartbeat.
+type beatStats struct{ pool, capacity, disk int64 }
+
+// statsLoop gathers what the node heartbeat reports of the pool and disk
+// every Lease/8, so the heartbeat never waits on their locks: engines judge
+// the node by its heartbeats, and the disk holds its lock across file
+// operations that a slow filesystem can stretch to seconds.
+func (n *Node) statsLoop(ctx context.Context) {
+	defer n.loops.Done()
+	t := time.NewTicker(n.cfg.Lease / 8)
+	defer t.Stop()
+	for {
+		pool := n.poolStats()
+		st := beatStats{pool: pool.Data, capacity: pool.Capacity}
+		if n.disk != nil {
+			st.disk = n.disk.Stats().Bytes
+		}
+		n.beatStats.Store(&st)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 
