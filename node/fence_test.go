@@ -192,18 +192,10 @@ func TestCopiesWaitThroughAnOutageAndResume(t *testing.T) {
 	t.Cleanup(e.nc.Close)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
-	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4))
-	testkit.Recv(t, dev.started, 5*time.Second, "copy a")
-	te.send(added("b", 4), hashesEv("b", 0, hash("b", 0)), blocksEv("b", 0, 0, 2), tokensEv("b", 4, 4))
-	te.sync() // b's copy is queued behind a's
+	heldAndQueued(t, te, dev)
 
 	s.Shutdown()
-	testkit.Eventually(t, lease, time.Millisecond, func() error {
-		if !n.Fenced() {
-			return fmt.Errorf("not fenced yet")
-		}
-		return nil
-	})
+	awaitFenced(t, n, lease)
 	require.ErrorContains(t, n.Ready(), "not connected")
 	dev.gate <- struct{}{} // a ends (before the lease runs out): the worker takes b, which must wait
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
@@ -274,4 +266,26 @@ func TestUnregisterWaitsForALoadInFlight(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, unreg, 5*time.Second, "unregister reply").Data, &r))
 	require.Equal(t, 0, r.Released)
 	require.False(t, mapped(t, path))
+}
+
+// heldAndQueued stores a, whose copy dev holds, and b, whose copy is queued
+// behind it (the node runs one copy worker).
+func heldAndQueued(t *testing.T, te *testEngine, dev *heldDevice) {
+	t.Helper()
+	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "copy a")
+	te.send(added("b", 4), hashesEv("b", 0, hash("b", 0)), blocksEv("b", 0, 0, 2), tokensEv("b", 4, 4))
+	te.sync() // b's copy is queued behind a's
+}
+
+// awaitFenced waits until the node holds its copies back (no NATS round
+// trip for lease/2).
+func awaitFenced(t *testing.T, n *node.Node, within time.Duration) {
+	t.Helper()
+	testkit.Eventually(t, within, time.Millisecond, func() error {
+		if !n.Fenced() {
+			return fmt.Errorf("not fenced yet")
+		}
+		return nil
+	})
 }

@@ -124,18 +124,10 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	counter := func(name string) float64 { return metricValue(t, reg, name, nil) }
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
-	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4))
-	testkit.Recv(t, dev.started, 5*time.Second, "copy a")
-	te.send(added("b", 4), hashesEv("b", 0, hash("b", 0)), blocksEv("b", 0, 0, 2), tokensEv("b", 4, 4))
-	te.sync() // b's copy is queued behind a's
+	heldAndQueued(t, te, dev)
 
 	l.cut()
-	testkit.Eventually(t, lease, time.Millisecond, func() error {
-		if !n.Fenced() {
-			return errors.New("not fenced yet")
-		}
-		return nil
-	})
+	awaitFenced(t, n, lease)
 	dev.gate <- struct{}{} // a ends long before the lease runs out; b reaches the fence
 	testkit.Eventually(t, 2*lease, 5*time.Millisecond, func() error {
 		if v := counter("kvactors_transfer_fence_lapses_total"); v != 1 {

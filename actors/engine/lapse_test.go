@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -29,6 +30,28 @@ func (s *submits) Receive(c actor.Context) {
 	}
 }
 
+// startSubmitting starts engine e1 whose requests decide against a small
+// pool and send their store jobs to the returned channel (never answered:
+// the copies stay in flight); edit sets the engine's deps.
+func startSubmitting(t *testing.T, nc *nats.Conn, edit func(*engine.Deps)) (*actor.ActorSystem, *actor.PID, chan *transfer.Submit) {
+	t.Helper()
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+				Engine("e1", lay, testkit.NopDevice{})
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, edit)
+	return system, pid, jobs
+}
+
+// readyChunk is a request whose one chunk (its hash, block) is ready.
+func readyChunk(id string, block messages.BlockID) []messages.Event {
+	return []messages.Event{added(id),
+		{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash("h-" + id)}},
+		{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{block}}, tokens(id, 4)}
+}
+
 // PROTOCOL.md "Fencing, node side", lapse: when the node's fence generation
 // moves (an engine may have declared the node lost), the engine actor
 // resyncs its epoch (reason reconnect) and resets its requests
@@ -43,26 +66,15 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	var clock atomic.Int64 // unix nanoseconds: resyncs repeat by it
 	clock.Store(time.Unix(1_800_000_000, 0).UnixNano())
 	const lease = time.Minute
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-				Engine("e1", lay, testkit.NopDevice{})
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, func(d *engine.Deps) {
-			d.Session, d.Lease = gen.Load, lease
-			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-		})
+	system, pid, jobs := startSubmitting(t, nc, func(d *engine.Deps) {
+		d.Session, d.Lease = gen.Load, lease
+		d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	})
 	send := func(epoch string, seq uint64, evs ...messages.Event) {
 		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
 	}
-	stored := func(id string, block messages.BlockID) []messages.Event {
-		return []messages.Event{added(id),
-			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash("h-" + id)}},
-			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{block}}, tokens(id, 4)}
-	}
 
-	send("a", 1, stored("r", 1)...)
+	send("a", 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
 	require.Zero(t, j.Session, "stamped with the epoch's session")
 
@@ -73,7 +85,7 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	// but the request is reset; the old epoch's later batches are dropped,
 	// and the resync is not repeated for them however long the lapse lasts.
 	clock.Add(int64(lease))
-	send("a", 2, stored("late", 2)...)
+	send("a", 2, readyChunk("late", 2)...)
 	system.Root.Send(pid, &engine.Heartbeat{Epoch: "a", Seq: 3})
 	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job of the lapsed epoch")
 	st := statusOf(t, system, pid)
@@ -97,7 +109,7 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "the held order twice")
 	// The engine's new epoch is stamped with the generation after the lapse
 	// and kept: no second reset, no second order.
-	send("b", 1, stored("n", 3)...)
+	send("b", 1, readyChunk("n", 3)...)
 	var rel messages.Released
 	j2 := testkit.Recv(t, jobs, 5*time.Second, "n's store job")
 	require.Equal(t, uint64(2), j2.Session)
@@ -122,24 +134,13 @@ func TestABatchTakenBeforeALapseEndedBeginsNoFreshEpoch(t *testing.T) {
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
 	var gen atomic.Uint64
 	gen.Store(2) // a lapse (generation 1) has ended
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-				Engine("e1", lay, testkit.NopDevice{})
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, func(d *engine.Deps) { d.Session = gen.Load })
-	stored := func(id string, block messages.BlockID) []messages.Event {
-		return []messages.Event{added(id),
-			{Type: messages.EvHashes, Request: id, Hashes: []messages.Hash{messages.Hash("h-" + id)}},
-			{Type: messages.EvBlocks, Request: id, IDs: []messages.BlockID{block}}, tokens(id, 4)}
-	}
+	system, pid, jobs := startSubmitting(t, nc, func(d *engine.Deps) { d.Session = gen.Load })
 	send := func(epoch string, session uint64, evs ...messages.Event) {
 		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: 1, Events: evs},
 			Session: session, Stamped: true})
 	}
 
-	send("old", 1, stored("r", 1)...) // taken before the lapse's end
+	send("old", 1, readyChunk("r", 1)...) // taken before the lapse's end
 	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job of a stillborn epoch")
 	var rs messages.Resync
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "its resync").Data, &rs))
@@ -147,7 +148,7 @@ func TestABatchTakenBeforeALapseEndedBeginsNoFreshEpoch(t *testing.T) {
 	require.Equal(t, messages.ResyncReconnect, rs.Reason)
 	require.Empty(t, statusOf(t, system, pid).Requests)
 
-	send("new", 2, stored("n", 2)...) // taken after it
+	send("new", 2, readyChunk("n", 2)...) // taken after it
 	j := testkit.Recv(t, jobs, 5*time.Second, "the new epoch's store job")
 	require.Equal(t, uint64(2), j.Session)
 	require.Equal(t, "new", statusOf(t, system, pid).Epoch)
