@@ -65,8 +65,8 @@ type Node struct {
 	// beatStats is what the node heartbeat reports of the pool and disk,
 	// gathered off the heartbeat's path (statsLoop).
 	beatStats atomic.Pointer[beatStats]
-	stop  context.CancelFunc // ends the session loops
-	loops sync.WaitGroup
+	stop      context.CancelFunc // ends the session loops
+	loops     sync.WaitGroup
 
 	mu      sync.Mutex
 	engines map[string]*engineRec
