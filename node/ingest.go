@@ -91,24 +91,28 @@ type inbound struct {
 // lapse ended) completed.
 type lapseBoundary struct{ gen, upTo uint64 }
 
-// markLapseEnd is called with the fence lapsed (gen odd), just before a
-// completed round trip is reported, which may end the lapse: every message
-// read off the connection before that round trip's answer is queued to the
-// subscription by then (nats.go reads in order), so those delivered or
-// pending now are the ones that may have waited through the lapse.
+// markLapseEnd runs (transfer.Fence.OnLapseEnding, under the fence's lock)
+// just before a round trip ends a lapse, gen being the generation that then
+// begins: every message read off the connection before that round trip's
+// answer is queued to the subscription by then (nats.go reads in order), so
+// those delivered or pending now are the ones that may have waited through
+// the lapse. Pending is read first: a message only moves from pending to
+// delivered, so the sum can only count too many (safe: at most the message
+// take is handling, counted in both, is taken for the lapse's), never too
+// few.
 func (in *ingester) markLapseEnd(gen uint64) {
 	if in.sub == nil {
-		return
-	}
-	delivered, err := in.sub.Delivered()
-	if err != nil {
 		return
 	}
 	pending, _, err := in.sub.Pending()
 	if err != nil {
 		return
 	}
-	in.lapseEnd.Store(&lapseBoundary{gen: gen + 1, upTo: uint64(delivered) + uint64(pending)})
+	delivered, err := in.sub.Delivered()
+	if err != nil {
+		return
+	}
+	in.lapseEnd.Store(&lapseBoundary{gen: gen, upTo: uint64(delivered) + uint64(pending)})
 }
 
 // stamp is the fence generation a message numbered n belongs to: now's,

@@ -125,3 +125,36 @@ func TestMessagesReadBeforeALapseEndedAreStampedLapsed(t *testing.T) {
 	}
 	require.Equal(t, uint64(2), stamp(2, 1, nil), "no lapse ended")
 }
+
+// markLapseEnd counts every message read before the round trip's answer,
+// the one take is handling included (its callback still runs: nats.go
+// counts it delivered and still pending), so none of them is stamped as
+// fresh; at most one too many is.
+func TestTheLapseEndCoversEveryMessageReadBeforeIt(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	inside, release := make(chan struct{}, 1), make(chan struct{})
+	sub, err := nc.Subscribe("x", func(*nats.Msg) {
+		select {
+		case inside <- struct{}{}:
+			<-release // the first message's callback runs on
+		default:
+		}
+	})
+	require.NoError(t, err)
+	defer close(release)
+	for range 3 {
+		require.NoError(t, nc.Publish("x", nil))
+	}
+	require.NoError(t, nc.Flush()) // all three read before this answer
+	testkit.Recv(t, inside, 5*time.Second, "the first message's callback")
+	in := &ingester{sub: sub}
+	in.markLapseEnd(2)
+	end := in.lapseEnd.Load()
+	require.NotNil(t, end)
+	require.Equal(t, uint64(2), end.gen)
+	require.GreaterOrEqual(t, end.upTo, uint64(3), "every message read before the answer")
+	require.LessOrEqual(t, end.upTo, uint64(4), "at most the one being handled counted twice")
+	for n := uint64(1); n <= 3; n++ {
+		require.Equal(t, uint64(1), stamp(2, n, end), "message %d belongs to the lapse", n)
+	}
+}

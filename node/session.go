@@ -93,18 +93,9 @@ func (n *Node) pinger(ctx context.Context) {
 		}
 		sent := time.Now()
 		if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-			n.roundTrip(sent)
+			n.fence.RoundTrip(sent)
 		}
 	}
-}
-
-// roundTrip reports a completed round trip to the fence; one that may end
-// a lapse first marks which messages were read before it (ingester.stamp).
-func (n *Node) roundTrip(sent time.Time) {
-	if g := n.fence.Gen(); g%2 == 1 && n.ingest != nil {
-		n.ingest.markLapseEnd(g)
-	}
-	n.fence.RoundTrip(sent)
 }
 
 // watchdog records a lapse that no round trip reveals (NATS still down:
@@ -170,7 +161,7 @@ func (n *Node) reconnected() {
 	}
 	sent := time.Now()
 	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-		n.roundTrip(sent)
+		n.fence.RoundTrip(sent)
 	}
 	n.hello()
 	if n.cl != nil && n.cl.feed != nil {

@@ -36,6 +36,7 @@ func (n *Node) subscribe() error {
 	}
 	n.subs = append(n.subs, s)
 	n.ingest.sub = s
+	n.fence.OnLapseEnding(n.ingest.markLapseEnd)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}

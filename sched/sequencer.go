@@ -175,6 +175,26 @@ func (s *Sequencer) Lost(now time.Time, reason string) Decision {
 	return d
 }
 
+// Begins reports whether a batch of epoch would begin it (a new epoch, not
+// one that ended).
+func (s *Sequencer) Begins(epoch string) bool {
+	return (!s.live || epoch != s.epoch) && !s.hasEnded(epoch)
+}
+
+// BeginLost begins epoch at its batch seq already being resynced, nothing
+// of it applied (expected 1, got seq): the batch cannot be applied (the
+// engine actor's stillborn epoch: taken before a NATS lapse ended), and the
+// epoch's batches are dropped until the engine starts another.
+func (s *Sequencer) BeginLost(now time.Time, epoch string, seq uint64, reason string) Decision {
+	s.lastSign = now
+	d := Decision{Verdict: Dropped, Reset: s.begin(epoch)}
+	d.Resync = s.startResync(now, 1, seq, reason)
+	return d
+}
+
+// Silent is how long the engine has shown no sign of life at now.
+func (s *Sequencer) Silent(now time.Time) time.Duration { return now.Sub(s.lastSign) }
+
 // Order is the live epoch's resync order now, not rate limited, as a first
 // order (nil when the epoch is not being resynced): for an order held back
 // and owed (the engine actor holds a lapse's order until NATS answers).

@@ -115,10 +115,10 @@ func Props(deps Deps) *actor.Props {
 		deps.Session = func() uint64 { return 0 }
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
+		gen := deps.Session()
 		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
-			session: deps.Session(), epochSession: deps.Session(),
-			resyncOwed: deps.Session()%2 == 1} // begun during a lapse: no order until it ends
+			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
@@ -171,7 +171,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
 		a.lapse(c)
-		if !a.retiring && !a.expired && a.seq.Expired(a.deps.Now()) && !a.backlogged() {
+		if !a.retiring && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -201,28 +201,27 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		return false
 	}
 	a.deps.Metrics.Batches.Inc()
-	prev, now := a.seq.Epoch(), a.deps.Now()
-	d := a.seq.Batch(now, b.Epoch, b.Seq)
-	if a.seq.Epoch() != prev {
-		// The batch began an epoch: its copies carry the generation the
+	now := a.deps.Now()
+	stamp := a.deps.Session()
+	if m.Stamped {
+		stamp = m.Session
+	}
+	if a.seq.Begins(b.Epoch) {
+		// The batch begins an epoch: its copies carry the generation the
 		// batch was taken in. Taken before a lapse ended (it waited in the
 		// node's socket or queues while the engine may have given the node
 		// up and reused the epoch's blocks), the epoch is stillborn: nothing
-		// of it is routed, and it is resynced (when the lapse is over).
-		stamp := a.deps.Session()
-		if m.Stamped {
-			stamp = m.Session
-		}
+		// of it is applied, and it is resynced (when the lapse is over).
 		a.epochSession = stamp
 		if stamp != a.deps.Session() {
 			a.deps.Log.Warn("an epoch begun by a batch taken before a NATS lapse ended: resyncing it",
 				"engine", a.deps.Engine, "epoch", b.Epoch)
-			a.decided(c, m.Ctx, d)
-			a.decided(c, m.Ctx, a.seq.Lost(now, messages.ResyncReconnect))
+			a.decided(c, m.Ctx, a.seq.BeginLost(now, b.Epoch, b.Seq, messages.ResyncReconnect))
 			a.deps.Metrics.DroppedBatch(messages.ResyncReconnect).Inc()
 			return false
 		}
 	}
+	d := a.seq.Batch(now, b.Epoch, b.Seq)
 	a.decided(c, m.Ctx, d)
 	switch d.Verdict {
 	case sched.Duplicate, sched.Stale: // a stale batch is a late one of an epoch the engine left
@@ -277,8 +276,17 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 	}
 }
 
-// backlogged is Deps.Backlogged (false without one).
-func (a *Actor) backlogged() bool { return a.deps.Backlogged != nil && a.deps.Backlogged() }
+// expiredAt reports whether the engine has been silent for a lease at now.
+// A backlog in its intake shard (Deps.Backlogged: signs of life not seen
+// yet, perhaps) defers that by at most one more lease, so a dead engine
+// sharing its shard with a busy one still expires.
+func (a *Actor) expiredAt(now time.Time) bool {
+	silent := a.seq.Silent(now)
+	if a.deps.Lease <= 0 || silent < a.deps.Lease {
+		return false
+	}
+	return silent >= 2*a.deps.Lease || a.deps.Backlogged == nil || !a.deps.Backlogged()
+}
 
 // lapse handles a move of the node's fence generation (a lapse began or
 // ended) before the message that revealed it: an engine may have declared

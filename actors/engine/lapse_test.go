@@ -146,7 +146,11 @@ func TestABatchTakenBeforeALapseEndedBeginsNoFreshEpoch(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "its resync").Data, &rs))
 	require.Equal(t, "old", rs.Epoch)
 	require.Equal(t, messages.ResyncReconnect, rs.Reason)
-	require.Empty(t, statusOf(t, system, pid).Requests)
+	require.Equal(t, uint64(1), rs.Expected, "nothing of it applied")
+	st := statusOf(t, system, pid)
+	require.Empty(t, st.Requests)
+	require.Zero(t, st.Seq, "a heartbeat reply would say nothing of the epoch was applied")
+	require.True(t, st.Resyncing)
 
 	send("new", 2, readyChunk("n", 2)...) // taken after it
 	j := testkit.Recv(t, jobs, 5*time.Second, "the new epoch's store job")

@@ -48,6 +48,10 @@ type Fence struct {
 	lapsed  bool   // a lapse is recorded and no round trip has ended it yet
 	onLapse func() // run once per lapse, outside mu (may be nil)
 	onEnd   func() // run when a round trip ends a lapse, outside mu (may be nil)
+	// ending runs under mu just before a round trip ends a lapse, with the
+	// generation about to begin (may be nil): the node marks there which
+	// messages were read before the round trip's answer.
+	ending func(gen uint64)
 }
 
 // NewFence starts a fence whose last round trip is now (the connect).
@@ -72,6 +76,17 @@ func (f *Fence) OnLapse(fn func()) {
 func (f *Fence) OnLapseEnd(fn func()) {
 	f.mu.Lock()
 	f.onEnd = fn
+	f.mu.Unlock()
+}
+
+// OnLapseEnding sets fn to run, under the fence's lock, just before a
+// round trip ends a lapse, with the generation that then begins: whatever
+// the round trip's caller read before its answer (the node: messages off
+// NATS) is known to it then, including when one round trip both records
+// and ends a lapse. fn must not call the fence.
+func (f *Fence) OnLapseEnding(fn func(gen uint64)) {
+	f.mu.Lock()
+	f.ending = fn
 	f.mu.Unlock()
 }
 
@@ -118,6 +133,9 @@ func (f *Fence) RoundTrip(sent time.Time) {
 		f.last = sent
 		if f.lapsed && now.Sub(f.last) < f.lapseAfter() {
 			f.lapsed = false
+			if f.ending != nil {
+				f.ending(f.gen.Load() + 1)
+			}
 			f.gen.Add(1)
 			onEnd = f.onEnd
 		}

@@ -215,3 +215,28 @@ func TestActorAbortsACopyOfALapsedSession(t *testing.T) {
 	system.Root.Send(pid, next)
 	require.NoError(t, testkit.Recv(t, done, 5*time.Second, "JobDone of the new session").Err)
 }
+
+// The node marks which messages were read before the round trip that ends
+// a lapse under the fence's lock, just before the generation moves on:
+// also when one round trip both records the lapse and ends it (no watchdog
+// look in between), and once per lapse.
+func TestFenceMarksTheEndOfEveryLapse(t *testing.T) {
+	f := newLapseFence(t)
+	var marks []uint64
+	f.OnLapseEnding(func(gen uint64) {
+		marks = append(marks, gen)
+		require.Equal(t, gen-1, f.Gen(), "called before the generation moves")
+	})
+	f.clock.Add(lapseLease) // silent past 3/4 lease, unnoticed so far
+	f.RoundTrip(f.clock.Now())
+	require.Equal(t, []uint64{2}, marks, "recorded and ended by one round trip: marked")
+	require.Equal(t, uint64(2), f.Gen())
+
+	f.clock.Add(time.Second)
+	f.RoundTrip(f.clock.Now())
+	require.Len(t, marks, 1, "no lapse: no mark")
+	f.clock.Add(lapseLease)
+	f.Check(f.clock.Now())
+	f.RoundTrip(f.clock.Now())
+	require.Equal(t, []uint64{2, 4}, marks)
+}
