@@ -137,6 +137,13 @@ var batchesInline = actors.InlineMailboxFor(func(m any) bool {
 })
 
 func (a *Actor) Receive(c actor.Context) {
+	lapsed := false
+	switch c.Message().(type) {
+	case *Batch, *Heartbeat, *Lost, *Lapsed, *Tick:
+		// The engine's session messages: a move of the node's fence
+		// generation is handled before any of them (lapse).
+		lapsed = a.lapse(c)
+	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.EnginesLive.Inc()
@@ -151,7 +158,6 @@ func (a *Actor) Receive(c actor.Context) {
 			close(a.deps.Closed)
 		}
 	case *Batch:
-		a.lapse(c)
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
@@ -159,18 +165,15 @@ func (a *Actor) Receive(c actor.Context) {
 			m.Done()
 		}
 	case *Heartbeat:
-		a.lapse(c)
 		a.heartbeat(c, m)
 	case *Lost:
-		if !a.lapse(c) && !a.retiring {
+		if !lapsed && !a.retiring { // a lapse resynced the epoch already
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
-	case *Lapsed:
-		a.lapse(c)
+	case *Lapsed: // handled above
 	case *Touch:
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
-		a.lapse(c)
 		if !a.retiring && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
@@ -202,18 +205,18 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	}
 	a.deps.Metrics.Batches.Inc()
 	now := a.deps.Now()
-	stamp := a.deps.Session()
-	if m.Stamped {
-		stamp = m.Session
-	}
 	if a.seq.Begins(b.Epoch) {
 		// The batch begins an epoch: its copies carry the generation the
 		// batch was taken in. Taken before a lapse ended (it waited in the
 		// node's socket or queues while the engine may have given the node
 		// up and reused the epoch's blocks), the epoch is stillborn: nothing
 		// of it is applied, and it is resynced (when the lapse is over).
-		a.epochSession = stamp
-		if stamp != a.deps.Session() {
+		gen := a.deps.Session()
+		a.epochSession = gen
+		if m.Stamped {
+			a.epochSession = m.Session
+		}
+		if a.epochSession != gen {
 			a.deps.Log.Warn("an epoch begun by a batch taken before a NATS lapse ended: resyncing it",
 				"engine", a.deps.Engine, "epoch", b.Epoch)
 			a.decided(c, m.Ctx, a.seq.BeginLost(now, b.Epoch, b.Seq, messages.ResyncReconnect))
@@ -281,11 +284,10 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 // yet, perhaps) defers that by at most one more lease, so a dead engine
 // sharing its shard with a busy one still expires.
 func (a *Actor) expiredAt(now time.Time) bool {
-	silent := a.seq.Silent(now)
-	if a.deps.Lease <= 0 || silent < a.deps.Lease {
+	if !a.seq.Expired(now) {
 		return false
 	}
-	return silent >= 2*a.deps.Lease || a.deps.Backlogged == nil || !a.deps.Backlogged()
+	return a.seq.Silent(now) >= 2*a.deps.Lease || a.deps.Backlogged == nil || !a.deps.Backlogged()
 }
 
 // lapse handles a move of the node's fence generation (a lapse began or
