@@ -366,7 +366,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		return in.events(engineID, m, x)
+		return in.events(x)
 	case messages.VerbRegister:
 		in.n.onRegister(engineID, m)
 	case messages.VerbHeartbeat:
@@ -386,8 +386,8 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	return false
 }
 
-func (in *ingester) events(engineID string, m *nats.Msg, x inbound) (lent bool) {
-	size, arrived := x.size, x.taken
+func (in *ingester) events(x inbound) (lent bool) {
+	engineID, m, size, arrived := x.engine, x.msg, x.size, x.taken
 	n := in.n
 	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
 	pid := in.lookup(engineID)

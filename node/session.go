@@ -44,9 +44,7 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
 			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
 				PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
-		for _, rec := range recs {
-			n.system.Root.Send(rec.pid, &engine.Tick{})
-		}
+		n.tellEngines(recs, &engine.Tick{})
 		n.ingest.flushLost()
 		n.rejectLog.Flush() // isolation: rate-limited rejection summaries
 	}
@@ -91,10 +89,17 @@ func (n *Node) pinger(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		sent := time.Now()
-		if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-			n.fence.RoundTrip(sent)
-		}
+		n.ping()
+	}
+}
+
+// ping makes one round trip with NATS and reports it to the fence when it
+// completes: the completed flush proves the server heard the node at the
+// time it was sent.
+func (n *Node) ping() {
+	sent := time.Now()
+	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
+		n.fence.RoundTrip(sent)
 	}
 }
 
@@ -132,9 +137,7 @@ func (n *Node) lapsed() {
 	n.log.Warn("NATS lapse: no round trip for 3/4 lease; engines may have declared this node lost: "+
 		"copies of their sessions are refused, every engine resyncs and its requests are reset",
 		"lease", n.cfg.Lease, "engines", len(recs))
-	for _, rec := range recs {
-		n.system.Root.Send(rec.pid, &engine.Lapsed{})
-	}
+	n.tellEngines(recs, &engine.Lapsed{})
 }
 
 // lapseEnded runs when a round trip ends a lapse (transfer.Fence.OnLapseEnd):
@@ -142,8 +145,13 @@ func (n *Node) lapsed() {
 // not at its next batch or lease check.
 func (n *Node) lapseEnded() {
 	n.log.Info("NATS answers again after a lapse: engines are told to resync")
-	for _, rec := range n.liveEngines() {
-		n.system.Root.Send(rec.pid, &engine.Lapsed{})
+	n.tellEngines(n.liveEngines(), &engine.Lapsed{})
+}
+
+// tellEngines sends msg to each engine actor of recs.
+func (n *Node) tellEngines(recs []*engineRec, msg any) {
+	for _, rec := range recs {
+		n.system.Root.Send(rec.pid, msg)
 	}
 }
 
@@ -159,17 +167,12 @@ func (n *Node) reconnected() {
 	if n.outbox == nil || n.closed.Load() {
 		return
 	}
-	sent := time.Now()
-	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-		n.fence.RoundTrip(sent)
-	}
+	n.ping()
 	n.hello()
 	if n.cl != nil && n.cl.feed != nil {
 		n.cl.feed.Reconnected() // kv_events of other nodes may have been missed
 	}
-	for _, rec := range n.liveEngines() {
-		n.system.Root.Send(rec.pid, &engine.Lost{Reason: messages.ResyncReconnect})
-	}
+	n.tellEngines(n.liveEngines(), &engine.Lost{Reason: messages.ResyncReconnect})
 }
 
 // Fenced reports whether device copies are held back now: no round trip
