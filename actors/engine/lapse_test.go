@@ -113,6 +113,7 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 	var rel messages.Released
 	j2 := testkit.Recv(t, jobs, 5*time.Second, "n's store job")
 	require.Equal(t, uint64(2), j2.Session)
+	testkit.NoRecv(t, released, 20*time.Millisecond, "r's release while its copy is in flight")
 	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID, Err: transfer.ErrSessionLapsed})
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineReset}, rel)
@@ -156,4 +157,44 @@ func TestABatchTakenBeforeALapseEndedBeginsNoFreshEpoch(t *testing.T) {
 	j := testkit.Recv(t, jobs, 5*time.Second, "the new epoch's store job")
 	require.Equal(t, uint64(2), j.Session)
 	require.Equal(t, "new", statusOf(t, system, pid).Epoch)
+}
+
+// An engine actor started while a lapse lasts (an odd fence generation: a
+// register during it) holds its resync orders as one that saw the lapse
+// begin does: a gap in its first epoch is resynced when the lapse ends.
+func TestAnEngineBegunDuringALapseHoldsItsOrders(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	var gen atomic.Uint64
+	gen.Store(1)
+	system, pid, _ := startSubmitting(t, nc, func(d *engine.Deps) { d.Session = gen.Load })
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 1}, Session: 1, Stamped: true})
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 3}, Session: 1, Stamped: true})
+	require.True(t, statusOf(t, system, pid).Resyncing, "the gap was seen")
+	testkit.NoRecv(t, resyncs, 20*time.Millisecond, "a resync while the lapse lasts")
+
+	gen.Store(2)
+	system.Root.Send(pid, &engine.Lapsed{})
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+}
+
+// A late batch of an epoch that ended (the sequencer's Stale) is never
+// applied: its events reach no request of the live epoch, nor start one.
+func TestALateBatchOfAnEndedEpochIsNotApplied(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	system, pid, jobs := startSubmitting(t, nc, nil)
+	send := func(epoch string, seq uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
+	}
+	send("a", 1, added("old"))
+	send("b", 1, added("live"))
+	send("a", 2, readyChunk("late", 1)...) // sent in a before b began, arriving after
+	send("a", 3, tokens("live", 4))
+	testkit.NoRecv(t, jobs, 50*time.Millisecond, "a store job from the late batch")
+	reqs := requestsOf(t, system, pid)
+	require.Len(t, reqs, 1, "only the live epoch's request")
+	require.Equal(t, "live", reqs[0].Request)
+	require.Zero(t, reqs[0].Computed, "the late batch's tokens were not applied to the live request")
 }

@@ -165,10 +165,18 @@ func TestFenceEnterRecordsALapse(t *testing.T) {
 	f := newLapseFence(t)
 	session := f.Gen()
 	f.clock.Add(lapseLease)
-	require.ErrorIs(t, f.Enter(session), transfer.ErrSessionLapsed)
+	// On a goroutine of its own: an Enter that missed the lapse would wait
+	// for a round trip for ever, and the test must fail, not hang.
+	enter := func(session uint64) error {
+		t.Helper()
+		got := make(chan error, 1)
+		go func() { got <- f.Enter(session) }()
+		return testkit.Recv(t, got, 5*time.Second, "Enter's answer")
+	}
+	require.ErrorIs(t, enter(session), transfer.ErrSessionLapsed)
 	require.Equal(t, int32(1), f.lapses.Load())
 	f.Close()
-	require.ErrorIs(t, f.Enter(f.Gen()), transfer.ErrFenceClosed, "closed beats lapsed")
+	require.ErrorIs(t, enter(f.Gen()), transfer.ErrFenceClosed, "closed beats lapsed")
 }
 
 // The transfer actor aborts a queued copy whose session lapsed (its pool
