@@ -45,6 +45,7 @@ import (
 type ingester struct {
 	n       *Node
 	queues  []chan inbound
+	marks   []shardMarks // per queue: how far take and the worker have got (backlogged)
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
@@ -70,6 +71,41 @@ type ingester struct {
 	anyLost atomic.Bool
 }
 
+// shardMarks say whether a shard holds a message taken and not handled,
+// queued or in its worker's hands, without a counter both goroutines write
+// per message: take alone writes queued (the number of the last message it
+// queued there), the worker alone writes handled (the number of the last it
+// finished). Each is its own cache line, read only by the lease check.
+type shardMarks struct {
+	queued  atomic.Uint64
+	_       [56]byte
+	handled atomic.Uint64
+	_       [56]byte
+	lastOK  uint64 // take's own: the last number it queued successfully
+}
+
+// queuing marks message n as queued, before take sends it: the worker may
+// finish it at once.
+func (m *shardMarks) queuing(n uint64) { m.queued.Store(n) }
+
+// sent settles queuing: a message the queue refused goes back off the mark,
+// since no worker will mark it handled.
+func (m *shardMarks) sent(n uint64, ok bool) {
+	if ok {
+		m.lastOK = n
+		return
+	}
+	m.queued.Store(m.lastOK)
+}
+
+// holding reports whether a message queued is not yet handled. handled is
+// read first: it only grows towards queued, so a message queued meanwhile
+// shows as held, never the other way.
+func (m *shardMarks) holding() bool {
+	handled := m.handled.Load()
+	return m.queued.Load() > handled
+}
+
 // queueDepth bounds each shard queue in messages too; the byte budget is
 // what normally binds.
 const queueDepth = 1 << 14
@@ -77,6 +113,7 @@ const queueDepth = 1 << 14
 // inbound is a message with its subject already parsed.
 type inbound struct {
 	msg          *nats.Msg
+	n            uint64 // take's number for it (shardMarks)
 	engine, verb string
 	size         int64
 	// taken is when take received it: a batch's arrival, so the time it
@@ -132,10 +169,12 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 		budget: budget, lost: map[string]bool{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
-		q := make(chan inbound, queueDepth)
-		in.queues = append(in.queues, q)
+		in.queues = append(in.queues, make(chan inbound, queueDepth))
+	}
+	in.marks = make([]shardMarks, workers)
+	for i, q := range in.queues {
 		in.wg.Add(1)
-		go in.work(q)
+		go in.work(q, &in.marks[i])
 	}
 	return in
 }
@@ -152,12 +191,22 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 	in.returnAll(held)
 }
 
-// backlogged reports whether engineID's shard queue holds messages taken
-// and not yet handled: some may be the engine's, signs of life its actor has
-// not seen (engine.Deps.Backlogged). Read at the lease check only, so the
-// per-message path pays nothing for it.
+// backlogged reports whether messages taken off NATS may hold signs of
+// life engineID's actor has not seen (engine.Deps.Backlogged): its shard
+// holds messages queued or in its worker's hands, or nats.go holds messages
+// for the subscription that take has not seen (they name no engine yet).
+// Read at the lease check only; per message, take and the worker each store
+// one number on a line of their own (shardMarks).
 func (in *ingester) backlogged(engineID string) bool {
-	return len(in.queues[in.shard(engineID)]) > 0
+	if i := in.shard(engineID); len(in.queues[i]) > 0 || in.marks[i].holding() {
+		return true
+	}
+	if in.sub != nil {
+		if msgs, _, err := in.sub.Pending(); err == nil && msgs > 0 {
+			return true
+		}
+	}
+	return false
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -260,14 +309,19 @@ func (in *ingester) take(m *nats.Msg) {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, engine: engineID, verb: verb, size: size,
+	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size,
 		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load())}
 	if verb == messages.VerbEvents {
 		x.taken = time.Now()
 	}
+	i := in.shard(engineID)
+	mk := &in.marks[i]
+	mk.queuing(n)
 	select {
-	case in.queues[in.shard(engineID)] <- x:
+	case in.queues[i] <- x:
+		mk.sent(n, true)
 	default:
+		mk.sent(n, false)
 		in.release(size)
 		in.overflow(engineID, verb, m)
 	}
@@ -347,13 +401,14 @@ func (in *ingester) shard(engineID string) int {
 	return int(h.Sum32() % uint32(len(in.queues)))
 }
 
-func (in *ingester) work(q <-chan inbound) {
+func (in *ingester) work(q <-chan inbound, mk *shardMarks) {
 	defer in.wg.Done()
 	for x := range q {
 		in.flushLost()
 		if !in.handle(x) {
 			in.release(x.size)
 		}
+		mk.handled.Store(x.n) // its batch, if any, is in its actor's mailbox now
 	}
 }
 

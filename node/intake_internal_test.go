@@ -89,19 +89,31 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 
 // An engine's lease check leaves it alive while its intake shard holds
 // messages taken and not yet handled (some may be its own signs of life;
-// engine.Deps.Backlogged), and only that shard counts.
+// engine.Deps.Backlogged), queued or in the shard worker's hands, and only
+// that shard counts.
 func TestALeaseCheckSeesTheEnginesShardBacklog(t *testing.T) {
-	in := &ingester{queues: []chan inbound{make(chan inbound, 4), make(chan inbound, 4)}}
+	in := &ingester{queues: []chan inbound{make(chan inbound, 4), make(chan inbound, 4)},
+		marks: make([]shardMarks, 2)}
 	require.False(t, in.backlogged("e1"))
-	in.queues[in.shard("e1")] <- inbound{engine: "e1"}
+	s := in.shard("e1")
+	mk := &in.marks[s]
+	mk.queuing(1) // take, as it queues message 1
+	in.queues[s] <- inbound{engine: "e1", n: 1}
+	mk.sent(1, true)
 	require.True(t, in.backlogged("e1"))
 	other := "e2"
-	for in.shard(other) == in.shard("e1") {
+	for in.shard(other) == s {
 		other += "x"
 	}
 	require.False(t, in.backlogged(other), "another shard's backlog is not the engine's")
-	<-in.queues[in.shard("e1")]
+	x := <-in.queues[s] // the worker takes it: the queue is empty, the message in its hands
+	require.True(t, in.backlogged("e1"), "a message the worker holds")
+	mk.handled.Store(x.n) // handled: in the engine actor's mailbox now
 	require.False(t, in.backlogged("e1"))
+
+	mk.queuing(2) // the queue refuses message 2: take puts the mark back
+	mk.sent(2, false)
+	require.False(t, in.backlogged("e1"), "a message never queued is no backlog")
 }
 
 // A message read off the connection before the round trip that ended a

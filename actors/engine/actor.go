@@ -85,6 +85,9 @@ type Actor struct {
 	spawner  *request.Spawner
 	retiring bool
 	expired  bool
+	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
+	// which confirms it behind whatever the mailbox held then.
+	expiryChecking bool
 	// session is the fence generation this actor last reset for (lapse).
 	session uint64
 	// epochSession stamps the current epoch's copies (request.Deps.Session):
@@ -174,6 +177,15 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Touch:
 		a.seq.Touch(a.deps.Now())
 	case *Tick:
+		if !a.retiring && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
+			// A batch the intake handed over while this Tick ran waits behind
+			// it in the mailbox, and the intake no longer counts it as a
+			// backlog: look again once every message ahead of this one is in.
+			a.expiryChecking = true
+			c.Send(c.Self(), expiryCheck{})
+		}
+	case expiryCheck:
+		a.expiryChecking = false
 		if !a.retiring && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,

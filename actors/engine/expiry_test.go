@@ -6,10 +6,12 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -67,4 +69,46 @@ func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 			testkit.NoRecv(t, expired, 10*time.Millisecond, "a second expiry")
 		})
 	}
+}
+
+// A batch the intake hands over while a lease check runs lands behind the
+// Tick in the mailbox, where the intake no longer counts it as a backlog:
+// the check confirms an expiry only once every message queued before it is
+// in (expiryCheck), so that batch's sign of life keeps the engine.
+func TestABatchHandedOverDuringTheLeaseCheckKeepsTheEngine(t *testing.T) {
+	const lease = time.Minute
+	start := time.Unix(1_800_000_000, 0)
+	_, nc := testkit.NATS(t)
+	var clock atomic.Int64 // unix nanoseconds
+	clock.Store(start.UnixNano())
+	expired := make(chan string, 1)
+	var system *actor.ActorSystem
+	var pid *actor.PID
+	var handed atomic.Bool
+	system, pid, _, _ = startEngineDeps(t, nc, make(chan struct{}),
+		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
+			d.Lease = lease
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+			d.Backlogged = func() bool {
+				if handed.CompareAndSwap(false, true) {
+					// The intake's worker, mid-check: its batch goes to the
+					// mailbox and its marks say handled.
+					system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 1}})
+				}
+				return false
+			}
+			d.Expired = func(e string) { expired <- e }
+		})
+	tick := func(at time.Duration) {
+		clock.Store(start.Add(at).UnixNano())
+		system.Root.Send(pid, &engine.Tick{})
+		statusOf(t, system, pid) // the Tick and what it queued were handled: the query came after them
+	}
+	tick(5 * lease / 4)
+	require.True(t, handed.Load(), "the lease check asked about the backlog")
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry with a batch in the mailbox")
+	require.Equal(t, uint64(1), statusOf(t, system, pid).Seq, "the batch was applied")
+
+	tick(5*lease/4 + lease) // a lease of silence since the batch
+	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the batch")
 }

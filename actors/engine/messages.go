@@ -64,6 +64,9 @@ type Touch struct{}
 // Tick asks the engine to check its lease (expiry).
 type Tick struct{}
 
+// expiryCheck confirms a Tick's expiry after the messages queued before it.
+type expiryCheck struct{}
+
 // StatusQuery asks for the engine's Status; it is sent on Reply (buffered,
 // never blocks the actor).
 type StatusQuery struct{ Reply chan<- Status }
