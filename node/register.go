@@ -194,12 +194,6 @@ func (n *Node) detach(id string, pid *actor.PID) *engineRec {
 func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
 	count := make(chan int, 1)
 	n.system.Root.Send(rec.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
-	released := 0
-	select {
-	case released = <-count:
-	case <-ctx.Done():
-		return 0, fmt.Errorf("engine %q did not retire: %w", rec.id, ctx.Err())
-	}
 	select {
 	case <-rec.closed:
 	case <-ctx.Done():
@@ -208,7 +202,12 @@ func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
 			rec.loads.closeAndWait()
 			_ = n.unmap(rec)
 		}()
-		return released, fmt.Errorf("engine %q: copies still in flight: %w", rec.id, ctx.Err())
+		return 0, fmt.Errorf("engine %q: requests or copies still in flight: %w", rec.id, ctx.Err())
+	}
+	released := 0
+	select {
+	case released = <-count: // sent just before the actor stopped
+	default:
 	}
 	rec.loads.closeAndWait()
 	if err := n.unmap(rec); err != nil {

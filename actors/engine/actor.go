@@ -69,6 +69,9 @@ type entry struct {
 	// request's position in order): one map lookup per routed event, not two.
 	step uint64
 	idx  int
+	// retired: reset by the retire (resetAll), so its release of the
+	// retire's reason counts in Retire.Reset.
+	retired bool
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -84,7 +87,13 @@ type Actor struct {
 	reqDeps  *request.Deps     // the deps of the current epoch's requests (spawn)
 	spawner  *request.Spawner
 	retiring bool
-	expired  bool
+	// what the retire releases: its reason, the releases of that reason
+	// its resets brought (request.Done.Reason), and who waits for the count
+	// (sent when the actor stops).
+	retireReason  string
+	retireCount   int
+	retireReplies []chan<- int
+	expired       bool
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
 	// which confirms it behind whatever the mailbox held then.
 	expiryChecking bool
@@ -501,6 +510,9 @@ func (a *Actor) done(c actor.Context, m *request.Done) {
 	e := a.byPID[m.PID.Id]
 	if e != nil {
 		a.gone(e, m.PID)
+		if e.retired && m.Reason == a.retireReason {
+			a.retireCount++
+		}
 	}
 	if e != nil && !a.retiring {
 		a.spawner.Release(c, m.PID)
@@ -545,37 +557,47 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 	if reason == "" {
 		reason = messages.ReasonEngineReset
 	}
-	n := 0
 	if !a.retiring {
-		a.retiring = true
-		n = a.resetAll(c, reason)
+		a.retiring, a.retireReason = true, reason
+		for _, e := range a.live {
+			e.retired = true
+		}
+		a.resetAll(c, reason)
 	}
 	if m.Reset != nil {
-		select {
-		case m.Reset <- n:
-		default:
-		}
+		a.retireReplies = append(a.retireReplies, m.Reset)
 	}
 	a.maybeStop(c)
 }
 
 // resetAll sends every live request a Reset; they release (with reason) once
-// their in-flight copies finish and report Done. It returns how many.
-func (a *Actor) resetAll(c actor.Context, reason string) int {
-	n := 0
+// their in-flight copies finish and report Done.
+func (a *Actor) resetAll(c actor.Context, reason string) {
 	for id, e := range a.live {
 		delete(a.live, id)
 		if e.releasing.Load() {
 			continue // released for good already: no release of this reason comes (its Done will)
 		}
 		c.Send(e.pid, &request.Reset{Reason: reason})
-		n++
 	}
-	return n
 }
 
 func (a *Actor) maybeStop(c actor.Context) {
 	if a.retiring && len(a.byPID) == 0 {
+		// Counted from the Dones, not at the reset: a request that raised
+		// its releasing flag after resetAll looked releases finished, not
+		// with the retire's reason, and is not counted.
+		for i, ch := range a.retireReplies {
+			n := a.retireCount
+			if i > 0 {
+				n = 0 // a later retire reset nothing
+			}
+			select {
+			case ch <- n:
+			default:
+			}
+		}
+		a.retireReplies = nil
 		c.Stop(c.Self())
 	}
 }

@@ -34,7 +34,9 @@ type Batch struct {
 // (engine_gone for unregister and expiry; engine_reset, the default, for a
 // new spec or a node shutdown), and the actor stops once they are all
 // released. Then Closed is closed. Reset, if set (buffered), receives how
-// many requests were reset.
+// many requests the retire released with Reason, just before the actor
+// stops (a request whose final release was already on its way when the
+// retire came releases as it would have, and is not counted).
 type Retire struct {
 	Reason string
 	Reset  chan<- int

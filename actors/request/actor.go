@@ -522,7 +522,11 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.span.End()
 		a.deps.Metrics.RequestsLive.Dec()
 		if p := c.Parent(); p != nil {
-			c.Send(p, &Done{Request: a.state.ID(), PID: c.Self()})
+			done := &Done{Request: a.state.ID(), PID: c.Self()}
+			if k := len(eff.Releases); k > 0 {
+				done.Reason = eff.Releases[k-1]
+			}
+			c.Send(p, done)
 		}
 		// An idle actor keeps no request state (a long prompt's hashes and
 		// block ids, a recorded span and its batch's context): only its id,

@@ -31,6 +31,9 @@ type Reset struct{ Reason string }
 type Done struct {
 	Request string
 	PID     *actor.PID
+	// Reason is the reason of its final release ("" if it published
+	// none): the engine counts what a retire released (Retire.Reset).
+	Reason string
 }
 
 // StatusQuery asks for a Status sent to ReplyTo.
