@@ -174,3 +174,45 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	require.Equal(t, "ep2", te.sync().Epoch)
 	testkit.NoRecv(t, stops, 10*time.Millisecond, "a fail-stop")
 }
+
+// PROTOCOL.md "Lapse", engine side, through the node's wiring of the
+// fence's hooks: when a lapse is recorded every engine actor is told at
+// once (its requests reset, engine_reset, its resync order held back), and
+// when the round trip that ends it completes each is told again and sends
+// the order it held. The lease is an hour, so no session tick (every
+// lease/4), which would also show an engine actor the fence's move, lands
+// in the test: only the lapse hooks can reach the actor. NATS stays up
+// (the lapse is recorded as the watchdog would, RecordLapse), so what the
+// actor publishes arrives at once.
+func TestEnginesAreToldAtALapsesStartAndEnd(t *testing.T) {
+	e := startNode(t, func(c *node.Config) { c.Lease = time.Hour })
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.send(added("a", 4), blocksEv("a", 0, 0, 1)) // blocks, no tokens: nothing to copy, a release owed at a reset
+	require.Len(t, te.sync().Requests, 1, "a is live")
+
+	e.node.RecordLapse()
+	require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_transfer_fence_lapses_total", nil))
+	rel := recv(t, te.released, "a reset at the lapse's start")
+	require.Equal(t, messages.Released{Request: "a", Reason: messages.ReasonEngineReset}, rel)
+	// The order is held while the lapse lasts: sent now, it could reach the
+	// engine ahead of the round trip that ends the lapse.
+	none(te, te.resync, "a resync order during the lapse")
+
+	e.node.Ping() // the round trip that ends the lapse
+	rs := recv(t, te.resync, "the held resync order at the lapse's end")
+	require.Equal(t, "ep1", rs.Epoch)
+	require.Equal(t, messages.ResyncReconnect, rs.Reason)
+	require.Equal(t, e.node.Boot(), rs.Boot)
+
+	// The engine's new epoch goes on normally. The lapse's end may count
+	// one message too many as read before it (ingester.markLapseEnd: nats.go
+	// counts the last message delivered as pending until its goroutine
+	// comes round again): a status round trip first takes that place.
+	te.sync()
+	te.epoch, te.seq = "ep2", 0
+	te.send(added("b", 4))
+	st := te.sync()
+	require.Equal(t, "ep2", st.Epoch)
+	require.False(t, st.Resyncing)
+}

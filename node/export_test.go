@@ -1,0 +1,15 @@
+package node
+
+import "time"
+
+// Seams for the node_test package, compiled with the tests only.
+
+// RecordLapse records a lapse now, as the watchdog does once no round trip
+// has completed for 3/4 lease (transfer.Fence.Check at a time that far
+// past the last one): a test with a long lease gets a lapse at a moment of
+// its choosing, with no session tick near it.
+func (n *Node) RecordLapse() { n.fence.Check(time.Now().Add(n.cfg.Lease)) }
+
+// Ping makes one round trip with NATS as the pinger does; after a lapse it
+// ends it.
+func (n *Node) Ping() { n.ping() }
