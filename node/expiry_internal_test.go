@@ -1,0 +1,109 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// logWatch is a slog.Handler that reports each record whose message is msg
+// (whatever its attributes) and drops everything.
+type logWatch struct {
+	msg  string
+	seen chan string
+}
+
+func (h logWatch) Enabled(context.Context, slog.Level) bool { return true }
+func (h logWatch) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h logWatch) WithGroup(string) slog.Handler            { return h }
+func (h logWatch) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		select {
+		case h.seen <- r.Message:
+		default:
+		}
+	}
+	return nil
+}
+
+// registerOneEngine registers engine id (one shm segment of 4 blocks of
+// 1 KiB, chunks of one block) over nc.
+func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
+	t.Helper()
+	seg, err := shm.Create(dir, id+"-kv", 4096)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
+		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
+	reply, err := nc.Request("kvactors."+id+".register", spec, 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), `"ok":true`)
+}
+
+// The node wires each engine actor's lease check to its intake shard
+// (engine.Deps.Backlogged): an engine silent for a lease whose shard holds
+// messages taken off NATS and not yet handled (its own signs of life,
+// perhaps) is not expired; once they are handled it lives on. The shard is
+// held by holding the ingester's routing lock, which the decode worker
+// takes for a batch (lookup) before the engine actor sees it: the worker
+// stops at the engine's first batch and the second waits in the queue.
+func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
+	const lease = 2 * time.Second
+	expired := make(chan string, 1)
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease,
+		Log: slog.New(logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	in := n.ingest
+
+	begun := time.Now() // the engine's silence begins after this
+	registerOneEngine(t, nc, dir, "e1")
+	in.mu.Lock()
+	release := sync.OnceFunc(in.mu.Unlock)
+	t.Cleanup(release) // before Close (cleanups run last first)
+	for seq := 1; seq <= 2; seq++ {
+		require.NoError(t, nc.Publish("kvactors.e1.events", fmt.Appendf(nil, `{"epoch":"a","seq":%d,"events":[]}`, seq)))
+	}
+	require.NoError(t, nc.Flush())
+	shard := in.queues[in.shard("e1")]
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if len(shard) == 0 {
+			return fmt.Errorf("nothing waits in e1's shard yet")
+		}
+		return nil
+	})
+	require.Less(t, time.Since(begun), lease, "set up too slowly for the window below to hold a lease check")
+	// From begun+lease the engine has been silent for a lease, and its lease
+	// check runs every lease/4 (from the node's start, just before begun);
+	// without the backlog it expires at the first one. With it, it may only
+	// expire at 2 leases of silence. The window ends between two checks:
+	// the check reads the shard's queue only, and a check just as it drains
+	// could find it empty with the engine's batch still on its way to the
+	// actor.
+	testkit.NoRecv(t, expired, time.Until(begun.Add(13*lease/8)), "the engine expiring while its shard holds its batches")
+
+	release()
+	st, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(st.Data), `"seq":2`, "both batches applied: the engine lives on")
+	require.Zero(t, testutil.ToFloat64(n.metrics.Expired))
+	testkit.NoRecv(t, expired, 0, "an expiry")
+}
