@@ -97,7 +97,7 @@ func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 	// expire at 2 leases of silence. The window ends between two checks:
 	// the check reads the shard's queue only, and a check just as it drains
 	// could find it empty with the engine's batch still on its way to the
-	// actor.
+	// actor (TestASignOfLifeInTheDecodeWorkersHandsIsABacklog).
 	testkit.NoRecv(t, expired, time.Until(begun.Add(13*lease/8)), "the engine expiring while its shard holds its batches")
 
 	release()
@@ -106,4 +106,51 @@ func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 	require.Contains(t, string(st.Data), `"seq":2`, "both batches applied: the engine lives on")
 	require.Zero(t, testutil.ToFloat64(n.metrics.Expired))
 	testkit.NoRecv(t, expired, 0, "an expiry")
+}
+
+// A sign of life the decode worker holds (taken off the shard's queue, not
+// yet handed to the engine actor) is as much a message "taken off NATS and
+// not yet handled" (PROTOCOL.md "Engine liveness") as one still queued, but
+// the lease check reads the queue only (ingester.backlogged): an engine
+// whose one batch is in the worker's hands expires at the first check past
+// a lease, and the batch then finds no engine. The worker is held there as
+// above, with a single batch, so the queue is empty.
+//
+// Known gap, found writing the test above: skipped until the check also
+// counts what the shard's worker holds. It is a liveness hiccup (the engine
+// re-registers and resyncs, its requests released engine_gone), not a
+// safety one.
+func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
+	t.Skip("known gap: ingester.backlogged reads the shard's queue only, not the message its worker holds")
+	const lease = 2 * time.Second
+	expired := make(chan string, 1)
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease,
+		Log: slog.New(logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	in := n.ingest
+
+	begun := time.Now()
+	registerOneEngine(t, nc, dir, "e1")
+	in.mu.Lock()
+	release := sync.OnceFunc(in.mu.Unlock)
+	t.Cleanup(release)
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[]}`)))
+	require.NoError(t, nc.Flush())
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if p := in.pending.Load(); p == 0 {
+			return fmt.Errorf("the batch is not taken yet")
+		}
+		return nil
+	})
+	testkit.NoRecv(t, expired, time.Until(begun.Add(13*lease/8)), "the engine expiring while the worker holds its batch")
+	release()
+	st, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(st.Data), `"seq":1`, "the batch applied: the engine lives on")
 }
