@@ -1,10 +1,19 @@
 package node
 
 import (
+	"context"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 )
 
 // An engine's load gate waits for the loads in flight and lets none in once
@@ -43,4 +52,76 @@ func TestLoadGateRefusesLoadsOnceEnding(t *testing.T) {
 		t.Fatal("closeAndWait did not return once the last load left")
 	}
 	require.False(t, g.enter(), "an ended engine takes no load")
+}
+
+// toldDevice passes copies through, telling each one's direction.
+type toldDevice struct {
+	backend.Attachment
+	copies chan backend.Direction
+}
+
+func (d *toldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Range) error {
+	d.copies <- dir
+	return d.Attachment.Copy(dir, a, r)
+}
+
+// A load whose ingest worker took its engine's record before the engine
+// ended (an expiry decided on the engine actor's goroutine, an unregister)
+// reaches startLoad after the engine's end closed its load gate and
+// unmapped its segments: startLoad refuses it as a load of an unknown
+// engine, pins nothing and never copies into the unmapped blocks. The race
+// is played in order: the record is taken, the engine unregistered (its
+// reply comes once the gate is closed and the device unmapped), then the
+// rest of the worker's path runs with the old record.
+func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	dev := &toldDevice{copies: make(chan backend.Direction, 16)}
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	registerOneEngine(t, nc, dir, "e1")
+
+	// One chunk stored, so the load would find its key ready and copy.
+	const h = "6161616130303030"
+	stored := testkit.Subscribe(t, nc, "kvactors.e1.stored")
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[`+
+		`{"type":"added","request":"a","prompt_tokens":4},{"type":"hashes","request":"a","start":0,"hashes":["`+h+`"]},`+
+		`{"type":"blocks","request":"a","group":0,"start":0,"ids":[1]},{"type":"tokens","request":"a","computed":4,"total":4}]}`)))
+	testkit.Recv(t, stored, 5*time.Second, "a's chunk stored")
+	require.Equal(t, backend.DeviceToHost, testkit.Recv(t, dev.copies, 5*time.Second, "the store's copy"))
+
+	rec := n.engine("e1") // the worker's look-up, before the end
+	require.NotNil(t, rec)
+	req, err := ingest.DecodeLoad([]byte(`{"request":"l","hashes":["`+h+`"],"num_tokens":4,"blocks":[[2]]}`), n.cfg.Limits)
+	require.NoError(t, err)
+	chunks, err := rec.layout.LoadChunks(req.Hashes, req.NumTokens, req.Blocks)
+	require.NoError(t, err)
+	keys := []messages.Key{chunks[0].Key}
+	require.True(t, n.store.Ready(keys[0]), "the load's key is loadable")
+
+	reply, err := nc.Request("kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), `"ok":true`)
+
+	failed := make(chan error, 1)
+	n.startLoad(context.Background(), rec, req, chunks, keys, "", 0, n.fence.Gen(), func(err error) { failed <- err })
+	select {
+	case err := <-failed:
+		require.ErrorIs(t, err, errUnknownEngine)
+	case dir := <-dev.copies:
+		t.Fatalf("the load copied (%v) after its engine ended", dir)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the load neither refused nor copied")
+	}
+	require.Zero(t, n.store.Stats().Pinned, "the refused load pinned its key")
+	// A copy would have been handed to a load actor and a copy worker; the
+	// transfer actor stops only once its workers are idle, so after Close
+	// none is still to come.
+	require.NoError(t, n.Close(context.Background()))
+	testkit.NoRecv(t, dev.copies, 0, "a copy into the ended engine's blocks")
 }
