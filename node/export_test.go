@@ -1,6 +1,9 @@
 package node
 
-import "time"
+import (
+	"sync"
+	"time"
+)
 
 // Seams for the node_test package, compiled with the tests only.
 
@@ -13,3 +16,11 @@ func (n *Node) RecordLapse() { n.fence.Check(time.Now().Add(n.cfg.Lease)) }
 // Ping makes one round trip with NATS as the pinger does; after a lapse it
 // ends it.
 func (n *Node) Ping() { n.ping() }
+
+// HoldIntake stops the intake's take before it stamps a message with the
+// fence generation (the lock its stop takes), as a descheduled NATS
+// subscription goroutine would, until release.
+func (n *Node) HoldIntake() (release func()) {
+	n.ingest.gate.Lock()
+	return sync.OnceFunc(n.ingest.gate.Unlock)
+}

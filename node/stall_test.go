@@ -123,7 +123,7 @@ func (s *stall) bytesRead(dir int) int64 {
 // stall. The link recovers towards the server first, so the round trip that
 // ends the lapse is answered behind the load; the load is still a session
 // of the lapse, and its copy never starts, however the node's goroutines
-// race on the two messages.
+// race on the two messages (the test takes the load after the lapse's end).
 func TestALoadThatWaitedThroughALapseNeverCopies(t *testing.T) {
 	const lease = 2 * time.Second
 	srv := testkit.NATSServer(t)
@@ -184,7 +184,22 @@ func TestALoadThatWaitedThroughALapseNeverCopies(t *testing.T) {
 		}
 		return nil
 	})
+	// nats.go's reader queues the load for the node's subscription, then
+	// completes the round trip behind it; the subscription's goroutine may
+	// take the load on either side of the lapse's end. The later side, where
+	// only the lapse's boundary (ingester.markLapseEnd) tells the load from
+	// a fresh one, is made certain: the intake is held before it stamps the
+	// load until the round trip has ended the lapse.
+	hold := n.HoldIntake()
+	t.Cleanup(hold)
 	link.hold(toNode, false)
+	testkit.Eventually(t, 5*lease, time.Millisecond, func() error {
+		if n.Fenced() {
+			return fmt.Errorf("no round trip since the lapse yet")
+		}
+		return nil
+	})
+	hold()
 
 	select {
 	case <-dev.started:
