@@ -3,12 +3,15 @@ package node_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -194,4 +197,89 @@ func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 	r = ta2.loadInto("back", prefix, 8, []int{10, 11})
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, want, append(bytes.Clone(ta2.block(0, 10)), ta2.block(0, 11)...))
+}
+
+// Node heartbeats never wait for the disk tier's lock (statsLoop gathers
+// the pool's and disk's figures off the heartbeat's path): engines judge
+// the node by them, and the disk holds its lock across file operations a
+// slow filesystem can stretch. The lock is held here by a disk read that
+// finds a record corrupt: it drops the record and announces the drop under
+// the disk's lock, and the announcement waits for the kv_events journal,
+// which the test holds. A restart first empties the pool, so the load
+// needs no eviction (which the journal would hold up before the disk).
+func TestNodeHeartbeatsGoOnWhileTheDiskHoldsItsLock(t *testing.T) {
+	const lease = 2 * time.Second // node heartbeats every 500ms
+	diskDir := t.TempDir()
+	withLease := func(c *node.Config) { c.Lease = lease }
+	e := startNode(t, withPoolSlots(2), withDisk(diskDir), withLease)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.storeOne("a", 1)
+	te.storeOne("b", 2)
+	te.storeOne("c", 3) // evicts one chunk from the pool of two: it is written to disk
+	spilled := recvKVHashes(t, te, messages.KVBlockStored, messages.MediumDisk, "", 1)[0]
+	require.NoError(t, e.node.Close(context.Background()))
+
+	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir), withLease)
+	te2 := e2.newEngine("e1", defaultOpts())
+	te2.register()
+	keys := e2.node.Disk().Keys()
+	require.Len(t, keys, 1)
+	path, off, ok := e2.node.Disk().Where(keys[0])
+	require.True(t, ok)
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	b := []byte{0}
+	_, err = f.ReadAt(b, off+5)
+	require.NoError(t, err)
+	b[0] ^= 1
+	_, err = f.WriteAt(b, off+5)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+	beats := testkit.Subscribe(t, e2.nc, "kvactors._node."+e2.node.NodeID()+".heartbeat")
+	te2.heartbeat("", 0) // a sign of life: the engine outlives what follows
+
+	release := e2.node.HoldKVJournal()
+	t.Cleanup(release) // before the node's Close
+	loadReply := make(chan *nats.Msg, 1)
+	inbox := e2.nc.NewInbox()
+	_, err = e2.nc.ChanSubscribe(inbox, loadReply)
+	require.NoError(t, err)
+	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{spilled}, "num_tokens": 4,
+		"blocks": [][]int{{9}}})
+	require.NoError(t, e2.nc.PublishRequest("kvactors.e1.load", inbox, body))
+	const dropping = "disk.(*Disk).dropItem"
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if !running(dropping) {
+			return fmt.Errorf("the corrupt record is not being dropped yet")
+		}
+		return nil
+	})
+	for len(beats) > 0 { // from before the disk took its lock
+		<-beats
+	}
+	for i := range 3 {
+		testkit.Recv(t, beats, lease, fmt.Sprintf("node heartbeat %d while the disk holds its lock", i+1))
+	}
+	require.True(t, running(dropping), "the disk's lock was let go: the heartbeats proved nothing")
+	testkit.NoRecv(t, loadReply, 0, "the load's reply while its read is stuck")
+
+	release()
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, loadReply, 5*time.Second, "the load's reply").Data, &r))
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, spilled, "the error names the corrupt key")
+}
+
+// running reports whether a goroutine of this process is in function fn
+// now (its stack names it).
+func running(fn string) bool {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			return strings.Contains(string(buf[:n]), fn+"(")
+		}
+		buf = make([]byte, 2*len(buf))
+	}
 }

@@ -24,3 +24,11 @@ func (n *Node) HoldIntake() (release func()) {
 	n.ingest.gate.Lock()
 	return sync.OnceFunc(n.ingest.gate.Unlock)
 }
+
+// HoldKVJournal holds the kv_events journal's lock until release: whoever
+// adds to it meanwhile (the disk tier announcing a change, under its own
+// lock) waits.
+func (n *Node) HoldKVJournal() (release func()) {
+	n.kv.mu.Lock()
+	return sync.OnceFunc(n.kv.mu.Unlock)
+}
