@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -285,6 +286,64 @@ func awaitFenced(t *testing.T, n *node.Node, within time.Duration) {
 	testkit.Eventually(t, within, time.Millisecond, func() error {
 		if !n.Fenced() {
 			return fmt.Errorf("not fenced yet")
+		}
+		return nil
+	})
+}
+
+// A load copying into an engine's blocks when the engine registers again
+// with another spec (an engine reset: the old engine actor is retired) keeps
+// the old segments mapped until it is done, as an unregister does
+// (TestUnregisterWaitsForALoadInFlight): the retire waits on the old
+// record's load gate before it unmaps them.
+func TestARespecWaitsForALoadInFlightBeforeUnmapping(t *testing.T) {
+	started, gate := make(chan struct{}, 8), make(chan struct{}, 8)
+	e := startNode(t, func(c *node.Config) {
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment {
+			return &heldDevice{Attachment: d, started: started, gate: gate} // one per attach: old and new
+		}
+	})
+	t.Cleanup(func() { close(gate) }) // before the node's Close: no copy left held
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	oldPath := filepath.Join(e.dir, te.spec.Segments[0].Shm)
+	te.send(added("a", 4), hashesEv("a", 0, hash("a", 0)), blocksEv("a", 0, 0, 1), tokensEv("a", 4, 4),
+		finishedEv("a", false, 4, 4))
+	testkit.Recv(t, started, 5*time.Second, "store copy of a")
+	gate <- struct{}{}
+	recv(t, te.stored, "stored a")
+	recv(t, te.released, "a released")
+
+	loadReply := make(chan *nats.Msg, 1)
+	inbox := e.nc.NewInbox()
+	_, err := e.nc.ChanSubscribe(inbox, loadReply)
+	require.NoError(t, err)
+	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,
+		"blocks": [][]int{{9}}})
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", inbox, body))
+	testkit.Recv(t, started, 5*time.Second, "load copy")
+
+	seg2, err := shm.Create(e.dir, "e1-seg2", int64(len(te.seg.Bytes())))
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg2.Remove() })
+	spec := te.spec
+	spec.Segments = []messages.Segment{{Shm: seg2.Name()}}
+	require.Contains(t, string(te.request("register", spec)), `"ok":true`)
+	// The old engine actor has stopped (its record's end begins then).
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if v := metricValue(t, e.reg, "kvactors_engine_live", nil); v != 1 {
+			return fmt.Errorf("%v engine actors live", v)
+		}
+		return nil
+	})
+	testkit.NoRecv(t, loadReply, 100*time.Millisecond, "the load's reply while it copies")
+	require.True(t, mapped(t, oldPath), "the old segments unmapped under a running load")
+
+	gate <- struct{}{}
+	require.Contains(t, string(testkit.Recv(t, loadReply, 5*time.Second, "load reply").Data), `"ok":true`)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if mapped(t, oldPath) {
+			return fmt.Errorf("the old segments are still mapped")
 		}
 		return nil
 	})
