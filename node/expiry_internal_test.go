@@ -146,3 +146,43 @@ func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(st.Data), `"seq":1`, "the batch applied: the engine lives on")
 }
+
+// Messages nats.go holds for the intake's subscription, not yet seen by take
+// (it is busy, or held), name no engine yet: the lease check counts them as
+// every engine's backlog.
+func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(logWatch{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	in := n.ingest
+	registerOneEngine(t, nc, dir, "e1")
+	require.False(t, in.backlogged("e1"))
+
+	in.gate.Lock() // take waits at its first message: that one and the next stay the subscription's
+	release := sync.OnceFunc(in.gate.Unlock)
+	t.Cleanup(release)
+	for seq := 1; seq <= 2; seq++ {
+		require.NoError(t, nc.Publish("kvactors.e1.events", fmt.Appendf(nil, `{"epoch":"a","seq":%d,"events":[]}`, seq)))
+	}
+	require.NoError(t, nc.Flush())
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if msgs, _, _ := in.sub.Pending(); msgs < 2 {
+			return fmt.Errorf("%d messages pending for the subscription", msgs)
+		}
+		return nil
+	})
+	require.True(t, in.backlogged("e1"))
+	require.True(t, in.backlogged("some-other-engine"), "a message not yet taken names no engine")
+	release()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if in.backlogged("e1") {
+			return fmt.Errorf("still a backlog")
+		}
+		return nil
+	})
+}

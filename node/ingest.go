@@ -134,9 +134,11 @@ type lapseBoundary struct{ gen, upTo uint64 }
 // answer is queued to the subscription by then (nats.go reads in order), so
 // those delivered or pending now are the ones that may have waited through
 // the lapse. Pending is read first: a message only moves from pending to
-// delivered, so the sum can only count too many (safe: at most the message
-// take is handling, counted in both, is taken for the lapse's), never too
-// few.
+// delivered, so the sum can only count too many, never too few. It counts
+// one too many: nats.go keeps the last delivered message in pending until
+// its delivery goroutine comes round again, take done with it or not, so
+// the next message read after the lapse ended is taken for the lapse's
+// (safe: one load refused, or one epoch begun resyncing).
 func (in *ingester) markLapseEnd(gen uint64) {
 	if in.sub == nil {
 		return
