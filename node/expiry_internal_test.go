@@ -94,10 +94,8 @@ func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 	// From begun+lease the engine has been silent for a lease, and its lease
 	// check runs every lease/4 (from the node's start, just before begun);
 	// without the backlog it expires at the first one. With it, it may only
-	// expire at 2 leases of silence. The window ends between two checks:
-	// the check reads the shard's queue only, and a check just as it drains
-	// could find it empty with the engine's batch still on its way to the
-	// actor (the shard's marks cover that: TestASignOfLifeInTheDecodeWorkersHandsIsABacklog).
+	// expire at 2 leases of silence. The window ends between two checks,
+	// before the release below drains the shard.
 	testkit.NoRecv(t, expired, time.Until(begun.Add(13*lease/8)), "the engine expiring while its shard holds its batches")
 
 	release()
@@ -185,4 +183,40 @@ func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// An expiry ends the engine of the actor that expired, not whatever has the
+// id by the time the node acts: an engine that registered again meanwhile
+// (a new spec: a new actor) lives on.
+func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(logWatch{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	registerOneEngine(t, nc, dir, "e1")
+	old := n.engine("e1")
+	require.NotNil(t, old)
+
+	seg, err := shm.Create(dir, "e1-kv2", 4096)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
+		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
+			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
+	reply, err := nc.Request("kvactors.e1.register", spec, 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), `"ok":true`)
+	cur := n.engine("e1")
+	require.NotNil(t, cur)
+	require.False(t, cur.pid.Equal(old.pid), "a new spec: a new actor")
+
+	n.expired("e1", old.pid) // the old actor's report, arriving late
+	require.Same(t, cur, n.engine("e1"), "the engine registered again was ended")
+	st, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.NotContains(t, string(st.Data), `"ok":false`)
 }

@@ -134,11 +134,11 @@ type lapseBoundary struct{ gen, upTo uint64 }
 // answer is queued to the subscription by then (nats.go reads in order), so
 // those delivered or pending now are the ones that may have waited through
 // the lapse. Pending is read first: a message only moves from pending to
-// delivered, so the sum can only count too many, never too few. It counts
-// one too many: nats.go keeps the last delivered message in pending until
-// its delivery goroutine comes round again, take done with it or not, so
-// the next message read after the lapse ended is taken for the lapse's
-// (safe: one load refused, or one epoch begun resyncing).
+// delivered, so the sum can only count too many, never too few: the
+// message take is handling is counted in both (nats.go takes it off pending
+// once take returns), so the next message read after the lapse ended may be
+// taken for the lapse's (safe: one load refused, or one epoch begun
+// resyncing).
 func (in *ingester) markLapseEnd(gen uint64) {
 	if in.sub == nil {
 		return
@@ -199,16 +199,20 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 // for the subscription that take has not seen (they name no engine yet).
 // Read at the lease check only; per message, take and the worker each store
 // one number on a line of their own (shardMarks).
+//
+// The stages are read from the earliest a message is in to the latest
+// (the subscription, then the queue and the worker's hands): a message
+// moves only forward, so one that moves while they are read is seen at a
+// later stage, never missed between two. What the worker has handed over is
+// in the engine actor's mailbox, ahead of the check's confirmation.
 func (in *ingester) backlogged(engineID string) bool {
-	if i := in.shard(engineID); len(in.queues[i]) > 0 || in.marks[i].holding() {
-		return true
-	}
 	if in.sub != nil {
 		if msgs, _, err := in.sub.Pending(); err == nil && msgs > 0 {
 			return true
 		}
 	}
-	return false
+	i := in.shard(engineID)
+	return in.marks[i].holding() || len(in.queues[i]) > 0
 }
 
 // unroute removes engineID's route if it still points at pid, and returns

@@ -244,13 +244,11 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 }
 
 // expired is the engine actor's report that the engine's lease ran out: it
-// ends exactly as an unregister does, with no one to reply to.
-func (n *Node) expired(engineID string) {
-	rec := n.engine(engineID)
-	if rec == nil {
-		return
-	}
-	rec = n.detach(engineID, rec.pid)
+// ends exactly as an unregister does, with no one to reply to. Only that
+// actor's engine ends: one registered again meanwhile, under a new actor,
+// is alive.
+func (n *Node) expired(engineID string, pid *actor.PID) {
+	rec := n.detach(engineID, pid)
 	if rec == nil {
 		return
 	}

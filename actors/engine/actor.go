@@ -31,12 +31,15 @@ type Deps struct {
 	// Now is the clock (time.Now when nil).
 	Now func() time.Time
 	// Expired is called (from Receive, once) when a Tick finds the engine
-	// silent for a lease; the node then retires it as on unregister.
-	Expired func(engine string)
+	// silent for a lease, with the actor's own pid (the engine may have
+	// registered again since, under a new actor: that one lives on); the
+	// node then retires it as on unregister.
+	Expired func(engine string, self *actor.PID)
 	// Backlogged, when set, reports whether messages the node has taken off
-	// NATS wait to be handled where the engine's would (its intake shard):
-	// signs of life the actor may not have seen. A Tick then leaves the
-	// engine alive until a later one finds no backlog.
+	// NATS wait to be handled where the engine's would (its intake shard's
+	// queue or worker, or the subscription's buffer): signs of life the
+	// actor may not have seen. A Tick then leaves the engine alive until a
+	// later one finds no backlog, for at most one more lease.
 	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
 	// stopped; the node then closes the engine's device.
@@ -90,10 +93,11 @@ type Actor struct {
 	// what the retire releases: its reason, the releases of that reason
 	// its resets brought (request.Done.Reason), and who waits for the count
 	// (sent when the actor stops).
-	retireReason  string
-	retireCount   int
-	retireReplies []chan<- int
-	expired       bool
+	retireReason string
+	retireCount  int
+	retireReply  chan<- int   // the retire that reset (Retire.Reset)
+	laterRetires []chan<- int // retires that came after it
+	expired      bool
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
 	// which confirms it behind whatever the mailbox held then.
 	expiryChecking bool
@@ -200,13 +204,14 @@ func (a *Actor) Receive(c actor.Context) {
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
 			if a.deps.Expired != nil {
-				a.deps.Expired(a.deps.Engine)
+				a.deps.Expired(a.deps.Engine, c.Self())
 			}
 		}
 	case *request.Done:
 		a.done(c, m)
 	case *actor.Terminated:
 		a.terminated(m)
+		a.maybeStop(c) // a retire's last request may fail rather than report Done
 	case *Retire:
 		a.retire(c, m)
 	case *StatusQuery:
@@ -301,9 +306,9 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 }
 
 // expiredAt reports whether the engine has been silent for a lease at now.
-// A backlog in its intake shard (Deps.Backlogged: signs of life not seen
-// yet, perhaps) defers that by at most one more lease, so a dead engine
-// sharing its shard with a busy one still expires.
+// A backlog at intake (Deps.Backlogged: signs of life not seen yet,
+// perhaps) defers that by at most one more lease, so a dead engine on a
+// busy node still expires.
 func (a *Actor) expiredAt(now time.Time) bool {
 	if !a.seq.Expired(now) {
 		return false
@@ -558,14 +563,13 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 		reason = messages.ReasonEngineReset
 	}
 	if !a.retiring {
-		a.retiring, a.retireReason = true, reason
+		a.retiring, a.retireReason, a.retireReply = true, reason, m.Reset
 		for _, e := range a.live {
 			e.retired = true
 		}
 		a.resetAll(c, reason)
-	}
-	if m.Reset != nil {
-		a.retireReplies = append(a.retireReplies, m.Reset)
+	} else if m.Reset != nil {
+		a.laterRetires = append(a.laterRetires, m.Reset) // it reset nothing: told 0
 	}
 	a.maybeStop(c)
 }
@@ -582,22 +586,27 @@ func (a *Actor) resetAll(c actor.Context, reason string) {
 	}
 }
 
+// tell sends n on a buffered count channel (nil: no one asked).
+func tell(ch chan<- int, n int) {
+	if ch == nil {
+		return
+	}
+	select {
+	case ch <- n:
+	default:
+	}
+}
+
 func (a *Actor) maybeStop(c actor.Context) {
 	if a.retiring && len(a.byPID) == 0 {
 		// Counted from the Dones, not at the reset: a request that raised
 		// its releasing flag after resetAll looked releases finished, not
 		// with the retire's reason, and is not counted.
-		for i, ch := range a.retireReplies {
-			n := a.retireCount
-			if i > 0 {
-				n = 0 // a later retire reset nothing
-			}
-			select {
-			case ch <- n:
-			default:
-			}
+		tell(a.retireReply, a.retireCount)
+		for _, ch := range a.laterRetires {
+			tell(ch, 0)
 		}
-		a.retireReplies = nil
+		a.retireReply, a.laterRetires = nil, nil
 		c.Stop(c.Self())
 	}
 }

@@ -43,7 +43,7 @@ func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 					d.Lease = lease
 					d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 					d.Backlogged = backlog.Load
-					d.Expired = func(e string) { expired <- e }
+					d.Expired = func(e string, _ *actor.PID) { expired <- e }
 				})
 			tick := func(at time.Duration) {
 				clock.Store(start.Add(at).UnixNano())
@@ -97,7 +97,7 @@ func TestABatchHandedOverDuringTheLeaseCheckKeepsTheEngine(t *testing.T) {
 				}
 				return false
 			}
-			d.Expired = func(e string) { expired <- e }
+			d.Expired = func(e string, _ *actor.PID) { expired <- e }
 		})
 	tick := func(at time.Duration) {
 		clock.Store(start.Add(at).UnixNano())

@@ -26,10 +26,12 @@ import (
 
 // gatedTracer's store-job spans, once armed, hold the goroutine that ends
 // them until the gate opens: a request actor's turn is paused there, after
-// its job's end and before it decides its final release.
+// its job's end and before it decides its final release. With panics set,
+// the armed span panics instead: the request actor fails in that turn.
 type gatedTracer struct {
 	embedded.Tracer
 	armed   atomic.Bool
+	panics  bool
 	holding chan struct{}
 	gate    chan struct{}
 }
@@ -49,6 +51,9 @@ func (t *gatedTracer) Start(ctx context.Context, name string, _ ...trace.SpanSta
 
 func (s gatedSpan) End(...trace.SpanEndOption) {
 	if s.t.armed.CompareAndSwap(true, false) {
+		if s.t.panics {
+			panic("request actor failure injected at its job's end")
+		}
 		s.t.holding <- struct{}{}
 		<-s.t.gate
 	}
@@ -105,4 +110,62 @@ func TestARetireCountsOnlyTheReleasesItCaused(t *testing.T) {
 	}
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
+}
+
+// A retire whose last request actor fails (supervision stops it; the engine
+// releases it aborted on its Terminated) still ends: the engine stops, its
+// count (0: nothing released engine_gone) goes out, and the node can unmap.
+func TestARetireEndsWhenItsLastRequestFails(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	closed := make(chan struct{})
+	tr := &gatedTracer{panics: true}
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		d.Tracer = tr
+	})
+	sendBatch(system, pid, 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
+
+	count := make(chan int, 1)
+	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	statusOf(t, system, pid) // r is reset: its release waits for j
+	tr.armed.Store(true)
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r fails in this turn
+
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
+	require.Equal(t, messages.ReasonAborted, rel.Reason)
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the retired engine did not stop after its last request failed")
+	}
+	require.Zero(t, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
+}
+
+// The count goes to the retire that reset the requests, with its reason; a
+// retire that comes after it (an expiry during a shutdown's engine_reset
+// retire) reset nothing and is told 0, not the first one's releases.
+func TestALaterRetireIsToldItReleasedNothing(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	system, pid, jobs := startSubmitting(t, nc, nil)
+	sendBatch(system, pid, 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
+
+	later := make(chan int, 1)
+	system.Root.Send(pid, &engine.Retire{}) // engine_reset, no count asked: as at shutdown
+	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: later})
+	statusOf(t, system, pid)
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r's release waited for its copy
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
+	require.Equal(t, messages.ReasonEngineReset, rel.Reason)
+	require.Zero(t, testkit.Recv(t, later, 5*time.Second, "the later retire's count"))
 }
