@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,79 +17,6 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
-
-// link is a loopback TCP proxy to a NATS server: cutting it is an outage of
-// the node's NATS link alone, so the test's engine, connected to the server
-// directly, sees everything the node publishes once the link is back.
-type link struct {
-	t      *testing.T
-	addr   string // where the node connects
-	target string
-
-	mu    sync.Mutex
-	ln    net.Listener
-	conns []net.Conn
-}
-
-func newLink(t *testing.T, target string) *link {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	l := &link{t: t, addr: ln.Addr().String(), target: target, ln: ln}
-	go l.serve(ln)
-	t.Cleanup(l.cut)
-	return l
-}
-
-func (l *link) serve(ln net.Listener) {
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			return // cut
-		}
-		s, err := net.Dial("tcp", l.target)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		l.mu.Lock()
-		l.conns = append(l.conns, c, s)
-		l.mu.Unlock()
-		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
-			_ = dst.Close()
-			_ = src.Close()
-		}
-		go pipe(c, s)
-		go pipe(s, c)
-	}
-}
-
-// cut closes the listener and every connection: the node's client sees its
-// connection drop and every reconnect refused.
-func (l *link) cut() {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.ln != nil {
-		_ = l.ln.Close()
-		l.ln = nil
-	}
-	for _, c := range l.conns {
-		_ = c.Close()
-	}
-	l.conns = nil
-}
-
-// restore listens again on the same address.
-func (l *link) restore() {
-	l.t.Helper()
-	ln, err := net.Listen("tcp", l.addr)
-	require.NoError(l.t, err, "listen again on %s", l.addr)
-	l.mu.Lock()
-	l.ln = ln
-	l.mu.Unlock()
-	go l.serve(ln)
-}
 
 // PROTOCOL.md "Fencing, node side", lapse: the node's NATS link is down for
 // more than 3/4 lease, so an engine may have declared the node lost and
@@ -107,12 +32,12 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	// requests as engine_gone instead.
 	const lease = 4 * time.Second
 	s := testkit.NATSServer(t)
-	l := newLink(t, s.Addr().String())
+	l := testkit.NewLink(t, s.Addr().String())
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
 	stops := make(chan string, 1)
 	reg := prometheus.NewRegistry()
 	dir := t.TempDir()
-	cfg := node.Config{NATSURL: "nats://" + l.addr, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off", Registry: reg,
+	cfg := node.Config{NATSURL: "nats://" + l.Addr, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off", Registry: reg,
 		Lease: lease, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev },
 		FailStop:   func(reason string) { stops <- reason }}
@@ -126,7 +51,7 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	te.register()
 	heldAndQueued(t, te, dev)
 
-	l.cut()
+	l.Cut()
 	awaitFenced(t, n, lease)
 	dev.gate <- struct{}{} // a ends long before the lease runs out; b reaches the fence
 	testkit.Eventually(t, 2*lease, 5*time.Millisecond, func() error {
@@ -139,7 +64,7 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 		return nil
 	})
 
-	l.restore()
+	l.Restore()
 	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
 		return n.Ready() // connected, and a round trip since: not fenced
 	})
