@@ -135,15 +135,7 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 	}
 	path, off, ok := e2.node.Disk().Where(target)
 	require.True(t, ok, "the record of %s", newKeys[1])
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	require.NoError(t, err)
-	b := []byte{0}
-	_, err = f.ReadAt(b, off+5)
-	require.NoError(t, err)
-	b[0] ^= 1
-	_, err = f.WriteAt(b, off+5)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
+	flipByte(t, path, off+5)
 	te2.fill(0, 20, 3)
 	te2.fill(0, 21, 3)
 	before := append(bytes.Clone(te2.block(0, 20)), te2.block(0, 21)...)
@@ -227,15 +219,7 @@ func TestNodeHeartbeatsGoOnWhileTheDiskHoldsItsLock(t *testing.T) {
 	require.Len(t, keys, 1)
 	path, off, ok := e2.node.Disk().Where(keys[0])
 	require.True(t, ok)
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
-	require.NoError(t, err)
-	b := []byte{0}
-	_, err = f.ReadAt(b, off+5)
-	require.NoError(t, err)
-	b[0] ^= 1
-	_, err = f.WriteAt(b, off+5)
-	require.NoError(t, err)
-	require.NoError(t, f.Close())
+	flipByte(t, path, off+5)
 	beats := testkit.Subscribe(t, e2.nc, "kvactors._node."+e2.node.NodeID()+".heartbeat")
 	te2.heartbeat("", 0) // a sign of life: the engine outlives what follows
 
@@ -243,7 +227,7 @@ func TestNodeHeartbeatsGoOnWhileTheDiskHoldsItsLock(t *testing.T) {
 	t.Cleanup(release) // before the node's Close
 	loadReply := make(chan *nats.Msg, 1)
 	inbox := e2.nc.NewInbox()
-	_, err = e2.nc.ChanSubscribe(inbox, loadReply)
+	_, err := e2.nc.ChanSubscribe(inbox, loadReply)
 	require.NoError(t, err)
 	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{spilled}, "num_tokens": 4,
 		"blocks": [][]int{{9}}})
@@ -282,4 +266,19 @@ func running(fn string) bool {
 		}
 		buf = make([]byte, 2*len(buf))
 	}
+}
+
+// flipByte flips one bit of the byte at off in the file at path: a corrupt
+// record on disk.
+func flipByte(t *testing.T, path string, off int64) {
+	t.Helper()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	b := []byte{0}
+	_, err = f.ReadAt(b, off)
+	require.NoError(t, err)
+	b[0] ^= 1
+	_, err = f.WriteAt(b, off)
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
 }

@@ -38,6 +38,21 @@ func (h logWatch) Handle(_ context.Context, r slog.Record) error {
 	return nil
 }
 
+// startWatched starts a node (lease 0: the default) whose log goes to watch,
+// and a client of its embedded NATS; dir is its shm directory.
+func startWatched(t *testing.T, lease time.Duration, watch logWatch) (*Node, *nats.Conn, string) {
+	t.Helper()
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease, Log: slog.New(watch)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return n, nc, dir
+}
+
 // registerOneEngine registers engine id (one shm segment of 4 blocks of
 // 1 KiB, chunks of one block) over nc.
 func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
@@ -63,15 +78,7 @@ func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
 func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 	const lease = 2 * time.Second
 	expired := make(chan string, 1)
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease,
-		Log: slog.New(logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startWatched(t, lease, logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
 	in := n.ingest
 
 	begun := time.Now() // the engine's silence begins after this
@@ -114,15 +121,7 @@ func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
 	const lease = 2 * time.Second
 	expired := make(chan string, 1)
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease,
-		Log: slog.New(logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startWatched(t, lease, logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
 	in := n.ingest
 
 	begun := time.Now()
@@ -149,14 +148,7 @@ func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
 // (it is busy, or held), name no engine yet: the lease check counts them as
 // every engine's backlog.
 func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(logWatch{})})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startWatched(t, 0, logWatch{})
 	in := n.ingest
 	registerOneEngine(t, nc, dir, "e1")
 	require.False(t, in.backlogged("e1"))
@@ -189,14 +181,7 @@ func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
 // id by the time the node acts: an engine that registered again meanwhile
 // (a new spec: a new actor) lives on.
 func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(logWatch{})})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startWatched(t, 0, logWatch{})
 	registerOneEngine(t, nc, dir, "e1")
 	old := n.engine("e1")
 	require.NotNil(t, old)

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/embedded"
@@ -59,6 +60,20 @@ func (s gatedSpan) End(...trace.SpanEndOption) {
 	}
 }
 
+// startTraced is engine e1 (closed closed when it stops) whose request
+// actors trace with tr; their store jobs come to jobs.
+func startTraced(t *testing.T, nc *nats.Conn, closed chan struct{}, tr *gatedTracer) (*actor.ActorSystem, *actor.PID, chan *transfer.Submit) {
+	t.Helper()
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		d.Tracer = tr
+	})
+	return system, pid, jobs
+}
+
 // A retire's count (unregister's "released") is the requests it released
 // with its reason, counted from their Done, not at the reset: a request
 // whose turn was deciding its final release (finished) when the retire
@@ -76,13 +91,7 @@ func TestARetireCountsOnlyTheReleasesItCaused(t *testing.T) {
 			close(tr.gate)
 		}
 	})
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
-		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		d.Tracer = tr
-	})
+	system, pid, jobs := startTraced(t, nc, closed, tr)
 	sendBatch(system, pid, 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
 	sendBatch(system, pid, 2, finished("r"))
@@ -120,13 +129,7 @@ func TestARetireEndsWhenItsLastRequestFails(t *testing.T) {
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	closed := make(chan struct{})
 	tr := &gatedTracer{panics: true}
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
-		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		d.Tracer = tr
-	})
+	system, pid, jobs := startTraced(t, nc, closed, tr)
 	sendBatch(system, pid, 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
 
