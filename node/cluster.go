@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -253,8 +254,34 @@ func (n *Node) fenced(id string) {
 	}()
 }
 
-// released gives up the claim on an engine this node no longer serves
-// (unregister, expiry).
+// claimLock locks the claim of engine id against a concurrent register or
+// release of it; it returns the unlock.
+func (n *Node) claimLock(id string) func() {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(id))
+	mu := &n.claimLocks[h.Sum32()%uint32(len(n.claimLocks))]
+	mu.Lock()
+	return mu.Unlock
+}
+
+// releaseClaimIfGone gives up the claim on an engine that has ended here
+// (unregister, expiry), unless it has registered again meanwhile: its end
+// ran for a while (copies in flight), and the engine, told it is unknown,
+// may have registered at once, claiming under its old claim. Under the
+// claim lock, so a register cannot claim between the check and the
+// release.
+func (n *Node) releaseClaimIfGone(id string) {
+	if n.cl == nil {
+		return
+	}
+	defer n.claimLock(id)()
+	if n.engine(id) != nil {
+		return
+	}
+	n.releaseClaim(id)
+}
+
+// releaseClaim gives up the claim on an engine this node no longer serves.
 func (n *Node) releaseClaim(id string) {
 	if n.cl == nil {
 		return

@@ -1,9 +1,12 @@
 package node
 
 import (
+	"context"
 	"errors"
+	"log/slog"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
@@ -33,4 +36,33 @@ func TestOwnedDeviceRefusesCopiesOnceTheClaimMayHaveLapsed(t *testing.T) {
 	require.Contains(t, err.Error(), "e1")
 	require.Equal(t, 1, inner.copies, "the device was not touched")
 	require.Equal(t, backend.Attachment(inner), (&Node{}).ownedDevice("e1", inner), "no wrapper without a cluster")
+}
+
+// An engine that ended here (an expiry or unregister detached it) and
+// registered again while its end still ran keeps the claim it registered
+// under: the end's release of the claim checks, under the claim lock,
+// that no engine of that id is registered. Once it is gone for good, the
+// claim is given up.
+func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
+	dir := t.TempDir()
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 1 << 20, HTTPAddr: "off", Cluster: true, ClusterReplicas: 1, NodeID: "n1",
+		Log: slog.New(logWatch{})})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+
+	registerOneEngine(t, nc, dir, "e1")
+	require.True(t, n.serving("e1", "events"))
+	old := n.detach("e1", nil) // as an expiry does, before its end runs
+	require.NotNil(t, old)
+	registerOneEngine(t, nc, dir, "e1") // the engine, told it is unknown, registers at once
+	n.releaseClaimIfGone("e1")          // the first end, done
+	require.True(t, n.serving("e1", "events"), "the claim of the engine registered again was given up")
+
+	require.NotNil(t, n.detach("e1", nil))
+	n.releaseClaimIfGone("e1")
+	require.False(t, n.serving("e1", "events"), "the claim of an engine gone for good was kept")
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -53,11 +54,16 @@ func startWatched(t *testing.T, lease time.Duration, watch logWatch) (*Node, *na
 	return n, nc, dir
 }
 
+// segments numbers the shm segments registerOneEngine makes, so each
+// register, of one id again too, has a spec of its own.
+var segments atomic.Int64
+
 // registerOneEngine registers engine id (one shm segment of 4 blocks of
-// 1 KiB, chunks of one block) over nc.
+// 1 KiB, chunks of one block; a new segment each time, so a new spec) over
+// nc.
 func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
 	t.Helper()
-	seg, err := shm.Create(dir, id+"-kv", 4096)
+	seg, err := shm.Create(dir, fmt.Sprintf("%s-kv%d", id, segments.Add(1)), 4096)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = seg.Remove() })
 	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
@@ -186,21 +192,18 @@ func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
 	old := n.engine("e1")
 	require.NotNil(t, old)
 
-	seg, err := shm.Create(dir, "e1-kv2", 4096)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = seg.Remove() })
-	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
-		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
-			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
-	reply, err := nc.Request("kvactors.e1.register", spec, 5*time.Second)
-	require.NoError(t, err)
-	require.Contains(t, string(reply.Data), `"ok":true`)
+	registerOneEngine(t, nc, dir, "e1") // a new spec: a new actor
 	cur := n.engine("e1")
 	require.NotNil(t, cur)
 	require.False(t, cur.pid.Equal(old.pid), "a new spec: a new actor")
 
 	n.expired("e1", old.pid) // the old actor's report, arriving late
 	require.Same(t, cur, n.engine("e1"), "the engine registered again was ended")
+	select { // the new spec's register retired the old actor itself
+	case <-old.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the old engine actor did not stop")
+	}
 	st, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
 	require.NoError(t, err)
 	require.NotContains(t, string(st.Data), `"ok":false`)

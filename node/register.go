@@ -237,7 +237,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 			return
 		}
 		n.log.Info("engine unregistered", "engine", engineID, "released", released)
-		n.releaseClaim(engineID)
+		n.releaseClaimIfGone(engineID)
 		n.outbox.Reply(ctx, m.Reply, messages.UnregisterReply{OK: true, Released: released, Node: n.cfg.NodeID,
 			Boot: n.boot})
 	}()
@@ -262,7 +262,7 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 			return
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)
-		n.releaseClaim(engineID)
+		n.releaseClaimIfGone(engineID)
 	}()
 }
 

@@ -66,12 +66,15 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	spec, err := ingest.DecodeSpec(m.Data, n.cfg.Limits)
 	if err == nil && n.cl != nil {
+		unlock := n.claimLock(engineID) // an ended engine's claim is not released under this register
 		if !n.claimRegister(ctx, engineID, spec, m.Reply) {
+			unlock()
 			return
 		}
 		if err = n.register(engineID, spec); err != nil && n.engine(engineID) == nil {
 			n.releaseClaim(engineID) // claimed for a spec this node cannot serve
 		}
+		unlock()
 	} else if err == nil {
 		err = n.register(engineID, spec)
 	}

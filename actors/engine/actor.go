@@ -163,7 +163,9 @@ func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.deps.Metrics.EnginesLive.Inc()
-	case *actor.Stopping, *actor.Restarting:
+	case *actor.Restarting:
+		a.deps.Metrics.EnginesLive.Dec() // the new instance's Started counts it again
+	case *actor.Stopping:
 	case *actor.Stopped:
 		a.loop.Close()
 		a.deps.Metrics.EnginesLive.Dec()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -37,13 +38,13 @@ func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 			var clock atomic.Int64 // unix nanoseconds
 			clock.Store(start.UnixNano())
 			var backlog atomic.Bool
-			expired := make(chan string, 1)
+			expired := make(chan *actor.PID, 1)
 			system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
 				func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
 					d.Lease = lease
 					d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 					d.Backlogged = backlog.Load
-					d.Expired = func(e string, _ *actor.PID) { expired <- e }
+					d.Expired = func(_ string, self *actor.PID) { expired <- self }
 				})
 			tick := func(at time.Duration) {
 				clock.Store(start.Add(at).UnixNano())
@@ -59,7 +60,8 @@ func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 			backlog.Store(tc.backlogAtLast)
 			tick(tc.expireAt - time.Nanosecond)
 			if !tc.backlogAtLast {
-				testkit.Recv(t, expired, 5*time.Second, "the expiry once the backlog drained")
+				self := testkit.Recv(t, expired, 5*time.Second, "the expiry once the backlog drained")
+				require.True(t, self.Equal(pid), "the expiry names its own actor: the node ends only that one")
 				return
 			}
 			testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry within the second lease")
@@ -111,4 +113,27 @@ func TestABatchHandedOverDuringTheLeaseCheckKeepsTheEngine(t *testing.T) {
 
 	tick(5*lease/4 + lease) // a lease of silence since the batch
 	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the batch")
+}
+
+// An engine actor that fails is restarted by its supervisor (protoactor's
+// default): the live-engines gauge counts it once, not once per instance.
+func TestARestartedEngineActorIsCountedOnce(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	var fail atomic.Bool
+	system, pid, m, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
+			d.Session = func() uint64 {
+				if fail.CompareAndSwap(true, false) {
+					panic("engine actor failure injected")
+				}
+				return 0
+			}
+		})
+	statusOf(t, system, pid)
+	require.Equal(t, 1.0, testutil.ToFloat64(m.EnginesLive))
+	fail.Store(true)
+	system.Root.Send(pid, &engine.Tick{}) // lapse() reads Session first: the actor fails there
+	statusOf(t, system, pid)              // answered by the restarted instance
+	require.False(t, fail.Load(), "the failure was injected")
+	require.Equal(t, 1.0, testutil.ToFloat64(m.EnginesLive))
 }
