@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"os"
 	"path/filepath"
 	"slices"
@@ -255,13 +254,43 @@ func (n *Node) fenced(id string) {
 }
 
 // claimLock locks the claim of engine id against a concurrent register or
-// release of it; it returns the unlock.
-func (n *Node) claimLock(id string) func() {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(id))
-	mu := &n.claimLocks[h.Sum32()%uint32(len(n.claimLocks))]
-	mu.Lock()
-	return mu.Unlock
+// release of it; it returns the unlock. The lock is the id's own: it is
+// held across JetStream calls, and another engine's register must not wait
+// on them.
+func (n *Node) claimLock(id string) func() { return n.claims.lock(id) }
+
+// keyedLocks is a mutex per key, kept while someone holds or waits for it.
+type keyedLocks struct {
+	mu   sync.Mutex
+	keys map[string]*keyedLock
+}
+
+type keyedLock struct {
+	mu   sync.Mutex
+	refs int // holders and waiters
+}
+
+func (k *keyedLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.keys == nil {
+		k.keys = map[string]*keyedLock{}
+	}
+	l := k.keys[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.keys[key] = l
+	}
+	l.refs++
+	k.mu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		k.mu.Lock()
+		if l.refs--; l.refs == 0 {
+			delete(k.keys, key)
+		}
+		k.mu.Unlock()
+	}
 }
 
 // releaseClaimIfGone gives up the claim on an engine that has ended here
@@ -279,6 +308,18 @@ func (n *Node) releaseClaimIfGone(id string) {
 		return
 	}
 	n.releaseClaim(id)
+}
+
+// releaseClaimWhenClosed releases an ended engine's claim (if it did not
+// register again) once its actor has stopped, however late: an end that
+// timed out would otherwise leave the claim renewed for an engine this node
+// no longer serves, refusing it everywhere else.
+func (n *Node) releaseClaimWhenClosed(rec *engineRec) {
+	if n.cl == nil {
+		return
+	}
+	<-rec.closed
+	n.releaseClaimIfGone(rec.id)
 }
 
 // releaseClaim gives up the claim on an engine this node no longer serves.

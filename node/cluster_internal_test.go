@@ -5,11 +5,13 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 type countingDevice struct {
@@ -58,11 +60,44 @@ func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
 	require.True(t, n.serving("e1", "events"))
 	old := n.detach("e1", nil) // as an expiry does, before its end runs
 	require.NotNil(t, old)
-	registerOneEngine(t, nc, dir, "e1") // the engine, told it is unknown, registers at once
-	n.releaseClaimIfGone("e1")          // the first end, done
+
+	// The release after the end holds the claim lock: a register waits.
+	unlock := n.claimLock("e1")
+	registered := make(chan error, 1)
+	go func() { registered <- tryRegister(t, nc, dir, "e1") }()
+	testkit.NoRecv(t, registered, 100*time.Millisecond, "a register while the claim lock is held")
+	require.Nil(t, n.engine("e1"), "registered under the claim lock")
+	unlock()
+	require.NoError(t, testkit.Recv(t, registered, 5*time.Second, "the register once the lock is free"))
+
+	_, err = n.end(context.Background(), old) // the first end, done
+	require.NoError(t, err)
+	n.releaseClaimIfGone("e1")
 	require.True(t, n.serving("e1", "events"), "the claim of the engine registered again was given up")
 
 	require.NotNil(t, n.detach("e1", nil))
 	n.releaseClaimIfGone("e1")
 	require.False(t, n.serving("e1", "events"), "the claim of an engine gone for good was kept")
+}
+
+// keyedLocks: one key's lock does not wait on another's, a key's lock is
+// exclusive, and a key nobody holds or waits for is forgotten.
+func TestKeyedLocksAreOnePerKey(t *testing.T) {
+	var k keyedLocks
+	unlockA := k.lock("a")
+	unlockB := k.lock("b") // a different key: no wait
+	got, done := make(chan struct{}, 1), make(chan struct{})
+	go func() {
+		defer close(done)
+		defer k.lock("a")()
+		got <- struct{}{}
+	}()
+	testkit.NoRecv(t, got, 50*time.Millisecond, "a second holder of key a")
+	unlockA()
+	testkit.Recv(t, got, 5*time.Second, "key a once released")
+	<-done
+	unlockB()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	require.Empty(t, k.keys, "keys nobody holds are kept")
 }

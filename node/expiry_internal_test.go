@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -63,15 +64,28 @@ var segments atomic.Int64
 // nc.
 func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
 	t.Helper()
+	require.NoError(t, tryRegister(t, nc, dir, id))
+}
+
+// tryRegister is registerOneEngine's work, for any goroutine: its error
+// says what failed.
+func tryRegister(t *testing.T, nc *nats.Conn, dir, id string) error {
 	seg, err := shm.Create(dir, fmt.Sprintf("%s-kv%d", id, segments.Add(1)), 4096)
-	require.NoError(t, err)
+	if err != nil {
+		return err
+	}
 	t.Cleanup(func() { _ = seg.Remove() })
 	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
 		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
 			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
 	reply, err := nc.Request("kvactors."+id+".register", spec, 5*time.Second)
-	require.NoError(t, err)
-	require.Contains(t, string(reply.Data), `"ok":true`)
+	if err != nil {
+		return err
+	}
+	if !strings.Contains(string(reply.Data), `"ok":true`) {
+		return fmt.Errorf("register refused: %s", reply.Data)
+	}
+	return nil
 }
 
 // The node wires each engine actor's lease check to its intake shard

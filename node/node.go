@@ -58,9 +58,9 @@ type Node struct {
 	transfer *actor.PID
 	// copyQueue is the transfer actor's queue; request actors push store jobs to it.
 	copyQueue *transfer.Queue
-	// claimLocks serialise, per engine id (striped), a register's claim with
-	// the release of the claim an ended engine held (releaseClaimIfGone).
-	claimLocks [32]sync.Mutex
+	// claims serialise, per engine id, a register's claim with the release
+	// of the claim an ended engine held (releaseClaimIfGone).
+	claims keyedLocks
 
 	boot  string // random per start (PROTOCOL.md "Node identity")
 	owed  atomic.Int64

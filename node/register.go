@@ -234,6 +234,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 		if err != nil {
 			n.log.Error("unregister", "engine", engineID, "err", err)
 			n.replyError(ctx, m.Reply, err)
+			n.releaseClaimWhenClosed(rec)
 			return
 		}
 		n.log.Info("engine unregistered", "engine", engineID, "released", released)
@@ -259,6 +260,7 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 		released, err := n.end(wait, rec)
 		if err != nil {
 			n.log.Error("expire", "engine", engineID, "err", err)
+			n.releaseClaimWhenClosed(rec)
 			return
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)

@@ -71,10 +71,12 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 			unlock()
 			return
 		}
-		if err = n.register(engineID, spec); err != nil && n.engine(engineID) == nil {
-			n.releaseClaim(engineID) // claimed for a spec this node cannot serve
-		}
+		err = n.register(engineID, spec)
+		refused := err != nil && n.engine(engineID) == nil
 		unlock()
+		if refused {
+			n.releaseClaimIfGone(engineID) // claimed for a spec this node cannot serve
+		}
 	} else if err == nil {
 		err = n.register(engineID, spec)
 	}

@@ -98,6 +98,7 @@ type Actor struct {
 	retireReply  chan<- int   // the retire that reset (Retire.Reset)
 	laterRetires []chan<- int // retires that came after it
 	expired      bool
+	counted      bool // this instance is in the live-engines gauge
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
 	// which confirms it behind whatever the mailbox held then.
 	expiryChecking bool
@@ -162,13 +163,13 @@ func (a *Actor) Receive(c actor.Context) {
 	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
-		a.deps.Metrics.EnginesLive.Inc()
+		a.countLive(true)
 	case *actor.Restarting:
-		a.deps.Metrics.EnginesLive.Dec() // the new instance's Started counts it again
+		a.countLive(false) // the new instance's Started counts it again
 	case *actor.Stopping:
 	case *actor.Stopped:
 		a.loop.Close()
-		a.deps.Metrics.EnginesLive.Dec()
+		a.countLive(false)
 		if t := a.deps.Request.Timers; t != nil {
 			t.Stop() // its requests, children, have stopped already
 		}
@@ -585,6 +586,21 @@ func (a *Actor) resetAll(c actor.Context, reason string) {
 			continue // released for good already: no release of this reason comes (its Done will)
 		}
 		c.Send(e.pid, &request.Reset{Reason: reason})
+	}
+}
+
+// countLive keeps the live-engines gauge: one per engine, whichever of
+// an instance's ends (Restarting, or Stopped: a failure while retiring can
+// bring both) comes, and once.
+func (a *Actor) countLive(live bool) {
+	if live == a.counted {
+		return
+	}
+	a.counted = live
+	if live {
+		a.deps.Metrics.EnginesLive.Inc()
+	} else {
+		a.deps.Metrics.EnginesLive.Dec()
 	}
 }
 
