@@ -3,11 +3,9 @@ package node
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
@@ -46,15 +44,7 @@ func TestOwnedDeviceRefusesCopiesOnceTheClaimMayHaveLapsed(t *testing.T) {
 // that no engine of that id is registered. Once it is gone for good, the
 // claim is given up.
 func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Cluster: true, ClusterReplicas: 1, NodeID: "n1",
-		Log: slog.New(logWatch{})})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startInternal(t, func(c *Config) { c.Cluster, c.ClusterReplicas, c.NodeID = true, 1, "n1" })
 
 	registerOneEngine(t, nc, dir, "e1")
 	require.True(t, n.serving("e1", "events"))
@@ -70,7 +60,7 @@ func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
 	unlock()
 	require.NoError(t, testkit.Recv(t, registered, 5*time.Second, "the register once the lock is free"))
 
-	_, err = n.end(context.Background(), old) // the first end, done
+	_, err := n.end(context.Background(), old) // the first end, done
 	require.NoError(t, err)
 	n.releaseClaimIfGone("e1")
 	require.True(t, n.serving("e1", "events"), "the claim of the engine registered again was given up")

@@ -44,12 +44,24 @@ func (h logWatch) Handle(_ context.Context, r slog.Record) error {
 // and a client of its embedded NATS; dir is its shm directory.
 func startWatched(t *testing.T, lease time.Duration, watch logWatch) (*Node, *nats.Conn, string) {
 	t.Helper()
-	dir := t.TempDir()
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: lease, Log: slog.New(watch)})
+	return startInternal(t, func(c *Config) { c.Lease, c.Log = lease, slog.New(watch) })
+}
+
+// startInternal starts a node on an embedded NATS (1 MiB pool, no admin
+// HTTP, logs dropped) as edit (nil: none) changes it, and a client of its
+// NATS; dir is its shm directory.
+func startInternal(t *testing.T, edit func(*Config)) (n *Node, nc *nats.Conn, dir string) {
+	t.Helper()
+	dir = t.TempDir()
+	cfg := Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off",
+		Log: slog.New(logWatch{})}
+	if edit != nil {
+		edit(&cfg)
+	}
+	n, err := Start(context.Background(), cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
+	nc, err = nats.Connect(n.NATSURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return n, nc, dir

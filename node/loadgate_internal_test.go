@@ -2,12 +2,9 @@ package node
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
@@ -74,16 +71,10 @@ func (d *toldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Ra
 // reply comes once the gate is closed and the device unmapped), then the
 // rest of the worker's path runs with the old record.
 func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
-	dir := t.TempDir()
 	dev := &toldDevice{copies: make(chan backend.Direction, 16)}
-	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := nats.Connect(n.NATSURL())
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	n, nc, dir := startInternal(t, func(c *Config) {
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
+	})
 	registerOneEngine(t, nc, dir, "e1")
 
 	// One chunk stored, so the load would find its key ready and copy.
