@@ -234,3 +234,46 @@ func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
 	require.NoError(t, err)
 	require.NotContains(t, string(st.Data), `"ok":false`)
 }
+
+// An engine whose messages the node drops because its intake is full is
+// alive all the same (PROTOCOL.md "Engine liveness": a batch, even one that
+// is dropped, or a heartbeat is a sign of life): overload never expires
+// it. The full intake is injected by taking the whole budget; the engine
+// keeps sending heartbeats (each refused, overloaded) and a batch for two
+// leases.
+func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
+	const lease = time.Second
+	expired := make(chan string, 1)
+	n, nc, dir := startWatched(t, lease, logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
+	registerOneEngine(t, nc, dir, "e1")
+	in := n.ingest
+	taken := in.budget
+	require.True(t, in.admit(taken), "take the whole budget")
+	released := false
+	release := func() {
+		if !released {
+			in.release(taken)
+			released = true
+		}
+	}
+	t.Cleanup(release)
+
+	tick := time.NewTicker(lease / 5)
+	defer tick.Stop()
+	for end := time.Now().Add(2 * lease); time.Now().Before(end); {
+		select {
+		case e := <-expired:
+			t.Fatalf("%s while it kept sending to a full intake", e)
+		case <-tick.C:
+		}
+		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
+		require.NoError(t, err)
+		require.Contains(t, string(reply.Data), "overloaded")
+		require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[]}`)))
+	}
+	release()
+	st, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.NotContains(t, string(st.Data), "unknown engine", "the engine expired under overload")
+	testkit.NoRecv(t, expired, 0, "an expiry")
+}

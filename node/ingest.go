@@ -67,8 +67,12 @@ type ingester struct {
 
 	lostMu  sync.Mutex
 	lost    map[string]bool // engines that lost a batch at intake
+	alive   map[string]bool // engines a message of which intake dropped: signs of life
 	lostAll bool            // nats.go dropped for the subscription
-	anyLost atomic.Bool
+	anyLost atomic.Bool     // lost, alive or lostAll hold something
+	// flushing counts flushLost calls between taking those and having sent
+	// them to the engine actors (backlogged).
+	flushing atomic.Int32
 }
 
 // shardMarks say whether a shard holds a message taken and not handled,
@@ -168,7 +172,7 @@ func stamp(gen, n uint64, end *lapseBoundary) uint64 {
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		budget: budget, lost: map[string]bool{}}
+		budget: budget, lost: map[string]bool{}, alive: map[string]bool{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		in.queues = append(in.queues, make(chan inbound, queueDepth))
@@ -206,6 +210,12 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 // later stage, never missed between two. What the worker has handed over is
 // in the engine actor's mailbox, ahead of the check's confirmation.
 func (in *ingester) backlogged(engineID string) bool {
+	// Dropped messages are signs of life too (PROTOCOL.md "Engine
+	// liveness"): until flushLost has sent them on. anyLost before
+	// flushing: flushLost counts itself flushing before it clears anyLost.
+	if in.anyLost.Load() || in.flushing.Load() > 0 {
+		return true
+	}
 	if in.sub != nil {
 		if msgs, _, err := in.sub.Pending(); err == nil && msgs > 0 {
 			return true
@@ -354,12 +364,17 @@ func (in *ingester) release(size int64) {
 // overflow drops a message the intake cannot hold: a batch makes its engine
 // resync; a request gets an error reply.
 func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
+	// Dropped or not, the message shows the engine alive: an engine must
+	// not expire because the node was too busy to read it.
+	in.lostMu.Lock()
+	in.alive[engineID] = true
+	if verb == messages.VerbEvents {
+		in.lost[engineID] = true
+	}
+	in.lostMu.Unlock()
+	in.anyLost.Store(true)
 	if verb == messages.VerbEvents {
 		in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
-		in.lostMu.Lock()
-		in.lost[engineID] = true
-		in.lostMu.Unlock()
-		in.anyLost.Store(true)
 		return
 	}
 	in.n.rejected(messages.RejectOverflow, "request dropped: inbound queue full", "engine", engineID, "verb", verb)
@@ -376,27 +391,37 @@ func (in *ingester) loseAll() {
 	in.anyLost.Store(true)
 }
 
-// flushLost tells each engine that lost a batch at intake to resync. It runs
-// on the workers and the session loop, never on take's goroutine.
+// flushLost tells each engine that lost a batch at intake to resync, and
+// each whose message intake dropped that it is alive. It runs on the
+// workers and the session loop, never on take's goroutine.
 func (in *ingester) flushLost() {
 	if !in.anyLost.Load() {
 		return
 	}
+	in.flushing.Add(1)
+	defer in.flushing.Add(-1)
 	in.lostMu.Lock()
-	lost, all := in.lost, in.lostAll
-	in.lost, in.lostAll = map[string]bool{}, false
+	lost, alive, all := in.lost, in.alive, in.lostAll
+	in.lost, in.alive, in.lostAll = map[string]bool{}, map[string]bool{}, false
 	in.anyLost.Store(false)
 	in.lostMu.Unlock()
+	type told struct {
+		pid *actor.PID
+		msg any
+	}
+	var tell []told
 	in.mu.RLock()
-	var pids []*actor.PID
 	for id, pid := range in.engines {
-		if all || lost[id] {
-			pids = append(pids, pid)
+		switch {
+		case all || lost[id]:
+			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, Alive: alive[id]}})
+		case alive[id]:
+			tell = append(tell, told{pid, &engine.Touch{}})
 		}
 	}
 	in.mu.RUnlock()
-	for _, pid := range pids {
-		in.n.system.Root.Send(pid, &engine.Lost{Reason: messages.ResyncOverflow})
+	for _, t := range tell {
+		in.n.system.Root.Send(t.pid, t.msg)
 	}
 }
 

@@ -114,6 +114,16 @@ func TestALeaseCheckSeesTheEnginesShardBacklog(t *testing.T) {
 	mk.queuing(2) // the queue refuses message 2: take puts the mark back
 	mk.sent(2, false)
 	require.False(t, in.backlogged("e1"), "a message never queued is no backlog")
+
+	// A message intake dropped is a sign of life until flushLost has told
+	// the engine actor: while it is recorded, and while flushLost sends it.
+	in.anyLost.Store(true)
+	require.True(t, in.backlogged(other), "a drop not yet told")
+	in.anyLost.Store(false)
+	in.flushing.Add(1)
+	require.True(t, in.backlogged(other), "a drop being told")
+	in.flushing.Add(-1)
+	require.False(t, in.backlogged(other))
 }
 
 // A message read off the connection before the round trip that ended a

@@ -186,6 +186,9 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Heartbeat:
 		a.heartbeat(c, m)
 	case *Lost:
+		if m.Alive {
+			a.seq.Touch(a.deps.Now())
+		}
 		if !lapsed && !a.retiring { // a lapse resynced the epoch already
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}

@@ -137,3 +137,32 @@ func TestARestartedEngineActorIsCountedOnce(t *testing.T) {
 	require.False(t, fail.Load(), "the failure was injected")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.EnginesLive))
 }
+
+// A batch the node dropped at intake (Lost with Alive) shows the engine
+// alive, as the batch itself would have; a loss that names no engine does
+// not.
+func TestALostBatchOfTheEngineIsASignOfLife(t *testing.T) {
+	const lease = time.Minute
+	start := time.Unix(1_800_000_000, 0)
+	_, nc := testkit.NATS(t)
+	var clock atomic.Int64
+	clock.Store(start.UnixNano())
+	expired := make(chan *actor.PID, 1)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
+			d.Lease = lease
+			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+			d.Expired = func(_ string, self *actor.PID) { expired <- self }
+		})
+	at := func(d time.Duration, m any) {
+		clock.Store(start.Add(d).UnixNano())
+		system.Root.Send(pid, m)
+		statusOf(t, system, pid)
+	}
+	at(lease/2, &engine.Lost{Reason: messages.ResyncOverflow}) // names no engine: no sign of life
+	at(3*lease/4, &engine.Lost{Reason: messages.ResyncOverflow, Alive: true})
+	at(5*lease/4, &engine.Tick{})
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry half a lease after a sign of life")
+	at(3*lease/4+lease, &engine.Tick{})
+	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the lost batch")
+}

@@ -52,7 +52,12 @@ type Heartbeat struct {
 
 // Lost says the node may have lost some of this engine's batches without
 // seeing their seq (Reason: reconnect, overflow).
-type Lost struct{ Reason string }
+type Lost struct {
+	Reason string
+	// Alive: the lost batch was the engine's own (dropped at intake), a
+	// sign of life; false when the loss names no engine.
+	Alive bool
+}
 
 // Lapsed says the node's fence generation moved (Deps.Session): a lapse
 // began (the engine may have declared the node lost: the actor resets its
