@@ -210,16 +210,17 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 // later stage, never missed between two. What the worker has handed over is
 // in the engine actor's mailbox, ahead of the check's confirmation.
 func (in *ingester) backlogged(engineID string) bool {
-	// Dropped messages are signs of life too (PROTOCOL.md "Engine
-	// liveness"): until flushLost has sent them on. anyLost before
-	// flushing: flushLost counts itself flushing before it clears anyLost.
-	if in.anyLost.Load() || in.flushing.Load() > 0 {
-		return true
-	}
 	if in.sub != nil {
 		if msgs, _, err := in.sub.Pending(); err == nil && msgs > 0 {
 			return true
 		}
+	}
+	// Dropped signs of life count (PROTOCOL.md "Engine liveness") until
+	// flushLost has sent them on: take drops one before it returns (before
+	// Pending lets go of it). anyLost before flushing: flushLost counts
+	// itself flushing before it clears anyLost.
+	if in.anyLost.Load() || in.flushing.Load() > 0 {
+		return true
 	}
 	i := in.shard(engineID)
 	return in.marks[i].holding() || len(in.queues[i]) > 0
@@ -364,15 +365,19 @@ func (in *ingester) release(size int64) {
 // overflow drops a message the intake cannot hold: a batch makes its engine
 // resync; a request gets an error reply.
 func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
-	// Dropped or not, the message shows the engine alive: an engine must
-	// not expire because the node was too busy to read it.
-	in.lostMu.Lock()
-	in.alive[engineID] = true
-	if verb == messages.VerbEvents {
-		in.lost[engineID] = true
+	// A batch, heartbeat or register shows the engine alive, dropped or
+	// not: an engine must not expire because the node was too busy to read
+	// it. (Others may come from routers, a status, or from anyone.)
+	switch verb {
+	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbRegister:
+		in.lostMu.Lock()
+		in.alive[engineID] = true
+		if verb == messages.VerbEvents {
+			in.lost[engineID] = true
+		}
+		in.lostMu.Unlock()
+		in.anyLost.Store(true)
 	}
-	in.lostMu.Unlock()
-	in.anyLost.Store(true)
 	if verb == messages.VerbEvents {
 		in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
 		return
@@ -412,10 +417,13 @@ func (in *ingester) flushLost() {
 	var tell []told
 	in.mu.RLock()
 	for id, pid := range in.engines {
+		// On a cluster, only an engine this node still serves: a stale
+		// local one must not be kept alive by what its engine sends.
+		live := alive[id] && (in.n.cl == nil || in.n.cl.owners == nil || in.n.cl.owners.Serving(id, time.Now()))
 		switch {
 		case all || lost[id]:
-			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, Alive: alive[id]}})
-		case alive[id]:
+			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, Alive: live}})
+		case live:
 			tell = append(tell, told{pid, &engine.Touch{}})
 		}
 	}

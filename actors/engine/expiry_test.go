@@ -159,10 +159,10 @@ func TestALostBatchOfTheEngineIsASignOfLife(t *testing.T) {
 		system.Root.Send(pid, m)
 		statusOf(t, system, pid)
 	}
-	at(lease/2, &engine.Lost{Reason: messages.ResyncOverflow}) // names no engine: no sign of life
-	at(3*lease/4, &engine.Lost{Reason: messages.ResyncOverflow, Alive: true})
+	at(lease/2, &engine.Lost{Reason: messages.ResyncOverflow, Alive: true})
+	at(3*lease/4, &engine.Lost{Reason: messages.ResyncOverflow}) // names no engine: no sign of life
 	at(5*lease/4, &engine.Tick{})
-	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry half a lease after a sign of life")
-	at(3*lease/4+lease, &engine.Tick{})
-	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the lost batch")
+	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry under a lease after a sign of life")
+	at(lease/2+lease, &engine.Tick{})
+	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the engine's lost batch")
 }
