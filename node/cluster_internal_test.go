@@ -3,6 +3,8 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -90,4 +92,38 @@ func TestKeyedLocksAreOnePerKey(t *testing.T) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	require.Empty(t, k.keys, "keys nobody holds are kept")
+}
+
+// An unregister whose end outlives the shutdown timeout (a copy still in
+// flight) answers with an error, keeps the claim while the copy runs, and
+// gives the claim up once the engine actor has stopped: never a claim
+// renewed for an engine this node no longer serves, which would have every
+// other node refuse it.
+func TestATimedOutEndReleasesTheClaimOnceItsCopyEnds(t *testing.T) {
+	dev := &toldDevice{copies: make(chan backend.Direction, 16), hold: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(dev.hold) })
+	t.Cleanup(release)
+	n, nc, dir := startInternal(t, func(c *Config) {
+		c.Cluster, c.ClusterReplicas, c.NodeID = true, 1, "n1"
+		c.ShutdownTimeout = 200 * time.Millisecond
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
+	})
+	registerOneEngine(t, nc, dir, "e1")
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[`+
+		`{"type":"added","request":"a","prompt_tokens":4},{"type":"hashes","request":"a","start":0,"hashes":["6161616130303030"]},`+
+		`{"type":"blocks","request":"a","group":0,"start":0,"ids":[1]},{"type":"tokens","request":"a","computed":4,"total":4}]}`)))
+	testkit.Recv(t, dev.copies, 5*time.Second, "the store's copy, held")
+
+	reply, err := nc.Request("kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), "still in flight")
+	require.True(t, n.serving("e1", "events"), "the claim given up under a running copy")
+
+	release()
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if n.cl.owners.Serving("e1", time.Now()) {
+			return fmt.Errorf("the claim is still held")
+		}
+		return nil
+	})
 }

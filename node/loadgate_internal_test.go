@@ -55,10 +55,14 @@ func TestLoadGateRefusesLoadsOnceEnding(t *testing.T) {
 type toldDevice struct {
 	backend.Attachment
 	copies chan backend.Direction
+	hold   chan struct{} // when set, each copy waits for it to close
 }
 
 func (d *toldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Range) error {
 	d.copies <- dir
+	if d.hold != nil {
+		<-d.hold
+	}
 	return d.Attachment.Copy(dir, a, r)
 }
 
