@@ -222,8 +222,7 @@ func (in *ingester) backlogged(engineID string) bool {
 	if in.anyLost.Load() || in.flushing.Load() > 0 {
 		return true
 	}
-	i := in.shard(engineID)
-	return in.marks[i].holding() || len(in.queues[i]) > 0
+	return in.marks[in.shard(engineID)].holding() // queued (marked before the send) or in the worker's hands
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -368,17 +367,17 @@ func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 	// A batch, heartbeat or register shows the engine alive, dropped or
 	// not: an engine must not expire because the node was too busy to read
 	// it. (Others may come from routers, a status, or from anyone.)
-	switch verb {
-	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbRegister:
+	batch := verb == messages.VerbEvents
+	if batch || verb == messages.VerbHeartbeat || verb == messages.VerbRegister {
 		in.lostMu.Lock()
 		in.alive[engineID] = true
-		if verb == messages.VerbEvents {
+		if batch {
 			in.lost[engineID] = true
 		}
 		in.lostMu.Unlock()
 		in.anyLost.Store(true)
 	}
-	if verb == messages.VerbEvents {
+	if batch {
 		in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
 		return
 	}

@@ -112,11 +112,12 @@ func (s *Sequencer) ResyncReason() string { return s.reason }
 func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 	s.lastSign = now
 	var d Decision
-	if (!s.live || epoch != s.epoch) && s.hasEnded(epoch) { // the live epoch never has: no scan per batch
+	other := s.other(epoch)
+	if other && s.hasEnded(epoch) { // the live epoch never has: no scan per batch
 		d.Verdict = Stale
 		return d
 	}
-	if !s.live || epoch != s.epoch {
+	if other {
 		d.Reset = s.begin(epoch)
 	}
 	switch {
@@ -178,8 +179,11 @@ func (s *Sequencer) Lost(now time.Time, reason string) Decision {
 // Begins reports whether a batch of epoch would begin it (a new epoch, not
 // one that ended).
 func (s *Sequencer) Begins(epoch string) bool {
-	return (!s.live || epoch != s.epoch) && !s.hasEnded(epoch)
+	return s.other(epoch) && !s.hasEnded(epoch)
 }
+
+// other reports whether epoch is not the live one.
+func (s *Sequencer) other(epoch string) bool { return !s.live || epoch != s.epoch }
 
 // BeginLost begins epoch at its batch seq already being resynced, nothing
 // of it applied (expected 1, got seq): the batch cannot be applied (the
