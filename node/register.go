@@ -228,17 +228,13 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 	}
 	n.metrics.Unregistered.Inc()
 	go func() {
-		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
-		defer cancel()
-		released, err := n.end(wait, rec)
+		released, err := n.endForGood(rec)
 		if err != nil {
 			n.log.Error("unregister", "engine", engineID, "err", err)
 			n.replyError(ctx, m.Reply, err)
-			n.releaseClaimWhenClosed(rec)
 			return
 		}
 		n.log.Info("engine unregistered", "engine", engineID, "released", released)
-		n.releaseClaimIfGone(engineID)
 		n.outbox.Reply(ctx, m.Reply, messages.UnregisterReply{OK: true, Released: released, Node: n.cfg.NodeID,
 			Boot: n.boot})
 	}()
@@ -255,17 +251,30 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 	}
 	n.metrics.Expired.Inc()
 	go func() {
-		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
-		defer cancel()
-		released, err := n.end(wait, rec)
+		released, err := n.endForGood(rec)
 		if err != nil {
 			n.log.Error("expire", "engine", engineID, "err", err)
-			n.releaseClaimWhenClosed(rec)
 			return
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)
-		n.releaseClaimIfGone(engineID)
 	}()
+}
+
+// endForGood ends a detached engine that leaves this node (unregister,
+// expiry), bounded by the shutdown timeout, and gives up its cluster claim
+// unless it registered again: at once, or, if copies outlive the timeout,
+// once its actor has stopped (never a claim renewed for an engine this
+// node no longer serves).
+func (n *Node) endForGood(rec *engineRec) (int, error) {
+	wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
+	defer cancel()
+	released, err := n.end(wait, rec)
+	if err != nil {
+		go n.releaseClaimWhenClosed(rec)
+		return released, err
+	}
+	n.releaseClaimIfGone(rec.id)
+	return released, nil
 }
 
 // retireAll retires every engine and waits (bounded by ctx) until each has

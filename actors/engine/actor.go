@@ -95,8 +95,7 @@ type Actor struct {
 	// (sent when the actor stops).
 	retireReason string
 	retireCount  int
-	retireReply  chan<- int   // the retire that reset (Retire.Reset)
-	laterRetires []chan<- int // retires that came after it
+	retireReply  chan<- int // the retire that reset (Retire.Reset)
 	expired      bool
 	counted      bool // this instance is in the live-engines gauge
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
@@ -574,8 +573,8 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 			e.retired = true
 		}
 		a.resetAll(c, reason)
-	} else if m.Reset != nil {
-		a.laterRetires = append(a.laterRetires, m.Reset) // it reset nothing: told 0
+	} else {
+		tell(m.Reset, 0) // a later retire reset nothing
 	}
 	a.maybeStop(c)
 }
@@ -624,10 +623,7 @@ func (a *Actor) maybeStop(c actor.Context) {
 		// its releasing flag after resetAll looked releases finished, not
 		// with the retire's reason, and is not counted.
 		tell(a.retireReply, a.retireCount)
-		for _, ch := range a.laterRetires {
-			tell(ch, 0)
-		}
-		a.retireReply, a.laterRetires = nil, nil
+		a.retireReply = nil
 		c.Stop(c.Self())
 	}
 }

@@ -36,7 +36,8 @@ type Batch struct {
 // released. Then Closed is closed. Reset, if set (buffered), receives how
 // many requests the retire released with Reason, just before the actor
 // stops (a request whose final release was already on its way when the
-// retire came releases as it would have, and is not counted).
+// retire came releases as it would have, and is not counted); a retire
+// that comes after the first reset nothing and is told 0 at once.
 type Retire struct {
 	Reason string
 	Reset  chan<- int
