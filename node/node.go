@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -27,7 +26,6 @@ import (
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/metrics"
-	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
@@ -210,165 +208,6 @@ func (n *Node) startBackend() error {
 		n.log.Warn("--slot-bytes is deprecated and ignored: the pool takes any chunk size", "slot_bytes", n.cfg.SlotBytes)
 	}
 	return nil
-}
-
-// connect starts the embedded server (no --nats) and connects to NATS.
-func (n *Node) connect(ctx context.Context) error {
-	url := n.cfg.NATSURL
-	if url == "" {
-		if err := n.startEmbedded(); err != nil {
-			return err
-		}
-		url = n.ns.ClientURL()
-	}
-	opts, err := n.natsOptions()
-	if err != nil {
-		return err
-	}
-	if n.ns != nil {
-		opts = append(opts, nats.InProcessServer(n.ns))
-	}
-	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
-	if err != nil {
-		return err
-	}
-	n.nc = nc
-	n.metrics.NATSConnected.Set(1)
-	return nil
-}
-
-// startEmbedded starts the embedded NATS server (its options from the
-// config, and --nats-config's file when set). A port already taken is found
-// before the server starts, and named as such: the server would otherwise
-// only fail to become ready.
-func (n *Node) startEmbedded() error {
-	sopts, err := n.cfg.embeddedOptions()
-	if err != nil {
-		return err
-	}
-	if err := portFree(sopts.Host, sopts.Port); err != nil {
-		return err
-	}
-	if sopts.JetStream && sopts.StoreDir == "" {
-		sopts.StoreDir = n.cfg.NATSStoreDir
-		if sopts.StoreDir == "" {
-			tmp, err := os.MkdirTemp("", "kvactors-js-")
-			if err != nil {
-				return fmt.Errorf("jetstream dir: %w", err)
-			}
-			sopts.StoreDir, n.storeDir = tmp, tmp
-		}
-	}
-	ns, err := server.NewServer(sopts)
-	if err != nil {
-		return fmt.Errorf("embedded nats: %w", err)
-	}
-	ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
-	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		ns.Shutdown()
-		if err := portFree(sopts.Host, sopts.Port); err != nil { // lost a race for the port
-			return err
-		}
-		return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
-	}
-	n.ns, n.embeddedOpts = ns, sopts
-	return nil
-}
-
-// natsWriteBuffer is the client's write buffer. A publish that fills it
-// writes to the socket in the publisher's turn; at 32 KiB (nats.go's
-// default) a store-heavy node did that several thousand times a second.
-const natsWriteBuffer = 256 << 10
-
-func writeBuffer(n int) nats.Option {
-	return func(o *nats.Options) error {
-		o.WriteBufferSize = n
-		return nil
-	}
-}
-
-// natsOptions are the client's options: reconnect for ever once connected,
-// with the connection gauge and logs kept current.
-func (n *Node) natsOptions() ([]nats.Option, error) {
-	// NoEcho: the node subscribes to P.*.* and must not receive what it
-	// publishes itself (released, stored, kv_events, resync). The inbox
-	// prefix is the one natsauth lets kvactors' user read.
-	opts := []nats.Option{nats.Name("kvactors " + n.cfg.NodeID), nats.NoEcho(), nats.MaxReconnects(-1),
-		nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser)),
-		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second),
-		writeBuffer(natsWriteBuffer),
-		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
-			n.metrics.NATSConnected.Set(0)
-			if err != nil { // nil: our own Close
-				n.metrics.NATSEvents.WithLabelValues("disconnect").Inc()
-				n.metrics.NATSDisconnect.WithLabelValues(disconnectCause(err)).Inc()
-				n.log.Warn("nats disconnected", "err", err)
-			}
-		}),
-		nats.ReconnectHandler(func(c *nats.Conn) {
-			n.log.Info("nats reconnected: resyncing every engine", "url", c.ConnectedUrl())
-			n.reconnected()
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
-			subj := ""
-			if s != nil {
-				subj = s.Subject
-			}
-			if errors.Is(err, nats.ErrSlowConsumer) {
-				n.metrics.NATSEvents.WithLabelValues("slow_consumer").Inc()
-				if n.ingest != nil && s != nil && len(n.subs) > 0 && s == n.subs[0] {
-					n.ingest.loseAll()
-				}
-			} else {
-				n.metrics.NATSEvents.WithLabelValues("error").Inc()
-			}
-			n.log.Error("nats async error", "subject", subj, "err", err)
-		})}
-	if n.cfg.NATSCreds != "" {
-		opts = append(opts, nats.UserCredentials(n.cfg.NATSCreds))
-	}
-	if n.cfg.NATSUser != "" {
-		opts = append(opts, nats.UserInfo(n.cfg.NATSUser, n.cfg.NATSPassword))
-	}
-	if n.cfg.NATSToken != "" {
-		opts = append(opts, nats.Token(n.cfg.NATSToken))
-	}
-	if n.cfg.NATSNKey != "" {
-		opt, err := nats.NkeyOptionFromSeed(n.cfg.NATSNKey)
-		if err != nil {
-			return nil, fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
-		}
-		opts = append(opts, opt)
-	}
-	if n.cfg.NATSCA != "" {
-		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
-	}
-	return opts, nil
-}
-
-// disconnectCause labels why the NATS connection dropped.
-func disconnectCause(err error) string {
-	var ne net.Error
-	switch {
-	case errors.Is(err, io.EOF):
-		return "eof"
-	case errors.Is(err, nats.ErrStaleConnection):
-		return "stale_connection"
-	case errors.Is(err, nats.ErrAuthorization), errors.Is(err, nats.ErrAuthExpired), errors.Is(err, nats.ErrAuthRevoked):
-		return "auth"
-	case errors.As(err, &ne) && ne.Timeout():
-		return "timeout"
-	}
-	return "other"
-}
-
-// NATSURL is the URL engines connect to.
-func (n *Node) NATSURL() string {
-	if n.ns != nil {
-		return n.ns.ClientURL()
-	}
-	return n.cfg.NATSURL
 }
 
 // HTTPAddr is the admin server's bound address ("" when off).
