@@ -43,6 +43,7 @@ type fakeNode struct {
 	loadsHeld   chan struct{}          // non-nil: told when a load waits at the gate
 	dropLoads   bool                   // loads complete but their replies are lost
 	lastBeat    time.Time              // just before the last node heartbeat was published
+	mute        bool                   // no hello and no node heartbeats: engines learn its boot from replies
 
 	subs []*nats.Subscription
 	stop chan struct{}
@@ -80,8 +81,10 @@ func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Du
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	f.publish(messages.NodeSubject(f.prefix, node, messages.NodeVerbHello),
-		messages.Hello{Node: node, Boot: boot, LeaseMS: lease.Milliseconds()})
+	if !f.mute {
+		f.publish(messages.NodeSubject(f.prefix, node, messages.NodeVerbHello),
+			messages.Hello{Node: node, Boot: boot, LeaseMS: lease.Milliseconds()})
+	}
 	go f.beat()
 	t.Cleanup(f.kill)
 	return f
@@ -110,6 +113,9 @@ func (f *fakeNode) beat() {
 		case <-f.stop:
 			return
 		case <-tick.C:
+			if f.mute {
+				continue
+			}
 			f.mu.Lock()
 			f.lastBeat = time.Now() // before the publish: no client can see it sooner
 			f.mu.Unlock()

@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"fmt"
+	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,4 +90,67 @@ func TestARegisterReplyFromANewBootSettlesALoadTheLossLeftInDoubt(t *testing.T) 
 	require.Equal(t, "boot2", st.Boot)
 	require.Zero(t, st.LoadsInDoubt)
 	require.Zero(t, st.LateLoadReplies, "settled by the new boot, not by a reply")
+}
+
+// A restart first seen in a heartbeat reply (the new boot says no hello and
+// no node heartbeat here), before the register reply, marks the old boot's
+// process gone (otherBoot), so the loss settles every load sent to it. The
+// register reply then makes the new boot the session's, and the mark must
+// go with the boot it was about: when the new boot is lost in turn, by
+// silence this time (the engine's own link is cut), a load whose flush
+// failed may still sit in the reconnect buffer and reach that boot alive
+// after all, so the loss leaves it in doubt (without the reset, the old
+// boot's mark settled it). Once the link is back the load reaches the node
+// and its reply settles it.
+func TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads(t *testing.T) {
+	s := testkit.NATSServer(t)
+	nc := testkit.Connect(t, s)
+	hold := func(f *fakeNode) { f.holdRelease = func(uint64) bool { return true } }
+	boot1 := startFakeNode(t, nc, "n1", "boot1", testLease, hold)
+	l := testkit.NewLink(t, s.Addr().String())
+	enc := dial(t, "nats://"+l.Addr, "e1")
+	rels := newReleases()
+	var logs testkit.SyncBuffer
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		RequestTimeout: time.Second, Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	oneRequest(t, c, "r1")
+	require.NoError(t, enc.Flush())
+
+	boot1.kill()
+	startFakeNode(t, nc, "n1", "boot2", testLease, hold, func(f *fakeNode) { f.mute = true })
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "r1 freed by boot1's loss")
+	require.Equal(t, client.Release{Request: "r1", Reason: messages.ReasonNodeLost}, rel)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if st := c.Stats(); st.Boot != "boot2" || st.Registers != 2 {
+			return fmt.Errorf("registered %d times, boot %q", st.Registers, st.Boot)
+		}
+		return nil
+	})
+	require.Equal(t, 1, strings.Count(logs.String(), "client: node lost"), logs.String())
+	require.Contains(t, logs.String(), `why="new boot boot2"`, "boot2 seen in a heartbeat reply, before its register reply")
+	oneRequest(t, c, "r2") // owes a release boot2 never publishes
+	require.NoError(t, enc.Flush())
+
+	l.Cut()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if !enc.IsReconnecting() {
+			return fmt.Errorf("the engine's connection is %v", enc.Status())
+		}
+		return nil
+	})
+	d := loadInDoubt(t, c)
+	require.Equal(t, "boot2", d.Boot)
+	rel = testkit.Recv(t, rels.ch, 5*time.Second, "r2 freed by boot2's loss")
+	require.Equal(t, client.Release{Request: "r2", Reason: messages.ReasonNodeLost}, rel)
+	select { // settled, if at all, in the same step, before r2's release was handed out
+	case <-d.Settled():
+		t.Fatal("boot2's loss by silence settled a load whose flush failed: boot1's restart was taken for boot2's")
+	default:
+	}
+	require.Equal(t, 2, c.Stats().NodeLosses)
+	require.Equal(t, 1, c.Stats().LoadsInDoubt)
+
+	l.Restore()
+	awaitClosed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
+	require.Equal(t, 1, c.Stats().LateLoadReplies)
 }

@@ -98,6 +98,10 @@ type Config struct {
 	// WrapDevice, when set, wraps each engine's attached device (tests hold
 	// or fail copies with it).
 	WrapDevice func(backend.Attachment) backend.Attachment `json:"-"`
+	// now is the clock of engine liveness (nil: time.Now): when intake
+	// drops a sign of life, and what the engine actors stamp and check
+	// leases with. Internal tests fake it.
+	now func() time.Time
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
@@ -297,6 +298,90 @@ func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
 				t.Fatal("an engine only polled through the overload did not expire in three leases")
 			}
 			testkit.NoRecv(t, expired, 0, "an expiry")
+		})
+	}
+}
+
+// A sign of life the full intake drops dates from the drop, not from when
+// flushLost tells the engine actor (up to lease/4 later, on the session
+// loop): PROTOCOL.md "Engine liveness" bounds expiry by the last sign of
+// life, so an engine that falls silent under overload expires a lease after
+// its last dropped message, not a lease after the node got round to it. Two
+// drops: the later one counts. A heartbeat's drop reaches the actor as a
+// Touch, a batch's as a Lost. The node's liveness clock is a fake; the
+// engine's lease checks are Ticks sent by hand at chosen times (the lease is
+// long, so the session loop's own ticks and flushes come too late to
+// interfere).
+func TestADroppedSignOfLifeIsStampedWhenItWasDropped(t *testing.T) {
+	const lease = time.Minute
+	start := time.Unix(1_800_000_000, 0)
+	heartbeat := func(t *testing.T, _ *Node, nc *nats.Conn, _ int) {
+		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
+		require.NoError(t, err)
+		require.Contains(t, string(reply.Data), "overloaded") // recorded before the reply
+	}
+	batch := func(t *testing.T, n *Node, nc *nats.Conn, drops int) {
+		require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[]}`)))
+		require.NoError(t, nc.Flush())
+		testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+			if v := testutil.ToFloat64(n.metrics.DroppedBatches.WithLabelValues("overflow")); v != float64(drops) {
+				return fmt.Errorf("overflow drops %v, want %d", v, drops)
+			}
+			return nil
+		})
+	}
+	for _, tc := range []struct {
+		name string
+		drop func(t *testing.T, n *Node, nc *nats.Conn, drops int)
+	}{
+		{"heartbeat", heartbeat},
+		{"batch", batch},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var clock atomic.Int64
+			clock.Store(start.UnixNano())
+			set := func(d time.Duration) { clock.Store(start.Add(d).UnixNano()) }
+			expired := make(chan string, 1)
+			n, nc, dir := startInternal(t, func(c *Config) {
+				c.Lease = lease
+				c.Log = slog.New(logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
+				c.now = func() time.Time { return time.Unix(0, clock.Load()) }
+			})
+			registerOneEngine(t, nc, dir, "e1") // its sequencer starts at start
+			in := n.ingest
+			pid := in.lookup("e1")
+			require.NotNil(t, pid)
+
+			taken := in.budget
+			require.True(t, in.admit(taken), "take the whole budget")
+			set(lease / 4)
+			tc.drop(t, n, nc, 1)
+			set(lease / 2) // the last sign of life
+			tc.drop(t, n, nc, 2)
+			in.release(taken)
+			set(3 * lease / 4) // told a quarter lease late
+			in.flushLost()
+
+			// A check confirms an expiry behind a message it sends itself:
+			// two status queries later, what it found is done (an expired
+			// engine ends, and may answer no more).
+			set(lease/2 + lease - time.Nanosecond)
+			n.system.Root.Send(pid, &engine.Tick{})
+			for range 2 {
+				ch := make(chan engine.Status, 1)
+				n.system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
+				select {
+				case <-ch:
+				case e := <-expired:
+					t.Fatalf("%s under a lease after the last dropped sign of life", e)
+				case <-time.After(5 * time.Second):
+					t.Fatal("timed out waiting for the engine's status")
+				}
+			}
+			testkit.NoRecv(t, expired, 0, "an expiry under a lease after the last dropped sign of life")
+			set(lease/2 + lease)
+			n.system.Root.Send(pid, &engine.Tick{})
+			testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the last dropped sign of life (not a lease after it was told)")
 		})
 	}
 }

@@ -66,10 +66,10 @@ type ingester struct {
 	peak      atomic.Int64 // most pending ever
 
 	lostMu  sync.Mutex
-	lost    map[string]bool // engines that lost a batch at intake
-	alive   map[string]bool // engines a message of which intake dropped: signs of life
-	lostAll bool            // nats.go dropped for the subscription
-	anyLost atomic.Bool     // lost, alive or lostAll hold something
+	lost    map[string]bool      // engines that lost a batch at intake
+	alive   map[string]time.Time // engines a message of which intake dropped: signs of life, the latest drop's time
+	lostAll bool                 // nats.go dropped for the subscription
+	anyLost atomic.Bool          // lost, alive or lostAll hold something
 	// flushing counts flushLost calls between taking those and having sent
 	// them to the engine actors (backlogged).
 	flushing atomic.Int32
@@ -172,7 +172,7 @@ func stamp(gen, n uint64, end *lapseBoundary) uint64 {
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		budget: budget, lost: map[string]bool{}, alive: map[string]bool{}}
+		budget: budget, lost: map[string]bool{}, alive: map[string]time.Time{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		in.queues = append(in.queues, make(chan inbound, queueDepth))
@@ -366,11 +366,16 @@ func (in *ingester) release(size int64) {
 func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 	// A batch, heartbeat or register shows the engine alive, dropped or
 	// not: an engine must not expire because the node was too busy to read
-	// it. (Others may come from routers, a status, or from anyone.)
+	// it. (Others may come from routers, a status, or from anyone.) It is
+	// alive as of now, not as of when flushLost tells its actor (up to
+	// lease/4 later: the lease would stretch by that much).
 	batch := verb == messages.VerbEvents
 	if batch || verb == messages.VerbHeartbeat || verb == messages.VerbRegister {
+		at := in.n.now()
 		in.lostMu.Lock()
-		in.alive[engineID] = true
+		if at.After(in.alive[engineID]) {
+			in.alive[engineID] = at
+		}
 		if batch {
 			in.lost[engineID] = true
 		}
@@ -396,8 +401,9 @@ func (in *ingester) loseAll() {
 }
 
 // flushLost tells each engine that lost a batch at intake to resync, and
-// each whose message intake dropped that it is alive. It runs on the
-// workers and the session loop, never on take's goroutine.
+// each whose message intake dropped that it was alive when the latest one
+// was dropped. It runs on the workers and the session loop, never on take's
+// goroutine.
 func (in *ingester) flushLost() {
 	if !in.anyLost.Load() {
 		return
@@ -406,7 +412,7 @@ func (in *ingester) flushLost() {
 	defer in.flushing.Add(-1)
 	in.lostMu.Lock()
 	lost, alive, all := in.lost, in.alive, in.lostAll
-	in.lost, in.alive, in.lostAll = map[string]bool{}, map[string]bool{}, false
+	in.lost, in.alive, in.lostAll = map[string]bool{}, map[string]time.Time{}, false
 	in.anyLost.Store(false)
 	in.lostMu.Unlock()
 	type told struct {
@@ -418,12 +424,15 @@ func (in *ingester) flushLost() {
 	for id, pid := range in.engines {
 		// On a cluster, only an engine this node still serves: a stale
 		// local one must not be kept alive by what its engine sends.
-		live := alive[id] && (in.n.cl == nil || in.n.cl.owners == nil || in.n.cl.owners.Serving(id, time.Now()))
+		at := alive[id] // zero: intake dropped no sign of life of it
+		if !at.IsZero() && in.n.cl != nil && in.n.cl.owners != nil && !in.n.cl.owners.Serving(id, time.Now()) {
+			at = time.Time{}
+		}
 		switch {
 		case all || lost[id]:
-			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, Alive: live}})
-		case live:
-			tell = append(tell, told{pid, &engine.Touch{}})
+			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: at}})
+		case !at.IsZero():
+			tell = append(tell, told{pid, &engine.Touch{At: at}})
 		}
 	}
 	in.mu.RUnlock()

@@ -60,7 +60,8 @@ type Node struct {
 	// of the claim an ended engine held (releaseClaimIfGone).
 	claims keyedLocks
 
-	boot  string // random per start (PROTOCOL.md "Node identity")
+	boot  string           // random per start (PROTOCOL.md "Node identity")
+	now   func() time.Time // the clock of engine liveness (Config.now)
 	owed  atomic.Int64
 	fence *transfer.Fence
 	// beatStats is what the node heartbeat reports of the pool and disk,
@@ -96,7 +97,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
-		releases: map[string]*actors.Releases{}, boot: newBoot()}
+		releases: map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now}
+	if n.now == nil {
+		n.now = time.Now
+	}
 	n.log = n.log.With("node", cfg.NodeID)
 	n.rejectLog = ratelog.NewLog(n.log, nil)
 	tp := cfg.Tracer

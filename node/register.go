@@ -140,7 +140,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
-		Expired: n.expired, Backlogged: func() bool { return n.ingest.backlogged(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen,
+		Expired: n.expired, Backlogged: func() bool { return n.ingest.backlogged(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,

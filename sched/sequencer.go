@@ -210,8 +210,15 @@ func (s *Sequencer) Order(now time.Time) *ResyncOrder {
 	return &ResyncOrder{Epoch: s.epoch, Expected: s.expected, Got: s.got, Reason: s.reason}
 }
 
-// Touch records a sign of life other than a batch or heartbeat (a register).
-func (s *Sequencer) Touch(now time.Time) { s.lastSign = now }
+// Touch records a sign of life other than a batch or heartbeat handled (a
+// register, or a message the node dropped) that came at at. It never moves
+// the last sign of life back: a dropped message is told late, and a batch or
+// heartbeat handled meanwhile may be younger.
+func (s *Sequencer) Touch(at time.Time) {
+	if at.After(s.lastSign) {
+		s.lastSign = at
+	}
+}
 
 // Expired reports whether the engine has shown no sign of life for a lease.
 func (s *Sequencer) Expired(now time.Time) bool {

@@ -183,6 +183,8 @@ func TestSequencerExpiry(t *testing.T) {
 	require.True(t, s.Expired(start.Add(3*testLease)))
 	s.Touch(start.Add(3 * testLease))
 	require.False(t, s.Expired(start.Add(3*testLease)))
+	s.Touch(start.Add(2 * testLease)) // an older sign of life told late (dropped at intake): no move back
+	require.False(t, s.Expired(start.Add(4*testLease-time.Nanosecond)))
 	// A dropped batch (resyncing) is still a sign of life.
 	s.Batch(start.Add(4*testLease), "a", 5)
 	s.Batch(start.Add(5*testLease-time.Nanosecond), "a", 6)

@@ -185,15 +185,19 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Heartbeat:
 		a.heartbeat(c, m)
 	case *Lost:
-		if m.Alive {
-			a.seq.Touch(a.deps.Now())
+		if !m.AliveAt.IsZero() {
+			a.seq.Touch(m.AliveAt)
 		}
 		if !lapsed && !a.retiring { // a lapse resynced the epoch already
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
 	case *Lapsed: // handled above
 	case *Touch:
-		a.seq.Touch(a.deps.Now())
+		at := m.At
+		if at.IsZero() {
+			at = a.deps.Now()
+		}
+		a.seq.Touch(at)
 	case *Tick:
 		if !a.retiring && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
 			// A batch the intake handed over while this Tick ran waits behind

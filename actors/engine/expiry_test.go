@@ -159,10 +159,67 @@ func TestALostBatchOfTheEngineIsASignOfLife(t *testing.T) {
 		system.Root.Send(pid, m)
 		statusOf(t, system, pid)
 	}
-	at(lease/2, &engine.Lost{Reason: messages.ResyncOverflow, Alive: true})
+	at(lease/2, &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: start.Add(lease / 2)})
 	at(3*lease/4, &engine.Lost{Reason: messages.ResyncOverflow}) // names no engine: no sign of life
 	at(5*lease/4, &engine.Tick{})
 	testkit.NoRecv(t, expired, 10*time.Millisecond, "an expiry under a lease after a sign of life")
 	at(lease/2+lease, &engine.Tick{})
 	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the engine's lost batch")
+}
+
+// A sign of life the node dropped at intake is told late (Touch or Lost
+// with its time): the actor stamps the time it came, not the time it is
+// told, so the lease runs from the drop (PROTOCOL.md "Engine liveness");
+// and never moves the last sign of life back, past a younger one handled
+// meanwhile. A Touch without a time (a register) is stamped when handled.
+func TestADroppedSignOfLifeCountsFromWhenItCame(t *testing.T) {
+	const lease = time.Minute
+	start := time.Unix(1_800_000_000, 0)
+	// engineAt starts an engine actor at start on a fake clock; at(d, m)
+	// sends it m at start+d and waits until m, and a Tick's confirmation if
+	// it sent one, are handled.
+	engineAt := func(t *testing.T) (at func(time.Duration, any), expired chan *actor.PID) {
+		_, nc := testkit.NATS(t)
+		var clock atomic.Int64
+		clock.Store(start.UnixNano())
+		expired = make(chan *actor.PID, 1)
+		system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+			func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
+				d.Lease = lease
+				d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+				d.Expired = func(_ string, self *actor.PID) { expired <- self }
+			})
+		return func(d time.Duration, m any) {
+			clock.Store(start.Add(d).UnixNano())
+			system.Root.Send(pid, m)
+			statusOf(t, system, pid)
+			statusOf(t, system, pid)
+		}, expired
+	}
+	for _, tc := range []struct {
+		name string
+		told func(at time.Time) any
+	}{
+		{"touch", func(at time.Time) any { return &engine.Touch{At: at} }},
+		{"lost", func(at time.Time) any { return &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: at} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			at, expired := engineAt(t)
+			at(3*lease/4, tc.told(start.Add(lease/2))) // dropped at lease/2, told at 3/4
+			at(lease/2+lease-time.Nanosecond, &engine.Tick{})
+			testkit.NoRecv(t, expired, 0, "an expiry under a lease after the drop")
+			at(lease/2+lease, &engine.Tick{})
+			testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the drop, not after it was told")
+		})
+	}
+	t.Run("never back", func(t *testing.T) {
+		at, expired := engineAt(t)
+		at(3*lease/4, &engine.Touch{})                                                              // a register, stamped now
+		at(3*lease/4, &engine.Touch{At: start.Add(lease / 4)})                                      // an older drop, told later
+		at(3*lease/4, &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: start.Add(lease / 2)}) // and another
+		at(3*lease/4+lease-time.Nanosecond, &engine.Tick{})
+		testkit.NoRecv(t, expired, 0, "an expiry under a lease after the youngest sign of life")
+		at(3*lease/4+lease, &engine.Tick{})
+		testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the youngest sign of life")
+	})
 }

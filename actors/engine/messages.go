@@ -55,9 +55,11 @@ type Heartbeat struct {
 // seeing their seq (Reason: reconnect, overflow).
 type Lost struct {
 	Reason string
-	// Alive: the lost batch was the engine's own (dropped at intake), a
-	// sign of life; false when the loss names no engine.
-	Alive bool
+	// AliveAt, when set, is when the lost batch came: it was the engine's
+	// own (dropped at intake), a sign of life as of then (PROTOCOL.md
+	// "Engine liveness"), however late the node tells it. Zero when the loss
+	// names no engine.
+	AliveAt time.Time
 }
 
 // Lapsed says the node's fence generation moved (Deps.Session): a lapse
@@ -66,8 +68,14 @@ type Lost struct {
 // the same whenever it sees Session move.
 type Lapsed struct{}
 
-// Touch is a sign of life other than a batch or heartbeat (a register).
-type Touch struct{}
+// Touch is a sign of life other than a batch or heartbeat handled (a
+// register, or one the node dropped at intake).
+type Touch struct {
+	// At is when the sign of life came (a dropped message: when intake
+	// dropped it, not when the node got round to telling); zero: when the
+	// actor handles the Touch.
+	At time.Time
+}
 
 // Tick asks the engine to check its lease (expiry).
 type Tick struct{}
