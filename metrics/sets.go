@@ -80,6 +80,7 @@ type Engines struct {
 	EpochResets  prometheus.Counter // a new epoch or spec reset the engine's requests
 	Expired      prometheus.Counter // a lease without a sign of life
 	Unregistered prometheus.Counter // P.E.unregister
+	Failures     prometheus.Counter // an engine actor failed (a bug) and ended its engine
 }
 
 // NewEngines builds the engine session collectors.
@@ -91,8 +92,10 @@ func NewEngines(reg prometheus.Registerer) *Engines {
 		Expired: counter("engine", "expired_total",
 			"Engines expired after a lease without a sign of life."),
 		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
+		Failures: counter("engine", "failures_total",
+			"Engine actors that failed (a bug) and ended their engine as on unregister."),
 	}
-	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered)
+	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered, m.Failures)
 	return m
 }
 

@@ -247,7 +247,7 @@ func (n *Node) fenced(id string) {
 	go func() {
 		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
 		defer cancel()
-		if _, err := n.end(wait, rec); err != nil {
+		if _, err := n.end(wait, rec, nil); err != nil {
 			n.log.Error("cluster: drop fenced engine", "engine", id, "err", err)
 		}
 	}()

@@ -62,7 +62,7 @@ func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
 	unlock()
 	require.NoError(t, testkit.Recv(t, registered, 5*time.Second, "the register once the lock is free"))
 
-	_, err := n.end(context.Background(), old) // the first end, done
+	_, err := n.end(context.Background(), old, nil) // the first end, done
 	require.NoError(t, err)
 	n.releaseClaimIfGone("e1")
 	require.True(t, n.serving("e1", "events"), "the claim of the engine registered again was given up")

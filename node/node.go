@@ -19,6 +19,7 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/backend/cuda"
@@ -79,6 +80,9 @@ type Node struct {
 	nss       namespaces // isolation: namespace ids and geometry
 	mapped    int        // isolation: engine segments mapped now
 	rejectLog *ratelog.Log
+	// editEngine, when set (tests only, under mu), edits each engine
+	// actor's deps before it is spawned: fault injection.
+	editEngine func(*engine.Deps)
 
 	ingest *ingester
 	http   *http.Server

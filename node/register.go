@@ -136,16 +136,21 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	}
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{})}
-	rec.pid = n.system.Root.Spawn(engine.Props(engine.Deps{
+	deps := engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
-		Expired: n.expired, Backlogged: func() bool { return n.ingest.backlogged(id) }, MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
+		Expired: n.expired, Failed: n.failed, Backlogged: func() bool { return n.ingest.backlogged(id) },
+		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
 			Reject: n.rejectLog, Timers: actors.NewTimers(n.system.Root, n.metrics.Store.RetriesPending)},
-	}))
+	}
+	if n.editEngine != nil {
+		n.editEngine(&deps)
+	}
+	rec.pid = n.system.Root.Spawn(engine.Props(deps))
 	n.engines[id] = rec
 	n.ingest.route(id, rec.pid)
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
@@ -190,10 +195,16 @@ func (n *Node) detach(id string, pid *actor.PID) *engineRec {
 // end retires a detached engine for good (PROTOCOL.md "P.E.unregister"):
 // every request released engine_gone (queued copies cancelled, in-flight
 // ones finished first), then the segments unmapped. It returns how many
-// requests were released, once all of that is done or ctx ends.
-func (n *Node) end(ctx context.Context, rec *engineRec) (int, error) {
-	count := make(chan int, 1)
-	n.system.Root.Send(rec.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+// requests were released, once all of that is done or ctx ends. retired,
+// when not nil, is the count of a retire the engine actor began itself (a
+// failure: engine.Deps.Failed), and no retire is sent.
+func (n *Node) end(ctx context.Context, rec *engineRec, retired <-chan int) (int, error) {
+	count := retired
+	if count == nil {
+		c := make(chan int, 1)
+		n.system.Root.Send(rec.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: c})
+		count = c
+	}
 	select {
 	case <-rec.closed:
 	case <-ctx.Done():
@@ -228,7 +239,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 	}
 	n.metrics.Unregistered.Inc()
 	go func() {
-		released, err := n.endForGood(rec)
+		released, err := n.endForGood(rec, nil)
 		if err != nil {
 			n.log.Error("unregister", "engine", engineID, "err", err)
 			n.replyError(ctx, m.Reply, err)
@@ -251,7 +262,7 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 	}
 	n.metrics.Expired.Inc()
 	go func() {
-		released, err := n.endForGood(rec)
+		released, err := n.endForGood(rec, nil)
 		if err != nil {
 			n.log.Error("expire", "engine", engineID, "err", err)
 			return
@@ -260,15 +271,38 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 	}()
 }
 
+// failed is the engine actor's report that it failed (a panic in one of
+// its turns) and is ending its engine: the node forgets the engine (it is
+// unknown from now on: its heartbeat is refused, so it registers again and
+// resyncs), returns the credits of batches the actor will not handle (the
+// failed one's among them), and, as for an expiry, unmaps its segments and
+// gives up its claim once every request is released. released is the
+// actor's own retire's count (nil: it was retiring already). Only that
+// actor's engine ends: one registered again meanwhile lives on.
+func (n *Node) failed(engineID string, pid *actor.PID, released <-chan int) {
+	rec := n.detach(engineID, pid)
+	if rec == nil {
+		return // retired already (unregister, expiry, new spec): that end goes on
+	}
+	go func() {
+		count, err := n.endForGood(rec, released)
+		if err != nil {
+			n.log.Error("end a failed engine", "engine", engineID, "err", err)
+			return
+		}
+		n.log.Warn("failed engine ended: requests released engine_gone", "engine", engineID, "released", count)
+	}()
+}
+
 // endForGood ends a detached engine that leaves this node (unregister,
-// expiry), bounded by the shutdown timeout, and gives up its cluster claim
-// unless it registered again: at once, or, if copies outlive the timeout,
-// once its actor has stopped (never a claim renewed for an engine this
-// node no longer serves).
-func (n *Node) endForGood(rec *engineRec) (int, error) {
+// expiry, failure), bounded by the shutdown timeout, and gives up its
+// cluster claim unless it registered again: at once, or, if copies outlive
+// the timeout, once its actor has stopped (never a claim renewed for an
+// engine this node no longer serves). retired is as for end.
+func (n *Node) endForGood(rec *engineRec, retired <-chan int) (int, error) {
 	wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
 	defer cancel()
-	released, err := n.end(wait, rec)
+	released, err := n.end(wait, rec, retired)
 	if err != nil {
 		go n.releaseClaimWhenClosed(rec)
 		return released, err

@@ -35,6 +35,15 @@ type Deps struct {
 	// registered again since, under a new actor: that one lives on); the
 	// node then retires it as on unregister.
 	Expired func(engine string, self *actor.PID)
+	// Failed is called (from Receive, once) when the actor failed (a panic
+	// in one of its turns: a bug, a poisoned message) and began to end the
+	// engine as an unregister does: every request reset and released
+	// engine_gone once its copies in flight are done, then the actor stops.
+	// self is the failed actor; released, when not nil, receives that
+	// retire's count (Retire.Reset) just before the actor stops (nil: it was
+	// retiring already). The node then detaches the engine, so it is told
+	// it is unknown and registers again (and resyncs).
+	Failed func(engine string, self *actor.PID, released <-chan int)
 	// Backlogged, when set, reports whether messages the node has taken off
 	// NATS wait to be handled where the engine's would (its intake shard's
 	// queue or worker, or the subscription's buffer): signs of life the
@@ -98,6 +107,10 @@ type Actor struct {
 	retireReply  chan<- int // the retire that reset (Retire.Reset)
 	expired      bool
 	counted      bool // this instance is in the live-engines gauge
+	// turning is up while a turn runs: still up when the next begins, the
+	// last one panicked (supervision resumed the actor to end it: fail).
+	turning bool
+	failed  bool // a turn panicked; the engine is ending (fail)
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
 	// which confirms it behind whatever the mailbox held then.
 	expiryChecking bool
@@ -118,10 +131,13 @@ type Actor struct {
 	fwd    []routed
 }
 
-// Props builds one engine actor (spawn it once: what its mailbox does not
-// run inline runs on a goroutine of its own, such as each released
-// request's Done). Its request actors are stopped, never restarted, when
-// they fail.
+// Props builds one engine actor (spawn it once, from the root context: what
+// its mailbox does not run inline runs on a goroutine of its own, such as
+// each released request's Done). Its request actors are stopped, never
+// restarted, when they fail. It is never restarted either (a fresh instance
+// would have lost its requests, its epoch and its seq): when it fails, its
+// guardian (endOnFailure) resumes it, and it ends the engine as an
+// unregister does (fail); should it fail again while ending, it is stopped.
 func Props(deps Deps) *actor.Props {
 	if deps.Now == nil {
 		deps.Now = time.Now
@@ -135,7 +151,8 @@ func Props(deps Deps) *actor.Props {
 		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
 			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
-	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
+	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithGuardian(endOnFailure{}),
+		actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
 // batchesInline runs an idle engine actor's batches on the goroutine that
@@ -153,6 +170,18 @@ var batchesInline = actors.InlineMailboxFor(func(m any) bool {
 })
 
 func (a *Actor) Receive(c actor.Context) {
+	if a.turning {
+		// The last turn panicked and supervision resumed the actor: end the
+		// engine before anything else touches state that turn left half
+		// changed (the failed message that wakes it may come later).
+		a.fail(c)
+	}
+	a.turning = true
+	a.receive(c)
+	a.turning = false
+}
+
+func (a *Actor) receive(c actor.Context) {
 	lapsed := false
 	switch c.Message().(type) {
 	case *Batch, *Heartbeat, *Lost, *Lapsed, *Tick:
@@ -163,8 +192,8 @@ func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.countLive(true)
-	case *actor.Restarting:
-		a.countLive(false) // the new instance's Started counts it again
+	case *actor.Restarting: // never (endOnFailure); counted as an end, should it come
+		a.countLive(false)
 	case *actor.Stopping:
 	case *actor.Stopped:
 		a.loop.Close()
@@ -225,8 +254,36 @@ func (a *Actor) Receive(c actor.Context) {
 		a.retire(c, m)
 	case *StatusQuery:
 		a.status(c, m)
+	case *failed:
+		a.fail(c)
 	default:
 		a.deps.Metrics.Unexpected.Inc()
+	}
+}
+
+// fail ends the engine after one of the actor's turns panicked, as an
+// unregister or expiry does (PROTOCOL.md "P.E.unregister"): every request
+// is reset and released engine_gone (queued copies cancelled, copies in
+// flight finished first), the actor stops once all are released, and the
+// node is told (Deps.Failed) so it forgets the engine, unmaps its segments
+// and gives up its claim. A restart instead would have dropped the
+// requests with no release that waits for their copies, the batch's
+// credit and the epoch's seq. Counted once, in kvactors_engine_failures_total.
+func (a *Actor) fail(c actor.Context) {
+	if a.failed {
+		return
+	}
+	a.failed = true
+	a.deps.Metrics.Failures.Inc()
+	a.deps.Log.Error("engine actor failed; ending the engine as on unregister", "engine", a.deps.Engine,
+		"requests", len(a.live), "retiring", a.retiring)
+	var count chan int
+	if !a.retiring {
+		count = make(chan int, 1)
+		a.retire(c, &Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	}
+	if a.deps.Failed != nil {
+		a.deps.Failed(a.deps.Engine, c.Self(), count)
 	}
 }
 

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
-	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -113,29 +112,6 @@ func TestABatchHandedOverDuringTheLeaseCheckKeepsTheEngine(t *testing.T) {
 
 	tick(5*lease/4 + lease) // a lease of silence since the batch
 	testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the batch")
-}
-
-// An engine actor that fails is restarted by its supervisor (protoactor's
-// default): the live-engines gauge counts it once, not once per instance.
-func TestARestartedEngineActorIsCountedOnce(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	var fail atomic.Bool
-	system, pid, m, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
-			d.Session = func() uint64 {
-				if fail.CompareAndSwap(true, false) {
-					panic("engine actor failure injected")
-				}
-				return 0
-			}
-		})
-	statusOf(t, system, pid)
-	require.Equal(t, 1.0, testutil.ToFloat64(m.EnginesLive))
-	fail.Store(true)
-	system.Root.Send(pid, &engine.Tick{}) // lapse() reads Session first: the actor fails there
-	statusOf(t, system, pid)              // answered by the restarted instance
-	require.False(t, fail.Load(), "the failure was injected")
-	require.Equal(t, 1.0, testutil.ToFloat64(m.EnginesLive))
 }
 
 // A batch the node dropped at intake (Lost with Alive) shows the engine

@@ -83,6 +83,10 @@ type Tick struct{}
 // expiryCheck confirms a Tick's expiry after the messages queued before it.
 type expiryCheck struct{}
 
+// failed is endOnFailure's word to an actor it resumed after a panic (which
+// it logged): end the engine, if the next message has not begun that.
+type failed struct{}
+
 // StatusQuery asks for the engine's Status; it is sent on Reply (buffered,
 // never blocks the actor).
 type StatusQuery struct{ Reply chan<- Status }

@@ -1,0 +1,149 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
+)
+
+// failing is engine e1 whose actor panics in the next session message's
+// turn (Batch, Heartbeat, Lost, Lapsed, Tick: lapse reads Deps.Session
+// first) once arm is set, or in every one once always is; its requests'
+// store jobs go to jobs and stay in flight until the test ends them; its
+// Failed reports come to reports.
+type failing struct {
+	system  *actor.ActorSystem
+	pid     *actor.PID
+	m       *metrics.Metrics
+	jobs    chan *transfer.Submit
+	closed  chan struct{}
+	arm     atomic.Bool
+	always  atomic.Bool
+	reports chan failReport
+}
+
+type failReport struct {
+	self     *actor.PID
+	released <-chan int
+}
+
+func startFailing(t *testing.T, nc *nats.Conn) *failing {
+	t.Helper()
+	f := &failing{jobs: make(chan *transfer.Submit, 16), closed: make(chan struct{}), reports: make(chan failReport, 2)}
+	f.system, f.pid, f.m, _ = startEngineDeps(t, nc, f.closed,
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+				Engine("e1", lay, testkit.NopDevice{})
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: f.jobs} }))
+		}, func(d *engine.Deps) {
+			d.Session = func() uint64 {
+				if f.always.Load() || f.arm.CompareAndSwap(true, false) {
+					panic("engine actor failure injected")
+				}
+				return 0
+			}
+			d.Failed = func(_ string, self *actor.PID, released <-chan int) {
+				f.reports <- failReport{self: self, released: released}
+			}
+		})
+	return f
+}
+
+func recvRelease(t *testing.T, ch <-chan *nats.Msg, what string) messages.Released {
+	t.Helper()
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, ch, 5*time.Second, what).Data, &rel))
+	return rel
+}
+
+// An engine actor that panics mid-turn (a bug, a poisoned message) is not
+// restarted with fresh state: it ends its engine as an unregister does
+// (PROTOCOL.md "P.E.unregister"). Every request gets exactly one released,
+// engine_gone, a request with a copy in flight only once that copy is done;
+// the node is told (Deps.Failed, with the retire's count) so it forgets the
+// engine; later batches are handled (their credit returned) but not
+// applied; the actor stops, leaving the live-engines gauge, and the failure
+// is counted once.
+func TestAFailedEngineActorEndsItsEngineAsOnUnregister(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	f := startFailing(t, nc)
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job")
+	sendBatch(f.system, f.pid, 2, added("q"))
+	statusOf(t, f.system, f.pid)
+	require.Equal(t, 1.0, testutil.ToFloat64(f.m.EnginesLive))
+
+	f.arm.Store(true)
+	sendBatch(f.system, f.pid, 3, tokens("q", 4)) // the actor fails in this turn
+	var after atomic.Bool
+	f.system.Root.Send(f.pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 4,
+		Events: []messages.Event{added("late")}}, Done: func() { after.Store(true) }})
+
+	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report to its node")
+	require.True(t, rep.self.Equal(f.pid), "the report names the failed actor")
+	require.NotNil(t, rep.released, "the actor retired itself: its count comes to the node")
+	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineGone},
+		recvRelease(t, released, "q's release"))
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "r released while its copy is in flight")
+
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 2, Reason: messages.ReasonEngineGone},
+		recvRelease(t, released, "r's release once its copy is done"))
+	select {
+	case <-f.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failed engine's actor did not stop")
+	}
+	require.Equal(t, 2, testkit.Recv(t, rep.released, 5*time.Second, "the retire's count"))
+	require.True(t, after.Load(), "a batch after the failure was handled (its credit returned)")
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release, or one of the late request")
+	require.Zero(t, testutil.ToFloat64(f.m.EnginesLive))
+	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Engines.Failures))
+	testkit.NoRecv(t, f.reports, 10*time.Millisecond, "a second report")
+}
+
+// An engine actor that fails again while it ends (its state too broken to
+// reset its requests) is stopped: each request still unreleased is released
+// (aborted, as for a failed request actor) as its actor stops, and Closed
+// is closed so the node can unmap.
+func TestAnEngineActorFailingWhileItEndsIsStopped(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	f := startFailing(t, nc)
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	statusOf(t, f.system, f.pid)
+
+	f.always.Store(true)
+	f.system.Root.Send(f.pid, &engine.Tick{}) // fails; the actor begins to end
+	testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
+	f.system.Root.Send(f.pid, &engine.Tick{}) // fails again while r's copy holds the end
+	require.Equal(t, messages.ReasonAborted, recvRelease(t, released, "r's release as its actor stops").Reason)
+	select {
+	case <-f.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine actor that failed twice did not stop")
+	}
+	require.Zero(t, testutil.ToFloat64(f.m.EnginesLive))
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
+}
