@@ -1,0 +1,92 @@
+package node
+
+import (
+	"context"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// overflow drops a message the intake cannot hold: a batch makes its engine
+// resync; a request gets an error reply.
+func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
+	// A batch, heartbeat or register shows the engine alive, dropped or
+	// not: an engine must not expire because the node was too busy to read
+	// it. (Others may come from routers, a status, or from anyone.) It is
+	// alive as of now, not as of when flushLost tells its actor (up to
+	// lease/4 later: the lease would stretch by that much).
+	batch := verb == messages.VerbEvents
+	if batch || verb == messages.VerbHeartbeat || verb == messages.VerbRegister {
+		at := in.n.now()
+		in.lostMu.Lock()
+		if at.After(in.alive[engineID]) {
+			in.alive[engineID] = at
+		}
+		if batch {
+			in.lost[engineID] = true
+		}
+		in.lostMu.Unlock()
+		in.anyLost.Store(true)
+	}
+	if batch {
+		in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
+		return
+	}
+	in.n.rejected(messages.RejectOverflow, "request dropped: inbound queue full", "engine", engineID, "verb", verb)
+	in.n.replyError(context.Background(), m.Reply, errOverloaded)
+}
+
+// loseAll: nats.go dropped messages of the subscription (slow consumer);
+// they name no engine, so every engine resyncs.
+func (in *ingester) loseAll() {
+	in.n.metrics.DroppedBatch(messages.ResyncOverflow).Inc()
+	in.lostMu.Lock()
+	in.lostAll = true
+	in.lostMu.Unlock()
+	in.anyLost.Store(true)
+}
+
+// flushLost tells each engine that lost a batch at intake to resync, and
+// each whose message intake dropped that it was alive when the latest one
+// was dropped. It runs on the workers and the session loop, never on take's
+// goroutine.
+func (in *ingester) flushLost() {
+	if !in.anyLost.Load() {
+		return
+	}
+	in.flushing.Add(1)
+	defer in.flushing.Add(-1)
+	in.lostMu.Lock()
+	lost, alive, all := in.lost, in.alive, in.lostAll
+	in.lost, in.alive, in.lostAll = map[string]bool{}, map[string]time.Time{}, false
+	in.anyLost.Store(false)
+	in.lostMu.Unlock()
+	type told struct {
+		pid *actor.PID
+		msg any
+	}
+	var tell []told
+	in.mu.RLock()
+	for id, pid := range in.engines {
+		// On a cluster, only an engine this node still serves: a stale
+		// local one must not be kept alive by what its engine sends.
+		at := alive[id] // zero: intake dropped no sign of life of it
+		if !at.IsZero() && in.n.cl != nil && in.n.cl.owners != nil && !in.n.cl.owners.Serving(id, time.Now()) {
+			at = time.Time{}
+		}
+		switch {
+		case all || lost[id]:
+			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: at}})
+		case !at.IsZero():
+			tell = append(tell, told{pid, &engine.Touch{At: at}})
+		}
+	}
+	in.mu.RUnlock()
+	for _, t := range tell {
+		in.n.system.Root.Send(t.pid, t.msg)
+	}
+}
