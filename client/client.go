@@ -31,6 +31,10 @@ type Client struct {
 	lost       bool      // the node is lost: frees wait for fenceUntil, then re-register
 	freedLoss  bool      // the node_lost frees of this loss are done
 	otherBoot  bool      // another boot of node was seen: this boot's process is gone
+	// pastBoots are boots of node this engine registered with before boot
+	// (the latest few): their processes are gone, and a late message of
+	// one is no news of the node (seenLocked).
+	pastBoots  []string
 	fenceUntil time.Time
 	reregister bool   // the node forgot the engine: register again, then resync
 	resync     string // a resync is due, for this reason ("" = none)

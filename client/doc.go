@@ -6,7 +6,8 @@
 // What it owns:
 //   - the session: register (retried with backoff until the context ends),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
-//     detection (a hello, heartbeat or reply with another boot, or no node
+//     detection (a hello, heartbeat or reply with another boot, not one it
+//     registered past, or no node
 //     heartbeat for lease_ms) and, after the lease wait, re-registering
 //     every lease/4 (a refusal then is retried too, since it may pass, but
 //     logged at Warn, counted in Stats and passed to

@@ -7,3 +7,6 @@ func SetBeforeHeartbeat(c *Client, f func()) {
 	c.beforeHeartbeat = f
 	c.mu.Unlock()
 }
+
+// PastBoots is pastBoots, for its table test.
+var PastBoots = pastBoots

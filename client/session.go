@@ -190,9 +190,11 @@ func (c *Client) onNodeHeartbeat(m *nats.Msg) {
 }
 
 // seenLocked records a sign of life of node/boot: of this engine's node it
-// refreshes the lease; another boot of it means the node restarted.
+// refreshes the lease; another boot of it means the node restarted, unless
+// it is one the engine has registered past (a late message of a process
+// that is gone: PROTOCOL.md step 14).
 func (c *Client) seenLocked(node, boot string) {
-	if node == "" || node != c.node || boot == "" {
+	if node == "" || node != c.node || boot == "" || c.isPastBoot(boot) {
 		return
 	}
 	if boot == c.boot {

@@ -12,6 +12,7 @@ import (
 
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 )
 
 // TestRefusedReregisterIsSurfaced: after a node loss the new boot refuses
@@ -94,4 +95,58 @@ func TestCloseWhileReregisterPending(t *testing.T) {
 	require.NoError(t, c.Close())
 	_, unregisters := f.counts()
 	require.Zero(t, unregisters)
+}
+
+// TestALateMessageOfAPastBootIsNoNews: once the engine has registered with
+// boot2, a message boot1 sent before it died (delivered late) is not a
+// restart of boot2; a boot not seen before still is (PROTOCOL.md step 14).
+func TestALateMessageOfAPastBootIsNoNews(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
+	var logs testkit.SyncBuffer
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	f1.kill()
+	f2 := startFakeNode(t, nc, "n1", "boot2", testLease)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if st := c.Stats(); st.Boot != "boot2" || st.Registers != 2 {
+			return fmt.Errorf("registered %d times, boot %q", st.Registers, st.Boot)
+		}
+		return nil
+	})
+	losses := c.Stats().NodeLosses
+
+	// On one subscription, in order: boot1's late heartbeat, then boot3's.
+	beat := messages.NodeSubject("kvactors", "n1", messages.NodeVerbHeartbeat)
+	f2.publish(beat, messages.NodeHeartbeat{Node: "n1", Boot: "boot1"})
+	f2.publish(beat, messages.NodeHeartbeat{Node: "n1", Boot: "boot3"})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if got := c.Stats().NodeLosses; got != losses+1 {
+			return fmt.Errorf("%d node losses since boot2's register, want 1", got-losses)
+		}
+		return nil
+	})
+	require.Contains(t, logs.String(), `why="new boot boot3"`)
+	require.NotContains(t, logs.String(), `why="new boot boot1"`, "boot1's late heartbeat was taken for a restart of boot2")
+	require.NoError(t, c.Close())
+}
+
+func TestPastBoots(t *testing.T) {
+	for _, tc := range []struct {
+		name               string
+		past               []string
+		node, boot, rn, rb string
+		want               []string
+	}{
+		{"first register", nil, "", "", "n1", "b1", nil},
+		{"same boot again", []string{"b0"}, "n1", "b1", "n1", "b1", []string{"b0"}},
+		{"a restart", []string{"b0"}, "n1", "b1", "n1", "b2", []string{"b0", "b1"}},
+		{"another node", []string{"b0"}, "n1", "b1", "n2", "b9", nil},
+		{"a past boot answers", []string{"b0", "b1"}, "n1", "b2", "n1", "b1", []string{"b0", "b2"}},
+		{"bounded", []string{"b0", "b1", "b2", "b3"}, "n1", "b4", "n1", "b5", []string{"b1", "b2", "b3", "b4"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, client.PastBoots(tc.past, tc.node, tc.boot, tc.rn, tc.rb))
+		})
+	}
 }
