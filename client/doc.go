@@ -7,11 +7,10 @@
 //   - the session: register (retried with backoff until the context ends),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
 //     detection (a hello, heartbeat or reply with another boot, not one it
-//     registered past, or no node
-//     heartbeat for lease_ms) and, after the lease wait, re-registering
-//     every lease/4 (a refusal then is retried too, since it may pass, but
-//     logged at Warn, counted in Stats and passed to
-//     Config.OnRegisterRefused);
+//     registered past, or no node heartbeat for lease_ms) and, after the
+//     lease wait, re-registering every lease/4 (a refusal then is retried
+//     too, since it may pass, but logged at Warn, counted in Stats and
+//     passed to Config.OnRegisterRefused);
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
 //     batch per Flush, and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
