@@ -76,7 +76,8 @@ func chunk(id string, i int) []messages.Event {
 // cancelled (its pool side aborted; it never runs), and its one release,
 // aborted, goes out once the running copy is done, whatever the engine
 // sends for r meanwhile (finished). A retire waits for that release and
-// then ends; the live-requests gauge and the failure count are right.
+// then ends; the live-requests gauge, the owed count and the failure count
+// are right.
 func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
@@ -91,10 +92,12 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 		}
 	})
 	var q *transfer.Queue
+	var owed atomic.Int64
 	system, pid, m, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
 		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
 			Engine("e1", lay, testkit.NopDevice{})
 		d.Store = fs
+		d.Owed = &owed
 		cfg := transfer.Config{Workers: 1} // one copy at a time: the second waits in the queue
 		q = transfer.NewQueue(cfg, nil)
 		d.Queue = q
@@ -151,6 +154,7 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	case <-time.After(100 * time.Millisecond):
 	}
 
+	owedMeanwhile := owed.Load()
 	close(fs.gate) // r's first copy ends
 	testkit.Recv(t, fs.copies, 5*time.Second, "r's first copy's end")
 	ranLate := false
@@ -163,6 +167,7 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	assert.False(t, ranLate, "r's queued copy ran after r failed")
 	assert.True(t, aborted, "r's queued copy was not cancelled")
 	assert.False(t, stoppedEarly, "the retired engine stopped before r's release")
+	assert.Equal(t, int64(1), owedMeanwhile, "r's release is owed until it goes out")
 	if t.Failed() {
 		t.FailNow()
 	}
@@ -179,6 +184,7 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 	require.Zero(t, testutil.ToFloat64(m.RequestsLive))
 	require.Equal(t, 1.0, testutilValue(m))
+	require.Zero(t, owed.Load())
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Rejected.WithLabelValues(messages.RejectReleased)),
 		"r's finished, sent while r waited for its release, is rejected")
 }
