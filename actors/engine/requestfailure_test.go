@@ -253,3 +253,42 @@ func TestAFailedRequestWaitingForItsCopiesIsReleasedWhenItsEngineStops(t *testin
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 	require.Equal(t, 1.0, testutilValue(m))
 }
+
+// A new epoch while a failed request waits for its copies resets the
+// engine's other requests, not it: its one release, aborted, still waits
+// for Drained and carries its own epoch; the new epoch may reuse its id at
+// once (a new request, released on its own).
+func TestAFailedRequestWaitingForItsCopiesOutlivesAnEngineReset(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	fs := &faultyStore{}
+	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
+	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Store = fs
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
+	})
+	sendBatch(system, pid, 1, append([]messages.Event{added("r")}, chunk("r", 0)...)...)
+	testkit.Recv(t, h.jobs, 5*time.Second, "r's store job") // stays in flight
+	fs.arm.Store(true)
+	sendBatch(system, pid, 2, chunk("r", 1)...) // r fails
+	d := testkit.Recv(t, h.drains, 5*time.Second, "the engine's Drain for r")
+
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "b", Seq: 1,
+		Events: []messages.Event{added("r")}}}) // a new epoch, r's id again
+	reqs := requestsOf(t, system, pid)
+	require.Len(t, reqs, 1, "the new epoch's r is live")
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "the failed r released by the reset")
+
+	system.Root.Send(pid, &transfer.Drained{Owner: d.Owner}) // r's copy is done
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
+		recvRelease(t, released, "the failed r's release"))
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "b", Seq: 2,
+		Events: []messages.Event{finished("r")}}})
+	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished},
+		recvRelease(t, released, "the new r's release"))
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release")
+}
