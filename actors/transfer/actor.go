@@ -114,7 +114,9 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 	case *completed:
 		a.finish(c, a.q.take())
-		a.drained(c)
+		if len(a.drains) > 0 {
+			a.drained(c)
+		}
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
