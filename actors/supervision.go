@@ -9,7 +9,8 @@ import (
 // StopOnPanic is the strategy of a parent whose children hold state a fresh
 // instance could not rebuild (protoactor's default restart calls the producer
 // again and loses every field). The failed child is stopped; the parent sees
-// *actor.Terminated and cleans up (a request is released, counted, logged).
+// *actor.Terminated and cleans up (a request is released once its copies
+// are drained, counted, logged).
 func StopOnPanic(log *slog.Logger) actor.SupervisorStrategy {
 	return &stopStrategy{log: log}
 }

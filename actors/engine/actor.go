@@ -10,13 +10,15 @@ import (
 
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 )
 
 // Deps is what an engine actor needs from its node. Request is the template
-// of its request actors' deps.
+// of its request actors' deps; its Transfer also drains the copies of a
+// request actor that failed (transfer.Drain) before that request's release.
 type Deps struct {
 	Engine   string
 	Request  request.Deps
@@ -84,6 +86,9 @@ type entry struct {
 	// retired: reset by the retire (resetAll), so its release of the
 	// retire's reason counts in Retire.Reset.
 	retired bool
+	// failed: its actor failed unreleased; its aborted release waits for
+	// the transfer side's Drained (terminated). Its events are rejected.
+	failed bool
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -111,6 +116,9 @@ type Actor struct {
 	// last one panicked (supervision resumed the actor to end it: fail).
 	turning bool
 	failed  bool // a turn panicked; the engine is ending (fail)
+	// stopping: the actor is stopping (Stopping came); a Drained sent for
+	// a failed request would find it gone (terminated).
+	stopping bool
 	// expiryChecking: a Tick found the lease run out and sent expiryCheck,
 	// which confirms it behind whatever the mailbox held then.
 	expiryChecking bool
@@ -195,6 +203,8 @@ func (a *Actor) receive(c actor.Context) {
 	case *actor.Restarting: // never (endOnFailure); counted as an end, should it come
 		a.countLive(false)
 	case *actor.Stopping:
+		a.stopping = true
+		a.releaseDraining()
 	case *actor.Stopped:
 		a.loop.Close()
 		a.countLive(false)
@@ -248,8 +258,11 @@ func (a *Actor) receive(c actor.Context) {
 	case *request.Done:
 		a.done(c, m)
 	case *actor.Terminated:
-		a.terminated(m)
+		a.terminated(c, m)
 		a.maybeStop(c) // a retire's last request may fail rather than report Done
+	case *transfer.Drained:
+		a.drained(m)
+		a.maybeStop(c)
 	case *Retire:
 		a.retire(c, m)
 	case *StatusQuery:
@@ -501,6 +514,14 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 		delete(a.live, id)
 		e = nil
 	}
+	if e != nil && e.failed {
+		// Its actor failed: the request is over, its release (aborted) waits
+		// for its copies (terminated), and no event changes that.
+		a.deps.Metrics.Rejected.WithLabelValues(messages.RejectReleased).Inc()
+		a.deps.Reject.Reject(messages.RejectReleased, "event rejected", "engine", a.deps.Engine, "request", id,
+			"type", ev.Type.String(), "err", "request actor failed; its release waits for its copies")
+		return nil
+	}
 	if e == nil {
 		switch ev.Type {
 		case messages.EvAdded:
@@ -593,33 +614,6 @@ func (a *Actor) done(c actor.Context, m *request.Done) {
 	a.maybeStop(c)
 }
 
-func (a *Actor) terminated(m *actor.Terminated) {
-	a.spawner.Forget(m.Who) // an idle actor that stopped is not reused
-	e, ok := a.byPID[m.Who.Id]
-	if !ok {
-		return // stopped after Done: nothing owed
-	}
-	a.gone(e, m.Who)
-	if cur := a.live[e.id]; cur == e {
-		delete(a.live, e.id)
-	}
-	if e.releasing.Load() {
-		// It failed after its final release went out: a second, aborted,
-		// release could free a later request that reuses the id. (The flag
-		// goes up just before the publish, a buffered write that does not
-		// fail on its input.)
-		a.deps.Metrics.RequestFailure.Inc()
-		a.deps.Log.Error("request actor failed after its release", "engine", a.deps.Engine, "request", e.id)
-		return
-	}
-	// The request actor failed (supervision stopped it). The engine is owed a
-	// release so it can reuse the blocks; the request's stores are abandoned.
-	a.deps.Metrics.RequestFailure.Inc()
-	a.deps.Metrics.Release(messages.ReasonAborted).Inc()
-	a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
-	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted, nil)
-}
-
 // retire ends the engine: every live request is reset with the reason
 // (engine_gone on unregister and expiry, engine_reset on a new spec or
 // shutdown), and the actor stops once all are released.
@@ -645,8 +639,8 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 func (a *Actor) resetAll(c actor.Context, reason string) {
 	for id, e := range a.live {
 		delete(a.live, id)
-		if e.releasing.Load() {
-			continue // released for good already: no release of this reason comes (its Done will)
+		if e.releasing.Load() || e.failed {
+			continue // released for good already, or failed: no release of this reason comes
 		}
 		c.Send(e.pid, &request.Reset{Reason: reason})
 	}
@@ -694,7 +688,9 @@ func (a *Actor) status(c actor.Context, m *StatusQuery) {
 		IdleActors: a.spawner.Idle()}
 	pids := make([]*actor.PID, 0, len(a.live))
 	for _, e := range a.live {
-		pids = append(pids, e.pid)
+		if !e.failed { // stopped: it would not answer
+			pids = append(pids, e.pid)
+		}
 	}
 	c.Spawn(collectorProps(st, pids, m.Reply))
 }

@@ -21,12 +21,17 @@ import (
 )
 
 // submits collects the store jobs request actors send to the transfer
-// actor; it never answers them (the copies stay in flight).
+// actor; it never answers them (the copies stay in flight, the test ends
+// them). A Drain (a failed request) is answered at once: its copies are the
+// test's to hold.
 type submits struct{ ch chan *transfer.Submit }
 
 func (s *submits) Receive(c actor.Context) {
-	if m, ok := c.Message().(*transfer.Submit); ok {
+	switch m := c.Message().(type) {
+	case *transfer.Submit:
 		s.ch <- m
+	case *transfer.Drain:
+		c.Send(m.ReplyTo, &transfer.Drained{Owner: m.Owner})
 	}
 }
 

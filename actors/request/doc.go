@@ -9,7 +9,8 @@
 //
 // Supervision: the parent stops a failed request actor rather than restart it
 // (a fresh instance would have lost the request's state); the engine then
-// releases the request, logs and counts the failure.
+// has the transfer actor drain its copies (queued ones cancelled, running
+// ones finished), releases the request, logs and counts the failure.
 //
 // Group state lives in sched as a plain value per group inside the request,
 // not in an actor per group: one store job per request per decision needs

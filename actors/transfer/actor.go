@@ -66,6 +66,8 @@ type Actor struct {
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool // finish's scratch (lastPerOwner)
+	// drains wait for their owner's copies to end (Drain); rare and few.
+	drains []*Drain
 	// byDir are each direction's series, looked up once: a label lookup
 	// hashes its values, four of them per copy.
 	byDir [2]dirSeries
@@ -101,18 +103,49 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Submit:
 		a.q.Submit(m)
 	case *Cancel:
-		cancelled := a.q.cancel(m.Owner, m.IDs)
-		for i, s := range cancelled {
-			s.Store.Abort(s.Dir, s.Chunks)
-			c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(cancelled)-1})
+		a.cancelled(c, a.q.cancel(m.Owner, m.IDs))
+	case *Drain:
+		cancelled, running := a.q.drain(m.Owner)
+		a.cancelled(c, cancelled)
+		if running {
+			a.drains = append(a.drains, m)
+		} else {
+			c.Send(m.ReplyTo, &Drained{Owner: m.Owner})
 		}
 	case *completed:
 		a.finish(c, a.q.take())
+		if len(a.drains) > 0 {
+			a.drained(c)
+		}
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
 		}
 	}
+}
+
+// cancelled aborts the pool side of jobs taken off the queue before they
+// ran and tells their owners.
+func (a *Actor) cancelled(c actor.Context, jobs []*Submit) {
+	for i, s := range jobs {
+		s.Store.Abort(s.Dir, s.Chunks)
+		c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(jobs)-1})
+	}
+}
+
+// drained answers each waiting Drain whose owner has no copy running any
+// more (one may have ended in the batch just reported).
+func (a *Actor) drained(c actor.Context) {
+	kept := a.drains[:0]
+	for _, d := range a.drains {
+		if a.q.copying(d.Owner) {
+			kept = append(kept, d)
+			continue
+		}
+		c.Send(d.ReplyTo, &Drained{Owner: d.Owner})
+	}
+	clear(a.drains[len(kept):])
+	a.drains = kept
 }
 
 func (a *Actor) start(c actor.Context) {

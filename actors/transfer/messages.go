@@ -49,6 +49,22 @@ type Cancel struct {
 	IDs   []sched.JobID
 }
 
+// Drain is sent for an owner that will never take its JobDones again (a
+// request actor stopped after a failure): its queued jobs are cancelled as
+// by Cancel (pool side aborted; their JobDones go to it all the same), and
+// ReplyTo gets Drained once none of its jobs is copying, at once if none
+// is. Its blocks may be reused only after that (PROTOCOL.md, released).
+// The owner must not submit again.
+type Drain struct {
+	Owner   *actor.PID
+	ReplyTo *actor.PID
+}
+
+// Drained answers Drain: no job of Owner is queued or copying.
+type Drained struct {
+	Owner *actor.PID
+}
+
 // JobDone reports the end of a job to its owner. The transfer actor hands
 // out completions in batches: More says another JobDone for the same owner
 // follows in this batch (a request takes its next store decision after the

@@ -30,6 +30,9 @@ type Queue struct {
 	// finished copies the actor has not taken yet (take)
 	finished []*copyDone
 	idle     int // workers waiting in next
+	// runs are the jobs copying (a worker took them, done not called yet):
+	// as many as the workers, so a scan is cheap (Drain).
+	runs []*Submit
 }
 
 // NewQueue makes a copy queue bounded by cfg (see Deps.Queue) whose state
@@ -94,6 +97,40 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	return out
 }
 
+// drain removes every queued job of owner and returns them, and reports
+// whether a job of owner is copying.
+func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	kept := q.items[:0]
+	for _, s := range q.items {
+		if s.Owner.Equal(owner) {
+			cancelled = append(cancelled, s)
+			continue
+		}
+		kept = append(kept, s)
+	}
+	clear(q.items[len(kept):])
+	q.items = kept
+	return cancelled, q.runningLocked(owner)
+}
+
+// copying reports whether a job of owner is copying.
+func (q *Queue) copying(owner *actor.PID) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.runningLocked(owner)
+}
+
+func (q *Queue) runningLocked(owner *actor.PID) bool {
+	for _, s := range q.runs {
+		if s.Owner.Equal(owner) {
+			return true
+		}
+	}
+	return false
+}
+
 // next blocks until a job may start (the in-flight bound allows it; a job
 // larger than the bound starts when nothing else runs) and returns it, or
 // returns nil once the queue is closed.
@@ -110,6 +147,7 @@ func (q *Queue) next() *Submit {
 			q.items = q.items[1:]
 			q.running++
 			q.inflight += s.Bytes
+			q.runs = append(q.runs, s)
 			if q.idle > 0 && q.headFitsLocked() {
 				q.wake.Signal() // the next fits too: pass the wake-up on
 			}
@@ -137,6 +175,14 @@ func (q *Queue) done(d *copyDone) bool {
 	defer q.mu.Unlock()
 	q.running--
 	q.inflight -= d.job.Bytes
+	for i, s := range q.runs {
+		if s == d.job {
+			last := len(q.runs) - 1
+			q.runs[i], q.runs[last] = q.runs[last], nil
+			q.runs = q.runs[:last]
+			break
+		}
+	}
 	first := len(q.finished) == 0
 	q.finished = append(q.finished, d)
 	return first
