@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -12,6 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
@@ -83,4 +87,69 @@ func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"applied":1`)
 	require.Equal(t, 1.0, testutil.ToFloat64(live))
+}
+
+// panickyStore fails the request actor whose store decision calls it the
+// n-th time (a bug, say), as its own turn: PrepareStoreInto runs there.
+type panickyStore struct {
+	request.Store
+	calls, n atomic.Int32
+}
+
+func (s *panickyStore) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
+	if s.calls.Add(1) == s.n.Load() {
+		panic("request actor failure injected")
+	}
+	return s.Store.PrepareStoreInto(out, keys, sizes)
+}
+
+// A request actor that fails while its store copy runs is released
+// (aborted) only once that copy has ended: the engine may reuse the
+// blocks a copy reads only after it. The engine and its other requests
+// carry on.
+func TestAFailedRequestIsReleasedOnTheNodeOnlyOnceItsCopyEnds(t *testing.T) {
+	dev := &toldDevice{copies: make(chan backend.Direction, 16), hold: make(chan struct{})}
+	release := sync.OnceFunc(func() { close(dev.hold) })
+	t.Cleanup(release)
+	n, nc, dir := startInternal(t, func(c *Config) {
+		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
+	})
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	store := &panickyStore{}
+	store.n.Store(2) // a's second store decision
+	n.mu.Lock()
+	n.editEngine = func(d *engine.Deps) { store.Store = d.Request.Store; d.Request.Store = store }
+	n.mu.Unlock()
+	registerOneEngine(t, nc, dir, "e1")
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":1,"events":[`+
+		`{"type":"added","request":"a","prompt_tokens":8},{"type":"hashes","request":"a","start":0,"hashes":["6161616130303030","6262626230303030"]},`+
+		`{"type":"blocks","request":"a","group":0,"start":0,"ids":[1,2]},{"type":"tokens","request":"a","computed":4,"total":4}]}`)))
+	testkit.Recv(t, dev.copies, 5*time.Second, "a's first chunk's copy, held")
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":2,"events":[`+
+		`{"type":"tokens","request":"a","computed":8,"total":9}]}`)))
+	failures := n.metrics.Store.RequestFailure
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if testutil.ToFloat64(failures) != 1 {
+			return fmt.Errorf("a's actor has not failed yet (%d store decisions)", store.calls.Load())
+		}
+		return nil
+	})
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 100*time.Millisecond, "a released while its copy runs")
+
+	release()
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "a's release").Data, &rel))
+	require.Equal(t, messages.Released{Request: "a", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted}, rel)
+
+	// The engine carries on: another request is stored and released.
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":3,"events":[`+
+		`{"type":"added","request":"b","prompt_tokens":4},{"type":"hashes","request":"b","start":0,"hashes":["6363636330303030"]},`+
+		`{"type":"blocks","request":"b","group":0,"start":0,"ids":[3]},{"type":"tokens","request":"b","computed":4,"total":4},`+
+		`{"type":"finished","request":"b"}]}`)))
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "b's release").Data, &rel))
+	require.Equal(t, messages.Released{Request: "b", Epoch: "a", RSeq: 2, Reason: messages.ReasonFinished}, rel)
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release")
+	require.Equal(t, 1.0, testutil.ToFloat64(failures))
 }
