@@ -38,8 +38,8 @@ type Deps struct {
 	// node then retires it as on unregister.
 	Expired func(engine string, self *actor.PID)
 	// Failed is called (from Receive, once) when the actor failed (a panic
-	// in one of its turns: a bug, a poisoned message) and began to end the
-	// engine as an unregister does: every request reset and released
+	// in one of its turns: a bug, a poisoned message), before it begins to
+	// end the engine as an unregister does: every request reset and released
 	// engine_gone once its copies in flight are done, then the actor stops.
 	// self is the failed actor; released, when not nil, receives that
 	// retire's count (Retire.Reset) just before the actor stops (nil: it was
@@ -116,6 +116,8 @@ type Actor struct {
 	// last one panicked (supervision resumed the actor to end it: fail).
 	turning bool
 	failed  bool // a turn panicked; the engine is ending (fail)
+	// reported: Deps.Failed was called (report).
+	reported bool
 	// stopping: the actor is stopping (Stopping came); a Drained sent for
 	// a failed request would find it gone (terminated).
 	stopping bool
@@ -206,6 +208,9 @@ func (a *Actor) receive(c actor.Context) {
 		a.stopping = true
 		a.releaseDraining()
 	case *actor.Stopped:
+		if a.failed {
+			a.report(c, nil) // the node must forget the engine, whatever stopped fail before it did
+		}
 		a.loop.Close()
 		a.countLive(false)
 		if t := a.deps.Request.Timers; t != nil {
@@ -282,19 +287,35 @@ func (a *Actor) receive(c actor.Context) {
 // and gives up its claim. A restart instead would have dropped the
 // requests with no release that waits for their copies, the batch's
 // credit and the epoch's seq. Counted once, in kvactors_engine_failures_total.
+//
+// The node is told first: should anything after it fail too (the retire on
+// state the panic left half changed, a log handler, a metric), the engine
+// is forgotten all the same, its credit, segments and claim given back.
 func (a *Actor) fail(c actor.Context) {
 	if a.failed {
 		return
 	}
 	a.failed = true
-	a.deps.Metrics.Failures.Inc()
-	a.deps.Log.Error("engine actor failed; ending the engine as on unregister", "engine", a.deps.Engine,
-		"requests", len(a.live), "retiring", a.retiring)
 	var count chan int
 	if !a.retiring {
 		count = make(chan int, 1)
+	}
+	a.report(c, count)
+	a.deps.Metrics.Failures.Inc()
+	a.deps.Log.Error("engine actor failed; ending the engine as on unregister", "engine", a.deps.Engine,
+		"requests", len(a.live), "retiring", a.retiring)
+	if count != nil {
 		a.retire(c, &Retire{Reason: messages.ReasonEngineGone, Reset: count})
 	}
+}
+
+// report calls Deps.Failed, once: from fail, or, should the actor stop
+// after a failure without it (a panic before it in fail), as it stops.
+func (a *Actor) report(c actor.Context, count <-chan int) {
+	if a.reported {
+		return
+	}
+	a.reported = true
 	if a.deps.Failed != nil {
 		a.deps.Failed(a.deps.Engine, c.Self(), count)
 	}

@@ -1,7 +1,9 @@
 package engine_test
 
 import (
+	"context"
 	"encoding/json"
+	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -42,7 +44,7 @@ type failReport struct {
 	released <-chan int
 }
 
-func startFailing(t *testing.T, nc *nats.Conn) *failing {
+func startFailing(t *testing.T, nc *nats.Conn, edit ...func(*engine.Deps)) *failing {
 	t.Helper()
 	f := &failing{jobs: make(chan *transfer.Submit, 16), closed: make(chan struct{}), reports: make(chan failReport, 2)}
 	f.system, f.pid, f.m, _ = startEngineDeps(t, nc, f.closed,
@@ -59,6 +61,9 @@ func startFailing(t *testing.T, nc *nats.Conn) *failing {
 			}
 			d.Failed = func(_ string, self *actor.PID, released <-chan int) {
 				f.reports <- failReport{self: self, released: released}
+			}
+			for _, e := range edit {
+				e(d)
 			}
 		})
 	return f
@@ -146,4 +151,44 @@ func TestAnEngineActorFailingWhileItEndsIsStopped(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(f.m.EnginesLive))
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
+}
+
+// panicsOn is a log handler that discards records but panics on one
+// message: a failure inside the engine actor's own end.
+type panicsOn struct{ msg string }
+
+func (h panicsOn) Enabled(context.Context, slog.Level) bool { return true }
+func (h panicsOn) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		panic("log handler failure injected: " + h.msg)
+	}
+	return nil
+}
+func (h panicsOn) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h panicsOn) WithGroup(string) slog.Handler      { return h }
+
+// An engine actor that fails again inside its own end (here its log
+// handler panics on the failure line, before the retire) has told its node
+// first: the node forgets the engine (heartbeats answered "unknown
+// engine", no more batches or credit lent to it, segments unmapped, claim
+// given up) however the end goes on.
+func TestAnEngineActorFailingInsideItsEndStillTellsItsNode(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	f := startFailing(t, nc, func(d *engine.Deps) {
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+	})
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	testkit.Recv(t, f.jobs, 5*time.Second, "r's store job")
+	statusOf(t, f.system, f.pid)
+
+	f.arm.Store(true)
+	f.system.Root.Send(f.pid, &engine.Tick{}) // fails; its end fails too
+	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report to its node")
+	require.True(t, rep.self.Equal(f.pid), "the report names the failed actor")
+	select {
+	case <-f.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the engine actor that failed inside its end did not stop")
+	}
+	testkit.NoRecv(t, f.reports, 10*time.Millisecond, "a second report")
 }
