@@ -53,7 +53,9 @@ type Deps struct {
 	// later one finds no backlog, for at most one more lease.
 	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
-	// stopped; the node then closes the engine's device.
+	// stopped (after a last-resort stop, once the releases it left to the
+	// transfer actor went out: no copy of the engine runs); the node then
+	// closes the engine's device.
 	Closed chan struct{}
 	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
 	// bound); an added past it is rejected (reason "limit").
@@ -118,6 +120,15 @@ type Actor struct {
 	failed  bool // a turn panicked; the engine is ending (fail)
 	// reported: Deps.Failed was called (report).
 	reported bool
+	// failing is up while fail runs: a panic then stops the actor (giveUp).
+	failing bool
+	// failures counts the turns that panicked (failure); gaveUp: the actor
+	// stops itself (giveUp).
+	failures int
+	gaveUp   bool
+	// ends counts what Closed waits for: the actor until it has stopped,
+	// and each release a stop handed to the transfer actor (handOff).
+	ends *ends
 	// stopping: the actor is stopping (Stopping came); a Drained sent for
 	// a failed request would find it gone (terminated).
 	stopping bool
@@ -147,7 +158,8 @@ type Actor struct {
 // restarted, when they fail. It is never restarted either (a fresh instance
 // would have lost its requests, its epoch and its seq): when it fails, its
 // guardian (endOnFailure) resumes it, and it ends the engine as an
-// unregister does (fail); should it fail again while ending, it is stopped.
+// unregister does (fail); later failures are resumed too, and it stops only
+// as a last resort (giveUp).
 func Props(deps Deps) *actor.Props {
 	if deps.Now == nil {
 		deps.Now = time.Now
@@ -158,7 +170,7 @@ func Props(deps Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		gen := deps.Session()
-		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
+		return &Actor{deps: deps, loop: loop, ends: newEnds(deps.Closed), live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
 			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithGuardian(endOnFailure{}),
@@ -181,14 +193,53 @@ var batchesInline = actors.InlineMailboxFor(func(m any) bool {
 
 func (a *Actor) Receive(c actor.Context) {
 	if a.turning {
-		// The last turn panicked and supervision resumed the actor: end the
-		// engine before anything else touches state that turn left half
-		// changed (the failed message that wakes it may come later).
-		a.fail(c)
+		// The last turn panicked and supervision resumed the actor: handle
+		// that before anything else touches state that turn left half
+		// changed (the failed message that wakes it may come later). Still
+		// turning: a panic in failure is seen on the next message.
+		a.failure(c)
 	}
 	a.turning = true
 	a.receive(c)
 	a.turning = false
+}
+
+// maxFailures bounds the failed turns of an engine actor that is ending:
+// past it, the actor stops (giveUp).
+const maxFailures = 8
+
+// ending reports whether the engine is ending (a retire, or a failure): no
+// new work is taken, no lapse handled.
+func (a *Actor) ending() bool { return a.retiring || a.failed }
+
+// failure handles a turn that panicked. The first ends the engine (fail);
+// later ones (an unrelated message on state the first left half changed)
+// only count, and the end goes on: its requests' copies may still run, and
+// only their request actors know when they end. The actor stops (giveUp)
+// when fail itself failed, or past maxFailures.
+func (a *Actor) failure(c actor.Context) {
+	a.failures++
+	switch {
+	case a.stopping || a.gaveUp:
+		// It is stopping already: nothing more can be done here.
+	case a.failing || a.failures > maxFailures:
+		a.giveUp(c)
+	default:
+		a.fail(c)
+	}
+}
+
+// giveUp stops the actor: its state is too broken to end the engine as an
+// unregister does. The last resort still keeps PROTOCOL.md's release rule:
+// as it stops, each request still unreleased is released aborted once no
+// copy of it is queued or running (handOff), and Closed, which lets the
+// node unmap the device, is closed only after all those releases.
+func (a *Actor) giveUp(c actor.Context) {
+	a.gaveUp = true
+	c.Stop(c.Self())
+	a.failing = false
+	a.deps.Log.Error("engine actor failed again while ending its engine; stopping it", "engine", a.deps.Engine,
+		"failures", a.failures)
 }
 
 func (a *Actor) receive(c actor.Context) {
@@ -196,8 +247,11 @@ func (a *Actor) receive(c actor.Context) {
 	switch c.Message().(type) {
 	case *Batch, *Heartbeat, *Lost, *Lapsed, *Tick:
 		// The engine's session messages: a move of the node's fence
-		// generation is handled before any of them (lapse).
-		lapsed = a.lapse(c)
+		// generation is handled before any of them (lapse), unless the
+		// engine is ending (its requests are being reset already).
+		if !a.ending() {
+			lapsed = a.lapse(c)
+		}
 	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
@@ -206,19 +260,18 @@ func (a *Actor) receive(c actor.Context) {
 		a.countLive(false)
 	case *actor.Stopping:
 		a.stopping = true
-		a.releaseDraining()
+		a.handOffDraining(c)
 	case *actor.Stopped:
 		if a.failed {
 			a.report(c, nil) // the node must forget the engine, whatever stopped fail before it did
 		}
+		a.tellRetire()
 		a.loop.Close()
 		a.countLive(false)
 		if t := a.deps.Request.Timers; t != nil {
 			t.Stop() // its requests, children, have stopped already
 		}
-		if a.deps.Closed != nil {
-			close(a.deps.Closed)
-		}
+		a.ends.done() // Closed, unless releases handed off still wait for copies
 	case *Batch:
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
@@ -232,7 +285,7 @@ func (a *Actor) receive(c actor.Context) {
 		if !m.AliveAt.IsZero() {
 			a.seq.Touch(m.AliveAt)
 		}
-		if !lapsed && !a.retiring { // a lapse resynced the epoch already
+		if !lapsed && !a.ending() { // a lapse resynced the epoch already
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
 	case *Lapsed: // handled above
@@ -243,7 +296,7 @@ func (a *Actor) receive(c actor.Context) {
 		}
 		a.seq.Touch(at)
 	case *Tick:
-		if !a.retiring && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
+		if !a.ending() && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
 			// A batch the intake handed over while this Tick ran waits behind
 			// it in the mailbox, and the intake no longer counts it as a
 			// backlog: look again once every message ahead of this one is in.
@@ -252,7 +305,7 @@ func (a *Actor) receive(c actor.Context) {
 		}
 	case expiryCheck:
 		a.expiryChecking = false
-		if !a.retiring && !a.expired && a.expiredAt(a.deps.Now()) {
+		if !a.ending() && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -272,8 +325,7 @@ func (a *Actor) receive(c actor.Context) {
 		a.retire(c, m)
 	case *StatusQuery:
 		a.status(c, m)
-	case *failed:
-		a.fail(c)
+	case *failed: // a wake-up: the turn's prologue handled the failure (failure)
 	default:
 		a.deps.Metrics.Unexpected.Inc()
 	}
@@ -295,7 +347,7 @@ func (a *Actor) fail(c actor.Context) {
 	if a.failed {
 		return
 	}
-	a.failed = true
+	a.failed, a.failing = true, true
 	var count chan int
 	if !a.retiring {
 		count = make(chan int, 1)
@@ -307,6 +359,7 @@ func (a *Actor) fail(c actor.Context) {
 	if count != nil {
 		a.retire(c, &Retire{Reason: messages.ReasonEngineGone, Reset: count})
 	}
+	a.failing = false
 }
 
 // report calls Deps.Failed, once: from fail, or, should the actor stop
@@ -326,7 +379,7 @@ func (a *Actor) report(c actor.Context, count <-chan int) {
 // event slice went to request actors, which recycle it (forward).
 func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	b := &m.Batch
-	if a.retiring {
+	if a.ending() {
 		return false
 	}
 	a.deps.Metrics.Batches.Inc()
@@ -429,9 +482,6 @@ func (a *Actor) lapse(c actor.Context) bool {
 		return false
 	}
 	a.session = g
-	if a.retiring {
-		return true // its requests are being reset already
-	}
 	level := slog.LevelWarn
 	if len(a.live) == 0 && a.seq.Resyncing() {
 		level = slog.LevelDebug // the lapse's end, or a second look at one: nothing left to do
@@ -464,7 +514,7 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	if !a.retiring {
+	if !a.ending() {
 		a.decided(c, ctx, a.seq.Heartbeat(a.deps.Now(), m.Epoch, m.Seq))
 	}
 	var applied uint64
@@ -693,13 +743,18 @@ func tell(ch chan<- int, n int) {
 	}
 }
 
+// tellRetire tells the retire that reset the requests its count, once.
+func (a *Actor) tellRetire() {
+	tell(a.retireReply, a.retireCount)
+	a.retireReply = nil
+}
+
 func (a *Actor) maybeStop(c actor.Context) {
 	if a.retiring && len(a.byPID) == 0 {
 		// Counted from the Dones, not at the reset: a request that raised
 		// its releasing flag after resetAll looked releases finished, not
 		// with the retire's reason, and is not counted.
-		tell(a.retireReply, a.retireCount)
-		a.retireReply = nil
+		a.tellRetire()
 		c.Stop(c.Self())
 	}
 }
