@@ -111,7 +111,8 @@ type Actor struct {
 	// (sent when the actor stops).
 	retireReason string
 	retireCount  int
-	retireReply  chan<- int // the retire that reset (Retire.Reset)
+	retireReply  chan<- int   // the retire that reset (Retire.Reset)
+	retireLater  []chan<- int // later retires of the same reason, told the same count
 	expired      bool
 	counted      bool // this instance is in the live-engines gauge
 	// turning is up while a turn runs: still up when the next begins, the
@@ -699,8 +700,10 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 			e.retired = true
 		}
 		a.resetAll(c, reason)
+	} else if reason == a.retireReason && m.Reset != nil {
+		a.retireLater = append(a.retireLater, m.Reset) // told the count with the first (Retire)
 	} else {
-		tell(m.Reset, 0) // a later retire reset nothing
+		tell(m.Reset, 0) // a later retire of another reason released nothing with it
 	}
 	a.maybeStop(c)
 }
@@ -743,10 +746,14 @@ func tell(ch chan<- int, n int) {
 	}
 }
 
-// tellRetire tells the retire that reset the requests its count, once.
+// tellRetire tells the retire that reset the requests its count, and the
+// later ones of its reason, once.
 func (a *Actor) tellRetire() {
 	tell(a.retireReply, a.retireCount)
-	a.retireReply = nil
+	for _, ch := range a.retireLater {
+		tell(ch, a.retireCount)
+	}
+	a.retireReply, a.retireLater = nil, nil
 }
 
 func (a *Actor) maybeStop(c actor.Context) {

@@ -270,3 +270,34 @@ func TestAnEngineActorFailingInsideItsEndStillTellsItsNode(t *testing.T) {
 	}
 	testkit.NoRecv(t, f.reports, 10*time.Millisecond, "a second report")
 }
+
+// An unregister whose Retire reaches the engine actor after its failure
+// began the same end (engine_gone) is told how many requests that end
+// released (PROTOCOL.md "P.E.unregister": released N), not 0: it is the
+// engine's real end.
+func TestAnUnregisterAfterAFailureIsToldTheEndsCount(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	f := startFailing(t, nc)
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	sendBatch(f.system, f.pid, 2, added("q"))
+	statusOf(t, f.system, f.pid)
+
+	f.arm.Store(true)
+	f.system.Root.Send(f.pid, &engine.Tick{}) // fails; the actor begins to end
+	later := make(chan int, 1)
+	f.system.Root.Send(f.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: later}) // the unregister's
+	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
+	require.Equal(t, "q", recvRelease(t, released, "q's release").Request)
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	require.Equal(t, "r", recvRelease(t, released, "r's release").Request)
+	select {
+	case <-f.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the failed engine's actor did not stop")
+	}
+	require.Equal(t, 2, testkit.Recv(t, later, 5*time.Second, "the unregister's count"))
+	require.Equal(t, 2, testkit.Recv(t, rep.released, 5*time.Second, "the failure's own count"))
+}
