@@ -301,3 +301,55 @@ func TestAnUnregisterAfterAFailureIsToldTheEndsCount(t *testing.T) {
 	require.Equal(t, 2, testkit.Recv(t, later, 5*time.Second, "the unregister's count"))
 	require.Equal(t, 2, testkit.Recv(t, rep.released, 5*time.Second, "the failure's own count"))
 }
+
+// records sends the records logged with one message to ch.
+type records struct {
+	msg string
+	ch  chan slog.Record
+}
+
+func (h records) Enabled(context.Context, slog.Level) bool { return true }
+func (h records) Handle(_ context.Context, r slog.Record) error {
+	if r.Message == h.msg {
+		h.ch <- r.Clone()
+	}
+	return nil
+}
+func (h records) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h records) WithGroup(string) slog.Handler      { return h }
+
+// The guardian logs an engine actor's panic with the stack of the turn that
+// panicked (it runs inside the mailbox's recover, on the panicking
+// goroutine, before the stack unwinds): here the engine actor's lapse, where
+// Deps.Session panicked, in a turn run on the actor's loop (a Tick) and in
+// one run inline on the poster (a Batch).
+func TestAnEngineActorsFailureIsLoggedWithItsStack(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	for _, msg := range []any{&engine.Tick{}, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 1}}} {
+		logged := make(chan slog.Record, 4)
+		system := actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger {
+			return slog.New(records{msg: "engine actor failed; resumed to end its engine", ch: logged})
+		}))
+		var armed atomic.Bool
+		_, pid, _, _ := startEngineOn(t, system, nc, make(chan struct{}),
+			func(_ *actor.ActorSystem, _ *sched.Layout, _ *request.Deps) {}, func(d *engine.Deps) {
+				d.Session = func() uint64 {
+					if armed.CompareAndSwap(true, false) {
+						panic("engine actor failure injected")
+					}
+					return 0
+				}
+			})
+		armed.Store(true)
+		system.Root.Send(pid, msg)
+		r := testkit.Recv(t, logged, 5*time.Second, "the guardian's failure log")
+		var stack string
+		r.Attrs(func(a slog.Attr) bool {
+			if a.Key == "stack" {
+				stack = a.Value.String()
+			}
+			return true
+		})
+		require.Contains(t, stack, "engine.(*Actor).lapse", "the stack of the %T turn that panicked", msg)
+	}
+}

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -25,8 +26,12 @@ func (endOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Superviso
 	rs.Fail()
 	// Logged here: the actor may stop before its failed message comes (it
 	// ends at once on its next message, and with no request left it stops).
+	// Both mailbox runs (inline on the poster, or on the actor's loop)
+	// recover the panic in a deferred call and escalate it to this guardian
+	// synchronously (a guardian process handles Failure in SendSystemMessage):
+	// this is the panicking goroutine, its stack not yet unwound.
 	system.Logger().Error("engine actor failed; resumed to end its engine", "actor", child.Id, "reason", reason,
-		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount())
+		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
 	sup.ResumeChildren(child)
 	system.Root.Send(child, &failed{})
 }
