@@ -720,9 +720,9 @@ func (a *Actor) resetAll(c actor.Context, reason string) {
 	}
 }
 
-// countLive keeps the live-engines gauge: one per engine, whichever of
-// an instance's ends (Restarting, or Stopped: a failure while retiring can
-// bring both) comes, and once.
+// countLive keeps the live-engines gauge: one per engine, in from Started
+// until Stopped (or Restarting, should one come: endOnFailure never
+// restarts), and out once.
 func (a *Actor) countLive(live bool) {
 	if live == a.counted {
 		return
