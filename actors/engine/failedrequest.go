@@ -141,11 +141,11 @@ func (a *Actor) releaser(e *entry) func() {
 // releaseFailed publishes a failed request's one release, aborted, and
 // forgets it.
 func (a *Actor) releaseFailed(e *entry) {
+	a.releaser(e)() // before gone: the last of an ended epoch forgets its count
 	a.gone(e, e.pid)
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}
-	a.releaser(e)()
 }
 
 // ends closes Closed once its count is down to zero: one for the actor,

@@ -393,3 +393,33 @@ func TestAFailedRequestWaitingForItsCopiesOutlivesAnEngineReset(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release")
 }
+
+// A failed request that is the last of an ended epoch numbers its release
+// after the epoch's others (PROTOCOL.md v2: rseq 1, 2, … per epoch): the
+// epoch's count is forgotten only once that release is out.
+func TestAFailedRequestsLateReleaseKeepsItsEpochsNumbering(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	fs := &faultyStore{}
+	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
+	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Store = fs
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
+	})
+	sendBatch(system, pid, 1, append([]messages.Event{added("r"), added("q"),
+		{Type: messages.EvBlocks, Request: "q", IDs: []messages.BlockID{9}}}, chunk("r", 0)...)...)
+	testkit.Recv(t, h.jobs, 5*time.Second, "r's store job") // stays in flight
+	fs.arm.Store(true)
+	sendBatch(system, pid, 2, chunk("r", 1)...) // r fails
+	d := testkit.Recv(t, h.drains, 5*time.Second, "the engine's Drain for r")
+
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "b", Seq: 1}}) // a new epoch resets q
+	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineReset},
+		recvRelease(t, released, "q's release"))
+	statusOf(t, system, pid) // q's Done is handled
+	system.Root.Send(pid, &transfer.Drained{Owner: d.Owner})
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 2, Reason: messages.ReasonAborted},
+		recvRelease(t, released, "the failed r's release, the last of epoch a"))
+}
