@@ -89,7 +89,8 @@ type entry struct {
 	// retire's reason counts in Retire.Reset.
 	retired bool
 	// failed: its actor failed unreleased; its aborted release waits for
-	// the transfer side's Drained (terminated). Its events are rejected.
+	// the transfer side's Drained (terminated), or, once the engine actor
+	// stops, runs from the transfer actor (handOff). Its events are rejected.
 	failed bool
 }
 
