@@ -87,6 +87,9 @@ func TestDrainThenRunsOnceTheOwnersCopiesEnd(t *testing.T) {
 	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1))
 	waitStarted(t, dev, 2)
 	system.Root.Send(pid, &transfer.Drain{Owner: owner, Then: func() { then <- "at stop" }})
+	other := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &drainSink{} }))
+	system.Root.Send(pid, &transfer.Drain{Owner: other, Then: func() { then <- "other" }})
+	require.Equal(t, "other", testkit.Recv(t, then, 5*time.Second, "the Drain taken before the stop")) // the stop goes ahead of queued messages
 	stopped := make(chan struct{})
 	go func() {
 		defer close(stopped)
