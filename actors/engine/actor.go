@@ -38,8 +38,8 @@ type Deps struct {
 	// node then retires it as on unregister.
 	Expired func(engine string, self *actor.PID)
 	// Failed is called (from Receive, once) when the actor failed (a panic
-	// in one of its turns: a bug, a poisoned message) and began to end the
-	// engine as an unregister does: every request reset and released
+	// in one of its turns: a bug, a poisoned message), before it begins to
+	// end the engine as an unregister does: every request reset and released
 	// engine_gone once its copies in flight are done, then the actor stops.
 	// self is the failed actor; released, when not nil, receives that
 	// retire's count (Retire.Reset) just before the actor stops (nil: it was
@@ -53,7 +53,9 @@ type Deps struct {
 	// later one finds no backlog, for at most one more lease.
 	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
-	// stopped; the node then closes the engine's device.
+	// stopped (after a last-resort stop, once the releases it left to the
+	// transfer actor went out: no copy of the engine runs); the node then
+	// closes the engine's device.
 	Closed chan struct{}
 	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
 	// bound); an added past it is rejected (reason "limit").
@@ -87,7 +89,8 @@ type entry struct {
 	// retire's reason counts in Retire.Reset.
 	retired bool
 	// failed: its actor failed unreleased; its aborted release waits for
-	// the transfer side's Drained (terminated). Its events are rejected.
+	// the transfer side's Drained (terminated), or, once the engine actor
+	// stops, runs from the transfer actor (handOff). Its events are rejected.
 	failed bool
 }
 
@@ -109,13 +112,25 @@ type Actor struct {
 	// (sent when the actor stops).
 	retireReason string
 	retireCount  int
-	retireReply  chan<- int // the retire that reset (Retire.Reset)
+	retireReply  chan<- int   // the retire that reset (Retire.Reset)
+	retireLater  []chan<- int // later retires of the same reason, told the same count
 	expired      bool
 	counted      bool // this instance is in the live-engines gauge
 	// turning is up while a turn runs: still up when the next begins, the
 	// last one panicked (supervision resumed the actor to end it: fail).
 	turning bool
 	failed  bool // a turn panicked; the engine is ending (fail)
+	// reported: Deps.Failed was called (report).
+	reported bool
+	// failing is up while fail runs: a panic then stops the actor (giveUp).
+	failing bool
+	// failures counts the turns that panicked (failure); gaveUp: the actor
+	// stops itself (giveUp).
+	failures int
+	gaveUp   bool
+	// ends counts what Closed waits for: the actor until it has stopped,
+	// and each release a stop handed to the transfer actor (handOff).
+	ends *ends
 	// stopping: the actor is stopping (Stopping came); a Drained sent for
 	// a failed request would find it gone (terminated).
 	stopping bool
@@ -145,7 +160,8 @@ type Actor struct {
 // restarted, when they fail. It is never restarted either (a fresh instance
 // would have lost its requests, its epoch and its seq): when it fails, its
 // guardian (endOnFailure) resumes it, and it ends the engine as an
-// unregister does (fail); should it fail again while ending, it is stopped.
+// unregister does (fail); later failures are resumed too, and it stops only
+// as a last resort (giveUp).
 func Props(deps Deps) *actor.Props {
 	if deps.Now == nil {
 		deps.Now = time.Now
@@ -156,7 +172,7 @@ func Props(deps Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		gen := deps.Session()
-		return &Actor{deps: deps, loop: loop, live: map[string]*entry{}, byPID: map[string]*entry{},
+		return &Actor{deps: deps, loop: loop, ends: newEnds(deps.Closed), live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
 			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithGuardian(endOnFailure{}),
@@ -179,10 +195,11 @@ var batchesInline = actors.InlineMailboxFor(func(m any) bool {
 
 func (a *Actor) Receive(c actor.Context) {
 	if a.turning {
-		// The last turn panicked and supervision resumed the actor: end the
-		// engine before anything else touches state that turn left half
-		// changed (the failed message that wakes it may come later).
-		a.fail(c)
+		// The last turn panicked and supervision resumed the actor: handle
+		// that before anything else touches state that turn left half
+		// changed (the failed message that wakes it may come later). Still
+		// turning: a panic in failure is seen on the next message.
+		a.failure(c)
 	}
 	a.turning = true
 	a.receive(c)
@@ -194,8 +211,11 @@ func (a *Actor) receive(c actor.Context) {
 	switch c.Message().(type) {
 	case *Batch, *Heartbeat, *Lost, *Lapsed, *Tick:
 		// The engine's session messages: a move of the node's fence
-		// generation is handled before any of them (lapse).
-		lapsed = a.lapse(c)
+		// generation is handled before any of them (lapse), unless the
+		// engine is ending (its requests are being reset already).
+		if !a.ending() {
+			lapsed = a.lapse(c)
+		}
 	}
 	switch m := c.Message().(type) {
 	case *actor.Started:
@@ -204,16 +224,18 @@ func (a *Actor) receive(c actor.Context) {
 		a.countLive(false)
 	case *actor.Stopping:
 		a.stopping = true
-		a.releaseDraining()
+		a.handOffDraining(c)
 	case *actor.Stopped:
+		if a.failed {
+			a.report(c, nil) // the node must forget the engine, whatever stopped fail before it did
+		}
+		a.tellRetire()
 		a.loop.Close()
 		a.countLive(false)
 		if t := a.deps.Request.Timers; t != nil {
 			t.Stop() // its requests, children, have stopped already
 		}
-		if a.deps.Closed != nil {
-			close(a.deps.Closed)
-		}
+		a.ends.done() // Closed, unless releases handed off still wait for copies
 	case *Batch:
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
@@ -227,7 +249,7 @@ func (a *Actor) receive(c actor.Context) {
 		if !m.AliveAt.IsZero() {
 			a.seq.Touch(m.AliveAt)
 		}
-		if !lapsed && !a.retiring { // a lapse resynced the epoch already
+		if !lapsed && !a.ending() { // a lapse resynced the epoch already
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
 	case *Lapsed: // handled above
@@ -238,7 +260,7 @@ func (a *Actor) receive(c actor.Context) {
 		}
 		a.seq.Touch(at)
 	case *Tick:
-		if !a.retiring && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
+		if !a.ending() && !a.expired && !a.expiryChecking && a.expiredAt(a.deps.Now()) {
 			// A batch the intake handed over while this Tick ran waits behind
 			// it in the mailbox, and the intake no longer counts it as a
 			// backlog: look again once every message ahead of this one is in.
@@ -247,7 +269,7 @@ func (a *Actor) receive(c actor.Context) {
 		}
 	case expiryCheck:
 		a.expiryChecking = false
-		if !a.retiring && !a.expired && a.expiredAt(a.deps.Now()) {
+		if !a.ending() && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
 			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 				"lease", a.deps.Lease)
@@ -267,36 +289,9 @@ func (a *Actor) receive(c actor.Context) {
 		a.retire(c, m)
 	case *StatusQuery:
 		a.status(c, m)
-	case *failed:
-		a.fail(c)
+	case *failed: // a wake-up: the turn's prologue handled the failure (failure)
 	default:
 		a.deps.Metrics.Unexpected.Inc()
-	}
-}
-
-// fail ends the engine after one of the actor's turns panicked, as an
-// unregister or expiry does (PROTOCOL.md "P.E.unregister"): every request
-// is reset and released engine_gone (queued copies cancelled, copies in
-// flight finished first), the actor stops once all are released, and the
-// node is told (Deps.Failed) so it forgets the engine, unmaps its segments
-// and gives up its claim. A restart instead would have dropped the
-// requests with no release that waits for their copies, the batch's
-// credit and the epoch's seq. Counted once, in kvactors_engine_failures_total.
-func (a *Actor) fail(c actor.Context) {
-	if a.failed {
-		return
-	}
-	a.failed = true
-	a.deps.Metrics.Failures.Inc()
-	a.deps.Log.Error("engine actor failed; ending the engine as on unregister", "engine", a.deps.Engine,
-		"requests", len(a.live), "retiring", a.retiring)
-	var count chan int
-	if !a.retiring {
-		count = make(chan int, 1)
-		a.retire(c, &Retire{Reason: messages.ReasonEngineGone, Reset: count})
-	}
-	if a.deps.Failed != nil {
-		a.deps.Failed(a.deps.Engine, c.Self(), count)
 	}
 }
 
@@ -305,7 +300,7 @@ func (a *Actor) fail(c actor.Context) {
 // event slice went to request actors, which recycle it (forward).
 func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	b := &m.Batch
-	if a.retiring {
+	if a.ending() {
 		return false
 	}
 	a.deps.Metrics.Batches.Inc()
@@ -354,106 +349,6 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		a.fwd = append(a.fwd, routed{event: i, request: e.idx})
 	}
 	return a.forward(c, m)
-}
-
-// decided carries out a sequencer decision's side effects: an ended epoch
-// resets its requests (before anything of the new epoch is routed), a
-// resync order is published.
-func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) {
-	if d.Reset != "" {
-		a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", d.Reset, "new", a.seq.Epoch())
-		a.deps.Metrics.EpochResets.Inc()
-		a.resetAll(c, messages.ReasonEngineReset)
-		a.forgetIfIdle(d.Reset)
-	}
-	if a.resyncOwed {
-		d.Resync = nil // a lapse lasts: no order until it ends (lapse), repeats and new gaps included
-	}
-	if r := d.Resync; r != nil {
-		a.deps.Metrics.Resync(r.Reason).Inc()
-		if !r.Repeat {
-			a.deps.Metrics.EventGaps.Inc()
-			a.deps.Log.Warn("resync: applying nothing more of this epoch", "engine", a.deps.Engine,
-				"epoch", r.Epoch, "expected", r.Expected, "got", r.Got, "reason", r.Reason)
-		}
-		if ctx == nil {
-			ctx = context.Background()
-		}
-		a.deps.Outbox.Resync(ctx, a.deps.Engine, &messages.Resync{Node: a.deps.Node, Boot: a.deps.Boot,
-			Epoch: r.Epoch, Expected: r.Expected, Got: r.Got, Reason: r.Reason})
-	}
-}
-
-// expiredAt reports whether the engine has been silent for a lease at now.
-// A backlog at intake (Deps.Backlogged: signs of life not seen yet,
-// perhaps) defers that by at most one more lease, so a dead engine on a
-// busy node still expires.
-func (a *Actor) expiredAt(now time.Time) bool {
-	if !a.seq.Expired(now) {
-		return false
-	}
-	return a.seq.Silent(now) >= 2*a.deps.Lease || a.deps.Backlogged == nil || !a.deps.Backlogged()
-}
-
-// lapse handles a move of the node's fence generation (a lapse began or
-// ended) before the message that revealed it: an engine may have declared
-// the node lost and reused the blocks of this epoch's requests, so the
-// epoch is resynced (reason reconnect: batches were lost with the link) and
-// its requests are reset, so none of them copies again (their copies carry
-// the old stamp, which the fence refuses anyway). Their engine_reset
-// releases carry the old epoch. It reports whether it acted.
-func (a *Actor) lapse(c actor.Context) bool {
-	g := a.deps.Session()
-	if g == a.session {
-		return false
-	}
-	a.session = g
-	if a.retiring {
-		return true // its requests are being reset already
-	}
-	level := slog.LevelWarn
-	if len(a.live) == 0 && a.seq.Resyncing() {
-		level = slog.LevelDebug // the lapse's end, or a second look at one: nothing left to do
-	}
-	a.deps.Log.Log(context.Background(), level, "NATS lapse: the engine may have declared this node lost; resyncing the epoch, resetting its requests",
-		"engine", a.deps.Engine, "epoch", a.seq.Epoch(), "requests", len(a.live))
-	now := a.deps.Now()
-	d := a.seq.Lost(now, messages.ResyncReconnect)
-	if g%2 == 1 {
-		// The lapse lasts (transfer.Fence: odd generations). Published now,
-		// the order would wait in nats.go's reconnect buffer and reach the
-		// engine before the round trip that ends the lapse; the epoch it
-		// starts would be stamped with this generation and reset once more
-		// when the lapse ends. It goes out then.
-		d.Resync, a.resyncOwed = nil, true
-	} else if a.resyncOwed {
-		a.resyncOwed = false
-		d.Resync = a.seq.Order(now) // a first order, not the rate-limited repeat: none went out
-	}
-	a.decided(c, context.Background(), d)
-	a.resetAll(c, messages.ReasonEngineReset)
-	return true
-}
-
-// heartbeat answers P.E.heartbeat after every batch the engine sent before
-// it (they reach this mailbox first): the last seq applied in the engine's
-// epoch and the releases published for it.
-func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
-	ctx := m.Ctx
-	if ctx == nil {
-		ctx = context.Background()
-	}
-	if !a.retiring {
-		a.decided(c, ctx, a.seq.Heartbeat(a.deps.Now(), m.Epoch, m.Seq))
-	}
-	var applied uint64
-	if m.Epoch == a.seq.Epoch() {
-		applied = a.seq.Applied()
-	}
-	a.deps.Releases.Reply(ctx, m.Reply, m.Epoch, func(released uint64) any {
-		return messages.HeartbeatReply{Node: a.deps.Node, Boot: a.deps.Boot, Epoch: m.Epoch, Applied: applied,
-			Released: released}
-	})
 }
 
 // forward groups the routed events by request (order kept within each
@@ -574,113 +469,6 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e
 	a.perEpoch[e.epoch]++
-}
-
-// gone removes a request from byPID; an ended epoch with no request left
-// forgets its release count.
-func (a *Actor) gone(e *entry, pid *actor.PID) {
-	delete(a.byPID, pid.Id)
-	if a.perEpoch[e.epoch]--; a.perEpoch[e.epoch] <= 0 {
-		delete(a.perEpoch, e.epoch)
-		a.forgetIfIdle(e.epoch)
-	}
-}
-
-func (a *Actor) forgetIfIdle(epoch string) {
-	if epoch != a.seq.Epoch() && a.perEpoch[epoch] == 0 {
-		a.deps.Releases.Forget(epoch)
-	}
-}
-
-// done: the request was released for good. Its actor goes back to the
-// spawner for the next request, or is stopped here, by its parent; either
-// way a Terminated for a pid still live means a failure.
-func (a *Actor) done(c actor.Context, m *request.Done) {
-	if e := a.live[m.Request]; e != nil && e.pid.Equal(m.PID) {
-		delete(a.live, m.Request)
-	}
-	e := a.byPID[m.PID.Id]
-	if e != nil {
-		a.gone(e, m.PID)
-		if e.retired && m.Reason == a.retireReason {
-			a.retireCount++
-		}
-	}
-	if e != nil && !a.retiring {
-		a.spawner.Release(c, m.PID)
-	} else {
-		c.Stop(m.PID)
-	}
-	a.maybeStop(c)
-}
-
-// retire ends the engine: every live request is reset with the reason
-// (engine_gone on unregister and expiry, engine_reset on a new spec or
-// shutdown), and the actor stops once all are released.
-func (a *Actor) retire(c actor.Context, m *Retire) {
-	reason := m.Reason
-	if reason == "" {
-		reason = messages.ReasonEngineReset
-	}
-	if !a.retiring {
-		a.retiring, a.retireReason, a.retireReply = true, reason, m.Reset
-		for _, e := range a.live {
-			e.retired = true
-		}
-		a.resetAll(c, reason)
-	} else {
-		tell(m.Reset, 0) // a later retire reset nothing
-	}
-	a.maybeStop(c)
-}
-
-// resetAll sends every live request a Reset; they release (with reason) once
-// their in-flight copies finish and report Done.
-func (a *Actor) resetAll(c actor.Context, reason string) {
-	for id, e := range a.live {
-		delete(a.live, id)
-		if e.releasing.Load() || e.failed {
-			continue // released for good already, or failed: no release of this reason comes
-		}
-		c.Send(e.pid, &request.Reset{Reason: reason})
-	}
-}
-
-// countLive keeps the live-engines gauge: one per engine, whichever of
-// an instance's ends (Restarting, or Stopped: a failure while retiring can
-// bring both) comes, and once.
-func (a *Actor) countLive(live bool) {
-	if live == a.counted {
-		return
-	}
-	a.counted = live
-	if live {
-		a.deps.Metrics.EnginesLive.Inc()
-	} else {
-		a.deps.Metrics.EnginesLive.Dec()
-	}
-}
-
-// tell sends n on a buffered count channel (nil: no one asked).
-func tell(ch chan<- int, n int) {
-	if ch == nil {
-		return
-	}
-	select {
-	case ch <- n:
-	default:
-	}
-}
-
-func (a *Actor) maybeStop(c actor.Context) {
-	if a.retiring && len(a.byPID) == 0 {
-		// Counted from the Dones, not at the reset: a request that raised
-		// its releasing flag after resetAll looked releases finished, not
-		// with the retire's reason, and is not counted.
-		tell(a.retireReply, a.retireCount)
-		a.retireReply = nil
-		c.Stop(c.Self())
-	}
 }
 
 func (a *Actor) status(c actor.Context, m *StatusQuery) {

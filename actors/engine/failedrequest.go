@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 
 	"github.com/asynkron/protoactor-go/actor"
 
@@ -22,6 +23,16 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 		if cur := a.live[e.id]; cur == e {
 			delete(a.live, e.id)
 		}
+		if a.stopping {
+			// Stopped with the engine actor once released for good: its
+			// Done may wait in the mailbox behind this (system messages
+			// first), or never be handled (the actor stopped). Not a
+			// failure; released by the retire, counted for it.
+			if e.retired {
+				a.retireCount++
+			}
+			return
+		}
 		// It failed after its final release went out: a second, aborted,
 		// release could free a later request that reuses the id. (The flag
 		// goes up just before the publish, a buffered write that does not
@@ -38,12 +49,20 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	// place (its id is not free, a retire waits for it) and its events are
 	// rejected. The actor's own state is not trusted for this: the panic
 	// may have left it half changed. Its stores are abandoned.
-	a.deps.Metrics.RequestFailure.Inc()
 	if o := a.deps.Request.Owed; o != nil {
 		o.Add(1) // the stopped actor settled it; the release is still owed
 	}
-	if a.stopping || a.deps.Request.Transfer == nil {
-		// No one would take the Drained (or no copy can run): released at once.
+	if a.stopping {
+		// Stopped with the engine actor (its last resort, giveUp), not
+		// failed: released aborted once its copies end, with no engine
+		// actor left to take a Drained.
+		e.failed = true
+		a.handOff(c, e)
+		return
+	}
+	a.deps.Metrics.RequestFailure.Inc()
+	if a.deps.Request.Transfer == nil {
+		// No copy can run: released at once.
 		a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
 		a.releaseFailed(e)
 		return
@@ -57,6 +76,9 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 // drained: no copy of a failed request is queued or running any more
 // (terminated); its release goes out.
 func (a *Actor) drained(m *transfer.Drained) {
+	if a.stopping {
+		return // every failed request was handed off (handOffDraining)
+	}
 	e, ok := a.byPID[m.Owner.Id]
 	if !ok || !e.failed {
 		a.deps.Metrics.Unexpected.Inc()
@@ -65,30 +87,86 @@ func (a *Actor) drained(m *transfer.Drained) {
 	a.releaseFailed(e)
 }
 
-// releaseDraining releases, at once, the failed requests still waiting for
-// Drained when the actor stops (it failed again while ending): their
-// Drained would find no one, and no release at all would come.
-func (a *Actor) releaseDraining() {
+// handOffDraining hands off the failed requests still waiting for Drained
+// when the actor stops (its last resort, giveUp): that Drained would find
+// no one, and no release at all would come.
+func (a *Actor) handOffDraining(c actor.Context) {
 	for _, e := range a.byPID {
 		if e.failed {
-			a.deps.Log.Error("engine actor stopping; releasing a failed request before its copies end",
-				"engine", a.deps.Engine, "request", e.id)
-			a.releaseFailed(e)
+			a.handOff(c, e)
 		}
+	}
+}
+
+// handOff has the transfer actor release a failed request, aborted, once
+// none of its copies is queued or running (transfer.Drain's Then: the
+// engine actor is stopping and will not be there to take a Drained).
+// Closed waits for that release (ends). The release runs on the transfer
+// actor's goroutine and touches only what is safe there: the engine's
+// Releases (locked; request actors publish from their own goroutines too),
+// a counter, the owed count. The request's epoch count is not forgotten:
+// its release may still come.
+func (a *Actor) handOff(c actor.Context, e *entry) {
+	delete(a.byPID, e.pid.Id)
+	if cur := a.live[e.id]; cur == e {
+		delete(a.live, e.id)
+	}
+	release := a.releaser(e)
+	if a.deps.Request.Transfer == nil {
+		release() // no copy can run
+		return
+	}
+	en := a.ends
+	en.add()
+	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: func() {
+		release()
+		en.done()
+	}})
+}
+
+// releaser returns a failed request's one release, aborted; it may run on
+// another goroutine (handOff).
+func (a *Actor) releaser(e *entry) func() {
+	rel, count, epoch, id := a.deps.Releases, a.deps.Metrics.Release(messages.ReasonAborted), e.epoch, e.id
+	var then func()
+	if o := a.deps.Request.Owed; o != nil {
+		then = func() { o.Add(-1) }
+	}
+	return func() {
+		count.Inc()
+		rel.Publish(context.Background(), epoch, id, messages.ReasonAborted, then)
 	}
 }
 
 // releaseFailed publishes a failed request's one release, aborted, and
 // forgets it.
 func (a *Actor) releaseFailed(e *entry) {
+	a.releaser(e)() // before gone: the last of an ended epoch forgets its count
 	a.gone(e, e.pid)
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}
-	var then func()
-	if o := a.deps.Request.Owed; o != nil {
-		then = func() { o.Add(-1) }
+}
+
+// ends closes Closed once its count is down to zero: one for the actor,
+// until it has stopped, and one per release handOff left to the transfer
+// actor (the node unmaps the device once Closed is closed: never under a
+// copy).
+type ends struct {
+	left   atomic.Int64
+	closed chan struct{}
+}
+
+func newEnds(closed chan struct{}) *ends {
+	e := &ends{closed: closed}
+	e.left.Store(1)
+	return e
+}
+
+func (e *ends) add() { e.left.Add(1) }
+
+func (e *ends) done() {
+	if e.left.Add(-1) == 0 && e.closed != nil {
+		close(e.closed)
 	}
-	a.deps.Metrics.Release(messages.ReasonAborted).Inc()
-	a.deps.Releases.Publish(context.Background(), e.epoch, e.id, messages.ReasonAborted, then)
 }

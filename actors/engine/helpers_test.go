@@ -48,6 +48,14 @@ func startEngineDeps(t *testing.T, nc *nats.Conn, closed chan struct{},
 	edit func(*actor.ActorSystem, *sched.Layout, *request.Deps),
 	editEngine func(*engine.Deps)) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
 	t.Helper()
+	return startEngineOn(t, actor.NewActorSystem(), nc, closed, edit, editEngine)
+}
+
+// startEngineOn is startEngineDeps on system (shut down when the test ends).
+func startEngineOn(t *testing.T, system *actor.ActorSystem, nc *nats.Conn, closed chan struct{},
+	edit func(*actor.ActorSystem, *sched.Layout, *request.Deps),
+	editEngine func(*engine.Deps)) (*actor.ActorSystem, *actor.PID, *metrics.Metrics, *actors.Timers) {
+	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	lay, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 64,
 		Segments: []messages.Segment{{Shm: "x"}},
@@ -56,7 +64,6 @@ func startEngineDeps(t *testing.T, nc *nats.Conn, closed chan struct{},
 	require.NoError(t, err)
 	m := metrics.Discard()
 	outbox := actors.NewOutbox(nc, "kvactors", log)
-	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	timers := actors.NewTimers(system.Root, nil)
 	t.Cleanup(timers.Stop) // the engine stops it too, if it stops

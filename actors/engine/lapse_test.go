@@ -31,6 +31,10 @@ func (s *submits) Receive(c actor.Context) {
 	case *transfer.Submit:
 		s.ch <- m
 	case *transfer.Drain:
+		if m.Then != nil {
+			m.Then()
+			break
+		}
 		c.Send(m.ReplyTo, &transfer.Drained{Owner: m.Owner})
 	}
 }

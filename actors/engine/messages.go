@@ -36,8 +36,12 @@ type Batch struct {
 // released. Then Closed is closed. Reset, if set (buffered), receives how
 // many requests the retire released with Reason, just before the actor
 // stops (a request whose final release was already on its way when the
-// retire came releases as it would have, and is not counted); a retire
-// that comes after the first reset nothing and is told 0 at once.
+// retire came releases as it would have, and is not counted). A retire
+// that comes after the first, with the first's reason, is told the same
+// count at the same time: its requests got the release it asked for (an
+// unregister that reaches an engine whose failure began the end, engine_gone,
+// is that engine's end, and PROTOCOL.md's released N counts them). With
+// another reason it released nothing with its own, and is told 0 at once.
 type Retire struct {
 	Reason string
 	Reset  chan<- int

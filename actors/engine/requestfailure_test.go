@@ -206,11 +206,12 @@ func (h *holdsDrains) Receive(c actor.Context) {
 	}
 }
 
-// An engine actor stopped (it failed again while ending) while a failed
-// request waits for its copies still releases that request, aborted, once,
-// as it stops: the Drained would find no one, and no release would ever
-// come.
-func TestAFailedRequestWaitingForItsCopiesIsReleasedWhenItsEngineStops(t *testing.T) {
+// An engine actor stopped as a last resort (it failed again inside its own
+// end) while a failed request waits for its copies hands that request's
+// release to the transfer actor (Drain.Then: the Drained would find no
+// one): it goes out, aborted, once, only when the copies end, and Closed
+// closes only after it.
+func TestAFailedRequestWaitingForItsCopiesIsReleasedOnceThemEndWhenItsEngineStops(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	closed := make(chan struct{})
@@ -229,6 +230,7 @@ func TestAFailedRequestWaitingForItsCopiesIsReleasedWhenItsEngineStops(t *testin
 			}
 			return 0
 		}
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
 	})
 	sendBatch(system, pid, 1, append([]messages.Event{added("r")}, chunk("r", 0)...)...)
 	testkit.Recv(t, h.jobs, 5*time.Second, "r's store job") // stays in flight
@@ -240,18 +242,117 @@ func TestAFailedRequestWaitingForItsCopiesIsReleasedWhenItsEngineStops(t *testin
 	testkit.NoRecv(t, released, 50*time.Millisecond, "r released while its copy runs")
 
 	always.Store(true)
-	system.Root.Send(pid, &engine.Tick{}) // the engine actor fails and begins to end; r holds the end
-	system.Root.Send(pid, &engine.Tick{}) // it fails again: stopped
+	system.Root.Send(pid, &engine.Tick{}) // the engine actor fails, and fails again in its end: it stops
+	d2 := testkit.Recv(t, h.drains, 5*time.Second, "the stopping engine's Drain for r")
+	require.True(t, d2.Owner.Equal(d.Owner))
+	require.NotNil(t, d2.Then, "the stopping engine's Drain runs a release, not a reply")
+	system.Root.Send(pid, &transfer.Drained{Owner: d.Owner}) // the first Drain's late answer changes nothing
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "r released while its copy runs, the engine stopped")
+	select {
+	case <-closed:
+		t.Fatal("Closed closed while r's copy runs")
+	default:
+	}
+
+	d2.Then() // r's copy has ended
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
-		recvRelease(t, released, "r's release as the engine actor stops"))
+		recvRelease(t, released, "r's release once its copy ended"))
 	select {
 	case <-closed:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the engine actor that failed twice did not stop")
+		t.Fatal("Closed not closed once the last release went out")
 	}
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 	require.Equal(t, 1.0, testutilValue(m))
+}
+
+// A request with a copy in flight when its engine actor is stopped as a
+// last resort (it failed again inside its own end, before the retire) is
+// released, aborted, only once that copy has ended, and Closed (the node
+// unmaps the device) closes only after that release; its queued copy never
+// runs. The node is told (Failed); the owed count comes back to zero.
+func TestARequestOfAStoppedEngineActorIsReleasedOnlyOnceItsCopyEnds(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	closed := make(chan struct{})
+	fs := &faultyStore{entered: make(chan struct{}), gate: make(chan struct{}),
+		copies: make(chan []sched.JobChunk, 8), aborts: make(chan []sched.JobChunk, 8)}
+	t.Cleanup(func() {
+		select {
+		case <-fs.gate:
+		default:
+			close(fs.gate)
+		}
+	})
+	var owed atomic.Int64
+	var armed atomic.Bool
+	reports := make(chan *actor.PID, 2)
+	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Store = fs
+		d.Owed = &owed
+		cfg := transfer.Config{Workers: 1}
+		q := transfer.NewQueue(cfg, nil)
+		d.Queue = q
+		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
+			Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+	}, func(d *engine.Deps) {
+		d.Session = func() uint64 {
+			if armed.CompareAndSwap(true, false) {
+				panic("engine actor failure injected")
+			}
+			return 0
+		}
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+		d.Failed = func(_ string, self *actor.PID, _ <-chan int) { reports <- self }
+	})
+	sendBatch(system, pid, 1, append([]messages.Event{added("r")}, chunk("r", 0)...)...)
+	select {
+	case <-fs.entered: // r's first copy runs, held
+	case <-time.After(5 * time.Second):
+		t.Fatal("r's first copy did not start")
+	}
+	sendBatch(system, pid, 2, chunk("r", 1)...) // r's second copy waits behind it
+	require.Len(t, requestsOf(t, system, pid)[0].InFlight, 2, "r has one copy running and one queued")
+
+	armed.Store(true)
+	system.Root.Send(pid, &engine.Tick{}) // fails, and fails again in its end: stopped
+	require.True(t, testkit.Recv(t, reports, 5*time.Second, "the report to the node").Equal(pid))
+	testkit.Recv(t, fs.aborts, 5*time.Second, "r's queued copy cancelled")
+	require.NoError(t, nc.Flush())
+	early := false
+	select {
+	case <-released:
+		early = true
+	case <-closed:
+		early = true
+	case <-time.After(100 * time.Millisecond):
+	}
+	owedMeanwhile := owed.Load()
+	close(fs.gate) // r's copy ends
+	testkit.Recv(t, fs.copies, 5*time.Second, "r's running copy's end")
+	require.False(t, early, "r released, or Closed closed, while r's copy ran")
+	require.Equal(t, int64(1), owedMeanwhile, "r's release is owed until it goes out")
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
+		recvRelease(t, released, "r's release once its copy ended"))
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Closed not closed once r's release went out")
+	}
+	select {
+	case <-fs.copies:
+		t.Fatal("r's queued copy ran")
+	case <-time.After(50 * time.Millisecond):
+	}
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
+	require.Zero(t, owed.Load())
+	require.Zero(t, testutil.ToFloat64(m.RequestsLive))
+	require.Zero(t, testutil.ToFloat64(m.EnginesLive))
 }
 
 // A new epoch while a failed request waits for its copies resets the
@@ -291,4 +392,34 @@ func TestAFailedRequestWaitingForItsCopiesOutlivesAnEngineReset(t *testing.T) {
 		recvRelease(t, released, "the new r's release"))
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release")
+}
+
+// A failed request that is the last of an ended epoch numbers its release
+// after the epoch's others (PROTOCOL.md v2: rseq 1, 2, … per epoch): the
+// epoch's count is forgotten only once that release is out.
+func TestAFailedRequestsLateReleaseKeepsItsEpochsNumbering(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	fs := &faultyStore{}
+	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
+	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Store = fs
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
+	})
+	sendBatch(system, pid, 1, append([]messages.Event{added("r"), added("q"),
+		{Type: messages.EvBlocks, Request: "q", IDs: []messages.BlockID{9}}}, chunk("r", 0)...)...)
+	testkit.Recv(t, h.jobs, 5*time.Second, "r's store job") // stays in flight
+	fs.arm.Store(true)
+	sendBatch(system, pid, 2, chunk("r", 1)...) // r fails
+	d := testkit.Recv(t, h.drains, 5*time.Second, "the engine's Drain for r")
+
+	system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "b", Seq: 1}}) // a new epoch resets q
+	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineReset},
+		recvRelease(t, released, "q's release"))
+	statusOf(t, system, pid) // q's Done is handled
+	system.Root.Send(pid, &transfer.Drained{Owner: d.Owner})
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 2, Reason: messages.ReasonAborted},
+		recvRelease(t, released, "the failed r's release, the last of epoch a"))
 }

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"runtime/debug"
 
 	"github.com/asynkron/protoactor-go/actor"
 )
@@ -12,26 +13,25 @@ import (
 // restart a failed engine actor with fresh fields: its requests stopped
 // and released at once, copies still in flight or queued behind the
 // release, the failing batch's credit never returned, the epoch's seq
-// forgotten. Instead the first failure resumes the actor, which keeps its
-// state, and wakes it (failed): it ends the engine as an unregister
-// does (Actor.fail). A failure while it ends (state too broken to reset)
-// stops it: its requests are then released aborted as their actors stop,
-// and Closed is closed all the same.
+// forgotten. Instead every failure resumes the actor, which keeps its
+// state, and wakes it (failed). The actor decides (Actor.failure): the
+// first failure ends the engine as an unregister does (Actor.fail), later
+// ones only count; it stops itself as a last resort (a failure inside fail,
+// or too many), and even then releases each request only once its copies
+// end (Actor.giveUp).
 type endOnFailure struct{}
 
 func (endOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
 	rs *actor.RestartStatistics, reason, message any) {
 	rs.Fail()
-	if rs.FailureCount() > 1 {
-		system.Logger().Error("engine actor failed again while ending; stopping it", "actor", child.Id,
-			"reason", reason)
-		sup.StopChildren(child)
-		return
-	}
 	// Logged here: the actor may stop before its failed message comes (it
 	// ends at once on its next message, and with no request left it stops).
-	system.Logger().Error("engine actor failed; it ends its engine", "actor", child.Id, "reason", reason,
-		"message", fmt.Sprintf("%T", message))
+	// Both mailbox runs (inline on the poster, or on the actor's loop)
+	// recover the panic in a deferred call and escalate it to this guardian
+	// synchronously (a guardian process handles Failure in SendSystemMessage):
+	// this is the panicking goroutine, its stack not yet unwound.
+	system.Logger().Error("engine actor failed; resumed to end its engine", "actor", child.Id, "reason", reason,
+		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
 	sup.ResumeChildren(child)
 	system.Root.Send(child, &failed{})
 }

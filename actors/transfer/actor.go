@@ -97,6 +97,12 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
+		// No copy runs any more: every waiting Drain is answered (a Then
+		// still has to run: an engine's device stays mapped until it has).
+		for _, d := range a.drains {
+			answer(c, d)
+		}
+		a.drains = nil
 	case *actor.Stopped:
 		a.loop.Close()
 	case *actor.Restarting:
@@ -110,7 +116,7 @@ func (a *Actor) Receive(c actor.Context) {
 		if running {
 			a.drains = append(a.drains, m)
 		} else {
-			c.Send(m.ReplyTo, &Drained{Owner: m.Owner})
+			answer(c, m)
 		}
 	case *completed:
 		a.finish(c, a.q.take())
@@ -142,10 +148,20 @@ func (a *Actor) drained(c actor.Context) {
 			kept = append(kept, d)
 			continue
 		}
-		c.Send(d.ReplyTo, &Drained{Owner: d.Owner})
+		answer(c, d)
 	}
 	clear(a.drains[len(kept):])
 	a.drains = kept
+}
+
+// answer tells a Drain that no job of its owner is queued or copying: its
+// Then runs, or ReplyTo gets Drained.
+func answer(c actor.Context, d *Drain) {
+	if d.Then != nil {
+		d.Then()
+		return
+	}
+	c.Send(d.ReplyTo, &Drained{Owner: d.Owner})
 }
 
 func (a *Actor) start(c actor.Context) {

@@ -65,3 +65,42 @@ func TestDrainCancelsQueuedJobsAndAnswersOnceNoneRuns(t *testing.T) {
 	system.Root.Send(pid, &transfer.Drain{Owner: owner, ReplyTo: replyTo})
 	require.True(t, testkit.Recv(t, drained, 5*time.Second, "Drained at once: nothing left").Owner.Equal(owner))
 }
+
+// A Drain with Then (its sender may be gone by then: an engine actor
+// stopping) runs Then, and sends no Drained, once the owner's running copy
+// has ended, at once when nothing runs; a Then still waiting when the
+// transfer actor stops runs once its workers have finished their copies.
+func TestDrainThenRunsOnceTheOwnersCopiesEnd(t *testing.T) {
+	system, pid, owner, _ := setup(t, transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20})
+	dev := &gatedDevice{gate: make(chan struct{})}
+	st := &gatedStore{dev: dev}
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
+	waitStarted(t, dev, 1)
+	then := make(chan string, 4)
+	system.Root.Send(pid, &transfer.Drain{Owner: owner, Then: func() { then <- "first" }})
+	testkit.NoRecv(t, then, 50*time.Millisecond, "Then while the owner's copy runs")
+	dev.gate <- struct{}{} // job 1 ends
+	require.Equal(t, "first", testkit.Recv(t, then, 5*time.Second, "Then once job 1 ended"))
+	system.Root.Send(pid, &transfer.Drain{Owner: owner, Then: func() { then <- "at once" }})
+	require.Equal(t, "at once", testkit.Recv(t, then, 5*time.Second, "Then at once: nothing left"))
+
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1))
+	waitStarted(t, dev, 2)
+	system.Root.Send(pid, &transfer.Drain{Owner: owner, Then: func() { then <- "at stop" }})
+	other := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &drainSink{} }))
+	system.Root.Send(pid, &transfer.Drain{Owner: other, Then: func() { then <- "other" }})
+	require.Equal(t, "other", testkit.Recv(t, then, 5*time.Second, "the Drain taken before the stop")) // the stop goes ahead of queued messages
+	stopped := make(chan struct{})
+	go func() {
+		defer close(stopped)
+		_ = system.Root.StopFuture(pid).Wait()
+	}()
+	testkit.NoRecv(t, then, 50*time.Millisecond, "Then while the owner's copy runs, the actor stopping")
+	close(dev.gate)
+	require.Equal(t, "at stop", testkit.Recv(t, then, 5*time.Second, "Then as the actor stops"))
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the transfer actor did not stop")
+	}
+}

@@ -58,6 +58,11 @@ type Cancel struct {
 type Drain struct {
 	Owner   *actor.PID
 	ReplyTo *actor.PID
+	// Then, when set, is run instead of sending Drained, at the same point,
+	// on the transfer actor's goroutine (for a sender that may be gone by
+	// then: an engine actor stopping). It must not block, and must touch
+	// nothing of an actor but what is safe from another goroutine.
+	Then func()
 }
 
 // Drained answers Drain: no job of Owner is queued or copying.
