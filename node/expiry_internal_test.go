@@ -224,7 +224,7 @@ func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
 	require.NotNil(t, cur)
 	require.False(t, cur.pid.Equal(old.pid), "a new spec: a new actor")
 
-	n.expired("e1", old.pid) // the old actor's report, arriving late
+	require.False(t, n.expired("e1", old.pid), "the old actor's report, arriving late")
 	require.Same(t, cur, n.engine("e1"), "the engine registered again was ended")
 	select { // the new spec's register retired the old actor itself
 	case <-old.closed:

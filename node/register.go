@@ -254,11 +254,11 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 // expired is the engine actor's report that the engine's lease ran out: it
 // ends exactly as an unregister does, with no one to reply to. Only that
 // actor's engine ends: one registered again meanwhile, under a new actor,
-// is alive.
-func (n *Node) expired(engineID string, pid *actor.PID) {
+// is alive (false: the report is stale).
+func (n *Node) expired(engineID string, pid *actor.PID) bool {
 	rec := n.detach(engineID, pid)
 	if rec == nil {
-		return
+		return false
 	}
 	n.metrics.Expired.Inc()
 	go func() {
@@ -269,6 +269,7 @@ func (n *Node) expired(engineID string, pid *actor.PID) {
 		}
 		n.log.Info("engine expired and released", "engine", engineID, "released", released)
 	}()
+	return true
 }
 
 // failed is the engine actor's report that it failed (a panic in one of

@@ -35,8 +35,10 @@ type Deps struct {
 	// Expired is called (from Receive, once) when a Tick finds the engine
 	// silent for a lease, with the actor's own pid (the engine may have
 	// registered again since, under a new actor: that one lives on); the
-	// node then retires it as on unregister.
-	Expired func(engine string, self *actor.PID)
+	// node then retires it as on unregister. It reports whether the engine
+	// ended (false: self is no longer the engine's actor, and its expiry is
+	// not news worth a warning).
+	Expired func(engine string, self *actor.PID) bool
 	// Failed is called (from Receive, once) when the actor failed (a panic
 	// in one of its turns: a bug, a poisoned message), before it begins to
 	// end the engine as an unregister does: every request reset and released
@@ -271,10 +273,11 @@ func (a *Actor) receive(c actor.Context) {
 		a.expiryChecking = false
 		if !a.ending() && !a.expired && a.expiredAt(a.deps.Now()) {
 			a.expired = true
-			a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
-				"lease", a.deps.Lease)
-			if a.deps.Expired != nil {
-				a.deps.Expired(a.deps.Engine, c.Self())
+			if a.deps.Expired == nil || a.deps.Expired(a.deps.Engine, c.Self()) {
+				a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
+					"lease", a.deps.Lease)
+			} else {
+				a.deps.Log.Debug("a replaced engine actor's lease ran out", "engine", a.deps.Engine)
 			}
 		}
 	case *request.Done:

@@ -1,6 +1,8 @@
 package engine_test
 
 import (
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -43,7 +45,7 @@ func TestALeaseCheckWaitsOutABacklog(t *testing.T) {
 					d.Lease = lease
 					d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 					d.Backlogged = backlog.Load
-					d.Expired = func(_ string, self *actor.PID) { expired <- self }
+					d.Expired = func(_ string, self *actor.PID) bool { expired <- self; return true }
 				})
 			tick := func(at time.Duration) {
 				clock.Store(start.Add(at).UnixNano())
@@ -98,7 +100,7 @@ func TestABatchHandedOverDuringTheLeaseCheckKeepsTheEngine(t *testing.T) {
 				}
 				return false
 			}
-			d.Expired = func(e string, _ *actor.PID) { expired <- e }
+			d.Expired = func(e string, _ *actor.PID) bool { expired <- e; return true }
 		})
 	tick := func(at time.Duration) {
 		clock.Store(start.Add(at).UnixNano())
@@ -128,7 +130,7 @@ func TestALostBatchOfTheEngineIsASignOfLife(t *testing.T) {
 		func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
 			d.Lease = lease
 			d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-			d.Expired = func(_ string, self *actor.PID) { expired <- self }
+			d.Expired = func(_ string, self *actor.PID) bool { expired <- self; return true }
 		})
 	at := func(d time.Duration, m any) {
 		clock.Store(start.Add(d).UnixNano())
@@ -163,7 +165,7 @@ func TestADroppedSignOfLifeCountsFromWhenItCame(t *testing.T) {
 			func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
 				d.Lease = lease
 				d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
-				d.Expired = func(_ string, self *actor.PID) { expired <- self }
+				d.Expired = func(_ string, self *actor.PID) bool { expired <- self; return true }
 			})
 		return func(d time.Duration, m any) {
 			clock.Store(start.Add(d).UnixNano())
@@ -198,4 +200,34 @@ func TestADroppedSignOfLifeCountsFromWhenItCame(t *testing.T) {
 		at(3*lease/4+lease, &engine.Tick{})
 		testkit.Recv(t, expired, 5*time.Second, "the expiry a lease after the youngest sign of life")
 	})
+}
+
+// An actor whose engine registered again under another actor (a new spec)
+// may still see its lease run out before it stops: the node ignores that
+// report (Deps.Expired is false), and the actor does not warn that the
+// engine expired; one the node ended does.
+func TestAStaleExpiryIsNoWarning(t *testing.T) {
+	for _, current := range []bool{true, false} {
+		t.Run(map[bool]string{true: "current", false: "stale"}[current], func(t *testing.T) {
+			const lease = time.Minute
+			start := time.Unix(1_800_000_000, 0)
+			_, nc := testkit.NATS(t)
+			var clock atomic.Int64
+			clock.Store(start.UnixNano())
+			var logs testkit.SyncBuffer
+			reported := make(chan struct{}, 1)
+			system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+				func(*actor.ActorSystem, *sched.Layout, *request.Deps) {}, func(d *engine.Deps) {
+					d.Lease = lease
+					d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+					d.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+					d.Expired = func(string, *actor.PID) bool { reported <- struct{}{}; return current }
+				})
+			clock.Store(start.Add(2 * lease).UnixNano())
+			system.Root.Send(pid, &engine.Tick{})
+			testkit.Recv(t, reported, 5*time.Second, "the expiry's report")
+			statusOf(t, system, pid) // the turn that reported has ended
+			require.Equal(t, current, strings.Contains(logs.String(), "engine expired"), logs.String())
+		})
+	}
 }
