@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/cluster/ownership"
@@ -25,9 +26,9 @@ import (
 // contend for two engines (registers naming no node, keep-alives every
 // lease/4, an occasional release) while the node that owns something has
 // its NATS link cut for two leases, again and again. Every interval in
-// which a node may serve an engine (from its successful claim to the send
-// time of its last successful write plus the lease, or its release) is
-// recorded, and no two nodes' intervals for one engine may overlap. The
+// which a node may serve an engine (from the acknowledgement of its claim's
+// write to the send time of its last successful write plus the lease, or
+// its release) is recorded, and no two nodes' intervals for one engine may overlap. The
 // cuts make the owner's claims lapse, so other nodes take over: the test
 // fails if none did (a history with no handover proves nothing).
 //
@@ -57,7 +58,10 @@ func TestOwnershipIsExclusiveUnderFaults(t *testing.T) {
 		require.NoError(t, err)
 		t.Cleanup(nc.Close)
 		name := fmt.Sprintf("gpu-%d", i)
-		nodes[i] = &exclusiveNode{name: name, link: l, o: openOwnersLease(t, nc, name, "", 3, lease),
+		o := openOwnersLease(t, nc, name, "", 3, lease)
+		acks := &ackedKV{KeyValue: o.kv, at: map[string]time.Time{}}
+		o.kv = acks
+		nodes[i] = &exclusiveNode{name: name, link: l, o: o, acks: acks,
 			log: log, engines: engines, lease: lease, rng: rand.New(rand.NewPCG(uint64(i), 7))}
 	}
 	var wg sync.WaitGroup
@@ -115,6 +119,7 @@ type exclusiveNode struct {
 	name    string
 	link    *testkit.Link
 	o       *Owners
+	acks    *ackedKV
 	log     *servingLog
 	engines []string
 	lease   time.Duration
@@ -168,7 +173,7 @@ func (n *exclusiveNode) after(engine string, err error) {
 	}
 	switch {
 	case ok:
-		n.log.held(n.name, engine, h.renewed, n.o.cfg.Lease)
+		n.log.held(n.name, engine, n.acks.ackedAt(engine), h.renewed, n.o.cfg.Lease)
 	case errors.Is(err, ErrFenced) || errors.Is(err, ErrNotMine):
 		n.log.ended(n.name, engine, time.Now())
 	}
@@ -208,10 +213,11 @@ func newServingLog(t *testing.T) *servingLog {
 }
 
 // held is called after a call of node's that left it holding engine's
-// claim, last written at renewed: the grant runs on to renewed + lease
+// claim, last written at renewed and acknowledged at acked: the grant runs
+// on to renewed + lease
 // (Owners.Serving's rule, checked against it at each call)
 // (continuing the open one unless that had already ended).
-func (s *servingLog) held(node, engine string, renewed time.Time, lease time.Duration) {
+func (s *servingLog) held(node, engine string, acked, renewed time.Time, lease time.Duration) {
 	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -225,7 +231,10 @@ func (s *servingLog) held(node, engine string, renewed time.Time, lease time.Dur
 		if !renewed.Add(lease).After(now) {
 			return // held, but lapsed: not serving
 		}
-		g = &grant{node: node, from: now, to: renewed.Add(lease)}
+		// From when its claim's write was acknowledged: the claim cannot
+		// serve sooner (Owners sets it after), and the call's return may
+		// come much later on a busy machine, hiding an overlap.
+		g = &grant{node: node, from: acked, to: renewed.Add(lease)}
 		s.open[k] = g
 		return
 	}
@@ -280,4 +289,40 @@ func (s *servingLog) check(t *testing.T) (handovers int) {
 		}
 	}
 	return handovers
+}
+
+// ackedKV notes when each successful claim write (create or update) of an
+// engine's record came back: the earliest its Owners can serve on it.
+type ackedKV struct {
+	jetstream.KeyValue
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+func (k *ackedKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
+	rev, err := k.KeyValue.Create(ctx, key, value, opts...)
+	k.acked(key, err)
+	return rev, err
+}
+
+func (k *ackedKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
+	rev, err := k.KeyValue.Update(ctx, key, value, revision)
+	k.acked(key, err)
+	return rev, err
+}
+
+func (k *ackedKV) acked(key string, err error) {
+	if err == nil {
+		now := time.Now()
+		k.mu.Lock()
+		k.at[key] = now
+		k.mu.Unlock()
+	}
+}
+
+// ackedAt is when key's last successful write came back.
+func (k *ackedKV) ackedAt(key string) time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return k.at[key]
 }
