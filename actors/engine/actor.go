@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -81,8 +80,9 @@ type entry struct {
 	epoch string
 	pid   *actor.PID
 	// releasing: the request is publishing its final release (raised by its
-	// actor, request.Spawner.SpawnWatched); its events no longer go to it.
-	releasing atomic.Bool
+	// actor, with the release's reason, request.Spawner.SpawnWatched); its
+	// events no longer go to it.
+	releasing request.Releasing
 	// The entry's place in the routing scratch of batch number step (its
 	// request's position in order): one map lookup per routed event, not two.
 	step uint64

@@ -27,8 +27,9 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 			// Stopped with the engine actor once released for good: its
 			// Done may wait in the mailbox behind this (system messages
 			// first), or never be handled (the actor stopped). Not a
-			// failure; released by the retire, counted for it.
-			if e.retired {
+			// failure; counted for the retire when released with its reason
+			// (as done counts: one that released finished is not).
+			if e.retired && e.releasing.Reason() == a.retireReason {
 				a.retireCount++
 			}
 			return

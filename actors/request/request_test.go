@@ -242,7 +242,7 @@ func TestReleasedActorAnswersLateMessages(t *testing.T) {
 func TestTheReleasingFlagIsUpBeforeTheFinalRelease(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	rig := newHeldRig(t, nc, 16)
-	var releasing atomic.Bool
+	var releasing request.Releasing
 	seenAt := make(chan bool, 2)
 	_, err := nc.Subscribe("kvactors.e.released", func(*nats.Msg) { seenAt <- releasing.Load() })
 	require.NoError(t, err)
