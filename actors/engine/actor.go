@@ -130,6 +130,8 @@ type Actor struct {
 	// stops itself (giveUp).
 	failures int
 	gaveUp   bool
+	// stopFailed: a step of the stop panicked (guard); counted once.
+	stopFailed bool
 	// ends counts what Closed waits for: the actor until it has stopped,
 	// and each release a stop handed to the transfer actor (handOff).
 	ends *ends
@@ -228,16 +230,7 @@ func (a *Actor) receive(c actor.Context) {
 		a.stopping = true
 		a.handOffDraining(c)
 	case *actor.Stopped:
-		if a.failed {
-			a.report(c, nil) // the node must forget the engine, whatever stopped fail before it did
-		}
-		a.tellRetire()
-		a.loop.Close()
-		a.countLive(false)
-		if t := a.deps.Request.Timers; t != nil {
-			t.Stop() // its requests, children, have stopped already
-		}
-		a.ends.done() // Closed, unless releases handed off still wait for copies
+		a.stopped(c)
 	case *Batch:
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
@@ -283,6 +276,12 @@ func (a *Actor) receive(c actor.Context) {
 	case *request.Done:
 		a.done(c, m)
 	case *actor.Terminated:
+		if a.stopping {
+			// A panic here would keep protoactor from finishing the stop
+			// (its children's ends lead to it): Closed would never close.
+			a.guard(c, "a request actor's end while stopping", func() { a.terminated(c, m) })
+			break
+		}
 		a.terminated(c, m)
 		a.maybeStop(c) // a retire's last request may fail rather than report Done
 	case *transfer.Drained:

@@ -91,10 +91,12 @@ func (a *Actor) drained(m *transfer.Drained) {
 // handOffDraining hands off the failed requests still waiting for Drained
 // when the actor stops (its last resort, giveUp): that Drained would find
 // no one, and no release at all would come.
+// A panic in one hand-off is recovered (guard): in Stopping it would keep
+// protoactor from stopping the children and finishing the stop.
 func (a *Actor) handOffDraining(c actor.Context) {
 	for _, e := range a.byPID {
 		if e.failed {
-			a.handOff(c, e)
+			a.guard(c, "a failed request's hand-off", func() { a.handOff(c, e) })
 		}
 	}
 }
