@@ -55,7 +55,7 @@ type Deps struct {
 	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
 	// stopped (after a last-resort stop, once the releases it left to the
-	// transfer actor went out: no copy of the engine runs); the node then
+	// copy queue went out: no copy of the engine runs); the node then
 	// closes the engine's device.
 	Closed chan struct{}
 	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
@@ -92,7 +92,7 @@ type entry struct {
 	retired bool
 	// failed: its actor failed unreleased; its aborted release waits for
 	// the transfer side's Drained (terminated), or, once the engine actor
-	// stops, runs from the transfer actor (handOff). Its events are rejected.
+	// stops, runs from the transfer side (handOff). Its events are rejected.
 	failed bool
 }
 
@@ -133,7 +133,7 @@ type Actor struct {
 	// stopFailed: a step of the stop panicked (guard); counted once.
 	stopFailed bool
 	// ends counts what Closed waits for: the actor until it has stopped,
-	// and each release a stop handed to the transfer actor (handOff).
+	// and each release a stop handed to the copy queue (handOff).
 	ends *ends
 	// stopping: the actor is stopping (Stopping came); a Drained sent for
 	// a failed request would find it gone (terminated).

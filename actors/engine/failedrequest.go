@@ -101,11 +101,12 @@ func (a *Actor) handOffDraining(c actor.Context) {
 	}
 }
 
-// handOff has the transfer actor release a failed request, aborted, once
-// none of its copies is queued or running (transfer.Drain's Then: the
-// engine actor is stopping and will not be there to take a Drained).
-// Closed waits for that release (ends). The release runs on the transfer
-// actor's goroutine and touches only what is safe there: the engine's
+// handOff has the transfer side release a failed request, aborted, once
+// none of its copies is queued or running (transfer.Queue.DrainThen, or
+// transfer.Drain's Then without a queue: the engine actor is stopping and
+// will not be there to take a Drained). Closed waits for that release
+// (ends). The release may run on this goroutine, a copy worker's or the
+// transfer actor's, and touches only what is safe there: the engine's
 // Releases (locked; request actors publish from their own goroutines too),
 // a counter, the owed count. The request's epoch count is not forgotten:
 // its release may still come.
@@ -121,10 +122,18 @@ func (a *Actor) handOff(c actor.Context, e *entry) {
 	}
 	en := a.ends
 	en.add()
-	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: func() {
+	then := func() {
 		release()
 		en.done()
-	}})
+	}
+	if q := a.deps.Request.Queue; q != nil {
+		// Straight to the queue: a Drain message queued behind the transfer
+		// actor's stop (node teardown) would be dropped, and Closed would
+		// never close.
+		q.DrainThen(e.pid, then)
+		return
+	}
+	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: then})
 }
 
 // releaser returns a failed request's one release, aborted; it may run on
@@ -153,7 +162,7 @@ func (a *Actor) releaseFailed(e *entry) {
 
 // ends closes Closed once its count is down to zero: one for the actor,
 // until it has stopped, and one per release handOff left to the transfer
-// actor (the node unmaps the device once Closed is closed: never under a
+// side (the node unmaps the device once Closed is closed: never under a
 // copy).
 type ends struct {
 	left   atomic.Int64

@@ -115,6 +115,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
+		a.q.exit() // a DrainThen still waiting runs now, and a later one at once
 		// No copy runs any more: every waiting Drain is answered (a Then
 		// still has to run: an engine's device stays mapped until it has).
 		for _, d := range a.drains {
@@ -183,23 +184,15 @@ func (a *Actor) answer(c actor.Context, d *Drain) {
 }
 
 // then runs a Drain's Then. A panic in it is the sender's bug: it is
-// logged and counted, and the actor goes on (its other Drains, its turn,
-// its stop).
-func (a *Actor) then(d *Drain) {
-	defer func() {
-		if r := recover(); r != nil {
-			a.deps.Metrics.ThenFailures.Inc()
-			a.deps.Log.Error("a Drain's Then panicked; its release is lost", "owner", d.Owner.Id,
-				"reason", fmt.Sprint(r), "stack", string(debug.Stack()))
-		}
-	}()
-	d.Then()
-}
+// logged and counted (Queue.runThen), and the actor goes on (its other
+// Drains, its turn, its stop).
+func (a *Actor) then(d *Drain) { a.q.runThen(ownerThen{owner: d.Owner, then: d.Then}) }
 
 func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {
 		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
+	a.q.setReport(a.deps.Log, a.deps.Metrics.ThenFailures)
 	for _, d := range backend.Directions {
 		dir, m := d.String(), a.deps.Metrics
 		a.byDir[d] = dirSeries{bytes: m.TransferBytes.WithLabelValues(dir), secs: m.TransferTime.WithLabelValues(dir),
@@ -266,8 +259,12 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	defer a.workers.Done()
 	for job := a.q.next(); job != nil; job = a.q.next() {
 		dur, err := a.run(job)
-		if a.q.done(&copyDone{job: job, err: err, dur: dur}) {
+		first, due := a.q.done(&copyDone{job: job, err: err, dur: dur})
+		if first {
 			root.Send(self, &completed{})
+		}
+		if due != nil {
+			a.q.runThens(due) // DrainThen: the owner's last copy has ended
 		}
 	}
 }
