@@ -50,9 +50,8 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	// place (its id is not free, a retire waits for it) and its events are
 	// rejected. The actor's own state is not trusted for this: the panic
 	// may have left it half changed. Its stores are abandoned.
-	if o := a.deps.Request.Owed; o != nil {
-		o.Add(1) // the stopped actor settled it; the release is still owed
-	}
+	// Its owed count stays up (a watched request actor leaves it) until
+	// that release (releaser).
 	if a.stopping {
 		// Stopped with the engine actor (its last resort, giveUp), not
 		// failed: released aborted once its copies end, with no engine

@@ -173,11 +173,14 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopped, *actor.Restarting:
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
-		// released request settled its accounts when it was done.
+		// released request settled its accounts when it was done. A watched
+		// one (SpawnWatched) stays owed: its engine actor releases it, and
+		// settles the count then; lowered here, a shutdown count taken before
+		// the engine handles the stop would miss it.
 		if !a.isDone() {
 			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
-			if a.deps.Owed != nil {
+			if a.deps.Owed != nil && a.releasing == nil {
 				a.deps.Owed.Add(-1)
 			}
 			a.span.End()
