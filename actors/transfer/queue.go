@@ -120,17 +120,22 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.takeOwnerLocked(owner), q.runningLocked(owner)
+}
+
+// takeOwnerLocked removes every queued job of owner and returns them.
+func (q *Queue) takeOwnerLocked(owner *actor.PID) (taken []*Submit) {
 	kept := q.items[:0]
 	for _, s := range q.items {
 		if s.Owner.Equal(owner) {
-			cancelled = append(cancelled, s)
+			taken = append(taken, s)
 			continue
 		}
 		kept = append(kept, s)
 	}
 	clear(q.items[len(kept):])
 	q.items = kept
-	return cancelled, q.runningLocked(owner)
+	return taken
 }
 
 // DrainThen is Drain with Then, called directly by its sender rather than
@@ -144,17 +149,7 @@ func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
 // another goroutine. The owner must not submit again.
 func (q *Queue) DrainThen(owner *actor.PID, then func()) {
 	q.mu.Lock()
-	kept := q.items[:0]
-	var cancelled []*Submit
-	for _, s := range q.items {
-		if s.Owner.Equal(owner) {
-			cancelled = append(cancelled, s)
-			continue
-		}
-		kept = append(kept, s)
-	}
-	clear(q.items[len(kept):])
-	q.items = kept
+	cancelled := q.takeOwnerLocked(owner)
 	now := q.exited || !q.runningLocked(owner)
 	if !now {
 		q.thens = append(q.thens, ownerThen{owner: owner, then: then})
