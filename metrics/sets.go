@@ -216,6 +216,9 @@ type Transfer struct {
 	// refused for them (not in CopyFailures).
 	FenceLapses  prometheus.Counter
 	CopiesLapsed prometheus.Counter
+	// ThenFailures counts Drain Thens that panicked (recovered by the
+	// transfer actor: the release a Then carried is lost).
+	ThenFailures prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
@@ -253,6 +256,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			"Times the node had no NATS round trip for 3/4 lease (an engine may have declared it lost)."),
 		CopiesLapsed: counter("transfer", "copies_lapsed_total",
 			"Copies refused because their session began before a lapse (never started)."),
+		ThenFailures: counter("transfer", "then_failures_total",
+			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
 		DecisionTime: latency("store", "decision_seconds", "Time from a batch's arrival to its store job starting to copy."),
 		QueueWait:    latency("transfer", "queue_wait_seconds", "Time from a copy job's submission to its copy starting."),
 	}
@@ -263,7 +268,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.DecisionTime, m.QueueWait)
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.DecisionTime, m.QueueWait)
 	return m
 }
 

@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -56,7 +55,7 @@ type Deps struct {
 	Backlogged func() bool
 	// Closed is closed once a retired engine has released every request and
 	// stopped (after a last-resort stop, once the releases it left to the
-	// transfer actor went out: no copy of the engine runs); the node then
+	// copy queue went out: no copy of the engine runs); the node then
 	// closes the engine's device.
 	Closed chan struct{}
 	// MaxRequests bounds live requests (PROTOCOL.md "Isolation"; 0: no
@@ -81,8 +80,9 @@ type entry struct {
 	epoch string
 	pid   *actor.PID
 	// releasing: the request is publishing its final release (raised by its
-	// actor, request.Spawner.SpawnWatched); its events no longer go to it.
-	releasing atomic.Bool
+	// actor, with the release's reason, request.Spawner.SpawnWatched); its
+	// events no longer go to it.
+	releasing request.Releasing
 	// The entry's place in the routing scratch of batch number step (its
 	// request's position in order): one map lookup per routed event, not two.
 	step uint64
@@ -92,7 +92,7 @@ type entry struct {
 	retired bool
 	// failed: its actor failed unreleased; its aborted release waits for
 	// the transfer side's Drained (terminated), or, once the engine actor
-	// stops, runs from the transfer actor (handOff). Its events are rejected.
+	// stops, runs from the transfer side (handOff). Its events are rejected.
 	failed bool
 }
 
@@ -130,8 +130,10 @@ type Actor struct {
 	// stops itself (giveUp).
 	failures int
 	gaveUp   bool
+	// stopFailed: a step of the stop panicked (guard); counted once.
+	stopFailed bool
 	// ends counts what Closed waits for: the actor until it has stopped,
-	// and each release a stop handed to the transfer actor (handOff).
+	// and each release a stop handed to the copy queue (handOff).
 	ends *ends
 	// stopping: the actor is stopping (Stopping came); a Drained sent for
 	// a failed request would find it gone (terminated).
@@ -228,16 +230,7 @@ func (a *Actor) receive(c actor.Context) {
 		a.stopping = true
 		a.handOffDraining(c)
 	case *actor.Stopped:
-		if a.failed {
-			a.report(c, nil) // the node must forget the engine, whatever stopped fail before it did
-		}
-		a.tellRetire()
-		a.loop.Close()
-		a.countLive(false)
-		if t := a.deps.Request.Timers; t != nil {
-			t.Stop() // its requests, children, have stopped already
-		}
-		a.ends.done() // Closed, unless releases handed off still wait for copies
+		a.stopped(c)
 	case *Batch:
 		if handed := a.batch(c, m); !handed && m.Recycle != nil {
 			m.Recycle(clearEvents(m.Batch.Events))
@@ -283,6 +276,12 @@ func (a *Actor) receive(c actor.Context) {
 	case *request.Done:
 		a.done(c, m)
 	case *actor.Terminated:
+		if a.stopping {
+			// A panic here would keep protoactor from finishing the stop
+			// (its children's ends lead to it): Closed would never close.
+			a.guard(c, "a request actor's end while stopping", func() { a.terminated(c, m) })
+			break
+		}
 		a.terminated(c, m)
 		a.maybeStop(c) // a retire's last request may fail rather than report Done
 	case *transfer.Drained:

@@ -27,8 +27,9 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 			// Stopped with the engine actor once released for good: its
 			// Done may wait in the mailbox behind this (system messages
 			// first), or never be handled (the actor stopped). Not a
-			// failure; released by the retire, counted for it.
-			if e.retired {
+			// failure; counted for the retire when released with its reason
+			// (as done counts: one that released finished is not).
+			if e.retired && e.releasing.Reason() == a.retireReason {
 				a.retireCount++
 			}
 			return
@@ -49,9 +50,8 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	// place (its id is not free, a retire waits for it) and its events are
 	// rejected. The actor's own state is not trusted for this: the panic
 	// may have left it half changed. Its stores are abandoned.
-	if o := a.deps.Request.Owed; o != nil {
-		o.Add(1) // the stopped actor settled it; the release is still owed
-	}
+	// Its owed count stays up (a watched request actor leaves it) until
+	// that release (releaser).
 	if a.stopping {
 		// Stopped with the engine actor (its last resort, giveUp), not
 		// failed: released aborted once its copies end, with no engine
@@ -90,19 +90,22 @@ func (a *Actor) drained(m *transfer.Drained) {
 // handOffDraining hands off the failed requests still waiting for Drained
 // when the actor stops (its last resort, giveUp): that Drained would find
 // no one, and no release at all would come.
+// A panic in one hand-off is recovered (guard): in Stopping it would keep
+// protoactor from stopping the children and finishing the stop.
 func (a *Actor) handOffDraining(c actor.Context) {
 	for _, e := range a.byPID {
 		if e.failed {
-			a.handOff(c, e)
+			a.guard(c, "a failed request's hand-off", func() { a.handOff(c, e) })
 		}
 	}
 }
 
-// handOff has the transfer actor release a failed request, aborted, once
-// none of its copies is queued or running (transfer.Drain's Then: the
-// engine actor is stopping and will not be there to take a Drained).
-// Closed waits for that release (ends). The release runs on the transfer
-// actor's goroutine and touches only what is safe there: the engine's
+// handOff has the transfer side release a failed request, aborted, once
+// none of its copies is queued or running (transfer.Queue.DrainThen, or
+// transfer.Drain's Then without a queue: the engine actor is stopping and
+// will not be there to take a Drained). Closed waits for that release
+// (ends). The release may run on this goroutine, a copy worker's or the
+// transfer actor's, and touches only what is safe there: the engine's
 // Releases (locked; request actors publish from their own goroutines too),
 // a counter, the owed count. The request's epoch count is not forgotten:
 // its release may still come.
@@ -118,10 +121,18 @@ func (a *Actor) handOff(c actor.Context, e *entry) {
 	}
 	en := a.ends
 	en.add()
-	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: func() {
+	then := func() {
 		release()
 		en.done()
-	}})
+	}
+	if q := a.deps.Request.Queue; q != nil {
+		// Straight to the queue: a Drain message queued behind the transfer
+		// actor's stop (node teardown) would be dropped, and Closed would
+		// never close.
+		q.DrainThen(e.pid, then)
+		return
+	}
+	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: then})
 }
 
 // releaser returns a failed request's one release, aborted; it may run on
@@ -150,7 +161,7 @@ func (a *Actor) releaseFailed(e *entry) {
 
 // ends closes Closed once its count is down to zero: one for the actor,
 // until it has stopped, and one per release handOff left to the transfer
-// actor (the node unmaps the device once Closed is closed: never under a
+// side (the node unmaps the device once Closed is closed: never under a
 // copy).
 type ends struct {
 	left   atomic.Int64

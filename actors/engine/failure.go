@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"fmt"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvactors/kvactors/messages"
@@ -85,4 +87,46 @@ func (a *Actor) report(c actor.Context, count <-chan int) {
 	if a.deps.Failed != nil {
 		a.deps.Failed(a.deps.Engine, c.Self(), count)
 	}
+}
+
+// stopped is the actor's last turn. protoactor has removed it from the
+// registry by now: a panic here is resumed, but no turn follows. So each
+// step is guarded, and Closed's count (the node waits for it to unmap the
+// device and give up the claim) and the loop are released whatever fails
+// before them.
+func (a *Actor) stopped(c actor.Context) {
+	defer a.ends.done() // Closed, unless releases handed off still wait for copies
+	defer a.loop.Close()
+	if a.failed {
+		// the node must forget the engine, whatever stopped fail before it did
+		a.guard(c, "report", func() { a.report(c, nil) })
+	}
+	a.guard(c, "retire count", a.tellRetire)
+	a.guard(c, "live-engines gauge", func() { a.countLive(false) })
+	if t := a.deps.Request.Timers; t != nil {
+		a.guard(c, "timers", t.Stop) // its requests, children, have stopped already
+	}
+}
+
+// guard runs f, a step of the actor's stop, and recovers a panic in it. It
+// is logged, and counted once in kvactors_engine_failures_total unless the
+// engine failed already. A panic while the actor stops would keep
+// protoactor from finishing the stop, or (in Stopped) leave Closed open.
+// Only for the stop: a turn's panic otherwise goes to supervision
+// (endOnFailure).
+func (a *Actor) guard(c actor.Context, what string, f func()) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		defer func() { _ = recover() }() // the log handler or the counter may be what panicked
+		if !a.failed && !a.stopFailed {
+			a.deps.Metrics.Failures.Inc()
+		}
+		a.stopFailed = true
+		a.deps.Log.Error("engine actor failed while stopping; the stop goes on", "engine", a.deps.Engine,
+			"step", what, "actor", c.Self().Id, "reason", fmt.Sprint(r))
+	}()
+	f()
 }

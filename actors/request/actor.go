@@ -86,12 +86,12 @@ type Actor struct {
 	// gen counts the requests this actor has served (Spawner reuses a
 	// released one): a RetryDue armed for an earlier one is ignored.
 	gen uint32
-	// releasing, when set, is raised before the request's final release is
-	// published (SpawnWatched): its engine actor stops routing to this actor
+	// releasing, when set, is raised, with its reason, before the request's
+	// final release is published (SpawnWatched): its engine actor stops routing to this actor
 	// at once, so an engine that reuses the request id as soon as it reads
 	// the release gets a new request, not this finished one, which would
 	// drop its events (the Done message may reach the engine actor later).
-	releasing *atomic.Bool
+	releasing *Releasing
 }
 
 type job struct {
@@ -134,14 +134,14 @@ func (unexpectedRestart) Receive(c actor.Context) {
 // isDone: the request was released for good; the actor waits for reuse.
 func (a *Actor) isDone() bool { return a.state == nil }
 
-func newActor(deps *Deps, added *messages.Event, parent context.Context, releasing *atomic.Bool) *Actor {
+func newActor(deps *Deps, added *messages.Event, parent context.Context, releasing *Releasing) *Actor {
 	a := &Actor{}
 	a.init(deps, added, parent, releasing)
 	return a
 }
 
 // init starts the actor's next request (a new actor's first).
-func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context, releasing *atomic.Bool) {
+func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context, releasing *Releasing) {
 	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob,
 		releasing: releasing}
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
@@ -173,11 +173,14 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopped, *actor.Restarting:
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
-		// released request settled its accounts when it was done.
+		// released request settled its accounts when it was done. A watched
+		// one (SpawnWatched) stays owed: its engine actor releases it, and
+		// settles the count then; lowered here, a shutdown count taken before
+		// the engine handles the stop would miss it.
 		if !a.isDone() {
 			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
-			if a.deps.Owed != nil {
+			if a.deps.Owed != nil && a.releasing == nil {
 				a.deps.Owed.Add(-1)
 			}
 			a.span.End()
@@ -365,7 +368,11 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 			"chunks", eff.GivenUp)
 	}
 	if eff.Done && a.releasing != nil {
-		a.releasing.Store(true) // before the release goes out: see releasing
+		reason := ""
+		if k := len(eff.Releases); k > 0 {
+			reason = eff.Releases[k-1]
+		}
+		a.releasing.raise(reason) // before the release goes out: see releasing
 	}
 	owedSettled := false
 	for i, reason := range eff.Releases {

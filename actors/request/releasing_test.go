@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ func TestTheReleasingFlagIsUpWhileTheFinalReleaseWaitsToGoOut(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
 	rig := newHeldRig(t, nc, 16)
-	var releasing atomic.Bool
+	var releasing request.Releasing
 	pid := request.NewSpawner().SpawnWatched(rig.system.Root, &rig.deps, &messages.Event{Type: messages.EvAdded,
 		Request: "r", PromptTokens: 8, MaxOffloadTokens: -1}, context.Background(), &releasing)
 

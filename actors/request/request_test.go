@@ -150,6 +150,26 @@ func TestRestartedRequestActorStopsWithItsAccountsSettled(t *testing.T) {
 	})
 }
 
+// A watched request actor (its engine actor's) that stops unreleased
+// leaves its owed count up: its engine actor releases it once its copies
+// end and settles the count then. Lowered at the stop, a shutdown count
+// taken before the engine handles the stop would miss a release still owed.
+func TestAWatchedRequestActorStoppedUnreleasedStaysOwed(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	var owed atomic.Int64
+	deps.Owed = &owed
+	owed.Add(1) // as the engine's spawn does
+	var releasing request.Releasing
+	pid := request.NewSpawner().SpawnWatched(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded,
+		Request: "r", PromptTokens: 8, MaxOffloadTokens: -1}, context.Background(), &releasing)
+	require.NoError(t, rig.system.Root.StopFuture(pid).Wait())
+	require.Zero(t, testutil.ToFloat64(deps.Metrics.RequestsLive))
+	require.Equal(t, int64(1), owed.Load(), "the engine settles it with the release")
+	require.False(t, releasing.Load())
+}
+
 // A request's jobs in flight end in whatever order the transfer side
 // finishes them: each JobDone finds its own job (the newest is not always
 // the one that ends), its chunks are stored, and the finished request is
@@ -242,7 +262,7 @@ func TestReleasedActorAnswersLateMessages(t *testing.T) {
 func TestTheReleasingFlagIsUpBeforeTheFinalRelease(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	rig := newHeldRig(t, nc, 16)
-	var releasing atomic.Bool
+	var releasing request.Releasing
 	seenAt := make(chan bool, 2)
 	_, err := nc.Subscribe("kvactors.e.released", func(*nats.Msg) { seenAt <- releasing.Load() })
 	require.NoError(t, err)

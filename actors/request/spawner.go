@@ -75,10 +75,10 @@ func (s *Spawner) Spawn(c SpawnContext, deps *Deps, added *messages.Event, paren
 	return s.SpawnWatched(c, deps, added, parent, nil)
 }
 
-// SpawnWatched is Spawn with a flag the request raises just before it
-// publishes its final release (nil: none).
+// SpawnWatched is Spawn with a flag the request raises, with its reason,
+// just before it publishes its final release (nil: none).
 func (s *Spawner) SpawnWatched(c SpawnContext, deps *Deps, added *messages.Event, parent context.Context,
-	releasing *atomic.Bool) *actor.PID {
+	releasing *Releasing) *actor.PID {
 	if n := len(s.idle); n > 0 {
 		pid := s.idle[n-1]
 		s.idle[n-1], s.idle = nil, s.idle[:n-1]
@@ -132,7 +132,32 @@ type assign struct {
 	deps      *Deps
 	added     messages.Event
 	parent    context.Context
-	releasing *atomic.Bool
+	releasing *Releasing
+}
+
+// Releasing is raised by a request actor just before it publishes its final
+// release, with that release's reason (SpawnWatched): one plain write and one
+// atomic store per request. Each is raised at most once.
+type Releasing struct {
+	up     atomic.Bool
+	reason string // written before up is raised; read only once up is seen
+}
+
+func (r *Releasing) raise(reason string) {
+	r.reason = reason
+	r.up.Store(true)
+}
+
+// Load reports whether the final release is going out (or went out).
+func (r *Releasing) Load() bool { return r.up.Load() }
+
+// Reason is the final release's reason once Load reports true ("" before,
+// and for a final step that released nothing).
+func (r *Releasing) Reason() string {
+	if !r.up.Load() {
+		return ""
+	}
+	return r.reason
 }
 
 // unexpectedRestart stands in for a request actor protoactor restarted;

@@ -3,7 +3,9 @@ package transfer
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
@@ -78,13 +80,29 @@ type dirSeries struct {
 	size                  prometheus.Observer
 }
 
-// Props builds one transfer actor (spawn it once: its mailbox runs on a
-// goroutine of its own). Its workers stop when it stops.
+// Props builds one transfer actor (spawn it once, from the root context:
+// its mailbox runs on a goroutine of its own). Its workers stop when it
+// stops. It is never restarted: a fresh instance would lose its waiting
+// Drains and start a second set of workers on the same queue. A failed turn
+// is logged and the actor resumed (resumeOnFailure).
 func Props(deps Deps) *actor.Props {
 	deps.Config = deps.Config.withDefaults()
 	loop := actors.NewLoopDispatcher()
 	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, loop: loop} },
-		actor.WithDispatcher(loop))
+		actor.WithDispatcher(loop), actor.WithGuardian(resumeOnFailure{}))
+}
+
+// resumeOnFailure is the transfer actor's guardian strategy: protoactor's
+// default would restart it (see Props). One guardian per actor system,
+// since every value of it is equal.
+type resumeOnFailure struct{}
+
+func (resumeOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
+	rs *actor.RestartStatistics, reason, message any) {
+	rs.Fail()
+	system.Logger().Error("transfer actor failed; resumed", "actor", child.Id, "reason", reason,
+		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
+	sup.ResumeChildren(child)
 }
 
 func (a *Actor) Receive(c actor.Context) {
@@ -97,10 +115,11 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
+		a.q.exit() // a DrainThen still waiting runs now, and a later one at once
 		// No copy runs any more: every waiting Drain is answered (a Then
 		// still has to run: an engine's device stays mapped until it has).
 		for _, d := range a.drains {
-			answer(c, d)
+			a.answer(c, d)
 		}
 		a.drains = nil
 	case *actor.Stopped:
@@ -116,7 +135,7 @@ func (a *Actor) Receive(c actor.Context) {
 		if running {
 			a.drains = append(a.drains, m)
 		} else {
-			answer(c, m)
+			a.answer(c, m)
 		}
 	case *completed:
 		a.finish(c, a.q.take())
@@ -148,7 +167,7 @@ func (a *Actor) drained(c actor.Context) {
 			kept = append(kept, d)
 			continue
 		}
-		answer(c, d)
+		a.answer(c, d)
 	}
 	clear(a.drains[len(kept):])
 	a.drains = kept
@@ -156,18 +175,24 @@ func (a *Actor) drained(c actor.Context) {
 
 // answer tells a Drain that no job of its owner is queued or copying: its
 // Then runs, or ReplyTo gets Drained.
-func answer(c actor.Context, d *Drain) {
+func (a *Actor) answer(c actor.Context, d *Drain) {
 	if d.Then != nil {
-		d.Then()
+		a.then(d)
 		return
 	}
 	c.Send(d.ReplyTo, &Drained{Owner: d.Owner})
 }
 
+// then runs a Drain's Then. A panic in it is the sender's bug: it is
+// logged and counted (Queue.runThen), and the actor goes on (its other
+// Drains, its turn, its stop).
+func (a *Actor) then(d *Drain) { a.q.runThen(ownerThen{owner: d.Owner, then: d.Then}) }
+
 func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {
 		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
+	a.q.setReport(a.deps.Log, a.deps.Metrics.ThenFailures)
 	for _, d := range backend.Directions {
 		dir, m := d.String(), a.deps.Metrics
 		a.byDir[d] = dirSeries{bytes: m.TransferBytes.WithLabelValues(dir), secs: m.TransferTime.WithLabelValues(dir),
@@ -234,8 +259,12 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	defer a.workers.Done()
 	for job := a.q.next(); job != nil; job = a.q.next() {
 		dur, err := a.run(job)
-		if a.q.done(&copyDone{job: job, err: err, dur: dur}) {
+		first, due := a.q.done(&copyDone{job: job, err: err, dur: dur})
+		if first {
 			root.Send(self, &completed{})
+		}
+		if due != nil {
+			a.q.runThens(due) // DrainThen: the owner's last copy has ended
 		}
 	}
 }

@@ -2,16 +2,20 @@ package transfer_test
 
 import (
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -103,4 +107,38 @@ func TestDrainThenRunsOnceTheOwnersCopiesEnd(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the transfer actor did not stop")
 	}
+}
+
+// Queue.DrainThen, called by its sender directly (it holds even once the
+// transfer actor has stopped, when a Drain message would be dropped):
+// the owner's queued job is aborted and never runs; Then runs once the
+// owner's running copy has ended, on the worker that ended it; once the
+// actor has stopped, it runs at once.
+func TestQueueDrainThenRunsOnceTheOwnersCopiesEnd(t *testing.T) {
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	cfg := transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}
+	q := transfer.NewQueue(cfg, nil)
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: make(chan *transfer.JobDone, 8)} }))
+	dev := &gatedDevice{gate: make(chan struct{})}
+	st := &gatedStore{dev: dev}
+	q.Submit(job(owner, 1, backend.DeviceToHost, st, 1))
+	waitStarted(t, dev, 1)
+	q.Submit(job(owner, 2, backend.DeviceToHost, st, 1))
+
+	then := make(chan string, 4)
+	q.DrainThen(owner, func() { then <- "first" })
+	_, aborted := st.seen()
+	require.Equal(t, []messages.Key{"j2-0"}, aborted, "the queued job's pool side is aborted")
+	testkit.NoRecv(t, then, 50*time.Millisecond, "Then while the owner's copy runs")
+	dev.gate <- struct{}{} // job 1 ends
+	require.Equal(t, "first", testkit.Recv(t, then, 5*time.Second, "Then once job 1 ended"))
+
+	require.NoError(t, system.Root.StopFuture(pid).Wait())
+	q.DrainThen(owner, func() { then <- "after the stop" })
+	require.Equal(t, "after the stop", testkit.Recv(t, then, 5*time.Second, "Then at once, the actor stopped"))
+	copied, _ := st.seen()
+	require.Equal(t, []messages.Key{"j1-0"}, copied, "the drained owner's queued job never ran")
 }

@@ -61,7 +61,9 @@ type Drain struct {
 	// Then, when set, is run instead of sending Drained, at the same point,
 	// on the transfer actor's goroutine (for a sender that may be gone by
 	// then: an engine actor stopping). It must not block, and must touch
-	// nothing of an actor but what is safe from another goroutine.
+	// nothing of an actor but what is safe from another goroutine. A Drain
+	// sent after the transfer actor stopped is dropped: Queue.DrainThen
+	// holds then too.
 	Then func()
 }
 

@@ -1,10 +1,14 @@
 package transfer
 
 import (
+	"fmt"
+	"log/slog"
+	"runtime/debug"
 	"sync"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/metrics"
@@ -33,6 +37,19 @@ type Queue struct {
 	// runs are the jobs copying (a worker took them, done not called yet):
 	// as many as the workers, so a scan is cheap (Drain).
 	runs []*Submit
+	// thens wait for their owner's running copies to end (DrainThen); rare
+	// and few. exited: the workers have exited (exit): a Then runs at once.
+	thens  []ownerThen
+	exited bool
+	// thenFailures and log report a Then that panicked (nil: not counted;
+	// log set by the transfer actor's start).
+	thenFailures prometheus.Counter
+	log          *slog.Logger
+}
+
+type ownerThen struct {
+	owner *actor.PID
+	then  func()
 }
 
 // NewQueue makes a copy queue bounded by cfg (see Deps.Queue) whose state
@@ -44,6 +61,7 @@ func NewQueue(cfg Config, gauges *metrics.Transfer) *Queue {
 	q.wake.L = &q.mu
 	if gauges != nil {
 		gauges.ReadQueueFrom(q.state)
+		q.thenFailures = gauges.ThenFailures
 	}
 	return q
 }
@@ -102,17 +120,115 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.takeOwnerLocked(owner), q.runningLocked(owner)
+}
+
+// takeOwnerLocked removes every queued job of owner and returns them.
+func (q *Queue) takeOwnerLocked(owner *actor.PID) (taken []*Submit) {
 	kept := q.items[:0]
 	for _, s := range q.items {
 		if s.Owner.Equal(owner) {
-			cancelled = append(cancelled, s)
+			taken = append(taken, s)
 			continue
 		}
 		kept = append(kept, s)
 	}
 	clear(q.items[len(kept):])
 	q.items = kept
-	return cancelled, q.runningLocked(owner)
+	return taken
+}
+
+// DrainThen is Drain with Then, called directly by its sender rather than
+// sent to the transfer actor, so it holds even once that actor has stopped
+// (a message behind its stop would be dropped). It cancels owner's queued
+// jobs (their pool side aborted here; the owner, which will take no JobDone
+// again, gets none) and runs then once no job of owner is copying: at once,
+// on the caller's goroutine, or on the worker that ends the owner's last
+// copy, or, at the latest, when the transfer actor stops and its workers
+// have exited. then must not block, and must touch only what is safe from
+// another goroutine. The owner must not submit again.
+func (q *Queue) DrainThen(owner *actor.PID, then func()) {
+	q.mu.Lock()
+	cancelled := q.takeOwnerLocked(owner)
+	now := q.exited || !q.runningLocked(owner)
+	if !now {
+		q.thens = append(q.thens, ownerThen{owner: owner, then: then})
+	}
+	q.mu.Unlock()
+	for _, s := range cancelled {
+		s.Store.Abort(s.Dir, s.Chunks)
+	}
+	if now {
+		q.runThens([]ownerThen{{owner: owner, then: then}})
+	}
+}
+
+// dueThensLocked removes and returns the waiting Thens whose owner has no
+// job copying any more.
+func (q *Queue) dueThensLocked() []ownerThen {
+	var due []ownerThen
+	kept := q.thens[:0]
+	for _, t := range q.thens {
+		if !q.exited && q.runningLocked(t.owner) {
+			kept = append(kept, t)
+			continue
+		}
+		due = append(due, t)
+	}
+	clear(q.thens[len(kept):])
+	q.thens = kept
+	return due
+}
+
+// runThens runs Thens (DrainThen, or a Drain's Then from the actor). A
+// panic in one is its sender's bug: it is logged and counted, and the
+// others run all the same (on a worker, an unrecovered panic would end the
+// process).
+func (q *Queue) runThens(thens []ownerThen) {
+	for _, t := range thens {
+		q.runThen(t)
+	}
+}
+
+func (q *Queue) runThen(t ownerThen) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		q.mu.Lock()
+		failures, log := q.thenFailures, q.log
+		q.mu.Unlock()
+		if failures != nil {
+			failures.Inc()
+		}
+		if log != nil {
+			log.Error("a Drain's Then panicked; its release is lost", "owner", t.owner.Id, "reason", fmt.Sprint(r),
+				"stack", string(debug.Stack()))
+		}
+	}()
+	t.then()
+}
+
+// setReport sets how runThen reports a panic: log, and failures unless
+// NewQueue had a counter already.
+func (q *Queue) setReport(log *slog.Logger, failures prometheus.Counter) {
+	q.mu.Lock()
+	q.log = log
+	if q.thenFailures == nil {
+		q.thenFailures = failures
+	}
+	q.mu.Unlock()
+}
+
+// exit marks the workers exited (the transfer actor stopping) and runs the
+// Thens still waiting: no copy runs any more.
+func (q *Queue) exit() {
+	q.mu.Lock()
+	q.exited = true
+	due := q.dueThensLocked()
+	q.mu.Unlock()
+	q.runThens(due)
 }
 
 // copying reports whether a job of owner is copying.
@@ -167,10 +283,11 @@ func (q *Queue) headFitsLocked() bool {
 // done ends a running job, which may let a waiting large job start, and
 // adds it to the finished list. It reports whether the list was empty: the
 // caller then tells the actor (one message per batch of completions, not
-// per job). It wakes no one: the worker that calls it goes on to next,
-// takes the job its bytes made room for, and passes the wake-up on while
-// the next fits too.
-func (q *Queue) done(d *copyDone) bool {
+// per job), and returns the Thens due now that the job ended (DrainThen:
+// the caller runs them). It wakes no one: the worker that calls it goes on
+// to next, takes the job its bytes made room for, and passes the wake-up on
+// while the next fits too.
+func (q *Queue) done(d *copyDone) (first bool, due []ownerThen) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.running--
@@ -183,9 +300,12 @@ func (q *Queue) done(d *copyDone) bool {
 			break
 		}
 	}
-	first := len(q.finished) == 0
+	first = len(q.finished) == 0
 	q.finished = append(q.finished, d)
-	return first
+	if len(q.thens) > 0 {
+		due = q.dueThensLocked()
+	}
+	return first, due
 }
 
 // take returns the finished copies, oldest first, and empties the list.

@@ -1,0 +1,131 @@
+package engine_test
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+	"github.com/kvactors/kvactors/store"
+)
+
+// panicsOnDec is a gauge whose Dec panics: a failure in the engine actor's
+// last turn (Stopped), where it leaves the live-engines gauge.
+type panicsOnDec struct{ prometheus.Gauge }
+
+func (panicsOnDec) Dec() { panic("gauge failure injected") }
+
+// A panic in the engine actor's last turn (Stopped) comes after protoactor
+// removed the actor: no turn follows it. Closed closes all the same (the
+// node unmaps the device and gives up its claim once it does), and the
+// failure is counted.
+func TestClosedClosesWhenTheEngineActorsLastTurnPanics(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	closed := make(chan struct{})
+	system, pid, m, _ := startEngineDeps(t, nc, closed, func(*actor.ActorSystem, *sched.Layout, *request.Deps) {},
+		func(d *engine.Deps) {
+			e := *d.Metrics.Engines
+			e.EnginesLive = panicsOnDec{e.EnginesLive}
+			d.Metrics.Engines = &e
+		})
+	statusOf(t, system, pid)
+	count := make(chan int, 1)
+	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	require.Equal(t, 0, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Closed not closed after a panic in the engine actor's Stopped turn")
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Failures))
+}
+
+// A panic in a request actor's Terminated while the engine actor stops
+// (its last resort: it failed inside its own end) would keep protoactor
+// from finishing the stop: Closed would never close. It is recovered and
+// counted, and the stop goes on.
+func TestClosedClosesWhenARequestsEndPanicsWhileTheEngineActorStops(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	f := startFailing(t, nc, func(d *engine.Deps) {
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+		release := d.Metrics.Release
+		d.Metrics.Release = func(reason string) prometheus.Counter {
+			if reason == messages.ReasonAborted {
+				panic("release counter failure injected")
+			}
+			return release(reason)
+		}
+	})
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r is unreleased
+	statusOf(t, f.system, f.pid)
+	f.arm.Store(true)
+	f.system.Root.Send(f.pid, &engine.Tick{}) // fails, and fails again in its end: it stops
+	testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
+	select {
+	case <-f.closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Closed not closed after a panic in a request's end while the engine actor stopped")
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Failures), "the engine's failure, counted once")
+}
+
+// A panic in Stopping, while the engine actor hands off a failed request
+// that waits for its copies (handOffDraining), would keep protoactor from
+// stopping the children and finishing the stop: Closed would never close.
+// It is recovered and counted, and the stop goes on.
+func TestClosedClosesWhenAHandOffPanicsWhileTheEngineActorStops(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	closed := make(chan struct{})
+	fs := &faultyStore{}
+	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
+	var always, panicRelease atomic.Bool
+	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+			Engine("e1", lay, testkit.NopDevice{})
+		d.Store = fs
+		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
+	}, func(d *engine.Deps) {
+		d.Session = func() uint64 {
+			if always.Load() {
+				panic("engine actor failure injected")
+			}
+			return 0
+		}
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+		release := d.Metrics.Release
+		d.Metrics.Release = func(reason string) prometheus.Counter {
+			if reason == messages.ReasonAborted && panicRelease.Load() {
+				panic("release counter failure injected")
+			}
+			return release(reason)
+		}
+	})
+	sendBatch(system, pid, 1, append([]messages.Event{added("r")}, chunk("r", 0)...)...)
+	testkit.Recv(t, h.jobs, 5*time.Second, "r's store job") // stays in flight
+	fs.arm.Store(true)
+	sendBatch(system, pid, 2, chunk("r", 1)...) // r fails; its release waits for Drained
+	testkit.Recv(t, h.drains, 5*time.Second, "the engine's Drain for r")
+
+	panicRelease.Store(true)
+	always.Store(true)
+	system.Root.Send(pid, &engine.Tick{}) // the engine actor fails, and fails again in its end: it stops
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Closed not closed after a panic in the engine actor's Stopping")
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(m.Failures), "the engine's failure, counted once")
+}
