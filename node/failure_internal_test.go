@@ -22,6 +22,26 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
+// failWhenArmed makes the engines registered from now on fail (panic) in
+// their next turn that reads the fence generation (a batch's) once arm is
+// set; edit, if not nil, edits their deps further.
+func failWhenArmed(n *Node, arm *atomic.Bool, edit func(*engine.Deps)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.editEngine = func(d *engine.Deps) {
+		gen := d.Session
+		d.Session = func() uint64 {
+			if arm.CompareAndSwap(true, false) {
+				panic("engine actor failure injected")
+			}
+			return gen()
+		}
+		if edit != nil {
+			edit(d)
+		}
+	}
+}
+
 // An engine actor that panics mid-turn (here: in the turn of a batch, which
 // holds that batch's credit) ends its engine as an unregister does
 // (its guardian strategy, actors/engine): its request is released engine_gone, the node
@@ -35,17 +55,7 @@ func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
 	n, nc, dir := startInternal(t, nil)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	var arm atomic.Bool
-	n.mu.Lock()
-	n.editEngine = func(d *engine.Deps) {
-		gen := d.Session
-		d.Session = func() uint64 {
-			if arm.CompareAndSwap(true, false) {
-				panic("engine actor failure injected")
-			}
-			return gen()
-		}
-	}
-	n.mu.Unlock()
+	failWhenArmed(n, &arm, nil)
 	registerOneEngine(t, nc, dir, "e1")
 	heartbeat := func() string {
 		t.Helper()
@@ -115,18 +125,9 @@ func TestAnEngineActorFailingInsideItsEndIsStillForgottenByTheNode(t *testing.T)
 	n, nc, dir := startInternal(t, nil)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	var arm atomic.Bool
-	n.mu.Lock()
-	n.editEngine = func(d *engine.Deps) {
-		gen := d.Session
-		d.Session = func() uint64 {
-			if arm.CompareAndSwap(true, false) {
-				panic("engine actor failure injected")
-			}
-			return gen()
-		}
+	failWhenArmed(n, &arm, func(d *engine.Deps) {
 		d.Log = slog.New(panicsOnLine{msg: "engine actor failed; ending the engine as on unregister"})
-	}
-	n.mu.Unlock()
+	})
 	registerOneEngine(t, nc, dir, "e1")
 	heartbeat := func() string {
 		t.Helper()

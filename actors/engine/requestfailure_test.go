@@ -39,6 +39,28 @@ type faultyStore struct {
 	aborts  chan []sched.JobChunk
 }
 
+// holdingFaultyStore is a faultyStore whose first copy waits for gate
+// (closed at the test's end, if the test has not), telling entered; each
+// copy and abort is told on copies and aborts.
+func holdingFaultyStore(t *testing.T) *faultyStore {
+	fs := &faultyStore{entered: make(chan struct{}), gate: make(chan struct{}),
+		copies: make(chan []sched.JobChunk, 8), aborts: make(chan []sched.JobChunk, 8)}
+	t.Cleanup(func() {
+		select {
+		case <-fs.gate:
+		default:
+			close(fs.gate)
+		}
+	})
+	return fs
+}
+
+// over makes s wrap a store of 8 chunks of 64 bytes for engine e1 with lay.
+func (s *faultyStore) over(lay *sched.Layout) {
+	s.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
+		Engine("e1", lay, testkit.NopDevice{})
+}
+
 func (s *faultyStore) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
 	if s.arm.CompareAndSwap(true, false) {
 		panic("request actor failure injected in its store decision")
@@ -82,20 +104,11 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	closed := make(chan struct{})
-	fs := &faultyStore{entered: make(chan struct{}), gate: make(chan struct{}),
-		copies: make(chan []sched.JobChunk, 8), aborts: make(chan []sched.JobChunk, 8)}
-	t.Cleanup(func() {
-		select {
-		case <-fs.gate:
-		default:
-			close(fs.gate)
-		}
-	})
+	fs := holdingFaultyStore(t)
 	var q *transfer.Queue
 	var owed atomic.Int64
 	system, pid, m, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Owed = &owed
 		cfg := transfer.Config{Workers: 1} // one copy at a time: the second waits in the queue
@@ -219,8 +232,7 @@ func TestAFailedRequestWaitingForItsCopiesIsReleasedOnceThemEndWhenItsEngineStop
 	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
 	var always atomic.Bool
 	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
 	}, func(d *engine.Deps) {
@@ -277,21 +289,12 @@ func TestARequestOfAStoppedEngineActorIsReleasedOnlyOnceItsCopyEnds(t *testing.T
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	closed := make(chan struct{})
-	fs := &faultyStore{entered: make(chan struct{}), gate: make(chan struct{}),
-		copies: make(chan []sched.JobChunk, 8), aborts: make(chan []sched.JobChunk, 8)}
-	t.Cleanup(func() {
-		select {
-		case <-fs.gate:
-		default:
-			close(fs.gate)
-		}
-	})
+	fs := holdingFaultyStore(t)
 	var owed atomic.Int64
 	var armed atomic.Bool
 	reports := make(chan *actor.PID, 2)
 	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Owed = &owed
 		cfg := transfer.Config{Workers: 1}
@@ -365,8 +368,7 @@ func TestAFailedRequestWaitingForItsCopiesOutlivesAnEngineReset(t *testing.T) {
 	fs := &faultyStore{}
 	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
 	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
 	})
@@ -403,8 +405,7 @@ func TestAFailedRequestsLateReleaseKeepsItsEpochsNumbering(t *testing.T) {
 	fs := &faultyStore{}
 	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
 	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
 	})

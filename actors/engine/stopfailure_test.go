@@ -16,9 +16,7 @@ import (
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 )
 
 // panicsOnDec is a gauge whose Dec panics: a failure in the engine actor's
@@ -93,8 +91,7 @@ func TestClosedClosesWhenAHandOffPanicsWhileTheEngineActorStops(t *testing.T) {
 	h := &holdsDrains{jobs: make(chan *transfer.Submit, 8), drains: make(chan *transfer.Drain, 8)}
 	var always, panicRelease atomic.Bool
 	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-		fs.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
-			Engine("e1", lay, testkit.NopDevice{})
+		fs.over(lay)
 		d.Store = fs
 		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return h }))
 	}, func(d *engine.Deps) {
