@@ -101,18 +101,7 @@ func (q *Queue) Submit(s *Submit) {
 func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var out []*Submit
-	kept := q.items[:0]
-	for _, s := range q.items {
-		if s.Owner.Equal(owner) && containsID(ids, s.ID) {
-			out = append(out, s)
-			continue
-		}
-		kept = append(kept, s)
-	}
-	clear(q.items[len(kept):])
-	q.items = kept
-	return out
+	return q.removeLocked(func(s *Submit) bool { return s.Owner.Equal(owner) && containsID(ids, s.ID) })
 }
 
 // drain removes every queued job of owner and returns them, and reports
@@ -124,18 +113,24 @@ func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
 }
 
 // takeOwnerLocked removes every queued job of owner and returns them.
-func (q *Queue) takeOwnerLocked(owner *actor.PID) (taken []*Submit) {
+func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
+	return q.removeLocked(func(s *Submit) bool { return s.Owner.Equal(owner) })
+}
+
+// removeLocked removes the queued jobs that match and returns them, in
+// queue order (cancels and drains: rare, so a closure is fine).
+func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
 	kept := q.items[:0]
 	for _, s := range q.items {
-		if s.Owner.Equal(owner) {
-			taken = append(taken, s)
+		if match(s) {
+			removed = append(removed, s)
 			continue
 		}
 		kept = append(kept, s)
 	}
 	clear(q.items[len(kept):])
 	q.items = kept
-	return taken
+	return removed
 }
 
 // DrainThen is Drain with Then, called directly by its sender rather than
