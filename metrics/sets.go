@@ -217,7 +217,8 @@ type Transfer struct {
 	FenceLapses  prometheus.Counter
 	CopiesLapsed prometheus.Counter
 	// ThenFailures counts Drain Thens that panicked (recovered by the
-	// transfer actor: the release a Then carried is lost).
+	// copy queue: the release a Then carried is lost, the engine's end it
+	// gives back is not).
 	ThenFailures prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.

@@ -121,9 +121,13 @@ func (a *Actor) handOff(c actor.Context, e *entry) {
 	}
 	en := a.ends
 	en.add()
+	// The end is given back even if the release panics (runThen recovers
+	// it, counted as a Then failure): that release is lost, but Closed
+	// must close all the same, or the node never unmaps the device, never
+	// returns the segments and never gives up the claim.
 	then := func() {
+		defer en.done()
 		release()
-		en.done()
 	}
 	if q := a.deps.Request.Queue; q != nil {
 		// Straight to the queue: a Drain message queued behind the transfer

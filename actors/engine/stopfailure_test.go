@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -10,12 +11,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -125,4 +128,54 @@ func TestClosedClosesWhenAHandOffPanicsWhileTheEngineActorStops(t *testing.T) {
 		t.Fatal("Closed not closed after a panic in the engine actor's Stopping")
 	}
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Failures), "the engine's failure, counted once")
+}
+
+// panicsOnInc is a counter whose Inc panics: a failure inside a handed-off
+// release (the aborted release counter, counted before the publish).
+type panicsOnInc struct{ prometheus.Counter }
+
+func (panicsOnInc) Inc() { panic("release counter failure injected") }
+
+// A handed-off release that panics (its counter, in a last-resort stop,
+// run by the copy queue) loses that release, but not Closed: the end it
+// counted is given back all the same, so the node still unmaps the device
+// and gives up its claim. The panic is counted as a Then failure.
+func TestClosedClosesWhenAHandedOffReleasePanics(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	closed := make(chan struct{})
+	tm := metrics.NewTransfer(nil)
+	var armed atomic.Bool
+	system, pid, _, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, _ *sched.Layout, d *request.Deps) {
+		cfg := transfer.Config{Workers: 1}
+		q := transfer.NewQueue(cfg, tm)
+		d.Queue = q
+		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: tm,
+			Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+	}, func(d *engine.Deps) {
+		d.Session = func() uint64 {
+			if armed.CompareAndSwap(true, false) {
+				panic("engine actor failure injected")
+			}
+			return 0
+		}
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+		release := d.Metrics.Release
+		d.Metrics.Release = func(reason string) prometheus.Counter {
+			if reason == messages.ReasonAborted {
+				return panicsOnInc{release(reason)}
+			}
+			return release(reason)
+		}
+	})
+	sendBatch(system, pid, 1, added("r")) // r is live, unreleased, with no copy
+	statusOf(t, system, pid)
+
+	armed.Store(true)
+	system.Root.Send(pid, &engine.Tick{}) // fails, and fails again in its end: it stops; r is handed off
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("Closed not closed after r's handed-off release panicked")
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(tm.ThenFailures), "the lost release, counted")
 }
