@@ -220,6 +220,10 @@ type Transfer struct {
 	// copy queue: the release a Then carried is lost, the engine's end it
 	// gives back is not).
 	ThenFailures prometheus.Counter
+	// AbortFailures counts Store.Aborts that panicked (recovered by the
+	// copy queue: that job's pool side is left as it was; the owner's other
+	// jobs are still aborted and its Drain still answered).
+	AbortFailures prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
@@ -259,6 +263,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			"Copies refused because their session began before a lapse (never started)."),
 		ThenFailures: counter("transfer", "then_failures_total",
 			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
+		AbortFailures: counter("transfer", "abort_failures_total",
+			"Store Aborts of cancelled copies that panicked (recovered; that job's pool side is left as it was)."),
 		DecisionTime: latency("store", "decision_seconds", "Time from a batch's arrival to its store job starting to copy."),
 		QueueWait:    latency("transfer", "queue_wait_seconds", "Time from a copy job's submission to its copy starting."),
 	}
@@ -269,7 +275,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.DecisionTime, m.QueueWait)
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.AbortFailures,
+		m.DecisionTime, m.QueueWait)
 	return m
 }
 

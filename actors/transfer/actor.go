@@ -150,10 +150,12 @@ func (a *Actor) Receive(c actor.Context) {
 }
 
 // cancelled aborts the pool side of jobs taken off the queue before they
-// ran and tells their owners.
+// ran and tells their owners. An Abort that panics is reported (Queue.abort)
+// and the rest go on: every owner still gets its JobDone, and a Drain is
+// still appended or answered.
 func (a *Actor) cancelled(c actor.Context, jobs []*Submit) {
 	for i, s := range jobs {
-		s.Store.Abort(s.Dir, s.Chunks)
+		a.q.abort(s)
 		c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(jobs)-1})
 	}
 }
@@ -192,7 +194,7 @@ func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {
 		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
-	a.q.setReport(a.deps.Log, a.deps.Metrics.ThenFailures)
+	a.q.setReport(a.deps.Log, a.deps.Metrics.ThenFailures, a.deps.Metrics.AbortFailures)
 	for _, d := range backend.Directions {
 		dir, m := d.String(), a.deps.Metrics
 		a.byDir[d] = dirSeries{bytes: m.TransferBytes.WithLabelValues(dir), secs: m.TransferTime.WithLabelValues(dir),
@@ -275,7 +277,7 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 func (a *Actor) copy(job *Submit) error {
 	if f := a.deps.Fence; f != nil {
 		if err := f.Enter(job.Session); err != nil {
-			job.Store.Abort(job.Dir, job.Chunks)
+			a.q.abort(job) // recovered: on a worker, a panic would end the process
 			return err
 		}
 		defer f.Leave()

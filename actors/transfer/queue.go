@@ -41,10 +41,12 @@ type Queue struct {
 	// and few. exited: the workers have exited (exit): a Then runs at once.
 	thens  []ownerThen
 	exited bool
-	// thenFailures and log report a Then that panicked (nil: not counted;
-	// log set by the transfer actor's start).
-	thenFailures prometheus.Counter
-	log          *slog.Logger
+	// thenFailures, abortFailures and log report a Then or a Store.Abort
+	// that panicked (nil: not counted; log set by the transfer actor's
+	// start).
+	thenFailures  prometheus.Counter
+	abortFailures prometheus.Counter
+	log           *slog.Logger
 }
 
 type ownerThen struct {
@@ -62,6 +64,7 @@ func NewQueue(cfg Config, gauges *metrics.Transfer) *Queue {
 	if gauges != nil {
 		gauges.ReadQueueFrom(q.state)
 		q.thenFailures = gauges.ThenFailures
+		q.abortFailures = gauges.AbortFailures
 	}
 	return q
 }
@@ -136,8 +139,9 @@ func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
 // DrainThen is Drain with Then, called directly by its sender rather than
 // sent to the transfer actor, so it holds even once that actor has stopped
 // (a message behind its stop would be dropped). It cancels owner's queued
-// jobs (their pool side aborted here; the owner, which will take no JobDone
-// again, gets none) and runs then once no job of owner is copying: at once,
+// jobs (their pool side aborted here, each on its own: one Abort that
+// panics is reported and the rest go on; the owner, which will take no
+// JobDone again, gets none) and runs then once no job of owner is copying: at once,
 // on the caller's goroutine, or on the worker that ends the owner's last
 // copy, or, at the latest, when the transfer actor stops and its workers
 // have exited. then must not block, and must touch only what is safe from
@@ -151,7 +155,7 @@ func (q *Queue) DrainThen(owner *actor.PID, then func()) {
 	}
 	q.mu.Unlock()
 	for _, s := range cancelled {
-		s.Store.Abort(s.Dir, s.Chunks)
+		q.abort(s)
 	}
 	if now {
 		q.runThens([]ownerThen{{owner: owner, then: then}})
@@ -187,31 +191,57 @@ func (q *Queue) runThens(thens []ownerThen) {
 
 func (q *Queue) runThen(t ownerThen) {
 	defer func() {
-		r := recover()
-		if r == nil {
-			return
-		}
-		q.mu.Lock()
-		failures, log := q.thenFailures, q.log
-		q.mu.Unlock()
-		if failures != nil {
-			failures.Inc()
-		}
-		if log != nil {
-			log.Error("a Drain's Then panicked; its release is lost", "owner", t.owner.Id, "reason", fmt.Sprint(r),
-				"stack", string(debug.Stack()))
+		if r := recover(); r != nil {
+			q.report(func(q *Queue) prometheus.Counter { return q.thenFailures },
+				"a Drain's Then panicked; its release is lost", t.owner, r)
 		}
 	}()
 	t.then()
 }
 
-// setReport sets how runThen reports a panic: log, and failures unless
-// NewQueue had a counter already.
-func (q *Queue) setReport(log *slog.Logger, failures prometheus.Counter) {
+// abort completes the pool side of a job that never ran (cancelled while
+// queued, drained, or refused by the fence). A panic in it is the store's
+// bug: it is logged and counted, and the caller goes on, so the owner's
+// other jobs are still aborted, its JobDone still sent and its Drain still
+// answered; that job's chunks are left as they were in the pool.
+func (q *Queue) abort(s *Submit) {
+	defer func() {
+		if r := recover(); r != nil {
+			q.report(func(q *Queue) prometheus.Counter { return q.abortFailures },
+				"a copy's Store.Abort panicked; its pool side is left as it was", s.Owner, r)
+		}
+	}()
+	s.Store.Abort(s.Dir, s.Chunks)
+}
+
+// report logs and counts a recovered panic r of owner's; counter picks the
+// counter (read under the lock: setReport may set it meanwhile).
+func (q *Queue) report(counter func(*Queue) prometheus.Counter, msg string, owner *actor.PID, r any) {
+	q.mu.Lock()
+	failures, log := counter(q), q.log
+	q.mu.Unlock()
+	if failures != nil {
+		failures.Inc()
+	}
+	if log != nil {
+		id := ""
+		if owner != nil {
+			id = owner.Id
+		}
+		log.Error(msg, "owner", id, "reason", fmt.Sprint(r), "stack", string(debug.Stack()))
+	}
+}
+
+// setReport sets how runThen and abort report a panic: log, and each
+// counter unless NewQueue had one already.
+func (q *Queue) setReport(log *slog.Logger, thenFailures, abortFailures prometheus.Counter) {
 	q.mu.Lock()
 	q.log = log
 	if q.thenFailures == nil {
-		q.thenFailures = failures
+		q.thenFailures = thenFailures
+	}
+	if q.abortFailures == nil {
+		q.abortFailures = abortFailures
 	}
 	q.mu.Unlock()
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -47,27 +48,41 @@ func TestAPanickingThenLeavesTheTransferActorWhole(t *testing.T) {
 	require.Len(t, dev.startedCopies(), 1, "one worker: job 2 waits for job 1")
 }
 
-// panicsOnAbort is a store whose Abort panics: a failure in the transfer
-// actor's own turn (Cancel aborts the cancelled job's pool side there).
+// panicsOnAbort is a store whose Abort panics (the store's bug: the copy
+// queue recovers it).
 type panicsOnAbort struct{ *gatedStore }
 
 func (panicsOnAbort) Abort(backend.Direction, []sched.JobChunk) {
 	panic("store Abort failure injected")
 }
 
+// panicsOnInc is a counter whose Inc panics: a failure in the transfer
+// actor's own turn (the unexpected-message counter).
+type panicsOnInc struct{ prometheus.Counter }
+
+func (panicsOnInc) Inc() { panic("counter failure injected") }
+
+// unexpected is a message the transfer actor has no case for.
+type unexpected struct{}
+
 // A transfer actor whose turn panics is resumed, not restarted: a restart
 // would lose its waiting Drains and start a second set of workers on the
 // same queue. Its one worker still runs one copy at a time, and it goes on
 // answering.
 func TestAFailedTransferActorIsResumedWithItsWorkers(t *testing.T) {
-	system, pid, owner, done := setup(t, transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20})
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20},
+		Metrics: metrics.NewTransfer(nil), Unexpected: panicsOnInc{}, Tracer: noop.NewTracerProvider().Tracer(""),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
+	done := make(chan *transfer.JobDone, 8)
+	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
 	dev := &gatedDevice{gate: make(chan struct{})}
 	t.Cleanup(func() { close(dev.gate) })
 	st := &gatedStore{dev: dev}
 	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
 	waitStarted(t, dev, 1)
-	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, panicsOnAbort{st}, 1))
-	system.Root.Send(pid, &transfer.Cancel{Owner: owner, IDs: []sched.JobID{2}}) // its Abort panics
+	system.Root.Send(pid, &unexpected{}) // counting it panics: the turn fails
 	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, st, 1))
 	then := make(chan struct{}, 1)
 	other := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
