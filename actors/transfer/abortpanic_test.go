@@ -1,6 +1,7 @@
 package transfer_test
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -92,4 +93,59 @@ func TestQueueDrainThenWithAPanickingAbortStillRunsTheThen(t *testing.T) {
 	_, aborted := st.seen()
 	require.Equal(t, []messages.Key{"j3-0"}, aborted, "the job after the panicking Abort is aborted all the same")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.AbortFailures))
+}
+
+// A batch of completions whose counting panics part-way (a collector's
+// bug: here the lapsed-copies counter, for the batch's first copy) loses
+// neither a later copy's JobDone nor the Drained that waits for the
+// batch's last copy: each owner still learns its job ended (and releases),
+// and the drained owner's Drained comes now, not when some later copy
+// completes (never, on an idle node). The actor is resumed.
+func TestAPanickingCompletionMetricLosesNoJobDoneNorDrained(t *testing.T) {
+	m := metrics.NewTransfer(nil)
+	m.CopiesLapsed = panicsOnInc{m.CopiesLapsed}
+	cfg := transfer.Config{Workers: 2, MaxInFlightBytes: 1 << 20}
+	q := transfer.NewQueue(cfg, m)
+	system := actor.NewActorSystem()
+	t.Cleanup(system.Shutdown)
+	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: m, Tracer: noop.NewTracerProvider().Tracer(""),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+	done := make(chan *transfer.JobDone, 8)
+	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
+	other := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: make(chan *transfer.JobDone, 8)} }))
+	drained := make(chan *transfer.Drained, 4)
+	replyTo := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &drainSink{ch: drained} }))
+	lapsing := &gatedDevice{gate: make(chan struct{}), fail: transfer.ErrSessionLapsed}
+	fine := &gatedDevice{gate: make(chan struct{})}
+	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, &gatedStore{dev: lapsing}, 1))
+	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, &gatedStore{dev: fine}, 1))
+	waitStarted(t, lapsing, 1)
+	waitStarted(t, fine, 1)
+	system.Root.Send(pid, &transfer.Drain{Owner: owner, ReplyTo: replyTo}) // waits: both copies run
+
+	// Hold the actor in a turn (a Drain's Then) while both copies end, so
+	// that it reports them in one batch, the lapsed one first.
+	hold, held := make(chan struct{}), make(chan struct{}, 1)
+	system.Root.Send(pid, &transfer.Drain{Owner: other, Then: func() { held <- struct{}{}; <-hold }})
+	testkit.Recv(t, held, 5*time.Second, "the actor held in a turn")
+	inFlight := func(n float64) func() error {
+		return func() error {
+			if got := testutil.ToFloat64(m.JobsInFlight); got != n {
+				return fmt.Errorf("%v copies running, want %v", got, n)
+			}
+			return nil
+		}
+	}
+	close(lapsing.gate)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, inFlight(1))
+	close(fine.gate)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, inFlight(0))
+	close(hold)
+
+	for _, id := range []int{1, 2} {
+		d := testkit.Recv(t, done, 5*time.Second, "a JobDone of the batch")
+		require.EqualValues(t, id, d.ID)
+		require.Equal(t, id == 1, d.More, "More on all but the owner's last JobDone of the batch")
+	}
+	require.True(t, testkit.Recv(t, drained, 5*time.Second, "Drained once the batch was reported").Owner.Equal(owner))
 }

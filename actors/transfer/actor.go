@@ -138,10 +138,13 @@ func (a *Actor) Receive(c actor.Context) {
 			a.answer(c, m)
 		}
 	case *completed:
-		a.finish(c, a.q.take())
 		if len(a.drains) > 0 {
-			a.drained(c)
+			// Even if finish panics: a Drain waiting for a copy of this
+			// batch would otherwise wait for some later copy's end (none,
+			// on an idle node).
+			defer a.drained(c)
 		}
+		a.finish(c, a.q.take())
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
@@ -210,10 +213,28 @@ func (a *Actor) start(c actor.Context) {
 // finish reports a batch of finished copies, in the order they finished:
 // each owner's JobDone but its last carries More (the owners run inline in
 // this turn unless their mailbox was busy). The pool's journal, not this,
-// announces the chunks (kv_events).
+// announces the chunks (kv_events). The batch is off the queue already
+// (take): if counting a copy panics (a collector's bug), that copy's and
+// every later copy's JobDone still go out before the panic goes on to the
+// guardian (resumeOnFailure), or their owners would never learn their jobs
+// ended.
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
 	a.more = lastPerOwner(a.more[:0], done)
 	more := a.more
+	sent := 0 // the JobDones gone out (or going: a Send that panics is not retried)
+	defer func() {
+		if sent == len(done) {
+			return
+		}
+		r := recover()
+		for i, d := range done[sent:] {
+			d.done = JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur, More: more[sent+i]}
+			c.Send(d.job.Owner, &d.done)
+		}
+		if r != nil {
+			panic(r)
+		}
+	}()
 	for i, d := range done {
 		m := &a.byDir[d.job.Dir]
 		switch {
@@ -227,6 +248,7 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 			m.size.Observe(float64(d.job.Bytes))
 		}
 		d.done = JobDone{ID: d.job.ID, Err: d.err, Bytes: d.job.Bytes, Duration: d.dur, More: more[i]}
+		sent++
 		c.Send(d.job.Owner, &d.done)
 	}
 }
