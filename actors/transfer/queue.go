@@ -147,19 +147,29 @@ func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
 // have exited. then must not block, and must touch only what is safe from
 // another goroutine. The owner must not submit again.
 func (q *Queue) DrainThen(owner *actor.PID, then func()) {
-	q.mu.Lock()
-	cancelled := q.takeOwnerLocked(owner)
-	now := q.exited || !q.runningLocked(owner)
-	if !now {
-		q.thens = append(q.thens, ownerThen{owner: owner, then: then})
-	}
-	q.mu.Unlock()
+	cancelled, now := q.takeThen(owner, then)
 	for _, s := range cancelled {
 		q.abort(s)
 	}
 	if now {
 		q.runThens([]ownerThen{{owner: owner, then: then}})
 	}
+}
+
+// takeThen removes every queued job of owner and returns them, and
+// reports whether then is due now (no job of owner copying, or the workers
+// exited); if not, it waits in thens. The lock is released by a defer: a
+// panic here (comparing owners), recovered by the caller's guard, must not
+// leave every worker and submitter blocked.
+func (q *Queue) takeThen(owner *actor.PID, then func()) (cancelled []*Submit, now bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	cancelled = q.takeOwnerLocked(owner)
+	now = q.exited || !q.runningLocked(owner)
+	if !now {
+		q.thens = append(q.thens, ownerThen{owner: owner, then: then})
+	}
+	return cancelled, now
 }
 
 // dueThensLocked removes and returns the waiting Thens whose owner has no
@@ -249,11 +259,16 @@ func (q *Queue) setReport(log *slog.Logger, thenFailures, abortFailures promethe
 // exit marks the workers exited (the transfer actor stopping) and runs the
 // Thens still waiting: no copy runs any more.
 func (q *Queue) exit() {
+	q.runThens(q.markExited())
+}
+
+// markExited marks the workers exited and returns the Thens due (all of
+// them); the lock is released by a defer, as in takeThen.
+func (q *Queue) markExited() []ownerThen {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	q.exited = true
-	due := q.dueThensLocked()
-	q.mu.Unlock()
-	q.runThens(due)
+	return q.dueThensLocked()
 }
 
 // copying reports whether a job of owner is copying.
