@@ -31,7 +31,7 @@ func TestAPanickingThenLeavesTheTransferActorWhole(t *testing.T) {
 		Metrics: m, Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
-	dev := &gatedDevice{gate: make(chan struct{})}
+	dev := &gatedDevice{gate: make(chan struct{}), starts: make(chan struct{}, 4)}
 	t.Cleanup(func() { close(dev.gate) })
 	st := &gatedStore{dev: dev}
 
@@ -43,8 +43,8 @@ func TestAPanickingThenLeavesTheTransferActorWhole(t *testing.T) {
 
 	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
 	system.Root.Send(pid, job(owner, 2, backend.DeviceToHost, st, 1))
-	waitStarted(t, dev, 1)
-	time.Sleep(50 * time.Millisecond) // a second worker, if any, would start job 2 meanwhile
+	testkit.Recv(t, dev.starts, 5*time.Second, "job 1's copy start")
+	testkit.NoRecv(t, dev.starts, 100*time.Millisecond, "job 2's copy start (a second worker)")
 	require.Len(t, dev.startedCopies(), 1, "one worker: job 2 waits for job 1")
 }
 
@@ -77,17 +77,17 @@ func TestAFailedTransferActorIsResumedWithItsWorkers(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}))
 	done := make(chan *transfer.JobDone, 8)
 	owner := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
-	dev := &gatedDevice{gate: make(chan struct{})}
+	dev := &gatedDevice{gate: make(chan struct{}), starts: make(chan struct{}, 4)}
 	t.Cleanup(func() { close(dev.gate) })
 	st := &gatedStore{dev: dev}
 	system.Root.Send(pid, job(owner, 1, backend.DeviceToHost, st, 1))
-	waitStarted(t, dev, 1)
+	testkit.Recv(t, dev.starts, 5*time.Second, "job 1's copy start")
 	system.Root.Send(pid, &unexpected{}) // counting it panics: the turn fails
 	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, st, 1))
 	then := make(chan struct{}, 1)
 	other := system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: done} }))
 	system.Root.Send(pid, &transfer.Drain{Owner: other, Then: func() { then <- struct{}{} }})
 	testkit.Recv(t, then, 5*time.Second, "a later Drain's Then")
-	time.Sleep(50 * time.Millisecond) // a second worker, if any, would start job 3 meanwhile
+	testkit.NoRecv(t, dev.starts, 100*time.Millisecond, "job 3's copy start (a second worker)")
 	require.Len(t, dev.startedCopies(), 1, "one worker: job 3 waits for job 1")
 }

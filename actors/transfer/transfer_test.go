@@ -31,6 +31,9 @@ type gatedDevice struct {
 	started []int64 // bytes of each started copy, in order
 	gate    chan struct{}
 	fail    error
+	// starts, when set, is told each copy's start (buffered: a start never
+	// waits on it), so a test can wait for one, or check that none comes.
+	starts chan struct{}
 }
 
 func (d *gatedDevice) SegmentSize(int) int64 { return 1 << 30 }
@@ -43,6 +46,9 @@ func (d *gatedDevice) Copy(_ backend.Direction, _ backend.Arena, r []backend.Ran
 	}
 	d.started = append(d.started, n)
 	d.mu.Unlock()
+	if d.starts != nil {
+		d.starts <- struct{}{}
+	}
 	<-d.gate
 	return d.fail
 }
