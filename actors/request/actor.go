@@ -367,25 +367,29 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
 			"chunks", eff.GivenUp)
 	}
-	if eff.Done && a.releasing != nil {
-		reason := ""
-		if k := len(eff.Releases); k > 0 {
-			reason = eff.Releases[k-1]
-		}
-		a.releasing.raise(reason) // before the release goes out: see releasing
+	if eff.Done && a.releasing != nil && len(eff.Releases) == 0 {
+		a.releasing.raise("") // nothing to publish: done all the same
 	}
 	owedSettled := false
 	for i, reason := range eff.Releases {
+		final := eff.Done && i == len(eff.Releases)-1
 		a.deps.Metrics.Release(reason).Inc()
 		if recording {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
 		var then func()
-		if eff.Done && i == len(eff.Releases)-1 && a.deps.Owed != nil {
+		if final && a.deps.Owed != nil {
 			// The final release and the owed count change together, so a
 			// shutdown never counts a release both sent and owed.
 			then = func() { a.deps.Owed.Add(-1) }
 			owedSettled = true
+		}
+		if final && a.releasing != nil {
+			// Before the release goes out (see Releasing), and just before:
+			// a panic ahead of the publish (the counter, the span event)
+			// leaves it down, so the engine releases the failed request
+			// itself, aborted, and settles its owed count.
+			a.releasing.raise(reason)
 		}
 		if !a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason, then) {
 			owedSettled = true // sealed: stays owed, and the shutdown reports it
