@@ -270,7 +270,11 @@ func (a *Actor) receive(c actor.Context) {
 				a.deps.Log.Warn("engine expired: no sign of life for a lease", "engine", a.deps.Engine,
 					"lease", a.deps.Lease)
 			} else {
-				a.deps.Log.Debug("a replaced engine actor's lease ran out", "engine", a.deps.Engine)
+				// Not the engine's actor any more: replaced by a new
+				// registration, or detached already (an unregister, a failure
+				// or the node stopping, whose retire has not reached it yet).
+				a.deps.Log.Debug("the lease ran out on an engine actor that no longer serves its engine (replaced or detached)",
+					"engine", a.deps.Engine)
 			}
 		}
 	case *request.Done:
