@@ -113,10 +113,10 @@ func (b By) CompleteStore(keys []messages.Key, sums []uint32) { b.CompleteStoreA
 func (b By) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
 	s := b.s
 	s.mu.Lock()
+	defer s.mu.Unlock() // a panic (a bug) must not leave the pool locked for good
 	s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
-	s.mu.Unlock()
 }
 
 // noteReady journals the keys the last completion made ready; under s.mu.
@@ -261,9 +261,9 @@ func (b By) Drop(key messages.Key) bool {
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
-	s.mu.Unlock()
 }
 
 func (s *Shared) Lookup(key messages.Key) (State, int64) {

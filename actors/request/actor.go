@@ -373,10 +373,6 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	owedSettled := false
 	for i, reason := range eff.Releases {
 		final := eff.Done && i == len(eff.Releases)-1
-		a.deps.Metrics.Release(reason).Inc()
-		if recording {
-			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
-		}
 		var then func()
 		if final && a.deps.Owed != nil {
 			// The final release and the owed count change together, so a
@@ -386,13 +382,19 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 		if final && a.releasing != nil {
 			// Before the release goes out (see Releasing), and just before:
-			// a panic ahead of the publish (the counter, the span event)
-			// leaves it down, so the engine releases the failed request
-			// itself, aborted, and settles its owed count.
+			// a panic ahead of the publish leaves it down, so the engine
+			// releases the failed request itself, aborted, and settles its
+			// owed count.
 			a.releasing.raise(reason)
 		}
 		if !a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason, then) {
 			owedSettled = true // sealed: stays owed, and the shutdown reports it
+		}
+		// Counted once it is out: a panic before the publish is counted by
+		// the engine's own release of the failed request, not twice.
+		a.deps.Metrics.Release(reason).Inc()
+		if recording {
+			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
 	}
 	if eff.Done {

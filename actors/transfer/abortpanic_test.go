@@ -149,33 +149,3 @@ func TestAPanickingCompletionMetricLosesNoJobDoneNorDrained(t *testing.T) {
 	}
 	require.True(t, testkit.Recv(t, drained, 5*time.Second, "Drained once the batch was reported").Owner.Equal(owner))
 }
-
-// A DrainThen that panics under the queue's lock (a queued job with no
-// owner: comparing owners dereferences it), recovered by its caller's
-// guard, leaves the lock free: workers and submitters go on.
-func TestAPanickingDrainThenLeavesTheQueueUnlocked(t *testing.T) {
-	m := metrics.NewTransfer(nil)
-	q := transfer.NewQueue(transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}, m)
-	_, _, owner, done := startCounted(t, m, q)
-	dev := &gatedDevice{gate: make(chan struct{})}
-	t.Cleanup(func() { close(dev.gate) })
-	st := &gatedStore{dev: dev}
-	q.Submit(job(owner, 1, backend.DeviceToHost, st, 1))
-	waitStarted(t, dev, 1) // the one worker is busy: the next job stays queued
-	q.Submit(job(nil, 2, backend.DeviceToHost, st, 1))
-
-	var panicked any
-	func() {
-		defer func() { panicked = recover() }() // the caller's guard (the engine actor's)
-		q.DrainThen(owner, func() {})
-	}()
-	require.NotNil(t, panicked, "comparing with the ownerless job panics")
-	submitted := make(chan struct{}, 1)
-	go func() {
-		q.Submit(job(owner, 3, backend.DeviceToHost, st, 1))
-		submitted <- struct{}{}
-	}()
-	testkit.Recv(t, submitted, 5*time.Second, "a Submit after the panic (the lock free)")
-	dev.gate <- struct{}{} // job 1 ends: its worker reports it through the lock
-	require.EqualValues(t, 1, testkit.Recv(t, done, 5*time.Second, "job 1's JobDone").ID)
-}

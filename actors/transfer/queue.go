@@ -104,7 +104,7 @@ func (q *Queue) Submit(s *Submit) {
 func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.removeLocked(func(s *Submit) bool { return s.Owner.Equal(owner) && containsID(ids, s.ID) })
+	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) && containsID(ids, s.ID) })
 }
 
 // drain removes every queued job of owner and returns them, and reports
@@ -117,7 +117,7 @@ func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
 
 // takeOwnerLocked removes every queued job of owner and returns them.
 func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
-	return q.removeLocked(func(s *Submit) bool { return s.Owner.Equal(owner) })
+	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) })
 }
 
 // removeLocked removes the queued jobs that match and returns them, in
@@ -280,11 +280,22 @@ func (q *Queue) copying(owner *actor.PID) bool {
 
 func (q *Queue) runningLocked(owner *actor.PID) bool {
 	for _, s := range q.runs {
-		if s.Owner.Equal(owner) {
+		if sameOwner(s.Owner, owner) {
 			return true
 		}
 	}
 	return false
+}
+
+// sameOwner compares owners as PID.Equal does, but a nil owner (a bug of
+// its submitter) is nobody's and never panics: a panic while a removal
+// compacts the queue in place would leave it with a job twice and another
+// lost.
+func sameOwner(a, b *actor.PID) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Equal(b)
 }
 
 // next blocks until a job may start (the in-flight bound allows it; a job

@@ -1,0 +1,48 @@
+package transfer
+
+import (
+	"testing"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// abortsTold is a Store that tells which jobs' pool side was aborted, each
+// by its number of chunks (the test gives each job a count of its own).
+type abortsTold struct{ aborted []sched.JobID }
+
+func (s *abortsTold) Copy(backend.Direction, []sched.JobChunk) error { return nil }
+func (s *abortsTold) Abort(_ backend.Direction, c []sched.JobChunk) {
+	s.aborted = append(s.aborted, sched.JobID(len(c)))
+}
+
+// A queued job with no owner (its submitter's bug) is nobody's: a drain
+// compares owners without panicking, takes only the owner's own jobs, and
+// leaves the rest of the queue whole. A panic there, halfway through the
+// removal that compacts the queue in place, left one job twice and lost
+// the drained one's abort.
+func TestADrainPassesOverAnOwnerlessJob(t *testing.T) {
+	q := NewQueue(Config{Workers: 1}, nil)
+	x := actor.NewPID("local", "x")
+	y := actor.NewPID("local", "y")
+	st := &abortsTold{}
+	chunks := func(n int) []sched.JobChunk { return make([]sched.JobChunk, n) }
+	a := &Submit{Owner: x, ID: 1, Store: st, Chunks: chunks(1)}
+	k := &Submit{Owner: y, ID: 2, Store: st, Chunks: chunks(2)}
+	n := &Submit{Owner: nil, ID: 3, Store: st, Chunks: chunks(3)}
+	for _, s := range []*Submit{a, k, n} {
+		q.Submit(s)
+	}
+	ran := false
+	q.DrainThen(x, func() { ran = true }) // no job of x copies: at once
+	require.True(t, ran)
+	require.Equal(t, []*Submit{k, n}, q.items, "x's job taken, the others kept once each")
+	require.Equal(t, []sched.JobID{1}, st.aborted, "x's job aborted")
+	require.True(t, sameOwner(nil, nil))
+	require.False(t, sameOwner(nil, x))
+	require.False(t, sameOwner(x, nil))
+	require.True(t, sameOwner(x, actor.NewPID("local", "x")))
+}
