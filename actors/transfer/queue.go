@@ -218,7 +218,7 @@ func (q *Queue) abort(s *Submit) {
 	defer func() {
 		if r := recover(); r != nil {
 			q.report(func(q *Queue) prometheus.Counter { return q.abortFailures },
-				"a copy's Store.Abort panicked; its pool side is left as it was", s.Owner, r)
+				"a copy's Store.Abort panicked; its pool side may be left part done", s.Owner, r)
 		}
 	}()
 	s.Store.Abort(s.Dir, s.Chunks)
