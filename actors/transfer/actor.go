@@ -68,8 +68,6 @@ type Actor struct {
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool // finish's scratch (lastPerOwner)
-	// drains wait for their owner's copies to end (Drain); rare and few.
-	drains []*Drain
 	// byDir are each direction's series, looked up once: a label lookup
 	// hashes its values, four of them per copy.
 	byDir [2]dirSeries
@@ -82,8 +80,8 @@ type dirSeries struct {
 
 // Props builds one transfer actor (spawn it once, from the root context:
 // its mailbox runs on a goroutine of its own). Its workers stop when it
-// stops. It is never restarted: a fresh instance would lose its waiting
-// Drains and start a second set of workers on the same queue. A failed turn
+// stops. It is never restarted: a fresh instance would start a second set
+// of workers on the same queue. A failed turn
 // is logged and the actor resumed (resumeOnFailure).
 func Props(deps Deps) *actor.Props {
 	deps.Config = deps.Config.withDefaults()
@@ -115,13 +113,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
-		a.q.exit() // a DrainThen still waiting runs now, and a later one at once
-		// No copy runs any more: every waiting Drain is answered (a Then
-		// still has to run: an engine's device stays mapped until it has).
-		for _, d := range a.drains {
-			a.answer(c, d)
-		}
-		a.drains = nil
+		a.q.exit() // a Drain still waiting is answered now, and a later one at once
 	case *actor.Stopped:
 		a.loop.Close()
 	case *actor.Restarting:
@@ -130,20 +122,14 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Cancel:
 		a.cancelled(c, a.q.cancel(m.Owner, m.IDs))
 	case *Drain:
-		cancelled, running := a.q.drain(m.Owner)
-		a.cancelled(c, cancelled)
-		if running {
-			a.drains = append(a.drains, m)
-		} else {
-			a.answer(c, m)
+		then := m.Then
+		if then == nil {
+			root, to, owner := c.ActorSystem().Root, m.ReplyTo, m.Owner
+			then = func() { root.Send(to, &Drained{Owner: owner}) }
 		}
+		// Its JobDones are sent as for Cancel, though its owner is gone.
+		a.q.drain(m.Owner, then, func(jobs []*Submit) { a.cancelled(c, jobs) })
 	case *completed:
-		if len(a.drains) > 0 {
-			// Even if finish panics: a Drain waiting for a copy of this
-			// batch would otherwise wait for some later copy's end (none,
-			// on an idle node).
-			defer a.drained(c)
-		}
 		a.finish(c, a.q.take())
 	default:
 		if a.deps.Unexpected != nil {
@@ -154,44 +140,13 @@ func (a *Actor) Receive(c actor.Context) {
 
 // cancelled aborts the pool side of jobs taken off the queue before they
 // ran and tells their owners. An Abort that panics is reported (Queue.abort)
-// and the rest go on: every owner still gets its JobDone, and a Drain is
-// still appended or answered.
+// and the rest go on: every owner still gets its JobDone.
 func (a *Actor) cancelled(c actor.Context, jobs []*Submit) {
 	for i, s := range jobs {
 		a.q.abort(s)
 		c.Send(s.Owner, &JobDone{ID: s.ID, Cancelled: true, More: i < len(jobs)-1})
 	}
 }
-
-// drained answers each waiting Drain whose owner has no copy running any
-// more (one may have ended in the batch just reported).
-func (a *Actor) drained(c actor.Context) {
-	kept := a.drains[:0]
-	for _, d := range a.drains {
-		if a.q.copying(d.Owner) {
-			kept = append(kept, d)
-			continue
-		}
-		a.answer(c, d)
-	}
-	clear(a.drains[len(kept):])
-	a.drains = kept
-}
-
-// answer tells a Drain that no job of its owner is queued or copying: its
-// Then runs, or ReplyTo gets Drained.
-func (a *Actor) answer(c actor.Context, d *Drain) {
-	if d.Then != nil {
-		a.then(d)
-		return
-	}
-	c.Send(d.ReplyTo, &Drained{Owner: d.Owner})
-}
-
-// then runs a Drain's Then. A panic in it is the sender's bug: it is
-// logged and counted (Queue.runThen), and the actor goes on (its other
-// Drains, its turn, its stop).
-func (a *Actor) then(d *Drain) { a.q.runThen(ownerThen{owner: d.Owner, then: d.Then}) }
 
 func (a *Actor) start(c actor.Context) {
 	if a.q = a.deps.Queue; a.q == nil {

@@ -53,14 +53,15 @@ type Cancel struct {
 // request actor stopped after a failure): its queued jobs are cancelled as
 // by Cancel (pool side aborted; their JobDones go to it all the same), and
 // ReplyTo gets Drained once none of its jobs is copying, at once if none
-// is. Its blocks may be reused only after that (PROTOCOL.md, released).
-// The owner must not submit again.
+// is (the transfer actor hands it to Queue.DrainThen's mechanism). Its
+// blocks may be reused only after that (PROTOCOL.md, released). The owner
+// must not submit again.
 type Drain struct {
 	Owner   *actor.PID
 	ReplyTo *actor.PID
 	// Then, when set, is run instead of sending Drained, at the same point,
-	// on the transfer actor's goroutine (for a sender that may be gone by
-	// then: an engine actor stopping). It must not block, and must touch
+	// on the transfer actor's or a copy worker's goroutine (for a sender
+	// that may be gone by then: an engine actor stopping). It must not block, and must touch
 	// nothing of an actor but what is safe from another goroutine. A Drain
 	// sent after the transfer actor stopped is dropped: Queue.DrainThen
 	// holds then too.

@@ -107,14 +107,6 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) && containsID(ids, s.ID) })
 }
 
-// drain removes every queued job of owner and returns them, and reports
-// whether a job of owner is copying.
-func (q *Queue) drain(owner *actor.PID) (cancelled []*Submit, running bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.takeOwnerLocked(owner), q.runningLocked(owner)
-}
-
 // takeOwnerLocked removes every queued job of owner and returns them.
 func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
 	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) })
@@ -136,9 +128,10 @@ func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
 	return removed
 }
 
-// DrainThen is Drain with Then, called directly by its sender rather than
-// sent to the transfer actor, so it holds even once that actor has stopped
-// (a message behind its stop would be dropped). It cancels owner's queued
+// DrainThen is what a Drain does (the transfer actor calls it for the
+// message), called directly by its sender rather than sent to the
+// transfer actor, so it holds even once that actor has stopped (a message
+// behind its stop would be dropped). It cancels owner's queued
 // jobs (their pool side aborted here, each on its own: one Abort that
 // panics is reported and the rest go on; the owner, which will take no
 // JobDone again, gets none) and runs then once no job of owner is copying: at once,
@@ -147,10 +140,18 @@ func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
 // have exited. then must not block, and must touch only what is safe from
 // another goroutine. The owner must not submit again.
 func (q *Queue) DrainThen(owner *actor.PID, then func()) {
+	q.drain(owner, then, func(jobs []*Submit) {
+		for _, s := range jobs {
+			q.abort(s)
+		}
+	})
+}
+
+// drain is DrainThen with what becomes of the cancelled jobs (cancel: it
+// must abort their pool side), done before then may run.
+func (q *Queue) drain(owner *actor.PID, then func(), cancel func([]*Submit)) {
 	cancelled, now := q.takeThen(owner, then)
-	for _, s := range cancelled {
-		q.abort(s)
-	}
+	cancel(cancelled)
 	if now {
 		q.runThens([]ownerThen{{owner: owner, then: then}})
 	}
@@ -189,7 +190,7 @@ func (q *Queue) dueThensLocked() []ownerThen {
 	return due
 }
 
-// runThens runs Thens (DrainThen, or a Drain's Then from the actor). A
+// runThens runs DrainThen's Thens. A
 // panic in one is its sender's bug: it is logged and counted, and the
 // others run all the same (on a worker, an unrecovered panic would end the
 // process).
@@ -269,13 +270,6 @@ func (q *Queue) markExited() []ownerThen {
 	defer q.mu.Unlock()
 	q.exited = true
 	return q.dueThensLocked()
-}
-
-// copying reports whether a job of owner is copying.
-func (q *Queue) copying(owner *actor.PID) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.runningLocked(owner)
 }
 
 func (q *Queue) runningLocked(owner *actor.PID) bool {
