@@ -81,8 +81,8 @@ type dirSeries struct {
 // Props builds one transfer actor (spawn it once, from the root context:
 // its mailbox runs on a goroutine of its own). Its workers stop when it
 // stops. It is never restarted: a fresh instance would start a second set
-// of workers on the same queue. A failed turn
-// is logged and the actor resumed (resumeOnFailure).
+// of workers on the same queue. A failed turn is logged and the actor
+// resumed (resumeOnFailure).
 func Props(deps Deps) *actor.Props {
 	deps.Config = deps.Config.withDefaults()
 	loop := actors.NewLoopDispatcher()

@@ -21,8 +21,8 @@ import (
 
 // A Drain's Then that panics (its sender's bug) is recovered, logged and
 // counted: the transfer actor keeps its state and its one set of workers
-// (a restart would have lost its waiting Drains and started a second set
-// on the same queue), and later Drains are answered.
+// (a restart would have started a second set on the same queue), and
+// later Drains are answered.
 func TestAPanickingThenLeavesTheTransferActorWhole(t *testing.T) {
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
@@ -66,8 +66,7 @@ func (panicsOnInc) Inc() { panic("counter failure injected") }
 type unexpected struct{}
 
 // A transfer actor whose turn panics is resumed, not restarted: a restart
-// would lose its waiting Drains and start a second set of workers on the
-// same queue. Its one worker still runs one copy at a time, and it goes on
+// would start a second set of workers on the same queue. Its one worker still runs one copy at a time, and it goes on
 // answering.
 func TestAFailedTransferActorIsResumedWithItsWorkers(t *testing.T) {
 	system := actor.NewActorSystem()
