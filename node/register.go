@@ -162,11 +162,15 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 // is closed once it has. Caller holds n.mu.
 func (n *Node) retire(rec *engineRec) {
 	n.system.Root.Send(rec.pid, &engine.Retire{})
-	go func() {
-		<-rec.closed
-		rec.loads.closeAndWait()
-		_ = n.unmap(rec)
-	}()
+	go n.unmapWhenClosed(rec)
+}
+
+// unmapWhenClosed closes an engine's device once its actor has stopped and
+// its loads have ended: never under a copy.
+func (n *Node) unmapWhenClosed(rec *engineRec) {
+	<-rec.closed
+	rec.loads.closeAndWait()
+	_ = n.unmap(rec)
 }
 
 // unmap closes an engine's device and gives its segments back to
@@ -208,11 +212,7 @@ func (n *Node) end(ctx context.Context, rec *engineRec, retired <-chan int) (int
 	select {
 	case <-rec.closed:
 	case <-ctx.Done():
-		go func() { // unmap once the copies are done, never under them
-			<-rec.closed
-			rec.loads.closeAndWait()
-			_ = n.unmap(rec)
-		}()
+		go n.unmapWhenClosed(rec)
 		return 0, fmt.Errorf("engine %q: requests or copies still in flight: %w", rec.id, ctx.Err())
 	}
 	released := 0
