@@ -129,21 +129,15 @@ func (a *Actor) handOff(c actor.Context, e *entry) {
 		defer en.done()
 		release()
 	}
-	taken := false
-	defer func() {
-		if !taken {
-			en.done() // the hand-off itself failed: then will never run
-		}
-	}()
 	if q := a.deps.Request.Queue; q != nil {
 		// Straight to the queue: a Drain message queued behind the transfer
 		// actor's stop (node teardown) would be dropped, and Closed would
-		// never close.
+		// never close. It does not panic (owners compared nil-safely, each
+		// abort and then recovered): then runs, once.
 		q.DrainThen(e.pid, then)
-	} else {
-		c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: then})
+		return
 	}
-	taken = true
+	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: e.pid, Then: then})
 }
 
 // releaser returns a failed request's one release, aborted; it may run on
