@@ -114,18 +114,24 @@ func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
 
 // removeLocked removes the queued jobs that match and returns them, in
 // queue order (cancels and drains: rare, so a closure is fine).
-func (q *Queue) removeLocked(match func(*Submit) bool) (removed []*Submit) {
-	kept := q.items[:0]
-	for _, s := range q.items {
-		if match(s) {
-			removed = append(removed, s)
+func (q *Queue) removeLocked(match func(*Submit) bool) []*Submit {
+	return extract(&q.items, match)
+}
+
+// extract removes the elements of *xs that match and returns them; both
+// keep their order, and *xs keeps its array.
+func extract[T any](xs *[]T, match func(T) bool) (out []T) {
+	kept := (*xs)[:0]
+	for _, x := range *xs {
+		if match(x) {
+			out = append(out, x)
 			continue
 		}
-		kept = append(kept, s)
+		kept = append(kept, x)
 	}
-	clear(q.items[len(kept):])
-	q.items = kept
-	return removed
+	clear((*xs)[len(kept):])
+	*xs = kept
+	return out
 }
 
 // DrainThen is what a Drain does (the transfer actor calls it for the
@@ -176,18 +182,7 @@ func (q *Queue) takeThen(owner *actor.PID, then func()) (cancelled []*Submit, no
 // dueThensLocked removes and returns the waiting Thens whose owner has no
 // job copying any more.
 func (q *Queue) dueThensLocked() []ownerThen {
-	var due []ownerThen
-	kept := q.thens[:0]
-	for _, t := range q.thens {
-		if !q.exited && q.runningLocked(t.owner) {
-			kept = append(kept, t)
-			continue
-		}
-		due = append(due, t)
-	}
-	clear(q.thens[len(kept):])
-	q.thens = kept
-	return due
+	return extract(&q.thens, func(t ownerThen) bool { return q.exited || !q.runningLocked(t.owner) })
 }
 
 // runThens runs DrainThen's Thens. A
