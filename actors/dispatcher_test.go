@@ -9,16 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors"
+	"github.com/kvactors/kvactors/internal/testkit"
 )
-
-func awaitClosed(t *testing.T, ch <-chan struct{}, what string) {
-	t.Helper()
-	select {
-	case <-ch:
-	case <-time.After(10 * time.Second):
-		t.Fatalf("timed out waiting for %s", what)
-	}
-}
 
 // Runs scheduled one after another, as a mailbox schedules them, all run on
 // one goroutine that is not the scheduler's: the point of the dispatcher is
@@ -43,11 +35,11 @@ func TestLoopDispatcherClosesFromItsOwnRunAndDropsNothing(t *testing.T) {
 	d := actors.NewLoopDispatcher()
 	closed := make(chan struct{})
 	d.Schedule(func() { d.Close(); close(closed) })
-	awaitClosed(t, closed, "the closing run")
-	awaitClosed(t, d.Exited(), "the loop to exit")
+	testkit.Closed(t, closed, 10*time.Second, "the closing run")
+	testkit.Closed(t, d.Exited(), 10*time.Second, "the loop to exit")
 	late := make(chan struct{})
 	d.Schedule(func() { close(late) })
-	awaitClosed(t, late, "a run scheduled after Close")
+	testkit.Closed(t, late, 10*time.Second, "a run scheduled after Close")
 	d.Close() // twice is fine
 }
 
@@ -56,10 +48,10 @@ func TestLoopDispatcherClosesFromItsOwnRunAndDropsNothing(t *testing.T) {
 func TestAnUnusedLoopDispatcherClosesAtOnce(t *testing.T) {
 	d := actors.NewLoopDispatcher()
 	d.Close()
-	awaitClosed(t, d.Exited(), "Exited of a loop that never started")
+	testkit.Closed(t, d.Exited(), 10*time.Second, "Exited of a loop that never started")
 	ran := make(chan struct{})
 	d.Schedule(func() { close(ran) })
-	awaitClosed(t, ran, "a run scheduled after Close")
+	testkit.Closed(t, ran, 10*time.Second, "a run scheduled after Close")
 }
 
 // More runs than the loop holds, scheduled while it is busy: every one runs.
@@ -76,7 +68,7 @@ func TestLoopDispatcherBackedUpStillRunsEverything(t *testing.T) {
 	close(block)
 	done := make(chan struct{})
 	go func() { wg.Wait(); close(done) }()
-	awaitClosed(t, done, "every run")
+	testkit.Closed(t, done, 10*time.Second, "every run")
 }
 
 // loopActor closes its loop when it stops, as the transfer and engine actors
@@ -108,5 +100,5 @@ func TestAnActorOnALoopDispatcherKeepsOneGoroutineAndEndsIt(t *testing.T) {
 	}
 	require.Len(t, ids, 1)
 	require.NoError(t, system.Root.StopFuture(pid).Wait())
-	awaitClosed(t, loop.Exited(), "the actor's loop to exit after it stopped")
+	testkit.Closed(t, loop.Exited(), 10*time.Second, "the actor's loop to exit after it stopped")
 }

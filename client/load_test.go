@@ -44,7 +44,7 @@ func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
 	stillOpen(t, d.Settled(), 2*testLease, "the load settled while the node still holds it")
 	require.True(t, c.Live(), "heartbeats went on meanwhile")
 	gate <- struct{}{}
-	awaitClosed(t, d.Settled(), 5*time.Second, "the load settled by its late reply")
+	testkit.Closed(t, d.Settled(), 5*time.Second, "the load settled by its late reply")
 	st := c.Stats()
 	require.Zero(t, st.LoadsInDoubt)
 	require.Equal(t, 1, st.LateLoadReplies)
@@ -72,7 +72,7 @@ func TestLoadInDoubtUntilTheNodeIsLost(t *testing.T) {
 	testkit.Recv(t, held, 5*time.Second, "the load waiting at the node")
 	f.kill()
 	lastBeat := f.lastHeartbeat()
-	awaitClosed(t, d.Settled(), testLease+2*time.Second, "the load settled by the node's loss")
+	testkit.Closed(t, d.Settled(), testLease+2*time.Second, "the load settled by the node's loss")
 	require.GreaterOrEqual(t, time.Since(lastBeat), testLease, "settled before the lease since the last heartbeat")
 	require.Zero(t, c.Stats().LoadsInDoubt)
 	_, err := c.Load(context.Background(), "l2", []string{"aa"}, 4, [][]int64{{9}})
@@ -92,20 +92,7 @@ func TestLoadInDoubtUntilUnregistered(t *testing.T) {
 	d := loadInDoubt(t, c)
 	stillOpen(t, d.Settled(), testLease, "the load settled with no reply")
 	require.NoError(t, c.Close())
-	awaitClosed(t, d.Settled(), time.Second, "the load settled by the unregister")
-}
-
-// awaitClosed fails unless ch is closed within d (testkit.Recv treats a
-// closed channel as a failure).
-func awaitClosed(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
-	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case <-ch:
-	case <-timer.C:
-		t.Fatalf("timed out after %v waiting for %s", d, what)
-	}
+	testkit.Closed(t, d.Settled(), time.Second, "the load settled by the unregister")
 }
 
 // stillOpen fails if ch is closed within d (testkit.NoRecv takes a close

@@ -68,7 +68,7 @@ func loadBehindACut(t *testing.T) (*client.Client, *testkit.Link, *fakeNode, *na
 func TestALoadWhoseFlushFailedOutlivesTheNodesLoss(t *testing.T) {
 	c, l, _, _, d := loadBehindACut(t)
 	l.Restore()
-	awaitClosed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
+	testkit.Closed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
 	st := c.Stats()
 	require.Equal(t, 1, st.LateLoadReplies)
 	require.Zero(t, st.LoadsInDoubt)
@@ -85,7 +85,7 @@ func TestARegisterReplyFromANewBootSettlesALoadTheLossLeftInDoubt(t *testing.T) 
 	f.kill()
 	startFakeNode(t, nc, "n1", "boot2", testLease, func(f *fakeNode) { f.dropLoads = true })
 	l.Restore()
-	awaitClosed(t, d.Settled(), 10*time.Second, "the load settled by the new boot's register reply")
+	testkit.Closed(t, d.Settled(), 10*time.Second, "the load settled by the new boot's register reply")
 	st := c.Stats()
 	require.Equal(t, "boot2", st.Boot)
 	require.Zero(t, st.LoadsInDoubt)
@@ -151,6 +151,6 @@ func TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads(t *test
 	require.Equal(t, 1, c.Stats().LoadsInDoubt)
 
 	l.Restore()
-	awaitClosed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
+	testkit.Closed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
 	require.Equal(t, 1, c.Stats().LateLoadReplies)
 }

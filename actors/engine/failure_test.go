@@ -129,11 +129,7 @@ func TestAFailedEngineActorEndsItsEngineAsOnUnregister(t *testing.T) {
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 2, Reason: messages.ReasonEngineGone},
 		recvRelease(t, released, "r's release once its copy is done"))
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the failed engine's actor did not stop")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the failed engine's actor to stop")
 	require.Equal(t, 2, testkit.Recv(t, rep.released, 5*time.Second, "the retire's count"))
 	require.True(t, after.Load(), "a batch after the failure was handled (its credit returned)")
 	require.NoError(t, nc.Flush())
@@ -177,11 +173,7 @@ func TestAnEngineActorFailingAgainWhileItEndsGoesOnEnding(t *testing.T) {
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineGone},
 		recvRelease(t, released, "r's release once its copy is done"))
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the engine actor did not stop once its requests were released")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the engine actor's stop once its requests were released")
 	require.Equal(t, 1, testkit.Recv(t, rep.released, 5*time.Second, "the retire's count"))
 	require.Zero(t, testutil.ToFloat64(f.m.EnginesLive))
 	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Engines.Failures))
@@ -219,11 +211,7 @@ func TestAnEngineActorFailingTooOftenStopsCountingReleasedRequestsRight(t *testi
 	require.Equal(t, messages.ReasonEngineGone, recvRelease(t, released, "r's release once its copy is done").Reason)
 	f.nowFails.Store(11) // the held turn and each Touch after it fail
 	close(gate)
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the engine actor failing again and again did not stop")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the stop of the engine actor failing again and again")
 	require.Equal(t, 1, testkit.Recv(t, rep.released, 5*time.Second, "the retire's count"))
 	require.Zero(t, testutilValue(f.m), "r, released and stopped with its engine actor, did not fail")
 	require.Zero(t, testutil.ToFloat64(f.m.EnginesLive))
@@ -263,11 +251,7 @@ func TestAnEngineActorFailingInsideItsEndStillTellsItsNode(t *testing.T) {
 	f.system.Root.Send(f.pid, &engine.Tick{}) // fails; its end fails too
 	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report to its node")
 	require.True(t, rep.self.Equal(f.pid), "the report names the failed actor")
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the engine actor that failed inside its end did not stop")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the stop of the engine actor that failed inside its end")
 	testkit.NoRecv(t, f.reports, 10*time.Millisecond, "a second report")
 }
 
@@ -293,11 +277,7 @@ func TestAnUnregisterAfterAFailureIsToldTheEndsCount(t *testing.T) {
 	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, "r", recvRelease(t, released, "r's release").Request)
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the failed engine's actor did not stop")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the failed engine's actor to stop")
 	require.Equal(t, 2, testkit.Recv(t, later, 5*time.Second, "the unregister's count"))
 	require.Equal(t, 2, testkit.Recv(t, rep.released, 5*time.Second, "the failure's own count"))
 }

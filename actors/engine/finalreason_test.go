@@ -39,11 +39,7 @@ func TestAGivenUpEngineActorDoesNotCountAFinishedRelease(t *testing.T) {
 	f.nowFails.Store(13) // the held turn fails (the retire marks r), and each Touch after it
 	close(gate)
 	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the engine actor failing again and again did not stop")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "the stop of the engine actor failing again and again")
 	require.Equal(t, 0, testkit.Recv(t, rep.released, 5*time.Second, "the retire's count"),
 		"r released finished, not engine_gone")
 	require.Zero(t, testutilValue(f.m), "r, released and stopped with its engine actor, did not fail")

@@ -187,11 +187,7 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
 		recvRelease(t, released, "r's release once its copy is done"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the retired engine did not stop")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "the retired engine's stop")
 	require.Zero(t, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
@@ -270,11 +266,7 @@ func TestAFailedRequestWaitingForItsCopiesIsReleasedOnceThemEndWhenItsEngineStop
 	d2.Then() // r's copy has ended
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
 		recvRelease(t, released, "r's release once its copy ended"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed once the last release went out")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed, once the last release went out")
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 	require.Equal(t, 1.0, testutilValue(m))
@@ -341,11 +333,7 @@ func TestARequestOfAStoppedEngineActorIsReleasedOnlyOnceItsCopyEnds(t *testing.T
 	require.Equal(t, int64(1), owedMeanwhile, "r's release is owed until it goes out")
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
 		recvRelease(t, released, "r's release once its copy ended"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed once r's release went out")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed, once r's release went out")
 	select {
 	case <-fs.copies:
 		t.Fatal("r's queued copy ran")

@@ -112,11 +112,7 @@ func TestARetireCountsOnlyTheReleasesItCaused(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
 	require.Equal(t, messages.ReasonFinished, rel.Reason, "r's turn decided its release before the Reset")
 	require.Zero(t, testkit.Recv(t, count, 5*time.Second, "the retire's count"), "r counted as released engine_gone")
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the retired engine did not stop")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "the retired engine's stop")
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 }
@@ -143,11 +139,7 @@ func TestARetireEndsWhenItsLastRequestFails(t *testing.T) {
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))
 	require.Equal(t, messages.ReasonAborted, rel.Reason)
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the retired engine did not stop after its last request failed")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "the retired engine's stop after its last request failed")
 	require.Zero(t, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
 }
 

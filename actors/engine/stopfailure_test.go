@@ -45,11 +45,7 @@ func TestClosedClosesWhenTheEngineActorsLastTurnPanics(t *testing.T) {
 	count := make(chan int, 1)
 	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
 	require.Equal(t, 0, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed after a panic in the engine actor's Stopped turn")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed, after a panic in the engine actor's Stopped turn")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Failures))
 }
 
@@ -75,11 +71,7 @@ func TestClosedClosesWhenARequestsEndPanicsWhileTheEngineActorStops(t *testing.T
 	f.arm.Store(true)
 	f.system.Root.Send(f.pid, &engine.Tick{}) // fails, and fails again in its end: it stops
 	testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
-	select {
-	case <-f.closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed after a panic in a request's end while the engine actor stopped")
-	}
+	testkit.Closed(t, f.closed, 5*time.Second, "Closed, after a panic in a request's end while the engine actor stopped")
 	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Failures), "the engine's failure, counted once")
 }
 
@@ -122,11 +114,7 @@ func TestClosedClosesWhenAHandOffPanicsWhileTheEngineActorStops(t *testing.T) {
 	panicRelease.Store(true)
 	always.Store(true)
 	system.Root.Send(pid, &engine.Tick{}) // the engine actor fails, and fails again in its end: it stops
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed after a panic in the engine actor's Stopping")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed, after a panic in the engine actor's Stopping")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Failures), "the engine's failure, counted once")
 }
 
@@ -172,10 +160,6 @@ func TestClosedClosesWhenAHandedOffReleasePanics(t *testing.T) {
 
 	armed.Store(true)
 	system.Root.Send(pid, &engine.Tick{}) // fails, and fails again in its end: it stops; r is handed off
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed after r's handed-off release panicked")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed, after r's handed-off release panicked")
 	require.Equal(t, 1.0, testutil.ToFloat64(tm.ThenFailures), "the lost release, counted")
 }

@@ -56,10 +56,6 @@ func TestAStoppingEngineReleasesItsRequestsAfterTheTransferActorStopped(t *testi
 	armed.Store(true)
 	system.Root.Send(pid, &engine.Tick{}) // fails, and fails again in its end: it stops
 	require.Equal(t, messages.ReasonAborted, recvRelease(t, released, "r's release").Reason)
-	select {
-	case <-closed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("Closed not closed: the hand-off was lost with the stopped transfer actor")
-	}
+	testkit.Closed(t, closed, 5*time.Second, "Closed (the hand-off must outlive the stopped transfer actor)")
 	require.Zero(t, owed.Load())
 }

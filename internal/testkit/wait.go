@@ -69,3 +69,17 @@ func NoRecv[T any](t testing.TB, ch <-chan T, d time.Duration, what string) {
 	case <-timer.C:
 	}
 }
+
+// Closed waits until ch is closed (or yields a value), failing the test
+// after timeout; what names what the close means ("the engine actor's
+// stop").
+func Closed(t testing.TB, ch <-chan struct{}, timeout time.Duration, what string) {
+	t.Helper()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case <-ch:
+	case <-timer.C:
+		t.Fatalf("timed out after %v waiting for %s", timeout, what)
+	}
+}
