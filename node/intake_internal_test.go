@@ -54,8 +54,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(st.Data), `"seq":1`)
 
-	taken := in.budget
-	require.True(t, in.admit(taken), "take the whole budget")
+	taken := takeWholeBudget(t, in)
 	lookup, err := nc.Request("kvactors.e1.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
 	require.NoError(t, err, "a refused request is answered")
 	var r map[string]any
