@@ -224,6 +224,9 @@ type Transfer struct {
 	// copy queue: that job's pool side is left as it was; the owner's other
 	// jobs are still aborted and its Drain still answered).
 	AbortFailures prometheus.Counter
+	// CopyPanics counts Store.Copys that panicked (recovered on the copy
+	// worker: the job is aborted and fails, so its owner retries it).
+	CopyPanics prometheus.Counter
 	// DecisionTime keeps its store_ name: it measures a store decision, from
 	// the batch's arrival to its copy starting, which only the copier sees.
 	DecisionTime prometheus.Histogram
@@ -265,6 +268,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
 		AbortFailures: counter("transfer", "abort_failures_total",
 			"Store Aborts of cancelled copies that panicked (recovered; that job's pool side is left as it was)."),
+		CopyPanics: counter("transfer", "copy_panics_total",
+			"Store Copys that panicked (recovered; the job is aborted and fails, and its owner retries it)."),
 		DecisionTime: latency("store", "decision_seconds", "Time from a batch's arrival to its store job starting to copy."),
 		QueueWait:    latency("transfer", "queue_wait_seconds", "Time from a copy job's submission to its copy starting."),
 	}
@@ -275,7 +280,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.AbortFailures,
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.AbortFailures, m.CopyPanics,
 		m.DecisionTime, m.QueueWait)
 	return m
 }

@@ -250,8 +250,11 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 
 // copy runs one job's copies through its store, inside the fence (if any).
 // A copy the fence refuses (node stopping, session lapsed) never starts;
-// its pool side is aborted.
-func (a *Actor) copy(job *Submit) error {
+// its pool side is aborted. A copy that panics (a backend's bug) would end
+// the process from a worker: it is recovered, logged with its stack and
+// counted, its pool side aborted, and it fails with ErrCopyPanicked, so its
+// owner retries it after a backoff as any failed copy.
+func (a *Actor) copy(job *Submit) (err error) {
 	if f := a.deps.Fence; f != nil {
 		if err := f.Enter(job.Session); err != nil {
 			a.q.abort(job) // recovered: on a worker, a panic would end the process
@@ -259,7 +262,29 @@ func (a *Actor) copy(job *Submit) error {
 		}
 		defer f.Leave()
 	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = a.copyPanicked(job, r)
+		}
+	}()
 	return job.Store.Copy(job.Dir, job.Chunks)
+}
+
+// copyPanicked reports a recovered panic r of job's Store.Copy and aborts
+// its pool side. Stores complete the pool as their last step, so a panic
+// comes before it: the abort removes the chunks still pending (a store) or
+// unpins the chunks read (a load).
+func (a *Actor) copyPanicked(job *Submit, r any) error {
+	a.deps.Metrics.CopyPanics.Inc()
+	owner := ""
+	if job.Owner != nil {
+		owner = job.Owner.Id
+	}
+	a.deps.Log.Error("a copy's Store.Copy panicked; the job is aborted and fails", "engine", job.Engine,
+		"owner", owner, "job", job.ID, "direction", job.Dir.String(), "reason", fmt.Sprint(r),
+		"stack", string(debug.Stack()))
+	a.q.abort(job)
+	return fmt.Errorf("%w: %v", ErrCopyPanicked, r)
 }
 
 // run is the one point where a copy starts: the store plans it, copies,

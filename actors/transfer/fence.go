@@ -19,6 +19,10 @@ var (
 	ErrSessionLapsed = errors.New("session lapsed: an engine may have declared this node lost since the copy's session began; copy not started")
 )
 
+// ErrCopyPanicked is a copy whose Store.Copy panicked (a backend's bug,
+// recovered): its pool side is aborted and its owner retries it.
+var ErrCopyPanicked = errors.New("copy panicked")
+
 // Fence holds back device copies while the node may be cut off from NATS
 // (PROTOCOL.md "Fencing, node side"): no copy starts when the last completed
 // round trip with NATS began Lease/2 or more ago, and a copy still running
