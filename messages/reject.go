@@ -27,6 +27,7 @@ const (
 	RejectLimit          = "limit" // past a node bound: engines, requests per engine, mapped segments
 	RejectBadSpec        = "bad_spec"
 	RejectBadSubject     = "bad_subject"
+	RejectBadReply       = "bad_reply"
 	RejectMalformed      = "malformed"
 	RejectBadEvent       = "bad_event"
 	RejectOther          = "other"
@@ -36,7 +37,7 @@ const (
 var RejectLabels = []string{RejectUnknownType, RejectBadRequestID, RejectWrongType, RejectOutOfRange,
 	RejectBadHash, RejectTooLarge, RejectHole, RejectConflict, RejectBadGroup, RejectBlockRange,
 	RejectPreempted, RejectReleased, RejectPromptMismatch, RejectUnknownEngine, RejectUnknownRequest,
-	RejectUnknownVerb, RejectOverflow, RejectLimit, RejectBadSpec, RejectBadSubject, RejectMalformed, RejectBadEvent,
+	RejectUnknownVerb, RejectOverflow, RejectLimit, RejectBadSpec, RejectBadSubject, RejectBadReply, RejectMalformed, RejectBadEvent,
 	RejectOther}
 
 // Rejection is a sentinel error that names its reject label. Packages that

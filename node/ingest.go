@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +18,7 @@ import (
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -314,6 +316,13 @@ func (in *ingester) take(m *nats.Msg) {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
 	}
+	if m.Reply != "" && !replyAllowed(m.Reply) {
+		// Not answered, not handled: the answer would go out with the
+		// node's permissions, on a subject the sender picked.
+		in.n.rejected(messages.RejectBadReply, "reply subject refused", "engine", engineID, "verb", verb,
+			"reply", m.Reply)
+		return
+	}
 	size := msgBytes(m)
 	in.gate.RLock()
 	defer in.gate.RUnlock()
@@ -477,6 +486,21 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Inc()
 	n.rejectLog.Reject(reason, msg, args...)
 }
+
+// replyAllowed reports whether the node may answer on reply (PROTOCOL.md
+// "kvactors' choice, replies"): a reply inbox, `_INBOX.…` (nats.go's default
+// and the SDK's `_INBOX.<engine>`), never one of kvactors' own. The node
+// answers with its own permissions, which cover every engine's subjects and
+// its JetStream API: a sender that named `P.<other>.unregister` or
+// `$JS.API.…` as its reply would make the node publish there for it.
+func replyAllowed(reply string) bool {
+	return strings.HasPrefix(reply, replyInboxes) && !strings.HasPrefix(reply, ownInboxes)
+}
+
+var (
+	replyInboxes = "_INBOX."
+	ownInboxes   = natsauth.InboxPrefix(natsauth.ServiceUser) + "."
+)
 
 var (
 	errUnknownEngine = errors.New("unknown engine")
