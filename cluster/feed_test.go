@@ -99,7 +99,7 @@ func (n *fakeNode) kvEvents(engine string, evs ...messages.KVEvent) {
 
 func hashKey(h string, g int) holders.NSKey {
 	raw, _ := hex.DecodeString(h)
-	return holders.NSKey{NS: "m", Key: holders.KeyOf(raw, g)}
+	return holders.NSKey{NS: messages.NamespaceKey("e1", "m"), Key: holders.KeyOf(raw, g)} // shared namespace "m"
 }
 
 func holdersOf(f *Feed, k holders.NSKey) func() error {

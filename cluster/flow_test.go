@@ -31,7 +31,9 @@ func TestPrefixStoredOnAIsFoundAndFetchedByteIdenticallyOnC(t *testing.T) {
 	require.NoError(t, ncC.Flush())
 	f := fetcher(t, ncC, nil)
 
-	const ns = "llama-70b@rev3"
+	const name = "llama-70b@rev3"
+	ns := messages.NamespaceKey("eA", name) // how nodes key the shared namespace
+
 	srcA, srcB := newMemSource(), newMemSource()
 	var hashes []string
 	want := map[messages.Key][]byte{}
@@ -63,7 +65,7 @@ func TestPrefixStoredOnAIsFoundAndFetchedByteIdenticallyOnC(t *testing.T) {
 		return n
 	}
 	testkit.Eventually(t, 10*time.Second, 50*time.Millisecond, func() error {
-		a.kvEvents("eA", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: hashes, GroupIdx: 0, Medium: messages.MediumCPU, Namespace: ns})
+		a.kvEvents("eA", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: hashes, GroupIdx: 0, Medium: messages.MediumCPU, Namespace: name})
 		if n := heldPrefix(); n != len(hashes) {
 			return fmt.Errorf("C counts %d of %d chunks held in the cluster", n, len(hashes))
 		}

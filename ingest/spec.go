@@ -115,7 +115,9 @@ func CheckOwner(engine string, s *messages.EngineSpec) error {
 	return nil
 }
 
-// Namespace is the spec's namespace: its "namespace", or the engine id.
+// Namespace is the spec's namespace as the engine names it: its
+// "namespace", or the engine id (what kv_events announce); its identity
+// is messages.NamespaceKey.
 func Namespace(engine string, s *messages.EngineSpec) string {
 	if s.Namespace != "" {
 		return s.Namespace

@@ -116,3 +116,20 @@ type Resync struct {
 // KVAllBlocksCleared is published on P.E.kv_events before anything else at
 // an engine's first register in a node's boot.
 const KVAllBlocksCleared = "AllBlocksCleared"
+
+// NamespaceKey is the identity of namespace name as engine names it: what
+// the node's namespace table, the disk tier, the cluster's holder index and
+// its fetch and keys messages key on. A name equal to the engine's own id
+// (the default) is that engine's own namespace; any other name is a shared
+// one, keyed with a leading '.' that no engine id has. So an engine that
+// names another engine's id as its namespace joins a shared namespace of
+// that name, never the other engine's own (PROTOCOL.md: an engine "shares
+// with nobody unless it says so"). A kv_events batch on P.E.kv_events whose
+// namespace is name has the key NamespaceKey(E, name): a namespace's events
+// go on one of its members.
+func NamespaceKey(engine, name string) string {
+	if name == "" || name == engine {
+		return engine
+	}
+	return "." + name
+}

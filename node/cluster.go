@@ -438,7 +438,7 @@ func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
 		return "", false
 	}
 	n.mu.Lock()
-	rec := n.nss.byName[ns]
+	rec := n.nss.byKey[ns]
 	n.mu.Unlock()
 	if rec == nil {
 		return "", false

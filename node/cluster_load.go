@@ -26,7 +26,7 @@ func (n *Node) remoteKeys(rec *engineRec, keys []messages.Key) []messages.Key {
 	if n.cl == nil {
 		return nil
 	}
-	ns := rec.namespace()
+	ns := rec.namespaceKey()
 	var out []messages.Key
 	seen := map[messages.Key]bool{}
 	for _, k := range keys {
@@ -52,7 +52,7 @@ const fetchParallel = 4
 // many chunks it fetched; any failure fails the load with the error naming
 // the key, frees that key's room, and no byte of it is ever loadable.
 func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
-	ns := rec.namespace()
+	ns := rec.namespaceKey()
 	sizes := make([]int64, len(keys))
 	for i, k := range keys {
 		_, _, g := sched.SplitKey(k)

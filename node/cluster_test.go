@@ -285,7 +285,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	before := append([]byte(nil), c.block(0, 2)...)
 	r := c.loadInto("rc", hs, 8, []int{2, 3})
 	require.False(t, r.OK)
-	require.Contains(t, r.Error, "fetch key m/"+hs[0])
+	require.Contains(t, r.Error, "fetch key .m/"+hs[0])
 	require.Contains(t, r.Error, "from node n0")
 	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
 	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_failures_total", ""))
@@ -310,14 +310,16 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 	// --kv-events-linger after its stored message).
 	var got []byte
 	require.Eventually(t, func() bool {
-		got, err = f.Fetch(context.Background(), "n0", "m", key)
+		got, err = f.Fetch(context.Background(), "n0", messages.NamespaceKey("ea", "m"), key)
 		return err == nil
 	}, 10*time.Second, 5*time.Millisecond, "fetch of the stored chunk")
 	require.Equal(t, a.block(0, 7), got, "the chunk as stored (one 256-byte block per slot)")
-	_, err = f.Fetch(context.Background(), "n0", "other", key)
+	_, err = f.Fetch(context.Background(), "n0", messages.NamespaceKey("ea", "other"), key)
 	require.ErrorIs(t, err, cluster.ErrRefused)
 	_, err = f.Fetch(context.Background(), "n0", "ea", key)
 	require.ErrorIs(t, err, cluster.ErrRefused, "not even the engine id's default namespace")
+	_, err = f.Fetch(context.Background(), "n0", "m", key)
+	require.ErrorIs(t, err, cluster.ErrRefused, "nor the own namespace of an engine named m")
 }
 
 // Two engines of one namespace on C load the same remote prefix at once:
@@ -393,7 +395,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	dst := bytes.Clone(c.block(0, 31))
 	r := c.loadInto("rc", hs, 8, []int{30, 31})
 	require.False(t, r.OK)
-	require.Contains(t, r.Error, "fetch key m/"+hs[1])
+	require.Contains(t, r.Error, "fetch key .m/"+hs[1])
 	require.Contains(t, r.Error, "checksum mismatch")
 	require.Equal(t, dst, c.block(0, 31), "no byte of the corrupt chunk reached C's engine")
 	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_pool_corrupt_chunks_total", ""), "A dropped it")

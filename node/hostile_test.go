@@ -463,9 +463,19 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 // --max-engines namespaces a register is refused as "limit".
 func TestHostileNamespaceChurnIsBounded(t *testing.T) {
 	e := startNode(t, func(c *node.Config) { c.MaxEngines = 1 })
+	// One engine id opens at most 16 (TestOneEngineCannotUseUpTheNodesNamespaces):
+	// two ids, one after the other, reach the node's 16.
+	first := e.newEngine("first", defaultOpts())
+	for i := range 10 {
+		first.spec.Namespace = fmt.Sprintf("ns-%d", i)
+		first.register()
+	}
+	var un messages.UnregisterReply
+	require.NoError(t, jsonUnmarshal(first.request("unregister", map[string]any{}), &un))
+	require.True(t, un.OK)
 	mal := e.newEngine("mal", defaultOpts())
 	before := rejected(t, e, "limit")
-	for i := range 16 {
+	for i := 10; i < 16; i++ {
 		mal.spec.Namespace = fmt.Sprintf("ns-%d", i)
 		mal.register()
 	}

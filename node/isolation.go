@@ -30,17 +30,21 @@ type namespaces struct {
 	// journal's goroutine and must not wait for n.mu, held by a register
 	// across its device attach. Writers hold n.mu as well, so other readers
 	// under n.mu need not take it.
-	mu     sync.RWMutex
-	byName map[string]*namespace
-	byID   []*namespace // byID[id-1]; id 0 is never given out
+	mu    sync.RWMutex
+	byKey map[string]*namespace // by messages.NamespaceKey
+	byID  []*namespace          // byID[id-1]; id 0 is never given out
 	// member is each registered engine's namespace: the kv_events journal
 	// asks it per record, off n.mu (see kvTarget).
 	member map[string]sched.NamespaceID
+	// opened counts the namespaces each engine id opened in this boot:
+	// one engine may not use up the node's bound for everyone else.
+	opened map[string]int
 }
 
 type namespace struct {
 	id     sched.NamespaceID
-	name   string
+	name   string        // as its engines name it (kv_events)
+	key    string        // messages.NamespaceKey: private to one engine, or shared
 	layout *sched.Layout // the geometry it holds
 	// engine is the engine last registered in it: evictions of its keys
 	// caused by an engine of another namespace are announced on this
@@ -50,14 +54,18 @@ type namespace struct {
 }
 
 // maxNamespacesPerEngine bounds the table: each successful register may
-// open a namespace, and entries live for the boot.
+// open a namespace, and entries live for the boot. An engine id may open
+// this many in a boot, and the node 16 × --max-engines in all.
 const maxNamespacesPerEngine = 16
 
-// check reports whether lay may join namespace name, and its id (0 if the
-// namespace is new: commit gives it one). Caller holds n.mu.
-func (t *namespaces) check(name string, lay *sched.Layout, most int) (sched.NamespaceID, error) {
-	ns := t.byName[name]
+// check reports whether engine's lay may join namespace name, and its id
+// (0 if the namespace is new: commit gives it one). Caller holds n.mu.
+func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sched.NamespaceID, error) {
+	ns := t.byKey[messages.NamespaceKey(engine, name)]
 	if ns == nil {
+		if opened := t.opened[engine]; opened >= maxNamespacesPerEngine {
+			return 0, fmt.Errorf("%w: engine %q opened %d namespaces in this boot", ErrLimit, engine, opened)
+		}
 		if len(t.byID) >= most {
 			return 0, fmt.Errorf("%w: %d namespaces opened in this boot", ErrLimit, len(t.byID))
 		}
@@ -70,25 +78,27 @@ func (t *namespaces) check(name string, lay *sched.Layout, most int) (sched.Name
 }
 
 // commit records a successful register of engine in namespace name and
-// returns the namespace's id.
-func (t *namespaces) commit(name, engine string, lay *sched.Layout) sched.NamespaceID {
+// returns the namespace.
+func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	ns := t.byName[name]
+	key := messages.NamespaceKey(engine, name)
+	ns := t.byKey[key]
 	if ns == nil {
-		if t.byName == nil {
-			t.byName = map[string]*namespace{}
+		if t.byKey == nil {
+			t.byKey, t.opened = map[string]*namespace{}, map[string]int{}
 		}
-		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, layout: lay}
+		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, key: key, layout: lay}
 		t.byID = append(t.byID, ns)
-		t.byName[name] = ns
+		t.byKey[key] = ns
+		t.opened[engine]++
 	}
 	ns.engine = engine
 	if t.member == nil {
 		t.member = map[string]sched.NamespaceID{}
 	}
 	t.member[engine] = ns.id
-	return ns.id
+	return ns
 }
 
 // leave forgets a detached engine's membership (its namespace stays).

@@ -195,7 +195,8 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 			continue // no engine of that namespace is registered: no one to tell
 		}
 		if j.observe != nil {
-			j.observe(r.typ, r.medium, name, run.keys)
+			// keyed as the cluster's holder index keys what it reads here
+			j.observe(r.typ, r.medium, messages.NamespaceKey(engine, name), run.keys)
 		}
 		msg.add(engine, r.typ, run.group, r.medium, name, run.keys, j.emit)
 	}

@@ -100,11 +100,11 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
 	}, got, "one message per run of one engine; namespace 2's key and the late record not announced")
 	require.Equal(t, []seen{
-		{messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{key(1, "a")}},
-		{messages.KVBlockRemoved, messages.MediumCPU, "m", []messages.Key{key(1, "b")}},
-		{messages.KVBlockStored, messages.MediumDisk, "m", []messages.Key{key(1, "b")}},
-		{messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{key(1, "c")}},
-	}, observed, "observed as announced: namespace 2's key, which no engine may learn, is not")
+		{messages.KVBlockStored, messages.MediumCPU, ".m", []messages.Key{key(1, "a")}},
+		{messages.KVBlockRemoved, messages.MediumCPU, ".m", []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumDisk, ".m", []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumCPU, ".m", []messages.Key{key(1, "c")}},
+	}, observed, "observed as announced, keyed as the shared namespace m (messages.NamespaceKey): namespace 2's key, which no engine may learn, is not")
 }
 
 // A long run of one engine is cut into messages that each encode under

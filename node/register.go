@@ -69,6 +69,10 @@ func (g *loadGate) closeAndWait() {
 // refused.
 func (r *engineRec) namespace() string { return ingest.Namespace(r.id, &r.spec) }
 
+// namespaceKey is the engine's namespace as the node, the disk tier and the
+// cluster key it (messages.NamespaceKey).
+func (r *engineRec) namespaceKey() string { return messages.NamespaceKey(r.id, r.namespace()) }
+
 // ErrRegister wraps every reason a registration is refused.
 var ErrRegister = errors.New("register refused")
 
@@ -96,7 +100,7 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	if err := n.admit(old, &spec); err != nil {
 		return err
 	}
-	if _, err := n.nss.check(nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
+	if _, err := n.nss.check(id, nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
 		return err
 	}
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
@@ -115,8 +119,9 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
 	n.mapped += len(spec.Segments)
-	lay.Namespace = n.nss.commit(nsName, id, lay)
-	n.diskKeys.learn(lay.Namespace, nsName, lay)
+	ns := n.nss.commit(nsName, id, lay)
+	lay.Namespace = ns.id
+	n.diskKeys.learn(ns.id, ns.key, lay)
 	if old != nil {
 		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
 		n.metrics.EpochResets.Inc()

@@ -116,9 +116,10 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 // for engine: BlockStored adds, BlockRemoved removes, AllBlocksCleared drops
 // every key of the node (the caller then asks for its key set again, so
 // this errs on the side of counting too little). A key's namespace is the
-// event's, else the engine id (the namespace default). A malformed batch
-// changes nothing. Only host-memory events count (medium CPU, or none
-// given): a disk tier's events are skipped.
+// event's, else the engine id (the namespace default), keyed as
+// messages.NamespaceKey keys it. A malformed batch changes nothing. Only
+// host-memory events count (medium CPU, or none given): a disk tier's
+// events are skipped.
 func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBatch) (clearedAll bool, err error) {
 	type op struct {
 		typ  string
@@ -126,10 +127,7 @@ func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBat
 	}
 	ops := make([]op, 0, len(b.Events))
 	for i, ev := range b.Events {
-		ns := ev.Namespace
-		if ns == "" {
-			ns = engine
-		}
+		ns := messages.NamespaceKey(engine, ev.Namespace)
 		o := op{typ: ev.Type}
 		switch ev.Type {
 		case messages.KVBlockStored, messages.KVBlockRemoved:

@@ -49,17 +49,17 @@ func TestHoldersPerNamespaceAndGroup(t *testing.T) {
 	apply(t, x, "a", "a1", stored("m", 0, "aa", "bb"), stored("m", 1, "aa"))
 	apply(t, x, "b", "b1", stored("m", 0, "bb"), stored("other", 0, "cc"))
 
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 0), t0))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 1), t0))
-	require.Equal(t, []string{"a", "b"}, x.Holders("m", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 1), t0))
+	require.Equal(t, []string{"a", "b"}, x.Holders(".m", key(t, "bb", 0), t0))
 	// Namespaces never match (PROTOCOL.md Isolation: lookup is per namespace).
-	require.Empty(t, x.Holders("m", key(t, "cc", 0), t0))
-	require.Equal(t, []string{"b"}, x.Holders("other", key(t, "cc", 0), t0))
-	require.True(t, x.HeldElsewhere("m", key(t, "bb", 0), "a", t0))
-	require.False(t, x.HeldElsewhere("m", key(t, "aa", 0), "a", t0))
+	require.Empty(t, x.Holders(".m", key(t, "cc", 0), t0))
+	require.Equal(t, []string{"b"}, x.Holders(".other", key(t, "cc", 0), t0))
+	require.True(t, x.HeldElsewhere(".m", key(t, "bb", 0), "a", t0))
+	require.False(t, x.HeldElsewhere(".m", key(t, "aa", 0), "a", t0))
 
 	apply(t, x, "a", "a1", removed("m", 0, "bb"))
-	require.Equal(t, []string{"b"}, x.Holders("m", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"b"}, x.Holders(".m", key(t, "bb", 0), t0))
 }
 
 // An event without a namespace is in the engine's namespace (the default).
@@ -71,6 +71,27 @@ func TestNamespaceDefaultsToTheEngine(t *testing.T) {
 	require.Equal(t, []string{"a"}, x.Holders("e7", key(t, "aa", 0), t0))
 }
 
+// An engine's own namespace (named by default or outright, announced on its
+// own kv_events) is not the shared namespace of that name another engine
+// announces: a squatter naming engine vic's id as its namespace never
+// counts vic's keys, nor vic the squatter's (messages.NamespaceKey).
+func TestAnEnginesOwnNamespaceIsNotASharedOneOfItsName(t *testing.T) {
+	x := New(lease)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	_, _ = x.Heartbeat("b", "b1", t0)
+	_, err := x.ApplyKVEvents("a", "a1", "vic", batch(stored("vic", 0, "aa"), stored("", 0, "bb")))
+	require.NoError(t, err)
+	_, err = x.ApplyKVEvents("b", "b1", "mal", batch(stored("vic", 0, "cc")))
+	require.NoError(t, err)
+	own, shared := messages.NamespaceKey("vic", ""), messages.NamespaceKey("mal", "vic")
+	require.NotEqual(t, own, shared)
+	require.Equal(t, []string{"a"}, x.Holders(own, key(t, "aa", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(own, key(t, "bb", 0), t0))
+	require.Empty(t, x.Holders(own, key(t, "cc", 0), t0))
+	require.Equal(t, []string{"b"}, x.Holders(shared, key(t, "cc", 0), t0))
+	require.Empty(t, x.Holders(shared, key(t, "aa", 0), t0))
+}
+
 // Only host memory counts: a node's disk-tier events (medium DISK) neither
 // add nor remove a holder, since fetches are served from host memory.
 func TestDiskTierEventsAreSkipped(t *testing.T) {
@@ -78,10 +99,10 @@ func TestDiskTierEventsAreSkipped(t *testing.T) {
 	_, _ = x.Heartbeat("a", "a1", t0)
 	disk := func(ev messages.KVEvent) messages.KVEvent { ev.Medium = messages.MediumDisk; return ev }
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), disk(stored("m", 0, "bb")))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 0), t0))
-	require.Empty(t, x.Holders("m", key(t, "bb", 0), t0), "on disk only: not fetchable")
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Empty(t, x.Holders(".m", key(t, "bb", 0), t0), "on disk only: not fetchable")
 	apply(t, x, "a", "a1", disk(removed("m", 0, "aa")))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "aa", 0), t0), "a disk deletion leaves host memory's copy")
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0), "a disk deletion leaves host memory's copy")
 }
 
 // "A node that is gone stops counting as a holder within lease_ms."
@@ -90,8 +111,8 @@ func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa"))
 	k := key(t, "aa", 0)
-	require.Equal(t, []string{"a"}, x.Holders("m", k, t0.Add(lease-time.Millisecond)))
-	require.Empty(t, x.Holders("m", k, t0.Add(lease)))
+	require.Equal(t, []string{"a"}, x.Holders(".m", k, t0.Add(lease-time.Millisecond)))
+	require.Empty(t, x.Holders(".m", k, t0.Add(lease)))
 	require.Equal(t, []string{"a"}, x.Expire(t0.Add(lease)))
 	require.Empty(t, x.Nodes(t0.Add(lease)))
 	require.Equal(t, uint64(1), x.Stats().Expired)
@@ -99,7 +120,7 @@ func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 	need, err := x.Heartbeat("a", "a1", t0.Add(2*lease))
 	require.NoError(t, err)
 	require.True(t, need)
-	require.Empty(t, x.Holders("m", k, t0.Add(2*lease)))
+	require.Empty(t, x.Holders(".m", k, t0.Add(2*lease)))
 }
 
 // A new boot drops everything the old process held, at once; a late
@@ -114,13 +135,13 @@ func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {
 	need, err := x.Heartbeat("a", "a2", t0.Add(2*time.Second))
 	require.NoError(t, err)
 	require.True(t, need)
-	require.Empty(t, x.Holders("m", key(t, "aa", 0), t0.Add(2*time.Second)))
+	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0.Add(2*time.Second)))
 
 	_, err = x.ApplyKVEvents("a", "a1", "e", batch(stored("m", 0, "bb")))
 	require.ErrorIs(t, err, ErrStaleBoot)
 	_, err = x.Heartbeat("a", "a1", t0.Add(3*time.Second))
 	require.ErrorIs(t, err, ErrStaleBoot)
-	require.Empty(t, x.Holders("m", key(t, "bb", 0), t0.Add(3*time.Second)))
+	require.Empty(t, x.Holders(".m", key(t, "bb", 0), t0.Add(3*time.Second)))
 	require.Equal(t, "a2", x.Nodes(t0)[0].Boot)
 	require.Equal(t, uint64(2), x.Stats().Stale)
 }
@@ -132,9 +153,9 @@ func TestAllBlocksClearedDropsTheNodesKeys(t *testing.T) {
 	cleared, err := x.ApplyKVEvents("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
 	require.NoError(t, err)
 	require.True(t, cleared)
-	require.Empty(t, x.Holders("m", key(t, "aa", 0), t0))
-	require.Empty(t, x.Holders("n", key(t, "bb", 0), t0))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "cc", 0), t0), "events after the clear apply")
+	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Empty(t, x.Holders(".n", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "cc", 0), t0), "events after the clear apply")
 }
 
 // Bad input: a clear error, counted, nothing else changed.
@@ -150,7 +171,7 @@ func TestMalformedBatchChangesNothing(t *testing.T) {
 		_, err := x.ApplyKVEvents("a", "a1", "e", b)
 		require.ErrorIs(t, err, ErrBadEvent)
 	}
-	require.Empty(t, x.Holders("m", key(t, "aa", 0), t0))
+	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
 	require.Equal(t, uint64(4), x.Stats().Rejected)
 }
 
@@ -162,12 +183,12 @@ func TestCatchUpPageLosesToARemovalSeenMeanwhile(t *testing.T) {
 	require.NoError(t, err)
 	apply(t, x, "a", "a1", removed("m", 0, "aa"))
 	apply(t, x, "a", "a1", stored("m", 0, "cc"), removed("m", 0, "cc"), stored("m", 0, "cc"))
-	page := []NSKey{{"m", key(t, "aa", 0)}, {"m", key(t, "bb", 0)}, {"m", key(t, "cc", 0)}}
+	page := []NSKey{{".m", key(t, "aa", 0)}, {".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}}
 	require.NoError(t, x.CatchUpPage("a", id, page))
 	x.EndCatchUp("a", id)
-	require.Empty(t, x.Holders("m", key(t, "aa", 0), t0))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "bb", 0), t0))
-	require.Equal(t, []string{"a"}, x.Holders("m", key(t, "cc", 0), t0), "re-stored after the removal")
+	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "cc", 0), t0), "re-stored after the removal")
 	require.ErrorIs(t, x.CatchUpPage("a", id, page), ErrNoSync, "an ended catch-up takes no page")
 
 	// A superseded catch-up's pages are refused.

@@ -64,9 +64,11 @@ func (m *naive) holders(k NSKey, now time.Time) []string {
 func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 	nodes := []string{"a", "b", "c"}
 	hashes := []string{"01", "02", "03"}
-	nss := []string{"m", "n"}
+	// Two shared namespaces and the engine's own, named outright and by
+	// default: the engine's own is one namespace, apart from every shared one.
+	nss := []string{"m", "n", "e", ""}
 	var universe []NSKey
-	for _, ns := range nss {
+	for _, ns := range []string{".m", ".n", "e"} {
 		for _, h := range hashes {
 			for g := range 2 {
 				universe = append(universe, NSKey{ns, key(t, h, g)})
@@ -107,7 +109,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 				if op == 4 {
 					typ = messages.KVBlockRemoved
 				}
-				ns, h, g := nss[r.IntN(2)], hashes[r.IntN(len(hashes))], r.IntN(2)
+				ns, h, g := nss[r.IntN(len(nss))], hashes[r.IntN(len(hashes))], r.IntN(2)
 				_, err := x.ApplyKVEvents(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
 				n := m.node(id, boot)
 				if n == nil {
@@ -115,7 +117,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					break
 				}
 				require.NoError(t, err)
-				k := NSKey{ns, key(t, h, g)}
+				k := NSKey{messages.NamespaceKey("e", ns), key(t, h, g)}
 				if typ == messages.KVBlockStored {
 					n.keys[k] = true
 					delete(n.syncGone, k)
