@@ -56,6 +56,7 @@ func (e *LoadInDoubtError) Settled() <-chan struct{} { return e.settled }
 // node or Close's unregister). Fields other than the channel are under c.mu.
 type loadWait struct {
 	node, boot string
+	probe      uint64 // its number as a probe (boots.go)
 	sub        *nats.Subscription
 	settled    chan struct{}
 	rep        *nats.Msg // the reply, once it came
@@ -82,7 +83,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	w := &loadWait{settled: make(chan struct{})}
 	c.mu.Lock()
 	closed, lost, node := c.closed, c.lost, c.node
-	w.node, w.boot = c.node, c.boot
+	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.mu.Unlock()
 	switch {
 	case closed:
@@ -122,7 +123,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	defer c.mu.Unlock()
 	switch {
 	case w.rep != nil:
-		return c.loadResult(req, w.rep)
+		return c.loadResult(w, req)
 	case w.done: // the node was lost (after its lease) or the client closed
 		return 0, fmt.Errorf("client: engine %s: load %s: %w before its reply; its blocks are safe", c.cfg.Engine,
 			req, ErrNoNode)
@@ -133,8 +134,9 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	return 0, &LoadInDoubtError{Request: req, Node: w.node, Boot: w.boot, Err: wait.Err(), settled: w.settled}
 }
 
-// loadResult reads a load's reply. Caller holds c.mu.
-func (c *Client) loadResult(req string, m *nats.Msg) (int, error) {
+// loadResult reads w's reply. Caller holds c.mu.
+func (c *Client) loadResult(w *loadWait, req string) (int, error) {
+	m := w.rep
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, nats.ErrNoResponders)
 	}
@@ -142,7 +144,7 @@ func (c *Client) loadResult(req string, m *nats.Msg) (int, error) {
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
 		return 0, fmt.Errorf("client: engine %s: decode load reply %q: %w", c.cfg.Engine, m.Data, err)
 	}
-	c.seenLocked(rep.Node, rep.Boot)
+	c.repliedLocked(rep.Node, rep.Boot, w.probe)
 	if rep.Error != "" || !rep.OK {
 		return 0, fmt.Errorf("client: engine %s: load %s: %s", c.cfg.Engine, req, rep.Error)
 	}
