@@ -70,6 +70,7 @@ type Client struct {
 	closed bool
 
 	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
+	beforeLoad      func() // test hook: runs in Load before it takes c.mu to send
 
 	subs []*nats.Subscription
 	kick chan struct{}
