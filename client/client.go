@@ -30,11 +30,17 @@ type Client struct {
 	lastSeen   time.Time // last hello, heartbeat or reply of node/boot
 	lost       bool      // the node is lost: frees wait for fenceUntil, then re-register
 	freedLoss  bool      // the node_lost frees of this loss are done
-	otherBoot  bool      // another boot of node was seen: this boot's process is gone
-	// pastBoots are boots of node this engine registered with before boot
-	// (the latest few): their processes are gone, and a late message of
-	// one is no news of the node (seenLocked).
-	pastBoots  []string
+	otherBoot  bool      // a newer boot of node answered: this boot's process is gone
+	// pastBoots are boots of node known to be gone (the latest few): ones
+	// this engine registered with before boot, and ones a probe showed older
+	// than a boot that answered. A late message of one is no news (boots.go).
+	pastBoots []string
+	// suspects are other boots of node seen in messages that prove nothing,
+	// each with the probe count when first seen: a reply to a later probe
+	// settles it (boots.go).
+	suspects   map[string]uint64
+	probes     uint64 // requests numbered by probeLocked
+	regAt      uint64 // probes when the last register took effect
 	fenceUntil time.Time
 	reregister bool   // the node forgot the engine: register again, then resync
 	resync     string // a resync is due, for this reason ("" = none)
@@ -64,6 +70,7 @@ type Client struct {
 	closed bool
 
 	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
+	beforeLoad      func() // test hook: runs in Load before it takes c.mu to send
 
 	subs []*nats.Subscription
 	kick chan struct{}
@@ -106,6 +113,8 @@ type Stats struct {
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
 	RegisterRefused  string // the latest refusal while the session waits to register ("" once registered)
+	BootsSuspected   int    // other boots of the node seen in messages that prove nothing, then probed (boots.go)
+	BootsStale       int    // of which a probe showed older than a boot that answered: no restart
 	LoadsInDoubt     int    // loads now in doubt: no reply yet, their blocks not to be reused (LoadInDoubtError)
 	LateLoadReplies  int    // loads in doubt settled by their own late reply
 }

@@ -6,11 +6,14 @@
 // What it owns:
 //   - the session: register (retried with backoff until the context ends),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
-//     detection (a hello, heartbeat or reply with another boot, not one it
-//     registered past, or no node heartbeat for lease_ms) and, after the
-//     lease wait, re-registering every lease/4 (a refusal then is retried
-//     too, since it may pass, but logged at Warn, counted in Stats and
-//     passed to Config.OnRegisterRefused);
+//     detection (no node heartbeat for lease_ms, or a reply from another
+//     boot to a request sent after the register; another boot in any other
+//     message may be an older process's, delivered late, so it is probed
+//     with a heartbeat first, and one older than the registered boot is
+//     ignored from then on) and, after the lease wait, re-registering
+//     every lease/4 (a refusal then is retried too, since it may pass, but
+//     logged at Warn, counted in Stats and passed to
+//     Config.OnRegisterRefused);
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
 //     batch per Flush, and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
@@ -37,7 +40,7 @@
 //     the loss of its node once the lease has passed (the node's fence; only
 //     for a load whose flush came back, so none of it can still be in the
 //     connection's reconnect buffer), on another boot of that node (its old
-//     process can copy nothing), or
+//     process can copy nothing: a newer boot answered), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
 //     node is lost (ErrNoNode).

@@ -8,5 +8,13 @@ func SetBeforeHeartbeat(c *Client, f func()) {
 	c.mu.Unlock()
 }
 
+// SetBeforeLoad sets a hook run in Load where another goroutine may run
+// before the load is checked against a loss and sent.
+func SetBeforeLoad(c *Client, f func()) {
+	c.mu.Lock()
+	c.beforeLoad = f
+	c.mu.Unlock()
+}
+
 // PastBoots is pastBoots, for its table test.
 var PastBoots = pastBoots

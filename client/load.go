@@ -56,6 +56,7 @@ func (e *LoadInDoubtError) Settled() <-chan struct{} { return e.settled }
 // node or Close's unregister). Fields other than the channel are under c.mu.
 type loadWait struct {
 	node, boot string
+	probe      uint64 // its number as a probe (boots.go)
 	sub        *nats.Subscription
 	settled    chan struct{}
 	rep        *nats.Msg // the reply, once it came
@@ -79,18 +80,13 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	if err != nil {
 		return 0, fmt.Errorf("client: encode load: %w", err)
 	}
-	w := &loadWait{settled: make(chan struct{})}
 	c.mu.Lock()
-	closed, lost, node := c.closed, c.lost, c.node
-	w.node, w.boot = c.node, c.boot
+	err = c.loadRefusedLocked(req)
 	c.mu.Unlock()
-	switch {
-	case closed:
-		return 0, fmt.Errorf("client: engine %s: load %s after Close", c.cfg.Engine, req)
-	case lost:
-		// Only loads sent before the loss are covered by the node's fence.
-		return 0, fmt.Errorf("client: engine %s: load %s: %w (node %s)", c.cfg.Engine, req, ErrNoNode, node)
+	if err != nil {
+		return 0, err
 	}
+	w := &loadWait{settled: make(chan struct{})}
 	// An inbox of its own, kept after Load gives up, so a late reply still
 	// settles the load.
 	w.sub, err = c.nc.Subscribe(c.nc.NewInbox(), func(m *nats.Msg) { c.loadReplied(w, m) })
@@ -98,15 +94,27 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 		return 0, fmt.Errorf("client: engine %s: load %s: subscribe reply inbox: %w", c.cfg.Engine, req, err)
 	}
 	_ = w.sub.AutoUnsubscribe(1)
+	if c.beforeLoad != nil {
+		c.beforeLoad()
+	}
+	// Checked again, recorded and published under the lock a loss and a
+	// register take: a load is either refused or sent to the boot it names
+	// before that boot is given up, so the loss's fence covers it and its
+	// settle finds it. (Published under c.mu as batches are: it buffers.)
 	c.mu.Lock()
+	if err := c.loadRefusedLocked(req); err != nil {
+		c.mu.Unlock()
+		_ = w.sub.Unsubscribe()
+		return 0, err
+	}
+	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.loads[w] = struct{}{}
-	c.mu.Unlock()
 	if err := c.nc.PublishRequest(c.subj+messages.VerbLoad, w.sub.Subject, data); err != nil {
-		c.mu.Lock()
 		c.settleLoadLocked(w) // never sent
 		c.mu.Unlock()
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, err)
 	}
+	c.mu.Unlock()
 	wait, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	if err := c.nc.FlushWithContext(wait); err == nil {
@@ -122,7 +130,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	defer c.mu.Unlock()
 	switch {
 	case w.rep != nil:
-		return c.loadResult(req, w.rep)
+		return c.loadResult(w, req)
 	case w.done: // the node was lost (after its lease) or the client closed
 		return 0, fmt.Errorf("client: engine %s: load %s: %w before its reply; its blocks are safe", c.cfg.Engine,
 			req, ErrNoNode)
@@ -133,8 +141,21 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	return 0, &LoadInDoubtError{Request: req, Node: w.node, Boot: w.boot, Err: wait.Err(), settled: w.settled}
 }
 
-// loadResult reads a load's reply. Caller holds c.mu.
-func (c *Client) loadResult(req string, m *nats.Msg) (int, error) {
+// loadRefusedLocked is why no load may be sent now, if so: after Close, or
+// while the node is lost (its fence covers only loads sent before).
+func (c *Client) loadRefusedLocked(req string) error {
+	switch {
+	case c.closed:
+		return fmt.Errorf("client: engine %s: load %s after Close", c.cfg.Engine, req)
+	case c.lost:
+		return fmt.Errorf("client: engine %s: load %s: %w (node %s)", c.cfg.Engine, req, ErrNoNode, c.node)
+	}
+	return nil
+}
+
+// loadResult reads w's reply. Caller holds c.mu.
+func (c *Client) loadResult(w *loadWait, req string) (int, error) {
+	m := w.rep
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, nats.ErrNoResponders)
 	}
@@ -142,7 +163,7 @@ func (c *Client) loadResult(req string, m *nats.Msg) (int, error) {
 	if err := json.Unmarshal(m.Data, &rep); err != nil {
 		return 0, fmt.Errorf("client: engine %s: decode load reply %q: %w", c.cfg.Engine, m.Data, err)
 	}
-	c.seenLocked(rep.Node, rep.Boot)
+	c.repliedLocked(rep.Node, rep.Boot, w.probe)
 	if rep.Error != "" || !rep.OK {
 		return 0, fmt.Errorf("client: engine %s: load %s: %s", c.cfg.Engine, req, rep.Error)
 	}

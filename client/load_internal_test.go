@@ -56,7 +56,9 @@ func TestANewBootSettlesEveryLoadOfTheOldOne(t *testing.T) {
 	c.loads[w] = struct{}{}
 	c.st.LoadsInDoubt++
 	c.lastSeen = time.Now().Add(-2 * time.Second)
-	c.seenLocked("n1", "b2") // n1's hello from its next process
+	c.seenLocked("n1", "b2") // n1's hello from its next process: a suspicion only
+	require.False(t, c.lost)
+	c.repliedLocked("n1", "b2", c.probeLocked()) // b2 answers a probe: the proof
 	require.True(t, c.lost)
 	c.freeLossLocked()
 	select {

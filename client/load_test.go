@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 )
 
 // loadInDoubt sends a load that the node does not answer within 100 ms
@@ -106,4 +107,29 @@ func stillOpen(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 		t.Fatalf("unexpected %s", what)
 	case <-timer.C:
 	}
+}
+
+// TestNoLoadIsSentAfterItsNodeWasGivenUp: a loss declared, and its frees
+// done, while Load is on its way (the hook runs where another goroutine may
+// overtake it) leaves the load refused and unsent: sent later, the lost
+// node's fence would not cover it and nothing would settle it.
+func TestNoLoadIsSentAfterItsNodeWasGivenUp(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease, func(f *fakeNode) {
+		f.holdRelease = func(uint64) bool { return true }
+	})
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
+		RequestTimeout: time.Second})
+	oneRequest(t, c, "r1")
+	loads := testkit.Subscribe(t, nc, "kvactors.e1.load") // hears loads, never answers
+	client.SetBeforeLoad(c, func() {
+		f.kill()
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, "r1 freed by the node's loss")
+		require.Equal(t, messages.ReasonNodeLost, rel.Reason)
+	})
+	_, err := c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
+	require.ErrorIs(t, err, client.ErrNoNode)
+	testkit.NoRecv(t, loads, 200*time.Millisecond, "a load sent after its node was given up")
+	require.Zero(t, c.Stats().LoadsInDoubt)
 }

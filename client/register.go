@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -38,7 +37,14 @@ var errRefused = errors.New("register refused")
 // registerOnce sends the spec; on success the node, boot and lease of the
 // reply become the session's.
 // ctx (besides RequestTimeout) bounds the wait for the reply.
+//
+// Registers run one at a time (Connect, then only the session loop), so
+// each is sent after the previous one took effect: another boot of the
+// node in its reply is a restart (boots.go).
 func (c *Client) registerOnce(ctx context.Context) error {
+	c.mu.Lock()
+	n := c.probeLocked()
+	c.mu.Unlock()
 	var rep messages.RegisterReply
 	if err := c.requestCtx(ctx, messages.VerbRegister, c.cfg.Spec, &rep); err != nil {
 		return err
@@ -54,7 +60,12 @@ func (c *Client) registerOnce(ctx context.Context) error {
 		c.settleLoadsOfLocked(c.node, c.boot, false)
 	}
 	c.pastBoots = pastBoots(c.pastBoots, c.node, c.boot, rep.Node, rep.Boot)
-	c.node, c.boot, c.otherBoot = rep.Node, rep.Boot, false
+	if rep.Node == c.node {
+		c.pastSuspectsLocked(n, rep.Boot) // seen before the register: older than its answerer
+	} else {
+		c.suspects = nil
+	}
+	c.node, c.boot, c.otherBoot, c.regAt = rep.Node, rep.Boot, false, c.probes
 	c.lease = time.Duration(rep.LeaseMS) * time.Millisecond
 	if c.lease <= 0 {
 		c.lease = c.cfg.DefaultLease
@@ -63,33 +74,6 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	c.st.Registers++
 	return nil
 }
-
-// maxPastBoots bounds Client.pastBoots: a message that outlives more
-// restarts than this is taken for a new boot (a needless node loss, no
-// more).
-const maxPastBoots = 4
-
-// pastBoots returns past with the session's boot added when a register
-// reply names a later boot of the same node; another node has none.
-func pastBoots(past []string, node, boot, repNode, repBoot string) []string {
-	if repNode != node {
-		return nil
-	}
-	// A past boot that answers is alive after all (a process must not share
-	// a node id, but if one did, its messages are news again).
-	past = slices.DeleteFunc(past, func(b string) bool { return b == repBoot })
-	if boot == "" || repBoot == boot || slices.Contains(past, boot) {
-		return past
-	}
-	if len(past) == maxPastBoots {
-		past = append(past[:0], past[1:]...)
-	}
-	return append(past, boot)
-}
-
-// isPastBoot reports whether boot is one of node's this engine has
-// registered past.
-func (c *Client) isPastBoot(boot string) bool { return slices.Contains(c.pastBoots, boot) }
 
 // tryRegister is one re-register attempt after a loss; success starts a
 // new epoch that re-announces every live request.

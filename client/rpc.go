@@ -11,22 +11,20 @@ import (
 // Lookup asks how many leading tokens of a prompt with these block hashes
 // (lowercase hex) the node can load.
 func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
+	c.mu.Lock()
+	n := c.probeLocked()
+	c.mu.Unlock()
 	var rep messages.LookupReply
 	if err := c.requestCtx(ctx, messages.VerbLookup, messages.LookupRequest{Hashes: hashes}, &rep); err != nil {
 		return 0, err
 	}
-	c.replied(rep.Node, rep.Boot)
+	c.mu.Lock()
+	c.repliedLocked(rep.Node, rep.Boot, n)
+	c.mu.Unlock()
 	if rep.Error != "" {
 		return 0, fmt.Errorf("client: engine %s: lookup: %s", c.cfg.Engine, rep.Error)
 	}
 	return rep.HitTokens, nil
-}
-
-// replied notes the node and boot of a reply: another boot is a lost node.
-func (c *Client) replied(node, boot string) {
-	c.mu.Lock()
-	c.seenLocked(node, boot)
-	c.mu.Unlock()
 }
 
 // Close unregisters the engine (the node releases every request with reason

@@ -189,27 +189,6 @@ func (c *Client) onNodeHeartbeat(m *nats.Msg) {
 	}
 }
 
-// seenLocked records a sign of life of node/boot: of this engine's node it
-// refreshes the lease; another boot of it means the node restarted, unless
-// it is one the engine has registered past (a late message of a process
-// that is gone: PROTOCOL.md step 14).
-func (c *Client) seenLocked(node, boot string) {
-	if node == "" || node != c.node || boot == "" || c.isPastBoot(boot) {
-		return
-	}
-	if boot == c.boot {
-		if !c.lost {
-			c.lastSeen = time.Now()
-		}
-		return
-	}
-	c.otherBoot = true
-	if !c.lost {
-		c.loseLocked("new boot " + boot)
-	}
-	c.wake() // a new boot is up: register as soon as the fence allows
-}
-
 // loseLocked starts the node-loss procedure: every request awaiting a
 // release is freed once lease has passed since the node's last sign of
 // life (the node's fencing rule guarantees no copy after that), then the
@@ -331,11 +310,11 @@ func (c *Client) tickOnce() time.Duration {
 		// on another goroutine cannot put the new epoch's first batch ahead
 		// of a heartbeat carrying the epoch it ended; only the reply is
 		// awaited outside the lock.
-		epoch, seq := c.epoch, c.seq
+		epoch, seq, n := c.epoch, c.seq, c.probeLocked()
 		sub, err := c.sendHeartbeatLocked(epoch, seq)
 		c.mu.Unlock()
 		if err == nil {
-			c.heartbeat(epoch, seq, sub)
+			c.heartbeat(epoch, seq, n, sub)
 		} else {
 			c.cfg.Log.Debug("client: heartbeat", "engine", c.cfg.Engine, "err", err)
 		}
@@ -380,11 +359,12 @@ func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscripti
 	return sub, nil
 }
 
-// heartbeat awaits the reply to the heartbeat sent on sub and acts on it:
-// another boot is a lost node, an unknown engine registers again, and
-// fewer releases received than the node had published a heartbeat ago is
-// a lost release.
-func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
+// heartbeat awaits the reply to the heartbeat sent on sub (probe n) and
+// acts on it: another boot is a lost node, the registered one shows the
+// boots suspected before it older (boots.go), an unknown engine registers
+// again, and fewer releases received than the node had published a
+// heartbeat ago is a lost release.
+func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription) {
 	defer func() { _ = sub.Unsubscribe() }()
 	var rep messages.HeartbeatReply
 	c.mu.Lock()
@@ -399,11 +379,10 @@ func (c *Client) heartbeat(epoch string, seq uint64, sub *nats.Subscription) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.repliedLocked(rep.Node, rep.Boot, n)
 	if rep.Boot != "" && rep.Boot != c.boot {
-		c.seenLocked(rep.Node, rep.Boot)
 		return
 	}
-	c.seenLocked(rep.Node, rep.Boot)
 	if rep.Error != "" {
 		if strings.Contains(rep.Error, "unknown engine") {
 			c.cfg.Log.Warn("client: the node forgot this engine", "engine", c.cfg.Engine, "err", rep.Error)

@@ -99,7 +99,9 @@ func TestCloseWhileReregisterPending(t *testing.T) {
 
 // TestALateMessageOfAPastBootIsNoNews: once the engine has registered with
 // boot2, a message boot1 sent before it died (delivered late) is not a
-// restart of boot2; a boot not seen before still is (PROTOCOL.md step 14).
+// restart of boot2 (PROTOCOL.md step 14); nor is one of a boot not seen
+// before that never answers (boot3: boot2 answers the probe, so boot3 is
+// older); a boot not seen before that answers is (boot4).
 func TestALateMessageOfAPastBootIsNoNews(t *testing.T) {
 	s, nc := testkit.NATS(t)
 	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
@@ -114,20 +116,35 @@ func TestALateMessageOfAPastBootIsNoNews(t *testing.T) {
 		}
 		return nil
 	})
-	losses := c.Stats().NodeLosses
+	st0 := c.Stats()
+	losses := st0.NodeLosses
 
 	// On one subscription, in order: boot1's late heartbeat, then boot3's.
 	beat := messages.NodeSubject("kvactors", "n1", messages.NodeVerbHeartbeat)
 	f2.publish(beat, messages.NodeHeartbeat{Node: "n1", Boot: "boot1"})
 	f2.publish(beat, messages.NodeHeartbeat{Node: "n1", Boot: "boot3"})
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		st := c.Stats()
+		if st.BootsSuspected != st0.BootsSuspected+1 || st.BootsStale != st0.BootsStale+1 {
+			return fmt.Errorf("%d boots suspected, %d stale since boot2's register; want boot3 probed and found stale",
+				st.BootsSuspected-st0.BootsSuspected, st.BootsStale-st0.BootsStale)
+		}
+		return nil
+	})
+	require.Equal(t, losses, c.Stats().NodeLosses)
+	require.True(t, c.Live())
+
+	f2.kill()
+	startFakeNode(t, nc, "n1", "boot4", testLease)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 		if got := c.Stats().NodeLosses; got != losses+1 {
 			return fmt.Errorf("%d node losses since boot2's register, want 1", got-losses)
 		}
 		return nil
 	})
-	require.Contains(t, logs.String(), `why="new boot boot3"`)
+	require.Contains(t, logs.String(), `why="new boot boot4"`)
 	require.NotContains(t, logs.String(), `why="new boot boot1"`, "boot1's late heartbeat was taken for a restart of boot2")
+	require.NotContains(t, logs.String(), `why="new boot boot3"`, "boot3, which never answered, was taken for a restart")
 	require.NoError(t, c.Close())
 }
 
