@@ -216,6 +216,9 @@ type Transfer struct {
 	// refused for them (not in CopyFailures).
 	FenceLapses  prometheus.Counter
 	CopiesLapsed prometheus.Counter
+	// CopiesSilent counts copies refused because their engine had not been
+	// heard from for lease/2 (not in CopyFailures).
+	CopiesSilent prometheus.Counter
 	// ThenFailures counts Drain Thens that panicked (recovered by the
 	// copy queue: the release a Then carried is lost, the engine's end it
 	// gives back is not).
@@ -264,6 +267,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			"Times the node had no NATS round trip for 3/4 lease (an engine may have declared it lost)."),
 		CopiesLapsed: counter("transfer", "copies_lapsed_total",
 			"Copies refused because their session began before a lapse (never started)."),
+		CopiesSilent: counter("transfer", "copies_engine_silent_total",
+			"Copies refused because their engine had not been heard from for lease/2 (never started)."),
 		ThenFailures: counter("transfer", "then_failures_total",
 			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
 		AbortFailures: counter("transfer", "abort_failures_total",
@@ -280,7 +285,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.ThenFailures, m.AbortFailures, m.CopyPanics,
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.CopiesSilent, m.ThenFailures, m.AbortFailures, m.CopyPanics,
 		m.DecisionTime, m.QueueWait)
 	return m
 }

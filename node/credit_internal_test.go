@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/wire"
 )
@@ -68,7 +69,7 @@ func routeStandIn(t *testing.T, n *Node, engine string, props *actor.Props) (*ac
 	t.Helper()
 	pid := n.system.Root.Spawn(props)
 	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
-	n.ingest.route(engine, pid)
+	n.ingest.route(engine, pid, &transfer.Hearing{})
 	nc, err := nats.Connect(n.NATSURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

@@ -32,3 +32,9 @@ func (n *Node) HoldKVJournal() (release func()) {
 	n.kv.mu.Lock()
 	return sync.OnceFunc(n.kv.mu.Unlock)
 }
+
+// WithClock sets the node's liveness clock (Config.now): engine expiry and
+// the engine-silence fence read it.
+func WithClock(now func() time.Time) func(*Config) {
+	return func(c *Config) { c.now = now }
+}

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
@@ -51,6 +52,7 @@ type ingester struct {
 	wg      sync.WaitGroup
 	mu      sync.RWMutex
 	engines map[string]*actor.PID
+	hearing map[string]*transfer.Hearing    // per routed engine: when its last message was taken
 	credits map[string]map[*credit]struct{} // per engine, under mu
 
 	// taken numbers the messages take has seen (nats.go calls it on one
@@ -125,6 +127,9 @@ type inbound struct {
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics.
 	taken time.Time
+	// at is when take received it on the node's liveness clock: when the
+	// node heard from the engine (transfer.Hearing).
+	at time.Time
 	// session is the fence generation the message was taken in (stamp).
 	session uint64
 }
@@ -174,7 +179,7 @@ func stamp(gen, n uint64, end *lapseBoundary) uint64 {
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		budget: budget, lost: map[string]bool{}, alive: map[string]time.Time{}}
+		budget: budget, lost: map[string]bool{}, alive: map[string]time.Time{}, hearing: map[string]*transfer.Hearing{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	for range workers {
 		in.queues = append(in.queues, make(chan inbound, queueDepth))
@@ -187,7 +192,7 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 	return in
 }
 
-func (in *ingester) route(engineID string, pid *actor.PID) {
+func (in *ingester) route(engineID string, pid *actor.PID, h *transfer.Hearing) {
 	in.mu.Lock()
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && !cur.Equal(pid) {
@@ -195,6 +200,7 @@ func (in *ingester) route(engineID string, pid *actor.PID) {
 		delete(in.credits, engineID)
 	}
 	in.engines[engineID] = pid
+	in.hearing[engineID] = h
 	in.mu.Unlock()
 	in.returnAll(held)
 }
@@ -234,6 +240,7 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && cur.Equal(pid) {
 		delete(in.engines, engineID)
+		delete(in.hearing, engineID)
 		held = in.credits[engineID]
 		delete(in.credits, engineID)
 	}
@@ -290,6 +297,17 @@ func (in *ingester) returnAll(held map[*credit]struct{}) {
 	}
 }
 
+// heard records that a message of engineID was taken at at (any message:
+// it came from the engine's process, over its link).
+func (in *ingester) heard(engineID string, at time.Time) {
+	in.mu.RLock()
+	h := in.hearing[engineID]
+	in.mu.RUnlock()
+	if h != nil {
+		h.Heard(at)
+	}
+}
+
 func (in *ingester) lookup(engineID string) *actor.PID {
 	in.mu.RLock()
 	defer in.mu.RUnlock()
@@ -334,7 +352,7 @@ func (in *ingester) take(m *nats.Msg) {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size,
+	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size, at: in.n.now(),
 		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load())}
 	if verb == messages.VerbEvents {
 		x.taken = time.Now()
@@ -395,11 +413,14 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
 		return // another node's engine (clusters): stay silent, counted
 	}
+	if x.verb != messages.VerbRegister { // a register compares the silence first (Node.register)
+		in.heard(engineID, x.at)
+	}
 	switch x.verb {
 	case messages.VerbEvents:
 		return in.events(x)
 	case messages.VerbRegister:
-		in.n.onRegister(engineID, m)
+		in.n.onRegister(engineID, m, x.at)
 	case messages.VerbHeartbeat:
 		in.n.onHeartbeat(engineID, m)
 	case messages.VerbUnregister:

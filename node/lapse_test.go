@@ -12,7 +12,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -39,7 +38,7 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	dir := t.TempDir()
 	cfg := node.Config{NATSURL: "nats://" + l.Addr, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "off", Registry: reg,
 		Lease: lease, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		WrapDevice: func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev },
+		WrapDevice: dev.wrap, // the re-register below, after the silence, is an engine reset
 		FailStop:   func(reason string) { stops <- reason }}
 	cfg.Transfer.Workers = 1
 	n, err := node.Start(context.Background(), cfg)
@@ -80,7 +79,7 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 	}
 	require.Equal(t, map[string]string{"a": messages.ReasonEngineReset, "b": messages.ReasonEngineReset}, got)
 	// The old session's copy never started, NATS back or not.
-	te.register() // a no-op unless the engine expired meanwhile
+	te.register() // after a silence of lease/2: an engine reset (the engine may have freed its blocks)
 	te.sync()
 	testkit.NoRecv(t, dev.started, 100*time.Millisecond, "b's copy starting after the lapse")
 	require.Equal(t, 1.0, counter("kvactors_transfer_fence_lapses_total"))

@@ -122,7 +122,7 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
-			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session}))
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session, Hearing: rec.hearing}))
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)

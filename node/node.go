@@ -147,9 +147,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	n.kv.start() // after the cluster's stamp: every kv_events message carries it
 	n.copyQueue = transfer.NewQueue(cfg.Transfer, n.metrics.Transfer)
-	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg.Transfer,
+	tcfg := cfg.Transfer
+	tcfg.EngineSilence = cfg.Lease / 2 // transfer.Hearing: an engine whose own link failed
+	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: tcfg,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
-		Queue: n.copyQueue}))
+		Queue: n.copyQueue, Now: n.now}))
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}

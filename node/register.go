@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
@@ -13,6 +14,7 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
@@ -30,6 +32,9 @@ type engineRec struct {
 	pid    *actor.PID
 	closed chan struct{} // closed when the engine actor stopped
 	loads  loadGate      // loads copying into the device
+	// hearing is when the node last took a message of the engine off NATS:
+	// its copies stop after lease/2 of silence (transfer.Hearing).
+	hearing *transfer.Hearing
 }
 
 // loadGate counts an engine's loads in flight and, once the engine is
@@ -79,7 +84,7 @@ var ErrRegister = errors.New("register refused")
 // register validates spec, attaches the engine's segments and starts its
 // engine actor. An identical spec for a live engine is a no-op; a different
 // one retires the old engine actor (an engine reset) and starts a new one.
-func (n *Node) register(id string, spec messages.EngineSpec) error {
+func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error {
 	// Ownership of segment names before anything is opened (PROTOCOL.md
 	// "Isolation"); the backend checks the objects themselves at Attach.
 	if err := ingest.CheckOwner(id, &spec); err != nil {
@@ -93,7 +98,12 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	old := n.engines[id]
-	if old != nil && reflect.DeepEqual(old.spec, spec) {
+	silentFor := time.Duration(0)
+	if old != nil {
+		silentFor = old.hearing.Silent(at)
+	}
+	if old != nil && reflect.DeepEqual(old.spec, spec) && silentFor < n.cfg.Lease/2 {
+		old.hearing.Heard(at)
 		n.system.Root.Send(old.pid, &engine.Touch{})
 		return nil
 	}
@@ -123,7 +133,15 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 	lay.Namespace = ns.id
 	n.diskKeys.learn(ns.id, ns.key, lay)
 	if old != nil {
-		n.log.Info("engine re-registered with a new spec: engine reset", "engine", id)
+		// After lease/2 of silence the engine may have declared this node
+		// lost (its own link failed) and reused the blocks its requests
+		// held: they must never copy again, so its register is a reset even
+		// with the same spec (PROTOCOL.md "Fencing, node side").
+		why := "engine re-registered with a new spec: engine reset"
+		if reflect.DeepEqual(old.spec, spec) {
+			why = "engine re-registered after a silence of lease/2 or more: engine reset"
+		}
+		n.log.Info(why, "engine", id, "silent", silentFor)
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
 	}
@@ -140,7 +158,8 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		n.releases[id] = rel
 	}
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
-		closed: make(chan struct{})}
+		closed: make(chan struct{}), hearing: &transfer.Hearing{}}
+	rec.hearing.Heard(at)
 	deps := engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
@@ -150,14 +169,15 @@ func (n *Node) register(id string, spec messages.EngineSpec) error {
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
-			Reject: n.rejectLog, Timers: actors.NewTimers(n.system.Root, n.metrics.Store.RetriesPending)},
+			Reject: n.rejectLog, Timers: actors.NewTimers(n.system.Root, n.metrics.Store.RetriesPending),
+			Hearing: rec.hearing},
 	}
 	if n.editEngine != nil {
 		n.editEngine(&deps)
 	}
 	rec.pid = n.system.Root.Spawn(engine.Props(deps))
 	n.engines[id] = rec
-	n.ingest.route(id, rec.pid)
+	n.ingest.route(id, rec.pid, rec.hearing)
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
 	return nil

@@ -62,7 +62,8 @@ func (n *Node) replyError(ctx context.Context, reply string, err error) {
 	n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 }
 
-func (n *Node) onRegister(engineID string, m *nats.Msg) {
+// onRegister handles P.E.register taken off NATS at at.
+func (n *Node) onRegister(engineID string, m *nats.Msg, at time.Time) {
 	ctx := n.msgCtx(m)
 	spec, err := ingest.DecodeSpec(m.Data, n.cfg.Limits)
 	if err == nil && n.cl != nil {
@@ -71,14 +72,14 @@ func (n *Node) onRegister(engineID string, m *nats.Msg) {
 			unlock()
 			return
 		}
-		err = n.register(engineID, spec)
+		err = n.register(engineID, spec, at)
 		refused := err != nil && n.engine(engineID) == nil
 		unlock()
 		if refused {
 			n.releaseClaimIfGone(engineID) // claimed for a spec this node cannot serve
 		}
 	} else if err == nil {
-		err = n.register(engineID, spec)
+		err = n.register(engineID, spec, at)
 	}
 	if err != nil {
 		reason := messages.RejectBadSpec

@@ -45,6 +45,9 @@ type Job struct {
 	// Session is the node's fence generation when the load request was
 	// taken (transfer.Submit.Session): a lapse since then refuses the copy.
 	Session uint64
+	// Hearing is when the node last heard from the engine
+	// (transfer.Submit.Hearing; nil: not checked).
+	Hearing *transfer.Hearing
 }
 
 // Deps is what a load actor needs from its node.
@@ -104,7 +107,7 @@ func (a *Actor) submit(c actor.Context) {
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
 		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext(),
-		Session: j.Session})
+		Session: j.Session, Hearing: j.Hearing})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {

@@ -60,6 +60,10 @@ type Deps struct {
 	// Session stamps the requests' copies (transfer.Submit.Session): the
 	// node's fence generation when their epoch began.
 	Session uint64
+	// Hearing is when the node last heard from the engine: its copies
+	// never start once it has been silent for lease/2
+	// (transfer.ErrEngineSilent; nil: not checked).
+	Hearing *transfer.Hearing
 	// Timers delivers the requests' RetryDue (one goroutine per engine,
 	// not one per pending retry); the engine actor stops it.
 	Timers *actors.Timers
@@ -281,7 +285,7 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 		j.span.RecordError(m.Err)
 		j.span.SetStatus(codes.Error, m.Err.Error())
 		level := slog.LevelWarn
-		if errors.Is(m.Err, transfer.ErrSessionLapsed) {
+		if errors.Is(m.Err, transfer.ErrSessionLapsed) || errors.Is(m.Err, transfer.ErrEngineSilent) {
 			// Expected after a lapse, on every retry until the engine's
 			// reset ends the request: the fence counts them.
 			level = slog.LevelDebug
@@ -433,7 +437,7 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	}
 	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session}, next: a.jobs}
+		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session, Hearing: a.deps.Hearing}, next: a.jobs}
 	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {

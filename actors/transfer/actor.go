@@ -27,6 +27,10 @@ type Config struct {
 	// MaxInFlightBytes bounds the bytes of running copies; a job larger than
 	// the bound still runs, alone (default 256 MiB).
 	MaxInFlightBytes int64
+	// EngineSilence: no copy of a job whose engine (Submit.Hearing) has
+	// been silent this long starts (ErrEngineSilent). The node sets lease/2;
+	// 0: no such check.
+	EngineSilence time.Duration
 }
 
 // DefaultConfig is 2 workers and 256 MiB in flight.
@@ -57,6 +61,8 @@ type Deps struct {
 	// owners that push their jobs straight to it (Queue.Submit); nil: the
 	// actor makes its own, reached only through Submit messages.
 	Queue *Queue
+	// Now is the clock the engine-silence check reads (nil: time.Now).
+	Now func() time.Time
 }
 
 // Actor is the node's transfer actor. It owns the queue and its
@@ -195,6 +201,8 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 		switch {
 		case errors.Is(d.err, ErrSessionLapsed):
 			a.deps.Metrics.CopiesLapsed.Inc() // refused, not failed
+		case errors.Is(d.err, ErrEngineSilent):
+			a.deps.Metrics.CopiesSilent.Inc() // refused, not failed
 		case d.err != nil:
 			m.failures.Inc()
 		default:
@@ -249,8 +257,8 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 }
 
 // copy runs one job's copies through its store, inside the fence (if any).
-// A copy the fence refuses (node stopping, session lapsed) never starts;
-// its pool side is aborted. A copy that panics (a backend's bug) would end
+// A copy the fence refuses (node stopping, session lapsed), or one whose
+// engine has been silent (Hearing), never starts; its pool side is aborted. A copy that panics (a backend's bug) would end
 // the process from a worker: it is recovered, logged with its stack and
 // counted, its pool side aborted, and it fails with ErrCopyPanicked, so its
 // owner retries it after a backoff as any failed copy.
@@ -261,6 +269,12 @@ func (a *Actor) copy(job *Submit) (err error) {
 			return err
 		}
 		defer f.Leave()
+	}
+	// After the fence, which may have held the copy: the latest moment
+	// before it starts.
+	if err := a.heardRecently(job); err != nil {
+		a.q.abort(job)
+		return err
 	}
 	defer func() {
 		if r := recover(); r != nil {

@@ -39,6 +39,10 @@ type Submit struct {
 	// store, the load request for a load. A copy whose session began before
 	// a lapse never starts (ErrSessionLapsed).
 	Session uint64
+	// Hearing is when the node last heard from the engine (nil: not
+	// checked): a copy of an engine silent for Config.EngineSilence never
+	// starts (ErrEngineSilent).
+	Hearing *Hearing
 	queued  time.Time // when it was queued (Queue.Submit; queue wait)
 }
 
