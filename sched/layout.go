@@ -118,7 +118,15 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 			if r.Offset < 0 || r.BlockBytes < 1 || r.BlockStride < r.BlockBytes {
 				return bad("group %d region %d: need offset >= 0, block_bytes >= 1, block_stride >= block_bytes", i, j)
 			}
+			if gl.BlockBytes > math.MaxInt64-r.BlockBytes {
+				return bad("group %d: block_bytes over its regions overflow", i)
+			}
 			gl.BlockBytes += r.BlockBytes
+		}
+		// A wrapped (negative) chunk size would pass every "fits" check.
+		if gl.BlockBytes > math.MaxInt64/int64(spec.BlocksPerChunk) {
+			return bad("group %d: chunk bytes (block_bytes %d × blocks_per_chunk %d) overflow", i, gl.BlockBytes,
+				spec.BlocksPerChunk)
 		}
 		gl.ChunkBytes = gl.BlockBytes * int64(spec.BlocksPerChunk)
 		l.Groups = append(l.Groups, gl)

@@ -39,6 +39,14 @@ func TestNewLayoutRejects(t *testing.T) {
 		{"region block_bytes 0", func(s *messages.EngineSpec) { s.Groups[0].Regions[0].BlockBytes = 0 }},
 		{"region stride below block_bytes", func(s *messages.EngineSpec) { s.Groups[0].Regions[0].BlockStride = 32 }},
 		{"no segments", func(s *messages.EngineSpec) { s.Segments = nil }},
+		// A wrapped chunk size is negative and would pass every "fits" check.
+		{"block_bytes over the regions overflow", func(s *messages.EngineSpec) {
+			r := messages.Region{BlockBytes: math.MaxInt64 / 2, BlockStride: math.MaxInt64 / 2}
+			s.Groups[0].Regions = []messages.Region{r, r, r}
+		}},
+		{"chunk bytes overflow", func(s *messages.EngineSpec) {
+			s.Groups[0].Regions[0].BlockBytes, s.Groups[0].Regions[0].BlockStride = math.MaxInt64/2+1, math.MaxInt64/2+1
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := spec(4, 2, full(4), swa(4, 8))
