@@ -36,6 +36,24 @@ func DecodeLookup(data []byte, lim Limits) ([]messages.Hash, error) {
 	return hs, nil
 }
 
+// DecodeHeartbeat decodes and checks the body of P.E.heartbeat,
+// {"epoch","seq"}: a JSON object whose epoch is what a batch's may be (a
+// non-empty UTF-8 string of at most MaxEpochBytes), so a heartbeat cannot
+// begin an epoch no batch could continue. Errors wrap ErrMalformed.
+func DecodeHeartbeat(data []byte) (messages.HeartbeatRequest, error) {
+	var req messages.HeartbeatRequest
+	if err := decodeJSON(data, &req); err != nil {
+		return req, fmt.Errorf("heartbeat: %w", err)
+	}
+	switch {
+	case req.Epoch == "":
+		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is missing or empty", ErrMalformed)
+	case len(req.Epoch) > MaxEpochBytes:
+		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is %d bytes, over %d", ErrMalformed, len(req.Epoch), MaxEpochBytes)
+	}
+	return req, nil
+}
+
 // DecodeLoad decodes and checks the body of P.E.load: a valid request id,
 // hex hashes, num_tokens >= 0, at most MaxGroups block lists of at most
 // MaxIDs ids in [0, 2^32) each. Whether the lists fit the engine's layout is

@@ -66,3 +66,28 @@ func TestDecodeLoadRejects(t *testing.T) {
 		})
 	}
 }
+
+// A heartbeat's epoch is what a batch's may be: one a batch could never
+// continue (empty, over MaxEpochBytes, not a string) is refused, so a
+// malformed heartbeat cannot begin an epoch and reset every request.
+func TestDecodeHeartbeat(t *testing.T) {
+	hb, err := DecodeHeartbeat([]byte(`{"epoch":"a","seq":3}`))
+	require.NoError(t, err)
+	require.Equal(t, messages.HeartbeatRequest{Epoch: "a", Seq: 3}, hb)
+	for name, body := range map[string]string{
+		"null":           `null`,
+		"not an object":  `[1]`,
+		"invalid JSON":   `{"epoch":`,
+		"no epoch":       `{"seq":1}`,
+		"empty epoch":    `{"epoch":"","seq":1}`,
+		"epoch over 256": `{"epoch":"` + strings.Repeat("e", MaxEpochBytes+1) + `","seq":1}`,
+		"number epoch":   `{"epoch":1,"seq":1}`,
+		"negative seq":   `{"epoch":"a","seq":-1}`,
+		"not UTF-8":      "{\"epoch\":\"\xff\",\"seq\":1}",
+	} {
+		t.Run(name, func(t *testing.T) {
+			_, err := DecodeHeartbeat([]byte(body))
+			require.ErrorIs(t, err, ErrMalformed)
+		})
+	}
+}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -104,10 +103,10 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
-	var hb messages.HeartbeatRequest
-	if err := json.Unmarshal(m.Data, &hb); err != nil {
+	hb, err := ingest.DecodeHeartbeat(m.Data)
+	if err != nil {
 		n.rejected(messages.RejectMalformed, "heartbeat refused", "engine", engineID, "err", err)
-		n.replyError(ctx, m.Reply, fmt.Errorf("%w: heartbeat: %w", ingest.ErrMalformed, err))
+		n.replyError(ctx, m.Reply, err)
 		return
 	}
 	n.system.Root.Send(rec.pid, &engine.Heartbeat{Epoch: hb.Epoch, Seq: hb.Seq, Reply: m.Reply, Ctx: ctx})
