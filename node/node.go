@@ -74,6 +74,9 @@ type Node struct {
 	mu      sync.Mutex
 	engines map[string]*engineRec
 	cleared map[string]bool // engines that had AllBlocksCleared this boot
+	// statusSlots bounds the P.E.status gathers in flight (maxStatusGathers):
+	// each holds a goroutine and asks every request actor of its engine.
+	statusSlots chan struct{}
 	// releases numbers each engine id's releases for the whole boot, across
 	// re-registrations, so rseq never restarts within an epoch.
 	releases  map[string]*actors.Releases
@@ -101,6 +104,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
+		statusSlots: make(chan struct{}, maxStatusGathers),
 		releases: map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now}
 	if n.now == nil {
 		n.now = time.Now

@@ -160,6 +160,12 @@ func (n *Node) Engines() []string {
 	return ids
 }
 
+// maxStatusGathers bounds the P.E.status requests the node gathers at
+// once: each costs a goroutine for up to 2 s and work in proportion to its
+// engine's requests, and a status message's bytes leave the intake budget
+// at once. Past it a request is refused (limit), answered with the error.
+const maxStatusGathers = 64
+
 // onStatus answers P.E.status. The query reaches the engine actor after
 // every batch the engine sent before it; the answer is awaited off the
 // ingest worker so a slow gather never holds up events.
@@ -170,8 +176,23 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
 		return
 	}
+	if n.engine(engineID) == nil {
+		err := fmt.Errorf("%w %q", errUnknownEngine, engineID)
+		n.rejected(messages.RejectUnknownEngine, "status of an unregistered engine", "engine", engineID)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		return
+	}
+	select {
+	case n.statusSlots <- struct{}{}:
+	default:
+		err := fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers)
+		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		return
+	}
 	wait := n.startStatus(engineID)
 	go func() {
+		defer func() { <-n.statusSlots }()
 		st, err := wait(2 * time.Second)
 		if err != nil {
 			st.Engine, st.Error = engineID, err.Error()
