@@ -28,7 +28,7 @@ type Client struct {
 	node, boot string
 	lease      time.Duration
 	lastSeen   time.Time // last hello, heartbeat or reply of node/boot
-	lost       bool      // the node is lost: frees wait for fenceUntil, then re-register
+	lost       bool      // the node is lost: frees wait for freeAtLocked, then re-register
 	freedLoss  bool      // the node_lost frees of this loss are done
 	otherBoot  bool      // a newer boot of node answered: this boot's process is gone
 	// pastBoots are boots of node known to be gone (the latest few): ones
@@ -41,7 +41,6 @@ type Client struct {
 	suspects   map[string]uint64
 	probes     uint64 // requests numbered by probeLocked
 	regAt      uint64 // probes when the last register took effect
-	fenceUntil time.Time
 	reregister bool   // the node forgot the engine: register again, then resync
 	resync     string // a resync is due, for this reason ("" = none)
 	// An overflow resync waits until holdUntil; overflows counts those
@@ -50,6 +49,7 @@ type Client struct {
 	overflows    int
 	lastOverflow time.Time
 	reconnects   uint64 // nc.Stats().Reconnects last seen
+	sent         sends  // when it last published to the node (sends.go); its own lock
 
 	epoch    string
 	seq      uint64
@@ -282,9 +282,9 @@ func (c *Client) freeIfNoNodeLocked(r *mreq) {
 // (one per scheduler step). With a resync due it starts the new epoch
 // instead, which re-announces those events too. Without a node the batch
 // is discarded: the resync after re-registering re-announces it. A batch
-// the NATS client refuses (its reconnect buffer is full) is lost like any
-// other: it is counted in Stats.PublishErrors and a resync is due. Flush
-// fails only after Close.
+// the NATS client refuses (reconnecting, with no reconnect buffer: Options)
+// is lost like any other: it is counted in Stats.PublishErrors and a
+// resync is due. Flush fails only after Close.
 func (c *Client) Flush() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -329,13 +329,21 @@ func (c *Client) publishLocked() error {
 	if c.cfg.BeforePublish != nil {
 		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
 	}
-	if err := c.nc.PublishMsg(m); err != nil {
+	if err := c.publishMsg(m); err != nil {
 		c.st.PublishErrors++
 		c.cfg.Log.Debug("client: publish", "engine", c.cfg.Engine, "seq", c.seq, "err", err)
 		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
 	}
 	c.st.Batches++
 	return nil
+}
+
+// publishMsg publishes m to the node, recorded in c.sent.
+func (c *Client) publishMsg(m *nats.Msg) error {
+	id := c.sent.begin(time.Now())
+	err := c.nc.PublishMsg(m)
+	c.sent.end(id, err)
+	return err
 }
 
 // resyncLocked starts a new epoch whose first batches re-announce every

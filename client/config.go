@@ -115,14 +115,43 @@ func InboxPrefix(engine string) string { return "_INBOX." + engine }
 
 // Options are the nats.Options an engine's connection needs: the
 // per-engine inbox prefix, a name, and reconnecting forever (the client
-// resyncs after a reconnect). Pass them to nats.Connect, or use Dial.
+// resyncs after a reconnect). Two of them the node-loss frees rely on
+// (PROTOCOL.md step 2): no reconnect buffer, so nothing published while the
+// link is down reaches the node after the client freed its requests (a
+// publish then fails at once, and the client resyncs); and a ping interval
+// that closes a dead link, dropping what it had not sent, well before
+// the client can free (see CheckConn). Pass them to nats.Connect, or use
+// Dial.
 func Options(engine string) []nats.Option {
 	return []nats.Option{
 		nats.CustomInboxPrefix(InboxPrefix(engine)),
 		nats.Name("kvactors-engine-" + engine),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
+		nats.PingInterval(2 * time.Second),
+		nats.MaxPingsOutstanding(2),
 	}
+}
+
+// CheckConn says what is wrong, if anything, with the settings of an
+// engine's connection o for a node whose lease is lease: a reconnect
+// buffer (batches published while the link was down would be replayed to
+// the node after the client freed their requests), or a dead link not
+// closed within 3/4 of the lease (PingInterval × (MaxPingsOut+1)). The
+// client logs it at Warn at each register.
+func CheckConn(o nats.Options, lease time.Duration) []string {
+	var bad []string
+	if o.ReconnectBufSize >= 0 {
+		bad = append(bad, fmt.Sprintf("ReconnectBufSize is %d, want -1 (nats.ReconnectBufSize(-1)): a batch "+
+			"published while the link is down would reach the node after its requests were freed", o.ReconnectBufSize))
+	}
+	if d := o.PingInterval * time.Duration(o.MaxPingsOut+1); o.PingInterval <= 0 || 4*d >= 3*lease {
+		bad = append(bad, fmt.Sprintf("a dead link is closed only after PingInterval × (MaxPingsOut+1) = %v × %d, "+
+			"want under 3/4 of the lease %v (nats.PingInterval, nats.MaxPingsOutstanding)", o.PingInterval,
+			o.MaxPingsOut+1, lease))
+	}
+	return bad
 }
 
 // Dial connects to NATS at url with Options(engine) followed by opts.

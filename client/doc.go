@@ -28,8 +28,12 @@
 //     engine re-announcing at once into a full intake overflows it again;
 //   - releases: a request that finished or was preempted is free only on a
 //     `released` for the current epoch, or (reason node_lost) once its node
-//     is lost and the lease has passed. Each such event is answered exactly
-//     once through Config.OnReleased;
+//     is lost and a lease has passed since the later of the node's last
+//     sign of life and the client's last publish to it (if only the
+//     engine's link failed, the node heard the engine until that publish
+//     reached it). Nothing is published to a lost node before then: Flush
+//     discards, no heartbeat goes out, Lookup and Load fail (ErrNoNode).
+//     Each such event is answered exactly once through Config.OnReleased;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;
@@ -37,7 +41,7 @@
 //     *LoadInDoubtError (errors.Is ErrLoadInDoubt). The node never abandons
 //     a load, so the engine must not reuse its destination blocks until
 //     the error's Settled channel closes: on the load's own late reply, on
-//     the loss of its node once the lease has passed (the node's fence; only
+//     the loss of its node once its frees are done (the node's fence; only
 //     for a load whose flush came back, so none of it can still be in the
 //     connection's reconnect buffer), on another boot of that node (its old
 //     process can copy nothing: a newer boot answered), or
@@ -46,8 +50,13 @@
 //     node is lost (ErrNoNode).
 //
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
-// so that per-engine NATS permissions can be enforced: Dial sets it, or
-// pass Options(engine) to nats.Connect yourself.
+// so that per-engine NATS permissions can be enforced, and, for the
+// node_lost frees to be safe, no reconnect buffer (a batch published while
+// the link is down would otherwise be replayed to a node that is alive
+// after all, after its requests were freed) and pings that close a dead
+// link within 3/4 of the node's lease: Dial sets all of them, or pass
+// Options(engine) to nats.Connect yourself. CheckConn tells what a
+// connection lacks; the client logs it at Warn at each register.
 //
 // Concurrency: every method is safe for concurrent use. Callbacks run one
 // at a time, in arrival order, on one goroutine of the client, never on a

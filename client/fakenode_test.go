@@ -44,6 +44,7 @@ type fakeNode struct {
 	dropLoads   bool                   // loads complete but their replies are lost
 	lastBeat    time.Time              // just before the last node heartbeat was published
 	mute        bool                   // no hello and no node heartbeats: engines learn its boot from replies
+	beatsPaused bool                   // no node heartbeats until unpaused (pauseBeats)
 
 	subs []*nats.Subscription
 	stop chan struct{}
@@ -116,11 +117,14 @@ func (f *fakeNode) beat() {
 			if f.mute {
 				continue
 			}
+			// Published under f.mu, so none is published once pauseBeats returns.
 			f.mu.Lock()
-			f.lastBeat = time.Now() // before the publish: no client can see it sooner
+			if !f.beatsPaused {
+				f.lastBeat = time.Now() // before the publish: no client can see it sooner
+				f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
+					messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
+			}
 			f.mu.Unlock()
-			f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
-				messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
 		}
 	}
 }
@@ -215,6 +219,14 @@ func (f *fakeNode) onLoad(m *nats.Msg) {
 		return
 	}
 	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: f.boot})
+}
+
+// pauseBeats stops (true) or restarts the node heartbeats; no heartbeat
+// is published once it returns until it is called with false.
+func (f *fakeNode) pauseBeats(paused bool) {
+	f.mu.Lock()
+	f.beatsPaused = paused
+	f.mu.Unlock()
 }
 
 // lastHeartbeat is when the node last published a heartbeat (just before).

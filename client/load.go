@@ -15,7 +15,7 @@ var (
 	// ErrLoadInDoubt is what a LoadInDoubtError matches with errors.Is.
 	ErrLoadInDoubt = errors.New("load in doubt: the node may still write its destination blocks")
 	// ErrNoNode: the session's node is lost and no node has answered a
-	// register since; Load sends nothing meanwhile.
+	// register since; Load and Lookup send nothing meanwhile.
 	ErrNoNode = errors.New("no node: the session's node is lost")
 )
 
@@ -40,8 +40,9 @@ func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.E
 
 // Settled is closed once the destination blocks are safe to reuse: the
 // load's own reply came (late: whatever it says, the node is done with
-// it); or its node was lost and the lease since its last sign of life
-// passed (the node's fencing: no copy runs past that), if a flush after the
+// it); or its node was lost and the loss's frees were done (a lease after
+// the later of its last sign of life and the client's last publish to it:
+// the node's fencing lets no copy run past that), if a flush after the
 // load came back (else the request may still sit in the connection's
 // reconnect buffer, to reach a node that is alive after all); or another
 // boot of that node answered (its old process can copy nothing); or Close's
@@ -109,7 +110,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	}
 	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.loads[w] = struct{}{}
-	if err := c.nc.PublishRequest(c.subj+messages.VerbLoad, w.sub.Subject, data); err != nil {
+	if err := c.publishMsg(&nats.Msg{Subject: c.subj + messages.VerbLoad, Reply: w.sub.Subject, Data: data}); err != nil {
 		c.settleLoadLocked(w) // never sent
 		c.mu.Unlock()
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, err)

@@ -15,11 +15,23 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// loadBehindACut connects engine e1 through a link to node n1 (boot1),
-// with request r1 awaiting a release the node never publishes, cuts the
-// engine's link and sends a load: it goes into the connection's reconnect
-// buffer and its flush fails, so it is in doubt and not known to have
-// reached NATS. It returns once the client has given n1 up and done the
+// dialBuffered connects engine through url with a reconnect buffer, as an
+// engine's own connection may have against the SDK's Options (CheckConn
+// warns): what is published while the link is down waits in it, to be
+// sent once the link is back.
+func dialBuffered(t *testing.T, url, engine string) *nats.Conn {
+	t.Helper()
+	nc, err := client.Dial(url, engine, nats.ReconnectBufSize(8<<20))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// loadBehindACut connects engine e1 through a link to node n1 (boot1) on a
+// connection with a reconnect buffer (dialBuffered), with request r1
+// awaiting a release the node never publishes, cuts the engine's link and
+// sends a load: it goes into the connection's reconnect buffer and its
+// flush fails, so it is in doubt and not known to have reached NATS. It returns once the client has given n1 up and done the
 // loss's frees (r1 freed node_lost): the load is still in doubt then, since
 // it may yet reach a node that is alive after all.
 func loadBehindACut(t *testing.T) (*client.Client, *testkit.Link, *fakeNode, *nats.Conn, *client.LoadInDoubtError) {
@@ -30,7 +42,7 @@ func loadBehindACut(t *testing.T) (*client.Client, *testkit.Link, *fakeNode, *na
 		f.holdRelease = func(uint64) bool { return true }
 	})
 	l := testkit.NewLink(t, s.Addr().String())
-	enc := dial(t, "nats://"+l.Addr, "e1")
+	enc := dialBuffered(t, "nats://"+l.Addr, "e1")
 	rels := newReleases()
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,
 		RequestTimeout: time.Second})
@@ -101,14 +113,15 @@ func TestARegisterReplyFromANewBootSettlesALoadTheLossLeftInDoubt(t *testing.T) 
 // failed may still sit in the reconnect buffer and reach that boot alive
 // after all, so the loss leaves it in doubt (without the reset, the old
 // boot's mark settled it). Once the link is back the load reaches the node
-// and its reply settles it.
+// and its reply settles it. (On a connection with a reconnect buffer; with
+// the SDK's Options the load fails at once, never sent.)
 func TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads(t *testing.T) {
 	s := testkit.NATSServer(t)
 	nc := testkit.Connect(t, s)
 	hold := func(f *fakeNode) { f.holdRelease = func(uint64) bool { return true } }
 	boot1 := startFakeNode(t, nc, "n1", "boot1", testLease, hold)
 	l := testkit.NewLink(t, s.Addr().String())
-	enc := dial(t, "nats://"+l.Addr, "e1")
+	enc := dialBuffered(t, "nats://"+l.Addr, "e1")
 	rels := newReleases()
 	var logs testkit.SyncBuffer
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on,

@@ -9,9 +9,15 @@ import (
 )
 
 // Lookup asks how many leading tokens of a prompt with these block hashes
-// (lowercase hex) the node can load.
+// (lowercase hex) the node can load. While the node is lost it sends
+// nothing and fails at once (ErrNoNode): every message to the node
+// postpones the node_lost frees (checklist step 15).
 func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 	c.mu.Lock()
+	if c.lost {
+		c.mu.Unlock()
+		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, c.node)
+	}
 	n := c.probeLocked()
 	c.mu.Unlock()
 	var rep messages.LookupReply

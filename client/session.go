@@ -190,16 +190,28 @@ func (c *Client) onNodeHeartbeat(m *nats.Msg) {
 }
 
 // loseLocked starts the node-loss procedure: every request awaiting a
-// release is freed once lease has passed since the node's last sign of
-// life (the node's fencing rule guarantees no copy after that), then the
-// engine registers again and resyncs.
+// release is freed at freeAtLocked, then the engine registers again and
+// resyncs.
 func (c *Client) loseLocked(why string) {
 	c.lost, c.freedLoss = true, false
-	c.fenceUntil = c.lastSeen.Add(c.lease)
 	c.st.NodeLosses++
 	c.cfg.Log.Warn("client: node lost", "engine", c.cfg.Engine, "node", c.node, "boot", c.boot, "why", why,
-		"free_at", c.fenceUntil)
+		"free_at", c.freeAtLocked())
 	c.wake()
+}
+
+// freeAtLocked is when a lost node's requests may be freed: a lease after
+// the later of its last sign of life and this client's last publish to it.
+// If only the engine's link failed, the node, still connected, heard the
+// engine until that publish reached it, and its fencing counts from then
+// (the node starts no copy for an engine silent that long). Recomputed at
+// each check, so a publish in flight at the loss postpones it.
+func (c *Client) freeAtLocked() time.Time {
+	from := c.lastSeen
+	if t := c.sent.latest(); t.After(from) {
+		from = t
+	}
+	return from.Add(c.lease)
 }
 
 // freeLossLocked frees what the lost node held once its fence has passed:
@@ -287,8 +299,8 @@ func (c *Client) tickOnce() time.Duration {
 		c.loseLocked(fmt.Sprintf("no heartbeat for %v", now.Sub(c.lastSeen).Round(time.Millisecond)))
 	}
 	if c.lost && !c.freedLoss {
-		if now.Before(c.fenceUntil) {
-			wait := c.fenceUntil.Sub(now)
+		if free := c.freeAtLocked(); now.Before(free) {
+			wait := free.Sub(now)
 			c.mu.Unlock()
 			if !c.sleep(wait) {
 				return 0 // closed
@@ -352,7 +364,7 @@ func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscripti
 	if c.beforeHeartbeat != nil {
 		c.beforeHeartbeat()
 	}
-	if err := c.nc.PublishRequest(c.subj+messages.VerbHeartbeat, sub.Subject, data); err != nil {
+	if err := c.publishMsg(&nats.Msg{Subject: c.subj + messages.VerbHeartbeat, Reply: sub.Subject, Data: data}); err != nil {
 		_ = sub.Unsubscribe()
 		return nil, fmt.Errorf("client: publish heartbeat: %w", err)
 	}
@@ -433,7 +445,9 @@ func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) e
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
+	id := c.sent.begin(time.Now())
 	m, err := c.nc.RequestWithContext(ctx, c.subj+verb, data)
+	c.sent.end(id, err)
 	if err != nil {
 		return fmt.Errorf("client: engine %s: %s: %w", c.cfg.Engine, verb, err)
 	}
