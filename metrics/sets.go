@@ -81,6 +81,9 @@ type Engines struct {
 	Expired      prometheus.Counter // a lease without a sign of life
 	Unregistered prometheus.Counter // P.E.unregister
 	Failures     prometheus.Counter // an engine actor failed (a bug) and ended its engine
+	// Silences counts engines heard again after lease/2 or more without a
+	// message (their requests reset: transfer.Hearing).
+	Silences prometheus.Counter
 }
 
 // NewEngines builds the engine session collectors.
@@ -94,8 +97,10 @@ func NewEngines(reg prometheus.Registerer) *Engines {
 		Unregistered: counter("engine", "unregistered_total", "Engines unregistered by P.E.unregister."),
 		Failures: counter("engine", "failures_total",
 			"Engine actors that failed (a bug) and ended their engine as on unregister."),
+		Silences: counter("engine", "silences_total",
+			"Engines heard again after lease/2 or more without a message: their requests were reset and the epoch resynced."),
 	}
-	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered, m.Failures)
+	register(reg, m.EnginesLive, m.EpochResets, m.Expired, m.Unregistered, m.Failures, m.Silences)
 	return m
 }
 

@@ -298,14 +298,22 @@ func (in *ingester) returnAll(held map[*credit]struct{}) {
 }
 
 // heard records that a message of engineID was taken at at (any message:
-// it came from the engine's process, over its link).
+// it came from the engine's process, over its link). After a silence of
+// lease/2 or more it first tells the engine actor (engine.Silenced), ahead
+// of the message itself: the engine may have declared the node lost
+// meanwhile, and the message may even be an old one, delivered late.
 func (in *ingester) heard(engineID string, at time.Time) {
 	in.mu.RLock()
-	h := in.hearing[engineID]
+	h, pid := in.hearing[engineID], in.engines[engineID]
 	in.mu.RUnlock()
-	if h != nil {
-		h.Heard(at)
+	if h == nil {
+		return
 	}
+	if silent := h.Silent(at); silent >= in.n.cfg.Lease/2 && pid != nil {
+		in.n.metrics.Silences.Inc()
+		in.n.system.Root.Send(pid, &engine.Silenced{For: silent})
+	}
+	h.Heard(at)
 }
 
 func (in *ingester) lookup(engineID string) *actor.PID {
@@ -413,7 +421,10 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
 		return // another node's engine (clusters): stay silent, counted
 	}
-	if x.verb != messages.VerbRegister { // a register compares the silence first (Node.register)
+	switch x.verb {
+	case messages.VerbRegister: // compares the silence first (Node.register)
+	case messages.VerbStatus: // anyone may ask (routers): no word from the engine
+	default:
 		in.heard(engineID, x.at)
 	}
 	switch x.verb {

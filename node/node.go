@@ -105,7 +105,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
-		releases: map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now}
+		releases:    map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now}
 	if n.now == nil {
 		n.now = time.Now
 	}

@@ -13,23 +13,25 @@ import (
 	"github.com/kvactors/kvactors/node"
 )
 
-// PROTOCOL.md "Fencing, node side", for a link that fails on the engine's
-// side only: the node's NATS is fine, so its own fence never closes, but
-// the engine hears the node no more, declares it lost a lease after it
-// last heard it and may reuse its blocks a lease after its own last
-// publish. So no copy of an engine starts once the node has heard nothing
-// from it for lease/2 (a live engine speaks every lease/4). Here copy a is
-// held on the one worker and b queued behind it; the engine falls silent
-// (the node's liveness clock moves lease/2 on, no message comes); a ends
-// and b, refused, never starts (counted, not a copy failure). Then:
-//   - "engine speaks": a message of the engine (its link back before it
-//     declared anything) lets b's retry copy;
-//   - "engine registers again": having declared the node lost, it
-//     registers again: after that silence the register is an engine reset
-//     even with the same spec, a and b are released engine_reset and b
-//     never copies; a new epoch stores.
+// PROTOCOL.md "Engine silence", for a link that fails on the engine's side
+// only: the node's NATS is fine, so its own fence never closes, but the
+// engine hears the node no more, declares it lost a lease after it last
+// heard it and may reuse its blocks a lease after its own last publish. So
+// no copy of an engine starts once the node has heard nothing from it for
+// lease/2, and whatever the node hears from it next, it first resets the
+// engine's requests and resyncs its epoch: the engine may have declared the
+// node lost meanwhile, and the message may be an old one, delivered late.
+//
+// Copy a is held on the one worker and b queued behind it; the engine falls
+// silent (the node's liveness clock moves lease/2 on, no message comes); a
+// ends and b, refused, never starts (counted, not a copy failure). Then the
+// engine is heard again, by a heartbeat, a lookup, a late batch of its old
+// epoch or a register with the same spec: a and b are released
+// engine_reset, b never copies, nothing of the late batch is applied, and
+// a new epoch stores. A status request (which routers send too) is no word
+// from the engine: b stays refused.
 func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
-	for _, comeback := range []string{"engine speaks", "engine registers again"} {
+	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status"} {
 		t.Run(comeback, func(t *testing.T) {
 			const lease = time.Minute // no expiry, no session tick in reach
 			start := time.Unix(1_800_000_000, 0)
@@ -42,9 +44,7 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 				c.WrapDevice = dev.wrap
 			}, node.WithClock(func() time.Time { return time.Unix(0, clock.Load()) }))
 			t.Cleanup(func() { close(dev.gate) })
-			silent := func() float64 {
-				return metricValue(t, e.reg, "kvactors_transfer_copies_engine_silent_total", nil)
-			}
+			counter := func(name string) float64 { return metricValue(t, e.reg, name, nil) }
 			te := e.newEngine("e1", defaultOpts())
 			te.register()
 			heldAndQueued(t, te, dev)
@@ -52,54 +52,57 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 			clock.Store(start.Add(lease / 2).UnixNano()) // nothing heard since start
 			dev.gate <- struct{}{}                       // a ends; the worker takes b
 			testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-				if v := silent(); v < 1 {
+				if v := counter("kvactors_transfer_copies_engine_silent_total"); v < 1 {
 					return fmt.Errorf("b's copy not refused yet")
 				}
 				return nil
 			})
 			testkit.NoRecv(t, dev.started, 50*time.Millisecond, "b's copy starting with its engine silent")
-			require.Zero(t, metricValue(t, e.reg, "kvactors_transfer_failures_total", nil),
-				"a refusal counted as a copy failure")
+			require.Zero(t, counter("kvactors_transfer_failures_total"), "a refusal counted as a copy failure")
 
-			if comeback == "engine speaks" {
-				te.sync() // heard now: b's retry may copy
-				testkit.Recv(t, dev.started, 10*time.Second, "b's retried copy once the engine spoke")
-				dev.gate <- struct{}{}
-				testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-					for {
-						select {
-						case st := <-te.stored:
-							if st.Request == "b" {
-								return nil
-							}
-						default:
-							return fmt.Errorf("b not stored yet")
-						}
-					}
-				})
+			switch comeback {
+			case "heartbeat":
+				te.request("heartbeat", map[string]any{"epoch": te.epoch, "seq": te.seq})
+			case "lookup":
+				te.lookup([]string{hash("x", 0)})
+			case "late batch": // of the old epoch, sent before the silence, delivered after it
+				te.send(added("late", 4), hashesEv("late", 0, hash("late", 0)), blocksEv("late", 0, 0, 5),
+					tokensEv("late", 4, 4))
+			case "register": // the same spec: a reset all the same
+				te.register()
+			case "router status":
+				te.sync()
+				testkit.NoRecv(t, dev.started, 300*time.Millisecond, "b's copy after a status request")
+				require.Zero(t, counter("kvactors_engine_silences_total"), "a status request counted as the engine's word")
+				require.Zero(t, counter("kvactors_engine_resets_total"))
 				return
 			}
-
-			te.register() // after lease/2 of silence: an engine reset
 			got := map[string]string{}
 			for range 2 {
 				rel := recv(t, te.released, "an old request's release")
 				got[rel.Request] = rel.Reason
 			}
 			require.Equal(t, map[string]string{"a": messages.ReasonEngineReset, "b": messages.ReasonEngineReset}, got)
-			require.Equal(t, 1.0, metricValue(t, e.reg, "kvactors_engine_resets_total", nil))
+			if comeback != "register" {
+				rs := recv(t, te.resync, "the old epoch's resync")
+				require.Equal(t, "ep1", rs.Epoch)
+				require.Equal(t, 1.0, counter("kvactors_engine_silences_total"))
+			}
 			te.sync()
-			testkit.NoRecv(t, dev.started, 100*time.Millisecond, "b's copy after the reset")
+			testkit.NoRecv(t, dev.started, 100*time.Millisecond, "an old request's copy after the reset")
 
 			te.epoch, te.seq = "ep2", 0
 			te.send(added("c", 4), hashesEv("c", 0, hash("c", 0)), blocksEv("c", 0, 0, 3), tokensEv("c", 4, 4))
 			testkit.Recv(t, dev.started, 5*time.Second, "copy c of the new epoch")
 			dev.gate <- struct{}{}
-			st := recv(t, te.stored, "stored")
-			if st.Request == "a" { // a's stored, published before the reset
-				st = recv(t, te.stored, "stored c")
+			for {
+				st := recv(t, te.stored, "stored")
+				require.NotEqual(t, "late", st.Request, "the late batch of the old epoch was applied")
+				if st.Request == "c" {
+					break
+				}
+				require.Equal(t, "a", st.Request) // a's stored, published before the silence
 			}
-			require.Equal(t, "c", st.Request)
 		})
 	}
 }

@@ -248,6 +248,10 @@ func (a *Actor) receive(c actor.Context) {
 			a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), m.Reason))
 		}
 	case *Lapsed: // handled above
+	case *Silenced:
+		if !a.ending() {
+			a.silenced(c, m)
+		}
 	case *Touch:
 		at := m.At
 		if at.IsZero() {

@@ -81,6 +81,14 @@ type Touch struct {
 	At time.Time
 }
 
+// Silenced tells the actor that the node, its NATS fine, had heard nothing
+// of the engine for For (lease/2 or more) before a message the intake is
+// about to hand over (transfer.Hearing): the engine's own link may have
+// failed, and the engine may have declared the node lost and reused its
+// requests' blocks. The actor resyncs the epoch and resets its requests,
+// as on a lapse, before that message.
+type Silenced struct{ For time.Duration }
+
 // Tick asks the engine to check its lease (expiry).
 type Tick struct{}
 

@@ -87,6 +87,20 @@ func (a *Actor) lapse(c actor.Context) bool {
 	return true
 }
 
+// silenced handles a message of the engine after a silence of lease/2 or
+// more (Silenced): like a lapse on the engine's side, the epoch is resynced
+// (reason reconnect: what the engine published meanwhile was lost with its
+// link) and its requests are reset, so none of them copies again (copies
+// were refused meanwhile: transfer.ErrEngineSilent). A message that arrived
+// that late may even be one the engine sent before it declared the node
+// lost (a stalled link, recovering), so none of the old epoch is applied.
+func (a *Actor) silenced(c actor.Context, m *Silenced) {
+	a.deps.Log.Warn("engine silent for lease/2 or more: resyncing the epoch, resetting its requests",
+		"engine", a.deps.Engine, "silent", m.For, "epoch", a.seq.Epoch(), "requests", len(a.live))
+	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncReconnect))
+	a.resetAll(c, messages.ReasonEngineReset)
+}
+
 // heartbeat answers P.E.heartbeat after every batch the engine sent before
 // it (they reach this mailbox first): the last seq applied in the engine's
 // epoch and the releases published for it.
