@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -74,6 +75,8 @@ type Actor struct {
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool // finish's scratch (lastPerOwner)
+	// panicLogged is when copyPanicked last logged (UnixNano).
+	panicLogged atomic.Int64
 	// byDir are each direction's series, looked up once: a label lookup
 	// hashes its values, four of them per copy.
 	byDir [2]dirSeries
@@ -290,13 +293,18 @@ func (a *Actor) copy(job *Submit) (err error) {
 // unpins the chunks read (a load).
 func (a *Actor) copyPanicked(job *Submit, r any) error {
 	a.deps.Metrics.CopyPanics.Inc()
-	owner := ""
-	if job.Owner != nil {
-		owner = job.Owner.Id
+	// A backend that panics on every copy would log a stack per retry: one
+	// a minute, the count says how many.
+	now := time.Now().UnixNano()
+	if last := a.panicLogged.Load(); now-last >= int64(time.Minute) && a.panicLogged.CompareAndSwap(last, now) {
+		owner := ""
+		if job.Owner != nil {
+			owner = job.Owner.Id
+		}
+		a.deps.Log.Error("a copy's Store.Copy panicked; the job is aborted and fails (logged once a minute; see kvactors_transfer_copy_panics_total)",
+			"engine", job.Engine, "owner", owner, "job", job.ID, "direction", job.Dir.String(), "reason", fmt.Sprint(r),
+			"stack", string(debug.Stack()))
 	}
-	a.deps.Log.Error("a copy's Store.Copy panicked; the job is aborted and fails", "engine", job.Engine,
-		"owner", owner, "job", job.ID, "direction", job.Dir.String(), "reason", fmt.Sprint(r),
-		"stack", string(debug.Stack()))
 	a.q.abort(job)
 	return fmt.Errorf("%w: %v", ErrCopyPanicked, r)
 }

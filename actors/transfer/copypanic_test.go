@@ -3,6 +3,7 @@ package transfer_test
 import (
 	"bytes"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -82,4 +83,11 @@ func TestAPanickingCopyFailsItsJobAndTheWorkerGoesOn(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.CopyFailures.WithLabelValues(backend.DeviceToHost.String())))
 	require.Contains(t, logged.String(), "Store.Copy panicked")
 	require.Contains(t, logged.String(), "copypanic_test.go", "the log carries the panic's stack")
+
+	// A backend that panics on every copy: each counted, the stack logged
+	// once a minute.
+	system.Root.Send(pid, job(owner, 3, backend.DeviceToHost, panicsOnCopy{st}, 1))
+	require.ErrorIs(t, testkit.Recv(t, done, 5*time.Second, "the second panicked job's JobDone").Err, transfer.ErrCopyPanicked)
+	require.Equal(t, 2.0, testutil.ToFloat64(m.CopyPanics))
+	require.Equal(t, 1, strings.Count(logged.String(), "Store.Copy panicked"), "a second stack within the minute")
 }
