@@ -19,9 +19,12 @@ func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, c.node)
 	}
 	n := c.probeLocked()
+	// Recorded as begun under c.mu: a loss declared before the send waits
+	// for it (step 15), as a Load's does.
+	id := c.sent.begin(time.Now())
 	c.mu.Unlock()
 	var rep messages.LookupReply
-	if err := c.requestCtx(ctx, messages.VerbLookup, messages.LookupRequest{Hashes: hashes}, &rep); err != nil {
+	if err := c.requestBegun(ctx, id, messages.VerbLookup, messages.LookupRequest{Hashes: hashes}, &rep); err != nil {
 		return 0, err
 	}
 	c.mu.Lock()

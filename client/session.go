@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"strings"
@@ -439,15 +440,29 @@ func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription) 
 // requestCtx does one request/reply on P.E.verb with JSON bodies, bounded
 // by ctx and RequestTimeout.
 func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
+	return c.requestBegun(ctx, c.sent.begin(time.Now()), verb, body, reply)
+}
+
+// requestBegun is requestCtx for a request already recorded as begun (id,
+// from sends.begin): a caller that checked the node is not lost records it
+// under c.mu, so a loss declared before it is sent still counts it.
+func (c *Client) requestBegun(ctx context.Context, id uint64, verb string, body, reply any) error {
 	data, err := json.Marshal(body)
 	if err != nil {
+		c.sent.end(id, nats.ErrConnectionClosed) // nothing sent
 		return fmt.Errorf("client: encode %s: %w", verb, err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	id := c.sent.begin(time.Now())
 	m, err := c.nc.RequestWithContext(ctx, c.subj+verb, data)
-	c.sent.end(id, err)
+	if errors.Is(err, nats.ErrConnectionClosed) {
+		// Also what a request already sent gets when the connection closes
+		// while its reply is awaited: count it as sent (later frees, never
+		// earlier ones).
+		c.sent.end(id, nil)
+	} else {
+		c.sent.end(id, err)
+	}
 	if err != nil {
 		return fmt.Errorf("client: engine %s: %s: %w", c.cfg.Engine, verb, err)
 	}
