@@ -68,10 +68,14 @@ func (s *sends) latest() time.Time {
 	return t
 }
 
-// notSent reports whether a publish's error proves nothing was sent: the
-// NATS client refused it before writing it anywhere. Any other error (a
-// request's timeout, no responders) comes after the send.
+// notSent reports whether a publish's error proves the node did not get
+// it: the NATS client refused it before writing it anywhere, or the server
+// found no subscriber for it (no responders: a node that is not subscribed
+// receives nothing; a dead node's heartbeats must not postpone the frees by
+// a lease). Any other error (a request's timeout) may come after the node
+// took it.
 func notSent(err error) bool {
 	return errors.Is(err, nats.ErrReconnectBufExceeded) || errors.Is(err, nats.ErrConnectionClosed) ||
-		errors.Is(err, nats.ErrConnectionDraining) || errors.Is(err, nats.ErrMaxPayload)
+		errors.Is(err, nats.ErrConnectionDraining) || errors.Is(err, nats.ErrMaxPayload) ||
+		errors.Is(err, nats.ErrNoResponders)
 }

@@ -324,10 +324,10 @@ func (c *Client) tickOnce() time.Duration {
 		// of a heartbeat carrying the epoch it ended; only the reply is
 		// awaited outside the lock.
 		epoch, seq, n := c.epoch, c.seq, c.probeLocked()
-		sub, err := c.sendHeartbeatLocked(epoch, seq)
+		sub, sent, err := c.sendHeartbeatLocked(epoch, seq)
 		c.mu.Unlock()
 		if err == nil {
-			c.heartbeat(epoch, seq, n, sub)
+			c.heartbeat(epoch, seq, n, sub, sent)
 		} else {
 			c.cfg.Log.Debug("client: heartbeat", "engine", c.cfg.Engine, "err", err)
 		}
@@ -351,25 +351,35 @@ func (c *Client) sleep(d time.Duration) bool {
 }
 
 // sendHeartbeatLocked publishes P.E.heartbeat {epoch, seq} with a reply
-// inbox of its own and returns that inbox's subscription. Caller holds c.mu.
-func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscription, error) {
+// inbox of its own and returns that inbox's subscription and the send's id
+// in c.sent, pending until heartbeat learns whether anyone took it.
+// Caller holds c.mu.
+func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscription, uint64, error) {
 	data, err := json.Marshal(messages.HeartbeatRequest{Epoch: epoch, Seq: seq})
 	if err != nil {
-		return nil, fmt.Errorf("client: encode heartbeat: %w", err)
+		return nil, 0, fmt.Errorf("client: encode heartbeat: %w", err)
 	}
 	sub, err := c.nc.SubscribeSync(c.nc.NewInbox())
 	if err != nil {
-		return nil, fmt.Errorf("client: heartbeat reply inbox: %w", err)
+		return nil, 0, fmt.Errorf("client: heartbeat reply inbox: %w", err)
 	}
 	_ = sub.AutoUnsubscribe(1)
 	if c.beforeHeartbeat != nil {
 		c.beforeHeartbeat()
 	}
-	if err := c.publishMsg(&nats.Msg{Subject: c.subj + messages.VerbHeartbeat, Reply: sub.Subject, Data: data}); err != nil {
+	id := c.sent.begin(time.Now())
+	if err := c.nc.PublishMsg(&nats.Msg{Subject: c.subj + messages.VerbHeartbeat, Reply: sub.Subject, Data: data}); err != nil {
+		c.sent.end(id, err)
 		_ = sub.Unsubscribe()
-		return nil, fmt.Errorf("client: publish heartbeat: %w", err)
+		return nil, 0, fmt.Errorf("client: publish heartbeat: %w", err)
 	}
-	return sub, nil
+	return sub, id, nil
+}
+
+// noResponders reports whether m is the server's answer that nobody was
+// subscribed to a request's subject (status 503, no body).
+func noResponders(m *nats.Msg) bool {
+	return len(m.Data) == 0 && m.Header != nil && m.Header.Get("Status") == "503"
 }
 
 // heartbeat awaits the reply to the heartbeat sent on sub (probe n) and
@@ -377,7 +387,7 @@ func (c *Client) sendHeartbeatLocked(epoch string, seq uint64) (*nats.Subscripti
 // boots suspected before it older (boots.go), an unknown engine registers
 // again, and fewer releases received than the node had published a
 // heartbeat ago is a lost release.
-func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription) {
+func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription, sent uint64) {
 	defer func() { _ = sub.Unsubscribe() }()
 	var rep messages.HeartbeatReply
 	c.mu.Lock()
@@ -387,6 +397,13 @@ func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription) 
 	ctx, cancel := context.WithTimeout(context.Background(), min(period, c.cfg.RequestTimeout))
 	defer cancel()
 	m, err := sub.NextMsgWithContext(ctx)
+	if errors.Is(err, nats.ErrNoResponders) || (err == nil && noResponders(m)) {
+		// No node was subscribed: it took nothing, so this heartbeat does
+		// not postpone the frees (a dead node's would, by a lease).
+		c.sent.end(sent, nats.ErrNoResponders)
+	} else {
+		c.sent.end(sent, nil) // answered, or may have been taken
+	}
 	if err != nil || len(m.Data) == 0 || json.Unmarshal(m.Data, &rep) != nil {
 		return // liveness is judged by the node's own heartbeats (no reply, or no responders)
 	}
