@@ -1,10 +1,8 @@
 package transfer_test
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -28,24 +26,6 @@ func (panicsOnCopy) Copy(backend.Direction, []sched.JobChunk) error {
 	panic("store Copy failure injected")
 }
 
-// lockedBuffer is a log sink for a handler written from several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // A Store.Copy that panics on a copy worker does not end the process: the
 // panic is recovered, logged with its stack and counted, the job's pool
 // side is aborted, its owner gets a JobDone failing with ErrCopyPanicked
@@ -53,7 +33,7 @@ func (b *lockedBuffer) String() string {
 // worker (the only one) goes on to copy the next job.
 func TestAPanickingCopyFailsItsJobAndTheWorkerGoesOn(t *testing.T) {
 	m := metrics.NewTransfer(nil)
-	var logged lockedBuffer
+	var logged testkit.SyncBuffer
 	system := actor.NewActorSystem()
 	t.Cleanup(system.Shutdown)
 	pid := system.Root.Spawn(transfer.Props(transfer.Deps{Config: transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20},
