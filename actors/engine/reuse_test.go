@@ -63,9 +63,13 @@ func TestReleasedRequestActorsServeLaterRequests(t *testing.T) {
 		expect("same")
 	}
 	// The engine takes each Done after the release it follows: a status
-	// query (answered by a spawned collector) comes after the last one.
+	// query (answered by a spawned collector) comes after the last one. A
+	// request actor sends its Done just after it publishes its release, so
+	// the next request, sent as soon as the release is read, can now and
+	// then reach the engine first and find no idle actor yet: a few spawns
+	// of 70 (without reuse, every request would spawn one).
 	require.Empty(t, requestsOf(t, system, pid))
-	require.Equal(t, base+1, spawned(), "70 requests in turn took no new actor (the status collector did)")
+	require.LessOrEqual(t, spawned(), base+1+3, "70 requests in turn took no more than a few new actors (and the status collector one)")
 
 	// MaxIdle+36 at once, released together: MaxIdle wait idle, the rest
 	// stop; the next wave takes the MaxIdle and spawns 36.
