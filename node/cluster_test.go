@@ -431,6 +431,10 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 
 	require.NoError(t, kc.nodes[0].node.Close(context.Background()))
 	testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+		// B's engine speaks meanwhile, as a live engine does every lease/4
+		// (silent for lease/2, its next load would be refused until it
+		// resyncs: PROTOCOL.md "Engine silence").
+		b.heartbeat(b.epoch, b.seq)
 		for _, ni := range kc.nodes[1].node.ClusterNodes() {
 			if ni.Node == "n0" && ni.Live {
 				return fmt.Errorf("B still counts A")

@@ -310,6 +310,7 @@ func (in *ingester) heard(engineID string, at time.Time) {
 		return
 	}
 	if silent := h.Silent(at); silent >= in.n.cfg.Lease/2 && pid != nil {
+		h.Silenced() // before the message: a load ending the silence is refused too
 		in.n.metrics.Silences.Inc()
 		in.n.system.Root.Send(pid, &engine.Silenced{For: silent})
 	}

@@ -53,6 +53,10 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 
 // onLoad starts P.E.load: the keys are pinned here, then a load actor runs
 // the copy and answers once it completed.
+// errLoadAfterSilence refuses a load between an engine's silence of lease/2
+// and its next epoch.
+var errLoadAfterSilence = errors.New("engine was silent for lease/2 or more: no load until it begins a new epoch (resync)")
+
 func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	ctx := n.msgCtx(m)
 	fail := func(err error) {
@@ -68,6 +72,14 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	rec := n.engine(engineID)
 	if rec == nil {
 		fail(fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		return
+	}
+	gen := rec.hearing.Gen() // before the check: a silence ending meanwhile refuses the copy
+	if rec.hearing.LoadsRefused() {
+		// PROTOCOL.md "Engine silence": it may be a load sent before the
+		// engine declared this node lost, delivered late into blocks the
+		// engine has reused; its next epoch (the resync) lifts this.
+		fail(errLoadAfterSilence)
 		return
 	}
 	req, err := ingest.DecodeLoad(m.Data, n.cfg.Limits)
@@ -98,16 +110,18 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
 				return
 			}
-			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, session, fail)
+			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, session, gen, fail)
 		}()
 		return
 	}
-	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, session, fail)
+	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, session, gen, fail)
 }
 
-// startLoad pins the keys and hands the copy to a load actor.
+// startLoad pins the keys and hands the copy to a load actor; session and
+// gen are the fence's and the engine's silence generations when the load
+// was taken.
 func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
-	keys []messages.Key, reply string, remote int, session uint64, fail func(error)) {
+	keys []messages.Key, reply string, remote int, session, gen uint64, fail func(error)) {
 	if !rec.loads.enter() {
 		fail(fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id)) // ending: see loadGate
 		return
@@ -122,7 +136,7 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
-			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session, Hearing: rec.hearing}))
+			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session, Hearing: rec.hearing, HearingGen: gen}))
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)

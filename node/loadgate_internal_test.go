@@ -104,7 +104,7 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	require.Contains(t, string(reply.Data), `"ok":true`)
 
 	failed := make(chan error, 1)
-	n.startLoad(context.Background(), rec, req, chunks, keys, "", 0, n.fence.Gen(), func(err error) { failed <- err })
+	n.startLoad(context.Background(), rec, req, chunks, keys, "", 0, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
 	select {
 	case err := <-failed:
 		require.ErrorIs(t, err, errUnknownEngine)

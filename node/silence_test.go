@@ -27,8 +27,9 @@ import (
 // ends and b, refused, never starts (counted, not a copy failure). Then the
 // engine is heard again, by a heartbeat, a lookup, a late batch of its old
 // epoch or a register with the same spec: a and b are released
-// engine_reset, b never copies, nothing of the late batch is applied, and
-// a new epoch stores. A status request (which routers send too) is no word
+// engine_reset, b never copies, nothing of the late batch is applied, a
+// load is refused until the engine begins a new epoch, and a new epoch
+// stores and loads. A status request (which routers send too) is no word
 // from the engine: b stays refused.
 func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status"} {
@@ -87,6 +88,12 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 				rs := recv(t, te.resync, "the old epoch's resync")
 				require.Equal(t, "ep1", rs.Epoch)
 				require.Equal(t, 1.0, counter("kvactors_engine_silences_total"))
+				// A load now may be one sent before the engine declared the
+				// node lost, delivered late into blocks it reused: refused
+				// until the engine begins a new epoch.
+				r := te.loadInto("l1", []string{hash("a", 0)}, 4, []int{9})
+				require.False(t, r.OK)
+				require.Contains(t, r.Error, "no load until it begins a new epoch")
 			}
 			te.sync()
 			testkit.NoRecv(t, dev.started, 100*time.Millisecond, "an old request's copy after the reset")
@@ -103,6 +110,9 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 				}
 				require.Equal(t, "a", st.Request) // a's stored, published before the silence
 			}
+			dev.gate <- struct{}{} // for the load's copy
+			r := te.loadInto("l2", []string{hash("a", 0)}, 4, []int{9})
+			require.True(t, r.OK, "a load in the new epoch: %s", r.Error)
 		})
 	}
 }

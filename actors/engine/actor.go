@@ -467,6 +467,9 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
 		d.Epoch, d.Releases, d.Session = a.seq.Epoch(), a.deps.Releases, a.epochSession
+		if d.Hearing != nil {
+			d.HearingGen = d.Hearing.Gen()
+		}
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

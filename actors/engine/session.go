@@ -16,6 +16,9 @@ import (
 // resync order is published.
 func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) {
 	if d.Reset != "" {
+		if h := a.deps.Request.Hearing; h != nil {
+			h.Resumed() // a new epoch: loads are current again (transfer.Hearing)
+		}
 		a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", d.Reset, "new", a.seq.Epoch())
 		a.deps.Metrics.EpochResets.Inc()
 		a.resetAll(c, messages.ReasonEngineReset)

@@ -48,6 +48,8 @@ type Job struct {
 	// Hearing is when the node last heard from the engine
 	// (transfer.Submit.Hearing; nil: not checked).
 	Hearing *transfer.Hearing
+	// HearingGen is Hearing.Gen when the load was taken.
+	HearingGen uint64
 }
 
 // Deps is what a load actor needs from its node.
@@ -107,7 +109,7 @@ func (a *Actor) submit(c actor.Context) {
 	}
 	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
 		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext(),
-		Session: j.Session, Hearing: j.Hearing})
+		Session: j.Session, Hearing: j.Hearing, HearingGen: j.HearingGen})
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {

@@ -64,6 +64,9 @@ type Deps struct {
 	// never start once it has been silent for lease/2
 	// (transfer.ErrEngineSilent; nil: not checked).
 	Hearing *transfer.Hearing
+	// HearingGen is Hearing.Gen when the requests' epoch began: a copy of
+	// an epoch begun before a silence ended never starts.
+	HearingGen uint64
 	// Timers delivers the requests' RetryDue (one goroutine per engine,
 	// not one per pending retry); the engine actor stops it.
 	Timers *actors.Timers
@@ -437,7 +440,8 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	}
 	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
 		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session, Hearing: a.deps.Hearing}, next: a.jobs}
+		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session, Hearing: a.deps.Hearing,
+		HearingGen: a.deps.HearingGen}, next: a.jobs}
 	a.jobs = j
 	sub := &j.sub
 	if a.deps.Queue != nil {

@@ -19,7 +19,39 @@ var ErrEngineSilent = errors.New("engine silent: no message from it for lease/2;
 // of an engine starts once the node has heard nothing from it for lease/2,
 // counted from when its last message was taken off NATS. Engines send a
 // sign of life at least every lease/4, so a live one is never refused.
-type Hearing struct{ at atomic.Int64 } // UnixNano
+type Hearing struct {
+	at atomic.Int64 // UnixNano
+	// silenced: a silence of lease/2 ended and the engine has not begun a
+	// new epoch since (Silenced, Resumed). A load arriving meanwhile may be
+	// one the engine sent before it declared the node lost, delivered late
+	// (a stalled NATS route), into blocks it has since reused: refused.
+	silenced atomic.Bool
+	// gen counts the silences that ended. A copy carries the generation
+	// its session (an epoch's requests, a load) began in
+	// (Submit.HearingGen) and never starts in a later one: the message that
+	// ends a silence refreshes at, and the reset of the old requests it
+	// brings reaches their queued copies and retries only a few hops later.
+	gen atomic.Uint64
+}
+
+// Gen is the count of silences that ended (Submit.HearingGen).
+func (h *Hearing) Gen() uint64 { return h.gen.Load() }
+
+// Silenced marks that a silence ended, before the message that ended it
+// refreshes the time: copies of sessions begun before are refused from now
+// on, and loads until Resumed.
+func (h *Hearing) Silenced() {
+	h.gen.Add(1)
+	h.silenced.Store(true)
+}
+
+// Resumed: the engine began a new epoch after the silence (or registered
+// again): its loads are its own, current ones.
+func (h *Hearing) Resumed() { h.silenced.Store(false) }
+
+// LoadsRefused reports whether a silence ended and the engine has not begun
+// a new epoch since.
+func (h *Hearing) LoadsRefused() bool { return h.silenced.Load() }
 
 // Heard records a message of the engine taken at at; it never moves back.
 func (h *Hearing) Heard(at time.Time) {
@@ -41,12 +73,13 @@ func (h *Hearing) Silent(now time.Time) time.Duration {
 }
 
 // heardRecently refuses job when its engine has been silent for the
-// configured window (no Hearing, or no window: never refused).
+// configured window, or was since the job's session began (no Hearing, or
+// no window: never refused).
 func (a *Actor) heardRecently(job *Submit) error {
 	if job.Hearing == nil || a.deps.Config.EngineSilence <= 0 {
 		return nil
 	}
-	if job.Hearing.Silent(a.now()) >= a.deps.Config.EngineSilence {
+	if job.HearingGen != job.Hearing.Gen() || job.Hearing.Silent(a.now()) >= a.deps.Config.EngineSilence {
 		return ErrEngineSilent
 	}
 	return nil

@@ -43,7 +43,9 @@ type Submit struct {
 	// checked): a copy of an engine silent for Config.EngineSilence never
 	// starts (ErrEngineSilent).
 	Hearing *Hearing
-	queued  time.Time // when it was queued (Queue.Submit; queue wait)
+	// HearingGen is Hearing.Gen when the copy's session began.
+	HearingGen uint64
+	queued     time.Time // when it was queued (Queue.Submit; queue wait)
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone
