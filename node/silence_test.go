@@ -2,7 +2,6 @@ package node_test
 
 import (
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,7 +9,6 @@ import (
 
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/node"
 )
 
 // PROTOCOL.md "Engine silence", for a link that fails on the engine's side
@@ -34,24 +32,15 @@ import (
 func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status"} {
 		t.Run(comeback, func(t *testing.T) {
-			const lease = time.Minute // no expiry, no session tick in reach
-			start := time.Unix(1_800_000_000, 0)
-			var clock atomic.Int64
-			clock.Store(start.UnixNano())
-			dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
-			e := startNode(t, func(c *node.Config) {
-				c.Lease = lease
-				c.Transfer.Workers = 1
-				c.WrapDevice = dev.wrap
-			}, node.WithClock(func() time.Time { return time.Unix(0, clock.Load()) }))
-			t.Cleanup(func() { close(dev.gate) })
+			r := newSilenceRig(t, nil)
+			e, dev := r.e, r.dev
 			counter := func(name string) float64 { return metricValue(t, e.reg, name, nil) }
 			te := e.newEngine("e1", defaultOpts())
 			te.register()
 			heldAndQueued(t, te, dev)
 
-			clock.Store(start.Add(lease / 2).UnixNano()) // nothing heard since start
-			dev.gate <- struct{}{}                       // a ends; the worker takes b
+			r.fallSilent()
+			dev.gate <- struct{}{} // a ends; the worker takes b
 			testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
 				if v := counter("kvactors_transfer_copies_engine_silent_total"); v < 1 {
 					return fmt.Errorf("b's copy not refused yet")
@@ -91,9 +80,9 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 				// A load now may be one sent before the engine declared the
 				// node lost, delivered late into blocks it reused: refused
 				// until the engine begins a new epoch.
-				r := te.loadInto("l1", []string{hash("a", 0)}, 4, []int{9})
-				require.False(t, r.OK)
-				require.Contains(t, r.Error, "no load until it begins a new epoch")
+				lr := te.loadInto("l1", []string{hash("a", 0)}, 4, []int{9})
+				require.False(t, lr.OK)
+				require.Contains(t, lr.Error, "no load until it begins a new epoch")
 			}
 			te.sync()
 			testkit.NoRecv(t, dev.started, 100*time.Millisecond, "an old request's copy after the reset")
@@ -111,8 +100,8 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 				require.Equal(t, "a", st.Request) // a's stored, published before the silence
 			}
 			dev.gate <- struct{}{} // for the load's copy
-			r := te.loadInto("l2", []string{hash("a", 0)}, 4, []int{9})
-			require.True(t, r.OK, "a load in the new epoch: %s", r.Error)
+			lr := te.loadInto("l2", []string{hash("a", 0)}, 4, []int{9})
+			require.True(t, lr.OK, "a load in the new epoch: %s", lr.Error)
 		})
 	}
 }
