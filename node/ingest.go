@@ -301,13 +301,15 @@ func (in *ingester) returnAll(held map[*credit]struct{}) {
 // it came from the engine's process, over its link). After a silence of
 // lease/2 or more it first tells the engine actor (engine.Silenced), ahead
 // of the message itself: the engine may have declared the node lost
-// meanwhile, and the message may even be an old one, delivered late.
-func (in *ingester) heard(engineID string, at time.Time) {
+// meanwhile, and the message may even be an old one, delivered late. It
+// returns the engine's actor (nil: not routed), read under the same lock,
+// so a batch needs no second routing lookup.
+func (in *ingester) heard(engineID string, at time.Time) *actor.PID {
 	in.mu.RLock()
 	h, pid := in.hearing[engineID], in.engines[engineID]
 	in.mu.RUnlock()
 	if h == nil {
-		return
+		return pid
 	}
 	if silent := h.Silent(at); silent >= in.n.cfg.Lease/2 && pid != nil {
 		h.Silenced() // before the message: a load ending the silence is refused too
@@ -315,6 +317,7 @@ func (in *ingester) heard(engineID string, at time.Time) {
 		in.n.system.Root.Send(pid, &engine.Silenced{For: silent})
 	}
 	h.Heard(at)
+	return pid
 }
 
 func (in *ingester) lookup(engineID string) *actor.PID {
@@ -422,15 +425,16 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
 		return // another node's engine (clusters): stay silent, counted
 	}
+	var pid *actor.PID
 	switch x.verb {
 	case messages.VerbRegister: // compares the silence first (Node.register)
 	case messages.VerbStatus: // anyone may ask (routers): no word from the engine
 	default:
-		in.heard(engineID, x.at)
+		pid = in.heard(engineID, x.at)
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		return in.events(x)
+		return in.events(x, pid)
 	case messages.VerbRegister:
 		in.n.onRegister(engineID, m, x.at)
 	case messages.VerbHeartbeat:
@@ -450,11 +454,11 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	return false
 }
 
-func (in *ingester) events(x inbound) (lent bool) {
+// events hands a batch to pid, its engine's actor (nil: not routed).
+func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	engineID, m, size, arrived := x.engine, x.msg, x.size, x.taken
 	n := in.n
 	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
-	pid := in.lookup(engineID)
 	if pid == nil {
 		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)
 		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
