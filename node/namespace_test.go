@@ -84,3 +84,39 @@ func TestOneEngineCannotUseUpTheNodesNamespaces(t *testing.T) {
 	vic := e.newEngine("vic", defaultOpts())
 	vic.register()
 }
+
+// Across a cluster too, an engine naming another engine's id as its
+// namespace reads nothing of that engine's own: mal on n1 names "vic"; vic
+// (its own namespace) on n0 stores a prefix. Every engine registers first
+// (a first register clears what other nodes believe this node holds), then
+// vic stores, then a shared namespace's chunk is stored on n0: once n1
+// counts that one, vic's earlier announcement has reached n1 too. mal's
+// lookup of vic's prefix is still a miss, and its load fetches and copies
+// none of vic's bytes.
+func TestAClusterServesNoEngineItsNamesakesNamespace(t *testing.T) {
+	kc := startCluster(t, 2)
+	mal, vic := kc.engineOn(1, "mal", "vic"), kc.engineOn(0, "vic", "")
+	sa, sb := kc.engineOn(0, "sa", "m"), kc.engineOn(1, "sb", "m")
+	for _, te := range []*testEngine{mal, vic, sa, sb} {
+		te.register()
+	}
+	hs := []string{hash("v", 0), hash("v", 1)}
+	vic.fill(0, 5, 77)
+	vic.fill(0, 6, 77)
+	want := [][]byte{bytes.Clone(vic.block(0, 5)), bytes.Clone(vic.block(0, 6))}
+	vic.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 5, 6), tokensEv("r", 8, 8))
+	recv(t, vic.stored, "vic's store")
+	shared := []string{hash("s", 0)}
+	sa.send(added("s", 4), hashesEv("s", 0, shared...), blocksEv("s", 0, 0, 7), tokensEv("s", 4, 4))
+	recv(t, sa.stored, "the shared namespace's store")
+	awaitLookup(t, sb, shared, 4, "n1 for the shared namespace")
+
+	require.Equal(t, 0, mal.lookup(hs), "vic's prefix counted for its namesake on another node")
+	mal.fill(0, 10, 1)
+	mal.fill(0, 11, 1)
+	r := mal.loadInto("steal", hs, 8, []int{10, 11})
+	require.False(t, r.OK, "a load of vic's chunks from another node")
+	require.Zero(t, r.RemoteChunks)
+	require.NotEqual(t, want[0], mal.block(0, 10))
+	require.NotEqual(t, want[1], mal.block(0, 11))
+}
