@@ -363,7 +363,7 @@ func TestADroppedSignOfLifeIsStampedWhenItWasDropped(t *testing.T) {
 			})
 			registerOneEngine(t, nc, dir, "e1") // its sequencer starts at start
 			in := n.ingest
-			pid := in.lookup("e1")
+			pid := n.engine("e1").pid
 			require.NotNil(t, pid)
 
 			taken := takeWholeBudget(t, in)

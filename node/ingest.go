@@ -320,12 +320,6 @@ func (in *ingester) heard(engineID string, at time.Time) *actor.PID {
 	return pid
 }
 
-func (in *ingester) lookup(engineID string) *actor.PID {
-	in.mu.RLock()
-	defer in.mu.RUnlock()
-	return in.engines[engineID]
-}
-
 // msgBytes is what one message holds in memory, near enough.
 func msgBytes(m *nats.Msg) int64 {
 	return int64(len(m.Data) + len(m.Subject) + len(m.Reply) + 64)
