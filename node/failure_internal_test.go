@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -52,10 +53,25 @@ func failWhenArmed(n *Node, arm *atomic.Bool, edit func(*engine.Deps)) {
 // was released aborted, the node went on routing to the restarted actor
 // with a fresh sequencer, and the failed batch's credit was never returned.
 func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
+	n, nc, dir := failAndForget(t, nil, messages.ReasonEngineGone)
+	live := n.metrics.Engines.EnginesLive
+	require.Equal(t, 1.0, testutil.ToFloat64(n.metrics.Engines.Failures))
+	registerAgain(t, nc, dir)
+	require.Equal(t, 1.0, testutil.ToFloat64(live))
+}
+
+// failAndForget registers e1 with engine actors that panic once armed
+// (edit changes their deps further), has request q of epoch a, arms the
+// failure with q's next batch, and checks the node's side of the end: q
+// released once with reason, then the engine unknown to its heartbeat, the
+// intake's bytes back, its segments unmapped and the live gauge at 0.
+// Later engines of the node fail no more.
+func failAndForget(t *testing.T, edit func(*engine.Deps), reason string) (*Node, *nats.Conn, string) {
+	t.Helper()
 	n, nc, dir := startInternal(t, nil)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	var arm atomic.Bool
-	failWhenArmed(n, &arm, nil)
+	failWhenArmed(n, &arm, edit)
 	registerOneEngine(t, nc, dir, "e1")
 	heartbeat := func() string {
 		t.Helper()
@@ -74,7 +90,7 @@ func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
 		[]byte(`{"epoch":"a","seq":2,"events":[{"type":"tokens","request":"q","computed":4,"total":4}]}`)))
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "q's release").Data, &rel))
-	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineGone}, rel)
+	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: reason}, rel)
 	require.False(t, arm.Load(), "the failure was injected")
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		switch {
@@ -89,16 +105,23 @@ func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
 		}
 		return nil
 	})
-	require.Equal(t, 1.0, testutil.ToFloat64(n.metrics.Engines.Failures))
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of q")
+	n.mu.Lock()
+	n.editEngine = nil
+	n.mu.Unlock()
+	return n, nc, dir
+}
 
-	registerOneEngine(t, nc, dir, "e1") // the engine registers again (and starts a new epoch)
+// registerAgain registers e1 again (a new epoch, b) and checks that it is
+// served: a batch of b is applied.
+func registerAgain(t *testing.T, nc *nats.Conn, dir string) {
+	t.Helper()
+	registerOneEngine(t, nc, dir, "e1")
 	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"b","seq":1,"events":[]}`)))
 	reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"b","seq":1}`), 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"applied":1`)
-	require.Equal(t, 1.0, testutil.ToFloat64(live))
 }
 
 // panicsOnLine is a log handler that discards records but panics on one
@@ -122,54 +145,10 @@ func (h panicsOnLine) WithGroup(string) slog.Handler      { return h }
 // its request gets one release (aborted: the actor stopped as a last
 // resort) and the engine can register again.
 func TestAnEngineActorFailingInsideItsEndIsStillForgottenByTheNode(t *testing.T) {
-	n, nc, dir := startInternal(t, nil)
-	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	var arm atomic.Bool
-	failWhenArmed(n, &arm, func(d *engine.Deps) {
+	_, nc, dir := failAndForget(t, func(d *engine.Deps) {
 		d.Log = slog.New(panicsOnLine{msg: "engine actor failed; ending the engine as on unregister"})
-	})
-	registerOneEngine(t, nc, dir, "e1")
-	heartbeat := func() string {
-		t.Helper()
-		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":1}`), 5*time.Second)
-		require.NoError(t, err)
-		return string(reply.Data)
-	}
-	require.NoError(t, nc.Publish("kvactors.e1.events",
-		[]byte(`{"epoch":"a","seq":1,"events":[{"type":"added","request":"q","prompt_tokens":4}]}`)))
-	require.Contains(t, heartbeat(), `"applied":1`)
-	live := n.metrics.Engines.EnginesLive
-
-	arm.Store(true)
-	require.NoError(t, nc.Publish("kvactors.e1.events",
-		[]byte(`{"epoch":"a","seq":2,"events":[{"type":"tokens","request":"q","computed":4,"total":4}]}`)))
-	var rel messages.Released
-	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "q's release").Data, &rel))
-	require.Equal(t, messages.Released{Request: "q", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted}, rel)
-	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		switch {
-		case !strings.Contains(heartbeat(), "unknown engine"):
-			return fmt.Errorf("the failed engine is still known")
-		case n.ingest.pending.Load() != 0:
-			return fmt.Errorf("%d intake bytes still held", n.ingest.pending.Load())
-		case n.mappedNow() != 0:
-			return fmt.Errorf("%d segments still mapped", n.mappedNow())
-		case testutil.ToFloat64(live) != 0:
-			return fmt.Errorf("the failed engine still counted live")
-		}
-		return nil
-	})
-	require.NoError(t, nc.Flush())
-	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of q")
-
-	n.mu.Lock()
-	n.editEngine = nil
-	n.mu.Unlock()
-	registerOneEngine(t, nc, dir, "e1") // the engine registers again (and starts a new epoch)
-	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"b","seq":1,"events":[]}`)))
-	reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"b","seq":1}`), 5*time.Second)
-	require.NoError(t, err)
-	require.Contains(t, string(reply.Data), `"applied":1`)
+	}, messages.ReasonAborted)
+	registerAgain(t, nc, dir)
 }
 
 // panickyStore fails the request actor whose store decision calls it the
