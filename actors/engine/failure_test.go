@@ -86,6 +86,15 @@ func startFailing(t *testing.T, nc *nats.Conn, edit ...func(*engine.Deps)) *fail
 	return f
 }
 
+// storeInFlight sends request r with one chunk ready to store (batch 1) and
+// returns its store job, which stays in flight (r waits for it) until the
+// test answers it.
+func (f *failing) storeInFlight(t *testing.T) *transfer.Submit {
+	t.Helper()
+	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
+	return testkit.Recv(t, f.jobs, 5*time.Second, "r's store job")
+}
+
 func recvRelease(t *testing.T, ch <-chan *nats.Msg, what string) messages.Released {
 	t.Helper()
 	var rel messages.Released
@@ -105,8 +114,7 @@ func TestAFailedEngineActorEndsItsEngineAsOnUnregister(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	f := startFailing(t, nc)
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job")
+	j := f.storeInFlight(t)
 	sendBatch(f.system, f.pid, 2, added("q"))
 	statusOf(t, f.system, f.pid)
 	require.Equal(t, 1.0, testutil.ToFloat64(f.m.EnginesLive))
@@ -148,8 +156,7 @@ func TestAnEngineActorFailingAgainWhileItEndsGoesOnEnding(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	f := startFailing(t, nc)
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	j := f.storeInFlight(t)
 	statusOf(t, f.system, f.pid)
 
 	f.arm.Store(true)
@@ -190,8 +197,7 @@ func TestAnEngineActorFailingTooOftenStopsCountingReleasedRequestsRight(t *testi
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	f := startFailing(t, nc)
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	j := f.storeInFlight(t)
 	statusOf(t, f.system, f.pid)
 
 	f.arm.Store(true)
@@ -243,8 +249,7 @@ func TestAnEngineActorFailingInsideItsEndStillTellsItsNode(t *testing.T) {
 	f := startFailing(t, nc, func(d *engine.Deps) {
 		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
 	})
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	testkit.Recv(t, f.jobs, 5*time.Second, "r's store job")
+	f.storeInFlight(t)
 	statusOf(t, f.system, f.pid)
 
 	f.arm.Store(true)
@@ -263,8 +268,7 @@ func TestAnUnregisterAfterAFailureIsToldTheEndsCount(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	f := startFailing(t, nc)
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	j := f.storeInFlight(t)
 	sendBatch(f.system, f.pid, 2, added("q"))
 	statusOf(t, f.system, f.pid)
 

@@ -21,8 +21,7 @@ func TestAGivenUpEngineActorDoesNotCountAFinishedRelease(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	f := startFailing(t, nc)
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r waits for it
+	j := f.storeInFlight(t)
 	sendBatch(f.system, f.pid, 2, messages.Event{Type: messages.EvFinished, Request: "r", Computed: 4, Total: 4})
 	statusOf(t, f.system, f.pid)
 

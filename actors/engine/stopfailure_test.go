@@ -65,8 +65,7 @@ func TestClosedClosesWhenARequestsEndPanicsWhileTheEngineActorStops(t *testing.T
 			return release(reason)
 		}
 	})
-	sendBatch(f.system, f.pid, 1, readyChunk("r", 1)...)
-	testkit.Recv(t, f.jobs, 5*time.Second, "r's store job") // stays in flight: r is unreleased
+	f.storeInFlight(t)
 	statusOf(t, f.system, f.pid)
 	f.arm.Store(true)
 	f.system.Root.Send(f.pid, &engine.Tick{}) // fails, and fails again in its end: it stops
