@@ -154,7 +154,8 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 // registration order, so they differ from boot to boot; the disk tier keys
 // chunks by namespace name and geometry instead. A chunk engine ta spilled
 // is not a hit for engine tb after a restart in which tb registered first
-// (and got the id ta had), and it still is for ta.
+// (and got the id ta had), nor for engine mal, which names "ta" as its
+// (shared) namespace, and it still is for ta.
 func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 	diskDir := t.TempDir()
 	prefix := []string{hash("shared", 0), hash("shared", 1)}
@@ -177,9 +178,16 @@ func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 
 	e2 := startNode(t, withPoolSlots(2), withDisk(diskDir))
 	tb2, ta2 := e2.newEngine("tb", defaultOpts()), e2.newEngine("ta", defaultOpts())
+	mal := e2.newEngine("mal", defaultOpts())
+	mal.spec.Namespace = "ta" // ta's id: a shared namespace of that name, never ta's own
+	mal.register()
 	tb2.register() // tb now gets the namespace id ta had in the first boot
 	ta2.register()
 	require.Equal(t, 0, tb2.lookup(prefix), "after the restart too")
+	require.Equal(t, 0, mal.lookup(prefix), "ta's namesake never sees ta's chunks on disk")
+	malBefore := append(bytes.Clone(mal.block(0, 10)), mal.block(0, 11)...)
+	require.False(t, mal.loadInto("steal", prefix, 8, []int{10, 11}).OK, "ta's namesake cannot load them")
+	require.Equal(t, malBefore, append(bytes.Clone(mal.block(0, 10)), mal.block(0, 11)...))
 	before := append(bytes.Clone(tb2.block(0, 10)), tb2.block(0, 11)...)
 	r := tb2.loadInto("steal", prefix, 8, []int{10, 11})
 	require.False(t, r.OK, "tb cannot load ta's chunks")
