@@ -1,8 +1,10 @@
 package ingest
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
+	"math/bits"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -110,8 +112,19 @@ func (l *lexer) str() (raw []byte, esc bool, err error) {
 	start := l.pos + 1
 	d := l.data
 	for i := start; i < len(d); {
+		// Eight bytes at a time while none needs attention: hashes and ids
+		// are most of a batch's bytes, and a table lookup per byte was a
+		// fifth of decoding.
+		if i+8 <= len(d) {
+			m := specials(binary.LittleEndian.Uint64(d[i:]))
+			if m == 0 {
+				i += 8
+				continue
+			}
+			i += bits.TrailingZeros64(m) / 8 // the first byte that needs attention
+		}
 		if plain[d[i]] {
-			i++ // the common case: one table lookup per byte
+			i++ // within the data's last eight bytes
 			continue
 		}
 		switch c := d[i]; {
@@ -146,6 +159,18 @@ func (l *lexer) str() (raw []byte, esc bool, err error) {
 	}
 	l.pos = len(d)
 	return nil, false, l.syntax("unterminated string")
+}
+
+// specials marks, in bit 7 of each byte, the bytes of w (eight string
+// bytes, little-endian) that plain does not: a quote, a backslash or a
+// control character. Each term is the classic "has a byte below n" test: a
+// byte that matches is always marked, and a byte that does not is marked
+// only above (after) one that does (a borrow starts at a match), so the
+// lowest mark is exact.
+func specials(w uint64) uint64 {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, b := w^(ones*'"'), w^(ones*'\\')
+	return ((q-ones)&^q | (b-ones)&^b | (w-ones*0x20)&^w) & highs
 }
 
 // plain marks the bytes that need no attention inside a string: all but the
