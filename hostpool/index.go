@@ -61,7 +61,11 @@ func slotRef(s uint64) ref            { return ref(uint32(s) - 1) }
 
 // get returns k's entry.
 func (x *keyIndex) get(k messages.Key, entries []entry) (ref, bool) {
-	tag := x.tag(k)
+	return x.getTagged(k, x.tag(k), entries)
+}
+
+// getTagged is get with k's tag already computed.
+func (x *keyIndex) getTagged(k messages.Key, tag uint32, entries []entry) (ref, bool) {
 	mask := len(x.slots) - 1
 	for i := x.home(tag); ; i = (i + 1) & mask {
 		s := x.slots[i]
@@ -79,14 +83,26 @@ func (x *keyIndex) get(k messages.Key, entries []entry) (ref, bool) {
 // put adds k, which must be absent, as entry r, and returns its tag (the
 // entry keeps it, so deleting it later reads and hashes no key).
 func (x *keyIndex) put(k messages.Key, r ref) uint32 {
+	tag := x.tag(k)
+	x.putTagged(tag, r)
+	return tag
+}
+
+// putTagged is put with the key's tag already computed.
+func (x *keyIndex) putTagged(tag uint32, r ref) {
 	if 2*(x.n+1) > len(x.slots) {
 		x.resize(2 * len(x.slots))
 	}
-	tag := x.tag(k)
 	x.place(slotOf(tag, r))
 	x.n++
-	return tag
 }
+
+// touch reads the slot where tag's probe starts, for its cache line only.
+// The index is megabytes, so a probe's first read is a cache miss; reading
+// the homes of a decision's keys first, one after another, lets the CPU
+// wait for those misses together rather than one per probe. (Go has no
+// prefetch instruction; the caller keeps the sum so the read stays.)
+func (x *keyIndex) touch(tag uint32) uint64 { return x.slots[x.home(tag)] }
 
 func (x *keyIndex) place(s uint64) {
 	mask := len(x.slots) - 1

@@ -61,8 +61,16 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 	short := len(keys) <= dedupMax
 	newKeys := 0
 	fresh := p.fresh[:0] // the new keys' indexes: no second lookup to add them
+	tags := p.tags[:0]
+	for _, k := range keys {
+		tags = append(tags, p.index.tag(k))
+	}
+	for _, t := range tags {
+		p.sink += p.index.touch(t)
+	}
+	p.tags = tags
 	for i, k := range keys {
-		if r, ok := p.lookup(k); ok {
+		if r, ok := p.index.getTagged(k, tags[i], p.entries); ok {
 			p.entries[r].mark = p.epoch
 			if p.entries[r].state == Pending {
 				out.Pending = append(out.Pending, k)
@@ -115,6 +123,9 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 		out.Ends, out.Slots = slices.Grow(out.Ends, newKeys), slices.Grow(out.Slots, newKeys)
 	}
 	for _, r := range victims {
+		p.sink += p.index.touch(p.entries[r].tag) // see touch
+	}
+	for _, r := range victims {
 		e := &p.entries[r]
 		out.Evicted = append(out.Evicted, e.key)
 		if p.keepVictims {
@@ -129,7 +140,7 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 	}
 	for _, i := range fresh {
 		k := keys[i]
-		r := p.add(k, p.sizeOf(sizes, int(i)))
+		r := p.add(k, tags[i], p.sizeOf(sizes, int(i)))
 		out.Keys = append(out.Keys, k)
 		if !rooms {
 			continue
@@ -252,7 +263,7 @@ func (p *Pool) reserve(size int64) {
 }
 
 // add stores key as a new pending entry of size bytes and returns it.
-func (p *Pool) add(k messages.Key, size int64) ref {
+func (p *Pool) add(k messages.Key, tag uint32, size int64) ref {
 	var r ref
 	if n := len(p.freeRefs); n > 0 {
 		r = p.freeRefs[n-1]
@@ -269,7 +280,8 @@ func (p *Pool) add(k messages.Key, size int64) ref {
 		pieces = append(pieces, p.alloc(cs))
 	}
 	*e = entry{key: k, state: Pending, size: size, pieces: pieces, prev: none, next: none}
-	e.tag = p.index.put(k, r)
+	e.tag = tag
+	p.index.putTagged(tag, r)
 	p.pending++
 	p.dataBytes += size
 	return r

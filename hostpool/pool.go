@@ -142,6 +142,8 @@ type Pool struct {
 	needed  []*class
 	cut     []int64
 	fresh   []int32
+	tags    []uint32                  // prepareStore's keys' index tags
+	sink    uint64                    // keeps keyIndex.touch's reads
 	seen    map[messages.Key]struct{} // absent keys of a long offer (see dedupMax)
 	// madeReady are the keys the last CompleteStoreAt made ready (for
 	// Shared's journal; reused).
