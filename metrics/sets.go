@@ -221,8 +221,9 @@ type Transfer struct {
 	// refused for them (not in CopyFailures).
 	FenceLapses  prometheus.Counter
 	CopiesLapsed prometheus.Counter
-	// CopiesSilent counts copies refused because their engine had not been
-	// heard from for lease/2 (not in CopyFailures).
+	// CopiesSilent counts copies refused, or stopped while running, because
+	// their engine had not been heard from for lease/2 (not in
+	// CopyFailures).
 	CopiesSilent prometheus.Counter
 	// ThenFailures counts Drain Thens that panicked (recovered by the
 	// copy queue: the release a Then carried is lost, the engine's end it
@@ -273,7 +274,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 		CopiesLapsed: counter("transfer", "copies_lapsed_total",
 			"Copies refused because their session began before a lapse (never started)."),
 		CopiesSilent: counter("transfer", "copies_engine_silent_total",
-			"Copies refused because their engine had not been heard from for lease/2 (never started)."),
+			"Copies refused or stopped because their engine had not been heard from for lease/2 (never started, or stopped between device calls)."),
 		ThenFailures: counter("transfer", "then_failures_total",
 			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
 		AbortFailures: counter("transfer", "abort_failures_total",

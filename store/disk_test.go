@@ -65,7 +65,7 @@ func TestConcurrentStoresAndLoadsOverDisk(t *testing.T) {
 						continue
 					}
 					if err == nil {
-						err = e.Copy(backend.DeviceToHost, []sched.JobChunk{{Key: key(i), Blocks: []messages.BlockID{src(i)}}})
+						err = e.Copy(backend.DeviceToHost, []sched.JobChunk{{Key: key(i), Blocks: []messages.BlockID{src(i)}}}, nil)
 					}
 					if err != nil {
 						errs <- fmt.Errorf("store %d: %w", i, err)
@@ -80,7 +80,7 @@ func TestConcurrentStoresAndLoadsOverDisk(t *testing.T) {
 					errs <- fmt.Errorf("prepare load %d: %w", i, err)
 					return
 				}
-				if err := e.Copy(backend.HostToDevice, []sched.JobChunk{{Key: key(i), Blocks: []messages.BlockID{target}}}); err != nil {
+				if err := e.Copy(backend.HostToDevice, []sched.JobChunk{{Key: key(i), Blocks: []messages.BlockID{target}}}, nil); err != nil {
 					errs <- fmt.Errorf("load %d: %w", i, err)
 					return
 				}
@@ -134,7 +134,7 @@ func TestConcurrentStoresAndLoadsOverDisk(t *testing.T) {
 	_, err = e.PrepareLoad([]messages.Key{key(onDisk)})
 	require.NoError(t, err)
 	target := messages.BlockID(srcBlocks)
-	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{{Key: key(onDisk), Blocks: []messages.BlockID{target}}}))
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{{Key: key(onDisk), Blocks: []messages.BlockID{target}}}, nil))
 	require.Equal(t, dev.mem[int(src(onDisk))*bb:int(src(onDisk)+1)*bb], dev.mem[int(target)*bb:int(target+1)*bb])
 	d.Close()
 	dst := d.Stats()

@@ -43,7 +43,7 @@ func TestCopyScratchCarriesNothingBetweenJobs(t *testing.T) {
 				chunks[i].Room, chunks[i].Slot = prep.Chunk(i), prep.Slots[i]
 			}
 		}
-		require.NoError(t, e.Copy(backend.DeviceToHost, chunks))
+		require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
 		loc, err := s.pool.Locate(keys)
 		require.NoError(t, err)
 		for i, c := range chunks {
@@ -75,7 +75,7 @@ func TestCopyWritesIntoTheReservedRoom(t *testing.T) {
 	require.NoError(t, err)
 	chunks[0].Room, chunks[0].Slot = prep.Chunk(1), prep.Slots[1]
 	chunks[1].Room, chunks[1].Slot = prep.Chunk(0), prep.Slots[0]
-	require.NoError(t, e.Copy(backend.DeviceToHost, chunks))
+	require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
 	loc, err := s.pool.Locate(keys)
 	require.NoError(t, err)
 	bytesOf := func(ext []hostpool.Extent) []byte {

@@ -181,7 +181,15 @@ const tileBytes = 512 << 10
 // chunk's bytes never reach the device (earlier tiles have, which is
 // harmless: the load fails as a whole), the chunk is dropped, and the error
 // is ErrCorrupt in a *hostpool.KeyError naming it.
-func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
+//
+// live, when not nil, says whether the copy may go on (its engine may have
+// given up on the node meanwhile and be reusing its blocks): it is asked
+// between device calls (the caller asked before Copy), and for a store once
+// more before the pool completes, since bytes read from blocks reused
+// meanwhile must not become ready under the chunk's key. When it fails the
+// job completes as a failed copy (a store's chunks freed, a load's
+// unpinned) and Copy returns its error, wrapped.
+func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error {
 	sc := copyScratchPool.Get().(*copyScratch)
 	defer sc.release()
 	sc.keys = appendKeys(sc.keys[:0], chunks)
@@ -194,16 +202,19 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 			return fmt.Errorf("store: %w", err)
 		}
 	}
+	lc := liveCheck{live: live}
 	if dir == backend.HostToDevice {
-		if err := e.fetch(keys, &loc); err != nil {
+		read, err := e.fetch(keys, &loc)
+		if err != nil {
 			return err
 		}
+		lc.begun = read // a disk read takes time: the first device call is checked after one
 	}
 	ranges := sc.ranges[:0]
 	defer func() { sc.ranges = ranges[:0] }()
 	for lo := 0; lo < len(chunks); {
 		if size := e.lay.Groups[chunks[lo].Group].ChunkBytes; size > tileBytes {
-			if err := e.copyLarge(dir, keys, chunks, &loc, lo, size); err != nil {
+			if err := e.copyLarge(dir, keys, chunks, &loc, lo, size, &lc); err != nil {
 				return err
 			}
 			lo++
@@ -226,6 +237,9 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 		for i := lo; i < hi; i++ {
 			ranges = appendRanges(e.lay, &chunks[i], loc.Chunk(i), ranges)
 		}
+		if err := e.goOn(dir, keys, &lc); err != nil {
+			return err
+		}
 		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
 			e.complete(dir, keys, nil)
 			return err
@@ -242,8 +256,37 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
 	sums := loc.Sums
 	if dir == backend.HostToDevice {
 		sums = nil
+	} else if err := e.goOn(dir, keys, &lc); err != nil {
+		return err // the last tiles were read after the last ask
 	}
 	e.completeAt(dir, keys, loc.Slots, sums)
+	return nil
+}
+
+// liveCheck is one Copy's live check and whether the copy is under way
+// (a device call or a disk read done): the first device call needs no
+// asking, Copy's caller asked just before.
+type liveCheck struct {
+	live  func() error
+	begun bool
+}
+
+// goOn is called before each device call of a copy (and before a store
+// completes the pool): once the copy is under way, it asks the copy's live
+// check, and when that fails, completes the job as a failed copy. Once per
+// tile, not per chunk: it reads a clock.
+func (e *Engine) goOn(dir backend.Direction, keys []messages.Key, lc *liveCheck) error {
+	if !lc.begun {
+		lc.begun = true
+		return nil
+	}
+	if lc.live == nil {
+		return nil
+	}
+	if err := lc.live(); err != nil {
+		e.complete(dir, keys, nil)
+		return fmt.Errorf("store: copy stopped: %w", err)
+	}
 	return nil
 }
 
@@ -298,9 +341,9 @@ func (sc *copyScratch) reserved(dir backend.Direction, chunks []sched.JobChunk) 
 // fetch reads the load's chunks that are pending (given room by PrepareLoad
 // to come back from disk) into host memory, in one disk read for the whole
 // load (records lying back to back on disk are read together), then makes
-// them ready and pinned. A chunk that cannot be read back fails the load
-// naming it.
-func (e *Engine) fetch(keys []messages.Key, loc *located) error {
+// them ready and pinned, and reports whether it read any. A chunk that
+// cannot be read back fails the load naming it.
+func (e *Engine) fetch(keys []messages.Key, loc *located) (bool, error) {
 	var at []int // the pending keys' indexes in keys
 	var dks []messages.Key
 	var dst [][][]byte
@@ -318,7 +361,7 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 		at, dks, dst = append(at, i), append(dks, dk), append(dst, ext)
 	}
 	if len(at) == 0 {
-		return nil
+		return false, nil
 	}
 	sums := make([]uint32, len(at))
 	if j, err := e.s.disk.ReadMany(e.id, dks, dst, sums); err != nil {
@@ -326,7 +369,7 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 		if errors.Is(err, disk.ErrCorrupt) {
 			e.s.metrics.Corrupt.Inc()
 		}
-		return &hostpool.KeyError{Key: keys[at[j]], Err: err}
+		return true, &hostpool.KeyError{Key: keys[at[j]], Err: err}
 	}
 	fetched := make([]messages.Key, len(at))
 	for j, i := range at {
@@ -334,14 +377,14 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) error {
 		fetched[j] = keys[i]
 	}
 	e.s.pool.By(e.id).CompleteStorePinned(fetched, sums)
-	return nil
+	return true, nil
 }
 
 // copyLarge copies chunk i, larger than a tile, a tile-sized window at a
 // time; a store checksums each window after its copy, a load verifies the
 // whole chunk before its first window moves.
 func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []sched.JobChunk, loc *located,
-	i int, size int64) error {
+	i int, size int64, lc *liveCheck) error {
 	cext := loc.Chunk(i)
 	if dir == backend.HostToDevice {
 		t := time.Now()
@@ -356,6 +399,9 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 	for lo := int64(0); lo < size; lo += tileBytes {
 		hi := min(lo+tileBytes, size)
 		ranges = appendWindow(e.lay, &chunks[i], cext, lo, hi, ranges[:0])
+		if err := e.goOn(dir, keys, lc); err != nil {
+			return err
+		}
 		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
 			e.complete(dir, keys, nil)
 			return err

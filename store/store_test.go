@@ -74,7 +74,7 @@ func storeChunks(t *testing.T, e *Engine, chunks ...sched.JobChunk) {
 	prep, err := e.PrepareStore(keys, sizes)
 	require.NoError(t, err)
 	require.Len(t, prep.Keys, len(keys))
-	require.NoError(t, e.Copy(backend.DeviceToHost, chunks))
+	require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
 }
 
 // A stored chunk's checksum is the CRC-32C of its bytes in the pool, taken
@@ -107,7 +107,7 @@ func TestStoreChecksumsAndLoadVerifies(t *testing.T) {
 	for i := range target {
 		target[i] = 13 + messages.BlockID(i%12) // 12 fresh blocks (a repeated id gets the last write)
 	}
-	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("k1", target...)}))
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("k1", target...)}, nil))
 	for i := 36; i < 48; i++ { // the last write of each target block is chunk block i
 		b := target[i]
 		require.Equal(t, want[i*testBlockBytes:(i+1)*testBlockBytes], dev.mem[int(b)*testBlockBytes:int(b+1)*testBlockBytes])
@@ -130,7 +130,7 @@ func TestCorruptChunkFailsLoadBeforeAnyCopy(t *testing.T) {
 
 	_, err = e.PrepareLoad([]messages.Key{"a", "b"})
 	require.NoError(t, err)
-	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 10, 11), chunk("b", 12, 13)})
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 10, 11), chunk("b", 12, 13)}, nil)
 	require.ErrorIs(t, err, ErrCorrupt)
 	var ke *hostpool.KeyError
 	require.True(t, errors.As(err, &ke))
@@ -150,7 +150,7 @@ func TestFailedAndAbortedJobsComplete(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, prep.Keys, 2)
 	dev.fail = errors.New("dma fault")
-	require.ErrorContains(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("x", 1)}), "dma fault")
+	require.ErrorContains(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("x", 1)}, nil), "dma fault")
 	e.Abort(backend.DeviceToHost, []sched.JobChunk{chunk("y", 2)})
 	require.Zero(t, s.Stats().Used)
 	dev.fail = nil
@@ -183,7 +183,7 @@ func TestLargeChunkWindows(t *testing.T) {
 	prep, err := e.PrepareStore([]messages.Key{"big"}, []int64{20 * bb})
 	require.NoError(t, err)
 	require.Len(t, prep.Keys, 1)
-	require.NoError(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("big", src...)}))
+	require.NoError(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("big", src...)}, nil))
 	loc, err := s.pool.Locate([]messages.Key{"big"})
 	ext, sums := loc.Ext, loc.Sums
 	require.NoError(t, err)
@@ -206,7 +206,7 @@ func TestLargeChunkWindows(t *testing.T) {
 	_, err = e.PrepareLoad([]messages.Key{"big"})
 	require.NoError(t, err)
 	dev.in = 0
-	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)}))
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)}, nil))
 	require.Equal(t, int64(20*bb), dev.in)
 	for i := range dst {
 		require.Equal(t, logical[i*bb:(i+1)*bb], dev.mem[int(dst[i])*bb:int(dst[i]+1)*bb], "block %d", i)
@@ -216,7 +216,7 @@ func TestLargeChunkWindows(t *testing.T) {
 	_, err = e.PrepareLoad([]messages.Key{"big"})
 	require.NoError(t, err)
 	dev.in = 0
-	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)})
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("big", dst...)}, nil)
 	require.ErrorIs(t, err, ErrCorrupt)
 	require.Zero(t, dev.in, "no window of a corrupt chunk is copied")
 	require.False(t, s.Ready("big"))

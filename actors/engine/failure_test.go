@@ -133,7 +133,7 @@ func TestAFailedEngineActorEndsItsEngineAsOnUnregister(t *testing.T) {
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "r released while its copy is in flight")
 
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 2, Reason: messages.ReasonEngineGone},
 		recvRelease(t, released, "r's release once its copy is done"))
@@ -176,7 +176,7 @@ func TestAnEngineActorFailingAgainWhileItEndsGoesOnEnding(t *testing.T) {
 	default:
 	}
 
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineGone},
 		recvRelease(t, released, "r's release once its copy is done"))
@@ -212,7 +212,7 @@ func TestAnEngineActorFailingTooOftenStopsCountingReleasedRequestsRight(t *testi
 	for range 10 {
 		f.system.Root.Send(f.pid, &engine.Touch{})
 	}
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r is released; its Done queues behind the Touches
 	require.Equal(t, messages.ReasonEngineGone, recvRelease(t, released, "r's release once its copy is done").Reason)
 	f.nowFails.Store(11) // the held turn and each Touch after it fail
@@ -278,7 +278,7 @@ func TestAnUnregisterAfterAFailureIsToldTheEndsCount(t *testing.T) {
 	f.system.Root.Send(f.pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: later}) // the unregister's
 	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report")
 	require.Equal(t, "q", recvRelease(t, released, "q's release").Request)
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	require.Equal(t, "r", recvRelease(t, released, "r's release").Request)
 	testkit.Closed(t, f.closed, 5*time.Second, "the failed engine's actor to stop")

@@ -32,7 +32,7 @@ func TestAGivenUpEngineActorDoesNotCountAFinishedRelease(t *testing.T) {
 	for range 12 {
 		f.system.Root.Send(f.pid, &engine.Touch{})
 	}
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	f.system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r is released; its Done queues behind the Touches
 	require.Equal(t, messages.ReasonFinished, recvRelease(t, released, "r's release once its copy is done").Reason)
 	f.nowFails.Store(13) // the held turn fails (the retire marks r), and each Touch after it

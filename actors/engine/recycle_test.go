@@ -114,8 +114,8 @@ func (g *gatedStore) PrepareStoreInto(*hostpool.Prepared, []messages.Key, []int6
 	return fmt.Errorf("%w: gated test store", hostpool.ErrNoRoom)
 }
 
-func (g *gatedStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
-func (g *gatedStore) Abort(backend.Direction, []sched.JobChunk)      {}
+func (g *gatedStore) Copy(backend.Direction, []sched.JobChunk, func() error) error { return nil }
+func (g *gatedStore) Abort(backend.Direction, []sched.JobChunk)                    {}
 
 // A request actor busy on another goroutine (its retry, blocked in the
 // store) when the engine forwards it its part of a batch keeps the batch's

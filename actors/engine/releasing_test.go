@@ -69,7 +69,7 @@ func (f finishing) hold(t *testing.T, seq uint64) (letGo func()) {
 // r is idle, so the JobDone runs on this goroutine.
 func (f finishing) complete(t *testing.T, released <-chan *nats.Msg) {
 	t.Helper()
-	require.NoError(t, f.j.Store.Copy(f.j.Dir, f.j.Chunks))
+	require.NoError(t, f.j.Store.Copy(f.j.Dir, f.j.Chunks, nil))
 	f.system.Root.Send(f.j.Owner, &transfer.JobDone{ID: f.j.ID})
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's final release").Data, &rel))

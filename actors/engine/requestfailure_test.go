@@ -68,12 +68,12 @@ func (s *faultyStore) PrepareStoreInto(out *hostpool.Prepared, keys []messages.K
 	return s.Store.PrepareStoreInto(out, keys, sizes)
 }
 
-func (s *faultyStore) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
+func (s *faultyStore) Copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error {
 	if s.held.CompareAndSwap(false, true) {
 		close(s.entered)
 		<-s.gate
 	}
-	err := s.Store.Copy(dir, chunks)
+	err := s.Store.Copy(dir, chunks, live)
 	s.copies <- chunks
 	return err
 }

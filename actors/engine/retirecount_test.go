@@ -99,7 +99,7 @@ func TestARetireCountsOnlyTheReleasesItCaused(t *testing.T) {
 
 	// j ends; r's turn stops at the job span's end, its flag still down.
 	tr.armed.Store(true)
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	go system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	testkit.Recv(t, tr.holding, 5*time.Second, "r's turn held before its release")
 
@@ -133,7 +133,7 @@ func TestARetireEndsWhenItsLastRequestFails(t *testing.T) {
 	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
 	statusOf(t, system, pid) // r is reset: its release waits for j
 	tr.armed.Store(true)
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r fails in this turn
 
 	var rel messages.Released
@@ -157,7 +157,7 @@ func TestALaterRetireIsToldItReleasedNothing(t *testing.T) {
 	system.Root.Send(pid, &engine.Retire{}) // engine_reset, no count asked: as at shutdown
 	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: later})
 	statusOf(t, system, pid)
-	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // r's release waited for its copy
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's release").Data, &rel))

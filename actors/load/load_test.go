@@ -31,8 +31,8 @@ import (
 // nopStore is a store whose copies the answering transfer never runs.
 type nopStore struct{}
 
-func (nopStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
-func (nopStore) Abort(backend.Direction, []sched.JobChunk)      {}
+func (nopStore) Copy(backend.Direction, []sched.JobChunk, func() error) error { return nil }
+func (nopStore) Abort(backend.Direction, []sched.JobChunk)                    {}
 
 // answeringTransfer answers every Submit with JobDone carrying err.
 type answeringTransfer struct {

@@ -132,5 +132,5 @@ func benchActor(b *testing.B, tp trace.TracerProvider) {
 // actor is a sink).
 type benchStore struct{ *hostpool.Shared }
 
-func (benchStore) Copy(backend.Direction, []sched.JobChunk) error { return nil }
-func (benchStore) Abort(backend.Direction, []sched.JobChunk)      {}
+func (benchStore) Copy(backend.Direction, []sched.JobChunk, func() error) error { return nil }
+func (benchStore) Abort(backend.Direction, []sched.JobChunk)                    {}

@@ -108,7 +108,7 @@ func TestLateCancelAfterResumeAndFinishStillReleases(t *testing.T) {
 	second := testkit.Recv(t, seen, 5*time.Second, "the chunks stored again").(*transfer.Submit)
 	require.Equal(t, []messages.BlockID{5}, second.Chunks[0].Blocks, "from the fresh blocks")
 	require.Equal(t, []messages.BlockID{6}, second.Chunks[1].Blocks)
-	require.NoError(t, second.Store.Copy(second.Dir, second.Chunks))
+	require.NoError(t, second.Store.Copy(second.Dir, second.Chunks, nil))
 	system.Root.Send(pid, &transfer.JobDone{ID: second.ID})
 
 	var reasons []string
@@ -202,7 +202,7 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 			}
 			for _, j := range jobs {
 				require.Len(t, j.Chunks, 1)
-				require.NoError(t, j.Store.Copy(j.Dir, j.Chunks))
+				require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 				system.Root.RequestWithCustomSender(pid, &transfer.JobDone{ID: j.ID}, deps.Transfer)
 			}
 			var rel messages.Released

@@ -48,7 +48,7 @@ func (p *parentStub) Receive(c actor.Context) {
 
 type blockStore struct{ entered, release chan struct{} }
 
-func (b blockStore) Copy(backend.Direction, []sched.JobChunk) error {
+func (b blockStore) Copy(backend.Direction, []sched.JobChunk, func() error) error {
 	close(b.entered)
 	<-b.release
 	return nil
@@ -86,7 +86,7 @@ func TestStaleCancelOfAReleasedRequestSparesTheNextOne(t *testing.T) {
 	staleCancel := testkit.Recv(t, seen, 5*time.Second, "r1's cancel").(*transfer.Cancel)
 	// The copy completes before the transfer actor gets to the Cancel (it is
 	// behind the completion in the transfer actor's mailbox / turn).
-	require.NoError(t, job1.Store.Copy(job1.Dir, job1.Chunks))
+	require.NoError(t, job1.Store.Copy(job1.Dir, job1.Chunks, nil))
 	system.Root.RequestWithCustomSender(p1, &transfer.JobDone{ID: job1.ID}, deps.Transfer)
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r1 released").Data, &rel))

@@ -29,8 +29,8 @@ type Config struct {
 	// the bound still runs, alone (default 256 MiB).
 	MaxInFlightBytes int64
 	// EngineSilence: no copy of a job whose engine (Submit.Hearing) has
-	// been silent this long starts (ErrEngineSilent). The node sets lease/2;
-	// 0: no such check.
+	// been silent this long starts, and one running stops between device
+	// calls (ErrEngineSilent). The node sets lease/2; 0: no such check.
 	EngineSilence time.Duration
 }
 
@@ -205,7 +205,7 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 		case errors.Is(d.err, ErrSessionLapsed):
 			a.deps.Metrics.CopiesLapsed.Inc() // refused, not failed
 		case errors.Is(d.err, ErrEngineSilent):
-			a.deps.Metrics.CopiesSilent.Inc() // refused, not failed
+			a.deps.Metrics.CopiesSilent.Inc() // refused or stopped, not failed
 		case d.err != nil:
 			m.failures.Inc()
 		default:
@@ -261,7 +261,10 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 
 // copy runs one job's copies through its store, inside the fence (if any).
 // A copy the fence refuses (node stopping, session lapsed), or one whose
-// engine has been silent (Hearing), never starts; its pool side is aborted. A copy that panics (a backend's bug) would end
+// engine has been silent (Hearing), never starts; its pool side is aborted.
+// One whose engine falls silent while it runs is stopped by its store
+// between device calls (Store.Copy's live check) with the same
+// ErrEngineSilent. A copy that panics (a backend's bug) would end
 // the process from a worker: it is recovered, logged with its stack and
 // counted, its pool side aborted, and it fails with ErrCopyPanicked, so its
 // owner retries it after a backoff as any failed copy.
@@ -284,7 +287,7 @@ func (a *Actor) copy(job *Submit) (err error) {
 			err = a.copyPanicked(job, r)
 		}
 	}()
-	return job.Store.Copy(job.Dir, job.Chunks)
+	return job.Store.Copy(job.Dir, job.Chunks, a.live(job))
 }
 
 // copyPanicked reports a recovered panic r of job's Store.Copy and aborts

@@ -22,7 +22,7 @@ import (
 // panicsOnCopy is a store whose Copy panics (a backend's bug).
 type panicsOnCopy struct{ *gatedStore }
 
-func (panicsOnCopy) Copy(backend.Direction, []sched.JobChunk) error {
+func (panicsOnCopy) Copy(backend.Direction, []sched.JobChunk, func() error) error {
 	panic("store Copy failure injected")
 }
 

@@ -8,8 +8,10 @@ import (
 
 // ErrEngineSilent is a copy refused because its engine has not been heard
 // from for Config.EngineSilence: it never starts, its pool side is aborted,
-// and its owner retries it once the engine speaks again.
-var ErrEngineSilent = errors.New("engine silent: no message from it for lease/2; copy not started")
+// and its owner retries it once the engine speaks again. A copy that was
+// running when its engine fell silent is stopped the same way, between two
+// device calls (Store.Copy's live check), its pool side completed as failed.
+var ErrEngineSilent = errors.New("engine silent: no message from it for lease/2; copy refused or stopped")
 
 // Hearing is when the node last heard from an engine: the node-side fence
 // for a link that fails on the engine's side only (PROTOCOL.md "Fencing,
@@ -74,7 +76,8 @@ func (h *Hearing) Silent(now time.Time) time.Duration {
 
 // heardRecently refuses job when its engine has been silent for the
 // configured window, or was since the job's session began (no Hearing, or
-// no window: never refused).
+// no window: never refused). It is asked before the copy starts and, while
+// it runs, between its device calls (live).
 func (a *Actor) heardRecently(job *Submit) error {
 	if job.Hearing == nil || a.deps.Config.EngineSilence <= 0 {
 		return nil
@@ -90,4 +93,14 @@ func (a *Actor) now() time.Time {
 		return a.deps.Now()
 	}
 	return time.Now()
+}
+
+// live is job's check for Store.Copy while it runs: heardRecently, the rule
+// the copy started under (nil when there is nothing to check, so that a
+// copy without one allocates no closure).
+func (a *Actor) live(job *Submit) func() error {
+	if job.Hearing == nil || a.deps.Config.EngineSilence <= 0 {
+		return nil
+	}
+	return func() error { return a.heardRecently(job) }
 }

@@ -18,7 +18,13 @@ type Store interface {
 	// copy failed), a load's are unpinned. Completing on the worker, not in
 	// the owner, frees room at copy speed even when the owner's mailbox is
 	// deep in events.
-	Copy(dir backend.Direction, chunks []sched.JobChunk) error
+	//
+	// live, when not nil, is asked between device calls whether the copy
+	// may go on (and by a store once more before it completes the pool):
+	// once it fails, the copy stops, its pool side completes as a failed
+	// copy's, and Copy returns live's error wrapped (errors.Is holds). It
+	// is cheap (a clock read) and safe from any goroutine.
+	Copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error
 	// Abort completes chunks whose copy never ran (cancelled while queued).
 	Abort(dir backend.Direction, chunks []sched.JobChunk)
 }
@@ -41,7 +47,7 @@ type Submit struct {
 	Session uint64
 	// Hearing is when the node last heard from the engine (nil: not
 	// checked): a copy of an engine silent for Config.EngineSilence never
-	// starts (ErrEngineSilent).
+	// starts, and one running is stopped (ErrEngineSilent).
 	Hearing *Hearing
 	// HearingGen is Hearing.Gen when the copy's session began.
 	HearingGen uint64

@@ -14,7 +14,7 @@ import (
 // by its number of chunks (the test gives each job a count of its own).
 type abortsTold struct{ aborted []sched.JobID }
 
-func (s *abortsTold) Copy(backend.Direction, []sched.JobChunk) error { return nil }
+func (s *abortsTold) Copy(backend.Direction, []sched.JobChunk, func() error) error { return nil }
 func (s *abortsTold) Abort(_ backend.Direction, c []sched.JobChunk) {
 	s.aborted = append(s.aborted, sched.JobID(len(c)))
 }

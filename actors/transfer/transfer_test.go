@@ -69,7 +69,7 @@ type gatedStore struct {
 	aborted []messages.Key
 }
 
-func (s *gatedStore) Copy(dir backend.Direction, chunks []sched.JobChunk) error {
+func (s *gatedStore) Copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error {
 	var r []backend.Range
 	for _, c := range chunks {
 		r = append(r, backend.Range{Len: int64(100 * len(c.Blocks))})
