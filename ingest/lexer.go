@@ -121,9 +121,8 @@ func (l *lexer) str() (raw []byte, esc bool, err error) {
 				i += 8
 				continue
 			}
-			i += bits.TrailingZeros64(m) / 8 // the first byte that needs attention
-		}
-		if plain[d[i]] {
+			i += bits.TrailingZeros64(m) >> 3 // the first byte that needs attention
+		} else if plain[d[i]] {
 			i++ // within the data's last eight bytes
 			continue
 		}
