@@ -230,14 +230,28 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 // request id met before: a batch usually carries several events (hashes,
 // blocks, tokens) for each of a few requests, and a request's events span
 // several batches (the scratch's cache outlives the batch). A decoder given
-// no cache (tests) allocates every id.
+// no cache (tests) allocates every id. requestField interns only ids that
+// passed its checks, so an id found here (known) needs none again.
 func (d *decoder) intern(raw []byte) string {
 	if d.interned == nil {
 		return string(raw)
 	}
-	slot := &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
+	slot := d.internSlot(raw)
 	if *slot != string(raw) {
 		*slot = string(raw)
 	}
 	return *slot
+}
+
+// known returns the interned id equal to raw, if the cache holds one.
+func (d *decoder) known(raw []byte) (string, bool) {
+	if d.interned == nil {
+		return "", false
+	}
+	id := *d.internSlot(raw)
+	return id, id == string(raw)
+}
+
+func (d *decoder) internSlot(raw []byte) *string {
+	return &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
 }

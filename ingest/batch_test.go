@@ -281,3 +281,25 @@ func TestEventSlicesShareNoTail(t *testing.T) {
 	require.Equal(t, []messages.Hash{messages.Hash("\xa1\xb2"), messages.Hash("\xc3\xd4")}, h2)
 	require.Equal(t, []messages.BlockID{2, 3}, ev[3].IDs)
 }
+
+// An id met before skips its UTF-8 check, but only for bytes that came
+// without a lone surrogate: "\ud800" unescapes to the bytes of U+FFFD, the
+// same as a valid id sent before it, and is still refused. Invalid UTF-8
+// is refused after a valid id in the same cache too.
+func TestAKnownIDIsNoPassForAnInvalidOne(t *testing.T) {
+	var l lexer
+	out, valid := l.unescape([]byte(`\ud800`))
+	require.False(t, valid)
+	require.Equal(t, "\uFFFD", string(out), "the premise: the same bytes as the valid id")
+	body := `{"epoch":"e","seq":1,"events":[` +
+		`{"type":"resumed","request":"\uFFFD"},{"type":"resumed","request":"\ud800"},` +
+		"{\"type\":\"resumed\",\"request\":\"a\xffb\"},{\"type\":\"resumed\",\"request\":\"a\xffb\"}]}"
+	b, bad, err := DecodeBatch("e", []byte(body), Limits{})
+	require.NoError(t, err)
+	require.Len(t, b.Events, 1)
+	require.Equal(t, "\uFFFD", b.Events[0].Request)
+	require.Len(t, bad, 3)
+	for _, e := range bad {
+		require.ErrorIs(t, e.Err, ErrBadRequestID)
+	}
+}
