@@ -54,6 +54,34 @@ func appendWindow(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, lo,
 	return dst
 }
 
+// clearNulls zeroes the pool bytes of c's null blocks within its logical
+// bytes [lo, hi), which lie in ext in order. A store copies only non-null
+// blocks, and its room may still hold an evicted chunk's bytes, another
+// engine's KV perhaps: left there, they would be checksummed and handed out
+// under this chunk's key, to a load into those places, to the disk tier and
+// to a node fetching the chunk.
+func clearNulls(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, arena []byte, lo, hi int64) {
+	var per int64 // a block's bytes: block i is logical [i*per, (i+1)*per)
+	for _, r := range l.Groups[c.Group].Regions {
+		per += r.BlockBytes
+	}
+	for i, b := range c.Blocks {
+		if b != 0 {
+			continue
+		}
+		zlo, zhi := max(int64(i)*per, lo), min(int64(i+1)*per, hi)
+		var at int64 // logical offset of x
+		for _, x := range ext {
+			if a, z := max(zlo, at), min(zhi, at+x.Len); a < z {
+				clear(arena[x.Off+a-at : x.Off+z-at])
+			}
+			if at += x.Len; at >= zhi {
+				break
+			}
+		}
+	}
+}
+
 func appendMerged(dst []backend.Range, r backend.Range) []backend.Range {
 	if n := len(dst); n > 0 {
 		p := &dst[n-1]

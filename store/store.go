@@ -247,6 +247,7 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 		if dir == backend.DeviceToHost {
 			t := time.Now()
 			for i := lo; i < hi; i++ {
+				clearNulls(e.lay, &chunks[i], loc.Chunk(i), e.s.arena.Bytes(), 0, math.MaxInt64)
 				loc.Sums[i] = e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0)
 			}
 			e.s.sumStore.Add(time.Since(t).Seconds())
@@ -408,6 +409,7 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 		}
 		if dir == backend.DeviceToHost {
 			t := time.Now()
+			clearNulls(e.lay, &chunks[i], cext, e.s.arena.Bytes(), lo, hi)
 			sum = e.s.checksum(cext, lo, hi, sum)
 			e.s.sumStore.Add(time.Since(t).Seconds())
 		}

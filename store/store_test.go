@@ -1,6 +1,7 @@
 package store
 
 import (
+	"bytes"
 	"errors"
 	"hash/crc32"
 	"testing"
@@ -173,7 +174,7 @@ func TestLargeChunkWindows(t *testing.T) {
 	for i := range dev.mem {
 		dev.mem[i] = byte(i*7 + i/251)
 	}
-	s := New(heapArena(make([]byte, 4<<20)), 1<<20, nil, metrics.NewPool(nil))
+	s := New(heapArena(bytes.Repeat([]byte{0xEE}, 4<<20)), 1<<20, nil, metrics.NewPool(nil)) // not zeros: a null block's place must be cleared
 	e := s.Engine("e", l, dev)
 	src := make([]messages.BlockID, 20)
 	for i := range src {
@@ -196,6 +197,8 @@ func TestLargeChunkWindows(t *testing.T) {
 	for i, b := range src {
 		if b != 0 {
 			require.Equal(t, dev.mem[int(b)*bb:int(b+1)*bb], logical[i*bb:(i+1)*bb], "block %d", i)
+		} else {
+			require.Equal(t, make([]byte, bb), logical[i*bb:(i+1)*bb], "null block %d is zeros", i)
 		}
 	}
 
