@@ -45,8 +45,9 @@ func TestJournalNamesEveryLoadableChange(t *testing.T) {
 	eb.CompleteStore(k("d"), nil) // a failed copy: d never was loadable
 	require.NoError(t, s.PrepareLoad(k("b")))
 	s.CompleteLoad(k("b"))
-	require.True(t, eb.Drop("c"))
-	require.False(t, eb.Drop("zz"), "absent: nothing dropped, nothing said")
+	require.False(t, eb.Drop("c", okSums(k("c"), true)[0]+1), "another copy of c: nothing dropped, nothing said")
+	require.True(t, eb.Drop("c", okSums(k("c"), true)[0]))
+	require.False(t, eb.Drop("zz", 0), "absent: nothing dropped, nothing said")
 	// A load reading x and y back from disk makes room (evicting e, not b,
 	// which it pins) and then makes them ready, both in its engine's name.
 	prep, err = ea.PrepareStore(k("e"), nil)
@@ -104,8 +105,8 @@ func TestJournalReplaysToThePool(t *testing.T) {
 					return
 				}
 				by.CompleteStoreAt(prep.Keys, prep.Slots, okSums(prep.Keys, i%5 != 0))
-				if i%9 == 0 {
-					by.Drop(keys[0])
+				if loc, err := s.Locate(keys[:1]); i%9 == 0 && err == nil {
+					by.Drop(keys[0], loc.Sums[0])
 				}
 			}
 		}()

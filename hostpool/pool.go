@@ -302,12 +302,14 @@ func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 	p.Touch(keys)
 }
 
-// Drop removes a ready, unpinned key (a chunk found corrupt) and reports
-// whether it did; a key pinned by another load is left to that load, which
-// verifies it too.
-func (p *Pool) Drop(key messages.Key) bool {
+// Drop removes a ready, unpinned key (a chunk found corrupt) whose
+// checksum is still sum, and reports whether it did. A key pinned by another
+// load is left to that load, which verifies it too. The checksum names the
+// copy found corrupt: the finder unpinned it before dropping it, and in
+// between it may have been evicted and stored again with good bytes.
+func (p *Pool) Drop(key messages.Key, sum uint32) bool {
 	r, ok := p.lookup(key)
-	if !ok || p.entries[r].state != Ready || p.entries[r].pins > 0 {
+	if !ok || p.entries[r].state != Ready || p.entries[r].pins > 0 || p.entries[r].sum != sum {
 		return false
 	}
 	p.unlink(r)

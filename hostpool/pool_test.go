@@ -356,7 +356,7 @@ func TestCompleteStoreAtChecksEverySlot(t *testing.T) {
 	// slot "a" had, after "a" was dropped, finds "d" itself.
 	prep, err = p.PrepareStore(k("d"), nil)
 	require.NoError(t, err)
-	require.True(t, p.Drop("a"))
+	require.True(t, p.Drop("a", sums(k("a"))[0]))
 	p.CompleteStoreAt(k("d"), []int32{slots[1]}, nil) // a failed copy: "d" is freed
 	_, _, st := p.locate("d", nil)
 	require.Equal(t, Absent, st)

@@ -244,14 +244,14 @@ func (s *Shared) SetKeepVictims(keep bool) {
 }
 
 // Drop removes a ready, unpinned key (see Pool.Drop).
-func (s *Shared) Drop(key messages.Key) bool { return s.By("").Drop(key) }
+func (s *Shared) Drop(key messages.Key, sum uint32) bool { return s.By("").Drop(key, sum) }
 
 // Drop: see Shared.Drop; a dropped key is journaled.
-func (b By) Drop(key messages.Key) bool {
+func (b By) Drop(key messages.Key, sum uint32) bool {
 	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ok := s.pool.Drop(key)
+	ok := s.pool.Drop(key, sum)
 	if ok {
 		s.note(false, []messages.Key{key}, b.engine)
 	}

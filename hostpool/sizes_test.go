@@ -113,7 +113,9 @@ func TestMixedSizesQuickCheck(t *testing.T) {
 			case r < 95:
 				p.Touch([]messages.Key{messages.Key(fmt.Sprintf("k%d", rng.Intn(alphabet)))})
 			default:
-				p.Drop(messages.Key(fmt.Sprintf("k%d", rng.Intn(alphabet))))
+				key := messages.Key(fmt.Sprintf("k%d", rng.Intn(alphabet)))
+				_, sum, _ := p.locate(key, nil)
+				p.Drop(key, sum)
 			}
 			checkInvariants(t, p)
 			jobs = pendingJobs(p, jobs)

@@ -37,7 +37,7 @@ func (s *Store) ReadChunk(key messages.Key) ([]byte, uint32, error) {
 	}
 	s.pool.CompleteLoad(keys)
 	if got := crc32.Checksum(out, castagnoli); got != loc.Sums[0] {
-		s.pool.Drop(key)
+		s.pool.Drop(key, loc.Sums[0])
 		s.metrics.Corrupt.Inc()
 		return nil, 0, &hostpool.KeyError{Key: key, Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[0])}
 	}

@@ -454,7 +454,7 @@ func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
 		}
 		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
 			e.s.pool.CompleteLoad(keys)
-			e.s.pool.By(e.id).Drop(keys[i])
+			e.s.pool.By(e.id).Drop(keys[i], loc.Sums[i])
 			e.s.metrics.Corrupt.Inc()
 			return &hostpool.KeyError{Key: keys[i],
 				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}
