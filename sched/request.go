@@ -207,9 +207,7 @@ func (r *Request) Advance(p Preparer) Effects {
 	var e Effects
 	r.cancelQueued(&e)
 	if r.phase == Running || r.phase == Finishing {
-		sc := scratchPool.Get().(*scratch)
-		r.decide(p, sc, &e)
-		sc.release()
+		r.decide(p, &e)
 	}
 	r.settle(&e)
 	return e
@@ -257,12 +255,11 @@ func (sc *scratch) release() {
 	scratchPool.Put(sc)
 }
 
-func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
+func (r *Request) decide(p Preparer, e *Effects) {
 	tm := r.readyTerms()
-	cands := sc.cands[:0]
-	keys := sc.keys[:0]
 	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
 	readies := ready[:0]
+	offers := false
 	for g := range r.groups {
 		gr := &r.groups[g]
 		rd, reason, best := r.ready(g, tm)
@@ -276,7 +273,26 @@ func (r *Request) decide(p Preparer, sc *scratch, e *Effects) {
 				e.Deferred = append(e.Deferred, Deferral{Group: g, Chunk: rd, Reason: reason})
 			}
 		}
-		for c := range gr.candidates(rd, tm.bpc) {
+		for range gr.candidates(rd, tm.bpc) {
+			offers = true
+			break
+		}
+	}
+	if !offers {
+		// Most decisions (a token step, a step without a new chunk) offer
+		// nothing: what the rest does with no keys, without its scratch.
+		r.poolFails, r.pendFails = 0, 0
+		for g := range r.groups {
+			r.groups[g].decided(readies[g])
+		}
+		return
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer sc.release()
+	cands := sc.cands[:0]
+	keys := sc.keys[:0]
+	for g := range r.groups {
+		for c := range r.groups[g].candidates(readies[g], tm.bpc) {
 			cands = append(cands, candidate{g, c})
 		}
 	}
