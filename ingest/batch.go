@@ -201,9 +201,10 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 	}
 	// Every event is an object, so counting '{' bounds the events from
 	// above for the usual body (a vectorised byte count, far cheaper than
-	// regrowing); append still grows it if the guess is short.
-	if need := min(bytes.Count(d.data, openBrace), d.lim.MaxEvents); cap(evs) < need {
-		evs = make([]messages.Event, 0, need)
+	// regrowing); append still grows it if the guess is short. A slice being
+	// reused (the node's) grew to its batches' size already: no count.
+	if cap(evs) == 0 {
+		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), d.lim.MaxEvents))
 	}
 	i := 0
 	for more := !d.open(']'); more; i++ {
