@@ -176,17 +176,12 @@ func (n *Node) backendHas(shmName string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// live reports whether node sent a hello or heartbeat within the lease.
+// live reports whether node may be alive: heard within the lease, or not
+// heard by a feed that has not listened for a lease yet
+// (cluster.Feed.NodeLive). A standby just started, or just back on NATS,
+// has heard nobody; it must not take its primary's engines for that.
 func (c *clusterNode) live(node string) bool {
-	if node == "" {
-		return false
-	}
-	for _, ni := range c.feed.Nodes() {
-		if ni.Node == node {
-			return ni.Live
-		}
-	}
-	return false
+	return node != "" && c.feed.NodeLive(node)
 }
 
 // ownershipLoop renews this node's claims every lease/4 (on its own
