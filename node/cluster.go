@@ -58,7 +58,7 @@ func (n *Node) startCluster() error {
 	if err := cfg.Validate(); err != nil { // fills the defaults
 		return err
 	}
-	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: &heldKeys{m: map[holders.NSKey]bool{}}}
+	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: newHeldKeys()}
 	n.cl = c
 	js, err := jetstream.New(n.nc)
 	if err != nil {
@@ -388,6 +388,19 @@ type recentChunksCache struct {
 type heldKeys struct {
 	mu sync.Mutex
 	m  map[holders.NSKey]bool
+	// sorted is the set in order as of the last page served, and changes
+	// what changed since (true: added): a page merges them in one pass when
+	// the set changed, and costs a search when it did not. A sort of the
+	// whole set per page made a catch-up quadratic in its size.
+	sorted  cluster.SortedKeys
+	changes map[holders.NSKey]bool
+	// merging holds one merge at a time, outside mu: the journal's observe
+	// takes mu and must not wait on a pass over the whole set.
+	merging sync.Mutex
+}
+
+func newHeldKeys() *heldKeys {
+	return &heldKeys{m: map[holders.NSKey]bool{}, changes: map[holders.NSKey]bool{}}
 }
 
 // observe is the journal's observer: keys (pool keys) of namespace ns
@@ -403,8 +416,10 @@ func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 		switch typ {
 		case messages.KVBlockStored:
 			h.m[nk] = true
+			h.changes[nk] = true
 		case messages.KVBlockRemoved:
 			delete(h.m, nk)
+			h.changes[nk] = false
 		}
 	}
 }
@@ -415,15 +430,26 @@ func (h *heldKeys) has(ns string, key messages.Key) bool {
 	return h.m[holders.NSKey{NS: ns, Key: key}]
 }
 
-// KeysAfter lists the set in (namespace, key) order (cluster.KeySource).
+// KeysAfter lists the set in (namespace, key) order (cluster.KeySource),
+// as it was when called.
 func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	h.merging.Lock()
+	defer h.merging.Unlock()
 	h.mu.Lock()
-	all := make([]holders.NSKey, 0, len(h.m))
-	for k := range h.m {
-		all = append(all, k)
+	sorted, changes := h.sorted, h.changes
+	if len(changes) > 0 {
+		h.changes = map[holders.NSKey]bool{}
 	}
 	h.mu.Unlock()
-	return cluster.NewSortedKeys(all).KeysAfter(after, max)
+	if len(changes) > 0 {
+		// Changes observed from here on go to the new map, on top of
+		// this merge's result.
+		sorted = sorted.Apply(changes)
+		h.mu.Lock()
+		h.sorted = sorted
+		h.mu.Unlock()
+	}
+	return sorted.KeysAfter(after, max)
 }
 
 // poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in
