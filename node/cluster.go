@@ -36,6 +36,14 @@ type clusterNode struct {
 	subs    []*nats.Subscription
 	keys    *heldKeys
 	recent  recentChunksCache
+	// Close waits for both before the pool is unmapped: a remote load
+	// writes fetched bytes into the pool (fetches, cancelled through
+	// closing), and a fetch served reads them (reads). Unsubscribing
+	// waits for neither, and a retired engine's loads are not waited for.
+	fetches loadGate
+	reads   loadGate
+	closing context.Context
+	close   context.CancelFunc
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -59,6 +67,7 @@ func (n *Node) startCluster() error {
 		return err
 	}
 	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: newHeldKeys()}
+	c.closing, c.close = context.WithCancel(context.Background())
 	n.cl = c
 	js, err := jetstream.New(n.nc)
 	if err != nil {
@@ -92,12 +101,19 @@ func (n *Node) startCluster() error {
 
 // closeCluster gives up every claim (so the engines' next registers are
 // answered at once by another node rather than after a lease), then stops
-// the feed and the fetch and key servers.
+// the feed and the fetch and key servers, cancels the fetches of remote
+// loads, and waits for those and for fetches being served: both touch the
+// pool, which the teardown unmaps.
 func (n *Node) closeCluster(ctx context.Context) {
 	c := n.cl
 	if c == nil {
 		return
 	}
+	defer func() {
+		c.close()
+		c.fetches.closeAndWait() // cancelled: a piece's round trip, a copy into the pool
+		c.reads.closeAndWait()   // a copy out of the pool and its checksum
+	}()
 	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
 		for _, id := range c.owners.Mine() {
 			if err := c.owners.Release(ctx, id); err != nil {
@@ -337,6 +353,10 @@ func (n *Node) releaseClaim(id string) {
 // ready, for a fetch timeout: a 4 MiB chunk is copied and checked once per
 // fetch, not once per piece.
 func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
+	if !n.cl.reads.enter() {
+		return nil, 0, fmt.Errorf("%w: node closing", cluster.ErrNoChunk)
+	}
+	defer n.cl.reads.leave()
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
