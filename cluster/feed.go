@@ -47,6 +47,11 @@ type Feed struct {
 	stats    FeedStats
 	catching map[string]bool // nodes with a catch-up in flight
 	pending  map[string]bool // nodes whose key set must be (re)read
+	// listening is when the feed last began to hear the cluster: its
+	// start, or the connection's reconnect numbered reconnects. Silence
+	// heard for less than a lease says nothing of a node (NodeLive).
+	listening  time.Time
+	reconnects uint64
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -74,6 +79,11 @@ func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger, metrics *Metrics) (*
 		}
 		f.subs = append(f.subs, sub)
 	}
+	// Heard from the server's side: the flush returns once it has the
+	// subscriptions. A failure leaves the connection down or reconnecting,
+	// which NodeLive answers for itself.
+	_ = nc.FlushTimeout(cfg.Lease)
+	f.listening, f.reconnects = time.Now(), nc.Stats().Reconnects
 	f.wg.Add(1)
 	go f.expireLoop()
 	return f, nil
@@ -190,11 +200,50 @@ func (f *Feed) catchUp(node, boot string) {
 // away from NATS it may have missed their kv_events. Wire it to the
 // connection's reconnect handler.
 func (f *Feed) Reconnected() {
+	rc := f.nc.Stats().Reconnects
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	for _, n := range f.x.Nodes(time.Now()) {
+	now := time.Now()
+	f.listen(rc, now)
+	for _, n := range f.x.Nodes(now) {
 		f.pending[n.Node] = true
 	}
+}
+
+// listen restarts the listening time once the connection has reconnected
+// (rc is its reconnect count): what was said meanwhile went unheard. Under
+// mu.
+func (f *Feed) listen(rc uint64, now time.Time) {
+	if rc != f.reconnects {
+		f.reconnects, f.listening = rc, now
+	}
+}
+
+// NodeLive reports whether node may be alive, as a standby must know
+// before it takes the node's engines (PROTOCOL.md "Clusters": only once N
+// "has sent no hello or heartbeat for a lease"). A node heard within the
+// lease is live; so is every node while this feed has not listened for a
+// whole lease (since it started or the connection last reconnected) or is
+// cut off from NATS: a node not heard then may be heartbeating unheard.
+func (f *Feed) NodeLive(node string) bool {
+	// The reconnect count is read before the state: a register received
+	// after a reconnect was delivered after the count rose (nats.go counts
+	// it before it resends the subscriptions).
+	rc := f.nc.Stats().Reconnects
+	connected := f.nc.IsConnected()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := time.Now()
+	f.listen(rc, now)
+	if !connected || now.Sub(f.listening) < f.cfg.Lease {
+		return true
+	}
+	for _, n := range f.x.Nodes(now) {
+		if n.Node == node {
+			return n.Live
+		}
+	}
+	return false
 }
 
 func (f *Feed) onKVEvents(m *nats.Msg) {

@@ -196,3 +196,60 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, fresh))
 	require.Empty(t, feed.Holders("m", old.Key))
 }
+
+// A node not heard is live to the feed until the feed has listened for a
+// whole lease: since it started, and again since its connection's last
+// reconnect (what the node said meanwhile went unheard); while cut off,
+// every node is. A standby decides its takeover on this.
+func TestFeedCountsSilenceOnlyOnceItHasListenedForALease(t *testing.T) {
+	s := testkit.NATSServer(t)
+	link := testkit.NewLink(t, s.Addr().String())
+	nc, err := nats.Connect("nats://"+link.Addr, nats.MaxReconnects(-1), nats.ReconnectWait(20*time.Millisecond))
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	other := testkit.Connect(t, s)
+	started := time.Now()
+	feed, err := StartFeed(nc, Config{Node: "gpu-1", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.True(t, feed.NodeLive("gpu-0"), "not heard, but the feed has only just started")
+
+	// gpu-0 says hello once, then nothing.
+	hello, _ := json.Marshal(messages.Hello{Node: "gpu-0", Boot: "a1", LeaseMS: testLease.Milliseconds()})
+	require.NoError(t, other.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHello), hello))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if len(feed.Nodes()) == 0 {
+			return fmt.Errorf("hello not heard")
+		}
+		return nil
+	})
+	silent := func() error {
+		if feed.NodeLive("gpu-0") || feed.NodeLive("ghost") {
+			return fmt.Errorf("gpu-0 or ghost still live")
+		}
+		return nil
+	}
+	testkit.Eventually(t, 5*testLease, 10*time.Millisecond, silent)
+	require.GreaterOrEqual(t, time.Since(started), testLease, "silent only after a lease of listening")
+
+	// Cut off, the feed hears nobody: everyone may be alive.
+	link.Cut()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if nc.IsConnected() {
+			return fmt.Errorf("still connected")
+		}
+		return nil
+	})
+	require.True(t, feed.NodeLive("gpu-0"), "cut off from NATS")
+	restored := time.Now()
+	link.Restore()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !nc.IsConnected() {
+			return fmt.Errorf("not reconnected")
+		}
+		return nil
+	})
+	require.True(t, feed.NodeLive("gpu-0"), "just reconnected: gpu-0's heartbeats meanwhile went unheard")
+	testkit.Eventually(t, 5*testLease, 10*time.Millisecond, silent)
+	require.GreaterOrEqual(t, time.Since(restored), testLease, "silent only after a lease of listening again")
+}

@@ -77,6 +77,30 @@ func (s SortedKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 	return s[i:min(len(s), i+max)]
 }
 
+// Apply returns the set with changes applied (true: the key is in the set
+// now, false: it is not), in one pass over s: a set kept sorted costs one
+// merge per change of it, not a sort. s is not modified.
+func (s SortedKeys) Apply(changes map[holders.NSKey]bool) SortedKeys {
+	added := make([]holders.NSKey, 0, len(changes))
+	for k, in := range changes {
+		if in {
+			added = append(added, k)
+		}
+	}
+	slices.SortFunc(added, compareNSKey)
+	out := make(SortedKeys, 0, len(s)+len(added))
+	for _, k := range s {
+		if _, changed := changes[k]; changed {
+			continue // dropped, or among added
+		}
+		for len(added) > 0 && compareNSKey(added[0], k) < 0 {
+			out, added = append(out, added[0]), added[1:]
+		}
+		out = append(out, k)
+	}
+	return append(out, added...)
+}
+
 // ServeKeys answers P._node.<node>.keys from src.
 func ServeKeys(nc *nats.Conn, prefix, node, boot string, src KeySource) (*nats.Subscription, error) {
 	subj := messages.NodeSubject(prefix, node, VerbKeys)
@@ -92,8 +116,9 @@ func ServeKeys(nc *nats.Conn, prefix, node, boot string, src KeySource) (*nats.S
 	return sub, nil
 }
 
-// keyBatch is how many keys a page asks its source for at a time.
-const keyBatch = 1024
+// minKeyCost is the least a key adds to a page: the JSON of a one-byte key
+// in the empty namespace, rounded down.
+const minKeyCost = 34
 
 func keysPage(budget int64, body []byte, src KeySource) keysReply {
 	var req keysRequest
@@ -111,7 +136,12 @@ func keysPage(budget int64, body []byte, src KeySource) keysReply {
 	rep := keysReply{Keys: []wireKey{}}
 	used := int64(256) // node, boot, field names
 	for {
-		batch := src.KeysAfter(after, keyBatch)
+		// One ask for at least as many keys as can fit: a source may pay a
+		// pass over its whole set per ask (a page of N asks of a fixed size
+		// made a catch-up quadratic in the set's size). The loop is for keys
+		// costing less than minKeyCost, which no source makes.
+		want := int((budget-used)/minKeyCost) + 1
+		batch := src.KeysAfter(after, want)
 		for _, k := range batch {
 			w := wireKey{Namespace: k.NS, Key: hex.EncodeToString([]byte(k.Key))}
 			// JSON escaping can at most sextuple a namespace byte.
@@ -123,7 +153,7 @@ func keysPage(budget int64, body []byte, src KeySource) keysReply {
 			rep.Keys = append(rep.Keys, w)
 			after = k
 		}
-		if len(batch) < keyBatch {
+		if len(batch) < want {
 			rep.Done = true
 			return rep
 		}

@@ -36,6 +36,14 @@ type clusterNode struct {
 	subs    []*nats.Subscription
 	keys    *heldKeys
 	recent  recentChunksCache
+	// Close waits for both before the pool is unmapped: a remote load
+	// writes fetched bytes into the pool (fetches, cancelled through
+	// closing), and a fetch served reads them (reads). Unsubscribing
+	// waits for neither, and a retired engine's loads are not waited for.
+	fetches loadGate
+	reads   loadGate
+	closing context.Context
+	close   context.CancelFunc
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -58,7 +66,8 @@ func (n *Node) startCluster() error {
 	if err := cfg.Validate(); err != nil { // fills the defaults
 		return err
 	}
-	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: &heldKeys{m: map[holders.NSKey]bool{}}}
+	c := &clusterNode{cfg: cfg, metrics: cluster.NewMetrics(n.cfg.Registry), keys: newHeldKeys()}
+	c.closing, c.close = context.WithCancel(context.Background())
 	n.cl = c
 	js, err := jetstream.New(n.nc)
 	if err != nil {
@@ -92,12 +101,19 @@ func (n *Node) startCluster() error {
 
 // closeCluster gives up every claim (so the engines' next registers are
 // answered at once by another node rather than after a lease), then stops
-// the feed and the fetch and key servers.
+// the feed and the fetch and key servers, cancels the fetches of remote
+// loads, and waits for those and for fetches being served: both touch the
+// pool, which the teardown unmaps.
 func (n *Node) closeCluster(ctx context.Context) {
 	c := n.cl
 	if c == nil {
 		return
 	}
+	defer func() {
+		c.close()
+		c.fetches.closeAndWait() // cancelled: a piece's round trip, a copy into the pool
+		c.reads.closeAndWait()   // a copy out of the pool and its checksum
+	}()
 	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
 		for _, id := range c.owners.Mine() {
 			if err := c.owners.Release(ctx, id); err != nil {
@@ -176,17 +192,12 @@ func (n *Node) backendHas(shmName string) bool {
 	return err == nil && fi.Mode().IsRegular()
 }
 
-// live reports whether node sent a hello or heartbeat within the lease.
+// live reports whether node may be alive: heard within the lease, or not
+// heard by a feed that has not listened for a lease yet
+// (cluster.Feed.NodeLive). A standby just started, or just back on NATS,
+// has heard nobody; it must not take its primary's engines for that.
 func (c *clusterNode) live(node string) bool {
-	if node == "" {
-		return false
-	}
-	for _, ni := range c.feed.Nodes() {
-		if ni.Node == node {
-			return ni.Live
-		}
-	}
-	return false
+	return node != "" && c.feed.NodeLive(node)
 }
 
 // ownershipLoop renews this node's claims every lease/4 (on its own
@@ -342,6 +353,10 @@ func (n *Node) releaseClaim(id string) {
 // ready, for a fetch timeout: a 4 MiB chunk is copied and checked once per
 // fetch, not once per piece.
 func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
+	if !n.cl.reads.enter() {
+		return nil, 0, fmt.Errorf("%w: node closing", cluster.ErrNoChunk)
+	}
+	defer n.cl.reads.leave()
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
@@ -393,6 +408,19 @@ type recentChunksCache struct {
 type heldKeys struct {
 	mu sync.Mutex
 	m  map[holders.NSKey]bool
+	// sorted is the set in order as of the last page served, and changes
+	// what changed since (true: added): a page merges them in one pass when
+	// the set changed, and costs a search when it did not. A sort of the
+	// whole set per page made a catch-up quadratic in its size.
+	sorted  cluster.SortedKeys
+	changes map[holders.NSKey]bool
+	// merging holds one merge at a time, outside mu: the journal's observe
+	// takes mu and must not wait on a pass over the whole set.
+	merging sync.Mutex
+}
+
+func newHeldKeys() *heldKeys {
+	return &heldKeys{m: map[holders.NSKey]bool{}, changes: map[holders.NSKey]bool{}}
 }
 
 // observe is the journal's observer: keys (pool keys) of namespace ns
@@ -408,8 +436,10 @@ func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 		switch typ {
 		case messages.KVBlockStored:
 			h.m[nk] = true
+			h.changes[nk] = true
 		case messages.KVBlockRemoved:
 			delete(h.m, nk)
+			h.changes[nk] = false
 		}
 	}
 }
@@ -420,15 +450,26 @@ func (h *heldKeys) has(ns string, key messages.Key) bool {
 	return h.m[holders.NSKey{NS: ns, Key: key}]
 }
 
-// KeysAfter lists the set in (namespace, key) order (cluster.KeySource).
+// KeysAfter lists the set in (namespace, key) order (cluster.KeySource),
+// as it was when called.
 func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	h.merging.Lock()
+	defer h.merging.Unlock()
 	h.mu.Lock()
-	all := make([]holders.NSKey, 0, len(h.m))
-	for k := range h.m {
-		all = append(all, k)
+	sorted, changes := h.sorted, h.changes
+	if len(changes) > 0 {
+		h.changes = map[holders.NSKey]bool{}
 	}
 	h.mu.Unlock()
-	return cluster.NewSortedKeys(all).KeysAfter(after, max)
+	if len(changes) > 0 {
+		// Changes observed from here on go to the new map, on top of
+		// this merge's result.
+		sorted = sorted.Apply(changes)
+		h.mu.Lock()
+		h.sorted = sorted
+		h.mu.Unlock()
+	}
+	return sorted.KeysAfter(after, max)
 }
 
 // poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in

@@ -52,6 +52,11 @@ const fetchParallel = 4
 // many chunks it fetched; any failure fails the load with the error naming
 // the key, frees that key's room, and no byte of it is ever loadable.
 func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
+	// Close cancels the fetches and the wait for other loads' fetches, then
+	// waits for this one: the pool it writes into is unmapped next.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(n.cl.closing, cancel)()
 	ns := rec.namespaceKey()
 	sizes := make([]int64, len(keys))
 	for i, k := range keys {

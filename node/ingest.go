@@ -535,5 +535,6 @@ var (
 
 var (
 	errUnknownEngine = errors.New("unknown engine")
+	errClosing       = errors.New("node closing")
 	errOverloaded    = errors.New("node overloaded: inbound queue full, try again")
 )

@@ -99,11 +99,17 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	if remote := n.remoteKeys(rec, keys); len(remote) > 0 {
 		// Fetching takes round trips: off the ingest worker, holding the
 		// device open as a load does.
+		if !n.cl.fetches.enter() {
+			fail(fmt.Errorf("load %q: %w", req.Request, errClosing)) // the pool is going away
+			return
+		}
 		if !rec.loads.enter() {
+			n.cl.fetches.leave()
 			fail(fmt.Errorf("%w %q", errUnknownEngine, engineID)) // ending: its segments are going away
 			return
 		}
 		go func() {
+			defer n.cl.fetches.leave() // after startLoad: its load actor copies through the transfer actor, which the teardown stops first
 			defer rec.loads.leave()
 			fetched, err := n.fetchRemote(ctx, rec, remote)
 			if err != nil {

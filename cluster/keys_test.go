@@ -1,0 +1,87 @@
+package cluster
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/holders"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// countingKeys counts the asks of its source: a node's source may pay a
+// pass over its whole set for each.
+type countingKeys struct {
+	KeySource
+	asks atomic.Int64
+}
+
+func (c *countingKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	c.asks.Add(1)
+	return c.KeySource.KeysAfter(after, max)
+}
+
+// A catch-up over many pages returns every key once, in order, and asks
+// the serving node's source once per page: fixed asks of 1024 keys made a
+// full catch-up cost (keys/1024) passes over the set, quadratic in its
+// size (100k keys: 3.5 s; at a million, pages past their timeout).
+func TestACatchUpAsksItsSourceOncePerPageAndReturnsEveryKeyOnce(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	var keys []holders.NSKey
+	for i := range 100_000 {
+		keys = append(keys, holders.NSKey{NS: fmt.Sprintf("ns%d", i%5), Key: holders.KeyOf([]byte(fmt.Sprintf("h%07d", i)), i%2)})
+	}
+	src := &countingKeys{KeySource: NewSortedKeys(keys)}
+	sub, err := ServeKeys(nc, "kvactors", "gpu-0", "boot-a", src)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+
+	var got []holders.NSKey
+	pages := 0
+	require.NoError(t, CatchUp(ctxT(t), nc, "kvactors", "gpu-0", 5*time.Second, func(_ string, page []holders.NSKey) error {
+		pages++
+		got = append(got, page...)
+		return nil
+	}))
+	require.Greater(t, pages, 2, "100000 keys fill pages under max_payload")
+	require.Equal(t, int64(pages), src.asks.Load(), "asks of the source for %d pages", pages)
+	want := slices.Clone(keys)
+	slices.SortFunc(want, compareNSKey)
+	require.Equal(t, len(want), len(got))
+	require.True(t, slices.Equal(want, got), "every key once, in (namespace, key) order")
+}
+
+// Apply merges changes into a sorted set as a sort of the changed set
+// would order it.
+func TestSortedKeysApplyMatchesASortOfTheChangedSet(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	key := func() holders.NSKey {
+		return holders.NSKey{NS: fmt.Sprintf("ns%d", r.IntN(3)), Key: messages.Key(fmt.Sprintf("k%03d", r.IntN(300)))}
+	}
+	set := map[holders.NSKey]bool{}
+	var s SortedKeys
+	for range 200 {
+		changes := map[holders.NSKey]bool{}
+		for range r.IntN(40) {
+			k, in := key(), r.IntN(3) > 0
+			changes[k] = in
+			if in {
+				set[k] = true
+			} else {
+				delete(set, k)
+			}
+		}
+		s = s.Apply(changes)
+		var want []holders.NSKey
+		for k := range set {
+			want = append(want, k)
+		}
+		require.True(t, slices.Equal(NewSortedKeys(want), s), "%d keys, want %d", len(s), len(want))
+	}
+}
