@@ -143,6 +143,9 @@ func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
 // released"), also when resumed came first; a still preempted request's block
 // ids are then cleared.
 func (r *Request) settle(e *Effects) {
+	if r.held {
+		return
+	}
 	switch r.phase {
 	case Finishing:
 		if r.inflight != nil || e.Retry != nil || r.pendingChunks() {
@@ -162,6 +165,21 @@ func (r *Request) settle(e *Effects) {
 	}
 	e.Releases = r.releases // owed reasons are rare: the next owed one allocates anew
 	r.releases = nil
+}
+
+// Hold keeps every release of the request back until Unhold: another
+// request of the same id, of an engine epoch that ended, may still be
+// copying from the blocks this one names (the engine re-announced them),
+// and a release here would let the engine reuse them under that copy.
+func (r *Request) Hold() { r.held = true }
+
+// Unhold lets the request's releases go out: the effects carry those owed
+// meanwhile (and Done, if it was finishing).
+func (r *Request) Unhold() Effects {
+	var e Effects
+	r.held = false
+	r.settle(&e)
+	return e
 }
 
 // inflightUpTo reports whether a job numbered id or lower is in flight.

@@ -376,3 +376,45 @@ func TestDeferralsReportedOncePerChunkAndReason(t *testing.T) {
 	require.Equal(t, []Deferral{{Group: 0, Chunk: 1, Reason: DeferBlocks}}, h2.advance().Deferred)
 	require.Empty(t, h2.advance().Deferred)
 }
+
+// A held request (another request of its id, from an epoch that ended, may
+// still be copying from its blocks) publishes no release, a preemption's or
+// its last, until Unhold, which carries what was owed meanwhile; it still
+// stores meanwhile.
+func TestAHeldRequestReleasesNothingUntilUnheld(t *testing.T) {
+	h := newHarness(t, oneGroup4(t), 8, added(12))
+	h.req.Hold()
+	h.step(prefill3...)
+	e := h.advance()
+	require.NotNil(t, e.Job, "held, it still stores")
+	h.step(preempted())
+	e = h.advance()
+	require.Len(t, e.Cancel, 1, "the preemption cancels the copy made before it, as usual")
+	h.done(e.Cancel[0], true)
+	require.Empty(t, h.rels, "held: the preempted release waits")
+	e = h.record(h.req.Unhold())
+	require.Equal(t, []string{messages.ReasonPreempted}, e.Releases)
+
+	h = newHarness(t, oneGroup4(t), 8, added(12))
+	h.req.Hold()
+	h.step(prefill3...)
+	e = h.advance()
+	h.step(finished(12, 12))
+	h.advance()
+	h.done(e.Job.ID, true)
+	require.Empty(t, h.rels, "held: the finished release waits")
+	require.Equal(t, Finishing, h.req.Phase())
+	e = h.record(h.req.Unhold())
+	require.Equal(t, []string{messages.ReasonFinished}, e.Releases)
+	require.True(t, e.Done)
+	require.Equal(t, Done, h.req.Phase())
+
+	h = newHarness(t, oneGroup4(t), 8, added(12))
+	h.req.Hold()
+	h.step(prefill3...)
+	e = h.record(h.req.Reset(messages.ReasonEngineReset))
+	require.Empty(t, e.Releases, "held: a reset's release waits too")
+	e = h.record(h.req.Unhold())
+	require.Equal(t, []string{messages.ReasonEngineReset}, e.Releases)
+	require.True(t, e.Done)
+}

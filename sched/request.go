@@ -48,6 +48,8 @@ type Request struct {
 	// cancelOwed: a preemption (a Step, which returns no Effects) asks to
 	// cancel the copies up to fence; the next Effects carry it.
 	cancelOwed bool
+	// held: no release goes out until Unhold (see Hold).
+	held bool
 }
 
 type candidate struct {

@@ -94,6 +94,8 @@ type entry struct {
 	// the transfer side's Drained (terminated), or, once the engine actor
 	// stops, runs from the transfer side (handOff). Its events are rejected.
 	failed bool
+	// held: its releases wait for older requests of its id (lineage.go).
+	held bool
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -106,6 +108,11 @@ type Actor struct {
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
 	perEpoch map[string]int    // epoch → entries in byPID
+	// old: request id → its requests no longer live that may still copy,
+	// oldest first; deferred: releases of unknown requests waiting for
+	// them (lineage.go). Both nil until needed.
+	old      map[string][]*entry
+	deferred map[string][]deferredRelease
 	reqDeps  *request.Deps     // the deps of the current epoch's requests (spawn)
 	spawner  *request.Spawner
 	retiring bool
@@ -229,6 +236,8 @@ func (a *Actor) receive(c actor.Context) {
 	case *actor.Stopping:
 		a.stopping = true
 		a.handOffDraining(c)
+		// No one is left to publish them once their older requests end.
+		a.guard(c, "deferred releases", func() { a.publishDeferred("") })
 	case *actor.Stopped:
 		a.stopped(c)
 	case *Batch:
@@ -293,7 +302,7 @@ func (a *Actor) receive(c actor.Context) {
 		a.terminated(c, m)
 		a.maybeStop(c) // a retire's last request may fail rather than report Done
 	case *transfer.Drained:
-		a.drained(m)
+		a.drained(c, m)
 		a.maybeStop(c)
 	case *Retire:
 		a.retire(c, m)
@@ -445,6 +454,9 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 			if ev.Aborted {
 				reason = messages.ReasonAborted
 			}
+			if a.deferIfOlder(m.Ctx, id, a.seq.Epoch(), reason) {
+				return nil // an older request of the id may still copy from its blocks
+			}
 			a.deps.Metrics.Release(reason).Inc()
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
 			return nil
@@ -482,6 +494,7 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	a.live[added.Request] = e
 	a.byPID[pid.Id] = e
 	a.perEpoch[e.epoch]++
+	a.holdIfOlder(c, e)
 }
 
 func (a *Actor) status(c actor.Context, m *StatusQuery) {

@@ -19,7 +19,7 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 		return // stopped after Done: nothing owed
 	}
 	if e.releasing.Load() {
-		a.gone(e, m.Who)
+		a.gone(c, e, m.Who)
 		if cur := a.live[e.id]; cur == e {
 			delete(a.live, e.id)
 		}
@@ -64,7 +64,7 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	if a.deps.Request.Transfer == nil {
 		// No copy can run: released at once.
 		a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
-		a.releaseFailed(e)
+		a.releaseFailed(c, e)
 		return
 	}
 	a.deps.Log.Error("request actor failed; releasing it as aborted once its copies end", "engine", a.deps.Engine,
@@ -75,7 +75,7 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 
 // drained: no copy of a failed request is queued or running any more
 // (terminated); its release goes out.
-func (a *Actor) drained(m *transfer.Drained) {
+func (a *Actor) drained(c actor.Context, m *transfer.Drained) {
 	if a.stopping {
 		return // every failed request was handed off (handOffDraining)
 	}
@@ -84,7 +84,7 @@ func (a *Actor) drained(m *transfer.Drained) {
 		a.deps.Metrics.Unexpected.Inc()
 		return
 	}
-	a.releaseFailed(e)
+	a.releaseFailed(c, e)
 }
 
 // handOffDraining hands off the failed requests still waiting for Drained
@@ -156,9 +156,9 @@ func (a *Actor) releaser(e *entry) func() {
 
 // releaseFailed publishes a failed request's one release, aborted, and
 // forgets it.
-func (a *Actor) releaseFailed(e *entry) {
+func (a *Actor) releaseFailed(c actor.Context, e *entry) {
 	a.releaser(e)() // before gone: the last of an ended epoch forgets its count
-	a.gone(e, e.pid)
+	a.gone(c, e, e.pid)
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}

@@ -9,8 +9,9 @@ import (
 
 // gone removes a request from byPID; an ended epoch with no request left
 // forgets its release count.
-func (a *Actor) gone(e *entry, pid *actor.PID) {
+func (a *Actor) gone(c actor.Context, e *entry, pid *actor.PID) {
 	delete(a.byPID, pid.Id)
+	a.leftLineage(c, e)
 	if a.perEpoch[e.epoch]--; a.perEpoch[e.epoch] <= 0 {
 		delete(a.perEpoch, e.epoch)
 		a.forgetIfIdle(e.epoch)
@@ -32,7 +33,7 @@ func (a *Actor) done(c actor.Context, m *request.Done) {
 	}
 	e := a.byPID[m.PID.Id]
 	if e != nil {
-		a.gone(e, m.PID)
+		a.gone(c, e, m.PID)
 		if e.retired && m.Reason == a.retireReason {
 			a.retireCount++
 		}
@@ -72,6 +73,7 @@ func (a *Actor) retire(c actor.Context, m *Retire) {
 func (a *Actor) resetAll(c actor.Context, reason string) {
 	for id, e := range a.live {
 		delete(a.live, id)
+		a.retiredFromLive(e)
 		if e.releasing.Load() || e.failed {
 			continue // released for good already, or failed: no release of this reason comes
 		}

@@ -205,6 +205,14 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
+	case *Hold:
+		if !a.isDone() {
+			a.state.Hold()
+		}
+	case *Unhold:
+		if !a.isDone() {
+			a.perform(c, a.state.Unhold(), time.Time{})
+		}
 	case *Reset:
 		if a.isDone() {
 			break // released for good: nothing is owed

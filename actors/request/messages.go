@@ -26,6 +26,15 @@ type RetryDue struct{ gen uint32 }
 // PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).
 type Reset struct{ Reason string }
 
+// Hold keeps the request's releases back (sched.Request.Hold): an older
+// request of its id, of an epoch that ended, may still copy from its
+// blocks. The engine actor sends it right after the spawn, and Unhold once
+// no older request of the id is left.
+type Hold struct{}
+
+// Unhold lets a held request's releases go out.
+type Unhold struct{}
+
 // Done tells the engine actor the request was released for good; the engine
 // removes it from its table and hands the actor back (Spawner.Release).
 type Done struct {

@@ -1,0 +1,107 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// An engine that resyncs re-announces its live requests, with the same
+// blocks, in the new epoch, and frees a request's blocks on a release of
+// that epoch. So while epoch a's request r still copies from block 1 (its
+// reset waits for that copy), epoch b's r, with block 1 too, releases
+// nothing: not a preemption, not its end, not a finished for an r the
+// node does not know. Each release comes once a's copy has ended, and a's
+// own release (engine_reset, epoch a) comes first.
+func TestANewEpochsRequestReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
+	preempted := func(id string) messages.Event { return messages.Event{Type: messages.EvPreempted, Request: id} }
+	finished := func(id string) messages.Event {
+		return messages.Event{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}
+	}
+	for _, tc := range []struct {
+		name    string
+		b       func() []messages.Event // epoch b's first batch
+		reason  string                  // of b's release
+		bStores bool                    // b's r has a chunk of its own to store
+	}{
+		{"preempted, re-announced", func() []messages.Event { return append(readyChunk("r", 1), preempted("r")) }, messages.ReasonPreempted, false},
+		{"finished, re-announced", func() []messages.Event { return append(readyChunkOf("r", "h-r2", 1), finished("r")) }, messages.ReasonFinished, true},
+		{"finished, never announced", func() []messages.Event { return []messages.Event{finished("r")} }, messages.ReasonFinished, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, nc := testkit.NATS(t)
+			released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+			system, pid, jobs := startSubmitting(t, nc, nil)
+			send := func(epoch string, seq uint64, evs ...messages.Event) {
+				system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
+			}
+			send("a", 1, readyChunk("r", 1)...)
+			j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+
+			send("b", 1, tc.b()...)
+			statusOf(t, system, pid)
+			if tc.bStores { // b's r stores a chunk of its own: that copy ends first
+				jb := testkit.Recv(t, jobs, 5*time.Second, "b's store job")
+				system.Root.Send(jb.Owner, &transfer.JobDone{ID: jb.ID})
+				statusOf(t, system, pid)
+			}
+			testkit.NoRecv(t, released, 100*time.Millisecond, "a release of r while a's copy of block 1 runs")
+
+			system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+			got := []messages.Released{releaseOf(t, released), releaseOf(t, released)}
+			require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: got[0].RSeq, Reason: messages.ReasonEngineReset}, got[0])
+			require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: got[1].RSeq, Reason: tc.reason}, got[1])
+		})
+	}
+}
+
+// Three epochs: b's r waits for a's, c's for both, and each release comes
+// in that order once the copy before it has ended.
+func TestHeldRequestsOfOneIDReleaseOldestFirst(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	system, pid, jobs := startSubmitting(t, nc, nil)
+	send := func(epoch string, seq uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
+	}
+	send("a", 1, readyChunk("r", 1)...)
+	ja := testkit.Recv(t, jobs, 5*time.Second, "a's store job")
+	send("b", 1, readyChunkOf("r", "h-b", 2)...) // another chunk: b's r stores too
+	jb := testkit.Recv(t, jobs, 5*time.Second, "b's store job")
+	send("c", 1, append(readyChunkOf("r", "h-c", 3)[:1], messages.Event{Type: messages.EvPreempted, Request: "r"})...)
+	statusOf(t, system, pid)
+	testkit.NoRecv(t, released, 100*time.Millisecond, "a release while a's and b's copies run")
+
+	system.Root.Send(jb.Owner, &transfer.JobDone{ID: jb.ID}) // b's copy ends first: b still waits for a
+	statusOf(t, system, pid)
+	testkit.NoRecv(t, released, 100*time.Millisecond, "b's or c's release while a's copy runs")
+
+	system.Root.Send(ja.Owner, &transfer.JobDone{ID: ja.ID})
+	var epochs []string
+	for range 3 {
+		epochs = append(epochs, releaseOf(t, released).Epoch)
+	}
+	require.Equal(t, []string{"a", "b", "c"}, epochs)
+}
+
+func releaseOf(t *testing.T, ch <-chan *nats.Msg) messages.Released {
+	t.Helper()
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, ch, 5*time.Second, "a release").Data, &rel))
+	return rel
+}
+
+// readyChunkOf is readyChunk with the chunk's hash given.
+func readyChunkOf(id, hash string, block messages.BlockID) []messages.Event {
+	evs := readyChunk(id, block)
+	evs[1].Hashes = []messages.Hash{messages.Hash(hash)}
+	return evs
+}
