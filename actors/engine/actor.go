@@ -96,6 +96,9 @@ type entry struct {
 	failed bool
 	// held: its releases wait for older requests of its id (lineage.go).
 	held bool
+	// preempted: a preemption was routed to it, so it may owe two
+	// releases at once (resyncAfterFailure).
+	preempted bool
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -358,6 +361,9 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		e := a.route(c, m, &b.Events[i])
 		if e == nil {
 			continue
+		}
+		if b.Events[i].Type == messages.EvPreempted {
+			e.preempted = true // resyncAfterFailure
 		}
 		if e.step != a.step {
 			e.step, e.idx = a.step, len(a.order)

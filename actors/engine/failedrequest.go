@@ -65,12 +65,30 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 		// No copy can run: released at once.
 		a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
 		a.releaseFailed(c, e)
+		a.resyncAfterFailure(c, e)
 		return
 	}
 	a.deps.Log.Error("request actor failed; releasing it as aborted once its copies end", "engine", a.deps.Engine,
 		"request", e.id)
 	e.failed = true
 	c.Send(a.deps.Request.Transfer, &transfer.Drain{Owner: m.Who, ReplyTo: c.Self()})
+	a.resyncAfterFailure(c, e)
+}
+
+// resyncAfterFailure resyncs the epoch of a request whose actor failed
+// after a preemption. Its one release (aborted) may then answer fewer
+// events than the engine counts owed (the preemption's and the end's, both
+// waiting for a copy): the engine would wait for a release that never
+// comes, and the heartbeat's released count (what was sent) shows nothing
+// amiss. A new epoch re-announces what the engine still holds, and its
+// releases settle it. Without a preemption at most one release is owed,
+// and the aborted one answers it: the epoch carries on. An ended epoch's
+// request needs none: the engine has moved on.
+func (a *Actor) resyncAfterFailure(c actor.Context, e *entry) {
+	if a.ending() || !e.preempted || e.epoch != a.seq.Epoch() {
+		return
+	}
+	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncGap))
 }
 
 // drained: no copy of a failed request is queued or running any more

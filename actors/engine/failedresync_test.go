@@ -1,0 +1,57 @@
+package engine_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// A request actor that fails owing two releases (its preemption's, waiting
+// for a copy, and its end's) is released once, aborted: the engine would
+// wait for the second forever. The failure resyncs the epoch, so the
+// engine re-announces what it still holds in a new one.
+func TestARequestActorFailureResyncsItsEpoch(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	fs := holdingFaultyStore(t)
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, nil)
+	send := func(seq uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
+	}
+	send(1, readyChunk("r", 1)...)
+	testkit.Recv(t, jobs, 5*time.Second, "r's store job")
+	send(2, messages.Event{Type: messages.EvPreempted, Request: "r"}) // owed 1, waits for the job
+	statusOf(t, system, pid)
+	testkit.NoRecv(t, resyncs, 50*time.Millisecond, "a resync before any failure")
+	fs.arm.Store(true) // the next decision panics
+	send(3, messages.Event{Type: messages.EvResumed, Request: "r"},
+		messages.Event{Type: messages.EvHashes, Request: "r", Start: 1, Hashes: []messages.Hash{"h2-r"}},
+		messages.Event{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{2, 3}},
+		tokens("r", 8),
+		messages.Event{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}) // owed 2
+
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the failure's resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+	require.Equal(t, messages.ResyncGap, rs.Reason)
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's one release").Data, &rel))
+	require.Equal(t, messages.ReasonAborted, rel.Reason)
+}
