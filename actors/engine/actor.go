@@ -116,7 +116,7 @@ type Actor struct {
 	// them (lineage.go). Both nil until needed.
 	old      map[string][]*entry
 	deferred map[string][]deferredRelease
-	reqDeps  *request.Deps     // the deps of the current epoch's requests (spawn)
+	reqDeps  *request.Deps // the deps of the current epoch's requests (spawn)
 	spawner  *request.Spawner
 	retiring bool
 	// what the retire releases: its reason, the releases of that reason
