@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,6 +45,10 @@ type clusterNode struct {
 	reads   loadGate
 	closing context.Context
 	close   context.CancelFunc
+	// inGate holds nil but in tests (export_test.go): a func run inside the
+	// gates above, "read" as readChunk serves a fetch, "fetch" as a
+	// remote load's fetch allocates a chunk's room.
+	inGate atomic.Pointer[func(gate string)]
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -357,6 +362,9 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 		return nil, 0, fmt.Errorf("%w: node closing", cluster.ErrNoChunk)
 	}
 	defer n.cl.reads.leave()
+	if f := n.cl.inGate.Load(); f != nil {
+		(*f)("read")
+	}
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
