@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -44,6 +45,10 @@ type clusterNode struct {
 	reads   loadGate
 	closing context.Context
 	close   context.CancelFunc
+	// inGate holds nil but in tests (export_test.go): a func run inside the
+	// gates above, "read" as readChunk serves a fetch, "fetch" as a
+	// remote load's fetch allocates a chunk's room.
+	inGate atomic.Pointer[func(gate string)]
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -357,6 +362,9 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 		return nil, 0, fmt.Errorf("%w: node closing", cluster.ErrNoChunk)
 	}
 	defer n.cl.reads.leave()
+	if f := n.cl.inGate.Load(); f != nil {
+		(*f)("read")
+	}
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
@@ -412,12 +420,23 @@ type heldKeys struct {
 	// what changed since (true: added): a page merges them in one pass when
 	// the set changed, and costs a search when it did not. A sort of the
 	// whole set per page made a catch-up quadratic in its size.
+	//
+	// Only a page clears changes, and a steady cluster pages nobody's set,
+	// so changes would keep every key ever stored: once it outgrows the set
+	// (heldKeysChangesSlack over len(m)) both are dropped and stale set,
+	// and the next page sorts a copy of m instead of merging (a sort of the
+	// set, costing no more than the merge of that many changes would).
 	sorted  cluster.SortedKeys
 	changes map[holders.NSKey]bool
+	stale   bool
 	// merging holds one merge at a time, outside mu: the journal's observe
 	// takes mu and must not wait on a pass over the whole set.
 	merging sync.Mutex
 }
+
+// heldKeysChangesSlack is how many more changes than keys held heldKeys
+// keeps before it drops them and the sorted copy.
+const heldKeysChangesSlack = 1024
 
 func newHeldKeys() *heldKeys {
 	return &heldKeys{m: map[holders.NSKey]bool{}, changes: map[holders.NSKey]bool{}}
@@ -436,11 +455,18 @@ func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 		switch typ {
 		case messages.KVBlockStored:
 			h.m[nk] = true
-			h.changes[nk] = true
+			if !h.stale {
+				h.changes[nk] = true
+			}
 		case messages.KVBlockRemoved:
 			delete(h.m, nk)
-			h.changes[nk] = false
+			if !h.stale {
+				h.changes[nk] = false
+			}
 		}
+	}
+	if !h.stale && len(h.changes) > len(h.m)+heldKeysChangesSlack {
+		h.stale, h.sorted, h.changes = true, nil, map[holders.NSKey]bool{}
 	}
 }
 
@@ -457,16 +483,33 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 	defer h.merging.Unlock()
 	h.mu.Lock()
 	sorted, changes := h.sorted, h.changes
-	if len(changes) > 0 {
+	var keys []holders.NSKey
+	rebuild := h.stale
+	if rebuild {
+		// A copy of the set under mu (no sort: that is done outside it);
+		// changes observed from here on are recorded again, on top of it.
+		keys = make([]holders.NSKey, 0, len(h.m))
+		for k := range h.m {
+			keys = append(keys, k)
+		}
+		h.stale = false
+	}
+	if rebuild || len(changes) > 0 {
 		h.changes = map[holders.NSKey]bool{}
 	}
 	h.mu.Unlock()
-	if len(changes) > 0 {
+	if rebuild || len(changes) > 0 {
 		// Changes observed from here on go to the new map, on top of
-		// this merge's result.
-		sorted = sorted.Apply(changes)
+		// this merge's (or sort's) result.
+		if rebuild {
+			sorted = cluster.NewSortedKeys(keys)
+		} else {
+			sorted = sorted.Apply(changes)
+		}
 		h.mu.Lock()
-		h.sorted = sorted
+		if !h.stale { // else dropped meanwhile: the next page sorts the set
+			h.sorted = sorted
+		}
 		h.mu.Unlock()
 	}
 	return sorted.KeysAfter(after, max)

@@ -83,6 +83,9 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 			defer cancel()
 			wk := sched.WireKey(k)
 			data, _, err := n.cl.fetcher.FetchAny(fctx, n.cl.feed.Holders(ns, wk), ns, wk, func(size int64) ([]byte, error) {
+				if f := n.cl.inGate.Load(); f != nil {
+					(*f)("fetch")
+				}
 				if _, want := n.store.Lookup(k); size != want {
 					return nil, fmt.Errorf("chunk of %d bytes, %d in this engine's layout", size, want)
 				}

@@ -38,3 +38,24 @@ func (n *Node) HoldKVJournal() (release func()) {
 func WithClock(now func() time.Time) func(*Config) {
 	return func(c *Config) { c.now = now }
 }
+
+// HoldInClusterGate holds the next of the node's cluster gates' holders to
+// reach gate ("read": readChunk serving a fetch; "fetch": a remote load's
+// fetch allocating a chunk's room) until release; entered is closed once
+// one is held there. Set it before the node serves or loads.
+func (n *Node) HoldInClusterGate(gate string) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	f := func(g string) {
+		if g != gate {
+			return
+		}
+		held := false
+		once.Do(func() { held = true; close(in) })
+		if held {
+			<-out
+		}
+	}
+	n.cl.inGate.Store(&f)
+	return in, sync.OnceFunc(func() { close(out) })
+}

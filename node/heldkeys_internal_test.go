@@ -63,8 +63,9 @@ func TestHeldKeysPageTheCurrentSetInOrderAndCopyNothingWhenUnchanged(t *testing.
 			after = page[len(page)-1]
 		}
 	}
+	rebuilt := 0
 	for round := range 50 {
-		for range r.IntN(60) {
+		for range 1 + r.IntN(60) {
 			i, ns := r.IntN(2000), fmt.Sprintf("ns%d", r.IntN(3))
 			nk := holders.NSKey{NS: ns, Key: sched.WireKey(pool(i))}
 			if r.IntN(3) > 0 {
@@ -74,7 +75,23 @@ func TestHeldKeysPageTheCurrentSetInOrderAndCopyNothingWhenUnchanged(t *testing.
 				h.observe(messages.KVBlockRemoved, messages.MediumCPU, ns, []messages.Key{pool(i)})
 				delete(set, nk)
 			}
+			if round%7 == 6 {
+				// Keys stored and evicted between two pages, more than
+				// the set plus heldKeysChangesSlack all told: the changes
+				// are dropped, and the next page sorts the set afresh.
+				for range (2*len(set) + 2*heldKeysChangesSlack) / 30 {
+					j := 10000 + r.IntN(1_000_000)
+					h.observe(messages.KVBlockStored, messages.MediumCPU, ns, []messages.Key{pool(j)})
+					h.observe(messages.KVBlockRemoved, messages.MediumCPU, ns, []messages.Key{pool(j)})
+				}
+			}
 		}
+		h.mu.Lock()
+		if h.stale {
+			rebuilt++
+		}
+		require.LessOrEqual(t, len(h.changes), len(h.m)+heldKeysChangesSlack, "round %d", round)
+		h.mu.Unlock()
 		var want []holders.NSKey
 		for k := range set {
 			want = append(want, k)
@@ -84,5 +101,38 @@ func TestHeldKeysPageTheCurrentSetInOrderAndCopyNothingWhenUnchanged(t *testing.
 		require.True(t, slices.Equal(want, got), "round %d: %d keys paged, want %d", round, len(got), len(want))
 	}
 	require.Greater(t, len(set), 500)
+	require.Greater(t, rebuilt, 3, "rounds whose page sorted the set afresh")
 	require.Zero(t, testing.AllocsPerRun(10, func() { h.KeysAfter(holders.NSKey{}, 64) }), "a page of an unchanged set")
+}
+
+// The changes kept for the next page are bounded by the set, not by every
+// key stored since the last page: in a steady cluster nobody pages a
+// node's set, and each chunk stored and evicted kept ~150 bytes for good.
+func TestHeldKeysChangesAreBoundedWithoutPages(t *testing.T) {
+	h := newHeldKeys()
+	const held, churn = 100, 200000
+	pool := func(i int) messages.Key {
+		return messages.Key(sched.AppendKey(nil, 3, messages.Hash(fmt.Sprintf("hash-%08d", i)), 0))
+	}
+	for i := range churn {
+		h.observe(messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{pool(i)})
+		if i >= held {
+			h.observe(messages.KVBlockRemoved, messages.MediumCPU, "m", []messages.Key{pool(i - held)})
+		}
+	}
+	h.mu.Lock()
+	require.Len(t, h.m, held)
+	require.LessOrEqual(t, len(h.changes), 4*held+1024,
+		"changes kept for %d keys held: every key ever stored and removed since the last page", len(h.m))
+	require.LessOrEqual(t, len(h.sorted), 4*held+1024)
+	h.mu.Unlock()
+
+	// The next page has every key held, once, in order.
+	var want []holders.NSKey
+	for i := churn - held; i < churn; i++ {
+		want = append(want, holders.NSKey{NS: "m", Key: sched.WireKey(pool(i))})
+	}
+	want = cluster.NewSortedKeys(want)
+	require.Equal(t, want, []holders.NSKey(h.KeysAfter(holders.NSKey{}, 2*held)))
+	require.Equal(t, want[50:], []holders.NSKey(h.KeysAfter(want[49], 2*held)))
 }
