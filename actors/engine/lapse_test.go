@@ -79,9 +79,7 @@ func TestLapseResyncsAndResetsTheEpoch(t *testing.T) {
 		d.Session, d.Lease = gen.Load, lease
 		d.Now = func() time.Time { return time.Unix(0, clock.Load()) }
 	})
-	send := func(epoch string, seq uint64, evs ...messages.Event) {
-		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
-	}
+	send := epochSender(system, pid)
 
 	send("a", 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
@@ -194,9 +192,7 @@ func TestAnEngineBegunDuringALapseHoldsItsOrders(t *testing.T) {
 func TestALateBatchOfAnEndedEpochIsNotApplied(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	system, pid, jobs := startSubmitting(t, nc, nil)
-	send := func(epoch string, seq uint64, evs ...messages.Event) {
-		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
-	}
+	send := epochSender(system, pid)
 	send("a", 1, added("old"))
 	send("b", 1, added("live"))
 	send("a", 2, readyChunk("late", 1)...) // sent in a before b began, arriving after

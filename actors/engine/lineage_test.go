@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -40,9 +41,7 @@ func TestANewEpochsRequestReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
 			_, nc := testkit.NATS(t)
 			released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 			system, pid, jobs := startSubmitting(t, nc, nil)
-			send := func(epoch string, seq uint64, evs ...messages.Event) {
-				system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
-			}
+			send := epochSender(system, pid)
 			send("a", 1, readyChunk("r", 1)...)
 			j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
 
@@ -69,9 +68,7 @@ func TestHeldRequestsOfOneIDReleaseOldestFirst(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	system, pid, jobs := startSubmitting(t, nc, nil)
-	send := func(epoch string, seq uint64, evs ...messages.Event) {
-		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
-	}
+	send := epochSender(system, pid)
 	send("a", 1, readyChunk("r", 1)...)
 	ja := testkit.Recv(t, jobs, 5*time.Second, "a's store job")
 	send("b", 1, readyChunkOf("r", "h-b", 2)...) // another chunk: b's r stores too
@@ -104,4 +101,12 @@ func readyChunkOf(id, hash string, block messages.BlockID) []messages.Event {
 	evs := readyChunk(id, block)
 	evs[1].Hashes = []messages.Hash{messages.Hash(hash)}
 	return evs
+}
+
+// epochSender sends the engine actor batches as an engine would publish
+// them (epoch, seq, events).
+func epochSender(system *actor.ActorSystem, pid *actor.PID) func(epoch string, seq uint64, evs ...messages.Event) {
+	return func(epoch string, seq uint64, evs ...messages.Event) {
+		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
+	}
 }
