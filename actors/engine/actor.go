@@ -95,7 +95,9 @@ type entry struct {
 	// stops, runs from the transfer side (handOff). Its events are rejected.
 	failed bool
 	// held: its releases wait for older requests of its id (lineage.go).
-	held bool
+	// drained: failed, none of its copies is left (its release waits only
+	// for the hold).
+	held, drained bool
 	// preempted: a preemption was routed to it, so it may owe two
 	// releases at once (resyncAfterFailure).
 	preempted bool

@@ -64,7 +64,10 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	if a.deps.Request.Transfer == nil {
 		// No copy can run: released at once.
 		a.deps.Log.Error("request actor failed; released as aborted", "engine", a.deps.Engine, "request", e.id)
-		a.releaseFailed(c, e)
+		e.failed, e.drained = true, true
+		if !e.held {
+			a.releaseFailed(c, e)
+		}
 		a.resyncAfterFailure(c, e)
 		return
 	}
@@ -102,7 +105,10 @@ func (a *Actor) drained(c actor.Context, m *transfer.Drained) {
 		a.deps.Metrics.Unexpected.Inc()
 		return
 	}
-	a.releaseFailed(c, e)
+	e.drained = true
+	if !e.held { // held: an older request of its id may still copy (unhold releases it)
+		a.releaseFailed(c, e)
+	}
 }
 
 // handOffDraining hands off the failed requests still waiting for Drained

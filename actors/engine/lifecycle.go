@@ -11,10 +11,17 @@ import (
 // forgets its release count.
 func (a *Actor) gone(c actor.Context, e *entry, pid *actor.PID) {
 	delete(a.byPID, pid.Id)
+	a.epochLeft(e.epoch)
 	a.leftLineage(c, e)
-	if a.perEpoch[e.epoch]--; a.perEpoch[e.epoch] <= 0 {
-		delete(a.perEpoch, e.epoch)
-		a.forgetIfIdle(e.epoch)
+}
+
+// epochLeft: one thing that may still publish a release of epoch (a
+// request in byPID, a deferred release) is gone; the last forgets the
+// epoch's release count once it ended.
+func (a *Actor) epochLeft(epoch string) {
+	if a.perEpoch[epoch]--; a.perEpoch[epoch] <= 0 {
+		delete(a.perEpoch, epoch)
+		a.forgetIfIdle(epoch)
 	}
 }
 

@@ -58,6 +58,7 @@ func (a *Actor) deferIfOlder(ctx context.Context, id, epoch, reason string) bool
 		a.deferred = map[string][]deferredRelease{}
 	}
 	a.deferred[id] = append(a.deferred[id], deferredRelease{ctx: ctx, epoch: epoch, reason: reason})
+	a.perEpoch[epoch]++ // the epoch's release count is kept until it goes out
 	return true
 }
 
@@ -76,30 +77,48 @@ func (a *Actor) leftLineage(c actor.Context, e *entry) {
 		return
 	}
 	delete(a.old, e.id)
+	a.publishDeferred(e.id) // before the live request's: oldest epoch first
 	if cur := a.live[e.id]; cur != nil {
 		a.unhold(c, cur)
 	}
-	a.publishDeferred(e.id)
 }
 
+// unhold lets e release; a failed e has no actor to tell, and its own
+// release goes out now if its copies are over (else on Drained).
 func (a *Actor) unhold(c actor.Context, e *entry) {
-	if e.held {
-		e.held = false
+	if !e.held {
+		return
+	}
+	e.held = false
+	switch {
+	case !e.failed:
 		c.Send(e.pid, &request.Unhold{})
+	case e.drained:
+		a.releaseFailed(c, e)
 	}
 }
 
 // publishDeferred publishes id's deferred releases (all of them when id is
 // "": the actor is stopping, and no one would be left to).
 func (a *Actor) publishDeferred(id string) {
-	for rid, rels := range a.deferred {
-		if id != "" && rid != id {
-			continue
-		}
-		for _, r := range rels {
-			a.deps.Metrics.Release(r.reason).Inc()
-			a.deps.Releases.Publish(r.ctx, r.epoch, rid, r.reason, nil)
-		}
-		delete(a.deferred, rid)
+	if id != "" {
+		a.publishDeferredOf(id)
+		return
+	}
+	for rid := range a.deferred {
+		a.publishDeferredOf(rid)
+	}
+}
+
+func (a *Actor) publishDeferredOf(id string) {
+	rels, ok := a.deferred[id]
+	if !ok {
+		return
+	}
+	delete(a.deferred, id)
+	for _, r := range rels {
+		a.deps.Metrics.Release(r.reason).Inc()
+		a.deps.Releases.Publish(r.ctx, r.epoch, id, r.reason, nil)
+		a.epochLeft(r.epoch)
 	}
 }

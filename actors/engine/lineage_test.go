@@ -10,9 +10,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // An engine that resyncs re-announces its live requests, with the same
@@ -109,4 +111,57 @@ func epochSender(system *actor.ActorSystem, pid *actor.PID) func(epoch string, s
 	return func(epoch string, seq uint64, evs ...messages.Event) {
 		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: epoch, Seq: seq, Events: evs}})
 	}
+}
+
+// A held request whose actor fails is released (aborted) only once the
+// older request of its id is over, as a live one would be: its release is
+// of the engine's current epoch, and frees the blocks the older copy reads.
+func TestAHeldRequestThatFailsReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	fs := holdingFaultyStore(t)
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, nil)
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+
+	fs.arm.Store(true) // b's r's first decision panics: its actor fails
+	send("b", 1, readyChunkOf("r", "h-r2", 1)...)
+	statusOf(t, system, pid)
+	statusOf(t, system, pid) // after the failure's Terminated and the Drained
+	require.False(t, fs.arm.Load(), "b's r failed")
+	testkit.NoRecv(t, released, 100*time.Millisecond, "a release of r (epoch b) while a's copy of block 1 runs")
+
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	got := []messages.Released{releaseOf(t, released), releaseOf(t, released)}
+	require.Equal(t, "a", got[0].Epoch)
+	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 1, Reason: messages.ReasonAborted}, got[1])
+}
+
+// A deferred release keeps its epoch's release count (rseq goes on from
+// the epoch's last) even when the epoch ended meanwhile, and goes out
+// before a later epoch's request of the id is let go.
+func TestADeferredReleaseContinuesItsEpochsRSeq(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	system, pid, jobs := startSubmitting(t, nc, nil)
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+	send("b", 1, added("s"), messages.Event{Type: messages.EvFinished, Request: "s"},
+		messages.Event{Type: messages.EvFinished, Request: "r", Computed: 4, Total: 4})
+	require.Equal(t, messages.Released{Request: "s", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
+	send("c", 1, append(readyChunkOf("r", "h-r3", 2)[:1], messages.Event{Type: messages.EvPreempted, Request: "r"})...) // b ends
+	statusOf(t, system, pid)
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	got := []messages.Released{releaseOf(t, released), releaseOf(t, released), releaseOf(t, released)}
+	require.Equal(t, "a", got[0].Epoch)
+	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 2, Reason: messages.ReasonFinished}, got[1])
+	require.Equal(t, messages.Released{Request: "r", Epoch: "c", RSeq: 1, Reason: messages.ReasonPreempted}, got[2])
 }
