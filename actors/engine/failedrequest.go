@@ -138,6 +138,10 @@ func (a *Actor) handOff(c actor.Context, e *entry) {
 	if cur := a.live[e.id]; cur == e {
 		delete(a.live, e.id)
 	}
+	// Its release is the transfer side's now: an older request of its id
+	// ending during the stop must not let it go again (unhold), and the
+	// last-resort stop waits for no hold (PROTOCOL.md's known limits).
+	a.leaveLineage(e)
 	release := a.releaser(e)
 	if a.deps.Request.Transfer == nil {
 		release() // no copy can run

@@ -85,6 +85,20 @@ func (a *Actor) leftLineage(c actor.Context, e *entry) {
 
 // unhold lets e release; a failed e has no actor to tell, and its own
 // release goes out now if its copies are over (else on Drained).
+// leaveLineage takes e out of its id's lineage without letting anyone go
+// (a hand-off while the actor stops: it releases e itself).
+func (a *Actor) leaveLineage(e *entry) {
+	e.held = false
+	olds := a.old[e.id]
+	if i := slices.Index(olds, e); i >= 0 {
+		if olds = slices.Delete(olds, i, i+1); len(olds) > 0 {
+			a.old[e.id] = olds
+		} else {
+			delete(a.old, e.id)
+		}
+	}
+}
+
 func (a *Actor) unhold(c actor.Context, e *entry) {
 	if !e.held {
 		return

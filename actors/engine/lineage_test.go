@@ -2,6 +2,8 @@ package engine_test
 
 import (
 	"encoding/json"
+	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -164,4 +166,68 @@ func TestADeferredReleaseContinuesItsEpochsRSeq(t *testing.T) {
 	require.Equal(t, "a", got[0].Epoch)
 	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 2, Reason: messages.ReasonFinished}, got[1])
 	require.Equal(t, messages.Released{Request: "r", Epoch: "c", RSeq: 1, Reason: messages.ReasonPreempted}, got[2])
+}
+
+// On the engine actor's last-resort stop (a failure while failing), a
+// failed held request is handed to the transfer side, which releases it;
+// an older request of its id ending during the stop does not release it a
+// second time.
+func TestAHandedOffHeldRequestIsReleasedOnce(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	fs := holdingFaultyStore(t)
+	jobs := make(chan *transfer.Submit, 16)
+	closed := make(chan struct{})
+	var gate atomic.Pointer[chan struct{}]
+	entered := make(chan struct{}, 1)
+	system, pid, _, _ := startEngineDeps(t, nc, closed,
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, func(d *engine.Deps) {
+			d.Session = func() uint64 {
+				if g := gate.Swap(nil); g != nil {
+					entered <- struct{}{}
+					<-*g
+					panic("engine actor failure injected")
+				}
+				return 0
+			}
+			// failing fails too: the actor gives up and stops (handOff)
+			d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+		})
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job")
+	fs.arm.Store(true) // b's r fails: held, failed, drained
+	send("b", 1, readyChunkOf("r", "h-r2", 1)...)
+	statusOf(t, system, pid)
+	statusOf(t, system, pid)
+	send("c", 1, added("s")) // b's r is retired behind a's r
+	statusOf(t, system, pid)
+	g := make(chan struct{})
+	gate.Store(&g)
+	system.Root.Send(pid, &engine.Tick{})
+	testkit.Recv(t, entered, 5*time.Second, "the engine actor's turn, held")
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID}) // a's r releases; its Done waits behind the turn
+	require.Equal(t, "a", releaseOf(t, released).Epoch)
+	close(g)
+	testkit.Closed(t, closed, 5*time.Second, "the engine's end")
+	require.NoError(t, nc.Flush())
+	bs := 0
+	for {
+		select {
+		case m := <-released:
+			var rel messages.Released
+			require.NoError(t, json.Unmarshal(m.Data, &rel))
+			if rel.Request == "r" && rel.Epoch == "b" {
+				bs++
+			}
+			continue
+		case <-time.After(300 * time.Millisecond):
+		}
+		break
+	}
+	require.Equal(t, 1, bs, "b's r released once")
 }
