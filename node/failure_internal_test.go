@@ -177,6 +177,7 @@ func TestAFailedRequestIsReleasedOnTheNodeOnlyOnceItsCopyEnds(t *testing.T) {
 		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
 	})
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
 	store := &panickyStore{}
 	store.n.Store(2) // a's second store decision
 	n.mu.Lock()
@@ -204,13 +205,18 @@ func TestAFailedRequestIsReleasedOnTheNodeOnlyOnceItsCopyEnds(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "a's release").Data, &rel))
 	require.Equal(t, messages.Released{Request: "a", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted}, rel)
 
-	// The engine carries on: another request is stored and released.
-	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":3,"events":[`+
+	// The engine carries on: the failure resynced epoch a (the node forgot
+	// a while the engine may still run it), and in the next epoch another
+	// request is stored and released.
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the failure's resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"b","seq":1,"events":[`+
 		`{"type":"added","request":"b","prompt_tokens":4},{"type":"hashes","request":"b","start":0,"hashes":["6363636330303030"]},`+
 		`{"type":"blocks","request":"b","group":0,"start":0,"ids":[3]},{"type":"tokens","request":"b","computed":4,"total":4},`+
 		`{"type":"finished","request":"b"}]}`)))
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "b's release").Data, &rel))
-	require.Equal(t, messages.Released{Request: "b", Epoch: "a", RSeq: 2, Reason: messages.ReasonFinished}, rel)
+	require.Equal(t, messages.Released{Request: "b", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, rel)
 	require.NoError(t, nc.Flush())
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release")
 	require.Equal(t, 1.0, testutil.ToFloat64(failures))

@@ -98,9 +98,6 @@ type entry struct {
 	// drained: failed, none of its copies is left (its release waits only
 	// for the hold).
 	held, drained bool
-	// preempted: a preemption was routed to it, so it may owe two
-	// releases at once (resyncAfterFailure).
-	preempted bool
 }
 
 // Actor is one engine's actor: a shell around its sched.Sequencer (the
@@ -363,9 +360,6 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		e := a.route(c, m, &b.Events[i])
 		if e == nil {
 			continue
-		}
-		if b.Events[i].Type == messages.EvPreempted {
-			e.preempted = true // resyncAfterFailure
 		}
 		if e.step != a.step {
 			e.step, e.idx = a.step, len(a.order)

@@ -19,6 +19,7 @@ import (
 func TestRequestActorPanicIsContained(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
 	// The pool is nil: the first store decision of a request dereferences
 	// it and panics, which stands in for any bug on bad state.
 	closed := make(chan struct{})
@@ -43,16 +44,22 @@ func TestRequestActorPanicIsContained(t *testing.T) {
 		return nil
 	})
 
-	// The engine and the other request still work.
+	// The engine and the other request still work. The failure resynced
+	// epoch a (the engine may still run boom, which the node forgot), so
+	// they go on in the engine's next epoch, which re-announces ok.
 	ch := make(chan engine.Status, 1)
 	system.Root.Send(pid, &engine.StatusQuery{Reply: ch})
 	st := testkit.Recv(t, ch, 5*time.Second, "status")
 	require.Len(t, st.Requests, 1)
 	require.Equal(t, "ok", st.Requests[0].Request)
-	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
-		Events: []messages.Event{{Type: messages.EvFinished, Request: "ok", Computed: 2, Total: 4}}}})
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the failure's resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "b", Seq: 1,
+		Events: []messages.Event{{Type: messages.EvAdded, Request: "ok", PromptTokens: 4, MaxOffloadTokens: -1},
+			{Type: messages.EvFinished, Request: "ok", Computed: 2, Total: 4}}}})
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "release of ok").Data, &rel))
-	require.Equal(t, messages.Released{Request: "ok", Epoch: "a", RSeq: 2, Reason: "finished"}, rel)
+	require.Equal(t, messages.Released{Request: "ok", Epoch: "b", RSeq: 1, Reason: "finished"}, rel)
 
 	// Retire: the engine stops once every request is released.
 	system.Root.Send(pid, &engine.Retire{})

@@ -78,17 +78,17 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 	a.resyncAfterFailure(c, e)
 }
 
-// resyncAfterFailure resyncs the epoch of a request whose actor failed
-// after a preemption. Its one release (aborted) may then answer fewer
-// events than the engine counts owed (the preemption's and the end's, both
-// waiting for a copy): the engine would wait for a release that never
-// comes, and the heartbeat's released count (what was sent) shows nothing
-// amiss. A new epoch re-announces what the engine still holds, and its
-// releases settle it. Without a preemption at most one release is owed,
-// and the aborted one answers it: the epoch carries on. An ended epoch's
-// request needs none: the engine has moved on.
+// resyncAfterFailure resyncs the epoch of a request whose actor failed. The
+// node forgets the request once its one release (aborted) is out, while
+// the engine may still run it: a later preemption or end of it would be
+// rejected as unknown and never released, and one release may answer
+// fewer events than the engine counts owed (a preemption's and an end's).
+// The heartbeat's released count (what was sent) shows nothing amiss
+// either way. A new epoch re-announces what the engine still holds, and
+// its releases settle it. An ended epoch's request needs none: the engine
+// has moved on.
 func (a *Actor) resyncAfterFailure(c actor.Context, e *entry) {
-	if a.ending() || !e.preempted || e.epoch != a.seq.Epoch() {
+	if a.ending() || e.epoch != a.seq.Epoch() {
 		return
 	}
 	a.decided(c, context.Background(), a.seq.Lost(a.deps.Now(), messages.ResyncGap))

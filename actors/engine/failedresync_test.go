@@ -55,3 +55,31 @@ func TestARequestActorFailureResyncsItsEpoch(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r's one release").Data, &rel))
 	require.Equal(t, messages.ReasonAborted, rel.Reason)
 }
+
+// A request actor that fails while the engine still runs the request (no
+// preemption yet) resyncs the epoch too: the node forgets the request once
+// its aborted release is out, so a later preemption of it would be
+// rejected as unknown and never released.
+func TestAFailureBeforeAPreemptionResyncsItsEpoch(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	fs := holdingFaultyStore(t)
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, nil)
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	testkit.Recv(t, jobs, 5*time.Second, "r's store job")
+	fs.arm.Store(true) // r's next decision panics
+	send("a", 2, messages.Event{Type: messages.EvHashes, Request: "r", Start: 1, Hashes: []messages.Hash{"h2-r"}},
+		messages.Event{Type: messages.EvBlocks, Request: "r", Start: 1, IDs: []messages.BlockID{2}}, tokens("r", 8))
+	require.Equal(t, messages.ReasonAborted, releaseOf(t, released).Reason)
+	var rs messages.Resync
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the failure's resync").Data, &rs))
+	require.Equal(t, "a", rs.Epoch)
+}
