@@ -5,15 +5,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
-	"github.com/kvactors/kvactors/actors/request"
-	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/sched"
 )
 
 // A request actor that fails owing two releases (its preemption's, waiting
@@ -24,14 +20,7 @@ func TestARequestActorFailureResyncsItsEpoch(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
-	fs := holdingFaultyStore(t)
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			fs.over(lay)
-			d.Store = fs
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, nil)
+	system, pid, fs, jobs := startFaulty(t, nc, make(chan struct{}), nil)
 	send := func(seq uint64, evs ...messages.Event) {
 		system.Root.Send(pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
 	}
@@ -64,14 +53,7 @@ func TestAFailureBeforeAPreemptionResyncsItsEpoch(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
-	fs := holdingFaultyStore(t)
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			fs.over(lay)
-			d.Store = fs
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, nil)
+	system, pid, fs, jobs := startFaulty(t, nc, make(chan struct{}), nil)
 	send := epochSender(system, pid)
 	send("a", 1, readyChunk("r", 1)...)
 	testkit.Recv(t, jobs, 5*time.Second, "r's store job")

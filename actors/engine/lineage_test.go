@@ -121,14 +121,7 @@ func epochSender(system *actor.ActorSystem, pid *actor.PID) func(epoch string, s
 func TestAHeldRequestThatFailsReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	fs := holdingFaultyStore(t)
-	jobs := make(chan *transfer.Submit, 16)
-	system, pid, _, _ := startEngineDeps(t, nc, make(chan struct{}),
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			fs.over(lay)
-			d.Store = fs
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, nil)
+	system, pid, fs, jobs := startFaulty(t, nc, make(chan struct{}), nil)
 	send := epochSender(system, pid)
 	send("a", 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
@@ -175,28 +168,21 @@ func TestADeferredReleaseContinuesItsEpochsRSeq(t *testing.T) {
 func TestAHandedOffHeldRequestIsReleasedOnce(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	fs := holdingFaultyStore(t)
-	jobs := make(chan *transfer.Submit, 16)
 	closed := make(chan struct{})
 	var gate atomic.Pointer[chan struct{}]
 	entered := make(chan struct{}, 1)
-	system, pid, _, _ := startEngineDeps(t, nc, closed,
-		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
-			fs.over(lay)
-			d.Store = fs
-			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-		}, func(d *engine.Deps) {
-			d.Session = func() uint64 {
-				if g := gate.Swap(nil); g != nil {
-					entered <- struct{}{}
-					<-*g
-					panic("engine actor failure injected")
-				}
-				return 0
+	system, pid, fs, jobs := startFaulty(t, nc, closed, func(d *engine.Deps) {
+		d.Session = func() uint64 {
+			if g := gate.Swap(nil); g != nil {
+				entered <- struct{}{}
+				<-*g
+				panic("engine actor failure injected")
 			}
-			// failing fails too: the actor gives up and stops (handOff)
-			d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
-		})
+			return 0
+		}
+		// failing fails too: the actor gives up and stops (handOff)
+		d.Log = slog.New(panicsOn{msg: "engine actor failed; ending the engine as on unregister"})
+	})
 	send := epochSender(system, pid)
 	send("a", 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job")
@@ -230,4 +216,22 @@ func TestAHandedOffHeldRequestIsReleasedOnce(t *testing.T) {
 		break
 	}
 	require.Equal(t, 1, bs, "b's r released once")
+}
+
+// startFaulty starts engine e1 over a holdingFaultyStore (arm it to make a
+// request actor's next store decision panic), its store jobs sent to the
+// returned channel and never answered unless the test does; edit sets the
+// engine's deps.
+func startFaulty(t *testing.T, nc *nats.Conn, closed chan struct{}, edit func(*engine.Deps)) (*actor.ActorSystem,
+	*actor.PID, *faultyStore, chan *transfer.Submit) {
+	t.Helper()
+	fs := holdingFaultyStore(t)
+	jobs := make(chan *transfer.Submit, 16)
+	system, pid, _, _ := startEngineDeps(t, nc, closed,
+		func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs
+			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
+		}, edit)
+	return system, pid, fs, jobs
 }
