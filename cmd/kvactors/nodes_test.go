@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -36,7 +37,16 @@ func TestNodesListsTheCluster(t *testing.T) {
 	spec, _ := engineSpec(t, dir, "e1", "gpu-1")
 	enc := nc3.Connect(2)
 	data, _ := json.Marshal(spec)
-	m, err := enc.Request("kvactors.e1.register", data, 10*time.Second)
+	// No reply (the cluster's JetStream may still be electing the owners
+	// bucket's leader just after it formed) is retried, as an engine does
+	// (PROTOCOL.md step 5).
+	var m *nats.Msg
+	var err error
+	for range 3 {
+		if m, err = enc.Request("kvactors.e1.register", data, 10*time.Second); err == nil {
+			break
+		}
+	}
 	require.NoError(t, err)
 	var r messages.RegisterReply
 	require.NoError(t, json.Unmarshal(m.Data, &r))
