@@ -61,10 +61,7 @@ func appendWindow(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, lo,
 // under this chunk's key, to a load into those places, to the disk tier and
 // to a node fetching the chunk.
 func clearNulls(l *sched.Layout, c *sched.JobChunk, ext []hostpool.Extent, arena []byte, lo, hi int64) {
-	var per int64 // a block's bytes: block i is logical [i*per, (i+1)*per)
-	for _, r := range l.Groups[c.Group].Regions {
-		per += r.BlockBytes
-	}
+	per := l.Groups[c.Group].BlockBytes // block i is logical [i*per, (i+1)*per)
 	for i, b := range c.Blocks {
 		if b != 0 {
 			continue
