@@ -80,16 +80,10 @@ func (x *keyIndex) getTagged(k messages.Key, tag uint32, entries []entry) (ref, 
 	}
 }
 
-// put adds k, which must be absent, as entry r, and returns its tag (the
-// entry keeps it, so deleting it later reads and hashes no key).
-func (x *keyIndex) put(k messages.Key, r ref) uint32 {
-	tag := x.tag(k)
-	x.putTagged(tag, r)
-	return tag
-}
-
-// putTagged is put with the key's tag already computed.
-func (x *keyIndex) putTagged(tag uint32, r ref) {
+// put adds the key whose tag is tag (x.tag: the entry keeps it, so
+// deleting it later reads and hashes no key), which must be absent, as
+// entry r.
+func (x *keyIndex) put(tag uint32, r ref) {
 	if 2*(x.n+1) > len(x.slots) {
 		x.resize(2 * len(x.slots))
 	}

@@ -71,7 +71,8 @@ func TestKeyIndexMatchesAMap(t *testing.T) {
 					entries = append(entries, entry{})
 				}
 				entries[r].key = k
-				entries[r].tag = x.put(k, r)
+				entries[r].tag = x.tag(k)
+				x.put(entries[r].tag, r)
 				model[k] = r
 			}
 			checkIndex(t, &x, entries)
@@ -107,7 +108,8 @@ func TestKeyIndexDeletesInsideAWrappingRun(t *testing.T) {
 	for rot := range keys {
 		x := keyIndex{seed: seed.seed, slots: make([]uint64, len(seed.slots))}
 		for i, k := range keys {
-			entries[i].tag = x.put(k, ref(i))
+			entries[i].tag = x.tag(k)
+			x.put(entries[i].tag, ref(i))
 		}
 		checkIndex(t, &x, entries)
 		for n := range keys {
@@ -129,7 +131,8 @@ func TestKeyIndexGrows(t *testing.T) {
 	for i := range 5000 {
 		k := messages.Key(fmt.Sprintf("grow-%d", i))
 		entries = append(entries, entry{key: k})
-		entries[i].tag = x.put(k, ref(i))
+		entries[i].tag = x.tag(k)
+		x.put(entries[i].tag, ref(i))
 	}
 	checkIndex(t, &x, entries)
 	require.Equal(t, 16384, len(x.slots), "5,000 keys at most half full")

@@ -281,7 +281,7 @@ func (p *Pool) add(k messages.Key, tag uint32, size int64) ref {
 	}
 	*e = entry{key: k, state: Pending, size: size, pieces: pieces, prev: none, next: none}
 	e.tag = tag
-	p.index.putTagged(tag, r)
+	p.index.put(tag, r)
 	p.pending++
 	p.dataBytes += size
 	return r
