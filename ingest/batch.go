@@ -230,29 +230,24 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 // intern returns raw as a string, sharing the allocation with an equal
 // request id met before: a batch usually carries several events (hashes,
 // blocks, tokens) for each of a few requests, and a request's events span
-// several batches (the scratch's cache outlives the batch). A decoder given
-// no cache (tests) allocates every id. requestField interns only ids that
-// passed its checks, so an id found here (known) needs none again.
-func (d *decoder) intern(raw []byte) string {
-	if d.interned == nil {
+// several batches (the scratch's cache outlives the batch). slot is raw's
+// place in the cache (internSlot; nil: no cache, as in tests, and every id
+// is allocated). requestField interns only ids that passed its checks, so
+// an id found in its slot needs none again.
+func intern(slot *string, raw []byte) string {
+	if slot == nil {
 		return string(raw)
 	}
-	slot := d.internSlot(raw)
 	if *slot != string(raw) {
 		*slot = string(raw)
 	}
 	return *slot
 }
 
-// known returns the interned id equal to raw, if the cache holds one.
-func (d *decoder) known(raw []byte) (string, bool) {
-	if d.interned == nil {
-		return "", false
-	}
-	id := *d.internSlot(raw)
-	return id, id == string(raw)
-}
-
+// internSlot is where an id equal to raw is cached (nil: no cache).
 func (d *decoder) internSlot(raw []byte) *string {
+	if d.interned == nil {
+		return nil
+	}
 	return &d.interned[maphash.Bytes(internSeed, raw)%internSlots]
 }

@@ -226,15 +226,15 @@ func TestDecodedEventsOutliveTheDecodersScratch(t *testing.T) {
 func TestInternReusesAnIDAcrossBatches(t *testing.T) {
 	var cache [internSlots]string
 	d := &decoder{interned: &cache}
-	a := d.intern([]byte("req-1"))
+	a := intern(d.internSlot([]byte("req-1")), []byte("req-1"))
 	// (the next batch: nothing else carries over)
-	b := d.intern([]byte("req-1"))
+	b := intern(d.internSlot([]byte("req-1")), []byte("req-1"))
 	require.Equal(t, unsafe.StringData(a), unsafe.StringData(b), "one allocation for both batches")
 	raw := []byte("req-1")
-	require.Zero(t, testing.AllocsPerRun(100, func() { _ = d.intern(raw) }))
+	require.Zero(t, testing.AllocsPerRun(100, func() { _ = intern(d.internSlot(raw), raw) }))
 	for i := range 4 * internSlots {
 		id := fmt.Sprintf("r%d", i)
-		require.Equal(t, id, d.intern([]byte(id)))
+		require.Equal(t, id, intern(d.internSlot([]byte(id)), []byte(id)))
 	}
 }
 

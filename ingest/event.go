@@ -241,12 +241,13 @@ func (d *decoder) requestField() error {
 		// An id met before passed these checks then (only valid ids are
 		// interned): most events name a request of an earlier event, and
 		// checking the UTF-8 of each was a few percent of a light node's CPU.
-		if id, ok := d.known(raw); ok && valid {
-			d.ev.request = id
+		slot := d.internSlot(raw) // one hash for the lookup and the caching
+		if slot != nil && valid && *slot == string(raw) {
+			d.ev.request = *slot
 		} else if !valid || !utf8.Valid(raw) {
 			d.reject(ErrBadRequestID, `"request" is not valid UTF-8`)
 		} else {
-			d.ev.request = d.intern(raw)
+			d.ev.request = intern(slot, raw)
 		}
 	}
 	return nil
