@@ -239,7 +239,7 @@ func (a *Actor) receive(c actor.Context) {
 		a.stopping = true
 		a.handOffDraining(c)
 		// No one is left to publish them once their older requests end.
-		a.guard(c, "deferred releases", func() { a.publishDeferred("") })
+		a.guard(c, "deferred releases", func() { a.publishAllDeferred() })
 	case *actor.Stopped:
 		a.stopped(c)
 	case *Batch:

@@ -27,7 +27,7 @@ type deferredRelease struct {
 	epoch, reason string
 }
 
-// retired: e is no longer live (resetAll) but may still be copying; a later
+// retiredFromLive: e is no longer live (resetAll) but may still be copying; a later
 // request of its id waits for it. One already releasing for good has no
 // copy left.
 func (a *Actor) retiredFromLive(e *entry) {
@@ -66,39 +66,44 @@ func (a *Actor) deferIfOlder(ctx context.Context, id, epoch, reason string) bool
 // was an older request of its id, the oldest one left, or with none left
 // the live one and the deferred releases, may release now.
 func (a *Actor) leftLineage(c actor.Context, e *entry) {
-	olds := a.old[e.id]
-	i := slices.Index(olds, e)
-	if i < 0 {
-		return
-	}
-	if olds = slices.Delete(olds, i, i+1); len(olds) > 0 {
-		a.old[e.id] = olds
+	olds, was := a.dropOld(e)
+	switch {
+	case !was:
+	case len(olds) > 0:
 		a.unhold(c, olds[0])
-		return
-	}
-	delete(a.old, e.id)
-	a.publishDeferred(e.id) // before the live request's: oldest epoch first
-	if cur := a.live[e.id]; cur != nil {
-		a.unhold(c, cur)
-	}
-}
-
-// unhold lets e release; a failed e has no actor to tell, and its own
-// release goes out now if its copies are over (else on Drained).
-// leaveLineage takes e out of its id's lineage without letting anyone go
-// (a hand-off while the actor stops: it releases e itself).
-func (a *Actor) leaveLineage(e *entry) {
-	e.held = false
-	olds := a.old[e.id]
-	if i := slices.Index(olds, e); i >= 0 {
-		if olds = slices.Delete(olds, i, i+1); len(olds) > 0 {
-			a.old[e.id] = olds
-		} else {
-			delete(a.old, e.id)
+	default:
+		a.publishDeferred(e.id) // before the live request's: oldest epoch first
+		if cur := a.live[e.id]; cur != nil {
+			a.unhold(c, cur)
 		}
 	}
 }
 
+// leaveLineage takes e out of its id's lineage without letting anyone go
+// (a hand-off while the actor stops: it releases e itself).
+func (a *Actor) leaveLineage(e *entry) {
+	e.held = false
+	a.dropOld(e)
+}
+
+// dropOld removes e from its id's older requests and returns those left;
+// was: e was one of them.
+func (a *Actor) dropOld(e *entry) (left []*entry, was bool) {
+	olds := a.old[e.id]
+	i := slices.Index(olds, e)
+	if i < 0 {
+		return olds, false
+	}
+	if olds = slices.Delete(olds, i, i+1); len(olds) > 0 {
+		a.old[e.id] = olds
+	} else {
+		delete(a.old, e.id)
+	}
+	return olds, true
+}
+
+// unhold lets e release; a failed e has no actor to tell, and its own
+// release goes out now if its copies are over (else on Drained).
 func (a *Actor) unhold(c actor.Context, e *entry) {
 	if !e.held {
 		return
@@ -112,19 +117,16 @@ func (a *Actor) unhold(c actor.Context, e *entry) {
 	}
 }
 
-// publishDeferred publishes id's deferred releases (all of them when id is
-// "": the actor is stopping, and no one would be left to).
-func (a *Actor) publishDeferred(id string) {
-	if id != "" {
-		a.publishDeferredOf(id)
-		return
-	}
-	for rid := range a.deferred {
-		a.publishDeferredOf(rid)
+// publishAllDeferred publishes every deferred release: the actor is
+// stopping, and no one would be left to.
+func (a *Actor) publishAllDeferred() {
+	for id := range a.deferred {
+		a.publishDeferred(id)
 	}
 }
 
-func (a *Actor) publishDeferredOf(id string) {
+// publishDeferred publishes id's deferred releases.
+func (a *Actor) publishDeferred(id string) {
 	rels, ok := a.deferred[id]
 	if !ok {
 		return
