@@ -42,12 +42,7 @@ func TestANewEpochsRequestReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
 		{"finished, never announced", func() []messages.Event { return []messages.Event{finished("r")} }, messages.ReasonFinished, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, nc := testkit.NATS(t)
-			released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-			system, pid, jobs := startSubmitting(t, nc, nil)
-			send := epochSender(system, pid)
-			send("a", 1, readyChunk("r", 1)...)
-			j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+			released, system, pid, send, jobs, j := copyingInEpochA(t)
 
 			send("b", 1, tc.b()...)
 			statusOf(t, system, pid)
@@ -69,12 +64,7 @@ func TestANewEpochsRequestReleasesNothingWhileAnOlderOneCopies(t *testing.T) {
 // Three epochs: b's r waits for a's, c's for both, and each release comes
 // in that order once the copy before it has ended.
 func TestHeldRequestsOfOneIDReleaseOldestFirst(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	system, pid, jobs := startSubmitting(t, nc, nil)
-	send := epochSender(system, pid)
-	send("a", 1, readyChunk("r", 1)...)
-	ja := testkit.Recv(t, jobs, 5*time.Second, "a's store job")
+	released, system, pid, send, jobs, ja := copyingInEpochA(t)
 	send("b", 1, readyChunkOf("r", "h-b", 2)...) // another chunk: b's r stores too
 	jb := testkit.Recv(t, jobs, 5*time.Second, "b's store job")
 	send("c", 1, append(readyChunkOf("r", "h-c", 3)[:1], messages.Event{Type: messages.EvPreempted, Request: "r"})...)
@@ -143,12 +133,7 @@ func TestAHeldRequestThatFailsReleasesNothingWhileAnOlderOneCopies(t *testing.T)
 // the epoch's last) even when the epoch ended meanwhile, and goes out
 // before a later epoch's request of the id is let go.
 func TestADeferredReleaseContinuesItsEpochsRSeq(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	system, pid, jobs := startSubmitting(t, nc, nil)
-	send := epochSender(system, pid)
-	send("a", 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+	released, system, pid, send, _, j := copyingInEpochA(t)
 	send("b", 1, added("s"), messages.Event{Type: messages.EvFinished, Request: "s"},
 		messages.Event{Type: messages.EvFinished, Request: "r", Computed: 4, Total: 4})
 	require.Equal(t, messages.Released{Request: "s", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
@@ -234,4 +219,18 @@ func startFaulty(t *testing.T, nc *nats.Conn, closed chan struct{}, edit func(*e
 			d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
 		}, edit)
 	return system, pid, fs, jobs
+}
+
+// copyingInEpochA starts engine e1 (startSubmitting) and has epoch a's
+// request r store its chunk of block 1: j, its copy, runs until the test
+// answers it.
+func copyingInEpochA(t *testing.T) (released <-chan *nats.Msg, system *actor.ActorSystem, pid *actor.PID,
+	send func(epoch string, seq uint64, evs ...messages.Event), jobs chan *transfer.Submit, j *transfer.Submit) {
+	t.Helper()
+	_, nc := testkit.NATS(t)
+	released = testkit.Subscribe(t, nc, "kvactors.e1.released")
+	system, pid, jobs = startSubmitting(t, nc, nil)
+	send = epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	return released, system, pid, send, jobs, testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
 }
