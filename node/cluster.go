@@ -494,11 +494,14 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 		}
 		h.stale = false
 	}
-	if rebuild || len(changes) > 0 {
+	// Decided under mu: an empty changes map stays the live one, which
+	// observe may write as soon as mu is let go.
+	update := rebuild || len(changes) > 0
+	if update {
 		h.changes = map[holders.NSKey]bool{}
 	}
 	h.mu.Unlock()
-	if rebuild || len(changes) > 0 {
+	if update {
 		// Changes observed from here on go to the new map, on top of
 		// this merge's (or sort's) result.
 		if rebuild {

@@ -136,3 +136,28 @@ func TestHeldKeysChangesAreBoundedWithoutPages(t *testing.T) {
 	require.Equal(t, want, []holders.NSKey(h.KeysAfter(holders.NSKey{}, 2*held)))
 	require.Equal(t, want[50:], []holders.NSKey(h.KeysAfter(want[49], 2*held)))
 }
+
+// A page served while the journal observes changes touches the live
+// changes map only under the lock, also when it was empty (go test -race).
+func TestHeldKeysPagesWhileTheJournalObserves(t *testing.T) {
+	h := newHeldKeys()
+	key := func(i int) messages.Key {
+		return messages.Key(sched.AppendKey(nil, 3, messages.Hash(fmt.Sprintf("hash-%08d", i)), 0))
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 2000 {
+			h.observe(messages.KVBlockStored, messages.MediumCPU, "m", []messages.Key{key(i)})
+		}
+	}()
+	for {
+		_ = h.KeysAfter(holders.NSKey{}, 16)
+		select {
+		case <-done:
+			require.Len(t, h.KeysAfter(holders.NSKey{}, 4096), 2000)
+			return
+		default:
+		}
+	}
+}
