@@ -39,7 +39,7 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 	args := []string{"serve", "--nats-port", "-1", "--http", "127.0.0.1:0", "--prefix", prefix,
 		"--pool-bytes", strconv.FormatInt(eventPoolBytes, 10), "--shm-dir", cfg.ShmDir,
 		"--log-level", "error"}
-	if cfg.ExternalProfile != nil || cfg.ExternalAllocs != nil || cfg.ExternalTrace != nil {
+	if cfg.ExternalProfile != nil || cfg.ExternalAllocs != nil || cfg.ExternalTrace != nil || cfg.ExternalLevelProfile != nil {
 		args = append(args, "--pprof") // /debug/pprof is off by default
 	}
 	args = append(args, extra...)

@@ -80,12 +80,16 @@ type Config struct {
 	// profile at the end of the store-heavy run (/debug/pprof/allocs);
 	// ExternalTrace its execution trace over the 50% latency level
 	// (/debug/pprof/trace), where the tail is: `go tool trace -pprof=sync`
-	// shows what the node's goroutines waited on (docs/BENCHMARKS.md).
-	External        bool
-	ServeBinary     string
-	ExternalProfile io.Writer
-	ExternalAllocs  io.Writer
-	ExternalTrace   io.Writer
+	// shows what the node's goroutines waited on (docs/BENCHMARKS.md);
+	// ExternalLevelProfile its CPU profile over that level: at mid load the
+	// node spends half again as much per event as at saturation, and the
+	// saturated profile does not show where.
+	External             bool
+	ServeBinary          string
+	ExternalProfile      io.Writer
+	ExternalAllocs       io.Writer
+	ExternalTrace        io.Writer
+	ExternalLevelProfile io.Writer
 	// ExternalRate, when positive, is the events/s the external latency
 	// levels take their fractions of, instead of the run's own measured
 	// rate: two builds paced alike have their p99s taken under the same

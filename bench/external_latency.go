@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync/atomic"
 	"time"
@@ -171,14 +172,20 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	}
 	// The trace spans the pacing (so the level's CPU and switch figures
 	// include the tracer's cost, and starting it stops the world briefly).
-	var traceTo io.Writer // nil: startFetch does nothing
+	var traceTo, profileTo io.Writer // nil: startFetch does nothing
 	if fraction == externalTraceFraction {
-		traceTo = cfg.ExternalTrace
+		traceTo, profileTo = cfg.ExternalTrace, cfg.ExternalLevelProfile
 	}
-	trace := startFetch(ctx, c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", float64(events)/rate), traceTo)
+	span := float64(events) / rate
+	trace := startFetch(ctx, c, "trace", fmt.Sprintf("/debug/pprof/trace?seconds=%g", span), traceTo)
+	// The profile takes whole seconds; the part past the pacing is idle
+	// and adds no samples.
+	profile := startFetch(ctx, c, "level profile", fmt.Sprintf("/debug/pprof/profile?seconds=%d", int(math.Ceil(span))), profileTo)
 	start, last, err := pace(ctx, streams, published, batchRate)
-	if terr := trace.wait(); err == nil {
-		err = terr
+	for _, f := range []*fetch{trace, profile} {
+		if ferr := f.wait(); err == nil {
+			err = ferr
+		}
 	}
 	if err != nil {
 		return nil, err

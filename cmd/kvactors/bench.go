@@ -26,6 +26,7 @@ type benchOptions struct {
 	extProfile string
 	extAllocs  string
 	extTrace   string
+	extLevel   string
 }
 
 func (o *benchOptions) bind(fs *flag.FlagSet) {
@@ -46,6 +47,7 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 	fs.IntVar(&o.cfg.ExternalProcs, "external-procs", 0, "the --external child's GOMAXPROCS (default: the machine's, or GOMAXPROCS if set): give the node the cores the engines leave it")
 	fs.StringVar(&o.extAllocs, "external-memprofile", "", "write the child's allocation profile (/debug/pprof/allocs) after the --external store-heavy run to this file")
 	fs.StringVar(&o.extTrace, "external-trace", "", "write the child's execution trace (/debug/pprof/trace) over the --external 50% latency level to this file (go tool trace -pprof=sync FILE: what its goroutines waited on)")
+	fs.StringVar(&o.extLevel, "external-level-cpuprofile", "", "write the child's CPU profile over the --external 50% latency level to this file (where mid-load CPU per event goes)")
 	fs.IntVar(&o.cfg.ExternalBurst, "external-burst", 0, "also publish this many requests at once through SDK engines against a child of its own and report its peak RSS, store delay and resyncs (alone unless --phases or --external is given; issue 14 uses 40000)")
 	fs.Int64Var(&o.cfg.ExternalBurstBudget, "external-burst-budget", 0, "the burst child's --max-pending-bytes (default: the node's default)")
 	fs.StringVar(&o.logLevel, "log-level", "", "show the nodes' logs at this level (default: none; rejections are counted)")
@@ -77,15 +79,15 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "kvactors bench: %v (see kvactors bench --help)\n", err)
 		return exitUsage
 	}
-	if (o.extProfile != "" || o.extAllocs != "" || o.extTrace != "") && !o.cfg.External {
-		fmt.Fprintln(stderr, "kvactors bench: --external-cpuprofile, --external-memprofile and --external-trace profile the --external run: add --external (see kvactors bench --help)")
+	if (o.extProfile != "" || o.extAllocs != "" || o.extTrace != "" || o.extLevel != "") && !o.cfg.External {
+		fmt.Fprintln(stderr, "kvactors bench: --external-cpuprofile, --external-memprofile, --external-trace and --external-level-cpuprofile profile the --external run: add --external (see kvactors bench --help)")
 		return exitUsage
 	}
 	// Each profile flag names a file the run writes into.
 	for _, out := range []struct {
 		path string
 		to   *io.Writer
-	}{{o.cpuprofile, &o.cfg.CPUProfile}, {o.extProfile, &o.cfg.ExternalProfile}, {o.extAllocs, &o.cfg.ExternalAllocs}, {o.extTrace, &o.cfg.ExternalTrace}} {
+	}{{o.cpuprofile, &o.cfg.CPUProfile}, {o.extProfile, &o.cfg.ExternalProfile}, {o.extAllocs, &o.cfg.ExternalAllocs}, {o.extTrace, &o.cfg.ExternalTrace}, {o.extLevel, &o.cfg.ExternalLevelProfile}} {
 		if out.path == "" {
 			continue
 		}

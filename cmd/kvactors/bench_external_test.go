@@ -23,14 +23,18 @@ func TestBenchExternalArithmetic(t *testing.T) {
 	t.Setenv("GOGC", "2")
 	dir := t.TempDir()
 	prof, trace := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "l50.trace")
+	levelProf := filepath.Join(dir, "l50.pprof")
 	rep := runBenchJSON(t, "--external", "--duration", "50ms", "--engines", "2",
-		"--external-cpuprofile", prof, "--external-trace", trace, "--external-procs", "1")
-	// The child's profile and trace came back whole: a gzipped profile, and
+		"--external-cpuprofile", prof, "--external-trace", trace, "--external-level-cpuprofile", levelProf,
+		"--external-procs", "1")
+	// The child's profiles and trace came back whole: gzipped profiles, and
 	// an execution trace with its header.
-	b, err := os.ReadFile(prof)
-	require.NoError(t, err)
-	require.True(t, bytes.HasPrefix(b, []byte{0x1f, 0x8b}), "a gzipped pprof profile")
-	b, err = os.ReadFile(trace)
+	for _, p := range []string{prof, levelProf} {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		require.True(t, bytes.HasPrefix(b, []byte{0x1f, 0x8b}), "a gzipped pprof profile: %s", p)
+	}
+	b, err := os.ReadFile(trace)
 	require.NoError(t, err)
 	require.Regexp(t, `^go 1\.\d+ trace\x00`, string(b[:min(len(b), 16)]))
 	require.Greater(t, len(b), 1000, "the trace holds events")
