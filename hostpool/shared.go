@@ -25,6 +25,9 @@ type Shared struct {
 	// journal, when set, is told every change to what is loadable, under
 	// mu, in the order of the changes (see Journal).
 	journal Journal
+	// waiters are woken when their pending key's copy ends (WaitPending);
+	// under mu. Every key here is pending.
+	waiters map[messages.Key][]Waker
 }
 
 // Journal is told, under the pool's lock and so in the order they happen,
@@ -111,12 +114,17 @@ func (b By) CompleteStore(keys []messages.Key, sums []uint32) { b.CompleteStoreA
 // CompleteStoreAt: see Pool.CompleteStoreAt; the keys made ready are
 // journaled.
 func (b By) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
+	wake(b.completeStoreAt(keys, slots, sums))
+}
+
+func (b By) completeStoreAt(keys []messages.Key, slots []int32, sums []uint32) []Waker {
 	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock() // a panic (a bug) must not leave the pool locked for good
 	s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
+	return s.endWaits(keys)
 }
 
 // noteReady journals the keys the last completion made ready; under s.mu.
@@ -233,7 +241,9 @@ func (b By) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 	s.pool.CompleteStorePinned(keys, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
+	woken := s.endWaits(keys)
 	s.mu.Unlock()
+	wake(woken)
 }
 
 // SetKeepVictims: see Pool.SetKeepVictims.

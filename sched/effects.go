@@ -77,6 +77,10 @@ type Effects struct {
 	Deduped  int // candidate chunks already present in the pool
 	Deferred []Deferral
 	Retry    *Retry
+	// Pending, with a RetryPending Retry, are the keys other copies were
+	// still filling: the caller may retry as soon as one of those copies
+	// ends instead of waiting out the backoff (hostpool.Shared.WaitPending).
+	Pending  []messages.Key
 	GivenUp  int      // ready chunks given up after the retry limit at finish
 	Releases []string // reasons to publish on P.E.released, in order
 	Done     bool     // the request is done: drop it after publishing Releases

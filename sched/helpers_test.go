@@ -310,6 +310,17 @@ func (h *harness) check(i int, o op, e Effects) {
 	require.Equal(h.t, w.releases, nilIfEmpty(e.Releases), "%s: releases", msg)
 	require.Equal(h.t, w.drop, e.Done, "%s: done", msg)
 	require.Equal(h.t, w.retry, e.Retry, "%s: retry", msg)
+	// A pending retry names the keys it waits for, each still pending in
+	// the pool (their copies' end wakes it); no other decision names any.
+	if e.Retry != nil && e.Retry.Reason == RetryPending {
+		require.NotEmpty(h.t, e.Pending, "%s: a pending retry names its keys", msg)
+		for _, k := range e.Pending {
+			st, _ := h.pool.Lookup(k)
+			require.Equal(h.t, hostpool.Pending, st, "%s: %s pending", msg, k)
+		}
+	} else {
+		require.Empty(h.t, e.Pending, "%s: pending keys without a pending retry", msg)
+	}
 	require.Equal(h.t, w.cancel, nilIfEmpty(e.Cancel), "%s: cancel", msg)
 	require.Equal(h.t, w.deduped, e.Deduped, "%s: deduped", msg)
 	require.Equal(h.t, w.dropped, e.GivenUp, "%s: given up", msg)

@@ -350,6 +350,9 @@ func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key, e
 		}
 	}
 	r.failAttempt(RetryPending, e)
+	if e.Retry != nil { // not given up
+		e.Pending = append([]messages.Key(nil), pending...) // pending is the decision's scratch
+	}
 }
 
 // candidateKeys returns the keys of cands. Keys of chunks at or past the

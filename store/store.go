@@ -488,3 +488,8 @@ func appendKeys(dst []messages.Key, chunks []sched.JobChunk) []messages.Key {
 	}
 	return dst
 }
+
+// WaitPending wakes w once one of keys, pending in another copy, is no
+// longer (hostpool.Shared.WaitPending): a request that found them pending
+// retries then, not only when its backoff ends.
+func (e *Engine) WaitPending(keys []messages.Key, w hostpool.Waker) { e.s.pool.WaitPending(keys, w) }

@@ -80,7 +80,11 @@ type Actor struct {
 	ctx   context.Context // carries span
 	jobs  *job            // in flight, a list: a request has few, and a map costs two allocations
 	// retryArmed: a RetryDue timer is pending; later retries wait for it.
+	// arm numbers the retries armed for this request: a RetryDue of an
+	// earlier one, or a second one of this one (its timer after an early
+	// wake), is stale.
 	retryArmed bool
+	arm        uint32
 	released   string // the request's id once done (state is dropped then)
 	// lastJob is the latest job ID of the actor's requests: the next one's
 	// jobs are numbered after it, since the transfer side matches a Cancel
@@ -200,8 +204,8 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.jobDone(c, m)
 	case *RetryDue:
-		if m.gen != a.gen || a.isDone() {
-			break // armed for an earlier request of this actor, or nothing owed
+		if m.gen != a.gen || m.arm != a.arm || !a.retryArmed || a.isDone() {
+			break // armed for an earlier request of this actor or an earlier retry, already taken, or nothing owed
 		}
 		a.retryArmed = false
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
@@ -375,7 +379,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 				tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
 				tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
 		}
-		a.armRetry(c, r)
+		a.armRetry(c, r, eff.Pending)
 	}
 	if eff.GivenUp > 0 {
 		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
@@ -463,14 +467,4 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 // them (BlockRemoved, in order with the stores).
 func (a *Actor) evicted(n int) {
 	a.deps.Metrics.Evictions.Add(float64(n))
-}
-
-// armRetry schedules one RetryDue; the timer only sends a message, so the
-// decision itself still runs in Receive.
-func (a *Actor) armRetry(c actor.Context, r *sched.Retry) {
-	if a.retryArmed {
-		return
-	}
-	a.retryArmed = true
-	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen})
 }

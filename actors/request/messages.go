@@ -18,9 +18,11 @@ type Events struct {
 	Applied func()
 }
 
-// RetryDue is the retry timer firing: take the store decision again. gen is
-// the request it was armed for (Actor.gen).
-type RetryDue struct{ gen uint32 }
+// RetryDue is the retry timer firing, or a copy the retry waited for
+// ending (pendingWake): take the store decision again. gen is the request
+// it was armed for (Actor.gen), arm the retry (Actor.arm): only the latest
+// retry's first RetryDue decides.
+type RetryDue struct{ gen, arm uint32 }
 
 // Reset ends the request for an engine reset (Reason engine_reset:
 // PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).

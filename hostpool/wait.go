@@ -1,0 +1,96 @@
+package hostpool
+
+import "github.com/kvactors/kvactors/messages"
+
+// A Waker is told that a key it waits for (WaitPending) is no longer
+// pending: the copy that filled it completed, failed or was cancelled.
+// Wake runs on the goroutine that ended the copy, after the pool's lock is
+// released; it must return at once (a request actor's sends a message).
+type Waker interface{ Wake() }
+
+// WaitPending wakes w once any of keys stops being pending. A decision that
+// found a key pending in another copy holds its chunk back until that copy
+// ends (it may fail and leave the chunk to this request to store), and a
+// timer alone would make it wait out the whole backoff after a copy of a
+// few hundred microseconds. If one of keys is already not pending (its copy
+// ended between the decision and this call), w is woken now and nothing is
+// kept; otherwise w is kept on each of keys until the first of them ends
+// (the others drop it when they end). Waking more than once, or after the
+// waiter lost interest, must be harmless to w.
+func (s *Shared) WaitPending(keys []messages.Key, w Waker) {
+	if len(keys) == 0 {
+		return
+	}
+	s.mu.Lock()
+	now := false
+	for _, k := range keys {
+		if st, _ := s.pool.Lookup(k); st != Pending {
+			now = true
+			break
+		}
+	}
+	if !now {
+		if s.waiters == nil {
+			s.waiters = make(map[messages.Key][]Waker)
+		}
+		for _, k := range keys {
+			ws := s.waiters[k]
+			if !containsWaker(ws, w) {
+				s.waiters[k] = append(ws, w)
+			}
+		}
+	}
+	s.mu.Unlock()
+	if now {
+		w.Wake()
+	}
+}
+
+// Waiting is how many keys have a waiter (tests, and a bound worth watching:
+// every entry is a pending key, so it never exceeds Stats().Pending).
+func (s *Shared) Waiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.waiters)
+}
+
+// endWaits takes the waiters of those of keys that are no longer pending,
+// each waker once; under s.mu. With nobody waiting (almost always) it costs
+// one length check.
+func (s *Shared) endWaits(keys []messages.Key) []Waker {
+	if len(s.waiters) == 0 {
+		return nil
+	}
+	var woken []Waker
+	for _, k := range keys {
+		ws, ok := s.waiters[k]
+		if !ok {
+			continue
+		}
+		if st, _ := s.pool.Lookup(k); st == Pending {
+			continue // not this key's copy that ended (a caller completing a key twice)
+		}
+		delete(s.waiters, k)
+		for _, w := range ws {
+			if !containsWaker(woken, w) {
+				woken = append(woken, w)
+			}
+		}
+	}
+	return woken
+}
+
+func wake(ws []Waker) {
+	for _, w := range ws {
+		w.Wake()
+	}
+}
+
+func containsWaker(ws []Waker, w Waker) bool {
+	for _, x := range ws {
+		if x == w {
+			return true
+		}
+	}
+	return false
+}
