@@ -49,6 +49,9 @@ type clusterNode struct {
 	// gates above, "read" as readChunk serves a fetch, "fetch" as a
 	// remote load's fetch allocates a chunk's room.
 	inGate atomic.Pointer[func(gate string)]
+	// onClaim holds nil but in tests (export_test.go): a func run as a
+	// register's claim begins, with the context its JetStream calls get.
+	onClaim atomic.Pointer[func(ctx context.Context, engine string)]
 }
 
 // Clustered reports whether clustering is on (--cluster or --standby-for).
@@ -152,14 +155,22 @@ func (n *Node) serving(engine, verb string) bool {
 
 // claimRegister decides a register on a cluster: true if this node serves
 // the engine (it owned it or won the claim). A refusal is answered here;
-// every other outcome is silence.
-func (n *Node) claimRegister(ctx context.Context, id string, spec messages.EngineSpec, reply string) bool {
+// every other outcome is silence. It runs off the intake's shard worker
+// (registerClaimed); halt ends it early when the intake stops.
+func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages.EngineSpec, reply string) bool {
 	c := n.cl
 	rctx, cancel := context.WithTimeout(ctx, n.cfg.Lease)
 	defer cancel()
+	defer context.AfterFunc(halt, cancel)()
+	if f := c.onClaim.Load(); f != nil {
+		(*f)(rctx, id)
+	}
 	d, err := c.owners.Resolve(rctx, id, cluster.Request{Register: true, SpecNode: spec.Node,
 		Local: n.localMemory(spec), NamedLive: c.live(spec.Node)})
 	switch {
+	case err != nil && halt.Err() != nil:
+		n.log.Debug("cluster: register not decided: intake stopped", "engine", id, "err", err)
+		return false
 	case err != nil:
 		// Another node may hold or win it; an error reply from every node
 		// that could not read the bucket would be noise. The engine retries.

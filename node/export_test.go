@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"sync"
 	"time"
 )
@@ -59,3 +60,38 @@ func (n *Node) HoldInClusterGate(gate string) (entered <-chan struct{}, release 
 	n.cl.inGate.Store(&f)
 	return in, sync.OnceFunc(func() { close(out) })
 }
+
+// StallClaim holds the next claim of engine's registers as it begins,
+// before its JetStream calls, as a stalled JetStream would (a KV leader
+// election), until release or the claim's own context ends (its lease, or
+// the intake's stop); entered receives once it is held, left once it lets
+// go. Set it before the register arrives.
+func (n *Node) StallClaim(engine string) (entered, left <-chan struct{}, release func()) {
+	in, gone, out := make(chan struct{}, 1), make(chan struct{}, 1), make(chan struct{})
+	var once sync.Once
+	f := func(ctx context.Context, id string) {
+		if id != engine {
+			return
+		}
+		held := false
+		once.Do(func() { held = true })
+		if !held {
+			return
+		}
+		in <- struct{}{}
+		defer func() { gone <- struct{}{} }()
+		select {
+		case <-out:
+		case <-ctx.Done():
+		}
+	}
+	n.cl.onClaim.Store(&f)
+	return in, gone, sync.OnceFunc(func() { close(out) })
+}
+
+// IntakeShard is the intake shard (decode worker) of engine's messages.
+func (n *Node) IntakeShard(engine string) int { return n.ingest.shard(engine) }
+
+// IntakePending is the bytes the intake holds now: taken, not yet handled
+// (parked ones included), or lent to engine actors.
+func (n *Node) IntakePending() int64 { return n.ingest.pending.Load() }

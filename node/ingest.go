@@ -62,6 +62,10 @@ type ingester struct {
 	lapseEnd atomic.Pointer[lapseBoundary]
 	sub      *nats.Subscription // the one take serves (markLapseEnd)
 
+	// halt ends the steps off the workers (claimStep) when intake stops.
+	halt      context.Context
+	haltSteps context.CancelFunc
+
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
 	budget    int64        // bytes the shard queues may hold
@@ -90,6 +94,12 @@ type shardMarks struct {
 	handled atomic.Uint64
 	_       [56]byte
 	lastOK  uint64 // take's own: the last number it queued successfully
+
+	// parked are the engines whose messages wait behind a step off the
+	// worker (claimStep): handled as far as the marks go, not yet by their
+	// actor. The worker writes it, rarely (a register's claim).
+	parkMu sync.Mutex
+	parked map[string]bool
 }
 
 // queuing marks message n as queued, before take sends it: the worker may
@@ -106,12 +116,15 @@ func (m *shardMarks) sent(n uint64, ok bool) {
 	m.queued.Store(m.lastOK)
 }
 
-// holding reports whether a message queued is not yet handled. handled is
-// read first: it only grows towards queued, so a message queued meanwhile
-// shows as held, never the other way.
-func (m *shardMarks) holding() bool {
+// holding reports whether a message of engine queued is not yet handled:
+// any message queued (it names no engine the marks know), or engine's
+// parked behind its step. handled is read first: it only grows towards
+// queued, so a message queued meanwhile shows as held, never the other
+// way; and the worker marks an engine parked before it moves handled past
+// the message that parked it.
+func (m *shardMarks) holding(engine string) bool {
 	handled := m.handled.Load()
-	return m.queued.Load() > handled
+	return m.isParked(engine) || m.queued.Load() > handled
 }
 
 // queueDepth bounds each shard queue in messages too; the byte budget is
@@ -181,13 +194,14 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
 		budget: budget, lost: map[string]bool{}, alive: map[string]time.Time{}, hearing: map[string]*transfer.Hearing{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
+	in.halt, in.haltSteps = context.WithCancel(context.Background())
 	for range workers {
 		in.queues = append(in.queues, make(chan inbound, queueDepth))
 	}
 	in.marks = make([]shardMarks, workers)
-	for i, q := range in.queues {
+	for i := range in.queues {
 		in.wg.Add(1)
-		go in.work(q, &in.marks[i])
+		go in.work(i)
 	}
 	return in
 }
@@ -230,7 +244,7 @@ func (in *ingester) backlogged(engineID string) bool {
 	if in.anyLost.Load() || in.flushing.Load() > 0 {
 		return true
 	}
-	return in.marks[in.shard(engineID)].holding() // queued (marked before the send) or in the worker's hands
+	return in.marks[in.shard(engineID)].holding(engineID) // queued (marked before the send), in the worker's hands or parked
 }
 
 // unroute removes engineID's route if it still points at pid, and returns
@@ -246,55 +260,6 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 	}
 	in.mu.Unlock()
 	in.returnAll(held)
-}
-
-// credit is one batch's bytes in the intake budget while its engine actor
-// has not handled it. It is returned once: by the actor, or when the
-// engine's route ends, whichever comes first.
-type credit struct {
-	in       *ingester
-	engine   string
-	size     int64
-	returned atomic.Bool
-}
-
-// lend counts a batch of size bytes (already admitted) as held by engineID's
-// actor pid until the credit is returned; nil when pid is no longer the
-// engine's route (its credits were returned already: the caller releases).
-func (in *ingester) lend(engineID string, pid *actor.PID, size int64) *credit {
-	c := &credit{in: in, engine: engineID, size: size}
-	in.mu.Lock()
-	if cur := in.engines[engineID]; cur == nil || !cur.Equal(pid) {
-		in.mu.Unlock()
-		return nil
-	}
-	set := in.credits[engineID]
-	if set == nil {
-		set = map[*credit]struct{}{}
-		in.credits[engineID] = set
-	}
-	set[c] = struct{}{}
-	in.mu.Unlock()
-	return c
-}
-
-// Return gives the batch's bytes back to the budget (engine.Batch.Done).
-func (c *credit) Return() {
-	if !c.returned.CompareAndSwap(false, true) {
-		return
-	}
-	c.in.mu.Lock()
-	delete(c.in.credits[c.engine], c)
-	c.in.mu.Unlock()
-	c.in.release(c.size)
-}
-
-func (in *ingester) returnAll(held map[*credit]struct{}) {
-	for c := range held {
-		if c.returned.CompareAndSwap(false, true) {
-			in.release(c.size)
-		}
-	}
 }
 
 // heard records that a message of engineID was taken at at (any message:
@@ -401,23 +366,14 @@ func (in *ingester) shard(engineID string) int {
 	return int(h.Sum32() % uint32(len(in.queues)))
 }
 
-func (in *ingester) work(q <-chan inbound, mk *shardMarks) {
-	defer in.wg.Done()
-	for x := range q {
-		in.flushLost()
-		if !in.handle(x) {
-			in.release(x.size)
-		}
-		mk.handled.Store(x.n) // its batch, if any, is in its actor's mailbox now
-	}
-}
-
 // handle reports whether the message's bytes went on to an engine actor as
-// a credit (returned when it has handled them).
-func (in *ingester) handle(x inbound) (lent bool) {
+// a credit (returned when it has handled them), or returns the step it
+// must wait for off the worker (a register's claim on a cluster: the
+// message's bytes stay taken until the step is done).
+func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	engineID, m := x.engine, x.msg
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
-		return // another node's engine (clusters): stay silent, counted
+		return false, nil // another node's engine (clusters): stay silent, counted
 	}
 	var pid *actor.PID
 	switch x.verb {
@@ -428,9 +384,9 @@ func (in *ingester) handle(x inbound) (lent bool) {
 	}
 	switch x.verb {
 	case messages.VerbEvents:
-		return in.events(x, pid)
+		return in.events(x, pid), nil
 	case messages.VerbRegister:
-		in.n.onRegister(engineID, m, x.at)
+		return false, in.n.onRegister(engineID, m, x.at)
 	case messages.VerbHeartbeat:
 		in.n.onHeartbeat(engineID, m)
 	case messages.VerbUnregister:
@@ -445,7 +401,7 @@ func (in *ingester) handle(x inbound) (lent bool) {
 		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
 		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))
 	}
-	return false
+	return false, nil
 }
 
 // events hands a batch to pid, its engine's actor (nil: not routed).
@@ -493,11 +449,14 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 var eventSlices = slicepool.Pool[messages.Event]{New: 64, Keep: 1024}
 
 // stop ends intake: the caller has unsubscribed (and drained), so nothing
-// more arrives.
+// more arrives. A step off a worker (a register's claim) is halted and
+// waited for, its parked messages handled after it; a register still
+// queued is not claimed (the node is going: its engine registers elsewhere).
 func (in *ingester) stop() {
 	in.gate.Lock()
 	in.stopped = true
 	in.gate.Unlock()
+	in.haltSteps()
 	for _, q := range in.queues {
 		close(q)
 	}

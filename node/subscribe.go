@@ -61,35 +61,36 @@ func (n *Node) replyError(ctx context.Context, reply string, err error) {
 	n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 }
 
-// onRegister handles P.E.register taken off NATS at at.
-func (n *Node) onRegister(engineID string, m *nats.Msg, at time.Time) {
+// onRegister handles P.E.register taken off NATS at at. On a cluster the
+// claim waits on JetStream (for up to a lease when it stalls), so it is
+// returned as a step that the intake runs off its shard worker, with the
+// engine's later messages parked behind it (ingester.park); nil when the
+// register is done.
+func (n *Node) onRegister(engineID string, m *nats.Msg, at time.Time) *claimStep {
 	ctx := n.msgCtx(m)
 	spec, err := ingest.DecodeSpec(m.Data, n.cfg.Limits)
 	if err == nil && n.cl != nil {
-		unlock := n.claimLock(engineID) // an ended engine's claim is not released under this register
-		if !n.claimRegister(ctx, engineID, spec, m.Reply) {
-			unlock()
-			return
-		}
-		err = n.register(engineID, spec, at)
-		refused := err != nil && n.engine(engineID) == nil
-		unlock()
-		if refused {
-			n.releaseClaimIfGone(engineID) // claimed for a spec this node cannot serve
-		}
-	} else if err == nil {
+		return n.registerClaimed(ctx, engineID, spec, m.Reply, at)
+	}
+	if err == nil {
 		err = n.register(engineID, spec, at)
 	}
+	n.answerRegister(ctx, engineID, m.Reply, err)
+	return nil
+}
+
+// answerRegister answers a register: ok, or the error that refused it.
+func (n *Node) answerRegister(ctx context.Context, engineID, reply string, err error) {
 	if err != nil {
 		reason := messages.RejectBadSpec
 		if errors.Is(err, ErrLimit) {
 			reason = messages.RejectLimit
 		}
 		n.rejected(reason, "register refused", "engine", engineID, "err", err)
-		n.replyError(ctx, m.Reply, err)
+		n.replyError(ctx, reply, err)
 		return
 	}
-	n.outbox.Reply(ctx, m.Reply, messages.RegisterReply{OK: true, Node: n.cfg.NodeID, Boot: n.boot,
+	n.outbox.Reply(ctx, reply, messages.RegisterReply{OK: true, Node: n.cfg.NodeID, Boot: n.boot,
 		LeaseMS: n.cfg.Lease.Milliseconds()})
 }
 
