@@ -41,6 +41,11 @@ type Outbox struct {
 	// engine ids come and go).
 	subjects  sync.Map // engine → *engineSubjects
 	nsubjects atomic.Int64
+
+	// refused counts the replies refused by the reply rule (replyOK);
+	// onRefused, when set, is told of each (the node counts and logs it).
+	refused   atomic.Int64
+	onRefused func(reply string)
 }
 
 // hotVerbs are the verbs Subject caches, in engineSubjects' order.
@@ -178,11 +183,40 @@ func (o *Outbox) AllBlocksCleared(ctx context.Context, engine string) {
 	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
 }
 
+// OnRefusedReply has f told of every reply the reply rule refuses, after it
+// is counted; call it before anything is published.
+func (o *Outbox) OnRefusedReply(f func(reply string)) { o.onRefused = f }
+
+// RefusedReplies is how many replies the reply rule refused.
+func (o *Outbox) RefusedReplies() int64 { return o.refused.Load() }
+
 // Reply answers a request/reply message (no-op without a reply subject).
+// It and Releases.Reply are the only ways the node publishes on a subject
+// a message named, and both publish only where replyOK allows.
 func (o *Outbox) Reply(ctx context.Context, reply string, v any) {
-	if reply != "" {
+	if o.replyOK(reply) {
 		o.publish(ctx, reply, v)
 	}
+}
+
+// replyOK is the reply rule (PROTOCOL.md "kvactors' choice, replies"),
+// enforced here for every reply whatever path it took: false without a
+// reply subject, and false, counted and reported to onRefused, for one
+// that is not a reply inbox (messages.ReplyAllowed). The node publishes
+// with its own permissions (every engine's subjects, its JetStream API),
+// so an answer on a subject the sender picked would publish there for it.
+func (o *Outbox) replyOK(reply string) bool {
+	if reply == "" {
+		return false
+	}
+	if messages.ReplyAllowed(reply) {
+		return true
+	}
+	o.refused.Add(1)
+	if o.onRefused != nil {
+		o.onRefused(reply)
+	}
+	return false
 }
 
 func (o *Outbox) publish(ctx context.Context, subject string, v any) {

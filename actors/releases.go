@@ -50,7 +50,7 @@ func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, t
 // Reply publishes the reply build makes from epoch's release count, under
 // the lock that orders it after every release it counts.
 func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(released uint64) any) {
-	if reply == "" {
+	if !r.out.replyOK(reply) { // the reply rule, as Outbox.Reply
 		return
 	}
 	r.out.sealMu.RLock()

@@ -108,6 +108,7 @@ type Stats struct {
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
 	StaleReleases    int    // for an old epoch: not a free
+	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release

@@ -255,6 +255,36 @@ func TestLostLastReleaseIsResynced(t *testing.T) {
 	require.Equal(t, 1, c.Stats().Resyncs["lost_release"])
 }
 
+// TestAnUnnumberedReleaseInAV2SessionIsDropped: a node with a boot (v2)
+// numbers every release (epoch and rseq), so one without an epoch or an
+// rseq is not a v1 node's: it is dropped and counted, frees nothing, and
+// is not counted against the heartbeat's released, where it would mask
+// the lost release it stands beside (PROTOCOL.md engine checklist, step
+// 10). r1's only release is lost; the resync the heartbeat reply shows it
+// needs frees r1 in the new epoch.
+func TestAnUnnumberedReleaseInAV2SessionIsDropped(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	f.holdRelease = firstOnly()
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	first := c.Epoch()
+	oneRequest(t, c, "r1")
+	// On the fake node's connection, so both are handled before its later
+	// release of r1 (one publisher, one subscription: in order).
+	for _, body := range []string{`{"request":"r1","reason":"finished"}`,
+		`{"request":"r1","epoch":"` + first + `","reason":"finished"}`} {
+		require.NoError(t, nc.Publish("kvactors.e1.released", []byte(body)))
+	}
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of r1 after the resync")
+	require.Equal(t, "r1", rel.Request)
+	require.NotEmpty(t, rel.Epoch)
+	require.NotEqual(t, first, rel.Epoch, "freed in the resync's epoch, not by an unnumbered release")
+	st := c.Stats()
+	require.Equal(t, 2, st.UnnumberedRel)
+	require.Equal(t, 1, st.Resyncs["lost_release"])
+}
+
 // TestNodeLossFreesAfterLeaseThenResyncs kills the node (no reply, no
 // heartbeat) while r1 awaits its release and r2 runs: r1 is freed with
 // node_lost no sooner than the lease after the node's last sign of life

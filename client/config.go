@@ -111,7 +111,7 @@ func (c *Config) withDefaults() (Config, error) {
 
 // InboxPrefix is the reply-inbox prefix engine's NATS connection must use,
 // so that NATS permissions can confine its replies to `_INBOX.<engine>.>`.
-func InboxPrefix(engine string) string { return "_INBOX." + engine }
+func InboxPrefix(engine string) string { return messages.InboxRoot + engine }
 
 // Options are the nats.Options an engine's connection needs: the
 // per-engine inbox prefix, a name, and reconnecting forever (the client

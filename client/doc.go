@@ -27,7 +27,9 @@
 //     meanwhile are held (the resync re-announces them), because every
 //     engine re-announcing at once into a full intake overflows it again;
 //   - releases: a request that finished or was preempted is free only on a
-//     `released` for the current epoch, or (reason node_lost) once its node
+//     `released` for the current epoch (from a v2 node, numbered: one
+//     without epoch or rseq is dropped, counted in Stats.UnnumberedRel),
+//     or (reason node_lost) once its node
 //     is lost and a lease has passed since the later of the node's last
 //     sign of life and the client's last publish to it (if only the
 //     engine's link failed, the node heard the engine until that publish

@@ -65,8 +65,17 @@ func (c *Client) onReleased(m *nats.Msg) {
 		c.st.StaleReleases++
 		return
 	}
+	if c.boot != "" && (rel.Epoch == "" || rel.RSeq == 0) {
+		// A v2 node numbers every release: an unnumbered one is no v1
+		// node's here, and counted it could mask a lost tail release
+		// against the heartbeat's released count.
+		c.st.UnnumberedRel++
+		c.cfg.Log.Warn("client: release without epoch or rseq from a v2 node; dropped", "engine", c.cfg.Engine,
+			"node", c.node, "boot", c.boot, "request", rel.Request, "epoch", rel.Epoch, "rseq", rel.RSeq)
+		return
+	}
 	switch {
-	case rel.RSeq == 0: // a v1 node: no rseq to check
+	case rel.RSeq == 0: // a v1 session: no rseq to check
 	case rel.RSeq <= c.lastRSeq:
 		return // a duplicate
 	case rel.RSeq > c.lastRSeq+1:

@@ -1,5 +1,7 @@
 package messages
 
+import "strings"
+
 // Protocol v2 vocabulary: sessions and delivery (shared/PROTOCOL.md
 // "Sessions", "Delivery"). Engine subjects are P.<engine>.<verb>; node
 // subjects are P._node.<node>.<verb>.
@@ -37,6 +39,30 @@ const (
 	HeaderNode = "Kvactors-Node"
 	HeaderBoot = "Kvactors-Boot"
 )
+
+// Reply inboxes (PROTOCOL.md "kvactors' choice, replies").
+const (
+	// InboxRoot prefixes every reply inbox: nats.go's default inboxes and
+	// the SDK's `_INBOX.<engine>.`.
+	InboxRoot = "_INBOX."
+	// ServiceUser is kvactors' own NATS user (natsauth.ServiceUser). It
+	// starts with '_' so no engine id can take it; its inboxes,
+	// `_INBOX._kvactors.`, are never a reply subject the node answers.
+	ServiceUser = "_kvactors"
+)
+
+// serviceInboxes is the prefix of kvactors' own reply inboxes.
+const serviceInboxes = InboxRoot + ServiceUser + "."
+
+// ReplyAllowed reports whether the node may answer on reply: a reply inbox
+// (under InboxRoot), never one of kvactors' own. The node answers with its
+// own permissions, which cover every engine's subjects and its JetStream
+// API: a sender that named `P.<other>.unregister` or `$KV.…` as its reply
+// would make the node publish there for it. actors.Outbox.Reply, the one
+// way the node answers, enforces it.
+func ReplyAllowed(reply string) bool {
+	return strings.HasPrefix(reply, InboxRoot) && !strings.HasPrefix(reply, serviceInboxes)
+}
 
 // EngineSubject is P.E.verb.
 func EngineSubject(prefix, engine, verb string) string { return prefix + "." + engine + "." + verb }

@@ -24,7 +24,7 @@ const (
 
 // ServiceUser is kvactors' own user name. It starts with '_' so no engine
 // id can take it, and names kvactors' reply inboxes (InboxPrefix).
-const ServiceUser = "_kvactors"
+const ServiceUser = messages.ServiceUser
 
 // Options says what to generate.
 type Options struct {

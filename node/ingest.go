@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,7 +18,6 @@ import (
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/tracing"
 )
 
@@ -295,6 +293,14 @@ func msgBytes(m *nats.Msg) int64 {
 func (in *ingester) take(m *nats.Msg) {
 	in.taken++ // every message nats.go delivers, as sub.Delivered counts them (markLapseEnd)
 	n := in.taken
+	if m.Reply != "" && !messages.ReplyAllowed(m.Reply) {
+		// Not answered, not handled, whatever else is wrong with it (a bad
+		// subject is answered too): the answer would go out with the
+		// node's permissions, on a subject the sender picked. Outbox.Reply
+		// refuses it again, for any path that would answer.
+		in.n.rejected(messages.RejectBadReply, "reply subject refused", "subject", m.Subject, "reply", m.Reply)
+		return
+	}
 	engineID, verb, err := ingest.ParseSubject(in.n.cfg.Prefix, m.Subject)
 	if err != nil {
 		in.n.rejected(messages.RejectLabel(err), "bad subject", "subject", m.Subject, "err", err)
@@ -304,13 +310,6 @@ func (in *ingester) take(m *nats.Msg) {
 	switch verb {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
-	}
-	if m.Reply != "" && !replyAllowed(m.Reply) {
-		// Not answered, not handled: the answer would go out with the
-		// node's permissions, on a subject the sender picked.
-		in.n.rejected(messages.RejectBadReply, "reply subject refused", "engine", engineID, "verb", verb,
-			"reply", m.Reply)
-		return
 	}
 	size := msgBytes(m)
 	in.gate.RLock()
@@ -476,21 +475,6 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Inc()
 	n.rejectLog.Reject(reason, msg, args...)
 }
-
-// replyAllowed reports whether the node may answer on reply (PROTOCOL.md
-// "kvactors' choice, replies"): a reply inbox, `_INBOX.…` (nats.go's default
-// and the SDK's `_INBOX.<engine>`), never one of kvactors' own. The node
-// answers with its own permissions, which cover every engine's subjects and
-// its JetStream API: a sender that named `P.<other>.unregister` or
-// `$JS.API.…` as its reply would make the node publish there for it.
-func replyAllowed(reply string) bool {
-	return strings.HasPrefix(reply, replyInboxes) && !strings.HasPrefix(reply, ownInboxes)
-}
-
-var (
-	replyInboxes = "_INBOX."
-	ownInboxes   = natsauth.InboxPrefix(natsauth.ServiceUser) + "."
-)
 
 var (
 	errUnknownEngine = errors.New("unknown engine")

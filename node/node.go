@@ -26,6 +26,7 @@ import (
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/store"
@@ -141,6 +142,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 			ErrConfig, cfg.MaxPendingBytes, max)
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
+	// The reply rule's one chokepoint: a reply refused there is counted
+	// and logged as the intake's own refusal is.
+	n.outbox.OnRefusedReply(func(reply string) {
+		n.rejected(messages.RejectBadReply, "reply subject refused at the outbox", "reply", reply)
+	})
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	n.fence.OnLapse(n.lapsed)
 	n.fence.OnLapseEnd(n.lapseEnded)

@@ -3,6 +3,8 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/natsauth"
+	"github.com/kvactors/kvactors/node"
 )
 
 // An engine cannot borrow the node's permissions through a reply subject.
@@ -76,4 +79,81 @@ func TestTheNodeAnswersOnlyOnReplyInboxes(t *testing.T) {
 	mal.register()
 	reply = mal.request("lookup", map[string]any{"hashes": []string{}})
 	require.Contains(t, string(reply), `"hit_tokens":0`, "mal's own requests are served")
+}
+
+// A message whose subject fails to parse is answered with an error, but
+// only on a reply inbox: the reply rule comes first, at the intake, and
+// again at the outbox, the one place every reply goes out. Router rt may
+// publish on P.*.status, so kvactors._x.status, a 65-byte engine id and
+// kvactors.a$b.status all reach the node and fail ParseSubject; with
+// reply subjects of vic's (its unregister, its released) and of the
+// ownership bucket, an answer would publish there with the node's rights
+// (JetStream is on, so those cover $KV.>). A watcher that may read every
+// subject sees none of them; rt's status request for vic, taken after
+// them, is answered (so they were all handled before), each is counted
+// as bad_reply and none as bad_subject, and vic stays registered. The
+// same bad subject with rt's own inbox is answered with the error.
+func TestABadSubjectIsAnsweredOnlyOnAReplyInbox(t *testing.T) {
+	const watcher, watcherPassword = "watch", "watch-password"
+	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic"}, Routers: []string{"rt"},
+		JetStream: true, Auth: natsauth.AuthPassword, BcryptCost: bcrypt.MinCost}, func(cfg *node.Config) {
+		// One more user, only for the test: it may read everything.
+		conf, err := os.ReadFile(cfg.NATSConfig)
+		require.NoError(t, err)
+		user := fmt.Sprintf("users = [\n    { user: %q, password: %q, permissions: { publish: { allow: [%q] }, "+
+			"subscribe: { allow: [\">\"] } } },\n", watcher, watcherPassword, natsauth.InboxPrefix(watcher)+".>")
+		require.Contains(t, string(conf), "users = [\n")
+		require.NoError(t, os.WriteFile(cfg.NATSConfig, []byte(strings.Replace(string(conf), "users = [\n", user, 1)),
+			0o600))
+	})
+	vicEnv := *base
+	vicEnv.nc = connect("vic", make(chan error, 64))
+	vic := vicEnv.newEngine("vic", defaultOpts())
+	vic.register()
+	rt := connect("rt", make(chan error, 64))
+	watch, err := nats.Connect(base.node.NATSURL(), nats.UserInfo(watcher, watcherPassword),
+		nats.CustomInboxPrefix(natsauth.InboxPrefix(watcher)))
+	require.NoError(t, err)
+	t.Cleanup(watch.Close)
+
+	victims := []string{"kvactors.vic.unregister", "kvactors.vic.released", "$KV.kvactors_owners.vic"}
+	seen := make(chan *nats.Msg, 64)
+	for _, subj := range []string{"kvactors.vic.unregister", "kvactors.vic.released", "$KV.>",
+		natsauth.InboxPrefix("rt") + ".>"} {
+		_, err := watch.ChanSubscribe(subj, seen)
+		require.NoError(t, err)
+	}
+	require.NoError(t, watch.Flush())
+
+	bad := []string{"kvactors._x.status", "kvactors." + strings.Repeat("a", 65) + ".status", "kvactors.a$b.status"}
+	for _, subj := range bad {
+		for _, reply := range victims {
+			require.NoError(t, rt.PublishRequest(subj, reply, []byte(`{}`)))
+		}
+	}
+	// A bad subject is still answered, on a reply inbox.
+	msg, err := rt.Request("kvactors._x.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(msg.Data), "bad subject")
+	// Taken after every forged message (one subscription, in order), and
+	// answered on the node's connection after anything it published for
+	// them: the watcher gets the answer after those, if any.
+	msg, err = rt.Request("kvactors.vic.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(msg.Data), `"engine":"vic"`, "vic's status")
+	for {
+		m := testkit.Recv(t, seen, 5*time.Second, "the status reply, at the watcher")
+		require.True(t, strings.HasPrefix(m.Subject, natsauth.InboxPrefix("rt")+"."),
+			"the node published on %s (%s), a reply subject the router named", m.Subject, m.Data)
+		if m.Subject == msg.Subject {
+			break
+		}
+	}
+	require.Equal(t, float64(len(bad)*len(victims)), base.counter("kvactors_events_rejected_total",
+		messages.RejectBadReply), "each refused as bad_reply")
+	require.Equal(t, 1.0, base.counter("kvactors_events_rejected_total", messages.RejectBadSubject),
+		"the reply rule comes before the subject's: only the one with rt's inbox is a bad subject")
+	hb := vic.heartbeat("e1", 0)
+	require.Empty(t, hb.Error, "vic still registered")
+	require.Equal(t, base.node.Boot(), hb.Boot)
 }

@@ -83,7 +83,7 @@ func (f finishing) complete(t *testing.T, released <-chan *nats.Msg) {
 func TestARequestThatStopsAfterItsFinalReleaseIsNotReleasedAgain(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	replies := testkit.Subscribe(t, nc, "test.heartbeat")
+	replies := testkit.Subscribe(t, nc, "_INBOX.test.heartbeat")
 	f := startFinishing(t, nc, make(chan struct{}))
 	letGo := f.hold(t, 3)
 	f.complete(t, released)
@@ -94,7 +94,7 @@ func TestARequestThatStopsAfterItsFinalReleaseIsNotReleasedAgain(t *testing.T) {
 
 	// The reply counts the epoch's releases under the lock they are
 	// published under, after every message queued before it.
-	f.system.Root.Send(f.pid, &engine.Heartbeat{Epoch: "a", Seq: 3, Reply: "test.heartbeat"})
+	f.system.Root.Send(f.pid, &engine.Heartbeat{Epoch: "a", Seq: 3, Reply: "_INBOX.test.heartbeat"})
 	var reply messages.HeartbeatReply
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 5*time.Second, "the heartbeat reply").Data, &reply))
 	require.Equal(t, 1.0, testutilValue(f.m), "the Terminated was taken before the Done (r counted as failed)")

@@ -136,7 +136,7 @@ type rig struct {
 func newRig(t *testing.T) *rig {
 	_, nc := testkit.NATS(t)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	r := &rig{t: t, system: actor.NewActorSystem(), replies: testkit.Subscribe(t, nc, "test.reply"),
+	r := &rig{t: t, system: actor.NewActorSystem(), replies: testkit.Subscribe(t, nc, "_INBOX.test.reply"),
 		submits: make(chan *transfer.Submit, 4), m: metrics.New(prometheus.NewRegistry())}
 	t.Cleanup(r.system.Shutdown)
 	xfer := r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &heldTransfer{seen: r.submits} }))
@@ -166,7 +166,7 @@ func (r *rig) loads(result string) float64 {
 }
 
 func job(chunks int) *load.Job {
-	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Store: nopStore{}, Reply: "test.reply",
+	j := &load.Job{Engine: "e", Request: "r", Tokens: 16 * chunks, Store: nopStore{}, Reply: "_INBOX.test.reply",
 		Ctx: context.Background()}
 	for i := range chunks {
 		j.Chunks = append(j.Chunks, sched.JobChunk{Index: messages.ChunkIndex(i), Key: messages.Key(rune('a' + i)),

@@ -34,7 +34,7 @@ func TestTheReleasingFlagIsUpWhileTheFinalReleaseWaitsToGoOut(t *testing.T) {
 	var open sync.Once
 	letGo := func() { open.Do(func() { close(gate) }) }
 	t.Cleanup(letGo) // a failed test leaves no goroutine blocked on the lock
-	go rig.deps.Releases.Reply(context.Background(), "test.reply", "a", func(uint64) any {
+	go rig.deps.Releases.Reply(context.Background(), "_INBOX.test.reply", "a", func(uint64) any {
 		holding <- struct{}{}
 		<-gate
 		return messages.HeartbeatReply{}
