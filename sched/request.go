@@ -202,7 +202,8 @@ func (r *Request) readyTerms() readyTerms {
 // and after JobDone.
 //
 // PROTOCOL.md: candidates are chunks [cursor, ready) (plus chunks whose copy
-// failed) whose last block is not null; all go to the pool in one
+// failed) whose last block is not null (in a group that is not full
+// attention, no block: group.storable); all go to the pool in one
 // PrepareStore. No room: no job, cursors unchanged, a retry. Otherwise every
 // cursor moves to max(cursor, ready).
 func (r *Request) Advance(p Preparer) Effects {
