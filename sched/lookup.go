@@ -82,6 +82,9 @@ func (b *backer) has(c int, hashes []messages.Hash, ready func(messages.Key) boo
 	return i < len(hashes) && ready(b.l.Key(hashes[i], b.g))
 }
 
+// backs reports whether the group holds what a hit of t tokens needs
+// (docs/PROTOCOL.md "lookup"): an eagle group every chunk
+// below t, a sliding-window group the chunks overlapping [t-window, t).
 func (b *backer) backs(t int, hashes []messages.Hash, ready func(messages.Key) bool) bool {
 	gl := &b.l.Groups[b.g]
 	end := t / gl.TokensPerChunk
