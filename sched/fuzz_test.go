@@ -54,6 +54,10 @@ func FuzzRequestStep(f *testing.F) {
 				for _, c := range j.Chunks {
 					require.Len(t, c.Blocks, lay.BlocksPerChunk)
 					require.NotZero(t, c.Blocks[len(c.Blocks)-1], "a chunk with a null last block is never stored")
+					if lay.Groups[c.Group].Kind != KindFull {
+						require.NotContains(t, c.Blocks, messages.BlockID(0),
+							"a chunk of a group that is not full attention with a null block is never stored")
+					}
 				}
 				jobs[j.ID] = j
 				ids = append(ids, j.ID)

@@ -93,26 +93,35 @@ func (g *group) ready(gl *GroupLayout, tm readyTerms) (ready messages.ChunkIndex
 }
 
 // candidates yields the chunks a decision at ready prefix rd considers:
-// redo chunks below rd, then [cursor, rd), each only if its last block is
-// not null (docs/PROTOCOL.md: "whose last block id is not 0").
-func (g *group) candidates(rd messages.ChunkIndex, bpc int) iter.Seq[messages.ChunkIndex] {
+// redo chunks below rd, then [cursor, rd), each only if it is storable.
+func (g *group) candidates(gl *GroupLayout, rd messages.ChunkIndex, bpc int) iter.Seq[messages.ChunkIndex] {
 	return func(yield func(messages.ChunkIndex) bool) {
 		for _, c := range g.redo() {
-			if c < rd && g.lastBlock(c, bpc) != 0 && !yield(c) {
+			if c < rd && g.storable(gl, c, bpc) && !yield(c) {
 				return
 			}
 		}
 		for c := g.cursor; c < rd; c++ {
-			if g.lastBlock(c, bpc) != 0 && !yield(c) {
+			if g.storable(gl, c, bpc) && !yield(c) {
 				return
 			}
 		}
 	}
 }
 
-// lastBlock is the last block id of chunk c (which must be complete).
-func (g *group) lastBlock(c messages.ChunkIndex, bpc int) messages.BlockID {
-	return g.blocks[(int(c)+1)*bpc-1]
+// storable reports whether chunk c (which must be complete) may be stored.
+// PROTOCOL.md: not if its last block id is 0. kvactors' choice
+// (docs/PROTOCOL.md, "block id 0"): in a group that is not full attention,
+// not if any of its block ids is 0. Such a chunk's host copy would hold
+// zeros in places the lookup rule for those kinds counts as present
+// (docs/PROTOCOL.md, "lookup"), a load would copy them into blocks the
+// engine needs, and dedup would keep a later whole copy out.
+func (g *group) storable(gl *GroupLayout, c messages.ChunkIndex, bpc int) bool {
+	ids := g.blocks[int(c)*bpc : (int(c)+1)*bpc]
+	if gl.Kind == KindFull {
+		return ids[bpc-1] != 0
+	}
+	return !slices.Contains(ids, 0)
 }
 
 // chunkBlocks appends chunk c's block ids (nulls included) to dst.

@@ -89,13 +89,22 @@ func TestGroupReadyIsNaive(t *testing.T) {
 
 // TestGroupCandidatesAreNaive: the chunks a decision considers are the redo
 // chunks below ready, then [cursor, ready), less those whose last block is
-// null; stopping early stops the walk.
+// null (PROTOCOL.md "block id 0") and, in a group that is not full
+// attention, those with any null block (kvactors' choice, docs/PROTOCOL.md
+// "block id 0"); stopping early stops the walk.
 func TestGroupCandidatesAreNaive(t *testing.T) {
 	f := func(c groupCase) bool {
-		g, _, tm := c.group()
+		g, lay, tm := c.group()
 		rd := messages.ChunkIndex(c.naiveReady())
 		var want []messages.ChunkIndex
-		notNull := func(ch messages.ChunkIndex) bool { return c.blocks[(int(ch)+1)*c.bpc-1] != 0 }
+		notNull := func(ch messages.ChunkIndex) bool {
+			for i := int(ch) * c.bpc; i < (int(ch)+1)*c.bpc; i++ {
+				if c.blocks[i] == 0 && (i == (int(ch)+1)*c.bpc-1 || c.kind != KindFull) {
+					return false
+				}
+			}
+			return true
+		}
 		for _, ch := range c.redo {
 			if ch < rd && notNull(ch) {
 				want = append(want, ch)
@@ -106,13 +115,13 @@ func TestGroupCandidatesAreNaive(t *testing.T) {
 				want = append(want, ch)
 			}
 		}
-		got := slices.Collect(g.candidates(rd, tm.bpc))
+		got := slices.Collect(g.candidates(lay, rd, tm.bpc))
 		if !slices.Equal(got, want) {
 			t.Logf("%+v: candidates %v, naive %v", c, got, want)
 			return false
 		}
 		n := 0
-		for range g.candidates(rd, tm.bpc) {
+		for range g.candidates(lay, rd, tm.bpc) {
 			n++
 			break
 		}

@@ -14,7 +14,7 @@ import (
 // in order ("stored" lists them), each pending in the pool; the copy plan is
 // the store's (store/plan_test.go).
 func TestStoreJobKeys(t *testing.T) {
-	h := newHarness(t, layout(t, 4, 2, swa(4, 8)), 64, added(16))
+	h := newHarness(t, layout(t, 4, 2, full(4)), 64, added(16)) // full: a chunk with a null first block is stored
 	h.step(hashes(0, 4), blocks(0, 0, 0, 5, 6, 7), tokens(16, 16))
 	e := h.advance()
 	require.NotNil(t, e.Job)

@@ -202,7 +202,7 @@ func (r *Request) pendingChunks() bool {
 		if gr.cursor < rd { // a decision is owed, even if every chunk is null: it moves the cursor
 			return true
 		}
-		for range gr.candidates(rd, tm.bpc) {
+		for range gr.candidates(&r.lay.Groups[g], rd, tm.bpc) {
 			return true
 		}
 	}

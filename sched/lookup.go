@@ -20,10 +20,16 @@ var ErrBadLoad = errors.New("bad load")
 // only the chunks overlapping the last sliding_window tokens before the hit
 // (earlier ones were null blocks, never stored). When they do not, the hit
 // steps down a full chunk at a time until they do.
+//
+// The lookup runs on the engine's intake shard and each ready call takes
+// the pool's lock, so it asks about each chunk of each group at most once,
+// O(len(hashes)) calls in all, however far the hit steps down (backer).
 func (l *Layout) HitTokens(hashes []messages.Hash, ready func(messages.Key) bool) int {
 	hit, step := -1, 0
+	var others []backer
 	for g, gl := range l.Groups {
 		if gl.Kind != KindFull {
+			others = append(others, backer{l: l, g: g, top: -1, first: -1})
 			continue
 		}
 		n := 0
@@ -41,31 +47,75 @@ func (l *Layout) HitTokens(hashes []messages.Hash, ready func(messages.Key) bool
 		return 0 // no full-attention group, or no hit
 	}
 	for ; hit > 0; hit -= min(step, hit) {
-		if l.othersBack(hit, hashes, ready) {
+		backed := true
+		for i := range others {
+			if !others[i].backs(hit, hashes, ready) {
+				backed = false
+				break
+			}
+		}
+		if backed {
 			return hit
 		}
 	}
 	return 0
 }
 
-// othersBack reports whether the non-full groups hold what a hit of t tokens
-// needs.
-func (l *Layout) othersBack(t int, hashes []messages.Hash, ready func(messages.Key) bool) bool {
-	for g, gl := range l.Groups {
-		if gl.Kind == KindFull {
-			continue
-		}
-		end := t / gl.TokensPerChunk
-		first := 0
-		if gl.Kind == KindSlidingWindow {
-			first = max(0, t-gl.SlidingWindow) / gl.TokensPerChunk
-		}
-		for c := first; c < end; c++ {
-			i := (c+1)*gl.HashesPerChunk - 1
-			if i >= len(hashes) || !ready(l.Key(hashes[i], g)) {
-				return false
+// backer answers, for one group that is not full attention, whether it holds
+// what a hit of t tokens needs, for t that only decrease from call to call.
+// It asks ready about each chunk at most once.
+type backer struct {
+	l *Layout
+	g int
+	// eagle: chunks [0, first) are ready, and chunk first is not or is the
+	// end first asked about (-1: not looked for yet).
+	first int
+	// sliding window: chunks [lo, top) were asked about (top -1: none yet);
+	// suf[k] counts the misses among [top-k, top).
+	lo, top int
+	suf     []int32
+}
+
+// has reports whether chunk c of the group is ready (its hash known).
+func (b *backer) has(c int, hashes []messages.Hash, ready func(messages.Key) bool) bool {
+	i := (c+1)*b.l.Groups[b.g].HashesPerChunk - 1
+	return i < len(hashes) && ready(b.l.Key(hashes[i], b.g))
+}
+
+// backs reports whether the group holds what a hit of t tokens needs
+// (docs/PROTOCOL.md "lookup"): an eagle group every chunk
+// below t, a sliding-window group the chunks overlapping [t-window, t).
+func (b *backer) backs(t int, hashes []messages.Hash, ready func(messages.Key) bool) bool {
+	gl := &b.l.Groups[b.g]
+	end := t / gl.TokensPerChunk
+	if gl.Kind != KindSlidingWindow { // eagle: every chunk below end
+		if b.first < 0 { // end is the largest asked about: look for the first miss below it
+			b.first = 0
+			for b.first < end && b.has(b.first, hashes, ready) {
+				b.first++
 			}
 		}
+		return end <= b.first
+	}
+	first := max(0, t-gl.SlidingWindow) / gl.TokensPerChunk
+	if first >= end {
+		return true
+	}
+	if b.top < 0 || end <= b.lo { // nothing asked about overlaps [first, end), nor will later windows
+		b.top, b.lo, b.suf = end, end, append(b.suf[:0], 0)
+	}
+	misses := func(lo, hi int) int32 { return b.suf[b.top-lo] - b.suf[b.top-hi] } // in [lo, hi) ⊆ [b.lo, b.top)
+	if misses(max(b.lo, first), end) > 0 {
+		return false
+	}
+	for b.lo > first {
+		b.lo--
+		n := b.suf[len(b.suf)-1]
+		if !b.has(b.lo, hashes, ready) {
+			b.suf = append(b.suf, n+1)
+			return false // the miss at lo lies in [first, end)
+		}
+		b.suf = append(b.suf, n)
 	}
 	return true
 }

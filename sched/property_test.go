@@ -24,9 +24,10 @@ import (
 //   - the incremental ready prefix equals the naive one, after every step;
 //   - the cursor never decreases;
 //   - a job only holds chunks that are ready (tokens, key and every block
-//     known), whose last block is not null, with the current block ids;
+//     known), storable (last block not null; no null block at all in a
+//     group that is not full attention), with the current block ids;
 //   - no job while preempted;
-//   - every chunk ready when the request finished (last block not null) is
+//   - every chunk ready when the request finished (storable) is
 //     stored exactly once over the run, unless Dropped > 0 was reported, and
 //     no chunk is ever stored twice;
 //   - one release per finished/preempted/reset event, in order, each only
@@ -452,17 +453,27 @@ func (m *model) mirror(e *messages.Event) {
 		for i := range m.owed {
 			m.owed[i].waitFor = nil // a finished request waits for every copy
 		}
-		// Every chunk ready now whose last block is not null must be stored.
+		// Every chunk ready now that is storable must be stored.
 		m.mustStore = map[gc]bool{}
 		bpc := m.lay.BlocksPerChunk
 		for g := range m.lay.Groups {
 			for c := range m.naiveReady(g) {
-				if m.truthBlocks[g][(c+1)*bpc-1] != 0 {
+				if m.storable(g, m.truthBlocks[g][c*bpc:(c+1)*bpc]) {
 					m.mustStore[gc{g, messages.ChunkIndex(c)}] = true
 				}
 			}
 		}
 	}
+}
+
+// storable is PROTOCOL.md "block id 0" (a chunk whose last block id is 0 is
+// never stored) and kvactors' choice (docs/PROTOCOL.md "block id 0"): in a
+// group that is not full attention, nor one with any null block.
+func (m *model) storable(g int, ids []messages.BlockID) bool {
+	if m.lay.Groups[g].Kind == KindFull {
+		return ids[len(ids)-1] != 0
+	}
+	return !slices.Contains(ids, 0)
 }
 
 // naiveT is T recomputed from the mirror (PROTOCOL.md "What kvactors does").
@@ -541,6 +552,8 @@ func (m *model) effects(e Effects, where string) {
 				m.failf("%s: chunk %d/%d blocks %v, current ids %v", where, g, ci, c.Blocks, m.truthBlocks[g][ci*bpc:(ci+1)*bpc])
 			case c.Blocks[bpc-1] == 0:
 				m.failf("%s: chunk %d/%d has a null last block", where, g, ci)
+			case !m.storable(g, c.Blocks):
+				m.failf("%s: chunk %d/%d of a %v group has a null block", where, g, ci, m.lay.Groups[g].Kind)
 			case m.stored[gc{g, c.Index}] > 0:
 				m.failf("%s: chunk %d/%d stored already", where, g, ci)
 			}

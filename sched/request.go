@@ -202,7 +202,8 @@ func (r *Request) readyTerms() readyTerms {
 // and after JobDone.
 //
 // PROTOCOL.md: candidates are chunks [cursor, ready) (plus chunks whose copy
-// failed) whose last block is not null; all go to the pool in one
+// failed) whose last block is not null (in a group that is not full
+// attention, no block: group.storable); all go to the pool in one
 // PrepareStore. No room: no job, cursors unchanged, a retry. Otherwise every
 // cursor moves to max(cursor, ready).
 func (r *Request) Advance(p Preparer) Effects {
@@ -275,7 +276,7 @@ func (r *Request) decide(p Preparer, e *Effects) {
 				e.Deferred = append(e.Deferred, Deferral{Group: g, Chunk: rd, Reason: reason})
 			}
 		}
-		for range gr.candidates(rd, tm.bpc) {
+		for range gr.candidates(&r.lay.Groups[g], rd, tm.bpc) {
 			offers = true
 			break
 		}
@@ -294,7 +295,7 @@ func (r *Request) decide(p Preparer, e *Effects) {
 	cands := sc.cands[:0]
 	keys := sc.keys[:0]
 	for g := range r.groups {
-		for c := range r.groups[g].candidates(readies[g], tm.bpc) {
+		for c := range r.groups[g].candidates(&r.lay.Groups[g], readies[g], tm.bpc) {
 			cands = append(cands, candidate{g, c})
 		}
 	}
@@ -498,7 +499,7 @@ func (r *Request) giveUp() int {
 	for g := range r.groups {
 		gr := &r.groups[g]
 		rd, _, _ := r.ready(g, tm)
-		for range gr.candidates(rd, tm.bpc) {
+		for range gr.candidates(&r.lay.Groups[g], rd, tm.bpc) {
 			dropped++
 		}
 		gr.cursor = max(gr.cursor, rd)

@@ -204,11 +204,11 @@ func TestStoreScenarios(t *testing.T) {
 		},
 		{
 			// PROTOCOL.md "A chunk's host copy is its blocks in order": a chunk
-			// with a null first block but a real last block is stored; its null
-			// block keeps its place (Ranges skips it).
+			// of a full-attention group with a null first block but a real last
+			// block is stored; its null block keeps its place (Ranges skips it).
 			name: "null inner block is kept in place and its chunk stored",
 			rule: "block id 0 / host copy",
-			lay:  func(t *testing.T) *Layout { return layout(t, 4, 2, swa(4, 8)) }, add: added(24),
+			lay:  func(t *testing.T) *Layout { return layout(t, 4, 2, full(4)) }, add: added(24),
 			ops: []op{
 				{evs: ev(hashes(0, 6), blocks(0, 0, 0, 5, 6, 0, 7, 8), tokens(24, 24)),
 					want: want{job: []string{"0/0", "0/2"}, cursors: cur(3),
@@ -218,6 +218,23 @@ func TestStoreScenarios(t *testing.T) {
 			after: func(t *testing.T, h *harness) {
 				storedOnce("0/0", "0/2")(t, h)
 			},
+		},
+		{
+			// kvactors' choice (docs/PROTOCOL.md "block id 0"): in a group that
+			// is not full attention, a chunk with any null block is not stored
+			// (a lookup would count its zeros as present); the cursor still
+			// moves past it, and the whole chunks are stored.
+			name: "sliding-window chunk with a null block is passed over",
+			rule: "block id 0 / candidates",
+			lay:  func(t *testing.T) *Layout { return layout(t, 4, 2, full(4), swa(4, 8)) }, add: added(24),
+			ops: []op{
+				{evs: ev(hashes(0, 6), blocks(0, 0, 1, 2, 3, 4, 5, 6), blocks(1, 0, 0, 15, 16, 0, 17, 18),
+					tokens(24, 24)),
+					want: want{job: []string{"0/0", "0/1", "0/2", "1/2"}, cursors: cur(3, 3),
+						blocks: [][]messages.BlockID{{1, 2}, {3, 4}, {5, 6}, {17, 18}}}},
+				{done: 1},
+			},
+			after: storedOnce("0/0", "0/1", "0/2", "1/2"),
 		},
 		{
 			// PROTOCOL.md "If the pool cannot make room: no job, cursor

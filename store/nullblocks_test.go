@@ -19,6 +19,9 @@ import (
 // have held an evicted chunk of another engine: none of those bytes may be
 // handed out under the new chunk's key. Here mal's chunk takes the slot of
 // vic's, with three null blocks, and mal then loads it into four blocks.
+// (A full-attention group: in the other kinds sched stores no chunk with a
+// null block, docs/PROTOCOL.md "block id 0"; the store zeroes them all the
+// same.)
 func TestANullBlockNeverCarriesTheSlotsEarlierBytes(t *testing.T) {
 	l := mustLayout(t, 4, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
 	chunkBytes := l.Groups[0].ChunkBytes
