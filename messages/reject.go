@@ -24,7 +24,7 @@ const (
 	RejectUnknownRequest = "unknown_request"
 	RejectUnknownVerb    = "unknown_verb"
 	RejectOverflow       = "overflow"
-	RejectLimit          = "limit" // past a node bound: engines, requests per engine, mapped segments
+	RejectLimit          = "limit" // past a node bound: engines, requests per engine, mapped segments or bytes, max_model_len
 	RejectBadSpec        = "bad_spec"
 	RejectBadSubject     = "bad_subject"
 	RejectBadReply       = "bad_reply"

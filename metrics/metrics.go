@@ -239,13 +239,16 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape
-// time: engine segments mapped now (against --max-mapped-segments) and
-// namespaces opened this boot.
-func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int) {
+// time: engine segments mapped now (against --max-mapped-segments), their
+// mapped bytes (against --max-mapped-bytes) and namespaces opened this boot.
+func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int, mappedBytes func() int64) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_segments_mapped",
 			Help: "Engine segments mapped now (bounded by --max-mapped-segments)."},
 			func() float64 { return float64(mapped()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_mapped_bytes",
+			Help: "Bytes of engine segments mapped now: each segment's page-rounded span that its regions use (bounded by --max-mapped-bytes)."},
+			func() float64 { return float64(mappedBytes()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_namespaces",
 			Help: "Namespaces opened in this boot (each keeps its geometry for the boot)."},
 			func() float64 { return float64(namespaces()) }))

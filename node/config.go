@@ -142,6 +142,18 @@ type Config struct {
 	// once, so registrations cannot exhaust the process's map count
 	// (vm.max_map_count, 65530 by default) for everyone.
 	MaxMappedSegments int `json:"max_mapped_segments"`
+	// MaxMappedBytes bounds the bytes of engine segments mapped on this
+	// node at once: the page-rounded span of each segment that its regions
+	// use (only that much is mapped). Sparse shm objects cost an engine
+	// nothing, so without it registers could take the process's whole
+	// virtual address space, and the next heap growth would kill the node.
+	MaxMappedBytes int64 `json:"max_mapped_bytes"`
+	// MaxModelLen bounds the tokens one request may hold (hashes and block
+	// ids), whatever an engine's spec says: a register whose spec asks for a
+	// larger max_model_len is refused ("limit"), and one that gives none
+	// (its bound is then num_gpu_blocks × the largest tokens_per_block) is
+	// bounded by it instead.
+	MaxModelLen int `json:"max_model_len"`
 	// NATSConfig is a nats-server configuration file the embedded server
 	// loads (auth, TLS, accounts; see kvactors nats-config). Its listen
 	// address, when set, wins over NATSHost/NATSPort.
@@ -197,11 +209,22 @@ func DefaultConfig() Config {
 		MaxEngines:        256,
 		MaxRequests:       1 << 16,
 		MaxMappedSegments: 4096,
-		PoolPageBytes:     hostpool.DefaultPageBytes,
-		LogLevel:          "info",
-		LogFormat:         LogText,
-		Transfer:          transfer.DefaultConfig(),
-		Limits:            ingest.DefaultLimits(),
+		// 4 TiB: more than the RAM of any host this runs on (a segment that is
+		// used is backed by tmpfs, i.e. RAM or swap, so honest engines never
+		// come near it), and 1/32 of x86-64's 128 TiB of user address space,
+		// which leaves the Go heap, the pool and the thread stacks all the
+		// room they could want. Lower it on kernels with a smaller address
+		// space (arm64 with 39-bit VAs has 512 GiB).
+		MaxMappedBytes: 4 << 40,
+		// 1Mi tokens: the longest contexts served today (8× the common 128k),
+		// so honest engines are not refused, while one request's hashes and
+		// block ids stay bounded (a node serving longer contexts raises it).
+		MaxModelLen:   1 << 20,
+		PoolPageBytes: hostpool.DefaultPageBytes,
+		LogLevel:      "info",
+		LogFormat:     LogText,
+		Transfer:      transfer.DefaultConfig(),
+		Limits:        ingest.DefaultLimits(),
 		// cluster: off; the rest are cluster.DefaultConfig's.
 		ClusterBucket:   cluster.DefaultConfig().Bucket,
 		ClusterReplicas: cluster.DefaultConfig().Replicas,
@@ -237,6 +260,8 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.MaxEngines, d.MaxEngines)
 	orDefault(&c.MaxRequests, d.MaxRequests)
 	orDefault(&c.MaxMappedSegments, d.MaxMappedSegments)
+	orDefault(&c.MaxMappedBytes, d.MaxMappedBytes)
+	orDefault(&c.MaxModelLen, d.MaxModelLen)
 	orDefault(&c.PoolPageBytes, d.PoolPageBytes)
 	if c.Log == nil {
 		c.Log = slog.Default()
@@ -294,6 +319,9 @@ func (c Config) Validate() error {
 	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
 		return fmt.Errorf("%w: max engines %d, max requests %d, max mapped segments %d: want >= 1 (0: the default)",
 			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
+	case c.MaxMappedBytes < 1 || c.MaxModelLen < 1:
+		return fmt.Errorf("%w: max mapped bytes %d, max model len %d: want >= 1 (0: the default)",
+			ErrConfig, c.MaxMappedBytes, c.MaxModelLen)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
 	case c.StandbyFor != "" && (!ingest.ValidEngineID(c.StandbyFor) || c.StandbyFor == c.NodeID):

@@ -113,6 +113,10 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
 	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")
 	num(&c.MaxMappedSegments, "max-mapped-segments", d.MaxMappedSegments, "most engine segments mapped on this node")
+	size(&c.MaxMappedBytes, "max-mapped-bytes", d.MaxMappedBytes,
+		"most bytes of engine segments mapped on this node (each segment's span that its regions use, page-rounded)")
+	num(&c.MaxModelLen, "max-model-len", d.MaxModelLen,
+		"most tokens one request may hold: a spec's larger max_model_len is refused, an absent one bounded by it")
 	str(&c.NATSConfig, "nats-config", d.NATSConfig, "nats-server config file for the embedded server (auth, TLS, accounts; see kvactors nats-config)")
 	str(&c.NATSNKey, "nats-nkey", d.NATSNKey, "nkey seed file kvactors authenticates to NATS with")
 	// pool

@@ -286,16 +286,21 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 	vic, hs, want := victim(t, e) // 1 segment
 	segs := func(te *testEngine, n int) {
 		te.spec.Segments = nil
+		te.spec.Groups = append([]messages.GroupSpec(nil), te.spec.Groups...)
+		regions := te.spec.Groups[0].Regions
 		for i := range n {
 			name := te.id + "-seg"
 			if i > 0 {
 				name = te.id + "-extra" + string(rune('a'+i))
-				seg, err := shm.Create(e.dir, name, 4096)
+				seg, err := shm.Create(e.dir, name, 64*16)
 				require.NoError(t, err)
 				t.Cleanup(func() { _ = seg.Remove() })
+				// Every segment is used by a region: one no region uses is refused.
+				regions = append(regions, messages.Region{Segment: i, BlockStride: 16, BlockBytes: 16})
 			}
 			te.spec.Segments = append(te.spec.Segments, messages.Segment{Shm: name})
 		}
+		te.spec.Groups[0].Regions = regions
 	}
 	before := rejected(t, e, "limit")
 	var refused []string
@@ -425,6 +430,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 		id := fmt.Sprintf("a%04d", i)
 		spec := vic.spec
 		spec.Segments = nil
+		var regions []messages.Region // every segment used, or the register is refused
 		for s := range 64 {
 			name := fmt.Sprintf("%s.%02d", id, s)
 			if i < node.DefaultConfig().MaxMappedSegments/64 { // only these get as far as opening
@@ -434,8 +440,10 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 				t.Cleanup(func() { _ = seg.Remove() })
 			}
 			spec.Segments = append(spec.Segments, messages.Segment{Shm: name})
+			regions = append(regions, messages.Region{Segment: s, BlockStride: 256, BlockBytes: 256})
 		}
 		spec.Groups = append([]messages.GroupSpec(nil), vic.spec.Groups...)
+		spec.Groups[0].Regions = regions
 		body, err := json.Marshal(spec)
 		require.NoError(t, err)
 		m, err := e.nc.Request("kvactors."+id+".register", body, 5*time.Second)

@@ -3,12 +3,15 @@ package node
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 
 	"github.com/nats-io/nats-server/v2/server"
 
+	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/ratelog"
@@ -16,7 +19,8 @@ import (
 )
 
 // ErrLimit wraps a register refused past a node bound (--max-engines,
-// --max-mapped-segments, the namespaces of a boot); reject label "limit".
+// --max-mapped-segments, --max-mapped-bytes, --max-model-len, the
+// namespaces of a boot); reject label "limit".
 var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
 
 // namespaces interns namespace names to the small ids that prefix pool keys
@@ -109,14 +113,14 @@ func (t *namespaces) leave(engine string) {
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil
-// for a new engine), and refuses a shm segment another live engine maps.
-// Caller holds n.mu.
+// for a new engine), whose segments would map bytes (mapCharge), and
+// refuses a shm segment another live engine maps. Caller holds n.mu.
 //
 // The name rule lets engine "e1" name "e1-kv-x", which engine "e1-kv" would
 // name too (ids may contain '-'). Objects have one link, so one name is one
 // object: refusing a name already mapped keeps two engines from ever sharing
 // memory, whichever registered first (docs/SECURITY.md).
-func (n *Node) admit(old *engineRec, spec *messages.EngineSpec) error {
+func (n *Node) admit(old *engineRec, spec *messages.EngineSpec, bytes int64) error {
 	for _, seg := range spec.Segments {
 		if seg.Shm == "" {
 			continue
@@ -142,14 +146,48 @@ func (n *Node) admit(old *engineRec, spec *messages.EngineSpec) error {
 		return fmt.Errorf("%w: %d segments mapped, %d more would pass %d (--max-mapped-segments)",
 			ErrLimit, n.mapped, len(spec.Segments), n.cfg.MaxMappedSegments)
 	}
+	// n.mappedBytes <= MaxMappedBytes always, so the subtraction cannot wrap.
+	if bytes > n.cfg.MaxMappedBytes-n.mappedBytes {
+		return fmt.Errorf("%w: %d bytes of segments mapped, %d more would pass %d (--max-mapped-bytes)",
+			ErrLimit, n.mappedBytes, bytes, n.cfg.MaxMappedBytes)
+	}
 	return nil
 }
 
-// mappedNow and namespacesNow are read at scrape time.
+// mapCharge is what attaching spans costs against --max-mapped-bytes: each
+// segment's span rounded out to whole pages, which is what the shm backend
+// maps (backend.SpanAttacher). A backend that maps segments whole (cuda:
+// device allocations, which the driver maps whole) is charged from each
+// segment's start to its span's end, at the least what it maps. An error
+// (a span too large to round) wraps ErrLimit: no node could map it.
+func (n *Node) mapCharge(spans []backend.Span) (int64, error) {
+	_, partial := n.backend.(backend.SpanAttacher)
+	page := int64(os.Getpagesize())
+	var sum int64
+	for i, s := range spans {
+		if !partial {
+			s.Off = 0
+		}
+		p, ok := s.Pages(page)
+		if !ok || p.Len() > math.MaxInt64-sum {
+			return 0, fmt.Errorf("%w: segment %d: span [%d, %d) overflows (--max-mapped-bytes)", ErrLimit, i, s.Off, s.End)
+		}
+		sum += p.Len()
+	}
+	return sum, nil
+}
+
+// mappedNow, mappedBytesNow and namespacesNow are read at scrape time.
 func (n *Node) mappedNow() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.mapped
+}
+
+func (n *Node) mappedBytesNow() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.mappedBytes
 }
 
 func (n *Node) namespacesNow() int {
@@ -158,10 +196,12 @@ func (n *Node) namespacesNow() int {
 	return len(n.nss.byID)
 }
 
-// unmapped gives back the segment count of a closed device.
-func (n *Node) unmapped(segments int) {
+// unmapped gives back the segment count and mapped bytes of a closed
+// device.
+func (n *Node) unmapped(segments int, bytes int64) {
 	n.mu.Lock()
 	n.mapped -= segments
+	n.mappedBytes -= bytes
 	n.mu.Unlock()
 }
 

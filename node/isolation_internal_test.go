@@ -89,8 +89,11 @@ func TestIsolationBoundsConfig(t *testing.T) {
 	require.Equal(t, DefaultConfig().MaxEngines, c.MaxEngines)
 	require.Equal(t, DefaultConfig().MaxRequests, c.MaxRequests)
 	require.Equal(t, DefaultConfig().MaxMappedSegments, c.MaxMappedSegments)
+	require.Equal(t, DefaultConfig().MaxMappedBytes, c.MaxMappedBytes)
+	require.Equal(t, DefaultConfig().MaxModelLen, c.MaxModelLen)
 	require.NoError(t, Config{}.Validate())
-	for _, bad := range []Config{{MaxEngines: -1}, {MaxRequests: -1}, {MaxMappedSegments: -1}} {
+	for _, bad := range []Config{{MaxEngines: -1}, {MaxRequests: -1}, {MaxMappedSegments: -1}, {MaxMappedBytes: -1},
+		{MaxModelLen: -1}} {
 		require.ErrorIs(t, bad.Validate(), ErrConfig)
 	}
 }

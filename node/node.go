@@ -80,10 +80,13 @@ type Node struct {
 	statusSlots chan struct{}
 	// releases numbers each engine id's releases for the whole boot, across
 	// re-registrations, so rseq never restarts within an epoch.
-	releases  map[string]*actors.Releases
-	nss       namespaces // isolation: namespace ids and geometry
-	mapped    int        // isolation: engine segments mapped now
-	rejectLog *ratelog.Log
+	releases map[string]*actors.Releases
+	nss      namespaces // isolation: namespace ids and geometry
+	mapped   int        // isolation: engine segments mapped now
+	// mappedBytes is the isolation bound's count of engine segment bytes
+	// mapped now (--max-mapped-bytes): each engine's engineRec.mappedBytes.
+	mappedBytes int64
+	rejectLog   *ratelog.Log
 	// editEngine, when set (tests only, under mu), edits each engine
 	// actor's deps before it is spawned: fault injection.
 	editEngine func(*engine.Deps)
@@ -120,7 +123,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.metrics = metrics.New(cfg.Registry)
 	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
-	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow)
+	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow)
 	defer func() {
 		if err != nil {
 			n.teardown()
@@ -419,7 +422,7 @@ func (n *Node) teardown() {
 	for _, e := range n.engines {
 		_ = e.device.Close()
 	}
-	n.mapped = 0 // a retiring engine's goroutine may still subtract: harmless at teardown
+	n.mapped, n.mappedBytes = 0, 0 // a retiring engine's goroutine may still subtract: harmless at teardown
 	n.engines = map[string]*engineRec{}
 	n.mu.Unlock()
 	if n.arena != nil {

@@ -28,10 +28,13 @@ type engineRec struct {
 	spec   messages.EngineSpec
 	layout *sched.Layout
 	device backend.Attachment
-	store  *store.Engine
-	pid    *actor.PID
-	closed chan struct{} // closed when the engine actor stopped
-	loads  loadGate      // loads copying into the device
+	// mappedBytes is what its device counts against --max-mapped-bytes
+	// (mapCharge), given back when the device is closed.
+	mappedBytes int64
+	store       *store.Engine
+	pid         *actor.PID
+	closed      chan struct{} // closed when the engine actor stopped
+	loads       loadGate      // loads copying into the device
 	// hearing is when the node last took a message of the engine off NATS:
 	// its copies stop after lease/2 of silence (transfer.Hearing).
 	hearing *transfer.Hearing
@@ -94,6 +97,24 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	// A spec that asks for more than the node lets one request hold is
+	// refused; one that asks for nothing (its bound derived from
+	// num_gpu_blocks) is bounded by the node's (PROTOCOL.md "Isolation").
+	if spec.MaxModelLen > n.cfg.MaxModelLen {
+		return fmt.Errorf("%w: max_model_len %d is more than this node's %d (--max-model-len)",
+			ErrLimit, spec.MaxModelLen, n.cfg.MaxModelLen)
+	}
+	lay.CapModelLen(int64(n.cfg.MaxModelLen))
+	// Only the span of each segment that regions use is mapped, and a
+	// segment no region uses is refused (docs/SECURITY.md).
+	spans, err := segmentSpans(lay, len(spec.Segments))
+	if err != nil {
+		return fmt.Errorf("%w: %w", ErrRegister, err)
+	}
+	charge, err := n.mapCharge(spans)
+	if err != nil {
+		return err
+	}
 	nsName := ingest.Namespace(id, &spec)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -107,7 +128,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.system.Root.Send(old.pid, &engine.Touch{})
 		return nil
 	}
-	if err := n.admit(old, &spec); err != nil {
+	if err := n.admit(old, &spec, charge); err != nil {
 		return err
 	}
 	if _, err := n.nss.check(id, nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
@@ -116,7 +137,12 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
 		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool", ErrRegister, need)
 	}
-	dev, err := n.backend.Attach(id, spec.Segments)
+	var dev backend.Attachment
+	if sa, ok := n.backend.(backend.SpanAttacher); ok {
+		dev, err = sa.AttachSpans(id, spec.Segments, spans)
+	} else {
+		dev, err = n.backend.Attach(id, spec.Segments)
+	}
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
@@ -129,6 +155,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
 	n.mapped += len(spec.Segments)
+	n.mappedBytes += charge
 	ns := n.nss.commit(nsName, id, lay)
 	lay.Namespace = ns.id
 	n.diskKeys.learn(ns.id, ns.key, lay)
@@ -157,7 +184,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		rel = actors.NewReleases(n.outbox, id)
 		n.releases[id] = rel
 	}
-	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, store: n.store.Engine(id, lay, dev),
+	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, mappedBytes: charge, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{}), hearing: &transfer.Hearing{}}
 	rec.hearing.Heard(at)
 	deps := engine.Deps{
@@ -198,12 +225,26 @@ func (n *Node) unmapWhenClosed(rec *engineRec) {
 	_ = n.unmap(rec)
 }
 
-// unmap closes an engine's device and gives its segments back to
-// --max-mapped-segments (isolation).
+// unmap closes an engine's device and gives its segments and bytes back to
+// --max-mapped-segments and --max-mapped-bytes (isolation).
 func (n *Node) unmap(rec *engineRec) error {
 	err := rec.device.Close()
-	n.unmapped(len(rec.spec.Segments))
+	n.unmapped(len(rec.spec.Segments), rec.mappedBytes)
 	return err
+}
+
+// segmentSpans is the span of each segment that lay's regions use, as the
+// backend takes it.
+func segmentSpans(lay *sched.Layout, segments int) ([]backend.Span, error) {
+	ss, err := lay.Spans(segments)
+	if err != nil {
+		return nil, err
+	}
+	spans := make([]backend.Span, len(ss))
+	for i, s := range ss {
+		spans[i] = backend.Span{Off: s.Off, End: s.End}
+	}
+	return spans, nil
 }
 
 // detach removes engine id from the node (new messages for it are refused as

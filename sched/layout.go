@@ -144,6 +144,20 @@ func NewLayout(spec *messages.EngineSpec) (*Layout, error) {
 	return l, nil
 }
 
+// CapModelLen lowers the layout's bounds (MaxHashes, each group's
+// MaxBlocks) to those of a max_model_len of tokens, when that is lower: a
+// node's own bound on what one request may hold (--max-model-len). Only
+// before the layout is in use.
+func (l *Layout) CapModelLen(tokens int64) {
+	if tokens < 0 {
+		return
+	}
+	l.MaxHashes = min(l.MaxHashes, ceilDiv(tokens, l.TokensPerHash))
+	for i := range l.Groups {
+		l.Groups[i].MaxBlocks = min(l.Groups[i].MaxBlocks, ceilDiv(tokens, l.Groups[i].TokensPerBlock))
+	}
+}
+
 // ceilDiv is ceil(a/b) for a >= 0, b >= 1 (no overflow near MaxInt64),
 // capped at MaxInt32: a larger bound holds nothing back anyway, and the cap
 // keeps Start+len arithmetic far from overflow.
@@ -218,6 +232,49 @@ func (l *Layout) CheckSegments(segSize func(i int) int64) error {
 		}
 	}
 	return nil
+}
+
+// Span is the bytes [Off, End) of one segment that an engine's regions use.
+type Span struct {
+	Off, End int64
+}
+
+// Spans returns, for each of the spec's segments segments, the span its
+// regions use: from the lowest region offset to the highest end of a
+// region's last block (num_gpu_blocks - 1). The node maps only that much of
+// each segment (docs/SECURITY.md), so a segment no region uses is refused:
+// mapping it would serve nothing. Overflowing offset arithmetic is refused
+// as in CheckSegments. Errors wrap ErrBadLayout.
+func (l *Layout) Spans(segments int) ([]Span, error) {
+	spans := make([]Span, segments)
+	used := make([]bool, segments)
+	last := int64(l.NumGPUBlocks - 1)
+	for gi, g := range l.Groups {
+		for ri, r := range g.Regions {
+			if r.Segment < 0 || r.Segment >= segments {
+				return nil, fmt.Errorf("%w: group %d region %d: segment %d out of range", ErrBadLayout, gi, ri, r.Segment)
+			}
+			// offset + last*stride + bytes must not overflow (NewLayout made
+			// all three >= 0, bytes >= 1).
+			if r.Offset > math.MaxInt64-r.BlockBytes ||
+				(last > 0 && r.BlockStride > (math.MaxInt64-r.Offset-r.BlockBytes)/last) {
+				return nil, fmt.Errorf("%w: group %d region %d: block %d at stride %d overflows int64",
+					ErrBadLayout, gi, ri, last, r.BlockStride)
+			}
+			span := Span{Off: r.Offset, End: r.Offset + last*r.BlockStride + r.BlockBytes}
+			if s := &spans[r.Segment]; !used[r.Segment] {
+				*s, used[r.Segment] = span, true
+			} else {
+				s.Off, s.End = min(s.Off, span.Off), max(s.End, span.End)
+			}
+		}
+	}
+	for i, u := range used {
+		if !u {
+			return nil, fmt.Errorf("%w: segment %d: no region uses it", ErrBadLayout, i)
+		}
+	}
+	return spans, nil
 }
 
 // The pool key's encoding lives here and only here: AppendKey builds it,

@@ -108,6 +108,47 @@ func TestLayoutMaxModelLen(t *testing.T) {
 	require.ErrorIs(t, err, ErrBadLayout)
 }
 
+// PROTOCOL.md "Isolation", bounds: the node's --max-model-len lowers the
+// bounds a spec derives (and never raises them).
+func TestLayoutCapModelLen(t *testing.T) {
+	s := spec(4, 2, full(4), swa(8, 16)) // no max_model_len: 64 blocks × 8 tokens = 512
+	l := mustLayout(t, s)
+	require.Equal(t, 128, l.MaxHashes)
+	l.CapModelLen(101)
+	require.Equal(t, 26, l.MaxHashes)
+	require.Equal(t, 26, l.Groups[0].MaxBlocks)
+	require.Equal(t, 13, l.Groups[1].MaxBlocks)
+	l.CapModelLen(1 << 20)
+	require.Equal(t, 26, l.MaxHashes, "a higher cap raises nothing")
+}
+
+// docs/SECURITY.md "Address space": the node maps of each segment only the
+// span its regions use, and refuses a segment no region uses.
+func TestLayoutSpans(t *testing.T) {
+	s := spec(4, 1, full(4), full(4), full(4)) // regions at 0, 1 MiB, 2 MiB of segment 0
+	s.Segments = append(s.Segments, messages.Segment{Shm: "seg2"})
+	s.Groups[1].Regions = append(s.Groups[1].Regions,
+		messages.Region{Segment: 1, Offset: 5000, BlockStride: 128, BlockBytes: 100})
+	spans, err := mustLayout(t, s).Spans(2)
+	require.NoError(t, err)
+	require.Equal(t, []Span{{Off: 0, End: 2<<20 + 63*testBlockBytes + testBlockBytes}, {Off: 5000, End: 5000 + 63*128 + 100}},
+		spans)
+
+	s.Segments = append(s.Segments, messages.Segment{Shm: "seg3"})
+	_, err = mustLayout(t, s).Spans(3)
+	require.ErrorIs(t, err, ErrBadLayout)
+	require.ErrorContains(t, err, "segment 2: no region uses it")
+
+	big := spec(4, 1, full(4))
+	big.Groups[0].Regions[0] = messages.Region{Offset: math.MaxInt64 - 10, BlockStride: 1 << 40, BlockBytes: 8}
+	_, err = mustLayout(t, big).Spans(1)
+	require.ErrorIs(t, err, ErrBadLayout, "offset + 63 × stride overflows")
+	big.NumGPUBlocks = 1
+	big.Groups[0].Regions[0] = messages.Region{Offset: math.MaxInt64 - 4, BlockStride: 8, BlockBytes: 8}
+	_, err = mustLayout(t, big).Spans(1)
+	require.ErrorIs(t, err, ErrBadLayout, "offset + bytes overflows")
+}
+
 // PROTOCOL.md "EngineSpec": "Every region must lie inside its segment."
 func TestCheckSegments(t *testing.T) {
 	// 64 blocks of 64 bytes at offset 0 (group 0) and 1 MiB (group 1).

@@ -23,12 +23,32 @@ type device struct {
 
 	mu     sync.RWMutex
 	closed bool
-	segs   [][]byte // guarded by mu; nil after Close
+	segs   []mapping // guarded by mu; nil after Close
+}
+
+// mapping is the mapped part of one segment: mem holds the segment's bytes
+// [base, base+len(mem)), of which a copy may touch [lo, base+len(mem)) (lo
+// rounded down to its page is base). Every index into mem goes through
+// slice, after check.
+type mapping struct {
+	mem  []byte
+	base int64 // segment offset of mem[0], a multiple of the page size
+	lo   int64 // first segment byte a copy may touch (>= base)
+	size int64 // the whole segment's size, as the object had at attach
+}
+
+// end is the segment offset just past the mapped bytes.
+func (m *mapping) end() int64 { return m.base + int64(len(m.mem)) }
+
+// slice is segment bytes [off, off+n), which check has placed in [lo, end).
+func (m *mapping) slice(off, n int64) []byte {
+	return m.mem[off-m.base : off-m.base+n]
 }
 
 var _ backend.Attachment = (*device)(nil)
 
-// SegmentSize returns the mapped size of segment i, or 0 for an index out of
+// SegmentSize returns the size of segment i's object at attach (the whole
+// segment, of which only a span may be mapped), or 0 for an index out of
 // range or after Close.
 func (d *device) SegmentSize(i int) int64 {
 	d.mu.RLock()
@@ -36,7 +56,7 @@ func (d *device) SegmentSize(i int) int64 {
 	if i < 0 || i >= len(d.segs) {
 		return 0
 	}
-	return int64(len(d.segs[i]))
+	return d.segs[i].size
 }
 
 // Copy checks every range before copying any, so a bad range leaves both
@@ -72,8 +92,9 @@ func (d *device) Copy(dir backend.Direction, a backend.Arena, ranges []backend.R
 	return d.copyAll(dir, pool, ranges)
 }
 
-// check is overflow-safe: with every value known non-negative, off+n <= size
-// is tested as n <= size && off <= size-n, which cannot wrap.
+// check is overflow-safe: with every value known non-negative, off+n <= end
+// is tested as n <= end && off <= end-n, which cannot wrap. A segment range
+// must lie in the mapped span [lo, end), not merely in the segment.
 func (d *device) check(r backend.Range, poolLen int64) error {
 	switch {
 	case r.Segment < 0 || r.Segment >= len(d.segs):
@@ -81,8 +102,12 @@ func (d *device) check(r backend.Range, poolLen int64) error {
 	case r.SegOffset < 0 || r.PoolOff < 0 || r.Len < 0:
 		return errors.New("negative offset or length")
 	}
-	if size := int64(len(d.segs[r.Segment])); r.Len > size || r.SegOffset > size-r.Len {
-		return fmt.Errorf("past the end of segment %d (%d bytes)", r.Segment, size)
+	m := &d.segs[r.Segment]
+	if end := m.end(); r.SegOffset < m.lo || r.Len > end || r.SegOffset > end-r.Len {
+		if m.lo == 0 && end == m.size {
+			return fmt.Errorf("past the end of segment %d (%d bytes)", r.Segment, m.size)
+		}
+		return fmt.Errorf("outside the mapped bytes [%d, %d) of segment %d (%d bytes)", m.lo, end, r.Segment, m.size)
 	}
 	if r.Len > poolLen || r.PoolOff > poolLen-r.Len {
 		return fmt.Errorf("past the end of the arena (%d bytes)", poolLen)
@@ -108,7 +133,7 @@ func (d *device) copyAll(dir backend.Direction, pool []byte, ranges []backend.Ra
 	}()
 	for ; i < len(ranges); i++ {
 		r := ranges[i]
-		dev := d.segs[r.Segment][r.SegOffset : r.SegOffset+r.Len]
+		dev := d.segs[r.Segment].slice(r.SegOffset, r.Len)
 		host := pool[r.PoolOff : r.PoolOff+r.Len]
 		if dir == backend.DeviceToHost {
 			copy(host, dev)
@@ -130,7 +155,7 @@ func (d *device) Close() error {
 	d.closed = true
 	var errs []error
 	for i, m := range d.segs {
-		if err := unix.Munmap(m); err != nil {
+		if err := unix.Munmap(m.mem); err != nil {
 			errs = append(errs, fmt.Errorf("shm: engine %q: munmap segment %d: %w", d.engine, i, err))
 		}
 	}

@@ -7,6 +7,10 @@
 //     "segments"): a segment's name is a plain file name, opened relative to
 //     the directory without following a symlink, and must be a non-empty
 //     regular file; anything else is refused with backend.ErrBadSegment;
+//   - which bytes of a segment are mapped: Attach maps whole objects,
+//     AttachSpans (the node's) only the pages of the span its regions use,
+//     so a sparse object of terabytes costs the node its regions' pages of
+//     address space, not terabytes;
 //   - the host pool's arena (one anonymous private mapping) and the copies
 //     between the two, bounds-checked all-or-nothing before any byte moves;
 //   - the engine side of the same convention (Create, Segment), used by tests,

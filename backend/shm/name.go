@@ -157,9 +157,15 @@ func openReason(err error) error {
 // mapFile maps size bytes of fd shared and read/write: stores read the
 // engine's memory and loads write into it.
 func mapFile(fd int, size int64) ([]byte, error) {
-	b, err := unix.Mmap(fd, 0, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	return mapFileAt(fd, 0, size)
+}
+
+// mapFileAt maps bytes [off, off+size) of fd shared, read/write; off is a
+// multiple of the page size.
+func mapFileAt(fd int, off, size int64) ([]byte, error) {
+	b, err := unix.Mmap(fd, off, int(size), unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
-		return nil, fmt.Errorf("mmap %d bytes: %w", size, err)
+		return nil, fmt.Errorf("mmap %d bytes at %d: %w", size, off, err)
 	}
 	return b, nil
 }

@@ -3,6 +3,7 @@ package shm
 import (
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 
 	"golang.org/x/sys/unix"
@@ -10,6 +11,10 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/messages"
 )
+
+// pageSize is the granularity of mappings: a span is mapped from its first
+// byte's page to its last byte's.
+var pageSize = int64(os.Getpagesize())
 
 // DefaultDir is where POSIX shm_open(3) puts its objects on Linux.
 const DefaultDir = "/dev/shm"
@@ -86,52 +91,92 @@ func (b *Backend) AllocArena(bytes int64) (backend.Arena, error) {
 	return &arena{mem: mem}, nil
 }
 
-// Attach maps every segment of the engine, in spec order. It is all or
-// nothing: on an error in segment k, segments 0..k-1 are unmapped again.
+// Attach maps the whole of every segment of the engine, in spec order. It
+// is all or nothing: on an error in segment k, segments 0..k-1 are unmapped
+// again. The node uses AttachSpans, which maps only what regions use.
 func (b *Backend) Attach(engine string, segs []messages.Segment) (backend.Attachment, error) {
+	return b.attach(engine, segs, nil)
+}
+
+var _ backend.SpanAttacher = (*Backend)(nil)
+
+// AttachSpans maps, of each segment, only the pages of spans[i] (rounded out
+// to whole pages), so a huge sparse object whose regions use a little of it
+// costs the node only that little address space. A span past the end of its
+// object is refused (ErrBadSegment); otherwise as Attach.
+func (b *Backend) AttachSpans(engine string, segs []messages.Segment, spans []backend.Span) (backend.Attachment, error) {
+	if len(spans) != len(segs) {
+		return nil, fmt.Errorf("shm: engine %q: %d spans for %d segments: %w", engine, len(spans), len(segs),
+			backend.ErrBadSegment)
+	}
+	return b.attach(engine, segs, spans)
+}
+
+// attach maps segs, each whole when spans is nil, else the pages of its span.
+func (b *Backend) attach(engine string, segs []messages.Segment, spans []backend.Span) (backend.Attachment, error) {
 	if len(segs) == 0 {
 		return nil, fmt.Errorf("shm: engine %q: no segments: %w", engine, backend.ErrBadSegment)
 	}
-	mapped := make([][]byte, 0, len(segs))
+	mapped := make([]mapping, 0, len(segs))
 	for i, s := range segs {
-		mem, err := b.attachOne(s)
+		var span *backend.Span
+		if spans != nil {
+			span = &spans[i]
+		}
+		m, err := b.attachOne(s, span)
 		if err != nil {
 			for _, m := range mapped {
-				_ = unix.Munmap(m)
+				_ = unix.Munmap(m.mem)
 			}
 			return nil, fmt.Errorf("shm: engine %q segment %d (shm %q): %w: %w",
 				engine, i, s.Shm, err, backend.ErrBadSegment)
 		}
-		mapped = append(mapped, mem)
+		mapped = append(mapped, m)
 	}
 	return &device{engine: engine, segs: mapped}, nil
 }
 
-// attachOne opens and maps one segment. Its error is the reason only; Attach
-// adds which engine and segment, and ErrBadSegment.
-func (b *Backend) attachOne(s messages.Segment) ([]byte, error) {
+// attachOne opens and maps one segment: the whole object when span is nil,
+// else the pages of span. Its error is the reason only; attach adds which
+// engine and segment, and ErrBadSegment.
+func (b *Backend) attachOne(s messages.Segment, span *backend.Span) (mapping, error) {
 	switch {
 	case s.CUDAIPC != "" && s.Shm != "":
-		return nil, errors.New("sets both shm and cuda_ipc")
+		return mapping{}, errors.New("sets both shm and cuda_ipc")
 	case s.CUDAIPC != "":
-		return nil, errors.New("is a cuda_ipc segment; the shm backend attaches only shm segments (use the cuda backend)")
+		return mapping{}, errors.New("is a cuda_ipc segment; the shm backend attaches only shm segments (use the cuda backend)")
 	case s.Shm == "":
-		return nil, errors.New("names no shm object")
+		return mapping{}, errors.New("names no shm object")
 	}
 	if err := checkName(s.Shm); err != nil {
-		return nil, err
+		return mapping{}, err
 	}
 	fd, st, err := openOwned(b.dir, s.Shm)
 	if err != nil {
-		return nil, err
+		return mapping{}, err
 	}
 	// The mapping keeps the object alive; the fd is not needed after mmap.
 	defer unix.Close(fd)
 	switch {
 	case st.Size <= 0:
-		return nil, errors.New("is empty (size 0)")
+		return mapping{}, errors.New("is empty (size 0)")
 	case int64(int(st.Size)) != st.Size:
-		return nil, fmt.Errorf("size %d is too large for this platform", st.Size)
+		return mapping{}, fmt.Errorf("size %d is too large for this platform", st.Size)
 	}
-	return mapFile(fd, st.Size)
+	want := backend.Span{Off: 0, End: st.Size}
+	if span != nil {
+		if span.Off < 0 || span.End <= span.Off || span.End > st.Size {
+			return mapping{}, fmt.Errorf("regions use bytes [%d, %d), past segment's end at %d", span.Off, span.End, st.Size)
+		}
+		want = *span
+	}
+	// mmap wants a page-aligned offset; the kernel rounds the length up to
+	// the page itself (bytes of that page past want.End are never touched:
+	// a copy is checked against want).
+	base := want.Off &^ (pageSize - 1)
+	mem, err := mapFileAt(fd, base, want.End-base)
+	if err != nil {
+		return mapping{}, err
+	}
+	return mapping{mem: mem, base: base, lo: want.Off, size: st.Size}, nil
 }
