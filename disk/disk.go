@@ -9,6 +9,8 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -36,7 +38,15 @@ var (
 	// ErrCorrupt means a chunk's bytes on disk failed their checksum; it was
 	// dropped.
 	ErrCorrupt = errors.New("disk: chunk checksum mismatch")
+	// ErrLocked means another Disk (another node on this host, or one not
+	// yet closed in this process) has the directory open: Open refuses to
+	// share it, since each would cut the other's record being written as a
+	// torn tail, reuse its segment ids and delete its segments.
+	ErrLocked = errors.New("disk: directory in use by another disk tier")
 )
+
+// lockName is the file in Dir whose exclusive flock a Disk holds while open.
+const lockName = "LOCK"
 
 // Notify is told which keys were written to (stored) or dropped from
 // (removed) the disk, for the engine that spilled them, under the disk's
@@ -99,6 +109,7 @@ type Disk struct {
 	closed    bool
 	q         chan spill
 	done      chan struct{}
+	lock      *os.File // holds the directory's flock (lockName) until Close
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired                            atomic.Int64
@@ -106,7 +117,9 @@ type Disk struct {
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
 // torn tail off a segment and skipping records that fail their checksum) and
-// starts the writer on a new segment.
+// starts the writer on a new segment. It first takes an exclusive flock on
+// the file LOCK in cfg.Dir, held until Close: a directory another Disk has
+// open, in this process or another, is ErrLocked.
 func Open(cfg Config, notify Notify) (*Disk, error) {
 	if cfg.Dir == "" || cfg.Bytes <= 0 {
 		return nil, fmt.Errorf("%w: dir %q, bytes %d", ErrConfig, cfg.Dir, cfg.Bytes)
@@ -123,8 +136,12 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("disk: %w", err)
 	}
+	lock, err := lockDir(cfg.Dir)
+	if err != nil {
+		return nil, err
+	}
 	d := &Disk{cfg: cfg, notify: notify, items: map[messages.Key]*item{}, lru: list.New(),
-		q: make(chan spill, 1<<16), done: make(chan struct{})}
+		q: make(chan spill, 1<<16), done: make(chan struct{}), lock: lock}
 	if err := d.rebuild(); err != nil {
 		d.closeFiles()
 		return nil, err
@@ -301,8 +318,33 @@ func (d *Disk) Close() {
 	}
 }
 
+// closeFiles closes the segment files, then lets the directory's lock go.
 func (d *Disk) closeFiles() {
 	for _, seg := range d.segs {
 		_ = seg.f.Close()
 	}
+	if d.lock != nil {
+		_ = d.lock.Close() // releases the flock
+		d.lock = nil
+	}
+}
+
+// lockDir takes the exclusive flock of dir's lock file, without waiting
+// (ErrLocked if another holds it). The lock goes with the file's close, or
+// the process's end: a node that crashed leaves no stale lock behind.
+func lockDir(dir string) (*os.File, error) {
+	path := filepath.Join(dir, lockName)
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB); err != nil {
+		_ = f.Close()
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return nil, fmt.Errorf("%w: %s is locked (%s): is another kvactors node using this --disk-dir?",
+				ErrLocked, dir, path)
+		}
+		return nil, fmt.Errorf("disk: lock %s: %w", path, err)
+	}
+	return f, nil
 }

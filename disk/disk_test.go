@@ -272,12 +272,14 @@ func TestKill9DuringSpillThenRestart(t *testing.T) {
 				t.Fatalf("child stored only %d chunks in 30s", len(stored))
 			}
 		}
+		_, err = Open(Config{Dir: dir, Bytes: 256 << 20}, nil)
+		require.ErrorIs(t, err, ErrLocked, "a second process opening the directory in use")
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL)) // the writer is always mid-append
 		_ = cmd.Wait()
 		for range lines { // drain what it printed before dying
 		}
 
-		d, err := Open(Config{Dir: dir, Bytes: 256 << 20}, nil)
+		d, err := Open(Config{Dir: dir, Bytes: 256 << 20}, nil) // the dead child's lock went with it
 		require.NoError(t, err)
 		listed := d.Keys()
 		require.GreaterOrEqual(t, len(listed), target)
@@ -345,4 +347,47 @@ func (d *Disk) readInto(engine string, key messages.Key, dst [][]byte) (uint32, 
 	var sum [1]uint32
 	_, err := d.ReadMany(engine, []messages.Key{key}, [][][]byte{dst}, sum[:])
 	return sum[0], err
+}
+
+// docs/OPERATIONS.md "Disk tier": one Disk per directory. A second Open of
+// a directory in use is ErrLocked and touches nothing: the first's record
+// being written is not cut as a torn tail, nor its segments reused or
+// deleted. Once the first closes, the directory opens again, its chunks
+// still there.
+func TestASecondOpenOfADirectoryInUseIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := content(1)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	files := func() map[string]int64 {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		out := map[string]int64{}
+		for _, e := range entries {
+			info, err := e.Info()
+			require.NoError(t, err)
+			out[e.Name()] = info.Size()
+		}
+		return out
+	}
+	before := files()
+
+	_, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.ErrorIs(t, err, ErrLocked)
+	require.Contains(t, err.Error(), dir, "the error names the directory")
+	require.Equal(t, before, files(), "the refused open changed no file")
+	got, err := readBack(t, d, key(1), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got, "the first still serves its chunk")
+
+	d.Close()
+	again, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err, "the lock went with Close")
+	defer again.Close()
+	got, err = readBack(t, again, key(1), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
 }

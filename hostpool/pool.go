@@ -28,6 +28,12 @@ var (
 	ErrNoRoom = errors.New("hostpool: no room")
 	// ErrNotReady means a key asked for by a load is absent or pending.
 	ErrNotReady = errors.New("hostpool: key not ready")
+	// ErrPending is the ErrNotReady of a load whose every key is loadable
+	// but for some pending in another copy (a store, or a read back from
+	// a lower tier), which completes or frees them: the load may wait for
+	// them (Shared.WaitPending, on the KeyError's key) and try again.
+	// errors.Is(err, ErrNotReady) holds too.
+	ErrPending = fmt.Errorf("%w: pending in another copy", ErrNotReady)
 	// ErrBadSize means an offer's sizes do not match its keys or a size is
 	// not positive; nothing changed.
 	ErrBadSize = errors.New("hostpool: bad chunk size")
@@ -330,14 +336,22 @@ func (p *Pool) remove(r ref) {
 }
 
 // PrepareLoad pins every key so it cannot be evicted while its bytes are
-// copied out. All keys must be ready; otherwise it returns an error naming
-// the first key that is not (ErrNotReady) and pins nothing.
+// copied out. All keys must be ready; otherwise it pins nothing and returns
+// an error naming the first key that is absent (ErrNotReady), or when none
+// is, the first that is pending (ErrPending).
 func (p *Pool) PrepareLoad(keys []messages.Key) error {
+	var pending *KeyError
 	for _, k := range keys {
 		r, ok := p.lookup(k)
-		if !ok || p.entries[r].state != Ready {
+		switch {
+		case !ok:
 			return &KeyError{Key: k, Err: ErrNotReady}
+		case p.entries[r].state != Ready && pending == nil:
+			pending = &KeyError{Key: k, Err: ErrPending}
 		}
+	}
+	if pending != nil {
+		return pending
 	}
 	for _, k := range keys {
 		r, _ := p.lookup(k)

@@ -182,14 +182,16 @@ func TestTouchOrder(t *testing.T) {
 // PrepareLoad pins nothing.
 func TestPrepareLoadNotReady(t *testing.T) {
 	for _, tc := range []struct {
-		name string
-		keys []messages.Key
-		bad  messages.Key
+		name    string
+		keys    []messages.Key
+		bad     messages.Key
+		pending bool // ErrPending: wait for bad and try again
 	}{
-		{"absent", k("zz"), "zz"},
-		{"pending", k("p"), "p"},
-		{"ready then absent", k("r", "zz"), "zz"},
-		{"ready then pending then absent", k("r", "p", "zz"), "p"},
+		{"absent", k("zz"), "zz", false},
+		{"pending", k("p"), "p", true},
+		{"ready then absent", k("r", "zz"), "zz", false},
+		{"ready then pending then absent", k("r", "p", "zz"), "zz", false}, // a miss: no use waiting for p
+		{"pending then ready", k("p", "r"), "p", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := New(2, 1)
@@ -199,6 +201,7 @@ func TestPrepareLoadNotReady(t *testing.T) {
 			before := snapshot(p)
 			err = p.PrepareLoad(tc.keys)
 			require.ErrorIs(t, err, ErrNotReady)
+			require.Equal(t, tc.pending, errors.Is(err, ErrPending))
 			var ke *KeyError
 			require.True(t, errors.As(err, &ke))
 			require.Equal(t, tc.bad, ke.Key)

@@ -180,10 +180,11 @@ func (s *Shared) Locate(keys []messages.Key) (Located, error) {
 // PrepareLoadFrom is PrepareLoad for a pool with a lower tier: keys that are
 // absent here but that fetch finds (with their size) are given pending room
 // to be read back into, the others must be ready and are pinned and touched.
-// All-or-nothing: a pending or unfetchable key is ErrNotReady, no room is
-// ErrNoRoom, and then nothing changed. prep.Keys are the keys given room
-// (each once); complete them with CompleteStorePinned (or CompleteStore(keys,
-// nil)).
+// All-or-nothing: an unfetchable key is ErrNotReady, else a pending one
+// ErrPending (another copy is filling it: wait for it and try again), no
+// room is ErrNoRoom, and then nothing changed. prep.Keys are the keys given
+// room (each once); complete them with CompleteStorePinned (or
+// CompleteStore(keys, nil)).
 func (s *Shared) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64, bool)) (
 	prep Prepared, err error) {
 	return s.By("").PrepareLoadFrom(keys, fetch)
@@ -199,10 +200,16 @@ func (b By) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64
 	defer func() { s.full.Store(s.pool.full()) }()
 	var here, absent []messages.Key
 	var sizes []int64
+	var pending *KeyError
 	for _, k := range keys {
 		switch st, _ := s.pool.Lookup(k); {
 		case st == Ready:
 			here = append(here, k)
+			continue
+		case st == Pending:
+			if pending == nil {
+				pending = &KeyError{Key: k, Err: ErrPending}
+			}
 			continue
 		case st == Absent:
 			if size, ok := fetch(k); ok {
@@ -211,6 +218,9 @@ func (b By) PrepareLoadFrom(keys []messages.Key, fetch func(messages.Key) (int64
 			}
 		}
 		return Prepared{}, &KeyError{Key: k, Err: ErrNotReady}
+	}
+	if pending != nil {
+		return Prepared{}, pending
 	}
 	// Pin what is here first: the room for the rest must not evict it.
 	if err := s.pool.PrepareLoad(here); err != nil {

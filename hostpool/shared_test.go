@@ -152,11 +152,24 @@ func TestSharedPrepareLoadFrom(t *testing.T) {
 	}
 
 	before := snap()
-	for _, keys := range [][]messages.Key{k("a", "p"), k("a", "zz"), k("d", "e", "a", "b")} {
+	for _, keys := range [][]messages.Key{k("a", "p"), k("a", "zz"), k("d", "e", "a", "b"), k("p", "d", "zz")} {
 		_, err := s.PrepareLoadFrom(keys, onDisk)
 		require.Error(t, err, "%v", keys)
 		require.Equal(t, before, snap(), "%v: nothing changed", keys)
 	}
+	// A pending key is ErrPending, naming it, when every other key is
+	// loadable (here or on disk); a miss beside it is a plain ErrNotReady.
+	var ke *KeyError
+	_, err = s.PrepareLoadFrom(k("a", "d", "p"), onDisk)
+	require.ErrorIs(t, err, ErrPending)
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, messages.Key("p"), ke.Key)
+	_, err = s.PrepareLoadFrom(k("p", "d", "zz"), onDisk)
+	require.ErrorIs(t, err, ErrNotReady)
+	require.NotErrorIs(t, err, ErrPending, "zz is a miss: no use waiting for p")
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, messages.Key("zz"), ke.Key)
+	require.Equal(t, before, snap(), "nothing changed")
 	_, err = s.PrepareLoadFrom(k("d", "e", "a", "b"), onDisk)
 	require.ErrorIs(t, err, ErrNoRoom, "a and b are pinned by the load, p is pending: no room for d and e")
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/trace"
@@ -125,24 +126,114 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 
 // startLoad pins the keys and hands the copy to a load actor; session and
 // gen are the fence's and the engine's silence generations when the load
-// was taken.
+// was taken. A key pending in host memory (another copy is filling it: a
+// load reading it back from disk, or a store) while every other key is
+// loadable is waited for off the caller's goroutine, which may be the
+// engine's intake worker (waitLoad), and the load tried again once it
+// settles.
 func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
 	keys []messages.Key, reply string, remote int, session, gen uint64, fail func(error)) {
-	if !rec.loads.enter() {
-		fail(fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id)) // ending: see loadGate
+	ls := &loadStart{ctx: ctx, rec: rec, req: req, chunks: chunks, keys: keys, reply: reply, remote: remote,
+		session: session, gen: gen, fail: fail}
+	err := n.tryLoad(ls)
+	if !errors.Is(err, hostpool.ErrPending) {
+		if err != nil {
+			fail(err)
+		}
 		return
 	}
-	evicted, err := rec.store.PrepareLoad(keys) // its evictions are journaled (kvJournal)
+	if !n.loadWaits.enter() {
+		fail(fmt.Errorf("load %q: %w", req.Request, errClosing))
+		return
+	}
+	go n.waitLoad(ls, err)
+}
+
+// loadStart is a load taken and checked, until a load actor has its copy.
+type loadStart struct {
+	ctx          context.Context
+	rec          *engineRec
+	req          ingest.Load
+	chunks       []sched.JobChunk
+	keys         []messages.Key
+	reply        string
+	remote       int
+	session, gen uint64
+	fail         func(error)
+}
+
+// tryLoad pins the load's keys (or gives room to those to read back from
+// disk) and spawns its load actor, which answers it. On an error nothing
+// is pinned and nothing answered.
+func (n *Node) tryLoad(ls *loadStart) error {
+	rec, req := ls.rec, ls.req
+	if !rec.loads.enter() {
+		return fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id) // ending: see loadGate
+	}
+	evicted, err := rec.store.PrepareLoad(ls.keys) // its evictions are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(evicted)))
 	if err != nil {
 		rec.loads.leave()
-		fail(fmt.Errorf("load %q: %w", req.Request, err))
-		return
+		return fmt.Errorf("load %q: %w", req.Request, err)
 	}
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
-		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: chunks,
-			Bytes: store.CopyBytes(rec.layout, chunks), Reply: reply, Ctx: ctx, RemoteChunks: remote, Session: session, Hearing: rec.hearing, HearingGen: gen}))
+		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,
+			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
+	return nil
+}
+
+// waitLoad waits for the key that err (hostpool.ErrPending) names to
+// settle, woken by the copy filling it as it ends (Engine.WaitPending),
+// and tries the load again, until it starts or fails otherwise: two loads
+// of one prefix read back from disk at once both succeed, and a lookup's
+// hit on a chunk being read back holds. It waits a lease at most (a read
+// back or a store waits in the copy queue and copies well within that),
+// then fails the load as a miss naming the key; it fails it at once if the
+// engine ends or the node closes meanwhile. Its own goroutine, counted in
+// loadWaits.
+func (n *Node) waitLoad(ls *loadStart, err error) {
+	defer n.loadWaits.leave()
+	timeout := time.NewTimer(n.cfg.Lease)
+	defer timeout.Stop()
+	settled := make(settleWaker, 1)
+	for errors.Is(err, hostpool.ErrPending) {
+		var ke *hostpool.KeyError
+		if !errors.As(err, &ke) {
+			break // not one key to wait for (a bug): fail as a miss
+		}
+		ls.rec.store.WaitPending([]messages.Key{ke.Key}, settled)
+		select {
+		case <-settled:
+		case <-timeout.C:
+			if err = n.tryLoad(ls); err != nil { // a last try; still pending: a miss
+				ls.fail(err)
+			}
+			return
+		case <-ls.rec.closed:
+			ls.fail(fmt.Errorf("load %q: %w %q", ls.req.Request, errUnknownEngine, ls.rec.id))
+			return
+		case <-n.loadWaitStop:
+			ls.fail(fmt.Errorf("load %q: %w", ls.req.Request, errClosing))
+			return
+		}
+		err = n.tryLoad(ls)
+	}
+	if err != nil {
+		ls.fail(err)
+	}
+}
+
+// settleWaker is a hostpool.Waker that never blocks: one wake-up is kept
+// until it is taken, more are the same one. One waitLoad's, for each key
+// it waits for in turn (a spare wake-up only makes it try again early).
+type settleWaker chan struct{}
+
+func (w settleWaker) Wake() {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
 }
 
 // diskChanged announces the disk tier's writes and deletions (medium DISK)

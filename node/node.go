@@ -98,6 +98,12 @@ type Node struct {
 	closed atomic.Bool
 
 	cl *clusterNode // nil unless clustered (node/cluster.go)
+
+	// loadWaits are the loads waiting off the intake for a key pending in
+	// another copy (waitLoad); Close closes loadWaitStop, which fails them
+	// (the node is closing), and waits for them before the engines retire.
+	loadWaits    loadGate
+	loadWaitStop chan struct{}
 }
 
 // Start brings a node up: NATS, backend and arena, actors, subscriptions,
@@ -109,7 +115,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
-		releases:    map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now}
+		releases:    map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
 	if n.now == nil {
 		n.now = time.Now
 	}
@@ -293,7 +299,8 @@ func (n *Node) Boot() string { return n.boot }
 func (n *Node) NodeID() string { return n.cfg.NodeID }
 
 // Close shuts down gracefully, in this order: stop taking events (drain the
-// subscriptions), retire every engine (queued copies cancelled, in-flight
+// subscriptions), fail the loads waiting for a key another copy is filling
+// (waitLoad), retire every engine (queued copies cancelled, in-flight
 // copies finish, pending releases published), stop the actors, flush and
 // close NATS, stop the embedded server, stop HTTP, free the arena. If the
 // shutdown timeout expires first, it still tears down and returns an error
@@ -336,6 +343,10 @@ func (n *Node) Close(ctx context.Context) error {
 		n.ingest.stop()
 		unapplied += n.ingest.discarded.Load()
 	}
+	// No load comes in any more: those waiting for a pending key fail now
+	// (a remote load's fetch that ends later is refused as closing).
+	close(n.loadWaitStop)
+	n.loadWaits.closeAndWait()
 	sentBefore := int64(0)
 	if n.outbox != nil {
 		sentBefore = n.outbox.Releases()

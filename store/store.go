@@ -78,6 +78,11 @@ func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 func (s *Store) SetJournal(j hostpool.Journal) { s.pool.SetJournal(j) }
 
 // Ready reports whether key can be loaded: stored in host memory, or on disk.
+// A key on disk that is pending in host memory (another load is reading it
+// back, or a store filling it) counts: a load of it waits for that copy to
+// end (PrepareLoad's ErrPending) and then pins it or reads it back itself.
+// A key pending in host memory only (a store's) does not: PROTOCOL.md
+// "lookup" stops at it.
 func (s *Store) Ready(key messages.Key) bool {
 	if st, _ := s.pool.Lookup(key); st == hostpool.Ready {
 		return true
@@ -149,7 +154,10 @@ func (e *Engine) spill(victims []hostpool.Victim) {
 
 // PrepareLoad readies the keys of a load: pinned in host memory, or given
 // room there to be read back from disk by the load's Copy. It returns the
-// keys evicted from host memory to make that room.
+// keys evicted from host memory to make that room. A key pending in host
+// memory (another copy is filling it) fails it with hostpool.ErrPending
+// naming that key, when every other key is loadable: the caller may wait
+// for it (WaitPending) and try again.
 func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 	if e.s.disk == nil {
 		return nil, e.s.pool.PrepareLoad(keys)

@@ -122,6 +122,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
+		a.answerLoads(c)
 		a.q.exit() // a Drain still waiting is answered now, and a later one at once
 	case *actor.Stopped:
 		a.loop.Close()
@@ -145,6 +146,26 @@ func (a *Actor) Receive(c actor.Context) {
 			a.deps.Unexpected.Inc()
 		}
 	}
+}
+
+// answerLoads answers, as the actor stops (its workers have exited), every
+// load it took and has not answered: one whose copy ended meanwhile gets
+// its JobDone (the completed message telling of it would come after the
+// stop, and be dropped), one still queued never runs and is cancelled as
+// by Cancel (pool side aborted, JobDone with Cancelled). A load's owner
+// answers its engine and counts the load out on it: without, the reply
+// never went and the engine's loads in flight never drained. Stores are
+// left unanswered: their owners retire before the node stops this actor,
+// and one told now would decide again, making room in a pool about to go.
+func (a *Actor) answerLoads(c actor.Context) {
+	var ended []*copyDone
+	for _, d := range a.q.take() {
+		if d.job.Dir == backend.HostToDevice {
+			ended = append(ended, d)
+		}
+	}
+	a.finish(c, ended)
+	a.cancelled(c, a.q.takeLoads())
 }
 
 // cancelled aborts the pool side of jobs taken off the queue before they

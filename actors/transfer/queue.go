@@ -107,6 +107,14 @@ func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {
 	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) && containsID(ids, s.ID) })
 }
 
+// takeLoads removes every queued load and returns them (the actor
+// stopping: answerLoads).
+func (q *Queue) takeLoads() []*Submit {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.removeLocked(func(s *Submit) bool { return s.Dir == backend.HostToDevice })
+}
+
 // takeOwnerLocked removes every queued job of owner and returns them.
 func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
 	return q.removeLocked(func(s *Submit) bool { return sameOwner(s.Owner, owner) })
@@ -358,7 +366,7 @@ func (q *Queue) take() []*copyDone {
 }
 
 // close wakes every worker to exit; queued jobs are left (the node is
-// stopping).
+// stopping; the actor answers the loads among them: answerLoads).
 func (q *Queue) close() {
 	q.mu.Lock()
 	q.closed = true

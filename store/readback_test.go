@@ -1,0 +1,78 @@
+package store
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/disk"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+type chanWaker chan struct{}
+
+func (w chanWaker) Wake() {
+	select {
+	case w <- struct{}{}:
+	default:
+	}
+}
+
+// A chunk on disk that one load was given room to read back into is Ready
+// (a lookup hit) while that load is queued or reading; a second load of it
+// is told hostpool.ErrPending naming it (still a not-ready error), not a
+// plain miss, and WaitPending wakes it once the first load's read made
+// the chunk ready: it then loads the same bytes.
+func TestASecondLoadOfAChunkBeingReadBackIsToldToWait(t *testing.T) {
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
+	for i := range dev.mem {
+		dev.mem[i] = byte(i*7 + i/251)
+	}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, 2*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil)) // two chunks
+	e := s.Engine("e", l, dev)
+	storeChunks(t, e, chunk("a", 1))
+	storeChunks(t, e, chunk("b", 2))
+	storeChunks(t, e, chunk("c", 3)) // evicts a, written to disk
+	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if _, _, ok := d.Has("a"); !ok {
+			return fmt.Errorf("a not on disk yet")
+		}
+		return nil
+	})
+
+	_, err = e.PrepareLoad([]messages.Key{"a"}) // load 1: room to read a back into
+	require.NoError(t, err)
+	require.True(t, s.Ready("a"), "a lookup while a is read back")
+	_, err = e.PrepareLoad([]messages.Key{"a"}) // load 2
+	require.ErrorIs(t, err, hostpool.ErrPending)
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, messages.Key("a"), ke.Key)
+	woken := make(chanWaker, 1)
+	e.WaitPending([]messages.Key{ke.Key}, woken)
+	testkit.NoRecv(t, woken, 0, "a wake-up before a is read back")
+
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)) // load 1's read and copy
+	testkit.Recv(t, woken, 5*time.Second, "the wake-up once a is read back")
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err, "load 2, tried again")
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 6)}, nil))
+	bb := int(testBlockBytes)
+	require.Equal(t, dev.mem[1*bb:2*bb], dev.mem[5*bb:6*bb], "load 1")
+	require.Equal(t, dev.mem[1*bb:2*bb], dev.mem[6*bb:7*bb], "load 2")
+	st := s.Stats()
+	require.Zero(t, st.Pinned)
+	require.Zero(t, st.Pending)
+}
