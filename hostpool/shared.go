@@ -28,6 +28,10 @@ type Shared struct {
 	// waiters are woken when their pending key's copy ends (WaitPending);
 	// under mu. Every key here is pending.
 	waiters map[messages.Key][]Waker
+	// room are the waiters for room (WaitRoom), first in first out from
+	// roomHead; under mu.
+	room     []Waker
+	roomHead int
 }
 
 // Journal is told, under the pool's lock and so in the order they happen,
@@ -124,7 +128,7 @@ func (b By) completeStoreAt(keys []messages.Key, slots []int32, sums []uint32) [
 	s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
-	return s.endWaits(keys)
+	return append(s.endWaits(keys), s.takeRoom(len(keys))...) // each key ready (evictable) or freed
 }
 
 // noteReady journals the keys the last completion made ready; under s.mu.
@@ -281,9 +285,11 @@ func (b By) Drop(key messages.Key, sum uint32) bool {
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
+	woken := s.takeRoom(len(keys)) // unpinned: evictable again
+	s.mu.Unlock()
+	wake(woken)
 }
 
 func (s *Shared) Lookup(key messages.Key) (State, int64) {

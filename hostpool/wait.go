@@ -1,6 +1,10 @@
 package hostpool
 
-import "github.com/kvactors/kvactors/messages"
+import (
+	"slices"
+
+	"github.com/kvactors/kvactors/messages"
+)
 
 // A Waker is told that a key it waits for (WaitPending) is no longer
 // pending: the copy that filled it completed, failed or was cancelled.
@@ -93,4 +97,64 @@ func containsWaker(ws []Waker, w Waker) bool {
 		}
 	}
 	return false
+}
+
+// maxRoomWaiters bounds the room queue: a registration past it is not kept
+// (its waiter falls back on its own timer). Stale registrations (a waiter
+// that found room by other means) stay until woken, harmlessly.
+const maxRoomWaiters = 1 << 16
+
+// WaitRoom queues w to be woken when a copy ends or a load lets go of its
+// pins: a decision that found no room (every chunk pending or pinned, or
+// none evictable that fits) retries then, not only when its backoff ends.
+// Waiters are woken first in, first out, as many per change as the keys it
+// freed or made evictable, so a burst into a full pool is served in the
+// order it queued rather than by whichever retry timer falls due as room
+// appears (under a 10 ms-doubling backoff the unlucky ones backed off to a
+// second at a time and starved). w is never woken from here: a decision
+// that cannot fit while the pool is not full would otherwise spin.
+func (s *Shared) WaitRoom(w Waker) {
+	s.mu.Lock()
+	if len(s.room)-s.roomHead < maxRoomWaiters {
+		s.room = append(s.room, w)
+	}
+	s.mu.Unlock()
+}
+
+// A StaleWaker can tell that it no longer waits (its waiter went on by
+// other means): the room queue passes its turn to the next waiter.
+type StaleWaker interface {
+	Waker
+	Stale() bool
+}
+
+// takeRoom takes up to n waiters that still wait from the front of the
+// room queue, dropping stale ones on the way; under s.mu.
+func (s *Shared) takeRoom(n int) []Waker {
+	if n <= 0 || s.roomHead == len(s.room) {
+		return nil
+	}
+	var woken []Waker
+	for ; len(woken) < n && s.roomHead < len(s.room); s.roomHead++ {
+		w := s.room[s.roomHead]
+		s.room[s.roomHead] = nil
+		if sw, ok := w.(StaleWaker); ok && sw.Stale() {
+			continue
+		}
+		woken = append(woken, w)
+	}
+	if s.roomHead == len(s.room) {
+		s.room, s.roomHead = s.room[:0], 0
+	} else if s.roomHead > len(s.room)/2 && s.roomHead > 1024 {
+		s.room = slices.Delete(s.room, 0, s.roomHead) // compact the taken front
+		s.roomHead = 0
+	}
+	return woken
+}
+
+// RoomWaiting is how many waiters the room queue holds (tests).
+func (s *Shared) RoomWaiting() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.room) - s.roomHead
 }

@@ -137,3 +137,72 @@ func make16(n int) []int64 {
 	}
 	return out
 }
+
+type staleWaker struct {
+	countWaker
+	stale bool
+}
+
+func (w *staleWaker) Stale() bool { return w.stale }
+
+// Waiters for room are woken first in, first out, as many per completion
+// as the keys it ended (or the loads it unpinned), never at once from
+// WaitRoom (a decision that cannot fit while the pool has room would
+// spin), and a stale one passes its turn to the next.
+func TestWaitRoomWakesInTurnAsRoomFrees(t *testing.T) {
+	s := NewShared(2*16, 16)
+	prep, err := s.PrepareStore(k("a", "b"), []int64{16, 16})
+	require.NoError(t, err)
+	require.Equal(t, k("a", "b"), prep.Keys)
+	_, err = s.PrepareStore(k("c"), []int64{16})
+	require.ErrorIs(t, err, ErrNoRoom, "both slots pending")
+
+	w := make([]*staleWaker, 4)
+	for i := range w {
+		w[i] = &staleWaker{}
+		s.WaitRoom(w[i])
+	}
+	require.Equal(t, 4, s.RoomWaiting())
+	for i := range w {
+		require.Zero(t, w[i].n.Load(), "not woken by queueing")
+	}
+	w[0].stale = true // went on by other means
+
+	s.CompleteStore(k("a"), okSums(k("a"), true)) // one key: one waiter, the first live one
+	require.Zero(t, w[0].n.Load(), "stale: skipped")
+	require.EqualValues(t, 1, w[1].n.Load())
+	require.Zero(t, w[2].n.Load())
+	require.Equal(t, 2, s.RoomWaiting())
+
+	prep, err = s.PrepareLoadFrom(k("a"), func(messages.Key) (int64, bool) { return 0, false })
+	require.NoError(t, err)
+	require.Empty(t, prep.Keys, "a is here: pinned, nothing read back")
+	s.CompleteStore(k("b"), nil) // b's copy failed: its room freed, the next waiter woken
+	require.EqualValues(t, 1, w[2].n.Load())
+	s.CompleteLoad(k("a")) // unpinned: evictable again, the last waiter woken
+	require.EqualValues(t, 1, w[3].n.Load())
+	require.Zero(t, s.RoomWaiting())
+	s.CompleteStore(k("zz"), nil) // nobody waits: nothing to wake
+	for i := 1; i < len(w); i++ {
+		require.EqualValues(t, 1, w[i].n.Load(), "woken once: %d", i)
+	}
+}
+
+// The room queue is bounded: past maxRoomWaiters a registration is not
+// kept (its waiter has its timer), and a long queue's taken front is
+// compacted away.
+func TestWaitRoomIsBounded(t *testing.T) {
+	s := NewShared(2*16, 16)
+	for range maxRoomWaiters + 10 {
+		s.WaitRoom(&countWaker{})
+	}
+	require.Equal(t, maxRoomWaiters, s.RoomWaiting())
+	s.mu.Lock()
+	woken := s.takeRoom(maxRoomWaiters - 5)
+	n, head := len(s.room), s.roomHead
+	s.mu.Unlock()
+	require.Len(t, woken, maxRoomWaiters-5)
+	require.Equal(t, 5, s.RoomWaiting())
+	require.Equal(t, 5, n-head)
+	require.Zero(t, head, "the taken front compacted")
+}

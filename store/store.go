@@ -501,3 +501,7 @@ func appendKeys(dst []messages.Key, chunks []sched.JobChunk) []messages.Key {
 // longer (hostpool.Shared.WaitPending): a request that found them pending
 // retries then, not only when its backoff ends.
 func (e *Engine) WaitPending(keys []messages.Key, w hostpool.Waker) { e.s.pool.WaitPending(keys, w) }
+
+// WaitRoom queues w to be woken, in its turn, when copies or loads end and
+// room may have freed (hostpool.Shared.WaitRoom).
+func (e *Engine) WaitRoom(w hostpool.Waker) { e.s.pool.WaitRoom(w) }

@@ -85,7 +85,11 @@ type Actor struct {
 	// wake), is stale.
 	retryArmed bool
 	arm        uint32
-	released   string // the request's id once done (state is dropped then)
+	// waiting is the retry its early wake-ups may still take (waitKey), 0
+	// when none: read by the pool's room queue on other goroutines to skip
+	// wake-ups no longer wanted. Allocated at the first wait, kept on reuse.
+	waiting  *atomic.Uint64
+	released string // the request's id once done (state is dropped then)
 	// lastJob is the latest job ID of the actor's requests: the next one's
 	// jobs are numbered after it, since the transfer side matches a Cancel
 	// by owner and ID, and one sent for an earlier request may still be on
@@ -154,7 +158,7 @@ func newActor(deps *Deps, added *messages.Event, parent context.Context, releasi
 // init starts the actor's next request (a new actor's first).
 func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context, releasing *Releasing) {
 	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob,
-		releasing: releasing}
+		releasing: releasing, waiting: a.waiting}
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
 	if tracingOff(deps.Tracer) {
 		// The no-op tracer's span only carries the parent's span context,
@@ -208,6 +212,7 @@ func (a *Actor) Receive(c actor.Context) {
 			break // armed for an earlier request of this actor or an earlier retry, already taken, or nothing owed
 		}
 		a.retryArmed = false
+		a.stopWaiting()
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Hold:
 		if !a.isDone() {

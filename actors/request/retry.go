@@ -1,6 +1,8 @@
 package request
 
 import (
+	"sync/atomic"
+
 	"github.com/asynkron/protoactor-go/actor"
 
 	"github.com/kvactors/kvactors/actors"
@@ -11,8 +13,9 @@ import (
 
 // armRetry schedules one RetryDue; the timer only sends a message, so the
 // decision itself still runs in Receive. A retry for keys pending in other
-// copies is also due as soon as one of those copies ends: the timer is the
-// fallback (a store that supports waiting, PendingWaiter).
+// copies is also due as soon as one of those copies ends, and one for room
+// when its turn in the pool's room queue comes: the timer is the fallback
+// (a store that supports waiting, PendingWaiter).
 func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key) {
 	if a.retryArmed {
 		return
@@ -20,25 +23,57 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key
 	a.retryArmed = true
 	a.arm++
 	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen, arm: a.arm})
-	if w, ok := a.deps.Store.(PendingWaiter); ok && len(pending) > 0 {
-		w.WaitPending(pending, &pendingWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm}})
+	switch w, ok := a.deps.Store.(PendingWaiter); {
+	case !ok:
+	case len(pending) > 0:
+		w.WaitPending(pending, a.wake(c))
+	case r.Reason == sched.RetryPoolFull:
+		w.WaitRoom(a.wake(c))
 	}
 }
 
+// wake is the armed retry's early wake-up.
+func (a *Actor) wake(c actor.Context) *pendingWake {
+	if a.waiting == nil {
+		a.waiting = new(atomic.Uint64)
+	}
+	key := waitKey(a.gen, a.arm)
+	a.waiting.Store(key)
+	return &pendingWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm},
+		waiting: a.waiting, key: key}
+}
+
+// stopWaiting: the armed retry is taken; its wake-ups still queued are stale.
+func (a *Actor) stopWaiting() {
+	if a.waiting != nil {
+		a.waiting.Store(0)
+	}
+}
+
+func waitKey(gen, arm uint32) uint64 { return uint64(gen)<<32 | uint64(arm) }
+
 // PendingWaiter is a Store that can wake a retry when a copy it waited for
-// ends (hostpool.Shared.WaitPending).
+// ends (hostpool.Shared.WaitPending), or when room may have freed
+// (hostpool.Shared.WaitRoom).
 type PendingWaiter interface {
 	WaitPending(keys []messages.Key, w hostpool.Waker)
+	WaitRoom(w hostpool.Waker)
 }
 
 // pendingWake sends its retry's RetryDue through the engine's timers, due
 // now: the copy's end is on the transfer side's goroutine, and the decision
 // belongs on the request's own turn, as a timer's does.
 type pendingWake struct {
-	timers *actors.Timers
-	to     *actor.PID
-	due    RetryDue
+	timers  *actors.Timers
+	to      *actor.PID
+	due     RetryDue
+	waiting *atomic.Uint64 // the actor's
+	key     uint64         // this retry's waitKey
 }
+
+// Stale: the retry was taken (or the actor serves another request): the
+// room queue passes the wake-up on to the next waiter.
+func (w *pendingWake) Stale() bool { return w.waiting.Load() != w.key }
 
 func (w *pendingWake) Wake() {
 	due := w.due
