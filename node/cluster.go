@@ -376,12 +376,21 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 	if f := n.cl.inGate.Load(); f != nil {
 		(*f)("read")
 	}
+	// ns is the requester's namespace with its geometry
+	// (messages.ClusterNamespace): a key names the same bytes only under
+	// the same geometry, and this node's namespace may have another (each
+	// node fixes it for its own boot). A request without one (a node of an
+	// older version) is refused: it cannot be told to match.
+	nsKey, geo, ok := messages.SplitClusterNamespace(ns)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: namespace %q names no geometry", cluster.ErrNoChunk, ns)
+	}
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
-	key, ok := n.poolKey(ns, wk)
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: namespace %s not open on this node", cluster.ErrNoChunk, ns)
+	key, err := n.poolKey(nsKey, geo, wk)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
 	}
 	c := &n.cl.recent
 	c.mu.Lock()
@@ -530,19 +539,24 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 }
 
 // poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in
-// namespace ns; false if ns has no id on this node.
-func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
+// namespace ns (messages.NamespaceKey) of geometry geo; an error if ns has
+// no id on this node or holds another geometry here.
+func (n *Node) poolKey(ns string, geo uint64, wk messages.Key) (messages.Key, error) {
 	if len(wk) <= 4 {
-		return "", false
+		return "", fmt.Errorf("key %x: too short", []byte(wk))
 	}
 	n.mu.Lock()
 	rec := n.nss.byKey[ns]
 	n.mu.Unlock()
 	if rec == nil {
-		return "", false
+		return "", fmt.Errorf("namespace %s not open on this node", ns)
+	}
+	if rec.geo != geo {
+		return "", fmt.Errorf("namespace %s has geometry %s on this node, the fetch asks for %s",
+			ns, messages.GeometryHex(rec.geo), messages.GeometryHex(geo))
 	}
 	g := binary.BigEndian.Uint32([]byte(wk[len(wk)-4:]))
-	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), true
+	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), nil
 }
 
 // errNotOwner: a copy refused because this node may no longer serve the
