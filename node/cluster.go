@@ -190,7 +190,10 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 }
 
 // localMemory: this node can copy for the engine (shm segments exist in
-// its shm dir; a CUDA device is on this host by construction).
+// its shm dir; a CUDA device is on this host by construction). Only for a
+// spec whose segment names are the engine's (ingest.CheckOwner, checked
+// first in onRegister): whether a name exists here decides whether this
+// node claims, and so answers.
 func (n *Node) localMemory(spec messages.EngineSpec) bool {
 	if n.cfg.Backend != "shm" {
 		return true
@@ -203,8 +206,11 @@ func (n *Node) localMemory(spec messages.EngineSpec) bool {
 	return len(spec.Segments) > 0
 }
 
+// backendHas reports whether shmName is a regular file in the shm dir; a
+// symbolic link is not followed (the backend refuses one at attach), so
+// its target's existence says nothing.
 func (n *Node) backendHas(shmName string) bool {
-	fi, err := os.Stat(filepath.Join(n.cfg.ShmDir, shmName))
+	fi, err := os.Lstat(filepath.Join(n.cfg.ShmDir, shmName))
 	return err == nil && fi.Mode().IsRegular()
 }
 

@@ -7,7 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
@@ -214,6 +218,51 @@ func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 	testkit.NoRecv(t, replies, 300*time.Millisecond, "a second answer")
 	require.Equal(t, []string{"e1"}, kc.nodes[1].node.Engines())
 	require.Empty(t, kc.nodes[2].node.Engines())
+}
+
+// A register naming another engine's segment is refused bad_spec by every
+// node alike, before any node looks the name up on its host: which nodes
+// answer says nothing of where (or whether) that name exists. Each node
+// here is a host of its own (its own shm dir); vic-kv exists on n0's only,
+// vic-none nowhere, and vic-link on n2's is a link to n0's file.
+func TestClusterRegisterNamingAnotherEnginesSegmentIsRefusedAlikeEverywhere(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	kc := startCluster(t, 3, func(i int, c *node.Config) { c.ShmDir = dirs[i] })
+	seg, err := shm.Create(dirs[0], "vic-kv", 64*256)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	require.NoError(t, os.Symlink(filepath.Join(dirs[0], "vic-kv"), filepath.Join(dirs[2], "vic-link")))
+	mal := kc.nodes[1].newEngine("mal", defaultOpts())
+	var answers []string
+	for _, name := range []string{"vic-kv", "vic-none", "vic-link"} {
+		before := make([]float64, 3)
+		for i, e := range kc.nodes {
+			before[i] = rejected(t, e, "bad_spec")
+		}
+		spec := mal.spec
+		spec.Segments = []messages.Segment{{Shm: name}}
+		replies := collect(t, kc.nodes[1].nc, "kvactors.mal.register", spec)
+		from := map[string]string{}
+		for range kc.nodes {
+			var r messages.RegisterReply
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "a refusal of "+name).Data, &r))
+			require.False(t, r.OK, name)
+			require.Contains(t, r.Error, `is not engine "mal"'s`, name)
+			from[r.Node] = r.Error
+		}
+		require.Len(t, from, 3, "%s: refused by every node", name)
+		testkit.NoRecv(t, replies, 200*time.Millisecond, "a fourth answer")
+		for i, e := range kc.nodes {
+			require.Equal(t, before[i]+1, rejected(t, e, "bad_spec"), "%s: counted bad_spec on %s", name, e.node.NodeID())
+			require.Empty(t, e.node.Engines())
+		}
+		for _, msg := range from {
+			answers = append(answers, strings.ReplaceAll(msg, name, "NAME"))
+		}
+	}
+	for _, a := range answers {
+		require.Equal(t, answers[0], a, "the same answer from every node, whether or not the name exists there")
+	}
 }
 
 // A prefix stored through node A is counted by lookup on node C and loads
