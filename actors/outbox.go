@@ -163,9 +163,15 @@ func (o *Outbox) Stored(ctx context.Context, engine string, build func(body []by
 
 // KVEventsBody publishes one P.E.kv_events body, encoded by the caller
 // (the node's journal writes it in place; wire.AppendKVBatchOpen and the
-// rest).
-func (o *Outbox) KVEventsBody(ctx context.Context, engine string, body []byte) {
-	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), body, o.kvHeader())
+// rest). On a cluster (SetKVStamp) it carries messages.HeaderGeometry: geometry is
+// the fingerprint of the geometry of the namespaces of every key it names.
+func (o *Outbox) KVEventsBody(ctx context.Context, engine string, geometry uint64, body []byte) {
+	h := o.kvHeader()
+	if h != nil {
+		h = maps.Clone(h)
+		h.Set(messages.HeaderGeometry, messages.GeometryHex(geometry))
+	}
+	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), body, h)
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -180,6 +181,12 @@ func (f *Feed) catchUp(node, boot string) {
 		if b != boot {
 			return fmt.Errorf("%w: node %s answered for boot %s, not %s", ErrCatchUp, node, b, boot)
 		}
+		// Only keys of a geometry-qualified namespace count (a node of an
+		// older version pages plain ones): see onKVEvents.
+		keys = slices.DeleteFunc(keys, func(k holders.NSKey) bool {
+			_, _, ok := messages.SplitClusterNamespace(k.NS)
+			return !ok
+		})
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		return f.x.CatchUpPage(node, id, keys)
@@ -266,8 +273,24 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		f.metrics.FeedRejected.WithLabelValues("bad_message").Inc()
 		return
 	}
+	// A key names the same bytes only under its namespace's geometry: a
+	// batch that does not say it (a node of an older version) adds no
+	// holder for anyone, though its clears apply (they only drop keys).
+	geo, stamped := messages.ParseGeometryHex(m.Header.Get(messages.HeaderGeometry))
+	if !stamped {
+		all := len(b.Events)
+		b.Events = slices.DeleteFunc(b.Events, func(ev messages.KVEvent) bool { return ev.Type != messages.KVAllBlocksCleared })
+		if len(b.Events) < all {
+			f.metrics.FeedRejected.WithLabelValues("no_geometry").Inc()
+		}
+	}
 	f.mu.Lock()
-	cleared, err := f.x.ApplyKVEvents(node, boot, engine, b)
+	var cleared bool
+	if stamped {
+		cleared, err = f.x.ApplyClusterKVEvents(node, boot, engine, geo, b)
+	} else {
+		cleared, err = f.x.ApplyKVEvents(node, boot, engine, b)
+	}
 	if cleared {
 		// The index dropped every key of the node (a router's clear names
 		// one engine, the pool is the node's): read its key set again at

@@ -94,12 +94,17 @@ func (n *fakeNode) kvEvents(engine string, evs ...messages.KVEvent) {
 	m.Data = b
 	m.Header.Set(HeaderNode, n.node)
 	m.Header.Set(HeaderBoot, n.boot)
+	m.Header.Set(messages.HeaderGeometry, messages.GeometryHex(testGeometry))
 	require.NoError(n.t, n.nc.PublishMsg(m))
 }
 
+// testGeometry is the geometry fingerprint fake nodes stamp on their
+// kv_events (messages.HeaderGeometry).
+const testGeometry = 0x6e0
+
 func hashKey(h string, g int) holders.NSKey {
 	raw, _ := hex.DecodeString(h)
-	return holders.NSKey{NS: messages.NamespaceKey("e1", "m"), Key: holders.KeyOf(raw, g)} // shared namespace "m"
+	return holders.NSKey{NS: messages.ClusterNamespace(messages.NamespaceKey("e1", "m"), testGeometry), Key: holders.KeyOf(raw, g)} // shared namespace "m"
 }
 
 func holdersOf(f *Feed, k holders.NSKey) func() error {
@@ -143,7 +148,7 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, stored)) // by kv_events
 	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockRemoved, BlockHashes: []string{"bb"}, GroupIdx: 1, Namespace: "m"})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if got := feed.Holders("m", stored.Key); len(got) != 0 {
+		if got := feed.Holders(stored.NS, stored.Key); len(got) != 0 {
 			return fmt.Errorf("still held by %v after BlockRemoved", got)
 		}
 		return nil
@@ -180,7 +185,7 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	a.kill()
 	killed := time.Now()
 	testkit.Eventually(t, 3*testLease, 10*time.Millisecond, func() error {
-		if got := feed.Holders("m", old.Key); len(got) != 0 {
+		if got := feed.Holders(old.NS, old.Key); len(got) != 0 {
 			return fmt.Errorf("gpu-0 still counts %v after %v", got, time.Since(killed))
 		}
 		return nil
@@ -194,7 +199,7 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	fresh := hashKey("cc", 0)
 	startFakeNode(t, ncA, "gpu-0", "a2", []holders.NSKey{fresh})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, fresh))
-	require.Empty(t, feed.Holders("m", old.Key))
+	require.Empty(t, feed.Holders(old.NS, old.Key))
 }
 
 // A node not heard is live to the feed until the feed has listened for a
@@ -252,4 +257,34 @@ func TestFeedCountsSilenceOnlyOnceItHasListenedForALease(t *testing.T) {
 	require.True(t, feed.NodeLive("gpu-0"), "just reconnected: gpu-0's heartbeats meanwhile went unheard")
 	testkit.Eventually(t, 5*testLease, 10*time.Millisecond, silent)
 	require.GreaterOrEqual(t, time.Since(restored), testLease, "silent only after a lease of listening again")
+}
+
+// A key names the same bytes only under its namespace's geometry: kv_events
+// without Kvactors-Geometry and keys pages of namespaces without one (a node
+// of an older version) count for nobody; their stamped or qualified
+// neighbours, sent the same way, do.
+func TestFeedCountsNoKeyWithoutItsGeometry(t *testing.T) {
+	s := testkit.NATSServer(t)
+	ncA, ncC := testkit.Connect(t, s), testkit.Connect(t, s)
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+
+	paged := hashKey("cc", 0)
+	plain := holders.NSKey{NS: messages.NamespaceKey("e1", "m"), Key: hashKey("aa", 0).Key}
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{plain, paged})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, paged)) // by catch-up
+	require.Empty(t, feed.Holders(plain.NS, plain.Key), "a paged key of a namespace without its geometry")
+
+	unstamped := nats.NewMsg(messages.EngineSubject("kvactors", "e1", messages.VerbKVEvents))
+	unstamped.Header.Set(HeaderNode, "gpu-0")
+	unstamped.Header.Set(HeaderBoot, "a1")
+	unstamped.Data, _ = json.Marshal(messages.KVEventBatch{Events: []messages.KVEvent{
+		{Type: messages.KVBlockStored, BlockHashes: []string{"bb"}, Namespace: "m"}}})
+	require.NoError(t, ncA.PublishMsg(unstamped))
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"dd"}, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, hashKey("dd", 0))) // after the unstamped one
+	require.Empty(t, feed.Holders(hashKey("bb", 0).NS, hashKey("bb", 0).Key), "a stored key without its geometry")
+	require.Empty(t, feed.Holders(plain.NS, hashKey("bb", 0).Key), "nor under the plain namespace")
 }

@@ -32,7 +32,7 @@ func TestPrefixStoredOnAIsFoundAndFetchedByteIdenticallyOnC(t *testing.T) {
 	f := fetcher(t, ncC, nil)
 
 	const name = "llama-70b@rev3"
-	ns := messages.NamespaceKey("eA", name) // how nodes key the shared namespace
+	ns := messages.ClusterNamespace(messages.NamespaceKey("eA", name), testGeometry) // how nodes key the shared namespace
 
 	srcA, srcB := newMemSource(), newMemSource()
 	var hashes []string

@@ -43,3 +43,30 @@ func TestNamespaceKeyIsOneKeyPerNamespace(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// ClusterNamespace round-trips, and no NamespaceKey reads as one: a key from
+// a node that names no geometry (an older version) never matches one.
+func TestClusterNamespaceRoundTripsAndNoPlainKeyReadsAsOne(t *testing.T) {
+	const idChars = "0123456789abcdefABCDEF_-xyz"
+	f := func(id []byte, name string, geo uint64) bool {
+		engine := "e" // an engine id: [A-Za-z0-9_-]{1,64}
+		for _, b := range id[:min(len(id), 63)] {
+			engine += string(idChars[int(b)%len(idChars)])
+		}
+		key := NamespaceKey(engine, name)
+		k, g, ok := SplitClusterNamespace(ClusterNamespace(key, geo))
+		if !ok || k != key || g != geo {
+			return false
+		}
+		_, _, plain := SplitClusterNamespace(key)
+		return !plain
+	}
+	if err := quick.Check(f, &quick.Config{MaxCount: 5000}); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"0123456789abcdef", ".0123456789abcde:e1", "0123456789abcdef:"} {
+		if _, _, ok := SplitClusterNamespace(key); ok {
+			t.Errorf("%q reads as a cluster namespace", key)
+		}
+	}
+}

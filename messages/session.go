@@ -1,6 +1,10 @@
 package messages
 
-import "strings"
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
 
 // Protocol v2 vocabulary: sessions and delivery (shared/PROTOCOL.md
 // "Sessions", "Delivery"). Engine subjects are P.<engine>.<verb>; node
@@ -35,9 +39,16 @@ const (
 // Headers a clustered node sets on every P.E.kv_events it publishes, so
 // other nodes know whose pool the events describe (the body is vLLM's and
 // names no node; routers ignore headers they do not know).
+// HeaderGeometry is the fingerprint (16 hex digits) of the geometry of the
+// namespace whose keys the batch's BlockStored and BlockRemoved events
+// name: a node's batch holds one namespace's keys. A key means the same
+// bytes only under the same geometry, so other nodes count a held key for
+// an engine only when its namespace's geometry is the engine's
+// (ClusterNamespace); a batch without it counts for nobody.
 const (
-	HeaderNode = "Kvactors-Node"
-	HeaderBoot = "Kvactors-Boot"
+	HeaderNode     = "Kvactors-Node"
+	HeaderBoot     = "Kvactors-Boot"
+	HeaderGeometry = "Kvactors-Geometry"
 )
 
 // Reply inboxes (PROTOCOL.md "kvactors' choice, replies").
@@ -158,4 +169,44 @@ func NamespaceKey(engine, name string) string {
 		return engine
 	}
 	return "." + name
+}
+
+// ClusterNamespace is the identity of a namespace across a cluster's
+// nodes: its key (NamespaceKey) qualified by the fingerprint of its
+// geometry, as "<16 hex digits>:<key>". Each node fixes a namespace's
+// geometry for its own boot only, so two nodes may hold one namespace with
+// different geometries (a rolling change of KV dtype or block size that
+// keeps the name), and a key of one names other bytes under the other. The
+// cluster's holder index, its keys pages and its fetch requests key on
+// this. No NamespaceKey has the form (an engine id has no ':', a shared
+// key starts with '.'), so a key from a node that sends none (an older
+// version) never matches one.
+func ClusterNamespace(key string, geometry uint64) string {
+	return fmt.Sprintf("%016x:%s", geometry, key)
+}
+
+// SplitClusterNamespace is the inverse of ClusterNamespace; false if s is
+// not of its form.
+func SplitClusterNamespace(s string) (key string, geometry uint64, ok bool) {
+	fp, key, found := strings.Cut(s, ":")
+	if !found || len(fp) != 16 || key == "" {
+		return "", 0, false
+	}
+	g, err := strconv.ParseUint(fp, 16, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	return key, g, true
+}
+
+// GeometryHex is a geometry fingerprint as HeaderGeometry carries it.
+func GeometryHex(geometry uint64) string { return fmt.Sprintf("%016x", geometry) }
+
+// ParseGeometryHex reads HeaderGeometry; false if it is not 16 hex digits.
+func ParseGeometryHex(s string) (uint64, bool) {
+	if len(s) != 16 {
+		return 0, false
+	}
+	g, err := strconv.ParseUint(s, 16, 64)
+	return g, err == nil
 }

@@ -190,7 +190,10 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 }
 
 // localMemory: this node can copy for the engine (shm segments exist in
-// its shm dir; a CUDA device is on this host by construction).
+// its shm dir; a CUDA device is on this host by construction). Only for a
+// spec whose segment names are the engine's (ingest.CheckOwner, checked
+// first in onRegister): whether a name exists here decides whether this
+// node claims, and so answers.
 func (n *Node) localMemory(spec messages.EngineSpec) bool {
 	if n.cfg.Backend != "shm" {
 		return true
@@ -203,8 +206,11 @@ func (n *Node) localMemory(spec messages.EngineSpec) bool {
 	return len(spec.Segments) > 0
 }
 
+// backendHas reports whether shmName is a regular file in the shm dir; a
+// symbolic link is not followed (the backend refuses one at attach), so
+// its target's existence says nothing.
 func (n *Node) backendHas(shmName string) bool {
-	fi, err := os.Stat(filepath.Join(n.cfg.ShmDir, shmName))
+	fi, err := os.Lstat(filepath.Join(n.cfg.ShmDir, shmName))
 	return err == nil && fi.Mode().IsRegular()
 }
 
@@ -376,12 +382,21 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 	if f := n.cl.inGate.Load(); f != nil {
 		(*f)("read")
 	}
+	// ns is the requester's namespace with its geometry
+	// (messages.ClusterNamespace): a key names the same bytes only under
+	// the same geometry, and this node's namespace may have another (each
+	// node fixes it for its own boot). A request without one (a node of an
+	// older version) is refused: it cannot be told to match.
+	nsKey, geo, ok := messages.SplitClusterNamespace(ns)
+	if !ok {
+		return nil, 0, fmt.Errorf("%w: namespace %q names no geometry", cluster.ErrNoChunk, ns)
+	}
 	if !n.cl.keys.has(ns, wk) {
 		return nil, 0, fmt.Errorf("%w: %s/%x", cluster.ErrNoChunk, ns, []byte(wk))
 	}
-	key, ok := n.poolKey(ns, wk)
-	if !ok {
-		return nil, 0, fmt.Errorf("%w: namespace %s not open on this node", cluster.ErrNoChunk, ns)
+	key, err := n.poolKey(nsKey, geo, wk)
+	if err != nil {
+		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
 	}
 	c := &n.cl.recent
 	c.mu.Lock()
@@ -530,19 +545,24 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 }
 
 // poolKey is the pool key of wire key wk (hash, then group as 4 bytes) in
-// namespace ns; false if ns has no id on this node.
-func (n *Node) poolKey(ns string, wk messages.Key) (messages.Key, bool) {
+// namespace ns (messages.NamespaceKey) of geometry geo; an error if ns has
+// no id on this node or holds another geometry here.
+func (n *Node) poolKey(ns string, geo uint64, wk messages.Key) (messages.Key, error) {
 	if len(wk) <= 4 {
-		return "", false
+		return "", fmt.Errorf("key %x: too short", []byte(wk))
 	}
 	n.mu.Lock()
 	rec := n.nss.byKey[ns]
 	n.mu.Unlock()
 	if rec == nil {
-		return "", false
+		return "", fmt.Errorf("namespace %s not open on this node", ns)
+	}
+	if rec.geo != geo {
+		return "", fmt.Errorf("namespace %s has geometry %s on this node, the fetch asks for %s",
+			ns, messages.GeometryHex(rec.geo), messages.GeometryHex(geo))
 	}
 	g := binary.BigEndian.Uint32([]byte(wk[len(wk)-4:]))
-	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), true
+	return sched.Key(rec.id, messages.Hash(wk[:len(wk)-4]), int(g)), nil
 }
 
 // errNotOwner: a copy refused because this node may no longer serve the

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -126,4 +128,19 @@ func TestATimedOutEndReleasesTheClaimOnceItsCopyEnds(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// Whether an engine's segment is on this host is asked of the name itself:
+// a symbolic link is not followed, so a link's target (any path on the
+// host) is not probed through which node claims.
+func TestBackendHasFollowsNoLink(t *testing.T) {
+	dir := t.TempDir()
+	n := &Node{cfg: Config{Backend: "shm", ShmDir: dir}}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "e1-kv"), []byte("x"), 0o600))
+	require.NoError(t, os.Symlink(filepath.Join(dir, "e1-kv"), filepath.Join(dir, "e1-link")))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "e1-dir"), 0o700))
+	require.True(t, n.backendHas("e1-kv"))
+	require.False(t, n.backendHas("e1-link"), "a link to a regular file")
+	require.False(t, n.backendHas("e1-dir"))
+	require.False(t, n.backendHas("e1-none"))
 }

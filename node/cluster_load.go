@@ -26,7 +26,7 @@ func (n *Node) remoteKeys(rec *engineRec, keys []messages.Key) []messages.Key {
 	if n.cl == nil {
 		return nil
 	}
-	ns := rec.namespaceKey()
+	ns := rec.clusterNamespace()
 	var out []messages.Key
 	seen := map[messages.Key]bool{}
 	for _, k := range keys {
@@ -57,7 +57,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(n.cl.closing, cancel)()
-	ns := rec.namespaceKey()
+	ns := rec.clusterNamespace()
 	sizes := make([]int64, len(keys))
 	for i, k := range keys {
 		_, _, g := sched.SplitKey(k)

@@ -7,6 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
@@ -215,6 +220,51 @@ func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 	require.Empty(t, kc.nodes[2].node.Engines())
 }
 
+// A register naming another engine's segment is refused bad_spec by every
+// node alike, before any node looks the name up on its host: which nodes
+// answer says nothing of where (or whether) that name exists. Each node
+// here is a host of its own (its own shm dir); vic-kv exists on n0's only,
+// vic-none nowhere, and vic-link on n2's is a link to n0's file.
+func TestClusterRegisterNamingAnotherEnginesSegmentIsRefusedAlikeEverywhere(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	kc := startCluster(t, 3, func(i int, c *node.Config) { c.ShmDir = dirs[i] })
+	seg, err := shm.Create(dirs[0], "vic-kv", 64*256)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = seg.Remove() })
+	require.NoError(t, os.Symlink(filepath.Join(dirs[0], "vic-kv"), filepath.Join(dirs[2], "vic-link")))
+	mal := kc.nodes[1].newEngine("mal", defaultOpts())
+	var answers []string
+	for _, name := range []string{"vic-kv", "vic-none", "vic-link"} {
+		before := make([]float64, 3)
+		for i, e := range kc.nodes {
+			before[i] = rejected(t, e, "bad_spec")
+		}
+		spec := mal.spec
+		spec.Segments = []messages.Segment{{Shm: name}}
+		replies := collect(t, kc.nodes[1].nc, "kvactors.mal.register", spec)
+		from := map[string]string{}
+		for range kc.nodes {
+			var r messages.RegisterReply
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "a refusal of "+name).Data, &r))
+			require.False(t, r.OK, name)
+			require.Contains(t, r.Error, `is not engine "mal"'s`, name)
+			from[r.Node] = r.Error
+		}
+		require.Len(t, from, 3, "%s: refused by every node", name)
+		testkit.NoRecv(t, replies, 200*time.Millisecond, "a fourth answer")
+		for i, e := range kc.nodes {
+			require.Equal(t, before[i]+1, rejected(t, e, "bad_spec"), "%s: counted bad_spec on %s", name, e.node.NodeID())
+			require.Empty(t, e.node.Engines())
+		}
+		for _, msg := range from {
+			answers = append(answers, strings.ReplaceAll(msg, name, "NAME"))
+		}
+	}
+	for _, a := range answers {
+		require.Equal(t, answers[0], a, "the same answer from every node, whether or not the name exists there")
+	}
+}
+
 // A prefix stored through node A is counted by lookup on node C and loads
 // byte-identically through C: fetched over P._node.n0.fetch (remote_chunks),
 // verified, stored in C's pool and copied to C's engine.
@@ -285,7 +335,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	before := append([]byte(nil), c.block(0, 2)...)
 	r := c.loadInto("rc", hs, 8, []int{2, 3})
 	require.False(t, r.OK)
-	require.Contains(t, r.Error, "fetch key .m/"+hs[0])
+	require.Contains(t, r.Error, "fetch key "+node.ClusterNamespace("ec", "m", &c.spec)+"/"+hs[0])
 	require.Contains(t, r.Error, "from node n0")
 	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
 	require.Positive(t, kc.nodes[2].counter("kvactors_cluster_fetch_failures_total", ""))
@@ -309,17 +359,75 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 	// A chunk is served once the journal has announced it (kv_events, up to
 	// --kv-events-linger after its stored message).
 	var got []byte
+	m := node.ClusterNamespace("ea", "m", &a.spec)
 	require.Eventually(t, func() bool {
-		got, err = f.Fetch(context.Background(), "n0", messages.NamespaceKey("ea", "m"), key)
+		got, err = f.Fetch(context.Background(), "n0", m, key)
 		return err == nil
 	}, 10*time.Second, 5*time.Millisecond, "fetch of the stored chunk")
 	require.Equal(t, a.block(0, 7), got, "the chunk as stored (one 256-byte block per slot)")
-	_, err = f.Fetch(context.Background(), "n0", messages.NamespaceKey("ea", "other"), key)
+	_, err = f.Fetch(context.Background(), "n0", node.ClusterNamespace("ea", "other", &a.spec), key)
 	require.ErrorIs(t, err, cluster.ErrRefused)
-	_, err = f.Fetch(context.Background(), "n0", "ea", key)
+	_, err = f.Fetch(context.Background(), "n0", node.ClusterNamespace("ea", "ea", &a.spec), key)
 	require.ErrorIs(t, err, cluster.ErrRefused, "not even the engine id's default namespace")
-	_, err = f.Fetch(context.Background(), "n0", "m", key)
+	_, err = f.Fetch(context.Background(), "n0", node.ClusterNamespace("m", "m", &a.spec), key)
 	require.ErrorIs(t, err, cluster.ErrRefused, "nor the own namespace of an engine named m")
+	_, err = f.Fetch(context.Background(), "n0", messages.NamespaceKey("ea", "m"), key)
+	require.ErrorIs(t, err, cluster.ErrRefused, "nor the namespace without its geometry (a node of an older version)")
+	other := a.spec
+	other.BlocksPerChunk = 2
+	other.Groups = slices.Clone(other.Groups)
+	other.Groups[0].Regions = []messages.Region{{Segment: 0, BlockStride: 128, BlockBytes: 128}}
+	_, err = f.Fetch(context.Background(), "n0", node.ClusterNamespace("ea", "m", &other), key)
+	require.ErrorIs(t, err, cluster.ErrRefused, "nor the namespace under another geometry")
+}
+
+// A namespace's geometry is fixed per node (its first engine in the boot),
+// so two nodes may hold one namespace under two geometries (a rolling change
+// of KV dtype or block size that keeps the name). A's chunks (one 256-byte
+// block each) are the same size as a chunk of C's engine (two 128-byte
+// blocks), and C's chunk-0 key is A's chunk-1 key: C must not count A's
+// chunks, and its load must not write A's bytes into its blocks. B, of A's
+// geometry, still counts and loads them byte-identically.
+func TestClusterGeometryIsPartOfTheNamespaceAcrossNodes(t *testing.T) {
+	kc := startCluster(t, 3)
+	a := kc.engineOn(0, "ea", "m")
+	a.register()
+	hs := []string{hash("geo", 0), hash("geo", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
+
+	b := kc.engineOn(1, "eb", "m") // A's geometry, another node: the control
+	b.register()
+	awaitLookup(t, b, hs, 8, "B (A's geometry)")
+	r := b.loadInto("rb", hs, 8, []int{5, 6})
+	require.True(t, r.OK, "B's load: %s", r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	require.Equal(t, a.block(0, 40), b.block(0, 5), "B's block 5 is A's chunk 0")
+	require.Equal(t, a.block(0, 41), b.block(0, 6), "B's block 6 is A's chunk 1")
+
+	o := defaultOpts()
+	o.bpc, o.blockBytes = 2, 128
+	c := kc.nodes[2].newEngine("ec", o)
+	c.spec.Node, c.spec.Namespace = "n2", "m"
+	c.register() // n2 has never seen m: it takes C's geometry
+	// C's node knows A's chunks (and B's fetched copies) before C asks.
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for _, ni := range kc.nodes[2].node.ClusterNodes() {
+			if ni.Node == "n0" && ni.Keys >= 2 && ni.Live {
+				return nil
+			}
+		}
+		return fmt.Errorf("n2 does not know n0's keys yet: %+v", kc.nodes[2].node.ClusterNodes())
+	})
+	require.Zero(t, c.lookup(hs), "C counts no chunk stored under another geometry")
+	c.fill(0, 2, 77)
+	c.fill(0, 3, 78)
+	before2, before3 := bytes.Clone(c.block(0, 2)), bytes.Clone(c.block(0, 3))
+	r = c.loadInto("rc", hs, 8, []int{2, 3})
+	require.False(t, r.OK, "C's load of a prefix held only under another geometry")
+	require.Zero(t, r.RemoteChunks)
+	require.Equal(t, before2, c.block(0, 2), "C's block 2 untouched")
+	require.Equal(t, before3, c.block(0, 3), "C's block 3 untouched")
+	require.Zero(t, kc.nodes[2].counter("kvactors_cluster_fetch_bytes_total", ""), "nothing fetched for C")
 }
 
 // Two engines of one namespace on C load the same remote prefix at once:
@@ -395,7 +503,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 	dst := bytes.Clone(c.block(0, 31))
 	r := c.loadInto("rc", hs, 8, []int{30, 31})
 	require.False(t, r.OK)
-	require.Contains(t, r.Error, "fetch key .m/"+hs[1])
+	require.Contains(t, r.Error, "fetch key "+node.ClusterNamespace("ec", "m", &c.spec)+"/"+hs[1])
 	require.Contains(t, r.Error, "checksum mismatch")
 	require.Equal(t, dst, c.block(0, 31), "no byte of the corrupt chunk reached C's engine")
 	require.Equal(t, 1.0, kc.nodes[0].counter("kvactors_pool_corrupt_chunks_total", ""), "A dropped it")

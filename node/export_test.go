@@ -4,6 +4,9 @@ import (
 	"context"
 	"sync"
 	"time"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // Seams for the node_test package, compiled with the tests only.
@@ -95,3 +98,14 @@ func (n *Node) IntakeShard(engine string) int { return n.ingest.shard(engine) }
 // IntakePending is the bytes the intake holds now: taken, not yet handled
 // (parked ones included), or lent to engine actors.
 func (n *Node) IntakePending() int64 { return n.ingest.pending.Load() }
+
+// ClusterNamespace is the namespace key a fetch from another node names
+// for an engine of spec in namespace name (messages.ClusterNamespace with
+// the spec's geometry fingerprint).
+func ClusterNamespace(engine, name string, spec *messages.EngineSpec) string {
+	lay, err := sched.NewLayout(spec)
+	if err != nil {
+		panic(err)
+	}
+	return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry(lay))
+}

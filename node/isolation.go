@@ -50,6 +50,7 @@ type namespace struct {
 	name   string        // as its engines name it (kv_events)
 	key    string        // messages.NamespaceKey: private to one engine, or shared
 	layout *sched.Layout // the geometry it holds
+	geo    uint64        // its fingerprint (geometry): the cluster's namespace identity includes it
 	// engine is the engine last registered in it: evictions of its keys
 	// caused by an engine of another namespace are announced on this
 	// engine's kv_events, never on the evicter's (which would tell one
@@ -92,7 +93,7 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 		if t.byKey == nil {
 			t.byKey, t.opened = map[string]*namespace{}, map[string]int{}
 		}
-		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, key: key, layout: lay}
+		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, key: key, layout: lay, geo: geometry(lay)}
 		t.byID = append(t.byID, ns)
 		t.byKey[key] = ns
 		t.opened[engine]++

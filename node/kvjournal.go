@@ -40,12 +40,14 @@ type kvJournal struct {
 	closing chan struct{} // closed by close: a lingering drain goes at once
 	done    chan struct{}
 	started bool
-	// emit publishes one kv_events body for engine (the body is reused
-	// once it returns).
-	emit func(engine string, body []byte)
+	// emit publishes one kv_events body for engine, all of whose keys are
+	// of namespaces of geometry (messages.HeaderGeometry); the body is
+	// reused once it returns.
+	emit func(engine string, geometry uint64, body []byte)
 	// target says on which engine's kv_events keys of namespace ns are
-	// announced, naming ns (see Node.kvTarget).
-	target func(engineID string, ns sched.NamespaceID) (name, engine string)
+	// announced, naming ns, and ns's geometry fingerprint (see
+	// Node.kvTarget).
+	target func(engineID string, ns sched.NamespaceID) (name, engine string, geometry uint64)
 	// observe, when set, sees every announced run of keys (the cluster's
 	// key set); set it before start.
 	observe func(typ, medium, namespace string, keys []messages.Key)
@@ -71,8 +73,8 @@ const kvSpareKeys = 1 << 16
 // server may keep, so a message is never refused whole for its size.
 const kvMessageBytes = 512 << 10
 
-func newKVJournal(emit func(string, []byte),
-	target func(string, sched.NamespaceID) (string, string)) *kvJournal {
+func newKVJournal(emit func(string, uint64, []byte),
+	target func(string, sched.NamespaceID) (string, string, uint64)) *kvJournal {
 	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
 		emit: emit, target: target}
 }
@@ -190,37 +192,42 @@ func (j *kvJournal) run() {
 // namespaces, appending to msg while the target engine stays the same.
 func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 	for run := range j.split.runs(keys) {
-		name, engine := j.target(r.engine, run.ns)
+		name, engine, geo := j.target(r.engine, run.ns)
 		if engine == "" {
 			continue // no engine of that namespace is registered: no one to tell
 		}
 		if j.observe != nil {
-			// keyed as the cluster's holder index keys what it reads here
-			j.observe(r.typ, r.medium, messages.NamespaceKey(engine, name), run.keys)
+			// keyed as the cluster's holder index keys what it reads here:
+			// a node of the cluster counts the key only for an engine of
+			// the same geometry
+			j.observe(r.typ, r.medium, messages.ClusterNamespace(messages.NamespaceKey(engine, name), geo), run.keys)
 		}
-		msg.add(engine, r.typ, run.group, r.medium, name, run.keys, j.emit)
+		msg.add(engine, geo, r.typ, run.group, r.medium, name, run.keys, j.emit)
 	}
 }
 
 // kvMessage is the message being written: one engine's kv_events body,
-// built in place (each hash hex-encoded from the pool key straight into
-// it) and cut before it would pass kvMessageBytes.
+// of keys of one geometry (the message's messages.HeaderGeometry), built
+// in place (each hash hex-encoded from the pool key straight into it) and
+// cut before it would pass kvMessageBytes.
 type kvMessage struct {
 	engine string
+	geo    uint64           // the geometry of the namespaces of its keys
 	body   []byte           // the batch opened, events so far; empty: none
 	tail   []byte           // the current event's closing, known before its hashes
 	now    func() time.Time // the batch's ts; nil: time.Now (a test fixes it to cut exactly)
 }
 
-// add appends one event of keys (one namespace, one group) for engine,
-// flushing first when the engine changes, and cutting the event across
-// messages wherever the body would pass kvMessageBytes (a long-context
-// job stores thousands of chunks at once).
-func (m *kvMessage) add(engine, typ string, group int, medium, namespace string, keys []messages.Key,
-	emit func(string, []byte)) {
-	if engine != m.engine {
+// add appends one event of keys (one namespace, of geometry geo, one
+// group) for engine, flushing first when the engine or the geometry
+// changes, and cutting the event across messages wherever the body would
+// pass kvMessageBytes (a long-context job stores thousands of chunks at
+// once).
+func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium, namespace string, keys []messages.Key,
+	emit func(string, uint64, []byte)) {
+	if engine != m.engine || geo != m.geo {
 		m.flush(emit)
-		m.engine = engine
+		m.engine, m.geo = engine, geo
 	}
 	m.tail = wire.AppendKVEventClose(m.tail[:0], group, medium, namespace)
 	// An event's comma and head; its first hash has no comma of its own.
@@ -259,9 +266,9 @@ func (m *kvMessage) add(engine, typ string, group int, medium, namespace string,
 // hexBytes is what a hash adds to a body: its hex, quotes and comma.
 func hexBytes(h messages.Hash) int { return 2*len(h) + 3 }
 
-func (m *kvMessage) flush(emit func(string, []byte)) {
+func (m *kvMessage) flush(emit func(string, uint64, []byte)) {
 	if len(m.body) > 0 {
-		emit(m.engine, wire.AppendKVBatchClose(m.body))
+		emit(m.engine, m.geo, wire.AppendKVBatchClose(m.body))
 	}
 	m.body = m.body[:0]
 	if cap(m.body) > 2*kvMessageBytes {
@@ -360,21 +367,22 @@ func findSet(sets []keySet, ns sched.NamespaceID, group int) int {
 //
 // It reads the namespace table only (its own RWMutex): n.mu is held by a
 // register across its device attach, and the journal must not wait for it.
-func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine string) {
+func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine string, geo uint64) {
 	t := &n.nss
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if ns == 0 || int(ns) > len(t.byID) {
-		return "", ""
+		return "", "", 0
 	}
 	x := t.byID[ns-1]
 	if t.member[engineID] == ns {
-		return x.name, engineID
+		return x.name, engineID, x.geo
 	}
-	return x.name, x.engine
+	return x.name, x.engine, x.geo
 }
 
-// publishKV is the journal's emit: one kv_events message.
-func (n *Node) publishKV(engine string, body []byte) {
-	n.outbox.KVEventsBody(context.Background(), engine, body)
+// publishKV is the journal's emit: one kv_events message, whose keys'
+// namespaces have geometry geo (stamped on a cluster).
+func (n *Node) publishKV(engine string, geo uint64, body []byte) {
+	n.outbox.KVEventsBody(context.Background(), engine, geo, body)
 }

@@ -41,24 +41,28 @@ func decodeKV(t *testing.T, body []byte) []messages.KVEvent {
 func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	type msg struct {
 		engine string
+		geo    uint64
 		events []messages.KVEvent
 	}
 	var mu sync.Mutex
 	var got []msg
-	emit := func(engine string, body []byte) {
+	emit := func(engine string, geo uint64, body []byte) {
 		mu.Lock()
 		defer mu.Unlock()
-		got = append(got, msg{engine, decodeKV(t, body)})
+		got = append(got, msg{engine, geo, decodeKV(t, body)})
 	}
-	// Namespace 1 is "m" with engines ea (the default) and eb; 2 has none.
-	target := func(engineID string, ns sched.NamespaceID) (string, string) {
+	// Namespace 1 is "m" (geometry 0x11) with engines ea (the default) and
+	// eb; 2 has none; 3 is "n" (geometry 0x33), last registered by ea.
+	target := func(engineID string, ns sched.NamespaceID) (string, string, uint64) {
 		switch {
+		case ns == 3:
+			return "n", "ea", 0x33
 		case ns != 1:
-			return "", ""
+			return "", "", 0
 		case engineID == "eb":
-			return "m", "eb"
+			return "m", "eb", 0x11
 		}
-		return "m", "ea"
+		return "m", "ea", 0x11
 	}
 	key := func(ns sched.NamespaceID, h string) messages.Key {
 		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), 0))
@@ -76,7 +80,7 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	j.pool(true, []messages.Key{key(1, "a")}, "ea")
 	j.pool(false, []messages.Key{key(1, "b"), key(2, "secret")}, "ea")
 	j.add("eb", messages.KVBlockStored, messages.MediumDisk, []messages.Key{key(1, "b")})
-	j.pool(true, []messages.Key{key(1, "c")}, "ea")
+	j.pool(true, []messages.Key{key(1, "c"), key(3, "d")}, "ea")
 	require.Equal(t, 4, j.pending(), "queued before start (the gauge)")
 	j.start()
 	j.close()
@@ -85,26 +89,30 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	require.Zero(t, j.pending(), "a record added after close is dropped, not kept")
 
 	hx := func(s string) string { return fmt.Sprintf("%x", s) }
-	ev := func(typ, medium string, hs ...string) messages.KVEvent {
+	evIn := func(ns, typ, medium string, hs ...string) messages.KVEvent {
 		for i := range hs {
 			hs[i] = hx(hs[i])
 		}
-		return messages.KVEvent{Type: typ, Medium: medium, Namespace: "m", BlockHashes: hs}
+		return messages.KVEvent{Type: typ, Medium: medium, Namespace: ns, BlockHashes: hs}
 	}
+	ev := func(typ, medium string, hs ...string) messages.KVEvent { return evIn("m", typ, medium, hs...) }
 	mu.Lock()
 	defer mu.Unlock()
 	require.Equal(t, []msg{
-		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "a"),
+		{"ea", 0x11, []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "a"),
 			ev(messages.KVBlockRemoved, messages.MediumCPU, "b")}},
-		{"eb", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumDisk, "b")}},
-		{"ea", []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
-	}, got, "one message per run of one engine; namespace 2's key and the late record not announced")
+		{"eb", 0x11, []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumDisk, "b")}},
+		{"ea", 0x11, []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
+		{"ea", 0x33, []messages.KVEvent{evIn("n", messages.KVBlockStored, messages.MediumCPU, "d")}},
+	}, got, "one message per run of one engine and one geometry (its Kvactors-Geometry); namespace 2's key and the late record not announced")
+	m, n := messages.ClusterNamespace(".m", 0x11), messages.ClusterNamespace(".n", 0x33)
 	require.Equal(t, []seen{
-		{messages.KVBlockStored, messages.MediumCPU, ".m", []messages.Key{key(1, "a")}},
-		{messages.KVBlockRemoved, messages.MediumCPU, ".m", []messages.Key{key(1, "b")}},
-		{messages.KVBlockStored, messages.MediumDisk, ".m", []messages.Key{key(1, "b")}},
-		{messages.KVBlockStored, messages.MediumCPU, ".m", []messages.Key{key(1, "c")}},
-	}, observed, "observed as announced, keyed as the shared namespace m (messages.NamespaceKey): namespace 2's key, which no engine may learn, is not")
+		{messages.KVBlockStored, messages.MediumCPU, m, []messages.Key{key(1, "a")}},
+		{messages.KVBlockRemoved, messages.MediumCPU, m, []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumDisk, m, []messages.Key{key(1, "b")}},
+		{messages.KVBlockStored, messages.MediumCPU, m, []messages.Key{key(1, "c")}},
+		{messages.KVBlockStored, messages.MediumCPU, n, []messages.Key{key(3, "d")}},
+	}, observed, "observed as announced, keyed as the shared namespace m (messages.NamespaceKey) of its geometry (messages.ClusterNamespace): namespace 2's key, which no engine may learn, is not")
 }
 
 // A long run of one engine is cut into messages that each encode under
@@ -125,13 +133,13 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var sizes []int
 			var order []string
-			emit := func(_ string, body []byte) {
+			emit := func(_ string, _ uint64, body []byte) {
 				for _, e := range decodeKV(t, body) {
 					order = append(order, e.BlockHashes...)
 				}
 				sizes = append(sizes, len(body))
 			}
-			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return ns, "ea" })
+			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, uint64) { return ns, "ea", 1 })
 			var want []string
 			for r, n := range tc.records {
 				keys := make([]messages.Key, max(n, 1))
@@ -160,14 +168,14 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 func TestKVJournalFillsMessagesToTheBound(t *testing.T) {
 	var sizes []int
 	var hashes int
-	emit := func(_ string, body []byte) {
+	emit := func(_ string, _ uint64, body []byte) {
 		for _, e := range decodeKV(t, body) {
 			hashes += len(e.BlockHashes)
 		}
 		sizes = append(sizes, len(body))
 	}
 	ns := "llama-70b"
-	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string) { return ns, "ea" })
+	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, uint64) { return ns, "ea", 1 })
 	rng := rand.New(rand.NewPCG(1, 2))
 	want := 0
 	for r := range 40_000 {
@@ -284,13 +292,13 @@ func TestKeySplitProperties(t *testing.T) {
 func fillKV(recs [][]int) [][]byte {
 	m := kvMessage{now: func() time.Time { return time.Unix(1764547200, 5e8) }}
 	var out [][]byte
-	emit := func(_ string, b []byte) { out = append(out, slices.Clone(b)) }
+	emit := func(_ string, _ uint64, b []byte) { out = append(out, slices.Clone(b)) }
 	for i, rec := range recs {
 		keys := make([]messages.Key, len(rec))
 		for j, n := range rec {
 			keys[j] = messages.Key(sched.AppendKey(nil, 1, messages.Hash(bytes.Repeat([]byte{byte(i + j)}, n)), 0))
 		}
-		m.add("e", messages.KVBlockStored, 0, messages.MediumCPU, "ns", keys, emit)
+		m.add("e", 1, messages.KVBlockStored, 0, messages.MediumCPU, "ns", keys, emit)
 	}
 	m.flush(emit)
 	return out
@@ -376,7 +384,7 @@ func TestKVMessageCutsExactlyAtTheBound(t *testing.T) {
 func TestKVJournalLingerGathersChanges(t *testing.T) {
 	var mu sync.Mutex
 	var got [][]messages.KVEvent
-	emit := func(_ string, body []byte) {
+	emit := func(_ string, _ uint64, body []byte) {
 		mu.Lock()
 		defer mu.Unlock()
 		got = append(got, decodeKV(t, body))
@@ -386,7 +394,7 @@ func TestKVJournalLingerGathersChanges(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(got)
 	}
-	target := func(string, sched.NamespaceID) (string, string) { return "m", "ea" }
+	target := func(string, sched.NamespaceID) (string, string, uint64) { return "m", "ea", 1 }
 	key := func(h string) messages.Key { return messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0)) }
 
 	j := newKVJournal(emit, target)

@@ -40,7 +40,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
-	ns := rec.namespaceKey()
+	ns := rec.clusterNamespace()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		return n.store.Ready(k) || n.heldElsewhere(ns, k)
 	})

@@ -81,6 +81,14 @@ func (r *engineRec) namespace() string { return ingest.Namespace(r.id, &r.spec) 
 // cluster key it (messages.NamespaceKey).
 func (r *engineRec) namespaceKey() string { return messages.NamespaceKey(r.id, r.namespace()) }
 
+// clusterNamespace is the engine's namespace as the cluster keys it: its
+// key qualified by its geometry (messages.ClusterNamespace). Each node fixes
+// a namespace's geometry for its own boot only, so the engine counts and
+// fetches only chunks stored under its own geometry.
+func (r *engineRec) clusterNamespace() string {
+	return messages.ClusterNamespace(r.namespaceKey(), geometry(r.layout))
+}
+
 // ErrRegister wraps every reason a registration is refused.
 var ErrRegister = errors.New("register refused")
 

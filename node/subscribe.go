@@ -69,6 +69,17 @@ func (n *Node) replyError(ctx context.Context, reply string, err error) {
 func (n *Node) onRegister(engineID string, m *nats.Msg, at time.Time) *claimStep {
 	ctx := n.msgCtx(m)
 	spec, err := ingest.DecodeSpec(m.Data, n.cfg.Limits)
+	if err == nil {
+		// Segment names before anything looks at them (PROTOCOL.md
+		// "Isolation"), on every node alike: on a cluster the claim asks
+		// whether the names exist on this host (localMemory), and a claim
+		// made for a name another engine owns would tell the sender, by
+		// which node answers, on which host that name exists
+		// (docs/SECURITY.md). register checks it again.
+		if err = ingest.CheckOwner(engineID, &spec); err != nil {
+			err = fmt.Errorf("%w: %w", ErrRegister, err)
+		}
+	}
 	if err == nil && n.cl != nil {
 		return n.registerClaimed(ctx, engineID, spec, m.Reply, at)
 	}

@@ -121,13 +121,26 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 // host-memory events count (medium CPU, or none given): a disk tier's
 // events are skipped.
 func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBatch) (clearedAll bool, err error) {
+	return x.applyKVEvents(nodeID, boot, func(name string) string { return messages.NamespaceKey(engine, name) }, b)
+}
+
+// ApplyClusterKVEvents is ApplyKVEvents for a batch stamped with its
+// namespace's geometry (messages.HeaderGeometry): its keys are keyed by
+// messages.ClusterNamespace, as a node's lookup asks for them, so a node
+// counts them only for an engine of the same geometry.
+func (x *Index) ApplyClusterKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (clearedAll bool, err error) {
+	return x.applyKVEvents(nodeID, boot, func(name string) string {
+		return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry)
+	}, b)
+}
+
+func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string, b messages.KVEventBatch) (clearedAll bool, err error) {
 	type op struct {
 		typ  string
 		keys []NSKey
 	}
 	ops := make([]op, 0, len(b.Events))
 	for i, ev := range b.Events {
-		ns := messages.NamespaceKey(engine, ev.Namespace)
 		o := op{typ: ev.Type}
 		switch ev.Type {
 		case messages.KVBlockStored, messages.KVBlockRemoved:
@@ -136,6 +149,7 @@ func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBat
 				// writes and deletions say nothing about what it can serve.
 				continue
 			}
+			ns := nsOf(ev.Namespace)
 			if ev.GroupIdx < 0 {
 				x.stats.Rejected++
 				return false, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)
