@@ -197,8 +197,11 @@ func (o *Outbox) OnRefusedReply(f func(reply string)) { o.onRefused = f }
 func (o *Outbox) RefusedReplies() int64 { return o.refused.Load() }
 
 // Reply answers a request/reply message (no-op without a reply subject).
-// It and Releases.Reply are the only ways the node publishes on a subject
-// a message named, and both publish only where replyOK allows.
+// It and Releases.Reply are the only ways the node answers an engine's or a
+// router's message, and both publish only where replyOK allows. (The
+// node-to-node servers, cluster fetch and keys, answer with m.Respond: only
+// kvactors' own user may publish on P._node.>, under the generated
+// permissions.)
 func (o *Outbox) Reply(ctx context.Context, reply string, v any) {
 	if o.replyOK(reply) {
 		o.publish(ctx, reply, v)

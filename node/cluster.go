@@ -162,6 +162,9 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 	rctx, cancel := context.WithTimeout(ctx, n.cfg.Lease)
 	defer cancel()
 	defer context.AfterFunc(halt, cancel)()
+	if halt.Err() != nil {
+		return false // the intake stopped before this claim began (AfterFunc cancels on a goroutine of its own: too late for Resolve)
+	}
 	if f := c.onClaim.Load(); f != nil {
 		(*f)(rctx, id)
 	}

@@ -38,6 +38,8 @@ type engineRec struct {
 	// hearing is when the node last took a message of the engine off NATS:
 	// its copies stop after lease/2 of silence (transfer.Hearing).
 	hearing *transfer.Hearing
+	// clusterNS is clusterNamespace's, made once: every lookup asks it.
+	clusterNS string
 }
 
 // loadGate counts an engine's loads in flight and, once the engine is
@@ -85,9 +87,7 @@ func (r *engineRec) namespaceKey() string { return messages.NamespaceKey(r.id, r
 // key qualified by its geometry (messages.ClusterNamespace). Each node fixes
 // a namespace's geometry for its own boot only, so the engine counts and
 // fetches only chunks stored under its own geometry.
-func (r *engineRec) clusterNamespace() string {
-	return messages.ClusterNamespace(r.namespaceKey(), geometry(r.layout))
-}
+func (r *engineRec) clusterNamespace() string { return r.clusterNS }
 
 // ErrRegister wraps every reason a registration is refused.
 var ErrRegister = errors.New("register refused")
@@ -194,6 +194,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	}
 	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, mappedBytes: charge, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{}), hearing: &transfer.Hearing{}}
+	rec.clusterNS = messages.ClusterNamespace(rec.namespaceKey(), geometry(lay))
 	rec.hearing.Heard(at)
 	deps := engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: rel,

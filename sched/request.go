@@ -50,6 +50,8 @@ type Request struct {
 	cancelOwed bool
 	// held: no release goes out until Unhold (see Hold).
 	held bool
+	// woken: the decision under way is an early wake-up's (AdvanceWoken).
+	woken bool
 }
 
 type candidate struct {
@@ -214,6 +216,17 @@ func (r *Request) Advance(p Preparer) Effects {
 	}
 	r.settle(&e)
 	return e
+}
+
+// AdvanceWoken is Advance for a retry woken before its backoff ended (the
+// copy it waited for ended, or room may have freed): a failure there does
+// not count towards FinishRetryLimit, so a finishing request gives up after
+// as long as its timers alone would have taken (~10 s), not after sixteen
+// wake-ups that can come milliseconds apart.
+func (r *Request) AdvanceWoken(p Preparer) Effects {
+	r.woken = true
+	defer func() { r.woken = false }()
+	return r.Advance(p)
 }
 
 // ready is group g's ready prefix (group.ready).
@@ -481,7 +494,7 @@ func (r *Request) failAttempt(reason RetryReason, e *Effects) {
 	case RetryPending:
 		n = &r.pendFails
 	}
-	if *n < math.MaxUint32 {
+	if *n < math.MaxUint32 && (!r.woken || *n == 0) {
 		*n++
 	}
 	if r.phase == Finishing && *n > FinishRetryLimit {

@@ -159,6 +159,7 @@ func newActor(deps *Deps, added *messages.Event, parent context.Context, releasi
 func (a *Actor) init(deps *Deps, added *messages.Event, parent context.Context, releasing *Releasing) {
 	*a = Actor{deps: deps, state: sched.NewRequest(deps.Layout, added), gen: a.gen + 1, lastJob: a.lastJob,
 		releasing: releasing, waiting: a.waiting}
+	a.stopWaiting()                 // an earlier request's wake-ups are stale
 	a.state.ContinueJobs(a.lastJob) // (owner, job id) names one job for good: see lastJob
 	if tracingOff(deps.Tracer) {
 		// The no-op tracer's span only carries the parent's span context,
@@ -186,6 +187,7 @@ func (a *Actor) Receive(c actor.Context) {
 		a.deps.Metrics.RequestsLive.Inc()
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
+		a.stopWaiting() // nothing of it waits any more
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
 		// released request settled its accounts when it was done. A watched
@@ -213,6 +215,10 @@ func (a *Actor) Receive(c actor.Context) {
 		}
 		a.retryArmed = false
 		a.stopWaiting()
+		if m.woken {
+			a.perform(c, a.state.AdvanceWoken(a.deps.Store), time.Time{})
+			break
+		}
 		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
 	case *Hold:
 		if !a.isDone() {
@@ -441,6 +447,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		// block ids, a recorded span and its batch's context): only its id,
 		// for a status gather that asked late.
 		a.released, a.lastJob, a.state = a.state.ID(), a.state.LastJob(), nil
+		a.stopWaiting() // its wake-ups still queued are stale: they pass their turn on
 		a.span, a.ctx = noSpan, context.Background()
 	}
 }

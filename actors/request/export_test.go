@@ -2,4 +2,4 @@ package request
 
 // RetryDueFor is a retry timer's message as armed by the actor's gen'th
 // request (an actor's first request is 1): tests deliver one late.
-func RetryDueFor(gen uint32) any { return &RetryDue{gen: gen} }
+func RetryDueFor(gen, arm uint32) any { return &RetryDue{gen: gen, arm: arm} }

@@ -22,7 +22,10 @@ type Events struct {
 // ending (pendingWake): take the store decision again. gen is the request
 // it was armed for (Actor.gen), arm the retry (Actor.arm): only the latest
 // retry's first RetryDue decides.
-type RetryDue struct{ gen, arm uint32 }
+type RetryDue struct {
+	gen, arm uint32
+	woken    bool // sent by pendingWake, before the backoff ended
+}
 
 // Reset ends the request for an engine reset (Reason engine_reset:
 // PROTOCOL.md "epoch") or the engine's end (engine_gone: unregister, expiry).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,8 +13,10 @@ import (
 
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // A request whose chunk another request's copy is still filling retries
@@ -65,4 +68,117 @@ func TestAPendingRetryIsTakenWhenTheCopyItWaitsForEnds(t *testing.T) {
 		t.Fatalf("r2 stored its chunk again: %T", m)
 	default:
 	}
+}
+
+// An early wake-up that fails again is no attempt towards FinishRetryLimit:
+// a finished request waiting on keys spread over many copies is woken once
+// per copy that ends, and sixteen such wake-ups can come milliseconds
+// apart; counted, they made it give up chunks that the copies it waited for
+// then stored. r1 stores 17 chunks in 17 held jobs; r2, finished with the
+// same prefix, finds them all pending; the copies end one at a time, each
+// after r2 has taken the previous one's wake-up. r2 is released, finished,
+// having given nothing up.
+func TestEarlyWakeUpsSpendNoRetryAttempts(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 64)
+	system, deps, seen := rig.system, rig.deps, rig.seen
+	sp := request.NewSpawner()
+	const n = sched.FinishRetryLimit + 1
+	hashes := make([]messages.Hash, n)
+	ids1, ids2 := make([]messages.BlockID, n), make([]messages.BlockID, n)
+	for i := range hashes {
+		hashes[i] = messages.Hash(fmt.Sprintf("h%d", i))
+		ids1[i], ids2[i] = messages.BlockID(1+i), messages.BlockID(30+i)
+	}
+	p1 := sp.Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
+		PromptTokens: 4 * n, MaxOffloadTokens: -1}, context.Background())
+	system.Root.Send(p1, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r1", Hashes: hashes},
+		{Type: messages.EvBlocks, Request: "r1", IDs: ids1}}})
+	var jobs []*transfer.Submit
+	for i := 1; i <= n; i++ { // one chunk a step: a job each
+		system.Root.Send(p1, &request.Events{Events: []messages.Event{
+			{Type: messages.EvTokens, Request: "r1", Computed: 4 * i, Total: 4 * n}}})
+		jobs = append(jobs, testkit.Recv(t, seen, 5*time.Second, "r1's job").(*transfer.Submit))
+	}
+	p2 := sp.Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r2",
+		PromptTokens: 4 * n, MaxOffloadTokens: -1}, context.Background())
+	system.Root.Send(p2, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r2", Hashes: hashes},
+		{Type: messages.EvBlocks, Request: "r2", IDs: ids2},
+		{Type: messages.EvTokens, Request: "r2", Computed: 4 * n, Total: 4 * n},
+		{Type: messages.EvFinished, Request: "r2", Computed: 4 * n, Total: 4 * n}}})
+	retries := rig.store.Retries.WithLabelValues("pending")
+	waitRetries := func(atLeast float64) {
+		testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+			if got := testutil.ToFloat64(retries); got < atLeast {
+				return fmt.Errorf("%v pending retries, want %v", got, atLeast)
+			}
+			return nil
+		})
+	}
+	waitRetries(1) // r2 found every key pending
+	for i, j := range jobs {
+		before := testutil.ToFloat64(retries)
+		require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
+		if i < len(jobs)-1 {
+			waitRetries(before + 1) // woken, and the next key still pending
+		}
+	}
+	var rel messages.Released
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "r2 released").Data, &rel))
+	require.Equal(t, "r2", rel.Request)
+	require.Equal(t, "finished", rel.Reason)
+	require.Zero(t, testutil.ToFloat64(rig.store.ChunksDropped), "r2 gave nothing up: r1 stored every chunk")
+}
+
+// roomStore has no room, ever, and keeps the room waits it is given.
+type roomStore struct {
+	request.Store
+	mu   sync.Mutex
+	room []hostpool.Waker
+}
+
+func (s *roomStore) PrepareStoreInto(out *hostpool.Prepared, _ []messages.Key, _ []int64) error {
+	out.Reset()
+	return hostpool.ErrNoRoom
+}
+func (s *roomStore) WaitPending([]messages.Key, hostpool.Waker) {}
+func (s *roomStore) WaitRoom(w hostpool.Waker) {
+	s.mu.Lock()
+	s.room = append(s.room, w)
+	s.mu.Unlock()
+}
+
+// A request released while its room wait is queued leaves a wake-up that
+// the room queue must see as stale, or each such one takes the turn of a
+// request still waiting (which then waits out its backoff).
+func TestARoomWaitOfAReleasedRequestIsStale(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	system, deps := rig.system, rig.deps
+	rs := &roomStore{Store: deps.Store}
+	deps.Store = rs
+	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
+		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
+	system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"h"}},
+		{Type: messages.EvBlocks, Request: "r1", IDs: []messages.BlockID{1}},
+		{Type: messages.EvTokens, Request: "r1", Computed: 4, Total: 4}}})
+	var w hostpool.StaleWaker
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		rs.mu.Lock()
+		defer rs.mu.Unlock()
+		if len(rs.room) != 1 {
+			return fmt.Errorf("%d room waits, want 1", len(rs.room))
+		}
+		w = rs.room[0].(hostpool.StaleWaker)
+		return nil
+	})
+	require.False(t, w.Stale(), "r1 waits for room")
+	system.Root.Send(pid, &request.Reset{Reason: "engine_reset"})
+	testkit.Recv(t, released, 5*time.Second, "r1 released")
+	require.True(t, w.Stale(), "the released request's room wait passes its turn on")
 }

@@ -234,7 +234,7 @@ func TestReleasedActorAnswersLateMessages(t *testing.T) {
 		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
 	testkit.Recv(t, released, 5*time.Second, "released")
 	rig.system.Root.Send(pid, &request.Reset{Reason: messages.ReasonEngineGone})
-	rig.system.Root.Send(pid, request.RetryDueFor(1)) // a retry armed before the release, due after it
+	rig.system.Root.Send(pid, request.RetryDueFor(1, 1)) // a retry armed before the release, due after it
 	reply := make(chan *request.Status, 1)
 	asker := rig.system.Root.Spawn(actor.PropsFromFunc(func(c actor.Context) {
 		if st, ok := c.Message().(*request.Status); ok {

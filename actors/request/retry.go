@@ -39,7 +39,7 @@ func (a *Actor) wake(c actor.Context) *pendingWake {
 	}
 	key := waitKey(a.gen, a.arm)
 	a.waiting.Store(key)
-	return &pendingWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm},
+	return &pendingWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm, woken: true},
 		waiting: a.waiting, key: key}
 }
 

@@ -132,7 +132,7 @@ func TestAStaleRetryOfAnEarlierRequestIsIgnored(t *testing.T) {
 		return nil
 	})
 	// r1's retry, armed before its release, falls due now.
-	system.Root.Send(p2, request.RetryDueFor(1))
+	system.Root.Send(p2, request.RetryDueFor(1, 1))
 	require.Never(t, func() bool { return deps.Timers.Pending() > 1 }, 100*time.Millisecond, time.Millisecond,
 		"r2 keeps one retry, not a second one started by r1's stale timer")
 }
