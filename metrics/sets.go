@@ -135,7 +135,7 @@ func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
 		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
-		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile is counted until its timer falls due, at most 1 s)."),
+		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile, or a retry taken early when what it waited for happened, is counted until its timer falls due, at most 1 s)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
 		StoredTime: latency("store", "stored_seconds",
 			"Time from a batch's arrival to the stored message of a job it made ready being published."),
