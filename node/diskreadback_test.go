@@ -144,3 +144,30 @@ func TestALoadWaitingForAReadBackFailsWhenTheNodeCloses(t *testing.T) {
 	require.NoError(t, testkit.Recv(t, closed, 10*time.Second, "Close"))
 	require.Equal(t, before, te.block(0, 11), "nothing copied into the failed load's block")
 }
+
+// An engine's loads waiting for a pending key are bounded (a goroutine
+// each, for up to a lease): past 64, a load of the key being read back fails
+// not-ready at once, as every such load did before loads waited; the 64
+// waiting ones still succeed once the read ends.
+func TestAnEnginesWaitingLoadsAreBounded(t *testing.T) {
+	rb := startReadingBack(t)
+	te := rb.te
+	const bound = 64
+	waiting := make([]<-chan *nats.Msg, bound)
+	for i := range waiting {
+		waiting[i] = te.loadAsync(fmt.Sprintf("w%d", i), rb.a, 4, []int{11})
+	}
+	over := loadReplyOf(t, te.loadAsync("over", rb.a, 4, []int{11}), "the load past the bound")
+	require.False(t, over.OK)
+	require.Contains(t, over.Error, "not ready", "failed as a miss, not waited for")
+	for i, ch := range waiting {
+		testkit.NoRecv(t, ch, 0, fmt.Sprintf("waiting load %d's reply before the read ends", i))
+	}
+	rb.release()
+	require.True(t, loadReplyOf(t, rb.first, "the first load's reply").OK)
+	for i, ch := range waiting {
+		r := loadReplyOf(t, ch, fmt.Sprintf("waiting load %d's reply", i))
+		require.True(t, r.OK, "waiting load %d: %s", i, r.Error)
+	}
+	require.Equal(t, rb.want, te.block(0, 11))
+}

@@ -142,12 +142,24 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 		}
 		return
 	}
+	if rec.waitingLoads.Add(1) > maxWaitingLoads {
+		rec.waitingLoads.Add(-1)
+		fail(err) // as before loads waited: not ready, the key named
+		return
+	}
 	if !n.loadWaits.enter() {
+		rec.waitingLoads.Add(-1)
 		fail(fmt.Errorf("load %q: %w", req.Request, errClosing))
 		return
 	}
 	go n.waitLoad(ls, err)
 }
+
+// maxWaitingLoads bounds an engine's loads waiting for pending keys (a
+// goroutine and a timer each, for up to a lease): past it a load of a
+// pending key fails not-ready at once, so one engine cannot park goroutines
+// without limit by loading a key its own store holds pending.
+const maxWaitingLoads = 64
 
 // loadStart is a load taken and checked, until a load actor has its copy.
 type loadStart struct {
@@ -194,6 +206,7 @@ func (n *Node) tryLoad(ls *loadStart) error {
 // loadWaits.
 func (n *Node) waitLoad(ls *loadStart, err error) {
 	defer n.loadWaits.leave()
+	defer ls.rec.waitingLoads.Add(-1)
 	timeout := time.NewTimer(n.cfg.Lease)
 	defer timeout.Stop()
 	settled := make(settleWaker, 1)

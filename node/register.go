@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -40,6 +41,8 @@ type engineRec struct {
 	hearing *transfer.Hearing
 	// clusterNS is clusterNamespace's, made once: every lookup asks it.
 	clusterNS string
+	// waitingLoads are its loads waiting for pending keys (maxWaitingLoads).
+	waitingLoads atomic.Int32
 }
 
 // loadGate counts an engine's loads in flight and, once the engine is
