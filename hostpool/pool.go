@@ -62,6 +62,10 @@ type Prepared struct {
 	// order, when the pool keeps them (SetKeepVictims: a disk tier copies
 	// them out). Their room now belongs to Keys: read it before their copy.
 	Victims []Victim
+	// RoomGen is how many times room may have freed before the decision
+	// (Shared's room changes): a decision that found no room hands it to
+	// WaitRoom, which wakes at once if room freed since.
+	RoomGen uint64
 }
 
 // Extents are the extents of several chunks, flat: chunk i's are

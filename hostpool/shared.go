@@ -29,9 +29,11 @@ type Shared struct {
 	// under mu. Every key here is pending.
 	waiters map[messages.Key][]Waker
 	// room are the waiters for room (WaitRoom), first in first out from
-	// roomHead; under mu.
+	// roomHead; under mu. roomGen counts the changes that may free room
+	// (written under mu, read without it by a full pool's fast refusal).
 	room     []Waker
 	roomHead int
+	roomGen  atomic.Uint64
 }
 
 // Journal is told, under the pool's lock and so in the order they happen,
@@ -89,13 +91,16 @@ func (b By) PrepareStore(keys []messages.Key, sizes []int64) (Prepared, error) {
 // PrepareStoreInto: see Pool.PrepareStoreInto; its evictions are journaled.
 func (b By) PrepareStoreInto(out *Prepared, keys []messages.Key, sizes []int64) error {
 	s := b.s
+	gen := s.roomGen.Load() // before full: a change in between shows as a newer gen at WaitRoom
 	if s.full.Load() && len(keys) > 0 {
 		out.Reset()
+		out.RoomGen = gen
 		return errFull
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	err := s.pool.PrepareStoreInto(out, keys, sizes)
+	out.RoomGen = s.roomGen.Load()
 	s.note(false, out.Evicted, b.engine)
 	s.full.Store(s.pool.full())
 	return err
@@ -128,6 +133,7 @@ func (b By) completeStoreAt(keys []messages.Key, slots []int32, sums []uint32) [
 	s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
+	s.roomGen.Add(1)
 	return append(s.endWaits(keys), s.takeRoom(len(keys))...) // each key ready (evictable) or freed
 }
 
@@ -287,6 +293,7 @@ func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
 	s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
+	s.roomGen.Add(1)
 	woken := s.takeRoom(len(keys)) // unpinned: evictable again
 	s.mu.Unlock()
 	wake(woken)

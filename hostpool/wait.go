@@ -111,14 +111,21 @@ const maxRoomWaiters = 1 << 16
 // freed or made evictable, so a burst into a full pool is served in the
 // order it queued rather than by whichever retry timer falls due as room
 // appears (under a 10 ms-doubling backoff the unlucky ones backed off to a
-// second at a time and starved). w is never woken from here: a decision
-// that cannot fit while the pool is not full would otherwise spin.
-func (s *Shared) WaitRoom(w Waker) {
+// second at a time and starved). seen is the decision's Prepared.RoomGen:
+// if room may have freed since (a change between the decision and this
+// call, whose wake-up found nobody queued), w is woken now instead; it is
+// never woken now for an unchanged pool, where a decision that cannot fit
+// would spin.
+func (s *Shared) WaitRoom(w Waker, seen uint64) {
 	s.mu.Lock()
-	if len(s.room)-s.roomHead < maxRoomWaiters {
+	changed := s.roomGen.Load() != seen
+	if !changed && len(s.room)-s.roomHead < maxRoomWaiters {
 		s.room = append(s.room, w)
 	}
 	s.mu.Unlock()
+	if changed {
+		w.Wake()
+	}
 }
 
 // A StaleWaker can tell that it no longer waits (its waiter went on by

@@ -154,13 +154,13 @@ func TestWaitRoomWakesInTurnAsRoomFrees(t *testing.T) {
 	prep, err := s.PrepareStore(k("a", "b"), []int64{16, 16})
 	require.NoError(t, err)
 	require.Equal(t, k("a", "b"), prep.Keys)
-	_, err = s.PrepareStore(k("c"), []int64{16})
+	failed, err := s.PrepareStore(k("c"), []int64{16})
 	require.ErrorIs(t, err, ErrNoRoom, "both slots pending")
 
 	w := make([]*staleWaker, 4)
 	for i := range w {
 		w[i] = &staleWaker{}
-		s.WaitRoom(w[i])
+		s.WaitRoom(w[i], failed.RoomGen)
 	}
 	require.Equal(t, 4, s.RoomWaiting())
 	for i := range w {
@@ -194,7 +194,7 @@ func TestWaitRoomWakesInTurnAsRoomFrees(t *testing.T) {
 func TestWaitRoomIsBounded(t *testing.T) {
 	s := NewShared(2*16, 16)
 	for range maxRoomWaiters + 10 {
-		s.WaitRoom(&countWaker{})
+		s.WaitRoom(&countWaker{}, s.roomGen.Load())
 	}
 	require.Equal(t, maxRoomWaiters, s.RoomWaiting())
 	s.mu.Lock()
@@ -205,4 +205,33 @@ func TestWaitRoomIsBounded(t *testing.T) {
 	require.Equal(t, 5, s.RoomWaiting())
 	require.Equal(t, 5, n-head)
 	require.Zero(t, head, "the taken front compacted")
+}
+
+// A change that may free room between a decision that found none and its
+// WaitRoom wakes nobody (nobody is queued yet); WaitRoom, told the
+// generation the decision saw, wakes at once then. Told the current one,
+// it queues (a decision that cannot fit in an unchanged pool must not spin),
+// whether the refusal came under the lock or from a full pool's fast path.
+func TestWaitRoomWakesAtOnceIfRoomFreedSinceTheDecision(t *testing.T) {
+	s := NewShared(2*16, 16)
+	_, err := s.PrepareStore(k("a", "b"), []int64{16, 16})
+	require.NoError(t, err)
+	fast, err := s.PrepareStore(k("c"), []int64{16}) // full: refused without the lock
+	require.ErrorIs(t, err, ErrNoRoom)
+	s.CompleteStore(k("b"), nil)
+	locked, err := s.PrepareStore(k("c", "d", "e"), []int64{16, 16, 16}) // one slot free, three wanted
+	require.ErrorIs(t, err, ErrNoRoom)
+	require.Greater(t, locked.RoomGen, fast.RoomGen)
+
+	late := &countWaker{}
+	s.WaitRoom(late, fast.RoomGen) // b's copy ended after that decision
+	require.EqualValues(t, 1, late.n.Load(), "woken at once")
+	require.Zero(t, s.RoomWaiting())
+
+	current := &countWaker{}
+	s.WaitRoom(current, locked.RoomGen)
+	require.Zero(t, current.n.Load(), "nothing changed since: queued, not woken")
+	require.Equal(t, 1, s.RoomWaiting())
+	s.CompleteStore(k("a"), okSums(k("a"), true))
+	require.EqualValues(t, 1, current.n.Load())
 }

@@ -80,7 +80,11 @@ type Effects struct {
 	// Pending, with a RetryPending Retry, are the keys other copies were
 	// still filling: the caller may retry as soon as one of those copies
 	// ends instead of waiting out the backoff (hostpool.Shared.WaitPending).
-	Pending  []messages.Key
+	Pending []messages.Key
+	// RoomGen, with a RetryPoolFull Retry, is the pool's room generation
+	// the failed decision saw (hostpool.Prepared.RoomGen): the caller's
+	// wait for room wakes at once if room freed since.
+	RoomGen  uint64
 	GivenUp  int      // ready chunks given up after the retry limit at finish
 	Releases []string // reasons to publish on P.E.released, in order
 	Done     bool     // the request is done: drop it after publishing Releases

@@ -324,6 +324,7 @@ func (r *Request) decide(p Preparer, e *Effects) {
 		if err := p.PrepareStoreInto(prep, keys, sizes); err != nil { // no room, or a pool that refuses the keys: retry either way
 			r.cacheKeys(sc)
 			r.failAttempt(RetryPoolFull, e)
+			e.RoomGen = prep.RoomGen
 			return
 		}
 	}

@@ -504,4 +504,4 @@ func (e *Engine) WaitPending(keys []messages.Key, w hostpool.Waker) { e.s.pool.W
 
 // WaitRoom queues w to be woken, in its turn, when copies or loads end and
 // room may have freed (hostpool.Shared.WaitRoom).
-func (e *Engine) WaitRoom(w hostpool.Waker) { e.s.pool.WaitRoom(w) }
+func (e *Engine) WaitRoom(w hostpool.Waker, seen uint64) { e.s.pool.WaitRoom(w, seen) }

@@ -390,7 +390,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 				tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
 				tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
 		}
-		a.armRetry(c, r, eff.Pending)
+		a.armRetry(c, r, eff.Pending, eff.RoomGen)
 	}
 	if eff.GivenUp > 0 {
 		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))

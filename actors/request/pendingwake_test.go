@@ -145,7 +145,7 @@ func (s *roomStore) PrepareStoreInto(out *hostpool.Prepared, _ []messages.Key, _
 	return hostpool.ErrNoRoom
 }
 func (s *roomStore) WaitPending([]messages.Key, hostpool.Waker) {}
-func (s *roomStore) WaitRoom(w hostpool.Waker) {
+func (s *roomStore) WaitRoom(w hostpool.Waker, _ uint64) {
 	s.mu.Lock()
 	s.room = append(s.room, w)
 	s.mu.Unlock()

@@ -16,7 +16,7 @@ import (
 // copies is also due as soon as one of those copies ends, and one for room
 // when its turn in the pool's room queue comes: the timer is the fallback
 // (a store that supports waiting, PendingWaiter).
-func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key) {
+func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key, roomGen uint64) {
 	if a.retryArmed {
 		return
 	}
@@ -28,7 +28,7 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key
 	case len(pending) > 0:
 		w.WaitPending(pending, a.wake(c))
 	case r.Reason == sched.RetryPoolFull:
-		w.WaitRoom(a.wake(c))
+		w.WaitRoom(a.wake(c), roomGen)
 	}
 }
 
@@ -57,7 +57,7 @@ func waitKey(gen, arm uint32) uint64 { return uint64(gen)<<32 | uint64(arm) }
 // (hostpool.Shared.WaitRoom).
 type PendingWaiter interface {
 	WaitPending(keys []messages.Key, w hostpool.Waker)
-	WaitRoom(w hostpool.Waker)
+	WaitRoom(w hostpool.Waker, seen uint64)
 }
 
 // pendingWake sends its retry's RetryDue through the engine's timers, due
