@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sync"
-	"time"
 
 	"github.com/kvactors/kvactors/cluster"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -52,8 +50,8 @@ const fetchParallel = 4
 // many chunks it fetched; any failure fails the load with the error naming
 // the key, frees that key's room, and no byte of it is ever loadable.
 func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
-	// Close cancels the fetches and the wait for other loads' fetches, then
-	// waits for this one: the pool it writes into is unmapped next.
+	// Close cancels the fetches, then waits for this one: the pool it
+	// writes into is unmapped next.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(n.cl.closing, cancel)()
@@ -104,39 +102,8 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 		return 0, err
 	}
 	// Keys PrepareStore left out were already present: ready, or pending
-	// because another load (or a store) is filling them. Wait for those,
-	// as long as a fetch may take, so that two loads of one remote prefix
-	// at once both succeed.
-	if len(prep.Keys) < len(keys) {
-		n.waitSettled(ctx, keys, time.Now().Add(n.cl.cfg.FetchTimeout*4))
-	}
+	// because another load (or a store) is filling them. The load waits for
+	// those as any load does (startLoad, waitLoad), so two loads of one
+	// remote prefix at once both succeed.
 	return len(prep.Keys), nil
-}
-
-// settlePoll is how often waitSettled looks at the store.
-const settlePoll = 2 * time.Millisecond
-
-// waitSettled returns once no key is pending in host memory, at deadline,
-// or when ctx ends (the load then finds a key not ready and fails as a
-// miss).
-func (n *Node) waitSettled(ctx context.Context, keys []messages.Key, deadline time.Time) {
-	t := time.NewTicker(settlePoll)
-	defer t.Stop()
-	for {
-		pending := false
-		for _, k := range keys {
-			if st, _ := n.store.Lookup(k); st == hostpool.Pending {
-				pending = true
-				break
-			}
-		}
-		if !pending || time.Now().After(deadline) {
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
 }
