@@ -88,6 +88,10 @@ type Effects struct {
 	GivenUp  int      // ready chunks given up after the retry limit at finish
 	Releases []string // reasons to publish on P.E.released, in order
 	Done     bool     // the request is done: drop it after publishing Releases
+
+	// woken: the decision is an early wake-up's (AdvanceWoken); a failure
+	// then spends no retry attempt.
+	woken bool
 }
 
 // Backoff policy for retries: doubling from RetryBase up to RetryMax.

@@ -50,8 +50,6 @@ type Request struct {
 	cancelOwed bool
 	// held: no release goes out until Unhold (see Hold).
 	held bool
-	// woken: the decision under way is an early wake-up's (AdvanceWoken).
-	woken bool
 }
 
 type candidate struct {
@@ -208,8 +206,10 @@ func (r *Request) readyTerms() readyTerms {
 // attention, no block: group.storable); all go to the pool in one
 // PrepareStore. No room: no job, cursors unchanged, a retry. Otherwise every
 // cursor moves to max(cursor, ready).
-func (r *Request) Advance(p Preparer) Effects {
-	var e Effects
+func (r *Request) Advance(p Preparer) Effects { return r.advance(p, false) }
+
+func (r *Request) advance(p Preparer, woken bool) Effects {
+	e := Effects{woken: woken}
 	r.cancelQueued(&e)
 	if r.phase == Running || r.phase == Finishing {
 		r.decide(p, &e)
@@ -224,9 +224,7 @@ func (r *Request) Advance(p Preparer) Effects {
 // as long as its timers alone would have taken (~10 s), not after sixteen
 // wake-ups that can come milliseconds apart.
 func (r *Request) AdvanceWoken(p Preparer) Effects {
-	r.woken = true
-	defer func() { r.woken = false }()
-	return r.Advance(p)
+	return r.advance(p, true)
 }
 
 // ready is group g's ready prefix (group.ready).
@@ -495,7 +493,7 @@ func (r *Request) failAttempt(reason RetryReason, e *Effects) {
 	case RetryPending:
 		n = &r.pendFails
 	}
-	if *n < math.MaxUint32 && (!r.woken || *n == 0) {
+	if *n < math.MaxUint32 && (!e.woken || *n == 0) {
 		*n++
 	}
 	if r.phase == Finishing && *n > FinishRetryLimit {
