@@ -19,12 +19,12 @@ type Events struct {
 }
 
 // RetryDue is the retry timer firing, or a copy the retry waited for
-// ending (pendingWake): take the store decision again. gen is the request
+// ending (retryWake): take the store decision again. gen is the request
 // it was armed for (Actor.gen), arm the retry (Actor.arm): only the latest
 // retry's first RetryDue decides.
 type RetryDue struct {
 	gen, arm uint32
-	woken    bool // sent by pendingWake, before the backoff ended
+	woken    bool // sent by retryWake, before the backoff ended
 }
 
 // Reset ends the request for an engine reset (Reason engine_reset:

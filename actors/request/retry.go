@@ -15,7 +15,7 @@ import (
 // decision itself still runs in Receive. A retry for keys pending in other
 // copies is also due as soon as one of those copies ends, and one for room
 // when its turn in the pool's room queue comes: the timer is the fallback
-// (a store that supports waiting, PendingWaiter).
+// (a store that supports waiting, RetryWaiter).
 func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key, roomGen uint64) {
 	if a.retryArmed {
 		return
@@ -23,7 +23,7 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key
 	a.retryArmed = true
 	a.arm++
 	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen, arm: a.arm})
-	switch w, ok := a.deps.Store.(PendingWaiter); {
+	switch w, ok := a.deps.Store.(RetryWaiter); {
 	case !ok:
 	case len(pending) > 0:
 		w.WaitPending(pending, a.wake(c))
@@ -33,13 +33,13 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key
 }
 
 // wake is the armed retry's early wake-up.
-func (a *Actor) wake(c actor.Context) *pendingWake {
+func (a *Actor) wake(c actor.Context) *retryWake {
 	if a.waiting == nil {
 		a.waiting = new(atomic.Uint64)
 	}
 	key := waitKey(a.gen, a.arm)
 	a.waiting.Store(key)
-	return &pendingWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm, woken: true},
+	return &retryWake{timers: a.deps.Timers, to: c.Self(), due: RetryDue{gen: a.gen, arm: a.arm, woken: true},
 		waiting: a.waiting, key: key}
 }
 
@@ -52,18 +52,18 @@ func (a *Actor) stopWaiting() {
 
 func waitKey(gen, arm uint32) uint64 { return uint64(gen)<<32 | uint64(arm) }
 
-// PendingWaiter is a Store that can wake a retry when a copy it waited for
+// RetryWaiter is a Store that can wake a retry when a copy it waited for
 // ends (hostpool.Shared.WaitPending), or when room may have freed
 // (hostpool.Shared.WaitRoom).
-type PendingWaiter interface {
+type RetryWaiter interface {
 	WaitPending(keys []messages.Key, w hostpool.Waker)
 	WaitRoom(w hostpool.Waker, seen uint64)
 }
 
-// pendingWake sends its retry's RetryDue through the engine's timers, due
+// retryWake sends its retry's RetryDue through the engine's timers, due
 // now: the copy's end is on the transfer side's goroutine, and the decision
 // belongs on the request's own turn, as a timer's does.
-type pendingWake struct {
+type retryWake struct {
 	timers  *actors.Timers
 	to      *actor.PID
 	due     RetryDue
@@ -73,9 +73,9 @@ type pendingWake struct {
 
 // Stale: the retry was taken (or the actor serves another request): the
 // room queue passes the wake-up on to the next waiter.
-func (w *pendingWake) Stale() bool { return w.waiting.Load() != w.key }
+func (w *retryWake) Stale() bool { return w.waiting.Load() != w.key }
 
-func (w *pendingWake) Wake() {
+func (w *retryWake) Wake() {
 	due := w.due
 	w.timers.Send(0, w.to, &due)
 }
