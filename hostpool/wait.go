@@ -12,6 +12,22 @@ import (
 // released; it must return at once (a request actor's sends a message).
 type Waker interface{ Wake() }
 
+// Signal is a Waker that never blocks, for a goroutine that waits on it:
+// one wake-up is kept until it is taken, more are the same one. It is
+// comparable, so WaitPending keeps it once per key however often it is
+// registered again.
+type Signal chan struct{}
+
+// NewSignal returns a Signal ready to wake.
+func NewSignal() Signal { return make(Signal, 1) }
+
+func (s Signal) Wake() {
+	select {
+	case s <- struct{}{}:
+	default:
+	}
+}
+
 // WaitPending wakes w once any of keys stops being pending. A decision that
 // found a key pending in another copy holds its chunk back until that copy
 // ends (it may fail and leave the chunk to this request to store), and a

@@ -209,7 +209,7 @@ func (n *Node) waitLoad(ls *loadStart, err error) {
 	defer ls.rec.waitingLoads.Add(-1)
 	timeout := time.NewTimer(n.cfg.Lease)
 	defer timeout.Stop()
-	settled := make(settleWaker, 1)
+	settled := hostpool.NewSignal() // for each key in turn: a spare wake-up only makes it try again early
 	for errors.Is(err, hostpool.ErrPending) {
 		var ke *hostpool.KeyError
 		if !errors.As(err, &ke) {
@@ -234,18 +234,6 @@ func (n *Node) waitLoad(ls *loadStart, err error) {
 	}
 	if err != nil {
 		ls.fail(err)
-	}
-}
-
-// settleWaker is a hostpool.Waker that never blocks: one wake-up is kept
-// until it is taken, more are the same one. One waitLoad's, for each key
-// it waits for in turn (a spare wake-up only makes it try again early).
-type settleWaker chan struct{}
-
-func (w settleWaker) Wake() {
-	select {
-	case w <- struct{}{}:
-	default:
 	}
 }
 

@@ -16,15 +16,6 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-type chanWaker chan struct{}
-
-func (w chanWaker) Wake() {
-	select {
-	case w <- struct{}{}:
-	default:
-	}
-}
-
 // A chunk on disk that one load was given room to read back into is Ready
 // (a lookup hit) while that load is queued or reading; a second load of it
 // is told hostpool.ErrPending naming it (still a not-ready error), not a
@@ -60,7 +51,7 @@ func TestASecondLoadOfAChunkBeingReadBackIsToldToWait(t *testing.T) {
 	var ke *hostpool.KeyError
 	require.ErrorAs(t, err, &ke)
 	require.Equal(t, messages.Key("a"), ke.Key)
-	woken := make(chanWaker, 1)
+	woken := hostpool.NewSignal()
 	e.WaitPending([]messages.Key{ke.Key}, woken)
 	testkit.NoRecv(t, woken, 0, "a wake-up before a is read back")
 
