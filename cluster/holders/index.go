@@ -140,6 +140,7 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 		keys []NSKey
 	}
 	ops := make([]op, 0, len(b.Events))
+	var lastName, lastNS string // a batch's events mostly name one namespace: its key is built once
 	for i, ev := range b.Events {
 		o := op{typ: ev.Type}
 		switch ev.Type {
@@ -149,7 +150,10 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 				// writes and deletions say nothing about what it can serve.
 				continue
 			}
-			ns := nsOf(ev.Namespace)
+			if lastNS == "" || ev.Namespace != lastName {
+				lastName, lastNS = ev.Namespace, nsOf(ev.Namespace)
+			}
+			ns := lastNS
 			if ev.GroupIdx < 0 {
 				x.stats.Rejected++
 				return false, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)
