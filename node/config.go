@@ -92,6 +92,12 @@ type Config struct {
 	// later; in exchange a lightly loaded node sends one kv_events message
 	// per engine per linger instead of one per copy, and wakes once for it.
 	KVEventsLinger time.Duration `json:"kv_events_linger"`
+	// LoadWait bounds a load's wait for a key another copy is filling
+	// (a read-back from disk, a store) before it fails as a miss: below
+	// the engines' request timeout (the Go SDK's default is 5s), so a slow
+	// copy queue turns a load into a miss, not into a load in doubt.
+	// Default 2s; a longer one than lease/2 is cut to it.
+	LoadWait time.Duration `json:"load_wait"`
 	// FailStop ends the process when fencing demands it (default: log and
 	// exit with status 3); tests inject their own.
 	FailStop func(reason string) `json:"-"`
@@ -205,6 +211,7 @@ func DefaultConfig() Config {
 		Lease:              10 * time.Second,
 		MaxPendingBytes:    256 << 20,
 		KVEventsLinger:     time.Millisecond,
+		LoadWait:           2 * time.Second,
 		// isolation: bounds an 8-GPU host never reaches.
 		MaxEngines:        256,
 		MaxRequests:       1 << 16,
@@ -253,6 +260,8 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.Lease, d.Lease)
 	orDefault(&c.MaxPendingBytes, d.MaxPendingBytes)
 	orDefault(&c.KVEventsLinger, d.KVEventsLinger)
+	orDefault(&c.LoadWait, d.LoadWait)
+	c.LoadWait = min(c.LoadWait, c.Lease/2)
 	if c.NodeID == "" { // not in DefaultConfig: it depends on the host
 		c.NodeID = DefaultNodeID()
 	}
@@ -314,6 +323,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
+	case c.LoadWait < 0:
+		return fmt.Errorf("%w: load wait %v: want > 0 (0: the default)", ErrConfig, c.LoadWait)
 	case c.KVEventsLinger > time.Second:
 		return fmt.Errorf("%w: kv events linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
 	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:

@@ -69,12 +69,12 @@ type readingBack struct {
 	release func()
 }
 
-func startReadingBack(t *testing.T) *readingBack {
+func startReadingBack(t *testing.T, mutate ...func(*node.Config)) *readingBack {
 	dev := &storeHeldDevice{held: make(chan struct{}, 1), gate: make(chan struct{})}
-	e := startNode(t, withPoolSlots(2), withDisk(t.TempDir()), func(c *node.Config) {
+	e := startNode(t, append([]func(*node.Config){withPoolSlots(2), withDisk(t.TempDir()), func(c *node.Config) {
 		c.Transfer.Workers = 1 // one copy at a time: the held store holds the read-back in the queue
 		c.WrapDevice = func(a backend.Attachment) backend.Attachment { dev.Attachment = a; return dev }
-	})
+	}}, mutate...)...)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	te.fill(0, 1, 9)
@@ -145,8 +145,29 @@ func TestALoadWaitingForAReadBackFailsWhenTheNodeCloses(t *testing.T) {
 	require.Equal(t, before, te.block(0, 11), "nothing copied into the failed load's block")
 }
 
+// A load waiting for a chunk another copy fills waits Config.LoadWait at
+// most, then fails as a miss naming the key, copying nothing: it is
+// answered within the engine's request timeout (the Go SDK's 5 s), which a
+// wait of a lease (10 s) outlasted, leaving the load in doubt.
+func TestALoadWaitsForAPendingKeyAtMostTheLoadWait(t *testing.T) {
+	const wait = 300 * time.Millisecond
+	rb := startReadingBack(t, func(c *node.Config) { c.LoadWait = wait })
+	te := rb.te
+	before := bytes.Clone(te.block(0, 11))
+	asked := time.Now()
+	second := te.loadAsync("l2", rb.a, 4, []int{11})
+	r2 := loadReplyOf(t, second, "the waiting load's reply past the load wait, the read back still held")
+	require.False(t, r2.OK)
+	require.Contains(t, r2.Error, "pending in another copy")
+	require.GreaterOrEqual(t, time.Since(asked), wait, "it waited for the read back first")
+	require.Equal(t, before, te.block(0, 11), "nothing copied into the failed load's block")
+	rb.release()
+	require.True(t, loadReplyOf(t, rb.first, "the first load's reply").OK)
+	require.Zero(t, te.sync().Pool.Pinned)
+}
+
 // An engine's loads waiting for a pending key are bounded (a goroutine
-// each, for up to a lease): past 64, a load of the key being read back fails
+// each, for up to Config.LoadWait): past 64, a load of the key being read back fails
 // not-ready at once, as every such load did before loads waited; the 64
 // waiting ones still succeed once the read ends.
 func TestAnEnginesWaitingLoadsAreBounded(t *testing.T) {

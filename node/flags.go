@@ -109,6 +109,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	dur(&c.KVEventsLinger, "kv-events-linger", d.KVEventsLinger,
 		"how long kv_events changes gather before they are published (0: the default; negative: each at once; at most 1s)")
+	dur(&c.LoadWait, "load-wait", d.LoadWait,
+		"how long a load waits for a key another copy is filling before it fails as a miss (cut to lease/2; keep it below the engines' request timeout)")
 	// isolation
 	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
 	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")

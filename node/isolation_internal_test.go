@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
@@ -96,4 +97,14 @@ func TestIsolationBoundsConfig(t *testing.T) {
 		{MaxModelLen: -1}} {
 		require.ErrorIs(t, bad.Validate(), ErrConfig)
 	}
+}
+
+// The load wait: 0 takes the default (2 s), a wait past lease/2 is cut to
+// it (a short test lease keeps the default valid), negative is an error.
+func TestLoadWaitConfig(t *testing.T) {
+	require.Equal(t, 2*time.Second, Config{}.withDefaults().LoadWait)
+	require.Equal(t, 500*time.Millisecond, Config{Lease: time.Second}.withDefaults().LoadWait)
+	require.Equal(t, 100*time.Millisecond, Config{LoadWait: 100 * time.Millisecond}.withDefaults().LoadWait)
+	require.NoError(t, Config{Lease: time.Second, LoadWait: 5 * time.Second}.Validate())
+	require.ErrorIs(t, Config{LoadWait: -time.Second}.Validate(), ErrConfig)
 }

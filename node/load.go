@@ -156,7 +156,7 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 }
 
 // maxWaitingLoads bounds an engine's loads waiting for pending keys (a
-// goroutine and a timer each, for up to a lease): past it a load of a
+// goroutine and a timer each, for up to Config.LoadWait): past it a load of a
 // pending key fails not-ready at once, so one engine cannot park goroutines
 // without limit by loading a key its own store holds pending.
 const maxWaitingLoads = 64
@@ -199,15 +199,16 @@ func (n *Node) tryLoad(ls *loadStart) error {
 // settle, woken by the copy filling it as it ends (Engine.WaitPending),
 // and tries the load again, until it starts or fails otherwise: two loads
 // of one prefix read back from disk at once both succeed, and a lookup's
-// hit on a chunk being read back holds. It waits a lease at most (a read
-// back or a store waits in the copy queue and copies well within that),
-// then fails the load as a miss naming the key; it fails it at once if the
+// hit on a chunk being read back holds. It waits Config.LoadWait at most
+// (a read back or a store waits in the copy queue and copies well within
+// that; past it, the engine's request would time out and leave the load in
+// doubt), then fails the load as a miss naming the key; it fails it at once if the
 // engine ends or the node closes meanwhile. Its own goroutine, counted in
 // loadWaits.
 func (n *Node) waitLoad(ls *loadStart, err error) {
 	defer n.loadWaits.leave()
 	defer ls.rec.waitingLoads.Add(-1)
-	timeout := time.NewTimer(n.cfg.Lease)
+	timeout := time.NewTimer(n.cfg.LoadWait)
 	defer timeout.Stop()
 	settled := hostpool.NewSignal() // for each key in turn: a spare wake-up only makes it try again early
 	for errors.Is(err, hostpool.ErrPending) {
