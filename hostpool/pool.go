@@ -60,7 +60,10 @@ type Prepared struct {
 	Evicted []messages.Key // ready keys evicted to make room, oldest first
 	// Victims are the evicted chunks' checksums and extents, in Evicted's
 	// order, when the pool keeps them (SetKeepVictims: a disk tier copies
-	// them out). Their room now belongs to Keys: read it before their copy.
+	// them out). Their room is free once the lock is let go: it may be
+	// Keys', or in a pool of mixed chunk sizes the next decision's (another
+	// engine's), so a copy of a victim's bytes made after the decision must
+	// check them against the victim's checksum (the disk tier does).
 	Victims []Victim
 	// RoomGen is how many times room may have freed before the decision
 	// (Shared's room changes): a decision that found no room hands it to
@@ -263,15 +266,19 @@ func (p *Pool) locate(key messages.Key, dst []Extent) ([]Extent, uint32, State) 
 // key: each chunk's CRC-32C) pending keys become ready, most recently used.
 // On failure (sums nil) pending keys are removed and their room freed; ready
 // keys are never affected by a failure (another job stored them).
-func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) {
-	p.CompleteStoreAt(keys, nil, sums)
+func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) (ended int) {
+	return p.CompleteStoreAt(keys, nil, sums)
 }
 
 // CompleteStoreAt is CompleteStore with each key's entry as PrepareStore
 // reported it (Prepared.Slots; nil: look every key up). A slot that does
 // not hold its key (it cannot, while the key is pending, but a caller may
 // be wrong) is looked up instead.
-func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) {
+//
+// It returns how many keys it ended (made ready or freed): the room waiters
+// a completion may wake.
+func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) (ended int) {
+	defer func(before int) { ended = before - p.pending }(p.pending)
 	p.madeReady = p.madeReady[:0]
 	for i, k := range keys {
 		r, found := none, false
@@ -293,6 +300,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 		}
 		p.remove(r)
 	}
+	return
 }
 
 // CompleteStorePinned completes pending keys as ready with their checksums,
@@ -368,8 +376,10 @@ func (p *Pool) PrepareLoad(keys []messages.Key) error {
 	return nil
 }
 
-// CompleteLoad unpins keys pinned by PrepareLoad.
-func (p *Pool) CompleteLoad(keys []messages.Key) {
+// CompleteLoad unpins keys pinned by PrepareLoad, and returns how many of
+// them it left unpinned (evictable again).
+func (p *Pool) CompleteLoad(keys []messages.Key) (unpinned int) {
+	defer func(before int) { unpinned = before - p.pinned }(p.pinned)
 	for _, k := range keys {
 		if r, ok := p.lookup(k); ok && p.entries[r].pins > 0 {
 			e := &p.entries[r]
@@ -379,6 +389,7 @@ func (p *Pool) CompleteLoad(keys []messages.Key) {
 			}
 		}
 	}
+	return
 }
 
 // Touch marks ready keys as most recently used. Like vLLM it walks them in

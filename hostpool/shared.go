@@ -130,11 +130,11 @@ func (b By) completeStoreAt(keys []messages.Key, slots []int32, sums []uint32) [
 	s := b.s
 	s.mu.Lock()
 	defer s.mu.Unlock() // a panic (a bug) must not leave the pool locked for good
-	s.pool.CompleteStoreAt(keys, slots, sums)
+	ended := s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
 	s.roomGen.Add(1)
-	return append(s.endWaits(keys), s.takeRoom(len(keys))...) // each key ready (evictable) or freed
+	return append(s.endWaits(keys), s.takeRoom(ended)...) // each key ended is ready (evictable) or freed
 }
 
 // noteReady journals the keys the last completion made ready; under s.mu.
@@ -291,10 +291,30 @@ func (b By) Drop(key messages.Key, sum uint32) bool {
 
 func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
-	s.pool.CompleteLoad(keys)
+	unpinned := s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
 	s.roomGen.Add(1)
-	woken := s.takeRoom(len(keys)) // unpinned: evictable again
+	woken := s.takeRoom(unpinned) // evictable again; a pin still held frees nothing
+	s.mu.Unlock()
+	wake(woken)
+}
+
+// EndLoad ends a load's copy (done, failed or aborted) in one step: the
+// keys it was given room to read back from disk and never filled (still
+// pending) are freed, and every key it pinned is unpinned. In two steps,
+// a key freed by the first could be stored again and pinned by another
+// load before the second, whose unpin by key would then take that load's
+// pin, leaving its chunk evictable under its copy. It wakes the loads
+// waiting for the freed keys, and as many room waiters as keys it freed or
+// left unpinned.
+func (b By) EndLoad(keys []messages.Key) {
+	s := b.s
+	s.mu.Lock()
+	freed := s.pool.CompleteStore(keys, nil) // a failure: no key is made ready, nothing journaled
+	freed += s.pool.CompleteLoad(keys)
+	s.full.Store(s.pool.full())
+	s.roomGen.Add(1)
+	woken := append(s.endWaits(keys), s.takeRoom(freed)...)
 	s.mu.Unlock()
 	wake(woken)
 }

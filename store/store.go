@@ -30,7 +30,10 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 // Store owns a node's host pool and arena, and the disk tier below them when
 // there is one. Safe for concurrent use: the pool is behind one mutex
 // (hostpool.Shared), and the arena bytes of a chunk are only written while
-// its key is pending and only read while it is pinned.
+// its key is pending and only read while it is pinned, or, by the disk
+// tier's spill of an evicted chunk, after the eviction and checked against
+// the chunk's checksum (a spill whose room was reused meanwhile is
+// dropped).
 type Store struct {
 	pool    *hostpool.Shared
 	arena   backend.Arena
@@ -212,6 +215,10 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 	}
 	lc := liveCheck{live: live}
 	if dir == backend.HostToDevice {
+		if err := e.sizesMatch(keys, chunks, &loc); err != nil {
+			e.complete(dir, keys, nil)
+			return err
+		}
 		read, err := e.fetch(keys, &loc)
 		if err != nil {
 			return err
@@ -389,6 +396,26 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) (bool, error) {
 	return true, nil
 }
 
+// sizesMatch checks that each chunk a load copies out is as large as its
+// group's chunks: a chunk read back from disk was given room of its
+// record's size, and a record of another size under the key (a geometry
+// the disk key's fingerprint failed to tell apart, a record left by
+// another build) must not reach the device as if it were the chunk.
+func (e *Engine) sizesMatch(keys []messages.Key, chunks []sched.JobChunk, loc *located) error {
+	for i := range chunks {
+		var size int64
+		for _, x := range loc.Chunk(i) {
+			size += x.Len
+		}
+		if want := e.lay.Groups[chunks[i].Group].ChunkBytes; size != want {
+			e.s.metrics.Corrupt.Inc()
+			return &hostpool.KeyError{Key: keys[i],
+				Err: fmt.Errorf("%w: %d bytes held, the group's chunks are %d", ErrCorrupt, size, want)}
+		}
+	}
+	return nil
+}
+
 // copyLarge copies chunk i, larger than a tile, a tile-sized window at a
 // time; a store checksums each window after its copy, a load verifies the
 // whole chunk before its first window moves.
@@ -446,8 +473,7 @@ func (e *Engine) complete(dir backend.Direction, keys []messages.Key, sums []uin
 // reported them (Located.Slots: no lookup per key).
 func (e *Engine) completeAt(dir backend.Direction, keys []messages.Key, slots []int32, sums []uint32) {
 	if dir == backend.HostToDevice {
-		e.s.pool.By(e.id).CompleteStore(keys, nil) // a load's keys still pending were never read back
-		e.s.pool.CompleteLoad(keys)
+		e.s.pool.By(e.id).EndLoad(keys) // a load's keys still pending were never read back
 		return
 	}
 	e.s.pool.By(e.id).CompleteStoreAt(keys, slots, sums)

@@ -1,0 +1,56 @@
+package store
+
+import (
+	"bytes"
+	"fmt"
+	"hash/crc32"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/disk"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/sched"
+)
+
+// A load checks that each chunk it copies out is its group's chunk size.
+// A chunk read back from disk is given room of its record's size (disk.Has),
+// so a record under the key of another size (a geometry the disk key's
+// 64-bit FNV fingerprint failed to tell apart, or a record left by another
+// build) would otherwise reach the device as the chunk, the load answering
+// ok. It fails naming the key, and nothing reaches the device.
+func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, 4*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
+	e := s.Engine("e", l, dev)
+	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
+	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
+	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if _, _, ok := d.Has("a"); !ok {
+			return fmt.Errorf("not on disk yet")
+		}
+		return nil
+	})
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+	before := bytes.Clone(dev.mem)
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)
+	require.ErrorIs(t, err, ErrCorrupt, "a record of another size was loaded as the chunk")
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, messages.Key("a"), ke.Key)
+	assert.Equal(t, before, dev.mem, "nothing reached the device")
+	st := s.Stats()
+	assert.Zero(t, st.Pinned)
+	assert.Zero(t, st.Pending, "the room given to the read back is freed")
+}
