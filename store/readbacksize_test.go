@@ -12,8 +12,8 @@ import (
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/disk"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
