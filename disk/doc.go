@@ -9,8 +9,9 @@
 // at a time: the spills already queued when it takes one (never waiting for
 // more), several records per write call. A record is indexed, and announced
 // stored, only once the write holding it has returned; a failed write cuts
-// the segment back to where that write began (a batch that rolled into a
-// new segment keeps the records written to the earlier one). If that cut
+// the segment back to where its run began (the batch's records bound for
+// that segment, none of which is indexed; a batch that rolled into a new
+// segment keeps the records written to the earlier one). If that cut
 // fails too, the segment is retired (counted): its file may now run past
 // its last record, where an append would land instead of where its offsets
 // say, so later records go to a new segment. On open the index is rebuilt
