@@ -26,7 +26,8 @@ type Config struct {
 	// (default: Bytes/16, at least 1 MiB, at most 256 MiB).
 	SegmentBytes int64
 	// QueueBytes bounds the spilled bytes waiting for the writer (default
-	// 64 MiB); a spill past it is dropped (counted), never waited for.
+	// 64 MiB); a spill past it is dropped (counted), never waited for. A
+	// chunk larger than QueueBytes is taken into an empty queue.
 	QueueBytes int64
 }
 

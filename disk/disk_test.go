@@ -2,6 +2,7 @@ package disk
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"hash/crc32"
 	"math/rand"
@@ -101,6 +102,68 @@ func TestSpillReadAndLRU(t *testing.T) {
 	require.Equal(t, int64(1), st.Hits)
 	_, err = readBack(t, d, key(1), 1<<10)
 	require.ErrorIs(t, err, ErrMissing)
+}
+
+// A chunk larger than the writer's queue (QueueBytes) is taken into an
+// empty queue and written, so an engine whose chunks are over the 64 MiB
+// default (the node sets no other) still spills; while it is queued or being
+// written nothing more is taken, so the spilled bytes held stay under
+// max(QueueBytes, one chunk).
+func TestChunkOverQueueBytesSpillsIntoAnEmptyQueue(t *testing.T) {
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 16 << 20, QueueBytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	held := holdWrites(d)
+	big := bytes.Repeat([]byte("B"), 2<<20)
+	require.True(t, d.Spill("e", key(1), sum(big), big), "a chunk over QueueBytes into an empty queue")
+	select {
+	case <-held.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the writer never began writing the large chunk")
+	}
+	small := []byte("s")
+	require.False(t, d.Spill("e", key(2), sum(small), small), "taken while the large chunk is held")
+	close(held.release)
+	waitOnDisk(t, d, key(1))
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if q := d.Stats().Queued; q != 0 {
+			return fmt.Errorf("%d bytes still queued", q)
+		}
+		return nil
+	})
+	require.True(t, d.Spill("e", key(2), sum(small), small), "the queue is empty again")
+	waitOnDisk(t, d, key(2))
+	got, err := readBack(t, d, key(1), len(big))
+	require.NoError(t, err)
+	require.Equal(t, big, got)
+	require.Equal(t, int64(1), d.Stats().Dropped)
+}
+
+// heldFile is a segment file whose first write waits for release (entered
+// says it began), so a test can see what Spill takes while the writer is busy.
+type heldFile struct {
+	appendFile
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (h *heldFile) Write(b []byte) (int, error) {
+	h.once.Do(func() {
+		close(h.entered)
+		<-h.release
+	})
+	return h.appendFile.Write(b)
+}
+
+// holdWrites makes the current segment's next write wait for the returned
+// file's release; the writer goroutine has nothing queued meanwhile.
+func holdWrites(d *Disk) *heldFile {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	seg := d.segs[len(d.segs)-1]
+	h := &heldFile{appendFile: seg.out, entered: make(chan struct{}), release: make(chan struct{})}
+	seg.out = h
+	return h
 }
 
 // Bytes that changed between the checksum and the copy-out are never

@@ -9,7 +9,10 @@ import (
 
 // Spill queues a chunk evicted from host memory for writing; sum is its
 // CRC-32C. It never blocks: a full queue or a closed disk drops the chunk
-// (counted) and returns false. The writer checks data against sum before
+// (counted) and returns false. A chunk larger than the whole queue is taken
+// when the queue is empty, so a model whose chunks are over QueueBytes still
+// spills, one such chunk at a time: the spilled bytes held stay under
+// max(QueueBytes, one chunk). The writer checks data against sum before
 // writing, so bytes that changed after the sum was taken are dropped too.
 func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) bool {
 	d.mu.Lock()
@@ -17,7 +20,7 @@ func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) b
 	if _, ok := d.items[key]; ok {
 		return true
 	}
-	if d.closed || d.queued+int64(len(data)) > d.cfg.QueueBytes {
+	if d.closed || (d.queued > 0 && d.queued+int64(len(data)) > d.cfg.QueueBytes) {
 		d.dropped.Add(1)
 		return false
 	}
