@@ -114,6 +114,7 @@ type Disk struct {
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired                            atomic.Int64
+	longKeyLogged                                                         atomic.Bool // a long key's drop was logged
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a

@@ -247,6 +247,38 @@ func TestRebuildDiscardsTornAndBadRecords(t *testing.T) {
 	require.NoError(t, err, "foreign files are left alone")
 }
 
+// Writer and rebuild share one bound on a key's length: a key longer than a
+// record holds is refused at Spill (counted dropped), never written, so it
+// cannot be taken for a torn header at the next open and cut its segment
+// there with every record after it; a key of exactly the bound is written
+// and comes back.
+func TestKeyLongerThanARecordHoldsIsNotWrittenAndCutsNothing(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	data := func(b byte) []byte { return bytes.Repeat([]byte{b}, 1000) }
+	tooLong := messages.Key(strings.Repeat("k", maxKeyLen+1))
+	longest := messages.Key(strings.Repeat("l", maxKeyLen))
+	require.True(t, d.Spill("e", key(1), sum(data(1)), data(1)))
+	require.False(t, d.Spill("e", tooLong, sum(data(2)), data(2)), "a key no record holds")
+	require.True(t, d.Spill("e", longest, sum(data(3)), data(3)))
+	require.True(t, d.Spill("e", key(4), sum(data(4)), data(4)))
+	waitOnDisk(t, d, key(1), longest, key(4))
+	require.Equal(t, int64(1), d.Stats().Dropped)
+	d.Close()
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	require.Equal(t, []messages.Key{key(1), longest, key(4)}, d2.Keys(), "every record written comes back")
+	require.Zero(t, d2.Stats().Discarded)
+	for i, k := range []messages.Key{key(1), longest, key(4)} {
+		got, err := readBack(t, d2, k, 1000)
+		require.NoError(t, err)
+		require.Equal(t, data([]byte{1, 3, 4}[i]), got)
+	}
+}
+
 // Dropped records' room comes back: a segment with no live record is
 // deleted, and the files never hold more than 1.5x the budget plus a segment.
 func TestSegmentsReclaimed(t *testing.T) {

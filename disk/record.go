@@ -17,6 +17,12 @@ const magic = "KVD1"
 
 const fixedHeader = 4 + 4 + 8 + 4
 
+// maxKeyLen is the longest key a record holds: the writer refuses a longer
+// one (Spill) and the rebuild takes a longer key length for a torn header,
+// so the two must share it, or a record written is cut at the next open
+// with every record after it in its segment.
+const maxKeyLen = 4096
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrBadRecord means a file is not a whole, intact record.
@@ -57,7 +63,7 @@ func readHeader(r io.Reader) (header, error) {
 		return header{}, fmt.Errorf("%w: magic %q", ErrBadRecord, fixed[:4])
 	}
 	klen := binary.LittleEndian.Uint32(fixed[4:])
-	if klen > 4096 {
+	if klen > maxKeyLen {
 		return header{}, fmt.Errorf("%w: key length %d", ErrBadRecord, klen)
 	}
 	rest := make([]byte, int(klen)+4)

@@ -14,7 +14,7 @@ type Stats struct {
 	WriteBytes int64 `json:"write_bytes"`
 	ReadNanos  int64 `json:"read_nanos"`
 	WriteNanos int64 `json:"write_nanos"`
-	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large
+	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large, key too long
 	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
 	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
 	Failed     int64 `json:"failed"`    // writes that failed

@@ -2,6 +2,7 @@ package disk
 
 import (
 	"hash/crc32"
+	"log/slog"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -12,9 +13,19 @@ import (
 // (counted) and returns false. A chunk larger than the whole queue is taken
 // when the queue is empty, so a model whose chunks are over QueueBytes still
 // spills, one such chunk at a time: the spilled bytes held stay under
-// max(QueueBytes, one chunk). The writer checks data against sum before
-// writing, so bytes that changed after the sum was taken are dropped too.
+// max(QueueBytes, one chunk). A key longer than maxKeyLen is dropped
+// (counted, logged once): no record could hold it. The writer checks data
+// against sum before writing, so bytes that changed after the sum was taken
+// are dropped too.
 func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) bool {
+	if len(key) > maxKeyLen {
+		d.dropped.Add(1)
+		if !d.longKeyLogged.Swap(true) {
+			slog.Warn("disk: chunks with keys longer than a record holds are not spilled",
+				"key_bytes", len(key), "max_key_bytes", maxKeyLen, "engine", engine)
+		}
+		return false
+	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.items[key]; ok {

@@ -198,7 +198,7 @@ var diskDescs = struct {
 	write:     prometheus.NewDesc("kvactors_disk_write_bytes_total", "Bytes written to disk.", nil, nil),
 	readTime:  prometheus.NewDesc("kvactors_disk_read_seconds_total", "Time spent reading chunks back (GB/s = read bytes / this).", nil, nil),
 	writeTime: prometheus.NewDesc("kvactors_disk_write_seconds_total", "Time spent writing chunks (GB/s = write bytes / this).", nil, nil),
-	dropped:   prometheus.NewDesc("kvactors_disk_dropped_total", "Evicted chunks not written: writer queue full (a chunk larger than the queue is taken only into an empty one), closing, or larger than the budget.", nil, nil),
+	dropped:   prometheus.NewDesc("kvactors_disk_dropped_total", "Evicted chunks not written: writer queue full (a chunk larger than the queue is taken only into an empty one), closing, larger than the budget, or a key longer than a record holds (4096 bytes).", nil, nil),
 	raced:     prometheus.NewDesc("kvactors_disk_raced_total", "Evicted chunks not written because their host bytes changed before the copy-out.", nil, nil),
 	discarded: prometheus.NewDesc("kvactors_disk_discarded_total", "Bad records found when the index was rebuilt at open: records skipped for a bad data checksum, and torn tails cut (each with the rest of its segment).", nil, nil),
 	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Chunk writes that failed.", nil, nil),
