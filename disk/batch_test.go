@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -134,6 +135,44 @@ func TestBatchAcrossSegmentsRacedAndBudget(t *testing.T) {
 	t.Cleanup(small.Close)
 	writeBatch(small, "e", batchChunks(), 0, 1, 3, 7)
 	require.Equal(t, []messages.Key{key(1), key(3), key(7)}, small.Keys(), "8K+300+8K+8K > 20K: the oldest went")
+}
+
+// Notify hears a batch's index changes in the order they were made, so the
+// last told of each key is where it is: a key in the batch twice (spilled
+// again before its first record was indexed) whose first record the budget
+// evicts before the second is indexed ends told stored, not removed, and a
+// key evicted for good ends told removed.
+func TestBatchWithARepeatedKeyEndsToldAsTheIndexHasIt(t *testing.T) {
+	var mu sync.Mutex
+	last := map[messages.Key]string{} // each key's last announcement, replayed as a router does
+	notify := func(_ string, stored, removed []messages.Key) {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, k := range stored {
+			last[k] = "stored"
+		}
+		for _, k := range removed {
+			last[k] = "removed"
+		}
+	}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 250}, notify) // two 100-byte chunks
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	chunks := map[int][]byte{}
+	for i := 1; i <= 3; i++ {
+		chunks[i] = bytes.Repeat([]byte{byte(i)}, 100)
+	}
+	writeBatch(d, "e", chunks, 1, 2, 3, 1) // 3 evicts 1's first record, 1 again evicts 2
+	require.Equal(t, []messages.Key{key(3), key(1)}, d.Keys())
+	mu.Lock()
+	defer mu.Unlock()
+	for i := 1; i <= 3; i++ {
+		want := "removed"
+		if _, _, ok := d.Has(key(i)); ok {
+			want = "stored"
+		}
+		require.Equal(t, want, last[key(i)], "chunk %d", i)
+	}
 }
 
 // ReadMany reads a load's keys straight into their extents, records lying

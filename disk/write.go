@@ -60,11 +60,12 @@ const (
 
 // writer is the one goroutine that appends records; its buffers are its own.
 type writer struct {
-	d     *Disk
-	batch []spill // the spills taken
-	run   []spill // the batch's records bound for the current segment
-	buf   []byte  // the records gathered for one write
-	offs  []int64 // where each record of run has its data
+	d       *Disk
+	batch   []spill  // the spills taken
+	run     []spill  // the batch's records bound for the current segment
+	buf     []byte   // the records gathered for one write
+	offs    []int64  // where each record of run has its data
+	changes []change // the index's changes of a flush, in order
 }
 
 func (d *Disk) writer() {
@@ -187,7 +188,10 @@ func (w *writer) flush(seg *segment) {
 	d.writeBytes.Add(data)
 	d.writes.Add(int64(len(w.run)))
 
-	var removed []*item
+	// The index's changes are told in the order they were made: a key in
+	// the run twice whose first record the budget evicts before the second
+	// is indexed ends told stored, as it is.
+	changes := w.changes[:0]
 	d.mu.Lock()
 	d.fileBytes += pos - seg.size
 	seg.size = pos
@@ -196,30 +200,52 @@ func (w *writer) flush(seg *segment) {
 			d.unindex(old)
 		}
 		d.index(&item{key: sp.key, seg: seg, off: offs[i], size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
+		changes = append(changes, change{engine: sp.engine, key: sp.key, stored: true})
 		for d.used > d.cfg.Bytes {
-			it := d.evictFront()
-			if it.engine == "" { // found at open: the engine whose spill evicted it hears of it
-				it.engine = sp.engine
-			}
-			removed = append(removed, it)
+			changes = append(changes, removal(d.evictFront(), sp.engine))
 		}
 	}
 	last := w.run[len(w.run)-1].engine
 	for _, it := range d.dropDead() {
-		if it.engine == "" {
-			it.engine = last
-		}
-		removed = append(removed, it)
+		changes = append(changes, removal(it, last))
 	}
 	// Told under the lock: a drop of one of these keys (a load that finds
 	// it bad) cannot be told before its write (see Notify).
-	for i := 0; i < len(w.run); { // stored, per engine, in write order
-		engine, keys := w.run[i].engine, []messages.Key(nil)
-		for ; i < len(w.run) && w.run[i].engine == engine; i++ {
-			keys = append(keys, w.run[i].key)
-		}
-		d.notify(engine, keys, nil)
-	}
-	d.announce(removed, last)
+	d.tell(changes)
 	d.mu.Unlock()
+	clear(changes)
+	w.changes = changes[:0]
+}
+
+// change is a key stored in or removed from the index, for engine.
+type change struct {
+	engine string
+	key    messages.Key
+	stored bool
+}
+
+// removal is it's removal, told to the engine that spilled it, or, for a
+// chunk found at open (no engine known), to by: the engine whose action
+// removed it.
+func removal(it *item, by string) change {
+	if it.engine == "" {
+		it.engine = by
+	}
+	return change{engine: it.engine, key: it.key}
+}
+
+// tell hands changes to Notify in their order, consecutive changes of one
+// engine and kind in one call. Caller holds d.mu.
+func (d *Disk) tell(changes []change) {
+	for i := 0; i < len(changes); {
+		first, keys := changes[i], []messages.Key(nil)
+		for ; i < len(changes) && changes[i].engine == first.engine && changes[i].stored == first.stored; i++ {
+			keys = append(keys, changes[i].key)
+		}
+		if first.stored {
+			d.notify(first.engine, keys, nil)
+		} else {
+			d.notify(first.engine, nil, keys)
+		}
+	}
 }
