@@ -67,11 +67,12 @@ type item struct {
 
 // segment is one append-only file of records.
 type segment struct {
-	id   int
-	f    *os.File
-	out  appendFile // where the writer writes f (tests wrap it to fail)
-	size int64      // bytes written (records whole or, at rebuild, verified)
-	live int        // indexed records in it
+	id    int
+	f     *os.File
+	out   appendFile // where the writer writes f (tests wrap it to fail)
+	size  int64      // bytes written (records whole or, at rebuild, verified)
+	live  int        // indexed records in it
+	marks int64      // bytes of tombstones in it (in size)
 	// retired: a failed write could not be cut back, so the file may hold
 	// bytes past size, and an append would land there, not at size, where
 	// its records would be indexed. The writer starts a new segment
@@ -88,6 +89,13 @@ type appendFile interface {
 	Truncate(size int64) error
 }
 
+// tombstone is a dropped record's tombstone, waiting for the writer.
+type tombstone struct {
+	key messages.Key
+	seg int
+	off int64
+}
+
 type spill struct {
 	engine string
 	key    messages.Key
@@ -102,15 +110,18 @@ type Disk struct {
 
 	mu        sync.Mutex
 	items     map[messages.Key]*item
-	lru       *list.List // of *item; front is least recently used
-	segs      []*segment // oldest first; the last is being written
-	used      int64      // live data bytes
-	fileBytes int64      // bytes of every segment
+	lru       *list.List  // of *item; front is least recently used
+	segs      []*segment  // oldest first; the last is being written
+	used      int64       // live data bytes
+	fileBytes int64       // bytes of every segment
+	markBytes int64       // bytes of tombstones in the segments (in fileBytes)
+	tombs     []tombstone // of records dropped, for the writer to write
 	queued    int64
 	closed    bool
 	q         chan spill
 	done      chan struct{}
-	lock      *os.File // holds the directory's flock (lockName) until Close
+	kick      chan struct{} // wakes the writer for tombs
+	lock      *os.File      // holds the directory's flock (lockName) until Close
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired                            atomic.Int64
@@ -143,7 +154,7 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 		return nil, err
 	}
 	d := &Disk{cfg: cfg, notify: notify, items: map[messages.Key]*item{}, lru: list.New(),
-		q: make(chan spill, 1<<16), done: make(chan struct{}), lock: lock}
+		q: make(chan spill, 1<<16), done: make(chan struct{}), kick: make(chan struct{}, 1), lock: lock}
 	if err := d.rebuild(); err != nil {
 		d.closeFiles()
 		return nil, err
@@ -176,6 +187,23 @@ func (d *Disk) unindex(it *item) {
 	it.seg.live--
 }
 
+// forget unindexes a dropped record whose bytes stay in their segment and
+// queues its tombstone for the writer, so a restart does not bring it back
+// (a record replaced by a later one of its key needs none: the rebuild
+// keeps the later). Caller holds d.mu.
+func (d *Disk) forget(it *item) {
+	d.unindex(it)
+	d.tombs = append(d.tombs, tombstone{key: it.key, seg: it.seg.id, off: it.off})
+}
+
+// wakeWriter has the writer write the queued tombstones, without waiting.
+func (d *Disk) wakeWriter() {
+	select {
+	case d.kick <- struct{}{}:
+	default: // already woken
+	}
+}
+
 func (d *Disk) newSegment() error {
 	id := 1
 	if n := len(d.segs); n > 0 {
@@ -192,20 +220,21 @@ func (d *Disk) newSegment() error {
 // evictFront drops the least recently used chunk. Caller holds d.mu.
 func (d *Disk) evictFront() *item {
 	it := d.lru.Front().Value.(*item)
-	d.unindex(it)
+	d.forget(it)
 	d.evictions.Add(1)
 	return it
 }
 
 // dropDead deletes old segments with no live record, and while the files
-// hold more than half the budget again in dropped records, the oldest
-// segment with the live records still in it (counted as evictions). Caller
-// holds d.mu; it returns the chunks dropped.
+// hold more than half the budget again in dropped records (tombstones not
+// counted: the rebuild, which counts them, must not delete a segment the
+// run did not), the oldest segment with the live records still in it
+// (counted as evictions). Caller holds d.mu; it returns the chunks dropped.
 func (d *Disk) dropDead() []*item {
 	var removed []*item
 	for len(d.segs) > 1 {
 		seg := d.segs[0]
-		if seg.live > 0 && d.fileBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
+		if seg.live > 0 && d.fileBytes-d.markBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
 			break
 		}
 		for e := d.lru.Front(); e != nil && seg.live > 0; {
@@ -219,6 +248,7 @@ func (d *Disk) dropDead() []*item {
 		}
 		d.segs = d.segs[1:]
 		d.fileBytes -= seg.size
+		d.markBytes -= seg.marks
 		_ = seg.f.Close()
 		_ = os.Remove(seg.f.Name())
 	}
@@ -284,10 +314,11 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 		d.mu.Unlock()
 		return false
 	}
-	d.unindex(it)
+	d.forget(it)
 	removed := append([]*item{it}, d.dropDead()...)
 	d.announce(removed, engine) // under the lock: in the index's order (Notify)
 	d.mu.Unlock()
+	d.wakeWriter()
 	return true
 }
 

@@ -14,8 +14,13 @@
 // segment keeps the records written to the earlier one). If that cut
 // fails too, the segment is retired (counted): its file may now run past
 // its last record, where an append would land instead of where its offsets
-// say, so later records go to a new segment. On open the index is rebuilt
-// from the segments in write order, every record's checksums verified: a
+// say, so later records go to a new segment. A record dropped while its
+// bytes stay in their segment (evicted past the budget, dropped by a read
+// that found it bad, or by Drop) gets a tombstone: a header-only record
+// naming its segment and offset, appended by the writer right after the
+// batch, or the drop, that dropped it. On open the index is rebuilt from
+// the segments in write order, records their tombstones name left out
+// (a later record of the key stays), every record's checksums verified: a
 // record cut short or whose header fails its checksum is a torn tail, and the
 // segment is cut there, so the records before it survive (in its batch or
 // earlier) and the torn one and all after it go; a record of full length
@@ -23,8 +28,12 @@
 // only if its own checksums hold.
 //
 // Durability: segments are not fsynced; the tier's durability is the page
-// cache's. A process crash (kill -9) loses nothing that was announced stored
-// (the page cache survives the process); a power loss may lose or tear
-// recent records, which the rebuild then finds and discards, so a torn
-// chunk is never served.
+// cache's. A restart after a process crash (kill -9: the page cache
+// survives the process) or a Close finds the chunks that were on disk and
+// none dropped before: only a record dropped in the moment before a crash,
+// its tombstone not yet written, comes back, and where that puts the chunks
+// over the budget the earliest written go. The order of use is not kept:
+// after a restart the least recently used chunk is the earliest written. A
+// power loss may lose or tear recent records and tombstones, which the
+// rebuild then finds and discards, so a torn chunk is never served.
 package disk

@@ -14,7 +14,10 @@ import (
 )
 
 // rebuild indexes every intact record of every segment, in write order
-// (which is the LRU order it starts with), then trims to the budget.
+// (which is the LRU order it starts with; the order of use before the
+// restart is not kept), leaving out records a tombstone names, then trims
+// to the budget (the trimmed get tombstones, written once the writer
+// starts).
 func (d *Disk) rebuild() error {
 	entries, err := os.ReadDir(d.cfg.Dir)
 	if err != nil {
@@ -43,6 +46,7 @@ func (d *Disk) rebuild() error {
 			return err
 		}
 		d.fileBytes += seg.size
+		d.markBytes += seg.marks
 	}
 	for d.used > d.cfg.Bytes {
 		d.evictFront()
@@ -51,9 +55,10 @@ func (d *Disk) rebuild() error {
 	return nil
 }
 
-// scan indexes seg's records. A record that ends past the file or whose
-// header fails its checksum is a torn write: the segment is cut there. A
-// whole record whose data fails its checksum is skipped.
+// scan indexes seg's records and unindexes those its tombstones name. A
+// record that ends past the file or whose header fails its checksum is a
+// torn write: the segment is cut there. A whole record whose data fails its
+// checksum is skipped.
 func (d *Disk) scan(seg *segment) error {
 	r := &countReader{r: seg.f}
 	for {
@@ -61,6 +66,13 @@ func (d *Disk) scan(seg *segment) error {
 		h, err := readHeader(r)
 		if errors.Is(err, errEOF) {
 			break
+		}
+		if err == nil && h.tombstone {
+			if it, ok := d.items[messages.Key(h.key)]; ok && it.seg.id == h.seg && it.off == h.off {
+				d.unindex(it)
+			}
+			seg.marks += int64(h.len)
+			continue
 		}
 		if err == nil {
 			hash := crc32.New(castagnoli)

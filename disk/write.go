@@ -68,31 +68,107 @@ type writer struct {
 	changes []change // the index's changes of a flush, in order
 }
 
+// writer writes batches of spills and, after each (and when a drop wakes
+// it), the tombstones of the records dropped meanwhile, so a restart brings
+// back no record dropped more than a write before it. Closed, it writes
+// what is queued, then the last tombstones.
 func (d *Disk) writer() {
 	defer close(d.done)
 	w := &writer{d: d}
-	for sp := range d.q {
-		w.batch = append(w.batch[:0], sp)
-		n := int64(len(sp.data))
-	gather:
-		for len(w.batch) < batchRecords && n < batchBytes {
-			select {
-			case sp, ok := <-d.q:
-				if !ok {
-					break gather
-				}
-				w.batch = append(w.batch, sp)
-				n += int64(len(sp.data))
-			default:
+	w.writeTombstones() // of the records the rebuild trimmed to the budget
+	for {
+		select {
+		case sp, ok := <-d.q:
+			if !ok {
+				w.writeTombstones()
+				return
+			}
+			w.take(sp)
+		case <-d.kick:
+		}
+		w.writeTombstones()
+	}
+}
+
+// take writes a batch: sp and whatever else is queued already.
+func (w *writer) take(sp spill) {
+	d := w.d
+	w.batch = append(w.batch[:0], sp)
+	n := int64(len(sp.data))
+gather:
+	for len(w.batch) < batchRecords && n < batchBytes {
+		select {
+		case sp, ok := <-d.q:
+			if !ok {
 				break gather
 			}
+			w.batch = append(w.batch, sp)
+			n += int64(len(sp.data))
+		default:
+			break gather
 		}
-		w.write()
-		clear(w.batch) // let the spilled bytes go
+	}
+	w.write()
+	clear(w.batch) // let the spilled bytes go
+	d.mu.Lock()
+	d.queued -= n
+	d.mu.Unlock()
+}
+
+// writeTombstones appends the queued tombstones to the current segment (a
+// new one where they would not fit, or where it is retired) in one write.
+// A tombstone of a record whose segment is deleted is left out: nothing can
+// bring that record back. On a failed write the segment is cut back
+// (retired if that fails too) and the tombstones stay queued for the
+// writer's next wake; they are as many as the index held at most.
+func (w *writer) writeTombstones() {
+	d := w.d
+	d.mu.Lock()
+	tombs := d.tombs
+	d.tombs = nil
+	oldest := d.segs[0].id
+	seg := d.segs[len(d.segs)-1]
+	d.mu.Unlock()
+	buf := w.buf[:0]
+	for _, t := range tombs {
+		if t.seg >= oldest {
+			buf = appendTombstone(buf, string(t.key), t.seg, t.off)
+		}
+	}
+	w.buf = buf[:0]
+	if len(buf) == 0 {
+		return
+	}
+	requeue := func() {
 		d.mu.Lock()
-		d.queued -= n
+		d.tombs = append(d.tombs, tombs...)
 		d.mu.Unlock()
 	}
+	n := int64(len(buf))
+	if seg.retired || (seg.size > 0 && seg.size+n > d.cfg.SegmentBytes) {
+		d.mu.Lock()
+		err := d.newSegment()
+		seg = d.segs[len(d.segs)-1]
+		d.mu.Unlock()
+		if err != nil {
+			requeue()
+			return
+		}
+	}
+	if _, err := seg.out.Write(buf); err != nil {
+		if seg.out.Truncate(seg.size) != nil {
+			seg.retired = true
+			d.retired.Add(1)
+		}
+		requeue()
+		return
+	}
+	d.mu.Lock()
+	seg.size += n
+	seg.marks += n
+	d.fileBytes += n
+	d.markBytes += n
+	d.mu.Unlock()
 }
 
 // write appends the batch's records to the current segment (starting a new

@@ -1,0 +1,129 @@
+package disk
+
+import (
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// waitTombstones waits until the segments hold want bytes of tombstones
+// (the writer wrote those of the records dropped so far).
+func waitTombstones(t *testing.T, d *Disk, want int64) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		if d.markBytes != want {
+			return fmt.Errorf("%d bytes of tombstones written, want %d", d.markBytes, want)
+		}
+		return nil
+	})
+}
+
+// copySegments copies d's segment files to a new directory, as a kill -9
+// leaves them: what a restart finds without a Close.
+func copySegments(t *testing.T, d *Disk) string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(d.cfg.Dir, "*"+segSuffix))
+	require.NoError(t, err)
+	dir := t.TempDir()
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o600))
+	}
+	return dir
+}
+
+// A record dropped at run time stays dropped across a restart, a kill -9
+// included, though its bytes stay in its segment: one evicted past the
+// budget (announced removed), one dropped by Drop, and one the rebuild
+// trimmed to a smaller budget. So the chunks live before the restart, one
+// read back early among them, are the ones after it, not crowded out of the
+// budget by evicted ones brought back.
+func TestADroppedRecordStaysDroppedAcrossARestart(t *testing.T) {
+	ev := &events{}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 250}, ev.notify) // two 100-byte chunks
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 100) }
+	spillOne := func(i int) {
+		require.True(t, d.Spill("e", key(i), sum(data(i)), data(i)))
+		waitOnDisk(t, d, key(i))
+	}
+	tomb := fixedHeader + int64(len(key(0))) + 4
+	spillOne(1)
+	spillOne(2)
+	_, err = readBack(t, d, key(1), 100) // chunk 1 is now the most recently used
+	require.NoError(t, err)
+	spillOne(3) // the budget evicts chunk 2
+	_, removed := ev.get()
+	require.Equal(t, []messages.Key{key(2)}, removed)
+	waitTombstones(t, d, tomb)
+
+	crashed := copySegments(t, d)
+	d2, err := Open(Config{Dir: crashed, Bytes: 250}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{key(1), key(3)}, d2.Keys(), "the evicted chunk stays out; the live ones stay")
+	d2.Close()
+
+	d.Drop("e", key(3))
+	waitTombstones(t, d, 2*tomb)
+	crashed = copySegments(t, d)
+	d3, err := Open(Config{Dir: crashed, Bytes: 250}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{key(1)}, d3.Keys(), "the dropped chunk stays out")
+	d3.Close()
+
+	d.Close()
+
+	// Trimmed at open: room for one of chunks 1 and 2, so 1, written first,
+	// goes; it stays out when the budget grows again.
+	dir := t.TempDir()
+	d4, err := Open(Config{Dir: dir, Bytes: 250}, nil)
+	require.NoError(t, err)
+	for _, i := range []int{1, 2} {
+		require.True(t, d4.Spill("e", key(i), sum(data(i)), data(i)))
+	}
+	waitOnDisk(t, d4, key(1), key(2))
+	d4.Close()
+	d5, err := Open(Config{Dir: dir, Bytes: 150}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{key(2)}, d5.Keys())
+	d5.Close()
+	d6, err := Open(Config{Dir: dir, Bytes: 250}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d6.Close)
+	require.Equal(t, []messages.Key{key(2)}, d6.Keys(), "the chunk trimmed at the last open stays out")
+	require.Zero(t, d6.Stats().Discarded)
+}
+
+// A tombstone names a record, not a key: a key spilled twice in one batch
+// whose first record the budget evicted keeps its second record across a
+// restart, and its tombstone drops only the first.
+func TestATombstoneDropsItsRecordNotALaterOneOfTheKey(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 250}, nil) // two 100-byte chunks
+	require.NoError(t, err)
+	chunks := map[int][]byte{}
+	for i := 1; i <= 3; i++ {
+		chunks[i] = bytes.Repeat([]byte{byte(i)}, 100)
+	}
+	writeBatch(d, "e", chunks, 1, 2, 3, 1) // 3 evicts 1's first record, 1 again evicts 2
+	require.Equal(t, []messages.Key{key(3), key(1)}, d.Keys())
+	d.Close() // writes the tombstones of 1's first record and of 2
+
+	d2, err := Open(Config{Dir: dir, Bytes: 250}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	require.Equal(t, []messages.Key{key(3), key(1)}, d2.Keys())
+	checkRecords(t, d2, chunks, 3, 1)
+}
