@@ -248,10 +248,10 @@ func TestRebuildDiscardsTornAndBadRecords(t *testing.T) {
 }
 
 // Writer and rebuild share one bound on a key's length: a key longer than a
-// record holds is refused at Spill (counted dropped), never written, so it
-// cannot be taken for a torn header at the next open and cut its segment
-// there with every record after it; a key of exactly the bound is written
-// and comes back.
+// record holds is refused at Spill and by the writer (counted dropped),
+// never written, so it cannot be taken for a torn header at the next open
+// and cut its segment there with every record after it; a key of exactly
+// the bound is written and comes back.
 func TestKeyLongerThanARecordHoldsIsNotWrittenAndCutsNothing(t *testing.T) {
 	dir := t.TempDir()
 	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
@@ -264,7 +264,12 @@ func TestKeyLongerThanARecordHoldsIsNotWrittenAndCutsNothing(t *testing.T) {
 	require.True(t, d.Spill("e", longest, sum(data(3)), data(3)))
 	require.True(t, d.Spill("e", key(4), sum(data(4)), data(4)))
 	waitOnDisk(t, d, key(1), longest, key(4))
-	require.Equal(t, int64(1), d.Stats().Dropped)
+	w := &writer{d: d} // the writer refuses it too, had it been queued
+	w.batch = []spill{{"e", tooLong, sum(data(2)), data(2)}}
+	w.write()
+	_, _, ok := d.Has(tooLong)
+	require.False(t, ok)
+	require.Equal(t, int64(2), d.Stats().Dropped)
 	d.Close()
 
 	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)

@@ -187,7 +187,7 @@ func (w *writer) write() {
 			d.raced.Add(1) // the host bytes were reused before they were copied out
 			continue
 		}
-		if int64(len(sp.data)) > d.cfg.Bytes {
+		if int64(len(sp.data)) > d.cfg.Bytes || len(sp.key) > maxKeyLen { // Spill refuses a long key already
 			d.dropped.Add(1)
 			continue
 		}
