@@ -81,8 +81,13 @@ type Node struct {
 	// releases numbers each engine id's releases for the whole boot, across
 	// re-registrations, so rseq never restarts within an epoch.
 	releases map[string]*actors.Releases
-	nss      namespaces // isolation: namespace ids and geometry
-	mapped   int        // isolation: engine segments mapped now
+	// ending keeps, per engine id, the Closed channels of its actors that
+	// left (retired by a new register, detached) and may still copy: the
+	// engine's next actor waits for them before it releases anything
+	// (engine.Deps.Predecessors). Pruned of closed ones at each register.
+	ending map[string][]<-chan struct{}
+	nss    namespaces // isolation: namespace ids and geometry
+	mapped int        // isolation: engine segments mapped now
 	// mappedBytes is the isolation bound's count of engine segment bytes
 	// mapped now (--max-mapped-bytes): each engine's engineRec.mappedBytes.
 	mappedBytes int64
@@ -115,7 +120,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
-		releases:    map[string]*actors.Releases{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
+		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
 	if n.now == nil {
 		n.now = time.Now
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -182,6 +183,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.log.Info(why, "engine", id, "silent", silentFor)
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
+		n.leaving(old)
 	}
 	if !n.cleared[id] {
 		// PROTOCOL.md v2 "Register reply": the first register of an engine in
@@ -205,6 +207,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, Failed: n.failed, Backlogged: func() bool { return n.ingest.backlogged(id) },
 		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
+		Predecessors: n.stillEnding(id),
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,
@@ -220,6 +223,38 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
 	return nil
+}
+
+// leaving notes that rec's actor no longer serves its engine but may still
+// copy until rec.closed: the engine's next actor waits for it
+// (stillEnding). Caller holds n.mu.
+func (n *Node) leaving(rec *engineRec) {
+	n.ending[rec.id] = append(n.stillEnding(rec.id), rec.closed)
+	go func() { // an engine that never registers again leaves no entry behind
+		<-rec.closed
+		n.mu.Lock()
+		n.stillEnding(rec.id)
+		n.mu.Unlock()
+	}()
+}
+
+// stillEnding prunes and returns engine id's left actors that have not
+// closed yet. Caller holds n.mu.
+func (n *Node) stillEnding(id string) []<-chan struct{} {
+	open := n.ending[id][:0]
+	for _, ch := range n.ending[id] {
+		select {
+		case <-ch:
+		default:
+			open = append(open, ch)
+		}
+	}
+	if len(open) == 0 {
+		delete(n.ending, id)
+		return nil
+	}
+	n.ending[id] = open
+	return slices.Clone(open)
 }
 
 // retire tells an engine actor to reset every request and stop; its device
@@ -271,6 +306,7 @@ func (n *Node) detach(id string, pid *actor.PID) *engineRec {
 	delete(n.engines, id)
 	n.nss.leave(id)
 	n.ingest.unroute(id, rec.pid)
+	n.leaving(rec)
 	return rec
 }
 

@@ -69,6 +69,13 @@ type Deps struct {
 	// the actor resyncs and resets its requests before anything else
 	// (lapse), and stamps the next epoch's copies with the new value.
 	Session func() uint64
+	// Predecessors are the Closed channels of this engine's earlier actors
+	// that had not closed when this one was made (a re-register, or a
+	// register after a failure, while the old actor still ends): their
+	// copies may still read GPU blocks the engine re-announces to this one.
+	// Until every one has closed, this actor publishes no release of its
+	// own (lineage.go, "predecessors").
+	Predecessors []<-chan struct{}
 }
 
 // routed is one event to forward: its index in the batch and its request's
@@ -115,9 +122,15 @@ type Actor struct {
 	// them (lineage.go). Both nil until needed.
 	old      map[string][]*entry
 	deferred map[string][]deferredRelease
-	reqDeps  *request.Deps // the deps of the current epoch's requests (spawn)
-	spawner  *request.Spawner
-	retiring bool
+	// awaitingPredecessors: some of Deps.Predecessors have not closed; every
+	// request is held and every release of its own deferred until then, and
+	// forgetLater keeps the epochs whose release count may be forgotten
+	// after (lineage.go, "predecessors").
+	awaitingPredecessors bool
+	forgetLater          []string
+	reqDeps              *request.Deps // the deps of the current epoch's requests (spawn)
+	spawner              *request.Spawner
+	retiring             bool
 	// what the retire releases: its reason, the releases of that reason
 	// its resets brought (request.Done.Reason), and who waits for the count
 	// (sent when the actor stops).
@@ -233,6 +246,9 @@ func (a *Actor) receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *actor.Started:
 		a.countLive(true)
+		a.awaitPredecessors(c)
+	case predecessorsEnded:
+		a.predecessorsEnded(c)
 	case *actor.Restarting: // never (endOnFailure); counted as an end, should it come
 		a.countLive(false)
 	case *actor.Stopping:

@@ -26,6 +26,10 @@ func (a *Actor) epochLeft(epoch string) {
 }
 
 func (a *Actor) forgetIfIdle(epoch string) {
+	if a.awaitingPredecessors {
+		a.forgetLater = append(a.forgetLater, epoch) // a predecessor may still number its releases
+		return
+	}
 	if epoch != a.seq.Epoch() && a.perEpoch[epoch] == 0 {
 		a.deps.Releases.Forget(epoch)
 	}

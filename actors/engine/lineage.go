@@ -42,7 +42,7 @@ func (a *Actor) retiredFromLive(e *entry) {
 
 // holdIfOlder holds e, just spawned, while older requests of its id remain.
 func (a *Actor) holdIfOlder(c actor.Context, e *entry) {
-	if len(a.old[e.id]) > 0 {
+	if len(a.old[e.id]) > 0 || a.awaitingPredecessors {
 		e.held = true
 		c.Send(e.pid, &request.Hold{})
 	}
@@ -51,7 +51,7 @@ func (a *Actor) holdIfOlder(c actor.Context, e *entry) {
 // deferIfOlder keeps a release the engine actor makes for an unknown
 // request back while older requests of its id remain; false: publish it.
 func (a *Actor) deferIfOlder(ctx context.Context, id, epoch, reason string) bool {
-	if len(a.old[id]) == 0 {
+	if len(a.old[id]) == 0 && !a.awaitingPredecessors {
 		return false
 	}
 	if a.deferred == nil {
@@ -66,16 +66,22 @@ func (a *Actor) deferIfOlder(ctx context.Context, id, epoch, reason string) bool
 // was an older request of its id, the oldest one left, or with none left
 // the live one and the deferred releases, may release now.
 func (a *Actor) leftLineage(c actor.Context, e *entry) {
-	olds, was := a.dropOld(e)
-	switch {
-	case !was:
-	case len(olds) > 0:
+	if _, was := a.dropOld(e); was && !a.awaitingPredecessors {
+		a.letGo(c, e.id)
+	}
+}
+
+// letGo lets the next of id's lineage release, nothing older being left
+// (no predecessor either): its oldest request no longer live, or with none
+// the deferred releases and then the live request.
+func (a *Actor) letGo(c actor.Context, id string) {
+	if olds := a.old[id]; len(olds) > 0 {
 		a.unhold(c, olds[0])
-	default:
-		a.publishDeferred(e.id) // before the live request's: oldest epoch first
-		if cur := a.live[e.id]; cur != nil {
-			a.unhold(c, cur)
-		}
+		return
+	}
+	a.publishDeferred(id) // before the live request's: oldest epoch first
+	if cur := a.live[id]; cur != nil {
+		a.unhold(c, cur)
 	}
 }
 
@@ -137,4 +143,73 @@ func (a *Actor) publishDeferred(id string) {
 		a.deps.Releases.Publish(r.ctx, r.epoch, id, r.reason, nil)
 		a.epochLeft(r.epoch)
 	}
+}
+
+// Predecessors. The lineage above holds within one actor. A register that
+// replaces an engine's actor (a new spec, a silence of lease/2, a failed
+// actor's engine registering again) makes a new one while the old one
+// still ends: its reset requests release only once their copies are over,
+// and those copies read GPU blocks the engine may re-announce to the new
+// actor in its next epoch. So the new actor holds every request and defers
+// every release it makes itself until each predecessor has closed (no copy
+// of it runs: Deps.Closed), usually milliseconds, at most until the
+// predecessor's last copy is stopped. It also keeps the release counts of
+// ended epochs until then: a predecessor may still number releases of
+// them (Releases is the engine's, shared).
+
+// predecessorsEnded: every one of Deps.Predecessors has closed.
+type predecessorsEnded struct{}
+
+// awaitPredecessors starts waiting for the predecessors still ending (the
+// actor's first turn, before any request is spawned).
+func (a *Actor) awaitPredecessors(c actor.Context) {
+	var open []<-chan struct{}
+	for _, ch := range a.deps.Predecessors {
+		select {
+		case <-ch:
+		default:
+			open = append(open, ch)
+		}
+	}
+	if len(open) == 0 {
+		return
+	}
+	a.awaitingPredecessors = true
+	root, self := c.ActorSystem().Root, c.Self()
+	go func() {
+		for _, ch := range open {
+			<-ch // closes once its actor stopped, after its last copy (or the node's end)
+		}
+		root.Send(self, predecessorsEnded{})
+	}()
+}
+
+// predecessorsEnded lets go of what waited for the predecessors: in each
+// request id's lineage, its oldest part (as leftLineage would, the last
+// older request gone), and the epochs' counts it kept.
+func (a *Actor) predecessorsEnded(c actor.Context) {
+	if !a.awaitingPredecessors {
+		return
+	}
+	a.awaitingPredecessors = false
+	ids := map[string]struct{}{}
+	for id := range a.old {
+		ids[id] = struct{}{}
+	}
+	for id := range a.deferred {
+		ids[id] = struct{}{}
+	}
+	for id, e := range a.live {
+		if e.held {
+			ids[id] = struct{}{}
+		}
+	}
+	for id := range ids {
+		a.letGo(c, id)
+	}
+	for _, epoch := range a.forgetLater {
+		a.forgetIfIdle(epoch)
+	}
+	a.forgetLater = nil
+	a.maybeStop(c)
 }

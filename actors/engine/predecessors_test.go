@@ -1,0 +1,72 @@
+package engine_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// An engine actor made while an earlier actor of its engine still ends
+// (Deps.Predecessors) releases nothing until each predecessor has closed:
+// not a preemption, not a finished for a request it never knew (deferred),
+// not a request of an id reset twice meanwhile (its epochs' lineage within
+// this actor stays held too). Once the predecessor closes, each goes out,
+// oldest epoch first, as the lineage within one actor orders them.
+func TestAnActorReleasesNothingUntilItsPredecessorsClosed(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	predecessor := make(chan struct{})
+	system, pid, jobs := startSubmitting(t, nc, func(d *engine.Deps) {
+		d.Predecessors = []<-chan struct{}{predecessor}
+	})
+	send := epochSender(system, pid)
+	preempted := func(id string) messages.Event { return messages.Event{Type: messages.EvPreempted, Request: id} }
+	finished := func(id string) messages.Event {
+		return messages.Event{Type: messages.EvFinished, Request: id, Computed: 4, Total: 4}
+	}
+
+	send("b", 1, added("p"), preempted("p"), finished("u"), added("r"),
+		messages.Event{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{2}}) // r holds a block: reset, it is released
+	// c resets b's r (its lineage within this actor) and stores q's chunk.
+	send("c", 1, append(append([]messages.Event{added("r")}, readyChunk("q", 3)...), preempted("r"))...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "c's q: its store job")
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	send("c", 2, finished("q"))
+	statusOf(t, system, pid)
+	testkit.NoRecv(t, released, 100*time.Millisecond, "a release while the predecessor still ends")
+
+	close(predecessor)
+	got := map[string][]messages.Released{}
+	for range 5 {
+		rel := releaseOf(t, released)
+		got[rel.Request] = append(got[rel.Request], rel)
+	}
+	// p's preemption, still owed when c began, is replaced by c's reset.
+	require.Equal(t, []messages.Released{{Request: "p", Epoch: "b", RSeq: got["p"][0].RSeq, Reason: messages.ReasonEngineReset}}, got["p"])
+	require.Equal(t, []messages.Released{{Request: "u", Epoch: "b", RSeq: got["u"][0].RSeq, Reason: messages.ReasonFinished}}, got["u"])
+	require.Equal(t, []messages.Released{{Request: "q", Epoch: "c", RSeq: got["q"][0].RSeq, Reason: messages.ReasonFinished}}, got["q"])
+	require.Len(t, got["r"], 2)
+	require.Equal(t, "b", got["r"][0].Epoch, "b's r (reset) first")
+	require.Equal(t, messages.ReasonEngineReset, got["r"][0].Reason)
+	require.Equal(t, messages.Released{Request: "r", Epoch: "c", RSeq: got["r"][1].RSeq, Reason: messages.ReasonPreempted}, got["r"][1])
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a release more")
+}
+
+// With its predecessors closed before it started, an actor holds nothing.
+func TestAnActorWhosePredecessorsClosedHoldsNothing(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	predecessor := make(chan struct{})
+	close(predecessor)
+	system, pid, _ := startSubmitting(t, nc, func(d *engine.Deps) {
+		d.Predecessors = []<-chan struct{}{predecessor}
+	})
+	epochSender(system, pid)("b", 1, added("p"), messages.Event{Type: messages.EvPreempted, Request: "p"})
+	require.Equal(t, messages.Released{Request: "p", Epoch: "b", RSeq: 1, Reason: messages.ReasonPreempted}, releaseOf(t, released))
+}
