@@ -267,7 +267,14 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 // meanwhile, and the message may even be an old one, delivered late. It
 // returns the engine's actor (nil: not routed), read under the same lock,
 // so a batch needs no second routing lookup.
-func (in *ingester) heard(engineID string, at time.Time) *actor.PID {
+//
+// reset: the actor is told of a silence (engine.Silenced: it resets its
+// requests engine_reset and resyncs). An unregister ending a silence does
+// not tell it: its retire resets every request engine_gone and counts
+// them for the reply, as PROTOCOL.md "P.E.unregister" says; the hearing's
+// new generation still keeps every copy begun before the silence from
+// starting or going on.
+func (in *ingester) heard(engineID string, at time.Time, reset bool) *actor.PID {
 	in.mu.RLock()
 	h, pid := in.hearing[engineID], in.engines[engineID]
 	in.mu.RUnlock()
@@ -277,7 +284,9 @@ func (in *ingester) heard(engineID string, at time.Time) *actor.PID {
 	if silent := h.Silent(at); silent >= in.n.cfg.Lease/2 && pid != nil {
 		h.Silenced() // before the message: a load ending the silence is refused too
 		in.n.metrics.Silences.Inc()
-		in.n.system.Root.Send(pid, &engine.Silenced{For: silent})
+		if reset {
+			in.n.system.Root.Send(pid, &engine.Silenced{For: silent})
+		}
 	}
 	h.Heard(at)
 	return pid
@@ -379,7 +388,7 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	case messages.VerbRegister: // compares the silence first (Node.register)
 	case messages.VerbStatus: // anyone may ask (routers): no word from the engine
 	default:
-		pid = in.heard(engineID, x.at)
+		pid = in.heard(engineID, x.at, x.verb != messages.VerbUnregister)
 	}
 	switch x.verb {
 	case messages.VerbEvents:

@@ -1,7 +1,9 @@
 package node_test
 
 import (
+	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -9,6 +11,7 @@ import (
 
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
 )
 
 // PROTOCOL.md "Engine silence", for a link that fails on the engine's side
@@ -101,4 +104,36 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 			require.True(t, lr.OK, "a load in the new epoch: %s", lr.Error)
 		})
 	}
+}
+
+// PROTOCOL.md "P.E.unregister": each of the N live requests gets exactly
+// one released engine_gone, also one that owed no release, and the reply
+// says N. So an unregister that ends a silence of lease/2 (not yet an
+// expiry) does not first reset the requests engine_reset, as any other
+// message ending a silence would (the hearing's new generation still
+// fences every copy begun before the silence).
+func TestAnUnregisterEndingASilenceReleasesEveryRequestEngineGone(t *testing.T) {
+	const lease = 4 * time.Second
+	var offset atomic.Int64
+	e := startNode(t, func(c *node.Config) { c.Lease = lease },
+		node.WithClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }))
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.fill(0, 1, 1)
+	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4),
+		added("q", 4))
+	recv(t, te.stored, "r stored")
+	te.sync()
+
+	offset.Store(int64(lease * 5 / 8)) // silent for 5/8 of a lease: not expired
+	var un messages.UnregisterReply
+	require.NoError(t, json.Unmarshal(te.request("unregister", map[string]any{}), &un))
+	require.Equal(t, 2, un.Released, "both live requests released engine_gone")
+	got := map[string]string{}
+	for range 2 {
+		r := recv(t, te.released, "a release")
+		got[r.Request] = r.Reason
+	}
+	require.Equal(t, map[string]string{"r": messages.ReasonEngineGone, "q": messages.ReasonEngineGone}, got)
+	testkit.NoRecv(t, te.released, 100*time.Millisecond, "a release more")
 }
