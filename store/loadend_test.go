@@ -1,18 +1,13 @@
 package store
 
 import (
-	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
-	"github.com/kvactors/kvactors/disk"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -41,28 +36,10 @@ func (h *hookWaker) Wake() {
 // the failed load's unpin would take that load's pin, leaving the chunk it
 // copies evictable. The waker runs that other load in the window.
 func TestAFailedReadBackKeepsAnotherLoadsPin(t *testing.T) {
-	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
-	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
-	for i := range dev.mem {
-		dev.mem[i] = byte(i*7 + i/251)
-	}
-	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	t.Cleanup(d.Close)
-	s := New(heapArena(make([]byte, 2*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil)) // two chunks
-	e := s.Engine("e", l, dev)
-	storeChunks(t, e, chunk("a", 1))
-	storeChunks(t, e, chunk("b", 2))
-	storeChunks(t, e, chunk("c", 3)) // evicts a, written to disk
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("a not on disk yet")
-		}
-		return nil
-	})
+	s, e, d, _ := onDiskOnly(t)
 
 	// Load 1: room to read a back into (evicts b).
-	_, err = e.PrepareLoad([]messages.Key{"a"})
+	_, err := e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	// Its read back will fail: a leaves the disk meanwhile (disk LRU, or a
 	// bad record found by another read).
@@ -70,23 +47,7 @@ func TestAFailedReadBackKeepsAnotherLoadsPin(t *testing.T) {
 
 	// Load 2, in the window: a is stored again from the device and pinned.
 	pinnedByLoad2 := false
-	w := &hookWaker{fn: func() {
-		prep, err := e.PrepareStore([]messages.Key{"a"}, []int64{testBlockBytes})
-		if err != nil || len(prep.Keys) != 1 {
-			t.Errorf("store a again: %v %v", prep.Keys, err)
-			return
-		}
-		if err := e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("a", 1)}, nil); err != nil {
-			t.Errorf("copy a: %v", err)
-			return
-		}
-		if _, err := e.PrepareLoad([]messages.Key{"a"}); err != nil {
-			t.Errorf("load 2 prepare: %v", err)
-			return
-		}
-		pinnedByLoad2 = true
-	}}
-	e.WaitPending([]messages.Key{"a"}, w)
+	e.WaitPending([]messages.Key{"a"}, &hookWaker{fn: func() { pinnedByLoad2 = storeAndPinAgain(t, e) }})
 
 	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil) // load 1: read back fails
 	require.Error(t, err)
@@ -106,42 +67,30 @@ func TestAFailedReadBackKeepsAnotherLoadsPin(t *testing.T) {
 // stored again between freeing the aborted load's room and its unpin
 // stays.
 func TestAnAbortedLoadKeepsAnotherLoadsPin(t *testing.T) {
-	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
-	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
-	for i := range dev.mem {
-		dev.mem[i] = byte(i*7 + i/251)
-	}
-	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	s, e, _, _ := onDiskOnly(t)
+	_, err := e.PrepareLoad([]messages.Key{"a"}) // load 1, queued
 	require.NoError(t, err)
-	t.Cleanup(d.Close)
-	s := New(heapArena(make([]byte, 2*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
-	e := s.Engine("e", l, dev)
-	storeChunks(t, e, chunk("a", 1))
-	storeChunks(t, e, chunk("b", 2))
-	storeChunks(t, e, chunk("c", 3))
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("a not on disk yet")
-		}
-		return nil
-	})
-	_, err = e.PrepareLoad([]messages.Key{"a"}) // load 1, queued
-	require.NoError(t, err)
-	w := &hookWaker{fn: func() { // load 2, between load 1's two completion steps
-		prep, err := e.PrepareStore([]messages.Key{"a"}, []int64{testBlockBytes})
-		if err != nil || len(prep.Keys) != 1 {
-			t.Errorf("store a again: %v %v", prep.Keys, err)
-			return
-		}
-		if err := e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("a", 1)}, nil); err != nil {
-			t.Errorf("copy a: %v", err)
-			return
-		}
-		if _, err := e.PrepareLoad([]messages.Key{"a"}); err != nil {
-			t.Errorf("load 2 prepare: %v", err)
-		}
-	}}
-	e.WaitPending([]messages.Key{"a"}, w)
+	// load 2, between load 1's two completion steps
+	e.WaitPending([]messages.Key{"a"}, &hookWaker{fn: func() { storeAndPinAgain(t, e) }})
 	e.Abort(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}) // load 1 cancelled while queued
 	assert.Equal(t, 1, s.Stats().Pinned, "load 2's pin on a was taken by load 1's abort")
+}
+
+// storeAndPinAgain stores a again from device block 1 and pins it for a
+// load (load 2), reporting whether all of it went through.
+func storeAndPinAgain(t *testing.T, e *Engine) bool {
+	prep, err := e.PrepareStore([]messages.Key{"a"}, []int64{testBlockBytes})
+	if err != nil || len(prep.Keys) != 1 {
+		t.Errorf("store a again: %v %v", prep.Keys, err)
+		return false
+	}
+	if err := e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("a", 1)}, nil); err != nil {
+		t.Errorf("copy a: %v", err)
+		return false
+	}
+	if _, err := e.PrepareLoad([]messages.Key{"a"}); err != nil {
+		t.Errorf("load 2 prepare: %v", err)
+		return false
+	}
+	return true
 }

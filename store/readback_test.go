@@ -22,27 +22,9 @@ import (
 // plain miss, and WaitPending wakes it once the first load's read made
 // the chunk ready: it then loads the same bytes.
 func TestASecondLoadOfAChunkBeingReadBackIsToldToWait(t *testing.T) {
-	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
-	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
-	for i := range dev.mem {
-		dev.mem[i] = byte(i*7 + i/251)
-	}
-	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	t.Cleanup(d.Close)
-	s := New(heapArena(make([]byte, 2*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil)) // two chunks
-	e := s.Engine("e", l, dev)
-	storeChunks(t, e, chunk("a", 1))
-	storeChunks(t, e, chunk("b", 2))
-	storeChunks(t, e, chunk("c", 3)) // evicts a, written to disk
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("a not on disk yet")
-		}
-		return nil
-	})
+	s, e, _, dev := onDiskOnly(t)
 
-	_, err = e.PrepareLoad([]messages.Key{"a"}) // load 1: room to read a back into
+	_, err := e.PrepareLoad([]messages.Key{"a"}) // load 1: room to read a back into
 	require.NoError(t, err)
 	require.True(t, s.Ready("a"), "a lookup while a is read back")
 	_, err = e.PrepareLoad([]messages.Key{"a"}) // load 2
@@ -66,4 +48,31 @@ func TestASecondLoadOfAChunkBeingReadBackIsToldToWait(t *testing.T) {
 	st := s.Stats()
 	require.Zero(t, st.Pinned)
 	require.Zero(t, st.Pending)
+}
+
+// onDiskOnly is a store of two chunks over a disk tier whose engine stored
+// a, b and c from device blocks 1, 2 and 3 (patterned bytes): a, evicted,
+// is on disk only.
+func onDiskOnly(t *testing.T) (*Store, *Engine, *disk.Disk, *memDevice) {
+	t.Helper()
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
+	for i := range dev.mem {
+		dev.mem[i] = byte(i*7 + i/251)
+	}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, 2*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
+	e := s.Engine("e", l, dev)
+	storeChunks(t, e, chunk("a", 1))
+	storeChunks(t, e, chunk("b", 2))
+	storeChunks(t, e, chunk("c", 3)) // evicts a, written to disk
+	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if _, _, ok := d.Has("a"); !ok {
+			return fmt.Errorf("a not on disk yet")
+		}
+		return nil
+	})
+	return s, e, d, dev
 }
