@@ -49,7 +49,10 @@
 //     process can copy nothing: a newer boot answered), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
-//     node is lost (ErrNoNode).
+//     node is lost, nor while it has forgotten the engine and a
+//     re-register is pending (ErrNoNode): a load sent after such a register
+//     could reach a new boot that knows the engine, while the register's
+//     reply settles the loads of the old boot.
 //
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
 // so that per-engine NATS permissions can be enforced, and, for the

@@ -56,7 +56,9 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	defer c.mu.Unlock()
 	if c.boot != "" && rep.Node == c.node && rep.Boot != c.boot {
 		// The node restarted: its old process can copy nothing any more, so
-		// its loads in doubt are settled, reached NATS or not.
+		// its loads in doubt are settled, reached NATS or not. None was sent
+		// after this register (loadRefusedLocked), so the new boot copies
+		// none of them.
 		c.settleLoadsOfLocked(c.node, c.boot, false)
 	}
 	c.pastBoots = pastBoots(c.pastBoots, c.node, c.boot, rep.Node, rep.Boot)
