@@ -107,6 +107,7 @@ type Stats struct {
 	NodeLosses       int
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
+	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
 	StaleReleases    int    // for an old epoch: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
@@ -168,12 +169,23 @@ func (c *Client) AddedMax(req string, prompt, maxOffload int) {
 func (c *Client) added(req string, prompt, maxOffload int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.reqs[req]; !ok {
+	r, ok := c.reqs[req]
+	if !ok {
 		c.nextN++
-		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload,
-			blocks: make([][]uint32, c.groups)}
+		r = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload, blocks: make([][]uint32, c.groups)}
+		c.reqs[req] = r
 	}
+	c.announcedLocked(r)
 	appendAdded(&c.batch, req, prompt, maxOffload)
+}
+
+// announcedLocked notes that an event of r is in the batch: unless the
+// node has forgotten the engine (its batches are discarded then), the
+// node may hold r from now on.
+func (c *Client) announcedLocked(r *mreq) {
+	if r != nil && !c.reregister {
+		r.atNode = true
+	}
 }
 
 // appendAdded appends added, with max_offload_tokens when maxOffload ≥ 0.
@@ -192,6 +204,7 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 	defer c.mu.Unlock()
 	if r := c.reqs[req]; r != nil {
 		r.addHashes(start, hashes)
+		c.announcedLocked(r)
 	}
 	c.batch.BeginHashes(req, start)
 	for _, h := range hashes {
@@ -204,9 +217,11 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase == running {
+	r := c.reqs[req]
+	if r != nil && r.phase == running {
 		r.addBlocks(group, start, ids)
 	}
+	c.announcedLocked(r)
 	c.batch.Blocks(req, group, start, ids)
 }
 
@@ -215,10 +230,12 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 func (c *Client) Tokens(req string, computed, total int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase != finished {
+	r := c.reqs[req]
+	if r != nil && r.phase != finished {
 		r.computed, r.total, r.hasTokens = computed, total, true
 		r.postTok = r.phase == preempted
 	}
+	c.announcedLocked(r)
 	c.batch.Tokens(req, computed, total)
 }
 
@@ -232,6 +249,7 @@ func (c *Client) Preempted(req string) {
 	defer c.mu.Unlock()
 	c.batch.Preempted(req)
 	r := c.reqs[req]
+	c.announcedLocked(r)
 	if r == nil || r.phase != running {
 		return // the node ignores it too
 	}
@@ -245,10 +263,12 @@ func (c *Client) Preempted(req string) {
 func (c *Client) Resumed(req string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase == preempted {
+	r := c.reqs[req]
+	if r != nil && r.phase == preempted {
 		r.phase = running
 		r.clearBlocks()
 	}
+	c.announcedLocked(r)
 	c.batch.Resumed(req)
 }
 
@@ -262,6 +282,7 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	if r == nil {
 		return // the node answers a finished for an unknown request at once; nothing waits here
 	}
+	c.announcedLocked(r)
 	if r.phase == finished {
 		return
 	}
@@ -269,14 +290,6 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
 	r.owed++
 	c.freeIfNoNodeLocked(r)
-}
-
-// freeIfNoNodeLocked frees r at once when the node is lost and the lease
-// wait is over: no node can copy its blocks.
-func (c *Client) freeIfNoNodeLocked(r *mreq) {
-	if c.lost && c.freedLoss {
-		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
-	}
 }
 
 // Flush publishes the events announced since the last Flush as one batch
@@ -388,6 +401,7 @@ func (c *Client) reannounceLocked(flush func(bytes int)) {
 	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
 	for _, r := range reqs {
 		r.silent = r.phase == preempted && r.owed == 0
+		r.atNode = true
 		r.announce(&c.batch, flush)
 	}
 }

@@ -69,9 +69,12 @@ type Config struct {
 type Release struct {
 	Request string
 	// Reason is the node's (finished, aborted, preempted, engine_reset,
-	// engine_gone) or messages.ReasonNodeLost when the node was lost.
+	// engine_gone) or messages.ReasonNodeLost when the node was lost; the
+	// client also answers engine_gone itself for an event while the node
+	// has forgotten the engine and holds nothing of the request (doc.go).
 	Reason string
-	// Epoch is the epoch the release answers (empty for node_lost).
+	// Epoch is the epoch the release answers (empty for one the client
+	// made: node_lost, and its own engine_gone).
 	Epoch string
 }
 

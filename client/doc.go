@@ -35,6 +35,15 @@
 //     engine's link failed, the node heard the engine until that publish
 //     reached it). Nothing is published to a lost node before then: Flush
 //     discards, no heartbeat goes out, Lookup and Load fail (ErrNoNode).
+//     While the node has forgotten the engine (an engine_gone release or an
+//     "unknown engine" heartbeat reply) and a re-register is pending, an
+//     engine_gone release answers every release its request is owed, and
+//     a later finished or preempted of a request the node holds nothing of
+//     (its engine_gone came, or it was never announced since) is answered
+//     at once with reason engine_gone (no epoch), as the node may refuse
+//     the engine for long (--max-engines); one the node may still copy
+//     for waits for its engine_gone (the node answers "unknown engine" as
+//     soon as it drops the engine, before its copies end).
 //     Each such event is answered exactly once through Config.OnReleased;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync

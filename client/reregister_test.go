@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
 )
 
 // forgetAndRefuse makes f forget the engine (as an expiry does) and refuse
@@ -65,4 +66,60 @@ func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestEventsWhileTheNodeHasForgottenTheEngineAreFreed: the node forgot the
+// engine (it released every request engine_gone, as an expiry does) and
+// refuses it again (--max-engines): each Finished or Preempted meanwhile
+// is answered at once (engine_gone), since the node holds nothing of the
+// request, instead of waiting for a register that may never pass. A request
+// whose engine_gone has not come yet (its copies still running: the node
+// answers "unknown engine" as soon as it drops the engine) waits for it.
+func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	for _, r := range []string{"gone", "copying"} {
+		c.Added(r, 8)
+		c.Blocks(r, 0, 0, []uint32{1, 2})
+	}
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < 4 {
+			return fmt.Errorf("the node applied %d events", len(evs))
+		}
+		return nil
+	})
+	f.mu.Lock()
+	f.refuse = "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
+	f.forget("e1", "copying")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if st := c.Stats(); st.RegisterRefusals == 0 || st.UnexpectedRel == 0 {
+			return fmt.Errorf("no refused re-register or engine_gone yet: %+v", st)
+		}
+		return nil
+	})
+
+	c.Finished("gone", false, 8, 8)
+	c.Added("new", 8) // never reaches the node: its batches are discarded
+	c.Blocks("new", 0, 0, []uint32{3})
+	c.Preempted("new")
+	c.Finished("copying", false, 8, 8)
+	require.NoError(t, c.Flush())
+	for _, want := range []string{"gone", "new"} {
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of "+want)
+		require.Equal(t, client.Release{Request: want, Reason: messages.ReasonEngineGone}, rel)
+	}
+	testkit.NoRecv(t, rels.ch, 3*testLease, "a release of the request the node may still copy")
+	f.releaseGone("e1", "copying")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the engine_gone of the request still copying")
+	require.Equal(t, "copying", rel.Request)
+	require.Equal(t, messages.ReasonEngineGone, rel.Reason)
+	st := c.Stats()
+	require.Equal(t, 2, st.ForgottenFrees)
+	require.Zero(t, st.Awaiting)
+	require.Zero(t, st.NodeLosses)
 }
