@@ -122,8 +122,9 @@ type Stats struct {
 }
 
 // Connect subscribes, registers cfg.Spec (retrying with backoff while no
-// node answers, until ctx ends) and starts the session. A register the
-// node refuses is returned as an error at once.
+// node answers, or one answers that its intake is full, until ctx ends)
+// and starts the session. A register the node refuses is returned as an
+// error at once.
 func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {

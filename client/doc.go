@@ -4,7 +4,8 @@
 // per scheduler step, and gets told when GPU blocks may be reused.
 //
 // What it owns:
-//   - the session: register (retried with backoff until the context ends),
+//   - the session: register (retried with backoff until the context ends,
+//     while no node answers or one answers "node overloaded"),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
 //     detection (no node heartbeat for lease_ms, or a reply from another
 //     boot to a request sent after the register; another boot in any other
