@@ -15,8 +15,9 @@ import (
 func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 	c.mu.Lock()
 	if c.lost {
+		node := c.node // a register may change it once unlocked
 		c.mu.Unlock()
-		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, c.node)
+		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, node)
 	}
 	n := c.probeLocked()
 	// Recorded as begun under c.mu: a loss declared before the send waits
