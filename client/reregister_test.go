@@ -123,3 +123,46 @@ func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
 	require.Zero(t, st.Awaiting)
 	require.Zero(t, st.NodeLosses)
 }
+
+// TestCloseDuringASucceedingReregisterUnregisters: Close while the session
+// loop waits on a re-register that then succeeds: no heartbeat goes out
+// after Close began, and Close unregisters the registration the loop made
+// (else the node keeps the engine, its segments mapped, until it expires).
+func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 3 * time.Second})
+	f1.kill()
+	regs := make(chan *nats.Msg, 16)
+	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
+	require.NoError(t, err)
+	defer func() { _ = rs.Unsubscribe() }()
+	unregs := make(chan *nats.Msg, 16)
+	us, err := nc.Subscribe("kvactors.e1.unregister", func(m *nats.Msg) {
+		unregs <- m
+		_ = m.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2"}`))
+	})
+	require.NoError(t, err)
+	defer func() { _ = us.Unsubscribe() }()
+	require.NoError(t, nc.Flush())
+	reg := testkit.Recv(t, regs, 5*time.Second, "a re-register after the loss")
+	hbs := testkit.Subscribe(t, nc, "kvactors.e1.heartbeat") // none goes out while the node is lost
+
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if c.Flush() == nil {
+			return fmt.Errorf("Close has not begun")
+		}
+		return nil
+	})
+	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":400}`)))
+	require.NoError(t, testkit.Recv(t, closed, 5*time.Second, "Close"))
+	testkit.Recv(t, unregs, time.Second, "the unregister of the registration the loop made")
+	// Published on the engine's connection after Close returned, the marker
+	// comes after any heartbeat the client sent.
+	require.NoError(t, enc.Publish("kvactors.e1.heartbeat", []byte("marker")))
+	require.Equal(t, "marker", string(testkit.Recv(t, hbs, 5*time.Second, "the marker").Data),
+		"a heartbeat was published after Close began")
+}

@@ -48,12 +48,17 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	// A v1 node has no unregister; a lost node or one that forgot the
-	// engine (a re-register pending) would only answer with an error.
-	lost := c.lost || c.reregister || c.boot == ""
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()
+	// Judged once the session loop has stopped: a re-register it was
+	// waiting on may have succeeded, and that registration needs its
+	// unregister. A v1 node has no unregister; a lost node or one that
+	// forgot the engine (a re-register pending) would only answer with an
+	// error.
+	c.mu.Lock()
+	lost := c.lost || c.reregister || c.boot == ""
+	c.mu.Unlock()
 	var err error
 	if !lost {
 		var rep messages.UnregisterReply

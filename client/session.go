@@ -244,7 +244,7 @@ func (c *Client) tickOnce() time.Duration {
 	if c.resyncDueLocked(now) && !c.lost && !c.reregister && !c.closed {
 		c.resyncLocked() // a failed publish leaves a resync due
 	}
-	if !c.lost && !c.reregister {
+	if !c.lost && !c.reregister && !c.closed { // Close unregisters: no heartbeat after it began
 		// Published under the lock batches are published under, so a resync
 		// on another goroutine cannot put the new epoch's first batch ahead
 		// of a heartbeat carrying the epoch it ended; only the reply is
