@@ -111,6 +111,7 @@ type Stats struct {
 	StaleReleases    int    // for an old epoch: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
+	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
@@ -158,18 +159,24 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Added announces a new request with prompt tokens.
-func (c *Client) Added(req string, prompt int) { c.added(req, prompt, -1) }
+// Added announces a new request with prompt tokens. An id the protocol
+// does not allow (ErrBadRequestID) is refused: nothing is announced, and
+// the client drops later events naming it, so the engine must not wait
+// for a release of it.
+func (c *Client) Added(req string, prompt int) error { return c.added(req, prompt, -1) }
 
 // AddedMax announces a new request of which kvactors offloads at most
-// maxOffload tokens (max_offload_tokens, ≥ 0).
-func (c *Client) AddedMax(req string, prompt, maxOffload int) {
-	c.added(req, prompt, max(maxOffload, 0))
+// maxOffload tokens (max_offload_tokens, ≥ 0). Its error is Added's.
+func (c *Client) AddedMax(req string, prompt, maxOffload int) error {
+	return c.added(req, prompt, max(maxOffload, 0))
 }
 
-func (c *Client) added(req string, prompt, maxOffload int) {
+func (c *Client) added(req string, prompt, maxOffload int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if _, ok := c.reqLocked(req); !ok {
+		return fmt.Errorf("client: engine %s: added %q: %w", c.cfg.Engine, req, ErrBadRequestID)
+	}
 	r, ok := c.reqs[req]
 	if !ok {
 		c.nextN++
@@ -178,6 +185,23 @@ func (c *Client) added(req string, prompt, maxOffload int) {
 	}
 	c.announcedLocked(r)
 	appendAdded(&c.batch, req, prompt, maxOffload)
+	return nil
+}
+
+// reqLocked is req's mirror (nil: none) and whether an event naming req
+// may be sent: a mirrored id passed Added's check; another must pass it
+// now, or the wire would carry another id (invalid UTF-8 becomes U+FFFD)
+// or one the node rejects, and the engine would wait for a release that
+// names it in vain. A refused event is counted in Stats.BadRequestIDs.
+func (c *Client) reqLocked(req string) (*mreq, bool) {
+	if r := c.reqs[req]; r != nil {
+		return r, true
+	}
+	if !validRequestID(req) {
+		c.st.BadRequestIDs++
+		return nil, false
+	}
+	return nil, true
 }
 
 // announcedLocked notes that an event of r is in the batch: unless the
@@ -203,7 +227,11 @@ func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
 func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil {
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
+	if r != nil {
 		r.addHashes(start, hashes)
 		c.announcedLocked(r)
 	}
@@ -218,7 +246,10 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.reqs[req]
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
 	if r != nil && r.phase == running {
 		r.addBlocks(group, start, ids)
 	}
@@ -231,7 +262,10 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 func (c *Client) Tokens(req string, computed, total int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.reqs[req]
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
 	if r != nil && r.phase != finished {
 		r.computed, r.total, r.hasTokens = computed, total, true
 		r.postTok = r.phase == preempted
@@ -248,8 +282,11 @@ func (c *Client) Tokens(req string, computed, total int) {
 func (c *Client) Preempted(req string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
 	c.batch.Preempted(req)
-	r := c.reqs[req]
 	c.announcedLocked(r)
 	if r == nil || r.phase != running {
 		return // the node ignores it too
@@ -264,7 +301,10 @@ func (c *Client) Preempted(req string) {
 func (c *Client) Resumed(req string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r := c.reqs[req]
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
 	if r != nil && r.phase == preempted {
 		r.phase = running
 		r.clearBlocks()
@@ -278,8 +318,11 @@ func (c *Client) Resumed(req string) {
 func (c *Client) Finished(req string, aborted bool, computed, total int) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return
+	}
 	c.batch.Finished(req, aborted, computed, total)
-	r := c.reqs[req]
 	if r == nil {
 		return // the node answers a finished for an unknown request at once; nothing waits here
 	}

@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -82,6 +84,18 @@ var engineID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("client: bad config")
+
+// ErrBadRequestID is Added's error for a request id the protocol does not
+// allow: empty, over 256 bytes, or not valid UTF-8 (the node rejects it
+// as bad_request_id).
+var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
+
+// validRequestID applies the node's rule (ingest, requestField) at its
+// protocol bound; a node may lower the bound (MaxRequestIDBytes), which the
+// client cannot know.
+func validRequestID(id string) bool {
+	return len(id) > 0 && len(id) <= ingest.ProtocolMaxRequestIDBytes && utf8.ValidString(id)
+}
 
 func (c *Config) withDefaults() (Config, error) {
 	out := *c

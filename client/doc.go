@@ -46,6 +46,9 @@
 //     for waits for its engine_gone (the node answers "unknown engine" as
 //     soon as it drops the engine, before its copies end).
 //     Each such event is answered exactly once through Config.OnReleased;
+//   - request ids: Added refuses one the protocol does not allow
+//     (ErrBadRequestID: empty, over 256 bytes, not UTF-8), and events naming
+//     it are not sent, so none waits for a release;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;
