@@ -151,14 +151,24 @@ func Options(engine string) []nats.Option {
 	}
 }
 
-// CheckConn says what is wrong, if anything, with the settings of an
-// engine's connection o for a node whose lease is lease: a reconnect
-// buffer (batches published while the link was down would be replayed to
-// the node after the client freed their requests), or a dead link not
-// closed within 3/4 of the lease (PingInterval × (MaxPingsOut+1)). The
-// client logs it at Warn at each register.
-func CheckConn(o nats.Options, lease time.Duration) []string {
+// CheckConn says what is wrong, if anything, with the settings of engine's
+// connection o for a node whose lease is lease: another reply-inbox prefix
+// than InboxPrefix(engine) (under per-engine NATS permissions no reply
+// would reach it: every request times out, and Connect retries forever); a
+// reconnect buffer (batches published while the link was down would be
+// replayed to the node after the client freed their requests); or a dead
+// link not closed within 3/4 of the lease (PingInterval ×
+// (MaxPingsOut+1)). The client logs it at Warn at each register.
+func CheckConn(o nats.Options, engine string, lease time.Duration) []string {
 	var bad []string
+	if want := InboxPrefix(engine); o.InboxPrefix != want {
+		got := o.InboxPrefix
+		if got == "" {
+			got = "the default _INBOX"
+		}
+		bad = append(bad, fmt.Sprintf("the reply-inbox prefix is %s, want %s (nats.CustomInboxPrefix): under "+
+			"per-engine NATS permissions no reply would reach this engine", got, want))
+	}
 	if o.ReconnectBufSize >= 0 {
 		bad = append(bad, fmt.Sprintf("ReconnectBufSize is %d, want -1 (nats.ReconnectBufSize(-1)): a batch "+
 			"published while the link is down would reach the node after its requests were freed", o.ReconnectBufSize))

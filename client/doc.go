@@ -74,7 +74,8 @@
 // after all, after its requests were freed) and pings that close a dead
 // link within 3/4 of the node's lease: Dial sets all of them, or pass
 // Options(engine) to nats.Connect yourself. CheckConn tells what a
-// connection lacks; the client logs it at Warn at each register.
+// connection lacks (the inbox prefix included); the client logs it at
+// Warn at each register.
 //
 // Concurrency: every method is safe for concurrent use. Callbacks run one
 // at a time, in arrival order, on one goroutine of the client, never on a

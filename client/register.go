@@ -88,7 +88,7 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	}
 	c.lastSeen = time.Now()
 	c.st.Registers++
-	for _, bad := range CheckConn(c.nc.Opts, c.lease) {
+	for _, bad := range CheckConn(c.nc.Opts, c.cfg.Engine, c.lease) {
 		c.cfg.Log.Warn("client: the NATS connection does not suit the node's lease", "engine", c.cfg.Engine,
 			"lease", c.lease, "problem", bad)
 	}
