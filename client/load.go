@@ -77,7 +77,8 @@ type loadWait struct {
 // Settled for when the blocks may be reused. Any other error means the
 // node wrote nothing it will still write (it answered, or the load was
 // never sent). While the node is lost, or has forgotten the engine (a
-// re-register pending), Load sends nothing (ErrNoNode).
+// re-register pending), Load sends nothing (ErrNoNode), nor once ctx is
+// done (ctx's error).
 func (c *Client) Load(ctx context.Context, req string, hashes []string, numTokens int, blocks [][]int64) (int, error) {
 	data, err := json.Marshal(messages.LoadRequest{Request: req, Hashes: hashes, NumTokens: numTokens, Blocks: blocks})
 	if err != nil {
@@ -109,6 +110,12 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 		c.mu.Unlock()
 		_ = w.sub.Unsubscribe()
 		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Sent now, it would only come back in doubt, its blocks held.
+		c.mu.Unlock()
+		_ = w.sub.Unsubscribe()
+		return 0, fmt.Errorf("client: engine %s: load %s not sent: %w", c.cfg.Engine, req, err)
 	}
 	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.loads[w] = struct{}{}
