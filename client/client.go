@@ -60,7 +60,10 @@ type Client struct {
 	tailSeq  uint64    // a seq a heartbeat found not applied yet (0: none)
 	tailAt   time.Time // when
 	batch    wire.Batch
-	body     []byte
+	// full holds the parts of the step's batch already MaxBatchBytes long,
+	// oldest first; batch is the part being appended to (cutLocked).
+	full []wire.Batch
+	body []byte
 
 	reqs   map[string]*mreq
 	loads  map[*loadWait]struct{} // sent, not settled (load.go)
@@ -160,7 +163,8 @@ func newEpoch() string {
 }
 
 // Flush publishes the events announced since the last Flush as one batch
-// (one per scheduler step). With a resync due it starts the new epoch
+// (one per scheduler step; a step over MaxBatchBytes goes out as several,
+// in order). With a resync due it starts the new epoch
 // instead, which re-announces those events too. Without a node the batch
 // is discarded: the resync after re-registering re-announces it. A batch
 // the NATS client refuses (reconnecting, with no reconnect buffer: Options)
@@ -172,43 +176,56 @@ func (c *Client) Flush() error {
 	if c.closed {
 		return fmt.Errorf("client: engine %s: flush after Close", c.cfg.Engine)
 	}
+	pending := c.batch.Events() > 0 || len(c.full) > 0
 	if c.lost || c.reregister {
-		if c.batch.Events() > 0 {
+		if pending {
 			c.st.DiscardedBatches++
 		}
-		c.batch.Reset()
+		c.resetBatchLocked()
 		return nil
 	}
 	if c.resync != "" {
 		if c.resyncDueLocked(time.Now()) {
 			c.resyncLocked()
-		} else if c.batch.Events() > 0 { // an overflow's wait: the resync re-announces it
+		} else if pending { // an overflow's wait: the resync re-announces it
 			c.st.HeldBatches++
-			c.batch.Reset()
+			c.resetBatchLocked()
 		}
 		return nil
 	}
-	if c.batch.Events() == 0 {
-		return nil
+	var err error
+	for i := range c.full {
+		if err = c.publishLocked(&c.full[i]); err != nil {
+			break // the parts after it would follow a gap: the resync re-announces them
+		}
 	}
-	if err := c.publishLocked(); err != nil {
+	if err == nil && c.batch.Events() > 0 {
+		err = c.publishLocked(&c.batch)
+	}
+	if err != nil {
 		c.wantResyncLocked(ResyncPublishError)
 	}
-	c.batch.Reset()
+	c.resetBatchLocked()
 	return nil
 }
 
-// publishLocked sends the batch under the next seq.
-func (c *Client) publishLocked() error {
+// resetBatchLocked empties the step's batch, every part of it.
+func (c *Client) resetBatchLocked() {
+	c.batch.Reset()
+	c.full = nil
+}
+
+// publishLocked sends b under the next seq.
+func (c *Client) publishLocked(b *wire.Batch) error {
 	c.seq++
 	if c.cfg.DropBatch != nil && c.cfg.DropBatch(c.seq) {
 		c.st.DroppedBatches++
 		return nil
 	}
-	c.body = c.batch.Body(c.body, c.epoch, c.seq)
+	c.body = b.Body(c.body, c.epoch, c.seq)
 	m := &nats.Msg{Subject: c.subj + messages.VerbEvents, Data: c.body}
 	if c.cfg.BeforePublish != nil {
-		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
+		c.cfg.BeforePublish(m, c.seq, b.Events())
 	}
 	if err := c.publishMsg(m); err != nil {
 		c.st.PublishErrors++
@@ -237,18 +254,18 @@ func (c *Client) resyncLocked() {
 	c.resync, c.holdUntil = "", time.Time{}
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.tailSeq = 0
-	c.batch.Reset()
+	c.resetBatchLocked()
 	var err error
 	size := 0
 	c.reannounceLocked(func(n int) {
 		if size += n; size >= c.cfg.MaxBatchBytes {
-			err = firstErr(err, c.publishLocked())
+			err = firstErr(err, c.publishLocked(&c.batch))
 			c.batch.Reset()
 			size = 0
 		}
 	})
 	if c.batch.Events() > 0 {
-		err = firstErr(err, c.publishLocked())
+		err = firstErr(err, c.publishLocked(&c.batch))
 		c.batch.Reset()
 	}
 	if err != nil {

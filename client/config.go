@@ -27,8 +27,10 @@ type Config struct {
 	// DefaultLease is assumed when a register reply carries no lease_ms (a
 	// v1 node). Default 10s, the protocol's default.
 	DefaultLease time.Duration
-	// MaxBatchBytes splits a resync's re-announcement into batches of about
-	// this size, well under NATS' max_payload (default 256 KiB).
+	// MaxBatchBytes splits a resync's re-announcement, and a step's batch,
+	// into batches of about this size, well under NATS' max_payload
+	// (default 256 KiB; a batch may pass it by up to one event, whose
+	// hashes or ids are split to fit).
 	MaxBatchBytes int
 	// OverflowBackoff is how long the client waits before answering a
 	// resync whose reason is overflow (the node's intake was full and

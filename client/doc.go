@@ -16,7 +16,8 @@
 //     logged at Warn, counted in Stats and passed to
 //     Config.OnRegisterRefused);
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
-//     batch per Flush, and a resync (new epoch re-announcing every live
+//     batch per Flush (several, in order, for a step over
+//     Config.MaxBatchBytes), and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
 //     heartbeat reply counting more releases than arrived), on a lost tail
 //     the node's resync did not report (a batch still unapplied a heartbeat

@@ -35,7 +35,20 @@ func (c *Client) added(req string, prompt, maxOffload int) error {
 	}
 	c.announcedLocked(r)
 	appendAdded(&c.batch, req, prompt, maxOffload)
+	c.cutLocked()
 	return nil
+}
+
+// cutLocked ends the part of the step's batch being appended to once it is
+// MaxBatchBytes long: Flush publishes the parts in order, one seq each, so
+// a large step stays under NATS' max_payload instead of being refused
+// (and becoming a resync of every request). Events of one batch or of
+// consecutive ones apply alike: in order, none past a gap.
+func (c *Client) cutLocked() {
+	if c.batch.Len() >= c.cfg.MaxBatchBytes {
+		c.full = append(c.full, c.batch)
+		c.batch = wire.Batch{}
+	}
 }
 
 // reqLocked is req's mirror (nil: none) and whether an event naming req
@@ -86,10 +99,16 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 		c.announcedLocked(r)
 	}
 	c.batch.BeginHashes(req, start)
-	for _, h := range hashes {
+	for i, h := range hashes {
+		if i > 0 && c.batch.Len() >= c.cfg.MaxBatchBytes {
+			c.batch.EndHashes()
+			c.cutLocked()
+			c.batch.BeginHashes(req, start+i)
+		}
 		c.batch.Hash(h)
 	}
 	c.batch.EndHashes()
+	c.cutLocked()
 }
 
 // Blocks announces GPU block ids block_ids[group][start...] of req.
@@ -104,7 +123,11 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 		r.addBlocks(group, start, ids)
 	}
 	c.announcedLocked(r)
-	c.batch.Blocks(req, group, start, ids)
+	per := max(c.cfg.MaxBatchBytes/11, 1) // an id takes at most 11 bytes: 10 digits and a comma
+	for s := 0; s == 0 || s < len(ids); s += per {
+		c.batch.Blocks(req, group, start+s, ids[s:min(s+per, len(ids))])
+		c.cutLocked()
+	}
 }
 
 // Tokens announces that the KV of tokens [0, computed) is written and
@@ -122,6 +145,7 @@ func (c *Client) Tokens(req string, computed, total int) {
 	}
 	c.announcedLocked(r)
 	c.batch.Tokens(req, computed, total)
+	c.cutLocked()
 }
 
 // Preempted announces that the engine wants req's blocks back; OnReleased
@@ -137,6 +161,7 @@ func (c *Client) Preempted(req string) {
 		return
 	}
 	c.batch.Preempted(req)
+	c.cutLocked()
 	c.announcedLocked(r)
 	if r == nil || r.phase != running {
 		return // the node ignores it too
@@ -161,6 +186,7 @@ func (c *Client) Resumed(req string) {
 	}
 	c.announcedLocked(r)
 	c.batch.Resumed(req)
+	c.cutLocked()
 }
 
 // Finished announces that req ended; OnReleased says when its blocks may be
@@ -173,6 +199,7 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) {
 		return
 	}
 	c.batch.Finished(req, aborted, computed, total)
+	c.cutLocked()
 	if r == nil {
 		return // the node answers a finished for an unknown request at once; nothing waits here
 	}
