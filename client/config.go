@@ -140,7 +140,10 @@ func InboxPrefix(engine string) string { return messages.InboxRoot + engine }
 // publish then fails at once, and the client resyncs); and a ping interval
 // that closes a dead link, dropping what it had not sent, well before
 // the client can free (see CheckConn). Pass them to nats.Connect, or use
-// Dial.
+// Dial. The pings (2 s, 2 outstanding: a dead link closes within 6 s) suit
+// a lease over 8 s, the default 10 s; for a node with a shorter --lease
+// pass shorter ones after these (Dial's opts come last, so they win),
+// else CheckConn's Warn at each register says the link closes too late.
 func Options(engine string) []nats.Option {
 	return []nats.Option{
 		nats.CustomInboxPrefix(InboxPrefix(engine)),

@@ -40,7 +40,8 @@ func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 // Close unregisters the engine (the node releases every request with reason
 // engine_gone and unmaps its segments), stops the session and waits for
 // its goroutines. Callbacks still queued are not delivered. Close must not
-// be called from a callback.
+// be called from a callback. A re-register in flight is waited for (up to
+// RequestTimeout): if it succeeds, Close unregisters that registration.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
