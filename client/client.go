@@ -60,7 +60,10 @@ type Client struct {
 	tailSeq  uint64    // a seq a heartbeat found not applied yet (0: none)
 	tailAt   time.Time // when
 	batch    wire.Batch
-	body     []byte
+	// full holds the parts of the step's batch already MaxBatchBytes long,
+	// oldest first; batch is the part being appended to (cutLocked).
+	full []wire.Batch
+	body []byte
 
 	reqs   map[string]*mreq
 	loads  map[*loadWait]struct{} // sent, not settled (load.go)
@@ -107,9 +110,11 @@ type Stats struct {
 	NodeLosses       int
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
+	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
 	StaleReleases    int    // for an old epoch: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
+	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
@@ -121,8 +126,9 @@ type Stats struct {
 }
 
 // Connect subscribes, registers cfg.Spec (retrying with backoff while no
-// node answers, until ctx ends) and starts the session. A register the
-// node refuses is returned as an error at once.
+// node answers, or one answers that its intake is full, until ctx ends)
+// and starts the session. A register the node refuses is returned as an
+// error at once.
 func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
@@ -156,131 +162,9 @@ func newEpoch() string {
 	return hex.EncodeToString(b[:])
 }
 
-// Added announces a new request with prompt tokens.
-func (c *Client) Added(req string, prompt int) { c.added(req, prompt, -1) }
-
-// AddedMax announces a new request of which kvactors offloads at most
-// maxOffload tokens (max_offload_tokens, ≥ 0).
-func (c *Client) AddedMax(req string, prompt, maxOffload int) {
-	c.added(req, prompt, max(maxOffload, 0))
-}
-
-func (c *Client) added(req string, prompt, maxOffload int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if _, ok := c.reqs[req]; !ok {
-		c.nextN++
-		c.reqs[req] = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload,
-			blocks: make([][]uint32, c.groups)}
-	}
-	appendAdded(&c.batch, req, prompt, maxOffload)
-}
-
-// appendAdded appends added, with max_offload_tokens when maxOffload ≥ 0.
-func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
-	if maxOffload >= 0 {
-		b.AddedMax(req, prompt, maxOffload)
-		return
-	}
-	b.Added(req, prompt)
-}
-
-// Hashes announces block hashes hashes[start...] of req (raw bytes; the
-// client copies them).
-func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil {
-		r.addHashes(start, hashes)
-	}
-	c.batch.BeginHashes(req, start)
-	for _, h := range hashes {
-		c.batch.Hash(h)
-	}
-	c.batch.EndHashes()
-}
-
-// Blocks announces GPU block ids block_ids[group][start...] of req.
-func (c *Client) Blocks(req string, group, start int, ids []uint32) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase == running {
-		r.addBlocks(group, start, ids)
-	}
-	c.batch.Blocks(req, group, start, ids)
-}
-
-// Tokens announces that the KV of tokens [0, computed) is written and
-// fenced; total is the sequence length.
-func (c *Client) Tokens(req string, computed, total int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase != finished {
-		r.computed, r.total, r.hasTokens = computed, total, true
-		r.postTok = r.phase == preempted
-	}
-	c.batch.Tokens(req, computed, total)
-}
-
-// Preempted announces that the engine wants req's blocks back; OnReleased
-// says when it may reuse them. Every Preempted of a running request and
-// every Finished of a request not finished yet is answered by exactly one
-// OnReleased call (a resume before the preemption's release makes two
-// owed; they are answered in order).
-func (c *Client) Preempted(req string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.batch.Preempted(req)
-	r := c.reqs[req]
-	if r == nil || r.phase != running {
-		return // the node ignores it too
-	}
-	r.phase = preempted
-	r.preComputed, r.preTotal, r.preHasTokens, r.postTok = r.computed, r.total, r.hasTokens, false
-	r.owed++
-	c.freeIfNoNodeLocked(r)
-}
-
-// Resumed announces that req runs again; fresh Blocks from start 0 follow.
-func (c *Client) Resumed(req string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if r := c.reqs[req]; r != nil && r.phase == preempted {
-		r.phase = running
-		r.clearBlocks()
-	}
-	c.batch.Resumed(req)
-}
-
-// Finished announces that req ended; OnReleased says when its blocks may be
-// reused.
-func (c *Client) Finished(req string, aborted bool, computed, total int) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.batch.Finished(req, aborted, computed, total)
-	r := c.reqs[req]
-	if r == nil {
-		return // the node answers a finished for an unknown request at once; nothing waits here
-	}
-	if r.phase == finished {
-		return
-	}
-	r.finPre = r.phase == preempted // its blocks go back with the preemption's release
-	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
-	r.owed++
-	c.freeIfNoNodeLocked(r)
-}
-
-// freeIfNoNodeLocked frees r at once when the node is lost and the lease
-// wait is over: no node can copy its blocks.
-func (c *Client) freeIfNoNodeLocked(r *mreq) {
-	if c.lost && c.freedLoss {
-		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonNodeLost})
-	}
-}
-
 // Flush publishes the events announced since the last Flush as one batch
-// (one per scheduler step). With a resync due it starts the new epoch
+// (one per scheduler step; a step over MaxBatchBytes goes out as several,
+// in order). With a resync due it starts the new epoch
 // instead, which re-announces those events too. Without a node the batch
 // is discarded: the resync after re-registering re-announces it. A batch
 // the NATS client refuses (reconnecting, with no reconnect buffer: Options)
@@ -292,43 +176,56 @@ func (c *Client) Flush() error {
 	if c.closed {
 		return fmt.Errorf("client: engine %s: flush after Close", c.cfg.Engine)
 	}
+	pending := c.batch.Events() > 0 || len(c.full) > 0
 	if c.lost || c.reregister {
-		if c.batch.Events() > 0 {
+		if pending {
 			c.st.DiscardedBatches++
 		}
-		c.batch.Reset()
+		c.resetBatchLocked()
 		return nil
 	}
 	if c.resync != "" {
 		if c.resyncDueLocked(time.Now()) {
 			c.resyncLocked()
-		} else if c.batch.Events() > 0 { // an overflow's wait: the resync re-announces it
+		} else if pending { // an overflow's wait: the resync re-announces it
 			c.st.HeldBatches++
-			c.batch.Reset()
+			c.resetBatchLocked()
 		}
 		return nil
 	}
-	if c.batch.Events() == 0 {
-		return nil
+	var err error
+	for i := range c.full {
+		if err = c.publishLocked(&c.full[i]); err != nil {
+			break // the parts after it would follow a gap: the resync re-announces them
+		}
 	}
-	if err := c.publishLocked(); err != nil {
+	if err == nil && c.batch.Events() > 0 {
+		err = c.publishLocked(&c.batch)
+	}
+	if err != nil {
 		c.wantResyncLocked(ResyncPublishError)
 	}
-	c.batch.Reset()
+	c.resetBatchLocked()
 	return nil
 }
 
-// publishLocked sends the batch under the next seq.
-func (c *Client) publishLocked() error {
+// resetBatchLocked empties the step's batch, every part of it.
+func (c *Client) resetBatchLocked() {
+	c.batch.Reset()
+	c.full = nil
+}
+
+// publishLocked sends b under the next seq.
+func (c *Client) publishLocked(b *wire.Batch) error {
 	c.seq++
 	if c.cfg.DropBatch != nil && c.cfg.DropBatch(c.seq) {
 		c.st.DroppedBatches++
 		return nil
 	}
-	c.body = c.batch.Body(c.body, c.epoch, c.seq)
+	c.body = b.Body(c.body, c.epoch, c.seq)
 	m := &nats.Msg{Subject: c.subj + messages.VerbEvents, Data: c.body}
 	if c.cfg.BeforePublish != nil {
-		c.cfg.BeforePublish(m, c.seq, c.batch.Events())
+		c.cfg.BeforePublish(m, c.seq, b.Events())
 	}
 	if err := c.publishMsg(m); err != nil {
 		c.st.PublishErrors++
@@ -357,18 +254,18 @@ func (c *Client) resyncLocked() {
 	c.resync, c.holdUntil = "", time.Time{}
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
 	c.tailSeq = 0
-	c.batch.Reset()
+	c.resetBatchLocked()
 	var err error
 	size := 0
 	c.reannounceLocked(func(n int) {
 		if size += n; size >= c.cfg.MaxBatchBytes {
-			err = firstErr(err, c.publishLocked())
+			err = firstErr(err, c.publishLocked(&c.batch))
 			c.batch.Reset()
 			size = 0
 		}
 	})
 	if c.batch.Events() > 0 {
-		err = firstErr(err, c.publishLocked())
+		err = firstErr(err, c.publishLocked(&c.batch))
 		c.batch.Reset()
 	}
 	if err != nil {
@@ -388,6 +285,7 @@ func (c *Client) reannounceLocked(flush func(bytes int)) {
 	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
 	for _, r := range reqs {
 		r.silent = r.phase == preempted && r.owed == 0
+		r.atNode = true
 		r.announce(&c.batch, flush)
 	}
 }

@@ -6,9 +6,11 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -25,8 +27,10 @@ type Config struct {
 	// DefaultLease is assumed when a register reply carries no lease_ms (a
 	// v1 node). Default 10s, the protocol's default.
 	DefaultLease time.Duration
-	// MaxBatchBytes splits a resync's re-announcement into batches of about
-	// this size, well under NATS' max_payload (default 256 KiB).
+	// MaxBatchBytes splits a resync's re-announcement, and a step's batch,
+	// into batches of about this size, well under NATS' max_payload
+	// (default 256 KiB; a batch may pass it by up to one event, whose
+	// hashes or ids are split to fit).
 	MaxBatchBytes int
 	// OverflowBackoff is how long the client waits before answering a
 	// resync whose reason is overflow (the node's intake was full and
@@ -69,9 +73,12 @@ type Config struct {
 type Release struct {
 	Request string
 	// Reason is the node's (finished, aborted, preempted, engine_reset,
-	// engine_gone) or messages.ReasonNodeLost when the node was lost.
+	// engine_gone) or messages.ReasonNodeLost when the node was lost; the
+	// client also answers engine_gone itself for an event while the node
+	// has forgotten the engine and holds nothing of the request (doc.go).
 	Reason string
-	// Epoch is the epoch the release answers (empty for node_lost).
+	// Epoch is the epoch the release answers (empty for one the client
+	// made: node_lost, and its own engine_gone).
 	Epoch string
 }
 
@@ -79,6 +86,18 @@ var engineID = regexp.MustCompile(`^[A-Za-z0-9_-]{1,64}$`)
 
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("client: bad config")
+
+// ErrBadRequestID is Added's error for a request id the protocol does not
+// allow: empty, over 256 bytes, or not valid UTF-8 (the node rejects it
+// as bad_request_id).
+var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
+
+// validRequestID applies the node's rule (ingest, requestField) at its
+// protocol bound; a node may lower the bound (MaxRequestIDBytes), which the
+// client cannot know.
+func validRequestID(id string) bool {
+	return len(id) > 0 && len(id) <= ingest.ProtocolMaxRequestIDBytes && utf8.ValidString(id)
+}
 
 func (c *Config) withDefaults() (Config, error) {
 	out := *c
@@ -121,7 +140,10 @@ func InboxPrefix(engine string) string { return messages.InboxRoot + engine }
 // publish then fails at once, and the client resyncs); and a ping interval
 // that closes a dead link, dropping what it had not sent, well before
 // the client can free (see CheckConn). Pass them to nats.Connect, or use
-// Dial.
+// Dial. The pings (2 s, 2 outstanding: a dead link closes within 6 s) suit
+// a lease over 8 s, the default 10 s; for a node with a shorter --lease
+// pass shorter ones after these (Dial's opts come last, so they win),
+// else CheckConn's Warn at each register says the link closes too late.
 func Options(engine string) []nats.Option {
 	return []nats.Option{
 		nats.CustomInboxPrefix(InboxPrefix(engine)),
@@ -134,14 +156,24 @@ func Options(engine string) []nats.Option {
 	}
 }
 
-// CheckConn says what is wrong, if anything, with the settings of an
-// engine's connection o for a node whose lease is lease: a reconnect
-// buffer (batches published while the link was down would be replayed to
-// the node after the client freed their requests), or a dead link not
-// closed within 3/4 of the lease (PingInterval × (MaxPingsOut+1)). The
-// client logs it at Warn at each register.
-func CheckConn(o nats.Options, lease time.Duration) []string {
+// CheckConn says what is wrong, if anything, with the settings of engine's
+// connection o for a node whose lease is lease: another reply-inbox prefix
+// than InboxPrefix(engine) (under per-engine NATS permissions no reply
+// would reach it: every request times out, and Connect retries forever); a
+// reconnect buffer (batches published while the link was down would be
+// replayed to the node after the client freed their requests); or a dead
+// link not closed within 3/4 of the lease (PingInterval ×
+// (MaxPingsOut+1)). The client logs it at Warn at each register.
+func CheckConn(o nats.Options, engine string, lease time.Duration) []string {
 	var bad []string
+	if want := InboxPrefix(engine); o.InboxPrefix != want {
+		got := o.InboxPrefix
+		if got == "" {
+			got = "the default _INBOX"
+		}
+		bad = append(bad, fmt.Sprintf("the reply-inbox prefix is %s, want %s (nats.CustomInboxPrefix): under "+
+			"per-engine NATS permissions no reply would reach this engine", got, want))
+	}
 	if o.ReconnectBufSize >= 0 {
 		bad = append(bad, fmt.Sprintf("ReconnectBufSize is %d, want -1 (nats.ReconnectBufSize(-1)): a batch "+
 			"published while the link is down would reach the node after its requests were freed", o.ReconnectBufSize))

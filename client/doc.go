@@ -4,7 +4,8 @@
 // per scheduler step, and gets told when GPU blocks may be reused.
 //
 // What it owns:
-//   - the session: register (retried with backoff until the context ends),
+//   - the session: register (retried with backoff until the context ends,
+//     while no node answers or one answers "node overloaded"),
 //     the node and boot that answered, heartbeats every lease/4, node-loss
 //     detection (no node heartbeat for lease_ms, or a reply from another
 //     boot to a request sent after the register; another boot in any other
@@ -15,7 +16,8 @@
 //     logged at Warn, counted in Stats and passed to
 //     Config.OnRegisterRefused);
 //   - delivery: a random epoch per session, seq 1, 2, ... per batch, one
-//     batch per Flush, and a resync (new epoch re-announcing every live
+//     batch per Flush (several, in order, for a step over
+//     Config.MaxBatchBytes), and a resync (new epoch re-announcing every live
 //     request) on P.E.resync, on a lost release (an rseq gap or a
 //     heartbeat reply counting more releases than arrived), on a lost tail
 //     the node's resync did not report (a batch still unapplied a heartbeat
@@ -35,7 +37,19 @@
 //     engine's link failed, the node heard the engine until that publish
 //     reached it). Nothing is published to a lost node before then: Flush
 //     discards, no heartbeat goes out, Lookup and Load fail (ErrNoNode).
+//     While the node has forgotten the engine (an engine_gone release or an
+//     "unknown engine" heartbeat reply) and a re-register is pending, an
+//     engine_gone release answers every release its request is owed, and
+//     a later finished or preempted of a request the node holds nothing of
+//     (its engine_gone came, or it was never announced since) is answered
+//     at once with reason engine_gone (no epoch), as the node may refuse
+//     the engine for long (--max-engines); one the node may still copy
+//     for waits for its engine_gone (the node answers "unknown engine" as
+//     soon as it drops the engine, before its copies end).
 //     Each such event is answered exactly once through Config.OnReleased;
+//   - request ids: Added refuses one the protocol does not allow
+//     (ErrBadRequestID: empty, over 256 bytes, not UTF-8), and events naming
+//     it are not sent, so none waits for a release;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;
@@ -49,7 +63,10 @@
 //     process can copy nothing: a newer boot answered), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
-//     node is lost (ErrNoNode).
+//     node is lost, nor while it has forgotten the engine and a
+//     re-register is pending (ErrNoNode): a load sent after such a register
+//     could reach a new boot that knows the engine, while the register's
+//     reply settles the loads of the old boot.
 //
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
 // so that per-engine NATS permissions can be enforced, and, for the
@@ -58,7 +75,8 @@
 // after all, after its requests were freed) and pings that close a dead
 // link within 3/4 of the node's lease: Dial sets all of them, or pass
 // Options(engine) to nats.Connect yourself. CheckConn tells what a
-// connection lacks; the client logs it at Warn at each register.
+// connection lacks (the inbox prefix included); the client logs it at
+// Warn at each register.
 //
 // Concurrency: every method is safe for concurrent use. Callbacks run one
 // at a time, in arrival order, on one goroutine of the client, never on a

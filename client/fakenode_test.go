@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -172,6 +173,28 @@ func (f *fakeNode) onUnregister(m *nats.Msg) {
 	f.reqs = map[string]bool{}
 	f.registered = false
 	f.reply(m, messages.UnregisterReply{OK: true, Released: n, Node: f.node, Boot: f.boot})
+}
+
+// forget drops engine as an expiry does: each live request is released
+// engine_gone (its copies ended; this node has none), except those held
+// (copies still running: the test releases them later with releaseGone),
+// and the engine is unknown from then on.
+func (f *fakeNode) forget(engine string, held ...string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id := range f.reqs {
+		if !slices.Contains(held, id) {
+			f.releaseLocked(engine, id, messages.ReasonEngineGone)
+		}
+	}
+	f.reqs, f.registered = map[string]bool{}, false
+}
+
+// releaseGone publishes the engine_gone of a request forget held.
+func (f *fakeNode) releaseGone(engine, req string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.releaseLocked(engine, req, messages.ReasonEngineGone)
 }
 
 func (f *fakeNode) onHeartbeat(m *nats.Msg) {

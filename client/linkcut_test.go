@@ -141,9 +141,9 @@ func TestCheckConn(t *testing.T) {
 	for _, opt := range client.Options("e1") {
 		require.NoError(t, opt(&o))
 	}
-	require.Empty(t, client.CheckConn(o, 10*time.Second))
-	require.Len(t, client.CheckConn(o, 8*time.Second), 1, "6s to close a dead link is not under 3/4 of 8s")
-	require.Len(t, client.CheckConn(nats.GetDefaultOptions(), 10*time.Second), 2)
+	require.Empty(t, client.CheckConn(o, "e1", 10*time.Second))
+	require.Len(t, client.CheckConn(o, "e1", 8*time.Second), 1, "6s to close a dead link is not under 3/4 of 8s")
+	require.Len(t, client.CheckConn(nats.GetDefaultOptions(), "e1", 10*time.Second), 3)
 
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
@@ -152,6 +152,24 @@ func TestCheckConn(t *testing.T) {
 		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.Contains(t, logs.String(), "ReconnectBufSize")
 	require.Contains(t, logs.String(), "PingInterval")
+	require.Contains(t, logs.String(), "CustomInboxPrefix")
+}
+
+// TestCheckConnTellsAMissingPerEngineInboxPrefix: a connection whose reply
+// inboxes are not under _INBOX.<engine> (the default _INBOX, or another
+// engine's) is reported: under per-engine NATS permissions its register
+// would time out forever. The rest of its settings are the SDK's.
+func TestCheckConnTellsAMissingPerEngineInboxPrefix(t *testing.T) {
+	for _, prefix := range []string{"", client.InboxPrefix("e2")} {
+		o := nats.GetDefaultOptions()
+		for _, opt := range client.Options("e1") {
+			require.NoError(t, opt(&o))
+		}
+		o.InboxPrefix = prefix
+		bad := client.CheckConn(o, "e1", 10*time.Second)
+		require.Len(t, bad, 1, "prefix %q", prefix)
+		require.Contains(t, bad[0], client.InboxPrefix("e1"))
+	}
 }
 
 // TestALoadWhileTheLinkIsDownIsNeverSent: with the SDK's Options (no

@@ -14,9 +14,10 @@ import (
 var (
 	// ErrLoadInDoubt is what a LoadInDoubtError matches with errors.Is.
 	ErrLoadInDoubt = errors.New("load in doubt: the node may still write its destination blocks")
-	// ErrNoNode: the session's node is lost and no node has answered a
-	// register since; Load and Lookup send nothing meanwhile.
-	ErrNoNode = errors.New("no node: the session's node is lost")
+	// ErrNoNode: the session has no node to send to: its node is lost, or
+	// (Load only) forgot the engine, and no node has answered a register
+	// since; Load and Lookup send nothing meanwhile.
+	ErrNoNode = errors.New("no node: the session's node is lost or forgot the engine")
 )
 
 // LoadInDoubtError is Load's error when the load was sent but no reply came
@@ -75,7 +76,9 @@ type loadWait struct {
 // ErrLoadInDoubt (a *LoadInDoubtError) means no reply came: see its
 // Settled for when the blocks may be reused. Any other error means the
 // node wrote nothing it will still write (it answered, or the load was
-// never sent). While the node is lost Load sends nothing (ErrNoNode).
+// never sent). While the node is lost, or has forgotten the engine (a
+// re-register pending), Load sends nothing (ErrNoNode), nor once ctx is
+// done (ctx's error).
 func (c *Client) Load(ctx context.Context, req string, hashes []string, numTokens int, blocks [][]int64) (int, error) {
 	data, err := json.Marshal(messages.LoadRequest{Request: req, Hashes: hashes, NumTokens: numTokens, Blocks: blocks})
 	if err != nil {
@@ -107,6 +110,12 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 		c.mu.Unlock()
 		_ = w.sub.Unsubscribe()
 		return 0, err
+	}
+	if err := ctx.Err(); err != nil {
+		// Sent now, it would only come back in doubt, its blocks held.
+		c.mu.Unlock()
+		_ = w.sub.Unsubscribe()
+		return 0, fmt.Errorf("client: engine %s: load %s not sent: %w", c.cfg.Engine, req, err)
 	}
 	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.loads[w] = struct{}{}
@@ -142,14 +151,24 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	return 0, &LoadInDoubtError{Request: req, Node: w.node, Boot: w.boot, Err: wait.Err(), settled: w.settled}
 }
 
-// loadRefusedLocked is why no load may be sent now, if so: after Close, or
-// while the node is lost (its fence covers only loads sent before).
+// loadRefusedLocked is why no load may be sent now, if so: after Close;
+// while the node is lost (its fence covers only loads sent before); or
+// while a re-register is pending (the node forgot the engine, so it would
+// only answer "unknown engine"). Registers are sent only while one of those
+// two holds, so every load reached NATS before every register of the
+// round: a newer boot answering one took the load, if at all, before it
+// knew the engine, and copied nothing; its reply may settle the load. A
+// load sent after that register could reach the new boot once it knows the
+// engine and copy while the reply told the engine its blocks were safe.
 func (c *Client) loadRefusedLocked(req string) error {
 	switch {
 	case c.closed:
 		return fmt.Errorf("client: engine %s: load %s after Close", c.cfg.Engine, req)
 	case c.lost:
 		return fmt.Errorf("client: engine %s: load %s: %w (node %s)", c.cfg.Engine, req, ErrNoNode, c.node)
+	case c.reregister:
+		return fmt.Errorf("client: engine %s: load %s: %w (node %s forgot the engine; registering again)",
+			c.cfg.Engine, req, ErrNoNode, c.node)
 	}
 	return nil
 }

@@ -133,3 +133,25 @@ func TestNoLoadIsSentAfterItsNodeWasGivenUp(t *testing.T) {
 	testkit.NoRecv(t, loads, 200*time.Millisecond, "a load sent after its node was given up")
 	require.Zero(t, c.Stats().LoadsInDoubt)
 }
+
+// TestALoadWhoseContextIsDoneIsNotSent: Load with a ctx already done sends
+// nothing and fails with ctx's error, not in doubt: sent, it could only
+// come back in doubt, its destination blocks held until settled.
+func TestALoadWhoseContextIsDoneIsNotSent(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec()})
+	loads := testkit.Subscribe(t, nc, "kvactors.e1.load")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := c.Load(ctx, "l", []string{"aa"}, 4, [][]int64{{9}})
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, client.ErrLoadInDoubt)
+	// Published on the engine's connection after Load returned, the marker
+	// comes after anything Load sent.
+	require.NoError(t, enc.Publish("kvactors.e1.load", []byte("marker")))
+	require.Equal(t, "marker", string(testkit.Recv(t, loads, 5*time.Second, "the marker").Data),
+		"a load whose ctx was done was sent")
+	require.Zero(t, c.Stats().LoadsInDoubt)
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -32,7 +33,17 @@ func (c *Client) registerRetry(ctx context.Context) error {
 	}
 }
 
-var errRefused = errors.New("register refused")
+var (
+	errRefused = errors.New("register refused")
+	// errOverloaded: the node's intake was full and dropped the register
+	// unread; it asks to try again, so it is no refusal.
+	errOverloaded = errors.New("node overloaded")
+)
+
+// overloadedReply starts the error of a reply to a request the node's full
+// intake dropped (PROTOCOL.md "Delivery", Overflow: `{"error":"node
+// overloaded: …"}`); the wire has no code for it, so its words are the mark.
+const overloadedReply = "node overloaded"
 
 // registerOnce sends the spec; on success the node, boot and lease of the
 // reply become the session's.
@@ -50,13 +61,18 @@ func (c *Client) registerOnce(ctx context.Context) error {
 		return err
 	}
 	if !rep.OK {
+		if strings.HasPrefix(rep.Error, overloadedReply) {
+			return fmt.Errorf("client: engine %s: register: %w: %s", c.cfg.Engine, errOverloaded, rep.Error)
+		}
 		return fmt.Errorf("client: engine %s: %w: %s", c.cfg.Engine, errRefused, rep.Error)
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.boot != "" && rep.Node == c.node && rep.Boot != c.boot {
 		// The node restarted: its old process can copy nothing any more, so
-		// its loads in doubt are settled, reached NATS or not.
+		// its loads in doubt are settled, reached NATS or not. None was sent
+		// after this register (loadRefusedLocked), so the new boot copies
+		// none of them.
 		c.settleLoadsOfLocked(c.node, c.boot, false)
 	}
 	c.pastBoots = pastBoots(c.pastBoots, c.node, c.boot, rep.Node, rep.Boot)
@@ -72,7 +88,7 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	}
 	c.lastSeen = time.Now()
 	c.st.Registers++
-	for _, bad := range CheckConn(c.nc.Opts, c.lease) {
+	for _, bad := range CheckConn(c.nc.Opts, c.cfg.Engine, c.lease) {
 		c.cfg.Log.Warn("client: the NATS connection does not suit the node's lease", "engine", c.cfg.Engine,
 			"lease", c.lease, "problem", bad)
 	}

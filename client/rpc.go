@@ -15,8 +15,9 @@ import (
 func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 	c.mu.Lock()
 	if c.lost {
+		node := c.node // a register may change it once unlocked
 		c.mu.Unlock()
-		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, c.node)
+		return 0, fmt.Errorf("client: engine %s: lookup: %w (node %s)", c.cfg.Engine, ErrNoNode, node)
 	}
 	n := c.probeLocked()
 	// Recorded as begun under c.mu: a loss declared before the send waits
@@ -39,7 +40,8 @@ func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 // Close unregisters the engine (the node releases every request with reason
 // engine_gone and unmaps its segments), stops the session and waits for
 // its goroutines. Callbacks still queued are not delivered. Close must not
-// be called from a callback.
+// be called from a callback. A re-register in flight is waited for (up to
+// RequestTimeout): if it succeeds, Close unregisters that registration.
 func (c *Client) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -47,12 +49,17 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	// A v1 node has no unregister; a lost node or one that forgot the
-	// engine (a re-register pending) would only answer with an error.
-	lost := c.lost || c.reregister || c.boot == ""
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()
+	// Judged once the session loop has stopped: a re-register it was
+	// waiting on may have succeeded, and that registration needs its
+	// unregister. A v1 node has no unregister; a lost node or one that
+	// forgot the engine (a re-register pending) would only answer with an
+	// error.
+	c.mu.Lock()
+	lost := c.lost || c.reregister || c.boot == ""
+	c.mu.Unlock()
 	var err error
 	if !lost {
 		var rep messages.UnregisterReply

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
@@ -166,4 +167,60 @@ func TestPastBoots(t *testing.T) {
 			require.Equal(t, tc.want, client.PastBoots(tc.past, tc.node, tc.boot, tc.rn, tc.rb))
 		})
 	}
+}
+
+// TestConnectRetriesARegisterTheNodeWasTooBusyToTake: a node whose intake
+// is full answers a register "node overloaded: …, try again" (it dropped
+// it unread): Connect retries it, as it retries one nobody answered,
+// instead of taking it for a refusal of the spec.
+func TestConnectRetriesARegisterTheNodeWasTooBusyToTake(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	registers := 0
+	sub, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) {
+		registers++ // one handler goroutine: no lock needed
+		if registers == 1 {
+			_ = m.Respond([]byte(`{"error":"node overloaded: inbound queue full, try again","node":"n1","boot":"b1"}`))
+			return
+		}
+		_ = m.Respond([]byte(`{"ok":true,"node":"n1","boot":"b1","lease_ms":400}`))
+	})
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, nc.Flush())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	require.NoError(t, err, "Connect gave up on an overloaded node")
+	defer func() { _ = c.Close() }()
+	require.Equal(t, 1, c.Stats().Registers)
+}
+
+// TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal: after the node forgot
+// the engine, a register answered "node overloaded" is retried without
+// being counted or reported as a refusal (OnRegisterRefused).
+func TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	refused := make(chan error, 16)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+		OnRegisterRefused: func(err error) { refused <- err }})
+	registers := testkit.Subscribe(t, nc, "kvactors.e1.register")
+	f.mu.Lock()
+	f.registered, f.refuse = false, "node overloaded: inbound queue full, try again"
+	f.mu.Unlock()
+	testkit.Recv(t, registers, 5*time.Second, "a re-register")
+	testkit.Recv(t, registers, 5*time.Second, "a retried re-register")
+	f.mu.Lock()
+	f.refuse = ""
+	f.mu.Unlock()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !c.Live() {
+			return fmt.Errorf("not registered again yet")
+		}
+		return nil
+	})
+	st := c.Stats()
+	require.Zero(t, st.RegisterRefusals)
+	require.Empty(t, st.RegisterRefused)
+	require.Empty(t, refused)
 }

@@ -22,6 +22,9 @@ func (b *Batch) Reset() { b.buf, b.events = b.buf[:0], 0 }
 // Events is the number of events appended since Reset.
 func (b *Batch) Events() int { return b.events }
 
+// Len is the size in bytes of the events appended since Reset.
+func (b *Batch) Len() int { return len(b.buf) }
+
 // Added appends an added event.
 func (b *Batch) Added(req string, promptTokens int) {
 	b.open(messages.EvAdded, req)

@@ -1,0 +1,168 @@
+package client_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// forgetAndRefuse makes f forget the engine (as an expiry does) and refuse
+// its registers, and waits until the client has been refused once: a
+// re-register is pending.
+func forgetAndRefuse(t *testing.T, f *fakeNode, c *client.Client) {
+	t.Helper()
+	f.mu.Lock()
+	f.registered, f.refuse = false, "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if c.Stats().RegisterRefusals == 0 {
+			return fmt.Errorf("no refused re-register yet")
+		}
+		return nil
+	})
+}
+
+// TestNoLoadIsSentWhileAReregisterIsPending: while the node has forgotten
+// the engine, Load sends nothing (ErrNoNode). Sent then, a load could
+// follow a register to a new boot of the node and be taken by it once it
+// knows the engine, while that register's reply settles the loads
+// addressed to the old boot: the engine would reuse blocks being copied
+// into.
+func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f1 := startFakeNode(t, nc, "n1", "boot1", 2*time.Second)
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 5 * time.Second})
+	forgetAndRefuse(t, f1, c)
+	f1.kill() // boot2 starts (mute: no hello) and holds the next register
+	regs := make(chan *nats.Msg, 16)
+	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
+	require.NoError(t, err)
+	defer func() { _ = rs.Unsubscribe() }()
+	loads := testkit.Subscribe(t, nc, "kvactors.e1.load")
+	reg := testkit.Recv(t, regs, 5*time.Second, "the re-register reaching boot2")
+
+	_, err = c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
+	require.ErrorIs(t, err, client.ErrNoNode)
+	require.NotErrorIs(t, err, client.ErrLoadInDoubt)
+	// Published on the engine's connection after Load returned, the marker
+	// comes after anything Load sent.
+	require.NoError(t, enc.Publish("kvactors.e1.load", []byte("marker")))
+	require.Equal(t, "marker", string(testkit.Recv(t, loads, 5*time.Second, "the marker").Data),
+		"a load was sent while the re-register was pending")
+
+	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":2000}`)))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if !c.Live() {
+			return fmt.Errorf("not live again yet")
+		}
+		return nil
+	})
+}
+
+// TestEventsWhileTheNodeHasForgottenTheEngineAreFreed: the node forgot the
+// engine (it released every request engine_gone, as an expiry does) and
+// refuses it again (--max-engines): each Finished or Preempted meanwhile
+// is answered at once (engine_gone), since the node holds nothing of the
+// request, instead of waiting for a register that may never pass. A request
+// whose engine_gone has not come yet (its copies still running: the node
+// answers "unknown engine" as soon as it drops the engine) waits for it.
+func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	for _, r := range []string{"gone", "copying"} {
+		c.Added(r, 8)
+		c.Blocks(r, 0, 0, []uint32{1, 2})
+	}
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < 4 {
+			return fmt.Errorf("the node applied %d events", len(evs))
+		}
+		return nil
+	})
+	f.mu.Lock()
+	f.refuse = "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
+	f.forget("e1", "copying")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if st := c.Stats(); st.RegisterRefusals == 0 || st.UnexpectedRel == 0 {
+			return fmt.Errorf("no refused re-register or engine_gone yet: %+v", st)
+		}
+		return nil
+	})
+
+	c.Finished("gone", false, 8, 8)
+	c.Added("new", 8) // never reaches the node: its batches are discarded
+	c.Blocks("new", 0, 0, []uint32{3})
+	c.Preempted("new")
+	c.Finished("copying", false, 8, 8)
+	require.NoError(t, c.Flush())
+	for _, want := range []string{"gone", "new"} {
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of "+want)
+		require.Equal(t, client.Release{Request: want, Reason: messages.ReasonEngineGone}, rel)
+	}
+	testkit.NoRecv(t, rels.ch, 3*testLease, "a release of the request the node may still copy")
+	f.releaseGone("e1", "copying")
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the engine_gone of the request still copying")
+	require.Equal(t, "copying", rel.Request)
+	require.Equal(t, messages.ReasonEngineGone, rel.Reason)
+	st := c.Stats()
+	require.Equal(t, 2, st.ForgottenFrees)
+	require.Zero(t, st.Awaiting)
+	require.Zero(t, st.NodeLosses)
+}
+
+// TestCloseDuringASucceedingReregisterUnregisters: Close while the session
+// loop waits on a re-register that then succeeds: no heartbeat goes out
+// after Close began, and Close unregisters the registration the loop made
+// (else the node keeps the engine, its segments mapped, until it expires).
+func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 3 * time.Second})
+	f1.kill()
+	regs := make(chan *nats.Msg, 16)
+	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
+	require.NoError(t, err)
+	defer func() { _ = rs.Unsubscribe() }()
+	unregs := make(chan *nats.Msg, 16)
+	us, err := nc.Subscribe("kvactors.e1.unregister", func(m *nats.Msg) {
+		unregs <- m
+		_ = m.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2"}`))
+	})
+	require.NoError(t, err)
+	defer func() { _ = us.Unsubscribe() }()
+	require.NoError(t, nc.Flush())
+	reg := testkit.Recv(t, regs, 5*time.Second, "a re-register after the loss")
+	hbs := testkit.Subscribe(t, nc, "kvactors.e1.heartbeat") // none goes out while the node is lost
+
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if c.Flush() == nil {
+			return fmt.Errorf("Close has not begun")
+		}
+		return nil
+	})
+	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":400}`)))
+	require.NoError(t, testkit.Recv(t, closed, 5*time.Second, "Close"))
+	testkit.Recv(t, unregs, time.Second, "the unregister of the registration the loop made")
+	// Published on the engine's connection after Close returned, the marker
+	// comes after any heartbeat the client sent.
+	require.NoError(t, enc.Publish("kvactors.e1.heartbeat", []byte("marker")))
+	require.Equal(t, "marker", string(testkit.Recv(t, hbs, 5*time.Second, "the marker").Data),
+		"a heartbeat was published after Close began")
+}
