@@ -90,3 +90,42 @@ func TestAnEpochsRSeqGoesOnAcrossAReRegister(t *testing.T) {
 	require.Equal(t, messages.Released{Request: "r", Epoch: "ep1", RSeq: 2, Reason: messages.ReasonEngineReset},
 		releasedOf(t, released, "r's engine_reset release"), "the second release of epoch ep1 carries rseq 2")
 }
+
+// The engine's next actor, retired before its predecessor ended (here the
+// engine unregisters), holding only a deferred release (a finished for r,
+// which it never knew): neither that release nor the unregister's reply
+// goes out while the predecessor's copy of r's block 1 still runs. Once it
+// ends: the old epoch's engine_reset of r, the new epoch's finished, then
+// the reply.
+func TestAnUnregisterWhileTheOldActorStillCopiesWaitsForIt(t *testing.T) {
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
+	te := e.newEngine("e1", defaultOpts())
+	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
+	te.register()
+	te.fill(0, 1, 1)
+	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1 (epoch ep1)")
+
+	te.spec.OffloadPromptOnly = true
+	te.register() // a new actor; the old one's copy still runs
+	te.epoch, te.seq = "ep2", 0
+	te.send(finishedEv("r", false, 4, 4)) // r is unknown to the new actor: its release deferred
+	te.sync()
+
+	unregistered := make(chan *nats.Msg, 1)
+	go func() {
+		if m, err := e.nc.Request("kvactors.e1.unregister", []byte(`{}`), 10*time.Second); err == nil {
+			unregistered <- m
+		}
+	}()
+	testkit.NoRecv(t, released, 300*time.Millisecond, "a release while epoch ep1's copy of block 1 still runs")
+	testkit.NoRecv(t, unregistered, 0, "the unregister's reply while epoch ep1's copy still runs")
+
+	dev.gate <- struct{}{}
+	require.Equal(t, messages.Released{Request: "r", Epoch: "ep1", RSeq: 1, Reason: messages.ReasonEngineReset},
+		releasedOf(t, released, "the old epoch's release of r"))
+	require.Equal(t, messages.Released{Request: "r", Epoch: "ep2", RSeq: 1, Reason: messages.ReasonFinished},
+		releasedOf(t, released, "the new epoch's deferred release of r"))
+	testkit.Recv(t, unregistered, 5*time.Second, "the unregister's reply, once the old actor ended")
+}

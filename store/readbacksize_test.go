@@ -24,7 +24,8 @@ import (
 // so a record under the key of another size (a geometry the disk key's
 // 64-bit FNV fingerprint failed to tell apart, or a record left by another
 // build) would otherwise reach the device as the chunk, the load answering
-// ok. It fails naming the key, and nothing reaches the device.
+// ok. It fails naming the key, nothing reaches the device, and the record
+// is dropped.
 func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
 	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
@@ -53,4 +54,10 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	st := s.Stats()
 	assert.Zero(t, st.Pinned)
 	assert.Zero(t, st.Pending, "the room given to the read back is freed")
+	// Dropped as a corrupt chunk is: no longer a hit, and the next load of
+	// it is a plain miss rather than the same failure again.
+	_, _, onDisk := d.Has("a")
+	assert.False(t, onDisk, "the misfit record is dropped from disk")
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
 }

@@ -215,8 +215,9 @@ func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 	}
 	lc := liveCheck{live: live}
 	if dir == backend.HostToDevice {
-		if err := e.sizesMatch(keys, chunks, &loc); err != nil {
+		if bad, err := e.sizesMatch(keys, chunks, &loc); err != nil {
 			e.complete(dir, keys, nil)
+			e.dropMisfit(keys[bad], &loc, bad)
 			return err
 		}
 		read, err := e.fetch(keys, &loc)
@@ -401,7 +402,8 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) (bool, error) {
 // record's size, and a record of another size under the key (a geometry
 // the disk key's fingerprint failed to tell apart, a record left by
 // another build) must not reach the device as if it were the chunk.
-func (e *Engine) sizesMatch(keys []messages.Key, chunks []sched.JobChunk, loc *located) error {
+// It returns the first misfit's index with the error.
+func (e *Engine) sizesMatch(keys []messages.Key, chunks []sched.JobChunk, loc *located) (int, error) {
 	for i := range chunks {
 		var size int64
 		for _, x := range loc.Chunk(i) {
@@ -409,11 +411,25 @@ func (e *Engine) sizesMatch(keys []messages.Key, chunks []sched.JobChunk, loc *l
 		}
 		if want := e.lay.Groups[chunks[i].Group].ChunkBytes; size != want {
 			e.s.metrics.Corrupt.Inc()
-			return &hostpool.KeyError{Key: keys[i],
+			return i, &hostpool.KeyError{Key: keys[i],
 				Err: fmt.Errorf("%w: %d bytes held, the group's chunks are %d", ErrCorrupt, size, want)}
 		}
 	}
-	return nil
+	return 0, nil
+}
+
+// dropMisfit drops chunk i of a load that sizesMatch refused, the load
+// ended: its record on disk (a read-back) or its pool entry, as a chunk
+// found corrupt is dropped, so lookups stop counting it and later loads
+// stop failing on it.
+func (e *Engine) dropMisfit(key messages.Key, loc *located, i int) {
+	if loc.States[i] == hostpool.Pending {
+		if dk, ok := e.s.toDisk(key); ok && e.s.disk != nil {
+			e.s.disk.Drop(e.id, dk)
+		}
+		return
+	}
+	e.s.pool.By(e.id).Drop(key, loc.Sums[i])
 }
 
 // copyLarge copies chunk i, larger than a tile, a tile-sized window at a

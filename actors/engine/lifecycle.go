@@ -129,7 +129,9 @@ func (a *Actor) tellRetire() {
 }
 
 func (a *Actor) maybeStop(c actor.Context) {
-	if a.retiring && len(a.byPID) == 0 {
+	// Not while it awaits predecessors: its deferred releases would go out
+	// as it stops, and Closed close, with a predecessor's copy still running.
+	if a.retiring && len(a.byPID) == 0 && !a.awaitingPredecessors {
 		// Counted from the Dones, not at the reset: a request that raised
 		// its releasing flag after resetAll looked releases finished, not
 		// with the retire's reason, and is not counted.

@@ -70,3 +70,35 @@ func TestAnActorWhosePredecessorsClosedHoldsNothing(t *testing.T) {
 	epochSender(system, pid)("b", 1, added("p"), messages.Event{Type: messages.EvPreempted, Request: "p"})
 	require.Equal(t, messages.Released{Request: "p", Epoch: "b", RSeq: 1, Reason: messages.ReasonPreempted}, releaseOf(t, released))
 }
+
+// An actor retired (unregister, expiry, another register) while it awaits
+// its predecessors, holding no request but a deferred release (a finished
+// for a request it never knew), stops only once they have closed: its
+// deferred release goes out and its Closed closes (so an unregister is
+// answered) only then, never while a predecessor's copy still reads the
+// blocks that release frees.
+func TestARetireWhileAwaitingPredecessorsWaitsForThem(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	predecessor, closed := make(chan struct{}), make(chan struct{})
+	system, pid, _ := startSubmitting(t, nc, func(d *engine.Deps) {
+		d.Predecessors = []<-chan struct{}{predecessor}
+		d.Closed = closed
+	})
+	epochSender(system, pid)("b", 1, messages.Event{Type: messages.EvFinished, Request: "u", Computed: 4, Total: 4})
+	statusOf(t, system, pid)
+
+	count := make(chan int, 1)
+	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	testkit.NoRecv(t, released, 200*time.Millisecond, "u's deferred release while the predecessor still ends")
+	select {
+	case <-closed:
+		t.Fatal("closed while its predecessor still ends")
+	default:
+	}
+
+	close(predecessor)
+	require.Equal(t, messages.Released{Request: "u", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
+	testkit.Closed(t, closed, 5*time.Second, "Closed, once the predecessor closed and u's release went out")
+	require.Equal(t, 0, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
+}
