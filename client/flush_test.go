@@ -2,9 +2,11 @@ package client_test
 
 import (
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
@@ -74,4 +76,45 @@ func TestALargeStepGoesOutInSeveralBatches(t *testing.T) {
 	require.Empty(t, st.Resyncs)
 	require.Equal(t, epoch, c.Epoch())
 	require.Greater(t, st.Batches, 4)
+}
+
+// A step's batch that is nearly full when a long Blocks event comes goes
+// out before the event's first part of ids, so no part is much larger than
+// MaxBatchBytes (appended to the nearly full batch, that part would be up
+// to twice it: with MaxBatchBytes 600 KiB, past NATS' 1 MiB max_payload,
+// refused, and a resync).
+func TestABlocksEventCutNeverTakesAStepPartPastTheBound(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", time.Minute)
+	const maxBatch = 600 << 10
+	var mu sync.Mutex
+	largest := 0
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: maxBatch,
+		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
+			mu.Lock()
+			largest = max(largest, len(m.Data))
+			mu.Unlock()
+		}})
+	// 9100 hashes of 32 bytes: ~610 KB of events, just under 600 KiB.
+	const nh = 9100
+	hs := make([][]byte, nh)
+	for i := range hs {
+		hs[i] = make([]byte, 32)
+		hs[i][0], hs[i][1] = byte(i), byte(i>>8)
+	}
+	const nb = 60000
+	ids := make([]uint32, nb)
+	for i := range ids {
+		ids[i] = 4000000000 + uint32(i)
+	}
+	require.NoError(t, c.Added("long", 4*nb))
+	c.Hashes("long", 0, hs...)
+	c.Blocks("long", 0, 0, ids)
+	require.NoError(t, c.Flush())
+	st := c.Stats()
+	mu.Lock()
+	defer mu.Unlock()
+	require.LessOrEqual(t, largest, maxBatch+4096, "a part of the step past MaxBatchBytes")
+	require.Zero(t, st.PublishErrors, "a part of the split step was refused by NATS (over max_payload)")
+	require.Empty(t, st.Resyncs)
 }

@@ -3,6 +3,7 @@ package client
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -64,11 +65,8 @@ func (c *Client) Close() error {
 	if !lost {
 		var rep messages.UnregisterReply
 		ctx, cancel := context.WithTimeout(context.Background(), min(c.cfg.RequestTimeout, 5*time.Second))
-		err = c.requestCtx(ctx, messages.VerbUnregister, struct{}{}, &rep)
+		err = c.unregister(ctx, &rep)
 		cancel()
-		if err == nil && rep.Error != "" {
-			err = fmt.Errorf("client: engine %s: unregister: %s", c.cfg.Engine, rep.Error)
-		}
 		if err == nil {
 			// The node answers an unregister once its loads in flight are
 			// done: those sent to it are settled.
@@ -83,4 +81,32 @@ func (c *Client) Close() error {
 	c.unsubscribe()
 	c.out.close()
 	return err
+}
+
+// unregister requests P.E.unregister until the node takes it or ctx ends:
+// a reply "node overloaded" (its full intake dropped the request unread)
+// is tried again after a short backoff, as a register is; left unsent,
+// the node would keep the engine and its segments until it expires.
+func (c *Client) unregister(ctx context.Context, rep *messages.UnregisterReply) error {
+	backoff := 25 * time.Millisecond
+	for {
+		*rep = messages.UnregisterReply{}
+		if err := c.requestCtx(ctx, messages.VerbUnregister, struct{}{}, rep); err != nil {
+			return err
+		}
+		if rep.Error == "" {
+			return nil
+		}
+		if !strings.HasPrefix(rep.Error, overloadedReply) {
+			return fmt.Errorf("client: engine %s: unregister: %s", c.cfg.Engine, rep.Error)
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("client: engine %s: unregister: %w (last: %s)", c.cfg.Engine, ctx.Err(), rep.Error)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 500*time.Millisecond)
+	}
 }

@@ -7,6 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
 )
@@ -49,4 +52,35 @@ func TestLookupWhileLostIsSafeBesideARegister(t *testing.T) {
 	})
 	close(stop)
 	wg.Wait()
+}
+
+// Close retries an unregister the node answered "node overloaded" (its
+// full intake dropped it unread), as a register is retried: given up, the
+// node would keep the engine and its segments until it expired.
+func TestCloseRetriesAnUnregisterTheNodeWasTooBusyToTake(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	f.kill()
+	var mu sync.Mutex
+	n := 0
+	us, err := nc.Subscribe("kvactors.e1.unregister", func(m *nats.Msg) {
+		mu.Lock()
+		n++
+		first := n == 1
+		mu.Unlock()
+		if first {
+			_ = m.Respond([]byte(`{"error":"node overloaded: inbound queue full, try again","node":"n1","boot":"boot1"}`))
+			return
+		}
+		_ = m.Respond([]byte(`{"ok":true,"released":0,"node":"n1","boot":"boot1"}`))
+	})
+	require.NoError(t, err)
+	defer func() { _ = us.Unsubscribe() }()
+	require.NoError(t, nc.Flush())
+	err = c.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	require.NoError(t, err, "Close after an unregister the node was too busy to take")
+	require.Equal(t, 2, n, "the unregister sent again")
 }

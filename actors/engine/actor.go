@@ -128,9 +128,13 @@ type Actor struct {
 	// after (lineage.go, "predecessors").
 	awaitingPredecessors bool
 	forgetLater          []string
-	reqDeps              *request.Deps // the deps of the current epoch's requests (spawn)
-	spawner              *request.Spawner
-	retiring             bool
+	// refused: ids whose added was refused for --max-requests, the engine
+	// not told (a batch has no reply); a preempted of one is answered
+	// like a finished (route). Bounded by maxRefused.
+	refused  map[string]struct{}
+	reqDeps  *request.Deps // the deps of the current epoch's requests (spawn)
+	spawner  *request.Spawner
+	retiring bool
 	// what the retire releases: its reason, the releases of that reason
 	// its resets brought (request.Done.Reason), and who waits for the count
 	// (sent when the actor stops).
@@ -461,16 +465,30 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 				a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
 				a.deps.Reject.Reject(messages.RejectLimit, "added refused: too many live requests", "engine", a.deps.Engine,
 					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
+				a.refuse(id)
 				return nil
 			}
+			delete(a.refused, id)
 			a.spawn(c, m.Ctx, ev)
 			return nil // the added event is the actor's first state
-		case messages.EvFinished:
+		case messages.EvFinished, messages.EvPreempted:
 			// PROTOCOL.md: finished for an unknown request is answered with
 			// released at once (the engine may be waiting for its blocks).
+			// So is a preempted of a request whose added was refused for
+			// the limit (the engine was not told, and waits for a release
+			// per preemption); of any other unknown request it is rejected.
 			reason := messages.ReasonFinished
-			if ev.Aborted {
+			switch _, refused := a.refused[id]; {
+			case ev.Type == messages.EvPreempted && !refused:
+				a.rejectUnknown(id, ev)
+				return nil
+			case ev.Type == messages.EvPreempted:
+				reason = messages.ReasonPreempted
+			case ev.Aborted:
 				reason = messages.ReasonAborted
+				delete(a.refused, id)
+			default:
+				delete(a.refused, id)
 			}
 			if a.deferIfOlder(m.Ctx, id, a.seq.Epoch(), reason) {
 				return nil // an older request of the id may still copy from its blocks
@@ -479,13 +497,30 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
 			return nil
 		default:
-			a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
-			a.deps.Reject.Reject(messages.RejectUnknownRequest, "event rejected", "engine", a.deps.Engine, "request", id,
-				"type", ev.Type.String(), "err", "unknown request")
+			a.rejectUnknown(id, ev)
 			return nil
 		}
 	}
 	return e
+}
+
+func (a *Actor) rejectUnknown(id string, ev *messages.Event) {
+	a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
+	a.deps.Reject.Reject(messages.RejectUnknownRequest, "event rejected", "engine", a.deps.Engine, "request", id,
+		"type", ev.Type.String(), "err", "unknown request")
+}
+
+// maxRefused bounds Actor.refused: past it the set starts over (a
+// preempted of an id forgotten so is rejected, as before it was kept).
+const maxRefused = 4096
+
+// refuse notes that id's added was refused for the limit: its preempted
+// events are answered (route).
+func (a *Actor) refuse(id string) {
+	if a.refused == nil || len(a.refused) >= maxRefused {
+		a.refused = map[string]struct{}{}
+	}
+	a.refused[id] = struct{}{}
 }
 
 func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {
