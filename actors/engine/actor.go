@@ -504,25 +504,6 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 	return e
 }
 
-func (a *Actor) rejectUnknown(id string, ev *messages.Event) {
-	a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownRequest).Inc()
-	a.deps.Reject.Reject(messages.RejectUnknownRequest, "event rejected", "engine", a.deps.Engine, "request", id,
-		"type", ev.Type.String(), "err", "unknown request")
-}
-
-// maxRefused bounds Actor.refused: past it the set starts over (a
-// preempted of an id forgotten so is rejected, as before it was kept).
-const maxRefused = 4096
-
-// refuse notes that id's added was refused for the limit: its preempted
-// events are answered (route).
-func (a *Actor) refuse(id string) {
-	if a.refused == nil || len(a.refused) >= maxRefused {
-		a.refused = map[string]struct{}{}
-	}
-	a.refused[id] = struct{}{}
-}
-
 func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {
 	if ctx == nil {
 		ctx = context.Background()
