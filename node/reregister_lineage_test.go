@@ -31,12 +31,7 @@ func releasedOf(t *testing.T, ch <-chan *nats.Msg, what string) messages.Release
 // key would hold it: a later load checks the stored bytes are the ones r
 // had in block 1.
 func TestAReRegisteredEngineReleasesNothingWhileItsOldActorStillCopies(t *testing.T) {
-	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
-	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
-	te := e.newEngine("e1", defaultOpts())
-	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
-	te.register()
-	te.fill(0, 1, 1)
+	_, te, dev, released := copyingOldActor(t)
 	want := append([]byte(nil), te.block(0, 1)...)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1 (epoch ep1)")
@@ -68,12 +63,7 @@ func TestAReRegisteredEngineReleasesNothingWhileItsOldActorStillCopies(t *testin
 // engine_reset after q's release is ep1's second, and the heartbeat of ep1
 // reports both.
 func TestAnEpochsRSeqGoesOnAcrossAReRegister(t *testing.T) {
-	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
-	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
-	te := e.newEngine("e1", defaultOpts())
-	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
-	te.register()
-	te.fill(0, 1, 1)
+	_, te, dev, released := copyingOldActor(t)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4),
 		added("q", 4), finishedEv("q", false, 0, 4))
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1 (epoch ep1)")
@@ -98,12 +88,7 @@ func TestAnEpochsRSeqGoesOnAcrossAReRegister(t *testing.T) {
 // ends: the old epoch's engine_reset of r, the new epoch's finished, then
 // the reply.
 func TestAnUnregisterWhileTheOldActorStillCopiesWaitsForIt(t *testing.T) {
-	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
-	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
-	te := e.newEngine("e1", defaultOpts())
-	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
-	te.register()
-	te.fill(0, 1, 1)
+	e, te, dev, released := copyingOldActor(t)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1 (epoch ep1)")
 
@@ -128,4 +113,17 @@ func TestAnUnregisterWhileTheOldActorStillCopiesWaitsForIt(t *testing.T) {
 	require.Equal(t, messages.Released{Request: "r", Epoch: "ep2", RSeq: 1, Reason: messages.ReasonFinished},
 		releasedOf(t, released, "the new epoch's deferred release of r"))
 	testkit.Recv(t, unregistered, 5*time.Second, "the unregister's reply, once the old actor ended")
+}
+
+// copyingOldActor is a node whose copies wait for dev.gate, with engine e1
+// registered and block 1 filled; released sees its raw releases.
+func copyingOldActor(t *testing.T) (*env, *testEngine, *heldDevice, <-chan *nats.Msg) {
+	t.Helper()
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
+	te := e.newEngine("e1", defaultOpts())
+	released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
+	te.register()
+	te.fill(0, 1, 1)
+	return e, te, dev, released
 }
