@@ -131,7 +131,7 @@ type Actor struct {
 	// refused: ids whose added was refused for --max-requests, the engine
 	// not told (a batch has no reply); a preempted of one is answered
 	// like a finished (route). Bounded by maxRefused.
-	refused  map[string]struct{}
+	refused  refusedIDs
 	reqDeps  *request.Deps // the deps of the current epoch's requests (spawn)
 	spawner  *request.Spawner
 	retiring bool
@@ -465,10 +465,10 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 				a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
 				a.deps.Reject.Reject(messages.RejectLimit, "added refused: too many live requests", "engine", a.deps.Engine,
 					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
-				a.refuse(id)
+				a.refused.refuse(id, a.seq.Epoch())
 				return nil
 			}
-			delete(a.refused, id)
+			a.refused.forget(id)
 			a.spawn(c, m.Ctx, ev)
 			return nil // the added event is the actor's first state
 		case messages.EvFinished, messages.EvPreempted:
@@ -478,23 +478,27 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 			// the limit (the engine was not told, and waits for a release
 			// per preemption); of any other unknown request it is rejected.
 			reason := messages.ReasonFinished
-			switch _, refused := a.refused[id]; {
-			case ev.Type == messages.EvPreempted && !refused:
+			switch {
+			case ev.Type == messages.EvPreempted && !a.refused.preempt(id, a.seq.Epoch()):
 				a.rejectUnknown(id, ev)
 				return nil
 			case ev.Type == messages.EvPreempted:
 				reason = messages.ReasonPreempted
 			case ev.Aborted:
 				reason = messages.ReasonAborted
-				delete(a.refused, id)
+				a.refused.forget(id)
 			default:
-				delete(a.refused, id)
+				a.refused.forget(id)
 			}
 			if a.deferIfOlder(m.Ctx, id, a.seq.Epoch(), reason) {
 				return nil // an older request of the id may still copy from its blocks
 			}
 			a.deps.Metrics.Release(reason).Inc()
 			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
+			return nil
+		case messages.EvResumed:
+			a.refused.resume(id, a.seq.Epoch())
+			a.rejectUnknown(id, ev) // counted still: the node tracks nothing of it
 			return nil
 		default:
 			a.rejectUnknown(id, ev)

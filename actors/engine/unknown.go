@@ -14,15 +14,63 @@ func (a *Actor) rejectUnknown(id string, ev *messages.Event) {
 		"type", ev.Type.String(), "err", "unknown request")
 }
 
-// maxRefused bounds Actor.refused: past it the set starts over (a
-// preempted of an id forgotten so is rejected, as before it was kept).
+// maxRefused is how many refused ids a generation of refusedIDs holds:
+// the last maxRefused refused are always remembered.
 const maxRefused = 4096
 
-// refuse notes that id's added was refused for the limit: its preempted
-// events are answered (route).
-func (a *Actor) refuse(id string) {
-	if a.refused == nil || len(a.refused) >= maxRefused {
-		a.refused = map[string]struct{}{}
+// refusedIDs are the ids whose added was refused for the limit, each with
+// the epoch it was refused in and whether it stands preempted (a second
+// preempted before resumed is ignored, PROTOCOL.md). Two generations:
+// when the current fills, it becomes the previous one and the oldest
+// generation is forgotten. Only in the epoch an id was refused in does a
+// preempted of it count: a new epoch re-announces its live requests,
+// refusing them again if the limit still holds.
+type refusedIDs struct {
+	cur, prev map[string]refusal
+}
+
+type refusal struct {
+	epoch     string
+	preempted bool
+}
+
+func (r *refusedIDs) refuse(id, epoch string) {
+	if r.cur == nil || len(r.cur) >= maxRefused {
+		r.prev, r.cur = r.cur, make(map[string]refusal)
 	}
-	a.refused[id] = struct{}{}
+	delete(r.prev, id)
+	r.cur[id] = refusal{epoch: epoch}
+}
+
+func (r *refusedIDs) forget(id string) {
+	delete(r.cur, id)
+	delete(r.prev, id)
+}
+
+func (r *refusedIDs) find(id string) (map[string]refusal, refusal, bool) {
+	if f, ok := r.cur[id]; ok {
+		return r.cur, f, true
+	}
+	f, ok := r.prev[id]
+	return r.prev, f, ok
+}
+
+// preempt reports whether a preempted of id in epoch is owed a release:
+// id was refused in epoch and stands not preempted.
+func (r *refusedIDs) preempt(id, epoch string) bool {
+	m, f, ok := r.find(id)
+	if !ok || f.epoch != epoch || f.preempted {
+		return false
+	}
+	f.preempted = true
+	m[id] = f
+	return true
+}
+
+// resume: a resumed of id in its epoch makes its next preempted owed.
+func (r *refusedIDs) resume(id, epoch string) {
+	if m, f, ok := r.find(id); ok && f.epoch == epoch {
+		f.preempted = false
+		m[id] = f
+	}
 }
