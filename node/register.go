@@ -281,7 +281,8 @@ func (n *Node) unmap(rec *engineRec) error {
 }
 
 // segmentSpans is the span of each segment that lay's regions use, as the
-// backend takes it.
+// backend takes it (sched, pure logic, does not import backend: the two
+// Span types have the same fields, so each converts directly).
 func segmentSpans(lay *sched.Layout, segments int) ([]backend.Span, error) {
 	ss, err := lay.Spans(segments)
 	if err != nil {
@@ -289,7 +290,7 @@ func segmentSpans(lay *sched.Layout, segments int) ([]backend.Span, error) {
 	}
 	spans := make([]backend.Span, len(ss))
 	for i, s := range ss {
-		spans[i] = backend.Span{Off: s.Off, End: s.End}
+		spans[i] = backend.Span(s)
 	}
 	return spans, nil
 }
