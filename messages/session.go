@@ -182,18 +182,18 @@ func NamespaceKey(engine, name string) string {
 // key starts with '.'), so a key from a node that sends none (an older
 // version) never matches one.
 func ClusterNamespace(key string, geometry uint64) string {
-	return fmt.Sprintf("%016x:%s", geometry, key)
+	return GeometryHex(geometry) + ":" + key
 }
 
 // SplitClusterNamespace is the inverse of ClusterNamespace; false if s is
 // not of its form.
 func SplitClusterNamespace(s string) (key string, geometry uint64, ok bool) {
 	fp, key, found := strings.Cut(s, ":")
-	if !found || len(fp) != 16 || key == "" {
+	if !found || key == "" {
 		return "", 0, false
 	}
-	g, err := strconv.ParseUint(fp, 16, 64)
-	if err != nil {
+	g, ok := ParseGeometryHex(fp)
+	if !ok {
 		return "", 0, false
 	}
 	return key, g, true
