@@ -285,12 +285,7 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		}
 	}
 	f.mu.Lock()
-	var cleared bool
-	if stamped {
-		cleared, err = f.x.ApplyClusterKVEvents(node, boot, engine, geo, b)
-	} else {
-		cleared, err = f.x.ApplyKVEvents(node, boot, engine, b)
-	}
+	cleared, err := f.x.ApplyKVEvents(node, boot, engine, geo, b) // unstamped: clears only, which name no key
 	if cleared {
 		// The index dropped every key of the node (a router's clear names
 		// one engine, the pool is the node's): read its key set again at

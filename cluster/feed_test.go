@@ -287,4 +287,6 @@ func TestFeedCountsNoKeyWithoutItsGeometry(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, hashKey("dd", 0))) // after the unstamped one
 	require.Empty(t, feed.Holders(hashKey("bb", 0).NS, hashKey("bb", 0).Key), "a stored key without its geometry")
 	require.Empty(t, feed.Holders(plain.NS, hashKey("bb", 0).Key), "nor under the plain namespace")
+	require.Empty(t, feed.Holders(messages.ClusterNamespace(plain.NS, 0), hashKey("bb", 0).Key),
+		"nor under a geometry it never named")
 }

@@ -113,27 +113,23 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 }
 
 // ApplyKVEvents applies one P.E.kv_events batch that node (boot) published
-// for engine: BlockStored adds, BlockRemoved removes, AllBlocksCleared drops
-// every key of the node (the caller then asks for its key set again, so
-// this errs on the side of counting too little). A key's namespace is the
-// event's, else the engine id (the namespace default), keyed as
-// messages.NamespaceKey keys it. A malformed batch changes nothing. Only
-// host-memory events count (medium CPU, or none given): a disk tier's
-// events are skipped.
-func (x *Index) ApplyKVEvents(nodeID, boot, engine string, b messages.KVEventBatch) (clearedAll bool, err error) {
-	return x.applyKVEvents(nodeID, boot, func(name string) string { return messages.NamespaceKey(engine, name) }, b)
-}
-
-// ApplyClusterKVEvents is ApplyKVEvents for a batch stamped with its
-// namespace's geometry (messages.HeaderGeometry): its keys are keyed by
-// messages.ClusterNamespace, as a node's lookup asks for them, so a node
-// counts them only for an engine of the same geometry.
-func (x *Index) ApplyClusterKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (clearedAll bool, err error) {
+// for engine, of namespaces of geometry (messages.HeaderGeometry):
+// BlockStored adds, BlockRemoved removes, AllBlocksCleared drops every key
+// of the node (the caller then asks for its key set again, so this errs on
+// the side of counting too little). A key's namespace is the event's, else
+// the engine id (the namespace default), keyed as messages.NamespaceKey
+// keys it and qualified by the geometry (messages.ClusterNamespace), as a
+// node's lookup asks for it: a node counts a key only for an engine of the
+// same geometry. A malformed batch changes nothing. Only host-memory
+// events count (medium CPU, or none given): a disk tier's events are
+// skipped.
+func (x *Index) ApplyKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (clearedAll bool, err error) {
 	return x.applyKVEvents(nodeID, boot, func(name string) string {
 		return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry)
 	}, b)
 }
 
+// applyKVEvents is ApplyKVEvents with each event's namespace keyed by nsOf.
 func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string, b messages.KVEventBatch) (clearedAll bool, err error) {
 	type op struct {
 		typ  string

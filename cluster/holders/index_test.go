@@ -36,7 +36,7 @@ func key(t *testing.T, h string, g int) messages.Key {
 
 func apply(t *testing.T, x *Index, node, boot string, evs ...messages.KVEvent) {
 	t.Helper()
-	_, err := x.ApplyKVEvents(node, boot, "e-"+node, batch(evs...))
+	_, err := x.applyPlain(node, boot, "e-"+node, batch(evs...))
 	require.NoError(t, err)
 }
 
@@ -66,7 +66,7 @@ func TestHoldersPerNamespaceAndGroup(t *testing.T) {
 func TestNamespaceDefaultsToTheEngine(t *testing.T) {
 	x := New(lease)
 	_, _ = x.Heartbeat("a", "a1", t0)
-	_, err := x.ApplyKVEvents("a", "a1", "e7", batch(stored("", 0, "aa")))
+	_, err := x.applyPlain("a", "a1", "e7", batch(stored("", 0, "aa")))
 	require.NoError(t, err)
 	require.Equal(t, []string{"a"}, x.Holders("e7", key(t, "aa", 0), t0))
 }
@@ -79,9 +79,9 @@ func TestAnEnginesOwnNamespaceIsNotASharedOneOfItsName(t *testing.T) {
 	x := New(lease)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	_, _ = x.Heartbeat("b", "b1", t0)
-	_, err := x.ApplyKVEvents("a", "a1", "vic", batch(stored("vic", 0, "aa"), stored("", 0, "bb")))
+	_, err := x.applyPlain("a", "a1", "vic", batch(stored("vic", 0, "aa"), stored("", 0, "bb")))
 	require.NoError(t, err)
-	_, err = x.ApplyKVEvents("b", "b1", "mal", batch(stored("vic", 0, "cc")))
+	_, err = x.applyPlain("b", "b1", "mal", batch(stored("vic", 0, "cc")))
 	require.NoError(t, err)
 	own, shared := messages.NamespaceKey("vic", ""), messages.NamespaceKey("mal", "vic")
 	require.NotEqual(t, own, shared)
@@ -137,7 +137,7 @@ func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {
 	require.True(t, need)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0.Add(2*time.Second)))
 
-	_, err = x.ApplyKVEvents("a", "a1", "e", batch(stored("m", 0, "bb")))
+	_, err = x.applyPlain("a", "a1", "e", batch(stored("m", 0, "bb")))
 	require.ErrorIs(t, err, ErrStaleBoot)
 	_, err = x.Heartbeat("a", "a1", t0.Add(3*time.Second))
 	require.ErrorIs(t, err, ErrStaleBoot)
@@ -150,7 +150,7 @@ func TestAllBlocksClearedDropsTheNodesKeys(t *testing.T) {
 	x := New(lease)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), stored("n", 0, "bb"))
-	cleared, err := x.ApplyKVEvents("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
+	cleared, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
 	require.NoError(t, err)
 	require.True(t, cleared)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
@@ -168,7 +168,7 @@ func TestMalformedBatchChangesNothing(t *testing.T) {
 		batch(stored("m", 0, "aa"), stored("m", -1, "bb")),
 		batch(stored("m", 0, "aa"), messages.KVEvent{Type: "BlockEaten"}),
 	} {
-		_, err := x.ApplyKVEvents("a", "a1", "e", b)
+		_, err := x.applyPlain("a", "a1", "e", b)
 		require.ErrorIs(t, err, ErrBadEvent)
 	}
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
@@ -211,4 +211,11 @@ func TestImportsOnlyTheStandardLibraryAndMessages(t *testing.T) {
 	for _, dep := range strings.Fields(string(out)) {
 		require.Contains(t, []string{"github.com/kvactors/kvactors/cluster/holders", "github.com/kvactors/kvactors/messages"}, dep)
 	}
+}
+
+// applyPlain is ApplyKVEvents with namespaces keyed by messages.NamespaceKey
+// alone (no geometry): the index's rules do not depend on how a namespace
+// is keyed, and the tests name namespaces plainly.
+func (x *Index) applyPlain(nodeID, boot, engine string, b messages.KVEventBatch) (bool, error) {
+	return x.applyKVEvents(nodeID, boot, func(name string) string { return messages.NamespaceKey(engine, name) }, b)
 }

@@ -110,7 +110,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					typ = messages.KVBlockRemoved
 				}
 				ns, h, g := nss[r.IntN(len(nss))], hashes[r.IntN(len(hashes))], r.IntN(2)
-				_, err := x.ApplyKVEvents(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
+				_, err := x.applyPlain(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
 				n := m.node(id, boot)
 				if n == nil {
 					require.ErrorIs(t, err, ErrStaleBoot)
@@ -128,7 +128,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					}
 				}
 			case 5:
-				_, err := x.ApplyKVEvents(id, boot, "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}))
+				_, err := x.applyPlain(id, boot, "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}))
 				if n := m.node(id, boot); n != nil {
 					require.NoError(t, err)
 					n.keys = map[NSKey]bool{}
