@@ -92,4 +92,15 @@ func TestAnEngineRegisteredAgainAfterItsActorFailedReleasesNothingUnderTheOldCop
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 5*time.Second, "epoch b's release of r").Data, &second))
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonEngineGone}, first)
 	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 1, Reason: messages.ReasonPreempted}, second)
+
+	// The failed actor has ended: the node keeps nothing of it (an engine
+	// that never registered again would leave no entry either).
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		n.mu.Lock()
+		defer n.mu.Unlock()
+		if left := len(n.ending["e1"]); left > 0 {
+			return fmt.Errorf("%d ended actors of e1 still kept", left)
+		}
+		return nil
+	})
 }
