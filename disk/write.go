@@ -304,10 +304,11 @@ type change struct {
 // chunk found at open (no engine known), to by: the engine whose action
 // removed it.
 func removal(it *item, by string) change {
-	if it.engine == "" {
-		it.engine = by
+	engine := it.engine
+	if engine == "" {
+		engine = by
 	}
-	return change{engine: it.engine, key: it.key}
+	return change{engine: engine, key: it.key}
 }
 
 // tell hands changes to Notify in their order, consecutive changes of one
