@@ -235,6 +235,8 @@ func TestWaitRoomWakesAtOnceIfRoomFreedSinceTheDecision(t *testing.T) {
 	locked, err := s.PrepareStore(k("c", "d", "e"), []int64{16, 16, 16}) // one slot free, three wanted
 	require.ErrorIs(t, err, ErrNoRoom)
 	require.Greater(t, locked.RoomGen, fast.RoomGen)
+	s.CompleteStore(k("zz"), nil) // ends nothing: no change to wake anybody for
+	s.CompleteLoad(k("zz"))
 
 	late := &countWaker{}
 	s.WaitRoom(late, fast.RoomGen) // b's copy ended after that decision
