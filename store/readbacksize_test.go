@@ -2,10 +2,8 @@ package store
 
 import (
 	"bytes"
-	"fmt"
 	"hash/crc32"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,7 +11,6 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
@@ -36,12 +33,7 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	e := s.Engine("e", l, dev)
 	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
 	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("not on disk yet")
-		}
-		return nil
-	})
+	waitOnDisk(t, d, "a")
 	_, err = e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	before := bytes.Clone(dev.mem)
