@@ -53,3 +53,26 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	_, err = e.PrepareLoad([]messages.Key{"a"})
 	require.ErrorIs(t, err, hostpool.ErrNotReady)
 }
+
+// The same for a chunk in host memory of another size than the loading
+// engine's group (an engine of another geometry stored it under the key):
+// the load fails naming it, nothing reaches the device, and the pool entry
+// is dropped, so the next load of it is a plain miss.
+func TestAChunkInHostMemoryOfAnotherSizeIsRefused(t *testing.T) {
+	s, e, dev, _ := fixture(t, 1, 8*testBlockBytes, testBlockBytes)
+	wide := s.Engine("f", mustLayout(t, 2, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes}), dev)
+	storeChunks(t, wide, chunk("a", 1, 2)) // twice e's chunk
+	_, err := e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+	before := bytes.Clone(dev.mem)
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)
+	require.ErrorIs(t, err, ErrCorrupt, "a chunk of another size was loaded")
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, messages.Key("a"), ke.Key)
+	assert.Equal(t, before, dev.mem, "nothing reached the device")
+	assert.Zero(t, s.Stats().Pinned)
+	assert.False(t, s.Ready("a"), "the misfit is dropped from host memory")
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
+}
