@@ -255,23 +255,6 @@ func (d *Disk) dropDead() []*item {
 	return removed
 }
 
-// announce tells Notify about removed items, grouped by the engine that
-// spilled them; items found at open (no engine known) go to fallback, the
-// engine whose action removed them. Caller holds d.mu.
-func (d *Disk) announce(removed []*item, fallback string) {
-	by := map[string][]messages.Key{}
-	for _, it := range removed {
-		engine := it.engine
-		if engine == "" {
-			engine = fallback
-		}
-		by[engine] = append(by[engine], it.key)
-	}
-	for engine, keys := range by {
-		d.notify(engine, nil, keys)
-	}
-}
-
 // Has reports whether key is on disk, and its size and checksum.
 func (d *Disk) Has(key messages.Key) (size int64, sum uint32, ok bool) {
 	d.mu.Lock()
@@ -315,8 +298,11 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 		return false
 	}
 	d.forget(it)
-	removed := append([]*item{it}, d.dropDead()...)
-	d.announce(removed, engine) // under the lock: in the index's order (Notify)
+	changes := []change{removal(it, engine)}
+	for _, gone := range d.dropDead() {
+		changes = append(changes, removal(gone, engine))
+	}
+	d.tell(changes) // under the lock: in the index's order (Notify)
 	d.mu.Unlock()
 	d.wakeWriter()
 	return true

@@ -127,3 +127,56 @@ func TestATombstoneDropsItsRecordNotALaterOneOfTheKey(t *testing.T) {
 	require.Equal(t, []messages.Key{key(3), key(1)}, d2.Keys())
 	checkRecords(t, d2, chunks, 3, 1)
 }
+
+// wroteFile is a segment file that reports each write's error on wrote, so
+// a test can tell when the writer goroutine has tried one.
+type wroteFile struct {
+	appendFile
+	wrote chan error
+}
+
+func (w *wroteFile) Write(b []byte) (int, error) {
+	n, err := w.appendFile.Write(b)
+	w.wrote <- err
+	return n, err
+}
+
+// A tombstone write that fails part-way is cut back (or, when the cut fails
+// too, its segment retired) and its tombstones stay queued: the writer's
+// next wake writes them, and a restart then leaves the dropped records out.
+func TestAFailedTombstoneWriteIsWrittenOnTheNextWake(t *testing.T) {
+	for _, cutFails := range []bool{false, true} {
+		t.Run(fmt.Sprintf("cutFails=%v", cutFails), func(t *testing.T) {
+			d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+			require.NoError(t, err)
+			t.Cleanup(d.Close)
+			data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 100) }
+			for i := 1; i <= 3; i++ {
+				require.True(t, d.Spill("e", key(i), sum(data(i)), data(i)))
+			}
+			waitOnDisk(t, d, key(1), key(2), key(3))
+			tomb := fixedHeader + int64(len(key(0))) + 4
+			wrote := make(chan error, 16)
+			d.mu.Lock()
+			seg := d.segs[len(d.segs)-1]
+			seg.out = &wroteFile{appendFile: &failingFile{f: seg.f, limit: 5, cutFails: cutFails}, wrote: wrote}
+			d.mu.Unlock()
+
+			d.Drop("e", key(1))
+			require.ErrorIs(t, testkit.Recv(t, wrote, 10*time.Second, "the tombstone write"), errInjected)
+
+			d.Drop("e", key(2)) // the next wake: both tombstones
+			waitTombstones(t, d, 2*tomb)
+			if cutFails {
+				require.Equal(t, int64(1), d.Stats().Retired, "the tombstones went to a new segment")
+			}
+			d2, err := Open(Config{Dir: copySegments(t, d), Bytes: 1 << 20}, nil)
+			require.NoError(t, err)
+			defer d2.Close()
+			require.Equal(t, []messages.Key{key(3)}, d2.Keys(), "the dropped chunks stay out")
+			if !cutFails {
+				require.Zero(t, d2.Stats().Discarded, "the failed write was cut back: no torn bytes")
+			}
+		})
+	}
+}

@@ -146,20 +146,14 @@ func (w *writer) writeTombstones() {
 	}
 	n := int64(len(buf))
 	if seg.retired || (seg.size > 0 && seg.size+n > d.cfg.SegmentBytes) {
-		d.mu.Lock()
-		err := d.newSegment()
-		seg = d.segs[len(d.segs)-1]
-		d.mu.Unlock()
-		if err != nil {
+		var err error
+		if seg, err = w.roll(); err != nil {
 			requeue()
 			return
 		}
 	}
 	if _, err := seg.out.Write(buf); err != nil {
-		if seg.out.Truncate(seg.size) != nil {
-			seg.retired = true
-			d.retired.Add(1)
-		}
+		w.cutBack(seg)
 		requeue()
 		return
 	}
@@ -195,10 +189,8 @@ func (w *writer) write() {
 		if seg.retired || (end > 0 && end+rec > d.cfg.SegmentBytes) {
 			w.flush(seg)
 			w.run = w.run[:0]
-			d.mu.Lock()
-			err := d.newSegment()
-			seg = d.segs[len(d.segs)-1]
-			d.mu.Unlock()
+			var err error
+			seg, err = w.roll()
 			end = seg.size
 			if err != nil {
 				d.failed.Add(1)
@@ -210,6 +202,27 @@ func (w *writer) write() {
 	}
 	w.flush(seg)
 	clear(w.run)
+}
+
+// roll starts a new segment and returns the current one: the new one, or
+// where newSegment failed the one before.
+func (w *writer) roll() (*segment, error) {
+	d := w.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	err := d.newSegment()
+	return d.segs[len(d.segs)-1], err
+}
+
+// cutBack cuts seg back to seg.size after a failed write, so it stays a
+// run of whole records; if the cut fails too, seg is retired (counted):
+// its file may run past seg.size, so later appends would not land where
+// their offsets say.
+func (w *writer) cutBack(seg *segment) {
+	if seg.out.Truncate(seg.size) != nil {
+		seg.retired = true
+		w.d.retired.Add(1)
+	}
 }
 
 // flush writes run's records at the end of seg, then indexes them (dropping
@@ -254,10 +267,7 @@ func (w *writer) flush(seg *segment) {
 	w.buf, w.offs = buf[:0], offs
 	if err != nil {
 		d.failed.Add(int64(len(w.run)))
-		if seg.out.Truncate(seg.size) != nil {
-			seg.retired = true
-			d.retired.Add(1)
-		}
+		w.cutBack(seg)
 		return
 	}
 	d.writeNanos.Add(int64(time.Since(start)))
@@ -304,10 +314,11 @@ type change struct {
 // chunk found at open (no engine known), to by: the engine whose action
 // removed it.
 func removal(it *item, by string) change {
-	if it.engine == "" {
-		it.engine = by
+	engine := it.engine
+	if engine == "" {
+		engine = by
 	}
-	return change{engine: it.engine, key: it.key}
+	return change{engine: engine, key: it.key}
 }
 
 // tell hands changes to Notify in their order, consecutive changes of one

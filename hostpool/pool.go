@@ -278,7 +278,6 @@ func (p *Pool) CompleteStore(keys []messages.Key, sums []uint32) (ended int) {
 // It returns how many keys it ended (made ready or freed): the room waiters
 // a completion may wake.
 func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32) (ended int) {
-	defer func(before int) { ended = before - p.pending }(p.pending)
 	p.madeReady = p.madeReady[:0]
 	for i, k := range keys {
 		r, found := none, false
@@ -291,6 +290,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 			continue
 		}
 		p.pending--
+		ended++
 		if sums != nil {
 			e := &p.entries[r]
 			e.state, e.sum = Ready, sums[i]
@@ -300,7 +300,7 @@ func (p *Pool) CompleteStoreAt(keys []messages.Key, slots []int32, sums []uint32
 		}
 		p.remove(r)
 	}
-	return
+	return ended
 }
 
 // CompleteStorePinned completes pending keys as ready with their checksums,
@@ -379,17 +379,17 @@ func (p *Pool) PrepareLoad(keys []messages.Key) error {
 // CompleteLoad unpins keys pinned by PrepareLoad, and returns how many of
 // them it left unpinned (evictable again).
 func (p *Pool) CompleteLoad(keys []messages.Key) (unpinned int) {
-	defer func(before int) { unpinned = before - p.pinned }(p.pinned)
 	for _, k := range keys {
 		if r, ok := p.lookup(k); ok && p.entries[r].pins > 0 {
 			e := &p.entries[r]
 			e.pins--
 			if e.pins == 0 {
 				p.pinned--
+				unpinned++
 			}
 		}
 	}
-	return
+	return unpinned
 }
 
 // Touch marks ready keys as most recently used. Like vLLM it walks them in

@@ -29,8 +29,9 @@ type Shared struct {
 	// under mu. Every key here is pending.
 	waiters map[messages.Key][]Waker
 	// room are the waiters for room (WaitRoom), first in first out from
-	// roomHead; under mu. roomGen counts the changes that may free room
-	// (written under mu, read without it by a full pool's fast refusal).
+	// roomHead; under mu. roomGen counts the changes that freed room or
+	// made it evictable (roomFreed; written under mu, read without it by a
+	// full pool's fast refusal).
 	room     []Waker
 	roomHead int
 	roomGen  atomic.Uint64
@@ -133,8 +134,7 @@ func (b By) completeStoreAt(keys []messages.Key, slots []int32, sums []uint32) [
 	ended := s.pool.CompleteStoreAt(keys, slots, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
-	s.roomGen.Add(1)
-	return append(s.endWaits(keys), s.takeRoom(ended)...) // each key ended is ready (evictable) or freed
+	return append(s.endWaits(keys), s.roomFreed(ended)...) // each key ended is ready (evictable) or freed
 }
 
 // noteReady journals the keys the last completion made ready; under s.mu.
@@ -293,8 +293,7 @@ func (s *Shared) CompleteLoad(keys []messages.Key) {
 	s.mu.Lock()
 	unpinned := s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
-	s.roomGen.Add(1)
-	woken := s.takeRoom(unpinned) // evictable again; a pin still held frees nothing
+	woken := s.roomFreed(unpinned) // evictable again; a pin still held frees nothing
 	s.mu.Unlock()
 	wake(woken)
 }
@@ -313,8 +312,7 @@ func (b By) EndLoad(keys []messages.Key) {
 	freed := s.pool.CompleteStore(keys, nil) // a failure: no key is made ready, nothing journaled
 	freed += s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
-	s.roomGen.Add(1)
-	woken := append(s.endWaits(keys), s.takeRoom(freed)...)
+	woken := append(s.endWaits(keys), s.roomFreed(freed)...)
 	s.mu.Unlock()
 	wake(woken)
 }

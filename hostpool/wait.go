@@ -151,6 +151,18 @@ type StaleWaker interface {
 	Stale() bool
 }
 
+// roomFreed records a change that freed n keys' room or made it evictable
+// (a new room generation, for WaitRoom) and takes the waiters it wakes; a
+// change that freed nothing is no change to a decision that found no room.
+// Under s.mu.
+func (s *Shared) roomFreed(n int) []Waker {
+	if n <= 0 {
+		return nil
+	}
+	s.roomGen.Add(1)
+	return s.takeRoom(n)
+}
+
 // takeRoom takes up to n waiters that still wait from the front of the
 // room queue, dropping stale ones on the way; under s.mu.
 func (s *Shared) takeRoom(n int) []Waker {

@@ -179,6 +179,11 @@ func TestWaitRoomWakesInTurnAsRoomFrees(t *testing.T) {
 	require.Empty(t, prep.Keys, "a is here: pinned, nothing read back")
 	s.CompleteStore(k("b"), nil) // b's copy failed: its room freed, the next waiter woken
 	require.EqualValues(t, 1, w[2].n.Load())
+	_, err = s.PrepareLoadFrom(k("a"), func(messages.Key) (int64, bool) { return 0, false })
+	require.NoError(t, err) // a pinned twice
+	s.CompleteLoad(k("a"))  // still pinned by the other load: nothing evictable, nobody woken
+	require.Zero(t, w[3].n.Load(), "woken by an unpin that left a pinned")
+	require.Equal(t, 1, s.RoomWaiting())
 	s.CompleteLoad(k("a")) // unpinned: evictable again, the last waiter woken
 	require.EqualValues(t, 1, w[3].n.Load())
 	require.Zero(t, s.RoomWaiting())
@@ -216,12 +221,22 @@ func TestWaitRoomWakesAtOnceIfRoomFreedSinceTheDecision(t *testing.T) {
 	s := NewShared(2*16, 16)
 	_, err := s.PrepareStore(k("a", "b"), []int64{16, 16})
 	require.NoError(t, err)
+	s.CompleteStore(k("b"), nil) // a change before the refusals: the generation is not the zero value
+	_, err = s.PrepareStore(k("b"), []int64{16})
+	require.NoError(t, err)
 	fast, err := s.PrepareStore(k("c"), []int64{16}) // full: refused without the lock
 	require.ErrorIs(t, err, ErrNoRoom)
+	unchanged := &countWaker{}
+	s.WaitRoom(unchanged, fast.RoomGen)
+	require.Zero(t, unchanged.n.Load(), "nothing changed since the fast refusal: queued, not woken")
+	require.Equal(t, 1, s.RoomWaiting())
 	s.CompleteStore(k("b"), nil)
+	require.EqualValues(t, 1, unchanged.n.Load(), "b freed: the queued waiter woken")
 	locked, err := s.PrepareStore(k("c", "d", "e"), []int64{16, 16, 16}) // one slot free, three wanted
 	require.ErrorIs(t, err, ErrNoRoom)
 	require.Greater(t, locked.RoomGen, fast.RoomGen)
+	s.CompleteStore(k("zz"), nil) // ends nothing: no change to wake anybody for
+	s.CompleteLoad(k("zz"))
 
 	late := &countWaker{}
 	s.WaitRoom(late, fast.RoomGen) // b's copy ended after that decision

@@ -5,14 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
@@ -156,12 +154,7 @@ func TestALoadReadFromDiskIsCheckedBeforeItsFirstTile(t *testing.T) {
 	e := s.Engine("e", l, dev)
 	storeChunks(t, e, chunk("a", 1))
 	storeChunks(t, e, chunk("b", 2)) // evicts a, written to disk
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("a not on disk yet")
-		}
-		return nil
-	})
+	waitOnDisk(t, d, "a")
 	if st, _ := s.pool.Lookup("a"); st == hostpool.Ready {
 		t.Fatal("a still in host memory")
 	}

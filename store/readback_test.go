@@ -68,11 +68,17 @@ func onDiskOnly(t *testing.T) (*Store, *Engine, *disk.Disk, *memDevice) {
 	storeChunks(t, e, chunk("a", 1))
 	storeChunks(t, e, chunk("b", 2))
 	storeChunks(t, e, chunk("c", 3)) // evicts a, written to disk
+	waitOnDisk(t, d, "a")
+	return s, e, d, dev
+}
+
+// waitOnDisk waits until the disk tier holds key (its writer wrote it).
+func waitOnDisk(t *testing.T, d *disk.Disk, key messages.Key) {
+	t.Helper()
 	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("a not on disk yet")
+		if _, _, ok := d.Has(key); !ok {
+			return fmt.Errorf("%s not on disk yet", key)
 		}
 		return nil
 	})
-	return s, e, d, dev
 }

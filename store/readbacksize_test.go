@@ -2,10 +2,8 @@ package store
 
 import (
 	"bytes"
-	"fmt"
 	"hash/crc32"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,7 +11,6 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
@@ -36,12 +33,7 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	e := s.Engine("e", l, dev)
 	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
 	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
-	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
-		if _, _, ok := d.Has("a"); !ok {
-			return fmt.Errorf("not on disk yet")
-		}
-		return nil
-	})
+	waitOnDisk(t, d, "a")
 	_, err = e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	before := bytes.Clone(dev.mem)
@@ -58,6 +50,29 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	// it is a plain miss rather than the same failure again.
 	_, _, onDisk := d.Has("a")
 	assert.False(t, onDisk, "the misfit record is dropped from disk")
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
+}
+
+// The same for a chunk in host memory of another size than the loading
+// engine's group (an engine of another geometry stored it under the key):
+// the load fails naming it, nothing reaches the device, and the pool entry
+// is dropped, so the next load of it is a plain miss.
+func TestAChunkInHostMemoryOfAnotherSizeIsRefused(t *testing.T) {
+	s, e, dev, _ := fixture(t, 1, 8*testBlockBytes, testBlockBytes)
+	wide := s.Engine("f", mustLayout(t, 2, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes}), dev)
+	storeChunks(t, wide, chunk("a", 1, 2)) // twice e's chunk
+	_, err := e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+	before := bytes.Clone(dev.mem)
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)
+	require.ErrorIs(t, err, ErrCorrupt, "a chunk of another size was loaded")
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	assert.Equal(t, messages.Key("a"), ke.Key)
+	assert.Equal(t, before, dev.mem, "nothing reached the device")
+	assert.Zero(t, s.Stats().Pinned)
+	assert.False(t, s.Ready("a"), "the misfit is dropped from host memory")
 	_, err = e.PrepareLoad([]messages.Key{"a"})
 	require.ErrorIs(t, err, hostpool.ErrNotReady)
 }
