@@ -24,11 +24,11 @@ func (c *Client) AddedMax(req string, prompt, maxOffload int) error {
 func (c *Client) added(req string, prompt, maxOffload int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.reqLocked(req); !ok {
+	r, ok := c.reqLocked(req)
+	if !ok {
 		return fmt.Errorf("client: engine %s: added %q: %w", c.cfg.Engine, req, ErrBadRequestID)
 	}
-	r, ok := c.reqs[req]
-	if !ok {
+	if r == nil {
 		c.nextN++
 		r = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload, blocks: make([][]uint32, c.groups)}
 		c.reqs[req] = r
