@@ -166,3 +166,42 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 	require.Equal(t, "marker", string(testkit.Recv(t, hbs, 5*time.Second, "the marker").Data),
 		"a heartbeat was published after Close began")
 }
+
+// TestAnEngineGoneAnswersEveryOwedRelease: a request the engine preempted,
+// resumed and finished before the node saw any of it owes two releases
+// when the node forgets the engine; its one engine_gone answers both (the
+// node holds nothing of it any more), while the node refuses the engine,
+// so no resync can answer the second.
+func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	require.NoError(t, c.Added("r1", 8))
+	c.Blocks("r1", 0, 0, []uint32{1, 2})
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < 2 {
+			return fmt.Errorf("the node applied %d events", len(evs))
+		}
+		return nil
+	})
+	c.Preempted("r1") // not flushed: the node never sees them
+	c.Resumed("r1")
+	c.Finished("r1", false, 8, 8)
+	require.Equal(t, 1, c.Stats().Awaiting)
+	f.mu.Lock()
+	f.refuse = "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
+	f.forget("e1")
+	for i := range 2 {
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, fmt.Sprintf("release %d of r1", i+1))
+		require.Equal(t, client.Release{Request: "r1", Reason: messages.ReasonEngineGone, Epoch: epoch}, rel)
+	}
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
+	st := c.Stats()
+	require.Zero(t, st.Awaiting)
+	require.Zero(t, st.Live)
+	require.Zero(t, st.ForgottenFrees, "freed by the node's engine_gone, not by the client")
+}
