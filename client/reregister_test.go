@@ -43,21 +43,14 @@ func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 5 * time.Second})
 	forgetAndRefuse(t, f1, c)
 	f1.kill() // boot2 starts (mute: no hello) and holds the next register
-	regs := make(chan *nats.Msg, 16)
-	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
-	require.NoError(t, err)
-	defer func() { _ = rs.Unsubscribe() }()
+	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	loads := testkit.Subscribe(t, nc, "kvactors.e1.load")
 	reg := testkit.Recv(t, regs, 5*time.Second, "the re-register reaching boot2")
 
-	_, err = c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
+	_, err := c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
 	require.ErrorIs(t, err, client.ErrNoNode)
 	require.NotErrorIs(t, err, client.ErrLoadInDoubt)
-	// Published on the engine's connection after Load returned, the marker
-	// comes after anything Load sent.
-	require.NoError(t, enc.Publish("kvactors.e1.load", []byte("marker")))
-	require.Equal(t, "marker", string(testkit.Recv(t, loads, 5*time.Second, "the marker").Data),
-		"a load was sent while the re-register was pending")
+	requireNoneSent(t, enc, "kvactors.e1.load", loads, "a load was sent while the re-register was pending")
 
 	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":2000}`)))
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -134,10 +127,7 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 	enc := dial(t, s.ClientURL(), "e1")
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 3 * time.Second})
 	f1.kill()
-	regs := make(chan *nats.Msg, 16)
-	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
-	require.NoError(t, err)
-	defer func() { _ = rs.Unsubscribe() }()
+	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	unregs := make(chan *nats.Msg, 16)
 	us, err := nc.Subscribe("kvactors.e1.unregister", func(m *nats.Msg) {
 		unregs <- m
@@ -160,11 +150,7 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":400}`)))
 	require.NoError(t, testkit.Recv(t, closed, 5*time.Second, "Close"))
 	testkit.Recv(t, unregs, time.Second, "the unregister of the registration the loop made")
-	// Published on the engine's connection after Close returned, the marker
-	// comes after any heartbeat the client sent.
-	require.NoError(t, enc.Publish("kvactors.e1.heartbeat", []byte("marker")))
-	require.Equal(t, "marker", string(testkit.Recv(t, hbs, 5*time.Second, "the marker").Data),
-		"a heartbeat was published after Close began")
+	requireNoneSent(t, enc, "kvactors.e1.heartbeat", hbs, "a heartbeat was published after Close began")
 }
 
 // TestAnEngineGoneAnswersEveryOwedRelease: a request the engine preempted,
