@@ -256,12 +256,10 @@ func (c *Client) resyncLocked() {
 	c.tailSeq = 0
 	c.resetBatchLocked()
 	var err error
-	size := 0
-	c.reannounceLocked(func(n int) {
-		if size += n; size >= c.cfg.MaxBatchBytes {
+	c.reannounceLocked(func() {
+		if c.batch.Len() >= c.cfg.MaxBatchBytes {
 			err = firstErr(err, c.publishLocked(&c.batch))
 			c.batch.Reset()
-			size = 0
 		}
 	})
 	if c.batch.Events() > 0 {
@@ -277,7 +275,7 @@ func (c *Client) resyncLocked() {
 // first, calling flush between events (mreq.announce), and marks each
 // preempted request that owes nothing to absorb the release its
 // re-announced preempted will get.
-func (c *Client) reannounceLocked(flush func(bytes int)) {
+func (c *Client) reannounceLocked(flush func()) {
 	reqs := make([]*mreq, 0, len(c.reqs))
 	for _, r := range c.reqs {
 		reqs = append(reqs, r)

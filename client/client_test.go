@@ -66,6 +66,15 @@ func connect(t *testing.T, nc *nats.Conn, cfg client.Config) *client.Client {
 
 // oneRequest announces r: added, blocks, hashes, tokens (one batch), then
 // finished in a second batch.
+// requireNoneSent fails if the engine's connection enc has published on
+// subject, which sub (testkit.Subscribe) receives: a marker published on
+// enc now comes after anything enc sent before, so it must come first.
+func requireNoneSent(t *testing.T, enc *nats.Conn, subject string, sub <-chan *nats.Msg, what string) {
+	t.Helper()
+	require.NoError(t, enc.Publish(subject, []byte("marker")))
+	require.Equal(t, "marker", string(testkit.Recv(t, sub, 5*time.Second, "the marker").Data), what)
+}
+
 func oneRequest(t *testing.T, c *client.Client, r string) {
 	t.Helper()
 	c.Added(r, 8)

@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"regexp"
 	"time"
-	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -92,12 +91,12 @@ var ErrConfig = errors.New("client: bad config")
 // as bad_request_id).
 var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
 
-// validRequestID applies the node's rule (ingest, requestField) at its
-// protocol bound; a node may lower the bound (MaxRequestIDBytes), which the
-// client cannot know.
-func validRequestID(id string) bool {
-	return len(id) > 0 && len(id) <= ingest.ProtocolMaxRequestIDBytes && utf8.ValidString(id)
-}
+// protocolLimits bound request ids at the protocol's 256 bytes; a node may
+// lower the bound (MaxRequestIDBytes), which the client cannot know.
+var protocolLimits = ingest.DefaultLimits()
+
+// validRequestID applies the node's rule (ingest.CheckRequestID).
+func validRequestID(id string) bool { return ingest.CheckRequestID(id, protocolLimits) == nil }
 
 func (c *Config) withDefaults() (Config, error) {
 	out := *c

@@ -24,11 +24,11 @@ func (c *Client) AddedMax(req string, prompt, maxOffload int) error {
 func (c *Client) added(req string, prompt, maxOffload int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if _, ok := c.reqLocked(req); !ok {
+	r, ok := c.reqLocked(req)
+	if !ok {
 		return fmt.Errorf("client: engine %s: added %q: %w", c.cfg.Engine, req, ErrBadRequestID)
 	}
-	r, ok := c.reqs[req]
-	if !ok {
+	if r == nil {
 		c.nextN++
 		r = &mreq{id: req, n: c.nextN, prompt: prompt, maxOffload: maxOffload, blocks: make([][]uint32, c.groups)}
 		c.reqs[req] = r
@@ -44,10 +44,6 @@ func (c *Client) added(req string, prompt, maxOffload int) error {
 // a large step stays under NATS' max_payload instead of being refused
 // (and becoming a resync of every request). Events of one batch or of
 // consecutive ones apply alike: in order, none past a gap.
-// blocksEventBytes bounds a blocks event's bytes besides its ids (type,
-// request id up to 256 bytes escaped, group, start).
-const blocksEventBytes = 2048
-
 func (c *Client) cutLocked() {
 	if c.batch.Len() >= c.cfg.MaxBatchBytes {
 		c.full = append(c.full, c.batch)
@@ -127,17 +123,18 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 		r.addBlocks(group, start, ids)
 	}
 	c.announcedLocked(r)
-	per := max(c.cfg.MaxBatchBytes/11, 1) // an id takes at most 11 bytes: 10 digits and a comma
-	for s := 0; s == 0 || s < len(ids); s += per {
-		part := ids[s:min(s+per, len(ids))]
-		if n := c.batch.Len(); n > 0 && n+11*len(part)+blocksEventBytes > c.cfg.MaxBatchBytes {
-			// This part would take the batch past the bound (up to twice it,
-			// past NATS' max payload): the batch goes out first.
-			c.full = append(c.full, c.batch)
-			c.batch = wire.Batch{}
-		}
-		c.batch.Blocks(req, group, start+s, part)
+	// Each part takes the ids the batch has room for (an id is at most 11
+	// bytes: 10 digits and a comma), at least one, so no part takes the
+	// batch past MaxBatchBytes by more than its envelope (appended whole to
+	// a nearly full batch, the ids could take it to twice the bound, past
+	// NATS' max payload).
+	for s := 0; ; {
+		e := min(s+max((c.cfg.MaxBatchBytes-c.batch.Len())/11, 1), len(ids))
+		c.batch.Blocks(req, group, start+s, ids[s:e])
 		c.cutLocked()
+		if s = e; s == len(ids) {
+			return
+		}
 	}
 }
 

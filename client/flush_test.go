@@ -1,6 +1,7 @@
 package client_test
 
 import (
+	"encoding/json"
 	"fmt"
 	"sync"
 	"testing"
@@ -117,4 +118,67 @@ func TestABlocksEventCutNeverTakesAStepPartPastTheBound(t *testing.T) {
 	require.LessOrEqual(t, largest, maxBatch+4096, "a part of the step past MaxBatchBytes")
 	require.Zero(t, st.PublishErrors, "a part of the split step was refused by NATS (over max_payload)")
 	require.Empty(t, st.Resyncs)
+}
+
+// TestAResyncGoesOutInBatchesOfMaxBatchBytes: a resync re-announces every
+// live request in batches cut at MaxBatchBytes (by the batch's own size,
+// wire.Batch.Len), each over it by at most one event, and the node applies
+// all of it in the new epoch.
+func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
+	const maxBatch = 4096
+	var mu sync.Mutex
+	dropped := false
+	sizes := map[string][]int{} // epoch -> size of each batch
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: maxBatch,
+		DropBatch: func(seq uint64) bool { // the first epoch's seq 2: a gap, so the node asks for a resync
+			mu.Lock()
+			defer mu.Unlock()
+			drop := seq == 2 && !dropped
+			dropped = dropped || drop
+			return drop
+		},
+		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
+			var b struct{ Epoch string }
+			_ = json.Unmarshal(m.Data, &b)
+			mu.Lock()
+			sizes[b.Epoch] = append(sizes[b.Epoch], len(m.Data))
+			mu.Unlock()
+		}})
+	first := c.Epoch()
+	const reqs, perReq = 50, 20 // 20 hashes of 32 bytes: about 1.4 KB each
+	for i := range reqs {
+		hs := make([][]byte, perReq)
+		for j := range hs {
+			hs[j] = make([]byte, 32)
+			hs[j][0], hs[j][1] = byte(i), byte(j)
+		}
+		id := fmt.Sprintf("r%d", i)
+		require.NoError(t, c.Added(id, 4*perReq))
+		c.Hashes(id, 0, hs...)
+	}
+	require.NoError(t, c.Flush())
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		require.NoError(t, c.Flush())
+		if c.Epoch() == first {
+			return fmt.Errorf("no resync yet")
+		}
+		hashes := 0
+		for _, ev := range f.events(c.Epoch()) {
+			hashes += len(ev.Hashes)
+		}
+		if hashes != reqs*perReq {
+			return fmt.Errorf("the node applied %d hashes in the new epoch, want %d", hashes, reqs*perReq)
+		}
+		return nil
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	resent := sizes[c.Epoch()]
+	require.Greater(t, len(resent), 10, "the re-announcement in batches of MaxBatchBytes")
+	for _, n := range resent {
+		require.LessOrEqual(t, n, maxBatch+2048, "a resync batch past MaxBatchBytes by more than one event")
+	}
+	require.Zero(t, c.Stats().PublishErrors)
 }

@@ -96,9 +96,8 @@ const (
 
 // announce appends r's state as ordinary events (PROTOCOL.md "Resync"):
 // added, hashes from 0, blocks from 0 per group, tokens, then preempted or
-// finished if it is in that phase. flush is called between events with
-// about how many bytes were appended, so the caller can publish the batch
-// once it is big enough.
+// finished if it is in that phase. flush is called between events, so the
+// caller can publish the batch once it is big enough (b.Len).
 //
 // The rule that keeps reuse safe: the node releases a preempted with no
 // block tracked at once, and each release hands the engine back the blocks
@@ -114,19 +113,16 @@ const (
 //     (finished of a preempted request forgets its block ids); once that
 //     release came, its blocks are dropped (blocksBackAt) and only the
 //     finished remains.
-func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
-	const event = 64 + 256 // envelope of one event plus the longest request id
+func (r *mreq) announce(b *wire.Batch, flush func()) {
 	appendAdded(b, r.id, r.prompt, r.maxOffload)
 	for s := 0; s < len(r.hashes); s += announceHashes {
 		hs := r.hashes[s:min(s+announceHashes, len(r.hashes))]
 		b.BeginHashes(r.id, s)
-		n := event
 		for _, h := range hs {
 			b.Hash(h)
-			n += 2*len(h) + 3
 		}
 		b.EndHashes()
-		flush(n)
+		flush()
 	}
 	// How many owed releases the closing events below answer.
 	closing := 0
@@ -147,7 +143,7 @@ func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 			for s := 0; s < len(ids); s += announceIDs {
 				part := ids[s:min(s+announceIDs, len(ids))]
 				b.Blocks(r.id, g, s, part)
-				flush(event + 11*len(part))
+				flush()
 			}
 		}
 	}
@@ -170,5 +166,5 @@ func (r *mreq) announce(b *wire.Batch, flush func(bytes int)) {
 	if r.phase == finished {
 		b.Finished(r.id, r.aborted, r.computed, r.total)
 	}
-	flush(4 * event)
+	flush()
 }

@@ -262,7 +262,7 @@ func FuzzMirrorResync(f *testing.F) {
 				want = append(want, id)
 			}
 		}
-		c.reannounceLocked(func(int) {})
+		c.reannounceLocked(func() {})
 		applyBatch(t, &c.batch, fresh)
 		slices.Sort(want)
 		var got []string
@@ -399,7 +399,7 @@ func TestReannounceAfterPreemption(t *testing.T) {
 			tc.steps(c)
 			require.Equal(t, tc.owed, c.reqs["r"].owed)
 			c.batch.Reset()
-			c.reannounceLocked(func(int) {})
+			c.reannounceLocked(func() {})
 			dec, bad, err := ingest.DecodeBatch("e", c.batch.Body(nil, "x", 1), ingest.Limits{})
 			require.NoError(t, err)
 			require.Empty(t, bad)

@@ -43,21 +43,14 @@ func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 5 * time.Second})
 	forgetAndRefuse(t, f1, c)
 	f1.kill() // boot2 starts (mute: no hello) and holds the next register
-	regs := make(chan *nats.Msg, 16)
-	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
-	require.NoError(t, err)
-	defer func() { _ = rs.Unsubscribe() }()
+	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	loads := testkit.Subscribe(t, nc, "kvactors.e1.load")
 	reg := testkit.Recv(t, regs, 5*time.Second, "the re-register reaching boot2")
 
-	_, err = c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
+	_, err := c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
 	require.ErrorIs(t, err, client.ErrNoNode)
 	require.NotErrorIs(t, err, client.ErrLoadInDoubt)
-	// Published on the engine's connection after Load returned, the marker
-	// comes after anything Load sent.
-	require.NoError(t, enc.Publish("kvactors.e1.load", []byte("marker")))
-	require.Equal(t, "marker", string(testkit.Recv(t, loads, 5*time.Second, "the marker").Data),
-		"a load was sent while the re-register was pending")
+	requireNoneSent(t, enc, "kvactors.e1.load", loads, "a load was sent while the re-register was pending")
 
 	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":2000}`)))
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -134,10 +127,7 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 	enc := dial(t, s.ClientURL(), "e1")
 	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), RequestTimeout: 3 * time.Second})
 	f1.kill()
-	regs := make(chan *nats.Msg, 16)
-	rs, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) { regs <- m })
-	require.NoError(t, err)
-	defer func() { _ = rs.Unsubscribe() }()
+	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	unregs := make(chan *nats.Msg, 16)
 	us, err := nc.Subscribe("kvactors.e1.unregister", func(m *nats.Msg) {
 		unregs <- m
@@ -160,9 +150,44 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 	require.NoError(t, reg.Respond([]byte(`{"ok":true,"node":"n1","boot":"boot2","lease_ms":400}`)))
 	require.NoError(t, testkit.Recv(t, closed, 5*time.Second, "Close"))
 	testkit.Recv(t, unregs, time.Second, "the unregister of the registration the loop made")
-	// Published on the engine's connection after Close returned, the marker
-	// comes after any heartbeat the client sent.
-	require.NoError(t, enc.Publish("kvactors.e1.heartbeat", []byte("marker")))
-	require.Equal(t, "marker", string(testkit.Recv(t, hbs, 5*time.Second, "the marker").Data),
-		"a heartbeat was published after Close began")
+	requireNoneSent(t, enc, "kvactors.e1.heartbeat", hbs, "a heartbeat was published after Close began")
+}
+
+// TestAnEngineGoneAnswersEveryOwedRelease: a request the engine preempted,
+// resumed and finished before the node saw any of it owes two releases
+// when the node forgets the engine; its one engine_gone answers both (the
+// node holds nothing of it any more), while the node refuses the engine,
+// so no resync can answer the second.
+func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	require.NoError(t, c.Added("r1", 8))
+	c.Blocks("r1", 0, 0, []uint32{1, 2})
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < 2 {
+			return fmt.Errorf("the node applied %d events", len(evs))
+		}
+		return nil
+	})
+	c.Preempted("r1") // not flushed: the node never sees them
+	c.Resumed("r1")
+	c.Finished("r1", false, 8, 8)
+	require.Equal(t, 1, c.Stats().Awaiting)
+	f.mu.Lock()
+	f.refuse = "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
+	f.forget("e1")
+	for i := range 2 {
+		rel := testkit.Recv(t, rels.ch, 5*time.Second, fmt.Sprintf("release %d of r1", i+1))
+		require.Equal(t, client.Release{Request: "r1", Reason: messages.ReasonEngineGone, Epoch: epoch}, rel)
+	}
+	testkit.NoRecv(t, rels.ch, 2*testLease, "a third release")
+	st := c.Stats()
+	require.Zero(t, st.Awaiting)
+	require.Zero(t, st.Live)
+	require.Zero(t, st.ForgottenFrees, "freed by the node's engine_gone, not by the client")
 }

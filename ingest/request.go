@@ -64,7 +64,7 @@ func DecodeLoad(data []byte, lim Limits) (Load, error) {
 	if err := decodeJSON(data, &req); err != nil {
 		return Load{}, fmt.Errorf("load: %w", err)
 	}
-	if err := checkRequestID(req.Request, lim); err != nil {
+	if err := CheckRequestID(req.Request, lim); err != nil {
 		return Load{}, fmt.Errorf("load: %w", err)
 	}
 	hs, err := decodeHashes(req.Hashes, lim)
@@ -93,9 +93,10 @@ func DecodeLoad(data []byte, lim Limits) (Load, error) {
 	return Load{Request: req.Request, Hashes: hs, NumTokens: req.NumTokens, Blocks: blocks}, nil
 }
 
-// checkRequestID applies the protocol's request-id rule: 1..256 (or
-// lim.MaxRequestIDBytes) bytes of UTF-8.
-func checkRequestID(id string, lim Limits) error {
+// CheckRequestID applies the protocol's request-id rule: 1..256 (or
+// lim.MaxRequestIDBytes) bytes of UTF-8. Errors wrap ErrBadRequestID. The
+// engine SDK checks its ids by it too, so both ends keep one rule.
+func CheckRequestID(id string, lim Limits) error {
 	switch {
 	case id == "":
 		return fmt.Errorf("%w: %w: missing or empty \"request\"", ErrMalformed, ErrBadRequestID)
