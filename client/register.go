@@ -37,13 +37,13 @@ var (
 	errRefused = errors.New("register refused")
 	// errOverloaded: the node's intake was full and dropped the register
 	// unread; it asks to try again, so it is no refusal.
-	errOverloaded = errors.New("node overloaded")
+	errOverloaded = errors.New(messages.Overloaded)
 )
 
 // overloadedReply starts the error of a reply to a request the node's full
 // intake dropped (PROTOCOL.md "Delivery", Overflow: `{"error":"node
 // overloaded: …"}`); the wire has no code for it, so its words are the mark.
-const overloadedReply = "node overloaded"
+const overloadedReply = messages.Overloaded
 
 // registerOnce sends the spec; on success the node, boot and lease of the
 // reply become the session's.

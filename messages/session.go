@@ -51,6 +51,12 @@ const (
 	HeaderGeometry = "Kvactors-Geometry"
 )
 
+// Overloaded starts the error of a reply to a request the node's full
+// intake dropped unread (PROTOCOL.md "Delivery", Overflow): the wire has no
+// error code, so the engine SDK tells it by these words, and the node
+// writes them from here.
+const Overloaded = "node overloaded"
+
 // Reply inboxes (PROTOCOL.md "kvactors' choice, replies").
 const (
 	// InboxRoot prefixes every reply inbox: nats.go's default inboxes and

@@ -488,5 +488,5 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 var (
 	errUnknownEngine = errors.New("unknown engine")
 	errClosing       = errors.New("node closing")
-	errOverloaded    = errors.New("node overloaded: inbound queue full, try again")
+	errOverloaded    = errors.New(messages.Overloaded + ": inbound queue full, try again")
 )
