@@ -26,8 +26,18 @@ func DecodeBatch(engine string, data []byte, lim Limits) (messages.EventBatch, [
 // being reused: the node recycles its batches' event slices); it grows as
 // append does when evs is short.
 func DecodeBatchInto(engine string, data []byte, lim Limits, evs []messages.Event) (messages.EventBatch, []EventError, error) {
-	d := decoder{lexer: lexer{data: data}, lim: lim.WithDefaults()}
 	sc := scratchPool.Get().(*scratch)
+	b, bad, err := decodeWith(sc, engine, data, lim, evs)
+	if sc.fits() {
+		scratchPool.Put(sc)
+	}
+	return b, bad, err
+}
+
+// decodeWith is DecodeBatchInto with sc as its scratch, which it leaves
+// holding its grown slices and interned ids for the next batch.
+func decodeWith(sc *scratch, engine string, data []byte, lim Limits, evs []messages.Event) (messages.EventBatch, []EventError, error) {
+	d := decoder{lexer: lexer{data: data}, lim: lim.WithDefaults()}
 	d.ids, d.hashRaw, d.hashEnds = sc.ids[:0], sc.hashRaw[:0], sc.hashEnds[:0]
 	d.interned = &sc.interned
 	defer sc.keep(&d)
@@ -106,13 +116,14 @@ var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
 // events does not pin its buffers.
 const scratchMax = 64 << 10
 
-// keep takes the decoder's grown buffers back and pools them.
+// keep takes the decoder's grown buffers back.
 func (sc *scratch) keep(d *decoder) {
-	if cap(d.ids)*4+cap(d.hashRaw)+cap(d.hashEnds)*8 > scratchMax {
-		return
-	}
 	sc.ids, sc.hashRaw, sc.hashEnds = d.ids[:0], d.hashRaw[:0], d.hashEnds[:0]
-	scratchPool.Put(sc)
+}
+
+// fits reports whether sc is small enough to pool.
+func (sc *scratch) fits() bool {
+	return cap(sc.ids)*4+cap(sc.hashRaw)+cap(sc.hashEnds)*8 <= scratchMax
 }
 
 // decoder holds the state of one DecodeBatch call. Its scratch slices are
