@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -29,6 +30,9 @@ type Config struct {
 	// 64 MiB); a spill past it is dropped (counted), never waited for. A
 	// chunk larger than QueueBytes is taken into an empty queue.
 	QueueBytes int64
+	// TombstoneRetry is how long after a failed tombstone write the writer
+	// tries it again unless something woke it sooner (default 1s).
+	TombstoneRetry time.Duration
 }
 
 // Errors; check with errors.Is.
@@ -139,6 +143,9 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 	}
 	if cfg.SegmentBytes <= 0 {
 		cfg.SegmentBytes = min(max(cfg.Bytes/16, 1<<20), 256<<20)
+	}
+	if cfg.TombstoneRetry <= 0 {
+		cfg.TombstoneRetry = time.Second
 	}
 	if cfg.QueueBytes <= 0 {
 		cfg.QueueBytes = 64 << 20

@@ -164,6 +164,7 @@ func TestAFailedTombstoneWriteIsWrittenOnTheNextWake(t *testing.T) {
 
 			d.Drop("e", key(1))
 			require.ErrorIs(t, testkit.Recv(t, wrote, 10*time.Second, "the tombstone write"), errInjected)
+			waitFailed(t, d, 1)
 
 			d.Drop("e", key(2)) // the next wake: both tombstones
 			waitTombstones(t, d, 2*tomb)
@@ -179,4 +180,43 @@ func TestAFailedTombstoneWriteIsWrittenOnTheNextWake(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A failed tombstone write on a tier nothing else wakes is tried again
+// after TombstoneRetry: the dropped record does not wait for Close (or a
+// crash, which would bring it back) to stay dropped.
+func TestAFailedTombstoneWriteIsRetriedOnAQuietTier(t *testing.T) {
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20, TombstoneRetry: 10 * time.Millisecond}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	data := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(data), data))
+	require.True(t, d.Spill("e", key(2), sum(data), data))
+	waitOnDisk(t, d, key(1), key(2))
+	wrote := make(chan error, 16)
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	seg.out = &wroteFile{appendFile: &failingFile{f: seg.f, limit: 5}, wrote: wrote}
+	d.mu.Unlock()
+
+	d.Drop("e", key(1))
+	require.ErrorIs(t, testkit.Recv(t, wrote, 10*time.Second, "the tombstone write"), errInjected)
+	require.NoError(t, testkit.Recv(t, wrote, 10*time.Second, "the retry"), "no wake but the retry's")
+	waitTombstones(t, d, fixedHeader+int64(len(key(0)))+4)
+	require.Equal(t, int64(1), d.Stats().Failed)
+
+	d2, err := Open(Config{Dir: copySegments(t, d), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d2.Close()
+	require.Equal(t, []messages.Key{key(2)}, d2.Keys(), "the dropped chunk stays out")
+}
+
+func waitFailed(t *testing.T, d *Disk, want int64) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if got := d.Stats().Failed; got != want {
+			return fmt.Errorf("%d failed writes, want %d", got, want)
+		}
+		return nil
+	})
 }

@@ -17,7 +17,7 @@ type Stats struct {
 	Dropped    int64 `json:"dropped"`   // spills not written: queue full, closed, too large, key too long
 	Raced      int64 `json:"raced"`     // spills whose host bytes changed before the copy-out
 	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
-	Failed     int64 `json:"failed"`    // writes that failed
+	Failed     int64 `json:"failed"`    // writes that failed (a chunk's record, or a write of tombstones)
 	Retired    int64 `json:"retired"`   // segments written no more: a failed write could not be cut back
 }
 

@@ -118,9 +118,11 @@ gather:
 // writeTombstones appends the queued tombstones to the current segment (a
 // new one where they would not fit, or where it is retired) in one write.
 // A tombstone of a record whose segment is deleted is left out: nothing can
-// bring that record back. On a failed write the segment is cut back
-// (retired if that fails too) and the tombstones stay queued for the
-// writer's next wake; they are as many as the index held at most.
+// bring that record back. A failed write is counted (Stats.Failed), the
+// segment cut back (retired if that fails too), and the tombstones stay
+// queued for the writer's next wake, TombstoneRetry later at the latest
+// (a quiet tier would otherwise hold them until Close); they are as many
+// as the index held at most.
 func (w *writer) writeTombstones() {
 	d := w.d
 	d.mu.Lock()
@@ -140,9 +142,11 @@ func (w *writer) writeTombstones() {
 		return
 	}
 	requeue := func() {
+		d.failed.Add(1)
 		d.mu.Lock()
 		d.tombs = append(d.tombs, tombs...)
 		d.mu.Unlock()
+		time.AfterFunc(d.cfg.TombstoneRetry, d.wakeWriter)
 	}
 	n := int64(len(buf))
 	if seg.retired || (seg.size > 0 && seg.size+n > d.cfg.SegmentBytes) {

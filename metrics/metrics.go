@@ -201,7 +201,7 @@ var diskDescs = struct {
 	dropped:   prometheus.NewDesc("kvactors_disk_dropped_total", "Evicted chunks not written: writer queue full (a chunk larger than the queue is taken only into an empty one), closing, larger than the budget, or a key longer than a record holds (4096 bytes).", nil, nil),
 	raced:     prometheus.NewDesc("kvactors_disk_raced_total", "Evicted chunks not written because their host bytes changed before the copy-out.", nil, nil),
 	discarded: prometheus.NewDesc("kvactors_disk_discarded_total", "Bad records found when the index was rebuilt at open: records skipped for a bad data checksum, and torn tails cut (each with the rest of its segment).", nil, nil),
-	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Chunk writes that failed.", nil, nil),
+	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Writes that failed: a chunk's record, or a write of tombstones (retried).", nil, nil),
 	retired:   prometheus.NewDesc("kvactors_disk_segments_retired_total", "Segments written no more because a failed write could not be cut back.", nil, nil),
 }
 
