@@ -79,12 +79,15 @@ type Actor struct {
 	span  trace.Span
 	ctx   context.Context // carries span
 	jobs  *job            // in flight, a list: a request has few, and a map costs two allocations
-	// retryArmed: a RetryDue timer is pending; later retries wait for it.
-	// arm numbers the retries armed for this request: a RetryDue of an
-	// earlier one, or a second one of this one (its timer after an early
-	// wake), is stale.
+	// retryArmed: a retry is armed (its timer or an early wake-up will
+	// decide again); later retries wait for it. arm numbers the retries
+	// armed for this request: an early wake-up of an earlier one, or a
+	// second one of this one, is stale. timer is the arm whose RetryDue
+	// timer has not fallen due yet (0: none): it decides for whichever
+	// retry is armed when it does (armRetry).
 	retryArmed bool
 	arm        uint32
+	timer      uint32
 	// waiting is the retry its early wake-ups may still take (waitKey), 0
 	// when none: read by the pool's room queue on other goroutines to skip
 	// wake-ups no longer wanted. Allocated at the first wait, kept on reuse.
@@ -210,8 +213,19 @@ func (a *Actor) Receive(c actor.Context) {
 	case *transfer.JobDone:
 		a.jobDone(c, m)
 	case *RetryDue:
-		if m.gen != a.gen || m.arm != a.arm || !a.retryArmed || a.isDone() {
-			break // armed for an earlier request of this actor or an earlier retry, already taken, or nothing owed
+		if m.gen != a.gen || a.isDone() {
+			break // armed for an earlier request of this actor, or nothing owed
+		}
+		if !m.woken {
+			if m.arm != a.timer {
+				break // a timer already taken
+			}
+			a.timer = 0
+		} else if m.arm != a.arm {
+			break // an earlier retry's wake-up
+		}
+		if !a.retryArmed {
+			break // taken already: by a wake-up, or decided since
 		}
 		a.retryArmed = false
 		a.stopWaiting()

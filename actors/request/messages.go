@@ -20,8 +20,10 @@ type Events struct {
 
 // RetryDue is the retry timer firing, or a copy the retry waited for
 // ending (retryWake): take the store decision again. gen is the request
-// it was armed for (Actor.gen), arm the retry (Actor.arm): only the latest
-// retry's first RetryDue decides.
+// it was armed for (Actor.gen), arm the retry (Actor.arm): a wake-up
+// decides only for the retry it was armed with, a timer for whichever
+// retry is armed when it falls due (Actor.timer), and only the first of
+// them decides.
 type RetryDue struct {
 	gen, arm uint32
 	woken    bool // sent by retryWake, before the backoff ended

@@ -3,6 +3,7 @@ package request_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"testing"
@@ -181,4 +182,48 @@ func TestARoomWaitOfAReleasedRequestIsStale(t *testing.T) {
 	system.Root.Send(pid, &request.Reset{Reason: "engine_reset"})
 	testkit.Recv(t, released, 5*time.Second, "r1 released")
 	require.True(t, w.Stale(), "the released request's room wait passes its turn on")
+}
+
+// An early wake-up that fails again takes over the timer still running
+// instead of starting one of its own: woken failures spend no attempts, so
+// wake-ups faster than the backoff, each restarting it, would keep every
+// timer from falling due, and a finished request the pool keeps refusing
+// would never give up and be released (chaos-tagged
+// TestAFinishedRequestWokenForRoomStillGivesUp waits that out). r1, finished,
+// finds no room 30 times over, woken each time: never more than one timer.
+func TestAWokenRetryTakesOverTheRunningTimer(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	rig := newHeldRig(t, nc, 16)
+	system, deps := rig.system, rig.deps
+	rs := &roomStore{Store: deps.Store}
+	deps.Store = rs
+	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
+		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
+	system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"h"}},
+		{Type: messages.EvBlocks, Request: "r1", IDs: []messages.BlockID{1}},
+		{Type: messages.EvTokens, Request: "r1", Computed: 4, Total: 4},
+		{Type: messages.EvFinished, Request: "r1", Computed: 4, Total: 4}}})
+	retries := rig.store.Retries.WithLabelValues("pool_full")
+	for i := 0; i < 30; i++ {
+		var w hostpool.Waker
+		testkit.Eventually(t, 5*time.Second, 100*time.Microsecond, func() error {
+			rs.mu.Lock()
+			defer rs.mu.Unlock()
+			if len(rs.room) == 0 {
+				return errors.New("r1 waits for no room")
+			}
+			w, rs.room = rs.room[len(rs.room)-1], nil
+			return nil
+		})
+		before := testutil.ToFloat64(retries)
+		w.Wake()
+		testkit.Eventually(t, 5*time.Second, 100*time.Microsecond, func() error {
+			if testutil.ToFloat64(retries) <= before {
+				return errors.New("the woken retry has not decided")
+			}
+			return nil
+		})
+		require.LessOrEqual(t, deps.Timers.Pending(), 1, "wake-up %d started a timer of its own", i)
+	}
 }

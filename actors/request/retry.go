@@ -16,13 +16,23 @@ import (
 // copies is also due as soon as one of those copies ends, and one for room
 // when its turn in the pool's room queue comes: the timer is the fallback
 // (a store that supports waiting, RetryWaiter).
+//
+// A retry armed while an earlier one's timer still runs (an early wake-up
+// that failed again) takes that timer over instead of starting its own:
+// woken failures do not count towards FinishRetryLimit (sched), so were
+// each to start a timer anew, wake-ups coming faster than the backoff would
+// keep every timer from falling due, and a finished request the pool keeps
+// refusing would never give up and be released.
 func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key, roomGen uint64) {
 	if a.retryArmed {
 		return
 	}
 	a.retryArmed = true
 	a.arm++
-	a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen, arm: a.arm})
+	if a.timer == 0 {
+		a.timer = a.arm
+		a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen, arm: a.arm})
+	}
 	switch w, ok := a.deps.Store.(RetryWaiter); {
 	case !ok:
 	case len(pending) > 0:
