@@ -63,7 +63,10 @@ func (r *Request) becomeFinishing(ev *messages.Event) {
 		reason = messages.ReasonAborted
 	}
 	r.releases = append(r.releases, reason)
-	r.poolFails, r.copyFails = 0, 0
+	// A finished request retries at most FinishRetryLimit times from here:
+	// failures while it ran (keys pending in a copy that a fence holds, say)
+	// are not charged to it.
+	r.poolFails, r.copyFails, r.pendFails = 0, 0, 0
 }
 
 func (r *Request) clearBlocks() {

@@ -78,3 +78,37 @@ func TestPropertyPendingElsewhereNeverSkipped(t *testing.T) {
 		}
 	}
 }
+
+// A finished request retries at most FinishRetryLimit times from its
+// finish: r2 met a key pending in r1's copy on more timer retries than that
+// while it ran, and its first decision after finished still retries
+// instead of giving up a chunk that copy may yet fail to store.
+func TestPendingFailuresWhileRunningAreNotChargedToTheFinish(t *testing.T) {
+	lay := layout(t, 4, 1, full(4))
+	pool := poolOf(lay, 8)
+	r1 := NewRequest(lay, added(4))
+	for _, ev := range []*messages.Event{hashes(0, 1), blocks(0, 0, 1), tokens(4, 4)} {
+		require.NoError(t, r1.Step(ev))
+	}
+	require.NotNil(t, r1.Advance(pool).Job, "r1 copies chunk 0: its key is pending")
+
+	add2 := added(4)
+	add2.Request = "r2"
+	r2 := NewRequest(lay, add2)
+	for _, ev := range []*messages.Event{hashes(0, 1), blocks(0, 0, 2), tokens(4, 8)} {
+		ev.Request = "r2"
+		require.NoError(t, r2.Step(ev))
+	}
+	for range FinishRetryLimit + 1 {
+		e := r2.Advance(pool)
+		require.NotNil(t, e.Retry)
+		require.Equal(t, RetryPending, e.Retry.Reason)
+	}
+	fin := finished(4, 8)
+	fin.Request = "r2"
+	require.NoError(t, r2.Step(fin))
+	e := r2.Advance(pool)
+	require.Zero(t, e.GivenUp, "nothing given up at the first decision after finished")
+	require.NotNil(t, e.Retry)
+	require.Equal(t, 1, e.Retry.Attempt, "the finish's first attempt")
+}
