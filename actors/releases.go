@@ -2,6 +2,7 @@ package actors
 
 import (
 	"context"
+	"math"
 	"sync"
 
 	"github.com/kvactors/kvactors/messages"
@@ -19,12 +20,25 @@ type Releases struct {
 	engine string
 
 	mu     sync.Mutex
-	counts map[string]uint64 // epoch → releases published
+	counts map[string]epochCount // epoch → releases published
+	tick   uint64                // counts a Publish: epochCount.used
 }
+
+// epochCount is one epoch's releases published, and when the last was.
+type epochCount struct{ n, used uint64 }
+
+// KeptEpochs bounds the epochs whose numbering an engine's Releases keeps:
+// past it, the least recently released epoch's count is dropped (its next
+// release would be rseq 1 again). A node keeps one Releases per engine id
+// for the whole boot, across unregisters and re-registers, so that an
+// epoch's rseq goes on across them; each epoch an engine ever used would
+// otherwise stay. Requests of old epochs end within a lease of their epoch
+// ending (a reset releases them), so only a few epochs are ever in use.
+const KeptEpochs = 16
 
 // NewReleases publishes engine's releases on out.
 func NewReleases(out *Outbox, engine string) *Releases {
-	return &Releases{out: out, engine: engine, counts: map[string]uint64{}}
+	return &Releases{out: out, engine: engine, counts: map[string]epochCount{}}
 }
 
 // Publish numbers and publishes one release of a request of epoch, then
@@ -38,8 +52,14 @@ func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, t
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.counts[epoch]++
-	r.out.releasedLocked(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: r.counts[epoch],
+	c, ok := r.counts[epoch]
+	if !ok && len(r.counts) >= KeptEpochs {
+		r.dropLeastRecent()
+	}
+	r.tick++
+	c.n, c.used = c.n+1, r.tick
+	r.counts[epoch] = c
+	r.out.releasedLocked(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: c.n,
 		Reason: reason})
 	if then != nil {
 		then()
@@ -57,7 +77,19 @@ func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(re
 	defer r.out.sealMu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.out.publishLocked(ctx, reply, build(r.counts[epoch]))
+	r.out.publishLocked(ctx, reply, build(r.counts[epoch].n))
+}
+
+// dropLeastRecent forgets the epoch released least recently (KeptEpochs).
+// Caller holds r.mu.
+func (r *Releases) dropLeastRecent() {
+	oldest, at := "", uint64(math.MaxUint64)
+	for e, c := range r.counts {
+		if c.used < at {
+			oldest, at = e, c.used
+		}
+	}
+	delete(r.counts, oldest)
 }
 
 // Forget drops an ended epoch's count once none of its requests is left.
