@@ -174,7 +174,7 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 		(*f)(rctx, id)
 	}
 	d, err := c.owners.Resolve(rctx, id, cluster.Request{Register: true, SpecNode: spec.Node,
-		Local: n.localMemory(spec), NamedLive: c.live(spec.Node)})
+		Local: n.localMemory(spec), NamedLive: c.live(spec.Node), StandbyForLive: c.live(n.cfg.StandbyFor)})
 	switch {
 	case err != nil && halt.Err() != nil:
 		n.log.Debug("cluster: register not decided: intake stopped", "engine", id, "err", err)
