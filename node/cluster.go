@@ -185,8 +185,8 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 		n.log.Warn("cluster: register not decided", "engine", id, "err", err)
 		return false
 	case d.Action == ownership.Refuse:
-		n.metrics.Rejected.WithLabelValues(messages.RejectBadSpec).Inc()
-		n.log.Info("cluster: register refused: names another node", "engine", id, "named", spec.Node)
+		// Rate-limited: the engine chooses how often it is refused.
+		n.rejected(messages.RejectBadSpec, "cluster: register refused: names another node", "engine", id, "named", spec.Node)
 		n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: ownership.RefusalError(n.cfg.NodeID, spec.Node),
 			Node: n.cfg.NodeID, Boot: n.boot})
 		return false
