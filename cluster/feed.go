@@ -156,9 +156,10 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	}
 }
 
-// catchUp asks node for its key set; removals seen meanwhile win (see
-// holders.Index.BeginCatchUp). A failure is counted and logged, and the
-// node's next heartbeat retries.
+// catchUp asks node for its key set, which replaces what the index held
+// of it once every page is read; removals and stores seen meanwhile win
+// (see holders.Index.BeginCatchUp). A failure is counted and logged, and
+// the node's next heartbeat retries.
 func (f *Feed) catchUp(node, boot string) {
 	defer f.wg.Done()
 	defer func() {
@@ -199,6 +200,11 @@ func (f *Feed) catchUp(node, boot string) {
 		f.metrics.CatchUps.WithLabelValues("error").Inc()
 		f.log.Warn("key catch-up failed", "node", node, "boot", boot, "err", err)
 	} else if err == nil {
+		// The whole set was read: what it no longer lists goes (keys
+		// evicted while this node missed their BlockRemoved).
+		f.mu.Lock()
+		f.x.FinishCatchUp(node, id)
+		f.mu.Unlock()
 		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	}
 }
@@ -215,6 +221,23 @@ func (f *Feed) Reconnected() {
 	for _, n := range f.x.Nodes(now) {
 		f.pending[n.Node] = true
 	}
+}
+
+// Dropped reports whether sub is one of the feed's subscriptions and, if
+// so, marks every known node for catch-up: NATS dropped messages of it (a
+// slow consumer), so kv_events may have been lost and keys would be
+// counted that their node evicted, or missed that it stored. Wire it to
+// the connection's error handler for nats.ErrSlowConsumer.
+func (f *Feed) Dropped(sub *nats.Subscription) bool {
+	if sub == nil || !slices.Contains(f.subs, sub) {
+		return false
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range f.x.Nodes(time.Now()) {
+		f.pending[n.Node] = true
+	}
+	return true
 }
 
 // listen restarts the listening time once the connection has reconnected

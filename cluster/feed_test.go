@@ -4,9 +4,12 @@ import (
 	"context"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -200,6 +203,110 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 	startFakeNode(t, ncA, "gpu-0", "a2", []holders.NSKey{fresh})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, fresh))
 	require.Empty(t, feed.Holders(old.NS, old.Key))
+}
+
+// A catch-up replaces what the index held of the node: a key it evicted
+// while this node missed its kv_events (the case Reconnected exists for)
+// no longer counts once the catch-up is done. Before, a catch-up only
+// added keys, and the node counted as the key's holder for good.
+func TestFeedCatchUpDropsAKeyEvictedWhileEventsWereMissed(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	ncA, ncC := c.Connect(0), c.Connect(2)
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "probe", Boot: "p"})
+		_ = ncA.Publish(messages.NodeSubject("kvactors", "probe", messages.NodeVerbHeartbeat), hb)
+		for _, n := range feed.Nodes() {
+			if n.Node == "probe" {
+				return nil
+			}
+		}
+		return fmt.Errorf("probe heartbeat not seen by the feed")
+	})
+	old := hashKey("aa", 0)
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, old))
+
+	// While this node was away, gpu-0 evicted "aa" and stored "dd".
+	missed := hashKey("dd", 0)
+	a.keys.set([]holders.NSKey{missed})
+	feed.Reconnected()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, missed)) // the catch-up ran
+	testkit.Eventually(t, 2*testLease, 10*time.Millisecond, func() error {
+		if got := feed.Holders(old.NS, old.Key); len(got) != 0 {
+			return fmt.Errorf("gpu-0 no longer holds aa, still counted by %v after the catch-up", got)
+		}
+		return nil
+	})
+	testkit.Eventually(t, time.Second, 10*time.Millisecond, holdersOf(feed, missed))
+}
+
+// kv_events NATS dropped (the feed a slow consumer) are made good by a
+// catch-up: Dropped, called from the connection's error handler, marks
+// every node, and the catch-up at its next heartbeat drops the key whose
+// BlockRemoved was lost.
+func TestFeedCatchesUpAfterNATSDroppedItsKVEvents(t *testing.T) {
+	c := testkit.NATSCluster(t, 3)
+	var fp atomic.Pointer[Feed]
+	ncA := c.Connect(0)
+	ncC := c.Connect(2, nats.ErrorHandler(func(_ *nats.Conn, s *nats.Subscription, err error) {
+		if f := fp.Load(); f != nil && errors.Is(err, nats.ErrSlowConsumer) {
+			f.Dropped(s)
+		}
+	}))
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	fp.Store(feed)
+	require.NoError(t, ncC.Flush())
+	old := hashKey("aa", 0)
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, old))
+
+	var sub *nats.Subscription
+	for _, s := range feed.subs {
+		if strings.HasSuffix(s.Subject, messages.VerbKVEvents) {
+			sub = s
+		}
+	}
+	require.NoError(t, sub.SetPendingLimits(1, -1))
+	feed.mu.Lock() // the handler blocks on the first message; one more waits, the rest are dropped
+	locked := true
+	defer func() {
+		if locked {
+			feed.mu.Unlock()
+		}
+	}()
+	ee := hashKey("ee", 0)
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"ee"}, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if d, _ := sub.Delivered(); d < 1 {
+			return fmt.Errorf("first kv_events not in the handler yet")
+		}
+		return nil
+	})
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"ee"}, Namespace: "m"}) // waits
+	a.keys.set([]holders.NSKey{ee})
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockRemoved, BlockHashes: []string{"aa"}, Namespace: "m"}) // dropped
+	require.NoError(t, ncA.Flush())
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		if d, _ := sub.Dropped(); d < 1 {
+			return fmt.Errorf("nothing dropped yet")
+		}
+		return nil
+	})
+	feed.mu.Unlock()
+	locked = false
+	testkit.Eventually(t, 3*testLease, 10*time.Millisecond, func() error {
+		if got := feed.Holders(old.NS, old.Key); len(got) != 0 {
+			return fmt.Errorf("aa still counted for %v: its BlockRemoved was dropped and no catch-up followed", got)
+		}
+		return nil
+	})
+	testkit.Eventually(t, time.Second, 10*time.Millisecond, holdersOf(feed, ee))
 }
 
 // A node not heard is live to the feed until the feed has listened for a

@@ -110,6 +110,8 @@ type Request struct {
 	SpecNode  string
 	Local     bool
 	NamedLive bool
+	// StandbyForLive: see ownership.Input.
+	StandbyForLive bool
 }
 
 // Resolve reads engine's ownership, decides, and performs a claim if that
@@ -192,7 +194,7 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership
 	}
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
-		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive,
+		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive, StandbyForLive: req.StandbyForLive,
 		Renewed: renewed, Lease: o.cfg.Lease, Now: time.Now(),
 	}
 }

@@ -80,6 +80,11 @@ func checkSpec(s *messages.EngineSpec, lim Limits) error {
 		return specErr("%d groups, want 1..%d", len(s.Groups), lim.MaxGroups)
 	case len(s.Namespace) > MaxNamespaceBytes:
 		return specErr("namespace is %d bytes, want 1..%d (or absent: the engine id)", len(s.Namespace), MaxNamespaceBytes)
+	case len(s.Node) > MaxEngineIDBytes:
+		// Not quoted: a node's logs and replies carry the name.
+		return specErr("node is %d bytes, want a node id: [A-Za-z0-9_-]{1,%d}, not starting with _ (or absent)", len(s.Node), MaxEngineIDBytes)
+	case s.Node != "" && !ValidEngineID(s.Node):
+		return specErr("node %q is not a node id: want [A-Za-z0-9_-]{1,%d}, not starting with _ (or absent)", s.Node, MaxEngineIDBytes)
 	case s.MaxModelLen < 0:
 		return specErr("max_model_len = %d, want >= 0 (0: num_gpu_blocks * the largest tokens_per_block)", s.MaxModelLen)
 	}

@@ -209,3 +209,20 @@ func TestDecodeSpecNamespaceAndMaxModelLen(t *testing.T) {
 	_, err = DecodeSpec(specWith(t, func(m map[string]any) { m["namespace"] = strings.Repeat("n", 128) }), Limits{})
 	require.NoError(t, err, "128 bytes is the bound")
 }
+
+// EngineSpec "node" is a node id or absent (docs/PROTOCOL.md "EngineSpec"):
+// a node's logs and refusals carry it, so an unbounded one is refused, and
+// never echoed whole.
+func TestDecodeSpecNodeIsANodeID(t *testing.T) {
+	for _, ok := range []string{"", "gpu-7", "n_0", strings.Repeat("n", 64)} {
+		s, err := DecodeSpec(specWith(t, func(m map[string]any) { m["node"] = ok }), Limits{})
+		require.NoError(t, err, "%q", ok)
+		require.Equal(t, ok, s.Node)
+	}
+	for _, bad := range []string{strings.Repeat("n", 65), strings.Repeat("x", 512<<10), "_n", "gpu.7", "a b", "gpu-7>"} {
+		_, err := DecodeSpec(specWith(t, func(m map[string]any) { m["node"] = bad }), Limits{})
+		require.ErrorIs(t, err, ErrBadSpec, "%.70q", bad)
+		require.ErrorContains(t, err, "node")
+		require.Less(t, len(err.Error()), 300, "the refusal does not echo the name whole")
+	}
+}

@@ -43,6 +43,10 @@ type clusterNode struct {
 	// waits for neither, and a retired engine's loads are not waited for.
 	fetches loadGate
 	reads   loadGate
+	// dropped: engines this node served and dropped, answered "unknown
+	// engine" while nobody owns them; checks: their owner reads in flight.
+	dropped droppedEngines
+	checks  sync.WaitGroup
 	closing context.Context
 	close   context.CancelFunc
 	// inGate holds nil but in tests (export_test.go): a func run inside the
@@ -119,6 +123,7 @@ func (n *Node) closeCluster(ctx context.Context) {
 	}
 	defer func() {
 		c.close()
+		c.checks.Wait()          // owner reads of dropped engines, cancelled (the intake is stopped: no new ones)
 		c.fetches.closeAndWait() // cancelled: a piece's round trip, a copy into the pool
 		c.reads.closeAndWait()   // a copy out of the pool and its checksum
 	}()
@@ -169,7 +174,7 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 		(*f)(rctx, id)
 	}
 	d, err := c.owners.Resolve(rctx, id, cluster.Request{Register: true, SpecNode: spec.Node,
-		Local: n.localMemory(spec), NamedLive: c.live(spec.Node)})
+		Local: n.localMemory(spec), NamedLive: c.live(spec.Node), StandbyForLive: c.live(n.cfg.StandbyFor)})
 	switch {
 	case err != nil && halt.Err() != nil:
 		n.log.Debug("cluster: register not decided: intake stopped", "engine", id, "err", err)
@@ -180,8 +185,8 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 		n.log.Warn("cluster: register not decided", "engine", id, "err", err)
 		return false
 	case d.Action == ownership.Refuse:
-		n.metrics.Rejected.WithLabelValues(messages.RejectBadSpec).Inc()
-		n.log.Info("cluster: register refused: names another node", "engine", id, "named", spec.Node)
+		// Rate-limited: the engine chooses how often it is refused.
+		n.rejected(messages.RejectBadSpec, "cluster: register refused: names another node", "engine", id, "named", spec.Node)
 		n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: ownership.RefusalError(n.cfg.NodeID, spec.Node),
 			Node: n.cfg.NodeID, Boot: n.boot})
 		return false
@@ -189,6 +194,7 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 		n.log.Debug("cluster: register left to another node", "engine", id, "owner", d.Owner, "reason", d.Reason)
 		return false
 	}
+	c.dropped.forget(id) // served here again
 	return true
 }
 
@@ -280,6 +286,10 @@ func (n *Node) fenced(id string) {
 	if rec == nil {
 		return
 	}
+	// The record may be gone rather than another node's (it lapsed while
+	// the keep-alives failed): then nobody owns the engine, and only this
+	// node can tell it so.
+	n.dropped(id)
 	go func() {
 		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
 		defer cancel()
@@ -344,6 +354,7 @@ func (n *Node) releaseClaimIfGone(id string) {
 		return
 	}
 	n.releaseClaim(id)
+	n.dropped(id) // its messages now pass no node's gate: this one tells it it is unknown
 }
 
 // releaseClaimWhenClosed releases an ended engine's claim (if it did not

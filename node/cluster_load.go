@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 
 	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -49,30 +51,61 @@ const fetchParallel = 4
 // room and checked again there, and only then made ready. It returns how
 // many chunks it fetched; any failure fails the load with the error naming
 // the key, frees that key's room, and no byte of it is ever loadable.
-func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.Key) (int, error) {
+// loadKeys are all the load's keys: those in host memory are offered with
+// keys, so the room is not made by evicting the load's own local chunks
+// (an offered key is never evicted for its siblings), which would fail it
+// as a miss after the fetch.
+func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) (int, error) {
 	// Close cancels the fetches, then waits for this one: the pool it
 	// writes into is unmapped next.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(n.cl.closing, cancel)()
 	ns := rec.clusterNamespace()
-	sizes := make([]int64, len(keys))
-	for i, k := range keys {
+	remote := make(map[messages.Key]bool, len(keys))
+	offer := slices.Clip(keys)
+	for _, k := range keys {
+		remote[k] = true
+	}
+	for _, k := range loadKeys {
+		// Only what is in host memory: a key on disk only is not in the
+		// pool, and offered it would get room here as if remote.
+		if st, _ := n.store.Lookup(k); st != hostpool.Absent && !remote[k] {
+			offer = append(offer, k)
+		}
+	}
+	sizes := make([]int64, len(offer))
+	for i, k := range offer {
 		_, _, g := sched.SplitKey(k)
 		if g < 0 || g >= len(rec.layout.Groups) {
 			return 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(k), g)
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}
-	prep, err := rec.store.PrepareStore(keys, sizes) // evictions and fills are journaled (kvJournal)
+	prep, err := rec.store.PrepareStore(offer, sizes) // evictions and fills are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(prep.Evicted)))
 	if err != nil {
 		return 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
-	errs := make([]error, len(prep.Keys))
+	// A local key evicted (by another engine) since it was looked up got
+	// room too: it is no one's to fetch here, so its room is freed and the
+	// load finds it missing, as it would have.
+	fetch := prep.Keys[:0:0]
+	var gone []messages.Key
+	for _, k := range prep.Keys {
+		if remote[k] {
+			fetch = append(fetch, k)
+		} else {
+			gone = append(gone, k)
+		}
+	}
+	if len(gone) > 0 {
+		n.store.AbortRemote(gone)
+	}
+	errs := make([]error, len(fetch))
 	sem := make(chan struct{}, fetchParallel)
 	var wg sync.WaitGroup
-	for i, k := range prep.Keys {
+	for i, k := range fetch {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
@@ -105,5 +138,5 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys []messages.
 	// because another load (or a store) is filling them. The load waits for
 	// those as any load does (startLoad, waitLoad), so two loads of one
 	// remote prefix at once both succeed.
-	return len(prep.Keys), nil
+	return len(fetch), nil
 }

@@ -185,6 +185,9 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 				if n.ingest != nil && s != nil && len(n.subs) > 0 && s == n.subs[0] {
 					n.ingest.loseAll()
 				}
+				if n.cl != nil && n.cl.feed != nil {
+					n.cl.feed.Dropped(s) // kv_events lost: catch the nodes up again
+				}
 			} else {
 				n.metrics.NATSEvents.WithLabelValues("error").Inc()
 			}

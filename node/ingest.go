@@ -381,7 +381,10 @@ func (in *ingester) shard(engineID string) int {
 func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	engineID, m := x.engine, x.msg
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
-		return false, nil // another node's engine (clusters): stay silent, counted
+		// Another node's engine (clusters): stay silent, counted; unless
+		// this node dropped it and nobody owns it now.
+		in.n.answerDropped(engineID, x.verb, m)
+		return false, nil
 	}
 	var pid *actor.PID
 	switch x.verb {

@@ -112,7 +112,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 		go func() {
 			defer n.cl.fetches.leave() // after startLoad: its load actor copies through the transfer actor, which the teardown stops first
 			defer rec.loads.leave()
-			fetched, err := n.fetchRemote(ctx, rec, remote)
+			fetched, err := n.fetchRemote(ctx, rec, remote, keys)
 			if err != nil {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
 				return

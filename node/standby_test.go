@@ -86,3 +86,29 @@ func TestAStandbyTakesADeadPrimarysEnginesALeaseAfterItStarted(t *testing.T) {
 	require.Equal(t, "sb", r.Node)
 	require.GreaterOrEqual(t, time.Since(before), clusterLease, "taken over a lease after the standby's start at the earliest")
 }
+
+// A standby holds no engine while its primary is alive, those that name no
+// node included (docs/CLUSTER.md "Deployment"): it does not even try to
+// claim them, so every one goes to the primary. Before, it raced the
+// primary for each (Decide claimed an unnamed engine for any local node).
+func TestAStandbyLeavesUnnamedEnginesToItsLivePrimary(t *testing.T) {
+	kc := startCluster(t, 1)
+	sb := kc.startNode(1, "sb", func(_ int, c *node.Config) { c.Cluster, c.StandbyFor = false, "n0" })
+	for i := range 4 {
+		id := fmt.Sprintf("e%d", i)
+		te := kc.nodes[0].newEngine(id, defaultOpts()) // names no node; its memory is on both nodes' host
+		replies := collect(t, kc.nodes[0].nc, "kvactors."+id+".register", te.spec)
+		var r messages.RegisterReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "register reply").Data, &r))
+		require.True(t, r.OK, r.Error)
+		require.Equal(t, "n0", r.Node)
+	}
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := decisions(sb, "ignore"); got < 4 {
+			return fmt.Errorf("the standby decided %v of the 4 registers", got)
+		}
+		return nil
+	})
+	require.Zero(t, decisions(sb, "claim"), "the standby tried to claim unnamed engines of a live primary")
+	require.Empty(t, sb.node.Engines())
+}

@@ -42,12 +42,16 @@ type node struct {
 	boot     string
 	lastSeen time.Time // last hello or heartbeat; zero if none yet
 	retired  []string
-	keys     map[NSKey]struct{}
-	sync     *catchUp
+	// keys maps each key to the id of the last catch-up that confirmed it
+	// (a page listed it, or it was stored while that catch-up ran); a
+	// catch-up that completes drops the keys it did not confirm.
+	keys map[NSKey]uint64
+	sync *catchUp
 }
 
 // catchUp is a key-set request in progress: removals seen meanwhile win
-// over the (older) page that may still list them.
+// over the (older) page that may still list them, and stores seen
+// meanwhile over the pages that may not.
 type catchUp struct {
 	id      uint64
 	boot    string
@@ -91,7 +95,7 @@ func (x *Index) Heartbeat(nodeID, boot string, now time.Time) (catchUpNeeded boo
 func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 	n := x.nodes[nodeID]
 	if n == nil {
-		n = &node{boot: boot, keys: map[NSKey]struct{}{}}
+		n = &node{boot: boot, keys: map[NSKey]uint64{}}
 		x.nodes[nodeID] = n
 		return n, true, nil
 	}
@@ -202,13 +206,16 @@ func KeyOf(hash []byte, group int) messages.Key {
 }
 
 func (x *Index) add(nodeID string, n *node, k NSKey) {
+	var stamp uint64
 	if n.sync != nil {
 		delete(n.sync.removed, k)
+		stamp = n.sync.id
 	}
 	if _, ok := n.keys[k]; ok {
+		n.keys[k] = stamp
 		return
 	}
-	n.keys[k] = struct{}{}
+	n.keys[k] = stamp
 	hs := x.held[k]
 	i, _ := slices.BinarySearch(hs, nodeID)
 	x.held[k] = slices.Insert(hs, i, nodeID)
@@ -241,12 +248,14 @@ func (x *Index) dropKeys(nodeID string, n *node) {
 	for k := range n.keys {
 		x.unhold(nodeID, k)
 	}
-	n.keys = map[NSKey]struct{}{}
+	n.keys = map[NSKey]uint64{}
 }
 
 // BeginCatchUp starts a key-set catch-up of node (boot): from now until
-// EndCatchUp, a key removed by a kv_event is not re-added by a page that
-// was read before the removal. A second BeginCatchUp supersedes the first.
+// FinishCatchUp or EndCatchUp, a key removed by a kv_event is not re-added
+// by a page that was read before the removal, and a key stored by one is
+// kept though a page read before the store did not list it. A second
+// BeginCatchUp supersedes the first.
 func (x *Index) BeginCatchUp(nodeID, boot string) (uint64, error) {
 	n, _, err := x.current(nodeID, boot)
 	if err != nil {
@@ -271,7 +280,26 @@ func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) error {
 	return nil
 }
 
-// EndCatchUp ends catch-up id (a no-op if it was superseded).
+// FinishCatchUp completes catch-up id, whose pages listed the node's whole
+// key set: the node's keys become what they listed and what kv_events
+// stored meanwhile. Keys it no longer holds, whose BlockRemoved this node
+// missed (a reconnect, a dropped message), go. A no-op if superseded.
+func (x *Index) FinishCatchUp(nodeID string, id uint64) {
+	n := x.nodes[nodeID]
+	if n == nil || n.sync == nil || n.sync.id != id {
+		return
+	}
+	for k, stamp := range n.keys {
+		if stamp != id {
+			delete(n.keys, k)
+			x.unhold(nodeID, k)
+		}
+	}
+	n.sync = nil
+}
+
+// EndCatchUp ends catch-up id without changing the keys (it failed or was
+// cancelled; a no-op if it was finished or superseded).
 func (x *Index) EndCatchUp(nodeID string, id uint64) {
 	if n := x.nodes[nodeID]; n != nil && n.sync != nil && n.sync.id == id {
 		n.sync = nil

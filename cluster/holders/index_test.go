@@ -201,6 +201,35 @@ func TestCatchUpPageLosesToARemovalSeenMeanwhile(t *testing.T) {
 	require.ErrorIs(t, x.CatchUpPage("a", cur, page), ErrNoSync)
 }
 
+// A finished catch-up replaces the node's keys with what its pages listed
+// and what kv_events stored meanwhile: a key evicted while its
+// BlockRemoved was missed goes; a failed one changes nothing.
+func TestFinishedCatchUpDropsTheKeysItDidNotList(t *testing.T) {
+	x := New(lease)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	apply(t, x, "a", "a1", stored("m", 0, "aa", "bb", "dd"))
+	id, err := x.BeginCatchUp("a", "a1")
+	require.NoError(t, err)
+	require.NoError(t, x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}}))
+	apply(t, x, "a", "a1", stored("m", 0, "cc")) // stored after the page was read
+	apply(t, x, "a", "a1", stored("m", 0, "dd")) // a store event for a key held before
+	x.EndCatchUp("a", id)                        // failed: nothing dropped
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0))
+
+	id, err = x.BeginCatchUp("a", "a1")
+	require.NoError(t, err)
+	require.NoError(t, x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}}))
+	apply(t, x, "a", "a1", stored("m", 0, "cc"), stored("m", 0, "dd"))
+	x.FinishCatchUp("a", id)
+	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0), "evicted while its BlockRemoved was missed")
+	for _, h := range []string{"bb", "cc", "dd"} {
+		require.Equal(t, []string{"a"}, x.Holders(".m", key(t, h, 0), t0), h)
+	}
+	require.Equal(t, 3, x.Nodes(t0)[0].Keys)
+	x.FinishCatchUp("a", id) // once only
+	require.Equal(t, 3, x.Nodes(t0)[0].Keys)
+}
+
 func TestKeyOfAppendsTheGroupBigEndian(t *testing.T) {
 	require.Equal(t, messages.Key("\xab\x00\x00\x01\x02"), KeyOf([]byte{0xab}, 258))
 }

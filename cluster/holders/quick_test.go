@@ -26,7 +26,8 @@ type naiveNode struct {
 	retired  []string
 	keys     map[NSKey]bool
 	syncID   uint64
-	syncGone map[NSKey]bool
+	syncGone map[NSKey]bool // removed during the catch-up
+	syncSeen map[NSKey]bool // listed by its pages or stored during it
 }
 
 func (m *naive) node(id, boot string) *naiveNode {
@@ -121,6 +122,9 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 				if typ == messages.KVBlockStored {
 					n.keys[k] = true
 					delete(n.syncGone, k)
+					if n.syncID != 0 {
+						n.syncSeen[k] = true
+					}
 				} else {
 					delete(n.keys, k)
 					if n.syncID != 0 {
@@ -132,7 +136,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 				if n := m.node(id, boot); n != nil {
 					require.NoError(t, err)
 					n.keys = map[NSKey]bool{}
-					n.syncID, n.syncGone = 0, nil
+					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
 				}
 			case 6:
 				sid, err := x.BeginCatchUp(id, boot)
@@ -140,7 +144,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					require.NoError(t, err)
 					m.sync++
 					require.Equal(t, m.sync, sid)
-					n.syncID, n.syncGone = sid, map[NSKey]bool{}
+					n.syncID, n.syncGone, n.syncSeen = sid, map[NSKey]bool{}, map[NSKey]bool{}
 					catchUps[id] = sid
 				}
 			case 7:
@@ -161,11 +165,21 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 				for _, k := range page {
 					if !n.syncGone[k] {
 						n.keys[k] = true
+						n.syncSeen[k] = true
 					}
 				}
-				if r.IntN(2) == 0 {
+				switch r.IntN(3) {
+				case 0: // failed: the keys stay
 					x.EndCatchUp(id, sid)
-					n.syncID, n.syncGone = 0, nil
+					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
+				case 1: // done: the keys are what it listed and what was stored meanwhile
+					x.FinishCatchUp(id, sid)
+					for k := range n.keys {
+						if !n.syncSeen[k] {
+							delete(n.keys, k)
+						}
+					}
+					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
 				}
 			case 8:
 				now = now.Add(time.Duration(r.IntN(4)) * time.Second)

@@ -106,6 +106,10 @@ type Input struct {
 	// NamedLive is true when SpecNode's node has sent a heartbeat within
 	// the lease (a standby leaves a live named node to claim for itself).
 	NamedLive bool
+	// StandbyForLive is the same of StandbyFor's node: a standby also
+	// leaves an engine that names no node to its live primary (it holds no
+	// engine while its primary is alive: docs/CLUSTER.md "Deployment").
+	StandbyForLive bool
 	// Renewed is when this node last sent a write of Entry that succeeded
 	// (claim or keep-alive), by this node's clock; zero if never.
 	Renewed time.Time
@@ -160,6 +164,8 @@ func decideUnowned(in Input) Decision {
 		return Decision{Action: Ignore, Reason: "engine memory not on this host"}
 	}
 	switch {
+	case in.SpecNode == "" && in.StandbyFor != "" && in.StandbyForLive:
+		return Decision{Action: Ignore, Reason: "standby: " + in.StandbyFor + " is live"}
 	case in.SpecNode == "" || in.SpecNode == in.Me.Node:
 		return Decision{Action: Claim, Owner: in.Me.Node, Reason: "unowned"}
 	case in.SpecNode == in.StandbyFor && !in.NamedLive:

@@ -37,6 +37,10 @@ func TestDecide(t *testing.T) {
 		// "When the owner's lease lapses, another node (the named one, or a standby on the same host) may take the engine over"
 		{"standby, named node gone: create", Input{Register: true, Local: true, SpecNode: "gpu-0", StandbyFor: "gpu-0"}, Decision{Action: Claim, Owner: "gpu-1", Reason: "standby for gpu-0"}},
 		{"standby, named node live: ignore", Input{Register: true, Local: true, SpecNode: "gpu-0", StandbyFor: "gpu-0", NamedLive: true}, Decision{Action: Ignore, Reason: "named node gpu-0 is live"}},
+		// docs/CLUSTER.md "Deployment": a standby holds no engine while the node it stands by for is alive
+		{"standby, unnamed engine, its primary live: ignore", Input{Register: true, Local: true, StandbyFor: "gpu-0", StandbyForLive: true}, Decision{Action: Ignore, Reason: "standby: gpu-0 is live"}},
+		{"standby, unnamed engine, its primary gone: create", Input{Register: true, Local: true, StandbyFor: "gpu-0"}, Decision{Action: Claim, Owner: "gpu-1", Reason: "unowned"}},
+		{"standby, engine naming it, its primary live: create", Input{Register: true, Local: true, SpecNode: "gpu-1", StandbyFor: "gpu-0", StandbyForLive: true}, Decision{Action: Claim, Owner: "gpu-1", Reason: "unowned"}},
 		// "Only the owner answers or applies an engine's messages ... every other node stays silent"
 		{"owned by another node: ignore register", Input{Entry: entry("gpu-0", "b0", 7), Register: true, Local: true}, Decision{Action: Ignore, Owner: "gpu-0", Reason: "owned by gpu-0"}},
 		{"owned by another node: ignore events", Input{Entry: entry("gpu-0", "b0", 7), Local: true}, Decision{Action: Ignore, Owner: "gpu-0", Reason: "owned by gpu-0"}},

@@ -1,0 +1,147 @@
+package node_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// ownersBucket binds the cluster's ownership bucket through nc.
+func ownersBucket(t *testing.T, nc *nats.Conn) jetstream.KeyValue {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	kv, err := js.KeyValue(context.Background(), "kvactors_owners")
+	require.NoError(t, err)
+	return kv
+}
+
+// awaitNoOwner waits until nobody owns engine in the bucket.
+func awaitNoOwner(t *testing.T, kv jetstream.KeyValue, engine string) {
+	t.Helper()
+	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
+		e, err := kv.Get(context.Background(), engine)
+		if errors.Is(err, jetstream.ErrKeyNotFound) || errors.Is(err, jetstream.ErrKeyDeleted) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		return fmt.Errorf("%s still owned: %s", engine, e.Value())
+	})
+}
+
+// An idle engine whose owner lost its claim while staying alive (the record
+// lapsed at the servers while the keep-alives could not be written, a
+// JetStream stall or partition of a lease; here the record is deleted,
+// which leaves the delete a MaxAge lapse leaves) is dropped by its owner,
+// which keeps heartbeating, so the SDK never sees its node lost. The node
+// answers the engine's heartbeat "unknown engine" (nobody owns it), the SDK
+// registers again, and a later request is released. Before: the gate of
+// every node silenced the engine for good.
+func TestClusterIdleEngineRegistersAgainAfterItsClaimLapses(t *testing.T) {
+	kc := startCluster(t, 2)
+	te := kc.nodes[0].newEngine("e1", defaultOpts())
+	te.spec.Node = "n0"
+	enc, err := nats.Connect(kc.nats.URLs(0), client.Options("e1")...)
+	require.NoError(t, err)
+	defer enc.Close()
+	var mu sync.Mutex
+	var rels []client.Release
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := client.Connect(ctx, enc, client.Config{Engine: "e1", Spec: te.spec, RequestTimeout: time.Second,
+		OnReleased: func(r client.Release) { mu.Lock(); rels = append(rels, r); mu.Unlock() }})
+	require.NoError(t, err)
+	defer c.Close()
+	require.Equal(t, []string{"e1"}, kc.nodes[0].node.Engines())
+
+	kv := ownersBucket(t, kc.nodes[1].nc)
+	require.NoError(t, kv.Delete(context.Background(), "e1")) // as the servers' MaxAge lapse does
+	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
+		if got := kc.nodes[0].node.Engines(); len(got) != 0 {
+			return fmt.Errorf("n0 still serves %v", got)
+		}
+		return nil
+	})
+	testkit.Eventually(t, 4*clusterLease, 20*time.Millisecond, func() error {
+		if st := c.Stats(); st.Registers < 2 || len(kc.nodes[0].node.Engines()) != 1 || !c.Live() {
+			return fmt.Errorf("e1 not registered again: registers %d, n0 serves %v, n1 serves %v",
+				st.Registers, kc.nodes[0].node.Engines(), kc.nodes[1].node.Engines())
+		}
+		return nil
+	})
+	require.Empty(t, kc.nodes[1].node.Engines(), "n1 never took it: it names n0")
+
+	require.NoError(t, c.Added("r1", 4))
+	c.Hashes("r1", 0, []byte{1, 2, 3, 4})
+	c.Blocks("r1", 0, 0, []uint32{5, 6, 7})
+	c.Tokens("r1", 4, 4)
+	c.Finished("r1", false, 4, 4)
+	require.NoError(t, c.Flush())
+	testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range rels {
+			if r.Request == "r1" {
+				return nil
+			}
+		}
+		return fmt.Errorf("r1 not released (releases %v)", rels)
+	})
+}
+
+// An engine its node expired (silent for a lease: a paused process) is told
+// "unknown engine" at its next heartbeat, on a single node and on a
+// cluster alike; on a cluster the node released the claim first, so its
+// gate no longer passes the engine's messages, and only the node that
+// dropped it answers. Before: nobody answered on a cluster.
+func TestExpiredEngineIsToldItIsUnknownOnAClusterToo(t *testing.T) {
+	for _, clustered := range []bool{false, true} {
+		t.Run(fmt.Sprint("clustered=", clustered), func(t *testing.T) {
+			var e *env
+			var other *env
+			if clustered {
+				kc := startCluster(t, 2)
+				e, other = kc.nodes[0], kc.nodes[1]
+			} else {
+				e = startNode(t, func(c *node.Config) { c.Lease = clusterLease })
+			}
+			te := e.newEngine("e1", defaultOpts())
+			te.spec.Node = e.node.NodeID()
+			te.register()
+			testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+				if got := e.node.Engines(); len(got) != 0 {
+					return fmt.Errorf("not expired yet: %v", got)
+				}
+				return nil
+			})
+			if clustered {
+				awaitNoOwner(t, ownersBucket(t, e.nc), "e1") // the gate is shut for e1 from here
+			}
+			replies := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: "ep1"})
+			var rep messages.HeartbeatReply
+			require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 2*time.Second, "an answer to the expired engine").Data, &rep))
+			require.Contains(t, rep.Error, "unknown engine")
+			require.Equal(t, e.node.NodeID(), rep.Node)
+			require.Equal(t, e.node.Boot(), rep.Boot)
+			testkit.NoRecv(t, replies, 300*time.Millisecond, "a second answer (the other node never served e1)")
+			if other != nil {
+				require.Empty(t, other.node.Engines())
+			}
+		})
+	}
+}
