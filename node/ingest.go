@@ -292,9 +292,15 @@ func (in *ingester) heard(engineID string, at time.Time, reset bool) *actor.PID 
 	return pid
 }
 
-// msgBytes is what one message holds in memory, near enough.
+// msgBytes is what one message holds in memory, near enough: Size is its
+// wire size (subject, reply, encoded headers, data; O(1) for a received
+// message), and the headers count twice, since nats.go keeps their wire
+// bytes beside the parsed map. Headers left out, a message of headers only
+// queued nearly for free past --max-pending-bytes.
 func msgBytes(m *nats.Msg) int64 {
-	return int64(len(m.Data) + len(m.Subject) + len(m.Reply) + 64)
+	size := m.Size()
+	hdr := size - len(m.Subject) - len(m.Reply) - len(m.Data)
+	return int64(size + hdr + 64)
 }
 
 // take is the subscription's handler: parse the subject, admit the message
