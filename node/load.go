@@ -189,7 +189,8 @@ func (n *Node) tryLoad(ls *loadStart) error {
 		return fmt.Errorf("load %q: %w", req.Request, err)
 	}
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Reject: n.rejectLog, Node: n.cfg.NodeID, Boot: n.boot,
+		Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,
 			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
 	return nil
