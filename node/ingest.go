@@ -492,7 +492,9 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 }
 
 var (
-	errUnknownEngine = errors.New("unknown engine")
+	// errUnknownEngine is counted unknown_engine wherever its label is
+	// taken from the error (a lookup's, a load's).
+	errUnknownEngine = messages.NewRejection(messages.RejectUnknownEngine, "unknown engine")
 	errClosing       = errors.New("node closing")
 	errOverloaded    = errors.New(messages.Overloaded + ": inbound queue full, try again")
 )
