@@ -227,7 +227,7 @@ func TestBadLoadsAreCountedByReason(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			before := rejected(t, e, tc.reason)
-			msg, err := e.nc.Request("kvactors."+tc.engine+".load", []byte(tc.body), 5*time.Second)
+			msg, err := testkit.EngineRequest(e.nc, tc.engine, "kvactors."+tc.engine+".load", []byte(tc.body), 5*time.Second)
 			require.NoError(t, err)
 			var r messages.LoadReply
 			require.NoError(t, jsonUnmarshal(msg.Data, &r))

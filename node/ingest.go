@@ -326,6 +326,13 @@ func (in *ingester) take(m *nats.Msg) {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
 	}
+	if m.Reply != "" && !messages.EngineReplyAllowed(engineID, verb, m.Reply) {
+		// An engine's verbs are answered only in its own inbox: the answer
+		// goes out with the node's rights, into whichever inbox was named.
+		in.n.rejected(messages.RejectBadReply, "reply subject is not the engine's own inbox", "subject", m.Subject,
+			"reply", m.Reply)
+		return
+	}
 	size := msgBytes(m)
 	in.gate.RLock()
 	defer in.gate.RUnlock()

@@ -42,7 +42,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
 		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
 			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
-	reply, err := nc.Request("kvactors.e1.register", spec, 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.register", spec, 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"ok":true`)
 	resync := testkit.Subscribe(t, nc, "kvactors.e1.resync")
@@ -56,7 +56,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	require.Contains(t, string(st.Data), `"seq":1`)
 
 	taken := takeWholeBudget(t, in)
-	lookup, err := nc.Request("kvactors.e1.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
+	lookup, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
 	require.NoError(t, err, "a refused request is answered")
 	var r map[string]any
 	require.NoError(t, json.Unmarshal(lookup.Data, &r))
@@ -211,7 +211,9 @@ func TestHeaderBytesCountAgainstTheIntakeBudget(t *testing.T) {
 	t.Cleanup(func() { in.release(in.budget - free) })
 
 	m.Data = []byte(`{"hashes":[]}`)
-	reply, err := nc.RequestMsg(m, 5*time.Second)
-	require.NoError(t, err, "a refused request is answered")
+	m.Reply = testkit.EngineInbox("e1")
+	replies := testkit.Subscribe(t, nc, m.Reply)
+	require.NoError(t, nc.PublishMsg(m))
+	reply := testkit.Recv(t, replies, 5*time.Second, "a refused request is answered")
 	require.Contains(t, string(reply.Data), messages.Overloaded, "256 KiB of headers do not fit in 64 KiB of budget")
 }
