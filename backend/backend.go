@@ -47,6 +47,9 @@ var (
 	ErrOutOfRange = errors.New("copy range out of bounds")
 	// ErrClosed is returned after Close.
 	ErrClosed = errors.New("closed")
+	// ErrReplaced is returned by Rechecker.Recheck for a segment whose name
+	// no longer names the object that was attached.
+	ErrReplaced = errors.New("segment object replaced")
 )
 
 // Backend attaches engines' device memory and allocates host memory. It is
@@ -78,4 +81,17 @@ type Attachment interface {
 	// bytes have landed (or the first error).
 	Copy(dir Direction, arena Arena, ranges []Range) error
 	Close() error
+}
+
+// Rechecker is an Attachment that can tell whether its segments' names
+// still name the objects it attached. A restarted engine that recreates its
+// shm object under the same name and registers an identical spec must not
+// keep the node copying to and from the dead process's unlinked object; the
+// node asks Recheck before it treats such a register as a no-op.
+type Rechecker interface {
+	// Recheck returns nil when every segment's name still names the object
+	// attached, else an error wrapping ErrReplaced that says which segment
+	// and how (missing, another object, no longer one link). It opens and
+	// maps nothing: one stat per segment.
+	Recheck() error
 }

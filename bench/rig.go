@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -94,9 +95,11 @@ func prefault(mem []byte) {
 func (r *rig) subject(engine, verb string) string { return r.prefix + "." + engine + "." + verb }
 
 // connect opens one more NATS client connection (an engine's, or the raw
-// baseline's subscriber).
+// baseline's subscriber), its reply inbox under _INBOX.<name>: the node
+// answers an engine's requests only in its own inbox.
 func (r *rig) connect(name string) (*nats.Conn, error) {
-	nc, err := nats.Connect(r.url, nats.Name(name), nats.MaxReconnects(0))
+	nc, err := nats.Connect(r.url, nats.Name(name), nats.MaxReconnects(0),
+		nats.CustomInboxPrefix(client.InboxPrefix(name)))
 	if err != nil {
 		return nil, fmt.Errorf("connect %s to %s: %w", name, r.url, err)
 	}

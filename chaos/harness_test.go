@@ -165,6 +165,17 @@ type rig struct {
 
 const tph = 4
 
+// engineConn connects engine's client to url with the SDK's options (its
+// own reply inbox, the only one the node answers it in) and closes it when
+// the test ends.
+func engineConn(t *testing.T, url, engine string) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(url, append(client.Options(engine), nats.Name(t.Name()))...)
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return nc
+}
+
 func newRig(t *testing.T, nc *nats.Conn, shmDir, id string, requests, bpr, blockBytes int, tweak ...func(*client.Config)) *rig {
 	t.Helper()
 	blocks := requests*bpr + 1

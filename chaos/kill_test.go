@@ -31,7 +31,7 @@ func TestKill9AndRestart(t *testing.T) {
 		requests = 1000
 	}
 	srv := testkit.NATSServer(t)
-	nc := testkit.Connect(t, srv)
+	nc := engineConn(t, srv.ClientURL(), "e1")
 	dir := t.TempDir()
 	args := []string{"--nats", srv.ClientURL(), "--lease", lease.String(), "--node-id", "n1", "--shm-dir", dir,
 		"--pool-bytes", "64M", "--log-level", "warn"}

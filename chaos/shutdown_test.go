@@ -69,7 +69,7 @@ func shutdownOnce(t *testing.T) shutdownResult {
 	const lease = 4 * time.Second
 	res := shutdownResult{requests: 500, undelivered: -1}
 	srv := testkit.NATSServer(t)
-	nc := testkit.Connect(t, srv)
+	nc := engineConn(t, srv.ClientURL(), "e1")
 	dir := t.TempDir()
 	node := serve(t, "--nats", srv.ClientURL(), "--lease", lease.String(), "--node-id", "n1", "--shm-dir", dir,
 		"--pool-bytes", "320M", "--copy-workers", "1", "--shutdown-timeout", "1ms")

@@ -134,6 +134,14 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
+	if want := InboxPrefix(cfg.Engine); nc.Opts.InboxPrefix != want {
+		// The node answers an engine's requests only in its own inbox
+		// (PROTOCOL.md "kvactors' choice, replies"): every register would
+		// time out, retried until ctx ends, saying nothing.
+		return nil, fmt.Errorf("%w: the connection's reply-inbox prefix is %q, want %q "+
+			"(nats.CustomInboxPrefix; client.Dial and client.Options set it): the node answers engine %s only there",
+			ErrConfig, nc.Opts.InboxPrefix, want, cfg.Engine)
+	}
 	c := &Client{cfg: cfg, nc: nc, subj: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""), reqs: map[string]*mreq{},
 		loads:  map[*loadWait]struct{}{},
 		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),

@@ -136,6 +136,23 @@ func TestInboxPrefixIsPerEngine(t *testing.T) {
 	require.Regexp(t, `^_INBOX\.e1\.`, testkit.Recv(t, inboxes, 5*time.Second, "the register's reply subject"))
 }
 
+// A connection on another inbox prefix is refused at Connect, at once and
+// saying why, before anything is sent: the node would answer none of the
+// engine's requests (PROTOCOL.md "kvactors' choice, replies").
+func TestConnectRefusesAConnectionOnAnotherInbox(t *testing.T) {
+	s, _ := testkit.NATS(t)
+	for _, opts := range [][]nats.Option{nil, {nats.CustomInboxPrefix(client.InboxPrefix("e2"))}} {
+		nc, err := nats.Connect(s.ClientURL(), opts...)
+		require.NoError(t, err)
+		t.Cleanup(nc.Close)
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err = client.Connect(ctx, nc, client.Config{Engine: "e1", Spec: spec()})
+		cancel()
+		require.ErrorIs(t, err, client.ErrConfig)
+		require.ErrorContains(t, err, `want "_INBOX.e1"`)
+	}
+}
+
 // TestReleasedOncePerEventInCurrentEpoch: a finished request is freed
 // once, by the node's release for the current epoch; a release carrying
 // another epoch frees nothing.

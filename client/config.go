@@ -170,8 +170,9 @@ func CheckConn(o nats.Options, engine string, lease time.Duration) []string {
 		if got == "" {
 			got = "the default _INBOX"
 		}
-		bad = append(bad, fmt.Sprintf("the reply-inbox prefix is %s, want %s (nats.CustomInboxPrefix): under "+
-			"per-engine NATS permissions no reply would reach this engine", got, want))
+		bad = append(bad, fmt.Sprintf("the reply-inbox prefix is %s, want %s (nats.CustomInboxPrefix): the node "+
+			"answers this engine's requests only there (and under per-engine NATS permissions no other reply "+
+			"would reach it)", got, want))
 	}
 	if o.ReconnectBufSize >= 0 {
 		bad = append(bad, fmt.Sprintf("ReconnectBufSize is %d, want -1 (nats.ReconnectBufSize(-1)): a batch "+

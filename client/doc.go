@@ -71,15 +71,16 @@
 //     could reach a new boot that knows the engine, while the register's
 //     reply settles the loads of the old boot.
 //
-// The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`
-// so that per-engine NATS permissions can be enforced, and, for the
+// The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`:
+// the node answers an engine's requests only there, and per-engine NATS
+// permissions let it read no other (Connect refuses another prefix at once,
+// ErrConfig); and, for the
 // node_lost frees to be safe, no reconnect buffer (a batch published while
 // the link is down would otherwise be replayed to a node that is alive
 // after all, after its requests were freed) and pings that close a dead
 // link within 3/4 of the node's lease: Dial sets all of them, or pass
 // Options(engine) to nats.Connect yourself. CheckConn tells what a
-// connection lacks (the inbox prefix included); the client logs it at
-// Warn at each register.
+// connection lacks; the client logs it at Warn at each register.
 //
 // Concurrency: every method is safe for concurrent use. Callbacks run one
 // at a time, in arrival order, on one goroutine of the client, never on a

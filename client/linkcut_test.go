@@ -135,7 +135,8 @@ func TestAPublishWhileLostPostponesTheFrees(t *testing.T) {
 
 // TestCheckConn: the SDK's Options suit the default lease; a connection
 // with a reconnect buffer or slow pings does not, and the client says so
-// at register.
+// at register (one on another inbox prefix is refused at Connect:
+// TestConnectRefusesAConnectionOnAnotherInbox).
 func TestCheckConn(t *testing.T) {
 	o := nats.GetDefaultOptions()
 	for _, opt := range client.Options("e1") {
@@ -148,17 +149,19 @@ func TestCheckConn(t *testing.T) {
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	var logs testkit.SyncBuffer
-	connect(t, testkit.Connect(t, s), client.Config{Engine: "e1", Spec: spec(),
+	enc, err := nats.Connect(s.ClientURL(), nats.CustomInboxPrefix(client.InboxPrefix("e1")))
+	require.NoError(t, err)
+	t.Cleanup(enc.Close)
+	connect(t, enc, client.Config{Engine: "e1", Spec: spec(),
 		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	require.Contains(t, logs.String(), "ReconnectBufSize")
 	require.Contains(t, logs.String(), "PingInterval")
-	require.Contains(t, logs.String(), "CustomInboxPrefix")
 }
 
 // TestCheckConnTellsAMissingPerEngineInboxPrefix: a connection whose reply
 // inboxes are not under _INBOX.<engine> (the default _INBOX, or another
-// engine's) is reported: under per-engine NATS permissions its register
-// would time out forever. The rest of its settings are the SDK's.
+// engine's) is reported: the node answers none of its requests, and under
+// per-engine NATS permissions no other reply would reach it either. The rest of its settings are the SDK's.
 func TestCheckConnTellsAMissingPerEngineInboxPrefix(t *testing.T) {
 	for _, prefix := range []string{"", client.InboxPrefix("e2")} {
 		o := nats.GetDefaultOptions()

@@ -81,6 +81,23 @@ func ReplyAllowed(reply string) bool {
 	return strings.HasPrefix(reply, InboxRoot) && !strings.HasPrefix(reply, serviceInboxes)
 }
 
+// EngineReplyAllowed reports whether the node may answer engine's message
+// of verb on reply: ReplyAllowed, and for every verb but status (anyone may
+// ask for status: routers, tools) under the engine's own inbox
+// `_INBOX.<engine>.`, the only one NATS permissions let it read
+// (client.InboxPrefix). Otherwise engine mal could have the node answer,
+// with the node's rights, into engine vic's inbox.
+func EngineReplyAllowed(engine, verb, reply string) bool {
+	if !ReplyAllowed(reply) {
+		return false
+	}
+	if verb == VerbStatus {
+		return true
+	}
+	own, ok := strings.CutPrefix(reply[len(InboxRoot):], engine)
+	return ok && engine != "" && strings.HasPrefix(own, ".")
+}
+
 // EngineSubject is P.E.verb.
 func EngineSubject(prefix, engine, verb string) string { return prefix + "." + engine + "." + verb }
 

@@ -203,3 +203,38 @@ func TestStartFailureIsAnError(t *testing.T) {
 	_, err = node.Start(context.Background(), node.Config{Backend: "tape"})
 	require.ErrorIs(t, err, node.ErrConfig)
 }
+
+// A load refused for its input is counted in
+// kvactors_events_rejected_total{reason} as a lookup is: a body that does not
+// decode or does not fit the layout, a block id past num_gpu_blocks, an
+// unknown engine. Answered with the error, nothing else changes.
+func TestBadLoadsAreCountedByReason(t *testing.T) {
+	e := startNode(t)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	hs := []string{hash("a", 0)}
+	for _, tc := range []struct {
+		name, engine, body, reason string
+	}{
+		{"not json", "e1", `{"request":`, messages.RejectMalformed},
+		{"bad hash", "e1", `{"request":"l","hashes":["XY"],"num_tokens":4,"blocks":[[1]]}`, messages.RejectBadHash},
+		{"too few block ids", "e1", `{"request":"l","hashes":["` + hs[0] + `"],"num_tokens":4,"blocks":[[]]}`,
+			messages.RejectMalformed},
+		{"block id past num_gpu_blocks", "e1", `{"request":"l","hashes":["` + hs[0] + `"],"num_tokens":4,"blocks":[[64]]}`,
+			messages.RejectBlockRange},
+		{"unknown engine", "nobody", `{"request":"l","hashes":[],"num_tokens":0,"blocks":[[]]}`,
+			messages.RejectUnknownEngine},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			before := rejected(t, e, tc.reason)
+			msg, err := testkit.EngineRequest(e.nc, tc.engine, "kvactors."+tc.engine+".load", []byte(tc.body), 5*time.Second)
+			require.NoError(t, err)
+			var r messages.LoadReply
+			require.NoError(t, jsonUnmarshal(msg.Data, &r))
+			require.False(t, r.OK)
+			require.NotEmpty(t, r.Error)
+			require.Equal(t, before+1, rejected(t, e, tc.reason), "counted as %s: %s", tc.reason, r.Error)
+		})
+	}
+	require.Equal(t, 0, te.lookup(hs), "nothing stored, nothing changed")
+}

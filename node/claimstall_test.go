@@ -18,7 +18,8 @@ import (
 
 // stalledEngine is an engine on the same intake shard as other (an id
 // found by trying), and an inbox that gathers the replies to its requests,
-// each on _INBOX.stalled.<tag>.
+// each on _INBOX.<its id>.stalled.<tag> (lookupcost_test sends another
+// engine's there too).
 func stalledEngine(t *testing.T, e *env, other string) (te *testEngine, ask func(verb, tag string, body any),
 	replies <-chan *nats.Msg) {
 	t.Helper()
@@ -28,14 +29,14 @@ func stalledEngine(t *testing.T, e *env, other string) (te *testEngine, ask func
 	}
 	te = e.newEngine(id, defaultOpts())
 	ch := make(chan *nats.Msg, 16)
-	sub, err := e.nc.ChanSubscribe("_INBOX.stalled.*", ch)
+	sub, err := e.nc.ChanSubscribe("_INBOX.*.stalled.*", ch)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	ask = func(verb, tag string, body any) {
 		t.Helper()
 		data, err := json.Marshal(body)
 		require.NoError(t, err)
-		require.NoError(t, e.nc.PublishRequest("kvactors."+id+"."+verb, "_INBOX.stalled."+tag, data))
+		require.NoError(t, e.nc.PublishRequest("kvactors."+id+"."+verb, "_INBOX."+id+".stalled."+tag, data))
 		require.NoError(t, e.nc.Flush())
 	}
 	return te, ask, ch
@@ -87,26 +88,26 @@ func TestClusterStalledClaimHoldsUpOnlyItsEngine(t *testing.T) {
 	var got []string
 	for range 4 {
 		m := testkit.Recv(t, replies, 5*time.Second, "b's replies")
-		got = append(got, m.Subject)
-		switch m.Subject {
-		case "_INBOX.stalled.reg1", "_INBOX.stalled.reg2":
+		tag := m.Subject[strings.LastIndex(m.Subject, ".")+1:]
+		got = append(got, tag)
+		switch tag {
+		case "reg1", "reg2":
 			var r messages.RegisterReply
 			require.NoError(t, json.Unmarshal(m.Data, &r))
 			require.True(t, r.OK, "%s: %s", m.Subject, m.Data)
-		case "_INBOX.stalled.hb":
+		case "hb":
 			var r messages.HeartbeatReply
 			require.NoError(t, json.Unmarshal(m.Data, &r))
 			require.Empty(t, r.Error)
 			require.Equal(t, uint64(1), r.Applied, "b's batch applied after its register, before its heartbeat")
-		case "_INBOX.stalled.st":
+		case "st":
 			var st node.StatusReply
 			require.NoError(t, json.Unmarshal(m.Data, &st))
 			require.Empty(t, st.Error)
 			require.Equal(t, uint64(1), st.Seq)
 		}
 	}
-	require.Equal(t, []string{"_INBOX.stalled.reg1", "_INBOX.stalled.reg2", "_INBOX.stalled.hb",
-		"_INBOX.stalled.st"}, got, "b's messages handled in the order b sent them")
+	require.Equal(t, []string{"reg1", "reg2", "hb", "st"}, got, "b's messages handled in the order b sent them")
 	require.Equal(t, 2.0, e.counter("kvactors_cluster_ownership_decisions_total", "claim"),
 		"one claim each for a and b: b's second register serves on its first one's")
 	require.ElementsMatch(t, []string{a.id, b.id}, e.node.Engines())

@@ -116,7 +116,7 @@ func TestATimedOutEndReleasesTheClaimOnceItsCopyEnds(t *testing.T) {
 		`{"type":"blocks","request":"a","group":0,"start":0,"ids":[1]},{"type":"tokens","request":"a","computed":4,"total":4}]}`)))
 	testkit.Recv(t, dev.copies, 5*time.Second, "the store's copy, held")
 
-	reply, err := nc.Request("kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), "still in flight")
 	require.True(t, n.serving("e1", "events"), "the claim given up under a running copy")

@@ -247,7 +247,7 @@ func TestClusterUnderGeneratedNATSPermissions(t *testing.T) {
 	require.Equal(t, 2, r.RemoteChunks)
 	require.True(t, bytes.Equal(a.block(0, 30), b.block(0, 4)))
 	require.True(t, bytes.Equal(a.block(0, 31), b.block(0, 5)))
-	msg, err = f.e.nc.Request("kvactors.ef.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
+	msg, err = testkit.EngineRequest(f.e.nc, "ef", "kvactors.ef.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
 	require.NoError(t, err)
 	var lr messages.LookupReply
 	require.NoError(t, json.Unmarshal(msg.Data, &lr))

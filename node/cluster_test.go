@@ -130,7 +130,7 @@ func collect(t *testing.T, nc *nats.Conn, subject string, body any) <-chan *nats
 	t.Helper()
 	data, err := json.Marshal(body)
 	require.NoError(t, err)
-	inbox := nc.NewRespInbox()
+	inbox := testkit.EngineInbox(strings.Split(subject, ".")[1]) // the engine's own (PROTOCOL.md replies)
 	ch := make(chan *nats.Msg, 16)
 	sub, err := nc.ChanSubscribe(inbox, ch)
 	require.NoError(t, err)
@@ -457,7 +457,7 @@ func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 		require.NoError(t, err)
 		go func() {
 			var r messages.LoadReply
-			m, err := c.e.nc.Request("kvactors."+c.id+".load", body, 5*time.Second)
+			m, err := testkit.EngineRequest(c.e.nc, c.id, "kvactors."+c.id+".load", body, 5*time.Second)
 			if err != nil {
 				r.Error = err.Error()
 			} else if err := json.Unmarshal(m.Data, &r); err != nil {

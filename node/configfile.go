@@ -9,7 +9,8 @@ import (
 
 // readConfigFile reads a YAML mapping of flag names to scalar values
 // ("" path: no file). A key that is no flag, or a value that is not a
-// scalar, is an error: a typo must not fall back to a default unseen.
+// scalar, is an error: a typo must not fall back to a default unseen. So is
+// a key given twice: one of the two values would be dropped unseen.
 func readConfigFile(path string, flags []Flag) (map[string]string, error) {
 	if path == "" {
 		return nil, nil
@@ -34,15 +35,20 @@ func readConfigFile(path string, flags []Flag) (map[string]string, error) {
 	for _, f := range flags {
 		known[f.Name] = f.Name != configFlag
 	}
+	line := map[string]int{} // of each key's first appearance
 	for i := 0; i+1 < len(root.Content); i += 2 {
 		k, v := root.Content[i], root.Content[i+1]
 		switch {
 		case !known[k.Value]:
 			return nil, fmt.Errorf("%w: config file %s:%d: unknown key %q (keys are serve flag names, see kvactors flags)",
 				ErrConfig, path, k.Line, k.Value)
+		case line[k.Value] != 0:
+			return nil, fmt.Errorf("%w: config file %s:%d: key %q given twice (first at line %d)",
+				ErrConfig, path, k.Line, k.Value, line[k.Value])
 		case v.Kind != yaml.ScalarNode:
 			return nil, fmt.Errorf("%w: config file %s:%d: %s: want a single value", ErrConfig, path, v.Line, k.Value)
 		}
+		line[k.Value] = k.Line
 		out[k.Value] = v.Value
 	}
 	return out, nil

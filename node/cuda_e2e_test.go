@@ -272,7 +272,8 @@ func cudaEngineRun(url, id string, logf func(string, ...any)) (v e2eVerdict, cle
 	}
 	logf("allocated %d segments (%d, %d, %d bytes), patterns written", e2eSegments, e2eSegBytes(0), e2eSegBytes(1), e2eSegBytes(2))
 
-	nc, err := nats.Connect(url, nats.Name("cuda-e2e-engine"))
+	nc, err := nats.Connect(url, nats.Name("cuda-e2e-engine"),
+		nats.CustomInboxPrefix(messages.InboxRoot+id)) // the node answers an engine only there
 	if err != nil {
 		return v, cleanup, err
 	}

@@ -234,7 +234,7 @@ func TestNodeHeartbeatsGoOnWhileTheDiskHoldsItsLock(t *testing.T) {
 	release := e2.node.HoldKVJournal()
 	t.Cleanup(release) // before the node's Close
 	loadReply := make(chan *nats.Msg, 1)
-	inbox := e2.nc.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err := e2.nc.ChanSubscribe(inbox, loadReply)
 	require.NoError(t, err)
 	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{spilled}, "num_tokens": 4,

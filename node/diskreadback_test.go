@@ -39,7 +39,7 @@ func (d *storeHeldDevice) Copy(dir backend.Direction, a backend.Arena, r []backe
 // loadAsync publishes a load and returns where its reply comes.
 func (te *testEngine) loadAsync(req string, hashes []string, tokens int, blocks ...[]int) <-chan *nats.Msg {
 	te.e.t.Helper()
-	inbox := te.e.nc.NewInbox()
+	inbox := testkit.EngineInbox(te.id)
 	replies := testkit.Subscribe(te.e.t, te.e.nc, inbox)
 	body, err := json.Marshal(map[string]any{"request": req, "hashes": hashes, "num_tokens": tokens, "blocks": blocks})
 	require.NoError(te.e.t, err)

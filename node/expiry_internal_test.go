@@ -106,7 +106,7 @@ func tryRegister(t *testing.T, nc *nats.Conn, dir, id string) error {
 	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
 		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
 			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
-	reply, err := nc.Request("kvactors."+id+".register", spec, 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, id, "kvactors."+id+".register", spec, 5*time.Second)
 	if err != nil {
 		return err
 	}
@@ -268,7 +268,7 @@ func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
 func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
 	const lease = time.Second
 	heartbeat := func(t *testing.T, nc *nats.Conn) {
-		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
+		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
 		require.NoError(t, err)
 		require.Contains(t, string(reply.Data), "overloaded")
 	}
@@ -337,7 +337,7 @@ func TestADroppedSignOfLifeIsStampedWhenItWasDropped(t *testing.T) {
 	const lease = time.Minute
 	start := time.Unix(1_800_000_000, 0)
 	heartbeat := func(t *testing.T, _ *Node, nc *nats.Conn, _ int) {
-		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
+		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)
 		require.NoError(t, err)
 		require.Contains(t, string(reply.Data), "overloaded") // recorded before the reply
 	}

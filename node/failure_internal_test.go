@@ -75,7 +75,7 @@ func failAndForget(t *testing.T, edit func(*engine.Deps), reason string) (*Node,
 	registerOneEngine(t, nc, dir, "e1")
 	heartbeat := func() string {
 		t.Helper()
-		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":1}`), 5*time.Second)
+		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":1}`), 5*time.Second)
 		require.NoError(t, err)
 		return string(reply.Data)
 	}
@@ -119,7 +119,7 @@ func registerAgain(t *testing.T, nc *nats.Conn, dir string) {
 	t.Helper()
 	registerOneEngine(t, nc, dir, "e1")
 	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"b","seq":1,"events":[]}`)))
-	reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"b","seq":1}`), 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"b","seq":1}`), 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"applied":1`)
 }

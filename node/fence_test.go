@@ -125,17 +125,17 @@ func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
 	loadReply := make(chan *nats.Msg, 1)
 	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,
 		"blocks": [][]int{{9}}})
-	_, err := e.nc.ChanSubscribe("_INBOX.load", loadReply)
+	_, err := e.nc.ChanSubscribe("_INBOX.e1.load", loadReply)
 	require.NoError(t, err)
-	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", "_INBOX.load", body))
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", "_INBOX.e1.load", body))
 	testkit.Recv(t, dev.started, 5*time.Second, "load copy")
 	te.send(added("c", 4), hashesEv("c", 0, hash("c", 0)), blocksEv("c", 0, 0, 3), tokensEv("c", 4, 4))
 	te.sync() // c's job is queued behind the two held workers
 
 	unreg := make(chan *nats.Msg, 1)
-	_, err = e.nc.ChanSubscribe("_INBOX.unreg", unreg)
+	_, err = e.nc.ChanSubscribe("_INBOX.e1.unreg", unreg)
 	require.NoError(t, err)
-	require.NoError(t, e.nc.PublishRequest("kvactors.e1.unregister", "_INBOX.unreg", []byte(`{}`)))
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.unregister", "_INBOX.e1.unreg", []byte(`{}`)))
 	testkit.NoRecv(t, unreg, 100*time.Millisecond, "the unregister reply while copies are in flight")
 	require.True(t, mapped(t, path), "segments unmapped under a running copy")
 	// c's queued copy is cancelled, never run: the queue empties while both
@@ -240,7 +240,7 @@ func TestCopiesWaitThroughAnOutage(t *testing.T) {
 	// The engine is heard again (its heartbeat, once the node has
 	// resubscribed): its requests are reset, b never copies.
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
-		_, err := e.nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"ep1","seq":2}`), time.Second)
+		_, err := testkit.EngineRequest(e.nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"ep1","seq":2}`), time.Second)
 		return err
 	})
 	for {
@@ -272,16 +272,16 @@ func TestUnregisterWaitsForALoadInFlight(t *testing.T) {
 	recv(t, te.released, "a released") // no request is left
 
 	loadReply := make(chan *nats.Msg, 1)
-	_, err := e.nc.ChanSubscribe("_INBOX.load2", loadReply)
+	_, err := e.nc.ChanSubscribe("_INBOX.e1.load2", loadReply)
 	require.NoError(t, err)
 	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,
 		"blocks": [][]int{{9}}})
-	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", "_INBOX.load2", body))
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", "_INBOX.e1.load2", body))
 	testkit.Recv(t, dev.started, 5*time.Second, "load copy")
 	unreg := make(chan *nats.Msg, 1)
-	_, err = e.nc.ChanSubscribe("_INBOX.unreg2", unreg)
+	_, err = e.nc.ChanSubscribe("_INBOX.e1.unreg2", unreg)
 	require.NoError(t, err)
-	require.NoError(t, e.nc.PublishRequest("kvactors.e1.unregister", "_INBOX.unreg2", []byte(`{}`)))
+	require.NoError(t, e.nc.PublishRequest("kvactors.e1.unregister", "_INBOX.e1.unreg2", []byte(`{}`)))
 	testkit.NoRecv(t, unreg, 100*time.Millisecond, "the unregister reply while a load copies")
 	require.True(t, mapped(t, path), "segments unmapped under a running load")
 	dev.gate <- struct{}{}
@@ -338,7 +338,7 @@ func TestARespecWaitsForALoadInFlightBeforeUnmapping(t *testing.T) {
 	recv(t, te.released, "a released")
 
 	loadReply := make(chan *nats.Msg, 1)
-	inbox := e.nc.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err := e.nc.ChanSubscribe(inbox, loadReply)
 	require.NoError(t, err)
 	body, _ := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,

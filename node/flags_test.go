@@ -101,6 +101,8 @@ func TestBadSettingsAreClassified(t *testing.T) {
 		{"file key config", nil, "config: other.yaml\n", node.ErrConfig, `unknown key "config"`},
 		{"malformed file value", nil, "pool-bytes: lots\n", node.ErrConfig, "pool-bytes"},
 		{"zero in file", nil, "pool-bytes: 0\n", node.ErrConfig, "pool-bytes"},
+		{"file key twice", nil, "pool-bytes: 1GiB\nhttp: \"off\"\npool-bytes: 2GiB\n", node.ErrConfig,
+			`:3: key "pool-bytes" given twice (first at line 1)`},
 		{"list in file", nil, "nats: [a, b]\n", node.ErrConfig, "single value"},
 		{"not a mapping", nil, "- a\n", node.ErrConfig, "mapping"},
 		{"not yaml", nil, "a: [\n", node.ErrConfig, "config file"},

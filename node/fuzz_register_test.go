@@ -18,6 +18,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -88,7 +89,7 @@ func FuzzRegister(f *testing.F) {
 	require.NoError(f, err)
 	f.Cleanup(nc.Close)
 	request := func(t testing.TB, subject string, body []byte) []byte {
-		m, err := nc.Request(subject, body, 5*time.Second)
+		m, err := testkit.EngineRequest(nc, strings.Split(subject, ".")[1], subject, body, 5*time.Second)
 		require.NoError(t, err, subject)
 		return m.Data
 	}

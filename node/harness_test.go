@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -164,7 +165,7 @@ func (te *testEngine) request(verb string, body any) []byte {
 	te.e.t.Helper()
 	data, err := json.Marshal(body)
 	require.NoError(te.e.t, err)
-	msg, err := te.e.nc.Request("kvactors."+te.id+"."+verb, data, 5*time.Second)
+	msg, err := testkit.EngineRequest(te.e.nc, te.id, "kvactors."+te.id+"."+verb, data, 5*time.Second)
 	require.NoError(te.e.t, err, verb)
 	return msg.Data
 }

@@ -446,7 +446,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 		spec.Groups[0].Regions = regions
 		body, err := json.Marshal(spec)
 		require.NoError(t, err)
-		m, err := e.nc.Request("kvactors."+id+".register", body, 5*time.Second)
+		m, err := testkit.EngineRequest(e.nc, id, "kvactors."+id+".register", body, 5*time.Second)
 		require.NoError(t, err)
 		var reply messages.RegisterReply
 		require.NoError(t, json.Unmarshal(m.Data, &reply))

@@ -292,9 +292,15 @@ func (in *ingester) heard(engineID string, at time.Time, reset bool) *actor.PID 
 	return pid
 }
 
-// msgBytes is what one message holds in memory, near enough.
+// msgBytes is what one message holds in memory, near enough: Size is its
+// wire size (subject, reply, encoded headers, data; O(1) for a received
+// message), and the headers count twice, since nats.go keeps their wire
+// bytes beside the parsed map. Headers left out, a message of headers only
+// queued nearly for free past --max-pending-bytes.
 func msgBytes(m *nats.Msg) int64 {
-	return int64(len(m.Data) + len(m.Subject) + len(m.Reply) + 64)
+	size := m.Size()
+	hdr := size - len(m.Subject) - len(m.Reply) - len(m.Data)
+	return int64(size + hdr + 64)
 }
 
 // take is the subscription's handler: parse the subject, admit the message
@@ -319,6 +325,13 @@ func (in *ingester) take(m *nats.Msg) {
 	switch verb {
 	case messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync:
 		return // another node's publish (NoEcho hides only our own): not for us
+	}
+	if m.Reply != "" && !messages.EngineReplyAllowed(engineID, verb, m.Reply) {
+		// An engine's verbs are answered only in its own inbox: the answer
+		// goes out with the node's rights, into whichever inbox was named.
+		in.n.rejected(messages.RejectBadReply, "reply subject is not the engine's own inbox", "subject", m.Subject,
+			"reply", m.Reply)
+		return
 	}
 	size := msgBytes(m)
 	in.gate.RLock()
@@ -489,7 +502,9 @@ func (n *Node) rejected(reason, msg string, args ...any) {
 }
 
 var (
-	errUnknownEngine = errors.New("unknown engine")
+	// errUnknownEngine is counted unknown_engine wherever its label is
+	// taken from the error (a lookup's, a load's).
+	errUnknownEngine = messages.NewRejection(messages.RejectUnknownEngine, "unknown engine")
 	errClosing       = errors.New("node closing")
 	errOverloaded    = errors.New(messages.Overloaded + ": inbound queue full, try again")
 )

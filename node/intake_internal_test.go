@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,7 +42,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	spec, _ := json.Marshal(messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 4,
 		Segments: []messages.Segment{seg.Spec()}, Groups: []messages.GroupSpec{{Kind: "full", TokensPerBlock: 4,
 			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
-	reply, err := nc.Request("kvactors.e1.register", spec, 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.register", spec, 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"ok":true`)
 	resync := testkit.Subscribe(t, nc, "kvactors.e1.resync")
@@ -55,7 +56,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 	require.Contains(t, string(st.Data), `"seq":1`)
 
 	taken := takeWholeBudget(t, in)
-	lookup, err := nc.Request("kvactors.e1.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
+	lookup, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.lookup", []byte(`{"hashes":[]}`), 5*time.Second)
 	require.NoError(t, err, "a refused request is answered")
 	var r map[string]any
 	require.NoError(t, json.Unmarshal(lookup.Data, &r))
@@ -178,4 +179,41 @@ func TestTheLapseEndCoversEveryMessageReadBeforeIt(t *testing.T) {
 	for n := uint64(1); n <= 3; n++ {
 		require.Equal(t, uint64(1), stamp(2, n, end), "message %d belongs to the lapse", n)
 	}
+}
+
+// PROTOCOL.md "Back-pressure": the intake's byte budget counts what a
+// message holds, its NATS headers too (a received message keeps them twice:
+// the wire bytes and the parsed map). Counted without them, messages whose
+// bytes are all headers queued nearly for free and the node held many times
+// --max-pending-bytes. With 64 KiB of the budget left, a request carrying
+// 256 KiB of headers and an empty body is refused as overloaded.
+func TestHeaderBytesCountAgainstTheIntakeBudget(t *testing.T) {
+	const pad = 256 << 10
+	m := nats.NewMsg("kvactors.e1.lookup")
+	m.Header.Set("X-Pad", strings.Repeat("h", pad))
+	require.Greater(t, msgBytes(m), int64(2*pad), "the header counted, as wire bytes and parsed")
+
+	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(),
+		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err := nats.Connect(n.NATSURL())
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	in := n.ingest
+	const free = 64 << 10
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if in.admit(in.budget - free) {
+			return nil
+		}
+		return fmt.Errorf("intake holds %d bytes", in.pending.Load())
+	})
+	t.Cleanup(func() { in.release(in.budget - free) })
+
+	m.Data = []byte(`{"hashes":[]}`)
+	m.Reply = testkit.EngineInbox("e1")
+	replies := testkit.Subscribe(t, nc, m.Reply)
+	require.NoError(t, nc.PublishMsg(m))
+	reply := testkit.Recv(t, replies, 5*time.Second, "a refused request is answered")
+	require.Contains(t, string(reply.Data), messages.Overloaded, "256 KiB of headers do not fit in 64 KiB of budget")
 }

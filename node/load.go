@@ -70,9 +70,14 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 	}
+	// refuse is fail for bad input: counted by reason as a lookup's is.
+	refuse := func(err error) {
+		n.metrics.Rejected.WithLabelValues(messages.RejectLabel(err)).Inc()
+		fail(err)
+	}
 	rec := n.engine(engineID)
 	if rec == nil {
-		fail(fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		refuse(fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
 	gen := rec.hearing.Gen() // before the check: a silence ending meanwhile refuses the copy
@@ -85,12 +90,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	}
 	req, err := ingest.DecodeLoad(m.Data, n.cfg.Limits)
 	if err != nil {
-		fail(err)
+		refuse(err)
 		return
 	}
 	chunks, err := rec.layout.LoadChunks(req.Hashes, req.NumTokens, req.Blocks)
 	if err != nil {
-		fail(err)
+		refuse(err)
 		return
 	}
 	keys := make([]messages.Key, len(chunks))
@@ -189,7 +194,8 @@ func (n *Node) tryLoad(ls *loadStart) error {
 		return fmt.Errorf("load %q: %w", req.Request, err)
 	}
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
-		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Node: n.cfg.NodeID, Boot: n.boot, Done: rec.loads.leave},
+		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Reject: n.rejectLog, Node: n.cfg.NodeID, Boot: n.boot,
+		Done: rec.loads.leave},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,
 			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
 	return nil

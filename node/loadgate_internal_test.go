@@ -99,7 +99,7 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	keys := []messages.Key{chunks[0].Key}
 	require.True(t, n.store.Ready(keys[0]), "the load's key is loadable")
 
-	reply, err := nc.Request("kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
+	reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.unregister", []byte(`{}`), 5*time.Second)
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"ok":true`)
 

@@ -40,7 +40,7 @@ func TestAHostileLookupDoesNotHoldUpItsShard(t *testing.T) {
 	data, err := json.Marshal(map[string]any{"hashes": hashes})
 	require.NoError(t, err)
 	begun := time.Now()
-	require.NoError(t, e.nc.PublishRequest("kvactors.mal.lookup", "_INBOX.stalled.lookup", data))
+	require.NoError(t, e.nc.PublishRequest("kvactors.mal.lookup", "_INBOX.mal.stalled.lookup", data))
 	ask("heartbeat", "hb", messages.HeartbeatRequest{Epoch: b.epoch, Seq: b.seq})
 
 	const bound = 3 * time.Second // the first rule took seconds here without -race

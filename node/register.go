@@ -30,6 +30,9 @@ type engineRec struct {
 	spec   messages.EngineSpec
 	layout *sched.Layout
 	device backend.Attachment
+	// attached is device as the backend made it, under the node's and the
+	// tests' wrappers: what recheck asks.
+	attached backend.Attachment
 	// mappedBytes is what its device counts against --max-mapped-bytes
 	// (mapCharge), given back when the device is closed.
 	mappedBytes int64
@@ -135,7 +138,24 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if old != nil {
 		silentFor = old.hearing.Silent(at)
 	}
-	if old != nil && reflect.DeepEqual(old.spec, spec) && silentFor < n.cfg.Lease/2 {
+	// why a register of a live engine is an engine reset; "" while it is not.
+	why := ""
+	switch {
+	case old == nil:
+	case !reflect.DeepEqual(old.spec, spec):
+		why = "engine re-registered with a new spec: engine reset"
+	case silentFor >= n.cfg.Lease/2:
+		// After lease/2 of silence the engine may have declared this node
+		// lost (its own link failed) and reused the blocks its requests
+		// held: they must never copy again, so its register is a reset even
+		// with the same spec (PROTOCOL.md "Fencing, node side").
+		why = "engine re-registered after a silence of lease/2 or more: engine reset"
+	case recheck(old.attached) != nil:
+		// A restarted engine recreated its object under the same name: the
+		// mapping holds the dead process's memory, so the same spec is
+		// remapped as a new one (PROTOCOL.md "EngineSpec").
+		why = "engine re-registered with a segment object replaced: engine reset"
+	default:
 		old.hearing.Heard(at)
 		n.system.Root.Send(old.pid, &engine.Touch{})
 		return nil
@@ -158,6 +178,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if err != nil {
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	attached := dev // the backend's own, for recheck
 	if n.cfg.WrapDevice != nil {
 		dev = n.cfg.WrapDevice(dev)
 	}
@@ -172,14 +193,6 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	lay.Namespace = ns.id
 	n.diskKeys.learn(ns.id, ns.key, lay)
 	if old != nil {
-		// After lease/2 of silence the engine may have declared this node
-		// lost (its own link failed) and reused the blocks its requests
-		// held: they must never copy again, so its register is a reset even
-		// with the same spec (PROTOCOL.md "Fencing, node side").
-		why := "engine re-registered with a new spec: engine reset"
-		if reflect.DeepEqual(old.spec, spec) {
-			why = "engine re-registered after a silence of lease/2 or more: engine reset"
-		}
 		n.log.Info(why, "engine", id, "silent", silentFor)
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
@@ -197,7 +210,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		rel = actors.NewReleases(n.outbox, id)
 		n.releases[id] = rel
 	}
-	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, mappedBytes: charge, store: n.store.Engine(id, lay, dev),
+	rec := &engineRec{id: id, spec: spec, layout: lay, device: dev, attached: attached, mappedBytes: charge, store: n.store.Engine(id, lay, dev),
 		closed: make(chan struct{}), hearing: &transfer.Hearing{}}
 	rec.clusterNS = messages.ClusterNamespace(rec.namespaceKey(), geometry(lay))
 	rec.hearing.Heard(at)
@@ -222,6 +235,15 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	n.ingest.route(id, rec.pid, rec.hearing)
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
+	return nil
+}
+
+// recheck is nil while every segment's name still names the object dev
+// attached (backend.Rechecker); a backend that cannot tell passes.
+func recheck(dev backend.Attachment) error {
+	if rc, ok := dev.(backend.Rechecker); ok {
+		return rc.Recheck()
+	}
 	return nil
 }
 

@@ -157,3 +157,62 @@ func TestABadSubjectIsAnsweredOnlyOnAReplyInbox(t *testing.T) {
 	require.Empty(t, hb.Error, "vic still registered")
 	require.Equal(t, base.node.Boot(), hb.Boot)
 }
+
+// PROTOCOL.md "kvactors' choice, replies": an engine's verbs (all but
+// status) are answered only in its own inbox, _INBOX.<E>., the one its NATS
+// permissions let it read. Engine mal names vic's inbox, another prefix
+// that merely starts with its id, and a default nats.go inbox as the reply
+// of its own requests: each is refused as bad_reply, handled not at all
+// (the unregister leaves mal registered) and answered nowhere; a status
+// request, which anyone may send, is answered wherever its inbox is.
+func TestAnEnginesRequestsAreAnsweredOnlyInItsOwnInbox(t *testing.T) {
+	e := startNode(t)
+	mal := e.newEngine("mal", defaultOpts())
+	mal.register()
+	elsewhere := make(chan *nats.Msg, 16)
+	_, err := e.nc.ChanSubscribe("_INBOX.>", elsewhere)
+	require.NoError(t, err)
+	require.NoError(t, e.nc.Flush())
+
+	spec, err := json.Marshal(mal.spec)
+	require.NoError(t, err)
+	forged := []struct{ verb, reply, body string }{
+		{"lookup", "_INBOX.vic.pending", `{"hashes":[]}`},
+		{"heartbeat", "_INBOX.vic.pending", `{"epoch":"ep1","seq":0}`},
+		{"load", "_INBOX.vic.pending", `{"request":"l","hashes":[],"num_tokens":0,"blocks":[[]]}`},
+		{"register", "_INBOX.vic.pending", string(spec)},
+		{"unregister", "_INBOX.vic.pending", `{}`},
+		{"lookup", "_INBOX.malx.pending", `{"hashes":[]}`},
+		{"lookup", "_INBOX.mal", `{"hashes":[]}`},
+		{"lookup", nats.NewInbox(), `{"hashes":[]}`},
+	}
+	for _, f := range forged {
+		require.NoError(t, e.nc.PublishRequest("kvactors.mal."+f.verb, f.reply, []byte(f.body)))
+	}
+	// Taken after them on the one subscription: once it is answered, every
+	// forged message was refused (before it was queued) and nothing of them
+	// is left to publish; a flush delivers what the server routed before.
+	reply := mal.request("lookup", map[string]any{"hashes": []string{}})
+	require.Contains(t, string(reply), `"hit_tokens":0`, "mal's own inbox is answered, and mal is still registered")
+	require.NoError(t, e.nc.Flush())
+	require.Equal(t, float64(len(forged)), e.counter("kvactors_events_rejected_total", messages.RejectBadReply))
+	for {
+		select {
+		case m := <-elsewhere:
+			require.True(t, strings.HasPrefix(m.Subject, "_INBOX.mal."), "the node answered mal in %s: %s",
+				m.Subject, m.Data)
+			continue
+		default:
+		}
+		break
+	}
+
+	// status: anyone may ask (routers, tools), in any reply inbox.
+	require.NoError(t, e.nc.PublishRequest("kvactors.mal.status", "_INBOX.vic.status", []byte(`{}`)))
+	m := testkit.Recv(t, elsewhere, 5*time.Second, "the status reply")
+	for strings.HasPrefix(m.Subject, "_INBOX.mal.") { // mal's own lookup's, if still in flight
+		m = testkit.Recv(t, elsewhere, 5*time.Second, "the status reply")
+	}
+	require.Equal(t, "_INBOX.vic.status", m.Subject)
+	require.Contains(t, string(m.Data), `"engine":"mal"`)
+}

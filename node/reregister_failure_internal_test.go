@@ -54,7 +54,7 @@ func TestAnEngineRegisteredAgainAfterItsActorFailedReleasesNothingUnderTheOldCop
 			Regions: []messages.Region{{BlockStride: 1024, BlockBytes: 1024}}}}})
 	register := func() {
 		t.Helper()
-		reply, err := nc.Request("kvactors.e1.register", spec, 5*time.Second)
+		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.register", spec, 5*time.Second)
 		require.NoError(t, err)
 		require.Contains(t, string(reply.Data), `"ok":true`)
 	}
@@ -67,7 +67,7 @@ func TestAnEngineRegisteredAgainAfterItsActorFailedReleasesNothingUnderTheOldCop
 	arm.Store(true) // the engine actor fails on its next batch
 	require.NoError(t, nc.Publish("kvactors.e1.events", []byte(`{"epoch":"a","seq":2,"events":[]}`)))
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		reply, err := nc.Request("kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":2}`), 5*time.Second)
+		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":2}`), 5*time.Second)
 		if err != nil {
 			return err
 		}

@@ -100,7 +100,7 @@ func TestAnUnregisterWhileTheOldActorStillCopiesWaitsForIt(t *testing.T) {
 
 	unregistered := make(chan *nats.Msg, 1)
 	go func() {
-		if m, err := e.nc.Request("kvactors.e1.unregister", []byte(`{}`), 10*time.Second); err == nil {
+		if m, err := testkit.EngineRequest(e.nc, "e1", "kvactors.e1.unregister", []byte(`{}`), 10*time.Second); err == nil {
 			unregistered <- m
 		}
 	}()

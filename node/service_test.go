@@ -37,7 +37,7 @@ func (te *testEngine) tryLookup(hashes []string, timeout time.Duration) (int, er
 	if err != nil {
 		return 0, err
 	}
-	msg, err := te.e.nc.Request("kvactors."+te.id+".lookup", data, timeout)
+	msg, err := testkit.EngineRequest(te.e.nc, te.id, "kvactors."+te.id+".lookup", data, timeout)
 	if err != nil {
 		return 0, fmt.Errorf("lookup: %w", err)
 	}

@@ -152,7 +152,7 @@ func TestHeartbeatReleasedNeverAheadOfDelivery(t *testing.T) {
 	wire := make(chan *nats.Msg, 8192)
 	_, err = nc.ChanSubscribe("kvactors.e1.released", wire)
 	require.NoError(t, err)
-	inbox := nats.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err = nc.ChanSubscribe(inbox, wire)
 	require.NoError(t, err)
 	require.NoError(t, nc.Flush())
@@ -437,7 +437,7 @@ func TestHeartbeatRightAfterABatchNeverSeesAFalseGap(t *testing.T) {
 	te.register()
 	other.register()
 	replies := make(chan *nats.Msg, 4096)
-	inbox := nats.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err := e.nc.ChanSubscribe(inbox, replies)
 	require.NoError(t, err)
 	const n = 300

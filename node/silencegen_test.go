@@ -68,7 +68,7 @@ func (r *silenceRig) storeA(t *testing.T) *testEngine {
 func (r *silenceRig) publishLoad(t *testing.T) <-chan *nats.Msg {
 	t.Helper()
 	reply := make(chan *nats.Msg, 1)
-	inbox := r.e.nc.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err := r.e.nc.ChanSubscribe(inbox, reply)
 	require.NoError(t, err)
 	body, err := json.Marshal(map[string]any{"request": "l", "hashes": []string{hash("a", 0)}, "num_tokens": 4,

@@ -150,7 +150,7 @@ func TestALoadThatWaitedThroughALapseNeverCopies(t *testing.T) {
 	recv(t, te.stored, "a stored")
 	recv(t, te.released, "a released")
 	reply := make(chan *nats.Msg, 1)
-	inbox := e.nc.NewInbox()
+	inbox := testkit.EngineInbox("e1")
 	_, err = e.nc.ChanSubscribe(inbox, reply)
 	require.NoError(t, err)
 	te.heartbeat("ep1", 1) // the node's last sign of the engine before the stall

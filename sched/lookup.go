@@ -1,14 +1,14 @@
 package sched
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/kvactors/kvactors/messages"
 )
 
-// ErrBadLoad wraps every reason a load body does not fit the layout.
-var ErrBadLoad = errors.New("bad load")
+// ErrBadLoad wraps every reason a load body does not fit the layout; it
+// counts as malformed (a block id past num_gpu_blocks as block_range).
+var ErrBadLoad = messages.NewRejection(messages.RejectMalformed, "bad load")
 
 // HitTokens answers P.E.lookup (PROTOCOL.md): for each full-attention group,
 // the leading chunks whose keys are ready (stop at the first miss or pending
@@ -145,7 +145,8 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 			needed := false
 			for _, id := range ids {
 				if int(id) >= l.NumGPUBlocks {
-					return nil, fmt.Errorf("%w: group %d: block id %d >= num_gpu_blocks %d", ErrBadLoad, g, id, l.NumGPUBlocks)
+					return nil, fmt.Errorf("%w: %w: group %d: block id %d >= num_gpu_blocks %d", ErrBadLoad, ErrBlockRange,
+						g, id, l.NumGPUBlocks)
 				}
 				needed = needed || id != 0
 			}

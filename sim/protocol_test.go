@@ -189,8 +189,9 @@ func TestEngineKeepsTheProtocol(t *testing.T) {
 		err error
 	}
 	done := make(chan result, 1)
+	enc := engineConn(t, nc, cfg.Engine)
 	go func() {
-		rep, err := sim.Run(ctx, nc, cfg)
+		rep, err := sim.Run(ctx, enc, cfg)
 		done <- result{rep, err}
 	}()
 	// The peer runs here, on the test goroutine: one message at a time. An

@@ -14,6 +14,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 )
@@ -37,6 +38,16 @@ func startNodeWithRegistry(t *testing.T, poolBytes int64) (*nats.Conn, string, *
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
 	return nc, dir, n, reg
+}
+
+// engineConn is a connection of engine's to nc's server, with the engine's
+// own reply inbox (client.Options), the only one the node answers it on.
+func engineConn(t *testing.T, nc *nats.Conn, engine string) *nats.Conn {
+	t.Helper()
+	enc, err := nats.Connect(nc.ConnectedUrl(), client.Options(engine)...)
+	require.NoError(t, err)
+	t.Cleanup(enc.Close)
+	return enc
 }
 
 func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -75,7 +86,7 @@ func TestRunPassesEveryCheck(t *testing.T) {
 	cfg := smallConfig("e1", dir)
 	done := 0
 	cfg.OnRequestDone = func() { done++ } // one engine: called from one goroutine
-	rep, err := sim.Run(runCtx(t), nc, cfg)
+	rep, err := sim.Run(runCtx(t), engineConn(t, nc, cfg.Engine), cfg)
 	require.NoError(t, err)
 	require.NoError(t, rep.Err(), "failures: %v", rep.Failures)
 	t.Logf("report: %+v", rep)
@@ -141,8 +152,9 @@ func TestTwoEnginesDeduplicateSharedPrefixes(t *testing.T) {
 	for _, id := range []string{"a", "b"} {
 		cfg := smallConfig(id, dir)
 		cfg.SharedRatio = 0.8
+		enc := engineConn(t, nc, id)
 		go func() {
-			rep, err := sim.Run(ctx, nc, cfg)
+			rep, err := sim.Run(ctx, enc, cfg)
 			results <- result{rep, err}
 		}()
 	}
@@ -167,7 +179,7 @@ func TestTwoEnginesDeduplicateSharedPrefixes(t *testing.T) {
 // that apart from a loss.
 func TestEvictionIsNotAFailure(t *testing.T) {
 	nc, dir, _ := startNode(t, 2<<20) // 128 chunks of 16 KiB
-	rep, err := sim.Run(runCtx(t), nc, smallConfig("e1", dir))
+	rep, err := sim.Run(runCtx(t), engineConn(t, nc, "e1"), smallConfig("e1", dir))
 	require.NoError(t, err)
 	require.NoError(t, rep.Err(), "failures: %v", rep.Failures)
 	require.Positive(t, rep.Evictions)
@@ -219,7 +231,7 @@ func TestCorruptedPoolFailsTheCheck(t *testing.T) {
 			mem[off] ^= 0xff
 		}
 	}
-	rep, err := sim.Run(runCtx(t), nc, cfg)
+	rep, err := sim.Run(runCtx(t), engineConn(t, nc, cfg.Engine), cfg)
 	require.NoError(t, err)
 	require.ErrorIs(t, rep.Err(), sim.ErrCheck)
 	require.Positive(t, rep.ChunksStored)

@@ -16,6 +16,7 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -25,6 +26,9 @@ const (
 	ResultOK    = "ok"
 	ResultError = "error"
 )
+
+// LogCopyFailed is the rate limiter's reason for a failed load copy's line.
+const LogCopyFailed = "load_copy_failed"
 
 // Results lists every result label (metrics preset them at 0).
 var Results = []string{ResultOK, ResultError}
@@ -61,6 +65,11 @@ type Deps struct {
 	Unexpected prometheus.Counter
 	Tracer     trace.Tracer
 	Log        *slog.Logger
+	// Reject rate-limits the line a failed copy logs (nil: none logged):
+	// an engine that truncates its own segment makes every load copy fault,
+	// and must not choose how many lines the node writes. The failures are
+	// counted in full (Metrics.Loads, result error).
+	Reject *ratelog.Log
 	// Node and Boot name this node in the reply (PROTOCOL.md v2).
 	Node, Boot string
 	// Done, if set, is called once the load's copy is over (the engine's
@@ -122,7 +131,8 @@ func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
 		a.span.RecordError(err)
 		a.span.SetStatus(codes.Error, err.Error())
 		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
-		a.deps.Log.Error("load copy failed", "engine", j.Engine, "request", j.Request, "err", err)
+		a.deps.Reject.Log(slog.LevelError, LogCopyFailed, "load copy failed", "engine", j.Engine, "request", j.Request,
+			"err", err)
 		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
 			Node: a.deps.Node, Boot: a.deps.Boot})
 	} else {

@@ -49,8 +49,8 @@ type Deps struct {
 	Metrics Metrics
 	Tracer  trace.Tracer
 	Log     *slog.Logger
-	// Reject logs rejected events, rate-limited per reason (nil: not
-	// logged; they are always counted).
+	// Reject logs rejected events and failed store copies, rate-limited
+	// per reason (nil: not logged; they are always counted).
 	Reject *ratelog.Log
 	// Owed, when set, counts requests not yet released for good (the node
 	// reports them when a shutdown times out). The spawner adds the request
@@ -135,6 +135,9 @@ func (a *Actor) takeJob(id sched.JobID) *job {
 // noSpan is a request's or job's span with tracing off: a no-op, ended
 // like any other.
 var noSpan = trace.SpanFromContext(context.Background())
+
+// LogCopyFailed is the rate limiter's reason for a failed store copy's line.
+const LogCopyFailed = "store_copy_failed"
 
 // tracingOff reports a no-op tracer: its spans record nothing, yet starting
 // one still allocates a context, once per request and once per job.
@@ -330,7 +333,9 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 			// reset ends the request: the fence counts them.
 			level = slog.LevelDebug
 		}
-		a.deps.Log.Log(context.Background(), level, "store copy failed; will retry", "engine", a.deps.Engine,
+		// Rate-limited: an engine that truncates its own segment makes
+		// every copy fault (counted in full: transfer failures, retries).
+		a.deps.Reject.Log(level, LogCopyFailed, "store copy failed; will retry", "engine", a.deps.Engine,
 			"request", a.state.ID(), "job", m.ID, "err", m.Err)
 	}
 	j.span.End()

@@ -26,6 +26,14 @@ type device struct {
 	closed bool
 }
 
+var _ backend.Rechecker = (*device)(nil)
+
+// Recheck always passes: a cuda_ipc segment names its allocation by handle,
+// not by a file name another object can take over. A restarted engine
+// exports new allocations, whose handles differ, so its register is a spec
+// change and is remapped already.
+func (d *device) Recheck() error { return nil }
+
 // SegmentSize is the declared size of segment i, 0 for no such segment.
 func (d *device) SegmentSize(i int) int64 {
 	if i < 0 || i >= len(d.sizes) {

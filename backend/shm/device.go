@@ -20,6 +20,7 @@ var ErrFault = errors.New("memory fault during copy")
 // can touch an unmapped segment; concurrent copies share nothing else.
 type device struct {
 	engine string
+	dir    string // the shm directory the segments were opened in (Recheck)
 
 	mu     sync.RWMutex
 	closed bool
@@ -35,6 +36,10 @@ type mapping struct {
 	base int64 // segment offset of mem[0], a multiple of the page size
 	lo   int64 // first segment byte a copy may touch (>= base)
 	size int64 // the whole segment's size, as the object had at attach
+	// name is the segment's shm name and dev, ino the object it named at
+	// attach (Recheck).
+	name     string
+	dev, ino uint64
 }
 
 // end is the segment offset just past the mapped bytes.

@@ -133,7 +133,7 @@ func (b *Backend) attach(engine string, segs []messages.Segment, spans []backend
 		}
 		mapped = append(mapped, m)
 	}
-	return &device{engine: engine, segs: mapped}, nil
+	return &device{engine: engine, dir: b.dir, segs: mapped}, nil
 }
 
 // attachOne opens and maps one segment: the whole object when span is nil,
@@ -178,5 +178,5 @@ func (b *Backend) attachOne(s messages.Segment, span *backend.Span) (mapping, er
 	if err != nil {
 		return mapping{}, err
 	}
-	return mapping{mem: mem, base: base, lo: want.Off, size: st.Size}, nil
+	return mapping{mem: mem, base: base, lo: want.Off, size: st.Size, name: s.Shm, dev: uint64(st.Dev), ino: st.Ino}, nil
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
@@ -228,7 +229,7 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	resp.Body.Close()
 	require.Equal(t, 200, resp.StatusCode)
 
-	nc, err := nats.Connect(m[1])
+	nc, err := nats.Connect(m[1], client.Options("cli")...)
 	require.NoError(t, err)
 	defer nc.Close()
 	seg, err := shm.Create(dir, "cli-kv", 64*256)
@@ -363,7 +364,7 @@ func TestServeShutdownTimeoutWithReleasesOwedExitsNonZero(t *testing.T) {
 	var stderr strings.Builder
 	cmd.Stderr = &stderr
 	serving, _ := startServe(t, cmd)
-	nc, err := nats.Connect(servingURL(t, serving))
+	nc, err := nats.Connect(servingURL(t, serving), client.Options("cli")...)
 	require.NoError(t, err)
 	defer nc.Close()
 	seg, err := shm.Create(dir, "cli-kv", 512*256)

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -56,7 +57,7 @@ func TestServeDiskTierSurvivesKill9(t *testing.T) {
 		"--pool-bytes", "16K", "--disk-dir", diskDir, "--disk-bytes", "64M", "--log-level", "error")
 	cmd.Env = os.Environ()
 	serving, _ := startServe(t, cmd)
-	nc, err := nats.Connect(servingURL(t, serving))
+	nc, err := nats.Connect(servingURL(t, serving), client.Options("cli")...)
 	require.NoError(t, err)
 	defer nc.Close()
 	reply, err := nc.Request("kvactors.cli.register", specBody, 5*time.Second)
@@ -144,7 +145,7 @@ func TestServeDiskTierSurvivesKill9(t *testing.T) {
 		Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)
 	defer func() { _ = n.Close(context.Background()) }()
-	nc2, err := nats.Connect(n.NATSURL())
+	nc2, err := nats.Connect(n.NATSURL(), client.Options("cli")...)
 	require.NoError(t, err)
 	defer nc2.Close()
 	reply, err = nc2.Request("kvactors.cli.register", specBody, 5*time.Second)

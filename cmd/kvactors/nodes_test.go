@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -35,7 +36,7 @@ func TestNodesListsTheCluster(t *testing.T) {
 		ns = append(ns, n)
 	}
 	spec, _ := engineSpec(t, dir, "e1", "gpu-1")
-	enc := nc3.Connect(2)
+	enc := nc3.Connect(2, client.Options("e1")...)
 	data, _ := json.Marshal(spec)
 	// No reply (the cluster's JetStream may still be electing the owners
 	// bucket's leader just after it formed) is retried, as an engine does
