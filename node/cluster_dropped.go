@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -13,11 +14,6 @@ import (
 // droppedEnginesMax bounds the engines a node remembers having dropped: the
 // oldest is forgotten first (it has had the longest to hear it is unknown).
 const droppedEnginesMax = 4096
-
-// droppedWaitMax bounds the replies held for one engine while its owner is
-// read: the engine heartbeats every lease/4, so more means a flood, and the
-// rest stay unanswered (the engine asks again).
-const droppedWaitMax = 8
 
 // droppedEngines remembers the engines this node served and then dropped
 // (an unregister, an expiry, a fenced or lapsed claim) until anyone claims
@@ -36,8 +32,7 @@ type droppedEngines struct {
 
 type droppedEngine struct {
 	gen      uint64
-	checking bool     // the owner is being read (answerDropped)
-	replies  []string // awaiting that read
+	checking bool // the owner is being read (answerDropped)
 }
 
 type droppedRef struct {
@@ -83,36 +78,34 @@ func (d *droppedEngines) forget(id string) {
 	delete(d.ids, id)
 }
 
-// await queues reply for an answer about id: start is true when the caller
-// must read the owner (no read in flight); false with queued when one is;
-// !queued when id is not remembered (or too many replies wait).
-func (d *droppedEngines) await(id, reply string) (start, queued bool) {
+// begin starts a read of id's owner and returns its drop's generation; ok
+// is false when id is not remembered or a read is in flight already (the
+// message that would wait for it goes unanswered: the engine heartbeats
+// again within lease/4, and an answer read before it arrived could be
+// stale for it).
+func (d *droppedEngines) begin(id string) (gen uint64, ok bool) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e := d.ids[id]
-	if e == nil || len(e.replies) >= droppedWaitMax {
-		return false, false
-	}
-	e.replies = append(e.replies, reply)
-	if e.checking {
-		return false, true
+	if e == nil || e.checking {
+		return 0, false
 	}
 	e.checking = true
-	return true, true
+	return e.gen, true
 }
 
-// done ends the read of id's owner and returns the replies it owes; none
-// if id was claimed meanwhile (forgotten).
-func (d *droppedEngines) done(id string) []string {
+// end ends the read begun for gen and reports whether id is still that
+// drop's: false if it was claimed (forgotten) meanwhile, and dropped again
+// or not.
+func (d *droppedEngines) end(id string, gen uint64) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	e := d.ids[id]
-	if e == nil {
-		return nil
+	if e == nil || e.gen != gen {
+		return false
 	}
-	r := e.replies
-	e.replies, e.checking = nil, false
-	return r
+	e.checking = false
+	return true
 }
 
 // dropped records that this node no longer serves engine id, which it
@@ -124,22 +117,28 @@ func (n *Node) dropped(id string) {
 	}
 }
 
-// answerDropped answers m, a message of an engine the ownership gate
+// answerDropped answers m, a heartbeat of an engine the ownership gate
 // silenced, with "unknown engine" if this node dropped that engine and no
-// other node owns it now, as a single node answers an engine it dropped
+// node owns it now, as a single node answers an engine it dropped
 // (PROTOCOL.md "Sessions"), so the engine registers again. The owner is read
-// from the bucket off the intake worker. A read that lags a fresh claim
-// elsewhere may answer an engine another node just took: the reply carries
-// this node's boot, which is not its session's, and an engine acts on
-// "unknown engine" only from the boot it registered with (client SDK).
-// Register is never passed here; a message without a reply gets nothing.
+// from the bucket off the intake worker, one read per engine at a time.
+//
+// Heartbeats only: an engine (the SDK) acts on "unknown engine" in a
+// heartbeat's reply only when it comes from the boot it registered with,
+// so an answer that a stale read lets through after another node claimed
+// the engine (a read racing the claim, or a lagging replica's direct get)
+// is ignored there. A load, lookup or unregister settles on the first reply
+// from any node: answered here, a load another node is still copying into
+// would be taken for one that wrote nothing more, and the engine would
+// reuse its blocks under that copy.
 func (n *Node) answerDropped(engine, verb string, m *nats.Msg) {
 	c := n.cl
-	if c == nil || m.Reply == "" || verb == messages.VerbRegister {
+	if c == nil || m.Reply == "" || verb != messages.VerbHeartbeat {
 		return
 	}
-	if start, _ := c.dropped.await(engine, m.Reply); !start {
-		return // not dropped here, or answered by the read in flight
+	gen, ok := c.dropped.begin(engine)
+	if !ok {
+		return // not dropped here, or a read is in flight
 	}
 	c.checks.Add(1)
 	go func() {
@@ -147,8 +146,9 @@ func (n *Node) answerDropped(engine, verb string, m *nats.Msg) {
 		ctx, cancel := context.WithTimeout(c.closing, n.cfg.Lease)
 		e, err := c.owners.Get(ctx, engine)
 		cancel()
-		replies := c.dropped.done(engine)
 		switch {
+		case !c.dropped.end(engine, gen):
+			return // claimed meanwhile: its owner answers
 		case err != nil:
 			// Whether another node owns it cannot be told: silence, the
 			// engine asks again.
@@ -157,12 +157,12 @@ func (n *Node) answerDropped(engine, verb string, m *nats.Msg) {
 		case e != nil && e.Node != n.cfg.NodeID:
 			c.dropped.forget(engine) // another node claimed it: its own to answer
 			return
+		case c.owners.Serving(engine, time.Now()):
+			return // this node's own claim, made again while the read ran
 		}
 		// No record, or this node's own that it no longer serves (a release
 		// that failed; the lease ends it): a register claims it.
-		for _, r := range replies {
-			n.rejected(messages.RejectUnknownEngine, "message of an engine this node dropped", "engine", engine)
-			n.replyError(context.Background(), r, fmt.Errorf("%w %q", errUnknownEngine, engine))
-		}
+		n.rejected(messages.RejectUnknownEngine, "heartbeat of an engine this node dropped", "engine", engine)
+		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engine))
 	}()
 }

@@ -145,3 +145,33 @@ func TestExpiredEngineIsToldItIsUnknownOnAClusterToo(t *testing.T) {
 		})
 	}
 }
+
+// A node answers an engine it dropped only in a heartbeat's reply, which
+// the SDK acts on only from the boot it registered with. A load or lookup
+// settles on the first reply from any node: answered "unknown engine" from
+// a read that lagged another node's claim, a load that node was still
+// copying into would be taken for one that wrote nothing more. So the
+// dropped engine's load and lookup get no answer here; its heartbeat does.
+func TestADroppedEnginesLoadsAndLookupsAreNotAnsweredByTheNodeThatDroppedIt(t *testing.T) {
+	kc := startCluster(t, 2)
+	e := kc.nodes[0]
+	te := e.newEngine("e1", defaultOpts())
+	te.spec.Node = e.node.NodeID()
+	te.register()
+	testkit.Eventually(t, 3*clusterLease, 20*time.Millisecond, func() error {
+		if got := e.node.Engines(); len(got) != 0 {
+			return fmt.Errorf("not expired yet: %v", got)
+		}
+		return nil
+	})
+	awaitNoOwner(t, ownersBucket(t, e.nc), "e1")
+	loads := collect(t, e.nc, "kvactors.e1.load", map[string]any{"request": "l1", "hashes": []string{"00"},
+		"num_tokens": 4, "blocks": [][]int{{1}}})
+	lookups := collect(t, e.nc, "kvactors.e1.lookup", map[string]any{"hashes": []string{"00"}})
+	beats := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: "ep1"})
+	var rep messages.HeartbeatReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, beats, 2*time.Second, "the heartbeat's answer").Data, &rep))
+	require.Contains(t, rep.Error, "unknown engine")
+	testkit.NoRecv(t, loads, 300*time.Millisecond, "an answer to the dropped engine's load")
+	testkit.NoRecv(t, lookups, 50*time.Millisecond, "an answer to the dropped engine's lookup")
+}
