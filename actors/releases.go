@@ -2,7 +2,7 @@ package actors
 
 import (
 	"context"
-	"math"
+	"slices"
 	"sync"
 
 	"github.com/kvactors/kvactors/messages"
@@ -19,26 +19,30 @@ type Releases struct {
 	out    *Outbox
 	engine string
 
-	mu     sync.Mutex
-	counts map[string]epochCount // epoch → releases published
-	tick   uint64                // counts a Publish: epochCount.used
+	mu       sync.Mutex
+	counts   map[string]*epochCount // epoch → releases published
+	retained []string               // epochs kept only for a later actor (Retain), oldest first
 }
 
-// epochCount is one epoch's releases published, and when the last was.
-type epochCount struct{ n, used uint64 }
+// epochCount is one epoch's releases published; retained: kept only in
+// case a later actor of the engine goes on with the epoch (Retain).
+type epochCount struct {
+	n        uint64
+	retained bool
+}
 
-// KeptEpochs bounds the epochs whose numbering an engine's Releases keeps:
-// past it, the least recently released epoch's count is dropped (its next
-// release would be rseq 1 again). A node keeps one Releases per engine id
-// for the whole boot, across unregisters and re-registers, so that an
-// epoch's rseq goes on across them; each epoch an engine ever used would
-// otherwise stay. Requests of old epochs end within a lease of their epoch
-// ending (a reset releases them), so only a few epochs are ever in use.
+// KeptEpochs bounds the epochs an engine's Releases keeps for a later
+// actor of the engine (Retain): past it, the one retained longest is
+// dropped (a release of it would be rseq 1 again). A node keeps one
+// Releases per engine id for the whole boot, across unregisters and
+// re-registers, so that an epoch's rseq goes on across them; each ended
+// actor's epoch would otherwise stay. Epochs an actor still uses (its own,
+// those of its requests) are never dropped.
 const KeptEpochs = 16
 
 // NewReleases publishes engine's releases on out.
 func NewReleases(out *Outbox, engine string) *Releases {
-	return &Releases{out: out, engine: engine, counts: map[string]epochCount{}}
+	return &Releases{out: out, engine: engine, counts: map[string]*epochCount{}}
 }
 
 // Publish numbers and publishes one release of a request of epoch, then
@@ -52,13 +56,16 @@ func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, t
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	c, ok := r.counts[epoch]
-	if !ok && len(r.counts) >= KeptEpochs {
-		r.dropLeastRecent()
+	c := r.counts[epoch]
+	if c == nil {
+		c = &epochCount{}
+		r.counts[epoch] = c
 	}
-	r.tick++
-	c.n, c.used = c.n+1, r.tick
-	r.counts[epoch] = c
+	if c.retained { // an actor uses it again
+		c.retained = false
+		r.retained = slices.DeleteFunc(r.retained, func(e string) bool { return e == epoch })
+	}
+	c.n++
 	r.out.releasedLocked(ctx, r.engine, &messages.Released{Request: request, Epoch: epoch, RSeq: c.n,
 		Reason: reason})
 	if then != nil {
@@ -77,24 +84,38 @@ func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(re
 	defer r.out.sealMu.RUnlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.out.publishLocked(ctx, reply, build(r.counts[epoch].n))
-}
-
-// dropLeastRecent forgets the epoch released least recently (KeptEpochs).
-// Caller holds r.mu.
-func (r *Releases) dropLeastRecent() {
-	oldest, at := "", uint64(math.MaxUint64)
-	for e, c := range r.counts {
-		if c.used < at {
-			oldest, at = e, c.used
-		}
+	var n uint64
+	if c := r.counts[epoch]; c != nil {
+		n = c.n
 	}
-	delete(r.counts, oldest)
+	r.out.publishLocked(ctx, reply, build(n))
 }
 
 // Forget drops an ended epoch's count once none of its requests is left.
 func (r *Releases) Forget(epoch string) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
+	if c := r.counts[epoch]; c != nil && c.retained {
+		r.retained = slices.DeleteFunc(r.retained, func(e string) bool { return e == epoch })
+	}
 	delete(r.counts, epoch)
-	r.mu.Unlock()
+}
+
+// Retain: the actor that used epoch (its last one) has stopped, and the
+// count is kept only for a later actor of the engine that goes on with the
+// epoch; the KeptEpochs most recently retained are kept. A release of it
+// makes it used again.
+func (r *Releases) Retain(epoch string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	c := r.counts[epoch]
+	if c == nil || c.retained {
+		return
+	}
+	c.retained = true
+	r.retained = append(r.retained, epoch)
+	for len(r.retained) > KeptEpochs {
+		delete(r.counts, r.retained[0])
+		r.retained = r.retained[1:]
+	}
 }

@@ -15,13 +15,15 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// An engine's Releases keeps the numbering of its KeptEpochs most recently
-// released epochs, not of every epoch it ever used: the node keeps one per
-// engine id for the whole boot, and an engine cycling register, a new
-// epoch, a release and unregister would otherwise grow it without bound.
-// An epoch released recently goes on with its rseq; the least recently
-// released one is forgotten and starts again at 1.
-func TestReleasesKeepsOnlyTheMostRecentlyReleasedEpochs(t *testing.T) {
+// An engine's Releases keeps the numbering of every epoch an actor still
+// uses, however many others come and go, and of the KeptEpochs most
+// recently retained by stopped actors, not of every epoch the engine ever
+// used: the node keeps one per engine id for the whole boot, and an engine
+// cycling register, a new epoch, a release and unregister would otherwise
+// grow it without bound. A retained epoch released again goes on with its
+// rseq and is kept while used; the one retained longest is forgotten and
+// starts again at 1.
+func TestReleasesKeepsUsedEpochsAndTheMostRecentlyRetained(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	o := NewOutbox(nc, "kvactors", slog.New(slog.NewTextHandler(io.Discard, nil)))
@@ -36,19 +38,29 @@ func TestReleasesKeepsOnlyTheMostRecentlyReleasedEpochs(t *testing.T) {
 		return rel.RSeq
 	}
 	require.Equal(t, uint64(1), publish("live"))
-	for i := range 3 * KeptEpochs {
+	require.Equal(t, uint64(2), publish("live"))
+	for i := range 3 * KeptEpochs { // other epochs, each released once and its actor stopped
 		require.Equal(t, uint64(1), publish(fmt.Sprintf("old%d", i)))
-		if i%4 == 0 {
-			publish("live") // released all along: never the least recent
-		}
+		r.Retain(fmt.Sprintf("old%d", i))
 	}
+	require.Equal(t, uint64(3), publish("live"), "an epoch in use is never dropped")
 	r.mu.Lock()
-	kept := len(r.counts)
-	_, first := r.counts["old0"]
+	kept, retained := len(r.counts), len(r.retained)
 	r.mu.Unlock()
-	require.Equal(t, KeptEpochs, kept)
-	require.False(t, first, "the least recently released epoch is forgotten")
-	require.Equal(t, uint64(2+3*KeptEpochs/4), publish("live"), "a recent epoch's rseq goes on")
-	require.Equal(t, uint64(2), publish(fmt.Sprintf("old%d", 3*KeptEpochs-1)))
-	require.Equal(t, uint64(1), publish("old0"), "a forgotten epoch starts again")
+	require.Equal(t, KeptEpochs+1, kept)
+	require.Equal(t, KeptEpochs, retained)
+
+	last := fmt.Sprintf("old%d", 3*KeptEpochs-1)
+	require.Equal(t, uint64(2), publish(last), "a retained epoch goes on when used again")
+	for i := range KeptEpochs {
+		r.Retain(fmt.Sprintf("new%d", i)) // no count: nothing to keep
+	}
+	for i := range 2 * KeptEpochs {
+		publish(fmt.Sprintf("more%d", i))
+		r.Retain(fmt.Sprintf("more%d", i))
+	}
+	require.Equal(t, uint64(3), publish(last), "used again, it is not retained: kept")
+	require.Equal(t, uint64(1), publish("old0"), "a dropped epoch starts again")
+	r.Forget(last)
+	require.Equal(t, uint64(1), publish(last), "Forget drops it at once")
 }

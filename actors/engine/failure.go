@@ -102,6 +102,7 @@ func (a *Actor) stopped(c actor.Context) {
 		a.guard(c, "report", func() { a.report(c, nil) })
 	}
 	a.guard(c, "retire count", a.tellRetire)
+	a.guard(c, "release counts", a.retainEpochs)
 	a.guard(c, "live-engines gauge", func() { a.countLive(false) })
 	if t := a.deps.Request.Timers; t != nil {
 		a.guard(c, "timers", t.Stop) // its requests, children, have stopped already
@@ -129,4 +130,18 @@ func (a *Actor) guard(c actor.Context, what string, f func()) {
 			"step", what, "actor", c.Self().Id, "reason", fmt.Sprint(r))
 	}()
 	f()
+}
+
+// retainEpochs hands the release counts of the epochs this actor still
+// kept (its own, and ended ones a predecessor might still have numbered)
+// to the engine's Releases, which keeps the most recent of them for a later
+// actor that goes on with the epoch (Releases.Retain).
+func (a *Actor) retainEpochs() {
+	a.deps.Releases.Retain(a.seq.Epoch())
+	for _, epoch := range a.forgetLater {
+		a.deps.Releases.Retain(epoch)
+	}
+	for epoch := range a.perEpoch {
+		a.deps.Releases.Retain(epoch)
+	}
 }
