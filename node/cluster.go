@@ -96,6 +96,7 @@ func (n *Node) startCluster() error {
 	if c.feed, err = cluster.StartFeed(n.nc, cfg, log, c.metrics); err != nil {
 		return err
 	}
+	n.slow.add(c.feed.Dropped) // kv_events lost: catch the nodes up again
 	if c.fetcher, err = cluster.NewFetcher(n.nc, cfg, c.metrics); err != nil {
 		return err
 	}

@@ -182,12 +182,7 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 			}
 			if errors.Is(err, nats.ErrSlowConsumer) {
 				n.metrics.NATSEvents.WithLabelValues("slow_consumer").Inc()
-				if n.ingest != nil && s != nil && len(n.subs) > 0 && s == n.subs[0] {
-					n.ingest.loseAll()
-				}
-				if n.cl != nil && n.cl.feed != nil {
-					n.cl.feed.Dropped(s) // kv_events lost: catch the nodes up again
-				}
+				n.slow.dropped(s)
 			} else {
 				n.metrics.NATSEvents.WithLabelValues("error").Inc()
 			}

@@ -47,6 +47,7 @@ type Node struct {
 	storeDir     string // temp JetStream dir to remove, if we made it
 	nc           *nats.Conn
 	subs         []*nats.Subscription
+	slow         slowConsumers // what each subscription's slow-consumer error calls
 	outbox       *actors.Outbox
 
 	backend  backend.Backend

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -35,6 +36,14 @@ func (n *Node) subscribe() error {
 	}
 	n.subs = append(n.subs, s)
 	n.ingest.sub = s
+	in := n.ingest
+	n.slow.add(func(dropped *nats.Subscription) bool {
+		if dropped != s {
+			return false
+		}
+		in.loseAll() // batches lost: every engine resyncs
+		return true
+	})
 	n.fence.OnLapseEnding(n.ingest.markLapseEnd)
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("flush subscriptions: %w", err)
@@ -212,4 +221,36 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 		}
 		n.outbox.Reply(context.Background(), m.Reply, n.statusPage(st, page))
 	}()
+}
+
+// slowConsumers routes a subscription's slow-consumer error (NATS dropped
+// messages of it) to what must make up for them. Handlers are added as
+// subscriptions are made, on the start's goroutine; the connection's error
+// handler, on NATS's, may run before or while they are: so it reads them
+// here, under a lock, and never the node's fields directly.
+type slowConsumers struct {
+	mu sync.Mutex
+	on []func(*nats.Subscription) bool
+}
+
+// add registers f, which reports whether the subscription was its own.
+func (sc *slowConsumers) add(f func(*nats.Subscription) bool) {
+	sc.mu.Lock()
+	sc.on = append(sc.on, f)
+	sc.mu.Unlock()
+}
+
+// dropped tells the handler of sub that NATS dropped messages of it.
+func (sc *slowConsumers) dropped(sub *nats.Subscription) {
+	if sub == nil {
+		return
+	}
+	sc.mu.Lock()
+	on := sc.on
+	sc.mu.Unlock()
+	for _, f := range on {
+		if f(sub) {
+			return
+		}
+	}
 }

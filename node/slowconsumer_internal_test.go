@@ -1,0 +1,35 @@
+package node
+
+import (
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// The connection's slow-consumer error reaches the handler of the
+// subscription NATS dropped messages of: the intake's makes every engine
+// resync (its lost batches name no engine); another subscription's does
+// not touch the intake. The handlers are read under a lock: the error
+// handler runs on NATS's goroutine, also while the node is still starting.
+func TestASlowConsumerErrorReachesItsSubscriptionsHandler(t *testing.T) {
+	n, nc, _ := startInternal(t, nil)
+	overflow := n.metrics.DroppedBatch(messages.ResyncOverflow)
+	other, err := nc.SubscribeSync("elsewhere")
+	require.NoError(t, err)
+	onError := n.nc.Opts.AsyncErrorCB
+
+	onError(n.nc, other, nats.ErrSlowConsumer)
+	require.Zero(t, testutil.ToFloat64(overflow), "another subscription's drop is not the intake's")
+	require.False(t, n.ingest.anyLost.Load())
+
+	onError(n.nc, n.ingest.sub, nats.ErrSlowConsumer)
+	require.Equal(t, 1.0, testutil.ToFloat64(overflow))
+	n.ingest.lostMu.Lock()
+	all := n.ingest.lostAll
+	n.ingest.lostMu.Unlock()
+	require.True(t, all || !n.ingest.anyLost.Load(), "every engine is to resync (or has been told already)")
+}
