@@ -220,3 +220,44 @@ func waitFailed(t *testing.T, d *Disk, want int64) {
 		return nil
 	})
 }
+
+// brokenFile fails every write (its truncates succeed, so the segment is
+// cut back and kept: the failure goes on).
+type brokenFile struct {
+	appendFile
+	tried chan time.Time
+}
+
+func (b *brokenFile) Write([]byte) (int, error) {
+	b.tried <- time.Now()
+	return 0, errInjected
+}
+
+// A tombstone write that keeps failing is retried ever more slowly
+// (TombstoneRetry, doubled per failure in a row): a disk that cannot be
+// written is not tried every TombstoneRetry for ever, each failure that
+// cannot be cut back retiring a segment and the retry starting another.
+func TestAFailingTombstoneWriteIsRetriedEverMoreSlowly(t *testing.T) {
+	const retry = 20 * time.Millisecond
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20, TombstoneRetry: retry}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	data := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(data), data))
+	waitOnDisk(t, d, key(1))
+	tried := make(chan time.Time, 16)
+	d.mu.Lock()
+	seg := d.segs[len(d.segs)-1]
+	seg.out = &brokenFile{appendFile: seg.out, tried: tried}
+	d.mu.Unlock()
+
+	d.Drop("e", key(1))
+	at := make([]time.Time, 4)
+	for i := range at {
+		at[i] = testkit.Recv(t, tried, 10*time.Second, "a tombstone write")
+	}
+	for i := 1; i < len(at); i++ { // timers never fire early: lower bounds hold on any machine
+		require.GreaterOrEqual(t, at[i].Sub(at[i-1]), retry<<(i-1), "retry %d", i)
+	}
+	require.GreaterOrEqual(t, d.Stats().Failed, int64(3))
+}

@@ -66,6 +66,11 @@ type writer struct {
 	buf     []byte   // the records gathered for one write
 	offs    []int64  // where each record of run has its data
 	changes []change // the index's changes of a flush, in order
+	// tombWait is how long after a failed tombstone write the retry comes:
+	// TombstoneRetry, doubled per failure in a row up to a minute (each
+	// failure that cannot be cut back retires a segment, and the retry
+	// starts another file), back to TombstoneRetry after a success.
+	tombWait time.Duration
 }
 
 // writer writes batches of spills and, after each (and when a drop wakes
@@ -121,7 +126,8 @@ gather:
 // bring that record back. A failed write is counted (Stats.Failed), the
 // segment cut back (retired if that fails too), and the tombstones stay
 // queued for the writer's next wake, TombstoneRetry later at the latest
-// (a quiet tier would otherwise hold them until Close); they are as many
+// (a quiet tier would otherwise hold them until Close; doubled per failure
+// in a row, up to a minute); they are as many
 // as the index held at most.
 func (w *writer) writeTombstones() {
 	d := w.d
@@ -146,7 +152,11 @@ func (w *writer) writeTombstones() {
 		d.mu.Lock()
 		d.tombs = append(d.tombs, tombs...)
 		d.mu.Unlock()
-		time.AfterFunc(d.cfg.TombstoneRetry, d.wakeWriter)
+		if w.tombWait == 0 {
+			w.tombWait = d.cfg.TombstoneRetry
+		}
+		time.AfterFunc(w.tombWait, d.wakeWriter)
+		w.tombWait = min(2*w.tombWait, max(time.Minute, d.cfg.TombstoneRetry))
 	}
 	n := int64(len(buf))
 	if seg.retired || (seg.size > 0 && seg.size+n > d.cfg.SegmentBytes) {
@@ -161,6 +171,7 @@ func (w *writer) writeTombstones() {
 		requeue()
 		return
 	}
+	w.tombWait = 0
 	d.mu.Lock()
 	seg.size += n
 	seg.marks += n
