@@ -340,6 +340,16 @@ func (c Config) Validate() error {
 	case c.Clustered() && c.Lease < time.Second:
 		return fmt.Errorf("%w: lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
 	}
+	// A wrong path would otherwise only show at connect time, retried for
+	// the whole --nats-connect-timeout as "nats not reachable" and exiting
+	// 1, which systemd restarts for ever; a config error exits 2.
+	for _, f := range []struct{ flag, path string }{
+		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
+	} {
+		if err := readableFile(f.path); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
+		}
+	}
 	if c.Clustered() {
 		cc := c.clusterConfig("")
 		if err := cc.Validate(); err != nil {
@@ -351,6 +361,27 @@ func (c Config) Validate() error {
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+// readableFile checks that path ("" passes) names a regular file this
+// process can open for reading.
+func readableFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
 	}
 	return nil
 }

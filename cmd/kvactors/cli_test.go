@@ -94,6 +94,16 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
 		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		// A NATS secret file that cannot be read is a config error, not
+		// "nats not reachable" retried until the connect timeout.
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-creds", "/nonexistent/kv.creds"}, 2, "--nats-creds"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-ca", "/nonexistent/ca.pem"}, 2, "--nats-ca"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-nkey", "/nonexistent/kv.nk"}, 2, "--nats-nkey"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-ca", "/"}, 2, "is a directory"},
 		{[]string{"demo", "--pool-bytes", "abc"}, 2, "--pool-bytes"},
 		{[]string{"demo", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"bench", "--engines", "x"}, 2, "invalid value"},
