@@ -324,7 +324,7 @@ func (c Config) Validate() error {
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
 	case c.LoadWait < 0:
-		return fmt.Errorf("%w: load wait %v: want > 0 (0: the default)", ErrConfig, c.LoadWait)
+		return fmt.Errorf("%w: load wait %v: want > 0", ErrConfig, c.LoadWait)
 	case c.KVEventsLinger > time.Second:
 		return fmt.Errorf("%w: kv events linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
 	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:

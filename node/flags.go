@@ -108,7 +108,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2, and 3/4 without a NATS round trip is a lapse (old sessions never copy again); client.Dial's pings close a dead link in 6s, enough only for a lease over 8s: for a shorter one engines must pass a shorter nats.PingInterval")
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	dur(&c.KVEventsLinger, "kv-events-linger", d.KVEventsLinger,
-		"how long kv_events changes gather before they are published (0: the default; negative: each at once; at most 1s)")
+		"how long kv_events changes gather before they are published (negative: each at once; at most 1s)")
 	dur(&c.LoadWait, "load-wait", d.LoadWait,
 		"how long a load waits for a key another copy is filling before it fails as a miss (cut to lease/2; keep it below the engines' request timeout)")
 	// isolation

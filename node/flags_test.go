@@ -173,3 +173,27 @@ func TestFormatBytesRoundTrips(t *testing.T) {
 		require.Equal(t, n, got, node.FormatBytes(n))
 	}
 }
+
+// The help and the errors never offer 0 as "the default" where the parser
+// refuses a zero (every flag whose default is not zero): the reader would
+// try it and get exit 2.
+func TestNoRefusedZeroOffered(t *testing.T) {
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	for _, fl := range f.List {
+		if fl.Default == "" || fl.Default == "0" || fl.Default == "0s" {
+			continue
+		}
+		require.NotRegexp(t, `\b0(s)?: (the )?default`, fl.Usage, "--%s", fl.Name)
+		_, _, err := parse(t, "--"+fl.Name+"=0")
+		if err == nil {
+			continue // a bool, or a zero that is a value
+		}
+		require.ErrorIs(t, err, node.ErrConfig, "--%s=0", fl.Name)
+	}
+	cfg, _, err := parse(t, "--load-wait", "-1s")
+	require.NoError(t, err)
+	err = cfg.Validate()
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.NotContains(t, err.Error(), "0: the default")
+}
