@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -209,6 +210,27 @@ func (f *Flags) Parse(args []string) error {
 		}
 	}
 	return nil
+}
+
+// UnknownEnv lists, sorted, the KVACTORS_* variables of environ (as
+// os.Environ gives it) that name no flag. Parse ignores them, while an
+// unknown config-file key fails start: the caller warns, so that a
+// misspelled variable does not pass unseen. (It is not an error: kvactors'
+// tests and scripts read KVACTORS_* variables of their own.)
+func (f *Flags) UnknownEnv(environ []string) []string {
+	known := make(map[string]bool, len(f.List))
+	for _, fl := range f.List {
+		known[fl.Env] = true
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "KVACTORS_") && !known[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 // Usage writes the flags and their defaults.

@@ -197,3 +197,15 @@ func TestNoRefusedZeroOffered(t *testing.T) {
 	require.ErrorIs(t, err, node.ErrConfig)
 	require.NotContains(t, err.Error(), "0: the default")
 }
+
+// A KVACTORS_* variable that names no flag is reported (serve warns: a
+// misspelling would otherwise pass unseen); those that name one, the
+// config file's included, and other variables are not.
+func TestUnknownEnv(t *testing.T) {
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	require.Equal(t, []string{"KVACTORS_POOL_BYTE", "KVACTORS_ZZZ"}, f.UnknownEnv([]string{
+		"KVACTORS_ZZZ=1", "KVACTORS_POOL_BYTES=1G", "KVACTORS_POOL_BYTE=1G", "KVACTORS_CONFIG=/x.yaml",
+		"PATH=/bin", "NATS_TOKEN=t", "KVACTORS_NATS=nats://h:4222",
+	}))
+}

@@ -278,6 +278,18 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	}
 }
 
+// A misspelled KVACTORS_* variable is named in a warning at start (it is
+// ignored, unlike an unknown config-file key, which fails start).
+func TestServeWarnsOfUnknownEnv(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "100ms",
+		"--http", "off", "--shm-dir", t.TempDir())
+	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTE=1M", "KVACTORS_POOL_BYTES=1M")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err) // nothing listens there: exit 1 after the timeout
+	require.Contains(t, string(out), "KVACTORS_POOL_BYTE is set but names no serve flag")
+	require.NotContains(t, string(out), "KVACTORS_POOL_BYTES is set")
+}
+
 // --log-format json: every log line is a JSON object. The run also shows
 // the --nats-port warning under --nats and the bounded start-up retries
 // ending in exit 1 (a runtime failure) with the attempts counted.

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -35,6 +36,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	for _, w := range flags.Warnings {
 		log.Warn(w)
+	}
+	for _, name := range flags.UnknownEnv(os.Environ()) {
+		log.Warn(name + " is set but names no serve flag: ignored (misspelled? see kvactors serve --help)")
 	}
 	setGC(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
