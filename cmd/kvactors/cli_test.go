@@ -278,6 +278,24 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	}
 }
 
+// A bad OTEL_* setting is a configuration error: exit 2, one line naming
+// it, like a bad flag (not exit 1, which a supervisor would restart).
+func TestServeBadOTELIsConfigError(t *testing.T) {
+	for _, env := range []string{"OTEL_TRACES_EXPORTER=jaeger", "OTEL_EXPORTER_OTLP_PROTOCOL=carrier-pigeon"} {
+		cmd := exec.Command(binary, "serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "100ms",
+			"--http", "off", "--shm-dir", t.TempDir())
+		cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=otlp", env)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, env)
+		require.Equal(t, 2, exit.ExitCode(), "%s: %s", env, stderr.String())
+		require.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
+		require.Contains(t, stderr.String(), "tracing: bad configuration")
+	}
+}
+
 // A misspelled KVACTORS_* variable is named in a warning at start (it is
 // ignored, unlike an unknown config-file key, which fails start).
 func TestServeWarnsOfUnknownEnv(t *testing.T) {

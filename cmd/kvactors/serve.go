@@ -22,7 +22,8 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	flags := cfg.BindFlags(fs)
 	if code := parseExit("serve", flags.Parse(args), fs, stdout, stderr,
 		"Each setting comes from its flag, else its KVACTORS_<FLAG> variable, else the --config file, else the",
-		"default (docs/CONFIG.md). NATS secrets: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only)."); code >= 0 {
+		"default (docs/CONFIG.md). NATS secrets: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only).",
+		"Tracing: the standard OTEL_* variables (docs/OBSERVABILITY.md)."); code >= 0 {
 		return code
 	}
 	if err := cfg.Validate(); err != nil {
@@ -44,6 +45,12 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tp, shutdownTracing, err := tracing.Init(ctx, tracing.Options{})
+	if errors.Is(err, tracing.ErrConfig) {
+		// A bad OTEL_* value is configuration like a bad flag: exit 2, which
+		// systemd does not restart (RestartPreventExitStatus=2).
+		fmt.Fprintf(stderr, "kvactors serve: %v (see kvactors serve --help)\n", err)
+		return exitUsage
+	}
 	if err != nil {
 		log.Error("tracing", "err", err)
 		return exitFailure
