@@ -136,9 +136,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
 	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
 	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
-	// Secrets come from the environment only, never a flag or file (ps and
-	// config repositories would show them).
-	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
+	c.NATSSecretsFromEnv()
 	return f
 }
 
