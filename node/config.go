@@ -340,16 +340,6 @@ func (c Config) Validate() error {
 	case c.Clustered() && c.Lease < time.Second:
 		return fmt.Errorf("%w: lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
 	}
-	// A wrong path would otherwise only show at connect time, retried for
-	// the whole --nats-connect-timeout as "nats not reachable" and exiting
-	// 1, which systemd restarts for ever; a config error exits 2.
-	for _, f := range []struct{ flag, path string }{
-		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
-	} {
-		if err := readableFile(f.path); err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
-		}
-	}
 	if c.Clustered() {
 		cc := c.clusterConfig("")
 		if err := cc.Validate(); err != nil {
@@ -361,6 +351,24 @@ func (c Config) Validate() error {
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+// CheckFiles checks that the NATS secret files c names (--nats-creds,
+// --nats-ca, --nats-nkey) can be read; the error wraps ErrConfig and names
+// the flag. A wrong path would otherwise only show at connect time, retried
+// for the whole --nats-connect-timeout as "nats not reachable" and exiting
+// 1, which systemd restarts for ever; a config error exits 2. Apart from
+// Validate, which reads no file (a config can be checked away from its
+// host); Start calls both.
+func (c Config) CheckFiles() error {
+	for _, f := range []struct{ flag, path string }{
+		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
+	} {
+		if err := readableFile(f.path); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
+		}
 	}
 	return nil
 }

@@ -209,3 +209,16 @@ func TestUnknownEnv(t *testing.T) {
 		"PATH=/bin", "NATS_TOKEN=t", "KVACTORS_NATS=nats://h:4222",
 	}))
 }
+
+// Start refuses a NATS secret file it cannot read as a config error, before
+// any connect attempt (Validate itself reads no file: a config can be
+// checked away from its host).
+func TestStartChecksNATSFiles(t *testing.T) {
+	cfg := node.Config{NATSURL: "nats://127.0.0.1:1", NATSConnectTimeout: time.Minute, NATSCA: "/nonexistent/ca.pem"}
+	require.NoError(t, cfg.Validate())
+	start := time.Now()
+	_, err := node.Start(t.Context(), cfg)
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "--nats-ca")
+	require.Less(t, time.Since(start), 10*time.Second, "no connect retries")
+}

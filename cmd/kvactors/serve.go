@@ -26,7 +26,11 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		"Tracing: the standard OTEL_* variables (docs/OBSERVABILITY.md)."); code >= 0 {
 		return code
 	}
-	if err := cfg.Validate(); err != nil {
+	err := cfg.Validate()
+	if err == nil {
+		err = cfg.CheckFiles() // a NATS secret file that cannot be read: exit 2, as for a bad flag
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "kvactors serve: %v (see kvactors serve --help)\n", err)
 		return exitUsage
 	}
