@@ -4,6 +4,8 @@ import (
 	"errors"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
 )
 
 // Metrics are the cluster's collectors, registered on the registerer the
@@ -16,7 +18,7 @@ type Metrics struct {
 	FetchFailures *prometheus.CounterVec // reason: corrupt, piece, refused, other
 	ServedBytes   prometheus.Counter
 	ServeRefused  prometheus.Counter
-	FeedRejected  *prometheus.CounterVec // reason: unattributed, bad_message, refused
+	FeedRejected  *prometheus.CounterVec // reason: unattributed, bad_message, refused, no_geometry
 	CatchUps      *prometheus.CounterVec // result: ok, error
 }
 
@@ -61,6 +63,21 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvactors_cluster_holders_catchups_total",
 			Help: "Key-set catch-ups of other nodes, by result.",
 		}, []string{"result"}),
+	}
+	// Every label value exists at 0 from the start, as the node's own
+	// counters do (docs/OBSERVABILITY.md): an alert on rate() sees 0, not
+	// "no data".
+	for _, a := range []ownership.Action{ownership.Serve, ownership.Claim, ownership.Refuse, ownership.Ignore} {
+		m.Decisions.WithLabelValues(a.String())
+	}
+	for _, r := range []string{"corrupt", "piece", "refused", "other"} { // fetchReason
+		m.FetchFailures.WithLabelValues(r)
+	}
+	for _, r := range []string{"unattributed", "bad_message", "refused", "no_geometry"} { // feed.go
+		m.FeedRejected.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "error"} {
+		m.CatchUps.WithLabelValues(r)
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.Decisions, m.Fenced, m.FetchBytes, m.FetchSeconds,

@@ -72,3 +72,31 @@ func TestMetricsCountDecisionsFencingAndFetches(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(m.FetchFailures.WithLabelValues("corrupt")))
 	require.Equal(t, 1, testutil.CollectAndCount(m.FetchSeconds))
 }
+
+// A fresh registry already lists every labelled cluster counter at 0, for
+// every label value the code uses.
+func TestMetricsLabelsExistAtZero(t *testing.T) {
+	t.Parallel()
+	reg := prometheus.NewRegistry()
+	NewMetrics(reg)
+	want := map[string][]string{
+		"kvactors_cluster_ownership_decisions_total": {"serve", "claim", "refuse", "ignore"},
+		"kvactors_cluster_fetch_failures_total":      {"corrupt", "piece", "refused", "other"},
+		"kvactors_cluster_holders_rejected_total":    {"unattributed", "bad_message", "refused", "no_geometry"},
+		"kvactors_cluster_holders_catchups_total":    {"ok", "error"},
+	}
+	families, err := reg.Gather()
+	require.NoError(t, err)
+	got := map[string][]string{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			require.Zero(t, m.GetCounter().GetValue())
+			for _, l := range m.GetLabel() {
+				got[f.GetName()] = append(got[f.GetName()], l.GetValue())
+			}
+		}
+	}
+	for name, labels := range want {
+		require.ElementsMatch(t, labels, got[name], name)
+	}
+}

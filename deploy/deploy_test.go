@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -153,6 +154,9 @@ func TestSystemdUnit(t *testing.T) {
 	require.Regexp(t, `(?m)^RestartPreventExitStatus=2$`, string(unit))
 	require.Regexp(t, `(?m)^User=\w+$`, string(unit))
 	require.NotRegexp(t, `(?m)^User=root$`, string(unit))
+	// ProtectSystem=strict: the disk tier's directory must be made writable.
+	require.Regexp(t, `(?m)^ProtectSystem=strict$`, string(unit))
+	require.Regexp(t, `(?m)^#ReadWritePaths=\S+`, string(unit), "a disk-dir line to uncomment")
 	checkConfigFile(t, "systemd/kvactors.yaml")
 }
 
@@ -168,6 +172,52 @@ func TestDockerfile(t *testing.T) {
 	require.Regexp(t, `(?m)^EXPOSE `+adminPort(t)+`$`, df)
 	require.Contains(t, df, `"--http", "0.0.0.0:`+adminPort(t)+`"`)
 	require.Contains(t, df, "/dev/shm")
+}
+
+// The Docker build context leaves out no file git tracks: with .git in the
+// context, a missing tracked file reads as a change and go build stamps
+// the binary "(dirty)" (kvactors version).
+func TestDockerignoreKeepsTrackedFiles(t *testing.T) {
+	out, err := exec.Command("git", "-C", "..", "ls-files").Output()
+	if err != nil {
+		t.Skipf("no git checkout: %v", err)
+	}
+	data, err := os.ReadFile("Dockerfile.dockerignore")
+	require.NoError(t, err)
+	var patterns []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if l = strings.TrimSpace(l); l != "" && !strings.HasPrefix(l, "#") {
+			require.False(t, strings.HasPrefix(l, "!"), "no exceptions expected: %s", l)
+			patterns = append(patterns, strings.TrimPrefix(l, "/"))
+		}
+	}
+	require.NotEmpty(t, patterns)
+	// excluded: the path, or a directory above it, matches the pattern
+	// (a leading **/ matches at any depth), as the BuildKit filter does.
+	excluded := func(path, p string) bool {
+		parts := strings.Split(path, "/")
+		rest, anyDepth := strings.CutPrefix(p, "**/")
+		for end := 1; end <= len(parts); end++ {
+			starts := []int{0}
+			if anyDepth {
+				starts = make([]int, end)
+				for i := range starts {
+					starts[i] = i
+				}
+			}
+			for _, start := range starts {
+				if ok, _ := filepath.Match(rest, strings.Join(parts[start:end], "/")); ok {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	for _, path := range strings.Fields(string(out)) {
+		for _, p := range patterns {
+			require.False(t, excluded(path, p), "Dockerfile.dockerignore's %q leaves out the tracked %s", p, path)
+		}
+	}
 }
 
 // promName matches metric names in PromQL: kvactors' own, the

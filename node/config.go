@@ -324,7 +324,7 @@ func (c Config) Validate() error {
 	case c.MaxPendingBytes < 4096:
 		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
 	case c.LoadWait < 0:
-		return fmt.Errorf("%w: load wait %v: want > 0 (0: the default)", ErrConfig, c.LoadWait)
+		return fmt.Errorf("%w: load wait %v: want > 0", ErrConfig, c.LoadWait)
 	case c.KVEventsLinger > time.Second:
 		return fmt.Errorf("%w: kv events linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
 	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
@@ -351,6 +351,45 @@ func (c Config) Validate() error {
 	}
 	if err := c.Limits.Validate(); err != nil {
 		return fmt.Errorf("%w: %w", ErrConfig, err)
+	}
+	return nil
+}
+
+// CheckFiles checks that the NATS secret files c names (--nats-creds,
+// --nats-ca, --nats-nkey) can be read; the error wraps ErrConfig and names
+// the flag. A wrong path would otherwise only show at connect time, retried
+// for the whole --nats-connect-timeout as "nats not reachable" and exiting
+// 1, which systemd restarts for ever; a config error exits 2. Apart from
+// Validate, which reads no file (a config can be checked away from its
+// host); Start calls both.
+func (c Config) CheckFiles() error {
+	for _, f := range []struct{ flag, path string }{
+		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
+	} {
+		if err := readableFile(f.path); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
+		}
+	}
+	return nil
+}
+
+// readableFile checks that path ("" passes) names a regular file this
+// process can open for reading.
+func readableFile(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.IsDir() {
+		return fmt.Errorf("%s is a directory", path)
 	}
 	return nil
 }

@@ -188,26 +188,46 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 			}
 			n.log.Error("nats async error", "subject", subj, "err", err)
 		})}
-	if n.cfg.NATSCreds != "" {
-		opts = append(opts, nats.UserCredentials(n.cfg.NATSCreds))
+	auth, err := n.cfg.NATSAuthOptions()
+	if err != nil {
+		return nil, err
 	}
-	if n.cfg.NATSUser != "" {
-		opts = append(opts, nats.UserInfo(n.cfg.NATSUser, n.cfg.NATSPassword))
+	return append(opts, auth...), nil
+}
+
+// NATSAuthOptions are the client options for c's NATS credentials and TLS:
+// NATSCreds, NATSUser/NATSPassword, NATSToken, NATSNKey, NATSCA. serve and
+// `kvactors nodes` both use it, so they authenticate alike. The error wraps
+// ErrConfig.
+func (c Config) NATSAuthOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	if c.NATSCreds != "" {
+		opts = append(opts, nats.UserCredentials(c.NATSCreds))
 	}
-	if n.cfg.NATSToken != "" {
-		opts = append(opts, nats.Token(n.cfg.NATSToken))
+	if c.NATSUser != "" {
+		opts = append(opts, nats.UserInfo(c.NATSUser, c.NATSPassword))
 	}
-	if n.cfg.NATSNKey != "" {
-		opt, err := nats.NkeyOptionFromSeed(n.cfg.NATSNKey)
+	if c.NATSToken != "" {
+		opts = append(opts, nats.Token(c.NATSToken))
+	}
+	if c.NATSNKey != "" {
+		opt, err := nats.NkeyOptionFromSeed(c.NATSNKey)
 		if err != nil {
 			return nil, fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
 		}
 		opts = append(opts, opt)
 	}
-	if n.cfg.NATSCA != "" {
-		opts = append(opts, nats.RootCAs(n.cfg.NATSCA))
+	if c.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(c.NATSCA))
 	}
 	return opts, nil
+}
+
+// NATSSecretsFromEnv sets c's NATS user, password and token from NATS_USER,
+// NATS_PASSWORD and NATS_TOKEN. Secrets come from the environment only,
+// never a flag or file (ps and config repositories would show them).
+func (c *Config) NATSSecretsFromEnv() {
+	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
 }
 
 // disconnectCause labels why the NATS connection dropped.

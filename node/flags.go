@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -105,10 +106,10 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout,
 		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
 	str(&c.NodeID, "node-id", d.NodeID, "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
-	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2, and 3/4 without a NATS round trip is a lapse (old sessions never copy again)")
+	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2, and 3/4 without a NATS round trip is a lapse (old sessions never copy again); client.Dial's pings close a dead link in 6s, enough only for a lease over 8s: for a shorter one engines must pass a shorter nats.PingInterval")
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")
 	dur(&c.KVEventsLinger, "kv-events-linger", d.KVEventsLinger,
-		"how long kv_events changes gather before they are published (0: the default; negative: each at once; at most 1s)")
+		"how long kv_events changes gather before they are published (negative: each at once; at most 1s)")
 	dur(&c.LoadWait, "load-wait", d.LoadWait,
 		"how long a load waits for a key another copy is filling before it fails as a miss (cut to lease/2; keep it below the engines' request timeout)")
 	// isolation
@@ -135,9 +136,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
 	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
 	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
-	// Secrets come from the environment only, never a flag or file (ps and
-	// config repositories would show them).
-	c.NATSUser, c.NATSPassword, c.NATSToken = os.Getenv("NATS_USER"), os.Getenv("NATS_PASSWORD"), os.Getenv("NATS_TOKEN")
+	c.NATSSecretsFromEnv()
 	return f
 }
 
@@ -209,6 +208,27 @@ func (f *Flags) Parse(args []string) error {
 		}
 	}
 	return nil
+}
+
+// UnknownEnv lists, sorted, the KVACTORS_* variables of environ (as
+// os.Environ gives it) that name no flag. Parse ignores them, while an
+// unknown config-file key fails start: the caller warns, so that a
+// misspelled variable does not pass unseen. (It is not an error: kvactors'
+// tests and scripts read KVACTORS_* variables of their own.)
+func (f *Flags) UnknownEnv(environ []string) []string {
+	known := make(map[string]bool, len(f.List))
+	for _, fl := range f.List {
+		known[fl.Env] = true
+	}
+	var unknown []string
+	for _, kv := range environ {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, "KVACTORS_") && !known[name] {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 // Usage writes the flags and their defaults.

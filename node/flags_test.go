@@ -175,3 +175,52 @@ func TestFormatBytesRoundTrips(t *testing.T) {
 		require.Equal(t, n, got, node.FormatBytes(n))
 	}
 }
+
+// The help and the errors never offer 0 as "the default" where the parser
+// refuses a zero (every flag whose default is not zero): the reader would
+// try it and get exit 2.
+func TestNoRefusedZeroOffered(t *testing.T) {
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	for _, fl := range f.List {
+		if fl.Default == "" || fl.Default == "0" || fl.Default == "0s" {
+			continue
+		}
+		require.NotRegexp(t, `\b0(s)?: (the )?default`, fl.Usage, "--%s", fl.Name)
+		_, _, err := parse(t, "--"+fl.Name+"=0")
+		if err == nil {
+			continue // a bool, or a zero that is a value
+		}
+		require.ErrorIs(t, err, node.ErrConfig, "--%s=0", fl.Name)
+	}
+	cfg, _, err := parse(t, "--load-wait", "-1s")
+	require.NoError(t, err)
+	err = cfg.Validate()
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.NotContains(t, err.Error(), "0: the default")
+}
+
+// A KVACTORS_* variable that names no flag is reported (serve warns: a
+// misspelling would otherwise pass unseen); those that name one, the
+// config file's included, and other variables are not.
+func TestUnknownEnv(t *testing.T) {
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	require.Equal(t, []string{"KVACTORS_POOL_BYTE", "KVACTORS_ZZZ"}, f.UnknownEnv([]string{
+		"KVACTORS_ZZZ=1", "KVACTORS_POOL_BYTES=1G", "KVACTORS_POOL_BYTE=1G", "KVACTORS_CONFIG=/x.yaml",
+		"PATH=/bin", "NATS_TOKEN=t", "KVACTORS_NATS=nats://h:4222",
+	}))
+}
+
+// Start refuses a NATS secret file it cannot read as a config error, before
+// any connect attempt (Validate itself reads no file: a config can be
+// checked away from its host).
+func TestStartChecksNATSFiles(t *testing.T) {
+	cfg := node.Config{NATSURL: "nats://127.0.0.1:1", NATSConnectTimeout: time.Minute, NATSCA: "/nonexistent/ca.pem"}
+	require.NoError(t, cfg.Validate())
+	start := time.Now()
+	_, err := node.Start(t.Context(), cfg)
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "--nats-ca")
+	require.Less(t, time.Since(start), 10*time.Second, "no connect retries")
+}

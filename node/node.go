@@ -118,6 +118,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, err
+	}
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),

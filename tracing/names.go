@@ -51,7 +51,7 @@ const (
 	AttrJob       attribute.Key = "kvactors.job"        // store job id
 	AttrBytes     attribute.Key = "kvactors.bytes"      // bytes copied
 	AttrChunks    attribute.Key = "kvactors.chunks"     // chunks in a job or load
-	AttrDirection attribute.Key = "kvactors.direction"  // "store" (device->host) or "load"
+	AttrDirection attribute.Key = "kvactors.direction"  // backend.Direction: "GPU_to_CPU" (store) or "CPU_to_GPU" (load)
 	AttrSeq       attribute.Key = "kvactors.seq"        // batch seq
 	AttrEvents    attribute.Key = "kvactors.events"     // events in a batch
 	AttrHashes    attribute.Key = "kvactors.hashes"     // hashes in a lookup

@@ -95,6 +95,16 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
 		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		// A NATS secret file that cannot be read is a config error, not
+		// "nats not reachable" retried until the connect timeout.
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-creds", "/nonexistent/kv.creds"}, 2, "--nats-creds"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-ca", "/nonexistent/ca.pem"}, 2, "--nats-ca"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-nkey", "/nonexistent/kv.nk"}, 2, "--nats-nkey"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-ca", "/"}, 2, "is a directory"},
 		{[]string{"demo", "--pool-bytes", "abc"}, 2, "--pool-bytes"},
 		{[]string{"demo", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"bench", "--engines", "x"}, 2, "invalid value"},
@@ -267,6 +277,36 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("serve did not exit after SIGTERM")
 	}
+}
+
+// A bad OTEL_* setting is a configuration error: exit 2, one line naming
+// it, like a bad flag (not exit 1, which a supervisor would restart).
+func TestServeBadOTELIsConfigError(t *testing.T) {
+	for _, env := range []string{"OTEL_TRACES_EXPORTER=jaeger", "OTEL_EXPORTER_OTLP_PROTOCOL=carrier-pigeon"} {
+		cmd := exec.Command(binary, "serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "100ms",
+			"--http", "off", "--shm-dir", t.TempDir())
+		cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=otlp", env)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		err := cmd.Run()
+		var exit *exec.ExitError
+		require.ErrorAs(t, err, &exit, env)
+		require.Equal(t, 2, exit.ExitCode(), "%s: %s", env, stderr.String())
+		require.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
+		require.Contains(t, stderr.String(), "tracing: bad configuration")
+	}
+}
+
+// A misspelled KVACTORS_* variable is named in a warning at start (it is
+// ignored, unlike an unknown config-file key, which fails start).
+func TestServeWarnsOfUnknownEnv(t *testing.T) {
+	cmd := exec.Command(binary, "serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "100ms",
+		"--http", "off", "--shm-dir", t.TempDir())
+	cmd.Env = append(os.Environ(), "KVACTORS_POOL_BYTE=1M", "KVACTORS_POOL_BYTES=1M")
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err) // nothing listens there: exit 1 after the timeout
+	require.Contains(t, string(out), "KVACTORS_POOL_BYTE is set but names no serve flag")
+	require.NotContains(t, string(out), "KVACTORS_POOL_BYTES is set")
 }
 
 // --log-format json: every log line is a JSON object. The run also shows

@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/schollz/progressbar/v3"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/client"
@@ -174,7 +175,7 @@ func newDemoLogger(level string, w io.Writer) (*slog.Logger, error) {
 }
 
 func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, stderr io.Writer) (err error) {
-	tp, shutdownTracing, err := demoTracing(ctx, o, stderr)
+	tp, shutdownTracing, tracingOn, err := demoTracing(ctx, o, stderr)
 	if err != nil {
 		return err
 	}
@@ -199,7 +200,7 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 			}
 		}))
 	cfgs := demoConfigs(o, log, func() { _ = bar.Add(1) })
-	if o.traceFile != "" || o.otlp {
+	if tracingOn {
 		// The engines' step spans become the parents of the node's spans.
 		for i := range cfgs {
 			cfgs[i].Tracer = tp
@@ -331,14 +332,16 @@ func runEngines(ctx context.Context, url string, cfgs []sim.Config) ([]sim.Repor
 }
 
 // demoTracing sets up the node's tracer: the console exporter into
-// --trace-file, OTLP with --otlp, nothing otherwise.
-func demoTracing(ctx context.Context, o demoOptions, stderr io.Writer) (trace.TracerProvider, func() error, error) {
+// --trace-file, OTLP with --otlp, and with neither flag whatever
+// OTEL_TRACES_EXPORTER says (nothing when it is unset). on reports whether
+// any exporter is in use, so the engines trace too.
+func demoTracing(ctx context.Context, o demoOptions, stderr io.Writer) (tp trace.TracerProvider, shutdown func() error, on bool, err error) {
 	var exporters []string
 	var file *os.File
 	if o.traceFile != "" {
 		f, err := os.Create(o.traceFile)
 		if err != nil {
-			return nil, nil, fmt.Errorf("--trace-file: %w", err)
+			return nil, nil, false, fmt.Errorf("--trace-file: %w", err)
 		}
 		file = f
 		exporters = append(exporters, tracing.ExporterConsole)
@@ -349,27 +352,26 @@ func demoTracing(ctx context.Context, o demoOptions, stderr io.Writer) (trace.Tr
 			"(default localhost:4317); to look at them, run Jaeger: docker run --rm -p 16686:16686 -p 4317:4317 "+
 			"jaegertracing/all-in-one, then open http://localhost:16686")
 	}
-	exp := tracing.ExporterNone
-	if len(exporters) > 0 {
-		exp = strings.Join(exporters, ",")
-	}
-	opts := tracing.Options{Exporter: exp}
+	// An empty Exporter lets tracing.Init read OTEL_TRACES_EXPORTER, so the
+	// environment recipe of docs/OBSERVABILITY.md works without a flag.
+	opts := tracing.Options{Exporter: strings.Join(exporters, ",")}
 	if file != nil {
 		opts.Writer = file
 	}
-	tp, shutdown, err := tracing.Init(ctx, opts)
+	tp, tpShutdown, err := tracing.Init(ctx, opts)
 	if err != nil {
 		if file != nil {
 			_ = file.Close()
 		}
-		return nil, nil, err
+		return nil, nil, false, err
 	}
+	_, on = tp.(*sdktrace.TracerProvider) // Init returns a noop provider when nothing exports
 	return tp, func() error {
 		// Flush the exporters before the file they write to closes.
-		err := shutdown(context.Background())
+		err := tpShutdown(context.Background())
 		if file != nil {
 			err = errors.Join(err, file.Close())
 		}
 		return err
-	}, nil
+	}, on, nil
 }

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
 // TestDemoQuick runs `kvactors demo --quick` in-process, scaled down, with
@@ -141,4 +143,22 @@ func TestDemoLowCoverage(t *testing.T) {
 	code = runDemo(append(args, "--require-coverage"), &stdout, &stderr)
 	require.Equal(t, 1, code, "stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
 	require.Contains(t, stderr.String(), "below --min-coverage")
+}
+
+// TestDemoTracingReadsEnvironment: without --otlp or --trace-file the demo
+// exports where OTEL_TRACES_EXPORTER says, as docs/OBSERVABILITY.md's
+// Jaeger recipe expects; unset, it exports nothing.
+func TestDemoTracingReadsEnvironment(t *testing.T) {
+	t.Setenv("OTEL_TRACES_EXPORTER", "console")
+	tp, shutdown, on, err := demoTracing(t.Context(), demoOptions{}, io.Discard)
+	require.NoError(t, err)
+	require.True(t, on)
+	require.IsType(t, &sdktrace.TracerProvider{}, tp)
+	require.NoError(t, shutdown())
+
+	t.Setenv("OTEL_TRACES_EXPORTER", "")
+	_, shutdown, on, err = demoTracing(t.Context(), demoOptions{}, io.Discard)
+	require.NoError(t, err)
+	require.False(t, on)
+	require.NoError(t, shutdown())
 }

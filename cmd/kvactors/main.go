@@ -24,7 +24,7 @@ commands:
   bench-compare  bench --external in alternating pairs against two kvactors binaries (--a, --b)
   nodes     list the nodes of a cluster (node, boot, engines, pool and disk, last heartbeat)
   flags     print the serve flag table (Markdown, as in docs/CONFIG.md)
-  nats-config  print a NATS server configuration isolating engines (docs/SECURITY.md)
+  nats-config  write a NATS server configuration isolating engines, and its secret files, under --out; print the configuration (docs/SECURITY.md)
   version   print the version, VCS revision and build time
 
 Run 'kvactors <command> --help' for a command's flags.

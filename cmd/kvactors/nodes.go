@@ -36,26 +36,23 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	nkey := fs.String("nats-nkey", env("KVACTORS_NATS_NKEY", ""), "nkey seed file (kvactors' user of a kvactors nats-config configuration)")
 	ca := fs.String("nats-ca", env("KVACTORS_NATS_CA", ""), "CA certificate file for NATS TLS")
 	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats (at least lease/4)")
-	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
+	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr,
+		"NATS secrets, as for serve: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only)."); code >= 0 {
 		return code
 	}
 	// kvactors' inbox prefix: the one natsauth lets kvactors' user read, so
 	// the survey's replies reach it under a generated configuration.
 	opts := []nats.Option{nats.Name("kvactors nodes"), nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser))}
-	if *creds != "" {
-		opts = append(opts, nats.UserCredentials(*creds))
+	// The same credentials as serve, NATS_USER/NATS_PASSWORD/NATS_TOKEN
+	// included (docs/OPERATIONS.md offers them for both).
+	auth := node.Config{NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca}
+	auth.NATSSecretsFromEnv()
+	authOpts, err := auth.NATSAuthOptions()
+	if err != nil {
+		fmt.Fprintln(stderr, "kvactors nodes:", err)
+		return exitUsage
 	}
-	if *nkey != "" {
-		opt, err := nats.NkeyOptionFromSeed(*nkey)
-		if err != nil {
-			fmt.Fprintln(stderr, "kvactors nodes: --nats-nkey:", err)
-			return exitUsage
-		}
-		opts = append(opts, opt)
-	}
-	if *ca != "" {
-		opts = append(opts, nats.RootCAs(*ca))
-	}
+	opts = append(opts, authOpts...)
 	ctx, cancel := context.WithTimeout(context.Background(), *wait+10*time.Second)
 	defer cancel()
 	// A permissions violation (credentials that are not kvactors') cannot

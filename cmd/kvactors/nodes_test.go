@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
 	"regexp"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
@@ -79,4 +82,33 @@ func TestNodesListsTheCluster(t *testing.T) {
 	t.Logf("kvactors nodes:\n%s", out)
 	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-0\s+`+ns[0].Boot()+`\s+0\s+-\s+0\.0MiB/1\.0MiB\s+-\s+[0-9.]+m?s ago$`), string(out))
 	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-1\s+`+ns[1].Boot()+`\s+1\s+e1\s+0\.0MiB/1\.0MiB\s+-\s+[0-9.]+m?s ago$`), string(out))
+}
+
+// `kvactors nodes` authenticates as serve does: NATS_TOKEN (and
+// NATS_USER/NATS_PASSWORD) from the environment, which docs/OPERATIONS.md
+// offers for both.
+func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true,
+		NoSigs: true, Authorization: "s3cret"})
+	require.NoError(t, err)
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	for _, tc := range []struct {
+		env  []string
+		code int
+	}{
+		{[]string{"NATS_TOKEN=s3cret"}, 0},
+		{[]string{"NATS_TOKEN=wrong"}, 1},
+	} {
+		cmd := exec.Command(binary, "nodes", "--nats", s.ClientURL(), "--wait", "100ms")
+		cmd.Env = append(os.Environ(), tc.env...)
+		out, err := cmd.CombinedOutput()
+		code := 0
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		}
+		require.Equal(t, tc.code, code, "%v: %s", tc.env, out)
+	}
 }

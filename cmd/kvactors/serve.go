@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"syscall"
 
@@ -21,10 +22,15 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	flags := cfg.BindFlags(fs)
 	if code := parseExit("serve", flags.Parse(args), fs, stdout, stderr,
 		"Each setting comes from its flag, else its KVACTORS_<FLAG> variable, else the --config file, else the",
-		"default (docs/CONFIG.md). NATS secrets: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only)."); code >= 0 {
+		"default (docs/CONFIG.md). NATS secrets: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only).",
+		"Tracing: the standard OTEL_* variables (docs/OBSERVABILITY.md)."); code >= 0 {
 		return code
 	}
-	if err := cfg.Validate(); err != nil {
+	err := cfg.Validate()
+	if err == nil {
+		err = cfg.CheckFiles() // a NATS secret file that cannot be read: exit 2, as for a bad flag
+	}
+	if err != nil {
 		fmt.Fprintf(stderr, "kvactors serve: %v (see kvactors serve --help)\n", err)
 		return exitUsage
 	}
@@ -36,10 +42,19 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	for _, w := range flags.Warnings {
 		log.Warn(w)
 	}
+	for _, name := range flags.UnknownEnv(os.Environ()) {
+		log.Warn(name + " is set but names no serve flag: ignored (misspelled? see kvactors serve --help)")
+	}
 	setGC(log)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	tp, shutdownTracing, err := tracing.Init(ctx, tracing.Options{})
+	if errors.Is(err, tracing.ErrConfig) {
+		// A bad OTEL_* value is configuration like a bad flag: exit 2, which
+		// systemd does not restart (RestartPreventExitStatus=2).
+		fmt.Fprintf(stderr, "kvactors serve: %v (see kvactors serve --help)\n", err)
+		return exitUsage
+	}
 	if err != nil {
 		log.Error("tracing", "err", err)
 		return exitFailure

@@ -1,8 +1,9 @@
 // Command publisher is the smallest engine that speaks kvactors protocol v2,
 // through the Go SDK (package client): it owns one shared-memory segment as
 // its "GPU", registers, runs one request through prefill with its hashes
-// lagging a step behind its tokens, finishes it, waits for `released` and
-// looks the prompt up. Run `kvactors serve` first, then
+// lagging a step behind its tokens, finishes it, waits for `released`,
+// looks the prompt up and loads what is stored into fresh blocks (checking
+// the bytes), as a second request with that prompt would. Run `kvactors serve` first, then
 //
 //	go run ./examples/publisher --nats nats://127.0.0.1:4222
 //
@@ -134,6 +135,20 @@ func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.D
 		return err
 	}
 	fmt.Printf("<- lookup: %d of 64 tokens stored\n", hit)
+
+	// A second request with the same prompt loads the stored prefix into
+	// fresh blocks (5..8) instead of computing it, before its prefill.
+	fresh := []int64{5, 6, 7, 8}[:hit/tokens]
+	if _, err := c.Load(ctx, "r2", hs, hit, [][]int64{fresh}); err != nil {
+		return err
+	}
+	for i, id := range fresh {
+		b := seg.Bytes()[id*blockBytes : (id+1)*blockBytes]
+		if b[0] != byte(i+1) || b[blockBytes-1] != byte(i+1) {
+			return fmt.Errorf("loaded block %d holds %d, want %d", id, b[0], i+1)
+		}
+	}
+	fmt.Printf("<- loaded %d tokens into blocks %v\n", hit, fresh)
 	return nil
 }
 

@@ -28,7 +28,13 @@ func TestPublisherAgainstANode(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 
-	require.NoError(t, run(context.Background(), n.NATSURL(), "kvactors", dir, "example", defaultTimeout))
+	out := captureStdout(t, func() {
+		require.NoError(t, run(context.Background(), n.NATSURL(), "kvactors", dir, "example", defaultTimeout))
+	})
+	// Steps 1-5 of the README: the stored prefix is looked up and loaded
+	// (run checks the loaded bytes).
+	require.Contains(t, out, "<- lookup: 64 of 64 tokens stored")
+	require.Contains(t, out, "<- loaded 64 tokens into blocks [5 6 7 8]")
 	requireEmpty(t, dir)
 
 	err = run(context.Background(), n.NATSURL(), "kvactors", dir, "_reserved", defaultTimeout)
@@ -37,6 +43,21 @@ func TestPublisherAgainstANode(t *testing.T) {
 
 	require.Error(t, run(context.Background(), "nats://127.0.0.1:1", "kvactors", dir, "example", defaultTimeout))
 	requireEmpty(t, dir)
+}
+
+// captureStdout returns what f printed (the example reports on stdout).
+func captureStdout(t *testing.T, f func()) string {
+	t.Helper()
+	r, w, err := os.Pipe()
+	require.NoError(t, err)
+	old := os.Stdout
+	os.Stdout = w
+	got := make(chan []byte, 1)
+	go func() { b, _ := io.ReadAll(r); got <- b }()
+	defer func() { os.Stdout = old }()
+	f()
+	require.NoError(t, w.Close())
+	return string(<-got)
 }
 
 func requireEmpty(t *testing.T, dir string) {
