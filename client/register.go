@@ -19,15 +19,11 @@ func (c *Client) registerRetry(ctx context.Context) error {
 			return err
 		}
 		c.cfg.Log.Debug("client: register", "engine", c.cfg.Engine, "err", err, "retry_in", backoff)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, ctx.Err(), err)
-		case <-c.stop:
-			t.Stop()
+		switch werr := wait(ctx, backoff, c.stop); {
+		case errors.Is(werr, errStopped):
 			return fmt.Errorf("client: engine %s: closed while registering", c.cfg.Engine)
-		case <-t.C:
+		case werr != nil:
+			return fmt.Errorf("client: engine %s: register: %w (last: %w)", c.cfg.Engine, werr, err)
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}

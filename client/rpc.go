@@ -100,12 +100,8 @@ func (c *Client) unregister(ctx context.Context, rep *messages.UnregisterReply) 
 		if !strings.HasPrefix(rep.Error, overloadedReply) {
 			return fmt.Errorf("client: engine %s: unregister: %s", c.cfg.Engine, rep.Error)
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return fmt.Errorf("client: engine %s: unregister: %w (last: %s)", c.cfg.Engine, ctx.Err(), rep.Error)
-		case <-t.C:
+		if err := wait(ctx, backoff, nil); err != nil {
+			return fmt.Errorf("client: engine %s: unregister: %w (last: %s)", c.cfg.Engine, err, rep.Error)
 		}
 		backoff = min(2*backoff, 500*time.Millisecond)
 	}

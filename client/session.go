@@ -266,13 +266,24 @@ func (c *Client) tickOnce() time.Duration {
 
 // sleep waits d; false if Close came first.
 func (c *Client) sleep(d time.Duration) bool {
+	return wait(context.Background(), d, c.stop) == nil
+}
+
+// errStopped: wait's stop channel closed first.
+var errStopped = errors.New("stopped")
+
+// wait waits d, or until ctx ends (its error) or stop closes (errStopped;
+// a nil stop never does): every backoff and period of the client.
+func wait(ctx context.Context, d time.Duration, stop <-chan struct{}) error {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
-		return true
-	case <-c.stop:
-		return false
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-stop:
+		return errStopped
 	}
 }
 
