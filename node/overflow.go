@@ -37,7 +37,26 @@ func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 		return
 	}
 	in.n.rejected(messages.RejectOverflow, "request dropped: inbound queue full", "engine", engineID, "verb", verb)
+	if !in.n.mayAnswerUnread(engineID, verb) {
+		return
+	}
 	in.n.replyError(context.Background(), m.Reply, errOverloaded)
+}
+
+// mayAnswerUnread reports whether this node may answer a request of engine
+// it has not read (dropped unread: "node overloaded"). On a cluster every
+// node receives every engine's messages, and an engine settles a load (a
+// lookup, an unregister) on the first reply from any node: a node that does
+// not serve the engine answering its load, however busy, would have the
+// engine reuse blocks its own node is still copying into. So only the
+// engine's node answers, as when the message is read (the ownership gate);
+// a register (anyone may be about to claim it, and the engine retries an
+// overloaded one) and a status (anyone may ask) are answered by any node.
+func (n *Node) mayAnswerUnread(engine, verb string) bool {
+	if n.cl == nil || verb == messages.VerbRegister || verb == messages.VerbStatus {
+		return true
+	}
+	return n.cl.owners.Serving(engine, time.Now())
 }
 
 // loseAll: nats.go dropped messages of the subscription (slow consumer);

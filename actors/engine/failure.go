@@ -136,12 +136,19 @@ func (a *Actor) guard(c actor.Context, what string, f func()) {
 // kept (its own, and ended ones a predecessor might still have numbered)
 // to the engine's Releases, which keeps the most recent of them for a later
 // actor that goes on with the epoch (Releases.Retain).
+//
+// Its own epoch goes last, as the most recent: a successor that goes on
+// with it (an engine that keeps its epoch across a re-register) may not
+// have released in it yet, and the ended ones retained here must not push
+// it out.
 func (a *Actor) retainEpochs() {
-	a.deps.Releases.Retain(a.seq.Epoch())
 	for _, epoch := range a.forgetLater {
 		a.deps.Releases.Retain(epoch)
 	}
 	for epoch := range a.perEpoch {
-		a.deps.Releases.Retain(epoch)
+		if epoch != a.seq.Epoch() {
+			a.deps.Releases.Retain(epoch)
+		}
 	}
+	a.deps.Releases.Retain(a.seq.Epoch())
 }
