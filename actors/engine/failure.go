@@ -142,13 +142,16 @@ func (a *Actor) guard(c actor.Context, what string, f func()) {
 // have released in it yet, and the ended ones retained here must not push
 // it out.
 func (a *Actor) retainEpochs() {
+	own := a.seq.Epoch()
 	for _, epoch := range a.forgetLater {
-		a.deps.Releases.Retain(epoch)
-	}
-	for epoch := range a.perEpoch {
-		if epoch != a.seq.Epoch() {
+		if epoch != own {
 			a.deps.Releases.Retain(epoch)
 		}
 	}
-	a.deps.Releases.Retain(a.seq.Epoch())
+	for epoch := range a.perEpoch {
+		if epoch != own {
+			a.deps.Releases.Retain(epoch)
+		}
+	}
+	a.deps.Releases.Retain(own)
 }
