@@ -33,3 +33,17 @@ func TestASlowConsumerErrorReachesItsSubscriptionsHandler(t *testing.T) {
 	n.ingest.lostMu.Unlock()
 	require.True(t, all || !n.ingest.anyLost.Load(), "every engine is to resync (or has been told already)")
 }
+
+// The NATS client's pending queue for the intake is bounded in messages
+// as well as bytes: nats.go counts only a message's body and headers, so
+// without it a flood of empty messages would queue almost for free.
+func TestTheIntakeSubscriptionBoundsPendingMessagesToo(t *testing.T) {
+	n, _, _ := startInternal(t, nil)
+	msgs, bytes, err := n.ingest.sub.PendingLimits()
+	require.NoError(t, err)
+	budget := n.cfg.MaxPendingBytes / 2
+	require.Equal(t, natsPendingMsgs(budget), msgs)
+	require.Positive(t, msgs)
+	require.LessOrEqual(t, int64(msgs)*natsMsgCost, budget, "a message costs at least natsMsgCost")
+	require.Equal(t, int(budget-n.nc.MaxPayload()), bytes)
+}

@@ -31,7 +31,10 @@ func (n *Node) subscribe() error {
 	}
 	// nats.go counts a message before it drops it for the limit: keep one
 	// largest message of headroom so its pending bytes never pass its half.
-	if err := s.SetPendingLimits(-1, int(natsBudget-n.nc.MaxPayload())); err != nil {
+	// It counts a message's body and headers only, not the Msg it keeps
+	// for it, so a flood of empty messages would ride in almost free: the
+	// count is bounded too, as if each cost natsMsgCost.
+	if err := s.SetPendingLimits(natsPendingMsgs(natsBudget), int(natsBudget-n.nc.MaxPayload())); err != nil {
 		return fmt.Errorf("pending limits of %s: %w", subject, err)
 	}
 	n.subs = append(n.subs, s)
@@ -254,3 +257,12 @@ func (sc *slowConsumers) dropped(sub *nats.Subscription) {
 		}
 	}
 }
+
+// natsMsgCost is what a message pending in nats.go costs besides its body
+// and headers (its Msg, subject and reply strings, queue links), rounded
+// up: the message count of the NATS client's half of the intake budget.
+const natsMsgCost = 512
+
+// natsPendingMsgs is the message count bound of a pending budget of
+// budget bytes.
+func natsPendingMsgs(budget int64) int { return int(max(1, budget/natsMsgCost)) }
