@@ -139,8 +139,10 @@ func TestClusterCloseDuringAStalledClaim(t *testing.T) {
 
 // An engine parked behind its stalled claim holds at most half the intake
 // budget: past that its messages are dropped as on a full intake (a batch
-// counted as an overflow drop, a request answered at once: overloaded),
-// and the other engines keep the rest of the budget.
+// counted as an overflow drop, a request counted as an overflow rejection,
+// unanswered: on a cluster only the engine's node answers a request it
+// dropped unread, and the claim has not made this node it yet), and the
+// other engines keep the rest of the budget.
 func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
 	// 32 MiB (4 × the embedded server's max payload): 16 MiB for the
 	// intake's queues, so b may park 8 MiB.
@@ -156,13 +158,19 @@ func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
 	for seq := 1; seq <= 3; seq++ { // the third passes 8 MiB, and so does a lookup as large
 		b.sendRaw(map[string]any{"epoch": b.epoch, "seq": seq, "events": []any{}, "pad": pad})
 	}
-	var r messages.RegisterReply
-	require.NoError(t, json.Unmarshal(b.request("lookup", map[string]any{"hashes": []string{}, "pad": pad}), &r))
-	require.Contains(t, r.Error, "overloaded")
+	ask("lookup", "lk", map[string]any{"hashes": []string{}, "pad": pad})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if got := e.counter("kvactors_events_rejected_total", "overflow"); got != 1 {
+			return fmt.Errorf("%v requests dropped as overflow, want 1", got)
+		}
+		return nil
+	})
 	require.Equal(t, 1.0, e.counter("kvactors_dropped_batches_total", "overflow"))
 
 	a.send(added("q", 8))
 	require.Equal(t, uint64(1), a.sync().Seq, "a served meanwhile")
 	release()
-	require.Contains(t, string(testkit.Recv(t, replies, 5*time.Second, "b's register reply").Data), `"ok":true`)
+	m := testkit.Recv(t, replies, 5*time.Second, "b's register reply")
+	require.True(t, strings.HasSuffix(m.Subject, ".reg1"), "the lookup dropped unread is not answered: %s %s", m.Subject, m.Data)
+	require.Contains(t, string(m.Data), `"ok":true`)
 }

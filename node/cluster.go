@@ -287,16 +287,21 @@ func (n *Node) fenced(id string) {
 	if rec == nil {
 		return
 	}
-	// The record may be gone rather than another node's (it lapsed while
-	// the keep-alives failed): then nobody owns the engine, and only this
-	// node can tell it so.
-	n.dropped(id)
 	go func() {
 		wait, cancel := context.WithTimeout(context.Background(), n.cfg.ShutdownTimeout)
 		defer cancel()
 		if _, err := n.end(wait, rec, nil); err != nil {
 			n.log.Error("cluster: drop fenced engine", "engine", id, "err", err)
+			<-rec.closed // its copies, still running, end first
 		}
+		// The record may be gone rather than another node's (it lapsed
+		// while the keep-alives failed): then nobody owns the engine, and
+		// only this node can tell it so. Only once its copies have ended
+		// (the end waited for them): told "unknown engine", the engine
+		// registers again, maybe elsewhere, and a new node would release
+		// its requests at once, their blocks then reused under a copy of
+		// this node's still running.
+		n.dropped(id)
 	}()
 }
 

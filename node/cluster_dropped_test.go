@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -174,4 +175,49 @@ func TestADroppedEnginesLoadsAndLookupsAreNotAnsweredByTheNodeThatDroppedIt(t *t
 	require.Contains(t, rep.Error, "unknown engine")
 	testkit.NoRecv(t, loads, 300*time.Millisecond, "an answer to the dropped engine's load")
 	testkit.NoRecv(t, lookups, 50*time.Millisecond, "an answer to the dropped engine's lookup")
+}
+
+// A node whose claim on an engine lapsed (fenced) tells the engine it is
+// unknown only once the engine's copies have ended: told, the engine
+// registers again, maybe with another node, which releases its requests
+// at once, and the engine reuses their blocks. r's store copy of block 1
+// is held in its device call; the claim lapses; the engine's heartbeat
+// goes unanswered until the copy ends, and is answered after.
+func TestAFencedNodeTellsItsEngineItIsUnknownOnlyOnceItsCopiesEnded(t *testing.T) {
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		if i == 0 {
+			c.WrapDevice = dev.wrap
+		}
+	})
+	e := kc.nodes[0]
+	te := e.newEngine("e1", defaultOpts())
+	te.spec.Node = "n0"
+	te.register()
+	te.fill(0, 1, 1)
+	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1")
+
+	require.NoError(t, ownersBucket(t, kc.nodes[1].nc).Delete(context.Background(), "e1")) // as a lapse does
+	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
+		if got := e.node.Engines(); len(got) != 0 {
+			return fmt.Errorf("n0 still serves %v", got)
+		}
+		return nil
+	})
+	beats := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: te.epoch, Seq: te.seq})
+	testkit.NoRecv(t, beats, 500*time.Millisecond, "an answer while r's copy of block 1 still runs")
+
+	dev.gate <- struct{}{}
+	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
+		m, err := testkit.EngineRequest(e.nc, "e1", "kvactors.e1.heartbeat",
+			[]byte(`{"epoch":"`+te.epoch+`","seq":0}`), 300*time.Millisecond)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(m.Data), "unknown engine") {
+			return fmt.Errorf("heartbeat answered %s", m.Data)
+		}
+		return nil
+	})
 }

@@ -45,15 +45,17 @@ func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 
 // mayAnswerUnread reports whether this node may answer a request of engine
 // it has not read (dropped unread: "node overloaded"). On a cluster every
-// node receives every engine's messages, and an engine settles a load (a
-// lookup, an unregister) on the first reply from any node: a node that does
-// not serve the engine answering its load, however busy, would have the
-// engine reuse blocks its own node is still copying into. So only the
+// node receives every engine's messages, and an engine takes the first
+// reply from any node: a busy node that does not serve the engine answering
+// its load would have the engine reuse blocks its own node is still
+// copying into, and one answering its register would keep it from the OK
+// of the node that claims it (the engine retries an overloaded register,
+// and loses the race again while the busy node stays busy). So only the
 // engine's node answers, as when the message is read (the ownership gate);
-// a register (anyone may be about to claim it, and the engine retries an
-// overloaded one) and a status (anyone may ask) are answered by any node.
+// an engine nobody serves yet gets no answer and asks again after its
+// timeout. A status is answered by any node (anyone may ask).
 func (n *Node) mayAnswerUnread(engine, verb string) bool {
-	if n.cl == nil || verb == messages.VerbRegister || verb == messages.VerbStatus {
+	if n.cl == nil || verb == messages.VerbStatus {
 		return true
 	}
 	return n.cl.owners.Serving(engine, time.Now())
