@@ -109,3 +109,6 @@ func ClusterNamespace(engine, name string, spec *messages.EngineSpec) string {
 	}
 	return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry(lay))
 }
+
+// MaxCopyingLoads is maxCopyingLoads, for tests outside the package.
+const MaxCopyingLoads = maxCopyingLoads

@@ -160,6 +160,18 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 	go n.waitLoad(ls, err)
 }
 
+// maxCopyingLoads bounds an engine's loads pinned and in the copy queue
+// or copying: past it a load is answered "node overloaded" at once, having
+// pinned nothing. Loads go ahead of stores in the copy queue, and a queued
+// load holds pins, not pool room, so without it one engine loading faster
+// than the copies run would grow the queue without bound.
+const maxCopyingLoads = 256
+
+// errTooManyLoads answers a load past maxCopyingLoads: the node wrote
+// nothing, and the engine may try again.
+var errTooManyLoads = messages.NewRejection(messages.RejectLimit,
+	fmt.Sprintf("%s: more than %d loads of the engine in flight, try again", messages.Overloaded, maxCopyingLoads))
+
 // maxWaitingLoads bounds an engine's loads waiting for pending keys (a
 // goroutine and a timer each, for up to Config.LoadWait): past it a load of a
 // pending key fails not-ready at once, so one engine cannot park goroutines
@@ -184,18 +196,29 @@ type loadStart struct {
 // is pinned and nothing answered.
 func (n *Node) tryLoad(ls *loadStart) error {
 	rec, req := ls.rec, ls.req
+	if rec.copyingLoads.Add(1) > maxCopyingLoads {
+		rec.copyingLoads.Add(-1)
+		n.metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
+		return fmt.Errorf("load %q: %w", req.Request, errTooManyLoads)
+	}
 	if !rec.loads.enter() {
+		rec.copyingLoads.Add(-1)
 		return fmt.Errorf("load %q: %w %q", req.Request, errUnknownEngine, rec.id) // ending: see loadGate
 	}
 	evicted, err := rec.store.PrepareLoad(ls.keys) // its evictions are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(evicted)))
 	if err != nil {
+		rec.copyingLoads.Add(-1)
 		rec.loads.leave()
 		return fmt.Errorf("load %q: %w", req.Request, err)
 	}
+	done := func() {
+		rec.copyingLoads.Add(-1)
+		rec.loads.leave()
+	}
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Reject: n.rejectLog, Node: n.cfg.NodeID, Boot: n.boot,
-		Done: rec.loads.leave},
+		Done: done},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,
 			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
 	return nil

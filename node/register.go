@@ -47,6 +47,9 @@ type engineRec struct {
 	clusterNS string
 	// waitingLoads are its loads waiting for pending keys (maxWaitingLoads).
 	waitingLoads atomic.Int32
+	// copyingLoads are its loads pinned and queued or copying
+	// (maxCopyingLoads).
+	copyingLoads atomic.Int32
 }
 
 // loadGate counts an engine's loads in flight and, once the engine is

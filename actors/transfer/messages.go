@@ -52,6 +52,7 @@ type Submit struct {
 	// HearingGen is Hearing.Gen when the copy's session began.
 	HearingGen uint64
 	queued     time.Time // when it was queued (Queue.Submit; queue wait)
+	passed     int       // a store: the loads queued ahead of it since (loadsPastAStore)
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone

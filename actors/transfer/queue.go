@@ -78,7 +78,10 @@ func (q *Queue) state() metrics.QueueState {
 
 // Submit adds a job; a load goes ahead of every store (a load is on a
 // request's time to first token, a store only has to happen before the
-// blocks are released). Owners may call it directly, without the hop
+// blocks are released) that fewer than loadsPastAStore loads went ahead of
+// already: loads coming faster than the copies run would otherwise keep a
+// store from ever starting, its request from being released, and its
+// pending room from being freed. Owners may call it directly, without the hop
 // through the transfer actor's mailbox that the Submit message takes: an
 // engine step's copies are queued (and a worker woken) in the step's own
 // turn. The owner gets its JobDone from the actor either way.
@@ -90,7 +93,15 @@ func (q *Queue) Submit(s *Submit) {
 	q.mu.Lock()
 	i := len(q.items)
 	if s.Dir == backend.HostToDevice {
-		for i = 0; i < len(q.items) && q.items[i].Dir == backend.HostToDevice; i++ {
+		for i = 0; i < len(q.items); i++ {
+			if it := q.items[i]; it.Dir != backend.HostToDevice && it.passed < loadsPastAStore {
+				break
+			}
+		}
+		for _, it := range q.items[i:] {
+			if it.Dir != backend.HostToDevice {
+				it.passed++
+			}
 		}
 	}
 	q.items = append(q.items, nil)
@@ -99,6 +110,9 @@ func (q *Queue) Submit(s *Submit) {
 	q.mu.Unlock()
 	q.wake.Signal()
 }
+
+// loadsPastAStore bounds the loads that go ahead of one queued store.
+const loadsPastAStore = 16
 
 // cancel removes the owner's queued jobs among ids and returns them.
 func (q *Queue) cancel(owner *actor.PID, ids []sched.JobID) []*Submit {

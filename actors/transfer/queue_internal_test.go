@@ -1,6 +1,7 @@
 package transfer
 
 import (
+	"slices"
 	"testing"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -45,4 +46,40 @@ func TestADrainPassesOverAnOwnerlessJob(t *testing.T) {
 	require.False(t, sameOwner(nil, x))
 	require.False(t, sameOwner(x, nil))
 	require.True(t, sameOwner(x, actor.NewPID("local", "x")))
+}
+
+// A load goes ahead of a queued store, but no more than loadsPastAStore
+// loads do: loads coming faster than the copies run would otherwise keep
+// the store from ever starting (its request never released, its pending
+// room never freed). Loads still keep their order among themselves, and a
+// store goes ahead of nothing.
+func TestAStoreIsPassedByAtMostLoadsPastAStoreLoads(t *testing.T) {
+	q := NewQueue(Config{Workers: 1}, nil)
+	var id sched.JobID
+	job := func(dir backend.Direction) *Submit {
+		id++
+		return &Submit{ID: id, Dir: dir, Bytes: 1}
+	}
+	store := job(backend.DeviceToHost)
+	q.Submit(store)
+	var order []*Submit
+	for range 3 * loadsPastAStore { // two loads submitted per copy that starts
+		q.Submit(job(backend.HostToDevice))
+		q.Submit(job(backend.HostToDevice))
+		s := q.next()
+		order = append(order, s)
+		q.done(&copyDone{job: s})
+		if s == store {
+			break
+		}
+	}
+	require.Contains(t, order, store, "the store started")
+	require.LessOrEqual(t, slices.Index(order, store), loadsPastAStore, "at most loadsPastAStore loads went first")
+	var last sched.JobID
+	for _, s := range order {
+		if s != store {
+			require.Greater(t, s.ID, last, "loads in the order submitted")
+			last = s.ID
+		}
+	}
 }

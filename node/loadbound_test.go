@@ -1,0 +1,62 @@
+package node_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// An engine's loads pinned and queued or copying are bounded
+// (node.MaxCopyingLoads): past it a load is answered "node overloaded" at
+// once, having pinned nothing. Loads go ahead of stores in the copy queue
+// and hold pins, not pool room, so one engine loading faster than the
+// copies run would otherwise grow the queue without bound. Every copy is
+// held; the engine's loads are handled in the order sent, so the one past
+// the bound is answered while the others wait; let go, they all load.
+func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
+	dev := &heldDevice{started: make(chan struct{}, 4*node.MaxCopyingLoads), gate: make(chan struct{}, 4*node.MaxCopyingLoads)}
+	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.fill(0, 1, 1)
+	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	dev.gate <- struct{}{}
+	recv(t, te.stored, "r's chunk stored")
+
+	replies := make(chan *nats.Msg, node.MaxCopyingLoads+1)
+	sub, err := e.nc.ChanSubscribe("_INBOX.e1.ld.*", replies)
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	for i := range node.MaxCopyingLoads + 1 {
+		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": []string{hash("r", 0)},
+			"num_tokens": 4, "blocks": [][]int{{5}}})
+		require.NoError(t, err)
+		require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", fmt.Sprintf("_INBOX.e1.ld.%d", i), data))
+	}
+	m := testkit.Recv(t, replies, 10*time.Second, "the answer to the load past the bound")
+	require.True(t, strings.HasSuffix(m.Subject, fmt.Sprintf(".%d", node.MaxCopyingLoads)), "answered first: %s %s", m.Subject, m.Data)
+	var rep messages.LoadReply
+	require.NoError(t, json.Unmarshal(m.Data, &rep))
+	require.False(t, rep.OK)
+	require.Contains(t, rep.Error, messages.Overloaded)
+	require.Equal(t, 1.0, e.counter("kvactors_events_rejected_total", "limit"))
+
+	for range 2 * node.MaxCopyingLoads {
+		dev.gate <- struct{}{}
+	}
+	for range node.MaxCopyingLoads {
+		var r messages.LoadReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "a held load's answer").Data, &r))
+		require.True(t, r.OK, r.Error)
+	}
+}
