@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -193,17 +194,7 @@ func TestARoomWaitOfAReleasedRequestIsStale(t *testing.T) {
 // finds no room 30 times over, woken each time: never more than one timer.
 func TestAWokenRetryTakesOverTheRunningTimer(t *testing.T) {
 	_, nc := testkit.NATS(t)
-	rig := newHeldRig(t, nc, 16)
-	system, deps := rig.system, rig.deps
-	rs := &roomStore{Store: deps.Store}
-	deps.Store = rs
-	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
-		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
-	system.Root.Send(pid, &request.Events{Events: []messages.Event{
-		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"h"}},
-		{Type: messages.EvBlocks, Request: "r1", IDs: []messages.BlockID{1}},
-		{Type: messages.EvTokens, Request: "r1", Computed: 4, Total: 4},
-		{Type: messages.EvFinished, Request: "r1", Computed: 4, Total: 4}}})
+	rig, rs := finishedWithNoRoom(t, nc)
 	retries := rig.store.Retries.WithLabelValues("pool_full")
 	for i := 0; i < 30; i++ {
 		var w hostpool.Waker
@@ -224,6 +215,24 @@ func TestAWokenRetryTakesOverTheRunningTimer(t *testing.T) {
 			}
 			return nil
 		})
-		require.LessOrEqual(t, deps.Timers.Pending(), 1, "wake-up %d started a timer of its own", i)
+		require.LessOrEqual(t, rig.deps.Timers.Pending(), 1, "wake-up %d started a timer of its own", i)
 	}
+}
+
+// finishedWithNoRoom spawns r1, finished with one chunk ready, on a store
+// that never has room (roomStore, returned with the rig).
+func finishedWithNoRoom(t *testing.T, nc *nats.Conn) (*heldRig, *roomStore) {
+	t.Helper()
+	rig := new(heldRig)
+	*rig = newHeldRig(t, nc, 16)
+	rs := &roomStore{Store: rig.deps.Store}
+	rig.deps.Store = rs
+	pid := request.NewSpawner().Spawn(rig.system.Root, &rig.deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
+		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"h"}},
+		{Type: messages.EvBlocks, Request: "r1", IDs: []messages.BlockID{1}},
+		{Type: messages.EvTokens, Request: "r1", Computed: 4, Total: 4},
+		{Type: messages.EvFinished, Request: "r1", Computed: 4, Total: 4}}})
+	return rig, rs
 }

@@ -3,7 +3,6 @@
 package request_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
@@ -28,17 +26,7 @@ import (
 func TestAFinishedRequestWokenForRoomStillGivesUp(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
-	rig := newHeldRig(t, nc, 16)
-	system, deps := rig.system, rig.deps
-	rs := &roomStore{Store: deps.Store}
-	deps.Store = rs
-	pid := request.NewSpawner().Spawn(system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r1",
-		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
-	system.Root.Send(pid, &request.Events{Events: []messages.Event{
-		{Type: messages.EvHashes, Request: "r1", Hashes: []messages.Hash{"h"}},
-		{Type: messages.EvBlocks, Request: "r1", IDs: []messages.BlockID{1}},
-		{Type: messages.EvTokens, Request: "r1", Computed: 4, Total: 4},
-		{Type: messages.EvFinished, Request: "r1", Computed: 4, Total: 4}}})
+	rig, rs := finishedWithNoRoom(t, nc)
 	stop := make(chan struct{})
 	defer close(stop)
 	go func() { // the room queue's wake-ups, as room frees and others take it
