@@ -56,6 +56,11 @@
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;
+//   - load replies: a Load settles only on a reply naming the node and
+//     boot it was sent to (or no responders); a reply naming another is
+//     logged and passed over, since on a cluster every node receives the
+//     load and another's word says nothing of the copy its own node may
+//     still be writing;
 //   - loads in doubt: a Load that got no reply by its deadline returns a
 //     *LoadInDoubtError (errors.Is ErrLoadInDoubt). The node never abandons
 //     a load, so the engine must not reuse its destination blocks until

@@ -97,7 +97,6 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	if err != nil {
 		return 0, fmt.Errorf("client: engine %s: load %s: subscribe reply inbox: %w", c.cfg.Engine, req, err)
 	}
-	_ = w.sub.AutoUnsubscribe(1)
 	if c.beforeLoad != nil {
 		c.beforeLoad()
 	}
@@ -190,12 +189,26 @@ func (c *Client) loadResult(w *loadWait, req string) (int, error) {
 	return rep.LoadedTokens, nil
 }
 
-// loadReplied is the reply inbox's handler: any reply (an error, or no
-// responders, included) means the node is done with the load.
+// loadReplied is the reply inbox's handler: a reply of the node and boot
+// the load was sent to (an error, or no responders, included) means the
+// node is done with the load. A reply that names another node or boot is
+// not that node's word and is passed over: on a cluster every node
+// receives the engine's load, and a reply from one that does not serve it
+// would settle a load its own node may still be copying into (the nodes
+// answer only the engine's own; this does not depend on it).
 func (c *Client) loadReplied(w *loadWait, m *nats.Msg) {
+	var from struct{ Node, Boot string }
+	if len(m.Data) > 0 && json.Unmarshal(m.Data, &from) != nil {
+		from.Node, from.Boot = "", "" // not a reply that names anyone: the node's word
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w.done {
+		return
+	}
+	if from.Node != "" && from.Node != w.node || from.Boot != "" && from.Boot != w.boot {
+		c.cfg.Log.Warn("client: a load's reply from a node it was not sent to is ignored", "engine", c.cfg.Engine,
+			"node", from.Node, "boot", from.Boot, "sent_to", w.node)
 		return
 	}
 	w.rep = m
@@ -217,7 +230,7 @@ func (c *Client) settleLoadLocked(w *loadWait) {
 	if w.doubt {
 		c.st.LoadsInDoubt--
 	}
-	_ = w.sub.Unsubscribe() // already gone after its one reply
+	_ = w.sub.Unsubscribe()
 	close(w.settled)
 }
 

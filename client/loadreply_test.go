@@ -1,0 +1,52 @@
+package client_test
+
+import (
+	"context"
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// A load settles only on a reply of the node and boot it was sent to. On
+// a cluster every node receives the engine's load; a reply from another
+// one (here "nA", answering at once) would say nothing of the copy the
+// engine's own node may still be writing into the load's blocks. n1 holds
+// the load; nA's answer is passed over, and the load ends with n1's.
+func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	other, err := nats.Connect(s.ClientURL())
+	require.NoError(t, err)
+	defer other.Close()
+	answered := make(chan struct{}, 1)
+	_, err = other.Subscribe("kvactors.e1.load", func(m *nats.Msg) {
+		b, _ := json.Marshal(messages.LoadReply{Error: messages.Overloaded + ": inbound queue full", Node: "nA", Boot: "bootA"})
+		_ = m.Respond(b)
+		answered <- struct{}{}
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Flush())
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Load(context.Background(), "l", []string{"aa"}, 4, [][]int64{{9}})
+		done <- err
+	}()
+	testkit.Recv(t, held, 5*time.Second, "n1 holds the load (copying)")
+	testkit.Recv(t, answered, 5*time.Second, "nA's answer")
+	testkit.NoRecv(t, done, 200*time.Millisecond, "the load settled on nA's answer")
+	gate <- struct{}{}
+	require.NoError(t, testkit.Recv(t, done, 5*time.Second, "the load, once n1 answered"))
+}
