@@ -76,3 +76,24 @@ func TestAChunkInHostMemoryOfAnotherSizeIsRefused(t *testing.T) {
 	_, err = e.PrepareLoad([]messages.Key{"a"})
 	require.ErrorIs(t, err, hostpool.ErrNotReady)
 }
+
+// A record on disk larger than the whole pool (the pool made smaller since
+// it was written) can never be read back: it is no lookup hit, and a load
+// of it drops it and is a plain miss, not "no room" for ever.
+func TestARecordLargerThanThePoolIsNoHitAndIsDropped(t *testing.T) {
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, 4*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
+	e := s.Engine("e", l, dev)
+	rec := bytes.Repeat([]byte{0xCD}, 8*testBlockBytes) // twice the pool
+	require.True(t, d.Spill("e", "big", crc32.Checksum(rec, castagnoli), rec))
+	waitOnDisk(t, d, "big")
+	require.False(t, s.Ready("big"), "counted as a hit")
+	_, err = e.PrepareLoad([]messages.Key{"big"})
+	require.ErrorIs(t, err, hostpool.ErrNotReady, "a miss, not no room")
+	_, _, onDisk := d.Has("big")
+	require.False(t, onDisk, "the record the pool can never take is dropped")
+}

@@ -92,8 +92,8 @@ func (s *Store) Ready(key messages.Key) bool {
 	}
 	if s.disk != nil {
 		if dk, ok := s.toDisk(key); ok {
-			_, _, ok = s.disk.Has(dk)
-			return ok
+			size, _, ok := s.disk.Has(dk)
+			return ok && s.Fits(size) // one the pool can never take is no hit (PrepareLoad drops it)
 		}
 	}
 	return false
@@ -171,6 +171,13 @@ func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 			return 0, false
 		}
 		size, _, ok := e.s.disk.Has(dk)
+		if ok && (size <= 0 || !e.s.Fits(size)) {
+			// Larger than the whole pool (a pool made smaller since it was
+			// written) or empty: it can never be read back, and kept it
+			// would fail every load of it as "no room". Dropped, a miss.
+			e.s.disk.Drop(e.id, dk)
+			return 0, false
+		}
 		return size, ok
 	})
 	e.spill(prep.Victims)
