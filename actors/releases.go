@@ -109,8 +109,11 @@ func (r *Releases) Retain(epoch string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	c := r.counts[epoch]
-	if c == nil || c.retained {
+	if c == nil {
 		return
+	}
+	if c.retained { // retained again: the most recent now
+		r.retained = slices.DeleteFunc(r.retained, func(e string) bool { return e == epoch })
 	}
 	c.retained = true
 	r.retained = append(r.retained, epoch)

@@ -64,3 +64,25 @@ func TestReleasesKeepsUsedEpochsAndTheMostRecentlyRetained(t *testing.T) {
 	r.Forget(last)
 	require.Equal(t, uint64(1), publish(last), "Forget drops it at once")
 }
+
+// An epoch retained again (an actor that went on with it has stopped too)
+// becomes the most recently retained: the epochs retained before it go
+// first.
+func TestAnEpochRetainedAgainIsTheMostRecent(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	testkit.Subscribe(t, nc, "kvactors.e1.released")
+	r := NewReleases(NewOutbox(nc, "kvactors", slog.New(slog.NewTextHandler(io.Discard, nil))), "e1")
+	for i := range KeptEpochs + 1 {
+		require.True(t, r.Publish(context.Background(), fmt.Sprint("e", i), "r", messages.ReasonFinished, nil))
+	}
+	r.Retain("e0")
+	for i := 1; i < KeptEpochs; i++ {
+		r.Retain(fmt.Sprint("e", i))
+	}
+	r.Retain("e0") // again, last
+	r.Retain(fmt.Sprint("e", KeptEpochs))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.Contains(t, r.counts, "e0", "retained last but one: kept")
+	require.NotContains(t, r.counts, "e1", "the oldest retained went")
+}

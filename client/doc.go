@@ -56,8 +56,9 @@
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;
-//   - load replies: a Load settles only on a reply naming the node and
-//     boot it was sent to (or no responders); a reply naming another is
+//   - load replies: a Load settles only on a reply naming the node it was
+//     sent to (any boot of it: the old process of a newer boot copies
+//     nothing more) or no responders; a reply naming another node is
 //     logged and passed over, since on a cluster every node receives the
 //     load and another's word says nothing of the copy its own node may
 //     still be writing;

@@ -189,10 +189,11 @@ func (c *Client) loadResult(w *loadWait, req string) (int, error) {
 	return rep.LoadedTokens, nil
 }
 
-// loadReplied is the reply inbox's handler: a reply of the node and boot
-// the load was sent to (an error, or no responders, included) means the
-// node is done with the load. A reply that names another node or boot is
-// not that node's word and is passed over: on a cluster every node
+// loadReplied is the reply inbox's handler: a reply of the node the load
+// was sent to (an error, or no responders, included; from another boot of
+// it too, whose old process can copy nothing more) means the node is done
+// with the load. A reply that names another node is not that node's word
+// and is passed over: on a cluster every node
 // receives the engine's load, and a reply from one that does not serve it
 // would settle a load its own node may still be copying into (the nodes
 // answer only the engine's own; this does not depend on it).
@@ -206,7 +207,7 @@ func (c *Client) loadReplied(w *loadWait, m *nats.Msg) {
 	if w.done {
 		return
 	}
-	if from.Node != "" && from.Node != w.node || from.Boot != "" && from.Boot != w.boot {
+	if from.Node != "" && from.Node != w.node { // another boot of the node: the old one can copy nothing more
 		c.cfg.Log.Warn("client: a load's reply from a node it was not sent to is ignored", "engine", c.cfg.Engine,
 			"node", from.Node, "boot", from.Boot, "sent_to", w.node)
 		return

@@ -50,3 +50,31 @@ func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
 	gate <- struct{}{}
 	require.NoError(t, testkit.Recv(t, done, 5*time.Second, "the load, once n1 answered"))
 }
+
+// A reply from another boot of the node the load was sent to settles it:
+// the old process can copy nothing more (a newer boot answered).
+func TestALoadSettlesOnAReplyOfAnotherBootOfItsNode(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	defer func() { gate <- struct{}{} }()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	other, err := nats.Connect(s.ClientURL())
+	require.NoError(t, err)
+	defer other.Close()
+	_, err = other.Subscribe("kvactors.e1.load", func(m *nats.Msg) {
+		b, _ := json.Marshal(messages.LoadReply{Error: `unknown engine "e1"`, Node: "n1", Boot: "boot2"})
+		_ = m.Respond(b)
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Flush())
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err = c.Load(ctx, "l", []string{"aa"}, 4, [][]int64{{9}})
+	require.Error(t, err)
+	require.NotErrorIs(t, err, client.ErrLoadInDoubt, "settled by the new boot's answer")
+	require.Contains(t, err.Error(), "unknown engine")
+}

@@ -292,7 +292,8 @@ func (n *Node) fenced(id string) {
 		defer cancel()
 		if _, err := n.end(wait, rec, nil); err != nil {
 			n.log.Error("cluster: drop fenced engine", "engine", id, "err", err)
-			<-rec.closed // its copies, still running, end first
+			<-rec.closed             // its copies, still running, end first
+			rec.loads.closeAndWait() // and its loads (a remote fetch outlives the actor)
 		}
 		// The record may be gone rather than another node's (it lapsed
 		// while the keep-alives failed): then nobody owns the engine, and

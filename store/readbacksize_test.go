@@ -96,4 +96,8 @@ func TestARecordLargerThanThePoolIsNoHitAndIsDropped(t *testing.T) {
 	require.ErrorIs(t, err, hostpool.ErrNotReady, "a miss, not no room")
 	_, _, onDisk := d.Has("big")
 	require.False(t, onDisk, "the record the pool can never take is dropped")
+	if d.Spill("e", "empty", crc32.Checksum(nil, castagnoli), []byte{}) {
+		waitOnDisk(t, d, "empty")
+		require.False(t, s.Ready("empty"), "an empty record counted as a hit")
+	}
 }

@@ -93,7 +93,7 @@ func (s *Store) Ready(key messages.Key) bool {
 	if s.disk != nil {
 		if dk, ok := s.toDisk(key); ok {
 			size, _, ok := s.disk.Has(dk)
-			return ok && s.Fits(size) // one the pool can never take is no hit (PrepareLoad drops it)
+			return ok && size > 0 && s.Fits(size) // one the pool can never take is no hit (PrepareLoad drops it)
 		}
 	}
 	return false
