@@ -1,12 +1,15 @@
 package node
 
 import (
+	"errors"
 	"testing"
+	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -46,4 +49,35 @@ func TestTheIntakeSubscriptionBoundsPendingMessagesToo(t *testing.T) {
 	require.Positive(t, msgs)
 	require.LessOrEqual(t, int64(msgs)*natsMsgCost, budget, "a message costs at least natsMsgCost")
 	require.Equal(t, int(budget-n.nc.MaxPayload()), bytes)
+}
+
+// The fault the message bound guards against: a flood of empty messages
+// while the intake is held (a descheduled subscription goroutine). Their
+// bytes stay far under the NATS client's byte limit, so only the message
+// count stops them: NATS drops the rest (a slow consumer), and the intake
+// counts the loss and has every engine resync, instead of queuing them
+// without bound.
+func TestAFloodOfEmptyMessagesIsDroppedByTheMessageBound(t *testing.T) {
+	n, nc, _ := startInternal(t, func(c *Config) { c.MaxPendingBytes = 32 << 20 })
+	overflow := n.metrics.DroppedBatch(messages.ResyncOverflow)
+	msgs, bytes, err := n.ingest.sub.PendingLimits()
+	require.NoError(t, err)
+	flood := msgs + 1000
+	require.Less(t, flood*64, bytes, "the flood's bytes are within the byte limit")
+
+	release := n.HoldIntake()
+	defer release()
+	for range flood {
+		require.NoError(t, nc.Publish("kvactors.e1.heartbeat", nil))
+	}
+	require.NoError(t, nc.Flush())
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if testutil.ToFloat64(overflow) == 0 {
+			return errors.New("no message dropped: the flood queued past the message bound")
+		}
+		return nil
+	})
+	pending, _, err := n.ingest.sub.Pending()
+	require.NoError(t, err)
+	require.LessOrEqual(t, pending, msgs, "queued past the bound")
 }
