@@ -20,24 +20,8 @@ import (
 // engine's own node may still be writing into the load's blocks. n1 holds
 // the load; nA's answer is passed over, and the load ends with n1's.
 func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
-	s, nc := testkit.NATS(t)
-	f := startFakeNode(t, nc, "n1", "boot1", testLease)
-	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
-	f.mu.Lock()
-	f.loadGate, f.loadsHeld = gate, held
-	f.mu.Unlock()
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
-	other, err := nats.Connect(s.ClientURL())
-	require.NoError(t, err)
-	defer other.Close()
-	answered := make(chan struct{}, 1)
-	_, err = other.Subscribe("kvactors.e1.load", func(m *nats.Msg) {
-		b, _ := json.Marshal(messages.LoadReply{Error: messages.Overloaded + ": inbound queue full", Node: "nA", Boot: "bootA"})
-		_ = m.Respond(b)
-		answered <- struct{}{}
-	})
-	require.NoError(t, err)
-	require.NoError(t, other.Flush())
+	c, gate, held, answered := heldLoadAndAnotherReply(t,
+		messages.LoadReply{Error: messages.Overloaded + ": inbound queue full", Node: "nA", Boot: "bootA"})
 
 	done := make(chan error, 1)
 	go func() {
@@ -54,27 +38,38 @@ func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
 // A reply from another boot of the node the load was sent to settles it:
 // the old process can copy nothing more (a newer boot answered).
 func TestALoadSettlesOnAReplyOfAnotherBootOfItsNode(t *testing.T) {
-	s, nc := testkit.NATS(t)
-	f := startFakeNode(t, nc, "n1", "boot1", testLease)
-	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
-	f.mu.Lock()
-	f.loadGate, f.loadsHeld = gate, held
-	f.mu.Unlock()
+	c, gate, _, _ := heldLoadAndAnotherReply(t, messages.LoadReply{Error: `unknown engine "e1"`, Node: "n1", Boot: "boot2"})
 	defer func() { gate <- struct{}{} }()
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
-	other, err := nats.Connect(s.ClientURL())
-	require.NoError(t, err)
-	defer other.Close()
-	_, err = other.Subscribe("kvactors.e1.load", func(m *nats.Msg) {
-		b, _ := json.Marshal(messages.LoadReply{Error: `unknown engine "e1"`, Node: "n1", Boot: "boot2"})
-		_ = m.Respond(b)
-	})
-	require.NoError(t, err)
-	require.NoError(t, other.Flush())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_, err = c.Load(ctx, "l", []string{"aa"}, 4, [][]int64{{9}})
+	_, err := c.Load(ctx, "l", []string{"aa"}, 4, [][]int64{{9}})
 	require.Error(t, err)
 	require.NotErrorIs(t, err, client.ErrLoadInDoubt, "settled by the new boot's answer")
 	require.Contains(t, err.Error(), "unknown engine")
+}
+
+// heldLoadAndAnotherReply connects e1 to fake node n1 (boot1), which holds
+// every load until the returned gate gets a value (held is told when one
+// waits), while another connection answers each load of e1 at once with
+// rep (answered is told).
+func heldLoadAndAnotherReply(t *testing.T, rep messages.LoadReply) (c *client.Client, gate, held, answered chan struct{}) {
+	t.Helper()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	gate, held, answered = make(chan struct{}, 1), make(chan struct{}, 4), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	c = connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	other, err := nats.Connect(s.ClientURL())
+	require.NoError(t, err)
+	t.Cleanup(other.Close)
+	_, err = other.Subscribe("kvactors.e1.load", func(m *nats.Msg) {
+		b, _ := json.Marshal(rep)
+		_ = m.Respond(b)
+		answered <- struct{}{}
+	})
+	require.NoError(t, err)
+	require.NoError(t, other.Flush())
+	return c, gate, held, answered
 }
