@@ -24,17 +24,11 @@ import (
 // ok. It fails naming the key, nothing reaches the device, and the record
 // is dropped.
 func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
-	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
-	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
-	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	t.Cleanup(d.Close)
-	s := New(heapArena(make([]byte, 4*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
-	e := s.Engine("e", l, dev)
+	s, e, dev, d := diskFixture(t)
 	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
 	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
 	waitOnDisk(t, d, "a")
-	_, err = e.PrepareLoad([]messages.Key{"a"})
+	_, err := e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	before := bytes.Clone(dev.mem)
 	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)
@@ -81,18 +75,12 @@ func TestAChunkInHostMemoryOfAnotherSizeIsRefused(t *testing.T) {
 // it was written) can never be read back: it is no lookup hit, and a load
 // of it drops it and is a plain miss, not "no room" for ever.
 func TestARecordLargerThanThePoolIsNoHitAndIsDropped(t *testing.T) {
-	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
-	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
-	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	t.Cleanup(d.Close)
-	s := New(heapArena(make([]byte, 4*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
-	e := s.Engine("e", l, dev)
+	s, e, _, d := diskFixture(t)
 	rec := bytes.Repeat([]byte{0xCD}, 8*testBlockBytes) // twice the pool
 	require.True(t, d.Spill("e", "big", crc32.Checksum(rec, castagnoli), rec))
 	waitOnDisk(t, d, "big")
 	require.False(t, s.Ready("big"), "counted as a hit")
-	_, err = e.PrepareLoad([]messages.Key{"big"})
+	_, err := e.PrepareLoad([]messages.Key{"big"})
 	require.ErrorIs(t, err, hostpool.ErrNotReady, "a miss, not no room")
 	_, _, onDisk := d.Has("big")
 	require.False(t, onDisk, "the record the pool can never take is dropped")
@@ -100,4 +88,17 @@ func TestARecordLargerThanThePoolIsNoHitAndIsDropped(t *testing.T) {
 		waitOnDisk(t, d, "empty")
 		require.False(t, s.Ready("empty"), "an empty record counted as a hit")
 	}
+}
+
+// diskFixture is a store of a 4-block pool over a disk tier, and engine e
+// of one 1-block group on an 8-block device.
+func diskFixture(t *testing.T) (*Store, *Engine, *memDevice, *disk.Disk) {
+	t.Helper()
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &memDevice{mem: make([]byte, 8*testBlockBytes)}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, 4*testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil))
+	return s, s.Engine("e", l, dev), dev, d
 }
