@@ -123,24 +123,7 @@ func holdersOf(f *Feed, k holders.NSKey) func() error {
 // by kv_events; it stops counting within the lease once its heartbeats
 // stop; its next boot counts only what that boot holds.
 func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *testing.T) {
-	c := testkit.NATSCluster(t, 3)
-	ncA, ncC := c.Connect(0), c.Connect(2)
-	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
-	t.Cleanup(feed.Close)
-	require.NoError(t, ncC.Flush())
-	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
-		// Interest crosses the routes asynchronously; a probe heartbeat
-		// from a throwaway node proves C's subscriptions reach s0.
-		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "probe", Boot: "p"})
-		_ = ncA.Publish(messages.NodeSubject("kvactors", "probe", messages.NodeVerbHeartbeat), hb)
-		for _, n := range feed.Nodes() {
-			if n.Node == "probe" {
-				return nil
-			}
-		}
-		return fmt.Errorf("probe heartbeat not seen by the feed")
-	})
+	ncA, feed := feedAcrossServers(t)
 
 	old := hashKey("aa", 0)
 	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
@@ -210,22 +193,7 @@ func TestFeedTracksAnotherNodesKeysAcrossServersAndDropsItWithinTheLease(t *test
 // no longer counts once the catch-up is done. Before, a catch-up only
 // added keys, and the node counted as the key's holder for good.
 func TestFeedCatchUpDropsAKeyEvictedWhileEventsWereMissed(t *testing.T) {
-	c := testkit.NATSCluster(t, 3)
-	ncA, ncC := c.Connect(0), c.Connect(2)
-	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
-	require.NoError(t, err)
-	t.Cleanup(feed.Close)
-	require.NoError(t, ncC.Flush())
-	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
-		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "probe", Boot: "p"})
-		_ = ncA.Publish(messages.NodeSubject("kvactors", "probe", messages.NodeVerbHeartbeat), hb)
-		for _, n := range feed.Nodes() {
-			if n.Node == "probe" {
-				return nil
-			}
-		}
-		return fmt.Errorf("probe heartbeat not seen by the feed")
-	})
+	ncA, feed := feedAcrossServers(t)
 	old := hashKey("aa", 0)
 	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, old))
@@ -396,4 +364,30 @@ func TestFeedCountsNoKeyWithoutItsGeometry(t *testing.T) {
 	require.Empty(t, feed.Holders(plain.NS, hashKey("bb", 0).Key), "nor under the plain namespace")
 	require.Empty(t, feed.Holders(messages.ClusterNamespace(plain.NS, 0), hashKey("bb", 0).Key),
 		"nor under a geometry it never named")
+}
+
+// feedAcrossServers starts gpu-2's feed on server 2 of a 3-server cluster
+// and returns a connection to server 0, once the feed hears what is
+// published there.
+func feedAcrossServers(t *testing.T) (*nats.Conn, *Feed) {
+	t.Helper()
+	c := testkit.NATSCluster(t, 3)
+	ncA, ncC := c.Connect(0), c.Connect(2)
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
+		// Interest crosses the routes asynchronously; a probe heartbeat
+		// from a throwaway node proves C's subscriptions reach s0.
+		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "probe", Boot: "p"})
+		_ = ncA.Publish(messages.NodeSubject("kvactors", "probe", messages.NodeVerbHeartbeat), hb)
+		for _, n := range feed.Nodes() {
+			if n.Node == "probe" {
+				return nil
+			}
+		}
+		return fmt.Errorf("probe heartbeat not seen by the feed")
+	})
+	return ncA, feed
 }
