@@ -61,9 +61,11 @@ type loadWait struct {
 	probe      uint64 // its number as a probe (boots.go)
 	sub        *nats.Subscription
 	settled    chan struct{}
-	rep        *nats.Msg // the reply, once it came
-	done       bool      // settled
-	doubt      bool      // Load gave up waiting: counted in Stats.LoadsInDoubt
+	rep        *nats.Msg          // the reply, once it came
+	reply      messages.LoadReply // rep decoded (loadReplied), unless replyErr
+	replyErr   error
+	done       bool // settled
+	doubt      bool // Load gave up waiting: counted in Stats.LoadsInDoubt
 	// atServer: a flush after the publish came back, so the request left
 	// this client: none of it waits in the connection's reconnect buffer,
 	// to reach the node after the node was given up for lost.
@@ -174,13 +176,12 @@ func (c *Client) loadRefusedLocked(req string) error {
 
 // loadResult reads w's reply. Caller holds c.mu.
 func (c *Client) loadResult(w *loadWait, req string) (int, error) {
-	m := w.rep
+	m, rep := w.rep, &w.reply
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, nats.ErrNoResponders)
 	}
-	var rep messages.LoadReply
-	if err := json.Unmarshal(m.Data, &rep); err != nil {
-		return 0, fmt.Errorf("client: engine %s: decode load reply %q: %w", c.cfg.Engine, m.Data, err)
+	if w.replyErr != nil {
+		return 0, fmt.Errorf("client: engine %s: decode load reply %q: %w", c.cfg.Engine, m.Data, w.replyErr)
 	}
 	c.repliedLocked(rep.Node, rep.Boot, w.probe)
 	if rep.Error != "" || !rep.OK {
@@ -198,21 +199,21 @@ func (c *Client) loadResult(w *loadWait, req string) (int, error) {
 // would settle a load its own node may still be copying into (the nodes
 // answer only the engine's own; this does not depend on it).
 func (c *Client) loadReplied(w *loadWait, m *nats.Msg) {
-	var from struct{ Node, Boot string }
-	if len(m.Data) > 0 && json.Unmarshal(m.Data, &from) != nil {
-		from.Node, from.Boot = "", "" // not a reply that names anyone: the node's word
-	}
+	// Decoded once, here: loadResult reads what this keeps. A body that does
+	// not decode names no one: the node's word (loadResult reports it).
+	var rep messages.LoadReply
+	err := json.Unmarshal(m.Data, &rep)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if w.done {
 		return
 	}
-	if from.Node != "" && from.Node != w.node { // another boot of the node: the old one can copy nothing more
+	if err == nil && rep.Node != "" && rep.Node != w.node { // another boot of the node: the old one can copy nothing more
 		c.cfg.Log.Warn("client: a load's reply from a node it was not sent to is ignored", "engine", c.cfg.Engine,
-			"node", from.Node, "boot", from.Boot, "sent_to", w.node)
+			"node", rep.Node, "boot", rep.Boot, "sent_to", w.node)
 		return
 	}
-	w.rep = m
+	w.rep, w.reply, w.replyErr = m, rep, err
 	if w.doubt {
 		c.st.LateLoadReplies++
 		c.cfg.Log.Info("client: a load in doubt was answered: its blocks are safe", "engine", c.cfg.Engine,
