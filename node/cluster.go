@@ -199,8 +199,25 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 	return true
 }
 
+// errUnnamedDevice refuses an engine on a cluster whose memory no node can
+// locate: a CUDA IPC handle says nothing of the host it came from, so
+// without "node" every cuda node would claim it and all but the one on its
+// host would fail to open it, at random (docs/CLUSTER.md).
+var errUnnamedDevice = fmt.Errorf("%w: an engine with CUDA memory on a cluster must name its node (\"node\" in the spec): a CUDA IPC handle does not say which host it is from", ErrRegister)
+
+// locatable refuses, on every node alike and before any claim, a spec
+// whose host this node cannot tell: on the cuda backend, one naming no
+// node. An shm node locates a spec by its segment names (localMemory).
+func (n *Node) locatable(spec messages.EngineSpec) error {
+	if n.cfg.Backend != "shm" && spec.Node == "" {
+		return errUnnamedDevice
+	}
+	return nil
+}
+
 // localMemory: this node can copy for the engine (shm segments exist in
-// its shm dir; a CUDA device is on this host by construction). Only for a
+// its shm dir; on the cuda backend the spec names its node, locatable, and
+// the name decides). Only for a
 // spec whose segment names are the engine's (ingest.CheckOwner, checked
 // first in onRegister): whether a name exists here decides whether this
 // node claims, and so answers.

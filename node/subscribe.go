@@ -93,6 +93,9 @@ func (n *Node) onRegister(engineID string, m *nats.Msg, at time.Time) *claimStep
 		}
 	}
 	if err == nil && n.cl != nil {
+		err = n.locatable(spec)
+	}
+	if err == nil && n.cl != nil {
 		return n.registerClaimed(ctx, engineID, spec, m.Reply, at)
 	}
 	if err == nil {
