@@ -318,8 +318,14 @@ func (n *Node) fenced(id string) {
 		// (the end waited for them): told "unknown engine", the engine
 		// registers again, maybe elsewhere, and a new node would release
 		// its requests at once, their blocks then reused under a copy of
-		// this node's still running.
-		n.dropped(id)
+		// this node's still running. Under the claim lock, and only if the
+		// engine has not registered here again meanwhile: a late mark would
+		// have this node tell an engine it serves that it is unknown.
+		unlock := n.claimLock(id)
+		defer unlock()
+		if n.engine(id) == nil {
+			n.dropped(id)
+		}
 	}()
 }
 

@@ -112,3 +112,12 @@ func ClusterNamespace(engine, name string, spec *messages.EngineSpec) string {
 
 // MaxCopyingLoads is maxCopyingLoads, for tests outside the package.
 const MaxCopyingLoads = maxCopyingLoads
+
+// DroppedHere reports whether this cluster node remembers having dropped
+// engine id (it answers the engine's heartbeats "unknown engine" while no
+// node owns it).
+func (n *Node) DroppedHere(id string) bool {
+	n.cl.dropped.mu.Lock()
+	defer n.cl.dropped.mu.Unlock()
+	return n.cl.dropped.ids[id] != nil
+}
