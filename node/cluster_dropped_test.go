@@ -251,7 +251,7 @@ func TestAFencedEngineBackOnItsNodeIsNotMarkedDroppedByTheOldEnd(t *testing.T) {
 	te.register() // back on n0 while the fenced end still waits for r's copy
 	require.False(t, e.node.DroppedHere("e1"), "served again")
 
-	dev.gate <- struct{}{} // the copy ends, and with it the fenced end
+	dev.gate <- struct{}{}                       // the copy ends, and with it the fenced end
 	tick := time.NewTicker(5 * time.Millisecond) // a window, as testkit.NoRecv's: the bug marks it within it
 	defer tick.Stop()
 	for window := time.After(time.Second); ; {
