@@ -253,8 +253,9 @@ func (c *Client) publishMsg(m *nats.Msg) error {
 }
 
 // resyncLocked starts a new epoch whose first batches re-announce every
-// live request (PROTOCOL.md "Resync"). If a batch cannot be published,
-// another resync is due.
+// live request (PROTOCOL.md "Resync"). If a batch cannot be published, no
+// later one is (they would follow a gap the node never fills: checklist
+// step 9) and another resync is due.
 func (c *Client) resyncLocked() {
 	c.st.Resyncs[c.resync]++
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
@@ -265,15 +266,17 @@ func (c *Client) resyncLocked() {
 	c.resetBatchLocked()
 	var err error
 	c.reannounceLocked(func() {
-		if c.batch.Len() >= c.cfg.MaxBatchBytes {
-			err = firstErr(err, c.publishLocked(&c.batch))
+		if err != nil {
+			c.batch.Reset() // past a failed publish: the retry re-announces it
+		} else if c.batch.Len() >= c.cfg.MaxBatchBytes {
+			err = c.publishLocked(&c.batch)
 			c.batch.Reset()
 		}
 	})
-	if c.batch.Events() > 0 {
-		err = firstErr(err, c.publishLocked(&c.batch))
-		c.batch.Reset()
+	if err == nil && c.batch.Events() > 0 {
+		err = c.publishLocked(&c.batch)
 	}
+	c.batch.Reset()
 	if err != nil {
 		c.resync = ResyncRetry // a publish failed: start over with yet another epoch
 	}
@@ -294,13 +297,6 @@ func (c *Client) reannounceLocked(flush func()) {
 		r.atNode = true
 		r.announce(&c.batch, flush)
 	}
-}
-
-func firstErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // Stats returns a copy of the counters.
