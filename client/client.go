@@ -115,6 +115,7 @@ type Stats struct {
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
+	OutOfRange       int    // events refused for a negative count or start, or a group not in the spec (ErrOutOfRange)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
