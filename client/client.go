@@ -116,6 +116,7 @@ type Stats struct {
 	UnexpectedRel    int    // for a request not waiting for one
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
 	OutOfRange       int    // events refused for a negative count or start, or a group not in the spec (ErrOutOfRange)
+	BadHashes        int    // hashes events refused for an empty hash or one over 64 bytes (ErrBadHash)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)

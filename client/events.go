@@ -16,8 +16,9 @@ import (
 // (ErrBadRequestID, counted in Stats.BadRequestIDs; every event naming it
 // is dropped, so the engine must not wait for a release of it), and a
 // negative count or start, or a group the spec lacks (ErrOutOfRange,
-// counted in Stats.OutOfRange; only that event is refused: send it again
-// with valid values). Preempted and Resumed take no count and return
+// counted in Stats.OutOfRange), or an empty hash or one over 64 bytes
+// (ErrBadHash, counted in Stats.BadHashes); only that event is refused:
+// send it again with valid values. Preempted and Resumed take no count and return
 // nothing. A refused event is neither sent nor mirrored, so no resync
 // re-announces it.
 
@@ -101,6 +102,21 @@ func (c *Client) outOfRangeLocked(ev, req, why string) error {
 	return fmt.Errorf("client: engine %s: %s %q: %w: %s", c.cfg.Engine, ev, req, ErrOutOfRange, why)
 }
 
+// hashesLocked refuses an empty hash or one over the node's 64 bytes: the
+// node rejects the event bad_hash and changes nothing, so every later
+// hashes event of the request would be a hole, and every resync would
+// re-announce the bad one. A refused event is counted in Stats.BadHashes.
+func (c *Client) hashesLocked(req string, hashes [][]byte) error {
+	for i, h := range hashes {
+		if len(h) == 0 || len(h) > protocolLimits.MaxHashBytes {
+			c.st.BadHashes++
+			return fmt.Errorf("client: engine %s: hashes %q: %w: hashes[%d] is %d bytes", c.cfg.Engine, req,
+				ErrBadHash, i, len(h))
+		}
+	}
+	return nil
+}
+
 // reqLocked is req's mirror (nil: none) and whether an event naming req
 // may be sent: a mirrored id passed Added's check; another must pass it
 // now, or the wire would carry another id (invalid UTF-8 becomes U+FFFD)
@@ -135,14 +151,18 @@ func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
 	b.Added(req, prompt)
 }
 
-// Hashes announces block hashes hashes[start...] of req (raw bytes; the
-// client copies them); start ≥ 0.
+// Hashes announces block hashes hashes[start...] of req (raw bytes, each
+// 1..64 of them; the client copies them); start ≥ 0. An empty or longer
+// hash refuses the whole event (ErrBadHash), as the node would.
 func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r, err := c.checkLocked("hashes", req, count{"start", start})
 	if err == nil && start > math.MaxInt-len(hashes) {
 		err = c.outOfRangeLocked("hashes", req, "start + len(hashes) overflows")
+	}
+	if err == nil {
+		err = c.hashesLocked(req, hashes)
 	}
 	if err != nil {
 		return err

@@ -71,18 +71,9 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rel := newReleases()
-	var mu sync.Mutex
-	var rejected []ingest.EventError // of every batch the client publishes, by the node's decoder
+	noRejects, before := nodeRejectsNothing(t)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rel.on,
-		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
-			_, evErrs, err := ingest.DecodeBatch("e1", m.Data, ingest.Limits{})
-			if err != nil { // on the client's goroutine, maybe: no FailNow
-				t.Errorf("the node cannot decode batch %d: %v", seq, err)
-			}
-			mu.Lock()
-			rejected = append(rejected, evErrs...)
-			mu.Unlock()
-		}})
+		BeforePublish: before})
 	require.NoError(t, c.Added("r", 8))
 	refused := map[string]error{
 		"added prompt_tokens":          c.Added("q", -1),
@@ -118,7 +109,60 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 	require.NoError(t, c.Finished("r", false, 8, 8))
 	require.NoError(t, c.Flush())
 	require.Equal(t, "r", testkit.Recv(t, rel.ch, 5*time.Second, "r's release").Request)
-	mu.Lock()
-	defer mu.Unlock()
-	require.Empty(t, rejected, "the node rejects events the client sent")
+	noRejects()
+}
+
+// nodeRejectsNothing returns a Config.BeforePublish that decodes each batch
+// as the node does, and a check that the node rejected none of their
+// events.
+func nodeRejectsNothing(t *testing.T) (check func(), before func(*nats.Msg, uint64, int)) {
+	var mu sync.Mutex
+	var rejected []ingest.EventError
+	before = func(m *nats.Msg, seq uint64, _ int) {
+		_, evErrs, err := ingest.DecodeBatch("e1", m.Data, ingest.Limits{})
+		if err != nil { // maybe on the client's goroutine: no FailNow
+			t.Errorf("the node cannot decode batch %d: %v", seq, err)
+		}
+		mu.Lock()
+		rejected = append(rejected, evErrs...)
+		mu.Unlock()
+	}
+	return func() {
+		t.Helper()
+		mu.Lock()
+		defer mu.Unlock()
+		require.Empty(t, rejected, "the node rejects events the client sent")
+	}, before
+}
+
+// TestAHashTheNodeRejectsIsRefusedAtHashes: an empty hash or one over 64
+// bytes (the node's MaxHashBytes) is refused by Hashes with ErrBadHash,
+// the whole event, before anything is recorded: the node would reject it
+// bad_hash, so each later hashes event would be a hole and each resync
+// would re-announce it. A 64-byte hash passes.
+func TestAHashTheNodeRejectsIsRefusedAtHashes(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	noRejects, before := nodeRejectsNothing(t)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), BeforePublish: before})
+	require.NoError(t, c.Added("r", 8))
+	long, longest := make([]byte, 65), make([]byte, 64)
+	longest[0] = 7
+	require.ErrorIs(t, c.Hashes("r", 0, []byte{1}, long), client.ErrBadHash)
+	require.ErrorIs(t, c.Hashes("r", 0, []byte{}), client.ErrBadHash)
+	require.ErrorIs(t, c.Hashes("r", 0, []byte{1}, nil), client.ErrBadHash)
+	require.Equal(t, 3, c.Stats().BadHashes)
+	require.NoError(t, c.Hashes("r", 0, longest))
+	require.NoError(t, c.Flush())
+	c.Resync() // re-announces the mirror: the refused hashes are not in it
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		evs := f.events(epoch)
+		if len(evs) != 2 || evs[1].Type != messages.EvHashes || len(evs[1].Hashes) != 1 {
+			return fmt.Errorf("the resync's epoch holds %+v, want r's added and one hash", evs)
+		}
+		return nil
+	})
+	noRejects()
 }
