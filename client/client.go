@@ -115,6 +115,8 @@ type Stats struct {
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
+	OutOfRange       int    // events refused for a negative count or start, or a group not in the spec (ErrOutOfRange)
+	BadHashes        int    // hashes events refused for an empty hash or one over 64 bytes (ErrBadHash)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
 	RegisterRefusals int    // re-registers the node refused (Config.OnRegisterRefused)
@@ -253,8 +255,9 @@ func (c *Client) publishMsg(m *nats.Msg) error {
 }
 
 // resyncLocked starts a new epoch whose first batches re-announce every
-// live request (PROTOCOL.md "Resync"). If a batch cannot be published,
-// another resync is due.
+// live request (PROTOCOL.md "Resync"). If a batch cannot be published, no
+// later one is (they would follow a gap the node never fills: checklist
+// step 9) and another resync is due.
 func (c *Client) resyncLocked() {
 	c.st.Resyncs[c.resync]++
 	c.cfg.Log.Info("client: resync", "engine", c.cfg.Engine, "reason", c.resync, "old_epoch", c.epoch,
@@ -265,15 +268,17 @@ func (c *Client) resyncLocked() {
 	c.resetBatchLocked()
 	var err error
 	c.reannounceLocked(func() {
-		if c.batch.Len() >= c.cfg.MaxBatchBytes {
-			err = firstErr(err, c.publishLocked(&c.batch))
+		if err != nil {
+			c.batch.Reset() // past a failed publish: the retry re-announces it
+		} else if c.batch.Len() >= c.cfg.MaxBatchBytes {
+			err = c.publishLocked(&c.batch)
 			c.batch.Reset()
 		}
 	})
-	if c.batch.Events() > 0 {
-		err = firstErr(err, c.publishLocked(&c.batch))
-		c.batch.Reset()
+	if err == nil && c.batch.Events() > 0 {
+		err = c.publishLocked(&c.batch)
 	}
+	c.batch.Reset()
 	if err != nil {
 		c.resync = ResyncRetry // a publish failed: start over with yet another epoch
 	}
@@ -294,13 +299,6 @@ func (c *Client) reannounceLocked(flush func()) {
 		r.atNode = true
 		r.announce(&c.batch, flush)
 	}
-}
-
-func firstErr(a, b error) error {
-	if a != nil {
-		return a
-	}
-	return b
 }
 
 // Stats returns a copy of the counters.

@@ -91,8 +91,18 @@ var ErrConfig = errors.New("client: bad config")
 // as bad_request_id).
 var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
 
-// protocolLimits bound request ids at the protocol's 256 bytes; a node may
-// lower the bound (MaxRequestIDBytes), which the client cannot know.
+// ErrBadHash is Hashes' error for a hash the node rejects as bad_hash:
+// empty, or over 64 bytes (ingest.Limits.MaxHashBytes).
+var ErrBadHash = errors.New("bad hash: want 1..64 bytes")
+
+// ErrOutOfRange is an event method's error for a negative count or start,
+// or a group the spec does not have (the node rejects the event as
+// out_of_range or bad_group, changing nothing).
+var ErrOutOfRange = errors.New("out of range: counts and starts must be ≥ 0, groups within the spec")
+
+// protocolLimits bound request ids at the protocol's 256 bytes and hashes
+// at the node's 64; a node may set other bounds (MaxRequestIDBytes lower,
+// MaxHashBytes either way), which the client cannot know.
 var protocolLimits = ingest.DefaultLimits()
 
 // validRequestID applies the node's rule (ingest.CheckRequestID).

@@ -53,6 +53,14 @@
 //   - request ids: Added refuses one the protocol does not allow
 //     (ErrBadRequestID: empty, over 256 bytes, not UTF-8), and events naming
 //     it are not sent, so none waits for a release;
+//   - hashes: Hashes refuses an empty hash or one over 64 bytes
+//     (ErrBadHash), the node's bad_hash (Lookup and Load pass theirs on:
+//     the node answers a bad one with an error);
+//   - counts: every event method taking one refuses a negative count or
+//     start, or a group the spec lacks (ErrOutOfRange), before recording
+//     anything: the node would reject the event out_of_range and change
+//     nothing, so a finished would never be released and every resync
+//     would re-announce the bad value;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;

@@ -2,6 +2,7 @@ package client
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/kvactors/kvactors/wire"
 )
@@ -9,24 +10,40 @@ import (
 // The engine's scheduler events: each is mirrored (mirror.go) and appended
 // to the batch the next Flush publishes.
 
-// Added announces a new request with prompt tokens. An id the protocol
-// does not allow (ErrBadRequestID) is refused: nothing is announced, and
-// the client drops later events naming it, so the engine must not wait
-// for a release of it.
-func (c *Client) Added(req string, prompt int) error { return c.added(req, prompt, -1) }
+// Every event method refuses, before recording anything, an event the
+// node would reject, so the engine learns of it at the call rather than by
+// a release that never comes: a request id the protocol does not allow
+// (ErrBadRequestID, counted in Stats.BadRequestIDs; every event naming it
+// is dropped, so the engine must not wait for a release of it), and a
+// negative count or start, or a group the spec lacks (ErrOutOfRange,
+// counted in Stats.OutOfRange), or an empty hash or one over 64 bytes
+// (ErrBadHash, counted in Stats.BadHashes); only that event is refused:
+// send it again with valid values. Preempted and Resumed take no count and return
+// nothing. A refused event is neither sent nor mirrored, so no resync
+// re-announces it.
+
+// Added announces a new request with prompt tokens (≥ 0).
+func (c *Client) Added(req string, prompt int) error { return c.added(req, prompt, -1, false) }
 
 // AddedMax announces a new request of which kvactors offloads at most
-// maxOffload tokens (max_offload_tokens, ≥ 0). Its error is Added's.
+// maxOffload tokens (max_offload_tokens, ≥ 0).
 func (c *Client) AddedMax(req string, prompt, maxOffload int) error {
-	return c.added(req, prompt, max(maxOffload, 0))
+	return c.added(req, prompt, maxOffload, true)
 }
 
-func (c *Client) added(req string, prompt, maxOffload int) error {
+// added announces req; maxOffload is sent only withMax.
+func (c *Client) added(req string, prompt, maxOffload int, withMax bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.reqLocked(req)
-	if !ok {
-		return fmt.Errorf("client: engine %s: added %q: %w", c.cfg.Engine, req, ErrBadRequestID)
+	r, err := c.checkLocked("added", req, count{"prompt_tokens", prompt})
+	if err == nil && withMax {
+		err = c.countsLocked("added", req, count{"max_offload_tokens", maxOffload})
+	}
+	if err != nil {
+		return err
+	}
+	if !withMax {
+		maxOffload = -1
 	}
 	if r == nil {
 		c.nextN++
@@ -49,6 +66,55 @@ func (c *Client) cutLocked() {
 		c.full = append(c.full, c.batch)
 		c.batch = wire.Batch{}
 	}
+}
+
+// count is one count field of an event, by its wire name.
+type count struct {
+	name string
+	v    int
+}
+
+// checkLocked checks an event of req (reqLocked) and its counts
+// (countsLocked), and returns req's mirror (nil: none).
+func (c *Client) checkLocked(ev, req string, counts ...count) (*mreq, error) {
+	r, ok := c.reqLocked(req)
+	if !ok {
+		return nil, fmt.Errorf("client: engine %s: %s %q: %w", c.cfg.Engine, ev, req, ErrBadRequestID)
+	}
+	return r, c.countsLocked(ev, req, counts...)
+}
+
+// countsLocked refuses a negative count: the node rejects the event
+// out_of_range and changes nothing (PROTOCOL.md "events"), so a finished
+// would never be released and each resync would re-announce the bad value.
+// A refused event is counted in Stats.OutOfRange.
+func (c *Client) countsLocked(ev, req string, counts ...count) error {
+	for _, n := range counts {
+		if n.v < 0 {
+			return c.outOfRangeLocked(ev, req, fmt.Sprintf("%s = %d is negative", n.name, n.v))
+		}
+	}
+	return nil
+}
+
+func (c *Client) outOfRangeLocked(ev, req, why string) error {
+	c.st.OutOfRange++
+	return fmt.Errorf("client: engine %s: %s %q: %w: %s", c.cfg.Engine, ev, req, ErrOutOfRange, why)
+}
+
+// hashesLocked refuses an empty hash or one over the node's 64 bytes: the
+// node rejects the event bad_hash and changes nothing, so every later
+// hashes event of the request would be a hole, and every resync would
+// re-announce the bad one. A refused event is counted in Stats.BadHashes.
+func (c *Client) hashesLocked(req string, hashes [][]byte) error {
+	for i, h := range hashes {
+		if len(h) == 0 || len(h) > protocolLimits.MaxHashBytes {
+			c.st.BadHashes++
+			return fmt.Errorf("client: engine %s: hashes %q: %w: hashes[%d] is %d bytes", c.cfg.Engine, req,
+				ErrBadHash, i, len(h))
+		}
+	}
+	return nil
 }
 
 // reqLocked is req's mirror (nil: none) and whether an event naming req
@@ -85,14 +151,21 @@ func appendAdded(b *wire.Batch, req string, prompt, maxOffload int) {
 	b.Added(req, prompt)
 }
 
-// Hashes announces block hashes hashes[start...] of req (raw bytes; the
-// client copies them).
-func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
+// Hashes announces block hashes hashes[start...] of req (raw bytes, each
+// 1..64 of them; the client copies them); start ≥ 0. An empty or longer
+// hash refuses the whole event (ErrBadHash), as the node would.
+func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.reqLocked(req)
-	if !ok {
-		return
+	r, err := c.checkLocked("hashes", req, count{"start", start})
+	if err == nil && start > math.MaxInt-len(hashes) {
+		err = c.outOfRangeLocked("hashes", req, "start + len(hashes) overflows")
+	}
+	if err == nil {
+		err = c.hashesLocked(req, hashes)
+	}
+	if err != nil {
+		return err
 	}
 	if r != nil {
 		r.addHashes(start, hashes)
@@ -109,15 +182,24 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) {
 	}
 	c.batch.EndHashes()
 	c.cutLocked()
+	return nil
 }
 
-// Blocks announces GPU block ids block_ids[group][start...] of req.
-func (c *Client) Blocks(req string, group, start int, ids []uint32) {
+// Blocks announces GPU block ids block_ids[group][start...] of req; group
+// is one of the spec's, start ≥ 0.
+func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.reqLocked(req)
-	if !ok {
-		return
+	r, err := c.checkLocked("blocks", req, count{"group", group}, count{"start", start})
+	switch {
+	case err != nil:
+	case group >= c.groups: // the node: bad_group (or out_of_range past max_groups)
+		err = c.outOfRangeLocked("blocks", req, fmt.Sprintf("group = %d, the spec has %d", group, c.groups))
+	case start > math.MaxInt-len(ids):
+		err = c.outOfRangeLocked("blocks", req, "start + len(ids) overflows")
+	}
+	if err != nil {
+		return err
 	}
 	if r != nil && r.phase == running {
 		r.addBlocks(group, start, ids)
@@ -133,19 +215,19 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) {
 		c.batch.Blocks(req, group, start+s, ids[s:e])
 		c.cutLocked()
 		if s = e; s == len(ids) {
-			return
+			return nil
 		}
 	}
 }
 
 // Tokens announces that the KV of tokens [0, computed) is written and
-// fenced; total is the sequence length.
-func (c *Client) Tokens(req string, computed, total int) {
+// fenced; total is the sequence length. Both are ≥ 0.
+func (c *Client) Tokens(req string, computed, total int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.reqLocked(req)
-	if !ok {
-		return
+	r, err := c.checkLocked("tokens", req, count{"computed", computed}, count{"total", total})
+	if err != nil {
+		return err
 	}
 	if r != nil && r.phase != finished {
 		r.computed, r.total, r.hasTokens = computed, total, true
@@ -154,6 +236,7 @@ func (c *Client) Tokens(req string, computed, total int) {
 	c.announcedLocked(r)
 	c.batch.Tokens(req, computed, total)
 	c.cutLocked()
+	return nil
 }
 
 // Preempted announces that the engine wants req's blocks back; OnReleased
@@ -198,25 +281,28 @@ func (c *Client) Resumed(req string) {
 }
 
 // Finished announces that req ended; OnReleased says when its blocks may be
-// reused.
-func (c *Client) Finished(req string, aborted bool, computed, total int) {
+// reused. computed and total are as in Tokens. A refused Finished is owed
+// no release: call it again with valid counts, or the node keeps the
+// request, and may store from its blocks, for good.
+func (c *Client) Finished(req string, aborted bool, computed, total int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	r, ok := c.reqLocked(req)
-	if !ok {
-		return
+	r, err := c.checkLocked("finished", req, count{"computed", computed}, count{"total", total})
+	if err != nil {
+		return err
 	}
 	c.batch.Finished(req, aborted, computed, total)
 	c.cutLocked()
 	if r == nil {
-		return // the node answers a finished for an unknown request at once; nothing waits here
+		return nil // the node answers a finished for an unknown request at once; nothing waits here
 	}
 	c.announcedLocked(r)
 	if r.phase == finished {
-		return
+		return nil
 	}
 	r.finPre = r.phase == preempted // its blocks go back with the preemption's release
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
 	r.owed++
 	c.freeIfNoNodeLocked(r)
+	return nil
 }

@@ -182,3 +182,67 @@ func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
 	}
 	require.Zero(t, c.Stats().PublishErrors)
 }
+
+// TestAResyncSendsNothingAfterABatchThatFailed: when one batch of a resync
+// cannot be published, none after it is (they would follow a gap the node
+// never fills; PROTOCOL.md checklist step 9), and the next resync, in yet
+// another epoch, re-announces everything.
+func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
+	const failAt = 3
+	var mu sync.Mutex
+	var first, failed string          // the first epoch; the one whose batch failAt failed
+	attempts := map[string][]uint64{} // epoch -> seqs the client tried to publish
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: 4096,
+		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
+			var b struct{ Epoch string }
+			_ = json.Unmarshal(m.Data, &b)
+			mu.Lock()
+			defer mu.Unlock()
+			attempts[b.Epoch] = append(attempts[b.Epoch], seq)
+			if b.Epoch != first && failed == "" && seq == failAt {
+				failed = b.Epoch
+				m.Subject = "" // NATS refuses it (ErrBadSubject), as a publish while reconnecting
+			}
+		}})
+	mu.Lock()
+	first = c.Epoch()
+	mu.Unlock()
+	const reqs, perReq = 50, 20 // about 70 KB: some 17 batches of 4 KiB
+	for i := range reqs {
+		hs := make([][]byte, perReq)
+		for j := range hs {
+			hs[j] = make([]byte, 32)
+			hs[j][0], hs[j][1] = byte(i), byte(j)
+		}
+		id := fmt.Sprintf("r%d", i)
+		require.NoError(t, c.Added(id, 4*perReq))
+		c.Hashes(id, 0, hs...)
+	}
+	require.NoError(t, c.Flush())
+	c.Resync()
+	require.NoError(t, c.Flush()) // the resync runs here, under the client's lock
+
+	mu.Lock()
+	require.NotEmpty(t, failed, "no resync batch failed")
+	require.Equal(t, []uint64{1, 2, failAt}, attempts[failed], "batches tried in the resync epoch after the failed one")
+	mu.Unlock()
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		require.NoError(t, c.Flush())
+		if c.Epoch() == failed {
+			return fmt.Errorf("no retry resync yet")
+		}
+		hashes := 0
+		for _, ev := range f.events(c.Epoch()) {
+			hashes += len(ev.Hashes)
+		}
+		if hashes != reqs*perReq {
+			return fmt.Errorf("the node applied %d hashes in the retry's epoch, want %d", hashes, reqs*perReq)
+		}
+		return nil
+	})
+	st := c.Stats()
+	require.Equal(t, 1, st.PublishErrors)
+	require.Equal(t, 1, st.Resyncs[client.ResyncRetry])
+}

@@ -74,7 +74,13 @@ type loadWait struct {
 
 // Load copies the first numTokens tokens' chunks of a prompt with these
 // hashes into blocks (per group, blocks_per_chunk ids per chunk; id 0 is
-// skipped) and returns once the copies completed. An error matching
+// skipped) and returns once the copies completed. The count it returns is
+// numTokens echoed, but group g receives only chunks [0, numTokens /
+// tokens_per_chunk[g]), no part of one: take numTokens from Lookup (with
+// groups of different tokens_per_chunk, rounded down to a multiple of every
+// group's), or recompute from the least whole-chunk boundary over the
+// groups; the tokens past numTokens are the engine's to compute (docs/
+// PROTOCOL.md, "What a load writes"). An error matching
 // ErrLoadInDoubt (a *LoadInDoubtError) means no reply came: see its
 // Settled for when the blocks may be reused. Any other error means the
 // node wrote nothing it will still write (it answered, or the load was
