@@ -41,6 +41,10 @@ type Report struct {
 	DroppedBatches int `json:"dropped_batches"`
 	Resyncs        int `json:"resyncs"`
 	NodeLosses     int `json:"node_losses"`
+	// RefusedEvents are events the SDK refused before sending (a request
+	// id, count, group or hash the protocol does not allow): a scheduler
+	// bug, since the node would never have taken them.
+	RefusedEvents int `json:"refused_events"`
 
 	// StoredJobs counts `stored` messages, ChunksStored the chunks in them
 	// and BytesStored their bytes.
@@ -129,6 +133,7 @@ func (r *Report) Err() error {
 	add(r.MissingReleases, "missing releases")
 	add(r.UnknownReleases, "releases for unknown requests")
 	add(r.BadMessages, "bad stored or released messages")
+	add(r.RefusedEvents, "events the SDK refused as the protocol does not allow them")
 	if len(errs) == 0 && len(r.Failures) > 0 {
 		errs = append(errs, fmt.Errorf("%w: engine %s: %s", ErrCheck, r.Engine, r.Failures[0]))
 	}
@@ -153,6 +158,7 @@ func (r *Report) Add(o Report) {
 	r.DroppedBatches += o.DroppedBatches
 	r.Resyncs += o.Resyncs
 	r.NodeLosses += o.NodeLosses
+	r.RefusedEvents += o.RefusedEvents
 	r.StoredJobs += o.StoredJobs
 	r.ChunksStored += o.ChunksStored
 	r.BytesStored += o.BytesStored

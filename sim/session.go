@@ -56,6 +56,7 @@ func (e *engine) disconnect() {
 	}
 	e.rep.DroppedBatches = st.DroppedBatches
 	e.rep.NodeLosses = st.NodeLosses
+	e.rep.RefusedEvents = st.BadRequestIDs + st.OutOfRange + st.BadHashes
 	for _, n := range st.Resyncs {
 		e.rep.Resyncs += n
 	}
