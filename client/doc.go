@@ -85,6 +85,12 @@
 //     could reach a new boot that knows the engine, while the register's
 //     reply settles the loads of the old boot.
 //
+// On a cluster, an engine whose KV cache is CUDA memory (cuda_ipc segments)
+// must name its node in Config.Spec.Node: a CUDA IPC handle does not say
+// which host it is from, so cuda nodes refuse a register naming none
+// (docs/CLUSTER.md); an shm engine may leave it empty (the node whose host
+// has its segments claims it).
+//
 // The engine's NATS connection must use the inbox prefix `_INBOX.<engine>`:
 // the node answers an engine's requests only there, and per-engine NATS
 // permissions let it read no other (Connect refuses another prefix at once,
