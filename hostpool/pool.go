@@ -406,11 +406,22 @@ func (p *Pool) Touch(keys []messages.Key) {
 
 // KeyError names the key an operation failed on.
 type KeyError struct {
-	Key messages.Key
-	Err error
+	Key messages.Key // as the pool keys it: what the pool's methods take
+	// Shown, when set, is the key as Error names it: the form the caller's
+	// users know, where the pool key adds the caller's own qualifier (the
+	// node's keys start with a namespace number of its boot, which no
+	// engine knows).
+	Shown messages.Key
+	Err   error
 }
 
-func (e *KeyError) Error() string { return fmt.Sprintf("key %x: %v", string(e.Key), e.Err) }
+func (e *KeyError) Error() string {
+	k := e.Key
+	if e.Shown != "" {
+		k = e.Shown
+	}
+	return fmt.Sprintf("key %x: %v", string(k), e.Err)
+}
 func (e *KeyError) Unwrap() error { return e.Err }
 
 func (p *Pool) pushBack(r ref) {

@@ -78,7 +78,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	for i, k := range offer {
 		_, _, g := sched.SplitKey(k)
 		if g < 0 || g >= len(rec.layout.Groups) {
-			return 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(k), g)
+			return 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"sync"
 
 	"github.com/nats-io/nats-server/v2/server"
@@ -51,11 +52,24 @@ type namespace struct {
 	key    string        // messages.NamespaceKey: private to one engine, or shared
 	layout *sched.Layout // the geometry it holds
 	geo    uint64        // its fingerprint (geometry): the cluster's namespace identity includes it
-	// engine is the engine last registered in it: evictions of its keys
-	// caused by an engine of another namespace are announced on this
+	// members are its registered engines, in the order they last
+	// registered. The last one announces (announcer): evictions of its keys
+	// caused by an engine of another namespace are announced on that
 	// engine's kv_events, never on the evicter's (which would tell one
-	// tenant another's block hashes).
-	engine string
+	// tenant another's block hashes). An engine that leaves (unregister,
+	// expiry, failure, a cluster drop, a register into another namespace)
+	// leaves this list, so it never hears of the namespace again.
+	members []string
+}
+
+// announcer is the engine on whose kv_events changes to ns's keys that no
+// member made are announced; "" when it has no member (nothing of it is
+// announced then). Caller holds the table's mu.
+func (ns *namespace) announcer() string {
+	if len(ns.members) == 0 {
+		return ""
+	}
+	return ns.members[len(ns.members)-1]
 }
 
 // maxNamespacesPerEngine bounds the table: each successful register may
@@ -98,7 +112,10 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 		t.byKey[key] = ns
 		t.opened[engine]++
 	}
-	ns.engine = engine
+	// A register into another namespace leaves the old one first: the
+	// engine must stop hearing of it (PROTOCOL.md "Isolation").
+	t.leaveLocked(engine)
+	ns.members = append(ns.members, engine)
 	if t.member == nil {
 		t.member = map[string]sched.NamespaceID{}
 	}
@@ -106,11 +123,24 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 	return ns
 }
 
-// leave forgets a detached engine's membership (its namespace stays).
+// leave forgets a detached engine's membership (its namespace stays): the
+// namespace's announcer passes to the member registered last before it,
+// or to nobody.
 func (t *namespaces) leave(engine string) {
 	t.mu.Lock()
-	delete(t.member, engine)
+	t.leaveLocked(engine)
 	t.mu.Unlock()
+}
+
+// leaveLocked is leave with t.mu held.
+func (t *namespaces) leaveLocked(engine string) {
+	id, ok := t.member[engine]
+	if !ok {
+		return
+	}
+	delete(t.member, engine)
+	ns := t.byID[id-1]
+	ns.members = slices.DeleteFunc(ns.members, func(m string) bool { return m == engine })
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil

@@ -45,11 +45,12 @@ type kvJournal struct {
 	// reused once it returns.
 	emit func(engine string, geometry uint64, body []byte)
 	// target says on which engine's kv_events keys of namespace ns are
-	// announced, naming ns, and ns's geometry fingerprint (see
+	// announced ("": none), naming ns, ns's key (messages.NamespaceKey;
+	// "": no such namespace) and its geometry fingerprint (see
 	// Node.kvTarget).
-	target func(engineID string, ns sched.NamespaceID) (name, engine string, geometry uint64)
-	// observe, when set, sees every announced run of keys (the cluster's
-	// key set); set it before start.
+	target func(engineID string, ns sched.NamespaceID) (name, nsKey, engine string, geometry uint64)
+	// observe, when set, sees every run of keys of a namespace of this
+	// boot, announced or not (the cluster's key set); set it before start.
 	observe func(typ, medium, namespace string, keys []messages.Key)
 	split   keySplit // run's scratch
 	// linger is how long the goroutine waits, once woken, before it drains
@@ -74,7 +75,7 @@ const kvSpareKeys = 1 << 16
 const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, uint64, []byte),
-	target func(string, sched.NamespaceID) (string, string, uint64)) *kvJournal {
+	target func(string, sched.NamespaceID) (string, string, string, uint64)) *kvJournal {
 	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
 		emit: emit, target: target}
 }
@@ -192,15 +193,19 @@ func (j *kvJournal) run() {
 // namespaces, appending to msg while the target engine stays the same.
 func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 	for run := range j.split.runs(keys) {
-		name, engine, geo := j.target(r.engine, run.ns)
-		if engine == "" {
-			continue // no engine of that namespace is registered: no one to tell
+		name, nsKey, engine, geo := j.target(r.engine, run.ns)
+		if nsKey == "" {
+			continue // not a namespace of this boot
 		}
 		if j.observe != nil {
 			// keyed as the cluster's holder index keys what it reads here:
 			// a node of the cluster counts the key only for an engine of
-			// the same geometry
-			j.observe(r.typ, r.medium, messages.ClusterNamespace(messages.NamespaceKey(engine, name), geo), run.keys)
+			// the same geometry. Seen with no engine to tell too: the set
+			// other nodes read back (keys) must still follow the pool.
+			j.observe(r.typ, r.medium, messages.ClusterNamespace(nsKey, geo), run.keys)
+		}
+		if engine == "" {
+			continue // no engine of that namespace is registered: no one to tell
 		}
 		msg.add(engine, geo, r.typ, run.group, r.medium, name, run.keys, j.emit)
 	}
@@ -362,23 +367,24 @@ func findSet(sets []keySet, ns sched.NamespaceID, group int) int {
 
 // kvTarget is where keys of namespace ns that engineID's operation
 // changed are announced: on engineID when it is registered in ns, else on
-// the engine last registered in ns (no engine learns another namespace's
-// hashes; none registered: not announced).
+// the member of ns registered last (namespace.announcer; no engine learns
+// another namespace's hashes; none registered: engine "", not announced).
+// nsKey is "" when ns is no namespace of this boot.
 //
 // It reads the namespace table only (its own RWMutex): n.mu is held by a
 // register across its device attach, and the journal must not wait for it.
-func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, engine string, geo uint64) {
+func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, nsKey, engine string, geo uint64) {
 	t := &n.nss
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if ns == 0 || int(ns) > len(t.byID) {
-		return "", "", 0
+		return "", "", "", 0
 	}
 	x := t.byID[ns-1]
 	if t.member[engineID] == ns {
-		return x.name, engineID, x.geo
+		return x.name, x.key, engineID, x.geo
 	}
-	return x.name, x.engine, x.geo
+	return x.name, x.key, x.announcer(), x.geo
 }
 
 // publishKV is the journal's emit: one kv_events message, whose keys'

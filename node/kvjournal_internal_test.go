@@ -52,17 +52,20 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 		got = append(got, msg{engine, geo, decodeKV(t, body)})
 	}
 	// Namespace 1 is "m" (geometry 0x11) with engines ea (the default) and
-	// eb; 2 has none; 3 is "n" (geometry 0x33), last registered by ea.
-	target := func(engineID string, ns sched.NamespaceID) (string, string, uint64) {
+	// eb; 2 has none; 3 is "n" (geometry 0x33), last registered by ea; 4 is
+	// "o" (geometry 0x44), whose engines have all left.
+	target := func(engineID string, ns sched.NamespaceID) (string, string, string, uint64) {
 		switch {
 		case ns == 3:
-			return "n", "ea", 0x33
+			return "n", ".n", "ea", 0x33
+		case ns == 4:
+			return "o", ".o", "", 0x44
 		case ns != 1:
-			return "", "", 0
+			return "", "", "", 0
 		case engineID == "eb":
-			return "m", "eb", 0x11
+			return "m", ".m", "eb", 0x11
 		}
-		return "m", "ea", 0x11
+		return "m", ".m", "ea", 0x11
 	}
 	key := func(ns sched.NamespaceID, h string) messages.Key {
 		return messages.Key(sched.AppendKey(nil, ns, messages.Hash(h), 0))
@@ -81,7 +84,8 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 	j.pool(false, []messages.Key{key(1, "b"), key(2, "secret")}, "ea")
 	j.add("eb", messages.KVBlockStored, messages.MediumDisk, []messages.Key{key(1, "b")})
 	j.pool(true, []messages.Key{key(1, "c"), key(3, "d")}, "ea")
-	require.Equal(t, 4, j.pending(), "queued before start (the gauge)")
+	j.pool(false, []messages.Key{key(4, "left")}, "ea")
+	require.Equal(t, 5, j.pending(), "queued before start (the gauge)")
 	j.start()
 	j.close()
 	require.Zero(t, j.pending())
@@ -104,15 +108,16 @@ func TestKVJournalOrderAndCoalescing(t *testing.T) {
 		{"eb", 0x11, []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumDisk, "b")}},
 		{"ea", 0x11, []messages.KVEvent{ev(messages.KVBlockStored, messages.MediumCPU, "c")}},
 		{"ea", 0x33, []messages.KVEvent{evIn("n", messages.KVBlockStored, messages.MediumCPU, "d")}},
-	}, got, "one message per run of one engine and one geometry (its Kvactors-Geometry); namespace 2's key and the late record not announced")
-	m, n := messages.ClusterNamespace(".m", 0x11), messages.ClusterNamespace(".n", 0x33)
+	}, got, "one message per run of one engine and one geometry (its Kvactors-Geometry); namespace 2's and 4's keys and the late record not announced")
+	m, n, o := messages.ClusterNamespace(".m", 0x11), messages.ClusterNamespace(".n", 0x33), messages.ClusterNamespace(".o", 0x44)
 	require.Equal(t, []seen{
 		{messages.KVBlockStored, messages.MediumCPU, m, []messages.Key{key(1, "a")}},
 		{messages.KVBlockRemoved, messages.MediumCPU, m, []messages.Key{key(1, "b")}},
 		{messages.KVBlockStored, messages.MediumDisk, m, []messages.Key{key(1, "b")}},
 		{messages.KVBlockStored, messages.MediumCPU, m, []messages.Key{key(1, "c")}},
 		{messages.KVBlockStored, messages.MediumCPU, n, []messages.Key{key(3, "d")}},
-	}, observed, "observed as announced, keyed as the shared namespace m (messages.NamespaceKey) of its geometry (messages.ClusterNamespace): namespace 2's key, which no engine may learn, is not")
+		{messages.KVBlockRemoved, messages.MediumCPU, o, []messages.Key{key(4, "left")}},
+	}, observed, "observed in order, keyed as the shared namespace m (messages.NamespaceKey) of its geometry (messages.ClusterNamespace); namespace 4's, announced to no one, still follows the pool; namespace 2's, no namespace of the boot, is not")
 }
 
 // A long run of one engine is cut into messages that each encode under
@@ -139,7 +144,7 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 				}
 				sizes = append(sizes, len(body))
 			}
-			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, uint64) { return ns, "ea", 1 })
+			j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, string, uint64) { return ns, "." + ns, "ea", 1 })
 			var want []string
 			for r, n := range tc.records {
 				keys := make([]messages.Key, max(n, 1))
@@ -175,7 +180,7 @@ func TestKVJournalFillsMessagesToTheBound(t *testing.T) {
 		sizes = append(sizes, len(body))
 	}
 	ns := "llama-70b"
-	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, uint64) { return ns, "ea", 1 })
+	j := newKVJournal(emit, func(string, sched.NamespaceID) (string, string, string, uint64) { return ns, "." + ns, "ea", 1 })
 	rng := rand.New(rand.NewPCG(1, 2))
 	want := 0
 	for r := range 40_000 {
@@ -394,7 +399,7 @@ func TestKVJournalLingerGathersChanges(t *testing.T) {
 		defer mu.Unlock()
 		return slices.Clone(got)
 	}
-	target := func(string, sched.NamespaceID) (string, string, uint64) { return "m", "ea", 1 }
+	target := func(string, sched.NamespaceID) (string, string, string, uint64) { return "m", ".m", "ea", 1 }
 	key := func(h string) messages.Key { return messages.Key(sched.AppendKey(nil, 1, messages.Hash(h), 0)) }
 
 	j := newKVJournal(emit, target)

@@ -13,16 +13,19 @@ import (
 	"github.com/kvactors/kvactors/node"
 )
 
-// A key evicted to make room answers a load with an error naming it, a
-// BlockRemoved kv_event announced the eviction, and the failed load changed
-// nothing (issue 7).
+// A key evicted to make room answers a load with an error naming it as
+// P.E.stored announced it (hash, then group; never the node's namespace
+// number before it), a BlockRemoved kv_event announced the eviction, and
+// the failed load changed nothing (issue 7).
 func TestLoadOfEvictedKeyFailsAndChangesNothing(t *testing.T) {
 	e := startNode(t, withPoolSlots(2))
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	old := []string{hash("old", 0), hash("old", 1)}
 	te.send(added("a", 8), hashesEv("a", 0, old...), blocksEv("a", 0, 0, 1, 2), tokensEv("a", 8, 8))
-	recv(t, te.stored, "old prefix stored")
+	st := recv(t, te.stored, "old prefix stored")
+	require.Equal(t, 0, st.Chunks[0].Index)
+	announced := st.Chunks[0].Key // chunk 0's offload key, as stored names it
 	recv(t, te.kv, "BlockStored")
 	fresh := []string{hash("new", 0), hash("new", 1)}
 	te.send(added("b", 8), hashesEv("b", 0, fresh...), blocksEv("b", 0, 0, 3, 4), tokensEv("b", 8, 8))
@@ -36,6 +39,7 @@ func TestLoadOfEvictedKeyFailsAndChangesNothing(t *testing.T) {
 	r := te.loadInto("c", old, 8, []int{9, 10})
 	require.False(t, r.OK)
 	require.Contains(t, r.Error, fmt.Sprintf("%x", mustHex(old[0])))
+	require.Contains(t, r.Error, "key "+announced+":", "the load error names the key stored announced")
 	require.Equal(t, 0, te.lookup(old))
 	require.Equal(t, before, te.sync().Pool, "a failed load pins nothing")
 	require.Equal(t, snapshot, te.block(0, 9), "a failed load writes nothing")

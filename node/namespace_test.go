@@ -3,8 +3,11 @@ package node_test
 import (
 	"bytes"
 	"fmt"
+	"slices"
+	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/messages"
@@ -119,4 +122,112 @@ func TestAClusterServesNoEngineItsNamesakesNamespace(t *testing.T) {
 	require.Zero(t, r.RemoteChunks)
 	require.NotEqual(t, want[0], mal.block(0, 10))
 	require.NotEqual(t, want[1], mal.block(0, 11))
+}
+
+// kvSeen is one kv_events message as a router on P.*.kv_events takes it:
+// the engine of its subject and its events.
+type kvSeen struct {
+	engine string
+	events []messages.KVEvent
+}
+
+// kvTap subscribes once to every engine's kv_events: one subscription keeps
+// the node's publish order across engines.
+func kvTap(t *testing.T, e *env) <-chan kvSeen {
+	t.Helper()
+	ch := make(chan kvSeen, 1024)
+	sub, err := e.nc.Subscribe("kvactors.*.kv_events", func(m *nats.Msg) {
+		var b messages.KVEventBatch
+		if err := jsonUnmarshal(m.Data, &b); err != nil {
+			t.Errorf("kv_events %q: %v", m.Data, err)
+			return
+		}
+		ch <- kvSeen{engine: strings.Split(m.Subject, ".")[1], events: b.Events}
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, e.nc.Flush())
+	return ch
+}
+
+// kvUntil reads tap until an event of typ naming h; it returns the engine
+// it came on and fails if any message before it, or it, went to an engine
+// in skip.
+func kvUntil(t *testing.T, tap <-chan kvSeen, typ, h string, skip ...string) string {
+	t.Helper()
+	for {
+		m := recv(t, tap, typ+" "+h)
+		require.NotContains(t, skip, m.engine, "kv_events on an engine that left the namespace: %+v", m.events)
+		for _, ev := range m.events {
+			if ev.Type == typ && slices.Contains(ev.BlockHashes, h) {
+				return m.engine
+			}
+		}
+	}
+}
+
+// An engine that leaves a shared namespace hears nothing more of it
+// (PROTOCOL.md "Isolation": no engine learns another namespace's hashes).
+// e2 then e1 register in "shared" (e1 announces the namespace's changes
+// that no member made); e1 leaves, by unregistering or by registering in
+// another namespace; e2 stores a chunk, and e3 (its own namespace, a pool
+// of 2 slots) stores two and evicts it. The BlockRemoved goes on e2, the
+// member left, never on e1. Once every member has left, an eviction of the
+// namespace is announced to nobody; an engine that joins it then announces
+// its changes again.
+func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
+	for _, how := range []string{"unregister", "register elsewhere"} {
+		t.Run(how, func(t *testing.T) {
+			e := startNode(t, withPoolSlots(2))
+			e2, e1, e3 := e.newEngine("e2", defaultOpts()), e.newEngine("e1", defaultOpts()), e.newEngine("e3", defaultOpts())
+			for _, te := range []*testEngine{e2, e1} {
+				te.spec.Namespace = "shared"
+				te.register()
+			}
+			e3.register()
+			if how == "unregister" {
+				var un messages.UnregisterReply
+				require.NoError(t, jsonUnmarshal(e1.request("unregister", map[string]any{}), &un))
+				require.True(t, un.OK, un.Error)
+			} else {
+				e1.spec.Namespace = "mine"
+				e1.register()
+			}
+			tap := kvTap(t, e)
+			e2.storeOne("s1", 1)
+			e3.storeOne("x1", 1)
+			e3.storeOne("x2", 2) // evicts s1's chunk, the least recently used
+			require.Equal(t, "e2", kvUntil(t, tap, messages.KVBlockRemoved, hash("s1", 0), "e1"),
+				"the eviction is announced on the member left")
+			if how != "unregister" {
+				return
+			}
+			// No member: e2 stores, leaves, and e3 evicts its chunk.
+			e2.storeOne("s2", 2) // evicts x1
+			// announced on e2 while it is a member (a change drained after
+			// its maker left would go to the namespace's members: none)
+			require.Equal(t, "e2", kvUntil(t, tap, messages.KVBlockStored, hash("s2", 0), "e1"))
+			require.NoError(t, jsonUnmarshal(e2.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
+			e3.storeOne("x3", 3) // evicts x2
+			e3.storeOne("x4", 4) // evicts s2's chunk: nobody to tell
+			for {
+				m := recv(t, tap, "x4's BlockStored")
+				require.Equal(t, "e3", m.engine, "only e3 is told: %+v", m.events)
+				if slices.ContainsFunc(m.events, func(ev messages.KVEvent) bool {
+					return ev.Type == messages.KVBlockStored && slices.Contains(ev.BlockHashes, hash("x4", 0))
+				}) {
+					break
+				}
+			}
+			// A new member announces the namespace's changes again.
+			e4 := e.newEngine("e4", defaultOpts())
+			e4.spec.Namespace = "shared"
+			e4.register()
+			e3.storeOne("x5", 5) // evicts x3
+			e4.storeOne("s3", 3) // evicts x4
+			e3.storeOne("x6", 6) // evicts x5
+			e3.storeOne("x7", 7) // evicts s3's chunk
+			require.Equal(t, "e4", kvUntil(t, tap, messages.KVBlockRemoved, hash("s3", 0), "e1", "e2"))
+		})
+	}
 }

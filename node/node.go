@@ -29,6 +29,7 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/ratelog"
+	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
 )
@@ -96,6 +97,10 @@ type Node struct {
 	// editEngine, when set (tests only, under mu), edits each engine
 	// actor's deps before it is spawned: fault injection.
 	editEngine func(*engine.Deps)
+	// committed, when set (tests only, under mu), is called as a register
+	// has made engine a member of namespace ns: the moment the kv_events
+	// journal may first publish on it.
+	committed func(engine string, ns sched.NamespaceID)
 
 	ingest *ingester
 	http   *http.Server

@@ -192,7 +192,21 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	}
 	n.mapped += len(spec.Segments)
 	n.mappedBytes += charge
+	if !n.cleared[id] {
+		// PROTOCOL.md v2 "Register reply": the first register of an engine in
+		// a boot clears what routers believed this node held, before anything
+		// else is published for the engine (its actor does not exist yet).
+		// Published (into the connection's ordered buffer) before commit
+		// makes the engine a kv_events target: the journal's goroutine reads
+		// targets under nss.mu, not n.mu, and may publish on the engine as
+		// soon as commit returns.
+		n.cleared[id] = true
+		n.outbox.AllBlocksCleared(context.Background(), id)
+	}
 	ns := n.nss.commit(nsName, id, lay)
+	if n.committed != nil {
+		n.committed(id, ns.id)
+	}
 	lay.Namespace = ns.id
 	n.diskKeys.learn(ns.id, ns.key, lay)
 	if old != nil {
@@ -200,13 +214,6 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.metrics.EpochResets.Inc()
 		n.retire(old)
 		n.leaving(old)
-	}
-	if !n.cleared[id] {
-		// PROTOCOL.md v2 "Register reply": the first register of an engine in
-		// a boot clears what routers believed this node held, before anything
-		// else is published for the engine (its actor does not exist yet).
-		n.cleared[id] = true
-		n.outbox.AllBlocksCleared(context.Background(), id)
 	}
 	rel := n.releases[id]
 	if rel == nil {

@@ -21,6 +21,11 @@ func (s *Store) Lookup(key messages.Key) (hostpool.State, int64) { return s.pool
 // chunk only on disk is not read (hostpool.ErrNotReady); a corrupt one is
 // dropped (ErrCorrupt in a *hostpool.KeyError, as a load finds it).
 func (s *Store) ReadChunk(key messages.Key) ([]byte, uint32, error) {
+	b, sum, err := s.readChunk(key)
+	return b, sum, named(err)
+}
+
+func (s *Store) readChunk(key messages.Key) ([]byte, uint32, error) {
 	keys := []messages.Key{key}
 	if err := s.pool.PrepareLoad(keys); err != nil {
 		return nil, 0, err
@@ -49,6 +54,10 @@ func (s *Store) ReadChunk(key messages.Key) ([]byte, uint32, error) {
 // after checking the bytes now in host memory against it. On any error the
 // room is freed and the key stays absent: no unverified byte is loadable.
 func (s *Store) FillRemote(engine string, key messages.Key, data []byte, sum uint32) error {
+	return named(s.fillRemote(engine, key, data, sum))
+}
+
+func (s *Store) fillRemote(engine string, key messages.Key, data []byte, sum uint32) error {
 	keys := []messages.Key{key}
 	loc, err := s.pool.Locate(keys)
 	if err == nil && loc.States[0] != hostpool.Pending {

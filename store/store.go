@@ -130,6 +130,22 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 func (e *Engine) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
 	err := e.s.pool.By(e.id).PrepareStoreInto(out, keys, sizes)
 	e.spill(out.Victims)
+	return named(err)
+}
+
+// named has the *hostpool.KeyError in err, if any, name its key as
+// P.E.stored announces it (sched.WireKey: hash, then group), not as the
+// pool keys it: a pool key starts with the node's number for the
+// namespace, which no engine or router knows, so an error naming it would
+// match no key the engine was told of. Every exported error of the store
+// passes through it; the error's Key stays the pool key (the node waits
+// on it: WaitPending). The pool's errors are new values per call, so
+// setting Shown in place changes no one else's.
+func named(err error) error {
+	var ke *hostpool.KeyError
+	if err != nil && errors.As(err, &ke) && ke.Shown == "" {
+		ke.Shown = sched.WireKey(ke.Key)
+	}
 	return err
 }
 
@@ -163,7 +179,7 @@ func (e *Engine) spill(victims []hostpool.Victim) {
 // for it (WaitPending) and try again.
 func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 	if e.s.disk == nil {
-		return nil, e.s.pool.PrepareLoad(keys)
+		return nil, named(e.s.pool.PrepareLoad(keys))
 	}
 	prep, err := e.s.pool.By(e.id).PrepareLoadFrom(keys, func(k messages.Key) (int64, bool) {
 		dk, ok := e.s.toDisk(k)
@@ -181,7 +197,7 @@ func (e *Engine) PrepareLoad(keys []messages.Key) ([]messages.Key, error) {
 		return size, ok
 	})
 	e.spill(prep.Victims)
-	return prep.Evicted, err
+	return prep.Evicted, named(err)
 }
 
 // tileBytes bounds the copy bytes of one device call: a job is copied a tile
@@ -208,6 +224,10 @@ const tileBytes = 512 << 10
 // job completes as a failed copy (a store's chunks freed, a load's
 // unpinned) and Copy returns its error, wrapped.
 func (e *Engine) Copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error {
+	return named(e.copy(dir, chunks, live))
+}
+
+func (e *Engine) copy(dir backend.Direction, chunks []sched.JobChunk, live func() error) error {
 	sc := copyScratchPool.Get().(*copyScratch)
 	defer sc.release()
 	sc.keys = appendKeys(sc.keys[:0], chunks)

@@ -3,6 +3,7 @@ package store
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"hash/crc32"
 	"testing"
 
@@ -141,6 +142,32 @@ func TestCorruptChunkFailsLoadBeforeAnyCopy(t *testing.T) {
 	require.True(t, s.Ready("a"))
 	require.Zero(t, s.Stats().Pinned)
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Corrupt))
+}
+
+// The store's errors name a key as P.E.stored announces it (hash, then
+// group: sched.WireKey), never with the node's namespace number the pool
+// key starts with, which engines and routers never see; the KeyError's Key
+// stays the pool key (the node waits on it).
+func TestErrorsNameTheOffloadKeyNotThePoolKey(t *testing.T) {
+	s, e, _, _ := fixture(t, 2, 16<<10, 0)
+	k := sched.Key(7, "hash-one", 0)
+	wire := fmt.Sprintf("key %x:", string(sched.WireKey(k)))
+	storeChunks(t, e, sched.JobChunk{Key: k, Blocks: []messages.BlockID{1, 2}})
+	loc, err := s.pool.Locate([]messages.Key{k})
+	require.NoError(t, err)
+	s.arena.Bytes()[loc.Ext[0].Off] ^= 1
+	_, err = e.PrepareLoad([]messages.Key{k})
+	require.NoError(t, err)
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{{Key: k, Blocks: []messages.BlockID{3, 4}}}, nil)
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Contains(t, err.Error(), wire, "a corrupt chunk")
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, k, ke.Key)
+
+	_, err = e.PrepareLoad([]messages.Key{k}) // dropped as corrupt: a miss
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
+	require.Contains(t, err.Error(), wire, "a missing chunk")
 }
 
 // A failed store copy frees its room; a cancelled one (Abort) too; a
