@@ -61,7 +61,10 @@ func (r *releases) of(req string) []string {
 // kill -9 of a clustered node (a real child process): its keys stop
 // counting on the other nodes within the lease, its standby takes its
 // engines over once the ownership lease lapses, the engines see the new
-// boot and resync, and every request is released exactly once.
+// boot and resync, and every request is released exactly once: one
+// finished before the kill by its node, one finished while the node was
+// stopped (never read) by the engine as node_lost, one live across the
+// kill by the standby; then a lease of quiet.
 func TestClusterKilledNodeIsTakenOverByItsStandby(t *testing.T) { killAndTakeOver(t) }
 
 func killAndTakeOver(t *testing.T) {
@@ -156,6 +159,7 @@ func killAndTakeOver(t *testing.T) {
 		e.c.Finished(id+"-r1", false, 16, 16)
 		require.NoError(t, e.c.Flush())
 		start(e, id+"-r2", 20)
+		start(e, id+"-r3", 30)
 	}
 	for id, e := range engines {
 		testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
@@ -169,6 +173,14 @@ func killAndTakeOver(t *testing.T) {
 	_, hx1 := hashes("e1-r1")
 	aBoot := engines["e1"].c.Stats().Boot
 
+	// r3 finishes while nA is stopped, so nA never reads it: it is owed a
+	// release at the kill, which only the engine can give (node_lost, once
+	// a lease has passed); nB, taking over, must not release it again.
+	require.NoError(t, a.Process.Signal(syscall.SIGSTOP))
+	for id, e := range engines {
+		e.c.Finished(id+"-r3", false, 16, 16)
+		require.NoError(t, e.c.Flush())
+	}
 	require.NoError(t, a.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = a.Wait()
@@ -213,19 +225,42 @@ func killAndTakeOver(t *testing.T) {
 	}
 	for id, e := range engines {
 		testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
-			if got := e.rel.of(id + "-r2"); len(got) != 1 {
-				return fmt.Errorf("%s-r2 releases: %v", id, got)
+			for _, r := range []string{id + "-r2", id + "-r3"} {
+				if got := e.rel.of(r); len(got) != 1 {
+					return fmt.Errorf("%s releases: %v", r, got)
+				}
 			}
 			return nil
 		})
 	}
-	// Nothing more arrives: a heartbeat round trip with nB settles what it
-	// still had to send, then every request has exactly one release.
+	// Nothing more arrives: a lookup round trip with nB (answered once it
+	// has handled all the engine sent before), then a lease of quiet, in
+	// which a second release of any request fails the test.
+	for _, e := range engines {
+		_, err := e.c.Lookup(context.Background(), hx1)
+		require.NoError(t, err)
+	}
+	quiet := time.After(killLease)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for waiting := true; waiting; {
+		for id, e := range engines {
+			for _, r := range []string{id + "-r1", id + "-r2", id + "-r3"} {
+				require.Len(t, e.rel.of(r), 1, "%s released exactly once: %v", r, e.rel.of(r))
+			}
+			require.Equal(t, []string{messages.ReasonNodeLost}, e.rel.of(id+"-r3"), "%s-r3: freed by the engine", id)
+		}
+		select {
+		case <-tick.C:
+		case <-quiet:
+			waiting = false
+		}
+	}
 	for id, e := range engines {
 		st := e.c.Stats()
 		require.Zero(t, st.Live, "%s: no live request left", id)
 		require.Zero(t, st.UnexpectedRel, "%s: no release for a request not waiting for one", id)
-		for _, r := range []string{id + "-r1", id + "-r2"} {
+		for _, r := range []string{id + "-r1", id + "-r2", id + "-r3"} {
 			require.Len(t, e.rel.of(r), 1, "%s released exactly once: %v", r, e.rel.of(r))
 		}
 	}
