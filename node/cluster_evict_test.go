@@ -1,0 +1,51 @@
+package node_test
+
+import (
+	"encoding/json"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// The holder evicts a key between another node's lookup (which counted it)
+// and that node's fetch of it: the fetch is refused naming the key, the
+// load fails as a miss with no byte written to the engine's blocks, and
+// the room it reserved is freed (the engine stores the prefix itself).
+func TestClusterHolderEvictingBetweenLookupAndLoadFailsTheLoadAsAMiss(t *testing.T) {
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		if i == 0 {
+			c.PoolBytes = 512 // two 256-byte chunks: two more stores evict the prefix
+		}
+	})
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
+	a.register()
+	c.register()
+	hs := []string{hash("v", 0), hash("v", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
+	awaitLookup(t, c, hs, 8, "C")
+
+	serving, release := kc.nodes[0].node.HoldInClusterGate("read")
+	defer release()
+	before := append([]byte(nil), c.block(0, 2)...)
+	replies := collect(t, c.e.nc, "kvactors.ec.load",
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+	testkit.Closed(t, serving, 10*time.Second, "A serving C's fetch, held")
+	a.storeOne("x1", 50) // A's pool holds two chunks: these two evict the prefix
+	a.storeOne("x2", 51)
+	release()
+
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	require.False(t, r.OK, "the key the lookup counted was evicted before the fetch read it")
+	require.Contains(t, r.Error, hs[0], "the error names the key")
+	require.Equal(t, before, c.block(0, 2), "no byte reached the engine's block")
+	require.Positive(t, kc.nodes[1].counter("kvactors_cluster_fetch_failures_total", ""))
+	awaitLookup(t, c, hs, 0, "C, once A's BlockRemoved arrived")
+	c.storePrefix("own", hs, 10, 11, 3, "stored by C after the failed fetch: its reserved room was freed")
+}
