@@ -487,9 +487,17 @@ func (in *ingester) stop() {
 	in.wg.Wait()
 }
 
+// msgCtx is the context an inbound message's work runs in: Background
+// (nothing per message) plus the engine's remote span context, and nothing
+// else of its headers, since a request keeps it until its release
+// (tracing.Extract). With tracing off only the traceparent is read: it is
+// all the node passes back, on stored, released and replies.
 func (n *Node) msgCtx(m *nats.Msg) context.Context {
 	if m.Header == nil {
 		return context.Background()
+	}
+	if !n.traced {
+		return tracing.ExtractTraceparent(context.Background(), m.Header)
 	}
 	return tracing.Extract(context.Background(), m.Header)
 }

@@ -39,6 +39,7 @@ type Node struct {
 	cfg     Config
 	log     *slog.Logger
 	tracer  trace.Tracer
+	traced  bool // cfg.Tracer records spans (not nil, not a noop provider): see msgCtx
 	metrics *metrics.Metrics
 	kv      *kvJournal // kv_events in the order the pool and disk changed
 
@@ -139,6 +140,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if tp == nil {
 		tp = noop.NewTracerProvider()
 	}
+	_, noopTP := tp.(noop.TracerProvider)
+	n.traced = !noopTP
 	n.tracer = tracing.Tracer(tp)
 	n.metrics = metrics.New(cfg.Registry)
 	n.metrics.Preset(knownLabels())

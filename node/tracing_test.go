@@ -2,6 +2,8 @@ package node_test
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -177,4 +179,68 @@ func TestTraceContextFlowsThroughNATSHeaders(t *testing.T) {
 	require.Len(t, batches, 1)
 	require.Equal(t, engineSpan.SpanContext().SpanID(), batches[0].Parent().SpanID())
 	require.True(t, batches[0].Parent().IsRemote())
+}
+
+// An engine's baggage and oversized tracestate change nothing but its
+// trace: the request span continues the engine's trace with a tracestate
+// cut to tracing.MaxTraceState, and stored and released carry a traceparent
+// of the same trace, no baggage and no more tracestate than that; with
+// tracing off, only the engine's traceparent goes back.
+func TestEngineBaggageAndTraceStateAreNotEchoed(t *testing.T) {
+	const traceID, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	for _, traced := range []bool{true, false} {
+		t.Run(fmt.Sprintf("traced=%v", traced), func(t *testing.T) {
+			var opts []func(*node.Config)
+			var rec *tracetest.SpanRecorder
+			wantState := ""
+			if traced {
+				var opt func(*node.Config)
+				rec, opt = withRecorder(t)
+				opts = append(opts, opt)
+				wantState = "engine=kept"
+			}
+			e := startNode(t, opts...)
+			te := e.newEngine("e1", defaultOpts())
+			te.register()
+			stored := testkit.Subscribe(t, e.nc, "kvactors.e1.stored")
+			released := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
+
+			te.seq++
+			body, err := json.Marshal(map[string]any{"epoch": te.epoch, "seq": te.seq, "events": []map[string]any{
+				added("r", 4), hashesEv("r", 0, hash("b", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4),
+				finishedEv("r", false, 4, 4)}})
+			require.NoError(t, err)
+			msg := nats.NewMsg("kvactors.e1.events")
+			msg.Data = body
+			msg.Header = node.HostileTraceHeader("00-" + traceID + "-" + parent + "-01")
+			require.NoError(t, e.nc.PublishMsg(msg))
+
+			for _, m := range []*nats.Msg{testkit.Recv(t, stored, 5*time.Second, "stored"),
+				testkit.Recv(t, released, 5*time.Second, "released")} {
+				h := tracing.HeaderCarrier(m.Header)
+				require.Zero(t, len(h.Get("baggage")), "%s echoes no baggage", m.Subject)
+				require.True(t, h.Get("tracestate") == wantState, "%s: tracestate of %d bytes, want %q",
+					m.Subject, len(h.Get("tracestate")), wantState)
+				sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), m.Header))
+				require.True(t, sc.IsValid(), "%s carries a valid traceparent", m.Subject)
+				require.Equal(t, traceID, sc.TraceID().String(), "%s: same trace as the engine", m.Subject)
+			}
+			if !traced {
+				return
+			}
+			testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+				if len(spansNamed(rec, tracing.SpanRequest)) != 1 {
+					return errf("request span not ended")
+				}
+				return nil
+			})
+			req := spansNamed(rec, tracing.SpanRequest)[0]
+			require.Equal(t, traceID, req.SpanContext().TraceID().String(), "the request continues the engine's trace")
+			require.True(t, req.SpanContext().TraceState().String() == wantState, "the request keeps a tracestate of %d bytes, want %q",
+				len(req.SpanContext().TraceState().String()), wantState)
+			batch := spansNamed(rec, tracing.SpanBatch)
+			require.Len(t, batch, 1)
+			require.Equal(t, parent, batch[0].Parent().SpanID().String())
+		})
+	}
 }

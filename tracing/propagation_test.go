@@ -3,6 +3,7 @@ package tracing
 import (
 	"context"
 	"sort"
+	"strings"
 	"testing"
 
 	"github.com/nats-io/nats.go"
@@ -67,7 +68,8 @@ func TestExtractWithoutHeaders(t *testing.T) {
 }
 
 // TestInjectThenExtractKeepsTheTrace: kvactors' child span of a batch, sent
-// on to another subscriber, stays in the engine's trace.
+// on to another subscriber, stays in the engine's trace; baggage in the
+// context is neither written nor read.
 func TestInjectThenExtractKeepsTheTrace(t *testing.T) {
 	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
@@ -83,12 +85,14 @@ func TestInjectThenExtractKeepsTheTrace(t *testing.T) {
 	InjectMsg(ctx, m)
 	span.End()
 	require.Contains(t, m.Header, "traceparent")
+	require.NotContains(t, m.Header, "baggage")
+	m.Header["baggage"] = []string{"engine=e1"}
 
 	got := Extract(context.Background(), m.Header)
 	sc := trace.SpanContextFromContext(got)
 	require.Equal(t, span.SpanContext().TraceID(), sc.TraceID())
 	require.Equal(t, span.SpanContext().SpanID(), sc.SpanID())
-	require.Equal(t, "e1", baggage.FromContext(got).Member("engine").Value())
+	require.Zero(t, baggage.FromContext(got).Len())
 
 	_, child := Tracer(tp).Start(got, SpanRequest)
 	child.End()
@@ -106,4 +110,45 @@ func TestInjectMsgCreatesHeader(t *testing.T) {
 	m := &nats.Msg{Subject: "x"}
 	InjectMsg(ctx, m)
 	require.NotEmpty(t, m.Header.Get("traceparent"))
+}
+
+func TestBoundTraceState(t *testing.T) {
+	t.Parallel()
+	long := func(k string, n int) string { return k + "=" + strings.Repeat("x", n-len(k)-1) }
+	fits := strings.Repeat("a", MaxTraceState-2)
+	for _, c := range []struct{ name, in, want string }{
+		{"empty", "", ""},
+		{"small kept whole", "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7", "congo=t61rcWkgMzE, rojo=00f067aa0ba902b7"},
+		{"at the limit kept", "a=" + fits, "a=" + fits},
+		// W3C: members over 128 characters go first ...
+		{"long members dropped", long("big", 600) + ",k=v," + long("big2", 129), "k=v"},
+		// ... then members from the end.
+		{"cut from the end", strings.Repeat(long("m", 100)+",", 6), strings.TrimSuffix(strings.Repeat(long("m", 100)+",", 5), ",")},
+		{"at most 32 members", strings.Repeat("k=v,", 200), strings.TrimSuffix(strings.Repeat("k=v,", 32), ",")},
+	} {
+		got := boundTraceState(c.in)
+		require.Equal(t, c.want, got, c.name)
+		require.LessOrEqual(t, len(got), MaxTraceState, c.name)
+	}
+}
+
+// TestExtractKeepsOnlyTheSpanContext: baggage is never read; a tracestate
+// over MaxTraceState is cut; ExtractTraceparent reads no tracestate at all.
+func TestExtractKeepsOnlyTheSpanContext(t *testing.T) {
+	t.Parallel()
+	h := nats.Header{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"},
+		"tracestate": {"keep=1," + strings.Repeat("x", 2*MaxTraceState)}, "baggage": {"engine=e1"}}
+	ctx := Extract(context.Background(), h)
+	require.Zero(t, baggage.FromContext(ctx).Len())
+	sc := trace.SpanContextFromContext(ctx)
+	require.Equal(t, "4bf92f3577b34da6a3ce929d0e0e4736", sc.TraceID().String())
+	require.Equal(t, "keep=1", sc.TraceState().String())
+
+	ctx = ExtractTraceparent(context.Background(), h)
+	require.Zero(t, baggage.FromContext(ctx).Len())
+	sc = trace.SpanContextFromContext(ctx)
+	require.True(t, sc.IsValid() && sc.IsRemote() && sc.IsSampled())
+	require.Equal(t, "00f067aa0ba902b7", sc.SpanID().String())
+	require.Zero(t, sc.TraceState().Len())
+	require.False(t, trace.SpanContextFromContext(ExtractTraceparent(context.Background(), nil)).IsValid())
 }
