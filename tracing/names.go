@@ -37,6 +37,9 @@ const (
 	// EventRetry: the pool had no room; the chunks are retried after
 	// AttrBackoffMS (attempt AttrAttempt).
 	EventRetry = "retry"
+	// EventDropped: a finishing request gave up its ready chunks after the
+	// retry limit (AttrChunks of them; AttrReason: the last failure's).
+	EventDropped = "dropped"
 )
 
 // Attribute keys: one scheme, "kvactors.<what>".

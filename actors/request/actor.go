@@ -412,9 +412,14 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.armRetry(c, r, eff.Pending, eff.RoomGen)
 	}
 	if eff.GivenUp > 0 {
+		reason := eff.GivenUpReason.String()
 		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
+		if recording {
+			a.span.AddEvent(tracing.EventDropped, trace.WithAttributes(
+				tracing.AttrChunks.Int(eff.GivenUp), tracing.AttrReason.String(reason)))
+		}
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
-			"chunks", eff.GivenUp)
+			"chunks", eff.GivenUp, "reason", reason)
 	}
 	if eff.Done && a.releasing != nil && len(eff.Releases) == 0 {
 		a.releasing.raise("") // nothing to publish: done all the same
