@@ -264,6 +264,12 @@ func (a *Actor) Receive(c actor.Context) {
 
 func (a *Actor) apply(c actor.Context, m *Events) {
 	if a.isDone() {
+		// Routed before the release raised releasing (its engine actor
+		// rejects later ones itself): rejected as Step rejects an event
+		// for a Done request (PROTOCOL.md, rejections: released).
+		for i := range m.Events {
+			a.reject(&m.Events[i], sched.ErrReleased)
+		}
 		return
 	}
 	applied := 0
