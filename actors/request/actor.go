@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -409,13 +410,21 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 	}
 	if r := eff.Retry; r != nil {
-		a.deps.Metrics.Retry(r.Reason.String()).Inc()
-		if recording {
-			a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
-				tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
-				tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
+		// Counted and traced only when it arms a retry: a failed decision
+		// while one is armed (a batch for a request waiting for room)
+		// schedules nothing. One that takes over a running timer (an early
+		// wake-up's that failed again) has no backoff of its own.
+		if armed, timed := a.armRetry(c, r, eff.Pending, eff.RoomGen); armed {
+			a.deps.Metrics.Retry(r.Reason.String()).Inc()
+			if recording {
+				attrs := []attribute.KeyValue{tracing.AttrReason.String(r.Reason.String()),
+					tracing.AttrAttempt.Int(r.Attempt)}
+				if timed {
+					attrs = append(attrs, tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds()))
+				}
+				a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(attrs...))
+			}
 		}
-		a.armRetry(c, r, eff.Pending, eff.RoomGen)
 	}
 	if eff.GivenUp > 0 {
 		reason := eff.GivenUpReason.String()

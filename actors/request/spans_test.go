@@ -3,6 +3,7 @@ package request_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -27,16 +28,23 @@ func recordSpans(deps *request.Deps) *tracetest.SpanRecorder {
 	return rec
 }
 
-// requestSpan is the one ended request span rec holds.
+// requestSpan waits for the request span to end (just after its release
+// is published) and returns it.
 func requestSpan(t *testing.T, rec *tracetest.SpanRecorder) sdktrace.ReadOnlySpan {
 	t.Helper()
 	var found []sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == tracing.SpanRequest {
-			found = append(found, s)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		found = found[:0]
+		for _, s := range rec.Ended() {
+			if s.Name() == tracing.SpanRequest {
+				found = append(found, s)
+			}
 		}
-	}
-	require.Len(t, found, 1, "ended request spans")
+		if len(found) != 1 {
+			return fmt.Errorf("%d request spans ended, want 1", len(found))
+		}
+		return nil
+	})
 	return found[0]
 }
 
@@ -99,4 +107,46 @@ func TestAGiveUpIsASpanEvent(t *testing.T) {
 	evs := span.Events()
 	require.Equal(t, "released", evs[len(evs)-1].Name)
 	require.Equal(t, tracing.EventDropped, evs[len(evs)-2].Name, "dropped, then released")
+}
+
+// kvactors_store_retries_total and the `retry` event count retries armed,
+// not failed decisions: batches for a request whose retry is armed (the
+// pool still full) schedule nothing and add neither; an early wake-up that
+// fails again re-arms on the timer already running, so its `retry` carries
+// no backoff of its own (OBSERVABILITY.md). The timers are
+// stopped: no retry falls due on its own during the test.
+func TestRetriesCountRetriesArmed(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	rec := recordSpans(&deps)
+	deps.Timers.Stop()
+	gs := &gatedStore{Store: deps.Store, gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+	gs.refuse.Store(true)
+	deps.Store = gs
+	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 4, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{"h0"}},
+		{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{1}},
+		{Type: messages.EvTokens, Request: "r", Computed: 4, Total: 4}}})
+	for range 5 {
+		rig.system.Root.Send(pid, &request.Events{}) // each decision fails; the first retry is still armed
+	}
+	rig.system.Root.Send(pid, request.WokenRetryDueFor(1, 1)) // room may have freed: it has not
+	rig.system.Root.Send(pid, &request.Reset{Reason: messages.ReasonEngineReset})
+	testkit.Recv(t, released, 5*time.Second, "r released")
+
+	span := requestSpan(t, rec)
+	attempt, backoff := string(tracing.AttrAttempt), string(tracing.AttrBackoffMS)
+	reason := string(tracing.AttrReason)
+	require.Equal(t, []map[string]any{
+		{reason: "pool_full", attempt: int64(1), backoff: int64(10)}, // armed, its timer started
+		// The wake-up's retry, on that timer. The batches' failures armed
+		// nothing, yet they are attempts (towards FinishRetryLimit): 1+5.
+		{reason: "pool_full", attempt: int64(6)},
+	}, eventAttrs(span, tracing.EventRetry))
+	require.Equal(t, 2.0, testutil.ToFloat64(rig.store.Retries.WithLabelValues("pool_full")),
+		"kvactors_store_retries_total{reason=pool_full}")
 }
