@@ -195,6 +195,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
 		a.stopWaiting() // nothing of it waits any more
+		a.endJobSpans()
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
 		// released request settled its accounts when it was done. A watched
@@ -261,6 +262,17 @@ func (a *Actor) Receive(c actor.Context) {
 	default:
 		a.deps.Metrics.Unexpected.Inc()
 	}
+}
+
+// endJobSpans ends the spans of the jobs still in flight as the actor
+// ends: no JobDone will reach it to end them. The copies themselves are the
+// transfer side's.
+func (a *Actor) endJobSpans() {
+	for j := a.jobs; j != nil; j = j.next {
+		j.span.SetStatus(codes.Error, "request actor stopped before the job ended")
+		j.span.End()
+	}
+	a.jobs = nil
 }
 
 func (a *Actor) apply(c actor.Context, m *Events) {

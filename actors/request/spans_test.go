@@ -4,16 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
@@ -149,4 +152,60 @@ func TestRetriesCountRetriesArmed(t *testing.T) {
 	}, eventAttrs(span, tracing.EventRetry))
 	require.Equal(t, 2.0, testutil.ToFloat64(rig.store.Retries.WithLabelValues("pool_full")),
 		"kvactors_store_retries_total{reason=pool_full}")
+}
+
+// panicOnSecond is a store whose second decision panics: a bug that fails
+// the request actor with its first job still in flight.
+type panicOnSecond struct {
+	request.Store
+	calls atomic.Int32
+}
+
+func (s *panicOnSecond) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
+	if s.calls.Add(1) == 2 {
+		panic("injected: a bug in a store decision")
+	}
+	return s.Store.PrepareStoreInto(out, keys, sizes)
+}
+
+// A request actor that stops, or fails and is restarted, with a store job
+// in flight ends that job's span too, with an error status saying why (no
+// JobDone will come to end it): every span it started ends.
+func TestJobSpansEndWhenTheRequestActorEnds(t *testing.T) {
+	for _, how := range []string{"stopped", "restarted"} {
+		t.Run(how, func(t *testing.T) {
+			_, nc := testkit.NATS(t)
+			rig := newHeldRig(t, nc, 16)
+			deps := rig.deps
+			rec := recordSpans(&deps)
+			deps.Store = &panicOnSecond{Store: deps.Store}
+			pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded,
+				Request: "r", PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
+			rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+				{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{"h0"}},
+				{Type: messages.EvBlocks, Request: "r", IDs: []messages.BlockID{1}},
+				{Type: messages.EvTokens, Request: "r", Computed: 4, Total: 8}}})
+			testkit.Recv(t, rig.seen, 5*time.Second, "the store job, held in flight")
+			if how == "stopped" {
+				require.NoError(t, rig.system.Root.StopFuture(pid).Wait())
+			} else {
+				rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+					{Type: messages.EvHashes, Request: "r", Start: 1, Hashes: []messages.Hash{"h1"}},
+					{Type: messages.EvBlocks, Request: "r", Start: 1, IDs: []messages.BlockID{2}},
+					{Type: messages.EvTokens, Request: "r", Computed: 8, Total: 8}}})
+			}
+			testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+				if started, ended := len(rec.Started()), len(rec.Ended()); started != 2 || ended != started {
+					return fmt.Errorf("%d spans started, %d ended; want 2 and 2", started, ended)
+				}
+				return nil
+			})
+			for _, s := range rec.Ended() {
+				require.Equal(t, codes.Error, s.Status().Code, "%s: ended by the actor's end", s.Name())
+				if s.Name() == tracing.SpanStoreJob {
+					require.Contains(t, s.Status().Description, "stopped before the job ended")
+				}
+			}
+		})
+	}
 }
