@@ -107,7 +107,7 @@ func NewEngines(reg prometheus.Registerer) *Engines {
 // Store are the store decisions' and requests' collectors.
 type Store struct {
 	Deferrals      *prometheus.CounterVec // reason: tokens, hashes, blocks
-	Retries        *prometheus.CounterVec // reason: pool_full, copy_failed
+	Retries        *prometheus.CounterVec // retries armed; reason: pool_full, copy_failed, pending
 	RetriesPending prometheus.Gauge       // requests whose retry timer has not fired
 	ChunksStored   prometheus.Counter
 	// StoredTime is the node's part of a store, the batch's arrival (intake

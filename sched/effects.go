@@ -84,10 +84,12 @@ type Effects struct {
 	// RoomGen, with a RetryPoolFull Retry, is the pool's room generation
 	// the failed decision saw (hostpool.Prepared.RoomGen): the caller's
 	// wait for room wakes at once if room freed since.
-	RoomGen  uint64
-	GivenUp  int      // ready chunks given up after the retry limit at finish
-	Releases []string // reasons to publish on P.E.released, in order
-	Done     bool     // the request is done: drop it after publishing Releases
+	RoomGen uint64
+	GivenUp int // ready chunks given up after the retry limit at finish
+	// GivenUpReason, with GivenUp, is the failure that reached the limit.
+	GivenUpReason RetryReason
+	Releases      []string // reasons to publish on P.E.released, in order
+	Done          bool     // the request is done: drop it after publishing Releases
 
 	// woken: the decision is an early wake-up's (AdvanceWoken); a failure
 	// then spends no retry attempt.

@@ -498,6 +498,7 @@ func (r *Request) failAttempt(reason RetryReason, e *Effects) {
 	}
 	if r.phase == Finishing && *n > FinishRetryLimit {
 		e.GivenUp += r.giveUp()
+		e.GivenUpReason = reason
 		return
 	}
 	e.Retry = &Retry{Reason: reason, Attempt: int(*n), Backoff: backoff(int(*n))}

@@ -34,9 +34,12 @@ const (
 	// EventDeferred: a chunk is waiting for a lagging term (AttrReason says
 	// which: tokens, hashes or blocks).
 	EventDeferred = "deferred"
-	// EventRetry: the pool had no room; the chunks are retried after
-	// AttrBackoffMS (attempt AttrAttempt).
+	// EventRetry: a failed store decision armed a retry (AttrReason why), due
+	// after AttrBackoffMS (absent: on a timer already running; AttrAttempt).
 	EventRetry = "retry"
+	// EventDropped: a finishing request gave up its ready chunks after the
+	// retry limit (AttrChunks of them; AttrReason: the last failure's).
+	EventDropped = "dropped"
 )
 
 // Attribute keys: one scheme, "kvactors.<what>".

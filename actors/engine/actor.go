@@ -342,6 +342,12 @@ func (a *Actor) receive(c actor.Context) {
 func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 	b := &m.Batch
 	if a.ending() {
+		// Queued before its engine was detached (unregister, expiry, a new
+		// spec, a failure): the engine is gone here, as for a batch ingest
+		// finds no actor for (PROTOCOL.md, rejections: unknown_engine).
+		a.deps.Metrics.Rejected.WithLabelValues(messages.RejectUnknownEngine).Inc()
+		a.deps.Reject.Reject(messages.RejectUnknownEngine, "events for an engine being retired",
+			"engine", a.deps.Engine, "epoch", b.Epoch, "seq", b.Seq)
 		return false
 	}
 	a.deps.Metrics.Batches.Inc()

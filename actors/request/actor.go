@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
+	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
@@ -194,6 +195,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
 		a.stopWaiting() // nothing of it waits any more
+		a.endJobSpans()
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
 		// released request settled its accounts when it was done. A watched
@@ -262,8 +264,25 @@ func (a *Actor) Receive(c actor.Context) {
 	}
 }
 
+// endJobSpans ends the spans of the jobs still in flight as the actor
+// ends: no JobDone will reach it to end them. The copies themselves are the
+// transfer side's.
+func (a *Actor) endJobSpans() {
+	for j := a.jobs; j != nil; j = j.next {
+		j.span.SetStatus(codes.Error, "request actor stopped before the job ended")
+		j.span.End()
+	}
+	a.jobs = nil
+}
+
 func (a *Actor) apply(c actor.Context, m *Events) {
 	if a.isDone() {
+		// Routed before the release raised releasing (its engine actor
+		// rejects later ones itself): rejected as Step rejects an event
+		// for a Done request (PROTOCOL.md, rejections: released).
+		for i := range m.Events {
+			a.reject(&m.Events[i], sched.ErrReleased)
+		}
 		return
 	}
 	applied := 0
@@ -403,18 +422,31 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		}
 	}
 	if r := eff.Retry; r != nil {
-		a.deps.Metrics.Retry(r.Reason.String()).Inc()
-		if recording {
-			a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
-				tracing.AttrReason.String(r.Reason.String()), tracing.AttrAttempt.Int(r.Attempt),
-				tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds())))
+		// Counted and traced only when it arms a retry: a failed decision
+		// while one is armed (a batch for a request waiting for room)
+		// schedules nothing. One that takes over a running timer (an early
+		// wake-up's that failed again) has no backoff of its own.
+		if armed, timed := a.armRetry(c, r, eff.Pending, eff.RoomGen); armed {
+			a.deps.Metrics.Retry(r.Reason.String()).Inc()
+			if recording {
+				attrs := []attribute.KeyValue{tracing.AttrReason.String(r.Reason.String()),
+					tracing.AttrAttempt.Int(r.Attempt)}
+				if timed {
+					attrs = append(attrs, tracing.AttrBackoffMS.Int64(r.Backoff.Milliseconds()))
+				}
+				a.span.AddEvent(tracing.EventRetry, trace.WithAttributes(attrs...))
+			}
 		}
-		a.armRetry(c, r, eff.Pending, eff.RoomGen)
 	}
 	if eff.GivenUp > 0 {
+		reason := eff.GivenUpReason.String()
 		a.deps.Metrics.ChunksDropped.Add(float64(eff.GivenUp))
+		if recording {
+			a.span.AddEvent(tracing.EventDropped, trace.WithAttributes(
+				tracing.AttrChunks.Int(eff.GivenUp), tracing.AttrReason.String(reason)))
+		}
 		a.deps.Log.Error("gave up storing ready chunks", "engine", a.deps.Engine, "request", a.state.ID(),
-			"chunks", eff.GivenUp)
+			"chunks", eff.GivenUp, "reason", reason)
 	}
 	if eff.Done && a.releasing != nil && len(eff.Releases) == 0 {
 		a.releasing.raise("") // nothing to publish: done all the same

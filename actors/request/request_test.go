@@ -279,3 +279,29 @@ func TestTheReleasingFlagIsUpBeforeTheFinalRelease(t *testing.T) {
 	send(messages.Event{Type: messages.EvFinished, Computed: 0, Total: 8})
 	require.True(t, testkit.Recv(t, seenAt, 5*time.Second, "the final release"), "raised before the release went out")
 }
+
+// An event that reaches a request's actor after its final release (its
+// engine actor routed it before the release raised releasing: a JobDone
+// run inline released the request first) is rejected `released`, once per
+// event, as one that the request itself rejects (PROTOCOL.md, rejections).
+func TestEventsAfterTheReleaseAreRejectedReleased(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
+	testkit.Recv(t, released, 5*time.Second, "released")
+	appliedBefore := testutil.ToFloat64(deps.Metrics.EventsApplied) // the finished event
+	applied := make(chan struct{}, 1)
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvTokens, Request: "r", Computed: 8, Total: 8},
+		{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{"h0"}}},
+		Applied: func() { applied <- struct{}{} }})
+	testkit.Recv(t, applied, 5*time.Second, "the late events handled")
+	rejected := deps.Metrics.Rejected.WithLabelValues(messages.RejectReleased)
+	require.Equal(t, 2.0, testutil.ToFloat64(rejected), "kvactors_events_rejected_total{reason=released}")
+	require.Equal(t, appliedBefore, testutil.ToFloat64(deps.Metrics.EventsApplied), "nothing applied")
+}

@@ -23,15 +23,19 @@ import (
 // each to start a timer anew, wake-ups coming faster than the backoff would
 // keep every timer from falling due, and a finished request the pool keeps
 // refusing would never give up and be released.
-func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key, roomGen uint64) {
+//
+// armed: no retry was armed, and r now is; timed: it started its own timer
+// (after r.Backoff), rather than taking over a running one.
+func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key, roomGen uint64) (armed, timed bool) {
 	if a.retryArmed {
-		return
+		return false, false // the armed retry decides again: r schedules nothing
 	}
 	a.retryArmed = true
 	a.arm++
 	if a.timer == 0 {
 		a.timer = a.arm
 		a.deps.Timers.Send(r.Backoff, c.Self(), &RetryDue{gen: a.gen, arm: a.arm})
+		timed = true
 	}
 	switch w, ok := a.deps.Store.(RetryWaiter); {
 	case !ok:
@@ -40,6 +44,7 @@ func (a *Actor) armRetry(c actor.Context, r *sched.Retry, pending []messages.Key
 	case r.Reason == sched.RetryPoolFull:
 		w.WaitRoom(a.wake(c), roomGen)
 	}
+	return true, timed
 }
 
 // wake is the armed retry's early wake-up.
