@@ -187,7 +187,7 @@ func (m *Store) Retry(reason string) prometheus.Counter {
 // cause them (Store).
 type Pool struct {
 	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load
-	PoolHits     prometheus.Counter     // chunks loaded from host memory
+	PoolHits     prometheus.Counter     // chunks a load copied out of host memory (its copy done)
 	ChecksumTime *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 }
 
@@ -195,7 +195,7 @@ type Pool struct {
 func NewPool(reg prometheus.Registerer) *Pool {
 	m := &Pool{
 		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
-		PoolHits: counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		PoolHits: counter("pool", "hits_total", "Chunks a load copied out of host memory, counted once its copy is done (loads from disk: kvactors_disk_hits_total)."),
 		ChecksumTime: counterVec("store", "checksum_seconds_total",
 			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 	}
