@@ -36,6 +36,7 @@ type Labels struct {
 	Releases      []string // requests_released_total reason
 	TransferTypes []string // kv_offload_total_*, transfer_*: transfer_type
 	LoadResults   []string // load_requests_total result
+	LoadWaits     []string // load_waits_total outcome
 	Actors        []string // actor_unexpected_messages_total actor
 }
 
@@ -61,6 +62,9 @@ func (m *Metrics) Preset(l Labels) {
 	}
 	for _, v := range l.LoadResults {
 		m.Loads.WithLabelValues(v)
+	}
+	for _, v := range l.LoadWaits {
+		m.LoadWaits.WithLabelValues(v)
 	}
 	for _, v := range l.Actors {
 		m.Unexpected.WithLabelValues(v)

@@ -187,7 +187,7 @@ func (m *Store) Retry(reason string) prometheus.Counter {
 // cause them (Store).
 type Pool struct {
 	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load
-	PoolHits     prometheus.Counter     // chunks loaded from host memory
+	PoolHits     prometheus.Counter     // chunks a load copied out of host memory (its copy done)
 	ChecksumTime *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 }
 
@@ -195,7 +195,7 @@ type Pool struct {
 func NewPool(reg prometheus.Registerer) *Pool {
 	m := &Pool{
 		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load."),
-		PoolHits: counter("pool", "hits_total", "Chunks loaded from host memory (loads from disk: kvactors_disk_hits_total)."),
+		PoolHits: counter("pool", "hits_total", "Chunks a load copied out of host memory, counted once its copy is done (loads from disk: kvactors_disk_hits_total)."),
 		ChecksumTime: counterVec("store", "checksum_seconds_total",
 			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
 	}
@@ -302,6 +302,13 @@ type Load struct {
 	LookupHits prometheus.Counter
 	HitTokens  prometheus.Counter
 	Loads      *prometheus.CounterVec // result: ok, error
+	// LoadWaits counts loads that found a key pending in another copy, by
+	// how their wait ended (node: loaded, timed_out, too_many, aborted,
+	// failed); LoadRetries their tries again, LoadWaitTime how long each
+	// waited.
+	LoadWaits    *prometheus.CounterVec
+	LoadRetries  prometheus.Counter
+	LoadWaitTime prometheus.Histogram
 }
 
 // NewLoad builds the lookup and load collectors.
@@ -311,8 +318,16 @@ func NewLoad(reg prometheus.Registerer) *Load {
 		LookupHits: counter("load", "lookup_hits_total", "Lookups with at least one hit token."),
 		HitTokens:  counter("load", "hit_tokens_total", "Tokens reported as hits by lookups."),
 		Loads:      counterVec("load", "requests_total", "Load requests by result.", "result"),
+		LoadWaits: counterVec("load", "waits_total",
+			"Loads that found a key pending in another copy, by how the wait ended.", "outcome"),
+		LoadRetries: counter("load", "retries_total",
+			"Tries again of loads waiting for a key pending in another copy (each wake-up, and the last at --load-wait)."),
+		// 1 ms to about 4 s: --load-wait is 2 s by default, at most lease/2.
+		LoadWaitTime: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: "kvactors", Subsystem: "load",
+			Name: "wait_seconds", Help: "How long a load waited for keys pending in another copy.",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 13)}),
 	}
-	register(reg, m.Lookups, m.LookupHits, m.HitTokens, m.Loads)
+	register(reg, m.Lookups, m.LookupHits, m.HitTokens, m.Loads, m.LoadWaits, m.LoadRetries, m.LoadWaitTime)
 	return m
 }
 

@@ -181,6 +181,7 @@ func TestAnEnginesWaitingLoadsAreBounded(t *testing.T) {
 	over := loadReplyOf(t, te.loadAsync("over", rb.a, 4, []int{11}), "the load past the bound")
 	require.False(t, over.OK)
 	require.Contains(t, over.Error, "not ready", "failed as a miss, not waited for")
+	require.Equal(t, 1.0, loadWaits(t, rb.e, "too_many"), "the refused wait is counted")
 	for i, ch := range waiting {
 		testkit.NoRecv(t, ch, 0, fmt.Sprintf("waiting load %d's reply before the read ends", i))
 	}
@@ -190,5 +191,6 @@ func TestAnEnginesWaitingLoadsAreBounded(t *testing.T) {
 		r := loadReplyOf(t, ch, fmt.Sprintf("waiting load %d's reply", i))
 		require.True(t, r.OK, "waiting load %d: %s", i, r.Error)
 	}
+	require.Equal(t, float64(bound), loadWaits(t, rb.e, "loaded"))
 	require.Equal(t, rb.want, te.block(0, 11))
 }

@@ -25,6 +25,7 @@ func knownLabels() metrics.Labels {
 			messages.ReasonEngineReset, messages.ReasonEngineGone, messages.ReasonNodeLost},
 		TransferTypes: dirs,
 		LoadResults:   load.Results,
+		LoadWaits:     loadWaitOutcomes,
 		Actors:        actors.Kinds,
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors"
@@ -59,7 +60,11 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 var errLoadAfterSilence = errors.New("engine was silent for lease/2 or more: no load until it begins a new epoch (resync)")
 
 func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
-	ctx := n.msgCtx(m)
+	// The load's span covers the whole load from here, so a refusal, a
+	// remote fetch and a wait for pending keys are inside it: fail ends
+	// it with an error, or the load actor ends it (load.Job.Span).
+	ctx, span := n.tracer.Start(n.msgCtx(m), tracing.SpanLoad,
+		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"
@@ -69,6 +74,9 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
 		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+		span.End()
 	}
 	// refuse is fail for bad input: counted by reason as a lookup's is.
 	refuse := func(err error) {
@@ -92,6 +100,9 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 	if err != nil {
 		refuse(err)
 		return
+	}
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrRequest.String(req.Request))
 	}
 	chunks, err := rec.layout.LoadChunks(req.Hashes, req.NumTokens, req.Blocks)
 	if err != nil {
@@ -122,11 +133,11 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
 				return
 			}
-			n.startLoad(ctx, rec, req, chunks, keys, m.Reply, fetched, session, gen, fail)
+			n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, fetched, session, gen, fail)
 		}()
 		return
 	}
-	n.startLoad(ctx, rec, req, chunks, keys, m.Reply, 0, session, gen, fail)
+	n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, 0, session, gen, fail)
 }
 
 // startLoad pins the keys and hands the copy to a load actor; session and
@@ -135,11 +146,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
 // load reading it back from disk, or a store) while every other key is
 // loadable is waited for off the caller's goroutine, which may be the
 // engine's intake worker (waitLoad), and the load tried again once it
-// settles.
-func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, chunks []sched.JobChunk,
-	keys []messages.Key, reply string, remote int, session, gen uint64, fail func(error)) {
-	ls := &loadStart{ctx: ctx, rec: rec, req: req, chunks: chunks, keys: keys, reply: reply, remote: remote,
-		session: session, gen: gen, fail: fail}
+// settles. A wait is counted by its outcome and traced on span (ctx's):
+// a deferred event, a retry event per try again, a wait_ended event.
+func (n *Node) startLoad(ctx context.Context, span trace.Span, rec *engineRec, req ingest.Load,
+	chunks []sched.JobChunk, keys []messages.Key, reply string, remote int, session, gen uint64, fail func(error)) {
+	ls := &loadStart{ctx: ctx, span: span, rec: rec, req: req, chunks: chunks, keys: keys, reply: reply,
+		remote: remote, session: session, gen: gen, fail: fail}
 	err := n.tryLoad(ls)
 	if !errors.Is(err, hostpool.ErrPending) {
 		if err != nil {
@@ -147,17 +159,50 @@ func (n *Node) startLoad(ctx context.Context, rec *engineRec, req ingest.Load, c
 		}
 		return
 	}
+	ls.waitFrom = time.Now()
+	if span.IsRecording() {
+		span.AddEvent(tracing.EventDeferred, trace.WithAttributes(tracing.AttrReason.String(sched.RetryPending.String())))
+	}
 	if rec.waitingLoads.Add(1) > maxWaitingLoads {
 		rec.waitingLoads.Add(-1)
+		n.endWait(ls, waitTooMany)
 		fail(err) // as before loads waited: not ready, the key named
 		return
 	}
 	if !n.loadWaits.enter() {
 		rec.waitingLoads.Add(-1)
+		n.endWait(ls, waitAborted)
 		fail(fmt.Errorf("load %q: %w", req.Request, errClosing))
 		return
 	}
 	go n.waitLoad(ls, err)
+}
+
+// How a load's wait for a pending key ended (kvactors_load_waits_total's
+// outcome label, the wait_ended event's kvactors.outcome).
+const (
+	waitLoaded   = "loaded"    // a try again pinned its keys: the load went on to its copy
+	waitTimedOut = "timed_out" // still pending at Config.LoadWait: failed as a miss
+	waitTooMany  = "too_many"  // past maxWaitingLoads: failed at once, not waited
+	waitAborted  = "aborted"   // its engine ended or the node closed meanwhile
+	waitFailed   = "failed"    // a try again failed otherwise (the key gone, loads in flight past their bound)
+)
+
+// loadWaitOutcomes are every outcome (metrics preset them at 0).
+var loadWaitOutcomes = []string{waitLoaded, waitTimedOut, waitTooMany, waitAborted, waitFailed}
+
+// endWait counts and traces the end of ls's wait; for waitLoaded it is
+// called before the load actor takes the span, which it may end at once.
+func (n *Node) endWait(ls *loadStart, outcome string) {
+	waited := time.Since(ls.waitFrom)
+	n.metrics.LoadWaits.WithLabelValues(outcome).Inc()
+	if outcome != waitTooMany { // it did not wait
+		n.metrics.LoadWaitTime.Observe(waited.Seconds())
+	}
+	if ls.span.IsRecording() {
+		ls.span.AddEvent(tracing.EventWaitEnded, trace.WithAttributes(tracing.AttrOutcome.String(outcome),
+			tracing.AttrWaitMS.Int64(waited.Milliseconds())))
+	}
 }
 
 // maxCopyingLoads bounds an engine's loads pinned and in the copy queue
@@ -180,7 +225,8 @@ const maxWaitingLoads = 64
 
 // loadStart is a load taken and checked, until a load actor has its copy.
 type loadStart struct {
-	ctx          context.Context
+	ctx          context.Context // carries span
+	span         trace.Span      // the load's, ended by fail or the load actor
 	rec          *engineRec
 	req          ingest.Load
 	chunks       []sched.JobChunk
@@ -189,6 +235,7 @@ type loadStart struct {
 	remote       int
 	session, gen uint64
 	fail         func(error)
+	waitFrom     time.Time // when it first found a key pending (zero: it has not)
 }
 
 // tryLoad pins the load's keys (or gives room to those to read back from
@@ -216,11 +263,14 @@ func (n *Node) tryLoad(ls *loadStart) error {
 		rec.copyingLoads.Add(-1)
 		rec.loads.leave()
 	}
+	if !ls.waitFrom.IsZero() {
+		n.endWait(ls, waitLoaded)
+	}
 	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Reject: n.rejectLog, Node: n.cfg.NodeID, Boot: n.boot,
 		Done: done},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,
-			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
+			Bytes: store.CopyBytes(rec.layout, ls.chunks), Reply: ls.reply, Ctx: ls.ctx, Span: ls.span, RemoteChunks: ls.remote, Session: ls.session, Hearing: rec.hearing, HearingGen: ls.gen}))
 	return nil
 }
 
@@ -240,6 +290,16 @@ func (n *Node) waitLoad(ls *loadStart, err error) {
 	timeout := time.NewTimer(n.cfg.LoadWait)
 	defer timeout.Stop()
 	settled := hostpool.NewSignal() // for each key in turn: a spare wake-up only makes it try again early
+	attempt := 0
+	retry := func() error {
+		attempt++
+		n.metrics.LoadRetries.Inc()
+		if ls.span.IsRecording() {
+			ls.span.AddEvent(tracing.EventRetry, trace.WithAttributes(
+				tracing.AttrReason.String(sched.RetryPending.String()), tracing.AttrAttempt.Int(attempt)))
+		}
+		return n.tryLoad(ls) // on success it ended the wait (waitLoaded)
+	}
 	for errors.Is(err, hostpool.ErrPending) {
 		var ke *hostpool.KeyError
 		if !errors.As(err, &ke) {
@@ -249,20 +309,28 @@ func (n *Node) waitLoad(ls *loadStart, err error) {
 		select {
 		case <-settled:
 		case <-timeout.C:
-			if err = n.tryLoad(ls); err != nil { // a last try; still pending: a miss
+			if err = retry(); err != nil { // a last try; still pending: a miss
+				outcome := waitFailed
+				if errors.Is(err, hostpool.ErrPending) {
+					outcome = waitTimedOut
+				}
+				n.endWait(ls, outcome)
 				ls.fail(err)
 			}
 			return
 		case <-ls.rec.closed:
+			n.endWait(ls, waitAborted)
 			ls.fail(fmt.Errorf("load %q: %w %q", ls.req.Request, errUnknownEngine, ls.rec.id))
 			return
 		case <-n.loadWaitStop:
+			n.endWait(ls, waitAborted)
 			ls.fail(fmt.Errorf("load %q: %w", ls.req.Request, errClosing))
 			return
 		}
-		err = n.tryLoad(ls)
+		err = retry()
 	}
 	if err != nil {
+		n.endWait(ls, waitFailed)
 		ls.fail(err)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/ingest"
@@ -104,7 +105,7 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	require.Contains(t, string(reply.Data), `"ok":true`)
 
 	failed := make(chan error, 1)
-	n.startLoad(context.Background(), rec, req, chunks, keys, "", 0, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
+	n.startLoad(context.Background(), trace.SpanFromContext(context.Background()), rec, req, chunks, keys, "", 0, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
 	select {
 	case err := <-failed:
 		require.ErrorIs(t, err, errUnknownEngine)

@@ -112,6 +112,10 @@ func TestFreshNodeExportsEveryKnownLabel(t *testing.T) {
 		`kvactors_transfer_copy_size_bytes_count{transfer_type="CPU_to_GPU"} 0`,
 		`kvactors_load_requests_total{result="ok"} 0`,
 		`kvactors_load_requests_total{result="error"} 0`,
+		`kvactors_load_waits_total{outcome="loaded"} 0`,
+		`kvactors_load_waits_total{outcome="timed_out"} 0`,
+		`kvactors_load_waits_total{outcome="too_many"} 0`,
+		`kvactors_load_retries_total 0`,
 		`kvactors_actor_unexpected_messages_total{actor="request"} 0`,
 		`kvactors_actor_unexpected_messages_total{actor="transfer"} 0`,
 	} {

@@ -300,11 +300,28 @@ func (e *Engine) copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 	sums := loc.Sums
 	if dir == backend.HostToDevice {
 		sums = nil
+		e.countHostHits(&loc)
 	} else if err := e.goOn(dir, keys, &lc); err != nil {
 		return err // the last tiles were read after the last ask
 	}
 	e.completeAt(dir, keys, loc.Slots, sums)
 	return nil
+}
+
+// countHostHits counts the chunks of a load whose copy is done that came
+// out of host memory (not read back from disk): only here, so a load that
+// failed its disk read, a checksum, its engine's live check or the device
+// copy counts no hit (docs/OBSERVABILITY.md, kvactors_pool_hits_total).
+func (e *Engine) countHostHits(loc *located) {
+	n := 0
+	for _, st := range loc.States {
+		if st != hostpool.Pending {
+			n++
+		}
+	}
+	if n > 0 {
+		e.s.metrics.PoolHits.Add(float64(n))
+	}
 }
 
 // liveCheck is one Copy's live check and whether the copy is under way
@@ -394,8 +411,7 @@ func (e *Engine) fetch(keys []messages.Key, loc *located) (bool, error) {
 	b := e.s.arena.Bytes()
 	for i, k := range keys {
 		if loc.States[i] != hostpool.Pending {
-			e.s.metrics.PoolHits.Inc()
-			continue
+			continue // a host hit: counted once the load's copy is done (copy)
 		}
 		var ext [][]byte
 		for _, x := range loc.Chunk(i) {

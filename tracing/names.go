@@ -23,7 +23,9 @@ const (
 	SpanStoreJob = "kvactors.store_job"
 	// SpanCopy covers one device<->host copy of a job.
 	SpanCopy = "kvactors.copy"
-	// SpanLoad covers one P.E.load request, up to the reply.
+	// SpanLoad covers one P.E.load request, from its ingest worker taking
+	// it to the reply: refusals, remote fetches and waits for pending keys
+	// included.
 	SpanLoad = "kvactors.load"
 	// SpanLookup covers one P.E.lookup request.
 	SpanLookup = "kvactors.lookup"
@@ -40,6 +42,9 @@ const (
 	// EventDropped: a finishing request gave up its ready chunks after the
 	// retry limit (AttrChunks of them; AttrReason: the last failure's).
 	EventDropped = "dropped"
+	// EventWaitEnded: a load's wait for keys pending in another copy ended
+	// (AttrOutcome says how, AttrWaitMS after how long).
+	EventWaitEnded = "wait_ended"
 )
 
 // Attribute keys: one scheme, "kvactors.<what>".
@@ -59,4 +64,6 @@ const (
 	AttrEvents    attribute.Key = "kvactors.events"     // events in a batch
 	AttrHashes    attribute.Key = "kvactors.hashes"     // hashes in a lookup
 	AttrHitTokens attribute.Key = "kvactors.hit_tokens" // tokens a lookup hit
+	AttrOutcome   attribute.Key = "kvactors.outcome"    // how a load's wait ended
+	AttrWaitMS    attribute.Key = "kvactors.wait_ms"    // a load's wait in milliseconds
 )

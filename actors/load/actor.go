@@ -43,6 +43,10 @@ type Job struct {
 	Bytes   int64
 	Reply   string // NATS reply subject
 	Ctx     context.Context
+	// Span, if set, is the load's span, started when the node took the
+	// request (its waits for pending keys inside it), with Ctx carrying it:
+	// the actor ends it. Nil: the actor starts one from Ctx.
+	Span trace.Span
 	// RemoteChunks is how many chunks the node fetched from other nodes of
 	// its cluster for this load (the reply's remote_chunks).
 	RemoteChunks int
@@ -107,11 +111,16 @@ func (a *Actor) Receive(c actor.Context) {
 func (a *Actor) submit(c actor.Context) {
 	j := a.job
 	a.start = time.Now()
-	var ctx context.Context
-	ctx, a.span = a.deps.Tracer.Start(j.Ctx, tracing.SpanLoad, trace.WithAttributes(
-		tracing.AttrEngine.String(j.Engine), tracing.AttrRequest.String(j.Request),
-		tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
-	j.Ctx = ctx
+	if j.Span != nil {
+		a.span = j.Span
+		a.span.SetAttributes(tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes))
+	} else {
+		var ctx context.Context
+		ctx, a.span = a.deps.Tracer.Start(j.Ctx, tracing.SpanLoad, trace.WithAttributes(
+			tracing.AttrEngine.String(j.Engine), tracing.AttrRequest.String(j.Request),
+			tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes)))
+		j.Ctx = ctx
+	}
 	if len(j.Chunks) == 0 { // nothing to copy (every target id was 0)
 		a.done(c, &transfer.JobDone{})
 		return
