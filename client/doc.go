@@ -38,7 +38,9 @@
 //     is lost and a lease has passed since the later of the node's last
 //     sign of life and the client's last publish to it (if only the
 //     engine's link failed, the node heard the engine until that publish
-//     reached it). Nothing is published to a lost node before then: Flush
+//     reached it), or at once when another boot of the node answered a
+//     request sent after the register (the node restarted: its old
+//     process is gone). Nothing is published to a lost node before then: Flush
 //     discards, no heartbeat goes out, Lookup and Load fail (ErrNoNode).
 //     While the node has forgotten the engine (an engine_gone release or an
 //     "unknown engine" heartbeat reply) and a re-register is pending, an

@@ -122,8 +122,12 @@ func (c *Client) onNodeHeartbeat(m *nats.Msg) {
 func (c *Client) loseLocked(why string) {
 	c.lost, c.freedLoss = true, false
 	c.st.NodeLosses++
+	freeAt := c.freeAtLocked()
+	if freeAt.IsZero() {
+		freeAt = time.Now()
+	}
 	c.cfg.Log.Warn("client: node lost", "engine", c.cfg.Engine, "node", c.node, "boot", c.boot, "why", why,
-		"free_at", c.freeAtLocked())
+		"free_at", freeAt)
 	c.wake()
 }
 
@@ -132,8 +136,15 @@ func (c *Client) loseLocked(why string) {
 // If only the engine's link failed, the node, still connected, heard the
 // engine until that publish reached it, and its fencing counts from then
 // (the node starts no copy for an engine silent that long). Recomputed at
-// each check, so a publish in flight at the loss postpones it.
+// each check, so a publish in flight at the loss postpones it. A node
+// shown to have restarted (otherBoot: another boot answered a request sent
+// after the register) frees at once: its old process, the only one that
+// could copy for this session, is gone (PROTOCOL.md "Node loss": a reply
+// showing a different boot frees every request).
 func (c *Client) freeAtLocked() time.Time {
+	if c.otherBoot {
+		return time.Time{} // due already
+	}
 	from := c.lastSeen
 	if t := c.sent.latest(); t.After(from) {
 		from = t

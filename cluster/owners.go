@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -370,4 +371,27 @@ func (o *Owners) Serving(engine string, now time.Time) bool {
 	defer o.mu.Unlock()
 	h, ok := o.mine[engine]
 	return ok && now.Sub(h.renewed) < o.cfg.Lease
+}
+
+// PastBoots lists the engines whose record names this node with another
+// boot: a previous process of this node id, dead (a node id runs one
+// process at a time), whose engines are still waiting to learn it. Read
+// once at start from the bucket's current records (a watch's initial
+// values).
+func (o *Owners) PastBoots(ctx context.Context) ([]string, error) {
+	t, err := watchOwners(ctx, o.kv)
+	if err != nil {
+		return nil, err
+	}
+	defer t.Stop()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var out []string
+	for engine, e := range t.entries {
+		if e.Node == o.me.Node && e.Boot != o.me.Boot {
+			out = append(out, engine)
+		}
+	}
+	slices.Sort(out)
+	return out, nil
 }

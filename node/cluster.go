@@ -90,6 +90,19 @@ func (n *Node) startCluster() error {
 	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
 	}
+	// Engines a previous process of this node id served: it is dead, and
+	// their records keep every other node silent, so without an answer here
+	// they would wait out the lease (the SDK only suspects a new boot until
+	// one answers). Told "unknown engine" like any engine this node dropped
+	// (answerDropped), they register again, and the claim takes their
+	// records back at once (ownership.Decide, "previous boot").
+	past, err := c.owners.PastBoots(ctx)
+	if err != nil {
+		return fmt.Errorf("cluster: read the ownership bucket: %w", err)
+	}
+	for _, id := range past {
+		c.dropped.add(id)
+	}
 	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot})
 	n.kv.observe = c.keys.observe // the journal starts after this
 	log := n.log.With("part", "cluster")

@@ -33,7 +33,7 @@ func TestClusterNodeRestartedWithItsIDTakesItsEngineBackAtOnce(t *testing.T) {
 	serve := func() *exec.Cmd {
 		cmd := exec.Command(binary, "serve", "--nats", nc3.URLs(0), "--cluster", "--cluster-replicas", "3",
 			"--node-id", "nA", "--lease", restartLease.String(), "--shm-dir", dir, "--pool-bytes", "1M",
-			"--http", "off", "--log-level", "debug")
+			"--http", "off", "--log-level", "warn")
 		cmd.Stdout, cmd.Stderr = io.Discard, os.Stderr
 		require.NoError(t, cmd.Start())
 		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
@@ -48,7 +48,7 @@ func TestClusterNodeRestartedWithItsIDTakesItsEngineBackAtOnce(t *testing.T) {
 	rel := &releases{got: map[string][]string{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	c, err := client.Connect(ctx, enc, client.Config{Engine: "e1", Spec: spec, OnReleased: rel.add,
-		RequestTimeout: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(os.Stderr, nil))})
+		RequestTimeout: 300 * time.Millisecond, Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	cancel()
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = c.Close() })
