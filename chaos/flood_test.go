@@ -7,10 +7,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
@@ -24,8 +26,10 @@ import (
 // -chaos.long) from one engine that never waits, the node paused for the
 // first 300 ms of it. It proves the node's
 // resident set never grows past pool + max-pending-bytes + 256 MiB, that
-// what it could not take shows up as resyncs to that engine (never a
-// silent loss), and that the node then serves a normal simulated engine
+// what it could not take shows up as overflow resyncs to that engine
+// (never a silent loss: every batch it dropped it dropped for an overflow,
+// and each overflow resync it counts reaches the engine), and that the
+// node then serves a normal simulated engine
 // with every check of the simulator's oracle passing.
 func TestFloodOverCapacity(t *testing.T) {
 	const (
@@ -36,15 +40,15 @@ func TestFloodOverCapacity(t *testing.T) {
 	if *long {
 		total = 64 * pendingBytes
 	}
-	srv := testkit.NATSServer(t)
+	srv := floodServer(t, 2*total)
 	nc := testkit.Connect(t, srv)
 	dir := t.TempDir()
 	hello := testkit.Subscribe(t, nc, "kvactors._node.n1.hello")
 	node := serve(t, "--nats", srv.ClientURL(), "--lease", "10s", "--node-id", "n1", "--shm-dir", dir,
 		"--pool-bytes", fmt.Sprint(poolBytes), "--max-pending-bytes", fmt.Sprint(pendingBytes), "--decode-workers", "1",
-		"--slot-bytes", "16384",
+		"--slot-bytes", "16384", "--http", "127.0.0.1:0",
 		"--log-level", "error")
-	resyncs := testkit.Subscribe(t, nc, "kvactors.flood.resync")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.*.resync") // the flooder's, and the simulated engine's after it
 	testkit.Recv(t, hello, 10*time.Second, "the node's hello")
 
 	// The flooding engine is a separate process speaking raw NATS: one
@@ -81,26 +85,53 @@ func TestFloodOverCapacity(t *testing.T) {
 	_, err = fmt.Sscanf(string(out), "sent %d %f", &sent, &secs)
 	require.NoError(t, err, "flooder said %q", out)
 	floodTime := time.Duration(secs * float64(time.Second))
-	reasons := map[string]int{}
-	got := 0
-	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+	// What the node could not take it counted as dropped for overflow, and
+	// told the engine so: every resync the node published reached the
+	// engine, each for an overflow (the node stayed on NATS: no reconnect
+	// excuses a drop), and no batch was dropped for another reason.
+	reasons := map[string]int{} // engine/reason → resyncs received
+	drain := func() {
 		for {
 			select {
 			case m := <-resyncs:
 				var rs messages.Resync
 				require.NoError(t, json.Unmarshal(m.Data, &rs))
-				reasons[rs.Reason]++
-				got++
+				reasons[strings.Split(m.Subject, ".")[1]+"/"+rs.Reason]++
 				continue
 			default:
 			}
-			break
+			return
 		}
-		if got == 0 {
-			return fmt.Errorf("no resync after %d MiB in %v", sent>>20, floodTime)
+	}
+	overflowOnly := func() error {
+		drain()
+		received := 0
+		for k, v := range reasons {
+			if !strings.HasSuffix(k, "/"+messages.ResyncOverflow) {
+				return fmt.Errorf("resyncs %v: %s is not an overflow", reasons, k)
+			}
+			received += v
+		}
+		published := node.metricSum(t, `kvactors_resyncs_total{reason="overflow"}`)
+		if all := node.metricSum(t, "kvactors_resyncs_total"); all != published {
+			return fmt.Errorf("%v resyncs published, %v of them for an overflow", all, published)
+		}
+		if float64(received) != published {
+			return fmt.Errorf("the node published %v overflow resyncs, the engines received %d (%v)", published, received, reasons)
+		}
+		dropped := node.metricSum(t, `kvactors_dropped_batches_total{reason="overflow"}`)
+		if all := node.metricSum(t, "kvactors_dropped_batches_total"); all != dropped {
+			return fmt.Errorf("%v batches dropped, %v of them for an overflow", all, dropped)
+		}
+		if dropped == 0 || received == 0 {
+			return fmt.Errorf("%v batches dropped for an overflow, %d resyncs received, after %d MiB in %v",
+				dropped, received, sent>>20, floodTime)
 		}
 		return nil
-	})
+	}
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, overflowOnly)
+	got := reasons["flood/"+messages.ResyncOverflow]
+	require.Positive(t, got, "the flooding engine was told to resync: %v", reasons)
 
 	// The node serves a normal engine afterwards.
 	enc, err := client.Dial(srv.ClientURL(), "sim")
@@ -113,6 +144,10 @@ func TestFloodOverCapacity(t *testing.T) {
 	rep, err := sim.Run(ctx, enc, cfg)
 	require.NoError(t, err)
 	require.NoError(t, rep.Err())
+	// Still: every resync published reached its engine, each for an
+	// overflow (the simulated engine's too, should the node still be
+	// draining the flood when it starts).
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, overflowOnly)
 
 	rss := node.peakRSS(t)
 	bound := int64(poolBytes + pendingBytes + 256<<20)
@@ -120,4 +155,26 @@ func TestFloodOverCapacity(t *testing.T) {
 		"then a normal engine: %d requests, %d chunks verified", sent>>20, floodTime.Round(time.Millisecond),
 		float64(sent)/floodTime.Seconds()/(1<<20), got, reasons, rss>>20, bound>>20, rep.Requests, rep.VerifyOK)
 	require.Less(t, rss, bound)
+}
+
+// floodServer is testkit.NATSServer without JetStream and with maxPending
+// bytes of room for each client: the whole flood. The default (64 MiB)
+// is less than the flooder sends in the node's pause, and the server
+// would cut the node off as its slow consumer; the node would resync the
+// flooder for its reconnect, and its own inbound bound, which this test
+// is about, would never be reached.
+func floodServer(t *testing.T, maxPending int64) *server.Server {
+	t.Helper()
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, MaxPending: maxPending,
+		NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		s.Shutdown()
+		s.WaitForShutdown()
+	})
+	s.Start()
+	if !s.ReadyForConnections(10 * time.Second) {
+		t.Fatal("NATS server not ready for connections")
+	}
+	return s
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -108,6 +109,9 @@ type Config struct {
 	// drops a sign of life, and what the engine actors stamp and check
 	// leases with. Internal tests fake it.
 	now func() time.Time
+	// natsExtra is appended to the client's options (nil: none). Tests set
+	// it (export_test), e.g. to keep a node on the one server it dials.
+	natsExtra []nats.Option
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.

@@ -192,7 +192,7 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 	if err != nil {
 		return nil, err
 	}
-	return append(opts, auth...), nil
+	return append(append(opts, auth...), n.cfg.natsExtra...), nil
 }
 
 // NATSAuthOptions are the client options for c's NATS credentials and TLS:
