@@ -159,20 +159,7 @@ func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
 		c.Hashes(id, 0, hs...)
 	}
 	require.NoError(t, c.Flush())
-	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
-		require.NoError(t, c.Flush())
-		if c.Epoch() == first {
-			return fmt.Errorf("no resync yet")
-		}
-		hashes := 0
-		for _, ev := range f.events(c.Epoch()) {
-			hashes += len(ev.Hashes)
-		}
-		if hashes != reqs*perReq {
-			return fmt.Errorf("the node applied %d hashes in the new epoch, want %d", hashes, reqs*perReq)
-		}
-		return nil
-	})
+	awaitResyncedHashes(t, c, f, first, reqs*perReq)
 	mu.Lock()
 	defer mu.Unlock()
 	resent := sizes[c.Epoch()]
@@ -228,21 +215,28 @@ func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
 	require.NotEmpty(t, failed, "no resync batch failed")
 	require.Equal(t, []uint64{1, 2, failAt}, attempts[failed], "batches tried in the resync epoch after the failed one")
 	mu.Unlock()
+	awaitResyncedHashes(t, c, f, failed, reqs*perReq)
+	st := c.Stats()
+	require.Equal(t, 1, st.PublishErrors)
+	require.Equal(t, 1, st.Resyncs[client.ResyncRetry])
+}
+
+// awaitResyncedHashes flushes until c has left epoch old and the node f
+// applied want hashes in c's new epoch (a resync's re-announcement).
+func awaitResyncedHashes(t *testing.T, c *client.Client, f *fakeNode, old string, want int) {
+	t.Helper()
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
 		require.NoError(t, c.Flush())
-		if c.Epoch() == failed {
-			return fmt.Errorf("no retry resync yet")
+		if c.Epoch() == old {
+			return fmt.Errorf("still in epoch %s: no resync yet", old)
 		}
 		hashes := 0
 		for _, ev := range f.events(c.Epoch()) {
 			hashes += len(ev.Hashes)
 		}
-		if hashes != reqs*perReq {
-			return fmt.Errorf("the node applied %d hashes in the retry's epoch, want %d", hashes, reqs*perReq)
+		if hashes != want {
+			return fmt.Errorf("the node applied %d hashes in epoch %s, want %d", hashes, c.Epoch(), want)
 		}
 		return nil
 	})
-	st := c.Stats()
-	require.Equal(t, 1, st.PublishErrors)
-	require.Equal(t, 1, st.Resyncs[client.ResyncRetry])
 }

@@ -184,27 +184,7 @@ func TestADroppedEnginesLoadsAndLookupsAreNotAnsweredByTheNodeThatDroppedIt(t *t
 // is held in its device call; the claim lapses; the engine's heartbeat
 // goes unanswered until the copy ends, and is answered after.
 func TestAFencedNodeTellsItsEngineItIsUnknownOnlyOnceItsCopiesEnded(t *testing.T) {
-	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
-	kc := startCluster(t, 2, func(i int, c *node.Config) {
-		if i == 0 {
-			c.WrapDevice = dev.wrap
-		}
-	})
-	e := kc.nodes[0]
-	te := e.newEngine("e1", defaultOpts())
-	te.spec.Node = "n0"
-	te.register()
-	te.fill(0, 1, 1)
-	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
-	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1")
-
-	require.NoError(t, ownersBucket(t, kc.nodes[1].nc).Delete(context.Background(), "e1")) // as a lapse does
-	testkit.Eventually(t, 2*clusterLease, 10*time.Millisecond, func() error {
-		if got := e.node.Engines(); len(got) != 0 {
-			return fmt.Errorf("n0 still serves %v", got)
-		}
-		return nil
-	})
+	dev, e, te := fencedWhileCopying(t)
 	beats := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: te.epoch, Seq: te.seq})
 	testkit.NoRecv(t, beats, 500*time.Millisecond, "an answer while r's copy of block 1 still runs")
 
@@ -227,6 +207,30 @@ func TestAFencedNodeTellsItsEngineItIsUnknownOnlyOnceItsCopiesEnded(t *testing.T
 // fenced end completes: the node serves it again, and the mark would have
 // it tell the engine it is unknown once the mark was read.
 func TestAFencedEngineBackOnItsNodeIsNotMarkedDroppedByTheOldEnd(t *testing.T) {
+	dev, e, te := fencedWhileCopying(t)
+	te.register() // back on n0 while the fenced end still waits for r's copy
+	require.False(t, e.node.DroppedHere("e1"), "served again")
+
+	dev.gate <- struct{}{}                       // the copy ends, and with it the fenced end
+	tick := time.NewTicker(5 * time.Millisecond) // a window, as testkit.NoRecv's: the bug marks it within it
+	defer tick.Stop()
+	for window := time.After(time.Second); ; {
+		require.False(t, e.node.DroppedHere("e1"), "marked dropped by the old end while served")
+		select {
+		case <-tick.C:
+			continue
+		case <-window:
+		}
+		break
+	}
+	require.Equal(t, []string{"e1"}, e.node.Engines())
+}
+
+// fencedWhileCopying starts a 2-node cluster whose n0 serves engine e1 and
+// holds its first store copy (dev.gate lets it go), then deletes e1's
+// ownership record, as a lapse does, and waits until n0 has dropped e1.
+func fencedWhileCopying(t *testing.T) (*heldDevice, *env, *testEngine) {
+	t.Helper()
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
 	kc := startCluster(t, 2, func(i int, c *node.Config) {
 		if i == 0 {
@@ -248,20 +252,5 @@ func TestAFencedEngineBackOnItsNodeIsNotMarkedDroppedByTheOldEnd(t *testing.T) {
 		}
 		return nil
 	})
-	te.register() // back on n0 while the fenced end still waits for r's copy
-	require.False(t, e.node.DroppedHere("e1"), "served again")
-
-	dev.gate <- struct{}{}                       // the copy ends, and with it the fenced end
-	tick := time.NewTicker(5 * time.Millisecond) // a window, as testkit.NoRecv's: the bug marks it within it
-	defer tick.Stop()
-	for window := time.After(time.Second); ; {
-		require.False(t, e.node.DroppedHere("e1"), "marked dropped by the old end while served")
-		select {
-		case <-tick.C:
-			continue
-		case <-window:
-		}
-		break
-	}
-	require.Equal(t, []string{"e1"}, e.node.Engines())
+	return dev, e, te
 }

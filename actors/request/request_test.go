@@ -224,15 +224,7 @@ func TestJobsInFlightEndInAnyOrder(t *testing.T) {
 // nothing, and the live gauge went back to zero with the release, not with
 // a stop.
 func TestReleasedActorAnswersLateMessages(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e.released")
-	rig := newHeldRig(t, nc, 16)
-	deps := rig.deps
-	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
-		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
-	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
-		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
-	testkit.Recv(t, released, 5*time.Second, "released")
+	nc, rig, deps, pid, released := releasedRequest(t)
 	rig.system.Root.Send(pid, &request.Reset{Reason: messages.ReasonEngineGone})
 	rig.system.Root.Send(pid, request.RetryDueFor(1, 1)) // a retry armed before the release, due after it
 	reply := make(chan *request.Status, 1)
@@ -285,15 +277,7 @@ func TestTheReleasingFlagIsUpBeforeTheFinalRelease(t *testing.T) {
 // run inline released the request first) is rejected `released`, once per
 // event, as one that the request itself rejects (PROTOCOL.md, rejections).
 func TestEventsAfterTheReleaseAreRejectedReleased(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	released := testkit.Subscribe(t, nc, "kvactors.e.released")
-	rig := newHeldRig(t, nc, 16)
-	deps := rig.deps
-	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
-		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
-	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
-		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
-	testkit.Recv(t, released, 5*time.Second, "released")
+	_, rig, deps, pid, released := releasedRequest(t)
 	appliedBefore := testutil.ToFloat64(deps.Metrics.EventsApplied) // the finished event
 	applied := make(chan struct{}, 1)
 	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
@@ -304,4 +288,22 @@ func TestEventsAfterTheReleaseAreRejectedReleased(t *testing.T) {
 	rejected := deps.Metrics.Rejected.WithLabelValues(messages.RejectReleased)
 	require.Equal(t, 2.0, testutil.ToFloat64(rejected), "kvactors_events_rejected_total{reason=released}")
 	require.Equal(t, appliedBefore, testutil.ToFloat64(deps.Metrics.EventsApplied), "nothing applied")
+	testkit.NoRecv(t, released, 100*time.Millisecond, "a second release for the late events")
+}
+
+// releasedRequest spawns request r (deps: rig.deps) on a NATS of its own
+// (nc), finishes it with nothing to store and waits for its release;
+// released subscribes to the engine's later releases.
+func releasedRequest(t *testing.T) (*nats.Conn, heldRig, request.Deps, *actor.PID, <-chan *nats.Msg) {
+	t.Helper()
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e.released")
+	rig := newHeldRig(t, nc, 16)
+	deps := rig.deps
+	pid := request.NewSpawner().Spawn(rig.system.Root, &deps, &messages.Event{Type: messages.EvAdded, Request: "r",
+		PromptTokens: 8, MaxOffloadTokens: -1}, context.Background())
+	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
+		{Type: messages.EvFinished, Request: "r", Computed: 8, Total: 8}}})
+	testkit.Recv(t, released, 5*time.Second, "released")
+	return nc, rig, deps, pid, released
 }
