@@ -134,7 +134,7 @@ type Store struct {
 func NewStore(reg prometheus.Registerer) *Store {
 	m := &Store{
 		Deferrals:      counterVec("store", "deferrals_total", "Chunks held back, once per chunk per lagging term.", "reason"),
-		Retries:        counterVec("store", "retries_total", "Store decisions retried.", "reason"),
+		Retries:        counterVec("store", "retries_total", "Store retries armed, by the failure that armed them (a failed decision while one is armed is not counted).", "reason"),
 		RetriesPending: gauge("store", "retries_pending", "Retry timers not yet fired (a burst into a full pool shows here; a request released meanwhile, or a retry taken early when what it waited for happened, is counted until its timer falls due, at most 1 s)."),
 		ChunksStored:   counter("store", "chunks_stored_total", "Chunks copied into the pool."),
 		StoredTime: latency("store", "stored_seconds",
