@@ -542,34 +542,6 @@ func TestCloseDuringLeaseWait(t *testing.T) {
 	require.NoError(t, testkit.Recv(t, closed, time.Second, "Close during the lease wait"))
 }
 
-// A node shown to have restarted (its new boot answers a heartbeat sent
-// after the register) frees what awaited a release at once, not a lease
-// after the old boot's last sign of life: the old process, the only one
-// that could copy for the session, is gone.
-func TestARestartShownByAReplyFreesAtOnce(t *testing.T) {
-	s, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	f := startFakeNode(t, nc, "n1", "boot1", lease)
-	f.holdRelease = func(uint64) bool { return true }
-	rels := newReleases()
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
-	oneRequest(t, c, "r1")
-	f.kill()
-	startFakeNode(t, nc, "n1", "boot2", lease)
-	restarted := time.Now()
-	rel := testkit.Recv(t, rels.ch, lease/2, "r1 freed at the restart, not after the lease")
-	require.Equal(t, "r1", rel.Request)
-	require.Equal(t, messages.ReasonNodeLost, rel.Reason)
-	t.Logf("freed %v after the new boot came up (lease %v)", time.Since(restarted), lease)
-	testkit.Eventually(t, 5*time.Second, 20*time.Millisecond, func() error {
-		if st := c.Stats(); st.Boot != "boot2" || st.Resyncs["new_boot"] != 1 {
-			return fmt.Errorf("boot %s, resyncs %v", st.Boot, st.Resyncs)
-		}
-		return nil
-	})
-	require.NoError(t, c.Close())
-}
-
 // TestConcurrentUse drives one client from several goroutines at once
 // (each its own requests, each flushing) while Stats and Resync are called
 // too: under -race this checks the documented safety, and every request

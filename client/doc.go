@@ -38,9 +38,9 @@
 //     is lost and a lease has passed since the later of the node's last
 //     sign of life and the client's last publish to it (if only the
 //     engine's link failed, the node heard the engine until that publish
-//     reached it), or at once when another boot of the node answered a
-//     request sent after the register (the node restarted: its old
-//     process is gone). Nothing is published to a lost node before then: Flush
+//     reached it), a restart shown by another boot's reply included (a
+//     restart that overlaps the old process, or a node id run twice,
+//     would otherwise free blocks under its copies). Nothing is published to a lost node before then: Flush
 //     discards, no heartbeat goes out, Lookup and Load fail (ErrNoNode).
 //     While the node has forgotten the engine (an engine_gone release or an
 //     "unknown engine" heartbeat reply) and a re-register is pending, an
@@ -89,7 +89,7 @@
 //
 // On a cluster, an engine whose KV cache is CUDA memory (cuda_ipc segments)
 // must name its node in Config.Spec.Node: a CUDA IPC handle does not say
-// which host it is from, so cuda nodes refuse a register naming none
+// which host it is from, so every node refuses such a register naming none
 // (docs/CLUSTER.md); an shm engine may leave it empty (the node whose host
 // has its segments claims it).
 //

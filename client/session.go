@@ -122,12 +122,8 @@ func (c *Client) onNodeHeartbeat(m *nats.Msg) {
 func (c *Client) loseLocked(why string) {
 	c.lost, c.freedLoss = true, false
 	c.st.NodeLosses++
-	freeAt := c.freeAtLocked()
-	if freeAt.IsZero() {
-		freeAt = time.Now()
-	}
 	c.cfg.Log.Warn("client: node lost", "engine", c.cfg.Engine, "node", c.node, "boot", c.boot, "why", why,
-		"free_at", freeAt)
+		"free_at", c.freeAtLocked())
 	c.wake()
 }
 
@@ -137,14 +133,11 @@ func (c *Client) loseLocked(why string) {
 // engine until that publish reached it, and its fencing counts from then
 // (the node starts no copy for an engine silent that long). Recomputed at
 // each check, so a publish in flight at the loss postpones it. A node
-// shown to have restarted (otherBoot: another boot answered a request sent
-// after the register) frees at once: its old process, the only one that
-// could copy for this session, is gone (PROTOCOL.md "Node loss": a reply
-// showing a different boot frees every request).
+// shown to have restarted (otherBoot) waits the same: its new boot proves
+// the old process gone only while a node id runs one process at a time,
+// and an overlapping restart (a surge, a second node started with the
+// same id) breaks that; the old process's fence does not.
 func (c *Client) freeAtLocked() time.Time {
-	if c.otherBoot {
-		return time.Time{} // due already
-	}
 	from := c.lastSeen
 	if t := c.sent.latest(); t.After(from) {
 		from = t

@@ -92,16 +92,20 @@ func (n *Node) startCluster() error {
 	}
 	// Engines a previous process of this node id served: it is dead, and
 	// their records keep every other node silent, so without an answer here
-	// they would wait out the lease (the SDK only suspects a new boot until
-	// one answers). Told "unknown engine" like any engine this node dropped
-	// (answerDropped), they register again, and the claim takes their
-	// records back at once (ownership.Decide, "previous boot").
-	past, err := c.owners.PastBoots(ctx)
-	if err != nil {
-		return fmt.Errorf("cluster: read the ownership bucket: %w", err)
-	}
-	for _, id := range past {
-		c.dropped.add(id)
+	// an engine would only suspect the new boot (its hello proves nothing)
+	// and declare its node lost after a lease of no heartbeat from the old
+	// one, then wait a lease more. Told "unknown engine" like any engine
+	// this node dropped (answerDropped), it sees the restart at once, waits
+	// one lease (its frees: the old process's fence) and registers, and the
+	// claim takes its record back by CAS (ownership.Decide, "previous
+	// boot"). Only a speed-up: a failed read is logged, not fatal.
+	if past, err := c.owners.PastBoots(ctx); err != nil {
+		n.log.Warn("cluster: engines of this node's previous boot not read: they find it at their lease",
+			"err", err)
+	} else {
+		for _, id := range past {
+			c.dropped.add(id)
+		}
 	}
 	n.outbox.SetKVStamp(&actors.KVStamp{Node: cfg.Node, Boot: n.boot})
 	n.kv.observe = c.keys.observe // the journal starts after this
@@ -218,12 +222,19 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 // host would fail to open it, at random (docs/CLUSTER.md).
 var errUnnamedDevice = fmt.Errorf("%w: an engine with CUDA memory on a cluster must name its node (\"node\" in the spec): a CUDA IPC handle does not say which host it is from", ErrRegister)
 
-// locatable refuses, on every node alike and before any claim, a spec
-// whose host this node cannot tell: on the cuda backend, one naming no
-// node. An shm node locates a spec by its segment names (localMemory).
+// locatable refuses, before any claim, a spec with CUDA memory that names
+// no node: no node can tell its host. It reads the spec alone, so every
+// node of a cluster, cuda or shm, answers such a register alike and any
+// other not at all (an shm node locates a spec by its segment names:
+// localMemory).
 func (n *Node) locatable(spec messages.EngineSpec) error {
-	if n.cfg.Backend != "shm" && spec.Node == "" {
-		return errUnnamedDevice
+	if spec.Node != "" {
+		return nil
+	}
+	for _, s := range spec.Segments {
+		if s.CUDAIPC != "" {
+			return errUnnamedDevice
+		}
 	}
 	return nil
 }

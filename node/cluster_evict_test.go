@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -48,4 +49,29 @@ func TestClusterHolderEvictingBetweenLookupAndLoadFailsTheLoadAsAMiss(t *testing
 	require.Positive(t, kc.nodes[1].counter("kvactors_cluster_fetch_failures_total", ""))
 	awaitLookup(t, c, hs, 0, "C, once A's BlockRemoved arrived")
 	c.storePrefix("own", hs, 10, 11, 3, "stored by C after the failed fetch: its reserved room was freed")
+}
+
+// A register whose spec has CUDA memory and names no node is refused by
+// every node of a cluster alike, before any claim, whatever the nodes'
+// backend (here shm): no node can tell which host a CUDA IPC handle is from
+// (TestCUDAClusterRefusesAnEngineNamingNoNode runs it on cuda nodes).
+func TestClusterRefusesAnUnnamedCUDAEngineOnEveryNode(t *testing.T) {
+	kc := startCluster(t, 2)
+	te := kc.nodes[0].newEngine("gpuengine", defaultOpts())
+	spec := te.spec
+	spec.Segments = []messages.Segment{{CUDAIPC: strings.Repeat("00", 64), Bytes: 64 * 256}}
+	replies := collect(t, kc.nodes[0].nc, "kvactors.gpuengine.register", spec)
+	from := map[string]bool{}
+	for range kc.nodes {
+		var r messages.RegisterReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "a refusal").Data, &r))
+		require.False(t, r.OK)
+		require.Contains(t, r.Error, "must name its node")
+		from[r.Node] = true
+	}
+	require.Len(t, from, 2, "refused by every node")
+	testkit.NoRecv(t, replies, 200*time.Millisecond, "a third answer")
+	for _, e := range kc.nodes {
+		require.Empty(t, e.node.Engines(), "nothing claimed on %s", e.node.NodeID())
+	}
 }

@@ -7,25 +7,33 @@ import (
 	"github.com/kvactors/kvactors/messages"
 )
 
-// A cuda node on a cluster refuses a spec naming no node (it cannot tell
-// the spec's host); a named one, and any spec on an shm node, pass.
-func TestLocatableRefusesAnUnnamedSpecOnlyOnCUDA(t *testing.T) {
+// A spec with CUDA memory naming no node is refused on a cluster, by any
+// node alike (it reads the spec, not the node's backend: a mixed cluster
+// answers it the same everywhere); a named one, and an shm spec, pass.
+func TestLocatableRefusesAnUnnamedCUDASpec(t *testing.T) {
+	cuda := []messages.Segment{{CUDAIPC: "00"}}
+	shm := []messages.Segment{{Shm: "e-kv"}}
 	for _, tc := range []struct {
-		backend, named string
-		refused        bool
+		what    string
+		segs    []messages.Segment
+		named   string
+		refused bool
 	}{
-		{"cuda", "", true},
-		{"cuda", "gpu-1", false},
-		{"shm", "", false},
-		{"shm", "gpu-1", false},
+		{"cuda, unnamed", cuda, "", true},
+		{"cuda and shm, unnamed", append(append([]messages.Segment{}, shm...), cuda...), "", true},
+		{"cuda, named", cuda, "gpu-1", false},
+		{"shm, unnamed", shm, "", false},
+		{"shm, named", shm, "gpu-1", false},
 	} {
-		n := &Node{cfg: Config{Backend: tc.backend}}
-		err := n.locatable(messages.EngineSpec{Node: tc.named})
-		if got := err != nil; got != tc.refused {
-			t.Errorf("backend %s, node %q: refused %v, want %v (%v)", tc.backend, tc.named, got, tc.refused, err)
-		}
-		if err != nil && !errors.Is(err, ErrRegister) {
-			t.Errorf("backend %s: %v is not ErrRegister (answered as bad_spec)", tc.backend, err)
+		for _, backend := range []string{"shm", "cuda"} {
+			n := &Node{cfg: Config{Backend: backend}}
+			err := n.locatable(messages.EngineSpec{Node: tc.named, Segments: tc.segs})
+			if got := err != nil; got != tc.refused {
+				t.Errorf("%s on a %s node: refused %v, want %v (%v)", tc.what, backend, got, tc.refused, err)
+			}
+			if err != nil && !errors.Is(err, ErrRegister) {
+				t.Errorf("%s: %v is not ErrRegister (answered as bad_spec)", tc.what, err)
+			}
 		}
 	}
 }
