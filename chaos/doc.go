@@ -1,7 +1,8 @@
 // Package chaos holds the fault-injection tests of protocol v2 (issue 10):
 // real `kvactors serve` processes killed with SIGKILL, a NATS server
 // stopped and restarted, a flood past the node's inbound bound, batches
-// dropped in the engine SDK's transport, a shutdown that times out. Each
+// dropped in the engine SDK's transport, the node's released, stored and
+// resync messages dropped on their way to it, a shutdown that times out. Each
 // test says what it injects and what it proves; engines are driven by the
 // Go engine SDK (package client) or the simulator (package sim).
 //

@@ -103,6 +103,7 @@ type Stats struct {
 	Registers        int
 	Batches          int
 	DroppedBatches   int            // by Config.DropBatch
+	DroppedIncoming  int            // released, stored or resync messages ignored by Config.DropIncoming
 	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
 	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)

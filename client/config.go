@@ -65,6 +65,14 @@ type Config struct {
 	// batch's seq, that batch is counted in Stats.DroppedBatches and not
 	// published, as if the transport had lost it. Nil in production.
 	DropBatch func(seq uint64) bool
+
+	// DropIncoming is fault injection for tests: when it returns true for
+	// a message on P.E.released, P.E.stored or P.E.resync, the client
+	// ignores it (counted in Stats.DroppedIncoming), as if the transport
+	// had lost it on its way from the node. It is called on the NATS
+	// client's goroutines, one per subscription, so it must be safe for
+	// concurrent use, and must not keep or change m. Nil in production.
+	DropIncoming func(m *nats.Msg) bool
 }
 
 // Release says that the GPU blocks a request held when it last finished or

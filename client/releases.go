@@ -12,6 +12,9 @@ import (
 // can copy a request's blocks.
 
 func (c *Client) onReleased(m *nats.Msg) {
+	if c.dropIncoming(m) {
+		return
+	}
 	var rel messages.Released
 	if err := json.Unmarshal(m.Data, &rel); err != nil {
 		c.cfg.Log.Warn("client: bad released body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)

@@ -52,7 +52,21 @@ func (c *Client) unsubscribe() {
 	c.subs = nil
 }
 
+// dropIncoming applies Config.DropIncoming to m, counting a drop.
+func (c *Client) dropIncoming(m *nats.Msg) bool {
+	if c.cfg.DropIncoming == nil || !c.cfg.DropIncoming(m) {
+		return false
+	}
+	c.mu.Lock()
+	c.st.DroppedIncoming++
+	c.mu.Unlock()
+	return true
+}
+
 func (c *Client) onStored(m *nats.Msg) {
+	if c.dropIncoming(m) {
+		return
+	}
 	st, err := ingest.DecodeStored(m.Data)
 	if err != nil {
 		c.cfg.Log.Warn("client: bad stored body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)
@@ -62,6 +76,9 @@ func (c *Client) onStored(m *nats.Msg) {
 }
 
 func (c *Client) onResync(m *nats.Msg) {
+	if c.dropIncoming(m) {
+		return
+	}
 	var rs messages.Resync
 	if err := json.Unmarshal(m.Data, &rs); err != nil {
 		c.cfg.Log.Warn("client: bad resync body", "engine", c.cfg.Engine, "body", string(m.Data), "err", err)

@@ -11,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -125,6 +126,10 @@ type Config struct {
 	// SDK's transport drops at random (client.Config.DropBatch), to show
 	// that every loss is recovered by a resync. 0 in production.
 	DropBatches float64 `json:"drop_batches"`
+	// SDK, if set, is called with the SDK's config just before the engine
+	// connects, to add fault injection in tests (client.Config.DropBatch,
+	// DropIncoming). Nil in production.
+	SDK func(*client.Config) `json:"-"`
 
 	// Log receives the engine's log (default slog.Default()).
 	Log *slog.Logger `json:"-"`

@@ -41,6 +41,13 @@ type Report struct {
 	DroppedBatches int `json:"dropped_batches"`
 	Resyncs        int `json:"resyncs"`
 	NodeLosses     int `json:"node_losses"`
+	// ResyncsBy splits Resyncs by reason (client.Stats.Resyncs);
+	// DroppedIncoming counts node messages dropped on purpose
+	// (client.Config.DropIncoming); Awaiting is the requests still waiting
+	// for a release when the session closed (client.Stats.Awaiting).
+	ResyncsBy       map[string]int `json:"resyncs_by,omitempty"`
+	DroppedIncoming int            `json:"dropped_incoming,omitempty"`
+	Awaiting        int            `json:"awaiting,omitempty"`
 	// RefusedEvents are events the SDK refused before sending (a request
 	// id, count, group or hash the protocol does not allow): a scheduler
 	// bug, since the node would never have taken them.
@@ -157,6 +164,14 @@ func (r *Report) Add(o Report) {
 	r.TokensComputed += o.TokensComputed
 	r.DroppedBatches += o.DroppedBatches
 	r.Resyncs += o.Resyncs
+	r.DroppedIncoming += o.DroppedIncoming
+	r.Awaiting += o.Awaiting
+	if len(o.ResyncsBy) > 0 && r.ResyncsBy == nil {
+		r.ResyncsBy = map[string]int{}
+	}
+	for k, v := range o.ResyncsBy {
+		r.ResyncsBy[k] += v
+	}
 	r.NodeLosses += o.NodeLosses
 	r.RefusedEvents += o.RefusedEvents
 	r.StoredJobs += o.StoredJobs

@@ -28,6 +28,9 @@ func (e *engine) connect(ctx context.Context) error {
 			return rng.Float64() < p
 		}
 	}
+	if e.cfg.SDK != nil {
+		e.cfg.SDK(&cfg)
+	}
 	c, err := client.Connect(ctx, e.nc, cfg)
 	if err != nil {
 		return fmt.Errorf("sim: engine %s: %w", e.cfg.Engine, err)
@@ -57,6 +60,9 @@ func (e *engine) disconnect() {
 	e.rep.DroppedBatches = st.DroppedBatches
 	e.rep.NodeLosses = st.NodeLosses
 	e.rep.RefusedEvents = st.BadRequestIDs + st.OutOfRange + st.BadHashes
+	e.rep.DroppedIncoming = st.DroppedIncoming
+	e.rep.Awaiting = st.Awaiting
+	e.rep.ResyncsBy = st.Resyncs
 	for _, n := range st.Resyncs {
 		e.rep.Resyncs += n
 	}
