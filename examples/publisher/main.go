@@ -96,8 +96,11 @@ func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.D
 	// One request of 64 tokens: 4 blocks (ids 1..4), allocated up front.
 	// Each step computes 16 tokens; its hash is announced one step later.
 	hash := func(i int) []byte { h := make([]byte, 32); h[31] = byte(i); return h }
-	c.Added("r1", 64)
-	c.Blocks("r1", 0, 0, []uint32{1, 2, 3, 4})
+	// An event the node would reject (a bad id, a negative count) is
+	// refused here, and its release would never come: check each.
+	if err := errors.Join(c.Added("r1", 64), c.Blocks("r1", 0, 0, []uint32{1, 2, 3, 4})); err != nil {
+		return err
+	}
 	if err := flush(c); err != nil {
 		return err
 	}
@@ -107,16 +110,21 @@ func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.D
 		for i := range b {
 			b[i] = byte(step)
 		}
-		c.Tokens("r1", tokens*step, 64)
+		if err := c.Tokens("r1", tokens*step, 64); err != nil {
+			return err
+		}
 		if step > 1 { // async scheduling: the hash of the previous block arrives now
-			c.Hashes("r1", step-2, hash(step-1))
+			if err := c.Hashes("r1", step-2, hash(step-1)); err != nil {
+				return err
+			}
 		}
 		if err := flush(c); err != nil {
 			return err
 		}
 	}
-	c.Hashes("r1", 3, hash(4))
-	c.Finished("r1", false, 64, 64)
+	if err := errors.Join(c.Hashes("r1", 3, hash(4)), c.Finished("r1", false, 64, 64)); err != nil {
+		return err
+	}
 	if err := flush(c); err != nil {
 		return err
 	}
