@@ -9,11 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/client"
-	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 )
 
@@ -27,15 +24,7 @@ func quietLog() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, n
 // finished or preempted request is released exactly once per event; each
 // loss was recovered by a resync.
 func TestSimWithDroppedBatches(t *testing.T) {
-	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 256 << 20, HTTPAddr: node.HTTPOff, Log: quietLog(), Registry: prometheus.NewRegistry(),
-		Lease: 2 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := client.Dial(n.NATSURL(), "sim")
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	dir, nc := simNode(t)
 
 	cfg := sim.DefaultConfig()
 	cfg.ShmDir, cfg.Log = dir, quietLog()

@@ -11,12 +11,10 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/sim"
 )
 
@@ -118,15 +116,7 @@ func (d *replyDropper) repeated() int {
 // or its own lost-tail check; and that nothing was left awaiting a release.
 // Without either recovery the run stalls.
 func TestSimWithDroppedReplies(t *testing.T) {
-	dir := t.TempDir()
-	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
-		PoolBytes: 256 << 20, HTTPAddr: node.HTTPOff, Log: quietLog(), Registry: prometheus.NewRegistry(),
-		Lease: 2 * time.Second})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = n.Close(context.Background()) })
-	nc, err := client.Dial(n.NATSURL(), "sim")
-	require.NoError(t, err)
-	t.Cleanup(nc.Close)
+	dir, nc := simNode(t)
 
 	d := &replyDropper{resyncs: map[string]int{}}
 	cfg := sim.DefaultConfig()

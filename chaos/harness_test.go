@@ -23,12 +23,14 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
 )
 
 var long = flag.Bool("chaos.long", false, "run the long versions of the chaos tests")
@@ -353,4 +355,20 @@ func (p *proc) metricSum(t *testing.T, name string) float64 {
 	}
 	require.NoError(t, s.Err())
 	return sum
+}
+
+// simNode starts an in-process node (its embedded NATS, a 2 s lease, shm in
+// dir) for a sim run of engine "sim", and dials it as that engine.
+func simNode(t *testing.T) (dir string, nc *nats.Conn) {
+	t.Helper()
+	dir = t.TempDir()
+	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
+		PoolBytes: 256 << 20, HTTPAddr: node.HTTPOff, Log: quietLog(), Registry: prometheus.NewRegistry(),
+		Lease: 2 * time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	nc, err = client.Dial(n.NATSURL(), "sim")
+	require.NoError(t, err)
+	t.Cleanup(nc.Close)
+	return dir, nc
 }
