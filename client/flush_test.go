@@ -148,16 +148,7 @@ func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
 		}})
 	first := c.Epoch()
 	const reqs, perReq = 50, 20 // 20 hashes of 32 bytes: about 1.4 KB each
-	for i := range reqs {
-		hs := make([][]byte, perReq)
-		for j := range hs {
-			hs[j] = make([]byte, 32)
-			hs[j][0], hs[j][1] = byte(i), byte(j)
-		}
-		id := fmt.Sprintf("r%d", i)
-		require.NoError(t, c.Added(id, 4*perReq))
-		c.Hashes(id, 0, hs...)
-	}
+	addWithHashes(t, c, reqs, perReq)
 	require.NoError(t, c.Flush())
 	awaitResyncedHashes(t, c, f, first, reqs*perReq)
 	mu.Lock()
@@ -197,16 +188,7 @@ func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
 	first = c.Epoch()
 	mu.Unlock()
 	const reqs, perReq = 50, 20 // about 70 KB: some 17 batches of 4 KiB
-	for i := range reqs {
-		hs := make([][]byte, perReq)
-		for j := range hs {
-			hs[j] = make([]byte, 32)
-			hs[j][0], hs[j][1] = byte(i), byte(j)
-		}
-		id := fmt.Sprintf("r%d", i)
-		require.NoError(t, c.Added(id, 4*perReq))
-		c.Hashes(id, 0, hs...)
-	}
+	addWithHashes(t, c, reqs, perReq)
 	require.NoError(t, c.Flush())
 	c.Resync()
 	require.NoError(t, c.Flush()) // the resync runs here, under the client's lock
@@ -239,4 +221,20 @@ func awaitResyncedHashes(t *testing.T, c *client.Client, f *fakeNode, old string
 		}
 		return nil
 	})
+}
+
+// addWithHashes announces reqs requests r0, r1, … with perReq distinct
+// 32-byte hashes each.
+func addWithHashes(t *testing.T, c *client.Client, reqs, perReq int) {
+	t.Helper()
+	for i := range reqs {
+		hs := make([][]byte, perReq)
+		for j := range hs {
+			hs[j] = make([]byte, 32)
+			hs[j][0], hs[j][1] = byte(i), byte(j)
+		}
+		id := fmt.Sprintf("r%d", i)
+		require.NoError(t, c.Added(id, 4*perReq))
+		require.NoError(t, c.Hashes(id, 0, hs...))
+	}
 }
