@@ -34,6 +34,9 @@ const (
 	// NodeVerbKeys is the key-set catch-up (clusters): request/reply, one
 	// page of the node's (namespace, key) pairs per reply.
 	NodeVerbKeys = "keys"
+	// NodeVerbIdentity is request/reply: a node answers its Hello, so a
+	// process starting with the same node id finds it and refuses to start.
+	NodeVerbIdentity = "identity"
 )
 
 // Headers a clustered node sets on every P.E.kv_events it publishes, so

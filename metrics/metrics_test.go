@@ -159,7 +159,7 @@ func TestEachSetRegistersItsOwn(t *testing.T) {
 		"pool":     {"kvactors_pool_", "kvactors_store_checksum_"},
 		"transfer": {"kvactors_transfer_", "kv_offload_", "kvactors_store_decision_"},
 		"load":     {"kvactors_load_"},
-		"nats":     {"kvactors_nats_"},
+		"nats":     {"kvactors_nats_", "kvactors_node_"},
 		"actors":   {"kvactors_actor_"},
 	}
 	var union []string

@@ -336,6 +336,9 @@ type NATS struct {
 	NATSConnected  prometheus.Gauge
 	NATSEvents     *prometheus.CounterVec // event: disconnect, reconnect, slow_consumer, error
 	NATSDisconnect *prometheus.CounterVec // cause: eof, stale_connection, timeout, auth, other
+	// IDConflicts counts what the node heard from another process using
+	// its node id (node/identity.go).
+	IDConflicts prometheus.Counter
 }
 
 // DisconnectCauses are the label values of NATSDisconnect.
@@ -348,6 +351,8 @@ func NewNATS(reg prometheus.Registerer) *NATS {
 		NATSEvents: counterVec("nats", "events_total",
 			"NATS connection events: disconnect, reconnect, slow_consumer, error.", "event"),
 		NATSDisconnect: counterVec("nats", "disconnects_total", "NATS disconnects by cause.", "cause"),
+		IDConflicts: counter("node", "id_conflicts_total",
+			"Hellos and heartbeats heard from another process using this node's id (two must never share one)."),
 	}
 	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
 		m.NATSEvents.WithLabelValues(e)
@@ -355,7 +360,7 @@ func NewNATS(reg prometheus.Registerer) *NATS {
 	for _, c := range DisconnectCauses {
 		m.NATSDisconnect.WithLabelValues(c)
 	}
-	register(reg, m.NATSConnected, m.NATSEvents, m.NATSDisconnect)
+	register(reg, m.NATSConnected, m.NATSEvents, m.NATSDisconnect, m.IDConflicts)
 	return m
 }
 

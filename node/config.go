@@ -79,6 +79,10 @@ type Config struct {
 	// NodeID names this node in replies, resyncs and P._node.<id>.* (default:
 	// the host name reduced to [A-Za-z0-9_-]).
 	NodeID string `json:"node_id"`
+	// SkipNodeIDCheck skips the start's probe for a running process with
+	// the same node id (node/identity.go), for a NATS whose permissions
+	// drop the probe's answer. The node still reports one it hears.
+	SkipNodeIDCheck bool `json:"skip_node_id_check"`
 	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
 	// every Lease/4, engines expire after Lease without a sign of life,
 	// copies wait when NATS has not answered for Lease/2 and the process

@@ -65,10 +65,12 @@ type Node struct {
 	// of the claim an ended engine held (releaseClaimIfGone).
 	claims keyedLocks
 
-	boot  string           // random per start (PROTOCOL.md "Node identity")
-	now   func() time.Time // the clock of engine liveness (Config.now)
-	owed  atomic.Int64
-	fence *transfer.Fence
+	boot string // random per start (PROTOCOL.md "Node identity")
+	// identity is what the node heard of other processes using its id.
+	identity identity
+	now      func() time.Time // the clock of engine liveness (Config.now)
+	owed     atomic.Int64
+	fence    *transfer.Fence
 	// beatStats is what the node heartbeat reports of the pool and disk,
 	// gathered off the heartbeat's path (statsLoop).
 	beatStats atomic.Pointer[beatStats]
@@ -178,6 +180,11 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence.OnLapseEnd(n.lapseEnded)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
+	// Before the cluster reads its previous boots' engines: a live process
+	// holding this id is not a previous boot.
+	if err := n.probeIdentity(); err != nil {
+		return nil, err
+	}
 	if err := n.startCluster(); err != nil {
 		return nil, err
 	}
@@ -189,6 +196,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
 		Queue: n.copyQueue, Now: n.now}))
 	if err := n.subscribe(); err != nil {
+		return nil, err
+	}
+	if err := n.watchIdentity(); err != nil {
 		return nil, err
 	}
 	if err := n.startHTTP(); err != nil {
@@ -273,6 +283,9 @@ func (n *Node) Ready() error {
 		return errors.New("nats not connected")
 	case n.fence.Fenced():
 		return errors.New("fenced: no NATS round trip for lease/2, copies wait")
+	}
+	if err := n.identityConflict(); err != nil {
+		return err
 	}
 	for _, s := range n.subs {
 		if !s.IsValid() {
