@@ -69,8 +69,11 @@ type Client struct {
 	loads  map[*loadWait]struct{} // sent, not settled (load.go)
 	nextN  uint64
 	groups int
-	st     Stats
-	closed bool
+	// numBlocks is the spec's num_gpu_blocks: a block id must be below it
+	// (0: not checked, for a test's Client without a spec).
+	numBlocks int
+	st        Stats
+	closed    bool
 
 	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
 	beforeLoad      func() // test hook: runs in Load before it takes c.mu to send
@@ -116,7 +119,7 @@ type Stats struct {
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
-	OutOfRange       int    // events refused for a negative count or start, or a group not in the spec (ErrOutOfRange)
+	OutOfRange       int    // events refused for a negative count or start, a group not in the spec, or a block id past its num_gpu_blocks (ErrOutOfRange)
 	BadHashes        int    // hashes events refused for an empty hash or one over 64 bytes (ErrBadHash)
 	Live             int    // requests mirrored
 	Awaiting         int    // requests waiting for a release
@@ -147,7 +150,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 	}
 	c := &Client{cfg: cfg, nc: nc, subj: messages.EngineSubject(cfg.Prefix, cfg.Engine, ""), reqs: map[string]*mreq{},
 		loads:  map[*loadWait]struct{}{},
-		groups: len(cfg.Spec.Groups), kick: make(chan struct{}, 1), stop: make(chan struct{}),
+		groups: len(cfg.Spec.Groups), numBlocks: cfg.Spec.NumGPUBlocks, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
 	c.epoch = newEpoch()
 	c.reconnects = nc.Stats().Reconnects

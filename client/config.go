@@ -104,9 +104,10 @@ var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
 var ErrBadHash = errors.New("bad hash: want 1..64 bytes")
 
 // ErrOutOfRange is an event method's error for a negative count or start,
-// or a group the spec does not have (the node rejects the event as
-// out_of_range or bad_group, changing nothing).
-var ErrOutOfRange = errors.New("out of range: counts and starts must be ≥ 0, groups within the spec")
+// a group the spec does not have, or a block id at or past its
+// num_gpu_blocks (the node rejects the event as out_of_range or bad_group,
+// changing nothing).
+var ErrOutOfRange = errors.New("out of range: counts and starts must be ≥ 0, groups and block ids within the spec")
 
 // protocolLimits bound request ids at the protocol's 256 bytes and hashes
 // at the node's 64; a node may set other bounds (MaxRequestIDBytes lower,

@@ -59,7 +59,8 @@
 //     (ErrBadHash), the node's bad_hash (Lookup and Load pass theirs on:
 //     the node answers a bad one with an error);
 //   - counts: every event method taking one refuses a negative count or
-//     start, or a group the spec lacks (ErrOutOfRange), before recording
+//     start, a group the spec lacks, or a block id at or past the spec's
+//     num_gpu_blocks (ErrOutOfRange), before recording
 //     anything: the node would reject the event out_of_range and change
 //     nothing, so a finished would never be released and every resync
 //     would re-announce the bad value;

@@ -15,7 +15,8 @@ import (
 // a release that never comes: a request id the protocol does not allow
 // (ErrBadRequestID, counted in Stats.BadRequestIDs; every event naming it
 // is dropped, so the engine must not wait for a release of it), and a
-// negative count or start, or a group the spec lacks (ErrOutOfRange,
+// negative count or start, a group the spec lacks or a block id past its
+// num_gpu_blocks (ErrOutOfRange,
 // counted in Stats.OutOfRange), or an empty hash or one over 64 bytes
 // (ErrBadHash, counted in Stats.BadHashes); only that event is refused:
 // send it again with valid values. Preempted and Resumed take no count and return
@@ -92,6 +93,21 @@ func (c *Client) countsLocked(ev, req string, counts ...count) error {
 	for _, n := range counts {
 		if n.v < 0 {
 			return c.outOfRangeLocked(ev, req, fmt.Sprintf("%s = %d is negative", n.name, n.v))
+		}
+	}
+	return nil
+}
+
+// blockIDsLocked refuses a block id at or past the spec's num_gpu_blocks:
+// the node rejects the event out_of_range, and every later blocks event
+// of the request would be a hole.
+func (c *Client) blockIDsLocked(req string, ids []uint32) error {
+	if c.numBlocks <= 0 {
+		return nil
+	}
+	for i, id := range ids {
+		if int64(id) >= int64(c.numBlocks) {
+			return c.outOfRangeLocked("blocks", req, fmt.Sprintf("ids[%d] = %d, the spec has %d GPU blocks", i, id, c.numBlocks))
 		}
 	}
 	return nil
@@ -186,7 +202,8 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 }
 
 // Blocks announces GPU block ids block_ids[group][start...] of req; group
-// is one of the spec's, start ≥ 0.
+// is one of the spec's, start ≥ 0, every id below the spec's
+// num_gpu_blocks.
 func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -197,6 +214,8 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 		err = c.outOfRangeLocked("blocks", req, fmt.Sprintf("group = %d, the spec has %d", group, c.groups))
 	case start > math.MaxInt-len(ids):
 		err = c.outOfRangeLocked("blocks", req, "start + len(ids) overflows")
+	default:
+		err = c.blockIDsLocked(req, ids)
 	}
 	if err != nil {
 		return err

@@ -27,17 +27,20 @@ func TestALargeStepGoesOutInSeveralBatches(t *testing.T) {
 	// than batches, so one overtaking a slowly decoded batch would read as
 	// a lost tail (a real node handles them in order).
 	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
-	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	const n = 20000            // 20000 hashes of 32 bytes: about 1.3 MB of hex
+	const firstID = 4000000000 // ten digits each; the spec must hold them
+	sp := spec()
+	sp.NumGPUBlocks = firstID + n
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: sp})
 	c.Added("other", 8)
 	require.NoError(t, c.Flush())
 	epoch := c.Epoch()
-	const n = 20000 // 20000 hashes of 32 bytes: about 1.3 MB of hex
 	hs := make([][]byte, n)
 	ids := make([]uint32, n)
 	for i := range hs {
 		hs[i] = make([]byte, 32)
 		hs[i][0], hs[i][1] = byte(i), byte(i>>8)
-		ids[i] = 4000000000 + uint32(i) // 10 digits each
+		ids[i] = firstID + uint32(i)
 	}
 	c.Added("long", 4*n)
 	c.Hashes("long", 0, hs...)

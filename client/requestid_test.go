@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -60,7 +61,8 @@ func TestARequestIDTheProtocolForbidsIsRefusedAtAdded(t *testing.T) {
 }
 
 // TestACountTheProtocolForbidsIsRefusedAtItsEvent: a negative count or
-// start, or a group the spec lacks, is refused by its event method with
+// start, a group the spec lacks, or a block id at or past the spec's
+// num_gpu_blocks, is refused by its event method with
 // ErrOutOfRange. The node would reject the event (out_of_range, bad_group)
 // and change nothing: a finished would never be released, and every
 // resync would re-announce the bad value. So nothing of it is sent or
@@ -83,6 +85,8 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 		"blocks group -1":              c.Blocks("r", -1, 0, []uint32{1}),
 		"blocks group 1 of 1":          c.Blocks("r", 1, 0, []uint32{1}),
 		"blocks start":                 c.Blocks("r", 0, -1, []uint32{1}),
+		"blocks id num_gpu_blocks":     c.Blocks("r", 0, 0, []uint32{1, 64}), // spec(): 64 GPU blocks
+		"blocks id 2^32-1":             c.Blocks("r", 0, 0, []uint32{math.MaxUint32}),
 		"tokens computed":              c.Tokens("r", -1, 8),
 		"tokens total":                 c.Tokens("r", 8, -1),
 		"finished computed":            c.Finished("r", false, -1, 8),
@@ -105,6 +109,7 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 		}
 		return nil
 	})
+	require.NoError(t, c.Blocks("r", 0, 0, []uint32{1, 63}), "the last GPU block is an id")
 	require.NoError(t, c.Tokens("r", 8, 8))
 	require.NoError(t, c.Finished("r", false, 8, 8))
 	require.NoError(t, c.Flush())
