@@ -136,7 +136,8 @@ type inbound struct {
 	engine, verb string
 	size         int64
 	// taken is when take received it: a batch's arrival, so the time it
-	// waits in its shard queue counts in the store latency metrics.
+	// waits in its shard queue counts in the store latency metrics (a
+	// load's or lookup's span starts there too).
 	taken time.Time
 	// at is when take received it on the node's liveness clock: when the
 	// node heard from the engine (transfer.Hearing).
@@ -345,10 +346,7 @@ func (in *ingester) take(m *nats.Msg) {
 		return
 	}
 	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size, at: in.n.now(),
-		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load())}
-	if verb == messages.VerbEvents {
-		x.taken = time.Now()
-	}
+		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load()), taken: time.Now()}
 	i := in.shard(engineID)
 	mk := &in.marks[i]
 	mk.queuing(n)
@@ -418,9 +416,9 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	case messages.VerbStatus:
 		in.n.onStatus(engineID, m)
 	case messages.VerbLookup:
-		in.n.onLookup(engineID, m)
+		in.n.onLookup(engineID, m, x.taken)
 	case messages.VerbLoad:
-		in.n.onLoad(engineID, m, x.session)
+		in.n.onLoad(engineID, m, x.session, x.taken)
 	default:
 		in.n.rejected(messages.RejectUnknownVerb, "unknown verb", "engine", engineID, "verb", x.verb)
 		in.n.replyError(context.Background(), m.Reply, fmt.Errorf("unknown verb %q", x.verb))

@@ -21,8 +21,10 @@ import (
 	"github.com/kvactors/kvactors/tracing"
 )
 
-// onLookup answers P.E.lookup: the hit tokens of a hash prefix.
-func (n *Node) onLookup(engineID string, m *nats.Msg) {
+// onLookup answers P.E.lookup: the hit tokens of a hash prefix. Its span
+// starts at taken, when intake took the message, so the wait behind the
+// engine's earlier messages is in it, as it is in the engine's.
+func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	ctx := n.msgCtx(m)
 	n.metrics.Lookups.Inc()
 	var err error
@@ -39,7 +41,8 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 		return
 	}
-	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithAttributes(tracing.AttrEngine.String(engineID)))
+	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithTimestamp(taken),
+		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
 	ns := rec.clusterNamespace()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
@@ -59,11 +62,13 @@ func (n *Node) onLookup(engineID string, m *nats.Msg) {
 // and its next epoch.
 var errLoadAfterSilence = errors.New("engine was silent for lease/2 or more: no load until it begins a new epoch (resync)")
 
-func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64) {
-	// The load's span covers the whole load from here, so a refusal, a
-	// remote fetch and a wait for pending keys are inside it: fail ends
-	// it with an error, or the load actor ends it (load.Job.Span).
-	ctx, span := n.tracer.Start(n.msgCtx(m), tracing.SpanLoad,
+func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.Time) {
+	// The load's span covers the whole load from taken (intake took the
+	// message: its wait behind the engine's earlier messages is the
+	// engine's wait too), so a refusal, a remote fetch and a wait for
+	// pending keys are inside it: fail ends it with an error, or the load
+	// actor ends it (load.Job.Span).
+	ctx, span := n.tracer.Start(n.msgCtx(m), tracing.SpanLoad, trace.WithTimestamp(taken),
 		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()

@@ -23,11 +23,12 @@ const (
 	SpanStoreJob = "kvactors.store_job"
 	// SpanCopy covers one device<->host copy of a job.
 	SpanCopy = "kvactors.copy"
-	// SpanLoad covers one P.E.load request, from its ingest worker taking
-	// it to the reply: refusals, remote fetches and waits for pending keys
-	// included.
+	// SpanLoad covers one P.E.load request, from intake taking it off NATS
+	// (its wait behind the engine's earlier messages included) to the
+	// reply: refusals, remote fetches and waits for pending keys included.
 	SpanLoad = "kvactors.load"
-	// SpanLookup covers one P.E.lookup request.
+	// SpanLookup covers one P.E.lookup request, from intake taking it to
+	// the reply.
 	SpanLookup = "kvactors.lookup"
 )
 
