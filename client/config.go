@@ -105,8 +105,8 @@ var ErrBadHash = errors.New("bad hash: want 1..64 bytes")
 
 // ErrOutOfRange is an event method's error for a negative count or start,
 // a group the spec does not have, or a block id at or past its
-// num_gpu_blocks (the node rejects the event as out_of_range or bad_group,
-// changing nothing).
+// num_gpu_blocks (the node rejects the event as out_of_range, bad_group or
+// block_range, changing nothing).
 var ErrOutOfRange = errors.New("out of range: counts and starts must be ≥ 0, groups and block ids within the spec")
 
 // protocolLimits bound request ids at the protocol's 256 bytes and hashes

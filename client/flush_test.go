@@ -28,7 +28,7 @@ func TestALargeStepGoesOutInSeveralBatches(t *testing.T) {
 	// a lost tail (a real node handles them in order).
 	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
 	const n = 20000            // 20000 hashes of 32 bytes: about 1.3 MB of hex
-	const firstID = 4000000000 // ten digits each; the spec must hold them
+	const firstID = 2000000000 // ten digits each; the spec must hold them (≤ 2^31 blocks)
 	sp := spec()
 	sp.NumGPUBlocks = firstID + n
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: sp})

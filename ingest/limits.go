@@ -15,6 +15,10 @@ const (
 	ProtocolMaxRequestIDBytes = 256
 	// MaxBlockID is the largest block id: ids are uint32 on the wire.
 	MaxBlockID = 1<<32 - 1
+	// MaxGPUBlocks bounds num_gpu_blocks: the scheduler's layout indexes
+	// blocks with int32 arithmetic (sched.NewLayout refuses more), so a
+	// spec past it is refused here, as bad_spec, with the others.
+	MaxGPUBlocks = 1 << 31
 	// maxTypeBytes bounds the unknown "type" string copied into an
 	// EventError, so a hostile body cannot make the error log huge.
 	maxTypeBytes = 64

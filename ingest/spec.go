@@ -72,8 +72,8 @@ func checkSpec(s *messages.EngineSpec, lim Limits) error {
 		return specErr("tokens_per_hash = %d, want >= 1", s.TokensPerHash)
 	case s.BlocksPerChunk < 1:
 		return specErr("blocks_per_chunk = %d, want >= 1", s.BlocksPerChunk)
-	case s.NumGPUBlocks < 1 || int64(s.NumGPUBlocks) > MaxBlockID+1:
-		return specErr("num_gpu_blocks = %d, want 1..2^32 (block ids are uint32)", s.NumGPUBlocks)
+	case s.NumGPUBlocks < 1 || int64(s.NumGPUBlocks) > MaxGPUBlocks:
+		return specErr("num_gpu_blocks = %d, want 1..2^31", s.NumGPUBlocks)
 	case len(s.Segments) < 1 || len(s.Segments) > lim.MaxSegments:
 		return specErr("%d segments, want 1..%d", len(s.Segments), lim.MaxSegments)
 	case len(s.Groups) < 1 || len(s.Groups) > lim.MaxGroups:

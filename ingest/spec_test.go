@@ -41,7 +41,7 @@ func TestDecodeSpecProtocolExample(t *testing.T) {
 }
 
 func TestDecodeSpecAcceptsCUDAIPCAndEagle(t *testing.T) {
-	s, err := DecodeSpec([]byte(`{"tokens_per_hash":16,"blocks_per_chunk":1,"num_gpu_blocks":4294967296,
+	s, err := DecodeSpec([]byte(`{"tokens_per_hash":16,"blocks_per_chunk":1,"num_gpu_blocks":2147483648,
 		"segments":[{"cuda_ipc":"`+strings.Repeat("0f", 64)+`","device":1,"bytes":1048576}],
 		"groups":[{"kind":"eagle","tokens_per_block":16,"regions":[{"segment":0,"offset":0,"block_stride":64,"block_bytes":32}]}],
 		"future_field":true}`), Limits{})
@@ -92,6 +92,7 @@ func TestDecodeSpecRejects(t *testing.T) {
 		{"blocks_per_chunk 0", func(m map[string]any) { m["blocks_per_chunk"] = 0 }, "blocks_per_chunk"},
 		{"num_gpu_blocks 0", func(m map[string]any) { m["num_gpu_blocks"] = 0 }, "num_gpu_blocks"},
 		{"num_gpu_blocks over uint32 ids", func(m map[string]any) { m["num_gpu_blocks"] = int64(1)<<32 + 1 }, "num_gpu_blocks"},
+		{"num_gpu_blocks over 2^31", func(m map[string]any) { m["num_gpu_blocks"] = int64(1)<<31 + 1 }, "num_gpu_blocks"},
 		{"no groups", func(m map[string]any) { m["groups"] = []any{} }, "groups"},
 		{"over 64 groups", func(m map[string]any) { m["groups"] = manyGroups }, "groups"},
 		{"unknown kind", func(m map[string]any) { group(m, 0)["kind"] = "mamba" }, "kind"},

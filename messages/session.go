@@ -115,6 +115,10 @@ type Hello struct {
 	Node    string `json:"node"`
 	Boot    string `json:"boot"`
 	LeaseMS int64  `json:"lease_ms"`
+	// Starting is set only in an answer to P._node.<node>.identity, by a
+	// process whose own start probe has not finished (PROTOCOL.md "Node
+	// identity": of two starting at once, the lower boot goes on).
+	Starting bool `json:"starting,omitempty"`
 }
 
 // NodeHeartbeat is published on P._node.<node>.heartbeat every lease/4.
@@ -124,6 +128,9 @@ type NodeHeartbeat struct {
 	Node    string `json:"node"`
 	Boot    string `json:"boot"`
 	Engines int    `json:"engines"`
+	// LeaseMS is the node's lease (as in its hello): another process with
+	// the same node id counts a conflict for the longer of the two leases.
+	LeaseMS int64 `json:"lease_ms,omitempty"`
 	// PoolBytes is the host pool's bytes in use, PoolCapacityBytes its size,
 	// DiskBytes the disk tier's bytes in use (0 without one).
 	PoolBytes         int64 `json:"pool_bytes,omitempty"`

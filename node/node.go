@@ -66,8 +66,11 @@ type Node struct {
 	claims keyedLocks
 
 	boot string // random per start (PROTOCOL.md "Node identity")
-	// identity is what the node heard of other processes using its id.
+	// identity is what the node heard of other processes using its id;
+	// idSubs its subscriptions (answer, hello, heartbeat), which Close
+	// leaves in place: a node shutting down still holds its id.
 	identity identity
+	idSubs   []*nats.Subscription
 	now      func() time.Time // the clock of engine liveness (Config.now)
 	owed     atomic.Int64
 	fence    *transfer.Fence
@@ -169,6 +172,16 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("%w: max pending bytes %d: want at least 4 × the NATS server's max payload (%d)",
 			ErrConfig, cfg.MaxPendingBytes, max)
 	}
+	// Before the cluster reads its previous boots' engines (a live process
+	// holding this id is not a previous boot) and before the fence's clock
+	// starts (the probe can take a lease). The answer first, so a process
+	// starting with this id while this one starts finds it.
+	if err := n.watchIdentity(); err != nil {
+		return nil, err
+	}
+	if err := n.probeIdentity(); err != nil {
+		return nil, err
+	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
 	// The reply rule's one chokepoint: a reply refused there is counted
 	// and logged as the intake's own refusal is.
@@ -180,11 +193,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence.OnLapseEnd(n.lapseEnded)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
-	// Before the cluster reads its previous boots' engines: a live process
-	// holding this id is not a previous boot.
-	if err := n.probeIdentity(); err != nil {
-		return nil, err
-	}
 	if err := n.startCluster(); err != nil {
 		return nil, err
 	}
@@ -196,9 +204,6 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
 		Queue: n.copyQueue, Now: n.now}))
 	if err := n.subscribe(); err != nil {
-		return nil, err
-	}
-	if err := n.watchIdentity(); err != nil {
 		return nil, err
 	}
 	if err := n.startHTTP(); err != nil {
@@ -287,9 +292,11 @@ func (n *Node) Ready() error {
 	if err := n.identityConflict(); err != nil {
 		return err
 	}
-	for _, s := range n.subs {
-		if !s.IsValid() {
-			return fmt.Errorf("subscription %s not valid", s.Subject)
+	for _, subs := range [][]*nats.Subscription{n.subs, n.idSubs} {
+		for _, s := range subs {
+			if !s.IsValid() {
+				return fmt.Errorf("subscription %s not valid", s.Subject)
+			}
 		}
 	}
 	if h, ok := n.backend.(interface{ Healthy() error }); ok {

@@ -42,7 +42,7 @@ func (n *Node) sessionLoop(ctx context.Context) {
 			st = *p
 		}
 		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
-			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs),
+			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs), LeaseMS: n.cfg.Lease.Milliseconds(),
 				PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
 		n.tellEngines(recs, &engine.Tick{})
 		n.ingest.flushLost()
