@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/wire"
 )
@@ -72,6 +73,10 @@ type Client struct {
 	// numBlocks is the spec's num_gpu_blocks: a block id must be below it
 	// (0: not checked, for a test's Client without a spec).
 	numBlocks int
+	// maxHashes and maxBlocks[g] are what one request may hold under the
+	// spec's max_model_len (ingest.RequestBounds; 0: not checked).
+	maxHashes int
+	maxBlocks []int
 	st        Stats
 	closed    bool
 
@@ -152,6 +157,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		loads:  map[*loadWait]struct{}{},
 		groups: len(cfg.Spec.Groups), numBlocks: cfg.Spec.NumGPUBlocks, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
+	c.maxHashes, c.maxBlocks = ingest.RequestBounds(&cfg.Spec)
 	c.epoch = newEpoch()
 	c.reconnects = nc.Stats().Reconnects
 	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored, cfg.OnRegisterRefused)

@@ -104,9 +104,10 @@ var ErrBadRequestID = errors.New("bad request id: want 1..256 bytes of UTF-8")
 var ErrBadHash = errors.New("bad hash: want 1..64 bytes")
 
 // ErrOutOfRange is an event method's error for a negative count or start,
-// a group the spec does not have, or a block id at or past its
-// num_gpu_blocks (the node rejects the event as out_of_range, bad_group or
-// block_range, changing nothing).
+// a group the spec does not have, a block id at or past its
+// num_gpu_blocks, or hashes or block ids past what its max_model_len lets
+// a request hold (the node rejects the event as out_of_range, bad_group,
+// block_range or too_large, changing nothing).
 var ErrOutOfRange = errors.New("out of range: counts and starts must be ≥ 0, groups and block ids within the spec")
 
 // protocolLimits bound request ids at the protocol's 256 bytes and hashes

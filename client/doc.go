@@ -59,11 +59,13 @@
 //     (ErrBadHash), the node's bad_hash (Lookup and Load pass theirs on:
 //     the node answers a bad one with an error);
 //   - counts: every event method taking one refuses a negative count or
-//     start, a group the spec lacks, or a block id at or past the spec's
-//     num_gpu_blocks (ErrOutOfRange), before recording
-//     anything: the node would reject the event out_of_range and change
-//     nothing, so a finished would never be released and every resync
-//     would re-announce the bad value;
+//     start, a group the spec lacks, a block id at or past the spec's
+//     num_gpu_blocks, or hashes or block ids past what the spec's
+//     max_model_len lets a request hold (ingest.RequestBounds)
+//     (ErrOutOfRange), before recording anything: the node would reject
+//     the event (out_of_range, bad_group, block_range, too_large) and
+//     change nothing, so a finished would never be released and every
+//     resync would re-announce the bad value;
 //   - the mirror: what the engine told it about every live request (prompt,
 //     hashes, block ids per group, tokens, phase), which is what a resync
 //     re-announces without the engine's help;

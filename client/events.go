@@ -15,8 +15,9 @@ import (
 // a release that never comes: a request id the protocol does not allow
 // (ErrBadRequestID, counted in Stats.BadRequestIDs; every event naming it
 // is dropped, so the engine must not wait for a release of it), and a
-// negative count or start, a group the spec lacks or a block id past its
-// num_gpu_blocks (ErrOutOfRange,
+// negative count or start, a group the spec lacks, a block id past its
+// num_gpu_blocks, or hashes or block ids past what the spec's
+// max_model_len lets a request hold (ErrOutOfRange,
 // counted in Stats.OutOfRange), or an empty hash or one over 64 bytes
 // (ErrBadHash, counted in Stats.BadHashes); only that event is refused:
 // send it again with valid values. Preempted and Resumed take no count and return
@@ -98,8 +99,20 @@ func (c *Client) countsLocked(ev, req string, counts ...count) error {
 	return nil
 }
 
+// boundLocked refuses an event that would take a request past what the
+// spec's max_model_len lets it hold (most, 0: not checked): the node
+// rejects it too_large and changes nothing, and every later event of the
+// kind would be a hole. Counted in Stats.OutOfRange.
+func (c *Client) boundLocked(ev, req string, start, n, most int, what string) error {
+	if most <= 0 || n <= most-start { // not start+n: start is the caller's
+		return nil
+	}
+	return c.outOfRangeLocked(ev, req, fmt.Sprintf("%d %s from %d: a request holds at most %d under the spec's max_model_len (the node rejects it too_large)",
+		n, what, start, most))
+}
+
 // blockIDsLocked refuses a block id at or past the spec's num_gpu_blocks:
-// the node rejects the event out_of_range, and every later blocks event
+// the node rejects the event block_range, and every later blocks event
 // of the request would be a hole.
 func (c *Client) blockIDsLocked(req string, ids []uint32) error {
 	if c.numBlocks <= 0 {
@@ -178,6 +191,9 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 		err = c.outOfRangeLocked("hashes", req, "start + len(hashes) overflows")
 	}
 	if err == nil {
+		err = c.boundLocked("hashes", req, start, len(hashes), c.maxHashes, "hashes")
+	}
+	if err == nil {
 		err = c.hashesLocked(req, hashes)
 	}
 	if err != nil {
@@ -203,7 +219,8 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 
 // Blocks announces GPU block ids block_ids[group][start...] of req; group
 // is one of the spec's, start ≥ 0, every id below the spec's
-// num_gpu_blocks.
+// num_gpu_blocks, start+len(ids) within ceil(max_model_len /
+// tokens_per_block) (ingest.RequestBounds).
 func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -215,7 +232,13 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	case start > math.MaxInt-len(ids):
 		err = c.outOfRangeLocked("blocks", req, "start + len(ids) overflows")
 	default:
-		err = c.blockIDsLocked(req, ids)
+		most := 0 // a test's Client without a spec: not checked
+		if group < len(c.maxBlocks) {
+			most = c.maxBlocks[group]
+		}
+		if err = c.boundLocked("blocks", req, start, len(ids), most, "block ids"); err == nil {
+			err = c.blockIDsLocked(req, ids)
+		}
 	}
 	if err != nil {
 		return err

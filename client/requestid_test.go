@@ -61,9 +61,11 @@ func TestARequestIDTheProtocolForbidsIsRefusedAtAdded(t *testing.T) {
 }
 
 // TestACountTheProtocolForbidsIsRefusedAtItsEvent: a negative count or
-// start, a group the spec lacks, or a block id at or past the spec's
-// num_gpu_blocks, is refused by its event method with
-// ErrOutOfRange. The node would reject the event (out_of_range, bad_group)
+// start, a group the spec lacks, a block id at or past the spec's
+// num_gpu_blocks, or hashes or block ids past what its max_model_len lets
+// a request hold, is refused by its event method with ErrOutOfRange. The
+// node would reject the event (out_of_range, bad_group, block_range,
+// too_large)
 // and change nothing: a finished would never be released, and every
 // resync would re-announce the bad value. So nothing of it is sent or
 // mirrored: the node rejects no event the client sends, a refused finished
@@ -87,6 +89,8 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 		"blocks start":                 c.Blocks("r", 0, -1, []uint32{1}),
 		"blocks id num_gpu_blocks":     c.Blocks("r", 0, 0, []uint32{1, 64}), // spec(): 64 GPU blocks
 		"blocks id 2^32-1":             c.Blocks("r", 0, 0, []uint32{math.MaxUint32}),
+		"hashes past max_model_len":    c.Hashes("r", 0, hashesOf(65)...), // spec(): 256 tokens, 64 hashes
+		"blocks past max_model_len":    c.Blocks("r", 0, 0, make([]uint32, 65)),
 		"tokens computed":              c.Tokens("r", -1, 8),
 		"tokens total":                 c.Tokens("r", 8, -1),
 		"finished computed":            c.Finished("r", false, -1, 8),
@@ -110,6 +114,8 @@ func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
 		return nil
 	})
 	require.NoError(t, c.Blocks("r", 0, 0, []uint32{1, 63}), "the last GPU block is an id")
+	require.NoError(t, c.Hashes("r", 0, hashesOf(64)...), "64 hashes fit")
+	require.NoError(t, c.Blocks("r", 0, 2, make([]uint32, 62)), "64 block ids fit")
 	require.NoError(t, c.Tokens("r", 8, 8))
 	require.NoError(t, c.Finished("r", false, 8, 8))
 	require.NoError(t, c.Flush())
@@ -170,4 +176,13 @@ func TestAHashTheNodeRejectsIsRefusedAtHashes(t *testing.T) {
 		return nil
 	})
 	noRejects()
+}
+
+// hashesOf is n distinct 8-byte hashes.
+func hashesOf(n int) [][]byte {
+	hs := make([][]byte, n)
+	for i := range hs {
+		hs[i] = []byte{byte(i), byte(i >> 8), 0, 0, 0, 0, 0, 1}
+	}
+	return hs
 }
