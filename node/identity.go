@@ -19,14 +19,6 @@ import (
 // still copying.
 var ErrNodeIDInUse = errors.New("node id in use by another kvactors process")
 
-// identityProbeTimeout bounds the start's identity probe when a subscriber
-// exists but does not answer (a process that holds the subscription and is
-// stuck, or one whose host is gone while NATS still holds its connection).
-const identityProbeTimeout = 2 * time.Second
-
-// identityProbes is how many times a silent subscriber is asked.
-const identityProbes = 3
-
 // identity is what a node knows of other processes using its node id: the
 // start's probe refuses to start beside one, and the node keeps listening
 // to its id's hello and heartbeat for one that started beside it anyway
@@ -41,132 +33,11 @@ type identity struct {
 	at      time.Time            // when
 	until   time.Time            // when /readyz stops failing for it
 	logged  map[string]time.Time // per other boot: when its conflict was last logged
-	heard   chan struct{}        // a signal per other boot heard (the silent probe's wait)
-}
-
-// probeIdentity asks P._node.<id>.identity whether a process answers for
-// this node's id. It runs after watchIdentity subscribed the node's own
-// answer (NoEcho keeps the node from asking itself), so of two processes
-// starting seconds apart the later finds the earlier. No responders: the
-// id is free. An answer from a boot that holds the id, or from one starting
-// at the same moment with a lower boot, refuses the start with
-// ErrNodeIDInUse; a starting one with a higher boot yields to this one. A
-// subscriber that stays silent is told apart by its heartbeats: a process
-// that holds the id and is stuck still beats; one whose host is gone (its
-// connection kept by NATS until the server's pings time out, minutes) does
-// not, and after a lease without one the node starts, with a warning.
-func (n *Node) probeIdentity() error {
-	if n.cfg.SkipNodeIDCheck {
-		return n.holdIdentity()
-	}
-	subj := messages.NodeSubject(n.cfg.Prefix, n.cfg.NodeID, messages.NodeVerbIdentity)
-	timeout := min(identityProbeTimeout, n.cfg.Lease/2)
-	var answers []*nats.Msg
-	var err error
-	// A process killed a moment ago may still have its subscription known
-	// to another server of a NATS cluster (the route's unsubscribe is on
-	// its way): a silent subscriber is asked again before it counts.
-	for range identityProbes {
-		if answers, err = n.askIdentity(subj, timeout); !errors.Is(err, nats.ErrTimeout) {
-			break
-		}
-	}
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-	case errors.Is(err, nats.ErrTimeout):
-		if err := n.awaitSilentHolder(subj, timeout); err != nil {
-			return err
-		}
-	case err != nil:
-		return fmt.Errorf("node id probe on %s: %w", subj, err)
-	default:
-		if err := n.judgeAnswers(subj, answers); err != nil {
-			return err
-		}
-	}
-	return n.holdIdentity()
-}
-
-// askIdentity sends one probe (this node's hello body, so a starting
-// process can tell whether to yield) and gathers the answers: the first
-// within timeout, then any that follow within timeout/8 (a running node
-// and one starting beside it may both answer).
-func (n *Node) askIdentity(subj string, timeout time.Duration) ([]*nats.Msg, error) {
-	inbox := n.nc.NewRespInbox()
-	sub, err := n.nc.SubscribeSync(inbox)
-	if err != nil {
-		return nil, err
-	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := n.nc.PublishRequest(subj, inbox, n.helloBody(false)); err != nil {
-		return nil, err
-	}
-	first, err := sub.NextMsg(timeout)
-	if err != nil {
-		return nil, err // nats.ErrNoResponders: nobody subscribes
-	}
-	answers := []*nats.Msg{first}
-	for {
-		m, err := sub.NextMsg(timeout / 8)
-		if err != nil {
-			return answers, nil
-		}
-		answers = append(answers, m)
-	}
-}
-
-// judgeAnswers refuses the start for any answer but a starting process's
-// with a higher boot (that one yields: it heard this probe).
-func (n *Node) judgeAnswers(subj string, answers []*nats.Msg) error {
-	for _, m := range answers {
-		var h messages.Hello
-		switch {
-		case json.Unmarshal(m.Data, &h) != nil || h.Boot == "":
-			return fmt.Errorf("%w: %q: %s answered, but not as a node (%q)", ErrNodeIDInUse, n.cfg.NodeID, subj, m.Data)
-		case !h.Starting:
-			return fmt.Errorf("%w: %q is served by boot %s; stop it first, or give this process another --node-id",
-				ErrNodeIDInUse, n.cfg.NodeID, h.Boot)
-		case h.Boot < n.boot:
-			return fmt.Errorf("%w: %q: boot %s is starting with it at the same moment and goes first (the lower boot does)",
-				ErrNodeIDInUse, n.cfg.NodeID, h.Boot)
-		}
-	}
-	return nil
-}
-
-// awaitSilentHolder waits a lease for a heartbeat or hello of another boot
-// after the probes went unanswered (heartbeats go every lease/4: a process
-// whose lease is up to 4× this one's beats within it).
-func (n *Node) awaitSilentHolder(subj string, timeout time.Duration) error {
-	t := time.NewTimer(n.cfg.Lease)
-	defer t.Stop()
-	select {
-	case <-n.identity.heard:
-		n.identity.mu.Lock()
-		other := n.identity.boot
-		n.identity.mu.Unlock()
-		return fmt.Errorf("%w: %q: boot %s beats with it, but a subscriber on %s did not answer %d probes of %s (a stuck process, or permissions that drop the answer; --skip-node-id-check skips the probe)",
-			ErrNodeIDInUse, n.cfg.NodeID, other, subj, identityProbes, timeout)
-	case <-t.C:
-	}
-	n.log.Warn("a subscriber on this node id's identity subject did not answer, and no other boot's heartbeat came for a lease: taking it for a process that is gone (its host lost, its connection not yet timed out by NATS); starting",
-		"subject", subj, "probes", identityProbes, "probe_timeout", timeout, "lease", n.cfg.Lease)
-	return nil
-}
-
-// holdIdentity ends the start's probe: from here on the node answers as
-// the id's holder, unless a starting process with a lower boot probed it
-// first (then both saw each other, and that one goes on).
-func (n *Node) holdIdentity() error {
-	id := &n.identity
-	id.mu.Lock()
-	defer id.mu.Unlock()
-	if id.yieldTo != "" {
-		return fmt.Errorf("%w: %q: boot %s started with it at the same moment and goes first (the lower boot does)",
-			ErrNodeIDInUse, n.cfg.NodeID, id.yieldTo)
-	}
-	id.held = true
-	return nil
+	// heard signals each hello or heartbeat of another boot heard while the
+	// start's probe runs (not a conflict yet: the start decides), and
+	// startHeard is the last such boot.
+	heard      chan struct{}
+	startHeard string
 }
 
 // helloBody is this node's hello, as an identity probe or answer carries it.
@@ -201,6 +72,20 @@ func (n *Node) watchIdentity() error {
 	heard := func(m *nats.Msg) {
 		var h messages.Hello // hello and heartbeat share node, boot and lease_ms
 		if json.Unmarshal(m.Data, &h) != nil || h.Boot == "" || h.Boot == n.boot {
+			return
+		}
+		id := &n.identity
+		id.mu.Lock()
+		starting := !id.held
+		if starting {
+			id.startHeard = h.Boot
+		}
+		id.mu.Unlock()
+		if starting {
+			select {
+			case id.heard <- struct{}{}:
+			default:
+			}
 			return
 		}
 		n.sameID(h.Boot, time.Duration(h.LeaseMS)*time.Millisecond)
@@ -243,10 +128,6 @@ func (n *Node) sameID(boot string, lease time.Duration) {
 		id.logged[boot] = now
 	}
 	id.mu.Unlock()
-	select {
-	case id.heard <- struct{}{}:
-	default:
-	}
 	if log {
 		n.log.Error("another kvactors process is using this node id: engines may take it for a restart and free blocks under copies; stop one of them (PROTOCOL.md, Node identity)",
 			"boot", n.boot, "other_boot", boot)

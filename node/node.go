@@ -179,7 +179,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.watchIdentity(); err != nil {
 		return nil, err
 	}
-	if err := n.probeIdentity(); err != nil {
+	if err := n.probeIdentity(ctx); err != nil {
 		return nil, err
 	}
 	n.outbox = actors.NewOutbox(n.nc, cfg.Prefix, n.log)
