@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"sync"
@@ -211,10 +212,17 @@ func (d *Disk) wakeWriter() {
 	}
 }
 
+// maxSegmentID is the largest segment id: a tombstone names its record's
+// segment in 32 bits.
+const maxSegmentID = math.MaxUint32
+
 func (d *Disk) newSegment() error {
 	id := 1
 	if n := len(d.segs); n > 0 {
 		id = d.segs[n-1].id + 1
+	}
+	if id > maxSegmentID {
+		return fmt.Errorf("disk: segment ids exhausted (a file %s in the disk directory): clear it", filepath.Base(d.segPath(id-1)))
 	}
 	f, err := os.OpenFile(d.segPath(id), os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o600)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -26,7 +27,11 @@ func (d *Disk) rebuild() error {
 	var ids []int
 	for _, e := range entries {
 		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), segSuffix))
-		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() {
+		// One name per id, the one segPath gives ("7.kvseg" or "+1.kvseg",
+		// a stray copy, would be opened as another file or scanned twice),
+		// and ids a tombstone can name (32 bits).
+		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() ||
+			id < 1 || id > maxSegmentID || filepath.Base(d.segPath(id)) != e.Name() {
 			continue // not ours
 		}
 		ids = append(ids, id)
@@ -44,6 +49,16 @@ func (d *Disk) rebuild() error {
 		d.segs = append(d.segs, seg)
 		if err := d.scan(seg); err != nil {
 			return err
+		}
+		if seg.size == 0 {
+			// A boot that wrote nothing (a crash loop starts one per start):
+			// no tombstone names a record in it, and were it the last, the
+			// new segment takes its id afresh. Kept, one per start would pile
+			// up behind a live older segment, each an open descriptor.
+			d.segs = d.segs[:len(d.segs)-1]
+			_ = f.Close()
+			_ = os.Remove(f.Name())
+			continue
 		}
 		d.fileBytes += seg.size
 		d.markBytes += seg.marks

@@ -1,0 +1,98 @@
+package disk
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+func segFiles(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*"+segSuffix))
+	require.NoError(t, err)
+	return files
+}
+
+// Every Open starts a new segment; one a boot never writes must not stay
+// behind while an older segment still holds a live record (old segments
+// go only from the front): a crash loop would add a file, and an open
+// descriptor at every later Open, per restart.
+func TestRestartsDoNotPileUpEmptySegments(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Close()
+	for range 50 {
+		d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+		require.NoError(t, err)
+		d.Close()
+	}
+	require.Len(t, segFiles(t, dir), 2, "the live record's segment and the last boot's")
+	d, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	got := make([]byte, len(c))
+	_, err = d.readInto("e", key(1), [][]byte{got})
+	require.NoError(t, err)
+	require.Equal(t, c, got, "the live record survives")
+}
+
+// A file in the disk directory that is not one of the tier's own names
+// (a copy or restore named "7.kvseg", "+1.kvseg") is left alone: it stops
+// no Open, and is not scanned as a second segment over a live one (which
+// would count its records replaced and delete the live file).
+func TestStraySegmentNamesAreNotOurs(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "7.kvseg"), nil, 0o600))
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err, "a short name stops no Open")
+	c := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	path, _, _ := d.Where(key(1))
+	d.Close()
+	require.NoError(t, os.Link(path, filepath.Join(dir, "+"+filepath.Base(path)[len("0000000"):])))
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d2.Close()
+	_, err = os.Stat(path)
+	require.NoError(t, err, "the segment holding the live record is still there")
+	require.Equal(t, []messages.Key{key(1)}, d2.Keys())
+	_, err = os.Stat(filepath.Join(dir, "7.kvseg"))
+	require.NoError(t, err, "a file not ours is not removed")
+}
+
+// A tombstone names its record's segment in 32 bits: a segment id past
+// that (a file named so) is not ours, and the ids never reach it, so a
+// dropped record stays dropped across a restart.
+func TestSegmentIDsStayWithin32Bits(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "4294967296"+segSuffix), nil, 0o600))
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Drop("e", key(1))
+	d.Close()
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	require.Empty(t, d2.Keys(), "a dropped record stays dropped")
+	d2.Close()
+
+	// The last id a tombstone can name: the next segment would be past it.
+	dir = t.TempDir()
+	c2 := bytes.Repeat([]byte{8}, 100)
+	raw := appendHeader(nil, string(key(2)), int64(len(c2)), sum(c2))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "4294967295"+segSuffix), append(raw, c2...), 0o600))
+	_, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.ErrorContains(t, err, "segment ids exhausted")
+}
