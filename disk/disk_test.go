@@ -491,3 +491,18 @@ func TestASecondOpenOfADirectoryInUseIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, c, got)
 }
+
+// Takes says whether Spill would queue a chunk now, and counts one it
+// would not as dropped, as Spill does: the store asks before it copies.
+func TestTakesIsSpillsAdmission(t *testing.T) {
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20, QueueBytes: 100}, nil)
+	require.NoError(t, err)
+	require.True(t, d.Takes(1000), "a chunk larger than the queue goes into an empty one")
+	require.Zero(t, d.Stats().Dropped)
+	d.Close()
+	require.False(t, d.Takes(10), "closed")
+	require.EqualValues(t, 1, d.Stats().Dropped)
+	c := bytes.Repeat([]byte{1}, 10)
+	require.False(t, d.Spill("e", key(1), sum(c), c))
+	require.EqualValues(t, 2, d.Stats().Dropped)
+}

@@ -31,7 +31,7 @@ func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) b
 	if _, ok := d.items[key]; ok {
 		return true
 	}
-	if d.closed || (d.queued > 0 && d.queued+int64(len(data)) > d.cfg.QueueBytes) {
+	if !d.roomLocked(int64(len(data))) {
 		d.dropped.Add(1)
 		return false
 	}
@@ -43,6 +43,27 @@ func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) b
 		d.dropped.Add(1)
 		return false
 	}
+}
+
+// Takes reports whether Spill would queue a chunk of n bytes now; when it
+// would not (the queue full, the disk closed), the chunk is counted
+// dropped as Spill counts it. The store asks before it copies a victim out
+// of the pool, so a writer that is behind costs no copy that Spill would
+// throw away; Spill checks again (the queue may fill in between).
+func (d *Disk) Takes(n int64) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !d.roomLocked(n) {
+		d.dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// roomLocked: the queue takes n more bytes (a chunk larger than
+// QueueBytes goes into an empty queue) and a spill. Caller holds d.mu.
+func (d *Disk) roomLocked(n int64) bool {
+	return !d.closed && (d.queued == 0 || d.queued+n <= d.cfg.QueueBytes) && len(d.q) < cap(d.q)
 }
 
 // The writer appends a batch at a time: it takes a spill, then whatever else

@@ -163,6 +163,9 @@ func (e *Engine) spill(victims []hostpool.Victim) {
 		for _, x := range v.Extents {
 			n += x.Len
 		}
+		if !e.s.disk.Takes(n) {
+			continue // the writer is behind: no copy for Spill to throw away
+		}
 		data := make([]byte, 0, n)
 		for _, x := range v.Extents {
 			data = append(data, b[x.Off:x.Off+x.Len]...)
