@@ -32,7 +32,7 @@ func TestNodesListsTheCluster(t *testing.T) {
 	var ns []*node.Node
 	for i, id := range []string{"gpu-0", "gpu-1"} {
 		n, err := node.Start(context.Background(), node.Config{NATSURL: nc3.URLs(i), NodeID: id, Cluster: true,
-			ClusterReplicas: 3, Lease: time.Second, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: node.HTTPOff,
+			ClusterReplicas: 3, Lease: 3 * time.Second, ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: node.HTTPOff,
 			Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = n.Close(context.Background()) })
@@ -55,8 +55,10 @@ func TestNodesListsTheCluster(t *testing.T) {
 	var r messages.RegisterReply
 	require.NoError(t, json.Unmarshal(m.Data, &r))
 	require.True(t, r.OK, r.Error)
-	// The engine stays alive past the 1 s lease however slowly the command
-	// starts: a heartbeat (seq 0) is a sign of life that changes nothing else.
+	// A 3 s lease: the owner's claim is renewed within it, however loaded
+	// the machine (with 1 s, a claim lapsed under a full parallel test run
+	// and the engine showed unowned). The engine stays alive past the lease
+	// however slowly the command starts: a heartbeat (seq 0) is a sign of life that changes nothing else.
 	// They go out on a ticker, not after each reply, so a slow reply on a
 	// loaded machine cannot stretch the gap between two past the lease.
 	stop := make(chan struct{})
