@@ -13,9 +13,11 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
-// startHTTP serves /metrics, /healthz, /readyz, /debug/engines and, with
-// --pprof, /debug/pprof on the admin address (loopback by default).
-func (n *Node) startHTTP() error {
+// listenHTTP binds the admin address (loopback by default) first thing in
+// Start, so a port in use fails the start at once rather than after the
+// NATS wait, and serves /healthz from then on (the process answers) while
+// every other path, /readyz included, is 503 "starting" until serveAdmin.
+func (n *Node) listenHTTP() error {
 	if n.cfg.HTTPAddr == HTTPOff {
 		return nil
 	}
@@ -28,11 +30,38 @@ func (n *Node) startHTTP() error {
 		return fmt.Errorf("admin http on %s: %w", n.cfg.HTTPAddr, err)
 	}
 	n.ln = ln
+	starting := http.NewServeMux()
+	starting.HandleFunc("/healthz", healthz)
+	starting.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "not ready: starting (waiting for NATS and the node id check)", http.StatusServiceUnavailable)
+	})
+	n.admin.Store(&adminHandler{starting})
+	n.http = &http.Server{ReadHeaderTimeout: 5 * time.Second,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.admin.Load().ServeHTTP(w, r) })}
+	go func() {
+		if err := n.http.Serve(ln); err != nil && err != http.ErrServerClosed {
+			n.log.Error("admin http stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// adminHandler boxes the admin server's current handler (atomic.Pointer
+// needs a concrete type).
+type adminHandler struct{ http.Handler }
+
+func healthz(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
+
+// serveAdmin installs the admin server's full handler once the node is
+// built: /metrics, /healthz, /readyz, /debug/engines and, with --pprof,
+// /debug/pprof.
+func (n *Node) serveAdmin() {
+	if n.http == nil {
+		return
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(n.cfg.Registry, promhttp.HandlerOpts{}))
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok\n"))
-	})
+	mux.HandleFunc("/healthz", healthz)
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, _ *http.Request) {
 		if err := n.Ready(); err != nil {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
@@ -48,13 +77,7 @@ func (n *Node) startHTTP() error {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	n.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() {
-		if err := n.http.Serve(ln); err != nil && err != http.ErrServerClosed {
-			n.log.Error("admin http stopped", "err", err)
-		}
-	}()
-	return nil
+	n.admin.Store(&adminHandler{mux})
 }
 
 // serveEngines is the status snapshot of every engine (?engine=ID for one).

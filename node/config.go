@@ -348,6 +348,9 @@ func (c Config) Validate() error {
 	case c.Clustered() && c.Lease < time.Second:
 		return fmt.Errorf("%w: lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
 	}
+	if err := c.checkAddresses(); err != nil {
+		return err
+	}
 	if c.Clustered() {
 		cc := c.clusterConfig("")
 		if err := cc.Validate(); err != nil {
@@ -364,7 +367,8 @@ func (c Config) Validate() error {
 }
 
 // CheckFiles checks that the NATS secret files c names (--nats-creds,
-// --nats-ca, --nats-nkey) can be read; the error wraps ErrConfig and names
+// --nats-ca, --nats-nkey) can be read and hold what they should
+// (checkSecretFile); the error wraps ErrConfig and names
 // the flag. A wrong path would otherwise only show at connect time, retried
 // for the whole --nats-connect-timeout as "nats not reachable" and exiting
 // 1, which systemd restarts for ever; a config error exits 2. Apart from
@@ -375,6 +379,9 @@ func (c Config) CheckFiles() error {
 		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
 	} {
 		if err := readableFile(f.path); err != nil {
+			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
+		}
+		if err := checkSecretFile(f.flag, f.path); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
 		}
 	}

@@ -1,7 +1,10 @@
 package node
 
 import (
+	"bytes"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 
 	"go.yaml.in/yaml/v3"
@@ -19,9 +22,14 @@ func readConfigFile(path string, flags []Flag) (map[string]string, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%w: config file: %w", ErrConfig, err)
 	}
-	var doc yaml.Node
-	if err := yaml.Unmarshal(data, &doc); err != nil {
+	var doc, more yaml.Node
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	if err := dec.Decode(&doc); err != nil && !errors.Is(err, io.EOF) {
 		return nil, fmt.Errorf("%w: config file %s: %w", ErrConfig, path, err)
+	}
+	// Keys in a second document (after ---) would be ignored unseen.
+	if err := dec.Decode(&more); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%w: config file %s: want one YAML document, found more (line %d)", ErrConfig, path, more.Line)
 	}
 	out := map[string]string{}
 	if len(doc.Content) == 0 { // empty file
@@ -47,6 +55,9 @@ func readConfigFile(path string, flags []Flag) (map[string]string, error) {
 				ErrConfig, path, k.Line, k.Value, line[k.Value])
 		case v.Kind != yaml.ScalarNode:
 			return nil, fmt.Errorf("%w: config file %s:%d: %s: want a single value", ErrConfig, path, v.Line, k.Value)
+		case v.Tag == "!!null": // "http: null" or "http:" would be the string "null" or ""
+			return nil, fmt.Errorf("%w: config file %s:%d: %s: no value (leave the key out for its default; \"\" for an empty one)",
+				ErrConfig, path, v.Line, k.Value)
 		}
 		line[k.Value] = k.Line
 		out[k.Value] = v.Value

@@ -82,7 +82,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 		fs.BoolVar(p, name, def, usage)
 	}
 	str(&f.configFile, configFlag, "", "YAML file of settings keyed by flag name (pool-bytes: 8GiB); flags and KVACTORS_* beat it")
-	str(&c.NATSURL, "nats", d.NATSURL, "NATS server or cluster URL(s); empty starts an embedded server")
+	str(&c.NATSURL, "nats", d.NATSURL, "NATS server or cluster URL(s), comma-separated, without credentials (those come from NATS_USER, NATS_PASSWORD, NATS_TOKEN); empty starts an embedded server")
 	dur(&c.NATSConnectTimeout, "nats-connect-timeout", d.NATSConnectTimeout, "with --nats, how long to retry the first connection (with backoff) before giving up")
 	str(&c.NATSHost, "nats-host", d.NATSHost, "embedded NATS listen host")
 	num(&c.NATSPort, "nats-port", d.NATSPort, "embedded NATS listen port (-1: any free port)")

@@ -111,6 +111,7 @@ type Node struct {
 	ingest *ingester
 	http   *http.Server
 	ln     net.Listener
+	admin  atomic.Pointer[adminHandler] // the admin server's handler: starting, then full
 	ready  atomic.Bool
 	closed atomic.Bool
 
@@ -160,6 +161,9 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.kv = newKVJournal(n.publishKV, n.kvTarget)
 	n.kv.linger = max(0, cfg.KVEventsLinger)
 	metrics.RegisterKVJournal(cfg.Registry, n.kv.pending)
+	if err := n.listenHTTP(); err != nil { // a port in use fails here, not after the NATS wait
+		return nil, err
+	}
 	if err := n.startBackend(); err != nil {
 		return nil, err
 	}
@@ -206,9 +210,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}
-	if err := n.startHTTP(); err != nil {
-		return nil, err
-	}
+	n.serveAdmin()
 	n.warnExposure(n.embeddedOpts)
 	n.hello()
 	loops, stop := context.WithCancel(context.Background())

@@ -70,6 +70,15 @@ func TestVersionAndHelp(t *testing.T) {
 // every command; a bad flag, a stray argument or a bad value is 2 and one
 // line pointing at --help (never the whole usage); nothing starts.
 func TestExitCodes(t *testing.T) {
+	dir := t.TempDir()
+	file := func(name, body string) string {
+		path := filepath.Join(dir, name)
+		require.NoError(t, os.WriteFile(path, []byte(body), 0o600))
+		return path
+	}
+	garbage := file("garbage", "not a creds file, a CA or a seed\n")
+	twoDocs := file("two.yaml", "pool-bytes: 16MiB\n---\nbogus-key: 1\n")
+	nullValue := file("null.yaml", "http: null\n")
 	for _, tc := range []struct {
 		args []string
 		code int
@@ -105,6 +114,23 @@ func TestExitCodes(t *testing.T) {
 			"--nats-nkey", "/nonexistent/kv.nk"}, 2, "--nats-nkey"},
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
 			"--nats-ca", "/"}, 2, "is a directory"},
+		// One that can be read but does not hold what it should: the same
+		// (it would fail every connect attempt, then exit 1).
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-creds", garbage}, 2, "--nats-creds: " + garbage + ": no nkey seed"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-ca", garbage}, 2, "no PEM certificate"},
+		// Addresses that cannot be used as written; credentials in a URL
+		// (secrets come from the environment only; the message hides them).
+		{[]string{"serve", "--http", "foo", "--nats-port", "-1"}, 2, `--http "foo": want host:port`},
+		{[]string{"serve", "--nats", "nats://[bad", "--nats-connect-timeout", "300ms"}, 2, "missing ']' in host"},
+		{[]string{"serve", "--nats", "nats://alice:s3cret@127.0.0.1:1", "--nats-connect-timeout", "300ms"}, 2,
+			`"nats://REDACTED@127.0.0.1:1" carries credentials`},
+		{[]string{"nodes", "--nats", "nats://alice:s3cret@127.0.0.1:1"}, 2, "carries credentials"},
+		// A config file's second document, or a key with no value, would be
+		// ignored or read as the string "null".
+		{[]string{"serve", "--config", twoDocs, "--nats-port", "-1"}, 2, "want one YAML document"},
+		{[]string{"serve", "--config", nullValue, "--nats-port", "-1"}, 2, "http: no value"},
 		{[]string{"demo", "--pool-bytes", "abc"}, 2, "--pool-bytes"},
 		{[]string{"demo", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"bench", "--engines", "x"}, 2, "invalid value"},
@@ -113,6 +139,7 @@ func TestExitCodes(t *testing.T) {
 		code := run(tc.args, &stdout, &stderr)
 		require.Equal(t, tc.code, code, "%q: stdout %s stderr %s", tc.args, stdout.String(), stderr.String())
 		require.Contains(t, stdout.String()+stderr.String(), tc.say, "%q", tc.args)
+		require.NotContains(t, stdout.String()+stderr.String(), "s3cret", "%q", tc.args)
 		if tc.code == 2 && len(tc.args) > 0 {
 			require.Equal(t, 1, strings.Count(stderr.String(), "\n"), "%q: one line, not the usage:\n%s",
 				tc.args, stderr.String())

@@ -47,6 +47,12 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	// included (docs/OPERATIONS.md offers them for both).
 	auth := node.Config{NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca}
 	auth.NATSSecretsFromEnv()
+	if err := node.CheckNATSURLs(*url); err != nil {
+		return parseExit("nodes", err, fs, stdout, stderr)
+	}
+	if err := auth.CheckFiles(); err != nil {
+		return parseExit("nodes", err, fs, stdout, stderr)
+	}
 	authOpts, err := auth.NATSAuthOptions()
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
