@@ -169,8 +169,9 @@ var ErrCatchUp = errors.New("cluster: key catch-up")
 func CatchUp(ctx context.Context, nc *nats.Conn, prefix, node string, timeout time.Duration, page func(boot string, keys []holders.NSKey) error) error {
 	subj := messages.NodeSubject(prefix, node, VerbKeys)
 	var (
-		req  keysRequest
-		boot string
+		req   keysRequest
+		boot  string
+		after holders.NSKey // the last key read: each page's keys must come after it, in order
 	)
 	for {
 		body, _ := json.Marshal(req)
@@ -198,7 +199,15 @@ func CatchUp(ctx context.Context, nc *nats.Conn, prefix, node string, timeout ti
 			if err != nil || len(raw) == 0 {
 				return fmt.Errorf("%w from node %s: key %q", ErrCatchUp, node, w.Key)
 			}
-			keys = append(keys, holders.NSKey{NS: w.Namespace, Key: messages.Key(raw)})
+			k := holders.NSKey{NS: w.Namespace, Key: messages.Key(raw)}
+			// A page that does not move past the last key (a peer that
+			// ignores "after") would be asked for again for ever.
+			if after != (holders.NSKey{}) && compareNSKey(k, after) <= 0 {
+				return fmt.Errorf("%w from node %s: page does not advance: key %q of namespace %q is not after the last one read",
+					ErrCatchUp, node, w.Key, w.Namespace)
+			}
+			after = k
+			keys = append(keys, k)
 		}
 		if err := page(boot, keys); err != nil {
 			return err

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/cluster/holders"
@@ -83,5 +84,28 @@ func TestSortedKeysApplyMatchesASortOfTheChangedSet(t *testing.T) {
 			want = append(want, k)
 		}
 		require.True(t, slices.Equal(NewSortedKeys(want), s), "%d keys, want %d", len(s), len(want))
+	}
+}
+
+// A peer whose pages do not move past the last key read (one that ignores
+// "after", or sends a page out of order) ends the catch-up with an error
+// at its second page, rather than being asked again for ever.
+func TestACatchUpStopsOnAPageThatDoesNotAdvance(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	for name, page := range map[string]string{
+		"the same page again": `[{"namespace":"0000000000000001:m","key":"aa"}]`,
+		"out of order":        `[{"namespace":"0000000000000001:m","key":"bb"},{"namespace":"0000000000000001:m","key":"aa"}]`,
+	} {
+		var asked atomic.Int32
+		sub, err := nc.Subscribe("kvactors._node.peer.keys", func(m *nats.Msg) {
+			asked.Add(1)
+			_ = m.Respond([]byte(`{"node":"peer","boot":"b","keys":` + page + `,"done":false}`))
+		})
+		require.NoError(t, err)
+		err = CatchUp(t.Context(), nc, "kvactors", "peer", 5*time.Second, func(string, []holders.NSKey) error { return nil })
+		require.ErrorIs(t, err, ErrCatchUp, name)
+		require.ErrorContains(t, err, "does not advance", name)
+		require.LessOrEqual(t, asked.Load(), int32(2), name)
+		require.NoError(t, sub.Unsubscribe())
 	}
 }

@@ -200,12 +200,21 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership
 	}
 }
 
-// forget drops a claim the bucket no longer shows as this process's.
+// forget drops a claim the bucket no longer shows as this process's: one
+// it shows under another identity at a revision past this process's own
+// write. A read no newer than that write (a replica lagging it: reads may
+// be direct gets) or one that shows no record is no proof, and dropping a
+// live claim on it would stop the owner serving and renewing the engine
+// while the bucket still names it; the keep-alive's compare-and-set
+// settles those (docs/CLUSTER.md "Nothing is decided on a read alone").
 func (o *Owners) forget(engine string, e *ownership.Entry) {
-	if e == nil || e.Identity != o.me {
-		o.mu.Lock()
+	if e == nil || e.Identity == o.me {
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if h, ok := o.mine[engine]; ok && e.Revision > h.rev {
 		delete(o.mine, engine)
-		o.mu.Unlock()
 	}
 }
 
@@ -308,6 +317,21 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	o.mu.Unlock()
 	if !ok {
 		return 0, fmt.Errorf("%w: %s", ErrNotMine, engine)
+	}
+	// Another node's record at the very revision this node wrote means the
+	// bucket lost writes (its servers' unsynced tail, after a power loss)
+	// and issued the revision again: a compare-and-set on it would succeed
+	// and overwrite that node's claim. No lagging replica shows it (the
+	// revision was this node's write), so it is proof; a write lost the
+	// same way between this read and the compare-and-set is not caught
+	// (docs/CLUSTER.md "Durability").
+	if e, err := o.Get(ctx, engine); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
+		o.mu.Lock()
+		delete(o.mine, engine)
+		o.mu.Unlock()
+		o.metrics.Fenced.Inc()
+		return 0, fmt.Errorf("%w: engine %s: revision %d now names %s (the bucket lost writes and issued it again)",
+			ErrFenced, engine, h.rev, e.Identity)
 	}
 	if err := o.claim(ctx, engine, h.rev, true); err != nil {
 		return 0, err

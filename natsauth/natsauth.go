@@ -156,7 +156,10 @@ func Generate(o Options) (Generated, error) {
 	fmt.Fprintf(&b, "# own subjects, node hellos and heartbeats, and its inboxes _INBOX.<id>.> (clients\n")
 	fmt.Fprintf(&b, "# must set that inbox prefix). See docs/SECURITY.md.\n\n")
 	if o.JetStream {
-		b.WriteString("# JetStream: only kvactors' user may use its API.\njetstream: enabled\n\n")
+		b.WriteString("# JetStream: only kvactors' user may use its API. Every write synced: the\n" +
+			"# ownership bucket's revisions fence its owners, and a server that lost its\n" +
+			"# unsynced tail would issue them again (docs/CLUSTER.md \"Durability\").\n" +
+			"jetstream {\n  sync_interval: always\n}\n\n")
 	} else {
 		b.WriteString("# No jetstream block: JetStream is off.\n\n")
 	}

@@ -67,7 +67,8 @@ func TestGenerateParses(t *testing.T) {
 	}
 }
 
-// With JetStream on, only kvactors' user may publish to its API.
+// With JetStream on, only kvactors' user may publish to its API, and the
+// server syncs every write.
 func TestGenerateJetStream(t *testing.T) {
 	g, err := Generate(Options{Engines: []string{"e1"}, JetStream: true})
 	require.NoError(t, err)
@@ -76,6 +77,7 @@ func TestGenerateJetStream(t *testing.T) {
 	opts, err := server.ProcessConfigFile(p)
 	require.NoError(t, err)
 	require.True(t, opts.JetStream)
+	require.True(t, opts.SyncAlways, "every write synced: revisions fence the owners")
 	require.Contains(t, opts.Nkeys[0].Permissions.Publish.Allow, "$JS.API.>")
 	require.NotContains(t, opts.Nkeys[1].Permissions.Publish.Allow, "$JS.API.>")
 }

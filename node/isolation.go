@@ -262,6 +262,13 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 	if c.Clustered() {
 		opts.JetStream = true // the ownership bucket (docs/CLUSTER.md)
 	}
+	if opts.JetStream && opts.SyncInterval == 0 {
+		// Every write synced (the config file may say otherwise): a bucket
+		// that loses its unsynced tail issues revisions again, and a
+		// revision is the ownership's fencing token (docs/CLUSTER.md
+		// "Durability"). Its writes are a few small records per lease.
+		opts.SyncAlways = true
+	}
 	opts.NoSigs = true
 	return opts, nil
 }

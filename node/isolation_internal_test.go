@@ -79,6 +79,19 @@ func TestEmbeddedOptions(t *testing.T) {
 	require.Equal(t, 4333, o.Port, "the file's port wins")
 	require.Equal(t, "127.0.0.1", o.Host, "the flag fills what the file leaves out")
 
+	// A clustered node's embedded JetStream syncs every write (revisions
+	// fence owners: docs/CLUSTER.md "Durability"), unless a file says how.
+	cl, err := Config{NATSHost: "127.0.0.1", NATSPort: -1, Cluster: true}.embeddedOptions()
+	require.NoError(t, err)
+	require.True(t, cl.JetStream)
+	require.True(t, cl.SyncAlways)
+	own := filepath.Join(t.TempDir(), "sync.conf")
+	require.NoError(t, os.WriteFile(own, []byte("jetstream {\n  sync_interval: 30s\n}\n"), 0o600))
+	cl, err = Config{NATSHost: "127.0.0.1", NATSPort: -1, Cluster: true, NATSConfig: own}.embeddedOptions()
+	require.NoError(t, err)
+	require.False(t, cl.SyncAlways, "the file's choice stands")
+	require.Equal(t, 30*time.Second, cl.SyncInterval)
+
 	_, err = Config{NATSConfig: filepath.Join(t.TempDir(), "missing.conf")}.embeddedOptions()
 	require.ErrorIs(t, err, ErrConfig)
 	require.ErrorContains(t, Config{NATSConfig: p, NATSURL: "nats://x"}.Validate(), "embedded server")

@@ -84,6 +84,7 @@ func start(o Options, dir string) (*Cluster, error) {
 			Host:       "127.0.0.1", // loopback only
 			Port:       server.RANDOM_PORT,
 			JetStream:  true,
+			SyncAlways: true, // revisions fence owners: none may be issued twice (docs/CLUSTER.md)
 			StoreDir:   filepath.Join(dir, fmt.Sprintf("s%d", i)),
 			NoLog:      !o.Debug && !o.Trace,
 			Debug:      o.Debug || o.Trace,

@@ -1,0 +1,112 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// staleGetKV serves Get from a canned entry, as a direct get answered by a
+// replica that lags the quorum (CLUSTER.md "Reads may lag").
+type staleGetKV struct {
+	jetstream.KeyValue
+	stale jetstream.KeyValueEntry
+}
+
+func (k *staleGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if k.stale != nil && k.stale.Key() == key {
+		return k.stale, nil
+	}
+	return k.KeyValue.Get(ctx, key)
+}
+
+// Nothing is decided on a read alone (CLUSTER.md): an owner whose read of
+// its engine's record is served by a lagging replica (still showing the
+// node that held it before) keeps its claim, serves and renews it; the
+// keep-alive's compare-and-set is what would fence it. A read past its own
+// write that names another node does end it.
+func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease)
+	ctx := ctxT(t)
+
+	// b held e1, then released it; a claimed it.
+	d, err := b.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	old, err := b.kv.Get(ctx, "e1") // b's record: what a lagging replica may still serve
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, "e1"))
+	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+
+	// The engine registers again (a resync); a's read is a lagging replica's.
+	real := a.kv
+	a.kv = &staleGetKV{KeyValue: real, stale: old}
+	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	cur, err := b.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, "gpu-a", cur.Node, "the bucket still names a")
+	require.True(t, a.Serving("e1", time.Now()), "a keeps its live claim over a stale read")
+	_, err = a.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "and renews it")
+	a.kv = real
+
+	// Another node's record past a's own write (here written over it) is
+	// proof: a's next read of it ends a's claim.
+	_, err = real.Put(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: b.me, LeaseMS: lease.Milliseconds(),
+		Renewed: time.Now().UnixMilli()}))
+	require.NoError(t, err)
+	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.False(t, a.Serving("e1", time.Now()), "a read past its write names b")
+}
+
+// A bucket that lost writes (its servers' unsynced tail, after a power
+// loss) issues revisions again: another node's claim may get the very
+// revision an owner still holds. The owner's keep-alive must not overwrite
+// it (a compare-and-set on that revision would succeed): it is fenced.
+// The loss is simulated at its extreme, the bucket recreated empty.
+func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	revA := a.Revision("e1")
+
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.NoError(t, js.DeleteKeyValue(ctx, "kvactors_owners"))
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease) // recreates it
+	for i := uint64(1); i < revA; i++ {                // other claims take the sequence to just below a's
+		_, err := b.Resolve(ctx, fmt.Sprintf("other%d", i), Request{Register: true, Local: true})
+		require.NoError(t, err)
+	}
+	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action, "e1 is unowned after the loss: b claims it")
+	require.Equal(t, revA, b.Revision("e1"), "b's claim got a's revision")
+
+	_, err = a.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrFenced)
+	now := time.Now()
+	require.False(t, a.Serving("e1", now), "a no longer serves")
+	require.True(t, b.Serving("e1", now), "b does")
+	cur, err := b.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, "gpu-b", cur.Node, "b's record stands")
+}
