@@ -47,8 +47,10 @@ func (n *Node) probeIdentity(ctx context.Context) error {
 	contended, silent := false, false
 	for round := range 2 {
 		if round == 1 {
-			if err := sleepCtx(ctx, identitySettle(timeout)); err != nil {
-				return fmt.Errorf("node id probe on %s: %w", subj, err)
+			select {
+			case <-time.After(identitySettle(timeout)):
+			case <-ctx.Done():
+				return fmt.Errorf("node id probe on %s: %w", subj, ctx.Err())
 			}
 		}
 		answers, err := n.askIdentityRetrying(ctx, subj, timeout)
@@ -202,16 +204,4 @@ func (n *Node) holdIdentity() error {
 	}
 	id.held = true
 	return nil
-}
-
-// sleepCtx waits d, or until ctx ends.
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
 }
