@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	"go.opentelemetry.io/otel"
@@ -99,6 +100,10 @@ func Init(ctx context.Context, opts Options) (trace.TracerProvider, func(context
 	if len(exporters) == 0 {
 		return noop.NewTracerProvider(), noShutdown, nil
 	}
+	if err := checkSampler(); err != nil {
+		shutdownAll()
+		return nil, nil, err
+	}
 	res, err := newResource(ctx, opts.ServiceName)
 	if err != nil {
 		shutdownAll()
@@ -112,6 +117,29 @@ func Init(ctx context.Context, opts Options) (trace.TracerProvider, func(context
 	// defaults to ParentBased(AlwaysSample).
 	tp := sdktrace.NewTracerProvider(tpOpts...)
 	return tp, tp.Shutdown, nil
+}
+
+// checkSampler refuses an OTEL_TRACES_SAMPLER the SDK does not know, or a
+// ratio sampler's OTEL_TRACES_SAMPLER_ARG that is not a number in [0, 1]:
+// the SDK would print a line and fall back to its default, sampling
+// what the operator meant to sample otherwise.
+func checkSampler() error {
+	name := strings.ToLower(strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER")))
+	switch name {
+	case "", "always_on", "always_off", "parentbased_always_on", "parentbased_always_off":
+		return nil
+	case "traceidratio", "parentbased_traceidratio":
+		arg := strings.TrimSpace(os.Getenv("OTEL_TRACES_SAMPLER_ARG"))
+		if arg == "" {
+			return nil // the SDK's 1.0
+		}
+		if r, err := strconv.ParseFloat(arg, 64); err != nil || r < 0 || r > 1 {
+			return fmt.Errorf("%w: OTEL_TRACES_SAMPLER_ARG %q: want a ratio in [0, 1]", ErrConfig, arg)
+		}
+		return nil
+	}
+	return fmt.Errorf("%w: OTEL_TRACES_SAMPLER %q: want always_on, always_off, traceidratio or their parentbased_ forms",
+		ErrConfig, name)
 }
 
 // newExporter returns the exporter for one OTEL_TRACES_EXPORTER entry, or

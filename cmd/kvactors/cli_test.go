@@ -309,10 +309,11 @@ func TestServeEndToEndAndGracefulShutdown(t *testing.T) {
 // A bad OTEL_* setting is a configuration error: exit 2, one line naming
 // it, like a bad flag (not exit 1, which a supervisor would restart).
 func TestServeBadOTELIsConfigError(t *testing.T) {
-	for _, env := range []string{"OTEL_TRACES_EXPORTER=jaeger", "OTEL_EXPORTER_OTLP_PROTOCOL=carrier-pigeon"} {
+	for _, env := range []string{"OTEL_TRACES_EXPORTER=jaeger", "OTEL_EXPORTER_OTLP_PROTOCOL=carrier-pigeon",
+		"OTEL_TRACES_SAMPLER=bogus", "OTEL_TRACES_SAMPLER=traceidratio OTEL_TRACES_SAMPLER_ARG=2"} {
 		cmd := exec.Command(binary, "serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "100ms",
 			"--http", "off", "--shm-dir", t.TempDir())
-		cmd.Env = append(os.Environ(), "OTEL_TRACES_EXPORTER=otlp", env)
+		cmd.Env = append(append(os.Environ(), "OTEL_TRACES_EXPORTER=otlp"), strings.Fields(env)...)
 		var stderr bytes.Buffer
 		cmd.Stderr = &stderr
 		err := cmd.Run()
