@@ -75,8 +75,12 @@ type Config struct {
 	DropIncoming func(m *nats.Msg) bool
 }
 
-// Release says that the GPU blocks a request held when it last finished or
-// was preempted may be reused.
+// Release says that the GPU blocks a request gave up at one event may be
+// reused: releases answer a request's owed events strictly in order, so
+// each answers its oldest preempted or finished still owed one, and frees
+// the blocks it held at that event (none for a finished while preempted:
+// those go back with the preemption's release). Blocks it got later, after
+// a resumed, may still be copied from (PROTOCOL.md step 11).
 type Release struct {
 	Request string
 	// Reason is the node's (finished, aborted, preempted, engine_reset,
