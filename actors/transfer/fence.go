@@ -17,6 +17,11 @@ var (
 	// lapse (no round trip for 3/4 lease): an engine may have declared this
 	// node lost since, and reused the blocks the copy reads or writes.
 	ErrSessionLapsed = errors.New("session lapsed: an engine may have declared this node lost since the copy's session began; copy not started")
+	// ErrFencedMidCopy: a copy that started before the fence is stopped
+	// before its next device call once no NATS round trip has completed
+	// for lease/2 (the fence holds every device call, not only a job's
+	// first); its owner retries it as any failed copy.
+	ErrFencedMidCopy = errors.New("fenced: no NATS round trip for lease/2; the copy stopped before its next device call")
 )
 
 // ErrCopyPanicked is a copy whose Store.Copy panicked (a backend's bug,

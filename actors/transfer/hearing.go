@@ -95,12 +95,25 @@ func (a *Actor) now() time.Time {
 	return time.Now()
 }
 
-// live is job's check for Store.Copy while it runs: heardRecently, the rule
-// the copy started under (nil when there is nothing to check, so that a
-// copy without one allocates no closure).
+// live is job's check for Store.Copy before each device call after its
+// first: the fence (no device call starts once no NATS round trip has
+// completed for lease/2: a job of many tiles, or a load reading chunks
+// back from disk, must not go on past it) and heardRecently, the rule the
+// copy started under. Nil when there is nothing to check, so that a copy
+// without either allocates no closure.
 func (a *Actor) live(job *Submit) func() error {
-	if job.Hearing == nil || a.deps.Config.EngineSilence <= 0 {
+	fence := a.deps.Fence
+	hearing := job.Hearing != nil && a.deps.Config.EngineSilence > 0
+	if fence == nil && !hearing {
 		return nil
 	}
-	return func() error { return a.heardRecently(job) }
+	return func() error {
+		if fence != nil && fence.Fenced() {
+			return ErrFencedMidCopy
+		}
+		if hearing {
+			return a.heardRecently(job)
+		}
+		return nil
+	}
 }
