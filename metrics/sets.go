@@ -225,6 +225,9 @@ type Transfer struct {
 	// their engine had not been heard from for lease/2 (not in
 	// CopyFailures).
 	CopiesSilent prometheus.Counter
+	// CopiesFenced counts copies stopped between two device calls because
+	// the node had no NATS round trip for lease/2 (not in CopyFailures).
+	CopiesFenced prometheus.Counter
 	// ThenFailures counts Drain Thens that panicked (recovered by the
 	// copy queue: the release a Then carried is lost, the engine's end it
 	// gives back is not).
@@ -275,6 +278,8 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 			"Copies refused because their session began before a lapse (never started)."),
 		CopiesSilent: counter("transfer", "copies_engine_silent_total",
 			"Copies refused or stopped because their engine had not been heard from for lease/2 (never started, or stopped between device calls)."),
+		CopiesFenced: counter("transfer", "copies_fenced_total",
+			"Copies stopped between two device calls because the node had no NATS round trip for lease/2."),
 		ThenFailures: counter("transfer", "then_failures_total",
 			"Drain Thens that panicked (recovered; the release a Then carried is lost)."),
 		AbortFailures: counter("transfer", "abort_failures_total",
@@ -291,7 +296,7 @@ func NewTransfer(reg prometheus.Registerer) *Transfer {
 	m.JobsQueued = gaugeFunc("transfer", "jobs_queued", "Copy jobs waiting for a worker.",
 		func() float64 { return float64(m.queue.get().Queued) })
 	register(reg, m.TransferBytes, m.TransferTime, m.CopySize, m.CopyFailures, m.JobsInFlight, m.BytesInFlight,
-		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.CopiesSilent, m.ThenFailures, m.AbortFailures, m.CopyPanics,
+		m.JobsQueued, m.FenceWaits, m.FenceLapses, m.CopiesLapsed, m.CopiesSilent, m.CopiesFenced, m.ThenFailures, m.AbortFailures, m.CopyPanics,
 		m.DecisionTime, m.QueueWait)
 	return m
 }

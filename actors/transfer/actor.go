@@ -227,6 +227,8 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 			a.deps.Metrics.CopiesLapsed.Inc() // refused, not failed
 		case errors.Is(d.err, ErrEngineSilent):
 			a.deps.Metrics.CopiesSilent.Inc() // refused or stopped, not failed
+		case errors.Is(d.err, ErrFencedMidCopy):
+			a.deps.Metrics.CopiesFenced.Inc() // stopped, not failed
 		case d.err != nil:
 			m.failures.Inc()
 		default:
