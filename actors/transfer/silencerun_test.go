@@ -29,7 +29,8 @@ func (a heapArena) Close() error  { return nil }
 const silence = 5 * time.Second // Config.EngineSilence: lease/2 of the default lease
 
 // silenceRun is a transfer actor of one worker whose engine-silence clock
-// the test moves, over a real store whose device calls wait on dev.
+// the test moves, over a real store whose device calls wait on dev; with
+// a fence (newFencedRun), the fence's clock is the same.
 type silenceRun struct {
 	pid, owner *actor.PID
 	system     *actor.ActorSystem
@@ -41,23 +42,33 @@ type silenceRun struct {
 	start      time.Time
 	clock      atomic.Int64
 	h          *transfer.Hearing
+	fence      *transfer.Fence // nil: none
 }
 
-func newSilenceRun(t *testing.T) *silenceRun {
+func newSilenceRun(t *testing.T) *silenceRun { return newRun(t, false) }
+
+// newFencedRun is a silenceRun whose copies pass a fence of lease
+// 2×silence, its last round trip at the start.
+func newFencedRun(t *testing.T) *silenceRun { return newRun(t, true) }
+
+func newRun(t *testing.T, fenced bool) *silenceRun {
 	t.Helper()
 	r := &silenceRun{start: time.Unix(1_800_000_000, 0), m: metrics.NewTransfer(nil), h: &transfer.Hearing{},
 		done: make(chan *transfer.JobDone, 8),
 		dev:  &gatedDevice{gate: make(chan struct{}), starts: make(chan struct{}, 8)}}
 	r.clock.Store(r.start.UnixNano())
 	r.h.Heard(r.start)
+	now := func() time.Time { return time.Unix(0, r.clock.Load()) }
+	if fenced {
+		r.fence = transfer.NewFence(2*silence, now, nil)
+	}
 	r.system = actor.NewActorSystem()
 	t.Cleanup(r.system.Shutdown)
 	t.Cleanup(func() { close(r.dev.gate) }) // first: a copy a failed test left waiting ends
 	r.pid = r.system.Root.Spawn(transfer.Props(transfer.Deps{
 		Config:  transfer.Config{Workers: 1, EngineSilence: silence},
 		Metrics: r.m, Tracer: noop.NewTracerProvider().Tracer(""),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		Now: func() time.Time { return time.Unix(0, r.clock.Load()) }}))
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Fence: r.fence, Now: now}))
 	r.owner = r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &sink{ch: r.done} }))
 	// Chunks of one 512 KiB block: a tile each.
 	const bb = 512 << 10
@@ -81,6 +92,9 @@ func (r *silenceRun) storeJob(t *testing.T) []messages.Key {
 	require.Len(t, prep.Keys, len(keys))
 	s := &transfer.Submit{Owner: r.owner, ID: 1, Dir: backend.DeviceToHost, Store: r.e, Bytes: 3 * 512 << 10,
 		Hearing: r.h, HearingGen: r.h.Gen()}
+	if r.fence != nil {
+		s.Session = r.fence.Gen()
+	}
 	for i, k := range keys {
 		s.Chunks = append(s.Chunks, sched.JobChunk{Key: k, Blocks: []messages.BlockID{messages.BlockID(1 + i)}})
 	}
@@ -168,4 +182,32 @@ func TestAStoreWhoseEngineFallsSilentInItsLastTileIsNotReady(t *testing.T) {
 	}
 	require.Zero(t, r.st.Stats().Used)
 	require.Equal(t, 1.0, testutil.ToFloat64(r.m.CopiesSilent))
+}
+
+// PROTOCOL.md "Fencing": the fence holds every device call of a copy, not
+// only its first. With the node's NATS round trips stalled for lease/2 while
+// its engine is still heard, a store already running makes no further
+// device call: it ends with ErrFencedMidCopy, its chunks freed, none ready,
+// counted as a copy the fence stopped, not as a failure (its owner retries
+// it), rather than going on until the 5/8-lease watchdog.
+func TestNoDeviceCallOfARunningCopyStartsPastTheFence(t *testing.T) {
+	r := newFencedRun(t)
+	keys := r.storeJob(t)
+	testkit.Recv(t, r.dev.starts, 5*time.Second, "the first tile's device call")
+	later := r.start.Add(silence + time.Second) // lease/2 + 1s, below the 3/4-lease lapse
+	r.clock.Store(later.UnixNano())
+	r.h.Heard(later) // the engine is still heard: only the fence stops it
+	require.True(t, r.fence.Fenced())
+	r.dev.gate <- struct{}{}
+	d := testkit.Recv(t, r.done, 5*time.Second, "the job's JobDone")
+	require.ErrorIs(t, d.Err, transfer.ErrFencedMidCopy)
+	require.Len(t, r.dev.startedCopies(), 1, "device calls past the fence")
+	for _, k := range keys {
+		require.False(t, r.st.Ready(k), "%s ready: its copy was stopped", k)
+	}
+	require.Zero(t, r.st.Stats().Used, "the store's room not freed")
+	require.Equal(t, 1.0, testutil.ToFloat64(r.m.CopiesFenced))
+	require.Zero(t, testutil.ToFloat64(r.m.CopiesSilent))
+	require.Zero(t, testutil.ToFloat64(r.m.CopyFailures.WithLabelValues(backend.DeviceToHost.String())),
+		"a stopped copy counted as a failure")
 }
