@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 	"github.com/kvactors/kvactors/wire"
 )
 
@@ -73,12 +73,12 @@ type Client struct {
 	// numBlocks is the spec's num_gpu_blocks: a block id must be below it
 	// (0: not checked, for a test's Client without a spec).
 	numBlocks int
-	// maxHashes and maxBlocks[g] are what one request may hold under the
-	// spec's max_model_len (ingest.RequestBounds; 0: not checked).
-	maxHashes int
-	maxBlocks []int
-	st        Stats
-	closed    bool
+	// lay is the spec's layout as the node computes it: its MaxHashes and
+	// Groups[g].MaxBlocks bound what one request may hold (nil: a spec the
+	// node refuses at register, or a test's Client without one: not checked).
+	lay    *sched.Layout
+	st     Stats
+	closed bool
 
 	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
 	beforeLoad      func() // test hook: runs in Load before it takes c.mu to send
@@ -157,7 +157,9 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		loads:  map[*loadWait]struct{}{},
 		groups: len(cfg.Spec.Groups), numBlocks: cfg.Spec.NumGPUBlocks, kick: make(chan struct{}, 1), stop: make(chan struct{}),
 		st: Stats{Resyncs: map[string]int{}}}
-	c.maxHashes, c.maxBlocks = ingest.RequestBounds(&cfg.Spec)
+	if lay, err := sched.NewLayout(&cfg.Spec); err == nil {
+		c.lay = lay
+	}
 	c.epoch = newEpoch()
 	c.reconnects = nc.Stats().Reconnects
 	c.out = newDispatcher(cfg.OnReleased, cfg.OnStored, cfg.OnRegisterRefused)

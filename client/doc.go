@@ -61,7 +61,7 @@
 //   - counts: every event method taking one refuses a negative count or
 //     start, a group the spec lacks, a block id at or past the spec's
 //     num_gpu_blocks, or hashes or block ids past what the spec's
-//     max_model_len lets a request hold (ingest.RequestBounds)
+//     max_model_len lets a request hold (sched.NewLayout's bounds, the node's)
 //     (ErrOutOfRange), before recording anything: the node would reject
 //     the event (out_of_range, bad_group, block_range, too_large) and
 //     change nothing, so a finished would never be released and every

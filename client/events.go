@@ -111,6 +111,22 @@ func (c *Client) boundLocked(ev, req string, start, n, most int, what string) er
 		n, what, start, most))
 }
 
+// mostHashes and mostBlocks are the layout's bounds on a request (0: no
+// layout, not checked).
+func (c *Client) mostHashes() int {
+	if c.lay == nil {
+		return 0
+	}
+	return c.lay.MaxHashes
+}
+
+func (c *Client) mostBlocks(group int) int {
+	if c.lay == nil || group >= len(c.lay.Groups) {
+		return 0
+	}
+	return c.lay.Groups[group].MaxBlocks
+}
+
 // blockIDsLocked refuses a block id at or past the spec's num_gpu_blocks:
 // the node rejects the event block_range, and every later blocks event
 // of the request would be a hole.
@@ -191,7 +207,7 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 		err = c.outOfRangeLocked("hashes", req, "start + len(hashes) overflows")
 	}
 	if err == nil {
-		err = c.boundLocked("hashes", req, start, len(hashes), c.maxHashes, "hashes")
+		err = c.boundLocked("hashes", req, start, len(hashes), c.mostHashes(), "hashes")
 	}
 	if err == nil {
 		err = c.hashesLocked(req, hashes)
@@ -220,7 +236,7 @@ func (c *Client) Hashes(req string, start int, hashes ...[]byte) error {
 // Blocks announces GPU block ids block_ids[group][start...] of req; group
 // is one of the spec's, start ≥ 0, every id below the spec's
 // num_gpu_blocks, start+len(ids) within ceil(max_model_len /
-// tokens_per_block) (ingest.RequestBounds).
+// tokens_per_block) (sched.Layout's MaxBlocks, as the node bounds it).
 func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -232,11 +248,7 @@ func (c *Client) Blocks(req string, group, start int, ids []uint32) error {
 	case start > math.MaxInt-len(ids):
 		err = c.outOfRangeLocked("blocks", req, "start + len(ids) overflows")
 	default:
-		most := 0 // a test's Client without a spec: not checked
-		if group < len(c.maxBlocks) {
-			most = c.maxBlocks[group]
-		}
-		if err = c.boundLocked("blocks", req, start, len(ids), most, "block ids"); err == nil {
+		if err = c.boundLocked("blocks", req, start, len(ids), c.mostBlocks(group), "block ids"); err == nil {
 			err = c.blockIDsLocked(req, ids)
 		}
 	}
