@@ -378,9 +378,6 @@ func (c Config) CheckFiles() error {
 	for _, f := range []struct{ flag, path string }{
 		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
 	} {
-		if err := readableFile(f.path); err != nil {
-			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
-		}
 		if err := checkSecretFile(f.flag, f.path); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
 		}
@@ -388,25 +385,22 @@ func (c Config) CheckFiles() error {
 	return nil
 }
 
-// readableFile checks that path ("" passes) names a regular file this
-// process can open for reading.
-func readableFile(path string) error {
-	if path == "" {
-		return nil
-	}
+// readFile reads path, a regular file (not a directory) this process can
+// open.
+func readFile(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return fmt.Errorf("stat %s: %w", path, err)
+		return nil, fmt.Errorf("stat %s: %w", path, err)
 	}
 	if st.IsDir() {
-		return fmt.Errorf("%s is a directory", path)
+		return nil, fmt.Errorf("%s is a directory", path)
 	}
-	return nil
+	return io.ReadAll(f)
 }
 
 // DefaultNodeID is the host name reduced to [A-Za-z0-9_-] (at most 64

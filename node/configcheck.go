@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"net/url"
-	"os"
 	"strings"
 
 	"github.com/nats-io/nkeys"
@@ -77,15 +76,16 @@ func redactedURL(raw string) string {
 	return rest
 }
 
-// checkSecretFile parses a NATS secret file as the connection will: a
-// creds file holds a user JWT and an nkey seed, a CA file PEM certificates,
-// an nkey file a seed. A malformed one would otherwise fail every connect
-// attempt for the whole connect timeout and exit 1.
+// checkSecretFile reads a NATS secret file ("" passes: none) and parses it
+// as the connection will: a creds file holds a user JWT and an nkey seed,
+// a CA file PEM certificates, an nkey file a seed. A malformed one would
+// otherwise fail every connect attempt for the whole connect timeout and
+// exit 1.
 func checkSecretFile(flag, path string) error {
 	if path == "" {
 		return nil
 	}
-	data, err := os.ReadFile(path)
+	data, err := readFile(path)
 	if err != nil {
 		return err
 	}

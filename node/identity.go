@@ -99,7 +99,9 @@ func (n *Node) watchIdentity() error {
 		}
 		n.idSubs = append(n.idSubs, s)
 	}
-	// The probe that follows must find the answer in place on every server.
+	// The answer in place on this node's server before the probe; the
+	// other servers of a NATS cluster learn of it later, over the routes,
+	// which is why the probe asks twice (probeIdentity).
 	if err := n.nc.Flush(); err != nil {
 		return fmt.Errorf("subscribe %s: %w", messages.NodeSubject(n.cfg.Prefix, n.cfg.NodeID, "*"), err)
 	}
