@@ -211,3 +211,37 @@ func TestNoDeviceCallOfARunningCopyStartsPastTheFence(t *testing.T) {
 	require.Zero(t, testutil.ToFloat64(r.m.CopyFailures.WithLabelValues(backend.DeviceToHost.String())),
 		"a stopped copy counted as a failure")
 }
+
+// The same for a load: one stopped by the fence between two device calls
+// fails with ErrFencedMidCopy and leaves none of its keys pinned (they stay
+// stored, evictable), so the pool does not fill with pins of loads that
+// never ended.
+func TestALoadTheFenceStopsUnpinsItsKeys(t *testing.T) {
+	r := newFencedRun(t)
+	keys := r.storeJob(t)
+	for range keys {
+		r.tile(t)
+	}
+	require.NoError(t, testkit.Recv(t, r.done, 5*time.Second, "the store's JobDone").Err)
+	_, err := r.e.PrepareLoad(keys)
+	require.NoError(t, err)
+	require.Equal(t, len(keys), r.st.Stats().Pinned)
+	s := &transfer.Submit{Owner: r.owner, ID: 2, Dir: backend.HostToDevice, Store: r.e, Bytes: 3 * 512 << 10,
+		Hearing: r.h, HearingGen: r.h.Gen(), Session: r.fence.Gen()}
+	for i, k := range keys {
+		s.Chunks = append(s.Chunks, sched.JobChunk{Key: k, Blocks: []messages.BlockID{messages.BlockID(10 + i)}})
+	}
+	r.system.Root.Send(r.pid, s)
+	testkit.Recv(t, r.dev.starts, 5*time.Second, "the load's first device call")
+	later := r.start.Add(silence + time.Second)
+	r.clock.Store(later.UnixNano())
+	r.h.Heard(later)
+	r.dev.gate <- struct{}{}
+	d := testkit.Recv(t, r.done, 5*time.Second, "the load's JobDone")
+	require.ErrorIs(t, d.Err, transfer.ErrFencedMidCopy)
+	require.Len(t, r.dev.startedCopies(), len(keys)+1, "device calls of the load past the fence")
+	require.Zero(t, r.st.Stats().Pinned, "a key left pinned")
+	for _, k := range keys {
+		require.True(t, r.st.Ready(k), "%s: still stored", k)
+	}
+}
