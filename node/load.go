@@ -271,7 +271,7 @@ func (n *Node) tryLoad(ls *loadStart) error {
 	if !ls.waitFrom.IsZero() {
 		n.endWait(ls, waitLoaded)
 	}
-	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Outbox: n.outbox,
+	n.system.Root.Spawn(load.Props(load.Deps{Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox,
 		Metrics: n.metrics.Load, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindLoad), Tracer: n.tracer, Log: n.log, Reject: n.rejectLog, Node: n.cfg.NodeID, Boot: n.boot,
 		Done: done},
 		&load.Job{Engine: rec.id, Request: req.Request, Tokens: req.NumTokens, Store: rec.store, Chunks: ls.chunks,

@@ -63,8 +63,14 @@ type Job struct {
 // Deps is what a load actor needs from its node.
 type Deps struct {
 	Transfer *actor.PID
-	Outbox   *actors.Outbox
-	Metrics  *metrics.Load
+	// Queue, when set, takes the load's copy straight (transfer.Queue.Submit),
+	// as request actors' stores: a Submit message still in the transfer
+	// actor's mailbox when it stops would be dropped unanswered, while the
+	// queue answers one it can no longer run (ErrQueueClosed). Nil: the
+	// Submit message to Transfer.
+	Queue   *transfer.Queue
+	Outbox  *actors.Outbox
+	Metrics *metrics.Load
 	// Unexpected counts messages with no case (nil: not counted).
 	Unexpected prometheus.Counter
 	Tracer     trace.Tracer
@@ -125,9 +131,14 @@ func (a *Actor) submit(c actor.Context) {
 		a.done(c, &transfer.JobDone{})
 		return
 	}
-	c.Send(a.deps.Transfer, &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
+	sub := &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
 		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext(),
-		Session: j.Session, Hearing: j.Hearing, HearingGen: j.HearingGen})
+		Session: j.Session, Hearing: j.Hearing, HearingGen: j.HearingGen}
+	if a.deps.Queue != nil {
+		a.deps.Queue.Submit(sub)
+		return
+	}
+	c.Send(a.deps.Transfer, sub)
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {

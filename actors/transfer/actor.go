@@ -183,6 +183,7 @@ func (a *Actor) start(c actor.Context) {
 		a.q = NewQueue(a.deps.Config, a.deps.Metrics)
 	}
 	a.q.setReport(a.deps.Log, a.deps.Metrics.ThenFailures, a.deps.Metrics.AbortFailures)
+	a.q.answerVia(c.ActorSystem().Root)
 	for _, d := range backend.Directions {
 		dir, m := d.String(), a.deps.Metrics
 		a.byDir[d] = dirSeries{bytes: m.TransferBytes.WithLabelValues(dir), secs: m.TransferTime.WithLabelValues(dir),

@@ -24,6 +24,10 @@ var (
 	ErrFencedMidCopy = errors.New("fenced: no NATS round trip for lease/2; the copy stopped before its next device call")
 )
 
+// ErrQueueClosed fails a job submitted after the copy queue closed (the node
+// stopping): it never ran.
+var ErrQueueClosed = errors.New("node stopping: copy queue closed; copy not started")
+
 // ErrCopyPanicked is a copy whose Store.Copy panicked (a backend's bug,
 // recovered): its pool side is aborted and its owner retries it.
 var ErrCopyPanicked = errors.New("copy panicked")

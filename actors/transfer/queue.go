@@ -47,6 +47,9 @@ type Queue struct {
 	thenFailures  prometheus.Counter
 	abortFailures prometheus.Counter
 	log           *slog.Logger
+	// root answers a job submitted after close (refuse); set by the
+	// transfer actor's start, nil before.
+	root *actor.RootContext
 }
 
 type ownerThen struct {
@@ -88,9 +91,20 @@ func (q *Queue) state() metrics.QueueState {
 // The woken worker runs when the submitter's turn ends or the other core
 // takes it; nothing yields for it (that held intake back: BENCHMARKS.md,
 // eighth session).
+//
+// A job submitted once the queue has closed (the transfer actor stopping)
+// never runs: its pool side is aborted and its owner gets its JobDone with
+// ErrQueueClosed at once (refuse). Without it, a load submitted as the node
+// stopped was never answered, its engine waiting out its own timeout.
 func (q *Queue) Submit(s *Submit) {
 	s.queued = time.Now()
 	q.mu.Lock()
+	if q.closed {
+		root := q.root
+		q.mu.Unlock()
+		q.refuse(s, root)
+		return
+	}
 	i := len(q.items)
 	if s.Dir == backend.HostToDevice {
 		for i = 0; i < len(q.items); i++ {
@@ -109,6 +123,18 @@ func (q *Queue) Submit(s *Submit) {
 	q.items[i] = s
 	q.mu.Unlock()
 	q.wake.Signal()
+}
+
+// refuse ends a job submitted after close: its pool side is aborted (a
+// store's pending room freed, a load's keys unpinned) and its owner told
+// through the actor system's root context, which outlives the transfer
+// actor. A store's owner retries it after a backoff, as any failed copy, until
+// its engine is retired; a load's answers its engine with the error.
+func (q *Queue) refuse(s *Submit, root *actor.RootContext) {
+	q.abort(s)
+	if root != nil && s.Owner != nil {
+		root.Send(s.Owner, &JobDone{ID: s.ID, Err: ErrQueueClosed})
+	}
 }
 
 // loadsPastAStore bounds the loads that go ahead of one queued store.
@@ -271,6 +297,13 @@ func (q *Queue) setReport(log *slog.Logger, thenFailures, abortFailures promethe
 	if q.abortFailures == nil {
 		q.abortFailures = abortFailures
 	}
+	q.mu.Unlock()
+}
+
+// answerVia sets the context refuse answers through.
+func (q *Queue) answerVia(root *actor.RootContext) {
+	q.mu.Lock()
+	q.root = root
 	q.mu.Unlock()
 }
 

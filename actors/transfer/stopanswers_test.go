@@ -11,6 +11,7 @@ import (
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -52,4 +53,28 @@ func TestStoppingAnswersEveryLoadItTook(t *testing.T) {
 	require.Equal(t, []messages.Key{"j1-0"}, copied, "no queued load ran")
 	require.ElementsMatch(t, []messages.Key{"j2-0", "j3-0", "j3-1"}, aborted, "the queued loads' pool side is aborted")
 	require.NoError(t, testkit.Recv(t, stopped, 5*time.Second, "the actor's stop"))
+}
+
+// A job pushed straight to the queue (Queue.Submit, as request and load
+// actors do) after the transfer actor stopped never runs and is still
+// answered: its pool side is aborted and its owner gets a JobDone with
+// ErrQueueClosed. Before, it sat in the closed queue: a load was never
+// answered and its engine waited out its own timeout.
+func TestAJobSubmittedAfterTheStopIsAbortedAndAnswered(t *testing.T) {
+	q := transfer.NewQueue(transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}, nil)
+	system, pid, owner, done := startCounted(t, metrics.NewTransfer(nil), q)
+	require.NoError(t, system.Root.StopFuture(pid).Wait())
+
+	st := &gatedStore{dev: &gatedDevice{gate: make(chan struct{})}}
+	for id, dir := range []backend.Direction{backend.HostToDevice, backend.DeviceToHost} {
+		q.Submit(job(owner, sched.JobID(id+1), dir, st, 1))
+		got := testkit.Recv(t, done, 5*time.Second, "the refused job's JobDone")
+		require.Equal(t, sched.JobID(id+1), got.ID)
+		require.ErrorIs(t, got.Err, transfer.ErrQueueClosed)
+		require.False(t, got.Cancelled, "a refused store must back off, not decide again at once")
+	}
+	copied, aborted := st.seen()
+	require.Empty(t, copied)
+	require.Equal(t, []messages.Key{"j1-0", "j2-0"}, aborted)
+	testkit.NoRecv(t, done, 50*time.Millisecond, "a second JobDone")
 }
