@@ -127,6 +127,10 @@ type Disk struct {
 	done      chan struct{}
 	kick      chan struct{} // wakes the writer for tombs
 	lock      *os.File      // holds the directory's flock (lockName) until Close
+	// rebuildHeld is the most entries the rebuild held at once: records
+	// indexed, a segment's records and tombstones read, the keys and
+	// tombstones of dropped records walked past (tests).
+	rebuildHeld int
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired                            atomic.Int64
@@ -186,6 +190,14 @@ func (d *Disk) index(it *item) {
 	d.items[it.key] = it
 	d.used += it.size
 	it.seg.live++
+}
+
+// indexOlder indexes it as the least recently used: the rebuild, walking
+// back from the newest record, finds each record it keeps before those
+// indexed already.
+func (d *Disk) indexOlder(it *item) {
+	d.index(it)
+	d.lru.MoveToFront(it.elem)
 }
 
 func (d *Disk) unindex(it *item) {

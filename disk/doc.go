@@ -19,9 +19,12 @@
 // that found it bad, or by Drop) gets a tombstone: a header-only record
 // naming its segment and offset, appended by the writer right after the
 // batch, or the drop, that dropped it. On open the index is rebuilt from
-// the segments in write order, records their tombstones name left out
-// (a later record of the key stays), every record's checksums verified: a
-// record cut short or whose header fails its checksum is a torn tail, and the
+// the segments as write order leaves it, records their tombstones name
+// left out (a later record of the key stays), trimmed to the budget from
+// the earliest written. The rebuild walks back from the newest segment, so
+// it holds what the budget keeps, not what the directory holds, and
+// deletes unread the segments older than the oldest chunk kept. Every
+// record read has its checksums verified: a record cut short or whose header fails its checksum is a torn tail, and the
 // segment is cut there, so the records before it survive (in its batch or
 // earlier) and the torn one and all after it go; a record of full length
 // whose data fails its checksum is skipped, and each record after it is kept
