@@ -261,3 +261,45 @@ func TestAFailingTombstoneWriteIsRetriedEverMoreSlowly(t *testing.T) {
 	}
 	require.GreaterOrEqual(t, d.Stats().Failed, int64(3))
 }
+
+// The files are kept under 1.5x the budget in records, tombstones not
+// counted: the run checks the bound before the tombstones of what it just
+// dropped are written, the rebuild after, so were they counted, a restart
+// would delete the oldest segment, live chunks and all, that the run kept.
+// Here the files hold 1360 bytes of records and 144 of tombstones, over
+// 1.5x the budget (1500) only with the tombstones, the last written after
+// the run's last check.
+func TestTombstonesDoNotCountAgainstTheFilesBound(t *testing.T) {
+	dir := t.TempDir()
+	// 100-byte chunks in 136-byte records, three to a segment; tombstones
+	// of 36 bytes.
+	cfg := Config{Dir: dir, Bytes: 1000, SegmentBytes: 500}
+	d, err := Open(cfg, nil)
+	require.NoError(t, err)
+	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 100) }
+	var keys []messages.Key
+	for i := 1; i <= 10; i++ {
+		require.True(t, d.Spill("e", key(i), sum(data(i)), data(i)))
+		keys = append(keys, key(i))
+	}
+	waitOnDisk(t, d, keys...)
+	tomb := fixedHeader + int64(len(key(0))) + 4
+	for n, i := range []int{7, 8, 9, 10} {
+		d.Drop("e", key(i))
+		waitTombstones(t, d, int64(n+1)*tomb)
+	}
+	require.Equal(t, keys[:6], d.Keys(), "the run keeps the oldest segment")
+	require.Equal(t, int64(1360+4*tomb), d.Stats().FileBytes)
+	d.Close()
+
+	d2, err := Open(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	require.Equal(t, keys[:6], d2.Keys(), "so does a restart")
+	for i := 1; i <= 6; i++ {
+		got, err := readBack(t, d2, key(i), 100)
+		require.NoError(t, err)
+		require.Equal(t, data(i), got, "chunk %d", i)
+	}
+	require.Zero(t, d2.Stats().Evictions)
+}
