@@ -303,3 +303,45 @@ func TestTombstonesDoNotCountAgainstTheFilesBound(t *testing.T) {
 	}
 	require.Zero(t, d2.Stats().Evictions)
 }
+
+// A record evicted past the budget whose segment is deleted before the
+// writer gets to its tombstone (here in the same flush: the evicted chunk
+// was its segment's last) gets none: nothing can bring that record back,
+// and the tombstone would only take room in the files (counted against
+// nothing, kept until its own segment goes). The files hold the two live
+// chunks' records and nothing else, and a restart keeps those two.
+func TestATombstoneOfADeletedSegmentIsNotWritten(t *testing.T) {
+	dir := t.TempDir()
+	// Two 100-byte chunks fit; each record is its segment's only one.
+	cfg := Config{Dir: dir, Bytes: 250, SegmentBytes: 100}
+	ev := &events{}
+	d, err := Open(cfg, ev.notify)
+	require.NoError(t, err)
+	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, 100) }
+	for i := 1; i <= 3; i++ {
+		require.True(t, d.Spill("e", key(i), sum(data(i)), data(i)))
+		waitOnDisk(t, d, key(i))
+	}
+	_, removed := ev.get()
+	require.Equal(t, []messages.Key{key(1)}, removed, "chunk 1 evicted, its segment deleted")
+	d.Close() // the writer has written every tombstone it will
+	record := headerLen(key(0)) + 100
+	sizes := map[string]int64{}
+	for _, f := range segFiles(t, dir) {
+		info, err := os.Stat(f)
+		require.NoError(t, err)
+		sizes[filepath.Base(f)] = info.Size()
+	}
+	require.Equal(t, map[string]int64{"00000002" + segSuffix: record, "00000003" + segSuffix: record}, sizes,
+		"the live chunks' records, no tombstone")
+
+	d2, err := Open(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	require.Equal(t, []messages.Key{key(2), key(3)}, d2.Keys())
+	for i := 2; i <= 3; i++ {
+		got, err := readBack(t, d2, key(i), 100)
+		require.NoError(t, err)
+		require.Equal(t, data(i), got, "chunk %d", i)
+	}
+}
