@@ -17,6 +17,7 @@ import (
 // through its real entry point (a load message, the fetch server); the
 // seam only holds it there.
 func TestCloseWaitsForARemoteLoadsFetchAndAFetchBeingServed(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	a := kc.engineOn(0, "ea", "m")
 	b := kc.engineOn(1, "eb", "m")

@@ -93,7 +93,7 @@ func awaitCaughtUp(t *testing.T, c *testEngine, old, fresh []string, why string)
 // heartbeats, and counts what n0 stored meanwhile. n1 dials its server
 // through a link and ignores the servers it learns of, so the cut is an
 // outage rather than a failover.
-func TestClusterNodeCatchesUpAfterReconnecting(t *testing.T) {
+func TestClusterNodeCatchesUpAfterReconnecting(t *testing.T) { // not parallel: a lease-bound flood under -race
 	old := []string{hash("old", 0), hash("old", 1)}
 	fresh := []string{hash("fresh", 0), hash("fresh", 1)}
 	var link *testkit.Link
@@ -170,7 +170,7 @@ func (h *holdLog) Handle(_ context.Context, r slog.Record) error {
 // evicts a prefix n1 counted: NATS drops that BlockRemoved for real. n1
 // stops counting the prefix, from the catch-up at n0's next heartbeat,
 // while the handler is still held.
-func TestClusterNodeCatchesUpAfterNATSDroppedItsKVEvents(t *testing.T) {
+func TestClusterNodeCatchesUpAfterNATSDroppedItsKVEvents(t *testing.T) { // not parallel: a lease-bound flood under -race
 	hold := newHoldLog("kv_events refused")
 	t.Cleanup(sync.OnceFunc(func() { close(hold.release) }))
 	old := []string{hash("old", 0), hash("old", 1)}

@@ -54,6 +54,7 @@ func awaitNoOwner(t *testing.T, kv jetstream.KeyValue, engine string) {
 // registers again, and a later request is released. Before: the gate of
 // every node silenced the engine for good.
 func TestClusterIdleEngineRegistersAgainAfterItsClaimLapses(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	te := kc.nodes[0].newEngine("e1", defaultOpts())
 	te.spec.Node = "n0"
@@ -111,6 +112,7 @@ func TestClusterIdleEngineRegistersAgainAfterItsClaimLapses(t *testing.T) {
 // gate no longer passes the engine's messages, and only the node that
 // dropped it answers. Before: nobody answered on a cluster.
 func TestExpiredEngineIsToldItIsUnknownOnAClusterToo(t *testing.T) {
+	t.Parallel()
 	for _, clustered := range []bool{false, true} {
 		t.Run(fmt.Sprint("clustered=", clustered), func(t *testing.T) {
 			var e *env
@@ -154,6 +156,7 @@ func TestExpiredEngineIsToldItIsUnknownOnAClusterToo(t *testing.T) {
 // copying into would be taken for one that wrote nothing more. So the
 // dropped engine's load and lookup get no answer here; its heartbeat does.
 func TestADroppedEnginesLoadsAndLookupsAreNotAnsweredByTheNodeThatDroppedIt(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	e := kc.nodes[0]
 	te := e.newEngine("e1", defaultOpts())
@@ -184,6 +187,7 @@ func TestADroppedEnginesLoadsAndLookupsAreNotAnsweredByTheNodeThatDroppedIt(t *t
 // is held in its device call; the claim lapses; the engine's heartbeat
 // goes unanswered until the copy ends, and is answered after.
 func TestAFencedNodeTellsItsEngineItIsUnknownOnlyOnceItsCopiesEnded(t *testing.T) {
+	t.Parallel()
 	dev, e, te := fencedWhileCopying(t)
 	beats := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: te.epoch, Seq: te.seq})
 	testkit.NoRecv(t, beats, 500*time.Millisecond, "an answer while r's copy of block 1 still runs")
@@ -207,6 +211,7 @@ func TestAFencedNodeTellsItsEngineItIsUnknownOnlyOnceItsCopiesEnded(t *testing.T
 // fenced end completes: the node serves it again, and the mark would have
 // it tell the engine it is unknown once the mark was read.
 func TestAFencedEngineBackOnItsNodeIsNotMarkedDroppedByTheOldEnd(t *testing.T) {
+	t.Parallel()
 	dev, e, te := fencedWhileCopying(t)
 	te.register() // back on n0 while the fenced end still waits for r's copy
 	require.False(t, e.node.DroppedHere("e1"), "served again")

@@ -18,6 +18,7 @@ import (
 // load fails as a miss with no byte written to the engine's blocks, and
 // the room it reserved is freed (the engine stores the prefix itself).
 func TestClusterHolderEvictingBetweenLookupAndLoadFailsTheLoadAsAMiss(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2, func(i int, c *node.Config) {
 		if i == 0 {
 			c.PoolBytes = 512 // two 256-byte chunks: two more stores evict the prefix
@@ -56,6 +57,7 @@ func TestClusterHolderEvictingBetweenLookupAndLoadFailsTheLoadAsAMiss(t *testing
 // backend (here shm): no node can tell which host a CUDA IPC handle is from
 // (TestCUDAClusterRefusesAnEngineNamingNoNode runs it on cuda nodes).
 func TestClusterRefusesAnUnnamedCUDAEngineOnEveryNode(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	te := kc.nodes[0].newEngine("gpuengine", defaultOpts())
 	spec := te.spec

@@ -17,6 +17,7 @@ import (
 // by evicting the load's own chunk 0, and the load failed as a miss after
 // fetching, though lookup counted every chunk.
 func TestClusterRemoteLoadKeepsItsOwnLocalPrefix(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2, func(i int, c *node.Config) {
 		if i == 1 {
 			c.PoolBytes = 512 // two 256-byte chunks

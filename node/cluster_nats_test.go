@@ -21,6 +21,7 @@ import (
 // its requests are released once, a new engine is claimed, and a prefix
 // stored before the stop still loads byte-identically through another node.
 func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
+	t.Parallel()
 	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
 	for i := range 3 {
 		// Node i knows only server i: it must fail over by discovery.
@@ -146,6 +147,7 @@ func TestClusterOnTheEmbeddedServer(t *testing.T) {
 // fails its compare-and-set; it drops the engine at once (its live request
 // released once, engine_gone) and answers nothing more for it.
 func TestClusterFencedOwnerDropsItsEngine(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	te := kc.nodes[0].newEngine("e1", defaultOpts())
 	te.spec.Node = "n0"

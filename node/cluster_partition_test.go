@@ -68,6 +68,7 @@ func (d *gatedDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.R
 // answered by nB alone, and nA copies nothing more: e1's blocks are as they
 // were at the cut.
 func TestPartitionedOwnerIsTakenOverByItsStandbyAndFencedWhenTheLinkHeals(t *testing.T) {
+	t.Parallel()
 	began := time.Now()
 	dev := &deviceGate{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
 	var failStops atomic.Int64

@@ -118,6 +118,7 @@ func (sc *securedCluster) engine(i int, id string, errs chan error) *testEngine 
 // subjects are each refused by NATS with a permissions violation, the
 // ownership records are unchanged, and the nodes keep serving.
 func TestClusterUnderGeneratedNATSPermissions(t *testing.T) {
+	t.Parallel()
 	sc := startSecuredCluster(t, []string{"ea", "eb", "ef", "mal"}, 3)
 	noErrs := make(chan error, 64)
 	a := sc.engine(0, "ea", noErrs)

@@ -48,6 +48,7 @@ func (l *lineLog) with(s string) (n, bytes int) {
 // rejection log. Before, "node" had no bound and each refusal was an Info
 // line carrying it whole: the engine wrote the node's log at its send rate.
 func TestClusterRegisterRefusalsOfItsNodeAreBoundedAndRateLimited(t *testing.T) {
+	t.Parallel()
 	var logs lineLog
 	kc := startCluster(t, 2, func(_ int, c *node.Config) {
 		if c.NodeID == "n1" {

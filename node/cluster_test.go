@@ -144,6 +144,7 @@ func collect(t *testing.T, nc *nats.Conn, subject string, body any) <-chan *nats
 // and serves it, the two others stay silent and count the message; then
 // every other message of the engine is answered by that node only.
 func TestClusterConcurrentRegistersEndWithOneOwner(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	for round := range 4 {
 		id := fmt.Sprintf("e%d", round)
@@ -203,6 +204,7 @@ func TestClusterConcurrentRegistersEndWithOneOwner(t *testing.T) {
 // A register naming another node than the live owner is refused by the
 // owner, naming itself; no other node answers, and the engine is not reset.
 func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	te := kc.nodes[1].newEngine("e1", defaultOpts())
 	te.spec.Node = "n1"
@@ -226,6 +228,7 @@ func TestClusterRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 // here is a host of its own (its own shm dir); vic-kv exists on n0's only,
 // vic-none nowhere, and vic-link on n2's is a link to n0's file.
 func TestClusterRegisterNamingAnotherEnginesSegmentIsRefusedAlikeEverywhere(t *testing.T) {
+	t.Parallel()
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	kc := startCluster(t, 3, func(i int, c *node.Config) { c.ShmDir = dirs[i] })
 	seg, err := shm.Create(dirs[0], "vic-kv", 64*256)
@@ -269,6 +272,7 @@ func TestClusterRegisterNamingAnotherEnginesSegmentIsRefusedAlikeEverywhere(t *t
 // byte-identically through C: fetched over P._node.n0.fetch (remote_chunks),
 // verified, stored in C's pool and copied to C's engine.
 func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	a := kc.engineOn(0, "ea", "m")
 	c := kc.engineOn(2, "ec", "m")
@@ -323,6 +327,7 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 // naming the key, nothing is copied into the engine's blocks, and the slots
 // reserved for the fetch are freed (a later store of the prefix works).
 func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	a := kc.engineOn(0, "ea", "m")
 	c := kc.engineOn(2, "ec", "m")
@@ -347,6 +352,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 // the same key asked for in another namespace is refused, so a node never
 // hands one tenant's chunk to a fetch naming another.
 func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	a := kc.engineOn(0, "ea", "m")
 	a.register()
@@ -389,6 +395,7 @@ func TestClusterFetchServesOnlyTheAnnouncedNamespace(t *testing.T) {
 // chunks, and its load must not write A's bytes into its blocks. B, of A's
 // geometry, still counts and loads them byte-identically.
 func TestClusterGeometryIsPartOfTheNamespaceAcrossNodes(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	a := kc.engineOn(0, "ea", "m")
 	a.register()
@@ -434,6 +441,7 @@ func TestClusterGeometryIsPartOfTheNamespaceAcrossNodes(t *testing.T) {
 // one load fetches each chunk, the other waits for it instead of failing
 // as a miss; both get A's bytes, and each chunk crossed the wire once.
 func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	a := kc.engineOn(0, "ea", "m")
 	a.register()
@@ -485,6 +493,7 @@ func TestClusterConcurrentLoadsOfOneRemotePrefixBothSucceed(t *testing.T) {
 // the device, drops it and refuses; the load through C fails naming the key
 // and no byte reaches C's engine, and C's pool does not keep it.
 func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	a := kc.engineOn(0, "ea", "m")
 	c := kc.engineOn(1, "ec", "m")
@@ -516,6 +525,7 @@ func TestClusterCorruptChunkOnTheHolderIsNeverLoadedElsewhere(t *testing.T) {
 // loading engine's kv_events), so it is held twice: once A is gone, B still
 // loads the prefix, from C.
 func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	var es []*testEngine
 	for i, id := range []string{"ea", "eb", "ec"} {
@@ -563,6 +573,7 @@ func TestClusterFetchedChunksAreServedOnward(t *testing.T) {
 // lookups never count, and its loads never fetch, the other namespace's
 // chunks held on another node.
 func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 3)
 	a := kc.engineOn(0, "ea", "m")
 	c := kc.engineOn(2, "ec", "own")

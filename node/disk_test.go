@@ -208,6 +208,7 @@ func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
 // which the test holds. A restart first empties the pool, so the load
 // needs no eviction (which the journal would hold up before the disk).
 func TestNodeHeartbeatsGoOnWhileTheDiskHoldsItsLock(t *testing.T) {
+	t.Parallel()
 	const lease = 2 * time.Second // node heartbeats every 500ms
 	diskDir := t.TempDir()
 	withLease := func(c *node.Config) { c.Lease = lease }

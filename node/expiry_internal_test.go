@@ -124,6 +124,7 @@ func tryRegister(t *testing.T, nc *nats.Conn, dir, id string) error {
 // takes for a batch (lookup) before the engine actor sees it: the worker
 // stops at the engine's first batch and the second waits in the queue.
 func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
+	t.Parallel()
 	const lease = 2 * time.Second
 	expired := make(chan string, 1)
 	n, nc, dir := startWatched(t, lease, logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
@@ -167,6 +168,7 @@ func TestAnEngineWithMessagesWaitingInItsShardDoesNotExpire(t *testing.T) {
 // lease check reads the shard's marks too (ingester.backlogged). The worker
 // is held there as above, with a single batch, so the queue is empty.
 func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
+	t.Parallel()
 	const lease = 2 * time.Second
 	expired := make(chan string, 1)
 	n, nc, dir := startWatched(t, lease, logWatch{msg: "engine expired: no sign of life for a lease", seen: expired})
@@ -266,6 +268,7 @@ func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
 // batches. A status, which a router may send as well, is no sign of life:
 // polled through the overload, the engine still expires.
 func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
+	t.Parallel()
 	const lease = time.Second
 	heartbeat := func(t *testing.T, nc *nats.Conn) {
 		reply, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.heartbeat", []byte(`{"epoch":"a","seq":0}`), 5*time.Second)

@@ -48,6 +48,7 @@ func (d *heldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Ra
 // cannot write after the engine may have declared the node lost. The outage
 // is injected by stopping the NATS server the node uses.
 func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
+	t.Parallel()
 	const lease = 400 * time.Millisecond
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 	require.NoError(t, err)
@@ -177,6 +178,7 @@ func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
 // its requests are reset (an SDK engine resyncs after its own reconnect
 // anyway); the copy never runs.
 func TestCopiesWaitThroughAnOutage(t *testing.T) {
+	t.Parallel()
 	const lease = 8 * time.Second
 	port := freePort(t)
 	start := func() *server.Server {

@@ -103,6 +103,7 @@ func violation(t *testing.T, errs <-chan error, subject string) {
 // requests, bytes and lookups are untouched and a well-behaved engine is
 // served throughout.
 func TestHostileNATSPermissions(t *testing.T) {
+	t.Parallel()
 	for _, auth := range []string{natsauth.AuthNKey, natsauth.AuthPassword} {
 		t.Run(auth, func(t *testing.T) { hostileNATSPermissions(t, auth) })
 	}
@@ -187,6 +188,7 @@ func hostileNATSPermissions(t *testing.T, auth string) {
 // With JetStream turned on in the generated configuration, only kvactors'
 // user may use its API: an engine cannot create a stream.
 func TestHostileJetStreamRestricted(t *testing.T) {
+	t.Parallel()
 	_, connect := securedNode(t, natsauth.Options{Engines: []string{"mal"}, JetStream: true})
 	errs := make(chan error, 64)
 	nc := connect("mal", errs)

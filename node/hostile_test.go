@@ -233,7 +233,7 @@ func TestHostileSquatterGeometry(t *testing.T) {
 // rejected too_large and counted, the request keeps nothing of it. The
 // default run sends 25 messages of 3 events × 20k ids (1.5M ids, fast under -race);
 // KVACTORS_HOSTILE_FULL=1 sends the 75M (3 × 1M per message).
-func TestHostileHugeBlockLists(t *testing.T) {
+func TestHostileHugeBlockLists(t *testing.T) { // not parallel: it measures the process's heap
 	e := startNode(t)
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts()) // 64 blocks × 4 tokens: max_model_len 256

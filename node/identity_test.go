@@ -75,6 +75,7 @@ func idConfig(url, id string, lease time.Duration, dir string) node.Config {
 // on; one seeing the other, the other is past its probe or yields). The
 // one refused logs no conflict: it never served.
 func TestOfTwoStartingWithOneNodeIDExactlyOneStarts(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	startTogether(t, []string{s.ClientURL(), s.ClientURL()}, 8)
 }
@@ -84,6 +85,7 @@ func TestOfTwoStartingWithOneNodeIDExactlyOneStarts(t *testing.T) {
 // probe may have gone out, so the probe asks again after a settle delay.
 // KVACTORS_CHAOS_ROUNDS sets the rounds (CI runs more).
 func TestOfThreeStartingOnThreeClusterServersExactlyOneStarts(t *testing.T) {
+	t.Parallel()
 	kc := testkit.NATSCluster(t, 3)
 	rounds := 6
 	if v, err := strconv.Atoi(os.Getenv("KVACTORS_CHAOS_ROUNDS")); err == nil && v > 0 {
@@ -127,6 +129,7 @@ func startTogether(t *testing.T, urls []string, rounds int) {
 // is asked by a starting process answers as starting, and yields to a
 // lower boot: both saw each other.
 func TestAStartingProcessYieldsToTheLowerBoot(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	const lease = 400 * time.Millisecond
 	answerStarting(t, nc, "low", "0000000000000000")
@@ -186,6 +189,7 @@ func TestAStartingProcessYieldsToTheLowerBoot(t *testing.T) {
 // out) lets the node start after a lease, and is a conflict if it comes
 // back. One that answers, but not as a node does, refuses the start.
 func TestASilentOrStrangeSubscriberOnTheNodeID(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	const lease = 400 * time.Millisecond
 	var logs testkit.SyncBuffer
@@ -338,6 +342,7 @@ func beatEvery(t *testing.T, nc *nats.Conn, id, boot string, period time.Duratio
 // A start waiting out a silent subscriber's probes and lease ends when its
 // context does (serve's SIGTERM), not when the wait would.
 func TestAStartWaitingOnASilentSubscriberEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	asked := make(chan struct{}, 16)
 	_, err := nc.Subscribe("kvactors._node.wait.identity", func(*nats.Msg) { asked <- struct{}{} })

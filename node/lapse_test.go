@@ -25,6 +25,7 @@ import (
 // released with engine_reset; the refusal is counted; a new epoch (after a
 // re-register, in case the engine also expired) stores normally.
 func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
+	t.Parallel()
 	// Lease 4s: the lapse is seen by 7/8 lease after the last round trip
 	// (watchdog every lease/8), before the engine, silent since the cut, may
 	// expire (a lease after its last batch), which would release its

@@ -26,6 +26,7 @@ import (
 // the limit, that together list every request once. A bad page or body
 // gets an error reply (never silence) and is counted.
 func TestStatusPagesStayUnderMaxPayload(t *testing.T) {
+	t.Parallel()
 	const maxPayload = 32 << 10
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true,
 		NoSigs: true, MaxPayload: maxPayload})

@@ -22,6 +22,7 @@ import (
 // claiming node's OK every time while it stays busy, and the engine would
 // register in a loop. Both are dropped and counted all the same.
 func TestABusyNodeAnswersNoLoadOfAnEngineItDoesNotServe(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	n, err := Start(context.Background(), Config{NATSURL: s.ClientURL(), NodeID: "n0", Cluster: true,
 		ClusterReplicas: 1, Lease: 2 * time.Second, FetchTimeout: time.Second, ShmDir: t.TempDir(),

@@ -358,6 +358,7 @@ func mapped(t *testing.T, path string) bool {
 // Sessions, "Engine liveness": an engine with no sign of life for a lease
 // expires exactly as if it had unregistered; one that heartbeats stays.
 func TestSilentEngineExpires(t *testing.T) {
+	t.Parallel()
 	// A lease long enough that the heartbeating engine's first beat comes
 	// well within it on a loaded machine; it registers after the silent
 	// engine's store, so nothing slow runs between its register and the

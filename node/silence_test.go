@@ -35,6 +35,7 @@ import (
 // request (which routers send too) is no word from the engine: b stays
 // refused.
 func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
+	t.Parallel()
 	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status"} {
 		t.Run(comeback, func(t *testing.T) {
 			r := newSilenceRig(t, nil)

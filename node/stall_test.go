@@ -126,6 +126,7 @@ func (s *stall) bytesRead(dir int) int64 {
 // of the lapse, and its copy never starts, however the node's goroutines
 // race on the two messages (the test takes the load after the lapse's end).
 func TestALoadThatWaitedThroughALapseNeverCopies(t *testing.T) {
+	t.Parallel()
 	const lease = 2 * time.Second
 	srv := testkit.NATSServer(t)
 	link := newStall(t, srv.Addr().String())

@@ -19,6 +19,7 @@ import (
 // (PROTOCOL.md "Clusters": only once N "has sent no hello or heartbeat for
 // a lease").
 func TestAFreshStandbyLeavesALivePrimarysEnginesAlone(t *testing.T) {
+	t.Parallel()
 	// Heartbeats every lease/4 = 7.5 s: the standby starts and the engines
 	// register well before n0's first heartbeat after its hello.
 	const lease = 30 * time.Second
@@ -48,6 +49,7 @@ func TestAFreshStandbyLeavesALivePrimarysEnginesAlone(t *testing.T) {
 // until it has listened for a lease: it takes the primary's engines a lease
 // after its own start, not before.
 func TestAStandbyTakesADeadPrimarysEnginesALeaseAfterItStarted(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 0)
 	before := time.Now()
 	sb := kc.startNode(0, "sb", func(_ int, c *node.Config) { c.Cluster, c.StandbyFor = false, "n0" })
