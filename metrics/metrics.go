@@ -258,11 +258,26 @@ func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int,
 			func() float64 { return float64(namespaces()) }))
 }
 
+// KVJournal counts the kv_events the journal defers: changes to keys of a
+// namespace with no member, kept for the next engine to join it.
+type KVJournal struct {
+	Deferred        prometheus.Counter
+	DeferredDropped prometheus.Counter
+}
+
 // RegisterKVJournal exports the pool changes journaled and not yet taken
-// for publishing as kv_events, read at scrape time: a backlog that grows
-// means the journal's goroutine does not get the CPU to keep up.
-func RegisterKVJournal(reg prometheus.Registerer, pending func() int) {
+// for publishing as kv_events, read at scrape time (a backlog that grows
+// means the journal's goroutine does not get the CPU to keep up), and
+// returns the deferral counters.
+func RegisterKVJournal(reg prometheus.Registerer, pending func() int) *KVJournal {
+	m := &KVJournal{
+		Deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvactors_kv_events_deferred_total",
+			Help: "Key changes (one per key) of namespaces with no registered engine, deferred to the next engine that joins the namespace."}),
+		DeferredDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvactors_kv_events_deferred_dropped_total",
+			Help: "Deferred key changes dropped past the deferral bound; an AllBlocksCleared of their namespace goes out in their place."}),
+	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_kv_events_pending",
 		Help: "Host pool and disk changes journaled, not yet taken for publishing as kv_events."},
-		func() float64 { return float64(pending()) }))
+		func() float64 { return float64(pending()) }), m.Deferred, m.DeferredDropped)
+	return m
 }

@@ -113,6 +113,9 @@ type Config struct {
 	// drops a sign of life, and what the engine actors stamp and check
 	// leases with. Internal tests fake it.
 	now func() time.Time
+	// kvDeferMost bounds the kv_events changes deferred for namespaces
+	// with no member (0: kvDeferMost). Tests set it small.
+	kvDeferMost int
 	// natsExtra is appended to the client's options (nil: none). Tests set
 	// it (export_test), e.g. to keep a node on the one server it dials.
 	natsExtra []nats.Option

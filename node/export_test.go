@@ -37,6 +37,12 @@ func (n *Node) HoldKVJournal() (release func()) {
 	return sync.OnceFunc(n.kv.mu.Unlock)
 }
 
+// WithKVDeferBound bounds the kv_events changes the journal defers for
+// namespaces with no member (Config.kvDeferMost).
+func WithKVDeferBound(most int) func(*Config) {
+	return func(c *Config) { c.kvDeferMost = most }
+}
+
 // WithClock sets the node's liveness clock (Config.now): engine expiry and
 // the engine-silence fence read it.
 func WithClock(now func() time.Time) func(*Config) {

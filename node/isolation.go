@@ -63,8 +63,9 @@ type namespace struct {
 }
 
 // announcer is the engine on whose kv_events changes to ns's keys that no
-// member made are announced; "" when it has no member (nothing of it is
-// announced then). Caller holds the table's mu.
+// member made are announced; "" when it has no member (the kv_events
+// journal then defers them to the next engine that joins). Caller holds
+// the table's mu.
 func (ns *namespace) announcer() string {
 	if len(ns.members) == 0 {
 		return ""

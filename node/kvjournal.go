@@ -28,7 +28,9 @@ import (
 // goroutine. Consecutive records for one engine go out as one message
 // (at most about kvMessageBytes; a larger record is cut across messages),
 // so a busy node publishes fewer,
-// larger kv_events messages than one per change.
+// larger kv_events messages than one per change. Changes to keys of a
+// namespace with no member are deferred (kvDeferred) and published on the
+// next engine to join it, before anything else of the namespace.
 type kvJournal struct {
 	mu      sync.Mutex
 	recs    []kvRecord
@@ -53,6 +55,12 @@ type kvJournal struct {
 	// boot, announced or not (the cluster's key set); set it before start.
 	observe func(typ, medium, namespace string, keys []messages.Key)
 	split   keySplit // run's scratch
+	// deferred holds the changes of namespaces with no member until one
+	// joins (the goroutine's own); onDefer, when set, counts the keys'
+	// changes deferred and those dropped past its bound.
+	deferred *kvDeferred
+	onDefer  func(deferred, dropped int)
+	scratch  []messages.Key // flushDeferred's
 	// linger is how long the goroutine waits, once woken, before it drains
 	// (0: it drains at once). See Config.KVEventsLinger.
 	linger time.Duration
@@ -60,11 +68,16 @@ type kvJournal struct {
 
 // kvRecord is one change: keys[lo:hi] of its drain became loadable (typ
 // BlockStored) or stopped being loadable (BlockRemoved) in medium, made by
-// engine.
+// engine. A record of typ kvJoin has no keys: engine joined namespace ns.
 type kvRecord struct {
 	engine, typ, medium string
 	lo, hi              int
+	ns                  sched.NamespaceID
 }
+
+// kvJoin is the typ of a record of an engine joining a namespace (never
+// on the wire).
+const kvJoin = "join"
 
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
@@ -77,7 +90,7 @@ const kvMessageBytes = 512 << 10
 func newKVJournal(emit func(string, uint64, []byte),
 	target func(string, sched.NamespaceID) (string, string, string, uint64)) *kvJournal {
 	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
-		emit: emit, target: target}
+		emit: emit, target: target, deferred: newKVDeferred(kvDeferMost)}
 }
 
 // start runs the publishing goroutine; records added before it are kept.
@@ -119,6 +132,24 @@ func (j *kvJournal) add(engine, typ, medium string, keys []messages.Key) {
 		j.recs = append(j.recs, kvRecord{engine: engine, typ: typ, medium: medium, lo: lo, hi: len(j.keys)})
 	}
 	j.mu.Unlock()
+	j.poke()
+}
+
+// joined queues engine's joining namespace ns, after which the namespace's
+// deferred changes go out on its member (before anything else of it: a
+// record drained after the join flushes them first too). Call it once
+// engine is a member (namespaces.commit).
+func (j *kvJournal) joined(engine string, ns sched.NamespaceID) {
+	j.mu.Lock()
+	if !j.closed {
+		j.recs = append(j.recs, kvRecord{engine: engine, typ: kvJoin, ns: ns})
+	}
+	j.mu.Unlock()
+	j.poke()
+}
+
+// poke wakes the goroutine.
+func (j *kvJournal) poke() {
 	select {
 	case j.wake <- struct{}{}:
 	default:
@@ -191,7 +222,16 @@ func (j *kvJournal) run() {
 
 // publish turns one record into events on the engines of its keys'
 // namespaces, appending to msg while the target engine stays the same.
+// Changes to keys of a namespace with no member are deferred until an
+// engine joins it, and then go out on its member before anything else of
+// it.
 func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
+	if r.typ == kvJoin {
+		if name, nsKey, engine, geo := j.target(r.engine, r.ns); nsKey != "" && engine != "" {
+			j.flushDeferred(r.ns, engine, geo, name, msg)
+		}
+		return
+	}
 	for run := range j.split.runs(keys) {
 		name, nsKey, engine, geo := j.target(r.engine, run.ns)
 		if nsKey == "" {
@@ -205,9 +245,45 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 			j.observe(r.typ, r.medium, messages.ClusterNamespace(nsKey, geo), run.keys)
 		}
 		if engine == "" {
-			continue // no engine of that namespace is registered: no one to tell
+			// No engine of that namespace is registered: no one to tell
+			// now, the next one to join is.
+			dropped := j.deferred.add(run.ns, r.typ, r.medium, run.keys)
+			if j.onDefer != nil {
+				j.onDefer(len(run.keys), dropped)
+			}
+			continue
 		}
+		j.flushDeferred(run.ns, engine, geo, name, msg)
 		msg.add(engine, geo, r.typ, run.group, r.medium, name, run.keys, j.emit)
+	}
+}
+
+// flushDeferred appends namespace ns's deferred changes to msg for engine,
+// its member: an AllBlocksCleared of ns first when some were dropped, then
+// each run of changes of one type, medium and group as one event.
+func (j *kvJournal) flushDeferred(ns sched.NamespaceID, engine string, geo uint64, name string, msg *kvMessage) {
+	if !j.deferred.has(ns) {
+		return
+	}
+	cleared, changes := j.deferred.take(ns)
+	if cleared {
+		msg.addClear(engine, geo, name, j.emit)
+	}
+	for len(changes) > 0 {
+		c := changes[0]
+		_, _, group := sched.SplitKey(c.key)
+		keys := append(j.scratch[:0], c.key)
+		n := 1
+		for ; n < len(changes); n++ {
+			_, _, g := sched.SplitKey(changes[n].key)
+			if changes[n].typ != c.typ || changes[n].medium != c.medium || g != group {
+				break
+			}
+			keys = append(keys, changes[n].key)
+		}
+		msg.add(engine, geo, c.typ, group, c.medium, name, keys, j.emit)
+		clear(keys)
+		j.scratch, changes = keys[:0], changes[n:]
 	}
 }
 
@@ -243,15 +319,7 @@ func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium
 		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(h)+end > kvMessageBytes {
 			m.flush(emit)
 		}
-		if len(m.body) == 0 {
-			now := time.Now
-			if m.now != nil {
-				now = m.now
-			}
-			m.body = wire.AppendKVBatchOpen(m.body, float64(now().UnixNano())/1e9)
-		} else {
-			m.body = append(m.body, ',')
-		}
+		m.next()
 		m.body = wire.AppendHexString(wire.AppendKVEventOpen(m.body, typ), string(h))
 		n := 1
 		for ; n < len(keys); n++ {
@@ -266,6 +334,41 @@ func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium
 			m.flush(emit)
 		}
 	}
+}
+
+// addClear appends an AllBlocksCleared of namespace (medium CPU) for
+// engine: a router forgets what it believes of that namespace on this
+// node (PROTOCOL.md "kv_events", deferred changes past the bound).
+func (m *kvMessage) addClear(engine string, geo uint64, namespace string, emit func(string, uint64, []byte)) {
+	if engine != m.engine || geo != m.geo {
+		m.flush(emit)
+		m.engine, m.geo = engine, geo
+	}
+	m.tail = append(m.tail[:0], `{"type":`...)
+	m.tail = wire.AppendString(m.tail, messages.KVAllBlocksCleared)
+	m.tail = append(m.tail, `,"medium":`...)
+	m.tail = wire.AppendString(m.tail, messages.MediumCPU)
+	m.tail = append(m.tail, `,"namespace":`...)
+	m.tail = append(wire.AppendString(m.tail, namespace), '}')
+	if len(m.body) > 0 && len(m.body)+1+len(m.tail)+len("]}") > kvMessageBytes {
+		m.flush(emit)
+	}
+	m.next()
+	m.body = append(m.body, m.tail...)
+}
+
+// next opens the body for an event: the batch's head when it is empty,
+// else the comma after the last event.
+func (m *kvMessage) next() {
+	if len(m.body) > 0 {
+		m.body = append(m.body, ',')
+		return
+	}
+	now := time.Now
+	if m.now != nil {
+		now = m.now
+	}
+	m.body = wire.AppendKVBatchOpen(m.body, float64(now().UnixNano())/1e9)
 }
 
 // hexBytes is what a hash adds to a body: its hex, quotes and comma.
@@ -368,7 +471,8 @@ func findSet(sets []keySet, ns sched.NamespaceID, group int) int {
 // kvTarget is where keys of namespace ns that engineID's operation
 // changed are announced: on engineID when it is registered in ns, else on
 // the member of ns registered last (namespace.announcer; no engine learns
-// another namespace's hashes; none registered: engine "", not announced).
+// another namespace's hashes; none registered: engine "", the journal
+// defers them until one joins).
 // nsKey is "" when ns is no namespace of this boot.
 //
 // It reads the namespace table only (its own RWMutex): n.mu is held by a

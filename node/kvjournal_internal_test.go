@@ -435,3 +435,77 @@ func TestKVJournalLingerGathersChanges(t *testing.T) {
 	require.Eventually(t, func() bool { return len(emitted()) == 1 }, 10*time.Second, time.Millisecond)
 	require.Zero(t, short.pending())
 }
+
+// Changes to keys of a namespace with no member are deferred, and go out
+// on the next engine to join it before anything else of it: at its join
+// (the register's join record) or with the first change drained after it.
+// Past the bound an AllBlocksCleared of the namespace goes first and only
+// the stores since are kept (PROTOCOL.md "kv_events").
+func TestKVJournalDefersANamespaceWithNoMemberUntilOneJoins(t *testing.T) {
+	type msg struct {
+		engine string
+		events []messages.KVEvent
+	}
+	var got []msg
+	emit := func(engine string, _ uint64, body []byte) { got = append(got, msg{engine, decodeKV(t, body)}) }
+	member := "ea" // namespace 1's ("n"); namespace 2 ("o") always has eo
+	target := func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
+		if ns == 2 {
+			return "o", ".o", "eo", 2
+		}
+		return "n", ".n", member, 1
+	}
+	key := func(ns sched.NamespaceID, h string) messages.Key { return sched.Key(ns, messages.Hash(h), 0) }
+	hx := func(s string) string { return fmt.Sprintf("%x", s) }
+	ev := func(typ, medium, ns string, hs ...string) messages.KVEvent {
+		for i := range hs {
+			hs[i] = hx(hs[i])
+		}
+		return messages.KVEvent{Type: typ, Medium: medium, Namespace: ns, BlockHashes: hs}
+	}
+	cpu, disk := messages.MediumCPU, messages.MediumDisk
+	stored, removed := messages.KVBlockStored, messages.KVBlockRemoved
+	var dj, dd int
+	steps := func(j *kvJournal, join bool) {
+		j.onDefer = func(deferred, dropped int) { dj, dd = dj+deferred, dd+dropped }
+		var m kvMessage
+		var keys []messages.Key
+		rec := func(engine, typ, medium string, ks ...messages.Key) {
+			keys = append(keys[:0], ks...)
+			j.publish(&kvRecord{engine: engine, typ: typ, medium: medium, lo: 0, hi: len(keys)}, keys, &m)
+		}
+		rec("ea", stored, cpu, key(1, "a"), key(1, "b"))
+		member = "" // ea left
+		rec("ex", removed, cpu, key(1, "a"), key(2, "z"))
+		rec("ex", stored, disk, key(1, "a"))
+		rec("ex", removed, cpu, key(1, "b"))
+		rec("ex", stored, cpu, key(1, "c"))
+		member = "eb" // eb joined
+		if join {
+			j.publish(&kvRecord{engine: "eb", typ: kvJoin, ns: 1}, nil, &m)
+		}
+		rec("eb", stored, cpu, key(1, "d"))
+		m.flush(emit)
+	}
+
+	steps(newKVJournal(emit, target), false)
+	require.Equal(t, []msg{
+		{"ea", []messages.KVEvent{ev(stored, cpu, "n", "a", "b")}},
+		{"eo", []messages.KVEvent{ev(removed, cpu, "o", "z")}},
+		{"eb", []messages.KVEvent{ev(removed, cpu, "n", "a"), ev(stored, disk, "n", "a"),
+			ev(removed, cpu, "n", "b"), ev(stored, cpu, "n", "c"), ev(stored, cpu, "n", "d")}},
+	}, got, "the deferred changes go out on the member, in order, before its own")
+	require.Equal(t, []int{4, 0}, []int{dj, dd})
+
+	got, dj, dd, member = nil, 0, 0, "ea"
+	j := newKVJournal(emit, target)
+	j.deferred = newKVDeferred(2)
+	steps(j, true)
+	require.Equal(t, []msg{
+		{"ea", []messages.KVEvent{ev(stored, cpu, "n", "a", "b")}},
+		{"eo", []messages.KVEvent{ev(removed, cpu, "o", "z")}},
+		{"eb", []messages.KVEvent{{Type: messages.KVAllBlocksCleared, Medium: cpu, Namespace: "n"},
+			ev(stored, cpu, "n", "c"), ev(stored, cpu, "n", "d")}},
+	}, got, "past the bound: a clear of the namespace, then what it stored since")
+	require.Equal(t, []int{4, 3}, []int{dj, dd})
+}

@@ -173,8 +173,8 @@ func kvUntil(t *testing.T, tap <-chan kvSeen, typ, h string, skip ...string) str
 // another namespace; e2 stores a chunk, and e3 (its own namespace, a pool
 // of 2 slots) stores two and evicts it. The BlockRemoved goes on e2, the
 // member left, never on e1. Once every member has left, an eviction of the
-// namespace is announced to nobody; an engine that joins it then announces
-// its changes again.
+// namespace is announced to nobody until an engine joins it: then on that
+// engine, which announces its changes from then on.
 func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
 	for _, how := range []string{"unregister", "register elsewhere"} {
 		t.Run(how, func(t *testing.T) {
@@ -209,7 +209,7 @@ func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
 			require.Equal(t, "e2", kvUntil(t, tap, messages.KVBlockStored, hash("s2", 0), "e1"))
 			require.NoError(t, jsonUnmarshal(e2.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
 			e3.storeOne("x3", 3) // evicts x2
-			e3.storeOne("x4", 4) // evicts s2's chunk: nobody to tell
+			e3.storeOne("x4", 4) // evicts s2's chunk: nobody to tell yet
 			for {
 				m := recv(t, tap, "x4's BlockStored")
 				require.Equal(t, "e3", m.engine, "only e3 is told: %+v", m.events)
@@ -219,10 +219,13 @@ func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
 					break
 				}
 			}
-			// A new member announces the namespace's changes again.
+			// A new member is told of that eviction, and announces the
+			// namespace's changes again.
 			e4 := e.newEngine("e4", defaultOpts())
 			e4.spec.Namespace = "shared"
 			e4.register()
+			require.Equal(t, "e4", kvUntil(t, tap, messages.KVBlockRemoved, hash("s2", 0), "e1", "e2"),
+				"the eviction made while the namespace had no member")
 			e3.storeOne("x5", 5) // evicts x3
 			e4.storeOne("s3", 3) // evicts x4
 			e3.storeOne("x6", 6) // evicts x5

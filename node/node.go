@@ -160,7 +160,14 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	}()
 	n.kv = newKVJournal(n.publishKV, n.kvTarget)
 	n.kv.linger = max(0, cfg.KVEventsLinger)
-	metrics.RegisterKVJournal(cfg.Registry, n.kv.pending)
+	if cfg.kvDeferMost > 0 {
+		n.kv.deferred = newKVDeferred(cfg.kvDeferMost)
+	}
+	kvm := metrics.RegisterKVJournal(cfg.Registry, n.kv.pending)
+	n.kv.onDefer = func(deferred, dropped int) {
+		kvm.Deferred.Add(float64(deferred))
+		kvm.DeferredDropped.Add(float64(dropped))
+	}
 	if err := n.listenHTTP(); err != nil { // a port in use fails here, not after the NATS wait
 		return nil, err
 	}

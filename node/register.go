@@ -204,6 +204,10 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.outbox.AllBlocksCleared(context.Background(), id)
 	}
 	ns := n.nss.commit(nsName, id, lay)
+	// Changes to the namespace's keys deferred while it had no member go
+	// out on it now, after the AllBlocksCleared above and before anything
+	// else of the namespace (PROTOCOL.md "kv_events").
+	n.kv.joined(id, ns.id)
 	if n.committed != nil {
 		n.committed(id, ns.id)
 	}
