@@ -274,7 +274,7 @@ func RegisterKVJournal(reg prometheus.Registerer, pending func() int) *KVJournal
 		Deferred: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvactors_kv_events_deferred_total",
 			Help: "Key changes (one per key) of namespaces with no registered engine, deferred to the next engine that joins the namespace."}),
 		DeferredDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "kvactors_kv_events_deferred_dropped_total",
-			Help: "Deferred key changes dropped past the deferral bound; an AllBlocksCleared of their namespace goes out in their place."}),
+			Help: "Deferred key changes dropped past the deferral bound; an AllBlocksCleared of their namespace in each medium goes out in their place."}),
 	}
 	reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_kv_events_pending",
 		Help: "Host pool and disk changes journaled, not yet taken for publishing as kv_events."},

@@ -17,8 +17,8 @@ const kvDeferMost = 1 << 17
 // what the pool holds, as if it had been told every change in order.
 //
 // Past most changes kept in all, the namespace holding the most has them
-// dropped and is marked cleared: an AllBlocksCleared for it is published
-// first, and from then on only its keys stored since are kept (a removal
+// dropped and is marked cleared: AllBlocksCleared for it, in each medium,
+// is published first, and from then on only its keys stored since are kept (a removal
 // after a clear tells a router nothing). So a router never believes a key
 // held that is gone; at worst it forgets keys still held (missed hits).
 //
@@ -56,9 +56,10 @@ func newKVDeferred(most int) *kvDeferred {
 }
 
 // add defers typ of keys (all of namespace ns) in medium. It returns how
-// many changes kept so far were dropped past the bound (of ns or of
-// another namespace).
-func (x *kvDeferred) add(ns sched.NamespaceID, typ, medium string, keys []messages.Key) (dropped int) {
+// many of keys it kept (a removal after ns's clear is not), and how many
+// changes kept so far were dropped past the bound (of ns or of another
+// namespace).
+func (x *kvDeferred) add(ns sched.NamespaceID, typ, medium string, keys []messages.Key) (kept, dropped int) {
 	d := x.byNS[ns]
 	if d == nil {
 		d = &nsDeferred{at: map[changeID]int{}}
@@ -76,12 +77,13 @@ func (x *kvDeferred) add(ns sched.NamespaceID, typ, medium string, keys []messag
 		}
 		d.at[id] = len(d.list)
 		d.list = append(d.list, kvChange{key: k, typ: typ, medium: medium})
+		kept++
 		if x.held++; x.held > x.most {
 			dropped += x.overflow()
 		}
 	}
 	d.compact() // an overflow leaves another namespace's list empty
-	return dropped
+	return kept, dropped
 }
 
 // overflow drops the changes of the namespace holding the most and marks
@@ -95,9 +97,10 @@ func (x *kvDeferred) overflow() int {
 	}
 	n := len(big.at)
 	x.held -= n
-	clear(big.at)
-	clear(big.list) // the keys' strings: not ours to keep alive
-	big.list, big.cleared = big.list[:0], true
+	// Fresh ones, not emptied: a map keeps its buckets and a slice its
+	// array, so each namespace that once reached the bound would hold that
+	// memory until an engine joins it (for one abandoned, never).
+	big.list, big.at, big.cleared = nil, map[changeID]int{}, true
 	return n
 }
 

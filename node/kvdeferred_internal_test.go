@@ -102,7 +102,16 @@ func TestKVDeferredReplaysToThePoolsState(t *testing.T) {
 				delete(truth, i)
 			}
 			order[ns] = append(slices.DeleteFunc(order[ns], func(j id) bool { return j == i }), i)
-			dropped += x.add(ns, typ, i.med, []messages.Key{i.key})
+			wasCleared := x.byNS[ns] != nil && x.byNS[ns].cleared
+			kept, d := x.add(ns, typ, i.med, []messages.Key{i.key})
+			wantKept := 1
+			if wasCleared && typ == messages.KVBlockRemoved {
+				wantKept = 0 // a removal after the clear tells a router nothing
+			}
+			if kept != wantKept {
+				return fmt.Errorf("a %s of %v counted %d kept, want %d", typ, i, kept, wantKept)
+			}
+			dropped += d
 			if x.held > most {
 				return fmt.Errorf("%d changes kept, bound %d", x.held, most)
 			}
@@ -137,9 +146,9 @@ func TestKVDeferredKeepsTheLatestAndClearsPastTheBound(t *testing.T) {
 	a, b, c := deferKey(1, 'a', 0), deferKey(1, 'b', 0), deferKey(1, 'c', 1)
 	x := newKVDeferred(4)
 	require.False(t, x.has(1))
-	require.Zero(t, x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a, b}))
-	require.Zero(t, x.add(1, messages.KVBlockStored, messages.MediumDisk, []messages.Key{a}))
-	require.Zero(t, x.add(1, messages.KVBlockStored, messages.MediumCPU, []messages.Key{a}))
+	require.Equal(t, [2]int{2, 0}, pair(x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a, b})))
+	require.Equal(t, [2]int{1, 0}, pair(x.add(1, messages.KVBlockStored, messages.MediumDisk, []messages.Key{a})))
+	require.Equal(t, [2]int{1, 0}, pair(x.add(1, messages.KVBlockStored, messages.MediumCPU, []messages.Key{a})))
 	require.True(t, x.has(1))
 	require.False(t, x.has(2))
 	cleared, changes := x.take(1)
@@ -155,12 +164,13 @@ func TestKVDeferredKeepsTheLatestAndClearsPastTheBound(t *testing.T) {
 	// Namespace 2 keeps one, namespace 1 three; the fifth change passes the
 	// bound and namespace 1, keeping the most, is cleared.
 	d := deferKey(2, 'd', 0)
-	require.Zero(t, x.add(2, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{d}))
-	require.Zero(t, x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a, b, c}))
-	require.Equal(t, 4, x.add(1, messages.KVBlockStored, messages.MediumDisk, []messages.Key{b}))
+	require.Equal(t, [2]int{1, 0}, pair(x.add(2, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{d})))
+	require.Equal(t, [2]int{3, 0}, pair(x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a, b, c})))
+	require.Equal(t, [2]int{1, 4}, pair(x.add(1, messages.KVBlockStored, messages.MediumDisk, []messages.Key{b})))
+	require.Zero(t, cap(x.byNS[1].list), "the cleared namespace's list is let go, not kept at its peak")
 	require.Equal(t, 1, x.held, "namespace 2's change kept")
-	require.Zero(t, x.add(1, messages.KVBlockStored, messages.MediumCPU, []messages.Key{c}))
-	require.Zero(t, x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a}),
+	require.Equal(t, [2]int{1, 0}, pair(x.add(1, messages.KVBlockStored, messages.MediumCPU, []messages.Key{c})))
+	require.Equal(t, [2]int{0, 0}, pair(x.add(1, messages.KVBlockRemoved, messages.MediumCPU, []messages.Key{a})),
 		"a removal after the clear is not kept")
 	cleared, changes = x.take(1)
 	require.True(t, cleared)
@@ -175,9 +185,12 @@ func TestKVDeferredKeepsTheLatestAndClearsPastTheBound(t *testing.T) {
 		if i%2 == 1 {
 			typ = messages.KVBlockRemoved
 		}
-		require.Zero(t, x.add(3, typ, messages.MediumCPU, []messages.Key{a}))
+		require.Equal(t, [2]int{1, 0}, pair(x.add(3, typ, messages.MediumCPU, []messages.Key{a})))
 	}
 	require.Less(t, len(x.byNS[3].list), 20)
 	_, changes = x.take(3)
 	require.Equal(t, []kvChange{{a, messages.KVBlockRemoved, messages.MediumCPU}}, changes)
 }
+
+// pair is add's two results as one value.
+func pair(kept, dropped int) [2]int { return [2]int{kept, dropped} }

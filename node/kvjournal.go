@@ -247,9 +247,9 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 		if engine == "" {
 			// No engine of that namespace is registered: no one to tell
 			// now, the next one to join is.
-			dropped := j.deferred.add(run.ns, r.typ, r.medium, run.keys)
+			kept, dropped := j.deferred.add(run.ns, r.typ, r.medium, run.keys)
 			if j.onDefer != nil {
-				j.onDefer(len(run.keys), dropped)
+				j.onDefer(kept, dropped)
 			}
 			continue
 		}
@@ -267,7 +267,10 @@ func (j *kvJournal) flushDeferred(ns sched.NamespaceID, engine string, geo uint6
 	}
 	cleared, changes := j.deferred.take(ns)
 	if cleared {
-		msg.addClear(engine, geo, name, j.emit)
+		// Both media: the clear covers the dropped changes of each, a DISK
+		// write or deletion as much as a CPU store or eviction.
+		msg.addClear(engine, geo, messages.MediumCPU, name, j.emit)
+		msg.addClear(engine, geo, messages.MediumDisk, name, j.emit)
 	}
 	for len(changes) > 0 {
 		c := changes[0]
@@ -336,10 +339,10 @@ func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium
 	}
 }
 
-// addClear appends an AllBlocksCleared of namespace (medium CPU) for
-// engine: a router forgets what it believes of that namespace on this
-// node (PROTOCOL.md "kv_events", deferred changes past the bound).
-func (m *kvMessage) addClear(engine string, geo uint64, namespace string, emit func(string, uint64, []byte)) {
+// addClear appends an AllBlocksCleared of namespace in medium for engine:
+// a router forgets what it believes of that namespace in that medium on
+// this node (PROTOCOL.md "kv_events", deferred changes past the bound).
+func (m *kvMessage) addClear(engine string, geo uint64, medium, namespace string, emit func(string, uint64, []byte)) {
 	if engine != m.engine || geo != m.geo {
 		m.flush(emit)
 		m.engine, m.geo = engine, geo
@@ -347,7 +350,7 @@ func (m *kvMessage) addClear(engine string, geo uint64, namespace string, emit f
 	m.tail = append(m.tail[:0], `{"type":`...)
 	m.tail = wire.AppendString(m.tail, messages.KVAllBlocksCleared)
 	m.tail = append(m.tail, `,"medium":`...)
-	m.tail = wire.AppendString(m.tail, messages.MediumCPU)
+	m.tail = wire.AppendString(m.tail, medium)
 	m.tail = append(m.tail, `,"namespace":`...)
 	m.tail = append(wire.AppendString(m.tail, namespace), '}')
 	if len(m.body) > 0 && len(m.body)+1+len(m.tail)+len("]}") > kvMessageBytes {

@@ -505,7 +505,8 @@ func TestKVJournalDefersANamespaceWithNoMemberUntilOneJoins(t *testing.T) {
 		{"ea", []messages.KVEvent{ev(stored, cpu, "n", "a", "b")}},
 		{"eo", []messages.KVEvent{ev(removed, cpu, "o", "z")}},
 		{"eb", []messages.KVEvent{{Type: messages.KVAllBlocksCleared, Medium: cpu, Namespace: "n"},
+			{Type: messages.KVAllBlocksCleared, Medium: messages.MediumDisk, Namespace: "n"},
 			ev(stored, cpu, "n", "c"), ev(stored, cpu, "n", "d")}},
-	}, got, "past the bound: a clear of the namespace, then what it stored since")
+	}, got, "past the bound: a clear of the namespace in each medium, then what it stored since")
 	require.Equal(t, []int{4, 3}, []int{dj, dd})
 }

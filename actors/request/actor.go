@@ -347,11 +347,9 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 		j.span.RecordError(m.Err)
 		j.span.SetStatus(codes.Error, m.Err.Error())
 		level := slog.LevelWarn
-		if errors.Is(m.Err, transfer.ErrSessionLapsed) || errors.Is(m.Err, transfer.ErrEngineSilent) ||
-			errors.Is(m.Err, transfer.ErrQueueClosed) {
+		if errors.Is(m.Err, transfer.ErrSessionLapsed) || errors.Is(m.Err, transfer.ErrEngineSilent) {
 			// Expected after a lapse, on every retry until the engine's
-			// reset ends the request (the fence counts them), and as the
-			// node stops.
+			// reset ends the request: the fence counts them.
 			level = slog.LevelDebug
 		}
 		// Rate-limited: an engine that truncates its own segment makes

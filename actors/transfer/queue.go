@@ -93,9 +93,9 @@ func (q *Queue) state() metrics.QueueState {
 // eighth session).
 //
 // A job submitted once the queue has closed (the transfer actor stopping)
-// never runs: its pool side is aborted and its owner gets its JobDone with
-// ErrQueueClosed at once (refuse). Without it, a load submitted as the node
-// stopped was never answered, its engine waiting out its own timeout.
+// never runs: its pool side is aborted, and a load's owner gets its JobDone
+// with ErrQueueClosed at once (refuse). Without it, a load submitted as the
+// node stopped was never answered, its engine waiting out its own timeout.
 func (q *Queue) Submit(s *Submit) {
 	s.queued = time.Now()
 	q.mu.Lock()
@@ -126,13 +126,15 @@ func (q *Queue) Submit(s *Submit) {
 }
 
 // refuse ends a job submitted after close: its pool side is aborted (a
-// store's pending room freed, a load's keys unpinned) and its owner told
-// through the actor system's root context, which outlives the transfer
-// actor. A store's owner retries it after a backoff, as any failed copy, until
-// its engine is retired; a load's answers its engine with the error.
+// store's pending room freed, a load's keys unpinned) and a load's owner
+// told, through the actor system's root context, which outlives the
+// transfer actor: it answers its engine with the error and counts its load
+// out. A store is left unanswered, as answerLoads leaves the stores still
+// queued: its owner would only decide again (a failed copy is retried after
+// a backoff, a cancelled one at once), making room in a pool about to go.
 func (q *Queue) refuse(s *Submit, root *actor.RootContext) {
 	q.abort(s)
-	if root != nil && s.Owner != nil {
+	if s.Dir == backend.HostToDevice && root != nil && s.Owner != nil {
 		root.Send(s.Owner, &JobDone{ID: s.ID, Err: ErrQueueClosed})
 	}
 }
