@@ -49,6 +49,7 @@ func (s *stuck) Receive(c actor.Context) {
 // the time it waits behind a slow turn counts in the store latency metrics
 // (decision_seconds, stored_seconds), as it counts for the engine.
 func TestABatchArrivesWhenTakenNotWhenItsWorkerIsFree(t *testing.T) {
+	t.Parallel()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), HTTPAddr: HTTPOff,
 		ShmDir: t.TempDir(), PoolBytes: 1 << 20, Registry: prometheus.NewRegistry(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -99,6 +100,7 @@ func TestABatchArrivesWhenTakenNotWhenItsWorkerIsFree(t *testing.T) {
 // to it: the wait behind the engine's earlier messages is in the engine's
 // wait for the reply, so it is in the span too.
 func TestALoadsSpanStartsWhenItWasTaken(t *testing.T) {
+	t.Parallel()
 	rec := tracetest.NewSpanRecorder()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), HTTPAddr: HTTPOff,
 		ShmDir: t.TempDir(), PoolBytes: 1 << 20, Registry: prometheus.NewRegistry(),

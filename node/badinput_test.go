@@ -61,6 +61,7 @@ func rejected(t *testing.T, e *env, reason string) float64 {
 // Bad input gets a clear error, is counted, and changes nothing else: a valid
 // engine keeps storing in the same run (issue 3, "Bad input").
 func TestBadInputIsRejectedCountedAndHarmless(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("good", defaultOpts())
 	te.register()
@@ -117,6 +118,7 @@ func TestBadInputIsRejectedCountedAndHarmless(t *testing.T) {
 // Hostile segments are refused at register with an error naming the
 // problem; the node keeps serving (issue 3, "hostile shm names").
 func TestHostileSegmentsAreRefused(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	outside := filepath.Join(t.TempDir(), "secret")
 	require.NoError(t, os.WriteFile(outside, make([]byte, 1<<20), 0o600))
@@ -157,6 +159,7 @@ func TestHostileSegmentsAreRefused(t *testing.T) {
 // /metrics, /healthz, /readyz and /debug/engines answer; counters moved by
 // the amounts a scenario implies (issue 4).
 func TestAdminEndpointsAndCounters(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("m", defaultOpts())
 	te.register()
@@ -209,6 +212,7 @@ func TestStartFailureIsAnError(t *testing.T) {
 // decode or does not fit the layout, a block id past num_gpu_blocks, an
 // unknown engine. Answered with the error, nothing else changes.
 func TestBadLoadsAreCountedByReason(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()

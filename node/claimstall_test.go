@@ -51,6 +51,7 @@ func stalledEngine(t *testing.T, e *env, other string) (te *testEngine, ask func
 // register, a heartbeat, a status) wait behind its register and are handled
 // after it, in the order b sent them, once the claim ends.
 func TestClusterStalledClaimHoldsUpOnlyItsEngine(t *testing.T) {
+	t.Parallel()
 	// The lease bounds the stall: a's answers must come within it.
 	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease = true, 4*time.Second })
 	a := e.newEngine("a1", defaultOpts())
@@ -118,6 +119,7 @@ func TestClusterStalledClaimHoldsUpOnlyItsEngine(t *testing.T) {
 // wait out the claim's lease; the register is not claimed (its engine
 // registers elsewhere) and its bytes leave the intake budget.
 func TestClusterCloseDuringAStalledClaim(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease = true, 30*time.Second })
 	a := e.newEngine("a1", defaultOpts())
 	a.register()
@@ -144,6 +146,7 @@ func TestClusterCloseDuringAStalledClaim(t *testing.T) {
 // dropped unread, and the claim has not made this node it yet), and the
 // other engines keep the rest of the budget.
 func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
+	t.Parallel()
 	// 32 MiB (4 × the embedded server's max payload): 16 MiB for the
 	// intake's queues, so b may park 8 MiB.
 	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease, c.MaxPendingBytes = true, 4*time.Second, 32<<20 })

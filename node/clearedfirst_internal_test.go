@@ -21,6 +21,7 @@ import (
 // by an engine outside it, which is announced on the namespace's member.
 // The hook holds the register there until that change has been published.
 func TestAllBlocksClearedComesBeforeAChangeDrainedAsTheEngineJoins(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := startInternal(t, nil)
 	kv := make(chan messages.KVEventBatch, 16)
 	sub, err := nc.Subscribe("kvactors.e1.kv_events", func(m *nats.Msg) {

@@ -48,6 +48,7 @@ func TestOwnedDeviceRefusesCopiesOnceTheClaimMayHaveLapsed(t *testing.T) {
 // that no engine of that id is registered. Once it is gone for good, the
 // claim is given up.
 func TestAnEndedEnginesClaimIsKeptIfItRegisteredAgain(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := startInternal(t, func(c *Config) { c.Cluster, c.ClusterReplicas, c.NodeID = true, 1, "n1" })
 
 	registerOneEngine(t, nc, dir, "e1")
@@ -102,6 +103,7 @@ func TestKeyedLocksAreOnePerKey(t *testing.T) {
 // renewed for an engine this node no longer serves, which would have every
 // other node refuse it.
 func TestATimedOutEndReleasesTheClaimOnceItsCopyEnds(t *testing.T) {
+	t.Parallel()
 	dev := &toldDevice{copies: make(chan backend.Direction, 16), hold: make(chan struct{})}
 	release := sync.OnceFunc(func() { close(dev.hold) })
 	t.Cleanup(release)

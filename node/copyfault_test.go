@@ -20,6 +20,7 @@ import (
 // copy fault (shm.ErrFault): each load is answered with the error and
 // counted, but only the first few failures are logged in full.
 func TestFaultingLoadCopiesAreLogRateLimited(t *testing.T) {
+	t.Parallel()
 	var logs testkit.SyncBuffer
 	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	te := e.newEngine("e1", defaultOpts())
@@ -45,6 +46,7 @@ func TestFaultingLoadCopiesAreLogRateLimited(t *testing.T) {
 // The same for stores: every store copy of a truncated segment faults and is
 // retried; each failure is counted, the first few logged.
 func TestFaultingStoreCopiesAreLogRateLimited(t *testing.T) {
+	t.Parallel()
 	var logs testkit.SyncBuffer
 	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	te := e.newEngine("e1", defaultOpts())

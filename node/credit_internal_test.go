@@ -82,6 +82,7 @@ func routeStandIn(t *testing.T, n *Node, engine string, props *actor.Props) (*ac
 // (the engine resyncs), and once the actor handles its batches the window
 // opens again. An engine whose route ends gives its credits back.
 func TestBurstBoundedByCreditWindow(t *testing.T) {
+	t.Parallel()
 	const maxPending = 64 << 10
 	// A 16 KiB max payload, so a 64 KiB budget is allowed (4 of the
 	// largest messages).

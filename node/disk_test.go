@@ -68,6 +68,7 @@ func recvKV(t *testing.T, te *testEngine, typ, medium string) messages.KVEvent {
 // restart the node re-indexes the directory and serves them again; a chunk
 // corrupted on disk is never loaded (error naming it, BlockRemoved DISK).
 func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
+	t.Parallel()
 	diskDir := t.TempDir()
 	e := startNode(t, withPoolSlots(2), withDisk(diskDir))
 	te := e.newEngine("e1", defaultOpts())
@@ -157,6 +158,7 @@ func TestDiskTierSpillLoadRestartCorrupt(t *testing.T) {
 // (and got the id ta had), nor for engine mal, which names "ta" as its
 // (shared) namespace, and it still is for ta.
 func TestDiskChunksStayInTheirNamespaceAcrossRestarts(t *testing.T) {
+	t.Parallel()
 	diskDir := t.TempDir()
 	prefix := []string{hash("shared", 0), hash("shared", 1)}
 	e := startNode(t, withPoolSlots(2), withDisk(diskDir))

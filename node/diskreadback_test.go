@@ -109,6 +109,7 @@ func startReadingBack(t *testing.T, mutate ...func(*node.Config)) *readingBack {
 // instead of failing "key not ready": a hot prefix on disk loaded by two
 // requests at once.
 func TestASecondLoadOfAChunkBeingReadBackFromDiskWaitsForIt(t *testing.T) {
+	t.Parallel()
 	rb := startReadingBack(t)
 	te := rb.te
 	require.Equal(t, 4, te.lookup(rb.a), "a is loadable while it is read back")
@@ -130,6 +131,7 @@ func TestASecondLoadOfAChunkBeingReadBackFromDiskWaitsForIt(t *testing.T) {
 // A load waiting for a chunk another load reads back does not hold up the
 // node's Close: it fails at once, the node closing, and copies nothing.
 func TestALoadWaitingForAReadBackFailsWhenTheNodeCloses(t *testing.T) {
+	t.Parallel()
 	rb := startReadingBack(t)
 	te := rb.te
 	before := bytes.Clone(te.block(0, 11))
@@ -150,6 +152,7 @@ func TestALoadWaitingForAReadBackFailsWhenTheNodeCloses(t *testing.T) {
 // answered within the engine's request timeout (the Go SDK's 5 s), which a
 // wait of a lease (10 s) outlasted, leaving the load in doubt.
 func TestALoadWaitsForAPendingKeyAtMostTheLoadWait(t *testing.T) {
+	t.Parallel()
 	const wait = 300 * time.Millisecond
 	rb := startReadingBack(t, func(c *node.Config) { c.LoadWait = wait })
 	te := rb.te
@@ -171,6 +174,7 @@ func TestALoadWaitsForAPendingKeyAtMostTheLoadWait(t *testing.T) {
 // not-ready at once, as every such load did before loads waited; the 64
 // waiting ones still succeed once the read ends.
 func TestAnEnginesWaitingLoadsAreBounded(t *testing.T) {
+	t.Parallel()
 	rb := startReadingBack(t)
 	te := rb.te
 	const bound = 64

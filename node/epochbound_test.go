@@ -15,6 +15,7 @@ import (
 // engine id across registers is that of its most recently released epochs
 // (actors.KeptEpochs), the oldest forgotten, the latest going on.
 func TestAnEngineCyclingEpochsKeepsOnlyItsRecentReleaseCounts(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	const cycles = actors.KeptEpochs + 4

@@ -198,6 +198,7 @@ func TestASignOfLifeInTheDecodeWorkersHandsIsABacklog(t *testing.T) {
 // (it is busy, or held), name no engine yet: the lease check counts them as
 // every engine's backlog.
 func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := startWatched(t, 0, logWatch{})
 	in := n.ingest
 	registerOneEngine(t, nc, dir, "e1")
@@ -238,6 +239,7 @@ func TestMessagesTheSubscriptionHoldsAreEveryEnginesBacklog(t *testing.T) {
 // id by the time the node acts: an engine that registered again meanwhile
 // (a new spec: a new actor) lives on.
 func TestAnExpiryEndsOnlyTheActorThatExpired(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := startWatched(t, 0, logWatch{})
 	registerOneEngine(t, nc, dir, "e1")
 	old := n.engine("e1")
@@ -337,6 +339,7 @@ func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
 // long, so the session loop's own ticks and flushes come too late to
 // interfere).
 func TestADroppedSignOfLifeIsStampedWhenItWasDropped(t *testing.T) {
+	t.Parallel()
 	const lease = time.Minute
 	start := time.Unix(1_800_000_000, 0)
 	heartbeat := func(t *testing.T, _ *Node, nc *nats.Conn, _ int) {

@@ -23,6 +23,7 @@ import (
 // and comes back on the same address it reconnects by itself, resubscribes,
 // and serves the engine again (issue 3, "reconnect forever with backoff").
 func TestExternalNATSAndReconnect(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	start := func() *server.Server {
 		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})

@@ -53,6 +53,7 @@ func failWhenArmed(n *Node, arm *atomic.Bool, edit func(*engine.Deps)) {
 // was released aborted, the node went on routing to the restarted actor
 // with a fresh sequencer, and the failed batch's credit was never returned.
 func TestAFailedEngineActorEndsTheEngineOnTheNode(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := failAndForget(t, nil, messages.ReasonEngineGone)
 	live := n.metrics.Engines.EnginesLive
 	require.Equal(t, 1.0, testutil.ToFloat64(n.metrics.Engines.Failures))
@@ -145,6 +146,7 @@ func (h panicsOnLine) WithGroup(string) slog.Handler      { return h }
 // its request gets one release (aborted: the actor stopped as a last
 // resort) and the engine can register again.
 func TestAnEngineActorFailingInsideItsEndIsStillForgottenByTheNode(t *testing.T) {
+	t.Parallel()
 	_, nc, dir := failAndForget(t, func(d *engine.Deps) {
 		d.Log = slog.New(panicsOnLine{msg: "engine actor failed; ending the engine as on unregister"})
 	}, messages.ReasonAborted)
@@ -170,6 +172,7 @@ func (s *panickyStore) PrepareStoreInto(out *hostpool.Prepared, keys []messages.
 // blocks a copy reads only after it. The engine and its other requests
 // carry on.
 func TestAFailedRequestIsReleasedOnTheNodeOnlyOnceItsCopyEnds(t *testing.T) {
+	t.Parallel()
 	dev := &toldDevice{copies: make(chan backend.Direction, 16), hold: make(chan struct{})}
 	release := sync.OnceFunc(func() { close(dev.hold) })
 	t.Cleanup(release)

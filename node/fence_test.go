@@ -100,6 +100,7 @@ func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
 // before the segments are unmapped, and the reply comes only after that; a
 // queued copy is cancelled. The copies are held in flight by the test.
 func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
+	t.Parallel()
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{})}
 	e := startNode(t, func(c *node.Config) {
 		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
@@ -259,6 +260,7 @@ func TestCopiesWaitThroughAnOutage(t *testing.T) {
 // A load copying into the engine's blocks is not a request of the engine,
 // yet unregister still waits for it before unmapping the segments.
 func TestUnregisterWaitsForALoadInFlight(t *testing.T) {
+	t.Parallel()
 	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
 	e := startNode(t, func(c *node.Config) {
 		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }
@@ -322,6 +324,7 @@ func awaitFenced(t *testing.T, n *node.Node, within time.Duration) {
 // (TestUnregisterWaitsForALoadInFlight): the retire waits on the old
 // record's load gate before it unmaps them.
 func TestARespecWaitsForALoadInFlightBeforeUnmapping(t *testing.T) {
+	t.Parallel()
 	started, gate := make(chan struct{}, 8), make(chan struct{}, 8)
 	e := startNode(t, func(c *node.Config) {
 		c.WrapDevice = func(d backend.Attachment) backend.Attachment {

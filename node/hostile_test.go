@@ -64,6 +64,7 @@ func intact(t *testing.T, vic *testEngine, hs []string, want [][]byte) {
 // (store them, load them into one's own segment) or write them (load into
 // them). Refused at register, before anything is opened.
 func TestHostileOtherEnginesSegment(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
@@ -88,6 +89,7 @@ func TestHostileOtherEnginesSegment(t *testing.T) {
 // victim's object; a symlink. Refused (one link, no symlink), and the file
 // outside is never written.
 func TestHostileLinksInShmDir(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	vic, hs, want := victim(t, e)
 	outside := filepath.Join(t.TempDir(), "secret")
@@ -118,6 +120,7 @@ func TestHostileLinksInShmDir(t *testing.T) {
 // next lookup misses and its load fails; it never receives the attacker's
 // bytes. The eviction itself is announced in the victim's namespace.
 func TestHostilePoisonAfterEviction(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.PoolBytes = 8 * 256 }) // 8 chunk slots
 	vic, hs, _ := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
@@ -200,6 +203,7 @@ func TestHostilePoisonAfterEviction(t *testing.T) {
 // the namespace holds (refused bad_spec otherwise), and the namespace keeps
 // that geometry for the boot, even after its engines change spec.
 func TestHostileSquatterGeometry(t *testing.T) {
+	t.Parallel()
 	// H4's pool v2 removes the fixed slot size; until then the first engine
 	// would cut the slots, so the test sets them.
 	e := startNode(t, func(c *node.Config) { c.SlotBytes = 256 })
@@ -280,6 +284,7 @@ func TestHostileHugeBlockLists(t *testing.T) { // not parallel: it measures the 
 // issue's 1,100 engines × 64 segments meet the defaults, 256 engines and
 // 4096 segments, the same way.)
 func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) {
 		c.MaxEngines, c.MaxMappedSegments, c.MaxRequests = 6, 12, 3
 	})
@@ -356,6 +361,7 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 // Attack: an anonymous client creates a JetStream stream in the node's temp
 // dir and fills it. The embedded server runs without JetStream.
 func TestHostileAnonymousJetStream(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	js, err := e.nc.JetStream(nats.MaxWait(2 * time.Second))
 	require.NoError(t, err)
@@ -367,6 +373,7 @@ func TestHostileAnonymousJetStream(t *testing.T) {
 // Attack: a flood of rejected input, to fill the disk with log lines. Every
 // rejection is counted; only the first few per reason are logged.
 func TestHostileRejectionFloodLogsBounded(t *testing.T) {
+	t.Parallel()
 	var logs testkit.SyncBuffer
 	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	vic, hs, want := victim(t, e)
@@ -393,6 +400,7 @@ func TestHostileRejectionFloodLogsBounded(t *testing.T) {
 // name mapped by one live engine is refused to every other, whichever came
 // first.
 func TestHostilePrefixIDsShareNoSegment(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	vic := e.newEngine("e1-kv", defaultOpts()) // its segment: "e1-kv-seg"
 	vic.register()
@@ -470,6 +478,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 // grow the node's namespace table (entries live for the boot). Past 16 ×
 // --max-engines namespaces a register is refused as "limit".
 func TestHostileNamespaceChurnIsBounded(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.MaxEngines = 1 })
 	// One engine id opens at most 16 (TestOneEngineCannotUseUpTheNodesNamespaces):
 	// two ids, one after the other, reach the node's 16.

@@ -28,6 +28,7 @@ import (
 // running node's /readyz fails until a lease after the last one. Once the
 // first is gone, its id starts again at once.
 func TestANodeIDServedByARunningProcessIsRefused(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	const lease = 400 * time.Millisecond
 	shared := func(id string) func(*node.Config) {
@@ -258,6 +259,7 @@ func TestASilentOrStrangeSubscriberOnTheNodeID(t *testing.T) {
 // heard: a process with a longer lease beats less often than this one's
 // lease.
 func TestAConflictLastsTheOtherBootsLongerLease(t *testing.T) {
+	t.Parallel()
 	const lease = 200 * time.Millisecond
 	e := startNode(t, func(c *node.Config) { c.NodeID, c.Lease = "long", lease })
 	data, _ := json.Marshal(messages.NodeHeartbeat{Node: "long", Boot: "feedfacefeedface", LeaseMS: 60_000})
@@ -282,6 +284,7 @@ func TestAConflictLastsTheOtherBootsLongerLease(t *testing.T) {
 // Each other boot heard is logged once a lease, not once for whichever was
 // heard last: two boots beating in turn log one error each.
 func TestEachOtherBootIsLoggedOnceALease(t *testing.T) {
+	t.Parallel()
 	var logs testkit.SyncBuffer
 	e := startNode(t, func(c *node.Config) {
 		c.NodeID, c.Lease = "many", time.Minute

@@ -13,6 +13,7 @@ import (
 // loopback socket: two syscalls and a netpoll wake-up less per message
 // each way); with --nats it is the URL's.
 func TestEmbeddedServerConnectionIsInProcess(t *testing.T) {
+	t.Parallel()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	require.NoError(t, err)

@@ -24,6 +24,7 @@ import (
 // engine lost: the engine's next resync says overflow. The full budget is
 // injected by taking it all before the messages arrive.
 func TestFullIntakeRepliesAndResyncs(t *testing.T) {
+	t.Parallel()
 	dir := t.TempDir()
 	n, err := Start(context.Background(), Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir,
 		PoolBytes: 1 << 20, HTTPAddr: "off", Lease: 2 * time.Second, // the overflow resync waits for the next lease/4 tick; the engine must not expire meanwhile
@@ -188,6 +189,7 @@ func TestTheLapseEndCoversEveryMessageReadBeforeIt(t *testing.T) {
 // --max-pending-bytes. With 64 KiB of the budget left, a request carrying
 // 256 KiB of headers and an empty body is refused as overloaded.
 func TestHeaderBytesCountAgainstTheIntakeBudget(t *testing.T) {
+	t.Parallel()
 	const pad = 256 << 10
 	m := nats.NewMsg("kvactors.e1.lookup")
 	m.Header.Set("X-Pad", strings.Repeat("h", pad))

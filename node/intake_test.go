@@ -20,6 +20,7 @@ import (
 // grow the intake; what does not fit is dropped, counted and resynced
 // (reason overflow), and the node serves normally afterwards.
 func TestOverflowResyncsAndRecovers(t *testing.T) {
+	t.Parallel()
 	const budget = 64 << 10
 	// A server with a 16 KiB max payload, so a 64 KiB budget is allowed
 	// (it must hold 4 of the largest messages).

@@ -17,6 +17,7 @@ import (
 // engine's blocks, the chunk is dropped (BlockRemoved, lookup misses) and
 // counted.
 func TestCorruptChunkInHostMemoryIsNeverLoaded(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -61,6 +62,7 @@ func TestCorruptChunkInHostMemoryIsNeverLoaded(t *testing.T) {
 // fixed by the first engine). Three engines, chunks of 256 B, 8 KiB and
 // 2 MiB (four 512 KiB blocks), store and load back byte-identically.
 func TestMixedChunkSizesFromThreeEngines(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.PoolBytes = 16 << 20 })
 	type eng struct {
 		te  *testEngine
@@ -118,6 +120,7 @@ func TestMixedChunkSizesFromThreeEngines(t *testing.T) {
 // Only a chunk larger than the whole pool is refused at register (no slot
 // size is fixed by an earlier engine); the error says why.
 func TestChunkLargerThanPoolRefused(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(2)) // 512 bytes
 	small := e.newEngine("small", defaultOpts())
 	small.register()

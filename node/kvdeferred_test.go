@@ -77,6 +77,7 @@ func held(te *testEngine, hs ...string) []string {
 // and stores one. Past the deferral bound the namespace is cleared instead
 // (the router forgets more, never believes a chunk held that is gone).
 func TestARouterFollowsANamespaceThatHadNoMember(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name, joiner string
 		bound        int

@@ -171,6 +171,7 @@ func TestKVJournalCutsMessagesUnderTheBound(t *testing.T) {
 // (records of random hash lengths, so the cuts land everywhere, and at
 // least once within a few bytes of the bound).
 func TestKVJournalFillsMessagesToTheBound(t *testing.T) {
+	t.Parallel()
 	var sizes []int
 	var hashes int
 	emit := func(_ string, _ uint64, body []byte) {

@@ -74,6 +74,7 @@ func newKVRouter(t *testing.T, nc *nats.Conn) *kvRouter {
 // BlockRemoved after a re-store). This was PROTOCOL.md's "known gap" before
 // the pool journaled its changes.
 func TestKVEventsFollowThePool(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(3))
 	router := newKVRouter(t, e.nc)
 	var engines []*testEngine
@@ -130,6 +131,7 @@ func TestKVEventsFollowThePool(t *testing.T) {
 // disk). Forty distinct prefixes through a 2-slot pool spill 38 of them
 // (on a quiet machine).
 func TestDiskStoredFollowsItsEviction(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(2), withDisk(t.TempDir()))
 	router := newKVRouter(t, e.nc)
 	te := e.newEngine("d1", defaultOpts())
@@ -195,6 +197,7 @@ func TestDiskStoredFollowsItsEviction(t *testing.T) {
 // engine's kv_events carry its own stores and the evictions its stores
 // caused, and nothing of the other's.
 func TestKVEventsGoToTheEngineThatMadeTheChange(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(1))
 	ka, kb := e.newEngine("ka", defaultOpts()), e.newEngine("kb", defaultOpts())
 	for _, te := range []*testEngine{ka, kb} {

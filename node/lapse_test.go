@@ -110,6 +110,7 @@ func TestLapseRefusesTheOldSessionsCopies(t *testing.T) {
 // (the lapse is recorded as the watchdog would, RecordLapse), so what the
 // actor publishes arrives at once.
 func TestEnginesAreToldAtALapsesStartAndEnd(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.Lease = time.Hour })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()

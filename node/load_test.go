@@ -18,6 +18,7 @@ import (
 // number before it), a BlockRemoved kv_event announced the eviction, and
 // the failed load changed nothing (issue 7).
 func TestLoadOfEvictedKeyFailsAndChangesNothing(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(2))
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -49,6 +50,7 @@ func TestLoadOfEvictedKeyFailsAndChangesNothing(t *testing.T) {
 // keys, so a successful load copies exactly what was stored; a load that
 // loses the race answers an error (issue 7).
 func TestLoadsRacingEvictionNeverReturnWrongBytes(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, withPoolSlots(6))
 	te := e.newEngine("e1", func() engineOpts { o := defaultOpts(); o.blocks = 256; return o }())
 	te.register()

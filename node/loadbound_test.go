@@ -23,6 +23,7 @@ import (
 // held; the engine's loads are handled in the order sent, so the one past
 // the bound is answered while the others wait; let go, they all load.
 func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
+	t.Parallel()
 	dev := &heldDevice{started: make(chan struct{}, 4*node.MaxCopyingLoads), gate: make(chan struct{}, 4*node.MaxCopyingLoads)}
 	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
 	te := e.newEngine("e1", defaultOpts())

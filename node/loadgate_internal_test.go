@@ -76,6 +76,7 @@ func (d *toldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Ra
 // reply comes once the gate is closed and the device unmapped), then the
 // rest of the worker's path runs with the old record.
 func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
+	t.Parallel()
 	dev := &toldDevice{copies: make(chan backend.Direction, 16)}
 	n, nc, dir := startInternal(t, func(c *Config) {
 		c.WrapDevice = func(d backend.Attachment) backend.Attachment { dev.Attachment = d; return dev }

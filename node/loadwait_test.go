@@ -65,6 +65,7 @@ func loadWaits(t *testing.T, e *env, outcome string) float64 {
 // covers the wait and the copy: a deferred event, a retry per try again,
 // wait_ended with the outcome (docs/OBSERVABILITY.md).
 func TestALoadWaitingForAPendingKeyIsCountedAndTraced(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	rb := startReadingBack(t, opt)
 	te := rb.te
@@ -109,6 +110,7 @@ func TestALoadWaitingForAPendingKeyIsCountedAndTraced(t *testing.T) {
 // miss, counted timed_out, its span ended with an error after its deferred,
 // retry and wait_ended events.
 func TestALoadWaitTimingOutIsCountedAndTraced(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	rb := startReadingBack(t, opt, func(c *node.Config) { c.LoadWait = 200 * time.Millisecond })
 	r2 := loadReplyOf(t, rb.te.loadAsync("l2", rb.a, 4, []int{11}), "the waiting load's reply past the load wait")
@@ -131,6 +133,7 @@ func TestALoadWaitTimingOutIsCountedAndTraced(t *testing.T) {
 // A load refused before any load actor (here a miss: a key never stored)
 // still has its kvactors.load span, ended with an error status.
 func TestARefusedLoadEndsItsSpanWithAnError(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	e := startNode(t, opt)
 	te := e.newEngine("e1", defaultOpts())

@@ -56,6 +56,7 @@ func registerReply(t *testing.T, te *testEngine) messages.RegisterReply {
 // "limit" and maps nothing; honest engines register after it; an
 // unregistered engine gives its bytes back.
 func TestMaxMappedBytesRefusesAndReturns(t *testing.T) {
+	t.Parallel()
 	unit := pageUp(64 * 256) // defaultOpts: 64 blocks of 256 bytes
 	e := startNode(t, func(c *node.Config) { c.MaxMappedBytes = 3 * unit })
 	vic, hs, want := victim(t, e)
@@ -103,6 +104,7 @@ func TestMaxMappedBytesRefusesAndReturns(t *testing.T) {
 // maps that span's pages only (the kernel's own list says so, and so does
 // the metric), and a store and a load through it move the right bytes.
 func TestSparseSegmentMapsOnlyTheRegionSpan(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("sp", defaultOpts())
 	f := sparseSegment(t, e.dir, "sp-big", tib)
@@ -151,6 +153,7 @@ func TestSparseSegmentMapsOnlyTheRegionSpan(t *testing.T) {
 // A segment that no region uses would be mapped for nothing: refused
 // bad_spec, nothing mapped.
 func TestSegmentNoRegionUsesIsRefused(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("two", defaultOpts())
 	spare, err := shm.Create(e.dir, "two-spare", 4096)
@@ -177,6 +180,7 @@ func TestSegmentNoRegionUsesIsRefused(t *testing.T) {
 // longer max_model_len is refused "limit"; one that gives none is bounded
 // by the node's, so its requests hold no more than that.
 func TestMaxModelLenBound(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.MaxModelLen = 64 })
 	long := e.newEngine("long", defaultOpts())
 	long.spec.MaxModelLen = 65

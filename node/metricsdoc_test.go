@@ -42,6 +42,7 @@ func docMetrics(t *testing.T, path, from string) []string {
 // CLUSTER.md's (registered only on a cluster node) and may be listed in
 // both.
 func TestEveryMetricIsDocumentedAndEveryDocumentedOneExists(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.DiskDir, c.DiskBytes = t.TempDir(), 1<<20 })
 	mfs, err := e.reg.Gather()
 	require.NoError(t, err)

@@ -22,6 +22,7 @@ import (
 // engines that both name the id share a namespace of that name, as any
 // shared name.
 func TestAnEngineNamingAnotherEnginesIDDoesNotJoinItsNamespace(t *testing.T) {
+	t.Parallel()
 	t.Run("victim first", func(t *testing.T) {
 		e := startNode(t)
 		vic, hs, want := victim(t, e) // engine "vic", no namespace
@@ -73,6 +74,7 @@ func requireNothingOf(t *testing.T, mal *testEngine, hs []string, want [][]byte)
 // --max-engines, never given back) for every other engine: an engine id
 // opens at most 16, and another engine still registers.
 func TestOneEngineCannotUseUpTheNodesNamespaces(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.MaxEngines = 2 }) // 32 in all
 	mal := e.newEngine("mal", defaultOpts())
 	for i := range 16 {
@@ -97,6 +99,7 @@ func TestOneEngineCannotUseUpTheNodesNamespaces(t *testing.T) {
 // lookup of vic's prefix is still a miss, and its load fetches and copies
 // none of vic's bytes.
 func TestAClusterServesNoEngineItsNamesakesNamespace(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 2)
 	mal, vic := kc.engineOn(1, "mal", "vic"), kc.engineOn(0, "vic", "")
 	sa, sb := kc.engineOn(0, "sa", "m"), kc.engineOn(1, "sb", "m")
@@ -176,6 +179,7 @@ func kvUntil(t *testing.T, tap <-chan kvSeen, typ, h string, skip ...string) str
 // namespace is announced to nobody until an engine joins it: then on that
 // engine, which announces its changes from then on.
 func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
+	t.Parallel()
 	for _, how := range []string{"unregister", "register elsewhere"} {
 		t.Run(how, func(t *testing.T) {
 			e := startNode(t, withPoolSlots(2))

@@ -20,6 +20,7 @@ import (
 // chunk (request r2) is stored, not deduplicated against a partial one, and
 // then loads its own bytes.
 func TestASlidingWindowChunkWithANullBlockIsNotCountedNorLoaded(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	o := defaultOpts()
 	o.bpc, o.tpb, o.kinds, o.window = 2, []int{4, 4}, []string{"full", "sliding_window"}, 6

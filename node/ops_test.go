@@ -93,6 +93,7 @@ func TestStatusPagesStayUnderMaxPayload(t *testing.T) {
 // A fresh node's /metrics has every labelled counter at 0 for every known
 // label value (alerts on rate() see 0, not "no data") and the build info.
 func TestFreshNodeExportsEveryKnownLabel(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	body := scrape(t, e)
 	for _, want := range []string{
@@ -127,6 +128,7 @@ func TestFreshNodeExportsEveryKnownLabel(t *testing.T) {
 
 // /debug/pprof is served only with Pprof (--pprof).
 func TestPprofOnlyWhenAsked(t *testing.T) {
+	t.Parallel()
 	for _, on := range []bool{false, true} {
 		e := startNode(t, func(c *node.Config) { c.Pprof = on })
 		resp, err := http.Get("http://" + e.node.HTTPAddr() + "/debug/pprof/")
@@ -144,6 +146,7 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 // With --nats and the server not up yet, Start retries with backoff and
 // succeeds once the server comes (a node booted before its NATS cluster).
 func TestStartWaitsForNATS(t *testing.T) {
+	t.Parallel()
 	port := freePort(t)
 	retrying := make(chan struct{}, 1)
 	log := slog.New(slog.NewTextHandler(signalWriter{on: "retrying", ch: retrying}, nil))
@@ -183,6 +186,7 @@ func TestStartWaitsForNATS(t *testing.T) {
 // The retries are bounded by NATSConnectTimeout, and end at once when the
 // context is cancelled (SIGTERM while waiting).
 func TestStartGivesUpOnNATS(t *testing.T) {
+	t.Parallel()
 	cfg := node.Config{NATSURL: "nats://127.0.0.1:" + strconv.Itoa(freePort(t)), ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.DiscardHandler)}
 	cfg.NATSConnectTimeout = 300 * time.Millisecond

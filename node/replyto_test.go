@@ -27,6 +27,7 @@ import (
 // (the register with a bad reply registers nothing), counting each as
 // bad_reply; mal's own requests with its own inbox are still served.
 func TestTheNodeAnswersOnlyOnReplyInboxes(t *testing.T) {
+	t.Parallel()
 	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal"}, Auth: natsauth.AuthPassword,
 		BcryptCost: bcrypt.MinCost})
 	vicEnv, malEnv := *base, *base
@@ -94,6 +95,7 @@ func TestTheNodeAnswersOnlyOnReplyInboxes(t *testing.T) {
 // as bad_reply and none as bad_subject, and vic stays registered. The
 // same bad subject with rt's own inbox is answered with the error.
 func TestABadSubjectIsAnsweredOnlyOnAReplyInbox(t *testing.T) {
+	t.Parallel()
 	const watcher, watcherPassword = "watch", "watch-password"
 	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic"}, Routers: []string{"rt"},
 		JetStream: true, Auth: natsauth.AuthPassword, BcryptCost: bcrypt.MinCost}, func(cfg *node.Config) {
@@ -166,6 +168,7 @@ func TestABadSubjectIsAnsweredOnlyOnAReplyInbox(t *testing.T) {
 // (the unregister leaves mal registered) and answered nowhere; a status
 // request, which anyone may send, is answered wherever its inbox is.
 func TestAnEnginesRequestsAreAnsweredOnlyInItsOwnInbox(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	mal := e.newEngine("mal", defaultOpts())
 	mal.register()

@@ -36,6 +36,7 @@ func (d *gatedDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.R
 // preempted: its release waits until the failed actor has ended, so the
 // engine never reuses block 1 under the old copy.
 func TestAnEngineRegisteredAgainAfterItsActorFailedReleasesNothingUnderTheOldCopy(t *testing.T) {
+	t.Parallel()
 	started, gate := make(chan struct{}, 8), make(chan struct{}, 8)
 	n, nc, dir := startInternal(t, func(c *Config) {
 		c.WrapDevice = func(a backend.Attachment) backend.Attachment {

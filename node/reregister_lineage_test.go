@@ -31,6 +31,7 @@ func releasedOf(t *testing.T, ch <-chan *nats.Msg, what string) messages.Release
 // key would hold it: a later load checks the stored bytes are the ones r
 // had in block 1.
 func TestAReRegisteredEngineReleasesNothingWhileItsOldActorStillCopies(t *testing.T) {
+	t.Parallel()
 	_, te, dev, released := copyingOldActor(t)
 	want := append([]byte(nil), te.block(0, 1)...)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
@@ -63,6 +64,7 @@ func TestAReRegisteredEngineReleasesNothingWhileItsOldActorStillCopies(t *testin
 // engine_reset after q's release is ep1's second, and the heartbeat of ep1
 // reports both.
 func TestAnEpochsRSeqGoesOnAcrossAReRegister(t *testing.T) {
+	t.Parallel()
 	_, te, dev, released := copyingOldActor(t)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4),
 		added("q", 4), finishedEv("q", false, 0, 4))
@@ -88,6 +90,7 @@ func TestAnEpochsRSeqGoesOnAcrossAReRegister(t *testing.T) {
 // ends: the old epoch's engine_reset of r, the new epoch's finished, then
 // the reply.
 func TestAnUnregisterWhileTheOldActorStillCopiesWaitsForIt(t *testing.T) {
+	t.Parallel()
 	e, te, dev, released := copyingOldActor(t)
 	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1 (epoch ep1)")

@@ -55,6 +55,7 @@ func storeAndLoad(t *testing.T, te *testEngine, req, fam string, gen byte) {
 // process's unlinked object, storing its bytes under the new process's
 // hashes and answering loads ok that land where the engine never looks.
 func TestARestartedEngineWithTheSameSpecIsRemapped(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("vic", defaultOpts())
 	te.register()
@@ -68,6 +69,7 @@ func TestARestartedEngineWithTheSameSpecIsRemapped(t *testing.T) {
 // under its hashes holds what it wrote, also when a later register (a real
 // spec change) has the node map the current object for the load.
 func TestARestartedEngineNeverStoresTheDeadProcessBytes(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("vic", defaultOpts())
 	te.register()
@@ -101,6 +103,7 @@ func TestARestartedEngineNeverStoresTheDeadProcessBytes(t *testing.T) {
 // is refused, naming the segment, instead of answering ok over the mapping
 // of an object nobody can reach.
 func TestASameSpecRegisterWhoseObjectIsGoneIsRefused(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("vic", defaultOpts())
 	te.register()

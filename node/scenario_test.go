@@ -15,6 +15,7 @@ import (
 // stored, each exactly once, with the engine's bytes (PROTOCOL.md, "ready
 // prefix").
 func TestEveryLagOrderStoresTheSameChunks(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	orders := [][3]string{
 		{"tokens", "hashes", "blocks"}, {"tokens", "blocks", "hashes"}, {"hashes", "tokens", "blocks"},
@@ -53,6 +54,7 @@ func TestEveryLagOrderStoresTheSameChunks(t *testing.T) {
 // Blocks lag: 12 tokens, 3 hashes, 1 block stores chunk 0; chunks 1 and 2
 // follow when their blocks arrive (vLLM's "blocks lagging" scenario).
 func TestBlocksLagStoresLaterChunksWhenBlocksArrive(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -70,6 +72,7 @@ func TestBlocksLagStoresLaterChunksWhenBlocksArrive(t *testing.T) {
 // request finished before released was published (PROTOCOL.md, "The engine
 // must not reuse a request's GPU blocks ... until released arrives").
 func TestReleasedOnlyAfterCopiesFinish(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -104,6 +107,7 @@ func TestReleasedOnlyAfterCopiesFinish(t *testing.T) {
 // PROTOCOL.md "finished": a request aborted while queued (no blocks) makes
 // no job and is released at once; finished for an unknown request too.
 func TestQueuedAbortIsReleasedAtOnce(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -118,6 +122,7 @@ func TestQueuedAbortIsReleasedAtOnce(t *testing.T) {
 // PROTOCOL.md "preempted": no new job, release once copies are done, block
 // ids cleared, cursors kept; after resumed, fresh blocks store the rest.
 func TestPreemptionReleasesAndResumes(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -140,6 +145,7 @@ func TestPreemptionReleasesAndResumes(t *testing.T) {
 // PROTOCOL.md "epoch": a new epoch drops every request; those with GPU
 // blocks get one engine_reset release; duplicate seqs are ignored.
 func TestNewEpochResetsEngine(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -163,6 +169,7 @@ func TestNewEpochResetsEngine(t *testing.T) {
 // stored by A is a hit for B and loads into B's blocks byte for byte (issue
 // 7; PROTOCOL.md "Isolation": only within a namespace).
 func TestPrefixStoredByOneEngineLoadsIntoAnother(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	a := e.newEngine("ea", defaultOpts())
 	b := e.newEngine("eb", defaultOpts())

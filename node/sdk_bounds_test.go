@@ -19,6 +19,7 @@ import (
 // takes all of it (nothing rejected, the request released), and the SDK
 // refuses one past it with ErrOutOfRange.
 func TestTheSDKRefusesWhatTheNodeRejectsAtEachBound(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	o := defaultOpts()
 	o.tpb = []int{4, 8} // group 1's blocks hold twice the tokens: half the ids

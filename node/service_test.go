@@ -79,6 +79,7 @@ func chunkIndexes(s messages.Stored) []int {
 // then chunk 1 once its hash arrives; the bytes that come back by load are
 // the bytes the engine wrote.
 func TestHashLagStoresChunkOnceHashArrives(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()

@@ -47,6 +47,7 @@ func resyncs(t *testing.T, e *env, reason string) float64 {
 // heartbeat, errors); AllBlocksCleared only at the first register in a boot;
 // engine ids starting with _ are reserved.
 func TestEveryReplyNamesNodeAndBoot(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.NodeID = "n-1" })
 	require.Equal(t, "n-1", e.node.NodeID())
 	require.Len(t, e.node.Boot(), 16)
@@ -98,6 +99,7 @@ func TestEveryReplyNamesNodeAndBoot(t *testing.T) {
 // began carries the old epoch and the old epoch's numbering. The heartbeat
 // reply reports applied and released for the epoch asked about.
 func TestReleasedEpochRseqAndHeartbeatCounts(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	raw := testkit.Subscribe(t, e.nc, "kvactors.e1.released")
@@ -143,6 +145,7 @@ func TestReleasedEpochRseqAndHeartbeatCounts(t *testing.T) {
 // releases and heartbeat replies through one channel (so in wire order)
 // always has at least `released` releases before the reply.
 func TestHeartbeatReleasedNeverAheadOfDelivery(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", engineOpts{tph: 4, bpc: 1, blocks: 512, tpb: []int{4}, kinds: []string{"full"}, blockBytes: 64})
 	te.register()
@@ -197,6 +200,7 @@ func TestHeartbeatReleasedNeverAheadOfDelivery(t *testing.T) {
 // reason gap), drops and counts the epoch's later batches until a new
 // epoch, then serves normally.
 func TestSeqJumpResyncsAndDropsUntilNewEpoch(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -228,6 +232,7 @@ func TestSeqJumpResyncsAndDropsUntilNewEpoch(t *testing.T) {
 // Delivery (v2): the first batch of an epoch must have seq 1 — a node that
 // restarted must not pick up an old epoch midway.
 func TestFirstBatchOfEpochMustBeSeqOne(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -243,6 +248,7 @@ func TestFirstBatchOfEpochMustBeSeqOne(t *testing.T) {
 // Delivery: a heartbeat whose seq is beyond the last applied batch reveals a
 // lost tail; the node resyncs.
 func TestLostTailSeenByHeartbeat(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -295,6 +301,7 @@ func TestResyncRepeatsRateLimited(t *testing.T) {
 // segments (checked in /proc/self/maps) and frees its state; stored chunks
 // stay in the pool.
 func TestUnregisterReleasesOnceAndUnmaps(t *testing.T) {
+	t.Parallel()
 	e := startNode(t)
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -415,6 +422,7 @@ func TestNodeHelloAndHeartbeat(t *testing.T) {
 // The node's one subscription (P.*.*) also sees what other nodes publish to
 // engines; those are ignored, not counted as rejections.
 func TestOtherNodesPublishesAreIgnored(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.DecodeWorkers = 1 }) // one worker: status is a barrier for all
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -432,6 +440,7 @@ func TestOtherNodesPublishesAreIgnored(t *testing.T) {
 // (without waiting) always finds it applied — never a false lost tail —
 // even with several decode workers and other engines interleaved.
 func TestHeartbeatRightAfterABatchNeverSeesAFalseGap(t *testing.T) {
+	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.DecodeWorkers = 4 })
 	te := e.newEngine("e1", defaultOpts())
 	other := e.newEngine("e2", defaultOpts())

@@ -114,6 +114,7 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 // message ending a silence would (the hearing's new generation still
 // fences every copy begun before the silence).
 func TestAnUnregisterEndingASilenceReleasesEveryRequestEngineGone(t *testing.T) {
+	t.Parallel()
 	const lease = 4 * time.Second
 	var offset atomic.Int64
 	e := startNode(t, func(c *node.Config) { c.Lease = lease },

@@ -110,6 +110,7 @@ func (h stallSilenced) WithGroup(g string) slog.Handler {
 // silent" log line), a queued copy of the old epoch still never starts: it
 // carries the silence generation its epoch began in (transfer.Hearing.Gen).
 func TestACopyOfAnEpochBeforeASilenceNeverStarts(t *testing.T) {
+	t.Parallel()
 	h := stallSilenced{Handler: slog.NewTextHandler(io.Discard, nil), entered: make(chan struct{}),
 		release: make(chan struct{}), once: &sync.Once{}}
 	r := newSilenceRig(t, func(c *node.Config) { c.Log = slog.New(h) })
@@ -132,6 +133,7 @@ func TestACopyOfAnEpochBeforeASilenceNeverStarts(t *testing.T) {
 // up on it and reused its destination blocks): its silence generation is
 // older.
 func TestALoadQueuedBeforeASilenceNeverCopiesAfterIt(t *testing.T) {
+	t.Parallel()
 	r := newSilenceRig(t, nil)
 	te := r.storeA(t)
 	// b's store holds the one worker; a load of a's chunk queues behind it.
@@ -157,6 +159,7 @@ func TestALoadQueuedBeforeASilenceNeverCopiesAfterIt(t *testing.T) {
 // refused (answered with the error), and so is every load until the engine
 // begins a new epoch.
 func TestALoadEndingASilenceIsRefused(t *testing.T) {
+	t.Parallel()
 	r := newSilenceRig(t, nil)
 	r.storeA(t)
 	r.fallSilent()

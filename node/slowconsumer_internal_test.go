@@ -19,6 +19,7 @@ import (
 // not touch the intake. The handlers are read under a lock: the error
 // handler runs on NATS's goroutine, also while the node is still starting.
 func TestASlowConsumerErrorReachesItsSubscriptionsHandler(t *testing.T) {
+	t.Parallel()
 	n, nc, _ := startInternal(t, nil)
 	overflow := n.metrics.DroppedBatch(messages.ResyncOverflow)
 	other, err := nc.SubscribeSync("elsewhere")
@@ -41,6 +42,7 @@ func TestASlowConsumerErrorReachesItsSubscriptionsHandler(t *testing.T) {
 // as well as bytes: nats.go counts only a message's body and headers, so
 // without it a flood of empty messages would queue almost for free.
 func TestTheIntakeSubscriptionBoundsPendingMessagesToo(t *testing.T) {
+	t.Parallel()
 	n, _, _ := startInternal(t, nil)
 	msgs, bytes, err := n.ingest.sub.PendingLimits()
 	require.NoError(t, err)
@@ -58,6 +60,7 @@ func TestTheIntakeSubscriptionBoundsPendingMessagesToo(t *testing.T) {
 // counts the loss and has every engine resync, instead of queuing them
 // without bound.
 func TestAFloodOfEmptyMessagesIsDroppedByTheMessageBound(t *testing.T) {
+	t.Parallel()
 	n, nc, _ := startInternal(t, func(c *Config) { c.MaxPendingBytes = 32 << 20 })
 	overflow := n.metrics.DroppedBatch(messages.ResyncOverflow)
 	msgs, bytes, err := n.ingest.sub.PendingLimits()

@@ -94,6 +94,7 @@ func TestAStandbyTakesADeadPrimarysEnginesALeaseAfterItStarted(t *testing.T) {
 // claim them, so every one goes to the primary. Before, it raced the
 // primary for each (Decide claimed an unnamed engine for any local node).
 func TestAStandbyLeavesUnnamedEnginesToItsLivePrimary(t *testing.T) {
+	t.Parallel()
 	kc := startCluster(t, 1)
 	sb := kc.startNode(1, "sb", func(_ int, c *node.Config) { c.Cluster, c.StandbyFor = false, "n0" })
 	for i := range 4 {

@@ -15,6 +15,7 @@ import (
 // limit error at once and counted, and served again once a slot is free. A
 // status of an unknown engine is answered and counted as unknown_engine.
 func TestStatusGathersAreBoundedAndUnknownEnginesCounted(t *testing.T) {
+	t.Parallel()
 	n, nc, dir := startInternal(t, nil)
 	registerOneEngine(t, nc, dir, "e1")
 	rejected := func(label string) float64 { return testutil.ToFloat64(n.metrics.Rejected.WithLabelValues(label)) }

@@ -58,6 +58,7 @@ func writeCert(t *testing.T) (ca, cert, key string) {
 // the CA is served; a client that does not trust it, or has no credentials,
 // is not let in.
 func TestEmbeddedNATSWithAuthAndTLS(t *testing.T) {
+	t.Parallel()
 	ca, cert, key := writeCert(t)
 	e, connect := securedNode(t, natsauth.Options{Engines: []string{"gpu0"}, TLSCert: cert, TLSKey: key},
 		func(c *node.Config) { c.NATSCA = ca })

@@ -39,6 +39,7 @@ func spansNamed(rec *tracetest.SpanRecorder, name string) []sdktrace.ReadOnlySpa
 // lagging chunk on the request span, and a store job span once the hash
 // arrives (issue 4).
 func TestHashLagTracesOneDeferral(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	e := startNode(t, opt)
 	te := e.newEngine("e1", defaultOpts())
@@ -91,6 +92,7 @@ func TestHashLagTracesOneDeferral(t *testing.T) {
 // A pool that cannot make room records retry events (pool_full) and leaves
 // the cursor; once the candidates fit, the same chunks are stored (issue 4).
 func TestPoolFullTracesRetriesThenStores(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	e := startNode(t, opt, func(c *node.Config) { c.PoolBytes = 2 * 256 })
 	te := e.newEngine("e1", defaultOpts())
@@ -147,6 +149,7 @@ func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 // The engine's traceparent makes its span the parent of kvactors' batch span,
 // and kvactors' stored and released messages carry kvactors' context.
 func TestTraceContextFlowsThroughNATSHeaders(t *testing.T) {
+	t.Parallel()
 	rec, opt := withRecorder(t)
 	e := startNode(t, opt)
 	te := e.newEngine("e1", defaultOpts())
@@ -187,6 +190,7 @@ func TestTraceContextFlowsThroughNATSHeaders(t *testing.T) {
 // of the same trace, no baggage and no more tracestate than that; with
 // tracing off, only the engine's traceparent goes back.
 func TestEngineBaggageAndTraceStateAreNotEchoed(t *testing.T) {
+	t.Parallel()
 	const traceID, parent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 	for _, traced := range []bool{true, false} {
 		t.Run(fmt.Sprintf("traced=%v", traced), func(t *testing.T) {
