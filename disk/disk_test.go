@@ -462,17 +462,7 @@ func TestASecondOpenOfADirectoryInUseIsRefused(t *testing.T) {
 	c := content(1)
 	require.True(t, d.Spill("e", key(1), sum(c), c))
 	waitOnDisk(t, d, key(1))
-	files := func() map[string]int64 {
-		entries, err := os.ReadDir(dir)
-		require.NoError(t, err)
-		out := map[string]int64{}
-		for _, e := range entries {
-			info, err := e.Info()
-			require.NoError(t, err)
-			out[e.Name()] = info.Size()
-		}
-		return out
-	}
+	files := func() map[string]int64 { return dirSizes(t, dir) }
 	before := files()
 
 	_, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
