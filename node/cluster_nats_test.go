@@ -20,8 +20,7 @@ import (
 // keeps its claim (the bucket has three replicas), the engine resyncs and
 // its requests are released once, a new engine is claimed, and a prefix
 // stored before the stop still loads byte-identically through another node.
-func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) {
-	t.Parallel()
+func TestClusterOneNATSServerStoppedStrandsNothing(t *testing.T) { // not parallel: restarts a NATS server on the ports it freed
 	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
 	for i := range 3 {
 		// Node i knows only server i: it must fail over by discovery.

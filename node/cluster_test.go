@@ -76,7 +76,8 @@ func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.C
 	cfg := node.Config{NATSURL: kc.nats.URLs(s), NodeID: id, Cluster: true, ClusterReplicas: 3, Lease: clusterLease,
 		FetchTimeout: time.Second,
 		ShmDir:       kc.dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0", Registry: reg,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		Log:      slog.New(slog.NewTextHandler(io.Discard, nil)),
+		FailStop: func(reason string) { t.Errorf("node %s fail-stopped: %s", id, reason) }} // not the binary's exit
 	for _, m := range mutate {
 		m(s, &cfg)
 	}

@@ -22,8 +22,7 @@ import (
 // --nats: the node joins an existing server, and when that server goes away
 // and comes back on the same address it reconnects by itself, resubscribes,
 // and serves the engine again (issue 3, "reconnect forever with backoff").
-func TestExternalNATSAndReconnect(t *testing.T) {
-	t.Parallel()
+func TestExternalNATSAndReconnect(t *testing.T) { // not parallel: restarts a NATS server on the port it freed
 	port := freePort(t)
 	start := func() *server.Server {
 		s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})

@@ -47,8 +47,7 @@ func (d *heldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Ra
 // the node's last round trip with NATS ends the process (fail-stop), so it
 // cannot write after the engine may have declared the node lost. The outage
 // is injected by stopping the NATS server the node uses.
-func TestCopyRunningThroughAnOutageFailStops(t *testing.T) {
-	t.Parallel()
+func TestCopyRunningThroughAnOutageFailStops(t *testing.T) { // not parallel: a 400 ms lease's fail-stop window
 	const lease = 400 * time.Millisecond
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
 	require.NoError(t, err)
@@ -178,8 +177,7 @@ func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
 // the fence, is refused as its engine's, and when the engine is heard again
 // its requests are reset (an SDK engine resyncs after its own reconnect
 // anyway); the copy never runs.
-func TestCopiesWaitThroughAnOutage(t *testing.T) {
-	t.Parallel()
+func TestCopiesWaitThroughAnOutage(t *testing.T) { // not parallel: restarts a NATS server on the port it freed
 	const lease = 8 * time.Second
 	port := freePort(t)
 	start := func() *server.Server {

@@ -34,7 +34,10 @@ func startNode(t *testing.T, mutate ...func(*node.Config)) *env {
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
 	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir, PoolBytes: 1 << 20,
-		HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		// A fail-stop fails the test, not the whole binary (the default
+		// exits the process); a test that expects one sets its own.
+		FailStop: func(reason string) { t.Errorf("the node fail-stopped: %s", reason) }}
 	for _, m := range mutate {
 		m(&cfg)
 	}

@@ -145,8 +145,7 @@ func TestPprofOnlyWhenAsked(t *testing.T) {
 
 // With --nats and the server not up yet, Start retries with backoff and
 // succeeds once the server comes (a node booted before its NATS cluster).
-func TestStartWaitsForNATS(t *testing.T) {
-	t.Parallel()
+func TestStartWaitsForNATS(t *testing.T) { // not parallel: binds a port it freed
 	port := freePort(t)
 	retrying := make(chan struct{}, 1)
 	log := slog.New(slog.NewTextHandler(signalWriter{on: "retrying", ch: retrying}, nil))
@@ -185,8 +184,7 @@ func TestStartWaitsForNATS(t *testing.T) {
 
 // The retries are bounded by NATSConnectTimeout, and end at once when the
 // context is cancelled (SIGTERM while waiting).
-func TestStartGivesUpOnNATS(t *testing.T) {
-	t.Parallel()
+func TestStartGivesUpOnNATS(t *testing.T) { // not parallel: binds a port it freed
 	cfg := node.Config{NATSURL: "nats://127.0.0.1:" + strconv.Itoa(freePort(t)), ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.DiscardHandler)}
 	cfg.NATSConnectTimeout = 300 * time.Millisecond

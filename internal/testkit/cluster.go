@@ -2,6 +2,8 @@ package testkit
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
 	"os"
 	"testing"
@@ -35,8 +37,13 @@ type Cluster struct {
 func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
 	dir := t.TempDir() // before the shutdown's clean-up, so removed after it
+	// A name of its own: a route port one test's cluster freed and
+	// another's reused could otherwise join the two (tests run in parallel),
+	// while NATS refuses a route between clusters of different names.
+	var suffix [4]byte
+	_, _ = rand.Read(suffix[:])
 	c, err := embedded.Start(embedded.Options{
-		Servers: n, Dir: dir, Name: "kvactors-test",
+		Servers: n, Dir: dir, Name: "kvactors-test-" + hex.EncodeToString(suffix[:]),
 		Debug: os.Getenv("NATS_LOGGING") == "debug", Trace: os.Getenv("NATS_LOGGING") == "trace",
 	})
 	require.NoError(t, err, "start a %d-server NATS cluster", n)
