@@ -2,16 +2,10 @@ package disk
 
 import (
 	"container/list"
-	"errors"
 	"fmt"
-	"hash/crc32"
-	"io"
 	"math/rand"
 	"os"
 	"path/filepath"
-	"slices"
-	"strconv"
-	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -219,22 +213,15 @@ func dirSizes(t *testing.T, dir string) map[string]int64 {
 // rebuildAll is the rebuild as it was before it walked back from the
 // newest segment, kept as the model of what the rebuild keeps: it indexes
 // every intact record of every segment, in write order, leaving out
-// records a tombstone names, then trims to the budget.
+// records a tombstone names, then trims to the budget. It lists and reads
+// segments as the rebuild does (segmentIDs, read): what is compared is
+// which records are kept.
 func (d *Disk) rebuildAll() error {
-	entries, err := os.ReadDir(d.cfg.Dir)
+	ids, err := d.segmentIDs()
 	if err != nil {
-		return fmt.Errorf("disk: %w", err)
+		return err
 	}
-	var ids []int
-	for _, e := range entries {
-		id, err := strconv.Atoi(strings.TrimSuffix(e.Name(), segSuffix))
-		if err != nil || !strings.HasSuffix(e.Name(), segSuffix) || !e.Type().IsRegular() ||
-			id < 1 || id > maxSegmentID || filepath.Base(d.segPath(id)) != e.Name() {
-			continue
-		}
-		ids = append(ids, id)
-	}
-	slices.Sort(ids)
+	var entries []entry
 	for _, id := range ids {
 		f, err := os.OpenFile(d.segPath(id), os.O_RDWR|os.O_APPEND, 0)
 		if err != nil {
@@ -242,7 +229,7 @@ func (d *Disk) rebuildAll() error {
 		}
 		seg := &segment{id: id, f: f, out: f}
 		d.segs = append(d.segs, seg)
-		if err := d.scanAll(seg); err != nil {
+		if entries, err = d.read(seg, entries[:0]); err != nil {
 			return err
 		}
 		if seg.size == 0 {
@@ -253,51 +240,25 @@ func (d *Disk) rebuildAll() error {
 		}
 		d.fileBytes += seg.size
 		d.markBytes += seg.marks
+		for _, e := range entries {
+			key := messages.Key(e.key)
+			it, ok := d.items[key]
+			switch {
+			case e.tombstone:
+				if ok && it.seg.id == e.seg && it.off == e.off {
+					d.unindex(it)
+				}
+			default: // a later record of a key replaces an earlier one
+				if ok {
+					d.unindex(it)
+				}
+				d.index(&item{key: key, seg: seg, off: e.at, size: e.size, sum: e.sum})
+			}
+		}
 	}
 	for d.used > d.cfg.Bytes {
 		d.evictFront()
 	}
 	d.dropDead()
-	return nil
-}
-
-func (d *Disk) scanAll(seg *segment) error {
-	r := &countReader{r: seg.f}
-	for {
-		start := r.n
-		h, err := readHeader(r)
-		if errors.Is(err, errEOF) {
-			break
-		}
-		if err == nil && h.tombstone {
-			if it, ok := d.items[messages.Key(h.key)]; ok && it.seg.id == h.seg && it.off == h.off {
-				d.unindex(it)
-			}
-			seg.marks += int64(h.len)
-			continue
-		}
-		if err == nil {
-			hash := crc32.New(castagnoli)
-			_, err = io.CopyN(hash, r, h.size)
-			if err == nil && hash.Sum32() != h.sum {
-				d.discarded.Add(1)
-				continue
-			}
-		}
-		if err != nil {
-			d.discarded.Add(1)
-			if terr := seg.f.Truncate(start); terr != nil {
-				return fmt.Errorf("disk: cut torn tail of %s: %w", seg.f.Name(), terr)
-			}
-			r.n = start
-			break
-		}
-		key := messages.Key(h.key)
-		if old, ok := d.items[key]; ok {
-			d.unindex(old)
-		}
-		d.index(&item{key: key, seg: seg, off: start + int64(h.len), size: h.size, sum: h.sum})
-	}
-	seg.size = r.n
 	return nil
 }
