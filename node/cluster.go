@@ -309,6 +309,7 @@ func (n *Node) ownershipLoop(ctx context.Context) {
 	}
 }
 
+// pause waits d, or less if ctx ends: it reports whether the wait ran out.
 func pause(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -7,6 +7,7 @@ import (
 	"net/url"
 	"strings"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nkeys"
 )
 
@@ -91,7 +92,13 @@ func checkSecretFile(flag, path string) error {
 	}
 	switch flag {
 	case "--nats-creds":
-		if _, err := nkeys.ParseDecoratedJWT(data); err != nil {
+		// ParseDecoratedJWT returns the whole file when it finds no JWT
+		// block, never an error: the claims decide.
+		token, err := nkeys.ParseDecoratedJWT(data)
+		if err == nil {
+			_, err = jwt.DecodeUserClaims(token)
+		}
+		if err != nil {
 			return fmt.Errorf("%s: no user JWT: %w", path, err)
 		}
 		if _, err := nkeys.ParseDecoratedNKey(data); err != nil {

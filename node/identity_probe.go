@@ -46,12 +46,8 @@ func (n *Node) probeIdentity(ctx context.Context) error {
 	timeout := min(identityProbeTimeout, n.cfg.Lease/2)
 	contended, silent := false, false
 	for round := range 2 {
-		if round == 1 {
-			select {
-			case <-time.After(identitySettle(timeout)):
-			case <-ctx.Done():
-				return fmt.Errorf("node id probe on %s: %w", subj, ctx.Err())
-			}
+		if round == 1 && !pause(ctx, identitySettle(timeout)) {
+			return fmt.Errorf("node id probe on %s: %w", subj, ctx.Err())
 		}
 		answers, err := n.askIdentityRetrying(ctx, subj, timeout)
 		switch {

@@ -19,7 +19,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
@@ -77,6 +79,13 @@ func TestExitCodes(t *testing.T) {
 		return path
 	}
 	garbage := file("garbage", "not a creds file, a CA or a seed\n")
+	user, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	seed, err := user.Seed()
+	require.NoError(t, err)
+	decorated, err := jwt.DecorateSeed(seed)
+	require.NoError(t, err)
+	seedOnly := file("seed-only.creds", string(decorated)) // a seed, no user JWT
 	twoDocs := file("two.yaml", "pool-bytes: 16MiB\n---\nbogus-key: 1\n")
 	nullValue := file("null.yaml", "http: null\n")
 	for _, tc := range []struct {
@@ -117,7 +126,9 @@ func TestExitCodes(t *testing.T) {
 		// One that can be read but does not hold what it should: the same
 		// (it would fail every connect attempt, then exit 1).
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
-			"--nats-creds", garbage}, 2, "--nats-creds: " + garbage + ": no nkey seed"},
+			"--nats-creds", garbage}, 2, "--nats-creds: " + garbage + ": no user JWT"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-creds", seedOnly}, 2, "--nats-creds: " + seedOnly + ": no user JWT"},
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
 			"--nats-ca", garbage}, 2, "no PEM certificate"},
 		// Addresses that cannot be used as written; credentials in a URL
