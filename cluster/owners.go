@@ -187,8 +187,16 @@ func (o *Owners) Decide(engine string, e *ownership.Entry, req Request) ownershi
 
 func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership.Input {
 	o.mu.Lock()
-	h := o.mine[engine]
+	h, held := o.mine[engine]
 	o.mu.Unlock()
+	now := time.Now()
+	if held && (e == nil || e.Revision < h.rev) && now.Sub(h.renewed) < o.cfg.Lease {
+		// A read older than this process's own live write (no record, or a
+		// revision before it: a replica lagging the write) is no proof
+		// against it: decide on the write. Were the write lost with the
+		// bucket's unsynced tail, the keep-alive's compare-and-set finds out.
+		e = o.heldEntry(h)
+	}
 	var renewed time.Time
 	if e != nil && e.Identity == o.me && e.Revision == h.rev {
 		renewed = h.renewed
@@ -196,7 +204,15 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
 		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive, StandbyForLive: req.StandbyForLive,
-		Renewed: renewed, Lease: o.cfg.Lease, Now: time.Now(),
+		Renewed: renewed, Lease: o.cfg.Lease, Now: now,
+	}
+}
+
+// heldEntry is the record this process wrote for a claim it holds.
+func (o *Owners) heldEntry(h held) *ownership.Entry {
+	return &ownership.Entry{
+		Record:   ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: h.renewed.UnixMilli()},
+		Revision: h.rev,
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/cluster/ownership"
@@ -15,14 +16,19 @@ import (
 
 // staleGetKV serves Get from a canned entry, as a direct get answered by a
 // replica that lags the quorum (CLUSTER.md "Reads may lag").
+// A replica that has not yet seen the key's first write answers missing.
 type staleGetKV struct {
 	jetstream.KeyValue
-	stale jetstream.KeyValueEntry
+	stale   jetstream.KeyValueEntry
+	missing string
 }
 
 func (k *staleGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
 	if k.stale != nil && k.stale.Key() == key {
 		return k.stale, nil
+	}
+	if key == k.missing {
+		return nil, jetstream.ErrKeyNotFound
 	}
 	return k.KeyValue.Get(ctx, key)
 }
@@ -53,8 +59,9 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	// The engine registers again (a resync); a's read is a lagging replica's.
 	real := a.kv
 	a.kv = &staleGetKV{KeyValue: real, stale: old}
-	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action, "a read older than a's own write decides nothing")
 	cur, err := b.Get(ctx, "e1")
 	require.NoError(t, err)
 	require.Equal(t, "gpu-a", cur.Node, "the bucket still names a")
@@ -71,6 +78,40 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	require.False(t, a.Serving("e1", time.Now()), "a read past its write names b")
+}
+
+// A read that shows no record at all (a replica that has not seen the
+// key's first write) while the owner holds a live claim is no proof either:
+// the owner serves the engine's register, keeps the claim and renews it,
+// without writing (a create would fail on the key that exists and leave the
+// owner waiting a lease for a read that shows it).
+func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	rev := a.Revision("e1")
+
+	real := a.kv
+	a.kv = &staleGetKV{KeyValue: real, missing: "e1"}
+	for _, req := range []Request{{Register: true, Local: true}, {}} {
+		d, err = a.Resolve(ctx, "e1", req)
+		require.NoError(t, err)
+		require.Equal(t, ownership.Serve, d.Action, "request %+v", req)
+	}
+	require.Equal(t, rev, a.Revision("e1"), "nothing written on the read")
+	require.True(t, a.Serving("e1", time.Now()))
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced), "nothing fenced")
+	nrev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "the keep-alive renews it")
+	require.Greater(t, nrev, rev)
+	a.kv = real
+	cur, err := a.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, nrev, cur.Revision)
 }
 
 // A bucket that lost writes (its servers' unsynced tail, after a power
