@@ -114,9 +114,9 @@ func (w *worker) free(a *arena) error {
 	if _, ok := w.arenas[a]; !ok {
 		return nil
 	}
-	w.drain()
+	err := w.drain()
 	delete(w.arenas, a)
-	return hostFree(a.ptr)
+	return errors.Join(err, hostFree(a.ptr))
 }
 
 // Attach maps the engine's CUDA IPC segments into this backend's context.
@@ -172,12 +172,12 @@ func (w *worker) unmap(d *device) error {
 	if _, ok := w.devices[d]; !ok {
 		return nil
 	}
-	w.drain()
+	err := w.drain()
 	delete(w.devices, d)
 	if !d.owned {
-		return nil
+		return err
 	}
-	return w.unmapPtrs(d.ptrs)
+	return errors.Join(err, w.unmapPtrs(d.ptrs))
 }
 
 // unmapPtrs closes IPC mappings, reporting every failure. Only from the

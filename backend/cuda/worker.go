@@ -16,22 +16,31 @@ import (
 	"github.com/kvactors/kvactors/backend"
 )
 
-// Polling of in-flight copies: first yield to the scheduler a few times (a
-// 2 MB copy takes ~50µs), then sleep with a backoff, so a long copy costs
-// little CPU and a short one is seen quickly.
-const (
-	spinPolls  = 32
-	minBackoff = 20 * time.Microsecond
-	maxBackoff = time.Millisecond
-)
+// waitDepth bounds the copies queued on one stream and not yet answered;
+// past it, queueing the next waits for the oldest to end.
+const waitDepth = 256
+
+// spinWait is how long a waiter polls a copy's event before it blocks on
+// it. Waking from a blocking wait took ~60 µs on an H200, more than a 2 MiB
+// copy itself (~45 µs): a copy that ends within spinWait is seen at once,
+// and a longer one pays the wake-up, a few percent of its time, and no CPU
+// while it runs.
+const spinWait = 100 * time.Microsecond
 
 // worker owns one device's CUDA context. A CUDA context is current per OS
 // thread, while the Go scheduler moves goroutines between threads at will:
 // so one goroutine locks its thread (runtime.LockOSThread), makes the context
-// current once, and makes every CUDA call of the device. Other goroutines hand
-// it work over calls and wait for the reply. It also keeps copies in flight
-// without blocking: each Copy is queued on a stream, ends with an event, and
-// the loop polls the events between receiving calls.
+// current once, and makes every CUDA call of the device but one. Other
+// goroutines hand it work over calls and wait for the reply. Each Copy is
+// queued on a stream and ends with an event; one waiter per stream, on a
+// locked thread of its own with the context current, blocks in
+// cuEventSynchronize on those events in order (a stream runs its copies in
+// order) and answers each copy as its event completes: it polls the event
+// briefly (spinWait), then blocks; a blocking-sync event puts it to sleep
+// until the GPU's interrupt, at no CPU cost. The worker used to poll with
+// timer sleeps between: Go rounds a short sleep up to about a millisecond
+// when nothing else runs, so a long copy was seen late, and the H200 moved
+// 39 GB/s where plain cuMemcpyDtoH moved 44 (docs/BENCHMARKS.md "GPU").
 type worker struct {
 	calls  chan *call
 	quit   chan struct{}
@@ -41,15 +50,23 @@ type worker struct {
 	// closeErr is written by the goroutine before done is closed.
 	closeErr error
 
+	// events are free events, reused; the waiters return them.
+	events  eventPool
+	waiters sync.WaitGroup
+
 	// Owned by the goroutine alone.
 	dev     cu.Device
 	ctx     cu.CUContext
-	streams []cu.Stream
-	next    int        // stream for the next copy
-	events  []cu.Event // free events, reused
-	flight  []*flight
+	streams []*stream
+	next    int // stream for the next copy
 	arenas  map[*arena]struct{}
 	devices map[*device]struct{}
+}
+
+// stream is a CUDA stream and the queue its waiter answers copies from.
+type stream struct {
+	s       cu.Stream
+	flights chan *flight
 }
 
 // call is one request to the goroutine: fn runs synchronously, or cp is
@@ -74,6 +91,39 @@ type flight struct {
 	ev    cu.Event
 	err   error // an enqueue that failed; reported once the queued part is done
 	reply chan error
+}
+
+// eventPool holds events whose copies are answered, for the next copies.
+type eventPool struct {
+	mu   sync.Mutex
+	free []cu.Event
+}
+
+func (p *eventPool) get() (cu.Event, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := len(p.free)
+	if n == 0 {
+		return cu.Event{}, false
+	}
+	ev := p.free[n-1]
+	p.free = p.free[:n-1]
+	return ev, true
+}
+
+func (p *eventPool) put(ev cu.Event) {
+	p.mu.Lock()
+	p.free = append(p.free, ev)
+	p.mu.Unlock()
+}
+
+// drainAll empties the pool and returns what it held.
+func (p *eventPool) drainAll() []cu.Event {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	all := p.free
+	p.free = nil
+	return all
 }
 
 // startWorker starts the goroutine and waits for its context and streams.
@@ -130,47 +180,54 @@ func (w *worker) init(cfg Config) error {
 		if err != nil {
 			return check("cuStreamCreate", err)
 		}
-		w.streams = append(w.streams, s)
+		st := &stream{s: s, flights: make(chan *flight, waitDepth)}
+		w.streams = append(w.streams, st)
+		ready := make(chan error, 1)
+		w.waiters.Add(1)
+		go w.wait(st, ready)
+		if err := <-ready; err != nil {
+			return err
+		}
 	}
 	return nil
 }
 
+// wait is a stream's waiter: it answers the stream's copies in the order
+// they were queued, each once its event has completed. It runs until the
+// queue is closed (teardown) and empty. Like the worker's, its thread is
+// never unlocked and ends with it.
+func (w *worker) wait(st *stream, ready chan<- error) {
+	defer w.waiters.Done()
+	runtime.LockOSThread()
+	if err := check("cuCtxSetCurrent", cu.SetCurrentContext(w.ctx)); err != nil {
+		ready <- err
+		return
+	}
+	ready <- nil
+	for f := range st.flights {
+		err := await(f.ev)
+		w.events.put(f.ev)
+		f.reply <- w.note(errors.Join(f.err, err))
+	}
+}
+
+// await returns once ev has completed: polling it for spinWait, then
+// blocking on it.
+func await(ev cu.Event) error {
+	deadline := time.Now().Add(spinWait)
+	for time.Now().Before(deadline) {
+		if err := ev.Query(); !errors.Is(err, cu.NotReady) {
+			return check("cuEventQuery", err)
+		}
+	}
+	return check("cuEventSynchronize", ev.Synchronize())
+}
+
 func (w *worker) loop() {
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	spins, backoff := 0, minBackoff
 	for {
-		if w.poll() {
-			spins, backoff = 0, minBackoff
-		}
-		if len(w.flight) == 0 {
-			select {
-			case c := <-w.calls:
-				w.handle(c)
-			case <-w.quit:
-				return
-			}
-			continue
-		}
 		select {
 		case c := <-w.calls:
 			w.handle(c)
-			continue
-		case <-w.quit:
-			return
-		default:
-		}
-		if spins < spinPolls {
-			spins++
-			runtime.Gosched()
-			continue
-		}
-		timer.Reset(backoff)
-		select {
-		case c := <-w.calls:
-			w.handle(c)
-		case <-timer.C:
-			backoff = min(2*backoff, maxBackoff)
 		case <-w.quit:
 			return
 		}
@@ -202,7 +259,8 @@ func (w *worker) startCopy(cp *copyWork, reply chan error) {
 		reply <- fmt.Errorf("arena: %w", backend.ErrClosed)
 		return
 	}
-	s := w.streams[w.next%len(w.streams)]
+	st := w.streams[w.next%len(w.streams)]
+	s := st.s
 	w.next++
 	var failed error
 	for _, r := range cp.ranges {
@@ -223,7 +281,7 @@ func (w *worker) startCopy(cp *copyWork, reply chan error) {
 	ev, err := w.event()
 	if err == nil {
 		if err = check("cuEventRecord", ev.Record(s)); err != nil {
-			w.events = append(w.events, ev)
+			w.events.put(ev)
 		}
 	}
 	if err != nil {
@@ -231,50 +289,31 @@ func (w *worker) startCopy(cp *copyWork, reply chan error) {
 		reply <- w.note(err)
 		return
 	}
-	w.flight = append(w.flight, &flight{ev: ev, err: failed, reply: reply})
+	// Blocks only when waitDepth copies of this stream are unanswered: the
+	// waiter needs nothing from this goroutine to answer the oldest.
+	st.flights <- &flight{ev: ev, err: failed, reply: reply}
 }
 
-// event returns a free event or makes one. Timing is disabled: it makes
-// recording and querying cheaper, and only completion is needed.
+// event returns a free event or makes one. Blocking sync: the waiter sleeps
+// until the copy ends instead of spinning a core. Timing is disabled: only
+// completion is needed.
 func (w *worker) event() (cu.Event, error) {
-	if n := len(w.events); n > 0 {
-		ev := w.events[n-1]
-		w.events = w.events[:n-1]
+	if ev, ok := w.events.get(); ok {
 		return ev, nil
 	}
-	ev, err := cu.MakeEvent(cu.DisableTiming)
+	ev, err := cu.MakeEvent(cu.BlockingSyncEvent | cu.DisableTiming)
 	return ev, check("cuEventCreate", err)
 }
 
-// poll answers every copy whose event has completed and reports whether any
-// did. Only from the goroutine.
-func (w *worker) poll() bool {
-	kept := w.flight[:0]
-	for _, f := range w.flight {
-		err := f.ev.Query()
-		if errors.Is(err, cu.NotReady) {
-			kept = append(kept, f)
-			continue
-		}
-		w.events = append(w.events, f.ev)
-		f.reply <- w.note(errors.Join(f.err, check("cuEventQuery", err)))
+// drain waits until every copy queued so far has ended; freeing or
+// unmapping memory a copy still touches would corrupt it. Their waiters
+// answer them. Only from the goroutine.
+func (w *worker) drain() error {
+	var errs []error
+	for _, st := range w.streams {
+		errs = append(errs, w.note(check("cuStreamSynchronize", st.s.Synchronize())))
 	}
-	progress := len(kept) < len(w.flight)
-	clear(w.flight[len(kept):])
-	w.flight = kept
-	return progress
-}
-
-// drain waits for every copy in flight; freeing or unmapping memory a copy
-// still touches would corrupt it. Only from the goroutine.
-func (w *worker) drain() {
-	for _, f := range w.flight {
-		err := check("cuEventSynchronize", f.ev.Synchronize())
-		w.events = append(w.events, f.ev)
-		f.reply <- w.note(errors.Join(f.err, err))
-	}
-	clear(w.flight)
-	w.flight = w.flight[:0]
+	return errors.Join(errs...)
 }
 
 // note records an error that broke the context and passes err through.
@@ -321,10 +360,13 @@ func (w *worker) close() error {
 	return w.closeErr
 }
 
-// teardown waits for copies in flight, then frees what is left: devices'
+// teardown waits for copies in flight (their waiters answer them), then frees what is left: devices'
 // mappings, arenas, events, streams, and the primary context reference.
 func (w *worker) teardown() error {
-	w.drain()
+	for _, st := range w.streams {
+		close(st.flights)
+	}
+	w.waiters.Wait() // each answers its stream's copies first
 	var errs []error
 	for d := range w.devices {
 		errs = append(errs, w.unmap(d))
@@ -332,12 +374,11 @@ func (w *worker) teardown() error {
 	for a := range w.arenas {
 		errs = append(errs, w.free(a))
 	}
-	for _, ev := range w.events {
+	for _, ev := range w.events.drainAll() {
 		errs = append(errs, check("cuEventDestroy", cu.DestroyEvent(&ev)))
 	}
-	w.events = nil
-	for i := range w.streams {
-		errs = append(errs, check("cuStreamDestroy", w.streams[i].Destroy()))
+	for _, st := range w.streams {
+		errs = append(errs, check("cuStreamDestroy", st.s.Destroy()))
 	}
 	w.streams = nil
 	if w.ctx != (cu.CUContext{}) {
