@@ -35,7 +35,7 @@ func (n *Node) listenHTTP() error {
 	starting.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
 		http.Error(w, "not ready: starting (waiting for NATS and the node id check)", http.StatusServiceUnavailable)
 	})
-	n.admin.Store(&adminHandler{starting})
+	n.admin.Store(starting)
 	n.http = &http.Server{ReadHeaderTimeout: 5 * time.Second,
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { n.admin.Load().ServeHTTP(w, r) })}
 	go func() {
@@ -45,10 +45,6 @@ func (n *Node) listenHTTP() error {
 	}()
 	return nil
 }
-
-// adminHandler boxes the admin server's current handler (atomic.Pointer
-// needs a concrete type).
-type adminHandler struct{ http.Handler }
 
 func healthz(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) }
 
@@ -77,7 +73,7 @@ func (n *Node) serveAdmin() {
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
-	n.admin.Store(&adminHandler{mux})
+	n.admin.Store(mux)
 }
 
 // serveEngines is the status snapshot of every engine (?engine=ID for one).

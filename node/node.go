@@ -111,7 +111,7 @@ type Node struct {
 	ingest *ingester
 	http   *http.Server
 	ln     net.Listener
-	admin  atomic.Pointer[adminHandler] // the admin server's handler: starting, then full
+	admin  atomic.Pointer[http.ServeMux] // the admin server's handler: starting, then full
 	ready  atomic.Bool
 	closed atomic.Bool
 
