@@ -91,6 +91,12 @@ func (o *Owners) Get(ctx context.Context, engine string) (*ownership.Entry, erro
 		}
 		e, err = o.kv.Get(ctx, engine)
 	}
+	return decodeEntry(engine, e, err)
+}
+
+// decodeEntry turns a bucket read into an entry: nil for a missing,
+// deleted or expired key.
+func decodeEntry(engine string, e jetstream.KeyValueEntry, err error) (*ownership.Entry, error) {
 	switch {
 	case errors.Is(err, jetstream.ErrKeyNotFound), errors.Is(err, jetstream.ErrKeyDeleted):
 		return nil, nil
@@ -293,15 +299,21 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
 	}
-	o.mu.Lock()
-	_, still := o.mine[engine]
-	delete(o.mine, engine)
-	o.mu.Unlock()
-	if renew && !still {
+	if !o.drop(engine) && renew {
 		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
 	}
 	o.metrics.Fenced.Inc()
 	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
+}
+
+// drop forgets engine's claim; false if none was held (a keep-alive that
+// raced Release).
+func (o *Owners) drop(engine string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, held := o.mine[engine]
+	delete(o.mine, engine)
+	return held
 }
 
 // inProcessConflict: JetStream refused an expected-sequence write because
@@ -340,11 +352,14 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	// and overwrite that node's claim. No lagging replica shows it (the
 	// revision was this node's write), so it is proof; a write lost the
 	// same way between this read and the compare-and-set is not caught
-	// (docs/CLUSTER.md "Durability").
-	if e, err := o.Get(ctx, engine); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
-		o.mu.Lock()
-		delete(o.mine, engine)
-		o.mu.Unlock()
+	// (docs/CLUSTER.md "Durability"). One read, not Get's retries: a
+	// keep-alive must not wait out a leader election before renewing, and a
+	// read that fails proves nothing either way.
+	raw, err := o.kv.Get(ctx, engine)
+	if e, err := decodeEntry(engine, raw, err); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
+		if !o.drop(engine) {
+			return 0, fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
+		}
 		o.metrics.Fenced.Inc()
 		return 0, fmt.Errorf("%w: engine %s: revision %d now names %s (the bucket lost writes and issued it again)",
 			ErrFenced, engine, h.rev, e.Identity)

@@ -3,9 +3,11 @@ package cluster
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
@@ -112,6 +114,41 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	cur, err := a.Get(ctx, "e1")
 	require.NoError(t, err)
 	require.Equal(t, nrev, cur.Revision)
+}
+
+// noRespondersKV answers every Get as when no replica serves direct gets
+// (a leader election), and counts them.
+type noRespondersKV struct {
+	jetstream.KeyValue
+	gets atomic.Int64
+}
+
+func (k *noRespondersKV) Get(context.Context, string) (jetstream.KeyValueEntry, error) {
+	k.gets.Add(1)
+	return nil, nats.ErrNoResponders
+}
+
+// A keep-alive reads the record once before its compare-and-set (the check
+// for a revision issued again): while no replica answers reads, it does not
+// retry the read for up to a lease, as a register's read does, but renews.
+func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	ctx := ctxT(t)
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	rev := a.Revision("e1")
+
+	real := a.kv
+	kv := &noRespondersKV{KeyValue: real}
+	a.kv = kv
+	nrev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	require.Greater(t, nrev, rev, "renewed")
+	require.EqualValues(t, 1, kv.gets.Load(), "one read")
+	a.kv = real
 }
 
 // A bucket that lost writes (its servers' unsynced tail, after a power
