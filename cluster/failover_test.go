@@ -41,9 +41,7 @@ func TestOwnershipAndFetchSurviveOneServerStopped(t *testing.T) {
 	a := openOwnersLease(t, ncA, "gpu-0", "", 3, lease)
 	b := openOwnersLease(t, ncB, "gpu-1", "", 3, lease)
 	ctx := ctxT(t)
-	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
 
 	src := newMemSource()
 	want := randomBytes(3, 2<<20+5)
@@ -73,7 +71,7 @@ func TestOwnershipAndFetchSurviveOneServerStopped(t *testing.T) {
 		}
 		return nil
 	})
-	d, err = a.Resolve(ctx, "e2", Request{Register: true, Local: true})
+	d, err := a.Resolve(ctx, "e2", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Ignore, d.Action)
 	require.Equal(t, "gpu-1", d.Owner)

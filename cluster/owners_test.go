@@ -146,9 +146,7 @@ func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
 	ctx := ctxT(t)
 	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
 
-	d, err := owner.Resolve(ctx, "e1", reg)
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, owner, "e1", reg)
 
 	// Two leases of keep-alives: the standby never gets the engine.
 	tick := time.NewTicker(testLease / 8) // the keep-alive period, as a node's would be
@@ -167,7 +165,7 @@ func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
 
 	// The owner stops renewing (as if killed). Its last write:
 	lastSent := time.Now()
-	_, err = owner.KeepAlive(ctx, "e1")
+	_, err := owner.KeepAlive(ctx, "e1")
 	require.NoError(t, err)
 	var tookOver time.Time
 	testkit.Eventually(t, 10*testLease, 20*time.Millisecond, func() error {
@@ -196,10 +194,8 @@ func TestStandbyTakesOverAfterTheLeaseAndTheOldOwnerIsFenced(t *testing.T) {
 
 	// The engine re-registers naming its first node: the standby serves it,
 	// the restarted first node stays silent.
-	d, err = standby.Resolve(ctx, "e1", reg)
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
-	d, err = owner.Resolve(ctx, "e1", reg)
+	mustServe(t, standby, "e1", reg)
+	d, err := owner.Resolve(ctx, "e1", reg)
 	require.NoError(t, err)
 	require.Equal(t, ownership.Ignore, d.Action)
 	require.Equal(t, "gpu-0b", d.Owner)
@@ -213,10 +209,8 @@ func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 	a := openOwners(t, nc, "gpu-0", "", 1)
 	b := openOwners(t, testkit.Connect(t, s), "gpu-1", "", 1)
 	ctx := ctxT(t)
-	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
-	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Refuse, d.Action)
 	require.Contains(t, ownership.RefusalError(d.Owner, "gpu-1"), "owned by node gpu-0")
@@ -226,9 +220,7 @@ func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 
 	// Released: the named node claims it.
 	require.NoError(t, a.Release(ctx, "e1"))
-	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, b, "e1", Request{Register: true, Local: true, SpecNode: "gpu-1"})
 	// Not an engine id: refused before the bucket sees it.
 	for _, bad := range []string{"", "a.b", "_node", "a*", "a>"} {
 		_, err = b.Resolve(ctx, bad, Request{Register: true, Local: true})
@@ -340,4 +332,12 @@ func TestKeepAliveWriteAfterReleaseUndoesItself(t *testing.T) {
 	require.NotContains(t, a.Mine(), "e1", "the keep-alive did not bring the claim back")
 	_, err = kv.Get(ctx, "e1")
 	require.True(t, isGone(err), "the record the keep-alive wrote is gone: %v", err)
+}
+
+// mustServe resolves req for engine on o and requires the decision Serve.
+func mustServe(t *testing.T, o *Owners, engine string, req Request) {
+	t.Helper()
+	d, err := o.Resolve(ctxT(t), engine, req)
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action, "%s on %s: %s", engine, o.me.Node, d.Reason)
 }

@@ -48,20 +48,16 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	ctx := ctxT(t)
 
 	// b held e1, then released it; a claimed it.
-	d, err := b.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
 	old, err := b.kv.Get(ctx, "e1") // b's record: what a lagging replica may still serve
 	require.NoError(t, err)
 	require.NoError(t, b.Release(ctx, "e1"))
-	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
 
 	// The engine registers again (a resync); a's read is a lagging replica's.
 	real := a.kv
 	a.kv = &staleGetKV{KeyValue: real, stale: old}
-	d, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Serve, d.Action, "a read older than a's own write decides nothing")
 	cur, err := b.Get(ctx, "e1")
@@ -92,15 +88,13 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	const lease = 5 * time.Second
 	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
 	ctx := ctxT(t)
-	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
 	rev := a.Revision("e1")
 
 	real := a.kv
 	a.kv = &staleGetKV{KeyValue: real, missing: "e1"}
 	for _, req := range []Request{{Register: true, Local: true}, {}} {
-		d, err = a.Resolve(ctx, "e1", req)
+		d, err := a.Resolve(ctx, "e1", req)
 		require.NoError(t, err)
 		require.Equal(t, ownership.Serve, d.Action, "request %+v", req)
 	}
@@ -136,9 +130,7 @@ func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 	const lease = 5 * time.Second
 	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
 	ctx := ctxT(t)
-	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
 	rev := a.Revision("e1")
 
 	real := a.kv
@@ -161,9 +153,7 @@ func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
 	const lease = 5 * time.Second
 	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
 	ctx := ctxT(t)
-	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
-	require.NoError(t, err)
-	require.Equal(t, ownership.Serve, d.Action)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
 	revA := a.Revision("e1")
 
 	js, err := jetstream.New(nc)
@@ -174,7 +164,7 @@ func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
 		_, err := b.Resolve(ctx, fmt.Sprintf("other%d", i), Request{Register: true, Local: true})
 		require.NoError(t, err)
 	}
-	d, err = b.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	d, err := b.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Serve, d.Action, "e1 is unowned after the loss: b claims it")
 	require.Equal(t, revA, b.Revision("e1"), "b's claim got a's revision")
