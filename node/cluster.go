@@ -408,8 +408,12 @@ func (n *Node) releaseClaimIfGone(id string) {
 	if n.engine(id) != nil {
 		return
 	}
+	// Marked before the release: once the bucket shows no owner, its
+	// messages pass no node's gate, and this node must already be the one
+	// that tells it it is unknown (marked after, a heartbeat that came in
+	// between went unanswered; until the release, the claim answers it).
+	n.dropped(id)
 	n.releaseClaim(id)
-	n.dropped(id) // its messages now pass no node's gate: this one tells it it is unknown
 }
 
 // releaseClaimWhenClosed releases an ended engine's claim (if it did not
