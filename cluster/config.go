@@ -35,7 +35,20 @@ type Config struct {
 	// hostile or broken peer cannot make it allocate without bound
 	// (default 1 GiB).
 	MaxChunkBytes int64 `json:"max_chunk_bytes"`
+	// MaxPeerKeys bounds the keys the holders index keeps of each other
+	// node, so a node announcing an unbounded key set (kv_events or
+	// catch-up pages) cannot grow every other node's memory without bound:
+	// its keys past the bound are left out, counted and logged (docs/
+	// CLUSTER.md, Holders). Default 2^20 (defaultMaxPeerKeys).
+	MaxPeerKeys int `json:"max_peer_keys"`
 }
+
+// defaultMaxPeerKeys is MaxPeerKeys' default, 2^20 keys: a 1 TiB host pool
+// of 1 MiB chunks (the pool's default page), about as much as one host
+// holds. Each indexed key costs about 300 bytes (a 36-byte key, measured
+// with holders.Index), so a node at the cap costs each other node about
+// 300 MiB. A cluster of larger pools or smaller chunks raises it.
+const defaultMaxPeerKeys = 1 << 20
 
 // DefaultConfig is the one source of the defaults.
 func DefaultConfig() Config {
@@ -47,6 +60,7 @@ func DefaultConfig() Config {
 		FetchWindow:   4,
 		FetchTimeout:  5 * time.Second,
 		MaxChunkBytes: 1 << 30,
+		MaxPeerKeys:   defaultMaxPeerKeys,
 	}
 }
 
@@ -77,6 +91,9 @@ func (c *Config) Validate() error {
 	if c.MaxChunkBytes == 0 {
 		c.MaxChunkBytes = d.MaxChunkBytes
 	}
+	if c.MaxPeerKeys == 0 {
+		c.MaxPeerKeys = d.MaxPeerKeys
+	}
 	switch {
 	case c.Replicas < 1 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
@@ -88,6 +105,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: fetch timeout %v", ErrConfig, c.FetchTimeout)
 	case c.MaxChunkBytes < 1:
 		return fmt.Errorf("%w: max chunk bytes %d", ErrConfig, c.MaxChunkBytes)
+	case c.MaxPeerKeys < 1:
+		return fmt.Errorf("%w: max peer keys %d: want >= 1 (0: the default)", ErrConfig, c.MaxPeerKeys)
 	}
 	return nil
 }

@@ -105,7 +105,7 @@ func TestCatchUpFillsTheIndexInPages(t *testing.T) {
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	require.NoError(t, ncA.Flush())
 
-	x := holders.New(testLease)
+	x := holders.New(testLease, 0)
 	now := time.Now()
 	_, err = x.Heartbeat("gpu-0", "boot-a", now)
 	require.NoError(t, err)
@@ -118,7 +118,8 @@ func TestCatchUpFillsTheIndexInPages(t *testing.T) {
 		return CatchUp(ctxT(t), ncC, "kvactors", "gpu-0", 5*time.Second, func(boot string, page []holders.NSKey) error {
 			require.Equal(t, "boot-a", boot)
 			pages++
-			return x.CatchUpPage("gpu-0", id, page)
+			_, err := x.CatchUpPage("gpu-0", id, page)
+			return err
 		})
 	})
 	require.Greater(t, pages, 1, "20000 keys need more than one page under max_payload")

@@ -67,7 +67,7 @@ func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger, metrics *Metrics) (*
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	f := &Feed{nc: nc, cfg: cfg, log: log, metrics: metrics.orNew(), x: holders.New(cfg.Lease), catching: map[string]bool{}, pending: map[string]bool{}, ctx: ctx, cancel: cancel}
+	f := &Feed{nc: nc, cfg: cfg, log: log, metrics: metrics.orNew(), x: holders.New(cfg.Lease, cfg.MaxPeerKeys), catching: map[string]bool{}, pending: map[string]bool{}, ctx: ctx, cancel: cancel}
 	for subj, h := range map[string]nats.MsgHandler{
 		cfg.Prefix + ".*." + messages.VerbKVEvents:                        f.onKVEvents,
 		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHeartbeat): f.onHeartbeat,
@@ -156,10 +156,16 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	}
 }
 
+// errAtCap ends a catch-up at the first page that met the node's cap
+// (Config.MaxPeerKeys): later pages could add nothing, so a node announcing
+// an unbounded key set costs one catch-up of about the cap. The catch-up
+// then finishes as if its set ended there; it is no failure to retry.
+var errAtCap = errors.New("cluster: catch-up met the node's key cap")
+
 // catchUp asks node for its key set, which replaces what the index held
-// of it once every page is read; removals and stores seen meanwhile win
-// (see holders.Index.BeginCatchUp). A failure is counted and logged, and
-// the node's next heartbeat retries.
+// of it once every page is read (or the node's cap is met); removals and
+// stores seen meanwhile win (see holders.Index.BeginCatchUp). A failure is
+// counted and logged, and the node's next heartbeat retries.
 func (f *Feed) catchUp(node, boot string) {
 	defer f.wg.Done()
 	defer func() {
@@ -189,9 +195,19 @@ func (f *Feed) catchUp(node, boot string) {
 			return !ok
 		})
 		f.mu.Lock()
-		defer f.mu.Unlock()
-		return f.x.CatchUpPage(node, id, keys)
+		res, err := f.x.CatchUpPage(node, id, keys)
+		f.mu.Unlock()
+		if err != nil {
+			return err
+		}
+		if f.overCap(node, boot, "catch-up", res) {
+			return errAtCap
+		}
+		return nil
 	})
+	if errors.Is(err, errAtCap) {
+		err = nil
+	}
 	if err != nil && !errors.Is(err, context.Canceled) {
 		f.mu.Lock()
 		f.pending[node] = true
@@ -308,8 +324,8 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		}
 	}
 	f.mu.Lock()
-	cleared, err := f.x.ApplyKVEvents(node, boot, engine, geo, b) // unstamped: clears only, which name no key
-	if cleared {
+	res, err := f.x.ApplyKVEvents(node, boot, engine, geo, b) // unstamped: clears only, which name no key
+	if res.ClearedAll {
 		// The index dropped every key of the node (a router's clear names
 		// one engine, the pool is the node's): read its key set again at
 		// its next heartbeat.
@@ -320,6 +336,22 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
 		f.log.Debug("kv_events refused", "node", node, "engine", engine, "err", err)
 	}
+	f.overCap(node, boot, "kv_events", res)
+}
+
+// overCap counts the keys of node an input left out at its cap and logs the
+// crossing (once until the node's keys are whole again, not per key or per
+// batch); it reports whether any were left out.
+func (f *Feed) overCap(node, boot, via string, res holders.Applied) bool {
+	if res.OverCap == 0 {
+		return false
+	}
+	f.metrics.KeysOverCap.Add(float64(res.OverCap))
+	if res.Capped {
+		f.log.Warn("node met the holders cap: its keys past it are not indexed (raise --cluster-max-peer-keys if its pool holds that many)",
+			"node", node, "boot", boot, "cap", f.cfg.MaxPeerKeys, "via", via)
+	}
+	return true
 }
 
 func (f *Feed) count(inc func(*FeedStats)) {

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/cluster/holders"
@@ -38,6 +40,7 @@ type fakeNode struct {
 type swappableKeys struct {
 	mu   sync.Mutex
 	keys SortedKeys
+	asks atomic.Int64 // KeysAfter calls: about one per page served
 }
 
 func (s *swappableKeys) set(keys []holders.NSKey) {
@@ -47,6 +50,7 @@ func (s *swappableKeys) set(keys []holders.NSKey) {
 }
 
 func (s *swappableKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	s.asks.Add(1)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.keys.KeysAfter(after, max)
@@ -364,6 +368,105 @@ func TestFeedCountsNoKeyWithoutItsGeometry(t *testing.T) {
 	require.Empty(t, feed.Holders(plain.NS, hashKey("bb", 0).Key), "nor under the plain namespace")
 	require.Empty(t, feed.Holders(messages.ClusterNamespace(plain.NS, 0), hashKey("bb", 0).Key),
 		"nor under a geometry it never named")
+}
+
+// A node that announces more keys than the cap (Config.MaxPeerKeys), by
+// catch-up and by kv_events, has only the cap indexed: the keys past it
+// are counted and the crossing logged once; its catch-up stops at the
+// first page that met the cap, counted ok and not retried; its removals
+// still apply; and another node's keys are all indexed.
+func TestFeedCapsANodesKeysAndNotAnothers(t *testing.T) {
+	const maxKeys = 3
+	s := testkit.NATSServer(t)
+	ncA, ncC := testkit.Connect(t, s), testkit.Connect(t, s)
+	m := NewMetrics(prometheus.NewRegistry())
+	var logs testkit.SyncBuffer
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease, MaxPeerKeys: maxKeys},
+		slog.New(slog.NewTextHandler(&logs, nil)), m)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+
+	// gpu-0's set spans several pages (a page holds some thousands).
+	const many = 20_000
+	big := make([]holders.NSKey, many)
+	for i := range big {
+		big[i] = hashKey(fmt.Sprintf("%032x", i), 0)
+	}
+	small := []holders.NSKey{hashKey("b1", 0), hashKey("b2", 0)}
+	// One connection for both: their kv_events reach the feed in order.
+	hog := startFakeNode(t, ncA, "gpu-0", "a1", big)
+	other := startFakeNode(t, ncA, "gpu-1", "b1", small)
+	catchUps := func(want float64) func() error {
+		return func() error {
+			if got := testutil.ToFloat64(m.CatchUps.WithLabelValues("ok")); got != want {
+				return fmt.Errorf("%v catch-ups ok, want %v", got, want)
+			}
+			return nil
+		}
+	}
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, catchUps(2))
+	require.Zero(t, testutil.ToFloat64(m.CatchUps.WithLabelValues("error")))
+	heldBy := func(k holders.NSKey) []string { return feed.Holders(k.NS, k.Key) }
+	for _, k := range small {
+		require.Equal(t, []string{"gpu-1"}, heldBy(k), "gpu-1's keys are its own business")
+	}
+	// The first keys in page order, up to the cap; nothing past it.
+	for i, k := range big[:maxKeys+1] {
+		if i < maxKeys {
+			require.Equal(t, []string{"gpu-0"}, heldBy(k), "key %d", i)
+		} else {
+			require.Empty(t, heldBy(k), "key %d, past the cap", i)
+		}
+	}
+	over := testutil.ToFloat64(m.KeysOverCap)
+	require.Positive(t, over, "the first page's keys past the cap are counted")
+	require.Less(t, over, float64(many-maxKeys), "the catch-up stopped at the page that met the cap")
+	require.EqualValues(t, 1, hog.keys.asks.Load(), "one page of %d keys asked for, not the whole set", many)
+
+	// kv_events: a removal applies and frees room for one store; the
+	// others are left out and counted. gpu-1 stores up to the cap exactly.
+	hog.kvEvents("e1",
+		messages.KVEvent{Type: messages.KVBlockRemoved, BlockHashes: []string{fmt.Sprintf("%032x", 0)}, Namespace: "m"},
+		messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"ee01", "ee02", "ee03"}, Namespace: "m"})
+	other.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"b3"}, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := heldBy(hashKey("b3", 0)); len(got) != 1 {
+			return fmt.Errorf("gpu-1's third key held by %v", got)
+		}
+		return nil
+	})
+	require.Empty(t, heldBy(big[0]), "removed")
+	require.Equal(t, []string{"gpu-0"}, heldBy(hashKey("ee01", 0)), "stored in the room the removal freed")
+	require.Empty(t, heldBy(hashKey("ee02", 0)))
+	require.Equal(t, over+2, testutil.ToFloat64(m.KeysOverCap))
+	byNode := map[string]holders.NodeInfo{}
+	for _, ni := range feed.Nodes() {
+		byNode[ni.Node] = ni
+	}
+	require.Equal(t, maxKeys, byNode["gpu-0"].Keys)
+	require.True(t, byNode["gpu-0"].Capped)
+	require.Equal(t, maxKeys, byNode["gpu-1"].Keys)
+	require.False(t, byNode["gpu-1"].Capped, "at the cap, nothing left out")
+
+	// Not retried: two more heartbeats of gpu-0 start no catch-up.
+	since := byNode["gpu-0"].LastSeen
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		for _, ni := range feed.Nodes() {
+			if ni.Node == "gpu-0" && ni.LastSeen.Sub(since) >= testLease/3 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no two heartbeats of gpu-0 since %v", since)
+	})
+	require.NoError(t, catchUps(2)())
+	require.Zero(t, testutil.ToFloat64(m.CatchUps.WithLabelValues("error")))
+	require.EqualValues(t, 1, hog.keys.asks.Load())
+
+	// Logged once, for gpu-0 (the catch-up's crossing), not per key or batch.
+	lines := strings.Count(logs.String(), "holders cap")
+	require.Equal(t, 1, lines, "logs:\n%s", logs.String())
+	require.Contains(t, logs.String(), "node=gpu-0")
 }
 
 // feedAcrossServers starts gpu-2's feed on server 2 of a 3-server cluster

@@ -20,6 +20,7 @@ type Metrics struct {
 	ServeRefused  prometheus.Counter
 	FeedRejected  *prometheus.CounterVec // reason: unattributed, bad_message, refused, no_geometry
 	CatchUps      *prometheus.CounterVec // result: ok, error
+	KeysOverCap   prometheus.Counter     // keys left out: their node held Config.MaxPeerKeys
 }
 
 // NewMetrics builds the collectors and registers them on reg; nil reg
@@ -63,6 +64,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvactors_cluster_holders_catchups_total",
 			Help: "Key-set catch-ups of other nodes, by result.",
 		}, []string{"result"}),
+		KeysOverCap: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "kvactors_cluster_holders_keys_over_cap_total",
+			Help: "Keys other nodes stored (kv_events) or listed (catch-up pages) that the holder index left out: their node already had --cluster-max-peer-keys keys indexed.",
+		}),
 	}
 	// Every label value exists at 0 from the start, as the node's own
 	// counters do (docs/OBSERVABILITY.md): an alert on rate() sees 0, not
@@ -81,7 +86,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		for _, c := range []prometheus.Collector{m.Decisions, m.Fenced, m.FetchBytes, m.FetchSeconds,
-			m.FetchFailures, m.ServedBytes, m.ServeRefused, m.FeedRejected, m.CatchUps} {
+			m.FetchFailures, m.ServedBytes, m.ServeRefused, m.FeedRejected, m.CatchUps, m.KeysOverCap} {
 			reg.MustRegister(c)
 		}
 	}

@@ -143,6 +143,10 @@ type Config struct {
 	// (default 4); FetchTimeout bounds each piece (default 5s).
 	FetchWindow  int           `json:"fetch_window"`
 	FetchTimeout time.Duration `json:"fetch_timeout"`
+	// ClusterMaxPeerKeys bounds the keys of each other node that this
+	// node's holders index keeps (default cluster.DefaultConfig's: 2^20);
+	// the keys past it are left out, counted and logged.
+	ClusterMaxPeerKeys int `json:"cluster_max_peer_keys"`
 
 	// Log, Tracer and Registry are injected (nil: slog.Default, a no-op
 	// tracer, a fresh registry).
@@ -244,10 +248,11 @@ func DefaultConfig() Config {
 		Transfer:      transfer.DefaultConfig(),
 		Limits:        ingest.DefaultLimits(),
 		// cluster: off; the rest are cluster.DefaultConfig's.
-		ClusterBucket:   cluster.DefaultConfig().Bucket,
-		ClusterReplicas: cluster.DefaultConfig().Replicas,
-		FetchWindow:     cluster.DefaultConfig().FetchWindow,
-		FetchTimeout:    cluster.DefaultConfig().FetchTimeout,
+		ClusterBucket:      cluster.DefaultConfig().Bucket,
+		ClusterReplicas:    cluster.DefaultConfig().Replicas,
+		FetchWindow:        cluster.DefaultConfig().FetchWindow,
+		FetchTimeout:       cluster.DefaultConfig().FetchTimeout,
+		ClusterMaxPeerKeys: cluster.DefaultConfig().MaxPeerKeys,
 	}
 }
 

@@ -137,6 +137,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
 	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
 	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
+	num(&c.ClusterMaxPeerKeys, "cluster-max-peer-keys", d.ClusterMaxPeerKeys,
+		"most keys of each other node the holders index keeps; the keys past it are not indexed, counted and logged")
 	c.NATSSecretsFromEnv()
 	return f
 }

@@ -36,6 +36,24 @@ type Stats struct {
 	Stale    uint64 // messages of a retired boot
 	Expired  uint64 // nodes dropped for silence
 	Rebooted uint64 // nodes seen with a new boot
+	OverCap  uint64 // keys stored or paged that were not indexed: their node held maxKeys
+}
+
+// Applied is what an accepted kv_events batch or catch-up page did that its
+// caller acts on (a refused one returns an error and changes nothing).
+type Applied struct {
+	// ClearedAll: the batch held AllBlocksCleared and every key of the node
+	// went; the caller asks for its key set again (ApplyKVEvents only).
+	ClearedAll bool
+	// OverCap counts the keys the input stored or listed that were not
+	// indexed because their node held maxKeys keys: they are left out, as
+	// if missed (a lookup then counts too few holders, never a wrong one).
+	OverCap int
+	// Capped: this input found the node at its cap first since its keys
+	// were last known whole (the node new or rebooted, its keys cleared,
+	// or a catch-up finished without meeting the cap). The caller logs it
+	// once per crossing, not once per key.
+	Capped bool
 }
 
 type node struct {
@@ -47,6 +65,9 @@ type node struct {
 	// catch-up that completes drops the keys it did not confirm.
 	keys map[NSKey]uint64
 	sync *catchUp
+	// capped: a key of this node was left out at the cap since its keys
+	// were last known whole (see Applied.Capped).
+	capped bool
 }
 
 // catchUp is a key-set request in progress: removals seen meanwhile win
@@ -56,22 +77,28 @@ type catchUp struct {
 	id      uint64
 	boot    string
 	removed map[NSKey]struct{}
+	overCap bool // a key was left out at the cap while it ran
 }
 
 // Index knows which live nodes hold which keys. Not safe for concurrent
 // use: one goroutine (the holder actor) owns it.
 type Index struct {
-	lease  time.Duration
-	nodes  map[string]*node
-	held   map[NSKey][]string // sorted node ids
-	syncID uint64
-	stats  Stats
+	lease   time.Duration
+	maxKeys int // per node; 0: no bound
+	nodes   map[string]*node
+	held    map[NSKey][]string // sorted node ids
+	syncID  uint64
+	stats   Stats
 }
 
 // New returns an empty index; a node counts as a holder while its last
-// hello or heartbeat is younger than lease.
-func New(lease time.Duration) *Index {
-	return &Index{lease: lease, nodes: map[string]*node{}, held: map[NSKey][]string{}}
+// hello or heartbeat is younger than lease. At most maxKeys keys of each
+// node are indexed (0 or less: no bound): a store or page of a node that
+// holds maxKeys adds nothing, so one node announcing an unbounded key set
+// cannot grow the index without bound. Its removals still apply, and its
+// keys already indexed stay; other nodes are not affected.
+func New(lease time.Duration, maxKeys int) *Index {
+	return &Index{lease: lease, maxKeys: max(maxKeys, 0), nodes: map[string]*node{}, held: map[NSKey][]string{}}
 }
 
 // Stats returns the counters.
@@ -126,15 +153,15 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 // node's lookup asks for it: a node counts a key only for an engine of the
 // same geometry. A malformed batch changes nothing. Only host-memory
 // events count (medium CPU, or none given): a disk tier's events are
-// skipped.
-func (x *Index) ApplyKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (clearedAll bool, err error) {
+// skipped. A store past the node's cap is left out (Applied.OverCap).
+func (x *Index) ApplyKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (Applied, error) {
 	return x.applyKVEvents(nodeID, boot, func(name string) string {
 		return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry)
 	}, b)
 }
 
 // applyKVEvents is ApplyKVEvents with each event's namespace keyed by nsOf.
-func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string, b messages.KVEventBatch) (clearedAll bool, err error) {
+func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string, b messages.KVEventBatch) (Applied, error) {
 	type op struct {
 		typ  string
 		keys []NSKey
@@ -156,32 +183,33 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 			ns := lastNS
 			if ev.GroupIdx < 0 {
 				x.stats.Rejected++
-				return false, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)
+				return Applied{}, fmt.Errorf("%w: event %d: group %d", ErrBadEvent, i, ev.GroupIdx)
 			}
 			for _, h := range ev.BlockHashes {
 				raw, err := hex.DecodeString(h)
 				if err != nil || len(raw) == 0 {
 					x.stats.Rejected++
-					return false, fmt.Errorf("%w: event %d: hash %q is not hex", ErrBadEvent, i, h)
+					return Applied{}, fmt.Errorf("%w: event %d: hash %q is not hex", ErrBadEvent, i, h)
 				}
 				o.keys = append(o.keys, NSKey{NS: ns, Key: KeyOf(raw, ev.GroupIdx)})
 			}
 		case messages.KVAllBlocksCleared:
 		default:
 			x.stats.Rejected++
-			return false, fmt.Errorf("%w: event %d: type %q", ErrBadEvent, i, ev.Type)
+			return Applied{}, fmt.Errorf("%w: event %d: type %q", ErrBadEvent, i, ev.Type)
 		}
 		ops = append(ops, o)
 	}
 	n, _, err := x.current(nodeID, boot)
 	if err != nil {
-		return false, err
+		return Applied{}, err
 	}
+	var out Applied
 	for _, o := range ops {
 		switch o.typ {
 		case messages.KVBlockStored:
 			for _, k := range o.keys {
-				x.add(nodeID, n, k)
+				x.add(nodeID, n, k, &out)
 			}
 		case messages.KVBlockRemoved:
 			for _, k := range o.keys {
@@ -190,10 +218,10 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 		case messages.KVAllBlocksCleared:
 			x.dropKeys(nodeID, n)
 			n.sync = nil // its pages may list what was just cleared
-			clearedAll = true
+			out.ClearedAll = true
 		}
 	}
-	return clearedAll, nil
+	return out, nil
 }
 
 // KeyOf is the offload key of a block hash in a group: the hash bytes and
@@ -205,14 +233,28 @@ func KeyOf(hash []byte, group int) messages.Key {
 	return messages.Key(k)
 }
 
-func (x *Index) add(nodeID string, n *node, k NSKey) {
+// add indexes k as held by n. A key n does not have yet is left out when n
+// holds maxKeys already (counted in out): its earlier keys stay, and a
+// removal frees room for a later store.
+func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 	var stamp uint64
 	if n.sync != nil {
-		delete(n.sync.removed, k)
+		delete(n.sync.removed, k) // the node holds it now, indexed or not
 		stamp = n.sync.id
 	}
 	if _, ok := n.keys[k]; ok {
 		n.keys[k] = stamp
+		return
+	}
+	if x.maxKeys > 0 && len(n.keys) >= x.maxKeys {
+		x.stats.OverCap++
+		out.OverCap++
+		if n.sync != nil {
+			n.sync.overCap = true
+		}
+		if !n.capped {
+			n.capped, out.Capped = true, true
+		}
 		return
 	}
 	n.keys[k] = stamp
@@ -249,6 +291,7 @@ func (x *Index) dropKeys(nodeID string, n *node) {
 		x.unhold(nodeID, k)
 	}
 	n.keys = map[NSKey]uint64{}
+	n.capped = false // nothing left out of an empty set
 }
 
 // BeginCatchUp starts a key-set catch-up of node (boot): from now until
@@ -266,24 +309,35 @@ func (x *Index) BeginCatchUp(nodeID, boot string) (uint64, error) {
 	return x.syncID, nil
 }
 
-// CatchUpPage adds one page of the node's key set.
-func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) error {
+// CatchUpPage adds one page of the node's key set; keys past the node's
+// cap are left out (Applied.OverCap), and the caller may stop reading
+// pages there and finish (see FinishCatchUp): a node that announces more
+// keys than the cap costs one catch-up of about cap keys, not of its whole
+// set. The keys the catch-up will drop still count against the cap while
+// it runs, so near the cap a new key may be left out though the finish
+// frees room: the node's next catch-up (a reconnect, a clear, a new boot)
+// adds it.
+func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) (Applied, error) {
 	n := x.nodes[nodeID]
 	if n == nil || n.sync == nil || n.sync.id != id {
-		return fmt.Errorf("%w: node %s catch-up %d", ErrNoSync, nodeID, id)
+		return Applied{}, fmt.Errorf("%w: node %s catch-up %d", ErrNoSync, nodeID, id)
 	}
+	var out Applied
 	for _, k := range keys {
 		if _, gone := n.sync.removed[k]; !gone {
-			x.add(nodeID, n, k)
+			x.add(nodeID, n, k, &out)
 		}
 	}
-	return nil
+	return out, nil
 }
 
 // FinishCatchUp completes catch-up id, whose pages listed the node's whole
-// key set: the node's keys become what they listed and what kv_events
+// key set (or every key up to its cap: a caller may stop at the first page
+// that met it): the node's keys become what they listed and what kv_events
 // stored meanwhile. Keys it no longer holds, whose BlockRemoved this node
-// missed (a reconnect, a dropped message), go. A no-op if superseded.
+// missed (a reconnect, a dropped message), go. A catch-up that met no cap
+// leaves the node's keys whole (Applied.Capped may be reported again). A
+// no-op if superseded.
 func (x *Index) FinishCatchUp(nodeID string, id uint64) {
 	n := x.nodes[nodeID]
 	if n == nil || n.sync == nil || n.sync.id != id {
@@ -294,6 +348,9 @@ func (x *Index) FinishCatchUp(nodeID string, id uint64) {
 			delete(n.keys, k)
 			x.unhold(nodeID, k)
 		}
+	}
+	if !n.sync.overCap {
+		n.capped = false
 	}
 	n.sync = nil
 }
@@ -356,13 +413,16 @@ type NodeInfo struct {
 	LastSeen time.Time
 	Live     bool
 	Keys     int
+	// Capped: keys of the node were left out at the cap since its keys
+	// were last known whole, so Keys counts fewer than it holds.
+	Capped bool
 }
 
 // Nodes lists every known node, sorted by id.
 func (x *Index) Nodes(now time.Time) []NodeInfo {
 	out := make([]NodeInfo, 0, len(x.nodes))
 	for id, n := range x.nodes {
-		out = append(out, NodeInfo{Node: id, Boot: n.boot, LastSeen: n.lastSeen, Live: x.live(n, now), Keys: len(n.keys)})
+		out = append(out, NodeInfo{Node: id, Boot: n.boot, LastSeen: n.lastSeen, Live: x.live(n, now), Keys: len(n.keys), Capped: n.capped})
 	}
 	slices.SortFunc(out, func(a, b NodeInfo) int { return strings.Compare(a.Node, b.Node) })
 	return out

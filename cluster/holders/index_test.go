@@ -3,6 +3,7 @@ package holders
 import (
 	"encoding/hex"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,7 +42,7 @@ func apply(t *testing.T, x *Index, node, boot string, evs ...messages.KVEvent) {
 }
 
 func TestHoldersPerNamespaceAndGroup(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, err := x.Heartbeat("a", "a1", t0)
 	require.NoError(t, err)
 	_, err = x.Heartbeat("b", "b1", t0)
@@ -64,7 +65,7 @@ func TestHoldersPerNamespaceAndGroup(t *testing.T) {
 
 // An event without a namespace is in the engine's namespace (the default).
 func TestNamespaceDefaultsToTheEngine(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	_, err := x.applyPlain("a", "a1", "e7", batch(stored("", 0, "aa")))
 	require.NoError(t, err)
@@ -76,7 +77,7 @@ func TestNamespaceDefaultsToTheEngine(t *testing.T) {
 // announces: a squatter naming engine vic's id as its namespace never
 // counts vic's keys, nor vic the squatter's (messages.NamespaceKey).
 func TestAnEnginesOwnNamespaceIsNotASharedOneOfItsName(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	_, _ = x.Heartbeat("b", "b1", t0)
 	_, err := x.applyPlain("a", "a1", "vic", batch(stored("vic", 0, "aa"), stored("", 0, "bb")))
@@ -95,7 +96,7 @@ func TestAnEnginesOwnNamespaceIsNotASharedOneOfItsName(t *testing.T) {
 // Only host memory counts: a node's disk-tier events (medium DISK) neither
 // add nor remove a holder, since fetches are served from host memory.
 func TestDiskTierEventsAreSkipped(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	disk := func(ev messages.KVEvent) messages.KVEvent { ev.Medium = messages.MediumDisk; return ev }
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), disk(stored("m", 0, "bb")))
@@ -107,7 +108,7 @@ func TestDiskTierEventsAreSkipped(t *testing.T) {
 
 // "A node that is gone stops counting as a holder within lease_ms."
 func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa"))
 	k := key(t, "aa", 0)
@@ -126,7 +127,7 @@ func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 // A new boot drops everything the old process held, at once; a late
 // message of the old boot changes nothing.
 func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	need, _ := x.Heartbeat("a", "a1", t0)
 	require.True(t, need, "a new node is caught up")
 	need, _ = x.Heartbeat("a", "a1", t0.Add(time.Second))
@@ -147,12 +148,12 @@ func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {
 }
 
 func TestAllBlocksClearedDropsTheNodesKeys(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), stored("n", 0, "bb"))
-	cleared, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
+	res, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
 	require.NoError(t, err)
-	require.True(t, cleared)
+	require.True(t, res.ClearedAll)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
 	require.Empty(t, x.Holders(".n", key(t, "bb", 0), t0))
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "cc", 0), t0), "events after the clear apply")
@@ -160,7 +161,7 @@ func TestAllBlocksClearedDropsTheNodesKeys(t *testing.T) {
 
 // Bad input: a clear error, counted, nothing else changed.
 func TestMalformedBatchChangesNothing(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	for _, b := range []messages.KVEventBatch{
 		batch(stored("m", 0, "aa"), stored("m", 0, "zz")),
@@ -177,40 +178,40 @@ func TestMalformedBatchChangesNothing(t *testing.T) {
 
 // A page read before a removal must not bring the removed key back.
 func TestCatchUpPageLosesToARemovalSeenMeanwhile(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	id, err := x.BeginCatchUp("a", "a1")
 	require.NoError(t, err)
 	apply(t, x, "a", "a1", removed("m", 0, "aa"))
 	apply(t, x, "a", "a1", stored("m", 0, "cc"), removed("m", 0, "cc"), stored("m", 0, "cc"))
 	page := []NSKey{{".m", key(t, "aa", 0)}, {".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}}
-	require.NoError(t, x.CatchUpPage("a", id, page))
+	require.NoError(t, catchUpPage(x, "a", id, page))
 	x.EndCatchUp("a", id)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "bb", 0), t0))
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "cc", 0), t0), "re-stored after the removal")
-	require.ErrorIs(t, x.CatchUpPage("a", id, page), ErrNoSync, "an ended catch-up takes no page")
+	require.ErrorIs(t, catchUpPage(x, "a", id, page), ErrNoSync, "an ended catch-up takes no page")
 
 	// A superseded catch-up's pages are refused.
 	old, _ := x.BeginCatchUp("a", "a1")
 	cur, _ := x.BeginCatchUp("a", "a1")
-	require.ErrorIs(t, x.CatchUpPage("a", old, page), ErrNoSync)
-	require.NoError(t, x.CatchUpPage("a", cur, nil))
+	require.ErrorIs(t, catchUpPage(x, "a", old, page), ErrNoSync)
+	require.NoError(t, catchUpPage(x, "a", cur, nil))
 	// And one from before a reboot too.
 	_, _ = x.Heartbeat("a", "a2", t0)
-	require.ErrorIs(t, x.CatchUpPage("a", cur, page), ErrNoSync)
+	require.ErrorIs(t, catchUpPage(x, "a", cur, page), ErrNoSync)
 }
 
 // A finished catch-up replaces the node's keys with what its pages listed
 // and what kv_events stored meanwhile: a key evicted while its
 // BlockRemoved was missed goes; a failed one changes nothing.
 func TestFinishedCatchUpDropsTheKeysItDidNotList(t *testing.T) {
-	x := New(lease)
+	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa", "bb", "dd"))
 	id, err := x.BeginCatchUp("a", "a1")
 	require.NoError(t, err)
-	require.NoError(t, x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}}))
+	require.NoError(t, catchUpPage(x, "a", id, []NSKey{{".m", key(t, "bb", 0)}}))
 	apply(t, x, "a", "a1", stored("m", 0, "cc")) // stored after the page was read
 	apply(t, x, "a", "a1", stored("m", 0, "dd")) // a store event for a key held before
 	x.EndCatchUp("a", id)                        // failed: nothing dropped
@@ -218,7 +219,7 @@ func TestFinishedCatchUpDropsTheKeysItDidNotList(t *testing.T) {
 
 	id, err = x.BeginCatchUp("a", "a1")
 	require.NoError(t, err)
-	require.NoError(t, x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}}))
+	require.NoError(t, catchUpPage(x, "a", id, []NSKey{{".m", key(t, "bb", 0)}}))
 	apply(t, x, "a", "a1", stored("m", 0, "cc"), stored("m", 0, "dd"))
 	x.FinishCatchUp("a", id)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0), "evicted while its BlockRemoved was missed")
@@ -228,6 +229,111 @@ func TestFinishedCatchUpDropsTheKeysItDidNotList(t *testing.T) {
 	require.Equal(t, 3, x.Nodes(t0)[0].Keys)
 	x.FinishCatchUp("a", id) // once only
 	require.Equal(t, 3, x.Nodes(t0)[0].Keys)
+}
+
+// A node's keys past the cap are left out, counted, and reported once per
+// crossing; its earlier keys stay, its removals apply and free room, and
+// another node is not affected. A catch-up meets the cap the same way (the
+// keys it will drop count until it finishes); one that finishes without
+// meeting it makes the node's keys whole again, as a clear or a new boot
+// does, so the next crossing is reported again.
+func TestTheCapLeavesOutANodesKeysPastItAndNoOtherNodes(t *testing.T) {
+	x := New(lease, 2)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	_, _ = x.Heartbeat("b", "b1", t0)
+	held := func(node string, hs ...string) {
+		t.Helper()
+		var got []string
+		for _, h := range []string{"aa", "bb", "cc", "dd", "ee"} {
+			if slices.Contains(x.Holders(".m", key(t, h, 0), t0), node) {
+				got = append(got, h)
+			}
+		}
+		require.Equal(t, hs, got, "keys of %s", node)
+	}
+	steps := []struct {
+		name string
+		do   func() (Applied, error)
+		want Applied
+		a, b []string // the keys indexed after the step
+	}{
+		{"a stores three: the third is left out, the crossing reported",
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa", "bb", "cc"))) },
+			Applied{OverCap: 1, Capped: true}, []string{"aa", "bb"}, nil},
+		{"b is not a's cap",
+			func() (Applied, error) { return x.applyPlain("b", "b1", "e", batch(stored("m", 0, "cc", "dd"))) },
+			Applied{}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+		{"a stores again: left out, counted, not reported twice",
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "dd"))) },
+			Applied{OverCap: 1}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+		{"a key a has is stored again: nothing left out",
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa"))) },
+			Applied{}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+		{"a removal applies and frees room for the next store",
+			func() (Applied, error) {
+				return x.applyPlain("a", "a1", "e", batch(removed("m", 0, "aa"), stored("m", 0, "dd", "ee")))
+			},
+			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
+		{"a catch-up's pages meet the cap the same way; finished, only what they listed stays",
+			func() (Applied, error) {
+				id, err := x.BeginCatchUp("a", "a1")
+				require.NoError(t, err)
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "aa", 0)}, {".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}})
+				x.FinishCatchUp("a", id) // dd, not listed, goes; aa and cc never came in
+				return res, err
+			},
+			Applied{OverCap: 2}, []string{"bb"}, []string{"cc", "dd"}},
+		{"still capped: a store past the cap after that catch-up is not reported again",
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "dd", "ee"))) },
+			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
+		{"keys a catch-up would drop fill the cap while it runs: a page's new key is left out until the next",
+			func() (Applied, error) {
+				id, err := x.BeginCatchUp("a", "a1")
+				require.NoError(t, err)
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "ee", 0)}})
+				x.FinishCatchUp("a", id) // bb and dd go: a no longer holds them
+				return res, err
+			},
+			Applied{OverCap: 1}, nil, []string{"cc", "dd"}},
+		{"a catch-up that meets no cap makes a's keys whole again",
+			func() (Applied, error) {
+				id, err := x.BeginCatchUp("a", "a1")
+				require.NoError(t, err)
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "ee", 0)}})
+				x.FinishCatchUp("a", id)
+				return res, err
+			},
+			Applied{}, []string{"ee"}, []string{"cc", "dd"}},
+		{"so the next crossing is reported",
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa", "bb"))) },
+			Applied{OverCap: 1, Capped: true}, []string{"aa", "ee"}, []string{"cc", "dd"}},
+		{"a clear empties a's keys: the next crossing is reported too",
+			func() (Applied, error) {
+				return x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}, stored("m", 0, "aa", "bb", "cc")))
+			},
+			Applied{ClearedAll: true, OverCap: 1, Capped: true}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+	}
+	var overCap uint64
+	for _, s := range steps {
+		got, err := s.do()
+		require.NoError(t, err, s.name)
+		require.Equal(t, s.want, got, s.name)
+		held("a", s.a...)
+		held("b", s.b...)
+		overCap += uint64(s.want.OverCap)
+		require.Equal(t, overCap, x.Stats().OverCap, s.name)
+		for _, ni := range x.Nodes(t0) {
+			require.LessOrEqual(t, ni.Keys, 2, s.name)
+		}
+	}
+	require.True(t, x.Nodes(t0)[0].Capped)
+	require.False(t, x.Nodes(t0)[1].Capped)
+
+	// A new boot starts whole.
+	_, err := x.Heartbeat("a", "a2", t0)
+	require.NoError(t, err)
+	require.False(t, x.Nodes(t0)[0].Capped)
+	require.Zero(t, x.Nodes(t0)[0].Keys)
 }
 
 func TestKeyOfAppendsTheGroupBigEndian(t *testing.T) {
@@ -245,6 +351,12 @@ func TestImportsOnlyTheStandardLibraryAndMessages(t *testing.T) {
 // applyPlain is ApplyKVEvents with namespaces keyed by messages.NamespaceKey
 // alone (no geometry): the index's rules do not depend on how a namespace
 // is keyed, and the tests name namespaces plainly.
-func (x *Index) applyPlain(nodeID, boot, engine string, b messages.KVEventBatch) (bool, error) {
+func (x *Index) applyPlain(nodeID, boot, engine string, b messages.KVEventBatch) (Applied, error) {
 	return x.applyKVEvents(nodeID, boot, func(name string) string { return messages.NamespaceKey(engine, name) }, b)
+}
+
+// catchUpPage is CatchUpPage for a test that checks only its error.
+func catchUpPage(x *Index, nodeID string, id uint64, keys []NSKey) error {
+	_, err := x.CatchUpPage(nodeID, id, keys)
+	return err
 }

@@ -15,9 +15,11 @@ import (
 // naive is the deliberately simple model the index is checked against:
 // per node a list of facts, and Holders by scanning every node.
 type naive struct {
-	lease time.Duration
-	nodes map[string]*naiveNode
-	sync  uint64
+	lease   time.Duration
+	maxKeys int // 0: no cap
+	nodes   map[string]*naiveNode
+	sync    uint64
+	overCap uint64
 }
 
 type naiveNode struct {
@@ -28,6 +30,27 @@ type naiveNode struct {
 	syncID   uint64
 	syncGone map[NSKey]bool // removed during the catch-up
 	syncSeen map[NSKey]bool // listed by its pages or stored during it
+	syncOver bool           // a key was left out at the cap during it
+	capped   bool           // a key was left out since the keys were last whole
+}
+
+// add is a store or a page's key: left out, and counted, when the node
+// already has maxKeys others.
+func (m *naive) add(n *naiveNode, k NSKey, out *Applied) {
+	if !n.keys[k] && m.maxKeys > 0 && len(n.keys) >= m.maxKeys {
+		m.overCap++
+		out.OverCap++
+		if n.syncID != 0 {
+			n.syncOver = true
+		}
+		out.Capped = out.Capped || !n.capped
+		n.capped = true
+		return
+	}
+	n.keys[k] = true
+	if n.syncID != 0 {
+		n.syncSeen[k] = true
+	}
 }
 
 func (m *naive) node(id, boot string) *naiveNode {
@@ -61,8 +84,17 @@ func (m *naive) holders(k NSKey, now time.Time) []string {
 
 // The index and the model agree on every key's holders after every step of
 // random sequences of heartbeats (new and stale boots), stores, removals,
-// clears, catch-ups, time passing and expiry.
+// clears, catch-ups, time passing and expiry; with a cap on each node's
+// keys, no node ever has more indexed than the cap, and the keys left out,
+// their count and the crossings reported are the model's.
 func TestQuickIndexMatchesNaiveModel(t *testing.T) {
+	// 18 keys in all: no cap, caps that bind often, one that binds rarely.
+	for _, maxKeys := range []int{0, 1, 4, 12} {
+		t.Run(fmt.Sprintf("max_keys=%d", maxKeys), func(t *testing.T) { quickIndexMatchesNaiveModel(t, maxKeys) })
+	}
+}
+
+func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 	nodes := []string{"a", "b", "c"}
 	hashes := []string{"01", "02", "03"}
 	// Two shared namespaces and the engine's own, named outright and by
@@ -76,10 +108,11 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 			}
 		}
 	}
+	var overCap uint64 // over every sequence
 	check := func(seed uint64) bool {
 		r := rand.New(rand.NewPCG(seed, 7))
-		x := New(lease)
-		m := &naive{lease: lease, nodes: map[string]*naiveNode{}}
+		x := New(lease, maxKeys)
+		m := &naive{lease: lease, maxKeys: maxKeys, nodes: map[string]*naiveNode{}}
 		now := t0
 		boots := map[string]int{}
 		bootOf := func(id string) string {
@@ -111,7 +144,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					typ = messages.KVBlockRemoved
 				}
 				ns, h, g := nss[r.IntN(len(nss))], hashes[r.IntN(len(hashes))], r.IntN(2)
-				_, err := x.applyPlain(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
+				got, err := x.applyPlain(id, boot, "e", batch(messages.KVEvent{Type: typ, BlockHashes: []string{h}, GroupIdx: g, Namespace: ns}))
 				n := m.node(id, boot)
 				if n == nil {
 					require.ErrorIs(t, err, ErrStaleBoot)
@@ -119,24 +152,23 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 				}
 				require.NoError(t, err)
 				k := NSKey{messages.NamespaceKey("e", ns), key(t, h, g)}
+				var want Applied
 				if typ == messages.KVBlockStored {
-					n.keys[k] = true
-					delete(n.syncGone, k)
-					if n.syncID != 0 {
-						n.syncSeen[k] = true
-					}
+					delete(n.syncGone, k) // stored, indexed or not: a page may list it
+					m.add(n, k, &want)
 				} else {
 					delete(n.keys, k)
 					if n.syncID != 0 {
 						n.syncGone[k] = true
 					}
 				}
+				require.Equal(t, want, got, "seed %d step %d", seed, step)
 			case 5:
 				_, err := x.applyPlain(id, boot, "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}))
 				if n := m.node(id, boot); n != nil {
 					require.NoError(t, err)
 					n.keys = map[NSKey]bool{}
-					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.capped = 0, nil, nil, false, false
 				}
 			case 6:
 				sid, err := x.BeginCatchUp(id, boot)
@@ -144,7 +176,7 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 					require.NoError(t, err)
 					m.sync++
 					require.Equal(t, m.sync, sid)
-					n.syncID, n.syncGone, n.syncSeen = sid, map[NSKey]bool{}, map[NSKey]bool{}
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver = sid, map[NSKey]bool{}, map[NSKey]bool{}, false
 					catchUps[id] = sid
 				}
 			case 7:
@@ -155,23 +187,24 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 						page = append(page, k)
 					}
 				}
-				err := x.CatchUpPage(id, sid, page)
+				got, err := x.CatchUpPage(id, sid, page)
 				n := m.nodes[id]
 				if n == nil || n.syncID == 0 || n.syncID != sid {
 					require.ErrorIs(t, err, ErrNoSync)
 					break
 				}
 				require.NoError(t, err)
+				var want Applied
 				for _, k := range page {
 					if !n.syncGone[k] {
-						n.keys[k] = true
-						n.syncSeen[k] = true
+						m.add(n, k, &want)
 					}
 				}
+				require.Equal(t, want, got, "seed %d step %d", seed, step)
 				switch r.IntN(3) {
 				case 0: // failed: the keys stay
 					x.EndCatchUp(id, sid)
-					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
 				case 1: // done: the keys are what it listed and what was stored meanwhile
 					x.FinishCatchUp(id, sid)
 					for k := range n.keys {
@@ -179,7 +212,9 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 							delete(n.keys, k)
 						}
 					}
-					n.syncID, n.syncGone, n.syncSeen = 0, nil, nil
+					// None left out while it ran: the node's keys are whole again.
+					n.capped = n.capped && n.syncOver
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
 				}
 			case 8:
 				now = now.Add(time.Duration(r.IntN(4)) * time.Second)
@@ -198,8 +233,23 @@ func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 			for _, k := range universe {
 				require.Equal(t, m.holders(k, now), x.Holders(k.NS, k.Key, now), "seed %d step %d key %x/%s", seed, step, k.Key, k.NS)
 			}
+			for _, ni := range x.Nodes(now) {
+				n := m.nodes[ni.Node]
+				require.NotNil(t, n, "seed %d step %d node %s", seed, step, ni.Node)
+				if maxKeys > 0 {
+					require.LessOrEqual(t, ni.Keys, maxKeys, "seed %d step %d node %s over the cap", seed, step, ni.Node)
+				}
+				require.Equal(t, len(n.keys), ni.Keys, "seed %d step %d node %s", seed, step, ni.Node)
+				require.Equal(t, n.capped, ni.Capped, "seed %d step %d node %s", seed, step, ni.Node)
+			}
+			require.Len(t, x.Nodes(now), len(m.nodes), "seed %d step %d", seed, step)
+			require.Equal(t, m.overCap, x.Stats().OverCap, "seed %d step %d", seed, step)
 		}
+		overCap += m.overCap
 		return true
 	}
 	require.NoError(t, quick.Check(check, &quick.Config{MaxCount: 50}))
+	if maxKeys > 0 && maxKeys < 12 {
+		require.NotZero(t, overCap, "the cap never bound: the sequences test nothing of it")
+	}
 }
