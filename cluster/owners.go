@@ -78,14 +78,19 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 
 // Get reads engine's ownership; nil if nobody holds it.
 func (o *Owners) Get(ctx context.Context, engine string) (*ownership.Entry, error) {
+	return o.read(ctx, engine, o.cfg.Lease)
+}
+
+// read is Get with no-responders retried for up to within: no replica
+// serves direct gets right now (the stream is new, or its leader is being
+// elected). That passes; the read is retried rather than failing a
+// register over it.
+func (o *Owners) read(ctx context.Context, engine string, within time.Duration) (*ownership.Entry, error) {
 	if !ingest.ValidEngineID(engine) {
 		return nil, fmt.Errorf("%w: %q", ErrBadEngine, engine)
 	}
 	e, err := o.kv.Get(ctx, engine)
-	// No responders: no replica serves direct gets right now (the stream
-	// is new, or its leader is being elected). That passes; the read is
-	// retried for up to a lease rather than failing a register over it.
-	for wait := time.Now().Add(o.cfg.Lease); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(wait); {
+	for wait := time.Now().Add(within); errors.Is(err, nats.ErrNoResponders) && time.Now().Before(wait); {
 		if !pause(ctx, 20*time.Millisecond) {
 			break
 		}
@@ -132,8 +137,29 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 		return ownership.Decision{}, err
 	}
 	for attempt := 0; ; attempt++ {
-		d := ownership.Decide(o.input(engine, e, req))
+		in, own := o.input(engine, e, req)
+		d := ownership.Decide(in)
 		o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+		if own {
+			// Decided on this process's own write, the read being older:
+			// a replica lagging it, or, were the bucket to lose writes and
+			// issue revisions again, another node's newer claim behind a
+			// lower revision. The keep-alive's compare-and-set on that write
+			// tells them apart before anything is answered on it: it renews
+			// the claim (one write, on stale reads only) or fences it, and
+			// then the decision is made again on a fresh read.
+			_, err := o.KeepAlive(ctx, engine)
+			if err == nil {
+				return d, nil
+			}
+			if !(errors.Is(err, ErrFenced) || errors.Is(err, ErrNotMine)) || attempt == maxClaimAttempts {
+				return ownership.Decision{}, err
+			}
+			if e, err = o.Get(ctx, engine); err != nil {
+				return ownership.Decision{}, err
+			}
+			continue
+		}
 		if d.Action != ownership.Claim {
 			if d.Action == ownership.Ignore {
 				o.forget(engine, e)
@@ -186,22 +212,23 @@ func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*owne
 // than register, where the caller keeps the entry from a watch or from
 // Resolve.
 func (o *Owners) Decide(engine string, e *ownership.Entry, req Request) ownership.Decision {
-	d := ownership.Decide(o.input(engine, e, req))
+	in, _ := o.input(engine, e, req)
+	d := ownership.Decide(in)
 	o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
 	return d
 }
 
-func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership.Input {
+// input is what Decide decides engine's message on: e, or, when e is older
+// than this process's own live write (no record, or a revision before it),
+// that write, with own true. Such a read is no proof against the write;
+// Resolve confirms the write before answering on it.
+func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in ownership.Input, own bool) {
 	o.mu.Lock()
 	h, held := o.mine[engine]
 	o.mu.Unlock()
 	now := time.Now()
 	if held && (e == nil || e.Revision < h.rev) && now.Sub(h.renewed) < o.cfg.Lease {
-		// A read older than this process's own live write (no record, or a
-		// revision before it: a replica lagging the write) is no proof
-		// against it: decide on the write. Were the write lost with the
-		// bucket's unsynced tail, the keep-alive's compare-and-set finds out.
-		e = o.heldEntry(h)
+		e, own = o.heldEntry(h), true
 	}
 	var renewed time.Time
 	if e != nil && e.Identity == o.me && e.Revision == h.rev {
@@ -211,7 +238,7 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) ownership
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
 		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive, StandbyForLive: req.StandbyForLive,
 		Renewed: renewed, Lease: o.cfg.Lease, Now: now,
-	}
+	}, own
 }
 
 // heldEntry is the record this process wrote for a claim it holds.
@@ -352,11 +379,10 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	// and overwrite that node's claim. No lagging replica shows it (the
 	// revision was this node's write), so it is proof; a write lost the
 	// same way between this read and the compare-and-set is not caught
-	// (docs/CLUSTER.md "Durability"). One read, not Get's retries: a
-	// keep-alive must not wait out a leader election before renewing, and a
-	// read that fails proves nothing either way.
-	raw, err := o.kv.Get(ctx, engine)
-	if e, err := decodeEntry(engine, raw, err); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
+	// (docs/CLUSTER.md "Durability"). Reads without responders are retried
+	// for lease/8, not Get's lease: the keep-alive must renew well inside
+	// the lease; past that the renewal goes ahead unchecked.
+	if e, err := o.read(ctx, engine, o.cfg.Lease/8); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
 		if !o.drop(engine) {
 			return 0, fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
 		}

@@ -80,9 +80,9 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 
 // A read that shows no record at all (a replica that has not seen the
 // key's first write) while the owner holds a live claim is no proof either:
-// the owner serves the engine's register, keeps the claim and renews it,
-// without writing (a create would fail on the key that exists and leave the
-// owner waiting a lease for a read that shows it).
+// the owner confirms its claim with a keep-alive (a create would fail on
+// the key that exists and leave the owner waiting a lease for a read that
+// shows it, then drop the claim) and serves the engine's messages.
 func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	const lease = 5 * time.Second
@@ -97,17 +97,51 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 		d, err := a.Resolve(ctx, "e1", req)
 		require.NoError(t, err)
 		require.Equal(t, ownership.Serve, d.Action, "request %+v", req)
+		require.Greater(t, a.Revision("e1"), rev, "confirmed by a compare-and-set on the claim")
+		rev = a.Revision("e1")
 	}
-	require.Equal(t, rev, a.Revision("e1"), "nothing written on the read")
 	require.True(t, a.Serving("e1", time.Now()))
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced), "nothing fenced")
-	nrev, err := a.KeepAlive(ctx, "e1")
-	require.NoError(t, err, "the keep-alive renews it")
-	require.Greater(t, nrev, rev)
 	a.kv = real
 	cur, err := a.Get(ctx, "e1")
 	require.NoError(t, err)
-	require.Equal(t, nrev, cur.Revision)
+	require.Equal(t, rev, cur.Revision)
+	require.Equal(t, "gpu-a", cur.Node)
+}
+
+// A bucket that lost writes issues revisions again: another node's claim
+// made after the loss can sit at a revision below the one an owner still
+// holds, and look like a read lagging that owner's write. The owner does
+// not answer on its own write then: the keep-alive that confirms it is
+// fenced, and the engine's register is decided on the other node's record.
+func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	const lease = 5 * time.Second
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	ctx := ctxT(t)
+	for _, e := range []string{"x1", "x2", "e1"} { // e1's revision above 1
+		mustServe(t, a, e, Request{Register: true, Local: true})
+	}
+	revA := a.Revision("e1")
+
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.NoError(t, js.DeleteKeyValue(ctx, "kvactors_owners"))
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease) // recreates it, empty
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	require.Less(t, b.Revision("e1"), revA)
+
+	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Ignore, d.Action, "a does not answer over b's claim")
+	require.Equal(t, "gpu-b", d.Owner)
+	now := time.Now()
+	require.False(t, a.Serving("e1", now), "a's claim is fenced")
+	require.True(t, b.Serving("e1", now))
+	require.Equal(t, 1.0, testutil.ToFloat64(a.metrics.Fenced))
+	cur, err := b.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, "gpu-b", cur.Node, "b's record stands")
 }
 
 // noRespondersKV answers every Get as when no replica serves direct gets
@@ -122,9 +156,10 @@ func (k *noRespondersKV) Get(context.Context, string) (jetstream.KeyValueEntry, 
 	return nil, nats.ErrNoResponders
 }
 
-// A keep-alive reads the record once before its compare-and-set (the check
-// for a revision issued again): while no replica answers reads, it does not
-// retry the read for up to a lease, as a register's read does, but renews.
+// A keep-alive reads the record before its compare-and-set (the check for a
+// revision issued again): while no replica answers reads, it retries the
+// read for lease/8, not for up to a lease as a register's read does, then
+// renews.
 func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	const lease = 5 * time.Second
@@ -139,7 +174,10 @@ func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 	nrev, err := a.KeepAlive(ctx, "e1")
 	require.NoError(t, err)
 	require.Greater(t, nrev, rev, "renewed")
-	require.EqualValues(t, 1, kv.gets.Load(), "one read")
+	// Read again every 20 ms for lease/8 (about 32 reads), not a lease
+	// (about 250).
+	require.LessOrEqual(t, kv.gets.Load(), int64(lease/8/(20*time.Millisecond))+2, "reads")
+	require.Greater(t, kv.gets.Load(), int64(1), "retried")
 	a.kv = real
 }
 
