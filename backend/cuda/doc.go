@@ -4,8 +4,9 @@
 // cuMemcpyDtoHAsync / cuMemcpyHtoDAsync on dedicated streams, completion
 // observed through one event per Copy.
 //
-// It owns the CUDA context of one device and the one goroutine that makes
-// every CUDA call for it (see worker.go), the cgo shim for the driver calls
+// It owns the CUDA context of one device, the goroutine that makes its CUDA
+// calls and the one waiter per stream that sees each copy end (see
+// worker.go), the cgo shim for the driver calls
 // gorgonia.org/cu lacks (IPC, pinned host memory), and engine-side helpers
 // (Backend.AllocDevice) that tests and GPU checks use to play the engine.
 //

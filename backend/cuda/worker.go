@@ -30,8 +30,8 @@ const spinWait = 100 * time.Microsecond
 // worker owns one device's CUDA context. A CUDA context is current per OS
 // thread, while the Go scheduler moves goroutines between threads at will:
 // so one goroutine locks its thread (runtime.LockOSThread), makes the context
-// current once, and makes every CUDA call of the device but one. Other
-// goroutines hand it work over calls and wait for the reply. Each Copy is
+// current once, and makes every CUDA call of the device but the waiters'
+// (below). Other goroutines hand it work over calls and wait for the reply. Each Copy is
 // queued on a stream and ends with an event; one waiter per stream, on a
 // locked thread of its own with the context current, blocks in
 // cuEventSynchronize on those events in order (a stream runs its copies in
@@ -309,6 +309,11 @@ func (w *worker) event() (cu.Event, error) {
 // unmapping memory a copy still touches would corrupt it. Their waiters
 // answer them. Only from the goroutine.
 func (w *worker) drain() error {
+	if w.sticky.Load() != nil {
+		// The context is broken: nothing runs on its streams any more, and
+		// Healthy reports the error; each close need not repeat it.
+		return nil
+	}
 	var errs []error
 	for _, st := range w.streams {
 		errs = append(errs, w.note(check("cuStreamSynchronize", st.s.Synchronize())))
