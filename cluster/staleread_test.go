@@ -16,6 +16,30 @@ import (
 	"github.com/kvactors/kvactors/internal/testkit"
 )
 
+// staleLease is the tests' lease: long enough that nothing lapses unless
+// a test says so.
+const staleLease = 5 * time.Second
+
+// ownerOfE1 is gpu-a on a NATS of its own, holding a claim on e1 at rev.
+func ownerOfE1(t *testing.T) (a *Owners, nc *nats.Conn, rev uint64) {
+	t.Helper()
+	_, nc = testkit.NATS(t)
+	a = openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	return a, nc, a.Revision("e1")
+}
+
+// loseTheBucket simulates a loss of the bucket's writes at its extreme (the
+// servers' unsynced tail, after a power loss): the bucket is deleted, and
+// gpu-b, opening it, creates it empty; revisions start again from 1.
+func loseTheBucket(t *testing.T, nc *nats.Conn) (b *Owners) {
+	t.Helper()
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	require.NoError(t, js.DeleteKeyValue(ctxT(t), "kvactors_owners"))
+	return openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+}
+
 // staleGetKV serves Get from a canned entry, as a direct get answered by a
 // replica that lags the quorum (CLUSTER.md "Reads may lag").
 // A replica that has not yet seen the key's first write answers missing.
@@ -42,9 +66,8 @@ func (k *staleGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEnt
 // write that names another node does end it.
 func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 	_, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
-	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
 	ctx := ctxT(t)
 
 	// b held e1, then released it; a claimed it.
@@ -70,7 +93,7 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 
 	// Another node's record past a's own write (here written over it) is
 	// proof: a's next read of it ends a's claim.
-	_, err = real.Put(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: b.me, LeaseMS: lease.Milliseconds(),
+	_, err = real.Put(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: b.me, LeaseMS: staleLease.Milliseconds(),
 		Renewed: time.Now().UnixMilli()}))
 	require.NoError(t, err)
 	_, err = a.Resolve(ctx, "e1", Request{Register: true, Local: true})
@@ -84,12 +107,8 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 // the key that exists and leave the owner waiting a lease for a read that
 // shows it, then drop the claim) and serves the engine's messages.
 func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	a, _, rev := ownerOfE1(t)
 	ctx := ctxT(t)
-	mustServe(t, a, "e1", Request{Register: true, Local: true})
-	rev := a.Revision("e1")
 
 	real := a.kv
 	a.kv = &staleGetKV{KeyValue: real, missing: "e1"}
@@ -116,18 +135,14 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 // fenced, and the engine's register is decided on the other node's record.
 func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
 	_, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
 	ctx := ctxT(t)
 	for _, e := range []string{"x1", "x2", "e1"} { // e1's revision above 1
 		mustServe(t, a, e, Request{Register: true, Local: true})
 	}
 	revA := a.Revision("e1")
 
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	require.NoError(t, js.DeleteKeyValue(ctx, "kvactors_owners"))
-	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease) // recreates it, empty
+	b := loseTheBucket(t, nc)
 	mustServe(t, b, "e1", Request{Register: true, Local: true})
 	require.Less(t, b.Revision("e1"), revA)
 
@@ -161,12 +176,8 @@ func (k *noRespondersKV) Get(context.Context, string) (jetstream.KeyValueEntry, 
 // read for lease/8, not for up to a lease as a register's read does, then
 // renews.
 func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	a, _, rev := ownerOfE1(t)
 	ctx := ctxT(t)
-	mustServe(t, a, "e1", Request{Register: true, Local: true})
-	rev := a.Revision("e1")
 
 	real := a.kv
 	kv := &noRespondersKV{KeyValue: real}
@@ -176,7 +187,7 @@ func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 	require.Greater(t, nrev, rev, "renewed")
 	// Read again every 20 ms for lease/8 (about 32 reads), not a lease
 	// (about 250).
-	require.LessOrEqual(t, kv.gets.Load(), int64(lease/8/(20*time.Millisecond))+2, "reads")
+	require.LessOrEqual(t, kv.gets.Load(), int64(staleLease/8/(20*time.Millisecond))+2, "reads")
 	require.Greater(t, kv.gets.Load(), int64(1), "retried")
 	a.kv = real
 }
@@ -187,18 +198,10 @@ func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 // it (a compare-and-set on that revision would succeed): it is fenced.
 // The loss is simulated at its extreme, the bucket recreated empty.
 func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	const lease = 5 * time.Second
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	a, nc, revA := ownerOfE1(t)
 	ctx := ctxT(t)
-	mustServe(t, a, "e1", Request{Register: true, Local: true})
-	revA := a.Revision("e1")
-
-	js, err := jetstream.New(nc)
-	require.NoError(t, err)
-	require.NoError(t, js.DeleteKeyValue(ctx, "kvactors_owners"))
-	b := openOwnersLease(t, nc, "gpu-b", "", 1, lease) // recreates it
-	for i := uint64(1); i < revA; i++ {                // other claims take the sequence to just below a's
+	b := loseTheBucket(t, nc)
+	for i := uint64(1); i < revA; i++ { // other claims take the sequence to just below a's
 		_, err := b.Resolve(ctx, fmt.Sprintf("other%d", i), Request{Register: true, Local: true})
 		require.NoError(t, err)
 	}

@@ -23,27 +23,26 @@ import (
 // Each also reports the process's CPU time per operation (cpu-µs/op), what
 // polling for the copy's end costs.
 func BenchmarkD2H(b *testing.B) {
-	f := newD2HFixture(b)
-	for _, size := range []int64{64 << 10, 512 << 10, 2 << 20} {
-		gapped, adjacent := f.ranges(size)
-		name := fmt.Sprintf("%dKiB", size>>10)
-		b.Run("copy/"+name, func(b *testing.B) { f.copy(b, backend.DeviceToHost, gapped) })
-		b.Run("merged/"+name, func(b *testing.B) { f.copy(b, backend.DeviceToHost, adjacent) })
-		b.Run("memcpy/"+name, func(b *testing.B) { f.memcpy(b, backend.DeviceToHost, gapped) })
-	}
+	benchDirection(b, backend.DeviceToHost, 64<<10, 512<<10, 2<<20)
 }
 
 // BenchmarkH2D is BenchmarkD2H's loads: pinned host → device, with plain
 // synchronous cuMemcpyHtoD per block as the baseline.
 // On a GPU: cuda.test -test.run '^$' -test.bench H2D -test.count 3
 func BenchmarkH2D(b *testing.B) {
+	benchDirection(b, backend.HostToDevice, 64<<10, 2<<20)
+}
+
+// benchDirection runs copy, merged and memcpy in dir for each block size;
+// gpu-check reads the names ("copy/64KiB").
+func benchDirection(b *testing.B, dir backend.Direction, sizes ...int64) {
 	f := newD2HFixture(b)
-	for _, size := range []int64{64 << 10, 2 << 20} {
+	for _, size := range sizes {
 		gapped, adjacent := f.ranges(size)
 		name := fmt.Sprintf("%dKiB", size>>10)
-		b.Run("copy/"+name, func(b *testing.B) { f.copy(b, backend.HostToDevice, gapped) })
-		b.Run("merged/"+name, func(b *testing.B) { f.copy(b, backend.HostToDevice, adjacent) })
-		b.Run("memcpy/"+name, func(b *testing.B) { f.memcpy(b, backend.HostToDevice, gapped) })
+		b.Run("copy/"+name, func(b *testing.B) { f.copy(b, dir, gapped) })
+		b.Run("merged/"+name, func(b *testing.B) { f.copy(b, dir, adjacent) })
+		b.Run("memcpy/"+name, func(b *testing.B) { f.memcpy(b, dir, gapped) })
 	}
 }
 
