@@ -1,11 +1,14 @@
 package disk
 
 import (
+	"bytes"
 	"container/list"
 	"fmt"
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -261,4 +264,159 @@ func (d *Disk) rebuildAll() error {
 	}
 	d.dropDead()
 	return nil
+}
+
+// A directory whose newest records are nearly all dropped (rewritten in
+// their batch, then dropped with a tombstone) in front of live older ones
+// is not read to its start: the keys and tombstones of dropped records the
+// rebuild holds pass their bound (here a floor of 48), so the walk ends
+// with that segment, as if the budget had filled there, and the older
+// segments, live chunks and all, are deleted unread. What it held stays
+// within the bound, the records kept and two segments' entries (the one
+// walked, and what it added to the sets); no chunk a tombstone named
+// comes back, then or after another restart. Under the default bound the
+// same directory is read to its start and keeps the old chunks too,
+// holding every key dropped.
+func TestRebuildBoundsTheDroppedRecordsItHolds(t *testing.T) {
+	const (
+		chunk  = 100  // 136-byte records, 36-byte tombstones
+		segB   = 1024 // 7 records or 28 tombstones to a segment
+		rounds = 6
+		per    = 40 // keys rewritten and dropped per round
+		floor  = 48
+	)
+	data := func(i int) []byte { return bytes.Repeat([]byte{byte(i)}, chunk) }
+	chunks := map[int][]byte{}
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: segB}, nil)
+	require.NoError(t, err)
+	var old, dropped, newest []messages.Key
+	spill := func(i int) messages.Key {
+		require.True(t, d.Spill("e", key(i), sum(data(i)), data(i)))
+		return key(i)
+	}
+	for i := range 10 {
+		old = append(old, spill(i))
+	}
+	waitOnDisk(t, d, old...)
+	oldFile, _, ok := d.Where(old[0])
+	require.True(t, ok)
+	tomb := fixedHeader + int64(len(key(0))) + 4
+	for r := range rounds {
+		var order []int
+		for i := 100 + r*per; i < 100+(r+1)*per; i++ {
+			chunks[i] = data(i)
+			order = append(order, i, i) // the first record replaced by the second
+		}
+		writeBatch(d, "e", chunks, order...) // the writer is idle: its tombstones are written
+		for i := 100 + r*per; i < 100+(r+1)*per; i++ {
+			d.Drop("e", key(i))
+			dropped = append(dropped, key(i))
+		}
+		waitTombstones(t, d, int64(len(dropped))*tomb)
+	}
+	for i := 1000; i < 1003; i++ {
+		newest = append(newest, spill(i))
+	}
+	waitOnDisk(t, d, newest...)
+	d.Close()
+	full := t.TempDir()
+	copyDir(t, dir, full)
+	most := 0 // entries in a segment (a write of tombstones may run past SegmentBytes)
+	for _, f := range segFiles(t, full) {
+		file, err := os.Open(f)
+		require.NoError(t, err)
+		entries, err := (&Disk{}).read(&segment{f: file}, nil)
+		require.NoError(t, err)
+		most = max(most, len(entries))
+		require.NoError(t, file.Close())
+	}
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: segB, droppedFloor: floor}, nil)
+	require.NoError(t, err)
+	kept := len(newest)
+	require.LessOrEqual(t, d2.rebuildHeld, kept+2*most+max(floor, rebuildDroppedPerKept*kept),
+		"held: the records kept, a segment's entries and what they add to the bound")
+	require.Equal(t, newest, d2.Keys(), "the newest chunks; the older ones went with their segments")
+	require.NoFileExists(t, oldFile, "deleted unread")
+	require.NotZero(t, d2.rebuildCut, "the bound ended the walk")
+	for _, f := range segFiles(t, dir) {
+		id, err := strconv.Atoi(strings.TrimSuffix(filepath.Base(f), segSuffix))
+		require.NoError(t, err)
+		require.GreaterOrEqual(t, id, d2.rebuildCut, "%s is older than where the walk ended", f)
+	}
+	for _, k := range dropped {
+		_, _, ok := d2.Has(k)
+		require.False(t, ok, "%s, dropped, stays out", k)
+	}
+	for i, k := range newest {
+		got, err := readBack(t, d2, k, chunk)
+		require.NoError(t, err)
+		require.Equal(t, data(1000+i), got)
+	}
+	require.Zero(t, d2.Stats().Discarded)
+	d2.Close()
+
+	d3, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	require.Equal(t, newest, d3.Keys(), "nothing dropped comes back")
+	d3.Close()
+
+	d4, err := Open(Config{Dir: full, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d4.Close)
+	require.Zero(t, d4.rebuildCut)
+	require.Equal(t, append(old, newest...), d4.Keys())
+	require.Greater(t, d4.rebuildHeld, len(dropped), "every key dropped held")
+}
+
+// A rebuild whose walk its bound on the dropped records' keys and
+// tombstones ends early keeps what indexing every record kept (rebuildAll)
+// of the directory without the segments older than the one it ended with:
+// no tombstone in those names a record in the segments read, and no record
+// in them replaces one. Random directories as above, small bounds (many
+// walks end early, some losing live chunks older than where they ended).
+func TestARebuildCutShortKeepsWhatIndexingTheSegmentsReadKept(t *testing.T) {
+	cuts, lost := 0, 0 // walks the bound ended; of those, those that lost chunks
+	for seed := range int64(400) {
+		rng := rand.New(rand.NewSource(seed))
+		src := t.TempDir()
+		total := randomSegments(t, rng, src)
+		budget := []int64{1, 1 + rng.Int63n(total+1), total + 1, 1 << 20}[rng.Intn(4)]
+
+		walked, all := t.TempDir(), t.TempDir()
+		copyDir(t, src, walked)
+		got := bareDisk(walked, budget)
+		got.cfg.droppedFloor, got.cfg.droppedPerKept = 1+rng.Intn(3), rng.Intn(3)*2-1 // -1: the floor alone
+		require.NoError(t, got.rebuild(), "seed %d", seed)
+		ids, err := (&Disk{cfg: Config{Dir: src}}).segmentIDs()
+		require.NoError(t, err)
+		for _, id := range ids {
+			if id >= got.rebuildCut {
+				b, err := os.ReadFile(filepath.Join(src, fmt.Sprintf("%08d%s", id, segSuffix)))
+				require.NoError(t, err)
+				require.NoError(t, os.WriteFile(filepath.Join(all, fmt.Sprintf("%08d%s", id, segSuffix)), b, 0o600))
+			}
+		}
+		if got.rebuildCut != 0 {
+			cuts++
+			whole := t.TempDir()
+			copyDir(t, src, whole)
+			model := bareDisk(whole, budget)
+			require.NoError(t, model.rebuildAll(), "seed %d", seed)
+			if len(model.items) > len(got.items) {
+				lost++
+			}
+			model.closeFiles()
+		}
+		want := bareDisk(all, budget)
+		require.NoError(t, want.rebuildAll(), "seed %d", seed)
+		require.Equal(t, want.state(), got.state(), "seed %d, budget %d, cut at %d", seed, budget, got.rebuildCut)
+		require.LessOrEqual(t, got.evictions.Load(), want.evictions.Load(), "seed %d", seed)
+		got.closeFiles()
+		want.closeFiles()
+		require.Equal(t, dirSizes(t, all), dirSizes(t, walked), "seed %d", seed)
+	}
+	require.Greater(t, cuts, 30, "walks the bound ended")
+	require.Greater(t, lost, 10, "walks the bound ended that lost live chunks")
 }
