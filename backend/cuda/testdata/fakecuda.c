@@ -11,19 +11,31 @@
 //     async copies also need pinned (cuMemHostAlloc) host memory;
 //   - opening an IPC handle of the same process fails with
 //     CUDA_ERROR_INVALID_CONTEXT, as the real driver does.
-// FAKECUDA_FAIL=name=code makes the named call return code (fault injection).
+// FAKECUDA_FAIL=name=code makes the named call return code (fault injection);
+// FAKECUDA_FAIL_NTH=name:N=code only its Nth call, counted from the first
+// call of any name to see that value. cuCtxSetCurrent counts only calls with a
+// context: a backend's worker makes the 1st, then its waiters, stream by stream.
+// FAKECUDA_DELAY_US=N makes streams slow: a stream's work ends in order, each
+// event N µs after the later of its record and the stream's previous end;
+// until then cuEventQuery answers CUDA_ERROR_NOT_READY, and
+// cuEventSynchronize, cuStreamSynchronize and cuCtxSynchronize sleep. Bytes
+// still land at enqueue. 0, the default, ends an event when it is recorded
+// (it still completes on its third query).
 // Only the entry points gorgonia.org/cu and the backend call at run time are
 // here; the binary links against the real library and binds lazily.
 #define _GNU_SOURCE
 #include <cuda.h>
+#include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static __thread CUcontext current;
@@ -49,22 +61,72 @@ struct fake_handle { // fits CU_IPC_HANDLE_SIZE
 	char name[40];
 };
 
-struct event { int pending; };
+// Times are CLOCK_MONOTONIC nanoseconds. Streams and events are touched by
+// the worker's thread and the waiters' threads: their fields are atomic.
+struct stream { _Atomic long long end; }; // when its last recorded event ends
+struct event {
+	_Atomic int pending;   // queries still answered NOT_READY once it ended
+	_Atomic long long end; // when the work before it ends
+};
+static struct stream legacy;      // the default streams
+static _Atomic long long ctx_end; // when the last work of any stream ends
 
-static CUresult injected(const char *call) {
+static long long now(void) {
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return t.tv_sec * 1000000000LL + t.tv_nsec;
+}
+
+static void sleep_until(long long end) {
+	struct timespec t = {.tv_sec = end / 1000000000LL, .tv_nsec = end % 1000000000LL};
+	while (now() < end && clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &t, NULL) == EINTR) {
+	}
+}
+
+static long long delay(void) {
+	const char *d = getenv("FAKECUDA_DELAY_US");
+	long long us = d != NULL ? atoll(d) : 0;
+	return us > 0 ? us * 1000 : 0;
+}
+
+static pthread_mutex_t nth_mu = PTHREAD_MUTEX_INITIALIZER;
+static char nth_seen[128];    // FAKECUDA_FAIL_NTH as last seen; guarded by nth_mu
+static long nth_calls;        // calls counted since it took that value; guarded by nth_mu
+static _Atomic int nth_armed; // nth_seen is not empty
+
+// injected returns the error FAKECUDA_FAIL or FAKECUDA_FAIL_NTH asks of
+// call; counts says whether this call counts for FAKECUDA_FAIL_NTH.
+static CUresult injected(const char *call, int counts) {
 	const char *f = getenv("FAKECUDA_FAIL");
 	size_t n = strlen(call);
 	if (f != NULL && strncmp(f, call, n) == 0 && f[n] == '=') {
 		return (CUresult)atoi(f + n + 1);
 	}
-	return CUDA_SUCCESS;
+	f = getenv("FAKECUDA_FAIL_NTH");
+	if (f == NULL && !atomic_load(&nth_armed)) return CUDA_SUCCESS;
+	CUresult r = CUDA_SUCCESS;
+	pthread_mutex_lock(&nth_mu);
+	if (f == NULL) f = "";
+	if (strcmp(f, nth_seen) != 0) {
+		snprintf(nth_seen, sizeof nth_seen, "%s", f);
+		nth_calls = 0;
+		atomic_store(&nth_armed, f[0] != 0);
+	}
+	char *end;
+	if (counts && strncmp(f, call, n) == 0 && f[n] == ':') {
+		long nth = strtol(f + n + 1, &end, 10);
+		if (*end == '=' && ++nth_calls == nth) r = (CUresult)atoi(end + 1);
+	}
+	pthread_mutex_unlock(&nth_mu);
+	return r;
 }
 
-#define ENTER(call)                                \
-	do {                                       \
-		CUresult r_ = injected(call);      \
-		if (r_ != CUDA_SUCCESS) return r_; \
+#define ENTER_COUNTING(call, counts)                  \
+	do {                                          \
+		CUresult r_ = injected(call, counts); \
+		if (r_ != CUDA_SUCCESS) return r_;    \
 	} while (0)
+#define ENTER(call) ENTER_COUNTING(call, 1)
 #define NEED_CTX(call)                                          \
 	do {                                                    \
 		ENTER(call);                                    \
@@ -149,24 +211,49 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev) {
 	return r;
 }
 
+CUresult CUDAAPI cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+	ENTER("cuDevicePrimaryCtxGetState");
+	if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&mu);
+	*active = primary.refs > 0;
+	pthread_mutex_unlock(&mu);
+	*flags = 0;
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx) {
-	ENTER("cuCtxSetCurrent");
+	ENTER_COUNTING("cuCtxSetCurrent", ctx != NULL);
 	if (ctx != NULL && ctx != (CUcontext)&primary) return CUDA_ERROR_INVALID_CONTEXT;
 	current = ctx;
 	return CUDA_SUCCESS;
 }
 
-CUresult CUDAAPI cuCtxSynchronize(void) { NEED_CTX("cuCtxSynchronize"); return CUDA_SUCCESS; }
+CUresult CUDAAPI cuCtxSynchronize(void) {
+	NEED_CTX("cuCtxSynchronize");
+	sleep_until(atomic_load(&ctx_end));
+	return CUDA_SUCCESS;
+}
 
 CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags) {
 	NEED_CTX("cuStreamCreate");
 	(void)flags;
-	*s = (CUstream)malloc(1);
+	*s = (CUstream)calloc(1, sizeof(struct stream));
 	return *s == NULL ? CUDA_ERROR_OUT_OF_MEMORY : CUDA_SUCCESS;
 }
 
+// stream is s's state; the legacy and per-thread default streams share one.
+static struct stream *stream(CUstream s) {
+	if (s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD) return &legacy;
+	return (struct stream *)s;
+}
+
 CUresult CUDAAPI cuStreamDestroy(CUstream s) { NEED_CTX("cuStreamDestroy"); free(s); return CUDA_SUCCESS; }
-CUresult CUDAAPI cuStreamSynchronize(CUstream s) { NEED_CTX("cuStreamSynchronize"); (void)s; return CUDA_SUCCESS; }
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream s) {
+	NEED_CTX("cuStreamSynchronize");
+	sleep_until(atomic_load(&stream(s)->end));
+	return CUDA_SUCCESS;
+}
 
 CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags) {
 	NEED_CTX("cuEventCreate");
@@ -179,24 +266,34 @@ CUresult CUDAAPI cuEventDestroy(CUevent ev) { NEED_CTX("cuEventDestroy"); free(e
 
 CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream s) {
 	NEED_CTX("cuEventRecord");
-	(void)s;
-	((struct event *)ev)->pending = 2;
+	struct event *e = (struct event *)ev;
+	struct stream *st = stream(s);
+	long long d = delay(), t = now(), prev = atomic_load(&st->end), end;
+	do {
+		end = (prev > t ? prev : t) + d;
+	} while (!atomic_compare_exchange_weak(&st->end, &prev, end));
+	for (long long c = atomic_load(&ctx_end); c < end && !atomic_compare_exchange_weak(&ctx_end, &c, end);) {
+	}
+	atomic_store(&e->end, end);
+	atomic_store(&e->pending, 2);
 	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuEventQuery(CUevent ev) {
 	NEED_CTX("cuEventQuery");
 	struct event *e = (struct event *)ev;
-	if (e->pending > 0) {
-		e->pending--;
-		return CUDA_ERROR_NOT_READY;
+	if (now() < atomic_load(&e->end)) return CUDA_ERROR_NOT_READY;
+	int p = atomic_load(&e->pending);
+	while (p > 0 && !atomic_compare_exchange_weak(&e->pending, &p, p - 1)) {
 	}
-	return CUDA_SUCCESS;
+	return p > 0 ? CUDA_ERROR_NOT_READY : CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuEventSynchronize(CUevent ev) {
 	NEED_CTX("cuEventSynchronize");
-	((struct event *)ev)->pending = 0;
+	struct event *e = (struct event *)ev;
+	sleep_until(atomic_load(&e->end));
+	atomic_store(&e->pending, 0);
 	return CUDA_SUCCESS;
 }
 
