@@ -6,7 +6,7 @@
 // wrong unnoticed:
 //   - every call except init, device and primary-context ones fails with
 //     CUDA_ERROR_INVALID_CONTEXT on a thread with no current context, which
-//     catches a CUDA call made off the worker goroutine's locked thread;
+//     catches a CUDA call made off the worker's or a waiter's locked thread;
 //   - copies outside an allocation fail with CUDA_ERROR_INVALID_VALUE, and
 //     async copies also need pinned (cuMemHostAlloc) host memory;
 //   - opening an IPC handle of the same process fails with
