@@ -34,12 +34,6 @@ type Config struct {
 	// TombstoneRetry is how long after a failed tombstone write the writer
 	// tries it again unless something woke it sooner (default 1s).
 	TombstoneRetry time.Duration
-
-	// droppedFloor and droppedPerKept replace rebuildDroppedFloor and
-	// rebuildDroppedPerKept when nonzero (tests: a small bound on the
-	// rebuild's keys and tombstones of dropped records, walk.bound; a
-	// negative droppedPerKept counts no record kept).
-	droppedFloor, droppedPerKept int
 }
 
 // Errors; check with errors.Is.
@@ -137,10 +131,6 @@ type Disk struct {
 	// indexed, a segment's records and tombstones read, the keys and
 	// tombstones of dropped records walked past (tests).
 	rebuildHeld int
-	// rebuildCut is the segment with which the rebuild's walk ended for its
-	// bound on the dropped records' keys and tombstones held (tests; 0: it
-	// did not).
-	rebuildCut int
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired                            atomic.Int64

@@ -23,12 +23,7 @@
 // left out (a later record of the key stays), trimmed to the budget from
 // the earliest written. The rebuild walks back from the newest segment, so
 // it holds what the budget keeps, not what the directory holds, and
-// deletes unread the segments older than the oldest chunk kept. The keys
-// and tombstones of the dropped records it walks past are bounded too (by
-// a multiple of the chunks kept, with a floor): a directory whose newest
-// records are nearly all dropped ends the walk there, logged, as if the
-// budget had filled, and the older segments are deleted unread, their
-// chunks lost but none a tombstone dropped brought back. Every
+// deletes unread the segments older than the oldest chunk kept. Every
 // record read has its checksums verified: a record cut short or whose header fails its checksum is a torn tail, and the
 // segment is cut there, so the records before it survive (in its batch or
 // earlier) and the torn one and all after it go; a record of full length
