@@ -39,6 +39,10 @@ type Owners struct {
 
 	mu   sync.Mutex
 	mine map[string]held // engines this process claimed and has not lost
+	// lost are the engines whose held claims were fenced and not claimed
+	// again since, for the next KeepAliveAll to report: a fence found by
+	// Resolve's confirmation is reported as one found by a keep-alive.
+	lost map[string]struct{}
 }
 
 // held is one engine this node claimed: the revision its last write got
@@ -73,7 +77,7 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
 	}
-	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}}, nil
+	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}, lost: map[string]struct{}{}}, nil
 }
 
 // Get reads engine's ownership; nil if nobody holds it.
@@ -139,7 +143,9 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 	for attempt := 0; ; attempt++ {
 		in, own := o.input(engine, e, req)
 		d := ownership.Decide(in)
-		o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+		if !own { // else counted once confirmed
+			o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
+		}
 		if own {
 			// Decided on this process's own write, the read being older:
 			// a replica lagging it, or, were the bucket to lose writes and
@@ -150,6 +156,7 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 			// then the decision is made again on a fresh read.
 			_, err := o.KeepAlive(ctx, engine)
 			if err == nil {
+				o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
 				return d, nil
 			}
 			if !(errors.Is(err, ErrFenced) || errors.Is(err, ErrNotMine)) || attempt == maxClaimAttempts {
@@ -298,6 +305,7 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			_, still := o.mine[engine]
 			if still || !renew {
 				o.mine[engine] = held{rev: nrev, renewed: sent}
+				delete(o.lost, engine) // held again: nothing to report
 			}
 			o.mu.Unlock()
 			if !still && renew {
@@ -326,20 +334,23 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
 	}
-	if !o.drop(engine) && renew {
+	if !o.fence(engine) && renew {
 		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
 	}
 	o.metrics.Fenced.Inc()
 	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
 }
 
-// drop forgets engine's claim; false if none was held (a keep-alive that
-// raced Release).
-func (o *Owners) drop(engine string) bool {
+// fence forgets engine's claim, lost to another writer, and notes it for
+// KeepAliveAll; false if none was held (a keep-alive that raced Release).
+func (o *Owners) fence(engine string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	_, held := o.mine[engine]
 	delete(o.mine, engine)
+	if held {
+		o.lost[engine] = struct{}{}
+	}
 	return held
 }
 
@@ -367,6 +378,12 @@ func pause(ctx context.Context, d time.Duration) bool {
 // the lease starts again; ErrFenced if anyone else wrote since (the engine
 // is lost: stop serving it), ErrNotMine if this node holds no claim.
 func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
+	return o.keepAlive(ctx, engine, o.cfg.Lease/8)
+}
+
+// keepAlive is KeepAlive with its check's reads without responders retried
+// for up to within.
+func (o *Owners) keepAlive(ctx context.Context, engine string, within time.Duration) (uint64, error) {
 	o.mu.Lock()
 	h, ok := o.mine[engine]
 	o.mu.Unlock()
@@ -380,10 +397,10 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	// revision was this node's write), so it is proof; a write lost the
 	// same way between this read and the compare-and-set is not caught
 	// (docs/CLUSTER.md "Durability"). Reads without responders are retried
-	// for lease/8, not Get's lease: the keep-alive must renew well inside
-	// the lease; past that the renewal goes ahead unchecked.
-	if e, err := o.read(ctx, engine, o.cfg.Lease/8); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
-		if !o.drop(engine) {
+	// for lease/8 (within), not Get's lease: the keep-alive must renew well
+	// inside the lease; past that the renewal goes ahead unchecked.
+	if e, err := o.read(ctx, engine, within); err == nil && e != nil && e.Revision == h.rev && e.Identity != o.me {
+		if !o.fence(engine) {
 			return 0, fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
 		}
 		o.metrics.Fenced.Inc()
@@ -396,17 +413,26 @@ func (o *Owners) KeepAlive(ctx context.Context, engine string) (uint64, error) {
 	return o.Revision(engine), nil
 }
 
-// KeepAliveAll renews every claim; it returns the engines lost (fenced)
-// and the first other error (a NATS outage: claims stay and are retried
-// next time, while the lease, measured locally, runs out).
+// KeepAliveAll renews every claim; it returns the engines lost (fenced,
+// here or by a Resolve since the last call, and not claimed again) and the
+// first other error (a NATS outage: claims stay and are retried next time,
+// while the lease, measured locally, runs out). The checks' reads without
+// responders share one lease/8 across the pass: one engine's wait must not
+// use up the pass's time for the others' renewals.
 func (o *Owners) KeepAliveAll(ctx context.Context) (lost []string, err error) {
+	reads := time.Now().Add(o.cfg.Lease / 8)
 	for _, engine := range o.Mine() {
-		if _, e := o.KeepAlive(ctx, engine); errors.Is(e, ErrFenced) {
-			lost = append(lost, engine)
-		} else if e != nil && err == nil {
+		if _, e := o.keepAlive(ctx, engine, max(time.Until(reads), 0)); e != nil && !errors.Is(e, ErrFenced) && err == nil {
 			err = e
 		}
 	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for engine := range o.lost {
+		lost = append(lost, engine)
+	}
+	clear(o.lost)
+	slices.Sort(lost)
 	return lost, err
 }
 

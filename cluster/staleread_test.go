@@ -157,6 +157,15 @@ func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
 	cur, err := b.Get(ctx, "e1")
 	require.NoError(t, err)
 	require.Equal(t, "gpu-b", cur.Node, "b's record stands")
+	// The node learns of the fence as of one a keep-alive finds: it drops
+	// the engine it served (x1 and x2, lost with the bucket, are fenced by
+	// this pass's keep-alives).
+	lost, err := a.KeepAliveAll(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"e1", "x1", "x2"}, lost)
+	lost, err = a.KeepAliveAll(ctx)
+	require.NoError(t, err)
+	require.Empty(t, lost, "reported once")
 }
 
 // noRespondersKV answers every Get as when no replica serves direct gets
@@ -189,6 +198,35 @@ func TestAKeepAliveDoesNotWaitOutReadsWithoutResponders(t *testing.T) {
 	// (about 250).
 	require.LessOrEqual(t, kv.gets.Load(), int64(staleLease/8/(20*time.Millisecond))+2, "reads")
 	require.Greater(t, kv.gets.Load(), int64(1), "retried")
+	a.kv = real
+}
+
+// A pass of keep-alives shares one lease/8 of retried reads: while no
+// replica answers, the first engine's check waits it out, the others read
+// once, and every claim is renewed within the pass.
+func TestKeepAlivesShareOneWaitForReadsWithoutResponders(t *testing.T) {
+	a, _, _ := ownerOfE1(t)
+	ctx := ctxT(t)
+	engines := []string{"e1", "e2", "e3", "e4"}
+	revs := map[string]uint64{}
+	for _, e := range engines[1:] {
+		mustServe(t, a, e, Request{Register: true, Local: true})
+	}
+	for _, e := range engines {
+		revs[e] = a.Revision(e)
+	}
+	real := a.kv
+	kv := &noRespondersKV{KeyValue: real}
+	a.kv = kv
+	pass, cancel := context.WithTimeout(ctx, staleLease/4) // the node's pass: until the next tick
+	defer cancel()
+	lost, err := a.KeepAliveAll(pass)
+	require.NoError(t, err)
+	require.Empty(t, lost)
+	for _, e := range engines {
+		require.Greater(t, a.Revision(e), revs[e], "%s renewed", e)
+	}
+	require.LessOrEqual(t, kv.gets.Load(), int64(staleLease/8/(20*time.Millisecond))+2+int64(len(engines)-1), "reads")
 	a.kv = real
 }
 
