@@ -205,7 +205,14 @@ func (f *Feed) catchUp(node, boot string) {
 		}
 		return nil
 	})
-	if errors.Is(err, errAtCap) {
+	// A catch-up that met the cap ends there without its sweep: keys it
+	// did not reach are not known gone, and sweeping them would empty a
+	// node's keys down to the first page's (each key the index held still
+	// counts against the cap while the catch-up runs, so a node at its cap
+	// meets it at once). What stays may include keys the node no longer
+	// holds: a fetch of one is answered "no chunk".
+	atCap := errors.Is(err, errAtCap)
+	if atCap {
 		err = nil
 	}
 	if err != nil && !errors.Is(err, context.Canceled) {
@@ -216,11 +223,13 @@ func (f *Feed) catchUp(node, boot string) {
 		f.metrics.CatchUps.WithLabelValues("error").Inc()
 		f.log.Warn("key catch-up failed", "node", node, "boot", boot, "err", err)
 	} else if err == nil {
-		// The whole set was read: what it no longer lists goes (keys
-		// evicted while this node missed their BlockRemoved).
-		f.mu.Lock()
-		f.x.FinishCatchUp(node, id)
-		f.mu.Unlock()
+		if !atCap {
+			// The whole set was read: what it no longer lists goes (keys
+			// evicted while this node missed their BlockRemoved).
+			f.mu.Lock()
+			f.x.FinishCatchUp(node, id)
+			f.mu.Unlock()
+		}
 		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	}
 }
