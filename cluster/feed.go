@@ -158,14 +158,15 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 
 // errAtCap ends a catch-up at the first page that met the node's cap
 // (Config.MaxPeerKeys): later pages could add nothing, so a node announcing
-// an unbounded key set costs one catch-up of about the cap. The catch-up
-// then finishes as if its set ended there; it is no failure to retry.
+// an unbounded key set costs one catch-up of about the cap. It is no
+// failure to retry: the catch-up is finished (holders.Index.FinishCatchUp
+// keeps the keys it did not reach).
 var errAtCap = errors.New("cluster: catch-up met the node's key cap")
 
 // catchUp asks node for its key set, which replaces what the index held
-// of it once every page is read (or the node's cap is met); removals and
-// stores seen meanwhile win (see holders.Index.BeginCatchUp). A failure is
-// counted and logged, and the node's next heartbeat retries.
+// of it once every page is read (up to the node's cap: FinishCatchUp);
+// removals and stores seen meanwhile win (see holders.Index.BeginCatchUp).
+// A failure is counted and logged, and the node's next heartbeat retries.
 func (f *Feed) catchUp(node, boot string) {
 	defer f.wg.Done()
 	defer func() {
@@ -205,32 +206,20 @@ func (f *Feed) catchUp(node, boot string) {
 		}
 		return nil
 	})
-	// A catch-up that met the cap ends there without its sweep: keys it
-	// did not reach are not known gone, and sweeping them would empty a
-	// node's keys down to the first page's (each key the index held still
-	// counts against the cap while the catch-up runs, so a node at its cap
-	// meets it at once). What stays may include keys the node no longer
-	// holds: a fetch of one is answered "no chunk".
-	atCap := errors.Is(err, errAtCap)
-	if atCap {
-		err = nil
-	}
-	if err != nil && !errors.Is(err, context.Canceled) {
+	switch {
+	case err == nil || errors.Is(err, errAtCap):
+		f.mu.Lock()
+		f.x.FinishCatchUp(node, id)
+		f.mu.Unlock()
+		f.metrics.CatchUps.WithLabelValues("ok").Inc()
+	case errors.Is(err, context.Canceled):
+	default:
 		f.mu.Lock()
 		f.pending[node] = true
 		f.stats.CatchUpFails++
 		f.mu.Unlock()
 		f.metrics.CatchUps.WithLabelValues("error").Inc()
 		f.log.Warn("key catch-up failed", "node", node, "boot", boot, "err", err)
-	} else if err == nil {
-		if !atCap {
-			// The whole set was read: what it no longer lists goes (keys
-			// evicted while this node missed their BlockRemoved).
-			f.mu.Lock()
-			f.x.FinishCatchUp(node, id)
-			f.mu.Unlock()
-		}
-		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	}
 }
 

@@ -332,24 +332,28 @@ func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) (Applied, er
 }
 
 // FinishCatchUp completes catch-up id, whose pages listed the node's whole
-// key set (or every key up to its cap: a caller may stop at the first page
-// that met it): the node's keys become what they listed and what kv_events
-// stored meanwhile. Keys it no longer holds, whose BlockRemoved this node
-// missed (a reconnect, a dropped message), go. A catch-up that met no cap
-// leaves the node's keys whole (Applied.Capped may be reported again). A
-// no-op if superseded.
+// key set, or every key up to the node's cap (a caller may stop at the
+// first page that met it). Listed whole: the node's keys become what the
+// pages listed and what kv_events stored meanwhile; keys it no longer
+// holds, whose BlockRemoved this node missed (a reconnect, a dropped
+// message), go, and its keys are whole again (Applied.Capped may be
+// reported again). Cut at the cap: nothing goes, since keys the pages did
+// not reach are not known gone (the keys held count against the cap while
+// the catch-up runs, so a node at its cap meets it on its first new key,
+// and sweeping would empty it down to one page's keys); a fetch of a stale
+// one is answered "no chunk". A no-op if superseded.
 func (x *Index) FinishCatchUp(nodeID string, id uint64) {
 	n := x.nodes[nodeID]
 	if n == nil || n.sync == nil || n.sync.id != id {
 		return
 	}
-	for k, stamp := range n.keys {
-		if stamp != id {
-			delete(n.keys, k)
-			x.unhold(nodeID, k)
-		}
-	}
 	if !n.sync.overCap {
+		for k, stamp := range n.keys {
+			if stamp != id {
+				delete(n.keys, k)
+				x.unhold(nodeID, k)
+			}
+		}
 		n.capped = false
 	}
 	n.sync = nil

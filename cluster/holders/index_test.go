@@ -274,39 +274,39 @@ func TestTheCapLeavesOutANodesKeysPastItAndNoOtherNodes(t *testing.T) {
 				return x.applyPlain("a", "a1", "e", batch(removed("m", 0, "aa"), stored("m", 0, "dd", "ee")))
 			},
 			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
-		{"a catch-up's pages meet the cap the same way; finished, only what they listed stays",
+		{"a catch-up's pages meet the cap the same way; finished there, it sweeps nothing (keys it did not reach are not known gone)",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")
 				require.NoError(t, err)
 				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "aa", 0)}, {".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}})
-				x.FinishCatchUp("a", id) // dd, not listed, goes; aa and cc never came in
+				x.FinishCatchUp("a", id) // dd, not listed, stays; aa and cc never came in
 				return res, err
 			},
-			Applied{OverCap: 2}, []string{"bb"}, []string{"cc", "dd"}},
+			Applied{OverCap: 2}, []string{"bb", "dd"}, []string{"cc", "dd"}},
 		{"still capped: a store past the cap after that catch-up is not reported again",
 			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "dd", "ee"))) },
 			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
-		{"keys a catch-up would drop fill the cap while it runs: a page's new key is left out until the next",
+		{"keys held count against the cap while a catch-up runs: a node at its cap meets it on its first new key, and keeps its keys",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")
 				require.NoError(t, err)
 				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "ee", 0)}})
-				x.FinishCatchUp("a", id) // bb and dd go: a no longer holds them
+				x.FinishCatchUp("a", id) // not emptied to the page's keys
 				return res, err
 			},
-			Applied{OverCap: 1}, nil, []string{"cc", "dd"}},
-		{"a catch-up that meets no cap makes a's keys whole again",
+			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
+		{"a catch-up that meets no cap sweeps what it did not list and makes a's keys whole again",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")
 				require.NoError(t, err)
-				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "ee", 0)}})
-				x.FinishCatchUp("a", id)
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}})
+				x.FinishCatchUp("a", id) // dd goes
 				return res, err
 			},
-			Applied{}, []string{"ee"}, []string{"cc", "dd"}},
+			Applied{}, []string{"bb"}, []string{"cc", "dd"}},
 		{"so the next crossing is reported",
-			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa", "bb"))) },
-			Applied{OverCap: 1, Capped: true}, []string{"aa", "ee"}, []string{"cc", "dd"}},
+			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa", "cc"))) },
+			Applied{OverCap: 1, Capped: true}, []string{"aa", "bb"}, []string{"cc", "dd"}},
 		{"a clear empties a's keys: the next crossing is reported too",
 			func() (Applied, error) {
 				return x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}, stored("m", 0, "aa", "bb", "cc")))

@@ -207,13 +207,14 @@ func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
 				case 1: // done: the keys are what it listed and what was stored meanwhile
 					x.FinishCatchUp(id, sid)
-					for k := range n.keys {
-						if !n.syncSeen[k] {
-							delete(n.keys, k)
+					if !n.syncOver { // else cut at the cap: what it did not reach stays
+						for k := range n.keys {
+							if !n.syncSeen[k] {
+								delete(n.keys, k)
+							}
 						}
+						n.capped = false // the node's keys are whole again
 					}
-					// None left out while it ran: the node's keys are whole again.
-					n.capped = n.capped && n.syncOver
 					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
 				}
 			case 8:
