@@ -143,9 +143,6 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 	for attempt := 0; ; attempt++ {
 		in, own := o.input(engine, e, req)
 		d := ownership.Decide(in)
-		if !own { // else counted once confirmed
-			o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
-		}
 		if own {
 			// Decided on this process's own write, the read being older:
 			// a replica lagging it, or, were the bucket to lose writes and
@@ -167,6 +164,7 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 			}
 			continue
 		}
+		o.metrics.Decisions.WithLabelValues(d.Action.String()).Inc()
 		if d.Action != ownership.Claim {
 			if d.Action == ownership.Ignore {
 				o.forget(engine, e)

@@ -30,17 +30,17 @@ const spinWait = 100 * time.Microsecond
 // worker owns one device's CUDA context. A CUDA context is current per OS
 // thread, while the Go scheduler moves goroutines between threads at will:
 // so one goroutine locks its thread (runtime.LockOSThread), makes the context
-// current once, and makes every CUDA call of the device but the waiters'
-// (below). Other goroutines hand it work over calls and wait for the reply. Each Copy is
-// queued on a stream and ends with an event; one waiter per stream, on a
-// locked thread of its own with the context current, blocks in
-// cuEventSynchronize on those events in order (a stream runs its copies in
-// order) and answers each copy as its event completes: it polls the event
-// briefly (spinWait), then blocks; a blocking-sync event puts it to sleep
-// until the GPU's interrupt, at no CPU cost. The worker used to poll with
-// timer sleeps between: Go rounds a short sleep up to about a millisecond
-// when nothing else runs, so a long copy was seen late, and the H200 moved
-// 39 GB/s where plain cuMemcpyDtoH moved 44 (docs/BENCHMARKS.md "GPU").
+// current once, and makes every CUDA call of the device but the waiters'.
+// Other goroutines hand it work over calls and wait for the reply. Each Copy
+// is queued on a stream and ends with an event. One waiter per stream, on a
+// locked thread of its own with the context current, answers the stream's
+// copies in order (a stream runs them in order), each once its event has
+// completed: it polls the event briefly (spinWait), then blocks on it (a
+// blocking-sync event sleeps until the GPU's interrupt, at no CPU cost). The
+// worker used to poll between calls with timer sleeps, which Go rounds up to
+// about a millisecond when nothing else runs: a long copy was seen late, and
+// the H200 moved 39 GB/s where plain cuMemcpyDtoH moved 44
+// (docs/BENCHMARKS.md "GPU").
 type worker struct {
 	calls  chan *call
 	quit   chan struct{}
@@ -365,8 +365,9 @@ func (w *worker) close() error {
 	return w.closeErr
 }
 
-// teardown waits for copies in flight (their waiters answer them), then frees what is left: devices'
-// mappings, arenas, events, streams, and the primary context reference.
+// teardown waits for copies in flight (their waiters answer them), then
+// frees what is left: devices' mappings, arenas, events, streams, and the
+// primary context reference.
 func (w *worker) teardown() error {
 	for _, st := range w.streams {
 		close(st.flights)
