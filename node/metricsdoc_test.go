@@ -1,6 +1,7 @@
 package node_test
 
 import (
+	"fmt"
 	"os"
 	"regexp"
 	"slices"
@@ -54,58 +55,47 @@ func registeredMetrics(t *testing.T, e *env) []string {
 }
 
 // Every metric family a node registers (with a disk tier, so that its
-// families are there too) is documented in docs/OBSERVABILITY.md's
-// tables, and every one listed there is registered: a renamed or new
-// metric cannot drift from its documentation. The cluster's families are
-// CLUSTER.md's (registered only on a cluster node, checked by
-// TestEveryClusterMetricIsDocumentedAndEveryDocumentedOneExists) and may
-// be listed in both.
+// families are there too) is documented, and every documented one is
+// registered: a renamed, new or dropped metric cannot drift from its
+// documentation. A plain node's families are docs/OBSERVABILITY.md's; a
+// cluster node (one embedded NATS) adds the kvactors_cluster_ ones, which
+// are docs/CLUSTER.md's metrics table's (only a cluster node registers
+// them, and a family may be listed in both docs).
 func TestEveryMetricIsDocumentedAndEveryDocumentedOneExists(t *testing.T) {
 	t.Parallel()
-	e := startNode(t, func(c *node.Config) { c.DiskDir, c.DiskBytes = t.TempDir(), 1<<20 })
-	registered := registeredMetrics(t, e)
 	documented := docMetrics(t, "../docs/OBSERVABILITY.md", "## Metrics")
 	cluster := docMetrics(t, "../docs/CLUSTER.md", "")
 	require.NotEmpty(t, documented)
 	require.NotEmpty(t, cluster)
-	for _, n := range registered {
-		require.Contains(t, documented, n, "registered but not in docs/OBSERVABILITY.md's tables")
-	}
-	for _, n := range documented {
-		if slices.Contains(cluster, n) {
-			continue // a cluster node's
-		}
-		require.Contains(t, registered, n, "in docs/OBSERVABILITY.md but not registered")
-	}
-}
-
-// A cluster node (one embedded NATS, with a disk tier) registers exactly
-// the families the docs list: every kvactors_cluster_ one is in
-// docs/CLUSTER.md's metrics table, every other one in docs/OBSERVABILITY.md's
-// or CLUSTER.md's, and every one either lists is registered. A cluster
-// metric added, renamed or dropped without its doc line fails here; the
-// plain node's test cannot see them.
-func TestEveryClusterMetricIsDocumentedAndEveryDocumentedOneExists(t *testing.T) {
-	t.Parallel()
-	e := startNode(t, func(c *node.Config) { c.Cluster, c.DiskDir, c.DiskBytes = true, t.TempDir(), 1<<20 })
-	registered := registeredMetrics(t, e)
-	documented := docMetrics(t, "../docs/OBSERVABILITY.md", "## Metrics")
-	cluster := docMetrics(t, "../docs/CLUSTER.md", "")
-	require.NotEmpty(t, cluster)
-	require.True(t, slices.ContainsFunc(registered, func(n string) bool { return strings.HasPrefix(n, "kvactors_cluster_") }),
-		"a cluster node registers kvactors_cluster_ families: %v", registered)
-	for _, n := range registered {
-		if strings.HasPrefix(n, "kvactors_cluster_") {
-			require.Contains(t, cluster, n, "a cluster node registers it but it is not in docs/CLUSTER.md's metrics table")
-			continue
-		}
-		require.True(t, slices.Contains(documented, n) || slices.Contains(cluster, n),
-			"a cluster node registers %s but neither docs/OBSERVABILITY.md's nor docs/CLUSTER.md's tables list it", n)
-	}
-	for _, n := range cluster {
-		require.Contains(t, registered, n, "in docs/CLUSTER.md but a cluster node does not register it")
-	}
-	for _, n := range documented {
-		require.Contains(t, registered, n, "in docs/OBSERVABILITY.md but a cluster node does not register it")
+	for _, clustered := range []bool{false, true} {
+		t.Run(fmt.Sprint("cluster=", clustered), func(t *testing.T) {
+			t.Parallel()
+			e := startNode(t, func(c *node.Config) { c.Cluster, c.DiskDir, c.DiskBytes = clustered, t.TempDir(), 1<<20 })
+			registered := registeredMetrics(t, e)
+			require.Equal(t, clustered, slices.ContainsFunc(registered, func(n string) bool { return strings.HasPrefix(n, "kvactors_cluster_") }),
+				"kvactors_cluster_ families registered: %v", registered)
+			for _, n := range registered {
+				switch {
+				case strings.HasPrefix(n, "kvactors_cluster_"):
+					require.Contains(t, cluster, n, "registered but not in docs/CLUSTER.md's metrics table")
+				case clustered:
+					require.True(t, slices.Contains(documented, n) || slices.Contains(cluster, n),
+						"registered %s but neither docs/OBSERVABILITY.md's nor docs/CLUSTER.md's tables list it", n)
+				default:
+					require.Contains(t, documented, n, "registered but not in docs/OBSERVABILITY.md's tables")
+				}
+			}
+			for _, n := range documented {
+				if !clustered && slices.Contains(cluster, n) {
+					continue // a cluster node's
+				}
+				require.Contains(t, registered, n, "in docs/OBSERVABILITY.md but not registered")
+			}
+			if clustered {
+				for _, n := range cluster {
+					require.Contains(t, registered, n, "in docs/CLUSTER.md but a cluster node does not register it")
+				}
+			}
+		})
 	}
 }
