@@ -473,6 +473,7 @@ func TestFeedCapsANodesKeysAndNotAnothers(t *testing.T) {
 	// keeps the key stored by kv_events that its first page does not list.
 	feed.Reconnected()
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, catchUps(4))
+	require.EqualValues(t, 2, hog.keys.asks.Load(), "the reconnect's catch-up read one page, not the whole set")
 	require.Equal(t, []string{"gpu-0"}, heldBy(hashKey("ee01", 0)), "not swept by a catch-up cut at the cap")
 	for _, ni := range feed.Nodes() {
 		if ni.Node == "gpu-0" {
