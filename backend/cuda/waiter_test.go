@@ -151,6 +151,18 @@ func TestSlowCopiesAreAnsweredOnceTheyEnd(t *testing.T) {
 		}
 	})
 
+	t.Run("a copy past spinWait is waited for in cuEventSynchronize, one within it is not", func(t *testing.T) {
+		t.Setenv("FAKECUDA_FAIL", "cuEventSynchronize=1") // not sticky: the fixture stays usable
+		slowDelay(t, 0)
+		require.NoError(t, f.dev.Copy(backend.DeviceToHost, f.arena, []backend.Range{{Len: block}}), "a quick copy is seen by the poll")
+		// Last: the injected failure returns at once, so the stream's end
+		// stays ahead of the clock for a while.
+		slowDelay(t, 50*spinWait)
+		err := f.dev.Copy(backend.DeviceToHost, f.arena, []backend.Range{{Len: block}})
+		require.ErrorContains(t, err, "cuEventSynchronize: CUDA_ERROR_INVALID_VALUE (1)", "the slow copy blocked")
+		t.Setenv("FAKECUDA_FAIL", "")
+	})
+
 	t.Run("more than waitDepth on one stream", func(t *testing.T) {
 		d := slowDelay(t, 3*spinWait)
 		clear(f.arena.Bytes())
