@@ -51,7 +51,8 @@ type clusterNode struct {
 	close   context.CancelFunc
 	// inGate holds nil but in tests (export_test.go): a func run inside the
 	// gates above, "read" as readChunk serves a fetch, "fetch" as a
-	// remote load's fetch allocates a chunk's room.
+	// remote load's fetch allocates a chunk's room, and "claim-released" as an
+	// ended engine's claim has just been released (releaseClaimIfGone).
 	inGate atomic.Pointer[func(gate string)]
 	// onClaim holds nil but in tests (export_test.go): a func run as a
 	// register's claim begins, with the context its JetStream calls get.
@@ -415,6 +416,9 @@ func (n *Node) releaseClaimIfGone(id string) {
 	// between went unanswered; until the release, the claim answers it).
 	n.dropped(id)
 	n.releaseClaim(id)
+	if f := n.cl.inGate.Load(); f != nil {
+		(*f)("claim-released")
+	}
 }
 
 // releaseClaimWhenClosed releases an ended engine's claim (if it did not

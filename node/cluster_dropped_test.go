@@ -259,3 +259,30 @@ func fencedWhileCopying(t *testing.T) (*heldDevice, *env, *testEngine) {
 	})
 	return dev, e, te
 }
+
+// The window between an ended engine's claim being released and its
+// dropped mark, held open: once the bucket shows no owner, no node's gate
+// passes the engine's messages but the dropped mark's, so the mark must be
+// set by then or a heartbeat in the window goes unanswered (it did, with
+// the mark set after the release).
+func TestADroppedEnginesHeartbeatIsAnsweredTheMomentItsClaimIsReleased(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2)
+	e := kc.nodes[0]
+	entered, release := e.node.HoldInClusterGate("claim-released")
+	defer release()
+	te := e.newEngine("e1", defaultOpts())
+	te.spec.Node = e.node.NodeID()
+	te.register() // then silent: it expires
+	// entered is closed, not sent on
+	select {
+	case <-entered:
+	case <-time.After(3 * clusterLease):
+		t.Fatal("timed out waiting for e1's claim to be released as it expired")
+	}
+	beats := collect(t, e.nc, "kvactors.e1.heartbeat", messages.HeartbeatRequest{Epoch: "ep1"})
+	var rep messages.HeartbeatReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, beats, 2*time.Second, "an answer inside the window").Data, &rep))
+	require.Contains(t, rep.Error, "unknown engine")
+	require.Equal(t, e.node.NodeID(), rep.Node)
+}
