@@ -42,6 +42,10 @@ type Flags struct {
 // nothing with --nats.
 var embeddedOnly = []string{"nats-host", "nats-port", "nats-store-dir"}
 
+// clusterOnly are the settings of a clustered node (--cluster or
+// --standby-for), which mean nothing without it.
+var clusterOnly = []string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys"}
+
 // configFlag names the config file; it is itself a flag or a variable,
 // never a key of the file.
 const configFlag = "config"
@@ -208,6 +212,12 @@ func (f *Flags) Parse(args []string) error {
 		if src, ok := given[name]; ok && f.cfg.NATSURL != "" {
 			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, "+
 				"no embedded one starts", src, f.cfg.NATSURL))
+		}
+	}
+	for _, name := range clusterOnly {
+		if src, ok := given[name]; ok && !f.cfg.Clustered() {
+			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: the node is not clustered "+
+				"(no --cluster or --standby-for)", src))
 		}
 	}
 	return nil

@@ -136,6 +136,24 @@ func TestNATSPortWithExternalNATSWarns(t *testing.T) {
 	require.Empty(t, f.Warnings)
 }
 
+// The cluster's settings mean nothing on a node that is not clustered: a
+// warning names each, and where it came from; with --cluster (or
+// --standby-for) none.
+func TestClusterSettingsWithoutClusterWarn(t *testing.T) {
+	t.Setenv("KVACTORS_FETCH_WINDOW", "8")
+	_, f, err := parse(t, "--cluster-max-peer-keys", "1000", "--cluster-replicas", "3")
+	require.NoError(t, err)
+	require.Len(t, f.Warnings, 3)
+	require.Contains(t, f.Warnings[0], "--cluster-replicas")
+	require.Contains(t, f.Warnings[1], "KVACTORS_FETCH_WINDOW")
+	require.Contains(t, f.Warnings[2], "--cluster-max-peer-keys")
+	for _, on := range [][]string{{"--cluster"}, {"--standby-for", "n9", "--node-id", "n1"}} {
+		_, f, err = parse(t, append(on, "--cluster-max-peer-keys", "1000", "--cluster-replicas", "3")...)
+		require.NoError(t, err)
+		require.Empty(t, f.Warnings, "%v", on)
+	}
+}
+
 // The flag table lists every Config field a flag sets, with the defaults
 // of DefaultConfig in their flag syntax.
 // --pprof beyond loopback works, with a warning.
