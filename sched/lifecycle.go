@@ -111,8 +111,9 @@ func (r *Request) Reset(reason string) Effects {
 }
 
 // JobDone records the end of store job id: ok, failed (its chunks are offered
-// again, with a retry), or cancelled (its chunks are offered again once their
-// blocks are tracked again). The caller has already completed the pool side
+// again, with a retry, unless a finishing request can offer nothing more), or
+// cancelled (its chunks are offered again once their blocks are tracked
+// again). The caller has already completed the pool side
 // (CompleteStore). Call Advance afterwards to act on a retry or a release.
 func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
 	var e Effects
@@ -130,7 +131,10 @@ func (r *Request) JobDone(id JobID, ok, cancelled bool) Effects {
 		for _, c := range j.Chunks {
 			r.groups[c.Group].addRedo(c.Index)
 		}
-		if !cancelled && r.phase != Done {
+		// A finishing request's T and block ids are final (a reset one's
+		// are gone): with nothing it can still offer, a retry would store
+		// nothing and only hold its release back a backoff.
+		if !cancelled && r.phase != Done && (r.phase != Finishing || r.pendingChunks()) {
 			r.failAttempt(RetryCopyFailed, &e)
 		}
 		break
