@@ -132,6 +132,11 @@ const seenMax = 1 << 12
 // DefaultPageBytes is the page size New uses for pageBytes <= 0.
 const DefaultPageBytes = 1 << 20
 
+// MaxPageBytes is the largest page New cuts: a page's slots are counted and
+// indexed in int32, and a larger page cut into one-byte slots (a chunk's
+// tail may be one) would have more than an int32 holds.
+const MaxPageBytes = 1 << 30
+
 // Pool tracks which chunk lives where in an arena of pages. The zero value is
 // not usable; call New.
 type Pool struct {
@@ -164,12 +169,13 @@ type Pool struct {
 }
 
 // New returns a pool over bytes of arena cut into pages of pageBytes
-// (DefaultPageBytes when <= 0; a pool smaller than a page is one page). The
-// tail past the last whole page is not used.
+// (DefaultPageBytes when <= 0, MaxPageBytes when larger; a pool smaller
+// than a page is one page). The tail past the last whole page is not used.
 func New(bytes, pageBytes int64) *Pool {
 	if pageBytes <= 0 {
 		pageBytes = DefaultPageBytes
 	}
+	pageBytes = min(pageBytes, MaxPageBytes)
 	if bytes < 0 {
 		bytes = 0
 	}

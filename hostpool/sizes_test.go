@@ -229,3 +229,30 @@ func TestMixedChurnUsable(t *testing.T) {
 		sum/float64(n), minRatio, n)
 	require.GreaterOrEqual(t, sum/float64(n), 0.90)
 }
+
+// A page's slot count and slot indexes are int32: a page of 2 GiB or more
+// cut into slots of a few bytes (a chunk of a page and a byte, say, whose
+// tail is a one-byte slot) has more slots than an int32 holds. New bounds
+// the page at MaxPageBytes, so any page size asked for and any chunk size
+// is stored with its slots counted right.
+func TestHugePagesCountTheirSlots(t *testing.T) {
+	prop := func(shift uint8, tail uint16, whole bool) bool {
+		page := int64(1) << (31 + shift%10) // 2 GiB .. 1 TiB asked for
+		size := int64(tail%4096) + 1
+		if whole {
+			size += page
+		}
+		p := New(4*page, page)
+		got, err := p.PrepareStore(k("a"), []int64{size})
+		require.NoError(t, err)
+		require.Equal(t, k("a"), got.Keys)
+		var n int64
+		for _, x := range got.Chunk(0) {
+			n += x.Len
+		}
+		require.Equal(t, size, n)
+		checkInvariants(t, p)
+		return !t.Failed()
+	}
+	require.NoError(t, quick.Check(prop, &quick.Config{MaxCount: 200, Rand: rand.New(rand.NewSource(3))}))
+}
