@@ -3,6 +3,8 @@ package hostpool
 import (
 	"errors"
 	"fmt"
+	"math"
+	"runtime"
 	"slices"
 	"testing"
 
@@ -441,4 +443,26 @@ func TestLongOfferCountsRepeatsOnce(t *testing.T) {
 			checkPrepareStore(t, p, offer, nil)
 		})
 	}
+}
+
+// A chunk larger than the whole pool is "no room" at once, whatever its
+// size: the plan must not cut a hostile size into pages first (a size near
+// 2^63 is 2^43 pieces of a 1 MiB page, which never returns), and nothing
+// changes.
+func TestAChunkLargerThanThePoolIsNoRoomAtOnce(t *testing.T) {
+	p := New(4<<20, 1<<20)
+	_, err := p.PrepareStore(k("a"), []int64{1 << 20})
+	require.NoError(t, err)
+	p.CompleteStore(k("a"), []uint32{1})
+	before := snapshot(p)
+	for _, size := range []int64{p.Capacity() + 1, 1 << 40, 1 << 62, math.MaxInt64} { // ascending: the cheap ones fail first
+		var m0, m1 runtime.MemStats
+		runtime.ReadMemStats(&m0)
+		_, err := p.PrepareStore(k("a", "b"), []int64{1 << 20, size})
+		runtime.ReadMemStats(&m1)
+		require.ErrorIs(t, err, ErrNoRoom, "size %d", size)
+		require.Less(t, m1.TotalAlloc-m0.TotalAlloc, uint64(64<<10), "size %d: allocated for its pieces", size)
+		require.Equal(t, before, snapshot(p))
+	}
+	checkInvariants(t, p)
 }
