@@ -10,8 +10,8 @@ import (
 // PrepareStore makes room for the keys not yet present, sizes[i] bytes for
 // keys[i] (sizes nil: every chunk is one page, the single-size pool). It is
 // all-or-nothing: when room cannot be made it returns ErrNoRoom and changes
-// nothing (at once for a new chunk larger than the whole pool, whatever its
-// size). Room comes from free slots and free pages first, then by evicting
+// nothing (at once for a new chunk the whole pool cannot hold, whatever its
+// size: see Fits). Room comes from free slots and free pages first, then by evicting
 // least recently used ready keys that are neither pinned nor among keys (an
 // offered key is never evicted to make room for its siblings), in LRU order
 // and only as many as needed. New keys start Pending.
@@ -62,7 +62,6 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 	short := len(keys) <= dedupMax
 	newKeys := 0
 	fresh := p.fresh[:0] // the new keys' indexes: no second lookup to add them
-	capacity := p.Capacity()
 	tags := p.tags[:0]
 	for _, k := range keys {
 		tags = append(tags, p.index.tag(k))
@@ -83,7 +82,7 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 			continue // a repeat of an absent key: one chunk for both
 		}
 		size := p.sizeOf(sizes, i)
-		if size > capacity {
+		if !p.Fits(size) {
 			// Never fits: "no room" before split cuts a size of any
 			// magnitude into pages.
 			p.needed, p.fresh = needed[:0], fresh[:0]
@@ -91,7 +90,8 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 				p.clearSeen()
 			}
 			out.Reset()
-			return fmt.Errorf("%w: key %x: %d bytes, more than the pool's %d", ErrNoRoom, string(k), size, capacity)
+			return fmt.Errorf("%w: key %x: %d bytes, more than the pool can hold (%d pages of %d)", ErrNoRoom,
+				string(k), size, len(p.pages), p.pageBytes)
 		}
 		newKeys++
 		fresh = append(fresh, int32(i))

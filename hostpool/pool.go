@@ -203,6 +203,33 @@ func (p *Pool) PageBytes() int64 { return p.pageBytes }
 // Capacity is the bytes of the pool's pages.
 func (p *Pool) Capacity() int64 { return int64(len(p.pages)) * p.pageBytes }
 
+// Fits reports whether a chunk of size bytes can ever be stored: whether an
+// empty pool holds it. Its bytes are not enough to tell: a chunk whose tail
+// is cut into 1/16-page units and a smaller slot (alloc.go) needs a page for
+// each, so one just under the capacity may need a page more than the pool
+// has.
+func (p *Pool) Fits(size int64) bool { return p.pagesFor(size) <= int64(len(p.pages)) }
+
+// pagesFor is the pages an empty pool gives a chunk of size bytes: split's
+// whole pages, then one page per class of its tail (the at most 15 units
+// share one page).
+func (p *Pool) pagesFor(size int64) int64 {
+	n, r := size/p.pageBytes, size%p.pageBytes
+	switch {
+	case r <= 0:
+	case (p.pageBytes%r)*16 <= p.pageBytes:
+		n++
+	default:
+		if r >= p.unit {
+			n++
+		}
+		if r%p.unit > 0 {
+			n++
+		}
+	}
+	return n
+}
+
 // Len is the number of keys present, pending or ready.
 func (p *Pool) Len() int { return p.index.n }
 

@@ -331,4 +331,7 @@ func (s *Shared) Stats() Stats {
 
 func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
 
+// Fits: see Pool.Fits (no lock: it reads only what New set).
+func (s *Shared) Fits(size int64) bool { return s.pool.Fits(size) }
+
 func (s *Shared) PageBytes() int64 { return s.pool.PageBytes() }

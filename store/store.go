@@ -99,9 +99,10 @@ func (s *Store) Ready(key messages.Key) bool {
 	return false
 }
 
-// Fits reports whether a chunk of size bytes can be stored at all (it is not
-// larger than the pool).
-func (s *Store) Fits(size int64) bool { return size <= s.pool.Capacity() }
+// Fits reports whether a chunk of size bytes can be stored at all: an empty
+// pool holds it (hostpool.Pool.Fits; not merely its bytes: a chunk just
+// under the pool's size may need a page more than the pool has).
+func (s *Store) Fits(size int64) bool { return s.pool.Fits(size) }
 
 // Engine is the store as one engine's copies use it: its layout and device.
 type Engine struct {
