@@ -208,7 +208,16 @@ func (p *Pool) Capacity() int64 { return int64(len(p.pages)) * p.pageBytes }
 // is cut into 1/16-page units and a smaller slot (alloc.go) needs a page for
 // each, so one just under the capacity may need a page more than the pool
 // has.
-func (p *Pool) Fits(size int64) bool { return p.pagesFor(size) <= int64(len(p.pages)) }
+//
+// A chunk takes at most two pages past its whole ones, so one that leaves
+// two pages spare fits without the divisions (PrepareStore asks per new
+// key).
+func (p *Pool) Fits(size int64) bool {
+	if spare := int64(len(p.pages)) - 2; spare > 0 && size <= spare*p.pageBytes {
+		return true
+	}
+	return p.pagesFor(size) <= int64(len(p.pages))
+}
 
 // pagesFor is the pages an empty pool gives a chunk of size bytes: split's
 // whole pages, then one page per class of its tail (the at most 15 units
