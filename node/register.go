@@ -170,7 +170,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		return err
 	}
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
-		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool", ErrRegister, need)
+		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool can hold (its pages, empty)", ErrRegister, need)
 	}
 	var dev backend.Attachment
 	if sa, ok := n.backend.(backend.SpanAttacher); ok {
