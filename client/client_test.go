@@ -86,6 +86,21 @@ func oneRequest(t *testing.T, c *client.Client, r string) {
 	require.NoError(t, c.Flush())
 }
 
+// After Close the engine is unregistered: a Lookup fails at once and
+// sends nothing, as a Load does (before, it asked the node, which
+// answered "unknown engine").
+func TestLookupAfterCloseSendsNothing(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", testLease)
+	lookups := testkit.Subscribe(t, nc, "kvactors.e1.lookup")
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec()})
+	require.NoError(t, c.Close())
+	_, err := c.Lookup(context.Background(), []string{"01"})
+	require.ErrorContains(t, err, "lookup after Close")
+	requireNoneSent(t, enc, "kvactors.e1.lookup", lookups, "a lookup was published after Close")
+}
+
 // TestConnectRetriesUntilANodeAnswers: no node at first (the register
 // request times out); Connect keeps trying and succeeds once one starts.
 func TestConnectRetriesUntilANodeAnswers(t *testing.T) {

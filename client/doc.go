@@ -81,8 +81,11 @@
 //     the error's Settled channel closes: on the load's own late reply, on
 //     the loss of its node once its frees are done (the node's fence; only
 //     for a load whose flush came back, so none of it can still be in the
-//     connection's reconnect buffer), on another boot of that node (its old
-//     process can copy nothing: a newer boot answered), or
+//     connection's reconnect buffer), on another boot of that node
+//     answering the engine's register (its old process can copy nothing;
+//     another boot seen in a heartbeat's, lookup's or load's reply makes the
+//     node lost, and such loads settle with that loss's frees, a lease
+//     later), or
 //     when Close's unregister is answered by that node (it waits for loads
 //     in flight). A heartbeat is no proof. Load sends nothing while the
 //     node is lost, nor while it has forgotten the engine and a

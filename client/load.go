@@ -46,7 +46,11 @@ func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.E
 // the node's fencing lets no copy run past that), if a flush after the
 // load came back (else the request may still sit in the connection's
 // reconnect buffer, to reach a node that is alive after all); or another
-// boot of that node answered (its old process can copy nothing); or Close's
+// boot of that node answered the engine's register (its old process can
+// copy nothing; another boot seen in any other reply makes the node lost,
+// and the load settles with that loss's frees, a lease later, reached NATS
+// or not: a restart that overlapped its old process would still be
+// fenced); or Close's
 // unregister was answered by that node (it waits for loads in flight).
 // Nothing else proves it: a heartbeat or status round trip after the reply
 // would have come is no proof, since loads run beside the node's other

@@ -12,9 +12,14 @@ import (
 // Lookup asks how many leading tokens of a prompt with these block hashes
 // (lowercase hex) the node can load. While the node is lost it sends
 // nothing and fails at once (ErrNoNode): every message to the node
-// postpones the node_lost frees (checklist step 15).
+// postpones the node_lost frees (checklist step 15). After Close it sends
+// nothing either (the engine is unregistered), as Load.
 func (c *Client) Lookup(ctx context.Context, hashes []string) (int, error) {
 	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return 0, fmt.Errorf("client: engine %s: lookup after Close", c.cfg.Engine)
+	}
 	if c.lost {
 		node := c.node // a register may change it once unlocked
 		c.mu.Unlock()
