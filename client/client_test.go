@@ -502,6 +502,30 @@ func TestForgottenEngineRegistersAgain(t *testing.T) {
 	require.Zero(t, st.NodeLosses)
 }
 
+// The heartbeat's "unknown engine" wakes the session to register again at
+// once, not at its next tick a period later: until it has, the engine's
+// batches are dropped and its loads refused.
+func TestForgottenEngineRegistersAgainAtOnce(t *testing.T) {
+	const lease = 4 * time.Second // a heartbeat period of 1 s
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", lease)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
+	first := c.Epoch()
+	beats := testkit.Subscribe(t, nc, "kvactors.e1.heartbeat")
+	registers := testkit.Subscribe(t, nc, "kvactors.e1.register")
+	f.mu.Lock()
+	f.registered, f.reqs = false, map[string]bool{}
+	f.mu.Unlock()
+	testkit.Recv(t, beats, 3*time.Second, "a heartbeat, answered unknown engine")
+	testkit.Recv(t, registers, 500*time.Millisecond, "a register within half a period of the answer")
+	testkit.Eventually(t, 2*time.Second, 5*time.Millisecond, func() error {
+		if c.Epoch() == first {
+			return fmt.Errorf("still on the first epoch")
+		}
+		return nil
+	})
+}
+
 // TestOwnReconnectResyncs restarts the NATS server under the engine: after
 // its connection comes back the client starts a new epoch (whatever was in
 // flight may be lost).

@@ -11,7 +11,7 @@
 //     boot to a request sent after the register; another boot in any other
 //     message may be an older process's, delivered late, so it is probed
 //     with a heartbeat first, and one older than the registered boot is
-//     ignored from then on), re-registering when a heartbeat reply from
+//     ignored from then on), re-registering at once when a heartbeat reply from
 //     the registered boot says "unknown engine" (one from another boot is
 //     ignored: on a cluster a node that dropped the engine may say it
 //     while another owns it) and, after the lease wait, re-registering
