@@ -29,7 +29,10 @@ type Store interface {
 	Abort(dir backend.Direction, chunks []sched.JobChunk)
 }
 
-// Submit asks for one job's copies. Owner receives exactly one JobDone for it.
+// Submit asks for one job's copies. Owner receives exactly one JobDone for it
+// while the actor runs; once it stops (or its queue has closed), a load is
+// still answered and a store is not: its owner has retired, and one told
+// would only decide again in a pool about to go (answerLoads, Queue.refuse).
 type Submit struct {
 	Owner   *actor.PID
 	Engine  string // for spans
