@@ -163,9 +163,15 @@ func (q *Queue) takeOwnerLocked(owner *actor.PID) []*Submit {
 }
 
 // removeLocked removes the queued jobs that match and returns them, in
-// queue order (cancels and drains: rare, so a closure is fine).
+// queue order (cancels and drains: rare, so a closure is fine). A removed
+// head may have been what kept the job behind it waiting (too large to
+// start beside the running copies): an idle worker is woken for it.
 func (q *Queue) removeLocked(match func(*Submit) bool) []*Submit {
-	return extract(&q.items, match)
+	out := extract(&q.items, match)
+	if len(out) > 0 && q.idle > 0 && q.headFitsLocked() {
+		q.wake.Signal()
+	}
+	return out
 }
 
 // extract removes the elements of *xs that match and returns them; both

@@ -1,13 +1,16 @@
 package transfer
 
 import (
+	"fmt"
 	"slices"
 	"testing"
+	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -82,4 +85,32 @@ func TestAStoreIsPassedByAtMostLoadsPastAStoreLoads(t *testing.T) {
 			last = s.ID
 		}
 	}
+}
+
+// A cancelled job that stood at the head, too large to start beside the
+// copy running, lets the smaller one behind it start at once: an idle
+// worker is woken for it, not left waiting until the running copy ends.
+func TestCancellingTheHeadWakesAWorkerForTheJobBehind(t *testing.T) {
+	q := NewQueue(Config{Workers: 2, MaxInFlightBytes: 10}, nil)
+	defer q.close()
+	x := actor.NewPID("local", "x")
+	running := &Submit{Owner: x, ID: 1, Bytes: 5}
+	q.Submit(running)
+	require.Same(t, running, q.next())
+	big := &Submit{Owner: x, ID: 2, Bytes: 8, Store: &abortsTold{}}
+	small := &Submit{Owner: x, ID: 3, Bytes: 2}
+	q.Submit(big)
+	q.Submit(small)
+	started := make(chan *Submit, 1)
+	go func() { started <- q.next() }() // waits: the head does not fit
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		q.mu.Lock()
+		defer q.mu.Unlock()
+		if q.idle != 1 {
+			return fmt.Errorf("%d workers waiting", q.idle)
+		}
+		return nil
+	})
+	require.Equal(t, []*Submit{big}, q.cancel(x, []sched.JobID{2}))
+	require.Same(t, small, testkit.Recv(t, started, 2*time.Second, "the job behind the cancelled head starting"))
 }
