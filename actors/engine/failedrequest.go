@@ -23,15 +23,18 @@ func (a *Actor) terminated(c actor.Context, m *actor.Terminated) {
 		if cur := a.live[e.id]; cur == e {
 			delete(a.live, e.id)
 		}
+		// Its release went out, and no Done will come: counted for the
+		// retire when released with its reason (as done counts: one that
+		// released finished is not), whether it stopped with the engine
+		// actor or failed after the publish.
+		if e.retired && e.releasing.Reason() == a.retireReason {
+			a.retireCount++
+		}
 		if a.stopping {
 			// Stopped with the engine actor once released for good: its
 			// Done may wait in the mailbox behind this (system messages
 			// first), or never be handled (the actor stopped). Not a
-			// failure; counted for the retire when released with its reason
-			// (as done counts: one that released finished is not).
-			if e.retired && e.releasing.Reason() == a.retireReason {
-				a.retireCount++
-			}
+			// failure.
 			return
 		}
 		// It failed after its final release went out: a second, aborted,

@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
@@ -69,4 +70,26 @@ func TestARequestFailingAfterItsFinalPublishIsReleasedOnce(t *testing.T) {
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a second release of r")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Store.Release(messages.ReasonFinished)), "r's release counted once")
 	require.Zero(t, testutil.ToFloat64(m.Store.Release(messages.ReasonAborted)))
+}
+
+// A retire counts a request that released with its reason and then failed
+// (here in the span event just after the publish) as it counts one whose
+// Done came: the unregister's "released" is the releases the engine got.
+// (Counted only through Done, or through a Terminated while the engine
+// stopped, it came out one short.)
+func TestARetireCountsARequestThatFailedAfterItsRelease(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	closed := make(chan struct{})
+	system, pid, m, _ := startEngineWith(t, nc, closed, func(_ *actor.ActorSystem, _ *sched.Layout, d *request.Deps) {
+		d.Tracer = panicsOnReleasedEvent{noop.NewTracerProvider().Tracer("")}
+	})
+	sendBatch(system, pid, 1, added("r"))
+	statusOf(t, system, pid)
+	count := make(chan int, 1)
+	system.Root.Send(pid, &engine.Retire{Reason: messages.ReasonEngineGone, Reset: count})
+	require.Equal(t, messages.ReasonEngineGone, recvRelease(t, released, "r's release").Reason)
+	require.Equal(t, 1, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
+	testkit.Closed(t, closed, 5*time.Second, "the retired engine's stop")
+	require.Equal(t, 1.0, testutilValue(m), "r's failure counted")
 }
