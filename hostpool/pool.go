@@ -137,6 +137,12 @@ const DefaultPageBytes = 1 << 20
 // tail may be one) would have more than an int32 holds.
 const MaxPageBytes = 1 << 30
 
+// MaxPages is the most pages New cuts: pages are numbered in int32, and the
+// page table costs about 64 bytes a page (1 GiB at this bound). A node's
+// config refuses a pool that would need more (node.Config.Validate); New
+// leaves the rest of a larger arena unused.
+const MaxPages = 1 << 24
+
 // Pool tracks which chunk lives where in an arena of pages. The zero value is
 // not usable; call New.
 type Pool struct {
@@ -170,7 +176,8 @@ type Pool struct {
 
 // New returns a pool over bytes of arena cut into pages of pageBytes
 // (DefaultPageBytes when <= 0, MaxPageBytes when larger; a pool smaller
-// than a page is one page). The tail past the last whole page is not used.
+// than a page is one page). The tail past the last whole page, or past
+// MaxPages, is not used.
 func New(bytes, pageBytes int64) *Pool {
 	if pageBytes <= 0 {
 		pageBytes = DefaultPageBytes
@@ -182,7 +189,7 @@ func New(bytes, pageBytes int64) *Pool {
 	if bytes > 0 && bytes < pageBytes {
 		pageBytes = bytes
 	}
-	n := bytes / pageBytes
+	n := min(bytes/pageBytes, MaxPages)
 	p := &Pool{pageBytes: pageBytes, unit: max(pageBytes/16, 1), pages: make([]page, n),
 		freePages: make([]int32, n), classes: map[int64]*class{}, index: newKeyIndex(0),
 		head: none, tail: none}

@@ -323,6 +323,9 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: pool bytes %d < 0", ErrConfig, c.PoolBytes)
 	case c.PoolPageBytes < 0:
 		return fmt.Errorf("%w: pool page bytes %d < 0", ErrConfig, c.PoolPageBytes)
+	case c.PoolBytes/min(c.PoolPageBytes, hostpool.MaxPageBytes) > hostpool.MaxPages:
+		return fmt.Errorf("%w: pool bytes %d in pages of %d is more than %d pages: raise --pool-page-bytes",
+			ErrConfig, c.PoolBytes, c.PoolPageBytes, hostpool.MaxPages)
 	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
 		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:

@@ -68,6 +68,20 @@ func TestFlagEnvFilePrecedence(t *testing.T) {
 	require.Equal(t, int64(3<<30), cfg.PoolBytes)
 }
 
+// A pool that would need more pages than hostpool.MaxPages (its page
+// numbers are int32, its page table ~64 B a page) is refused at start with
+// the flag to raise; the same pool in larger pages starts.
+func TestAPoolOfTooManyPagesIsRefused(t *testing.T) {
+	cfg, _, err := parse(t, "--pool-bytes", "2T", "--pool-page-bytes", "64k")
+	require.NoError(t, err)
+	err = cfg.Validate()
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "--pool-page-bytes")
+	cfg, _, err = parse(t, "--pool-bytes", "2T", "--pool-page-bytes", "1M")
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+}
+
 // A malformed variable is not read when its flag is given, and is an error
 // naming it when it is not.
 func TestMalformedEnvOnlyMattersWithoutTheFlag(t *testing.T) {
