@@ -258,6 +258,16 @@ func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int,
 			func() float64 { return float64(namespaces()) }))
 }
 
+// RegisterIntakeDrops exports the messages nats.go dropped from the node's
+// intake subscription (a slow consumer), read at scrape time: nats.go
+// reports such a drop once per episode, so kvactors_dropped_batches_total
+// {reason="overflow"} counts episodes, this the messages.
+func RegisterIntakeDrops(reg prometheus.Registerer, dropped func() int64) {
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "kvactors_intake_nats_dropped_total",
+		Help: "Messages the NATS client dropped from the node's intake subscription past its pending limits (a slow consumer); every engine resyncs after such a drop."},
+		func() float64 { return float64(dropped()) }))
+}
+
 // KVJournal counts the kv_events the journal defers: changes to keys of a
 // namespace with no member, kept for the next engine to join it.
 type KVJournal struct {

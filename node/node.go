@@ -48,9 +48,12 @@ type Node struct {
 	embeddedOpts *server.Options
 	storeDir     string // temp JetStream dir to remove, if we made it
 	nc           *nats.Conn
-	subs         []*nats.Subscription
-	slow         slowConsumers // what each subscription's slow-consumer error calls
-	outbox       *actors.Outbox
+	// intakeSub is the intake's subscription once made, for the scrape of
+	// the messages nats.go dropped from it (intakeDropped).
+	intakeSub atomic.Pointer[nats.Subscription]
+	subs      []*nats.Subscription
+	slow      slowConsumers // what each subscription's slow-consumer error calls
+	outbox    *actors.Outbox
 
 	backend  backend.Backend
 	arena    backend.Arena
@@ -153,6 +156,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
 	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow)
+	metrics.RegisterIntakeDrops(cfg.Registry, n.intakeDropped)
 	defer func() {
 		if err != nil {
 			n.teardown()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
@@ -83,4 +84,25 @@ func TestAFloodOfEmptyMessagesIsDroppedByTheMessageBound(t *testing.T) {
 	pending, _, err := n.ingest.sub.Pending()
 	require.NoError(t, err)
 	require.LessOrEqual(t, pending, msgs, "queued past the bound")
+	// nats.go reports the episode once; the messages it dropped are
+	// exported apart, exactly, at scrape time.
+	dropped, err := n.ingest.sub.Dropped()
+	require.NoError(t, err)
+	require.Greater(t, dropped, 1, "the flood lost more than one message")
+	require.Equal(t, float64(dropped), gatheredCounter(t, n.cfg.Registry, "kvactors_intake_nats_dropped_total"))
+}
+
+// gatheredCounter is the value of the unlabelled counter name in reg.
+func gatheredCounter(t *testing.T, reg prometheus.Gatherer, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			require.Len(t, mf.GetMetric(), 1)
+			return mf.GetMetric()[0].GetCounter().GetValue()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0
 }

@@ -39,6 +39,7 @@ func (n *Node) subscribe() error {
 	}
 	n.subs = append(n.subs, s)
 	n.ingest.sub = s
+	n.intakeSub.Store(s)
 	in := n.ingest
 	n.slow.add(func(dropped *nats.Subscription) bool {
 		if dropped != s {
@@ -52,6 +53,22 @@ func (n *Node) subscribe() error {
 		return fmt.Errorf("flush subscriptions: %w", err)
 	}
 	return nil
+}
+
+// intakeDropped is the messages nats.go has dropped from the intake's
+// subscription (a slow consumer: past its pending limits), 0 before it is
+// made. Read at scrape time: nats.go reports a slow consumer once per
+// episode, however many messages it then drops.
+func (n *Node) intakeDropped() int64 {
+	s := n.intakeSub.Load()
+	if s == nil {
+		return 0
+	}
+	d, err := s.Dropped()
+	if err != nil { // closed: its count is gone with it
+		return 0
+	}
+	return int64(d)
 }
 
 // IntakePeak is the most inbound bytes the node has held at once: the peak
