@@ -401,8 +401,9 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	switch x.verb {
 	case messages.VerbRegister: // compares the silence first (Node.register)
 	case messages.VerbStatus: // anyone may ask (routers): no word from the engine
-	default:
+	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbUnregister, messages.VerbLookup, messages.VerbLoad:
 		pid = in.heard(engineID, x.at, x.verb != messages.VerbUnregister)
+	default: // an unknown verb is rejected below and changes nothing else: no sign of life
 	}
 	switch x.verb {
 	case messages.VerbEvents:

@@ -36,7 +36,7 @@ import (
 // refused.
 func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 	t.Parallel()
-	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status"} {
+	for _, comeback := range []string{"heartbeat", "lookup", "late batch", "register", "router status", "unknown verb"} {
 		t.Run(comeback, func(t *testing.T) {
 			r := newSilenceRig(t, nil)
 			e, dev := r.e, r.dev
@@ -66,10 +66,14 @@ func TestAnEngineSilentForHalfALeaseHasNoCopyStarted(t *testing.T) {
 					tokensEv("late", 4, 4))
 			case "register": // the same spec: a reset all the same
 				te.register()
-			case "router status":
-				te.sync()
-				testkit.NoRecv(t, dev.started, 300*time.Millisecond, "b's copy after a status request")
-				require.Zero(t, counter("kvactors_engine_silences_total"), "a status request counted as the engine's word")
+			case "router status", "unknown verb":
+				if comeback == "router status" {
+					te.sync()
+				} else { // rejected, and changes nothing else: no word from the engine either
+					require.Contains(t, string(te.request("bogus", map[string]any{})), "unknown verb")
+				}
+				testkit.NoRecv(t, dev.started, 300*time.Millisecond, "b's copy after the "+comeback)
+				require.Zero(t, counter("kvactors_engine_silences_total"), "the %s counted as the engine's word", comeback)
 				require.Zero(t, counter("kvactors_engine_resets_total"))
 				return
 			}
