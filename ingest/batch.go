@@ -181,9 +181,12 @@ func (d *decoder) epoch() (string, bool, error) {
 	return string(raw), true, nil
 }
 
-// seq reads the "seq" value: an integer in [0, 2^63). null counts as absent.
+// seq reads the "seq" value: an integer in [0, 2^63) without a minus sign,
+// not even "-0": seq is a uint64, which encoding/json (the heartbeat's
+// decoder) refuses "-0" for. null counts as absent.
 func (d *decoder) seq() (uint64, bool, error) {
-	switch c := d.peek(); {
+	c := d.peek()
+	switch {
 	case c == 'n':
 		return 0, false, d.literal("null")
 	case c == '-' || ('0' <= c && c <= '9'):
@@ -194,7 +197,7 @@ func (d *decoder) seq() (uint64, bool, error) {
 	switch {
 	case err != nil:
 		return 0, false, err
-	case cls != numInt || v < 0:
+	case cls != numInt || v < 0 || c == '-':
 		return 0, false, d.envelope(`"seq" is not an integer in [0, 2^63)`)
 	}
 	return uint64(v), true, nil

@@ -70,6 +70,7 @@ func TestDecodeBatchRejectsBatch(t *testing.T) {
 		{"epoch lone surrogate", `{"epoch":"\ud800","seq":1,"events":[]}`},
 		{"missing seq", `{"epoch":"e","events":[]}`},
 		{"negative seq", `{"epoch":"e","seq":-1,"events":[]}`},
+		{"negative zero seq (a uint64 to encoding/json)", `{"epoch":"e","seq":-0,"events":[]}`},
 		{"fractional seq", `{"epoch":"e","seq":1.5,"events":[]}`},
 		{"exponent seq", `{"epoch":"e","seq":1e3,"events":[]}`},
 		{"string seq", `{"epoch":"e","seq":"1","events":[]}`},

@@ -33,7 +33,9 @@
 //     wrong JSON type, a negative count, an id outside uint32, a group at or
 //     over MaxGroups or a bad hash rejects the event. Fields the type does
 //     not use are then dropped, so a decoded Event holds only its own.
-//   - seq must be an integer in [0, 2^63).
+//   - seq must be an integer in [0, 2^63), without a minus sign (not even
+//     "-0", which encoding/json refuses for a uint64 such as the
+//     heartbeat's seq).
 //   - Request ids and the epoch must be valid UTF-8 after unescaping; a lone
 //     surrogate escape (\ud800) is not, so it is rejected rather than
 //     replaced by U+FFFD (two distinct ids must never collapse into one).
