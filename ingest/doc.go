@@ -39,4 +39,7 @@
 //   - Request ids and the epoch must be valid UTF-8 after unescaping; a lone
 //     surrogate escape (\ud800) is not, so it is rejected rather than
 //     replaced by U+FFFD (two distinct ids must never collapse into one).
+//     The encoding/json decoders hold to this too, where encoding/json
+//     itself would replace: a load's request id, a heartbeat's epoch and a
+//     spec's namespace.
 package ingest

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"encoding/json"
 	"fmt"
 	"unicode/utf8"
 
@@ -50,6 +51,8 @@ func DecodeHeartbeat(data []byte) (messages.HeartbeatRequest, error) {
 		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is missing or empty", ErrMalformed)
 	case len(req.Epoch) > MaxEpochBytes:
 		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is %d bytes, over %d", ErrMalformed, len(req.Epoch), MaxEpochBytes)
+	case loneSurrogate(rawMember(data, func(r *rawMembers) json.RawMessage { return r.Epoch })):
+		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is not valid UTF-8 (a lone surrogate escape)", ErrMalformed)
 	}
 	return req, nil
 }
@@ -66,6 +69,9 @@ func DecodeLoad(data []byte, lim Limits) (Load, error) {
 	}
 	if err := CheckRequestID(req.Request, lim); err != nil {
 		return Load{}, fmt.Errorf("load: %w", err)
+	}
+	if loneSurrogate(rawMember(data, func(r *rawMembers) json.RawMessage { return r.Request })) {
+		return Load{}, fmt.Errorf("load: %w: %w: \"request\" is not valid UTF-8 (a lone surrogate escape)", ErrMalformed, ErrBadRequestID)
 	}
 	hs, err := decodeHashes(req.Hashes, lim)
 	if err != nil {

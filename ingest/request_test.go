@@ -59,6 +59,11 @@ func TestDecodeLoadRejects(t *testing.T) {
 		"too many ids":         `{"request":"r","blocks":[[1,2,3]]}`,
 		"fractional id":        `{"request":"r","blocks":[[1.5]]}`,
 		"invalid UTF-8":        "{\"request\":\"\xff\"}",
+		// encoding/json would replace it by U+FFFD: "r\ud800" and "r\udbff"
+		// would both name "r\ufffd" (PROTOCOL.md: rejected, never replaced).
+		"lone surrogate":            `{"request":"r\ud800"}`,
+		"lone low surrogate, cased": `{"REQUEST":"\uDC00x"}`,
+		"lone surrogate, last wins": `{"request":"r","request":"\ud83d"}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeLoad([]byte(body), Limits{MaxIDs: 2, MaxGroups: 2})
@@ -84,6 +89,7 @@ func TestDecodeHeartbeat(t *testing.T) {
 		"number epoch":   `{"epoch":1,"seq":1}`,
 		"negative seq":   `{"epoch":"a","seq":-1}`,
 		"not UTF-8":      "{\"epoch\":\"\xff\",\"seq\":1}",
+		"lone surrogate": `{"epoch":"e\ud800","seq":1}`, // a batch's epoch cannot be it
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeHeartbeat([]byte(body))

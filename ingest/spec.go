@@ -32,6 +32,9 @@ func DecodeSpec(data []byte, lim Limits) (messages.EngineSpec, error) {
 	if err := decodeJSON(data, &s); err != nil {
 		return messages.EngineSpec{}, fmt.Errorf("%w: %w", ErrBadSpec, err)
 	}
+	if ns := rawMember(data, func(r *rawMembers) json.RawMessage { return r.Namespace }); loneSurrogate(ns) {
+		return messages.EngineSpec{}, specErr("namespace is not valid UTF-8 (a lone surrogate escape)")
+	}
 	if err := checkSpec(&s, lim); err != nil {
 		return messages.EngineSpec{}, err
 	}
@@ -56,6 +59,47 @@ func decodeJSON(data []byte, v any) error {
 		return fmt.Errorf("%w: %w", ErrMalformed, err)
 	}
 	return nil
+}
+
+// rawMembers are the members whose JSON strings must not hold a lone
+// surrogate escape, as encoding/json reads them (the same key matching as
+// the decode proper), kept raw.
+type rawMembers struct {
+	Request   json.RawMessage `json:"request"`
+	Epoch     json.RawMessage `json:"epoch"`
+	Namespace json.RawMessage `json:"namespace"`
+}
+
+// rawMember is pick's member of data (a body decodeJSON accepted) as it
+// was sent, or nil. Only a body with a \u escape is read again: the others
+// cannot hold a lone surrogate.
+func rawMember(data []byte, pick func(*rawMembers) json.RawMessage) json.RawMessage {
+	if !bytes.Contains(data, []byte(`\u`)) {
+		return nil
+	}
+	var r rawMembers
+	if json.Unmarshal(data, &r) != nil {
+		return nil
+	}
+	return pick(&r)
+}
+
+// loneSurrogate reports whether raw, a JSON string, holds an escape of a
+// lone surrogate (\ud800), which encoding/json silently replaces by U+FFFD:
+// two distinct ids would collapse into one, so the encoding/json decoders
+// refuse it as DecodeBatch does (doc.go; docs/PROTOCOL.md "A lone
+// surrogate escape in a request id is rejected, never replaced").
+func loneSurrogate(raw json.RawMessage) bool {
+	l := lexer{data: raw}
+	if l.peek() != '"' {
+		return false
+	}
+	s, esc, err := l.str()
+	if err != nil || !esc {
+		return false
+	}
+	_, valid := l.unescape(s)
+	return !valid
 }
 
 // SpecError is a spec refusal found outside this package (it wraps

@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"bytes"
 	"encoding/json"
 	"strings"
 	"testing"
@@ -209,6 +210,14 @@ func TestDecodeSpecNamespaceAndMaxModelLen(t *testing.T) {
 	}
 	_, err = DecodeSpec(specWith(t, func(m map[string]any) { m["namespace"] = strings.Repeat("n", 128) }), Limits{})
 	require.NoError(t, err, "128 bytes is the bound")
+	// A lone surrogate escape would be replaced by U+FFFD, so "\ud800" and
+	// "\udfff" would share a namespace: refused, as in request ids.
+	body := specWith(t, func(m map[string]any) { m["namespace"] = "NS" })
+	_, err = DecodeSpec(bytes.Replace(body, []byte(`"NS"`), []byte(`"ns-\ud800"`), 1), Limits{})
+	require.ErrorIs(t, err, ErrBadSpec, "lone surrogate")
+	s, err = DecodeSpec(bytes.Replace(body, []byte(`"NS"`), []byte(`"ns-\ud83d\ude00"`), 1), Limits{})
+	require.NoError(t, err, "a surrogate pair is a character")
+	require.Equal(t, "ns-😀", s.Namespace)
 }
 
 // EngineSpec "node" is a node id or absent (docs/PROTOCOL.md "EngineSpec"):
