@@ -118,6 +118,11 @@ func FuzzDecodeStored(f *testing.F) {
 	f.Add(nodeStored("r1", 3, 256, messages.StoredChunk{Index: 1, Key: "\x00\x01"}))
 	f.Add([]byte(`{"request":"\u00e9\ud83d\ude00","x":{"y":[null,true]},"chunks":[{"group":-1,"index":2,"key":""}],"bytes":-5}`))
 	f.Add([]byte(`{"chunks":[{"group":1}],"chunks":null,"job":0,"Chunks":10}`))
+	// A bad value is refused even when a repeated key follows with a good
+	// one (encoding/json refuses it too); the reference once kept the last.
+	f.Add([]byte(`{"job":-1,"job":1}`))
+	f.Add([]byte(`{"request":5,"request":"a","chunks":[{"group":"x","group":1}]}`))
+	f.Add([]byte(`{"chunks":[{"group":1,"group":null}],"bytes":1,"bytes":null}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		st, err := DecodeStored(data)
 		if err != nil {
@@ -135,18 +140,14 @@ func FuzzDecodeStored(f *testing.F) {
 }
 
 // referenceStored is DecodeStored's contract written over encoding/json's
-// generic values (exact keys: a map; numbers: json.Number).
+// generic values (numbers: json.Number), the members of each object in
+// order (exact keys), so that a bad value is refused even when a repeated
+// key follows it, as encoding/json refuses it, and the last good one wins.
 func referenceStored(data []byte) (st messages.Stored, ok bool) {
 	if !json.Valid(data) {
 		return st, false
 	}
-	dec := json.NewDecoder(bytes.NewReader(data))
-	dec.UseNumber()
-	var v any
-	if dec.Decode(&v) != nil {
-		return st, false
-	}
-	obj, isObj := v.(map[string]any)
+	obj, isObj := referenceMembers(data)
 	if !isObj {
 		return st, false
 	}
@@ -162,57 +163,94 @@ func referenceStored(data []byte) (st messages.Stored, ok bool) {
 		i, err := strconv.ParseInt(string(n), 10, 64)
 		return i, isNum && err == nil && lo <= i && i <= hi
 	}
-	ok = true
-	for k, x := range obj {
+	for _, m := range obj {
 		var good bool
-		switch k {
+		switch m.key {
 		case "request":
-			st.Request, good = text(x)
+			st.Request, good = text(m.val)
 		case "job":
 			var j int64
-			j, good = integer(x, 0, math.MaxInt64)
-			n, _ := x.(json.Number)
+			j, good = integer(m.val, 0, math.MaxInt64)
+			n, _ := m.val.(json.Number)
 			good = good && !strings.HasPrefix(string(n), "-") // unsigned: no sign, not even -0
 			st.Job = uint64(j)
 		case "bytes":
-			st.Bytes, good = integer(x, math.MinInt64, math.MaxInt64)
+			st.Bytes, good = integer(m.val, math.MinInt64, math.MaxInt64)
 		case "chunks":
-			st.Chunks, good = referenceChunks(x, integer, text)
+			st.Chunks, good = referenceChunks(m.raw, integer, text)
 		default:
 			good = true
 		}
-		ok = ok && good
+		if !good {
+			return messages.Stored{}, false
+		}
 	}
-	return st, ok
+	return st, true
 }
 
-func referenceChunks(x any, integer func(any, int64, int64) (int64, bool), text func(any) (string, bool)) ([]messages.StoredChunk, bool) {
-	if x == nil {
-		return nil, true
-	}
-	list, isList := x.([]any)
-	if !isList {
+// referenceMember is one member of a JSON object: its key, its value as
+// sent and as a generic value.
+type referenceMember struct {
+	key string
+	raw json.RawMessage
+	val any
+}
+
+// referenceMembers is the members of the JSON object data in order, or
+// false if data is not an object.
+func referenceMembers(data []byte) ([]referenceMember, bool) {
+	dec := json.NewDecoder(bytes.NewReader(data))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
 		return nil, false
+	}
+	var out []referenceMember
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return nil, false
+		}
+		var m referenceMember
+		m.key, _ = tok.(string)
+		if dec.Decode(&m.raw) != nil {
+			return nil, false
+		}
+		vd := json.NewDecoder(bytes.NewReader(m.raw))
+		vd.UseNumber()
+		if vd.Decode(&m.val) != nil {
+			return nil, false
+		}
+		out = append(out, m)
+	}
+	return out, true
+}
+
+func referenceChunks(raw json.RawMessage, integer func(any, int64, int64) (int64, bool), text func(any) (string, bool)) ([]messages.StoredChunk, bool) {
+	var list []json.RawMessage
+	if json.Unmarshal(raw, &list) != nil {
+		return nil, false
+	}
+	if list == nil {
+		return nil, true // null
 	}
 	out := []messages.StoredChunk{}
 	for _, e := range list {
-		obj, isObj := e.(map[string]any)
+		obj, isObj := referenceMembers(e)
 		if !isObj {
 			return nil, false
 		}
 		var ch messages.StoredChunk
-		for k, v := range obj {
+		for _, m := range obj {
 			var good bool
 			var n int64
-			switch k {
+			switch m.key {
 			case "group":
-				n, good = integer(v, math.MinInt, math.MaxInt)
+				n, good = integer(m.val, math.MinInt, math.MaxInt)
 				ch.Group = int(n)
 			case "index":
-				n, good = integer(v, math.MinInt, math.MaxInt)
+				n, good = integer(m.val, math.MinInt, math.MaxInt)
 				ch.Index = int(n)
 			case "key":
-				ch.Key, good = text(v)
+				ch.Key, good = text(m.val)
 			default:
 				good = true
 			}
