@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math"
 	"os"
 	"path/filepath"
@@ -233,15 +234,23 @@ func (d *Disk) newSegment() error {
 	if n := len(d.segs); n > 0 {
 		id = d.segs[n-1].id + 1
 	}
-	if id > maxSegmentID {
-		return fmt.Errorf("disk: segment ids exhausted (a file %s in the disk directory): clear it", filepath.Base(d.segPath(id-1)))
+	for ; ; id++ {
+		if id > maxSegmentID {
+			return fmt.Errorf("disk: segment ids exhausted (a file %s in the disk directory): clear it", filepath.Base(d.segPath(id-1)))
+		}
+		f, err := os.OpenFile(d.segPath(id), os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o600)
+		if errors.Is(err, fs.ErrExist) {
+			// A name of ours the rebuild did not read (a symlink, a
+			// directory): not ours to open or delete; step past it (as
+			// many times as the directory has entries).
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("disk: %w", err)
+		}
+		d.segs = append(d.segs, &segment{id: id, f: f, out: f})
+		return nil
 	}
-	f, err := os.OpenFile(d.segPath(id), os.O_CREATE|os.O_EXCL|os.O_RDWR|os.O_APPEND, 0o600)
-	if err != nil {
-		return fmt.Errorf("disk: %w", err)
-	}
-	d.segs = append(d.segs, &segment{id: id, f: f, out: f})
-	return nil
 }
 
 // evictFront drops the least recently used chunk. Caller holds d.mu.

@@ -96,3 +96,43 @@ func TestSegmentIDsStayWithin32Bits(t *testing.T) {
 	_, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
 	require.ErrorContains(t, err, "segment ids exhausted")
 }
+
+// A name of the tier's own form that is not a regular file (a symlink to a
+// segment moved elsewhere, a directory) is not read, and is not in the
+// writer's way either: the writer's segment ids step past it, so Open
+// does not fail on it (O_EXCL found the name taken) and the writer does
+// not stop writing once its ids reach it (every later spill failed).
+// What the symlink names is never touched.
+func TestSegmentNamesTakenByStrayEntriesAreSteppedPast(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	target := filepath.Join(outside, "moved")
+	require.NoError(t, os.WriteFile(target, []byte("not a segment"), 0o600))
+	require.NoError(t, os.Symlink(target, filepath.Join(dir, "00000001"+segSuffix)))
+	require.NoError(t, os.Mkdir(filepath.Join(dir, "00000003"+segSuffix), 0o700))
+
+	cfg := Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1000}
+	d, err := Open(cfg, nil)
+	require.NoError(t, err, "a stray entry at the next segment id stops no Open")
+	c := bytes.Repeat([]byte{7}, 600) // one record per segment: each spill rolls
+	keys := []messages.Key{key(1), key(2), key(3), key(4)}
+	for _, k := range keys {
+		require.True(t, d.Spill("e", k, sum(c), c))
+		waitOnDisk(t, d, k)
+	}
+	require.Zero(t, d.Stats().Failed, "no write failed on a stray entry")
+	d.Close()
+
+	d2, err := Open(cfg, nil)
+	require.NoError(t, err)
+	defer d2.Close()
+	require.Equal(t, keys, d2.Keys())
+	for _, k := range keys {
+		got := make([]byte, len(c))
+		_, err := d2.readInto("e", k, [][]byte{got})
+		require.NoError(t, err)
+		require.Equal(t, c, got)
+	}
+	b, err := os.ReadFile(target)
+	require.NoError(t, err)
+	require.Equal(t, "not a segment", string(b), "what the symlink names is untouched")
+}
