@@ -389,7 +389,9 @@ func (d *Disk) closeFiles() {
 // the process's end: a node that crashed leaves no stale lock behind.
 func lockDir(dir string) (*os.File, error) {
 	path := filepath.Join(dir, lockName)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR, 0o600)
+	// O_NOFOLLOW: a LOCK that is a symlink is refused, not followed out
+	// of the directory (O_CREATE would create what it names).
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_RDWR|unix.O_NOFOLLOW, 0o600)
 	if err != nil {
 		return nil, fmt.Errorf("disk: %w", err)
 	}

@@ -136,3 +136,20 @@ func TestSegmentNamesTakenByStrayEntriesAreSteppedPast(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "not a segment", string(b), "what the symlink names is untouched")
 }
+
+// A LOCK that is a symlink is not followed out of the directory: Open
+// neither creates nor locks what it names (an empty file created
+// wherever the link points, by a node that may run as root), it refuses,
+// naming the file.
+func TestALockThatIsASymlinkIsNotFollowed(t *testing.T) {
+	dir, outside := t.TempDir(), t.TempDir()
+	target := filepath.Join(outside, "created-by-the-node")
+	require.NoError(t, os.Symlink(target, filepath.Join(dir, lockName)))
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	if err == nil {
+		d.Close()
+	}
+	_, serr := os.Lstat(target)
+	require.ErrorIs(t, serr, os.ErrNotExist, "nothing is created outside the directory")
+	require.ErrorContains(t, err, lockName)
+}
