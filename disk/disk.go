@@ -35,6 +35,11 @@ type Config struct {
 	// TombstoneRetry is how long after a failed tombstone write the writer
 	// tries it again unless something woke it sooner (default 1s).
 	TombstoneRetry time.Duration
+
+	// beforeOpen, in tests, runs between the rebuild's listing of the
+	// directory and its open of each segment listed (the window in which
+	// the entry can be swapped for another kind of file).
+	beforeOpen func(path string)
 }
 
 // Errors; check with errors.Is.

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -41,9 +42,12 @@ func (d *Disk) rebuild() error {
 		// Open starts a new segment after the rebuild, so these are only
 		// read and cut; O_APPEND all the same, so that a write to any
 		// segment lands at its end, not where the read left the offset.
-		f, err := os.OpenFile(d.segPath(ids[i]), os.O_RDWR|os.O_APPEND, 0)
+		f, err := d.openListed(d.segPath(ids[i]))
 		if err != nil {
-			return fmt.Errorf("disk: %w", err)
+			return err
+		}
+		if f == nil {
+			continue // no longer ours: left where it is, as the listing leaves it
 		}
 		seg := &segment{id: ids[i], f: f, out: f}
 		d.segs = append(d.segs, seg) // newest first until the walk ends; closed by Open on an error
@@ -94,6 +98,32 @@ func (d *Disk) segmentIDs() ([]int, error) {
 	}
 	slices.Sort(ids)
 	return ids, nil
+}
+
+// openListed opens a segment the listing showed as a regular file, for
+// reading and cutting. Swapped since for a link, it is not followed (a cut
+// would truncate whatever it points to), and swapped for anything but a
+// regular file, it is not read: both are left alone as the listing leaves
+// what is not ours (nil, no error).
+func (d *Disk) openListed(path string) (*os.File, error) {
+	if d.cfg.beforeOpen != nil {
+		d.cfg.beforeOpen(path)
+	}
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_APPEND|syscall.O_NOFOLLOW, 0)
+	switch {
+	case errors.Is(err, syscall.ELOOP) || errors.Is(err, syscall.EISDIR):
+		return nil, nil
+	case err != nil:
+		return nil, fmt.Errorf("disk: %w", err)
+	}
+	if st, err := f.Stat(); err != nil || !st.Mode().IsRegular() {
+		_ = f.Close()
+		if err != nil {
+			return nil, fmt.Errorf("disk: %w", err)
+		}
+		return nil, nil
+	}
+	return f, nil
 }
 
 // walk is the rebuild's state as it walks back through the segments.

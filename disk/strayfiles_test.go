@@ -153,3 +153,40 @@ func TestALockThatIsASymlinkIsNotFollowed(t *testing.T) {
 	require.ErrorIs(t, serr, os.ErrNotExist, "nothing is created outside the directory")
 	require.ErrorContains(t, err, lockName)
 }
+
+// A segment the rebuild listed as a regular file and that was swapped for
+// a link before the rebuild opened it is not followed: read as a segment,
+// the file it points to (anywhere, the node's user's) had its "torn tail"
+// cut, to nothing. It is left alone as the listing leaves what is not
+// ours, and its records are not served.
+func TestASegmentSwappedForALinkAfterTheListingIsNotFollowed(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Close()
+
+	victim := filepath.Join(t.TempDir(), "victim")
+	want := []byte("not a segment: a file of the node's user, outside the directory\n")
+	require.NoError(t, os.WriteFile(victim, want, 0o600))
+	swapped := ""
+	swap := func(path string) {
+		if swapped != "" {
+			return
+		}
+		swapped = path
+		require.NoError(t, os.Rename(path, path+".moved"))
+		require.NoError(t, os.Symlink(victim, path))
+	}
+	d, err = Open(Config{Dir: dir, Bytes: 1 << 20, beforeOpen: swap}, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	require.NotEmpty(t, swapped, "the rebuild opened a listed segment")
+	got, err := os.ReadFile(victim)
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the link's target is untouched")
+	_, err = d.readInto("e", key(1), [][]byte{make([]byte, len(c))})
+	require.ErrorIs(t, err, ErrMissing, "the swapped segment's record is not served")
+}
