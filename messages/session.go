@@ -101,6 +101,27 @@ func EngineReplyAllowed(engine, verb, reply string) bool {
 	return ok && engine != "" && strings.HasPrefix(own, ".")
 }
 
+// ValidPrefix reports whether p may be the subject prefix P: dot-separated
+// tokens, none empty, without wildcards, spaces or control characters, and
+// not under a namespace NATS reserves by convention (a first token starting
+// with '_', as _INBOX, or '$', as $JS, $KV and $SYS): under _INBOX an
+// engine's verb subjects would pass for reply inboxes (ReplyAllowed), and
+// another node could be made to answer onto them.
+func ValidPrefix(p string) bool {
+	if p == "" || p[0] == '.' || p[0] == '_' || p[0] == '$' || p[len(p)-1] == '.' {
+		return false
+	}
+	for i := 0; i < len(p); i++ {
+		switch ch := p[i]; {
+		case ch == '*' || ch == '>' || ch <= ' ' || ch == 0x7f:
+			return false
+		case ch == '.' && p[i-1] == '.':
+			return false
+		}
+	}
+	return true
+}
+
 // EngineSubject is P.E.verb.
 func EngineSubject(prefix, engine, verb string) string { return prefix + "." + engine + "." + verb }
 

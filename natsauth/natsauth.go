@@ -84,7 +84,7 @@ func Generate(o Options) (Generated, error) {
 	if o.Auth != AuthNKey && o.Auth != AuthPassword {
 		return Generated{}, fmt.Errorf("%w: auth %q: want %s or %s", ErrOptions, o.Auth, AuthNKey, AuthPassword)
 	}
-	if strings.ContainsAny(o.Prefix, "*> \t\"") {
+	if !messages.ValidPrefix(o.Prefix) {
 		return Generated{}, fmt.Errorf("%w: prefix %q", ErrOptions, o.Prefix)
 	}
 	if o.BcryptCost != 0 && (o.BcryptCost < bcrypt.MinCost || o.BcryptCost > bcrypt.MaxCost) {

@@ -90,6 +90,11 @@ func TestGenerateRefuses(t *testing.T) {
 		"duplicate":        {Engines: []string{"e1"}, Routers: []string{"e1"}},
 		"unknown auth":     {Engines: []string{"e1"}, Auth: "token"},
 		"wildcard prefix":  {Engines: []string{"e1"}, Prefix: "kv.>"},
+		"inbox prefix":     {Engines: []string{"e1"}, Prefix: "_INBOX"},
+		"system prefix":    {Engines: []string{"e1"}, Prefix: "$KV.x"},
+		"empty token":      {Engines: []string{"e1"}, Prefix: "a..b"},
+		"trailing dot":     {Engines: []string{"e1"}, Prefix: "kv."},
+		"control char":     {Engines: []string{"e1"}, Prefix: "kv\x01"},
 		"cert without key": {Engines: []string{"e1"}, TLSCert: "c.pem"},
 		"bcrypt cost":      {Engines: []string{"e1"}, Auth: AuthPassword, BcryptCost: 99},
 	} {

@@ -19,6 +19,7 @@ import (
 	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
 )
 
 // Config is every setting of a node. The zero value of a field means its
@@ -330,8 +331,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
-	case !validPrefix(c.Prefix):
-		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces", ErrConfig, c.Prefix)
+	case !messages.ValidPrefix(c.Prefix):
+		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces, not starting with _ or $", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:
 		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
 	case c.NATSConnectTimeout < 0 || c.ShutdownTimeout < 0:
@@ -431,21 +432,6 @@ func DefaultNodeID() string {
 		return "kvactors"
 	}
 	return string(id)
-}
-
-func validPrefix(p string) bool {
-	if p == "" || p[0] == '.' || p[len(p)-1] == '.' {
-		return false
-	}
-	for i := 0; i < len(p); i++ {
-		switch ch := p[i]; {
-		case ch == '*' || ch == '>' || ch <= ' ' || ch == 0x7f:
-			return false
-		case ch == '.' && p[i-1] == '.':
-			return false
-		}
-	}
-	return true
 }
 
 // NewLogger is the logger LogLevel and LogFormat describe, writing to w.

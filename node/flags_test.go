@@ -68,6 +68,23 @@ func TestFlagEnvFilePrecedence(t *testing.T) {
 	require.Equal(t, int64(3<<30), cfg.PoolBytes)
 }
 
+// A prefix whose subjects would fall under a namespace NATS reserves
+// (_INBOX: an engine's verbs would pass for reply inboxes; $KV, $JS, $SYS)
+// is refused, as are empty tokens and wildcards; the node and
+// `kvactors nats-config` (natsauth) apply the one rule.
+func TestReservedOrMalformedPrefixesAreRefused(t *testing.T) {
+	for _, p := range []string{"_INBOX", "_INBOX.kv", "$KV.kv", "$SYS", "kv..x", "kv.", ".kv", "kv.*", "k v"} {
+		cfg, _, err := parse(t, "--prefix", p)
+		require.NoError(t, err, p)
+		require.ErrorIs(t, cfg.Validate(), node.ErrConfig, p)
+	}
+	for _, p := range []string{"kvactors", "tenant_a.kv", "a-b.c_d"} {
+		cfg, _, err := parse(t, "--prefix", p)
+		require.NoError(t, err, p)
+		require.NoError(t, cfg.Validate(), p)
+	}
+}
+
 // A pool that would need more pages than hostpool.MaxPages (its page
 // numbers are int32, its page table ~64 B a page) is refused at start with
 // the flag to raise; the same pool in larger pages starts.
