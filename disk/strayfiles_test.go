@@ -18,17 +18,25 @@ func segFiles(t *testing.T, dir string) []string {
 	return files
 }
 
+// openWithOneRecord opens a tier on dir and spills one 100-byte record,
+// key(1), waiting until it is on disk; it returns the tier and the bytes.
+func openWithOneRecord(t *testing.T, dir string) (*Disk, []byte) {
+	t.Helper()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	return d, c
+}
+
 // Every Open starts a new segment; one a boot never writes must not stay
 // behind while an older segment still holds a live record (old segments
 // go only from the front): a crash loop would add a file, and an open
 // descriptor at every later Open, per restart.
 func TestRestartsDoNotPileUpEmptySegments(t *testing.T) {
 	dir := t.TempDir()
-	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	c := bytes.Repeat([]byte{7}, 100)
-	require.True(t, d.Spill("e", key(1), sum(c), c))
-	waitOnDisk(t, d, key(1))
+	d, c := openWithOneRecord(t, dir)
 	d.Close()
 	for range 50 {
 		d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
@@ -36,7 +44,7 @@ func TestRestartsDoNotPileUpEmptySegments(t *testing.T) {
 		d.Close()
 	}
 	require.Len(t, segFiles(t, dir), 2, "the live record's segment and the last boot's")
-	d, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
 	require.NoError(t, err)
 	defer d.Close()
 	got := make([]byte, len(c))
@@ -161,11 +169,7 @@ func TestALockThatIsASymlinkIsNotFollowed(t *testing.T) {
 // ours, and its records are not served.
 func TestASegmentSwappedForALinkAfterTheListingIsNotFollowed(t *testing.T) {
 	dir := t.TempDir()
-	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
-	require.NoError(t, err)
-	c := bytes.Repeat([]byte{7}, 100)
-	require.True(t, d.Spill("e", key(1), sum(c), c))
-	waitOnDisk(t, d, key(1))
+	d, c := openWithOneRecord(t, dir)
 	d.Close()
 
 	victim := filepath.Join(t.TempDir(), "victim")
@@ -180,7 +184,7 @@ func TestASegmentSwappedForALinkAfterTheListingIsNotFollowed(t *testing.T) {
 		require.NoError(t, os.Rename(path, path+".moved"))
 		require.NoError(t, os.Symlink(victim, path))
 	}
-	d, err = Open(Config{Dir: dir, Bytes: 1 << 20, beforeOpen: swap}, nil)
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, beforeOpen: swap}, nil)
 	require.NoError(t, err)
 	defer d.Close()
 	require.NotEmpty(t, swapped, "the rebuild opened a listed segment")
