@@ -329,6 +329,11 @@ func (c Config) Validate() error {
 			ErrConfig, c.PoolBytes, c.PoolPageBytes, hostpool.MaxPages)
 	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
 		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
+	case c.Transfer.Workers < 0 || c.Transfer.MaxInFlightBytes < 0:
+		// transfer.Config reads any count below 1 as its default: a
+		// negative one would start the node with 2 workers unseen.
+		return fmt.Errorf("%w: copy workers %d, max in-flight bytes %d: want >= 1 (0: the default)",
+			ErrConfig, c.Transfer.Workers, c.Transfer.MaxInFlightBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case !messages.ValidPrefix(c.Prefix):

@@ -113,6 +113,10 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
 		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
 		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		// A negative count is no count: it must not silently mean the
+		// default, as 0 would not (the node would start with 2 workers).
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--copy-workers", "-1"}, 2, "copy workers -1"},
 		// A NATS secret file that cannot be read is a config error, not
 		// "nats not reachable" retried until the connect timeout.
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
