@@ -17,7 +17,12 @@ import (
 // timeout, both exiting 1, which a supervisor restarts for ever.
 func (c Config) checkAddresses() error {
 	if c.HTTPAddr != HTTPOff {
-		if _, _, err := net.SplitHostPort(c.HTTPAddr); err != nil {
+		_, port, err := net.SplitHostPort(c.HTTPAddr)
+		if err == nil {
+			// 0..65535 or a service name, as net.Listen reads it.
+			_, err = net.LookupPort("tcp", port)
+		}
+		if err != nil {
 			return fmt.Errorf("%w: --http %q: want host:port (port 0: any free port; off: no admin server): %w",
 				ErrConfig, c.HTTPAddr, err)
 		}
@@ -52,6 +57,11 @@ func CheckNATSURLs(urls string) error {
 				redactedURL(raw))
 		case u.Hostname() == "":
 			return fmt.Errorf("--nats: %q names no host", raw)
+		}
+		if p := u.Port(); p != "" { // url.Parse takes any digits
+			if _, err := net.LookupPort("tcp", p); err != nil {
+				return fmt.Errorf("--nats: %q: bad port: %w", redactedURL(raw), err)
+			}
 		}
 	}
 	return nil

@@ -138,6 +138,13 @@ func TestExitCodes(t *testing.T) {
 		// Addresses that cannot be used as written; credentials in a URL
 		// (secrets come from the environment only; the message hides them).
 		{[]string{"serve", "--http", "foo", "--nats-port", "-1"}, 2, `--http "foo": want host:port`},
+		// A port no listener or dial can use: refused at once, not failed
+		// at listen time (exit 1) or retried for the connect timeout.
+		{[]string{"serve", "--http", "127.0.0.1:99999", "--nats-port", "-1"}, 2, `--http "127.0.0.1:99999"`},
+		{[]string{"serve", "--http", "127.0.0.1:nope", "--nats-port", "-1"}, 2, `--http "127.0.0.1:nope"`},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:99999", "--nats-connect-timeout", "300ms"}, 2,
+			`"nats://127.0.0.1:99999": bad port`},
+		{[]string{"nodes", "--nats", "nats://127.0.0.1:99999"}, 2, "bad port"},
 		{[]string{"serve", "--nats", "nats://[bad", "--nats-connect-timeout", "300ms"}, 2, "missing ']' in host"},
 		{[]string{"serve", "--nats", "nats://alice:s3cret@127.0.0.1:1", "--nats-connect-timeout", "300ms"}, 2,
 			`"nats://REDACTED@127.0.0.1:1" carries credentials`},
