@@ -139,10 +139,42 @@ func TestKubernetesManifests(t *testing.T) {
 	require.Equal(t, true, at(t, pod, "securityContext", "runAsNonRoot"))
 	require.NotEqual(t, 0, at(t, pod, "securityContext", "runAsUser"))
 
+	containerEnvStarts(t, c, cfgFile)
+
 	svcPort := at(t, docs["Service"], "spec", "ports", 0).(map[string]any)
 	require.Equal(t, atoi(t, adminPort(t)), svcPort["port"])
 	require.Contains(t, []any{portName, atoi(t, adminPort(t))}, svcPort["targetPort"])
 	require.Equal(t, at(t, docs["DaemonSet"], "spec", "selector", "matchLabels"), at(t, docs["Service"], "spec", "selector"))
+}
+
+// containerEnvStarts sets the container's environment as the kubelet
+// would, on a node named as EKS names them (with dots; $(VAR) expanded from
+// the entries before it), and checks that serve's settings with it and the
+// config file validate: a node id taken from the node name as it is would
+// be refused (dots), and every pod would restart for ever.
+func containerEnvStarts(t *testing.T, c map[string]any, cfgFile string) {
+	t.Helper()
+	const nodeName = "ip-10-0-1-23.us-west-2.compute.internal"
+	vars := map[string]string{}
+	for _, e := range at(t, c, "env").([]any) {
+		em := e.(map[string]any)
+		name := em["name"].(string)
+		v, literal := em["value"].(string)
+		switch {
+		case literal:
+			v = os.Expand(strings.NewReplacer("$(", "${", ")", "}").Replace(v), func(k string) string { return vars[k] })
+		case at(t, em, "valueFrom", "fieldRef", "fieldPath") == "spec.nodeName":
+			v = nodeName
+		default:
+			t.Fatalf("env %s: a value the test cannot set", name)
+		}
+		vars[name] = v
+		t.Setenv(name, v)
+	}
+	var cfg node.Config
+	f := cfg.BindFlags(flag.NewFlagSet("serve", flag.ContinueOnError))
+	require.NoError(t, f.Parse([]string{"--config", cfgFile}))
+	require.NoError(t, cfg.Validate(), "serve with the container's environment on node %s", nodeName)
 }
 
 // The systemd unit runs serve with the sample config, does not restart on

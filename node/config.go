@@ -80,6 +80,10 @@ type Config struct {
 	// NodeID names this node in replies, resyncs and P._node.<id>.* (default:
 	// the host name reduced to [A-Za-z0-9_-]).
 	NodeID string `json:"node_id"`
+	// NodeIDReduce reduces NodeID as the host name is reduced (ReduceNodeID):
+	// for an id taken from a name with dots, such as a Kubernetes node
+	// name, which a manifest cannot rewrite.
+	NodeIDReduce bool `json:"node_id_reduce"`
 	// SkipNodeIDCheck skips the start's probe for a running process with
 	// the same node id (node/identity.go), for a NATS whose permissions
 	// drop the probe's answer. The node still reports one it hears.
@@ -279,6 +283,9 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.KVEventsLinger, d.KVEventsLinger)
 	orDefault(&c.LoadWait, d.LoadWait)
 	c.LoadWait = min(c.LoadWait, c.Lease/2)
+	if c.NodeIDReduce && c.NodeID != "" {
+		c.NodeID = ReduceNodeID(c.NodeID)
+	}
 	if c.NodeID == "" { // not in DefaultConfig: it depends on the host
 		c.NodeID = DefaultNodeID()
 	}
@@ -420,13 +427,20 @@ func readFile(path string) ([]byte, error) {
 	return io.ReadAll(f)
 }
 
-// DefaultNodeID is the host name reduced to [A-Za-z0-9_-] (at most 64
-// bytes, a leading _ dropped), or "kvactors" when nothing is left.
+// DefaultNodeID is the host name reduced to a node id (ReduceNodeID).
 func DefaultNodeID() string {
 	host, _ := os.Hostname()
-	id := make([]byte, 0, len(host))
-	for i := 0; i < len(host) && len(id) < 64; i++ {
-		switch ch := host[i]; {
+	return ReduceNodeID(host)
+}
+
+// ReduceNodeID keeps the characters of name a node id may hold
+// ([A-Za-z0-9_-], at most 64 bytes, a leading _ dropped), or is "kvactors"
+// when nothing is left: "ip-10-0-1-23.ec2.internal" is
+// "ip-10-0-1-23ec2internal".
+func ReduceNodeID(name string) string {
+	id := make([]byte, 0, min(len(name), 64))
+	for i := 0; i < len(name) && len(id) < 64; i++ {
+		switch ch := name[i]; {
 		case 'a' <= ch && ch <= 'z', 'A' <= ch && ch <= 'Z', '0' <= ch && ch <= '9', ch == '-':
 			id = append(id, ch)
 		case ch == '_' && len(id) > 0:

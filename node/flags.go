@@ -110,6 +110,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	dur(&c.ShutdownTimeout, "shutdown-timeout", d.ShutdownTimeout,
 		"bound on graceful shutdown; expiring with releases undelivered exits non-zero")
 	str(&c.NodeID, "node-id", d.NodeID, "this node's id in replies and P._node.<id>.*; empty: the host name reduced to [A-Za-z0-9_-]")
+	boolean(&c.NodeIDReduce, "node-id-reduce", d.NodeIDReduce, "reduce --node-id as the host name is: keep [A-Za-z0-9_-], at most 64 bytes (for an id from a name with dots, such as a Kubernetes node name)")
 	boolean(&c.SkipNodeIDCheck, "skip-node-id-check", d.SkipNodeIDCheck, "start without asking whether another running process serves this node id (it is still reported if heard)")
 	dur(&c.Lease, "lease", d.Lease, "engine lease: node heartbeats every lease/4, silent engines expire after it, copies fence at lease/2, and 3/4 without a NATS round trip is a lapse (old sessions never copy again); client.Dial's pings close a dead link in 6s, enough only for a lease over 8s: for a shorter one engines must pass a shorter nats.PingInterval")
 	size(&c.MaxPendingBytes, "max-pending-bytes", d.MaxPendingBytes, "bound on inbound message bytes queued (at least 4 × the NATS max payload); beyond it batches are dropped and resynced")

@@ -68,6 +68,22 @@ func TestFlagEnvFilePrecedence(t *testing.T) {
 	require.Equal(t, int64(3<<30), cfg.PoolBytes)
 }
 
+// A node id from a name with dots (a Kubernetes node name) is refused as
+// given, and with --node-id-reduce kept to the characters an id may hold,
+// as the host name is for the default id.
+func TestNodeIDReduce(t *testing.T) {
+	const name = "ip-10-0-1-23.us-west-2.compute.internal"
+	cfg, _, err := parse(t, "--node-id", name)
+	require.NoError(t, err)
+	require.ErrorIs(t, cfg.Validate(), node.ErrConfig)
+	cfg, _, err = parse(t, "--node-id", name, "--node-id-reduce")
+	require.NoError(t, err)
+	require.NoError(t, cfg.Validate())
+	require.Equal(t, "ip-10-0-1-23us-west-2computeinternal", node.ReduceNodeID(name))
+	require.Equal(t, "kvactors", node.ReduceNodeID("..."))
+	require.Equal(t, "a_b", node.ReduceNodeID("_a_b"))
+}
+
 // A prefix whose subjects would fall under a namespace NATS reserves
 // (_INBOX: an engine's verbs would pass for reply inboxes; $KV, $JS, $SYS)
 // is refused, as are empty tokens and wildcards; the node and
