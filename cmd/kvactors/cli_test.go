@@ -101,6 +101,7 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"nats-config", "--help"}, 0, "usage: kvactors nats-config"},
 		{[]string{"nats-config", "extra"}, 2, `unexpected argument "extra"`},
 		{[]string{"nats-config", "--engines", "e1"}, 2, "--engines and --out are required"},
+		{[]string{"nats-config", "--engines", ",,", "--out", "/nonexistent/kvactors-nats"}, 2, `--engines ",," names no engine`},
 		{[]string{"help"}, 0, "usage: kvactors <command>"},
 		{[]string{}, 2, "usage: kvactors <command>"},
 		{[]string{"serve", "extra-arg", "--nats-port", "-1"}, 2, `unexpected argument "extra-arg"`},

@@ -34,6 +34,10 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 	}
 	o.Engines = split(*engines)
 	o.Routers = split(*routers)
+	if len(o.Engines) == 0 {
+		fmt.Fprintf(stderr, "kvactors nats-config: --engines %q names no engine (see kvactors nats-config --help)\n", *engines)
+		return exitUsage
+	}
 	g, err := natsauth.Generate(o)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nats-config:", err)
