@@ -215,6 +215,9 @@ func (f *Flags) Parse(args []string) error {
 				"no embedded one starts", src, f.cfg.NATSURL))
 		}
 	}
+	if src, ok := given["disk-bytes"]; ok && f.cfg.DiskDir == "" {
+		f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: no disk tier without --disk-dir", src))
+	}
 	for _, name := range clusterOnly {
 		if src, ok := given[name]; ok && !f.cfg.Clustered() {
 			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: the node is not clustered "+

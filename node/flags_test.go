@@ -68,6 +68,17 @@ func TestFlagEnvFilePrecedence(t *testing.T) {
 	require.Equal(t, int64(3<<30), cfg.PoolBytes)
 }
 
+// --disk-bytes without --disk-dir sizes no disk tier: a warning says so.
+func TestDiskBytesWithoutDiskDirWarns(t *testing.T) {
+	_, f, err := parse(t, "--disk-bytes", "10G")
+	require.NoError(t, err)
+	require.Len(t, f.Warnings, 1)
+	require.Contains(t, f.Warnings[0], "--disk-bytes is ignored")
+	_, f, err = parse(t, "--disk-bytes", "10G", "--disk-dir", t.TempDir())
+	require.NoError(t, err)
+	require.Empty(t, f.Warnings)
+}
+
 // A node id from a name with dots (a Kubernetes node name) is refused as
 // given, and with --node-id-reduce kept to the characters an id may hold,
 // as the host name is for the default id.
