@@ -93,6 +93,7 @@ func Run(ctx context.Context, nc *nats.Conn, cfg Config) (Report, error) {
 	err = e.run(ctx)
 	e.rep.Elapsed = time.Since(start)
 	e.rep.Interrupted = ctx.Err() != nil
+	e.rep.CheckSkipped = err != nil // run returns nil only once the check finished
 	e.rep.Batches, e.rep.Events = int(e.batches.Load()), int(e.nevents.Load())
 	return e.rep.clone(), err
 }

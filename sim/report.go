@@ -104,6 +104,10 @@ type Report struct {
 	// Interrupted says the run was cancelled (Ctrl-C) before it ended: the
 	// check did not run, so the Verify counts are not a verdict.
 	Interrupted bool `json:"interrupted,omitempty"`
+	// CheckSkipped says the run ended on an error (Run's), or was
+	// interrupted, before the final check finished: the Verify counts are
+	// not a verdict either.
+	CheckSkipped bool `json:"check_skipped,omitempty"`
 
 	// Elapsed is the whole run; Serving excludes registration and the check.
 	Elapsed time.Duration `json:"elapsed"`
@@ -202,6 +206,7 @@ func (r *Report) Add(o Report) {
 	r.VerifyEvicted += o.VerifyEvicted
 	r.VerifiedBytes += o.VerifiedBytes
 	r.Interrupted = r.Interrupted || o.Interrupted
+	r.CheckSkipped = r.CheckSkipped || o.CheckSkipped
 	r.Elapsed = max(r.Elapsed, o.Elapsed)
 	r.Serving = max(r.Serving, o.Serving)
 	for _, f := range o.Failures {

@@ -1,7 +1,10 @@
 package sim_test
 
 import (
+	"context"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -18,4 +21,25 @@ func TestRefusedEventsFailTheCheck(t *testing.T) {
 	require.Equal(t, 2, total.RefusedEvents)
 	require.ErrorIs(t, total.Err(), sim.ErrCheck)
 	require.ErrorContains(t, total.Err(), "2 events the SDK refused")
+}
+
+// TestSummaryOfABrokenRunGivesNoVerdict: a run that an error ended before
+// its final check finished (here the node goes away as the check starts)
+// has checked nothing, so the summary must not print "integrity OK" over
+// it, as it does not for an interrupted run.
+func TestSummaryOfABrokenRunGivesNoVerdict(t *testing.T) {
+	nc, dir, n := startNode(t, 64<<20)
+	cfg := smallConfig("e1", dir)
+	cfg.Requests = 10
+	cfg.RequestTimeout = 500 * time.Millisecond
+	cfg.BeforeCheck = func() { _ = n.Close(context.Background()) }
+	rep, err := sim.Run(runCtx(t), engineConn(t, nc, cfg.Engine), cfg)
+	require.Error(t, err)
+	require.False(t, rep.Interrupted)
+	require.True(t, rep.CheckSkipped)
+
+	var out strings.Builder
+	sim.WriteSummary(&out, []sim.Report{rep}, sim.NodeStats{}, rep.Serving)
+	require.Contains(t, out.String(), "not checked: the run broke off")
+	require.NotContains(t, out.String(), "OK")
 }

@@ -194,6 +194,8 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 	switch {
 	case t.Interrupted:
 		row("integrity", "not checked: the run was interrupted")
+	case t.CheckSkipped:
+		row("integrity", "not checked: the run broke off before the check finished")
 	default:
 		verdict := "OK"
 		if err := combinedErr(reps); err != nil {
