@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -109,7 +111,8 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	fs.StringVar(&o.diskBytes, "disk-bytes", "4GiB", "the disk tier's budget, with --disk-dir")
 	fs.Float64Var(&o.minCoverage, "min-coverage", 0.5, "warn when fewer of the checked keys than this share were still in the pool to compare")
 	fs.BoolVar(&o.requireCoverage, "require-coverage", false, "fail (exit 1) instead of warning below --min-coverage")
-	fs.IntVar(&o.cluster, "cluster", 0, "run N nodes on an N-server NATS cluster instead (cross-node hits, integrity of every remote byte)")
+	fs.IntVar(&o.cluster, "cluster", 0, "run N nodes on an N-server NATS cluster instead (cross-node hits, integrity of every remote byte); "+
+		"takes only --quick, --seed and --log-level besides")
 	if code := parseExit("demo", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
 		return o, code
 	}
@@ -126,10 +129,19 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 			return bad("--disk-bytes %q: want a size > 0 such as 4GiB", o.diskBytes)
 		}
 	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if o.cluster > 0 {
+		// cluster/demo has its own engines, pool and shm dir: any other flag
+		// would do nothing.
+		for _, f := range slices.Sorted(maps.Keys(set)) {
+			if !clusterDemoFlags[f] {
+				return bad("--%s does nothing with --cluster (it takes --quick, --seed and --log-level)", f)
+			}
+		}
+	}
 	if o.quick {
 		// Explicit flags still win over --quick's defaults.
-		set := map[string]bool{}
-		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["requests"] {
 			o.requests = 60
 		}
@@ -150,6 +162,9 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) 
 	}
 	return o, -1
 }
+
+// clusterDemoFlags are the demo's flags that `demo --cluster` uses.
+var clusterDemoFlags = map[string]bool{"cluster": true, "quick": true, "seed": true, "log-level": true}
 
 // defaultShmDir is /dev/shm where it can be written (the real thing), else
 // the temp dir (the shm backend works on any directory).

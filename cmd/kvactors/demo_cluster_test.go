@@ -20,3 +20,24 @@ func TestClusterDemo(t *testing.T) {
 	require.Regexp(t, `(?m)^node-3\s+[0-9a-f]{16}\s+2\s+node-3-e1,node-3-e2\s`, out.String())
 	require.Equal(t, 2, runDemo([]string{"--cluster", "1"}, &out, &errb))
 }
+
+// The cluster demo takes only --quick, --seed and --log-level of the demo's
+// flags; any other given with --cluster did nothing, silently (its engines,
+// pool and shm dir are its own), so it is a usage error.
+func TestClusterDemoRefusesFlagsItIgnores(t *testing.T) {
+	for _, args := range [][]string{
+		{"--cluster", "3", "--requests", "10"},
+		{"--cluster", "3", "--pool-bytes", "1MiB"},
+		{"--cluster", "3", "--shm-dir", t.TempDir()},
+		{"--cluster", "3", "--trace-file", "spans.json"},
+		{"--cluster", "3", "--require-coverage"},
+	} {
+		var out, errb bytes.Buffer
+		_, code := parseDemoFlags(args, &out, &errb)
+		require.Equal(t, 2, code, "args %q", args)
+		require.Contains(t, errb.String(), "with --cluster", "args %q", args)
+	}
+	var out, errb bytes.Buffer
+	_, code := parseDemoFlags([]string{"--cluster", "3", "--quick", "--seed", "7", "--log-level", "off"}, &out, &errb)
+	require.Equal(t, -1, code, errb.String())
+}
