@@ -20,6 +20,10 @@ func runClusterDemo(ctx context.Context, o demoOptions, log *slog.Logger, stdout
 		opts.Prefixes, opts.Chunks = 2, 4
 	}
 	if _, err := clusterdemo.Run(ctx, opts, stdout); err != nil {
+		if ctx.Err() != nil { // Ctrl-C: whatever failed, it failed because the run was stopped
+			fmt.Fprintf(stderr, "kvactors demo --cluster: %v (%v)\n", errInterrupted, err)
+			return exitInterrupted
+		}
 		fmt.Fprintln(stderr, "kvactors demo --cluster:", err)
 		return exitFailure
 	}

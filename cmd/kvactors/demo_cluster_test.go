@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -40,4 +41,15 @@ func TestClusterDemoRefusesFlagsItIgnores(t *testing.T) {
 	var out, errb bytes.Buffer
 	_, code := parseDemoFlags([]string{"--cluster", "3", "--quick", "--seed", "7", "--log-level", "off"}, &out, &errb)
 	require.Equal(t, -1, code, errb.String())
+}
+
+// A cluster demo stopped by Ctrl-C exits 130, as the single-node demo does
+// (docs/OPERATIONS.md's exit codes), not 1 as if a check had failed.
+func TestClusterDemoInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	var out, errb bytes.Buffer
+	code := runDemoCtx(ctx, []string{"--cluster", "2", "--quick", "--log-level", "off"}, &out, &errb)
+	require.Equal(t, exitInterrupted, code, "stdout:\n%s\nstderr:\n%s", out.String(), errb.String())
+	require.Contains(t, errb.String(), "interrupted")
 }
