@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // outcome is what loading one key back found.
@@ -51,7 +52,50 @@ func (e *engine) verify(ctx context.Context, kvSub *nats.Subscription) error {
 		return err
 	}
 	v.tally()
+	v.checkHits()
 	return nil
+}
+
+// checkHits holds each lookup to what the loads then found: a key this
+// engine was told is stored before the check began, and that the check
+// loaded back matching, was ready when the lookup asked, unless something
+// was evicted or the node lost (then it may have gone and come back). So
+// the hit must be at least what the node's own rule (sched.Layout.HitTokens,
+// PROTOCOL.md "lookup") gives over those keys; a node whose lookup hit
+// nothing would otherwise pass.
+func (v *verifier) checkHits() {
+	e := v.e
+	e.kv.mu.Lock()
+	evictions := e.kv.evictions
+	e.kv.mu.Unlock()
+	if evictions > 0 || e.c.Stats().NodeLosses > 0 || len(v.hits) == 0 {
+		return
+	}
+	spec := e.mem.spec()
+	layout, err := sched.NewLayout(&spec)
+	if err != nil {
+		e.badMessage("lookup check: the engine's own spec: %v", err)
+		return
+	}
+	there := func(k messages.Key) bool {
+		key := hex.EncodeToString([]byte(sched.WireKey(k)))
+		_, stored := e.storedKeys[key]
+		return stored && v.seen[key] == matched
+	}
+	for _, r := range e.reqs {
+		hit, ok := v.hits[r]
+		if !ok {
+			continue
+		}
+		hs := make([]messages.Hash, len(r.hashes))
+		for i := range r.hashes {
+			hs[i] = messages.Hash(r.hashes[i][:])
+		}
+		if want := layout.HitTokens(hs, there); hit < want {
+			e.badMessage("lookup of %s: hit %d tokens, but its first %d were stored and loaded back intact, "+
+				"with nothing evicted", r.id, hit, want)
+		}
+	}
 }
 
 // tally counts each key loaded once: matched, mismatched, absent because
@@ -86,6 +130,7 @@ type verifier struct {
 	why   map[string]string  // by key hex, for failures
 	buf   []byte
 	loads int
+	hits  map[*request]int // each lookup's hit tokens, for checkHits
 }
 
 // ready is phase two.
@@ -156,6 +201,10 @@ func (v *verifier) lookup(r *request) error {
 			len(r.hashes)*v.e.cfg.TokensPerHash)
 	}
 	v.e.rep.LookupHitTokens += int64(reply.HitTokens)
+	if v.hits == nil {
+		v.hits = map[*request]int{}
+	}
+	v.hits[r] = reply.HitTokens
 	return nil
 }
 
