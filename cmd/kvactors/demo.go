@@ -274,12 +274,18 @@ func checkCoverage(reps []sim.Report, o demoOptions, stderr io.Writer) error {
 		t.Add(r)
 	}
 	matched, checked := t.Coverage()
-	if checked == 0 || float64(matched) >= o.minCoverage*float64(checked) {
+	// Nothing checked is coverage 0, not a pass: "integrity OK" would rest
+	// on no byte at all.
+	if o.minCoverage == 0 || checked > 0 && float64(matched) >= o.minCoverage*float64(checked) {
 		return nil
 	}
-	msg := fmt.Sprintf("integrity coverage %d of %d keys (%.0f%%) is below --min-coverage %.0f%%: most chunks "+
-		"were evicted before the check; a larger --pool-bytes checks more", matched, checked,
-		100*float64(matched)/float64(checked), 100*o.minCoverage)
+	msg := fmt.Sprintf("integrity coverage %d of %d keys (0%%) is below --min-coverage %.0f%%: the check "+
+		"loaded nothing back", matched, checked, 100*o.minCoverage)
+	if checked > 0 {
+		msg = fmt.Sprintf("integrity coverage %d of %d keys (%.0f%%) is below --min-coverage %.0f%%: most chunks "+
+			"were evicted before the check; a larger --pool-bytes checks more", matched, checked,
+			100*float64(matched)/float64(checked), 100*o.minCoverage)
+	}
 	if o.requireCoverage {
 		return errors.New(msg)
 	}

@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/kvactors/kvactors/sim"
 )
 
 // TestDemoQuick runs `kvactors demo --quick` in-process, scaled down, with
@@ -161,4 +163,16 @@ func TestDemoTracingReadsEnvironment(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, on)
 	require.NoError(t, shutdown())
+}
+
+// A run whose check loaded nothing back (every ready chunk excused, e.g.
+// its requests released as node_lost) has coverage 0, not "enough": it is
+// below --min-coverage, a warning, and with --require-coverage a failure.
+func TestDemoCoverageOfNothingIsNotEnough(t *testing.T) {
+	reps := []sim.Report{{Engine: "engine-1", ChunksReady: 12, ReadyNodeLost: 12}}
+	var stderr bytes.Buffer
+	require.Error(t, checkCoverage(reps, demoOptions{minCoverage: 0.5, requireCoverage: true}, &stderr))
+	require.NoError(t, checkCoverage(reps, demoOptions{minCoverage: 0.5}, &stderr))
+	require.Contains(t, stderr.String(), "warning: integrity coverage")
+	require.NoError(t, checkCoverage(reps, demoOptions{minCoverage: 0, requireCoverage: true}, &stderr))
 }
