@@ -49,8 +49,14 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 		return fmt.Errorf("%w: %d sizes for %d keys", ErrBadSize, len(sizes), len(keys))
 	}
 	for i, s := range sizes {
-		if s <= 0 {
+		switch {
+		case s <= 0:
 			return fmt.Errorf("%w: key %x: %d bytes", ErrBadSize, string(keys[i]), s)
+		case !p.Fits(s):
+			// Never fits: "no room" before split cuts a size of any
+			// magnitude into pages.
+			return fmt.Errorf("%w: key %x: %d bytes, more than the pool can hold (%d pages of %d)", ErrNoRoom,
+				string(keys[i]), s, len(p.pages), p.pageBytes)
 		}
 	}
 	p.nextEpoch()
@@ -81,21 +87,9 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 		if short && slices.Contains(keys[:i], k) || !short && p.seenBefore(k) {
 			continue // a repeat of an absent key: one chunk for both
 		}
-		size := p.sizeOf(sizes, i)
-		if !p.Fits(size) {
-			// Never fits: "no room" before split cuts a size of any
-			// magnitude into pages.
-			p.needed, p.fresh = needed[:0], fresh[:0]
-			if !short {
-				p.clearSeen()
-			}
-			out.Reset()
-			return fmt.Errorf("%w: key %x: %d bytes, more than the pool can hold (%d pages of %d)", ErrNoRoom,
-				string(k), size, len(p.pages), p.pageBytes)
-		}
 		newKeys++
 		fresh = append(fresh, int32(i))
-		p.cut = p.split(size, p.cut[:0])
+		p.cut = p.split(p.sizeOf(sizes, i), p.cut[:0])
 		for _, cs := range p.cut {
 			c := p.classOf(cs)
 			if c.mark != p.epoch {
