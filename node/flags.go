@@ -38,13 +38,33 @@ type Flags struct {
 	configFile string
 }
 
-// embeddedOnly are the settings of the embedded NATS server, which mean
-// nothing with --nats.
-var embeddedOnly = []string{"nats-host", "nats-port", "nats-store-dir"}
-
-// clusterOnly are the settings of a clustered node (--cluster or
-// --standby-for), which mean nothing without it.
-var clusterOnly = []string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys"}
+// unusedSettings are settings that mean nothing unless another is given:
+// each given one is warned about when unused says why it is unused ("":
+// it is used).
+var unusedSettings = []struct {
+	names  []string
+	unused func(*Config) string
+}{
+	{[]string{"nats-host", "nats-port", "nats-store-dir"}, func(c *Config) string { // the embedded server's
+		if c.NATSURL == "" {
+			return ""
+		}
+		return "--nats " + c.NATSURL + " is an external server, no embedded one starts"
+	}},
+	{[]string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys"},
+		func(c *Config) string {
+			if c.Clustered() {
+				return ""
+			}
+			return "the node is not clustered (no --cluster or --standby-for)"
+		}},
+	{[]string{"disk-bytes"}, func(c *Config) string {
+		if c.DiskDir != "" {
+			return ""
+		}
+		return "no disk tier without --disk-dir"
+	}},
+}
 
 // configFlag names the config file; it is itself a flag or a variable,
 // never a key of the file.
@@ -209,19 +229,15 @@ func (f *Flags) Parse(args []string) error {
 		f.Warnings = append(f.Warnings, fmt.Sprintf("--pprof serves profiles on %s, beyond loopback: "+
 			"anyone who reaches it can read the process's internals", f.cfg.HTTPAddr))
 	}
-	for _, name := range embeddedOnly {
-		if src, ok := given[name]; ok && f.cfg.NATSURL != "" {
-			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: --nats %s is an external server, "+
-				"no embedded one starts", src, f.cfg.NATSURL))
+	for _, u := range unusedSettings {
+		why := u.unused(f.cfg)
+		if why == "" {
+			continue
 		}
-	}
-	if src, ok := given["disk-bytes"]; ok && f.cfg.DiskDir == "" {
-		f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: no disk tier without --disk-dir", src))
-	}
-	for _, name := range clusterOnly {
-		if src, ok := given[name]; ok && !f.cfg.Clustered() {
-			f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: the node is not clustered "+
-				"(no --cluster or --standby-for)", src))
+		for _, name := range u.names {
+			if src, ok := given[name]; ok {
+				f.Warnings = append(f.Warnings, fmt.Sprintf("%s is ignored: %s", src, why))
+			}
 		}
 	}
 	return nil
