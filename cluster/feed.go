@@ -159,8 +159,10 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 // errAtCap ends a catch-up at the first page that met the node's cap
 // (Config.MaxPeerKeys): later pages could add nothing, so a node announcing
 // an unbounded key set costs one catch-up of about the cap. It is no
-// failure to retry: the catch-up is finished (holders.Index.FinishCatchUp
-// keeps the keys it did not reach).
+// failure to retry: the catch-up is finished, and the node's keys are its
+// first in page order up to the cap (holders.Index.FinishCatchUp: none the
+// pages did not list stays, so no key it evicted while its BlockRemoved
+// was missed).
 var errAtCap = errors.New("cluster: catch-up met the node's key cap")
 
 // catchUp asks node for its key set, which replaces what the index held

@@ -468,16 +468,55 @@ func TestFeedCapsANodesKeysAndNotAnothers(t *testing.T) {
 	require.Equal(t, 1, lines, "logs:\n%s", logs.String())
 	require.Contains(t, logs.String(), "node=gpu-0")
 
-	// A catch-up of a node at its cap meets the cap on its first new key
-	// and ends there without sweeping the keys it did not reach: gpu-0
-	// keeps the key stored by kv_events that its first page does not list.
+	// A catch-up of a node at its cap still replaces its keys: ee01, stored
+	// by kv_events but not in gpu-0's set (as if evicted while its
+	// BlockRemoved was missed), goes, and the first keys in page order
+	// (big[0] among them: its set still lists it) take the room, in one page.
 	feed.Reconnected()
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, catchUps(4))
 	require.EqualValues(t, 2, hog.keys.asks.Load(), "the reconnect's catch-up read one page, not the whole set")
-	require.Equal(t, []string{"gpu-0"}, heldBy(hashKey("ee01", 0)), "not swept by a catch-up cut at the cap")
+	require.Empty(t, heldBy(hashKey("ee01", 0)), "not in gpu-0's set: swept though the catch-up was cut at the cap")
+	for i, k := range big[:maxKeys] {
+		require.Equal(t, []string{"gpu-0"}, heldBy(k), "key %d", i)
+	}
 	for _, ni := range feed.Nodes() {
 		if ni.Node == "gpu-0" {
 			require.Equal(t, maxKeys, ni.Keys)
+			require.True(t, ni.Capped, "its set is still over the cap")
+		}
+	}
+}
+
+// A node whose BlockRemoved events this node missed while the node held
+// the cap's worth of keys: the catch-up that follows (here Reconnected)
+// drops the keys it evicted, and indexes the keys it holds now. Before,
+// a catch-up that met the cap (on the first new key: the evicted keys
+// filled it) swept nothing, so the evicted keys counted as held by it for
+// good, and a load fetching one failed, while the keys it held were never
+// indexed, though its whole set fits the cap.
+func TestFeedCatchUpDropsEvictedKeysOfANodeAtItsCap(t *testing.T) {
+	const maxKeys = 3
+	ncA, feed := feedAcrossServersWith(t, Config{Node: "gpu-2", Lease: testLease, MaxPeerKeys: maxKeys})
+	old := []holders.NSKey{hashKey("a1", 0), hashKey("a2", 0), hashKey("a3", 0)}
+	a := startFakeNode(t, ncA, "gpu-0", "a1", old)
+	for _, k := range old {
+		testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, k))
+	}
+
+	// While this node was away, gpu-0 evicted all three and stored three others.
+	now := []holders.NSKey{hashKey("b1", 0), hashKey("b2", 0), hashKey("b3", 0)}
+	a.keys.set(now)
+	feed.Reconnected()
+	for _, k := range now {
+		testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, k))
+	}
+	for _, k := range old {
+		require.Empty(t, feed.Holders(k.NS, k.Key), "evicted by gpu-0: %x", []byte(k.Key))
+	}
+	for _, ni := range feed.Nodes() {
+		if ni.Node == "gpu-0" {
+			require.Equal(t, maxKeys, ni.Keys)
+			require.False(t, ni.Capped, "its whole set is indexed")
 		}
 	}
 }
@@ -487,9 +526,16 @@ func TestFeedCapsANodesKeysAndNotAnothers(t *testing.T) {
 // published there.
 func feedAcrossServers(t *testing.T) (*nats.Conn, *Feed) {
 	t.Helper()
+	return feedAcrossServersWith(t, Config{Node: "gpu-2", Lease: testLease})
+}
+
+// feedAcrossServersWith is feedAcrossServers with the feed's cfg (its node
+// gpu-2).
+func feedAcrossServersWith(t *testing.T, cfg Config) (*nats.Conn, *Feed) {
+	t.Helper()
 	c := testkit.NATSCluster(t, 3)
 	ncA, ncC := c.Connect(0), c.Connect(2)
-	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease}, slog.New(slog.DiscardHandler), nil)
+	feed, err := StartFeed(ncC, cfg, slog.New(slog.DiscardHandler), nil)
 	require.NoError(t, err)
 	t.Cleanup(feed.Close)
 	require.NoError(t, ncC.Flush())

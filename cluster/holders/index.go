@@ -78,6 +78,9 @@ type catchUp struct {
 	boot    string
 	removed map[NSKey]struct{}
 	overCap bool // a key was left out at the cap while it ran
+	// swept: the keys no page had listed were dropped when it met the cap
+	// (add); every key of the node has been confirmed by it since.
+	swept bool
 }
 
 // Index knows which live nodes hold which keys. Not safe for concurrent
@@ -96,7 +99,8 @@ type Index struct {
 // node are indexed (0 or less: no bound): a store or page of a node that
 // holds maxKeys adds nothing, so one node announcing an unbounded key set
 // cannot grow the index without bound. Its removals still apply, and its
-// keys already indexed stay; other nodes are not affected.
+// keys already indexed stay until a catch-up of it replaces them
+// (FinishCatchUp); other nodes are not affected.
 func New(lease time.Duration, maxKeys int) *Index {
 	return &Index{lease: lease, maxKeys: max(maxKeys, 0), nodes: map[string]*node{}, held: map[NSKey][]string{}}
 }
@@ -235,7 +239,12 @@ func KeyOf(hash []byte, group int) messages.Key {
 
 // add indexes k as held by n. A key n does not have yet is left out when n
 // holds maxKeys already (counted in out): its earlier keys stay, and a
-// removal frees room for a later store.
+// removal frees room for a later store. During a catch-up the cap is met
+// first by dropping the keys no page has listed yet (once per catch-up):
+// any of them may be gone, evicted while this node missed its
+// BlockRemoved, and kept they would take the room of keys the node holds
+// and outlive a catch-up cut at the cap; those it still holds come back
+// with their page.
 func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 	var stamp uint64
 	if n.sync != nil {
@@ -245,6 +254,10 @@ func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 	if _, ok := n.keys[k]; ok {
 		n.keys[k] = stamp
 		return
+	}
+	if x.maxKeys > 0 && len(n.keys) >= x.maxKeys && n.sync != nil && !n.sync.swept {
+		n.sync.swept = true
+		x.sweep(nodeID, n)
 	}
 	if x.maxKeys > 0 && len(n.keys) >= x.maxKeys {
 		x.stats.OverCap++
@@ -286,6 +299,17 @@ func (x *Index) unhold(nodeID string, k NSKey) {
 	}
 }
 
+// sweep drops the keys of n that its catch-up has not confirmed (n.sync
+// set): not listed by a page, nor stored since it began.
+func (x *Index) sweep(nodeID string, n *node) {
+	for k, stamp := range n.keys {
+		if stamp != n.sync.id {
+			delete(n.keys, k)
+			x.unhold(nodeID, k)
+		}
+	}
+}
+
 func (x *Index) dropKeys(nodeID string, n *node) {
 	for k := range n.keys {
 		x.unhold(nodeID, k)
@@ -313,10 +337,10 @@ func (x *Index) BeginCatchUp(nodeID, boot string) (uint64, error) {
 // cap are left out (Applied.OverCap), and the caller may stop reading
 // pages there and finish (see FinishCatchUp): a node that announces more
 // keys than the cap costs one catch-up of about cap keys, not of its whole
-// set. The keys the catch-up will drop still count against the cap while
-// it runs, so near the cap a new key may be left out though the finish
-// frees room: the node's next catch-up (a reconnect, a clear, a new boot)
-// adds it.
+// set. The first key that finds the node at its cap drops, once, the
+// keys no page has listed yet (see add), so until the pages list them
+// again a lookup counts fewer of them; a key is left out only once every
+// key of the node has been confirmed.
 func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) (Applied, error) {
 	n := x.nodes[nodeID]
 	if n == nil || n.sync == nil || n.sync.id != id {
@@ -333,34 +357,28 @@ func (x *Index) CatchUpPage(nodeID string, id uint64, keys []NSKey) (Applied, er
 
 // FinishCatchUp completes catch-up id, whose pages listed the node's whole
 // key set, or every key up to the node's cap (a caller may stop at the
-// first page that met it). Listed whole: the node's keys become what the
-// pages listed and what kv_events stored meanwhile; keys it no longer
-// holds, whose BlockRemoved this node missed (a reconnect, a dropped
-// message), go, and its keys are whole again (Applied.Capped may be
-// reported again). Cut at the cap: nothing goes, since keys the pages did
-// not reach are not known gone (the keys held count against the cap while
-// the catch-up runs, so a node at its cap meets it on its first new key,
-// and sweeping would empty it down to one page's keys); a fetch of a stale
-// one is answered "no chunk". A no-op if superseded.
+// first page that met it). The node's keys become what the pages listed
+// and what kv_events stored meanwhile: keys it no longer holds, whose
+// BlockRemoved this node missed (a reconnect, a dropped message), go.
+// Listed whole, its keys are whole again (Applied.Capped may be reported
+// again). Cut at the cap, they are the node's first keys in page order up
+// to the cap (the keys no page had reached were dropped when the cap was
+// met: add), never a key the pages did not list. A no-op if superseded.
 func (x *Index) FinishCatchUp(nodeID string, id uint64) {
 	n := x.nodes[nodeID]
 	if n == nil || n.sync == nil || n.sync.id != id {
 		return
 	}
+	x.sweep(nodeID, n) // cut at the cap: swept there already, nothing left
 	if !n.sync.overCap {
-		for k, stamp := range n.keys {
-			if stamp != id {
-				delete(n.keys, k)
-				x.unhold(nodeID, k)
-			}
-		}
 		n.capped = false
 	}
 	n.sync = nil
 }
 
 // EndCatchUp ends catch-up id without changing the keys (it failed or was
-// cancelled; a no-op if it was finished or superseded).
+// cancelled; a no-op if it was finished or superseded). Keys it dropped at
+// the cap (add) stay dropped: the caller's retry lists them again.
 func (x *Index) EndCatchUp(nodeID string, id uint64) {
 	if n := x.nodes[nodeID]; n != nil && n.sync != nil && n.sync.id == id {
 		n.sync = nil

@@ -233,10 +233,12 @@ func TestFinishedCatchUpDropsTheKeysItDidNotList(t *testing.T) {
 
 // A node's keys past the cap are left out, counted, and reported once per
 // crossing; its earlier keys stay, its removals apply and free room, and
-// another node is not affected. A catch-up meets the cap the same way (the
-// keys it will drop count until it finishes); one that finishes without
-// meeting it makes the node's keys whole again, as a clear or a new boot
-// does, so the next crossing is reported again.
+// another node is not affected. A catch-up that meets the cap first drops
+// the keys its pages have not listed, which may be gone (evicted while
+// their BlockRemoved was missed), then leaves out the keys past it: no key
+// it did not list outlives it, cut at the cap or not. One that finishes
+// without meeting the cap makes the node's keys whole again, as a clear or
+// a new boot does, so the next crossing is reported again.
 func TestTheCapLeavesOutANodesKeysPastItAndNoOtherNodes(t *testing.T) {
 	x := New(lease, 2)
 	_, _ = x.Heartbeat("a", "a1", t0)
@@ -274,27 +276,27 @@ func TestTheCapLeavesOutANodesKeysPastItAndNoOtherNodes(t *testing.T) {
 				return x.applyPlain("a", "a1", "e", batch(removed("m", 0, "aa"), stored("m", 0, "dd", "ee")))
 			},
 			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
-		{"a catch-up's pages meet the cap the same way; finished there, it sweeps nothing (keys it did not reach are not known gone)",
+		{"a catch-up at the cap drops the keys no page listed yet, so its pages fill the room up to the cap; finished there, a's keys are what they listed",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")
 				require.NoError(t, err)
 				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "aa", 0)}, {".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}})
-				x.FinishCatchUp("a", id) // dd, not listed, stays; aa and cc never came in
+				x.FinishCatchUp("a", id) // dd, not listed, went at aa; cc is past the cap
 				return res, err
 			},
-			Applied{OverCap: 2}, []string{"bb", "dd"}, []string{"cc", "dd"}},
+			Applied{OverCap: 1}, []string{"aa", "bb"}, []string{"cc", "dd"}},
 		{"still capped: a store past the cap after that catch-up is not reported again",
 			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "dd", "ee"))) },
-			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
-		{"keys held count against the cap while a catch-up runs: a node at its cap meets it on its first new key, and keeps its keys",
+			Applied{OverCap: 2}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+		{"a key a evicted while its BlockRemoved was missed does not outlive a catch-up cut at the cap",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")
 				require.NoError(t, err)
-				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "ee", 0)}})
-				x.FinishCatchUp("a", id) // not emptied to the page's keys
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "bb", 0)}, {".m", key(t, "cc", 0)}, {".m", key(t, "dd", 0)}})
+				x.FinishCatchUp("a", id) // aa, not listed, went at cc
 				return res, err
 			},
-			Applied{OverCap: 1}, []string{"bb", "dd"}, []string{"cc", "dd"}},
+			Applied{OverCap: 1}, []string{"bb", "cc"}, []string{"cc", "dd"}},
 		{"a catch-up that meets no cap sweeps what it did not list and makes a's keys whole again",
 			func() (Applied, error) {
 				id, err := x.BeginCatchUp("a", "a1")

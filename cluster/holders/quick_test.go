@@ -31,12 +31,18 @@ type naiveNode struct {
 	syncGone map[NSKey]bool // removed during the catch-up
 	syncSeen map[NSKey]bool // listed by its pages or stored during it
 	syncOver bool           // a key was left out at the cap during it
+	syncCut  bool           // the keys it had not seen were dropped at the cap
 	capped   bool           // a key was left out since the keys were last whole
 }
 
 // add is a store or a page's key: left out, and counted, when the node
-// already has maxKeys others.
+// already has maxKeys others; during a catch-up, only once the keys it has
+// not seen are dropped (the first time the cap is met).
 func (m *naive) add(n *naiveNode, k NSKey, out *Applied) {
+	if !n.keys[k] && m.maxKeys > 0 && len(n.keys) >= m.maxKeys && n.syncID != 0 && !n.syncCut {
+		n.syncCut = true
+		m.unseen(n)
+	}
 	if !n.keys[k] && m.maxKeys > 0 && len(n.keys) >= m.maxKeys {
 		m.overCap++
 		out.OverCap++
@@ -50,6 +56,15 @@ func (m *naive) add(n *naiveNode, k NSKey, out *Applied) {
 	n.keys[k] = true
 	if n.syncID != 0 {
 		n.syncSeen[k] = true
+	}
+}
+
+// unseen drops the node's keys its catch-up has not seen.
+func (m *naive) unseen(n *naiveNode) {
+	for k := range n.keys {
+		if !n.syncSeen[k] {
+			delete(n.keys, k)
+		}
 	}
 }
 
@@ -86,7 +101,8 @@ func (m *naive) holders(k NSKey, now time.Time) []string {
 // random sequences of heartbeats (new and stale boots), stores, removals,
 // clears, catch-ups, time passing and expiry; with a cap on each node's
 // keys, no node ever has more indexed than the cap, and the keys left out,
-// their count and the crossings reported are the model's.
+// their count and the crossings reported are the model's, as are the keys
+// a catch-up drops when it meets the cap.
 func TestQuickIndexMatchesNaiveModel(t *testing.T) {
 	// 18 keys in all: no cap, caps that bind often, one that binds rarely.
 	for _, maxKeys := range []int{0, 1, 4, 12} {
@@ -168,7 +184,7 @@ func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 				if n := m.node(id, boot); n != nil {
 					require.NoError(t, err)
 					n.keys = map[NSKey]bool{}
-					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.capped = 0, nil, nil, false, false
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.syncCut, n.capped = 0, nil, nil, false, false, false
 				}
 			case 6:
 				sid, err := x.BeginCatchUp(id, boot)
@@ -176,7 +192,7 @@ func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 					require.NoError(t, err)
 					m.sync++
 					require.Equal(t, m.sync, sid)
-					n.syncID, n.syncGone, n.syncSeen, n.syncOver = sid, map[NSKey]bool{}, map[NSKey]bool{}, false
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.syncCut = sid, map[NSKey]bool{}, map[NSKey]bool{}, false, false
 					catchUps[id] = sid
 				}
 			case 7:
@@ -204,18 +220,14 @@ func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 				switch r.IntN(3) {
 				case 0: // failed: the keys stay
 					x.EndCatchUp(id, sid)
-					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.syncCut = 0, nil, nil, false, false
 				case 1: // done: the keys are what it listed and what was stored meanwhile
 					x.FinishCatchUp(id, sid)
-					if !n.syncOver { // else cut at the cap: what it did not reach stays
-						for k := range n.keys {
-							if !n.syncSeen[k] {
-								delete(n.keys, k)
-							}
-						}
+					m.unseen(n) // cut at the cap or not: no key it did not see stays
+					if !n.syncOver {
 						n.capped = false // the node's keys are whole again
 					}
-					n.syncID, n.syncGone, n.syncSeen, n.syncOver = 0, nil, nil, false
+					n.syncID, n.syncGone, n.syncSeen, n.syncOver, n.syncCut = 0, nil, nil, false, false
 				}
 			case 8:
 				now = now.Add(time.Duration(r.IntN(4)) * time.Second)
