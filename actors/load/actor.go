@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -93,12 +94,40 @@ type Actor struct {
 	job   *Job
 	span  trace.Span
 	start time.Time
+	// Each step of the load is marked before it runs, so a turn that
+	// panics midway (resumed, then told: resumeOnFailure) never runs a step
+	// twice, and the end (failed) does only what is left.
+	submitted bool // the copy is handed over: its JobDone comes, and the keys are unpinned there
+	ended     bool // its JobDone taken, or it ends without one
+	answered  bool // counted and the reply sent
 }
 
-// Props builds the actor for one load.
+// Props builds the actor for one load. Spawn it from the root context: it
+// is never restarted (resumeOnFailure).
 func Props(deps Deps, job *Job) *actor.Props {
-	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, job: job} })
+	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, job: job} },
+		actor.WithGuardian(resumeOnFailure{}))
 }
+
+// resumeOnFailure is the load actors' guardian strategy: protoactor's
+// default would restart a failed one, and the fresh instance would submit
+// the copy again (keys another copy may have unpinned already) and call
+// Done twice. The actor is resumed with its state and told (failed), and
+// ends what its failed turn left. One guardian per actor system, since
+// every value of it is equal.
+type resumeOnFailure struct{}
+
+func (resumeOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
+	rs *actor.RestartStatistics, reason, message any) {
+	rs.Fail()
+	system.Logger().Error("load actor failed; resumed to end its load", "actor", child.Id, "reason", reason,
+		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
+	sup.ResumeChildren(child)
+	system.Root.Send(child, &failed{reason: reason})
+}
+
+// failed tells a load actor one of its turns panicked (resumeOnFailure).
+type failed struct{ reason any }
 
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
@@ -107,6 +136,8 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopping, *actor.Stopped, *actor.Restarting:
 	case *transfer.JobDone:
 		a.done(c, m)
+	case *failed:
+		a.failed(c, m)
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
@@ -134,6 +165,7 @@ func (a *Actor) submit(c actor.Context) {
 	sub := &transfer.Submit{Owner: c.Self(), Engine: j.Engine, ID: 1,
 		Dir: backend.HostToDevice, Store: j.Store, Chunks: j.Chunks, Bytes: j.Bytes, Span: a.span.SpanContext(),
 		Session: j.Session, Hearing: j.Hearing, HearingGen: j.HearingGen}
+	a.submitted = true // before: a Submit that panicked may have handed the keys over, and they are not unpinned here under a copy
 	if a.deps.Queue != nil {
 		a.deps.Queue.Submit(sub)
 		return
@@ -142,28 +174,69 @@ func (a *Actor) submit(c actor.Context) {
 }
 
 func (a *Actor) done(c actor.Context, m *transfer.JobDone) {
-	j := a.job // the transfer side unpinned the keys (or this actor did, below)
+	if a.ended {
+		return // a second JobDone (not sent by the transfer side)
+	}
+	a.ended = true // the transfer side unpinned the keys
+	var err error
 	if m.Err != nil || m.Cancelled {
-		err := m.Err
+		err = m.Err
 		if err == nil {
 			err = fmt.Errorf("load cancelled")
 		}
-		a.span.RecordError(err)
-		a.span.SetStatus(codes.Error, err.Error())
-		a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
-		a.deps.Reject.Log(slog.LevelError, LogCopyFailed, "load copy failed", "engine", j.Engine, "request", j.Request,
-			"err", err)
-		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
-			Node: a.deps.Node, Boot: a.deps.Boot})
-	} else {
-		a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
-		a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
-			Node: a.deps.Node, Boot: a.deps.Boot, RemoteChunks: j.RemoteChunks})
 	}
-	if a.deps.Done != nil {
-		a.deps.Done()
+	a.finish(c, err)
+}
+
+// failed ends a load whose turn panicked: a copy handed over ends with its
+// JobDone (done); otherwise the keys are unpinned here if the copy never
+// was submitted, and the load answered, if it was not, as a failed copy.
+func (a *Actor) failed(c actor.Context, m *failed) {
+	if a.submitted && !a.ended {
+		return
+	}
+	a.ended = true
+	if !a.submitted {
+		a.submitted = true
+		if len(a.job.Chunks) > 0 {
+			a.job.Store.Abort(backend.HostToDevice, a.job.Chunks)
+		}
+	}
+	if a.span == nil { // failed before submit took the node's span
+		a.span = a.job.Span
+	}
+	a.finish(c, fmt.Errorf("load actor failed: %v", m.reason))
+}
+
+// finish answers the load (err nil: ok), calls Done and stops, each step
+// once.
+func (a *Actor) finish(c actor.Context, err error) {
+	j := a.job
+	if !a.answered {
+		a.answered = true
+		if err != nil {
+			if a.span != nil {
+				a.span.RecordError(err)
+				a.span.SetStatus(codes.Error, err.Error())
+			}
+			a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
+			a.deps.Reject.Log(slog.LevelError, LogCopyFailed, "load copy failed", "engine", j.Engine, "request", j.Request,
+				"err", err)
+			a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
+				Node: a.deps.Node, Boot: a.deps.Boot})
+		} else {
+			a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
+			a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{OK: true, LoadedTokens: j.Tokens,
+				Node: a.deps.Node, Boot: a.deps.Boot, RemoteChunks: j.RemoteChunks})
+		}
+	}
+	if done := a.deps.Done; done != nil {
 		a.deps.Done = nil
+		done()
 	}
-	a.span.End()
+	if span := a.span; span != nil {
+		a.span, j.Span = nil, nil
+		span.End()
+	}
 	c.Stop(c.Self())
 }

@@ -108,16 +108,17 @@ func (h *heldTransfer) Receive(c actor.Context) {
 	}
 }
 
-// watcher spawns one load actor as its child and reports when it stops.
+// watcher watches one load actor (spawned from the root context, as the
+// node does: its guardian is its supervisor) and reports when it stops.
 type watcher struct {
-	props   *actor.Props
+	pid     *actor.PID
 	stopped chan struct{}
 }
 
 func (w *watcher) Receive(c actor.Context) {
 	switch c.Message().(type) {
 	case *actor.Started:
-		c.Spawn(w.props)
+		c.Watch(w.pid) // one stopped already: Terminated all the same
 	case *actor.Terminated:
 		w.stopped <- struct{}{}
 	}
@@ -149,7 +150,7 @@ func newRig(t *testing.T) *rig {
 
 // start runs one load of job and returns a channel closed when it stops.
 func (r *rig) start(job *load.Job) <-chan struct{} {
-	w := &watcher{props: load.Props(r.deps, job), stopped: make(chan struct{}, 1)}
+	w := &watcher{pid: r.system.Root.Spawn(load.Props(r.deps, job)), stopped: make(chan struct{}, 1)}
 	r.system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return w }))
 	return w.stopped
 }
