@@ -20,7 +20,8 @@ func (n *Node) heldElsewhere(ns string, k messages.Key) bool {
 }
 
 // remoteKeys are the keys of a load that this node's store cannot load
-// (not in host memory or on disk) and another node holds (in the engine's
+// (not in host memory or on disk, or there of another size than the
+// engine's chunk: Engine.Ready) and another node holds (in the engine's
 // namespace), deduplicated.
 func (n *Node) remoteKeys(rec *engineRec, keys []messages.Key) []messages.Key {
 	if n.cl == nil {
@@ -34,7 +35,7 @@ func (n *Node) remoteKeys(rec *engineRec, keys []messages.Key) []messages.Key {
 			continue
 		}
 		seen[k] = true
-		if !n.store.Ready(k) && n.heldElsewhere(ns, k) {
+		if !rec.store.Ready(k) && n.heldElsewhere(ns, k) { // as lookup counts it
 			out = append(out, k)
 		}
 	}

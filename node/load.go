@@ -46,7 +46,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	defer span.End()
 	ns := rec.clusterNamespace()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
-		return n.store.Ready(k) || n.heldElsewhere(ns, k)
+		return rec.store.Ready(k) || n.heldElsewhere(ns, k) // of the engine's chunk size: what its load takes
 	})
 	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
 	if hit > 0 {

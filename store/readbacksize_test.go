@@ -28,6 +28,8 @@ func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
 	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
 	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
 	waitOnDisk(t, d, "a")
+	require.True(t, s.Ready("a"), "on disk")
+	require.False(t, e.Ready("a"), "a hit for an engine whose load refuses it")
 	_, err := e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	before := bytes.Clone(dev.mem)
@@ -56,6 +58,8 @@ func TestAChunkInHostMemoryOfAnotherSizeIsRefused(t *testing.T) {
 	s, e, dev, _ := fixture(t, 1, 8*testBlockBytes, testBlockBytes)
 	wide := s.Engine("f", mustLayout(t, 2, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes}), dev)
 	storeChunks(t, wide, chunk("a", 1, 2)) // twice e's chunk
+	require.True(t, wide.Ready("a"))
+	require.False(t, e.Ready("a"), "a hit for an engine whose load refuses it")
 	_, err := e.PrepareLoad([]messages.Key{"a"})
 	require.NoError(t, err)
 	before := bytes.Clone(dev.mem)

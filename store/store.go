@@ -85,15 +85,20 @@ func (s *Store) SetJournal(j hostpool.Journal) { s.pool.SetJournal(j) }
 // back, or a store filling it) counts: a load of it waits for that copy to
 // end (PrepareLoad's ErrPending) and then pins it or reads it back itself.
 // A key pending in host memory only (a store's) does not: PROTOCOL.md
-// "lookup" stops at it.
-func (s *Store) Ready(key messages.Key) bool {
-	if st, _ := s.pool.Lookup(key); st == hostpool.Ready {
-		return true
+// "lookup" stops at it. An engine's lookup asks Engine.Ready, which checks
+// the chunk's size too.
+func (s *Store) Ready(key messages.Key) bool { return s.ready(key, 0) }
+
+// ready is Ready; want > 0 also requires the chunk to be of want bytes.
+func (s *Store) ready(key messages.Key, want int64) bool {
+	if st, size := s.pool.Lookup(key); st == hostpool.Ready {
+		return want <= 0 || size == want
 	}
 	if s.disk != nil {
 		if dk, ok := s.toDisk(key); ok {
 			size, _, ok := s.disk.Has(dk)
-			return ok && size > 0 && s.Fits(size) // one the pool can never take is no hit (PrepareLoad drops it)
+			// One the pool can never take is no hit (PrepareLoad drops it).
+			return ok && size > 0 && s.Fits(size) && (want <= 0 || size == want)
 		}
 	}
 	return false
@@ -115,6 +120,18 @@ type Engine struct {
 // Engine binds the store to an engine's id, layout and device.
 func (s *Store) Engine(id string, lay *sched.Layout, dev backend.Attachment) *Engine {
 	return &Engine{s: s, id: id, lay: lay, dev: dev}
+}
+
+// Ready is Store.Ready for a load of this engine: a chunk held in host
+// memory or on disk whose size is not its group's chunk size in the
+// engine's layout is no hit, since the load refuses it (sizesMatch) and
+// drops it.
+func (e *Engine) Ready(key messages.Key) bool {
+	_, _, g := sched.SplitKey(key)
+	if g < 0 || g >= len(e.lay.Groups) {
+		return false
+	}
+	return e.s.ready(key, e.lay.Groups[g].ChunkBytes)
 }
 
 // PrepareStore makes room for a decision's chunks. With a
