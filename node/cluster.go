@@ -50,7 +50,8 @@ type clusterNode struct {
 	closing context.Context
 	close   context.CancelFunc
 	// inGate holds nil but in tests (export_test.go): a func run inside the
-	// gates above, "read" as readChunk serves a fetch, "fetch" as a
+	// gates above, "read" as readChunk serves a fetch, "remote-load" as a
+	// remote load's goroutine starts, "fetch" as a
 	// remote load's fetch allocates a chunk's room, and "claim-released" as an
 	// ended engine's claim has just been released (releaseClaimIfGone).
 	inGate atomic.Pointer[func(gate string)]

@@ -2,10 +2,16 @@ package node_test
 
 import (
 	"bytes"
+	"encoding/json"
+	"fmt"
+	"strings"
 	"testing"
+	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -44,4 +50,63 @@ func TestClusterRemoteLoadKeepsItsOwnLocalPrefix(t *testing.T) {
 	require.Equal(t, 1, r.RemoteChunks)
 	require.True(t, bytes.Equal(c.block(0, 10), c.block(0, messages.BlockID(2))), "chunk 0 from C's pool")
 	require.True(t, bytes.Equal(a.block(0, 41), c.block(0, messages.BlockID(3))), "chunk 1 from A")
+}
+
+// Loads that need a remote fetch count in the engine's loads in flight
+// (node.MaxCopyingLoads) from before their fetch goroutine starts: past the
+// bound a load is answered "node overloaded" at once and starts nothing.
+// Before, the bound applied only once the fetch was done, so one engine
+// could start a goroutine (and its fetches, and their pool room) per load
+// without limit. Every remote load is held as its goroutine starts; the
+// engine's loads are handled in the order sent, so MaxCopyingLoads are held
+// and the one past them is answered while they wait; let go, each is
+// answered.
+func TestClusterRemoteLoadsFetchingAreBounded(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2)
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
+	a.register()
+	c.register()
+	hs := []string{hash("f", 0), hash("f", 1)}
+	a.storePrefix("r", hs, 1, 2, 3, "stored by A")
+	awaitLookup(t, c, hs, 8, "C")
+
+	entered, release := kc.nodes[1].node.HoldAllInClusterGate("remote-load", node.MaxCopyingLoads+1)
+	defer release()
+	replies := make(chan *nats.Msg, node.MaxCopyingLoads+1)
+	sub, err := c.e.nc.ChanSubscribe("_INBOX.ec.ld.*", replies)
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	for i := range node.MaxCopyingLoads + 1 {
+		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": hs,
+			"num_tokens": 8, "blocks": [][]int{{5, 6}}})
+		require.NoError(t, err)
+		require.NoError(t, c.e.nc.PublishRequest("kvactors.ec.load", fmt.Sprintf("_INBOX.ec.ld.%d", i), data))
+	}
+	for range node.MaxCopyingLoads {
+		testkit.Recv(t, entered, 10*time.Second, "a remote load's goroutine")
+	}
+	m := testkit.Recv(t, replies, 10*time.Second, "the answer to the load past the bound")
+	require.True(t, strings.HasSuffix(m.Subject, fmt.Sprintf(".%d", node.MaxCopyingLoads)), "answered first: %s %s", m.Subject, m.Data)
+	var rep messages.LoadReply
+	require.NoError(t, json.Unmarshal(m.Data, &rep))
+	require.False(t, rep.OK)
+	require.Contains(t, rep.Error, messages.Overloaded)
+	require.Empty(t, entered, "a remote load past the bound started its fetch")
+	require.Equal(t, 1.0, kc.nodes[1].counter("kvactors_events_rejected_total", "limit"))
+
+	// Let go, each held load is answered: one fetches, the others wait for
+	// its pending chunks (past the waiting bound, a miss at once).
+	release()
+	ok := 0
+	for range node.MaxCopyingLoads {
+		var r messages.LoadReply
+		require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 20*time.Second, "a held load's answer").Data, &r))
+		require.NotContains(t, r.Error, messages.Overloaded)
+		if r.OK {
+			ok++
+		}
+	}
+	require.Positive(t, ok)
 }

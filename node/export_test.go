@@ -71,6 +71,24 @@ func (n *Node) HoldInClusterGate(gate string) (entered <-chan struct{}, release 
 	return in, sync.OnceFunc(func() { close(out) })
 }
 
+// HoldAllInClusterGate holds every holder of the node's cluster gates to
+// reach gate (as HoldInClusterGate names them, and "remote-load": a remote
+// load's goroutine as it starts, before its fetch) until release; entered
+// receives once per holder held (up to its buffer of most). Set it before
+// the node loads.
+func (n *Node) HoldAllInClusterGate(gate string, most int) (entered <-chan struct{}, release func()) {
+	in, out := make(chan struct{}, most), make(chan struct{})
+	f := func(g string) {
+		if g != gate {
+			return
+		}
+		in <- struct{}{}
+		<-out
+	}
+	n.cl.inGate.Store(&f)
+	return in, sync.OnceFunc(func() { close(out) })
+}
+
 // StallClaim holds the next claim of engine's registers as it begins,
 // before its JetStream calls, as a stalled JetStream would (a KV leader
 // election), until release or the claim's own context ends (its lease, or

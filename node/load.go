@@ -120,12 +120,23 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	}
 	if remote := n.remoteKeys(rec, keys); len(remote) > 0 {
 		// Fetching takes round trips: off the ingest worker, holding the
-		// device open as a load does.
+		// device open as a load does, and counted in the engine's loads in
+		// flight (maxCopyingLoads) from here: a goroutine, its fetches and
+		// their pool room each, which one engine must not start without
+		// bound. The count is let go as the fetch ends and taken again by
+		// tryLoad, so it never holds two.
+		if rec.copyingLoads.Add(1) > maxCopyingLoads {
+			rec.copyingLoads.Add(-1)
+			refuse(fmt.Errorf("load %q: %w", req.Request, errTooManyLoads))
+			return
+		}
 		if !n.cl.fetches.enter() {
+			rec.copyingLoads.Add(-1)
 			fail(fmt.Errorf("load %q: %w", req.Request, errClosing)) // the pool is going away
 			return
 		}
 		if !rec.loads.enter() {
+			rec.copyingLoads.Add(-1)
 			n.cl.fetches.leave()
 			fail(fmt.Errorf("%w %q", errUnknownEngine, engineID)) // ending: its segments are going away
 			return
@@ -133,7 +144,11 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 		go func() {
 			defer n.cl.fetches.leave() // after startLoad: its load actor copies through the transfer actor, which the teardown stops first
 			defer rec.loads.leave()
+			if f := n.cl.inGate.Load(); f != nil {
+				(*f)("remote-load")
+			}
 			fetched, err := n.fetchRemote(ctx, rec, remote, keys)
+			rec.copyingLoads.Add(-1)
 			if err != nil {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
 				return
@@ -210,9 +225,9 @@ func (n *Node) endWait(ls *loadStart, outcome string) {
 	}
 }
 
-// maxCopyingLoads bounds an engine's loads pinned and in the copy queue
-// or copying: past it a load is answered "node overloaded" at once, having
-// pinned nothing. Loads go ahead of stores in the copy queue, and a queued
+// maxCopyingLoads bounds an engine's loads fetching remote chunks, pinned
+// and in the copy queue, or copying: past it a load is answered "node
+// overloaded" at once, having pinned and fetched nothing. Loads go ahead of stores in the copy queue, and a queued
 // load holds pins, not pool room, so without it one engine loading faster
 // than the copies run would grow the queue without bound.
 const maxCopyingLoads = 256
