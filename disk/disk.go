@@ -4,6 +4,7 @@ import (
 	"container/list"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"math"
 	"os"
@@ -40,6 +41,9 @@ type Config struct {
 	// directory and its open of each segment listed (the window in which
 	// the entry can be swapped for another kind of file).
 	beforeOpen func(path string)
+	// readSegment, in tests, wraps the rebuild's reader of each segment
+	// (to fail a read as a disk would: EIO).
+	readSegment func(path string, r io.Reader) io.Reader
 }
 
 // Errors; check with errors.Is.
@@ -144,8 +148,9 @@ type Disk struct {
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
-// torn tail off a segment and skipping records that fail their checksum) and
-// starts the writer on a new segment. It first takes an exclusive flock on
+// torn tail off a segment and skipping records that fail their checksum;
+// failing, with nothing cut, where a read fails) and starts the writer on a
+// new segment. It first takes an exclusive flock on
 // the file LOCK in cfg.Dir, held until Close: a directory another Disk has
 // open, in this process or another, is ErrLocked.
 func Open(cfg Config, notify Notify) (*Disk, error) {

@@ -28,7 +28,8 @@
 // segment is cut there, so the records before it survive (in its batch or
 // earlier) and the torn one and all after it go; a record of full length
 // whose data fails its checksum is skipped, and each record after it is kept
-// only if its own checksums hold.
+// only if its own checksums hold. A read that fails (EIO) is not a torn
+// tail: Open fails, naming the segment, and cuts nothing.
 //
 // Durability: segments are not fsynced; the tier's durability is the page
 // cache's. A restart after a process crash (kill -9: the page cache

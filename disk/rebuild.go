@@ -217,9 +217,13 @@ func (w *walk) segment(seg *segment) {
 // read reads seg's intact records and tombstones into entries, in write
 // order. A record that ends past the file or whose header fails its
 // checksum is a torn write: the segment is cut there. A whole record whose
-// data fails its checksum is skipped.
+// data fails its checksum is skipped. A read that fails (EIO) is an error,
+// and nothing is cut.
 func (d *Disk) read(seg *segment, entries []entry) ([]entry, error) {
-	r := &countReader{r: seg.f}
+	r := &countReader{r: io.Reader(seg.f)}
+	if d.cfg.readSegment != nil {
+		r.r = d.cfg.readSegment(seg.f.Name(), seg.f)
+	}
 	for {
 		start := r.n
 		h, err := readHeader(r)
@@ -239,6 +243,12 @@ func (d *Disk) read(seg *segment, entries []entry) ([]entry, error) {
 				continue
 			}
 		}
+		if err != nil && r.err != nil {
+			// The read failed, not the record: the bytes may be whole, so
+			// they are not cut; the open fails instead (a restart reads
+			// them again).
+			return entries, fmt.Errorf("disk: read %s at offset %d: %w", seg.f.Name(), start, r.err)
+		}
 		if err != nil { // torn: cut the tail
 			d.discarded.Add(1)
 			if terr := seg.f.Truncate(start); terr != nil {
@@ -254,12 +264,16 @@ func (d *Disk) read(seg *segment, entries []entry) ([]entry, error) {
 }
 
 type countReader struct {
-	r io.Reader
-	n int64
+	r   io.Reader
+	n   int64
+	err error // the first error but EOF: a failed read, not a short file
 }
 
 func (c *countReader) Read(p []byte) (int, error) {
 	n, err := c.r.Read(p)
 	c.n += int64(n)
+	if err != nil && err != io.EOF && c.err == nil {
+		c.err = err
+	}
 	return n, err
 }
