@@ -133,6 +133,7 @@ type Disk struct {
 	tombs     []tombstone // of records dropped, for the writer to write
 	queued    int64
 	closed    bool
+	shut      bool // Close closed the files and let the directory go: nothing is dropped or deleted now
 	q         chan spill
 	done      chan struct{}
 	kick      chan struct{} // wakes the writer for tombs
@@ -277,6 +278,9 @@ func (d *Disk) evictFront() *item {
 // run did not), the oldest segment with the live records still in it
 // (counted as evictions). Caller holds d.mu; it returns the chunks dropped.
 func (d *Disk) dropDead() []*item {
+	if d.shut {
+		return nil
+	}
 	var removed []*item
 	for len(d.segs) > 1 {
 		seg := d.segs[0]
@@ -336,10 +340,11 @@ func (d *Disk) Drop(engine string, key messages.Key) {
 
 // dropItem drops record it if key still names it, and reports whether it
 // did: a read that found it bad must not drop a newer record of the key
-// (spilled again while the read ran).
+// (spilled again while the read ran). After Close it drops nothing: no
+// tombstone would be written, so the removal told would not hold.
 func (d *Disk) dropItem(engine string, it *item) bool {
 	d.mu.Lock()
-	if d.items[it.key] != it {
+	if d.shut || d.items[it.key] != it {
 		d.mu.Unlock()
 		return false
 	}
@@ -366,7 +371,7 @@ func (d *Disk) Keys() []messages.Key {
 }
 
 // Close stops taking spills, waits for the writer to finish the queue and
-// closes the files.
+// closes the files. A Drop or read after it changes nothing on disk.
 func (d *Disk) Close() {
 	d.mu.Lock()
 	first := !d.closed
@@ -379,6 +384,7 @@ func (d *Disk) Close() {
 	if first {
 		d.mu.Lock()
 		d.closeFiles()
+		d.shut = true
 		d.mu.Unlock()
 	}
 }

@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
 )
 
 // failingReader reads r until at bytes have been read, then fails as a
@@ -67,4 +69,51 @@ func TestAReadErrorAtOpenFailsItAndCutsNothing(t *testing.T) {
 		require.Equal(t, c, got)
 	}
 	require.Zero(t, d2.Stats().Discarded)
+}
+
+// openTwoSegments opens a tier on dir that writes each 1000-byte record
+// to a segment of its own, and spills key(1) and key(2), waiting until both
+// are on disk.
+func openTwoSegments(t *testing.T, dir string, notify Notify) (*Disk, []byte) {
+	t.Helper()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1500}, notify)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{5}, 1000)
+	for i := 1; i <= 2; i++ {
+		require.True(t, d.Spill("e", key(i), sum(c), c))
+		waitOnDisk(t, d, key(i))
+	}
+	return d, c
+}
+
+// A Drop (or a load's read that fails) after Close changes nothing: it
+// deleted the segment left with no live record although the tier no
+// longer held the directory, so a tier opened on it since lost the file,
+// and it announced a removal whose tombstone no writer would write.
+func TestADropAfterCloseTouchesNoFile(t *testing.T) {
+	dir := t.TempDir()
+	ev := &events{}
+	d, c := openTwoSegments(t, dir, ev.notify)
+	path1, _, _ := d.Where(key(1))
+	d.Close()
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d2.Close()
+	d.Drop("e", key(1)) // the last record of the oldest segment
+	_, err = readBack(t, d, key(2), len(c))
+	require.Error(t, err, "a closed tier serves nothing")
+
+	_, err = os.Stat(path1)
+	require.NoError(t, err, "the segment the new tier holds is still there")
+	_, removed := ev.get()
+	require.Empty(t, removed)
+	got, err := readBack(t, d2, key(1), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
+	d2.Close()
+	d3, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d3.Close()
+	require.ElementsMatch(t, []messages.Key{key(1), key(2)}, d3.Keys(), "both chunks come back")
 }
