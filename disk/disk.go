@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -44,6 +45,9 @@ type Config struct {
 	// readSegment, in tests, wraps the rebuild's reader of each segment
 	// (to fail a read as a disk would: EIO).
 	readSegment func(path string, r io.Reader) io.Reader
+	// remove, in tests, deletes a segment file in place of os.Remove (to
+	// fail a delete).
+	remove func(path string) error
 }
 
 // Errors; check with errors.Is.
@@ -88,6 +92,9 @@ type segment struct {
 	size  int64      // bytes written (records whole or, at rebuild, verified)
 	live  int        // indexed records in it
 	marks int64      // bytes of tombstones in it (in size)
+	// removeFailed: a delete of the file failed (counted and logged once
+	// per segment; it stays, and the delete is tried again).
+	removeFailed bool
 	// retired: a failed write could not be cut back, so the file may hold
 	// bytes past size, and an append would land there, not at size, where
 	// its records would be indexed. The writer starts a new segment
@@ -144,7 +151,7 @@ type Disk struct {
 	rebuildHeld int
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
-	dropped, raced, discarded, failed, retired                            atomic.Int64
+	dropped, raced, discarded, failed, retired, removeFailed              atomic.Int64
 	longKeyLogged                                                         atomic.Bool // a long key's drop was logged
 }
 
@@ -276,7 +283,9 @@ func (d *Disk) evictFront() *item {
 // hold more than half the budget again in dropped records (tombstones not
 // counted: the rebuild, which counts them, must not delete a segment the
 // run did not), the oldest segment with the live records still in it
-// (counted as evictions). Caller holds d.mu; it returns the chunks dropped.
+// (counted as evictions). A segment whose file fails to delete stays whole
+// (its bytes counted, its chunks served) and ends the pass: the next one
+// tries it again. Caller holds d.mu; it returns the chunks dropped.
 func (d *Disk) dropDead() []*item {
 	if d.shut {
 		return nil
@@ -285,6 +294,13 @@ func (d *Disk) dropDead() []*item {
 	for len(d.segs) > 1 {
 		seg := d.segs[0]
 		if seg.live > 0 && d.fileBytes-d.markBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
+			break
+		}
+		// Deleted before anything is dropped: a file that stays still
+		// takes its bytes, and its records would come back at the next
+		// start (tombstones are written only for the segments kept).
+		if !d.removeFile(seg.f.Name(), !seg.removeFailed) {
+			seg.removeFailed = true
 			break
 		}
 		for e := d.lru.Front(); e != nil && seg.live > 0; {
@@ -300,9 +316,26 @@ func (d *Disk) dropDead() []*item {
 		d.fileBytes -= seg.size
 		d.markBytes -= seg.marks
 		_ = seg.f.Close()
-		_ = os.Remove(seg.f.Name())
 	}
 	return removed
+}
+
+// removeFile deletes a segment file; one already gone counts as deleted.
+// A failure is counted and, where report, logged.
+func (d *Disk) removeFile(path string, report bool) bool {
+	remove := os.Remove
+	if d.cfg.remove != nil {
+		remove = d.cfg.remove
+	}
+	err := remove(path)
+	if err == nil || errors.Is(err, fs.ErrNotExist) {
+		return true
+	}
+	if report {
+		d.removeFailed.Add(1)
+		slog.Warn("disk: a segment could not be deleted; it is kept and tried again", "path", path, "err", err)
+	}
+	return false
 }
 
 // Has reports whether key is on disk, and its size and checksum.

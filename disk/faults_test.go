@@ -2,13 +2,17 @@ package disk
 
 import (
 	"bytes"
+	"fmt"
 	"io"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -116,4 +120,73 @@ func TestADropAfterCloseTouchesNoFile(t *testing.T) {
 	require.NoError(t, err)
 	defer d3.Close()
 	require.ElementsMatch(t, []messages.Key{key(1), key(2)}, d3.Keys(), "both chunks come back")
+}
+
+// segBytes is the bytes the directory's segment files take.
+func segBytes(t *testing.T, dir string) int64 {
+	t.Helper()
+	var n int64
+	for _, f := range segFiles(t, dir) {
+		st, err := os.Stat(f)
+		require.NoError(t, err)
+		n += st.Size()
+	}
+	return n
+}
+
+// A segment whose file fails to delete stays whole: its bytes counted
+// (Stats.FileBytes is what the files take), its chunks served, the failure
+// counted once; the next drop deletes it. The failed delete was ignored
+// and the bytes counted freed while the file stayed.
+func TestAFailedSegmentDeleteKeepsTheSegmentAndItsBytes(t *testing.T) {
+	dir := t.TempDir()
+	var failing atomic.Bool
+	failing.Store(true)
+	remove := func(path string) error {
+		if failing.Load() {
+			return &os.PathError{Op: "remove", Path: path, Err: syscall.EACCES}
+		}
+		return os.Remove(path)
+	}
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1500, remove: remove}, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	c := bytes.Repeat([]byte{5}, 1000)
+	for i := 1; i <= 3; i++ { // a segment each
+		require.True(t, d.Spill("e", key(i), sum(c), c))
+		waitOnDisk(t, d, key(i))
+	}
+	require.Equal(t, segBytes(t, dir), d.Stats().FileBytes)
+
+	d.Drop("e", key(1)) // its segment, the oldest, is dead: the delete fails
+	d.Drop("e", key(2)) // a dead one behind it waits for it
+	require.Len(t, segFiles(t, dir), 3)
+	filesCounted(t, d, dir) // the bytes still on disk are counted
+	require.Equal(t, int64(1), d.Stats().RemoveFailed, "counted once, tried again at the second drop")
+	got, err := readBack(t, d, key(3), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
+
+	failing.Store(false)
+	d.Drop("e", key(3)) // the next drop deletes both dead segments, then key(3)'s
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if n := len(segFiles(t, dir)); n != 1 {
+			return fmt.Errorf("%d segment files", n)
+		}
+		return nil
+	})
+	filesCounted(t, d, dir)
+	require.Equal(t, int64(1), d.Stats().RemoveFailed)
+}
+
+// filesCounted waits until Stats.FileBytes is what the segment files take
+// (the writer writes the drops' tombstones after they return).
+func filesCounted(t *testing.T, d *Disk, dir string) {
+	t.Helper()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if n, files := d.Stats().FileBytes, segBytes(t, dir); n != files {
+			return fmt.Errorf("FileBytes %d, the files take %d", n, files)
+		}
+		return nil
+	})
 }

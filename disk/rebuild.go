@@ -61,7 +61,7 @@ func (d *Disk) rebuild() error {
 			// up behind a live older segment, each an open descriptor.
 			d.segs = d.segs[:len(d.segs)-1]
 			_ = f.Close()
-			_ = os.Remove(f.Name())
+			d.removeFile(f.Name(), true) // failed, it is read again at the next start
 			continue
 		}
 		d.fileBytes += seg.size
@@ -69,7 +69,7 @@ func (d *Disk) rebuild() error {
 		w.segment(seg)
 	}
 	for _, id := range ids[:i+1] {
-		_ = os.Remove(d.segPath(id)) // older than every record kept
+		d.removeFile(d.segPath(id), true) // older than every record kept; failed, at the next start
 	}
 	slices.Reverse(d.segs)
 	d.tombs = append(d.tombs, w.trimmed...)

@@ -19,6 +19,10 @@ type Stats struct {
 	Discarded  int64 `json:"discarded"` // torn tails cut and bad records skipped at open
 	Failed     int64 `json:"failed"`    // writes that failed (a chunk's record, or a write of tombstones)
 	Retired    int64 `json:"retired"`   // segments written no more: a failed write could not be cut back
+	// RemoveFailed: segments whose file failed to delete (each counted
+	// once; kept, its bytes in FileBytes, and tried again at the next drop,
+	// or the next start where the rebuild deleted it).
+	RemoveFailed int64 `json:"remove_failed"`
 }
 
 func (d *Disk) Stats() Stats {
@@ -30,6 +34,6 @@ func (d *Disk) Stats() Stats {
 	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
 	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
 		d.failed.Load()
-	st.Retired = d.retired.Load()
+	st.Retired, st.RemoveFailed = d.retired.Load(), d.removeFailed.Load()
 	return st
 }

@@ -190,7 +190,7 @@ type diskCollector struct{ stats func() disk.Stats }
 
 var diskDescs = struct {
 	bytes, chunks, budget, queued, hits, evictions, read, write, readTime, writeTime, dropped, raced, discarded, failed,
-	retired *prometheus.Desc
+	retired, undeleted *prometheus.Desc
 }{
 	bytes:     prometheus.NewDesc("kvactors_disk_bytes", "Chunk bytes on disk.", nil, nil),
 	chunks:    prometheus.NewDesc("kvactors_disk_chunks", "Chunks on disk.", nil, nil),
@@ -207,12 +207,13 @@ var diskDescs = struct {
 	discarded: prometheus.NewDesc("kvactors_disk_discarded_total", "Bad records found when the index was rebuilt at open: records skipped for a bad data checksum, and torn tails cut (each with the rest of its segment).", nil, nil),
 	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Writes that failed: a chunk's record, or a write of tombstones (retried).", nil, nil),
 	retired:   prometheus.NewDesc("kvactors_disk_segments_retired_total", "Segments written no more because a failed write could not be cut back.", nil, nil),
+	undeleted: prometheus.NewDesc("kvactors_disk_segment_delete_failures_total", "Segments whose file could not be deleted (kept, counted in the files, and tried again).", nil, nil),
 }
 
 func (diskCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := diskDescs
 	for _, x := range []*prometheus.Desc{d.bytes, d.chunks, d.budget, d.queued, d.hits, d.evictions, d.read, d.write,
-		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed, d.retired} {
+		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed, d.retired, d.undeleted} {
 		ch <- x
 	}
 }
@@ -240,6 +241,7 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	count(d.discarded, float64(st.Discarded))
 	count(d.failed, float64(st.Failed))
 	count(d.retired, float64(st.Retired))
+	count(d.undeleted, float64(st.RemoveFailed))
 }
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape
