@@ -158,7 +158,7 @@ type Disk struct {
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
 // torn tail off a segment and skipping records that fail their checksum;
 // failing, with nothing cut, where a read fails) and starts the writer on a
-// new segment. It first takes an exclusive flock on
+// new segment (or on the newest, where it holds no live chunk). It first takes an exclusive flock on
 // the file LOCK in cfg.Dir, held until Close: a directory another Disk has
 // open, in this process or another, is ErrLocked.
 func Open(cfg Config, notify Notify) (*Disk, error) {
@@ -190,9 +190,16 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 		d.closeFiles()
 		return nil, err
 	}
-	if err := d.newSegment(); err != nil {
-		d.closeFiles()
-		return nil, err
+	// A boot that wrote only tombstones (it dropped chunks, spilled none)
+	// left a segment with no live chunk, which no drop deletes while an
+	// older one holds a live chunk: the writer appends to it (the rebuild
+	// read it to its end, cutting any torn tail) rather than each boot of a
+	// crash loop adding a file, and an open descriptor.
+	if n := len(d.segs); n == 0 || d.segs[n-1].live > 0 || d.segs[n-1].size >= cfg.SegmentBytes {
+		if err := d.newSegment(); err != nil {
+			d.closeFiles()
+			return nil, err
+		}
 	}
 	go d.writer()
 	return d, nil

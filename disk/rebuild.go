@@ -39,9 +39,9 @@ func (d *Disk) rebuild() error {
 	w := &walk{d: d, named: map[int]map[mark]struct{}{}, dead: map[messages.Key]struct{}{}}
 	i := len(ids) - 1
 	for ; i >= 0 && !w.full; i-- {
-		// Open starts a new segment after the rebuild, so these are only
-		// read and cut; O_APPEND all the same, so that a write to any
-		// segment lands at its end, not where the read left the offset.
+		// Read and cut; O_APPEND, so that a write lands at a segment's
+		// end, not where the read left the offset (Open appends to the
+		// newest where it holds no live chunk).
 		f, err := d.openListed(d.segPath(ids[i]))
 		if err != nil {
 			return err

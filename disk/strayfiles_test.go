@@ -30,10 +30,11 @@ func openWithOneRecord(t *testing.T, dir string) (*Disk, []byte) {
 	return d, c
 }
 
-// Every Open starts a new segment; one a boot never writes must not stay
-// behind while an older segment still holds a live record (old segments
-// go only from the front): a crash loop would add a file, and an open
-// descriptor at every later Open, per restart.
+// An Open after a boot that left a live chunk in its segment starts a new
+// segment; one a boot never writes must not stay behind while an older
+// segment still holds a live record (old segments go only from the front):
+// a crash loop would add a file, and an open descriptor at every later
+// Open, per restart.
 func TestRestartsDoNotPileUpEmptySegments(t *testing.T) {
 	dir := t.TempDir()
 	d, c := openWithOneRecord(t, dir)
@@ -51,6 +52,51 @@ func TestRestartsDoNotPileUpEmptySegments(t *testing.T) {
 	_, err = d.readInto("e", key(1), [][]byte{got})
 	require.NoError(t, err)
 	require.Equal(t, c, got, "the live record survives")
+}
+
+// A boot that only drops chunks (a load finds them bad or too large for
+// the pool) writes only their tombstones; in a crash loop each boot's
+// tombstones went to a segment of its own, which no drop deletes while an
+// older segment holds a live chunk: a file, and an open descriptor at
+// every later Open, per restart. A boot appends to the newest segment
+// where it holds no live chunk, so they pile up no more, and every dropped
+// chunk stays dropped.
+func TestRestartsThatOnlyDropDoNotPileUpTombstoneSegments(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{5}, 100)
+	for i := range 30 {
+		require.True(t, d.Spill("e", key(i), sum(c), c))
+	}
+	waitOnDisk(t, d, key(29))
+	d.Close()
+	for i := range 20 {
+		d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+		require.NoError(t, err)
+		d.Drop("e", key(i))
+		d.Close() // writes the tombstone
+	}
+	require.Len(t, segFiles(t, dir), 2, "the live chunks' segment and the tombstones'")
+	d, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	var want []messages.Key
+	for i := 20; i < 30; i++ {
+		want = append(want, key(i))
+	}
+	require.Equal(t, want, d.Keys(), "the dropped chunks stay dropped")
+	c2 := bytes.Repeat([]byte{6}, 100)
+	require.True(t, d.Spill("e", key(30), sum(c2), c2)) // appended after the tombstones
+	waitOnDisk(t, d, key(30))
+	d.Close()
+	d, err = Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	require.Equal(t, append(want, key(30)), d.Keys())
+	got, err := readBack(t, d, key(30), len(c2))
+	require.NoError(t, err)
+	require.Equal(t, c2, got)
 }
 
 // A file in the disk directory that is not one of the tier's own names
