@@ -59,6 +59,7 @@ type Config struct {
 	// BeforePublish, if set, is called with each batch message just before
 	// it is published (under the client's lock: keep it short), e.g. to add
 	// a W3C traceparent header; events is the number of events in it.
+	// (Lookup and Load take theirs from their ctx.)
 	BeforePublish func(m *nats.Msg, seq uint64, events int)
 
 	// DropBatch is fault injection for tests: when it returns true for a

@@ -78,7 +78,9 @@ type loadWait struct {
 
 // Load copies the first numTokens tokens' chunks of a prompt with these
 // hashes into blocks (per group, blocks_per_chunk ids per chunk; id 0 is
-// skipped) and returns once the copies completed. The count it returns is
+// skipped) and returns once the copies completed. The request carries the
+// W3C trace context of ctx, if any (the node's kvactors.load span is a
+// child of the caller's). The count it returns is
 // numTokens echoed, but group g receives only chunks [0, numTokens /
 // tokens_per_chunk[g]), no part of one: take numTokens from Lookup (with
 // groups of different tokens_per_chunk, rounded down to a multiple of every
@@ -109,6 +111,8 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	if err != nil {
 		return 0, fmt.Errorf("client: engine %s: load %s: subscribe reply inbox: %w", c.cfg.Engine, req, err)
 	}
+	m := &nats.Msg{Subject: c.subj + messages.VerbLoad, Reply: w.sub.Subject, Data: data}
+	withTrace(ctx, m)
 	if c.beforeLoad != nil {
 		c.beforeLoad()
 	}
@@ -130,7 +134,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 	}
 	w.node, w.boot, w.probe = c.node, c.boot, c.probeLocked()
 	c.loads[w] = struct{}{}
-	if err := c.publishMsg(&nats.Msg{Subject: c.subj + messages.VerbLoad, Reply: w.sub.Subject, Data: data}); err != nil {
+	if err := c.publishMsg(m); err != nil {
 		c.settleLoadLocked(w) // never sent
 		c.mu.Unlock()
 		return 0, fmt.Errorf("client: engine %s: load %s: %w", c.cfg.Engine, req, err)

@@ -10,7 +10,9 @@ import (
 )
 
 // Lookup asks how many leading tokens of a prompt with these block hashes
-// (lowercase hex) the node can load. While the node is lost it sends
+// (lowercase hex) the node can load. The request carries the W3C trace
+// context of ctx, if any, so the node's kvactors.lookup span is a child of
+// the caller's. While the node is lost it sends
 // nothing and fails at once (ErrNoNode): every message to the node
 // postpones the node_lost frees (checklist step 15). After Close it sends
 // nothing either (the engine is unregistered), as Load.

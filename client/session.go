@@ -414,7 +414,7 @@ func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription, 
 }
 
 // requestCtx does one request/reply on P.E.verb with JSON bodies, bounded
-// by ctx and RequestTimeout.
+// by ctx and RequestTimeout, carrying ctx's trace context (withTrace).
 func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
 	return c.requestBegun(ctx, c.sent.begin(time.Now()), verb, body, reply)
 }
@@ -428,9 +428,11 @@ func (c *Client) requestBegun(ctx context.Context, id uint64, verb string, body,
 		c.sent.end(id, nats.ErrConnectionClosed) // nothing sent
 		return fmt.Errorf("client: encode %s: %w", verb, err)
 	}
+	msg := &nats.Msg{Subject: c.subj + verb, Data: data}
+	withTrace(ctx, msg)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
-	m, err := c.nc.RequestWithContext(ctx, c.subj+verb, data)
+	m, err := c.nc.RequestMsgWithContext(ctx, msg)
 	if errors.Is(err, nats.ErrConnectionClosed) {
 		// Also what a request already sent gets when the connection closes
 		// while its reply is awaited: count it as sent (later frees, never
