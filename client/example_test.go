@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log"
 	"time"
@@ -35,15 +36,16 @@ func Example() {
 	}
 	defer func() { _ = c.Close() }()
 
-	// Step 1: a request arrives and gets two blocks.
-	c.Added("r1", 32)
-	c.Blocks("r1", 0, 0, []uint32{1, 2})
-	_ = c.Flush()
+	// Step 1: a request arrives and gets two blocks. An event the node
+	// would reject is refused here, and never released: check each.
+	if err := errors.Join(c.Added("r1", 32), c.Blocks("r1", 0, 0, []uint32{1, 2}), c.Flush()); err != nil {
+		log.Fatal(err)
+	}
 	// Step 2: its prefill completed (KV written and fenced); it finished.
-	c.Hashes("r1", 0, []byte{0xaa}, []byte{0xbb})
-	c.Tokens("r1", 32, 32)
-	c.Finished("r1", false, 32, 32)
-	_ = c.Flush()
+	if err := errors.Join(c.Hashes("r1", 0, []byte{0xaa}, []byte{0xbb}), c.Tokens("r1", 32, 32),
+		c.Finished("r1", false, 32, 32), c.Flush()); err != nil {
+		log.Fatal(err)
+	}
 
 	r := <-free // blocks 1 and 2 may be reused now
 	fmt.Println(r.Request, r.Reason)
