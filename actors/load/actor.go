@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"runtime/debug"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -106,25 +105,16 @@ type Actor struct {
 // is never restarted (resumeOnFailure).
 func Props(deps Deps, job *Job) *actor.Props {
 	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, job: job} },
-		actor.WithGuardian(resumeOnFailure{}))
+		actor.WithGuardian(resumeOnFailure))
 }
 
 // resumeOnFailure is the load actors' guardian strategy: protoactor's
 // default would restart a failed one, and the fresh instance would submit
 // the copy again (keys another copy may have unpinned already) and call
 // Done twice. The actor is resumed with its state and told (failed), and
-// ends what its failed turn left. One guardian per actor system, since
-// every value of it is equal.
-type resumeOnFailure struct{}
-
-func (resumeOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
-	rs *actor.RestartStatistics, reason, message any) {
-	rs.Fail()
-	system.Logger().Error("load actor failed; resumed to end its load", "actor", child.Id, "reason", reason,
-		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
-	sup.ResumeChildren(child)
-	system.Root.Send(child, &failed{reason: reason})
-}
+// ends what its failed turn left.
+var resumeOnFailure = actors.ResumeOnPanic("load actor failed; resumed to end its load",
+	func(reason any) any { return &failed{reason: reason} })
 
 // failed tells a load actor one of its turns panicked (resumeOnFailure).
 type failed struct{ reason any }

@@ -96,21 +96,12 @@ func Props(deps Deps) *actor.Props {
 	deps.Config = deps.Config.withDefaults()
 	loop := actors.NewLoopDispatcher()
 	return actor.PropsFromProducer(func() actor.Actor { return &Actor{deps: deps, loop: loop} },
-		actor.WithDispatcher(loop), actor.WithGuardian(resumeOnFailure{}))
+		actor.WithDispatcher(loop), actor.WithGuardian(resumeOnFailure))
 }
 
 // resumeOnFailure is the transfer actor's guardian strategy: protoactor's
-// default would restart it (see Props). One guardian per actor system,
-// since every value of it is equal.
-type resumeOnFailure struct{}
-
-func (resumeOnFailure) HandleFailure(system *actor.ActorSystem, sup actor.Supervisor, child *actor.PID,
-	rs *actor.RestartStatistics, reason, message any) {
-	rs.Fail()
-	system.Logger().Error("transfer actor failed; resumed", "actor", child.Id, "reason", reason,
-		"message", fmt.Sprintf("%T", message), "failures", rs.FailureCount(), "stack", string(debug.Stack()))
-	sup.ResumeChildren(child)
-}
+// default would restart it (see Props).
+var resumeOnFailure = actors.ResumeOnPanic("transfer actor failed; resumed", nil)
 
 func (a *Actor) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
