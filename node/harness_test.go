@@ -43,6 +43,7 @@ func startNode(t *testing.T, mutate ...func(*node.Config)) *env {
 	}
 	n, err := node.Start(context.Background(), cfg)
 	require.NoError(t, err)
+	t.Cleanup(func() { checkDocumentedLabelValues(t, reg) }) // after the Close below: its releases included
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 	nc, err := nats.Connect(n.NATSURL())
 	require.NoError(t, err)

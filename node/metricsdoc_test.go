@@ -2,12 +2,15 @@ package node_test
 
 import (
 	"fmt"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/node"
@@ -97,5 +100,164 @@ func TestEveryMetricIsDocumentedAndEveryDocumentedOneExists(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// docRow is one row of docs/OBSERVABILITY.md's metrics table: the metric
+// names of its first cell, its type, and its labels, each with the values
+// the row lists (nil: none listed, as for kvactors_build_info's).
+type docRow struct {
+	names  []string
+	typ    string
+	labels map[string][]string
+}
+
+var (
+	docNameRE   = regexp.MustCompile("`((?:kvactors|kv_offload|go)_[a-z0-9_]+)`")
+	docLabelRE  = regexp.MustCompile("`([a-z_]+)`(?: = ((?:`[^`]+`(?:, )?)+))?")
+	docQuotedRE = regexp.MustCompile("`([^`]+)`")
+)
+
+// metricsTable parses docs/OBSERVABILITY.md's metrics table ("| metric |
+// type | labels | meaning |"); a row naming no metric in full (the
+// kvactors_cluster_* row, docs/CLUSTER.md's) is left out.
+func metricsTable() ([]docRow, error) {
+	data, err := os.ReadFile("../docs/OBSERVABILITY.md")
+	if err != nil {
+		return nil, err
+	}
+	text := string(data)
+	i := strings.Index(text, "| metric | type | labels | meaning |")
+	if i < 0 {
+		return nil, fmt.Errorf("docs/OBSERVABILITY.md has no | metric | type | labels | meaning | table")
+	}
+	var rows []docRow
+	for _, line := range strings.Split(text[i:], "\n")[2:] {
+		if !strings.HasPrefix(line, "| ") {
+			break
+		}
+		cells := strings.Split(strings.Trim(line, "| "), "|")
+		if len(cells) != 4 {
+			return nil, fmt.Errorf("row %q: %d cells, want 4", line, len(cells))
+		}
+		r := docRow{typ: strings.TrimSpace(cells[1]), labels: map[string][]string{}}
+		for _, m := range docNameRE.FindAllStringSubmatch(cells[0], -1) {
+			r.names = append(r.names, m[1])
+		}
+		if len(r.names) == 0 {
+			continue
+		}
+		for _, m := range docLabelRE.FindAllStringSubmatch(cells[2], -1) {
+			var values []string
+			for _, v := range docQuotedRE.FindAllStringSubmatch(m[2], -1) {
+				values = append(values, v[1])
+			}
+			r.labels[m[1]] = values
+		}
+		rows = append(rows, r)
+	}
+	return rows, nil
+}
+
+// familyLabels is every label of mf with the values its series take.
+func familyLabels(mf *dto.MetricFamily) map[string][]string {
+	out := map[string][]string{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if !slices.Contains(out[l.GetName()], l.GetValue()) {
+				out[l.GetName()] = append(out[l.GetName()], l.GetValue())
+			}
+		}
+	}
+	return out
+}
+
+// Every metric docs/OBSERVABILITY.md's table names exists on a fresh node
+// with the documented type and labels, each label with exactly the values
+// the row lists (every one exists at 0 from the start); and the reject
+// reasons it lists are docs/PROTOCOL.md's rejections table's.
+func TestTheMetricsTableGivesEachMetricsTypeAndLabels(t *testing.T) {
+	t.Parallel()
+	rows, err := metricsTable()
+	require.NoError(t, err)
+	require.NotEmpty(t, rows)
+	e := startNode(t, func(c *node.Config) { c.DiskDir, c.DiskBytes = t.TempDir(), 1<<20 })
+	mfs, err := e.reg.Gather()
+	require.NoError(t, err)
+	families := map[string]*dto.MetricFamily{}
+	for _, mf := range mfs {
+		families[mf.GetName()] = mf
+	}
+	for _, r := range rows {
+		require.Contains(t, []string{"counter", "gauge", "histogram"}, r.typ, "%v: type", r.names)
+		for _, name := range r.names {
+			mf := families[name]
+			require.NotNil(t, mf, "%s is documented but not exported", name)
+			require.Equal(t, r.typ, strings.ToLower(mf.GetType().String()), "%s: type", name)
+			got := familyLabels(mf)
+			require.ElementsMatch(t, slices.Collect(maps.Keys(r.labels)), slices.Collect(maps.Keys(got)), "%s: label names", name)
+			for l, want := range r.labels {
+				if want != nil {
+					require.ElementsMatch(t, want, got[l], "%s: values of %s", name, l)
+				}
+			}
+		}
+	}
+
+	var rejected []string
+	for _, r := range rows {
+		if slices.Contains(r.names, "kvactors_events_rejected_total") {
+			rejected = r.labels["reason"]
+		}
+	}
+	data, err := os.ReadFile("../docs/PROTOCOL.md")
+	require.NoError(t, err)
+	text := string(data)
+	i := strings.Index(text, "Rejections (each counted in `kvactors_events_rejected_total{reason}`")
+	require.GreaterOrEqual(t, i, 0, "docs/PROTOCOL.md's rejections table")
+	var protocol []string
+	for _, line := range strings.Split(text[i:], "\n")[5:] { // past the paragraph and the header
+		if !strings.HasPrefix(line, "| ") {
+			break
+		}
+		for _, m := range docQuotedRE.FindAllStringSubmatch(strings.Split(line, "|")[2], -1) {
+			if !slices.Contains(protocol, m[1]) {
+				protocol = append(protocol, m[1])
+			}
+		}
+	}
+	require.ElementsMatch(t, protocol, rejected, "reject reasons: docs/PROTOCOL.md's table and docs/OBSERVABILITY.md's")
+}
+
+// checkDocumentedLabelValues fails t for each series of reg whose label
+// value docs/OBSERVABILITY.md's table does not list for its metric: a
+// value made on the fly (an engine's string, a reason no one documented)
+// shows here once a test has had the node produce it. Every node a test
+// starts is checked as it ends (startNode).
+func checkDocumentedLabelValues(t *testing.T, reg prometheus.Gatherer) {
+	t.Helper()
+	rows, err := metricsTable()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Error(err)
+		return
+	}
+	for _, mf := range mfs {
+		for _, r := range rows {
+			if !slices.Contains(r.names, mf.GetName()) {
+				continue
+			}
+			for l, vs := range familyLabels(mf) {
+				for _, v := range vs {
+					if want := r.labels[l]; want != nil && !slices.Contains(want, v) {
+						t.Errorf("%s{%s=%q}: a value docs/OBSERVABILITY.md does not list", mf.GetName(), l, v)
+					}
+				}
+			}
+		}
 	}
 }
