@@ -21,8 +21,10 @@ func knownLabels() metrics.Labels {
 		Rejected:  messages.RejectLabels,
 		Deferrals: sched.DeferLabels(),
 		Retries:   sched.RetryLabels(),
+		// Not node_lost: an engine concludes it when it loses its node;
+		// the node never publishes it (messages.ReasonNodeLost).
 		Releases: []string{messages.ReasonFinished, messages.ReasonAborted, messages.ReasonPreempted,
-			messages.ReasonEngineReset, messages.ReasonEngineGone, messages.ReasonNodeLost},
+			messages.ReasonEngineReset, messages.ReasonEngineGone},
 		TransferTypes: dirs,
 		LoadResults:   load.Results,
 		LoadWaits:     loadWaitOutcomes,
