@@ -399,6 +399,24 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 	return true
 }
 
+// Reannounce tells Notify again of every chunk on disk, as stored (each
+// for the engine that spilled it, "" for one found at open), at this point
+// of Notify's order: a node whose published changes may have been lost (a
+// NATS outage) states what the disk holds. Nothing after Close.
+func (d *Disk) Reannounce() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.shut {
+		return
+	}
+	changes := make([]change, 0, d.lru.Len())
+	for e := d.lru.Front(); e != nil; e = e.Next() {
+		it := e.Value.(*item)
+		changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+	}
+	d.tell(changes)
+}
+
 // Keys lists the keys on disk, least recently used first.
 func (d *Disk) Keys() []messages.Key {
 	d.mu.Lock()

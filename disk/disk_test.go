@@ -496,3 +496,23 @@ func TestTakesIsSpillsAdmission(t *testing.T) {
 	require.False(t, d.Spill("e", key(1), sum(c), c))
 	require.EqualValues(t, 2, d.Stats().Dropped)
 }
+
+// Reannounce tells Notify of every chunk on disk as stored, least recently
+// used first, and nothing once closed.
+func TestReannounceTellsEveryChunkAsStored(t *testing.T) {
+	ev := &events{}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, ev.notify)
+	require.NoError(t, err)
+	for i := range 2 {
+		require.True(t, d.Spill("e", key(i), sum(content(i)), content(i)))
+	}
+	waitOnDisk(t, d, key(0), key(1))
+	d.Reannounce()
+	stored, removed := ev.get()
+	require.Equal(t, []messages.Key{key(0), key(1), key(0), key(1)}, stored)
+	require.Empty(t, removed)
+	d.Close()
+	d.Reannounce()
+	stored, _ = ev.get()
+	require.Len(t, stored, 4, "nothing after Close")
+}

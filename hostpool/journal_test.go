@@ -125,3 +125,22 @@ func TestJournalReplaysToThePool(t *testing.T) {
 		require.Equal(t, st == Ready, model[key], "%s: the journal's view is the pool's", key)
 	}
 }
+
+// Reannounce journals every ready key as stored, least recently used
+// first, in no engine's name; a pending key is not loadable and is left
+// out.
+func TestReannounceJournalsEveryReadyKey(t *testing.T) {
+	var got []journaled
+	s := NewShared(4*16, 16)
+	s.SetJournal(recorder(&got))
+	e := s.By("e")
+	prep, err := e.PrepareStore(k("a", "b", "c"), nil)
+	require.NoError(t, err)
+	e.CompleteStore(k("b", "a"), okSums(k("b", "a"), true))
+	require.NoError(t, s.PrepareLoad(k("b"))) // pinned: still loadable
+	got = nil
+	s.Reannounce()
+	require.Equal(t, []journaled{{true, k("a", "b"), ""}}, got)
+	e.CompleteStore(prep.Keys, nil)
+	s.CompleteLoad(k("b"))
+}

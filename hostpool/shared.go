@@ -61,6 +61,24 @@ func (s *Shared) note(stored bool, keys []messages.Key, engine string) {
 	}
 }
 
+// Reannounce tells the journal again of every loadable key, as stored
+// ("" for the engine), in one change at this point of the journal's order:
+// a node whose published changes may have been lost (a NATS outage) states
+// what the pool holds after a clear (PROTOCOL.md "kv_events"). Least
+// recently used first; one pass over the pool under the lock.
+func (s *Shared) Reannounce() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.journal == nil {
+		return
+	}
+	keys := make([]messages.Key, 0, s.pool.Len()-s.pool.pending)
+	for r := s.pool.head; r != none; r = s.pool.entries[r].next {
+		keys = append(keys, s.pool.entries[r].key)
+	}
+	s.note(true, keys, "")
+}
+
 // By is the pool's changing operations on behalf of engine: the journal
 // is told which engine made each change. A value: no allocation per call.
 type By struct {

@@ -104,6 +104,19 @@ func (x *kvDeferred) overflow() int {
 	return n
 }
 
+// clear drops ns's deferred changes and marks it cleared, as an overflow
+// does: its next member is told to forget what it believes of ns first
+// (routers may have missed changes of it, see kvJournal.resync).
+func (x *kvDeferred) clear(ns sched.NamespaceID) {
+	d := x.byNS[ns]
+	if d == nil {
+		d = &nsDeferred{}
+		x.byNS[ns] = d
+	}
+	x.held -= len(d.at)
+	d.list, d.at, d.cleared = nil, map[changeID]int{}, true
+}
+
 // compact drops superseded changes once they are most of the list.
 func (d *nsDeferred) compact() {
 	if len(d.list) <= 2*len(d.at)+16 {

@@ -78,6 +78,11 @@ type kvRecord struct {
 // on the wire).
 const kvJoin = "join"
 
+// kvResync is the typ of a record that clears what routers believe of
+// every namespace (on the wire: an AllBlocksCleared per namespace and
+// medium; see resync).
+const kvResync = "resync"
+
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
 
@@ -142,6 +147,20 @@ func (j *kvJournal) joined(engine string, ns sched.NamespaceID) {
 	j.mu.Lock()
 	if !j.closed {
 		j.recs = append(j.recs, kvRecord{engine: engine, typ: kvJoin, ns: ns})
+	}
+	j.mu.Unlock()
+	j.poke()
+}
+
+// resync queues a clear of every namespace of the boot, in both media:
+// an AllBlocksCleared of each on its member, or, for a namespace with
+// none, one owed to the next engine that joins it. The caller then
+// re-announces what the pool and the disk hold (Node.reannounce), so a
+// router ends believing what they hold whatever changes it missed.
+func (j *kvJournal) resync() {
+	j.mu.Lock()
+	if !j.closed {
+		j.recs = append(j.recs, kvRecord{typ: kvResync})
 	}
 	j.mu.Unlock()
 	j.poke()
@@ -225,10 +244,14 @@ func (j *kvJournal) run() {
 // engine joins it, and then go out on its member before anything else of
 // it.
 func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
-	if r.typ == kvJoin {
+	switch r.typ {
+	case kvJoin:
 		if name, nsKey, engine, geo := j.target(r.engine, r.ns); nsKey != "" && engine != "" {
 			j.flushDeferred(r.ns, engine, geo, name, msg)
 		}
+		return
+	case kvResync:
+		j.clearAll(msg)
 		return
 	}
 	for run := range j.split.runs(keys) {
@@ -254,6 +277,28 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 		}
 		j.flushDeferred(run.ns, engine, geo, name, msg)
 		msg.add(engine, geo, r.typ, run.group, r.medium, name, run.keys, j.emit)
+	}
+}
+
+// clearAll appends an AllBlocksCleared of every namespace of the boot, in
+// both media, on its member; a namespace with none has its deferred
+// changes dropped and a clear owed to its next member. Deferred changes of
+// a namespace with a member (its join not drained yet) are dropped too:
+// the re-announcement that follows the clear supersedes them. Namespace
+// ids run from 1 with no hole (a boot never forgets one).
+func (j *kvJournal) clearAll(msg *kvMessage) {
+	for ns := sched.NamespaceID(1); ; ns++ {
+		name, nsKey, engine, geo := j.target("", ns)
+		if nsKey == "" {
+			return
+		}
+		if engine == "" {
+			j.deferred.clear(ns)
+			continue
+		}
+		j.deferred.take(ns)
+		msg.addClear(engine, geo, messages.MediumCPU, name, j.emit)
+		msg.addClear(engine, geo, messages.MediumDisk, name, j.emit)
 	}
 }
 
@@ -394,6 +439,21 @@ func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, nsKey, eng
 		return x.name, x.key, engineID, x.geo
 	}
 	return x.name, x.key, x.announcer(), x.geo
+}
+
+// reannounce has routers forget what they believe this node holds and
+// tells them again, after a reconnect to NATS: kv_events published while
+// the connection was down (past the client's reconnect buffer) or written
+// into the connection that died are lost, and the node cannot tell which
+// (PROTOCOL.md "kv_events"). The clear goes into the journal first, then
+// the pool's keys and the disk tier's, each taken under its own lock, so
+// every change they make meanwhile is in the journal's order around them.
+func (n *Node) reannounce() {
+	n.kv.resync()
+	n.store.Reannounce()
+	if n.disk != nil {
+		n.disk.Reannounce()
+	}
 }
 
 // publishKV is the journal's emit: one kv_events message, whose keys'

@@ -511,3 +511,54 @@ func TestKVJournalDefersANamespaceWithNoMemberUntilOneJoins(t *testing.T) {
 	}, got, "past the bound: a clear of the namespace in each medium, then what it stored since")
 	require.Equal(t, []int{4, 3}, []int{dj, dd})
 }
+
+// A resync record clears every namespace of the boot in both media: on its
+// member at once, and for a namespace with none (its deferred changes
+// dropped: the re-announcement after the clear supersedes them) on the
+// next engine to join it, before anything else of it, followed by what it
+// stored since (PROTOCOL.md "kv_events", reconnect).
+func TestKVJournalResyncClearsEveryNamespace(t *testing.T) {
+	type msg struct {
+		engine string
+		events []messages.KVEvent
+	}
+	var got []msg
+	emit := func(engine string, _ uint64, body []byte) { got = append(got, msg{engine, decodeKV(t, body)}) }
+	member := "" // namespace 2's ("o"); namespace 1 ("n") always has en; there is no 3
+	target := func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
+		switch ns {
+		case 1:
+			return "n", ".n", "en", 1
+		case 2:
+			return "o", ".o", member, 2
+		}
+		return "", "", "", 0
+	}
+	key := func(ns sched.NamespaceID, h string) messages.Key { return sched.Key(ns, messages.Hash(h), 0) }
+	cpu, disk := messages.MediumCPU, messages.MediumDisk
+	stored, removed := messages.KVBlockStored, messages.KVBlockRemoved
+	clr := func(medium, ns string) messages.KVEvent {
+		return messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: medium, Namespace: ns}
+	}
+	j := newKVJournal(emit, target)
+	var m kvMessage
+	rec := func(typ string, ks ...messages.Key) {
+		j.publish(&kvRecord{engine: "ex", typ: typ, medium: cpu, lo: 0, hi: len(ks)}, ks, &m)
+	}
+	rec(stored, key(2, "a"), key(2, "b")) // deferred: o has no member
+	j.publish(&kvRecord{typ: kvResync}, nil, &m)
+	rec(stored, key(2, "a"))  // the re-announcement of what is held
+	rec(removed, key(2, "c")) // after the clear: tells a router nothing
+	rec(stored, key(1, "x"))
+	member = "eo"
+	j.publish(&kvRecord{engine: "eo", typ: kvJoin, ns: 2}, nil, &m)
+	m.flush(emit)
+	require.Equal(t, []msg{
+		{"en", []messages.KVEvent{clr(cpu, "n"), clr(disk, "n"),
+			{Type: stored, Medium: cpu, Namespace: "n", BlockHashes: []string{fmt.Sprintf("%x", "x")}}}},
+		{"eo", []messages.KVEvent{clr(cpu, "o"), clr(disk, "o"),
+			{Type: stored, Medium: cpu, Namespace: "o", BlockHashes: []string{fmt.Sprintf("%x", "a")}}}},
+	}, got)
+	require.False(t, j.deferred.has(2))
+	require.Zero(t, j.deferred.held)
+}

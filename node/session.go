@@ -169,6 +169,7 @@ func (n *Node) reconnected() {
 	}
 	n.ping()
 	n.hello()
+	n.reannounce() // kv_events may have been lost
 	if n.cl != nil && n.cl.feed != nil {
 		n.cl.feed.Reconnected() // kv_events of other nodes may have been missed
 	}

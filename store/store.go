@@ -80,6 +80,10 @@ func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 // the store is used.
 func (s *Store) SetJournal(j hostpool.Journal) { s.pool.SetJournal(j) }
 
+// Reannounce tells the journal again of every chunk host memory holds
+// (hostpool.Shared.Reannounce).
+func (s *Store) Reannounce() { s.pool.Reannounce() }
+
 // Ready reports whether key can be loaded: stored in host memory, or on disk.
 // A key on disk that is pending in host memory (another load is reading it
 // back, or a store filling it) counts: a load of it waits for that copy to
