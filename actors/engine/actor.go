@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
@@ -131,7 +132,11 @@ type Actor struct {
 	// refused: ids whose added was refused for --max-requests, the engine
 	// not told (a batch has no reply); a preempted of one is answered
 	// like a finished (route). Bounded by maxRefused.
-	refused  refusedIDs
+	refused refusedIDs
+	// raised counts the final releases its requests raised (their
+	// Releasing flags); swept is its value at the last dropReleased.
+	raised   atomic.Uint64
+	swept    uint64
 	reqDeps  *request.Deps // the deps of the current epoch's requests (spawn)
 	spawner  *request.Spawner
 	retiring bool
@@ -468,6 +473,9 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 		switch ev.Type {
 		case messages.EvAdded:
 			if a.deps.MaxRequests > 0 && len(a.live) >= a.deps.MaxRequests {
+				a.dropReleased()
+			}
+			if a.deps.MaxRequests > 0 && len(a.live) >= a.deps.MaxRequests {
 				a.deps.Metrics.Rejected.WithLabelValues(messages.RejectLimit).Inc()
 				a.deps.Reject.Reject(messages.RejectLimit, "added refused: too many live requests", "engine", a.deps.Engine,
 					"request", id, "live", len(a.live), "max_requests", a.deps.MaxRequests)
@@ -514,6 +522,25 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 	return e
 }
 
+// dropReleased forgets every live request whose final release went out,
+// its Done not handled yet, as route does for one whose id comes again:
+// the engine may have freed its slot and added another at once, and
+// --max-requests bounds the requests live for the engine. Only when a
+// release was raised since the last sweep, so an added refused at the limit
+// costs no scan of the live requests.
+func (a *Actor) dropReleased() {
+	n := a.raised.Load() // before the scan: a flag raised during it moves n again
+	if n == a.swept {
+		return
+	}
+	a.swept = n
+	for id, e := range a.live {
+		if e.releasing.Load() {
+			delete(a.live, id)
+		}
+	}
+}
+
 func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Event) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -533,6 +560,7 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 		deps.Owed.Add(1) // before the actor exists: a shutdown count never misses it
 	}
 	e := &entry{id: added.Request, epoch: deps.Epoch}
+	e.releasing.CountIn(&a.raised)
 	pid := a.spawner.SpawnWatched(c, deps, added, ctx, &e.releasing)
 	e.pid = pid
 	a.live[added.Request] = e

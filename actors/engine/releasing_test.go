@@ -9,6 +9,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -33,12 +34,19 @@ type finishing struct {
 
 func startFinishing(t *testing.T, nc *nats.Conn, closed chan struct{}) finishing {
 	t.Helper()
+	return startFinishingDeps(t, nc, closed, nil)
+}
+
+// startFinishingDeps is startFinishing with the engine's deps set by
+// editEngine (nil: none).
+func startFinishingDeps(t *testing.T, nc *nats.Conn, closed chan struct{}, editEngine func(*engine.Deps)) finishing {
+	t.Helper()
 	jobs := make(chan *transfer.Submit, 16)
-	system, pid, m, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+	system, pid, m, _ := startEngineDeps(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
 		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
 			Engine("e1", lay, testkit.NopDevice{})
 		d.Transfer = system.Root.Spawn(actor.PropsFromProducer(func() actor.Actor { return &submits{ch: jobs} }))
-	})
+	}, editEngine)
 	sendBatch(system, pid, 1, readyChunk("r", 1)...)
 	j := testkit.Recv(t, jobs, 5*time.Second, "r's store job")
 	sendBatch(system, pid, 2, finished("r"))
@@ -133,4 +141,29 @@ func TestARetireAfterAFinalReleaseDoesNotCountTheRequest(t *testing.T) {
 		t.Fatalf("a second release: %s", m.Data)
 	default:
 	}
+}
+
+// --max-requests bounds the requests live for the engine: one whose final
+// release went out is not, though its Done is not handled yet. An engine at
+// the limit that frees a slot on the release and adds a request at once
+// (its batch ahead of the Done in the engine's mailbox) has the added
+// taken, not refused "limit".
+func TestAnAddedRightAfterAReleaseAtTheLimitIsTaken(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	f := startFinishingDeps(t, nc, make(chan struct{}), func(d *engine.Deps) { d.MaxRequests = 1 })
+	letGo := f.hold(t, 3)
+	sendBatch(f.system, f.pid, 4, added("r2")) // queued ahead of r's Done
+	f.complete(t, released)
+	letGo()
+
+	st := statusOf(t, f.system, f.pid)
+	require.Len(t, st.Requests, 1)
+	require.Equal(t, "r2", st.Requests[0].Request, "r2 is live")
+	require.Zero(t, testutil.ToFloat64(f.m.Events.Rejected.WithLabelValues(messages.RejectLimit)), "refused: limit")
+
+	// The limit still holds: r2 is live, so a third request is refused.
+	sendBatch(f.system, f.pid, 5, added("r3"))
+	statusOf(t, f.system, f.pid)
+	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Events.Rejected.WithLabelValues(messages.RejectLimit)))
 }

@@ -141,11 +141,21 @@ type assign struct {
 type Releasing struct {
 	up     atomic.Bool
 	reason string // written before up is raised; read only once up is seen
+	// raised, when set (CountIn), counts each raise, after up: the engine
+	// looks for raised flags only once it has moved.
+	raised *atomic.Uint64
 }
+
+// CountIn makes each raise of r add one to n, once r is up. Set before the
+// request's actor is given r.
+func (r *Releasing) CountIn(n *atomic.Uint64) { r.raised = n }
 
 func (r *Releasing) raise(reason string) {
 	r.reason = reason
 	r.up.Store(true)
+	if r.raised != nil {
+		r.raised.Add(1)
+	}
 }
 
 // Load reports whether the final release is going out (or went out).
