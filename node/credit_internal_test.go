@@ -69,7 +69,7 @@ func routeStandIn(t *testing.T, n *Node, engine string, props *actor.Props) (*ac
 	t.Helper()
 	pid := n.system.Root.Spawn(props)
 	t.Cleanup(func() { _ = n.system.Root.StopFuture(pid).Wait() })
-	n.ingest.route(engine, pid, &transfer.Hearing{})
+	n.ingest.route(engine, pid, &transfer.Hearing{}, nil)
 	nc, err := nats.Connect(n.NATSURL())
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)

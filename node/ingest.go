@@ -42,7 +42,9 @@ import (
 // has handled it (engine.Batch.Done), so intake cannot run ahead of the
 // actors by more than the budget, and a burst's decoded batches cannot pile
 // up in actor mailboxes unbounded. The credits of an engine whose route ends
-// are returned then (a stopped actor's mailbox is never handled).
+// are returned then (a stopped actor's mailbox is never handled); those of
+// an actor a re-register replaced, as it handles them or once it has
+// stopped (route).
 type ingester struct {
 	n       *Node
 	queues  []chan inbound
@@ -205,7 +207,12 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 	return in
 }
 
-func (in *ingester) route(engineID string, pid *actor.PID, h *transfer.Hearing) {
+// route makes pid engineID's actor. The credits of batches the actor it
+// replaces has not handled stay counted until it handles them, or until
+// replacedEnded is closed (it has stopped: the rest of its mailbox is never
+// handled), so a re-register cannot free the budget while those batches
+// still wait in memory; nil: returned at once.
+func (in *ingester) route(engineID string, pid *actor.PID, h *transfer.Hearing, replacedEnded <-chan struct{}) {
 	in.mu.Lock()
 	var held map[*credit]struct{}
 	if cur := in.engines[engineID]; cur != nil && !cur.Equal(pid) {
@@ -215,6 +222,13 @@ func (in *ingester) route(engineID string, pid *actor.PID, h *transfer.Hearing) 
 	in.engines[engineID] = pid
 	in.hearing[engineID] = h
 	in.mu.Unlock()
+	if len(held) > 0 && replacedEnded != nil {
+		go func() {
+			<-replacedEnded
+			in.returnAll(held)
+		}()
+		return
+	}
 	in.returnAll(held)
 }
 

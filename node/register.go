@@ -246,7 +246,11 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	}
 	rec.pid = n.system.Root.Spawn(engine.Props(deps))
 	n.engines[id] = rec
-	n.ingest.route(id, rec.pid, rec.hearing)
+	var replacedEnded <-chan struct{}
+	if old != nil {
+		replacedEnded = old.closed
+	}
+	n.ingest.route(id, rec.pid, rec.hearing, replacedEnded)
 	n.log.Info("engine registered", "engine", id, "namespace", nsName, "groups", len(lay.Groups),
 		"chunk_bytes", lay.MaxChunkBytes())
 	return nil
