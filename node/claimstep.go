@@ -164,6 +164,9 @@ func (in *ingester) resume(w *shardWork, p *parkedEngine) {
 		return
 	}
 	in.release(p.held.size)
+	// The register may have routed the engine: a batch of it lost while it
+	// was parked is told to its actor before the messages parked behind it.
+	in.flushLost()
 	for len(p.later) > 0 {
 		x := p.later[0]
 		p.later[0] = inbound{}

@@ -74,7 +74,7 @@ type ingester struct {
 	peak      atomic.Int64 // most pending ever
 
 	lostMu  sync.Mutex
-	lost    map[string]bool      // engines that lost a batch at intake
+	lost    map[string]uint64    // engines that lost a batch at intake: their shard's queued mark then
 	alive   map[string]time.Time // engines a message of which intake dropped: signs of life, the latest drop's time
 	lostAll bool                 // nats.go dropped for the subscription
 	anyLost atomic.Bool          // lost, alive or lostAll hold something
@@ -193,7 +193,7 @@ func stamp(gen, n uint64, end *lapseBoundary) uint64 {
 
 func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
-		budget: budget, lost: map[string]bool{}, alive: map[string]time.Time{}, hearing: map[string]*transfer.Hearing{}}
+		budget: budget, lost: map[string]uint64{}, alive: map[string]time.Time{}, hearing: map[string]*transfer.Hearing{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
 	in.halt, in.haltSteps = context.WithCancel(context.Background())
 	for range workers {

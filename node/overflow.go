@@ -27,7 +27,10 @@ func (in *ingester) overflow(engineID, verb string, m *nats.Msg) {
 			in.alive[engineID] = at
 		}
 		if batch {
-			in.lost[engineID] = true
+			// What its shard held when the batch went: perhaps the
+			// engine's register, still to be handled (flushLost).
+			q := in.marks[in.shard(engineID)].queued.Load()
+			in.lost[engineID] = max(in.lost[engineID], q)
 		}
 		in.lostMu.Unlock()
 		in.anyLost.Store(true)
@@ -75,6 +78,15 @@ func (in *ingester) loseAll() {
 // each whose message intake dropped that it was alive when the latest one
 // was dropped. It runs on the workers and the session loop, never on take's
 // goroutine.
+//
+// A loss of an engine not routed yet is kept while its shard has not
+// handled every message queued before the batch went (one may be the
+// engine's register, which makes its actor; that actor is then told,
+// before the engine's next message), or while the engine is parked behind
+// its register's claim: its resync says overflow (PROTOCOL.md
+// "Delivery"), not the gap its next batch shows. The shard's progress ends
+// it on its own: a loss no register came before is forgotten then. (While
+// kept it counts as a drop not yet told: every lease check sees a backlog.)
 func (in *ingester) flushLost() {
 	if !in.anyLost.Load() {
 		return
@@ -83,7 +95,7 @@ func (in *ingester) flushLost() {
 	defer in.flushing.Add(-1)
 	in.lostMu.Lock()
 	lost, alive, all := in.lost, in.alive, in.lostAll
-	in.lost, in.alive, in.lostAll = map[string]bool{}, map[string]time.Time{}, false
+	in.lost, in.alive, in.lostAll = map[string]uint64{}, map[string]time.Time{}, false
 	in.anyLost.Store(false)
 	in.lostMu.Unlock()
 	type told struct {
@@ -91,7 +103,16 @@ func (in *ingester) flushLost() {
 		msg any
 	}
 	var tell []told
+	var keep map[string]uint64 // losses of engines not routed yet whose register may still come
 	in.mu.RLock()
+	for id, q := range lost {
+		if in.engines[id] == nil && in.mayRoute(id, q) {
+			if keep == nil {
+				keep = map[string]uint64{}
+			}
+			keep[id] = q
+		}
+	}
 	for id, pid := range in.engines {
 		// On a cluster, only an engine this node still serves: a stale
 		// local one must not be kept alive by what its engine sends.
@@ -99,15 +120,32 @@ func (in *ingester) flushLost() {
 		if !at.IsZero() && in.n.cl != nil && in.n.cl.owners != nil && !in.n.cl.owners.Serving(id, time.Now()) {
 			at = time.Time{}
 		}
+		_, lostOne := lost[id]
 		switch {
-		case all || lost[id]:
+		case all || lostOne:
 			tell = append(tell, told{pid, &engine.Lost{Reason: messages.ResyncOverflow, AliveAt: at}})
 		case !at.IsZero():
 			tell = append(tell, told{pid, &engine.Touch{At: at}})
 		}
 	}
 	in.mu.RUnlock()
+	if keep != nil {
+		in.lostMu.Lock()
+		for id, q := range keep {
+			in.lost[id] = max(in.lost[id], q)
+		}
+		in.lostMu.Unlock()
+		in.anyLost.Store(true)
+	}
 	for _, t := range tell {
 		in.n.system.Root.Send(t.pid, t.msg)
 	}
+}
+
+// mayRoute reports whether engine, not routed, may still be: its shard
+// has not handled message q (the last queued there when its batch was
+// lost), or it is parked behind its register's claim.
+func (in *ingester) mayRoute(engine string, q uint64) bool {
+	mk := &in.marks[in.shard(engine)]
+	return mk.handled.Load() < q || mk.isParked(engine)
 }

@@ -28,6 +28,11 @@ type Sequencer struct {
 	repeat, lease time.Duration
 	lastSign      time.Time
 
+	// lostFirst is the reason of a loss told before any epoch was live
+	// (Lost): batches of the first epoch may have gone with it, so a gap
+	// that epoch begins with is resynced with that reason, not gap.
+	lostFirst string
+
 	// ended are the epochs that ended last, newest at ended[0]: a heartbeat
 	// or batch of one of them is late (an engine never returns to an epoch
 	// it left; its heartbeat may be sent after its next epoch's first batch),
@@ -117,7 +122,9 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 		d.Verdict = Stale
 		return d
 	}
+	gap := messages.ResyncGap
 	if other {
+		gap = s.beginGap()
 		d.Reset = s.begin(epoch)
 	}
 	switch {
@@ -131,7 +138,7 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 		s.applied = seq
 	default:
 		d.Verdict = Dropped
-		d.Resync = s.startResync(now, s.applied+1, seq, messages.ResyncGap)
+		d.Resync = s.startResync(now, s.applied+1, seq, gap)
 	}
 	return d
 }
@@ -145,29 +152,44 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 func (s *Sequencer) Heartbeat(now time.Time, epoch string, seq uint64) Decision {
 	s.lastSign = now
 	var d Decision
+	gap := messages.ResyncGap
 	if epoch != s.epoch || !s.live {
 		if seq == 0 || s.hasEnded(epoch) {
 			return d
 		}
+		gap = s.beginGap()
 		d.Reset = s.begin(epoch)
 	}
 	switch {
 	case s.resyncing:
 		d.Resync = s.repeatResync(now)
 	case seq > s.applied:
-		d.Resync = s.startResync(now, s.applied+1, seq, messages.ResyncGap)
+		d.Resync = s.startResync(now, s.applied+1, seq, gap)
 	}
 	return d
+}
+
+// beginGap is the reason of a gap the epoch now beginning opens with: a
+// loss's told before any epoch was live (lostFirst), else gap.
+func (s *Sequencer) beginGap() string {
+	if !s.live && s.lostFirst != "" {
+		return s.lostFirst
+	}
+	return messages.ResyncGap
 }
 
 // Lost reports that batches of the live epoch may have been lost without the
 // node seeing their seq: its own NATS reconnect, or its inbound queue
 // overflowing. With a live epoch it starts a resync (got 0: unknown); an
 // epoch already resyncing repeats its resync subject to the rate limit.
+// With none live yet (a new engine actor) it decides nothing, but a gap the
+// first epoch begins with is resynced with reason (the engine's first batch
+// may be the one lost).
 func (s *Sequencer) Lost(now time.Time, reason string) Decision {
 	var d Decision
 	switch {
 	case !s.live:
+		s.lostFirst = reason
 	case s.resyncing:
 		d.Resync = s.repeatResync(now)
 	default:

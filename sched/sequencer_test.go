@@ -132,6 +132,17 @@ func TestSequencerRules(t *testing.T) {
 			lost(time.Millisecond, messages.ResyncOverflow, nothing),
 			lost(100*time.Millisecond, messages.ResyncOverflow,
 				Decision{Resync: order("a", 2, 0, messages.ResyncOverflow, true)})}},
+		{"Delivery: a loss before any epoch names the gap the first epoch begins with", []seqStep{
+			lost(0, messages.ResyncOverflow, nothing), // a new actor: its engine's first batch went
+			batch(0, "a", 2, Decision{Verdict: Dropped, Resync: order("a", 1, 2, messages.ResyncOverflow, false)}),
+			batch(0, "b", 3, Decision{Verdict: Dropped, Reset: "a", Resync: order("b", 1, 3, gap, false)})}},
+		{"Delivery: a loss before any epoch names a heartbeat's gap too", []seqStep{
+			lost(0, messages.ResyncOverflow, nothing),
+			heartbeat(0, "a", 0, nothing), // begins nothing
+			heartbeat(0, "a", 1, Decision{Resync: order("a", 1, 1, messages.ResyncOverflow, false)})}},
+		{"Delivery: a loss before an epoch that begins at seq 1 is forgotten", []seqStep{
+			lost(0, messages.ResyncOverflow, nothing),
+			batch(0, "a", 1, apply), batch(0, "a", 3, Decision{Verdict: Dropped, Resync: order("a", 2, 3, gap, false)})}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			start := time.Unix(1000, 0)
