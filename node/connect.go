@@ -81,7 +81,7 @@ func connectWithRetry(ctx context.Context, url string, opts []nats.Option, timeo
 func (n *Node) connect(ctx context.Context) error {
 	url := n.cfg.NATSURL
 	if url == "" {
-		if err := n.startEmbedded(); err != nil {
+		if err := n.startEmbedded(ctx); err != nil {
 			return err
 		}
 		url = n.ns.ClientURL()
@@ -105,8 +105,9 @@ func (n *Node) connect(ctx context.Context) error {
 // startEmbedded starts the embedded NATS server (its options from the
 // config, and --nats-config's file when set). A port already taken is found
 // before the server starts, and named as such: the server would otherwise
-// only fail to become ready.
-func (n *Node) startEmbedded() error {
+// only fail to become ready. ctx ends the wait for it (SIGTERM during the
+// start stops at once, not after embeddedReady).
+func (n *Node) startEmbedded(ctx context.Context) error {
 	sopts, err := n.cfg.embeddedOptions()
 	if err != nil {
 		return err
@@ -130,14 +131,39 @@ func (n *Node) startEmbedded() error {
 	}
 	ns.SetLoggerV2(natsLog{log: n.log, reject: n.rejectLog}, false, false, false)
 	ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
+	if err := waitReady(ctx, ns, embeddedReady); err != nil {
 		ns.Shutdown()
+		if ctx.Err() != nil {
+			return fmt.Errorf("embedded nats on %s:%d: start stopped: %w", sopts.Host, sopts.Port, err)
+		}
 		if err := portFree(sopts.Host, sopts.Port); err != nil { // lost a race for the port
 			return err
 		}
 		return fmt.Errorf("embedded nats on %s:%d did not become ready", sopts.Host, sopts.Port)
 	}
 	n.ns, n.embeddedOpts = ns, sopts
+	return nil
+}
+
+// embeddedReady bounds the wait for the embedded server's listeners (one
+// that cannot listen, a --nats-config websocket port in use say, leaves it
+// unready without saying so).
+const embeddedReady = 10 * time.Second
+
+var errNotReady = errors.New("not ready")
+
+// waitReady waits up to d for ns to accept connections, in short slices so
+// that ctx can end the wait.
+func waitReady(ctx context.Context, ns *server.Server, d time.Duration) error {
+	deadline := time.Now().Add(d)
+	for !ns.ReadyForConnections(50 * time.Millisecond) {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) {
+			return errNotReady
+		}
+	}
 	return nil
 }
 

@@ -1,0 +1,107 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// proc is a started command: its stderr line by line, and its end.
+type proc struct {
+	cmd    *exec.Cmd
+	lines  chan string
+	exited chan struct{} // closed once it exited; err is then its Wait's
+	err    error
+}
+
+// startProc starts cmd, reading its stderr; the test's end kills it.
+func startProc(t *testing.T, cmd *exec.Cmd) *proc {
+	t.Helper()
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &proc{cmd: cmd, lines: make(chan string, 1<<16), exited: make(chan struct{})}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			select {
+			case p.lines <- sc.Text():
+			default: // no one reads this far: drop, never block the command
+			}
+		}
+		close(p.lines)
+		p.err = cmd.Wait() // after the last read: Wait closes the pipe
+		close(p.exited)
+	}()
+	t.Cleanup(func() { _ = cmd.Process.Kill(); <-p.exited })
+	return p
+}
+
+// waitExit waits up to timeout for the command to exit and returns its
+// exit status and how long after since it came.
+func (p *proc) waitExit(t *testing.T, since time.Time, timeout time.Duration) (int, time.Duration) {
+	t.Helper()
+	select {
+	case <-p.exited:
+	case <-time.After(timeout):
+		t.Fatalf("%s did not exit within %v", p.cmd.Args[1], timeout)
+	}
+	took := time.Since(since)
+	if p.err == nil {
+		return 0, took
+	}
+	exit, ok := p.err.(*exec.ExitError)
+	require.True(t, ok, "%v", p.err)
+	return exit.ExitCode(), took
+}
+
+// waitLine reads lines until one contains want, returning what was read.
+func waitLine(t *testing.T, lines <-chan string, want string, timeout time.Duration) string {
+	t.Helper()
+	var seen []string
+	deadline := time.After(timeout)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("exited before a line with %q:\n%s", want, strings.Join(seen, "\n"))
+			}
+			seen = append(seen, l)
+			if strings.Contains(l, want) {
+				return strings.Join(seen, "\n")
+			}
+		case <-deadline:
+			t.Fatalf("no line with %q after %v:\n%s", want, timeout, strings.Join(seen, "\n"))
+		}
+	}
+}
+
+// SIGTERM while the embedded NATS server starts stops serve at once: the
+// wait for the server's listeners (up to 10 s) ends with the signal. A
+// websocket port in use (--nats-config) keeps the server from ever being
+// ready, so the signal lands inside that wait.
+func TestServeStopsPromptlyDuringTheEmbeddedStart(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	conf := filepath.Join(t.TempDir(), "nats.conf")
+	require.NoError(t, os.WriteFile(conf, []byte(fmt.Sprintf("websocket {\n  host: 127.0.0.1\n  port: %d\n  no_tls: true\n}\n",
+		ln.Addr().(*net.TCPAddr).Port)), 0o600))
+	cmd := exec.Command(binary, "serve", "--nats-config", conf, "--nats-port", "-1", "--http", "off",
+		"--shm-dir", t.TempDir(), "--pool-bytes", "1M")
+	p := startProc(t, cmd)
+	waitLine(t, p.lines, "websocket", 20*time.Second) // the server started, and cannot become ready
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	code, took := p.waitExit(t, time.Now(), 30*time.Second)
+	require.Less(t, took, 5*time.Second, "the start's 10 s wait ran on")
+	require.Equal(t, 0, code)
+}
