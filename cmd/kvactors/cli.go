@@ -1,10 +1,15 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 )
 
 // Exit codes, the same for every command (docs/OPERATIONS.md).
@@ -14,6 +19,7 @@ const (
 	exitUsage   = 2 // a bad flag, argument, variable, config file or value
 	// 3 is node.FailStopExit: serve ended itself because fencing demanded it.
 	exitInterrupted = 130 // demo or bench stopped by Ctrl-C or SIGTERM (128+SIGINT)
+	// 128+signal: a second SIGINT or SIGTERM forced the exit (signalContext).
 )
 
 // parseFlags parses a command's flags; no command takes positional
@@ -50,4 +56,43 @@ func parseExit(cmd string, err error, fs *flag.FlagSet, stdout, stderr io.Writer
 	}
 	fmt.Fprintf(stderr, "kvactors %s: %v (see kvactors %s --help)\n", cmd, err, cmd)
 	return exitUsage
+}
+
+// signalContext is cancelled by the first SIGINT or SIGTERM: a graceful
+// stop. A second one, while that stop is held up, exits at once with
+// 128+its number (130, 143: what the signal's default action gives), after
+// forced has said so: the rule of nats-server and prometheus. stop ends the
+// handling, and the process's.
+func signalContext(forced func(os.Signal)) (ctx context.Context, stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		for first := true; ; first = false {
+			select {
+			case <-done:
+				return
+			case s := <-sigs:
+				if first {
+					cancel()
+					continue
+				}
+				forced(s)
+				code := 128 + int(syscall.SIGINT)
+				if n, ok := s.(syscall.Signal); ok {
+					code = 128 + int(n)
+				}
+				os.Exit(code)
+			}
+		}
+	}()
+	var once sync.Once
+	return ctx, func() {
+		once.Do(func() {
+			signal.Stop(sigs)
+			close(done)
+			cancel()
+		})
+	}
 }

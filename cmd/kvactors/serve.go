@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/kvactors/kvactors/node"
 	"github.com/kvactors/kvactors/tracing"
@@ -46,7 +44,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		log.Warn(name + " is set but names no serve flag: ignored (misspelled? see kvactors serve --help)")
 	}
 	setGC(log)
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	ctx, stop := signalContext(func(s os.Signal) {
+		log.Error("second signal: exiting now, the shutdown unfinished", "signal", s.String())
+	})
 	defer stop()
 	tp, shutdownTracing, err := tracing.Init(ctx, tracing.Options{})
 	if errors.Is(err, tracing.ErrConfig) {

@@ -8,11 +8,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 // proc is a started command: its stderr line by line, and its end.
@@ -104,4 +108,91 @@ func TestServeStopsPromptlyDuringTheEmbeddedStart(t *testing.T) {
 	code, took := p.waitExit(t, time.Now(), 30*time.Second)
 	require.Less(t, took, 5*time.Second, "the start's 10 s wait ran on")
 	require.Equal(t, 0, code)
+}
+
+// blackhole is a loopback TCP proxy to a NATS server that can go silent:
+// once held it forwards nothing either way but keeps every connection
+// open, so a client waiting on the server (a drain, a flush, a request)
+// waits until its own timeout. testkit.Link's Cut closes the connections
+// instead, which a client sees at once.
+type blackhole struct {
+	URL  string
+	held atomic.Bool
+}
+
+func newBlackhole(t *testing.T, target string) *blackhole {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	b := &blackhole{URL: "nats://" + ln.Addr().String()}
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	pipe := func(dst, src net.Conn) {
+		defer func() { _ = dst.Close(); _ = src.Close() }()
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := src.Read(buf)
+			if err != nil {
+				return
+			}
+			if b.held.Load() {
+				continue // swallowed
+			}
+			if _, err := dst.Write(buf[:n]); err != nil {
+				return
+			}
+		}
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			mu.Lock()
+			conns = append(conns, c, s)
+			mu.Unlock()
+			go pipe(c, s)
+			go pipe(s, c)
+		}
+	}()
+	return b
+}
+
+// A second SIGTERM while a graceful shutdown is held up (its NATS stopped
+// answering, so the drain waits out --shutdown-timeout) exits at once with
+// 143 (128+SIGTERM) and says so; the first alone keeps waiting.
+func TestServeSecondSignalForcesExit(t *testing.T) {
+	s := testkit.NATSServer(t)
+	bh := newBlackhole(t, s.Addr().String())
+	cmd := exec.Command(binary, "serve", "--nats", bh.URL, "--http", "off", "--shm-dir", t.TempDir(),
+		"--pool-bytes", "1M", "--shutdown-timeout", "2m", "--log-level", "info")
+	p := startProc(t, cmd)
+	waitLine(t, p.lines, "kvactors ready", 20*time.Second)
+	bh.held.Store(true)
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	waitLine(t, p.lines, "shutting down", 10*time.Second)
+	select {
+	case <-p.exited:
+		t.Fatalf("the drain was not held up: exited (%v)", p.err)
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	code, took := p.waitExit(t, time.Now(), 20*time.Second) // the drain alone waits 30 s (2m/4) per subscription
+	t.Logf("exited %v after the second SIGTERM", took)
+	require.Equal(t, 128+int(syscall.SIGTERM), code)
+	waitLine(t, p.lines, "second signal: exiting now", time.Second)
 }
