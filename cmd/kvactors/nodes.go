@@ -90,6 +90,14 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	if js, err := jetstream.New(nc); err == nil {
 		table, err = cluster.WatchBucket(ctx, js, *bucket)
 		switch {
+		case noJetStream(err):
+			// No cluster can run here (serve --cluster needs JetStream), so
+			// there is nothing to list, and an empty table would say "no
+			// nodes" of the wrong server.
+			fmt.Fprintf(stderr, "kvactors nodes: NATS at %s has no JetStream (not enabled on the server or for "+
+				"this account), so no cluster registry (ownership bucket %s): kvactors nodes lists a cluster, "+
+				"whose nodes (serve --cluster) need JetStream (docs/CLUSTER.md)\n", nc.ConnectedUrlRedacted(), *bucket)
+			return exitFailure
 		case errors.Is(err, jetstream.ErrBucketNotFound):
 			fmt.Fprintf(stderr, "kvactors nodes: no ownership bucket %s: no clustered node has started\n", *bucket)
 		case err != nil:
@@ -108,4 +116,11 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 		return exitFailure
 	}
 	return exitOK
+}
+
+// noJetStream: the server (or account) has no JetStream; nothing answers its
+// API, which nats.go reports as no responders.
+func noJetStream(err error) bool {
+	return errors.Is(err, jetstream.ErrJetStreamNotEnabled) ||
+		errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount) || errors.Is(err, nats.ErrNoResponders)
 }

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -90,8 +91,9 @@ func TestNodesListsTheCluster(t *testing.T) {
 // NATS_USER/NATS_PASSWORD) from the environment, which docs/OPERATIONS.md
 // offers for both.
 func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
+	// JetStream: without it there is no cluster to list (TestNodesWithoutJetStreamSaysSo).
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true,
-		NoSigs: true, Authorization: "s3cret"})
+		NoSigs: true, Authorization: "s3cret", JetStream: true, StoreDir: t.TempDir()})
 	require.NoError(t, err)
 	s.Start()
 	t.Cleanup(s.Shutdown)
@@ -113,4 +115,26 @@ func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
 		}
 		require.Equal(t, tc.code, code, "%v: %s", tc.env, out)
 	}
+}
+
+// `kvactors nodes` against a NATS without JetStream says that is what is
+// wrong (no cluster can run there, so there is no registry to list) and
+// exits 1, rather than an empty table and a "no responders" aside.
+func TestNodesWithoutJetStreamSaysSo(t *testing.T) {
+	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true})
+	require.NoError(t, err)
+	s.Start()
+	t.Cleanup(s.Shutdown)
+	require.True(t, s.ReadyForConnections(10*time.Second))
+	cmd := exec.Command(binary, "nodes", "--nats", s.ClientURL(), "--wait", "100ms")
+	var stdout, stderr strings.Builder
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err = cmd.Run()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "stdout %s stderr %s", stdout.String(), stderr.String())
+	require.Equal(t, 1, exit.ExitCode())
+	require.Contains(t, stderr.String(), "has no JetStream")
+	require.Contains(t, stderr.String(), "no cluster registry")
+	require.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
+	require.Empty(t, stdout.String(), "no table of no nodes")
 }
