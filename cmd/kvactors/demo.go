@@ -52,6 +52,9 @@ type demoOptions struct {
 	requireCoverage bool
 	pool            int64 // poolBytes parsed
 	cluster         int   // >0: the cluster demo (cluster/demo)
+	// engineFault, set by tests only, changes an engine's config: a fault
+	// injected into one engine of a real run.
+	engineFault func(*sim.Config)
 }
 
 // errInterrupted ends a demo stopped by Ctrl-C or SIGTERM.
@@ -80,7 +83,12 @@ func runDemoCtx(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	if o.cluster > 0 {
 		return runClusterDemo(ctx, o, log, stdout, stderr)
 	}
-	err = runDemoWith(ctx, o, log, stdout, stderr)
+	return demoExit(ctx, o, log, stdout, stderr)
+}
+
+// demoExit runs the single-node demo and prints its error last.
+func demoExit(ctx context.Context, o demoOptions, log *slog.Logger, stdout, stderr io.Writer) int {
+	err := runDemoWith(ctx, o, log, stdout, stderr)
 	switch {
 	case errors.Is(err, errInterrupted):
 		fmt.Fprintln(stderr, "kvactors demo:", err)
@@ -206,11 +214,12 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	fmt.Fprintf(stderr, "kvactors demo: node on %s, %d engines, %d requests, pool %s, shm in %s\n",
 		n.NATSURL(), o.engines, o.requests, o.poolBytes, o.shmDir)
 
+	broke := false // the run ended early: set before the bar's Exit, which completes it too
 	bar := progressbar.NewOptions(o.requests, progressbar.OptionSetWriter(stderr),
 		progressbar.OptionSetDescription("requests"), progressbar.OptionShowCount(),
 		progressbar.OptionSetElapsedTime(true), progressbar.OptionThrottle(100*time.Millisecond),
 		progressbar.OptionOnCompletion(func() {
-			if ctx.Err() == nil { // Exit (on an interrupt) completes the bar too
+			if ctx.Err() == nil && !broke {
 				fmt.Fprintln(stderr, "\nchecking every stored chunk byte for byte…")
 			}
 		}))
@@ -223,7 +232,8 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	}
 	reps, runErr := runEngines(ctx, n.NATSURL(), cfgs)
 	interrupted := ctx.Err() != nil
-	if interrupted {
+	if interrupted || runErr != nil {
+		broke = true
 		_ = bar.Exit() // not Finish: the bar stays where the run stopped
 		fmt.Fprintln(stderr)
 	} else {
@@ -317,6 +327,9 @@ func demoConfigs(o demoOptions, log *slog.Logger, done func()) []sim.Config {
 		c.Seed = o.seed
 		c.Log = log
 		c.OnRequestDone = done
+		if o.engineFault != nil {
+			o.engineFault(&c)
+		}
 		cfgs[i] = c
 	}
 	return cfgs

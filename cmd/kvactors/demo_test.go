@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/sim"
 )
 
@@ -175,4 +177,30 @@ func TestDemoCoverageOfNothingIsNotEnough(t *testing.T) {
 	require.NoError(t, checkCoverage(reps, demoOptions{minCoverage: 0.5}, &stderr))
 	require.Contains(t, stderr.String(), "warning: integrity coverage")
 	require.NoError(t, checkCoverage(reps, demoOptions{minCoverage: 0, requireCoverage: true}, &stderr))
+}
+
+// A run that breaks (one engine's register refused: a spec with no GPU
+// blocks) leaves the bar where it was, never at 100% with "checking every
+// stored chunk", and the failure is the last thing printed; exit 1.
+func TestDemoFailedRunStopsTheBar(t *testing.T) {
+	o, code := parseDemoFlags([]string{"--quick", "--requests", "16", "--spread", "300ms", "--step", "2ms",
+		"--shm-dir", t.TempDir(), "--pool-bytes", "64MiB"}, io.Discard, io.Discard)
+	require.Equal(t, -1, code)
+	o.engineFault = func(c *sim.Config) {
+		if c.Engine == "engine-2" {
+			c.SDK = func(cfg *client.Config) { cfg.Spec.NumGPUBlocks = 0 }
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	code = demoExit(t.Context(), o, slog.New(slog.DiscardHandler), &stdout, &stderr)
+	t.Logf("stdout:\n%s\nstderr:\n%s", stdout.String(), stderr.String())
+	require.Equal(t, 1, code)
+	require.Contains(t, stdout.String(), "not checked: the run broke off")
+	require.Regexp(t, `\([0-8]/16\)`, stderr.String(), "the bar shows engine-1's requests at most")
+	require.NotContains(t, stderr.String(), "100%")
+	require.NotContains(t, stderr.String(), "(16/16)")
+	require.NotContains(t, stderr.String(), "checking every stored chunk")
+	lines := strings.Split(strings.TrimRight(stderr.String(), "\n"), "\n")
+	require.True(t, strings.HasPrefix(lines[len(lines)-1], "kvactors demo: "), "the failure last: %q", lines[len(lines)-1])
+	require.Contains(t, lines[len(lines)-1], "engine-2")
 }
