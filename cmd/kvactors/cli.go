@@ -96,3 +96,15 @@ func signalContext(forced func(os.Signal)) (ctx context.Context, stop func()) {
 		})
 	}
 }
+
+// signalName is SIGINT or SIGTERM (os.Signal's String says "interrupt",
+// "terminated").
+func signalName(s os.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return s.String()
+}

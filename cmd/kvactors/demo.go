@@ -9,11 +9,9 @@ import (
 	"log/slog"
 	"maps"
 	"os"
-	"os/signal"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -63,9 +61,12 @@ var errInterrupted = errors.New("interrupted")
 // runDemo is `kvactors demo`: a node and simulated engines in one process,
 // a progress bar while they run, then the summary and the integrity
 // verdict. Exit status: 0 when every check passed, 1 when one failed or
-// the run broke, 2 for bad flags, 130 when interrupted.
+// the run broke, 2 for bad flags, 130 when interrupted (and at once, 130 or
+// 143, on a second Ctrl-C or SIGTERM while it stops).
 func runDemo(args []string, stdout, stderr io.Writer) int {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext(func(s os.Signal) {
+		fmt.Fprintf(stderr, "\nkvactors demo: second %s: exiting now, without waiting for the node to stop\n", signalName(s))
+	})
 	defer stop()
 	return runDemoCtx(ctx, args, stdout, stderr)
 }

@@ -45,7 +45,7 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 	}
 	setGC(log)
 	ctx, stop := signalContext(func(s os.Signal) {
-		log.Error("second signal: exiting now, the shutdown unfinished", "signal", s.String())
+		log.Error("second signal: exiting now, the shutdown unfinished", "signal", signalName(s))
 	})
 	defer stop()
 	tp, shutdownTracing, err := tracing.Init(ctx, tracing.Options{})

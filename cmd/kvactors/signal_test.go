@@ -2,7 +2,9 @@ package main
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -19,7 +21,9 @@ import (
 	"github.com/kvactors/kvactors/internal/testkit"
 )
 
-// proc is a started command: its stderr line by line, and its end.
+// proc is a started command: its stdout and stderr line by line (a
+// carriage return ends a line too: a progress bar redraws with one), and
+// its end.
 type proc struct {
 	cmd    *exec.Cmd
 	lines  chan string
@@ -27,27 +31,47 @@ type proc struct {
 	err    error
 }
 
-// startProc starts cmd, reading its stderr; the test's end kills it.
+// startProc starts cmd, reading its output; the test's end kills it.
 func startProc(t *testing.T, cmd *exec.Cmd) *proc {
 	t.Helper()
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
 	p := &proc{cmd: cmd, lines: make(chan string, 1<<16), exited: make(chan struct{})}
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			select {
-			case p.lines <- sc.Text():
-			default: // no one reads this far: drop, never block the command
+	var reading sync.WaitGroup
+	for _, r := range []io.Reader{stdout, stderr} {
+		reading.Go(func() {
+			sc := bufio.NewScanner(r)
+			sc.Split(splitLines)
+			for sc.Scan() {
+				select {
+				case p.lines <- sc.Text():
+				default: // no one reads this far: drop, never block the command
+				}
 			}
-		}
+		})
+	}
+	go func() {
+		reading.Wait()
+		p.err = cmd.Wait() // after the last read: Wait closes the pipes
 		close(p.lines)
-		p.err = cmd.Wait() // after the last read: Wait closes the pipe
 		close(p.exited)
 	}()
 	t.Cleanup(func() { _ = cmd.Process.Kill(); <-p.exited })
 	return p
+}
+
+// splitLines is bufio.ScanLines ending a line at '\r' as well as '\n'.
+func splitLines(data []byte, atEOF bool) (int, []byte, error) {
+	if i := bytes.IndexAny(data, "\r\n"); i >= 0 {
+		return i + 1, data[:i], nil
+	}
+	if atEOF && len(data) > 0 {
+		return len(data), data, nil
+	}
+	return 0, nil, nil
 }
 
 // waitExit waits up to timeout for the command to exit and returns its
@@ -195,4 +219,26 @@ func TestServeSecondSignalForcesExit(t *testing.T) {
 	t.Logf("exited %v after the second SIGTERM", took)
 	require.Equal(t, 128+int(syscall.SIGTERM), code)
 	waitLine(t, p.lines, "second signal: exiting now", time.Second)
+}
+
+// demo: a second Ctrl-C while the first's stop is held up (the node's
+// shutdown waits on a NATS that stopped answering) exits at once, 130,
+// saying so.
+func TestDemoSecondCtrlCForcesExit(t *testing.T) {
+	s := testkit.NATSServer(t)
+	bh := newBlackhole(t, s.Addr().String())
+	cmd := exec.Command(binary, "demo", "--nats", bh.URL, "--requests", "400", "--spread", "60s",
+		"--shm-dir", t.TempDir(), "--pool-bytes", "64MiB")
+	p := startProc(t, cmd)
+	waitLine(t, p.lines, "/400)", 20*time.Second) // the bar moved: engines run
+	bh.held.Store(true)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	// The summary comes before the node's shutdown, which NATS now holds up.
+	waitLine(t, p.lines, "not checked: the run was interrupted", 30*time.Second)
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	code, took := p.waitExit(t, time.Now(), 20*time.Second)
+	t.Logf("exited %v after the second Ctrl-C", took)
+	require.Less(t, took, 5*time.Second, "the node's shutdown (up to 10 s) ran on")
+	require.Equal(t, 130, code)
+	waitLine(t, p.lines, "kvactors demo: second SIGINT: exiting now", time.Second)
 }
