@@ -297,6 +297,10 @@ func startEngine(ctx context.Context, url, nodeID, id string, blocks int, o Opti
 		return nil, err
 	}
 	if got := e.c.Stats().Node; got != nodeID {
+		// Not in Run's engines: closed here (the Close unregisters it).
+		_ = e.c.Close()
+		nc.Close()
+		_ = seg.Remove()
 		return nil, fmt.Errorf("engine %s naming %s was registered by %s", id, nodeID, got)
 	}
 	return e, nil
