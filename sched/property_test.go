@@ -3,7 +3,9 @@ package sched
 import (
 	"fmt"
 	"math/rand"
+	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -31,10 +33,18 @@ import (
 //     stored exactly once over the run, unless Dropped > 0 was reported, and
 //     no chunk is ever stored twice;
 //   - one release per finished/preempted/reset event, in order, each only
-//     after the copies it waits for are done or cancelled.
+//     after the copies it waits for are done or cancelled;
+//   - and what property_extra_test.go adds: a second request sharing the
+//     pool and a prefix (dedup, keys pending in its copies), an honest
+//     engine's written tokens, Hold/Unhold, early wake-ups, every chunk the
+//     cursor passes accounted for, and a finishing request never left with
+//     nothing to wake it.
 
 func TestPropertyRandomInterleavings(t *testing.T) {
 	runs := 3000
+	if n, err := strconv.Atoi(os.Getenv("KVACTORS_PROPERTY_RUNS")); err == nil && n > 0 {
+		runs = n // a longer search, by hand: 200000 runs take about half a minute
+	}
 	if testing.Short() {
 		runs = 300
 	}
@@ -106,6 +116,17 @@ type model struct {
 	failPct   int
 	calm      bool     // a run with no preemption: long stretches of stores
 	log       []string // what happened, printed when a seed fails
+
+	// property_extra_test.go
+	peer         *peer                   // a second request sharing the pool; nil in some runs
+	honest       bool                    // the engine's computed restarts at 0 at preemption
+	written      int                     // honest: tokens written into the blocks held now
+	held         bool                    // Hold was called, Unhold not yet
+	resetReason  string                  // engine_reset or engine_gone
+	armed        bool                    // a Retry was asked for and has not fallen due
+	owesDecision bool                    // a completion's decision is still to come
+	deduped      map[gc]bool             // chunks a decision found ready in the pool
+	redo         [][]messages.ChunkIndex // per group, as of the last check
 }
 
 func (m *model) logf(format string, a ...any) { m.log = append(m.log, fmt.Sprintf(format, a...)) }
@@ -159,8 +180,23 @@ func newModel(t *testing.T, seed int64) *model {
 	m.newIncarnation()
 	add := &messages.Event{Type: messages.EvAdded, Request: rid, PromptTokens: m.prompt, MaxOffloadTokens: m.maxOff}
 	m.req = NewRequest(m.lay, add)
-	m.desc = fmt.Sprintf("tph=%d bpc=%d groups=%+v promptOnly=%v cap=%d prompt=%d length=%d maxOff=%d calm=%v",
-		tph, bpc, groups, s.OffloadPromptOnly, capacity, m.prompt, m.length, m.maxOff, m.calm)
+	m.deduped = map[gc]bool{}
+	m.redo = make([][]messages.ChunkIndex, G)
+	m.honest = rng.Intn(4) != 0
+	m.resetReason = messages.ReasonEngineReset
+	if rng.Intn(3) == 0 {
+		m.resetReason = messages.ReasonEngineGone
+	}
+	if rng.Intn(2) == 0 {
+		m.peer = newPeer(m)
+	}
+	if rng.Intn(8) == 0 {
+		m.req.Hold()
+		m.held = true
+	}
+	m.desc = fmt.Sprintf("tph=%d bpc=%d groups=%+v promptOnly=%v cap=%d prompt=%d length=%d maxOff=%d calm=%v "+
+		"honest=%v peer=%v held=%v", tph, bpc, groups, s.OffloadPromptOnly, capacity, m.prompt, m.length, m.maxOff,
+		m.calm, m.honest, m.peer != nil, m.held)
 	return m
 }
 
@@ -218,6 +254,9 @@ func (m *model) run() {
 	}
 	if m.dropped == 0 {
 		for k := range m.mustStore {
+			if m.stored[k] == 0 && m.deduped[k] {
+				continue // the peer stored it
+			}
 			require.Equal(m.t, 1, m.stored[k], "chunk %v ready at finish is stored exactly once", k)
 		}
 	}
@@ -225,6 +264,14 @@ func (m *model) run() {
 
 // engineStep is one random engine action (or a timer, or a copy completion).
 func (m *model) engineStep() {
+	if m.peer != nil && m.rng.Intn(4) == 0 {
+		m.peer.step()
+		return
+	}
+	if m.held && m.rng.Intn(20) == 0 {
+		m.unhold()
+		return
+	}
 	r := m.rng.Intn(100)
 	switch {
 	case r < 25:
@@ -240,13 +287,17 @@ func (m *model) engineStep() {
 			m.sendTokens()
 			return
 		}
+		wasRunning := m.phase == Running
 		m.apply(m.ev(messages.Event{Type: messages.EvPreempted}), nil)
+		if wasRunning && m.honest { // its blocks go: it recomputes from 0 after resumed
+			m.computed, m.written = 0, 0
+		}
 	case r < 84:
 		m.apply(m.ev(messages.Event{Type: messages.EvResumed}), nil)
 	case r < 89:
 		m.sendBad()
 	case r < 94:
-		m.advance() // a retry timer
+		m.timer()
 	case r < 96:
 		m.end()
 	case r < 97:
@@ -269,8 +320,11 @@ func (m *model) sendTokens() {
 	case 1: // computed goes down (after a preemption the engine recomputes)
 		m.computed = max(0, m.computed-m.rng.Intn(6))
 	default:
-		m.computed = min(m.length, m.computed+m.rng.Intn(9))
+		if !m.honest || m.phase != Preempted { // an honest engine computes nothing while preempted
+			m.computed = min(m.length, m.computed+m.rng.Intn(9))
+		}
 	}
+	m.written = max(m.written, m.computed)
 	m.apply(m.ev(messages.Event{Type: messages.EvTokens, Computed: m.computed, Total: m.totalNow()}), nil)
 }
 
@@ -340,6 +394,15 @@ func (m *model) end() {
 		m.doReset()
 		return
 	}
+	switch m.rng.Intn(6) {
+	case 0:
+		if m.phase == Running { // a last step the tokens events did not tell
+			m.computed = min(m.length, m.computed+m.rng.Intn(9))
+			m.written = max(m.written, m.computed)
+		}
+	case 1: // fewer than the tokens events said (PROTOCOL.md: the finished event's T is final)
+		m.computed = max(0, m.computed-1-m.rng.Intn(6))
+	}
 	e := messages.Event{Type: messages.EvFinished, Computed: m.computed, Total: m.totalNow()}
 	if m.rng.Intn(5) == 0 {
 		e.Aborted = true
@@ -355,8 +418,11 @@ func (m *model) doReset() {
 		m.reset = true
 		hadOwed := len(m.owed) > 0 // a release still owed stays owed, as engine_reset
 		m.owed = m.owed[:0]
-		if hadOwed || slices.ContainsFunc(m.tracked, func(n int) bool { return n > 0 }) {
-			m.owed = append(m.owed, owed{reason: messages.ReasonEngineReset, waitFor: slices.Clone(m.inflight)})
+		// engine_reset only for a request with blocks tracked; engine_gone
+		// for every request (PROTOCOL.md "unregister").
+		if hadOwed || m.resetReason == messages.ReasonEngineGone ||
+			slices.ContainsFunc(m.tracked, func(n int) bool { return n > 0 }) {
+			m.owed = append(m.owed, owed{reason: m.resetReason, waitFor: slices.Clone(m.inflight)})
 		}
 	}
 	for i := range m.owed {
@@ -366,7 +432,8 @@ func (m *model) doReset() {
 	m.mComputed, m.mTotal = 0, 0
 	clear(m.tracked)
 	m.mustStore = nil
-	m.effects(m.req.Reset(messages.ReasonEngineReset), "reset")
+	m.effects(m.req.Reset(m.resetReason), "reset")
+	m.checkLive("reset")
 }
 
 // drain completes every copy and fires retry timers until the request is done.
@@ -376,14 +443,19 @@ func (m *model) drain() {
 	if m.rng.Intn(8) == 0 {
 		m.failPct = 100
 	}
+	if m.held {
+		m.unhold()
+	}
 	for i := 0; i < 2000 && m.phase != Done && !m.t.Failed(); i++ {
 		switch {
 		case m.rng.Intn(10) == 0 && m.phase != Done:
 			m.sendHashes() // hashes after finished are accepted
+		case m.peer != nil && m.rng.Intn(3) == 0:
+			m.peer.step() // its copies end, or it decides again
 		case len(m.inflight) > 0 && m.rng.Intn(3) != 0:
 			m.completeOne()
 		default:
-			m.advance()
+			m.timer()
 		}
 	}
 }
@@ -408,7 +480,8 @@ func (m *model) apply(e *messages.Event, want error) {
 	}
 	m.mirror(e)
 	m.check("step " + e.Type.String())
-	m.advance()
+	m.advance("advance")
+	m.checkLive("after " + e.Type.String())
 }
 
 // mirror applies an accepted event to the model.
@@ -499,8 +572,29 @@ func (m *model) naiveReady(g int) int {
 	return min(tok, m.hashesKnown/gl.HashesPerChunk, m.tracked[g]/m.lay.BlocksPerChunk)
 }
 
-func (m *model) advance() {
-	m.effects(m.req.Advance(m.pool), "advance")
+// advance is the decision the request actor takes after a batch of events
+// and after a batch of copy completions.
+func (m *model) advance(where string) {
+	m.owesDecision = false
+	m.effects(m.req.Advance(m.pool), where)
+}
+
+// timer is an armed retry falling due (its timer, or an early wake-up): the
+// request actor's RetryDue takes the armed retry and decides again.
+func (m *model) timer() {
+	m.armed, m.owesDecision = false, false
+	if m.rng.Intn(3) == 0 {
+		m.effects(m.req.AdvanceWoken(m.pool), "retry woken")
+	} else {
+		m.effects(m.req.Advance(m.pool), "retry")
+	}
+	m.checkLive("retry")
+}
+
+func (m *model) unhold() {
+	m.held = false
+	m.effects(m.req.Unhold(), "unhold")
+	m.checkLive("unhold")
 }
 
 // completeOne ends one copy in flight: cancelled if it was queued when its
@@ -522,6 +616,17 @@ func (m *model) completeOne() {
 		}
 	}
 	m.effects(m.req.JobDone(id, ok, cancelled), fmt.Sprintf("job %d done ok=%v cancelled=%v", id, ok, cancelled))
+	if (ok || cancelled) && m.phase != Done {
+		// The request actor decides after a batch of completions
+		// (decideOwed); another message may come first (a batch of events,
+		// which decides too).
+		if m.rng.Intn(4) == 0 {
+			m.owesDecision = true
+			return
+		}
+		m.advance("advance after the job")
+	}
+	m.checkLive("job done")
 }
 
 // effects checks and records what a call asked for.
@@ -557,6 +662,7 @@ func (m *model) effects(e Effects, where string) {
 			case m.stored[gc{g, c.Index}] > 0:
 				m.failf("%s: chunk %d/%d stored already", where, g, ci)
 			}
+			m.checkWritten(where, c)
 			for _, other := range m.jobs {
 				for _, oc := range other.job.Chunks {
 					if oc.Group == g && oc.Index == c.Index {
@@ -575,6 +681,12 @@ func (m *model) effects(e Effects, where string) {
 		}
 	}
 	m.dropped += e.GivenUp
+	if e.Retry != nil {
+		m.armed = true
+	}
+	if m.held && (len(e.Releases) > 0 || e.Done) {
+		m.failf("%s: released %v (done %v) while held", where, e.Releases, e.Done)
+	}
 	for _, reason := range e.Releases {
 		require.NotEmpty(t, m.owed, "%s: release %q owed", where, reason)
 		o := m.owed[0]
@@ -593,7 +705,7 @@ func (m *model) effects(e Effects, where string) {
 	}
 	// PROTOCOL.md "preempted": released once the copies in flight at the
 	// preemption are done, also when resumed came first.
-	if (m.phase == Running || m.phase == Preempted) && len(m.owed) > 0 && where != "reset" {
+	if (m.phase == Running || m.phase == Preempted) && len(m.owed) > 0 && where != "reset" && !m.held {
 		for _, o := range m.owed {
 			for _, id := range o.waitFor {
 				if slices.Contains(m.inflight, id) {
@@ -604,8 +716,9 @@ func (m *model) effects(e Effects, where string) {
 		require.Fail(t, "preempted release withheld", "%s: owed %v with the copies it waits for done", where, m.owed)
 	}
 waiting:
+	m.account(&e, where) // before Done: ready is the finished request's
 	if e.Done {
-		if !m.reset { // a reset of a request without blocks owes no release
+		if !m.reset || m.resetReason == messages.ReasonEngineGone { // engine_reset without blocks owes none
 			require.NotEmpty(t, e.Releases, "%s: dropped without its release", where)
 		}
 		require.Empty(t, m.owed)
@@ -619,10 +732,7 @@ waiting:
 // fail (require's t.Helper walks the stack on every call).
 func (m *model) check(where string) {
 	s := m.req.Snapshot()
-	pending := 0
-	for _, id := range m.inflight {
-		pending += len(m.jobs[id].job.Chunks)
-	}
+	m.checkPool(where)
 	switch {
 	case s.Phase != m.phase:
 		m.failf("%s: phase %v, model %v", where, s.Phase, m.phase)
@@ -632,8 +742,6 @@ func (m *model) check(where string) {
 		m.failf("%s: hashes %d, model %d", where, s.Hashes, m.hashesKnown)
 	case !slices.Equal(s.InFlight, m.inflight):
 		m.failf("%s: jobs in flight %v, model %v", where, s.InFlight, m.inflight)
-	case m.pool.Stats().Pending != pending:
-		m.failf("%s: pool pending %d, chunks of the jobs in flight %d", where, m.pool.Stats().Pending, pending)
 	}
 	for g, gs := range s.Groups {
 		switch {
@@ -645,6 +753,7 @@ func (m *model) check(where string) {
 			m.failf("%s: group %d cursor went down from %d to %d", where, g, m.cursors[g], gs.Cursor)
 		}
 		m.cursors[g] = gs.Cursor
+		m.redo[g] = gs.Redo
 	}
 }
 
