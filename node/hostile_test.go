@@ -238,7 +238,12 @@ func TestHostileSquatterGeometry(t *testing.T) {
 // default run sends 25 messages of 3 events × 20k ids (1.5M ids, fast under -race);
 // KVACTORS_HOSTILE_FULL=1 sends the 75M (3 × 1M per message).
 func TestHostileHugeBlockLists(t *testing.T) { // not parallel: it measures the process's heap
-	e := startNode(t)
+	// Neither engine sends a sign of life while the flood and the GCs run,
+	// which under -race on a loaded machine outlast the default lease's
+	// lease/2 (5 s): the node would then refuse the victim's load and reset
+	// mal's request, as PROTOCOL.md "Engine silence" says. Silence is not
+	// what this test is about, so its lease outlasts any run.
+	e := startNode(t, func(c *node.Config) { c.Lease = 10 * time.Minute })
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts()) // 64 blocks × 4 tokens: max_model_len 256
 	mal.register()
