@@ -22,8 +22,11 @@ import (
 // catchUpLease is the lease of the catch-up tests: the outages they cause
 // last well under it, so the feed never expires the other node (a node that
 // comes back from expiry is caught up anyway, which would hide a missing
-// hookup).
-const catchUpLease = 4 * time.Second
+// hookup). Long, because a store of n0's under a loaded -race run must not
+// meet a lease-bound refusal (the engine heard lease/2 ago, a lapse, an
+// expired claim): 4 s once left "fresh stored by A" unanswered after the
+// 64 MiB flood. The catch-ups come at n0's heartbeats, every lease/4.
+const catchUpLease = 10 * time.Second
 
 // catchUpCluster is n0 and n1 on servers 0 and 1 of a NATS cluster, n0's
 // pool two chunks (a second prefix evicts the first), the engines ea on n0
