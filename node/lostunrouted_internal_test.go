@@ -3,15 +3,12 @@ package node
 import (
 	"encoding/json"
 	"fmt"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
@@ -38,31 +35,11 @@ func TestABatchLostWhileItsRegisterWaitsResyncsOverflow(t *testing.T) {
 	for i := 1; in.shard(e0) != shard; i++ {
 		e0 = fmt.Sprintf("e0-%d", i)
 	}
-	holding, gate := make(chan struct{}, 1), make(chan struct{})
-	var letGo sync.Once
-	release := func() { letGo.Do(func() { close(gate) }) }
-	t.Cleanup(release) // a failed test leaves the worker free
-	var arm atomic.Bool
-	n.mu.Lock()
-	n.editEngine = func(d *engine.Deps) {
-		gen := d.Session
-		d.Session = func() uint64 {
-			if arm.CompareAndSwap(true, false) {
-				holding <- struct{}{}
-				<-gate
-			}
-			return gen()
-		}
-	}
-	n.mu.Unlock()
-	registerOneEngine(t, nc, dir, e0)
-	n.mu.Lock()
-	n.editEngine = nil
-	n.mu.Unlock()
-	arm.Store(true)
+	h := registerHeldEngine(t, n, nc, dir, e0)
+	h.arm.Store(true)
 	require.NoError(t, nc.Publish("kvactors."+e0+".events", []byte(`{"epoch":"a","seq":1,"events":[]}`)))
 	require.NoError(t, nc.Flush())
-	testkit.Recv(t, holding, 5*time.Second, "the worker held in "+e0+"'s actor")
+	testkit.Recv(t, h.holding, 5*time.Second, "the worker held in "+e0+"'s actor")
 
 	resync := testkit.Subscribe(t, nc, "kvactors.e1.resync")
 	registered := make(chan error, 1)
@@ -95,7 +72,7 @@ func TestABatchLostWhileItsRegisterWaitsResyncsOverflow(t *testing.T) {
 	batch(2)
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, queued(2))
 
-	release()
+	h.release()
 	require.NoError(t, testkit.Recv(t, registered, 5*time.Second, "e1's register reply"))
 	var rs messages.Resync
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resync, 5*time.Second, "e1's resync").Data, &rs))

@@ -25,31 +25,11 @@ import (
 func TestAReplacedActorsBatchesStayCountedUntilItHandlesThem(t *testing.T) {
 	t.Parallel()
 	n, nc, dir := startInternal(t, nil)
-	holding, gate := make(chan struct{}, 1), make(chan struct{})
-	var letGo sync.Once
-	release := func() { letGo.Do(func() { close(gate) }) }
-	t.Cleanup(release) // a failed test leaves the actor free to stop
-	var arm atomic.Bool
-	n.mu.Lock()
-	n.editEngine = func(d *engine.Deps) {
-		gen := d.Session
-		d.Session = func() uint64 {
-			if arm.CompareAndSwap(true, false) {
-				holding <- struct{}{}
-				<-gate
-			}
-			return gen()
-		}
-	}
-	n.mu.Unlock()
-	registerOneEngine(t, nc, dir, "e1")
-	n.mu.Lock()
-	n.editEngine = nil // the next actor is not held
-	n.mu.Unlock()
+	h := registerHeldEngine(t, n, nc, dir, "e1")
 
-	arm.Store(true)
+	h.arm.Store(true)
 	go n.system.Root.Send(n.engine("e1").pid, &engine.Tick{})
-	testkit.Recv(t, holding, 5*time.Second, "the old actor held in a turn")
+	testkit.Recv(t, h.holding, 5*time.Second, "the old actor held in a turn")
 	subject := "kvactors.e1.events"
 	var want int64
 	for seq := 1; seq <= 3; seq++ {
@@ -72,6 +52,44 @@ func TestAReplacedActorsBatchesStayCountedUntilItHandlesThem(t *testing.T) {
 	testkit.Eventually(t, 2*time.Second, time.Millisecond, pendingIs(want))
 	require.Equal(t, want, n.ingest.pending.Load(), "the old actor's batches still count")
 
-	release() // the old actor handles its batches, then its retire
+	h.release() // the old actor handles its batches, then its retire
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, pendingIs(0))
+}
+
+// heldEngine is an engine actor whose next turn that reads its fence
+// generation (Deps.Session: a batch's or a Tick's) can be held: arm it,
+// cause the turn, receive from holding; release lets it go (also at the
+// test's end, so a failed test leaves the goroutine free).
+type heldEngine struct {
+	arm     atomic.Bool
+	holding chan struct{}
+	release func()
+}
+
+// registerHeldEngine registers engine id with an actor whose turn can be
+// held (heldEngine); the engine's next actors are not.
+func registerHeldEngine(t *testing.T, n *Node, nc *nats.Conn, dir, id string) *heldEngine {
+	t.Helper()
+	h := &heldEngine{holding: make(chan struct{}, 1)}
+	gate := make(chan struct{})
+	var letGo sync.Once
+	h.release = func() { letGo.Do(func() { close(gate) }) }
+	t.Cleanup(h.release)
+	n.mu.Lock()
+	n.editEngine = func(d *engine.Deps) {
+		gen := d.Session
+		d.Session = func() uint64 {
+			if h.arm.CompareAndSwap(true, false) {
+				h.holding <- struct{}{}
+				<-gate
+			}
+			return gen()
+		}
+	}
+	n.mu.Unlock()
+	registerOneEngine(t, nc, dir, id)
+	n.mu.Lock()
+	n.editEngine = nil
+	n.mu.Unlock()
+	return h
 }
