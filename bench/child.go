@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,11 +52,18 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 	if err != nil {
 		return nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s serve: %w", bin, err)
-	}
-	lines := make(chan string, 1)
+	dieWithParent(cmd)
+	lines, started := make(chan string, 1), make(chan error, 1)
 	go func() {
+		// The child dies with the thread that started it (dieWithParent):
+		// this goroutine keeps that thread until the child has exited, so
+		// the runtime never ends it while the child runs.
+		runtime.LockOSThread()
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
@@ -65,6 +73,9 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 		_ = cmd.Wait()
 		close(c.done)
 	}()
+	if err := <-started; err != nil {
+		return nil, fmt.Errorf("start %s serve: %w", bin, err)
+	}
 	select {
 	case l := <-lines:
 		c.natsURL, c.httpAddr, _ = strings.Cut(l, " ")

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package bench
+
+import "os/exec"
+
+// dieWithParent: only Linux has a parent-death signal; elsewhere a killed
+// bench leaves its child serve running.
+func dieWithParent(*exec.Cmd) {}
