@@ -9,6 +9,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/tracing/natsheader"
 )
 
 var (
@@ -112,7 +113,7 @@ func (c *Client) Load(ctx context.Context, req string, hashes []string, numToken
 		return 0, fmt.Errorf("client: engine %s: load %s: subscribe reply inbox: %w", c.cfg.Engine, req, err)
 	}
 	m := &nats.Msg{Subject: c.subj + messages.VerbLoad, Reply: w.sub.Subject, Data: data}
-	withTrace(ctx, m)
+	natsheader.InjectSpan(ctx, m)
 	if c.beforeLoad != nil {
 		c.beforeLoad()
 	}

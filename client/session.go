@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/tracing/natsheader"
 )
 
 // subscribe listens for released, stored and resync of this engine and for
@@ -414,7 +415,7 @@ func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription, 
 }
 
 // requestCtx does one request/reply on P.E.verb with JSON bodies, bounded
-// by ctx and RequestTimeout, carrying ctx's trace context (withTrace).
+// by ctx and RequestTimeout, carrying ctx's trace context (natsheader.InjectSpan).
 func (c *Client) requestCtx(ctx context.Context, verb string, body, reply any) error {
 	return c.requestBegun(ctx, c.sent.begin(time.Now()), verb, body, reply)
 }
@@ -429,7 +430,7 @@ func (c *Client) requestBegun(ctx context.Context, id uint64, verb string, body,
 		return fmt.Errorf("client: encode %s: %w", verb, err)
 	}
 	msg := &nats.Msg{Subject: c.subj + verb, Data: data}
-	withTrace(ctx, msg)
+	natsheader.InjectSpan(ctx, msg)
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.RequestTimeout)
 	defer cancel()
 	m, err := c.nc.RequestMsgWithContext(ctx, msg)

@@ -6,51 +6,14 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"go.opentelemetry.io/otel/propagation"
+
+	"github.com/kvactors/kvactors/tracing/natsheader"
 )
 
-// HeaderCarrier adapts a NATS message header to propagation.TextMapCarrier.
-// nats.Header is a plain map with case-sensitive keys (unlike net/http), so
-// the adapter writes the lowercase keys W3C specifies and reads them
-// case-insensitively: an engine may well write "Traceparent".
-type HeaderCarrier nats.Header
-
-var _ propagation.TextMapCarrier = HeaderCarrier(nil)
-
-// Get returns the first value of key: the exact key if present, else the
-// first key that matches it case-insensitively.
-func (c HeaderCarrier) Get(key string) string {
-	if v := c[key]; len(v) > 0 {
-		return v[0]
-	}
-	for k, v := range c {
-		if len(v) > 0 && strings.EqualFold(k, key) {
-			return v[0]
-		}
-	}
-	return ""
-}
-
-// Set stores value under the lowercase key, replacing any value stored
-// under another spelling of it, so that Get cannot find a stale one. c must
-// not be nil.
-func (c HeaderCarrier) Set(key, value string) {
-	key = strings.ToLower(key)
-	for k := range c {
-		if k != key && strings.EqualFold(k, key) {
-			delete(c, k)
-		}
-	}
-	c[key] = []string{value}
-}
-
-// Keys lists the keys present, as spelled in the header.
-func (c HeaderCarrier) Keys() []string {
-	keys := make([]string, 0, len(c))
-	for k := range c {
-		keys = append(keys, k)
-	}
-	return keys
-}
+// HeaderCarrier adapts a NATS message header to
+// propagation.TextMapCarrier, writing lowercase keys and reading any
+// spelling (natsheader.Carrier, which the engine SDK shares).
+type HeaderCarrier = natsheader.Carrier
 
 // MaxTraceState is the most tracestate, in bytes, that Extract keeps from
 // an inbound message. W3C trace-context ("Tracestate Limits") asks a
