@@ -3,12 +3,9 @@ package node_test
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -74,25 +71,11 @@ func TestClusterRemoteLoadsFetchingAreBounded(t *testing.T) {
 
 	entered, release := kc.nodes[1].node.HoldAllInClusterGate("remote-load", node.MaxCopyingLoads+1)
 	defer release()
-	replies := make(chan *nats.Msg, node.MaxCopyingLoads+1)
-	sub, err := c.e.nc.ChanSubscribe("_INBOX.ec.ld.*", replies)
-	require.NoError(t, err)
-	defer func() { _ = sub.Unsubscribe() }()
-	for i := range node.MaxCopyingLoads + 1 {
-		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": hs,
-			"num_tokens": 8, "blocks": [][]int{{5, 6}}})
-		require.NoError(t, err)
-		require.NoError(t, c.e.nc.PublishRequest("kvactors.ec.load", fmt.Sprintf("_INBOX.ec.ld.%d", i), data))
-	}
+	replies := floodLoads(t, c.e.nc, "ec", hs, 8, []int{5, 6})
 	for range node.MaxCopyingLoads {
 		testkit.Recv(t, entered, 10*time.Second, "a remote load's goroutine")
 	}
-	m := testkit.Recv(t, replies, 10*time.Second, "the answer to the load past the bound")
-	require.True(t, strings.HasSuffix(m.Subject, fmt.Sprintf(".%d", node.MaxCopyingLoads)), "answered first: %s %s", m.Subject, m.Data)
-	var rep messages.LoadReply
-	require.NoError(t, json.Unmarshal(m.Data, &rep))
-	require.False(t, rep.OK)
-	require.Contains(t, rep.Error, messages.Overloaded)
+	requireOverloadedFirst(t, replies)
 	require.Empty(t, entered, "a remote load past the bound started its fetch")
 	require.Equal(t, 1.0, kc.nodes[1].counter("kvactors_events_rejected_total", "limit"))
 

@@ -34,22 +34,8 @@ func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 	dev.gate <- struct{}{}
 	recv(t, te.stored, "r's chunk stored")
 
-	replies := make(chan *nats.Msg, node.MaxCopyingLoads+1)
-	sub, err := e.nc.ChanSubscribe("_INBOX.e1.ld.*", replies)
-	require.NoError(t, err)
-	defer func() { _ = sub.Unsubscribe() }()
-	for i := range node.MaxCopyingLoads + 1 {
-		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": []string{hash("r", 0)},
-			"num_tokens": 4, "blocks": [][]int{{5}}})
-		require.NoError(t, err)
-		require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", fmt.Sprintf("_INBOX.e1.ld.%d", i), data))
-	}
-	m := testkit.Recv(t, replies, 10*time.Second, "the answer to the load past the bound")
-	require.True(t, strings.HasSuffix(m.Subject, fmt.Sprintf(".%d", node.MaxCopyingLoads)), "answered first: %s %s", m.Subject, m.Data)
-	var rep messages.LoadReply
-	require.NoError(t, json.Unmarshal(m.Data, &rep))
-	require.False(t, rep.OK)
-	require.Contains(t, rep.Error, messages.Overloaded)
+	replies := floodLoads(t, e.nc, "e1", []string{hash("r", 0)}, 4, []int{5})
+	requireOverloadedFirst(t, replies)
 	require.Equal(t, 1.0, e.counter("kvactors_events_rejected_total", "limit"))
 
 	for range 2 * node.MaxCopyingLoads {
@@ -60,4 +46,34 @@ func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 		require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "a held load's answer").Data, &r))
 		require.True(t, r.OK, r.Error)
 	}
+}
+
+// floodLoads sends node.MaxCopyingLoads+1 loads (the same chunks into the
+// same blocks) of engine id over nc, the i'th answered on
+// _INBOX.<id>.ld.<i>, and returns the answers as they come.
+func floodLoads(t *testing.T, nc *nats.Conn, id string, hashes []string, tokens int, blocks []int) <-chan *nats.Msg {
+	t.Helper()
+	replies := make(chan *nats.Msg, node.MaxCopyingLoads+1)
+	sub, err := nc.ChanSubscribe("_INBOX."+id+".ld.*", replies)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	for i := range node.MaxCopyingLoads + 1 {
+		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": hashes,
+			"num_tokens": tokens, "blocks": [][]int{blocks}})
+		require.NoError(t, err)
+		require.NoError(t, nc.PublishRequest("kvactors."+id+".load", fmt.Sprintf("_INBOX.%s.ld.%d", id, i), data))
+	}
+	return replies
+}
+
+// requireOverloadedFirst takes the first answer of a floodLoads: the load
+// past the bound's (the last one sent), refused "node overloaded" at once.
+func requireOverloadedFirst(t *testing.T, replies <-chan *nats.Msg) {
+	t.Helper()
+	m := testkit.Recv(t, replies, 10*time.Second, "the answer to the load past the bound")
+	require.True(t, strings.HasSuffix(m.Subject, fmt.Sprintf(".%d", node.MaxCopyingLoads)), "answered first: %s %s", m.Subject, m.Data)
+	var rep messages.LoadReply
+	require.NoError(t, json.Unmarshal(m.Data, &rep))
+	require.False(t, rep.OK)
+	require.Contains(t, rep.Error, messages.Overloaded)
 }
