@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/tracing"
 	"github.com/kvactors/kvactors/wire"
 )
@@ -46,7 +47,27 @@ type Outbox struct {
 	// onRefused, when set, is told of each (the node counts and logs it).
 	refused   atomic.Int64
 	onRefused func(reply string)
+
+	// failed counts the messages the NATS client refused (or that could
+	// not be encoded): each is lost, not retried. onFailed, when set, is
+	// told the kind of each (the node counts it); failLog logs them, rate
+	// limited per kind as refused input is.
+	failed   atomic.Int64
+	onFailed func(kind string)
+	failLog  *ratelog.Log
 }
+
+// The kinds of message the outbox publishes, besides the verbs released,
+// stored, kv_events and resync: every reply, and the node's own hello and
+// heartbeat. They label kvactors_nats_publish_failures_total.
+const (
+	PublishReply = "reply"
+	PublishNode  = "node"
+)
+
+// PublishKinds lists every kind (metrics preset the label at 0).
+var PublishKinds = []string{messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents, messages.VerbResync,
+	PublishReply, PublishNode}
 
 // hotVerbs are the verbs Subject caches, in engineSubjects' order.
 var hotVerbs = [...]string{messages.VerbReleased, messages.VerbStored, messages.VerbKVEvents}
@@ -76,7 +97,7 @@ func (o *Outbox) kvHeader() nats.Header { return o.kvHdr }
 
 // NewOutbox publishes on nc under prefix.
 func NewOutbox(nc *nats.Conn, prefix string, log *slog.Logger) *Outbox {
-	return &Outbox{nc: nc, prefix: prefix, log: log, now: time.Now}
+	return &Outbox{nc: nc, prefix: prefix, log: log, now: time.Now, failLog: ratelog.NewLog(log, nil)}
 }
 
 // Subject is P.E.verb.
@@ -126,7 +147,7 @@ func (o *Outbox) releasedLocked(ctx context.Context, engine string, r *messages.
 	o.releases.Add(1)
 	b := getBody()
 	data := wire.AppendReleased(*b, r)
-	o.sendLocked(ctx, o.Subject(engine, messages.VerbReleased), data, nil)
+	o.sendLocked(ctx, messages.VerbReleased, o.Subject(engine, messages.VerbReleased), data, nil)
 	putBody(b, data)
 }
 
@@ -144,12 +165,12 @@ func (o *Outbox) Releases() int64 { return o.releases.Load() }
 
 // Resync publishes P.E.resync.
 func (o *Outbox) Resync(ctx context.Context, engine string, r *messages.Resync) {
-	o.publish(ctx, o.Subject(engine, messages.VerbResync), r)
+	o.publish(ctx, messages.VerbResync, o.Subject(engine, messages.VerbResync), r)
 }
 
 // Node publishes on P._node.<node>.<verb> (hello, heartbeat).
 func (o *Outbox) Node(node, verb string, v any) {
-	o.publish(context.Background(), messages.NodeSubject(o.prefix, node, verb), v)
+	o.publish(context.Background(), PublishNode, messages.NodeSubject(o.prefix, node, verb), v)
 }
 
 // Stored publishes P.E.stored for one completed store job: build appends
@@ -157,7 +178,7 @@ func (o *Outbox) Node(node, verb string, v any) {
 func (o *Outbox) Stored(ctx context.Context, engine string, build func(body []byte) []byte) {
 	b := getBody()
 	data := build(*b)
-	o.send(ctx, o.Subject(engine, messages.VerbStored), data)
+	o.sendHeader(ctx, messages.VerbStored, o.Subject(engine, messages.VerbStored), data, nil)
 	putBody(b, data)
 }
 
@@ -171,7 +192,7 @@ func (o *Outbox) KVEventsBody(ctx context.Context, engine string, geometry uint6
 		h = maps.Clone(h)
 		h.Set(messages.HeaderGeometry, messages.GeometryHex(geometry))
 	}
-	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), body, h)
+	o.sendHeader(ctx, messages.VerbKVEvents, o.Subject(engine, messages.VerbKVEvents), body, h)
 }
 
 // AllBlocksCleared publishes P.E.kv_events {"ts","events":[{"type":
@@ -186,7 +207,7 @@ func (o *Outbox) AllBlocksCleared(ctx context.Context, engine string) {
 		TS     float64   `json:"ts"`
 		Events []cleared `json:"events"`
 	}{float64(o.now().UnixNano()) / 1e9, []cleared{{messages.KVAllBlocksCleared, messages.MediumCPU}}})
-	o.sendHeader(ctx, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
+	o.sendHeader(ctx, messages.VerbKVEvents, o.Subject(engine, messages.VerbKVEvents), data, o.kvHeader())
 }
 
 // OnRefusedReply has f told of every reply the reply rule refuses, after it
@@ -204,7 +225,7 @@ func (o *Outbox) RefusedReplies() int64 { return o.refused.Load() }
 // permissions.)
 func (o *Outbox) Reply(ctx context.Context, reply string, v any) {
 	if o.replyOK(reply) {
-		o.publish(ctx, reply, v)
+		o.publish(ctx, PublishReply, reply, v)
 	}
 }
 
@@ -228,32 +249,54 @@ func (o *Outbox) replyOK(reply string) bool {
 	return false
 }
 
-func (o *Outbox) publish(ctx context.Context, subject string, v any) {
+// OnPublishFailed has f told the kind (PublishKinds) of every message lost
+// to a publish error, after it is counted; call it before anything is
+// published.
+func (o *Outbox) OnPublishFailed(f func(kind string)) { o.onFailed = f }
+
+// PublishFailures is how many messages were lost to publish errors.
+func (o *Outbox) PublishFailures() int64 { return o.failed.Load() }
+
+// FlushLog writes the summary line of each kind of publish failure whose
+// log window is over with failures unlogged (call it periodically, as
+// ratelog.Log.Flush).
+func (o *Outbox) FlushLog() { o.failLog.Flush() }
+
+func (o *Outbox) publish(ctx context.Context, kind, subject string, v any) {
 	o.sealMu.RLock()
 	defer o.sealMu.RUnlock()
-	o.publishLocked(ctx, subject, v)
+	o.publishLocked(ctx, kind, subject, v)
 }
 
-func (o *Outbox) publishLocked(ctx context.Context, subject string, v any) {
+func (o *Outbox) publishLocked(ctx context.Context, kind, subject string, v any) {
 	data, err := json.Marshal(v)
 	if err != nil { // our own types: a bug, not bad input
-		o.log.Error("encode outgoing message", "subject", subject, "err", err)
+		o.lost(kind, "encode outgoing message: message lost", subject, err)
 		return
 	}
-	o.sendLocked(ctx, subject, data, nil)
+	o.sendLocked(ctx, kind, subject, data, nil)
 }
 
-func (o *Outbox) send(ctx context.Context, subject string, data []byte) {
-	o.sendHeader(ctx, subject, data, nil)
-}
-
-func (o *Outbox) sendHeader(ctx context.Context, subject string, data []byte, h nats.Header) {
+func (o *Outbox) sendHeader(ctx context.Context, kind, subject string, data []byte, h nats.Header) {
 	o.sealMu.RLock()
 	defer o.sealMu.RUnlock()
-	o.sendLocked(ctx, subject, data, h)
+	o.sendLocked(ctx, kind, subject, data, h)
 }
 
-func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte, h nats.Header) {
+// lost counts and logs one message that did not go out. Nothing retries
+// it: what each kind's loss costs, and what recovers it, is in
+// docs/OBSERVABILITY.md (kvactors_nats_publish_failures_total).
+func (o *Outbox) lost(kind, msg, subject string, err error) {
+	o.failed.Add(1)
+	if o.onFailed != nil {
+		o.onFailed(kind)
+	}
+	// Per kind, so an outage's flood of failures costs a few lines a
+	// minute (the kinds are our constants: the limiter's keys stay bounded).
+	o.failLog.Reject("publish_"+kind, msg, "subject", subject, "err", err)
+}
+
+func (o *Outbox) sendLocked(ctx context.Context, kind, subject string, data []byte, h nats.Header) {
 	if o.sealed {
 		return // shutting down: the caller reports what was not sent
 	}
@@ -267,6 +310,6 @@ func (o *Outbox) sendLocked(ctx context.Context, subject string, data []byte, h 
 		tracing.Inject(ctx, msg.Header)
 	}
 	if err := o.nc.PublishMsg(msg); err != nil {
-		o.log.Error("publish", "subject", subject, "err", err)
+		o.lost(kind, "publish failed: message lost", subject, err)
 	}
 }

@@ -88,7 +88,7 @@ func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(re
 	if c := r.counts[epoch]; c != nil {
 		n = c.n
 	}
-	r.out.publishLocked(ctx, reply, build(n))
+	r.out.publishLocked(ctx, PublishReply, reply, build(n))
 }
 
 // Forget drops an ended epoch's count once none of its requests is left.

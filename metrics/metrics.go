@@ -38,6 +38,7 @@ type Labels struct {
 	LoadResults   []string // load_requests_total result
 	LoadWaits     []string // load_waits_total outcome
 	Actors        []string // actor_unexpected_messages_total actor
+	PublishKinds  []string // nats_publish_failures_total kind
 }
 
 // Preset creates every known child at 0 and resolves the hot ones once.
@@ -68,6 +69,9 @@ func (m *Metrics) Preset(l Labels) {
 	}
 	for _, v := range l.Actors {
 		m.Unexpected.WithLabelValues(v)
+	}
+	for _, v := range l.PublishKinds {
+		m.PublishFailures.WithLabelValues(v)
 	}
 }
 

@@ -344,6 +344,9 @@ type NATS struct {
 	// IDConflicts counts what the node heard from another process using
 	// its node id (node/identity.go).
 	IDConflicts prometheus.Counter
+	// PublishFailures counts the node's outgoing messages lost to a
+	// publish error (actors.Outbox), by kind (actors.PublishKinds).
+	PublishFailures *prometheus.CounterVec
 }
 
 // DisconnectCauses are the label values of NATSDisconnect.
@@ -358,6 +361,8 @@ func NewNATS(reg prometheus.Registerer) *NATS {
 		NATSDisconnect: counterVec("nats", "disconnects_total", "NATS disconnects by cause.", "cause"),
 		IDConflicts: counter("node", "id_conflicts_total",
 			"Hellos and heartbeats heard from another process using this node's id (two must never share one)."),
+		PublishFailures: counterVec("nats", "publish_failures_total",
+			"Outgoing messages the NATS client refused (closed, reconnect buffer full, over max_payload), by kind: lost, not retried.", "kind"),
 	}
 	for _, e := range []string{"disconnect", "reconnect", "slow_consumer", "error"} {
 		m.NATSEvents.WithLabelValues(e)
@@ -365,7 +370,7 @@ func NewNATS(reg prometheus.Registerer) *NATS {
 	for _, c := range DisconnectCauses {
 		m.NATSDisconnect.WithLabelValues(c)
 	}
-	register(reg, m.NATSConnected, m.NATSEvents, m.NATSDisconnect, m.IDConflicts)
+	register(reg, m.NATSConnected, m.NATSEvents, m.NATSDisconnect, m.IDConflicts, m.PublishFailures)
 	return m
 }
 

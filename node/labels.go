@@ -29,5 +29,6 @@ func knownLabels() metrics.Labels {
 		LoadResults:   load.Results,
 		LoadWaits:     loadWaitOutcomes,
 		Actors:        actors.Kinds,
+		PublishKinds:  actors.PublishKinds,
 	}
 }

@@ -203,6 +203,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.outbox.OnRefusedReply(func(reply string) {
 		n.rejected(messages.RejectBadReply, "reply subject refused at the outbox", "reply", reply)
 	})
+	n.outbox.OnPublishFailed(func(kind string) { n.metrics.PublishFailures.WithLabelValues(kind).Inc() })
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	n.fence.OnLapse(n.lapsed)
 	n.fence.OnLapseEnd(n.lapseEnded)

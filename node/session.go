@@ -47,6 +47,7 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		n.tellEngines(recs, &engine.Tick{})
 		n.ingest.flushLost()
 		n.rejectLog.Flush() // isolation: rate-limited rejection summaries
+		n.outbox.FlushLog() // and of messages lost to publish errors
 	}
 }
 
