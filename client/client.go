@@ -86,7 +86,11 @@ type Client struct {
 	subs []*nats.Subscription
 	kick chan struct{}
 	stop chan struct{}
-	wg   sync.WaitGroup
+	// connected is told each time the connection is up again (a status
+	// listener: the connection is the caller's, and a ReconnectHandler
+	// they set stays theirs), so the loop notices a reconnect at once.
+	connected chan nats.Status
+	wg        sync.WaitGroup
 }
 
 // Why a resync started: the keys of Stats.Resyncs and the "reason" of the
@@ -173,6 +177,7 @@ func Connect(ctx context.Context, nc *nats.Conn, cfg Config) (*Client, error) {
 		c.out.close()
 		return nil, err
 	}
+	c.connected = nc.StatusChanged(nats.CONNECTED)
 	c.wg.Add(1)
 	go c.loop()
 	return c, nil

@@ -25,7 +25,9 @@
 //     heartbeat reply counting more releases than arrived), on a lost tail
 //     the node's resync did not report (a batch still unapplied a heartbeat
 //     period later), on a new boot or re-register, on a batch the NATS
-//     client refused, and after its own NATS reconnect. A resync whose
+//     client refused, and at once after its own NATS reconnect (it listens
+//     for the connection's CONNECTED status; a ReconnectHandler the caller
+//     set stays theirs). A resync whose
 //     reason is overflow (the node's intake was full) waits first:
 //     Config.OverflowBackoff, doubling with each overflow within a lease up
 //     to lease/4, each wait drawn from [½, 1] of it; batches flushed

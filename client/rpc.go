@@ -60,6 +60,7 @@ func (c *Client) Close() error {
 	c.mu.Unlock()
 	close(c.stop)
 	c.wg.Wait()
+	c.nc.RemoveStatusListener(c.connected)
 	// Judged once the session loop has stopped: a re-register it was
 	// waiting on may have succeeded, and that registration needs its
 	// unregister. A v1 node has no unregister; a lost node or one that

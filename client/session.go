@@ -191,6 +191,7 @@ func (c *Client) loop() {
 	// resync's wait ends.
 	expiry := time.NewTimer(c.untilExpiry())
 	defer expiry.Stop()
+	connected := c.connected
 	for {
 		select {
 		case <-c.stop:
@@ -198,6 +199,12 @@ func (c *Client) loop() {
 		case <-tick.C:
 		case <-c.kick:
 		case <-expiry.C:
+		case _, ok := <-connected:
+			// Reconnected: tickOnce sees the count, resyncs and heartbeats
+			// now, not up to a period later.
+			if !ok {
+				connected = nil // the connection closed: nothing more to hear
+			}
 		}
 		if p := c.tickOnce(); p != period && p > 0 {
 			period = p
