@@ -56,14 +56,24 @@ type Region struct {
 	BlockBytes  int64 `json:"block_bytes"`
 }
 
-// RegisterReply answers P.E.register (and is the error shape of every
-// request/reply subject). v2: every reply names the node and its boot.
+// RegisterReply answers P.E.register. v2: every reply names the node and
+// its boot.
 type RegisterReply struct {
 	OK      bool   `json:"ok,omitempty"`
 	Error   string `json:"error,omitempty"`
 	Node    string `json:"node,omitempty"`
 	Boot    string `json:"boot,omitempty"`
 	LeaseMS int64  `json:"lease_ms,omitempty"`
+}
+
+// ErrorReply is the error reply of every request/reply subject but status
+// (whose error reply keeps its page fields): {"error","node","boot"} and
+// nothing else, so no zero count ("hit_tokens":0, "loaded_tokens":0) rides
+// along with an error.
+type ErrorReply struct {
+	Error string `json:"error"`
+	Node  string `json:"node"`
+	Boot  string `json:"boot"`
 }
 
 // Release reasons published on P.E.released. ReasonNodeLost is never

@@ -208,8 +208,7 @@ func (n *Node) claimRegister(ctx, halt context.Context, id string, spec messages
 	case d.Action == ownership.Refuse:
 		// Rate-limited: the engine chooses how often it is refused.
 		n.rejected(messages.RejectBadSpec, "cluster: register refused: names another node", "engine", id, "named", spec.Node)
-		n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: ownership.RefusalError(n.cfg.NodeID, spec.Node),
-			Node: n.cfg.NodeID, Boot: n.boot})
+		n.replyError(ctx, reply, errors.New(ownership.RefusalError(n.cfg.NodeID, spec.Node)))
 		return false
 	case d.Action != ownership.Serve:
 		n.log.Debug("cluster: register left to another node", "engine", id, "owner", d.Owner, "reason", d.Reason)

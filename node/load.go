@@ -38,7 +38,7 @@ func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	}
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "lookup refused", "subject", m.Subject, "err", err)
-		n.outbox.Reply(ctx, m.Reply, messages.LookupReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
+		n.replyError(ctx, m.Reply, err)
 		return
 	}
 	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithTimestamp(taken),
@@ -78,7 +78,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 		}
 		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
 		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
-		n.outbox.Reply(ctx, m.Reply, messages.LoadReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
+		n.replyError(ctx, m.Reply, err)
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
 		span.End()

@@ -87,7 +87,7 @@ func (n *Node) IntakePeak() int64 {
 // replyError answers a request/reply message with {"error", node, boot}
 // (no-op without a reply subject).
 func (n *Node) replyError(ctx context.Context, reply string, err error) {
-	n.outbox.Reply(ctx, reply, messages.RegisterReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
+	n.outbox.Reply(ctx, reply, messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
 }
 
 // onRegister handles P.E.register taken off NATS at at. On a cluster the

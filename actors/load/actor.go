@@ -212,7 +212,7 @@ func (a *Actor) finish(c actor.Context, err error) {
 			a.deps.Metrics.Loads.WithLabelValues(ResultError).Inc()
 			a.deps.Reject.Log(slog.LevelError, LogCopyFailed, "load copy failed", "engine", j.Engine, "request", j.Request,
 				"err", err)
-			a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.LoadReply{Error: "copy failed: " + err.Error(),
+			a.deps.Outbox.Reply(j.Ctx, j.Reply, messages.ErrorReply{Error: "copy failed: " + err.Error(),
 				Node: a.deps.Node, Boot: a.deps.Boot})
 		} else {
 			a.deps.Metrics.Loads.WithLabelValues(ResultOK).Inc()
