@@ -88,6 +88,10 @@ func decodeWith(sc *scratch, engine string, data []byte, lim Limits, evs []messa
 
 var openBrace = []byte{'{'}
 
+// minEventBytes is the length of the shortest event DecodeBatch accepts: it
+// needs a "type" (no name is shorter than "added") and a non-empty "request".
+const minEventBytes = len(`{"type":"added","request":"r"}`)
+
 // scratch is a decoder's per-event working memory, pooled across batches:
 // growing it afresh for every batch was about a sixth of the decoder's
 // allocations. Accepted events get their own copies (build), so nothing
@@ -215,10 +219,13 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 	}
 	// Every event is an object, so counting '{' bounds the events from
 	// above for the usual body (a vectorised byte count, far cheaper than
-	// regrowing); append still grows it if the guess is short. A slice being
-	// reused (the node's) grew to its batches' size already: no count.
+	// regrowing). Braces elsewhere (in strings, skipped fields, rejected
+	// events) would reserve an Event (120 bytes) per byte of a hostile body,
+	// so the guess is also bounded by the most accepted events the body can
+	// hold. A slice being reused (the node's) grew to its batches' size
+	// already: no count.
 	if cap(evs) == 0 {
-		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), d.lim.MaxEvents))
+		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), len(d.data)/minEventBytes, d.lim.MaxEvents))
 	}
 	i := 0
 	for more := !d.open(']'); more; i++ {

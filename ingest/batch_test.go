@@ -3,6 +3,7 @@ package ingest
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"strings"
 	"testing"
 	"unsafe"
@@ -94,6 +95,30 @@ func TestDecodeBatchRejectsTooManyEvents(t *testing.T) {
 	require.ErrorIs(t, err, ErrTooLarge)
 	_, _, err = DecodeBatch("e1", []byte(body), Limits{MaxEvents: 3})
 	require.NoError(t, err)
+}
+
+// A body's '{'s guess its events' count, but braces that are no accepted
+// event (in a string, a skipped field, a run of junk) made DecodeBatch
+// reserve an Event (120 bytes) per byte: 60 KB of them reserved 7 MB. The
+// reservation is bounded by the events the body can hold.
+func TestDecodeBatchReservesByLengthNotBraces(t *testing.T) { // not parallel: it reads the process's allocation count
+	braces := strings.Repeat("{", 60_000)
+	for name, body := range map[string]string{
+		"in a string":        `{"x":"` + braces + `","epoch":"e","seq":0,"events":[]}`,
+		"in a skipped field": `{"x":[` + strings.Repeat("{},", 20_000) + `{}],"epoch":"e","seq":0,"events":[]}`,
+		"as rejected events": `{"epoch":"e","seq":0,"events":[{"type":"resumed","request":"r"}` + braces,
+	} {
+		b, _, _ := DecodeBatch("e1", []byte(body), Limits{})
+		require.LessOrEqual(t, cap(b.Events), len(body)/len(`{"type":"added","request":"r"}`), name)
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range 4 {
+			_, _, _ = DecodeBatch("e1", []byte(body), Limits{})
+		}
+		runtime.ReadMemStats(&after)
+		per := float64(after.TotalAlloc-before.TotalAlloc) / 4 / float64(len(body))
+		require.Less(t, per, 8.0, "%s: %.1f bytes allocated per byte of body", name, per)
+	}
 }
 
 func TestDecodeBatchAcceptsEdgeCases(t *testing.T) {

@@ -16,8 +16,9 @@ import (
 var fuzzLimits = Limits{MaxIDs: 8, MaxGroups: 4, MaxHashBytes: 4, MaxEvents: 16, MaxRequestIDBytes: 16}
 
 // FuzzDecodeBatch checks that DecodeBatch never panics, agrees with
-// encoding/json on what is valid JSON, and accepts only events that satisfy
-// the invariants the actors rely on. Its seeds run under plain go test.
+// encoding/json on what is valid JSON, reserves no more events than the
+// body could hold, and accepts only events that satisfy the invariants the
+// actors rely on. Its seeds run under plain go test.
 func FuzzDecodeBatch(f *testing.F) {
 	f.Add([]byte(protocolBatch))
 	f.Add([]byte(`{"epoch":"e","seq":0,"events":[]}`))
@@ -40,6 +41,7 @@ func FuzzDecodeBatch(f *testing.F) {
 		require.LessOrEqual(t, len(b.Epoch), MaxEpochBytes)
 		require.True(t, utf8.ValidString(b.Epoch))
 		require.LessOrEqual(t, len(b.Events)+len(bad), fuzzLimits.MaxEvents)
+		require.LessOrEqual(t, cap(b.Events), len(data)/minEventBytes, "reserved more events than the body holds")
 		for i, ev := range b.Events {
 			checkEventInvariants(t, ev)
 			// Re-encoding an accepted event and decoding it again gives it back.
