@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
-	"strconv"
 	"strings"
 
 	"github.com/nats-io/nkeys"
@@ -117,7 +116,7 @@ func Generate(o Options) (Generated, error) {
 			seed, _ := kp.Seed()
 			pub, _ := kp.PublicKey()
 			c.Seed = string(seed)
-			auth = "nkey: " + strconv.Quote(pub)
+			auth = "nkey: " + quote(pub)
 		case AuthPassword:
 			var b [24]byte
 			_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
@@ -130,7 +129,7 @@ func Generate(o Options) (Generated, error) {
 			if err != nil {
 				return fmt.Errorf("natsauth: hash for %s: %w", id, err)
 			}
-			auth = "user: " + strconv.Quote(id) + ", password: " + strconv.Quote(string(hash))
+			auth = "user: " + quote(id) + ", password: " + quote(string(hash))
 		}
 		g.Creds = append(g.Creds, c)
 		users = append(users, fmt.Sprintf("    # %s %s\n    { %s,\n      permissions: %s }", role, id, auth, perms))
@@ -164,9 +163,9 @@ func Generate(o Options) (Generated, error) {
 		b.WriteString("# No jetstream block: JetStream is off.\n\n")
 	}
 	if o.TLSCert != "" {
-		fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n", strconv.Quote(o.TLSCert), strconv.Quote(o.TLSKey))
+		fmt.Fprintf(&b, "tls {\n  cert_file: %s\n  key_file: %s\n", quote(o.TLSCert), quote(o.TLSKey))
 		if o.TLSCA != "" {
-			fmt.Fprintf(&b, "  ca_file: %s\n  verify: true\n", strconv.Quote(o.TLSCA))
+			fmt.Fprintf(&b, "  ca_file: %s\n  verify: true\n", quote(o.TLSCA))
 		}
 		b.WriteString("}\n\n")
 	}
@@ -177,11 +176,34 @@ func Generate(o Options) (Generated, error) {
 	return g, nil
 }
 
+// quote renders s as a double-quoted string of nats-server's configuration
+// syntax, which reads back exactly s. strconv.Quote is not that syntax: its
+// \a, \u2028 and the like are escapes the server's parser refuses, so a TLS
+// path or a prefix holding such a character made a file the server would
+// not start with. The parser knows \", \\ and \xXX (a byte), so every
+// byte but printable ASCII is written as \xXX.
+func quote(s string) string {
+	const digits = "0123456789abcdef"
+	b := make([]byte, 0, len(s)+2)
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < ' ' || c > '~':
+			b = append(b, '\\', 'x', digits[c>>4], digits[c&0xf])
+		default:
+			b = append(b, c)
+		}
+	}
+	return string(append(b, '"'))
+}
+
 // list renders subjects as a config array.
 func list(subjects ...string) string {
 	q := make([]string, len(subjects))
 	for i, s := range subjects {
-		q[i] = strconv.Quote(s)
+		q[i] = quote(s)
 	}
 	return "[" + strings.Join(q, ", ") + "]"
 }
