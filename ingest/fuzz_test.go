@@ -2,7 +2,6 @@ package ingest
 
 import (
 	"encoding/json"
-	"errors"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -163,17 +162,76 @@ func FuzzDecodeSpec(f *testing.F) {
 	})
 }
 
-// FuzzDecodeLoad checks that the load and lookup decoders never panic and
-// fail only with ErrMalformed.
+// FuzzDecodeLoad checks the encoding/json decoders of the request bodies
+// (load, lookup, heartbeat): they never panic and fail only with
+// ErrMalformed; what they accept is within the limits and what the node
+// relies on, and decodes the same once encoded again; an accepted
+// heartbeat's epoch is one a batch can carry (it begins no epoch that no
+// batch could continue).
 func FuzzDecodeLoad(f *testing.F) {
 	f.Add([]byte(`{"request":"r2","hashes":["aa","bb"],"num_tokens":24,"blocks":[[5,6,7],[0,0,9]]}`))
 	f.Add([]byte(`{"hashes":["00ff"]}`))
+	f.Add([]byte(`{"epoch":"e\u00e9","seq":3}`))
+	f.Add([]byte(`{"epoch":"\ud800","seq":1,"request":"\udfff"}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if _, err := DecodeLoad(data, Limits{}); err != nil && !errors.Is(err, ErrMalformed) {
-			t.Fatalf("DecodeLoad: %v does not wrap ErrMalformed", err)
+		if l, err := DecodeLoad(data, fuzzLimits); err != nil {
+			require.ErrorIs(t, err, ErrMalformed, "DecodeLoad")
+		} else {
+			require.NoError(t, CheckRequestID(l.Request, fuzzLimits))
+			require.GreaterOrEqual(t, l.NumTokens, 0)
+			require.LessOrEqual(t, len(l.Blocks), fuzzLimits.MaxGroups)
+			checkHashes(t, l.Hashes)
+			req := messages.LoadRequest{Request: l.Request, NumTokens: l.NumTokens, Hashes: hexAll(l.Hashes)}
+			for _, ids := range l.Blocks {
+				require.LessOrEqual(t, len(ids), fuzzLimits.MaxIDs)
+				w := make([]int64, len(ids))
+				for i, id := range ids {
+					w[i] = int64(id)
+				}
+				req.Blocks = append(req.Blocks, w)
+			}
+			again, err := DecodeLoad(mustJSON(t, req), fuzzLimits)
+			require.NoError(t, err)
+			require.Equal(t, l, again)
 		}
-		if _, err := DecodeLookup(data, Limits{}); err != nil && !errors.Is(err, ErrMalformed) {
-			t.Fatalf("DecodeLookup: %v does not wrap ErrMalformed", err)
+		if hs, err := DecodeLookup(data, fuzzLimits); err != nil {
+			require.ErrorIs(t, err, ErrMalformed, "DecodeLookup")
+		} else {
+			checkHashes(t, hs)
+			again, err := DecodeLookup(mustJSON(t, messages.LookupRequest{Hashes: hexAll(hs)}), fuzzLimits)
+			require.NoError(t, err)
+			require.Equal(t, hs, again)
+		}
+		if hb, err := DecodeHeartbeat(data); err != nil {
+			require.ErrorIs(t, err, ErrMalformed, "DecodeHeartbeat")
+		} else {
+			b, _, err := DecodeBatch("e1", []byte(`{"epoch":`+string(mustJSON(t, hb.Epoch))+`,"seq":0,"events":[]}`), fuzzLimits)
+			require.NoError(t, err, "a heartbeat's epoch %q no batch can carry", hb.Epoch)
+			require.Equal(t, hb.Epoch, b.Epoch)
 		}
 	})
+}
+
+func checkHashes(t *testing.T, hs []messages.Hash) {
+	t.Helper()
+	require.LessOrEqual(t, len(hs), fuzzLimits.MaxIDs)
+	for _, h := range hs {
+		require.NotEmpty(t, h)
+		require.LessOrEqual(t, len(h), fuzzLimits.MaxHashBytes)
+	}
+}
+
+func hexAll(hs []messages.Hash) []string {
+	var out []string
+	for _, h := range hs {
+		out = append(out, hexOf(string(h)))
+	}
+	return out
+}
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	require.NoError(t, err)
+	return b
 }
