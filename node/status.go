@@ -2,10 +2,12 @@ package node
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -70,6 +72,9 @@ func (n *Node) statusPage(st StatusReply, page int) StatusReply {
 	var err error
 	st.Requests, st.StatusPage, err = paginate(st.Requests, page, n.statusBudget())
 	if err != nil {
+		if errors.Is(err, ingest.ErrOutOfRange) { // the asker's page, not our encoding
+			n.rejected(messages.RejectOutOfRange, "status request refused", "engine", st.Engine, "err", err)
+		}
 		return n.statusError(st.Engine, st.StatusPage, err)
 	}
 	if data, _ := json.Marshal(st); int64(len(data)) > n.nc.MaxPayload() {
@@ -101,7 +106,7 @@ func paginate(reqs []sched.RequestSnapshot, page, budget int) ([]sched.RequestSn
 	bounds = append(bounds, [2]int{start, len(reqs)})
 	p.Pages, p.Page = len(bounds), page
 	if page >= len(bounds) {
-		return nil, p, fmt.Errorf("status page %d: the engine has %d pages", page, len(bounds))
+		return nil, p, fmt.Errorf("%w: status page %d: the engine has %d pages", ingest.ErrOutOfRange, page, len(bounds))
 	}
 	p.Truncated = page < len(bounds)-1
 	return reqs[bounds[page][0]:bounds[page][1]], p, nil
