@@ -91,7 +91,7 @@ type Config struct {
 	// Lease is the engine lease (PROTOCOL.md "Sessions"): node heartbeats
 	// every Lease/4, engines expire after Lease without a sign of life,
 	// copies wait when NATS has not answered for Lease/2 and the process
-	// stops if a copy runs Lease past the last answer.
+	// stops if a copy is still running 5/8 Lease after the last answer.
 	Lease time.Duration `json:"lease"`
 	// MaxPendingBytes bounds inbound message bytes taken and not yet handled;
 	// what does not fit becomes a resync (reason overflow).
