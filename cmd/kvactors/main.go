@@ -1,6 +1,3 @@
-// Command kvactors is the KV-cache offload service: serve runs a node, demo
-// runs a node with a simulated engine and checks every byte, bench measures
-// it, version prints the build.
 package main
 
 import (
