@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -403,16 +404,22 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 // for the engine that spilled it, "" for one found at open), at this point
 // of Notify's order: a node whose published changes may have been lost (a
 // NATS outage) states what the disk holds. Nothing after Close.
-func (d *Disk) Reannounce() {
+func (d *Disk) Reannounce() { d.ReannouncePrefix("") }
+
+// ReannouncePrefix is Reannounce of the chunks whose keys start with
+// prefix only (a node tells routers of one namespace's chunks, found at
+// open, when the namespace first registers in its boot).
+func (d *Disk) ReannouncePrefix(prefix string) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.shut {
 		return
 	}
-	changes := make([]change, 0, d.lru.Len())
+	var changes []change
 	for e := d.lru.Front(); e != nil; e = e.Next() {
-		it := e.Value.(*item)
-		changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+		if it := e.Value.(*item); strings.HasPrefix(string(it.key), prefix) {
+			changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+		}
 	}
 	d.tell(changes)
 }

@@ -498,7 +498,8 @@ func TestTakesIsSpillsAdmission(t *testing.T) {
 }
 
 // Reannounce tells Notify of every chunk on disk as stored, least recently
-// used first, and nothing once closed.
+// used first (ReannouncePrefix: those of a prefix only), and nothing once
+// closed.
 func TestReannounceTellsEveryChunkAsStored(t *testing.T) {
 	ev := &events{}
 	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, ev.notify)
@@ -511,8 +512,13 @@ func TestReannounceTellsEveryChunkAsStored(t *testing.T) {
 	stored, removed := ev.get()
 	require.Equal(t, []messages.Key{key(0), key(1), key(0), key(1)}, stored)
 	require.Empty(t, removed)
+	// key(0) and key(1) are "chunk-000000" and "chunk-000001": only the
+	// keys of the prefix are told.
+	d.ReannouncePrefix("chunk-000001")
+	stored, _ = ev.get()
+	require.Equal(t, []messages.Key{key(0), key(1), key(0), key(1), key(1)}, stored)
 	d.Close()
 	d.Reannounce()
 	stored, _ = ev.get()
-	require.Len(t, stored, 4, "nothing after Close")
+	require.Len(t, stored, 5, "nothing after Close")
 }

@@ -27,14 +27,18 @@ func newDiskKeys() *diskKeys {
 }
 
 // learn records namespace id's name and geometry (at register, once the
-// namespace has its id).
-func (d *diskKeys) learn(id sched.NamespaceID, name string, lay *sched.Layout) {
+// namespace has its id) and returns the prefix of its keys on disk, and
+// whether this is the first time in the boot (until then none of its
+// chunks on disk was visible).
+func (d *diskKeys) learn(id sched.NamespaceID, name string, lay *sched.Layout) (prefix string, first bool) {
 	p := binary.AppendUvarint(nil, uint64(len(name)))
 	p = append(p, name...)
 	p = binary.BigEndian.AppendUint64(p, geometry(lay))
 	d.mu.Lock()
+	_, known := d.byID[id]
 	d.byID[id], d.byPrefix[string(p)] = string(p), id
 	d.mu.Unlock()
+	return string(p), !known
 }
 
 // ToDisk is k's persistent key; false for a namespace not learnt.

@@ -67,7 +67,8 @@ type kvJournal struct {
 
 // kvRecord is one change: keys[lo:hi] of its drain became loadable (typ
 // BlockStored) or stopped being loadable (BlockRemoved) in medium, made by
-// engine. A record of typ kvJoin has no keys: engine joined namespace ns.
+// engine. A record of typ kvJoin has no keys: engine joined namespace ns;
+// nor has one of typ kvClear: ns is cleared in medium.
 type kvRecord struct {
 	engine, typ, medium string
 	lo, hi              int
@@ -82,6 +83,11 @@ const kvJoin = "join"
 // every namespace (on the wire: an AllBlocksCleared per namespace and
 // medium; see resync).
 const kvResync = "resync"
+
+// kvClear is the typ of a record that clears what routers believe of one
+// namespace in one medium (on the wire: an AllBlocksCleared of it; see
+// cleared).
+const kvClear = "clear"
 
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
@@ -161,6 +167,19 @@ func (j *kvJournal) resync() {
 	j.mu.Lock()
 	if !j.closed {
 		j.recs = append(j.recs, kvRecord{typ: kvResync})
+	}
+	j.mu.Unlock()
+	j.poke()
+}
+
+// cleared queues a clear of namespace ns in medium, announced as its
+// changes are (on engine when a member, else on ns's member, or owed to
+// its next one), after ns's changes queued before it. The caller then
+// re-announces what ns holds in medium (see Node.register, the disk tier).
+func (j *kvJournal) cleared(engine string, ns sched.NamespaceID, medium string) {
+	j.mu.Lock()
+	if !j.closed {
+		j.recs = append(j.recs, kvRecord{engine: engine, typ: kvClear, medium: medium, ns: ns})
 	}
 	j.mu.Unlock()
 	j.poke()
@@ -252,6 +271,19 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 		return
 	case kvResync:
 		j.clearAll(msg)
+		return
+	case kvClear:
+		name, nsKey, engine, geo := j.target(r.engine, r.ns)
+		switch {
+		case nsKey == "":
+		case engine == "":
+			// No member to tell: the next one is told to forget the
+			// namespace in both media (forgetting more is never wrong).
+			j.deferred.clear(r.ns)
+		default:
+			j.flushDeferred(r.ns, engine, geo, name, msg)
+			msg.addClear(engine, geo, r.medium, name, j.emit)
+		}
 		return
 	}
 	for run := range j.split.runs(keys) {

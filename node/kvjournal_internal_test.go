@@ -562,3 +562,56 @@ func TestKVJournalResyncClearsEveryNamespace(t *testing.T) {
 	require.False(t, j.deferred.has(2))
 	require.Zero(t, j.deferred.held)
 }
+
+// A clear record clears one namespace in one medium, on its member, after
+// the namespace's changes queued before it (the first engine of a
+// namespace in a boot: DISK, then what the disk holds). With no member
+// (the engine left before the journal drained it) its next engine is told
+// to forget the namespace in both media, followed by what it stored since.
+func TestKVJournalClearsOneNamespaceInOneMedium(t *testing.T) {
+	type msg struct {
+		engine string
+		events []messages.KVEvent
+	}
+	var got []msg
+	emit := func(engine string, _ uint64, body []byte) { got = append(got, msg{engine, decodeKV(t, body)}) }
+	member := "" // namespace 2's ("o"); namespace 1 ("n") always has en
+	target := func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
+		switch ns {
+		case 1:
+			return "n", ".n", "en", 1
+		case 2:
+			return "o", ".o", member, 2
+		}
+		return "", "", "", 0
+	}
+	key := func(ns sched.NamespaceID, h string) messages.Key { return sched.Key(ns, messages.Hash(h), 0) }
+	hexOf := func(h string) []string { return []string{fmt.Sprintf("%x", h)} }
+	cpu, disk := messages.MediumCPU, messages.MediumDisk
+	stored := messages.KVBlockStored
+	clr := func(medium, ns string) messages.KVEvent {
+		return messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: medium, Namespace: ns}
+	}
+	j := newKVJournal(emit, target)
+	var m kvMessage
+	rec := func(medium string, ks ...messages.Key) {
+		j.publish(&kvRecord{engine: "ex", typ: stored, medium: medium, lo: 0, hi: len(ks)}, ks, &m)
+	}
+	rec(cpu, key(1, "x"))
+	j.publish(&kvRecord{engine: "en", typ: kvClear, medium: disk, ns: 1}, nil, &m)
+	rec(disk, key(1, "y"))
+	rec(cpu, key(2, "a")) // deferred: o has no member
+	j.publish(&kvRecord{engine: "gone", typ: kvClear, medium: disk, ns: 2}, nil, &m)
+	rec(disk, key(2, "b"))
+	j.publish(&kvRecord{engine: "en", typ: kvClear, medium: disk, ns: 3}, nil, &m) // no such namespace: nothing
+	member = "eo"
+	j.publish(&kvRecord{engine: "eo", typ: kvJoin, ns: 2}, nil, &m)
+	m.flush(emit)
+	require.Equal(t, []msg{
+		{"en", []messages.KVEvent{{Type: stored, Medium: cpu, Namespace: "n", BlockHashes: hexOf("x")},
+			clr(disk, "n"), {Type: stored, Medium: disk, Namespace: "n", BlockHashes: hexOf("y")}}},
+		{"eo", []messages.KVEvent{clr(cpu, "o"), clr(disk, "o"),
+			{Type: stored, Medium: disk, Namespace: "o", BlockHashes: hexOf("b")}}},
+	}, got)
+	require.False(t, j.deferred.has(2))
+}

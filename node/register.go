@@ -212,7 +212,15 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.committed(id, ns.id)
 	}
 	lay.Namespace = ns.id
-	n.diskKeys.learn(ns.id, ns.key, lay)
+	if prefix, first := n.diskKeys.learn(ns.id, ns.key, lay); first && n.disk != nil {
+		// The namespace's first engine in this boot: routers may still
+		// believe its DISK chunks of the last boot (torn records cut at
+		// rebuild, another --disk-dir), and know nothing of those this
+		// boot found on disk, visible from now on. Clear and tell them,
+		// on the namespace's member only (PROTOCOL.md "kv_events").
+		n.kv.cleared(id, ns.id, messages.MediumDisk)
+		n.disk.ReannouncePrefix(prefix)
+	}
 	if old != nil {
 		n.log.Info(why, "engine", id, "silent", silentFor)
 		n.metrics.EpochResets.Inc()
