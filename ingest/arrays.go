@@ -47,7 +47,7 @@ func (d *decoder) openArray(name string) (ok bool, err error) {
 	case '[':
 		return true, nil
 	default:
-		d.reject(ErrWrongType, fmt.Sprintf("%q is a %s, want an array", name, kind(c)))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("%q is a %s, want an array", name, kind(c)) })
 		return false, d.skip(inField)
 	}
 }
@@ -75,7 +75,7 @@ func (d *decoder) hashesField() error {
 func (d *decoder) hash(n int) error {
 	c := d.peek()
 	if c != '"' {
-		d.reject(ErrWrongType, fmt.Sprintf("hashes[%d] is a %s, want a hex string", n, kind(c)))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("hashes[%d] is a %s, want a hex string", n, kind(c)) })
 		return d.skip(inElement)
 	}
 	raw, esc, err := d.str()
@@ -86,7 +86,7 @@ func (d *decoder) hash(n int) error {
 		return nil // rejected already: only the syntax still matters
 	}
 	if n >= d.lim.MaxIDs {
-		d.reject(ErrTooLarge, fmt.Sprintf("more than %d hashes", d.lim.MaxIDs))
+		d.rejectf(ErrTooLarge, func() string { return fmt.Sprintf("more than %d hashes", d.lim.MaxIDs) })
 		return nil
 	}
 	if esc {
@@ -94,7 +94,9 @@ func (d *decoder) hash(n int) error {
 	}
 	var ok bool
 	if d.hashRaw, ok = appendHash(d.hashRaw, raw, d.lim.MaxHashBytes); !ok {
-		d.reject(ErrBadHash, fmt.Sprintf("hashes[%d] is not lowercase hex of even length 2..%d", n, 2*d.lim.MaxHashBytes))
+		d.rejectf(ErrBadHash, func() string {
+			return fmt.Sprintf("hashes[%d] is not lowercase hex of even length 2..%d", n, 2*d.lim.MaxHashBytes)
+		})
 		return nil
 	}
 	d.hashEnds = append(d.hashEnds, len(d.hashRaw))
@@ -124,7 +126,7 @@ func (d *decoder) idsField() error {
 func (d *decoder) id(n int) error {
 	c := d.peek()
 	if c != '-' && (c < '0' || c > '9') {
-		d.reject(ErrWrongType, fmt.Sprintf("ids[%d] is a %s, want an integer", n, kind(c)))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("ids[%d] is a %s, want an integer", n, kind(c)) })
 		return d.skip(inElement)
 	}
 	v, cls, err := d.number()
@@ -133,11 +135,11 @@ func (d *decoder) id(n int) error {
 		return err
 	case d.ev.err != nil:
 	case n >= d.lim.MaxIDs:
-		d.reject(ErrTooLarge, fmt.Sprintf("more than %d ids", d.lim.MaxIDs))
+		d.rejectf(ErrTooLarge, func() string { return fmt.Sprintf("more than %d ids", d.lim.MaxIDs) })
 	case cls == numFrac:
-		d.reject(ErrWrongType, fmt.Sprintf("ids[%d] is not an integer", n))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("ids[%d] is not an integer", n) })
 	case cls == numOverflow || v < 0 || v > MaxBlockID:
-		d.reject(ErrOutOfRange, fmt.Sprintf("ids[%d] is outside [0, 2^32)", n))
+		d.rejectf(ErrOutOfRange, func() string { return fmt.Sprintf("ids[%d] is outside [0, 2^32)", n) })
 	default:
 		d.ids = append(d.ids, messages.BlockID(v))
 	}

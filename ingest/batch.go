@@ -16,8 +16,12 @@ import (
 // non-empty epoch string of at most 256 bytes, a non-negative integer seq or
 // an events array, or holds more than lim.MaxEvents events. Otherwise every
 // well-formed event is in the batch, in order, and each rejected event is
-// reported once in the []EventError (PROTOCOL.md "EventBatch"). Zero fields
-// of lim mean their defaults.
+// reported once in the []EventError (PROTOCOL.md "EventBatch"): the first
+// DetailedEventErrors of them each in its own, in order, with Count 1; the
+// others, if any, in one summary per reason after those (its Count the
+// number of events, its Err naming no event), so that the Counts sum to the
+// number of rejected events, by reason. Zero fields of lim mean their
+// defaults.
 func DecodeBatch(engine string, data []byte, lim Limits) (messages.EventBatch, []EventError, error) {
 	return DecodeBatchInto(engine, data, lim, nil)
 }
@@ -150,6 +154,9 @@ type decoder struct {
 	// hashes, and must not pin its batch's).
 	hashArena []messages.Hash
 	ev        wireEvent
+	// rejects counts the events array's rejected events so far: the first
+	// DetailedEventErrors get messages (detailed).
+	rejects int
 }
 
 func (d *decoder) envelope(msg string) error {
@@ -228,6 +235,7 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 		evs = make([]messages.Event, 0, min(bytes.Count(d.data, openBrace), len(d.data)/minEventBytes, d.lim.MaxEvents))
 	}
 	i := 0
+	d.rejects = 0
 	for more := !d.open(']'); more; i++ {
 		if i >= d.lim.MaxEvents {
 			return evs, bad, false, fmt.Errorf("%w: %w: more than %d events in one batch", ErrMalformed, ErrTooLarge, d.lim.MaxEvents)
@@ -237,7 +245,7 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 			return evs, bad, false, err
 		}
 		if d.ev.err != nil {
-			bad = append(bad, EventError{Index: i, Type: d.ev.typeName, Request: d.ev.request, Err: d.ev.err})
+			bad = d.rejected(bad, i)
 		} else {
 			evs = append(evs, ev)
 		}
@@ -246,6 +254,25 @@ func (d *decoder) events(evs []messages.Event, bad []EventError) ([]messages.Eve
 		}
 	}
 	return evs, bad, true, nil
+}
+
+// rejected reports event i, which d.ev holds rejected: in an EventError of
+// its own if it is one of the first DetailedEventErrors, else in the summary
+// of its reason (its Err: terse), appended after those on the reason's first
+// event; a batch has a summary per reason at most, so the search is short.
+func (d *decoder) rejected(bad []EventError, i int) []EventError {
+	detailed := d.detailed()
+	d.rejects++
+	if detailed {
+		return append(bad, EventError{Index: i, Type: d.ev.typeName, Request: d.ev.request, Err: d.ev.err, Count: 1})
+	}
+	for j := DetailedEventErrors; j < len(bad); j++ {
+		if bad[j].Err == d.ev.err {
+			bad[j].Count++
+			return bad
+		}
+	}
+	return append(bad, EventError{Index: i, Err: d.ev.err, Count: 1})
 }
 
 // intern returns raw as a string, sharing the allocation with an equal

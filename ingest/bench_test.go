@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -88,4 +89,25 @@ func BenchmarkDecodeBatchEncodingJSON(b *testing.B) {
 	sec := b.Elapsed().Seconds()
 	b.ReportMetric(float64(events)/sec, "events/s")
 	b.ReportMetric(sec*1e9/float64(events), "ns/event")
+}
+
+// junkBody is a batch of n rejected events of two bytes each (`1,`): the
+// cheapest body that makes the decoder report an event error per element.
+func junkBody(n int) []byte {
+	return []byte(`{"epoch":"e","seq":1,"events":[1` + strings.Repeat(`,1`, n-1) + `]}`)
+}
+
+// BenchmarkDecodeBatchJunk decodes a batch of Limits.MaxEvents (65,536)
+// junk events: what a hostile engine's 131 KB body costs the decoder.
+func BenchmarkDecodeBatchJunk(b *testing.B) {
+	const n = 1 << 16
+	body := junkBody(n)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		batch, _, err := DecodeBatch("e1", body, Limits{})
+		if err != nil || len(batch.Events) != 0 {
+			b.Fatalf("%v %d", err, len(batch.Events))
+		}
+	}
 }

@@ -42,4 +42,10 @@
 //     The encoding/json decoders hold to this too, where encoding/json
 //     itself would replace: a load's request id, a heartbeat's epoch and a
 //     spec's namespace.
+//   - Rejected events are reported one EventError each, with a message,
+//     for the first DetailedEventErrors (16) of a batch only; the rest are
+//     counted in one EventError per reason (Count events, a static Err), and
+//     nothing is formatted for them, so a body of junk events costs no
+//     memory per event. Sum the Counts, not the entries, to count rejected
+//     events.
 package ingest

@@ -40,23 +40,63 @@ var (
 	ErrTooLarge = messages.NewRejection(messages.RejectTooLarge, "over limit")
 )
 
-// EventError reports one rejected event of a batch. The event is left out of
-// the decoded batch; the events around it keep their order.
+// DetailedEventErrors is how many rejected events of one batch DecodeBatch
+// reports one by one, each with a message naming its problem. The rest are
+// counted, one EventError per reason, and nothing is formatted for them: a
+// body of junk events (`1,` is one) cost about 500 bytes of error text per
+// two-byte event, memory and CPU the node's intake byte budget does not see.
+const DetailedEventErrors = 16
+
+// EventError reports rejected events of a batch: one (Count 1), or past the
+// batch's first DetailedEventErrors rejected events, all the others of one
+// reason (a summary). The events are left out of the decoded batch; the
+// events around them keep their order.
 type EventError struct {
-	// Index is the event's position in the batch's "events" array.
+	// Index is the event's position in the batch's "events" array (a
+	// summary's: that of the first event it counts).
 	Index int
 	// Type is the event's "type" as sent (truncated to 64 bytes), or "" if
-	// it was missing or not a string.
+	// it was missing or not a string. A summary's is "".
 	Type string
-	// Request is the event's request id if it was a valid one, else "".
+	// Request is the event's request id if it was a valid one, else "". A
+	// summary's is "".
 	Request string
-	// Err wraps ErrBadEvent and one reason sentinel (ErrWrongType...).
+	// Err wraps ErrBadEvent and one reason sentinel (ErrWrongType...). A
+	// summary's is the same error for every batch (it names no event).
 	Err error
+	// Count is how many rejected events this reports: 1, or a summary's
+	// count.
+	Count int
 }
 
 // Error implements error so an EventError can be logged or wrapped directly.
 func (e EventError) Error() string {
+	if e.Count > 1 {
+		return fmt.Sprintf("%d events from index %d on: %v", e.Count, e.Index, e.Err)
+	}
 	return fmt.Sprintf("event %d (type %q, request %q): %v", e.Index, e.Type, e.Request, e.Err)
+}
+
+// terseErrs are the errors of the events a summary counts, per reason:
+// built once, so such an event costs no formatting (and a summary is found
+// by its error).
+var terseErrs = func() map[error]error {
+	const more = "details are given for the first %d rejected events of a batch only"
+	m := map[error]error{nil: fmt.Errorf("%w: "+more, ErrBadEvent, DetailedEventErrors)}
+	for _, r := range []error{ErrUnknownType, ErrBadRequestID, ErrWrongType, ErrOutOfRange, ErrBadHash, ErrTooLarge} {
+		m[r] = fmt.Errorf("%w: %w: "+more, ErrBadEvent, r, DetailedEventErrors)
+	}
+	return m
+}()
+
+// terse is reason's error for an event a summary counts. A reason the table
+// lacks gets one error for all (bad_event, PROTOCOL.md's label for "no more
+// specific reason"), so summaries stay one per error.
+func terse(reason error) error {
+	if err, ok := terseErrs[reason]; ok {
+		return err
+	}
+	return terseErrs[nil]
 }
 
 // Unwrap lets errors.Is see the sentinels inside Err.

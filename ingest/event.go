@@ -28,10 +28,27 @@ type wireEvent struct {
 
 // reject records the event's first problem; later ones add nothing.
 func (d *decoder) reject(reason error, msg string) {
-	if d.ev.err == nil {
-		d.ev.err = fmt.Errorf("%w: %w: %s", ErrBadEvent, reason, msg)
+	d.rejectf(reason, func() string { return msg })
+}
+
+// rejectf is reject with a text msg builds: it is called only for the
+// first DetailedEventErrors rejected events of the batch; past them the
+// event gets its reason's prebuilt error, so a body of junk events costs no
+// formatting (about 500 bytes each was). A closure that is only called stays
+// on the stack: its captures are not boxed either.
+func (d *decoder) rejectf(reason error, msg func() string) {
+	switch {
+	case d.ev.err != nil:
+	case d.detailed():
+		d.ev.err = fmt.Errorf("%w: %w: %s", ErrBadEvent, reason, msg())
+	default:
+		d.ev.err = terse(reason)
 	}
 }
+
+// detailed reports whether the current event, if rejected, gets an
+// EventError of its own: one of the batch's first DetailedEventErrors.
+func (d *decoder) detailed() bool { return d.rejects < DetailedEventErrors }
 
 // event reads one element of the events array into d.ev and returns the
 // messages.Event it makes; d.ev.err is set if the event is rejected. The
@@ -44,7 +61,7 @@ func (d *decoder) event() (messages.Event, error) {
 	d.ev = wireEvent{}
 	d.ids, d.hashRaw, d.hashEnds = d.ids[:0], d.hashRaw[:0], d.hashEnds[:0]
 	if c := d.peek(); c != '{' {
-		d.reject(ErrWrongType, "the event is a "+kind(c)+", want an object")
+		d.rejectf(ErrWrongType, func() string { return "the event is a " + kind(c) + ", want an object" })
 		return messages.Event{}, d.skip(inEvents)
 	}
 	for more := !d.open('}'); more; {
@@ -62,7 +79,9 @@ func (d *decoder) event() (messages.Event, error) {
 			err = d.boolField("aborted", &e.aborted)
 		case "group":
 			if err = d.countField("group", &e.group); err == nil && e.group >= d.lim.MaxGroups {
-				d.reject(ErrOutOfRange, fmt.Sprintf("group = %d, limit is %d groups", e.group, d.lim.MaxGroups))
+				d.rejectf(ErrOutOfRange, func() string {
+					return fmt.Sprintf("group = %d, limit is %d groups", e.group, d.lim.MaxGroups)
+				})
 			}
 		case "start":
 			err = d.countField("start", &e.start)
@@ -132,7 +151,7 @@ func (d *decoder) build() messages.Event {
 		d.reject(ErrUnknownType, `missing "type"`)
 		return messages.Event{}
 	case e.typ == 0:
-		d.reject(ErrUnknownType, fmt.Sprintf("%q is not an event type", e.typeName))
+		d.rejectf(ErrUnknownType, func() string { return fmt.Sprintf("%q is not an event type", e.typeName) })
 		return messages.Event{}
 	case e.request == "":
 		d.reject(ErrBadRequestID, `missing "request"`)
@@ -194,7 +213,7 @@ func (d *decoder) typeField() error {
 		return d.literal("null")
 	case '"':
 	default:
-		d.reject(ErrWrongType, `"type" is a `+kind(c)+", want a string")
+		d.rejectf(ErrWrongType, func() string { return `"type" is a ` + kind(c) + ", want a string" })
 		return d.skip(inField)
 	}
 	raw, esc, err := d.str()
@@ -206,7 +225,7 @@ func (d *decoder) typeField() error {
 	}
 	if d.ev.typ = messages.ParseEventType(raw); d.ev.typ != 0 {
 		d.ev.typeName = d.ev.typ.String() // a constant: no allocation
-	} else {
+	} else if d.detailed() { // past those, no EventError shows it: no copy
 		d.ev.typeName = string(raw[:min(len(raw), maxTypeBytes)])
 	}
 	return nil
@@ -220,7 +239,7 @@ func (d *decoder) requestField() error {
 		return d.literal("null")
 	case '"':
 	default:
-		d.reject(ErrBadRequestID, `"request" is a `+kind(c)+", want a string")
+		d.rejectf(ErrBadRequestID, func() string { return `"request" is a ` + kind(c) + ", want a string" })
 		return d.skip(inField)
 	}
 	raw, esc, err := d.str()
@@ -236,7 +255,9 @@ func (d *decoder) requestField() error {
 	case len(raw) == 0:
 		d.reject(ErrBadRequestID, `"request" is empty`)
 	case len(raw) > d.lim.MaxRequestIDBytes:
-		d.reject(ErrBadRequestID, fmt.Sprintf(`"request" is %d bytes, over %d`, len(raw), d.lim.MaxRequestIDBytes))
+		d.rejectf(ErrBadRequestID, func() string {
+			return fmt.Sprintf(`"request" is %d bytes, over %d`, len(raw), d.lim.MaxRequestIDBytes)
+		})
 	default:
 		// An id met before passed these checks then (only valid ids are
 		// interned): most events name a request of an earlier event, and
@@ -264,7 +285,7 @@ func (d *decoder) boolField(name string, dst *bool) error {
 	case 'n':
 		return d.literal("null")
 	default:
-		d.reject(ErrWrongType, fmt.Sprintf("%q is a %s, want a bool", name, kind(c)))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("%q is a %s, want a bool", name, kind(c)) })
 		return d.skip(inField)
 	}
 }
@@ -277,7 +298,7 @@ func (d *decoder) countField(name string, dst *int) error {
 	case c == 'n':
 		return d.literal("null")
 	case c != '-' && (c < '0' || c > '9'):
-		d.reject(ErrWrongType, fmt.Sprintf("%q is a %s, want an integer", name, kind(c)))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("%q is a %s, want an integer", name, kind(c)) })
 		return d.skip(inField)
 	}
 	v, cls, err := d.number()
@@ -285,11 +306,11 @@ func (d *decoder) countField(name string, dst *int) error {
 	case err != nil:
 		return err
 	case cls == numFrac:
-		d.reject(ErrWrongType, fmt.Sprintf("%q is not an integer", name))
+		d.rejectf(ErrWrongType, func() string { return fmt.Sprintf("%q is not an integer", name) })
 	case cls == numOverflow || v > math.MaxInt:
-		d.reject(ErrOutOfRange, fmt.Sprintf("%q is too large", name))
+		d.rejectf(ErrOutOfRange, func() string { return fmt.Sprintf("%q is too large", name) })
 	case v < 0:
-		d.reject(ErrOutOfRange, fmt.Sprintf("%q = %d is negative", name, v))
+		d.rejectf(ErrOutOfRange, func() string { return fmt.Sprintf("%q = %d is negative", name, v) })
 	default:
 		*dst = int(v)
 	}

@@ -456,9 +456,18 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 		n.rejected(messages.RejectLabel(err), "batch rejected", "engine", engineID, "err", err)
 		return false
 	}
-	for _, e := range evErrs {
-		n.rejected(messages.RejectLabel(e.Err), "event rejected", "engine", engineID, "request", e.Request,
-			"index", e.Index, "type", e.Type, "err", e.Err)
+	for i, e := range evErrs {
+		reason := messages.RejectLabel(e.Err)
+		if i < ingest.DetailedEventErrors {
+			n.rejected(reason, "event rejected", "engine", engineID, "request", e.Request,
+				"index", e.Index, "type", e.Type, "err", e.Err)
+			continue
+		}
+		// Past those, the decoder counted the batch's other rejections per
+		// reason: one Add and one line for each reason, not one per event
+		// (a body of junk events would cost a log call each).
+		n.rejectedN(reason, e.Count, "more events rejected", "engine", engineID, "count", e.Count,
+			"from_index", e.Index, "err", e.Err)
 	}
 	ctx := n.msgCtx(m)
 	var span trace.Span
@@ -520,6 +529,12 @@ func (n *Node) msgCtx(m *nats.Msg) context.Context {
 func (n *Node) rejected(reason, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Inc()
 	n.rejectLog.Reject(reason, msg, args...)
+}
+
+// rejectedN is rejected for count refused inputs that one line reports.
+func (n *Node) rejectedN(reason string, count int, msg string, args ...any) {
+	n.metrics.Rejected.WithLabelValues(reason).Add(float64(count))
+	n.rejectLog.RejectN(reason, count, msg, args...)
 }
 
 var (

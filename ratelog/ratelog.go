@@ -47,6 +47,14 @@ func New(burst int, window time.Duration) *Limiter {
 // one, if it is logged). The number of reasons must be bounded by the caller
 // (they are metric labels).
 func (l *Limiter) Allow(r string, now time.Time) (log bool, summary int) {
+	return l.AllowN(r, 1, now)
+}
+
+// AllowN is Allow for n rejections that one line reports (a batch's
+// summary of them): logged, the line takes one place of the burst; not,
+// all n count as unlogged, so the window's summary stays a count of
+// rejections.
+func (l *Limiter) AllowN(r string, n int, now time.Time) (log bool, summary int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	st := l.reasons[r]
@@ -62,7 +70,7 @@ func (l *Limiter) Allow(r string, now time.Time) (log bool, summary int) {
 		st.logged++
 		return true, summary
 	}
-	st.suppressed++
+	st.suppressed += n
 	return false, summary
 }
 
@@ -107,13 +115,23 @@ func (r *Log) Reject(reason, msg string, args ...any) {
 	r.Log(slog.LevelError, reason, msg, args...)
 }
 
+// RejectN is Reject for one line that reports n rejections of reason (a
+// summary of them: its args should say n).
+func (r *Log) RejectN(reason string, n int, msg string, args ...any) {
+	r.logN(slog.LevelError, reason, n, msg, args...)
+}
+
 // Log is Reject at another level, for input-driven lines that are not
 // errors (a load that misses, say) but could flood the log all the same.
 func (r *Log) Log(level slog.Level, reason, msg string, args ...any) {
+	r.logN(level, reason, 1, msg, args...)
+}
+
+func (r *Log) logN(level slog.Level, reason string, n int, msg string, args ...any) {
 	if r == nil {
 		return
 	}
-	log, summary := r.lim.Allow(reason, r.now())
+	log, summary := r.lim.AllowN(reason, n, r.now())
 	if summary > 0 {
 		r.summary(reason, summary)
 	}

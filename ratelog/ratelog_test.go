@@ -87,3 +87,22 @@ func TestFlushEndsWindowsThatAreOver(t *testing.T) {
 	var nilLog *Log
 	nilLog.Flush()
 }
+
+// A line that reports many rejections (RejectN: a batch's summary of them)
+// takes one place of the burst when logged, and counts all of them in the
+// window's summary when not: suppressed stays a count of rejections.
+func TestRejectNCountsEveryRejectionItReports(t *testing.T) {
+	var buf bytes.Buffer
+	log := NewLog(slog.New(slog.NewTextHandler(&buf, nil)), New(2, time.Minute))
+	clock := time.Unix(0, 0)
+	log.now = func() time.Time { return clock }
+	log.RejectN("wrong_type", 100, "more events rejected", "count", 100)
+	log.Reject("wrong_type", "event rejected")
+	log.RejectN("wrong_type", 40, "more events rejected", "count", 40) // over the burst
+	log.Reject("wrong_type", "event rejected")                         // and one more
+	require.Equal(t, 2, strings.Count(buf.String(), "\n"), "the burst: one summary line, one event:\n%s", buf.String())
+	require.Contains(t, buf.String(), "count=100")
+	clock = clock.Add(time.Minute)
+	log.Flush()
+	require.Contains(t, buf.String(), "reason=wrong_type suppressed=41")
+}
