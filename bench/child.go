@@ -22,7 +22,7 @@ type child struct {
 	natsURL  string
 	httpAddr string
 	stderr   *tailBuffer
-	done     chan struct{}
+	done     <-chan struct{} // closed once it has exited
 }
 
 var servingLine = regexp.MustCompile(`^kvactors serving: nats (\S+), prefix "[^"]*", admin http (\S+)`)
@@ -46,34 +46,21 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv(cfg.ExternalProcs)
-	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}, done: make(chan struct{})}
+	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return nil, err
 	}
-	dieWithParent(cmd)
-	lines, started := make(chan string, 1), make(chan error, 1)
-	go func() {
-		// The child dies with the thread that started it (dieWithParent):
-		// this goroutine keeps that thread until the child has exited, so
-		// the runtime never ends it while the child runs.
-		runtime.LockOSThread()
-		if err := cmd.Start(); err != nil {
-			started <- err
-			return
-		}
-		started <- nil
+	lines := make(chan string, 1)
+	if c.done, err = StartTied(cmd, func() {
 		sc := bufio.NewScanner(out)
 		for sc.Scan() {
 			if m := servingLine.FindStringSubmatch(sc.Text()); m != nil {
 				lines <- m[1] + " " + m[2]
 			}
 		}
-		_ = cmd.Wait()
-		close(c.done)
-	}()
-	if err := <-started; err != nil {
+	}); err != nil {
 		return nil, fmt.Errorf("start %s serve: %w", bin, err)
 	}
 	select {
@@ -89,6 +76,38 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 		c.stop()
 		return nil, fmt.Errorf("kvactors serve did not start within 60s: %s", c.stderr)
 	}
+}
+
+// StartTied starts cmd so that it dies with this process, however this
+// ends (a forced exit, SIGKILL): a killed bench leaves no child behind,
+// holding its ports, its pool and a core of the machine the next run
+// measures on. The kernel's parent-death signal (dieWithParent) follows the
+// thread that started the child, not the process, so cmd starts on a
+// goroutine that keeps its OS thread locked until cmd has exited: the
+// runtime never ends that thread while cmd runs. during, if not nil, runs
+// on that goroutine between the start and cmd.Wait (reading a pipe of
+// cmd's, which Wait closes). StartTied returns once cmd has started or
+// failed to; exited is closed after its Wait, with cmd.ProcessState set.
+func StartTied(cmd *exec.Cmd, during func()) (exited <-chan struct{}, err error) {
+	dieWithParent(cmd)
+	done, started := make(chan struct{}), make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		if err := cmd.Start(); err != nil {
+			started <- err
+			return
+		}
+		started <- nil
+		if during != nil {
+			during()
+		}
+		_ = cmd.Wait()
+		close(done)
+	}()
+	if err := <-started; err != nil {
+		return nil, err
+	}
+	return done, nil
 }
 
 // childEnv drops KVACTORS_* settings of the caller's environment, so the

@@ -5,5 +5,5 @@ package bench
 import "os/exec"
 
 // dieWithParent: only Linux has a parent-death signal; elsewhere a killed
-// bench leaves its child serve running.
+// bench leaves its children running.
 func dieWithParent(*exec.Cmd) {}

@@ -51,6 +51,58 @@ func TestAKilledBenchLeavesNoServeBehind(t *testing.T) {
 	})
 }
 
+// A bench-compare killed outright leaves neither its bench nor that bench's
+// serve behind: both die with their parent (bench.StartTied). The serve is
+// stopped (SIGSTOP) first, so that the bench, waiting on it, cannot end on
+// its own before the kill, however short its --duration.
+func TestAKilledBenchCompareLeavesNoBenchBehind(t *testing.T) {
+	cmd := exec.Command(binary, "bench-compare", "--a", binary, "--b", binary, "--pairs", "1",
+		"--duration", "50ms", "--engines", "1", "--shm-dir", t.TempDir())
+	startProc(t, cmd)
+	var bench, serve int
+	testkit.Eventually(t, 30*time.Second, 10*time.Millisecond, func() error {
+		// After its exec: the parent-death signal is set by then.
+		if bench = childRunning(cmd.Process.Pid, "bench"); bench == 0 {
+			return errors.New("bench-compare has started no bench yet")
+		}
+		if serve = childRunning(bench, "serve"); serve == 0 {
+			return fmt.Errorf("the bench (pid %d) has started no serve yet", bench)
+		}
+		return nil
+	})
+	t.Cleanup(func() { // should the test fail
+		_ = syscall.Kill(bench, syscall.SIGKILL)
+		_ = syscall.Kill(serve, syscall.SIGKILL)
+	})
+	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
+	require.NoError(t, cmd.Process.Kill())
+	// Not p.waitExit: a bench left behind would hold its output pipes open.
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for _, pid := range []int{cmd.Process.Pid, bench, serve} {
+			if state := procState(pid); state != "" && state != "Z" {
+				return fmt.Errorf("pid %d (%s) still runs (state %s)", pid, procArgs(pid), state)
+			}
+		}
+		return nil
+	})
+}
+
+// childRunning is a child of pid running `kvactors cmd` (past its exec),
+// 0 if none.
+func childRunning(pid int, cmd string) int {
+	c := childOf(pid)
+	if args := procArgs(c); c == 0 || len(args) < 2 || args[1] != cmd {
+		return 0
+	}
+	return c
+}
+
+// procArgs is pid's command line.
+func procArgs(pid int) []string {
+	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
 // cpuTicks is the user and system CPU pid has spent, in clock ticks.
 func cpuTicks(pid int) int {
 	path := fmt.Sprintf("/proc/%d/stat", pid)

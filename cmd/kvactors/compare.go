@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -113,16 +114,24 @@ func pairOrder(p int) [2]int {
 }
 
 // externalRun runs one `bench --external --json` and returns its report's
-// out-of-process part.
+// out-of-process part. The bench dies with this process (StartTied), and
+// its serve with the bench: a bench-compare killed outright leaves neither
+// running on.
 func externalRun(self string, args []string, stderr io.Writer) (*kvbench.External, error) {
 	cmd := exec.Command(self, args...)
 	cmd.Stderr = stderr
-	out, err := cmd.Output()
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	exited, err := kvbench.StartTied(cmd, nil)
 	if err != nil {
-		return nil, fmt.Errorf("bench: %w", err)
+		return nil, fmt.Errorf("start bench: %w", err)
+	}
+	<-exited
+	if !cmd.ProcessState.Success() {
+		return nil, fmt.Errorf("bench: %s", cmd.ProcessState)
 	}
 	var rep kvbench.Report
-	if err := json.Unmarshal(out, &rep); err != nil {
+	if err := json.Unmarshal(out.Bytes(), &rep); err != nil {
 		return nil, fmt.Errorf("bench report: %w", err)
 	}
 	if rep.External == nil {
