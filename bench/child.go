@@ -81,15 +81,16 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 // StartTied starts cmd so that it dies with this process, however this
 // ends (a forced exit, SIGKILL): a killed bench leaves no child behind,
 // holding its ports, its pool and a core of the machine the next run
-// measures on. The kernel's parent-death signal (dieWithParent) follows the
-// thread that started the child, not the process, so cmd starts on a
+// measures on. The child is this process's to stop: it runs in a process
+// group of its own (tieToParent). The kernel's parent-death signal follows
+// the thread that started the child, not the process, so cmd starts on a
 // goroutine that keeps its OS thread locked until cmd has exited: the
 // runtime never ends that thread while cmd runs. during, if not nil, runs
 // on that goroutine between the start and cmd.Wait (reading a pipe of
 // cmd's, which Wait closes). StartTied returns once cmd has started or
 // failed to; exited is closed after its Wait, with cmd.ProcessState set.
 func StartTied(cmd *exec.Cmd, during func()) (exited <-chan struct{}, err error) {
-	dieWithParent(cmd)
+	tieToParent(cmd)
 	done, started := make(chan struct{}), make(chan error, 1)
 	go func() {
 		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
@@ -128,7 +129,7 @@ func childEnv(procs int) []string {
 	return env
 }
 
-// stop ends the child with SIGTERM (it shuts down gracefully), SIGKILL
+// stop ends the child with SIGINT (it shuts down gracefully), SIGKILL
 // after 30 s.
 func (c *child) stop() {
 	_ = c.cmd.Process.Signal(os.Interrupt)

@@ -4,6 +4,6 @@ package bench
 
 import "os/exec"
 
-// dieWithParent: only Linux has a parent-death signal; elsewhere a killed
-// bench leaves its children running.
-func dieWithParent(*exec.Cmd) {}
+// tieToParent: only Linux has a parent-death signal; elsewhere a killed
+// bench leaves its children running, and a Ctrl-C reaches them too.
+func tieToParent(*exec.Cmd) {}

@@ -8,9 +8,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 
 	kvbench "github.com/kvactors/kvactors/bench"
 	"github.com/kvactors/kvactors/node"
@@ -54,7 +52,8 @@ func (o *benchOptions) bind(fs *flag.FlagSet) {
 }
 
 // runBench is `kvactors bench`. Missed goals are reported, not an error:
-// the numbers are the result.
+// the numbers are the result. Exit status: 130 when interrupted, and at
+// once (130 or 143) on a second Ctrl-C or SIGTERM while it stops.
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	var o benchOptions
@@ -99,8 +98,14 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 		defer f.Close()
 		*out.to = f
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	// A second signal while the first's stop is held up (a child serve
+	// slow to stop waits up to 30 s) exits at once: the serve dies with
+	// the bench (kvbench.StartTied).
+	ctx, stop := signalContext(func(s os.Signal) {
+		fmt.Fprintf(stderr, "\nkvactors bench: second %s: exiting now, without waiting for its node to stop\n", signalName(s))
+	})
 	defer stop()
+	defer sayStopping(ctx, stderr, "bench", "its phase and node")()
 	rep, err := kvbench.Run(ctx, o.cfg)
 	if werr := writeReport(stdout, &rep, o.json); werr != nil && err == nil {
 		err = werr

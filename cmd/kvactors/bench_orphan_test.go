@@ -19,7 +19,7 @@ import (
 
 // A bench killed outright (SIGKILL: no handler of its runs) leaves no
 // kvactors serve behind: its --external child dies with it
-// (bench.dieWithParent). An orphaned node would hold its ports, its pool
+// (bench.StartTied). An orphaned node would hold its ports, its pool
 // and a core of the machine the next run measures on.
 func TestAKilledBenchLeavesNoServeBehind(t *testing.T) {
 	cmd := exec.Command(binary, "bench", "--external", "--duration", "60s", "--shm-dir", t.TempDir())
@@ -70,10 +70,7 @@ func TestAKilledBenchCompareLeavesNoBenchBehind(t *testing.T) {
 		}
 		return nil
 	})
-	t.Cleanup(func() { // should the test fail
-		_ = syscall.Kill(bench, syscall.SIGKILL)
-		_ = syscall.Kill(serve, syscall.SIGKILL)
-	})
+	t.Cleanup(func() { killIfOurs(bench); killIfOurs(serve) }) // should the test fail
 	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
 	require.NoError(t, cmd.Process.Kill())
 	// Not p.waitExit: a bench left behind would hold its output pipes open.

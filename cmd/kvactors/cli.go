@@ -18,7 +18,7 @@ const (
 	exitFailure = 1 // a runtime failure: start failed, a check failed
 	exitUsage   = 2 // a bad flag, argument, variable, config file or value
 	// 3 is node.FailStopExit: serve ended itself because fencing demanded it.
-	exitInterrupted = 130 // demo or bench stopped by Ctrl-C or SIGTERM (128+SIGINT)
+	exitInterrupted = 130 // demo, bench or bench-compare stopped by Ctrl-C or SIGTERM (128+SIGINT)
 	// 128+signal: a second SIGINT or SIGTERM forced the exit (signalContext).
 )
 
@@ -95,6 +95,16 @@ func signalContext(forced func(os.Signal)) (ctx context.Context, stop func()) {
 			cancel()
 		})
 	}
+}
+
+// sayStopping prints, once the first signal has ended ctx, that cmd is
+// stopping what and that a second signal exits at once: what the user
+// waits on, and the sign that the second will force the exit. Call the
+// returned func before signalContext's stop, whose cancel is no signal.
+func sayStopping(ctx context.Context, w io.Writer, cmd, what string) (stop func() bool) {
+	return context.AfterFunc(ctx, func() {
+		fmt.Fprintf(w, "\nkvactors %s: stopping %s (a second Ctrl-C or SIGTERM exits at once)\n", cmd, what)
+	})
 }
 
 // signalName is SIGINT or SIGTERM (os.Signal's String says "interrupt",

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -70,6 +71,14 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 	if *procs > 0 {
 		base = append(base, "--external-procs", fmt.Sprint(*procs))
 	}
+	// The first signal stops the running bench (it stops its serve) and
+	// ends the comparison; a second exits at once, the bench dying with
+	// this process (kvbench.StartTied).
+	ctx, stop := signalContext(func(s os.Signal) {
+		fmt.Fprintf(stderr, "\nkvactors bench-compare: second %s: exiting now, the running bench with it\n", signalName(s))
+	})
+	defer stop()
+	defer sayStopping(ctx, stderr, "bench-compare", "the running bench")()
 	var cmp comparison
 	cmp.A, cmp.B = bins[0], bins[1]
 	for p := 1; p <= *pairs; p++ {
@@ -79,7 +88,11 @@ func runCompare(args []string, stdout, stderr io.Writer) int {
 			if *rate > 0 {
 				args = append(args, "--external-rate", fmt.Sprint(*rate))
 			}
-			ext, err := externalRun(self, args, stderr)
+			ext, err := externalRun(ctx, self, args, stderr)
+			if ctx.Err() != nil {
+				fmt.Fprintf(stderr, "kvactors bench-compare: interrupted after %d of %d runs; no summary\n", len(cmp.Runs), 2**pairs)
+				return exitInterrupted
+			}
 			if err != nil {
 				fmt.Fprintf(stderr, "kvactors bench-compare: pair %d, %s: %v\n", p, bin, err)
 				return exitFailure
@@ -116,17 +129,29 @@ func pairOrder(p int) [2]int {
 // externalRun runs one `bench --external --json` and returns its report's
 // out-of-process part. The bench dies with this process (StartTied), and
 // its serve with the bench: a bench-compare killed outright leaves neither
-// running on.
-func externalRun(self string, args []string, stderr io.Writer) (*kvbench.External, error) {
+// running on. ctx's end interrupts the bench, which stops its serve.
+func externalRun(ctx context.Context, self string, args []string, stderr io.Writer) (*kvbench.External, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(self, args...)
-	cmd.Stderr = stderr
+	// Through a pipe, not the file: in a process group of its own
+	// (StartTied) the bench is in a terminal's background, where writing to
+	// it would stop the bench under `stty tostop`.
+	cmd.Stderr = struct{ io.Writer }{stderr}
 	var out bytes.Buffer
 	cmd.Stdout = &out
 	exited, err := kvbench.StartTied(cmd, nil)
 	if err != nil {
 		return nil, fmt.Errorf("start bench: %w", err)
 	}
-	<-exited
+	select {
+	case <-exited:
+	case <-ctx.Done():
+		_ = cmd.Process.Signal(os.Interrupt)
+		<-exited
+		return nil, ctx.Err()
+	}
 	if !cmd.ProcessState.Success() {
 		return nil, fmt.Errorf("bench: %s", cmd.ProcessState)
 	}

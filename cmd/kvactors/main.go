@@ -26,9 +26,9 @@ commands:
 
 Run 'kvactors <command> --help' for a command's flags.
 Exit status: 0 success or --help; 1 runtime failure; 2 bad flag, argument,
-variable, config file or value; 3 serve's fencing fail-stop; 130 demo or
-bench interrupted; 128+signal (130, 143) serve or demo stopped at once by a
-second SIGINT or SIGTERM during its graceful stop.
+variable, config file or value; 3 serve's fencing fail-stop; 130 demo,
+bench or bench-compare interrupted; 128+signal (130, 143) stopped at once by
+a second SIGINT or SIGTERM during the first's graceful stop.
 `
 
 func main() { os.Exit(run(os.Args[1:], os.Stdout, os.Stderr)) }

@@ -1,0 +1,154 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// The bench tests below interrupt their runs: --duration is long so that a
+// run cannot end first, and costs them no time.
+
+// bench follows serve's and demo's rule: a second SIGINT while the first's
+// stop is held up (its child serve, stopped by SIGSTOP, answers nothing and
+// cannot stop: the bench would wait 30 s for it) exits at once with 130,
+// saying so, and the serve dies with it.
+func TestBenchSecondSignalForcesExit(t *testing.T) {
+	cmd := exec.Command(binary, "bench", "--external", "--duration", "60s", "--engines", "1", "--shm-dir", t.TempDir())
+	p := startProc(t, cmd)
+	serve := runningChild(t, cmd.Process.Pid, "serve")
+	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	waitLine(t, p.lines, "kvactors bench: stopping its phase and node", 10*time.Second)
+	select {
+	case <-p.exited:
+		t.Fatalf("the stop was not held up: exited (%v)", p.err)
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(os.Interrupt))
+	code, took := p.waitExit(t, time.Now(), 10*time.Second)
+	t.Logf("exited %v after the second SIGINT", took)
+	out := drain(p.lines)
+	require.Equal(t, 130, code, out)
+	require.Contains(t, out, "kvactors bench: second SIGINT: exiting now")
+	awaitGone(t, serve)
+}
+
+// bench-compare: a second SIGTERM while the first's stop is held up (its
+// bench waits on a stopped serve) exits at once with 143, and neither the
+// bench nor its serve is left.
+func TestBenchCompareSecondSignalForcesExit(t *testing.T) {
+	cmd := exec.Command(binary, "bench-compare", "--a", binary, "--b", binary, "--pairs", "1",
+		"--duration", "60s", "--engines", "1", "--shm-dir", t.TempDir())
+	p := startProc(t, cmd)
+	bench := runningChild(t, cmd.Process.Pid, "bench")
+	serve := runningChild(t, bench, "serve")
+	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	waitLine(t, p.lines, "kvactors bench-compare: stopping the running bench", 10*time.Second)
+	select {
+	case <-p.exited:
+		t.Fatalf("the stop was not held up: exited (%v)", p.err)
+	default:
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	// Not p.waitExit: a bench left behind would hold the output pipe open.
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if s := procState(cmd.Process.Pid); s != "" && s != "Z" {
+			return fmt.Errorf("bench-compare still runs (state %s)", s)
+		}
+		return nil
+	})
+	awaitGone(t, bench, serve)
+	code, _ := p.waitExit(t, time.Now(), 10*time.Second)
+	out := drain(p.lines)
+	require.Equal(t, 128+int(syscall.SIGTERM), code, out)
+	require.Contains(t, out, "kvactors bench-compare: second SIGTERM: exiting now")
+}
+
+// A Ctrl-C at a terminal reaches its foreground process group: bench-compare
+// alone, which stops its bench, which stops its serve, each with one signal
+// (in groups of their own, the bench and the serve would otherwise take
+// bench-compare's as their second and exit at once). bench-compare exits
+// 130 and leaves nothing running.
+func TestBenchCompareCtrlCStopsItsBench(t *testing.T) {
+	cmd := exec.Command(binary, "bench-compare", "--a", binary, "--b", binary, "--pairs", "1",
+		"--duration", "60s", "--engines", "1", "--shm-dir", t.TempDir())
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // a terminal's job
+	p := startProc(t, cmd)
+	bench := runningChild(t, cmd.Process.Pid, "bench")
+	serve := runningChild(t, bench, "serve")
+	require.NoError(t, syscall.Kill(-cmd.Process.Pid, syscall.SIGINT))
+	var out []string
+	timeout := time.After(30 * time.Second)
+	for open := true; open; {
+		select {
+		case l, ok := <-p.lines:
+			out, open = append(out, l), ok
+		case <-timeout:
+			t.Fatalf("bench-compare did not stop after Ctrl-C:\n%s", strings.Join(out, "\n"))
+		}
+	}
+	code, _ := p.waitExit(t, time.Now(), 10*time.Second)
+	all := strings.Join(out, "\n")
+	require.Equal(t, exitInterrupted, code, all)
+	require.Contains(t, all, "kvactors bench-compare: interrupted after 0 of 2 runs")
+	require.Contains(t, all, "kvactors bench: interrupted", "the bench stopped gracefully")
+	require.NotContains(t, all, ": second SIG", "no process took a second signal")
+	awaitGone(t, bench, serve)
+}
+
+// runningChild waits for a child of pid running `kvactors cmd`, past its
+// exec (its parent-death signal set), and returns its pid; the test's end
+// kills it should the test fail.
+func runningChild(t *testing.T, pid int, cmd string) int {
+	t.Helper()
+	var c int
+	testkit.Eventually(t, 30*time.Second, 10*time.Millisecond, func() error {
+		if c = childRunning(pid, cmd); c == 0 {
+			return fmt.Errorf("pid %d has started no %s yet", pid, cmd)
+		}
+		return nil
+	})
+	t.Cleanup(func() { killIfOurs(c) })
+	return c
+}
+
+// killIfOurs kills pid should it still run the binary under test, and not
+// a process that took its number since.
+func killIfOurs(pid int) {
+	if args := procArgs(pid); len(args) > 0 && args[0] == binary {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+// drain is what is left of an exited command's output.
+func drain(lines <-chan string) string {
+	var out []string
+	for l := range lines {
+		out = append(out, l)
+	}
+	return strings.Join(out, "\n")
+}
+
+// awaitGone waits until every pid has exited (a zombie counts: dead, not
+// yet reaped by whoever inherited it).
+func awaitGone(t *testing.T, pids ...int) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		for _, pid := range pids {
+			if s := procState(pid); s != "" && s != "Z" {
+				return fmt.Errorf("pid %d (%s) still runs (state %s)", pid, procArgs(pid), s)
+			}
+		}
+		return nil
+	})
+}
