@@ -53,7 +53,9 @@ func (e *LoadInDoubtError) Unwrap() []error { return []error{ErrLoadInDoubt, e.E
 // or not: a restart that overlapped its old process would still be
 // fenced); or Close's
 // unregister was answered by that node (it waits for loads in flight).
-// Nothing else proves it: a heartbeat or status round trip after the reply
+// Only the session's node is watched: once another node answers a
+// register (a cluster), a load in doubt at the old one settles only by its
+// own reply. Nothing else proves it: a heartbeat or status round trip after the reply
 // would have come is no proof, since loads run beside the node's other
 // work. After Close the client stops watching, so a load still in doubt
 // then stays so until the engine's process (and its mappings) ends.
