@@ -28,6 +28,11 @@ type Options struct {
 	Name string
 	// Debug and Trace turn on the servers' logs (default silent).
 	Debug, Trace bool
+	// RouteVia, when set, is the address server from dials to reach the
+	// route port addr of server to: a test puts a proxy there to cut the
+	// route. Each server then advertises a route address nobody listens on,
+	// so none learns another's real port by gossip and dials past the proxy.
+	RouteVia func(from, to int, addr string) string
 }
 
 // Cluster is a running embedded cluster. Safe for concurrent use.
@@ -77,6 +82,10 @@ func start(o Options, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	nowhere, err := freePorts(1) // freed again: the advertised route address under RouteVia
+	if err != nil {
+		return nil, err
+	}
 	c := &Cluster{servers: make([]*server.Server, o.Servers), opts: make([]*server.Options, o.Servers)}
 	for i := range o.Servers {
 		c.opts[i] = &server.Options{
@@ -94,7 +103,10 @@ func start(o Options, dir string) (*Cluster, error) {
 		}
 	}
 	for i, so := range c.opts {
-		so.Routes = c.routesFrom(i)
+		so.Routes = c.routesFrom(i, o.RouteVia)
+		if o.RouteVia != nil {
+			so.Cluster.Advertise = fmt.Sprintf("127.0.0.1:%d", nowhere[0])
+		}
 	}
 	for i, so := range c.opts {
 		if err := c.start(i); err != nil {
@@ -108,12 +120,17 @@ func start(o Options, dir string) (*Cluster, error) {
 	return c, nil
 }
 
-// routesFrom is the route list of server i: every other server.
-func (c *Cluster) routesFrom(i int) []*url.URL {
+// routesFrom is the route list of server i: every other server, through
+// via when set.
+func (c *Cluster) routesFrom(i int, via func(from, to int, addr string) string) []*url.URL {
 	var routes []*url.URL
 	for j, o := range c.opts {
 		if j != i {
-			routes = append(routes, &url.URL{Scheme: "nats", Host: fmt.Sprintf("127.0.0.1:%d", o.Cluster.Port)})
+			addr := fmt.Sprintf("127.0.0.1:%d", o.Cluster.Port)
+			if via != nil {
+				addr = via(i, j, addr)
+			}
+			routes = append(routes, &url.URL{Scheme: "nats", Host: addr})
 		}
 	}
 	return routes

@@ -36,6 +36,11 @@ type Cluster struct {
 // store is removed.
 func NATSCluster(t testing.TB, n int) *Cluster {
 	t.Helper()
+	return natsCluster(t, n, nil)
+}
+
+func natsCluster(t testing.TB, n int, via func(from, to int, addr string) string) *Cluster {
+	t.Helper()
 	dir := t.TempDir() // before the shutdown's clean-up, so removed after it
 	// A name of its own: a route port one test's cluster freed and
 	// another's reused could otherwise join the two (tests run in parallel),
@@ -45,6 +50,7 @@ func NATSCluster(t testing.TB, n int) *Cluster {
 	c, err := embedded.Start(embedded.Options{
 		Servers: n, Dir: dir, Name: "kvactors-test-" + hex.EncodeToString(suffix[:]),
 		Debug: os.Getenv("NATS_LOGGING") == "debug", Trace: os.Getenv("NATS_LOGGING") == "trace",
+		RouteVia: via,
 	})
 	require.NoError(t, err, "start a %d-server NATS cluster", n)
 	t.Cleanup(c.Close)
@@ -94,5 +100,52 @@ func (c *Cluster) Stop(i int) {
 func (c *Cluster) Restart(i int) {
 	c.t.Helper()
 	require.NoError(c.t, c.Cluster.Restart(i))
+	c.WaitFormed()
+}
+
+// RoutedCluster is a Cluster whose routes run through links (Link), one
+// per server and direction, so a test can cut a server off from the others
+// (a network partition) while its clients stay connected to it.
+type RoutedCluster struct {
+	*Cluster
+	links map[[2]int]*Link // from, to
+}
+
+// NATSClusterWithRouteLinks is NATSCluster with every route through a
+// Link.
+func NATSClusterWithRouteLinks(t *testing.T, n int) *RoutedCluster {
+	t.Helper()
+	rc := &RoutedCluster{}
+	rc.Cluster = natsCluster(t, n, func(from, to int, addr string) string {
+		if rc.links == nil { // a start retried on new ports makes new links
+			rc.links = map[[2]int]*Link{}
+		}
+		l := NewLink(t, addr)
+		rc.links[[2]int{from, to}] = l
+		return l.Addr
+	})
+	return rc
+}
+
+// Isolate cuts every route to and from server i: it goes on serving its
+// clients, which reach none of the other servers' clients nor the
+// JetStream peers there.
+func (c *RoutedCluster) Isolate(i int) {
+	for k, l := range c.links {
+		if k[0] == i || k[1] == i {
+			l.Cut()
+		}
+	}
+}
+
+// Heal restores server i's routes and waits until the cluster is formed
+// again (a server retries a cut route about every second).
+func (c *RoutedCluster) Heal(i int) {
+	c.t.Helper()
+	for k, l := range c.links {
+		if k[0] == i || k[1] == i {
+			l.Restore()
+		}
+	}
 	c.WaitFormed()
 }
