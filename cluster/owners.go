@@ -282,7 +282,13 @@ func (o *Owners) forget(engine string, e *ownership.Entry) {
 //     timeout across a leader change); nobody else can write this identity,
 //     so the claim carries on from that revision.
 //
-// Anything else, or the same after maxClaimAttempts, is ErrFenced.
+// Anything else is ErrFenced. Neither kind is a verdict when the tries
+// (maxClaimAttempts in all) run out: the write fails as a NATS error
+// would, and a held claim stays, bounded by its local lease. A stream
+// leader cut off from its peers refuses every write of a key whose last
+// write it could not commit as in process, for as long as it leads, and
+// commits that write once its routes are back: fencing on either would drop
+// engines nobody else wrote.
 //
 // renew (a keep-alive) races Release: a claim released meanwhile is not
 // brought back (its fresh record is deleted again) nor reported fenced; it
@@ -315,14 +321,14 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
 			return fmt.Errorf("claim engine %s: %w", engine, err)
 		}
-		if attempt == maxClaimAttempts || ctx.Err() != nil {
-			break
-		}
 		if inProcessConflict(err) {
-			if !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
-				break
+			if attempt == maxClaimAttempts || !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
+				return fmt.Errorf("claim engine %s (revision %d): another write of it still in process at the stream leader: %w", engine, rev, err)
 			}
 			continue
+		}
+		if ctx.Err() != nil {
+			break
 		}
 		// A single read may come from a replica that lags the write which
 		// caused the mismatch: read until the record moves past rev.
@@ -331,6 +337,9 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			break
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
+		if attempt == maxClaimAttempts {
+			return fmt.Errorf("claim engine %s: its own write at revision %d not renewed after %d tries: %w", engine, rev, attempt, err)
+		}
 	}
 	if !o.fence(engine) && renew {
 		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)

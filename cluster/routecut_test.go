@@ -112,6 +112,67 @@ func TestARouteCutOwnerStopsServingBeforeItsStandbyClaims(t *testing.T) {
 	t.Logf("cut→standby's claim %v (owner's lease ended %v after the cut)", claimed.Sub(cut), ownerEnd.Sub(cut))
 }
 
+// A stream leader whose routes are cut refuses a write of a key whose last
+// write it could not commit as "another write in process" (JetStream
+// 10164), on every try, for as long as it leads. That says nothing of
+// another writer: the owner writing through it keeps its claim (bounded by
+// its local lease) and, once the routes are back, renews it on its own
+// record. Before, five such refusals fenced the claim: a node whose server
+// led the stream dropped every engine it owned over a cut far shorter than
+// a lease, nobody else having written.
+func TestAKeepAliveThroughACutOffStreamLeaderIsNotFenced(t *testing.T) {
+	t.Parallel()
+	// The cut, the heal (a cut route is retried about every second) and
+	// the settling of the write left in process, well within the lease.
+	const lease = 8 * time.Second
+	c := testkit.NATSClusterWithRouteLinks(t, 3)
+	openOwnersLease(t, c.Connect(0), "setup", "", 3, lease) // creates the bucket
+	m := streamLeader(c.Cluster)
+	require.GreaterOrEqual(t, m, 0, "no leader of the claims' stream")
+	owner := openOwnersLease(t, c.Connect(m), "gpu-0", "", 3, lease)
+	ctx := ctxT(t)
+	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
+	mustServe(t, owner, "e1", reg)
+	rev := owner.Revision("e1")
+
+	c.Isolate(m)
+	cut := time.Now()
+	// Keep-alives as a node's loop makes them (each bounded, retried every
+	// 100 ms) for half a second.
+	for until := time.Now().Add(500 * time.Millisecond); time.Now().Before(until); {
+		kctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err := owner.KeepAlive(kctx, "e1")
+		cancel()
+		require.Error(t, err, "a keep-alive through the cut-off leader succeeded")
+		require.NotErrorIs(t, err, ErrFenced, "fenced in the cut, where nobody else can write")
+		require.Equal(t, []string{"e1"}, owner.Mine())
+	}
+
+	c.Heal(m)
+	healed := time.Now()
+	testkit.Eventually(t, lease/2, 20*time.Millisecond, func() error {
+		kctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
+		defer cancel()
+		_, err := owner.KeepAlive(kctx, "e1")
+		require.NotErrorIs(t, err, ErrFenced, "fenced on its own record")
+		return err
+	})
+	require.True(t, owner.Serving("e1", time.Now()))
+	renewed := owner.Revision("e1")
+	require.Greater(t, renewed, rev)
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error { // reads may lag: direct gets
+		e, err := owner.Get(ctx, "e1")
+		if err != nil {
+			return err
+		}
+		if e == nil || e.Revision != renewed || e.Identity != (ownership.Identity{Node: "gpu-0", Boot: "gpu-0-boot1"}) {
+			return fmt.Errorf("e1's record reads %+v, want the owner's at revision %d", e, renewed)
+		}
+		return nil
+	})
+	t.Logf("cut for %v, healed → renewed %v", healed.Sub(cut), time.Since(healed))
+}
+
 // heldAt is o's claim on engine as it holds it (zero if none).
 func (o *Owners) heldAt(engine string) held {
 	o.mu.Lock()
