@@ -518,29 +518,10 @@ func TestKVJournalDefersANamespaceWithNoMemberUntilOneJoins(t *testing.T) {
 // next engine to join it, before anything else of it, followed by what it
 // stored since (PROTOCOL.md "kv_events", reconnect).
 func TestKVJournalResyncClearsEveryNamespace(t *testing.T) {
-	type msg struct {
-		engine string
-		events []messages.KVEvent
-	}
-	var got []msg
-	emit := func(engine string, _ uint64, body []byte) { got = append(got, msg{engine, decodeKV(t, body)}) }
-	member := "" // namespace 2's ("o"); namespace 1 ("n") always has en; there is no 3
-	target := func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
-		switch ns {
-		case 1:
-			return "n", ".n", "en", 1
-		case 2:
-			return "o", ".o", member, 2
-		}
-		return "", "", "", 0
-	}
-	key := func(ns sched.NamespaceID, h string) messages.Key { return sched.Key(ns, messages.Hash(h), 0) }
+	tj := newTwoNamespaceJournal(t)
+	j, key, clr := tj.j, kvTestKey, kvClearEvent
 	cpu, disk := messages.MediumCPU, messages.MediumDisk
 	stored, removed := messages.KVBlockStored, messages.KVBlockRemoved
-	clr := func(medium, ns string) messages.KVEvent {
-		return messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: medium, Namespace: ns}
-	}
-	j := newKVJournal(emit, target)
 	var m kvMessage
 	rec := func(typ string, ks ...messages.Key) {
 		j.publish(&kvRecord{engine: "ex", typ: typ, medium: cpu, lo: 0, hi: len(ks)}, ks, &m)
@@ -550,15 +531,15 @@ func TestKVJournalResyncClearsEveryNamespace(t *testing.T) {
 	rec(stored, key(2, "a"))  // the re-announcement of what is held
 	rec(removed, key(2, "c")) // after the clear: tells a router nothing
 	rec(stored, key(1, "x"))
-	member = "eo"
+	tj.member = "eo"
 	j.publish(&kvRecord{engine: "eo", typ: kvJoin, ns: 2}, nil, &m)
-	m.flush(emit)
-	require.Equal(t, []msg{
+	m.flush(tj.emit)
+	require.Equal(t, []kvSent{
 		{"en", []messages.KVEvent{clr(cpu, "n"), clr(disk, "n"),
 			{Type: stored, Medium: cpu, Namespace: "n", BlockHashes: []string{fmt.Sprintf("%x", "x")}}}},
 		{"eo", []messages.KVEvent{clr(cpu, "o"), clr(disk, "o"),
 			{Type: stored, Medium: cpu, Namespace: "o", BlockHashes: []string{fmt.Sprintf("%x", "a")}}}},
-	}, got)
+	}, tj.got)
 	require.False(t, j.deferred.has(2))
 	require.Zero(t, j.deferred.held)
 }
@@ -569,30 +550,11 @@ func TestKVJournalResyncClearsEveryNamespace(t *testing.T) {
 // (the engine left before the journal drained it) its next engine is told
 // to forget the namespace in both media, followed by what it stored since.
 func TestKVJournalClearsOneNamespaceInOneMedium(t *testing.T) {
-	type msg struct {
-		engine string
-		events []messages.KVEvent
-	}
-	var got []msg
-	emit := func(engine string, _ uint64, body []byte) { got = append(got, msg{engine, decodeKV(t, body)}) }
-	member := "" // namespace 2's ("o"); namespace 1 ("n") always has en
-	target := func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
-		switch ns {
-		case 1:
-			return "n", ".n", "en", 1
-		case 2:
-			return "o", ".o", member, 2
-		}
-		return "", "", "", 0
-	}
-	key := func(ns sched.NamespaceID, h string) messages.Key { return sched.Key(ns, messages.Hash(h), 0) }
+	tj := newTwoNamespaceJournal(t)
+	j, key, clr := tj.j, kvTestKey, kvClearEvent
 	hexOf := func(h string) []string { return []string{fmt.Sprintf("%x", h)} }
 	cpu, disk := messages.MediumCPU, messages.MediumDisk
 	stored := messages.KVBlockStored
-	clr := func(medium, ns string) messages.KVEvent {
-		return messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: medium, Namespace: ns}
-	}
-	j := newKVJournal(emit, target)
 	var m kvMessage
 	rec := func(medium string, ks ...messages.Key) {
 		j.publish(&kvRecord{engine: "ex", typ: stored, medium: medium, lo: 0, hi: len(ks)}, ks, &m)
@@ -604,14 +566,55 @@ func TestKVJournalClearsOneNamespaceInOneMedium(t *testing.T) {
 	j.publish(&kvRecord{engine: "gone", typ: kvClear, medium: disk, ns: 2}, nil, &m)
 	rec(disk, key(2, "b"))
 	j.publish(&kvRecord{engine: "en", typ: kvClear, medium: disk, ns: 3}, nil, &m) // no such namespace: nothing
-	member = "eo"
+	tj.member = "eo"
 	j.publish(&kvRecord{engine: "eo", typ: kvJoin, ns: 2}, nil, &m)
-	m.flush(emit)
-	require.Equal(t, []msg{
+	m.flush(tj.emit)
+	require.Equal(t, []kvSent{
 		{"en", []messages.KVEvent{{Type: stored, Medium: cpu, Namespace: "n", BlockHashes: hexOf("x")},
 			clr(disk, "n"), {Type: stored, Medium: disk, Namespace: "n", BlockHashes: hexOf("y")}}},
 		{"eo", []messages.KVEvent{clr(cpu, "o"), clr(disk, "o"),
 			{Type: stored, Medium: disk, Namespace: "o", BlockHashes: hexOf("b")}}},
-	}, got)
+	}, tj.got)
 	require.False(t, j.deferred.has(2))
+}
+
+// kvSent is one kv_events message a test journal emitted.
+type kvSent struct {
+	engine string
+	events []messages.KVEvent
+}
+
+// twoNamespaceJournal is a journal over namespace 1 ("n", geometry 1,
+// whose member is always en) and 2 ("o", geometry 2, whose member is
+// member: "" for none); there is no 3. got holds what it emitted.
+type twoNamespaceJournal struct {
+	j      *kvJournal
+	member string
+	got    []kvSent
+	emit   func(engine string, geo uint64, body []byte)
+}
+
+func newTwoNamespaceJournal(t *testing.T) *twoNamespaceJournal {
+	tj := &twoNamespaceJournal{}
+	tj.emit = func(engine string, _ uint64, body []byte) {
+		tj.got = append(tj.got, kvSent{engine, decodeKV(t, body)})
+	}
+	tj.j = newKVJournal(tj.emit, func(_ string, ns sched.NamespaceID) (string, string, string, uint64) {
+		switch ns {
+		case 1:
+			return "n", ".n", "en", 1
+		case 2:
+			return "o", ".o", tj.member, 2
+		}
+		return "", "", "", 0
+	})
+	return tj
+}
+
+func kvTestKey(ns sched.NamespaceID, h string) messages.Key {
+	return sched.Key(ns, messages.Hash(h), 0)
+}
+
+func kvClearEvent(medium, ns string) messages.KVEvent {
+	return messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: medium, Namespace: ns}
 }
