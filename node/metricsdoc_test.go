@@ -215,8 +215,13 @@ func TestTheMetricsTableGivesEachMetricsTypeAndLabels(t *testing.T) {
 	text := string(data)
 	i := strings.Index(text, "Rejections (each counted in `kvactors_events_rejected_total{reason}`")
 	require.GreaterOrEqual(t, i, 0, "docs/PROTOCOL.md's rejections table")
+	// The table starts at the first row after the paragraph, whatever the
+	// paragraph's length; its header and separator rows are skipped.
+	lines := strings.Split(text[i:], "\n")
+	start := slices.IndexFunc(lines, func(l string) bool { return strings.HasPrefix(l, "|") })
+	require.GreaterOrEqual(t, start, 0, "docs/PROTOCOL.md's rejections table has rows")
 	var protocol []string
-	for _, line := range strings.Split(text[i:], "\n")[5:] { // past the paragraph and the header
+	for _, line := range lines[start+2:] {
 		if !strings.HasPrefix(line, "| ") {
 			break
 		}
@@ -226,6 +231,7 @@ func TestTheMetricsTableGivesEachMetricsTypeAndLabels(t *testing.T) {
 			}
 		}
 	}
+	require.NotEmpty(t, protocol, "docs/PROTOCOL.md's rejections table lists reasons")
 	require.ElementsMatch(t, protocol, rejected, "reject reasons: docs/PROTOCOL.md's table and docs/OBSERVABILITY.md's")
 }
 
