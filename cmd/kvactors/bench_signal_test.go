@@ -26,13 +26,7 @@ func TestBenchSecondSignalForcesExit(t *testing.T) {
 	p := startProc(t, cmd)
 	serve := runningChild(t, cmd.Process.Pid, "serve")
 	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
-	require.NoError(t, cmd.Process.Signal(os.Interrupt))
-	waitLine(t, p.lines, "kvactors bench: stopping its phase and node", 10*time.Second)
-	select {
-	case <-p.exited:
-		t.Fatalf("the stop was not held up: exited (%v)", p.err)
-	default:
-	}
+	p.firstSignalHeldUp(t, os.Interrupt, "kvactors bench: stopping its phase and node")
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	code, took := p.waitExit(t, time.Now(), 10*time.Second)
 	t.Logf("exited %v after the second SIGINT", took)
@@ -52,13 +46,7 @@ func TestBenchCompareSecondSignalForcesExit(t *testing.T) {
 	bench := runningChild(t, cmd.Process.Pid, "bench")
 	serve := runningChild(t, bench, "serve")
 	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	waitLine(t, p.lines, "kvactors bench-compare: stopping the running bench", 10*time.Second)
-	select {
-	case <-p.exited:
-		t.Fatalf("the stop was not held up: exited (%v)", p.err)
-	default:
-	}
+	p.firstSignalHeldUp(t, syscall.SIGTERM, "kvactors bench-compare: stopping the running bench")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	// Not p.waitExit: a bench left behind would hold the output pipe open.
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {

@@ -92,6 +92,20 @@ func (p *proc) waitExit(t *testing.T, since time.Time, timeout time.Duration) (i
 	return exit.ExitCode(), took
 }
 
+// firstSignalHeldUp sends the process its first sig, waits for the line
+// saying it stops (stopping), and fails the test if the stop was not held
+// up: a second signal sent next must find it still stopping.
+func (p *proc) firstSignalHeldUp(t *testing.T, sig os.Signal, stopping string) {
+	t.Helper()
+	require.NoError(t, p.cmd.Process.Signal(sig))
+	waitLine(t, p.lines, stopping, 10*time.Second)
+	select {
+	case <-p.exited:
+		t.Fatalf("the stop was not held up: exited (%v)", p.err)
+	default:
+	}
+}
+
 // waitLine reads lines until one contains want, returning what was read.
 func waitLine(t *testing.T, lines <-chan string, want string, timeout time.Duration) string {
 	t.Helper()
@@ -207,13 +221,7 @@ func TestServeSecondSignalForcesExit(t *testing.T) {
 	p := startProc(t, cmd)
 	waitLine(t, p.lines, "kvactors ready", 20*time.Second)
 	bh.held.Store(true)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	waitLine(t, p.lines, "shutting down", 10*time.Second)
-	select {
-	case <-p.exited:
-		t.Fatalf("the drain was not held up: exited (%v)", p.err)
-	default:
-	}
+	p.firstSignalHeldUp(t, syscall.SIGTERM, "shutting down")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	code, took := p.waitExit(t, time.Now(), 20*time.Second) // the drain alone waits 30 s (2m/4) per subscription
 	t.Logf("exited %v after the second SIGTERM", took)
