@@ -82,10 +82,6 @@ func start(o Options, dir string) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	nowhere, err := freePorts(1) // freed again: the advertised route address under RouteVia
-	if err != nil {
-		return nil, err
-	}
 	c := &Cluster{servers: make([]*server.Server, o.Servers), opts: make([]*server.Options, o.Servers)}
 	for i := range o.Servers {
 		c.opts[i] = &server.Options{
@@ -102,11 +98,17 @@ func start(o Options, dir string) (*Cluster, error) {
 			Cluster:    server.ClusterOpts{Name: o.Name, Host: "127.0.0.1", Port: routePorts[i]},
 		}
 	}
+	var advertise string // under RouteVia: a route address nobody listens on
+	if o.RouteVia != nil {
+		nowhere, err := freePorts(1) // freed again
+		if err != nil {
+			return nil, err
+		}
+		advertise = fmt.Sprintf("127.0.0.1:%d", nowhere[0])
+	}
 	for i, so := range c.opts {
 		so.Routes = c.routesFrom(i, o.RouteVia)
-		if o.RouteVia != nil {
-			so.Cluster.Advertise = fmt.Sprintf("127.0.0.1:%d", nowhere[0])
-		}
+		so.Cluster.Advertise = advertise
 	}
 	for i, so := range c.opts {
 		if err := c.start(i); err != nil {
