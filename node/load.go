@@ -41,7 +41,9 @@ func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 		n.replyError(ctx, m.Reply, err)
 		return
 	}
-	_, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithTimestamp(taken),
+	// The reply goes out in the span's context: it is the node's work
+	// that answers (PROTOCOL.md), not the engine's span passed back.
+	ctx, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithTimestamp(taken),
 		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 	defer span.End()
 	ns := rec.clusterNamespace()

@@ -248,3 +248,44 @@ func TestEngineBaggageAndTraceStateAreNotEchoed(t *testing.T) {
 		})
 	}
 }
+
+// A lookup's and a load's replies carry the trace context they were made
+// in (docs/PROTOCOL.md): with tracing on, kvactors' own kvactors.lookup or
+// kvactors.load span, a child of the engine's, not the engine's span
+// passed back, so an engine's trace shows the reply as the node's work.
+func TestLookupAndLoadRepliesCarryTheirSpan(t *testing.T) {
+	t.Parallel()
+	rec, opt := withRecorder(t)
+	e := startNode(t, opt)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	const engineSpan = "00f067aa0ba902b7"
+	ask := func(verb string, body string) *nats.Msg {
+		m := nats.NewMsg("kvactors.e1." + verb)
+		m.Data = []byte(body)
+		m.Header = nats.Header{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-" + engineSpan + "-01"}}
+		m.Reply = testkit.EngineInbox("e1")
+		replies := testkit.Subscribe(t, e.nc, m.Reply)
+		require.NoError(t, e.nc.PublishMsg(m))
+		return testkit.Recv(t, replies, 5*time.Second, "the "+verb+" reply")
+	}
+	for _, c := range []struct{ verb, span, body string }{
+		{"lookup", tracing.SpanLookup, `{"hashes":["` + hash("x", 0) + `"]}`},
+		{"load", tracing.SpanLoad, `{"request":"l","hashes":["` + hash("x", 0) + `"],"num_tokens":4,"blocks":[[1]]}`},
+	} {
+		reply := ask(c.verb, c.body)
+		var s sdktrace.ReadOnlySpan
+		testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+			if got := spansNamed(rec, c.span); len(got) == 1 {
+				s = got[0]
+				return nil
+			}
+			return errf("no ended %s span yet", c.span)
+		})
+		require.Equal(t, engineSpan, s.Parent().SpanID().String(), "%s: the engine's span is the parent", c.span)
+		sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), reply.Header))
+		require.Equal(t, s.SpanContext().TraceID(), sc.TraceID(), "the %s reply: same trace", c.verb)
+		require.Equal(t, s.SpanContext().SpanID().String(), sc.SpanID().String(), "the %s reply carries the %s span",
+			c.verb, c.span)
+	}
+}
