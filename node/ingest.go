@@ -11,7 +11,6 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/nats-io/nats.go"
-	"go.opentelemetry.io/otel/trace"
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -469,14 +468,7 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 		n.rejectedN(reason, e.Count, "more events rejected", "engine", engineID, "count", e.Count,
 			"from_index", e.Index, "err", e.Err)
 	}
-	ctx := n.msgCtx(m)
-	var span trace.Span
-	ctx, span = n.tracer.Start(ctx, tracing.SpanBatch)
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrEngine.String(engineID), tracing.AttrSeq.Int64(int64(batch.Seq)),
-			tracing.AttrEvents.Int(len(batch.Events)))
-	}
-	span.End() // the batch span marks arrival; request spans hang below it
+	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
 	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: eventSlices.Put,
 		Session: x.session, Stamped: true}
 	if c := in.lend(engineID, pid, size); c != nil {
@@ -522,6 +514,24 @@ func (n *Node) msgCtx(m *nats.Msg) context.Context {
 		return tracing.ExtractTraceparent(context.Background(), m.Header)
 	}
 	return tracing.Extract(context.Background(), m.Header)
+}
+
+// batchCtx is the context a batch's requests start in: msgCtx under the
+// batch's span, which marks its arrival (request spans hang below it).
+// With tracing off there is no span to start: a no-op one would still cost
+// a context per batch, held by each request the batch adds.
+func (n *Node) batchCtx(m *nats.Msg, engineID string, seq uint64, events int) context.Context {
+	ctx := n.msgCtx(m)
+	if !n.traced {
+		return ctx
+	}
+	ctx, span := n.tracer.Start(ctx, tracing.SpanBatch)
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrEngine.String(engineID), tracing.AttrSeq.Int64(int64(seq)),
+			tracing.AttrEvents.Int(events))
+	}
+	span.End()
+	return ctx
 }
 
 // rejected counts and logs one refused input; nothing else changes. The log

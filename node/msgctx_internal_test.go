@@ -9,9 +9,13 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/baggage"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
+	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/tracing"
 )
 
 // HostileTraceHeader is what a hostile engine may put on every message: a
@@ -65,4 +69,32 @@ func TestMsgCtxKeepsOnlyTheSpanContext(t *testing.T) {
 		got := sc.TraceState().String() // at most tracing.MaxTraceState bytes
 		require.True(t, got == want, "traced=%v: tracestate of %d bytes kept, want %q", traced, len(got), want)
 	}
+}
+
+// With tracing off (the default) a batch's context costs nothing: a
+// batch without trace headers allocates no context for a no-op batch
+// span, and one with a traceparent keeps the engine's span context. With
+// tracing on, the batch span is recorded, a child of the engine's, and
+// the batch's context carries it (its requests' spans hang below it).
+func TestBatchCtxStartsASpanOnlyWithTracingOn(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	plain := &nats.Msg{Subject: "kvactors.e1.events", Data: []byte("{}")}
+	traced := &nats.Msg{Subject: "kvactors.e1.events", Data: []byte("{}"), Header: nats.Header{"traceparent": {tp}}}
+
+	off := &Node{tracer: tracing.Tracer(noop.NewTracerProvider())}
+	require.Zero(t, testing.AllocsPerRun(100, func() { _ = off.batchCtx(plain, "e1", 1, 4) }),
+		"tracing off: a batch without trace headers allocates nothing")
+	require.Equal(t, "00f067aa0ba902b7", trace.SpanContextFromContext(off.batchCtx(traced, "e1", 1, 4)).SpanID().String(),
+		"tracing off: the engine's span context is kept")
+
+	rec := tracetest.NewSpanRecorder()
+	on := &Node{traced: true, tracer: tracing.Tracer(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))}
+	ctx := on.batchCtx(traced, "e1", 7, 4)
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, tracing.SpanBatch, ended[0].Name())
+	require.Equal(t, "00f067aa0ba902b7", ended[0].Parent().SpanID().String())
+	require.Contains(t, ended[0].Attributes(), tracing.AttrSeq.Int64(7))
+	require.Equal(t, ended[0].SpanContext().SpanID(), trace.SpanContextFromContext(ctx).SpanID(),
+		"the batch's context carries its span")
 }
