@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -288,4 +289,62 @@ func TestLookupAndLoadRepliesCarryTheirSpan(t *testing.T) {
 		require.Equal(t, s.SpanContext().SpanID().String(), sc.SpanID().String(), "the %s reply carries the %s span",
 			c.verb, c.span)
 	}
+}
+
+// Trace headers are read under any capitalisation, and one that is not
+// W3C's (docs/OBSERVABILITY.md) is ignored and not counted: the message is
+// handled as one without it, its kvactors.lookup span starting a trace of
+// its own, its reply carrying that span. A malformed tracestate alone does
+// not cost the engine's traceparent.
+func TestTraceHeadersAnyCaseAndMalformedOnesAreIgnored(t *testing.T) {
+	t.Parallel()
+	rec, opt := withRecorder(t)
+	e := startNode(t, opt)
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	const tid, sid = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	valid := "00-" + tid + "-" + sid + "-01"
+	for i, c := range []struct {
+		h      nats.Header
+		parent bool // the engine's span is the lookup span's parent
+	}{
+		{nats.Header{"TRACEPARENT": {valid}}, true},
+		{nats.Header{"TraceParent": {valid}, "TRACESTATE": {"a=1"}}, true},
+		{nats.Header{"traceparent": {valid}, "tracestate": {"not a tracestate!"}}, true},
+		{nats.Header{"traceparent": {"garbage"}}, false},
+		{nats.Header{"traceparent": {""}}, false},
+		{nats.Header{"traceparent": {"00-00000000000000000000000000000000-" + sid + "-01"}}, false}, // zero trace id
+		{nats.Header{"traceparent": {"00-" + tid + "-0000000000000000-01"}}, false},                 // zero span id
+		{nats.Header{"traceparent": {"ff-" + tid + "-" + sid + "-01"}}, false},                      // version ff
+		{nats.Header{"traceparent": {valid + "-extra"}}, false},                                     // version 00 has no more
+		{nats.Header{"traceparent": {strings.ToUpper(valid)}}, false},                               // hex is lowercase
+	} {
+		m := nats.NewMsg("kvactors.e1.lookup")
+		m.Data = []byte(`{"hashes":["` + hash("x", i) + `"]}`)
+		m.Header = c.h
+		m.Reply = testkit.EngineInbox("e1")
+		replies := testkit.Subscribe(t, e.nc, m.Reply)
+		require.NoError(t, e.nc.PublishMsg(m))
+		reply := testkit.Recv(t, replies, 5*time.Second, fmt.Sprintf("lookup %d's reply", i))
+		require.Contains(t, string(reply.Data), `"hit_tokens":0`, "lookup %d (%v) is answered", i, c.h)
+
+		var s sdktrace.ReadOnlySpan
+		testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+			if got := spansNamed(rec, tracing.SpanLookup); len(got) == i+1 {
+				s = got[i]
+				return nil
+			}
+			return errf("lookup %d's span not ended yet", i)
+		})
+		if c.parent {
+			require.Equal(t, sid, s.Parent().SpanID().String(), "lookup %d (%v): the engine's span is the parent", i, c.h)
+			require.Equal(t, tid, s.SpanContext().TraceID().String())
+		} else {
+			require.False(t, s.Parent().IsValid(), "lookup %d (%v): no parent", i, c.h)
+			require.NotEqual(t, tid, s.SpanContext().TraceID().String())
+		}
+		sc := trace.SpanContextFromContext(tracing.Extract(context.Background(), reply.Header))
+		require.Equal(t, s.SpanContext().SpanID(), sc.SpanID(), "lookup %d's reply carries its span", i)
+	}
+	require.Zero(t, metricValue(t, e.reg, "kvactors_events_rejected_total", nil), "trace headers are not counted")
 }
