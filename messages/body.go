@@ -66,9 +66,8 @@ type RegisterReply struct {
 	LeaseMS int64  `json:"lease_ms,omitempty"`
 }
 
-// ErrorReply is the error reply of every request/reply subject but status
-// (whose error reply keeps its page fields): {"error","node","boot"} and
-// nothing else, so no zero count ("hit_tokens":0, "loaded_tokens":0) rides
+// ErrorReply is the error reply of every request/reply subject, status
+// included: {"error","node","boot"} and nothing else, so no zero count ("hit_tokens":0, "loaded_tokens":0) rides
 // along with an error.
 type ErrorReply struct {
 	Error string `json:"error"`

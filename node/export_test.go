@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -145,4 +146,24 @@ func (n *Node) DroppedHere(id string) bool {
 	n.cl.dropped.mu.Lock()
 	defer n.cl.dropped.mu.Unlock()
 	return n.cl.dropped.ids[id] != nil
+}
+
+// HoldStatusGathers takes every P.E.status gather slot until release: a
+// status request meanwhile is refused (limit).
+func (n *Node) HoldStatusGathers() (release func()) {
+	for range maxStatusGathers {
+		n.statusSlots <- struct{}{}
+	}
+	return sync.OnceFunc(func() {
+		for range maxStatusGathers {
+			<-n.statusSlots
+		}
+	})
+}
+
+// FillIntake takes the intake's whole byte budget until release: a request
+// meanwhile is dropped unread and answered "overloaded".
+func (n *Node) FillIntake(t *testing.T) (release func()) {
+	taken := takeWholeBudget(t, n.ingest)
+	return sync.OnceFunc(func() { n.ingest.release(taken) })
 }

@@ -41,9 +41,13 @@ func replyFields(t *testing.T, e *env, what string, data []byte, want ...string)
 // lookup {"hit_tokens","node","boot"}, load {"ok":true,"loaded_tokens",
 // "node","boot"}, unregister {"ok":true,"released","node","boot"}; and
 // every error reply (bad input, a miss, a failed copy, an unknown engine
-// or verb) is {"error":"…","node","boot"}: no "ok", and no zero count
-// beside the error (a lookup's and a load's once carried "hit_tokens":0
-// and "loaded_tokens":0).
+// or verb, a status refused for its body, its page, the gather bound or a
+// full intake) is {"error":"…","node","boot"}: no "ok", and no zero count
+// or zeroed snapshot beside the error (a lookup's and a load's once
+// carried "hit_tokens":0 and "loaded_tokens":0, a status's the snapshot's
+// fields with a zeroed pool). status_internal_test.go covers the status
+// errors no request can bring about on cue (a gather that times out, a
+// page over max_payload).
 func TestEveryReplyHasExactlyTheContractsFields(t *testing.T) {
 	t.Parallel()
 	e := startNode(t, func(c *node.Config) { c.NodeID = "n-1" })
@@ -81,6 +85,9 @@ func TestEveryReplyHasExactlyTheContractsFields(t *testing.T) {
 		{"load of a key never stored", "load", map[string]any{"request": "l", "hashes": []string{hash("zz", 0)},
 			"num_tokens": 4, "blocks": [][]int{{9}}}},
 		{"unknown verb", "bogus", map[string]any{}},
+		{"status with a body that is not an object", "status", "not an object"},
+		{"status of a negative page", "status", map[string]any{"page": -1}},
+		{"status of a page past the last", "status", map[string]any{"page": 1}},
 	} {
 		replyFields(t, e, c.what, te.request(c.verb, c.body), errFields...)
 	}
@@ -90,9 +97,17 @@ func TestEveryReplyHasExactlyTheContractsFields(t *testing.T) {
 	replyFields(t, e, "register of a reserved id", msg.Data, errFields...)
 
 	other := e.newEngine("nobody", defaultOpts())
-	for _, verb := range []string{"heartbeat", "unregister", "lookup", "load", "events"} {
+	for _, verb := range []string{"heartbeat", "unregister", "lookup", "load", "events", "status"} {
 		replyFields(t, e, "unknown engine's "+verb, other.request(verb, map[string]any{}), errFields...)
 	}
+	release := e.node.HoldStatusGathers()
+	r = replyFields(t, e, "status past the gather bound", te.request("status", map[string]any{}), errFields...)
+	require.Contains(t, r["error"], "status requests in flight")
+	release()
+	release = e.node.FillIntake(t)
+	r = replyFields(t, e, "status dropped by a full intake", te.request("status", map[string]any{}), errFields...)
+	require.Contains(t, r["error"], "overloaded")
+	release()
 
 	// A load whose copy fails (the engine truncated its own segment: the
 	// copy faults) is answered by the load actor, with the same shape.

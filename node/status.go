@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
@@ -56,30 +55,36 @@ func (n *Node) statusBudget() int {
 	return budget
 }
 
-// statusError is the error reply to a status request for engineID.
-func (n *Node) statusError(engineID string, page StatusPage, err error) StatusReply {
-	return StatusReply{Status: engine.Status{Engine: engineID}, StatusPage: page, Error: err.Error(),
-		Node: n.cfg.NodeID, Boot: n.boot}
+// statusError is the error reply to a status request: {"error","node",
+// "boot"}, as every verb's, with no zeroed snapshot beside it.
+func (n *Node) statusError(err error) messages.ErrorReply {
+	return messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot}
+}
+
+// statusAnswer is the reply to a status request for page page, given what
+// the gather returned: an error reply when it failed, else statusPage's.
+func (n *Node) statusAnswer(st StatusReply, err error, page int) any {
+	if err != nil {
+		return n.statusError(err)
+	}
+	return n.statusPage(st, page)
 }
 
 // statusPage cuts st down to page page and makes sure the reply fits the
 // server's max_payload: a reply that would not fit becomes an error reply,
 // never a publish that fails with only a log line.
-func (n *Node) statusPage(st StatusReply, page int) StatusReply {
-	if st.Error != "" {
-		return st
-	}
+func (n *Node) statusPage(st StatusReply, page int) any {
 	var err error
 	st.Requests, st.StatusPage, err = paginate(st.Requests, page, n.statusBudget())
 	if err != nil {
 		if errors.Is(err, ingest.ErrOutOfRange) { // the asker's page, not our encoding
 			n.rejected(messages.RejectOutOfRange, "status request refused", "engine", st.Engine, "err", err)
 		}
-		return n.statusError(st.Engine, st.StatusPage, err)
+		return n.statusError(err)
 	}
 	if data, _ := json.Marshal(st); int64(len(data)) > n.nc.MaxPayload() {
-		return n.statusError(st.Engine, st.StatusPage, fmt.Errorf("status page %d is %d bytes, over the "+
-			"server's max_payload %d", page, len(data), n.nc.MaxPayload()))
+		return n.statusError(fmt.Errorf("status page %d is %d bytes, over the server's max_payload %d",
+			page, len(data), n.nc.MaxPayload()))
 	}
 	return st
 }

@@ -1,13 +1,20 @@
 package node
 
 import (
+	"encoding/json"
+	"errors"
+	"maps"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // P.E.status gathers are bounded: with maxStatusGathers in flight (held
@@ -42,4 +49,31 @@ func TestStatusGathersAreBoundedAndUnknownEnginesCounted(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), "unknown engine")
 	require.Equal(t, before+1, rejected(messages.RejectUnknownEngine))
+}
+
+// The status errors no request brings about on cue are error replies too,
+// exactly {"error","node","boot"} (PROTOCOL.md "Subjects"): an engine that
+// did not answer the gather in time, and a page whose one request is over
+// the server's max_payload.
+func TestStatusErrorsOfTheGatherAndTheEncodingAreErrorReplies(t *testing.T) {
+	t.Parallel()
+	n, _, _ := startInternal(t, nil)
+	huge := StatusReply{Status: engine.Status{Engine: "e1", Requests: []sched.RequestSnapshot{
+		{Request: strings.Repeat("r", int(n.nc.MaxPayload()))}}}}
+	for what, c := range map[string]struct {
+		err  error
+		want string
+	}{
+		"a gather that timed out": {errors.New(`engine "e1" did not answer status within 2s`), "did not answer"},
+		"a page over max_payload": {nil, "max_payload"},
+	} {
+		data, err := json.Marshal(n.statusAnswer(huge, c.err, 0))
+		require.NoError(t, err)
+		var got map[string]any
+		require.NoError(t, json.Unmarshal(data, &got))
+		require.Equal(t, []string{"boot", "error", "node"}, slices.Sorted(maps.Keys(got)), "%s: %s", what, data)
+		require.Contains(t, got["error"], c.want, what)
+		require.Equal(t, n.NodeID(), got["node"], what)
+		require.Equal(t, n.Boot(), got["boot"], what)
+	}
 }

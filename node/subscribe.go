@@ -156,7 +156,9 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 	n.system.Root.Send(rec.pid, &engine.Heartbeat{Epoch: hb.Epoch, Seq: hb.Seq, Reply: m.Reply, Ctx: ctx})
 }
 
-// StatusReply is the body of a P.E.status reply.
+// StatusReply is the body of a P.E.status reply. Error is set only in
+// /debug/engines' list, for an engine that did not answer: a P.E.status
+// error reply is messages.ErrorReply.
 type StatusReply struct {
 	engine.Status
 	Pool hostpool.Stats `json:"pool"`
@@ -217,13 +219,13 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 	page, err := decodeStatusQuery(m.Data)
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "status request refused", "engine", engineID, "err", err)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
 		return
 	}
 	if n.engine(engineID) == nil {
 		err := fmt.Errorf("%w %q", errUnknownEngine, engineID)
 		n.rejected(messages.RejectUnknownEngine, "status of an unregistered engine", "engine", engineID)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
 		return
 	}
 	select {
@@ -231,18 +233,14 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 	default:
 		err := fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers)
 		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(engineID, StatusPage{}, err))
+		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
 		return
 	}
 	wait := n.startStatus(engineID)
 	go func() {
 		defer func() { <-n.statusSlots }()
 		st, err := wait(2 * time.Second)
-		if err != nil {
-			st.Engine, st.Error = engineID, err.Error()
-			st.Node, st.Boot = n.cfg.NodeID, n.boot
-		}
-		n.outbox.Reply(context.Background(), m.Reply, n.statusPage(st, page))
+		n.outbox.Reply(context.Background(), m.Reply, n.statusAnswer(st, err, page))
 	}()
 }
 
