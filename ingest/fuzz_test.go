@@ -2,6 +2,7 @@ package ingest
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"unicode/utf8"
@@ -170,13 +171,14 @@ func FuzzDecodeSpec(f *testing.F) {
 // (load, lookup, heartbeat): they never panic and fail only with
 // ErrMalformed; what they accept is within the limits and what the node
 // relies on, and decodes the same once encoded again; an accepted
-// heartbeat's epoch is one a batch can carry (it begins no epoch that no
-// batch could continue).
+// heartbeat's epoch and seq are ones a batch can carry (it begins no epoch
+// that no batch could continue, and claims no seq no batch could have).
 func FuzzDecodeLoad(f *testing.F) {
 	f.Add([]byte(`{"request":"r2","hashes":["aa","bb"],"num_tokens":24,"blocks":[[5,6,7],[0,0,9]]}`))
 	f.Add([]byte(`{"hashes":["00ff"]}`))
 	f.Add([]byte(`{"epoch":"e\u00e9","seq":3}`))
 	f.Add([]byte(`{"epoch":"\ud800","seq":1,"request":"\udfff"}`))
+	f.Add([]byte(`{"epoch":"e","seq":18446744073709551615}`)) // past a batch's seq
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if l, err := DecodeLoad(data, fuzzLimits); err != nil {
 			require.ErrorIs(t, err, ErrMalformed, "DecodeLoad")
@@ -209,9 +211,11 @@ func FuzzDecodeLoad(f *testing.F) {
 		if hb, err := DecodeHeartbeat(data); err != nil {
 			require.ErrorIs(t, err, ErrMalformed, "DecodeHeartbeat")
 		} else {
-			b, _, err := DecodeBatch("e1", []byte(`{"epoch":`+string(mustJSON(t, hb.Epoch))+`,"seq":0,"events":[]}`), fuzzLimits)
-			require.NoError(t, err, "a heartbeat's epoch %q no batch can carry", hb.Epoch)
+			b, _, err := DecodeBatch("e1", []byte(`{"epoch":`+string(mustJSON(t, hb.Epoch))+`,"seq":`+
+				strconv.FormatUint(hb.Seq, 10)+`,"events":[]}`), fuzzLimits)
+			require.NoError(t, err, "a heartbeat's epoch %q or seq %d no batch can carry", hb.Epoch, hb.Seq)
 			require.Equal(t, hb.Epoch, b.Epoch)
+			require.Equal(t, hb.Seq, b.Seq)
 		}
 	})
 }

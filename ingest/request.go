@@ -3,6 +3,7 @@ package ingest
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"unicode/utf8"
 
 	"github.com/kvactors/kvactors/messages"
@@ -38,9 +39,11 @@ func DecodeLookup(data []byte, lim Limits) ([]messages.Hash, error) {
 }
 
 // DecodeHeartbeat decodes and checks the body of P.E.heartbeat,
-// {"epoch","seq"}: a JSON object whose epoch is what a batch's may be (a
-// non-empty UTF-8 string of at most MaxEpochBytes), so a heartbeat cannot
-// begin an epoch no batch could continue. Errors wrap ErrMalformed.
+// {"epoch","seq"}: a JSON object whose epoch and seq are what a batch's may
+// be (a non-empty UTF-8 string of at most MaxEpochBytes; an integer in
+// [0, 2^63)), so a heartbeat cannot begin an epoch no batch could continue,
+// nor claim a tail of batches no batch could carry (a resync of the live
+// epoch, or a reset by one it begins). Errors wrap ErrMalformed.
 func DecodeHeartbeat(data []byte) (messages.HeartbeatRequest, error) {
 	var req messages.HeartbeatRequest
 	if err := decodeJSON(data, &req); err != nil {
@@ -53,6 +56,8 @@ func DecodeHeartbeat(data []byte) (messages.HeartbeatRequest, error) {
 		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is %d bytes, over %d", ErrMalformed, len(req.Epoch), MaxEpochBytes)
 	case loneSurrogate(rawMember(data, func(r *rawMembers) json.RawMessage { return r.Epoch })):
 		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is not valid UTF-8 (a lone surrogate escape)", ErrMalformed)
+	case req.Seq > math.MaxInt64: // a batch's bound (decoder.seq)
+		return req, fmt.Errorf("heartbeat: %w: \"seq\" %d is not an integer in [0, 2^63)", ErrMalformed, req.Seq)
 	}
 	return req, nil
 }

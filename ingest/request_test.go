@@ -1,6 +1,7 @@
 package ingest
 
 import (
+	"math"
 	"strings"
 	"testing"
 
@@ -72,13 +73,18 @@ func TestDecodeLoadRejects(t *testing.T) {
 	}
 }
 
-// A heartbeat's epoch is what a batch's may be: one a batch could never
-// continue (empty, over MaxEpochBytes, not a string) is refused, so a
-// malformed heartbeat cannot begin an epoch and reset every request.
+// A heartbeat's epoch and seq are what a batch's may be: an epoch a batch
+// could never continue (empty, over MaxEpochBytes, not a string) or a seq
+// no batch could carry (2^63 and above) is refused, so a malformed
+// heartbeat cannot begin an epoch and reset every request, nor resync the
+// live one over a tail that cannot exist.
 func TestDecodeHeartbeat(t *testing.T) {
 	hb, err := DecodeHeartbeat([]byte(`{"epoch":"a","seq":3}`))
 	require.NoError(t, err)
 	require.Equal(t, messages.HeartbeatRequest{Epoch: "a", Seq: 3}, hb)
+	hb, err = DecodeHeartbeat([]byte(`{"epoch":"a","seq":9223372036854775807}`))
+	require.NoError(t, err, "2^63-1, a batch's largest seq")
+	require.Equal(t, uint64(math.MaxInt64), hb.Seq)
 	for name, body := range map[string]string{
 		"null":           `null`,
 		"not an object":  `[1]`,
@@ -88,6 +94,8 @@ func TestDecodeHeartbeat(t *testing.T) {
 		"epoch over 256": `{"epoch":"` + strings.Repeat("e", MaxEpochBytes+1) + `","seq":1}`,
 		"number epoch":   `{"epoch":1,"seq":1}`,
 		"negative seq":   `{"epoch":"a","seq":-1}`,
+		"seq 2^63":       `{"epoch":"a","seq":9223372036854775808}`,
+		"seq 2^64-1":     `{"epoch":"a","seq":18446744073709551615}`,
 		"not UTF-8":      "{\"epoch\":\"\xff\",\"seq\":1}",
 		"lone surrogate": `{"epoch":"e\ud800","seq":1}`, // a batch's epoch cannot be it
 	} {

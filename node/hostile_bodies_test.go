@@ -62,6 +62,10 @@ func TestHostileBodiesOnEveryRequestSubject(t *testing.T) {
 		{"heartbeat: long epoch", "heartbeat", `{"epoch":"` + strings.Repeat("e", 300) + `","seq":1}`, messages.RejectMalformed},
 		{"heartbeat: lone surrogate", "heartbeat", `{"epoch":"\ud800","seq":1}`, messages.RejectMalformed},
 		{"heartbeat: negative seq", "heartbeat", `{"epoch":"ep1","seq":-1}`, messages.RejectMalformed},
+		// A seq no batch can carry: neither a lost tail of the live epoch
+		// (a resync) nor the start of a new one (an engine reset).
+		{"heartbeat: seq 2^63", "heartbeat", `{"epoch":"ep1","seq":9223372036854775808}`, messages.RejectMalformed},
+		{"heartbeat: seq 2^64-1 of a new epoch", "heartbeat", `{"epoch":"ep2","seq":18446744073709551615}`, messages.RejectMalformed},
 		{"heartbeat: invalid UTF-8", "heartbeat", "{\"epoch\":\"\xff\",\"seq\":1}", messages.RejectMalformed},
 		{"lookup: truncated", "lookup", `{"hashes":[`, messages.RejectMalformed},
 		{"lookup: wrong type", "lookup", `{"hashes":"00"}`, messages.RejectMalformed},
