@@ -10,7 +10,6 @@ import (
 	"math"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -281,7 +280,7 @@ func (d *Disk) newSegment() error {
 
 // evictFront drops the least recently used chunk. Caller holds d.mu.
 func (d *Disk) evictFront() *item {
-	it := d.lru.Front().Value.(*item)
+	it := d.oldest() // there is one: the caller is over the budget
 	d.forget(it)
 	d.evictions.Add(1)
 	return it
@@ -313,7 +312,7 @@ func (d *Disk) dropDead() []*item {
 		}
 		for e := d.lru.Front(); e != nil && seg.live > 0; {
 			next := e.Next()
-			if it := e.Value.(*item); it.seg == seg {
+			if it, ok := e.Value.(*item); ok && it.seg == seg {
 				d.unindex(it)
 				d.evictions.Add(1)
 				removed = append(removed, it)
@@ -400,28 +399,14 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 	return true
 }
 
-// Reannounce tells Notify again of every chunk on disk, as stored (each
-// for the engine that spilled it, "" for one found at open), at this point
-// of Notify's order: a node whose published changes may have been lost (a
-// NATS outage) states what the disk holds. Nothing after Close.
-func (d *Disk) Reannounce() { d.ReannouncePrefix("") }
-
-// ReannouncePrefix is Reannounce of the chunks whose keys start with
-// prefix only (a node tells routers of one namespace's chunks, found at
-// open, when the namespace first registers in its boot).
-func (d *Disk) ReannouncePrefix(prefix string) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.shut {
-		return
-	}
-	var changes []change
+// oldest is the least recently used chunk, nil if none.
+func (d *Disk) oldest() *item {
 	for e := d.lru.Front(); e != nil; e = e.Next() {
-		if it := e.Value.(*item); strings.HasPrefix(string(it.key), prefix) {
-			changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+		if it, ok := e.Value.(*item); ok {
+			return it
 		}
 	}
-	d.tell(changes)
+	return nil
 }
 
 // Keys lists the keys on disk, least recently used first.
@@ -430,7 +415,9 @@ func (d *Disk) Keys() []messages.Key {
 	defer d.mu.Unlock()
 	out := make([]messages.Key, 0, d.lru.Len())
 	for e := d.lru.Front(); e != nil; e = e.Next() {
-		out = append(out, e.Value.(*item).key)
+		if it, ok := e.Value.(*item); ok {
+			out = append(out, it.key)
+		}
 	}
 	return out
 }
