@@ -514,7 +514,7 @@ func TestReannounceTellsEveryChunkAsStored(t *testing.T) {
 	require.Empty(t, removed)
 	// key(0) and key(1) are "chunk-000000" and "chunk-000001": only the
 	// keys of the prefix are told.
-	d.ReannouncePrefix("chunk-000001")
+	d.ReannouncePrefix("chunk-000001", nil)
 	stored, _ = ev.get()
 	require.Equal(t, []messages.Key{key(0), key(1), key(0), key(1), key(1)}, stored)
 	d.Close()

@@ -1,17 +1,24 @@
 package disk
 
-import "strings"
+import (
+	"strings"
+
+	"github.com/kvactors/kvactors/messages"
+)
 
 // Reannounce tells Notify again of every chunk on disk, as stored (each
 // for the engine that spilled it, "" for one found at open), in Notify's
 // order with the changes made meanwhile (see ReannouncePrefix): a node
 // whose published changes may have been lost (a NATS outage) states what
 // the disk holds. Nothing after Close.
-func (d *Disk) Reannounce() { d.ReannouncePrefix("") }
+func (d *Disk) Reannounce() { d.ReannouncePrefix("", nil) }
 
 // ReannouncePrefix is Reannounce of the chunks whose keys start with
 // prefix only (a node tells routers of one namespace's chunks, found at
-// open, when the namespace first registers in its boot).
+// open, when the namespace first registers in its boot). A chunk keep (if
+// not nil) refuses is dropped instead, told removed, not stored: one no
+// load can take (a size its key's chunks never have). keep runs under the
+// lock, as Notify does. It returns the chunks dropped.
 //
 // It walks the LRU list reannounceSlice entries per hold of the lock, a
 // cursor keeping its place between holds, so stores and loads of the tier
@@ -19,32 +26,46 @@ func (d *Disk) Reannounce() { d.ReannouncePrefix("") }
 // found them indexed: a chunk dropped before its slice is not told, and one
 // dropped after it has its removal told after it (Notify's order). A chunk
 // read meanwhile (moved to the back) or written may be told twice.
-func (d *Disk) ReannouncePrefix(prefix string) {
+func (d *Disk) ReannouncePrefix(prefix string, keep func(key messages.Key, size int64) bool) (dropped int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.shut {
-		return
+		return 0
 	}
 	at := d.lru.PushFront(cursor{})
 	for {
 		var changes []change
 		e := at.Next()
-		for n := 0; e != nil && n < reannounceSlice; e, n = e.Next(), n+1 {
+		for n := 0; e != nil && n < reannounceSlice; n++ {
+			next := e.Next() // before a drop takes e out of the list
 			if it, ok := e.Value.(*item); ok && strings.HasPrefix(string(it.key), prefix) {
-				changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+				if keep == nil || keep(it.key, it.size) {
+					changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
+				} else {
+					d.forget(it)
+					changes = append(changes, removal(it, ""))
+					dropped++
+				}
 			}
+			e = next
+		}
+		if dropped > 0 {
+			for _, gone := range d.dropDead() {
+				changes = append(changes, removal(gone, ""))
+			}
+			d.wakeWriter() // the tombstones
 		}
 		d.tell(changes)
 		if e == nil {
 			d.lru.Remove(at)
-			return
+			return dropped
 		}
 		d.lru.MoveBefore(at, e)
 		d.mu.Unlock()
 		d.mu.Lock()
 		if d.shut {
 			d.lru.Remove(at)
-			return
+			return dropped
 		}
 	}
 }

@@ -66,7 +66,7 @@ func BenchmarkReannouncePrefix(b *testing.B) {
 				if all {
 					d.Reannounce()
 				} else {
-					d.ReannouncePrefix(prefix(i % namespaces))
+					d.ReannouncePrefix(prefix(i%namespaces), nil)
 				}
 			}
 			b.StopTimer()

@@ -87,7 +87,7 @@ func TestReannounceLetsTheTierWorkBetweenSlices(t *testing.T) {
 			}()
 		}
 		tl.mu.Unlock()
-		d.ReannouncePrefix("chunk-")
+		d.ReannouncePrefix("chunk-", nil)
 		drops.Wait()
 
 		tl.mu.Lock()

@@ -101,3 +101,19 @@ func geometry(l *sched.Layout) uint64 {
 	_, _ = h.Write(b)
 	return h.Sum64()
 }
+
+// diskFits is ReannouncePrefix's keep for a namespace of layout lay: a
+// record whose size is not its group's chunk size (a geometry the
+// fingerprint failed to tell apart, a record left by another build) is
+// never loaded (store.Engine.Ready, sizesMatch), so it is not announced
+// but dropped. It runs under the disk's lock.
+func (n *Node) diskFits(lay *sched.Layout) func(messages.Key, int64) bool {
+	return func(k messages.Key, size int64) bool {
+		pk, ok := n.diskKeys.FromDisk(k)
+		if !ok {
+			return true // not this namespace's: not ours to judge
+		}
+		_, _, g := sched.SplitKey(pk)
+		return g >= 0 && g < len(lay.Groups) && size == lay.Groups[g].ChunkBytes
+	}
+}

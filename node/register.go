@@ -219,7 +219,11 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		// boot found on disk, visible from now on. Clear and tell them,
 		// on the namespace's member only (PROTOCOL.md "kv_events").
 		n.kv.cleared(id, ns.id, messages.MediumDisk)
-		n.disk.ReannouncePrefix(prefix)
+		if bad := n.disk.ReannouncePrefix(prefix, n.diskFits(lay)); bad > 0 {
+			n.metrics.Pool.Corrupt.Add(float64(bad))
+			n.log.Warn("disk: records of another size than their group's chunks dropped (a load would refuse them)",
+				"namespace", nsName, "records", bad)
+		}
 	}
 	if old != nil {
 		n.log.Info(why, "engine", id, "silent", silentFor)
