@@ -312,7 +312,7 @@ func benchRig(b *testing.B, cfg Config, n int) (*rig, []stream) {
 	b.Cleanup(r.close)
 	streams := make([]stream, len(ids))
 	for i, id := range ids {
-		nc, _, err := r.engine(id, eventGeometry())
+		nc, _, err := r.engine(context.Background(), id, eventGeometry())
 		require.NoError(b, err)
 		streams[i] = stream{nc: nc, subject: r.subject(id, "events"), batches: per[i]}
 	}

@@ -93,7 +93,7 @@ func newCopyRig(ctx context.Context, cfg Config, size int64) (*copyRig, error) {
 		return nil, err
 	}
 	c := &copyRig{r: r, size: size, tpb: geo.tpb, sets: copySets(size), stored: make(chan messages.Stored, 4)}
-	nc, seg, err := r.engine("c0", geo)
+	nc, seg, err := r.engine(ctx, "c0", geo)
 	if err != nil {
 		r.close()
 		return nil, err
@@ -107,7 +107,7 @@ func newCopyRig(ctx context.Context, cfg Config, size int64) (*copyRig, error) {
 		r.close()
 		return nil, err
 	}
-	if err := nc.Flush(); err != nil {
+	if err := flush(ctx, nc); err != nil {
 		r.close()
 		return nil, err
 	}

@@ -157,7 +157,7 @@ func (o *outcome) of(subject string) *replies {
 }
 
 // observe subscribes to every engine's released and stored subjects.
-func (o *outcome) observe(nc *nats.Conn, prefix string) error {
+func (o *outcome) observe(ctx context.Context, nc *nats.Conn, prefix string) error {
 	o.prefix = prefix
 	for verb, f := range map[string]func(*nats.Msg){
 		"released": func(m *nats.Msg) { o.of(m.Subject).released.Add(1) },
@@ -175,7 +175,7 @@ func (o *outcome) observe(nc *nats.Conn, prefix string) error {
 			return err
 		}
 	}
-	return nc.Flush()
+	return flush(ctx, nc)
 }
 
 func runExternal(ctx context.Context, cfg Config) (*External, error) {
@@ -190,7 +190,7 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 	ids := engineIDs(cfg.Engines)
 	conns := make([]*nats.Conn, len(ids))
 	for i, id := range ids {
-		if conns[i], _, err = r.engine(id, storeGeometry()); err != nil {
+		if conns[i], _, err = r.engine(ctx, id, storeGeometry()); err != nil {
 			return nil, err
 		}
 	}
@@ -226,7 +226,7 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		mids, mconns := make([]string, len(ids)), make([]*nats.Conn, len(ids))
 		for i := range ids {
 			mids[i] = tag + ids[i]
-			nc, _, err := r.engine(mids[i], storeGeometry())
+			nc, _, err := r.engine(ctx, mids[i], storeGeometry())
 			if err != nil {
 				return nil, nil, err
 			}
@@ -247,7 +247,7 @@ func runExternal(ctx context.Context, cfg Config) (*External, error) {
 		return nil, err
 	}
 	var out outcome
-	if err := out.observe(obs, prefix); err != nil {
+	if err := out.observe(ctx, obs, prefix); err != nil {
 		return nil, err
 	}
 	noStore := storeHeavyWorkload()

@@ -233,7 +233,7 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			events[i], errs[i] = e.publish(i, n)
+			events[i], errs[i] = e.publish(ctx, i, n)
 		}()
 	}
 	wg.Wait()
@@ -318,14 +318,18 @@ func runExternalBurst(ctx context.Context, cfg Config) (*ExternalBurst, error) {
 
 // publish sends n requests of engine k in batches of burstBatchRequests:
 // each is added, hashed (unique hashes: nothing deduplicates), given its
-// blocks in both groups, computed and finished. It returns the events sent.
-func (e *burstEngine) publish(k, n int) (int, error) {
+// blocks in both groups, computed and finished. It returns the events sent;
+// ctx's end stops it between batches.
+func (e *burstEngine) publish(ctx context.Context, k, n int) (int, error) {
 	hashes := burstPromptTokens / e.geo.tph
 	blocks := burstPromptTokens / e.geo.tpb
 	ids := make([]uint32, blocks)
 	hs := make([][]byte, hashes)
 	events := 0
 	for first := 0; first < n; first += burstBatchRequests {
+		if err := ctx.Err(); err != nil {
+			return events, err
+		}
 		last := min(n, first+burstBatchRequests)
 		reqs := make([]string, 0, last-first)
 		for r := first; r < last; r++ {

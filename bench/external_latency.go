@@ -125,7 +125,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 	streams := make([]stream, len(ids))
 	conns := make([]*nats.Conn, len(ids))
 	for i, id := range ids {
-		nc, _, err := r.engine(id, storeGeometry())
+		nc, _, err := r.engine(ctx, id, storeGeometry())
 		if err != nil {
 			return nil, err
 		}
@@ -139,7 +139,7 @@ func externalLevel(ctx context.Context, cfg Config, c *child, r *rig, k int, fra
 		if err := sub.SetPendingLimits(-1, -1); err != nil {
 			return nil, err
 		}
-		if err := nc.Flush(); err != nil {
+		if err := flush(ctx, nc); err != nil {
 			return nil, err
 		}
 		streams[i] = stream{nc: nc, subject: r.subject(id, "events"), batches: perEngine[i]}

@@ -106,7 +106,7 @@ func latencyLevel(ctx context.Context, cfg Config, fraction, rate float64) (*Lat
 	published := make([][]atomic.Int64, len(ids))
 	streams := make([]stream, len(ids))
 	for i, id := range ids {
-		nc, _, err := r.engine(id, eventGeometry())
+		nc, _, err := r.engine(ctx, id, eventGeometry())
 		if err != nil {
 			return nil, err
 		}
@@ -115,7 +115,7 @@ func latencyLevel(ctx context.Context, cfg Config, fraction, rate float64) (*Lat
 		if _, err := nc.Subscribe(r.subject(id, "stored"), func(m *nats.Msg) { s.onStored(g, pub, m) }); err != nil {
 			return nil, err
 		}
-		if err := nc.Flush(); err != nil {
+		if err := flush(ctx, nc); err != nil {
 			return nil, err
 		}
 		streams[i] = stream{nc: nc, subject: r.subject(id, "events"), batches: perEngine[i]}

@@ -45,7 +45,7 @@ func startEventRig(ctx context.Context, cfg Config, ids []string) (*rig, []*nats
 	}
 	conns := make([]*nats.Conn, len(ids))
 	for i, id := range ids {
-		if conns[i], _, err = r.engine(id, eventGeometry()); err != nil {
+		if conns[i], _, err = r.engine(ctx, id, eventGeometry()); err != nil {
 			r.close()
 			return nil, nil, err
 		}
@@ -110,7 +110,7 @@ func (r *rig) connect(name string) (*nats.Conn, error) {
 // engine creates the shm segment of engine id with geometry geo, writes
 // every byte of it (a GPU's memory is resident; copies should not measure
 // tmpfs page allocation), connects and registers it.
-func (r *rig) engine(id string, geo geometry) (*nats.Conn, *shm.Segment, error) {
+func (r *rig) engine(ctx context.Context, id string, geo geometry) (*nats.Conn, *shm.Segment, error) {
 	seg, err := shm.Create(r.cfg.ShmDir, id+"-"+r.prefix, geo.segmentBytes())
 	if err != nil {
 		return nil, nil, err
@@ -128,7 +128,9 @@ func (r *rig) engine(id string, geo geometry) (*nats.Conn, *shm.Segment, error) 
 	if err != nil {
 		return nil, nil, err
 	}
-	msg, err := nc.Request(r.subject(id, "register"), body, 10*time.Second)
+	rctx, cancel := context.WithTimeout(ctx, natsWait)
+	defer cancel()
+	msg, err := nc.RequestWithContext(rctx, r.subject(id, "register"), body)
 	if err != nil {
 		return nil, nil, fmt.Errorf("register %s: %w", id, err)
 	}
@@ -137,6 +139,18 @@ func (r *rig) engine(id string, geo geometry) (*nats.Conn, *shm.Segment, error) 
 		return nil, nil, fmt.Errorf("register %s refused: %s", id, msg.Data)
 	}
 	return nc, seg, nil
+}
+
+// natsWait bounds a register request or a flush: what nats.go's Request
+// and Flush would wait, which ignore ctx.
+const natsWait = 10 * time.Second
+
+// flush is nc.Flush ended by ctx too: a first Ctrl-C while a server is slow
+// to answer stops the run at once, not after natsWait.
+func flush(ctx context.Context, nc *nats.Conn) error {
+	ctx, cancel := context.WithTimeout(ctx, natsWait)
+	defer cancel()
+	return nc.FlushWithContext(ctx)
 }
 
 func (r *rig) close() {
@@ -192,7 +206,7 @@ func drive(ctx context.Context, streams []stream, taken func() uint64, window in
 				}
 				published.Add(1)
 			}
-			if err := s.nc.Flush(); err != nil {
+			if err := flush(ctx, s.nc); err != nil {
 				errs[i] = fmt.Errorf("flush %s: %w", s.subject, err)
 			}
 		}()

@@ -166,7 +166,7 @@ func rawBaseline(ctx context.Context, cfg Config, r *rig, ids []string, next fun
 	if err := sub.SetPendingLimits(-1, -1); err != nil {
 		return err
 	}
-	if err := nc.Flush(); err != nil {
+	if err := flush(ctx, nc); err != nil {
 		return err
 	}
 	s := sink{taken: taken.Load, progress: func() float64 { return float64(taken.Load()) },

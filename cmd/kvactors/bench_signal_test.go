@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -139,4 +140,54 @@ func awaitGone(t *testing.T, pids ...int) {
 		}
 		return nil
 	})
+}
+
+// A first signal stops bench and bench-compare at once while a wait on NATS
+// is under way, here their first engine's register request (nats.go's own
+// timeout: 10 s). Its node is a stand-in serve that prints the serving line
+// of a NATS server whose only register subscriber never answers, and stops
+// at once when signalled.
+func TestBenchFirstSignalEndsARegisterWait(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		args func(serve string) []string
+		sig  os.Signal
+		said string
+	}{
+		{"bench", func(serve string) []string { return []string{"bench", "--external", "--serve-binary", serve} },
+			os.Interrupt, "kvactors bench: interrupted"},
+		{"bench-compare", func(serve string) []string {
+			return []string{"bench-compare", "--a", serve, "--b", serve, "--pairs", "1"}
+		}, syscall.SIGTERM, "kvactors bench-compare: interrupted after 0 of 2 runs"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			registers := testkit.Subscribe(t, testkit.Connect(t, s), "*.*.register")
+			args := append(c.args(standInServe(t, s.ClientURL())), "--duration", "60s", "--engines", "1", "--shm-dir", t.TempDir())
+			p := startProc(t, exec.Command(binary, args...))
+			select {
+			case <-registers:
+			case <-time.After(30 * time.Second):
+				t.Fatal("no register request came")
+			}
+			require.NoError(t, p.cmd.Process.Signal(c.sig))
+			code, took := p.waitExit(t, time.Now(), 20*time.Second)
+			t.Logf("exited %v after the signal", took)
+			out := drain(p.lines)
+			require.Less(t, took, 5*time.Second, "the register's 10 s wait ran on:\n%s", out)
+			require.Equal(t, exitInterrupted, code, out)
+			require.Contains(t, out, c.said)
+		})
+	}
+}
+
+// standInServe writes a stand-in for kvactors serve: it prints serve's
+// serving line, naming natsURL, and waits; the bench's SIGINT ends it (the
+// default action of sleep, which it becomes).
+func standInServe(t *testing.T, natsURL string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "serve")
+	script := fmt.Sprintf("#!/bin/sh\necho 'kvactors serving: nats %s, prefix \"stand-in\", admin http 127.0.0.1:1'\nexec sleep 600\n", natsURL)
+	require.NoError(t, os.WriteFile(path, []byte(script), 0o755))
+	return path
 }
