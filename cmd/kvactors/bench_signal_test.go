@@ -26,7 +26,7 @@ func TestBenchSecondSignalForcesExit(t *testing.T) {
 	cmd := exec.Command(binary, "bench", "--external", "--duration", "60s", "--engines", "1", "--shm-dir", t.TempDir())
 	p := startProc(t, cmd)
 	serve := runningChild(t, cmd.Process.Pid, "serve")
-	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
+	stopProc(t, serve)
 	p.firstSignalHeldUp(t, os.Interrupt, "kvactors bench: stopping its phase and node")
 	require.NoError(t, cmd.Process.Signal(os.Interrupt))
 	code, took := p.waitExit(t, time.Now(), 10*time.Second)
@@ -46,7 +46,7 @@ func TestBenchCompareSecondSignalForcesExit(t *testing.T) {
 	p := startProc(t, cmd)
 	bench := runningChild(t, cmd.Process.Pid, "bench")
 	serve := runningChild(t, bench, "serve")
-	require.NoError(t, syscall.Kill(serve, syscall.SIGSTOP))
+	stopProc(t, serve)
 	p.firstSignalHeldUp(t, syscall.SIGTERM, "kvactors bench-compare: stopping the running bench")
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	// Not p.waitExit: a bench left behind would hold the output pipe open.
@@ -93,6 +93,22 @@ func TestBenchCompareCtrlCStopsItsBench(t *testing.T) {
 	require.Contains(t, all, "kvactors bench: interrupted", "the bench stopped gracefully")
 	require.NotContains(t, all, ": second SIG", "no process took a second signal")
 	awaitGone(t, bench, serve)
+}
+
+// stopProc stops pid (SIGSTOP) and waits until it is stopped: kill returns
+// once the signal is queued, and one sent meanwhile is taken first if its
+// number is lower. A bench's SIGINT to a serve just started, not yet
+// handling signals, would then end the serve, and the bench's stop would
+// not be held up by it.
+func stopProc(t *testing.T, pid int) {
+	t.Helper()
+	require.NoError(t, syscall.Kill(pid, syscall.SIGSTOP))
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if s := procState(pid); s != "T" {
+			return fmt.Errorf("pid %d is not stopped yet (state %q)", pid, s)
+		}
+		return nil
+	})
 }
 
 // runningChild waits for a child of pid running `kvactors cmd`, past its
