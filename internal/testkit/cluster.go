@@ -149,3 +149,26 @@ func (c *RoutedCluster) Heal(i int) {
 	}
 	c.WaitFormed()
 }
+
+// CutBetween cuts the routes between servers i and j alone (a partial
+// partition): each still routes to every other server, but NATS routes do
+// not relay, so clients of i and of j no longer reach each other.
+func (c *RoutedCluster) CutBetween(i, j int) {
+	for k, l := range c.links {
+		if (k[0] == i && k[1] == j) || (k[0] == j && k[1] == i) {
+			l.Cut()
+		}
+	}
+}
+
+// HealBetween restores the routes CutBetween cut and waits until the
+// cluster is formed again.
+func (c *RoutedCluster) HealBetween(i, j int) {
+	c.t.Helper()
+	for k, l := range c.links {
+		if (k[0] == i && k[1] == j) || (k[0] == j && k[1] == i) {
+			l.Restore()
+		}
+	}
+	c.WaitFormed()
+}
