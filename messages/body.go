@@ -67,8 +67,9 @@ type RegisterReply struct {
 }
 
 // ErrorReply is the error reply of every request/reply subject, status
-// included: {"error","node","boot"} and nothing else, so no zero count ("hit_tokens":0, "loaded_tokens":0) rides
-// along with an error.
+// included: {"error","node","boot"} and nothing else, so no zero count
+// ("hit_tokens":0, "loaded_tokens":0) or zeroed snapshot rides along with
+// an error.
 type ErrorReply struct {
 	Error string `json:"error"`
 	Node  string `json:"node"`

@@ -55,17 +55,11 @@ func (n *Node) statusBudget() int {
 	return budget
 }
 
-// statusError is the error reply to a status request: {"error","node",
-// "boot"}, as every verb's, with no zeroed snapshot beside it.
-func (n *Node) statusError(err error) messages.ErrorReply {
-	return messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot}
-}
-
 // statusAnswer is the reply to a status request for page page, given what
 // the gather returned: an error reply when it failed, else statusPage's.
 func (n *Node) statusAnswer(st StatusReply, err error, page int) any {
 	if err != nil {
-		return n.statusError(err)
+		return n.errorReply(err)
 	}
 	return n.statusPage(st, page)
 }
@@ -80,10 +74,10 @@ func (n *Node) statusPage(st StatusReply, page int) any {
 		if errors.Is(err, ingest.ErrOutOfRange) { // the asker's page, not our encoding
 			n.rejected(messages.RejectOutOfRange, "status request refused", "engine", st.Engine, "err", err)
 		}
-		return n.statusError(err)
+		return n.errorReply(err)
 	}
 	if data, _ := json.Marshal(st); int64(len(data)) > n.nc.MaxPayload() {
-		return n.statusError(fmt.Errorf("status page %d is %d bytes, over the server's max_payload %d",
+		return n.errorReply(fmt.Errorf("status page %d is %d bytes, over the server's max_payload %d",
 			page, len(data), n.nc.MaxPayload()))
 	}
 	return st

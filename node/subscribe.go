@@ -87,7 +87,13 @@ func (n *Node) IntakePeak() int64 {
 // replyError answers a request/reply message with {"error", node, boot}
 // (no-op without a reply subject).
 func (n *Node) replyError(ctx context.Context, reply string, err error) {
-	n.outbox.Reply(ctx, reply, messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot})
+	n.outbox.Reply(ctx, reply, n.errorReply(err))
+}
+
+// errorReply is every verb's error reply, status included:
+// {"error","node","boot"} and nothing else (messages.ErrorReply).
+func (n *Node) errorReply(err error) messages.ErrorReply {
+	return messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot}
 }
 
 // onRegister handles P.E.register taken off NATS at at. On a cluster the
@@ -219,13 +225,13 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 	page, err := decodeStatusQuery(m.Data)
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "status request refused", "engine", engineID, "err", err)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
+		n.replyError(context.Background(), m.Reply, err)
 		return
 	}
 	if n.engine(engineID) == nil {
 		err := fmt.Errorf("%w %q", errUnknownEngine, engineID)
 		n.rejected(messages.RejectUnknownEngine, "status of an unregistered engine", "engine", engineID)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
+		n.replyError(context.Background(), m.Reply, err)
 		return
 	}
 	select {
@@ -233,7 +239,7 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 	default:
 		err := fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers)
 		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusError(err))
+		n.replyError(context.Background(), m.Reply, err)
 		return
 	}
 	wait := n.startStatus(engineID)
