@@ -1,11 +1,8 @@
 package node
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
-	"fmt"
-	"hash/crc32"
 	"log/slog"
 	"testing"
 	"time"
@@ -14,8 +11,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/ingest"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -37,22 +32,8 @@ func TestARestartDropsADiskRecordOfAnotherSizeUnannounced(t *testing.T) {
 	// Boot 1: chunks of one 1 KiB block; a record of each size.
 	n, nc, dir := startInternal(t, withDisk)
 	registerOneEngine(t, nc, dir, "e1")
-	rec := n.engine("e1")
-	require.NotNil(t, rec)
-	for h, size := range map[string]int{fits: 1024, misfit: 2048} {
-		hs, err := ingest.DecodeLookup([]byte(`{"hashes":["`+h+`"]}`), n.cfg.Limits)
-		require.NoError(t, err)
-		dk, ok := n.diskKeys.ToDisk(rec.layout.Key(hs[0], 0))
-		require.True(t, ok)
-		data := bytes.Repeat([]byte{0x5A}, size)
-		require.True(t, n.disk.Spill("e1", dk, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli)), data))
-	}
-	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if c := n.disk.Stats().Chunks; c != 2 {
-			return fmt.Errorf("%d records on disk", c)
-		}
-		return nil
-	})
+	spillSized(t, n, fits, 1024)
+	spillSized(t, n, misfit, 2048)
 	require.NoError(t, n.Close(context.Background()))
 
 	// Boot 2 on the same directory: a router follows e1's kv_events.
@@ -108,15 +89,6 @@ func TestARestartDropsADiskRecordOfAnotherSizeUnannounced(t *testing.T) {
 	}
 	require.Equal(t, 1.0, testutil.ToFloat64(n2.metrics.Pool.Corrupt), "the dropped record is counted")
 
-	lookup := func(h string) int {
-		t.Helper()
-		m, err := testkit.EngineRequest(nc2, "e1", "kvactors.e1.lookup", []byte(`{"hashes":["`+h+`"]}`), 5*time.Second)
-		require.NoError(t, err)
-		var r messages.LookupReply
-		require.NoError(t, json.Unmarshal(m.Data, &r))
-		require.Empty(t, r.Error)
-		return r.HitTokens
-	}
-	require.Equal(t, 4, lookup(fits), "the record of the chunk's size is served")
-	require.Zero(t, lookup(misfit))
+	require.Equal(t, 4, lookupHits(t, nc2, fits), "the record of the chunk's size is served")
+	require.Zero(t, lookupHits(t, nc2, misfit))
 }

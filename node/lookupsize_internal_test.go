@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/ingest"
@@ -26,35 +27,10 @@ func TestLookupDoesNotCountADiskRecordOfAnotherSize(t *testing.T) {
 	t.Parallel()
 	n, nc, dir := startInternal(t, func(c *Config) { c.DiskDir, c.DiskBytes = t.TempDir(), 1<<20 })
 	registerOneEngine(t, nc, dir, "e1") // chunks of one 1 KiB block
-	rec := n.engine("e1")
-	require.NotNil(t, rec)
 	const fits, misfit = "6161616130303030", "6262626230303030"
-	spill := func(h string, size int) {
-		t.Helper()
-		hs, err := ingest.DecodeLookup([]byte(`{"hashes":["`+h+`"]}`), n.cfg.Limits)
-		require.NoError(t, err)
-		dk, ok := n.diskKeys.ToDisk(rec.layout.Key(hs[0], 0))
-		require.True(t, ok)
-		data := bytes.Repeat([]byte{0x5A}, size)
-		require.True(t, n.disk.Spill("e1", dk, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli)), data))
-		testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-			if _, _, ok := n.disk.Has(dk); !ok {
-				return fmt.Errorf("record %s not on disk yet", h)
-			}
-			return nil
-		})
-	}
-	spill(fits, 1024)
-	spill(misfit, 2048)
-	lookup := func(h string) int {
-		t.Helper()
-		m, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.lookup", []byte(`{"hashes":["`+h+`"]}`), 5*time.Second)
-		require.NoError(t, err)
-		var r messages.LookupReply
-		require.NoError(t, json.Unmarshal(m.Data, &r))
-		require.Empty(t, r.Error)
-		return r.HitTokens
-	}
+	spillSized(t, n, fits, 1024)
+	spillSized(t, n, misfit, 2048)
+	lookup := func(h string) int { return lookupHits(t, nc, h) }
 	require.Equal(t, 4, lookup(fits), "a record of the chunk's size")
 	require.Zero(t, lookup(misfit), "a record the load refuses is counted")
 
@@ -69,4 +45,36 @@ func TestLookupDoesNotCountADiskRecordOfAnotherSize(t *testing.T) {
 	}
 	require.True(t, load(fits).OK, "the counted record loads")
 	require.False(t, load(misfit).OK, "the load refuses the record the lookup did not count")
+}
+
+// spillSized writes a size-byte record under engine e1's group-0 key for
+// hash h straight into n's disk tier, as a spill would write it, and waits
+// until the tier has indexed it.
+func spillSized(t *testing.T, n *Node, h string, size int) {
+	t.Helper()
+	rec := n.engine("e1")
+	require.NotNil(t, rec)
+	hs, err := ingest.DecodeLookup([]byte(`{"hashes":["`+h+`"]}`), n.cfg.Limits)
+	require.NoError(t, err)
+	dk, ok := n.diskKeys.ToDisk(rec.layout.Key(hs[0], 0))
+	require.True(t, ok)
+	data := bytes.Repeat([]byte{0x5A}, size)
+	require.True(t, n.disk.Spill("e1", dk, crc32.Checksum(data, crc32.MakeTable(crc32.Castagnoli)), data))
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if _, _, ok := n.disk.Has(dk); !ok {
+			return fmt.Errorf("record %s not on disk yet", h)
+		}
+		return nil
+	})
+}
+
+// lookupHits is engine e1's lookup of hash h: the tokens it hits.
+func lookupHits(t *testing.T, nc *nats.Conn, h string) int {
+	t.Helper()
+	m, err := testkit.EngineRequest(nc, "e1", "kvactors.e1.lookup", []byte(`{"hashes":["`+h+`"]}`), 5*time.Second)
+	require.NoError(t, err)
+	var r messages.LookupReply
+	require.NoError(t, json.Unmarshal(m.Data, &r))
+	require.Empty(t, r.Error)
+	return r.HitTokens
 }
