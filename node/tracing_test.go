@@ -261,20 +261,12 @@ func TestLookupAndLoadRepliesCarryTheirSpan(t *testing.T) {
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	const engineSpan = "00f067aa0ba902b7"
-	ask := func(verb string, body string) *nats.Msg {
-		m := nats.NewMsg("kvactors.e1." + verb)
-		m.Data = []byte(body)
-		m.Header = nats.Header{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-" + engineSpan + "-01"}}
-		m.Reply = testkit.EngineInbox("e1")
-		replies := testkit.Subscribe(t, e.nc, m.Reply)
-		require.NoError(t, e.nc.PublishMsg(m))
-		return testkit.Recv(t, replies, 5*time.Second, "the "+verb+" reply")
-	}
 	for _, c := range []struct{ verb, span, body string }{
 		{"lookup", tracing.SpanLookup, `{"hashes":["` + hash("x", 0) + `"]}`},
 		{"load", tracing.SpanLoad, `{"request":"l","hashes":["` + hash("x", 0) + `"],"num_tokens":4,"blocks":[[1]]}`},
 	} {
-		reply := ask(c.verb, c.body)
+		reply := requestWithHeader(t, e, c.verb, c.body,
+			nats.Header{"traceparent": {"00-4bf92f3577b34da6a3ce929d0e0e4736-" + engineSpan + "-01"}})
 		var s sdktrace.ReadOnlySpan
 		testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 			if got := spansNamed(rec, c.span); len(got) == 1 {
@@ -319,13 +311,7 @@ func TestTraceHeadersAnyCaseAndMalformedOnesAreIgnored(t *testing.T) {
 		{nats.Header{"traceparent": {valid + "-extra"}}, false},                                     // version 00 has no more
 		{nats.Header{"traceparent": {strings.ToUpper(valid)}}, false},                               // hex is lowercase
 	} {
-		m := nats.NewMsg("kvactors.e1.lookup")
-		m.Data = []byte(`{"hashes":["` + hash("x", i) + `"]}`)
-		m.Header = c.h
-		m.Reply = testkit.EngineInbox("e1")
-		replies := testkit.Subscribe(t, e.nc, m.Reply)
-		require.NoError(t, e.nc.PublishMsg(m))
-		reply := testkit.Recv(t, replies, 5*time.Second, fmt.Sprintf("lookup %d's reply", i))
+		reply := requestWithHeader(t, e, "lookup", `{"hashes":["`+hash("x", i)+`"]}`, c.h)
 		require.Contains(t, string(reply.Data), `"hit_tokens":0`, "lookup %d (%v) is answered", i, c.h)
 
 		var s sdktrace.ReadOnlySpan
@@ -347,4 +333,15 @@ func TestTraceHeadersAnyCaseAndMalformedOnesAreIgnored(t *testing.T) {
 		require.Equal(t, s.SpanContext().SpanID(), sc.SpanID(), "lookup %d's reply carries its span", i)
 	}
 	require.Zero(t, metricValue(t, e.reg, "kvactors_events_rejected_total", nil), "trace headers are not counted")
+}
+
+// requestWithHeader sends body on e1's verb subject with header h and
+// returns the reply.
+func requestWithHeader(t *testing.T, e *env, verb, body string, h nats.Header) *nats.Msg {
+	t.Helper()
+	m := nats.NewMsg("kvactors.e1." + verb)
+	m.Data, m.Header, m.Reply = []byte(body), h, testkit.EngineInbox("e1")
+	replies := testkit.Subscribe(t, e.nc, m.Reply)
+	require.NoError(t, e.nc.PublishMsg(m))
+	return testkit.Recv(t, replies, 5*time.Second, "the "+verb+" reply")
 }
