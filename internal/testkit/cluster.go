@@ -130,43 +130,47 @@ func NATSClusterWithRouteLinks(t *testing.T, n int) *RoutedCluster {
 // Isolate cuts every route to and from server i: it goes on serving its
 // clients, which reach none of the other servers' clients nor the
 // JetStream peers there.
-func (c *RoutedCluster) Isolate(i int) {
-	for k, l := range c.links {
-		if k[0] == i || k[1] == i {
-			l.Cut()
-		}
-	}
-}
+func (c *RoutedCluster) Isolate(i int) { c.cut(touching(i)) }
 
 // Heal restores server i's routes and waits until the cluster is formed
 // again (a server retries a cut route about every second).
 func (c *RoutedCluster) Heal(i int) {
 	c.t.Helper()
-	for k, l := range c.links {
-		if k[0] == i || k[1] == i {
-			l.Restore()
-		}
-	}
-	c.WaitFormed()
+	c.restore(touching(i))
 }
 
 // CutBetween cuts the routes between servers i and j alone (a partial
 // partition): each still routes to every other server, but NATS routes do
 // not relay, so clients of i and of j no longer reach each other.
-func (c *RoutedCluster) CutBetween(i, j int) {
-	for k, l := range c.links {
-		if (k[0] == i && k[1] == j) || (k[0] == j && k[1] == i) {
-			l.Cut()
-		}
-	}
-}
+func (c *RoutedCluster) CutBetween(i, j int) { c.cut(between(i, j)) }
 
 // HealBetween restores the routes CutBetween cut and waits until the
 // cluster is formed again.
 func (c *RoutedCluster) HealBetween(i, j int) {
 	c.t.Helper()
+	c.restore(between(i, j))
+}
+
+// touching matches the routes to and from server i; between those of
+// servers i and j (a route is keyed by its two servers, from and to).
+func touching(i int) func([2]int) bool { return func(k [2]int) bool { return k[0] == i || k[1] == i } }
+
+func between(i, j int) func([2]int) bool {
+	return func(k [2]int) bool { return k == [2]int{i, j} || k == [2]int{j, i} }
+}
+
+func (c *RoutedCluster) cut(match func([2]int) bool) {
 	for k, l := range c.links {
-		if (k[0] == i && k[1] == j) || (k[0] == j && k[1] == i) {
+		if match(k) {
+			l.Cut()
+		}
+	}
+}
+
+func (c *RoutedCluster) restore(match func([2]int) bool) {
+	c.t.Helper()
+	for k, l := range c.links {
+		if match(k) {
 			l.Restore()
 		}
 	}
