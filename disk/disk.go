@@ -388,15 +388,25 @@ func (d *Disk) dropItem(engine string, it *item) bool {
 		d.mu.Unlock()
 		return false
 	}
-	d.forget(it)
-	changes := []change{removal(it, engine)}
-	for _, gone := range d.dropDead() {
-		changes = append(changes, removal(gone, engine))
-	}
-	d.tell(changes) // under the lock: in the index's order (Notify)
+	d.tell(d.dropLocked(engine, it)) // under the lock: in the index's order (Notify)
 	d.mu.Unlock()
 	d.wakeWriter()
 	return true
+}
+
+// dropLocked drops records items (tombstoned by the writer, which the
+// caller wakes) and the segments that leaves dead, and returns the
+// removals to tell, each for engine. Caller holds d.mu.
+func (d *Disk) dropLocked(engine string, items ...*item) []change {
+	changes := make([]change, 0, len(items))
+	for _, it := range items {
+		d.forget(it)
+		changes = append(changes, removal(it, engine))
+	}
+	for _, gone := range d.dropDead() {
+		changes = append(changes, removal(gone, engine))
+	}
+	return changes
 }
 
 // oldest is the least recently used chunk, nil if none.

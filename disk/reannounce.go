@@ -33,38 +33,38 @@ func (d *Disk) ReannouncePrefix(prefix string, keep func(key messages.Key, size 
 		return 0
 	}
 	at := d.lru.PushFront(cursor{})
+	defer d.lru.Remove(at) // before the deferred unlock
 	for {
 		var changes []change
+		var refused []*item
 		e := at.Next()
-		for n := 0; e != nil && n < reannounceSlice; n++ {
-			next := e.Next() // before a drop takes e out of the list
+		for n := 0; e != nil && n < reannounceSlice; n, e = n+1, e.Next() {
 			if it, ok := e.Value.(*item); ok && strings.HasPrefix(string(it.key), prefix) {
 				if keep == nil || keep(it.key, it.size) {
 					changes = append(changes, change{engine: it.engine, key: it.key, stored: true})
 				} else {
-					d.forget(it)
-					changes = append(changes, removal(it, ""))
-					dropped++
+					refused = append(refused, it)
 				}
 			}
-			e = next
 		}
-		if dropped > 0 {
-			for _, gone := range d.dropDead() {
-				changes = append(changes, removal(gone, ""))
-			}
+		if e != nil {
+			// The place is kept before any drop: a segment the drops leave
+			// dead takes its records, e's among them, out of the list, the
+			// cursor never.
+			d.lru.MoveBefore(at, e)
+		}
+		if len(refused) > 0 {
+			changes = append(changes, d.dropLocked("", refused...)...)
+			dropped += len(refused)
 			d.wakeWriter() // the tombstones
 		}
 		d.tell(changes)
 		if e == nil {
-			d.lru.Remove(at)
 			return dropped
 		}
-		d.lru.MoveBefore(at, e)
 		d.mu.Unlock()
 		d.mu.Lock()
 		if d.shut {
-			d.lru.Remove(at)
 			return dropped
 		}
 	}
