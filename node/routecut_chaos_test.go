@@ -176,7 +176,11 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 		}
 		return nil
 	})
-	e.servedBy("nB", 5*cutLease)
+	// A heal can bring the claims' stream another election (4 to 9 s,
+	// docs/CLUSTER.md): nB's writes fail meanwhile, its gate shuts and
+	// e1's steps wait until it writes again or e1 registers anew. 5 leases
+	// was too short for that in CI under -race.
+	e.servedBy("nB", 15*cutLease)
 	w.check(t)
 	require.Empty(t, nA.node.Engines())
 	require.Equal(t, []string{"e1"}, nB.node.Engines())
