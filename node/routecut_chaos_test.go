@@ -54,12 +54,13 @@ func TestRouteCutOfTheEnginesServerWithItsOwner(t *testing.T) {
 
 	r.rc.Heal(m)
 	healed := time.Now()
+	settle := r.settled()
 	e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Equal(t, []string{"e1"}, nA.node.Engines())
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA dropped e1 %v; heal→served again %v", dropped, time.Since(healed))
+	t.Logf("cut→nA dropped e1 %v; heal→stream settled %v, served again %v", dropped, settle, time.Since(healed))
 }
 
 // docs/CLUSTER.md failure table, "the engine's NATS server cut off from its
@@ -103,11 +104,12 @@ func TestRouteCutOfTheEnginesServerFromItsOwner(t *testing.T) {
 
 	r.rc.Heal(m)
 	healed := time.Now()
+	settle := r.settled()
 	e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→e1 freed its requests, nA dropped e1 %v; heal→served again %v", lost, time.Since(healed))
+	t.Logf("cut→e1 freed its requests, nA dropped e1 %v; heal→stream settled %v, served again %v", lost, settle, time.Since(healed))
 }
 
 // docs/CLUSTER.md "Fencing the owner", with nodes and an engine: nA's
@@ -169,6 +171,7 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 
 	heal()
 	healed := time.Now()
+	settle := r.settled()
 	testkit.Eventually(t, 5*cutLease, 20*time.Millisecond, func() error {
 		e.step()
 		if got := nA.node.Claims(); len(got) != 0 {
@@ -176,17 +179,13 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 		}
 		return nil
 	})
-	// A heal can bring the claims' stream another election (4 to 9 s,
-	// docs/CLUSTER.md): nB's writes fail meanwhile, its gate shuts and
-	// e1's steps wait until it writes again or e1 registers anew. 5 leases
-	// was too short for that in CI under -race.
-	e.servedBy("nB", 15*cutLease)
+	e.servedBy("nB", 5*cutLease)
 	w.check(t)
 	require.Empty(t, nA.node.Engines())
 	require.Equal(t, []string{"e1"}, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA's gate shut %v, nB's open %v, e1 on nB %v; heal→nA's claim gone %v",
-		lastA.Sub(at), firstB.Sub(at), moved, time.Since(healed))
+	t.Logf("cut→nA's gate shut %v, nB's open %v, e1 on nB %v; heal→stream settled %v, nA's claim gone %v",
+		lastA.Sub(at), firstB.Sub(at), moved, settle, time.Since(healed))
 }
 
 // A partial partition: only the routes between nA's server and the claims'
@@ -240,9 +239,10 @@ func TestAnOwnerCutOffFromItsStreamLeaderAloneServesAgainOnceHealed(t *testing.T
 
 	r.rc.HealBetween(m, r.leader)
 	healed := time.Now()
+	settle := r.settled()
 	e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA dropped e1 %v; heal→served again %v", dropped, time.Since(healed))
+	t.Logf("cut→nA dropped e1 %v; heal→stream settled %v, served again %v", dropped, settle, time.Since(healed))
 }

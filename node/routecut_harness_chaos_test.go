@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
@@ -62,6 +63,55 @@ func newRouteCut(t *testing.T) *routeCut {
 		return errors.New("the claims' stream has no leader")
 	})
 	return r
+}
+
+// settled waits until every server names the same leader of the claims'
+// stream, that server leads it, and every replica is current; it returns
+// how long that took. A server cut off from its stream peers calls
+// elections nobody hears, so it comes back with a higher raft term, and
+// nats-server's raft has no pre-vote: its vote request makes the leader
+// step down and a new election runs (4 to 9 s each, more when votes
+// split), during which no node writes its claims and every gate shuts.
+// The lease-bound waits after a heal start once this is over: they are
+// about kvactors, not raft. A server that names the leader has taken its
+// term, so no further election follows from the cut. (Current alone is
+// not enough: a replica that knows no leader reports current.)
+func (r *routeCut) settled() time.Duration {
+	r.t.Helper()
+	const stream = "KV_kvactors_owners"
+	start := time.Now()
+	testkit.Eventually(r.t, 60*time.Second, 20*time.Millisecond, func() error {
+		leader := ""
+		for i := range 3 {
+			s := r.rc.Server(i)
+			d, err := s.JszAccount(&server.JSzOptions{Account: "$G", Streams: true})
+			if err != nil {
+				return fmt.Errorf("server %d: %w", i, err)
+			}
+			named := ""
+			for _, sd := range d.Streams {
+				if sd.Name == stream && sd.Cluster != nil {
+					named = sd.Cluster.Leader
+				}
+			}
+			switch {
+			case named == "":
+				return fmt.Errorf("server %d knows no leader of the claims' stream", i)
+			case leader == "":
+				leader = named
+			case named != leader:
+				return fmt.Errorf("servers name leaders %q and %q", leader, named)
+			}
+			if !s.JetStreamIsStreamCurrent("$G", stream) {
+				return fmt.Errorf("server %d's replica is not current", i)
+			}
+			if s.Name() == leader && !s.JetStreamIsStreamLeader("$G", stream) {
+				return fmt.Errorf("server %d is named leader but does not lead", i)
+			}
+		}
+		return nil
+	})
+	return time.Since(start)
 }
 
 // node starts node id connected to server s alone (it stays there: no
