@@ -43,19 +43,33 @@ func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	}
 	// The reply goes out in the span's context: it is the node's work
 	// that answers (PROTOCOL.md), not the engine's span passed back.
-	ctx, span := n.tracer.Start(ctx, tracing.SpanLookup, trace.WithTimestamp(taken),
-		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
+	ctx, span := n.verbSpan(ctx, tracing.SpanLookup, engineID, taken)
 	defer span.End()
 	ns := rec.clusterNamespace()
 	hit := rec.layout.HitTokens(hashes, func(k messages.Key) bool {
 		return rec.store.Ready(k) || n.heldElsewhere(ns, k) // of the engine's chunk size: what its load takes
 	})
-	span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
+	if span.IsRecording() {
+		span.SetAttributes(tracing.AttrHashes.Int(len(hashes)), tracing.AttrHitTokens.Int(hit))
+	}
 	if hit > 0 {
 		n.metrics.LookupHits.Inc()
 		n.metrics.HitTokens.Add(float64(hit))
 	}
 	n.outbox.Reply(ctx, m.Reply, messages.LookupReply{HitTokens: hit, Node: n.cfg.NodeID, Boot: n.boot})
+}
+
+// verbSpan starts a lookup's or a load's span at taken, a child of ctx's
+// (the engine's) span. With tracing off it starts none: a no-op span's
+// options still cost allocations per request. It returns ctx's span then
+// (the engine's, not recording, or none), whose span context a no-op
+// tracer's span would have had too: a reply carries the same traceparent.
+func (n *Node) verbSpan(ctx context.Context, name, engineID string, taken time.Time) (context.Context, trace.Span) {
+	if !n.traced {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	return n.tracer.Start(ctx, name, trace.WithTimestamp(taken),
+		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
 }
 
 // onLoad starts P.E.load: the keys are pinned here, then a load actor runs
@@ -70,8 +84,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	// engine's wait too), so a refusal, a remote fetch and a wait for
 	// pending keys are inside it: fail ends it with an error, or the load
 	// actor ends it (load.Job.Span).
-	ctx, span := n.tracer.Start(n.msgCtx(m), tracing.SpanLoad, trace.WithTimestamp(taken),
-		trace.WithAttributes(tracing.AttrEngine.String(engineID)))
+	ctx, span := n.verbSpan(n.msgCtx(m), tracing.SpanLoad, engineID, taken)
 	fail := func(err error) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		level, reason := slog.LevelError, "load_error"

@@ -98,3 +98,44 @@ func TestBatchCtxStartsASpanOnlyWithTracingOn(t *testing.T) {
 	require.Equal(t, ended[0].SpanContext().SpanID(), trace.SpanContextFromContext(ctx).SpanID(),
 		"the batch's context carries its span")
 }
+
+// A lookup's or a load's span (verbSpan) costs nothing with tracing off:
+// no allocation, with or without the engine's traceparent, and the span
+// returned carries the engine's span context, which the reply passes back.
+// With tracing on it is recorded from taken, a child of the engine's span,
+// and the context returned carries it (the reply passes it back).
+func TestVerbSpanStartsASpanOnlyWithTracingOn(t *testing.T) {
+	const tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	plain := &nats.Msg{Subject: "kvactors.e1.lookup", Data: []byte("{}")}
+	traced := &nats.Msg{Subject: "kvactors.e1.lookup", Data: []byte("{}"), Header: nats.Header{"traceparent": {tp}}}
+	taken := time.Now()
+
+	off := &Node{tracer: tracing.Tracer(noop.NewTracerProvider())}
+	for _, m := range []*nats.Msg{plain, traced} {
+		ctx := off.msgCtx(m)
+		allocs := testing.AllocsPerRun(100, func() {
+			_, span := off.verbSpan(ctx, tracing.SpanLookup, "e1", taken)
+			span.End()
+		})
+		require.Zero(t, allocs, "tracing off: a lookup's span allocates nothing (headers: %v)", m.Header)
+	}
+	ctx, span := off.verbSpan(off.msgCtx(traced), tracing.SpanLoad, "e1", taken)
+	require.False(t, span.IsRecording())
+	require.Equal(t, "00f067aa0ba902b7", span.SpanContext().SpanID().String(), "tracing off: the engine's span")
+	require.Equal(t, "00f067aa0ba902b7", trace.SpanContextFromContext(ctx).SpanID().String(),
+		"tracing off: the reply passes the engine's span context back")
+
+	rec := tracetest.NewSpanRecorder()
+	on := &Node{traced: true, tracer: tracing.Tracer(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(rec)))}
+	ctx, span = on.verbSpan(on.msgCtx(traced), tracing.SpanLoad, "e1", taken)
+	require.True(t, span.IsRecording())
+	span.End()
+	ended := rec.Ended()
+	require.Len(t, ended, 1)
+	require.Equal(t, tracing.SpanLoad, ended[0].Name())
+	require.Equal(t, "00f067aa0ba902b7", ended[0].Parent().SpanID().String())
+	require.Equal(t, taken.UnixNano(), ended[0].StartTime().UnixNano(), "the span starts when intake took the message")
+	require.Contains(t, ended[0].Attributes(), tracing.AttrEngine.String("e1"))
+	require.Equal(t, ended[0].SpanContext().SpanID(), trace.SpanContextFromContext(ctx).SpanID(),
+		"the context the reply goes out in carries the load's span")
+}
