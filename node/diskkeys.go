@@ -102,13 +102,35 @@ func geometry(l *sched.Layout) uint64 {
 	return h.Sum64()
 }
 
+// reannounceDisk tells routers of the chunks on disk under prefix, a
+// namespace's, at its first register in the boot, after that register's
+// DISK clear (PROTOCOL.md "kv_events"). It runs off n.mu: the walk covers
+// the whole disk index (tens of ms for a million records), and lookups,
+// loads, heartbeats and registers of every engine take n.mu. It needs
+// nothing n.mu guards: the clear is in the journal before it, the journal
+// finds each key's engine off n.mu (kvTarget), a namespace's id and disk
+// prefix are never reused or forgotten within a boot, and a member that
+// leaves meanwhile passes the rest to the next one, or to the deferred
+// changes of a namespace without one, as for any change of the tier.
+func (n *Node) reannounceDisk(nsName, prefix string, keep func(messages.Key, int64) bool) {
+	if bad := n.disk.ReannouncePrefix(prefix, keep); bad > 0 {
+		n.metrics.Pool.Corrupt.Add(float64(bad))
+		n.log.Warn("disk: records of another size than their group's chunks dropped (a load would refuse them)",
+			"namespace", nsName, "records", bad)
+	}
+}
+
 // diskFits is ReannouncePrefix's keep for a namespace of layout lay: a
 // record whose size is not its group's chunk size (a geometry the
 // fingerprint failed to tell apart, a record left by another build) is
 // never loaded (store.Engine.Ready, sizesMatch), so it is not announced
-// but dropped. It runs under the disk's lock.
+// but dropped. It runs under the disk's lock. Caller holds n.mu.
 func (n *Node) diskFits(lay *sched.Layout) func(messages.Key, int64) bool {
+	walked := n.diskWalked
 	return func(k messages.Key, size int64) bool {
+		if walked != nil {
+			walked()
+		}
 		pk, ok := n.diskKeys.FromDisk(k)
 		if !ok {
 			return true // not this namespace's: not ours to judge

@@ -110,6 +110,10 @@ type Node struct {
 	// has made engine a member of namespace ns: the moment the kv_events
 	// journal may first publish on it.
 	committed func(engine string, ns sched.NamespaceID)
+	// diskWalked, when set (tests only, under mu), is called for each
+	// record a namespace's first-register disk walk judges (diskFits),
+	// under the disk's lock.
+	diskWalked func()
 
 	ingest *ingester
 	http   *http.Server

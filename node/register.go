@@ -134,8 +134,16 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		return err
 	}
 	nsName := ingest.Namespace(id, &spec)
+	// diskWalk, when set, re-announces a namespace's chunks on disk once
+	// n.mu is let go, before the register is answered (see reannounceDisk).
+	var diskWalk func()
 	n.mu.Lock()
-	defer n.mu.Unlock()
+	defer func() {
+		n.mu.Unlock()
+		if diskWalk != nil {
+			diskWalk()
+		}
+	}()
 	old := n.engines[id]
 	silentFor := time.Duration(0)
 	if old != nil {
@@ -219,11 +227,8 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		// boot found on disk, visible from now on. Clear and tell them,
 		// on the namespace's member only (PROTOCOL.md "kv_events").
 		n.kv.cleared(id, ns.id, messages.MediumDisk)
-		if bad := n.disk.ReannouncePrefix(prefix, n.diskFits(lay)); bad > 0 {
-			n.metrics.Pool.Corrupt.Add(float64(bad))
-			n.log.Warn("disk: records of another size than their group's chunks dropped (a load would refuse them)",
-				"namespace", nsName, "records", bad)
-		}
+		keep := n.diskFits(lay)
+		diskWalk = func() { n.reannounceDisk(nsName, prefix, keep) }
 	}
 	if old != nil {
 		n.log.Info(why, "engine", id, "silent", silentFor)
