@@ -164,8 +164,13 @@ func (e *Engine) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, s
 // on it: WaitPending). The pool's errors are new values per call, so
 // setting Shown in place changes no one else's.
 func named(err error) error {
+	if err == nil {
+		// Most calls (every decision and copy): errors.As's target escapes,
+		// so declaring it would cost an allocation per call.
+		return nil
+	}
 	var ke *hostpool.KeyError
-	if err != nil && errors.As(err, &ke) && ke.Shown == "" {
+	if errors.As(err, &ke) && ke.Shown == "" {
 		ke.Shown = sched.WireKey(ke.Key)
 	}
 	return err
