@@ -132,6 +132,62 @@ func BenchmarkAdvance(b *testing.B) {
 	}
 }
 
+// BenchmarkAdvancePending: a prefill step whose keys another copy is still
+// filling (two requests prefilling one shared prompt at once). Each op is one
+// request of 8 chunks per group (2 groups) made ready by one batch: a
+// decision that holds them all (RetryPending), the other copy completing,
+// and the retry that deduplicates them. Sets of hashes rotate through a
+// pool that holds a quarter of them, so each op's keys were evicted.
+func BenchmarkAdvancePending(b *testing.B) {
+	lay := benchLayout(b)
+	const chunks, sets = 8, 256
+	pool := poolOf(lay, sets*chunks*len(lay.Groups)/4)
+	type set struct {
+		evs  []messages.Event
+		keys []messages.Key
+	}
+	all := make([]set, sets)
+	for i := range all {
+		hs := make([]messages.Hash, chunks)
+		for c := range hs {
+			hs[c] = messages.Hash(fmt.Sprintf("p%03d-%027d", i, c)) // 32 bytes, as benchHashes
+		}
+		s := &all[i]
+		for g := range lay.Groups {
+			s.evs = append(s.evs, messages.Event{Type: messages.EvBlocks, Request: rid, Group: g, IDs: seq(1, chunks)})
+			for _, h := range hs {
+				s.keys = append(s.keys, lay.Key(h, g))
+			}
+		}
+		s.evs = append(s.evs, messages.Event{Type: messages.EvHashes, Request: rid, Hashes: hs},
+			messages.Event{Type: messages.EvTokens, Request: rid, Computed: 16 * chunks, Total: 16*chunks + 1})
+	}
+	add := added(16*chunks + 1)
+	sums := make([]uint32, chunks*len(lay.Groups))
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		s := &all[i%sets]
+		other, err := pool.PrepareStore(s.keys, nil) // the other request's copy
+		if err != nil || len(other.Keys) != len(s.keys) {
+			b.Fatalf("the other copy prepared %d of %d keys: %v", len(other.Keys), len(s.keys), err)
+		}
+		r := NewRequest(lay, add)
+		for j := range s.evs {
+			if err := r.Step(&s.evs[j]); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if e := r.Advance(pool); e.Job != nil || e.Retry == nil || len(e.Pending) != len(s.keys) {
+			b.Fatalf("pending decision: job %v, retry %v, %d pending", e.Job, e.Retry, len(e.Pending))
+		}
+		pool.CompleteStore(other.Keys, sums)
+		if e := r.Advance(pool); e.Job != nil || e.Retry != nil || e.Deduped != len(s.keys) {
+			b.Fatalf("retry: job %v, retry %v, %d deduplicated", e.Job, e.Retry, e.Deduped)
+		}
+	}
+}
+
 // BenchmarkRequestMemory reports the heap a live request holds: 2 groups,
 // 1,000 tokens, 16-token blocks (63 blocks per group, 62 hashes of 32 bytes
 // each decoded afresh, as ingest does), measured with runtime.MemStats over

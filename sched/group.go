@@ -138,6 +138,21 @@ func (g *group) addRedo(c messages.ChunkIndex) {
 	}
 }
 
+// addRedos is addRedo for each of cs in turn, with the list grown once: a
+// decision that meets a prefill step's keys pending in another copy holds
+// them all, and growing per chunk cost an allocation per doubling.
+func (g *group) addRedos(cs []messages.ChunkIndex) {
+	if g.retry == nil {
+		g.retry = &groupRetry{}
+	}
+	g.retry.redo = slices.Grow(g.retry.redo, len(cs))
+	for _, c := range cs {
+		if !slices.Contains(g.retry.redo, c) {
+			g.retry.redo = append(g.retry.redo, c)
+		}
+	}
+}
+
 // cacheKeys extends the key cache with the keys of the chunks after it.
 func (g *group) cacheKeys(keys []messages.Key) {
 	if len(keys) == 0 {

@@ -131,3 +131,31 @@ func TestGroupCandidatesAreNaive(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// addRedos (a decision's pending chunks of a group at once) leaves the redo
+// list addRedo one chunk at a time would: the same chunks in the same order,
+// each once, whatever the list held before.
+func TestGroupAddRedosIsAddRedoInTurn(t *testing.T) {
+	rnd := rand.New(rand.NewSource(1))
+	for range 500 {
+		var before, cs []messages.ChunkIndex
+		for range rnd.Intn(6) {
+			before = append(before, messages.ChunkIndex(rnd.Intn(12)))
+		}
+		for range rnd.Intn(12) {
+			cs = append(cs, messages.ChunkIndex(rnd.Intn(12)))
+		}
+		one, all := &group{}, &group{}
+		for _, c := range before {
+			one.addRedo(c)
+			all.addRedo(c)
+		}
+		for _, c := range cs {
+			one.addRedo(c)
+		}
+		all.addRedos(cs)
+		if !slices.Equal(one.redo(), all.redo()) {
+			t.Fatalf("held %v, added %v: addRedo in turn gives %v, addRedos %v", before, cs, one.redo(), all.redo())
+		}
+	}
+}
