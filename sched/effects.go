@@ -33,6 +33,45 @@ type Deferral struct {
 	Reason DeferReason
 }
 
+// Deferrals are one decision's deferrals, in group order. Most layouts have
+// one or two groups, so they are kept inline: a decision that defers (most
+// prefill steps, whose hashes trail their tokens) allocates nothing for
+// them.
+type Deferrals struct {
+	n      int
+	inline [2]Deferral
+	more   []Deferral // every one of them, once past inline
+}
+
+func (d *Deferrals) add(x Deferral) {
+	if d.more == nil && d.n < len(d.inline) {
+		d.inline[d.n] = x
+		d.n++
+		return
+	}
+	if d.more == nil {
+		d.more = append(make([]Deferral, 0, 2*len(d.inline)), d.inline[:d.n]...)
+	}
+	d.more = append(d.more, x)
+}
+
+// All lists the deferrals. The receiver is a copy, so the list is the
+// caller's whatever becomes of the Effects it came from.
+func (d Deferrals) All() []Deferral {
+	if d.more != nil {
+		return d.more
+	}
+	return d.inline[:d.n]
+}
+
+// Len is how many there are.
+func (d Deferrals) Len() int {
+	if d.more != nil {
+		return len(d.more)
+	}
+	return d.n
+}
+
 // RetryReason says why a store is retried.
 type RetryReason uint8
 
@@ -75,7 +114,7 @@ type Effects struct {
 	Job      *StoreJob
 	Evicted  int // ready chunks the pool evicted to make room
 	Deduped  int // candidate chunks already present in the pool
-	Deferred []Deferral
+	Deferred Deferrals
 	Retry    *Retry
 	// Pending, with a RetryPending Retry, are the keys other copies were
 	// still filling: the caller may retry as soon as one of those copies

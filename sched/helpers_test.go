@@ -210,7 +210,6 @@ func (h *harness) record(e Effects) Effects {
 	h.rels = append(h.rels, e.Releases...)
 	// Effects' slices are valid until the next call: keep copies.
 	e.Cancel = append([]JobID(nil), e.Cancel...)
-	e.Deferred = append([]Deferral(nil), e.Deferred...)
 	e.Releases = append([]string(nil), e.Releases...)
 	return e
 }
@@ -328,9 +327,9 @@ func (h *harness) check(i int, o op, e Effects) {
 	switch {
 	case w.deferred == nil:
 	case len(w.deferred) == 0:
-		require.Empty(h.t, e.Deferred, "%s: deferred", msg)
+		require.Empty(h.t, e.Deferred.All(), "%s: deferred", msg)
 	default:
-		require.Equal(h.t, w.deferred, e.Deferred, "%s: deferred", msg)
+		require.Equal(h.t, w.deferred, e.Deferred.All(), "%s: deferred", msg)
 	}
 	if w.blocks != nil {
 		require.NotNil(h.t, e.Job, msg)
@@ -352,6 +351,6 @@ func nilIfEmpty[T any](s []T) []T {
 // noWork reports whether effects ask the caller for nothing (a dedup count
 // alone is no work).
 func noWork(e *Effects) bool {
-	return len(e.Cancel) == 0 && e.Job == nil && e.Evicted == 0 && len(e.Deferred) == 0 &&
+	return len(e.Cancel) == 0 && e.Job == nil && e.Evicted == 0 && e.Deferred.Len() == 0 &&
 		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
 }

@@ -351,7 +351,7 @@ func TestDeferralsReportedOncePerChunkAndReason(t *testing.T) {
 	var got []Deferral
 	apply := func(evs ...*messages.Event) {
 		h.step(evs...)
-		got = append(got, h.advance().Deferred...)
+		got = append(got, h.advance().Deferred.All()...)
 	}
 	apply(blocks(0, 0, 1, 2, 3, 4), hashes(0, 1), tokens(8, 16)) // chunk 1 lags on hashes
 	apply(tokens(12, 16))
@@ -370,11 +370,11 @@ func TestDeferralsReportedOncePerChunkAndReason(t *testing.T) {
 	// A reason change for the same chunk is reported again.
 	h2 := newHarness(t, oneGroup4(t), 64, added(8))
 	h2.step(hashes(0, 2), blocks(0, 0, 1), tokens(4, 8))
-	require.Equal(t, []Deferral{{Group: 0, Chunk: 1, Reason: DeferTokens}}, h2.advance().Deferred,
+	require.Equal(t, []Deferral{{Group: 0, Chunk: 1, Reason: DeferTokens}}, h2.advance().Deferred.All(),
 		"chunk 1's key is known, its tokens are not")
 	h2.step(tokens(8, 8))
-	require.Equal(t, []Deferral{{Group: 0, Chunk: 1, Reason: DeferBlocks}}, h2.advance().Deferred)
-	require.Empty(t, h2.advance().Deferred)
+	require.Equal(t, []Deferral{{Group: 0, Chunk: 1, Reason: DeferBlocks}}, h2.advance().Deferred.All())
+	require.Empty(t, h2.advance().Deferred.All())
 }
 
 // A held request (another request of its id, from an epoch that ended, may

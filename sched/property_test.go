@@ -633,7 +633,7 @@ func (m *model) completeOne() {
 func (m *model) effects(e Effects, where string) {
 	t := m.t
 	m.logf("  %s: job=%v cancel=%v retry=%v deduped=%d dropped=%d releases=%v drop=%v deferred=%v", where,
-		jobChunks(e.Job), e.Cancel, e.Retry, e.Deduped, e.GivenUp, e.Releases, e.Done, e.Deferred)
+		jobChunks(e.Job), e.Cancel, e.Retry, e.Deduped, e.GivenUp, e.Releases, e.Done, e.Deferred.All())
 	bpc := m.lay.BlocksPerChunk
 	for _, id := range e.Cancel {
 		j, ok := m.jobs[id]
@@ -675,7 +675,7 @@ func (m *model) effects(e Effects, where string) {
 		m.jobs[j.ID] = &mjob{job: j}
 		m.inflight = append(m.inflight, j.ID)
 	}
-	for _, d := range e.Deferred {
+	for _, d := range e.Deferred.All() {
 		if int(d.Chunk) != m.naiveReady(d.Group) {
 			m.failf("%s: deferral %+v does not name the first chunk not ready (%d)", where, d, m.naiveReady(d.Group))
 		}

@@ -281,10 +281,7 @@ func (r *Request) decide(p Preparer, e *Effects) {
 		if best > rd { // something about chunk rd is known, but not all: a deferral
 			if d := (deferNote{int32(rd), reason}); d != gr.lastDefer {
 				gr.lastDefer = d
-				if e.Deferred == nil {
-					e.Deferred = make([]Deferral, 0, len(r.groups))
-				}
-				e.Deferred = append(e.Deferred, Deferral{Group: g, Chunk: rd, Reason: reason})
+				e.Deferred.add(Deferral{Group: g, Chunk: rd, Reason: reason})
 			}
 		}
 		for range gr.candidates(&r.lay.Groups[g], rd, tm.bpc) {

@@ -413,7 +413,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 	// Span events are built only for a recording span: with tracing off
 	// their attribute lists would be the cost.
 	recording := a.span.IsRecording()
-	for _, d := range eff.Deferred {
+	for _, d := range eff.Deferred.All() {
 		a.deps.Metrics.Deferral(d.Reason.String()).Inc()
 		if recording {
 			a.span.AddEvent(tracing.EventDeferred, trace.WithAttributes(
