@@ -140,7 +140,9 @@ func (a *Actor) submit(c actor.Context) {
 	a.start = time.Now()
 	if j.Span != nil {
 		a.span = j.Span
-		a.span.SetAttributes(tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes))
+		if a.span.IsRecording() { // the variadic attributes are a heap allocation
+			a.span.SetAttributes(tracing.AttrChunks.Int(len(j.Chunks)), tracing.AttrBytes.Int64(j.Bytes))
+		}
 	} else {
 		var ctx context.Context
 		ctx, a.span = a.deps.Tracer.Start(j.Ctx, tracing.SpanLoad, trace.WithAttributes(
