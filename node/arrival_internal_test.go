@@ -41,7 +41,7 @@ func (s *stuck) Receive(c actor.Context) {
 		if b.Batch.Seq == 1 {
 			<-s.release
 		}
-		b.Done()
+		b.Done.Signal()
 	}
 }
 

@@ -36,7 +36,11 @@ func (in *ingester) lend(engineID string, pid *actor.PID, size int64) *credit {
 	return c
 }
 
-// Return gives the batch's bytes back to the budget (engine.Batch.Done).
+// Signal is the engine actor's notice that it handled the batch
+// (engine.Batch.Done): the credit goes back.
+func (c *credit) Signal() { c.Return() }
+
+// Return gives the batch's bytes back to the budget.
 func (c *credit) Return() {
 	if !c.returned.CompareAndSwap(false, true) {
 		return

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -26,7 +27,7 @@ import (
 // keeps every batch unhandled until the test lets go.
 type holder struct {
 	mu   sync.Mutex
-	done []func()
+	done []actors.Signal
 	last uint64 // seq of the newest batch
 }
 
@@ -59,7 +60,7 @@ func (h *holder) handleAll(t *testing.T) {
 	h.mu.Unlock()
 	for _, d := range done {
 		require.NotNil(t, d, "a batch handed over without its credit")
-		d()
+		d.Signal()
 	}
 }
 

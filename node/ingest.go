@@ -469,10 +469,10 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 			"from_index", e.Index, "err", e.Err)
 	}
 	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
-	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: eventSlices.Put,
+	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: recycleEvents,
 		Session: x.session, Stamped: true}
 	if c := in.lend(engineID, pid, size); c != nil {
-		msg.Done, lent = c.Return, true
+		msg.Done, lent = c, true
 	}
 	n.system.Root.Send(pid, msg)
 	return lent
@@ -485,6 +485,10 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 // slice holds 64 events (most batches fit); a rare huge batch's (past 1,024)
 // is left to the collector.
 var eventSlices = slicepool.Pool[messages.Event]{New: 64, Keep: 1024}
+
+// recycleEvents is eventSlices.Put bound once: a method value built per
+// batch was a heap allocation per batch.
+var recycleEvents = eventSlices.Put
 
 // stop ends intake: the caller has unsubscribed (and drained), so nothing
 // more arrives. A step off a worker (a register's claim) is halted and

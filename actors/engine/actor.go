@@ -272,7 +272,7 @@ func (a *Actor) receive(c actor.Context) {
 			m.Recycle(clearEvents(m.Batch.Events))
 		}
 		if m.Done != nil {
-			m.Done()
+			m.Done.Signal()
 		}
 	case *Heartbeat:
 		a.heartbeat(c, m)
@@ -411,13 +411,10 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 	all, inPlace := groupEvents(m.Batch.Events, a.fwd, a.counts)
 	var held *heldEvents
-	var release func() // held.release, bound once
 	if handed = inPlace && len(all) > 0 && m.Recycle != nil; handed {
 		// The request actors get parts of the batch's own slice: the last
 		// to apply its part recycles it (this turn holds one share).
-		held = &heldEvents{events: m.Batch.Events, recycle: m.Recycle}
-		held.left.Store(1)
-		release = held.release
+		held = getHeldEvents(m.Batch.Events, m.Recycle)
 	}
 	var msgs []request.Events // one allocation for the step's messages, recycled with the events
 	if held != nil {
@@ -434,7 +431,7 @@ func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 		msgs[idx] = request.Events{Events: all[begin:end:end], Arrived: m.Arrived}
 		if held != nil {
 			held.left.Add(1)
-			msgs[idx].Applied = release
+			msgs[idx].Applied = held
 		}
 		c.Send(e.pid, &msgs[idx])
 		begin = end

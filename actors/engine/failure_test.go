@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -123,7 +124,7 @@ func TestAFailedEngineActorEndsItsEngineAsOnUnregister(t *testing.T) {
 	sendBatch(f.system, f.pid, 3, tokens("q", 4)) // the actor fails in this turn
 	var after atomic.Bool
 	f.system.Root.Send(f.pid, &engine.Batch{Batch: messages.EventBatch{Epoch: "a", Seq: 4,
-		Events: []messages.Event{added("late")}}, Done: func() { after.Store(true) }})
+		Events: []messages.Event{added("late")}}, Done: actors.SignalFunc(func() { after.Store(true) })})
 
 	rep := testkit.Recv(t, f.reports, 5*time.Second, "the failed actor's report to its node")
 	require.True(t, rep.self.Equal(f.pid), "the report names the failed actor")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"time"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -16,7 +17,7 @@ type Batch struct {
 	// Done, when set, is called once the actor has handled the batch: it
 	// returns the batch's share of the node's intake budget (the credit
 	// window between intake and this actor).
-	Done func()
+	Done actors.Signal
 	// Recycle, when set, takes the batch's event slice back for reuse once
 	// nothing holds it: at once when no request actor got a part of it,
 	// else after the last request actor has applied its part.

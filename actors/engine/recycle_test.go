@@ -13,6 +13,7 @@ import (
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/hostpool"
@@ -92,7 +93,7 @@ func (r *recycler) await(n int) {
 // handled it (Batch.Done).
 func (r *recycler) send(system *actor.ActorSystem, pid *actor.PID, seq uint64, evs ...messages.Event) <-chan struct{} {
 	handled := make(chan struct{})
-	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Recycle: r.recycle, Done: func() { close(handled) },
+	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Recycle: r.recycle, Done: actors.SignalFunc(func() { close(handled) }),
 		Batch: messages.EventBatch{Epoch: "a", Seq: seq, Events: evs}})
 	return handled
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -64,10 +65,10 @@ func (f finishing) hold(t *testing.T, seq uint64) (letGo func()) {
 	letGo = func() { once.Do(func() { close(gate) }) }
 	t.Cleanup(letGo) // a failed test leaves the engine free to stop
 	go f.system.Root.Send(f.pid, &engine.Batch{Ctx: context.Background(),
-		Batch: messages.EventBatch{Epoch: "a", Seq: seq}, Done: func() {
+		Batch: messages.EventBatch{Epoch: "a", Seq: seq}, Done: actors.SignalFunc(func() {
 			holding <- struct{}{}
 			<-gate
-		}})
+		})})
 	testkit.Recv(t, holding, 5*time.Second, "the engine held in a turn")
 	return letGo
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -39,7 +40,7 @@ func TestABatchForARetiringEngineIsRejected(t *testing.T) {
 
 	handled := make(chan struct{}, 1)
 	system.Root.Send(pid, &engine.Batch{Ctx: context.Background(), Batch: messages.EventBatch{Epoch: "a", Seq: 2,
-		Events: []messages.Event{tokens("r", 4)}}, Done: func() { handled <- struct{}{} }})
+		Events: []messages.Event{tokens("r", 4)}}, Done: actors.SignalFunc(func() { handled <- struct{}{} })})
 	testkit.Recv(t, handled, 5*time.Second, "the late batch handled")
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Events.Rejected.WithLabelValues(messages.RejectUnknownEngine)),
 		"kvactors_events_rejected_total{reason=unknown_engine}")

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"slices"
+	"sync"
 	"sync/atomic"
 
 	"github.com/kvactors/kvactors/actors/request"
@@ -52,10 +53,28 @@ type heldEvents struct {
 	recycle func([]messages.Event)
 }
 
+// heldPool recycles heldEvents: one a batch, and the last share's release
+// is the end of its use (every holder signals once, then drops it).
+var heldPool = sync.Pool{New: func() any { return new(heldEvents) }}
+
+// getHeldEvents returns a heldEvents for events holding one share, the
+// caller's.
+func getHeldEvents(events []messages.Event, recycle func([]messages.Event)) *heldEvents {
+	h := heldPool.Get().(*heldEvents)
+	h.events, h.recycle = events, recycle
+	h.left.Store(1)
+	return h
+}
+
+// Signal is a request actor's release of its share (request.Events.Applied).
+func (h *heldEvents) Signal() { h.release() }
+
 func (h *heldEvents) release() {
 	if h.left.Add(-1) == 0 {
 		h.recycle(clearEvents(h.events))
 		putEventMsgs(h.msgs)
+		h.events, h.msgs, h.recycle = nil, nil, nil // nothing kept alive through the pool
+		heldPool.Put(h)
 	}
 }
 

@@ -213,7 +213,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *Events:
 		a.apply(c, m)
 		if m.Applied != nil {
-			m.Applied()
+			m.Applied.Signal()
 		}
 	case *transfer.JobDone:
 		a.jobDone(c, m)

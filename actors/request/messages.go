@@ -5,6 +5,7 @@ import (
 
 	"github.com/asynkron/protoactor-go/actor"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -15,7 +16,7 @@ type Events struct {
 	Arrived time.Time
 	// Applied, when set, is called once the actor is done with Events
 	// (applied or ignored): the engine reuses the batch's slice after that.
-	Applied func()
+	Applied actors.Signal
 }
 
 // RetryDue is the retry timer firing, or a copy the retry waited for

@@ -283,7 +283,7 @@ func TestEventsAfterTheReleaseAreRejectedReleased(t *testing.T) {
 	rig.system.Root.Send(pid, &request.Events{Events: []messages.Event{
 		{Type: messages.EvTokens, Request: "r", Computed: 8, Total: 8},
 		{Type: messages.EvHashes, Request: "r", Hashes: []messages.Hash{"h0"}}},
-		Applied: func() { applied <- struct{}{} }})
+		Applied: actors.SignalFunc(func() { applied <- struct{}{} })})
 	testkit.Recv(t, applied, 5*time.Second, "the late events handled")
 	rejected := deps.Metrics.Rejected.WithLabelValues(messages.RejectReleased)
 	require.Equal(t, 2.0, testutil.ToFloat64(rejected), "kvactors_events_rejected_total{reason=released}")
