@@ -262,9 +262,13 @@ func lastPerOwner(more []bool, done []*copyDone) []bool {
 // worker runs copies until the queue closes.
 func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 	defer a.workers.Done()
+	lc := a.newLiveCheck()
 	for job := a.q.next(); job != nil; job = a.q.next() {
-		dur, err := a.run(job)
-		first, due := a.q.done(&copyDone{job: job, err: err, dur: dur})
+		dur, err := a.run(job, lc)
+		lc.job = nil // the check holds no job past its copy
+		d := &job.finished
+		*d = copyDone{job: job, err: err, dur: dur}
+		first, due := a.q.done(d)
 		if first {
 			root.Send(self, &completed{})
 		}
@@ -283,7 +287,7 @@ func (a *Actor) worker(root *actor.RootContext, self *actor.PID) {
 // the process from a worker: it is recovered, logged with its stack and
 // counted, its pool side aborted, and it fails with ErrCopyPanicked, so its
 // owner retries it after a backoff as any failed copy.
-func (a *Actor) copy(job *Submit) (err error) {
+func (a *Actor) copy(job *Submit, lc *liveCheck) (err error) {
 	if f := a.deps.Fence; f != nil {
 		if err := f.Enter(job.Session); err != nil {
 			a.q.abort(job) // recovered: on a worker, a panic would end the process
@@ -302,7 +306,7 @@ func (a *Actor) copy(job *Submit) (err error) {
 			err = a.copyPanicked(job, r)
 		}
 	}()
-	return job.Store.Copy(job.Dir, job.Chunks, a.live(job))
+	return job.Store.Copy(job.Dir, job.Chunks, lc.of(job))
 }
 
 // copyPanicked reports a recovered panic r of job's Store.Copy and aborts
@@ -329,7 +333,7 @@ func (a *Actor) copyPanicked(job *Submit, r any) error {
 
 // run is the one point where a copy starts: the store plans it, copies,
 // checksums and completes the pool.
-func (a *Actor) run(job *Submit) (time.Duration, error) {
+func (a *Actor) run(job *Submit, lc *liveCheck) (time.Duration, error) {
 	taken := time.Now()
 	if !job.Arrived.IsZero() {
 		a.deps.Metrics.DecisionTime.Observe(taken.Sub(job.Arrived).Seconds())
@@ -345,8 +349,11 @@ func (a *Actor) run(job *Submit) (time.Duration, error) {
 		span.SetAttributes(tracing.AttrEngine.String(job.Engine), tracing.AttrDirection.String(job.Dir.String()),
 			tracing.AttrBytes.Int64(job.Bytes), tracing.AttrChunks.Int(len(job.Chunks)))
 	}
-	start := time.Now()
-	err := a.copy(job)
+	start := taken
+	if job.Span.IsValid() { // past the span's start, the copy's own
+		start = time.Now()
+	}
+	err := a.copy(job, lc)
 	dur := time.Since(start)
 	if err != nil {
 		span.RecordError(err)

@@ -95,25 +95,41 @@ func (a *Actor) now() time.Time {
 	return time.Now()
 }
 
-// live is job's check for Store.Copy before each device call after its
-// first: the fence (no device call starts once no NATS round trip has
-// completed for lease/2: a job of many tiles, or a load reading chunks
-// back from disk, must not go on past it) and heardRecently, the rule the
-// copy started under. Nil when there is nothing to check, so that a copy
-// without either allocates no closure.
-func (a *Actor) live(job *Submit) func() error {
-	fence := a.deps.Fence
-	hearing := job.Hearing != nil && a.deps.Config.EngineSilence > 0
-	if fence == nil && !hearing {
+// liveCheck is a worker's check for Store.Copy before each device call
+// after a copy's first: the fence (no device call starts once no NATS round
+// trip has completed for lease/2: a job of many tiles, or a load reading
+// chunks back from disk, must not go on past it) and heardRecently, the
+// rule the copy started under. A worker runs one copy at a time, so one
+// check, bound once, serves every copy it runs: a closure per job was a
+// heap allocation per copy.
+type liveCheck struct {
+	a     *Actor
+	job   *Submit // the copy the worker runs now
+	check func() error
+}
+
+func (a *Actor) newLiveCheck() *liveCheck {
+	lc := &liveCheck{a: a}
+	lc.check = lc.run
+	return lc
+}
+
+// of is the check for job, which the worker is about to copy; nil when
+// there is nothing to check.
+func (lc *liveCheck) of(job *Submit) func() error {
+	lc.job = job
+	if lc.a.deps.Fence == nil && (job.Hearing == nil || lc.a.deps.Config.EngineSilence <= 0) {
 		return nil
 	}
-	return func() error {
-		if fence != nil && fence.Fenced() {
-			return ErrFencedMidCopy
-		}
-		if hearing {
-			return a.heardRecently(job)
-		}
-		return nil
+	return lc.check
+}
+
+func (lc *liveCheck) run() error {
+	if f := lc.a.deps.Fence; f != nil && f.Fenced() {
+		return ErrFencedMidCopy
 	}
+	if lc.job.Hearing != nil && lc.a.deps.Config.EngineSilence > 0 {
+		return lc.a.heardRecently(lc.job)
+	}
+	return nil
 }

@@ -56,6 +56,10 @@ type Submit struct {
 	HearingGen uint64
 	queued     time.Time // when it was queued (Queue.Submit; queue wait)
 	passed     int       // a store: the loads queued ahead of it since (loadsPastAStore)
+	// finished is the copy's completion, filled by the worker that ran it:
+	// a Submit is copied once, so its completion (and the owner's JobDone
+	// in it) costs no allocation of its own.
+	finished copyDone
 }
 
 // Cancel removes the owner's queued (not started) jobs; each gets a JobDone
@@ -107,7 +111,8 @@ type JobDone struct {
 type completed struct{}
 
 // copyDone is one finished copy, from a worker to the transfer actor; done
-// is its owner's JobDone, carried here so a copy costs one allocation.
+// is its owner's JobDone, carried here so a copy costs no allocation for
+// it (it lives in its Submit: Submit.finished).
 type copyDone struct {
 	job  *Submit
 	err  error
