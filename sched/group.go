@@ -43,6 +43,16 @@ type groupRetry struct {
 	// built by a decision the pool had no room for: while it has none,
 	// every event retries the same chunks, and their keys are built once.
 	keys []messages.Key
+	// redoBuf is redo's first backing: a decision that meets a prefill
+	// step's keys pending in another copy holds up to a step's chunks, and
+	// a list of their own was an allocation per group per such decision.
+	redoBuf [8]messages.ChunkIndex
+}
+
+func newGroupRetry() *groupRetry {
+	r := &groupRetry{}
+	r.redo = r.redoBuf[:0]
+	return r
 }
 
 func (g *group) redo() []messages.ChunkIndex {
@@ -131,7 +141,7 @@ func (g *group) chunkBlocks(c messages.ChunkIndex, bpc int, dst []messages.Block
 
 func (g *group) addRedo(c messages.ChunkIndex) {
 	if g.retry == nil {
-		g.retry = &groupRetry{}
+		g.retry = newGroupRetry()
 	}
 	if !slices.Contains(g.retry.redo, c) {
 		g.retry.redo = append(g.retry.redo, c)
@@ -143,7 +153,7 @@ func (g *group) addRedo(c messages.ChunkIndex) {
 // them all, and growing per chunk cost an allocation per doubling.
 func (g *group) addRedos(cs []messages.ChunkIndex) {
 	if g.retry == nil {
-		g.retry = &groupRetry{}
+		g.retry = newGroupRetry()
 	}
 	g.retry.redo = slices.Grow(g.retry.redo, len(cs))
 	for _, c := range cs {
@@ -159,7 +169,7 @@ func (g *group) cacheKeys(keys []messages.Key) {
 		return
 	}
 	if g.retry == nil {
-		g.retry = &groupRetry{}
+		g.retry = newGroupRetry()
 	}
 	g.retry.keys = append(g.retry.keys, keys...)
 }

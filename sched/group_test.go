@@ -7,6 +7,8 @@ import (
 	"testing"
 	"testing/quick"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -158,4 +160,23 @@ func TestGroupAddRedosIsAddRedoInTurn(t *testing.T) {
 			t.Fatalf("held %v, added %v: addRedo in turn gives %v, addRedos %v", before, cs, one.redo(), all.redo())
 		}
 	}
+}
+
+// A group's first redo list of up to a prefill step's chunks lives in its
+// groupRetry: holding them costs that one allocation, not a list as well;
+// the list is the same either way (above), and one past the buffer grows.
+func TestAGroupsFirstRedosLiveInItsRetry(t *testing.T) {
+	cs := []messages.ChunkIndex{3, 4, 5, 6, 7, 8, 9, 10}
+	allocs := testing.AllocsPerRun(100, func() {
+		g := &group{}
+		g.addRedos(cs)
+		if len(g.redo()) != len(cs) {
+			t.Fatal("a redo lost")
+		}
+	})
+	require.Equal(t, 1.0, allocs, "the groupRetry alone")
+	g := &group{}
+	g.addRedos(cs)
+	g.addRedos([]messages.ChunkIndex{11})
+	require.Equal(t, append(slices.Clone(cs), 11), g.redo(), "past the buffer the list grows")
 }
