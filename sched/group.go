@@ -134,9 +134,14 @@ func (g *group) storable(gl *GroupLayout, c messages.ChunkIndex, bpc int) bool {
 	return !slices.Contains(ids, 0)
 }
 
-// chunkBlocks appends chunk c's block ids (nulls included) to dst.
-func (g *group) chunkBlocks(c messages.ChunkIndex, bpc int, dst []messages.BlockID) []messages.BlockID {
-	return append(dst, g.blocks[int(c)*bpc:(int(c)+1)*bpc]...)
+// chunkIDs is chunk c's block ids (nulls included), aliasing the group's
+// own: a store job reads them while its copy runs, and nothing writes them
+// after. An id once known is never changed (applyBlocks refuses a
+// conflict and only appends past the end, which the slice's capacity
+// excludes), and clearBlocks moves the group to a fresh array.
+func (g *group) chunkIDs(c messages.ChunkIndex, bpc int) []messages.BlockID {
+	lo, hi := int(c)*bpc, (int(c)+1)*bpc
+	return g.blocks[lo:hi:hi]
 }
 
 func (g *group) addRedo(c messages.ChunkIndex) {

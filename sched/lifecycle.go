@@ -69,9 +69,12 @@ func (r *Request) becomeFinishing(ev *messages.Event) {
 	r.poolFails, r.copyFails, r.pendFails = 0, 0, 0
 }
 
+// clearBlocks forgets every block id. The ids go to a fresh array from
+// here on, never over the old one: a store job's chunks alias the ids they
+// were built from (buildJob), and a copy may still be reading them.
 func (r *Request) clearBlocks() {
 	for i := range r.groups {
-		r.groups[i].blocks = r.groups[i].blocks[:0]
+		r.groups[i].blocks = nil
 	}
 }
 

@@ -470,17 +470,13 @@ func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep *hostpoo
 	r.nextJob++
 	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
 	bpc := r.lay.BlocksPerChunk
-	blocks := make([]messages.BlockID, 0, len(prep.Keys)*bpc) // one backing for every chunk's ids
-	next := 0                                                 // prep.Keys is an ordered subsequence of keys
+	next := 0 // prep.Keys is an ordered subsequence of keys
 	for i, c := range cands {
 		if next >= len(prep.Keys) || prep.Keys[next] != keys[i] {
 			continue
 		}
-		gr := &r.groups[c.group]
-		n := len(blocks)
-		blocks = gr.chunkBlocks(c.chunk, bpc, blocks)
 		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
-			Blocks: blocks[n:len(blocks):len(blocks)], Room: roomOf(prep, next), Slot: slotOf(prep, next)})
+			Blocks: r.groups[c.group].chunkIDs(c.chunk, bpc), Room: roomOf(prep, next), Slot: slotOf(prep, next)})
 		next++
 	}
 	return job
