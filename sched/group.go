@@ -194,8 +194,9 @@ func (g *group) decided(rd messages.ChunkIndex) {
 }
 
 // applyBlocks appends ids at start: the overlap must agree, a start past the
-// known length is a hole. It validates before mutating.
-func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks int) error {
+// known length is a hole. It validates before mutating. presize is the
+// capacity its first append reserves (Request.promptUnits).
+func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks, presize int) error {
 	n := len(g.blocks)
 	if start > n {
 		return ErrHole
@@ -209,6 +210,9 @@ func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks int) er
 		}
 	}
 	if end := start + len(ids); end > n {
+		if g.blocks == nil { // the first ids, or the first since clearBlocks
+			g.blocks = make([]messages.BlockID, 0, max(end, presize))
+		}
 		g.blocks = append(g.blocks, ids[n-start:]...)
 	}
 	return nil

@@ -88,3 +88,34 @@ func BenchmarkLiveRequestMemory(b *testing.B) {
 		})
 	}
 }
+
+// A request's hashes and each group's block ids get room for the prompt
+// with their first append: a prefill in four steps allocates one list each,
+// not one per doubling. A prompt past the layout's bounds reserves no more
+// than the bounds (and presizeMost).
+func TestAPrefillAllocatesEachListOnce(t *testing.T) {
+	lay := layout(t, 4, 1, full(4), full(4)) // 64 tokens: 16 hashes, 16 blocks a group
+	add := added(64)
+	steps := make([][]*messages.Event, 4)
+	for s := range steps {
+		steps[s] = []*messages.Event{hashes(4*s, 4), blocks(0, 4*s, 1, 2, 3, 4), blocks(1, 4*s, 5, 6, 7, 8)}
+	}
+	bare := testing.AllocsPerRun(50, func() { NewRequest(lay, add) })
+	prefilled := testing.AllocsPerRun(50, func() {
+		r := NewRequest(lay, add)
+		for _, evs := range steps {
+			for _, ev := range evs {
+				if err := r.Step(ev); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+	})
+	require.Equal(t, 3.0, prefilled-bare, "hashes and two groups' ids: one allocation each")
+
+	r := NewRequest(lay, added(1<<40))
+	require.NoError(t, r.Step(hashes(0, 1)))
+	require.NoError(t, r.Step(blocks(0, 0, 1)))
+	require.LessOrEqual(t, cap(r.hashes), min(lay.MaxHashes, presizeMost))
+	require.LessOrEqual(t, cap(r.groups[0].blocks), min(lay.Groups[0].MaxBlocks, presizeMost))
+}

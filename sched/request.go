@@ -146,10 +146,12 @@ func (r *Request) Step(ev *messages.Event) error {
 		if ev.Start < 0 {
 			return ErrNegative
 		}
-		if most := r.lay.Groups[ev.Group].MaxBlocks; len(ev.IDs) > most-ev.Start {
+		most := r.lay.Groups[ev.Group].MaxBlocks
+		if len(ev.IDs) > most-ev.Start {
 			return fmt.Errorf("%w: group %d: %d block ids from %d, at most %d in all", ErrTooLarge, ev.Group, len(ev.IDs), ev.Start, most)
 		}
-		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks)
+		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks,
+			r.promptUnits(r.lay.Groups[ev.Group].TokensPerBlock, most))
 	case messages.EvTokens:
 		if r.phase != Finishing { // the finished event's T is final
 			r.computed, r.total = ev.Computed, ev.Total
@@ -185,9 +187,28 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 		}
 	}
 	if end := start + len(hs); end > n {
+		if r.hashes == nil { // the first hashes: room for the prompt's
+			r.hashes = make([]messages.Hash, 0, max(end, r.promptUnits(r.lay.TokensPerHash, r.lay.MaxHashes)))
+		}
 		r.hashes = append(r.hashes, hs[n-start:]...)
 	}
 	return nil
+}
+
+// presizeMost bounds what presized reserves ahead (a 64k-token prompt's
+// ids at 16 tokens a block): past it a list grows as it fills.
+const presizeMost = 4096
+
+// promptUnits is how many units of per tokens the prompt spans (blocks of
+// a group, hashes), at most most and presizeMost: what a request's lists
+// reach once its prompt is prefilled. Their first append reserves that
+// much: a prefill's steps each append a few, and growing by doubling cost
+// a request two or three allocations per list.
+func (r *Request) promptUnits(per, most int) int {
+	if per <= 0 || r.prompt <= 0 {
+		return 0
+	}
+	return min((r.prompt+per-1)/per, most, presizeMost)
 }
 
 // readyTerms returns the request-level terms of its groups' ready prefixes.
