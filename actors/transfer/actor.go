@@ -74,7 +74,8 @@ type Actor struct {
 	loop    *actors.LoopDispatcher // runs this actor's mailbox; closed when it stops
 	q       *Queue
 	workers sync.WaitGroup
-	more    []bool // finish's scratch (lastPerOwner)
+	more    []bool                  // finish's scratch (lastPerOwner)
+	seen    map[*actor.PID]struct{} // lastPerOwner's, for a batch past 8
 	// panicLogged is when copyPanicked last logged (UnixNano).
 	panicLogged atomic.Int64
 	// byDir are each direction's series, looked up once: a label lookup
@@ -131,7 +132,9 @@ func (a *Actor) Receive(c actor.Context) {
 		// Its JobDones are sent as for Cancel, though its owner is gone.
 		a.q.drain(m.Owner, then, func(jobs []*Submit) { a.cancelled(c, jobs) })
 	case *completed:
-		a.finish(c, a.q.take())
+		done := a.q.take()
+		a.finish(c, done)
+		a.q.giveBack(done)
 	default:
 		if a.deps.Unexpected != nil {
 			a.deps.Unexpected.Inc()
@@ -196,7 +199,13 @@ func (a *Actor) start(c actor.Context) {
 // guardian (resumeOnFailure), or their owners would never learn their jobs
 // ended.
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
-	a.more = lastPerOwner(a.more[:0], done)
+	if len(done) > 8 && a.seen == nil {
+		a.seen = make(map[*actor.PID]struct{}, len(done))
+	}
+	a.more = lastPerOwner(a.more[:0], done, a.seen)
+	if len(done) > spareMost {
+		a.seen = nil // a rare huge batch's set is not kept
+	}
 	more := a.more
 	sent := 0 // the JobDones gone out (or going: a Send that panics is not retried)
 	defer func() {
@@ -236,8 +245,9 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 
 // lastPerOwner marks each completion that its owner has another one after.
 // Owners are compared by pointer (an actor's Self): two pointers to one
-// owner only cost that owner an extra decision.
-func lastPerOwner(more []bool, done []*copyDone) []bool {
+// owner only cost that owner an extra decision. seen is scratch for a batch
+// past 8 (nil: one is made), left empty.
+func lastPerOwner(more []bool, done []*copyDone, seen map[*actor.PID]struct{}) []bool {
 	more = append(more[:0], make([]bool, len(done))...)
 	if len(done) <= 8 {
 		for i, d := range done {
@@ -250,12 +260,15 @@ func lastPerOwner(more []bool, done []*copyDone) []bool {
 		}
 		return more
 	}
-	seen := make(map[*actor.PID]struct{}, len(done))
+	if seen == nil {
+		seen = make(map[*actor.PID]struct{}, len(done))
+	}
 	for i := len(done) - 1; i >= 0; i-- {
 		o := done[i].job.Owner
 		_, more[i] = seen[o]
 		seen[o] = struct{}{}
 	}
+	clear(seen)
 	return more
 }
 

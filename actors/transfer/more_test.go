@@ -11,15 +11,20 @@ import (
 // (JobDone.More): an owner whose last completion carried More would never
 // take the decision its completions call for, so this is checked on both
 // paths (a scan up to 8 completions, a map past that) against a plain
-// reference, with owners interleaved.
+// reference, with owners interleaved. One scratch set serves every batch
+// (the actor keeps one), and is left empty.
 func TestLastPerOwnerMarksAllButEachOwnersLast(t *testing.T) {
+	seen := map[*actor.PID]struct{}{}
 	owners := []*actor.PID{actor.NewPID("l", "a"), actor.NewPID("l", "b"), actor.NewPID("l", "c")}
 	for _, n := range []int{1, 2, 5, 8, 9, 13, 40} {
 		var done []*copyDone
 		for i := range n {
 			done = append(done, &copyDone{job: &Submit{Owner: owners[(i*7+i/3)%len(owners)]}})
 		}
-		got := lastPerOwner(nil, done)
+		got := lastPerOwner(nil, done, seen)
+		if len(seen) != 0 {
+			t.Fatalf("%d completions: the scratch set keeps %d owners", n, len(seen))
+		}
 		for i, d := range done {
 			want := false
 			for _, e := range done[i+1:] {

@@ -31,8 +31,10 @@ type Queue struct {
 	inflight int64 // bytes of running jobs
 	maxBytes int64
 	closed   bool
-	// finished copies the actor has not taken yet (take)
+	// finished copies the actor has not taken yet (take); spare is the
+	// list the actor gave back (giveBack), the next one's backing
 	finished []*copyDone
+	spare    []*copyDone
 	idle     int // workers waiting in next
 	// runs are the jobs copying (a worker took them, done not called yet):
 	// as many as the workers, so a scan is cheap (Drain).
@@ -416,9 +418,30 @@ func (q *Queue) take() []*copyDone {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	out := q.finished
-	q.finished = nil
+	q.finished, q.spare = q.spare, nil
 	return out
 }
+
+// giveBack returns a list take handed out, handled: its backing takes the
+// next completions, so a batch of them does not grow a new list. A list
+// past spareMost is left to the collector.
+func (q *Queue) giveBack(done []*copyDone) {
+	if cap(done) == 0 || cap(done) > spareMost {
+		return
+	}
+	clear(done) // no Submit kept alive through it
+	q.mu.Lock()
+	switch {
+	case q.finished == nil: // nothing finished since take: the next batch's list
+		q.finished = done[:0]
+	case q.spare == nil:
+		q.spare = done[:0]
+	}
+	q.mu.Unlock()
+}
+
+// spareMost bounds the completion lists and owner sets kept for reuse.
+const spareMost = 4096
 
 // close wakes every worker to exit; queued jobs are left (the node is
 // stopping; the actor answers the loads among them: answerLoads).

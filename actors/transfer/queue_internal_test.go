@@ -114,3 +114,23 @@ func TestCancellingTheHeadWakesAWorkerForTheJobBehind(t *testing.T) {
 	require.Equal(t, []*Submit{big}, q.cancel(x, []sched.JobID{2}))
 	require.Same(t, small, testkit.Recv(t, started, 2*time.Second, "the job behind the cancelled head starting"))
 }
+
+// The completion list the actor gives back takes the next completions (no
+// new list per batch), emptied of what it held; one taken again before
+// that is a fresh list, and a huge one is not kept.
+func TestACompletionListGivenBackIsReused(t *testing.T) {
+	q := NewQueue(Config{Workers: 1}, nil)
+	a, b := &Submit{}, &Submit{}
+	q.finished = append(q.finished, &a.finished, &b.finished)
+	done := q.take()
+	require.Len(t, done, 2)
+	q.giveBack(done)
+	require.Nil(t, done[0], "nothing kept alive through the list")
+	q.finished = append(q.finished, &a.finished)
+	again := q.take()
+	require.Equal(t, []*copyDone{&a.finished}, again)
+	require.Same(t, &done[:1][0], &again[0], "the list given back took the completion")
+
+	q.giveBack(make([]*copyDone, 0, spareMost+1))
+	require.Nil(t, q.spare, "a list past spareMost is left to the collector")
+}
