@@ -112,9 +112,11 @@ type scratch struct {
 	interned [internSlots]string
 }
 
-// internSlots is the size of the cross-batch intern cache: a few batches'
-// worth of live requests per worker, 4 KiB of string headers.
-const internSlots = 256
+// internSlots is the size of the cross-batch intern cache, 64 KiB of
+// string headers. With 256 slots, an engine's requests in flight across
+// a prefill (hundreds to thousands at a time) pushed one another out, and
+// most ids were allocated again in a later batch.
+const internSlots = 4096
 
 var internSeed = maphash.MakeSeed()
 
