@@ -43,16 +43,10 @@ type groupRetry struct {
 	// built by a decision the pool had no room for: while it has none,
 	// every event retries the same chunks, and their keys are built once.
 	keys []messages.Key
-	// redoBuf is redo's first backing: a decision that meets a prefill
-	// step's keys pending in another copy holds up to a step's chunks, and
-	// a list of their own was an allocation per group per such decision.
+	// redoBuf is redo's first backing (retryState): a decision that meets
+	// a prefill step's keys pending in another copy holds up to a step's
+	// chunks, and a list of their own cost allocations as it grew.
 	redoBuf [8]messages.ChunkIndex
-}
-
-func newGroupRetry() *groupRetry {
-	r := &groupRetry{}
-	r.redo = r.redoBuf[:0]
-	return r
 }
 
 func (g *group) redo() []messages.ChunkIndex {
@@ -144,28 +138,21 @@ func (g *group) chunkIDs(c messages.ChunkIndex, bpc int) []messages.BlockID {
 	return g.blocks[lo:hi:hi]
 }
 
+// addRedo holds chunk c for the next decision that finds it ready (once).
 func (g *group) addRedo(c messages.ChunkIndex) {
-	if g.retry == nil {
-		g.retry = newGroupRetry()
-	}
-	if !slices.Contains(g.retry.redo, c) {
-		g.retry.redo = append(g.retry.redo, c)
+	r := g.retryState()
+	if !slices.Contains(r.redo, c) {
+		r.redo = append(r.redo, c)
 	}
 }
 
-// addRedos is addRedo for each of cs in turn, with the list grown once: a
-// decision that meets a prefill step's keys pending in another copy holds
-// them all, and growing per chunk cost an allocation per doubling.
-func (g *group) addRedos(cs []messages.ChunkIndex) {
+// retryState is the group's groupRetry, made on first need.
+func (g *group) retryState() *groupRetry {
 	if g.retry == nil {
-		g.retry = newGroupRetry()
+		g.retry = &groupRetry{}
+		g.retry.redo = g.retry.redoBuf[:0]
 	}
-	g.retry.redo = slices.Grow(g.retry.redo, len(cs))
-	for _, c := range cs {
-		if !slices.Contains(g.retry.redo, c) {
-			g.retry.redo = append(g.retry.redo, c)
-		}
-	}
+	return g.retry
 }
 
 // cacheKeys extends the key cache with the keys of the chunks after it.
@@ -173,10 +160,8 @@ func (g *group) cacheKeys(keys []messages.Key) {
 	if len(keys) == 0 {
 		return
 	}
-	if g.retry == nil {
-		g.retry = newGroupRetry()
-	}
-	g.retry.keys = append(g.retry.keys, keys...)
+	r := g.retryState()
+	r.keys = append(r.keys, keys...)
 }
 
 // decided follows a decision that moved the cursor to it: redo chunks below

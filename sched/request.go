@@ -373,23 +373,12 @@ func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key, e
 		r.pendFails = 0
 		return
 	}
-	// Each group's pending chunks go to its redo list together (cands are
-	// group-major), in the order addRedo one by one would give.
-	var buf [16]messages.ChunkIndex // a prefill step's chunks of a group, on the stack
-	run, g, next := buf[:0], 0, 0
+	next := 0
 	for i, c := range cands {
 		if next < len(pending) && pending[next] == keys[i] {
-			if c.group != g && len(run) > 0 {
-				r.groups[g].addRedos(run)
-				run = run[:0]
-			}
-			g = c.group
-			run = append(run, c.chunk)
+			r.groups[c.group].addRedo(c.chunk)
 			next++
 		}
-	}
-	if len(run) > 0 {
-		r.groups[g].addRedos(run)
 	}
 	r.failAttempt(RetryPending, e)
 	if e.Retry != nil { // not given up
