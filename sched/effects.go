@@ -64,14 +64,6 @@ func (d Deferrals) All() []Deferral {
 	return d.inline[:d.n]
 }
 
-// Len is how many there are.
-func (d Deferrals) Len() int {
-	if d.more != nil {
-		return len(d.more)
-	}
-	return d.n
-}
-
 // RetryReason says why a store is retried.
 type RetryReason uint8
 

@@ -351,6 +351,6 @@ func nilIfEmpty[T any](s []T) []T {
 // noWork reports whether effects ask the caller for nothing (a dedup count
 // alone is no work).
 func noWork(e *Effects) bool {
-	return len(e.Cancel) == 0 && e.Job == nil && e.Evicted == 0 && e.Deferred.Len() == 0 &&
+	return len(e.Cancel) == 0 && e.Job == nil && e.Evicted == 0 && len(e.Deferred.All()) == 0 &&
 		e.Retry == nil && len(e.Releases) == 0 && e.GivenUp == 0 && !e.Done
 }
