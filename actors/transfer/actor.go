@@ -75,7 +75,7 @@ type Actor struct {
 	q       *Queue
 	workers sync.WaitGroup
 	more    []bool                  // finish's scratch (lastPerOwner)
-	seen    map[*actor.PID]struct{} // lastPerOwner's, for a batch past 8
+	seen    map[*actor.PID]struct{} // lastPerOwner's (nil: made on first need)
 	// panicLogged is when copyPanicked last logged (UnixNano).
 	panicLogged atomic.Int64
 	// byDir are each direction's series, looked up once: a label lookup
@@ -199,8 +199,8 @@ func (a *Actor) start(c actor.Context) {
 // guardian (resumeOnFailure), or their owners would never learn their jobs
 // ended.
 func (a *Actor) finish(c actor.Context, done []*copyDone) {
-	if len(done) > 8 && a.seen == nil {
-		a.seen = make(map[*actor.PID]struct{}, len(done))
+	if a.seen == nil {
+		a.seen = map[*actor.PID]struct{}{}
 	}
 	a.more = lastPerOwner(a.more[:0], done, a.seen)
 	if len(done) > spareMost {
@@ -246,7 +246,7 @@ func (a *Actor) finish(c actor.Context, done []*copyDone) {
 // lastPerOwner marks each completion that its owner has another one after.
 // Owners are compared by pointer (an actor's Self): two pointers to one
 // owner only cost that owner an extra decision. seen is scratch for a batch
-// past 8 (nil: one is made), left empty.
+// past 8, left empty.
 func lastPerOwner(more []bool, done []*copyDone, seen map[*actor.PID]struct{}) []bool {
 	more = append(more[:0], make([]bool, len(done))...)
 	if len(done) <= 8 {
@@ -259,9 +259,6 @@ func lastPerOwner(more []bool, done []*copyDone, seen map[*actor.PID]struct{}) [
 			}
 		}
 		return more
-	}
-	if seen == nil {
-		seen = make(map[*actor.PID]struct{}, len(done))
 	}
 	for i := len(done) - 1; i >= 0; i-- {
 		o := done[i].job.Owner

@@ -128,8 +128,5 @@ func (lc *liveCheck) run() error {
 	if f := lc.a.deps.Fence; f != nil && f.Fenced() {
 		return ErrFencedMidCopy
 	}
-	if lc.job.Hearing != nil && lc.a.deps.Config.EngineSilence > 0 {
-		return lc.a.heardRecently(lc.job)
-	}
-	return nil
+	return lc.a.heardRecently(lc.job)
 }

@@ -57,8 +57,8 @@ type Submit struct {
 	queued     time.Time // when it was queued (Queue.Submit; queue wait)
 	passed     int       // a store: the loads queued ahead of it since (loadsPastAStore)
 	// finished is the copy's completion, filled by the worker that ran it:
-	// a Submit is copied once, so its completion (and the owner's JobDone
-	// in it) costs no allocation of its own.
+	// a Submit is submitted and run once, so its completion (and the
+	// owner's JobDone in it) costs no allocation of its own.
 	finished copyDone
 }
 
