@@ -37,11 +37,8 @@ func (in *ingester) lend(engineID string, pid *actor.PID, size int64) *credit {
 }
 
 // Signal is the engine actor's notice that it handled the batch
-// (engine.Batch.Done): the credit goes back.
-func (c *credit) Signal() { c.Return() }
-
-// Return gives the batch's bytes back to the budget.
-func (c *credit) Return() {
+// (engine.Batch.Done): the batch's bytes go back to the budget, once.
+func (c *credit) Signal() {
 	if !c.returned.CompareAndSwap(false, true) {
 		return
 	}
