@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"encoding/json"
 	"log/slog"
 	"testing"
@@ -25,18 +24,11 @@ import (
 // applied in order, are what the lookups find.
 func TestARestartDropsADiskRecordOfAnotherSizeUnannounced(t *testing.T) {
 	t.Parallel()
-	diskDir := t.TempDir()
-	withDisk := func(c *Config) { c.DiskDir, c.DiskBytes = diskDir, 1<<20 }
 	const fits, misfit = "6161616130303030", "6262626230303030"
+	// Chunks of one 1 KiB block; a record of each size.
+	withDisk := diskOfAnEarlierBoot(t, spilled{fits, 1024}, spilled{misfit, 2048})
 
-	// Boot 1: chunks of one 1 KiB block; a record of each size.
-	n, nc, dir := startInternal(t, withDisk)
-	registerOneEngine(t, nc, dir, "e1")
-	spillSized(t, n, fits, 1024)
-	spillSized(t, n, misfit, 2048)
-	require.NoError(t, n.Close(context.Background()))
-
-	// Boot 2 on the same directory: a router follows e1's kv_events.
+	// The next boot on that disk: a router follows e1's kv_events.
 	watch := logWatch{msg: "disk: records of another size than their group's chunks dropped (a load would refuse them)",
 		seen: make(chan string, 4)}
 	n2, nc2, dir2 := startInternal(t, func(c *Config) { withDisk(c); c.Log = slog.New(watch) })

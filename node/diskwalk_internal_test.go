@@ -1,7 +1,6 @@
 package node
 
 import (
-	"context"
 	"sync"
 	"testing"
 	"time"
@@ -17,16 +16,9 @@ import (
 // register is answered only once the walk has ended.
 func TestANamespacesDiskWalkDoesNotHoldTheNodeLock(t *testing.T) {
 	t.Parallel()
-	diskDir := t.TempDir()
-	withDisk := func(c *Config) { c.DiskDir, c.DiskBytes = diskDir, 1<<20 }
+	withDisk := diskOfAnEarlierBoot(t, spilled{"6161616130303030", 1024}) // one chunk of e1's namespace
 
-	// Boot 1: one chunk of e1's namespace on disk.
-	n, nc, dir := startInternal(t, withDisk)
-	registerOneEngine(t, nc, dir, "e1")
-	spillSized(t, n, "6161616130303030", 1024)
-	require.NoError(t, n.Close(context.Background()))
-
-	// Boot 2 on the same directory: e2 first, then e1, whose register walks.
+	// The next boot on that disk: e2 first, then e1, whose register walks.
 	n2, nc2, dir2 := startInternal(t, withDisk)
 	registerOneEngine(t, nc2, dir2, "e2")
 	entered, release := make(chan struct{}), make(chan struct{})

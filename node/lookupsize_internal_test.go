@@ -2,6 +2,7 @@ package node
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"hash/crc32"
@@ -66,6 +67,30 @@ func spillSized(t *testing.T, n *Node, h string, size int) {
 		}
 		return nil
 	})
+}
+
+// spilled is a record spillSized writes: engine e1's chunk for hash h, of
+// size bytes.
+type spilled struct {
+	h    string
+	size int
+}
+
+// diskOfAnEarlierBoot is a Config option for a disk tier in a fresh
+// directory that an earlier boot left holding records (e1 registered,
+// each record spilled, the node closed): the next boot with it finds them
+// on disk at e1's namespace's first register.
+func diskOfAnEarlierBoot(t *testing.T, records ...spilled) func(*Config) {
+	t.Helper()
+	diskDir := t.TempDir()
+	withDisk := func(c *Config) { c.DiskDir, c.DiskBytes = diskDir, 1<<20 }
+	n, nc, dir := startInternal(t, withDisk)
+	registerOneEngine(t, nc, dir, "e1")
+	for _, r := range records {
+		spillSized(t, n, r.h, r.size)
+	}
+	require.NoError(t, n.Close(context.Background()))
+	return withDisk
 }
 
 // lookupHits is engine e1's lookup of hash h: the tokens it hits.
