@@ -150,8 +150,12 @@ func (r *Request) Step(ev *messages.Event) error {
 		if len(ev.IDs) > most-ev.Start {
 			return fmt.Errorf("%w: group %d: %d block ids from %d, at most %d in all", ErrTooLarge, ev.Group, len(ev.IDs), ev.Start, most)
 		}
-		return r.groups[ev.Group].applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks,
-			r.promptUnits(r.lay.Groups[ev.Group].TokensPerBlock, most))
+		g := &r.groups[ev.Group]
+		presize := 0
+		if g.blocks == nil { // only the first append reserves
+			presize = r.promptUnits(r.lay.Groups[ev.Group].TokensPerBlock, most)
+		}
+		return g.applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks, presize)
 	case messages.EvTokens:
 		if r.phase != Finishing { // the finished event's T is final
 			r.computed, r.total = ev.Computed, ev.Total
