@@ -134,7 +134,8 @@ type Request struct {
 // is the decision. A claim lost to another node's compare-and-set is
 // decided again on the winner's record. Reads may be served by any replica
 // (the bucket allows direct gets) and lag the write that beat this node, so
-// the record is read until it differs from the one the claim was made on.
+// the record is read until it shows a write past the one the claim was made
+// on (readPast).
 func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (ownership.Decision, error) {
 	e, err := o.Get(ctx, engine)
 	if err != nil {
@@ -189,9 +190,13 @@ func (o *Owners) Resolve(ctx context.Context, engine string, req Request) (owner
 // and claim's retries of a write that was refused without a verdict.
 const maxClaimAttempts = 5
 
-// readPast reads engine's record until it is not the one at revision rev
-// (0: none) or a lease has passed. A failed read (a leader election in
-// progress) is tried again within that lease.
+// readPast reads engine's record until it shows a write after revision rev
+// (0: none): a newer record, or none left (deleted or expired), within a
+// lease. A failed read (a leader election in progress) is tried again, and
+// so is a record older than rev: a replica that lags, such as a server
+// whose routes just came back, still showing the previous owner's record
+// (taken for the write after rev, it would fence a claim whose own write
+// had landed).
 func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*ownership.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Lease)
 	defer cancel()
@@ -199,7 +204,7 @@ func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*owne
 	defer tick.Stop()
 	for {
 		e, err := o.Get(ctx, engine)
-		if err == nil && ((e == nil && rev != 0) || (e != nil && e.Revision != rev)) {
+		if err == nil && ((e == nil && rev != 0) || (e != nil && e.Revision > rev)) {
 			return e, nil
 		}
 		select {

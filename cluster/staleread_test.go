@@ -31,13 +31,14 @@ func ownerOfE1(t *testing.T) (a *Owners, nc *nats.Conn, rev uint64) {
 
 // loseTheBucket simulates a loss of the bucket's writes at its extreme (the
 // servers' unsynced tail, after a power loss): the bucket is deleted, and
-// gpu-b, opening it, creates it empty; revisions start again from 1.
-func loseTheBucket(t *testing.T, nc *nats.Conn) (b *Owners) {
+// gpu-b, opening it with lease, creates it empty; revisions start again
+// from 1.
+func loseTheBucket(t *testing.T, nc *nats.Conn, lease time.Duration) (b *Owners) {
 	t.Helper()
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	require.NoError(t, js.DeleteKeyValue(ctxT(t), "kvactors_owners"))
-	return openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	return openOwnersLease(t, nc, "gpu-b", "", 1, lease)
 }
 
 // staleGetKV serves Get from a canned entry, as a direct get answered by a
@@ -133,16 +134,20 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 // holds, and look like a read lagging that owner's write. The owner does
 // not answer on its own write then: the keep-alive that confirms it is
 // fenced, and the engine's register is decided on the other node's record.
+// The fence waits out a lease of reads for one past the owner's revision
+// (a record below it may be a lagging replica's), so the lease here is the
+// shortest, and b renews its claim as its node would meanwhile.
 func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
+	const lease = time.Second
 	_, nc := testkit.NATS(t)
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
 	ctx := ctxT(t)
 	for _, e := range []string{"x1", "x2", "e1"} { // e1's revision above 1
 		mustServe(t, a, e, Request{Register: true, Local: true})
 	}
 	revA := a.Revision("e1")
 
-	b := loseTheBucket(t, nc)
+	b := loseTheBucket(t, nc, lease)
 	mustServe(t, b, "e1", Request{Register: true, Local: true})
 	require.Less(t, b.Revision("e1"), revA)
 
@@ -150,6 +155,8 @@ func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, ownership.Ignore, d.Action, "a does not answer over b's claim")
 	require.Equal(t, "gpu-b", d.Owner)
+	_, err = b.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "b's claim stands")
 	now := time.Now()
 	require.False(t, a.Serving("e1", now), "a's claim is fenced")
 	require.True(t, b.Serving("e1", now))
@@ -238,7 +245,7 @@ func TestKeepAlivesShareOneWaitForReadsWithoutResponders(t *testing.T) {
 func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
 	a, nc, revA := ownerOfE1(t)
 	ctx := ctxT(t)
-	b := loseTheBucket(t, nc)
+	b := loseTheBucket(t, nc, staleLease)
 	for i := uint64(1); i < revA; i++ { // other claims take the sequence to just below a's
 		_, err := b.Resolve(ctx, fmt.Sprintf("other%d", i), Request{Register: true, Local: true})
 		require.NoError(t, err)
@@ -256,4 +263,53 @@ func TestAKeepAliveOnARevisionIssuedAgainIsFenced(t *testing.T) {
 	cur, err := b.Get(ctx, "e1")
 	require.NoError(t, err)
 	require.Equal(t, "gpu-b", cur.Node, "b's record stands")
+}
+
+// laggingGetKV serves its first stale Gets from a canned record older than
+// the bucket's (a replica whose routes just came back, not yet caught up),
+// then the bucket's own.
+type laggingGetKV struct {
+	jetstream.KeyValue
+	old   jetstream.KeyValueEntry
+	stale atomic.Int64
+}
+
+func (k *laggingGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if key == k.old.Key() && k.stale.Add(-1) >= 0 {
+		return k.old, nil
+	}
+	return k.KeyValue.Get(ctx, key)
+}
+
+// At a heal, a keep-alive's write may land while its reply says otherwise
+// (the deposed stream leader refuses it as in process), so its retry is
+// refused past its own write. The reads that should show that write may
+// come from a replica that lags, still showing the previous owner's record,
+// below the claim's revision: not the write past it, so no fence. The
+// owner reads on, finds its own write and renews.
+func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	ctx := ctxT(t)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	old, err := b.kv.Get(ctx, "e1") // b's record: what the lagging replica still shows
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, "e1"))
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	landed, err := a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
+		Renewed: time.Now().UnixMilli()}), a.Revision("e1")) // a's write whose reply was lost
+	require.NoError(t, err)
+
+	real := a.kv
+	lag := &laggingGetKV{KeyValue: real, old: old}
+	lag.stale.Store(3) // the keep-alive's check, then two reads past its revision
+	a.kv = lag
+	rev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "a lagging read of b's record fenced a's live claim")
+	require.Greater(t, rev, landed, "renewed on its own landed write")
+	require.Negative(t, lag.stale.Load(), "every stale read was served")
+	require.True(t, a.Serving("e1", time.Now()))
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+	a.kv = real
 }

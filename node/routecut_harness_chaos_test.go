@@ -118,8 +118,15 @@ func (r *routeCut) settled() time.Duration {
 // server stops), with the shortest lease.
 func (r *routeCut) node(s int, id, standbyFor string) *env {
 	r.t.Helper()
+	logs := &testkit.SyncBuffer{}
 	e := r.kc.startNode(s, id, func(_ int, c *node.Config) {
 		c.NATSURL, c.Lease, c.StandbyFor = r.rc.URL(s), cutLease, standbyFor
+		c.Log = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	})
+	r.t.Cleanup(func() {
+		if r.t.Failed() { // a route-cut failure is a timing story: show what each node warned of
+			r.t.Logf("node %s (server %d) warned:\n%s", id, s, logs.String())
+		}
 	})
 	r.kc.nodes = append(r.kc.nodes, e)
 	return e
