@@ -46,10 +46,12 @@ type Owners struct {
 }
 
 // held is one engine this node claimed: the revision its last write got
-// (the fencing token) and when it sent that write.
+// (the fencing token) and when it sent that write; unacked is when it sent
+// the first write since, while no reply has said where that write went.
 type held struct {
 	rev     uint64
 	renewed time.Time
+	unacked time.Time
 }
 
 // OpenOwners creates the ownership bucket, or binds to it if another node
@@ -274,115 +276,6 @@ func (o *Owners) forget(engine string, e *ownership.Entry) {
 	defer o.mu.Unlock()
 	if h, ok := o.mine[engine]; ok && e.Revision > h.rev {
 		delete(o.mine, engine)
-	}
-}
-
-// claim writes this node's record with compare-and-set: create when rev is
-// 0, else replace rev. Two kinds of failed compare-and-set are not a fence:
-//   - "wrong last sequence" without a sequence (JetStream error 10164): the
-//     stream leader refused because another write of the key was still in
-//     process; it says nothing about who won, so the write is tried again;
-//   - a mismatch after which the record names this very node and boot: the
-//     newer revision is this process's own write whose reply was lost (a
-//     timeout across a leader change); nobody else can write this identity,
-//     so the claim carries on from that revision.
-//
-// Anything else is ErrFenced. Neither kind is a verdict when the tries
-// (maxClaimAttempts in all) run out: the write fails as a NATS error
-// would, and a held claim stays, bounded by its local lease. A stream
-// leader cut off from its peers refuses every write of a key whose last
-// write it could not commit as in process, for as long as it leads, and
-// commits that write once its routes are back: fencing on either would drop
-// engines nobody else wrote.
-//
-// renew (a keep-alive) races Release: a claim released meanwhile is not
-// brought back (its fresh record is deleted again) nor reported fenced; it
-// is ErrNotMine.
-func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew bool) error {
-	var err error
-	for attempt := 1; ; attempt++ {
-		sent := time.Now() // before the write: the servers' lease starts later
-		val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
-		var nrev uint64
-		if rev == 0 {
-			nrev, err = o.kv.Create(ctx, engine, val)
-		} else {
-			nrev, err = o.kv.Update(ctx, engine, val, rev)
-		}
-		if err == nil {
-			o.mu.Lock()
-			_, still := o.mine[engine]
-			if still || !renew {
-				o.mine[engine] = held{rev: nrev, renewed: sent}
-				delete(o.lost, engine) // held again: nothing to report
-			}
-			o.mu.Unlock()
-			if !still && renew {
-				_ = o.kv.Delete(ctx, engine, jetstream.LastRevision(nrev)) // best effort: the lease ends it anyway
-				return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
-			}
-			return nil
-		}
-		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
-			return fmt.Errorf("claim engine %s: %w", engine, err)
-		}
-		if inProcessConflict(err) {
-			if attempt == maxClaimAttempts || !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
-				return fmt.Errorf("claim engine %s (revision %d): another write of it still in process at the stream leader: %w", engine, rev, err)
-			}
-			continue
-		}
-		if ctx.Err() != nil {
-			break
-		}
-		// A single read may come from a replica that lags the write which
-		// caused the mismatch: read until the record moves past rev.
-		e, gerr := o.readPast(ctx, engine, rev)
-		if gerr != nil || e == nil || e.Identity != o.me {
-			break
-		}
-		rev = e.Revision // this process's own write, whose reply was lost
-		if attempt == maxClaimAttempts {
-			return fmt.Errorf("claim engine %s: its own write at revision %d not renewed after %d tries: %w", engine, rev, attempt, err)
-		}
-	}
-	if !o.fence(engine) && renew {
-		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
-	}
-	o.metrics.Fenced.Inc()
-	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
-}
-
-// fence forgets engine's claim, lost to another writer, and notes it for
-// KeepAliveAll; false if none was held (a keep-alive that raced Release).
-func (o *Owners) fence(engine string) bool {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	_, held := o.mine[engine]
-	delete(o.mine, engine)
-	if held {
-		o.lost[engine] = struct{}{}
-	}
-	return held
-}
-
-// inProcessConflict: JetStream refused an expected-sequence write because
-// another write of the subject was in flight (10164), not because the
-// sequence was wrong.
-func inProcessConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
-}
-
-// pause waits d or until ctx ends; false if ctx ended.
-func pause(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }
 

@@ -1,0 +1,181 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+)
+
+// claim writes this node's record with compare-and-set: create when rev is
+// 0, else replace rev. Three kinds of failed compare-and-set are not a
+// fence:
+//   - "wrong last sequence" without a sequence (JetStream error 10164): the
+//     stream leader refused because another write of the key was still in
+//     process; it says nothing about who won, so the write is tried again;
+//   - a mismatch after which the record names this very node and boot: the
+//     newer revision is this process's own write whose reply was lost (a
+//     timeout across a leader change, or at a heal the deposed leader's
+//     refusal arriving before the new leader's acknowledgement); nobody
+//     else can write this identity, so the claim carries on from that
+//     revision, and a held claim counts it as renewed (see landed);
+//   - a mismatch with no read showing the write past rev before the time
+//     runs out (every read from a replica that lags): the write after rev
+//     may be this node's own. Unless the refusal named a last sequence
+//     below rev (the bucket lost writes, below), it is no verdict.
+//
+// Anything else is ErrFenced. None of the three is a verdict when the tries
+// (maxClaimAttempts in all) run out: the write fails as a NATS error
+// would, and a held claim stays, bounded by its local lease. A stream
+// leader cut off from its peers refuses every write of a key whose last
+// write it could not commit as in process, for as long as it leads, and
+// commits that write once its routes are back: fencing on either would drop
+// engines nobody else wrote.
+//
+// renew (a keep-alive) races Release: a claim released meanwhile is not
+// brought back (its fresh record is deleted again) nor reported fenced; it
+// is ErrNotMine.
+func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew bool) error {
+	var err error
+	for attempt := 1; ; attempt++ {
+		sent := time.Now() // before the write: the servers' lease starts later
+		if renew {
+			o.sending(engine, sent)
+		}
+		val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
+		var nrev uint64
+		if rev == 0 {
+			nrev, err = o.kv.Create(ctx, engine, val)
+		} else {
+			nrev, err = o.kv.Update(ctx, engine, val, rev)
+		}
+		if err == nil {
+			o.mu.Lock()
+			_, still := o.mine[engine]
+			if still || !renew {
+				o.mine[engine] = held{rev: nrev, renewed: sent}
+				delete(o.lost, engine) // held again: nothing to report
+			}
+			o.mu.Unlock()
+			if !still && renew {
+				_ = o.kv.Delete(ctx, engine, jetstream.LastRevision(nrev)) // best effort: the lease ends it anyway
+				return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
+			}
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrKeyExists) && !errors.Is(err, jetstream.ErrKeyRevisionMismatch) {
+			return fmt.Errorf("claim engine %s: %w", engine, err)
+		}
+		if inProcessConflict(err) {
+			if attempt == maxClaimAttempts || !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
+				return fmt.Errorf("claim engine %s (revision %d): another write of it still in process at the stream leader: %w", engine, rev, err)
+			}
+			continue
+		}
+		// A single read may come from a replica that lags the write which
+		// caused the mismatch: read until the record moves past rev.
+		e, gerr := o.readPast(ctx, engine, rev)
+		if gerr != nil {
+			if last, ok := lastSequence(err); ok && last < rev {
+				break // the bucket's last write of the key is below this claim's: it lost writes
+			}
+			return fmt.Errorf("claim engine %s (revision %d) refused, and no read shows the write past it: %w", engine, rev, gerr)
+		}
+		if e == nil || e.Identity != o.me {
+			break
+		}
+		rev = e.Revision // this process's own write, whose reply was lost
+		if renew {
+			o.landed(engine, rev)
+		}
+		if attempt == maxClaimAttempts {
+			return fmt.Errorf("claim engine %s: its own write at revision %d not renewed after %d tries: %w", engine, rev, attempt, err)
+		}
+	}
+	if !o.fence(engine) && renew {
+		return fmt.Errorf("%w: %s (released during a keep-alive)", ErrNotMine, engine)
+	}
+	o.metrics.Fenced.Inc()
+	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
+}
+
+// sending notes a keep-alive's write sent at sent: the first since the
+// claim's last known landing is the earliest any write landing next can
+// have been sent.
+func (o *Owners) sending(engine string, sent time.Time) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if h, ok := o.mine[engine]; ok && h.unacked.IsZero() {
+		h.unacked = sent
+		o.mine[engine] = h
+	}
+}
+
+// landed records a keep-alive's own write found at rev, its reply lost, as
+// a renewal sent when the first write not yet known to have landed was:
+// any of them may be the one at rev, none was sent earlier, so the local
+// lease still ends before the servers' does. Writes that expected an
+// older revision cannot land after it. Without it, a heal (the deposed
+// leader refusing each write as in process while the new leader commits
+// it) let the lease run out on writes that all landed.
+func (o *Owners) landed(engine string, rev uint64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if h, ok := o.mine[engine]; ok && rev > h.rev && !h.unacked.IsZero() {
+		o.mine[engine] = held{rev: rev, renewed: h.unacked}
+	}
+}
+
+// fence forgets engine's claim, lost to another writer, and notes it for
+// KeepAliveAll; false if none was held (a keep-alive that raced Release).
+func (o *Owners) fence(engine string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	_, held := o.mine[engine]
+	delete(o.mine, engine)
+	if held {
+		o.lost[engine] = struct{}{}
+	}
+	return held
+}
+
+// inProcessConflict: JetStream refused an expected-sequence write because
+// another write of the subject was in flight (10164), not because the
+// sequence was wrong.
+func inProcessConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+}
+
+// lastSequence is the key's last sequence a "wrong last sequence" refusal
+// (10071) names: "wrong last sequence: N" in nats-server's words.
+func lastSequence(err error) (uint64, bool) {
+	var apiErr *jetstream.APIError
+	if !errors.As(err, &apiErr) || apiErr.ErrorCode != jetstream.JSErrCodeStreamWrongLastSequence {
+		return 0, false
+	}
+	_, n, ok := strings.Cut(apiErr.Description, "wrong last sequence: ")
+	if !ok {
+		return 0, false
+	}
+	seq, perr := strconv.ParseUint(strings.TrimSpace(n), 10, 64)
+	return seq, perr == nil
+}
+
+// pause waits d or until ctx ends; false if ctx ended.
+func pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

@@ -1,0 +1,180 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
+	"github.com/kvactors/kvactors/internal/testkit"
+)
+
+// What a keep-alive sees at a heal: the server whose routes came back
+// answers reads from a replica that has not caught up, and, deposed but not
+// yet told, refuses writes of a key it holds an uncommitted write of as in
+// process (10164), while the new leader commits the same writes; whichever
+// reply comes first is the one the writer gets. Observed in
+// node.TestAnOwnerCutOffWithItsStreamLeaderIsFencedBeforeItsStandbyClaims.
+// laggingGetKV serves its first stale Gets from a canned record older than
+// the bucket's (a replica whose routes just came back, not yet caught up),
+// then the bucket's own.
+type laggingGetKV struct {
+	jetstream.KeyValue
+	old   jetstream.KeyValueEntry
+	stale atomic.Int64
+}
+
+func (k *laggingGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if key == k.old.Key() && k.stale.Add(-1) >= 0 {
+		return k.old, nil
+	}
+	return k.KeyValue.Get(ctx, key)
+}
+
+// At a heal, a keep-alive's write may land while its reply says otherwise
+// (the deposed stream leader refuses it as in process), so its retry is
+// refused past its own write. The reads that should show that write may
+// come from a replica that lags, still showing the previous owner's record,
+// below the claim's revision: not the write past it, so no fence. The
+// owner reads on, finds its own write and renews.
+func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	ctx := ctxT(t)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	old, err := b.kv.Get(ctx, "e1") // b's record: what the lagging replica still shows
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, "e1"))
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	landed, err := a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
+		Renewed: time.Now().UnixMilli()}), a.Revision("e1")) // a's write whose reply was lost
+	require.NoError(t, err)
+
+	real := a.kv
+	lag := &laggingGetKV{KeyValue: real, old: old}
+	lag.stale.Store(3) // the keep-alive's check, then two reads past its revision
+	a.kv = lag
+	rev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "a lagging read of b's record fenced a's live claim")
+	require.Greater(t, rev, landed, "renewed on its own landed write")
+	require.Negative(t, lag.stale.Load(), "every stale read was served")
+	require.True(t, a.Serving("e1", time.Now()))
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+	a.kv = real
+}
+
+// refusedButLandedKV commits every Update and then answers it as the
+// deposed leader would have first: another write in process (10164).
+type refusedButLandedKV struct {
+	jetstream.KeyValue
+	landed atomic.Int64
+}
+
+func (k *refusedButLandedKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	n, err := k.KeyValue.Update(ctx, key, value, rev)
+	if err != nil {
+		return n, err
+	}
+	k.landed.Add(1)
+	inProcess := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Description: "wrong last sequence"}
+	return 0, fmt.Errorf("%w: %w", inProcess, jetstream.ErrKeyRevisionMismatch)
+}
+
+// Every keep-alive write lands, and every reply says "in process": the
+// retries are refused on the node's own writes, which the reads then show.
+// Each one found is a renewal, sent no earlier than the first write not yet
+// known to have landed, so the claim stays served and moves to the newest
+// revision found. Before, the revision and the lease stayed where the last
+// acknowledged write left them, and the gate shut a lease later on writes
+// that had all landed.
+func TestWritesThatLandUnacknowledgedRenewTheClaim(t *testing.T) {
+	a, _, rev := ownerOfE1(t)
+	ctx := ctxT(t)
+	real := a.kv
+	kv := &refusedButLandedKV{KeyValue: real}
+	a.kv = kv
+	before := time.Now()
+	_, err := a.KeepAlive(ctx, "e1")
+	require.Error(t, err, "the last write's reply too said in process")
+	require.NotErrorIs(t, err, ErrFenced)
+	require.GreaterOrEqual(t, kv.landed.Load(), int64(2))
+	require.Greater(t, a.Revision("e1"), rev, "renewed on a write found landed")
+	a.mu.Lock()
+	renewed := a.mine["e1"].renewed
+	a.mu.Unlock()
+	require.False(t, renewed.Before(before), "renewed as of a write of this keep-alive, not earlier")
+	require.True(t, a.Serving("e1", time.Now()))
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+
+	a.kv = real // the deposed leader hears of the new one: the next keep-alive finds its last write and renews
+	nrev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	require.Greater(t, nrev, rev+uint64(kv.landed.Load()), "past every landed write")
+}
+
+// A keep-alive refused past its revision whose reads never move past it
+// (every one from the replica that lags) cannot tell its own landed write
+// from another node's: no verdict. The claim stays, bounded by its local
+// lease, and the next pass tries again. Before, it was fenced, and the
+// engine was dropped by the node whose write had landed.
+func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	ctx := ctxT(t)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	old, err := b.kv.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, "e1"))
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	_, err = a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
+		Renewed: time.Now().UnixMilli()}), a.Revision("e1")) // a's write whose reply was lost
+	require.NoError(t, err)
+
+	real := a.kv
+	lag := &laggingGetKV{KeyValue: real, old: old}
+	lag.stale.Store(1 << 30) // it never catches up within the pass
+	a.kv = lag
+	pass, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	defer cancel()
+	_, err = a.KeepAlive(pass, "e1")
+	require.Error(t, err)
+	require.False(t, errors.Is(err, ErrFenced), "fenced with no read naming another node: %v", err)
+	require.Equal(t, []string{"e1"}, a.Mine(), "the claim stays")
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+
+	a.kv = real // caught up: the next pass finds its own write and renews
+	_, err = a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	require.True(t, a.Serving("e1", time.Now()))
+}
+
+func TestLastSequenceReadsTheRefusalsSequence(t *testing.T) {
+	wrong := func(code jetstream.ErrorCode, desc string) error {
+		return fmt.Errorf("%w: %w", &jetstream.APIError{Code: 400, ErrorCode: code, Description: desc}, jetstream.ErrKeyRevisionMismatch)
+	}
+	for _, c := range []struct {
+		err  error
+		want uint64
+		ok   bool
+	}{
+		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 21"), 21, true},
+		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 0"), 0, true},
+		{wrong(jetstream.JSErrCodeStreamWrongLastSequenceConstant, "wrong last sequence"), 0, false}, // in process: none named
+		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: x"), 0, false},
+		{jetstream.ErrKeyRevisionMismatch, 0, false},
+		{errors.New("timeout"), 0, false},
+	} {
+		got, ok := lastSequence(c.err)
+		require.Equal(t, c.ok, ok, "%v", c.err)
+		require.Equal(t, c.want, got, "%v", c.err)
+	}
+}
