@@ -38,6 +38,26 @@ func (k *laggingGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueE
 	return k.KeyValue.Get(ctx, key)
 }
 
+// ownerAfterBWithALostReply is gpu-a holding e1 after gpu-b held and
+// released it, with a's keep-alive write landed at landed and its reply
+// lost; old is b's record, what a replica that lags still shows.
+func ownerAfterBWithALostReply(t *testing.T) (a *Owners, old jetstream.KeyValueEntry, landed uint64) {
+	t.Helper()
+	_, nc := testkit.NATS(t)
+	a = openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
+	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	ctx := ctxT(t)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	old, err := b.kv.Get(ctx, "e1")
+	require.NoError(t, err)
+	require.NoError(t, b.Release(ctx, "e1"))
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	landed, err = a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
+		Renewed: time.Now().UnixMilli()}), a.Revision("e1"))
+	require.NoError(t, err)
+	return a, old, landed
+}
+
 // At a heal, a keep-alive's write may land while its reply says otherwise
 // (the deposed stream leader refuses it as in process), so its retry is
 // refused past its own write. The reads that should show that write may
@@ -45,18 +65,8 @@ func (k *laggingGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueE
 // below the claim's revision: not the write past it, so no fence. The
 // owner reads on, finds its own write and renews.
 func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
-	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	a, old, landed := ownerAfterBWithALostReply(t)
 	ctx := ctxT(t)
-	mustServe(t, b, "e1", Request{Register: true, Local: true})
-	old, err := b.kv.Get(ctx, "e1") // b's record: what the lagging replica still shows
-	require.NoError(t, err)
-	require.NoError(t, b.Release(ctx, "e1"))
-	mustServe(t, a, "e1", Request{Register: true, Local: true})
-	landed, err := a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
-		Renewed: time.Now().UnixMilli()}), a.Revision("e1")) // a's write whose reply was lost
-	require.NoError(t, err)
 
 	real := a.kv
 	lag := &laggingGetKV{KeyValue: real, old: old}
@@ -126,18 +136,8 @@ func TestWritesThatLandUnacknowledgedRenewTheClaim(t *testing.T) {
 // lease, and the next pass tries again. Before, it was fenced, and the
 // engine was dropped by the node whose write had landed.
 func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
-	_, nc := testkit.NATS(t)
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, staleLease)
-	b := openOwnersLease(t, nc, "gpu-b", "", 1, staleLease)
+	a, old, _ := ownerAfterBWithALostReply(t)
 	ctx := ctxT(t)
-	mustServe(t, b, "e1", Request{Register: true, Local: true})
-	old, err := b.kv.Get(ctx, "e1")
-	require.NoError(t, err)
-	require.NoError(t, b.Release(ctx, "e1"))
-	mustServe(t, a, "e1", Request{Register: true, Local: true})
-	_, err = a.kv.Update(ctx, "e1", ownership.EncodeRecord(ownership.Record{Identity: a.me, LeaseMS: staleLease.Milliseconds(),
-		Renewed: time.Now().UnixMilli()}), a.Revision("e1")) // a's write whose reply was lost
-	require.NoError(t, err)
 
 	real := a.kv
 	lag := &laggingGetKV{KeyValue: real, old: old}
@@ -145,7 +145,7 @@ func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
 	a.kv = lag
 	pass, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 	defer cancel()
-	_, err = a.KeepAlive(pass, "e1")
+	_, err := a.KeepAlive(pass, "e1")
 	require.Error(t, err)
 	require.False(t, errors.Is(err, ErrFenced), "fenced with no read naming another node: %v", err)
 	require.Equal(t, []string{"e1"}, a.Mine(), "the claim stays")
