@@ -73,6 +73,7 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			return fmt.Errorf("claim engine %s: %w", engine, err)
 		}
 		if inProcessConflict(err) {
+			o.metrics.Unsettled.WithLabelValues("in_process").Inc()
 			if attempt == maxClaimAttempts || !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
 				return fmt.Errorf("claim engine %s (revision %d): another write of it still in process at the stream leader: %w", engine, rev, err)
 			}
@@ -85,12 +86,14 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			if last, ok := lastSequence(err); ok && last < rev {
 				break // the bucket's last write of the key is below this claim's: it lost writes
 			}
+			o.metrics.Unsettled.WithLabelValues("unexplained").Inc()
 			return fmt.Errorf("claim engine %s (revision %d) refused, and no read shows the write past it: %w", engine, rev, gerr)
 		}
 		if e == nil || e.Identity != o.me {
 			break
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
+		o.metrics.Unsettled.WithLabelValues("landed").Inc()
 		if renew {
 			o.landed(engine, rev)
 		}

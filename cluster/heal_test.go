@@ -123,6 +123,9 @@ func TestWritesThatLandUnacknowledgedRenewTheClaim(t *testing.T) {
 	require.False(t, renewed.Before(before), "renewed as of a write of this keep-alive, not earlier")
 	require.True(t, a.Serving("e1", time.Now()))
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+	require.Equal(t, float64(kv.landed.Load()-1), testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("landed")),
+		"every landed write but the last was found and counted")
+	require.Equal(t, float64(kv.landed.Load()), testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("in_process")))
 
 	a.kv = real // the deposed leader hears of the new one: the next keep-alive finds its last write and renews
 	nrev, err := a.KeepAlive(ctx, "e1")
@@ -150,6 +153,7 @@ func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
 	require.False(t, errors.Is(err, ErrFenced), "fenced with no read naming another node: %v", err)
 	require.Equal(t, []string{"e1"}, a.Mine(), "the claim stays")
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+	require.Equal(t, 1.0, testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("unexplained")))
 
 	a.kv = real // caught up: the next pass finds its own write and renews
 	_, err = a.KeepAlive(ctx, "e1")

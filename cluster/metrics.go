@@ -13,6 +13,7 @@ import (
 type Metrics struct {
 	Decisions     *prometheus.CounterVec // action: serve, claim, refuse, ignore
 	Fenced        prometheus.Counter
+	Unsettled     *prometheus.CounterVec // outcome: landed, in_process, unexplained
 	FetchBytes    prometheus.Counter
 	FetchSeconds  prometheus.Histogram
 	FetchFailures *prometheus.CounterVec // reason: corrupt, piece, refused, other
@@ -35,6 +36,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "kvactors_cluster_ownership_fenced_total",
 			Help: "Claims and keep-alives that lost their compare-and-set: the engine belongs to another node.",
 		}),
+		Unsettled: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvactors_cluster_ownership_unsettled_writes_total",
+			Help: "Claim writes whose reply did not settle them, by outcome: landed (this node's own write found in the bucket after its reply was lost or refused; a renewal), in_process (refused as another write in process at the stream leader; tried again), unexplained (refused past the claim's revision with no read showing the write past it; no verdict).",
+		}, []string{"outcome"}),
 		FetchBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvactors_cluster_fetch_bytes_total",
 			Help: "Chunk bytes fetched from other nodes and verified.",
@@ -75,6 +80,9 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, a := range []ownership.Action{ownership.Serve, ownership.Claim, ownership.Refuse, ownership.Ignore} {
 		m.Decisions.WithLabelValues(a.String())
 	}
+	for _, o := range []string{"landed", "in_process", "unexplained"} { // claim
+		m.Unsettled.WithLabelValues(o)
+	}
 	for _, r := range []string{"corrupt", "piece", "refused", "other"} { // fetchReason
 		m.FetchFailures.WithLabelValues(r)
 	}
@@ -85,7 +93,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		m.CatchUps.WithLabelValues(r)
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.Decisions, m.Fenced, m.FetchBytes, m.FetchSeconds,
+		for _, c := range []prometheus.Collector{m.Decisions, m.Fenced, m.Unsettled, m.FetchBytes, m.FetchSeconds,
 			m.FetchFailures, m.ServedBytes, m.ServeRefused, m.FeedRejected, m.CatchUps, m.KeysOverCap} {
 			reg.MustRegister(c)
 		}
