@@ -186,6 +186,11 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 	logReleases(t, e)
 	t.Logf("cut→nA's gate shut %v, nB's open %v, e1 on nB %v; heal→stream settled %v, nA's claim gone %v",
 		lastA.Sub(at), firstB.Sub(at), moved, settle, time.Since(healed))
+	unsettled := func(n *env, outcome string) float64 {
+		return n.counter("kvactors_cluster_ownership_unsettled_writes_total", outcome)
+	}
+	t.Logf("claim writes unsettled by their reply: nB landed %v, in process %v, unexplained %v; nA in process %v",
+		unsettled(nB, "landed"), unsettled(nB, "in_process"), unsettled(nB, "unexplained"), unsettled(nA, "in_process"))
 }
 
 // A partial partition: only the routes between nA's server and the claims'
