@@ -134,20 +134,21 @@ func TestAReadShowingNoRecordDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 // holds, and look like a read lagging that owner's write. The owner does
 // not answer on its own write then: the keep-alive that confirms it is
 // fenced, and the engine's register is decided on the other node's record.
-// The fence waits out a lease of reads for one past the owner's revision
-// (a record below it may be a lagging replica's), so the lease here is the
-// shortest, and b renews its claim as its node would meanwhile.
+// The fence waits out a's lease of reads for one past its revision (a
+// record below it may be a lagging replica's), so a's lease here is the
+// shortest, while the bucket b makes again keeps records for staleLease:
+// with one lease for both, b's record, not renewed during a's wait, could
+// lapse first and a would claim the engine afresh.
 func TestARecordBelowTheOwnersRevisionFromALossIsNotServedOver(t *testing.T) {
-	const lease = time.Second
 	_, nc := testkit.NATS(t)
-	a := openOwnersLease(t, nc, "gpu-a", "", 1, lease)
+	a := openOwnersLease(t, nc, "gpu-a", "", 1, time.Second)
 	ctx := ctxT(t)
 	for _, e := range []string{"x1", "x2", "e1"} { // e1's revision above 1
 		mustServe(t, a, e, Request{Register: true, Local: true})
 	}
 	revA := a.Revision("e1")
 
-	b := loseTheBucket(t, nc, lease)
+	b := loseTheBucket(t, nc, staleLease)
 	mustServe(t, b, "e1", Request{Register: true, Local: true})
 	require.Less(t, b.Revision("e1"), revA)
 
