@@ -83,16 +83,24 @@ func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
 
 // refusedButLandedKV commits every Update and then answers it as the
 // deposed leader would have first: another write in process (10164).
+// sentBy is when the call that landed at each revision began: no earlier
+// than the claim's send time of that write.
 type refusedButLandedKV struct {
 	jetstream.KeyValue
 	landed atomic.Int64
+	sentBy map[uint64]time.Time
 }
 
 func (k *refusedButLandedKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	called := time.Now()
 	n, err := k.KeyValue.Update(ctx, key, value, rev)
 	if err != nil {
 		return n, err
 	}
+	if k.sentBy == nil {
+		k.sentBy = map[uint64]time.Time{}
+	}
+	k.sentBy[n] = called
 	k.landed.Add(1)
 	inProcess := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Description: "wrong last sequence"}
 	return 0, fmt.Errorf("%w: %w", inProcess, jetstream.ErrKeyRevisionMismatch)
@@ -121,6 +129,8 @@ func TestWritesThatLandUnacknowledgedRenewTheClaim(t *testing.T) {
 	renewed := a.mine["e1"].renewed
 	a.mu.Unlock()
 	require.False(t, renewed.Before(before), "renewed as of a write of this keep-alive, not earlier")
+	require.False(t, renewed.After(kv.sentBy[a.Revision("e1")]),
+		"renewed as of a send no later than the landed write's: the local lease must end first")
 	require.True(t, a.Serving("e1", time.Now()))
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
 	require.Equal(t, float64(kv.landed.Load()-1), testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("landed")),
