@@ -45,9 +45,7 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 	var err error
 	for attempt := 1; ; attempt++ {
 		sent := time.Now() // before the write: the servers' lease starts later
-		if renew {
-			o.sending(engine, sent)
-		}
+		o.sending(engine, sent)
 		val := ownership.EncodeRecord(ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: sent.UnixMilli()})
 		var nrev uint64
 		if rev == 0 {
@@ -94,9 +92,7 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
 		o.metrics.Unsettled.WithLabelValues("landed").Inc()
-		if renew {
-			o.landed(engine, rev)
-		}
+		o.landed(engine, rev)
 		if attempt == maxClaimAttempts {
 			return fmt.Errorf("claim engine %s: its own write at revision %d not renewed after %d tries: %w", engine, rev, attempt, err)
 		}
@@ -108,9 +104,10 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 	return fmt.Errorf("%w: engine %s (revision %d): %w", ErrFenced, engine, rev, err)
 }
 
-// sending notes a keep-alive's write sent at sent: the first since the
-// claim's last known landing is the earliest any write landing next can
-// have been sent.
+// sending notes a write of a held claim sent at sent, a keep-alive's or a
+// register's claim on it: the first since the claim's last known landing
+// is the earliest any write landing next can have been sent. Both kinds
+// count: a keep-alive may find the other's write landed.
 func (o *Owners) sending(engine string, sent time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -120,10 +117,10 @@ func (o *Owners) sending(engine string, sent time.Time) {
 	}
 }
 
-// landed records a keep-alive's own write found at rev, its reply lost, as
-// a renewal sent when the first write not yet known to have landed was:
-// any of them may be the one at rev, none was sent earlier, so the local
-// lease still ends before the servers' does. Writes that expected an
+// landed records this node's own write of a held claim found at rev, its
+// reply lost, as a renewal sent when the first write not yet known to have
+// landed was: any of them may be the one at rev, none was sent earlier, so
+// the local lease still ends before the servers' does. Writes that expected an
 // older revision cannot land after it. Without it, a heal (the deposed
 // leader refusing each write as in process while the new leader commits
 // it) let the lease run out on writes that all landed.

@@ -192,3 +192,56 @@ func TestLastSequenceReadsTheRefusalsSequence(t *testing.T) {
 		require.Equal(t, c.want, got, "%v", c.err)
 	}
 }
+
+// lostReplyKV commits the first Update and answers it as a timeout (its
+// reply lost across a leader change); it passes the next one through and
+// refuses the rest as in process, committing nothing.
+type lostReplyKV struct {
+	jetstream.KeyValue
+	calls  int
+	sentBy time.Time // when the lost write's call began
+}
+
+func (k *lostReplyKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	k.calls++
+	switch k.calls {
+	case 1:
+		k.sentBy = time.Now()
+		if _, err := k.KeyValue.Update(ctx, key, value, rev); err != nil {
+			return 0, err
+		}
+		return 0, context.DeadlineExceeded
+	case 2:
+		return k.KeyValue.Update(ctx, key, value, rev)
+	}
+	inProcess := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Description: "wrong last sequence"}
+	return 0, fmt.Errorf("%w: %w", inProcess, jetstream.ErrKeyRevisionMismatch)
+}
+
+// A held claim's write made by a register (a claim on its own lapsed
+// record, not a keep-alive) may land with its reply lost; the next
+// keep-alive, refused past its revision, finds it and counts it as a
+// renewal. That renewal must date from the register's write, sent before
+// the keep-alive's: dated from the keep-alive's, the local lease would
+// outlast the servers'. (The keep-alive's own writes are refused after, so
+// the finding is what the claim holds.)
+func TestAKeepAliveFindingARegistersLandedWriteDatesItFromThatWrite(t *testing.T) {
+	a, _, rev := ownerOfE1(t)
+	ctx := ctxT(t)
+	real := a.kv
+	kv := &lostReplyKV{KeyValue: real}
+	a.kv = kv
+	require.Error(t, a.claim(ctx, "e1", rev, false), "the register's write timed out")
+	require.Equal(t, rev, a.Revision("e1"), "no reply: nothing renewed yet")
+
+	_, err := a.KeepAlive(ctx, "e1")
+	require.Error(t, err, "its own writes refused as in process")
+	require.NotErrorIs(t, err, ErrFenced)
+	a.mu.Lock()
+	h := a.mine["e1"]
+	a.mu.Unlock()
+	require.Equal(t, rev+1, h.rev, "renewed on the register's landed write")
+	require.False(t, h.renewed.After(kv.sentBy), "dated from the register's write (%v), not later (%v)", kv.sentBy, h.renewed)
+	require.Equal(t, 1.0, testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("landed")))
+	a.kv = real
+}
