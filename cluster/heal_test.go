@@ -22,21 +22,6 @@ import (
 // process (10164), while the new leader commits the same writes; whichever
 // reply comes first is the one the writer gets. Observed in
 // node.TestAnOwnerCutOffWithItsStreamLeaderIsFencedBeforeItsStandbyClaims.
-// laggingGetKV serves its first stale Gets from a canned record older than
-// the bucket's (a replica whose routes just came back, not yet caught up),
-// then the bucket's own.
-type laggingGetKV struct {
-	jetstream.KeyValue
-	old   jetstream.KeyValueEntry
-	stale atomic.Int64
-}
-
-func (k *laggingGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	if key == k.old.Key() && k.stale.Add(-1) >= 0 {
-		return k.old, nil
-	}
-	return k.KeyValue.Get(ctx, key)
-}
 
 // ownerAfterBWithALostReply is gpu-a holding e1 after gpu-b held and
 // released it, with a's keep-alive write landed at landed and its reply
@@ -69,7 +54,7 @@ func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
 	ctx := ctxT(t)
 
 	real := a.kv
-	lag := &laggingGetKV{KeyValue: real, old: old}
+	lag := &staleGetKV{KeyValue: real, old: old}
 	lag.stale.Store(3) // the keep-alive's check, then two reads past its revision
 	a.kv = lag
 	rev, err := a.KeepAlive(ctx, "e1")
@@ -79,6 +64,13 @@ func TestAKeepAliveIsNotFencedByALaggingReadOfThePreviousOwner(t *testing.T) {
 	require.True(t, a.Serving("e1", time.Now()))
 	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
 	a.kv = real
+}
+
+// refusal is a compare-and-set refused as nats.go reports it: the API
+// error wrapped with ErrKeyRevisionMismatch (10164: "in process"; 10071:
+// "wrong last sequence: N").
+func refusal(code jetstream.ErrorCode, desc string) error {
+	return fmt.Errorf("%w: %w", &jetstream.APIError{Code: 400, ErrorCode: code, Description: desc}, jetstream.ErrKeyRevisionMismatch)
 }
 
 // refusedButLandedKV commits every Update and then answers it as the
@@ -102,8 +94,7 @@ func (k *refusedButLandedKV) Update(ctx context.Context, key string, value []byt
 	}
 	k.sentBy[n] = called
 	k.landed.Add(1)
-	inProcess := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Description: "wrong last sequence"}
-	return 0, fmt.Errorf("%w: %w", inProcess, jetstream.ErrKeyRevisionMismatch)
+	return 0, refusal(jetstream.JSErrCodeStreamWrongLastSequenceConstant, "wrong last sequence")
 }
 
 // Every keep-alive write lands, and every reply says "in process": the
@@ -153,7 +144,7 @@ func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
 	ctx := ctxT(t)
 
 	real := a.kv
-	lag := &laggingGetKV{KeyValue: real, old: old}
+	lag := &staleGetKV{KeyValue: real, old: old}
 	lag.stale.Store(1 << 30) // it never catches up within the pass
 	a.kv = lag
 	pass, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
@@ -172,18 +163,15 @@ func TestARefusalNoReadExplainsIsNoFence(t *testing.T) {
 }
 
 func TestLastSequenceReadsTheRefusalsSequence(t *testing.T) {
-	wrong := func(code jetstream.ErrorCode, desc string) error {
-		return fmt.Errorf("%w: %w", &jetstream.APIError{Code: 400, ErrorCode: code, Description: desc}, jetstream.ErrKeyRevisionMismatch)
-	}
 	for _, c := range []struct {
 		err  error
 		want uint64
 		ok   bool
 	}{
-		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 21"), 21, true},
-		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 0"), 0, true},
-		{wrong(jetstream.JSErrCodeStreamWrongLastSequenceConstant, "wrong last sequence"), 0, false}, // in process: none named
-		{wrong(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: x"), 0, false},
+		{refusal(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 21"), 21, true},
+		{refusal(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: 0"), 0, true},
+		{refusal(jetstream.JSErrCodeStreamWrongLastSequenceConstant, "wrong last sequence"), 0, false}, // in process: none named
+		{refusal(jetstream.JSErrCodeStreamWrongLastSequence, "wrong last sequence: x"), 0, false},
 		{jetstream.ErrKeyRevisionMismatch, 0, false},
 		{errors.New("timeout"), 0, false},
 	} {
@@ -214,8 +202,7 @@ func (k *lostReplyKV) Update(ctx context.Context, key string, value []byte, rev 
 	case 2:
 		return k.KeyValue.Update(ctx, key, value, rev)
 	}
-	inProcess := &jetstream.APIError{Code: 400, ErrorCode: jetstream.JSErrCodeStreamWrongLastSequenceConstant, Description: "wrong last sequence"}
-	return 0, fmt.Errorf("%w: %w", inProcess, jetstream.ErrKeyRevisionMismatch)
+	return 0, refusal(jetstream.JSErrCodeStreamWrongLastSequenceConstant, "wrong last sequence")
 }
 
 // A held claim's write made by a register (a claim on its own lapsed

@@ -41,18 +41,20 @@ func loseTheBucket(t *testing.T, nc *nats.Conn, lease time.Duration) (b *Owners)
 	return openOwnersLease(t, nc, "gpu-b", "", 1, lease)
 }
 
-// staleGetKV serves Get from a canned entry, as a direct get answered by a
-// replica that lags the quorum (CLUSTER.md "Reads may lag").
-// A replica that has not yet seen the key's first write answers missing.
+// staleGetKV answers Get as a direct get served by a replica that lags the
+// quorum (CLUSTER.md "Reads may lag"): its next stale reads of old's key
+// show old, then the bucket's own (a server whose routes came back catching
+// up); a key it has not yet seen the first write of (missing) is not found.
 type staleGetKV struct {
 	jetstream.KeyValue
-	stale   jetstream.KeyValueEntry
+	old     jetstream.KeyValueEntry
+	stale   atomic.Int64
 	missing string
 }
 
 func (k *staleGetKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	if k.stale != nil && k.stale.Key() == key {
-		return k.stale, nil
+	if k.old != nil && key == k.old.Key() && k.stale.Add(-1) >= 0 {
+		return k.old, nil
 	}
 	if key == k.missing {
 		return nil, jetstream.ErrKeyNotFound
@@ -80,7 +82,9 @@ func TestAStaleReadDoesNotMakeTheOwnerDropItsClaim(t *testing.T) {
 
 	// The engine registers again (a resync); a's read is a lagging replica's.
 	real := a.kv
-	a.kv = &staleGetKV{KeyValue: real, stale: old}
+	lag := &staleGetKV{KeyValue: real, old: old}
+	lag.stale.Store(1 << 30) // it does not catch up meanwhile
+	a.kv = lag
 	d, err := a.Resolve(ctx, "e1", Request{Register: true, Local: true})
 	require.NoError(t, err)
 	require.Equal(t, ownership.Serve, d.Action, "a read older than a's own write decides nothing")
