@@ -52,15 +52,16 @@ func TestRouteCutOfTheEnginesServerWithItsOwner(t *testing.T) {
 		e.step()
 	}
 
+	healing := time.Now()
 	r.rc.Heal(m)
-	healed := time.Now()
+	healed := time.Now() // the routes formed again (Heal waits for it)
 	settle := r.settled()
-	e.servedBy("nA", 10*cutLease)
+	served := e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Equal(t, []string{"e1"}, nA.node.Engines())
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA dropped e1 %v; heal→stream settled %v, served again %v", dropped, settle, time.Since(healed))
+	t.Logf("cut→nA dropped e1 %v; heal→routes formed %v, stream settled %v later, served again %v after the heal began", dropped, healed.Sub(healing), settle, served.Sub(healing))
 }
 
 // docs/CLUSTER.md failure table, "the engine's NATS server cut off from its
@@ -102,14 +103,15 @@ func TestRouteCutOfTheEnginesServerFromItsOwner(t *testing.T) {
 	lost := time.Since(cut)
 	require.Empty(t, nB.node.Engines(), "nB took e1 over while nA is live")
 
+	healing := time.Now()
 	r.rc.Heal(m)
-	healed := time.Now()
+	healed := time.Now() // the routes formed again (Heal waits for it)
 	settle := r.settled()
-	e.servedBy("nA", 10*cutLease)
+	served := e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→e1 freed its requests, nA dropped e1 %v; heal→stream settled %v, served again %v", lost, settle, time.Since(healed))
+	t.Logf("cut→e1 freed its requests, nA dropped e1 %v; heal→routes formed %v, stream settled %v later, served again %v after the heal began", lost, healed.Sub(healing), settle, served.Sub(healing))
 }
 
 // docs/CLUSTER.md "Fencing the owner", with nodes and an engine: nA's
@@ -169,8 +171,9 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 	require.False(t, nA.node.ServingEngine("e1", time.Now()))
 	e.servedBy("nB", 5*cutLease)
 
+	healing := time.Now()
 	heal()
-	healed := time.Now()
+	healed := time.Now() // the routes formed again (Heal waits for it)
 	settle := r.settled()
 	testkit.Eventually(t, 5*cutLease, 20*time.Millisecond, func() error {
 		e.step()
@@ -179,13 +182,14 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 		}
 		return nil
 	})
+	gone := time.Since(healing) // before the checks below, which wait on e1's next releases
 	e.servedBy("nB", 5*cutLease)
 	w.check(t)
 	require.Empty(t, nA.node.Engines())
 	require.Equal(t, []string{"e1"}, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA's gate shut %v, nB's open %v, e1 on nB %v; heal→stream settled %v, nA's claim gone %v",
-		lastA.Sub(at), firstB.Sub(at), moved, settle, time.Since(healed))
+	t.Logf("cut→nA's gate shut %v, nB's open %v, e1 on nB %v; heal→routes formed %v, stream settled %v later, nA's claim gone %v after the heal began",
+		lastA.Sub(at), firstB.Sub(at), moved, healed.Sub(healing), settle, gone)
 	unsettled := func(n *env, outcome string) float64 {
 		return n.counter("kvactors_cluster_ownership_unsettled_writes_total", outcome)
 	}
@@ -242,12 +246,13 @@ func TestAnOwnerCutOffFromItsStreamLeaderAloneServesAgainOnceHealed(t *testing.T
 		t.Log("e1 was served again during the cut: the claims' stream moved to a leader nA reaches")
 	}
 
+	healing := time.Now()
 	r.rc.HealBetween(m, r.leader)
-	healed := time.Now()
+	healed := time.Now() // the routes formed again (Heal waits for it)
 	settle := r.settled()
-	e.servedBy("nA", 10*cutLease)
+	served := e.servedBy("nA", 10*cutLease)
 	w.check(t)
 	require.Empty(t, nB.node.Engines())
 	logReleases(t, e)
-	t.Logf("cut→nA dropped e1 %v; heal→stream settled %v, served again %v", dropped, settle, time.Since(healed))
+	t.Logf("cut→nA dropped e1 %v; heal→routes formed %v, stream settled %v later, served again %v after the heal began", dropped, healed.Sub(healing), settle, served.Sub(healing))
 }

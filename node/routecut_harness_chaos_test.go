@@ -220,8 +220,10 @@ func (e *cutEngine) reasons() map[string]int {
 
 // servedBy waits, stepping, until the engine is registered with node id,
 // live, and every request it finished has had its one release; then a
-// lease of steps and quiet adds no second release.
-func (e *cutEngine) servedBy(id string, within time.Duration) {
+// lease of steps and quiet adds no second release. It returns when the
+// first of those held: the lease of quiet after it is the check's, not
+// the cluster's.
+func (e *cutEngine) servedBy(id string, within time.Duration) (served time.Time) {
 	e.t.Helper()
 	testkit.Eventually(e.t, within, 50*time.Millisecond, func() error {
 		e.step()
@@ -234,6 +236,7 @@ func (e *cutEngine) servedBy(id string, within time.Duration) {
 		}
 		return nil
 	})
+	served = time.Now()
 	testkit.Eventually(e.t, 2*cutLease, 10*time.Millisecond, func() error {
 		if left := e.unreleased(); len(left) > 0 {
 			return fmt.Errorf("requests not released: %v", left)
@@ -253,6 +256,7 @@ func (e *cutEngine) servedBy(id string, within time.Duration) {
 	st := e.c.Stats()
 	require.Zero(e.t, st.UnexpectedRel, "releases for requests not waiting for one: %+v", st)
 	require.Equal(e.t, id, st.Node)
+	return served
 }
 
 // servingWatch samples, every millisecond until stopped, which nodes'
