@@ -101,11 +101,7 @@ func (e *Engine) copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 		for i := lo; i < hi; i++ {
 			ranges = appendRanges(e.lay, &chunks[i], loc.Chunk(i), ranges)
 		}
-		if err := e.goOn(dir, keys, &lc); err != nil {
-			return err
-		}
-		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
-			e.complete(dir, keys, nil)
+		if err := e.copyTile(dir, keys, &lc, ranges); err != nil {
 			return err
 		}
 		if dir == backend.DeviceToHost {
@@ -143,6 +139,20 @@ func (e *Engine) countHostHits(loc *located) {
 	if n > 0 {
 		e.s.metrics.PoolHits.Add(float64(n))
 	}
+}
+
+// copyTile copies one tile's ranges once the job may go on (goOn); a
+// failed device copy completes the job as failed (a store's chunks freed, a
+// load's unpinned).
+func (e *Engine) copyTile(dir backend.Direction, keys []messages.Key, lc *liveCheck, ranges []backend.Range) error {
+	if err := e.goOn(dir, keys, lc); err != nil {
+		return err
+	}
+	if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
+		e.complete(dir, keys, nil)
+		return err
+	}
+	return nil
 }
 
 // liveCheck is one Copy's live check and whether the copy is under way
@@ -315,11 +325,7 @@ func (e *Engine) copyLarge(dir backend.Direction, keys []messages.Key, chunks []
 	for lo := int64(0); lo < size; lo += tileBytes {
 		hi := min(lo+tileBytes, size)
 		ranges = appendWindow(e.lay, &chunks[i], cext, lo, hi, ranges[:0])
-		if err := e.goOn(dir, keys, lc); err != nil {
-			return err
-		}
-		if err := e.dev.Copy(dir, e.s.arena, ranges); err != nil {
-			e.complete(dir, keys, nil)
+		if err := e.copyTile(dir, keys, lc, ranges); err != nil {
 			return err
 		}
 		if dir == backend.DeviceToHost {
