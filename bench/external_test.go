@@ -109,6 +109,43 @@ func TestUnitCostsSplitChunksFromJobs(t *testing.T) {
 	require.Zero(t, j)
 }
 
+// The all-in goal is the two unit goals at the store-heavy mix's own
+// chunks per job: 5 chunks per job allow 0.5 + 1/5 µs per chunk. Unit costs
+// that meet both goals meet it (what storing adds per chunk is the solve's
+// chunk cost plus its job cost per chunk); a mix that stored nothing gives
+// no such goal.
+func TestAllInStoreGoalIsTheUnitGoalsAtTheMixsChunksPerJob(t *testing.T) {
+	goal := func(e External) (Goal, bool) {
+		r := Report{External: &e}
+		r.goals()
+		for _, g := range r.Goals {
+			if g.Name == "external: storing adds per chunk, all in" {
+				return g, true
+			}
+		}
+		return Goal{}, false
+	}
+	g, ok := goal(External{StoredChunks: 5000, StoreJobs: 1000, StoreUSPerChunk: 0.69})
+	require.True(t, ok)
+	require.Equal(t, "<= 0.70 µs", g.Target)
+	require.True(t, g.Pass)
+	g, _ = goal(External{StoredChunks: 5000, StoreJobs: 1000, StoreUSPerChunk: 2.6})
+	require.False(t, g.Pass, "today's 2.6 µs per chunk")
+	_, ok = goal(External{})
+	require.False(t, ok, "nothing stored: no all-in goal")
+
+	prop := func(chunkNS, jobNS uint16, jobs uint16, perJob uint8) bool {
+		chunkUS, jobUS := float64(chunkNS)/1000, float64(jobNS)/1000
+		j := int(jobs) + 1
+		k := j * (int(perJob%16) + 1)
+		e := External{StoredChunks: k, StoreJobs: j, StoreUSPerChunk: chunkUS + jobUS*float64(j)/float64(k)}
+		g, ok := goal(e)
+		meetsBoth := chunkUS <= GoalExternalUSPerChunk && jobUS <= GoalExternalUSPerJob
+		return ok && (!meetsBoth || g.Pass)
+	}
+	require.NoError(t, quick.Check(prop, nil))
+}
+
 // Replies to the three mixes' engines are counted apart by engine id.
 func TestOutcomeTellsMixesApart(t *testing.T) {
 	o := outcome{prefix: "kvactors"}
