@@ -44,7 +44,7 @@ func (r *Report) externalGoals() {
 	// what storing adds to it per chunk, all in: the same pair of goals,
 	// judged without the two-mix solve, whose split of one cost between
 	// chunks and jobs swings from run to run (a job's cost from 1.3 to
-	// 6.1 µs in four runs of one sitting) while the sum holds still.
+	// 6.1 µs in five runs of one sitting) while the sum holds still.
 	if e.StoredChunks > 0 {
 		allIn := GoalExternalUSPerChunk + GoalExternalUSPerJob*float64(e.StoreJobs)/float64(e.StoredChunks)
 		r.Goals = append(r.Goals,
