@@ -16,16 +16,22 @@ import (
 	"github.com/kvactors/kvactors/sched"
 )
 
-// callsDevice is memDevice counting its device calls (one goroutine).
+// callsDevice is memDevice counting its device calls (one goroutine);
+// with failAt set, that call fails (errDMA) and copies nothing.
 type callsDevice struct {
 	memDevice
-	calls int
+	calls, failAt int
 }
 
 func (d *callsDevice) Copy(dir backend.Direction, a backend.Arena, rs []backend.Range) error {
 	d.calls++
+	if d.calls == d.failAt {
+		return errDMA
+	}
 	return d.memDevice.Copy(dir, a, rs)
 }
+
+var errDMA = errors.New("dma fault")
 
 var errGone = errors.New("engine gone quiet")
 
@@ -117,6 +123,50 @@ func TestACopyStopsBetweenTilesOnceItsLiveCheckFails(t *testing.T) {
 			require.Zero(t, s.Stats().Pinned, "a stopped load left its chunks pinned")
 			for _, c := range chunks {
 				require.True(t, s.Ready(c.Key), "a stopped load dropped %s", c.Key)
+			}
+		})
+	}
+}
+
+// A device call that fails after the job's first tile went through ends
+// the job as a failed copy, in both copy paths (tiles of small chunks,
+// windows of one large chunk): a store's chunks are freed, none ready, and
+// the room is there for the next try; a load's chunks are unpinned and
+// stay ready.
+func TestADeviceFaultMidJobCompletesItAsFailed(t *testing.T) {
+	for _, j := range liveJobs {
+		t.Run(j.name+"/store", func(t *testing.T) {
+			s, e, dev, chunks := liveFixture(t, j)
+			prep, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
+			require.NoError(t, err)
+			require.Len(t, prep.Keys, len(chunks))
+			dev.failAt = 2
+			require.ErrorIs(t, e.Copy(backend.DeviceToHost, chunks, nil), errDMA)
+			require.Equal(t, 2, dev.calls, "no device call after the fault")
+			for _, c := range chunks {
+				require.False(t, s.Ready(c.Key), "%s ready after its copy failed", c.Key)
+			}
+			st := s.Stats()
+			require.Zero(t, st.Used, "chunks left in the pool")
+			require.Zero(t, st.Data, "room not freed")
+			dev.failAt = 0
+			prep, err = e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
+			require.NoError(t, err)
+			require.Len(t, prep.Keys, len(chunks))
+			require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
+		})
+		t.Run(j.name+"/load", func(t *testing.T) {
+			s, e, dev, chunks := liveFixture(t, j)
+			storeChunks(t, e, chunks...)
+			_, err := e.PrepareLoad(keysOf(chunks))
+			require.NoError(t, err)
+			require.Equal(t, len(chunks), s.Stats().Pinned)
+			dev.calls, dev.failAt = 0, 2
+			require.ErrorIs(t, e.Copy(backend.HostToDevice, targets(chunks), nil), errDMA)
+			require.Equal(t, 2, dev.calls, "no device call after the fault")
+			require.Zero(t, s.Stats().Pinned, "a failed load left its chunks pinned")
+			for _, c := range chunks {
+				require.True(t, s.Ready(c.Key), "a failed load dropped %s", c.Key)
 			}
 		})
 	}
