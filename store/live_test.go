@@ -88,42 +88,21 @@ func targets(chunks []sched.JobChunk) []sched.JobChunk {
 func TestACopyStopsBetweenTilesOnceItsLiveCheckFails(t *testing.T) {
 	for _, j := range liveJobs {
 		t.Run(j.name+"/store", func(t *testing.T) {
-			s, e, dev, chunks := liveFixture(t, j)
-			prep, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-			require.NoError(t, err)
-			require.Len(t, prep.Keys, len(chunks))
+			s, e, dev, chunks := preparedStore(t, j)
 			asked := 0
-			err = e.Copy(backend.DeviceToHost, chunks, func() error { asked++; return errGone })
+			err := e.Copy(backend.DeviceToHost, chunks, func() error { asked++; return errGone })
 			require.ErrorIs(t, err, errGone)
 			require.Equal(t, 1, dev.calls, "device calls: the copy goes on past the failed check")
 			require.Equal(t, 1, asked)
-			for _, c := range chunks {
-				require.False(t, s.Ready(c.Key), "%s ready after its copy was stopped", c.Key)
-			}
-			st := s.Stats()
-			require.Zero(t, st.Used, "chunks left in the pool")
-			require.Zero(t, st.Data, "room not freed")
-			// The same room is there for the next try.
-			prep, err = e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-			require.NoError(t, err)
-			require.Len(t, prep.Keys, len(chunks))
-			require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
+			storeEndedFailed(t, s, e, chunks)
 		})
 		t.Run(j.name+"/load", func(t *testing.T) {
-			s, e, dev, chunks := liveFixture(t, j)
-			storeChunks(t, e, chunks...)
-			_, err := e.PrepareLoad(keysOf(chunks))
-			require.NoError(t, err)
-			require.Equal(t, len(chunks), s.Stats().Pinned)
-			dev.calls, dev.in = 0, 0
-			err = e.Copy(backend.HostToDevice, targets(chunks), func() error { return errGone })
+			s, e, dev, chunks := preparedLoad(t, j)
+			err := e.Copy(backend.HostToDevice, targets(chunks), func() error { return errGone })
 			require.ErrorIs(t, err, errGone)
 			require.Equal(t, 1, dev.calls, "device calls: the copy goes on past the failed check")
 			require.Less(t, dev.in, int64(j.n*j.bpc*liveBB))
-			require.Zero(t, s.Stats().Pinned, "a stopped load left its chunks pinned")
-			for _, c := range chunks {
-				require.True(t, s.Ready(c.Key), "a stopped load dropped %s", c.Key)
-			}
+			loadEndedFailed(t, s, chunks)
 		})
 	}
 }
@@ -136,39 +115,68 @@ func TestACopyStopsBetweenTilesOnceItsLiveCheckFails(t *testing.T) {
 func TestADeviceFaultMidJobCompletesItAsFailed(t *testing.T) {
 	for _, j := range liveJobs {
 		t.Run(j.name+"/store", func(t *testing.T) {
-			s, e, dev, chunks := liveFixture(t, j)
-			prep, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-			require.NoError(t, err)
-			require.Len(t, prep.Keys, len(chunks))
+			s, e, dev, chunks := preparedStore(t, j)
 			dev.failAt = 2
 			require.ErrorIs(t, e.Copy(backend.DeviceToHost, chunks, nil), errDMA)
 			require.Equal(t, 2, dev.calls, "no device call after the fault")
-			for _, c := range chunks {
-				require.False(t, s.Ready(c.Key), "%s ready after its copy failed", c.Key)
-			}
-			st := s.Stats()
-			require.Zero(t, st.Used, "chunks left in the pool")
-			require.Zero(t, st.Data, "room not freed")
-			dev.failAt = 0
-			prep, err = e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-			require.NoError(t, err)
-			require.Len(t, prep.Keys, len(chunks))
-			require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
+			storeEndedFailed(t, s, e, chunks) // the next try's calls are past failAt
 		})
 		t.Run(j.name+"/load", func(t *testing.T) {
-			s, e, dev, chunks := liveFixture(t, j)
-			storeChunks(t, e, chunks...)
-			_, err := e.PrepareLoad(keysOf(chunks))
-			require.NoError(t, err)
-			require.Equal(t, len(chunks), s.Stats().Pinned)
-			dev.calls, dev.failAt = 0, 2
+			s, e, dev, chunks := preparedLoad(t, j)
+			dev.failAt = 2
 			require.ErrorIs(t, e.Copy(backend.HostToDevice, targets(chunks), nil), errDMA)
 			require.Equal(t, 2, dev.calls, "no device call after the fault")
-			require.Zero(t, s.Stats().Pinned, "a failed load left its chunks pinned")
-			for _, c := range chunks {
-				require.True(t, s.Ready(c.Key), "a failed load dropped %s", c.Key)
-			}
+			loadEndedFailed(t, s, chunks)
 		})
+	}
+}
+
+// preparedStore is liveFixture with room prepared for every chunk.
+func preparedStore(t *testing.T, j liveJob) (*Store, *Engine, *callsDevice, []sched.JobChunk) {
+	t.Helper()
+	s, e, dev, chunks := liveFixture(t, j)
+	prep, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
+	require.NoError(t, err)
+	require.Len(t, prep.Keys, len(chunks))
+	return s, e, dev, chunks
+}
+
+// storeEndedFailed checks a store that ended as a failed copy: none of its
+// chunks ready, their room freed, and there again for the next try.
+func storeEndedFailed(t *testing.T, s *Store, e *Engine, chunks []sched.JobChunk) {
+	t.Helper()
+	for _, c := range chunks {
+		require.False(t, s.Ready(c.Key), "%s ready after its copy ended early", c.Key)
+	}
+	st := s.Stats()
+	require.Zero(t, st.Used, "chunks left in the pool")
+	require.Zero(t, st.Data, "room not freed")
+	prep, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
+	require.NoError(t, err)
+	require.Len(t, prep.Keys, len(chunks))
+	require.NoError(t, e.Copy(backend.DeviceToHost, chunks, nil))
+}
+
+// preparedLoad is liveFixture with every chunk stored and pinned for a
+// load, and the device's counts zeroed.
+func preparedLoad(t *testing.T, j liveJob) (*Store, *Engine, *callsDevice, []sched.JobChunk) {
+	t.Helper()
+	s, e, dev, chunks := liveFixture(t, j)
+	storeChunks(t, e, chunks...)
+	_, err := e.PrepareLoad(keysOf(chunks))
+	require.NoError(t, err)
+	require.Equal(t, len(chunks), s.Stats().Pinned)
+	dev.calls, dev.in = 0, 0
+	return s, e, dev, chunks
+}
+
+// loadEndedFailed checks a load that ended early: its chunks unpinned and
+// still ready.
+func loadEndedFailed(t *testing.T, s *Store, chunks []sched.JobChunk) {
+	t.Helper()
+	require.Zero(t, s.Stats().Pinned, "a load that ended early left its chunks pinned")
+	for _, c := range chunks {
+		require.True(t, s.Ready(c.Key), "a load that ended early dropped %s", c.Key)
 	}
 }
 
@@ -177,10 +185,8 @@ func TestADeviceFaultMidJobCompletesItAsFailed(t *testing.T) {
 // engine falls silent during its last (here: only) device call is not made
 // ready either.
 func TestAStoreIsCheckedBeforeItCompletes(t *testing.T) {
-	s, e, dev, chunks := liveFixture(t, liveJob{bpc: 4, n: 1})
-	_, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-	require.NoError(t, err)
-	err = e.Copy(backend.DeviceToHost, chunks, func() error {
+	s, e, dev, chunks := preparedStore(t, liveJob{bpc: 4, n: 1})
+	err := e.Copy(backend.DeviceToHost, chunks, func() error {
 		require.Equal(t, 1, dev.calls, "asked before the copy's only device call")
 		return errGone
 	})
@@ -227,10 +233,8 @@ func TestALiveCheckThatHoldsChangesNothing(t *testing.T) {
 	for _, j := range liveJobs {
 		t.Run(j.name, func(t *testing.T) {
 			s0, e0, _, chunks := liveFixture(t, j)
-			storeChunks(t, e0, chunks...) // no check
-			s, e, dev, _ := liveFixture(t, j)
-			_, err := e.PrepareStore(keysOf(chunks), sizesOf(e, chunks))
-			require.NoError(t, err)
+			storeChunks(t, e0, chunks...)       // no check
+			s, e, dev, _ := preparedStore(t, j) // the same chunks
 			asked := 0
 			live := func() error { asked++; return nil }
 			require.NoError(t, e.Copy(backend.DeviceToHost, chunks, live))
@@ -242,7 +246,7 @@ func TestALiveCheckThatHoldsChangesNothing(t *testing.T) {
 				require.Equal(t, want.sum, got.sum, "%s: checksum", c.Key)
 			}
 
-			_, err = e.PrepareLoad(keysOf(chunks))
+			_, err := e.PrepareLoad(keysOf(chunks))
 			require.NoError(t, err)
 			asked, dev.calls = 0, 0
 			dst := targets(chunks)
