@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"sync"
@@ -17,7 +16,6 @@ import (
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/internal/slicepool"
 	"github.com/kvactors/kvactors/messages"
-	"github.com/kvactors/kvactors/tracing"
 )
 
 // ingester serialises each engine's inbound messages. One subscription on
@@ -504,57 +502,3 @@ func (in *ingester) stop() {
 	}
 	in.wg.Wait()
 }
-
-// msgCtx is the context an inbound message's work runs in: Background
-// (nothing per message) plus the engine's remote span context, and nothing
-// else of its headers, since a request keeps it until its release
-// (tracing.Extract). With tracing off only the traceparent is read: it is
-// all the node passes back, on stored, released and replies.
-func (n *Node) msgCtx(m *nats.Msg) context.Context {
-	if m.Header == nil {
-		return context.Background()
-	}
-	if !n.traced {
-		return tracing.ExtractTraceparent(context.Background(), m.Header)
-	}
-	return tracing.Extract(context.Background(), m.Header)
-}
-
-// batchCtx is the context a batch's requests start in: msgCtx under the
-// batch's span, which marks its arrival (request spans hang below it).
-// With tracing off there is no span to start: a no-op one would still cost
-// a context per batch, held by each request the batch adds.
-func (n *Node) batchCtx(m *nats.Msg, engineID string, seq uint64, events int) context.Context {
-	ctx := n.msgCtx(m)
-	if !n.traced {
-		return ctx
-	}
-	ctx, span := n.tracer.Start(ctx, tracing.SpanBatch)
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrEngine.String(engineID), tracing.AttrSeq.Int64(int64(seq)),
-			tracing.AttrEvents.Int(events))
-	}
-	span.End()
-	return ctx
-}
-
-// rejected counts and logs one refused input; nothing else changes. The log
-// is rate-limited per reason (ratelog), the counter counts every one.
-func (n *Node) rejected(reason, msg string, args ...any) {
-	n.metrics.Rejected.WithLabelValues(reason).Inc()
-	n.rejectLog.Reject(reason, msg, args...)
-}
-
-// rejectedN is rejected for count refused inputs that one line reports.
-func (n *Node) rejectedN(reason string, count int, msg string, args ...any) {
-	n.metrics.Rejected.WithLabelValues(reason).Add(float64(count))
-	n.rejectLog.RejectN(reason, count, msg, args...)
-}
-
-var (
-	// errUnknownEngine is counted unknown_engine wherever its label is
-	// taken from the error (a lookup's, a load's).
-	errUnknownEngine = messages.NewRejection(messages.RejectUnknownEngine, "unknown engine")
-	errClosing       = errors.New("node closing")
-	errOverloaded    = errors.New(messages.Overloaded + ": inbound queue full, try again")
-)

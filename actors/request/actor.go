@@ -2,9 +2,7 @@ package request
 
 import (
 	"context"
-	"errors"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -16,13 +14,10 @@ import (
 
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/transfer"
-	"github.com/kvactors/kvactors/backend"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/ratelog"
 	"github.com/kvactors/kvactors/sched"
-	"github.com/kvactors/kvactors/store"
 	"github.com/kvactors/kvactors/tracing"
-	"github.com/kvactors/kvactors/wire"
 )
 
 // Store is the node's store as a request actor uses it: decisions prepare
@@ -111,26 +106,6 @@ type Actor struct {
 	// the release gets a new request, not this finished one, which would
 	// drop its events (the Done message may reach the engine actor later).
 	releasing *Releasing
-}
-
-type job struct {
-	// sub is what the copy queue holds, kept here so a job is one
-	// allocation; it is the transfer side's until the job's JobDone.
-	sub  transfer.Submit
-	span trace.Span
-	ctx  context.Context
-	next *job
-}
-
-// takeJob unlinks and returns the job in flight with id, nil if none.
-func (a *Actor) takeJob(id sched.JobID) *job {
-	for p := &a.jobs; *p != nil; p = &(*p).next {
-		if j := *p; j.sub.ID == id {
-			*p, j.next = j.next, nil
-			return j
-		}
-	}
-	return nil
 }
 
 // noSpan is a request's or job's span with tracing off: a no-op, ended
@@ -264,17 +239,6 @@ func (a *Actor) Receive(c actor.Context) {
 	}
 }
 
-// endJobSpans ends the spans of the jobs still in flight as the actor
-// ends: no JobDone will reach it to end them. The copies themselves are the
-// transfer side's.
-func (a *Actor) endJobSpans() {
-	for j := a.jobs; j != nil; j = j.next {
-		j.span.SetStatus(codes.Error, "request actor stopped before the job ended")
-		j.span.End()
-	}
-	a.jobs = nil
-}
-
 func (a *Actor) apply(c actor.Context, m *Events) {
 	if a.isDone() {
 		// Routed before the release raised releasing (its engine actor
@@ -304,96 +268,6 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 	a.deps.Metrics.Rejected.WithLabelValues(reason).Inc()
 	a.deps.Reject.Reject(reason, "event rejected", "engine", a.deps.Engine, "request", ev.Request,
 		"type", ev.Type.String(), "err", err)
-}
-
-func (a *Actor) jobDone(c actor.Context, m *transfer.JobDone) {
-	if m.Err != nil {
-		// A failure waits for its retry timer (so it backs off); a decision
-		// owed to an earlier completion of the batch is taken before it, as
-		// if each completion had come alone.
-		a.decideOwed(c)
-	}
-	if j := a.takeJob(m.ID); j != nil {
-		a.jobEnded(c, j, m)
-	} else {
-		a.deps.Metrics.Unexpected.Inc()
-	}
-	if !m.More {
-		a.decideOwed(c)
-	}
-}
-
-// decideOwed takes the decision that completed or cancelled jobs call for
-// (they can leave chunks to offer: a cancelled job's chunks once blocks are
-// tracked again), once per batch of this owner's completions.
-func (a *Actor) decideOwed(c actor.Context) {
-	if a.decideAfterJobs && !a.isDone() {
-		a.perform(c, a.state.Advance(a.deps.Store), time.Time{})
-	}
-	a.decideAfterJobs = false
-}
-
-func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
-	success := m.Err == nil && !m.Cancelled // the transfer side completed the pool
-	switch {
-	case success:
-		a.published(j)
-		if j.span.IsRecording() { // the attribute list escapes: not for a no-op span
-			j.span.SetAttributes(tracing.AttrBytes.Int64(m.Bytes))
-		}
-	case m.Cancelled:
-		j.span.AddEvent("cancelled")
-	default:
-		j.span.RecordError(m.Err)
-		j.span.SetStatus(codes.Error, m.Err.Error())
-		level := slog.LevelWarn
-		if errors.Is(m.Err, transfer.ErrSessionLapsed) || errors.Is(m.Err, transfer.ErrEngineSilent) {
-			// Expected after a lapse, on every retry until the engine's
-			// reset ends the request: the fence counts them.
-			level = slog.LevelDebug
-		}
-		// Rate-limited: an engine that truncates its own segment makes
-		// every copy fault (counted in full: transfer failures, retries).
-		a.deps.Reject.Log(level, LogCopyFailed, "store copy failed; will retry", "engine", a.deps.Engine,
-			"request", a.state.ID(), "job", m.ID, "err", m.Err)
-	}
-	j.span.End()
-	a.perform(c, a.state.JobDone(m.ID, success, m.Cancelled), time.Time{})
-	if m.Err == nil {
-		a.decideAfterJobs = true
-	}
-}
-
-// published tells the engine of a completed store job (stored). Routers
-// learn of its chunks from the pool's journal: BlockStored as the copy
-// completed, in order with every eviction (PROTOCOL.md, "kv_events").
-func (a *Actor) published(j *job) {
-	chunks := j.sub.Chunks
-	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
-	defer a.observeStored(j)
-	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
-		n := 64 + len(a.state.ID())
-		for _, ch := range chunks {
-			n += 40 + 2*len(sched.WireKey(ch.Key))
-		}
-		b = slices.Grow(b, n) // one growth, not one per chunk, for a long-context job
-		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.sub.ID))
-		for i, ch := range chunks {
-			if i > 0 {
-				b = append(b, ',')
-			}
-			b = wire.AppendStoredChunkHex(b, ch.Group, int(ch.Index), string(sched.WireKey(ch.Key)))
-		}
-		return wire.AppendStoredClose(b, j.sub.Bytes)
-	})
-}
-
-// observeStored times the job from its batch's arrival to its stored
-// message's publish (after it, so the publish is counted).
-func (a *Actor) observeStored(j *job) {
-	if !j.sub.Arrived.IsZero() {
-		a.deps.Metrics.StoredTime.Observe(time.Since(j.sub.Arrived).Seconds())
-	}
 }
 
 // perform carries out effects in the documented order (sched.Effects).
@@ -500,29 +374,6 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		a.released, a.lastJob, a.state = a.state.ID(), a.state.LastJob(), nil
 		a.stopWaiting() // its wake-ups still queued are stale: they pass their turn on
 		a.span, a.ctx = noSpan, context.Background()
-	}
-}
-
-func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
-	bytes := store.CopyBytes(a.deps.Layout, sj.Chunks)
-	ctx, span := a.ctx, noSpan
-	if !tracingOff(a.deps.Tracer) {
-		ctx, span = a.deps.Tracer.Start(a.ctx, tracing.SpanStoreJob)
-	}
-	if span.IsRecording() {
-		span.SetAttributes(tracing.AttrJob.Int64(int64(sj.ID)), tracing.AttrChunks.Int(len(sj.Chunks)),
-			tracing.AttrBytes.Int64(bytes))
-	}
-	j := &job{span: span, ctx: ctx, sub: transfer.Submit{Owner: c.Self(), Engine: a.deps.Engine, ID: sj.ID,
-		Dir: backend.DeviceToHost, Store: a.deps.Store, Chunks: sj.Chunks, Bytes: bytes,
-		Span: span.SpanContext(), Arrived: arrived, Session: a.deps.Session, Hearing: a.deps.Hearing,
-		HearingGen: a.deps.HearingGen}, next: a.jobs}
-	a.jobs = j
-	sub := &j.sub
-	if a.deps.Queue != nil {
-		a.deps.Queue.Submit(sub)
-	} else {
-		c.Send(a.deps.Transfer, sub)
 	}
 }
 

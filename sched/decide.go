@@ -1,0 +1,251 @@
+package sched
+
+// A request's store decision: which ready chunks to offer the pool, their
+// keys, and the job built from the room it gave.
+
+import (
+	"sync"
+	"unsafe"
+
+	"github.com/kvactors/kvactors/hostpool"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// scratch is a decision's working memory. It is pooled across requests
+// rather than kept per request: a live request holds none of it, and a
+// retry storm under overload (every event re-offering a prefill's chunks)
+// allocates nothing for it.
+type scratch struct {
+	cands   []candidate
+	keys    []messages.Key
+	missing []candidate    // chunks whose keys a decision builds
+	built   []messages.Key // their keys
+	starts  []int          // per group, where its chunks past its key cache start in missing
+	sizes   []int64        // bytes of each offered chunk
+	prep    hostpool.Prepared
+}
+
+var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
+
+// scratchMax bounds what a pooled scratch keeps (a huge prefill's buffers
+// are dropped rather than pooled).
+const scratchMax = 4096
+
+func (sc *scratch) release() {
+	clear(sc.keys) // no pooled reference to keys the pool may evict
+	clear(sc.built)
+	clear(sc.prep.Keys)
+	clear(sc.prep.Pending)
+	clear(sc.prep.Evicted)
+	clear(sc.prep.Victims) // their keys and extents, kept for a disk tier
+	sc.prep.Reset()        // empty for the next decision; its Ext is the job's now
+	if cap(sc.cands) > scratchMax || cap(sc.keys) > scratchMax || cap(sc.missing) > scratchMax ||
+		cap(sc.prep.Evicted) > scratchMax || cap(sc.prep.Pending) > scratchMax || cap(sc.prep.Victims) > scratchMax {
+		return
+	}
+	sc.cands, sc.keys, sc.missing, sc.built, sc.starts, sc.sizes = sc.cands[:0], sc.keys[:0], sc.missing[:0],
+		sc.built[:0], sc.starts[:0], sc.sizes[:0]
+	scratchPool.Put(sc)
+}
+
+func (r *Request) decide(p Preparer, e *Effects) {
+	tm := r.readyTerms()
+	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
+	readies := ready[:0]
+	offers := false
+	for g := range r.groups {
+		gr := &r.groups[g]
+		rd, reason, best := r.ready(g, tm)
+		readies = append(readies, rd)
+		if best > rd { // something about chunk rd is known, but not all: a deferral
+			if d := (deferNote{int32(rd), reason}); d != gr.lastDefer {
+				gr.lastDefer = d
+				e.Deferred.add(Deferral{Group: g, Chunk: rd, Reason: reason})
+			}
+		}
+		for range gr.candidates(&r.lay.Groups[g], rd, tm.bpc) {
+			offers = true
+			break
+		}
+	}
+	if !offers {
+		// Most decisions (a token step, a step without a new chunk) offer
+		// nothing: what the rest does with no keys, without its scratch.
+		r.poolFails, r.pendFails = 0, 0
+		for g := range r.groups {
+			r.groups[g].decided(readies[g])
+		}
+		return
+	}
+	sc := scratchPool.Get().(*scratch)
+	defer sc.release()
+	cands := sc.cands[:0]
+	keys := sc.keys[:0]
+	for g := range r.groups {
+		for c := range r.groups[g].candidates(&r.lay.Groups[g], readies[g], tm.bpc) {
+			cands = append(cands, candidate{g, c})
+		}
+	}
+	keys = r.candidateKeys(keys, cands, readies, sc)
+	sc.cands, sc.keys = cands, keys
+	prep := &sc.prep // empty (scratch.release); the Preparer writes over it
+	if len(keys) > 0 {
+		sizes := sc.sizes[:0]
+		for _, c := range cands {
+			sizes = append(sizes, r.lay.Groups[c.group].ChunkBytes)
+		}
+		sc.sizes = sizes
+		if err := p.PrepareStoreInto(prep, keys, sizes); err != nil { // no room, or a pool that refuses the keys: retry either way
+			r.cacheKeys(sc)
+			r.failAttempt(RetryPoolFull, e)
+			e.RoomGen = prep.RoomGen
+			return
+		}
+	}
+	r.poolFails = 0
+	for g := range r.groups {
+		r.groups[g].decided(readies[g])
+	}
+	e.Evicted = len(prep.Evicted)
+	e.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
+	r.holdPending(cands, keys, prep.Pending, e)
+	if len(prep.Keys) == 0 {
+		return
+	}
+	e.Job = r.buildJob(cands, keys, prep)
+	last := &r.inflight
+	for *last != nil {
+		last = &(*last).next
+	}
+	*last = e.Job
+}
+
+// holdPending keeps the chunks whose keys another copy is still filling as
+// redo chunks and asks for a retry: that copy may yet fail or be cancelled
+// (an engine reset cancels a dead epoch's queued copies) and free the key,
+// and a ready chunk is never skipped (PROTOCOL.md). Once the key is ready the
+// retry deduplicates it; once it is absent the retry stores it. pending is an
+// ordered subsequence of keys.
+func (r *Request) holdPending(cands []candidate, keys, pending []messages.Key, e *Effects) {
+	if len(pending) == 0 {
+		r.pendFails = 0
+		return
+	}
+	next := 0
+	for i, c := range cands {
+		if next < len(pending) && pending[next] == keys[i] {
+			r.groups[c.group].addRedo(c.chunk)
+			next++
+		}
+	}
+	r.failAttempt(RetryPending, e)
+	if e.Retry != nil { // not given up
+		e.Pending = append([]messages.Key(nil), pending...) // pending is the decision's scratch
+	}
+}
+
+// candidateKeys returns the keys of cands. Keys of chunks at or past the
+// cursor come from the group's cache, and those past the cache are built
+// (cacheKeys keeps them if the pool has no room). Redo chunks (below the
+// cursor, rare) get fresh keys. The new keys of a decision share one
+// allocation (appendKeys).
+func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies []messages.ChunkIndex,
+	sc *scratch) []messages.Key {
+	missing, starts := sc.missing[:0], sc.starts[:0]
+	for g := range r.groups {
+		gr := &r.groups[g]
+		starts = append(starts, len(missing))
+		for c := gr.cursor + messages.ChunkIndex(len(gr.cachedKeys())); c < readies[g]; c++ {
+			missing = append(missing, candidate{g, c})
+		}
+	}
+	extend := len(missing)
+	starts = append(starts, extend)
+	for _, c := range cands {
+		if c.chunk < r.groups[c.group].cursor {
+			missing = append(missing, c)
+		}
+	}
+	built := r.appendKeys(sc.built[:0], missing)
+	redo := built[extend:]
+	for _, c := range cands {
+		gr := &r.groups[c.group]
+		if c.chunk < gr.cursor {
+			keys, redo = append(keys, redo[0]), redo[1:]
+			continue
+		}
+		i, cached := int(c.chunk-gr.cursor), gr.cachedKeys()
+		if i < len(cached) {
+			keys = append(keys, cached[i])
+		} else {
+			keys = append(keys, built[starts[c.group]+i-len(cached)])
+		}
+	}
+	sc.missing, sc.built, sc.starts = missing, built, starts
+	return keys
+}
+
+// cacheKeys keeps the keys candidateKeys built past each group's cache, for
+// a decision the pool had no room for.
+func (r *Request) cacheKeys(sc *scratch) {
+	for g := range r.groups {
+		r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]])
+	}
+}
+
+// appendKeys builds the pool keys of cands in one allocation: the keys are
+// substrings of one string (a decision's keys are stored, and later evicted,
+// together, so sharing their backing costs little).
+func (r *Request) appendKeys(keys []messages.Key, cands []candidate) []messages.Key {
+	hashOf := func(c candidate) messages.Hash {
+		return r.hashes[(int(c.chunk)+1)*r.lay.Groups[c.group].HashesPerChunk-1]
+	}
+	size := 0
+	for _, c := range cands {
+		size += keyNSBytes + len(hashOf(c)) + keyGroupBytes
+	}
+	b := make([]byte, 0, size)
+	for _, c := range cands {
+		b = AppendKey(b, r.lay.Namespace, hashOf(c), c.group)
+	}
+	all, off := unsafe.String(unsafe.SliceData(b), len(b)), 0 // b is not written again
+	for _, c := range cands {
+		n := keyNSBytes + len(hashOf(c)) + keyGroupBytes
+		keys = append(keys, messages.Key(all[off:off+n]))
+		off += n
+	}
+	return keys
+}
+
+// roomOf is prep's room for its i'th key, nil when the preparer reported
+// none (a test double): the copy then locates the key itself.
+func roomOf(prep *hostpool.Prepared, i int) []hostpool.Extent {
+	if i >= len(prep.Ends) {
+		return nil
+	}
+	return prep.Chunk(i)
+}
+
+// slotOf is prep's pool entry for its i'th key, -1 when it reported none.
+func slotOf(prep *hostpool.Prepared, i int) int32 {
+	if i >= len(prep.Slots) {
+		return -1
+	}
+	return prep.Slots[i]
+}
+
+func (r *Request) buildJob(cands []candidate, keys []messages.Key, prep *hostpool.Prepared) *StoreJob {
+	r.nextJob++
+	job := &StoreJob{ID: r.nextJob, Request: r.id, Chunks: make([]JobChunk, 0, len(prep.Keys))}
+	bpc := r.lay.BlocksPerChunk
+	next := 0 // prep.Keys is an ordered subsequence of keys
+	for i, c := range cands {
+		if next >= len(prep.Keys) || prep.Keys[next] != keys[i] {
+			continue
+		}
+		job.Chunks = append(job.Chunks, JobChunk{Group: c.group, Index: c.chunk, Key: keys[i],
+			Blocks: r.groups[c.group].chunkIDs(c.chunk, bpc), Room: roomOf(prep, next), Slot: slotOf(prep, next)})
+		next++
+	}
+	return job
+}
