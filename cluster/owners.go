@@ -243,8 +243,17 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 		e, own = o.heldEntry(h), true
 	}
 	var renewed time.Time
-	if e != nil && e.Identity == o.me && e.Revision == h.rev {
+	switch {
+	case e != nil && e.Identity == o.me && e.Revision == h.rev:
 		renewed = h.renewed
+	case held && e != nil && e.Identity == o.me && e.Revision > h.rev && !h.unacked.IsZero():
+		// This process's own write past the one it knows landed: a
+		// keep-alive's whose reply is not back yet (or was lost). Nobody
+		// else writes this identity; it was sent no earlier than the first
+		// write not yet acknowledged, as landed counts it. Without this a
+		// register read during a keep-alive found the owner's lease lapsed
+		// and, naming another node, went unanswered by every node.
+		renewed = h.unacked
 	}
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,

@@ -40,6 +40,27 @@ func (l *lineLog) with(s string) (n, bytes int) {
 	return n, bytes
 }
 
+// dumpOnFailure logs the last lines about registers recorded when t fails:
+// the node's own account of a refusal that did not come.
+func (l *lineLog) dumpOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		var about []string
+		for _, line := range l.lines {
+			if strings.Contains(line, "register") {
+				about = append(about, line)
+			}
+		}
+		for _, line := range about[max(0, len(about)-40):] {
+			t.Logf("node log: %.300s", line)
+		}
+	})
+}
+
 // An engine chooses how often and with what "node" it registers: a name
 // that is not a node id (here 512 KiB) is refused bad_spec before any
 // claim, by every node alike, with an error that does not carry it; a
@@ -50,9 +71,13 @@ func (l *lineLog) with(s string) (n, bytes int) {
 func TestClusterRegisterRefusalsOfItsNodeAreBoundedAndRateLimited(t *testing.T) {
 	t.Parallel()
 	var logs lineLog
+	logs.dumpOnFailure(t)
 	kc := startCluster(t, 2, func(_ int, c *node.Config) {
+		// The engine sends no heartbeat: the refusals must all come within
+		// its lease, or n1 expires it and n0, named, serves it.
+		c.Lease = 10 * time.Second
 		if c.NodeID == "n1" {
-			c.Log = slog.New(slog.NewTextHandler(&logs, nil))
+			c.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})) // a register left to another node is a Debug line
 		}
 	})
 	te := kc.nodes[1].newEngine("e1", defaultOpts())
