@@ -12,13 +12,19 @@ import (
 // Link is a loopback TCP proxy to a server (NATS): cutting it is an outage
 // of the links through it alone, while clients connected to the server
 // directly see everything once it is back.
+//
+// It keeps its port for the whole test, cut or not: closing the listener at
+// a cut let another test's listener or an outgoing connection take the port
+// before Restore listened on it again ("address already in use", seen in
+// CI). While cut, a connection is accepted and closed at once, which a NATS
+// client or route takes as a failed connect, as it would a refused one.
 type Link struct {
-	t      *testing.T
 	Addr   string // where clients connect through the link
 	target string
+	ln     net.Listener
 
 	mu    sync.Mutex
-	ln    net.Listener
+	cut   bool
 	conns []net.Conn
 }
 
@@ -27,17 +33,27 @@ func NewLink(t *testing.T, target string) *Link {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	l := &Link{t: t, Addr: ln.Addr().String(), target: target, ln: ln}
-	go l.serve(ln)
-	t.Cleanup(l.Cut)
+	l := &Link{Addr: ln.Addr().String(), target: target, ln: ln}
+	go l.serve()
+	t.Cleanup(func() {
+		_ = l.ln.Close()
+		l.Cut()
+	})
 	return l
 }
 
-func (l *Link) serve(ln net.Listener) {
+func (l *Link) serve() {
 	for {
-		c, err := ln.Accept()
+		c, err := l.ln.Accept()
 		if err != nil {
-			return // cut
+			return // the test ended
+		}
+		l.mu.Lock()
+		cut := l.cut
+		l.mu.Unlock()
+		if cut {
+			_ = c.Close()
+			continue
 		}
 		s, err := net.Dial("tcp", l.target)
 		if err != nil {
@@ -45,6 +61,11 @@ func (l *Link) serve(ln net.Listener) {
 			continue
 		}
 		l.mu.Lock()
+		if l.cut { // cut while dialing: this pair is not tracked, so close it here
+			l.mu.Unlock()
+			_, _ = c.Close(), s.Close()
+			continue
+		}
 		l.conns = append(l.conns, c, s)
 		l.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
@@ -57,28 +78,21 @@ func (l *Link) serve(ln net.Listener) {
 	}
 }
 
-// Cut closes the listener and every connection: a client sees its
-// connection drop and every reconnect refused.
+// Cut closes every connection through the link and turns new ones away: a
+// client sees its connection drop and every reconnect fail.
 func (l *Link) Cut() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.ln != nil {
-		_ = l.ln.Close()
-		l.ln = nil
-	}
+	l.cut = true
 	for _, c := range l.conns {
 		_ = c.Close()
 	}
 	l.conns = nil
 }
 
-// Restore listens again on the same address.
+// Restore lets connections through again, on the same address.
 func (l *Link) Restore() {
-	l.t.Helper()
-	ln, err := net.Listen("tcp", l.Addr)
-	require.NoError(l.t, err, "listen again on %s", l.Addr)
 	l.mu.Lock()
-	l.ln = ln
-	l.mu.Unlock()
-	go l.serve(ln)
+	defer l.mu.Unlock()
+	l.cut = false
 }
