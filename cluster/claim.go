@@ -127,8 +127,10 @@ func (o *Owners) sending(engine string, sent time.Time) {
 func (o *Owners) landed(engine string, rev uint64) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if h, ok := o.mine[engine]; ok && rev > h.rev && !h.unacked.IsZero() {
-		o.mine[engine] = held{rev: rev, renewed: h.unacked}
+	if h, ok := o.mine[engine]; ok && rev > h.rev {
+		if sent, ok := h.sentBy(rev); ok {
+			o.mine[engine] = held{rev: rev, renewed: sent}
+		}
 	}
 }
 

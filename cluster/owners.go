@@ -54,6 +54,22 @@ type held struct {
 	unacked time.Time
 }
 
+// sentBy is when this process's own write found at rev was sent, at the
+// latest: its last known write's send time at that revision; past it, a
+// write whose reply is not back yet (or was lost), sent no earlier than the
+// first write not yet acknowledged, so a lease counted from it ends before
+// the servers'. False when no write of this claim can be at rev (nothing
+// sent since the last reply, or a revision below it).
+func (h held) sentBy(rev uint64) (time.Time, bool) {
+	switch {
+	case rev == h.rev && h.rev != 0:
+		return h.renewed, true
+	case rev > h.rev && !h.unacked.IsZero():
+		return h.unacked, true
+	}
+	return time.Time{}, false
+}
+
 // OpenOwners creates the ownership bucket, or binds to it if another node
 // made it with the same settings; different settings (lease, replicas) are
 // an error, since one node's lease cannot be another's.
@@ -243,17 +259,12 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 		e, own = o.heldEntry(h), true
 	}
 	var renewed time.Time
-	switch {
-	case e != nil && e.Identity == o.me && e.Revision == h.rev:
-		renewed = h.renewed
-	case held && e != nil && e.Identity == o.me && e.Revision > h.rev && !h.unacked.IsZero():
-		// This process's own write past the one it knows landed: a
-		// keep-alive's whose reply is not back yet (or was lost). Nobody
-		// else writes this identity; it was sent no earlier than the first
-		// write not yet acknowledged, as landed counts it. Without this a
-		// register read during a keep-alive found the owner's lease lapsed
-		// and, naming another node, went unanswered by every node.
-		renewed = h.unacked
+	if e != nil && e.Identity == o.me {
+		// Nobody else writes this identity: the record is this process's
+		// write, its reply back or not (a register read during a keep-alive
+		// sees the keep-alive's write before its reply; taken for lapsed,
+		// a register naming another node went unanswered by every node).
+		renewed, _ = h.sentBy(e.Revision)
 	}
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
