@@ -63,7 +63,8 @@ func (l *Link) serve() {
 		l.mu.Lock()
 		if l.cut { // cut while dialing: this pair is not tracked, so close it here
 			l.mu.Unlock()
-			_, _ = c.Close(), s.Close()
+			_ = c.Close()
+			_ = s.Close()
 			continue
 		}
 		l.conns = append(l.conns, c, s)
