@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -66,7 +67,9 @@ func (kc *kvCluster) engineOn(i int, id, ns string) *testEngine {
 	return te
 }
 
-// startNode starts node id on server s (its client connection there too).
+// startNode starts node id given server s first (the node may connect to
+// another: its client randomizes the servers) and returns it with a client
+// connection on server s.
 func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.Config)) *env {
 	t := kc.t
 	t.Helper()
@@ -84,6 +87,11 @@ func (kc *kvCluster) startNode(s int, id string, mutate ...func(i int, c *node.C
 	n, err := node.Start(context.Background(), cfg)
 	require.NoError(t, err, "start node %s", id)
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
+	// Start subscribed and flushed on its server (any of the cluster's:
+	// the client randomizes them); the others learn of it a little later.
+	// An engine's first message sent through one of them meanwhile would
+	// reach only the nodes already there.
+	kc.nats.WaitRoutedTo(n.NATSServerID(), cmp.Or(cfg.Prefix, node.DefaultConfig().Prefix)+".anyengine.register")
 	return &env{t: t, node: n, nc: kc.nats.Connect(s), reg: reg, dir: kc.dir}
 }
 

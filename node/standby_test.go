@@ -3,6 +3,7 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -101,7 +102,12 @@ func TestAStandbyTakesADeadPrimarysEnginesALeaseAfterItStarted(t *testing.T) {
 func TestAStandbyLeavesUnnamedEnginesToItsLivePrimary(t *testing.T) {
 	t.Parallel()
 	kc := startCluster(t, 1)
-	sb := kc.startNode(1, "sb", func(_ int, c *node.Config) { c.Cluster, c.StandbyFor = false, "n0" })
+	var logs lineLog
+	logs.dumpOnFailure(t)
+	sb := kc.startNode(1, "sb", func(_ int, c *node.Config) {
+		c.Cluster, c.StandbyFor = false, "n0"
+		c.Log = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug})) // an ignored register is a Debug line
+	})
 	for i := range 4 {
 		id := fmt.Sprintf("e%d", i)
 		te := kc.nodes[0].newEngine(id, defaultOpts()) // names no node; its memory is on both nodes' host

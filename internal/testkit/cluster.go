@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,6 +87,56 @@ func (c *Cluster) Connect(i int, opts ...nats.Option) *nats.Conn {
 	require.NoError(t, err, "connect to NATS server %d at %s", i, c.URL(i))
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// routeWaitTimeout bounds WaitRoutedTo: on loopback interest crosses a
+// route in milliseconds, seconds on a loaded 2-core machine.
+const routeWaitTimeout = 10 * time.Second
+
+// WaitRoutedTo waits (bounded) until every other running server forwards
+// a message on subject to the server of id: its route from that server
+// carries a subscription that matches subject. A client's subscription
+// reaches the other servers asynchronously, after its Flush: a message
+// published on one of them just after may reach nobody on the server it is
+// connected to (a register sent to a node that has just started, for one).
+func (c *Cluster) WaitRoutedTo(id, subject string) {
+	c.t.Helper()
+	c.waitRoutedTo(id, subject, routeWaitTimeout)
+}
+
+func (c *Cluster) waitRoutedTo(id, subject string, timeout time.Duration) {
+	c.t.Helper()
+	Eventually(c.t, timeout, 5*time.Millisecond, func() error {
+		for i := range c.Size() {
+			if from := c.Server(i); from != nil && from.ID() != id {
+				if err := routes(from, id, subject); err != nil {
+					return fmt.Errorf("server %d: %w", i, err)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+// routes reports whether from has a route from the server of id that
+// carries a subscription matching subject (a route's subscription is its
+// subject, then its queue group if it has one).
+func routes(from *server.Server, id, subject string) error {
+	rz, err := from.Routez(&server.RoutezOptions{Subscriptions: true})
+	if err != nil {
+		return fmt.Errorf("routez: %w", err)
+	}
+	for _, r := range rz.Routes {
+		if r.RemoteID != id {
+			continue
+		}
+		for _, sub := range r.Subs {
+			if f := strings.Fields(sub); len(f) > 0 && server.SubjectMatchesFilter(subject, f[0]) {
+				return nil
+			}
+		}
+	}
+	return fmt.Errorf("no route from %s carries interest in %s yet", id, subject)
 }
 
 // Stop shuts server i down and waits for it; its store stays, so Restart

@@ -71,3 +71,30 @@ var errNoRoute = errorString("no message across the route yet")
 type errorString string
 
 func (e errorString) Error() string { return string(e) }
+
+// WaitRoutedTo returns once a subscriber on one server is reachable from
+// every other: one publish each, no retry, reaches it. A stopped server is
+// not waited for; a subject nobody subscribes to is waited for until the
+// deadline, and the failure names the server that does not route it.
+func TestWaitRoutedToReturnsOnceEveryServerRoutesToANewSubscriber(t *testing.T) {
+	t.Parallel()
+	c := NATSCluster(t, 3)
+	const subject = "kvactors.e1.register"
+	ch := Subscribe(t, c.Connect(1), "kvactors.*.*")
+	c.WaitRoutedTo(c.Server(1).ID(), subject)
+	for _, s := range []int{0, 2} {
+		nc := c.Connect(s)
+		require.NoError(t, nc.Publish(subject, []byte{byte(s)}))
+		require.NoError(t, nc.Flush())
+		require.Equal(t, []byte{byte(s)}, Recv(t, ch, 5*time.Second, "the register published once on another server").Data)
+	}
+
+	c.Stop(2)
+	Subscribe(t, c.Connect(0), "kvactors.e2.register")
+	c.WaitRoutedTo(c.Server(0).ID(), "kvactors.e2.register")
+
+	msg := failure(t, func(tb testing.TB) {
+		(&Cluster{Cluster: c.Cluster, t: tb}).waitRoutedTo(c.Server(1).ID(), "nobody.here", 50*time.Millisecond)
+	})
+	require.Regexp(t, `^still waiting after 50ms: server 0: no route from \w+ carries interest in nobody.here yet$`, msg)
+}
