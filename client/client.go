@@ -82,6 +82,7 @@ type Client struct {
 
 	beforeHeartbeat func() // test hook: runs just before a heartbeat is published
 	beforeLoad      func() // test hook: runs in Load before it takes c.mu to send
+	afterReregister func() // test hook: runs on the session loop once a re-register took effect
 
 	subs []*nats.Subscription
 	kick chan struct{}

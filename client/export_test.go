@@ -18,6 +18,14 @@ func SetBeforeLoad(c *Client, f func()) {
 	c.mu.Unlock()
 }
 
+// SetAfterReregister sets a hook run on the session loop just after a
+// re-register took effect (c.mu not held), before the loop goes on.
+func SetAfterReregister(c *Client, f func()) {
+	c.mu.Lock()
+	c.afterReregister = f
+	c.mu.Unlock()
+}
+
 // PastBoots is pastBoots, for its table test.
 var PastBoots = pastBoots
 

@@ -14,7 +14,7 @@ import (
 func (c *Client) registerRetry(ctx context.Context) error {
 	backoff := 50 * time.Millisecond
 	for {
-		err := c.registerOnce(ctx)
+		err := c.registerOnce(ctx, nil)
 		if err == nil || errors.Is(err, errRefused) {
 			return err
 		}
@@ -42,13 +42,14 @@ var (
 const overloadedReply = messages.Overloaded
 
 // registerOnce sends the spec; on success the node, boot and lease of the
-// reply become the session's.
+// reply become the session's, and then (if any) runs in the same step,
+// under c.mu: nothing sees the new registration without what then changes.
 // ctx (besides RequestTimeout) bounds the wait for the reply.
 //
 // Registers run one at a time (Connect, then only the session loop), so
 // each is sent after the previous one took effect: another boot of the
 // node in its reply is a restart (boots.go).
-func (c *Client) registerOnce(ctx context.Context) error {
+func (c *Client) registerOnce(ctx context.Context, then func()) error {
 	c.mu.Lock()
 	n := c.probeLocked()
 	c.mu.Unlock()
@@ -84,6 +85,9 @@ func (c *Client) registerOnce(ctx context.Context) error {
 	}
 	c.lastSeen = time.Now()
 	c.st.Registers++
+	if then != nil {
+		then()
+	}
 	for _, bad := range CheckConn(c.nc.Opts, c.cfg.Engine, c.lease) {
 		c.cfg.Log.Warn("client: the NATS connection does not suit the node's lease", "engine", c.cfg.Engine,
 			"lease", c.lease, "problem", bad)
@@ -102,29 +106,40 @@ func (c *Client) registerOnce(ctx context.Context) error {
 // when its text changes, and handed to Config.OnRegisterRefused, so an
 // engine can see a session that will not come back (say a namespace whose
 // geometry changed) and act, e.g. Close.
+//
+// The session leaves the loss (or the pending re-register) in the step
+// that makes the reply's node and boot its own. In two steps, a request
+// finished between them was freed node_lost (no node can copy it) though
+// the new boot was already the session's.
 func (c *Client) tryRegister() {
-	err := c.registerOnce(context.Background()) // RequestTimeout bounds it
-	if err != nil && !errors.Is(err, errRefused) {
+	var hook func()
+	err := c.registerOnce(context.Background(), func() { // RequestTimeout bounds it
+		hook = c.afterReregister
+		c.st.RegisterRefused = ""
+		reason := ResyncReregister
+		if c.lost {
+			reason = ResyncNewBoot
+		}
+		// A new registration answers any overflow: its resync waits for nothing.
+		c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
+	})
+	switch {
+	case err == nil:
+		if hook != nil {
+			hook()
+		}
+		return
+	case !errors.Is(err, errRefused):
 		c.cfg.Log.Debug("client: re-register", "engine", c.cfg.Engine, "err", err)
 		return
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err != nil {
-		c.st.RegisterRefusals++
-		if msg := err.Error(); msg != c.st.RegisterRefused {
-			c.st.RegisterRefused = msg
-			c.cfg.Log.Warn("client: re-register refused; retrying every lease/4", "engine", c.cfg.Engine,
-				"err", err, "refusals", c.st.RegisterRefusals)
-		}
-		c.out.push(refusal{err})
-		return
+	c.st.RegisterRefusals++
+	if msg := err.Error(); msg != c.st.RegisterRefused {
+		c.st.RegisterRefused = msg
+		c.cfg.Log.Warn("client: re-register refused; retrying every lease/4", "engine", c.cfg.Engine,
+			"err", err, "refusals", c.st.RegisterRefusals)
 	}
-	c.st.RegisterRefused = ""
-	reason := ResyncReregister
-	if c.lost {
-		reason = ResyncNewBoot
-	}
-	// A new registration answers any overflow: its resync waits for nothing.
-	c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
+	c.out.push(refusal{err})
 }

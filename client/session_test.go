@@ -224,3 +224,51 @@ func TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal(t *testing.T) {
 	require.Empty(t, st.RegisterRefused)
 	require.Empty(t, refused)
 }
+
+// A re-register takes effect in one step: the moment the new boot is the
+// session's, the loss is over, so a request finished just then is owed
+// its release by the new boot and is not freed node_lost. Before, the
+// loss ended in a second step, and a request finished between the two was
+// freed at once, though the new boot was already registered (seen as a
+// flake of TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads).
+func TestARequestFinishedAsTheReregisterTakesEffectIsNotFreedNodeLost(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	hold := func(f *fakeNode) { f.holdRelease = func(uint64) bool { return true } }
+	f1 := startFakeNode(t, nc, "n1", "boot1", testLease, hold)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	oneRequest(t, c, "r1")
+
+	type step struct {
+		before, after client.Stats
+		err           error
+	}
+	steps := make(chan step, 4)
+	client.SetAfterReregister(c, func() { // on the session loop, as the engine's own goroutine could
+		before := c.Stats()
+		c.Added("r2", 8)
+		c.Blocks("r2", 0, 0, []uint32{3, 4})
+		err := c.Finished("r2", false, 8, 8)
+		select {
+		case steps <- step{before, c.Stats(), err}:
+		default:
+		}
+	})
+	f1.kill()
+	startFakeNode(t, nc, "n1", "boot2", testLease, hold)
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "r1 freed by boot1's loss")
+	require.Equal(t, client.Release{Request: "r1", Reason: messages.ReasonNodeLost}, rel)
+
+	st := testkit.Recv(t, steps, 5*time.Second, "the re-register with boot2")
+	require.NoError(t, st.err)
+	require.Equal(t, "boot2", st.before.Boot)
+	require.Equal(t, 2, st.before.Registers)
+	require.Equal(t, st.before.NodeLostFrees, st.after.NodeLostFrees, "r2, finished as boot2 became the session's, was freed node_lost")
+	require.Equal(t, st.before.Releases, st.after.Releases, "r2 was freed before boot2 released it")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error { // the new epoch's resync follows
+		if !c.Live() {
+			return fmt.Errorf("the session with boot2 is not live")
+		}
+		return nil
+	})
+}
