@@ -118,9 +118,10 @@ func (c *Cluster) waitRoutedTo(id, subject string, timeout time.Duration) {
 	})
 }
 
-// routes reports whether from has a route from the server of id that
-// carries a subscription matching subject (a route's subscription is its
-// subject, then its queue group if it has one).
+// routes is nil when from has a route from the server of id that carries
+// a subscription matching subject (a route's subscription is its subject,
+// then its queue group if it has one), an error saying which is missing
+// otherwise.
 func routes(from *server.Server, id, subject string) error {
 	rz, err := from.Routez(&server.RoutezOptions{Subscriptions: true})
 	if err != nil {
