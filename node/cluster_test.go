@@ -30,8 +30,10 @@ import (
 // needs at least 1 s, and the scripted engines stay silent between steps.
 const clusterLease = 2 * time.Second
 
-// kvCluster is n nodes, n<i> on server i of a NATS cluster, sharing one shm
-// directory (so any node can serve any engine unless its spec names one).
+// kvCluster is n nodes on a NATS cluster, n<i> given server i%3 first (its
+// client may pick another) and its test connection on that server, sharing
+// one shm directory (so any node can serve any engine unless its spec names
+// one).
 type kvCluster struct {
 	t     *testing.T
 	nats  *testkit.Cluster
