@@ -113,7 +113,8 @@ func (c *Client) registerOnce(ctx context.Context, then func()) error {
 // the new boot was already the session's.
 func (c *Client) tryRegister() {
 	var hook func()
-	err := c.registerOnce(context.Background(), func() { // RequestTimeout bounds it
+	// RequestTimeout bounds the wait; the loss ends in the step that takes the reply.
+	err := c.registerOnce(context.Background(), func() {
 		hook = c.afterReregister
 		c.st.RegisterRefused = ""
 		reason := ResyncReregister

@@ -14,7 +14,3 @@ func WithNATSOptions(opts ...nats.Option) func(*Config) {
 // NATSStats returns the node's NATS connection's counters (messages and
 // bytes received).
 func (n *Node) NATSStats() nats.Statistics { return n.nc.Stats() }
-
-// NATSServerID is the id of the NATS server the node is connected to (its
-// client randomizes the servers it is given).
-func (n *Node) NATSServerID() string { return n.nc.ConnectedServerId() }

@@ -167,3 +167,7 @@ func (n *Node) FillIntake(t *testing.T) (release func()) {
 	taken := takeWholeBudget(t, n.ingest)
 	return sync.OnceFunc(func() { n.ingest.release(taken) })
 }
+
+// NATSServerID is the id of the NATS server the node is connected to (its
+// client randomizes the servers it is given).
+func (n *Node) NATSServerID() string { return n.nc.ConnectedServerId() }

@@ -106,6 +106,9 @@ func (c *Cluster) WaitRoutedTo(id, subject string) {
 
 func (c *Cluster) waitRoutedTo(id, subject string, timeout time.Duration) {
 	c.t.Helper()
+	if id == "" { // nats.Conn.ConnectedServerId of a client not connected
+		c.t.Fatalf("wait for interest in %s routed to no server: the subscriber's client is not connected", subject)
+	}
 	Eventually(c.t, timeout, 5*time.Millisecond, func() error {
 		for i := range c.Size() {
 			if from := c.Server(i); from != nil && from.ID() != id {

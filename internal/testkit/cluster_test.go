@@ -97,4 +97,8 @@ func TestWaitRoutedToReturnsOnceEveryServerRoutesToANewSubscriber(t *testing.T) 
 		(&Cluster{Cluster: c.Cluster, t: tb}).waitRoutedTo(c.Server(1).ID(), "nobody.here", 50*time.Millisecond)
 	})
 	require.Regexp(t, `^still waiting after 50ms: server 0: no route from \w+ carries interest in nobody.here yet$`, msg)
+	msg = failure(t, func(tb testing.TB) {
+		(&Cluster{Cluster: c.Cluster, t: tb}).waitRoutedTo("", "kvactors.e1.register", 50*time.Millisecond)
+	})
+	require.Equal(t, "wait for interest in kvactors.e1.register routed to no server: the subscriber's client is not connected", msg)
 }
