@@ -173,7 +173,8 @@ func TestUnregisterWaitsForCopiesInFlight(t *testing.T) {
 // (a lapse, which refuses the copy: TestLapseRefusesTheOldSessionsCopies):
 // fenced by lease/2 after the last round trip, back about a reconnect
 // (~0.35 s) later, 1.5 s short of it. The engine, cut off too, was silent at
-// the node for lease/2 by then ("Engine silence"): the copy, let through by
+// the node for lease/2 by then ("Engine silence"; the fence counts from a
+// round trip made after the engine's last message): the copy, let through by
 // the fence, is refused as its engine's, and when the engine is heard again
 // its requests are reset (an SDK engine resyncs after its own reconnect
 // anyway); the copy never runs.
@@ -207,6 +208,14 @@ func TestCopiesWaitThroughAnOutage(t *testing.T) { // not parallel: restarts a N
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	heldAndQueued(t, te, dev)
+	// A round trip sent after the engine's last message, so the fence
+	// counts from no earlier than the engine's silence: wherever the
+	// fence lifts, the engine has been silent for lease/2. Without it the
+	// last round trip could be up to the pinger's period (lease/8) older,
+	// and a reconnect quicker than that let b's copy start (seen once in a
+	// dozen runs under load).
+	n.Ping()
+	require.False(t, n.Fenced())
 
 	s.Shutdown()
 	awaitFenced(t, n, lease)
@@ -232,7 +241,8 @@ func TestCopiesWaitThroughAnOutage(t *testing.T) { // not parallel: restarts a N
 	})
 	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
 		if v := metricValue(t, reg, "kvactors_transfer_copies_engine_silent_total", nil); v < 1 {
-			return fmt.Errorf("b's copy, past the fence, not refused as its silent engine's yet")
+			return fmt.Errorf("b's copy, past the fence, not refused as its silent engine's yet (fenced %v, lapses %v, copies started %d)",
+				n.Fenced(), metricValue(t, reg, "kvactors_transfer_fence_lapses_total", nil), len(dev.started))
 		}
 		return nil
 	})
