@@ -87,6 +87,15 @@ func ctxT(t *testing.T) context.Context {
 	return ctx
 }
 
+// attempt runs f with a context of its own (5 s): each try of a wait is
+// bounded alone, not by what a context the test began with has left (a
+// slow election would use that up before the wait's own deadline).
+func attempt(f func(ctx context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return f(ctx)
+}
+
 // "a register naming no node is answered by exactly one node (the one whose
 // compare-and-set won)": three nodes on three NATS servers race for each
 // of 20 engines; each ends with exactly one server, and the others ignore
