@@ -13,6 +13,7 @@ import (
 // it, and only a reply to a request sent after the registration proves a
 // restart.
 func TestOnlyALaterProbeSettlesASuspicion(t *testing.T) {
+	t.Parallel()
 	c := &Client{node: "n1", boot: "b1", lease: time.Second, loads: map[*loadWait]struct{}{},
 		cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 	c.regAt = c.probes // registered with b1

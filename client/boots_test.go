@@ -13,6 +13,7 @@ import (
 // with boot1, is no restart: boot1 still answers, so nothing it holds may
 // be freed and no load sent to it settled. (The reviewer's reproduction.)
 func TestAnOlderBootNeverRegisteredWithIsNoRestart(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease, func(f *fakeNode) {
 		f.holdRelease = func(uint64) bool { return true } // boot1 still stores r1

@@ -90,6 +90,7 @@ func oneRequest(t *testing.T, c *client.Client, r string) {
 // sends nothing, as a Load does (before, it asked the node, which
 // answered "unknown engine").
 func TestLookupAfterCloseSendsNothing(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	lookups := testkit.Subscribe(t, nc, "kvactors.e1.lookup")
@@ -104,6 +105,7 @@ func TestLookupAfterCloseSendsNothing(t *testing.T) {
 // TestConnectRetriesUntilANodeAnswers: no node at first (the register
 // request times out); Connect keeps trying and succeeds once one starts.
 func TestConnectRetriesUntilANodeAnswers(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	attempts := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	enc := dial(t, s.ClientURL(), "e1")
@@ -129,6 +131,7 @@ func TestConnectRetriesUntilANodeAnswers(t *testing.T) {
 // TestConnectStopsOnRefusal: a register the node refuses is an error at
 // once, not retried until the context ends.
 func TestConnectStopsOnRefusal(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.refuse = "bad_spec: no"
@@ -139,6 +142,7 @@ func TestConnectStopsOnRefusal(t *testing.T) {
 // TestInboxPrefixIsPerEngine: replies come to _INBOX.<engine>.…, which is
 // what NATS permissions confine an engine to.
 func TestInboxPrefixIsPerEngine(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	inboxes := make(chan string, 16)
 	sub, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) {
@@ -155,6 +159,7 @@ func TestInboxPrefixIsPerEngine(t *testing.T) {
 // saying why, before anything is sent: the node would answer none of the
 // engine's requests (PROTOCOL.md "kvactors' choice, replies").
 func TestConnectRefusesAConnectionOnAnotherInbox(t *testing.T) {
+	t.Parallel()
 	s, _ := testkit.NATS(t)
 	for _, opts := range [][]nats.Option{nil, {nats.CustomInboxPrefix(client.InboxPrefix("e2"))}} {
 		nc, err := nats.Connect(s.ClientURL(), opts...)
@@ -172,6 +177,7 @@ func TestConnectRefusesAConnectionOnAnotherInbox(t *testing.T) {
 // once, by the node's release for the current epoch; a release carrying
 // another epoch frees nothing.
 func TestReleasedOncePerEventInCurrentEpoch(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -203,6 +209,7 @@ func TestReleasedOncePerEventInCurrentEpoch(t *testing.T) {
 // re-announces the request from the mirror (hashes and blocks from 0), so
 // it is released exactly once, in the new epoch.
 func TestDroppedBatchIsResynced(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -247,6 +254,7 @@ func firstOnly() func(uint64) bool {
 // TestLostTailIsResynced drops the last batch (the finished event): only
 // the heartbeat's seq shows the node what it missed.
 func TestLostTailIsResynced(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -262,6 +270,7 @@ func TestLostTailIsResynced(t *testing.T) {
 // engine never receives it. r2's release (rseq 2) shows the gap; the
 // resync re-announces r1, whose release then arrives in the new epoch.
 func TestLostReleaseIsResynced(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.holdRelease = firstOnly()
@@ -284,6 +293,7 @@ func TestLostReleaseIsResynced(t *testing.T) {
 // TestLostLastReleaseIsResynced: the only release is lost, so no rseq gap
 // shows it: the heartbeat reply's released count does.
 func TestLostLastReleaseIsResynced(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.holdRelease = firstOnly()
@@ -304,6 +314,7 @@ func TestLostLastReleaseIsResynced(t *testing.T) {
 // 10). r1's only release is lost; the resync the heartbeat reply shows it
 // needs frees r1 in the new epoch.
 func TestAnUnnumberedReleaseInAV2SessionIsDropped(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.holdRelease = firstOnly()
@@ -332,6 +343,7 @@ func TestAnUnnumberedReleaseInAV2SessionIsDropped(t *testing.T) {
 // and no later than lease + 1 s after its death; a new boot of the node
 // gets a register and a new epoch re-announcing r2.
 func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.holdRelease = func(uint64) bool { return true } // nothing is released before the death
@@ -374,6 +386,7 @@ func TestNodeLossFreesAfterLeaseThenResyncs(t *testing.T) {
 // protocol says, and a preempted request whose blocks were already freed
 // is re-announced without its blocks, its new release absorbed silently.
 func TestPreemptedResyncStates(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -410,6 +423,7 @@ func TestPreemptedResyncStates(t *testing.T) {
 // TestCloseUnregistersAndStops: Close sends unregister, no callback runs
 // afterwards and the client's goroutines are gone.
 func TestCloseUnregistersAndStops(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	enc := dial(t, s.ClientURL(), "e1")
@@ -446,6 +460,7 @@ func TestCloseUnregistersAndStops(t *testing.T) {
 // the resync re-announces a preemption and the finish, and the engine gets
 // exactly the two releases it is owed, in order, in the new epoch.
 func TestResumeBeforeReleaseOwesTwo(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	n := 0
@@ -476,6 +491,7 @@ func TestResumeBeforeReleaseOwesTwo(t *testing.T) {
 // "unknown engine" makes the client register again and re-announce the
 // request it still runs, in a new epoch.
 func TestForgottenEngineRegistersAgain(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
@@ -506,6 +522,7 @@ func TestForgottenEngineRegistersAgain(t *testing.T) {
 // once, not at its next tick a period later: until it has, the engine's
 // batches are dropped and its loads refused.
 func TestForgottenEngineRegistersAgainAtOnce(t *testing.T) {
+	t.Parallel()
 	const lease = 4 * time.Second // a heartbeat period of 1 s
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", lease)
@@ -530,6 +547,7 @@ func TestForgottenEngineRegistersAgainAtOnce(t *testing.T) {
 // its connection comes back the client starts a new epoch (whatever was in
 // flight may be lost).
 func TestOwnReconnectResyncs(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	url := s.ClientURL()
 	nc := testkit.Connect(t, s)
@@ -559,6 +577,7 @@ func TestOwnReconnectResyncs(t *testing.T) {
 // before freeing (the node may have heard that publish); Close during that
 // wait returns at once.
 func TestCloseDuringLeaseWait(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	const lease = 2 * time.Second
 	f := startFakeNode(t, nc, "n1", "boot1", lease)
@@ -586,6 +605,7 @@ func TestCloseDuringLeaseWait(t *testing.T) {
 // too: under -race this checks the documented safety, and every request
 // is released exactly once.
 func TestConcurrentUse(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -627,6 +647,7 @@ func TestConcurrentUse(t *testing.T) {
 // message the node sends: the heartbeat replies alone (applied stays below
 // what was published) make the client resync.
 func TestLostTailWithoutResyncMessage(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.muteResync = true

@@ -22,6 +22,7 @@ import (
 // and becoming a resync of every request. The node applies all of it, in
 // order, in the same epoch.
 func TestALargeStepGoesOutInSeveralBatches(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	// A long lease: the fake node takes heartbeats on another goroutine
 	// than batches, so one overtaking a slowly decoded batch would read as
@@ -88,6 +89,7 @@ func TestALargeStepGoesOutInSeveralBatches(t *testing.T) {
 // to twice it: with MaxBatchBytes 600 KiB, past NATS' 1 MiB max_payload,
 // refused, and a resync).
 func TestABlocksEventCutNeverTakesAStepPartPastTheBound(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", time.Minute)
 	const maxBatch = 600 << 10
@@ -128,6 +130,7 @@ func TestABlocksEventCutNeverTakesAStepPartPastTheBound(t *testing.T) {
 // wire.Batch.Len), each over it by at most one event, and the node applies
 // all of it in the new epoch.
 func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
 	const maxBatch = 4096
@@ -169,6 +172,7 @@ func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
 // never fills; PROTOCOL.md checklist step 9), and the next resync, in yet
 // another epoch, re-announces everything.
 func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
 	const failAt = 3

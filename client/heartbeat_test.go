@@ -18,6 +18,7 @@ import (
 // must never get that heartbeat, carrying the ended epoch, after the new
 // epoch's first batch.
 func TestHeartbeatNeverFollowsTheNextEpoch(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	seen := testkit.Subscribe(t, nc, "kvactors.e1.*")

@@ -24,6 +24,7 @@ import (
 // same boot, would apply it in the old epoch after e1 freed those requests,
 // storing from reused blocks.
 func TestEngineLinkCutFreesALeaseAfterItsLastMessage(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	nc := testkit.Connect(t, s)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease, func(f *fakeNode) {
@@ -103,6 +104,7 @@ func TestEngineLinkCutFreesALeaseAfterItsLastMessage(t *testing.T) {
 // sign of life moves the frees a lease past it. Lookup sends nothing while
 // the node is lost.
 func TestAPublishWhileLostPostponesTheFrees(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease, func(f *fakeNode) {
 		f.holdRelease = func(uint64) bool { return true }
@@ -138,6 +140,7 @@ func TestAPublishWhileLostPostponesTheFrees(t *testing.T) {
 // at register (one on another inbox prefix is refused at Connect:
 // TestConnectRefusesAConnectionOnAnotherInbox).
 func TestCheckConn(t *testing.T) {
+	t.Parallel()
 	o := nats.GetDefaultOptions()
 	for _, opt := range client.Options("e1") {
 		require.NoError(t, opt(&o))
@@ -163,6 +166,7 @@ func TestCheckConn(t *testing.T) {
 // engine's) is reported: the node answers none of its requests, and under
 // per-engine NATS permissions no other reply would reach it either. The rest of its settings are the SDK's.
 func TestCheckConnTellsAMissingPerEngineInboxPrefix(t *testing.T) {
+	t.Parallel()
 	for _, prefix := range []string{"", client.InboxPrefix("e2")} {
 		o := nats.GetDefaultOptions()
 		for _, opt := range client.Options("e1") {
@@ -180,6 +184,7 @@ func TestCheckConnTellsAMissingPerEngineInboxPrefix(t *testing.T) {
 // at once: it was never sent, so it is not in doubt, and once the link is
 // back nothing of it reaches the node.
 func TestALoadWhileTheLinkIsDownIsNeverSent(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	nc := testkit.Connect(t, s)
 	startFakeNode(t, nc, "n1", "boot1", testLease)

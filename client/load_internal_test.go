@@ -15,6 +15,7 @@ import (
 // alive after all, whose fence never closed. Its reply or an answered
 // unregister (sent after it on the same connection) still settles it.
 func TestNodeLossSettlesOnlyLoadsThatReachedNATS(t *testing.T) {
+	t.Parallel()
 	c := &Client{loads: map[*loadWait]struct{}{}}
 	load := func(atServer bool) *loadWait {
 		w := &loadWait{node: "n1", boot: "b1", settled: make(chan struct{}), doubt: true, atServer: atServer}
@@ -50,6 +51,7 @@ func TestNodeLossSettlesOnlyLoadsThatReachedNATS(t *testing.T) {
 // whose request may still have been in the reconnect buffer (the node's
 // crash took the engine's link, as with its embedded NATS server).
 func TestANewBootSettlesEveryLoadOfTheOldOne(t *testing.T) {
+	t.Parallel()
 	c := &Client{loads: map[*loadWait]struct{}{}, node: "n1", boot: "b1", lease: time.Second,
 		cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil))}}
 	w := &loadWait{node: "n1", boot: "b1", settled: make(chan struct{}), doubt: true}

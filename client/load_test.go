@@ -33,6 +33,7 @@ func loadInDoubt(t *testing.T, c *client.Client) *client.LoadInDoubtError {
 // up is in doubt (its blocks may still be written) through heartbeat round
 // trips, which prove nothing about it, and settled by its own late reply.
 func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
@@ -62,6 +63,7 @@ func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
 // lease after its last heartbeat (its fencing stops copies by then); while
 // the node is lost, Load sends nothing.
 func TestLoadInDoubtUntilTheNodeIsLost(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	held := make(chan struct{}, 4)
@@ -84,6 +86,7 @@ func TestLoadInDoubtUntilTheNodeIsLost(t *testing.T) {
 // by Close's unregister, which the node answers only once its loads in
 // flight are done.
 func TestLoadInDoubtUntilUnregistered(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	f.mu.Lock()
@@ -114,6 +117,7 @@ func stillOpen(t *testing.T, ch <-chan struct{}, d time.Duration, what string) {
 // overtake it) leaves the load refused and unsent: sent later, the lost
 // node's fence would not cover it and nothing would settle it.
 func TestNoLoadIsSentAfterItsNodeWasGivenUp(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease, func(f *fakeNode) {
 		f.holdRelease = func(uint64) bool { return true }
@@ -138,6 +142,7 @@ func TestNoLoadIsSentAfterItsNodeWasGivenUp(t *testing.T) {
 // nothing and fails with ctx's error, not in doubt: sent, it could only
 // come back in doubt, its destination blocks held until settled.
 func TestALoadWhoseContextIsDoneIsNotSent(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	enc := dial(t, s.ClientURL(), "e1")

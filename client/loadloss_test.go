@@ -78,6 +78,7 @@ func loadBehindACut(t *testing.T) (*client.Client, *testkit.Link, *fakeNode, *na
 // fenced. So the loss leaves it in doubt; once the link is back it reaches
 // the node, and the node's reply settles it.
 func TestALoadWhoseFlushFailedOutlivesTheNodesLoss(t *testing.T) {
+	t.Parallel()
 	c, l, _, _, d := loadBehindACut(t)
 	l.Restore()
 	testkit.Closed(t, d.Settled(), 10*time.Second, "the load settled by its reply, once it left the reconnect buffer")
@@ -93,6 +94,7 @@ func TestALoadWhoseFlushFailedOutlivesTheNodesLoss(t *testing.T) {
 // the load the loss left in doubt. The new boot never answers the load (it
 // reaches it from the reconnect buffer): nothing else settles it.
 func TestARegisterReplyFromANewBootSettlesALoadTheLossLeftInDoubt(t *testing.T) {
+	t.Parallel()
 	c, l, f, nc, d := loadBehindACut(t)
 	f.kill()
 	startFakeNode(t, nc, "n1", "boot2", testLease, func(f *fakeNode) { f.dropLoads = true })
@@ -116,6 +118,7 @@ func TestARegisterReplyFromANewBootSettlesALoadTheLossLeftInDoubt(t *testing.T) 
 // and its reply settles it. (On a connection with a reconnect buffer; with
 // the SDK's Options the load fails at once, never sent.)
 func TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads(t *testing.T) {
+	t.Parallel()
 	s := testkit.NATSServer(t)
 	nc := testkit.Connect(t, s)
 	hold := func(f *fakeNode) { f.holdRelease = func(uint64) bool { return true } }

@@ -20,6 +20,7 @@ import (
 // engine's own node may still be writing into the load's blocks. n1 holds
 // the load; nA's answer is passed over, and the load ends with n1's.
 func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
+	t.Parallel()
 	c, gate, held, answered := heldLoadAndAnotherReply(t,
 		messages.LoadReply{Error: messages.Overloaded + ": inbound queue full", Node: "nA", Boot: "bootA"})
 
@@ -38,6 +39,7 @@ func TestALoadSettlesOnlyOnItsOwnNodesReply(t *testing.T) {
 // A reply from another boot of the node the load was sent to settles it:
 // the old process can copy nothing more (a newer boot answered).
 func TestALoadSettlesOnAReplyOfAnotherBootOfItsNode(t *testing.T) {
+	t.Parallel()
 	c, gate, _, _ := heldLoadAndAnotherReply(t, messages.LoadReply{Error: `unknown engine "e1"`, Node: "n1", Boot: "boot2"})
 	defer func() { gate <- struct{}{} }()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

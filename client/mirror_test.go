@@ -343,6 +343,7 @@ func deliverReleases(t *testing.T, c *Client, e *engineModel, m *modelNode, n in
 // request forgets its block ids). No block the engine gets back with an
 // owed release may be named after an earlier owed release's event.
 func TestReannounceAfterPreemption(t *testing.T) {
+	t.Parallel()
 	start := func(c *Client) {
 		c.Added("r", 8)
 		c.Hashes("r", 0, []byte{0xaa})

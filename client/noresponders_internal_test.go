@@ -15,6 +15,7 @@ import (
 // dead node's unanswered heartbeats do not postpone the node_lost frees by
 // a lease. One a node answers does count.
 func TestAHeartbeatNobodyTookDoesNotCountAsSent(t *testing.T) {
+	t.Parallel()
 	s, node := testkit.NATS(t)
 	enc, err := nats.Connect(s.ClientURL(), Options("e1")...)
 	require.NoError(t, err)

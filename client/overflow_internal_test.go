@@ -11,6 +11,7 @@ import (
 // up to lease/4; each wait is in [½, 1] of its step; a lease without one
 // starts over; a negative backoff waits not at all.
 func TestOverflowWaitDoublesUpToAQuarterLease(t *testing.T) {
+	t.Parallel()
 	c := &Client{cfg: Config{OverflowBackoff: 10 * time.Millisecond}, lease: 8 * time.Second}
 	now := time.Unix(1_800_000_000, 0)
 	step := 10 * time.Millisecond

@@ -57,6 +57,7 @@ func awaitNewEpoch(t *testing.T, batches <-chan *nats.Msg, old string) {
 // [½, 1] of it), not at once: batches flushed meanwhile are held, not
 // sent into the full intake, and the new epoch re-announces them.
 func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
+	t.Parallel()
 	const backoff = time.Second
 	f, c, batches, old := overflowRig(t, backoff)
 	asked := time.Now()
@@ -96,6 +97,7 @@ func TestOverflowResyncWaitsItsBackoff(t *testing.T) {
 // wait ends, even if a heartbeat was awaiting its reply then (a node whose
 // intake overflowed answers slowly): not a heartbeat period later.
 func TestOverflowResyncOfAnIdleEngineEndsWithItsWait(t *testing.T) {
+	t.Parallel()
 	f, _, batches, old := overflowRig(t, 40*time.Millisecond)
 	f.mu.Lock()
 	f.hbDelay = 300 * time.Millisecond // longer than the wait

@@ -21,6 +21,7 @@ import (
 // the caller's, with a ReconnectHandler of its own: that handler still runs
 // (the client listens to the connection's status, it sets no handler).
 func TestOwnReconnectResyncsAtOnceAndLeavesTheCallersHandler(t *testing.T) {
+	t.Parallel()
 	const lease = 40 * time.Second
 	s := testkit.NATSServer(t)
 	nc := testkit.Connect(t, s)

@@ -24,6 +24,7 @@ import (
 // the engine is told at the call instead of waiting for a release that
 // never names it.
 func TestARequestIDTheProtocolForbidsIsRefusedAtAdded(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
@@ -75,6 +76,7 @@ func TestARequestIDTheProtocolForbidsIsRefusedAtAdded(t *testing.T) {
 // owes no release, a resync re-announces none of them, and the same event
 // with valid counts then works.
 func TestACountTheProtocolForbidsIsRefusedAtItsEvent(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rel := newReleases()
@@ -155,6 +157,7 @@ func nodeRejectsNothing(t *testing.T) (check func(), before func(*nats.Msg, uint
 // bad_hash, so each later hashes event would be a hole and each resync
 // would re-announce it. A 64-byte hash passes.
 func TestAHashTheNodeRejectsIsRefusedAtHashes(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	noRejects, before := nodeRejectsNothing(t)

@@ -37,6 +37,7 @@ func forgetAndRefuse(t *testing.T, f *fakeNode, c *client.Client) {
 // addressed to the old boot: the engine would reuse blocks being copied
 // into.
 func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f1 := startFakeNode(t, nc, "n1", "boot1", 2*time.Second)
 	enc := dial(t, s.ClientURL(), "e1")
@@ -69,6 +70,7 @@ func TestNoLoadIsSentWhileAReregisterIsPending(t *testing.T) {
 // whose engine_gone has not come yet (its copies still running: the node
 // answers "unknown engine" as soon as it drops the engine) waits for it.
 func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
@@ -122,6 +124,7 @@ func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
 // after Close began, and Close unregisters the registration the loop made
 // (else the node keeps the engine, its segments mapped, until it expires).
 func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
 	enc := dial(t, s.ClientURL(), "e1")
@@ -159,6 +162,7 @@ func TestCloseDuringASucceedingReregisterUnregisters(t *testing.T) {
 // node holds nothing of it any more), while the node refuses the engine,
 // so no resync can answer the second.
 func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()

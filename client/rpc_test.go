@@ -18,6 +18,7 @@ import (
 // is lost read the session's node under the lock a register writes it
 // under (run with -race).
 func TestLookupWhileLostIsSafeBesideARegister(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
@@ -58,6 +59,7 @@ func TestLookupWhileLostIsSafeBesideARegister(t *testing.T) {
 // full intake dropped it unread), as a register is retried: given up, the
 // node would keep the engine and its segments until it expired.
 func TestCloseRetriesAnUnregisterTheNodeWasTooBusyToTake(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", time.Minute)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})

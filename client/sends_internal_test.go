@@ -15,6 +15,7 @@ import (
 // that may have left it (one in flight counts; one the NATS client refused
 // at once does not).
 func TestFreeAtMovesWithALaterPublish(t *testing.T) {
+	t.Parallel()
 	t0 := time.Now()
 	at := func(d time.Duration) time.Time { return t0.Add(d) }
 	c := &Client{lease: time.Second, lastSeen: t0}

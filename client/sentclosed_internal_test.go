@@ -17,6 +17,7 @@ import (
 // a request refused before any send does: it still counts in last_sent (the
 // node heard it; the frees may only come later, never earlier).
 func TestARequestSentThenClosedStillCountsAsSent(t *testing.T) {
+	t.Parallel()
 	s, node := testkit.NATS(t)
 	got := make(chan struct{}, 1)
 	_, err := node.Subscribe("kvactors.e1.lookup", func(*nats.Msg) { got <- struct{}{} }) // never answers

@@ -21,6 +21,7 @@ import (
 // first logged at Warn, and handed to OnRegisterRefused; the client keeps
 // trying, and registers once the node accepts it.
 func TestRefusedReregisterIsSurfaced(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	var logs testkit.SyncBuffer
@@ -63,6 +64,7 @@ func TestRefusedReregisterIsSurfaced(t *testing.T) {
 // TestConnectEndsWithItsContext: a register that reaches a responder that
 // never answers is bounded by Connect's ctx, not only by RequestTimeout.
 func TestConnectEndsWithItsContext(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	attempts := testkit.Subscribe(t, nc, "kvactors.e1.register") // hears, never answers
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -81,6 +83,7 @@ func TestConnectEndsWithItsContext(t *testing.T) {
 // it again, so a re-register is pending; Close sends no unregister (the
 // node would only answer "unknown engine") and reports no error.
 func TestCloseWhileReregisterPending(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
@@ -104,6 +107,7 @@ func TestCloseWhileReregisterPending(t *testing.T) {
 // before that never answers (boot3: boot2 answers the probe, so boot3 is
 // older); a boot not seen before that answers is (boot4).
 func TestALateMessageOfAPastBootIsNoNews(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f1 := startFakeNode(t, nc, "n1", "boot1", testLease)
 	var logs testkit.SyncBuffer
@@ -150,6 +154,7 @@ func TestALateMessageOfAPastBootIsNoNews(t *testing.T) {
 }
 
 func TestPastBoots(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name               string
 		past               []string
@@ -174,6 +179,7 @@ func TestPastBoots(t *testing.T) {
 // it unread): Connect retries it, as it retries one nobody answered,
 // instead of taking it for a refusal of the spec.
 func TestConnectRetriesARegisterTheNodeWasTooBusyToTake(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	registers := 0
 	sub, err := nc.Subscribe("kvactors.e1.register", func(m *nats.Msg) {
@@ -199,6 +205,7 @@ func TestConnectRetriesARegisterTheNodeWasTooBusyToTake(t *testing.T) {
 // the engine, a register answered "node overloaded" is retried without
 // being counted or reported as a refusal (OnRegisterRefused).
 func TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	refused := make(chan error, 16)
@@ -232,6 +239,7 @@ func TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal(t *testing.T) {
 // freed at once, though the new boot was already registered (seen as a
 // flake of TestARestartSeenBeforeTheRegisterReplyDoesNotSettleTheNewBootsLoads).
 func TestARequestFinishedAsTheReregisterTakesEffectIsNotFreedNodeLost(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	hold := func(f *fakeNode) { f.holdRelease = func(uint64) bool { return true } }
 	f1 := startFakeNode(t, nc, "n1", "boot1", testLease, hold)

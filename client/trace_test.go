@@ -21,6 +21,7 @@ import (
 // Load write the trace context of their ctx into the request's headers;
 // without a span in ctx they add none.
 func TestLookupAndLoadCarryTheTraceOfTheirContext(t *testing.T) {
+	t.Parallel()
 	s, nc := testkit.NATS(t)
 	startFakeNode(t, nc, "n1", "boot1", testLease)
 	lookups := make(chan *nats.Msg, 4)
