@@ -18,9 +18,9 @@ import (
 // its choosing, with no session tick near it.
 func (n *Node) RecordLapse() { n.fence.Check(time.Now().Add(n.cfg.Lease)) }
 
-// Ping makes one round trip with NATS as the pinger does; after a lapse it
-// ends it.
-func (n *Node) Ping() { n.ping() }
+// Ping makes one round trip with NATS as the pinger does (its error: the
+// flush failed, and the fence was told nothing); after a lapse it ends it.
+func (n *Node) Ping() error { return n.ping() }
 
 // HoldIntake stops the intake's take before it stamps a message with the
 // fence generation (the lock its stop takes), as a descheduled NATS

@@ -214,8 +214,7 @@ func TestCopiesWaitThroughAnOutage(t *testing.T) { // not parallel: restarts a N
 	// last round trip could be up to the pinger's period (lease/8) older,
 	// and a reconnect quicker than that let b's copy start (seen once in a
 	// dozen runs under load).
-	n.Ping()
-	require.False(t, n.Fenced())
+	require.NoError(t, n.Ping())
 
 	s.Shutdown()
 	awaitFenced(t, n, lease)

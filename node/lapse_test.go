@@ -124,7 +124,7 @@ func TestEnginesAreToldAtALapsesStartAndEnd(t *testing.T) {
 	// engine ahead of the round trip that ends the lapse.
 	none(te, te.resync, "a resync order during the lapse")
 
-	e.node.Ping() // the round trip that ends the lapse
+	require.NoError(t, e.node.Ping()) // the round trip that ends the lapse
 	rs := recv(t, te.resync, "the held resync order at the lapse's end")
 	require.Equal(t, "ep1", rs.Epoch)
 	require.Equal(t, messages.ResyncReconnect, rs.Reason)

@@ -90,18 +90,21 @@ func (n *Node) pinger(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n.ping()
+		_ = n.ping() // failed: the fence goes on counting from the last that completed
 	}
 }
 
 // ping makes one round trip with NATS and reports it to the fence when it
 // completes: the completed flush proves the server heard the node at the
-// time it was sent.
-func (n *Node) ping() {
+// time it was sent. Its error is the flush's (nothing reported then); the
+// node's loops try again at their next period.
+func (n *Node) ping() error {
 	sent := time.Now()
-	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err == nil {
-		n.fence.RoundTrip(sent)
+	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err != nil {
+		return err
 	}
+	n.fence.RoundTrip(sent)
+	return nil
 }
 
 // watchdog records a lapse that no round trip reveals (NATS still down:
@@ -168,7 +171,7 @@ func (n *Node) reconnected() {
 	if n.outbox == nil || n.closed.Load() {
 		return
 	}
-	n.ping()
+	_ = n.ping() // failed, the fence stays as it is: the pinger tries again
 	n.hello()
 	n.reannounce() // kv_events may have been lost
 	if n.cl != nil && n.cl.feed != nil {
