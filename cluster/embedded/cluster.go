@@ -4,15 +4,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/url"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
 )
+
+// metaGroup is the name nats-server gives the JetStream meta group's Raft
+// node (its defaultMetaGroupName).
+const metaGroup = "_meta_"
 
 // readyTimeout bounds the wait for one server to accept clients.
 const readyTimeout = 10 * time.Second
@@ -244,10 +250,80 @@ func (c *Cluster) WaitFormed(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%w (%w)", err, ctx.Err())
+			return fmt.Errorf("%w (%w); meta group: %s", err, ctx.Err(), c.metaGroups())
 		case <-tick.C:
 		}
 	}
+}
+
+// metaGroups describes each running server's view of the JetStream meta
+// group (its Raft state, term, leader, log positions and when it last heard
+// each peer): what a cluster that does not form is stuck on.
+func (c *Cluster) metaGroups() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var b strings.Builder
+	for i, s := range c.servers {
+		if s == nil {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString("; ")
+		}
+		fmt.Fprintf(&b, "s%d %s", i, describeMeta(s))
+	}
+	return b.String()
+}
+
+func describeMeta(s *server.Server) string {
+	st := s.Raftz(&server.RaftzOptions{GroupFilter: metaGroup})
+	if st == nil {
+		return "(no meta group)"
+	}
+	for _, groups := range *st {
+		g, ok := groups[metaGroup]
+		if !ok {
+			continue
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s term %d vote %s leader %s commit %d applied %d pterm %d pindex %d",
+			g.State, g.Term, nodeName(g, g.Vote), nodeName(g, g.Leader), g.Committed, g.Applied, g.PTerm, g.PIndex)
+		if g.CatchingUp {
+			b.WriteString(" catching up")
+		}
+		if g.Paused {
+			b.WriteString(" paused")
+		}
+		if g.WALError != nil {
+			fmt.Fprintf(&b, " wal error %v", g.WALError)
+		}
+		for _, p := range slices.SortedFunc(maps.Values(g.Peers), func(a, b server.RaftzGroupPeer) int {
+			return strings.Compare(a.Name, b.Name)
+		}) {
+			if p.LastSeen == "" {
+				fmt.Fprintf(&b, ", peer %s never seen", p.Name)
+			} else {
+				fmt.Fprintf(&b, ", peer %s seen %s ago", p.Name, p.LastSeen)
+			}
+		}
+		return b.String()
+	}
+	return "(no meta group)"
+}
+
+// nodeName is the server name behind Raft node id, as g knows it: Raft
+// speaks in node ids, the cluster's servers are named s0, s1, ….
+func nodeName(g server.RaftzGroup, id string) string {
+	switch {
+	case id == "":
+		return "none"
+	case id == g.ID:
+		return "self"
+	}
+	if p, ok := g.Peers[id]; ok && p.Name != "" {
+		return p.Name
+	}
+	return id
 }
 
 // Size is the number of configured servers.

@@ -29,6 +29,12 @@ func TestFormsStopsAndRestarts(t *testing.T) {
 
 	require.NoError(t, c.Stop(1))
 	require.Error(t, c.Stop(1), "already stopped")
+	// What a wait that times out reports: each running server's view of
+	// the meta group, and no stopped server's.
+	meta := c.metaGroups()
+	view := `(LEADER|FOLLOWER|CANDIDATE) term \d+ vote \w+ leader \w+ commit \d+ applied \d+ pterm \d+ pindex \d+(, peer s\d (never seen|seen \S+ ago))*`
+	require.Regexp(t, `^s0 `+view+`; s2 `+view+`$`, meta)
+	require.NotContains(t, meta, "; s1 ")
 	require.Nil(t, c.Server(1))
 	require.NoError(t, c.Restart(1))
 	require.Error(t, c.Restart(1), "already running")
