@@ -4,11 +4,12 @@ import (
 	"regexp"
 	"sync/atomic"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
 	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/internal/buildinfo"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
 )
 
 // Metrics is every collector set of a node, built on one registerer. The

@@ -8,11 +8,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
-	"github.com/stretchr/testify/require"
 )
 
 // TestCUDAClusterRefusesAnEngineNamingNoNode: on a cluster of cuda nodes a

@@ -8,8 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvactors/kvactors/messages"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
 )
 
 var (

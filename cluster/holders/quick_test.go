@@ -8,8 +8,9 @@ import (
 	"testing/quick"
 	"time"
 
-	"github.com/kvactors/kvactors/messages"
 	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
 )
 
 // naive is the deliberately simple model the index is checked against:
