@@ -35,13 +35,18 @@ func TestARouteCutOwnerStopsServingBeforeItsStandbyClaims(t *testing.T) {
 	standby := openOwners(t, c.Connect(k), "gpu-0b", "gpu-0", 3)
 	acks := &ackedKV{KeyValue: standby.kv, at: map[string]time.Time{}}
 	standby.kv = acks
-	ctx, stop := context.WithTimeout(context.Background(), 10*time.Second)
+	// No deadline for the whole test: each call below has its own. The
+	// heal waits for the cluster to form again (up to testkit's 20 s), and
+	// a deadline set here ran out behind a slow one (seen in the next test).
+	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
 	mustServe(t, owner, "e1", reg)
 
-	_, err := owner.KeepAlive(ctx, "e1")
-	require.NoError(t, err)
+	require.NoError(t, attempt(func(ctx context.Context) error {
+		_, err := owner.KeepAlive(ctx, "e1")
+		return err
+	}))
 	ownerEnd := owner.heldAt("e1").renewed.Add(testLease) // Serving's bound
 	c.Isolate(m)
 	cut := time.Now()
@@ -97,7 +102,9 @@ func TestARouteCutOwnerStopsServingBeforeItsStandbyClaims(t *testing.T) {
 
 	c.Heal(m)
 	testkit.Eventually(t, 5*testLease, 20*time.Millisecond, func() error {
-		_, err := owner.KeepAlive(ctx, "e1")
+		kctx, cancel := context.WithTimeout(ctx, testLease)
+		defer cancel()
+		_, err := owner.KeepAlive(kctx, "e1")
 		if errors.Is(err, ErrFenced) {
 			return nil
 		}
@@ -108,8 +115,10 @@ func TestARouteCutOwnerStopsServingBeforeItsStandbyClaims(t *testing.T) {
 	// -race run of the suite read revision 7 as the standby moved to 8).
 	require.GreaterOrEqual(t, got.Revision, claimedRev)
 	require.LessOrEqual(t, got.Revision, standby.Revision("e1"))
-	d, err = owner.Resolve(ctx, "e1", reg)
-	require.NoError(t, err)
+	require.NoError(t, attempt(func(ctx context.Context) (err error) {
+		d, err = owner.Resolve(ctx, "e1", reg)
+		return err
+	}))
 	require.Equal(t, ownership.Ignore, d.Action)
 	require.Equal(t, "gpu-0b", d.Owner)
 	t.Logf("cut→standby's claim %v (owner's lease ended %v after the cut)", claimed.Sub(cut), ownerEnd.Sub(cut))
@@ -133,7 +142,11 @@ func TestAKeepAliveThroughACutOffStreamLeaderIsNotFenced(t *testing.T) {
 	m := streamLeader(c.Cluster)
 	require.GreaterOrEqual(t, m, 0, "no leader of the claims' stream")
 	owner := openOwnersLease(t, c.Connect(m), "gpu-0", "", 3, lease)
-	ctx := ctxT(t)
+	// No deadline for the whole test: each call below has its own. One set
+	// here (10 s) ran out while the heal waited for the cluster to form
+	// again (two -race suites running beside: the test took 22 s), and
+	// every keep-alive after it failed at once, "context deadline exceeded".
+	ctx := context.Background()
 	reg := Request{Register: true, Local: true, SpecNode: "gpu-0"}
 	mustServe(t, owner, "e1", reg)
 	rev := owner.Revision("e1")
@@ -164,7 +177,9 @@ func TestAKeepAliveThroughACutOffStreamLeaderIsNotFenced(t *testing.T) {
 	renewed := owner.Revision("e1")
 	require.Greater(t, renewed, rev)
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error { // reads may lag: direct gets
-		e, err := owner.Get(ctx, "e1")
+		gctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		e, err := owner.Get(gctx, "e1")
 		if err != nil {
 			return err
 		}
