@@ -179,14 +179,24 @@ func (n *exclusiveNode) after(engine string, err error) {
 	}
 }
 
-// streamLeader is the server leading the claims' stream, or -1.
+// streamLeader is the (first) server leading the claims' stream, or -1.
 func streamLeader(c *testkit.Cluster) int {
-	for i := range 3 {
-		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader("$G", "KV_kvactors_owners") {
-			return i
-		}
+	if leaders := streamLeaders(c); len(leaders) > 0 {
+		return leaders[0]
 	}
 	return -1
+}
+
+// streamLeaders lists the servers that take themselves for the claims'
+// stream's leader (more than one while a deposed leader has not heard).
+func streamLeaders(c *testkit.Cluster) []int {
+	var out []int
+	for i := range c.Size() {
+		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader("$G", "KV_kvactors_owners") {
+			out = append(out, i)
+		}
+	}
+	return out
 }
 
 // pace waits d (the fault schedule's own timing, not a synchronisation)

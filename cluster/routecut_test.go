@@ -218,18 +218,6 @@ func (o *Owners) heldAt(engine string) held {
 	return o.mine[engine]
 }
 
-// streamLeaders lists the servers that take themselves for the claims'
-// stream's leader (more than one while a deposed leader has not heard).
-func streamLeaders(c *testkit.Cluster) []int {
-	var out []int
-	for i := range c.Size() {
-		if s := c.Server(i); s != nil && s.JetStreamIsStreamLeader("$G", "KV_kvactors_owners") {
-			out = append(out, i)
-		}
-	}
-	return out
-}
-
 // routesOf is how many route connections s has now (-1 if it cannot say).
 func routesOf(s *server.Server) int {
 	rz, err := s.Routez(nil)
