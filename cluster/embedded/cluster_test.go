@@ -2,6 +2,7 @@ package embedded
 
 import (
 	"context"
+	"net"
 	"testing"
 	"time"
 
@@ -40,4 +41,38 @@ func TestFormsStopsAndRestarts(t *testing.T) {
 	require.Error(t, c.Restart(1), "already running")
 	require.NoError(t, c.WaitFormed(ctx))
 
+}
+
+// A wait that times out says what is missing and each running server's
+// view of the meta group: here s2's routes all lead to a listener that
+// hangs up at once, so s0 and s1 form a quorum without it and the cluster
+// never forms.
+func TestAWaitThatTimesOutReportsTheMetaGroup(t *testing.T) {
+	hangUp, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = hangUp.Close() })
+	go func() {
+		for {
+			c, err := hangUp.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.Close()
+		}
+	}()
+	c, err := Start(Options{Servers: 3, Dir: t.TempDir(), RouteVia: func(from, to int, addr string) string {
+		if from == 2 || to == 2 {
+			return hangUp.Addr().String()
+		}
+		return addr
+	}})
+	require.NoError(t, err)
+	t.Cleanup(c.Close)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	defer cancel()
+	err = c.WaitFormed(ctx)
+	require.ErrorIs(t, err, ErrNotFormed)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.Regexp(t, `is routed to fewer than 2 others \(context deadline exceeded\); meta group: s0 \w+ term \d+ .*; s1 \w+ term \d+ .*; s2 \w+ term \d+ `, err.Error())
 }
