@@ -77,7 +77,7 @@ func readyWithoutConflict(t *testing.T, ready func() error, what string) {
 	t.Helper()
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		err := ready()
-		if err != nil && strings.Contains(err.Error(), "in use") {
+		if err != nil && strings.Contains(err.Error(), "also in use") {
 			t.Fatalf("%s: a node id conflict reported: %v", what, err)
 		}
 		if err != nil {

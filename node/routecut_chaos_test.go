@@ -166,8 +166,9 @@ func (r *routeCut) ownerMovesToStandby(a, b, c int, cut, heal func()) {
 	moved := time.Since(at)
 	// The watch samples every millisecond on its own goroutine, which a
 	// loaded run may not have scheduled since nB's gate opened (CI, once:
-	// e1 already registered with nB, its gate not yet seen open). Its first
-	// sight of nB is still after its last of nA, so the order below holds.
+	// e1 already registered with nB, its gate not yet seen open). Waiting
+	// for its first sight of nB leaves the checks below as they were: they
+	// compare the watch's own sightings of both gates.
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if first, _ := w.span("nB"); first.IsZero() {
 			return errors.New("nB's gate never seen open")
