@@ -127,7 +127,8 @@ type Stats struct {
 	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
 	StaleReleases    int    // for an old epoch: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
-	UnexpectedRel    int    // for a request not waiting for one
+	UnexpectedRel    int    // for a request not waiting for one (but UnowedResets)
+	UnowedResets     int    // engine_reset or engine_gone of the current epoch for a request owed nothing: the node dropped it running (its lapse, this engine's silence, or it dropped the engine)
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
 	OutOfRange       int    // events refused for a negative count or start, a group not in the spec, or a block id past its num_gpu_blocks (ErrOutOfRange)
 	BadHashes        int    // hashes events refused for an empty hash or one over 64 bytes (ErrBadHash)

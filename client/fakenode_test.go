@@ -344,6 +344,29 @@ func (f *fakeNode) events(epoch string) []messages.Event {
 	return out
 }
 
+// lapse resets the engine's current epoch as a node does after its own
+// NATS lapse (or the engine's silence): every request it tracks is
+// released engine_reset carrying the current epoch, running ones too, and
+// the epoch's later batches are dropped. Its resync order waits for
+// lapseEnds.
+func (f *fakeNode) lapse(engine string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id := range f.reqs {
+		f.releaseLocked(engine, id, messages.ReasonEngineReset)
+	}
+	f.reqs, f.gapped = map[string]bool{}, true
+}
+
+// lapseEnds orders the resync a lapse owes (reason reconnect).
+func (f *fakeNode) lapseEnds(engine string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.resyncs++
+	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbResync), messages.Resync{Node: f.node,
+		Boot: f.boot, Epoch: f.epoch, Expected: f.applied + 1, Got: 0, Reason: messages.ResyncReconnect})
+}
+
 // overflow drops the engine's epoch from now on, as a node whose intake
 // was full does, and asks it to resync (reason overflow).
 func (f *fakeNode) overflow(engine string) {

@@ -64,7 +64,7 @@ func (c *Client) onReleased(m *nats.Msg) {
 		// until the engine is registered again (freeIfNoNodeLocked).
 		r.atNode, r.silent = false, false
 		if r.owed == 0 {
-			c.st.UnexpectedRel++
+			c.st.UnowedResets++ // a running request: the node drops every one
 		}
 		c.freeAllLocked(r, Release{Request: rel.Request, Reason: rel.Reason, Epoch: rel.Epoch})
 		return
@@ -74,6 +74,14 @@ func (c *Client) onReleased(m *nats.Msg) {
 		return
 	}
 	if r.owed == 0 {
+		if rel.Reason == messages.ReasonEngineReset {
+			// The node reset the current epoch itself (its NATS lapse, or
+			// this engine's silence: PROTOCOL.md) and released every
+			// request it tracked, running ones too; its resync order
+			// comes on another subject. Nothing was owed, nothing frees.
+			c.st.UnowedResets++
+			return
+		}
 		c.st.UnexpectedRel++
 		return
 	}

@@ -92,7 +92,7 @@ func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
 	f.mu.Unlock()
 	f.forget("e1", "copying")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if st := c.Stats(); st.RegisterRefusals == 0 || st.UnexpectedRel == 0 {
+		if st := c.Stats(); st.RegisterRefusals == 0 || st.UnowedResets == 0 {
 			return fmt.Errorf("no refused re-register or engine_gone yet: %+v", st)
 		}
 		return nil

@@ -1,0 +1,68 @@
+package client_test
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// TestANodesOwnResetOfARunningRequestIsNotUnexpected: after its own NATS
+// lapse (or the engine's silence) a node resets the current epoch itself:
+// it releases every request it tracked engine_reset, carrying that epoch,
+// running ones too, and orders a resync when the lapse ends, on another
+// subject. The SDK counts the running request's reset as UnowedResets (not
+// UnexpectedRel, which flags a release the protocol does not explain),
+// hands it to nobody, keeps the request, and re-announces it in the new
+// epoch once the order comes.
+func TestANodesOwnResetOfARunningRequestIsNotUnexpected(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+	for _, r := range []string{"run", "done"} {
+		c.Added(r, 8)
+		c.Blocks(r, 0, 0, []uint32{1, 2})
+	}
+	c.Finished("done", false, 8, 8)
+	require.NoError(t, c.Flush())
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "the release of the finished request")
+	require.Equal(t, "done", rel.Request)
+	epoch := c.Epoch()
+
+	f.lapse("e1")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if st := c.Stats(); st.UnowedResets != 1 {
+			return fmt.Errorf("the running request's engine_reset not counted yet: %+v", st)
+		}
+		return nil
+	})
+	st := c.Stats()
+	require.Zero(t, st.UnexpectedRel)
+	require.Zero(t, st.StaleReleases, "the reset carried the current epoch")
+	require.Equal(t, 1, st.Releases, "only the finished request's release was handed to the engine")
+	require.Equal(t, 1, st.Live, "the running request is still mirrored")
+	require.Equal(t, epoch, c.Epoch())
+
+	f.lapseEnds("e1")
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		next := c.Epoch()
+		if next == epoch {
+			return fmt.Errorf("no new epoch yet")
+		}
+		for _, ev := range f.events(next) {
+			if ev.Type == messages.EvBlocks && ev.Request == "run" {
+				return nil
+			}
+		}
+		return fmt.Errorf("epoch %s has not re-announced the running request's blocks: %+v", next, f.events(next))
+	})
+	require.Zero(t, c.Stats().UnexpectedRel)
+	require.Equal(t, 1, c.Stats().Releases)
+}
