@@ -290,6 +290,7 @@ func TestClusterPrefixStoredOnALoadsByteIdenticallyOnC(t *testing.T) {
 	other := kc.engineOn(2, "eo", "other")
 	a.register()
 	c.register()
+	c.keepAlive(clusterLease / 8) // heard while it waits on A's store and other's lookup
 	other.register()
 
 	hs := []string{hash("x", 0), hash("x", 1), hash("x", 2), hash("x", 3)}
@@ -344,6 +345,7 @@ func TestClusterLoadFailsCleanlyWhenTheHolderIsGone(t *testing.T) {
 	c := kc.engineOn(2, "ec", "m")
 	a.register()
 	c.register()
+	c.keepAlive(clusterLease / 8) // heard while A closes
 	hs := []string{hash("g", 0), hash("g", 1)}
 	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
 	awaitLookup(t, c, hs, 8, "C")

@@ -51,6 +51,31 @@ func (te *testEngine) tryLookup(hashes []string, timeout time.Duration) (int, er
 	return r.HitTokens, nil
 }
 
+// keepAlive makes te heard by its node until the test ends, as a real
+// engine's heartbeats do: a lookup every period (a lookup counts as the
+// engine's message, unlike status, and changes nothing; a heartbeat would
+// race the test's sends for te.seq). A load after lease/2 or more of
+// silence is refused (PROTOCOL.md "Engine silence"), so a test whose engine
+// waits on other nodes before its load needs it on a loaded machine.
+func (te *testEngine) keepAlive(period time.Duration) {
+	t := te.e.t
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(period)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				_, _ = te.tryLookup([]string{hash("alive", 0)}, period) // a slow reply is no failure: the next tick asks again
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
 // awaitLookup waits (10 s at most) until te's lookup of hashes counts want
 // tokens: another node's announcement has reached te's node.
 func awaitLookup(t *testing.T, te *testEngine, hashes []string, want int, who string) {
