@@ -36,8 +36,9 @@ type Options struct {
 	Debug, Trace bool
 	// RouteVia, when set, is the address server from dials to reach the
 	// route port addr of server to: a test puts a proxy there to cut the
-	// route. Each server then advertises a route address nobody listens on,
-	// so none learns another's real port by gossip and dials past the proxy.
+	// route. Each server then advertises a route address held refused for
+	// the cluster's life, so none learns another's real port by gossip and
+	// dials past the proxy (an implicit route, which a cut would miss).
 	RouteVia func(from, to int, addr string) string
 }
 
@@ -46,6 +47,7 @@ type Cluster struct {
 	mu      sync.Mutex
 	servers []*server.Server // nil while stopped
 	opts    []*server.Options
+	nowhere *nowhere // the advertised route address under RouteVia
 }
 
 // ErrNotFormed is wrapped by Formed's answer while the cluster is forming.
@@ -104,13 +106,13 @@ func start(o Options, dir string) (*Cluster, error) {
 			Cluster:    server.ClusterOpts{Name: o.Name, Host: "127.0.0.1", Port: routePorts[i]},
 		}
 	}
-	var advertise string // under RouteVia: a route address nobody listens on
+	var advertise string // under RouteVia: a route address that refuses
 	if o.RouteVia != nil {
-		nowhere, err := freePorts(1) // freed again
+		nw, err := reserveNowhere()
 		if err != nil {
 			return nil, err
 		}
-		advertise = fmt.Sprintf("127.0.0.1:%d", nowhere[0])
+		c.nowhere, advertise = nw, fmt.Sprintf("127.0.0.1:%d", nw.port)
 	}
 	for i, so := range c.opts {
 		so.Routes = c.routesFrom(i, o.RouteVia)
@@ -191,6 +193,10 @@ func (c *Cluster) Close() {
 			s.WaitForShutdown()
 			c.servers[i] = nil
 		}
+	}
+	if c.nowhere != nil {
+		c.nowhere.release()
+		c.nowhere = nil
 	}
 }
 
