@@ -23,8 +23,8 @@ import (
 
 // TestFloodOverCapacity (chaos 3) injects an unpaced flood of event
 // batches (about 256 KiB each, 16× --max-pending-bytes in total; 64× with
-// -chaos.long) from one engine that never waits, the node paused for the
-// first 300 ms of it. It proves the node's
+// -chaos.long) from one engine that never waits, the node paused until
+// twice its intake bound has arrived. It proves the node's
 // resident set never grows past pool + max-pending-bytes + 256 MiB, that
 // what it could not take shows up as overflow resyncs to that engine
 // (never a silent loss: every batch it dropped it dropped for an overflow,
@@ -53,9 +53,9 @@ func TestFloodOverCapacity(t *testing.T) {
 
 	// The flooding engine is a separate process speaking raw NATS: one
 	// register, then batches of hashes as fast as its client takes them.
-	// The node is stopped (SIGSTOP) for the first 300 ms of it (well under
-	// lease/2), so that the flood arrives faster than any node can decode
-	// it, whatever this machine's speed.
+	// The node is stopped (SIGSTOP) until twice its intake bound has
+	// arrived (at most pauseMost), so that the flood comes faster than any
+	// node can decode it, whatever this machine's speed or load.
 	reg, err := exec.Command(flooderBin, "--nats", srv.ClientURL(), "--engine", "flood", "--shm-dir", dir,
 		"--bytes", "0").CombinedOutput()
 	require.NoError(t, err, "flooder register: %s", reg)
@@ -64,17 +64,30 @@ func TestFloodOverCapacity(t *testing.T) {
 	var floodOut testkit.SyncBuffer
 	flood.Stdout, flood.Stderr = &floodOut, &floodOut
 	require.NoError(t, node.cmd.Process.Signal(syscall.SIGSTOP))
+	inBefore := serverInBytes(t, srv)
+	paused := time.Now()
 	require.NoError(t, flood.Start())
 	floodDone := make(chan error, 1)
 	go func() { floodDone <- flood.Wait() }()
 	var floodErr error
 	finished := false
-	select {
-	case floodErr = <-floodDone:
-		finished = true
-	case <-time.After(300 * time.Millisecond): // the pause's length, not a wait for an event
+	// The node stays stopped until twice its intake bound has reached the
+	// server for it, or pauseMost passes: a fixed 300 ms let a slow flooder
+	// (20–30 MiB/s under two -race suites) send less than the bound, and
+	// nothing overflowed.
+	tick := time.NewTicker(5 * time.Millisecond)
+	for waiting := true; waiting; {
+		select {
+		case floodErr = <-floodDone:
+			finished, waiting = true, false
+		case <-tick.C:
+			waiting = serverInBytes(t, srv)-inBefore < 2*pendingBytes && time.Since(paused) < pauseMost
+		}
 	}
+	tick.Stop()
+	pause, piled := time.Since(paused), serverInBytes(t, srv)-inBefore
 	require.NoError(t, node.cmd.Process.Signal(syscall.SIGCONT))
+	t.Logf("node stopped for %v, while %d MiB of the flood reached the server", pause.Round(time.Millisecond), piled>>20)
 	if !finished {
 		floodErr = testkit.Recv(t, floodDone, 2*time.Minute, "the flooder's exit")
 	}
@@ -155,6 +168,19 @@ func TestFloodOverCapacity(t *testing.T) {
 		"then a normal engine: %d requests, %d chunks verified", sent>>20, floodTime.Round(time.Millisecond),
 		float64(sent)/floodTime.Seconds()/(1<<20), got, reasons, rss>>20, bound>>20, rep.Requests, rep.VerifyOK)
 	require.Less(t, rss, bound)
+}
+
+// pauseMost bounds the flood test's stop of the node: well under lease/2
+// (its engine silence) and 3/4 lease (its NATS lapse) of the 10 s lease, so
+// the node resumes with its engine and its NATS session both in good
+// standing, and every resync it publishes is an overflow's.
+const pauseMost = 3 * time.Second
+
+// serverInBytes is what the server has taken from all its clients.
+func serverInBytes(t *testing.T, s *server.Server) int64 {
+	v, err := s.Varz(nil)
+	require.NoError(t, err)
+	return v.InBytes
 }
 
 // floodServer is testkit.NATSServer without JetStream and with maxPending
