@@ -148,12 +148,15 @@ func TestClusterCloseDuringAStalledClaim(t *testing.T) {
 func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
 	t.Parallel()
 	// 32 MiB (4 × the embedded server's max payload): 16 MiB for the
-	// intake's queues, so b may park 8 MiB.
-	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease, c.MaxPendingBytes = true, 4*time.Second, 32<<20 })
+	// intake's queues, so b may park 8 MiB. The lease bounds the stall
+	// (the claim's deadline): 30 s, so the steps below, 9 MiB sent and
+	// counted, fit in it however loaded the machine (with 4 s a -race run
+	// beside another suite outlasted it: the claim gave up, no reply).
+	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease, c.MaxPendingBytes = true, 30*time.Second, 32<<20 })
 	a := e.newEngine("a1", defaultOpts())
 	a.register()
 	b, ask, replies := stalledEngine(t, e, a.id)
-	entered, _, release := e.node.StallClaim(b.id)
+	entered, left, release := e.node.StallClaim(b.id)
 	defer release()
 	ask("register", "reg1", b.spec)
 	testkit.Recv(t, entered, 5*time.Second, "b's claim stalled")
@@ -172,6 +175,11 @@ func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
 
 	a.send(added("q", 8))
 	require.Equal(t, uint64(1), a.sync().Seq, "a served meanwhile")
+	select {
+	case <-left:
+		t.Fatal("b's claim ended before its release: its deadline (the lease) ran out")
+	default:
+	}
 	release()
 	m := testkit.Recv(t, replies, 5*time.Second, "b's register reply")
 	require.True(t, strings.HasSuffix(m.Subject, ".reg1"), "the lookup dropped unread is not answered: %s %s", m.Subject, m.Data)
