@@ -364,7 +364,7 @@ func (f *fakeNode) lapseEnds(engine string) {
 	defer f.mu.Unlock()
 	f.resyncs++
 	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbResync), messages.Resync{Node: f.node,
-		Boot: f.boot, Epoch: f.epoch, Expected: f.applied + 1, Got: 0, Reason: messages.ResyncReconnect})
+		Boot: f.boot, Epoch: f.epoch, Expected: f.applied + 1, Reason: messages.ResyncReconnect})
 }
 
 // overflow drops the engine's epoch from now on, as a node whose intake

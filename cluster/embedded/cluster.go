@@ -183,7 +183,8 @@ func (c *Cluster) start(i int) error {
 	return nil
 }
 
-// Close shuts every running server down and waits for each.
+// Close shuts every running server down and waits for each, then frees
+// the reserved route address (RouteVia). A second Close does nothing.
 func (c *Cluster) Close() {
 	c.mu.Lock()
 	defer c.mu.Unlock()
