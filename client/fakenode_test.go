@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -47,9 +48,9 @@ type fakeNode struct {
 	mute        bool                   // no hello and no node heartbeats: engines learn its boot from replies
 	beatsPaused bool                   // no node heartbeats until unpaused (pauseBeats)
 
-	subs []*nats.Subscription
-	stop chan struct{}
-	done chan struct{}
+	subs      []*nats.Subscription
+	stop      chan struct{} // closed by kill: held loads give up
+	stopBeats func()
 }
 
 type fakeEvent struct {
@@ -63,7 +64,7 @@ func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Du
 	setup ...func(*fakeNode)) *fakeNode {
 	t.Helper()
 	f := &fakeNode{t: t, nc: nc, prefix: "kvactors", node: node, boot: boot, lease: lease, reqs: map[string]bool{},
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{})}
 	for _, s := range setup {
 		s(f)
 	}
@@ -87,7 +88,7 @@ func startFakeNode(t testing.TB, nc *nats.Conn, node, boot string, lease time.Du
 		f.publish(messages.NodeSubject(f.prefix, node, messages.NodeVerbHello),
 			messages.Hello{Node: node, Boot: boot, LeaseMS: lease.Milliseconds()})
 	}
-	go f.beat()
+	f.stopBeats = testkit.Every(t, lease/4, f.beat)
 	t.Cleanup(f.kill)
 	return f
 }
@@ -100,33 +101,24 @@ func (f *fakeNode) kill() {
 	default:
 	}
 	close(f.stop)
-	<-f.done
+	f.stopBeats()
 	for _, s := range f.subs {
 		_ = s.Unsubscribe()
 	}
 }
 
+// beat publishes one node heartbeat, every lease/4 until kill.
 func (f *fakeNode) beat() {
-	defer close(f.done)
-	tick := time.NewTicker(f.lease / 4)
-	defer tick.Stop()
-	for {
-		select {
-		case <-f.stop:
-			return
-		case <-tick.C:
-			if f.mute {
-				continue
-			}
-			// Published under f.mu, so none is published once pauseBeats returns.
-			f.mu.Lock()
-			if !f.beatsPaused {
-				f.lastBeat = time.Now() // before the publish: no client can see it sooner
-				f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
-					messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
-			}
-			f.mu.Unlock()
-		}
+	if f.mute {
+		return
+	}
+	// Published under f.mu, so none is published once pauseBeats returns.
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if !f.beatsPaused {
+		f.lastBeat = time.Now() // before the publish: no client can see it sooner
+		f.publish(messages.NodeSubject(f.prefix, f.node, messages.NodeVerbHeartbeat),
+			messages.NodeHeartbeat{Node: f.node, Boot: f.boot})
 	}
 }
 

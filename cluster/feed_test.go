@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"context"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
@@ -29,8 +28,7 @@ type fakeNode struct {
 	t          *testing.T
 	nc         *nats.Conn
 	node, boot string
-	stop       context.CancelFunc
-	done       sync.WaitGroup
+	stopBeats  func()
 	keysSub    *nats.Subscription
 	keys       *swappableKeys
 }
@@ -63,25 +61,12 @@ func startFakeNode(t *testing.T, nc *nats.Conn, node, boot string, keys []holder
 	require.NoError(t, err)
 	n.keysSub = sub
 	require.NoError(t, nc.Flush())
-	ctx, cancel := context.WithCancel(context.Background())
-	n.stop = cancel
 	hello, _ := json.Marshal(messages.Hello{Node: node, Boot: boot, LeaseMS: testLease.Milliseconds()})
 	require.NoError(t, nc.Publish(messages.NodeSubject("kvactors", node, messages.NodeVerbHello), hello))
-	n.done.Add(1)
-	go func() {
-		defer n.done.Done()
-		tick := time.NewTicker(testLease / 4)
-		defer tick.Stop()
-		hb, _ := json.Marshal(messages.NodeHeartbeat{Node: node, Boot: boot, Engines: 1})
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				_ = nc.Publish(messages.NodeSubject("kvactors", node, messages.NodeVerbHeartbeat), hb)
-			}
-		}
-	}()
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: node, Boot: boot, Engines: 1})
+	n.stopBeats = testkit.Every(t, testLease/4, func() {
+		_ = nc.Publish(messages.NodeSubject("kvactors", node, messages.NodeVerbHeartbeat), hb)
+	})
 	t.Cleanup(n.kill)
 	return n
 }
@@ -89,8 +74,7 @@ func startFakeNode(t *testing.T, nc *nats.Conn, node, boot string, keys []holder
 // kill stops the heartbeats and the key service, as a SIGKILL would; it
 // returns when the last heartbeat has been published.
 func (n *fakeNode) kill() {
-	n.stop()
-	n.done.Wait()
+	n.stopBeats()
 	_ = n.keysSub.Unsubscribe()
 	_ = n.nc.Flush()
 }

@@ -43,24 +43,11 @@ func TestSurveyListsLiveNodesAndSilentOwners(t *testing.T) {
 	// gpu-0 heartbeats (on s0) while the survey listens (on s2).
 	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "b0", Engines: 2,
 		PoolBytes: 3 << 20, PoolCapacityBytes: 8 << 20})
-	stop := make(chan struct{})
-	beating := make(chan struct{}, 1)
-	go func() {
-		defer func() { beating <- struct{}{} }()
-		tick := time.NewTicker(20 * time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				_ = ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb)
-			}
-		}
-	}()
+	stopBeats := testkit.Every(t, 20*time.Millisecond, func() {
+		_ = ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb)
+	})
 	rows, err := Survey(ctx, ncS, "kvactors", table, 500*time.Millisecond)
-	close(stop)
-	testkit.Recv(t, beating, 5*time.Second, "the heartbeat loop's end")
+	stopBeats()
 	require.NoError(t, err)
 	require.Len(t, rows, 2)
 	require.Equal(t, "gpu-0", rows[0].Node)

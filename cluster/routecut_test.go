@@ -81,23 +81,12 @@ func TestARouteCutOwnerStopsServingBeforeItsStandbyClaims(t *testing.T) {
 		return nil
 	})
 	claimed, claimedRev := acks.ackedAt("e1"), standby.Revision("e1")
-	renewing := make(chan struct{})
-	go func() { // the standby keeps its claim, as a node does
-		defer close(renewing)
-		tick := time.NewTicker(testLease / 4)
-		defer tick.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-tick.C:
-				kctx, cancel := context.WithTimeout(ctx, testLease/4)
-				_, _ = standby.KeepAlive(kctx, "e1")
-				cancel()
-			}
-		}
-	}()
-	defer func() { stop(); <-renewing }()
+	stopRenewing := testkit.Every(t, testLease/4, func() { // the standby keeps its claim, as a node does
+		kctx, cancel := context.WithTimeout(ctx, testLease/4)
+		_, _ = standby.KeepAlive(kctx, "e1")
+		cancel()
+	})
+	defer func() { stop(); stopRenewing() }() // ctx's end first: a keep-alive in flight returns at once
 	require.False(t, claimed.Before(ownerEnd), "the standby's claim was acknowledged %v before the owner's lease ended",
 		ownerEnd.Sub(claimed))
 	require.False(t, owner.Serving("e1", time.Now()))

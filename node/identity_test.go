@@ -349,24 +349,7 @@ func answerStarting(t *testing.T, nc *nats.Conn, id, boot string) {
 // running process's heartbeat loop does, until the returned stop.
 func beatEvery(t *testing.T, nc *nats.Conn, id, boot string, period time.Duration) (stop func()) {
 	data, _ := json.Marshal(messages.NodeHeartbeat{Node: id, Boot: boot, LeaseMS: 400})
-	done := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(period)
-		defer tick.Stop()
-		for {
-			select {
-			case <-done:
-				return
-			case <-tick.C:
-				_ = nc.Publish("kvactors._node."+id+".heartbeat", data)
-			}
-		}
-	})
-	var once sync.Once
-	stop = func() { once.Do(func() { close(done); wg.Wait() }) }
-	t.Cleanup(stop)
-	return stop
+	return testkit.Every(t, period, func() { _ = nc.Publish("kvactors._node."+id+".heartbeat", data) })
 }
 
 // A start waiting out a silent subscriber's probes and lease ends when its

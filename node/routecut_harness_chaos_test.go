@@ -268,53 +268,32 @@ type servingWatch struct {
 	mu          sync.Mutex
 	first, last map[string]time.Time
 	overlap     string
-	stop, done  chan struct{}
+	end         func() // stops the watch; waits for a look in progress
 }
 
 func watchServing(t *testing.T, engine string, nodes ...*env) *servingWatch {
-	w := &servingWatch{first: map[string]time.Time{}, last: map[string]time.Time{},
-		stop: make(chan struct{}), done: make(chan struct{})}
-	go func() {
-		defer close(w.done)
-		tick := time.NewTicker(time.Millisecond)
-		defer tick.Stop()
-		for {
-			select {
-			case <-w.stop:
-				return
-			case <-tick.C:
-			}
-			for i, a := range nodes {
-				for j, b := range nodes {
-					if i == j || !a.node.ServingEngine(engine, time.Now()) {
-						continue
-					}
-					now := time.Now()
-					w.mu.Lock()
-					id := a.node.NodeID()
-					if w.first[id].IsZero() {
-						w.first[id] = now
-					}
-					w.last[id] = now
-					if b.node.ServingEngine(engine, now) && w.overlap == "" {
-						w.overlap = fmt.Sprintf("%s and %s both serve %s at %v", id, b.node.NodeID(), engine, now)
-					}
-					w.mu.Unlock()
+	w := &servingWatch{first: map[string]time.Time{}, last: map[string]time.Time{}}
+	w.end = testkit.Every(t, time.Millisecond, func() {
+		for i, a := range nodes {
+			for j, b := range nodes {
+				if i == j || !a.node.ServingEngine(engine, time.Now()) {
+					continue
 				}
+				now := time.Now()
+				w.mu.Lock()
+				id := a.node.NodeID()
+				if w.first[id].IsZero() {
+					w.first[id] = now
+				}
+				w.last[id] = now
+				if b.node.ServingEngine(engine, now) && w.overlap == "" {
+					w.overlap = fmt.Sprintf("%s and %s both serve %s at %v", id, b.node.NodeID(), engine, now)
+				}
+				w.mu.Unlock()
 			}
 		}
-	}()
-	t.Cleanup(w.end)
+	})
 	return w
-}
-
-func (w *servingWatch) end() {
-	select {
-	case <-w.stop:
-	default:
-		close(w.stop)
-	}
-	<-w.done
 }
 
 // check stops the watch and fails on an overlap seen.

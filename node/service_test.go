@@ -58,22 +58,9 @@ func (te *testEngine) tryLookup(hashes []string, timeout time.Duration) (int, er
 // silence is refused (PROTOCOL.md "Engine silence"), so a test whose engine
 // waits on other nodes before its load needs it on a loaded machine.
 func (te *testEngine) keepAlive(period time.Duration) {
-	t := te.e.t
-	stop, done := make(chan struct{}), make(chan struct{})
-	go func() {
-		defer close(done)
-		tick := time.NewTicker(period)
-		defer tick.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tick.C:
-				_, _ = te.tryLookup([]string{hash("alive", 0)}, period) // a slow reply is no failure: the next tick asks again
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
+	testkit.Every(te.e.t, period, func() {
+		_, _ = te.tryLookup([]string{hash("alive", 0)}, period) // a slow reply is no failure: the next tick asks again
+	})
 }
 
 // awaitLookup waits (10 s at most) until te's lookup of hashes counts want

@@ -27,28 +27,17 @@ func TestAFinishedRequestWokenForRoomStillGivesUp(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e.released")
 	rig, rs := finishedWithNoRoom(t, nc)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() { // the room queue's wake-ups, as room frees and others take it
-		tk := time.NewTicker(5 * time.Millisecond)
-		defer tk.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-tk.C:
-			}
-			rs.mu.Lock()
-			ws := rs.room
-			rs.room = nil
-			rs.mu.Unlock()
-			for _, w := range ws {
-				if sw, ok := w.(hostpool.StaleWaker); !ok || !sw.Stale() {
-					w.Wake()
-				}
+	testkit.Every(t, 5*time.Millisecond, func() { // the room queue's wake-ups, as room frees and others take it
+		rs.mu.Lock()
+		ws := rs.room
+		rs.room = nil
+		rs.mu.Unlock()
+		for _, w := range ws {
+			if sw, ok := w.(hostpool.StaleWaker); !ok || !sw.Stale() {
+				w.Wake()
 			}
 		}
-	}()
+	})
 	var rel messages.Released
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, released, 20*time.Second, "r1 released").Data, &rel))
 	require.Equal(t, "r1", rel.Request)

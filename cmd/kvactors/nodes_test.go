@@ -62,23 +62,11 @@ func TestNodesListsTheCluster(t *testing.T) {
 	// however slowly the command starts: a heartbeat (seq 0) is a sign of life that changes nothing else.
 	// They go out on a ticker, not after each reply, so a slow reply on a
 	// loaded machine cannot stretch the gap between two past the lease.
-	stop := make(chan struct{})
-	beats := make(chan struct{})
-	go func() {
-		defer close(beats)
-		hb, _ := json.Marshal(messages.HeartbeatRequest{})
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-stop:
-				return
-			case <-t.C:
-			}
-			_ = enc.Publish(messages.EngineSubject("kvactors", "e1", messages.VerbHeartbeat), hb) // no reply needed
-		}
-	}()
-	defer func() { close(stop); <-beats }()
+	hb, _ := json.Marshal(messages.HeartbeatRequest{})
+	stopBeats := testkit.Every(t, 200*time.Millisecond, func() {
+		_ = enc.Publish(messages.EngineSubject("kvactors", "e1", messages.VerbHeartbeat), hb) // no reply needed
+	})
+	defer stopBeats()
 
 	out, err := exec.Command(binary, "nodes", "--nats", nc3.URL(0), "--wait", "1s").CombinedOutput()
 	require.NoError(t, err, string(out))

@@ -89,3 +89,60 @@ func TestRecvFailsNamingWhatItWaitedFor(t *testing.T) {
 	msg = failure(t, func(tb testing.TB) { NoRecv(tb, full, time.Second, "a second released") })
 	require.Equal(t, "unexpected a second released: 7", msg)
 }
+
+func TestEveryCallsUntilStopAndNotAfter(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	var stopped atomic.Bool
+	inCall, late := make(chan struct{}, 1), make(chan int32, 1)
+	release := make(chan struct{})
+	stop := Every(t, time.Millisecond, func() {
+		n := calls.Add(1)
+		if stopped.Load() {
+			select {
+			case late <- n:
+			default:
+			}
+		}
+		if n == 3 {
+			inCall <- struct{}{}
+			<-release // the third call is in progress when stop is called
+		}
+	})
+	Recv(t, inCall, 5*time.Second, "the third call")
+	returned := make(chan struct{}, 1) // a value, not a close: NoRecv ignores a close
+	go func() { stop(); returned <- struct{}{} }()
+	NoRecv(t, returned, 20*time.Millisecond, "stop returning while a call is in progress")
+	close(release)
+	Recv(t, returned, 5*time.Second, "stop's return after the call ended")
+	require.Equal(t, int32(3), calls.Load(), "no call started once stop was called")
+	stopped.Store(true)
+	stop() // again: returns at once
+	NoRecv(t, late, 10*time.Millisecond, "a call after stop returned")
+}
+
+func TestEveryStopsAtTheTestsEnd(t *testing.T) {
+	t.Parallel()
+	var calls atomic.Int32
+	var ended atomic.Bool
+	late := make(chan int32, 1)
+	t.Run("inner", func(t *testing.T) {
+		Every(t, time.Millisecond, func() {
+			n := calls.Add(1)
+			if ended.Load() {
+				select {
+				case late <- n:
+				default:
+				}
+			}
+		})
+		Eventually(t, 5*time.Second, time.Millisecond, func() error {
+			if n := calls.Load(); n < 2 {
+				return fmt.Errorf("%d calls", n)
+			}
+			return nil
+		})
+	})
+	ended.Store(true)
+	NoRecv(t, late, 10*time.Millisecond, "a call after the test that started it ended")
+}
