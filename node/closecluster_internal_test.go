@@ -19,10 +19,10 @@ func TestCloseClusterWaitsForFetchesIntoAndOutOfThePool(t *testing.T) {
 	n := &Node{cl: c}
 	require.True(t, c.fetches.enter(), "a remote load fetching")
 	require.True(t, c.reads.enter(), "a fetch being served")
-	done := make(chan struct{}, 1) // a value, not a close: NoRecv reads a closed channel as nothing sent
+	done := make(chan struct{})
 	go func() {
 		n.closeCluster(context.Background())
-		done <- struct{}{}
+		close(done)
 	}()
 	testkit.Closed(t, c.closing.Done(), 5*time.Second, "the remote load's fetch cancelled")
 	testkit.NoRecv(t, done, 50*time.Millisecond, "closeCluster's return while a remote load fetches")

@@ -88,6 +88,9 @@ func TestRecvFailsNamingWhatItWaitedFor(t *testing.T) {
 	full <- 7
 	msg = failure(t, func(tb testing.TB) { NoRecv(tb, full, time.Second, "a second released") })
 	require.Equal(t, "unexpected a second released: 7", msg)
+
+	msg = failure(t, func(tb testing.TB) { NoRecv(tb, closed, time.Second, "the copy's end") })
+	require.Equal(t, "unexpected the copy's end: channel closed", msg)
 }
 
 func TestEveryCallsUntilStopAndNotAfter(t *testing.T) {
@@ -110,11 +113,11 @@ func TestEveryCallsUntilStopAndNotAfter(t *testing.T) {
 		}
 	})
 	Recv(t, inCall, 5*time.Second, "the third call")
-	returned := make(chan struct{}, 1) // a value, not a close: NoRecv ignores a close
-	go func() { stop(); returned <- struct{}{} }()
+	returned := make(chan struct{})
+	go func() { stop(); close(returned) }()
 	NoRecv(t, returned, 20*time.Millisecond, "stop returning while a call is in progress")
 	close(release)
-	Recv(t, returned, 5*time.Second, "stop's return after the call ended")
+	Closed(t, returned, 5*time.Second, "stop's return after the call ended")
 	require.Equal(t, int32(3), calls.Load(), "no call started once stop was called")
 	stopped.Store(true)
 	stop() // again: returns at once

@@ -54,18 +54,21 @@ func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) 
 	return zero // not reached: Fatalf ends the test goroutine
 }
 
-// NoRecv fails the test if a value arrives on ch within d; what names what
-// must not arrive ("a second released for r1"). Use it only to check that
-// something does not happen, after the thing it would follow has been seen.
+// NoRecv fails the test if a value arrives on ch within d, or ch is closed;
+// what names what must not arrive ("a second released for r1"). A close
+// counts: a channel closed to signal an event (done, returned) would
+// otherwise pass here at once. Use it only to check that something does not
+// happen, after the thing it would follow has been seen.
 func NoRecv[T any](t testing.TB, ch <-chan T, d time.Duration, what string) {
 	t.Helper()
 	timer := time.NewTimer(d)
 	defer timer.Stop()
 	select {
 	case v, ok := <-ch:
-		if ok {
-			t.Fatalf("unexpected %s: %v", what, v)
+		if !ok {
+			t.Fatalf("unexpected %s: channel closed", what)
 		}
+		t.Fatalf("unexpected %s: %v", what, v)
 	case <-timer.C:
 	}
 }
