@@ -83,6 +83,16 @@ type Report struct {
 	DuplicateReleases int            `json:"duplicate_releases"`
 	MissingReleases   int            `json:"missing_releases"`
 	UnknownReleases   int            `json:"unknown_releases"`
+	// UnexpectedReleases are releases the SDK took and the protocol does
+	// not explain (client.Stats.UnexpectedRel: a request not waiting for
+	// one, or one the mirror no longer has); the SDK hands none of them to
+	// the engine, so the counts above never see them. UnownedResets are
+	// the releases the protocol does explain although nothing was owed
+	// (client.Stats.UnowedResets: the node's own reset of a running
+	// request, after its NATS lapse or this engine's silence, or its drop
+	// of the engine).
+	UnexpectedReleases int `json:"unexpected_releases"`
+	UnownedResets      int `json:"unowned_resets,omitempty"`
 	// BadMessages counts stored or released bodies that were malformed or
 	// disagreed with what the engine knows (a wrong key, wrong bytes).
 	BadMessages int `json:"bad_messages"`
@@ -143,6 +153,7 @@ func (r *Report) Err() error {
 	add(r.DuplicateReleases, "duplicate releases")
 	add(r.MissingReleases, "missing releases")
 	add(r.UnknownReleases, "releases for unknown requests")
+	add(r.UnexpectedReleases, "releases the SDK could not match to an owed release (client.Stats.UnexpectedRel)")
 	add(r.BadMessages, "bad stored or released messages")
 	add(r.RefusedEvents, "events the SDK refused as the protocol does not allow them")
 	if len(errs) == 0 && len(r.Failures) > 0 {
@@ -169,6 +180,8 @@ func (r *Report) Add(o Report) {
 	r.DroppedBatches += o.DroppedBatches
 	r.Resyncs += o.Resyncs
 	r.DroppedIncoming += o.DroppedIncoming
+	r.UnexpectedReleases += o.UnexpectedReleases
+	r.UnownedResets += o.UnownedResets
 	r.Awaiting += o.Awaiting
 	if len(o.ResyncsBy) > 0 && r.ResyncsBy == nil {
 		r.ResyncsBy = map[string]int{}

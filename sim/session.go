@@ -62,6 +62,8 @@ func (e *engine) disconnect() {
 	e.rep.RefusedEvents = st.BadRequestIDs + st.OutOfRange + st.BadHashes
 	e.rep.DroppedIncoming = st.DroppedIncoming
 	e.rep.Awaiting = st.Awaiting
+	e.rep.UnexpectedReleases = st.UnexpectedRel
+	e.rep.UnownedResets = st.UnowedResets
 	e.rep.ResyncsBy = st.Resyncs
 	for _, n := range st.Resyncs {
 		e.rep.Resyncs += n
