@@ -53,6 +53,7 @@ type Client struct {
 	sent         sends  // when it last published to the node (sends.go); its own lock
 
 	epoch    string
+	left     string // an epoch left when its node's loss freed its requests; it stays current until the resync
 	seq      uint64
 	lastRSeq uint64    // highest rseq received in the epoch
 	relGot   uint64    // releases received in the epoch
@@ -119,13 +120,13 @@ type Stats struct {
 	DroppedIncoming  int            // released, stored or resync messages ignored by Config.DropIncoming
 	PublishErrors    int            // batches the NATS client refused
 	DiscardedBatches int            // not sent: no node (the next resync re-announces them)
-	HeldBatches      int            // not sent: an overflow resync's wait (it re-announces them)
+	HeldBatches      int            // not sent: a resync is due but waits (an overflow's backoff, or the link is down): it re-announces them
 	Resyncs          map[string]int // by reason: the Resync* constants
 	NodeLosses       int
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
 	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
-	StaleReleases    int    // for an old epoch: not a free
+	StaleReleases    int    // for an old epoch, or one left when the node's loss freed its requests: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one (but UnowedResets)
 	UnowedResets     int    // engine_reset or engine_gone of the current epoch for a request owed nothing: the node dropped it running (its lapse, this engine's silence, or it dropped the engine)
@@ -216,7 +217,7 @@ func (c *Client) Flush() error {
 	if c.resync != "" {
 		if c.resyncDueLocked(time.Now()) {
 			c.resyncLocked()
-		} else if pending { // an overflow's wait: the resync re-announces it
+		} else if pending { // an overflow's wait, or the link is down: the resync re-announces it
 			c.st.HeldBatches++
 			c.resetBatchLocked()
 		}
@@ -361,9 +362,12 @@ func (c *Client) Resync() {
 }
 
 // resyncDueLocked reports whether a resync is due and may start now: not
-// while an overflow's wait lasts (holdLocked).
+// while an overflow's wait lasts (holdLocked), nor while the connection is
+// down: its batches would be refused, and every try starts another epoch
+// and re-announces every live request on the engine's step. The
+// reconnect's CONNECTED status wakes the loop, which starts it then.
 func (c *Client) resyncDueLocked(now time.Time) bool {
-	return c.resync != "" && !now.Before(c.holdUntil)
+	return c.resync != "" && !now.Before(c.holdUntil) && c.nc.IsConnected()
 }
 
 func (c *Client) wantResyncLocked(reason string) {

@@ -32,7 +32,10 @@
 //     Config.OverflowBackoff, doubling with each overflow within a lease up
 //     to lease/4, each wait drawn from [½, 1] of it; batches flushed
 //     meanwhile are held (the resync re-announces them), because every
-//     engine re-announcing at once into a full intake overflows it again;
+//     engine re-announcing at once into a full intake overflows it again.
+//     No resync starts while the connection is down (its batches would be
+//     refused, and each try is another epoch re-announcing everything):
+//     it starts at the reconnect, the steps meanwhile held likewise;
 //   - releases: a request that finished or was preempted is free only on a
 //     `released` for the current epoch (from a v2 node, numbered: one
 //     without epoch or rseq is dropped, counted in Stats.UnnumberedRel),

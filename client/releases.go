@@ -23,7 +23,7 @@ func (c *Client) onReleased(m *nats.Msg) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// A release without an epoch comes from a v1 node, which knows only one.
-	if c.closed || (rel.Epoch != "" && rel.Epoch != c.epoch) {
+	if c.closed || (rel.Epoch != "" && (rel.Epoch != c.epoch || rel.Epoch == c.left)) {
 		c.st.StaleReleases++
 		return
 	}

@@ -168,6 +168,11 @@ func (c *Client) freeAtLocked() time.Time {
 // covers.
 func (c *Client) freeLossLocked() {
 	c.freedLoss = true
+	// The epoch is left: its releases still to come (the node's own reset
+	// after its lapse, engine_gone after it expired this engine) are for
+	// requests freed here, and are stale, though the epoch stays current
+	// until the resync after the register.
+	c.left = c.epoch
 	// The fence covers loads that reached NATS; once another boot of the
 	// node is up, this boot's process can copy nothing any more.
 	c.settleLoadsOfLocked(c.node, c.boot, !c.otherBoot)
