@@ -95,6 +95,12 @@ func TestAResetOfTheEpochLeftAtTheNodesLossIsStale(t *testing.T) {
 		return nil
 	})
 
+	// The register after the frees is refused until the reset is in: a
+	// register that succeeded would resync, leaving the epoch by the usual
+	// road before the reset arrives (seen under two -race suites).
+	f.mu.Lock()
+	f.refuse = "limit: engine refused: --max-engines 1 reached"
+	f.mu.Unlock()
 	f.pauseBeats(true)
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := c.Stats().NodeLosses; n != 1 {
@@ -120,6 +126,9 @@ func TestAResetOfTheEpochLeftAtTheNodesLossIsStale(t *testing.T) {
 	require.Zero(t, st.UnowedResets)
 	require.Equal(t, 1, st.StaleReleases)
 
+	f.mu.Lock()
+	f.refuse = ""
+	f.mu.Unlock()
 	f.pauseBeats(false) // the node is heard again: the engine registers and resyncs
 	f.lapseEnds("e1")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
