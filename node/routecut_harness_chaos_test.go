@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -225,12 +226,22 @@ func (e *cutEngine) reasons() map[string]int {
 // the cluster's.
 func (e *cutEngine) servedBy(id string, within time.Duration) (served time.Time) {
 	e.t.Helper()
+	_, served = e.servedByOneOf(within, id)
+	return served
+}
+
+// servedByOneOf is servedBy for whichever of ids the engine registers
+// with; it returns that one.
+func (e *cutEngine) servedByOneOf(within time.Duration, ids ...string) (id string, served time.Time) {
+	e.t.Helper()
 	testkit.Eventually(e.t, within, 50*time.Millisecond, func() error {
 		e.step()
 		st := e.c.Stats()
-		if st.Node != id || !e.c.Live() {
-			return fmt.Errorf("engine registered with %q, live %v (stats %+v)", st.Node, e.c.Live(), st)
+		if !slices.Contains(ids, st.Node) || !e.c.Live() {
+			return fmt.Errorf("engine registered with %q, live %v, want one of %v (stats %+v)", st.Node, e.c.Live(),
+				ids, st)
 		}
+		id = st.Node
 		if left := e.unreleased(); len(left) > 1 { // the step just made may still be on its way
 			return fmt.Errorf("%d requests not released: %v", len(left), left)
 		}
@@ -256,7 +267,7 @@ func (e *cutEngine) servedBy(id string, within time.Duration) (served time.Time)
 	st := e.c.Stats()
 	require.Zero(e.t, st.UnexpectedRel, "releases for requests not waiting for one: %+v", st)
 	require.Equal(e.t, id, st.Node)
-	return served
+	return id, served
 }
 
 // servingWatch samples, every millisecond until stopped, which nodes'
