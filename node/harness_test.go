@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"testing"
 	"time"
@@ -33,8 +32,16 @@ func startNode(t *testing.T, mutate ...func(*node.Config)) *env {
 	t.Helper()
 	dir := t.TempDir()
 	reg := prometheus.NewRegistry()
-	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir, PoolBytes: 1 << 20,
-		HTTPAddr: "127.0.0.1:0", Registry: reg, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	// The node's warnings, printed if the test fails (a lapse, an expiry,
+	// a resync: what a timing failure needs explained).
+	warned := &testkit.TailBuffer{Max: 64 << 10}
+	t.Cleanup(func() { // registered first: runs after the node's Close
+		if t.Failed() {
+			t.Logf("the node warned:\n%s", warned.String())
+		}
+	})
+	cfg := node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: "127.0.0.1:0",
+		Registry: reg, Log: slog.New(slog.NewTextHandler(warned, &slog.HandlerOptions{Level: slog.LevelWarn})),
 		// A fail-stop fails the test, not the whole binary (the default
 		// exits the process); a test that expects one sets its own.
 		FailStop: func(reason string) { t.Errorf("the node fail-stopped: %s", reason) }}
