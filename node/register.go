@@ -246,7 +246,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	deps := engine.Deps{
 		Engine: id, Outbox: n.outbox, Releases: rel,
 		Metrics: engine.NewMetrics(n.metrics.Engines, n.metrics.Events, n.metrics.Store, n.metrics.Actors),
-		Log:     n.log.With("engine", id), Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
+		Log:     n.log, Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, Failed: n.failed, Backlogged: func() bool { return n.ingest.backlogged(id) },
 		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
 		Predecessors: n.stillEnding(id),

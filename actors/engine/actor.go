@@ -210,7 +210,7 @@ func Props(deps Deps) *actor.Props {
 		return &Actor{deps: deps, loop: loop, ends: newEnds(deps.Closed), live: map[string]*entry{}, byPID: map[string]*entry{},
 			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
 			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
-	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log)), actor.WithGuardian(endOnFailure),
+	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log.With("engine", deps.Engine))), actor.WithGuardian(endOnFailure),
 		actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))
 }
 
