@@ -12,8 +12,9 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
+
+	"github.com/kvactors/kvactors/internal/tailbuf"
 )
 
 // child is a running `kvactors serve`.
@@ -21,7 +22,7 @@ type child struct {
 	cmd      *exec.Cmd
 	natsURL  string
 	httpAddr string
-	stderr   *tailBuffer
+	stderr   *tailbuf.Buffer
 	done     <-chan struct{} // closed once it has exited
 }
 
@@ -46,7 +47,7 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 	args = append(args, extra...)
 	cmd := exec.Command(bin, args...)
 	cmd.Env = childEnv(cfg.ExternalProcs)
-	c := &child{cmd: cmd, stderr: &tailBuffer{max: 4096}}
+	c := &child{cmd: cmd, stderr: &tailbuf.Buffer{Max: 4096}}
 	cmd.Stderr = c.stderr
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -68,13 +69,13 @@ func startChild(ctx context.Context, cfg Config, prefix string, extra ...string)
 		c.natsURL, c.httpAddr, _ = strings.Cut(l, " ")
 		return c, nil
 	case <-c.done:
-		return nil, fmt.Errorf("kvactors serve exited before serving: %s: %s", cmd.ProcessState, c.stderr)
+		return nil, fmt.Errorf("kvactors serve exited before serving: %s: %s", cmd.ProcessState, c.stderrTail())
 	case <-ctx.Done():
 		c.stop()
 		return nil, ctx.Err()
 	case <-time.After(60 * time.Second):
 		c.stop()
-		return nil, fmt.Errorf("kvactors serve did not start within 60s: %s", c.stderr)
+		return nil, fmt.Errorf("kvactors serve did not start within 60s: %s", c.stderrTail())
 	}
 }
 
@@ -188,6 +189,9 @@ type memStatus struct {
 }
 
 // memory reads the child's memStatus (zeros when unreadable).
+// stderrTail is the end of the child's stderr, for an error message.
+func (c *child) stderrTail() string { return strings.TrimSpace(c.stderr.String()) }
+
 func (c *child) memory() memStatus {
 	var m memStatus
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", c.cmd.Process.Pid))
@@ -198,30 +202,6 @@ func (c *child) memory() memStatus {
 		m.HWM, m.Anon = kb[0]<<10, kb[1]<<10
 	}
 	return m
-}
-
-// tailBuffer keeps the last max bytes written (the child's stderr, for
-// error messages).
-type tailBuffer struct {
-	mu  sync.Mutex
-	b   []byte
-	max int
-}
-
-func (t *tailBuffer) Write(p []byte) (int, error) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.b = append(t.b, p...)
-	if len(t.b) > t.max {
-		t.b = append(t.b[:0], t.b[len(t.b)-t.max:]...)
-	}
-	return len(p), nil
-}
-
-func (t *tailBuffer) String() string {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return strings.TrimSpace(string(t.b))
 }
 
 // await polls done every 2 ms (leaving the cores to the child it measures)
@@ -236,9 +216,9 @@ func (c *child) await(ctx context.Context, what string, timeout time.Duration, d
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-c.done:
-			return fmt.Errorf("kvactors serve exited waiting for %s: %s: %s", what, c.cmd.ProcessState, c.stderr)
+			return fmt.Errorf("kvactors serve exited waiting for %s: %s: %s", what, c.cmd.ProcessState, c.stderrTail())
 		case <-deadline.C:
-			return fmt.Errorf("timed out after %v waiting for %s (child: %s)", timeout, what, c.stderr)
+			return fmt.Errorf("timed out after %v waiting for %s (child: %s)", timeout, what, c.stderrTail())
 		case <-tick.C:
 		}
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend/shm"
+	"github.com/kvactors/kvactors/internal/tailbuf"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -34,7 +35,7 @@ func startNode(t *testing.T, mutate ...func(*node.Config)) *env {
 	reg := prometheus.NewRegistry()
 	// The node's warnings, printed if the test fails (a lapse, an expiry,
 	// a resync: what a timing failure needs explained).
-	warned := &testkit.TailBuffer{Max: 64 << 10}
+	warned := &tailbuf.Buffer{Max: 64 << 10}
 	t.Cleanup(func() { // registered first: runs after the node's Close
 		if t.Failed() {
 			t.Logf("the node warned:\n%s", warned.String())

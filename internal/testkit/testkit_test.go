@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -149,22 +148,4 @@ func TestEveryStopsAtTheTestsEnd(t *testing.T) {
 	})
 	ended.Store(true)
 	NoRecv(t, late, 10*time.Millisecond, "a call after the test that started it ended")
-}
-
-func TestTailBufferKeepsTheLastBytes(t *testing.T) {
-	t.Parallel()
-	b := &TailBuffer{Max: 10}
-	_, _ = b.Write([]byte("0123456789"))
-	require.Equal(t, "0123456789", b.String())
-	_, _ = b.Write([]byte("abcdefghij")) // 20 bytes: at 2×Max, nothing dropped yet
-	require.Equal(t, "0123456789abcdefghij", b.String())
-	n, err := b.Write([]byte("K"))
-	require.NoError(t, err)
-	require.Equal(t, 1, n)
-	require.Equal(t, "[11 bytes dropped]\nbcdefghijK", b.String(), "past 2×Max: the last Max kept")
-	for range 1000 {
-		_, _ = b.Write([]byte("xy"))
-	}
-	require.LessOrEqual(t, len(b.buf), 2*b.Max)
-	require.True(t, strings.HasSuffix(b.String(), "xyxyxyxyxy"))
 }
