@@ -120,9 +120,9 @@ func natsOutage(t *testing.T, lease time.Duration) {
 	}
 	t.Logf("node: %v batches dropped, %v resyncs published", dropped, resyncs)
 	t.Logf("%d requests around a %v NATS outage, lease %v: %d resyncs, %d node losses, %d batches; %d chunks "+
-		"ready, %d stored, %d verified, %d excused by node_lost; releases %v (%d unowned resets at the SDK); SDK resyncs by reason %v",
+		"ready, %d stored, %d verified, %d excused by node_lost; releases %v (%d unowed resets at the SDK); SDK resyncs by reason %v",
 		rep.Requests, outage, lease, rep.Resyncs, rep.NodeLosses, rep.Batches, rep.ChunksReady, rep.ChunksStored,
-		rep.VerifyOK, rep.ReadyNodeLost, rep.Releases, rep.UnownedResets, rep.ResyncsBy)
+		rep.VerifyOK, rep.ReadyNodeLost, rep.Releases, rep.UnowedResets, rep.ResyncsBy)
 }
 
 // natsOnNoCleanup restarts the server from a goroutine (no t.Cleanup

@@ -86,13 +86,13 @@ type Report struct {
 	// UnexpectedReleases are releases the SDK took and the protocol does
 	// not explain (client.Stats.UnexpectedRel: a request not waiting for
 	// one, or one the mirror no longer has); the SDK hands none of them to
-	// the engine, so the counts above never see them. UnownedResets are
+	// the engine, so the counts above never see them. UnowedResets are
 	// the releases the protocol does explain although nothing was owed
 	// (client.Stats.UnowedResets: the node's own reset of a running
 	// request, after its NATS lapse or this engine's silence, or its drop
 	// of the engine).
 	UnexpectedReleases int `json:"unexpected_releases"`
-	UnownedResets      int `json:"unowned_resets,omitempty"`
+	UnowedResets       int `json:"unowed_resets,omitempty"`
 	// BadMessages counts stored or released bodies that were malformed or
 	// disagreed with what the engine knows (a wrong key, wrong bytes).
 	BadMessages int `json:"bad_messages"`
@@ -181,7 +181,7 @@ func (r *Report) Add(o Report) {
 	r.Resyncs += o.Resyncs
 	r.DroppedIncoming += o.DroppedIncoming
 	r.UnexpectedReleases += o.UnexpectedReleases
-	r.UnownedResets += o.UnownedResets
+	r.UnowedResets += o.UnowedResets
 	r.Awaiting += o.Awaiting
 	if len(o.ResyncsBy) > 0 && r.ResyncsBy == nil {
 		r.ResyncsBy = map[string]int{}

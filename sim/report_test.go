@@ -13,11 +13,11 @@ import (
 
 // An event the SDK refused (the scheduler sent what the protocol does not
 // allow), or a release it could not match to an owed one, fails the run's
-// check, summed across engines like the rest; an unowned reset (the
+// check, summed across engines like the rest; an unowed reset (the
 // protocol explains it) does not.
 func TestRefusedEventsAndUnexpectedReleasesFailTheCheck(t *testing.T) {
 	var total sim.Report
-	total.Add(sim.Report{Engine: "a", UnownedResets: 3})
+	total.Add(sim.Report{Engine: "a", UnowedResets: 3})
 	require.NoError(t, total.Err())
 	total.Add(sim.Report{Engine: "b", RefusedEvents: 2})
 	require.Equal(t, 2, total.RefusedEvents)
@@ -25,10 +25,10 @@ func TestRefusedEventsAndUnexpectedReleasesFailTheCheck(t *testing.T) {
 	require.ErrorContains(t, total.Err(), "2 events the SDK refused")
 
 	total = sim.Report{}
-	total.Add(sim.Report{Engine: "a", UnexpectedReleases: 1, UnownedResets: 2})
+	total.Add(sim.Report{Engine: "a", UnexpectedReleases: 1, UnowedResets: 2})
 	total.Add(sim.Report{Engine: "b", UnexpectedReleases: 1})
 	require.Equal(t, 2, total.UnexpectedReleases)
-	require.Equal(t, 2, total.UnownedResets)
+	require.Equal(t, 2, total.UnowedResets)
 	require.ErrorIs(t, total.Err(), sim.ErrCheck)
 	require.ErrorContains(t, total.Err(), "2 releases the SDK could not match")
 }

@@ -63,7 +63,7 @@ func (e *engine) disconnect() {
 	e.rep.DroppedIncoming = st.DroppedIncoming
 	e.rep.Awaiting = st.Awaiting
 	e.rep.UnexpectedReleases = st.UnexpectedRel
-	e.rep.UnownedResets = st.UnowedResets
+	e.rep.UnowedResets = st.UnowedResets
 	e.rep.ResyncsBy = st.Resyncs
 	for _, n := range st.Resyncs {
 		e.rep.Resyncs += n

@@ -186,9 +186,9 @@ func WriteSummary(w io.Writer, reps []Report, node NodeStats, serving time.Durat
 		row("decision latency", "p50 %s, p99 %s over %.0f jobs (batch received → copy started)",
 			node.DecisionP50.Round(time.Microsecond), node.DecisionP99.Round(time.Microsecond), node.Decisions)
 	}
-	row("releases", "%s; %d duplicate, %d missing, %d unknown, %d unexpected at the SDK (%d unowned resets)",
+	row("releases", "%s; %d duplicate, %d missing, %d unknown, %d unexpected at the SDK (%d unowed resets)",
 		intCounts(t.Releases), t.DuplicateReleases, t.MissingReleases, t.UnknownReleases, t.UnexpectedReleases,
-		t.UnownedResets)
+		t.UnowedResets)
 	row("check", "%d lookups (%d hit tokens), %d loads (node: %s)", t.Lookups, t.LookupHitTokens,
 		int(node.Loads["ok"]+node.Loads["error"]), counts(node.Loads))
 	matched, checked := t.Coverage()
