@@ -57,16 +57,21 @@ func (e *engine) disconnect() {
 	if err := e.c.Close(); err != nil {
 		e.log.Debug("sim: close session", "engine", e.cfg.Engine, "err", err)
 	}
-	e.rep.DroppedBatches = st.DroppedBatches
-	e.rep.NodeLosses = st.NodeLosses
-	e.rep.RefusedEvents = st.BadRequestIDs + st.OutOfRange + st.BadHashes
-	e.rep.DroppedIncoming = st.DroppedIncoming
-	e.rep.Awaiting = st.Awaiting
-	e.rep.UnexpectedReleases = st.UnexpectedRel
-	e.rep.UnowedResets = st.UnowedResets
-	e.rep.ResyncsBy = st.Resyncs
+	e.rep.takeSDKStats(st)
+}
+
+// takeSDKStats copies the SDK's counters the report shows and checks.
+func (r *Report) takeSDKStats(st client.Stats) {
+	r.DroppedBatches = st.DroppedBatches
+	r.NodeLosses = st.NodeLosses
+	r.RefusedEvents = st.BadRequestIDs + st.OutOfRange + st.BadHashes
+	r.DroppedIncoming = st.DroppedIncoming
+	r.Awaiting = st.Awaiting
+	r.UnexpectedReleases = st.UnexpectedRel
+	r.UnowedResets = st.UnowedResets
+	r.ResyncsBy = st.Resyncs
 	for _, n := range st.Resyncs {
-		e.rep.Resyncs += n
+		r.Resyncs += n
 	}
 }
 
