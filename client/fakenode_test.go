@@ -236,6 +236,14 @@ func (f *fakeNode) onLoad(m *nats.Msg) {
 	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: f.boot})
 }
 
+// refuseRegisters makes the node refuse every register with why ("": answer
+// them again), as a node at --max-engines or overloaded does.
+func (f *fakeNode) refuseRegisters(why string) {
+	f.mu.Lock()
+	f.refuse = why
+	f.mu.Unlock()
+}
+
 // pauseBeats stops (true) or restarts the node heartbeats; no heartbeat
 // is published once it returns until it is called with false.
 func (f *fakeNode) pauseBeats(paused bool) {

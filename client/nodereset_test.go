@@ -98,9 +98,7 @@ func TestAResetOfTheEpochLeftAtTheNodesLossIsStale(t *testing.T) {
 	// The register after the frees is refused until the reset is in: a
 	// register that succeeded would resync, leaving the epoch by the usual
 	// road before the reset arrives (seen under two -race suites).
-	f.mu.Lock()
-	f.refuse = "limit: engine refused: --max-engines 1 reached"
-	f.mu.Unlock()
+	f.refuseRegisters("limit: engine refused: --max-engines 1 reached")
 	f.pauseBeats(true)
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if n := c.Stats().NodeLosses; n != 1 {
@@ -126,9 +124,7 @@ func TestAResetOfTheEpochLeftAtTheNodesLossIsStale(t *testing.T) {
 	require.Zero(t, st.UnowedResets)
 	require.Equal(t, 1, st.StaleReleases)
 
-	f.mu.Lock()
-	f.refuse = ""
-	f.mu.Unlock()
+	f.refuseRegisters("")
 	f.pauseBeats(false) // the node is heard again: the engine registers and resyncs
 	f.lapseEnds("e1")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {

@@ -87,9 +87,7 @@ func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
 		}
 		return nil
 	})
-	f.mu.Lock()
-	f.refuse = "limit: engine refused: --max-engines 1 reached"
-	f.mu.Unlock()
+	f.refuseRegisters("limit: engine refused: --max-engines 1 reached")
 	f.forget("e1", "copying")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if st := c.Stats(); st.RegisterRefusals == 0 || st.UnowedResets == 0 {
@@ -181,9 +179,7 @@ func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
 	c.Resumed("r1")
 	c.Finished("r1", false, 8, 8)
 	require.Equal(t, 1, c.Stats().Awaiting)
-	f.mu.Lock()
-	f.refuse = "limit: engine refused: --max-engines 1 reached"
-	f.mu.Unlock()
+	f.refuseRegisters("limit: engine refused: --max-engines 1 reached")
 	f.forget("e1")
 	for i := range 2 {
 		rel := testkit.Recv(t, rels.ch, 5*time.Second, fmt.Sprintf("release %d of r1", i+1))

@@ -49,9 +49,7 @@ func TestRefusedReregisterIsSurfaced(t *testing.T) {
 		logs.String())
 	require.Contains(t, logs.String(), "level=WARN")
 
-	f2.mu.Lock()
-	f2.refuse = ""
-	f2.mu.Unlock()
+	f2.refuseRegisters("")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if st := c.Stats(); st.Boot != "boot2" || st.Resyncs["new_boot"] != 1 || st.RegisterRefused != "" {
 			return fmt.Errorf("boot %s, resyncs %v, refused %q", st.Boot, st.Resyncs, st.RegisterRefused)
@@ -217,9 +215,7 @@ func TestAReregisterTheNodeWasTooBusyToTakeIsNoRefusal(t *testing.T) {
 	f.mu.Unlock()
 	testkit.Recv(t, registers, 5*time.Second, "a re-register")
 	testkit.Recv(t, registers, 5*time.Second, "a retried re-register")
-	f.mu.Lock()
-	f.refuse = ""
-	f.mu.Unlock()
+	f.refuseRegisters("")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if !c.Live() {
 			return fmt.Errorf("not registered again yet")
