@@ -146,8 +146,26 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 // hostpool.Pool.PrepareStoreInto).
 func (e *Engine) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {
 	err := e.s.pool.By(e.id).PrepareStoreInto(out, keys, sizes)
-	e.spill(out.Victims)
+	if len(out.Victims) > 0 {
+		e.spillFreeing(out)
+	}
 	return named(err)
+}
+
+// spillFreeing is spill for a decision's victims. If it panics (a bug in
+// the disk tier or the key mapping), the room the decision was given is
+// freed before the panic goes on: the decision never learns of it, so no
+// job would complete it, and its keys would stay pending for good, held
+// back from every request that offers them.
+func (e *Engine) spillFreeing(out *hostpool.Prepared) {
+	spilled := false
+	defer func() {
+		if !spilled {
+			e.s.pool.By(e.id).CompleteStoreAt(out.Keys, out.Slots, nil) // no sums: failed, freed
+		}
+	}()
+	e.spill(out.Victims)
+	spilled = true
 }
 
 // named has the *hostpool.KeyError in err, if any, name its key as

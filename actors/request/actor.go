@@ -75,6 +75,12 @@ type Actor struct {
 	span  trace.Span
 	ctx   context.Context // carries span
 	jobs  *job            // in flight, a list: a request has few, and a map costs two allocations
+	// unsubmitted is the job a decision made (its room reserved in the
+	// pool, pending) until submit hands it to the copy queue: if the turn
+	// panics in between, the actor's stop frees that room (abortUnsubmitted),
+	// or it would stay pending for good, its keys held back from every
+	// other request offering them.
+	unsubmitted *sched.StoreJob
 	// retryArmed: a retry is armed (its timer or an early wake-up will
 	// decide again); later retries wait for it. arm numbers the retries
 	// armed for this request: an early wake-up of an earlier one, or a
@@ -170,6 +176,7 @@ func (a *Actor) Receive(c actor.Context) {
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
 		a.stopWaiting() // nothing of it waits any more
+		a.abortUnsubmitted()
 		a.endJobSpans()
 		// Restarting is this instance's last message too: the replacement
 		// (unexpectedRestart) has none of its state, so it ends here. A
@@ -272,6 +279,9 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 
 // perform carries out effects in the documented order (sched.Effects).
 func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
+	if eff.Job != nil {
+		a.unsubmitted = eff.Job // until submit hands it over
+	}
 	if len(eff.Cancel) > 0 {
 		c.Send(a.deps.Transfer, &transfer.Cancel{Owner: c.Self(), IDs: eff.Cancel})
 	}

@@ -143,6 +143,16 @@ func (a *Actor) observeStored(j *job) {
 	}
 }
 
+// abortUnsubmitted frees the room of a job its decision reserved and its
+// failed turn never handed to the copy queue (unsubmitted), as the actor
+// stops. The engine's Drain cancels only what reached the queue.
+func (a *Actor) abortUnsubmitted() {
+	if j := a.unsubmitted; j != nil {
+		a.unsubmitted = nil
+		a.deps.Store.Abort(backend.DeviceToHost, j.Chunks)
+	}
+}
+
 func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 	bytes := store.CopyBytes(a.deps.Layout, sj.Chunks)
 	ctx, span := a.ctx, noSpan
@@ -159,6 +169,10 @@ func (a *Actor) submit(c actor.Context, sj *sched.StoreJob, arrived time.Time) {
 		HearingGen: a.deps.HearingGen}, next: a.jobs}
 	a.jobs = j
 	sub := &j.sub
+	// Handed over before the call: a Submit that panics may have queued
+	// the job, whose copy or abort then completes its room; aborted here
+	// too, it would be completed twice.
+	a.unsubmitted = nil
 	if a.deps.Queue != nil {
 		a.deps.Queue.Submit(sub)
 	} else {
