@@ -35,7 +35,8 @@
 //     engine re-announcing at once into a full intake overflows it again.
 //     No resync starts while the connection is down (its batches would be
 //     refused, and each try is another epoch re-announcing everything):
-//     it starts at the reconnect, the steps meanwhile held likewise;
+//     it starts at the reconnect (also when an overflow's wait ended
+//     meanwhile), the steps meanwhile held likewise;
 //   - releases: a request that finished or was preempted is free only on a
 //     `released` for the current epoch (from a v2 node, numbered: one
 //     without epoch or rseq is dropped, counted in Stats.UnnumberedRel),

@@ -67,3 +67,77 @@ func TestAResyncWaitsForTheLinkInsteadOfRetryingAtEveryFlush(t *testing.T) {
 	require.Equal(t, map[string]int{client.ResyncPublishError: 1}, c.Stats().Resyncs,
 		"one resync, once the link was back")
 }
+
+// An overflow resync whose wait ends while the link is down waits for the
+// link too, without the session loop waking every millisecond for it:
+// it did, each wake-up trying a heartbeat that could not be sent, until
+// the link came back or the node was lost.
+func TestAnOverflowWaitEndingWhileTheLinkIsDownDoesNotSpinTheSessionLoop(t *testing.T) {
+	t.Parallel()
+	const lease = 8 * time.Second // heartbeats every 2 s; the node is not lost while the link is down
+	s := testkit.NATSServer(t)
+	nc := testkit.Connect(t, s)
+	f := startFakeNode(t, nc, "n1", "boot1", lease)
+	l := testkit.NewLink(t, s.Addr().String())
+	enc := dial(t, "nats://"+l.Addr, "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec(), OnReleased: newReleases().on,
+		OverflowBackoff: 400 * time.Millisecond,
+		RequestTimeout:  100 * time.Millisecond}) // a heartbeat cut off waits no longer for its reply
+	c.Added("r1", 64)
+	require.NoError(t, c.Flush())
+	old := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if len(f.events(old)) == 0 {
+			return fmt.Errorf("the fake node has not applied the first batch") // its overflow would name no epoch
+		}
+		return nil
+	})
+
+	f.overflow("e1")
+	step := 0
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		step++
+		c.Tokens("r1", step, 64)
+		require.NoError(t, c.Flush())
+		if c.Stats().HeldBatches == 0 {
+			return fmt.Errorf("the overflow resync has not reached the engine")
+		}
+		return nil
+	})
+	l.Cut() // within the overflow's wait (200–400 ms)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if !enc.IsReconnecting() {
+			return fmt.Errorf("status %v", enc.Status())
+		}
+		return nil
+	})
+	heartbeats := make(chan struct{}, 4096)
+	client.SetBeforeHeartbeat(c, func() {
+		select {
+		case heartbeats <- struct{}{}:
+		default:
+		}
+	})
+	// 1.5 s with the link down: the wait ends in it; a heartbeat period is 2 s.
+	window := time.After(1500 * time.Millisecond)
+	tries := 0
+	for waiting := true; waiting; {
+		select {
+		case <-heartbeats:
+			tries++
+		case <-window:
+			waiting = false
+		}
+	}
+	require.LessOrEqual(t, tries, 2, "heartbeats tried in 1.5 s with the link down after an overflow's wait")
+	require.Empty(t, c.Stats().Resyncs, "no resync started while the link was down")
+
+	l.Restore()
+	testkit.Eventually(t, 10*time.Second, 5*time.Millisecond, func() error {
+		if c.Epoch() == old {
+			return fmt.Errorf("no new epoch yet: %+v", c.Stats())
+		}
+		return nil
+	})
+	require.Equal(t, map[string]int{client.ResyncNode: 1}, c.Stats().Resyncs, "one resync, once the link was back")
+}

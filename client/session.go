@@ -229,9 +229,12 @@ func (c *Client) untilExpiry() time.Duration {
 	if c.boot != "" && !c.lost {
 		d = max(time.Until(c.lastSeen.Add(c.lease))+time.Millisecond, time.Millisecond)
 	}
-	if c.resync != "" && !c.holdUntil.IsZero() && !c.lost && !c.reregister {
+	if c.resync != "" && !c.holdUntil.IsZero() && !c.lost && !c.reregister && c.nc.IsConnected() {
 		// A hold that ended while a heartbeat was waiting for its reply
-		// wakes the loop at once, not a period later.
+		// wakes the loop at once, not a period later. Not while the link
+		// is down: the resync waits for it too (resyncDueLocked), and the
+		// reconnect wakes the loop; a hold ended meanwhile would wake it
+		// every millisecond until then.
 		d = min(d, max(time.Until(c.holdUntil), 0)+time.Millisecond)
 	}
 	return d
