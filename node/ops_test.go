@@ -184,8 +184,9 @@ func TestStartWaitsForNATS(t *testing.T) { // not parallel: binds a port it free
 
 // The retries are bounded by NATSConnectTimeout, and end at once when the
 // context is cancelled (SIGTERM while waiting).
-func TestStartGivesUpOnNATS(t *testing.T) { // not parallel: binds a port it freed
-	cfg := node.Config{NATSURL: "nats://127.0.0.1:" + strconv.Itoa(freePort(t)), ShmDir: t.TempDir(),
+func TestStartGivesUpOnNATS(t *testing.T) {
+	t.Parallel()
+	cfg := node.Config{NATSURL: "nats://" + closingListener(t), ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.DiscardHandler)}
 	cfg.NATSConnectTimeout = 300 * time.Millisecond
 	start := time.Now()
@@ -245,4 +246,25 @@ func (w signalWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
+}
+
+// closingListener holds a loopback port for the test and closes every
+// connection to it at once: a NATS URL no server answers on. (A port
+// freed for the purpose was taken meanwhile by another package's NATS
+// server once, and the node connected to it.)
+func closingListener(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return // closed at the test's end
+			}
+			_ = c.Close()
+		}
+	}()
+	return ln.Addr().String()
 }
