@@ -62,6 +62,11 @@ type Client struct {
 	tailSeq  uint64    // a seq a heartbeat found not applied yet (0: none)
 	tailAt   time.Time // when
 	batch    wire.Batch
+	// unknownFin counts, by request, the epoch's Finished calls for
+	// requests the mirror did not hold (never added, or released already):
+	// the node answers each with a release at once, which is expected,
+	// not UnexpectedRel. Nil until one; dropped with the epoch.
+	unknownFin map[string]int
 	// full holds the parts of the step's batch already MaxBatchBytes long,
 	// oldest first; batch is the part being appended to (cutLocked).
 	full []wire.Batch
@@ -128,7 +133,7 @@ type Stats struct {
 	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
 	StaleReleases    int    // for an old epoch, or one left when the node's loss freed its requests: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
-	UnexpectedRel    int    // for a request not waiting for one (but UnowedResets)
+	UnexpectedRel    int    // for a request not waiting for one (but UnowedResets, and the answer to a Finished of one not held)
 	UnowedResets     int    // engine_reset or engine_gone of the current epoch for a request owed nothing: the node dropped it running (its lapse, this engine's silence, or it dropped the engine)
 	BadRequestIDs    int    // events refused for a request id the protocol does not allow (ErrBadRequestID)
 	OutOfRange       int    // events refused for a negative count or start, a group not in the spec, or a block id past its num_gpu_blocks (ErrOutOfRange)
@@ -284,7 +289,7 @@ func (c *Client) resyncLocked() {
 		"old_seq", c.seq, "requests", len(c.reqs))
 	c.resync, c.holdUntil = "", time.Time{}
 	c.epoch, c.seq, c.lastRSeq, c.relGot, c.hbPrev, c.hbPrevAt = newEpoch(), 0, 0, 0, 0, time.Time{}
-	c.tailSeq = 0
+	c.tailSeq, c.unknownFin = 0, nil
 	c.resetBatchLocked()
 	var err error
 	c.reannounceLocked(func() {

@@ -348,7 +348,13 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) error {
 	c.batch.Finished(req, aborted, computed, total)
 	c.cutLocked()
 	if r == nil {
-		return nil // the node answers a finished for an unknown request at once; nothing waits here
+		// The node answers a finished for a request it does not hold with
+		// a release at once; nothing waits for it here.
+		if c.unknownFin == nil {
+			c.unknownFin = map[string]int{}
+		}
+		c.unknownFin[req]++
+		return nil
 	}
 	c.announcedLocked(r)
 	if r.phase == finished {

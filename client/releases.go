@@ -55,7 +55,9 @@ func (c *Client) onReleased(m *nats.Msg) {
 	}
 	r := c.reqs[rel.Request]
 	if r == nil {
-		c.st.UnexpectedRel++
+		if !c.answersUnknownFinLocked(rel) {
+			c.st.UnexpectedRel++
+		}
 		return
 	}
 	if rel.Reason == messages.ReasonEngineGone {
@@ -131,4 +133,23 @@ func (c *Client) freeIfNoNodeLocked(r *mreq) {
 		c.st.ForgottenFrees += r.owed
 		c.freeAllLocked(r, Release{Request: r.id, Reason: messages.ReasonEngineGone})
 	}
+}
+
+// answersUnknownFinLocked reports whether rel is the node's answer to a
+// Finished of this epoch for a request the mirror did not hold
+// (unknownFin), and takes that Finished off the count.
+func (c *Client) answersUnknownFinLocked(rel messages.Released) bool {
+	if rel.Reason != messages.ReasonFinished && rel.Reason != messages.ReasonAborted {
+		return false
+	}
+	n := c.unknownFin[rel.Request]
+	switch {
+	case n == 0:
+		return false
+	case n == 1:
+		delete(c.unknownFin, rel.Request)
+	default:
+		c.unknownFin[rel.Request] = n - 1
+	}
+	return true
 }
