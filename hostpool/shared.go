@@ -274,14 +274,17 @@ func (s *Shared) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 // CompleteStorePinned: see Shared.CompleteStorePinned; the keys made
 // ready are journaled.
 func (b By) CompleteStorePinned(keys []messages.Key, sums []uint32) {
+	wake(b.completeStorePinned(keys, sums))
+}
+
+func (b By) completeStorePinned(keys []messages.Key, sums []uint32) []Waker {
 	s := b.s
 	s.mu.Lock()
+	defer s.mu.Unlock() // the journal runs under it: see completeStoreAt
 	s.pool.CompleteStorePinned(keys, sums)
 	s.noteReady(b.engine)
 	s.full.Store(s.pool.full())
-	woken := s.endWaits(keys)
-	s.mu.Unlock()
-	wake(woken)
+	return s.endWaits(keys)
 }
 
 // SetKeepVictims: see Pool.SetKeepVictims.
@@ -307,13 +310,14 @@ func (b By) Drop(key messages.Key, sum uint32) bool {
 	return ok
 }
 
-func (s *Shared) CompleteLoad(keys []messages.Key) {
+func (s *Shared) CompleteLoad(keys []messages.Key) { wake(s.completeLoad(keys)) }
+
+func (s *Shared) completeLoad(keys []messages.Key) []Waker {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	unpinned := s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
-	woken := s.roomFreed(unpinned) // evictable again; a pin still held frees nothing
-	s.mu.Unlock()
-	wake(woken)
+	return s.roomFreed(unpinned) // evictable again; a pin still held frees nothing
 }
 
 // EndLoad ends a load's copy (done, failed or aborted) in one step: the
@@ -324,15 +328,16 @@ func (s *Shared) CompleteLoad(keys []messages.Key) {
 // pin, leaving its chunk evictable under its copy. It wakes the loads
 // waiting for the freed keys, and as many room waiters as keys it freed or
 // left unpinned.
-func (b By) EndLoad(keys []messages.Key) {
+func (b By) EndLoad(keys []messages.Key) { wake(b.endLoad(keys)) }
+
+func (b By) endLoad(keys []messages.Key) []Waker {
 	s := b.s
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	freed := s.pool.CompleteStore(keys, nil) // a failure: no key is made ready, nothing journaled
 	freed += s.pool.CompleteLoad(keys)
 	s.full.Store(s.pool.full())
-	woken := append(s.endWaits(keys), s.roomFreed(freed)...)
-	s.mu.Unlock()
-	wake(woken)
+	return append(s.endWaits(keys), s.roomFreed(freed)...)
 }
 
 func (s *Shared) Lookup(key messages.Key) (State, int64) {

@@ -244,24 +244,41 @@ func TestSharedPrepareLoadFromLongRepeats(t *testing.T) {
 // A completion that panics under the pool's lock (here its journal, a
 // caller's bug; the copy queue recovers such a panic and goes on) leaves
 // the lock free: the node's other steps, copies and teardown carry on.
+// Both completions that journal: a store's, and a load's read back from a
+// lower tier (pinned).
 func TestAPanickingCompletionLeavesThePoolUnlocked(t *testing.T) {
-	s := NewShared(64, 16)
-	b := s.By("e1")
-	keys := k("a")
-	_, err := b.PrepareStore(keys, []int64{16})
-	require.NoError(t, err)
-	s.SetJournal(func(bool, []messages.Key, string) { panic("journal failure injected") })
-	require.Panics(t, func() { b.CompleteStore(keys, []uint32{1}) })
+	for _, pinned := range []bool{false, true} {
+		t.Run(fmt.Sprintf("pinned=%v", pinned), func(t *testing.T) {
+			s := NewShared(64, 16)
+			b := s.By("e1")
+			keys := k("a")
+			if pinned {
+				_, err := b.PrepareLoadFrom(keys, func(messages.Key) (int64, bool) { return 16, true })
+				require.NoError(t, err)
+			} else {
+				_, err := b.PrepareStore(keys, []int64{16})
+				require.NoError(t, err)
+			}
+			s.SetJournal(func(bool, []messages.Key, string) { panic("journal failure injected") })
+			require.Panics(t, func() {
+				if pinned {
+					b.CompleteStorePinned(keys, []uint32{1})
+				} else {
+					b.CompleteStore(keys, []uint32{1})
+				}
+			})
 
-	done := make(chan error, 1)
-	go func() {
-		_, err := b.PrepareStore(k("b"), []int64{16})
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		require.NoError(t, err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the pool's lock is still held after the panic")
+			done := make(chan error, 1)
+			go func() {
+				_, err := b.PrepareStore(k("b"), []int64{16})
+				done <- err
+			}()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(5 * time.Second):
+				t.Fatal("the pool's lock is still held after the panic")
+			}
+		})
 	}
 }
