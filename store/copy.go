@@ -65,8 +65,7 @@ func (e *Engine) copy(dir backend.Direction, chunks []sched.JobChunk, live func(
 	if dir == backend.HostToDevice {
 		if bad, err := e.sizesMatch(keys, chunks, &loc); err != nil {
 			e.complete(dir, keys, nil)
-			e.dropMisfit(keys[bad], &loc, bad)
-			return err
+			return withPanic(err, afterEnd(func() { e.dropMisfit(keys[bad], &loc, bad) }))
 		}
 		read, err := e.fetch(keys, &loc)
 		if err != nil {
@@ -292,6 +291,31 @@ func (e *Engine) sizesMatch(keys []messages.Key, chunks []sched.JobChunk, loc *l
 	return 0, nil
 }
 
+// afterEnd runs a step that follows the load's end in the pool (dropping
+// a chunk that failed its check) and returns a panic in it (a bug below:
+// the disk tier, the journal) as an error instead of letting it out of
+// Copy. The transfer side aborts the pool side of a copy that panicked,
+// and these keys are no longer this load's to end: one freed here may be
+// another job's pending chunk by then, and its pins other loads'.
+func afterEnd(step func()) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("store: dropping a chunk after the load ended panicked: %v", r)
+		}
+	}()
+	step()
+	return nil
+}
+
+// withPanic is err, joined with panicked if a step after the load's end
+// panicked (afterEnd).
+func withPanic(err, panicked error) error {
+	if panicked == nil {
+		return err
+	}
+	return errors.Join(err, panicked)
+}
+
 // dropMisfit drops chunk i of a load that sizesMatch refused, the load
 // ended: its record on disk (a read-back) or its pool entry, as a chunk
 // found corrupt is dropped, so lookups stop counting it and later loads
@@ -374,10 +398,10 @@ func (e *Engine) verify(keys []messages.Key, loc *located, lo, hi int) error {
 		}
 		if got := e.s.checksum(loc.Chunk(i), 0, math.MaxInt64, 0); got != loc.Sums[i] {
 			e.s.pool.CompleteLoad(keys)
-			e.s.pool.By(e.id).Drop(keys[i], loc.Sums[i])
+			dropped := afterEnd(func() { e.s.pool.By(e.id).Drop(keys[i], loc.Sums[i]) })
 			e.s.metrics.Corrupt.Inc()
-			return &hostpool.KeyError{Key: keys[i],
-				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}
+			return withPanic(&hostpool.KeyError{Key: keys[i],
+				Err: fmt.Errorf("%w: crc32c %08x, stored %08x", ErrCorrupt, got, loc.Sums[i])}, dropped)
 		}
 	}
 	return nil

@@ -322,7 +322,10 @@ func (a *Actor) copy(job *Submit, lc *liveCheck) (err error) {
 // copyPanicked reports a recovered panic r of job's Store.Copy and aborts
 // its pool side. Stores complete the pool as their last step, so a panic
 // comes before it: the abort removes the chunks still pending (a store) or
-// unpins the chunks read (a load).
+// unpins the chunks read (a load). A load's steps after its end (dropping
+// a chunk that failed its check) return a panic as an error instead
+// (store.afterEnd): aborted again, keys by then another job's would be
+// ended.
 func (a *Actor) copyPanicked(job *Submit, r any) error {
 	a.deps.Metrics.CopyPanics.Inc()
 	// A backend that panics on every copy would log a stack per retry: one
