@@ -17,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -186,7 +187,13 @@ func TestStartWaitsForNATS(t *testing.T) { // not parallel: binds a port it free
 // context is cancelled (SIGTERM while waiting).
 func TestStartGivesUpOnNATS(t *testing.T) {
 	t.Parallel()
-	cfg := node.Config{NATSURL: "nats://" + closingListener(t), ShmDir: t.TempDir(),
+	// A port held for the test, every connection closed at once: a NATS
+	// URL no server answers on. (A port freed for the purpose was taken
+	// meanwhile by another package's NATS server once, and the node
+	// connected to it.)
+	nowhere := testkit.NewLink(t, "127.0.0.1:1")
+	nowhere.Cut()
+	cfg := node.Config{NATSURL: "nats://" + nowhere.Addr, ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, HTTPAddr: "off", Log: slog.New(slog.DiscardHandler)}
 	cfg.NATSConnectTimeout = 300 * time.Millisecond
 	start := time.Now()
@@ -246,25 +253,4 @@ func (w signalWriter) Write(p []byte) (int, error) {
 		}
 	}
 	return len(p), nil
-}
-
-// closingListener holds a loopback port for the test and closes every
-// connection to it at once: a NATS URL no server answers on. (A port
-// freed for the purpose was taken meanwhile by another package's NATS
-// server once, and the node connected to it.)
-func closingListener(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return // closed at the test's end
-			}
-			_ = c.Close()
-		}
-	}()
-	return ln.Addr().String()
 }
