@@ -67,6 +67,10 @@ type Client struct {
 	// the node answers each with a release at once, which is expected,
 	// not UnexpectedRel. Nil until one; dropped with the epoch.
 	unknownFin map[string]int
+	// reregIn is the epoch in which a re-register took effect: it stays
+	// current until the resync, and its late engine_gone releases (the
+	// node's, once copies it waited for ended) call for no second one.
+	reregIn string
 	// full holds the parts of the step's batch already MaxBatchBytes long,
 	// oldest first; batch is the part being appended to (cutLocked).
 	full []wire.Batch

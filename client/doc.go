@@ -56,7 +56,9 @@
 //     at once with reason engine_gone (no epoch), as the node may refuse
 //     the engine for long (--max-engines); one the node may still copy
 //     for waits for its engine_gone (the node answers "unknown engine" as
-//     soon as it drops the engine, before its copies end).
+//     soon as it drops the engine, before its copies end). One that
+//     comes after the re-register took effect, its resync not yet begun,
+//     frees what it answers and calls for no second register.
 //     Each such event is answered exactly once through Config.OnReleased;
 //   - request ids: Added refuses one the protocol does not allow
 //     (ErrBadRequestID: empty, over 256 bytes, not UTF-8), and events naming

@@ -123,6 +123,7 @@ func (c *Client) tryRegister() {
 		}
 		// A new registration answers any overflow: its resync waits for nothing.
 		c.lost, c.reregister, c.resync, c.holdUntil = false, false, reason, time.Time{}
+		c.reregIn = c.epoch
 	})
 	switch {
 	case err == nil:

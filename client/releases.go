@@ -47,9 +47,12 @@ func (c *Client) onReleased(m *nats.Msg) {
 	}
 	c.lastRSeq = max(c.lastRSeq, rel.RSeq)
 	c.relGot++
-	if rel.Reason == messages.ReasonEngineGone {
+	if rel.Reason == messages.ReasonEngineGone && (c.reregIn == "" || rel.Epoch != c.reregIn) {
 		// The node dropped the engine (an unregister or expiry it saw):
 		// everything must be announced again to a fresh registration.
+		// Not once a re-register took effect in this epoch: the node
+		// holds that registration already (a request's engine_gone comes
+		// once its copies end, after the node answered "unknown engine").
 		c.reregister = true
 		c.wake()
 	}

@@ -3,6 +3,7 @@ package client_test
 import (
 	"context"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -190,4 +191,62 @@ func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
 	require.Zero(t, st.Awaiting)
 	require.Zero(t, st.Live)
 	require.Zero(t, st.ForgottenFrees, "freed by the node's engine_gone, not by the client")
+}
+
+// An engine_gone of the old epoch that arrives just after the re-register
+// it called for took effect (the node releases a request still copying
+// only once its copies end, after it already answered "unknown engine")
+// frees what it answers, but does not send the engine to register a second
+// time: the node holds the new registration already. It did: the release
+// was of the epoch still current until the resync, so it raised the
+// re-register again, and heartbeats, loads and batches waited for it.
+func TestALateEngineGoneAfterTheReregisterDoesNotRegisterAgain(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: newReleases().on})
+	testkit.Recv(t, regs, 5*time.Second, "the first register")
+	for _, r := range []string{"gone", "copying"} {
+		c.Added(r, 8)
+		c.Blocks(r, 0, 0, []uint32{1, 2})
+	}
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < 4 {
+			return fmt.Errorf("the node applied %d events", len(evs))
+		}
+		return nil
+	})
+	var once sync.Once
+	late := make(chan error, 1)
+	client.SetAfterReregister(c, func() { // the re-register took effect; the resync has not started
+		once.Do(func() {
+			f.releaseGone("e1", "copying")
+			deadline := time.Now().Add(5 * time.Second)
+			for c.Stats().UnowedResets < 2 && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond) // polling the client's count: nothing to wait on
+			}
+			if n := c.Stats().UnowedResets; n < 2 {
+				late <- fmt.Errorf("the late engine_gone was not handled: UnowedResets %d", n)
+				return
+			}
+			late <- nil
+		})
+	})
+	f.forget("e1", "copying")
+	testkit.Recv(t, regs, 5*time.Second, "the re-register")
+	require.NoError(t, testkit.Recv(t, late, 10*time.Second, "the late engine_gone, in the re-register's wake"))
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if c.Epoch() == epoch {
+			return fmt.Errorf("no resync after the re-register yet")
+		}
+		return nil
+	})
+	testkit.NoRecv(t, regs, 2*testLease, "a second re-register")
+	st := c.Stats()
+	require.Equal(t, 2, st.Registers)
+	require.Equal(t, map[string]int{client.ResyncReregister: 1}, st.Resyncs)
+	require.Equal(t, 2, st.Live, "both still run: the resync re-announces them")
 }
