@@ -55,9 +55,17 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 		}
 		if err == nil {
 			o.mu.Lock()
-			_, still := o.mine[engine]
+			h, still := o.mine[engine]
 			if still || !renew {
-				o.mine[engine] = held{rev: nrev, renewed: sent}
+				// Only a newer revision: this process's other writer of
+				// the claim (a keep-alive and a register's confirmation
+				// race) may have recorded a later write of it already, and
+				// an older reply recorded after it would set the fencing
+				// token back and date the record at the newer revision
+				// from a later send.
+				if !still || nrev > h.rev {
+					o.mine[engine] = held{rev: nrev, renewed: sent}
+				}
 				delete(o.lost, engine) // held again: nothing to report
 			}
 			o.mu.Unlock()
