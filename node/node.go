@@ -97,6 +97,10 @@ type Node struct {
 	// engine's next actor waits for them before it releases anything
 	// (engine.Deps.Predecessors). Pruned of closed ones at each register.
 	ending map[string][]<-chan struct{}
+	// epochs keeps, per engine id for the whole boot, the epochs its
+	// actors began (engine.Deps.Epochs): a re-register's actor takes them
+	// in, so a late message of its predecessor's epoch is not a new one.
+	epochs map[string]*engine.EpochTrail
 	nss    namespaces // isolation: namespace ids and geometry
 	mapped int        // isolation: engine segments mapped now
 	// mappedBytes is the isolation bound's count of engine segment bytes
@@ -143,7 +147,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
-		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
+		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, epochs: map[string]*engine.EpochTrail{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
 	if n.now == nil {
 		n.now = time.Now
 	}

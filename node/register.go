@@ -249,7 +249,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		Log:     n.log, Closed: rec.closed, Node: n.cfg.NodeID, Boot: n.boot, Lease: n.cfg.Lease,
 		Expired: n.expired, Failed: n.failed, Backlogged: func() bool { return n.ingest.backlogged(id) },
 		MaxRequests: n.cfg.MaxRequests, Reject: n.rejectLog, Session: n.fence.Gen, Now: n.now,
-		Predecessors: n.stillEnding(id),
+		Predecessors: n.stillEnding(id), Epochs: n.epochTrail(id),
 		Request: request.Deps{Engine: id, Layout: lay, Store: rec.store,
 			Metrics:  request.NewMetrics(n.metrics.Events, n.metrics.Store, n.metrics.Actors),
 			Transfer: n.transfer, Queue: n.copyQueue, Outbox: n.outbox, Tracer: n.tracer, Log: n.log, Owed: &n.owed,

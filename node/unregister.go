@@ -48,6 +48,17 @@ func (n *Node) stillEnding(id string) []<-chan struct{} {
 	return slices.Clone(open)
 }
 
+// epochTrail is engine id's EpochTrail for the boot, made at its first
+// register. Caller holds n.mu.
+func (n *Node) epochTrail(id string) *engine.EpochTrail {
+	t := n.epochs[id]
+	if t == nil {
+		t = &engine.EpochTrail{}
+		n.epochs[id] = t
+	}
+	return t
+}
+
 // retire tells an engine actor to reset every request and stop; its device
 // is closed once it has. Caller holds n.mu.
 func (n *Node) retire(rec *engineRec) {

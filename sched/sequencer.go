@@ -38,6 +38,10 @@ type Sequencer struct {
 	// it left; its heartbeat may be sent after its next epoch's first batch),
 	// and must not end the live epoch.
 	ended [endedEpochs]string
+	// heir is the live epoch of the engine's earlier actor (Inherit): the
+	// engine may go on with it here, but once another epoch begins it has
+	// ended like any other.
+	heir string
 }
 
 // endedEpochs is how many ended epochs a Sequencer remembers: late messages
@@ -90,6 +94,22 @@ type Decision struct {
 // once per lease/4.
 func NewSequencer(now time.Time, lease time.Duration) *Sequencer {
 	return &Sequencer{lease: lease, repeat: lease / 4, lastSign: now}
+}
+
+// Inherit takes in the epochs the engine's earlier actor knew, newest
+// first (its live one, then those that ended), before any epoch is live
+// here. A late batch or heartbeat of one of them that arrives after this
+// Sequencer began a new epoch is then Stale, as it would have been there,
+// not a new epoch ending the live one: nothing would resync the engine's
+// live epoch after that (the order names the late one). The first of them
+// may still go on here (an engine need not begin a new epoch at a
+// register); it ends once another epoch begins.
+func (s *Sequencer) Inherit(recent []string) {
+	if s.live || len(recent) == 0 {
+		return
+	}
+	s.heir = recent[0]
+	copy(s.ended[:], recent[1:])
 }
 
 // Epoch is the live epoch ("" before the first batch).
@@ -255,6 +275,9 @@ func (s *Sequencer) begin(epoch string) string {
 		old = s.epoch
 		copy(ended[1:], ended[:])
 		ended[0] = old
+	} else if s.heir != "" && s.heir != epoch {
+		copy(ended[1:], ended[:]) // the earlier actor's live epoch ends here: no reset, its actor had them
+		ended[0] = s.heir
 	}
 	*s = Sequencer{epoch: epoch, live: true, repeat: s.repeat, lease: s.lease, lastSign: s.lastSign, ended: ended}
 	return old

@@ -77,6 +77,10 @@ type Deps struct {
 	// Until every one has closed, this actor publishes no release of its
 	// own (lineage.go, "predecessors").
 	Predecessors []<-chan struct{}
+	// Epochs, when set, is the engine's EpochTrail across its actors: this
+	// one's Sequencer takes in what it holds, and it records each epoch it
+	// begins there.
+	Epochs *EpochTrail
 }
 
 // routed is one event to forward: its index in the batch and its request's
@@ -115,6 +119,7 @@ type Actor struct {
 	deps     Deps
 	loop     *actors.LoopDispatcher // runs what is not run inline; closed when it stops
 	seq      *sched.Sequencer
+	trailed  string            // the last epoch recorded in Deps.Epochs
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
 	perEpoch map[string]int    // epoch → entries in byPID
@@ -207,8 +212,12 @@ func Props(deps Deps) *actor.Props {
 	}
 	return actor.PropsFromProducer(func() actor.Actor {
 		gen := deps.Session()
+		seq := sched.NewSequencer(deps.Now(), deps.Lease)
+		if deps.Epochs != nil {
+			seq.Inherit(deps.Epochs.Recent())
+		}
 		return &Actor{deps: deps, loop: loop, ends: newEnds(deps.Closed), live: map[string]*entry{}, byPID: map[string]*entry{},
-			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: sched.NewSequencer(deps.Now(), deps.Lease),
+			perEpoch: map[string]int{}, spawner: request.NewSpawner(), seq: seq,
 			session: gen, epochSession: gen, resyncOwed: gen%2 == 1} // begun during a lapse: no order until it ends
 	}, actor.WithSupervisor(actors.StopOnPanic(deps.Log.With("engine", deps.Engine))), actor.WithGuardian(endOnFailure),
 		actor.WithMailbox(batchesInline), actor.WithDispatcher(loop))

@@ -15,6 +15,10 @@ import (
 // resets its requests (before anything of the new epoch is routed), a
 // resync order is published.
 func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) {
+	if t := a.deps.Epochs; t != nil && a.seq.Epoch() != a.trailed {
+		a.trailed = a.seq.Epoch() // a new epoch began (the first here, or d.Reset's successor)
+		t.began(a.trailed)
+	}
 	if d.Reset != "" {
 		if h := a.deps.Request.Hearing; h != nil {
 			h.Resumed() // a new epoch: loads are current again (transfer.Hearing)
