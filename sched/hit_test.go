@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -98,4 +99,30 @@ func TestLoadChunks(t *testing.T) {
 	}
 	_, err = l.LoadChunks(hs[:2], 16, [][]messages.BlockID{{5, 6, 7, 8}, {0, 9}})
 	require.ErrorIs(t, err, ErrBadLoad, "too few hashes")
+}
+
+// A load past what a request may hold (max_model_len, else num_gpu_blocks'
+// worth) is refused too_large, whatever its hashes and block lists: one
+// hash repeated 200,000 times with as many block ids made one load copy
+// 50 GB, holding every engine's copies behind it.
+func TestALoadPastAnyRequestsLengthIsTooLarge(t *testing.T) {
+	l := hitLayout(t, messages.GroupSpec{Kind: "full", TokensPerBlock: 4})
+	most := l.Groups[0].MaxBlocks // chunks of one block, one hash each
+	hs := make([]messages.Hash, most+1)
+	for i := range hs {
+		hs[i] = hitHashes(1)[0] // one chunk's hash, repeated
+	}
+	ids := make([]messages.BlockID, most+1)
+	for i := range ids {
+		ids[i] = 1
+	}
+	chunks, err := l.LoadChunks(hs[:most], most*4, [][]messages.BlockID{ids[:most]})
+	require.NoError(t, err, "a request's full length")
+	require.Len(t, chunks, most)
+	_, err = l.LoadChunks(hs, (most+1)*4, [][]messages.BlockID{ids})
+	require.ErrorIs(t, err, ErrTooLarge)
+	require.ErrorIs(t, err, ErrBadLoad)
+	require.Equal(t, messages.RejectTooLarge, messages.RejectLabel(err))
+	_, err = l.LoadChunks(hs, math.MaxInt, [][]messages.BlockID{ids})
+	require.ErrorIs(t, err, ErrTooLarge, "no overflow past the bound")
 }

@@ -132,6 +132,14 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 	var out []JobChunk
 	for g, gl := range l.Groups {
 		n := numTokens / gl.TokensPerChunk
+		if n > gl.MaxBlocks/bpc {
+			// A request holds no more (max_model_len, --max-model-len; else
+			// the engine's num_gpu_blocks): past it a load only repeats
+			// chunks, and one load of any size runs alone in the copy queue
+			// while every engine's copies wait.
+			return nil, fmt.Errorf("%w: %w: group %d: %d tokens need %d chunks, a request holds at most %d",
+				ErrTooLarge, ErrBadLoad, g, numTokens, n, gl.MaxBlocks/bpc)
+		}
 		if len(blocks[g]) < n*bpc {
 			return nil, fmt.Errorf("%w: group %d: %d block ids for %d chunks of %d blocks", ErrBadLoad, g,
 				len(blocks[g]), n, bpc)
