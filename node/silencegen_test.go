@@ -167,3 +167,24 @@ func TestALoadEndingASilenceIsRefused(t *testing.T) {
 	require.Contains(t, string(m.Data), "no load until it begins a new epoch")
 	testkit.NoRecv(t, r.dev.started, 100*time.Millisecond, "a load delivered after lease/2 of silence copying")
 }
+
+// A silence that ends before the engine has begun any epoch (it had sent
+// heartbeats only) refuses loads until its first epoch begins, not for
+// good: the refusal was lifted only by an epoch that ended another, and
+// with none live no resync order named one to begin.
+func TestLoadsResumeWithTheFirstEpochAfterASilence(t *testing.T) {
+	t.Parallel()
+	r := newSilenceRig(t, nil)
+	te := r.e.newEngine("e1", defaultOpts())
+	te.register()
+	r.fallSilent()
+	te.request("heartbeat", map[string]any{"epoch": te.epoch, "seq": 0}) // ends the silence; no epoch live
+	require.Equal(t, 1.0, metricValue(t, r.e.reg, "kvactors_engine_silences_total", nil))
+	refused := testkit.Recv(t, r.publishLoad(t), 5*time.Second, "a load before any epoch")
+	require.Contains(t, string(refused.Data), "no load until it begins a new epoch")
+
+	te.send(added("x", 4)) // the engine's first epoch
+	te.request("heartbeat", map[string]any{"epoch": te.epoch, "seq": te.seq}) // answered after the batch
+	m := testkit.Recv(t, r.publishLoad(t), 5*time.Second, "a load in the first epoch")
+	require.NotContains(t, string(m.Data), "no load until it begins a new epoch")
+}

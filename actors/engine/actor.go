@@ -119,7 +119,7 @@ type Actor struct {
 	deps     Deps
 	loop     *actors.LoopDispatcher // runs what is not run inline; closed when it stops
 	seq      *sched.Sequencer
-	trailed  string            // the last epoch recorded in Deps.Epochs
+	begun    string            // the epoch last seen begun (decided)
 	live     map[string]*entry // request id → live request actor
 	byPID    map[string]*entry // actor id → entry, live or draining
 	perEpoch map[string]int    // epoch → entries in byPID

@@ -15,14 +15,17 @@ import (
 // resets its requests (before anything of the new epoch is routed), a
 // resync order is published.
 func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) {
-	if t := a.deps.Epochs; t != nil && a.seq.Epoch() != a.trailed {
-		a.trailed = a.seq.Epoch() // a new epoch began (the first here, or d.Reset's successor)
-		t.began(a.trailed)
+	if e := a.seq.Epoch(); e != a.begun {
+		// A new epoch began: the first here, or d.Reset's successor.
+		a.begun = e
+		if h := a.deps.Request.Hearing; h != nil {
+			h.Resumed() // loads are current again (transfer.Hearing), after a silence before any epoch too
+		}
+		if t := a.deps.Epochs; t != nil {
+			t.began(e)
+		}
 	}
 	if d.Reset != "" {
-		if h := a.deps.Request.Hearing; h != nil {
-			h.Resumed() // a new epoch: loads are current again (transfer.Hearing)
-		}
 		a.deps.Log.Info("engine reset: new epoch", "engine", a.deps.Engine, "old", d.Reset, "new", a.seq.Epoch())
 		a.deps.Metrics.EpochResets.Inc()
 		a.resetAll(c, messages.ReasonEngineReset)
