@@ -48,6 +48,9 @@ type engineRec struct {
 	// copyingLoads are its loads pinned and queued or copying
 	// (maxCopyingLoads).
 	copyingLoads atomic.Int32
+	// statusGathers are its P.E.status gathers in flight
+	// (maxStatusGathersPerEngine).
+	statusGathers atomic.Int32
 }
 
 // loadGate counts an engine's loads in flight and, once the engine is

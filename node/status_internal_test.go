@@ -3,6 +3,7 @@ package node
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -49,6 +51,40 @@ func TestStatusGathersAreBoundedAndUnknownEnginesCounted(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), "unknown engine")
 	require.Equal(t, before+1, rejected(messages.RejectUnknownEngine))
+}
+
+// One engine's status gathers in flight are bounded apart from the node's
+// (maxStatusGathersPerEngine): an engine asking without pause, each gather
+// taking seconds over many live requests, held every node slot, and the
+// other engines' status was refused.
+func TestOneEngineCannotHoldEveryStatusSlot(t *testing.T) {
+	t.Parallel()
+	n, nc, dir := startInternal(t, nil)
+	registerOneEngine(t, nc, dir, "e1")
+	registerOneEngine(t, nc, dir, "e2")
+	e1 := n.engine("e1")
+	e1.statusGathers.Store(maxStatusGathersPerEngine) // e1's share in flight
+	before := testutil.ToFloat64(n.metrics.Rejected.WithLabelValues(messages.RejectLimit))
+
+	reply, err := nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.Contains(t, string(reply.Data), "status requests of this engine in flight")
+	require.Equal(t, before+1, testutil.ToFloat64(n.metrics.Rejected.WithLabelValues(messages.RejectLimit)))
+	require.Empty(t, n.statusSlots, "a refused request holds no node slot")
+	reply, err = nc.Request("kvactors.e2.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.NotContains(t, string(reply.Data), `"error"`, "another engine's status is served")
+
+	e1.statusGathers.Store(maxStatusGathersPerEngine - 1)
+	reply, err = nc.Request("kvactors.e1.status", []byte(`{}`), 5*time.Second)
+	require.NoError(t, err)
+	require.NotContains(t, string(reply.Data), `"error"`, "served below its share")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if g := e1.statusGathers.Load(); g != maxStatusGathersPerEngine-1 {
+			return fmt.Errorf("e1 has %d gathers in flight", g)
+		}
+		return nil
+	})
 }
 
 // The status errors no request brings about on cue are error replies too,

@@ -218,6 +218,12 @@ func (n *Node) Engines() []string {
 // at once. Past it a request is refused (limit), answered with the error.
 const maxStatusGathers = 64
 
+// maxStatusGathersPerEngine bounds one engine's share of them: a gather of
+// an engine with many live requests takes seconds, and one engine asking
+// without pause would otherwise hold every slot, and the others' status
+// would be refused.
+const maxStatusGathersPerEngine = 4
+
 // onStatus answers P.E.status. The query reaches the engine actor after
 // every batch the engine sent before it; the answer is awaited off the
 // ingest worker so a slow gather never holds up events.
@@ -228,23 +234,33 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 		n.replyError(context.Background(), m.Reply, err)
 		return
 	}
-	if n.engine(engineID) == nil {
+	rec := n.engine(engineID)
+	if rec == nil {
 		err := fmt.Errorf("%w %q", errUnknownEngine, engineID)
 		n.rejected(messages.RejectUnknownEngine, "status of an unregistered engine", "engine", engineID)
 		n.replyError(context.Background(), m.Reply, err)
 		return
 	}
+	refuse := func(err error) {
+		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
+		n.replyError(context.Background(), m.Reply, err)
+	}
+	if rec.statusGathers.Add(1) > maxStatusGathersPerEngine {
+		rec.statusGathers.Add(-1)
+		refuse(fmt.Errorf("%w: %d status requests of this engine in flight, try again", ErrLimit,
+			maxStatusGathersPerEngine))
+		return
+	}
 	select {
 	case n.statusSlots <- struct{}{}:
 	default:
-		err := fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers)
-		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
-		n.replyError(context.Background(), m.Reply, err)
+		rec.statusGathers.Add(-1)
+		refuse(fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers))
 		return
 	}
 	wait := n.startStatus(engineID)
 	go func() {
-		defer func() { <-n.statusSlots }()
+		defer func() { <-n.statusSlots; rec.statusGathers.Add(-1) }()
 		st, err := wait(2 * time.Second)
 		n.outbox.Reply(context.Background(), m.Reply, n.statusAnswer(st, err, page))
 	}()
