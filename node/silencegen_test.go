@@ -183,7 +183,7 @@ func TestLoadsResumeWithTheFirstEpochAfterASilence(t *testing.T) {
 	refused := testkit.Recv(t, r.publishLoad(t), 5*time.Second, "a load before any epoch")
 	require.Contains(t, string(refused.Data), "no load until it begins a new epoch")
 
-	te.send(added("x", 4)) // the engine's first epoch
+	te.send(added("x", 4))                                                    // the engine's first epoch
 	te.request("heartbeat", map[string]any{"epoch": te.epoch, "seq": te.seq}) // answered after the batch
 	m := testkit.Recv(t, r.publishLoad(t), 5*time.Second, "a load in the first epoch")
 	require.NotContains(t, string(m.Data), "no load until it begins a new epoch")
