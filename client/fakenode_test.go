@@ -2,6 +2,7 @@ package client_test
 
 import (
 	"encoding/json"
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
@@ -329,6 +330,18 @@ func (f *fakeNode) releaseLocked(engine, req, reason string) {
 	}
 	f.publish(messages.EngineSubject(f.prefix, engine, messages.VerbReleased),
 		messages.Released{Request: req, Epoch: f.epoch, RSeq: f.released, Reason: reason})
+}
+
+// awaitApplied waits (5 s) until the node has applied at least n events
+// of epoch.
+func (f *fakeNode) awaitApplied(t *testing.T, epoch string, n int) {
+	t.Helper()
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if evs := f.events(epoch); len(evs) < n {
+			return fmt.Errorf("the node applied %d events of epoch %s, want %d", len(evs), epoch, n)
+		}
+		return nil
+	})
 }
 
 // events returns the applied events of epoch.

@@ -86,12 +86,7 @@ func TestAnOverflowWaitEndingWhileTheLinkIsDownDoesNotSpinTheSessionLoop(t *test
 	c.Added("r1", 64)
 	require.NoError(t, c.Flush())
 	old := c.Epoch()
-	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if len(f.events(old)) == 0 {
-			return fmt.Errorf("the fake node has not applied the first batch") // its overflow would name no epoch
-		}
-		return nil
-	})
+	f.awaitApplied(t, old, 1)
 
 	f.overflow("e1")
 	step := 0

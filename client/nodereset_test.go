@@ -88,12 +88,7 @@ func TestAResetOfTheEpochLeftAtTheNodesLossIsStale(t *testing.T) {
 	c.Blocks("r", 0, 0, []uint32{1, 2})
 	require.NoError(t, c.Flush())
 	epoch := c.Epoch()
-	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if len(f.events(epoch)) < 2 {
-			return fmt.Errorf("the node has not applied r's events: %v", f.events(epoch))
-		}
-		return nil
-	})
+	f.awaitApplied(t, epoch, 2)
 
 	// The register after the frees is refused until the reset is in: a
 	// register that succeeded would resync, leaving the epoch by the usual

@@ -26,12 +26,7 @@ func overflowRig(t *testing.T, backoff time.Duration) (f *fakeNode, c *client.Cl
 	require.NoError(t, c.Flush())
 	old = c.Stats().Epoch
 	testkit.Recv(t, batches, 5*time.Second, "the first batch")
-	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if len(f.events(old)) == 0 {
-			return fmt.Errorf("the fake node has not applied the first batch")
-		}
-		return nil
-	})
+	f.awaitApplied(t, old, 1)
 	return f, c, batches, old
 }
 

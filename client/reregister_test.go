@@ -76,18 +76,7 @@ func TestEventsWhileTheNodeHasForgottenTheEngineAreFreed(t *testing.T) {
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
 	rels := newReleases()
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
-	for _, r := range []string{"gone", "copying"} {
-		c.Added(r, 8)
-		c.Blocks(r, 0, 0, []uint32{1, 2})
-	}
-	require.NoError(t, c.Flush())
-	epoch := c.Epoch()
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if evs := f.events(epoch); len(evs) < 4 {
-			return fmt.Errorf("the node applied %d events", len(evs))
-		}
-		return nil
-	})
+	goneAndCopying(t, f, c)
 	f.refuseRegisters("limit: engine refused: --max-engines 1 reached")
 	f.forget("e1", "copying")
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
@@ -170,12 +159,7 @@ func TestAnEngineGoneAnswersEveryOwedRelease(t *testing.T) {
 	c.Blocks("r1", 0, 0, []uint32{1, 2})
 	require.NoError(t, c.Flush())
 	epoch := c.Epoch()
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if evs := f.events(epoch); len(evs) < 2 {
-			return fmt.Errorf("the node applied %d events", len(evs))
-		}
-		return nil
-	})
+	f.awaitApplied(t, epoch, 2)
 	c.Preempted("r1") // not flushed: the node never sees them
 	c.Resumed("r1")
 	c.Finished("r1", false, 8, 8)
@@ -207,18 +191,7 @@ func TestALateEngineGoneAfterTheReregisterDoesNotRegisterAgain(t *testing.T) {
 	regs := testkit.Subscribe(t, nc, "kvactors.e1.register")
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: newReleases().on})
 	testkit.Recv(t, regs, 5*time.Second, "the first register")
-	for _, r := range []string{"gone", "copying"} {
-		c.Added(r, 8)
-		c.Blocks(r, 0, 0, []uint32{1, 2})
-	}
-	require.NoError(t, c.Flush())
-	epoch := c.Epoch()
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
-		if evs := f.events(epoch); len(evs) < 4 {
-			return fmt.Errorf("the node applied %d events", len(evs))
-		}
-		return nil
-	})
+	epoch := goneAndCopying(t, f, c)
 	var once sync.Once
 	late := make(chan error, 1)
 	client.SetAfterReregister(c, func() { // the re-register took effect; the resync has not started
@@ -249,4 +222,19 @@ func TestALateEngineGoneAfterTheReregisterDoesNotRegisterAgain(t *testing.T) {
 	require.Equal(t, 2, st.Registers)
 	require.Equal(t, map[string]int{client.ResyncReregister: 1}, st.Resyncs)
 	require.Equal(t, 2, st.Live, "both still run: the resync re-announces them")
+}
+
+// goneAndCopying starts requests "gone" and "copying" (running, blocks
+// held) and waits until f has applied them; it returns their epoch. The
+// tests then have f forget the engine, holding copying's release.
+func goneAndCopying(t *testing.T, f *fakeNode, c *client.Client) string {
+	t.Helper()
+	for _, r := range []string{"gone", "copying"} {
+		c.Added(r, 8)
+		c.Blocks(r, 0, 0, []uint32{1, 2})
+	}
+	require.NoError(t, c.Flush())
+	epoch := c.Epoch()
+	f.awaitApplied(t, epoch, 4)
+	return epoch
 }
