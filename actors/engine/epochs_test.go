@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
@@ -22,15 +24,8 @@ import (
 func TestALateBatchOfThePredecessorsEpochDoesNotEndTheLiveOne(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
-	trail := &engine.EpochTrail{}
-	withTrail := func(d *engine.Deps) { d.Epochs = trail }
-
-	first, firstPID, _ := startSubmitting(t, nc, withTrail)
-	epochSender(first, firstPID)("a", 1, added("old"))
-	require.Equal(t, "a", statusOf(t, first, firstPID).Epoch)
+	trail, system, pid := successorOfEpochA(t, nc)
 	require.Equal(t, []string{"a"}, trail.Recent())
-
-	system, pid, _ := startSubmitting(t, nc, withTrail)
 	send := epochSender(system, pid)
 	send("b", 1, added("live"))
 	send("a", 2, tokens("old", 4)) // sent in a before b began, arriving after
@@ -54,17 +49,25 @@ func TestALateBatchOfThePredecessorsEpochDoesNotEndTheLiveOne(t *testing.T) {
 func TestThePredecessorsLiveEpochGoingOnIsResynced(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
-	trail := &engine.EpochTrail{}
-	withTrail := func(d *engine.Deps) { d.Epochs = trail }
-	first, firstPID, _ := startSubmitting(t, nc, withTrail)
-	epochSender(first, firstPID)("a", 1, added("old"))
-	require.Equal(t, "a", statusOf(t, first, firstPID).Epoch)
-
-	system, pid, _ := startSubmitting(t, nc, withTrail)
+	_, system, pid := successorOfEpochA(t, nc)
 	epochSender(system, pid)("a", 2, tokens("old", 4))
 	var rs messages.Resync
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the resync of a").Data, &rs))
 	require.Equal(t, "a", rs.Epoch)
 	require.Equal(t, uint64(1), rs.Expected)
 	require.Equal(t, uint64(2), rs.Got)
+}
+
+// successorOfEpochA starts an engine actor that begins epoch "a" (request
+// "old"), then the engine's next actor sharing its EpochTrail, as a
+// re-register makes it; it returns the trail and the next actor.
+func successorOfEpochA(t *testing.T, nc *nats.Conn) (*engine.EpochTrail, *actor.ActorSystem, *actor.PID) {
+	t.Helper()
+	trail := &engine.EpochTrail{}
+	withTrail := func(d *engine.Deps) { d.Epochs = trail }
+	first, firstPID, _ := startSubmitting(t, nc, withTrail)
+	epochSender(first, firstPID)("a", 1, added("old"))
+	require.Equal(t, "a", statusOf(t, first, firstPID).Epoch)
+	system, pid, _ := startSubmitting(t, nc, withTrail)
+	return trail, system, pid
 }
