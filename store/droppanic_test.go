@@ -37,3 +37,23 @@ func TestAPanicDroppingAfterTheLoadEndedIsAnError(t *testing.T) {
 	require.Zero(t, st.Pending)
 	require.Zero(t, st.Used, "the corrupt chunk dropped")
 }
+
+// The same at the size check: a chunk in host memory of another size than
+// the loading engine's group, dropped after the load ended.
+func TestAPanicDroppingAMisfitAfterTheLoadEndedIsAnError(t *testing.T) {
+	s, e, dev, _ := fixture(t, 1, 8*testBlockBytes, testBlockBytes)
+	wide := s.Engine("f", mustLayout(t, 2, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes}), dev)
+	storeChunks(t, wide, chunk("a", 1, 2)) // twice e's chunk
+	s.SetJournal(func(bool, []messages.Key, string) { panic("journal failure injected") })
+
+	_, err := e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+	require.NotPanics(t, func() {
+		err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil)
+	})
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.ErrorContains(t, err, "journal failure injected")
+	st := s.Stats()
+	require.Zero(t, st.Pinned, "the load's pin")
+	require.Zero(t, st.Pending)
+}
