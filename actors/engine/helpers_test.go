@@ -16,6 +16,7 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
+	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
 	"github.com/kvactors/kvactors/sched"
@@ -79,4 +80,16 @@ func startEngineOn(t *testing.T, system *actor.ActorSystem, nc *nats.Conn, close
 	}
 	pid := system.Root.Spawn(engine.Props(ed))
 	return system, pid, m, timers
+}
+
+// oneWorkerTransfer gives d a transfer actor on system with one copy
+// worker (a second copy waits in the queue) and its queue, which it
+// returns.
+func oneWorkerTransfer(system *actor.ActorSystem, d *request.Deps) *transfer.Queue {
+	cfg := transfer.Config{Workers: 1}
+	q := transfer.NewQueue(cfg, nil)
+	d.Queue = q
+	d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
+		Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+	return q
 }

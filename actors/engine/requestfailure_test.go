@@ -1,7 +1,6 @@
 package engine_test
 
 import (
-	"io"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -11,7 +10,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
@@ -105,17 +103,12 @@ func TestAFailedRequestIsReleasedOnlyOnceItsCopiesEnd(t *testing.T) {
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
 	closed := make(chan struct{})
 	fs := holdingFaultyStore(t)
-	var q *transfer.Queue
 	var owed atomic.Int64
 	system, pid, m, _ := startEngineWith(t, nc, closed, func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
 		fs.over(lay)
 		d.Store = fs
 		d.Owed = &owed
-		cfg := transfer.Config{Workers: 1} // one copy at a time: the second waits in the queue
-		q = transfer.NewQueue(cfg, nil)
-		d.Queue = q
-		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
-			Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+		oneWorkerTransfer(system, d) // one copy at a time: the second waits in the queue
 	})
 
 	sendBatch(system, pid, 1, append([]messages.Event{added("r")}, chunk("r", 0)...)...)
@@ -289,11 +282,7 @@ func TestARequestOfAStoppedEngineActorIsReleasedOnlyOnceItsCopyEnds(t *testing.T
 		fs.over(lay)
 		d.Store = fs
 		d.Owed = &owed
-		cfg := transfer.Config{Workers: 1}
-		q := transfer.NewQueue(cfg, nil)
-		d.Queue = q
-		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
-			Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+		oneWorkerTransfer(system, d)
 	}, func(d *engine.Deps) {
 		d.Session = func() uint64 {
 			if armed.CompareAndSwap(true, false) {

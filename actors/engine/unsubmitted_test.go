@@ -3,8 +3,6 @@ package engine_test
 import (
 	"context"
 	"encoding/json"
-	"io"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,7 +13,6 @@ import (
 	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/kvactors/kvactors/actors/request"
-	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/metrics"
@@ -56,11 +53,7 @@ func TestAFailedRequestFreesTheRoomItsUnsubmittedJobReserved(t *testing.T) {
 		st = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil))
 		d.Store = st.Engine("e1", lay, testkit.NopDevice{})
 		d.Tracer = tracer
-		cfg := transfer.Config{Workers: 1}
-		q := transfer.NewQueue(cfg, nil)
-		d.Queue = q
-		d.Transfer = system.Root.Spawn(transfer.Props(transfer.Deps{Config: cfg, Metrics: metrics.NewTransfer(nil),
-			Tracer: noop.NewTracerProvider().Tracer(""), Log: slog.New(slog.NewTextHandler(io.Discard, nil)), Queue: q}))
+		oneWorkerTransfer(system, d)
 	})
 
 	tracer.arm.Store(true)
