@@ -55,6 +55,31 @@ type Outbox struct {
 	failed   atomic.Int64
 	onFailed func(kind string)
 	failLog  *ratelog.Log
+
+	// bodyMax is BodyMax, read from the server's INFO at NewOutbox and at
+	// each reconnect (Refresh): nats.go takes its connection's lock to
+	// read it, which every publish contends for.
+	bodyMax atomic.Int64
+}
+
+// headerRoom is what a message leaves of the server's max_payload for its
+// headers (a trace context, a cluster's stamp) and the protocol line: NATS
+// counts headers in the payload.
+const headerRoom = 1024
+
+// BodyMax is the largest body one message may carry on the server the
+// connection is on: what a body cut into several messages is cut at
+// (kv_events, a large job's stored). 0: no connection yet.
+func (o *Outbox) BodyMax() int { return int(o.bodyMax.Load()) }
+
+// Refresh reads the server's max_payload again: call it on a reconnect,
+// which may have reached a server configured otherwise.
+func (o *Outbox) Refresh() {
+	if o.nc == nil {
+		return
+	}
+	mp := o.nc.MaxPayload()
+	o.bodyMax.Store(max(mp-headerRoom, mp/2))
 }
 
 // The kinds of message the outbox publishes, besides the verbs released,
@@ -97,7 +122,9 @@ func (o *Outbox) kvHeader() nats.Header { return o.kvHdr }
 
 // NewOutbox publishes on nc under prefix.
 func NewOutbox(nc *nats.Conn, prefix string, log *slog.Logger) *Outbox {
-	return &Outbox{nc: nc, prefix: prefix, log: log, now: time.Now, failLog: ratelog.NewLog(log, nil)}
+	o := &Outbox{nc: nc, prefix: prefix, log: log, now: time.Now, failLog: ratelog.NewLog(log, nil)}
+	o.Refresh()
+	return o
 }
 
 // Subject is P.E.verb.

@@ -47,7 +47,8 @@ type Config struct {
 	// blocks the engine may now reuse (see Release). Optional, but an
 	// engine that never learns of releases can never reuse a block.
 	OnReleased func(Release)
-	// OnStored is called once per P.E.stored message. Optional.
+	// OnStored is called once per P.E.stored message. Optional. A large
+	// job's chunks may come in several messages with the same Job.
 	OnStored func(messages.Stored)
 	// OnRegisterRefused is called with each refused re-register after a
 	// node loss or a node forgetting the engine (the client retries every

@@ -25,7 +25,8 @@ import (
 // to back in one slice per drain);
 // hex encoding, namespace lookup and publishing happen on the journal's
 // goroutine. Consecutive records for one engine go out as one message
-// (at most about kvMessageBytes; a larger record is cut across messages),
+// (at most about kvMessageBytes, or the server's max_payload; a larger
+// record is cut across messages),
 // so a busy node publishes fewer,
 // larger kv_events messages than one per change. Changes to keys of a
 // namespace with no member are deferred (kvDeferred) and published on the
@@ -60,6 +61,11 @@ type kvJournal struct {
 	deferred *kvDeferred
 	onDefer  func(deferred, dropped int)
 	scratch  []messages.Key // flushDeferred's
+	// bodyMax, when set, is the most bytes a kv_events body may hold on
+	// the server the node is on now (read at each drain: a reconnect may
+	// reach one with a smaller max_payload); it only lowers
+	// kvMessageBytes.
+	bodyMax func() int
 	// linger is how long the goroutine waits, once woken, before it drains
 	// (0: it drains at once). See Config.KVEventsLinger.
 	linger time.Duration
@@ -93,8 +99,9 @@ const kvClear = "clear"
 const kvSpareKeys = 1 << 16
 
 // kvMessageBytes bounds one message's JSON (about; the envelope adds a few
-// dozen bytes): half of NATS' default 1 MiB max_payload, which an external
-// server may keep, so a message is never refused whole for its size.
+// dozen bytes): half of NATS' default 1 MiB max_payload, or less on a
+// server whose max_payload is smaller (kvJournal.bodyMax), so a message is
+// never refused whole for its size.
 const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, uint64, []byte),
@@ -239,6 +246,9 @@ func (j *kvJournal) run() {
 		default:
 		}
 		j.mu.Unlock()
+		if j.bodyMax != nil {
+			msg.max = min(kvMessageBytes, max(j.bodyMax(), 0))
+		}
 		for i := range recs {
 			j.publish(&recs[i], keys[recs[i].lo:recs[i].hi], &msg)
 		}

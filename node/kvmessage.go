@@ -11,19 +11,30 @@ import (
 // kvMessage is the message being written: one engine's kv_events body,
 // of keys of one geometry (the message's messages.HeaderGeometry), built
 // in place (each hash hex-encoded from the pool key straight into it) and
-// cut before it would pass kvMessageBytes.
+// cut before it would pass its limit.
 type kvMessage struct {
 	engine string
 	geo    uint64           // the geometry of the namespaces of its keys
 	body   []byte           // the batch opened, events so far; empty: none
 	tail   []byte           // the current event's closing, known before its hashes
 	now    func() time.Time // the batch's ts; nil: time.Now (a test fixes it to cut exactly)
+	// max bounds the body: kvMessageBytes, or less on a server whose
+	// max_payload is smaller (kvJournal.bodyMax); 0: kvMessageBytes.
+	max int
+}
+
+// limit is the most bytes the body may hold.
+func (m *kvMessage) limit() int {
+	if m.max > 0 {
+		return m.max
+	}
+	return kvMessageBytes
 }
 
 // add appends one event of keys (one namespace, of geometry geo, one
 // group) for engine, flushing first when the engine or the geometry
 // changes, and cutting the event across messages wherever the body would
-// pass kvMessageBytes (a long-context job stores thousands of chunks at
+// pass its limit (a long-context job stores thousands of chunks at
 // once).
 func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium, namespace string, keys []messages.Key,
 	emit func(string, uint64, []byte)) {
@@ -35,9 +46,10 @@ func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium
 	// An event's comma and head; its first hash has no comma of its own.
 	headBytes := len(`,{"type":"","block_hashes":[`) + len(typ) - 1
 	end := len(m.tail) + len("]}") // what must still fit after a hash
+	limit := m.limit()
 	for len(keys) > 0 {
 		_, h, _ := sched.SplitKey(keys[0])
-		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(h)+end > kvMessageBytes {
+		if len(m.body) > 0 && len(m.body)+headBytes+hexBytes(h)+end > limit {
 			m.flush(emit)
 		}
 		m.next()
@@ -45,7 +57,7 @@ func (m *kvMessage) add(engine string, geo uint64, typ string, group int, medium
 		n := 1
 		for ; n < len(keys); n++ {
 			_, h, _ := sched.SplitKey(keys[n])
-			if len(m.body)+hexBytes(h)+end > kvMessageBytes {
+			if len(m.body)+hexBytes(h)+end > limit {
 				break
 			}
 			m.body = wire.AppendHexString(append(m.body, ','), string(h))
@@ -71,7 +83,7 @@ func (m *kvMessage) addClear(engine string, geo uint64, medium, namespace string
 	m.tail = wire.AppendString(m.tail, medium)
 	m.tail = append(m.tail, `,"namespace":`...)
 	m.tail = append(wire.AppendString(m.tail, namespace), '}')
-	if len(m.body) > 0 && len(m.body)+1+len(m.tail)+len("]}") > kvMessageBytes {
+	if len(m.body) > 0 && len(m.body)+1+len(m.tail)+len("]}") > m.limit() {
 		m.flush(emit)
 	}
 	m.next()

@@ -212,6 +212,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		n.rejected(messages.RejectBadReply, "reply subject refused at the outbox", "reply", reply)
 	})
 	n.outbox.OnPublishFailed(func(kind string) { n.metrics.PublishFailures.WithLabelValues(kind).Inc() })
+	n.kv.bodyMax = n.outbox.BodyMax // a server's max_payload under 512 KiB cuts kv_events smaller
 	n.fence = transfer.NewFence(cfg.Lease, time.Now, n.metrics.FenceWaits.Inc)
 	n.fence.OnLapse(n.lapsed)
 	n.fence.OnLapseEnd(n.lapseEnded)

@@ -171,7 +171,8 @@ func (n *Node) reconnected() {
 	if n.outbox == nil || n.closed.Load() {
 		return
 	}
-	_ = n.ping() // failed, the fence stays as it is: the pinger tries again
+	n.outbox.Refresh() // another server may allow less per message
+	_ = n.ping()       // failed, the fence stays as it is: the pinger tries again
 	n.hello()
 	n.reannounce() // kv_events may have been lost
 	if n.cl != nil && n.cl.feed != nil {

@@ -114,25 +114,50 @@ func (a *Actor) jobEnded(c actor.Context, j *job, m *transfer.JobDone) {
 // published tells the engine of a completed store job (stored). Routers
 // learn of its chunks from the pool's journal: BlockStored as the copy
 // completed, in order with every eviction (PROTOCOL.md, "kv_events").
+// A job whose message would pass the server's max_payload (a long-context
+// prompt's thousands of chunks) goes out in several, each with the job's
+// number, its own chunks and their bytes: one refused whole would be lost.
 func (a *Actor) published(j *job) {
 	chunks := j.sub.Chunks
 	a.deps.Metrics.ChunksStored.Add(float64(len(chunks)))
 	defer a.observeStored(j)
-	a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
-		n := 64 + len(a.state.ID())
-		for _, ch := range chunks {
-			n += 40 + 2*len(sched.WireKey(ch.Key))
+	id, limit := a.state.ID(), a.deps.Outbox.BodyMax()
+	for len(chunks) > 0 {
+		n, size := storedFit(id, chunks, limit)
+		part, bytes := chunks[:n], j.sub.Bytes
+		if n < len(j.sub.Chunks) {
+			bytes = store.CopyBytes(a.deps.Layout, part)
 		}
-		b = slices.Grow(b, n) // one growth, not one per chunk, for a long-context job
-		b = wire.AppendStoredOpen(b, a.state.ID(), uint64(j.sub.ID))
-		for i, ch := range chunks {
-			if i > 0 {
-				b = append(b, ',')
+		chunks = chunks[n:]
+		a.deps.Outbox.Stored(j.ctx, a.deps.Engine, func(b []byte) []byte {
+			b = slices.Grow(b, size) // one growth, not one per chunk, for a long-context job
+			b = wire.AppendStoredOpen(b, id, uint64(j.sub.ID))
+			for i, ch := range part {
+				if i > 0 {
+					b = append(b, ',')
+				}
+				b = wire.AppendStoredChunkHex(b, ch.Group, int(ch.Index), string(sched.WireKey(ch.Key)))
 			}
-			b = wire.AppendStoredChunkHex(b, ch.Group, int(ch.Index), string(sched.WireKey(ch.Key)))
+			return wire.AppendStoredClose(b, bytes)
+		})
+	}
+}
+
+// storedFit is how many of chunks, from the first, one stored message of
+// request id holds within limit bytes of body (at least one; limit 0: all),
+// and the body's size at most. Sizes are upper bounds: an id's characters
+// escaped in full, numbers at their longest.
+func storedFit(id string, chunks []sched.JobChunk, limit int) (n, size int) {
+	size = len(`{"request":,"job":,"chunks":[],"bytes":}`) + 2 + 6*len(id) + 2*20
+	for n < len(chunks) {
+		add := len(`,{"group":,"index":,"key":""}`) + 2*20 + 2*len(sched.WireKey(chunks[n].Key))
+		if n > 0 && limit > 0 && size+add > limit {
+			break
 		}
-		return wire.AppendStoredClose(b, j.sub.Bytes)
-	})
+		size += add
+		n++
+	}
+	return n, size
 }
 
 // observeStored times the job from its batch's arrival to its stored
