@@ -78,6 +78,16 @@ func (ns *namespace) announcer() string {
 // this many in a boot, and the node 16 × --max-engines in all.
 const maxNamespacesPerEngine = 16
 
+// namespacesMost is the node's bound on namespaces in a boot for
+// --max-engines engines: saturated, since a huge --max-engines (meant as
+// "no bound") wrapped the product negative and refused every register.
+func namespacesMost(engines int) int {
+	if engines > math.MaxInt/maxNamespacesPerEngine {
+		return math.MaxInt
+	}
+	return maxNamespacesPerEngine * engines
+}
+
 // check reports whether engine's lay may join namespace name, and its id
 // (0 if the namespace is new: commit gives it one). Caller holds n.mu.
 func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sched.NamespaceID, error) {

@@ -3,6 +3,7 @@ package node_test
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -236,5 +237,16 @@ func TestAnEngineThatLeftANamespaceHearsNothingMoreOfIt(t *testing.T) {
 			e3.storeOne("x7", 7) // evicts s3's chunk
 			require.Equal(t, "e4", kvUntil(t, tap, messages.KVBlockRemoved, hash("s3", 0), "e1", "e2"))
 		})
+	}
+}
+
+// A --max-engines large enough to mean "no bound" still lets an engine
+// register: the node's namespace bound (16 × --max-engines) saturates
+// rather than wrapping negative and refusing every register.
+func TestAHugeMaxEnginesStillLetsAnEngineRegister(t *testing.T) {
+	t.Parallel()
+	for _, most := range []int{math.MaxInt, math.MaxInt / 16, math.MaxInt/16 + 1} {
+		e := startNode(t, func(c *node.Config) { c.MaxEngines = most })
+		e.newEngine("e1", defaultOpts()).register()
 	}
 }

@@ -175,7 +175,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if err := n.admit(old, &spec, charge); err != nil {
 		return err
 	}
-	if _, err := n.nss.check(id, nsName, lay, maxNamespacesPerEngine*n.cfg.MaxEngines); err != nil {
+	if _, err := n.nss.check(id, nsName, lay, namespacesMost(n.cfg.MaxEngines)); err != nil {
 		return err
 	}
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
