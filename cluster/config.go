@@ -95,6 +95,10 @@ func (c *Config) Validate() error {
 		c.MaxPeerKeys = d.MaxPeerKeys
 	}
 	switch {
+	case !validBucket(c.Bucket):
+		// JetStream's rule, checked here: refused only at the bucket's
+		// creation, it read as NATS failing, not as the setting.
+		return fmt.Errorf("%w: bucket %q: want letters, digits, '-' and '_' only", ErrConfig, c.Bucket)
 	case c.Replicas < 1 || c.Replicas > 5:
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.Lease < time.Second:
@@ -109,4 +113,19 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: max peer keys %d: want >= 1 (0: the default)", ErrConfig, c.MaxPeerKeys)
 	}
 	return nil
+}
+
+// validBucket is JetStream's rule for a KV bucket's name: [A-Za-z0-9_-]+.
+func validBucket(name string) bool {
+	if name == "" {
+		return false
+	}
+	for _, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_':
+		default:
+			return false
+		}
+	}
+	return true
 }

@@ -179,10 +179,14 @@ func TestClusterConfigIsChecked(t *testing.T) {
 		"lease under 1s":         {NodeID: "a", Cluster: true, Lease: 500 * time.Millisecond},
 		"replicas over 5":        {NodeID: "a", Cluster: true, ClusterReplicas: 7},
 		"negative fetch timeout": {NodeID: "a", Cluster: true, FetchTimeout: -time.Second},
+		"a bucket with a dot":    {NodeID: "a", Cluster: true, ClusterBucket: "a.b"},
+		"a bucket with a space":  {NodeID: "a", Cluster: true, ClusterBucket: "a b"},
+		"a bucket with a star":   {NodeID: "a", Cluster: true, ClusterBucket: "own*"},
 	} {
 		require.ErrorIs(t, c.Validate(), node.ErrConfig, name)
 	}
 	require.NoError(t, node.Config{NodeID: "a", StandbyFor: "b"}.Validate())
+	require.NoError(t, node.Config{NodeID: "a", Cluster: true, ClusterBucket: "Own-ers_2"}.Validate())
 	require.NoError(t, node.Config{NodeID: "a", Lease: 500 * time.Millisecond}.Validate(), "no cluster: any lease")
 	require.True(t, node.Config{StandbyFor: "b"}.Clustered(), "--standby-for implies --cluster")
 }
