@@ -94,11 +94,20 @@ func demoExit(ctx context.Context, o demoOptions, log *slog.Logger, stdout, stde
 	case errors.Is(err, errInterrupted):
 		fmt.Fprintln(stderr, "kvactors demo:", err)
 		return exitInterrupted
+	case isConfigError(err):
+		fmt.Fprintf(stderr, "kvactors demo: %v (see kvactors demo --help)\n", err)
+		return exitUsage
 	case err != nil:
 		fmt.Fprintln(stderr, "kvactors demo:", err)
 		return exitFailure
 	}
 	return exitOK
+}
+
+// isConfigError: err is configuration as a bad flag is (a node setting, an
+// OTEL_* value): exit 2 for every command alike (docs/OPERATIONS.md).
+func isConfigError(err error) bool {
+	return errors.Is(err, node.ErrConfig) || errors.Is(err, tracing.ErrConfig)
 }
 
 func parseDemoFlags(args []string, stdout, stderr io.Writer) (demoOptions, int) {

@@ -25,6 +25,9 @@ func runClusterDemo(ctx context.Context, o demoOptions, log *slog.Logger, stdout
 			return exitInterrupted
 		}
 		fmt.Fprintln(stderr, "kvactors demo --cluster:", err)
+		if isConfigError(err) {
+			return exitUsage
+		}
 		return exitFailure
 	}
 	return exitOK
