@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
@@ -18,6 +20,8 @@ import (
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/kvactors/kvactors/ratelog"
 )
 
 // Exporter names, as in OTEL_TRACES_EXPORTER.
@@ -55,7 +59,15 @@ type Options struct {
 	Writer io.Writer
 	// ServiceName overrides OTEL_SERVICE_NAME (default "kvactors").
 	ServiceName string
+	// ShutdownTimeout bounds the returned shutdown (0: DefaultShutdownTimeout)
+	// whatever its context: with the collector unreachable, flushing the
+	// queued spans waits out the exporter's own timeout per batch (40 s for
+	// a full queue), and a process stopping must not.
+	ShutdownTimeout time.Duration
 }
+
+// DefaultShutdownTimeout is Options.ShutdownTimeout's default.
+const DefaultShutdownTimeout = 5 * time.Second
 
 // Init builds a TracerProvider from opts and the standard environment:
 //
@@ -116,7 +128,15 @@ func Init(ctx context.Context, opts Options) (trace.TracerProvider, func(context
 	// No WithSampler: the SDK then reads OTEL_TRACES_SAMPLER and otherwise
 	// defaults to ParentBased(AlwaysSample).
 	tp := sdktrace.NewTracerProvider(tpOpts...)
-	return tp, tp.Shutdown, nil
+	bound := opts.ShutdownTimeout
+	if bound <= 0 {
+		bound = DefaultShutdownTimeout
+	}
+	return tp, func(ctx context.Context) error {
+		ctx, cancel := context.WithTimeout(ctx, bound)
+		defer cancel()
+		return tp.Shutdown(ctx) // spans still queued at the deadline are lost
+	}, nil
 }
 
 // checkSampler refuses an OTEL_TRACES_SAMPLER the SDK does not know, or a
@@ -209,4 +229,15 @@ func newResource(ctx context.Context, serviceName string) (*resource.Resource, e
 func SetGlobal(tp trace.TracerProvider) {
 	otel.SetTracerProvider(tp)
 	otel.SetTextMapPropagator(Propagator())
+}
+
+// LogErrors sends the OTel SDK's errors (a failed export, say: an
+// unreachable collector fails every batch) to log at Warn, a few lines a
+// minute (ratelog), instead of the standard logger's plain lines on
+// stderr, which ignore --log-format. OTel has one handler per process.
+func LogErrors(log *slog.Logger) {
+	lim := ratelog.NewLog(log, nil)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		lim.Log(slog.LevelWarn, "otel", "tracing: the OpenTelemetry SDK failed", "err", err)
+	}))
 }

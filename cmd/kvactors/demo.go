@@ -212,6 +212,7 @@ func runDemoWith(ctx context.Context, o demoOptions, log *slog.Logger, stdout, s
 	if err != nil {
 		return err
 	}
+	tracing.LogErrors(log)
 	defer func() { err = errors.Join(err, shutdownTracing()) }()
 
 	reg := prometheus.NewRegistry()

@@ -59,6 +59,9 @@ func runServe(args []string, stdout, stderr io.Writer) int {
 		log.Error("tracing", "err", err)
 		return exitFailure
 	}
+	tracing.LogErrors(log)
+	// Bounded (tracing.DefaultShutdownTimeout): spans queued for a
+	// collector that cannot be reached must not hold the exit up.
 	defer func() { _ = shutdownTracing(context.Background()) }()
 	cfg.Log, cfg.Tracer = log, tp
 	n, err := node.Start(ctx, cfg)
