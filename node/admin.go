@@ -76,6 +76,22 @@ func (n *Node) serveAdmin() {
 	n.admin.Store(mux)
 }
 
+// adminStatus gathers engine id's status within the bounds P.E.status
+// has (takeStatusSlot): an engine at its share, or a node at its bound, is
+// answered with the error.
+func (n *Node) adminStatus(id string) (StatusReply, error) {
+	rec := n.engine(id)
+	if rec == nil {
+		return StatusReply{}, fmt.Errorf("%w %q", errUnknownEngine, id)
+	}
+	release, err := n.takeStatusSlot(rec)
+	if err != nil {
+		return StatusReply{}, err
+	}
+	defer release()
+	return n.Status(id, 2*time.Second)
+}
+
 // serveEngines is the status snapshot of every engine (?engine=ID for one).
 func (n *Node) serveEngines(w http.ResponseWriter, r *http.Request) {
 	ids := n.Engines()
@@ -84,7 +100,7 @@ func (n *Node) serveEngines(w http.ResponseWriter, r *http.Request) {
 	}
 	out := make([]StatusReply, 0, len(ids))
 	for _, id := range ids {
-		st, err := n.Status(id, 2*time.Second)
+		st, err := n.adminStatus(id)
 		if err != nil {
 			st.Engine, st.Error = id, err.Error()
 		}

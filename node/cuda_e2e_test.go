@@ -45,6 +45,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
+	"gorgonia.org/cu"
 
 	"github.com/kvactors/kvactors/backend/backendtest"
 	"github.com/kvactors/kvactors/backend/cuda"
@@ -625,6 +626,13 @@ func TestCUDAEndToEnd(t *testing.T) {
 		require.NoError(t, n.Ready(), "backend still healthy after the copies")
 		require.NoError(t, n.Close(context.Background()))
 	})
+	// The node's Close closes the backend too: its context reference
+	// (with its streams and locked threads) is released.
+	device, err := cu.GetDevice(e2eDevice())
+	require.NoError(t, err)
+	_, active, err := device.PrimaryCtxState()
+	require.NoError(t, err)
+	require.Zero(t, active, "the primary context is still retained after the node closed")
 }
 
 // TestCUDAServeBinary: the same against `kvactors serve --backend cuda`,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -498,5 +499,13 @@ func (n *Node) teardown() {
 	n.mu.Unlock()
 	if n.arena != nil {
 		_ = n.arena.Close()
+	}
+	// The cuda backend holds a context, streams and locked OS threads (and
+	// the mappings of engines retired but not yet unmapped) until its
+	// Close; shm holds nothing of its own.
+	if c, ok := n.backend.(io.Closer); ok {
+		if err := c.Close(); err != nil {
+			n.log.Error("close the backend", "backend", n.cfg.Backend, "err", err)
+		}
 	}
 }

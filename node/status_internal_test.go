@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
@@ -112,4 +113,41 @@ func TestStatusErrorsOfTheGatherAndTheEncodingAreErrorReplies(t *testing.T) {
 		require.Equal(t, n.NodeID(), got["node"], what)
 		require.Equal(t, n.Boot(), got["boot"], what)
 	}
+}
+
+// /debug/engines gathers within P.E.status's bounds: an engine at its
+// share is answered with the error, another is served, and with every node
+// slot held none is gathered; each gather gives its slot back.
+func TestTheAdminStatusTakesTheStatusSlots(t *testing.T) {
+	t.Parallel()
+	n, nc, dir := startInternal(t, nil)
+	registerOneEngine(t, nc, dir, "e1")
+	registerOneEngine(t, nc, dir, "e2")
+	get := func() map[string]string {
+		w := httptest.NewRecorder()
+		n.serveEngines(w, httptest.NewRequest("GET", "/debug/engines", nil))
+		var out []StatusReply
+		require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out))
+		errs := map[string]string{}
+		for _, st := range out {
+			errs[st.Engine] = st.Error
+		}
+		return errs
+	}
+	e1 := n.engine("e1")
+	e1.statusGathers.Store(maxStatusGathersPerEngine)
+	errs := get()
+	require.Contains(t, errs["e1"], "status requests of this engine in flight")
+	require.Empty(t, errs["e2"])
+	require.Empty(t, n.statusSlots, "every gather gave its slot back")
+	require.EqualValues(t, maxStatusGathersPerEngine, e1.statusGathers.Load())
+
+	e1.statusGathers.Store(0)
+	for range maxStatusGathers {
+		n.statusSlots <- struct{}{}
+	}
+	for id, err := range get() {
+		require.Contains(t, err, "status requests in flight", id)
+	}
+	require.Zero(t, e1.statusGathers.Load(), "a refused gather keeps none of the engine's share")
 }

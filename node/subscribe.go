@@ -245,25 +245,35 @@ func (n *Node) onStatus(engineID string, m *nats.Msg) {
 		n.rejected(messages.RejectLimit, "status request refused", "engine", engineID, "err", err)
 		n.replyError(context.Background(), m.Reply, err)
 	}
+	release, err := n.takeStatusSlot(rec)
+	if err != nil {
+		refuse(err)
+		return
+	}
+	wait := n.startStatus(engineID)
+	go func() {
+		defer release()
+		st, err := wait(2 * time.Second)
+		n.outbox.Reply(context.Background(), m.Reply, n.statusAnswer(st, err, page))
+	}()
+}
+
+// takeStatusSlot holds one of the node's status gathers and one of rec's
+// share of them until release: P.E.status and /debug/engines alike (an
+// admin port any client can reach must not run unbounded gathers either).
+func (n *Node) takeStatusSlot(rec *engineRec) (release func(), err error) {
 	if rec.statusGathers.Add(1) > maxStatusGathersPerEngine {
 		rec.statusGathers.Add(-1)
-		refuse(fmt.Errorf("%w: %d status requests of this engine in flight, try again", ErrLimit,
-			maxStatusGathersPerEngine))
-		return
+		return nil, fmt.Errorf("%w: %d status requests of this engine in flight, try again", ErrLimit,
+			maxStatusGathersPerEngine)
 	}
 	select {
 	case n.statusSlots <- struct{}{}:
 	default:
 		rec.statusGathers.Add(-1)
-		refuse(fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers))
-		return
+		return nil, fmt.Errorf("%w: %d status requests in flight, try again", ErrLimit, maxStatusGathers)
 	}
-	wait := n.startStatus(engineID)
-	go func() {
-		defer func() { <-n.statusSlots; rec.statusGathers.Add(-1) }()
-		st, err := wait(2 * time.Second)
-		n.outbox.Reply(context.Background(), m.Reply, n.statusAnswer(st, err, page))
-	}()
+	return func() { <-n.statusSlots; rec.statusGathers.Add(-1) }, nil
 }
 
 // slowConsumers routes a subscription's slow-consumer error (NATS dropped

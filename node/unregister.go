@@ -71,7 +71,11 @@ func (n *Node) retire(rec *engineRec) {
 func (n *Node) unmapWhenClosed(rec *engineRec) {
 	<-rec.closed
 	rec.loads.closeAndWait()
-	_ = n.unmap(rec)
+	if err := n.unmap(rec); err != nil {
+		// Nobody waits for this close to answer (a reset, an expiry, an
+		// end that timed out): the log is where a device's failure shows.
+		n.log.Error("unmap segments of a retired engine", "engine", rec.id, "err", err)
+	}
 }
 
 // unmap closes an engine's device and gives its segments and bytes back to
