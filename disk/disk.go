@@ -48,6 +48,9 @@ type Config struct {
 	// remove, in tests, deletes a segment file in place of os.Remove (to
 	// fail a delete).
 	remove func(path string) error
+	// segmentOut, in tests, wraps what the writer writes each segment
+	// through (to fill the filesystem: ENOSPC).
+	segmentOut func(f *os.File) appendFile
 }
 
 // Errors; check with errors.Is.
@@ -152,7 +155,8 @@ type Disk struct {
 
 	hits, evictions, writes, readBytes, writeBytes, writeNanos, readNanos atomic.Int64
 	dropped, raced, discarded, failed, retired, removeFailed              atomic.Int64
-	longKeyLogged                                                         atomic.Bool // a long key's drop was logged
+	full                                                                  atomic.Int64 // writes that found the filesystem full
+	longKeyLogged                                                         atomic.Bool  // a long key's drop was logged
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
@@ -273,9 +277,17 @@ func (d *Disk) newSegment() error {
 		if err != nil {
 			return fmt.Errorf("disk: %w", err)
 		}
-		d.segs = append(d.segs, &segment{id: id, f: f, out: f})
+		d.segs = append(d.segs, &segment{id: id, f: f, out: d.outOf(f)})
 		return nil
 	}
+}
+
+// outOf is what the writer writes segment file f through.
+func (d *Disk) outOf(f *os.File) appendFile {
+	if d.cfg.segmentOut != nil {
+		return d.cfg.segmentOut(f)
+	}
+	return f
 }
 
 // evictFront drops the least recently used chunk. Caller holds d.mu.
@@ -303,28 +315,47 @@ func (d *Disk) dropDead() []*item {
 		if seg.live > 0 && d.fileBytes-d.markBytes <= d.cfg.Bytes+d.cfg.Bytes/2 {
 			break
 		}
-		// Deleted before anything is dropped: a file that stays still
-		// takes its bytes, and its records would come back at the next
-		// start (tombstones are written only for the segments kept).
-		if !d.removeFile(seg.f.Name(), !seg.removeFailed) {
-			seg.removeFailed = true
+		gone, ok := d.dropOldest()
+		removed = append(removed, gone...)
+		if !ok {
 			break
 		}
-		for e := d.lru.Front(); e != nil && seg.live > 0; {
-			next := e.Next()
-			if it, ok := e.Value.(*item); ok && it.seg == seg {
-				d.unindex(it)
-				d.evictions.Add(1)
-				removed = append(removed, it)
-			}
-			e = next
-		}
-		d.segs = d.segs[1:]
-		d.fileBytes -= seg.size
-		d.markBytes -= seg.marks
-		_ = seg.f.Close()
 	}
 	return removed
+}
+
+// dropOldest deletes the oldest segment, not the one being written, with
+// the live records still in it (counted as evictions), and returns them;
+// false if there is none to delete or its file failed to delete (then it
+// stays whole: its bytes counted, its chunks served; the next pass tries
+// it again). Caller holds d.mu.
+func (d *Disk) dropOldest() ([]*item, bool) {
+	if d.shut || len(d.segs) < 2 {
+		return nil, false
+	}
+	seg := d.segs[0]
+	// Deleted before anything is dropped: a file that stays still takes
+	// its bytes, and its records would come back at the next start
+	// (tombstones are written only for the segments kept).
+	if !d.removeFile(seg.f.Name(), !seg.removeFailed) {
+		seg.removeFailed = true
+		return nil, false
+	}
+	var removed []*item
+	for e := d.lru.Front(); e != nil && seg.live > 0; {
+		next := e.Next()
+		if it, ok := e.Value.(*item); ok && it.seg == seg {
+			d.unindex(it)
+			d.evictions.Add(1)
+			removed = append(removed, it)
+		}
+		e = next
+	}
+	d.segs = d.segs[1:]
+	d.fileBytes -= seg.size
+	d.markBytes -= seg.marks
+	_ = seg.f.Close()
+	return removed, true
 }
 
 // removeFile deletes a segment file; one already gone counts as deleted.

@@ -49,7 +49,7 @@ func (d *Disk) rebuild() error {
 		if f == nil {
 			continue // no longer ours: left where it is, as the listing leaves it
 		}
-		seg := &segment{id: ids[i], f: f, out: f}
+		seg := &segment{id: ids[i], f: f, out: d.outOf(f)}
 		d.segs = append(d.segs, seg) // newest first until the walk ends; closed by Open on an error
 		if w.entries, err = d.read(seg, w.entries[:0]); err != nil {
 			return err

@@ -23,6 +23,10 @@ type Stats struct {
 	// once; kept, its bytes in FileBytes, and tried again at the next drop,
 	// or the next start where the rebuild deleted it).
 	RemoveFailed int64 `json:"remove_failed"`
+	// Full: writes that found the filesystem full (ENOSPC, EDQUOT); each
+	// deleted the oldest segment to make room, where there was one, and
+	// tried once more.
+	Full int64 `json:"full"`
 }
 
 func (d *Disk) Stats() Stats {
@@ -34,6 +38,6 @@ func (d *Disk) Stats() Stats {
 	st.ReadNanos, st.WriteNanos = d.readNanos.Load(), d.writeNanos.Load()
 	st.Dropped, st.Raced, st.Discarded, st.Failed = d.dropped.Load(), d.raced.Load(), d.discarded.Load(),
 		d.failed.Load()
-	st.Retired, st.RemoveFailed = d.retired.Load(), d.removeFailed.Load()
+	st.Retired, st.RemoveFailed, st.Full = d.retired.Load(), d.removeFailed.Load(), d.full.Load()
 	return st
 }

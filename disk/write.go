@@ -1,8 +1,10 @@
 package disk
 
 import (
+	"errors"
 	"hash/crc32"
 	"log/slog"
+	"syscall"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
@@ -274,10 +276,68 @@ func (w *writer) flush(seg *segment) {
 	}
 	d := w.d
 	start := time.Now()
+	pos, data, err := w.writeRun(seg)
+	if err != nil {
+		w.cutBack(seg)
+		if isFull(err) {
+			// A full filesystem (the files run past --disk-bytes by design:
+			// headers, tombstones, dropped records up to half the budget,
+			// the segment being written): nothing would be evicted or
+			// deleted until a write succeeded, so every later spill would
+			// fail too, and a restart would find the same files. The
+			// oldest segment goes to make room, as the budget would have
+			// it go, and the run is tried once more.
+			d.full.Add(1)
+			if !seg.retired && w.dropOldest() {
+				if pos, data, err = w.writeRun(seg); err != nil {
+					w.cutBack(seg)
+				}
+			}
+		}
+	}
+	if err != nil {
+		d.failed.Add(int64(len(w.run)))
+		return
+	}
+	d.writeNanos.Add(int64(time.Since(start)))
+	d.writeBytes.Add(data)
+	d.writes.Add(int64(len(w.run)))
+
+	// The index's changes are told in the order they were made: a key in
+	// the run twice whose first record the budget evicts before the second
+	// is indexed ends told stored, as it is.
+	changes := w.changes[:0]
+	d.mu.Lock()
+	d.fileBytes += pos - seg.size
+	seg.size = pos
+	for i, sp := range w.run {
+		if old, ok := d.items[sp.key]; ok {
+			d.unindex(old)
+		}
+		d.index(&item{key: sp.key, seg: seg, off: w.offs[i], size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
+		changes = append(changes, change{engine: sp.engine, key: sp.key, stored: true})
+		for d.used > d.cfg.Bytes {
+			changes = append(changes, removal(d.evictFront(), sp.engine))
+		}
+	}
+	last := w.run[len(w.run)-1].engine
+	for _, it := range d.dropDead() {
+		changes = append(changes, removal(it, last))
+	}
+	// Told under the lock: a drop of one of these keys (a load that finds
+	// it bad) cannot be told before its write (see Notify).
+	d.tell(changes)
+	d.mu.Unlock()
+	clear(changes)
+	w.changes = changes[:0]
+}
+
+// writeRun appends run's records to seg's file, and returns where the file
+// ends if they all landed (w.offs: where each record's data starts) and
+// the bytes of chunk data they hold.
+func (w *writer) writeRun(seg *segment) (pos, data int64, err error) {
 	buf, offs := w.buf[:0], w.offs[:0]
-	pos := seg.size
-	var data int64
-	var err error
+	pos = seg.size
 	for _, sp := range w.run {
 		data += int64(len(sp.data))
 		h := len(buf)
@@ -301,42 +361,31 @@ func (w *writer) flush(seg *segment) {
 		_, err = seg.out.Write(buf)
 	}
 	w.buf, w.offs = buf[:0], offs
-	if err != nil {
-		d.failed.Add(int64(len(w.run)))
-		w.cutBack(seg)
-		return
-	}
-	d.writeNanos.Add(int64(time.Since(start)))
-	d.writeBytes.Add(data)
-	d.writes.Add(int64(len(w.run)))
+	return pos, data, err
+}
 
-	// The index's changes are told in the order they were made: a key in
-	// the run twice whose first record the budget evicts before the second
-	// is indexed ends told stored, as it is.
-	changes := w.changes[:0]
+// dropOldest deletes the oldest segment to make room on a full filesystem
+// and announces its live chunks removed; false if there was none to delete
+// (the segment being written is the only one) or its file would not go.
+func (w *writer) dropOldest() bool {
+	d := w.d
 	d.mu.Lock()
-	d.fileBytes += pos - seg.size
-	seg.size = pos
-	for i, sp := range w.run {
-		if old, ok := d.items[sp.key]; ok {
-			d.unindex(old)
-		}
-		d.index(&item{key: sp.key, seg: seg, off: offs[i], size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
-		changes = append(changes, change{engine: sp.engine, key: sp.key, stored: true})
-		for d.used > d.cfg.Bytes {
-			changes = append(changes, removal(d.evictFront(), sp.engine))
-		}
+	defer d.mu.Unlock()
+	gone, ok := d.dropOldest()
+	changes := w.changes[:0]
+	for _, it := range gone {
+		changes = append(changes, removal(it, w.run[0].engine))
 	}
-	last := w.run[len(w.run)-1].engine
-	for _, it := range d.dropDead() {
-		changes = append(changes, removal(it, last))
-	}
-	// Told under the lock: a drop of one of these keys (a load that finds
-	// it bad) cannot be told before its write (see Notify).
 	d.tell(changes)
-	d.mu.Unlock()
 	clear(changes)
 	w.changes = changes[:0]
+	return ok
+}
+
+// isFull reports whether a write failed for want of space: the filesystem
+// full (ENOSPC) or the user's quota spent (EDQUOT).
+func isFull(err error) bool {
+	return errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT)
 }
 
 // change is a key stored in or removed from the index, for engine.

@@ -195,7 +195,7 @@ type diskCollector struct{ stats func() disk.Stats }
 
 var diskDescs = struct {
 	bytes, chunks, budget, queued, hits, evictions, read, write, readTime, writeTime, dropped, raced, discarded, failed,
-	retired, undeleted *prometheus.Desc
+	retired, undeleted, full *prometheus.Desc
 }{
 	bytes:     prometheus.NewDesc("kvactors_disk_bytes", "Chunk bytes on disk.", nil, nil),
 	chunks:    prometheus.NewDesc("kvactors_disk_chunks", "Chunks on disk.", nil, nil),
@@ -213,12 +213,13 @@ var diskDescs = struct {
 	failed:    prometheus.NewDesc("kvactors_disk_write_failures_total", "Writes that failed: a chunk's record, or a write of tombstones (retried).", nil, nil),
 	retired:   prometheus.NewDesc("kvactors_disk_segments_retired_total", "Segments written no more because a failed write could not be cut back.", nil, nil),
 	undeleted: prometheus.NewDesc("kvactors_disk_segment_delete_failures_total", "Segments whose file could not be deleted (kept, counted in the files, and tried again).", nil, nil),
+	full:      prometheus.NewDesc("kvactors_disk_full_total", "Writes that found the filesystem full (ENOSPC, EDQUOT): each deleted the oldest segment to make room and tried again. --disk-bytes leaves too little room (docs/OPERATIONS.md).", nil, nil),
 }
 
 func (diskCollector) Describe(ch chan<- *prometheus.Desc) {
 	d := diskDescs
 	for _, x := range []*prometheus.Desc{d.bytes, d.chunks, d.budget, d.queued, d.hits, d.evictions, d.read, d.write,
-		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed, d.retired, d.undeleted} {
+		d.readTime, d.writeTime, d.dropped, d.raced, d.discarded, d.failed, d.retired, d.undeleted, d.full} {
 		ch <- x
 	}
 }
@@ -247,6 +248,7 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 	count(d.failed, float64(st.Failed))
 	count(d.retired, float64(st.Retired))
 	count(d.undeleted, float64(st.RemoveFailed))
+	count(d.full, float64(st.Full))
 }
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape

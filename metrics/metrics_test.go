@@ -61,7 +61,7 @@ func TestPoolGaugesReadAtScrape(t *testing.T) {
 // The disk tier's gauges and counters are read at scrape time.
 func TestDiskReadAtScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	st := disk.Stats{Bytes: 10, Chunks: 2, Hits: 5, WriteBytes: 100, Retired: 1, RemoveFailed: 3}
+	st := disk.Stats{Bytes: 10, Chunks: 2, Hits: 5, WriteBytes: 100, Retired: 1, RemoveFailed: 3, Full: 4}
 	metrics.RegisterDisk(reg, func() disk.Stats { return st })
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
@@ -80,6 +80,7 @@ func TestDiskReadAtScrape(t *testing.T) {
 	require.Equal(t, 100.0, got["kvactors_disk_write_bytes_total"])
 	require.Equal(t, 1.0, got["kvactors_disk_segments_retired_total"])
 	require.Equal(t, 3.0, got["kvactors_disk_segment_delete_failures_total"])
+	require.Equal(t, 4.0, got["kvactors_disk_full_total"])
 }
 
 // family is name's family on reg, gathered now; the test fails when reg
