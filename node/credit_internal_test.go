@@ -19,6 +19,7 @@ import (
 	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/wire"
 )
@@ -26,9 +27,11 @@ import (
 // holder stands in for an engine actor that does not get to its mailbox: it
 // keeps every batch unhandled until the test lets go.
 type holder struct {
-	mu   sync.Mutex
-	done []actors.Signal
-	last uint64 // seq of the newest batch
+	mu      sync.Mutex
+	done    []actors.Signal
+	last    uint64 // seq of the newest batch
+	charged int64  // the credits of the batches held
+	decoded int64  // what the batches held hold, decoded (heldBytes)
 }
 
 func (h *holder) Receive(c actor.Context) {
@@ -36,8 +39,19 @@ func (h *holder) Receive(c actor.Context) {
 		h.mu.Lock()
 		h.done = append(h.done, b.Done)
 		h.last = max(h.last, b.Batch.Seq)
+		if c, ok := b.Done.(*credit); ok {
+			h.charged += c.size
+		}
+		h.decoded += heldBytes(&b.Batch)
 		h.mu.Unlock()
 	}
+}
+
+// bytes are the credits of the batches held and what those hold decoded.
+func (h *holder) bytes() (charged, decoded int64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.charged, h.decoded
 }
 
 func (h *holder) newest() uint64 {
@@ -56,12 +70,24 @@ func (h *holder) held() int {
 func (h *holder) handleAll(t *testing.T) {
 	h.mu.Lock()
 	done := h.done
-	h.done = nil
+	h.done, h.charged, h.decoded = nil, 0, 0
 	h.mu.Unlock()
 	for _, d := range done {
 		require.NotNil(t, d, "a batch handed over without its credit")
 		d.Signal()
 	}
+}
+
+// creditOf is what intake counts for an events message of engineID's on
+// subject with body data once a worker decoded it: its decoded size where
+// that is more than its wire size (heldBytes).
+func creditOf(t *testing.T, n *Node, engineID, subject string, data []byte) int64 {
+	t.Helper()
+	size := msgBytes(&nats.Msg{Subject: subject, Data: data})
+	b, _, err := ingest.DecodeBatchInto(engineID, data, n.cfg.Limits, eventSlices.Get())
+	require.NoError(t, err)
+	defer eventSlices.Put(b.Events)
+	return max(size, heldBytes(&b))
 }
 
 // routeStandIn spawns props as engine's actor on n's intake, and returns it,
@@ -128,17 +154,23 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 		if msgs, _, err := n.subs[0].Pending(); err != nil || msgs > 0 {
 			return fmt.Errorf("nats.go still holds %d messages (%v)", msgs, err)
 		}
-		if got, want := n.ingest.pending.Load(), int64(h.held())*size; got != want {
+		if got, want := n.ingest.pending.Load(), func() int64 { c, _ := h.bytes(); return c }(); got != want {
 			return fmt.Errorf("pending %d bytes, holder holds %d", got, want)
 		}
 		return nil
 	})
 	held := h.held()
 	require.Positive(t, held)
+	charged, decoded := h.bytes()
+	// A batch's credit is its decoded size where that is the larger (here:
+	// 40 events of ~45 bytes of JSON each, 120 bytes each decoded), so the
+	// window bounds the memory the actor holds, not its JSON.
+	require.Greater(t, decoded, int64(held)*size, "the batches hold more decoded than on the wire")
+	require.Equal(t, decoded, charged, "every decoded byte counted")
 	// The gauge reads intake's own count at scrape time.
-	require.Equal(t, float64(int64(held)*size), testutil.ToFloat64(n.metrics.PendingBytes),
+	require.Equal(t, float64(charged), testutil.ToFloat64(n.metrics.PendingBytes),
 		"kvactors_ingest_pending_bytes while the actor holds its batches")
-	require.LessOrEqual(t, int64(held)*size, budget, "the actor was handed more than the window")
+	require.LessOrEqual(t, charged, budget, "the actor was handed more than the window")
 	require.Less(t, held, burst/4, "most of the burst was dropped, not queued")
 	require.LessOrEqual(t, n.ingest.peak.Load(), budget)
 	require.LessOrEqual(t, n.IntakePeak(), int64(maxPending))
@@ -156,9 +188,28 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 	})
 
 	// The route ends with a batch unhandled: its credit comes back, once.
-	require.Equal(t, int64(h.held())*size, n.ingest.pending.Load())
+	charged, _ = h.bytes()
+	require.Equal(t, charged, n.ingest.pending.Load())
 	n.ingest.unroute("hold", pid)
 	require.Zero(t, n.ingest.pending.Load())
 	h.handleAll(t) // a late Done after the route ended returns nothing twice
 	require.Zero(t, n.ingest.pending.Load())
+}
+
+// A batch's decoded bytes past its wire size are admitted within the
+// budget, or past it only when that batch is all intake holds: one batch
+// larger than the budget decoded still goes (alone), never beside others.
+func TestDecodedBytesPastTheWireAreAdmittedWithinTheBudget(t *testing.T) {
+	in := &ingester{budget: 100}
+	require.True(t, in.admit(60))
+	require.True(t, in.admitMore(80, 60), "alone: past the budget")
+	require.False(t, in.admit(1), "nothing beside it")
+	in.release(140)
+
+	require.True(t, in.admit(60)) // another batch
+	require.True(t, in.admit(30))
+	require.False(t, in.admitMore(50, 30), "beside another: within the budget only")
+	require.True(t, in.admitMore(10, 30))
+	require.EqualValues(t, 100, in.pending.Load())
+	require.EqualValues(t, 140, in.peak.Load())
 }

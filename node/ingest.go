@@ -371,24 +371,6 @@ func (in *ingester) take(m *nats.Msg) {
 	}
 }
 
-func (in *ingester) admit(size int64) bool {
-	for {
-		cur := in.pending.Load()
-		if cur+size > in.budget {
-			return false
-		}
-		if in.pending.CompareAndSwap(cur, cur+size) {
-			for p := in.peak.Load(); cur+size > p && !in.peak.CompareAndSwap(p, cur+size); p = in.peak.Load() {
-			}
-			return true
-		}
-	}
-}
-
-func (in *ingester) release(size int64) {
-	in.pending.Add(-size)
-}
-
 // shard is the queue of engineID's messages.
 func (in *ingester) shard(engineID string) int {
 	h := fnv.New32a()
@@ -466,11 +448,22 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 		n.rejectedN(reason, e.Count, "more events rejected", "engine", engineID, "count", e.Count,
 			"from_index", e.Index, "err", e.Err)
 	}
+	// The credit is what the batch holds from here on, decoded: a wire
+	// byte becomes several (a 120-byte event for ~40 bytes of JSON; a
+	// short hash's string header), and the window bounds memory, not JSON.
+	credit := max(size, heldBytes(&batch))
+	if credit > size && !in.admitMore(credit-size, size) {
+		eventSlices.Put(batch.Events)
+		in.overflow(engineID, x.verb, m) // the engine resyncs, as for a batch dropped at take
+		return false
+	}
 	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
 	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: recycleEvents,
 		Session: x.session, Stamped: true}
-	if c := in.lend(engineID, pid, size); c != nil {
+	if c := in.lend(engineID, pid, credit); c != nil {
 		msg.Done, lent = c, true
+	} else {
+		in.release(credit - size) // the worker releases size
 	}
 	n.system.Root.Send(pid, msg)
 	return lent

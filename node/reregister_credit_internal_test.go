@@ -34,7 +34,7 @@ func TestAReplacedActorsBatchesStayCountedUntilItHandlesThem(t *testing.T) {
 	var want int64
 	for seq := 1; seq <= 3; seq++ {
 		data := []byte(fmt.Sprintf(`{"epoch":"a","seq":%d,"events":[]}`, seq))
-		want += msgBytes(&nats.Msg{Subject: subject, Data: data})
+		want += creditOf(t, n, "e1", subject, data) // decoded by the worker, held by the actor
 		require.NoError(t, nc.Publish(subject, data))
 	}
 	require.NoError(t, nc.Flush())
