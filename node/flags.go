@@ -152,13 +152,13 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	size(&c.PoolPageBytes, "pool-page-bytes", d.PoolPageBytes,
 		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
 	str(&c.DiskDir, "disk-dir", d.DiskDir, "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
-	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir)")
+	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir): chunk data; the files need about 1.5× it plus a segment (docs/OPERATIONS.md)")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	// cluster
 	boolean(&c.Cluster, "cluster", d.Cluster, "join a cluster: claim engines in the ownership bucket (needs JetStream), serve and fetch chunks across nodes")
 	str(&c.StandbyFor, "standby-for", d.StandbyFor, "stand by for this node: take its engines over when its ownership lease lapses (implies --cluster)")
-	str(&c.ClusterBucket, "cluster-bucket", d.ClusterBucket, "ownership KV bucket")
+	str(&c.ClusterBucket, "cluster-bucket", d.ClusterBucket, "ownership KV bucket (JetStream's rule: letters, digits, '-' and '_'; exit 2 otherwise)")
 	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
 	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
 	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
