@@ -61,14 +61,25 @@ func Recv[T any](t testing.TB, ch <-chan T, timeout time.Duration, what string) 
 // happen, after the thing it would follow has been seen.
 func NoRecv[T any](t testing.TB, ch <-chan T, d time.Duration, what string) {
 	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case v, ok := <-ch:
+	unexpected := func(v T, ok bool) {
+		t.Helper()
 		if !ok {
 			t.Fatalf("unexpected %s: channel closed", what)
 		}
 		t.Fatalf("unexpected %s: %v", what, v)
+	}
+	// What is there already first: with d 0 (or a timer that has fired by
+	// the select) both cases would be ready, and select picks one at random.
+	select {
+	case v, ok := <-ch:
+		unexpected(v, ok)
+	default:
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case v, ok := <-ch:
+		unexpected(v, ok)
 	case <-timer.C:
 	}
 }
