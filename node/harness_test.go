@@ -74,7 +74,7 @@ type testEngine struct {
 	kv       chan messages.KVEventBatch
 	kvLeft   []messages.KVEvent // events recvKV received and has not returned
 	resync   chan messages.Resync
-	// rseqs is the last rseq seen per epoch (the subscription's goroutine).
+	// rseqs is the last rseq seen per epoch (the subscription's handler's).
 	rseqs      map[string]uint64
 	registered bool
 }
@@ -117,20 +117,26 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 		kv: make(chan messages.KVEventBatch, 1024)}
 	te.resync = make(chan messages.Resync, 1024)
 	te.rseqs = map[string]uint64{}
-	raw := make(chan messages.Released, 1024)
-	subscribeJSON(t, e.nc, "kvactors."+id+".released", raw)
-	go func() {
-		// PROTOCOL.md v2: every release names its epoch, and rseq counts
-		// 1, 2, … per epoch with no hole and no repeat.
-		for r := range raw {
-			if r.Epoch == "" || r.RSeq != te.rseqs[r.Epoch]+1 {
-				t.Errorf("release %+v: want epoch set and rseq %d", r, te.rseqs[r.Epoch]+1)
-			}
-			te.rseqs[r.Epoch] = r.RSeq
-			r.Epoch, r.RSeq = "", 0
-			te.released <- r
+	// PROTOCOL.md v2: every release names its epoch, and rseq counts 1, 2,
+	// … per epoch with no hole and no repeat. Checked in the subscription's
+	// handler itself (its goroutine alone touches rseqs): a goroutine of
+	// its own outlived the test, and its extra hop let a check for no
+	// release (none) run before a release already received was passed on.
+	sub, err := e.nc.Subscribe("kvactors."+id+".released", func(m *nats.Msg) {
+		var r messages.Released
+		if err := json.Unmarshal(m.Data, &r); err != nil {
+			t.Errorf("released: bad body %q: %v", m.Data, err)
+			return
 		}
-	}()
+		if r.Epoch == "" || r.RSeq != te.rseqs[r.Epoch]+1 {
+			t.Errorf("release %+v: want epoch set and rseq %d", r, te.rseqs[r.Epoch]+1)
+		}
+		te.rseqs[r.Epoch] = r.RSeq
+		r.Epoch, r.RSeq = "", 0
+		te.released <- r
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	subscribeJSON(t, e.nc, "kvactors."+id+".resync", te.resync)
 	subscribeJSON(t, e.nc, "kvactors."+id+".stored", te.stored)
 	subscribeJSON(t, e.nc, "kvactors."+id+".kv_events", te.kv)
