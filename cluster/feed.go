@@ -325,10 +325,11 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	}
 	f.mu.Lock()
 	res, err := f.x.ApplyKVEvents(node, boot, engine, geo, b) // unstamped: clears only, which name no key
-	if res.ClearedAll {
+	if res.ClearedAll || res.Abandoned {
 		// The index dropped every key of the node (a router's clear names
-		// one engine, the pool is the node's): read its key set again at
-		// its next heartbeat.
+		// one engine, the pool is the node's), or gave up its catch-up
+		// (removals past the cap meanwhile): read its key set again at its
+		// next heartbeat.
 		f.pending[node] = true
 	}
 	f.mu.Unlock()

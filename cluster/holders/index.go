@@ -54,6 +54,10 @@ type Applied struct {
 	// or a catch-up finished without meeting the cap). The caller logs it
 	// once per crossing, not once per key.
 	Capped bool
+	// Abandoned: the node's catch-up in progress was given up, its removals
+	// meanwhile past what the index keeps for it (maxKeys): the caller asks
+	// for its key set again (ApplyKVEvents only).
+	Abandoned bool
 }
 
 type node struct {
@@ -217,7 +221,7 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 			}
 		case messages.KVBlockRemoved:
 			for _, k := range o.keys {
-				x.remove(nodeID, n, k)
+				x.remove(nodeID, n, k, &out)
 			}
 		case messages.KVAllBlocksCleared:
 			x.dropKeys(nodeID, n)
@@ -276,9 +280,22 @@ func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 	x.held[k] = slices.Insert(hs, i, nodeID)
 }
 
-func (x *Index) remove(nodeID string, n *node, k NSKey) {
+// minRemovedBound is the least a catch-up remembers of the removals
+// meanwhile, whatever the cap per node: a small cap would otherwise give up
+// every catch-up of a node that evicts at all while it is read.
+const minRemovedBound = 1 << 16
+
+func (x *Index) remove(nodeID string, n *node, k NSKey, out *Applied) {
 	if n.sync != nil {
-		n.sync.removed[k] = struct{}{}
+		if x.maxKeys > 0 && len(n.sync.removed) >= max(x.maxKeys, minRemovedBound) {
+			// The removals a catch-up must remember are bounded as the keys
+			// are: past the bound (a node removing without end while its
+			// pages go on), the catch-up is given up and asked again.
+			n.sync = nil
+			out.Abandoned = true
+		} else {
+			n.sync.removed[k] = struct{}{}
+		}
 	}
 	if _, ok := n.keys[k]; !ok {
 		return

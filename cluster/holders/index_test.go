@@ -2,6 +2,7 @@ package holders
 
 import (
 	"encoding/hex"
+	"fmt"
 	"os/exec"
 	"slices"
 	"strings"
@@ -362,4 +363,40 @@ func (x *Index) applyPlain(nodeID, boot, engine string, b messages.KVEventBatch)
 func catchUpPage(x *Index, nodeID string, id uint64, keys []NSKey) error {
 	_, err := x.CatchUpPage(nodeID, id, keys)
 	return err
+}
+
+// What a catch-up remembers of the removals meanwhile is bounded by the
+// cap per node (at least minRemovedBound), as the keys are ("Memory stays
+// within the cap throughout", docs/CLUSTER.md): past it the catch-up is given up
+// (Applied.Abandoned: the caller asks again) and takes no more pages; the
+// removals still apply. Found by review: a node removing without end while
+// its pages went on grew the set to 100,000 entries at a cap of 4.
+func TestACatchUpsRemovalsAreBoundedByTheCap(t *testing.T) {
+	const maxKeys = 4
+	x := New(lease, maxKeys)
+	_, err := x.Heartbeat("gpu-0", "a1", t0)
+	require.NoError(t, err)
+	apply(t, x, "gpu-0", "a1", stored("m", 0, "00"))
+	id, err := x.BeginCatchUp("gpu-0", "a1")
+	require.NoError(t, err)
+	abandoned := false
+	for i := range 100 {
+		hs := make([]string, 1000)
+		for j := range hs {
+			hs[j] = fmt.Sprintf("%08x", i*1000+j+1)
+		}
+		res, err := x.ApplyKVEvents("gpu-0", "a1", "e1", 1, batch(removed("m", 0, hs...)))
+		require.NoError(t, err)
+		abandoned = abandoned || res.Abandoned
+		if n := x.nodes["gpu-0"]; n.sync != nil {
+			require.LessOrEqual(t, len(n.sync.removed), max(maxKeys, minRemovedBound))
+		}
+	}
+	require.True(t, abandoned, "the caller is told to ask again")
+	require.ErrorIs(t, catchUpPage(x, "gpu-0", id, nil), ErrNoSync, "a given-up catch-up takes no page")
+	require.Equal(t, []string{"gpu-0"}, x.Holders(".m", key(t, "00", 0), t0))
+	res, err := x.applyPlain("gpu-0", "a1", "e-gpu-0", batch(removed("m", 0, "00")))
+	require.NoError(t, err)
+	require.False(t, res.Abandoned)
+	require.Empty(t, x.Holders(".m", key(t, "00", 0), t0), "a removal applies with no catch-up running")
 }
