@@ -103,15 +103,37 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	if len(gone) > 0 {
 		n.store.AbortRemote(gone)
 	}
-	errs := make([]error, len(fetch))
+	// The first chunk that fails fails the load: the fetches still to come
+	// or running are cancelled, not waited out (a holder that does not
+	// answer would cost a piece timeout per four chunks), and the reply
+	// names that failure and how many more there were, not every one (a
+	// load of thousands of chunks would pass max_payload and go unanswered).
+	fetchCtx, cancelAll := context.WithCancel(ctx)
+	defer cancelAll()
+	var failMu sync.Mutex
+	var firstErr error
+	failed := 0
+	fail := func(err error) {
+		failMu.Lock()
+		defer failMu.Unlock()
+		failed++
+		if firstErr == nil {
+			firstErr = err
+			cancelAll()
+		}
+	}
 	sem := make(chan struct{}, fetchParallel)
 	var wg sync.WaitGroup
-	for i, k := range fetch {
+	for _, k := range fetch {
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem; wg.Done() }()
-			fctx, cancel := context.WithTimeout(ctx, n.cl.cfg.FetchTimeout*4)
+			if fetchCtx.Err() != nil { // an earlier chunk failed the load
+				n.store.AbortRemote([]messages.Key{k})
+				return
+			}
+			fctx, cancel := context.WithTimeout(fetchCtx, n.cl.cfg.FetchTimeout*4)
 			defer cancel()
 			wk := sched.WireKey(k)
 			data, _, err := n.cl.fetcher.FetchAny(fctx, n.cl.feed.Holders(ns, wk), ns, wk, func(size int64) ([]byte, error) {
@@ -128,11 +150,19 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 			} else {
 				err = n.store.FillRemote(rec.id, k, data, cluster.CRC32C(data))
 			}
-			errs[i] = err
+			if err != nil && (fetchCtx.Err() == nil || !errors.Is(err, context.Canceled)) {
+				fail(err)
+			}
 		}()
 	}
 	wg.Wait()
-	if err := errors.Join(errs...); err != nil {
+	if firstErr != nil {
+		if failed > 1 {
+			return 0, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
+		}
+		return 0, firstErr
+	}
+	if err := ctx.Err(); err != nil { // cancelled from outside: no failure of its own recorded
 		return 0, err
 	}
 	// Keys PrepareStore left out were already present: ready, or pending

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
 
@@ -93,7 +94,24 @@ func (n *Node) replyError(ctx context.Context, reply string, err error) {
 // errorReply is every verb's error reply, status included:
 // {"error","node","boot"} and nothing else (messages.ErrorReply).
 func (n *Node) errorReply(err error) messages.ErrorReply {
-	return messages.ErrorReply{Error: err.Error(), Node: n.cfg.NodeID, Boot: n.boot}
+	return messages.ErrorReply{Error: errorText(err), Node: n.cfg.NodeID, Boot: n.boot}
+}
+
+// maxErrorText bounds an error reply's text: a reply past the server's
+// max_payload would be refused and the requester left without an answer.
+const maxErrorText = 4 << 10
+
+// errorText is err's text, cut at maxErrorText bytes (at a rune boundary).
+func errorText(err error) string {
+	s := err.Error()
+	if len(s) <= maxErrorText {
+		return s
+	}
+	cut := maxErrorText
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "… (cut)"
 }
 
 // onRegister handles P.E.register taken off NATS at at. On a cluster the
