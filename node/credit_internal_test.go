@@ -113,12 +113,7 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 	const maxPending = 64 << 10
 	// A 16 KiB max payload, so a 64 KiB budget is allowed (4 of the
 	// largest messages).
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		MaxPayload: 16 << 10})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second))
-	t.Cleanup(s.Shutdown)
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.MaxPayload = 16 << 10 })
 	n, err := Start(context.Background(), Config{NATSURL: s.ClientURL(), HTTPAddr: HTTPOff, ShmDir: t.TempDir(),
 		PoolBytes: 1 << 20, MaxPendingBytes: maxPending, Registry: prometheus.NewRegistry(),
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})

@@ -24,13 +24,8 @@ func TestOverflowResyncsAndRecovers(t *testing.T) {
 	const budget = 64 << 10
 	// A server with a 16 KiB max payload, so a 64 KiB budget is allowed
 	// (it must hold 4 of the largest messages).
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		MaxPayload: 16 << 10})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second))
-	t.Cleanup(s.Shutdown)
-	_, err = node.Start(context.Background(), node.Config{NATSURL: s.ClientURL(), MaxPendingBytes: budget - 1,
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.MaxPayload = 16 << 10 })
+	_, err := node.Start(context.Background(), node.Config{NATSURL: s.ClientURL(), MaxPendingBytes: budget - 1,
 		HTTPAddr: "off", ShmDir: t.TempDir(), PoolBytes: 1 << 20})
 	require.ErrorIs(t, err, node.ErrConfig, "a budget under 4 max payloads is refused")
 	e := startNode(t, func(c *node.Config) {

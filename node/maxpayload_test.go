@@ -24,12 +24,7 @@ import (
 func TestMessagesPastTheServersMaxPayloadAreCut(t *testing.T) {
 	t.Parallel()
 	const maxPayload = 64 << 10
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true, NoSigs: true,
-		MaxPayload: maxPayload})
-	require.NoError(t, err)
-	s.Start()
-	require.True(t, s.ReadyForConnections(10*time.Second))
-	t.Cleanup(s.Shutdown)
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.MaxPayload = maxPayload })
 	e := startNode(t, func(c *node.Config) { c.NATSURL = s.ClientURL(); c.PoolBytes = 4 << 20 })
 	router := newKVRouter(t, e.nc)
 	o := defaultOpts()

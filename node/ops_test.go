@@ -29,12 +29,7 @@ import (
 func TestStatusPagesStayUnderMaxPayload(t *testing.T) {
 	t.Parallel()
 	const maxPayload = 32 << 10
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true,
-		NoSigs: true, MaxPayload: maxPayload})
-	require.NoError(t, err)
-	s.Start()
-	t.Cleanup(s.Shutdown)
-	require.True(t, s.ReadyForConnections(10*time.Second))
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.MaxPayload = maxPayload })
 	e := startNode(t, func(c *node.Config) { c.NATSURL = s.ClientURL() })
 
 	te := e.newEngine("many", defaultOpts())

@@ -31,6 +31,13 @@ func NATS(t testing.TB) (*server.Server, *nats.Conn) {
 // server is shut down, and waited for, when the test ends.
 func NATSServer(t testing.TB) *server.Server {
 	t.Helper()
+	return NATSServerWith(t, nil)
+}
+
+// NATSServerWith is NATSServer with its options changed by edit first (a
+// smaller max_payload, say).
+func NATSServerWith(t testing.TB, edit func(*server.Options)) *server.Server {
+	t.Helper()
 	opts := &server.Options{
 		Host:      "127.0.0.1", // never listen beyond loopback in a test
 		Port:      server.RANDOM_PORT,
@@ -44,6 +51,9 @@ func NATSServer(t testing.TB) *server.Server {
 		opts.NoLog, opts.Debug = false, true
 	case "trace":
 		opts.NoLog, opts.Debug, opts.Trace = false, true, true
+	}
+	if edit != nil {
+		edit(opts)
 	}
 	s, err := server.NewServer(opts)
 	require.NoError(t, err, "create the NATS server")
