@@ -91,16 +91,21 @@ func TestHashLagTracesOneDeferral(t *testing.T) {
 }
 
 // A pool that cannot make room records retry events (pool_full) and leaves
-// the cursor; once the candidates fit, the same chunks are stored (issue 4).
+// the cursor; once room frees, the same chunks are stored (issue 4). The
+// room is held by another request's copy in flight (a request larger than
+// the whole pool is stored in parts instead: sched capToRoom).
 func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 	t.Parallel()
 	rec, opt := withRecorder(t)
-	e := startNode(t, opt, func(c *node.Config) { c.PoolBytes = 2 * 256 })
+	dev := &heldDevice{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	e := startNode(t, opt, func(c *node.Config) { c.PoolBytes = 2 * 256; c.WrapDevice = dev.wrap })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
-	hs := []string{hash("f", 0), hash("f", 1), hash("f", 2)}
-	// Three chunks ready at once, two slots: no room, ever, for all three.
-	te.send(added("r", 12), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 1, 2, 3), tokensEv("r", 12, 12))
+	// q's two chunks fill the pool, their copy held: pending, not evictable.
+	te.send(added("q", 8), hashesEv("q", 0, hash("g", 0), hash("g", 1)), blocksEv("q", 0, 0, 1, 2), tokensEv("q", 8, 8))
+	testkit.Recv(t, dev.started, 5*time.Second, "q's copy")
+	hs := []string{hash("f", 0), hash("f", 1)}
+	te.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 3, 4), tokensEv("r", 8, 8))
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if v := metricValue(t, e.reg, "kvactors_store_retries_total", map[string]string{"reason": "pool_full"}); v < 3 {
 			return errf("retries = %v, want >= 3 (timer-driven)", v)
@@ -114,31 +119,39 @@ func TestPoolFullTracesRetriesThenStores(t *testing.T) {
 		return nil
 	})
 	st := te.sync()
-	require.EqualValues(t, 0, st.Requests[0].Groups[0].Cursor, "no room keeps the cursor")
-	// Preempt and resume with two blocks: two chunks fit and are stored.
-	te.send(map[string]any{"type": "preempted", "request": "r"})
-	recv(t, te.released, "released (preempted)")
-	te.send(map[string]any{"type": "resumed", "request": "r"}, blocksEv("r", 0, 0, 4, 5), tokensEv("r", 8, 12))
+	for _, rq := range st.Requests {
+		if rq.Request == "r" {
+			require.EqualValues(t, 0, rq.Groups[0].Cursor, "no room keeps the cursor")
+		}
+	}
+	// q's copy ends: its chunks are ready, hence evictable, and r's retry
+	// stores the same chunks.
+	dev.gate <- struct{}{}
+	require.Equal(t, []int{0, 1}, chunkIndexes(recv(t, te.stored, "q's chunks")))
+	testkit.Recv(t, dev.started, 5*time.Second, "r's copy")
+	dev.gate <- struct{}{}
 	require.Equal(t, []int{0, 1}, chunkIndexes(recv(t, te.stored, "the retried chunks")))
-	te.send(finishedEv("r", true, 8, 12))
+	te.send(finishedEv("q", true, 8, 8), finishedEv("r", true, 8, 8))
+	recv(t, te.released, "released")
 	recv(t, te.released, "released")
 
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		if len(spansNamed(rec, tracing.SpanRequest)) != 1 {
-			return errf("request span not ended")
+		if len(spansNamed(rec, tracing.SpanRequest)) != 2 {
+			return errf("request spans not ended")
 		}
 		return nil
 	})
-	req := spansNamed(rec, tracing.SpanRequest)[0]
 	retries := 0
-	for _, ev := range req.Events() {
-		if ev.Name == tracing.EventRetry {
-			retries++
-			require.Contains(t, ev.Attributes, tracing.AttrReason.String("pool_full"))
+	for _, req := range spansNamed(rec, tracing.SpanRequest) {
+		for _, ev := range req.Events() {
+			if ev.Name == tracing.EventRetry {
+				retries++
+				require.Contains(t, ev.Attributes, tracing.AttrReason.String("pool_full"))
+			}
 		}
 	}
 	require.GreaterOrEqual(t, retries, 3)
-	require.Len(t, spansNamed(rec, tracing.SpanStoreJob), 1)
+	require.Len(t, spansNamed(rec, tracing.SpanStoreJob), 2)
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
 		if v := metricValue(t, e.reg, "kvactors_store_retries_pending", nil); v != 0 {
 			return errf("retries pending = %v after the release, want 0 once its timer fell due", v)

@@ -4,6 +4,7 @@ package sched
 // keys, and the job built from the room it gave.
 
 import (
+	"slices"
 	"sync"
 	"unsafe"
 
@@ -48,7 +49,17 @@ func (sc *scratch) release() {
 	scratchPool.Put(sc)
 }
 
+// decide takes the request's store decision. One capped to what the pool
+// holds (capToRoom) that made no job (its chunks all present) but moved the
+// cursors asks for another decision (Effects.More): nothing else would take
+// one for the rest, no job of it completing.
 func (r *Request) decide(p Preparer, e *Effects) {
+	e.More = r.decideOnce(p, e)
+}
+
+// decideOnce is one decision; more: it was capped, made no job and moved
+// a cursor, so the rest is still to decide.
+func (r *Request) decideOnce(p Preparer, e *Effects) (more bool) {
 	tm := r.readyTerms()
 	var ready [8]messages.ChunkIndex // most engines have few groups: no allocation
 	readies := ready[:0]
@@ -75,7 +86,11 @@ func (r *Request) decide(p Preparer, e *Effects) {
 		for g := range r.groups {
 			r.groups[g].decided(readies[g])
 		}
-		return
+		return false
+	}
+	capped := false
+	if b, ok := p.(Bounded); ok {
+		capped = r.capToRoom(readies, tm.bpc, b)
 	}
 	sc := scratchPool.Get().(*scratch)
 	defer sc.release()
@@ -99,18 +114,26 @@ func (r *Request) decide(p Preparer, e *Effects) {
 			r.cacheKeys(sc)
 			r.failAttempt(RetryPoolFull, e)
 			e.RoomGen = prep.RoomGen
-			return
+			return false
 		}
 	}
 	r.poolFails = 0
+	moved := false // a cursor moves, or a chunk to redo is decided: progress
 	for g := range r.groups {
-		r.groups[g].decided(readies[g])
+		gr := &r.groups[g]
+		if capped && !moved {
+			moved = readies[g] > gr.cursor || slices.ContainsFunc(gr.redo(), func(c messages.ChunkIndex) bool {
+				return c < readies[g]
+			})
+		}
+		gr.decided(readies[g])
 	}
 	e.Evicted = len(prep.Evicted)
 	e.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
 	r.holdPending(cands, keys, prep.Pending, e)
 	if len(prep.Keys) == 0 {
-		return
+		// Chunks pending in other copies armed a retry, which decides again.
+		return capped && moved && len(prep.Pending) == 0
 	}
 	e.Job = r.buildJob(cands, keys, prep)
 	last := &r.inflight
@@ -118,6 +141,75 @@ func (r *Request) decide(p Preparer, e *Effects) {
 		last = &(*last).next
 	}
 	*last = e.Job
+	return false
+}
+
+// Bounded is a Preparer that knows its bytes: a decision offers it no more
+// (capToRoom).
+type Bounded interface {
+	Capacity() int64 // the pool's bytes
+}
+
+// capToRoom lowers readies so that one decision's candidates take no more
+// than the pool's bytes, where they would take more (kvactors' choice,
+// docs/PROTOCOL.md "A decision larger than the pool"). A decision is all or nothing against
+// the pool, so a request whose ready chunks need more than the whole pool
+// would store none of them, ever, and a finishing one would hold the
+// engine's blocks through every retry before giving them all up.
+//
+// The bound is one token position for every group, so a prefix stored is
+// stored in every group alike (a lookup hits the least of them). The rest
+// stays ready and is offered by the next decision (a job that completes
+// decides again; one that made no job asks for more: Effects.More); at
+// least one chunk is always offered (register refuses a chunk the pool
+// cannot hold).
+func (r *Request) capToRoom(readies []messages.ChunkIndex, bpc int, b Bounded) (capped bool) {
+	// By bytes: a set that needs more can never fit. One that needs no more
+	// is left whole, as before (whether its tails' page rounding lets it
+	// fit is the pool's to answer: no room, a retry).
+	most := b.Capacity()
+	below := func(tokens int) (n int64) {
+		for g := range r.groups {
+			gl := &r.lay.Groups[g]
+			rd := min(readies[g], messages.ChunkIndex(tokens/gl.TokensPerChunk))
+			for range r.groups[g].candidates(gl, rd, bpc) {
+				n += gl.ChunkBytes
+			}
+		}
+		return n
+	}
+	hi := 0 // tokens past every group's ready bound
+	for g := range r.groups {
+		hi = max(hi, int(readies[g])*r.lay.Groups[g].TokensPerChunk)
+	}
+	if below(hi) <= most {
+		return false
+	}
+	// The most tokens whose candidates fit: below only grows with tokens.
+	lo, up := 0, hi
+	for lo < up {
+		mid := lo + (up-lo+1)/2
+		if below(mid) <= most {
+			lo = mid
+		} else {
+			up = mid - 1
+		}
+	}
+	if below(lo) == 0 { // not even one chunk fits: the first one alone
+		lo, up = 0, hi
+		for lo < up {
+			mid := lo + (up-lo)/2
+			if below(mid) > 0 {
+				up = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+	}
+	for g := range r.groups {
+		readies[g] = min(readies[g], messages.ChunkIndex(lo/r.lay.Groups[g].TokensPerChunk))
+	}
+	return true
 }
 
 // holdPending keeps the chunks whose keys another copy is still filling as

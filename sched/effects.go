@@ -121,6 +121,10 @@ type Effects struct {
 	GivenUpReason RetryReason
 	Releases      []string // reasons to publish on P.E.released, in order
 	Done          bool     // the request is done: drop it after publishing Releases
+	// More: the decision offered only part of the ready chunks (at most
+	// what the pool holds: capToRoom) and made no job, so no completion will
+	// call for the next one: the caller decides again (Advance) at once.
+	More bool
 
 	// woken: the decision is an early wake-up's (AdvanceWoken); a failure
 	// then spends no retry attempt.

@@ -158,8 +158,8 @@ func (r *Request) settle(e *Effects) {
 	}
 	switch r.phase {
 	case Finishing:
-		if r.inflight != nil || e.Retry != nil || r.pendingChunks() {
-			return // a copy is in flight, or a final chunk is still to be stored
+		if r.inflight != nil || e.Retry != nil || e.More || r.pendingChunks() {
+			return // a copy is in flight, or a final chunk is still to be stored or decided
 		}
 		r.phase = Done
 		e.Done = true

@@ -725,6 +725,10 @@ waiting:
 		m.phase = Done
 	}
 	m.check(where)
+	if e.More { // the request actor decides again at once
+		require.False(t, e.Done, "%s: more to decide for a request done", where)
+		m.effects(m.req.Advance(m.pool), "more")
+	}
 }
 
 // check compares the request with the model after every call. It runs after

@@ -1,6 +1,7 @@
 package sched
 
 import (
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -241,16 +242,16 @@ func TestStoreScenarios(t *testing.T) {
 			// unchanged; the same chunks are retried later".
 			name: "pool without room keeps the cursor and retries the same chunks",
 			rule: "retry (pool full)",
-			lay:  oneGroup4, add: added(12), cap: 3,
+			lay:  oneGroup4, add: added(12), cap: 6,
 			ops: []op{
 				{do: func(h *harness) {
-					_, err := h.pool.PrepareStore([]messages.Key{"other-x", "other-y"}, nil)
+					_, err := h.pool.PrepareStore(otherKeys(5), nil)
 					require.NoError(h.t, err)
 				}, evs: ev(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12)),
 					want: want{cursors: cur(0), retry: &Retry{Reason: RetryPoolFull, Attempt: 1, Backoff: RetryBase}}},
 				{comment: "retry timer, still no room",
 					want: want{cursors: cur(0), retry: &Retry{Reason: RetryPoolFull, Attempt: 2, Backoff: 2 * RetryBase}}},
-				{do: func(h *harness) { h.pool.CompleteStore([]messages.Key{"other-x", "other-y"}, make([]uint32, 2)) },
+				{do: func(h *harness) { h.pool.CompleteStore(otherKeys(5), make([]uint32, 5)) },
 					comment: "room made: the other keys are ready, hence evictable",
 					want:    want{job: []string{"0/0", "0/1", "0/2"}, cursors: cur(3), evicted: 2}},
 				{done: 1},
@@ -399,12 +400,16 @@ func TestFinishedGivesUpAfterRetryLimit(t *testing.T) {
 			require.Equal(h.t, []string{"0/0", "0/1", "0/2"}, jobChunks(e.Job))
 			return h.done(e.Job.ID, false)
 		}},
-		{name: "pool keeps no room", cap: 2, reason: RetryPoolFull, fail: func(h *harness) Effects {
+		{name: "pool keeps no room", cap: 4, reason: RetryPoolFull, fail: func(h *harness) Effects {
 			return h.advance()
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := newHarness(t, oneGroup4(t), tc.cap, added(12))
+			if tc.reason == RetryPoolFull { // another request's copies hold every page, for good
+				_, err := h.pool.PrepareStore(otherKeys(tc.cap), nil)
+				require.NoError(t, err)
+			}
 			h.step(hashes(0, 3), blocks(0, 0, 1, 2, 3), tokens(12, 12), finished(12, 12))
 			for attempt := 1; attempt <= FinishRetryLimit; attempt++ {
 				e := tc.fail(h)
@@ -444,12 +449,23 @@ func TestAdvanceWithSharedPool(t *testing.T) {
 		require.NoError(t, r.Step(e))
 	}
 	c := lay.MaxChunkBytes()
-	sp := hostpool.NewShared(2*c, c)
+	sp := hostpool.NewShared(6*c, c)
+	_, err := sp.PrepareStore(otherKeys(4), nil) // another request's copies: 2 pages free
+	require.NoError(t, err)
 	e := r.Advance(sp)
 	require.Nil(t, e.Job)
 	require.Equal(t, RetryPoolFull, e.Retry.Reason)
-	sp2 := hostpool.NewShared(3*c, c)
+	sp2 := hostpool.NewShared(6*c, c)
 	e = r.Advance(sp2)
 	require.Equal(t, []string{"0/0", "0/1", "0/2"}, jobChunks(e.Job))
 	require.Equal(t, 3, sp2.Stats().Pending)
+}
+
+// otherKeys are n keys of another request (one chunk of oneGroup4 each).
+func otherKeys(n int) []messages.Key {
+	keys := make([]messages.Key, n)
+	for i := range keys {
+		keys[i] = Key(0, messages.Hash(fmt.Sprintf("other%d", i)), 0)
+	}
+	return keys
 }

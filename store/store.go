@@ -142,6 +142,9 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 	return prep, err
 }
 
+// Capacity is the pool's bytes (sched.Bounded).
+func (e *Engine) Capacity() int64 { return e.s.pool.Capacity() }
+
 // PrepareStoreInto is PrepareStore writing over out (sched.Preparer; see
 // hostpool.Pool.PrepareStoreInto).
 func (e *Engine) PrepareStoreInto(out *hostpool.Prepared, keys []messages.Key, sizes []int64) error {

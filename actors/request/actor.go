@@ -279,6 +279,13 @@ func (a *Actor) reject(ev *messages.Event, err error) {
 
 // perform carries out effects in the documented order (sched.Effects).
 func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
+	if eff.More { // a decision capped to what the pool holds, with no job to decide again after
+		defer func() {
+			if !a.isDone() {
+				a.perform(c, a.state.Advance(a.deps.Store), arrived)
+			}
+		}()
+	}
 	if eff.Job != nil {
 		a.unsubmitted = eff.Job // until submit hands it over
 	}
