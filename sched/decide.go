@@ -168,6 +168,21 @@ func (r *Request) capToRoom(readies []messages.ChunkIndex, bpc int, b Bounded) (
 	// is left whole, as before (whether its tails' page rounding lets it
 	// fit is the pool's to answer: no room, a retry).
 	most := b.Capacity()
+	// Most decisions are far within the pool: an upper bound from the
+	// cursors (every chunk from the cursor to ready, and every redo one,
+	// counted) settles them without walking the candidates again.
+	var bound int64
+	for g := range r.groups {
+		gr := &r.groups[g]
+		n := int64(len(gr.redo()))
+		if readies[g] > gr.cursor {
+			n += int64(readies[g] - gr.cursor)
+		}
+		bound += n * r.lay.Groups[g].ChunkBytes
+	}
+	if bound <= most {
+		return false
+	}
 	below := func(tokens int) (n int64) {
 		for g := range r.groups {
 			gl := &r.lay.Groups[g]
