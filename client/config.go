@@ -45,7 +45,10 @@ type Config struct {
 
 	// OnReleased is called once per finished or preempted event whose GPU
 	// blocks the engine may now reuse (see Release). Optional, but an
-	// engine that never learns of releases can never reuse a block.
+	// engine that never learns of releases can never reuse a block. A
+	// block the engine drops mid-request (out of a sliding window) is
+	// freed here too, not when dropped: the node may still be copying it
+	// (docs/PROTOCOL.md, step 11).
 	OnReleased func(Release)
 	// OnStored is called once per P.E.stored message. Optional. A large
 	// job's chunks may come in several messages with the same Job.
