@@ -8,7 +8,6 @@ package node
 import (
 	"encoding/binary"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -24,8 +23,8 @@ import (
 // device, after the store checked the bytes against it (store.ReadChunk;
 // a corrupt chunk is dropped and announced, never served). A fetch asks
 // piece by piece, so the last few chunks read are kept while their key stays
-// ready, for a fetch timeout: a 4 MiB chunk is copied and checked once per
-// fetch, not once per piece.
+// ready, for a fetch timeout (recentChunksCache): a 4 MiB chunk is copied
+// and checked once per fetch, not once per piece.
 func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 	if !n.cl.reads.enter() {
 		return nil, 0, fmt.Errorf("%w: node closing", cluster.ErrNoChunk)
@@ -55,38 +54,16 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 	defer c.mu.Unlock()
 	now := time.Now()
 	if st, _ := n.store.Lookup(key); st == hostpool.Ready {
-		for i := range c.chunks {
-			if e := &c.chunks[i]; e.key == key && now.Sub(e.at) < n.cl.cfg.FetchTimeout {
-				return e.data, e.crc, nil
-			}
+		if e, ok := c.get(key, now, n.cl.cfg.FetchTimeout); ok {
+			return e.data, e.crc, nil
 		}
 	}
 	b, crc, err := n.store.ReadChunk(key) // a corrupt chunk is dropped, its BlockRemoved journaled
 	if err != nil {
 		return nil, 0, fmt.Errorf("%w: %w", cluster.ErrNoChunk, err)
 	}
-	c.chunks = slices.DeleteFunc(c.chunks, func(e servedChunk) bool { return e.key == key })
-	if len(c.chunks) == recentChunks {
-		c.chunks = c.chunks[1:]
-	}
-	c.chunks = append(c.chunks, servedChunk{key: key, data: b, crc: crc, at: now})
+	c.put(servedChunk{key: key, data: b, crc: crc, at: now})
 	return b, crc, nil
-}
-
-// recentChunks bounds the chunks a node keeps for the pieces of fetches in
-// flight (a fetch client keeps FetchWindow pieces of one chunk in flight).
-const recentChunks = 4
-
-type servedChunk struct {
-	key  messages.Key
-	data []byte
-	crc  uint32
-	at   time.Time
-}
-
-type recentChunksCache struct {
-	mu     sync.Mutex
-	chunks []servedChunk // oldest first
 }
 
 // heldKeys is this node's (namespace, key) set as its kv_events announced
