@@ -313,6 +313,12 @@ func (c *Client) Preempted(req string) {
 	}
 	r.phase = preempted
 	r.preComputed, r.preTotal, r.preHasTokens, r.postTok = r.computed, r.total, r.hasTokens, false
+	// The node forgets computed here (the blocks the request resumes with
+	// hold no KV until a tokens says so): so must the mirror, or a resync
+	// after resumed and new blocks would tell the node they hold the old
+	// computed, and it would store their unwritten bytes under the prompt's
+	// keys.
+	r.computed = 0
 	r.owed++
 	c.freeIfNoNodeLocked(r)
 }

@@ -270,9 +270,9 @@ func (e *engine) schedule() {
 			}
 		}
 		if r.phase == preempted {
-			// kvactors keeps the last tokens event across a preemption ("the
-			// latest tokens event wins"): announce the recompute point before
-			// the fresh blocks, or it would copy them before they are written.
+			// kvactors forgot computed at the preemption; this says the
+			// prefix-cache hit's KV (written into the fresh blocks before
+			// this batch goes out) is there, where the recompute starts.
 			e.b.Tokens(r.id, start, len(r.tokens))
 		}
 		r.phase = running
