@@ -246,6 +246,84 @@ func (p *Pool) pagesFor(size int64) int64 {
 	return n
 }
 
+// HoldsEmpty reports whether an empty pool holds counts[i] chunks of
+// sizes[i] bytes, for every i, together: their whole pages, then for each
+// tail class the pages its slots fill (split). Bytes are not enough to tell
+// (Fits): a set within the capacity whose tails' slots waste part of each
+// page may need more pages than the pool has. It reads only what New set.
+func (p *Pool) HoldsEmpty(sizes, counts []int64) bool {
+	have := int64(len(p.pages))
+	var pages int64
+	for i, size := range sizes {
+		if counts[i] <= 0 {
+			continue
+		}
+		pages += counts[i] * (size / p.pageBytes)
+		if pages > have {
+			return false
+		}
+		// Each tail class once, its slots summed over every size with a
+		// piece of that class (sizes is a few groups: quadratic is cheap).
+		for _, c := range p.tailClasses(size) {
+			if c.class == 0 || p.classSeenBefore(c.class, sizes[:i], counts) {
+				continue
+			}
+			var slots int64
+			for j := i; j < len(sizes); j++ {
+				if counts[j] <= 0 {
+					continue
+				}
+				for _, d := range p.tailClasses(sizes[j]) {
+					if d.class == c.class {
+						slots += counts[j] * d.slots
+					}
+				}
+			}
+			perPage := p.pageBytes / c.class
+			pages += (slots + perPage - 1) / perPage
+			if pages > have {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+type tailPiece struct{ class, slots int64 }
+
+// tailClasses is what split cuts a chunk of size bytes into past its whole
+// pages: at most two classes, with their slots per chunk (class 0: none).
+func (p *Pool) tailClasses(size int64) (t [2]tailPiece) {
+	r := size % p.pageBytes
+	switch {
+	case r <= 0:
+	case (p.pageBytes%r)*16 <= p.pageBytes:
+		t[0] = tailPiece{r, 1}
+	default:
+		if r >= p.unit {
+			t[0] = tailPiece{p.unit, r / p.unit}
+		}
+		if r%p.unit > 0 {
+			t[1] = tailPiece{r % p.unit, 1}
+		}
+	}
+	return t
+}
+
+func (p *Pool) classSeenBefore(class int64, sizes, counts []int64) bool {
+	for j, size := range sizes {
+		if counts[j] <= 0 {
+			continue
+		}
+		for _, d := range p.tailClasses(size) {
+			if d.class == class {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // Len is the number of keys present, pending or ready.
 func (p *Pool) Len() int { return p.index.n }
 

@@ -354,6 +354,9 @@ func (s *Shared) Stats() Stats {
 
 func (s *Shared) Capacity() int64 { return s.pool.Capacity() }
 
+// HoldsEmpty: see Pool.HoldsEmpty (no lock: it reads only what New set).
+func (s *Shared) HoldsEmpty(sizes, counts []int64) bool { return s.pool.HoldsEmpty(sizes, counts) }
+
 // Fits: see Pool.Fits (no lock: it reads only what New set).
 func (s *Shared) Fits(size int64) bool { return s.pool.Fits(size) }
 

@@ -23,7 +23,9 @@ type scratch struct {
 	built   []messages.Key // their keys
 	starts  []int          // per group, where its chunks past its key cache start in missing
 	sizes   []int64        // bytes of each offered chunk
-	prep    hostpool.Prepared
+	// per group, for capToRoom: its chunks' bytes and how many are offered
+	groupSizes, groupCounts []int64
+	prep                    hostpool.Prepared
 }
 
 var scratchPool = sync.Pool{New: func() any { return new(scratch) }}
@@ -88,12 +90,12 @@ func (r *Request) decideOnce(p Preparer, e *Effects) (more bool) {
 		}
 		return false
 	}
-	capped := false
-	if b, ok := p.(Bounded); ok {
-		capped = r.capToRoom(readies, tm.bpc, b)
-	}
 	sc := scratchPool.Get().(*scratch)
 	defer sc.release()
+	capped := false
+	if b, ok := p.(Bounded); ok {
+		capped = r.capToRoom(readies, tm.bpc, b, sc)
+	}
 	cands := sc.cands[:0]
 	keys := sc.keys[:0]
 	for g := range r.groups {
@@ -144,14 +146,16 @@ func (r *Request) decideOnce(p Preparer, e *Effects) (more bool) {
 	return false
 }
 
-// Bounded is a Preparer that knows its bytes: a decision offers it no more
-// (capToRoom).
+// Bounded is a Preparer that knows what it can ever hold: a decision offers
+// it no more (capToRoom).
 type Bounded interface {
-	Capacity() int64 // the pool's bytes
+	// HoldsEmpty reports whether the pool, empty, holds counts[i] chunks of
+	// sizes[i] bytes for every i (hostpool.Pool.HoldsEmpty: by pages).
+	HoldsEmpty(sizes, counts []int64) bool
 }
 
-// capToRoom lowers readies so that one decision's candidates take no more
-// than the pool's bytes, where they would take more (kvactors' choice,
+// capToRoom lowers readies so that one decision's candidates are no more
+// than the pool holds empty, where they would be more (kvactors' choice,
 // docs/PROTOCOL.md "A decision larger than the pool"). A decision is all or nothing against
 // the pool, so a request whose ready chunks need more than the whole pool
 // would store none of them, ever, and a finishing one would hold the
@@ -163,48 +167,61 @@ type Bounded interface {
 // decides again; one that made no job asks for more: Effects.More); at
 // least one chunk is always offered (register refuses a chunk the pool
 // cannot hold).
-func (r *Request) capToRoom(readies []messages.ChunkIndex, bpc int, b Bounded) (capped bool) {
-	// By bytes: a set that needs more can never fit. One that needs no more
-	// is left whole, as before (whether its tails' page rounding lets it
-	// fit is the pool's to answer: no room, a retry).
-	most := b.Capacity()
+func (r *Request) capToRoom(readies []messages.ChunkIndex, bpc int, b Bounded, sc *scratch) (capped bool) {
+	// By what the pool can ever hold (pages, not bytes: a set within the
+	// pool's bytes whose tails waste part of each page may need more pages
+	// than there are, and would be refused at every retry). sizes and
+	// counts are per group.
+	sizes, counts := sc.groupSizes[:0], sc.groupCounts[:0]
+	for g := range r.groups {
+		sizes = append(sizes, r.lay.Groups[g].ChunkBytes)
+		counts = append(counts, 0)
+	}
+	sc.groupSizes, sc.groupCounts = sizes, counts
 	// Most decisions are far within the pool: an upper bound from the
 	// cursors (every chunk from the cursor to ready, and every redo one,
 	// counted) settles them without walking the candidates again.
-	var bound int64
 	for g := range r.groups {
 		gr := &r.groups[g]
 		n := int64(len(gr.redo()))
 		if readies[g] > gr.cursor {
 			n += int64(readies[g] - gr.cursor)
 		}
-		bound += n * r.lay.Groups[g].ChunkBytes
+		counts[g] = n
 	}
-	if bound <= most {
+	if b.HoldsEmpty(sizes, counts) {
 		return false
 	}
+	// below counts the candidates under a token position into counts and
+	// returns how many there are.
 	below := func(tokens int) (n int64) {
 		for g := range r.groups {
 			gl := &r.lay.Groups[g]
 			rd := min(readies[g], messages.ChunkIndex(tokens/gl.TokensPerChunk))
+			counts[g] = 0
 			for range r.groups[g].candidates(gl, rd, bpc) {
-				n += gl.ChunkBytes
+				counts[g]++
 			}
+			n += counts[g]
 		}
 		return n
+	}
+	fits := func(tokens int) bool {
+		below(tokens)
+		return b.HoldsEmpty(sizes, counts)
 	}
 	hi := 0 // tokens past every group's ready bound
 	for g := range r.groups {
 		hi = max(hi, int(readies[g])*r.lay.Groups[g].TokensPerChunk)
 	}
-	if below(hi) <= most {
+	if fits(hi) {
 		return false
 	}
-	// The most tokens whose candidates fit: below only grows with tokens.
+	// The most tokens whose candidates fit: they only grow with tokens.
 	lo, up := 0, hi
 	for lo < up {
 		mid := lo + (up-lo+1)/2
-		if below(mid) <= most {
+		if fits(mid) {
 			lo = mid
 		} else {
 			up = mid - 1

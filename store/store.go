@@ -142,8 +142,8 @@ func (e *Engine) PrepareStore(keys []messages.Key, sizes []int64) (hostpool.Prep
 	return prep, err
 }
 
-// Capacity is the pool's bytes (sched.Bounded).
-func (e *Engine) Capacity() int64 { return e.s.pool.Capacity() }
+// HoldsEmpty is the pool's HoldsEmpty (sched.Bounded).
+func (e *Engine) HoldsEmpty(sizes, counts []int64) bool { return e.s.pool.HoldsEmpty(sizes, counts) }
 
 // PrepareStoreInto is PrepareStore writing over out (sched.Preparer; see
 // hostpool.Pool.PrepareStoreInto).
