@@ -171,3 +171,11 @@ func (n *Node) FillIntake(t *testing.T) (release func()) {
 // NATSServerID is the id of the NATS server the node is connected to (its
 // client randomizes the servers it is given).
 func (n *Node) NATSServerID() string { return n.nc.ConnectedServerId() }
+
+// SetTransferStopWait sets how long Close waits for running copies, until
+// the returned func restores it.
+func SetTransferStopWait(d time.Duration) (restore func()) {
+	old := transferStopWait
+	transferStopWait = func(time.Duration) time.Duration { return d }
+	return func() { transferStopWait = old }
+}

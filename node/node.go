@@ -455,28 +455,34 @@ func (n *Node) Close(ctx context.Context) error {
 	return nil
 }
 
-func (n *Node) teardown() {
-	n.kv.close() // a failed Start; after Close's, a no-op
-	if n.cl != nil && n.cl.feed != nil && !n.closed.Load() {
-		n.cl.feed.Close() // a failed Start
-	}
-	if n.http != nil {
-		_ = n.http.Close()
-	}
-	if n.system != nil {
-		// The transfer actor first, and waited for: its workers may be in a
-		// copy that reads engine segments and writes the arena, both freed
-		// below (ActorSystem.Shutdown does not stop actors).
-		if n.transfer != nil {
-			if err := n.system.Root.StopFuture(n.transfer).Wait(); err != nil {
-				n.log.Error("shutdown: transfer actor did not stop", "err", err)
-			}
+// stopTransfer stops the transfer actor and waits for its workers to
+// finish the copies they hold, for transferStopWait at most; false if one
+// was still running then.
+func (n *Node) stopTransfer() bool {
+	stopped := n.system.Root.StopFuture(n.transfer)
+	wait := transferStopWait(n.cfg.Lease)
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-n.copyQueue.Exited():
+		// The actor's own stop follows at once (its Stopping is past the
+		// workers); the future's fixed timeout is no bound on copies here.
+		if err := stopped.Wait(); err != nil {
+			n.log.Error("shutdown: transfer actor did not stop", "err", err)
 		}
-		n.system.Shutdown()
+		return true
+	case <-t.C:
+		n.log.Error("shutdown: the transfer actor's copies did not end", "waited", wait)
+		return false
 	}
-	if n.disk != nil { // after the actors (no more spills): the writer drains its queue (announcements after the seal are not sent)
-		n.disk.Close()
-	}
+}
+
+// transferStopWait is how long shutdown waits for running copies: past
+// the fence's bound on a copy with no round trip (lease/2, the pinger is
+// stopped by then), with room. A variable for tests.
+var transferStopWait = func(lease time.Duration) time.Duration { return max(time.Minute, 2*lease) }
+
+func (n *Node) closeConnections() {
 	if n.nc != nil {
 		if n.nc.IsConnected() { // with the server gone, Flush would wait out its timeout
 			_ = n.nc.FlushTimeout(2 * time.Second)
@@ -490,6 +496,38 @@ func (n *Node) teardown() {
 	if n.storeDir != "" {
 		_ = os.RemoveAll(n.storeDir)
 	}
+}
+
+func (n *Node) teardown() {
+	n.kv.close() // a failed Start; after Close's, a no-op
+	if n.cl != nil && n.cl.feed != nil && !n.closed.Load() {
+		n.cl.feed.Close() // a failed Start
+	}
+	if n.http != nil {
+		_ = n.http.Close()
+	}
+	copiesOut := true
+	if n.system != nil {
+		// The transfer actor first, and waited for: its workers may be in a
+		// copy that reads engine segments and writes the arena, both freed
+		// below (ActorSystem.Shutdown does not stop actors).
+		if n.transfer != nil {
+			copiesOut = n.stopTransfer()
+		}
+		n.system.Shutdown()
+	}
+	if !copiesOut {
+		// Freeing under a running copy would fault the process or let the
+		// copy write into memory mapped again; what is left mapped goes
+		// with the process.
+		n.log.Error("shutdown: a copy still running; engine segments, the arena, the disk tier and the backend are left as they are")
+		n.closeConnections()
+		return
+	}
+	if n.disk != nil { // after the actors (no more spills): the writer drains its queue (announcements after the seal are not sent)
+		n.disk.Close()
+	}
+	n.closeConnections()
 	n.mu.Lock()
 	for _, e := range n.engines {
 		_ = e.device.Close()

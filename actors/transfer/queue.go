@@ -43,6 +43,8 @@ type Queue struct {
 	// and few. exited: the workers have exited (exit): a Then runs at once.
 	thens  []ownerThen
 	exited bool
+	// exitedCh is closed with exited (Exited); made on first use.
+	exitedCh chan struct{}
 	// thenFailures, abortFailures and log report a Then or a Store.Abort
 	// that panicked (nil: not counted; log set by the transfer actor's
 	// start).
@@ -328,7 +330,10 @@ func (q *Queue) exit() {
 func (q *Queue) markExited() []ownerThen {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.exited = true
+	if !q.exited {
+		q.exited = true
+		close(q.exitedChLocked())
+	}
 	return q.dueThensLocked()
 }
 
@@ -445,6 +450,24 @@ const spareMost = 4096
 
 // close wakes every worker to exit; queued jobs are left (the node is
 // stopping; the actor answers the loads among them: answerLoads).
+// Exited is closed once the queue's workers have exited: each finished the
+// copy it held (the transfer actor's Stopping). Whoever frees the devices
+// or the arena waits for it: a copy reads one and writes the other, and a
+// fixed wait (protoactor's StopFuture gives up after 10 s) would free them
+// under a copy still running.
+func (q *Queue) Exited() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.exitedChLocked()
+}
+
+func (q *Queue) exitedChLocked() chan struct{} {
+	if q.exitedCh == nil {
+		q.exitedCh = make(chan struct{})
+	}
+	return q.exitedCh
+}
+
 func (q *Queue) close() {
 	q.mu.Lock()
 	q.closed = true
