@@ -21,6 +21,14 @@ type Config struct {
 	// shortest expiry-marker TTL nats-server accepts). Default 10 s, the
 	// node's session lease. Every node of a cluster must use the same.
 	Lease time.Duration `json:"lease"`
+	// ClockSkew is how far the NATS servers' clocks may run apart, or be
+	// stepped or slewed, within a lease: the servers expire an ownership
+	// record by the stamp of the server that stored it, and the owner's
+	// own head start over that stamp is one trip (tens of µs), so an owner
+	// stops serving ClockSkew before a lease from its last write sent.
+	// Default Lease/10 (1 s at 10 s: chrony's largest slew over a lease);
+	// at most Lease/2.
+	ClockSkew time.Duration `json:"clock_skew"`
 	// Node and Boot are this node process (node id, boot id).
 	Node string `json:"node"`
 	Boot string `json:"boot"`
@@ -64,6 +72,10 @@ func DefaultConfig() Config {
 	}
 }
 
+// ServeFor is how long after sending its last successful write an owner
+// serves its engine: the lease less the clock skew (ClockSkew).
+func (c Config) ServeFor() time.Duration { return c.Lease - c.ClockSkew }
+
 // Errors of Validate.
 var ErrConfig = errors.New("cluster: bad config")
 
@@ -81,6 +93,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Lease == 0 {
 		c.Lease = d.Lease
+	}
+	if c.ClockSkew == 0 {
+		c.ClockSkew = c.Lease / 10
 	}
 	if c.FetchWindow == 0 {
 		c.FetchWindow = d.FetchWindow
@@ -103,6 +118,8 @@ func (c *Config) Validate() error {
 		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
 	case c.Lease < time.Second:
 		return fmt.Errorf("%w: lease %v under 1s", ErrConfig, c.Lease)
+	case c.ClockSkew < 0 || c.ClockSkew > c.Lease/2:
+		return fmt.Errorf("%w: clock skew %v not in 0..lease/2 (%v)", ErrConfig, c.ClockSkew, c.Lease/2)
 	case c.FetchWindow < 1:
 		return fmt.Errorf("%w: fetch window %d", ErrConfig, c.FetchWindow)
 	case c.FetchTimeout < 0:

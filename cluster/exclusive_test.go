@@ -167,7 +167,7 @@ func (n *exclusiveNode) after(engine string, err error) {
 	n.o.mu.Lock()
 	h, ok := n.o.mine[engine]
 	n.o.mu.Unlock()
-	if now := time.Now(); n.o.Serving(engine, now) != (ok && now.Before(h.renewed.Add(n.o.cfg.Lease))) {
+	if now := time.Now(); n.o.Serving(engine, now) != (ok && now.Before(h.renewed.Add(n.o.cfg.ServeFor()))) {
 		n.log.disagree(fmt.Sprintf("%s %s: Serving disagrees with the claim's renewal at %s", n.name, engine,
 			now.Format("15:04:05.000")))
 	}

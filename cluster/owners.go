@@ -1,9 +1,11 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -43,6 +45,10 @@ type Owners struct {
 	// again since, for the next KeepAliveAll to report: a fence found by
 	// Resolve's confirmation is reported as one found by a keep-alive.
 	lost map[string]struct{}
+	// took is how long each engine's last keep-alive took, failing short
+	// of a verdict counted as forever: the next pass renews the quickest
+	// first (KeepAliveAll).
+	took map[string]time.Duration
 }
 
 // held is one engine this node claimed: the revision its last write got
@@ -255,7 +261,7 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 	h, held := o.mine[engine]
 	o.mu.Unlock()
 	now := time.Now()
-	if held && (e == nil || e.Revision < h.rev) && now.Sub(h.renewed) < o.cfg.Lease {
+	if held && (e == nil || e.Revision < h.rev) && now.Sub(h.renewed) < o.cfg.ServeFor() {
 		e, own = o.heldEntry(h), true
 	}
 	var renewed time.Time
@@ -269,7 +275,7 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,
 		Register: req.Register, SpecNode: req.SpecNode, Local: req.Local, NamedLive: req.NamedLive, StandbyForLive: req.StandbyForLive,
-		Renewed: renewed, Lease: o.cfg.Lease, Now: now,
+		Renewed: renewed, Lease: o.cfg.Lease, Skew: o.cfg.ClockSkew, Now: now,
 	}, own
 }
 
@@ -341,18 +347,33 @@ func (o *Owners) keepAlive(ctx context.Context, engine string, within time.Durat
 // KeepAliveAll renews every claim; it returns the engines lost (fenced,
 // here or by a Resolve since the last call, and not claimed again) and the
 // first other error (a NATS outage: claims stay and are retried next time,
-// while the lease, measured locally, runs out). The checks' reads without
-// responders share one lease/8 across the pass: one engine's wait must not
-// use up the pass's time for the others' renewals.
+// while the lease, measured locally, runs out). One engine's wait must not
+// use up the pass's time for the others' renewals: the checks' reads
+// without responders share one lease/8 across the pass, and the engines
+// are renewed in the order of how long their last keep-alive took, one
+// left unsettled (a refusal no read explains yet waits for the pass's
+// whole deadline) last.
 func (o *Owners) KeepAliveAll(ctx context.Context) (lost []string, err error) {
 	reads := time.Now().Add(o.cfg.Lease / 8)
-	for _, engine := range o.Mine() {
-		if _, e := o.keepAlive(ctx, engine, max(time.Until(reads), 0)); e != nil && !errors.Is(e, ErrFenced) && err == nil {
-			err = e
+	engines := o.Mine()
+	o.mu.Lock()
+	slices.SortStableFunc(engines, func(a, b string) int { return cmp.Compare(o.took[a], o.took[b]) })
+	o.mu.Unlock()
+	took := make(map[string]time.Duration, len(engines))
+	for _, engine := range engines {
+		start := time.Now()
+		_, e := o.keepAlive(ctx, engine, max(time.Until(reads), 0))
+		took[engine] = time.Since(start)
+		if e != nil && !errors.Is(e, ErrFenced) {
+			took[engine] = math.MaxInt64
+			if err == nil {
+				err = e
+			}
 		}
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.took = took
 	for engine := range o.lost {
 		lost = append(lost, engine)
 	}
@@ -396,13 +417,13 @@ func (o *Owners) Mine() []string {
 }
 
 // Serving reports whether this node may serve engine now: it holds a claim
-// whose last successful write was sent less than a lease ago (the fencing
-// rule; see ownership.Decide).
+// whose last successful write was sent less than a lease less the clock
+// skew ago (the fencing rule; see ownership.Decide).
 func (o *Owners) Serving(engine string, now time.Time) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	h, ok := o.mine[engine]
-	return ok && now.Sub(h.renewed) < o.cfg.Lease
+	return ok && now.Sub(h.renewed) < o.cfg.ServeFor()
 }
 
 // PastBoots lists the engines whose record names this node with another

@@ -62,7 +62,7 @@ func (c Config) Clustered() bool { return c.Cluster || c.StandbyFor != "" }
 func (c Config) clusterConfig(boot string) cluster.Config {
 	return cluster.Config{Prefix: c.Prefix, Bucket: c.ClusterBucket, Replicas: c.ClusterReplicas, Lease: c.Lease,
 		Node: c.NodeID, Boot: boot, StandbyFor: c.StandbyFor, FetchWindow: c.FetchWindow, FetchTimeout: c.FetchTimeout,
-		MaxPeerKeys: c.ClusterMaxPeerKeys}
+		MaxPeerKeys: c.ClusterMaxPeerKeys, ClockSkew: c.ClusterClockSkew}
 }
 
 // startCluster joins the cluster: it opens the ownership bucket, starts the

@@ -152,6 +152,11 @@ type Config struct {
 	// node's holders index keeps (default cluster.DefaultConfig's: 2^20);
 	// the keys past it are left out, counted and logged.
 	ClusterMaxPeerKeys int `json:"cluster_max_peer_keys"`
+	// ClusterClockSkew is how far the NATS servers' clocks may differ, or
+	// be stepped or slewed, within a lease: an owner stops serving an
+	// engine this long before the servers can expire its claim (0:
+	// Lease/10; cluster.Config.ClockSkew).
+	ClusterClockSkew time.Duration `json:"cluster_clock_skew"`
 
 	// Log, Tracer and Registry are injected (nil: slog.Default, a no-op
 	// tracer, a fresh registry).

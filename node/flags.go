@@ -51,7 +51,7 @@ var unusedSettings = []struct {
 		}
 		return "--nats " + c.NATSURL + " is an external server, no embedded one starts"
 	}},
-	{[]string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys"},
+	{[]string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys", "cluster-clock-skew"},
 		func(c *Config) string {
 			if c.Clustered() {
 				return ""
@@ -162,6 +162,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.ClusterReplicas, "cluster-replicas", d.ClusterReplicas, "ownership bucket replicas (3 on a NATS cluster of 3 servers or more)")
 	num(&c.FetchWindow, "fetch-window", d.FetchWindow, "fetch pieces in flight per remote chunk")
 	dur(&c.FetchTimeout, "fetch-timeout", d.FetchTimeout, "bound on each fetch piece's round trip")
+	dur(&c.ClusterClockSkew, "cluster-clock-skew", d.ClusterClockSkew,
+		"how far the NATS servers' clocks may differ, or be stepped or slewed, within a lease: an owner stops serving an engine this long before the servers can expire its claim (0: --lease/10; at most --lease/2)")
 	num(&c.ClusterMaxPeerKeys, "cluster-max-peer-keys", d.ClusterMaxPeerKeys,
 		"most keys of each other node the holders index keeps; the keys past it are not indexed, counted and logged")
 	c.NATSSecretsFromEnv()

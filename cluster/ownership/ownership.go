@@ -115,6 +115,9 @@ type Input struct {
 	Renewed time.Time
 	// Lease is the ownership lease (the bucket's max age).
 	Lease time.Duration
+	// Skew is how far the servers' clocks may differ (cluster.Config's
+	// ClockSkew): this node serves for Lease less Skew.
+	Skew time.Duration
 	// Now is this node's clock.
 	Now time.Time
 }
@@ -179,9 +182,11 @@ func decideUnowned(in Input) Decision {
 
 func decideMine(in Input) Decision {
 	// The server expires the record a lease after the write it stamped; the
-	// node measures from when it sent that write, which is earlier, so the
-	// node stops serving before anyone else can claim.
-	if in.Renewed.IsZero() || in.Now.Sub(in.Renewed) >= in.Lease {
+	// node measures from when it sent that write, which is earlier by one
+	// trip only, and stops Skew sooner still: a server whose clock runs
+	// ahead (a new leader's, a step, a slew) expires the record that much
+	// early, and the node stops serving before anyone else can claim.
+	if in.Renewed.IsZero() || in.Now.Sub(in.Renewed) >= in.Lease-in.Skew {
 		if in.Register && in.Local && specAllows(in) {
 			// Renew through compare-and-set: it fails if another node took
 			// the engine meanwhile.

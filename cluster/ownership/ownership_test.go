@@ -67,6 +67,22 @@ func TestDecide(t *testing.T) {
 	}
 }
 
+// The owner stops serving Skew before a lease from its last write sent: a
+// server whose clock runs ahead of the one that stamped the record (a new
+// leader, a step, a slew) expires it that much early.
+func TestDecideStopsServingTheSkewBeforeTheLease(t *testing.T) {
+	skew := lease / 10
+	mine := entry("gpu-1", "b2", 7)
+	at := func(renewed time.Time, reg bool) Decision {
+		return Decide(Input{Entry: mine, Me: me, Renewed: renewed, Register: reg, Local: true, Lease: lease, Skew: skew, Now: t0})
+	}
+	require.Equal(t, Serve, at(t0.Add(-(lease-2*skew)), false).Action, "well within the lease less the skew")
+	require.Equal(t, Decision{Action: Ignore, Owner: "gpu-1", Reason: "own lease lapsed"}, at(t0.Add(-(lease-skew/2)), false),
+		"within the lease, past it less the skew")
+	require.Equal(t, Decision{Action: Claim, Owner: "gpu-1", Revision: 7, Reason: "own lease lapsed"}, at(t0.Add(-(lease-skew/2)), true),
+		"a register then renews by compare-and-set")
+}
+
 // Whatever the input, at most the node named in the record serves, and a
 // node that does not hold the record never serves or refuses.
 func TestDecideNeverServesAnotherNodesEngine(t *testing.T) {
