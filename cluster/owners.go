@@ -361,11 +361,13 @@ func (o *Owners) KeepAliveAll(ctx context.Context) (lost []string, err error) {
 	o.mu.Unlock()
 	took := make(map[string]time.Duration, len(engines))
 	for _, engine := range engines {
-		start := time.Now()
+		start, late := time.Now(), ctx.Err() != nil // late: the pass's time was up before its turn
 		_, e := o.keepAlive(ctx, engine, max(time.Until(reads), 0))
 		took[engine] = time.Since(start)
 		if e != nil && !errors.Is(e, ErrFenced) {
-			took[engine] = math.MaxInt64
+			if !late {
+				took[engine] = math.MaxInt64
+			}
 			if err == nil {
 				err = e
 			}
