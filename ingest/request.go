@@ -45,11 +45,20 @@ func DecodeLookup(data []byte, lim Limits) ([]messages.Hash, error) {
 // nor claim a tail of batches no batch could carry (a resync of the live
 // epoch, or a reset by one it begins). Errors wrap ErrMalformed.
 func DecodeHeartbeat(data []byte) (messages.HeartbeatRequest, error) {
-	var req messages.HeartbeatRequest
-	if err := decodeJSON(data, &req); err != nil {
-		return req, fmt.Errorf("heartbeat: %w", err)
+	var body struct {
+		Epoch string  `json:"epoch"`
+		Seq   *uint64 `json:"seq"` // nil: absent or null, which a batch's seq cannot be
+	}
+	if err := decodeJSON(data, &body); err != nil {
+		return messages.HeartbeatRequest{}, fmt.Errorf("heartbeat: %w", err)
+	}
+	req := messages.HeartbeatRequest{Epoch: body.Epoch}
+	if body.Seq != nil {
+		req.Seq = *body.Seq
 	}
 	switch {
+	case body.Seq == nil:
+		return req, fmt.Errorf("heartbeat: %w: \"seq\" is missing or null", ErrMalformed)
 	case req.Epoch == "":
 		return req, fmt.Errorf("heartbeat: %w: \"epoch\" is missing or empty", ErrMalformed)
 	case len(req.Epoch) > MaxEpochBytes:

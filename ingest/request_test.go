@@ -82,6 +82,9 @@ func TestDecodeHeartbeat(t *testing.T) {
 	hb, err := DecodeHeartbeat([]byte(`{"epoch":"a","seq":3}`))
 	require.NoError(t, err)
 	require.Equal(t, messages.HeartbeatRequest{Epoch: "a", Seq: 3}, hb)
+	hb, err = DecodeHeartbeat([]byte(`{"epoch":"a","seq":0}`))
+	require.NoError(t, err, "seq 0: before the epoch's first batch")
+	require.Equal(t, messages.HeartbeatRequest{Epoch: "a"}, hb)
 	hb, err = DecodeHeartbeat([]byte(`{"epoch":"a","seq":9223372036854775807}`))
 	require.NoError(t, err, "2^63-1, a batch's largest seq")
 	require.Equal(t, uint64(math.MaxInt64), hb.Seq)
@@ -98,6 +101,8 @@ func TestDecodeHeartbeat(t *testing.T) {
 		"seq 2^64-1":     `{"epoch":"a","seq":18446744073709551615}`,
 		"not UTF-8":      "{\"epoch\":\"\xff\",\"seq\":1}",
 		"lone surrogate": `{"epoch":"e\ud800","seq":1}`, // a batch's epoch cannot be it
+		"no seq":         `{"epoch":"a"}`,               // the table says malformed: it was read as 0
+		"null seq":       `{"epoch":"a","seq":null}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			_, err := DecodeHeartbeat([]byte(body))

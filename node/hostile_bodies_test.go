@@ -67,6 +67,8 @@ func TestHostileBodiesOnEveryRequestSubject(t *testing.T) {
 		{"heartbeat: seq 2^63", "heartbeat", `{"epoch":"ep1","seq":9223372036854775808}`, messages.RejectMalformed},
 		{"heartbeat: seq 2^64-1 of a new epoch", "heartbeat", `{"epoch":"ep2","seq":18446744073709551615}`, messages.RejectMalformed},
 		{"heartbeat: invalid UTF-8", "heartbeat", "{\"epoch\":\"\xff\",\"seq\":1}", messages.RejectMalformed},
+		{"heartbeat: no seq", "heartbeat", `{"epoch":"ep1"}`, messages.RejectMalformed},
+		{"heartbeat: null seq", "heartbeat", `{"epoch":"ep1","seq":null}`, messages.RejectMalformed},
 		{"lookup: truncated", "lookup", `{"hashes":[`, messages.RejectMalformed},
 		{"lookup: wrong type", "lookup", `{"hashes":"00"}`, messages.RejectMalformed},
 		{"lookup: bad hash", "lookup", `{"hashes":["0G"]}`, messages.RejectBadHash},
