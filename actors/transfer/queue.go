@@ -214,29 +214,38 @@ func (q *Queue) DrainThen(owner *actor.PID, then func()) {
 }
 
 // drain is DrainThen with what becomes of the cancelled jobs (cancel: it
-// must abort their pool side), done before then may run.
+// must abort their pool side), done before then may run: then is queued
+// only after cancel returned, so a worker ending the owner's running copy
+// meanwhile cannot run it first (a release before the aborts would leave
+// the cancelled keys pending past it).
 func (q *Queue) drain(owner *actor.PID, then func(), cancel func([]*Submit)) {
-	cancelled, now := q.takeThen(owner, then)
-	cancel(cancelled)
-	if now {
+	cancel(q.takeOwner(owner))
+	if q.thenDue(owner, then) {
 		q.runThens([]ownerThen{{owner: owner, then: then}})
 	}
 }
 
-// takeThen removes every queued job of owner and returns them, and
-// reports whether then is due now (no job of owner copying, or the workers
-// exited); if not, it waits in thens. The lock is released by a defer: a
-// panic here (comparing owners), recovered by the caller's guard, must not
-// leave every worker and submitter blocked.
-func (q *Queue) takeThen(owner *actor.PID, then func()) (cancelled []*Submit, now bool) {
+// takeOwner removes and returns every queued job of owner. The lock is
+// released by a defer: a panic here (comparing owners), recovered by the
+// caller's guard, must not leave every worker and submitter blocked.
+func (q *Queue) takeOwner(owner *actor.PID) []*Submit {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	cancelled = q.takeOwnerLocked(owner)
-	now = q.exited || !q.runningLocked(owner)
-	if !now {
-		q.thens = append(q.thens, ownerThen{owner: owner, then: then})
+	return q.takeOwnerLocked(owner)
+}
+
+// thenDue reports whether then is due now (no job of owner copying, or
+// the workers exited); if not, it waits in thens, for the worker that ends
+// the owner's last copy. The owner has no queued job left (takeOwner) and
+// submits none, so none of its jobs starts between the two.
+func (q *Queue) thenDue(owner *actor.PID, then func()) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.exited || !q.runningLocked(owner) {
+		return true
 	}
-	return cancelled, now
+	q.thens = append(q.thens, ownerThen{owner: owner, then: then})
+	return false
 }
 
 // dueThensLocked removes and returns the waiting Thens whose owner has no
@@ -326,7 +335,7 @@ func (q *Queue) exit() {
 }
 
 // markExited marks the workers exited and returns the Thens due (all of
-// them); the lock is released by a defer, as in takeThen.
+// them); the lock is released by a defer, as in takeOwner.
 func (q *Queue) markExited() []ownerThen {
 	q.mu.Lock()
 	defer q.mu.Unlock()
