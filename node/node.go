@@ -102,6 +102,8 @@ type Node struct {
 	// actors began (engine.Deps.Epochs): a re-register's actor takes them
 	// in, so a late message of its predecessor's epoch is not a new one.
 	epochs map[string]*engine.EpochTrail
+	// departed forgets cleared, releases and epochs of ids long gone.
+	departed departed
 	nss    namespaces // isolation: namespace ids and geometry
 	mapped int        // isolation: engine segments mapped now
 	// mappedBytes is the isolation bound's count of engine segment bytes
@@ -149,6 +151,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
 		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, epochs: map[string]*engine.EpochTrail{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
+	n.departed.keep = departedKeep(cfg.MaxEngines)
 	if n.now == nil {
 		n.now = time.Now
 	}

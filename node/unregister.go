@@ -24,7 +24,9 @@ func (n *Node) leaving(rec *engineRec) {
 	go func() { // an engine that never registers again leaves no entry behind
 		<-rec.closed
 		n.mu.Lock()
-		n.stillEnding(rec.id)
+		if n.stillEnding(rec.id) == nil && n.engines[rec.id] == nil {
+			n.departedLocked(rec.id)
+		}
 		n.mu.Unlock()
 	}()
 }
