@@ -104,8 +104,8 @@ type Node struct {
 	epochs map[string]*engine.EpochTrail
 	// departed forgets cleared, releases and epochs of ids long gone.
 	departed departed
-	nss    namespaces // isolation: namespace ids and geometry
-	mapped int        // isolation: engine segments mapped now
+	nss      namespaces // isolation: namespace ids and geometry
+	mapped   int        // isolation: engine segments mapped now
 	// mappedBytes is the isolation bound's count of engine segment bytes
 	// mapped now (--max-mapped-bytes): each engine's engineRec.mappedBytes.
 	mappedBytes int64
