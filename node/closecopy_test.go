@@ -57,21 +57,30 @@ func (d *closeWatchedDevice) Close() error {
 	return d.Attachment.Close()
 }
 
+// closingUnderACopy starts a node whose copies dev holds, makes one store
+// copy start, and starts Close: its error comes on the channel returned.
+func closingUnderACopy(t *testing.T, dev *closeWatchedDevice, mutate func(*node.Config)) chan error {
+	t.Helper()
+	e := startNode(t, func(c *node.Config) {
+		c.WrapDevice = dev.wrap
+		mutate(c)
+	})
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.oneChunkReady("r")
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	closed := make(chan error, 1)
+	go func() { closed <- e.node.Close(context.Background()) }()
+	return closed
+}
+
 // Close frees the engines' segments and the arena only once the copies
 // reading and writing them have ended: protoactor's StopFuture gave up
 // after 10 s and teardown freed them under a copy still running (seen with
 // this test's copy held 11 s; held 300 ms here, it shows the order).
 func TestCloseFreesNothingUnderARunningCopy(t *testing.T) { // not parallel: sets the package's stop wait
 	dev := newCloseWatched()
-	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
-	te := e.newEngine("e1", defaultOpts())
-	te.register()
-	te.fill(0, 1, 1)
-	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
-	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
-
-	closed := make(chan error, 1)
-	go func() { closed <- e.node.Close(context.Background()) }()
+	closed := closingUnderACopy(t, dev, func(*node.Config) {})
 	testkit.NoRecv(t, closed, 300*time.Millisecond, "Close's return while a copy runs")
 	close(dev.gate)
 	testkit.Recv(t, closed, 10*time.Second, "Close's return once the copy ended")
@@ -86,18 +95,9 @@ func TestCloseFreesNothingUnderARunningCopy(t *testing.T) { // not parallel: set
 func TestCloseGivesUpOnACopyThatDoesNotEndAndFreesNothing(t *testing.T) { // not parallel: sets the package's stop wait
 	defer node.SetTransferStopWait(200 * time.Millisecond)()
 	dev := newCloseWatched()
-	e := startNode(t, func(c *node.Config) {
-		c.WrapDevice = dev.wrap
+	closed := closingUnderACopy(t, dev, func(c *node.Config) {
 		c.ShutdownTimeout = 500 * time.Millisecond // the release of r waits for its copy: not for long
 	})
-	te := e.newEngine("e1", defaultOpts())
-	te.register()
-	te.fill(0, 1, 1)
-	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
-	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
-
-	closed := make(chan error, 1)
-	go func() { closed <- e.node.Close(context.Background()) }()
 	testkit.Recv(t, closed, 10*time.Second, "Close's return past the stop wait")
 	require.False(t, dev.closed.Load(), "the device closed under a copy that did not end")
 	close(dev.gate)

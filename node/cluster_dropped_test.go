@@ -251,8 +251,7 @@ func fencedWhileCopying(t *testing.T) (*heldDevice, *env, *testEngine) {
 	te := e.newEngine("e1", defaultOpts())
 	te.spec.Node = "n0"
 	te.register()
-	te.fill(0, 1, 1)
-	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
+	te.oneChunkReady("r")
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy of block 1")
 
 	require.NoError(t, ownersBucket(t, kc.nodes[1].nc).Delete(context.Background(), "e1")) // as a lapse does

@@ -202,6 +202,14 @@ func (te *testEngine) fill(g int, b messages.BlockID, gen byte) {
 	}
 }
 
+// oneChunkReady fills block 1 of group 0 and makes request req's one chunk
+// (4 tokens in block 1, defaultOpts' layout) ready to store.
+func (te *testEngine) oneChunkReady(req string) {
+	te.e.t.Helper()
+	te.fill(0, 1, 1)
+	te.send(added(req, 4), hashesEv(req, 0, hash(req, 0)), blocksEv(req, 0, 0, 1), tokensEv(req, 4, 4))
+}
+
 // send publishes one batch of wire events (maps, so tests can send anything).
 func (te *testEngine) send(events ...map[string]any) {
 	te.e.t.Helper()

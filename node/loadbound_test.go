@@ -28,8 +28,7 @@ func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
-	te.fill(0, 1, 1)
-	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), tokensEv("r", 4, 4))
+	te.oneChunkReady("r")
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
 	dev.gate <- struct{}{}
 	recv(t, te.stored, "r's chunk stored")
