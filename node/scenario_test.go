@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
 )
 
 // The core's vLLM scenarios replayed end to end: whatever order tokens,
@@ -73,7 +76,8 @@ func TestBlocksLagStoresLaterChunksWhenBlocksArrive(t *testing.T) {
 // must not reuse a request's GPU blocks ... until released arrives").
 func TestReleasedOnlyAfterCopiesFinish(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	dev := &heldDevice{started: make(chan struct{}, 64), gate: make(chan struct{})}
+	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	var hs []string
@@ -87,6 +91,9 @@ func TestReleasedOnlyAfterCopiesFinish(t *testing.T) {
 	}
 	te.send(added("r", 64), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, ids...), tokensEv("r", 64, 64),
 		finishedEv("r", false, 64, 64))
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	testkit.NoRecv(t, te.released, 200*time.Millisecond, "r's release while its copy is held")
+	close(dev.gate)
 	require.Equal(t, "finished", recv(t, te.released, "released").Reason)
 	for _, id := range ids { // the engine reuses the blocks right away
 		te.fill(0, messages.BlockID(id), 200)
@@ -123,13 +130,17 @@ func TestQueuedAbortIsReleasedAtOnce(t *testing.T) {
 // ids cleared, cursors kept; after resumed, fresh blocks store the rest.
 func TestPreemptionReleasesAndResumes(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	dev := &heldDevice{started: make(chan struct{}, 64), gate: make(chan struct{})}
+	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	hs := []string{hash("p", 0), hash("p", 1), hash("p", 2)}
 	te.send(added("r", 12), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 3, 4, 5), tokensEv("r", 4, 12))
-	require.Equal(t, []int{0}, chunkIndexes(recv(t, te.stored, "chunk 0")))
+	testkit.Recv(t, dev.started, 5*time.Second, "chunk 0's copy")
 	te.send(map[string]any{"type": "preempted", "request": "r"})
+	testkit.NoRecv(t, te.released, 200*time.Millisecond, "the preemption's release while chunk 0's copy is held")
+	close(dev.gate)
+	require.Equal(t, []int{0}, chunkIndexes(recv(t, te.stored, "chunk 0")))
 	require.Equal(t, "preempted", recv(t, te.released, "released").Reason)
 	te.send(map[string]any{"type": "preempted", "request": "r"}, blocksEv("r", 0, 3, 6)) // ignored; rejected
 	none(te, te.released, "second release")
