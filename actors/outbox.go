@@ -187,6 +187,13 @@ func (o *Outbox) Seal(count func() int64) int64 {
 	return count()
 }
 
+// Sealed reports whether Seal has stopped all publishing.
+func (o *Outbox) Sealed() bool {
+	o.sealMu.RLock()
+	defer o.sealMu.RUnlock()
+	return o.sealed
+}
+
 // Releases is how many releases have been published.
 func (o *Outbox) Releases() int64 { return o.releases.Load() }
 

@@ -102,3 +102,25 @@ func TestCloseGivesUpOnACopyThatDoesNotEndAndFreesNothing(t *testing.T) { // not
 	require.False(t, dev.closed.Load(), "the device closed under a copy that did not end")
 	close(dev.gate)
 }
+
+// Past its seal a shutting-down node sends no heartbeat, and its loops,
+// the watchdog among them, have stopped: a copy still running while Close
+// waits for it ran on past the lease with nothing to fail-stop it, into
+// blocks the engines had declared free. Close's own wait fail-stops it as
+// the watchdog would have.
+func TestACopyRunningPastTheLeaseDuringShutdownFailStops(t *testing.T) { // not parallel: sets the package's stop wait; a 400 ms lease
+	const lease = 400 * time.Millisecond
+	defer node.SetTransferStopWait(20 * lease)()
+	stops := make(chan string, 1)
+	dev := newCloseWatched()
+	start := time.Now()
+	closingUnderACopy(t, dev, func(c *node.Config) {
+		c.Lease = lease
+		c.ShutdownTimeout = lease / 2
+		c.FailStop = func(reason string) { stops <- reason }
+	})
+	reason := testkit.Recv(t, stops, 10*lease, "a fail-stop of the copy running past the lease")
+	require.Contains(t, reason, "shutdown")
+	require.Less(t, time.Since(start), 3*lease, "the fail-stop came past an engine's lease")
+	close(dev.gate)
+}

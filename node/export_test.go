@@ -179,3 +179,6 @@ func SetTransferStopWait(d time.Duration) (restore func()) {
 	transferStopWait = func(time.Duration) time.Duration { return d }
 	return func() { transferStopWait = old }
 }
+
+// ShardOf is the intake shard of engineID among shards.
+func ShardOf(engineID string, shards int) int { return shardOf(engineID, shards) }

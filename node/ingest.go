@@ -372,10 +372,12 @@ func (in *ingester) take(m *nats.Msg) {
 }
 
 // shard is the queue of engineID's messages.
-func (in *ingester) shard(engineID string) int {
+func (in *ingester) shard(engineID string) int { return shardOf(engineID, len(in.queues)) }
+
+func shardOf(engineID string, shards int) int {
 	h := fnv.New32a()
 	_, _ = h.Write([]byte(engineID))
-	return int(h.Sum32() % uint32(len(in.queues)))
+	return int(h.Sum32() % uint32(shards))
 }
 
 // handle reports whether the message's bytes went on to an engine actor as

@@ -86,7 +86,11 @@ type Node struct {
 
 	mu      sync.Mutex
 	engines map[string]*engineRec
-	cleared map[string]bool // engines that had AllBlocksCleared this boot
+	// registered is len(engines), for the heartbeat (beat), which takes no
+	// lock; lastBeat is when the last heartbeat was published.
+	registered atomic.Int64
+	lastBeat   atomic.Pointer[time.Time]
+	cleared    map[string]bool // engines that had AllBlocksCleared this boot
 	// statusSlots bounds the P.E.status gathers in flight (maxStatusGathers):
 	// each holds a goroutine and asks every request actor of its engine.
 	statusSlots chan struct{}
@@ -466,17 +470,30 @@ func (n *Node) stopTransfer() bool {
 	wait := transferStopWait(n.cfg.Lease)
 	t := time.NewTimer(wait)
 	defer t.Stop()
-	select {
-	case <-n.copyQueue.Exited():
-		// The actor's own stop follows at once (its Stopping is past the
-		// workers); the future's fixed timeout is no bound on copies here.
-		if err := stopped.Wait(); err != nil {
-			n.log.Error("shutdown: transfer actor did not stop", "err", err)
+	// The watchdog has stopped with the node's loops, and no heartbeat goes
+	// out since the outbox was sealed: the engines' leases run out as the
+	// fence's does. A copy still running 5/8 lease past the last round trip
+	// fail-stops the process here as it would have there.
+	check := time.NewTicker(n.cfg.Lease / 8)
+	defer check.Stop()
+	for {
+		select {
+		case <-n.copyQueue.Exited():
+			// The actor's own stop follows at once (its Stopping is past the
+			// workers); the future's fixed timeout is no bound on copies here.
+			if err := stopped.Wait(); err != nil {
+				n.log.Error("shutdown: transfer actor did not stop", "err", err)
+			}
+			return true
+		case <-check.C:
+			if n.fence != nil && n.fence.Overdue(time.Now()) {
+				n.cfg.FailStop("shutdown: a device copy is running 5/8 of a lease after the last NATS round trip")
+				return false
+			}
+		case <-t.C:
+			n.log.Error("shutdown: the transfer actor's copies did not end", "waited", wait)
+			return false
 		}
-		return true
-	case <-t.C:
-		n.log.Error("shutdown: the transfer actor's copies did not end", "waited", wait)
-		return false
 	}
 }
 
@@ -537,6 +554,7 @@ func (n *Node) teardown() {
 	}
 	n.mapped, n.mappedBytes = 0, 0 // a retiring engine's goroutine may still subtract: harmless at teardown
 	n.engines = map[string]*engineRec{}
+	n.registered.Store(0)
 	n.mu.Unlock()
 	if n.arena != nil {
 		_ = n.arena.Close()

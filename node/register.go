@@ -264,6 +264,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	}
 	rec.pid = n.system.Root.Spawn(engine.Props(deps))
 	n.engines[id] = rec
+	n.registered.Store(int64(len(n.engines)))
 	var replacedEnded <-chan struct{}
 	if old != nil {
 		replacedEnded = old.closed

@@ -24,8 +24,9 @@ func (n *Node) hello() {
 		messages.Hello{Node: n.cfg.NodeID, Boot: n.boot, LeaseMS: n.cfg.Lease.Milliseconds()})
 }
 
-// sessionLoop runs every Lease/4 until ctx ends: the node heartbeat, each
-// engine's lease check, and the resyncs owed for batches the intake dropped.
+// sessionLoop runs every Lease/4 until ctx ends: each engine's lease
+// check, and the resyncs owed for batches the intake dropped. (The node
+// heartbeat goes out from the pinger: see beat.)
 func (n *Node) sessionLoop(ctx context.Context) {
 	defer n.loops.Done()
 	t := time.NewTicker(n.cfg.Lease / 4)
@@ -37,13 +38,6 @@ func (n *Node) sessionLoop(ctx context.Context) {
 		case <-t.C:
 		}
 		recs := n.liveEngines()
-		var st beatStats
-		if p := n.beatStats.Load(); p != nil {
-			st = *p
-		}
-		n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
-			messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: len(recs), LeaseMS: n.cfg.Lease.Milliseconds(),
-				PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
 		n.tellEngines(recs, &engine.Tick{})
 		n.ingest.flushLost()
 		n.rejectLog.Flush() // isolation: rate-limited rejection summaries
@@ -77,31 +71,69 @@ func (n *Node) statsLoop(ctx context.Context) {
 	}
 }
 
-// pinger measures round trips with NATS for the fence: each completed flush
-// proves the server heard the node at the time the flush was sent.
+// pinger measures round trips with NATS for the fence, and publishes the
+// node heartbeat every other one (every Lease/4): each completed flush
+// proves the server heard the node at the time the flush was sent, and had
+// the heartbeat published before it.
+//
+// The heartbeat goes out here, not from a loop of its own, because engines
+// judge the node by it: a node whose heartbeats stall while its round
+// trips go on (a loop held up on a lock) would be declared lost by its
+// engines while its fence still let copies start. With both on one
+// goroutine, and the fence counting from no later than the last heartbeat
+// plus its period (ping), a stall of either ages the fence.
 func (n *Node) pinger(ctx context.Context) {
 	defer n.loops.Done()
 	period := n.cfg.Lease / 8
 	t := time.NewTicker(period)
 	defer t.Stop()
-	for {
+	for i := 0; ; i++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		if i%2 == 0 {
+			n.beat()
+		}
 		_ = n.ping() // failed: the fence goes on counting from the last that completed
 	}
 }
 
+// beat publishes the node heartbeat. It takes no lock a slow path holds:
+// the engine count and the pool's figures are kept for it (registered,
+// statsLoop).
+func (n *Node) beat() {
+	if n.outbox.Sealed() {
+		return // shutting down: no heartbeat goes out, so the fence must not count one
+	}
+	var st beatStats
+	if p := n.beatStats.Load(); p != nil {
+		st = *p
+	}
+	now := time.Now()
+	n.lastBeat.Store(&now) // before the publish: the fence may count from it
+	n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
+		messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: int(n.registered.Load()), LeaseMS: n.cfg.Lease.Milliseconds(),
+			PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
+}
+
 // ping makes one round trip with NATS and reports it to the fence when it
 // completes: the completed flush proves the server heard the node at the
-// time it was sent. Its error is the flush's (nothing reported then); the
-// node's loops try again at their next period.
+// time it was sent. An engine counts its lease from the last node message
+// it heard, a heartbeat at the latest, so the fence is told no later than
+// the last heartbeat's publish plus its period: a heartbeat overdue ages
+// the fence as a round trip overdue does. Its error is the flush's
+// (nothing reported then); the node's loops try again at their next period.
 func (n *Node) ping() error {
 	sent := time.Now()
 	if err := n.nc.FlushTimeout(n.cfg.Lease / 2); err != nil {
 		return err
+	}
+	if b := n.lastBeat.Load(); b != nil {
+		if due := b.Add(n.cfg.Lease / 4); due.Before(sent) {
+			sent = due
+		}
 	}
 	n.fence.RoundTrip(sent)
 	return nil

@@ -98,6 +98,7 @@ func (n *Node) detach(id string, pid *actor.PID) *engineRec {
 		return nil
 	}
 	delete(n.engines, id)
+	n.registered.Store(int64(len(n.engines)))
 	n.nss.leave(id)
 	n.ingest.unroute(id, rec.pid)
 	n.leaving(rec)
