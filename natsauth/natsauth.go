@@ -154,6 +154,9 @@ func Generate(o Options) (Generated, error) {
 	fmt.Fprintf(&b, "# publishes there: released, stored, kv_events, resync) and read only its\n")
 	fmt.Fprintf(&b, "# own subjects, node hellos and heartbeats, and its inboxes _INBOX.<id>.> (clients\n")
 	fmt.Fprintf(&b, "# must set that inbox prefix). See docs/SECURITY.md.\n\n")
+	b.WriteString("# A message's subject and reply: kvactors' take a few hundred bytes, and the\n" +
+		"# node's intake budget counts each message queued for it at this much.\n" +
+		"max_control_line: 2048\n\n")
 	if o.JetStream {
 		b.WriteString("# JetStream: only kvactors' user may use its API. Every write synced: the\n" +
 			"# ownership bucket's revisions fence its owners, and a server that lost its\n" +

@@ -326,6 +326,10 @@ func orDefault[T comparable](v *T, def T) {
 	}
 }
 
+// maxPrefixBytes bounds --prefix: with the engine id, verb and a reply
+// inbox, a subject and reply stay well within MaxControlLine.
+const maxPrefixBytes = 256
+
 // Validate reports the first bad setting.
 func (c Config) Validate() error {
 	c = c.withDefaults()
@@ -348,6 +352,8 @@ func (c Config) Validate() error {
 			ErrConfig, c.Transfer.Workers, c.Transfer.MaxInFlightBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
+	case len(c.Prefix) > maxPrefixBytes:
+		return fmt.Errorf("%w: prefix of %d bytes, at most %d (subjects and replies fit a %d-byte control line)", ErrConfig, len(c.Prefix), maxPrefixBytes, MaxControlLine)
 	case !messages.ValidPrefix(c.Prefix):
 		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces, not starting with _ or $", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:

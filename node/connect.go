@@ -23,6 +23,17 @@ import (
 // see statusPageBytes).
 const MaxPayload = 8 << 20
 
+// MaxControlLine is the embedded server's longest protocol line (a
+// message's subject and reply with its verb and size; nats-server's default
+// is 4 KiB): kvactors' own subjects and inboxes take a few hundred bytes
+// (a --prefix of at most 256), and the node's intake bound counts each
+// pending message's at this much (natsMsgCost).
+const MaxControlLine = 2048
+
+// defaultMaxControlLine is nats-server's: what the node assumes of a
+// server it did not start (docs/OPERATIONS.md asks for no more).
+const defaultMaxControlLine = 4096
+
 // portFree reports an embedded NATS port that is already taken as an error
 // an operator can act on. Port -1 (any free port) is always free.
 func portFree(host string, port int) error {

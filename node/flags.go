@@ -113,7 +113,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream or the node is clustered (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
-	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb> (dot-separated tokens; not starting with _ or $, which NATS reserves)")
+	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb> (dot-separated tokens, at most 256 bytes; not starting with _ or $, which NATS reserves)")
 	str(&c.Backend, "backend", d.Backend, "device backend: shm, or cuda (binary built with -tags cuda)")
 	str(&c.ShmDir, "shm-dir", d.ShmDir, "directory of engines' shared-memory segments")
 	num(&c.CUDADevice, "cuda-device", d.CUDADevice, "CUDA device ordinal for the cuda backend")

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,12 +101,13 @@ func TestNodeIDReduce(t *testing.T) {
 // is refused, as are empty tokens and wildcards; the node and
 // `kvactors nats-config` (natsauth) apply the one rule.
 func TestReservedOrMalformedPrefixesAreRefused(t *testing.T) {
-	for _, p := range []string{"_INBOX", "_INBOX.kv", "$KV.kv", "$SYS", "kv..x", "kv.", ".kv", "kv.*", "k v"} {
+	for _, p := range []string{"_INBOX", "_INBOX.kv", "$KV.kv", "$SYS", "kv..x", "kv.", ".kv", "kv.*", "k v",
+		strings.Repeat("k", 257)} { // past 256 bytes, subjects and replies may not fit the embedded server's control line
 		cfg, _, err := parse(t, "--prefix", p)
 		require.NoError(t, err, p)
 		require.ErrorIs(t, cfg.Validate(), node.ErrConfig, p)
 	}
-	for _, p := range []string{"kvactors", "tenant_a.kv", "a-b.c_d"} {
+	for _, p := range []string{"kvactors", "tenant_a.kv", "a-b.c_d", strings.Repeat("k", 256)} {
 		cfg, _, err := parse(t, "--prefix", p)
 		require.NoError(t, err, p)
 		require.NoError(t, cfg.Validate(), p)

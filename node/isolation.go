@@ -270,6 +270,11 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = MaxPayload
 	}
+	if opts.MaxControlLine == 0 {
+		// A message's subject and reply ride in nats.go's pending queue
+		// uncounted by its byte limit (natsMsgCost): bound them here.
+		opts.MaxControlLine = MaxControlLine
+	}
 	if c.Clustered() {
 		opts.JetStream = true // the ownership bucket (docs/CLUSTER.md)
 	}

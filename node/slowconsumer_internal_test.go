@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,9 +50,9 @@ func TestTheIntakeSubscriptionBoundsPendingMessagesToo(t *testing.T) {
 	msgs, bytes, err := n.ingest.sub.PendingLimits()
 	require.NoError(t, err)
 	budget := n.cfg.MaxPendingBytes / 2
-	require.Equal(t, natsPendingMsgs(budget), msgs)
+	require.Equal(t, natsPendingMsgs(budget, MaxControlLine), msgs)
 	require.Positive(t, msgs)
-	require.LessOrEqual(t, int64(msgs)*natsMsgCost, budget, "a message costs at least natsMsgCost")
+	require.LessOrEqual(t, int64(msgs)*(natsMsgCost+MaxControlLine), budget, "a message costs at least natsMsgCost and a control line")
 	require.Equal(t, int(budget-n.nc.MaxPayload()), bytes)
 }
 
@@ -115,4 +116,47 @@ func gatheredCounter(t *testing.T, reg prometheus.Gatherer, name string) float64
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// A message's subject and reply ride in the NATS client's queue uncounted
+// by its byte limit, and an engine may publish on any verb of its own with
+// any reply: messages with long ones, empty bodied, held about 8 × the
+// NATS half of --max-pending-bytes at nats-server's 4 KiB control line.
+// The embedded server takes control lines of MaxControlLine at most, and
+// the count bound prices each message at it.
+func TestLongSubjectsAndRepliesStayWithinTheIntakeBudget(t *testing.T) {
+	t.Parallel()
+	n, nc, _ := startInternal(t, func(c *Config) { c.MaxPendingBytes = 32 << 20 })
+	budget := n.cfg.MaxPendingBytes / 2
+	msgs, _, err := n.ingest.sub.PendingLimits()
+	require.NoError(t, err)
+	subj := "kvactors.e1." + strings.Repeat("v", 900)
+	reply := "_INBOX.e1." + strings.Repeat("r", 900)
+
+	release := n.HoldIntake()
+	defer release()
+	for range msgs + 100 {
+		require.NoError(t, nc.PublishMsg(&nats.Msg{Subject: subj, Reply: reply}))
+	}
+	require.NoError(t, nc.Flush())
+	testkit.Eventually(t, 20*time.Second, time.Millisecond, func() error {
+		if pending, _, _ := n.ingest.sub.Pending(); pending < msgs {
+			return fmt.Errorf("%d pending of the bound %d", pending, msgs)
+		}
+		return nil
+	})
+	pending, _, err := n.ingest.sub.Pending()
+	require.NoError(t, err)
+	held := int64(pending) * int64(natsMsgCost+len(subj)+len(reply))
+	require.LessOrEqual(t, held, budget, "%d messages of %d subject and reply bytes held past the NATS half of the budget", pending, len(subj)+len(reply))
+
+	// Past the control line the server closes the sender's connection.
+	other, err := nats.Connect(n.NATSURL(), nats.NoReconnect())
+	require.NoError(t, err)
+	defer other.Close()
+	closed := make(chan struct{})
+	other.SetClosedHandler(func(*nats.Conn) { close(closed) })
+	_ = other.PublishMsg(&nats.Msg{Subject: "kvactors.e1." + strings.Repeat("v", 2000), Reply: reply})
+	_ = other.Flush()
+	testkit.Closed(t, closed, 5*time.Second, "the connection that sent a control line past MaxControlLine closed")
 }

@@ -33,9 +33,10 @@ func (n *Node) subscribe() error {
 	// nats.go counts a message before it drops it for the limit: keep one
 	// largest message of headroom so its pending bytes never pass its half.
 	// It counts a message's body and headers only, not the Msg it keeps
-	// for it, so a flood of empty messages would ride in almost free: the
-	// count is bounded too, as if each cost natsMsgCost.
-	if err := s.SetPendingLimits(natsPendingMsgs(natsBudget), int(natsBudget-n.nc.MaxPayload())); err != nil {
+	// for it nor its subject and reply (up to the server's control line),
+	// so a flood of empty messages would ride in almost free: the count is
+	// bounded too, as if each cost natsMsgCost.
+	if err := s.SetPendingLimits(natsPendingMsgs(natsBudget, n.controlLine()), int(natsBudget-n.nc.MaxPayload())); err != nil {
 		return fmt.Errorf("pending limits of %s: %w", subject, err)
 	}
 	n.subs = append(n.subs, s)
@@ -74,7 +75,9 @@ func (n *Node) intakeDropped() int64 {
 
 // IntakePeak is the most inbound bytes the node has held at once: the peak
 // of its own queues plus the peak of nats.go's pending queue for the
-// subscription. It never exceeds --max-pending-bytes.
+// subscription, in the bytes nats.go counts (bodies and headers; each
+// message's own cost, subject and reply are bounded by its message count
+// instead). It never exceeds --max-pending-bytes.
 func (n *Node) IntakePeak() int64 {
 	peak := n.ingest.peak.Load()
 	if len(n.subs) > 0 {
@@ -326,11 +329,23 @@ func (sc *slowConsumers) dropped(sub *nats.Subscription) {
 	}
 }
 
-// natsMsgCost is what a message pending in nats.go costs besides its body
-// and headers (its Msg, subject and reply strings, queue links), rounded
-// up: the message count of the NATS client's half of the intake budget.
+// natsMsgCost is what a message pending in nats.go costs besides its body,
+// headers, subject and reply (its Msg, queue links), rounded up; with the
+// server's longest control line, which bounds the subject and reply, it
+// sets the message count of the NATS client's half of the intake budget.
 const natsMsgCost = 512
 
 // natsPendingMsgs is the message count bound of a pending budget of
-// budget bytes.
-func natsPendingMsgs(budget int64) int { return int(max(1, budget/natsMsgCost)) }
+// budget bytes, for a server whose control lines are at most controlLine.
+func natsPendingMsgs(budget int64, controlLine int) int {
+	return int(max(1, budget/int64(natsMsgCost+controlLine)))
+}
+
+// controlLine is the longest protocol line the node's server takes: the
+// embedded one's, else nats-server's default.
+func (n *Node) controlLine() int {
+	if n.embeddedOpts != nil && n.embeddedOpts.MaxControlLine > 0 {
+		return int(n.embeddedOpts.MaxControlLine)
+	}
+	return defaultMaxControlLine
+}
