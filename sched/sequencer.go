@@ -28,10 +28,14 @@ type Sequencer struct {
 	repeat, lease time.Duration
 	lastSign      time.Time
 
-	// lostFirst is the reason of a loss told before any epoch was live
-	// (Lost): batches of the first epoch may have gone with it, so a gap
-	// that epoch begins with is resynced with that reason, not gap.
-	lostFirst string
+	// lostNext is the reason of the last loss told (Lost) since an epoch
+	// began or a batch was applied: the next epoch's first batches may have
+	// gone with it (the engine began one after the live epoch's resync, and
+	// its seq 1 was dropped at a full intake before the Lost reached here,
+	// while the old epoch was still live), so a gap the next epoch begins
+	// with is resynced with that reason, not gap: an overflow's resync says
+	// overflow, and the engine backs off. Beginning an epoch consumes it.
+	lostNext string
 
 	// ended are the epochs that ended last, newest at ended[0]: a heartbeat
 	// or batch of one of them is late (an engine never returns to an epoch
@@ -156,6 +160,7 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 	case seq == s.applied+1:
 		d.Verdict = Apply
 		s.applied = seq
+		s.lostNext = "" // a batch got through since the loss
 	default:
 		d.Verdict = Dropped
 		d.Resync = s.startResync(now, s.applied+1, seq, gap)
@@ -192,8 +197,8 @@ func (s *Sequencer) Heartbeat(now time.Time, epoch string, seq uint64) Decision 
 // beginGap is the reason of a gap the epoch now beginning opens with: a
 // loss's told before any epoch was live (lostFirst), else gap.
 func (s *Sequencer) beginGap() string {
-	if !s.live && s.lostFirst != "" {
-		return s.lostFirst
+	if s.lostNext != "" {
+		return s.lostNext
 	}
 	return messages.ResyncGap
 }
@@ -202,14 +207,14 @@ func (s *Sequencer) beginGap() string {
 // node seeing their seq: its own NATS reconnect, or its inbound queue
 // overflowing. With a live epoch it starts a resync (got 0: unknown); an
 // epoch already resyncing repeats its resync subject to the rate limit.
-// With none live yet (a new engine actor) it decides nothing, but a gap the
-// first epoch begins with is resynced with reason (the engine's first batch
-// may be the one lost).
+// With none live yet (a new engine actor) it decides nothing. Either way a
+// gap the next epoch begins with, before any batch is applied, is resynced
+// with reason (that epoch's first batch may be the one lost).
 func (s *Sequencer) Lost(now time.Time, reason string) Decision {
 	var d Decision
+	s.lostNext = reason
 	switch {
 	case !s.live:
-		s.lostFirst = reason
 	case s.resyncing:
 		d.Resync = s.repeatResync(now)
 	default:

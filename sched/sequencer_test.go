@@ -140,6 +140,17 @@ func TestSequencerRules(t *testing.T) {
 			lost(0, messages.ResyncOverflow, nothing),
 			heartbeat(0, "a", 0, nothing), // begins nothing
 			heartbeat(0, "a", 1, Decision{Resync: order("a", 1, 1, messages.ResyncOverflow, false)})}},
+		// The engine answered a's overflow resync with b, whose seq 1 was
+		// dropped at the full intake; the Lost for it came while a was live.
+		{"Delivery: a loss while an epoch is live names the gap the next epoch begins with", []seqStep{
+			batch(0, "a", 1, apply),
+			lost(0, messages.ResyncOverflow, Decision{Resync: order("a", 2, 0, messages.ResyncOverflow, false)}),
+			batch(0, "b", 2, Decision{Verdict: Dropped, Reset: "a", Resync: order("b", 1, 2, messages.ResyncOverflow, false)})}},
+		{"Delivery: the epoch after the one that began past a loss begins with a plain gap", []seqStep{
+			batch(0, "a", 1, apply),
+			lost(0, messages.ResyncOverflow, Decision{Resync: order("a", 2, 0, messages.ResyncOverflow, false)}),
+			batch(0, "b", 1, Decision{Verdict: Apply, Reset: "a"}),
+			batch(0, "c", 2, Decision{Verdict: Dropped, Reset: "b", Resync: order("c", 1, 2, gap, false)})}},
 		{"Delivery: a loss before an epoch that begins at seq 1 is forgotten", []seqStep{
 			lost(0, messages.ResyncOverflow, nothing),
 			batch(0, "a", 1, apply), batch(0, "a", 3, Decision{Verdict: Dropped, Resync: order("a", 2, 3, gap, false)})}},
