@@ -49,6 +49,19 @@ func NewReleases(out *Outbox, engine string) *Releases {
 // runs then (if set) before a shutdown's Seal can look. Once the outbox is
 // sealed it publishes nothing and reports false.
 func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, then func()) bool {
+	return r.publish(ctx, epoch, request, reason, then, true)
+}
+
+// PublishHandedOff is Publish for a release an actor handed on before it
+// stopped (a failed request's, published by the copy queue once its copies
+// end): it may come after the actor retained the epoch, and is no sign of
+// an actor using the epoch again, so a retained epoch stays retained (and
+// within KeptEpochs) rather than kept for the boot.
+func (r *Releases) PublishHandedOff(ctx context.Context, epoch, request, reason string, then func()) bool {
+	return r.publish(ctx, epoch, request, reason, then, false)
+}
+
+func (r *Releases) publish(ctx context.Context, epoch, request, reason string, then func(), reuse bool) bool {
 	r.out.sealMu.RLock() // lock order: sealMu, then mu (Reply too)
 	defer r.out.sealMu.RUnlock()
 	if r.out.sealed {
@@ -61,7 +74,7 @@ func (r *Releases) Publish(ctx context.Context, epoch, request, reason string, t
 		c = &epochCount{}
 		r.counts[epoch] = c
 	}
-	if c.retained { // an actor uses it again
+	if c.retained && reuse { // an actor uses it again
 		c.retained = false
 		r.retained = slices.DeleteFunc(r.retained, func(e string) bool { return e == epoch })
 	}

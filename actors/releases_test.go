@@ -86,3 +86,24 @@ func TestAnEpochRetainedAgainIsTheMostRecent(t *testing.T) {
 	require.Contains(t, r.counts, "e0", "retained last but one: kept")
 	require.NotContains(t, r.counts, "e1", "the oldest retained went")
 }
+
+// A release handed off before its actor stopped (a failed request's,
+// published by the copy queue once its copies end) may come after the
+// actor retained the epoch: it must leave the epoch retained, within
+// KeptEpochs. Taken for a new use, each such epoch was kept for the boot.
+func TestAHandedOffReleaseLeavesItsEpochRetained(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	r := NewReleases(NewOutbox(nc, "kvactors", slog.New(slog.NewTextHandler(io.Discard, nil))), "e1")
+	ctx := context.Background()
+	for i := range 100 {
+		ep := fmt.Sprintf("ep%d", i)
+		r.Publish(ctx, ep, "a", messages.ReasonFinished, nil)         // the actor's own release
+		r.Retain(ep)                                                  // its Stopped
+		r.PublishHandedOff(ctx, ep, "f", messages.ReasonAborted, nil) // the hand-off's, after
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	require.LessOrEqual(t, len(r.counts), KeptEpochs)
+	require.Len(t, r.retained, len(r.counts))
+	require.EqualValues(t, 2, r.counts["ep99"].n, "the hand-off's release numbered after the actor's")
+}

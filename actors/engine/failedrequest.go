@@ -180,8 +180,9 @@ func (a *Actor) releaser(e *entry) func() {
 		then = func() { o.Add(-1) }
 	}
 	return func() {
-		count.Inc()
-		rel.Publish(context.Background(), epoch, id, messages.ReasonAborted, then)
+		if rel.PublishHandedOff(context.Background(), epoch, id, messages.ReasonAborted, then) {
+			count.Inc()
+		}
 	}
 }
 

@@ -59,6 +59,9 @@ func (a *Actor) deferIfOlder(ctx context.Context, id, epoch, reason string) bool
 	}
 	a.deferred[id] = append(a.deferred[id], deferredRelease{ctx: ctx, epoch: epoch, reason: reason})
 	a.perEpoch[epoch]++ // the epoch's release count is kept until it goes out
+	if o := a.deps.Request.Owed; o != nil {
+		o.Add(1) // owed until it goes out: a shutdown sealed meanwhile counts it undelivered
+	}
 	return true
 }
 
@@ -138,9 +141,14 @@ func (a *Actor) publishDeferred(id string) {
 		return
 	}
 	delete(a.deferred, id)
+	var then func()
+	if o := a.deps.Request.Owed; o != nil {
+		then = func() { o.Add(-1) } // with the publish, before a shutdown's Seal can look
+	}
 	for _, r := range rels {
-		a.deps.Metrics.Release(r.reason).Inc()
-		a.deps.Releases.Publish(r.ctx, r.epoch, id, r.reason, nil)
+		if a.deps.Releases.Publish(r.ctx, r.epoch, id, r.reason, then) {
+			a.deps.Metrics.Release(r.reason).Inc() // sealed: not sent, still owed, not counted
+		}
 		a.epochLeft(r.epoch)
 	}
 }

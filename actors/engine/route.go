@@ -73,8 +73,9 @@ func (a *Actor) route(c actor.Context, m *Batch, ev *messages.Event) *entry {
 			if a.deferIfOlder(m.Ctx, id, a.seq.Epoch(), reason) {
 				return nil // an older request of the id may still copy from its blocks
 			}
-			a.deps.Metrics.Release(reason).Inc()
-			a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil)
+			if a.deps.Releases.Publish(m.Ctx, a.seq.Epoch(), id, reason, nil) {
+				a.deps.Metrics.Release(reason).Inc()
+			}
 			return nil
 		case messages.EvResumed:
 			a.refused.resume(id, a.seq.Epoch())

@@ -359,12 +359,13 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 			// owed count.
 			a.releasing.raise(reason)
 		}
-		if !a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason, then) {
+		if a.deps.Releases.Publish(a.ctx, a.deps.Epoch, a.state.ID(), reason, then) {
+			// Counted once it is out: a panic before the publish is counted
+			// by the engine's own release of the failed request, not twice.
+			a.deps.Metrics.Release(reason).Inc()
+		} else {
 			owedSettled = true // sealed: stays owed, and the shutdown reports it
 		}
-		// Counted once it is out: a panic before the publish is counted by
-		// the engine's own release of the failed request, not twice.
-		a.deps.Metrics.Release(reason).Inc()
 		if recording {
 			a.span.AddEvent("released", trace.WithAttributes(tracing.AttrReason.String(reason)))
 		}
