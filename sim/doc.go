@@ -28,6 +28,9 @@
 //     resumes with a local prefix-cache hit, and only for whole chunks that
 //     end before the window (vLLM works per block; a chunk half null would
 //     make the stored bytes of a key depend on who stored it).
-//   - Freed GPU blocks are reused last-freed first, so a copy made after
-//     `released` would read another request's bytes and fail verification.
+//   - Released GPU blocks are overwritten at once (no chunk's bytes) and
+//     reused last-freed first, those a preemption gave up last of all (the
+//     request that resumes gets other blocks): a copy made after `released`
+//     reads bytes no chunk has, or another request's, and fails
+//     verification.
 package sim

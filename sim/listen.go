@@ -23,10 +23,22 @@ func (e *engine) handle(m any) {
 	}
 }
 
+// substitutes reports whether a release of reason answers whatever event
+// was owed (node_lost when the SDK lost its node, engine_reset,
+// engine_gone), not one of its own kind.
+func substitutes(reason string) bool {
+	switch reason {
+	case messages.ReasonNodeLost, messages.ReasonEngineReset, messages.ReasonEngineGone:
+		return true
+	}
+	return false
+}
+
 // onReleased frees the blocks held for the oldest owed release of that
-// reason. Only now may the scheduler hand them out again. A release the
-// node did not give for that event (node_lost when the SDK lost its node,
-// engine_reset or engine_gone) answers the oldest owed event.
+// reason. Only now may the scheduler hand them out again. A substitute
+// reason answers the oldest owed event; any other reason that is not owed
+// (a finished released as preempted) frees nothing and fails the check
+// (settleReleases counts it past the events of its kind).
 func (e *engine) onReleased(rel client.Release) {
 	e.rep.Releases[rel.Reason]++
 	r := e.byID[rel.Request]
@@ -36,7 +48,7 @@ func (e *engine) onReleased(rel client.Release) {
 		return
 	}
 	reason := rel.Reason
-	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 {
+	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 && substitutes(reason) {
 		reason = r.owedOrder[0]
 	}
 	if rel.Reason == messages.ReasonNodeLost && reason != messages.ReasonPreempted {
@@ -55,9 +67,14 @@ func (e *engine) onReleased(rel client.Release) {
 		for _, id := range ids {
 			if id != 0 {
 				e.heldBlocks--
+				e.scribble(g, id)
 			}
 		}
-		e.al.put(g, ids)
+		if reason == messages.ReasonPreempted {
+			e.al.putLast(g, ids)
+		} else {
+			e.al.put(g, ids)
+		}
 	}
 	e.owed--
 	e.progress()

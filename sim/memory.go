@@ -100,6 +100,24 @@ func (a *allocator) take(g, n int) []uint32 {
 	return ids
 }
 
+// putLast returns ids of group g to be handed out after every other free
+// one: a preempted request that resumes gets other blocks than those it gave
+// up, so a copy of the old ones made after their release cannot read the
+// same bytes the request writes again.
+func (a *allocator) putLast(g int, ids []uint32) {
+	var back []uint32
+	for _, b := range ids {
+		if b != 0 {
+			back = append(back, b)
+		}
+	}
+	a.free[g] = append(back, a.free[g]...)
+}
+
+// scribbleByte fills a released block: no pattern FillBlock writes is all
+// one byte, so a copy of the block made after its release fails the check.
+const scribbleByte = 0xA5
+
 // put returns ids of group g; null ids are skipped.
 func (a *allocator) put(g int, ids []uint32) {
 	for _, b := range ids {

@@ -146,6 +146,18 @@ func (e *engine) writeBlocks(r *request) {
 	}
 }
 
+// scribble overwrites released block id of group g in every region: the
+// engine may reuse it now, and a copy of it the node made after the
+// release (a protocol fault) must read bytes no chunk has.
+func (e *engine) scribble(g int, id uint32) {
+	for reg := range e.cfg.RegionsPerGroup {
+		b := e.mem.block(g, reg, id)
+		for i := range b {
+			b[i] = scribbleByte
+		}
+	}
+}
+
 // blockHash is the last hash inside block b (the root hash for a block
 // shorter than one hash block).
 func blockHash(hs []Hash, b, tpb, tph int) Hash {
