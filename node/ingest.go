@@ -143,6 +143,9 @@ type inbound struct {
 	at time.Time
 	// session is the fence generation the message was taken in (stamp).
 	session uint64
+	// hearing is the engine's transfer.Hearing generation once the message
+	// was heard (handle): an epoch it begins belongs to it.
+	hearing uint64
 }
 
 // lapseBoundary: messages numbered upTo or less were read off the node's
@@ -286,12 +289,12 @@ func (in *ingester) unroute(engineID string, pid *actor.PID) {
 // them for the reply, as PROTOCOL.md "P.E.unregister" says; the hearing's
 // new generation still keeps every copy begun before the silence from
 // starting or going on.
-func (in *ingester) heard(engineID string, at time.Time, reset bool) *actor.PID {
+func (in *ingester) heard(engineID string, at time.Time, reset bool) (*actor.PID, uint64) {
 	in.mu.RLock()
 	h, pid := in.hearing[engineID], in.engines[engineID]
 	in.mu.RUnlock()
 	if h == nil {
-		return pid
+		return pid, 0
 	}
 	if silent := h.Silent(at); silent >= in.n.cfg.Lease/2 && pid != nil {
 		h.Silenced() // before the message: a load ending the silence is refused too
@@ -301,7 +304,7 @@ func (in *ingester) heard(engineID string, at time.Time, reset bool) *actor.PID 
 		}
 	}
 	h.Heard(at)
-	return pid
+	return pid, h.Gen()
 }
 
 // msgBytes is what one message holds in memory, near enough: Size is its
@@ -397,7 +400,7 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	case messages.VerbRegister: // compares the silence first (Node.register)
 	case messages.VerbStatus: // anyone may ask (routers): no word from the engine
 	case messages.VerbEvents, messages.VerbHeartbeat, messages.VerbUnregister, messages.VerbLookup, messages.VerbLoad:
-		pid = in.heard(engineID, x.at, x.verb != messages.VerbUnregister)
+		pid, x.hearing = in.heard(engineID, x.at, x.verb != messages.VerbUnregister)
 	default: // an unknown verb is rejected below and changes nothing else: no sign of life
 	}
 	switch x.verb {
@@ -406,7 +409,7 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 	case messages.VerbRegister:
 		return false, in.n.onRegister(engineID, m, x.at)
 	case messages.VerbHeartbeat:
-		in.n.onHeartbeat(engineID, m)
+		in.n.onHeartbeat(engineID, m, x.hearing)
 	case messages.VerbUnregister:
 		in.n.onUnregister(engineID, m)
 	case messages.VerbStatus:
@@ -461,7 +464,7 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	}
 	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
 	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: recycleEvents,
-		Session: x.session, Stamped: true}
+		Session: x.session, Stamped: true, HearingGen: x.hearing}
 	if c := in.lend(engineID, pid, credit); c != nil {
 		msg.Done, lent = c, true
 	} else {

@@ -166,7 +166,7 @@ func (n *Node) answerRegister(ctx context.Context, engineID, reply string, err e
 
 // onHeartbeat hands P.E.heartbeat to the engine actor, which answers it after
 // every batch the engine sent before it.
-func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
+func (n *Node) onHeartbeat(engineID string, m *nats.Msg, hearing uint64) {
 	ctx := n.msgCtx(m)
 	rec := n.engine(engineID)
 	if rec == nil {
@@ -180,7 +180,8 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg) {
 		n.replyError(ctx, m.Reply, err)
 		return
 	}
-	n.system.Root.Send(rec.pid, &engine.Heartbeat{Epoch: hb.Epoch, Seq: hb.Seq, Reply: m.Reply, Ctx: ctx})
+	n.system.Root.Send(rec.pid, &engine.Heartbeat{Epoch: hb.Epoch, Seq: hb.Seq, Reply: m.Reply, Ctx: ctx,
+		HearingGen: hearing, Stamped: true})
 }
 
 // StatusReply is the body of a P.E.status reply. Error is set only in

@@ -182,6 +182,10 @@ type Actor struct {
 	// epochSession stamps the current epoch's copies (request.Deps.Session):
 	// the generation when its first batch was taken (Batch.Session).
 	epochSession uint64
+	// epochHearing is the engine's hearing generation when the current
+	// epoch's first message was taken (Batch.HearingGen): its requests'
+	// copies carry it, and it resumes loads only if no silence ended since.
+	epochHearing uint64
 	// resyncOwed: a lapse's resync order held back until the lapse ends
 	// (lapse).
 	resyncOwed bool
@@ -377,6 +381,7 @@ func (a *Actor) batch(c actor.Context, m *Batch) (handed bool) {
 		if m.Stamped {
 			a.epochSession = m.Session
 		}
+		a.epochHearing = a.hearingOf(m.Stamped, m.HearingGen)
 		if a.epochSession != gen {
 			a.deps.Log.Warn("an epoch begun by a batch taken before a NATS lapse ended: resyncing it",
 				"engine", a.deps.Engine, "epoch", b.Epoch)

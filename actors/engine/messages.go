@@ -29,6 +29,10 @@ type Batch struct {
 	// the generation when the actor handles it.
 	Session uint64
 	Stamped bool
+	// HearingGen is the engine's transfer.Hearing generation when intake
+	// took the batch (with Stamped): an epoch it begins, and its requests'
+	// copies, belong to that generation, not to one a silence ended after.
+	HearingGen uint64
 }
 
 // Retire ends the engine: every request is reset and released with Reason
@@ -54,6 +58,9 @@ type Heartbeat struct {
 	Seq   uint64
 	Reply string
 	Ctx   context.Context
+	// HearingGen, with Stamped, is as Batch's.
+	HearingGen uint64
+	Stamped    bool
 }
 
 // Lost says the node may have lost some of this engine's batches without

@@ -117,9 +117,7 @@ func (a *Actor) spawn(c actor.Context, ctx context.Context, added *messages.Even
 	if a.reqDeps == nil || a.reqDeps.Epoch != a.seq.Epoch() {
 		d := a.deps.Request
 		d.Epoch, d.Releases, d.Session = a.seq.Epoch(), a.deps.Releases, a.epochSession
-		if d.Hearing != nil {
-			d.HearingGen = d.Hearing.Gen()
-		}
+		d.HearingGen = a.epochHearing // the generation the epoch's first message was taken in
 		a.reqDeps = &d
 	}
 	deps := a.reqDeps

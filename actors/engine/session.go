@@ -19,7 +19,10 @@ func (a *Actor) decided(c actor.Context, ctx context.Context, d sched.Decision) 
 		// A new epoch began: the first here, or d.Reset's successor.
 		a.begun = e
 		if h := a.deps.Request.Hearing; h != nil {
-			h.Resumed() // loads are current again (transfer.Hearing), after a silence before any epoch too
+			// Loads are current again (transfer.Hearing), after a silence
+			// before any epoch too; not if a silence ended after the message
+			// that began the epoch was taken.
+			h.ResumedIn(a.epochHearing)
 		}
 		if t := a.deps.Epochs; t != nil {
 			t.began(e)
@@ -104,6 +107,18 @@ func (a *Actor) lapse(c actor.Context) bool {
 // were refused meanwhile: transfer.ErrEngineSilent). A message that arrived
 // that late may even be one the engine sent before it declared the node
 // lost (a stalled link, recovering), so none of the old epoch is applied.
+// hearingOf is the hearing generation a message was taken in: its stamp,
+// or, unstamped (tests), the generation now.
+func (a *Actor) hearingOf(stamped bool, gen uint64) uint64 {
+	if stamped {
+		return gen
+	}
+	if h := a.deps.Request.Hearing; h != nil {
+		return h.Gen()
+	}
+	return 0
+}
+
 func (a *Actor) silenced(c actor.Context, m *Silenced) {
 	a.deps.Log.Warn("engine silent for lease/2 or more: resyncing the epoch, resetting its requests",
 		"engine", a.deps.Engine, "silent", m.For, "epoch", a.seq.Epoch(), "requests", len(a.live))
@@ -120,6 +135,9 @@ func (a *Actor) heartbeat(c actor.Context, m *Heartbeat) {
 		ctx = context.Background()
 	}
 	if !a.ending() {
+		if m.Seq > 0 && a.seq.Begins(m.Epoch) { // it begins the epoch (Sequencer.Heartbeat)
+			a.epochHearing = a.hearingOf(m.Stamped, m.HearingGen)
+		}
 		a.decided(c, ctx, a.seq.Heartbeat(a.deps.Now(), m.Epoch, m.Seq))
 	}
 	var applied uint64

@@ -23,37 +23,47 @@ var ErrEngineSilent = errors.New("engine silent: no message from it for lease/2;
 // sign of life at least every lease/4, so a live one is never refused.
 type Hearing struct {
 	at atomic.Int64 // UnixNano
-	// silenced: a silence of lease/2 ended and the engine has not begun a
-	// new epoch since (Silenced, Resumed). A load arriving meanwhile may be
-	// one the engine sent before it declared the node lost, delivered late
-	// (a stalled NATS route), into blocks it has since reused: refused.
-	silenced atomic.Bool
+	// state is gen<<1 | silenced, in one word so a resume can be told from
+	// a silence that ended after its message was taken (ResumedIn).
+	//
 	// gen counts the silences that ended. A copy carries the generation
 	// its session (an epoch's requests, a load) began in
 	// (Submit.HearingGen) and never starts in a later one: the message that
 	// ends a silence refreshes at, and the reset of the old requests it
 	// brings reaches their queued copies and retries only a few hops later.
-	gen atomic.Uint64
+	//
+	// silenced: a silence of lease/2 ended and the engine has not begun a
+	// new epoch since (Silenced, ResumedIn). A load arriving meanwhile may be
+	// one the engine sent before it declared the node lost, delivered late
+	// (a stalled NATS route), into blocks it has since reused: refused.
+	state atomic.Uint64
 }
 
 // Gen is the count of silences that ended (Submit.HearingGen).
-func (h *Hearing) Gen() uint64 { return h.gen.Load() }
+func (h *Hearing) Gen() uint64 { return h.state.Load() >> 1 }
 
 // Silenced marks that a silence ended, before the message that ended it
 // refreshes the time: copies of sessions begun before are refused from now
-// on, and loads until Resumed.
+// on, and loads until ResumedIn.
 func (h *Hearing) Silenced() {
-	h.gen.Add(1)
-	h.silenced.Store(true)
+	for {
+		old := h.state.Load()
+		if h.state.CompareAndSwap(old, (old|1)+2) { // gen+1, silenced
+			return
+		}
+	}
 }
 
-// Resumed: the engine began a new epoch after the silence (or registered
-// again): its loads are its own, current ones.
-func (h *Hearing) Resumed() { h.silenced.Store(false) }
+// ResumedIn: the engine began a new epoch with a message taken in
+// generation gen: its loads are its own, current ones, unless a silence
+// ended after that message was taken (an epoch begun by a message that
+// waited in the actor's mailbox through a silence is no sign the engine
+// came back).
+func (h *Hearing) ResumedIn(gen uint64) { h.state.CompareAndSwap(gen<<1|1, gen<<1) }
 
 // LoadsRefused reports whether a silence ended and the engine has not begun
 // a new epoch since.
-func (h *Hearing) LoadsRefused() bool { return h.silenced.Load() }
+func (h *Hearing) LoadsRefused() bool { return h.state.Load()&1 == 1 }
 
 // Heard records a message of the engine taken at at; it never moves back.
 func (h *Hearing) Heard(at time.Time) {

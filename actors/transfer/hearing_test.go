@@ -30,3 +30,22 @@ func TestHearingKeepsTheLatest(t *testing.T) {
 	h.Heard(start) // older: ignored
 	require.Equal(t, time.Second, h.Silent(start.Add(64*time.Second)))
 }
+
+// ResumedIn resumes loads only for a message taken in the current
+// generation: one taken before a silence ended is no sign the engine came
+// back.
+func TestResumedInIgnoresAMessageTakenBeforeTheSilenceEnded(t *testing.T) {
+	var h transfer.Hearing
+	before := h.Gen()
+	h.Silenced()
+	require.Equal(t, before+1, h.Gen())
+	require.True(t, h.LoadsRefused())
+	h.ResumedIn(before)
+	require.True(t, h.LoadsRefused(), "resumed by a message taken before the silence ended")
+	h.ResumedIn(h.Gen())
+	require.False(t, h.LoadsRefused())
+	h.Silenced()
+	h.Silenced()
+	require.Equal(t, before+3, h.Gen())
+	require.True(t, h.LoadsRefused())
+}
