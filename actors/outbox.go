@@ -187,13 +187,6 @@ func (o *Outbox) Seal(count func() int64) int64 {
 	return count()
 }
 
-// Sealed reports whether Seal has stopped all publishing.
-func (o *Outbox) Sealed() bool {
-	o.sealMu.RLock()
-	defer o.sealMu.RUnlock()
-	return o.sealed
-}
-
 // Releases is how many releases have been published.
 func (o *Outbox) Releases() int64 { return o.releases.Load() }
 
@@ -202,9 +195,10 @@ func (o *Outbox) Resync(ctx context.Context, engine string, r *messages.Resync) 
 	o.publish(ctx, messages.VerbResync, o.Subject(engine, messages.VerbResync), r)
 }
 
-// Node publishes on P._node.<node>.<verb> (hello, heartbeat).
-func (o *Outbox) Node(node, verb string, v any) {
-	o.publish(context.Background(), PublishNode, messages.NodeSubject(o.prefix, node, verb), v)
+// Node publishes on P._node.<node>.<verb> (hello, heartbeat), and reports
+// whether it was handed to NATS (not when sealed, or refused).
+func (o *Outbox) Node(node, verb string, v any) bool {
+	return o.publish(context.Background(), PublishNode, messages.NodeSubject(o.prefix, node, verb), v)
 }
 
 // Stored publishes P.E.stored for one completed store job: build appends
@@ -296,19 +290,19 @@ func (o *Outbox) PublishFailures() int64 { return o.failed.Load() }
 // ratelog.Log.Flush).
 func (o *Outbox) FlushLog() { o.failLog.Flush() }
 
-func (o *Outbox) publish(ctx context.Context, kind, subject string, v any) {
+func (o *Outbox) publish(ctx context.Context, kind, subject string, v any) bool {
 	o.sealMu.RLock()
 	defer o.sealMu.RUnlock()
-	o.publishLocked(ctx, kind, subject, v)
+	return o.publishLocked(ctx, kind, subject, v)
 }
 
-func (o *Outbox) publishLocked(ctx context.Context, kind, subject string, v any) {
+func (o *Outbox) publishLocked(ctx context.Context, kind, subject string, v any) bool {
 	data, err := json.Marshal(v)
 	if err != nil { // our own types: a bug, not bad input
 		o.lost(kind, "encode outgoing message: message lost", subject, err)
-		return
+		return false
 	}
-	o.sendLocked(ctx, kind, subject, data, nil)
+	return o.sendLocked(ctx, kind, subject, data, nil)
 }
 
 func (o *Outbox) sendHeader(ctx context.Context, kind, subject string, data []byte, h nats.Header) {
@@ -330,9 +324,9 @@ func (o *Outbox) lost(kind, msg, subject string, err error) {
 	o.failLog.Reject("publish_"+kind, msg, "subject", subject, "err", err)
 }
 
-func (o *Outbox) sendLocked(ctx context.Context, kind, subject string, data []byte, h nats.Header) {
+func (o *Outbox) sendLocked(ctx context.Context, kind, subject string, data []byte, h nats.Header) bool {
 	if o.sealed {
-		return // shutting down: the caller reports what was not sent
+		return false // shutting down: the caller reports what was not sent
 	}
 	msg := &nats.Msg{Subject: subject, Data: data, Header: h}
 	if trace.SpanContextFromContext(ctx).IsValid() {
@@ -345,5 +339,7 @@ func (o *Outbox) sendLocked(ctx context.Context, kind, subject string, data []by
 	}
 	if err := o.nc.PublishMsg(msg); err != nil {
 		o.lost(kind, "publish failed: message lost", subject, err)
+		return false
 	}
+	return true
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -70,10 +71,12 @@ type testEngine struct {
 	epoch    string
 	seq      uint64
 	released chan messages.Released // epoch and rseq checked, then cleared
-	stored   chan messages.Stored
-	kv       chan messages.KVEventBatch
-	kvLeft   []messages.KVEvent // events recvKV received and has not returned
-	resync   chan messages.Resync
+	// subs are released, resync, stored and kv_events' subscriptions (none)
+	subs   []*watchedSub
+	stored chan messages.Stored
+	kv     chan messages.KVEventBatch
+	kvLeft []messages.KVEvent // events recvKV received and has not returned
+	resync chan messages.Resync
 	// rseqs is the last rseq seen per epoch (the subscription's handler's).
 	rseqs      map[string]uint64
 	registered bool
@@ -122,7 +125,9 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 	// handler itself (its goroutine alone touches rseqs): a goroutine of
 	// its own outlived the test, and its extra hop let a check for no
 	// release (none) run before a release already received was passed on.
+	relSub := &watchedSub{}
 	sub, err := e.nc.Subscribe("kvactors."+id+".released", func(m *nats.Msg) {
+		defer relSub.handled.Add(1)
 		var r messages.Released
 		if err := json.Unmarshal(m.Data, &r); err != nil {
 			t.Errorf("released: bad body %q: %v", m.Data, err)
@@ -137,16 +142,45 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	subscribeJSON(t, e.nc, "kvactors."+id+".resync", te.resync)
-	subscribeJSON(t, e.nc, "kvactors."+id+".stored", te.stored)
-	subscribeJSON(t, e.nc, "kvactors."+id+".kv_events", te.kv)
+	relSub.sub = sub
+	te.subs = []*watchedSub{relSub,
+		subscribeJSON(t, e.nc, "kvactors."+id+".resync", te.resync),
+		subscribeJSON(t, e.nc, "kvactors."+id+".stored", te.stored),
+		subscribeJSON(t, e.nc, "kvactors."+id+".kv_events", te.kv)}
 	require.NoError(t, e.nc.Flush())
 	return te
 }
 
-func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T) {
+// watchedSub is a subscription whose handler counts the messages it has
+// finished with: none can tell a message still on its way to the channel
+// (taken off the connection, its handler not done) from no message.
+type watchedSub struct {
+	sub     *nats.Subscription
+	handled atomic.Int64
+}
+
+// settled reports whether every message the connection has handed the
+// subscription went through its handler.
+func (w *watchedSub) settled() error {
+	pending, _, err := w.sub.Pending()
+	if err != nil {
+		return err
+	}
+	delivered, err := w.sub.Delivered()
+	if err != nil {
+		return err
+	}
+	if pending > 0 || w.handled.Load() != delivered {
+		return fmt.Errorf("%s: %d pending, %d of %d delivered handled", w.sub.Subject, pending, w.handled.Load(), delivered)
+	}
+	return nil
+}
+
+func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T) *watchedSub {
 	t.Helper()
+	w := &watchedSub{}
 	sub, err := nc.Subscribe(subject, func(m *nats.Msg) {
+		defer w.handled.Add(1)
 		var v T
 		if err := json.Unmarshal(m.Data, &v); err != nil {
 			t.Errorf("%s: bad body %q: %v", subject, m.Data, err)
@@ -156,6 +190,8 @@ func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T
 	})
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	w.sub = sub
+	return w
 }
 
 // register registers the engine and checks the v2 reply; at the first
@@ -277,6 +313,17 @@ func none[T any](te *testEngine, ch <-chan T, what string) {
 	for _, r := range st.Requests {
 		require.Empty(te.e.t, r.InFlight, "request %s still has store jobs in flight", r.Request)
 	}
+	// What the node published before the status reply came off the
+	// connection before it, in order: let the subscriptions' own
+	// goroutines finish with it before looking.
+	testkit.Eventually(te.e.t, 5*time.Second, time.Millisecond, func() error {
+		for _, w := range te.subs {
+			if err := w.settled(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 	select {
 	case v := <-ch:
 		te.e.t.Fatalf("unexpected %s: %+v", what, v)

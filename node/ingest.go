@@ -321,7 +321,8 @@ func msgBytes(m *nats.Msg) int64 {
 // take is the subscription's handler: parse the subject, admit the message
 // within the byte budget, hand it to its engine's shard.
 func (in *ingester) take(m *nats.Msg) {
-	in.taken++ // every message nats.go delivers, as sub.Delivered counts them (markLapseEnd)
+	taken, at := time.Now(), in.n.now() // on receipt: before its admission counts it
+	in.taken++                          // every message nats.go delivers, as sub.Delivered counts them (markLapseEnd)
 	n := in.taken
 	if m.Reply != "" && !messages.ReplyAllowed(m.Reply) {
 		// Not answered, not handled, whatever else is wrong with it (a bad
@@ -359,8 +360,8 @@ func (in *ingester) take(m *nats.Msg) {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size, at: in.n.now(),
-		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load()), taken: time.Now()}
+	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size, at: at,
+		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load()), taken: taken}
 	i := in.shard(engineID)
 	mk := &in.marks[i]
 	mk.queuing(n)

@@ -270,9 +270,11 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 	if opts.MaxPayload == 0 {
 		opts.MaxPayload = MaxPayload
 	}
-	if opts.MaxControlLine == 0 {
+	if opts.MaxControlLine == 0 && c.NATSConfig == "" {
 		// A message's subject and reply ride in nats.go's pending queue
-		// uncounted by its byte limit (natsMsgCost): bound them here.
+		// uncounted by its byte limit (natsMsgCost): bound them here. Not
+		// under a --nats-config, which may bring operator JWTs, whose
+		// CONNECT lines the limit covers too.
 		opts.MaxControlLine = MaxControlLine
 	}
 	if c.Clustered() {

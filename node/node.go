@@ -466,7 +466,7 @@ func (n *Node) Close(ctx context.Context) error {
 // finish the copies they hold, for transferStopWait at most; false if one
 // was still running then.
 func (n *Node) stopTransfer() bool {
-	stopped := n.system.Root.StopFuture(n.transfer)
+	n.system.Root.Stop(n.transfer)
 	wait := transferStopWait(n.cfg.Lease)
 	t := time.NewTimer(wait)
 	defer t.Stop()
@@ -480,8 +480,8 @@ func (n *Node) stopTransfer() bool {
 		select {
 		case <-n.copyQueue.Exited():
 			// The actor's own stop follows at once (its Stopping is past the
-			// workers); the future's fixed timeout is no bound on copies here.
-			if err := stopped.Wait(); err != nil {
+			// workers): a future made now times out (10 s) only if it hangs.
+			if err := n.system.Root.StopFuture(n.transfer).Wait(); err != nil {
 				n.log.Error("shutdown: transfer actor did not stop", "err", err)
 			}
 			return true

@@ -104,18 +104,20 @@ func (n *Node) pinger(ctx context.Context) {
 // the engine count and the pool's figures are kept for it (registered,
 // statsLoop).
 func (n *Node) beat() {
-	if n.outbox.Sealed() {
-		return // shutting down: no heartbeat goes out, so the fence must not count one
-	}
 	var st beatStats
 	if p := n.beatStats.Load(); p != nil {
 		st = *p
 	}
+	// Stamped before the publish (the fence counts from no later than it);
+	// taken back if the heartbeat did not go out (sealed, refused): the
+	// fence must not count a heartbeat no engine got.
 	now := time.Now()
-	n.lastBeat.Store(&now) // before the publish: the fence may count from it
-	n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
+	prev := n.lastBeat.Swap(&now)
+	if !n.outbox.Node(n.cfg.NodeID, messages.NodeVerbHeartbeat,
 		messages.NodeHeartbeat{Node: n.cfg.NodeID, Boot: n.boot, Engines: int(n.registered.Load()), LeaseMS: n.cfg.Lease.Milliseconds(),
-			PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk})
+			PoolBytes: st.pool, PoolCapacityBytes: st.capacity, DiskBytes: st.disk}) {
+		n.lastBeat.CompareAndSwap(&now, prev)
+	}
 }
 
 // ping makes one round trip with NATS and reports it to the fence when it

@@ -3,10 +3,12 @@ package node
 import (
 	"errors"
 	"fmt"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -159,4 +161,26 @@ func TestLongSubjectsAndRepliesStayWithinTheIntakeBudget(t *testing.T) {
 	_ = other.PublishMsg(&nats.Msg{Subject: "kvactors.e1." + strings.Repeat("v", 2000), Reply: reply})
 	_ = other.Flush()
 	testkit.Closed(t, closed, 5*time.Second, "the connection that sent a control line past MaxControlLine closed")
+}
+
+// A message may have come with a control line as long as its sender's
+// server allows: the embedded server's own limit when it stands alone,
+// at least nats-server's default when it has routes (another server's
+// clients) or when the server is not the node's.
+func TestTheIntakePricesAMessageAtItsSendersControlLine(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts *server.Options
+		want int
+	}{
+		{"external server", nil, defaultMaxControlLine},
+		{"embedded, standalone", &server.Options{MaxControlLine: MaxControlLine}, MaxControlLine},
+		{"embedded, its config's limit", &server.Options{MaxControlLine: 8192}, 8192},
+		{"embedded with a route", &server.Options{MaxControlLine: MaxControlLine, Routes: []*url.URL{{Host: "h:6222"}}}, defaultMaxControlLine},
+		{"embedded with a cluster port", &server.Options{MaxControlLine: MaxControlLine, Cluster: server.ClusterOpts{Port: 6222}}, defaultMaxControlLine},
+		{"embedded, no limit set", &server.Options{}, defaultMaxControlLine},
+	} {
+		n := &Node{embeddedOpts: tc.opts}
+		require.Equal(t, tc.want, n.controlLine(), tc.name)
+	}
 }

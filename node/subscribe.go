@@ -342,11 +342,17 @@ func natsPendingMsgs(budget int64, controlLine int) int {
 	return int(max(1, budget/int64(natsMsgCost+controlLine)))
 }
 
-// controlLine is the longest protocol line the node's server takes: the
-// embedded one's, else nats-server's default.
+// controlLine is the longest protocol line a message reaching the node may
+// have come with: a standalone embedded server's own limit; else at least
+// nats-server's default (another server, or the embedded one's routes to
+// servers that may allow their clients that much).
 func (n *Node) controlLine() int {
-	if n.embeddedOpts != nil && n.embeddedOpts.MaxControlLine > 0 {
-		return int(n.embeddedOpts.MaxControlLine)
+	o := n.embeddedOpts
+	if o == nil {
+		return defaultMaxControlLine
 	}
-	return defaultMaxControlLine
+	if o.MaxControlLine > 0 && len(o.Routes) == 0 && o.Cluster.Port == 0 {
+		return int(o.MaxControlLine)
+	}
+	return max(defaultMaxControlLine, int(o.MaxControlLine))
 }

@@ -194,8 +194,8 @@ func (s *Sequencer) Heartbeat(now time.Time, epoch string, seq uint64) Decision 
 	return d
 }
 
-// beginGap is the reason of a gap the epoch now beginning opens with: a
-// loss's told before any epoch was live (lostFirst), else gap.
+// beginGap is the reason of a gap the epoch now beginning opens with: that
+// of the last loss told since an epoch began (lostNext), else gap.
 func (s *Sequencer) beginGap() string {
 	if s.lostNext != "" {
 		return s.lostNext

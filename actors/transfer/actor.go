@@ -114,6 +114,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// stopping it (node teardown) never frees memory under a copy.
 		a.q.close()
 		a.workers.Wait()
+		a.q.workersGone()
 		a.answerLoads(c)
 		a.q.exit() // a Drain still waiting is answered now, and a later one at once
 	case *actor.Stopped:

@@ -43,8 +43,10 @@ type Queue struct {
 	// and few. exited: the workers have exited (exit): a Then runs at once.
 	thens  []ownerThen
 	exited bool
-	// exitedCh is closed with exited (Exited); made on first use.
+	// exitedCh is closed once the workers have exited (Exited, gone); made
+	// on first use.
 	exitedCh chan struct{}
+	gone     bool
 	// thenFailures, abortFailures and log report a Then or a Store.Abort
 	// that panicked (nil: not counted; log set by the transfer actor's
 	// start).
@@ -339,11 +341,25 @@ func (q *Queue) exit() {
 func (q *Queue) markExited() []ownerThen {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	if !q.exited {
-		q.exited = true
-		close(q.exitedChLocked())
-	}
+	q.exited = true
+	q.workersGoneLocked()
 	return q.dueThensLocked()
+}
+
+// workersGone closes Exited: the actor's Stopping calls it as soon as its
+// workers have exited, before it answers the loads left (a panic there
+// must not keep a shutdown waiting for copies that have ended).
+func (q *Queue) workersGone() {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.workersGoneLocked()
+}
+
+func (q *Queue) workersGoneLocked() {
+	if ch := q.exitedChLocked(); !q.gone {
+		q.gone = true
+		close(ch)
+	}
 }
 
 func (q *Queue) runningLocked(owner *actor.PID) bool {
@@ -457,8 +473,6 @@ func (q *Queue) giveBack(done []*copyDone) {
 // spareMost bounds the completion lists and owner sets kept for reuse.
 const spareMost = 4096
 
-// close wakes every worker to exit; queued jobs are left (the node is
-// stopping; the actor answers the loads among them: answerLoads).
 // Exited is closed once the queue's workers have exited: each finished the
 // copy it held (the transfer actor's Stopping). Whoever frees the devices
 // or the arena waits for it: a copy reads one and writes the other, and a
@@ -477,6 +491,8 @@ func (q *Queue) exitedChLocked() chan struct{} {
 	return q.exitedCh
 }
 
+// close wakes every worker to exit; queued jobs are left (the node is
+// stopping; the actor answers the loads among them: answerLoads).
 func (q *Queue) close() {
 	q.mu.Lock()
 	q.closed = true
