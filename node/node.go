@@ -479,10 +479,14 @@ func (n *Node) stopTransfer() bool {
 	for {
 		select {
 		case <-n.copyQueue.Exited():
-			// The actor's own stop follows at once (its Stopping is past the
-			// workers): a future made now times out (10 s) only if it hangs.
-			if err := n.system.Root.StopFuture(n.transfer).Wait(); err != nil {
-				n.log.Error("shutdown: transfer actor did not stop", "err", err)
+			// The rest of its stop (answering the loads left, the Drains
+			// waiting) follows at once: waited for on the queue, not with
+			// a protoactor future, whose registration and 10 s timer kept
+			// the whole actor system alive past Close.
+			select {
+			case <-n.copyQueue.Stopped():
+			case <-time.After(10 * time.Second):
+				n.log.Error("shutdown: the transfer actor's stop did not finish after its copies ended")
 			}
 			return true
 		case <-check.C:

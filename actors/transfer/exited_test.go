@@ -27,3 +27,22 @@ func TestExitedClosesOnceTheWorkersExitedWhateverFollows(t *testing.T) {
 	close(dev.gate)
 	testkit.Closed(t, q.Exited(), 5*time.Second, "Exited once the copy ended")
 }
+
+// Stopped closes once the stopping actor is done with the queue (its loads
+// answered, its Drains run): what a node's shutdown waits for after
+// Exited, instead of a protoactor future, whose registration and 10 s
+// timer kept the whole actor system reachable past the node's Close.
+func TestStoppedClosesOnceTheActorIsDoneWithTheQueue(t *testing.T) {
+	q := transfer.NewQueue(transfer.Config{Workers: 1, MaxInFlightBytes: 1 << 20}, nil)
+	system, pid, owner, _ := startCounted(t, metrics.NewTransfer(nil), q)
+	drained := make(chan struct{})
+	dev := &gatedDevice{gate: make(chan struct{})}
+	q.Submit(job(owner, 1, backend.HostToDevice, &gatedStore{dev: dev}, 1))
+	waitStarted(t, dev, 1)
+	q.DrainThen(owner, func() { close(drained) }) // waits for the running copy
+	system.Root.Stop(pid)
+	testkit.NoRecv(t, q.Stopped(), 50*time.Millisecond, "Stopped while a copy runs")
+	close(dev.gate)
+	testkit.Closed(t, q.Stopped(), 5*time.Second, "Stopped once the copy ended")
+	testkit.Closed(t, drained, time.Second, "the Drain run before Stopped")
+}

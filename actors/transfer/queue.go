@@ -43,10 +43,9 @@ type Queue struct {
 	// and few. exited: the workers have exited (exit): a Then runs at once.
 	thens  []ownerThen
 	exited bool
-	// exitedCh is closed once the workers have exited (Exited, gone); made
-	// on first use.
-	exitedCh chan struct{}
-	gone     bool
+	// workersGone fires once the workers have exited (Exited), stopped
+	// once exit has run (Stopped).
+	workersGoneL, stopped latch
 	// thenFailures, abortFailures and log report a Then or a Store.Abort
 	// that panicked (nil: not counted; log set by the transfer actor's
 	// start).
@@ -334,6 +333,40 @@ func (q *Queue) answerVia(root *actor.RootContext) {
 // Thens still waiting: no copy runs any more.
 func (q *Queue) exit() {
 	q.runThens(q.markExited())
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.stopped.fire()
+}
+
+// Stopped is closed once the stopping transfer actor is done with the
+// queue: its workers exited, the loads left answered, the waiting Thens
+// run (a panic in answering them keeps it open: Exited is the one that
+// says no copy runs).
+func (q *Queue) Stopped() <-chan struct{} {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.stopped.wait()
+}
+
+// latch is a channel closed once, made on first use; its owner holds the
+// lock that guards it.
+type latch struct {
+	ch    chan struct{}
+	fired bool
+}
+
+func (l *latch) wait() chan struct{} {
+	if l.ch == nil {
+		l.ch = make(chan struct{})
+	}
+	return l.ch
+}
+
+func (l *latch) fire() {
+	if !l.fired {
+		l.fired = true
+		close(l.wait())
+	}
 }
 
 // markExited marks the workers exited and returns the Thens due (all of
@@ -342,7 +375,7 @@ func (q *Queue) markExited() []ownerThen {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	q.exited = true
-	q.workersGoneLocked()
+	q.workersGoneL.fire()
 	return q.dueThensLocked()
 }
 
@@ -352,14 +385,7 @@ func (q *Queue) markExited() []ownerThen {
 func (q *Queue) workersGone() {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	q.workersGoneLocked()
-}
-
-func (q *Queue) workersGoneLocked() {
-	if ch := q.exitedChLocked(); !q.gone {
-		q.gone = true
-		close(ch)
-	}
+	q.workersGoneL.fire()
 }
 
 func (q *Queue) runningLocked(owner *actor.PID) bool {
@@ -481,14 +507,7 @@ const spareMost = 4096
 func (q *Queue) Exited() <-chan struct{} {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.exitedChLocked()
-}
-
-func (q *Queue) exitedChLocked() chan struct{} {
-	if q.exitedCh == nil {
-		q.exitedCh = make(chan struct{})
-	}
-	return q.exitedCh
+	return q.workersGoneL.wait()
 }
 
 // close wakes every worker to exit; queued jobs are left (the node is
