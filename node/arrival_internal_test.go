@@ -129,12 +129,17 @@ func TestALoadsSpanStartsWhenItWasTaken(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the batch never reached the actor")
 	}
+	// What intake holds for the batch now: its decoded size where larger
+	// than its wire size (credit), admitted before the actor got it. Its
+	// wire size alone was passed as soon as the decoded extra was counted,
+	// before the load had come, and the load's span then started after
+	// the mark below.
+	held := n.ingest.pending.Load()
 	replies, err := nc.SubscribeSync(messages.InboxRoot + "slow." + nats.NewInbox()[len(nats.InboxPrefix):]) // the engine's own inbox
 	require.NoError(t, err)
 	loadSubject := n.cfg.Prefix + ".slow." + messages.VerbLoad
 	require.NoError(t, nc.PublishRequest(loadSubject, replies.Subject, []byte(`{"request":"r1"}`)))
 	require.NoError(t, nc.Flush())
-	held := msgBytes(&nats.Msg{Subject: subject, Data: batch})
 	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
 		if got := n.ingest.pending.Load(); got <= held {
 			return fmt.Errorf("intake holds %d bytes, want the load beside the batch (%d)", got, held)
