@@ -23,22 +23,11 @@ func (e *engine) handle(m any) {
 	}
 }
 
-// substitutes reports whether a release of reason answers whatever event
-// was owed (node_lost when the SDK lost its node, engine_reset,
-// engine_gone), not one of its own kind.
-func substitutes(reason string) bool {
-	switch reason {
-	case messages.ReasonNodeLost, messages.ReasonEngineReset, messages.ReasonEngineGone:
-		return true
-	}
-	return false
-}
-
 // onReleased frees the blocks held for the oldest owed release of that
-// reason. Only now may the scheduler hand them out again. A substitute
-// reason answers the oldest owed event; any other reason that is not owed
-// (a finished released as preempted) frees nothing and fails the check
-// (settleReleases counts it past the events of its kind).
+// reason. Only now may the scheduler hand them out again. A release the
+// node did not give for that event (node_lost when the SDK lost its node,
+// engine_reset or engine_gone, and the releases of a recovery after lost
+// ones) answers the oldest owed event.
 func (e *engine) onReleased(rel client.Release) {
 	e.rep.Releases[rel.Reason]++
 	r := e.byID[rel.Request]
@@ -48,7 +37,7 @@ func (e *engine) onReleased(rel client.Release) {
 		return
 	}
 	reason := rel.Reason
-	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 && substitutes(reason) {
+	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 {
 		reason = r.owedOrder[0]
 	}
 	if rel.Reason == messages.ReasonNodeLost && reason != messages.ReasonPreempted {
