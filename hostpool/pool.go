@@ -254,39 +254,35 @@ func (p *Pool) pagesFor(size int64) int64 {
 func (p *Pool) HoldsEmpty(sizes, counts []int64) bool {
 	have := int64(len(p.pages))
 	var pages int64
+	// Each tail class's slots summed over every size with a piece of it
+	// (sizes is a few groups: a linear search per piece is cheap; the
+	// array keeps a handful of groups off the heap).
+	var buf [8]tailPiece
+	slots := buf[:0]
 	for i, size := range sizes {
 		if counts[i] <= 0 {
 			continue
 		}
 		pages += counts[i] * (size / p.pageBytes)
-		if pages > have {
-			return false
-		}
-		// Each tail class once, its slots summed over every size with a
-		// piece of that class (sizes is a few groups: quadratic is cheap).
 		for _, c := range p.tailClasses(size) {
-			if c.class == 0 || p.classSeenBefore(c.class, sizes[:i], counts) {
+			if c.class == 0 {
 				continue
 			}
-			var slots int64
-			for j := i; j < len(sizes); j++ {
-				if counts[j] <= 0 {
-					continue
-				}
-				for _, d := range p.tailClasses(sizes[j]) {
-					if d.class == c.class {
-						slots += counts[j] * d.slots
-					}
-				}
+			j := 0
+			for j < len(slots) && slots[j].class != c.class {
+				j++
 			}
-			perPage := p.pageBytes / c.class
-			pages += (slots + perPage - 1) / perPage
-			if pages > have {
-				return false
+			if j == len(slots) {
+				slots = append(slots, tailPiece{class: c.class})
 			}
+			slots[j].slots += counts[i] * c.slots
 		}
 	}
-	return true
+	for _, c := range slots {
+		perPage := p.pageBytes / c.class
+		pages += (c.slots + perPage - 1) / perPage
+	}
+	return pages <= have
 }
 
 type tailPiece struct{ class, slots int64 }
@@ -308,20 +304,6 @@ func (p *Pool) tailClasses(size int64) (t [2]tailPiece) {
 		}
 	}
 	return t
-}
-
-func (p *Pool) classSeenBefore(class int64, sizes, counts []int64) bool {
-	for j, size := range sizes {
-		if counts[j] <= 0 {
-			continue
-		}
-		for _, d := range p.tailClasses(size) {
-			if d.class == class {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // Len is the number of keys present, pending or ready.
