@@ -29,7 +29,8 @@ type Sequencer struct {
 	lastSign      time.Time
 
 	// lostNext is the reason of the last loss told (Lost) since an epoch
-	// began or a batch was applied: the next epoch's first batches may have
+	// began (a loss makes the live epoch resync, so none of its batches is
+	// applied after it): the next epoch's first batches may have
 	// gone with it (the engine began one after the live epoch's resync, and
 	// its seq 1 was dropped at a full intake before the Lost reached here,
 	// while the old epoch was still live), so a gap the next epoch begins
@@ -160,7 +161,6 @@ func (s *Sequencer) Batch(now time.Time, epoch string, seq uint64) Decision {
 	case seq == s.applied+1:
 		d.Verdict = Apply
 		s.applied = seq
-		s.lostNext = "" // a batch got through since the loss
 	default:
 		d.Verdict = Dropped
 		d.Resync = s.startResync(now, s.applied+1, seq, gap)
