@@ -38,3 +38,22 @@ func TestARoundTripCountsNoLaterThanTheLastHeartbeatsPeriod(t *testing.T) {
 		t.Fatal("a round trip just after a heartbeat not counted")
 	}
 }
+
+// A heartbeat that does not go out (the outbox sealed at shutdown, a
+// refused publish) leaves the fence counting from the last one that did:
+// no engine heard it.
+func TestAHeartbeatThatDidNotGoOutIsNotCounted(t *testing.T) {
+	n, _, _ := startInternal(t, func(c *Config) { c.Lease = time.Hour })
+	old := time.Now().Add(-time.Minute)
+	n.lastBeat.Store(&old)
+	n.beat()
+	if got := n.lastBeat.Load(); got == nil || !got.After(old) {
+		t.Fatal("a heartbeat that went out not counted")
+	}
+	n.lastBeat.Store(&old)
+	n.outbox.Seal(func() int64 { return 0 })
+	n.beat()
+	if got := n.lastBeat.Load(); got == nil || !got.Equal(old) {
+		t.Fatalf("a heartbeat that did not go out counted: last beat %v, want %v", got, old)
+	}
+}
