@@ -1,6 +1,7 @@
 package node
 
 import (
+	"slices"
 	"sync"
 	"time"
 
@@ -55,28 +56,17 @@ func (c *recentChunksCache) get(key messages.Key, now time.Time, ttl time.Durati
 // dropping the least recently read past recentChunks or recentBytes; a
 // chunk alone past recentBytes is not kept.
 func (c *recentChunksCache) put(e servedChunk) {
-	c.drop(func(o servedChunk) bool { return o.key == e.key })
+	if i := slices.IndexFunc(c.chunks, func(o servedChunk) bool { return o.key == e.key }); i >= 0 {
+		c.bytes -= len(c.chunks[i].data)
+		c.chunks = slices.Delete(c.chunks, i, i+1) // a key is kept once
+	}
 	if len(e.data) > recentBytes {
 		return
 	}
 	for len(c.chunks) > 0 && (len(c.chunks) >= recentChunks || c.bytes+len(e.data) > recentBytes) {
 		c.bytes -= len(c.chunks[0].data)
-		c.chunks[0] = servedChunk{}
-		c.chunks = c.chunks[1:]
+		c.chunks = slices.Delete(c.chunks, 0, 1)
 	}
 	c.chunks = append(c.chunks, e)
 	c.bytes += len(e.data)
-}
-
-func (c *recentChunksCache) drop(match func(servedChunk) bool) {
-	kept := c.chunks[:0]
-	for _, o := range c.chunks {
-		if match(o) {
-			c.bytes -= len(o.data)
-			continue
-		}
-		kept = append(kept, o)
-	}
-	clear(c.chunks[len(kept):])
-	c.chunks = kept
 }
