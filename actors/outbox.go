@@ -62,11 +62,6 @@ type Outbox struct {
 	bodyMax atomic.Int64
 }
 
-// headerRoom is what a message leaves of the server's max_payload for its
-// headers (a trace context, a cluster's stamp) and the protocol line: NATS
-// counts headers in the payload.
-const headerRoom = 1024
-
 // BodyMax is the largest body one message may carry on the server the
 // connection is on: what a body cut into several messages is cut at
 // (kv_events, a large job's stored). 0: no connection yet.
@@ -79,7 +74,7 @@ func (o *Outbox) Refresh() {
 		return
 	}
 	mp := o.nc.MaxPayload()
-	o.bodyMax.Store(max(mp-headerRoom, mp/2))
+	o.bodyMax.Store(max(mp-messages.HeaderRoom, mp/2))
 }
 
 // The kinds of message the outbox publishes, besides the verbs released,

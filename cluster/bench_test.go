@@ -34,7 +34,7 @@ func BenchmarkFetchAcrossServers(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer func() { _ = sub.Unsubscribe() }()
-	piece := int(server.MaxPayload() - headerRoom)
+	piece := int(server.MaxPayload() - messages.HeaderRoom)
 	raw := randomBytes(1, piece)
 	rawSub, err := server.Subscribe("bench.raw", func(m *nats.Msg) {
 		var want int

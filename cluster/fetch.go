@@ -19,7 +19,7 @@ import (
 // Fetch wire (P._node.<node>.fetch, request/reply). Request body, JSON:
 // {"namespace":"m","key":"<hex>","offset":0,"max":1047552}. Reply: the
 // bytes [offset, offset+n) of the chunk as the raw body (n ≤ max and ≤ the
-// serving connection's max_payload less headerRoom), with headers
+// serving connection's max_payload less messages.HeaderRoom), with headers
 // Kvactors-Size (the whole chunk's length), Kvactors-Crc32c (CRC-32C,
 // Castagnoli, of the whole chunk, 8 hex digits) and Kvactors-Offset; or no
 // body and Kvactors-Error naming what is wrong.
@@ -28,9 +28,6 @@ const (
 	HeaderCRC    = "Kvactors-Crc32c"
 	HeaderOffset = "Kvactors-Offset"
 	HeaderError  = "Kvactors-Error"
-	// headerRoom is what a piece leaves of max_payload for the headers and
-	// protocol line (NATS counts headers in the payload).
-	headerRoom = 1024
 )
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
@@ -113,7 +110,7 @@ func fetchPiece(maxPayload int64, body []byte, src ChunkSource, h nats.Header) (
 	if req.Offset > size {
 		return nil, fmt.Errorf("%w: offset %d past size %d", ErrFetchInput, req.Offset, size)
 	}
-	n := min(req.Max, maxPayload-headerRoom, size-req.Offset)
+	n := min(req.Max, maxPayload-messages.HeaderRoom, size-req.Offset)
 	if n < 1 && req.Offset < size { // a server whose max_payload leaves no room past the headers
 		return nil, fmt.Errorf("%w: max_payload %d leaves no room for a piece", ErrFetchInput, maxPayload)
 	}
@@ -171,7 +168,7 @@ func (f *Fetcher) FetchTo(ctx context.Context, node, ns string, key messages.Key
 func (f *Fetcher) fetchTo(ctx context.Context, node, ns string, key messages.Key, alloc func(size int64) ([]byte, error)) ([]byte, error) {
 	name := fmt.Sprintf("key %s/%x from node %s", ns, []byte(key), node)
 	subj := messages.NodeSubject(f.cfg.Prefix, node, messages.NodeVerbFetch)
-	pieceMax := f.nc.MaxPayload() - headerRoom
+	pieceMax := f.nc.MaxPayload() - messages.HeaderRoom
 	first, err := f.piece(ctx, subj, ns, key, 0, pieceMax)
 	if err != nil {
 		return nil, fmt.Errorf("fetch %s: %w", name, err)

@@ -82,7 +82,7 @@ func TestFetchSizesAroundPieceBoundaries(t *testing.T) {
 	src := newMemSource()
 	serve(t, nc, "a", src)
 	f := fetcher(t, testkit.Connect(t, s), nil)
-	p := int(nc.MaxPayload() - headerRoom)
+	p := int(nc.MaxPayload() - messages.HeaderRoom)
 	for i, n := range []int{0, 1, p - 1, p, p + 1, 3*p + 17} {
 		key := messages.Key(fmt.Sprintf("k%d", i))
 		want := randomBytes(uint64(i), n)
@@ -156,7 +156,7 @@ func TestFetchRefusesCorruptMissingAndLyingPieces(t *testing.T) {
 	// Only a dropped piece needs the timeout; the other faults are seen in
 	// the reply, however slowly a loaded machine relays it.
 	impatient := fetcher(t, client, func(c *Config) { c.FetchTimeout = 300 * time.Millisecond })
-	second := nc.MaxPayload() - headerRoom // where the second piece starts
+	second := nc.MaxPayload() - messages.HeaderRoom // where the second piece starts
 	cases := []struct {
 		name   string
 		change func(*nats.Msg) *nats.Msg

@@ -37,7 +37,7 @@ func FuzzFetchPiece(f *testing.F) {
 		}
 		off, err := strconv.ParseInt(h.Get(HeaderOffset), 10, 64)
 		require.NoError(t, err)
-		require.LessOrEqual(t, int64(len(piece)), int64(maxPayload-headerRoom))
+		require.LessOrEqual(t, int64(len(piece)), int64(maxPayload-messages.HeaderRoom))
 		require.Equal(t, chunk[off:off+int64(len(piece))], piece)
 		require.Equal(t, strconv.Itoa(len(chunk)), h.Get(HeaderSize))
 	})
@@ -74,7 +74,7 @@ func FuzzKeysPage(f *testing.F) {
 func TestFetchPieceWithTinyMaxPayload(t *testing.T) {
 	src := newMemSource()
 	src.put("m", "k", randomBytes(1, 4096))
-	for _, mp := range []int64{0, 512, headerRoom} {
+	for _, mp := range []int64{0, 512, messages.HeaderRoom} {
 		piece, err := fetchPiece(mp, []byte(`{"namespace":"m","key":"6b","offset":0,"max":1048576}`), src, nats.Header{})
 		require.ErrorIs(t, err, ErrFetchInput, "max_payload %d", mp)
 		require.Nil(t, piece)

@@ -105,7 +105,7 @@ func (s SortedKeys) Apply(changes map[holders.NSKey]bool) SortedKeys {
 func ServeKeys(nc *nats.Conn, prefix, node, boot string, src KeySource) (*nats.Subscription, error) {
 	subj := messages.NodeSubject(prefix, node, VerbKeys)
 	sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
-		rep := keysPage(nc.MaxPayload()-headerRoom, m.Data, src)
+		rep := keysPage(nc.MaxPayload()-messages.HeaderRoom, m.Data, src)
 		rep.Node, rep.Boot = node, boot
 		b, _ := json.Marshal(rep)
 		_ = m.Respond(b)

@@ -165,3 +165,10 @@ type LoadReply struct {
 	Node         string `json:"node,omitempty"`
 	Boot         string `json:"boot,omitempty"`
 }
+
+// HeaderRoom is what a message leaves of the server's max_payload for its
+// headers (a trace context, a cluster's stamp, the fetch wire's) and the
+// protocol line: NATS counts headers in the payload. A body cut into pieces
+// (kv_events, a large job's stored, a fetched chunk) is cut at max_payload
+// less this.
+const HeaderRoom = 1024
