@@ -28,9 +28,12 @@ import (
 //   - a mismatch with no read showing the write past rev before the time
 //     runs out (every read from a replica that lags): the write after rev
 //     may be this node's own. Unless the refusal named a last sequence
-//     below rev (the bucket lost writes, below), it is no verdict.
+//     below rev (the bucket lost writes, below), it is no verdict;
+//   - a refusal naming a last sequence below rev while a read shows the
+//     record at rev: a stream leader deposed but not yet told answered
+//     from its store, behind rev; the write is tried again.
 //
-// Anything else is ErrFenced. None of the three is a verdict when the tries
+// Anything else is ErrFenced. None of the four is a verdict when the tries
 // (maxClaimAttempts in all) run out: the write fails as a NATS error
 // would, and a held claim stays, bounded by its local lease. A stream
 // leader cut off from its peers refuses every write of a key whose last
@@ -85,13 +88,31 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			}
 			continue
 		}
-		// A single read may come from a replica that lags the write which
-		// caused the mismatch: read until the record moves past rev.
-		e, gerr := o.readPast(ctx, engine, rev)
-		if gerr != nil {
-			if last, ok := lastSequence(err); ok && last < rev {
-				break // the bucket's last write of the key is below this claim's: it lost writes
+		var e *ownership.Entry
+		var gerr error
+		if last, ok := lastSequence(err); ok && last < rev {
+			// The refusal puts the key's last write below rev: the bucket
+			// lost writes, or a stream leader deposed but not yet told
+			// (cut off, or just back) answered first from its store behind
+			// the write at rev. A read of the record at rev refutes it (that
+			// write is committed): the write is tried again, unless a held
+			// claim's revision now names another node (issued again, as
+			// keepAlive's check). Reads only below rev, maybe all from that
+			// server, cannot tell the two apart: fenced, as lost writes.
+			if e, gerr = o.readUntil(ctx, engine, rev, true); gerr != nil {
+				break
 			}
+			if e != nil && e.Revision == rev && (e.Identity == o.me || !renew) {
+				o.metrics.Unsettled.WithLabelValues("stale").Inc()
+				if attempt == maxClaimAttempts || !pause(ctx, time.Duration(attempt)*10*time.Millisecond) {
+					return fmt.Errorf("claim engine %s: refused as below revision %d, which a read shows: %w", engine, rev, err)
+				}
+				continue
+			}
+		} else if e, gerr = o.readPast(ctx, engine, rev); gerr != nil {
+			// A single read may come from a replica that lags the write
+			// which caused the mismatch: readPast reads until the record
+			// moves past rev.
 			o.metrics.Unsettled.WithLabelValues("unexplained").Inc()
 			return fmt.Errorf("claim engine %s (revision %d) refused, and no read shows the write past it: %w", engine, rev, gerr)
 		}

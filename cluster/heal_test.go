@@ -232,3 +232,111 @@ func TestAKeepAliveFindingARegistersLandedWriteDatesItFromThatWrite(t *testing.T
 	require.Equal(t, 1.0, testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("landed")))
 	a.kv = real
 }
+
+// deposedLeaderKV refuses its next stale Updates as a stream leader
+// deposed but not yet told does (its routes cut, or just back): it checks
+// the expected revision against its own store, behind the write at the
+// claim's revision, names that store's last sequence of the key (10071,
+// below the revision) and commits nothing. Then it passes the writes
+// through (told, it no longer answers them).
+type deposedLeaderKV struct {
+	jetstream.KeyValue
+	last  uint64
+	stale atomic.Int64
+}
+
+func (k *deposedLeaderKV) Update(ctx context.Context, key string, value []byte, rev uint64) (uint64, error) {
+	if k.stale.Add(-1) >= 0 {
+		return 0, refusal(jetstream.JSErrCodeStreamWrongLastSequence, fmt.Sprintf("wrong last sequence: %d", k.last))
+	}
+	return k.KeyValue.Update(ctx, key, value, rev)
+}
+
+// A refusal naming a last sequence below the claim's revision is lost
+// writes only if the key is below it: a read showing the record at the
+// revision (the claim's own, committed) proves the answer stale, a deposed
+// stream leader's, and the write is tried again. Refused so until the tries
+// run out, it fails without a fence and the claim stays; once the deposed
+// leader stops answering, the keep-alive renews. Before, the reads waited
+// the pass out for a write past the revision, and the claim was fenced: the
+// node dropped an engine the bucket still named it for, nobody else having
+// written.
+func TestARefusalBelowTheClaimThatAReadRefutesIsNoFence(t *testing.T) {
+	a, _, first := ownerOfE1(t)
+	ctx := ctxT(t)
+	rev, err := a.KeepAlive(ctx, "e1") // the deposed leader's store stops at first
+	require.NoError(t, err)
+
+	real := a.kv
+	kv := &deposedLeaderKV{KeyValue: real, last: first}
+	kv.stale.Store(2)
+	a.kv = kv
+	pass, cancel := context.WithTimeout(ctx, staleLease/4) // the node's pass
+	defer cancel()
+	nrev, err := a.KeepAlive(pass, "e1")
+	require.NoError(t, err, "a deposed leader's stale refusal decided the claim")
+	require.Greater(t, nrev, rev, "renewed once the refusals stopped")
+	require.True(t, a.Serving("e1", time.Now()))
+	require.Zero(t, testutil.ToFloat64(a.metrics.Fenced))
+	require.Equal(t, 2.0, testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("stale")))
+
+	kv.stale.Store(1 << 30) // it answers every try of a pass
+	_, err = a.KeepAlive(ctx, "e1")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, ErrFenced)
+	require.Equal(t, []string{"e1"}, a.Mine(), "the claim stays, bounded by its local lease")
+	require.Equal(t, nrev, a.Revision("e1"))
+	kv.stale.Store(0)
+	_, err = a.KeepAlive(ctx, "e1")
+	require.NoError(t, err, "renewed at the next pass")
+	a.kv = real
+}
+
+// entryAt is a bucket entry of key at rev holding r.
+type entryAt struct {
+	jetstream.KeyValueEntry
+	key string
+	rev uint64
+	r   ownership.Record
+}
+
+func (e entryAt) Key() string      { return e.key }
+func (e entryAt) Revision() uint64 { return e.rev }
+func (e entryAt) Value() []byte    { return ownership.EncodeRecord(e.r) }
+
+// The same refusal, but the read at the keep-alive's revision names another
+// node: the bucket lost writes and issued that revision again, to another
+// claim (found after keepAlive's own check). That read is no refutation: a
+// write retried on the revision would overwrite the other claim. Fenced.
+func TestARefusalBelowTheClaimWithItsRevisionIssuedAgainIsFenced(t *testing.T) {
+	a, _, first := ownerOfE1(t)
+	ctx := ctxT(t)
+	rev, err := a.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+
+	real := a.kv
+	kv := &deposedLeaderKV{KeyValue: real, last: first}
+	kv.stale.Store(1 << 30)
+	b := entryAt{key: "e1", rev: rev, r: ownership.Record{Identity: ownership.Identity{Node: "gpu-b", Boot: "gpu-b-boot1"},
+		LeaseMS: staleLease.Milliseconds(), Renewed: time.Now().UnixMilli()}}
+	a.kv = &reissuedKV{deposedLeaderKV: kv, e: b}
+	_, err = a.KeepAlive(ctx, "e1")
+	require.ErrorIs(t, err, ErrFenced)
+	require.Empty(t, a.Mine())
+	require.Zero(t, testutil.ToFloat64(a.metrics.Unsettled.WithLabelValues("stale")))
+	a.kv = real
+}
+
+// reissuedKV is a deposedLeaderKV whose reads after the first show e.
+type reissuedKV struct {
+	*deposedLeaderKV
+	e     entryAt
+	reads atomic.Int64
+}
+
+func (k *reissuedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
+	if key == k.e.key && k.reads.Add(1) > 1 {
+		return k.e, nil
+	}
+	return k.deposedLeaderKV.Get(ctx, key)
+}

@@ -13,7 +13,7 @@ import (
 type Metrics struct {
 	Decisions     *prometheus.CounterVec // action: serve, claim, refuse, ignore
 	Fenced        prometheus.Counter
-	Unsettled     *prometheus.CounterVec // outcome: landed, in_process, unexplained
+	Unsettled     *prometheus.CounterVec // outcome: landed, in_process, unexplained, stale
 	FetchBytes    prometheus.Counter
 	FetchSeconds  prometheus.Histogram
 	FetchFailures *prometheus.CounterVec // reason: corrupt, piece, refused, other
@@ -38,7 +38,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}),
 		Unsettled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvactors_cluster_ownership_unsettled_writes_total",
-			Help: "Claim writes whose reply did not settle them, by outcome: landed (this node's own write found in the bucket after its reply was lost or refused; a renewal), in_process (refused as another write in process at the stream leader; tried again), unexplained (refused past the claim's revision with no read showing the write past it; no verdict).",
+			Help: "Claim writes whose reply did not settle them, by outcome: landed (this node's own write found in the bucket after its reply was lost or refused; a renewal), in_process (refused as another write in process at the stream leader; tried again), unexplained (refused past the claim's revision with no read showing the write past it; no verdict), stale (refused as below the claim's revision while a read shows the record at it: a deposed stream leader's answer; tried again).",
 		}, []string{"outcome"}),
 		FetchBytes: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "kvactors_cluster_fetch_bytes_total",
@@ -80,7 +80,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, a := range []ownership.Action{ownership.Serve, ownership.Claim, ownership.Refuse, ownership.Ignore} {
 		m.Decisions.WithLabelValues(a.String())
 	}
-	for _, o := range []string{"landed", "in_process", "unexplained"} { // claim
+	for _, o := range []string{"landed", "in_process", "unexplained", "stale"} { // claim
 		m.Unsettled.WithLabelValues(o)
 	}
 	for _, r := range []string{"corrupt", "piece", "refused", "other"} { // fetchReason

@@ -222,13 +222,19 @@ const maxClaimAttempts = 5
 // (taken for the write after rev, it would fence a claim whose own write
 // had landed).
 func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*ownership.Entry, error) {
+	return o.readUntil(ctx, engine, rev, false)
+}
+
+// readUntil is readPast, a record at rev itself also ending it when at is
+// set.
+func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bool) (*ownership.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Lease)
 	defer cancel()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		e, err := o.Get(ctx, engine)
-		if err == nil && ((e == nil && rev != 0) || (e != nil && e.Revision > rev)) {
+		if err == nil && ((e == nil && rev != 0) || (e != nil && (e.Revision > rev || (at && e.Revision == rev)))) {
 			return e, nil
 		}
 		select {
