@@ -62,7 +62,7 @@ func rejected(t *testing.T, e *env, reason string) float64 {
 // engine keeps storing in the same run (issue 3, "Bad input").
 func TestBadInputIsRejectedCountedAndHarmless(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	te := e.newEngine("good", defaultOpts())
 	te.register()
 	te.send(added("r", 8), hashesEv("r", 0, hash("g", 0), hash("g", 1)), blocksEv("r", 0, 0, 1))

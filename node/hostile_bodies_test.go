@@ -23,7 +23,7 @@ import (
 // once they come.
 func TestHostileBodiesOnEveryRequestSubject(t *testing.T) {
 	t.Parallel()
-	e := startNode(t, func(c *node.Config) { c.Limits.MaxIDs = 64 })
+	e := startNode(t, silenceNotTested, func(c *node.Config) { c.Limits.MaxIDs = 64 })
 	vic, hs, want := victim(t, e)
 	// A second request whose chunk waits only for its tokens.
 	r2 := []string{hash("w", 0)}

@@ -65,7 +65,7 @@ func intact(t *testing.T, vic *testEngine, hs []string, want [][]byte) {
 // them). Refused at register, before anything is opened.
 func TestHostileOtherEnginesSegment(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
 	before := rejected(t, e, "bad_spec")
@@ -90,7 +90,7 @@ func TestHostileOtherEnginesSegment(t *testing.T) {
 // outside is never written.
 func TestHostileLinksInShmDir(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	vic, hs, want := victim(t, e)
 	outside := filepath.Join(t.TempDir(), "secret")
 	secret := bytes.Repeat([]byte("secret!"), 64<<10)
@@ -121,7 +121,7 @@ func TestHostileLinksInShmDir(t *testing.T) {
 // bytes. The eviction itself is announced in the victim's namespace.
 func TestHostilePoisonAfterEviction(t *testing.T) {
 	t.Parallel()
-	e := startNode(t, func(c *node.Config) { c.PoolBytes = 8 * 256 }) // 8 chunk slots
+	e := startNode(t, silenceNotTested, func(c *node.Config) { c.PoolBytes = 8 * 256 }) // 8 chunk slots
 	vic, hs, _ := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
 	mal.register()
@@ -206,7 +206,7 @@ func TestHostileSquatterGeometry(t *testing.T) {
 	t.Parallel()
 	// H4's pool v2 removes the fixed slot size; until then the first engine
 	// would cut the slots, so the test sets them.
-	e := startNode(t, func(c *node.Config) { c.SlotBytes = 256 })
+	e := startNode(t, silenceNotTested, func(c *node.Config) { c.SlotBytes = 256 })
 	tiny := defaultOpts()
 	tiny.blockBytes = 16
 	sq := e.newEngine("sq", tiny)
@@ -238,12 +238,7 @@ func TestHostileSquatterGeometry(t *testing.T) {
 // default run sends 25 messages of 3 events × 20k ids (1.5M ids, fast under -race);
 // KVACTORS_HOSTILE_FULL=1 sends the 75M (3 × 1M per message).
 func TestHostileHugeBlockLists(t *testing.T) { // not parallel: it measures the process's heap
-	// Neither engine sends a sign of life while the flood and the GCs run,
-	// which under -race on a loaded machine outlast the default lease's
-	// lease/2 (5 s): the node would then refuse the victim's load and reset
-	// mal's request, as PROTOCOL.md "Engine silence" says. Silence is not
-	// what this test is about, so its lease outlasts any run.
-	e := startNode(t, func(c *node.Config) { c.Lease = 10 * time.Minute })
+	e := startNode(t, silenceNotTested)
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts()) // 64 blocks × 4 tokens: max_model_len 256
 	mal.register()
@@ -290,7 +285,7 @@ func TestHostileHugeBlockLists(t *testing.T) { // not parallel: it measures the 
 // 4096 segments, the same way.)
 func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 	t.Parallel()
-	e := startNode(t, func(c *node.Config) {
+	e := startNode(t, silenceNotTested, func(c *node.Config) {
 		c.MaxEngines, c.MaxMappedSegments, c.MaxRequests = 6, 12, 3
 	})
 	vic, hs, want := victim(t, e) // 1 segment
@@ -367,7 +362,7 @@ func TestHostileEngineSegmentAndRequestLimits(t *testing.T) {
 // dir and fills it. The embedded server runs without JetStream.
 func TestHostileAnonymousJetStream(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	js, err := e.nc.JetStream(nats.MaxWait(2 * time.Second))
 	require.NoError(t, err)
 	_, err = js.AddStream(&nats.StreamConfig{Name: "fill", Subjects: []string{"fill.>"}})
@@ -380,7 +375,7 @@ func TestHostileAnonymousJetStream(t *testing.T) {
 func TestHostileRejectionFloodLogsBounded(t *testing.T) {
 	t.Parallel()
 	var logs testkit.SyncBuffer
-	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
+	e := startNode(t, silenceNotTested, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	vic, hs, want := victim(t, e)
 	mal := e.newEngine("mal", defaultOpts())
 	mal.register()
@@ -406,7 +401,7 @@ func TestHostileRejectionFloodLogsBounded(t *testing.T) {
 // first.
 func TestHostilePrefixIDsShareNoSegment(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	vic := e.newEngine("e1-kv", defaultOpts()) // its segment: "e1-kv-seg"
 	vic.register()
 	mal := e.newEngine("e1", defaultOpts())
@@ -430,7 +425,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 	if os.Getenv("KVACTORS_HOSTILE_FULL") != "1" {
 		t.Skip("set KVACTORS_HOSTILE_FULL=1 to replay 1,100 engines × 64 segments")
 	}
-	e := startNode(t)
+	e := startNode(t, silenceNotTested)
 	vic, hs, want := victim(t, e)
 	maps := func() int {
 		b, err := os.ReadFile("/proc/self/maps")
@@ -484,7 +479,7 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 // --max-engines namespaces a register is refused as "limit".
 func TestHostileNamespaceChurnIsBounded(t *testing.T) {
 	t.Parallel()
-	e := startNode(t, func(c *node.Config) { c.MaxEngines = 1 })
+	e := startNode(t, silenceNotTested, func(c *node.Config) { c.MaxEngines = 1 })
 	// One engine id opens at most 16 (TestOneEngineCannotUseUpTheNodesNamespaces):
 	// two ids, one after the other, reach the node's 16.
 	first := e.newEngine("first", defaultOpts())
