@@ -49,14 +49,18 @@ const fetchParallel = 4
 // them: room is made as for a store (the engine's PrepareStore: evictions
 // are announced, and spilled to disk when there is a disk tier), each chunk
 // is fetched (its CRC-32C checked over the whole chunk), written into its
-// room and checked again there, and only then made ready. It returns how
-// many chunks it fetched; any failure fails the load with the error naming
-// the key, frees that key's room, and no byte of it is ever loadable.
+// room and checked again there, and only then made ready, pinned
+// (store.FillRemote): no store evicts it before the load pins it too. It
+// returns the keys it fetched, each pinned once, for the load to unpin
+// once its own pins hold them or it ends without them (loadStart.fetched);
+// any failure fails the load with the error naming the key, frees that
+// key's room, and no byte of it is ever loadable, and the keys already
+// fetched are unpinned (they stay, as any stored chunk).
 // loadKeys are all the load's keys: those in host memory are offered with
 // keys, so the room is not made by evicting the load's own local chunks
 // (an offered key is never evicted for its siblings), which would fail it
 // as a miss after the fetch.
-func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) (int, error) {
+func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) ([]messages.Key, error) {
 	// Close cancels the fetches, then waits for this one: the pool it
 	// writes into is unmapped next.
 	ctx, cancel := context.WithCancel(ctx)
@@ -79,14 +83,14 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	for i, k := range offer {
 		_, _, g := sched.SplitKey(k)
 		if g < 0 || g >= len(rec.layout.Groups) {
-			return 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
+			return nil, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}
 	prep, err := rec.store.PrepareStore(offer, sizes) // evictions and fills are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(prep.Evicted)))
 	if err != nil {
-		return 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
+		return nil, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
 	// A local key evicted (by another engine) since it was looked up got
 	// room too: it is no one's to fetch here, so its room is freed and the
@@ -113,6 +117,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	var failMu sync.Mutex
 	var firstErr error
 	failed := 0
+	filled := make([]messages.Key, 0, len(fetch)) // pinned by FillRemote
 	fail := func(err error) {
 		failMu.Lock()
 		defer failMu.Unlock()
@@ -147,8 +152,10 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 			})
 			if err != nil {
 				n.store.AbortRemote([]messages.Key{k})
-			} else {
-				err = n.store.FillRemote(rec.id, k, data, cluster.CRC32C(data))
+			} else if err = n.store.FillRemote(rec.id, k, data, cluster.CRC32C(data)); err == nil {
+				failMu.Lock()
+				filled = append(filled, k)
+				failMu.Unlock()
 			}
 			if err != nil && (fetchCtx.Err() == nil || !errors.Is(err, context.Canceled)) {
 				fail(err)
@@ -157,17 +164,19 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	}
 	wg.Wait()
 	if firstErr != nil {
+		n.store.UnpinRemote(filled)
 		if failed > 1 {
-			return 0, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
+			return nil, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
 		}
-		return 0, firstErr
+		return nil, firstErr
 	}
 	if err := ctx.Err(); err != nil { // cancelled from outside: no failure of its own recorded
-		return 0, err
+		n.store.UnpinRemote(filled)
+		return nil, err
 	}
 	// Keys PrepareStore left out were already present: ready, or pending
 	// because another load (or a store) is filling them. The load waits for
 	// those as any load does (startLoad, waitLoad), so two loads of one
 	// remote prefix at once both succeed.
-	return len(fetch), nil
+	return filled, nil
 }

@@ -3,6 +3,7 @@ package node_test
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"testing"
 	"time"
 
@@ -92,4 +93,136 @@ func TestClusterRemoteLoadsFetchingAreBounded(t *testing.T) {
 		}
 	}
 	require.Positive(t, ok)
+}
+
+// A remote load's fetched chunks are pinned from when each is made ready
+// until the load's own pins hold them: another engine's stores on the node
+// in between evict other chunks, not these. Before, a fetched chunk was
+// ready and unpinned until the load pinned its keys, and a store evicting
+// it there failed the load as a miss (no disk tier) though lookup counted
+// it and it had been fetched. Once the load ends nothing stays pinned.
+func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		if i == 1 {
+			c.PoolBytes = 768 // three 256-byte chunks: the fetched prefix and one more
+		}
+	})
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
+	d := kc.engineOn(1, "ed", "m")
+	a.register()
+	c.register()
+	d.register()
+	hs := []string{hash("pin", 0), hash("pin", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
+	awaitLookup(t, c, hs, 8, "C")
+
+	fetched, release := kc.nodes[1].node.HoldInClusterGate("fetched")
+	defer release()
+	replies := collect(t, c.e.nc, "kvactors.ec.load",
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+	testkit.Closed(t, fetched, 10*time.Second, "C's load, its fetch done, before it pins")
+	d.storeOne("x1", 50) // the pool's third chunk
+	d.storeOne("x2", 51) // evicts the least recently used chunk that is not pinned
+	release()
+
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	require.True(t, r.OK, "a store between the fetch and the load's pins evicted a fetched chunk: %s", r.Error)
+	require.Equal(t, 2, r.RemoteChunks)
+	require.Equal(t, a.block(0, 40), c.block(0, 2), "chunk 0 from A")
+	require.Equal(t, a.block(0, 41), c.block(0, 3), "chunk 1 from A")
+	require.Zero(t, c.sync().Pool.Pinned, "a chunk stayed pinned after the load") // its copy unpinned before the reply
+}
+
+// A remote load refused after its fetch (here its own local chunk was
+// evicted meanwhile: a miss) lets go of the pins its fetch left on the
+// chunks it fetched: they stay in the pool, evictable, as any stored chunk.
+func TestClusterALoadFailingAfterItsFetchUnpinsTheFetchedChunks(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		if i == 1 {
+			c.PoolBytes = 768 // three 256-byte chunks
+		}
+	})
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
+	d := kc.engineOn(1, "ed", "m")
+	a.register()
+	c.register()
+	d.register()
+	hs := []string{hash("unpin", 0), hash("unpin", 1)}
+	// A stores chunk 1 only (chunk 0's block is the null block); C holds
+	// chunk 0 itself.
+	a.fill(0, 41, 7)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	c.fill(0, 10, 7)
+	c.send(added("c0", 4), hashesEv("c0", 0, hs[0]), blocksEv("c0", 0, 0, 10), tokensEv("c0", 4, 4))
+	recv(t, c.stored, "chunk 0 stored by C")
+	awaitLookup(t, c, hs, 8, "C")
+
+	fetched, release := kc.nodes[1].node.HoldInClusterGate("fetched")
+	defer release()
+	replies := collect(t, c.e.nc, "kvactors.ec.load",
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+	testkit.Closed(t, fetched, 10*time.Second, "C's load, its fetch done, before it pins")
+	d.storeOne("x1", 50) // the pool's third chunk
+	d.storeOne("x2", 51) // evicts C's own chunk 0, the least recently used not pinned
+	release()
+
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	require.False(t, r.OK, "chunk 0 was evicted before the load pinned it")
+	require.Contains(t, r.Error, hs[0])
+	require.Zero(t, c.sync().Pool.Pinned, "the failed load left its fetched chunk pinned")
+}
+
+// A remote load whose fetch fails at one chunk after another was made
+// ready lets go of that one's pin: it stays in the pool, evictable. Chunk 0
+// is held by A only, chunk 1 by B only; A's fetch server is held (it serves
+// one fetch at a time) while B's serves chunk 1, and A evicts chunk 0.
+func TestClusterAFailedFetchUnpinsTheChunksItFetched(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 3, func(i int, c *node.Config) {
+		if i == 0 {
+			c.PoolBytes = 512 // two 256-byte chunks: two more stores evict chunk 0
+		}
+	})
+	a := kc.engineOn(0, "ea", "m")
+	b := kc.engineOn(1, "eb", "m")
+	c := kc.engineOn(2, "ec", "m")
+	a.register()
+	b.register()
+	c.register()
+	hs := []string{hash("half", 0), hash("half", 1)}
+	a.fill(0, 40, 5)
+	a.send(added("r", 4), hashesEv("r", 0, hs[0]), blocksEv("r", 0, 0, 40), tokensEv("r", 4, 4))
+	recv(t, a.stored, "chunk 0 stored by A")
+	b.fill(0, 41, 5) // chunk 0's block is the null block: B stores chunk 1 only
+	b.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
+	recv(t, b.stored, "chunk 1 stored by B")
+	awaitLookup(t, c, hs, 8, "C")
+
+	serving, release := kc.nodes[0].node.HoldInClusterGate("read")
+	defer release()
+	replies := collect(t, c.e.nc, "kvactors.ec.load",
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+	testkit.Closed(t, serving, 10*time.Second, "A serving C's fetch of chunk 0, held")
+	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
+		if got := c.sync().Pool.Ready; got != 1 {
+			return fmt.Errorf("C's pool holds %d chunks ready, want chunk 1, fetched from B", got)
+		}
+		return nil
+	})
+	a.storeOne("x1", 50) // A's pool holds two chunks: these two evict chunk 0
+	a.storeOne("x2", 51)
+	release()
+
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	require.False(t, r.OK, "chunk 0 was evicted before A read it")
+	require.Contains(t, r.Error, hs[0])
+	require.Zero(t, c.sync().Pool.Pinned, "the failed fetch left chunk 1 pinned")
 }

@@ -52,7 +52,8 @@ func WithClock(now func() time.Time) func(*Config) {
 
 // HoldInClusterGate holds the next of the node's cluster gates' holders to
 // reach gate ("read": readChunk serving a fetch; "fetch": a remote load's
-// fetch allocating a chunk's room; "claim-released": an ended engine's claim just
+// fetch allocating a chunk's room; "fetched": a remote load whose fetch is
+// done, before it pins its keys; "claim-released": an ended engine's claim just
 // released) until release; entered is closed once
 // one is held there. Set it before the node serves or loads.
 func (n *Node) HoldInClusterGate(gate string) (entered <-chan struct{}, release func()) {

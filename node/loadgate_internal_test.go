@@ -71,7 +71,8 @@ func (d *toldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Ra
 // ended (an expiry decided on the engine actor's goroutine, an unregister)
 // reaches startLoad after the engine's end closed its load gate and
 // unmapped its segments: startLoad refuses it as a load of an unknown
-// engine, pins nothing and never copies into the unmapped blocks. The race
+// engine, pins nothing (and lets go of the pin a fetch handed it) and never
+// copies into the unmapped blocks. The race
 // is played in order: the record is taken, the engine unregistered (its
 // reply comes once the gate is closed and the device unmapped), then the
 // rest of the worker's path runs with the old record.
@@ -105,8 +106,12 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, string(reply.Data), `"ok":true`)
 
+	// As if a remote fetch had made the key ready: pinned, handed to the
+	// load, which must let go of that pin too when refused.
+	_, err = rec.store.PrepareLoad(keys)
+	require.NoError(t, err)
 	failed := make(chan error, 1)
-	n.startLoad(context.Background(), trace.SpanFromContext(context.Background()), rec, req, chunks, keys, "", 0, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
+	n.startLoad(context.Background(), trace.SpanFromContext(context.Background()), rec, req, chunks, keys, "", keys, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
 	select {
 	case err := <-failed:
 		require.ErrorIs(t, err, errUnknownEngine)
@@ -115,7 +120,7 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the load neither refused nor copied")
 	}
-	require.Zero(t, n.store.Stats().Pinned, "the refused load pinned its key")
+	require.Zero(t, n.store.Stats().Pinned, "the refused load pinned its key, or kept its fetch's pin")
 	// A copy would have been handed to a load actor and a copy worker; the
 	// transfer actor stops only once its workers are idle, so after Close
 	// none is still to come.

@@ -51,8 +51,11 @@ func (s *Store) readChunk(key messages.Key) ([]byte, uint32, error) {
 
 // FillRemote writes a fetched chunk into the room PrepareStore gave key and
 // makes it ready with sum (journaled as engine's store), the checksum the serving node stored it with,
-// after checking the bytes now in host memory against it. On any error the
-// room is freed and the key stays absent: no unverified byte is loadable.
+// after checking the bytes now in host memory against it. It is made ready
+// pinned, so no store evicts it before the load that fetched it pins it
+// too: the caller lets go of this pin with UnpinRemote. On any error the
+// room is freed, nothing is pinned, and the key stays absent: no
+// unverified byte is loadable.
 func (s *Store) FillRemote(engine string, key messages.Key, data []byte, sum uint32) error {
 	return named(s.fillRemote(engine, key, data, sum))
 }
@@ -85,9 +88,13 @@ func (s *Store) fillRemote(engine string, key messages.Key, data []byte, sum uin
 		s.pool.CompleteStore(keys, nil)
 		return &hostpool.KeyError{Key: key, Err: fmt.Errorf("%w: crc32c %08x, sent %08x", ErrCorrupt, got, sum)}
 	}
-	s.pool.By(engine).CompleteStore(keys, []uint32{sum})
+	s.pool.By(engine).CompleteStorePinned(keys, []uint32{sum})
 	return nil
 }
 
 // AbortRemote frees the room of keys whose fetch failed.
 func (s *Store) AbortRemote(keys []messages.Key) { s.pool.CompleteStore(keys, nil) }
+
+// UnpinRemote lets go of the pins FillRemote left on keys (each filled
+// once): they stay ready, evictable again unless a load pins them.
+func (s *Store) UnpinRemote(keys []messages.Key) { s.pool.CompleteLoad(keys) }

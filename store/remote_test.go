@@ -14,7 +14,8 @@ import (
 
 // A chunk crosses stores: ReadChunk gives its bytes and stored checksum;
 // FillRemote puts them into another store's room and makes them ready with
-// that checksum (a chunk cut into pieces round-trips).
+// that checksum (a chunk cut into pieces round-trips), pinned until
+// UnpinRemote.
 func TestChunkCrossesStoresWithItsChecksum(t *testing.T) {
 	src, se, _, _ := fixture(t, 48, 64<<10, 1<<10) // 3 KiB chunks in 1 KiB pages
 	storeChunks(t, se, chunk("k", make([]messages.BlockID, 48)...))
@@ -30,6 +31,9 @@ func TestChunkCrossesStoresWithItsChecksum(t *testing.T) {
 	require.Len(t, prep.Keys, 1)
 	require.NoError(t, dst.FillRemote("e", "k", data, sum))
 	require.True(t, dst.Ready("k"))
+	require.Equal(t, 1, dst.Stats().Pinned, "filled pinned: no store evicts it before its load pins it")
+	dst.UnpinRemote([]messages.Key{"k"})
+	require.Zero(t, dst.Stats().Pinned)
 	again, sum2, err := dst.ReadChunk("k")
 	require.NoError(t, err)
 	require.Equal(t, data, again)
@@ -65,6 +69,7 @@ func TestFillRemoteRefusesBadChunks(t *testing.T) {
 	}
 	require.Error(t, s.FillRemote("e", "never", data, sum))
 	require.Zero(t, s.Stats().Pending)
+	require.Zero(t, s.Stats().Pinned, "a refused chunk is not pinned")
 }
 
 // A chunk corrupted in host memory is not served: ReadChunk drops it and
