@@ -92,6 +92,9 @@ type Release struct {
 	// engine_gone) or messages.ReasonNodeLost when the node was lost; the
 	// client also answers engine_gone itself for an event while the node
 	// has forgotten the engine and holds nothing of the request (doc.go).
+	// It may be a later owed event's: after a lost release, that event's
+	// release of the same epoch answers the oldest owed one (PROTOCOL.md
+	// step 11 lists the reasons an owed event's release may carry).
 	Reason string
 	// Epoch is the epoch the release answers (empty for one the client
 	// made: node_lost, and its own engine_gone).

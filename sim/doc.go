@@ -21,7 +21,9 @@
 // blocks and compared byte for byte with the pattern; every chunk that was
 // ready when its request finished was stored or is present (deduplicated);
 // and every finished or preempted request was released exactly once per
-// event. The Report holds the counts and the verdict.
+// event, each release answering the oldest event owed one with a reason
+// that event may get (releaseAnswers). The Report holds the counts and the
+// verdict.
 //
 // Simplifications, chosen so the checks stay exact:
 //   - A sliding-window group passes block id 0 only when a preempted request

@@ -23,11 +23,13 @@ func (e *engine) handle(m any) {
 	}
 }
 
-// onReleased frees the blocks held for the oldest owed release of that
-// reason. Only now may the scheduler hand them out again. A release the
-// node did not give for that event (node_lost when the SDK lost its node,
-// engine_reset or engine_gone, and the releases of a recovery after lost
-// ones) answers the oldest owed event.
+// onReleased frees the blocks given up at the request's oldest owed event:
+// a release carries no event id, and each answers the oldest event still
+// owed one (PROTOCOL.md step 11, client.Release), whatever its reason. Only
+// now may the scheduler hand them out again. A reason that event may not
+// get (releaseAnswers) fails the check; the blocks are freed all the same,
+// as the SDK told the engine to, so the run goes on to its verdict rather
+// than stall.
 func (e *engine) onReleased(rel client.Release) {
 	e.rep.Releases[rel.Reason]++
 	r := e.byID[rel.Request]
@@ -36,22 +38,21 @@ func (e *engine) onReleased(rel client.Release) {
 		e.rep.fail("released %q (%s): no such request", rel.Request, rel.Reason)
 		return
 	}
-	reason := rel.Reason
-	if len(r.held[reason]) == 0 && len(r.owedOrder) > 0 {
-		reason = r.owedOrder[0]
+	if len(r.owedOrder) == 0 {
+		r.received[rel.Reason]++ // nothing owed: a duplicate, counted by settleReleases
+		return
+	}
+	reason := r.owedOrder[0]
+	if !releaseAnswers(rel.Reason, reason, r.owedOrder[1:]) {
+		e.badMessage("request %s: released %q for its oldest owed event, %q (owed %v)", r.id, rel.Reason, reason,
+			r.owedOrder)
 	}
 	if rel.Reason == messages.ReasonNodeLost && reason != messages.ReasonPreempted {
 		r.nodeLost = true // the final release: the chunks ready at the end may never have been stored
 	}
 	r.received[reason]++
 	held := r.held[reason]
-	if len(held) == 0 {
-		return // a duplicate, or a reason never owed: counted by settleReleases
-	}
-	r.held[reason] = held[1:]
-	if i := slices.Index(r.owedOrder, reason); i >= 0 {
-		r.owedOrder = slices.Delete(r.owedOrder, i, i+1)
-	}
+	r.held[reason], r.owedOrder = held[1:], r.owedOrder[1:]
 	for g, ids := range held[0] {
 		for _, id := range ids {
 			if id != 0 {
@@ -67,6 +68,37 @@ func (e *engine) onReleased(rel client.Release) {
 	}
 	e.owed--
 	e.progress()
+}
+
+// releaseAnswers reports whether a release of reason may answer ev, the
+// reason of a request's oldest owed event; later are the reasons of the
+// events it owes after that one, oldest first. The node and the SDK give
+// such an event:
+//   - its own reason: preempted for a preemption, finished or aborted as
+//     the finished event said; so does a resync's new epoch, which
+//     re-announces each owed event as one of its kind (SDK step 18);
+//   - a later owed event's reason, when ev's release was lost: the node
+//     releases a request's events in order, so a later one's release of
+//     the same epoch may come before the resync that recovers the loss,
+//     and the SDK answers ev with it; the new epoch then releases the
+//     events still owed, the later ones (PROTOCOL.md step 11);
+//   - engine_reset (the node reset the current epoch: its own NATS lapse,
+//     this engine's silence), engine_gone (the node dropped the engine, or
+//     the SDK answers for a node that forgot it and holds nothing of the
+//     request) and node_lost (the SDK gave up on its node): these answer
+//     every owed event, whatever its kind.
+//
+// Not accepted: aborted for an event of another kind, which the node gives
+// a request whose actor failed (a node fault; the simulator injects none,
+// and that release for a request owing nothing fails the check anyway, as
+// UnexpectedReleases), and any other mismatch, such as a finished request
+// released preempted.
+func releaseAnswers(reason, ev string, later []string) bool {
+	switch reason {
+	case ev, messages.ReasonEngineReset, messages.ReasonEngineGone, messages.ReasonNodeLost:
+		return true
+	}
+	return slices.Contains(later, reason)
 }
 
 // onStored records a completed store job after checking that each key is

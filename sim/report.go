@@ -94,7 +94,8 @@ type Report struct {
 	UnexpectedReleases int `json:"unexpected_releases"`
 	UnowedResets       int `json:"unowed_resets,omitempty"`
 	// BadMessages counts stored or released bodies that were malformed or
-	// disagreed with what the engine knows (a wrong key, wrong bytes).
+	// disagreed with what the engine knows (a wrong key, wrong bytes, a
+	// release's reason its event may not get).
 	BadMessages int `json:"bad_messages"`
 
 	// Evictions counts BlockRemoved chunks seen on any engine's kv_events.
