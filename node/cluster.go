@@ -69,7 +69,9 @@ func (c Config) clusterConfig(boot string) cluster.Config {
 // holders feed and serves fetch and keys. It runs after the outbox exists
 // and before the node subscribes to engines and starts the kv_events
 // journal, so every kv_events batch is stamped with this node and boot.
-func (n *Node) startCluster() error {
+// The bucket's JetStream requests end with ctx (Start's: a SIGTERM during
+// start), not only at their own 30 s bound.
+func (n *Node) startCluster(ctx context.Context) error {
 	if !n.cfg.Clustered() {
 		return nil
 	}
@@ -84,7 +86,7 @@ func (n *Node) startCluster() error {
 	if err != nil {
 		return fmt.Errorf("cluster: jetstream: %w", err)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)

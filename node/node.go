@@ -144,6 +144,9 @@ type Node struct {
 
 // Start brings a node up: NATS, backend and arena, actors, subscriptions,
 // admin HTTP. It returns once the node is ready (subscriptions live).
+// Cancelling ctx ends the start's waits (the NATS connect, the identity
+// probe, the cluster's bucket), and Start returns an error after undoing
+// what it did; ctx is not used once Start returns.
 func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -226,7 +229,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.fence.OnLapseEnd(n.lapseEnded)
 	libLog := slog.New(minLevel{Handler: n.log.Handler(), min: slog.LevelWarn}).With("lib", "protoactor")
 	n.system = actor.NewActorSystem(actor.WithLoggerFactory(func(*actor.ActorSystem) *slog.Logger { return libLog }))
-	if err := n.startCluster(); err != nil {
+	if err := n.startCluster(ctx); err != nil {
 		return nil, err
 	}
 	n.kv.start() // after the cluster's stamp: every kv_events message carries it

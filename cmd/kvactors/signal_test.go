@@ -16,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -249,4 +251,44 @@ func TestDemoSecondCtrlCForcesExit(t *testing.T) {
 	require.Less(t, took, 5*time.Second, "the node's shutdown (up to 10 s) ran on")
 	require.Equal(t, 130, code)
 	waitLine(t, p.lines, "kvactors demo: second SIGINT: exiting now", time.Second)
+}
+
+// SIGTERM while a clustered serve opens its ownership bucket stops it at
+// once (exit 0, as during the NATS wait), leaving nothing behind: the
+// bucket's JetStream requests end with the signal rather than run out
+// their 30 s. A subscriber that takes the JetStream API's requests and
+// never answers (the server has no JetStream of its own) holds the start
+// there, as a JetStream without a meta leader would.
+func TestServeStopsPromptlyDuringTheClusteredStart(t *testing.T) {
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.JetStream = false })
+	nc := testkit.Connect(t, s)
+	asked := make(chan string, 64)
+	sub, err := nc.Subscribe("$JS.API.>", func(m *nats.Msg) {
+		select {
+		case asked <- m.Subject:
+		default:
+		}
+	})
+	require.NoError(t, err)
+	defer func() { _ = sub.Unsubscribe() }()
+	require.NoError(t, nc.Flush())
+	shm := t.TempDir()
+	cmd := exec.Command(binary, "serve", "--nats", s.ClientURL(), "--cluster", "--http", "off",
+		"--shm-dir", shm, "--pool-bytes", "1M", "--skip-node-id-check", "--node-id", "sigterm-start")
+	p := startProc(t, cmd)
+	select {
+	case subj := <-asked:
+		t.Logf("held at %s", subj)
+	case <-p.exited:
+		t.Fatalf("exited before asking JetStream: %v", p.err)
+	case <-time.After(20 * time.Second):
+		t.Fatal("no JetStream request within 20s")
+	}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	code, took := p.waitExit(t, time.Now(), 40*time.Second)
+	require.Less(t, took, 5*time.Second, "the bucket's 30 s wait ran on")
+	require.Equal(t, 0, code)
+	left, err := os.ReadDir(shm)
+	require.NoError(t, err)
+	require.Empty(t, left, "left in --shm-dir")
 }
