@@ -330,6 +330,11 @@ func orDefault[T comparable](v *T, def T) {
 // inbox, a subject and reply stay well within MaxControlLine.
 const maxPrefixBytes = 256
 
+// maxCopyWorkers bounds --copy-workers: copies running at once on one
+// device, each a memcpy on a core (shm) or a DMA (cuda); more than a host
+// has cores buys nothing, and --max-inflight-bytes bounds their bytes.
+const maxCopyWorkers = 256
+
 // Validate reports the first bad setting.
 func (c Config) Validate() error {
 	c = c.withDefaults()
@@ -350,6 +355,10 @@ func (c Config) Validate() error {
 		// negative one would start the node with 2 workers unseen.
 		return fmt.Errorf("%w: copy workers %d, max in-flight bytes %d: want >= 1 (0: the default)",
 			ErrConfig, c.Transfer.Workers, c.Transfer.MaxInFlightBytes)
+	case c.Transfer.Workers > maxCopyWorkers:
+		// Each is a goroutine started with the node: a typo's billion
+		// would exhaust memory rather than fail.
+		return fmt.Errorf("%w: copy workers %d: want 1..%d", ErrConfig, c.Transfer.Workers, maxCopyWorkers)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
 		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case len(c.Prefix) > maxPrefixBytes:

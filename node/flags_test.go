@@ -96,6 +96,23 @@ func TestNodeIDReduce(t *testing.T) {
 	require.Equal(t, "a_b", node.ReduceNodeID("_a_b"))
 }
 
+// --copy-workers starts that many goroutines at once (the transfer
+// actor's workers): a huge count is refused (at most 256), not a node that
+// runs out of memory starting them.
+func TestCopyWorkersAreBounded(t *testing.T) {
+	for _, n := range []string{"257", "1000000000"} {
+		cfg, _, err := parse(t, "--copy-workers", n)
+		require.NoError(t, err, n)
+		require.ErrorIs(t, cfg.Validate(), node.ErrConfig, n)
+		require.ErrorContains(t, cfg.Validate(), "copy workers "+n, n)
+	}
+	for _, n := range []string{"1", "256"} {
+		cfg, _, err := parse(t, "--copy-workers", n)
+		require.NoError(t, err, n)
+		require.NoError(t, cfg.Validate(), n)
+	}
+}
+
 // A prefix whose subjects would fall under a namespace NATS reserves
 // (_INBOX: an engine's verbs would pass for reply inboxes; $KV, $JS, $SYS)
 // is refused, as are empty tokens and wildcards; the node and

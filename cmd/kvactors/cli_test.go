@@ -118,6 +118,9 @@ func TestExitCodes(t *testing.T) {
 		// default, as 0 would not (the node would start with 2 workers).
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
 			"--copy-workers", "-1"}, 2, "copy workers -1"},
+		// A huge count would start that many copy workers (goroutines).
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--copy-workers", "1000000000"}, 2, "copy workers 1000000000"},
 		// A NATS secret file that cannot be read is a config error, not
 		// "nats not reachable" retried until the connect timeout.
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
