@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
@@ -123,4 +124,45 @@ func TestACopyRunningPastTheLeaseDuringShutdownFailStops(t *testing.T) { // not 
 	require.Contains(t, reason, "shutdown")
 	require.Less(t, time.Since(start), 3*lease, "the fail-stop came past an engine's lease")
 	close(dev.gate)
+}
+
+// Close's drain of the intake's subscription ends at a quarter of
+// --shutdown-timeout, leaving the rest to the releases: a drain that does
+// not end (a server that no longer answers the drain's flush) is given up
+// there and the subscription closed. The shutdown goes on as after any
+// drain: it frees nothing under the copy still running, and publishes the
+// copy's request's release once it ended, within the timeout.
+func TestCloseGivesUpADrainThatDoesNotEndAtItsBound(t *testing.T) { // not parallel: sets the package's drain
+	const timeout = 2 * time.Second
+	drains := make(chan *nats.Subscription, 4)
+	defer node.SetSubscriptionDrain(func(s *nats.Subscription) error { drains <- s; return nil })()
+	dev := newCloseWatched()
+	e := startNode(t, func(c *node.Config) {
+		c.WrapDevice = dev.wrap
+		c.ShutdownTimeout = timeout
+	})
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.oneChunkReady("r")
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	closed := make(chan error, 1)
+	start := time.Now()
+	go func() { closed <- e.node.Close(context.Background()) }()
+	s := testkit.Recv(t, drains, 5*time.Second, "the drain's start")
+	testkit.Eventually(t, 3*timeout/4, 5*time.Millisecond, func() error {
+		if s.IsValid() {
+			return errors.New("the intake's subscription is still draining")
+		}
+		return nil
+	})
+	require.GreaterOrEqual(t, time.Since(start), timeout/4, "the drain given up before its bound")
+	testkit.NoRecv(t, closed, 100*time.Millisecond, "Close's return while a copy runs")
+	require.False(t, dev.closed.Load(), "the device closed under a running copy")
+	close(dev.gate)
+	require.NoError(t, testkit.Recv(t, closed, timeout, "Close's return once the copy ended"))
+	require.Less(t, time.Since(start), timeout, "Close ran to its timeout")
+	require.Equal(t, "r", recv(t, te.released, "r's release").Request)
+	require.True(t, dev.closed.Load(), "the device closed at the end")
+	require.False(t, dev.closedUnder.Load(), "the device closed under a running copy")
+	require.False(t, dev.copiedClosed.Load(), "a copy ran on a closed device")
 }

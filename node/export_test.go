@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -172,6 +174,15 @@ func (n *Node) FillIntake(t *testing.T) (release func()) {
 // NATSServerID is the id of the NATS server the node is connected to (its
 // client randomizes the servers it is given).
 func (n *Node) NATSServerID() string { return n.nc.ConnectedServerId() }
+
+// SetSubscriptionDrain replaces how Close starts the drain of the intake's
+// subscription, until the returned func restores it: a drain that does not
+// call Drain never ends.
+func SetSubscriptionDrain(drain func(*nats.Subscription) error) (restore func()) {
+	old := drainSub
+	drainSub = drain
+	return func() { drainSub = old }
+}
 
 // SetTransferStopWait sets how long Close waits for running copies, until
 // the returned func restores it.

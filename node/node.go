@@ -396,7 +396,7 @@ func (n *Node) Close(ctx context.Context) error {
 			}
 			_ = s.Unsubscribe()
 		}
-		if !n.nc.IsConnected() || s.Drain() != nil {
+		if !n.nc.IsConnected() || drainSub(s) != nil {
 			stop()
 			continue
 		}
@@ -464,6 +464,10 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	return nil
 }
+
+// drainSub starts the drain of an intake subscription in Close (a seam: a
+// test starts one that never ends).
+var drainSub = (*nats.Subscription).Drain
 
 // stopTransfer stops the transfer actor and waits for its workers to
 // finish the copies they hold, for transferStopWait at most; false if one
