@@ -121,7 +121,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	size(&c.SlotBytes, "slot-bytes", d.SlotBytes, "deprecated, ignored: the pool takes any chunk size (see --pool-page-bytes)")
 	str(&c.HTTPAddr, "http", d.HTTPAddr, "admin HTTP address (/metrics, /healthz, /readyz, /debug/engines); off disables")
 	boolean(&c.Pprof, "pprof", d.Pprof, "serve /debug/pprof on the admin address")
-	num(&c.DecodeWorkers, "decode-workers", d.DecodeWorkers, "goroutines decoding event batches")
+	num(&c.DecodeWorkers, "decode-workers", d.DecodeWorkers, "goroutines decoding event batches (1..256)")
 	num(&c.Transfer.Workers, "copy-workers", d.Transfer.Workers, "copies running at once per device (1..256)")
 	size(&c.Transfer.MaxInFlightBytes, "max-inflight-bytes", d.Transfer.MaxInFlightBytes, "bytes of copies in flight per device")
 	c.Limits = d.Limits // the limits without a flag keep their defaults
