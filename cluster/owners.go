@@ -36,6 +36,7 @@ var (
 type Owners struct {
 	cfg     Config
 	kv      jetstream.KeyValue
+	lead    nats.JetStreamContext // the stream leader's reads (leaderRead)
 	me      ownership.Identity
 	metrics *Metrics
 
@@ -101,7 +102,11 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
 	}
-	return &Owners{cfg: cfg, kv: kv, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}, lost: map[string]struct{}{}}, nil
+	lead, err := leaderReads(js)
+	if err != nil {
+		return nil, fmt.Errorf("open ownership bucket %s: %w", cfg.Bucket, err)
+	}
+	return &Owners{cfg: cfg, kv: kv, lead: lead, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}, lost: map[string]struct{}{}}, nil
 }
 
 // Get reads engine's ownership; nil if nobody holds it.
@@ -220,7 +225,9 @@ const maxClaimAttempts = 5
 // so is a record older than rev: a replica that lags, such as a server
 // whose routes just came back, still showing the previous owner's record
 // (taken for the write after rev, it would fence a claim whose own write
-// had landed).
+// had landed). None left is taken only from the stream leader's read
+// (leaderRead): a replica that has not seen the key's first write shows
+// none too.
 func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*ownership.Entry, error) {
 	return o.readUntil(ctx, engine, rev, false)
 }
@@ -232,10 +239,21 @@ func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bo
 	defer cancel()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
+	ends := func(e *ownership.Entry) bool { return e != nil && (e.Revision > rev || (at && e.Revision == rev)) }
 	for {
 		e, err := o.Get(ctx, engine)
-		if err == nil && ((e == nil && rev != 0) || (e != nil && (e.Revision > rev || (at && e.Revision == rev)))) {
+		if err == nil && ends(e) {
 			return e, nil
+		}
+		if err == nil && e == nil && rev != 0 {
+			// None, from a replica that may not have seen the key's first
+			// write yet (the key was written at rev): only the stream
+			// leader's read tells a record deleted or lapsed after rev, or
+			// a bucket that lost writes, from that.
+			var last uint64
+			if e, last, err = o.leaderRead(ctx, engine); err == nil && (ends(e) || (e == nil && (last == 0 || last > rev))) {
+				return e, nil
+			}
 		}
 		select {
 		case <-ctx.Done():
