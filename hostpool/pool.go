@@ -485,6 +485,24 @@ func (p *Pool) PrepareLoad(keys []messages.Key) error {
 	return nil
 }
 
+// PinReady pins those of keys that are ready, each time it is given, and
+// returns them (unpin them with CompleteLoad); it leaves the others as
+// they are: absent, or pending in another copy (that copy's own to end).
+func (p *Pool) PinReady(keys []messages.Key) []messages.Key {
+	var pinned []messages.Key
+	for _, k := range keys {
+		if r, ok := p.lookup(k); ok && p.entries[r].state == Ready {
+			e := &p.entries[r]
+			if e.pins == 0 {
+				p.pinned++
+			}
+			e.pins++
+			pinned = append(pinned, k)
+		}
+	}
+	return pinned
+}
+
 // CompleteLoad unpins keys pinned by PrepareLoad, and returns how many of
 // them it left unpinned (evictable again).
 func (p *Pool) CompleteLoad(keys []messages.Key) (unpinned int) {

@@ -237,6 +237,30 @@ func TestPinsNest(t *testing.T) {
 	checkInvariants(t, p)
 }
 
+// PinReady pins the ready keys among those given (once each time given)
+// and leaves pending and absent ones alone: a remote load's own local
+// chunks, pinned while it fetches the rest, are not evicted for that room.
+func TestPinReadyPinsOnlyReadyKeys(t *testing.T) {
+	p := New(3, 1)
+	_, err := p.PrepareStore(k("r", "p"), nil)
+	require.NoError(t, err)
+	p.CompleteStore(k("r"), sums(k("r")))
+	pinned := p.PinReady(k("zz", "p", "r", "r"))
+	require.Equal(t, k("r", "r"), pinned)
+	require.Equal(t, 1, p.Stats().Pinned)
+	require.Equal(t, 1, p.Stats().Pending, "p is left to the copy filling it")
+	_, err = p.PrepareStore(k("a"), nil)
+	require.NoError(t, err)
+	_, err = p.PrepareStore(k("b"), nil)
+	require.ErrorIs(t, err, ErrNoRoom, "r is pinned: not evicted for b")
+	p.CompleteLoad(pinned)
+	require.Zero(t, p.Stats().Pinned)
+	got, err := p.PrepareStore(k("b"), nil)
+	require.NoError(t, err)
+	require.Equal(t, k("r"), got.Evicted)
+	checkInvariants(t, p)
+}
+
 // PROTOCOL.md "dedup" and "not among the offered keys", for offered lists
 // long ones (a long prompt stored at once), with a key offered twice.
 func TestLargeOfferedLists(t *testing.T) {

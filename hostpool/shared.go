@@ -175,6 +175,16 @@ func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	return err
 }
 
+// PinReady pins those of keys that are ready (see Pool.PinReady) in one
+// critical section: none is evicted between its lookup and its pin.
+func (s *Shared) PinReady(keys []messages.Key) []messages.Key {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	pinned := s.pool.PinReady(keys)
+	s.full.Store(s.pool.full())
+	return pinned
+}
+
 // Located is where a job's chunks are (Extents: chunk i's are Chunk(i)),
 // with Sums and States per chunk.
 type Located struct {

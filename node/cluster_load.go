@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/kvactors/kvactors/cluster"
-	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -50,63 +48,53 @@ const fetchParallel = 4
 // are announced, and spilled to disk when there is a disk tier), each chunk
 // is fetched (its CRC-32C checked over the whole chunk), written into its
 // room and checked again there, and only then made ready, pinned
-// (store.FillRemote): no store evicts it before the load pins it too. It
-// returns the keys it fetched, each pinned once, for the load to unpin
-// once its own pins hold them or it ends without them (loadStart.fetched);
-// any failure fails the load with the error naming the key, frees that
-// key's room, and no byte of it is ever loadable, and the keys already
-// fetched are unpinned (they stay, as any stored chunk).
-// loadKeys are all the load's keys: those in host memory are offered with
-// keys, so the room is not made by evicting the load's own local chunks
-// (an offered key is never evicted for its siblings), which would fail it
-// as a miss after the fetch.
-func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) ([]messages.Key, error) {
+// (store.FillRemote). loadKeys are all the load's keys: those ready in host
+// memory are pinned before any room is made (store.PinReady), so neither
+// that room nor another engine's store during the fetch's round trips
+// evicts the load's own local chunks, which would fail it as a miss after
+// the fetch. It returns the keys it pinned (each once per pin: the local
+// ones and those it fetched) and how many it fetched; the load unpins them
+// once its own pins hold them or it ends without them
+// (loadStart.fetchPins). Any failure fails the load with the error naming
+// the key, frees that key's room, and no byte of it is ever loadable, and
+// every key it pinned is unpinned (they stay, as any stored chunk).
+func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) ([]messages.Key, int, error) {
 	// Close cancels the fetches, then waits for this one: the pool it
 	// writes into is unmapped next.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(n.cl.closing, cancel)()
 	ns := rec.clusterNamespace()
-	remote := make(map[messages.Key]bool, len(keys))
-	offer := slices.Clip(keys)
-	for _, k := range keys {
-		remote[k] = true
-	}
-	for _, k := range loadKeys {
-		// Only what is in host memory: a key on disk only is not in the
-		// pool, and offered it would get room here as if remote.
-		if st, _ := n.store.Lookup(k); st != hostpool.Absent && !remote[k] {
-			offer = append(offer, k)
+	// Each key is pinned in one step with its lookup: one evicted (by
+	// another engine) since remoteKeys looked it up is absent, not pinned,
+	// and the load finds it missing, as it would have. One pending (another
+	// copy is filling it) is not pinned either: the load waits for it
+	// (startLoad). A remote key another load made ready meanwhile is pinned
+	// here and not fetched (PrepareStore gives it no room).
+	pinned := n.store.PinReady(loadKeys)
+	handed := false
+	defer func() {
+		if !handed { // failed or cancelled: the load gets none of the pins
+			n.store.UnpinRemote(pinned)
 		}
-	}
-	sizes := make([]int64, len(offer))
-	for i, k := range offer {
+	}()
+	sizes := make([]int64, len(keys))
+	for i, k := range keys {
 		_, _, g := sched.SplitKey(k)
 		if g < 0 || g >= len(rec.layout.Groups) {
-			return nil, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
+			return nil, 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}
-	prep, err := rec.store.PrepareStore(offer, sizes) // evictions and fills are journaled (kvJournal)
+	// Only the remote keys are offered: the load's local ones are pinned,
+	// so the room is never made by evicting them (and a pending one is no
+	// eviction's to take).
+	prep, err := rec.store.PrepareStore(keys, sizes) // evictions and fills are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(prep.Evicted)))
 	if err != nil {
-		return nil, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
+		return nil, 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
-	// A local key evicted (by another engine) since it was looked up got
-	// room too: it is no one's to fetch here, so its room is freed and the
-	// load finds it missing, as it would have.
-	fetch := prep.Keys[:0:0]
-	var gone []messages.Key
-	for _, k := range prep.Keys {
-		if remote[k] {
-			fetch = append(fetch, k)
-		} else {
-			gone = append(gone, k)
-		}
-	}
-	if len(gone) > 0 {
-		n.store.AbortRemote(gone)
-	}
+	fetch := prep.Keys
 	// The first chunk that fails fails the load: the fetches still to come
 	// or running are cancelled, not waited out (a holder that does not
 	// answer would cost a piece timeout per four chunks), and the reply
@@ -116,8 +104,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	defer cancelAll()
 	var failMu sync.Mutex
 	var firstErr error
-	failed := 0
-	filled := make([]messages.Key, 0, len(fetch)) // pinned by FillRemote
+	failed, fetched := 0, 0
 	fail := func(err error) {
 		failMu.Lock()
 		defer failMu.Unlock()
@@ -154,7 +141,8 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 				n.store.AbortRemote([]messages.Key{k})
 			} else if err = n.store.FillRemote(rec.id, k, data, cluster.CRC32C(data)); err == nil {
 				failMu.Lock()
-				filled = append(filled, k)
+				pinned = append(pinned, k) // pinned by FillRemote
+				fetched++
 				failMu.Unlock()
 			}
 			if err != nil && (fetchCtx.Err() == nil || !errors.Is(err, context.Canceled)) {
@@ -164,19 +152,18 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	}
 	wg.Wait()
 	if firstErr != nil {
-		n.store.UnpinRemote(filled)
 		if failed > 1 {
-			return nil, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
+			return nil, 0, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
 		}
-		return nil, firstErr
+		return nil, 0, firstErr
 	}
 	if err := ctx.Err(); err != nil { // cancelled from outside: no failure of its own recorded
-		n.store.UnpinRemote(filled)
-		return nil, err
+		return nil, 0, err
 	}
 	// Keys PrepareStore left out were already present: ready, or pending
 	// because another load (or a store) is filling them. The load waits for
 	// those as any load does (startLoad, waitLoad), so two loads of one
 	// remote prefix at once both succeed.
-	return filled, nil
+	handed = true
+	return pinned, fetched, nil
 }

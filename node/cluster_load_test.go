@@ -16,8 +16,7 @@ import (
 
 // A load whose prefix is partly in the local pool and partly held by
 // another node makes room for the remote chunks without evicting its own
-// local ones: they are offered with the remote keys, and an offered key is
-// never evicted for its siblings. Before, in a full pool the room was made
+// local ones: they are pinned before the room is made. Before, in a full pool the room was made
 // by evicting the load's own chunk 0, and the load failed as a miss after
 // fetching, though lookup counted every chunk.
 func TestClusterRemoteLoadKeepsItsOwnLocalPrefix(t *testing.T) {
@@ -136,10 +135,15 @@ func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
 	require.Zero(t, c.sync().Pool.Pinned, "a chunk stayed pinned after the load") // its copy unpinned before the reply
 }
 
-// A remote load refused after its fetch (here its own local chunk was
-// evicted meanwhile: a miss) lets go of the pins its fetch left on the
-// chunks it fetched: they stay in the pool, evictable, as any stored chunk.
-func TestClusterALoadFailingAfterItsFetchUnpinsTheFetchedChunks(t *testing.T) {
+// A remote load's own chunks already in this node's host memory are
+// pinned from when its fetch starts, and that pin handed to the load as
+// the fetched chunks' is: another engine's stores on the node during the
+// fetch evict other chunks, not these. Before, they were pinned only once
+// the fetch was done, and a store evicting one there (here, at the
+// "fetched" gate: C's own chunk 0, the least recently used) failed the
+// load as a miss after it had fetched everything. Once the load ends
+// nothing stays pinned.
+func TestClusterALoadsLocalChunksStayPinnedWhileItFetches(t *testing.T) {
 	t.Parallel()
 	kc := startCluster(t, 2, func(i int, c *node.Config) {
 		if i == 1 {
@@ -169,20 +173,54 @@ func TestClusterALoadFailingAfterItsFetchUnpinsTheFetchedChunks(t *testing.T) {
 		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
 	testkit.Closed(t, fetched, 10*time.Second, "C's load, its fetch done, before it pins")
 	d.storeOne("x1", 50) // the pool's third chunk
-	d.storeOne("x2", 51) // evicts C's own chunk 0, the least recently used not pinned
+	d.storeOne("x2", 51) // evicts the least recently used chunk that is not pinned: x1
 	release()
 
 	var r messages.LoadReply
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
-	require.False(t, r.OK, "chunk 0 was evicted before the load pinned it")
-	require.Contains(t, r.Error, hs[0])
-	require.Zero(t, c.sync().Pool.Pinned, "the failed load left its fetched chunk pinned")
+	require.True(t, r.OK, "a store during the fetch evicted the load's own chunk 0: %s", r.Error)
+	require.Equal(t, 1, r.RemoteChunks)
+	require.Equal(t, c.block(0, 10), c.block(0, 2), "chunk 0 from C's pool")
+	require.Equal(t, a.block(0, 41), c.block(0, 3), "chunk 1 from A")
+	require.Zero(t, c.sync().Pool.Pinned, "a chunk stayed pinned after the load") // its copy unpinned before the reply
+}
+
+// A remote load refused after its fetch (here its chunk 2 is held by no
+// node: a miss) lets go of the pins its fetch left on the chunks it
+// fetched and on its own local ones: they stay in the pool, evictable, as
+// any stored chunk.
+func TestClusterALoadFailingAfterItsFetchUnpinsItsChunks(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2)
+	a := kc.engineOn(0, "ea", "m")
+	c := kc.engineOn(1, "ec", "m")
+	a.register()
+	c.register()
+	hs := []string{hash("miss", 0), hash("miss", 1), hash("miss", 2)}
+	// A stores chunk 1 only (chunk 0's block is the null block); C holds
+	// chunk 0 itself; no one holds chunk 2.
+	a.fill(0, 41, 7)
+	a.send(added("r", 8), hashesEv("r", 0, hs[:2]...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	c.fill(0, 10, 7)
+	c.send(added("c0", 4), hashesEv("c0", 0, hs[0]), blocksEv("c0", 0, 0, 10), tokensEv("c0", 4, 4))
+	recv(t, c.stored, "chunk 0 stored by C")
+	awaitLookup(t, c, hs, 8, "C")
+
+	r := c.loadInto("rc", hs, 12, []int{2, 3, 4})
+	require.False(t, r.OK, "chunk 2 is held nowhere")
+	require.Contains(t, r.Error, hs[2])
+	st := c.sync().Pool
+	require.Equal(t, 2, st.Ready, "chunk 0 and the fetched chunk 1 stay")
+	require.Zero(t, st.Pinned, "the failed load left its fetched or local chunks pinned")
 }
 
 // A remote load whose fetch fails at one chunk after another was made
-// ready lets go of that one's pin: it stays in the pool, evictable. Chunk 0
-// is held by A only, chunk 1 by B only; A's fetch server is held (it serves
-// one fetch at a time) while B's serves chunk 1, and A evicts chunk 0.
+// ready lets go of that one's pin and of its own local chunk's: they stay
+// in the pool, evictable. Chunk 0 is held by A only, chunk 1 by B only,
+// chunk 2 by C, the loading node, itself; A's fetch server is held (it
+// serves one fetch at a time) while B's serves chunk 1, and A evicts
+// chunk 0.
 func TestClusterAFailedFetchUnpinsTheChunksItFetched(t *testing.T) {
 	t.Parallel()
 	kc := startCluster(t, 3, func(i int, c *node.Config) {
@@ -196,23 +234,26 @@ func TestClusterAFailedFetchUnpinsTheChunksItFetched(t *testing.T) {
 	a.register()
 	b.register()
 	c.register()
-	hs := []string{hash("half", 0), hash("half", 1)}
+	hs := []string{hash("half", 0), hash("half", 1), hash("half", 2)}
 	a.fill(0, 40, 5)
 	a.send(added("r", 4), hashesEv("r", 0, hs[0]), blocksEv("r", 0, 0, 40), tokensEv("r", 4, 4))
 	recv(t, a.stored, "chunk 0 stored by A")
 	b.fill(0, 41, 5) // chunk 0's block is the null block: B stores chunk 1 only
-	b.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
+	b.send(added("r", 8), hashesEv("r", 0, hs[:2]...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
 	recv(t, b.stored, "chunk 1 stored by B")
-	awaitLookup(t, c, hs, 8, "C")
+	c.fill(0, 42, 5) // C stores chunk 2 only
+	c.send(added("c2", 12), hashesEv("c2", 0, hs...), blocksEv("c2", 0, 0, 0, 0, 42), tokensEv("c2", 12, 12))
+	recv(t, c.stored, "chunk 2 stored by C")
+	awaitLookup(t, c, hs, 12, "C")
 
 	serving, release := kc.nodes[0].node.HoldInClusterGate("read")
 	defer release()
 	replies := collect(t, c.e.nc, "kvactors.ec.load",
-		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 12, "blocks": [][]int{{2, 3, 4}}})
 	testkit.Closed(t, serving, 10*time.Second, "A serving C's fetch of chunk 0, held")
 	testkit.Eventually(t, 10*time.Second, 10*time.Millisecond, func() error {
-		if got := c.sync().Pool.Ready; got != 1 {
-			return fmt.Errorf("C's pool holds %d chunks ready, want chunk 1, fetched from B", got)
+		if got := c.sync().Pool.Ready; got != 2 {
+			return fmt.Errorf("C's pool holds %d chunks ready, want its chunk 2 and chunk 1, fetched from B", got)
 		}
 		return nil
 	})
@@ -224,5 +265,5 @@ func TestClusterAFailedFetchUnpinsTheChunksItFetched(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
 	require.False(t, r.OK, "chunk 0 was evicted before A read it")
 	require.Contains(t, r.Error, hs[0])
-	require.Zero(t, c.sync().Pool.Pinned, "the failed fetch left chunk 1 pinned")
+	require.Zero(t, c.sync().Pool.Pinned, "the failed fetch left chunk 1 or C's own chunk 2 pinned")
 }

@@ -162,7 +162,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 			if f := n.cl.inGate.Load(); f != nil {
 				(*f)("remote-load")
 			}
-			fetched, err := n.fetchRemote(ctx, rec, remote, keys)
+			pins, fetched, err := n.fetchRemote(ctx, rec, remote, keys)
 			rec.copyingLoads.Add(-1)
 			if err != nil {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
@@ -171,32 +171,34 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 			if f := n.cl.inGate.Load(); f != nil {
 				(*f)("fetched")
 			}
-			n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, fetched, session, gen, fail)
+			n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, fetched, pins, session, gen, fail)
 		}()
 		return
 	}
-	n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, nil, session, gen, fail)
+	n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, 0, nil, session, gen, fail)
 }
 
 // startLoad pins the keys and hands the copy to a load actor; session and
 // gen are the fence's and the engine's silence generations when the load
-// was taken; fetched are the keys its fetch made ready, pinned
-// (fetchRemote), whose pins it lets go of once its own hold them or it
-// fails. A key pending in host memory (another copy is filling it: a
-// load reading it back from disk, or a store) while every other key is
+// was taken; remote is how many chunks its fetch fetched, and fetchPins
+// the keys that fetch pinned for it (fetchRemote: those it fetched and the
+// load's own ready in host memory), whose pins it lets go of once its own
+// hold them or it fails. A key pending in host memory (another copy is
+// filling it: a load reading it back from disk, or a store) while every
+// other key is
 // loadable is waited for off the caller's goroutine, which may be the
 // engine's intake worker (waitLoad), and the load tried again once it
 // settles. A wait is counted by its outcome and traced on span (ctx's):
 // a deferred event, a retry event per try again, a wait_ended event.
 func (n *Node) startLoad(ctx context.Context, span trace.Span, rec *engineRec, req ingest.Load,
-	chunks []sched.JobChunk, keys []messages.Key, reply string, fetched []messages.Key, session, gen uint64, fail func(error)) {
+	chunks []sched.JobChunk, keys []messages.Key, reply string, remote int, fetchPins []messages.Key, session, gen uint64, fail func(error)) {
 	ls := &loadStart{ctx: ctx, span: span, rec: rec, req: req, chunks: chunks, keys: keys, reply: reply,
-		remote: len(fetched), fetched: fetched, session: session, gen: gen}
+		remote: remote, fetchPins: fetchPins, session: session, gen: gen}
 	// Every way a load ends without its copy goes through ls.fail: the
 	// fetch's pins go with it (refused, aborted, its engine ended, the
 	// node closing, a wait for a pending key that ran out).
 	ls.fail = func(err error) {
-		n.unpinFetched(ls)
+		n.unpinFetch(ls)
 		fail(err)
 	}
 	err := n.tryLoad(ls)
@@ -280,19 +282,19 @@ type loadStart struct {
 	keys         []messages.Key
 	reply        string
 	remote       int
-	fetched      []messages.Key // pinned by its fetch until unpinFetched
+	fetchPins    []messages.Key // pinned by its fetch until unpinFetch
 	session, gen uint64
-	fail         func(error) // unpins fetched, then answers the load's failure
+	fail         func(error) // unpins fetchPins, then answers the load's failure
 	waitFrom     time.Time   // when it first found a key pending (zero: it has not)
 }
 
-// unpinFetched lets go of the pins ls's fetch left on the chunks it
-// fetched, once: after the load's own pins hold them (tryLoad), or as it
-// fails. Until then no store evicts a fetched chunk under it.
-func (n *Node) unpinFetched(ls *loadStart) {
-	if len(ls.fetched) > 0 {
-		n.store.UnpinRemote(ls.fetched)
-		ls.fetched = nil
+// unpinFetch lets go of the pins ls's fetch left on the chunks it fetched
+// and on the load's local ones, once: after the load's own pins hold them
+// (tryLoad), or as it fails. Until then no store evicts one under it.
+func (n *Node) unpinFetch(ls *loadStart) {
+	if len(ls.fetchPins) > 0 {
+		n.store.UnpinRemote(ls.fetchPins)
+		ls.fetchPins = nil
 	}
 }
 
@@ -317,7 +319,7 @@ func (n *Node) tryLoad(ls *loadStart) error {
 		rec.loads.leave()
 		return fmt.Errorf("load %q: %w", req.Request, err)
 	}
-	n.unpinFetched(ls) // the load's own pins hold its fetched chunks now
+	n.unpinFetch(ls) // the load's own pins hold its fetched and local chunks now
 	done := func() {
 		rec.copyingLoads.Add(-1)
 		rec.loads.leave()

@@ -95,6 +95,12 @@ func (s *Store) fillRemote(engine string, key messages.Key, data []byte, sum uin
 // AbortRemote frees the room of keys whose fetch failed.
 func (s *Store) AbortRemote(keys []messages.Key) { s.pool.CompleteStore(keys, nil) }
 
-// UnpinRemote lets go of the pins FillRemote left on keys (each filled
-// once): they stay ready, evictable again unless a load pins them.
+// PinReady pins those of keys that are ready in host memory and returns
+// them: a remote load's own local chunks, which no store may evict while
+// it fetches the others. UnpinRemote lets go of these pins.
+func (s *Store) PinReady(keys []messages.Key) []messages.Key { return s.pool.PinReady(keys) }
+
+// UnpinRemote lets go of the pins FillRemote or PinReady left on keys
+// (once per pin): they stay ready, evictable again unless a load pins
+// them.
 func (s *Store) UnpinRemote(keys []messages.Key) { s.pool.CompleteLoad(keys) }
