@@ -116,8 +116,8 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			o.metrics.Unsettled.WithLabelValues("unexplained").Inc()
 			return fmt.Errorf("claim engine %s (revision %d) refused, and no read shows the write past it: %w", engine, rev, gerr)
 		}
-		if e == nil || e.Identity != o.me {
-			break
+		if e == nil || e.Identity != o.me || e.Closed {
+			break // a closed marker is this process's Leave, not a claim's write
 		}
 		rev = e.Revision // this process's own write, whose reply was lost
 		o.metrics.Unsettled.WithLabelValues("landed").Inc()

@@ -424,6 +424,29 @@ func (o *Owners) Release(ctx context.Context, engine string) error {
 	return nil
 }
 
+// Leave gives engine up on a graceful shutdown, its engine retired (no copy
+// of it runs): the record is replaced, by compare-and-set on this node's
+// last write, with one marked closed (ownership.Record.Closed). Every other
+// node takes the marker for no owner, as it would a deleted record; this
+// node's next boot, started within a lease, finds it (PastBoots) and tells
+// the engine of the restart at once, as after a crash. A deleted record left
+// the next boot blind to the engine, which then took a lease of silence to
+// declare its node lost and a lease more to register.
+func (o *Owners) Leave(ctx context.Context, engine string) error {
+	o.mu.Lock()
+	h, ok := o.mine[engine]
+	delete(o.mine, engine)
+	o.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotMine, engine)
+	}
+	r := ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: time.Now().UnixMilli(), Closed: true}
+	if _, err := o.kv.Update(ctx, engine, ownership.EncodeRecord(r), h.rev); err != nil {
+		return fmt.Errorf("leave engine %s (revision %d): %w", engine, h.rev, err)
+	}
+	return nil
+}
+
 // Revision is the fencing token of this node's claim on engine (0: none).
 func (o *Owners) Revision(engine string) uint64 {
 	o.mu.Lock()
@@ -454,7 +477,8 @@ func (o *Owners) Serving(engine string, now time.Time) bool {
 
 // PastBoots lists the engines whose record names this node with another
 // boot: a previous process of this node id, dead (a node id runs one
-// process at a time), whose engines are still waiting to learn it. Read
+// process at a time), whose engines are still waiting to learn it, a closed
+// marker (Leave) included. Read
 // once at start from the bucket's current records (a watch's initial
 // values).
 func (o *Owners) PastBoots(ctx context.Context) ([]string, error) {

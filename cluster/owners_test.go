@@ -350,3 +350,92 @@ func mustServe(t *testing.T, o *Owners, engine string, req Request) {
 	require.NoError(t, err)
 	require.Equal(t, ownership.Serve, d.Action, "%s on %s: %s", engine, o.me.Node, d.Reason)
 }
+
+// A graceful shutdown's Leave replaces each record with a closed marker
+// naming the closing boot: the node's next boot lists it as its previous
+// boot's (PastBoots) and takes the engine back by CAS at its register;
+// another node claims it at once, as it would a deleted record. A
+// keep-alive racing Leave neither brings the claim back nor is counted as a
+// fence, and leaves no live record naming the closing boot.
+func TestLeaveLeavesAMarkerTheNextBootFindsAndOthersClaim(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	b := openOwners(t, nc, "gpu-1", "", 1)
+	ctx := ctxT(t)
+	kv := ownersBucket(t, nc)
+	for _, e := range []string{"e1", "e2"} {
+		mustServe(t, a, e, Request{Register: true, Local: true})
+		require.NoError(t, a.Leave(ctx, e))
+		got, err := kv.Get(ctx, e)
+		require.NoError(t, err)
+		rec, err := ownership.DecodeRecord(got.Value())
+		require.NoError(t, err)
+		require.Equal(t, ownership.Identity{Node: "gpu-0", Boot: "gpu-0-boot1"}, rec.Identity)
+		require.True(t, rec.Closed, "%s's record is a closed marker", e)
+	}
+	require.Empty(t, a.Mine())
+
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	a2, err := OpenOwners(ctx, js, Config{Node: "gpu-0", Boot: "gpu-0-boot2", Lease: testLease, Replicas: 1}, nil)
+	require.NoError(t, err)
+	past, err := a2.PastBoots(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"e1", "e2"}, past, "the next boot finds its previous boot's engines")
+	d, err := a2.Resolve(ctx, "e1", Request{Register: true, Local: true, SpecNode: "gpu-0"})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action)
+	require.Equal(t, "previous boot gpu-0-boot1", d.Reason)
+	d, err = b.Resolve(ctx, "e2", Request{Register: true, Local: true})
+	require.NoError(t, err)
+	require.Equal(t, ownership.Serve, d.Action, "another node claims a closed marker at once: %s", d.Reason)
+
+	for i := range 20 {
+		engine := fmt.Sprintf("r%d", i)
+		mustServe(t, a2, engine, Request{Register: true, Local: true})
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		var kaErr error
+		wg.Go(func() { <-start; _, kaErr = a2.KeepAlive(ctx, engine) })
+		wg.Go(func() { <-start; _ = a2.Leave(ctx, engine) })
+		close(start)
+		wg.Wait()
+		require.False(t, errors.Is(kaErr, ErrFenced), "round %d: a left engine is not fenced: %v", i, kaErr)
+		require.NotContains(t, a2.Mine(), engine, "round %d: the leave stands", i)
+		got, err := kv.Get(ctx, engine)
+		if err == nil {
+			rec, derr := ownership.DecodeRecord(got.Value())
+			require.NoError(t, derr)
+			require.True(t, rec.Closed, "round %d: a live record names the closing boot: %+v", i, rec)
+		} else {
+			require.True(t, isGone(err), "round %d: %v", i, err)
+		}
+	}
+	require.Zero(t, testutil.ToFloat64(a2.metrics.Fenced), "no leave was counted as a fence")
+}
+
+// A keep-alive whose write was sent before Leave's marker landed is refused
+// on the marker's revision: the marker, naming this very boot, is no write
+// of the claim to carry on from, so the keep-alive reports ErrNotMine and
+// leaves the marker for the next boot (taken for a lost write of its own,
+// it was overwritten and deleted).
+func TestAKeepAliveAfterLeaveKeepsTheMarker(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	a := openOwners(t, nc, "gpu-0", "", 1)
+	ctx := ctxT(t)
+	kv := ownersBucket(t, nc)
+	mustServe(t, a, "e1", Request{Register: true, Local: true})
+	rev := a.Revision("e1")
+	require.NoError(t, a.Leave(ctx, "e1"))
+
+	err := a.claim(ctx, "e1", rev, true) // the keep-alive's write, on the revision before the marker
+	require.ErrorIs(t, err, ErrNotMine)
+	require.Empty(t, a.Mine())
+	got, err := kv.Get(ctx, "e1")
+	require.NoError(t, err, "the marker is still there")
+	rec, err := ownership.DecodeRecord(got.Value())
+	require.NoError(t, err)
+	require.True(t, rec.Closed, "the record is still the closed marker: %+v", rec)
+}

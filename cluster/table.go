@@ -108,12 +108,16 @@ func (t *OwnerTable) Get(engine string) *ownership.Entry {
 	return &e
 }
 
-// ByNode returns the engines each node owns, sorted.
+// ByNode returns the engines each node owns, sorted (a closed marker is
+// no one's).
 func (t *OwnerTable) ByNode() map[string][]string {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	out := map[string][]string{}
 	for engine, e := range t.entries {
+		if e.Closed {
+			continue // its node shut down: nobody owns it
+		}
 		out[e.Node] = append(out[e.Node], engine)
 	}
 	for _, es := range out {

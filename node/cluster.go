@@ -130,11 +130,13 @@ func (n *Node) startCluster(ctx context.Context) error {
 	return nil
 }
 
-// closeCluster gives up every claim (so the engines' next registers are
-// answered at once by another node rather than after a lease), then stops
-// the feed and the fetch and key servers, cancels the fetches of remote
-// loads, and waits for those and for fetches being served: both touch the
-// pool, which the teardown unmaps.
+// closeCluster gives up every claim, leaving a closed marker (Owners.Leave):
+// another node claims at the engines' next registers without waiting out
+// the lease, and this node's next boot tells them of the restart at once
+// (startCluster's previous-boot read), no later than after a crash. Then it
+// stops the feed and the fetch and key servers, cancels the fetches of
+// remote loads, and waits for those and for fetches being served: both
+// touch the pool, which the teardown unmaps.
 func (n *Node) closeCluster(ctx context.Context) {
 	c := n.cl
 	if c == nil {
@@ -148,7 +150,7 @@ func (n *Node) closeCluster(ctx context.Context) {
 	}()
 	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
 		for _, id := range c.owners.Mine() {
-			if err := c.owners.Release(ctx, id); err != nil {
+			if err := c.owners.Leave(ctx, id); err != nil {
 				n.log.Warn("cluster: release on shutdown", "engine", id, "err", err)
 			}
 		}

@@ -23,6 +23,12 @@ type Record struct {
 	Identity
 	LeaseMS int64 `json:"lease_ms"`
 	Renewed int64 `json:"renewed_unix_ms"`
+	// Closed marks the record a node leaves as it shuts down gracefully
+	// (cluster.Owners.Leave): its engines are retired and it serves
+	// nothing, so every other node takes the engine for unowned, while its
+	// own next boot finds it as its previous boot's and tells the engine of
+	// the restart at once. It lapses a lease after it was written.
+	Closed bool `json:"closed,omitempty"`
 }
 
 // Entry is what a node read of an engine's ownership: the record and its
@@ -152,6 +158,14 @@ func Decide(in Input) Decision {
 			return Decision{Action: Claim, Owner: in.Me.Node, Revision: e.Revision, Reason: "previous boot " + e.Boot}
 		}
 		return Decision{Action: Ignore, Owner: e.Node, Reason: "owned by a previous boot"}
+	case e.Closed:
+		// Left by a node that shut down: nobody owns the engine; a claim
+		// replaces the marker by compare-and-set on its revision.
+		d := decideUnowned(in)
+		if d.Action == Claim {
+			d.Revision = e.Revision
+		}
+		return d
 	default:
 		return Decision{Action: Ignore, Owner: e.Node, Reason: "owned by " + e.Node}
 	}

@@ -19,6 +19,13 @@ func entry(node, boot string, rev uint64) *Entry {
 	return &Entry{Record: Record{Identity: Identity{Node: node, Boot: boot}, LeaseMS: lease.Milliseconds()}, Revision: rev}
 }
 
+// closed is the marker a node leaves as it shuts down (cluster.Owners.Leave).
+func closed(node, boot string, rev uint64) *Entry {
+	e := entry(node, boot, rev)
+	e.Closed = true
+	return e
+}
+
 // Each case cites the PROTOCOL.md Clusters rule it checks.
 func TestDecide(t *testing.T) {
 	fresh := t0.Add(-lease / 2)
@@ -57,6 +64,13 @@ func TestDecide(t *testing.T) {
 		{"my previous boot: take back by CAS on its revision", Input{Entry: entry("gpu-1", "b1", 9), Register: true, Local: true}, Decision{Action: Claim, Owner: "gpu-1", Revision: 9, Reason: "previous boot b1"}},
 		{"my previous boot, events: ignore", Input{Entry: entry("gpu-1", "b1", 9), Local: true}, Decision{Action: Ignore, Owner: "gpu-1", Reason: "owned by a previous boot"}},
 		{"my previous boot, register names another node: ignore", Input{Entry: entry("gpu-1", "b1", 9), Register: true, Local: true, SpecNode: "gpu-4"}, Decision{Action: Ignore, Owner: "gpu-1", Reason: "owned by a previous boot"}},
+		// docs/CLUSTER.md "Close": a node shut down leaves a closed marker, no owner to any other node, its previous boot to its own next one
+		{"closed by another node: register claims by CAS on the marker", Input{Entry: closed("gpu-0", "b0", 7), Register: true, Local: true}, Decision{Action: Claim, Owner: "gpu-1", Revision: 7, Reason: "unowned"}},
+		{"closed by another node: events ignored", Input{Entry: closed("gpu-0", "b0", 7), Local: true}, Decision{Action: Ignore, Reason: "no owner"}},
+		{"closed by another node, register names it: ignore", Input{Entry: closed("gpu-0", "b0", 7), Register: true, Local: true, SpecNode: "gpu-0"}, Decision{Action: Ignore, Reason: "names node gpu-0"}},
+		{"closed by the node I stand by for, gone: claim by CAS", Input{Entry: closed("gpu-0", "b0", 7), Register: true, Local: true, SpecNode: "gpu-0", StandbyFor: "gpu-0"}, Decision{Action: Claim, Owner: "gpu-1", Revision: 7, Reason: "standby for gpu-0"}},
+		{"closed by the node I stand by for, live: ignore", Input{Entry: closed("gpu-0", "b0", 7), Register: true, Local: true, SpecNode: "gpu-0", StandbyFor: "gpu-0", NamedLive: true}, Decision{Action: Ignore, Reason: "named node gpu-0 is live"}},
+		{"closed by my previous boot: take back by CAS on its revision", Input{Entry: closed("gpu-1", "b1", 9), Register: true, Local: true}, Decision{Action: Claim, Owner: "gpu-1", Revision: 9, Reason: "previous boot b1"}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
