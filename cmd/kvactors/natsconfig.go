@@ -51,12 +51,23 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 	fmt.Fprint(stdout, g.Config)
 	conf := *out + "/" + natsauth.ConfigFile
 	fmt.Fprintf(stderr, "wrote %s\n", strings.Join(paths, ", "))
+	// kvactors' login: its seed file, or its password from the environment.
+	env, login := "", fmt.Sprintf(" --nats-nkey %s/%s.nk", *out, natsauth.ServiceUser)
 	if o.Auth == natsauth.AuthPassword {
-		fmt.Fprintf(stderr, "serve with: NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" kvactors serve --nats-config %s\n",
-			natsauth.ServiceUser, *out, natsauth.ServiceUser, conf)
-	} else {
-		fmt.Fprintf(stderr, "serve with: kvactors serve --nats-config %s --nats-nkey %s/%s.nk\n", conf, *out, natsauth.ServiceUser)
+		env, login = fmt.Sprintf("NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" ", natsauth.ServiceUser, *out,
+			natsauth.ServiceUser), ""
 	}
+	if !o.JetStream {
+		fmt.Fprintf(stderr, "serve with: %skvactors serve --nats-config %s%s\n", env, conf, login)
+		return exitOK
+	}
+	// JetStream is for serve --cluster (docs/CLUSTER.md): on one host the
+	// embedded server loaded from the file; across hosts a NATS cluster
+	// whose servers run the file, with a cluster {} block of their own.
+	fmt.Fprintf(stderr, "serve a cluster on one host (embedded NATS) with: %skvactors serve --nats-config %s%s --cluster\n",
+		env, conf, login)
+	fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
+		"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, login)
 	return exitOK
 }
 

@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -100,4 +101,34 @@ func TestNodesUnderGeneratedConfig(t *testing.T) {
 	require.Contains(t, string(denied), "permissions violation", "refused by the server's permissions, not another failure")
 	require.NotContains(t, string(denied), "gpu-7")
 	t.Logf("engine seed: %s", denied)
+}
+
+// nats-config's hint on stderr is the serve command the configuration is
+// for: with --jetstream that is a clustered node (the JetStream is for
+// serve --cluster), on the embedded server loaded from the file or on an
+// external NATS run from it; without, a node on the embedded server.
+func TestNATSConfigHintFitsJetStream(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		want    []string
+		notWant []string
+	}{
+		{nil, []string{"kvactors serve --nats-config ", "--nats-nkey "}, []string{"--cluster", "--nats URL"}},
+		{[]string{"--jetstream"}, []string{"kvactors serve --nats-config ", "--nats-nkey ", "--cluster",
+			"nats-server -c ", "kvactors serve --nats URL"}, nil},
+		{[]string{"--jetstream", "--auth", "password"}, []string{"NATS_USER=_kvactors", "--nats-config ", "--cluster",
+			"kvactors serve --nats URL"}, []string{"--nats-nkey"}},
+	} {
+		out := filepath.Join(t.TempDir(), "nats")
+		var stdout, stderr strings.Builder
+		code := natsConfig(append([]string{"--engines", "e1", "--out", out}, tc.args...), &stdout, &stderr)
+		require.Equal(t, exitOK, code, stderr.String())
+		hint := stderr.String()
+		for _, w := range tc.want {
+			require.Contains(t, hint, w, "%v", tc.args)
+		}
+		for _, w := range tc.notWant {
+			require.NotContains(t, hint, w, "%v", tc.args)
+		}
+	}
 }
