@@ -7,7 +7,11 @@
 //
 //	go run ./examples/publisher --nats nats://127.0.0.1:4222
 //
-// (or set NATS_URL). It exits non-zero on any error, a refused register
+// (or set NATS_URL). Under a configuration from `kvactors nats-config`
+// (docs/SECURITY.md), log in as the engine's user: --nkey FILE (its seed,
+// <engine>.nk; or NATS_NKEY), or --creds FILE (NATS_CREDS), or
+// NATS_USER/NATS_PASSWORD (--auth password); --ca FILE (NATS_CA) for TLS.
+// It exits non-zero on any error, a refused register
 // included, and removes its segment on every exit path, Ctrl-C included.
 package main
 
@@ -47,20 +51,64 @@ func main() {
 	shmDir := flag.String("shm-dir", "/dev/shm", "kvactors' --shm-dir")
 	engine := flag.String("engine", "example", "engine id")
 	timeout := flag.Duration("timeout", defaultTimeout, "give up registering or waiting for released after this")
+	nkey := flag.String("nkey", "", "the engine's nkey seed file (default $NATS_NKEY)")
+	creds := flag.String("creds", "", "NATS credentials file (default $NATS_CREDS)")
+	ca := flag.String("ca", "", "CA certificate file for NATS TLS (default $NATS_CA)")
 	flag.Parse()
+	opts, err := natsOptions(*nkey, *creds, *ca)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "publisher:", err)
+		os.Exit(2)
+	}
 	// Ctrl-C or SIGTERM end the run through ctx, so the deferred clean-up
 	// (the segment, the session) runs on that exit path too.
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	if err := run(ctx, *url, *prefix, *shmDir, *engine, *timeout); err != nil {
+	if err := run(ctx, *url, *prefix, *shmDir, *engine, *timeout, opts...); err != nil {
 		stop()
 		fmt.Fprintln(os.Stderr, "publisher:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.Duration) (err error) {
-	nc, err := client.Dial(url, engine)
+// natsOptions logs the engine in: an nkey seed file, a credentials file
+// (each its flag, else NATS_NKEY, NATS_CREDS), NATS_USER/NATS_PASSWORD or
+// NATS_TOKEN (secrets from the environment only, as kvactors serve takes
+// them), and a CA file (NATS_CA) for TLS. None: an anonymous login.
+func natsOptions(nkey, creds, ca string) ([]nats.Option, error) {
+	orEnv := func(v, k string) string {
+		if v == "" {
+			return os.Getenv(k)
+		}
+		return v
+	}
+	nkey, creds, ca = orEnv(nkey, "NATS_NKEY"), orEnv(creds, "NATS_CREDS"), orEnv(ca, "NATS_CA")
+	var opts []nats.Option
+	if nkey != "" {
+		opt, err := nats.NkeyOptionFromSeed(nkey)
+		if err != nil {
+			return nil, fmt.Errorf("--nkey: %w", err)
+		}
+		opts = append(opts, opt)
+	}
+	if creds != "" {
+		opts = append(opts, nats.UserCredentials(creds))
+	}
+	if user := os.Getenv("NATS_USER"); user != "" {
+		opts = append(opts, nats.UserInfo(user, os.Getenv("NATS_PASSWORD")))
+	}
+	if token := os.Getenv("NATS_TOKEN"); token != "" {
+		opts = append(opts, nats.Token(token))
+	}
+	if ca != "" {
+		opts = append(opts, nats.RootCAs(ca))
+	}
+	return opts, nil
+}
+
+// run is the example; opts log it in (natsOptions).
+func run(ctx context.Context, url, prefix, shmDir, engine string, timeout time.Duration, opts ...nats.Option) (err error) {
+	nc, err := client.Dial(url, engine, opts...)
 	if err != nil {
 		return err
 	}

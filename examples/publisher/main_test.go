@@ -6,13 +6,16 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -85,4 +88,42 @@ func TestPublisherInterrupted(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, testkit.Recv(t, done, 5*time.Second, "the interrupted run"), context.Canceled)
 	requireEmpty(t, dir)
+}
+
+// TestPublisherUnderGeneratedConfig: against the secured setup the docs
+// recommend (a node on a configuration from `kvactors nats-config`, one
+// nkey per engine) the publisher logs in with its engine's seed, given as
+// --nkey or NATS_NKEY (natsOptions), and runs; with no credentials NATS
+// refuses it.
+func TestPublisherUnderGeneratedConfig(t *testing.T) {
+	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"example"}})
+	require.NoError(t, err)
+	secrets := t.TempDir()
+	_, err = g.Write(secrets)
+	require.NoError(t, err)
+	dir := t.TempDir()
+	n, err := node.Start(context.Background(), node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(),
+		NATSConfig: filepath.Join(secrets, natsauth.ConfigFile), NATSNKey: filepath.Join(secrets, natsauth.ServiceUser+".nk"),
+		ShmDir: dir, PoolBytes: 1 << 20, HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(),
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+
+	err = run(context.Background(), n.NATSURL(), "kvactors", dir, "example", defaultTimeout)
+	require.ErrorIs(t, err, nats.ErrAuthorization, "no credentials")
+	requireEmpty(t, dir)
+
+	seed := filepath.Join(secrets, "example.nk")
+	for _, tc := range []struct{ flag, env string }{{seed, ""}, {"", seed}} {
+		t.Setenv("NATS_NKEY", tc.env)
+		opts, err := natsOptions(tc.flag, "", "")
+		require.NoError(t, err)
+		out := captureStdout(t, func() {
+			require.NoError(t, run(context.Background(), n.NATSURL(), "kvactors", dir, "example", defaultTimeout, opts...))
+		})
+		require.Contains(t, out, "<- loaded 64 tokens into blocks [5 6 7 8]")
+		requireEmpty(t, dir)
+	}
+	_, err = natsOptions(filepath.Join(secrets, "missing.nk"), "", "")
+	require.Error(t, err, "a seed file that cannot be read")
 }
