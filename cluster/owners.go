@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -87,7 +88,7 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	if cfg.Node == "" || cfg.Boot == "" {
 		return nil, fmt.Errorf("%w: node %q boot %q", ErrConfig, cfg.Node, cfg.Boot)
 	}
-	kv, err := js.CreateKeyValue(ctx, jetstream.KeyValueConfig{
+	want := jetstream.KeyValueConfig{
 		Bucket:      cfg.Bucket,
 		Description: "kvactors engine ownership: engine id -> {node, boot}",
 		History:     1,
@@ -98,7 +99,14 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 		LimitMarkerTTL: cfg.Lease,
 		Storage:        jetstream.FileStorage,
 		Replicas:       cfg.Replicas,
-	})
+	}
+	kv, err := js.CreateKeyValue(ctx, want)
+	if errors.Is(err, jetstream.ErrBucketExists) {
+		if diff := bucketDiffers(ctx, js, want); diff != "" {
+			return nil, fmt.Errorf("%w: ownership bucket %s exists with %s: every node of a cluster takes the "+
+				"bucket's (docs/CLUSTER.md): %w", ErrConfig, cfg.Bucket, diff, err)
+		}
+	}
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
 	}
@@ -107,6 +115,37 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 		return nil, fmt.Errorf("open ownership bucket %s: %w", cfg.Bucket, err)
 	}
 	return &Owners{cfg: cfg, kv: kv, lead: lead, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}, lost: map[string]struct{}{}}, nil
+}
+
+// bucketDiffers names the settings in which the existing bucket differs
+// from want, once CreateKeyValue refused want as a bucket that exists with
+// other settings: "" if it cannot be read (the refusal is reported as it
+// came). Lease and replicas are this node's flags; any other difference is
+// a bucket made by another kvactors version, or by hand.
+func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) string {
+	kv, err := js.KeyValue(ctx, want.Bucket)
+	if err != nil {
+		return ""
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return ""
+	}
+	have := st.Config()
+	var diffs []string
+	if have.TTL != want.TTL {
+		diffs = append(diffs, fmt.Sprintf("lease %v, not this node's %v (--lease)", have.TTL, want.TTL))
+	}
+	if have.Replicas != want.Replicas {
+		diffs = append(diffs, fmt.Sprintf("replicas %d, not this node's %d (--cluster-replicas)", have.Replicas, want.Replicas))
+	}
+	if len(diffs) == 0 && (have.History != want.History || have.Storage != want.Storage ||
+		have.LimitMarkerTTL != want.LimitMarkerTTL) {
+		diffs = append(diffs, fmt.Sprintf("history %d, storage %v, limit-marker TTL %v, not %d, %v, %v "+
+			"(made by another kvactors version, or by hand?)", have.History, have.Storage, have.LimitMarkerTTL,
+			want.History, want.Storage, want.LimitMarkerTTL))
+	}
+	return strings.Join(diffs, " and ")
 }
 
 // Get reads engine's ownership; nil if nobody holds it.

@@ -240,8 +240,10 @@ func TestRegisterNamingAnotherNodeIsRefusedByTheOwner(t *testing.T) {
 	require.ErrorIs(t, err, ErrNotMine)
 }
 
-// Buckets are shared: a node with another lease is refused, not silently
-// given the first node's.
+// Buckets are shared: a node with another lease or replica count is
+// refused, not silently given the first node's, and told which setting
+// differs from the bucket's, as a configuration error (ErrConfig: serve
+// exits 2), not as a JetStream failure.
 func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
 	t.Parallel()
 	_, nc := testkit.NATS(t)
@@ -251,6 +253,23 @@ func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
 	_, err = OpenOwners(ctxT(t), js, Config{Node: "gpu-1", Boot: "b", Lease: 2 * testLease}, nil)
 	require.Error(t, err)
 	require.True(t, errors.Is(err, jetstream.ErrBucketExists), "%v", err)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, fmt.Sprintf("lease %v, not this node's %v", testLease, 2*testLease))
+	require.NotContains(t, err.Error(), "replicas 1")
+}
+
+// The same for another replica count (a 3-server NATS cluster: one server
+// refuses replicas 3 outright).
+func TestOpenOwnersRefusesAnotherReplicaCount(t *testing.T) {
+	t.Parallel()
+	c := testkit.NATSCluster(t, 3)
+	openOwners(t, c.Connect(0), "gpu-0", "", 3)
+	js, err := jetstream.New(c.Connect(1))
+	require.NoError(t, err)
+	_, err = OpenOwners(ctxT(t), js, Config{Node: "gpu-1", Boot: "b", Lease: testLease, Replicas: 1}, nil)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "replicas 3, not this node's 1")
+	require.NotContains(t, err.Error(), "lease")
 }
 
 // A keep-alive whose write committed but whose reply was lost leaves the

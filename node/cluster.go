@@ -88,7 +88,13 @@ func (n *Node) startCluster(ctx context.Context) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
-	if c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics); err != nil {
+	c.owners, err = cluster.OpenOwners(ctx, js, cfg, c.metrics)
+	switch {
+	case errors.Is(err, cluster.ErrConfig):
+		// This node's settings against the bucket's (another --lease or
+		// --cluster-replicas): configuration, which a restart cannot fix.
+		return fmt.Errorf("%w: %w", ErrConfig, err)
+	case err != nil:
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
 	}
 	// Engines a previous process of this node id served: it is dead, and

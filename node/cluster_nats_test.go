@@ -4,10 +4,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -139,6 +142,22 @@ func TestClusterOnTheEmbeddedServer(t *testing.T) {
 	rec, err := kv.Get(context.Background(), "e1")
 	require.NoError(t, err)
 	require.Contains(t, string(rec.Value()), `"node":"`+e.node.NodeID()+`"`)
+}
+
+// A node whose --lease differs from the ownership bucket's (made by the
+// cluster's first node) is refused as a configuration error (serve exits
+// 2) naming the setting, not as JetStream missing.
+func TestClusterNodeWithAnotherLeaseIsAConfigError(t *testing.T) {
+	e := startNode(t, func(c *node.Config) { c.Cluster, c.Lease = true, time.Second })
+	n, err := node.Start(context.Background(), node.Config{NATSURL: e.node.NATSURL(), NodeID: "other", Cluster: true,
+		Lease: 2 * time.Second, ShmDir: t.TempDir(), PoolBytes: 1 << 20, HTTPAddr: node.HTTPOff,
+		Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err == nil {
+		_ = n.Close(context.Background())
+	}
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "lease 1s, not this node's 2s (--lease)")
+	require.NotContains(t, err.Error(), "JetStream is needed")
 }
 
 // Fencing: another writer replaces the owner's record (as a node that took
