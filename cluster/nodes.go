@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -33,19 +34,48 @@ type NodeRow struct {
 	Age time.Duration
 }
 
-// Survey listens to node heartbeats for wait (at least a heartbeat period,
-// lease/4, to hear every live node) and joins them with the owners in
-// table (nil: none), one row per node, sorted by node id. A node that owns
-// engines and sent no heartbeat is listed with Age -1: its lease is
-// running out.
+// maxSurveyWait bounds what a heard lease stretches a survey to (SurveyWait).
+const maxSurveyWait = time.Minute
+
+// SurveyWait is how long a survey listens to hear every live node of a
+// cluster whose lease is lease: a node heartbeats every lease/4, and a
+// fifth of that again lets a late one in (3 s at the default 10 s lease).
+// At most a minute.
+func SurveyWait(lease time.Duration) time.Duration {
+	return min(lease*3/10, maxSurveyWait)
+}
+
+// BucketLease is the lease of the ownership bucket's nodes: the bucket's
+// TTL (OpenOwners makes it their lease, and refuses a node of another).
+func BucketLease(ctx context.Context, js jetstream.JetStream, bucket string) (time.Duration, error) {
+	kv, err := js.KeyValue(ctx, bucket)
+	if err != nil {
+		return 0, fmt.Errorf("ownership bucket %s: %w", bucket, err)
+	}
+	st, err := kv.Status(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("ownership bucket %s: status: %w", bucket, err)
+	}
+	return st.TTL(), nil
+}
+
+// Survey listens to node heartbeats for wait, or longer when a heartbeat
+// says its node's lease needs it (SurveyWait from the start: the other
+// nodes beat as seldom), and joins them with the owners in table (nil:
+// none), one row per node, sorted by node id. A node that owns engines
+// and sent no heartbeat is listed with Age -1: its lease is running out.
+// Pass at least SurveyWait of the cluster's lease (BucketLease) to hear
+// every live node.
 func Survey(ctx context.Context, nc *nats.Conn, prefix string, table *OwnerTable, wait time.Duration) ([]NodeRow, error) {
 	type heard struct {
 		hb HeartbeatUsage
 		at time.Time
 	}
+	start := time.Now()
 	var (
-		mu   sync.Mutex
-		last = map[string]heard{}
+		mu    sync.Mutex
+		last  = map[string]heard{}
+		until = start.Add(wait) // stretched by a heard lease
 	)
 	subj := messages.NodeSubject(prefix, "*", messages.NodeVerbHeartbeat)
 	sub, err := nc.Subscribe(subj, func(m *nats.Msg) {
@@ -55,6 +85,9 @@ func Survey(ctx context.Context, nc *nats.Conn, prefix string, table *OwnerTable
 		}
 		mu.Lock()
 		last[hb.Node] = heard{hb, time.Now()}
+		if need := start.Add(SurveyWait(time.Duration(hb.LeaseMS) * time.Millisecond)); need.After(until) {
+			until = need
+		}
 		mu.Unlock()
 	})
 	if err != nil {
@@ -63,10 +96,19 @@ func Survey(ctx context.Context, nc *nats.Conn, prefix string, table *OwnerTable
 	defer func() { _ = sub.Unsubscribe() }()
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	select {
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	case <-timer.C:
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-timer.C:
+		}
+		mu.Lock()
+		left := time.Until(until)
+		mu.Unlock()
+		if left <= 0 {
+			break
+		}
+		timer.Reset(left)
 	}
 	end := time.Now()
 	mu.Lock()

@@ -64,3 +64,27 @@ func TestSurveyListsLiveNodesAndSilentOwners(t *testing.T) {
 	require.Contains(t, out.String(), "none (lease running out)")
 	require.Contains(t, out.String(), "e1,e2")
 }
+
+// A heartbeat's lease_ms stretches the survey to that lease's heartbeat
+// period (SurveyWait) from its start, however short the wait asked: a node
+// heard says how often the others beat (no bucket to read it from, say).
+func TestSurveyListensForTheHeardLeasesHeartbeatPeriod(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	const lease = time.Second
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "b0", LeaseMS: lease.Milliseconds()})
+	stopBeats := testkit.Every(t, 5*time.Millisecond, func() {
+		_ = nc.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb)
+	})
+	defer stopBeats()
+	start := time.Now()
+	rows, err := Survey(ctxT(t), nc, "kvactors", nil, 50*time.Millisecond)
+	took := time.Since(start)
+	require.NoError(t, err)
+	require.Len(t, rows, 1)
+	require.Equal(t, "gpu-0", rows[0].Node)
+	require.GreaterOrEqual(t, took, SurveyWait(lease))
+	require.Equal(t, 300*time.Millisecond, SurveyWait(lease), "lease/4 and a fifth of it again")
+	require.Equal(t, 3*time.Second, SurveyWait(10*time.Second), "the former default --wait at the default lease")
+	require.Equal(t, maxSurveyWait, SurveyWait(time.Hour), "bounded")
+}

@@ -18,9 +18,12 @@ import (
 )
 
 // runNodes is `kvactors nodes`: it listens to node heartbeats for --wait,
-// joins them with the ownership bucket and prints one row per node (node,
-// boot, engines reported and owned, pool and disk usage, age of the last
-// heartbeat). The logic is cluster.Survey and cluster.WriteNodes.
+// or for as long as the cluster's lease needs (cluster.SurveyWait of the
+// ownership bucket's lease, or of a heard heartbeat's), joins them with
+// the ownership bucket and prints one row per node (node, boot, engines
+// reported and owned, pool and disk usage, age of the last heartbeat). No
+// heartbeat heard at all is a failure (exit 1), said on stderr. The logic
+// is cluster.Survey and cluster.WriteNodes.
 func runNodes(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("nodes", flag.ContinueOnError)
 	env := func(k, def string) string {
@@ -35,7 +38,8 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	creds := fs.String("nats-creds", env("KVACTORS_NATS_CREDS", ""), "NATS credentials file")
 	nkey := fs.String("nats-nkey", env("KVACTORS_NATS_NKEY", ""), "nkey seed file (kvactors' user of a kvactors nats-config configuration)")
 	ca := fs.String("nats-ca", env("KVACTORS_NATS_CA", ""), "CA certificate file for NATS TLS")
-	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats (at least lease/4)")
+	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats at least; longer when the cluster's lease "+
+		"needs it (lease/4 and a fifth of that again, from the ownership bucket or a heard heartbeat)")
 	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr,
 		"NATS secrets, as for serve: NATS_USER, NATS_PASSWORD, NATS_TOKEN (environment only)."); code >= 0 {
 		return code
@@ -59,8 +63,13 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	opts = append(opts, authOpts...)
-	ctx, cancel := context.WithTimeout(context.Background(), *wait+10*time.Second)
+	// The survey's own deadline ends the listening (stretched by the
+	// lease); ctx ends it early on a permissions violation. setup bounds
+	// the bucket's reads.
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
+	setup, cancelSetup := context.WithTimeout(ctx, 10*time.Second)
+	defer cancelSetup()
 	// A permissions violation (credentials that are not kvactors') cannot
 	// heal by waiting: say so and stop at once.
 	denied := make(chan error, 1)
@@ -87,8 +96,9 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	}
 	defer nc.Close()
 	var table *cluster.OwnerTable
+	listen, lease := *wait, time.Duration(0)
 	if js, err := jetstream.New(nc); err == nil {
-		table, err = cluster.WatchBucket(ctx, js, *bucket)
+		table, err = cluster.WatchBucket(setup, js, *bucket)
 		switch {
 		case noJetStream(err):
 			// No cluster can run here (serve --cluster needs JetStream), so
@@ -104,15 +114,40 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 			fmt.Fprintln(stderr, "kvactors nodes: ownership:", err)
 		default:
 			defer table.Stop()
+			// The bucket's TTL is every node's lease: a node heartbeats
+			// every lease/4, which a shorter --wait would miss.
+			if lease, err = cluster.BucketLease(setup, js, *bucket); err != nil {
+				fmt.Fprintln(stderr, "kvactors nodes: the cluster's lease not read (listening for --wait):", err)
+			}
+			listen = max(listen, cluster.SurveyWait(lease))
 		}
 	}
-	rows, err := cluster.Survey(ctx, nc, *prefix, table, *wait)
+	rows, err := cluster.Survey(ctx, nc, *prefix, table, listen)
 	if err != nil {
 		fmt.Fprintln(stderr, "kvactors nodes:", err)
 		return exitFailure
 	}
-	if err := cluster.WriteNodes(stdout, rows); err != nil {
-		fmt.Fprintln(stderr, "kvactors nodes:", err)
+	heard := 0
+	for _, r := range rows {
+		if r.Age >= 0 {
+			heard++
+		}
+	}
+	if len(rows) > 0 { // owners whose heartbeats stopped are still listed
+		if err := cluster.WriteNodes(stdout, rows); err != nil {
+			fmt.Fprintln(stderr, "kvactors nodes:", err)
+			return exitFailure
+		}
+	}
+	if heard == 0 {
+		why := fmt.Sprintf("no node runs there, or the nodes have another --prefix or a lease over %v "+
+			"(they heartbeat every lease/4: pass a longer --wait)", listen*4)
+		if lease > 0 {
+			why = fmt.Sprintf("the cluster's nodes (lease %v) heartbeat every %v: none runs there, or they have "+
+				"another --prefix", lease, lease/4)
+		}
+		fmt.Fprintf(stderr, "kvactors nodes: no node heartbeat heard in %v on %s (prefix %q): %s\n",
+			listen, nc.ConnectedUrlRedacted(), *prefix, why)
 		return exitFailure
 	}
 	return exitOK

@@ -15,10 +15,12 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -77,7 +79,8 @@ func TestNodesListsTheCluster(t *testing.T) {
 
 // `kvactors nodes` authenticates as serve does: NATS_TOKEN (and
 // NATS_USER/NATS_PASSWORD) from the environment, which docs/OPERATIONS.md
-// offers for both.
+// offers for both. No node runs: logged in, it hears no heartbeat (exit 1,
+// said so); refused, it says that.
 func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
 	// JetStream: without it there is no cluster to list (TestNodesWithoutJetStreamSaysSo).
 	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: server.RANDOM_PORT, NoLog: true,
@@ -89,9 +92,10 @@ func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
 	for _, tc := range []struct {
 		env  []string
 		code int
+		says string
 	}{
-		{[]string{"NATS_TOKEN=s3cret"}, 0},
-		{[]string{"NATS_TOKEN=wrong"}, 1},
+		{[]string{"NATS_TOKEN=s3cret"}, 1, "no node heartbeat heard"},
+		{[]string{"NATS_TOKEN=wrong"}, 1, "Authorization Violation"},
 	} {
 		cmd := exec.Command(binary, "nodes", "--nats", s.ClientURL(), "--wait", "100ms")
 		cmd.Env = append(os.Environ(), tc.env...)
@@ -102,6 +106,7 @@ func TestNodesUsesNATSSecretsFromEnv(t *testing.T) {
 			code = exit.ExitCode()
 		}
 		require.Equal(t, tc.code, code, "%v: %s", tc.env, out)
+		require.Contains(t, string(out), tc.says, tc.env)
 	}
 }
 
@@ -125,4 +130,51 @@ func TestNodesWithoutJetStreamSaysSo(t *testing.T) {
 	require.Contains(t, stderr.String(), "no cluster registry")
 	require.Equal(t, 1, strings.Count(stderr.String(), "\n"), stderr.String())
 	require.Empty(t, stdout.String(), "no table of no nodes")
+}
+
+// `kvactors nodes` listens for as long as the cluster needs, whatever
+// --wait says: a heartbeat period of the ownership bucket's lease (lease/4)
+// and a fifth of one again. Nodes with a 4 s lease beat every second: with
+// --wait 100ms the survey still hears one. Hearing no heartbeat at all is a
+// failure (exit 1) said on stderr, not an empty table and exit 0.
+func TestNodesWaitsForTheClustersHeartbeatPeriod(t *testing.T) {
+	s, nc := testkit.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	const lease = 4 * time.Second
+	_, err = cluster.OpenOwners(ctx, js, cluster.Config{Node: "gpu-0", Boot: "b0", Lease: lease}, nil)
+	require.NoError(t, err)
+
+	nodes := func() (stdout, stderr string, code int, took time.Duration) {
+		cmd := exec.Command(binary, "nodes", "--nats", s.ClientURL(), "--wait", "100ms")
+		var out, errOut strings.Builder
+		cmd.Stdout, cmd.Stderr = &out, &errOut
+		start := time.Now()
+		err := cmd.Run()
+		took = time.Since(start)
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			code = exit.ExitCode()
+		} else {
+			require.NoError(t, err)
+		}
+		return out.String(), errOut.String(), code, took
+	}
+	stdout, stderr, code, took := nodes()
+	require.Equal(t, 1, code, "stdout %s stderr %s", stdout, stderr)
+	require.GreaterOrEqual(t, took, lease*3/10, "listened a heartbeat period and more")
+	require.Contains(t, stderr, "no node heartbeat heard in 1.2s")
+	require.Empty(t, stdout, "no table of no nodes")
+
+	// A node of that lease, beating every lease/4.
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "b0", LeaseMS: lease.Milliseconds()})
+	stopBeats := testkit.Every(t, lease/4, func() {
+		_ = nc.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb)
+	})
+	defer stopBeats()
+	stdout, stderr, code, _ = nodes()
+	require.Equal(t, 0, code, "stdout %s stderr %s", stdout, stderr)
+	require.Regexp(t, regexp.MustCompile(`(?m)^gpu-0\s+b0\s+0\s+`), stdout)
 }
