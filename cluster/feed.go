@@ -215,6 +215,18 @@ func (f *Feed) catchUp(node, boot string) {
 		f.mu.Unlock()
 		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	case errors.Is(err, context.Canceled):
+	case errors.Is(err, holders.ErrNoSync):
+		// Superseded, not failed: the node cleared its keys meanwhile (the
+		// AllBlocksCleared of its reconnect's re-announce, or of an engine's
+		// first register: its pages may list what it cleared), rebooted, or
+		// expired. The clear and a new boot have it caught up again at its
+		// next heartbeat; marked here too, as a failure is.
+		f.mu.Lock()
+		f.pending[node] = true
+		f.mu.Unlock()
+		f.metrics.CatchUps.WithLabelValues("superseded").Inc()
+		f.log.Debug("key catch-up superseded: caught up again at the node's next heartbeat", "node", node, "boot", boot,
+			"err", err)
 	default:
 		f.mu.Lock()
 		f.pending[node] = true

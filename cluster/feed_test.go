@@ -537,3 +537,74 @@ func feedAcrossServersWith(t *testing.T, cfg Config) (*nats.Conn, *Feed) {
 	})
 	return ncA, feed
 }
+
+// gatedKeys is a KeySource whose first page waits for the test: a
+// catch-up held in flight.
+type gatedKeys struct {
+	keys    SortedKeys
+	asked   chan struct{} // sent on at the first ask (buffered 1)
+	release chan struct{}
+	once    sync.Once
+}
+
+func (g *gatedKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
+	g.once.Do(func() { g.asked <- struct{}{}; <-g.release })
+	return g.keys.KeysAfter(after, max)
+}
+
+// A catch-up superseded by the node's own clear (the AllBlocksCleared of
+// its reconnect's re-announce, or of an engine's first register) ends
+// with holders.ErrNoSync: no failure (counted "superseded", not "error";
+// logged at Debug, not Warn): the clear has the node caught up again at
+// its next heartbeat, and that catch-up lists its keys.
+func TestFeedCatchUpSupersededByTheNodesClearIsNoFailure(t *testing.T) {
+	s := testkit.NATSServer(t)
+	ncA, ncC := testkit.Connect(t, s), testkit.Connect(t, s)
+	m := NewMetrics(prometheus.NewRegistry())
+	var logs testkit.SyncBuffer
+	feed, err := StartFeed(ncC, Config{Node: "gpu-2", Lease: testLease},
+		slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo})), m)
+	require.NoError(t, err)
+	t.Cleanup(feed.Close)
+	require.NoError(t, ncC.Flush())
+
+	held := hashKey("aa", 0)
+	src := &gatedKeys{keys: NewSortedKeys([]holders.NSKey{held}), asked: make(chan struct{}, 1), release: make(chan struct{})}
+	sub, err := ServeKeys(ncA, "kvactors", "gpu-0", "a1", src)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	n := &fakeNode{t: t, nc: ncA, node: "gpu-0", boot: "a1"}
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "a1", Engines: 1})
+	stopBeats := testkit.Every(t, testLease/4, func() {
+		_ = ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb)
+	})
+	t.Cleanup(stopBeats)
+	testkit.Recv(t, src.asked, 5*time.Second, "the catch-up's first page asked")
+
+	// The node stores a key (kept through the catch-up), then clears all.
+	stored := hashKey("bb", 0)
+	n.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"bb"}, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, stored))
+	n.kvEvents("e1", messages.KVEvent{Type: messages.KVAllBlocksCleared})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := feed.Holders(stored.NS, stored.Key); len(got) != 0 {
+			return fmt.Errorf("the clear not applied: bb held by %v", got)
+		}
+		return nil
+	})
+	close(src.release)
+
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := testutil.ToFloat64(m.CatchUps.WithLabelValues("ok")); got < 1 {
+			return fmt.Errorf("no catch-up ok yet (superseded %v, error %v)", testutil.ToFloat64(m.CatchUps.WithLabelValues("superseded")),
+				testutil.ToFloat64(m.CatchUps.WithLabelValues("error")))
+		}
+		return nil
+	})
+	testkit.Eventually(t, time.Second, 10*time.Millisecond, holdersOf(feed, held)) // listed by the next catch-up
+	require.Equal(t, 1.0, testutil.ToFloat64(m.CatchUps.WithLabelValues("superseded")))
+	require.Zero(t, testutil.ToFloat64(m.CatchUps.WithLabelValues("error")))
+	fs, _ := feed.Stats()
+	require.Zero(t, fs.CatchUpFails)
+	require.NotContains(t, logs.String(), "key catch-up failed")
+}

@@ -20,7 +20,7 @@ type Metrics struct {
 	ServedBytes   prometheus.Counter
 	ServeRefused  prometheus.Counter
 	FeedRejected  *prometheus.CounterVec // reason: unattributed, bad_message, refused, no_geometry
-	CatchUps      *prometheus.CounterVec // result: ok, error
+	CatchUps      *prometheus.CounterVec // result: ok, superseded, error
 	KeysOverCap   prometheus.Counter     // keys left out: their node held Config.MaxPeerKeys
 }
 
@@ -89,7 +89,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	for _, r := range []string{"unattributed", "bad_message", "refused", "no_geometry"} { // feed.go
 		m.FeedRejected.WithLabelValues(r)
 	}
-	for _, r := range []string{"ok", "error"} {
+	for _, r := range []string{"ok", "superseded", "error"} { // feed.go catchUp
 		m.CatchUps.WithLabelValues(r)
 	}
 	if reg != nil {

@@ -83,7 +83,7 @@ func TestMetricsLabelsExistAtZero(t *testing.T) {
 		"kvactors_cluster_ownership_decisions_total": {"serve", "claim", "refuse", "ignore"},
 		"kvactors_cluster_fetch_failures_total":      {"corrupt", "piece", "refused", "other"},
 		"kvactors_cluster_holders_rejected_total":    {"unattributed", "bad_message", "refused", "no_geometry"},
-		"kvactors_cluster_holders_catchups_total":    {"ok", "error"},
+		"kvactors_cluster_holders_catchups_total":    {"ok", "superseded", "error"},
 	}
 	families, err := reg.Gather()
 	require.NoError(t, err)
