@@ -14,7 +14,7 @@ import (
 )
 
 // claim writes this node's record with compare-and-set: create when rev is
-// 0, else replace rev. Three kinds of failed compare-and-set are not a
+// 0, else replace rev. Four kinds of failed compare-and-set are not a
 // fence:
 //   - "wrong last sequence" without a sequence (JetStream error 10164): the
 //     stream leader refused because another write of the key was still in
@@ -31,7 +31,8 @@ import (
 //     below rev (the bucket lost writes, below), it is no verdict;
 //   - a refusal naming a last sequence below rev while a read shows the
 //     record at rev: a stream leader deposed but not yet told answered
-//     from its store, behind rev; the write is tried again.
+//     from its store, behind rev; the write is tried again; and one after
+//     which no read answers at all (an election) is no verdict.
 //
 // Anything else is ErrFenced. None of the four is a verdict when the tries
 // (maxClaimAttempts in all) run out: the write fails as a NATS error
@@ -98,9 +99,14 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			// write is committed): the write is tried again, unless a held
 			// claim's revision now names another node (issued again, as
 			// keepAlive's check). Reads only below rev, maybe all from that
-			// server, cannot tell the two apart: fenced, as lost writes.
-			if e, gerr = o.readUntil(ctx, engine, rev, true); gerr != nil {
+			// server, cannot tell the two apart: fenced, as lost writes. No
+			// read answering at all (an election: no responders) shows
+			// neither: no verdict.
+			if e, gerr = o.readUntil(ctx, engine, rev, true); errors.Is(gerr, errOnlyBelow) {
 				break
+			} else if gerr != nil {
+				o.metrics.Unsettled.WithLabelValues("unexplained").Inc()
+				return fmt.Errorf("claim engine %s refused as below revision %d, and no read answered: %w", engine, rev, gerr)
 			}
 			if e != nil && e.Revision == rev && (e.Identity == o.me || !renew) {
 				o.metrics.Unsettled.WithLabelValues("stale").Inc()

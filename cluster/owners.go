@@ -271,19 +271,29 @@ func (o *Owners) readPast(ctx context.Context, engine string, rev uint64) (*owne
 	return o.readUntil(ctx, engine, rev, false)
 }
 
+// errOnlyBelow is readUntil's answer when its time ran out after a read
+// showed the key at or below where it waits (below rev, or at it when a
+// record at rev does not end the wait): a read, not only failed ones.
+var errOnlyBelow = errors.New("reads show the key only below the revision")
+
 // readUntil is readPast, a record at rev itself also ending it when at is
-// set.
+// set. Its time run out, the error is errOnlyBelow if some read showed the
+// key short of that (a record, or the stream leader's delete marker), and
+// otherwise the last read's failure: no read answered (a leader election,
+// no responders) says nothing of the key.
 func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bool) (*ownership.Entry, error) {
 	ctx, cancel := context.WithTimeout(ctx, o.cfg.Lease)
 	defer cancel()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
 	ends := func(e *ownership.Entry) bool { return e != nil && (e.Revision > rev || (at && e.Revision == rev)) }
+	below := false
 	for {
 		e, err := o.Get(ctx, engine)
 		if err == nil && ends(e) {
 			return e, nil
 		}
+		below = below || (err == nil && e != nil)
 		if err == nil && e == nil && rev != 0 {
 			// None, from a replica that may not have seen the key's first
 			// write yet (the key was written at rev): only the stream
@@ -293,10 +303,14 @@ func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bo
 			if e, last, err = o.leaderRead(ctx, engine); err == nil && (ends(e) || (e == nil && (last == 0 || last > rev))) {
 				return e, nil
 			}
+			below = below || err == nil
 		}
 		select {
 		case <-ctx.Done():
-			if err != nil {
+			switch {
+			case below:
+				return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, errOnlyBelow)
+			case err != nil:
 				return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, err)
 			}
 			return nil, fmt.Errorf("read owner of engine %s past revision %d: %w", engine, rev, ctx.Err())
@@ -480,7 +494,16 @@ func (o *Owners) Leave(ctx context.Context, engine string) error {
 		return fmt.Errorf("%w: %s", ErrNotMine, engine)
 	}
 	r := ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: time.Now().UnixMilli(), Closed: true}
-	if _, err := o.kv.Update(ctx, engine, ownership.EncodeRecord(r), h.rev); err != nil {
+	_, err := o.kv.Update(ctx, engine, ownership.EncodeRecord(r), h.rev)
+	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
+		// A keep-alive of this process, its reply lost or cancelled (the
+		// node stops its keep-alives before it leaves), may have landed
+		// after h.rev: the marker replaces that write of its own.
+		if e, gerr := o.readPast(ctx, engine, h.rev); gerr == nil && e != nil && e.Identity == o.me && !e.Closed {
+			_, err = o.kv.Update(ctx, engine, ownership.EncodeRecord(r), e.Revision)
+		}
+	}
+	if err != nil {
 		return fmt.Errorf("leave engine %s (revision %d): %w", engine, h.rev, err)
 	}
 	return nil

@@ -45,6 +45,12 @@ type clusterNode struct {
 	checks  sync.WaitGroup
 	closing context.Context
 	close   context.CancelFunc
+	// stopKeepAlive ends ownershipLoop and keepAliveDone closes once it
+	// has: Close waits for it before it leaves its claims, so no keep-alive
+	// lands after a closed marker, or races one (its claim, given up
+	// meanwhile, would delete the record, the marker lost).
+	stopKeepAlive context.CancelFunc
+	keepAliveDone chan struct{}
 	// inGate holds nil but in tests (export_test.go): a func run inside the
 	// gates above, "read" as readChunk serves a fetch, "remote-load" as a
 	// remote load's goroutine starts, "fetch" as a
@@ -154,6 +160,10 @@ func (n *Node) closeCluster(ctx context.Context) {
 		c.fetches.closeAndWait() // cancelled: a piece's round trip, a copy into the pool
 		c.reads.closeAndWait()   // a copy out of the pool and its checksum
 	}()
+	if c.stopKeepAlive != nil {
+		c.stopKeepAlive()
+		<-c.keepAliveDone
+	}
 	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
 		for _, id := range c.owners.Mine() {
 			if err := c.owners.Leave(ctx, id); err != nil {
@@ -285,8 +295,9 @@ func (c *clusterNode) live(node string) bool {
 // goroutine: a JetStream stall must not delay heartbeats). A NATS error is
 // retried every 100 ms until the next tick; an engine whose claim was
 // fenced (another node wrote its record) is dropped at once.
-func (n *Node) ownershipLoop(ctx context.Context) {
+func (n *Node) ownershipLoop(ctx context.Context, done chan<- struct{}) {
 	defer n.loops.Done()
+	defer close(done)
 	period := n.cfg.Lease / 4
 	t := time.NewTicker(period)
 	defer t.Stop()

@@ -253,8 +253,10 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	go n.pinger(loops)
 	go n.watchdog(loops)
 	if n.cl != nil {
+		keepAlive, stopKeepAlive := context.WithCancel(loops)
+		n.cl.stopKeepAlive, n.cl.keepAliveDone = stopKeepAlive, make(chan struct{})
 		n.loops.Add(1)
-		go n.ownershipLoop(loops)
+		go n.ownershipLoop(keepAlive, n.cl.keepAliveDone)
 	}
 	n.ready.Store(true)
 	n.log.Info("kvactors ready", "boot", n.boot, "cluster", cfg.Clustered(), "standby_for", cfg.StandbyFor, "lease", cfg.Lease, "nats", n.NATSURL(), "prefix", cfg.Prefix, "backend", n.backend.Name(),
