@@ -102,10 +102,13 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	}
 	kv, err := js.CreateKeyValue(ctx, want)
 	if errors.Is(err, jetstream.ErrBucketExists) {
-		if diff := bucketDiffers(ctx, js, want); diff != "" {
-			return nil, fmt.Errorf("%w: ownership bucket %s exists with %s: every node of a cluster takes the "+
-				"bucket's (docs/CLUSTER.md): %w", ErrConfig, cfg.Bucket, diff, err)
+		// Refused as existing: it exists with other settings than want.
+		diff := bucketDiffers(ctx, js, want)
+		if diff == "" {
+			diff = "other settings than this node asks for (made by another kvactors version, or by hand?)"
 		}
+		return nil, fmt.Errorf("%w: ownership bucket %s exists with %s: every node of a cluster takes the "+
+			"bucket's (docs/CLUSTER.md): %w", ErrConfig, cfg.Bucket, diff, err)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
