@@ -258,6 +258,22 @@ func TestOpenOwnersRefusesAnotherLease(t *testing.T) {
 	require.NotContains(t, err.Error(), "replicas 1")
 }
 
+// A bucket that differs in a setting OpenOwners does not compare (made by
+// hand, with a description) is a config error all the same.
+func TestOpenOwnersRefusesABucketMadeOtherwise(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	js, err := jetstream.New(nc)
+	require.NoError(t, err)
+	_, err = js.CreateKeyValue(ctxT(t), jetstream.KeyValueConfig{Bucket: "kvactors_owners", Description: "by hand",
+		History: 1, TTL: testLease, LimitMarkerTTL: testLease, Storage: jetstream.FileStorage, Replicas: 1})
+	require.NoError(t, err)
+	_, err = OpenOwners(ctxT(t), js, Config{Node: "gpu-1", Boot: "b", Lease: testLease}, nil)
+	require.True(t, errors.Is(err, jetstream.ErrBucketExists), "%v", err)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorContains(t, err, "other settings")
+}
+
 // The same for another replica count (a 3-server NATS cluster: one server
 // refuses replicas 3 outright).
 func TestOpenOwnersRefusesAnotherReplicaCount(t *testing.T) {
