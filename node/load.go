@@ -269,7 +269,10 @@ var errTooManyLoads = messages.NewRejection(messages.RejectLimit,
 // maxWaitingLoads bounds an engine's loads waiting for pending keys (a
 // goroutine and a timer each, for up to Config.LoadWait): past it a load of a
 // pending key fails not-ready at once, so one engine cannot park goroutines
-// without limit by loading a key its own store holds pending.
+// without limit by loading a key its own store holds pending. A waiting
+// remote load (on a cluster) keeps its fetch's pins while it waits (its
+// chunks stay loadable), so an engine's pins are bounded by
+// maxCopyingLoads plus these, each for at most LoadWait.
 const maxWaitingLoads = 64
 
 // loadStart is a load taken and checked, until a load actor has its copy.
