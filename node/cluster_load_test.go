@@ -94,29 +94,29 @@ func TestClusterRemoteLoadsFetchingAreBounded(t *testing.T) {
 	require.Positive(t, ok)
 }
 
-// A remote load's fetched chunks are pinned from when each is made ready
-// until the load's own pins hold them: another engine's stores on the node
-// in between evict other chunks, not these. Before, a fetched chunk was
-// ready and unpinned until the load pinned its keys, and a store evicting
-// it there failed the load as a miss (no disk tier) though lookup counted
-// it and it had been fetched. Once the load ends nothing stays pinned.
-func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
-	t.Parallel()
-	kc := startCluster(t, 2, func(i int, c *node.Config) {
+// smallPoolPair is a 2-node cluster whose second node's pool holds three
+// 256-byte chunks, engine ea on the first node and ec and ed on the
+// second, all of namespace m, registered.
+func smallPoolPair(t *testing.T) (kc *kvCluster, a, c, d *testEngine) {
+	t.Helper()
+	kc = startCluster(t, 2, func(i int, c *node.Config) {
 		if i == 1 {
-			c.PoolBytes = 768 // three 256-byte chunks: the fetched prefix and one more
+			c.PoolBytes = 768
 		}
 	})
-	a := kc.engineOn(0, "ea", "m")
-	c := kc.engineOn(1, "ec", "m")
-	d := kc.engineOn(1, "ed", "m")
+	a, c, d = kc.engineOn(0, "ea", "m"), kc.engineOn(1, "ec", "m"), kc.engineOn(1, "ed", "m")
 	a.register()
 	c.register()
 	d.register()
-	hs := []string{hash("pin", 0), hash("pin", 1)}
-	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
-	awaitLookup(t, c, hs, 8, "C")
+	return kc, a, c, d
+}
 
+// loadWhileStoresEvict sends c's load of hs (8 tokens into blocks 2 and 3),
+// holds it at the "fetched" gate (its fetch done, before it pins) while d
+// stores two chunks, the second evicting the pool's least recently used
+// unpinned chunk, and returns the load's reply.
+func loadWhileStoresEvict(t *testing.T, kc *kvCluster, c, d *testEngine, hs []string) messages.LoadReply {
+	t.Helper()
 	fetched, release := kc.nodes[1].node.HoldInClusterGate("fetched")
 	defer release()
 	replies := collect(t, c.e.nc, "kvactors.ec.load",
@@ -125,9 +125,25 @@ func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
 	d.storeOne("x1", 50) // the pool's third chunk
 	d.storeOne("x2", 51) // evicts the least recently used chunk that is not pinned
 	release()
-
 	var r messages.LoadReply
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	return r
+}
+
+// A remote load's fetched chunks are pinned from when each is made ready
+// until the load's own pins hold them: another engine's stores on the node
+// in between evict other chunks, not these. Before, a fetched chunk was
+// ready and unpinned until the load pinned its keys, and a store evicting
+// it there failed the load as a miss (no disk tier) though lookup counted
+// it and it had been fetched. Once the load ends nothing stays pinned.
+func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
+	t.Parallel()
+	kc, a, c, d := smallPoolPair(t)
+	hs := []string{hash("pin", 0), hash("pin", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A")
+	awaitLookup(t, c, hs, 8, "C")
+
+	r := loadWhileStoresEvict(t, kc, c, d, hs)
 	require.True(t, r.OK, "a store between the fetch and the load's pins evicted a fetched chunk: %s", r.Error)
 	require.Equal(t, 2, r.RemoteChunks)
 	require.Equal(t, a.block(0, 40), c.block(0, 2), "chunk 0 from A")
@@ -145,17 +161,7 @@ func TestClusterFetchedChunksStayPinnedUntilTheirLoadPinsThem(t *testing.T) {
 // nothing stays pinned.
 func TestClusterALoadsLocalChunksStayPinnedWhileItFetches(t *testing.T) {
 	t.Parallel()
-	kc := startCluster(t, 2, func(i int, c *node.Config) {
-		if i == 1 {
-			c.PoolBytes = 768 // three 256-byte chunks
-		}
-	})
-	a := kc.engineOn(0, "ea", "m")
-	c := kc.engineOn(1, "ec", "m")
-	d := kc.engineOn(1, "ed", "m")
-	a.register()
-	c.register()
-	d.register()
+	kc, a, c, d := smallPoolPair(t)
 	hs := []string{hash("unpin", 0), hash("unpin", 1)}
 	// A stores chunk 1 only (chunk 0's block is the null block); C holds
 	// chunk 0 itself.
@@ -167,17 +173,7 @@ func TestClusterALoadsLocalChunksStayPinnedWhileItFetches(t *testing.T) {
 	recv(t, c.stored, "chunk 0 stored by C")
 	awaitLookup(t, c, hs, 8, "C")
 
-	fetched, release := kc.nodes[1].node.HoldInClusterGate("fetched")
-	defer release()
-	replies := collect(t, c.e.nc, "kvactors.ec.load",
-		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
-	testkit.Closed(t, fetched, 10*time.Second, "C's load, its fetch done, before it pins")
-	d.storeOne("x1", 50) // the pool's third chunk
-	d.storeOne("x2", 51) // evicts the least recently used chunk that is not pinned: x1
-	release()
-
-	var r messages.LoadReply
-	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	r := loadWhileStoresEvict(t, kc, c, d, hs) // the second store evicts x1, the least recently used unpinned chunk
 	require.True(t, r.OK, "a store during the fetch evicted the load's own chunk 0: %s", r.Error)
 	require.Equal(t, 1, r.RemoteChunks)
 	require.Equal(t, c.block(0, 10), c.block(0, 2), "chunk 0 from C's pool")
