@@ -29,8 +29,8 @@ import (
 //     runs out (every read from a replica that lags): the write after rev
 //     may be this node's own. Unless the refusal named a last sequence
 //     below rev (the bucket lost writes, below), it is no verdict;
-//   - a refusal naming a last sequence below rev while a read shows the
-//     record at rev: a stream leader deposed but not yet told answered
+//   - a refusal naming a last sequence below rev while the stream
+//     leader's read shows the record at rev: a stream leader deposed but not yet told answered
 //     from its store, behind rev; the write is tried again; and one after
 //     which no read answers at all (an election) is no verdict.
 //

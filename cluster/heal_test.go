@@ -292,34 +292,28 @@ func TestARefusalBelowTheClaimThatAReadRefutesIsNoFence(t *testing.T) {
 	a.kv = real
 }
 
-// entryAt is a bucket entry of key at rev holding r.
-type entryAt struct {
-	jetstream.KeyValueEntry
-	key string
-	rev uint64
-	r   ownership.Record
-}
-
-func (e entryAt) Key() string      { return e.key }
-func (e entryAt) Revision() uint64 { return e.rev }
-func (e entryAt) Value() []byte    { return ownership.EncodeRecord(e.r) }
-
 // The same refusal, but the read at the keep-alive's revision names another
 // node: the bucket lost writes and issued that revision again, to another
-// claim (found after keepAlive's own check). That read is no refutation: a
-// write retried on the revision would overwrite the other claim. Fenced.
+// claim (found after keepAlive's own check, which a lagging replica
+// answered). That read is no refutation: a write retried on the revision
+// would overwrite the other claim. Fenced.
 func TestARefusalBelowTheClaimWithItsRevisionIssuedAgainIsFenced(t *testing.T) {
-	a, _, first := ownerOfE1(t)
+	a, nc, first := ownerOfE1(t)
 	ctx := ctxT(t)
 	rev, err := a.KeepAlive(ctx, "e1")
 	require.NoError(t, err)
+	old, err := a.kv.Get(ctx, "e1")
+	require.NoError(t, err)
+	b := loseTheBucket(t, nc, staleLease)
+	mustServe(t, b, "e1", Request{Register: true, Local: true})
+	_, err = b.KeepAlive(ctx, "e1")
+	require.NoError(t, err)
+	require.Equal(t, rev, b.Revision("e1"), "the loss issues a's revision again, to b")
 
 	real := a.kv
 	kv := &deposedLeaderKV{KeyValue: real, last: first}
 	kv.stale.Store(1 << 30)
-	b := entryAt{key: "e1", rev: rev, r: ownership.Record{Identity: ownership.Identity{Node: "gpu-b", Boot: "gpu-b-boot1"},
-		LeaseMS: staleLease.Milliseconds(), Renewed: time.Now().UnixMilli()}}
-	a.kv = &reissuedKV{deposedLeaderKV: kv, e: b}
+	a.kv = &reissuedKV{deposedLeaderKV: kv, old: old}
 	_, err = a.KeepAlive(ctx, "e1")
 	require.ErrorIs(t, err, ErrFenced)
 	require.Empty(t, a.Mine())
@@ -327,16 +321,17 @@ func TestARefusalBelowTheClaimWithItsRevisionIssuedAgainIsFenced(t *testing.T) {
 	a.kv = real
 }
 
-// reissuedKV is a deposedLeaderKV whose reads after the first show e.
+// reissuedKV is a deposedLeaderKV whose first read of old's key (the
+// keep-alive's check, from a replica that lags the loss) shows old.
 type reissuedKV struct {
 	*deposedLeaderKV
-	e     entryAt
+	old   jetstream.KeyValueEntry
 	reads atomic.Int64
 }
 
 func (k *reissuedKV) Get(ctx context.Context, key string) (jetstream.KeyValueEntry, error) {
-	if key == k.e.key && k.reads.Add(1) > 1 {
-		return k.e, nil
+	if key == k.old.Key() && k.reads.Add(1) == 1 {
+		return k.old, nil
 	}
 	return k.deposedLeaderKV.Get(ctx, key)
 }

@@ -293,10 +293,22 @@ func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bo
 	below := false
 	for {
 		e, err := o.Get(ctx, engine)
-		if err == nil && ends(e) {
+		if err == nil && ends(e) && !(at && e.Revision == rev) {
 			return e, nil
 		}
-		below = below || (err == nil && e != nil)
+		if err == nil && ends(e) {
+			// The record at rev, which ends the wait only from the stream
+			// leader: a replica that lags a loss of the bucket's writes
+			// still shows this node's record at a revision since issued
+			// again to another node, and taken for its own it would have
+			// the claim written over that node's.
+			le, last, lerr := o.leaderRead(ctx, engine)
+			if lerr == nil && ends(le) {
+				return le, nil
+			}
+			below = below || (lerr == nil && (le != nil || (last != 0 && last <= rev)))
+		}
+		below = below || (err == nil && e != nil && !ends(e))
 		if err == nil && e == nil && rev != 0 {
 			// None, from a replica that may not have seen the key's first
 			// write yet (the key was written at rev): only the stream
