@@ -419,11 +419,7 @@ func (p *Pool) CompleteStorePinned(keys []messages.Key, sums []uint32) {
 	p.CompleteStore(keys, sums)
 	for _, k := range keys {
 		if r, ok := p.lookup(k); ok && p.entries[r].state == Ready {
-			e := &p.entries[r]
-			if e.pins == 0 {
-				p.pinned++
-			}
-			e.pins++
+			p.pin(r)
 		}
 	}
 	p.Touch(keys)
@@ -476,13 +472,19 @@ func (p *Pool) PrepareLoad(keys []messages.Key) error {
 	}
 	for _, k := range keys {
 		r, _ := p.lookup(k)
-		e := &p.entries[r]
-		if e.pins == 0 {
-			p.pinned++
-		}
-		e.pins++
+		p.pin(r)
 	}
 	return nil
+}
+
+// pin takes one more pin on entry r: no eviction takes it until each pin
+// is let go (CompleteLoad).
+func (p *Pool) pin(r ref) {
+	e := &p.entries[r]
+	if e.pins == 0 {
+		p.pinned++
+	}
+	e.pins++
 }
 
 // PinReady pins those of keys that are ready, each time it is given, and
@@ -492,11 +494,7 @@ func (p *Pool) PinReady(keys []messages.Key) []messages.Key {
 	var pinned []messages.Key
 	for _, k := range keys {
 		if r, ok := p.lookup(k); ok && p.entries[r].state == Ready {
-			e := &p.entries[r]
-			if e.pins == 0 {
-				p.pinned++
-			}
-			e.pins++
+			p.pin(r)
 			pinned = append(pinned, k)
 		}
 	}
