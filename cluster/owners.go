@@ -293,33 +293,23 @@ func (o *Owners) readUntil(ctx context.Context, engine string, rev uint64, at bo
 	below := false
 	for {
 		e, err := o.Get(ctx, engine)
-		if err == nil && ends(e) && !(at && e.Revision == rev) {
+		if err == nil && e != nil && e.Revision > rev {
 			return e, nil
 		}
-		if err == nil && ends(e) {
-			// The record at rev, which ends the wait only from the stream
-			// leader: a replica that lags a loss of the bucket's writes
+		if err == nil && ((e != nil && ends(e)) || (e == nil && rev != 0)) {
+			// A record at rev, or none, from a direct get, which any
+			// replica answers: only the stream leader's read settles
+			// those. A replica that lags a loss of the bucket's writes
 			// still shows this node's record at a revision since issued
-			// again to another node, and taken for its own it would have
-			// the claim written over that node's.
-			le, last, lerr := o.leaderRead(ctx, engine)
-			if lerr == nil && ends(le) {
-				return le, nil
-			}
-			below = below || (lerr == nil && (le != nil || (last != 0 && last <= rev)))
-		}
-		below = below || (err == nil && e != nil && !ends(e))
-		if err == nil && e == nil && rev != 0 {
-			// None, from a replica that may not have seen the key's first
-			// write yet (the key was written at rev): only the stream
-			// leader's read tells a record deleted or lapsed after rev, or
-			// a bucket that lost writes, from that.
+			// again to another node (taken for its own, the claim would be
+			// written over that node's), and one that has not seen the
+			// key's first write shows none.
 			var last uint64
 			if e, last, err = o.leaderRead(ctx, engine); err == nil && (ends(e) || (e == nil && (last == 0 || last > rev))) {
 				return e, nil
 			}
-			below = below || err == nil
 		}
+		below = below || err == nil // a read answered, short of what ends the wait
 		select {
 		case <-ctx.Done():
 			switch {
