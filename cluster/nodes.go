@@ -48,15 +48,24 @@ func SurveyWait(lease time.Duration) time.Duration {
 // BucketLease is the lease of the ownership bucket's nodes: the bucket's
 // TTL (OpenOwners makes it their lease, and refuses a node of another).
 func BucketLease(ctx context.Context, js jetstream.JetStream, bucket string) (time.Duration, error) {
+	st, err := bucketStatus(ctx, js, bucket)
+	if err != nil {
+		return 0, err
+	}
+	return st.TTL(), nil
+}
+
+// bucketStatus reads the existing ownership bucket's status (its settings).
+func bucketStatus(ctx context.Context, js jetstream.JetStream, bucket string) (jetstream.KeyValueStatus, error) {
 	kv, err := js.KeyValue(ctx, bucket)
 	if err != nil {
-		return 0, fmt.Errorf("ownership bucket %s: %w", bucket, err)
+		return nil, fmt.Errorf("ownership bucket %s: %w", bucket, err)
 	}
 	st, err := kv.Status(ctx)
 	if err != nil {
-		return 0, fmt.Errorf("ownership bucket %s: status: %w", bucket, err)
+		return nil, fmt.Errorf("ownership bucket %s: status: %w", bucket, err)
 	}
-	return st.TTL(), nil
+	return st, nil
 }
 
 // Survey listens to node heartbeats for wait, or longer when a heartbeat

@@ -126,11 +126,7 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 // came). Lease and replicas are this node's flags; any other difference is
 // a bucket made by another kvactors version, or by hand.
 func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) string {
-	kv, err := js.KeyValue(ctx, want.Bucket)
-	if err != nil {
-		return ""
-	}
-	st, err := kv.Status(ctx)
+	st, err := bucketStatus(ctx, js, want.Bucket)
 	if err != nil {
 		return ""
 	}
