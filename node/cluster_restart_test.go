@@ -92,6 +92,10 @@ func TestClusterGracefulRestartServesItsEngineAgainAsSoonAsACrashRestart(t *test
 		down()
 		nA = start()
 		started := time.Now()
+		// The mechanism itself, timing aside: the new boot read its
+		// previous boot's record of e1 (a closed marker after a graceful
+		// Close) at start, so it answers e1's heartbeat "unknown engine".
+		require.True(t, nA.node.DroppedHere("e1"), "%s restart: the new boot did not find e1 as its previous boot's", how)
 		testkit.Eventually(t, 4*clusterLease, 5*time.Millisecond, func() error {
 			if st := c.Stats(); st.Node != "nA" || st.Boot != nA.node.Boot() || !c.Live() {
 				return fmt.Errorf("e1 on %s/%s (live %v), not yet on the new boot %s", st.Node, st.Boot, c.Live(), nA.node.Boot())
