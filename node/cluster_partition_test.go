@@ -90,20 +90,8 @@ func TestPartitionedOwnerIsTakenOverByItsStandbyAndFencedWhenTheLinkHeals(t *tes
 	for b := messages.BlockID(1); b <= 5; b++ {
 		te.fill(0, b, 1)
 	}
-	var mu sync.Mutex
-	releases := map[string][]client.Release{}
 	stored := make(chan messages.Stored, 16)
-	enc, err := nats.Connect(kc.nats.URLs(2), client.Options("e1")...)
-	require.NoError(t, err)
-	t.Cleanup(enc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := client.Connect(ctx, enc, client.Config{Engine: "e1", Spec: te.spec, RequestTimeout: time.Second,
-		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnStored:   func(s messages.Stored) { stored <- s },
-		OnReleased: func(r client.Release) { mu.Lock(); releases[r.Request] = append(releases[r.Request], r); mu.Unlock() }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
+	c, releases := sdkEngine(t, kc.nats.URLs(2), "e1", te.spec, func(s messages.Stored) { stored <- s })
 	require.Equal(t, "nA", c.Stats().Node)
 	send := func(req string, blocks ...uint32) {
 		t.Helper()
@@ -125,9 +113,7 @@ func TestPartitionedOwnerIsTakenOverByItsStandbyAndFencedWhenTheLinkHeals(t *tes
 	require.NoError(t, c.Flush())
 	require.Equal(t, "r1", testkit.Recv(t, stored, 5*time.Second, "r1 stored on nA").Request)
 	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(releases["r1"]) == 0 {
+		if len(releases()["r1"]) == 0 {
 			return errors.New("r1 not released by nA")
 		}
 		return nil
@@ -271,15 +257,14 @@ func TestPartitionedOwnerIsTakenOverByItsStandbyAndFencedWhenTheLinkHeals(t *tes
 	// r2's release by nA (its copy ended in the partition) and r3's reset
 	// reached e1 only at the heal, for the epoch it had left: stale. r2 was
 	// freed as its node was lost, r3 finished on nB.
-	mu.Lock()
+	rel := releases()
 	want := map[string]string{"r1": messages.ReasonFinished, "r2": messages.ReasonNodeLost,
 		"r3": messages.ReasonFinished, "r4": messages.ReasonFinished}
 	for r, reason := range want {
-		require.Len(t, releases[r], 1, "releases of %s: %+v", r, releases[r])
-		require.Equal(t, reason, releases[r][0].Reason, "release of %s", r)
+		require.Len(t, rel[r], 1, "releases of %s: %+v", r, rel[r])
+		require.Equal(t, reason, rel[r][0].Reason, "release of %s", r)
 	}
-	require.Len(t, releases, len(want), "releases: %+v", releases)
-	mu.Unlock()
+	require.Len(t, rel, len(want), "releases: %+v", rel)
 	require.Zero(t, c.Stats().UnexpectedRel)
 	require.Equal(t, 2, c.Stats().StaleReleases, "nA's releases of r2 and r3, held in the partition")
 	ownedByB() // a lease after the heal: no keep-alive of nA's took it back
@@ -320,4 +305,33 @@ func nodeStatus(e *env, engine string) (node.StatusReply, error) {
 		return st, errors.New(st.Error)
 	}
 	return st, nil
+}
+
+// sdkEngine connects the Go SDK on urls as engine id with spec (no log),
+// onStored (nil: none) given each stored; releases returns a copy of every
+// release delivered so far, by request.
+func sdkEngine(t *testing.T, urls, id string, spec messages.EngineSpec,
+	onStored func(messages.Stored)) (c *client.Client, releases func() map[string][]client.Release) {
+	t.Helper()
+	var mu sync.Mutex
+	got := map[string][]client.Release{}
+	enc, err := nats.Connect(urls, client.Options(id)...)
+	require.NoError(t, err)
+	t.Cleanup(enc.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	c, err = client.Connect(ctx, enc, client.Config{Engine: id, Spec: spec, RequestTimeout: time.Second,
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil)), OnStored: onStored,
+		OnReleased: func(r client.Release) { mu.Lock(); got[r.Request] = append(got[r.Request], r); mu.Unlock() }})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	return c, func() map[string][]client.Release {
+		mu.Lock()
+		defer mu.Unlock()
+		copied := make(map[string][]client.Release, len(got))
+		for r, rs := range got {
+			copied[r] = append([]client.Release(nil), rs...)
+		}
+		return copied
+	}
 }

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -48,23 +45,8 @@ func TestClusterGracefulRestartServesItsEngineAgainAsSoonAsACrashRestart(t *test
 
 	te := nA.newEngine("e1", defaultOpts()) // its segment and blocks; the SDK speaks for it
 	te.spec.Node = "nA"
-	var mu sync.Mutex
-	releases := map[string][]client.Release{}
-	enc, err := nats.Connect(kc.nats.URLs(2), client.Options("e1")...)
-	require.NoError(t, err)
-	t.Cleanup(enc.Close)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	c, err := client.Connect(ctx, enc, client.Config{Engine: "e1", Spec: te.spec, RequestTimeout: time.Second,
-		Log:        slog.New(slog.NewTextHandler(io.Discard, nil)),
-		OnReleased: func(r client.Release) { mu.Lock(); releases[r.Request] = append(releases[r.Request], r); mu.Unlock() }})
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	released := func(req string) []client.Release {
-		mu.Lock()
-		defer mu.Unlock()
-		return append([]client.Release(nil), releases[req]...)
-	}
+	c, releases := sdkEngine(t, kc.nats.URLs(2), "e1", te.spec, nil)
+	released := func(req string) []client.Release { return releases()[req] }
 	live := func(req string, block uint32) { // a request holding a block, unfinished
 		t.Helper()
 		require.NoError(t, c.Added(req, 4))
