@@ -465,17 +465,27 @@ func (o *Owners) KeepAliveAll(ctx context.Context) (lost []string, err error) {
 // Release gives engine up (unregister, shutdown): the record is deleted
 // only if this node's last write is still the latest.
 func (o *Owners) Release(ctx context.Context, engine string) error {
-	o.mu.Lock()
-	h, ok := o.mine[engine]
-	delete(o.mine, engine)
-	o.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotMine, engine)
+	h, err := o.giveUp(engine)
+	if err != nil {
+		return err
 	}
 	if err := o.kv.Delete(ctx, engine, jetstream.LastRevision(h.rev)); err != nil {
 		return fmt.Errorf("release engine %s (revision %d): %w", engine, h.rev, err)
 	}
 	return nil
+}
+
+// giveUp takes engine out of this node's claims (it serves it no more) and
+// returns its claim; ErrNotMine if it held none.
+func (o *Owners) giveUp(engine string) (held, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	h, ok := o.mine[engine]
+	if !ok {
+		return held{}, fmt.Errorf("%w: %s", ErrNotMine, engine)
+	}
+	delete(o.mine, engine)
+	return h, nil
 }
 
 // Leave gives engine up on a graceful shutdown, its engine retired (no copy
@@ -487,15 +497,12 @@ func (o *Owners) Release(ctx context.Context, engine string) error {
 // the next boot blind to the engine, which then took a lease of silence to
 // declare its node lost and a lease more to register.
 func (o *Owners) Leave(ctx context.Context, engine string) error {
-	o.mu.Lock()
-	h, ok := o.mine[engine]
-	delete(o.mine, engine)
-	o.mu.Unlock()
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrNotMine, engine)
+	h, err := o.giveUp(engine)
+	if err != nil {
+		return err
 	}
 	r := ownership.Record{Identity: o.me, LeaseMS: o.cfg.Lease.Milliseconds(), Renewed: time.Now().UnixMilli(), Closed: true}
-	_, err := o.kv.Update(ctx, engine, ownership.EncodeRecord(r), h.rev)
+	_, err = o.kv.Update(ctx, engine, ownership.EncodeRecord(r), h.rev)
 	if err != nil && (errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)) {
 		// A keep-alive of this process, its reply lost or cancelled (the
 		// node stops its keep-alives before it leaves), may have landed
