@@ -95,8 +95,9 @@ func (o *Owners) claim(ctx context.Context, engine string, rev uint64, renew boo
 			// The refusal puts the key's last write below rev: the bucket
 			// lost writes, or a stream leader deposed but not yet told
 			// (cut off, or just back) answered first from its store behind
-			// the write at rev. A read of the record at rev refutes it (that
-			// write is committed): the write is tried again, unless a held
+			// the write at rev. The stream leader's record at rev refutes it
+			// (readUntil: that write is committed; a replica's may lag a
+			// loss): the write is tried again, unless a held
 			// claim's revision now names another node (issued again, as
 			// keepAlive's check). Reads only below rev, maybe all from that
 			// server, cannot tell the two apart: fenced, as lost writes. No
