@@ -217,13 +217,17 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 			if s != nil {
 				subj = s.Subject
 			}
+			// Rate-limited: an engine flooding the intake makes a slow
+			// consumer episode after episode (docs/SECURITY.md "Bounds").
+			reason := "nats_error"
 			if errors.Is(err, nats.ErrSlowConsumer) {
+				reason = "nats_slow_consumer"
 				n.metrics.NATSEvents.WithLabelValues("slow_consumer").Inc()
 				n.slow.dropped(s)
 			} else {
 				n.metrics.NATSEvents.WithLabelValues("error").Inc()
 			}
-			n.log.Error("nats async error", "subject", subj, "err", err)
+			n.rejectLog.Reject(reason, "nats async error", "subject", subj, "err", err)
 		})}
 	auth, err := n.cfg.NATSAuthOptions()
 	if err != nil {

@@ -3,6 +3,7 @@ package node
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/ratelog"
 )
 
 // The connection's slow-consumer error reaches the handler of the
@@ -183,4 +185,26 @@ func TestTheIntakePricesAMessageAtItsSendersControlLine(t *testing.T) {
 		n := &Node{embeddedOpts: tc.opts}
 		require.Equal(t, tc.want, n.controlLine(), tc.name)
 	}
+}
+
+// docs/SECURITY.md "Bounds": hostile input costs a few log lines per reason
+// per minute. An engine flooding the intake makes nats.go report a slow
+// consumer once per episode, and a flood is many episodes (an operator
+// run: 27 lines in a second from three flooding engines); other async
+// errors can come as fast. Each is counted; the first few of a minute are
+// logged.
+func TestNATSAsyncErrorsAreLogRateLimited(t *testing.T) {
+	t.Parallel()
+	var logs testkit.SyncBuffer
+	n, _, _ := startInternal(t, func(c *Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
+	onError := n.nc.Opts.AsyncErrorCB
+	const episodes = 50
+	for range episodes {
+		onError(n.nc, n.ingest.sub, nats.ErrSlowConsumer)
+		onError(n.nc, nil, nats.ErrPermissionViolation)
+	}
+	require.Equal(t, float64(episodes), testutil.ToFloat64(n.metrics.NATSEvents.WithLabelValues("slow_consumer")), "every episode counted")
+	require.Equal(t, float64(episodes), testutil.ToFloat64(n.metrics.NATSEvents.WithLabelValues("error")), "every error counted")
+	require.Equal(t, ratelog.DefaultBurst, strings.Count(logs.String(), nats.ErrSlowConsumer.Error()), "the log holds the first few only")
+	require.Equal(t, ratelog.DefaultBurst, strings.Count(logs.String(), nats.ErrPermissionViolation.Error()), "the log holds the first few only")
 }
