@@ -210,10 +210,14 @@ func TestStartFailureIsAnError(t *testing.T) {
 // A load refused for its input is counted in
 // kvactors_events_rejected_total{reason} as a lookup is: a body that does not
 // decode or does not fit the layout, a block id past num_gpu_blocks, an
-// unknown engine. Answered with the error, nothing else changes.
+// unknown engine. Answered with the error, nothing else changes; its log
+// line names the reason it is counted under, as every rejection's does
+// (docs/PROTOCOL.md "Rejections"), so the log is searched by the metric's
+// label.
 func TestBadLoadsAreCountedByReason(t *testing.T) {
 	t.Parallel()
-	e := startNode(t)
+	var logs testkit.SyncBuffer
+	e := startNode(t, func(c *node.Config) { c.Log = slog.New(slog.NewTextHandler(&logs, nil)) })
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	hs := []string{hash("a", 0)}
@@ -238,6 +242,12 @@ func TestBadLoadsAreCountedByReason(t *testing.T) {
 			require.False(t, r.OK)
 			require.NotEmpty(t, r.Error)
 			require.Equal(t, before+1, rejected(t, e, tc.reason), "counted as %s: %s", tc.reason, r.Error)
+			// The node logs before it replies: the line is written by now.
+			text := logs.String()
+			i := strings.LastIndex(text, `msg="load refused"`)
+			require.GreaterOrEqual(t, i, 0, "logged")
+			line, _, _ := strings.Cut(text[i:], "\n")
+			require.Contains(t, line, " reason="+tc.reason, "the log line's reason")
 		})
 	}
 	require.Equal(t, 0, te.lookup(hs), "nothing stored, nothing changed")

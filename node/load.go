@@ -85,12 +85,8 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	// pending keys are inside it: fail ends it with an error, or the load
 	// actor ends it (load.Job.Span).
 	ctx, span := n.verbSpan(n.msgCtx(m), tracing.SpanLoad, engineID, taken)
-	fail := func(err error) {
+	end := func(err error, level slog.Level, reason string) {
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
-		level, reason := slog.LevelError, "load_error"
-		if errors.Is(err, hostpool.ErrNotReady) {
-			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
-		}
 		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
 		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
 		n.replyError(ctx, m.Reply, err)
@@ -98,10 +94,19 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 		span.SetStatus(codes.Error, err.Error())
 		span.End()
 	}
-	// refuse is fail for bad input: counted by reason as a lookup's is.
+	fail := func(err error) {
+		level, reason := slog.LevelError, "load_error"
+		if errors.Is(err, hostpool.ErrNotReady) {
+			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
+		}
+		end(err, level, reason)
+	}
+	// refuse is fail for bad input: counted by reason as a lookup's is,
+	// and logged with that reason, so the line is found by the label.
 	refuse := func(err error) {
-		n.metrics.Rejected.WithLabelValues(messages.RejectLabel(err)).Inc()
-		fail(err)
+		reason := messages.RejectLabel(err)
+		n.metrics.Rejected.WithLabelValues(reason).Inc()
+		end(err, slog.LevelError, reason)
 	}
 	rec := n.engine(engineID)
 	if rec == nil {
