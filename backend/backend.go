@@ -83,6 +83,21 @@ type Attachment interface {
 	Close() error
 }
 
+// Object names the object behind one attached segment: the device and
+// inode of a shm object. The zero Object is a segment with no such identity
+// (a cuda_ipc handle).
+type Object struct{ Dev, Ino uint64 }
+
+// Objects is an Attachment that can tell which objects it attached. Names
+// are checked at register, but an object's name may change after (a
+// rename in the shm directory), so the node compares objects too: two live
+// engines never map one object (docs/SECURITY.md).
+type Objects interface {
+	// Objects returns each segment's Object, in spec order; none after
+	// Close.
+	Objects() []Object
+}
+
 // Rechecker is an Attachment that can tell whether its segments' names
 // still name the objects it attached. A restarted engine that recreates its
 // shm object under the same name and registers an identical spec must not

@@ -415,6 +415,34 @@ func TestHostilePrefixIDsShareNoSegment(t *testing.T) {
 	vic.register() // and the victim's identical re-register is still a no-op
 }
 
+// Attack: whoever may rename in the shm directory (one uid for every
+// engine, or a directory without the sticky bit) renames the victim's live
+// object to a name of its own and registers it: the name is its own, the
+// object has one link and is no symlink, and no live engine maps that name,
+// yet the node would map the victim's memory a second time, for the
+// attacker to store (read) and load into (write). Refused: two live engines
+// never map one object, whatever names it has now.
+func TestHostileRenamedVictimObjectIsNotMapped(t *testing.T) {
+	t.Parallel()
+	e := startNode(t, silenceNotTested)
+	vic, hs, want := victim(t, e)
+	stolen := filepath.Join(e.dir, "mal-stolen")
+	require.NoError(t, os.Rename(filepath.Join(e.dir, "vic-seg"), stolen))
+	mal := e.newEngine("mal", defaultOpts())
+	spec := mal.spec
+	spec.Segments = []messages.Segment{{Shm: "mal-stolen"}}
+	before := rejected(t, e, "bad_spec")
+	var reply messages.RegisterReply
+	require.NoError(t, jsonUnmarshal(mal.request("register", spec), &reply))
+	require.False(t, reply.OK, "the victim's object under the attacker's name")
+	require.Contains(t, reply.Error, `is mapped by engine "vic"`)
+	require.Equal(t, before+1, rejected(t, e, "bad_spec"), "the refusal counted")
+	require.NoError(t, os.Rename(stolen, filepath.Join(e.dir, "vic-seg")))
+	intact(t, vic, hs, want)
+	mal.register() // its own segment is fine
+	vic.register() // and the victim's identical re-register is still a no-op
+}
+
 // The issue's 1,100 engines × 64 segments against the default bounds (256
 // engines, 4096 mapped segments): the node maps 4096 segments at most, the
 // process's map count stays far from vm.max_map_count, and the victim keeps

@@ -196,6 +196,38 @@ func (n *Node) admit(old *engineRec, spec *messages.EngineSpec, bytes int64) err
 	return nil
 }
 
+// sharesNoObject refuses an attachment of an object another live engine
+// maps (not old, the engine's own record when it re-registers). admit
+// compares names, but a name may change after its register: whoever may
+// rename in the shm directory can give the victim's live object a name of
+// its own (one link, no symlink), and the node would map the victim's
+// memory for it. Caller holds n.mu.
+func (n *Node) sharesNoObject(old *engineRec, segs []messages.Segment, dev backend.Attachment) error {
+	mine, ok := dev.(backend.Objects)
+	if !ok {
+		return nil
+	}
+	objs := mine.Objects()
+	if len(objs) == 0 {
+		return nil
+	}
+	mapped := map[backend.Object]string{}
+	for id, rec := range n.engines {
+		if other, ok := rec.attached.(backend.Objects); ok && rec != old {
+			for _, obj := range other.Objects() {
+				mapped[obj] = id
+			}
+		}
+	}
+	for i, obj := range objs {
+		if id, ok := mapped[obj]; ok && obj != (backend.Object{}) {
+			return fmt.Errorf("%w: %w", ErrRegister,
+				ingest.SpecError("shm %q is mapped by engine %q (under another name)", segs[i].Shm, id))
+		}
+	}
+	return nil
+}
+
 // mapCharge is what attaching spans costs against --max-mapped-bytes: each
 // segment's span rounded out to whole pages, which is what the shm backend
 // maps (backend.SpanAttacher). A backend that maps segments whole (cuda:

@@ -199,6 +199,10 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		_ = dev.Close()
 		return fmt.Errorf("%w: %w", ErrRegister, err)
 	}
+	if err := n.sharesNoObject(old, spec.Segments, attached); err != nil {
+		_ = dev.Close()
+		return err
+	}
 	n.mapped += len(spec.Segments)
 	n.mappedBytes += charge
 	if !n.cleared[id] {

@@ -8,7 +8,10 @@ import (
 	"github.com/kvactors/kvactors/backend"
 )
 
-var _ backend.Rechecker = (*device)(nil)
+var (
+	_ backend.Rechecker = (*device)(nil)
+	_ backend.Objects   = (*device)(nil)
+)
 
 // Recheck says whether every segment's name still names the object mapped
 // at attach: fstatat in the shm directory, no link followed, nothing opened.
@@ -44,4 +47,15 @@ func (d *device) Recheck() error {
 		}
 	}
 	return nil
+}
+
+// Objects returns the device and inode each segment's name named at attach.
+func (d *device) Objects() []backend.Object {
+	d.mu.RLock()
+	defer d.mu.RUnlock()
+	out := make([]backend.Object, len(d.segs))
+	for i, m := range d.segs {
+		out[i] = backend.Object{Dev: m.dev, Ino: m.ino}
+	}
+	return out
 }
