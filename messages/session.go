@@ -79,9 +79,22 @@ const serviceInboxes = InboxRoot + ServiceUser + "."
 // own permissions, which cover every engine's subjects and its JetStream
 // API: a sender that named `P.<other>.unregister` or `$KV.…` as its reply
 // would make the node publish there for it. actors.Outbox.Reply, the one
-// way the node answers, enforces it.
+// way the node answers, enforces it. A reply with a wildcard token (`*`,
+// `>`) is none: the server delivers such a publish to every subscription
+// that matches it as a literal (`_INBOX.vic.>` reaches vic's own wildcard
+// subscription on its inboxes), a subject the sender may not publish on.
 func ReplyAllowed(reply string) bool {
-	return strings.HasPrefix(reply, InboxRoot) && !strings.HasPrefix(reply, serviceInboxes)
+	return strings.HasPrefix(reply, InboxRoot) && !strings.HasPrefix(reply, serviceInboxes) && literal(reply)
+}
+
+// literal reports whether subject has no wildcard token.
+func literal(subject string) bool {
+	for tok := range strings.SplitSeq(subject, ".") {
+		if tok == "*" || tok == ">" {
+			return false
+		}
+	}
+	return true
 }
 
 // EngineReplyAllowed reports whether the node may answer engine's message

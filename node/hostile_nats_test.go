@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"golang.org/x/crypto/bcrypt"
 
+	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/natsauth"
 	"github.com/kvactors/kvactors/node"
 )
@@ -213,4 +214,48 @@ func TestHostileJetStreamRestricted(t *testing.T) {
 	got, err := kv.Get("e1")
 	require.NoError(t, err)
 	require.Equal(t, "node-a", string(got.Value()), "an engine cannot forge an ownership record")
+}
+
+// Attack: a reply subject with a wildcard token. The server delivers what
+// is published on `_INBOX.vic.>` to every subscription matching it as a
+// literal, so the victim's own wildcard subscription on its inboxes (the
+// one its permissions allow) received the attacker's status answers, which
+// the attacker itself may not publish there. The node answers only on a
+// literal reply subject: refused `bad_reply`, nothing delivered.
+func TestHostileWildcardReplySubjectIsRefused(t *testing.T) {
+	t.Parallel()
+	base, connect := securedNode(t, natsauth.Options{Engines: []string{"vic", "mal"}})
+	vicEnv, malEnv := *base, *base
+	vicEnv.nc = connect("vic", make(chan error, 64))
+	malEnv.nc = connect("mal", make(chan error, 64))
+	inbox := make(chan *nats.Msg, 16)
+	_, err := vicEnv.nc.ChanSubscribe("_INBOX.vic.>", inbox)
+	require.NoError(t, err)
+	require.NoError(t, vicEnv.nc.Flush())
+	mal := malEnv.newEngine("mal", defaultOpts())
+	mal.register()
+	before := rejected(t, base, messages.RejectBadReply)
+	forged := []struct{ verb, reply, body string }{
+		{"status", "_INBOX.vic.>", `{}`},
+		{"status", "_INBOX.vic.*", `{}`},
+		{"status", "_INBOX.*.x", `{}`},
+		{"status", "_INBOX.>", `{}`},
+		{"lookup", "_INBOX.mal.>", `{"hashes":[]}`},
+		{"lookup", "_INBOX.mal.*.x", `{"hashes":[]}`},
+	}
+	for _, f := range forged {
+		require.NoError(t, malEnv.nc.PublishRequest("kvactors.mal."+f.verb, f.reply, []byte(f.body)))
+	}
+	// Taken after them on the node's one subscription: once it is answered,
+	// every forged message has been refused or answered.
+	reply := mal.request("lookup", map[string]any{"hashes": []string{}})
+	require.Contains(t, string(reply), `"hit_tokens":0`)
+	// Refused in the intake, before anything is queued: counted by now.
+	require.Equal(t, before+float64(len(forged)), rejected(t, base, messages.RejectBadReply), "each refusal counted")
+	require.NoError(t, vicEnv.nc.Flush())
+	select {
+	case m := <-inbox:
+		t.Fatalf("the node answered mal in the victim's inboxes, on %s: %s", m.Subject, m.Data)
+	default:
+	}
 }
