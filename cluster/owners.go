@@ -107,8 +107,8 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 		if diff == "" {
 			diff = "other settings than this node asks for (made by another kvactors version, or by hand?)"
 		}
-		return nil, fmt.Errorf("%w: ownership bucket %s exists with %s: every node of a cluster takes the "+
-			"bucket's (docs/CLUSTER.md): %w", ErrConfig, cfg.Bucket, diff, err)
+		return nil, &bucketError{msg: fmt.Sprintf("%v: ownership bucket %s exists with %s: every node of a cluster "+
+			"takes the bucket's (docs/CLUSTER.md)", ErrConfig, cfg.Bucket, diff), err: err}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
@@ -120,10 +120,22 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	return &Owners{cfg: cfg, kv: kv, lead: lead, me: ownership.Identity{Node: cfg.Node, Boot: cfg.Boot}, metrics: metrics.orNew(), mine: map[string]held{}, lost: map[string]struct{}{}}, nil
 }
 
+// bucketError is OpenOwners' refusal of a bucket that exists with other
+// settings: ErrConfig and the server's refusal (errors.Is finds both), its
+// text the settings that differ only: the server's adds two lines saying
+// "already in use" again.
+type bucketError struct {
+	msg string
+	err error
+}
+
+func (e *bucketError) Error() string   { return e.msg }
+func (e *bucketError) Unwrap() []error { return []error{ErrConfig, e.err} }
+
 // bucketDiffers names the settings in which the existing bucket differs
 // from want, once CreateKeyValue refused want as a bucket that exists with
-// other settings: "" if it cannot be read (the refusal is reported as it
-// came). Lease and replicas are this node's flags; any other difference is
+// other settings: "" if it cannot be read (OpenOwners then says "other
+// settings"). Lease and replicas are this node's flags; any other difference is
 // a bucket made by another kvactors version, or by hand.
 func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) string {
 	st, err := bucketStatus(ctx, js, want.Bucket)

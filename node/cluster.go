@@ -99,7 +99,7 @@ func (n *Node) startCluster(ctx context.Context) error {
 	case errors.Is(err, cluster.ErrConfig):
 		// This node's settings against the bucket's (another --lease or
 		// --cluster-replicas): configuration, which a restart cannot fix.
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		return configError{err}
 	case err != nil:
 		return fmt.Errorf("cluster (JetStream is needed: --nats to a cluster with JetStream, or the embedded server): %w", err)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
@@ -156,8 +157,11 @@ func TestClusterNodeWithAnotherLeaseIsAConfigError(t *testing.T) {
 		_ = n.Close(context.Background())
 	}
 	require.ErrorIs(t, err, node.ErrConfig)
-	require.ErrorContains(t, err, "lease 1s, not this node's 2s (--lease)")
-	require.NotContains(t, err.Error(), "JetStream is needed")
+	require.ErrorIs(t, err, cluster.ErrConfig)
+	// Said once: not "bad config: cluster: bad config: …", and not the
+	// server's refusal after it (two more lines saying "already in use").
+	require.EqualError(t, err, "cluster: bad config: ownership bucket kvactors_owners exists with lease 1s, "+
+		"not this node's 2s (--lease): every node of a cluster takes the bucket's (docs/CLUSTER.md)")
 }
 
 // Fencing: another writer replaces the owner's record (as a node that took
@@ -204,6 +208,8 @@ func TestClusterConfigIsChecked(t *testing.T) {
 	} {
 		require.ErrorIs(t, c.Validate(), node.ErrConfig, name)
 	}
+	require.EqualError(t, node.Config{NodeID: "a", Cluster: true, ClusterReplicas: 7}.Validate(),
+		"cluster: bad config: replicas 7 not in 1..5", "bad config said once")
 	require.NoError(t, node.Config{NodeID: "a", StandbyFor: "b"}.Validate())
 	require.NoError(t, node.Config{NodeID: "a", Cluster: true, ClusterBucket: "Own-ers_2"}.Validate())
 	require.NoError(t, node.Config{NodeID: "a", Lease: 500 * time.Millisecond}.Validate(), "no cluster: any lease")

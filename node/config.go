@@ -269,6 +269,14 @@ func DefaultConfig() Config {
 // ErrConfig wraps every configuration error.
 var ErrConfig = errors.New("bad config")
 
+// configError is ErrConfig for a package's own configuration error, one
+// that already says so (cluster.ErrConfig: "cluster: bad config: …"), so
+// that the text does not say "bad config" twice.
+type configError struct{ err error }
+
+func (e configError) Error() string   { return e.err.Error() }
+func (e configError) Unwrap() []error { return []error{ErrConfig, e.err} }
+
 func (c Config) withDefaults() Config {
 	d := DefaultConfig()
 	orDefault(&c.NATSConnectTimeout, d.NATSConnectTimeout)
@@ -398,7 +406,7 @@ func (c Config) Validate() error {
 	if c.Clustered() {
 		cc := c.clusterConfig("")
 		if err := cc.Validate(); err != nil {
-			return fmt.Errorf("%w: %w", ErrConfig, err)
+			return configError{err}
 		}
 	}
 	if _, err := c.NewLogger(io.Discard); err != nil {
