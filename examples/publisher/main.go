@@ -11,22 +11,27 @@
 // (docs/SECURITY.md), log in as the engine's user: --nkey FILE (its seed,
 // <engine>.nk; or NATS_NKEY), or --creds FILE (NATS_CREDS), or
 // NATS_USER/NATS_PASSWORD (--auth password); --ca FILE (NATS_CA) for TLS.
-// It exits non-zero on any error, a refused register
+// A --nkey, --creds or --ca file that cannot be read or is not one exits 2
+// at start, naming the flag and path. It exits non-zero on any error, a refused register
 // included, and removes its segment on every exit path, Ctrl-C included.
 package main
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
+	"io/fs"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
@@ -82,7 +87,26 @@ func natsOptions(nkey, creds, ca string) ([]nats.Option, error) {
 		}
 		return v
 	}
+	// Where each came from, for its errors.
+	name := func(v, flag, env string) string {
+		if v == "" {
+			return env
+		}
+		return flag
+	}
+	credsName, caName := name(creds, "--creds", "NATS_CREDS"), name(ca, "--ca", "NATS_CA")
 	nkey, creds, ca = orEnv(nkey, "NATS_NKEY"), orEnv(creds, "NATS_CREDS"), orEnv(ca, "NATS_CA")
+	for _, f := range []struct {
+		name, path string
+		check      func(string) error
+	}{{credsName, creds, checkCreds}, {caName, ca, checkCA}} {
+		if f.path == "" {
+			continue
+		}
+		if err := f.check(f.path); err != nil {
+			return nil, fmt.Errorf("%s %s: %w", f.name, f.path, err)
+		}
+	}
 	var opts []nats.Option
 	if nkey != "" {
 		opt, err := nats.NkeyOptionFromSeed(nkey)
@@ -104,6 +128,50 @@ func natsOptions(nkey, creds, ca string) ([]nats.Option, error) {
 		opts = append(opts, nats.RootCAs(ca))
 	}
 	return opts, nil
+}
+
+// checkCreds reads a credentials file now: nats.go reads it only when it
+// dials, after the rest of the set-up, and says less.
+func checkCreds(path string) error {
+	data, err := readFile(path)
+	if err != nil {
+		return err
+	}
+	// ParseDecoratedJWT returns the whole file when it finds no JWT block:
+	// the claims decide.
+	token, err := nkeys.ParseDecoratedJWT(data)
+	if err == nil {
+		_, err = jwt.DecodeUserClaims(token)
+	}
+	if err != nil {
+		return fmt.Errorf("no user JWT in it: %w", err)
+	}
+	if _, err := nkeys.ParseDecoratedNKey(data); err != nil {
+		return fmt.Errorf("no nkey seed in it: %w", err)
+	}
+	return nil
+}
+
+// checkCA reads a CA file now, as checkCreds does.
+func checkCA(path string) error {
+	data, err := readFile(path)
+	if err != nil {
+		return err
+	}
+	if !x509.NewCertPool().AppendCertsFromPEM(data) {
+		return errors.New("no PEM certificate in it")
+	}
+	return nil
+}
+
+// readFile is os.ReadFile with the path left out of its error (the
+// caller's names it with its flag).
+func readFile(path string) ([]byte, error) {
+	data, err := os.ReadFile(path)
+	if pe := (*fs.PathError)(nil); errors.As(err, &pe) {
+		return nil, pe.Err
+	}
+	return data, err
 }
 
 // run is the example; opts log it in (natsOptions).

@@ -6,11 +6,15 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -126,4 +130,71 @@ func TestPublisherUnderGeneratedConfig(t *testing.T) {
 	}
 	_, err = natsOptions(filepath.Join(secrets, "missing.nk"), "", "")
 	require.Error(t, err, "a seed file that cannot be read")
+}
+
+// A --creds or --ca file that is missing, a directory, or not what it
+// should be is refused by natsOptions, naming the flag (or its variable)
+// and the path, before anything is set up: nats.go would read it only
+// when it dials, and say less. Through main it exits 2, as a bad flag does,
+// not 1 after a dial.
+func TestBadSecretFilesAreRefusedAtStart(t *testing.T) {
+	if missing := os.Getenv("PUBLISHER_TEST_CREDS"); missing != "" {
+		os.Args = []string{"publisher", "--creds", missing, "--nats", "nats://127.0.0.1:1", "--shm-dir", t.TempDir()}
+		main()
+		return
+	}
+	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"example"}})
+	require.NoError(t, err)
+	secrets := t.TempDir()
+	_, err = g.Write(secrets)
+	require.NoError(t, err)
+	seed, missing := filepath.Join(secrets, "example.nk"), filepath.Join(secrets, "missing")
+	t.Setenv("NATS_CREDS", "")
+	for _, tc := range []struct {
+		creds, ca, env, want string
+	}{
+		{creds: missing, want: "--creds " + missing + ": no such file or directory"},
+		{creds: secrets, want: "--creds " + secrets + ": is a directory"},
+		{creds: seed, want: "--creds " + seed + ": no user JWT in it: "},
+		{ca: missing, want: "--ca " + missing + ": no such file or directory"},
+		{ca: seed, want: "--ca " + seed + ": no PEM certificate in it"},
+		{env: seed, want: "NATS_CA " + seed + ": no PEM certificate in it"},
+	} {
+		t.Setenv("NATS_CA", tc.env)
+		_, err := natsOptions("", tc.creds, tc.ca)
+		if strings.HasSuffix(tc.want, ": ") { // and nkeys' reason
+			require.True(t, strings.HasPrefix(err.Error(), tc.want), "%v", err)
+		} else {
+			require.EqualError(t, err, tc.want)
+		}
+	}
+
+	// A real credentials file passes (a user JWT signed by an account, and
+	// the user's seed).
+	account, err := nkeys.CreateAccount()
+	require.NoError(t, err)
+	user, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	pub, err := user.PublicKey()
+	require.NoError(t, err)
+	token, err := jwt.NewUserClaims(pub).Encode(account)
+	require.NoError(t, err)
+	userSeed, err := user.Seed()
+	require.NoError(t, err)
+	file, err := jwt.FormatUserConfig(token, userSeed)
+	require.NoError(t, err)
+	good := filepath.Join(secrets, "example.creds")
+	require.NoError(t, os.WriteFile(good, file, 0o600))
+	t.Setenv("NATS_CA", "")
+	opts, err := natsOptions("", good, "")
+	require.NoError(t, err)
+	require.Len(t, opts, 1)
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBadSecretFilesAreRefusedAtStart$")
+	cmd.Env = append(os.Environ(), "PUBLISHER_TEST_CREDS="+missing)
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	require.ErrorAs(t, err, &exit, "%s", out)
+	require.Equal(t, 2, exit.ExitCode(), "%s", out)
+	require.Contains(t, string(out), "publisher: --creds "+missing+": no such file or directory")
 }
