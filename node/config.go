@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -42,12 +43,16 @@ type Config struct {
 	// removed on Close).
 	NATSStoreDir string `json:"nats_store_dir"`
 	// NATSCreds is a credentials file; NATSUser/NATSPassword or NATSToken
-	// authenticate otherwise; NATSCA is a CA bundle for TLS.
+	// authenticate otherwise; NATSCA is a CA bundle for TLS. NATSCert and
+	// NATSKey (both or neither) are a client certificate and its key, for a
+	// server that verifies clients' certificates (nats-config --tls-ca).
 	NATSCreds    string `json:"nats_creds"`
 	NATSUser     string `json:"-"`
 	NATSPassword string `json:"-"`
 	NATSToken    string `json:"-"`
 	NATSCA       string `json:"nats_ca"`
+	NATSCert     string `json:"nats_cert"`
+	NATSKey      string `json:"nats_key"`
 	// Prefix is the subject prefix P.
 	Prefix string `json:"prefix"`
 	// Backend is "shm" or "cuda".
@@ -419,7 +424,7 @@ func (c Config) Validate() error {
 }
 
 // CheckFiles checks that the NATS secret files c names (--nats-creds,
-// --nats-ca, --nats-nkey) can be read and hold what they should
+// --nats-ca, --nats-nkey, --nats-cert with --nats-key) can be read and hold what they should
 // (checkSecretFile); the error wraps ErrConfig and names
 // the flag. A wrong path would otherwise only show at connect time, retried
 // for the whole --nats-connect-timeout as "nats not reachable" and exiting
@@ -432,6 +437,14 @@ func (c Config) CheckFiles() error {
 	} {
 		if err := checkSecretFile(f.flag, f.path); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
+		}
+	}
+	if (c.NATSCert == "") != (c.NATSKey == "") {
+		return fmt.Errorf("%w: --nats-cert and --nats-key go together (a client certificate and its key)", ErrConfig)
+	}
+	if c.NATSCert != "" {
+		if _, err := tls.LoadX509KeyPair(c.NATSCert, c.NATSKey); err != nil {
+			return fmt.Errorf("%w: --nats-cert %s, --nats-key %s: %w", ErrConfig, c.NATSCert, c.NATSKey, err)
 		}
 	}
 	return nil

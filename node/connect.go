@@ -237,7 +237,8 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 }
 
 // NATSAuthOptions are the client options for c's NATS credentials and TLS:
-// NATSCreds, NATSUser/NATSPassword, NATSToken, NATSNKey, NATSCA. serve and
+// NATSCreds, NATSUser/NATSPassword, NATSToken, NATSNKey, NATSCA, NATSCert
+// and NATSKey. serve and
 // `kvactors nodes` both use it, so they authenticate alike. The error wraps
 // ErrConfig.
 func (c Config) NATSAuthOptions() ([]nats.Option, error) {
@@ -260,6 +261,9 @@ func (c Config) NATSAuthOptions() ([]nats.Option, error) {
 	}
 	if c.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(c.NATSCA))
+	}
+	if c.NATSCert != "" {
+		opts = append(opts, nats.ClientCert(c.NATSCert, c.NATSKey))
 	}
 	return opts, nil
 }

@@ -113,6 +113,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream or the node is clustered (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
 	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
+	str(&c.NATSCert, "nats-cert", d.NATSCert, "client certificate for NATS TLS, for a server that verifies clients' (nats-config --tls-ca; with --nats-key)")
+	str(&c.NATSKey, "nats-key", d.NATSKey, "the --nats-cert certificate's key file")
 	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb> (dot-separated tokens, at most 256 bytes; not starting with _ or $, which NATS reserves)")
 	str(&c.Backend, "backend", d.Backend, "device backend: shm, or cuda (binary built with -tags cuda)")
 	str(&c.ShmDir, "shm-dir", d.ShmDir, "directory of engines' shared-memory segments")

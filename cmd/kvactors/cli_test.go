@@ -139,6 +139,12 @@ func TestExitCodes(t *testing.T) {
 			"--nats-creds", seedOnly}, 2, "--nats-creds: " + seedOnly + ": no user JWT"},
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
 			"--nats-ca", garbage}, 2, "no PEM certificate"},
+		// A client certificate needs its key, and the two must load.
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-cert", garbage}, 2, "--nats-cert and --nats-key go together"},
+		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
+			"--nats-cert", garbage, "--nats-key", "/nonexistent/key.pem"}, 2, "--nats-cert " + garbage + ", --nats-key /nonexistent/key.pem"},
+		{[]string{"nodes", "--nats", "nats://127.0.0.1:1", "--nats-key", garbage}, 2, "--nats-cert and --nats-key go together"},
 		// Addresses that cannot be used as written; credentials in a URL
 		// (secrets come from the environment only; the message hides them).
 		{[]string{"serve", "--http", "foo", "--nats-port", "-1"}, 2, `--http "foo": want host:port`},

@@ -38,6 +38,8 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	creds := fs.String("nats-creds", env("KVACTORS_NATS_CREDS", ""), "NATS credentials file")
 	nkey := fs.String("nats-nkey", env("KVACTORS_NATS_NKEY", ""), "nkey seed file (kvactors' user of a kvactors nats-config configuration)")
 	ca := fs.String("nats-ca", env("KVACTORS_NATS_CA", ""), "CA certificate file for NATS TLS")
+	cert := fs.String("nats-cert", env("KVACTORS_NATS_CERT", ""), "client certificate for NATS TLS (with --nats-key)")
+	key := fs.String("nats-key", env("KVACTORS_NATS_KEY", ""), "the --nats-cert certificate's key file")
 	wait := fs.Duration("wait", 3*time.Second, "how long to listen for heartbeats at least; longer when the cluster's lease "+
 		"needs it (lease/4 and a fifth of that again, from the ownership bucket or a heard heartbeat)")
 	if code := parseExit("nodes", parseFlags(fs, args), fs, stdout, stderr,
@@ -49,7 +51,7 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	opts := []nats.Option{nats.Name("kvactors nodes"), nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser))}
 	// The same credentials as serve, NATS_USER/NATS_PASSWORD/NATS_TOKEN
 	// included (docs/OPERATIONS.md offers them for both).
-	auth := node.Config{NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca}
+	auth := node.Config{NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca, NATSCert: *cert, NATSKey: *key}
 	auth.NATSSecretsFromEnv()
 	if err := node.CheckNATSURLs(*url); err != nil {
 		return parseExit("nodes", err, fs, stdout, stderr)
