@@ -57,17 +57,38 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 		env, login = fmt.Sprintf("NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" ", natsauth.ServiceUser, *out,
 			natsauth.ServiceUser), ""
 	}
+	// The rest serve needs to be let in: the permissions' prefix, and with
+	// TLS the CA that signed the server's certificate (the in-process
+	// connection to the embedded server does TLS too), with a client
+	// certificate of its own when the server verifies clients'. nats-config
+	// knows neither file: the hint names them by placeholders, explained.
+	var notes []string
+	if o.Prefix != node.DefaultConfig().Prefix {
+		login += " --prefix " + o.Prefix
+	}
+	if o.TLSCert != "" {
+		login += " --nats-ca CA.pem"
+		notes = append(notes, "CA.pem: the CA that signed "+o.TLSCert)
+	}
+	if o.TLSCA != "" {
+		login += " --nats-cert CERT.pem --nats-key KEY.pem"
+		notes = append(notes, "CERT.pem, KEY.pem: kvactors' client certificate and its key, signed by a CA in "+o.TLSCA)
+	}
 	if !o.JetStream {
 		fmt.Fprintf(stderr, "serve with: %skvactors serve --nats-config %s%s\n", env, conf, login)
-		return exitOK
+	} else {
+		// JetStream is for serve --cluster (docs/CLUSTER.md): on one host
+		// the embedded server loaded from the file; across hosts a NATS
+		// cluster whose servers run the file, with a cluster {} block of
+		// their own.
+		fmt.Fprintf(stderr, "serve a cluster on one host (embedded NATS) with: %skvactors serve --nats-config %s%s --cluster\n",
+			env, conf, login)
+		fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
+			"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, login)
 	}
-	// JetStream is for serve --cluster (docs/CLUSTER.md): on one host the
-	// embedded server loaded from the file; across hosts a NATS cluster
-	// whose servers run the file, with a cluster {} block of their own.
-	fmt.Fprintf(stderr, "serve a cluster on one host (embedded NATS) with: %skvactors serve --nats-config %s%s --cluster\n",
-		env, conf, login)
-	fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
-		"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, login)
+	if len(notes) > 0 {
+		fmt.Fprintf(stderr, "  (%s)\n", strings.Join(notes, "; "))
+	}
 	return exitOK
 }
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -131,4 +132,76 @@ func TestNATSConfigHintFitsJetStream(t *testing.T) {
 			require.NotContains(t, hint, w, "%v", tc.args)
 		}
 	}
+}
+
+// nats-config's hint is complete for every combination of its options:
+// each serve line logs kvactors in (its seed, or its password from the
+// environment), names a --prefix other than the default (the permissions
+// are for it), and with TLS adds --nats-ca, and --nats-cert/--nats-key
+// when the server verifies clients' certificates, their placeholders
+// explained on a line of their own. The hint for the strictest (TLS with
+// client certificates, another prefix) is run, placeholders filled in:
+// the node it starts is let in.
+func TestNATSConfigHintIsComplete(t *testing.T) {
+	certs := testkit.TLS(t)
+	tlsArgs := map[string][]string{"": nil, "tls": {"--tls-cert", certs.Cert, "--tls-key", certs.Key},
+		"verify": {"--tls-cert", certs.Cert, "--tls-key", certs.Key, "--tls-ca", certs.CA}}
+	for _, auth := range []string{"nkey", "password"} {
+		for _, js := range []bool{false, true} {
+			for _, tlsMode := range []string{"", "tls", "verify"} {
+				for _, prefix := range []string{"", "p1"} {
+					out := filepath.Join(t.TempDir(), "nats")
+					args := append([]string{"--engines", "e1", "--out", out, "--auth", auth}, tlsArgs[tlsMode]...)
+					if js {
+						args = append(args, "--jetstream")
+					}
+					if prefix != "" {
+						args = append(args, "--prefix", prefix)
+					}
+					var stdout, stderr strings.Builder
+					require.Equal(t, exitOK, natsConfig(args, &stdout, &stderr), stderr.String())
+					var serves []string
+					for _, l := range strings.Split(stderr.String(), "\n") {
+						if i := strings.Index(l, "kvactors serve "); i >= 0 {
+							serves = append(serves, l[i:])
+						}
+					}
+					require.Len(t, serves, map[bool]int{false: 1, true: 2}[js], "%v:\n%s", args, stderr.String())
+					for _, line := range serves {
+						check := func(has bool, flag string) {
+							if has {
+								require.Contains(t, line, flag, "%v", args)
+							} else {
+								require.NotContains(t, line, flag, "%v", args)
+							}
+						}
+						check(auth == "nkey", " --nats-nkey "+out+"/_kvactors.nk")
+						check(prefix != "", " --prefix p1")
+						check(tlsMode != "", " --nats-ca CA.pem")
+						check(tlsMode == "verify", " --nats-cert CERT.pem --nats-key KEY.pem")
+					}
+					if auth == "password" {
+						require.Contains(t, stderr.String(), "NATS_USER=_kvactors NATS_PASSWORD=", "%v", args)
+					}
+					require.Equal(t, tlsMode != "", strings.Contains(stderr.String(), "CA.pem: the CA that signed "+certs.Cert),
+						"%v:\n%s", args, stderr.String())
+					require.Equal(t, tlsMode == "verify", strings.Contains(stderr.String(),
+						"CERT.pem, KEY.pem: kvactors' client certificate and its key, signed by a CA in "+certs.CA),
+						"%v:\n%s", args, stderr.String())
+				}
+			}
+		}
+	}
+
+	out := filepath.Join(t.TempDir(), "nats")
+	var stdout, stderr strings.Builder
+	require.Equal(t, exitOK, natsConfig(append([]string{"--engines", "e1", "--out", out, "--prefix", "p1"},
+		tlsArgs["verify"]...), &stdout, &stderr))
+	_, line, ok := strings.Cut(strings.Split(stderr.String(), "\n")[1], "serve with: kvactors ")
+	require.True(t, ok, stderr.String())
+	line = strings.NewReplacer("CA.pem", certs.CA, "CERT.pem", certs.ClientCert, "KEY.pem", certs.ClientKey).Replace(line)
+	cmd := exec.Command(binary, append(strings.Fields(line), "--nats-port", "-1", "--http", "off",
+		"--shm-dir", t.TempDir(), "--pool-bytes", "1M", "--log-level", "warn")...)
+	serving, _ := startServe(t, cmd)
+	require.Contains(t, serving, `prefix "p1"`)
 }
