@@ -25,8 +25,9 @@ type Shared struct {
 	// journal, when set, is told every change to what is loadable, under
 	// mu, in the order of the changes (see Journal).
 	journal Journal
-	// waiters are woken when their pending key's copy ends (WaitPending);
-	// under mu. Every key here is pending.
+	// waiters are woken when their pending key's copy ends (WaitPending),
+	// or pin it as it is made ready (*Pins: PinReadyOrPending); under mu.
+	// Every key here is pending.
 	waiters map[messages.Key][]Waker
 	// room are the waiters for room (WaitRoom), first in first out from
 	// roomHead; under mu. roomGen counts the changes that freed room or
@@ -173,16 +174,6 @@ func (s *Shared) PrepareLoad(keys []messages.Key) error {
 	}
 	s.full.Store(s.pool.full())
 	return err
-}
-
-// PinReady pins those of keys that are ready (see Pool.PinReady) in one
-// critical section: none is evicted between its lookup and its pin.
-func (s *Shared) PinReady(keys []messages.Key) []messages.Key {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	pinned := s.pool.PinReady(keys)
-	s.full.Store(s.pool.full())
-	return pinned
 }
 
 // Located is where a job's chunks are (Extents: chunk i's are Chunk(i)),

@@ -82,22 +82,85 @@ func (s *Shared) endWaits(keys []messages.Key) []Waker {
 		return nil
 	}
 	var woken []Waker
+	pinned := false
 	for _, k := range keys {
 		ws, ok := s.waiters[k]
 		if !ok {
 			continue
 		}
-		if st, _ := s.pool.Lookup(k); st == Pending {
+		st, _ := s.pool.Lookup(k)
+		if st == Pending {
 			continue // not this key's copy that ended (a caller completing a key twice)
 		}
 		delete(s.waiters, k)
 		for _, w := range ws {
+			if p, ok := w.(*Pins); ok {
+				// Pinned in the step that made it ready: no eviction
+				// comes between (PinReadyOrPending).
+				if !p.done && st == Ready {
+					p.keys = append(p.keys, s.pool.PinReady([]messages.Key{k})...)
+					pinned = true
+				}
+				continue
+			}
 			if !containsWaker(woken, w) {
 				woken = append(woken, w)
 			}
 		}
 	}
+	if pinned {
+		s.full.Store(s.pool.full())
+	}
 	return woken
+}
+
+// Pins are the pins PinReadyOrPending takes for one holder. Unpin lets go
+// of them.
+type Pins struct {
+	keys []messages.Key // pinned, once per pin; under the Shared's mu
+	done bool           // unpinned: a key pending still pins nothing for it
+}
+
+// Wake does nothing: Pins are kept on pending keys only for endWaits,
+// which pins them.
+func (*Pins) Wake() {}
+
+// PinReadyOrPending pins those of keys that are ready (once each time
+// given, as Pool.PinReady), and each that is pending (another copy filling
+// it) in the step its copy makes it ready: a remote load's own local
+// chunks, evictable by no store while it fetches the others, including one
+// whose copy ends during the fetch. Unpin lets go of every pin taken, and
+// of those still to come.
+func (s *Shared) PinReadyOrPending(keys []messages.Key) *Pins {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p := &Pins{keys: s.pool.PinReady(keys)}
+	for _, k := range keys {
+		if st, _ := s.pool.Lookup(k); st == Pending {
+			if s.waiters == nil {
+				s.waiters = make(map[messages.Key][]Waker)
+			}
+			if ws := s.waiters[k]; !containsWaker(ws, p) {
+				s.waiters[k] = append(ws, p)
+			}
+		}
+	}
+	s.full.Store(s.pool.full())
+	return p
+}
+
+// Unpin lets go of p's pins (they stay, evictable again unless another
+// holder pins them), and p pins no key whose copy ends later.
+func (s *Shared) Unpin(p *Pins) { wake(s.unpin(p)) }
+
+func (s *Shared) unpin(p *Pins) []Waker {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p.done = true
+	unpinned := s.pool.CompleteLoad(p.keys)
+	p.keys = nil
+	s.full.Store(s.pool.full())
+	return s.roomFreed(unpinned)
 }
 
 func wake(ws []Waker) {

@@ -250,3 +250,44 @@ func TestWaitRoomWakesAtOnceIfRoomFreedSinceTheDecision(t *testing.T) {
 	s.CompleteStore(k("a"), okSums(k("a"), true))
 	require.EqualValues(t, 1, current.n.Load())
 }
+
+// PinReadyOrPending pins the ready keys now and each pending one in the
+// step its copy makes it ready, so no eviction comes between; a copy that
+// fails pins nothing, and once Unpin lets go a copy ending later pins
+// nothing for it. Every pin taken is let go of by Unpin.
+func TestPinReadyOrPendingPinsAPendingKeyAsItIsMadeReady(t *testing.T) {
+	s := NewShared(64*16, 16)
+	_, err := s.PrepareStore(k("r"), []int64{16})
+	require.NoError(t, err)
+	s.CompleteStore(k("r"), okSums(k("r"), true))
+	_, err = s.PrepareStore(k("p", "f", "late"), []int64{16, 16, 16})
+	require.NoError(t, err)
+
+	pins := s.PinReadyOrPending(k("r", "p", "f", "zz", "p", "late"))
+	require.EqualValues(t, 1, s.Stats().Pinned, "r only: p, f and late are pending, zz absent")
+	s.CompleteStore(k("p"), okSums(k("p"), true))
+	require.EqualValues(t, 2, s.Stats().Pinned, "p pinned as it was made ready")
+	s.CompleteStore(k("f"), nil) // its copy failed: absent, nothing to pin
+	require.EqualValues(t, 2, s.Stats().Pinned)
+	require.Equal(t, 1, s.Waiting(), "late, still pending")
+
+	// Only pinned keys resist eviction: a full pool's store evicts neither.
+	more := NewShared(2*16, 16)
+	_, err = more.PrepareStore(k("x"), []int64{16})
+	require.NoError(t, err)
+	_, err = more.PrepareStore(k("y"), []int64{16})
+	require.NoError(t, err)
+	held := more.PinReadyOrPending(k("x"))
+	more.CompleteStore(k("x", "y"), okSums(k("x", "y"), true))
+	prep, err := more.PrepareStore(k("z"), []int64{16})
+	require.NoError(t, err)
+	require.Equal(t, k("y"), prep.Evicted, "x, made ready pinned, is not evicted though older")
+	more.Unpin(held)
+	require.Zero(t, more.Stats().Pinned)
+
+	s.Unpin(pins)
+	require.Zero(t, s.Stats().Pinned, "every pin let go of")
+	s.CompleteStore(k("late"), okSums(k("late"), true))
+	require.Zero(t, s.Stats().Pinned, "a copy ending after Unpin pins nothing")
+	require.Zero(t, s.Waiting())
+}

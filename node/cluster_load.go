@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -49,16 +50,18 @@ const fetchParallel = 4
 // is fetched (its CRC-32C checked over the whole chunk), written into its
 // room and checked again there, and only then made ready, pinned
 // (store.FillRemote). loadKeys are all the load's keys: those ready in host
-// memory are pinned before any room is made (store.PinReady), so neither
-// that room nor another engine's store during the fetch's round trips
-// evicts the load's own local chunks, which would fail it as a miss after
-// the fetch. It returns the keys it pinned (each once per pin: the local
-// ones and those it fetched) and how many it fetched; the load unpins them
-// once its own pins hold them or it ends without them
-// (loadStart.fetchPins). Any failure fails the load with the error naming
-// the key, frees that key's room, and no byte of it is ever loadable, and
-// every key it pinned is unpinned (they stay, as any stored chunk).
-func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) ([]messages.Key, int, error) {
+// memory are pinned before any room is made, and those pending (their
+// copy running) as their copy makes them ready (store.PinLocal), so
+// neither that room nor another engine's store during the fetch's round
+// trips evicts the load's own local chunks, which would fail it as a miss
+// after the fetch. It returns the pins: the local ones, the keys it
+// fetched (each once per pin), and how many it fetched; the load lets go
+// of them once its own pins hold them or it ends without them
+// (loadStart.fetchPins, localPins). Any failure fails the load with the
+// error naming the key, frees that key's room, and no byte of it is ever
+// loadable, and every pin it took is let go of (the chunks stay, as any
+// stored chunk).
+func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys []messages.Key) (*hostpool.Pins, []messages.Key, int, error) {
 	// Close cancels the fetches, then waits for this one: the pool it
 	// writes into is unmapped next.
 	ctx, cancel := context.WithCancel(ctx)
@@ -68,13 +71,17 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	// Each key is pinned in one step with its lookup: one evicted (by
 	// another engine) since remoteKeys looked it up is absent, not pinned,
 	// and the load finds it missing, as it would have. One pending (another
-	// copy is filling it) is not pinned either: the load waits for it
-	// (startLoad). A remote key another load made ready meanwhile is pinned
-	// here and not fetched (PrepareStore gives it no room).
-	pinned := n.store.PinReady(loadKeys)
+	// copy is filling it) is pinned in the step that copy makes it ready
+	// (if it fails, the key is absent and the load misses it); one still
+	// pending when the fetch ends, the load waits for (startLoad). A remote
+	// key another load made ready meanwhile is pinned here and not fetched
+	// (PrepareStore gives it no room).
+	local := n.store.PinLocal(loadKeys)
+	var pinned []messages.Key // fetched, pinned by FillRemote
 	handed := false
 	defer func() {
 		if !handed { // failed or cancelled: the load gets none of the pins
+			n.store.Unpin(local)
 			n.store.UnpinRemote(pinned)
 		}
 	}()
@@ -82,7 +89,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	for i, k := range keys {
 		_, _, g := sched.SplitKey(k)
 		if g < 0 || g >= len(rec.layout.Groups) {
-			return nil, 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
+			return nil, nil, 0, fmt.Errorf("key %x: group %d not in the engine's layout", []byte(sched.WireKey(k)), g)
 		}
 		sizes[i] = rec.layout.Groups[g].ChunkBytes
 	}
@@ -92,7 +99,7 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	prep, err := rec.store.PrepareStore(keys, sizes) // evictions and fills are journaled (kvJournal)
 	n.metrics.Evictions.Add(float64(len(prep.Evicted)))
 	if err != nil {
-		return nil, 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
+		return nil, nil, 0, fmt.Errorf("room for %d remote chunks: %w", len(keys), err)
 	}
 	fetch := prep.Keys
 	// The first chunk that fails fails the load: the fetches still to come
@@ -153,17 +160,17 @@ func (n *Node) fetchRemote(ctx context.Context, rec *engineRec, keys, loadKeys [
 	wg.Wait()
 	if firstErr != nil {
 		if failed > 1 {
-			return nil, 0, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
+			return nil, nil, 0, fmt.Errorf("%w (and %d more chunks of the load failed)", firstErr, failed-1)
 		}
-		return nil, 0, firstErr
+		return nil, nil, 0, firstErr
 	}
 	if err := ctx.Err(); err != nil { // cancelled from outside: no failure of its own recorded
-		return nil, 0, err
+		return nil, nil, 0, err
 	}
 	// Keys PrepareStore left out were already present: ready, or pending
 	// because another load (or a store) is filling them. The load waits for
 	// those as any load does (startLoad, waitLoad), so two loads of one
 	// remote prefix at once both succeed.
 	handed = true
-	return pinned, fetched, nil
+	return local, pinned, fetched, nil
 }

@@ -263,3 +263,63 @@ func TestClusterAFailedFetchUnpinsTheChunksItFetched(t *testing.T) {
 	require.Contains(t, r.Error, hs[0])
 	require.Zero(t, c.sync().Pool.Pinned, "the failed fetch left chunk 1 or C's own chunk 2 pinned")
 }
+
+// A remote load's own local chunk that is still pending (its store's copy
+// running) as the fetch starts is pinned for the load as that copy makes
+// it ready, not left evictable until the load pins its keys: another
+// engine's stores on the node meanwhile (here at the "fetched" gate) evict
+// other chunks. Before, only the chunks ready as the fetch started were
+// pinned, and a store evicting the one made ready during the fetch (C's
+// chunk 0, then the least recently used) failed the load as a miss after
+// it had fetched everything. Once the load ends nothing stays pinned.
+func TestClusterALoadsLocalChunkPendingAsItsFetchStartsIsPinnedOnceReady(t *testing.T) {
+	t.Parallel()
+	dev := &deviceGate{started: make(chan struct{}, 8), gate: make(chan struct{}, 8)}
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		if i == 1 {
+			c.PoolBytes = 768 // three 256-byte chunks
+			c.WrapDevice = dev.wrap
+		}
+	})
+	t.Cleanup(func() { dev.hold.Store(false); close(dev.gate) }) // before the nodes' Close: no copy left held
+	a, c, d := kc.engineOn(0, "ea", "m"), kc.engineOn(1, "ec", "m"), kc.engineOn(1, "ed", "m")
+	a.register()
+	c.register()
+	d.register()
+	hs := []string{hash("pending", 0), hash("pending", 1)}
+	// A stores chunk 1 only (chunk 0's block is the null block).
+	a.fill(0, 41, 7)
+	a.send(added("r", 8), hashesEv("r", 0, hs...), blocksEv("r", 0, 0, 0, 41), tokensEv("r", 8, 8))
+	recv(t, a.stored, "stored by A")
+	awaitLookup(t, c, hs[1:], 4, "C") // C's node knows A holds chunk 1
+	// C stores chunk 0 itself, its copy held: pending in C's pool.
+	dev.hold.Store(true)
+	c.fill(0, 10, 7)
+	c.send(added("c0", 4), hashesEv("c0", 0, hs[0]), blocksEv("c0", 0, 0, 10), tokensEv("c0", 4, 4))
+	testkit.Recv(t, dev.started, 10*time.Second, "C's copy of chunk 0, held")
+	dev.hold.Store(false)
+
+	// C's load starts its fetch of chunk 1 with chunk 0 pending; chunk 0's
+	// copy ends during the fetch.
+	fetching, releaseFetch := kc.nodes[1].node.HoldInClusterGate("fetch")
+	defer releaseFetch()
+	replies := collect(t, c.e.nc, "kvactors.ec.load",
+		map[string]any{"request": "rc", "hashes": hs, "num_tokens": 8, "blocks": [][]int{{2, 3}}})
+	testkit.Closed(t, fetching, 10*time.Second, "C's load fetching chunk 1")
+	dev.gate <- struct{}{}
+	recv(t, c.stored, "chunk 0 stored by C, during the fetch")
+	fetched, releaseFetched := kc.nodes[1].node.HoldInClusterGate("fetched") // the held fetch stays in the "fetch" gate
+	defer releaseFetched()
+	releaseFetch()
+	testkit.Closed(t, fetched, 10*time.Second, "C's load, its fetch done, before it pins")
+	d.storeOne("x1", 50) // the pool's third chunk
+	d.storeOne("x2", 51) // evicts the least recently used chunk that is not pinned
+	releaseFetched()
+	var r messages.LoadReply
+	require.NoError(t, json.Unmarshal(testkit.Recv(t, replies, 10*time.Second, "C's load reply").Data, &r))
+	require.True(t, r.OK, "a store during the fetch evicted the load's own chunk 0, made ready as it fetched: %s", r.Error)
+	require.Equal(t, 1, r.RemoteChunks)
+	require.Equal(t, c.block(0, 10), c.block(0, 2), "chunk 0 from C's pool")
+	require.Equal(t, a.block(0, 41), c.block(0, 3), "chunk 1 from A")
+	require.Zero(t, c.sync().Pool.Pinned, "a chunk stayed pinned after the load")
+}

@@ -167,7 +167,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 			if f := n.cl.inGate.Load(); f != nil {
 				(*f)("remote-load")
 			}
-			pins, fetched, err := n.fetchRemote(ctx, rec, remote, keys)
+			local, pins, fetched, err := n.fetchRemote(ctx, rec, remote, keys)
 			rec.copyingLoads.Add(-1)
 			if err != nil {
 				fail(fmt.Errorf("load %q: %w", req.Request, err))
@@ -176,19 +176,19 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 			if f := n.cl.inGate.Load(); f != nil {
 				(*f)("fetched")
 			}
-			n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, fetched, pins, session, gen, fail)
+			n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, fetched, local, pins, session, gen, fail)
 		}()
 		return
 	}
-	n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, 0, nil, session, gen, fail)
+	n.startLoad(ctx, span, rec, req, chunks, keys, m.Reply, 0, nil, nil, session, gen, fail)
 }
 
 // startLoad pins the keys and hands the copy to a load actor; session and
 // gen are the fence's and the engine's silence generations when the load
-// was taken; remote is how many chunks its fetch fetched, and fetchPins
-// the keys that fetch pinned for it (fetchRemote: those it fetched and the
-// load's own ready in host memory), whose pins it lets go of once its own
-// hold them or it fails. A key pending in host memory (another copy is
+// was taken; remote is how many chunks its fetch fetched, and localPins
+// and fetchPins the pins that fetch took for it (fetchRemote: on the
+// load's own chunks in host memory, and the keys it fetched), which it
+// lets go of once its own pins hold them or it fails. A key pending in host memory (another copy is
 // filling it: a load reading it back from disk, or a store) while every
 // other key is
 // loadable is waited for off the caller's goroutine, which may be the
@@ -196,9 +196,10 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 // settles. A wait is counted by its outcome and traced on span (ctx's):
 // a deferred event, a retry event per try again, a wait_ended event.
 func (n *Node) startLoad(ctx context.Context, span trace.Span, rec *engineRec, req ingest.Load,
-	chunks []sched.JobChunk, keys []messages.Key, reply string, remote int, fetchPins []messages.Key, session, gen uint64, fail func(error)) {
+	chunks []sched.JobChunk, keys []messages.Key, reply string, remote int, localPins *hostpool.Pins, fetchPins []messages.Key,
+	session, gen uint64, fail func(error)) {
 	ls := &loadStart{ctx: ctx, span: span, rec: rec, req: req, chunks: chunks, keys: keys, reply: reply,
-		remote: remote, fetchPins: fetchPins, session: session, gen: gen}
+		remote: remote, localPins: localPins, fetchPins: fetchPins, session: session, gen: gen}
 	// Every way a load ends without its copy goes through ls.fail: the
 	// fetch's pins go with it (refused, aborted, its engine ended, the
 	// node closing, a wait for a pending key that ran out).
@@ -290,9 +291,10 @@ type loadStart struct {
 	keys         []messages.Key
 	reply        string
 	remote       int
-	fetchPins    []messages.Key // pinned by its fetch until unpinFetch
+	localPins    *hostpool.Pins // its own local chunks, pinned by its fetch until unpinFetch
+	fetchPins    []messages.Key // fetched, pinned by its fetch until unpinFetch
 	session, gen uint64
-	fail         func(error) // unpins fetchPins, then answers the load's failure
+	fail         func(error) // lets go of its fetch's pins, then answers the load's failure
 	waitFrom     time.Time   // when it first found a key pending (zero: it has not)
 }
 
@@ -300,6 +302,10 @@ type loadStart struct {
 // and on the load's local ones, once: after the load's own pins hold them
 // (tryLoad), or as it fails. Until then no store evicts one under it.
 func (n *Node) unpinFetch(ls *loadStart) {
+	if ls.localPins != nil {
+		n.store.Unpin(ls.localPins)
+		ls.localPins = nil
+	}
 	if len(ls.fetchPins) > 0 {
 		n.store.UnpinRemote(ls.fetchPins)
 		ls.fetchPins = nil

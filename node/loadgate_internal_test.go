@@ -111,7 +111,7 @@ func TestALoadThatRacedItsEnginesEndIsRefused(t *testing.T) {
 	_, err = rec.store.PrepareLoad(keys)
 	require.NoError(t, err)
 	failed := make(chan error, 1)
-	n.startLoad(context.Background(), trace.SpanFromContext(context.Background()), rec, req, chunks, keys, "", len(keys), keys, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
+	n.startLoad(context.Background(), trace.SpanFromContext(context.Background()), rec, req, chunks, keys, "", len(keys), nil, keys, n.fence.Gen(), rec.hearing.Gen(), func(err error) { failed <- err })
 	select {
 	case err := <-failed:
 		require.ErrorIs(t, err, errUnknownEngine)

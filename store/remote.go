@@ -95,12 +95,17 @@ func (s *Store) fillRemote(engine string, key messages.Key, data []byte, sum uin
 // AbortRemote frees the room of keys whose fetch failed.
 func (s *Store) AbortRemote(keys []messages.Key) { s.pool.CompleteStore(keys, nil) }
 
-// PinReady pins those of keys that are ready in host memory and returns
-// them: a remote load's own local chunks, which no store may evict while
-// it fetches the others. UnpinRemote lets go of these pins.
-func (s *Store) PinReady(keys []messages.Key) []messages.Key { return s.pool.PinReady(keys) }
+// PinLocal pins those of keys that are ready in host memory, and those
+// pending (another copy filling them) as that copy makes them ready: a
+// remote load's own local chunks, which no store may evict while it
+// fetches the others (hostpool.Shared.PinReadyOrPending). Unpin lets go of
+// these pins.
+func (s *Store) PinLocal(keys []messages.Key) *hostpool.Pins { return s.pool.PinReadyOrPending(keys) }
 
-// UnpinRemote lets go of the pins FillRemote or PinReady left on keys
+// Unpin lets go of the pins PinLocal took and takes no more.
+func (s *Store) Unpin(p *hostpool.Pins) { s.pool.Unpin(p) }
+
+// UnpinRemote lets go of the pins FillRemote left on keys
 // (once per pin): they stay ready, evictable again unless a load pins
 // them.
 func (s *Store) UnpinRemote(keys []messages.Key) { s.pool.CompleteLoad(keys) }
