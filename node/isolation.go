@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"math"
@@ -291,6 +292,14 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 		var err error
 		if opts, err = server.ProcessConfigFile(c.NATSConfig); err != nil {
 			return nil, fmt.Errorf("%w: --nats-config %s: %w", ErrConfig, c.NATSConfig, err)
+		}
+		// The node's own connection to it (in-process) does TLS too: with
+		// no certificate its handshake fails, retried (or hung) until the
+		// connect timeout, not refused as the configuration error it is.
+		if tc := opts.TLSConfig; tc != nil && c.NATSCert == "" &&
+			(tc.ClientAuth == tls.RequireAndVerifyClientCert || tc.ClientAuth == tls.RequireAnyClientCert) {
+			return nil, fmt.Errorf("%w: --nats-config %s verifies client certificates (tls { verify: true }): "+
+				"give this node its own, --nats-cert and --nats-key", ErrConfig, c.NATSConfig)
 		}
 	}
 	if opts.Host == "" {

@@ -1,10 +1,15 @@
 package node_test
 
 import (
+	"context"
+	"io"
+	"log/slog"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -53,4 +58,30 @@ func TestEmbeddedNATSVerifyingClientCertificates(t *testing.T) {
 	require.Error(t, err)
 	require.NotErrorIs(t, err, nats.ErrAuthorization, "refused for its certificate, before credentials")
 	t.Logf("no client certificate: %v", err)
+}
+
+// A configuration that verifies client certificates, loaded into the
+// embedded server by a node given none of its own, is a config error at
+// start (exit 2), naming the flags: its in-process connection's TLS
+// handshake would fail, retried until the connect timeout.
+func TestEmbeddedNATSVerifyingClientCertificatesNeedsTheNodesOwn(t *testing.T) {
+	t.Parallel()
+	certs := testkit.TLS(t)
+	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
+		TLSCA: certs.CA})
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "nats")
+	_, err = g.Write(dir)
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := node.Start(ctx, node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
+		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
+		NATSCA: certs.CA})
+	if err == nil {
+		_ = n.Close(context.Background())
+	}
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "--nats-cert and --nats-key")
 }
