@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,18 @@ import (
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
+
+// A --max-pending-bytes under 4 of the server's largest messages is a
+// config error (exit 2) that names the flag, as the other start errors
+// name theirs, and what it must be.
+func TestMaxPendingBytesUnderFourPayloadsNamesTheFlag(t *testing.T) {
+	t.Parallel()
+	s := testkit.NATSServerWith(t, func(o *server.Options) { o.MaxPayload = 16 << 10 })
+	_, err := node.Start(context.Background(), node.Config{NATSURL: s.ClientURL(), MaxPendingBytes: 64<<10 - 1,
+		HTTPAddr: "off", ShmDir: t.TempDir(), PoolBytes: 1 << 20, Log: slog.New(slog.DiscardHandler)})
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.EqualError(t, err, "bad config: --max-pending-bytes 65535: want at least 65536 (4 × the NATS server's max payload, 16384)")
+}
 
 // Delivery, "Back-pressure": with a tiny --max-pending-bytes a flood cannot
 // grow the intake; what does not fit is dropped, counted and resynced

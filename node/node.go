@@ -203,8 +203,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	if max := n.nc.MaxPayload(); cfg.MaxPendingBytes < 4*max {
 		// nats.go's half of the budget must hold two of the largest messages,
 		// or a single large batch or request would always be dropped there.
-		return nil, fmt.Errorf("%w: max pending bytes %d: want at least 4 × the NATS server's max payload (%d)",
-			ErrConfig, cfg.MaxPendingBytes, max)
+		return nil, fmt.Errorf("%w: --max-pending-bytes %d: want at least %d (4 × the NATS server's max payload, %d)",
+			ErrConfig, cfg.MaxPendingBytes, 4*max, max)
 	}
 	// Before the cluster reads its previous boots' engines (a live process
 	// holding this id is not a previous boot) and before the fence's clock
