@@ -103,12 +103,15 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 	kv, err := js.CreateKeyValue(ctx, want)
 	if errors.Is(err, jetstream.ErrBucketExists) {
 		// Refused as existing: it exists with other settings than want.
-		diff := bucketDiffers(ctx, js, want)
-		if diff == "" {
+		diff, readErr := bucketDiffers(ctx, js, want)
+		switch {
+		case readErr != nil:
+			diff = fmt.Sprintf("other settings than this node asks for, and its status could not be read to say which (%v)", readErr)
+		case diff == "":
 			diff = "other settings than this node asks for (made by another kvactors version, or by hand?)"
 		}
 		return nil, &bucketError{msg: fmt.Sprintf("%v: ownership bucket %s exists with %s: every node of a cluster "+
-			"takes the bucket's (docs/CLUSTER.md)", ErrConfig, cfg.Bucket, diff), err: err}
+			"takes the bucket's (docs/CLUSTER.md)", ErrConfig, cfg.Bucket, diff), err: err, read: readErr}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("open ownership bucket %s (lease %v, replicas %d): %w", cfg.Bucket, cfg.Lease, cfg.Replicas, err)
@@ -121,26 +124,34 @@ func OpenOwners(ctx context.Context, js jetstream.JetStream, cfg Config, metrics
 }
 
 // bucketError is OpenOwners' refusal of a bucket that exists with other
-// settings: ErrConfig and the server's refusal (errors.Is finds both), its
-// text the settings that differ only: the server's adds two lines saying
-// "already in use" again.
+// settings: ErrConfig, the server's refusal and the error of a status read
+// that failed, if one did (errors.Is finds each), its text the settings
+// that differ only: the server's adds two lines saying "already in use"
+// again.
 type bucketError struct {
-	msg string
-	err error
+	msg  string
+	err  error
+	read error // reading the bucket's status; nil if it was read
 }
 
-func (e *bucketError) Error() string   { return e.msg }
-func (e *bucketError) Unwrap() []error { return []error{ErrConfig, e.err} }
+func (e *bucketError) Error() string { return e.msg }
+func (e *bucketError) Unwrap() []error {
+	if e.read != nil {
+		return []error{ErrConfig, e.err, e.read}
+	}
+	return []error{ErrConfig, e.err}
+}
 
 // bucketDiffers names the settings in which the existing bucket differs
 // from want, once CreateKeyValue refused want as a bucket that exists with
-// other settings: "" if it cannot be read (OpenOwners then says "other
-// settings"). Lease and replicas are this node's flags; any other difference is
-// a bucket made by another kvactors version, or by hand.
-func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) string {
+// other settings: "" if none it compares does (OpenOwners then says "other
+// settings"), or the error of reading its status. Lease and replicas are
+// this node's flags; any other difference is a bucket made by another
+// kvactors version, or by hand.
+func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.KeyValueConfig) (string, error) {
 	st, err := bucketStatus(ctx, js, want.Bucket)
 	if err != nil {
-		return ""
+		return "", err
 	}
 	have := st.Config()
 	var diffs []string
@@ -156,7 +167,7 @@ func bucketDiffers(ctx context.Context, js jetstream.JetStream, want jetstream.K
 			"(made by another kvactors version, or by hand?)", have.History, have.Storage, have.LimitMarkerTTL,
 			want.History, want.Storage, want.LimitMarkerTTL))
 	}
-	return strings.Join(diffs, " and ")
+	return strings.Join(diffs, " and "), nil
 }
 
 // Get reads engine's ownership; nil if nobody holds it.

@@ -275,6 +275,37 @@ func TestOpenOwnersRefusesABucketMadeOtherwise(t *testing.T) {
 	require.ErrorContains(t, err, "other settings")
 }
 
+// statusUnreadable is a JetStream in which the ownership bucket exists with
+// other settings (CreateKeyValue refuses it) and its status cannot be read.
+type statusUnreadable struct {
+	jetstream.JetStream
+	err error
+}
+
+func (statusUnreadable) CreateKeyValue(context.Context, jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	return nil, jetstream.ErrBucketExists
+}
+
+func (s statusUnreadable) KeyValue(context.Context, string) (jetstream.KeyValue, error) {
+	return nil, s.err
+}
+
+// A bucket refused as existing whose status then cannot be read is
+// refused saying so, with the read's error (errors.Is finds it), not as a
+// bucket "made by another kvactors version, or by hand": nothing was read
+// to say that.
+func TestOpenOwnersSaysWhenTheBucketsStatusCannotBeRead(t *testing.T) {
+	t.Parallel()
+	_, err := OpenOwners(ctxT(t), statusUnreadable{err: context.DeadlineExceeded},
+		Config{Node: "gpu-1", Boot: "b", Lease: testLease}, nil)
+	require.ErrorIs(t, err, ErrConfig)
+	require.ErrorIs(t, err, jetstream.ErrBucketExists)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.EqualError(t, err, "cluster: bad config: ownership bucket kvactors_owners exists with other settings "+
+		"than this node asks for, and its status could not be read to say which (ownership bucket kvactors_owners: "+
+		"context deadline exceeded): every node of a cluster takes the bucket's (docs/CLUSTER.md)")
+}
+
 // The same for another replica count (a 3-server NATS cluster: one server
 // refuses replicas 3 outright).
 func TestOpenOwnersRefusesAnotherReplicaCount(t *testing.T) {
