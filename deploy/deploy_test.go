@@ -314,6 +314,31 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 	}
 }
 
+// "Nodes up" counts the nodes whose NATS connection is up: 0, not "no
+// data", when none is scraped (the only node down leaves no series to sum).
+// A sum over no series is empty; "or vector(0)" is 0 only then.
+func TestDashboardNodesUpIsZeroWhenNoNodeIs(t *testing.T) {
+	data, err := os.ReadFile("grafana/kvactors-dashboard.json")
+	require.NoError(t, err)
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	require.NoError(t, json.Unmarshal(data, &dash))
+	i := -1
+	for j, p := range dash.Panels {
+		if p.Title == "Nodes up" {
+			i = j
+		}
+	}
+	require.Len(t, dash.Panels[i].Targets, 1)
+	require.Equal(t, `sum(kvactors_nats_connected{instance=~"$instance"}) or vector(0)`, dash.Panels[i].Targets[0].Expr)
+}
+
 // scrapeFreshNode starts a node (with a disk tier, whose metrics exist only
 // then) and returns the series names on /metrics.
 func scrapeFreshNode(t *testing.T) (names []string, body string) {
