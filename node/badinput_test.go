@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,4 +252,38 @@ func TestBadLoadsAreCountedByReason(t *testing.T) {
 		})
 	}
 	require.Equal(t, 0, te.lookup(hs), "nothing stored, nothing changed")
+}
+
+// After a node's start, every engine's first heartbeat is one of an engine
+// it does not know: the node answers unknown engine and the engine
+// registers again, the normal recovery path (PROTOCOL.md), logged at Info
+// during the node's first lease. Past it, an engine that beats
+// unregistered is misbehaving: logged at Error. Both are counted
+// unknown_engine.
+func TestUnregisteredHeartbeatIsInfoDuringTheFirstLease(t *testing.T) {
+	t.Parallel()
+	const lease = 10 * time.Second
+	var logs testkit.SyncBuffer
+	var offset atomic.Int64 // the node's clock runs ahead of the wall clock by this
+	e := startNode(t, func(c *node.Config) { c.Lease, c.Log = lease, slog.New(slog.NewTextHandler(&logs, nil)) },
+		node.WithClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }))
+	beat := func() string {
+		t.Helper()
+		before := rejected(t, e, messages.RejectUnknownEngine)
+		msg, err := testkit.EngineRequest(e.nc, "ghost", "kvactors.ghost.heartbeat", []byte(`{"epoch":"ep1","seq":1}`), 5*time.Second)
+		require.NoError(t, err)
+		require.Contains(t, string(msg.Data), "unknown engine")
+		require.Equal(t, before+1, rejected(t, e, messages.RejectUnknownEngine))
+		var last string
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, "heartbeat of an unregistered engine") {
+				last = line
+			}
+		}
+		require.NotEmpty(t, last, "no line logged")
+		return last
+	}
+	require.Contains(t, beat(), "level=INFO", "within the first lease")
+	offset.Store(int64(lease))
+	require.Contains(t, beat(), "level=ERROR", "past the first lease")
 }

@@ -78,6 +78,9 @@ type Node struct {
 	now      func() time.Time // the clock of engine liveness (Config.now)
 	owed     atomic.Int64
 	fence    *transfer.Fence
+	// servingSince is when, on now's clock, the node began to take
+	// engines' messages: its first lease is onHeartbeat's restart window.
+	servingSince time.Time
 	// beatStats is what the node heartbeat reports of the pool and disk,
 	// gathered off the heartbeat's path (statsLoop).
 	beatStats atomic.Pointer[beatStats]
@@ -239,6 +242,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.transfer = n.system.Root.Spawn(transfer.Props(transfer.Deps{Config: tcfg,
 		Metrics: n.metrics.Transfer, Unexpected: n.metrics.Unexpected.WithLabelValues(actors.KindTransfer), Tracer: n.tracer, Log: n.log, Fence: n.fence,
 		Queue: n.copyQueue, Now: n.now}))
+	n.servingSince = n.now() // before any handler can read it
 	if err := n.subscribe(); err != nil {
 		return nil, err
 	}

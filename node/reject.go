@@ -5,6 +5,7 @@ package node
 
 import (
 	"errors"
+	"log/slog"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -14,6 +15,13 @@ import (
 func (n *Node) rejected(reason, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Inc()
 	n.rejectLog.Reject(reason, msg, args...)
+}
+
+// rejectedAt is rejected at another level than Error, for a refusal
+// that is expected at times (still counted and rate-limited the same).
+func (n *Node) rejectedAt(level slog.Level, reason, msg string, args ...any) {
+	n.metrics.Rejected.WithLabelValues(reason).Inc()
+	n.rejectLog.Log(level, reason, msg, args...)
 }
 
 // rejectedN is rejected for count refused inputs that one line reports.
