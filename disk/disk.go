@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/ratelog"
 )
 
 // Config is the disk tier's settings.
@@ -37,6 +38,8 @@ type Config struct {
 	// TombstoneRetry is how long after a failed tombstone write the writer
 	// tries it again unless something woke it sooner (default 1s).
 	TombstoneRetry time.Duration
+	// Log takes the tier's warnings (nil: slog.Default()).
+	Log *slog.Logger
 
 	// beforeOpen, in tests, runs between the rebuild's listing of the
 	// directory and its open of each segment listed (the window in which
@@ -51,6 +54,9 @@ type Config struct {
 	// segmentOut, in tests, wraps what the writer writes each segment
 	// through (to fill the filesystem: ENOSPC).
 	segmentOut func(f *os.File) appendFile
+	// now, in tests, is the clock of the full filesystem's log limit (nil:
+	// time.Now).
+	now func() time.Time
 }
 
 // Errors; check with errors.Is.
@@ -157,6 +163,8 @@ type Disk struct {
 	dropped, raced, discarded, failed, retired, removeFailed              atomic.Int64
 	full                                                                  atomic.Int64 // writes that found the filesystem full
 	longKeyLogged                                                         atomic.Bool  // a long key's drop was logged
+
+	fullLog *ratelog.Limiter // of logFull's lines
 }
 
 // Open rebuilds the index from cfg.Dir (verifying every record; cutting a
@@ -181,6 +189,12 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 	if notify == nil {
 		notify = func(string, []messages.Key, []messages.Key) {}
 	}
+	if cfg.Log == nil {
+		cfg.Log = slog.Default()
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("disk: %w", err)
 	}
@@ -189,7 +203,8 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 		return nil, err
 	}
 	d := &Disk{cfg: cfg, notify: notify, items: map[messages.Key]*item{}, lru: list.New(),
-		q: make(chan spill, 1<<16), done: make(chan struct{}), kick: make(chan struct{}, 1), lock: lock}
+		q: make(chan spill, 1<<16), done: make(chan struct{}), kick: make(chan struct{}, 1), lock: lock,
+		fullLog: ratelog.New(1, fullLogEvery)}
 	if err := d.rebuild(); err != nil {
 		d.closeFiles()
 		return nil, err
@@ -371,7 +386,7 @@ func (d *Disk) removeFile(path string, report bool) bool {
 	}
 	if report {
 		d.removeFailed.Add(1)
-		slog.Warn("disk: a segment could not be deleted; it is kept and tried again", "path", path, "err", err)
+		d.cfg.Log.Warn("disk: a segment could not be deleted; it is kept and tried again", "path", path, "err", err)
 	}
 	return false
 }

@@ -3,9 +3,12 @@ package disk
 import (
 	"bytes"
 	"fmt"
+	"log/slog"
 	"os"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -142,4 +145,53 @@ func checkHolds(t *testing.T, d *Disk, ev *events, chunks map[messages.Key][]byt
 		require.NoError(t, err, "%s", k)
 		require.True(t, bytes.Equal(chunks[k], b), "%s reads back other bytes", k)
 	}
+}
+
+// A full filesystem is logged, a Warn naming the directory and what the
+// tier holds, at most once per fullLogEvery however many writes find it
+// full: the metric alone showed an operator watching logs nothing, and a
+// line per write would flood them.
+func TestAFullFilesystemIsLoggedOncePerInterval(t *testing.T) {
+	dir := t.TempDir()
+	const budget = 8 << 20
+	fs := &smallFS{dir: dir, capacity: budget / 2} // it fills long before the budget
+	var logs testkit.SyncBuffer
+	var clock atomic.Int64
+	cfg := Config{Dir: dir, Bytes: budget, SegmentBytes: 1 << 20, segmentOut: fs.out,
+		Log: slog.New(slog.NewTextHandler(&logs, nil)), now: func() time.Time { return time.Unix(0, clock.Load()) }}
+	d, err := Open(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	i := 0
+	spillUntilFull := func(writes int64) {
+		t.Helper()
+		for full := d.Stats().Full + writes; d.Stats().Full < full; i++ {
+			c := bytes.Repeat([]byte{byte(i), byte(i >> 8)}, 32<<10) // 64 KiB
+			// Drained after each: the loop reads Full once the writer has taken it.
+			for !d.Spill("e", key(i), sum(c), c) {
+				drained(t, d)
+			}
+			drained(t, d)
+		}
+	}
+	lines := func() []string {
+		var out []string
+		for line := range strings.Lines(logs.String()) {
+			if strings.Contains(line, "filesystem is full") {
+				out = append(out, line)
+			}
+		}
+		return out
+	}
+	spillUntilFull(10)
+	require.Len(t, lines(), 1, "10 full writes in one interval:\n%s", logs.String())
+	line := lines()[0]
+	require.Contains(t, line, "level=WARN")
+	require.Contains(t, line, "dir="+dir)
+	for _, attr := range []string{"chunks=", "bytes=", "budget_bytes=8388608", "full_writes=1"} {
+		require.Contains(t, line, attr)
+	}
+	clock.Add(int64(fullLogEvery))
+	spillUntilFull(10)
+	require.Len(t, lines(), 2, "the next interval's full writes:\n%s", logs.String())
 }

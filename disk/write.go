@@ -3,12 +3,15 @@ package disk
 import (
 	"errors"
 	"hash/crc32"
-	"log/slog"
 	"syscall"
 	"time"
 
 	"github.com/kvactors/kvactors/messages"
 )
+
+// fullLogEvery bounds the lines a full filesystem logs: one per interval,
+// however many writes find it full (each is counted: Stats.Full).
+const fullLogEvery = time.Minute
 
 // Spill queues a chunk evicted from host memory for writing; sum is its
 // CRC-32C. It never blocks: a full queue or a closed disk drops the chunk
@@ -23,7 +26,7 @@ func (d *Disk) Spill(engine string, key messages.Key, sum uint32, data []byte) b
 	if len(key) > maxKeyLen {
 		d.dropped.Add(1)
 		if !d.longKeyLogged.Swap(true) {
-			slog.Warn("disk: chunks with keys longer than a record holds are not spilled",
+			d.cfg.Log.Warn("disk: chunks with keys longer than a record holds are not spilled",
 				"key_bytes", len(key), "max_key_bytes", maxKeyLen, "engine", engine)
 		}
 		return false
@@ -288,11 +291,13 @@ func (w *writer) flush(seg *segment) {
 			// oldest segment goes to make room, as the budget would have
 			// it go, and the run is tried once more.
 			d.full.Add(1)
+			fullErr := err
 			if !seg.retired && w.dropOldest() {
 				if pos, data, err = w.writeRun(seg); err != nil {
 					w.cutBack(seg)
 				}
 			}
+			d.logFull(fullErr)
 		}
 	}
 	if err != nil {
@@ -380,6 +385,20 @@ func (w *writer) dropOldest() bool {
 	clear(changes)
 	w.changes = changes[:0]
 	return ok
+}
+
+// logFull warns that a write found the filesystem full, at most once per
+// fullLogEvery: the tier goes on, holding less than its budget, and the
+// counter alone would show an operator watching the logs nothing.
+func (d *Disk) logFull(err error) {
+	if ok, _ := d.fullLog.Allow("full", d.cfg.now()); !ok {
+		return
+	}
+	st := d.Stats()
+	d.cfg.Log.Warn("disk: the filesystem is full: the tier deletes its oldest segment to make room and holds less "+
+		"than --disk-bytes; size the filesystem at about 1.5 × --disk-bytes (docs/OPERATIONS.md)",
+		"dir", d.cfg.Dir, "chunks", st.Chunks, "bytes", st.Bytes, "file_bytes", st.FileBytes,
+		"budget_bytes", st.Budget, "full_writes", st.Full, "err", err)
 }
 
 // isFull reports whether a write failed for want of space: the filesystem
