@@ -2,6 +2,7 @@ package node
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"math"
@@ -301,6 +302,9 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 			return nil, fmt.Errorf("%w: --nats-config %s verifies client certificates (tls { verify: true }): "+
 				"give this node its own, --nats-cert and --nats-key", ErrConfig, c.NATSConfig)
 		}
+		if err := c.clientCertVerifies(opts.TLSConfig); err != nil {
+			return nil, err
+		}
 	}
 	if opts.Host == "" {
 		opts.Host = c.NATSHost
@@ -399,3 +403,33 @@ func (l natsLog) Errorf(format string, v ...any) {
 }
 func (l natsLog) Debugf(string, ...any) {}
 func (l natsLog) Tracef(string, ...any) {}
+
+// clientCertVerifies checks --nats-cert as the embedded server configured
+// by tc will (tls { verify: true }: its ca_file, for client auth): one it
+// refuses fails the in-process handshake, which only a timeout ends, not
+// as the configuration error it is.
+func (c Config) clientCertVerifies(tc *tls.Config) error {
+	if tc == nil || c.NATSCert == "" || tc.ClientAuth != tls.RequireAndVerifyClientCert {
+		return nil
+	}
+	pair, err := tls.LoadX509KeyPair(c.NATSCert, c.NATSKey)
+	if err != nil {
+		return fmt.Errorf("%w: --nats-cert %s, --nats-key %s: %w", ErrConfig, c.NATSCert, c.NATSKey, err)
+	}
+	certs := make([]*x509.Certificate, len(pair.Certificate))
+	for i, der := range pair.Certificate {
+		if certs[i], err = x509.ParseCertificate(der); err != nil {
+			return fmt.Errorf("%w: --nats-cert %s: %w", ErrConfig, c.NATSCert, err)
+		}
+	}
+	inter := x509.NewCertPool()
+	for _, ic := range certs[1:] {
+		inter.AddCert(ic)
+	}
+	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: tc.ClientCAs, Intermediates: inter,
+		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+		return fmt.Errorf("%w: --nats-cert %s is refused by the embedded server of --nats-config %s "+
+			"(tls { verify: true }, its ca_file): %w", ErrConfig, c.NATSCert, c.NATSConfig, err)
+	}
+	return nil
+}

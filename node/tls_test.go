@@ -85,3 +85,35 @@ func TestEmbeddedNATSVerifyingClientCertificatesNeedsTheNodesOwn(t *testing.T) {
 	require.ErrorIs(t, err, node.ErrConfig)
 	require.ErrorContains(t, err, "--nats-cert and --nats-key")
 }
+
+// A client certificate the embedded server does not accept (signed by
+// another CA) is a config error at start naming --nats-cert (exit 2), not
+// an in-process TLS handshake that deadlocked on its pipe past the start's
+// context, until nats.go's minute-long write timeout ('write pipe: i/o
+// timeout', exit 1).
+func TestEmbeddedNATSRejectingTheNodesCertificateFailsStartInTime(t *testing.T) {
+	t.Parallel()
+	certs, other := testkit.TLS(t), testkit.TLS(t)
+	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
+		TLSCA: certs.CA})
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "nats")
+	_, err = g.Write(dir)
+	require.NoError(t, err)
+	const bound = 10 * time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), bound)
+	defer cancel()
+	start := time.Now()
+	n, err := node.Start(ctx, node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
+		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
+		NATSCA: certs.CA, NATSCert: other.ClientCert, NATSKey: other.ClientKey, NATSConnectTimeout: time.Minute})
+	took := time.Since(start)
+	if err == nil {
+		_ = n.Close(context.Background())
+	}
+	t.Logf("took %v: %v", took, err)
+	require.Less(t, took, bound, "refused before the in-process handshake, not a minute into it")
+	require.ErrorIs(t, err, node.ErrConfig)
+	require.ErrorContains(t, err, "--nats-cert "+other.ClientCert+" is refused")
+}
