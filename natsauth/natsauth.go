@@ -42,10 +42,33 @@ type Options struct {
 	// TLSCert and TLSKey, when set, make the server require TLS with them;
 	// TLSCA verifies client certificates too when set.
 	TLSCert, TLSKey, TLSCA string
+	// MaxConnections bounds the server's client connections, every user's
+	// together (0: DefaultMaxConnections); MaxSubscriptions bounds each
+	// connection's subscriptions (0: DefaultMaxSubscriptions). nats-server's
+	// configuration file has no per-user bound: these are the server's.
+	MaxConnections, MaxSubscriptions int
 	// BcryptCost is the password hashes' cost (0: bcrypt.DefaultCost). The
 	// server pays it at every connect; tests lower it.
 	BcryptCost int
 }
+
+// Bounds written by default. Without them one engine, with its own
+// credentials only, grew the server's process (kvactors' own, embedded) by
+// hundreds of MB and thousands of descriptors: 300,000 subscriptions on its
+// inboxes took 440 MB (about 1.5 KB each; docs/SECURITY.md "Bounds").
+const (
+	// DefaultMaxConnections: one host's engines (a few per GPU), its
+	// routers, kvactors' own connection and a `kvactors nodes` or two need
+	// tens; a NATS cluster that many hosts share may need more (nats-config
+	// --max-connections).
+	DefaultMaxConnections = 256
+	// DefaultMaxSubscriptions: the Go SDK holds 5 subscriptions, nats.go's
+	// response inbox, one per heartbeat awaiting its reply and one per load
+	// until its reply comes (or the node's loss settles it), so its loads
+	// in flight bound it: twice vLLM's largest usual max_num_seqs (1024).
+	// kvactors' own connection holds about 20.
+	DefaultMaxSubscriptions = 2048
+)
 
 // Credential is one user's secret: what its client presents.
 type Credential struct {
@@ -88,6 +111,16 @@ func Generate(o Options) (Generated, error) {
 	}
 	if o.BcryptCost != 0 && (o.BcryptCost < bcrypt.MinCost || o.BcryptCost > bcrypt.MaxCost) {
 		return Generated{}, fmt.Errorf("%w: bcrypt cost %d: want %d..%d", ErrOptions, o.BcryptCost, bcrypt.MinCost, bcrypt.MaxCost)
+	}
+	if o.MaxConnections == 0 {
+		o.MaxConnections = DefaultMaxConnections
+	}
+	if o.MaxSubscriptions == 0 {
+		o.MaxSubscriptions = DefaultMaxSubscriptions
+	}
+	if o.MaxConnections < 0 || o.MaxSubscriptions < 0 {
+		return Generated{}, fmt.Errorf("%w: max connections %d, max subscriptions %d: want at least 1",
+			ErrOptions, o.MaxConnections, o.MaxSubscriptions)
 	}
 	if (o.TLSCert == "") != (o.TLSKey == "") {
 		return Generated{}, fmt.Errorf("%w: TLS needs both a certificate and a key", ErrOptions)
@@ -157,6 +190,11 @@ func Generate(o Options) (Generated, error) {
 	b.WriteString("# A message's subject and reply: kvactors' take a few hundred bytes, and the\n" +
 		"# node's intake budget counts each message queued for it at this much.\n" +
 		"max_control_line: 2048\n\n")
+	fmt.Fprintf(&b, "# Bounds on what any user may make of the server's memory and descriptors\n"+
+		"# (the embedded server's are kvactors' own): client connections, every user's\n"+
+		"# together; subscriptions on one connection (the Go SDK holds one per load in\n"+
+		"# flight and about 7 more). See docs/SECURITY.md \"Bounds\".\n"+
+		"max_connections: %d\nmax_subscriptions: %d\n\n", o.MaxConnections, o.MaxSubscriptions)
 	if o.JetStream {
 		b.WriteString("# JetStream: only kvactors' user may use its API. Every write synced: the\n" +
 			"# ownership bucket's revisions fence its owners, and a server that lost its\n" +

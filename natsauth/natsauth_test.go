@@ -1,6 +1,7 @@
 package natsauth
 
 import (
+	"cmp"
 	"os"
 	"path/filepath"
 	"strings"
@@ -82,21 +83,40 @@ func TestGenerateJetStream(t *testing.T) {
 	require.NotContains(t, opts.Nkeys[1].Permissions.Publish.Allow, "$JS.API.>")
 }
 
+// The server's bounds on connections and each connection's subscriptions
+// are written, the defaults or the options', and the server reads them.
+func TestGenerateBounds(t *testing.T) {
+	for _, o := range []Options{{Engines: []string{"e1"}},
+		{Engines: []string{"e1"}, MaxConnections: 7, MaxSubscriptions: 9}} {
+		g, err := Generate(o)
+		require.NoError(t, err)
+		p := filepath.Join(t.TempDir(), "c.conf")
+		require.NoError(t, os.WriteFile(p, []byte(g.Config), 0o600))
+		opts, err := server.ProcessConfigFile(p)
+		require.NoError(t, err)
+		conns, subs := cmp.Or(o.MaxConnections, DefaultMaxConnections), cmp.Or(o.MaxSubscriptions, DefaultMaxSubscriptions)
+		require.Equal(t, conns, opts.MaxConn)
+		require.Equal(t, subs, opts.MaxSubs)
+	}
+}
+
 func TestGenerateRefuses(t *testing.T) {
 	for name, o := range map[string]Options{
-		"reserved id":      {Engines: []string{"_kvactors"}},
-		"bad id":           {Engines: []string{"a.b"}},
-		"wildcard id":      {Engines: []string{"*"}},
-		"duplicate":        {Engines: []string{"e1"}, Routers: []string{"e1"}},
-		"unknown auth":     {Engines: []string{"e1"}, Auth: "token"},
-		"wildcard prefix":  {Engines: []string{"e1"}, Prefix: "kv.>"},
-		"inbox prefix":     {Engines: []string{"e1"}, Prefix: "_INBOX"},
-		"system prefix":    {Engines: []string{"e1"}, Prefix: "$KV.x"},
-		"empty token":      {Engines: []string{"e1"}, Prefix: "a..b"},
-		"trailing dot":     {Engines: []string{"e1"}, Prefix: "kv."},
-		"control char":     {Engines: []string{"e1"}, Prefix: "kv\x01"},
-		"cert without key": {Engines: []string{"e1"}, TLSCert: "c.pem"},
-		"bcrypt cost":      {Engines: []string{"e1"}, Auth: AuthPassword, BcryptCost: 99},
+		"reserved id":       {Engines: []string{"_kvactors"}},
+		"bad id":            {Engines: []string{"a.b"}},
+		"wildcard id":       {Engines: []string{"*"}},
+		"duplicate":         {Engines: []string{"e1"}, Routers: []string{"e1"}},
+		"unknown auth":      {Engines: []string{"e1"}, Auth: "token"},
+		"wildcard prefix":   {Engines: []string{"e1"}, Prefix: "kv.>"},
+		"inbox prefix":      {Engines: []string{"e1"}, Prefix: "_INBOX"},
+		"system prefix":     {Engines: []string{"e1"}, Prefix: "$KV.x"},
+		"empty token":       {Engines: []string{"e1"}, Prefix: "a..b"},
+		"trailing dot":      {Engines: []string{"e1"}, Prefix: "kv."},
+		"control char":      {Engines: []string{"e1"}, Prefix: "kv\x01"},
+		"cert without key":  {Engines: []string{"e1"}, TLSCert: "c.pem"},
+		"bcrypt cost":       {Engines: []string{"e1"}, Auth: AuthPassword, BcryptCost: 99},
+		"max connections":   {Engines: []string{"e1"}, MaxConnections: -1},
+		"max subscriptions": {Engines: []string{"e1"}, MaxSubscriptions: -1},
 	} {
 		_, err := Generate(o)
 		require.ErrorIs(t, err, ErrOptions, name)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -29,6 +30,15 @@ import (
 // one of them, with its inbox prefix, reporting its async errors on errs.
 func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config)) (*env,
 	func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn) {
+	t.Helper()
+	e, connect, _ := securedNodeCreds(t, o, mutate...)
+	return e, connect
+}
+
+// securedNodeCreds is securedNode that also returns the directory of the
+// users' secret files.
+func securedNodeCreds(t *testing.T, o natsauth.Options, mutate ...func(*node.Config)) (*env,
+	func(id string, errs chan<- error, opts ...nats.Option) *nats.Conn, string) {
 	t.Helper()
 	g, err := natsauth.Generate(o)
 	require.NoError(t, err)
@@ -77,7 +87,7 @@ func securedNode(t *testing.T, o natsauth.Options, mutate ...func(*node.Config))
 		t.Cleanup(nc.Close)
 		return nc
 	}
-	return &env{t: t, node: n, reg: reg, dir: dir}, connect
+	return &env{t: t, node: n, reg: reg, dir: dir}, connect, creds
 }
 
 // violation waits for the async permission error about subject.
@@ -258,4 +268,63 @@ func TestHostileWildcardReplySubjectIsRefused(t *testing.T) {
 		t.Fatalf("the node answered mal in the victim's inboxes, on %s: %s", m.Subject, m.Data)
 	default:
 	}
+}
+
+// The bounds nats-config writes: an engine subscribing past
+// max_subscriptions on one connection is refused (the connection stays),
+// and one opening connections past max_connections is refused at connect;
+// an honest engine connected before is served throughout (docs/SECURITY.md
+// "Bounds").
+func TestHostileNATSConnectionsAndSubscriptionsBounded(t *testing.T) {
+	t.Parallel()
+	const maxConns, maxSubs = 8, 32
+	base, connect, creds := securedNodeCreds(t, natsauth.Options{Engines: []string{"mal", "good"},
+		MaxConnections: maxConns, MaxSubscriptions: maxSubs})
+	malEnv, goodEnv := *base, *base
+	goodEnv.nc = connect("good", make(chan error, 64))
+	malErrs := make(chan error, 64)
+	malEnv.nc = connect("mal", malErrs)
+
+	subs := 0
+	for ; subs < 4*maxSubs; subs++ {
+		_, err := malEnv.nc.Subscribe(fmt.Sprintf("_INBOX.mal.%d", subs), func(*nats.Msg) {})
+		require.NoError(t, err) // refused by the server, asynchronously
+	}
+	require.NoError(t, malEnv.nc.Flush(), "the connection stays")
+	deadline := time.After(5 * time.Second)
+	for refused := false; !refused; {
+		select {
+		case err := <-malErrs:
+			refused = errors.Is(err, nats.ErrMaxSubscriptionsExceeded)
+		case <-deadline:
+			t.Fatalf("%d subscriptions on one connection, none refused", subs)
+		}
+	}
+
+	// The node's own connection, good's and mal's are three.
+	var extra []*nats.Conn
+	t.Cleanup(func() {
+		for _, nc := range extra {
+			nc.Close()
+		}
+	})
+	auth, err := nats.NkeyOptionFromSeed(filepath.Join(creds, "mal.nk"))
+	require.NoError(t, err)
+	for len(extra) < 4*maxConns {
+		var nc *nats.Conn
+		if nc, err = nats.Connect(base.node.NATSURL(), auth); err != nil {
+			break
+		}
+		extra = append(extra, nc)
+	}
+	require.Error(t, err, "%d connections, none refused", len(extra)+3)
+	t.Logf("connection %d refused: %v", len(extra)+4, err)
+	require.LessOrEqual(t, len(extra)+3, maxConns)
+
+	good := goodEnv.newEngine("good", defaultOpts())
+	good.register()
+	good.fill(0, 7, 3)
+	good.send(added("g", 4), hashesEv("g", 0, hash("g", 0)), blocksEv("g", 0, 0, 7), tokensEv("g", 4, 4))
+	recv(t, good.stored, "good engine's store")
+	require.Equal(t, 4, good.lookup([]string{hash("g", 0)}))
 }

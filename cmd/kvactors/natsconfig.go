@@ -25,6 +25,10 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&o.TLSCert, "tls-cert", "", "server certificate file (requires --tls-key)")
 	fs.StringVar(&o.TLSKey, "tls-key", "", "server key file")
 	fs.StringVar(&o.TLSCA, "tls-ca", "", "CA file: also verify client certificates")
+	fs.IntVar(&o.MaxConnections, "max-connections", natsauth.DefaultMaxConnections,
+		"the server's client connections, every user's together (max_connections)")
+	fs.IntVar(&o.MaxSubscriptions, "max-subscriptions", natsauth.DefaultMaxSubscriptions,
+		"subscriptions on one connection (max_subscriptions; an SDK engine holds one per load in flight, and 7)")
 	if code := parseExit("nats-config", parseFlags(fs, args), fs, stdout, stderr); code >= 0 {
 		return code
 	}
