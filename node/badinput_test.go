@@ -262,28 +262,48 @@ func TestBadLoadsAreCountedByReason(t *testing.T) {
 // unknown_engine.
 func TestUnregisteredHeartbeatIsInfoDuringTheFirstLease(t *testing.T) {
 	t.Parallel()
+	unregisteredIsInfoDuringTheFirstLease(t, "kvactors.ghost.heartbeat", `{"epoch":"ep1","seq":1}`,
+		"heartbeat of an unregistered engine")
+}
+
+// The batches an engine sent before its first heartbeat after the node's
+// restart told it so are of an engine the node does not know either: the
+// same recovery path, logged the same (Info in the first lease, Error
+// after), counted unknown_engine alike.
+func TestUnregisteredEventsAreInfoDuringTheFirstLease(t *testing.T) {
+	t.Parallel()
+	unregisteredIsInfoDuringTheFirstLease(t, "kvactors.ghost.events", `{"epoch":"ep1","seq":1,"events":[]}`,
+		"events for an unregistered engine")
+}
+
+// unregisteredIsInfoDuringTheFirstLease sends data on subject as the
+// unregistered engine ghost, once within the node's first lease and once
+// past it, and checks each is answered unknown engine, counted, and logged
+// as line at Info, then at Error.
+func unregisteredIsInfoDuringTheFirstLease(t *testing.T, subject, data, line string) {
+	t.Helper()
 	const lease = 10 * time.Second
 	var logs testkit.SyncBuffer
 	var offset atomic.Int64 // the node's clock runs ahead of the wall clock by this
 	e := startNode(t, func(c *node.Config) { c.Lease, c.Log = lease, slog.New(slog.NewTextHandler(&logs, nil)) },
 		node.WithClock(func() time.Time { return time.Now().Add(time.Duration(offset.Load())) }))
-	beat := func() string {
+	send := func() string {
 		t.Helper()
 		before := rejected(t, e, messages.RejectUnknownEngine)
-		msg, err := testkit.EngineRequest(e.nc, "ghost", "kvactors.ghost.heartbeat", []byte(`{"epoch":"ep1","seq":1}`), 5*time.Second)
+		msg, err := testkit.EngineRequest(e.nc, "ghost", subject, []byte(data), 5*time.Second)
 		require.NoError(t, err)
 		require.Contains(t, string(msg.Data), "unknown engine")
 		require.Equal(t, before+1, rejected(t, e, messages.RejectUnknownEngine))
 		var last string
-		for line := range strings.Lines(logs.String()) {
-			if strings.Contains(line, "heartbeat of an unregistered engine") {
-				last = line
+		for l := range strings.Lines(logs.String()) {
+			if strings.Contains(l, line) {
+				last = l
 			}
 		}
 		require.NotEmpty(t, last, "no line logged")
 		return last
 	}
-	require.Contains(t, beat(), "level=INFO", "within the first lease")
+	require.Contains(t, send(), "level=INFO", "within the first lease")
 	offset.Store(int64(lease))
-	require.Contains(t, beat(), "level=ERROR", "past the first lease")
+	require.Contains(t, send(), "level=ERROR", "past the first lease")
 }

@@ -432,7 +432,7 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	n := in.n
 	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
 	if pid == nil {
-		n.rejected(messages.RejectUnknownEngine, "events for an unregistered engine", "engine", engineID)
+		n.rejectedUnknownEngine("events for an unregistered engine", engineID)
 		n.replyError(context.Background(), m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return false
 	}

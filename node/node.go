@@ -79,7 +79,8 @@ type Node struct {
 	owed     atomic.Int64
 	fence    *transfer.Fence
 	// servingSince is when, on now's clock, the node began to take
-	// engines' messages: its first lease is onHeartbeat's restart window.
+	// engines' messages: its first lease is the restart window of
+	// rejectedUnknownEngine.
 	servingSince time.Time
 	// beatStats is what the node heartbeat reports of the pool and disk,
 	// gathered off the heartbeat's path (statsLoop).

@@ -24,6 +24,20 @@ func (n *Node) rejectedAt(level slog.Level, reason, msg string, args ...any) {
 	n.rejectLog.Log(level, reason, msg, args...)
 }
 
+// rejectedUnknownEngine is rejected for an engine's message the node
+// refuses as of an engine it does not know. Within the node's first lease
+// this is every engine's first heartbeat after a restart, and the batches
+// it sent before that heartbeat's answer, refused unknown engine so that it
+// registers again: the normal recovery path (PROTOCOL.md), logged at Info.
+// After it, an engine talking unregistered misbehaves: Error.
+func (n *Node) rejectedUnknownEngine(msg, engineID string) {
+	level := slog.LevelError
+	if n.now().Sub(n.servingSince) < n.cfg.Lease {
+		level = slog.LevelInfo
+	}
+	n.rejectedAt(level, messages.RejectUnknownEngine, msg, "engine", engineID)
+}
+
 // rejectedN is rejected for count refused inputs that one line reports.
 func (n *Node) rejectedN(reason string, count int, msg string, args ...any) {
 	n.metrics.Rejected.WithLabelValues(reason).Add(float64(count))

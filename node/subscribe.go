@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"sync"
 	"time"
 	"unicode/utf8"
@@ -171,15 +170,7 @@ func (n *Node) onHeartbeat(engineID string, m *nats.Msg, hearing uint64) {
 	ctx := n.msgCtx(m)
 	rec := n.engine(engineID)
 	if rec == nil {
-		// Within the node's first lease this is every engine's first
-		// heartbeat after a restart, answered unknown engine so that it
-		// registers again: the normal recovery path (PROTOCOL.md), no
-		// error. After it, an engine beating unregistered misbehaves.
-		level := slog.LevelError
-		if n.now().Sub(n.servingSince) < n.cfg.Lease {
-			level = slog.LevelInfo
-		}
-		n.rejectedAt(level, messages.RejectUnknownEngine, "heartbeat of an unregistered engine", "engine", engineID)
+		n.rejectedUnknownEngine("heartbeat of an unregistered engine", engineID)
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
