@@ -79,7 +79,9 @@ func (c Config) ServeFor() time.Duration { return c.Lease - c.ClockSkew }
 // Errors of Validate.
 var ErrConfig = errors.New("cluster: bad config")
 
-// Validate fills in defaults and refuses bad values.
+// Validate fills in defaults and refuses bad values. A refusal names the
+// setting by the kvactors serve flag that gives it (--cluster-replicas 7:
+// want 1..5), as the node's own refusals do: an operator sets them there.
 func (c *Config) Validate() error {
 	d := DefaultConfig()
 	if c.Prefix == "" {
@@ -113,21 +115,22 @@ func (c *Config) Validate() error {
 	case !validBucket(c.Bucket):
 		// JetStream's rule, checked here: refused only at the bucket's
 		// creation, it read as NATS failing, not as the setting.
-		return fmt.Errorf("%w: bucket %q: want letters, digits, '-' and '_' only", ErrConfig, c.Bucket)
+		return fmt.Errorf("%w: --cluster-bucket %q: want letters, digits, '-' and '_' only", ErrConfig, c.Bucket)
 	case c.Replicas < 1 || c.Replicas > 5:
-		return fmt.Errorf("%w: replicas %d not in 1..5", ErrConfig, c.Replicas)
+		return fmt.Errorf("%w: --cluster-replicas %d: want 1..5", ErrConfig, c.Replicas)
 	case c.Lease < time.Second:
-		return fmt.Errorf("%w: lease %v under 1s", ErrConfig, c.Lease)
+		return fmt.Errorf("%w: --lease %v: want at least 1s", ErrConfig, c.Lease)
 	case c.ClockSkew < 0 || c.ClockSkew > c.Lease/2:
-		return fmt.Errorf("%w: clock skew %v not in 0..lease/2 (%v)", ErrConfig, c.ClockSkew, c.Lease/2)
+		return fmt.Errorf("%w: --cluster-clock-skew %v: want 0..%v (half --lease)", ErrConfig, c.ClockSkew, c.Lease/2)
 	case c.FetchWindow < 1:
-		return fmt.Errorf("%w: fetch window %d", ErrConfig, c.FetchWindow)
+		return fmt.Errorf("%w: --fetch-window %d: want >= 1 (0: the default)", ErrConfig, c.FetchWindow)
 	case c.FetchTimeout < 0:
-		return fmt.Errorf("%w: fetch timeout %v", ErrConfig, c.FetchTimeout)
+		return fmt.Errorf("%w: --fetch-timeout %v: want > 0 (0: the default)", ErrConfig, c.FetchTimeout)
 	case c.MaxChunkBytes < 1:
-		return fmt.Errorf("%w: max chunk bytes %d", ErrConfig, c.MaxChunkBytes)
+		// No flag gives it (a program's setting): named by its field.
+		return fmt.Errorf("%w: Config.MaxChunkBytes %d: want >= 1 (0: the default)", ErrConfig, c.MaxChunkBytes)
 	case c.MaxPeerKeys < 1:
-		return fmt.Errorf("%w: max peer keys %d: want >= 1 (0: the default)", ErrConfig, c.MaxPeerKeys)
+		return fmt.Errorf("%w: --cluster-max-peer-keys %d: want >= 1 (0: the default)", ErrConfig, c.MaxPeerKeys)
 	}
 	return nil
 }

@@ -102,8 +102,22 @@ func (l Limits) Validate() error {
 		{"max_regions", l.MaxRegions, maxInt32},
 	} {
 		if f.v < 1 || f.v > f.max {
-			return fmt.Errorf("%w: %s = %d, want 1..%d (0 means the default)", ErrBadLimits, f.name, f.v, f.max)
+			return &LimitError{Field: f.name, Value: f.v, Max: f.max}
 		}
 	}
 	return nil
 }
+
+// LimitError is Validate's refusal: Field (its JSON name) is Value, not in
+// 1..Max; a caller that gives the field another name (the node, a flag)
+// can say it by that. errors.Is finds ErrBadLimits.
+type LimitError struct {
+	Field      string
+	Value, Max int
+}
+
+func (e *LimitError) Error() string {
+	return fmt.Sprintf("%v: %s = %d, want 1..%d (0 means the default)", ErrBadLimits, e.Field, e.Value, e.Max)
+}
+
+func (e *LimitError) Unwrap() error { return ErrBadLimits }

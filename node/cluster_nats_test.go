@@ -209,7 +209,7 @@ func TestClusterConfigIsChecked(t *testing.T) {
 		require.ErrorIs(t, c.Validate(), node.ErrConfig, name)
 	}
 	require.EqualError(t, node.Config{NodeID: "a", Cluster: true, ClusterReplicas: 7}.Validate(),
-		"cluster: bad config: replicas 7 not in 1..5", "bad config said once")
+		"cluster: bad config: --cluster-replicas 7: want 1..5", "bad config said once")
 	require.NoError(t, node.Config{NodeID: "a", StandbyFor: "b"}.Validate())
 	require.NoError(t, node.Config{NodeID: "a", Cluster: true, ClusterBucket: "Own-ers_2"}.Validate())
 	require.NoError(t, node.Config{NodeID: "a", Lease: 500 * time.Millisecond}.Validate(), "no cluster: any lease")

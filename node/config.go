@@ -348,62 +348,72 @@ const maxPrefixBytes = 256
 // has cores buys nothing, and --max-inflight-bytes bounds their bytes.
 const maxCopyWorkers = 256
 
-// Validate reports the first bad setting.
+// Validate reports the first bad setting, named by its flag as the user
+// typed it, in one style: '--pool-bytes -1: want …' (an exit-2 error that
+// named a field left the operator to guess which flag it meant).
 func (c Config) Validate() error {
 	c = c.withDefaults()
 	switch {
 	case c.Backend != "shm" && c.Backend != "cuda":
-		return fmt.Errorf("%w: backend %q: want shm or cuda", ErrConfig, c.Backend)
+		return fmt.Errorf("%w: --backend %q: want shm or cuda", ErrConfig, c.Backend)
 	case c.PoolBytes < 0:
-		return fmt.Errorf("%w: pool bytes %d < 0", ErrConfig, c.PoolBytes)
+		return fmt.Errorf("%w: --pool-bytes %d: want > 0 (0: the default)", ErrConfig, c.PoolBytes)
 	case c.PoolPageBytes < 0:
-		return fmt.Errorf("%w: pool page bytes %d < 0", ErrConfig, c.PoolPageBytes)
+		return fmt.Errorf("%w: --pool-page-bytes %d: want > 0 (0: the default)", ErrConfig, c.PoolPageBytes)
 	case c.PoolBytes/min(c.PoolPageBytes, hostpool.MaxPageBytes) > hostpool.MaxPages:
-		return fmt.Errorf("%w: pool bytes %d in pages of %d is more than %d pages: raise --pool-page-bytes",
+		return fmt.Errorf("%w: --pool-bytes %d in pages of %d (--pool-page-bytes) is more than %d pages: raise --pool-page-bytes",
 			ErrConfig, c.PoolBytes, c.PoolPageBytes, hostpool.MaxPages)
 	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
-		return fmt.Errorf("%w: disk bytes %d: want > 0 with a disk dir", ErrConfig, c.DiskBytes)
-	case c.Transfer.Workers < 0 || c.Transfer.MaxInFlightBytes < 0:
+		return fmt.Errorf("%w: --disk-bytes %d: want > 0 with --disk-dir", ErrConfig, c.DiskBytes)
+	case c.Transfer.Workers < 0:
 		// transfer.Config reads any count below 1 as its default: a
 		// negative one would start the node with 2 workers unseen.
-		return fmt.Errorf("%w: copy workers %d, max in-flight bytes %d: want >= 1 (0: the default)",
-			ErrConfig, c.Transfer.Workers, c.Transfer.MaxInFlightBytes)
+		return fmt.Errorf("%w: --copy-workers %d: want 1..%d (0: the default)", ErrConfig, c.Transfer.Workers, maxCopyWorkers)
 	case c.Transfer.Workers > maxCopyWorkers:
 		// Each is a goroutine started with the node: a typo's billion
 		// would exhaust memory rather than fail.
-		return fmt.Errorf("%w: copy workers %d: want 1..%d", ErrConfig, c.Transfer.Workers, maxCopyWorkers)
+		return fmt.Errorf("%w: --copy-workers %d: want 1..%d", ErrConfig, c.Transfer.Workers, maxCopyWorkers)
+	case c.Transfer.MaxInFlightBytes < 0: // as for a negative --copy-workers
+		return fmt.Errorf("%w: --max-inflight-bytes %d: want > 0 (0: the default)", ErrConfig, c.Transfer.MaxInFlightBytes)
 	case c.DecodeWorkers < 1 || c.DecodeWorkers > 256:
-		return fmt.Errorf("%w: decode workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
+		return fmt.Errorf("%w: --decode-workers %d: want 1..256", ErrConfig, c.DecodeWorkers)
 	case len(c.Prefix) > maxPrefixBytes:
-		return fmt.Errorf("%w: prefix of %d bytes, at most %d (subjects and replies fit a %d-byte control line)", ErrConfig, len(c.Prefix), maxPrefixBytes, MaxControlLine)
+		return fmt.Errorf("%w: --prefix of %d bytes: want at most %d (subjects and replies fit a %d-byte control line)",
+			ErrConfig, len(c.Prefix), maxPrefixBytes, MaxControlLine)
 	case !messages.ValidPrefix(c.Prefix):
-		return fmt.Errorf("%w: prefix %q: want dot-separated tokens without wildcards or spaces, not starting with _ or $", ErrConfig, c.Prefix)
+		return fmt.Errorf("%w: --prefix %q: want dot-separated tokens without wildcards or spaces, not starting with _ or $", ErrConfig, c.Prefix)
 	case c.NATSPort < -1 || c.NATSPort > 65535:
-		return fmt.Errorf("%w: nats port %d", ErrConfig, c.NATSPort)
-	case c.NATSConnectTimeout < 0 || c.ShutdownTimeout < 0:
-		return fmt.Errorf("%w: negative timeout", ErrConfig)
+		return fmt.Errorf("%w: --nats-port %d: want 1..65535 (-1: any free port; 0: the default)", ErrConfig, c.NATSPort)
+	case c.NATSConnectTimeout < 0:
+		return fmt.Errorf("%w: --nats-connect-timeout %v: want > 0 (0: the default)", ErrConfig, c.NATSConnectTimeout)
+	case c.ShutdownTimeout < 0:
+		return fmt.Errorf("%w: --shutdown-timeout %v: want > 0 (0: the default)", ErrConfig, c.ShutdownTimeout)
 	case !ingest.ValidEngineID(c.NodeID):
-		return fmt.Errorf("%w: node id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, c.NodeID)
+		return fmt.Errorf("%w: --node-id %q: want [A-Za-z0-9_-]{1,64}, not starting with _", ErrConfig, c.NodeID)
 	case c.Lease < 40*time.Millisecond:
-		return fmt.Errorf("%w: lease %v: want at least 40ms", ErrConfig, c.Lease)
+		return fmt.Errorf("%w: --lease %v: want at least 40ms", ErrConfig, c.Lease)
 	case c.MaxPendingBytes < 4096:
-		return fmt.Errorf("%w: max pending bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
+		return fmt.Errorf("%w: --max-pending-bytes %d: want at least 4096", ErrConfig, c.MaxPendingBytes)
 	case c.LoadWait < 0:
-		return fmt.Errorf("%w: load wait %v: want > 0", ErrConfig, c.LoadWait)
+		return fmt.Errorf("%w: --load-wait %v: want > 0", ErrConfig, c.LoadWait)
 	case c.KVEventsLinger > time.Second:
-		return fmt.Errorf("%w: kv events linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
-	case c.MaxEngines < 1 || c.MaxRequests < 1 || c.MaxMappedSegments < 1:
-		return fmt.Errorf("%w: max engines %d, max requests %d, max mapped segments %d: want >= 1 (0: the default)",
-			ErrConfig, c.MaxEngines, c.MaxRequests, c.MaxMappedSegments)
-	case c.MaxMappedBytes < 1 || c.MaxModelLen < 1:
-		return fmt.Errorf("%w: max mapped bytes %d, max model len %d: want >= 1 (0: the default)",
-			ErrConfig, c.MaxMappedBytes, c.MaxModelLen)
+		return fmt.Errorf("%w: --kv-events-linger %v: want at most 1s (negative: none)", ErrConfig, c.KVEventsLinger)
+	case c.MaxEngines < 1:
+		return fmt.Errorf("%w: --max-engines %d: want >= 1 (0: the default)", ErrConfig, c.MaxEngines)
+	case c.MaxRequests < 1:
+		return fmt.Errorf("%w: --max-requests %d: want >= 1 (0: the default)", ErrConfig, c.MaxRequests)
+	case c.MaxMappedSegments < 1:
+		return fmt.Errorf("%w: --max-mapped-segments %d: want >= 1 (0: the default)", ErrConfig, c.MaxMappedSegments)
+	case c.MaxMappedBytes < 1:
+		return fmt.Errorf("%w: --max-mapped-bytes %d: want >= 1 (0: the default)", ErrConfig, c.MaxMappedBytes)
+	case c.MaxModelLen < 1:
+		return fmt.Errorf("%w: --max-model-len %d: want >= 1 (0: the default)", ErrConfig, c.MaxModelLen)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return fmt.Errorf("%w: --nats-config configures the embedded server; with --nats there is none", ErrConfig)
 	case c.StandbyFor != "" && (!ingest.ValidEngineID(c.StandbyFor) || c.StandbyFor == c.NodeID):
-		return fmt.Errorf("%w: standby-for %q: want another node's id", ErrConfig, c.StandbyFor)
+		return fmt.Errorf("%w: --standby-for %q: want another node's id", ErrConfig, c.StandbyFor)
 	case c.Clustered() && c.Lease < time.Second:
-		return fmt.Errorf("%w: lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
+		return fmt.Errorf("%w: --lease %v: a cluster needs at least 1s (the ownership bucket's expiry)", ErrConfig, c.Lease)
 	}
 	if err := c.checkAddresses(); err != nil {
 		return err
@@ -418,10 +428,18 @@ func (c Config) Validate() error {
 		return err
 	}
 	if err := c.Limits.Validate(); err != nil {
-		return fmt.Errorf("%w: %w", ErrConfig, err)
+		var bad *ingest.LimitError
+		if errors.As(err, &bad) && limitFlags[bad.Field] != "" {
+			return fmt.Errorf("%w: %s %d: want 1..%d (0: the default)", ErrConfig, limitFlags[bad.Field], bad.Value, bad.Max)
+		}
+		return fmt.Errorf("%w: %w", ErrConfig, err) // one no flag gives: a program's, named by its field
 	}
 	return nil
 }
+
+// limitFlags are the flags of the ingest limits BindFlags gives one, by
+// the limit's JSON name (ingest.LimitError.Field).
+var limitFlags = map[string]string{"max_ids": "--max-ids", "max_groups": "--max-groups"}
 
 // CheckFiles checks that the NATS secret files c names (--nats-creds,
 // --nats-ca, --nats-nkey, --nats-cert with --nats-key) can be read and hold what they should
@@ -499,7 +517,7 @@ func (c Config) NewLogger(w io.Writer) (*slog.Logger, error) {
 	c = c.withDefaults()
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(c.LogLevel)); err != nil {
-		return nil, fmt.Errorf("%w: log level %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
+		return nil, fmt.Errorf("%w: --log-level %q: want debug, info, warn or error", ErrConfig, c.LogLevel)
 	}
 	opts := &slog.HandlerOptions{Level: l}
 	switch c.LogFormat {
@@ -508,5 +526,5 @@ func (c Config) NewLogger(w io.Writer) (*slog.Logger, error) {
 	case LogJSON:
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
-	return nil, fmt.Errorf("%w: log format %q: want %s or %s", ErrConfig, c.LogFormat, LogText, LogJSON)
+	return nil, fmt.Errorf("%w: --log-format %q: want %s or %s", ErrConfig, c.LogFormat, LogText, LogJSON)
 }

@@ -49,18 +49,18 @@ func CheckNATSURLs(urls string) error {
 		}
 		u, err := url.Parse(s)
 		if err != nil {
-			return fmt.Errorf("--nats: %q: %w", redactedURL(raw), err)
+			return fmt.Errorf("--nats %q: %w", redactedURL(raw), err)
 		}
 		switch {
 		case u.User != nil:
-			return fmt.Errorf("--nats: %q carries credentials: put them in NATS_USER and NATS_PASSWORD, or NATS_TOKEN (the environment only)",
+			return fmt.Errorf("--nats %q carries credentials: put them in NATS_USER and NATS_PASSWORD, or NATS_TOKEN (the environment only)",
 				redactedURL(raw))
 		case u.Hostname() == "":
-			return fmt.Errorf("--nats: %q names no host", raw)
+			return fmt.Errorf("--nats %q names no host", raw)
 		}
 		if p := u.Port(); p != "" { // url.Parse takes any digits
 			if _, err := net.LookupPort("tcp", p); err != nil {
-				return fmt.Errorf("--nats: %q: bad port: %w", redactedURL(raw), err)
+				return fmt.Errorf("--nats %q: bad port: %w", redactedURL(raw), err)
 			}
 		}
 	}

@@ -104,7 +104,7 @@ func TestCopyWorkersAreBounded(t *testing.T) {
 		cfg, _, err := parse(t, "--copy-workers", n)
 		require.NoError(t, err, n)
 		require.ErrorIs(t, cfg.Validate(), node.ErrConfig, n)
-		require.ErrorContains(t, cfg.Validate(), "copy workers "+n, n)
+		require.ErrorContains(t, cfg.Validate(), "--copy-workers "+n+": want 1..256", n)
 	}
 	for _, n := range []string{"1", "256"} {
 		cfg, _, err := parse(t, "--copy-workers", n)
@@ -318,4 +318,86 @@ func TestStartChecksNATSFiles(t *testing.T) {
 	require.ErrorIs(t, err, node.ErrConfig)
 	require.ErrorContains(t, err, "--nats-ca")
 	require.Less(t, time.Since(start), 10*time.Second, "no connect retries")
+}
+
+// Every setting Validate refuses is named by its flag as the user typed
+// it, first, in one style: 'bad config: --pool-bytes 100: want …' (a
+// cluster setting's behind 'cluster: bad config: '). An exit-2 error that
+// named a field ('max pending bytes …') left the operator to guess which
+// of 60 flags it meant. Settings a flag cannot give (a negative size: the
+// flag refuses it) are set on the parsed Config.
+func TestEveryConfigRefusalNamesItsFlag(t *testing.T) {
+	cases := []struct {
+		flag   string
+		args   []string
+		mutate func(*node.Config)
+	}{
+		{"backend", []string{"--backend", "tape"}, nil},
+		{"pool-bytes", nil, func(c *node.Config) { c.PoolBytes = -1 }},
+		{"pool-page-bytes", nil, func(c *node.Config) { c.PoolPageBytes = -1 }},
+		{"pool-bytes", []string{"--pool-bytes", "2T", "--pool-page-bytes", "64k"}, nil},
+		{"disk-bytes", []string{"--disk-dir", "/var/lib/kvactors"}, nil},
+		{"disk-bytes", nil, func(c *node.Config) { c.DiskBytes = -1 }},
+		{"copy-workers", []string{"--copy-workers", "-1"}, nil},
+		{"copy-workers", []string{"--copy-workers", "257"}, nil},
+		{"max-inflight-bytes", nil, func(c *node.Config) { c.Transfer.MaxInFlightBytes = -1 }},
+		{"decode-workers", []string{"--decode-workers", "-1"}, nil},
+		{"decode-workers", []string{"--decode-workers", "257"}, nil},
+		{"prefix", []string{"--prefix", strings.Repeat("k", 257)}, nil},
+		{"prefix", []string{"--prefix", "kv.*"}, nil},
+		{"nats-port", []string{"--nats-port", "65536"}, nil},
+		{"nats-connect-timeout", []string{"--nats-connect-timeout", "-1s"}, nil},
+		{"shutdown-timeout", []string{"--shutdown-timeout", "-1s"}, nil},
+		{"node-id", []string{"--node-id", "_x"}, nil},
+		{"lease", []string{"--lease", "30ms"}, nil},
+		{"max-pending-bytes", []string{"--max-pending-bytes", "4095"}, nil},
+		{"load-wait", []string{"--load-wait", "-1s"}, nil},
+		{"kv-events-linger", []string{"--kv-events-linger", "2s"}, nil},
+		{"max-engines", []string{"--max-engines", "-1"}, nil},
+		{"max-requests", []string{"--max-requests", "-1"}, nil},
+		{"max-mapped-segments", []string{"--max-mapped-segments", "-1"}, nil},
+		{"max-mapped-bytes", nil, func(c *node.Config) { c.MaxMappedBytes = -1 }},
+		{"max-model-len", []string{"--max-model-len", "-1"}, nil},
+		{"nats-config", []string{"--nats-config", "/etc/nats.conf", "--nats", "nats://127.0.0.1:4222"}, nil},
+		{"standby-for", []string{"--node-id", "a", "--standby-for", "a"}, nil},
+		{"standby-for", []string{"--standby-for", "_x"}, nil},
+		{"lease", []string{"--cluster", "--lease", "500ms"}, nil},
+		{"http", []string{"--http", "foo"}, nil},
+		{"nats", []string{"--nats", "nats://127.0.0.1:99999"}, nil},
+		{"cluster-bucket", []string{"--cluster", "--cluster-bucket", "a.b"}, nil},
+		{"cluster-replicas", []string{"--cluster", "--cluster-replicas", "6"}, nil},
+		{"cluster-clock-skew", []string{"--cluster", "--cluster-clock-skew", "6s"}, nil},
+		{"fetch-window", []string{"--cluster", "--fetch-window", "-1"}, nil},
+		{"fetch-timeout", []string{"--cluster", "--fetch-timeout", "-1s"}, nil},
+		{"cluster-max-peer-keys", []string{"--cluster", "--cluster-max-peer-keys", "-1"}, nil},
+		{"log-level", []string{"--log-level", "loud"}, nil},
+		{"log-format", []string{"--log-format", "xml"}, nil},
+		{"max-ids", []string{"--max-ids", "-1"}, nil},
+		{"max-groups", []string{"--max-groups", "-1"}, nil},
+	}
+	_, f, err := parse(t)
+	require.NoError(t, err)
+	flags := map[string]bool{}
+	for _, fl := range f.List {
+		flags[fl.Name] = true
+	}
+	for _, c := range cases {
+		name := strings.Join(c.args, " ")
+		if c.mutate != nil {
+			name += " (--" + c.flag + " set on the Config)"
+		}
+		require.True(t, flags[c.flag], "%s: no flag --%s", name, c.flag)
+		cfg, _, err := parse(t, c.args...)
+		require.NoError(t, err, name)
+		if c.mutate != nil {
+			c.mutate(&cfg)
+		}
+		err = cfg.Validate()
+		require.ErrorIs(t, err, node.ErrConfig, name)
+		_, said, ok := strings.Cut(err.Error(), "bad config: ")
+		require.True(t, ok, "%s: %v", name, err)
+		if !strings.HasPrefix(said, "--"+c.flag+" ") {
+			t.Errorf("%s: %q does not start with --%s and its value", name, said, c.flag)
+		}
+	}
 }

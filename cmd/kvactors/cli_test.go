@@ -112,15 +112,15 @@ func TestExitCodes(t *testing.T) {
 		{[]string{"serve", "--no-such-flag"}, 2, "flag provided but not defined"},
 		{[]string{"serve", "--pool-bytes", "abc"}, 2, `bad byte size "abc"`},
 		{[]string{"serve", "--pool-bytes", "0"}, 2, "--pool-bytes"},
-		{[]string{"serve", "--backend", "tape"}, 2, "backend"},
-		{[]string{"serve", "--log-format", "xml"}, 2, "log format"},
+		{[]string{"serve", "--backend", "tape"}, 2, `--backend "tape": want shm or cuda`},
+		{[]string{"serve", "--log-format", "xml"}, 2, `--log-format "xml": want text or json`},
 		// A negative count is no count: it must not silently mean the
 		// default, as 0 would not (the node would start with 2 workers).
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
-			"--copy-workers", "-1"}, 2, "copy workers -1"},
+			"--copy-workers", "-1"}, 2, "--copy-workers -1: want 1..256"},
 		// A huge count would start that many copy workers (goroutines).
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
-			"--copy-workers", "1000000000"}, 2, "copy workers 1000000000"},
+			"--copy-workers", "1000000000"}, 2, "--copy-workers 1000000000: want 1..256"},
 		// A NATS secret file that cannot be read is a config error, not
 		// "nats not reachable" retried until the connect timeout.
 		{[]string{"serve", "--nats", "nats://127.0.0.1:1", "--nats-connect-timeout", "300ms",
