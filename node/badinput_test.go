@@ -276,6 +276,23 @@ func TestUnregisteredEventsAreInfoDuringTheFirstLease(t *testing.T) {
 		"events for an unregistered engine")
 }
 
+// A lookup, a load or an unregister the engine sent before it learned of
+// the node's restart is the same recovery path: Info in the first lease,
+// Error after, counted unknown_engine alike.
+func TestUnregisteredLookupsLoadsAndUnregistersAreInfoDuringTheFirstLease(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ verb, data, line string }{
+		{"lookup", `{"hashes":[]}`, "lookup of an unregistered engine"},
+		{"load", `{"request":"r1","chunks":[]}`, "load refused"},
+		{"unregister", `{}`, "unregister of an unknown engine"},
+	} {
+		t.Run(tc.verb, func(t *testing.T) {
+			t.Parallel()
+			unregisteredIsInfoDuringTheFirstLease(t, "kvactors.ghost."+tc.verb, tc.data, tc.line)
+		})
+	}
+}
+
 // unregisteredIsInfoDuringTheFirstLease sends data on subject as the
 // unregistered engine ghost, once within the node's first lease and once
 // past it, and checks each is answered unknown engine, counted, and logged

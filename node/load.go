@@ -30,12 +30,12 @@ func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	var err error
 	rec := n.engine(engineID)
 	if rec == nil {
-		err = fmt.Errorf("%w %q", errUnknownEngine, engineID)
+		n.rejectedUnknownEngine("lookup of an unregistered engine", engineID)
+		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		return
 	}
 	var hashes []messages.Hash
-	if err == nil {
-		hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
-	}
+	hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "lookup refused", "subject", m.Subject, "err", err)
 		n.replyError(ctx, m.Reply, err)
@@ -110,7 +110,8 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	}
 	rec := n.engine(engineID)
 	if rec == nil {
-		refuse(fmt.Errorf("%w %q", errUnknownEngine, engineID))
+		n.metrics.Rejected.WithLabelValues(messages.RejectUnknownEngine).Inc()
+		end(fmt.Errorf("%w %q", errUnknownEngine, engineID), n.unknownEngineLevel(), messages.RejectUnknownEngine)
 		return
 	}
 	gen := rec.hearing.Gen() // before the check: a silence ending meanwhile refuses the copy

@@ -25,17 +25,22 @@ func (n *Node) rejectedAt(level slog.Level, reason, msg string, args ...any) {
 }
 
 // rejectedUnknownEngine is rejected for an engine's message the node
-// refuses as of an engine it does not know. Within the node's first lease
-// this is every engine's first heartbeat after a restart, and the batches
-// it sent before that heartbeat's answer, refused unknown engine so that it
-// registers again: the normal recovery path (PROTOCOL.md), logged at Info.
-// After it, an engine talking unregistered misbehaves: Error.
+// refuses as of an engine it does not know, at unknownEngineLevel.
 func (n *Node) rejectedUnknownEngine(msg, engineID string) {
-	level := slog.LevelError
+	n.rejectedAt(n.unknownEngineLevel(), messages.RejectUnknownEngine, msg, "engine", engineID)
+}
+
+// unknownEngineLevel is the level of a refusal as of an unknown engine.
+// Within the node's first lease this is every engine's first heartbeat
+// after a restart, and what it sent before that heartbeat's answer
+// (batches, lookups, loads, an unregister), refused unknown engine so that
+// it registers again: the normal recovery path (PROTOCOL.md), Info. After
+// it, an engine talking unregistered misbehaves: Error.
+func (n *Node) unknownEngineLevel() slog.Level {
 	if n.now().Sub(n.servingSince) < n.cfg.Lease {
-		level = slog.LevelInfo
+		return slog.LevelInfo
 	}
-	n.rejectedAt(level, messages.RejectUnknownEngine, msg, "engine", engineID)
+	return slog.LevelError
 }
 
 // rejectedN is rejected for count refused inputs that one line reports.

@@ -142,7 +142,7 @@ func (n *Node) onUnregister(engineID string, m *nats.Msg) {
 	ctx := n.msgCtx(m)
 	rec := n.detach(engineID, nil)
 	if rec == nil {
-		n.rejected(messages.RejectUnknownEngine, "unregister of an unknown engine", "engine", engineID)
+		n.rejectedUnknownEngine("unregister of an unknown engine", engineID)
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
