@@ -160,8 +160,9 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 // keys it and qualified by the geometry (messages.ClusterNamespace), as a
 // node's lookup asks for it: a node counts a key only for an engine of the
 // same geometry. A malformed batch changes nothing. Only host-memory
-// events count (medium CPU, or none given): a disk tier's events are
-// skipped. A store past the node's cap is left out (Applied.OverCap).
+// events count (medium CPU, or none given): a disk tier's events, its
+// clears included, are skipped. A store past the node's cap is left out
+// (Applied.OverCap).
 func (x *Index) ApplyKVEvents(nodeID, boot, engine string, geometry uint64, b messages.KVEventBatch) (Applied, error) {
 	return x.applyKVEvents(nodeID, boot, func(name string) string {
 		return messages.ClusterNamespace(messages.NamespaceKey(engine, name), geometry)
@@ -202,6 +203,13 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 				o.keys = append(o.keys, NSKey{NS: ns, Key: KeyOf(raw, ev.GroupIdx)})
 			}
 		case messages.KVAllBlocksCleared:
+			if ev.Medium != "" && ev.Medium != messages.MediumCPU {
+				// A disk tier's clear (each namespace's first register in
+				// a boot) says nothing of host memory either; applied, any
+				// engine opening a namespace had every other node forget
+				// all of the node's keys, every tenant's, until a catch-up.
+				continue
+			}
 		default:
 			x.stats.Rejected++
 			return Applied{}, fmt.Errorf("%w: event %d: type %q", ErrBadEvent, i, ev.Type)

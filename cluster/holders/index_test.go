@@ -108,6 +108,22 @@ func TestDiskTierEventsAreSkipped(t *testing.T) {
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0), "a disk deletion leaves host memory's copy")
 }
 
+// A disk tier's clear (medium DISK: at each namespace's first register in
+// a boot on a node with --disk-dir) says nothing of host memory either: it
+// drops none of the node's keys and asks for no catch-up. Before, any
+// engine opening a new namespace there made every other node forget all of
+// that node's keys, every tenant's, until it had paged them again.
+func TestDiskTierClearsAreSkipped(t *testing.T) {
+	x := New(lease, 0)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	apply(t, x, "a", "a1", stored("m", 0, "aa"), stored("n", 0, "bb"))
+	res, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumDisk, Namespace: "n"}))
+	require.NoError(t, err)
+	require.False(t, res.ClearedAll)
+	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "bb", 0), t0))
+}
+
 // "A node that is gone stops counting as a holder within lease_ms."
 func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 	x := New(lease, 0)

@@ -1,0 +1,71 @@
+package node_test
+
+import (
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/node"
+)
+
+// An engine opening a namespace on a node with a disk tier is sent that
+// namespace's AllBlocksCleared DISK (PROTOCOL.md "kv_events", restart);
+// the other nodes keep counting every other tenant's chunks of that node
+// and read none of its key set again. Before, their feeds took it for a
+// clear of the node's host memory: any engine re-registering into new
+// namespaces (16 a boot) had every other node drop all of that node's keys
+// and page its whole set again (red team).
+func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T) {
+	t.Parallel()
+	base := t.TempDir()
+	kc := startCluster(t, 2, func(i int, c *node.Config) {
+		c.DiskDir, c.DiskBytes = filepath.Join(base, strconv.Itoa(i)), 1<<20
+	})
+	beats := make(chan *nats.Msg, 64)
+	sub, err := kc.nodes[0].nc.ChanSubscribe("kvactors._node.n0.heartbeat", beats)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, kc.nodes[0].nc.Flush())
+	// settle waits out the catch-ups of n0 that n1 has to make (each
+	// engine's first register on n0 sends the contract's CPU clear).
+	settle := func() {
+		for range 3 {
+			recv(t, beats, "n0's heartbeat")
+		}
+	}
+
+	a := kc.engineOn(0, "ea", "m")
+	b := kc.engineOn(1, "eb", "m")
+	mal := kc.engineOn(0, "mal", "")
+	a.register()
+	b.register()
+	mal.register()
+	hs := []string{hash("dc", 0), hash("dc", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
+	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	settle()
+	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "")
+
+	fresh := mal.spec
+	fresh.Namespace = "fresh"
+	require.Contains(t, string(mal.request("register", fresh)), `"ok":true`)
+	for cleared := false; !cleared; {
+		for _, ev := range recv(t, mal.kv, "mal's DISK clear of namespace fresh").Events {
+			cleared = cleared || (ev.Type == messages.KVAllBlocksCleared && ev.Medium == messages.MediumDisk && ev.Namespace == "fresh")
+		}
+	}
+	// A clear taken for the node's would be caught up at n0's next
+	// heartbeat: three of them leave it time to end.
+	settle()
+	require.Equal(t, catchUps, kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", ""),
+		"n1 read n0's key set again after a DISK clear")
+	// b has expired meanwhile (silent for the heartbeats waited for): a
+	// new engine of m on n1 counts the prefix at once.
+	probe := kc.engineOn(1, "ep", "m")
+	probe.register()
+	require.Equal(t, 8, probe.lookup(hs), "n1 still counts A's prefix")
+}
