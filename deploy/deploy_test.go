@@ -260,24 +260,7 @@ var promName = regexp.MustCompile(`\b(kvactors_[a-z0-9_]+|kv_offload_[a-z0-9_]+|
 // /metrics (a fresh node: labelled counters are preset, so none is missing
 // for want of traffic), and every panel has a query and a title.
 func TestDashboardQueriesExistingMetrics(t *testing.T) {
-	data, err := os.ReadFile("grafana/kvactors-dashboard.json")
-	require.NoError(t, err)
-	var dash struct {
-		Title  string `json:"title"`
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-		Templating struct {
-			List []struct {
-				Query any `json:"query"`
-			} `json:"list"`
-		} `json:"templating"`
-	}
-	require.NoError(t, json.Unmarshal(data, &dash))
-	require.NotEmpty(t, dash.Panels)
+	dash := readDashboard(t)
 
 	exported, body := scrapeFreshNode(t)
 	var queried []string
@@ -318,25 +301,40 @@ func TestDashboardQueriesExistingMetrics(t *testing.T) {
 // data", when none is scraped (the only node down leaves no series to sum).
 // A sum over no series is empty; "or vector(0)" is 0 only then.
 func TestDashboardNodesUpIsZeroWhenNoNodeIs(t *testing.T) {
-	data, err := os.ReadFile("grafana/kvactors-dashboard.json")
-	require.NoError(t, err)
-	var dash struct {
-		Panels []struct {
-			Title   string `json:"title"`
-			Targets []struct {
-				Expr string `json:"expr"`
-			} `json:"targets"`
-		} `json:"panels"`
-	}
-	require.NoError(t, json.Unmarshal(data, &dash))
-	i := -1
-	for j, p := range dash.Panels {
-		if p.Title == "Nodes up" {
-			i = j
-		}
-	}
+	dash := readDashboard(t)
+	i := slices.IndexFunc(dash.Panels, func(p dashboardPanel) bool { return p.Title == "Nodes up" })
+	require.GreaterOrEqual(t, i, 0, "no Nodes up panel")
 	require.Len(t, dash.Panels[i].Targets, 1)
 	require.Equal(t, `sum(kvactors_nats_connected{instance=~"$instance"}) or vector(0)`, dash.Panels[i].Targets[0].Expr)
+}
+
+// dashboard is what the tests read of the Grafana dashboard.
+type dashboard struct {
+	Title      string           `json:"title"`
+	Panels     []dashboardPanel `json:"panels"`
+	Templating struct {
+		List []struct {
+			Query any `json:"query"`
+		} `json:"list"`
+	} `json:"templating"`
+}
+
+type dashboardPanel struct {
+	Title   string `json:"title"`
+	Targets []struct {
+		Expr string `json:"expr"`
+	} `json:"targets"`
+}
+
+// readDashboard reads the Grafana dashboard, with at least one panel.
+func readDashboard(t *testing.T) dashboard {
+	t.Helper()
+	data, err := os.ReadFile("grafana/kvactors-dashboard.json")
+	require.NoError(t, err)
+	var dash dashboard
+	require.NoError(t, json.Unmarshal(data, &dash))
+	require.NotEmpty(t, dash.Panels)
+	return dash
 }
 
 // scrapeFreshNode starts a node (with a disk tier, whose metrics exist only

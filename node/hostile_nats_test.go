@@ -188,12 +188,7 @@ func hostileNATSPermissions(t *testing.T, auth string) {
 	}
 
 	// A well-behaved engine is served, end to end.
-	good := goodEnv.newEngine("good", defaultOpts())
-	good.register()
-	good.fill(0, 7, 3)
-	good.send(added("g", 4), hashesEv("g", 0, hash("g", 0)), blocksEv("g", 0, 0, 7), tokensEv("g", 4, 4))
-	recv(t, good.stored, "good engine's store")
-	require.Equal(t, 4, good.lookup([]string{hash("g", 0)}))
+	goodEngineIsServed(t, &goodEnv)
 }
 
 // With JetStream turned on in the generated configuration, only kvactors'
@@ -321,7 +316,14 @@ func TestHostileNATSConnectionsAndSubscriptionsBounded(t *testing.T) {
 	t.Logf("connection %d refused: %v", len(extra)+4, err)
 	require.LessOrEqual(t, len(extra)+3, maxConns)
 
-	good := goodEnv.newEngine("good", defaultOpts())
+	goodEngineIsServed(t, &goodEnv)
+}
+
+// goodEngineIsServed registers the well-behaved engine "good" on e and
+// checks it is served end to end: a chunk stored, then found by a lookup.
+func goodEngineIsServed(t *testing.T, e *env) {
+	t.Helper()
+	good := e.newEngine("good", defaultOpts())
 	good.register()
 	good.fill(0, 7, 3)
 	good.send(added("g", 4), hashesEv("g", 0, hash("g", 0)), blocksEv("g", 0, 0, 7), tokensEv("g", 4, 4))
