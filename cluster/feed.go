@@ -216,9 +216,10 @@ func (f *Feed) catchUp(node, boot string) {
 		f.metrics.CatchUps.WithLabelValues("ok").Inc()
 	case errors.Is(err, context.Canceled):
 	case errors.Is(err, holders.ErrNoSync):
-		// Superseded, not failed: the node cleared its keys meanwhile (the
-		// AllBlocksCleared of its reconnect's re-announce, or of an engine's
-		// first register: its pages may list what it cleared), rebooted, or
+		// Superseded, not failed: the node cleared a namespace meanwhile
+		// (the AllBlocksCleared of its reconnect's re-announce, or of
+		// deferred changes dropped: its pages may list keys whose removal
+		// was lost), rebooted, or
 		// expired. The clear and a new boot have it caught up again at its
 		// next heartbeat; marked here too, as a failure is.
 		f.mu.Lock()
@@ -337,11 +338,11 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	}
 	f.mu.Lock()
 	res, err := f.x.ApplyKVEvents(node, boot, engine, geo, b) // unstamped: clears only, which name no key
-	if res.ClearedAll || res.Abandoned {
-		// The index dropped every key of the node (a router's clear names
-		// one engine, the pool is the node's), or gave up its catch-up
-		// (removals past the cap meanwhile): read its key set again at its
-		// next heartbeat.
+	if res.Cleared || res.Abandoned {
+		// The index dropped the node's keys of a namespace it cleared (its
+		// changes lost or dropped: those still held come back with the
+		// key set), or gave up its catch-up (removals past the cap
+		// meanwhile): read its key set again at its next heartbeat.
 		f.pending[node] = true
 	}
 	f.mu.Unlock()

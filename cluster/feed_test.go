@@ -552,8 +552,8 @@ func (g *gatedKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 	return g.keys.KeysAfter(after, max)
 }
 
-// A catch-up superseded by the node's own clear (the AllBlocksCleared of
-// its reconnect's re-announce, or of an engine's first register) ends
+// A catch-up superseded by the node's own clear of a namespace (the
+// AllBlocksCleared of its reconnect's re-announce) ends
 // with holders.ErrNoSync: no failure (counted "superseded", not "error";
 // logged at Debug, not Warn): the clear has the node caught up again at
 // its next heartbeat, and that catch-up lists its keys.
@@ -581,11 +581,12 @@ func TestFeedCatchUpSupersededByTheNodesClearIsNoFailure(t *testing.T) {
 	t.Cleanup(stopBeats)
 	testkit.Recv(t, src.asked, 5*time.Second, "the catch-up's first page asked")
 
-	// The node stores a key (kept through the catch-up), then clears all.
+	// The node stores a key (kept through the catch-up), then clears its
+	// namespace.
 	stored := hashKey("bb", 0)
 	n.kvEvents("e1", messages.KVEvent{Type: messages.KVBlockStored, BlockHashes: []string{"bb"}, Namespace: "m"})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, stored))
-	n.kvEvents("e1", messages.KVEvent{Type: messages.KVAllBlocksCleared})
+	n.kvEvents("e1", messages.KVEvent{Type: messages.KVAllBlocksCleared, Namespace: "m"})
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		if got := feed.Holders(stored.NS, stored.Key); len(got) != 0 {
 			return fmt.Errorf("the clear not applied: bb held by %v", got)

@@ -33,8 +33,8 @@ const catchUpLease = 10 * time.Second
 // and ec on n1, both in namespace "m", registered, and the prefix old
 // stored by ea and counted by ec's lookup. n1 starts only once ea has
 // registered and stored: its first catch-up of n0 brings it old, and no
-// AllBlocksCleared of n0 leaves it a catch-up still owed (which would
-// hide a missing hookup). mutate1 changes n1's Config.
+// catch-up of n0 is still owed (which would hide a missing hookup).
+// mutate1 changes n1's Config.
 func catchUpCluster(t *testing.T, old []string, mutate1 func(kc *kvCluster, c *node.Config)) (kc *kvCluster, a, c *testEngine) {
 	t.Helper()
 	kc = &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}

@@ -30,8 +30,7 @@ func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	require.NoError(t, kc.nodes[0].nc.Flush())
-	// settle waits out the catch-ups of n0 that n1 has to make (each
-	// engine's first register on n0 sends the contract's CPU clear).
+	// settle waits out any catch-up of n0 that n1 has to make.
 	settle := func() {
 		for range 3 {
 			recv(t, beats, "n0's heartbeat")
@@ -68,4 +67,50 @@ func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T
 	probe := kc.engineOn(1, "ep", "m")
 	probe.register()
 	require.Equal(t, 8, probe.lookup(hs), "n1 still counts A's prefix")
+}
+
+// An engine's first register in a boot publishes the contract's
+// AllBlocksCleared CPU, which names no namespace (PROTOCOL.md v2 "Register
+// reply"): the node's pool is as it was. The other nodes keep counting
+// every other tenant's chunks of that node and read none of its key set
+// again. Before, any engine registering on a node had every other node
+// drop all of that node's keys, every tenant's, until the catch-up at its
+// next heartbeat (red team).
+func TestClusterAnEnginesFirstRegisterDropsNoOtherTenantsHolders(t *testing.T) {
+	t.Parallel()
+	kc := startCluster(t, 2)
+	beats := make(chan *nats.Msg, 64)
+	sub, err := kc.nodes[0].nc.ChanSubscribe("kvactors._node.n0.heartbeat", beats)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, kc.nodes[0].nc.Flush())
+	settle := func() {
+		for range 3 {
+			recv(t, beats, "n0's heartbeat")
+		}
+	}
+
+	a := kc.engineOn(0, "ea", "m")
+	b := kc.engineOn(1, "eb", "m")
+	px := kc.engineOn(1, "px", "x")
+	a.register()
+	b.register()
+	px.register()
+	hs := []string{hash("rc", 0), hash("rc", 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
+	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	settle() // before the fix: the catch-ups of n0 that ea's register caused
+	beat(t, b, px)
+	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "")
+
+	mal := kc.engineOn(0, "mal", "x")
+	mal.register() // checks that its AllBlocksCleared came first
+	xs := []string{hash("rx", 0), hash("rx", 1)}
+	mal.storePrefix("rx", xs, 40, 41, 3, "stored by mal in namespace x")
+	// n1 counts mal's prefix: it has applied the clear before it.
+	awaitLookup(t, px, xs, 8, "n1 of mal's prefix")
+	require.Equal(t, 8, b.lookup(hs), "n1 still counts A's prefix in m after mal's register")
+	settle()
+	require.Equal(t, catchUps, kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", ""),
+		"n1 read n0's key set again after an engine's first register")
 }

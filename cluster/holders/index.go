@@ -42,9 +42,10 @@ type Stats struct {
 // Applied is what an accepted kv_events batch or catch-up page did that its
 // caller acts on (a refused one returns an error and changes nothing).
 type Applied struct {
-	// ClearedAll: the batch held AllBlocksCleared and every key of the node
-	// went; the caller asks for its key set again (ApplyKVEvents only).
-	ClearedAll bool
+	// Cleared: the batch held a host-memory AllBlocksCleared of a
+	// namespace and the node's keys in it went; the caller asks for its key
+	// set again, which lists those it still holds (ApplyKVEvents only).
+	Cleared bool
 	// OverCap counts the keys the input stored or listed that were not
 	// indexed because their node held maxKeys keys: they are left out, as
 	// if missed (a lookup then counts too few holders, never a wrong one).
@@ -64,11 +65,14 @@ type node struct {
 	boot     string
 	lastSeen time.Time // last hello or heartbeat; zero if none yet
 	retired  []string
-	// keys maps each key to the id of the last catch-up that confirmed it
-	// (a page listed it, or it was stored while that catch-up ran); a
-	// catch-up that completes drops the keys it did not confirm.
-	keys map[NSKey]uint64
-	sync *catchUp
+	// keys maps each namespace's keys to the id of the last catch-up that
+	// confirmed each (a page listed it, or it was stored while that
+	// catch-up ran); a catch-up that completes drops the keys it did not
+	// confirm. By namespace, so a clear of one (a node's reconnect clears
+	// each of its namespaces) drops its keys without a pass over the rest.
+	keys  map[string]map[messages.Key]uint64
+	count int // keys indexed, all namespaces: what the cap bounds
+	sync  *catchUp
 	// capped: a key of this node was left out at the cap since its keys
 	// were last known whole (see Applied.Capped).
 	capped bool
@@ -130,7 +134,7 @@ func (x *Index) Heartbeat(nodeID, boot string, now time.Time) (catchUpNeeded boo
 func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 	n := x.nodes[nodeID]
 	if n == nil {
-		n = &node{boot: boot, keys: map[NSKey]uint64{}}
+		n = &node{boot: boot, keys: map[string]map[messages.Key]uint64{}}
 		x.nodes[nodeID] = n
 		return n, true, nil
 	}
@@ -153,9 +157,11 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 
 // ApplyKVEvents applies one P.E.kv_events batch that node (boot) published
 // for engine, of namespaces of geometry (messages.HeaderGeometry):
-// BlockStored adds, BlockRemoved removes, AllBlocksCleared drops every key
-// of the node (the caller then asks for its key set again, so this errs on
-// the side of counting too little). A key's namespace is the event's, else
+// BlockStored adds, BlockRemoved removes, AllBlocksCleared of a namespace
+// drops the node's keys in it (the caller then asks for its key set again,
+// so this errs on the side of counting too little), and the contract's
+// AllBlocksCleared at an engine's first register, which names none, drops
+// nothing: the node's pool is as it was. A key's namespace is the event's, else
 // the engine id (the namespace default), keyed as messages.NamespaceKey
 // keys it and qualified by the geometry (messages.ClusterNamespace), as a
 // node's lookup asks for it: a node counts a key only for an engine of the
@@ -174,6 +180,7 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 	type op struct {
 		typ  string
 		keys []NSKey
+		ns   string // a clear's
 	}
 	ops := make([]op, 0, len(b.Events))
 	var lastName, lastNS string // a batch's events mostly name one namespace: its key is built once
@@ -210,6 +217,16 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 				// all of the node's keys, every tenant's, until a catch-up.
 				continue
 			}
+			if ev.Namespace == "" {
+				// The contract's clear at an engine's first register in a
+				// boot: a router's view of the node for that engine starts
+				// over, the pool does not (a new boot is its header's).
+				// Applied, any engine registering had every other node
+				// forget all of the node's keys, every tenant's, until a
+				// catch-up. A clear the node means names each namespace.
+				continue
+			}
+			o.ns = nsOf(ev.Namespace)
 		default:
 			x.stats.Rejected++
 			return Applied{}, fmt.Errorf("%w: event %d: type %q", ErrBadEvent, i, ev.Type)
@@ -232,9 +249,12 @@ func (x *Index) applyKVEvents(nodeID, boot string, nsOf func(name string) string
 				x.remove(nodeID, n, k, &out)
 			}
 		case messages.KVAllBlocksCleared:
-			x.dropKeys(nodeID, n)
-			n.sync = nil // its pages may list what was just cleared
-			out.ClearedAll = true
+			// The namespace's changes were lost (the node's reconnect) or
+			// dropped (deferred past their bound): forget its keys, and
+			// read the set again for those still held.
+			x.dropNamespace(nodeID, n, o.ns)
+			n.sync = nil // its pages may list keys whose removal was lost
+			out.Cleared = true
 		}
 	}
 	return out, nil
@@ -263,15 +283,17 @@ func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 		delete(n.sync.removed, k) // the node holds it now, indexed or not
 		stamp = n.sync.id
 	}
-	if _, ok := n.keys[k]; ok {
-		n.keys[k] = stamp
-		return
+	if keys := n.keys[k.NS]; keys != nil {
+		if _, ok := keys[k.Key]; ok {
+			keys[k.Key] = stamp
+			return
+		}
 	}
-	if x.maxKeys > 0 && len(n.keys) >= x.maxKeys && n.sync != nil && !n.sync.swept {
+	if x.maxKeys > 0 && n.count >= x.maxKeys && n.sync != nil && !n.sync.swept {
 		n.sync.swept = true
 		x.sweep(nodeID, n)
 	}
-	if x.maxKeys > 0 && len(n.keys) >= x.maxKeys {
+	if x.maxKeys > 0 && n.count >= x.maxKeys {
 		x.stats.OverCap++
 		out.OverCap++
 		if n.sync != nil {
@@ -282,7 +304,13 @@ func (x *Index) add(nodeID string, n *node, k NSKey, out *Applied) {
 		}
 		return
 	}
-	n.keys[k] = stamp
+	keys := n.keys[k.NS]
+	if keys == nil {
+		keys = map[messages.Key]uint64{}
+		n.keys[k.NS] = keys
+	}
+	keys[k.Key] = stamp
+	n.count++
 	hs := x.held[k]
 	i, _ := slices.BinarySearch(hs, nodeID)
 	x.held[k] = slices.Insert(hs, i, nodeID)
@@ -305,10 +333,15 @@ func (x *Index) remove(nodeID string, n *node, k NSKey, out *Applied) {
 			n.sync.removed[k] = struct{}{}
 		}
 	}
-	if _, ok := n.keys[k]; !ok {
+	keys := n.keys[k.NS]
+	if _, ok := keys[k.Key]; !ok {
 		return
 	}
-	delete(n.keys, k)
+	delete(keys, k.Key)
+	if len(keys) == 0 {
+		delete(n.keys, k.NS)
+	}
+	n.count--
 	x.unhold(nodeID, k)
 }
 
@@ -327,20 +360,35 @@ func (x *Index) unhold(nodeID string, k NSKey) {
 // sweep drops the keys of n that its catch-up has not confirmed (n.sync
 // set): not listed by a page, nor stored since it began.
 func (x *Index) sweep(nodeID string, n *node) {
-	for k, stamp := range n.keys {
-		if stamp != n.sync.id {
-			delete(n.keys, k)
-			x.unhold(nodeID, k)
+	for ns, keys := range n.keys {
+		for k, stamp := range keys {
+			if stamp != n.sync.id {
+				delete(keys, k)
+				n.count--
+				x.unhold(nodeID, NSKey{ns, k})
+			}
+		}
+		if len(keys) == 0 {
+			delete(n.keys, ns)
 		}
 	}
 }
 
 func (x *Index) dropKeys(nodeID string, n *node) {
-	for k := range n.keys {
-		x.unhold(nodeID, k)
+	for ns := range n.keys {
+		x.dropNamespace(nodeID, n, ns)
 	}
-	n.keys = map[NSKey]uint64{}
 	n.capped = false // nothing left out of an empty set
+}
+
+// dropNamespace drops n's keys in ns. n.capped stays: keys of the others
+// may have been left out at the cap.
+func (x *Index) dropNamespace(nodeID string, n *node, ns string) {
+	for k := range n.keys[ns] {
+		x.unhold(nodeID, NSKey{ns, k})
+	}
+	n.count -= len(n.keys[ns])
+	delete(n.keys, ns)
 }
 
 // BeginCatchUp starts a key-set catch-up of node (boot): from now until
@@ -469,7 +517,7 @@ type NodeInfo struct {
 func (x *Index) Nodes(now time.Time) []NodeInfo {
 	out := make([]NodeInfo, 0, len(x.nodes))
 	for id, n := range x.nodes {
-		out = append(out, NodeInfo{Node: id, Boot: n.boot, LastSeen: n.lastSeen, Live: x.live(n, now), Keys: len(n.keys), Capped: n.capped})
+		out = append(out, NodeInfo{Node: id, Boot: n.boot, LastSeen: n.lastSeen, Live: x.live(n, now), Keys: n.count, Capped: n.capped})
 	}
 	slices.SortFunc(out, func(a, b NodeInfo) int { return strings.Compare(a.Node, b.Node) })
 	return out

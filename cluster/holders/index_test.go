@@ -119,9 +119,41 @@ func TestDiskTierClearsAreSkipped(t *testing.T) {
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), stored("n", 0, "bb"))
 	res, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumDisk, Namespace: "n"}))
 	require.NoError(t, err)
-	require.False(t, res.ClearedAll)
+	require.False(t, res.Cleared)
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "aa", 0), t0))
 	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "bb", 0), t0))
+}
+
+// A node's host-memory clear names one namespace (its reconnect's
+// re-announce, a namespace's deferred changes dropped past their bound):
+// only its keys in that namespace go. The contract's clear at an engine's
+// first register names none and leaves the node's pool as it was: it drops
+// nothing. Before, either dropped every key of the node, every tenant's,
+// until a catch-up had paged them again (red team).
+func TestAClearDropsOnlyTheNamespaceItNames(t *testing.T) {
+	x := New(lease, 3)
+	_, _ = x.Heartbeat("a", "a1", t0)
+	_, _ = x.Heartbeat("b", "b1", t0)
+	apply(t, x, "a", "a1", stored("m", 0, "aa", "bb"), stored("n", 0, "cc"))
+	apply(t, x, "b", "b1", stored("m", 0, "aa"))
+	res, err := x.applyPlain("a", "a1", "e", batch(stored("n", 0, "dd")))
+	require.NoError(t, err)
+	require.Equal(t, 1, res.OverCap, "a at its cap")
+
+	res, err = x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}))
+	require.NoError(t, err)
+	require.Equal(t, Applied{}, res, "an engine's first register: nothing cleared, no catch-up")
+	require.Equal(t, []string{"a", "b"}, x.Holders(".m", key(t, "aa", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "cc", 0), t0))
+
+	res, err = x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU, Namespace: "m"},
+		stored("n", 0, "dd")))
+	require.NoError(t, err)
+	require.Equal(t, []string{"b"}, x.Holders(".m", key(t, "aa", 0), t0), "m's keys of a go, b's stay")
+	require.Empty(t, x.Holders(".m", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "cc", 0), t0), "another namespace's keys of a stay")
+	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "dd", 0), t0), "the clear freed room under the cap")
+	require.Equal(t, 2, x.Nodes(t0)[0].Keys)
 }
 
 // "A node that is gone stops counting as a holder within lease_ms."
@@ -165,15 +197,16 @@ func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {
 	require.Equal(t, uint64(2), x.Stats().Stale)
 }
 
-func TestAllBlocksClearedDropsTheNodesKeys(t *testing.T) {
+func TestAllBlocksClearedDropsTheNodesKeysOfItsNamespace(t *testing.T) {
 	x := New(lease, 0)
 	_, _ = x.Heartbeat("a", "a1", t0)
 	apply(t, x, "a", "a1", stored("m", 0, "aa"), stored("n", 0, "bb"))
-	res, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU}, stored("m", 0, "cc")))
+	res, err := x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Medium: messages.MediumCPU, Namespace: "m"},
+		stored("m", 0, "cc")))
 	require.NoError(t, err)
-	require.True(t, res.ClearedAll)
+	require.True(t, res.Cleared)
 	require.Empty(t, x.Holders(".m", key(t, "aa", 0), t0))
-	require.Empty(t, x.Holders(".n", key(t, "bb", 0), t0))
+	require.Equal(t, []string{"a"}, x.Holders(".n", key(t, "bb", 0), t0))
 	require.Equal(t, []string{"a"}, x.Holders(".m", key(t, "cc", 0), t0), "events after the clear apply")
 }
 
@@ -327,11 +360,23 @@ func TestTheCapLeavesOutANodesKeysPastItAndNoOtherNodes(t *testing.T) {
 		{"so the next crossing is reported",
 			func() (Applied, error) { return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "aa", "cc"))) },
 			Applied{OverCap: 1, Capped: true}, []string{"aa", "bb"}, []string{"cc", "dd"}},
-		{"a clear empties a's keys: the next crossing is reported too",
+		{"a clear of m frees the room of a's keys in it; the crossing is not reported again until a catch-up (keys of another namespace may be left out)",
 			func() (Applied, error) {
-				return x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared}, stored("m", 0, "aa", "bb", "cc")))
+				return x.applyPlain("a", "a1", "e", batch(messages.KVEvent{Type: messages.KVAllBlocksCleared, Namespace: "m"}, stored("m", 0, "aa", "bb", "cc")))
 			},
-			Applied{ClearedAll: true, OverCap: 1, Capped: true}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+			Applied{Cleared: true, OverCap: 1}, []string{"aa", "bb"}, []string{"cc", "dd"}},
+		{"a catch-up that meets no cap makes a's keys whole: the next crossing is reported",
+			func() (Applied, error) {
+				id, err := x.BeginCatchUp("a", "a1")
+				require.NoError(t, err)
+				res, err := x.CatchUpPage("a", id, []NSKey{{".m", key(t, "aa", 0)}})
+				x.FinishCatchUp("a", id)
+				if err != nil {
+					return res, err
+				}
+				return x.applyPlain("a", "a1", "e", batch(stored("m", 0, "bb", "cc")))
+			},
+			Applied{OverCap: 1, Capped: true}, []string{"aa", "bb"}, []string{"cc", "dd"}},
 	}
 	var overCap uint64
 	for _, s := range steps {
