@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
@@ -129,6 +130,10 @@ type Config struct {
 	// natsExtra is appended to the client's options (nil: none). Tests set
 	// it (export_test), e.g. to keep a node on the one server it dials.
 	natsExtra []nats.Option
+	// embeddedExtra edits the embedded server's options after the start's
+	// checks of them (nil: none). Tests set it, e.g. to refuse a TLS
+	// handshake those checks let through.
+	embeddedExtra func(*server.Options)
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`
 	// Limits bounds what one message may contain.

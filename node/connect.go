@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -102,7 +103,7 @@ func (n *Node) connect(ctx context.Context) error {
 		return err
 	}
 	if n.ns != nil {
-		opts = append(opts, nats.InProcessServer(n.ns))
+		opts = append(opts, nats.InProcessServer(inProcess{n.ns}))
 	}
 	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
 	if err != nil {
@@ -111,6 +112,73 @@ func (n *Node) connect(ctx context.Context) error {
 	n.nc = nc
 	n.metrics.NATSConnected.Set(1)
 	return nil
+}
+
+// inProcess hands out the embedded server's in-process connections, each
+// one's connect bounded (connectBounded).
+type inProcess struct{ ns *server.Server }
+
+func (p inProcess) InProcessConn() (net.Conn, error) {
+	c, err := p.ns.InProcessConn()
+	if err != nil {
+		return nil, err
+	}
+	return &connectBounded{Conn: c}, nil
+}
+
+// connectBounded is an in-process connection whose connect ends by the
+// deadline nats.go sets around it (SetDeadline: its connect timeout, 2 s;
+// cleared once connected or failed), at start and on each reconnect.
+// net.Pipe is synchronous: a TLS handshake the server refuses for a reason
+// the start's checks do not model (a certificate expired since, a hook)
+// leaves both ends writing, the server its alert and the client its
+// CONNECT, under nats.go's own write deadline (FlusherTimeout, a minute),
+// and tls' close_notify then writes for 5 s more. So, while the connect's
+// deadline is set, no write deadline goes past it, and a read or write that
+// times out closes the pipe. After the connect it is the pipe.
+type connectBounded struct {
+	net.Conn
+	connect atomic.Pointer[time.Time] // the connect's deadline; nil outside it
+}
+
+func (c *connectBounded) SetDeadline(t time.Time) error {
+	if t.IsZero() {
+		c.connect.Store(nil)
+	} else {
+		c.connect.Store(&t)
+	}
+	return c.Conn.SetDeadline(t)
+}
+
+func (c *connectBounded) SetWriteDeadline(t time.Time) error {
+	if d := c.connect.Load(); d != nil && (t.IsZero() || t.After(*d)) {
+		t = *d
+	}
+	return c.Conn.SetWriteDeadline(t)
+}
+
+func (c *connectBounded) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.timedOut(err)
+	}
+	return n, err
+}
+
+func (c *connectBounded) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		c.timedOut(err)
+	}
+	return n, err
+}
+
+// timedOut closes the pipe when err is the connect's deadline: the server's
+// blocked write fails, and so does anything the client writes on closing.
+func (c *connectBounded) timedOut(err error) {
+	if errors.Is(err, os.ErrDeadlineExceeded) && c.connect.Load() != nil {
+		_ = c.Conn.Close()
+	}
 }
 
 // startEmbedded starts the embedded NATS server (its options from the
@@ -122,6 +190,9 @@ func (n *Node) startEmbedded(ctx context.Context) error {
 	sopts, err := n.cfg.embeddedOptions()
 	if err != nil {
 		return err
+	}
+	if n.cfg.embeddedExtra != nil {
+		n.cfg.embeddedExtra(sopts)
 	}
 	if err := portFree(sopts.Host, sopts.Port); err != nil {
 		return err
