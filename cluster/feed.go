@@ -71,7 +71,7 @@ func StartFeed(nc *nats.Conn, cfg Config, log *slog.Logger, metrics *Metrics) (*
 	for subj, h := range map[string]nats.MsgHandler{
 		cfg.Prefix + ".*." + messages.VerbKVEvents:                        f.onKVEvents,
 		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHeartbeat): f.onHeartbeat,
-		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHello):     f.onHeartbeat,
+		messages.NodeSubject(cfg.Prefix, "*", messages.NodeVerbHello):     f.onHello,
 	} {
 		sub, err := nc.Subscribe(subj, h)
 		if err != nil {
@@ -126,7 +126,18 @@ func (f *Feed) expireLoop() {
 	}
 }
 
-func (f *Feed) onHeartbeat(m *nats.Msg) {
+func (f *Feed) onHeartbeat(m *nats.Msg) { f.heard(m, false) }
+
+// onHello is onHeartbeat for a node's hello, which it sends at its start
+// and after each of its reconnects, and always asks for its key set: its
+// kv_events while it was cut off were lost, and it clears (and so makes
+// others catch up on) only the namespaces an engine is registered in, so
+// a chunk it evicted meanwhile from any other stayed counted here.
+func (f *Feed) onHello(m *nats.Msg) { f.heard(m, true) }
+
+// heard applies a node's heartbeat or hello, and starts a catch-up of the
+// node when one is due (or was asked: hello) and none is running.
+func (f *Feed) heard(m *nats.Msg, hello bool) {
 	var hb messages.NodeHeartbeat // a hello has the same node and boot
 	if err := json.Unmarshal(m.Data, &hb); err != nil || hb.Node == "" || hb.Boot == "" {
 		f.count(func(s *FeedStats) { s.BadMessages++ })
@@ -141,7 +152,7 @@ func (f *Feed) onHeartbeat(m *nats.Msg) {
 	if err != nil {
 		f.metrics.FeedRejected.WithLabelValues("refused").Inc()
 	}
-	if err == nil && need {
+	if err == nil && (need || hello) {
 		f.pending[hb.Node] = true
 	}
 	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node] && f.ctx.Err() == nil

@@ -200,6 +200,31 @@ func TestFeedCatchUpDropsAKeyEvictedWhileEventsWereMissed(t *testing.T) {
 	testkit.Eventually(t, time.Second, 10*time.Millisecond, holdersOf(feed, missed))
 }
 
+// A node that was cut off and reconnects says hello again: its kv_events
+// while away were lost, and it clears only the namespaces an engine is
+// registered in, so a chunk it evicted meanwhile from any other would stay
+// counted here. The hello asks for its key set: the evicted key goes.
+func TestFeedCatchesUpANodeThatSaysHelloAgain(t *testing.T) {
+	ncA, feed := feedAcrossServers(t)
+	old := hashKey("aa", 0)
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{old})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, old))
+	first := a.keys.asks.Load() // the first catch-up's pages (it listed aa)
+
+	// Cut off, gpu-0 evicted "aa" (its BlockRemoved lost), then reconnected.
+	a.keys.set(nil)
+	hello, _ := json.Marshal(messages.Hello{Node: "gpu-0", Boot: "a1", LeaseMS: testLease.Milliseconds()})
+	require.NoError(t, ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHello), hello))
+	testkit.Eventually(t, 2*testLease, 10*time.Millisecond, func() error {
+		if got := feed.Holders(old.NS, old.Key); len(got) != 0 {
+			return fmt.Errorf("gpu-0 no longer holds aa, still counted by %v after its hello (pages served %d, %d before)",
+				got, a.keys.asks.Load(), first)
+		}
+		return nil
+	})
+	require.Greater(t, a.keys.asks.Load(), first, "its key set was asked for again")
+}
+
 // kv_events NATS dropped (the feed a slow consumer) are made good by a
 // catch-up: Dropped, called from the connection's error handler, marks
 // every node, and the catch-up at its next heartbeat drops the key whose
