@@ -25,17 +25,7 @@ func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T
 	kc := startCluster(t, 2, func(i int, c *node.Config) {
 		c.DiskDir, c.DiskBytes = filepath.Join(base, strconv.Itoa(i)), 1<<20
 	})
-	beats := make(chan *nats.Msg, 64)
-	sub, err := kc.nodes[0].nc.ChanSubscribe("kvactors._node.n0.heartbeat", beats)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	require.NoError(t, kc.nodes[0].nc.Flush())
-	// settle waits out any catch-up of n0 that n1 has to make.
-	settle := func() {
-		for range 3 {
-			recv(t, beats, "n0's heartbeat")
-		}
-	}
+	settle := n0Beats(t, kc)
 
 	a := kc.engineOn(0, "ea", "m")
 	b := kc.engineOn(1, "eb", "m")
@@ -79,16 +69,7 @@ func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T
 func TestClusterAnEnginesFirstRegisterDropsNoOtherTenantsHolders(t *testing.T) {
 	t.Parallel()
 	kc := startCluster(t, 2)
-	beats := make(chan *nats.Msg, 64)
-	sub, err := kc.nodes[0].nc.ChanSubscribe("kvactors._node.n0.heartbeat", beats)
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = sub.Unsubscribe() })
-	require.NoError(t, kc.nodes[0].nc.Flush())
-	settle := func() {
-		for range 3 {
-			recv(t, beats, "n0's heartbeat")
-		}
-	}
+	settle := n0Beats(t, kc)
 
 	a := kc.engineOn(0, "ea", "m")
 	b := kc.engineOn(1, "eb", "m")
@@ -113,4 +94,21 @@ func TestClusterAnEnginesFirstRegisterDropsNoOtherTenantsHolders(t *testing.T) {
 	settle()
 	require.Equal(t, catchUps, kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", ""),
 		"n1 read n0's key set again after an engine's first register")
+}
+
+// n0Beats returns a wait for three of n0's heartbeats from now: long
+// enough for any catch-up of n0 that n1 has to make to end (one starts at
+// a heartbeat).
+func n0Beats(t *testing.T, kc *kvCluster) (settle func()) {
+	t.Helper()
+	beats := make(chan *nats.Msg, 64)
+	sub, err := kc.nodes[0].nc.ChanSubscribe("kvactors._node.n0.heartbeat", beats)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	require.NoError(t, kc.nodes[0].nc.Flush())
+	return func() {
+		for range 3 {
+			recv(t, beats, "n0's heartbeat")
+		}
+	}
 }

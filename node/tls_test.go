@@ -67,18 +67,9 @@ func TestEmbeddedNATSVerifyingClientCertificates(t *testing.T) {
 func TestEmbeddedNATSVerifyingClientCertificatesNeedsTheNodesOwn(t *testing.T) {
 	t.Parallel()
 	certs := testkit.TLS(t)
-	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
-		TLSCA: certs.CA})
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "nats")
-	_, err = g.Write(dir)
-	require.NoError(t, err)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := node.Start(ctx, node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
-		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
-		NATSCA: certs.CA})
+	n, err := node.Start(ctx, verifyingNATSNode(t, certs))
 	if err == nil {
 		_ = n.Close(context.Background())
 	}
@@ -94,20 +85,13 @@ func TestEmbeddedNATSVerifyingClientCertificatesNeedsTheNodesOwn(t *testing.T) {
 func TestEmbeddedNATSRejectingTheNodesCertificateFailsStartInTime(t *testing.T) {
 	t.Parallel()
 	certs, other := testkit.TLS(t), testkit.TLS(t)
-	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
-		TLSCA: certs.CA})
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "nats")
-	_, err = g.Write(dir)
-	require.NoError(t, err)
 	const bound = 10 * time.Second
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	start := time.Now()
-	n, err := node.Start(ctx, node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
-		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
-		NATSCA: certs.CA, NATSCert: other.ClientCert, NATSKey: other.ClientKey, NATSConnectTimeout: time.Minute})
+	cfg := verifyingNATSNode(t, certs)
+	cfg.NATSCert, cfg.NATSKey, cfg.NATSConnectTimeout = other.ClientCert, other.ClientKey, time.Minute
+	n, err := node.Start(ctx, cfg)
 	took := time.Since(start)
 	if err == nil {
 		_ = n.Close(context.Background())
@@ -116,4 +100,22 @@ func TestEmbeddedNATSRejectingTheNodesCertificateFailsStartInTime(t *testing.T) 
 	require.Less(t, took, bound, "refused before the in-process handshake, not a minute into it")
 	require.ErrorIs(t, err, node.ErrConfig)
 	require.ErrorContains(t, err, "--nats-cert "+other.ClientCert+" is refused")
+}
+
+// verifyingNATSNode is a node's config whose embedded server runs
+// nats-config's files for one engine with certs' server certificate,
+// verifying clients' against certs' CA (tls { verify: true }); the node
+// trusts that CA and presents no certificate of its own.
+func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) node.Config {
+	t.Helper()
+	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
+		TLSCA: certs.CA})
+	require.NoError(t, err)
+	dir := filepath.Join(t.TempDir(), "nats")
+	_, err = g.Write(dir)
+	require.NoError(t, err)
+	return node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
+		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
+		NATSCA: certs.CA}
 }
