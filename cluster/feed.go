@@ -132,7 +132,11 @@ func (f *Feed) onHeartbeat(m *nats.Msg) { f.heard(m, false) }
 // and after each of its reconnects, and always asks for its key set: its
 // kv_events while it was cut off were lost, and it clears (and so makes
 // others catch up on) only the namespaces an engine is registered in, so
-// a chunk it evicted meanwhile from any other stayed counted here.
+// a chunk it evicted meanwhile from any other stayed counted here. The
+// hello of a node still live here (a reconnect) starts none at once: its
+// re-announce's clears follow it, and would cut a catch-up begun now short
+// or call for a second; its next heartbeat, at most lease/4 later, starts
+// one for both.
 func (f *Feed) onHello(m *nats.Msg) { f.heard(m, true) }
 
 // heard applies a node's heartbeat or hello, and starts a catch-up of the
@@ -155,7 +159,7 @@ func (f *Feed) heard(m *nats.Msg, hello bool) {
 	if err == nil && (need || hello) {
 		f.pending[hb.Node] = true
 	}
-	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node] && f.ctx.Err() == nil
+	start := err == nil && f.pending[hb.Node] && !f.catching[hb.Node] && f.ctx.Err() == nil && (need || !hello)
 	if start {
 		delete(f.pending, hb.Node)
 		f.catching[hb.Node] = true
@@ -338,7 +342,8 @@ func (f *Feed) onKVEvents(m *nats.Msg) {
 	}
 	// A key names the same bytes only under its namespace's geometry: a
 	// batch that does not say it (a node of an older version) adds no
-	// holder for anyone, though its clears apply (they only drop keys).
+	// holder for anyone; a clear in it names none of the keys held (keyed
+	// without a geometry) and only asks for the node's key set again.
 	geo, stamped := messages.ParseGeometryHex(m.Header.Get(messages.HeaderGeometry))
 	if !stamped {
 		all := len(b.Events)

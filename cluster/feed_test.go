@@ -225,6 +225,46 @@ func TestFeedCatchesUpANodeThatSaysHelloAgain(t *testing.T) {
 	require.Greater(t, a.keys.asks.Load(), first, "its key set was asked for again")
 }
 
+// A reconnecting node's hello is followed by its re-announce's clears: a
+// catch-up begun at the hello would be cut short by them, or finish and be
+// asked again, paging the node's whole set twice at every reconnect. The
+// hello of a node still live only marks it; its next heartbeat starts one
+// catch-up, after the clears.
+func TestFeedPagesAReconnectingNodeOnce(t *testing.T) {
+	ncA, feed := feedAcrossServers(t)
+	held, other := hashKey("aa", 0), hashKey("bb", 0)
+	a := startFakeNode(t, ncA, "gpu-0", "a1", []holders.NSKey{held, other})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, held))
+	a.stopBeats() // its beats by hand from here: it stays live for the lease
+	catchUps := func() float64 {
+		return testutil.ToFloat64(feed.metrics.CatchUps.WithLabelValues("ok")) +
+			testutil.ToFloat64(feed.metrics.CatchUps.WithLabelValues("superseded"))
+	}
+	before := catchUps()
+
+	hello, _ := json.Marshal(messages.Hello{Node: "gpu-0", Boot: "a1", LeaseMS: testLease.Milliseconds()})
+	require.NoError(t, ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHello), hello))
+	a.kvEvents("e1", messages.KVEvent{Type: messages.KVAllBlocksCleared, Namespace: "m"})
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if got := feed.Holders(held.NS, held.Key); len(got) != 0 {
+			return fmt.Errorf("the clear not applied: aa held by %v", got)
+		}
+		return nil
+	})
+	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "a1", Engines: 1})
+	require.NoError(t, ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb))
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, held)) // listed again by a catch-up
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error { // and it has ended, counted
+		feed.mu.Lock()
+		defer feed.mu.Unlock()
+		if feed.catching["gpu-0"] {
+			return fmt.Errorf("a catch-up of gpu-0 still running")
+		}
+		return nil
+	})
+	require.Equal(t, before+1, catchUps(), "catch-ups (ok or superseded) of gpu-0 for one reconnect")
+}
+
 // kv_events NATS dropped (the feed a slow consumer) are made good by a
 // catch-up: Dropped, called from the connection's error handler, marks
 // every node, and the catch-up at its next heartbeat drops the key whose
