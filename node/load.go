@@ -27,15 +27,13 @@ import (
 func (n *Node) onLookup(engineID string, m *nats.Msg, taken time.Time) {
 	ctx := n.msgCtx(m)
 	n.metrics.Lookups.Inc()
-	var err error
 	rec := n.engine(engineID)
 	if rec == nil {
 		n.rejectedUnknownEngine("lookup of an unregistered engine", engineID)
 		n.replyError(ctx, m.Reply, fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
-	var hashes []messages.Hash
-	hashes, err = ingest.DecodeLookup(m.Data, n.cfg.Limits)
+	hashes, err := ingest.DecodeLookup(m.Data, n.cfg.Limits)
 	if err != nil {
 		n.rejected(messages.RejectLabel(err), "lookup refused", "subject", m.Subject, "err", err)
 		n.replyError(ctx, m.Reply, err)
@@ -96,8 +94,11 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	}
 	fail := func(err error) {
 		level, reason := slog.LevelError, "load_error"
-		if errors.Is(err, hostpool.ErrNotReady) {
+		switch label := messages.RejectLabel(err); {
+		case errors.Is(err, hostpool.ErrNotReady):
 			level, reason = slog.LevelInfo, "load_miss" // evicted or never stored: a miss, not bad input
+		case label != messages.RejectOther:
+			reason = label // a refusal counted where it was found (tryLoad's limit): its line says so too
 		}
 		end(err, level, reason)
 	}

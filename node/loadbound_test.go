@@ -3,6 +3,7 @@ package node_test
 import (
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -25,7 +26,10 @@ import (
 func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 	t.Parallel()
 	dev := &heldDevice{started: make(chan struct{}, 4*node.MaxCopyingLoads), gate: make(chan struct{}, 4*node.MaxCopyingLoads)}
-	e := startNode(t, func(c *node.Config) { c.WrapDevice = dev.wrap })
+	var logs testkit.SyncBuffer
+	e := startNode(t, func(c *node.Config) {
+		c.WrapDevice, c.Log = dev.wrap, slog.New(slog.NewTextHandler(&logs, nil))
+	})
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
 	te.oneChunkReady("r")
@@ -36,6 +40,8 @@ func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 	replies := floodLoads(t, e.nc, "e1", []string{hash("r", 0)}, 4, []int{5})
 	requireOverloadedFirst(t, replies)
 	require.Equal(t, 1.0, e.counter("kvactors_events_rejected_total", "limit"))
+	// Logged with the reason it is counted under, as every refusal's line is.
+	require.Regexp(t, `level=ERROR msg="load refused" .*reason=limit`, logs.String())
 
 	for range 2 * node.MaxCopyingLoads {
 		dev.gate <- struct{}{}
