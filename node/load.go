@@ -104,15 +104,15 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	}
 	// refuse is fail for bad input: counted by reason as a lookup's is,
 	// and logged with that reason, so the line is found by the label.
-	refuse := func(err error) {
+	refuseAt := func(level slog.Level, err error) {
 		reason := messages.RejectLabel(err)
 		n.metrics.Rejected.WithLabelValues(reason).Inc()
-		end(err, slog.LevelError, reason)
+		end(err, level, reason)
 	}
+	refuse := func(err error) { refuseAt(slog.LevelError, err) }
 	rec := n.engine(engineID)
 	if rec == nil {
-		n.metrics.Rejected.WithLabelValues(messages.RejectUnknownEngine).Inc()
-		end(fmt.Errorf("%w %q", errUnknownEngine, engineID), n.unknownEngineLevel(), messages.RejectUnknownEngine)
+		refuseAt(n.unknownEngineLevel(), fmt.Errorf("%w %q", errUnknownEngine, engineID))
 		return
 	}
 	gen := rec.hearing.Gen() // before the check: a silence ending meanwhile refuses the copy
