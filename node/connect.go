@@ -2,6 +2,8 @@ package node
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +11,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"syscall"
 	"time"
@@ -103,7 +106,7 @@ func (n *Node) connect(ctx context.Context) error {
 		return err
 	}
 	if n.ns != nil {
-		opts = append(opts, nats.InProcessServer(inProcess{n.ns}))
+		opts = append(opts, nats.InProcessServer(inProcess{n.ns}), inProcessServerName(n.embeddedOpts.TLSConfig))
 	}
 	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
 	if err != nil {
@@ -112,6 +115,44 @@ func (n *Node) connect(ctx context.Context) error {
 	n.nc = nc
 	n.metrics.NATSConnected.Set(1)
 	return nil
+}
+
+// inProcessServerName has the in-process connection's TLS check the
+// server certificate's chain (against --nats-ca) but not its name: nats.go
+// would match it against the URL's host, the listen host, which means
+// nothing to a pipe inside the process, and fails for 0.0.0.0 or a
+// certificate for a DNS name. So the name checked is one the embedded
+// server's own certificate carries. It goes after the TLS options
+// (RootCAs, ClientCert), which create the client's TLSConfig; with none,
+// the client does not ask for TLS and nothing changes.
+func inProcessServerName(server *tls.Config) nats.Option {
+	return func(o *nats.Options) error {
+		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" || server == nil || len(server.Certificates) == 0 ||
+			len(server.Certificates[0].Certificate) == 0 {
+			return nil
+		}
+		leaf := server.Certificates[0].Leaf
+		if leaf == nil {
+			var err error
+			if leaf, err = x509.ParseCertificate(server.Certificates[0].Certificate[0]); err != nil {
+				return fmt.Errorf("embedded nats certificate: %w", err)
+			}
+		}
+		name := ""
+		switch {
+		case len(leaf.DNSNames) > 0:
+			// A wildcard is no name to dial: any label matches it.
+			name = strings.Replace(leaf.DNSNames[0], "*", "kvactors", 1)
+		case len(leaf.IPAddresses) > 0:
+			name = leaf.IPAddresses[0].String()
+		default:
+			return nil // no name to match: nats.go's check fails as before
+		}
+		tc := o.TLSConfig.Clone() // not the caller's, if an option passed its own
+		tc.ServerName = name
+		o.TLSConfig = tc
+		return nil
+	}
 }
 
 // inProcess hands out the embedded server's in-process connections, each

@@ -119,3 +119,43 @@ func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) node.Config {
 		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
 		NATSCA: certs.CA}
 }
+
+// The node's in-process connection to its embedded TLS server checks the
+// server certificate's chain against --nats-ca, not its name against the
+// listen host (the pipe has no host): a node listening on every interface,
+// or with a certificate for a DNS name only, starts; one given another CA
+// does not.
+func TestEmbeddedNATSOverTLSChecksTheChainNotTheListenHost(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, host string
+		names      []string
+		otherCA    bool
+	}{
+		{name: "every interface", host: "0.0.0.0"},
+		{name: "a DNS name only", host: "127.0.0.1", names: []string{"nats.example.com"}},
+		{name: "another CA", host: "127.0.0.1", otherCA: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			certs := testkit.TLS(t, tc.names...)
+			cfg := verifyingNATSNode(t, certs)
+			cfg.NATSCert, cfg.NATSKey, cfg.NATSHost = certs.ClientCert, certs.ClientKey, tc.host
+			cfg.NATSConnectTimeout = 3 * time.Second
+			if tc.otherCA {
+				cfg.NATSCA = testkit.TLS(t).CA
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			n, err := node.Start(ctx, cfg)
+			if err == nil {
+				_ = n.Close(context.Background())
+			}
+			if tc.otherCA {
+				require.ErrorContains(t, err, "certificate signed by unknown authority")
+				return
+			}
+			require.NoError(t, err)
+		})
+	}
+}

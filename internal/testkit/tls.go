@@ -20,13 +20,15 @@ import (
 // TLSFiles are the PEM files TLS writes.
 type TLSFiles struct {
 	CA                    string // the CA that signed both certificates
-	Cert, Key             string // a server certificate for 127.0.0.1
+	Cert, Key             string // a server certificate for 127.0.0.1 (or the names given)
 	ClientCert, ClientKey string // a client certificate
 }
 
 // TLS writes a CA, a server certificate for 127.0.0.1 and a client
-// certificate, both signed by it, into a temporary directory.
-func TLS(t testing.TB) TLSFiles {
+// certificate, both signed by it, into a temporary directory. serverNames,
+// when given, are the server certificate's names instead (an IP address or
+// a DNS name each).
+func TLS(t testing.TB, serverNames ...string) TLSFiles {
 	t.Helper()
 	dir := t.TempDir()
 	write := func(name, typ string, der []byte) string {
@@ -48,7 +50,16 @@ func TLS(t testing.TB) TLSFiles {
 			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
 			KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{usage}}
 		if usage == x509.ExtKeyUsageServerAuth {
-			tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
+			if len(serverNames) == 0 {
+				serverNames = []string{"127.0.0.1"}
+			}
+			for _, n := range serverNames {
+				if ip := net.ParseIP(n); ip != nil {
+					tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+				} else {
+					tmpl.DNSNames = append(tmpl.DNSNames, n)
+				}
+			}
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caTmpl, &k.PublicKey, caKey)
 		require.NoError(t, err)
