@@ -89,6 +89,14 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 			env, conf, login)
 		fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
 			"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, login)
+		// Each server of such a cluster takes the connections of every
+		// host that may reach it, not one host's: the default is sized for one.
+		maxConns := o.MaxConnections
+		if maxConns == 0 {
+			maxConns = natsauth.DefaultMaxConnections
+		}
+		fmt.Fprintf(stderr, "  (max_connections %d (--max-connections) is per server: size it for the engines, "+
+			"nodes and routers that may connect to one)\n", maxConns)
 	}
 	if len(notes) > 0 {
 		fmt.Fprintf(stderr, "  (%s)\n", strings.Join(notes, "; "))

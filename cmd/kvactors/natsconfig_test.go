@@ -188,13 +188,24 @@ func TestNATSConfigHintIsComplete(t *testing.T) {
 					require.Equal(t, tlsMode == "verify", strings.Contains(stderr.String(),
 						"CERT.pem, KEY.pem: kvactors' client certificate and its key, signed by a CA in "+certs.CA),
 						"%v:\n%s", args, stderr.String())
+					// A NATS cluster's hosts share its servers: max_connections
+					// is each one's, sized for all that may connect to it.
+					require.Equal(t, js, strings.Contains(stderr.String(), "max_connections 256 (--max-connections) "+
+						"is per server: size it for the engines, nodes and routers that may connect to one"),
+						"%v:\n%s", args, stderr.String())
 				}
 			}
 		}
 	}
 
-	out := filepath.Join(t.TempDir(), "nats")
 	var stdout, stderr strings.Builder
+	require.Equal(t, exitOK, natsConfig([]string{"--engines", "e1", "--out", filepath.Join(t.TempDir(), "nats"),
+		"--jetstream", "--max-connections", "1000"}, &stdout, &stderr))
+	require.Contains(t, stderr.String(), "max_connections 1000 (--max-connections) is per server")
+
+	out := filepath.Join(t.TempDir(), "nats")
+	stdout.Reset()
+	stderr.Reset()
 	require.Equal(t, exitOK, natsConfig(append([]string{"--engines", "e1", "--out", out, "--prefix", "p1"},
 		tlsArgs["verify"]...), &stdout, &stderr))
 	_, line, ok := strings.Cut(strings.Split(stderr.String(), "\n")[1], "serve with: kvactors ")
