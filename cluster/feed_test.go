@@ -254,7 +254,8 @@ func TestFeedPagesAReconnectingNodeOnce(t *testing.T) {
 	hb, _ := json.Marshal(messages.NodeHeartbeat{Node: "gpu-0", Boot: "a1", Engines: 1})
 	require.NoError(t, ncA.Publish(messages.NodeSubject("kvactors", "gpu-0", messages.NodeVerbHeartbeat), hb))
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, holdersOf(feed, held)) // listed again by a catch-up
-	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error { // and it has ended, counted
+	// ... and that catch-up has ended, counted.
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		feed.mu.Lock()
 		defer feed.mu.Unlock()
 		if feed.catching["gpu-0"] {
