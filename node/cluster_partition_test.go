@@ -127,18 +127,7 @@ func TestPartitionedOwnerIsTakenOverByItsStandbyAndFencedWhenTheLinkHeals(t *tes
 	testkit.Recv(t, dev.started, 5*time.Second, "r2's store copy held on nA")
 	send("r3", 4)
 	require.NoError(t, c.Flush())
-	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-		st, err := nodeStatus(nA, "e1")
-		if err != nil {
-			return err
-		}
-		for _, r := range st.Requests {
-			if r.Request == "r3" {
-				return nil
-			}
-		}
-		return fmt.Errorf("nA has not read r3 yet (requests %+v)", st.Requests)
-	})
+	awaitRequestRead(t, nA, "e1", "r3")
 	copies := dev.copies.Load()
 
 	// The partition.
@@ -305,6 +294,24 @@ func nodeStatus(e *env, engine string) (node.StatusReply, error) {
 		return st, errors.New(st.Error)
 	}
 	return st, nil
+}
+
+// awaitRequestRead waits until e's node lists req among engine's live
+// requests (its status): the node has read the events that added it.
+func awaitRequestRead(t *testing.T, e *env, engine, req string) {
+	t.Helper()
+	testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
+		st, err := nodeStatus(e, engine)
+		if err != nil {
+			return err
+		}
+		for _, r := range st.Requests {
+			if r.Request == req {
+				return nil
+			}
+		}
+		return fmt.Errorf("the node has not read %s of %s yet (requests %+v)", req, engine, st.Requests)
+	})
 }
 
 // sdkEngine connects the Go SDK on urls as engine id with spec (no log),

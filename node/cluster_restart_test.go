@@ -52,18 +52,7 @@ func TestClusterGracefulRestartServesItsEngineAgainAsSoonAsACrashRestart(t *test
 		require.NoError(t, c.Added(req, 4))
 		require.NoError(t, c.Blocks(req, 0, 0, []uint32{block}))
 		require.NoError(t, c.Flush())
-		testkit.Eventually(t, 5*time.Second, 5*time.Millisecond, func() error {
-			st, err := nodeStatus(nA, "e1")
-			if err != nil {
-				return err
-			}
-			for _, r := range st.Requests {
-				if r.Request == req {
-					return nil
-				}
-			}
-			return fmt.Errorf("nA has not read %s yet", req)
-		})
+		awaitRequestRead(t, nA, "e1", req)
 	}
 	// restart takes nA down (down), starts its next boot and returns how
 	// long after that boot's start e1 was served by it, and after down.
