@@ -31,6 +31,26 @@ import (
 func refusingServer(t *testing.T, refuse *atomic.Bool, attempts *atomic.Int32) Config {
 	t.Helper()
 	certs := testkit.TLS(t)
+	cfg := verifyingNATSNode(t, certs)
+	cfg.NATSCert, cfg.NATSKey, cfg.NATSConnectTimeout = certs.ClientCert, certs.ClientKey, time.Minute
+	cfg.embeddedExtra = func(o *server.Options) {
+		o.TLSConfig.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error {
+			attempts.Add(1)
+			if refuse.Load() {
+				return errors.New("refused by the test")
+			}
+			return nil
+		}
+	}
+	return cfg
+}
+
+// verifyingNATSNode is a node's config whose embedded server runs
+// nats-config's files for one engine with certs' server certificate,
+// verifying clients' against certs' CA (tls { verify: true }); the node
+// trusts that CA and presents no certificate of its own.
+func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) Config {
+	t.Helper()
 	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
 		TLSCA: certs.CA})
 	require.NoError(t, err)
@@ -40,16 +60,7 @@ func refusingServer(t *testing.T, refuse *atomic.Bool, attempts *atomic.Int32) C
 	return Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
 		HTTPAddr: HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
 		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
-		NATSCA: certs.CA, NATSCert: certs.ClientCert, NATSKey: certs.ClientKey, NATSConnectTimeout: time.Minute,
-		embeddedExtra: func(o *server.Options) {
-			o.TLSConfig.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error {
-				attempts.Add(1)
-				if refuse.Load() {
-					return errors.New("refused by the test")
-				}
-				return nil
-			}
-		}}
+		NATSCA: certs.CA}
 }
 
 // The embedded server refusing the node's certificate for a reason the

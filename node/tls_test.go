@@ -2,14 +2,10 @@ package node_test
 
 import (
 	"context"
-	"io"
-	"log/slog"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/internal/testkit"
@@ -69,7 +65,7 @@ func TestEmbeddedNATSVerifyingClientCertificatesNeedsTheNodesOwn(t *testing.T) {
 	certs := testkit.TLS(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	n, err := node.Start(ctx, verifyingNATSNode(t, certs))
+	n, err := node.Start(ctx, node.VerifyingNATSNode(t, certs))
 	if err == nil {
 		_ = n.Close(context.Background())
 	}
@@ -89,7 +85,7 @@ func TestEmbeddedNATSRejectingTheNodesCertificateFailsStartInTime(t *testing.T) 
 	ctx, cancel := context.WithTimeout(context.Background(), bound)
 	defer cancel()
 	start := time.Now()
-	cfg := verifyingNATSNode(t, certs)
+	cfg := node.VerifyingNATSNode(t, certs)
 	cfg.NATSCert, cfg.NATSKey, cfg.NATSConnectTimeout = other.ClientCert, other.ClientKey, time.Minute
 	n, err := node.Start(ctx, cfg)
 	took := time.Since(start)
@@ -100,24 +96,6 @@ func TestEmbeddedNATSRejectingTheNodesCertificateFailsStartInTime(t *testing.T) 
 	require.Less(t, took, bound, "refused before the in-process handshake, not a minute into it")
 	require.ErrorIs(t, err, node.ErrConfig)
 	require.ErrorContains(t, err, "--nats-cert "+other.ClientCert+" is refused")
-}
-
-// verifyingNATSNode is a node's config whose embedded server runs
-// nats-config's files for one engine with certs' server certificate,
-// verifying clients' against certs' CA (tls { verify: true }); the node
-// trusts that CA and presents no certificate of its own.
-func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) node.Config {
-	t.Helper()
-	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
-		TLSCA: certs.CA})
-	require.NoError(t, err)
-	dir := filepath.Join(t.TempDir(), "nats")
-	_, err = g.Write(dir)
-	require.NoError(t, err)
-	return node.Config{NATSPort: -1, NATSStoreDir: t.TempDir(), ShmDir: t.TempDir(), PoolBytes: 1 << 20,
-		HTTPAddr: node.HTTPOff, Registry: prometheus.NewRegistry(), Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		NATSConfig: filepath.Join(dir, natsauth.ConfigFile), NATSNKey: filepath.Join(dir, natsauth.ServiceUser+".nk"),
-		NATSCA: certs.CA}
 }
 
 // The node's in-process connection to its embedded TLS server checks the
@@ -139,7 +117,7 @@ func TestEmbeddedNATSOverTLSChecksTheChainNotTheListenHost(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			certs := testkit.TLS(t, tc.names...)
-			cfg := verifyingNATSNode(t, certs)
+			cfg := node.VerifyingNATSNode(t, certs)
 			cfg.NATSCert, cfg.NATSKey, cfg.NATSHost = certs.ClientCert, certs.ClientKey, tc.host
 			cfg.NATSConnectTimeout = 3 * time.Second
 			if tc.otherCA {
