@@ -1,14 +1,12 @@
 package node
 
 import (
-	"crypto/x509"
 	"fmt"
 	"net"
 	"net/url"
 	"strings"
 
-	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nkeys"
+	"github.com/kvactors/kvactors/natsauth"
 )
 
 // checkAddresses refuses, as a config error (exit 2), an admin address or a
@@ -102,22 +100,12 @@ func checkSecretFile(flag, path string) error {
 	}
 	switch flag {
 	case "--nats-creds":
-		// ParseDecoratedJWT returns the whole file when it finds no JWT
-		// block, never an error: the claims decide.
-		token, err := nkeys.ParseDecoratedJWT(data)
-		if err == nil {
-			_, err = jwt.DecodeUserClaims(token)
-		}
-		if err != nil {
-			return fmt.Errorf("%s: no user JWT: %w", path, err)
-		}
-		if _, err := nkeys.ParseDecoratedNKey(data); err != nil {
-			return fmt.Errorf("%s: no nkey seed: %w", path, err)
-		}
+		err = natsauth.CheckCreds(data)
 	case "--nats-ca":
-		if !x509.NewCertPool().AppendCertsFromPEM(data) {
-			return fmt.Errorf("%s: no PEM certificate in it", path)
-		}
+		err = natsauth.CheckCA(data)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", path, err)
 	}
 	return nil // --nats-nkey: nats.NkeyOptionFromSeed parses it (NATSAuthOptions)
 }

@@ -18,7 +18,6 @@ package main
 
 import (
 	"context"
-	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"flag"
@@ -29,13 +28,12 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nkeys"
 
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/client"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/natsauth"
 )
 
 const (
@@ -131,37 +129,18 @@ func natsOptions(nkey, creds, ca string) ([]nats.Option, error) {
 }
 
 // checkCreds reads a credentials file now: nats.go reads it only when it
-// dials, after the rest of the set-up, and says less.
-func checkCreds(path string) error {
-	data, err := readFile(path)
-	if err != nil {
-		return err
-	}
-	// ParseDecoratedJWT returns the whole file when it finds no JWT block:
-	// the claims decide.
-	token, err := nkeys.ParseDecoratedJWT(data)
-	if err == nil {
-		_, err = jwt.DecodeUserClaims(token)
-	}
-	if err != nil {
-		return fmt.Errorf("no user JWT in it: %w", err)
-	}
-	if _, err := nkeys.ParseDecoratedNKey(data); err != nil {
-		return fmt.Errorf("no nkey seed in it: %w", err)
-	}
-	return nil
-}
+// dials, after the set-up.
+func checkCreds(path string) error { return checkWith(path, natsauth.CheckCreds) }
 
 // checkCA reads a CA file now, as checkCreds does.
-func checkCA(path string) error {
+func checkCA(path string) error { return checkWith(path, natsauth.CheckCA) }
+
+func checkWith(path string, check func([]byte) error) error {
 	data, err := readFile(path)
 	if err != nil {
 		return err
 	}
-	if !x509.NewCertPool().AppendCertsFromPEM(data) {
-		return errors.New("no PEM certificate in it")
-	}
-	return nil
+	return check(data)
 }
 
 // readFile is os.ReadFile with the path left out of its error (the
