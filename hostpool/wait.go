@@ -155,12 +155,11 @@ func (s *Shared) Unpin(p *Pins) { wake(s.unpin(p)) }
 
 func (s *Shared) unpin(p *Pins) []Waker {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	p.done = true
-	unpinned := s.pool.CompleteLoad(p.keys)
+	p.done = true // endWaits pins nothing more for it
+	keys := p.keys
 	p.keys = nil
-	s.full.Store(s.pool.full())
-	return s.roomFreed(unpinned)
+	s.mu.Unlock()
+	return s.completeLoad(keys)
 }
 
 func wake(ws []Waker) {
