@@ -217,12 +217,14 @@ func (n *Node) sharesNoObject(old *engineRec, segs []messages.Segment, dev backe
 	for id, rec := range n.engines {
 		if other, ok := rec.attached.(backend.Objects); ok && rec != old {
 			for _, obj := range other.Objects() {
-				mapped[obj] = id
+				if obj != (backend.Object{}) { // no identity (a cuda handle): nothing to compare
+					mapped[obj] = id
+				}
 			}
 		}
 	}
 	for i, obj := range objs {
-		if id, ok := mapped[obj]; ok && obj != (backend.Object{}) {
+		if id, ok := mapped[obj]; ok {
 			return fmt.Errorf("%w: %w", ErrRegister,
 				ingest.SpecError("shm %q is mapped by engine %q (under another name)", segs[i].Shm, id))
 		}
