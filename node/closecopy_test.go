@@ -3,11 +3,15 @@ package node_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/backend"
@@ -165,4 +169,38 @@ func TestCloseGivesUpADrainThatDoesNotEndAtItsBound(t *testing.T) { // not paral
 	require.True(t, dev.closed.Load(), "the device closed at the end")
 	require.False(t, dev.closedUnder.Load(), "the device closed under a running copy")
 	require.False(t, dev.copiedClosed.Load(), "a copy ran on a closed device")
+}
+
+// A link to NATS cut as Close begins its drain (the client not yet aware:
+// its check said connected) leaves nothing to drain: the drain's flush has
+// no server to answer it. Close gives the drain up as soon as the client
+// sees the connection go down, not at its bound, a quarter of
+// --shutdown-timeout. A crash simulated by a cut and a Close, as the cluster
+// restart test does, held the old boot past the lease that way, and its
+// engine's record lapsed before the next boot could read it.
+func TestCloseGivesUpTheDrainWhenNATSGoesDown(t *testing.T) { // not parallel: sets the package's drain
+	const timeout = 40 * time.Second // the drain's bound: 10 s
+	s := testkit.NATSServer(t)
+	link := testkit.NewLink(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	var cut sync.Once
+	drains := make(chan *nats.Subscription, 8)
+	defer node.SetSubscriptionDrain(func(s *nats.Subscription) error {
+		cut.Do(link.Cut) // a drain begun, then the link gone: its flush is never answered
+		drains <- s
+		return nil
+	})()
+	n, err := node.Start(context.Background(), node.Config{NATSURL: "nats://" + link.Addr, NodeID: "cn",
+		ShmDir: t.TempDir(), PoolBytes: 1 << 20, HTTPAddr: "off", Registry: prometheus.NewRegistry(),
+		ShutdownTimeout: timeout, Log: slog.New(slog.DiscardHandler),
+		FailStop: func(reason string) { t.Errorf("the node fail-stopped: %s", reason) }})
+	require.NoError(t, err)
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close(context.Background()) }()
+	testkit.Recv(t, drains, 5*time.Second, "the drain's start")
+	select {
+	case <-closed: // its error says what NATS down left undelivered, if anything: not this test's subject
+	case <-time.After(timeout / 8):
+		t.Fatalf("Close still draining %v after NATS went down (the drain's bound: %v)", timeout/8, timeout/4)
+	}
+	require.Len(t, drains, 0, "a drain begun with NATS known to be down")
 }

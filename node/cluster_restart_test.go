@@ -42,6 +42,7 @@ func TestClusterGracefulRestartServesItsEngineAgainAsSoonAsACrashRestart(t *test
 	nA := start()
 	kc.nodes = []*env{nA, kc.startNode(1, "nB")} // another node, which must leave e1 alone
 	kc.waitSeen()
+	owners := ownersBucket(t, kc.nodes[1].nc) // through nB: up across nA's crash
 
 	te := nA.newEngine("e1", defaultOpts()) // its segment and blocks; the SDK speaks for it
 	te.spec.Node = "nA"
@@ -61,12 +62,19 @@ func TestClusterGracefulRestartServesItsEngineAgainAsSoonAsACrashRestart(t *test
 		old := c.Stats().Boot
 		began := time.Now()
 		down()
+		// The record's last write as the servers stored it: the bucket's
+		// TTL (a lease) runs from there, so the new boot finds the record
+		// only if it reads the bucket within a lease of it. A crash's
+		// Close that waited out its drain (NATS gone) once let it lapse.
+		last, err := owners.Get(context.Background(), "e1")
+		require.NoError(t, err, "%s restart: e1's record gone %v after the old boot began to go down", how, time.Since(began))
 		nA = start()
 		started := time.Now()
 		// The mechanism itself, timing aside: the new boot read its
 		// previous boot's record of e1 (a closed marker after a graceful
 		// Close) at start, so it answers e1's heartbeat "unknown engine".
-		require.True(t, nA.node.DroppedHere("e1"), "%s restart: the new boot did not find e1 as its previous boot's", how)
+		require.True(t, nA.node.DroppedHere("e1"), "%s restart: the new boot did not find e1 as its previous boot's (started %v after the record's last write; lease %v)",
+			how, started.Sub(last.Created()), clusterLease)
 		testkit.Eventually(t, 4*clusterLease, 5*time.Millisecond, func() error {
 			if st := c.Stats(); st.Node != "nA" || st.Boot != nA.node.Boot() || !c.Live() {
 				return fmt.Errorf("e1 on %s/%s (live %v), not yet on the new boot %s", st.Node, st.Boot, c.Live(), nA.node.Boot())

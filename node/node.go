@@ -390,33 +390,7 @@ func (n *Node) Close(ctx context.Context) error {
 	n.ready.Store(false)
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.ShutdownTimeout)
 	defer cancel()
-	var unapplied int64 // inbound messages dropped unread: the node never knew what they said
-	for _, s := range n.subs {
-		// Drain: what NATS already handed the client is still taken, so a
-		// batch that arrived before the shutdown is applied, not lost.
-		// With NATS down there is nothing to drain and draining would wait
-		// out the timeout.
-		closed := s.StatusChanged(nats.SubscriptionClosed)
-		stop := func() {
-			if msgs, _, err := s.Pending(); err == nil {
-				unapplied += int64(msgs)
-			}
-			_ = s.Unsubscribe()
-		}
-		if !n.nc.IsConnected() || drainSub(s) != nil {
-			stop()
-			continue
-		}
-		drained := time.NewTimer(n.cfg.ShutdownTimeout / 4) // leave most of the time to the releases
-		select {
-		case <-closed:
-		case <-drained.C:
-			stop()
-		case <-ctx.Done():
-			stop()
-		}
-		drained.Stop()
-	}
+	unapplied := n.drainIntake(ctx) // inbound messages dropped unread: the node never knew what they said
 	if n.ingest != nil {
 		n.ingest.stop()
 		unapplied += n.ingest.discarded.Load()
@@ -470,6 +444,47 @@ func (n *Node) Close(ctx context.Context) error {
 			ErrUndelivered, undelivered, unconfirmed)
 	}
 	return nil
+}
+
+// drainIntake drains the intake's subscriptions for Close: what NATS
+// already handed the client is still taken, so a batch that arrived before
+// the shutdown is applied, not lost. With NATS down there is nothing to
+// drain, and a drain would wait out its timeout for an answer that cannot
+// come: a subscription is unsubscribed at once if the connection is down,
+// or as soon as it goes down mid-drain (a link cut just before Close, not
+// yet seen by the client when the drain began, held a shutdown for
+// ShutdownTimeout/4). It returns how many messages were dropped unread.
+func (n *Node) drainIntake(ctx context.Context) (unapplied int64) {
+	if len(n.subs) == 0 {
+		return 0
+	}
+	down := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer n.nc.RemoveStatusListener(down)
+	for _, s := range n.subs {
+		closed := s.StatusChanged(nats.SubscriptionClosed)
+		stop := func() {
+			if msgs, _, err := s.Pending(); err == nil {
+				unapplied += int64(msgs)
+			}
+			_ = s.Unsubscribe()
+		}
+		if !n.nc.IsConnected() || drainSub(s) != nil { // checked after down's registration: no loss unseen
+			stop()
+			continue
+		}
+		drained := time.NewTimer(n.cfg.ShutdownTimeout / 4) // leave most of the time to the releases
+		select {
+		case <-closed:
+		case <-down:
+			stop()
+		case <-drained.C:
+			stop()
+		case <-ctx.Done():
+			stop()
+		}
+		drained.Stop()
+	}
+	return unapplied
 }
 
 // drainSub starts the drain of an intake subscription in Close (a seam: a
