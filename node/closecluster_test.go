@@ -2,12 +2,17 @@ package node_test
 
 import (
 	"context"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
+	"github.com/kvactors/kvactors/node"
 )
 
 // Close unmaps the pool after closeCluster, so it returns only once what
@@ -52,4 +57,66 @@ func TestCloseWaitsForARemoteLoadsFetchAndAFetchBeingServed(t *testing.T) {
 	serving, release := kc.nodes[0].node.HoldInClusterGate("read")
 	load(c, "rc")
 	closeWhileHeld(0, serving, release, "the fetch A serves")
+}
+
+// closeOwner starts nA, alone on the NATS cluster through a link (a cut is
+// its outage), with lease and a 40 s shutdown timeout, owning e1 with a
+// request live (retiring it publishes a release during Close).
+func closeOwner(t *testing.T, lease time.Duration) (*env, *testkit.Link) {
+	t.Helper()
+	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
+	link := testkit.NewLink(t, strings.TrimPrefix(kc.nats.URL(0), "nats://"))
+	nA := kc.startNode(0, "nA", func(_ int, c *node.Config) {
+		c.NATSURL = "nats://" + link.Addr
+		c.Lease, c.ShutdownTimeout = lease, 40*time.Second
+		node.WithNATSOptions(nats.IgnoreDiscoveredServers())(c)
+	})
+	te := nA.newEngine("e1", defaultOpts())
+	te.spec.Node = "nA"
+	te.register()
+	te.send(added("r1", 4), blocksEv("r1", 0, 0, 1))
+	awaitRequestRead(t, nA, "e1", "r1")
+	return nA, link
+}
+
+// A link to NATS cut as Close leaves its engines' closed markers (the
+// client not yet aware: its check said connected) leaves no answer to
+// come: Close gives the Leaves up as soon as the client sees the
+// connection go down, not at the shutdown timeout, which a Leave waited
+// out whole (the engine's record lapses after a lease anyway, as after a
+// crash).
+func TestCloseGivesUpTheLeavesWhenNATSGoesDown(t *testing.T) { // not parallel: sets the package's Leave
+	nA, link := closeOwner(t, time.Minute) // half a lease: past the test's wait
+	var cut sync.Once
+	leaves := make(chan string, 8)
+	defer node.SetLeave(func(o *cluster.Owners, ctx context.Context, engine string) error {
+		cut.Do(link.Cut) // a Leave begun, then the link gone: its update is never answered
+		leaves <- engine
+		return o.Leave(ctx, engine)
+	})()
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- nA.node.Close(context.Background()) }()
+	require.Equal(t, "e1", testkit.Recv(t, leaves, 5*time.Second, "e1's Leave"))
+	testkit.Recv(t, closed, 5*time.Second, "Close's return after NATS went down (shutdown timeout 40 s)")
+	t.Logf("Close took %v", time.Since(began))
+}
+
+// A Leave never answered while NATS seems up (JetStream without a quorum,
+// a link gone silent: no status change to see) takes at most half a lease, not the shutdown
+// timeout: the record lapses a lease after its last keep-alive, so a
+// marker later than that could not land, and the releases' flush that
+// follows would find no time left (the release published during Close
+// counted unconfirmed, ErrUndelivered).
+func TestCloseBoundsTheLeavesByHalfALease(t *testing.T) { // not parallel: sets the package's Leave
+	nA, _ := closeOwner(t, clusterLease)
+	defer node.SetLeave(func(_ *cluster.Owners, ctx context.Context, _ string) error {
+		<-ctx.Done() // never answered
+		return ctx.Err()
+	})()
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- nA.node.Close(context.Background()) }()
+	require.NoError(t, testkit.Recv(t, closed, 10*time.Second, "Close's return (half a lease: 1 s; shutdown timeout 40 s)"))
+	t.Logf("Close took %v", time.Since(began))
 }

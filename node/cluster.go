@@ -164,12 +164,8 @@ func (n *Node) closeCluster(ctx context.Context) {
 		c.stopKeepAlive()
 		<-c.keepAliveDone
 	}
-	if c.owners != nil && n.nc != nil && n.nc.IsConnected() {
-		for _, id := range c.owners.Mine() {
-			if err := c.owners.Leave(ctx, id); err != nil {
-				n.log.Warn("cluster: release on shutdown", "engine", id, "err", err)
-			}
-		}
+	if c.owners != nil && n.nc != nil {
+		n.leaveAll(ctx)
 	}
 	for _, s := range c.subs {
 		_ = s.Unsubscribe()
@@ -178,6 +174,46 @@ func (n *Node) closeCluster(ctx context.Context) {
 		c.feed.Close()
 	}
 }
+
+// leaveAll leaves a closed marker for every engine this node owns, for at
+// most half a lease and only while NATS is up. A record lapses a lease
+// after its last keep-alive (the bucket's TTL), sent a quarter of a lease
+// apart: a marker much later could not land. A Leave with no answer to
+// come (the connection down, JetStream without a quorum) waited out the
+// whole shutdown timeout, leaving the releases' flush none of it (a link
+// cut as Close began held a shutdown 10 s). A marker not left, the next
+// boot and the other nodes find the record as after a crash.
+func (n *Node) leaveAll(ctx context.Context) {
+	c := n.cl
+	ctx, cancel := context.WithTimeout(ctx, n.cfg.Lease/2)
+	defer cancel()
+	down := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	defer n.nc.RemoveStatusListener(down)
+	if !n.nc.IsConnected() { // checked after down's registration: no loss unseen
+		return
+	}
+	go func() {
+		select {
+		case <-down: // or closed, once the pass is over
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	mine := c.owners.Mine()
+	for i, id := range mine {
+		if ctx.Err() != nil {
+			n.log.Warn("cluster: shutdown: closed markers not left; the records lapse after a lease", "engines", len(mine)-i, "err", ctx.Err())
+			return
+		}
+		if err := leaveEngine(c.owners, ctx, id); err != nil {
+			n.log.Warn("cluster: release on shutdown", "engine", id, "err", err)
+		}
+	}
+}
+
+// leaveEngine leaves a closed marker for an engine in closeCluster (a seam:
+// a test cuts NATS there, or answers never).
+var leaveEngine = (*cluster.Owners).Leave
 
 // serving is the ownership gate for every engine message but register:
 // only the owner, within its lease, answers or applies it; every other node

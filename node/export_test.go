@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/kvactors/kvactors/cluster"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
@@ -183,6 +184,14 @@ func SetSubscriptionDrain(drain func(*nats.Subscription) error) (restore func())
 	old := drainSub
 	drainSub = drain
 	return func() { drainSub = old }
+}
+
+// SetLeave replaces how Close leaves a closed marker for an engine it
+// owns, until the returned func restores it.
+func SetLeave(leave func(o *cluster.Owners, ctx context.Context, engine string) error) (restore func()) {
+	old := leaveEngine
+	leaveEngine = leave
+	return func() { leaveEngine = old }
 }
 
 // SetTransferStopWait sets how long Close waits for running copies, until
