@@ -204,3 +204,27 @@ func TestCloseGivesUpTheDrainWhenNATSGoesDown(t *testing.T) { // not parallel: s
 	}
 	require.Len(t, drains, 0, "a drain begun with NATS known to be down")
 }
+
+// A link to NATS gone silent before Close (nothing answers, nothing is
+// closed: the client, pinging every two minutes, still calls itself
+// connected) holds Close for its shutdown timeout: the drain's bound and
+// the releases' flush wait for answers the link may yet bring. Not past
+// it: once Close's own flush has failed, its teardown does not flush
+// again, which waited 2 s more for a PONG that could not change what Close
+// reports.
+func TestCloseEndsAtItsTimeoutWhenNATSGoesSilent(t *testing.T) { // not parallel: timed against its shutdown timeout, with 1 s to spare
+	const timeout = time.Second
+	s := testkit.NATSServer(t)
+	link := testkit.NewLink(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	n, err := node.Start(context.Background(), node.Config{NATSURL: "nats://" + link.Addr, NodeID: "sn",
+		ShmDir: t.TempDir(), PoolBytes: 1 << 20, HTTPAddr: "off", Registry: prometheus.NewRegistry(),
+		ShutdownTimeout: timeout, Log: slog.New(slog.DiscardHandler),
+		FailStop: func(reason string) { t.Errorf("the node fail-stopped: %s", reason) }})
+	require.NoError(t, err)
+	link.Freeze()
+	began := time.Now()
+	closed := make(chan error, 1)
+	go func() { closed <- n.Close(context.Background()) }()
+	testkit.Recv(t, closed, timeout+time.Second, "Close's return (shutdown timeout 1 s)")
+	t.Logf("Close took %v", time.Since(began))
+}

@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -23,9 +24,10 @@ type Link struct {
 	target string
 	ln     net.Listener
 
-	mu    sync.Mutex
-	cut   bool
-	conns []net.Conn
+	mu     sync.Mutex
+	cut    bool
+	conns  []net.Conn
+	frozen atomic.Bool
 }
 
 // NewLink proxies a fresh loopback port to target until the test ends.
@@ -70,7 +72,7 @@ func (l *Link) serve() {
 		l.conns = append(l.conns, c, s)
 		l.mu.Unlock()
 		pipe := func(dst, src net.Conn) {
-			_, _ = io.Copy(dst, src)
+			_, _ = io.Copy(dst, l.unlessFrozen(src))
 			_ = dst.Close()
 			_ = src.Close()
 		}
@@ -91,9 +93,33 @@ func (l *Link) Cut() {
 	l.conns = nil
 }
 
-// Restore lets connections through again, on the same address.
+// Restore lets connections through again, on the same address, and ends
+// a Freeze.
 func (l *Link) Restore() {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.cut = false
+	l.frozen.Store(false)
 }
+
+// Freeze drops whatever is sent through the link, either way, and closes
+// nothing: a link gone silent (a partition that drops packets), which a
+// client notices only when its pings go unanswered. What is sent while
+// frozen is lost, as in such a partition.
+func (l *Link) Freeze() { l.frozen.Store(true) }
+
+// unlessFrozen reads src, dropping what it reads while the link is frozen.
+func (l *Link) unlessFrozen(src io.Reader) io.Reader {
+	return readerFunc(func(p []byte) (int, error) {
+		for {
+			k, err := src.Read(p)
+			if err != nil || !l.frozen.Load() {
+				return k, err
+			}
+		}
+	})
+}
+
+type readerFunc func([]byte) (int, error)
+
+func (f readerFunc) Read(p []byte) (int, error) { return f(p) }
