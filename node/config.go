@@ -47,6 +47,8 @@ type Config struct {
 	// authenticate otherwise; NATSCA is a CA bundle for TLS. NATSCert and
 	// NATSKey (both or neither) are a client certificate and its key, for a
 	// server that verifies clients' certificates (nats-config --tls-ca).
+	// TLS is for a server over TCP (NATSURL): the connection to the
+	// embedded server is in-process and plain (plainInProcess).
 	NATSCreds    string `json:"nats_creds"`
 	NATSUser     string `json:"-"`
 	NATSPassword string `json:"-"`

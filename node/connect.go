@@ -2,8 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -66,14 +64,22 @@ const (
 // timeout: a node started before its NATS cluster (a host booting, a
 // DaemonSet rolling out first) waits for it rather than exiting. Once
 // connected, the client's own reconnect takes over. ctx ends the wait.
+// refused, when set, says why a server refused an attempt begun at since
+// (nil: it cannot tell); an authorization error ends the retries.
 func connectWithRetry(ctx context.Context, url string, opts []nats.Option, timeout time.Duration,
-	log *slog.Logger) (*nats.Conn, error) {
+	refused func(since time.Time) error, log *slog.Logger) (*nats.Conn, error) {
 	deadline := time.Now().Add(timeout)
 	backoff := connectBackoffMin
 	for attempt := 1; ; attempt++ {
+		since := time.Now()
 		nc, err := nats.Connect(url, opts...)
 		if err == nil {
 			return nc, nil
+		}
+		if refused != nil {
+			if why := refused(since); why != nil {
+				err = fmt.Errorf("%w (the client saw: %w)", why, err)
+			}
 		}
 		left := time.Until(deadline)
 		if left <= 0 || errors.Is(err, nats.ErrAuthorization) {
@@ -99,16 +105,20 @@ func (n *Node) connect(ctx context.Context) error {
 		if err := n.startEmbedded(ctx); err != nil {
 			return err
 		}
-		url = n.ns.ClientURL()
+		// nats:// even when the server has TLS (its ClientURL is then
+		// tls://, which nats.go takes to mean TLS): see plainInProcess.
+		url = "nats://" + strings.TrimPrefix(n.ns.ClientURL(), "tls://")
 	}
 	opts, err := n.natsOptions()
 	if err != nil {
 		return err
 	}
+	var refused func(time.Time) error
 	if n.ns != nil {
-		opts = append(opts, nats.InProcessServer(inProcess{n.ns}), inProcessServerName(n.embeddedOpts.TLSConfig))
+		opts = append(opts, nats.InProcessServer(inProcess{n.ns}), plainInProcess)
+		refused = n.inProcessRefused
 	}
-	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, n.log)
+	nc, err := connectWithRetry(ctx, url, opts, n.cfg.NATSConnectTimeout, refused, n.log)
 	if err != nil {
 		return err
 	}
@@ -117,42 +127,45 @@ func (n *Node) connect(ctx context.Context) error {
 	return nil
 }
 
-// inProcessServerName has the in-process connection's TLS check the
-// server certificate's chain (against --nats-ca) but not its name: nats.go
-// would match it against the URL's host, the listen host, which means
-// nothing to a pipe inside the process, and fails for 0.0.0.0 or a
-// certificate for a DNS name. So the name checked is one the embedded
-// server's own certificate carries. It goes after the TLS options
-// (RootCAs, ClientCert), which create the client's TLSConfig; with none,
-// the client does not ask for TLS and nothing changes.
-func inProcessServerName(server *tls.Config) nats.Option {
-	return func(o *nats.Options) error {
-		if o.TLSConfig == nil || o.TLSConfig.ServerName != "" || server == nil || len(server.Certificates) == 0 ||
-			len(server.Certificates[0].Certificate) == 0 {
-			return nil
-		}
-		leaf := server.Certificates[0].Leaf
-		if leaf == nil {
-			var err error
-			if leaf, err = x509.ParseCertificate(server.Certificates[0].Certificate[0]); err != nil {
-				return fmt.Errorf("embedded nats certificate: %w", err)
-			}
-		}
-		name := ""
-		switch {
-		case len(leaf.DNSNames) > 0:
-			// A wildcard is no name to dial: any label matches it.
-			name = strings.Replace(leaf.DNSNames[0], "*", "kvactors", 1)
-		case len(leaf.IPAddresses) > 0:
-			name = leaf.IPAddresses[0].String()
-		default:
-			return nil // no name to match: nats.go's check fails as before
-		}
-		tc := o.TLSConfig.Clone() // not the caller's, if an option passed its own
-		tc.ServerName = name
-		o.TLSConfig = tc
+// plainInProcess drops the client's TLS options (--nats-ca, --nats-cert)
+// from the node's connection to its embedded server: that is a pipe inside
+// the process, which TLS protects from nothing, at a cost on every message
+// of the node's hot path. nats-server lets an in-process client speak
+// plain NATS even when its listener requires TLS or verifies client
+// certificates (it sniffs for a handshake), and authenticates it by its
+// credentials as any other client. It goes after every other option.
+func plainInProcess(o *nats.Options) error {
+	o.Secure, o.TLSConfig, o.TLSCertCB, o.RootCAsCB, o.TLSHandshakeFirst = false, nil, nil, nil, false
+	return nil
+}
+
+// inProcessRefused says why the embedded server refused the node's
+// in-process connect begun at since, when its record of the connections it
+// closed tells: its credentials (nats.ErrAuthorization), or its
+// max_connections. The client cannot tell: the server's -ERR is lost on
+// the synchronous pipe (see connectBounded), and it sees a timeout or a
+// closed pipe. The node's connection is found by its name (the CONNECT's,
+// read before authenticating it); one refused for max_connections has none
+// (the server never read its CONNECT), but any such refusal means the
+// server is full.
+func (n *Node) inProcessRefused(since time.Time) error {
+	cz, err := n.ns.Connz(&server.ConnzOptions{State: server.ConnClosed, Sort: server.ByStop, Limit: 64})
+	if err != nil {
 		return nil
 	}
+	for _, c := range cz.Conns {
+		if c.Stop == nil || c.Stop.Before(since) {
+			break // newest first
+		}
+		switch {
+		case c.Name == nodeConnName(n.cfg.NodeID) && c.Reason == server.AuthenticationViolation.String():
+			return fmt.Errorf("%w: the embedded server refused the node's credentials (%s)", nats.ErrAuthorization, c.Reason)
+		case c.Reason == server.MaxConnectionsExceeded.String():
+			return fmt.Errorf("the embedded server refused the connection: %s (max_connections %d)", c.Reason,
+				n.embeddedOpts.MaxConn)
+		}
+	}
+	return nil
 }
 
 // inProcess hands out the embedded server's in-process connections, each
@@ -170,13 +183,13 @@ func (p inProcess) InProcessConn() (net.Conn, error) {
 // connectBounded is an in-process connection whose connect ends by the
 // deadline nats.go sets around it (SetDeadline: its connect timeout, 2 s;
 // cleared once connected or failed), at start and on each reconnect.
-// net.Pipe is synchronous: a TLS handshake the server refuses for a reason
-// the start's checks do not model (a certificate expired since, a hook)
-// leaves both ends writing, the server its alert and the client its
-// CONNECT, under nats.go's own write deadline (FlusherTimeout, a minute),
-// and tls' close_notify then writes for 5 s more. So, while the connect's
-// deadline is set, no write deadline goes past it, and a read or write that
-// times out closes the pipe. After the connect it is the pipe.
+// net.Pipe is synchronous: a connect the server refuses after reading its
+// CONNECT (bad credentials) leaves both ends writing, the server its -ERR
+// and the client its PING, until the server's write deadline
+// (write_deadline, 10 s by default) or nats.go's own (FlusherTimeout, a
+// minute) ends it, plain or TLS alike. So, while the connect's deadline is
+// set, no write deadline goes past it, and a read or write that times out
+// closes the pipe. After the connect it is the pipe.
 type connectBounded struct {
 	net.Conn
 	connect atomic.Pointer[time.Time] // the connect's deadline; nil outside it
@@ -302,13 +315,16 @@ func writeBuffer(n int) nats.Option {
 	}
 }
 
+// nodeConnName is the NATS connection name of node id's client.
+func nodeConnName(id string) string { return "kvactors " + id }
+
 // natsOptions are the client's options: reconnect for ever once connected,
 // with the connection gauge and logs kept current.
 func (n *Node) natsOptions() ([]nats.Option, error) {
 	// NoEcho: the node subscribes to P.*.* and must not receive what it
 	// publishes itself (released, stored, kv_events, resync). The inbox
 	// prefix is the one natsauth lets kvactors' user read.
-	opts := []nats.Option{nats.Name("kvactors " + n.cfg.NodeID), nats.NoEcho(), nats.MaxReconnects(-1),
+	opts := []nats.Option{nats.Name(nodeConnName(n.cfg.NodeID)), nats.NoEcho(), nats.MaxReconnects(-1),
 		nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser)),
 		nats.ReconnectWait(250 * time.Millisecond), nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		writeBuffer(natsWriteBuffer),

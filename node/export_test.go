@@ -9,7 +9,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/kvactors/kvactors/cluster"
-	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
@@ -204,8 +203,3 @@ func SetTransferStopWait(d time.Duration) (restore func()) {
 
 // ShardOf is the intake shard of engineID among shards.
 func ShardOf(engineID string, shards int) int { return shardOf(engineID, shards) }
-
-// VerifyingNATSNode is verifyingNATSNode, for tests outside the package.
-func VerifyingNATSNode(t *testing.T, certs testkit.TLSFiles) Config {
-	return verifyingNATSNode(t, certs)
-}

@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nkeys"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
@@ -22,33 +23,11 @@ import (
 	"github.com/kvactors/kvactors/natsauth"
 )
 
-// refusingServer is a node's config whose embedded server verifies client
-// certificates (the generated --nats-config, tls { verify: true }) and
-// gives the node a valid one, which the start's check lets through; the
-// server then refuses the handshake while refuse is set (a
-// VerifyPeerCertificate hook, as OCSP or a certificate expired since would),
-// counting its handshakes in attempts.
-func refusingServer(t *testing.T, refuse *atomic.Bool, attempts *atomic.Int32) Config {
-	t.Helper()
-	certs := testkit.TLS(t)
-	cfg := verifyingNATSNode(t, certs)
-	cfg.NATSCert, cfg.NATSKey, cfg.NATSConnectTimeout = certs.ClientCert, certs.ClientKey, time.Minute
-	cfg.embeddedExtra = func(o *server.Options) {
-		o.TLSConfig.VerifyPeerCertificate = func([][]byte, [][]*x509.Certificate) error {
-			attempts.Add(1)
-			if refuse.Load() {
-				return errors.New("refused by the test")
-			}
-			return nil
-		}
-	}
-	return cfg
-}
-
 // verifyingNATSNode is a node's config whose embedded server runs
 // nats-config's files for one engine with certs' server certificate,
-// verifying clients' against certs' CA (tls { verify: true }); the node
-// trusts that CA and presents no certificate of its own.
+// verifying clients' against certs' CA (tls { verify: true }); the node is
+// given that CA (--nats-ca, which its in-process connection leaves unused)
+// and no certificate of its own.
 func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) Config {
 	t.Helper()
 	g, err := natsauth.Generate(natsauth.Options{Engines: []string{"gpu0"}, TLSCert: certs.Cert, TLSKey: certs.Key,
@@ -63,38 +42,132 @@ func verifyingNATSNode(t *testing.T, certs testkit.TLSFiles) Config {
 		NATSCA: certs.CA}
 }
 
-// The embedded server refusing the node's certificate for a reason the
-// start's check does not model ends each in-process connect within nats.go's
-// connect timeout, so the start's context ends the start: not a TLS handshake
-// deadlocked on the synchronous pipe (the server writing its alert, the
-// client its CONNECT) until nats.go's minute write timeout and tls' 5 s
-// close_notify, 65 s an attempt.
-func TestInProcessConnectRefusedByTheServerFailsStartInTime(t *testing.T) {
-	t.Parallel()
-	var refuse atomic.Bool
-	var attempts atomic.Int32
-	refuse.Store(true)
-	cfg := refusingServer(t, &refuse, &attempts)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	start := time.Now()
-	done := make(chan error, 1)
-	go func() {
-		n, err := Start(ctx, cfg)
-		if err == nil {
-			_ = n.Close(context.Background())
-		}
-		done <- err
-	}()
-	err := testkit.Recv(t, done, 15*time.Second, "the start's end, its context 5 s")
-	t.Logf("took %v, %d handshakes: %v", time.Since(start), attempts.Load(), err)
-	require.ErrorIs(t, err, context.DeadlineExceeded, "the start's context ended it")
-	require.GreaterOrEqual(t, attempts.Load(), int32(2), "each attempt ended in time for another")
+// refusingServer is a node's config whose embedded server (verifying
+// clients' certificates, as verifyingNATSNode) refuses the node's
+// credentials while refuse is set (a custom authenticator in place of the
+// config's users, as a revoked user would be), counting the connects it
+// checks in attempts.
+func refusingServer(t *testing.T, refuse *atomic.Bool, attempts *atomic.Int32) Config {
+	t.Helper()
+	cfg := verifyingNATSNode(t, testkit.TLS(t))
+	cfg.NATSConnectTimeout = time.Minute
+	cfg.embeddedExtra = func(o *server.Options) {
+		// The nonce the node's nkey signs, as the config's users have it.
+		o.CustomClientAuthentication, o.AlwaysEnableNonce = refuser{refuse, attempts}, true
+	}
+	return cfg
 }
 
-// A reconnect to the embedded server that refuses the node's handshake is
-// bounded alike: the client tries again within seconds, not a minute, and
-// is connected again once the server lets it in.
+type refuser struct {
+	refuse   *atomic.Bool
+	attempts *atomic.Int32
+}
+
+func (r refuser) Check(server.ClientAuthentication) bool {
+	r.attempts.Add(1)
+	return !r.refuse.Load()
+}
+
+// A node whose embedded server requires TLS and verifies client
+// certificates starts without a certificate of its own (--nats-cert), on
+// every interface too: its connection to that server is in-process and
+// plain (no TLS on a pipe inside the process), and authenticated (its
+// nkey). Clients over TCP still need TLS and a client certificate.
+func TestEmbeddedTLSNodeConnectsInProcessInPlainText(t *testing.T) {
+	t.Parallel()
+	certs := testkit.TLS(t)
+	cfg := verifyingNATSNode(t, certs)
+	cfg.NATSHost, cfg.NodeID = "0.0.0.0", "n1"
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	n, err := Start(ctx, cfg)
+	require.NoError(t, err, "no --nats-cert")
+	t.Cleanup(func() { _ = n.Close(context.Background()) })
+
+	_, err = n.nc.TLSConnectionState()
+	require.ErrorIs(t, err, nats.ErrConnectionNotTLS)
+	cz, err := n.ns.Connz(&server.ConnzOptions{Username: true})
+	require.NoError(t, err)
+	var own *server.ConnInfo
+	for _, c := range cz.Conns {
+		if c.Name == "kvactors n1" {
+			own = c
+		}
+	}
+	require.NotNil(t, own, "the node's connection: %+v", cz.Conns)
+	require.Empty(t, own.TLSVersion, "the node's connection is not TLS")
+	seed, err := os.ReadFile(cfg.NATSNKey)
+	require.NoError(t, err)
+	kp, err := nkeys.FromSeed(seed)
+	require.NoError(t, err)
+	pub, err := kp.PublicKey()
+	require.NoError(t, err)
+	require.Equal(t, pub, own.AuthorizedUser, "and authenticated, as kvactors' user (its nkey)")
+
+	url := fmt.Sprintf("tls://127.0.0.1:%d", n.ns.Addr().(*net.TCPAddr).Port)
+	engine, err := nats.NkeyOptionFromSeed(filepath.Join(filepath.Dir(cfg.NATSConfig), "gpu0.nk"))
+	require.NoError(t, err)
+	_, err = nats.Connect(url, engine, nats.RootCAs(certs.CA), nats.Timeout(2*time.Second))
+	require.Error(t, err, "over TCP without a client certificate: refused")
+	nc, err := nats.Connect(url, engine, nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey))
+	require.NoError(t, err, "with one: let in")
+	nc.Close()
+}
+
+// An in-process connect the embedded server refuses fails the start in
+// time, saying why: bad credentials at the first attempt (not retried for
+// --nats-connect-timeout, each attempt a timeout on the synchronous pipe,
+// the server's -ERR lost), a server taking no more connections at
+// --nats-connect-timeout, each attempt ending in time for the next.
+func TestInProcessConnectRefusedFailsStartPromptly(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name, want string
+		auth       bool
+		setup      func(*testing.T, *Config)
+	}{
+		{name: "bad credentials", auth: true, want: "the embedded server refused the node's credentials (Authentication Failure)",
+			setup: func(t *testing.T, c *Config) {
+				kp, err := nkeys.CreateUser()
+				require.NoError(t, err)
+				seed, err := kp.Seed()
+				require.NoError(t, err)
+				c.NATSNKey = filepath.Join(t.TempDir(), "stranger.nk")
+				require.NoError(t, os.WriteFile(c.NATSNKey, seed, 0o600))
+			}},
+		{name: "no more connections", want: "the embedded server refused the connection: Maximum Connections Exceeded",
+			setup: func(_ *testing.T, c *Config) {
+				c.NATSConnectTimeout = 2 * time.Second
+				c.embeddedExtra = func(o *server.Options) { o.MaxConn = -1 } // every connection over the limit
+			}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cfg := verifyingNATSNode(t, testkit.TLS(t))
+			cfg.NATSConnectTimeout = time.Minute
+			tc.setup(t, &cfg)
+			const bound = 8 * time.Second
+			ctx, cancel := context.WithTimeout(context.Background(), bound)
+			defer cancel()
+			start := time.Now()
+			n, err := Start(ctx, cfg)
+			took := time.Since(start)
+			if err == nil {
+				_ = n.Close(context.Background())
+			}
+			t.Logf("took %v: %v", took, err)
+			require.ErrorContains(t, err, tc.want)
+			require.Equal(t, tc.auth, errors.Is(err, nats.ErrAuthorization))
+			require.NotErrorIs(t, err, context.DeadlineExceeded, "ended by the refusal, not the start's context")
+			require.Less(t, took, bound)
+		})
+	}
+}
+
+// A reconnect the embedded server refuses (its credentials, say) ends
+// within nats.go's connect timeout (connectBounded): three refusals in
+// 15 s, not one per server write deadline (10 s), and the client is
+// connected again once the server lets it in.
 func TestInProcessReconnectRefusedByTheServerIsBounded(t *testing.T) {
 	t.Parallel()
 	var refuse atomic.Bool
@@ -108,7 +181,7 @@ func TestInProcessReconnectRefusedByTheServerIsBounded(t *testing.T) {
 	from := attempts.Load()
 	n.nc.ForceReconnect()
 	testkit.Eventually(t, 15*time.Second, 20*time.Millisecond, func() error {
-		if got := attempts.Load() - from; got < 2 {
+		if got := attempts.Load() - from; got < 3 {
 			return fmt.Errorf("%d refused reconnects", got)
 		}
 		return nil

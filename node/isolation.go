@@ -1,8 +1,6 @@
 package node
 
 import (
-	"crypto/tls"
-	"crypto/x509"
 	"fmt"
 	"log/slog"
 	"math"
@@ -296,17 +294,6 @@ func (c Config) embeddedOptions() (*server.Options, error) {
 		if opts, err = server.ProcessConfigFile(c.NATSConfig); err != nil {
 			return nil, fmt.Errorf("%w: --nats-config %s: %w", ErrConfig, c.NATSConfig, err)
 		}
-		// The node's own connection to it (in-process) does TLS too: with
-		// no certificate its handshake fails, retried (or hung) until the
-		// connect timeout, not refused as the configuration error it is.
-		if tc := opts.TLSConfig; tc != nil && c.NATSCert == "" &&
-			(tc.ClientAuth == tls.RequireAndVerifyClientCert || tc.ClientAuth == tls.RequireAnyClientCert) {
-			return nil, fmt.Errorf("%w: --nats-config %s verifies client certificates (tls { verify: true }): "+
-				"give this node its own, --nats-cert and --nats-key", ErrConfig, c.NATSConfig)
-		}
-		if err := c.clientCertVerifies(opts.TLSConfig); err != nil {
-			return nil, err
-		}
 	}
 	if opts.Host == "" {
 		opts.Host = c.NATSHost
@@ -405,33 +392,3 @@ func (l natsLog) Errorf(format string, v ...any) {
 }
 func (l natsLog) Debugf(string, ...any) {}
 func (l natsLog) Tracef(string, ...any) {}
-
-// clientCertVerifies checks --nats-cert as the embedded server configured
-// by tc will (tls { verify: true }: its ca_file, for client auth): one it
-// refuses fails the in-process handshake, which only a timeout ends, not
-// as the configuration error it is.
-func (c Config) clientCertVerifies(tc *tls.Config) error {
-	if tc == nil || c.NATSCert == "" || tc.ClientAuth != tls.RequireAndVerifyClientCert {
-		return nil
-	}
-	pair, err := tls.LoadX509KeyPair(c.NATSCert, c.NATSKey)
-	if err != nil {
-		return fmt.Errorf("%w: --nats-cert %s, --nats-key %s: %w", ErrConfig, c.NATSCert, c.NATSKey, err)
-	}
-	certs := make([]*x509.Certificate, len(pair.Certificate))
-	for i, der := range pair.Certificate {
-		if certs[i], err = x509.ParseCertificate(der); err != nil {
-			return fmt.Errorf("%w: --nats-cert %s: %w", ErrConfig, c.NATSCert, err)
-		}
-	}
-	inter := x509.NewCertPool()
-	for _, ic := range certs[1:] {
-		inter.AddCert(ic)
-	}
-	if _, err := certs[0].Verify(x509.VerifyOptions{Roots: tc.ClientCAs, Intermediates: inter,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
-		return fmt.Errorf("%w: --nats-cert %s is refused by the embedded server of --nats-config %s "+
-			"(tls { verify: true }, its ca_file): %w", ErrConfig, c.NATSCert, c.NATSConfig, err)
-	}
-	return nil
-}

@@ -61,43 +61,45 @@ func natsConfig(args []string, stdout, stderr io.Writer) int {
 		env, login = fmt.Sprintf("NATS_USER=%s NATS_PASSWORD=\"$(cat %s/%s.password)\" ", natsauth.ServiceUser, *out,
 			natsauth.ServiceUser), ""
 	}
-	// The rest serve needs to be let in: the permissions' prefix, and with
-	// TLS the CA that signed the server's certificate (the in-process
-	// connection to the embedded server does TLS too), with a client
-	// certificate of its own when the server verifies clients'. nats-config
-	// knows neither file: the hint names them by placeholders, explained.
-	var notes []string
+	// The rest serve needs to be let in: the permissions' prefix; over TCP
+	// (--nats URL) with TLS, the CA that signed the server's certificate,
+	// with a client certificate of its own when the server verifies
+	// clients'. The embedded server's own node needs neither: its
+	// connection is in-process, plain. nats-config knows neither file: the
+	// hint names them by placeholders, explained.
 	if o.Prefix != node.DefaultConfig().Prefix {
 		login += " --prefix " + o.Prefix
 	}
+	if !o.JetStream {
+		fmt.Fprintf(stderr, "serve with: %skvactors serve --nats-config %s%s\n", env, conf, login)
+		return exitOK
+	}
+	var notes []string
+	tcpLogin := login
 	if o.TLSCert != "" {
-		login += " --nats-ca CA.pem"
+		tcpLogin += " --nats-ca CA.pem"
 		notes = append(notes, "CA.pem: the CA that signed "+o.TLSCert)
 	}
 	if o.TLSCA != "" {
-		login += " --nats-cert CERT.pem --nats-key KEY.pem"
+		tcpLogin += " --nats-cert CERT.pem --nats-key KEY.pem"
 		notes = append(notes, "CERT.pem, KEY.pem: kvactors' client certificate and its key, signed by a CA in "+o.TLSCA)
 	}
-	if !o.JetStream {
-		fmt.Fprintf(stderr, "serve with: %skvactors serve --nats-config %s%s\n", env, conf, login)
-	} else {
-		// JetStream is for serve --cluster (docs/CLUSTER.md): on one host
-		// the embedded server loaded from the file; across hosts a NATS
-		// cluster whose servers run the file, with a cluster {} block of
-		// their own.
-		fmt.Fprintf(stderr, "serve a cluster on one host (embedded NATS) with: %skvactors serve --nats-config %s%s --cluster\n",
-			env, conf, login)
-		fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
-			"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, login)
-		// Each server of such a cluster takes the connections of every
-		// host that may reach it, not one host's: the default is sized for one.
-		maxConns := o.MaxConnections
-		if maxConns == 0 {
-			maxConns = natsauth.DefaultMaxConnections
-		}
-		fmt.Fprintf(stderr, "  (max_connections %d (--max-connections) is per server: size it for the engines, "+
-			"nodes and routers that may connect to one)\n", maxConns)
+	// JetStream is for serve --cluster (docs/CLUSTER.md): on one host
+	// the embedded server loaded from the file; across hosts a NATS
+	// cluster whose servers run the file, with a cluster {} block of
+	// their own.
+	fmt.Fprintf(stderr, "serve a cluster on one host (embedded NATS) with: %skvactors serve --nats-config %s%s --cluster\n",
+		env, conf, login)
+	fmt.Fprintf(stderr, "or on NATS servers each run with nats-server -c %s (add a cluster {} block for their routes): "+
+		"%skvactors serve --nats URL%s --cluster --cluster-replicas 3\n", conf, env, tcpLogin)
+	// Each server of such a cluster takes the connections of every
+	// host that may reach it, not one host's: the default is sized for one.
+	maxConns := o.MaxConnections
+	if maxConns == 0 {
+		maxConns = natsauth.DefaultMaxConnections
 	}
+	fmt.Fprintf(stderr, "  (max_connections %d (--max-connections) is per server: size it for the engines, "+
+		"nodes and routers that may connect to one)\n", maxConns)
 	if len(notes) > 0 {
 		fmt.Fprintf(stderr, "  (%s)\n", strings.Join(notes, "; "))
 	}
