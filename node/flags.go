@@ -51,6 +51,12 @@ var unusedSettings = []struct {
 		}
 		return "--nats " + c.NATSURL + " is an external server, no embedded one starts"
 	}},
+	{[]string{"nats-ca", "nats-cert", "nats-key"}, func(c *Config) string { // TLS over TCP only
+		if c.NATSURL != "" {
+			return ""
+		}
+		return "the node's connection to its embedded server is in-process, without TLS (they are for --nats)"
+	}},
 	{[]string{"cluster-bucket", "cluster-replicas", "fetch-window", "fetch-timeout", "cluster-max-peer-keys", "cluster-clock-skew"},
 		func(c *Config) string {
 			if c.Clustered() {
@@ -112,8 +118,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.NATSPort, "nats-port", d.NATSPort, "embedded NATS listen port (-1: any free port)")
 	str(&c.NATSStoreDir, "nats-store-dir", d.NATSStoreDir, "embedded JetStream directory, used only when --nats-config enables JetStream or the node is clustered (default: a temp dir)")
 	str(&c.NATSCreds, "nats-creds", d.NATSCreds, "NATS credentials file")
-	str(&c.NATSCA, "nats-ca", d.NATSCA, "CA bundle for NATS TLS")
-	str(&c.NATSCert, "nats-cert", d.NATSCert, "client certificate for NATS TLS, for a server that verifies clients' (nats-config --tls-ca; with --nats-key)")
+	str(&c.NATSCA, "nats-ca", d.NATSCA, "with --nats, CA bundle for NATS TLS")
+	str(&c.NATSCert, "nats-cert", d.NATSCert, "with --nats, client certificate for NATS TLS, for a server that verifies clients' (nats-config --tls-ca; with --nats-key)")
 	str(&c.NATSKey, "nats-key", d.NATSKey, "the --nats-cert certificate's key file")
 	str(&c.Prefix, "prefix", d.Prefix, "subject prefix P of P.<engine>.<verb> (dot-separated tokens, at most 256 bytes; not starting with _ or $, which NATS reserves)")
 	str(&c.Backend, "backend", d.Backend, "device backend: shm, or cuda (binary built with -tags cuda)")

@@ -80,6 +80,21 @@ func TestDiskBytesWithoutDiskDirWarns(t *testing.T) {
 	require.Empty(t, f.Warnings)
 }
 
+// --nats-ca, --nats-cert and --nats-key without --nats are for no
+// connection (the embedded server's is in-process, plain): a warning says
+// so; with --nats, none.
+func TestNATSTLSWithoutNATSWarns(t *testing.T) {
+	_, f, err := parse(t, "--nats-ca", "ca.pem", "--nats-cert", "c.pem", "--nats-key", "k.pem")
+	require.NoError(t, err)
+	require.Len(t, f.Warnings, 3)
+	for i, name := range []string{"--nats-ca", "--nats-cert", "--nats-key"} {
+		require.Contains(t, f.Warnings[i], name+" is ignored: the node's connection to its embedded server is in-process, without TLS")
+	}
+	_, f, err = parse(t, "--nats-ca", "ca.pem", "--nats", "tls://127.0.0.1:4222")
+	require.NoError(t, err)
+	require.Empty(t, f.Warnings)
+}
+
 // A node id from a name with dots (a Kubernetes node name) is refused as
 // given, and with --node-id-reduce kept to the characters an id may hold,
 // as the host name is for the default id.
