@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"sync"
 	"testing"
@@ -119,4 +120,25 @@ func TestCloseBoundsTheLeavesByHalfALease(t *testing.T) { // not parallel: sets 
 	go func() { closed <- nA.node.Close(context.Background()) }()
 	require.NoError(t, testkit.Recv(t, closed, 10*time.Second, "Close's return (half a lease: 1 s; shutdown timeout 40 s)"))
 	t.Logf("Close took %v", time.Since(began))
+}
+
+// A release Close publishes is confirmed only by a flush NATS answers. One
+// written out just before the link failed (here into a link gone silent,
+// then cut) is lost with it: the client's buffer is empty, but that proves
+// nothing, and Close reports the release unconfirmed (ErrUndelivered), not
+// delivered.
+func TestCloseCountsAReleaseUnconfirmedWhenNATSWentDownAfterIt(t *testing.T) { // not parallel: sets the package's drain and Leave
+	nA, link := closeOwner(t, time.Minute)
+	defer node.SetSubscriptionDrain(func(*nats.Subscription) error {
+		link.Freeze() // from here on, what the node writes is lost
+		return errors.New("no drain")
+	})()
+	defer node.SetLeave(func(_ *cluster.Owners, ctx context.Context, _ string) error {
+		link.Cut() // after the release went out: the client sees the connection go
+		<-ctx.Done()
+		return ctx.Err()
+	})()
+	err := nA.node.Close(context.Background())
+	require.ErrorIs(t, err, node.ErrUndelivered, "r1's release, lost with the link, reported delivered")
+	require.Contains(t, err.Error(), "1 published during shutdown but not confirmed")
 }

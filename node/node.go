@@ -413,13 +413,10 @@ func (n *Node) Close(ctx context.Context) error {
 	}
 	if n.nc != nil {
 		// Published is not delivered until the server has it; with NATS down,
-		// waiting out the timeout would not change that.
-		flushed := false
-		if n.nc.IsConnected() {
-			flushed = n.nc.FlushWithContext(ctx) == nil
-		} else if b, err := n.nc.Buffered(); err == nil && b == 0 {
-			flushed = true
-		}
+		// waiting out the timeout would not change that. Nor does an empty
+		// client buffer prove it: what was written out just before the link
+		// failed is lost with it.
+		flushed := n.nc.IsConnected() && n.nc.FlushWithContext(ctx) == nil
 		if !flushed && n.outbox != nil {
 			unconfirmed = n.outbox.Releases() - sentBefore
 		}
