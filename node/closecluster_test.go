@@ -61,15 +61,15 @@ func TestCloseWaitsForARemoteLoadsFetchAndAFetchBeingServed(t *testing.T) {
 }
 
 // closeOwner starts nA, alone on the NATS cluster through a link (a cut is
-// its outage), with lease and a 40 s shutdown timeout, owning e1 with a
-// request live (retiring it publishes a release during Close).
-func closeOwner(t *testing.T, lease time.Duration) (*env, *testkit.Link) {
+// its outage), with lease and shutdown timeout, owning e1 with a request
+// live (retiring it publishes a release during Close).
+func closeOwner(t *testing.T, lease, shutdown time.Duration) (*env, *testkit.Link) {
 	t.Helper()
 	kc := &kvCluster{t: t, nats: testkit.NATSCluster(t, 3), dir: t.TempDir()}
 	link := testkit.NewLink(t, strings.TrimPrefix(kc.nats.URL(0), "nats://"))
 	nA := kc.startNode(0, "nA", func(_ int, c *node.Config) {
 		c.NATSURL = "nats://" + link.Addr
-		c.Lease, c.ShutdownTimeout = lease, 40*time.Second
+		c.Lease, c.ShutdownTimeout = lease, shutdown
 		node.WithNATSOptions(nats.IgnoreDiscoveredServers())(c)
 	})
 	te := nA.newEngine("e1", defaultOpts())
@@ -87,7 +87,7 @@ func closeOwner(t *testing.T, lease time.Duration) (*env, *testkit.Link) {
 // out whole (the engine's record lapses after a lease anyway, as after a
 // crash).
 func TestCloseGivesUpTheLeavesWhenNATSGoesDown(t *testing.T) { // not parallel: sets the package's Leave
-	nA, link := closeOwner(t, time.Minute) // half a lease: past the test's wait
+	nA, link := closeOwner(t, time.Minute, 40*time.Second) // half a lease: past the test's wait
 	var cut sync.Once
 	leaves := make(chan string, 8)
 	defer node.SetLeave(func(o *cluster.Owners, ctx context.Context, engine string) error {
@@ -110,7 +110,7 @@ func TestCloseGivesUpTheLeavesWhenNATSGoesDown(t *testing.T) { // not parallel: 
 // follows would find no time left (the release published during Close
 // counted unconfirmed, ErrUndelivered).
 func TestCloseBoundsTheLeavesByHalfALease(t *testing.T) { // not parallel: sets the package's Leave
-	nA, _ := closeOwner(t, clusterLease)
+	nA, _ := closeOwner(t, clusterLease, 40*time.Second)
 	defer node.SetLeave(func(_ *cluster.Owners, ctx context.Context, _ string) error {
 		<-ctx.Done() // never answered
 		return ctx.Err()
@@ -124,21 +124,33 @@ func TestCloseBoundsTheLeavesByHalfALease(t *testing.T) { // not parallel: sets 
 
 // A release Close publishes is confirmed only by a flush NATS answers. One
 // written out just before the link failed (here into a link gone silent,
-// then cut) is lost with it: the client's buffer is empty, but that proves
-// nothing, and Close reports the release unconfirmed (ErrUndelivered), not
-// delivered.
-func TestCloseCountsAReleaseUnconfirmedWhenNATSWentDownAfterIt(t *testing.T) { // not parallel: sets the package's drain and Leave
-	nA, link := closeOwner(t, time.Minute)
+// then cut while Close waits for its flush) is lost with it: the client's
+// buffer is empty, but that proves nothing, and Close reports the release
+// unconfirmed (ErrUndelivered), not delivered.
+func TestCloseCountsAReleaseUnconfirmedWhenNATSWentDownAfterIt(t *testing.T) { // not parallel: sets the package's drain
+	nA, link := closeOwner(t, time.Minute, 40*time.Second)
 	defer node.SetSubscriptionDrain(func(*nats.Subscription) error {
 		link.Freeze() // from here on, what the node writes is lost
+		// The link's failure, then (the client sees the connection go):
+		// before or during the flush that would confirm r1's release.
+		time.AfterFunc(200*time.Millisecond, link.Cut)
 		return errors.New("no drain")
-	})()
-	defer node.SetLeave(func(_ *cluster.Owners, ctx context.Context, _ string) error {
-		link.Cut() // after the release went out: the client sees the connection go
-		<-ctx.Done()
-		return ctx.Err()
 	})()
 	err := nA.node.Close(context.Background())
 	require.ErrorIs(t, err, node.ErrUndelivered, "r1's release, lost with the link, reported delivered")
 	require.Contains(t, err.Error(), "1 published during shutdown but not confirmed")
+}
+
+// Close confirms the releases it published before it leaves the closed
+// markers: a Leave never answered (JetStream without a quorum, core NATS
+// up) may use the rest of the shutdown timeout, as when half a lease is
+// longer than that timeout (--lease 20s, --shutdown-timeout 10s), without
+// the release, delivered, being reported unconfirmed (ErrUndelivered).
+func TestCloseConfirmsItsReleasesBeforeTheLeaves(t *testing.T) { // not parallel: sets the package's Leave
+	nA, _ := closeOwner(t, 4*time.Second, 2*time.Second) // half a lease = the whole shutdown timeout
+	defer node.SetLeave(func(_ *cluster.Owners, ctx context.Context, _ string) error {
+		<-ctx.Done() // never answered
+		return ctx.Err()
+	})()
+	require.NoError(t, nA.node.Close(context.Background()))
 }

@@ -180,16 +180,20 @@ func (n *Node) closeCluster(ctx context.Context) {
 // after its last keep-alive (the bucket's TTL), sent a quarter of a lease
 // apart: a marker much later could not land. A Leave with no answer to
 // come (the connection down, JetStream without a quorum) waited out the
-// whole shutdown timeout, leaving the releases' flush none of it (a link
-// cut as Close began held a shutdown 10 s). A marker not left, the next
-// boot and the other nodes find the record as after a crash.
+// whole shutdown timeout (a link cut as Close began held a shutdown 10 s;
+// Close confirms its releases before, so they do not wait on this). A
+// marker not left, the next boot and the other nodes find the record as
+// after a crash.
 func (n *Node) leaveAll(ctx context.Context) {
 	c := n.cl
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Lease/2)
 	defer cancel()
-	down := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
-	defer n.nc.RemoveStatusListener(down)
+	down, stop := n.watchDown()
+	defer stop()
 	if !n.nc.IsConnected() { // checked after down's registration: no loss unseen
+		if mine := c.owners.Mine(); len(mine) > 0 {
+			n.log.Warn("cluster: shutdown: closed markers not left, NATS is down; the records lapse after a lease", "engines", len(mine))
+		}
 		return
 	}
 	go func() {

@@ -404,6 +404,15 @@ func (n *Node) Close(ctx context.Context) error {
 		sentBefore = n.outbox.Releases()
 	}
 	n.retireAll(ctx)
+	// The releases are what engines are owed: confirm them now, before a
+	// cluster's closed markers, which wait on JetStream (a quorum lost, no
+	// answer) and would leave the final flush no time. What this flush
+	// confirms is not counted below, whatever becomes of NATS after it.
+	if n.outbox != nil && n.nc != nil && n.nc.IsConnected() {
+		if published := n.outbox.Releases(); n.nc.FlushWithContext(ctx) == nil {
+			sentBefore = published
+		}
+	}
 	n.closeCluster(ctx)
 	n.kv.close() // what the pool and disk changed so far is announced
 	// From here on nothing is published: the count below stays true.
@@ -455,8 +464,8 @@ func (n *Node) drainIntake(ctx context.Context) (unapplied int64) {
 	if len(n.subs) == 0 {
 		return 0
 	}
-	down := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
-	defer n.nc.RemoveStatusListener(down)
+	down, stop := n.watchDown()
+	defer stop()
 	for _, s := range n.subs {
 		closed := s.StatusChanged(nats.SubscriptionClosed)
 		stop := func() {
@@ -482,6 +491,14 @@ func (n *Node) drainIntake(ctx context.Context) (unapplied int64) {
 		drained.Stop()
 	}
 	return unapplied
+}
+
+// watchDown reports the NATS connection going down (disconnected,
+// reconnecting, closed) on down until stop, which closes it. Registered
+// before a caller checks IsConnected, it misses no loss after that check.
+func (n *Node) watchDown() (down <-chan nats.Status, stop func()) {
+	ch := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
+	return ch, func() { n.nc.RemoveStatusListener(ch) }
 }
 
 // drainSub starts the drain of an intake subscription in Close (a seam: a
