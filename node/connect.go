@@ -144,11 +144,23 @@ func plainInProcess(o *nats.Options) error {
 // closed tells: its credentials (nats.ErrAuthorization), or its
 // max_connections. The client cannot tell: the server's -ERR is lost on
 // the synchronous pipe (see connectBounded), and it sees a timeout or a
-// closed pipe. The node's connection is found by its name (the CONNECT's,
-// read before authenticating it); one refused for max_connections has none
-// (the server never read its CONNECT), but any such refusal means the
-// server is full.
+// closed pipe. Only in-process records count (no address: only the node
+// opens in-process connections), since a name is what the client claims:
+// any TCP client can call itself "kvactors <node id>". The node's own is
+// found by its name (the CONNECT's, read before authenticating it); one
+// refused for max_connections has none (the server never read its
+// CONNECT). The server saves a record on a goroutine of its own, so one
+// not found yet is looked for twice more, 50 ms apart.
 func (n *Node) inProcessRefused(since time.Time) error {
+	for try := 1; ; try++ {
+		if err := n.inProcessRefusal(since); err != nil || try == 3 {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (n *Node) inProcessRefusal(since time.Time) error {
 	cz, err := n.ns.Connz(&server.ConnzOptions{State: server.ConnClosed, Sort: server.ByStop, Limit: 64})
 	if err != nil {
 		return nil
@@ -156,6 +168,9 @@ func (n *Node) inProcessRefused(since time.Time) error {
 	for _, c := range cz.Conns {
 		if c.Stop == nil || c.Stop.Before(since) {
 			break // newest first
+		}
+		if c.IP != "" {
+			continue // over TCP: another client's
 		}
 		switch {
 		case c.Name == nodeConnName(n.cfg.NodeID) && c.Reason == server.AuthenticationViolation.String():

@@ -112,6 +112,19 @@ func TestEmbeddedTLSNodeConnectsInProcessInPlainText(t *testing.T) {
 	nc, err := nats.Connect(url, engine, nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey))
 	require.NoError(t, err, "with one: let in")
 	nc.Close()
+
+	// A TCP client calling itself the node, refused for its credentials,
+	// is not taken for the node's own refusal (which would end a start's
+	// retries with a wrong diagnosis).
+	since := time.Now()
+	stranger, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	strangerPub, err := stranger.PublicKey()
+	require.NoError(t, err)
+	_, err = nats.Connect(url, nats.Name(nodeConnName("n1")), nats.Nkey(strangerPub, stranger.Sign),
+		nats.RootCAs(certs.CA), nats.ClientCert(certs.ClientCert, certs.ClientKey), nats.Timeout(2*time.Second))
+	require.ErrorIs(t, err, nats.ErrAuthorization, "an impostor with a key the server does not know")
+	require.NoError(t, n.inProcessRefusal(since), "another client's refusal taken for the node's")
 }
 
 // An in-process connect the embedded server refuses fails the start in
