@@ -174,7 +174,12 @@ func (n *Node) inProcessRefusal(since time.Time) error {
 		}
 		switch {
 		case c.Name == nodeConnName(n.cfg.NodeID) && c.Reason == server.AuthenticationViolation.String():
-			return fmt.Errorf("%w: the embedded server refused the node's credentials (%s)", nats.ErrAuthorization, c.Reason)
+			hint := ""
+			if n.embeddedOpts.TLSMap {
+				hint = "; the configuration names users by their certificates (verify_and_map) and the in-process " +
+					"connection presents none: give kvactors' user an nkey (docs/SECURITY.md)"
+			}
+			return fmt.Errorf("%w: the embedded server refused the node's credentials (%s)%s", nats.ErrAuthorization, c.Reason, hint)
 		case c.Reason == server.MaxConnectionsExceeded.String():
 			return fmt.Errorf("the embedded server refused the connection: %s (max_connections %d)", c.Reason,
 				n.embeddedOpts.MaxConn)

@@ -127,6 +127,17 @@ func TestEmbeddedTLSNodeConnectsInProcessInPlainText(t *testing.T) {
 	require.NoError(t, n.inProcessRefusal(since), "another client's refusal taken for the node's")
 }
 
+// strangerNKey gives c an nkey seed the server knows nothing of.
+func strangerNKey(t *testing.T, c *Config) {
+	t.Helper()
+	kp, err := nkeys.CreateUser()
+	require.NoError(t, err)
+	seed, err := kp.Seed()
+	require.NoError(t, err)
+	c.NATSNKey = filepath.Join(t.TempDir(), "stranger.nk")
+	require.NoError(t, os.WriteFile(c.NATSNKey, seed, 0o600))
+}
+
 // An in-process connect the embedded server refuses fails the start in
 // time, saying why: bad credentials at the first attempt (not retried for
 // --nats-connect-timeout, each attempt a timeout on the synchronous pipe,
@@ -141,12 +152,12 @@ func TestInProcessConnectRefusedFailsStartPromptly(t *testing.T) {
 	}{
 		{name: "bad credentials", auth: true, want: "the embedded server refused the node's credentials (Authentication Failure)",
 			setup: func(t *testing.T, c *Config) {
-				kp, err := nkeys.CreateUser()
-				require.NoError(t, err)
-				seed, err := kp.Seed()
-				require.NoError(t, err)
-				c.NATSNKey = filepath.Join(t.TempDir(), "stranger.nk")
-				require.NoError(t, os.WriteFile(c.NATSNKey, seed, 0o600))
+				strangerNKey(t, c)
+			}},
+		{name: "users named by certificates", auth: true, want: "(verify_and_map) and the in-process connection presents none",
+			setup: func(t *testing.T, c *Config) {
+				strangerNKey(t, c)
+				c.embeddedExtra = func(o *server.Options) { o.TLSMap = true }
 			}},
 		{name: "no more connections", want: "the embedded server refused the connection: Maximum Connections Exceeded",
 			setup: func(_ *testing.T, c *Config) {
