@@ -107,7 +107,10 @@ func (n *Node) connect(ctx context.Context) error {
 		}
 		// nats:// even when the server has TLS (its ClientURL is then
 		// tls://, which nats.go takes to mean TLS): see plainInProcess.
-		url = "nats://" + strings.TrimPrefix(n.ns.ClientURL(), "tls://")
+		url = n.ns.ClientURL()
+		if addr, ok := strings.CutPrefix(url, "tls://"); ok {
+			url = "nats://" + addr
+		}
 	}
 	opts, err := n.natsOptions()
 	if err != nil {

@@ -20,6 +20,7 @@ func TestEmbeddedServerConnectionIsInProcess(t *testing.T) {
 	t.Cleanup(func() { _ = n.Close(context.Background()) })
 
 	require.Equal(t, "pipe", n.nc.ConnectedAddr(), "the node's connection to its embedded server is a net.Pipe")
+	require.Equal(t, n.ns.ClientURL(), n.nc.ConnectedUrl(), "its URL, as logged, is the server's")
 	require.NoError(t, n.nc.Publish("kvactors.probe", []byte("x")))
 	require.NoError(t, n.nc.Flush(), "and it carries messages")
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -86,6 +87,7 @@ func TestEmbeddedTLSNodeConnectsInProcessInPlainText(t *testing.T) {
 
 	_, err = n.nc.TLSConnectionState()
 	require.ErrorIs(t, err, nats.ErrConnectionNotTLS)
+	require.Equal(t, "nats://"+strings.TrimPrefix(n.ns.ClientURL(), "tls://"), n.nc.ConnectedUrl())
 	cz, err := n.ns.Connz(&server.ConnzOptions{Username: true})
 	require.NoError(t, err)
 	var own *server.ConnInfo
