@@ -188,8 +188,8 @@ func (n *Node) leaveAll(ctx context.Context) {
 	c := n.cl
 	ctx, cancel := context.WithTimeout(ctx, n.cfg.Lease/2)
 	defer cancel()
-	down, stop := n.watchDown()
-	defer stop()
+	down, unwatch := n.watchDown()
+	defer unwatch()
 	if !n.nc.IsConnected() { // checked after down's registration: no loss unseen
 		if mine := c.owners.Mine(); len(mine) > 0 {
 			n.log.Warn("cluster: shutdown: closed markers not left, NATS is down; the records lapse after a lease", "engines", len(mine))

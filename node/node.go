@@ -464,8 +464,8 @@ func (n *Node) drainIntake(ctx context.Context) (unapplied int64) {
 	if len(n.subs) == 0 {
 		return 0
 	}
-	down, stop := n.watchDown()
-	defer stop()
+	down, unwatch := n.watchDown()
+	defer unwatch()
 	for _, s := range n.subs {
 		closed := s.StatusChanged(nats.SubscriptionClosed)
 		stop := func() {
@@ -494,9 +494,9 @@ func (n *Node) drainIntake(ctx context.Context) (unapplied int64) {
 }
 
 // watchDown reports the NATS connection going down (disconnected,
-// reconnecting, closed) on down until stop, which closes it. Registered
+// reconnecting, closed) on down until unwatch, which closes it. Registered
 // before a caller checks IsConnected, it misses no loss after that check.
-func (n *Node) watchDown() (down <-chan nats.Status, stop func()) {
+func (n *Node) watchDown() (down <-chan nats.Status, unwatch func()) {
 	ch := n.nc.StatusChanged(nats.DISCONNECTED, nats.RECONNECTING, nats.CLOSED)
 	return ch, func() { n.nc.RemoveStatusListener(ch) }
 }
