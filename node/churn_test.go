@@ -2,6 +2,7 @@ package node_test
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"os"
 	"runtime"
@@ -174,4 +175,100 @@ func segmentMappings(t *testing.T, dir string) int {
 	maps, err := os.ReadFile("/proc/self/maps")
 	require.NoError(t, err)
 	return strings.Count(string(maps), dir+"/")
+}
+
+// The same on a cluster: engines under fresh ids in fresh namespaces on
+// two nodes store on one and load on the other (a remote fetch, bytes
+// compared), then leave; then a third node joins and closes. Each node's
+// per-engine maps, claims and dropped ids go back to the baseline, and the
+// holder index forgets the node that left (after a lease).
+func TestEngineChurnOnAClusterLeavesNothingBehind(t *testing.T) {
+	cycles := 2
+	if v, err := strconv.Atoi(os.Getenv("KVACTORS_CHURN_CYCLES")); err == nil && v > 0 {
+		cycles = v
+	}
+	kc := startCluster(t, 2)
+	n := 0
+	cycle := func() {
+		t.Helper()
+		n++
+		ns := fmt.Sprintf("ns%d", n)
+		a := kc.engineOn(0, fmt.Sprintf("ca%d", n), ns)
+		b := kc.engineOn(1, fmt.Sprintf("cb%d", n), ns)
+		a.register()
+		b.register()
+		b.keepAlive(clusterLease / 8)
+		hs := []string{hash(ns, 0), hash(ns, 1)}
+		a.storePrefix("r", hs, 1, 2, byte(n), ns+" stored on n0")
+		awaitLookup(t, b, hs, 8, "n1")
+		r := b.loadInto("l", hs, 8, []int{5, 6})
+		require.True(t, r.OK, r.Error)
+		require.Equal(t, 2, r.RemoteChunks)
+		for i := range 2 {
+			require.True(t, bytes.Equal(a.block(0, messages.BlockID(1+i)), b.block(0, messages.BlockID(5+i))))
+		}
+		for _, te := range []*testEngine{a, b} {
+			var un messages.UnregisterReply
+			require.NoError(t, jsonUnmarshal(te.request("unregister", map[string]any{}), &un))
+			require.True(t, un.OK, un.Error)
+			for _, w := range te.subs {
+				require.NoError(t, w.sub.Unsubscribe())
+			}
+			require.NoError(t, te.seg.Remove())
+		}
+	}
+	foot := func() []map[string]int {
+		return []map[string]int{kc.nodes[0].node.Footprint(), kc.nodes[1].node.Footprint()}
+	}
+	settled := func(base []map[string]int) error {
+		var diffs []string
+		for i, now := range foot() {
+			for k, v := range now {
+				switch k {
+				case "cleared", "releases", "epochs", "departed", "ns_opened", "namespaces", "cluster_dropped":
+					// kept per id for the boot (bounded: departed.go,
+					// isolation.go, cluster_dropped.go)
+					if v > base[i][k]+cycles {
+						diffs = append(diffs, fmt.Sprintf("n%d %s %d, baseline %d + %d ids", i, k, v, base[i][k], cycles))
+					}
+				default:
+					if v != base[i][k] {
+						diffs = append(diffs, fmt.Sprintf("n%d %s %d, baseline %d", i, k, v, base[i][k]))
+					}
+				}
+			}
+		}
+		if len(diffs) > 0 {
+			return fmt.Errorf("%s", strings.Join(diffs, "; "))
+		}
+		return nil
+	}
+	cycle() // warm-up
+	var base []map[string]int
+	testkit.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		base = foot()
+		for i, f := range base {
+			if f["engines"] != 0 || f["cluster_mine"] != 0 || f["cluster_peers"] != 1 {
+				return fmt.Errorf("warm-up not settled on n%d: %v", i, f)
+			}
+		}
+		return nil
+	})
+	t.Logf("baseline after warm-up: %v", base)
+	for range cycles {
+		cycle()
+	}
+	// A node joins, is heard, and leaves: the others forget it a lease on.
+	p := kc.startNode(2, "p")
+	testkit.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error {
+		for i, f := range foot() {
+			if f["cluster_peers"] != 2 {
+				return fmt.Errorf("n%d hears %d other nodes", i, f["cluster_peers"])
+			}
+		}
+		return nil
+	})
+	require.NoError(t, p.node.Close(context.Background()))
+	testkit.Eventually(t, 10*time.Second, 20*time.Millisecond, func() error { return settled(base) })
+	t.Logf("after %d cycles: %v", cycles, foot())
 }

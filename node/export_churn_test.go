@@ -57,5 +57,13 @@ func (n *Node) Footprint() map[string]int {
 		f["server_subs"] = int(n.ns.NumSubscriptions())
 	}
 	f["node_subs"] = len(n.subs)
+	if n.cl != nil {
+		f["cluster_mine"] = len(n.cl.owners.Mine())
+		n.cl.dropped.mu.Lock()
+		f["cluster_dropped"] = len(n.cl.dropped.ids)
+		n.cl.dropped.mu.Unlock()
+		f["cluster_peers"] = len(n.cl.feed.Nodes())
+		f["cluster_subs"] = len(n.cl.subs)
+	}
 	return f
 }
