@@ -64,7 +64,11 @@ type Applied struct {
 type node struct {
 	boot     string
 	lastSeen time.Time // last hello or heartbeat; zero if none yet
-	retired  []string
+	// unheard: when Expire first found the node with no hello or
+	// heartbeat yet (its kv_events came first); it is forgotten a lease on
+	// unless one comes.
+	unheard time.Time
+	retired []string
 	// keys maps each namespace's keys to the id of the last catch-up that
 	// confirmed each (a page listed it, or it was stored while that
 	// catch-up ran); a catch-up that completes drops the keys it did not
@@ -151,7 +155,7 @@ func (x *Index) current(nodeID, boot string) (*node, bool, error) {
 	if len(n.retired) > retiredBoots {
 		n.retired = n.retired[1:]
 	}
-	n.boot, n.sync, n.lastSeen = boot, nil, time.Time{}
+	n.boot, n.sync, n.lastSeen, n.unheard = boot, nil, time.Time{}, time.Time{}
 	return n, true, nil
 }
 
@@ -484,13 +488,18 @@ func (x *Index) HeldElsewhere(ns string, key messages.Key, self string, now time
 }
 
 // Expire forgets every node silent for a lease or longer, with its keys and
-// retired boots, returning their ids sorted. Holders already ignores such
-// nodes; Expire frees their memory. A forgotten node that speaks again is
-// new: the caller catches it up.
+// retired boots, returning their ids sorted, and a node never heard (its
+// kv_events came, no hello or heartbeat) a lease after Expire first found
+// it so: one that died at once stayed indexed for the process's life.
+// Holders already ignores such nodes; Expire frees their memory. A
+// forgotten node that speaks again is new: the caller catches it up.
 func (x *Index) Expire(now time.Time) []string {
 	var gone []string
 	for id, n := range x.nodes {
-		if !x.live(n, now) && !n.lastSeen.IsZero() {
+		if n.lastSeen.IsZero() && n.unheard.IsZero() {
+			n.unheard = now
+		}
+		if silent := !n.lastSeen.IsZero() && !x.live(n, now); silent || n.lastSeen.IsZero() && now.Sub(n.unheard) >= x.lease {
 			x.dropKeys(id, n)
 			delete(x.nodes, id)
 			gone = append(gone, id)

@@ -174,6 +174,29 @@ func TestSilentNodeStopsCountingWithinTheLease(t *testing.T) {
 	require.Empty(t, x.Holders(".m", k, t0.Add(2*lease)))
 }
 
+// A node whose kv_events came but never a hello or heartbeat (it died at
+// once, or its first heartbeat was lost) is forgotten a lease after Expire
+// first found it unheard, with its keys: they never counted, but they
+// stayed indexed for the life of the process.
+func TestANodeNeverHeardIsExpiredTooALeaseOn(t *testing.T) {
+	x := New(lease, 0)
+	apply(t, x, "a", "a1", stored("m", 0, "aa"))
+	k := key(t, "aa", 0)
+	require.Empty(t, x.Holders(".m", k, t0), "never heard: no holder")
+	require.Empty(t, x.Expire(t0), "first found unheard")
+	require.Empty(t, x.Expire(t0.Add(lease-time.Millisecond)))
+	require.Equal(t, []string{"a"}, x.Expire(t0.Add(lease)))
+	require.Empty(t, x.Nodes(t0.Add(lease)))
+	require.Empty(t, x.held, "its keys dropped")
+	// One heard before the lease ran out is not forgotten.
+	apply(t, x, "b", "b1", stored("m", 0, "bb"))
+	require.Empty(t, x.Expire(t0))
+	_, err := x.Heartbeat("b", "b1", t0.Add(lease/2))
+	require.NoError(t, err)
+	require.Empty(t, x.Expire(t0.Add(lease)))
+	require.Equal(t, []string{"b"}, x.Holders(".m", key(t, "bb", 0), t0.Add(lease)))
+}
+
 // A new boot drops everything the old process held, at once; a late
 // message of the old boot changes nothing.
 func TestNewBootDropsTheOldBootsKeysAndRetiresIt(t *testing.T) {

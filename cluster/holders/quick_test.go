@@ -26,6 +26,7 @@ type naive struct {
 type naiveNode struct {
 	boot     string
 	seen     time.Time
+	unheard  time.Time // when an Expire first found it never seen
 	retired  []string
 	keys     map[NSKey]bool
 	syncID   uint64
@@ -248,7 +249,10 @@ func quickIndexMatchesNaiveModel(t *testing.T, maxKeys int) {
 				gone := x.Expire(now)
 				var want []string
 				for nid, n := range m.nodes {
-					if !n.seen.IsZero() && now.Sub(n.seen) >= lease {
+					if n.seen.IsZero() && n.unheard.IsZero() {
+						n.unheard = now
+					}
+					if !n.seen.IsZero() && now.Sub(n.seen) >= lease || n.seen.IsZero() && now.Sub(n.unheard) >= lease {
 						want = append(want, nid)
 						delete(m.nodes, nid)
 					}
