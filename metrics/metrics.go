@@ -253,7 +253,7 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape
 // time: engine segments mapped now (against --max-mapped-segments), their
-// mapped bytes (against --max-mapped-bytes) and namespaces opened this boot.
+// mapped bytes (against --max-mapped-bytes) and namespaces held.
 func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int, mappedBytes func() int64) {
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_segments_mapped",
@@ -263,7 +263,7 @@ func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int,
 			Help: "Bytes of engine segments mapped now: each segment's page-rounded span that its regions use (bounded by --max-mapped-bytes)."},
 			func() float64 { return float64(mappedBytes()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_namespaces",
-			Help: "Namespaces opened in this boot (each keeps its geometry for the boot)."},
+			Help: "Namespaces held (each keeps its geometry until forgotten with the engine id that opened it)."},
 			func() float64 { return float64(namespaces()) }))
 }
 

@@ -98,13 +98,24 @@ func newHeldKeys() *heldKeys {
 }
 
 // observe is the journal's observer: keys (pool keys) of namespace ns
-// were announced as typ in medium.
+// were announced as typ in medium; an AllBlocksCleared drops ns's keys
+// (the node forgot ns: it serves none of them).
 func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 	if medium != messages.MediumCPU {
 		return // the disk tier's: fetches are served from host memory only
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if typ == messages.KVAllBlocksCleared {
+		for nk := range h.m {
+			if nk.NS == ns {
+				delete(h.m, nk)
+				if !h.stale {
+					h.changes[nk] = false
+				}
+			}
+		}
+	}
 	for _, k := range keys {
 		nk := holders.NSKey{NS: ns, Key: sched.WireKey(k)} // hash and group, as holders.KeyOf makes it
 		switch typ {

@@ -41,6 +41,22 @@ func (d *diskKeys) learn(id sched.NamespaceID, name string, lay *sched.Layout) (
 	return string(p), !known
 }
 
+// forget drops namespace id's mapping, forgotten (namespaces.forget): its
+// keys in the pool no longer reach the disk, and its prefix maps to the id
+// of the namespace opened again under its name and geometry, if any.
+func (d *diskKeys) forget(id sched.NamespaceID) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p, ok := d.byID[id]
+	if !ok {
+		return
+	}
+	delete(d.byID, id)
+	if d.byPrefix[p] == id {
+		delete(d.byPrefix, p)
+	}
+}
+
 // ToDisk is k's persistent key; false for a namespace not learnt.
 func (d *diskKeys) ToDisk(k messages.Key) (messages.Key, bool) {
 	id, rest, ok := splitNS(k)
@@ -108,8 +124,9 @@ func geometry(l *sched.Layout) uint64 {
 // the whole disk index (tens of ms for a million records), and lookups,
 // loads, heartbeats and registers of every engine take n.mu. It needs
 // nothing n.mu guards: the clear is in the journal before it, the journal
-// finds each key's engine off n.mu (kvTarget), a namespace's id and disk
-// prefix are never reused or forgotten within a boot, and a member that
+// finds each key's engine off n.mu (kvTarget), a namespace's id is never
+// reused within a boot (one forgotten meanwhile: its keys are no
+// namespace's, skipped), and a member that
 // leaves meanwhile passes the rest to the next one, or to the deferred
 // changes of a namespace without one, as for any change of the tier.
 func (n *Node) reannounceDisk(nsName, prefix string, keep func(messages.Key, int64) bool) {

@@ -203,3 +203,6 @@ func SetTransferStopWait(d time.Duration) (restore func()) {
 
 // ShardOf is the intake shard of engineID among shards.
 func ShardOf(engineID string, shards int) int { return shardOf(engineID, shards) }
+
+// NamespacesHeld is how many namespaces the node's table holds now.
+func (n *Node) NamespacesHeld() int { return n.namespacesNow() }

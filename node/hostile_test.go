@@ -503,8 +503,10 @@ func TestHostileManyEnginesAtDefaults(t *testing.T) {
 }
 
 // Attack: re-register over and over with a fresh namespace each time, to
-// grow the node's namespace table (entries live for the boot). Past 16 ×
-// --max-engines namespaces a register is refused as "limit".
+// grow the node's namespace table. One engine id opens at most 16
+// (TestOneEngineCannotUseUpTheNodesNamespaces); the namespaces of an id
+// that left go with it once the table needs room, so the table stays
+// within 16 × --max-engines and never stays full for good.
 func TestHostileNamespaceChurnIsBounded(t *testing.T) {
 	t.Parallel()
 	e := startNode(t, silenceNotTested, func(c *node.Config) { c.MaxEngines = 1 })
@@ -520,17 +522,17 @@ func TestHostileNamespaceChurnIsBounded(t *testing.T) {
 	require.True(t, un.OK)
 	mal := e.newEngine("mal", defaultOpts())
 	before := rejected(t, e, "limit")
-	for i := 10; i < 16; i++ {
+	for i := 10; i < 26; i++ { // past the node's 16: first's forgotten to make room
 		mal.spec.Namespace = fmt.Sprintf("ns-%d", i)
 		mal.register()
 	}
-	mal.spec.Namespace = "ns-16"
+	mal.spec.Namespace = "ns-26"
 	var reply messages.RegisterReply
 	require.NoError(t, jsonUnmarshal(mal.request("register", mal.spec), &reply))
 	require.False(t, reply.OK)
-	require.Contains(t, reply.Error, "16 namespaces opened in this boot")
+	require.Contains(t, reply.Error, `engine "mal" opened 16 namespaces in this boot`)
 	require.Equal(t, before+1, rejected(t, e, "limit"))
 	require.Equal(t, 16.0, metricValue(t, e.reg, "kvactors_isolation_namespaces", nil))
-	mal.spec.Namespace = "ns-3" // an open namespace is still fine
+	mal.spec.Namespace = "ns-13" // an open namespace is still fine
 	mal.register()
 }

@@ -3,6 +3,7 @@ package node
 import (
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/netip"
@@ -28,8 +29,10 @@ var ErrLimit = messages.NewRejection(messages.RejectLimit, "node limit reached")
 // (PROTOCOL.md "Isolation"). The first engine registered in a namespace
 // fixes its geometry for the rest of the node's boot, whether or not that
 // engine stays: the namespace's keys stay in the pool, and they must mean
-// the same bytes to every engine that loads them. Ids are never reused
-// within a boot, so a key can never change namespace.
+// the same bytes to every engine that loads them. A namespace is forgotten
+// with the engine id that opened it (departed.go), once it has no member:
+// its id is never given out again within a boot, so a key can never change
+// namespace, and its keys left in the pool are unreachable until evicted.
 type namespaces struct {
 	// mu guards the table against kvTarget, which runs on the kv_events
 	// journal's goroutine and must not wait for n.mu, held by a register
@@ -37,13 +40,18 @@ type namespaces struct {
 	// under n.mu need not take it.
 	mu    sync.RWMutex
 	byKey map[string]*namespace // by messages.NamespaceKey
-	byID  []*namespace          // byID[id-1]; id 0 is never given out
+	byID  map[sched.NamespaceID]*namespace
+	last  sched.NamespaceID // the last id given out; 0 never is
 	// member is each registered engine's namespace: the kv_events journal
 	// asks it per record, off n.mu (see kvTarget).
 	member map[string]sched.NamespaceID
 	// opened counts the namespaces each engine id opened in this boot:
 	// one engine may not use up the node's bound for everyone else.
 	opened map[string]int
+	// owned are the namespaces held that each engine id opened, or
+	// adopted as the last member of one whose opener was forgotten: they
+	// go with it (forget).
+	owned map[string][]sched.NamespaceID
 }
 
 type namespace struct {
@@ -52,6 +60,7 @@ type namespace struct {
 	key    string        // messages.NamespaceKey: private to one engine, or shared
 	layout *sched.Layout // the geometry it holds
 	geo    uint64        // its fingerprint (geometry): the cluster's namespace identity includes it
+	owner  string        // the engine id it is forgotten with (owned); "" while members outlive it
 	// members are its registered engines, in the order they last
 	// registered. The last one announces (announcer): evictions of its keys
 	// caused by an engine of another namespace are announced on that
@@ -74,11 +83,12 @@ func (ns *namespace) announcer() string {
 }
 
 // maxNamespacesPerEngine bounds the table: each successful register may
-// open a namespace, and entries live for the boot. An engine id may open
-// this many in a boot, and the node 16 × --max-engines in all.
+// open a namespace, which lives until the id that opened it is forgotten.
+// An engine id may open this many until then, and the node holds
+// 16 × --max-engines in all.
 const maxNamespacesPerEngine = 16
 
-// namespacesMost is the node's bound on namespaces in a boot for
+// namespacesMost is the node's bound on namespaces held for
 // --max-engines engines: saturated, since a huge --max-engines (meant as
 // "no bound") wrapped the product negative and refused every register.
 func namespacesMost(engines int) int {
@@ -97,7 +107,7 @@ func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sc
 			return 0, fmt.Errorf("%w: engine %q opened %d namespaces in this boot", ErrLimit, engine, opened)
 		}
 		if len(t.byID) >= most {
-			return 0, fmt.Errorf("%w: %d namespaces opened in this boot", ErrLimit, len(t.byID))
+			return 0, fmt.Errorf("%w: %d namespaces held, each with a member or an engine id not yet forgotten", ErrLimit, len(t.byID))
 		}
 		return 0, nil
 	}
@@ -105,6 +115,12 @@ func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sc
 		return 0, fmt.Errorf("%w: namespace %q: %w", ErrRegister, name, err)
 	}
 	return ns.id, nil
+}
+
+// full reports whether a register of engine in namespace name needs a new
+// namespace and the table holds most. Caller holds n.mu.
+func (t *namespaces) full(engine, name string, most int) bool {
+	return t.byKey[messages.NamespaceKey(engine, name)] == nil && len(t.byID) >= most
 }
 
 // commit records a successful register of engine in namespace name and
@@ -116,12 +132,15 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 	ns := t.byKey[key]
 	if ns == nil {
 		if t.byKey == nil {
-			t.byKey, t.opened = map[string]*namespace{}, map[string]int{}
+			t.byKey, t.byID, t.opened = map[string]*namespace{}, map[sched.NamespaceID]*namespace{}, map[string]int{}
+			t.owned = map[string][]sched.NamespaceID{}
 		}
-		ns = &namespace{id: sched.NamespaceID(len(t.byID) + 1), name: name, key: key, layout: lay, geo: geometry(lay)}
-		t.byID = append(t.byID, ns)
+		t.last++
+		ns = &namespace{id: t.last, name: name, key: key, layout: lay, geo: geometry(lay), owner: engine}
+		t.byID[ns.id] = ns
 		t.byKey[key] = ns
 		t.opened[engine]++
+		t.owned[engine] = append(t.owned[engine], ns.id)
 	}
 	// A register into another namespace leaves the old one first: the
 	// engine must stop hearing of it (PROTOCOL.md "Isolation").
@@ -136,7 +155,8 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 
 // leave forgets a detached engine's membership (its namespace stays): the
 // namespace's announcer passes to the member registered last before it,
-// or to nobody.
+// or to nobody. The last member of a namespace whose owner was forgotten
+// adopts it: it is forgotten with that member's id.
 func (t *namespaces) leave(engine string) {
 	t.mu.Lock()
 	t.leaveLocked(engine)
@@ -150,8 +170,47 @@ func (t *namespaces) leaveLocked(engine string) {
 		return
 	}
 	delete(t.member, engine)
-	ns := t.byID[id-1]
+	ns := t.byID[id]
 	ns.members = slices.DeleteFunc(ns.members, func(m string) bool { return m == engine })
+	if len(ns.members) == 0 && ns.owner == "" {
+		ns.owner = engine
+		t.owned[engine] = append(t.owned[engine], id)
+	}
+}
+
+// forget drops what the table keeps of engine id, which departed.go
+// forgets (not registered, nothing ending): the namespaces it owns that
+// have no member now, and its count of those opened. One that still has
+// members stays, its last member to leave its owner. It returns the
+// namespaces dropped. Caller holds n.mu.
+func (t *namespaces) forget(engine string) (gone []*namespace) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range t.owned[engine] {
+		ns := t.byID[id]
+		if len(ns.members) > 0 {
+			ns.owner = ""
+			continue
+		}
+		delete(t.byID, id)
+		delete(t.byKey, ns.key)
+		gone = append(gone, ns)
+	}
+	delete(t.owned, engine)
+	delete(t.opened, engine)
+	return gone
+}
+
+// forgetNamespaces forgets the namespaces engine id owns with no member
+// (namespaces.forget), as departed.go forgets the id: the disk tier's
+// mapping of each (a namespace of that name and geometry opened again maps
+// its chunks on disk to its new id), and the kv_events changes deferred
+// for each (no engine joins it again). Caller holds n.mu.
+func (n *Node) forgetNamespaces(id string) {
+	for _, ns := range n.nss.forget(id) {
+		n.diskKeys.forget(ns.id)
+		n.kv.forgot(id, ns)
+	}
 }
 
 // admit applies the node bounds to a register of spec replacing old (nil
@@ -270,6 +329,17 @@ func (n *Node) namespacesNow() int {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return len(n.nss.byID)
+}
+
+// namespacesHeld lists the ids of the namespaces held, in order (the
+// kv_events journal's clearAll: ids forgotten leave holes).
+func (n *Node) namespacesHeld() []sched.NamespaceID {
+	t := &n.nss
+	t.mu.RLock()
+	ids := slices.Collect(maps.Keys(t.byID))
+	t.mu.RUnlock()
+	slices.Sort(ids)
+	return ids
 }
 
 // unmapped gives back the segment count and mapped bytes of a closed

@@ -61,6 +61,10 @@ type kvJournal struct {
 	deferred *kvDeferred
 	onDefer  func(deferred, dropped int)
 	scratch  []messages.Key // flushDeferred's
+	// held, when set, lists the namespace ids held, in order (clearAll's:
+	// forgotten ids leave holes); unset, clearAll runs from 1 to the first
+	// id that is no namespace.
+	held func() []sched.NamespaceID
 	// bodyMax, when set, is the most bytes a kv_events body may hold on
 	// the server the node is on now (read at each drain: a reconnect may
 	// reach one with a smaller max_payload); it only lowers
@@ -79,6 +83,7 @@ type kvRecord struct {
 	engine, typ, medium string
 	lo, hi              int
 	ns                  sched.NamespaceID
+	gone                *namespace // a kvForget's: its table entry is gone
 }
 
 // kvJoin is the typ of a record of an engine joining a namespace (never
@@ -94,6 +99,12 @@ const kvResync = "resync"
 // namespace in one medium (on the wire: an AllBlocksCleared of it; see
 // cleared).
 const kvClear = "clear"
+
+// kvForget is the typ of a record of namespace ns forgotten with engine,
+// its owner (never on the wire as such): its deferred changes are dropped,
+// no engine joins it again; on a cluster the other nodes are told the node
+// holds none of its keys (see publish).
+const kvForget = "forget"
 
 // kvSpareKeys bounds the key buffer a journal keeps between drains.
 const kvSpareKeys = 1 << 16
@@ -192,6 +203,18 @@ func (j *kvJournal) cleared(engine string, ns sched.NamespaceID, medium string) 
 	j.poke()
 }
 
+// forgot queues the forgetting of namespace ns, owned by engine: changes
+// deferred for it are dropped once those queued before it are
+// (Node.forgetNamespaces).
+func (j *kvJournal) forgot(engine string, ns *namespace) {
+	j.mu.Lock()
+	if !j.closed {
+		j.recs = append(j.recs, kvRecord{engine: engine, typ: kvForget, ns: ns.id, gone: ns})
+	}
+	j.mu.Unlock()
+	j.poke()
+}
+
 // poke wakes the goroutine.
 func (j *kvJournal) poke() {
 	select {
@@ -282,6 +305,18 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 	case kvResync:
 		j.clearAll(msg)
 		return
+	case kvForget:
+		j.deferred.take(r.ns)
+		if j.observe != nil {
+			// The cluster's key set drops its keys, and the other nodes,
+			// told on its owner (whose namespace key it is), stop counting
+			// them: the node serves none (cluster/holders). Its name, key
+			// and geometry never change: read off the table.
+			x := r.gone
+			j.observe(messages.KVAllBlocksCleared, messages.MediumCPU, messages.ClusterNamespace(x.key, x.geo), nil)
+			msg.addClear(r.engine, x.geo, messages.MediumCPU, x.name, j.emit)
+		}
+		return
 	case kvClear:
 		name, nsKey, engine, geo := j.target(r.engine, r.ns)
 		switch {
@@ -326,13 +361,24 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 // both media, on its member; a namespace with none has its deferred
 // changes dropped and a clear owed to its next member. Deferred changes of
 // a namespace with a member (its join not drained yet) are dropped too:
-// the re-announcement that follows the clear supersedes them. Namespace
-// ids run from 1 with no hole (a boot never forgets one).
+// the re-announcement that follows the clear supersedes them. A namespace
+// forgotten since held listed it (nsKey "") is skipped.
 func (j *kvJournal) clearAll(msg *kvMessage) {
-	for ns := sched.NamespaceID(1); ; ns++ {
+	var held []sched.NamespaceID
+	if j.held != nil {
+		held = j.held()
+	}
+	for i := 0; j.held == nil || i < len(held); i++ {
+		ns := sched.NamespaceID(i + 1)
+		if j.held != nil {
+			ns = held[i]
+		}
 		name, nsKey, engine, geo := j.target("", ns)
 		if nsKey == "" {
-			return
+			if j.held == nil {
+				return
+			}
+			continue // forgotten meanwhile
 		}
 		if engine == "" {
 			j.deferred.clear(ns)
@@ -465,7 +511,7 @@ func findSet(sets []keySet, ns sched.NamespaceID, group int) int {
 // the member of ns registered last (namespace.announcer; no engine learns
 // another namespace's hashes; none registered: engine "", the journal
 // defers them until one joins).
-// nsKey is "" when ns is no namespace of this boot.
+// nsKey is "" when ns is no namespace of this boot (or one forgotten).
 //
 // It reads the namespace table only (its own RWMutex): n.mu is held by a
 // register across its device attach, and the journal must not wait for it.
@@ -473,10 +519,10 @@ func (n *Node) kvTarget(engineID string, ns sched.NamespaceID) (name, nsKey, eng
 	t := &n.nss
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if ns == 0 || int(ns) > len(t.byID) {
+	x := t.byID[ns]
+	if x == nil { // none, or forgotten
 		return "", "", "", 0
 	}
-	x := t.byID[ns-1]
 	if t.member[engineID] == ns {
 		return x.name, x.key, engineID, x.geo
 	}

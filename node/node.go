@@ -186,6 +186,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 		}
 	}()
 	n.kv = newKVJournal(n.publishKV, n.kvTarget)
+	n.kv.held = n.namespacesHeld
 	n.kv.linger = max(0, cfg.KVEventsLinger)
 	if cfg.kvDeferMost > 0 {
 		n.kv.deferred = newKVDeferred(cfg.kvDeferMost)

@@ -175,7 +175,12 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if err := n.admit(old, &spec, charge); err != nil {
 		return err
 	}
-	if _, err := n.nss.check(id, nsName, lay, namespacesMost(n.cfg.MaxEngines)); err != nil {
+	most := namespacesMost(n.cfg.MaxEngines)
+	for n.nss.full(id, nsName, most) && n.forgetOldestDeparted() {
+		// Under churn the table fills before departed.go forgets ids (it
+		// keeps more): the oldest departed go early, with their namespaces.
+	}
+	if _, err := n.nss.check(id, nsName, lay, most); err != nil {
 		return err
 	}
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
