@@ -530,7 +530,7 @@ func TestHostileNamespaceChurnIsBounded(t *testing.T) {
 	var reply messages.RegisterReply
 	require.NoError(t, jsonUnmarshal(mal.request("register", mal.spec), &reply))
 	require.False(t, reply.OK)
-	require.Contains(t, reply.Error, `engine "mal" opened 16 namespaces in this boot`)
+	require.Contains(t, reply.Error, `engine "mal" opened 16 namespaces since the node last forgot its id`)
 	require.Equal(t, before+1, rejected(t, e, "limit"))
 	require.Equal(t, 16.0, metricValue(t, e.reg, "kvactors_isolation_namespaces", nil))
 	mal.spec.Namespace = "ns-13" // an open namespace is still fine

@@ -104,7 +104,7 @@ func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sc
 	ns := t.byKey[messages.NamespaceKey(engine, name)]
 	if ns == nil {
 		if opened := t.opened[engine]; opened >= maxNamespacesPerEngine {
-			return 0, fmt.Errorf("%w: engine %q opened %d namespaces in this boot", ErrLimit, engine, opened)
+			return 0, fmt.Errorf("%w: engine %q opened %d namespaces since the node last forgot its id", ErrLimit, engine, opened)
 		}
 		if len(t.byID) >= most {
 			return 0, fmt.Errorf("%w: %d namespaces held, each with a member or an engine id not yet forgotten", ErrLimit, len(t.byID))

@@ -86,7 +86,7 @@ func TestOneEngineCannotUseUpTheNodesNamespaces(t *testing.T) {
 	var reply messages.RegisterReply
 	require.NoError(t, jsonUnmarshal(mal.request("register", mal.spec), &reply))
 	require.False(t, reply.OK)
-	require.Contains(t, reply.Error, `engine "mal" opened 16 namespaces in this boot`)
+	require.Contains(t, reply.Error, `engine "mal" opened 16 namespaces since the node last forgot its id`)
 	vic := e.newEngine("vic", defaultOpts())
 	vic.register()
 }
