@@ -27,15 +27,9 @@ func TestClusterADiskClearOfANewNamespaceDropsNoOtherTenantsHolders(t *testing.T
 	})
 	settle := n0Beats(t, kc)
 
-	a := kc.engineOn(0, "ea", "m")
-	b := kc.engineOn(1, "eb", "m")
 	mal := kc.engineOn(0, "mal", "")
-	a.register()
-	b.register()
 	mal.register()
-	hs := []string{hash("dc", 0), hash("dc", 1)}
-	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
-	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	_, _, hs := prefixSeenAcross(t, kc, "dc")
 	settle()
 	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "")
 
@@ -71,15 +65,9 @@ func TestClusterAnEnginesFirstRegisterDropsNoOtherTenantsHolders(t *testing.T) {
 	kc := startCluster(t, 2)
 	settle := n0Beats(t, kc)
 
-	a := kc.engineOn(0, "ea", "m")
-	b := kc.engineOn(1, "eb", "m")
 	px := kc.engineOn(1, "px", "x")
-	a.register()
-	b.register()
 	px.register()
-	hs := []string{hash("rc", 0), hash("rc", 1)}
-	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
-	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	_, b, hs := prefixSeenAcross(t, kc, "rc")
 	settle() // before the fix: the catch-ups of n0 that ea's register caused
 	beat(t, b, px)
 	catchUps := kc.nodes[1].counter("kvactors_cluster_holders_catchups_total", "")

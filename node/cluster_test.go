@@ -610,3 +610,18 @@ func TestClusterRefusedReregisterKeepsTheEnginesNamespace(t *testing.T) {
 	require.Zero(t, r.RemoteChunks)
 	require.Equal(t, before, c.block(0, 2), "no byte of m's chunks reached ec's blocks")
 }
+
+// prefixSeenAcross registers ea on node 0 and eb on node 1, both in
+// namespace m, has ea store a two-hash prefix (seed names its hashes) and
+// waits until eb counts it: a chunk of one node that another node's holder
+// index counts.
+func prefixSeenAcross(t *testing.T, kc *kvCluster, seed string) (a, b *testEngine, hs []string) {
+	t.Helper()
+	a, b = kc.engineOn(0, "ea", "m"), kc.engineOn(1, "eb", "m")
+	a.register()
+	b.register()
+	hs = []string{hash(seed, 0), hash(seed, 1)}
+	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
+	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	return a, b, hs
+}

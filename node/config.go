@@ -133,8 +133,8 @@ type Config struct {
 	// it (export_test), e.g. to keep a node on the one server it dials.
 	natsExtra []nats.Option
 	// embeddedExtra edits the embedded server's options after the start's
-	// checks of them (nil: none). Tests set it, e.g. to refuse a TLS
-	// handshake those checks let through.
+	// checks of them (nil: none). Tests set it, e.g. to refuse every
+	// connection (max_connections) or name users by certificates.
 	embeddedExtra func(*server.Options)
 	// Transfer bounds each device's copies.
 	Transfer transfer.Config `json:"transfer"`

@@ -104,13 +104,7 @@ func TestClusterAForgottenNamespaceIsNoLongerCountedElsewhere(t *testing.T) {
 		}
 	})
 	settle := n0Beats(t, kc)
-	a := kc.engineOn(0, "ea", "m")
-	b := kc.engineOn(1, "eb", "m")
-	a.register()
-	b.register()
-	hs := []string{hash("rc", 0), hash("rc", 1)}
-	a.storePrefix("r", hs, 40, 41, 9, "stored by A in namespace m")
-	awaitLookup(t, b, hs, 8, "B of A's prefix")
+	a, b, hs := prefixSeenAcross(t, kc, "rc")
 	require.NoError(t, jsonUnmarshal(a.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
 	for i := range 16 { // ea (first departed) forgotten to make room, "m" on n0 with it
 		te := kc.engineOn(0, fmt.Sprintf("pod%d", i), "")
