@@ -61,9 +61,9 @@ type kvJournal struct {
 	deferred *kvDeferred
 	onDefer  func(deferred, dropped int)
 	scratch  []messages.Key // flushDeferred's
-	// held, when set, lists the namespace ids held, in order (clearAll's:
-	// forgotten ids leave holes); unset, clearAll runs from 1 to the first
-	// id that is no namespace.
+	// held lists the namespace ids held, in order (clearAll's: forgotten
+	// ids leave holes). The node's is its table's (namespacesHeld); by
+	// default, the ids from 1 that target knows.
 	held func() []sched.NamespaceID
 	// bodyMax, when set, is the most bytes a kv_events body may hold on
 	// the server the node is on now (read at each drain: a reconnect may
@@ -117,8 +117,16 @@ const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, uint64, []byte),
 	target func(string, sched.NamespaceID) (string, string, string, uint64)) *kvJournal {
+	held := func() (ids []sched.NamespaceID) {
+		for ns := sched.NamespaceID(1); ; ns++ {
+			if _, nsKey, _, _ := target("", ns); nsKey == "" {
+				return ids
+			}
+			ids = append(ids, ns)
+		}
+	}
 	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
-		emit: emit, target: target, deferred: newKVDeferred(kvDeferMost)}
+		emit: emit, target: target, held: held, deferred: newKVDeferred(kvDeferMost)}
 }
 
 // start runs the publishing goroutine; records added before it are kept.
@@ -364,20 +372,9 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 // the re-announcement that follows the clear supersedes them. A namespace
 // forgotten since held listed it (nsKey "") is skipped.
 func (j *kvJournal) clearAll(msg *kvMessage) {
-	var held []sched.NamespaceID
-	if j.held != nil {
-		held = j.held()
-	}
-	for i := 0; j.held == nil || i < len(held); i++ {
-		ns := sched.NamespaceID(i + 1)
-		if j.held != nil {
-			ns = held[i]
-		}
+	for _, ns := range j.held() {
 		name, nsKey, engine, geo := j.target("", ns)
 		if nsKey == "" {
-			if j.held == nil {
-				return
-			}
 			continue // forgotten meanwhile
 		}
 		if engine == "" {
