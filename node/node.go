@@ -552,13 +552,10 @@ var transferStopWait = func(lease time.Duration) time.Duration { return max(time
 
 func (n *Node) closeConnections() {
 	if n.nc != nil {
-		// A failed Start's teardown flushes here (with the server gone,
-		// Flush would wait out its timeout). Close has flushed already (or
-		// found NATS down), and counted what NATS did not confirm: a second
-		// flush only waited 2 s past its timeout for a link gone silent.
-		if !n.closed.Load() && n.nc.IsConnected() {
-			_ = n.nc.FlushTimeout(2 * time.Second)
-		}
+		// No flush: Close has flushed and counted what NATS did not
+		// confirm (a failed Start owes nothing), and nc.Close still writes
+		// out its buffer. A flush here waited 2 s past the shutdown
+		// timeout for a link gone silent.
 		n.nc.Close()
 	}
 	if n.ns != nil {
