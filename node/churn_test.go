@@ -95,10 +95,7 @@ func TestEngineChurnLeavesNothingBehind(t *testing.T) {
 				return nil
 			})
 		} else {
-			var un messages.UnregisterReply
-			require.NoError(t, jsonUnmarshal(te.request("unregister", map[string]any{}), &un))
-			require.True(t, un.OK, un.Error)
-			require.Equal(t, live, un.Released, "%s: requests live at the unregister", id)
+			require.Equal(t, live, te.unregister().Released, "%s: requests live at the unregister", id)
 		}
 		for range live {
 			recv(t, te.released, id+" live released")
@@ -208,9 +205,7 @@ func TestEngineChurnOnAClusterLeavesNothingBehind(t *testing.T) {
 			require.True(t, bytes.Equal(a.block(0, messages.BlockID(1+i)), b.block(0, messages.BlockID(5+i))))
 		}
 		for _, te := range []*testEngine{a, b} {
-			var un messages.UnregisterReply
-			require.NoError(t, jsonUnmarshal(te.request("unregister", map[string]any{}), &un))
-			require.True(t, un.OK, un.Error)
+			te.unregister()
 			for _, w := range te.subs {
 				require.NoError(t, w.sub.Unsubscribe())
 			}

@@ -205,6 +205,16 @@ func subscribeJSON[T any](t *testing.T, nc *nats.Conn, subject string, ch chan T
 // register registers the engine and checks the v2 reply; at the first
 // register it also checks that AllBlocksCleared came before anything else on
 // kv_events.
+// unregister unregisters the engine and returns the node's reply, which
+// must be ok.
+func (te *testEngine) unregister() messages.UnregisterReply {
+	te.e.t.Helper()
+	var r messages.UnregisterReply
+	require.NoError(te.e.t, json.Unmarshal(te.request("unregister", map[string]any{}), &r))
+	require.True(te.e.t, r.OK, r.Error)
+	return r
+}
+
 func (te *testEngine) register() {
 	te.e.t.Helper()
 	reply := te.request("register", te.spec)

@@ -7,7 +7,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
 
@@ -22,9 +21,7 @@ func churn(t *testing.T, e *env, prefix string, n int) []*testEngine {
 		te.register()
 		te.fill(0, 1, 1)
 		te.storeOne(fmt.Sprintf("r%d", i), 1)
-		var r messages.UnregisterReply
-		require.NoError(t, jsonUnmarshal(te.request("unregister", map[string]any{}), &r))
-		require.True(t, r.OK, r.Error)
+		te.unregister()
 		es = append(es, te)
 	}
 	return es
@@ -69,7 +66,7 @@ func TestANamespaceWithAMemberOutlivesItsOpener(t *testing.T) {
 	long := e.newEngine("long", defaultOpts())
 	long.spec.Namespace = "shared"
 	long.register()
-	require.NoError(t, jsonUnmarshal(opener.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
+	opener.unregister()
 	long.fill(0, 3, 7)
 	want := bytes.Clone(long.block(0, 3))
 	long.storeOne("kept", 3)
@@ -79,7 +76,7 @@ func TestANamespaceWithAMemberOutlivesItsOpener(t *testing.T) {
 	require.True(t, r.OK, r.Error)
 	require.Equal(t, want, long.block(0, 6))
 
-	require.NoError(t, jsonUnmarshal(long.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
+	long.unregister()
 	churn(t, e, "later", 40)
 	require.LessOrEqual(t, e.node.NamespacesHeld(), 32)
 	// Gone with long's id: "shared" is opened again, with another geometry.
@@ -105,11 +102,11 @@ func TestClusterAForgottenNamespaceIsNoLongerCountedElsewhere(t *testing.T) {
 	})
 	settle := n0Beats(t, kc)
 	a, b, hs := prefixSeenAcross(t, kc, "rc")
-	require.NoError(t, jsonUnmarshal(a.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
+	a.unregister()
 	for i := range 16 { // ea (first departed) forgotten to make room, "m" on n0 with it
 		te := kc.engineOn(0, fmt.Sprintf("pod%d", i), "")
 		te.register()
-		require.NoError(t, jsonUnmarshal(te.request("unregister", map[string]any{}), &messages.UnregisterReply{}))
+		te.unregister()
 	}
 	awaitLookup(t, b, hs, 0, "B of A's prefix in a namespace n0 forgot")
 	settle() // the catch-up of n0's key set that the clear asked for: it lists none of them
