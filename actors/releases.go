@@ -104,6 +104,14 @@ func (r *Releases) Reply(ctx context.Context, reply, epoch string, build func(re
 	r.out.publishLocked(ctx, PublishReply, reply, build(n))
 }
 
+// Epochs is how many epochs' counts are kept (tests: bounded by the
+// epochs in use plus KeptEpochs).
+func (r *Releases) Epochs() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.counts)
+}
+
 // Forget drops an ended epoch's count once none of its requests is left.
 func (r *Releases) Forget(epoch string) {
 	r.mu.Lock()

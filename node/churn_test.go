@@ -122,20 +122,7 @@ func TestEngineChurnLeavesNothingBehind(t *testing.T) {
 			if m := segmentMappings(t, e.dir); m != 0 {
 				diffs = append(diffs, fmt.Sprintf("%d mappings of engine segments", m))
 			}
-			now := e.node.Footprint()
-			for k, v := range now {
-				switch k {
-				case "cleared", "releases", "epochs", "departed", "ns_opened", "namespaces":
-					// kept per id for the boot (bounded: departed.go, isolation.go)
-					if v > base[k]+cycles {
-						diffs = append(diffs, fmt.Sprintf("%s %d, baseline %d + %d ids", k, v, base[k], cycles))
-					}
-				default:
-					if v != base[k] {
-						diffs = append(diffs, fmt.Sprintf("%s %d, baseline %d", k, v, base[k]))
-					}
-				}
-			}
+			diffs = append(diffs, footprintDiffs("", base, e.node.Footprint(), cycles)...)
 			if len(diffs) > 0 {
 				return fmt.Errorf("%s", strings.Join(diffs, "; "))
 			}
@@ -163,6 +150,28 @@ func TestEngineChurnLeavesNothingBehind(t *testing.T) {
 	settled(base, goroutines)
 	require.Zero(t, pool(), "pins or pending copies left by the churn")
 	t.Logf("after %d cycles: %d goroutines, %v", cycles, runtime.NumGoroutine(), e.node.Footprint())
+}
+
+// footprintDiffs names the counts of now (a Footprint, or any map of
+// counts) that differ from base: each must be back to its baseline,
+// except what is kept per engine id for the boot (departed.go,
+// isolation.go, cluster_dropped.go), which may grow by one per fresh id
+// (ids of them). who prefixes each (a node's name).
+func footprintDiffs(who string, base, now map[string]int, ids int) []string {
+	var diffs []string
+	for k, v := range now {
+		switch k {
+		case "cleared", "releases", "epochs", "departed", "ns_opened", "namespaces", "cluster_dropped":
+			if v > base[k]+ids {
+				diffs = append(diffs, fmt.Sprintf("%s%s %d, baseline %d + %d ids", who, k, v, base[k], ids))
+			}
+		default:
+			if v != base[k] {
+				diffs = append(diffs, fmt.Sprintf("%s%s %d, baseline %d", who, k, v, base[k]))
+			}
+		}
+	}
+	return diffs
 }
 
 // segmentMappings counts this process's mappings of files under dir (the
@@ -218,20 +227,7 @@ func TestEngineChurnOnAClusterLeavesNothingBehind(t *testing.T) {
 	settled := func(base []map[string]int) error {
 		var diffs []string
 		for i, now := range foot() {
-			for k, v := range now {
-				switch k {
-				case "cleared", "releases", "epochs", "departed", "ns_opened", "namespaces", "cluster_dropped":
-					// kept per id for the boot (bounded: departed.go,
-					// isolation.go, cluster_dropped.go)
-					if v > base[i][k]+cycles {
-						diffs = append(diffs, fmt.Sprintf("n%d %s %d, baseline %d + %d ids", i, k, v, base[i][k], cycles))
-					}
-				default:
-					if v != base[i][k] {
-						diffs = append(diffs, fmt.Sprintf("n%d %s %d, baseline %d", i, k, v, base[i][k]))
-					}
-				}
-			}
+			diffs = append(diffs, footprintDiffs(fmt.Sprintf("n%d ", i), base[i], now, cycles)...)
 		}
 		if len(diffs) > 0 {
 			return fmt.Errorf("%s", strings.Join(diffs, "; "))

@@ -1,5 +1,11 @@
 package node
 
+import (
+	"strconv"
+
+	cmap "github.com/orcaman/concurrent-map"
+)
+
 // Footprint counts what the node keeps per engine, request and namespace
 // now: the maps of node/ (under their locks), the actor system's process
 // registry, the embedded server's subscriptions. A churn test compares it
@@ -66,4 +72,66 @@ func (n *Node) Footprint() map[string]int {
 		f["cluster_subs"] = len(n.cl.subs)
 	}
 	return f
+}
+
+// RequestFootprint counts what the node keeps that a request, a copy or
+// a change could add to while its engines stay: per engine id the epochs
+// whose release counts are kept, the ending channels and held credits;
+// the pool's pins, pending copies and waiters; the kv_events journal's
+// records not yet published; the disk's namespace prefixes. A soak test
+// compares it across many requests.
+func (n *Node) RequestFootprint() map[string]int {
+	f := map[string]int{}
+	n.mu.Lock()
+	for _, r := range n.releases {
+		f["release_epochs"] += r.Epochs()
+	}
+	for _, t := range n.epochs {
+		f["epoch_trail"] += len(t.Recent())
+	}
+	for _, chs := range n.ending {
+		f["ending_chans"] += len(chs)
+	}
+	f["departed_queue"] = len(n.departed.queue)
+	n.mu.Unlock()
+	n.ingest.mu.RLock()
+	for _, cs := range n.ingest.credits {
+		f["ingest_credits_held"] += len(cs)
+	}
+	n.ingest.mu.RUnlock()
+	st := n.store.Stats()
+	f["pool_pinned"], f["pool_pending"] = st.Pinned, st.Pending
+	f["pool_waiting"], f["pool_room_waiting"] = n.store.Waiting()
+	n.kv.mu.Lock()
+	f["kv_recs"], f["kv_keys"] = len(n.kv.recs), len(n.kv.keys)
+	n.kv.mu.Unlock()
+	if n.diskKeys != nil {
+		n.diskKeys.mu.RLock()
+		f["disk_prefixes"] = len(n.diskKeys.byID)
+		n.diskKeys.mu.RUnlock()
+	}
+	n.identity.mu.Lock()
+	f["identity_logged"] = len(n.identity.logged)
+	n.identity.mu.Unlock()
+	return f
+}
+
+// PrimeActorRegistry puts a name in each of the actor registry's 32768
+// small maps (1024 buckets of 32 shards) and takes it out again: a map
+// keeps the storage its first entry made, so until every map has had one
+// each fresh actor name may cost a few heap objects for good (bounded: a
+// few MiB at most, over hundreds of thousands of spawns). A test that
+// counts heap objects across spawns primes it first.
+func (n *Node) PrimeActorRegistry() {
+	pids := n.system.ProcessRegistry.LocalPIDs
+	seen := map[*cmap.ConcurrentMapShared]bool{}
+	for i := 0; len(seen) < len(pids.LocalPIDs)*cmap.SHARD_COUNT && i < 1<<24; i++ {
+		name := "prime$" + strconv.Itoa(i)
+		b := pids.GetBucket(name)
+		if s := b.GetShard(name); !seen[s] {
+			seen[s] = true
+			b.SetIfAbsent(name, nil)
+			b.Remove(name)
+		}
+	}
 }

@@ -86,7 +86,12 @@ type testEngine struct {
 	kvLeft []messages.KVEvent // events recvKV received and has not returned
 	resync chan messages.Resync
 	// rseqs is the last rseq seen per epoch (the subscription's handler's).
-	rseqs      map[string]uint64
+	rseqs map[string]uint64
+	// rseqKeep, when set, keeps the rseqs of that many epochs, the latest
+	// (rseqOrder: the handler's), for a test that begins epochs without
+	// end and counts heap objects.
+	rseqKeep   atomic.Int32
+	rseqOrder  []string
 	registered bool
 }
 
@@ -143,6 +148,13 @@ func (e *env) newEngine(id string, o engineOpts) *testEngine {
 		}
 		if r.Epoch == "" || r.RSeq != te.rseqs[r.Epoch]+1 {
 			t.Errorf("release %+v: want epoch set and rseq %d", r, te.rseqs[r.Epoch]+1)
+		}
+		if _, ok := te.rseqs[r.Epoch]; !ok && te.rseqKeep.Load() > 0 {
+			te.rseqOrder = append(te.rseqOrder, r.Epoch)
+			for len(te.rseqOrder) > int(te.rseqKeep.Load()) {
+				delete(te.rseqs, te.rseqOrder[0])
+				te.rseqOrder = te.rseqOrder[1:]
+			}
 		}
 		te.rseqs[r.Epoch] = r.RSeq
 		r.Epoch, r.RSeq = "", 0

@@ -70,6 +70,10 @@ func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Pool) *S
 // Stats is the pool's usage.
 func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 
+// Waiting is how many pending keys have waiters and how many waiters
+// the room queue holds (tests: hostpool.Shared.Waiting, RoomWaiting).
+func (s *Store) Waiting() (keys, room int) { return s.pool.Waiting(), s.pool.RoomWaiting() }
+
 // SetJournal sets the pool's journal (hostpool.Journal): every change to
 // what is loadable, in order, with the engine that made it. Set it before
 // the store is used.
