@@ -444,6 +444,13 @@ func (c Config) Validate() error {
 	return nil
 }
 
+// natsTLS reports whether the NATS client's TLS files (--nats-ca,
+// --nats-cert, --nats-key) are used: with --nats only. The node's
+// connection to its embedded server is in-process and plain
+// (plainInProcess); its credentials (--nats-creds, --nats-nkey) are used
+// either way.
+func (c Config) natsTLS() bool { return c.NATSURL != "" }
+
 // limitFlags are the flags of the ingest limits BindFlags gives one, by
 // the limit's JSON name (ingest.LimitError.Field).
 var limitFlags = map[string]string{"max_ids": "--max-ids", "max_groups": "--max-groups"}
@@ -455,14 +462,20 @@ var limitFlags = map[string]string{"max_ids": "--max-ids", "max_groups": "--max-
 // for the whole --nats-connect-timeout as "nats not reachable" and exiting
 // 1, which systemd restarts for ever; a config error exits 2. Apart from
 // Validate, which reads no file (a config can be checked away from its
-// host); Start calls both.
+// host); Start calls both. The TLS files are checked only where they are
+// used (natsTLS): without --nats they are ignored, with a warning.
 func (c Config) CheckFiles() error {
-	for _, f := range []struct{ flag, path string }{
-		{"--nats-creds", c.NATSCreds}, {"--nats-ca", c.NATSCA}, {"--nats-nkey", c.NATSNKey},
-	} {
+	files := []struct{ flag, path string }{{"--nats-creds", c.NATSCreds}, {"--nats-nkey", c.NATSNKey}}
+	if c.natsTLS() {
+		files = append(files, struct{ flag, path string }{"--nats-ca", c.NATSCA})
+	}
+	for _, f := range files {
 		if err := checkSecretFile(f.flag, f.path); err != nil {
 			return fmt.Errorf("%w: %s: %w", ErrConfig, f.flag, err)
 		}
+	}
+	if !c.natsTLS() {
+		return nil
 	}
 	if (c.NATSCert == "") != (c.NATSKey == "") {
 		return fmt.Errorf("%w: --nats-cert and --nats-key go together (a client certificate and its key)", ErrConfig)

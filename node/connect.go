@@ -130,8 +130,8 @@ func (n *Node) connect(ctx context.Context) error {
 	return nil
 }
 
-// plainInProcess drops the client's TLS options (--nats-ca, --nats-cert)
-// from the node's connection to its embedded server: that is a pipe inside
+// plainInProcess drops any TLS option (NATSAuthOptions gives none there:
+// natsTLS) from the node's connection to its embedded server: that is a pipe inside
 // the process, which TLS protects from nothing, at a cost on every message
 // of the node's hot path. nats-server lets an in-process client speak
 // plain NATS even when its listener requires TLS or verifies client
@@ -388,8 +388,10 @@ func (n *Node) natsOptions() ([]nats.Option, error) {
 }
 
 // NATSAuthOptions are the client options for c's NATS credentials and TLS:
-// NATSCreds, NATSUser/NATSPassword, NATSToken, NATSNKey, NATSCA, NATSCert
-// and NATSKey. serve and
+// NATSCreds, NATSUser/NATSPassword, NATSToken, NATSNKey, and with NATSURL
+// (natsTLS) NATSCA, NATSCert and NATSKey: nats.go reads those when the
+// option is applied, so an ignored file that cannot be read would fail
+// every connect to the embedded server. serve and
 // `kvactors nodes` both use it, so they authenticate alike. The error wraps
 // ErrConfig.
 func (c Config) NATSAuthOptions() ([]nats.Option, error) {
@@ -409,6 +411,9 @@ func (c Config) NATSAuthOptions() ([]nats.Option, error) {
 			return nil, fmt.Errorf("%w: --nats-nkey: %w", ErrConfig, err)
 		}
 		opts = append(opts, opt)
+	}
+	if !c.natsTLS() {
+		return opts, nil
 	}
 	if c.NATSCA != "" {
 		opts = append(opts, nats.RootCAs(c.NATSCA))

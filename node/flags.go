@@ -52,7 +52,7 @@ var unusedSettings = []struct {
 		return "--nats " + c.NATSURL + " is an external server, no embedded one starts"
 	}},
 	{[]string{"nats-ca", "nats-cert", "nats-key"}, func(c *Config) string { // TLS over TCP only
-		if c.NATSURL != "" {
+		if c.natsTLS() {
 			return ""
 		}
 		return "the node's connection to its embedded server is in-process, without TLS (they are for --nats)"

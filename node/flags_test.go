@@ -335,6 +335,40 @@ func TestStartChecksNATSFiles(t *testing.T) {
 	require.Less(t, time.Since(start), 10*time.Second, "no connect retries")
 }
 
+// Without --nats, --nats-ca, --nats-cert and --nats-key are ignored (the
+// node's connection to its embedded server is in-process, plain; Parse warns
+// so): a missing file fails neither CheckFiles nor the start. With --nats,
+// the same files are a config error.
+func TestIgnoredNATSTLSFilesNotChecked(t *testing.T) {
+	tlsFiles := func(c *node.Config) {
+		c.NATSCA, c.NATSCert, c.NATSKey = "/nonexistent/ca.pem", "/nonexistent/c.pem", "/nonexistent/k.pem"
+	}
+	var cfg node.Config
+	tlsFiles(&cfg)
+	require.NoError(t, cfg.CheckFiles())
+	cfg.NATSCert = ""
+	require.NoError(t, cfg.CheckFiles(), "a --nats-key without --nats-cert is ignored too")
+	startNode(t, tlsFiles, func(c *node.Config) { // not retried as "nats not reachable" either
+		c.NATSConnectTimeout = 5 * time.Second
+	})
+
+	for _, c := range []struct {
+		mutate func(*node.Config)
+		want   string
+	}{
+		{func(c *node.Config) { c.NATSCert, c.NATSKey = "", "" }, "--nats-ca"},
+		{func(c *node.Config) { c.NATSCA = "" }, "--nats-cert /nonexistent/c.pem"},
+		{func(c *node.Config) { c.NATSCA, c.NATSCert = "", "" }, "--nats-cert and --nats-key go together"},
+	} {
+		cfg := node.Config{NATSURL: "nats://127.0.0.1:1"}
+		tlsFiles(&cfg)
+		c.mutate(&cfg)
+		err := cfg.CheckFiles()
+		require.ErrorIs(t, err, node.ErrConfig)
+		require.ErrorContains(t, err, c.want)
+	}
+}
+
 // Every setting Validate refuses is named by its flag as the user typed
 // it, first, in one style: 'bad config: --pool-bytes 100: want …' (a
 // cluster setting's behind 'cluster: bad config: '). An exit-2 error that

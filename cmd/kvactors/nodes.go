@@ -50,8 +50,9 @@ func runNodes(args []string, stdout, stderr io.Writer) int {
 	// the survey's replies reach it under a generated configuration.
 	opts := []nats.Option{nats.Name("kvactors nodes"), nats.CustomInboxPrefix(natsauth.InboxPrefix(natsauth.ServiceUser))}
 	// The same credentials as serve, NATS_USER/NATS_PASSWORD/NATS_TOKEN
-	// included (docs/OPERATIONS.md offers them for both).
-	auth := node.Config{NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca, NATSCert: *cert, NATSKey: *key}
+	// included (docs/OPERATIONS.md offers them for both); NATSURL: the TLS
+	// files are used (a connection over TCP).
+	auth := node.Config{NATSURL: *url, NATSCreds: *creds, NATSNKey: *nkey, NATSCA: *ca, NATSCert: *cert, NATSKey: *key}
 	auth.NATSSecretsFromEnv()
 	if err := node.CheckNATSURLs(*url); err != nil {
 		return parseExit("nodes", err, fs, stdout, stderr)
