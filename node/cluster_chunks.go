@@ -70,7 +70,12 @@ func (n *Node) readChunk(ns string, wk messages.Key) ([]byte, uint32, error) {
 // it: what it serves to fetches and key-set catch-ups.
 type heldKeys struct {
 	mu sync.Mutex
-	m  map[holders.NSKey]bool
+	// m is the set by namespace (a namespace with no key has no entry),
+	// so that an AllBlocksCleared costs that namespace's keys, not every
+	// namespace's: under engine churn a node forgets a namespace per
+	// fresh-id register. n counts the keys.
+	m map[string]map[messages.Key]struct{}
+	n int
 	// sorted is the set in order as of the last page served, and changes
 	// what changed since (true: added): a page merges them in one pass when
 	// the set changed, and costs a search when it did not. A sort of the
@@ -78,7 +83,7 @@ type heldKeys struct {
 	//
 	// Only a page clears changes, and a steady cluster pages nobody's set,
 	// so changes would keep every key ever stored: once it outgrows the set
-	// (heldKeysChangesSlack over len(m)) both are dropped and stale set,
+	// (heldKeysChangesSlack over n) both are dropped and stale set,
 	// and the next page sorts a copy of m instead of merging (a sort of the
 	// set, costing no more than the merge of that many changes would).
 	sorted  cluster.SortedKeys
@@ -94,7 +99,7 @@ type heldKeys struct {
 const heldKeysChangesSlack = 1024
 
 func newHeldKeys() *heldKeys {
-	return &heldKeys{m: map[holders.NSKey]bool{}, changes: map[holders.NSKey]bool{}}
+	return &heldKeys{m: map[string]map[messages.Key]struct{}{}, changes: map[holders.NSKey]bool{}}
 }
 
 // observe is the journal's observer: keys (pool keys) of namespace ns
@@ -107,31 +112,46 @@ func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if typ == messages.KVAllBlocksCleared {
-		for nk := range h.m {
-			if nk.NS == ns {
-				delete(h.m, nk)
-				if !h.stale {
-					h.changes[nk] = false
-				}
+		if !h.stale {
+			for k := range h.m[ns] {
+				h.changes[holders.NSKey{NS: ns, Key: k}] = false
 			}
 		}
+		h.n -= len(h.m[ns])
+		delete(h.m, ns)
 	}
 	for _, k := range keys {
 		nk := holders.NSKey{NS: ns, Key: sched.WireKey(k)} // hash and group, as holders.KeyOf makes it
 		switch typ {
 		case messages.KVBlockStored:
-			h.m[nk] = true
+			set := h.m[ns]
+			if set == nil {
+				set = map[messages.Key]struct{}{}
+				h.m[ns] = set
+			}
+			if _, ok := set[nk.Key]; !ok {
+				set[nk.Key] = struct{}{}
+				h.n++
+			}
 			if !h.stale {
 				h.changes[nk] = true
 			}
 		case messages.KVBlockRemoved:
-			delete(h.m, nk)
+			if set := h.m[ns]; set != nil {
+				if _, ok := set[nk.Key]; ok {
+					delete(set, nk.Key)
+					h.n--
+				}
+				if len(set) == 0 {
+					delete(h.m, ns) // none kept for a namespace that is gone
+				}
+			}
 			if !h.stale {
 				h.changes[nk] = false
 			}
 		}
 	}
-	if !h.stale && len(h.changes) > len(h.m)+heldKeysChangesSlack {
+	if !h.stale && len(h.changes) > h.n+heldKeysChangesSlack {
 		h.stale, h.sorted, h.changes = true, nil, map[holders.NSKey]bool{}
 	}
 }
@@ -139,7 +159,8 @@ func (h *heldKeys) observe(typ, medium, ns string, keys []messages.Key) {
 func (h *heldKeys) has(ns string, key messages.Key) bool {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.m[holders.NSKey{NS: ns, Key: key}]
+	_, ok := h.m[ns][key]
+	return ok
 }
 
 // KeysAfter lists the set in (namespace, key) order (cluster.KeySource),
@@ -154,9 +175,11 @@ func (h *heldKeys) KeysAfter(after holders.NSKey, max int) []holders.NSKey {
 	if rebuild {
 		// A copy of the set under mu (no sort: that is done outside it);
 		// changes observed from here on are recorded again, on top of it.
-		keys = make([]holders.NSKey, 0, len(h.m))
-		for k := range h.m {
-			keys = append(keys, k)
+		keys = make([]holders.NSKey, 0, h.n)
+		for ns, set := range h.m {
+			for k := range set {
+				keys = append(keys, holders.NSKey{NS: ns, Key: k})
+			}
 		}
 		h.stale = false
 	}

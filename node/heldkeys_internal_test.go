@@ -90,7 +90,7 @@ func TestHeldKeysPageTheCurrentSetInOrderAndCopyNothingWhenUnchanged(t *testing.
 		if h.stale {
 			rebuilt++
 		}
-		require.LessOrEqual(t, len(h.changes), len(h.m)+heldKeysChangesSlack, "round %d", round)
+		require.LessOrEqual(t, len(h.changes), h.n+heldKeysChangesSlack, "round %d", round)
 		h.mu.Unlock()
 		var want []holders.NSKey
 		for k := range set {
@@ -121,9 +121,9 @@ func TestHeldKeysChangesAreBoundedWithoutPages(t *testing.T) {
 		}
 	}
 	h.mu.Lock()
-	require.Len(t, h.m, held)
+	require.Equal(t, held, h.n)
 	require.LessOrEqual(t, len(h.changes), 4*held+1024,
-		"changes kept for %d keys held: every key ever stored and removed since the last page", len(h.m))
+		"changes kept for %d keys held: every key ever stored and removed since the last page", h.n)
 	require.LessOrEqual(t, len(h.sorted), 4*held+1024)
 	h.mu.Unlock()
 
@@ -159,5 +159,88 @@ func TestHeldKeysPagesWhileTheJournalObserves(t *testing.T) {
 			return
 		default:
 		}
+	}
+}
+
+// An AllBlocksCleared (the node forgot the namespace) drops that
+// namespace's keys only, in host memory only, and the next page follows:
+// whether the page merges the changes or sorts the set afresh (changes
+// dropped for their number).
+func TestHeldKeysClearDropsOneNamespace(t *testing.T) {
+	pool := func(i int) messages.Key {
+		return messages.Key(sched.AppendKey(nil, 3, messages.Hash(fmt.Sprintf("hash-%08d", i)), i%2))
+	}
+	keys := func(from, to int) []messages.Key {
+		var out []messages.Key
+		for i := from; i < to; i++ {
+			out = append(out, pool(i))
+		}
+		return out
+	}
+	want := func(ns string, from, to int) []holders.NSKey {
+		var out []holders.NSKey
+		for _, k := range keys(from, to) {
+			out = append(out, holders.NSKey{NS: ns, Key: sched.WireKey(k)})
+		}
+		return out
+	}
+	for _, stale := range []bool{false, true} {
+		h := newHeldKeys()
+		h.observe(messages.KVBlockStored, messages.MediumCPU, "a", keys(0, 10))
+		h.observe(messages.KVBlockStored, messages.MediumCPU, "m", keys(0, 20))
+		h.observe(messages.KVBlockStored, messages.MediumCPU, "z", keys(5, 15))
+		require.Len(t, h.KeysAfter(holders.NSKey{}, 100), 40)
+
+		h.observe(messages.KVAllBlocksCleared, messages.MediumDisk, "m", nil)
+		require.True(t, h.has("m", sched.WireKey(pool(3))), "the disk tier's clear leaves host memory's keys")
+		h.observe(messages.KVAllBlocksCleared, messages.MediumCPU, "unknown", nil)
+		if stale {
+			for i := range 2*40 + heldKeysChangesSlack { // keys stored and evicted: the changes are dropped
+				h.observe(messages.KVBlockStored, messages.MediumCPU, "a", []messages.Key{pool(1000 + i)})
+				h.observe(messages.KVBlockRemoved, messages.MediumCPU, "a", []messages.Key{pool(1000 + i)})
+			}
+			h.mu.Lock()
+			require.True(t, h.stale)
+			h.mu.Unlock()
+		}
+		h.observe(messages.KVAllBlocksCleared, messages.MediumCPU, "m", nil)
+		for i := range 20 {
+			require.False(t, h.has("m", sched.WireKey(pool(i))), "stale %v: m's key %d", stale, i)
+		}
+		require.True(t, h.has("a", sched.WireKey(pool(3))))
+		require.True(t, h.has("z", sched.WireKey(pool(14))))
+		require.Equal(t, []holders.NSKey(cluster.NewSortedKeys(append(want("a", 0, 10), want("z", 5, 15)...))),
+			h.KeysAfter(holders.NSKey{}, 100), "stale %v", stale)
+
+		// The namespace's keys come back when stored again.
+		h.observe(messages.KVBlockStored, messages.MediumCPU, "m", keys(0, 2))
+		require.True(t, h.has("m", sched.WireKey(pool(1))))
+		require.Len(t, h.KeysAfter(holders.NSKey{}, 100), 22, "stale %v", stale)
+		h.mu.Lock()
+		require.Equal(t, 22, h.n)
+		h.mu.Unlock()
+	}
+}
+
+// Clearing a namespace (a forgotten one's AllBlocksCleared: once per
+// fresh-id register under engine churn with a full namespace table) costs
+// that namespace's keys, whatever other namespaces hold.
+func BenchmarkHeldKeysClearOneNamespace(b *testing.B) {
+	pool := func(i int) messages.Key {
+		return messages.Key(sched.AppendKey(nil, 3, messages.Hash(fmt.Sprintf("hash-%08d", i)), 0))
+	}
+	own := []messages.Key{pool(0), pool(1), pool(2), pool(3), pool(4), pool(5), pool(6), pool(7)}
+	for _, others := range []int{0, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("others=%d", others), func(b *testing.B) {
+			h := newHeldKeys()
+			for i := range others {
+				h.observe(messages.KVBlockStored, messages.MediumCPU, fmt.Sprintf("ns%d", i%64), []messages.Key{pool(i)})
+			}
+			h.KeysAfter(holders.NSKey{}, 1) // the setup's changes merged: the loop's own are all there are
+			for b.Loop() {
+				h.observe(messages.KVBlockStored, messages.MediumCPU, "m", own)
+				h.observe(messages.KVAllBlocksCleared, messages.MediumCPU, "m", nil)
+			}
+		})
 	}
 }
