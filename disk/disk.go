@@ -26,10 +26,14 @@ type Config struct {
 	Dir string
 	// Bytes is the budget of live chunk data on disk; past it the least
 	// recently used chunks are dropped. Segment files may hold up to half as
-	// much again in dropped records before the oldest segment is deleted.
+	// much again in dropped records before the oldest segment is deleted
+	// (record headers count; tombstones do not), for any budget.
 	Bytes int64
 	// SegmentBytes is the size at which the writer starts a new segment
-	// (default: Bytes/16, at least 1 MiB, at most 256 MiB).
+	// (default: Bytes/16, at least 1 MiB, at most 256 MiB, and never more
+	// than Bytes/4: defaultSegmentBytes). More than 1.5 × Bytes is
+	// refused (ErrConfig): the segment being written is never deleted, so
+	// it alone would pass the bound on dropped records.
 	SegmentBytes int64
 	// QueueBytes bounds the spilled bytes waiting for the writer (default
 	// 64 MiB); a spill past it is dropped (counted), never waited for. A
@@ -178,7 +182,11 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 		return nil, fmt.Errorf("%w: dir %q, bytes %d", ErrConfig, cfg.Dir, cfg.Bytes)
 	}
 	if cfg.SegmentBytes <= 0 {
-		cfg.SegmentBytes = min(max(cfg.Bytes/16, 1<<20), 256<<20)
+		cfg.SegmentBytes = defaultSegmentBytes(cfg.Bytes)
+	}
+	if cfg.SegmentBytes-cfg.Bytes > cfg.Bytes/2 {
+		return nil, fmt.Errorf("%w: SegmentBytes %d over 1.5 × Bytes %d: the segment being written would hold more dropped records than the budget allows",
+			ErrConfig, cfg.SegmentBytes, cfg.Bytes)
 	}
 	if cfg.TombstoneRetry <= 0 {
 		cfg.TombstoneRetry = time.Second
@@ -222,6 +230,22 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 	}
 	go d.writer()
 	return d, nil
+}
+
+// defaultSegmentBytes is the segment size for budget: a sixteenth of it,
+// 1 MiB at least (fewer files) and 256 MiB at most, but never more than a
+// quarter of it. dropDead never deletes the segment being written, so that
+// segment alone may hold SegmentBytes of records, dropped ones included;
+// and with chunks evicted in write order a segment's dropped records stay
+// until its last live chunk goes, so the files hold the budget plus up to
+// a segment of dropped records. A quarter keeps that under half the budget
+// again with a quarter left for record headers: in write-order use no
+// segment is deleted with live chunks in it, and where one is (chunks
+// read back stay live in old segments) it takes at most a quarter of the
+// budget. The 1 MiB floor alone made a 4 KiB budget's one segment grow to
+// ~860 KB of dropped records, then go with nearly every live chunk.
+func defaultSegmentBytes(budget int64) int64 {
+	return max(min(max(budget/16, 1<<20), 256<<20, budget/4), 1)
 }
 
 const segSuffix = ".kvseg"

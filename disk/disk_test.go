@@ -215,7 +215,7 @@ func flipAt(t *testing.T, d *Disk, k messages.Key, at int64) {
 // tail (a record cut short) is cut off; foreign files are left alone.
 func TestRebuildDiscardsTornAndBadRecords(t *testing.T) {
 	dir := t.TempDir()
-	d, err := Open(Config{Dir: dir, Bytes: 64 << 20, SegmentBytes: 1 << 30}, nil)
+	d, err := Open(Config{Dir: dir, Bytes: 64 << 20, SegmentBytes: 64 << 20}, nil)
 	require.NoError(t, err)
 	for i := range 6 {
 		c := content(i)
