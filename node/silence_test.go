@@ -143,3 +143,28 @@ func TestAnUnregisterEndingASilenceReleasesEveryRequestEngineGone(t *testing.T) 
 	require.Equal(t, map[string]string{"r": messages.ReasonEngineGone, "q": messages.ReasonEngineGone}, got)
 	testkit.NoRecv(t, te.released, 100*time.Millisecond, "a release more")
 }
+
+// A wall clock stepped forward (an NTP step, a resumed VM) is no silence:
+// silences are measured on the monotonic clock, so the engine's next word
+// resets nothing and its copies go on. Measured on the wall clock, a step
+// of lease/2 or more made every engine's next message end a "silence":
+// each engine's requests reset and its epoch resynced, at once.
+func TestAWallClockStepIsNoSilence(t *testing.T) {
+	t.Parallel()
+	var step atomic.Int64
+	e := startNode(t, func(c *node.Config) { c.Lease = silenceLease },
+		node.WithClock(func() time.Time { return testkit.WallStepped(time.Now(), time.Duration(step.Load())) }))
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.storeOne("a", 1)
+	step.Store(int64(silenceLease)) // the system clock jumps a lease ahead
+	require.Empty(t, te.heartbeat(te.epoch, te.seq).Error)
+	te.storeOne("b", 2)
+	require.Zero(t, metricValue(t, e.reg, "kvactors_engine_silences_total", nil), "a wall clock step taken for a silence")
+	require.Zero(t, metricValue(t, e.reg, "kvactors_engine_resets_total", nil))
+	select {
+	case rs := <-te.resync:
+		t.Fatalf("a resync of %s after a wall clock step", rs.Epoch)
+	default:
+	}
+}

@@ -22,7 +22,9 @@ var ErrEngineSilent = errors.New("engine silent: no message from it for lease/2;
 // counted from when its last message was taken off NATS. Engines send a
 // sign of life at least every lease/4, so a live one is never refused.
 type Hearing struct {
-	at atomic.Int64 // UnixNano
+	// at is when the engine was last heard, as its time since clockBase
+	// (sinceBase; 0: never).
+	at atomic.Uint64
 	// state is gen<<1 | silenced, in one word so a resume can be told from
 	// a silence that ended after its message was taken (ResumedIn).
 	//
@@ -65,9 +67,24 @@ func (h *Hearing) ResumedIn(gen uint64) { h.state.CompareAndSwap(gen<<1|1, gen<<
 // a new epoch since.
 func (h *Hearing) LoadsRefused() bool { return h.state.Load()&1 == 1 }
 
+// clockBase is what a Hearing measures its times from. They were kept as
+// UnixNano, which drops a time's monotonic reading, so silences were
+// measured on the wall clock: an NTP step or a resumed VM moving it lease/2
+// forward ended a "silence" of every engine at once (their work reset),
+// and one moving it back hid real silences for as long as the step (the
+// node-side fence open). A time.Time's Sub uses the monotonic readings
+// where both times carry one (time.Now's), the wall clock otherwise (test
+// clocks).
+var clockBase = time.Now()
+
+// sinceBase is t's time since clockBase in an order-keeping unsigned form:
+// its sign bit flipped, so that earlier is smaller and 0 (a Duration's
+// least value, 292 years before clockBase) can stand for never.
+func sinceBase(t time.Time) uint64 { return uint64(t.Sub(clockBase)) ^ 1<<63 }
+
 // Heard records a message of the engine taken at at; it never moves back.
 func (h *Hearing) Heard(at time.Time) {
-	v := at.UnixNano()
+	v := sinceBase(at)
 	for cur := h.at.Load(); v > cur; cur = h.at.Load() {
 		if h.at.CompareAndSwap(cur, v) {
 			return
@@ -81,7 +98,7 @@ func (h *Hearing) Silent(now time.Time) time.Duration {
 	if at == 0 {
 		return 0
 	}
-	return now.Sub(time.Unix(0, at))
+	return time.Duration(sinceBase(now) - at) // wraps as signed: now before at is negative
 }
 
 // heardRecently refuses job when its engine has been silent for the

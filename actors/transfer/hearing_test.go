@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/transfer"
+	"github.com/kvactors/kvactors/internal/testkit"
 )
 
 // A Hearing keeps the latest time it was told, whatever order concurrent
@@ -48,4 +49,21 @@ func TestResumedInIgnoresAMessageTakenBeforeTheSilenceEnded(t *testing.T) {
 	h.Silenced()
 	require.Equal(t, before+3, h.Gen())
 	require.True(t, h.LoadsRefused())
+}
+
+// A Hearing measures silence on the monotonic clock (PROTOCOL.md "Engine
+// silence"): a wall clock stepped forward (NTP, a resumed VM) must not make
+// every engine silent at once, which resets all their work, nor one stepped
+// back hide a real silence, which leaves the node-side fence open for the
+// step's length.
+func TestHearingIgnoresWallClockSteps(t *testing.T) {
+	for _, step := range []time.Duration{time.Hour, -time.Hour} {
+		var h transfer.Hearing
+		heard := time.Now()
+		h.Heard(heard)
+		later := testkit.WallStepped(heard.Add(time.Second), step)
+		require.Equal(t, time.Second, h.Silent(later), "wall clock stepped by %v", step)
+		h.Heard(later) // the engine heard after the step: the latest
+		require.Equal(t, time.Second, h.Silent(later.Add(time.Second)), "wall clock stepped by %v", step)
+	}
 }
