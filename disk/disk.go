@@ -61,6 +61,9 @@ type Config struct {
 	// now, in tests, is the clock of the full filesystem's log limit (nil:
 	// time.Now).
 	now func() time.Time
+	// betweenSlices, in tests, runs between ReannouncePrefix's holds of the
+	// lock, with the lock released (to work on the tier mid-walk).
+	betweenSlices func()
 }
 
 // Errors; check with errors.Is.

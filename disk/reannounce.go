@@ -63,6 +63,9 @@ func (d *Disk) ReannouncePrefix(prefix string, keep func(key messages.Key, size 
 			return dropped
 		}
 		d.mu.Unlock()
+		if d.cfg.betweenSlices != nil {
+			d.cfg.betweenSlices()
+		}
 		d.mu.Lock()
 		if d.shut {
 			return dropped

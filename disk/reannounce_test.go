@@ -17,9 +17,6 @@ import (
 type told struct {
 	mu    sync.Mutex
 	calls []toldCall
-	// first, if set, runs (under the tier's lock, as Notify does) at the
-	// next call that tells chunks stored, then is cleared.
-	first func()
 }
 
 type toldCall struct {
@@ -32,10 +29,6 @@ func (t *told) notify(_ string, stored, removed []messages.Key) {
 	defer t.mu.Unlock()
 	if len(stored) > 0 {
 		t.calls = append(t.calls, toldCall{true, stored})
-		if t.first != nil {
-			t.first()
-			t.first = nil
-		}
 	}
 	if len(removed) > 0 {
 		t.calls = append(t.calls, toldCall{false, removed})
@@ -46,15 +39,50 @@ func (t *told) notify(_ string, stored, removed []messages.Key) {
 // held the lock for the whole walk (1M chunks: ~30 ms per namespace, 0.4
 // to 0.9 s for all; BenchmarkReannouncePrefix), and every store, load and
 // lookup of the tier waited. Drops of the least and the most recently used
-// chunk, started as the walk tells its first chunks, now land between its
-// slices (tried again until they do: the lock goes to a waiter that has
-// waited 1 ms); and what the walk and the drops tell, applied in order
-// from a clear, is what the disk holds: a chunk told stored and dropped
-// since has its removal told after it, a chunk dropped before its slice
-// is not told.
+// chunk, made between the walk's first two slices (betweenSlices), finish
+// there, not after the walk; and what the walk and the drops tell, applied
+// in order from a clear, is what the disk holds: a chunk told stored and
+// dropped since has its removal told after it, a chunk dropped before its
+// slice is not told. (The drops once raced the walk for the lock, and won
+// only by Go's handoff to a waiter of 1 ms: under load, not in 50 walks.)
 func TestReannounceLetsTheTierWorkBetweenSlices(t *testing.T) {
 	tl := &told{}
-	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 30}, tl.notify)
+	var (
+		d                  *Disk
+		keys               []messages.Key
+		between            int  // betweenSlices' calls
+		dropsBetween       bool // the drops finished between the first two slices
+		toldBefore, toldAt int  // len(tl.calls) as the drops started and once they finished
+	)
+	dropped := make(chan struct{})
+	cfg := Config{Dir: t.TempDir(), Bytes: 1 << 30, betweenSlices: func() {
+		if between++; between > 1 {
+			return
+		}
+		tl.mu.Lock()
+		toldBefore = len(tl.calls)
+		tl.mu.Unlock()
+		go func() {
+			defer close(dropped)
+			d.Drop("e", keys[0])           // told already
+			d.Drop("e", keys[len(keys)-1]) // its slice not walked yet
+		}()
+		// Off this goroutine, with a deadline: a walk holding the lock here
+		// fails the test rather than hanging it. Not a t.Fatal: it would
+		// unwind ReannouncePrefix, which does not hold the lock here,
+		// through its deferred unlock.
+		timer := time.NewTimer(10 * time.Second)
+		defer timer.Stop()
+		select {
+		case <-dropped:
+			dropsBetween = true
+		case <-timer.C:
+		}
+		tl.mu.Lock()
+		toldAt = len(tl.calls)
+		tl.mu.Unlock()
+	}}
+	d, err := Open(cfg, tl.notify)
 	require.NoError(t, err)
 	defer d.Close()
 	const n = 6 * reannounceSlice
@@ -69,51 +97,43 @@ func TestReannounceLetsTheTierWorkBetweenSlices(t *testing.T) {
 		return nil
 	})
 
-	interleaved, tries := false, 0
-	for try := 0; !interleaved; try++ {
-		tries = try + 1
-		require.Less(t, try, 50, "no drop ran between the walk's slices")
-		keys := d.Keys()
-		require.Greater(t, len(keys), 4*reannounceSlice)
-		tl.mu.Lock()
-		tl.calls = nil
-		var drops sync.WaitGroup
-		drops.Add(1)
-		tl.first = func() {
-			go func() {
-				defer drops.Done()
-				d.Drop("e", keys[0])           // told already
-				d.Drop("e", keys[len(keys)-1]) // its slice not walked yet
-			}()
-		}
-		tl.mu.Unlock()
-		d.ReannouncePrefix("chunk-", nil)
-		drops.Wait()
+	keys = d.Keys()
+	require.Len(t, keys, n)
+	tl.mu.Lock()
+	tl.calls = nil
+	tl.mu.Unlock()
+	d.ReannouncePrefix("chunk-", nil)
+	require.Equal(t, 5, between, "the walk's holds of the lock, less one")
+	require.True(t, dropsBetween, "the drops, made between the walk's first two slices, did not finish within 10 s there: the walk holds the lock across its slices")
+	testkit.Closed(t, dropped, 10*time.Second, "the drops")
 
-		tl.mu.Lock()
-		calls := tl.calls
-		tl.mu.Unlock()
-		held := map[messages.Key]bool{}
-		for i, c := range calls {
-			for _, k := range c.keys {
-				if c.stored {
-					held[k] = true
-				} else {
-					delete(held, k)
-					for _, later := range calls[i+1:] {
-						interleaved = interleaved || later.stored
-					}
-				}
+	tl.mu.Lock()
+	calls := tl.calls
+	tl.mu.Unlock()
+	// The first slice told, the drops told their removals, the rest told.
+	require.Positive(t, toldBefore, "the first slice told nothing")
+	require.Equal(t, []toldCall{{false, keys[:1]}, {false, keys[len(keys)-1:]}}, calls[toldBefore:toldAt], "told by the drops")
+	require.Greater(t, len(calls), toldAt, "the slices after the drops told nothing")
+	for _, c := range calls[toldAt:] {
+		require.True(t, c.stored, "a removal told after the drops")
+	}
+	held := map[messages.Key]bool{}
+	for _, c := range calls {
+		for _, k := range c.keys {
+			if c.stored {
+				held[k] = true
+			} else {
+				delete(held, k)
 			}
 		}
-		var got []messages.Key
-		for k := range held {
-			got = append(got, k)
-		}
-		slices.Sort(got)
-		want := d.Keys()
-		slices.Sort(want)
-		require.Equal(t, want, got, "try %d: what was told is what the disk holds", try)
 	}
-	t.Logf("a drop ran between the slices in try %d", tries)
+	var got []messages.Key
+	for k := range held {
+		got = append(got, k)
+	}
+	slices.Sort(got)
+	want := d.Keys()
+	slices.Sort(want)
+	require.Equal(t, want, got, "what was told is what the disk holds")
+	require.Len(t, want, n-2)
 }
