@@ -35,6 +35,11 @@ type Config struct {
 	// refused (ErrConfig): the segment being written is never deleted, so
 	// it alone would pass the bound on dropped records.
 	SegmentBytes int64
+	// MaxChunks bounds the chunks the tier holds, whatever their size
+	// (default: defaultMaxChunks); past it the least recently used are
+	// dropped, as past Bytes. Each costs its index ~190 bytes of the node's
+	// memory, and an engine's spec may make chunks of a byte.
+	MaxChunks int64
 	// QueueBytes bounds the spilled bytes waiting for the writer (default
 	// 64 MiB); a spill past it is dropped (counted), never waited for. A
 	// chunk larger than QueueBytes is taken into an empty queue.
@@ -191,6 +196,9 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 		return nil, fmt.Errorf("%w: SegmentBytes %d over 1.5 × Bytes %d: the segment being written would hold more dropped records than the budget allows",
 			ErrConfig, cfg.SegmentBytes, cfg.Bytes)
 	}
+	if cfg.MaxChunks <= 0 {
+		cfg.MaxChunks = defaultMaxChunks(cfg.Bytes)
+	}
 	if cfg.TombstoneRetry <= 0 {
 		cfg.TombstoneRetry = time.Second
 	}
@@ -250,6 +258,14 @@ func Open(cfg Config, notify Notify) (*Disk, error) {
 func defaultSegmentBytes(budget int64) int64 {
 	return max(min(max(budget/16, 1<<20), 256<<20, budget/4), 1)
 }
+
+// defaultMaxChunks is a chunk per 4 KiB of budget, at least 65,536: the
+// index then costs at most ~5% of the budget in memory (real KV chunks are
+// tens of KiB and more), and small budgets of small chunks are not cut.
+// Without a bound, a budget of one-byte chunks let the index hold ~25M
+// chunks per GiB (the files' bound on records, 65 bytes each with their
+// headers, stops them there) at ~190 bytes of heap each: 4.7 GB.
+func defaultMaxChunks(budget int64) int64 { return max(budget/4096, 1<<16) }
 
 const segSuffix = ".kvseg"
 

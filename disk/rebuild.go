@@ -193,7 +193,7 @@ func (w *walk) segment(seg *segment) {
 			w.dead[key] = struct{}{} // dropped
 			continue
 		}
-		if !w.full && e.size <= d.cfg.Bytes-d.used {
+		if !w.full && e.size <= d.cfg.Bytes-d.used && int64(len(d.items)) < d.cfg.MaxChunks {
 			d.indexOlder(&item{key: key, seg: seg, off: e.at, size: e.size, sum: e.sum})
 			continue
 		}

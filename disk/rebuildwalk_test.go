@@ -99,7 +99,7 @@ func TestRebuildKeepsWhatIndexingEveryRecordKept(t *testing.T) {
 
 // bareDisk is a Disk of dir with nothing open, for the rebuild alone.
 func bareDisk(dir string, budget int64) *Disk {
-	return &Disk{cfg: Config{Dir: dir, Bytes: budget}, items: map[messages.Key]*item{}, lru: list.New()}
+	return &Disk{cfg: Config{Dir: dir, Bytes: budget, MaxChunks: defaultMaxChunks(budget)}, items: map[messages.Key]*item{}, lru: list.New()}
 }
 
 // rebuilt is what a rebuild leaves, to compare.

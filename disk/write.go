@@ -321,7 +321,7 @@ func (w *writer) flush(seg *segment) {
 		}
 		d.index(&item{key: sp.key, seg: seg, off: w.offs[i], size: int64(len(sp.data)), sum: sp.sum, engine: sp.engine})
 		changes = append(changes, change{engine: sp.engine, key: sp.key, stored: true})
-		for d.used > d.cfg.Bytes {
+		for d.used > d.cfg.Bytes || int64(len(d.items)) > d.cfg.MaxChunks {
 			changes = append(changes, removal(d.evictFront(), sp.engine))
 		}
 	}
