@@ -12,7 +12,8 @@ import (
 // HoldsEmpty answers what an empty pool's allocation does: every set of
 // chunks it says fits is stored whole by PrepareStore, and every set it
 // says does not is refused, for page sizes that cut tails into one class,
-// into 1/16-page units and a smaller slot, and into whole pages.
+// into 1/16-page units and a smaller slot, and into whole pages, with and
+// without a chunk cap (SetMaxChunks).
 func TestHoldsEmptyMatchesTheAllocation(t *testing.T) {
 	check := func(seed uint64) bool {
 		rng := rand.New(rand.NewPCG(seed, 1))
@@ -35,10 +36,14 @@ func TestHoldsEmptyMatchesTheAllocation(t *testing.T) {
 				all = append(all, sizes[g])
 			}
 		}
+		if rng.IntN(3) == 0 {
+			p.SetMaxChunks(1 + rng.IntN(len(keys)+2))
+		}
 		says := p.HoldsEmpty(sizes, counts)
 		_, err := p.PrepareStore(keys, all)
 		if says != (err == nil) {
-			t.Logf("page %d × %d, sizes %v counts %v: HoldsEmpty %v, PrepareStore %v", pageBytes, pages, sizes, counts, says, err)
+			t.Logf("page %d × %d, cap %d, sizes %v counts %v: HoldsEmpty %v, PrepareStore %v", pageBytes, pages, p.maxChunks,
+				sizes, counts, says, err)
 			return false
 		}
 		return true

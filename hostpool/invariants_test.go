@@ -179,8 +179,12 @@ func checkInvariants(t *testing.T, p *Pool) {
 		fail("LRU holds %d entries, %d ready keys", n, ready)
 	}
 	checkIndex(t, &p.index, p.entries)
+	if p.index.n > p.maxChunks {
+		fail("%d chunks held, at most %d", p.index.n, p.maxChunks)
+	}
 	want := Stats{Capacity: p.Capacity(), Data: data, PageBytes: p.pageBytes, Pages: len(p.pages),
-		FreePages: len(p.freePages), Used: p.index.n, Pending: pending, Ready: ready, Pinned: pinned}
+		FreePages: len(p.freePages), Used: p.index.n, Pending: pending, Ready: ready, Pinned: pinned,
+		MaxChunks: p.maxChunks}
 	if got := p.Stats(); got != want {
 		fail("Stats %+v, want %+v", got, want)
 	}
@@ -190,11 +194,16 @@ func checkInvariants(t *testing.T, p *Pool) {
 // every call, all-or-nothing PrepareStore (ErrNoRoom exactly when free slots
 // plus evictable keys fall short, and then nothing changes), eviction of the
 // least recently used ready keys that are neither pinned nor offered, and
-// PrepareLoad failing exactly when a key is not ready.
+// PrepareLoad failing exactly when a key is not ready. Half the pools are
+// capped at fewer chunks than their pages (SetMaxChunks), which binds as the
+// pages do.
 func TestPoolQuickCheck(t *testing.T) {
 	prop := func(seed int64, capacity uint8) bool {
 		rng := rand.New(rand.NewSource(seed))
 		p := New(int64(capacity%10), 1)
+		if rng.Intn(2) == 0 {
+			p.SetMaxChunks(1 + rng.Intn(10))
+		}
 		alphabet := 12 + rng.Intn(30)
 		randKeys := func(n int) []messages.Key {
 			out := make([]messages.Key, n)
@@ -303,7 +312,7 @@ func checkPrepareStore(t *testing.T, p *Pool, keys []messages.Key, scratch *Prep
 			evictable = append(evictable, k)
 		}
 	}
-	free := len(p.pages) - len(before.Entries)
+	free := min(len(p.pages), p.maxChunks) - len(before.Entries) // every chunk is one page
 	var got Prepared
 	var err error
 	if scratch == nil {

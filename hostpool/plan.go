@@ -11,10 +11,13 @@ import (
 // keys[i] (sizes nil: every chunk is one page, the single-size pool). It is
 // all-or-nothing: when room cannot be made it returns ErrNoRoom and changes
 // nothing (at once for a new chunk the whole pool cannot hold, whatever its
-// size: see Fits). Room comes from free slots and free pages first, then by evicting
+// size: see Fits, or for more new chunks than its cap). Room comes from free
+// slots and free pages first, then by evicting
 // least recently used ready keys that are neither pinned nor among keys (an
 // offered key is never evicted to make room for its siblings), in LRU order
-// and only as many as needed. New keys start Pending.
+// and only as many as needed. Room is bytes and a count: the chunks present
+// after the store are at most the cap (SetMaxChunks), evicting for it alike.
+// New keys start Pending.
 //
 // Duplicate keys in one offer are stored once and need room once (see
 // dedupMax).
@@ -106,9 +109,16 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 	if newKeys == 0 {
 		return nil
 	}
+	if newKeys > p.maxChunks {
+		out.Reset()
+		return fmt.Errorf("%w: %d chunks need room, the pool holds at most %d", ErrNoRoom, newKeys, p.maxChunks)
+	}
+	// overCap: the chunks present after the store, less the victims so far,
+	// are more than the cap.
+	overCap := func(victims int) bool { return p.index.n-victims+newKeys > p.maxChunks }
 	freed := 0
 	victims := p.victims[:0]
-	for r := p.head; r != none && !p.fits(needed, freed); r = p.entries[r].next {
+	for r := p.head; r != none && (!p.fits(needed, freed) || overCap(len(victims))); r = p.entries[r].next {
 		e := &p.entries[r]
 		if e.pins != 0 || e.mark == p.epoch {
 			continue
@@ -119,10 +129,10 @@ func (p *Pool) prepareStore(out *Prepared, keys []messages.Key, sizes []int64, r
 		}
 	}
 	p.victims = victims[:0]
-	if !p.fits(needed, freed) {
+	if !p.fits(needed, freed) || overCap(len(victims)) {
 		out.Reset()
-		return fmt.Errorf("%w: %d chunks need room, %d free pages, %d evictable chunks", ErrNoRoom,
-			newKeys, len(p.freePages), len(victims))
+		return fmt.Errorf("%w: %d chunks need room, %d free pages, %d of %d chunks held, %d evictable", ErrNoRoom,
+			newKeys, len(p.freePages), p.index.n, p.maxChunks, len(victims))
 	}
 	out.Keys, out.Evicted = slices.Grow(out.Keys, newKeys), slices.Grow(out.Evicted, len(victims))
 	if rooms {
@@ -259,7 +269,7 @@ func (p *Pool) reserve(size int64) {
 	if len(p.entries) < cap(p.entries) {
 		return
 	}
-	n := int(min(p.Capacity()/max(size, 1), reserveMax))
+	n := int(min(p.Capacity()/max(size, 1), reserveMax, int64(p.maxChunks)))
 	if n <= 2*cap(p.entries) {
 		return // append's doubling is as good
 	}

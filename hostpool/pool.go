@@ -143,6 +143,29 @@ const MaxPageBytes = 1 << 30
 // leaves the rest of a larger arena unused.
 const MaxPages = 1 << 24
 
+// MaxChunks is the most chunks a pool holds, whatever SetMaxChunks asks:
+// entries are numbered in int32 (ref).
+const MaxChunks = 1 << 30
+
+// chunkBytesPerEntry is the pool bytes DefaultMaxChunks gives each chunk it
+// counts: a chunk's bookkeeping is ~170 bytes of heap (its entry, key,
+// pieces and index slot), so a pool of chunks no smaller keeps its heap
+// within ~4% of its bytes. Real KV chunks are tens of KiB to MiBs.
+const chunkBytesPerEntry = 4 << 10
+
+// minDefaultMaxChunks is DefaultMaxChunks' floor: a small pool of small
+// chunks (16 MiB of 256-byte ones: 64 Mi) is not capped below its bytes.
+const minDefaultMaxChunks = 1 << 16
+
+// DefaultMaxChunks is the chunk cap a node gives a pool of bytes: one
+// chunk per 4 KiB, at least 65536, at most MaxChunks. Without a cap an
+// engine whose spec chooses tiny chunks (one-byte blocks) fills the
+// pool's bytes with as many entries, whose heap (~170 bytes each: 170 GB
+// for a 1 GiB pool) is far past the pool's.
+func DefaultMaxChunks(bytes int64) int {
+	return int(min(max(bytes/chunkBytesPerEntry, minDefaultMaxChunks), MaxChunks))
+}
+
 // Pool tracks which chunk lives where in an arena of pages. The zero value is
 // not usable; call New.
 type Pool struct {
@@ -158,6 +181,7 @@ type Pool struct {
 	head, tail  ref
 	pending     int
 	pinned      int
+	maxChunks   int // the most entries present (SetMaxChunks)
 	dataBytes   int64
 	epoch       uint32
 	keepVictims bool
@@ -192,12 +216,24 @@ func New(bytes, pageBytes int64) *Pool {
 	n := min(bytes/pageBytes, MaxPages)
 	p := &Pool{pageBytes: pageBytes, unit: max(pageBytes/16, 1), pages: make([]page, n),
 		freePages: make([]int32, n), classes: map[int64]*class{}, index: newKeyIndex(0),
-		head: none, tail: none}
+		head: none, tail: none, maxChunks: MaxChunks}
 	for i := range p.pages {
 		p.pages[i].pos = -1
 		p.freePages[i] = int32(n) - 1 - int32(i) // page 0 is handed out first
 	}
 	return p
+}
+
+// SetMaxChunks bounds the chunks the pool holds, pending or ready, to n
+// (n <= 0 or past MaxChunks: MaxChunks), as its pages bound their bytes:
+// PrepareStore evicts for the count as it does for bytes, and HoldsEmpty
+// counts it. Set it before the pool is used: HoldsEmpty reads it unlocked
+// (Shared).
+func (p *Pool) SetMaxChunks(n int) {
+	if n <= 0 || n > MaxChunks {
+		n = MaxChunks
+	}
+	p.maxChunks = n
 }
 
 // SetKeepVictims makes PrepareStore report evicted chunks' extents and
@@ -250,10 +286,11 @@ func (p *Pool) pagesFor(size int64) int64 {
 // sizes[i] bytes, for every i, together: their whole pages, then for each
 // tail class the pages its slots fill (split). Bytes are not enough to tell
 // (Fits): a set within the capacity whose tails' slots waste part of each
-// page may need more pages than the pool has. It reads only what New set.
+// page may need more pages than the pool has. Nor are they more chunks
+// than its cap (SetMaxChunks). It reads only what New and SetMaxChunks set.
 func (p *Pool) HoldsEmpty(sizes, counts []int64) bool {
 	have := int64(len(p.pages))
-	var pages int64
+	var pages, chunks int64
 	// Each tail class's slots summed over every size with a piece of it
 	// (sizes is a few groups: a linear search per piece is cheap; the
 	// array keeps a handful of groups off the heap).
@@ -263,6 +300,7 @@ func (p *Pool) HoldsEmpty(sizes, counts []int64) bool {
 		if counts[i] <= 0 {
 			continue
 		}
+		chunks += counts[i]
 		pages += counts[i] * (size / p.pageBytes)
 		for _, c := range p.tailClasses(size) {
 			if c.class == 0 {
@@ -282,7 +320,7 @@ func (p *Pool) HoldsEmpty(sizes, counts []int64) bool {
 		perPage := p.pageBytes / c.class
 		pages += (c.slots + perPage - 1) / perPage
 	}
-	return pages <= have
+	return pages <= have && chunks <= int64(p.maxChunks)
 }
 
 type tailPiece struct{ class, slots int64 }
@@ -309,10 +347,16 @@ func (p *Pool) tailClasses(size int64) (t [2]tailPiece) {
 // Len is the number of keys present, pending or ready.
 func (p *Pool) Len() int { return p.index.n }
 
-// full reports whether no key can be added: no free page, no free slot, and
-// every chunk pending or pinned.
+// full reports whether no key can be added: every chunk pending or pinned,
+// and either the cap reached or no free page and no free slot.
 func (p *Pool) full() bool {
-	if len(p.freePages) > 0 || p.index.n-p.pending-p.pinned > 0 {
+	if p.index.n-p.pending-p.pinned > 0 {
+		return false
+	}
+	if p.index.n >= p.maxChunks {
+		return true
+	}
+	if len(p.freePages) > 0 {
 		return false
 	}
 	for _, c := range p.classes {
@@ -334,13 +378,15 @@ type Stats struct {
 	Pending   int   `json:"pending"`
 	Ready     int   `json:"ready"`
 	Pinned    int   `json:"pinned"`
+	MaxChunks int   `json:"max_chunks"` // the most chunks held (SetMaxChunks)
 }
 
 // Stats reports usage.
 func (p *Pool) Stats() Stats {
 	used := p.index.n
 	return Stats{Capacity: p.Capacity(), Data: p.dataBytes, PageBytes: p.pageBytes, Pages: len(p.pages),
-		FreePages: len(p.freePages), Used: used, Pending: p.pending, Ready: used - p.pending, Pinned: p.pinned}
+		FreePages: len(p.freePages), Used: used, Pending: p.pending, Ready: used - p.pending, Pinned: p.pinned,
+		MaxChunks: p.maxChunks}
 }
 
 // lookup is key's entry.

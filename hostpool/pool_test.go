@@ -34,7 +34,8 @@ func sums(keys []messages.Key) []uint32 { return make([]uint32, len(keys)) }
 // st is the Stats of a pool of one-byte pages holding one-page chunks.
 func st(capacity, used, pending, pinned int) *Stats {
 	return &Stats{Capacity: int64(capacity), Data: int64(used), PageBytes: 1, Pages: capacity,
-		FreePages: capacity - used, Used: used, Pending: pending, Ready: used - pending, Pinned: pinned}
+		FreePages: capacity - used, Used: used, Pending: pending, Ready: used - pending, Pinned: pinned,
+		MaxChunks: MaxChunks}
 }
 
 // pop is one step of a pool script.

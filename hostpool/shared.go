@@ -288,6 +288,13 @@ func (b By) completeStorePinned(keys []messages.Key, sums []uint32) []Waker {
 	return s.endWaits(keys)
 }
 
+// SetMaxChunks: see Pool.SetMaxChunks; set it before the pool is used.
+func (s *Shared) SetMaxChunks(n int) {
+	s.mu.Lock()
+	s.pool.SetMaxChunks(n)
+	s.mu.Unlock()
+}
+
 // SetKeepVictims: see Pool.SetKeepVictims.
 func (s *Shared) SetKeepVictims(keep bool) {
 	s.mu.Lock()

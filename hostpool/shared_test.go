@@ -108,7 +108,8 @@ func TestSharedPrepareLoadTouches(t *testing.T) {
 	require.Equal(t, k("b"), got.Evicted, "a was touched by its load")
 	err = s.PrepareLoad(k("zz"))
 	require.ErrorIs(t, err, ErrNotReady)
-	require.Equal(t, Stats{Capacity: 3, Data: 3, PageBytes: 1, Pages: 3, Used: 3, Pending: 1, Ready: 2}, s.Stats())
+	require.Equal(t, Stats{Capacity: 3, Data: 3, PageBytes: 1, Pages: 3, Used: 3, Pending: 1, Ready: 2,
+		MaxChunks: MaxChunks}, s.Stats())
 }
 
 // While every slot is pending or pinned, Shared answers no room without the

@@ -159,15 +159,21 @@ func RegisterPool(reg prometheus.Registerer, stats func() hostpool.Stats) {
 		chunks: prometheus.NewDesc("kvactors_pool_chunks", "Pool chunks by state.", []string{"state"}, nil),
 		bytes: prometheus.NewDesc("kvactors_pool_bytes",
 			"Pool bytes: capacity, data (chunks stored or being stored), free (whole free pages).", []string{"kind"}, nil),
+		maxChunks: prometheus.NewDesc("kvactors_pool_max_chunks",
+			"Most chunks the pool holds, whatever their size (--pool-max-chunks).", nil, nil),
 		stats: stats})
 }
 
 type poolCollector struct {
-	chunks, bytes *prometheus.Desc
-	stats         func() hostpool.Stats
+	chunks, bytes, maxChunks *prometheus.Desc
+	stats                    func() hostpool.Stats
 }
 
-func (p poolCollector) Describe(ch chan<- *prometheus.Desc) { ch <- p.chunks; ch <- p.bytes }
+func (p poolCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- p.chunks
+	ch <- p.bytes
+	ch <- p.maxChunks
+}
 
 func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
 	st := p.stats()
@@ -183,6 +189,7 @@ func (p poolCollector) Collect(ch chan<- prometheus.Metric) {
 	}{{"capacity", st.Capacity}, {"data", st.Data}, {"free", int64(st.FreePages) * st.PageBytes}} {
 		ch <- prometheus.MustNewConstMetric(p.bytes, prometheus.GaugeValue, float64(v.n), v.kind)
 	}
+	ch <- prometheus.MustNewConstMetric(p.maxChunks, prometheus.GaugeValue, float64(st.MaxChunks))
 }
 
 // RegisterDisk exports the disk tier's gauges and counters, read at scrape

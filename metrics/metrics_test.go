@@ -49,13 +49,15 @@ func TestNewRegistersOnItsOwnRegistryWithKnownLabels(t *testing.T) {
 // The pool gauges read the pool at scrape time.
 func TestPoolGaugesReadAtScrape(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	st := hostpool.Stats{Capacity: 1 << 20, Data: 4096, PageBytes: 1024, FreePages: 3, Pending: 2, Ready: 1}
+	st := hostpool.Stats{Capacity: 1 << 20, Data: 4096, PageBytes: 1024, FreePages: 3, Pending: 2, Ready: 1,
+		MaxChunks: 65536}
 	metrics.RegisterPool(reg, func() hostpool.Stats { return st })
 	require.Equal(t, 3072.0, value(t, reg, "kvactors_pool_bytes", "kind", "free"))
 	st.FreePages = 7
 	require.Equal(t, 7168.0, value(t, reg, "kvactors_pool_bytes", "kind", "free"))
 	require.Equal(t, 4096.0, value(t, reg, "kvactors_pool_bytes", "kind", "data"))
 	require.Equal(t, 2.0, value(t, reg, "kvactors_pool_chunks", "state", "pending"))
+	require.Equal(t, 65536.0, family(t, reg, "kvactors_pool_max_chunks").GetMetric()[0].GetGauge().GetValue())
 }
 
 // The disk tier's gauges and counters are read at scrape time.

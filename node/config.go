@@ -208,6 +208,12 @@ type Config struct {
 	// to chunk sizes as needed, and a chunk larger than a page spans several.
 	// A page wastes under 1/16 of itself whatever the chunk sizes.
 	PoolPageBytes int64 `json:"pool_page_bytes"`
+	// PoolMaxChunks bounds the chunks the pool holds, whatever their size,
+	// as PoolBytes bounds their bytes (0: hostpool.DefaultMaxChunks, one
+	// per 4 KiB of pool and at least 65536; at most hostpool.MaxChunks).
+	// Each chunk costs ~170 bytes of heap, and an engine's spec chooses its
+	// chunk size: one-byte chunks would fill a 1 GiB pool with a billion.
+	PoolMaxChunks int `json:"pool_max_chunks"`
 	// DiskDir turns on the disk tier: chunks evicted from host memory are
 	// written there (appended to segment files) instead of vanishing, and the
 	// directory is re-indexed at start. Empty: no disk tier (the default).
@@ -321,6 +327,9 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.MaxMappedBytes, d.MaxMappedBytes)
 	orDefault(&c.MaxModelLen, d.MaxModelLen)
 	orDefault(&c.PoolPageBytes, d.PoolPageBytes)
+	if c.PoolMaxChunks == 0 { // not in DefaultConfig: it depends on PoolBytes
+		c.PoolMaxChunks = hostpool.DefaultMaxChunks(c.PoolBytes)
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -370,6 +379,9 @@ func (c Config) Validate() error {
 	case c.PoolBytes/min(c.PoolPageBytes, hostpool.MaxPageBytes) > hostpool.MaxPages:
 		return fmt.Errorf("%w: --pool-bytes %d in pages of %d (--pool-page-bytes) is more than %d pages: raise --pool-page-bytes",
 			ErrConfig, c.PoolBytes, c.PoolPageBytes, hostpool.MaxPages)
+	case c.PoolMaxChunks < 0 || c.PoolMaxChunks > hostpool.MaxChunks:
+		return fmt.Errorf("%w: --pool-max-chunks %d: want 1..%d (0: the default)", ErrConfig, c.PoolMaxChunks,
+			hostpool.MaxChunks)
 	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
 		return fmt.Errorf("%w: --disk-bytes %d: want > 0 with --disk-dir", ErrConfig, c.DiskBytes)
 	case c.Transfer.Workers < 0:

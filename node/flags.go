@@ -159,6 +159,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	// pool
 	size(&c.PoolPageBytes, "pool-page-bytes", d.PoolPageBytes,
 		"pool page size: pages go to chunk sizes as needed; a chunk may span pages")
+	num(&c.PoolMaxChunks, "pool-max-chunks", d.PoolMaxChunks,
+		"most chunks the pool holds, whatever their size (each costs ~170 bytes of heap); past it stores evict as past --pool-bytes (0: one per 4KiB of --pool-bytes, at least 65536; at most 2^30)")
 	str(&c.DiskDir, "disk-dir", d.DiskDir, "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
 	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir): chunk data; the files need about 1.5× it plus a segment (docs/OPERATIONS.md)")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")

@@ -385,6 +385,8 @@ func TestEveryConfigRefusalNamesItsFlag(t *testing.T) {
 		{"pool-bytes", nil, func(c *node.Config) { c.PoolBytes = -1 }},
 		{"pool-page-bytes", nil, func(c *node.Config) { c.PoolPageBytes = -1 }},
 		{"pool-bytes", []string{"--pool-bytes", "2T", "--pool-page-bytes", "64k"}, nil},
+		{"pool-max-chunks", []string{"--pool-max-chunks", "-1"}, nil},
+		{"pool-max-chunks", []string{"--pool-max-chunks", "1073741825"}, nil},
 		{"disk-bytes", []string{"--disk-dir", "/var/lib/kvactors"}, nil},
 		{"disk-bytes", nil, func(c *node.Config) { c.DiskBytes = -1 }},
 		{"copy-workers", []string{"--copy-workers", "-1"}, nil},
@@ -449,4 +451,18 @@ func TestEveryConfigRefusalNamesItsFlag(t *testing.T) {
 			t.Errorf("%s: %q does not start with --%s and its value", name, said, c.flag)
 		}
 	}
+}
+
+// --pool-max-chunks is bound as every setting is: a flag, a KVACTORS_*
+// variable or a config key, 0 its default (resolved from --pool-bytes when
+// the node starts).
+func TestPoolMaxChunksFromFlagOrEnv(t *testing.T) {
+	cfg, _, err := parse(t, "--pool-max-chunks", "1000")
+	require.NoError(t, err)
+	require.Equal(t, 1000, cfg.PoolMaxChunks)
+	require.NoError(t, cfg.Validate())
+	t.Setenv("KVACTORS_POOL_MAX_CHUNKS", "2000")
+	cfg, _, err = parse(t)
+	require.NoError(t, err)
+	require.Equal(t, 2000, cfg.PoolMaxChunks)
 }

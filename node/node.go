@@ -304,6 +304,7 @@ func (n *Node) startBackend() error {
 			"discarded", st.Discarded)
 	}
 	n.store = store.New(n.arena, n.cfg.PoolPageBytes, n.disk, n.metrics.Pool)
+	n.store.SetMaxChunks(n.cfg.PoolMaxChunks)
 	n.store.SetJournal(n.kv.pool)
 	n.diskKeys = newDiskKeys()
 	n.store.UseDiskKeys(n.diskKeys)

@@ -94,3 +94,29 @@ func TestACappedDecisionWithNoJobAsksForMore(t *testing.T) {
 	require.Equal(t, []string{"0/8", "0/9", "0/10", "0/11"}, jobChunks(e.Job))
 	require.False(t, e.More)
 }
+
+// A pool's chunk cap bounds a decision as its pages do: a request whose
+// ready chunks are more than the pool may hold, within its bytes, is
+// stored in parts of at most the cap (capToRoom asks HoldsEmpty, which
+// counts the cap), not refused as "pool full" at every retry.
+func TestReadyChunksPastTheChunkCapAreStoredInParts(t *testing.T) {
+	lay := layout(t, 4, 1, full(4), full(4))
+	h := newHarness(t, lay, 64, added(48)) // the bytes of 64 chunks
+	h.pool.SetMaxChunks(8)
+	h.step(hashes(0, 12), blocks(0, 0, seq(1, 12)...), blocks(1, 0, seq(13, 12)...), tokens(48, 48))
+	var parts [][]string
+	for e := h.advance(); e.Job != nil; {
+		require.Nil(t, e.Retry)
+		parts = append(parts, jobChunks(e.Job))
+		h.done(e.Job.ID, true)
+		require.LessOrEqual(t, h.pool.Len(), 8)
+		e = h.advance()
+	}
+	require.Equal(t, [][]string{
+		{"0/0", "0/1", "0/2", "0/3", "1/0", "1/1", "1/2", "1/3"},
+		{"0/4", "0/5", "0/6", "0/7", "1/4", "1/5", "1/6", "1/7"},
+		{"0/8", "0/9", "0/10", "0/11", "1/8", "1/9", "1/10", "1/11"},
+	}, parts)
+	require.Equal(t, []messages.ChunkIndex{12, 12}, h.cursors())
+	require.Len(t, h.stored, 24)
+}

@@ -67,6 +67,10 @@ func New(arena backend.Arena, pageBytes int64, d *disk.Disk, m *metrics.Pool) *S
 	return s
 }
 
+// SetMaxChunks bounds the chunks the pool holds (hostpool.Pool.SetMaxChunks);
+// call it before any engine is bound.
+func (s *Store) SetMaxChunks(n int) { s.pool.SetMaxChunks(n) }
+
 // Stats is the pool's usage.
 func (s *Store) Stats() hostpool.Stats { return s.pool.Stats() }
 
