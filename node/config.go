@@ -19,6 +19,7 @@ import (
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/cluster"
+	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
@@ -221,6 +222,11 @@ type Config struct {
 	// DiskBytes is the disk tier's budget of chunk bytes (required with
 	// DiskDir); past it the least recently used chunks are deleted.
 	DiskBytes int64 `json:"disk_bytes"`
+	// DiskMaxChunks bounds the chunks the disk tier holds, whatever their
+	// size, as DiskBytes bounds their data (0: disk.DefaultMaxChunks, one
+	// per 4 KiB of DiskBytes and at least 65536). Each costs its index ~190
+	// bytes of heap: one-byte chunks would put ~25M per GiB of budget there.
+	DiskMaxChunks int `json:"disk_max_chunks"`
 }
 
 // HTTPOff as the admin address disables the admin server.
@@ -330,6 +336,9 @@ func (c Config) withDefaults() Config {
 	if c.PoolMaxChunks == 0 { // not in DefaultConfig: it depends on PoolBytes
 		c.PoolMaxChunks = hostpool.DefaultMaxChunks(c.PoolBytes)
 	}
+	if c.DiskMaxChunks == 0 { // the same, on DiskBytes
+		c.DiskMaxChunks = int(disk.DefaultMaxChunks(c.DiskBytes))
+	}
 	if c.Log == nil {
 		c.Log = slog.Default()
 	}
@@ -382,6 +391,8 @@ func (c Config) Validate() error {
 	case c.PoolMaxChunks < 0 || c.PoolMaxChunks > hostpool.MaxChunks:
 		return fmt.Errorf("%w: --pool-max-chunks %d: want 1..%d (0: the default)", ErrConfig, c.PoolMaxChunks,
 			hostpool.MaxChunks)
+	case c.DiskMaxChunks < 0:
+		return fmt.Errorf("%w: --disk-max-chunks %d: want >= 1 (0: the default)", ErrConfig, c.DiskMaxChunks)
 	case c.DiskBytes < 0 || (c.DiskDir != "" && c.DiskBytes == 0):
 		return fmt.Errorf("%w: --disk-bytes %d: want > 0 with --disk-dir", ErrConfig, c.DiskBytes)
 	case c.Transfer.Workers < 0:

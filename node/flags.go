@@ -64,7 +64,7 @@ var unusedSettings = []struct {
 			}
 			return "the node is not clustered (no --cluster or --standby-for)"
 		}},
-	{[]string{"disk-bytes"}, func(c *Config) string {
+	{[]string{"disk-bytes", "disk-max-chunks"}, func(c *Config) string {
 		if c.DiskDir != "" {
 			return ""
 		}
@@ -163,6 +163,8 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 		"most chunks the pool holds, whatever their size (each costs ~170 bytes of heap); past it stores evict as past --pool-bytes (0: one per 4KiB of --pool-bytes, at least 65536; at most 2^30)")
 	str(&c.DiskDir, "disk-dir", d.DiskDir, "disk tier directory: chunks evicted from host memory go there; empty: no disk tier")
 	size(&c.DiskBytes, "disk-bytes", d.DiskBytes, "disk tier budget (required with --disk-dir): chunk data; the files need about 1.5× it plus a segment (docs/OPERATIONS.md)")
+	num(&c.DiskMaxChunks, "disk-max-chunks", d.DiskMaxChunks,
+		"most chunks the disk tier holds, whatever their size (each costs ~190 bytes of heap); past it the least recently used go, as past --disk-bytes (0: one per 4KiB of --disk-bytes, at least 65536)")
 	str(&c.LogLevel, "log-level", d.LogLevel, "log level: debug, info, warn, error")
 	str(&c.LogFormat, "log-format", d.LogFormat, "log format: text or json")
 	// cluster

@@ -78,6 +78,10 @@ func TestDiskBytesWithoutDiskDirWarns(t *testing.T) {
 	_, f, err = parse(t, "--disk-bytes", "10G", "--disk-dir", t.TempDir())
 	require.NoError(t, err)
 	require.Empty(t, f.Warnings)
+	_, f, err = parse(t, "--disk-max-chunks", "1000")
+	require.NoError(t, err)
+	require.Len(t, f.Warnings, 1)
+	require.Contains(t, f.Warnings[0], "--disk-max-chunks is ignored")
 }
 
 // --nats-ca, --nats-cert and --nats-key without --nats are for no
@@ -387,6 +391,7 @@ func TestEveryConfigRefusalNamesItsFlag(t *testing.T) {
 		{"pool-bytes", []string{"--pool-bytes", "2T", "--pool-page-bytes", "64k"}, nil},
 		{"pool-max-chunks", []string{"--pool-max-chunks", "-1"}, nil},
 		{"pool-max-chunks", []string{"--pool-max-chunks", "1073741825"}, nil},
+		{"disk-max-chunks", []string{"--disk-max-chunks", "-1"}, nil},
 		{"disk-bytes", []string{"--disk-dir", "/var/lib/kvactors"}, nil},
 		{"disk-bytes", nil, func(c *node.Config) { c.DiskBytes = -1 }},
 		{"copy-workers", []string{"--copy-workers", "-1"}, nil},
@@ -465,4 +470,11 @@ func TestPoolMaxChunksFromFlagOrEnv(t *testing.T) {
 	cfg, _, err = parse(t)
 	require.NoError(t, err)
 	require.Equal(t, 2000, cfg.PoolMaxChunks)
+	cfg, _, err = parse(t, "--disk-max-chunks", "3000")
+	require.NoError(t, err)
+	require.Equal(t, 3000, cfg.DiskMaxChunks)
+	t.Setenv("KVACTORS_DISK_MAX_CHUNKS", "4000")
+	cfg, _, err = parse(t)
+	require.NoError(t, err)
+	require.Equal(t, 4000, cfg.DiskMaxChunks)
 }

@@ -3,9 +3,11 @@ package node_test
 import (
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/node"
 )
@@ -25,6 +27,53 @@ func TestTinyChunksAreBoundedByPoolMaxChunks(t *testing.T) {
 	o.blockBytes, o.blocks = 1, 1+requests*perRequest
 	te := e.newEngine("tiny", o)
 	te.register()
+	storeTinyChunks(t, te, requests, perRequest, maxChunks)
+	st := te.sync()
+	require.Equal(t, maxChunks, st.Pool.MaxChunks)
+	require.LessOrEqual(t, st.Pool.Used, maxChunks, "the pool holds at most --pool-max-chunks")
+	require.Less(t, st.Pool.Data, int64(requests*perRequest), "its bytes held every chunk: the cap evicted")
+	require.GreaterOrEqual(t, metricValue(t, e.reg, "kvactors_pool_evictions_total", nil),
+		float64(requests*perRequest-maxChunks))
+	require.Equal(t, float64(maxChunks), metricValue(t, e.reg, "kvactors_pool_max_chunks", nil))
+}
+
+// The disk tier below the pool takes every chunk the pool evicts, and its
+// index costs ~190 bytes of heap per chunk whatever the chunk's size, so
+// --disk-max-chunks bounds it as --pool-max-chunks does the pool: past it
+// the least recently used go, as past --disk-bytes.
+func TestTinyChunksAreBoundedByDiskMaxChunks(t *testing.T) {
+	t.Parallel()
+	const poolChunks, diskChunks, requests, perRequest = 16, 8, 4, 40
+	e := startNode(t, withDisk(t.TempDir()), func(c *node.Config) {
+		c.PoolMaxChunks, c.DiskMaxChunks = poolChunks, diskChunks
+	})
+	o := defaultOpts()
+	o.blockBytes, o.blocks = 1, 1+requests*perRequest
+	te := e.newEngine("tiny", o)
+	te.register()
+	storeTinyChunks(t, te, requests, perRequest, poolChunks)
+	// Every chunk the pool evicted reaches the disk (written, or dropped
+	// past the cap); the disk evicted past its cap, never holding more.
+	evicted := metricValue(t, e.reg, "kvactors_pool_evictions_total", nil)
+	require.GreaterOrEqual(t, evicted, float64(requests*perRequest-poolChunks))
+	testkit.Eventually(t, 10*time.Second, time.Millisecond, func() error {
+		if w := metricValue(t, e.reg, "kvactors_disk_evictions_total", nil); w < float64(diskChunks) {
+			return fmt.Errorf("%v chunks evicted from disk", w)
+		}
+		if q := metricValue(t, e.reg, "kvactors_disk_queued_bytes", nil); q != 0 {
+			return fmt.Errorf("%v bytes still queued for the disk", q)
+		}
+		return nil
+	})
+	require.LessOrEqual(t, metricValue(t, e.reg, "kvactors_disk_chunks", nil), float64(diskChunks),
+		"the disk tier holds at most --disk-max-chunks")
+}
+
+// storeTinyChunks has te store requests requests of perRequest one-byte
+// chunks each (blocks from 1) and waits for every chunk's stored, checking
+// no decision offers more than maxChunks.
+func storeTinyChunks(t *testing.T, te *testEngine, requests, perRequest, maxChunks int) {
+	t.Helper()
 	for r := range requests {
 		req := fmt.Sprintf("r%d", r)
 		hs := make([]string, perRequest)
@@ -43,11 +92,4 @@ func TestTinyChunksAreBoundedByPoolMaxChunks(t *testing.T) {
 		require.LessOrEqual(t, len(s.Chunks), maxChunks, "a decision is capped to what the pool holds")
 		stored += len(s.Chunks)
 	}
-	st := te.sync()
-	require.Equal(t, maxChunks, st.Pool.MaxChunks)
-	require.LessOrEqual(t, st.Pool.Used, maxChunks, "the pool holds at most --pool-max-chunks")
-	require.Less(t, st.Pool.Data, int64(requests*perRequest), "its bytes held every chunk: the cap evicted")
-	require.GreaterOrEqual(t, metricValue(t, e.reg, "kvactors_pool_evictions_total", nil),
-		float64(requests*perRequest-maxChunks))
-	require.Equal(t, float64(maxChunks), metricValue(t, e.reg, "kvactors_pool_max_chunks", nil))
 }

@@ -295,7 +295,7 @@ func (n *Node) startBackend() error {
 		return fmt.Errorf("allocate pool arena of %d bytes: %w", n.cfg.PoolBytes, err)
 	}
 	if n.cfg.DiskDir != "" {
-		if n.disk, err = disk.Open(disk.Config{Dir: n.cfg.DiskDir, Bytes: n.cfg.DiskBytes, Log: n.log}, n.diskChanged); err != nil {
+		if n.disk, err = disk.Open(disk.Config{Dir: n.cfg.DiskDir, Bytes: n.cfg.DiskBytes, MaxChunks: int64(n.cfg.DiskMaxChunks), Log: n.log}, n.diskChanged); err != nil {
 			return fmt.Errorf("disk tier: %w", err)
 		}
 		metrics.RegisterDisk(n.cfg.Registry, n.disk.Stats)
