@@ -154,7 +154,7 @@ const MaxChunks = 1 << 30
 const chunkBytesPerEntry = 4 << 10
 
 // minDefaultMaxChunks is DefaultMaxChunks' floor: a small pool of small
-// chunks (16 MiB of 256-byte ones: 64 Mi) is not capped below its bytes.
+// chunks (16 MiB of 256-byte ones: 64 Ki) is not capped below its bytes.
 const minDefaultMaxChunks = 1 << 16
 
 // DefaultMaxChunks is the chunk cap a node gives a pool of bytes: one

@@ -15,7 +15,8 @@ type Shared struct {
 	mu   sync.Mutex
 	pool *Pool
 	// full is set, after every change, while nothing can be added: no free
-	// page or slot, every chunk pending or pinned. PrepareStore then answers
+	// page or slot, or the chunk cap reached (SetMaxChunks), and every chunk
+	// pending or pinned. PrepareStore then answers
 	// ErrNoRoom without the lock: an overloaded node retries on every event,
 	// and those retries must not queue on the mutex that completing copies
 	// need to free room. (An offer whose keys are all present already is

@@ -93,3 +93,29 @@ func storeTinyChunks(t *testing.T, te *testEngine, requests, perRequest, maxChun
 		stored += len(s.Chunks)
 	}
 }
+
+// A decision offers at least one chunk of each group (capToRoom cuts at a
+// token position all groups share), so an engine with more groups than
+// --pool-max-chunks could never store: every offer refused, retried as
+// pool_full until given up. Its register is refused instead, naming the
+// setting; with the cap at its group count it stores.
+func TestAnEngineWithMoreGroupsThanPoolMaxChunksIsRefused(t *testing.T) {
+	t.Parallel()
+	o := defaultOpts()
+	o.tpb, o.kinds = []int{4, 4}, []string{"full", "full"}
+	e := startNode(t, func(c *node.Config) { c.PoolMaxChunks = 1 })
+	te := e.newEngine("two", o)
+	var reply messages.RegisterReply
+	require.NoError(t, jsonUnmarshal(te.request("register", te.spec), &reply))
+	require.False(t, reply.OK)
+	require.Contains(t, reply.Error, "--pool-max-chunks 1")
+
+	e = startNode(t, func(c *node.Config) { c.PoolMaxChunks = 2 })
+	te = e.newEngine("two", o)
+	te.register()
+	te.fill(0, 1, 7)
+	te.fill(1, 2, 7)
+	te.send(added("r", 4), hashesEv("r", 0, hash("r", 0)), blocksEv("r", 0, 0, 1), blocksEv("r", 1, 0, 2),
+		tokensEv("r", 4, 4))
+	require.Len(t, recv(t, te.stored, "stored r").Chunks, 2)
+}

@@ -186,6 +186,13 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
 		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool can hold (its pages, empty)", ErrRegister, need)
 	}
+	if sizes, ones := lay.ChunkSizes(), onePerGroup(len(lay.Groups)); !n.store.HoldsEmpty(sizes, ones) {
+		// A decision offers no less than a chunk of each group (at a token
+		// position every group shares): an engine the empty pool cannot
+		// take that of would be refused at every decision, for ever.
+		return fmt.Errorf("%w: one chunk of each of its %d groups (%v bytes) is more than the pool can hold at once (its pages and --pool-max-chunks %d, empty)",
+			ErrRegister, len(sizes), sizes, n.cfg.PoolMaxChunks)
+	}
 	var dev backend.Attachment
 	if sa, ok := n.backend.(backend.SpanAttacher); ok {
 		dev, err = sa.AttachSpans(id, spec.Segments, spans)
@@ -312,4 +319,13 @@ func (n *Node) engine(id string) *engineRec {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	return n.engines[id]
+}
+
+// onePerGroup is a count of one chunk for each of groups groups.
+func onePerGroup(groups int) []int64 {
+	ones := make([]int64, groups)
+	for i := range ones {
+		ones[i] = 1
+	}
+	return ones
 }

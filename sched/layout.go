@@ -202,6 +202,15 @@ func (l *Layout) SameGeometry(o *Layout) error {
 	return nil
 }
 
+// ChunkSizes is each group's chunk bytes, in group order.
+func (l *Layout) ChunkSizes() []int64 {
+	sizes := make([]int64, len(l.Groups))
+	for i, g := range l.Groups {
+		sizes[i] = g.ChunkBytes
+	}
+	return sizes
+}
+
 // MaxChunkBytes is the largest chunk of any group (register refuses an
 // engine whose largest chunk does not fit in the pool).
 func (l *Layout) MaxChunkBytes() int64 {

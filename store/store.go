@@ -116,6 +116,10 @@ func (s *Store) ready(key messages.Key, want int64) bool {
 // under the pool's size may need a page more than the pool has).
 func (s *Store) Fits(size int64) bool { return s.pool.Fits(size) }
 
+// HoldsEmpty is the pool's HoldsEmpty: whether it holds counts[i] chunks of
+// sizes[i] bytes together when empty, by pages and by its chunk cap.
+func (s *Store) HoldsEmpty(sizes, counts []int64) bool { return s.pool.HoldsEmpty(sizes, counts) }
+
 // Engine is the store as one engine's copies use it: its layout and device.
 type Engine struct {
 	s   *Store
