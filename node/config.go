@@ -130,6 +130,9 @@ type Config struct {
 	// kvDeferMost bounds the kv_events changes deferred for namespaces
 	// with no member (0: kvDeferMost). Tests set it small.
 	kvDeferMost int
+	// loadChunksMost bounds the chunks of an engine's loads in flight (0:
+	// maxLoadChunks). Tests set it small.
+	loadChunksMost int64
 	// natsExtra is appended to the client's options (nil: none). Tests set
 	// it (export_test), e.g. to keep a node on the one server it dials.
 	natsExtra []nats.Option

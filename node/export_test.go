@@ -47,6 +47,12 @@ func WithKVDeferBound(most int) func(*Config) {
 	return func(c *Config) { c.kvDeferMost = most }
 }
 
+// WithLoadChunksBound bounds the chunks of an engine's loads in flight
+// (Config.loadChunksMost).
+func WithLoadChunksBound(most int64) func(*Config) {
+	return func(c *Config) { c.loadChunksMost = most }
+}
+
 // WithClock sets the node's liveness clock (Config.now): engine expiry and
 // the engine-silence fence read it.
 func WithClock(now func() time.Time) func(*Config) {

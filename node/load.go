@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -83,7 +84,12 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	// pending keys are inside it: fail ends it with an error, or the load
 	// actor ends it (load.Job.Span).
 	ctx, span := n.verbSpan(n.msgCtx(m), tracing.SpanLoad, engineID, taken)
+	var heldChunks *atomic.Int64 // the engine's loadChunks this load counts in, until it ends
+	var held int64
 	end := func(err error, level slog.Level, reason string) {
+		if heldChunks != nil {
+			heldChunks.Add(-held)
+		}
 		n.metrics.Loads.WithLabelValues(load.ResultError).Inc()
 		// Rate-limited: an engine chooses how many loads fail (docs/SECURITY.md).
 		n.rejectLog.Log(level, reason, "load refused", "engine", engineID, "err", err)
@@ -131,11 +137,21 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrRequest.String(req.Request))
 	}
-	chunks, err := rec.layout.LoadChunks(req.Hashes, req.NumTokens, req.Blocks)
+	most := n.loadChunksMost()
+	chunks, err := rec.layout.LoadChunksAtMost(req.Hashes, req.NumTokens, req.Blocks, int(most))
 	if err != nil {
 		refuse(err)
 		return
 	}
+	// Counted until the load ends (end, or its load actor's Done): one
+	// that does not fit is refused before it pins or fetches anything.
+	held = int64(len(chunks))
+	if rec.loadChunks.Add(held) > most {
+		rec.loadChunks.Add(-held)
+		refuse(fmt.Errorf("load %q: %w", req.Request, errTooManyLoadChunks(most)))
+		return
+	}
+	heldChunks = &rec.loadChunks
 	keys := make([]messages.Key, len(chunks))
 	for i := range chunks {
 		keys[i] = chunks[i].Key
@@ -274,6 +290,35 @@ const maxCopyingLoads = 256
 var errTooManyLoads = messages.NewRejection(messages.RejectLimit,
 	fmt.Sprintf("%s: more than %d loads of the engine in flight, try again", messages.Overloaded, maxCopyingLoads))
 
+// maxLoadChunks bounds the chunks of an engine's loads in flight, from
+// their decode until they end (waiting, fetching, queued or copying): a
+// load may name one stored chunk as often as its max_model_len allows, and
+// each chunk of its job costs ~150 bytes of heap (its key, its block ids),
+// so maxCopyingLoads loads of a 1 MB body (~500,000 chunks each with 64
+// groups) would hold ~19 GB, which the intake's byte budget never sees.
+// Past it a load is answered "node overloaded" at once, and one load of
+// more chunks is refused too_large as its chunks are counted (a body of
+// the embedded server's 8 MiB could make ~4M). ~150 MB of heap an engine
+// (docs/SECURITY.md, "Bounds"); no load without repeats comes near it
+// (its chunks are pinned in the pool: --pool-max-chunks at most).
+const maxLoadChunks = 1 << 20
+
+// loadChunksMost is maxLoadChunks, or the node's test bound.
+func (n *Node) loadChunksMost() int64 {
+	if n.cfg.loadChunksMost > 0 {
+		return n.cfg.loadChunksMost
+	}
+	return maxLoadChunks
+}
+
+// errTooManyLoadChunks answers a load that would take the engine's loads in
+// flight past most chunks: the node wrote nothing, and the engine may try
+// again once its other loads end.
+func errTooManyLoadChunks(most int64) error {
+	return messages.NewRejection(messages.RejectLimit,
+		fmt.Sprintf("%s: the engine's loads in flight would copy more than %d chunks, try again", messages.Overloaded, most))
+}
+
 // maxWaitingLoads bounds an engine's loads waiting for pending keys (a
 // goroutine and a timer each, for up to Config.LoadWait): past it a load of a
 // pending key fails not-ready at once, so one engine cannot park goroutines
@@ -338,6 +383,7 @@ func (n *Node) tryLoad(ls *loadStart) error {
 	n.unpinFetch(ls) // the load's own pins hold its fetched and local chunks now
 	done := func() {
 		rec.copyingLoads.Add(-1)
+		rec.loadChunks.Add(-int64(len(ls.chunks))) // as onLoad counted them; its end is never called now
 		rec.loads.leave()
 	}
 	if !ls.waitFrom.IsZero() {

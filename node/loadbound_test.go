@@ -82,3 +82,87 @@ func requireOverloadedFirst(t *testing.T, replies <-chan *nats.Msg) {
 	require.False(t, rep.OK)
 	require.Contains(t, rep.Error, messages.Overloaded)
 }
+
+// An engine's loads in flight are bounded in chunks too, not only in
+// count: a load names one stored chunk as often as its max_model_len
+// allows (the same hash, the same block), and its job keeps ~150 bytes of
+// heap per chunk, so 256 loads of a 1 MB body each (~500,000 chunks with
+// 64 groups) would hold ~19 GB for one engine, which the intake's byte
+// budget never sees. Past the bound (here 8) a load is answered "node
+// overloaded" at once, counted as limit; one that fits goes on, and a
+// load over the whole bound is refused too_large, alone or not. A load's
+// chunks are let go as it ends, answered or failed.
+func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
+	t.Parallel()
+	dev := &heldDevice{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
+	e := startNode(t, node.WithLoadChunksBound(8), func(c *node.Config) { c.WrapDevice = dev.wrap })
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.oneChunkReady("r")
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	dev.gate <- struct{}{}
+	recv(t, te.stored, "r's chunk stored")
+
+	replies := make(chan *nats.Msg, 8)
+	sub, err := e.nc.ChanSubscribe("_INBOX.e1.lc.*", replies)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	loadOf := func(family string, i, chunks int) { // chunks copies of family's first chunk, each 4 tokens, into block 5
+		hashes, blocks := make([]string, chunks), make([]int, chunks)
+		for c := range chunks {
+			hashes[c], blocks[c] = hash(family, 0), 5
+		}
+		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": hashes,
+			"num_tokens": 4 * chunks, "blocks": [][]int{blocks}})
+		require.NoError(t, err)
+		require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", fmt.Sprintf("_INBOX.e1.lc.%d", i), data))
+	}
+	load := func(i, chunks int) { loadOf("r", i, chunks) }
+	answer := func(what string) (int, messages.LoadReply) {
+		t.Helper()
+		m := testkit.Recv(t, replies, 10*time.Second, what)
+		var r messages.LoadReply
+		require.NoError(t, json.Unmarshal(m.Data, &r))
+		var i int
+		_, err := fmt.Sscanf(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], "%d", &i)
+		require.NoError(t, err)
+		return i, r
+	}
+
+	load(0, 5) // 5 of 8: held copying
+	testkit.Recv(t, dev.started, 5*time.Second, "load 0's copy")
+	load(1, 5) // 10 of 8: refused at once
+	i, r := answer("the answer to the load past the bound")
+	require.Equal(t, 1, i, "answered first")
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, messages.Overloaded)
+	require.Equal(t, 1.0, e.counter("kvactors_events_rejected_total", "limit"))
+	load(2, 3) // 8 of 8: goes on
+	testkit.Recv(t, dev.started, 5*time.Second, "load 2's copy")
+	dev.gate <- struct{}{}
+	dev.gate <- struct{}{}
+	for range 2 {
+		i, r := answer("a held load's answer")
+		require.True(t, r.OK, "load %d: %s", i, r.Error)
+	}
+
+	loadOf("x", 3, 8) // a miss: its chunks are let go with its answer
+	i, r = answer("the missing chunk's answer")
+	require.Equal(t, 3, i)
+	require.False(t, r.OK)
+	require.NotContains(t, r.Error, messages.Overloaded)
+
+	load(4, 9) // over the whole bound, alone in flight: too large
+	i, r = answer("the large load's answer")
+	require.Equal(t, 4, i)
+	require.False(t, r.OK)
+	require.Contains(t, r.Error, "more than 8 chunks")
+	require.Equal(t, 1.0, e.counter("kvactors_events_rejected_total", "too_large"))
+
+	load(5, 8) // the whole bound, alone in flight: goes on
+	testkit.Recv(t, dev.started, 5*time.Second, "load 5's copy")
+	dev.gate <- struct{}{}
+	i, r = answer("the lone load's answer")
+	require.Equal(t, 5, i)
+	require.True(t, r.OK, r.Error)
+}

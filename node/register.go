@@ -48,6 +48,8 @@ type engineRec struct {
 	// copyingLoads are its loads pinned and queued or copying
 	// (maxCopyingLoads).
 	copyingLoads atomic.Int32
+	// loadChunks are the chunks of its loads in flight (maxLoadChunks).
+	loadChunks atomic.Int64
 	// statusGathers are its P.E.status gathers in flight
 	// (maxStatusGathersPerEngine).
 	statusGathers atomic.Int32

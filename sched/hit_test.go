@@ -126,3 +126,18 @@ func TestALoadPastAnyRequestsLengthIsTooLarge(t *testing.T) {
 	_, err = l.LoadChunks(hs, math.MaxInt, [][]messages.BlockID{ids})
 	require.ErrorIs(t, err, ErrTooLarge, "no overflow past the bound")
 }
+
+// LoadChunksAtMost refuses a load of more chunks than most, in all groups
+// (needed chunks only: one of null blocks is not one), as too_large; the
+// node's bound on an engine's loads in flight is in chunks.
+func TestLoadChunksAtMostRefusesMoreChunks(t *testing.T) {
+	l := hitLayout(t, messages.GroupSpec{Kind: "full", TokensPerBlock: 4})
+	hs := hitHashes(4)
+	chunks, err := l.LoadChunksAtMost(hs, 16, [][]messages.BlockID{{5, 0, 7, 8}}, 3)
+	require.NoError(t, err, "three needed chunks of four")
+	require.Len(t, chunks, 3)
+	_, err = l.LoadChunksAtMost(hs, 16, [][]messages.BlockID{{5, 6, 7, 8}}, 3)
+	require.ErrorIs(t, err, ErrTooManyChunks)
+	require.ErrorIs(t, err, ErrBadLoad)
+	require.Equal(t, messages.RejectTooLarge, messages.RejectLabel(err))
+}

@@ -2,6 +2,7 @@ package sched
 
 import (
 	"fmt"
+	"math"
 
 	"github.com/kvactors/kvactors/messages"
 )
@@ -9,6 +10,10 @@ import (
 // ErrBadLoad wraps every reason a load body does not fit the layout; it
 // counts as malformed (a block id past num_gpu_blocks as block_range).
 var ErrBadLoad = messages.NewRejection(messages.RejectMalformed, "bad load")
+
+// ErrTooManyChunks: a load would copy more chunks than the node lets one
+// load (LoadChunksAtMost).
+var ErrTooManyChunks = messages.NewRejection(messages.RejectTooLarge, "more chunks than one load may copy")
 
 // HitTokens answers P.E.lookup (PROTOCOL.md): for each full-attention group,
 // the leading chunks whose keys are ready (stop at the first miss or pending
@@ -125,6 +130,15 @@ func (b *backer) backs(t int, hashes []messages.Hash, ready func(messages.Key) b
 // chunk; id 0 is not needed and skipped; a chunk with no needed block is
 // left out). Slots are filled in by the caller from the pool.
 func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID) ([]JobChunk, error) {
+	return l.LoadChunksAtMost(hashes, numTokens, blocks, math.MaxInt)
+}
+
+// LoadChunksAtMost is LoadChunks refusing, with ErrTooManyChunks, a load of
+// more than most chunks in all groups as soon as it passes most, before
+// it holds their memory (each chunk of a job costs ~150 bytes of heap, and
+// a load may name one chunk again and again).
+func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID,
+	most int) ([]JobChunk, error) {
 	if len(blocks) != len(l.Groups) {
 		return nil, fmt.Errorf("%w: %d block lists for %d groups", ErrBadLoad, len(blocks), len(l.Groups))
 	}
@@ -160,6 +174,9 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 			}
 			if !needed {
 				continue
+			}
+			if len(out) == most {
+				return nil, fmt.Errorf("%w: %w: more than %d chunks", ErrTooManyChunks, ErrBadLoad, most)
 			}
 			out = append(out, JobChunk{Group: g, Index: messages.ChunkIndex(c),
 				Key: l.Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
