@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"hash/fnv"
 	"sync"
@@ -103,6 +104,16 @@ func splitNS(k messages.Key) (sched.NamespaceID, string, bool) {
 // the same bytes only under the same geometry.
 func geometry(l *sched.Layout) uint64 {
 	h := fnv.New64a()
+	_, _ = h.Write(geometryBytes(l))
+	return h.Sum64()
+}
+
+// geometryDigest is a collision-resistant digest of l's geometry: what a
+// namespace with no member keeps to check a register against (namespace).
+func geometryDigest(l *sched.Layout) [sha256.Size]byte { return sha256.Sum256(geometryBytes(l)) }
+
+// geometryBytes encodes what SameGeometry compares.
+func geometryBytes(l *sched.Layout) []byte {
 	var b []byte
 	b = binary.AppendUvarint(b, uint64(l.TokensPerHash))
 	b = binary.AppendUvarint(b, uint64(l.BlocksPerChunk))
@@ -114,8 +125,7 @@ func geometry(l *sched.Layout) uint64 {
 			b = binary.AppendUvarint(b, uint64(r.BlockBytes))
 		}
 	}
-	_, _ = h.Write(b)
-	return h.Sum64()
+	return b
 }
 
 // reannounceDisk tells routers of the chunks on disk under prefix, a

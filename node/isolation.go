@@ -1,6 +1,7 @@
 package node
 
 import (
+	"crypto/sha256"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -55,12 +56,18 @@ type namespaces struct {
 }
 
 type namespace struct {
-	id     sched.NamespaceID
-	name   string        // as its engines name it (kv_events)
-	key    string        // messages.NamespaceKey: private to one engine, or shared
-	layout *sched.Layout // the geometry it holds
-	geo    uint64        // its fingerprint (geometry): the cluster's namespace identity includes it
-	owner  string        // the engine id it is forgotten with (owned); "" while members outlive it
+	id   sched.NamespaceID
+	name string // as its engines name it (kv_events)
+	key  string // messages.NamespaceKey: private to one engine, or shared
+	// layout is a member's, for a register's detailed geometry check, held
+	// only while the namespace has members: a spec may carry 64 groups of
+	// 4096 regions (~7.6 MB of layout), and namespaces outlive their
+	// engines (16 × --max-engines of them), so a memberless one keeps only
+	// digest, which a register's geometry must match.
+	layout *sched.Layout
+	digest [sha256.Size]byte // geometryDigest of its geometry
+	geo    uint64            // its fingerprint (geometry): the cluster's namespace identity includes it
+	owner  string            // the engine id it is forgotten with (owned); "" while members outlive it
 	// members are its registered engines, in the order they last
 	// registered. The last one announces (announcer): evictions of its keys
 	// caused by an engine of another namespace are announced on that
@@ -111,8 +118,13 @@ func (t *namespaces) check(engine, name string, lay *sched.Layout, most int) (sc
 		}
 		return 0, nil
 	}
-	if err := ns.layout.SameGeometry(lay); err != nil {
-		return 0, fmt.Errorf("%w: namespace %q: %w", ErrRegister, name, err)
+	if ns.layout != nil {
+		if err := ns.layout.SameGeometry(lay); err != nil {
+			return 0, fmt.Errorf("%w: namespace %q: %w", ErrRegister, name, err)
+		}
+	} else if geometryDigest(lay) != ns.digest {
+		return 0, fmt.Errorf("%w: namespace %q: its geometry (tokens_per_hash, blocks_per_chunk, each group's kind and tokens_per_block, each region's block_bytes) is not the one it holds",
+			ErrRegister, name)
 	}
 	return ns.id, nil
 }
@@ -136,7 +148,7 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 			t.owned = map[string][]sched.NamespaceID{}
 		}
 		t.last++
-		ns = &namespace{id: t.last, name: name, key: key, layout: lay, geo: geometry(lay), owner: engine}
+		ns = &namespace{id: t.last, name: name, key: key, digest: geometryDigest(lay), geo: geometry(lay), owner: engine}
 		t.byID[ns.id] = ns
 		t.byKey[key] = ns
 		t.opened[engine]++
@@ -145,6 +157,9 @@ func (t *namespaces) commit(name, engine string, lay *sched.Layout) *namespace {
 	// A register into another namespace leaves the old one first: the
 	// engine must stop hearing of it (PROTOCOL.md "Isolation").
 	t.leaveLocked(engine)
+	if ns.layout == nil {
+		ns.layout = lay // checked against digest (check): the same geometry
+	}
 	ns.members = append(ns.members, engine)
 	if t.member == nil {
 		t.member = map[string]sched.NamespaceID{}
@@ -172,6 +187,9 @@ func (t *namespaces) leaveLocked(engine string) {
 	delete(t.member, engine)
 	ns := t.byID[id]
 	ns.members = slices.DeleteFunc(ns.members, func(m string) bool { return m == engine })
+	if len(ns.members) == 0 {
+		ns.layout = nil // its digest checks the next register
+	}
 	if len(ns.members) == 0 && ns.owner == "" {
 		ns.owner = engine
 		t.owned[engine] = append(t.owned[engine], id)
