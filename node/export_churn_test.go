@@ -93,6 +93,10 @@ func (n *Node) RequestFootprint() map[string]int {
 		f["ending_chans"] += len(chs)
 	}
 	f["departed_queue"] = len(n.departed.queue)
+	for _, rec := range n.engines {
+		f["load_chunks"] += int(rec.loadChunks.Load()) // of loads in flight: none between cycles
+		f["copying_loads"] += int(rec.copyingLoads.Load())
+	}
 	n.mu.Unlock()
 	n.ingest.mu.RLock()
 	for _, cs := range n.ingest.credits {
