@@ -13,13 +13,7 @@ import (
 // boot after a restart, refuse an unknown namespace or another geometry, and
 // refuse malformed input without panicking.
 func TestDiskKeys(t *testing.T) {
-	spec := func(bpc int) *sched.Layout {
-		l, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: bpc, NumGPUBlocks: 8,
-			Segments: []messages.Segment{{Shm: "s"}}, Groups: []messages.GroupSpec{{Kind: messages.KindFull,
-				TokensPerBlock: 4, Regions: []messages.Region{{BlockStride: 8, BlockBytes: 8}}}}})
-		require.NoError(t, err)
-		return l
-	}
+	spec := func(bpc int) *sched.Layout { return oneGroupLayout(t, bpc, 8) }
 	boot1 := newDiskKeys()
 	boot1.learn(1, "alpha", spec(1))
 	boot1.learn(2, "beta", spec(1))
@@ -50,4 +44,15 @@ func TestDiskKeys(t *testing.T) {
 	}
 	_, ok = boot1.ToDisk("ab")
 	require.False(t, ok)
+}
+
+// oneGroupLayout is the layout of a spec of one full-attention group of 4
+// tokens per block, bpc blocks per chunk and one region of blockBytes.
+func oneGroupLayout(t *testing.T, bpc int, blockBytes int64) *sched.Layout {
+	t.Helper()
+	l, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: bpc, NumGPUBlocks: 8,
+		Segments: []messages.Segment{{Shm: "s"}}, Groups: []messages.GroupSpec{{Kind: messages.KindFull,
+			TokensPerBlock: 4, Regions: []messages.Region{{BlockStride: blockBytes, BlockBytes: blockBytes}}}}})
+	require.NoError(t, err)
+	return l
 }

@@ -30,12 +30,7 @@ func TestAnEnginesLoadsInFlightAreBounded(t *testing.T) {
 	e := startNode(t, func(c *node.Config) {
 		c.WrapDevice, c.Log = dev.wrap, slog.New(slog.NewTextHandler(&logs, nil))
 	})
-	te := e.newEngine("e1", defaultOpts())
-	te.register()
-	te.oneChunkReady("r")
-	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
-	dev.gate <- struct{}{}
-	recv(t, te.stored, "r's chunk stored")
+	storedOneChunk(t, e, dev)
 
 	replies := floodLoads(t, e.nc, "e1", []string{hash("r", 0)}, 4, []int{5})
 	requireOverloadedFirst(t, replies)
@@ -96,12 +91,7 @@ func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
 	t.Parallel()
 	dev := &heldDevice{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
 	e := startNode(t, node.WithLoadChunksBound(8), func(c *node.Config) { c.WrapDevice = dev.wrap })
-	te := e.newEngine("e1", defaultOpts())
-	te.register()
-	te.oneChunkReady("r")
-	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
-	dev.gate <- struct{}{}
-	recv(t, te.stored, "r's chunk stored")
+	storedOneChunk(t, e, dev)
 
 	replies := make(chan *nats.Msg, 8)
 	sub, err := e.nc.ChanSubscribe("_INBOX.e1.lc.*", replies)
@@ -165,4 +155,17 @@ func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
 	i, r = answer("the lone load's answer")
 	require.Equal(t, 5, i)
 	require.True(t, r.OK, r.Error)
+}
+
+// storedOneChunk registers e1 and stores request r's one chunk through dev
+// (held: the test lets its copy go).
+func storedOneChunk(t *testing.T, e *env, dev *heldDevice) *testEngine {
+	t.Helper()
+	te := e.newEngine("e1", defaultOpts())
+	te.register()
+	te.oneChunkReady("r")
+	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
+	dev.gate <- struct{}{}
+	recv(t, te.stored, "r's chunk stored")
+	return te
 }

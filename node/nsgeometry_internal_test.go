@@ -5,7 +5,6 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/kvactors/kvactors/messages"
 	"github.com/kvactors/kvactors/sched"
 )
 
@@ -17,13 +16,7 @@ import (
 // same geometry joins (and the namespace holds the joiner's layout while it
 // is a member), another is refused.
 func TestAMemberlessNamespaceKeepsNoLayout(t *testing.T) {
-	layout := func(blockBytes int64) *sched.Layout {
-		l, err := sched.NewLayout(&messages.EngineSpec{TokensPerHash: 4, BlocksPerChunk: 1, NumGPUBlocks: 8,
-			Segments: []messages.Segment{{Shm: "s"}}, Groups: []messages.GroupSpec{{Kind: messages.KindFull,
-				TokensPerBlock: 4, Regions: []messages.Region{{BlockStride: 64, BlockBytes: blockBytes}}}}})
-		require.NoError(t, err)
-		return l
-	}
+	layout := func(blockBytes int64) *sched.Layout { return oneGroupLayout(t, 1, blockBytes) }
 	var t2 namespaces
 	ns := t2.commit("alpha", "e1", layout(8))
 	require.NotNil(t, ns.layout)
