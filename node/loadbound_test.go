@@ -159,7 +159,7 @@ func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
 
 // storedOneChunk registers e1 and stores request r's one chunk through dev
 // (held: the test lets its copy go).
-func storedOneChunk(t *testing.T, e *env, dev *heldDevice) *testEngine {
+func storedOneChunk(t *testing.T, e *env, dev *heldDevice) {
 	t.Helper()
 	te := e.newEngine("e1", defaultOpts())
 	te.register()
@@ -167,5 +167,4 @@ func storedOneChunk(t *testing.T, e *env, dev *heldDevice) *testEngine {
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
 	dev.gate <- struct{}{}
 	recv(t, te.stored, "r's chunk stored")
-	return te
 }
