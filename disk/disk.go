@@ -36,7 +36,7 @@ type Config struct {
 	// it alone would pass the bound on dropped records.
 	SegmentBytes int64
 	// MaxChunks bounds the chunks the tier holds, whatever their size
-	// (default: DefaultMaxChunks); past it the least recently used are
+	// (0: defaultMaxChunks); past it the least recently used are
 	// dropped, as past Bytes. Each costs its index ~190 bytes of the node's
 	// memory, and an engine's spec may make chunks of a byte.
 	MaxChunks int64
@@ -266,9 +266,6 @@ func defaultSegmentBytes(budget int64) int64 {
 // chunks per GiB (the files' bound on records, 65 bytes each with their
 // headers, stops them there) at ~190 bytes of heap each: 4.7 GB.
 func defaultMaxChunks(budget int64) int64 { return max(budget/4096, 1<<16) }
-
-// DefaultMaxChunks is the MaxChunks Open gives a budget of bytes.
-func DefaultMaxChunks(bytes int64) int64 { return defaultMaxChunks(bytes) }
 
 const segSuffix = ".kvseg"
 

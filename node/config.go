@@ -19,7 +19,6 @@ import (
 	"github.com/kvactors/kvactors/backend/cuda"
 	"github.com/kvactors/kvactors/backend/shm"
 	"github.com/kvactors/kvactors/cluster"
-	"github.com/kvactors/kvactors/disk"
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/ingest"
 	"github.com/kvactors/kvactors/messages"
@@ -226,7 +225,7 @@ type Config struct {
 	// DiskDir); past it the least recently used chunks are deleted.
 	DiskBytes int64 `json:"disk_bytes"`
 	// DiskMaxChunks bounds the chunks the disk tier holds, whatever their
-	// size, as DiskBytes bounds their data (0: disk.DefaultMaxChunks, one
+	// size, as DiskBytes bounds their data (0: disk.Open's default, one
 	// per 4 KiB of DiskBytes and at least 65536). Each costs its index ~190
 	// bytes of heap: one-byte chunks would put ~25M per GiB of budget there.
 	DiskMaxChunks int `json:"disk_max_chunks"`
@@ -338,9 +337,6 @@ func (c Config) withDefaults() Config {
 	orDefault(&c.PoolPageBytes, d.PoolPageBytes)
 	if c.PoolMaxChunks == 0 { // not in DefaultConfig: it depends on PoolBytes
 		c.PoolMaxChunks = hostpool.DefaultMaxChunks(c.PoolBytes)
-	}
-	if c.DiskMaxChunks == 0 { // the same, on DiskBytes
-		c.DiskMaxChunks = int(disk.DefaultMaxChunks(c.DiskBytes))
 	}
 	if c.Log == nil {
 		c.Log = slog.Default()
