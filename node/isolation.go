@@ -187,10 +187,11 @@ func (t *namespaces) leaveLocked(engine string) {
 	delete(t.member, engine)
 	ns := t.byID[id]
 	ns.members = slices.DeleteFunc(ns.members, func(m string) bool { return m == engine })
-	if len(ns.members) == 0 {
-		ns.layout = nil // its digest checks the next register
+	if len(ns.members) > 0 {
+		return
 	}
-	if len(ns.members) == 0 && ns.owner == "" {
+	ns.layout = nil // its digest checks the next register
+	if ns.owner == "" {
 		ns.owner = engine
 		t.owned[engine] = append(t.owned[engine], id)
 	}

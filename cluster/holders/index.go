@@ -496,10 +496,11 @@ func (x *Index) HeldElsewhere(ns string, key messages.Key, self string, now time
 func (x *Index) Expire(now time.Time) []string {
 	var gone []string
 	for id, n := range x.nodes {
-		if n.lastSeen.IsZero() && n.unheard.IsZero() {
+		heard := !n.lastSeen.IsZero()
+		if !heard && n.unheard.IsZero() {
 			n.unheard = now
 		}
-		if silent := !n.lastSeen.IsZero() && !x.live(n, now); silent || n.lastSeen.IsZero() && now.Sub(n.unheard) >= x.lease {
+		if heard && !x.live(n, now) || !heard && now.Sub(n.unheard) >= x.lease {
 			x.dropKeys(id, n)
 			delete(x.nodes, id)
 			gone = append(gone, id)
