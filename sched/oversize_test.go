@@ -18,19 +18,8 @@ func TestReadyChunksPastThePoolAreStoredInParts(t *testing.T) {
 	lay := layout(t, 4, 1, full(4), full(4)) // two groups, one 4-token chunk per block
 	h := newHarness(t, lay, 8, added(48))
 	h.step(hashes(0, 12), blocks(0, 0, seq(1, 12)...), blocks(1, 0, seq(13, 12)...), tokens(48, 48))
-	var parts [][]string
-	for e := h.advance(); e.Job != nil; {
-		require.Nil(t, e.Retry)
-		parts = append(parts, jobChunks(e.Job))
-		h.done(e.Job.ID, true)
-		e = h.advance() // the actor decides again after a job completes
-	}
 	// 24 chunks of 2 groups, 8 a decision (the pool), the groups alike.
-	require.Equal(t, [][]string{
-		{"0/0", "0/1", "0/2", "0/3", "1/0", "1/1", "1/2", "1/3"},
-		{"0/4", "0/5", "0/6", "0/7", "1/4", "1/5", "1/6", "1/7"},
-		{"0/8", "0/9", "0/10", "0/11", "1/8", "1/9", "1/10", "1/11"},
-	}, parts)
+	require.Equal(t, twelveChunksInThreeParts, storedInParts(t, h, 8))
 	require.Equal(t, []messages.ChunkIndex{12, 12}, h.cursors())
 	for _, n := range h.stored {
 		require.Equal(t, 1, n, "each chunk stored once")
@@ -104,19 +93,29 @@ func TestReadyChunksPastTheChunkCapAreStoredInParts(t *testing.T) {
 	h := newHarness(t, lay, 64, added(48)) // the bytes of 64 chunks
 	h.pool.SetMaxChunks(8)
 	h.step(hashes(0, 12), blocks(0, 0, seq(1, 12)...), blocks(1, 0, seq(13, 12)...), tokens(48, 48))
-	var parts [][]string
-	for e := h.advance(); e.Job != nil; {
+	require.Equal(t, twelveChunksInThreeParts, storedInParts(t, h, 8))
+	require.Equal(t, []messages.ChunkIndex{12, 12}, h.cursors())
+	require.Len(t, h.stored, 24)
+}
+
+// twelveChunksInThreeParts: 12 chunks of each of 2 groups stored 8 a job.
+var twelveChunksInThreeParts = [][]string{
+	{"0/0", "0/1", "0/2", "0/3", "1/0", "1/1", "1/2", "1/3"},
+	{"0/4", "0/5", "0/6", "0/7", "1/4", "1/5", "1/6", "1/7"},
+	{"0/8", "0/9", "0/10", "0/11", "1/8", "1/9", "1/10", "1/11"},
+}
+
+// storedInParts decides and completes h's jobs until none comes, as the
+// actor decides again after each completion, and returns each job's
+// chunks; no decision may be a retry, and the pool never holds more than
+// most chunks.
+func storedInParts(t *testing.T, h *harness, most int) (parts [][]string) {
+	t.Helper()
+	for e := h.advance(); e.Job != nil; e = h.advance() {
 		require.Nil(t, e.Retry)
 		parts = append(parts, jobChunks(e.Job))
 		h.done(e.Job.ID, true)
-		require.LessOrEqual(t, h.pool.Len(), 8)
-		e = h.advance()
+		require.LessOrEqual(t, h.pool.Len(), most)
 	}
-	require.Equal(t, [][]string{
-		{"0/0", "0/1", "0/2", "0/3", "1/0", "1/1", "1/2", "1/3"},
-		{"0/4", "0/5", "0/6", "0/7", "1/4", "1/5", "1/6", "1/7"},
-		{"0/8", "0/9", "0/10", "0/11", "1/8", "1/9", "1/10", "1/11"},
-	}, parts)
-	require.Equal(t, []messages.ChunkIndex{12, 12}, h.cursors())
-	require.Len(t, h.stored, 24)
+	return parts
 }
