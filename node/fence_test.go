@@ -3,6 +3,7 @@ package node_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -28,18 +29,27 @@ type heldDevice struct {
 	backend.Attachment
 	started chan struct{}
 	gate    chan struct{}
+	// fail, when set and true, fails each copy let through the gate
+	// (errInjectedCopy) instead of copying.
+	fail *atomic.Bool
 }
+
+// errInjectedCopy is a heldDevice's failed copy.
+var errInjectedCopy = errors.New("injected copy failure")
 
 // wrap is a WrapDevice: one held device per attachment, all sharing d's
 // channels, so an engine reset (a second attachment) does not retarget the
 // first one's Close at the second.
 func (d *heldDevice) wrap(a backend.Attachment) backend.Attachment {
-	return &heldDevice{Attachment: a, started: d.started, gate: d.gate}
+	return &heldDevice{Attachment: a, started: d.started, gate: d.gate, fail: d.fail}
 }
 
 func (d *heldDevice) Copy(dir backend.Direction, a backend.Arena, r []backend.Range) error {
 	d.started <- struct{}{}
 	<-d.gate
+	if d.fail != nil && d.fail.Load() {
+		return errInjectedCopy
+	}
 	return d.Attachment.Copy(dir, a, r)
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -89,7 +90,7 @@ func requireOverloadedFirst(t *testing.T, replies <-chan *nats.Msg) {
 // chunks are let go as it ends, answered or failed.
 func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
 	t.Parallel()
-	dev := &heldDevice{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
+	dev := &heldDevice{started: make(chan struct{}, 16), gate: make(chan struct{}, 16), fail: new(atomic.Bool)}
 	e := startNode(t, node.WithLoadChunksBound(8), func(c *node.Config) { c.WrapDevice = dev.wrap })
 	storedOneChunk(t, e, dev)
 
@@ -154,6 +155,22 @@ func TestAnEnginesLoadsInFlightAreBoundedInChunks(t *testing.T) {
 	dev.gate <- struct{}{}
 	i, r = answer("the lone load's answer")
 	require.Equal(t, 5, i)
+	require.True(t, r.OK, r.Error)
+
+	dev.fail.Store(true) // the whole bound again, its copy failing: its chunks are let go with its error
+	load(6, 8)
+	testkit.Recv(t, dev.started, 5*time.Second, "load 6's copy")
+	dev.gate <- struct{}{}
+	i, r = answer("the failed copy's answer")
+	require.Equal(t, 6, i)
+	require.False(t, r.OK)
+	require.NotContains(t, r.Error, messages.Overloaded)
+	dev.fail.Store(false)
+	load(7, 8) // taken only if load 6 gave its 8 back
+	testkit.Recv(t, dev.started, 5*time.Second, "load 7's copy")
+	dev.gate <- struct{}{}
+	i, r = answer("the load after a failed one")
+	require.Equal(t, 7, i)
 	require.True(t, r.OK, r.Error)
 }
 
