@@ -62,8 +62,7 @@ type kvJournal struct {
 	onDefer  func(deferred, dropped int)
 	scratch  []messages.Key // flushDeferred's
 	// held lists the namespace ids held, in order (clearAll's: forgotten
-	// ids leave holes). The node's is its table's (namespacesHeld); by
-	// default, the ids from 1 that target knows.
+	// ids leave holes): the node's table's (namespacesHeld); nil, none.
 	held func() []sched.NamespaceID
 	// bodyMax, when set, is the most bytes a kv_events body may hold on
 	// the server the node is on now (read at each drain: a reconnect may
@@ -117,16 +116,8 @@ const kvMessageBytes = 512 << 10
 
 func newKVJournal(emit func(string, uint64, []byte),
 	target func(string, sched.NamespaceID) (string, string, string, uint64)) *kvJournal {
-	held := func() (ids []sched.NamespaceID) {
-		for ns := sched.NamespaceID(1); ; ns++ {
-			if _, nsKey, _, _ := target("", ns); nsKey == "" {
-				return ids
-			}
-			ids = append(ids, ns)
-		}
-	}
 	return &kvJournal{wake: make(chan struct{}, 1), closing: make(chan struct{}), done: make(chan struct{}),
-		emit: emit, target: target, held: held, deferred: newKVDeferred(kvDeferMost)}
+		emit: emit, target: target, deferred: newKVDeferred(kvDeferMost)}
 }
 
 // start runs the publishing goroutine; records added before it are kept.
@@ -372,6 +363,9 @@ func (j *kvJournal) publish(r *kvRecord, keys []messages.Key, msg *kvMessage) {
 // the re-announcement that follows the clear supersedes them. A namespace
 // forgotten since held listed it (nsKey "") is skipped.
 func (j *kvJournal) clearAll(msg *kvMessage) {
+	if j.held == nil {
+		return
+	}
 	for _, ns := range j.held() {
 		name, nsKey, engine, geo := j.target("", ns)
 		if nsKey == "" {

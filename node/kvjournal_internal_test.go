@@ -608,6 +608,7 @@ func newTwoNamespaceJournal(t *testing.T) *twoNamespaceJournal {
 		}
 		return "", "", "", 0
 	})
+	tj.j.held = func() []sched.NamespaceID { return []sched.NamespaceID{1, 2} }
 	return tj
 }
 
