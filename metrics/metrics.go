@@ -260,9 +260,14 @@ func (c diskCollector) Collect(ch chan<- prometheus.Metric) {
 
 // RegisterIsolation exports the isolation bounds' usage, read at scrape
 // time: engine segments mapped now (against --max-mapped-segments), their
-// mapped bytes (against --max-mapped-bytes) and namespaces held.
-func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int, mappedBytes func() int64) {
+// mapped bytes (against --max-mapped-bytes), namespaces held, and the bytes
+// of hashes and block ids live requests hold (each engine's against
+// --max-request-state-bytes).
+func RegisterIsolation(reg prometheus.Registerer, mapped, namespaces func() int, mappedBytes, requestState func() int64) {
 	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_request_state_bytes",
+			Help: "Bytes of hashes and block ids every engine's live requests hold now (each engine's bounded by --max-request-state-bytes)."},
+			func() float64 { return float64(requestState()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "kvactors_isolation_segments_mapped",
 			Help: "Engine segments mapped now (bounded by --max-mapped-segments)."},
 			func() float64 { return float64(mapped()) }),

@@ -184,6 +184,11 @@ type Config struct {
 	MaxEngines int `json:"max_engines"`
 	// MaxRequests bounds one engine's live requests.
 	MaxRequests int `json:"max_requests"`
+	// MaxRequestStateBytes bounds the bytes of hashes and block ids one
+	// engine's live requests hold together (sched.StateBudget): MaxModelLen
+	// bounds each request and MaxRequests their count, but not their
+	// product (terabytes at the defaults).
+	MaxRequestStateBytes int64 `json:"max_request_state_bytes"`
 	// MaxMappedSegments bounds the engine segments mapped on this node at
 	// once, so registrations cannot exhaust the process's map count
 	// (vm.max_map_count, 65530 by default) for everyone.
@@ -264,9 +269,13 @@ func DefaultConfig() Config {
 		KVEventsLinger:     time.Millisecond,
 		LoadWait:           2 * time.Second,
 		// isolation: bounds an 8-GPU host never reaches.
-		MaxEngines:        256,
-		MaxRequests:       1 << 16,
-		MaxMappedSegments: 4096,
+		MaxEngines:  256,
+		MaxRequests: 1 << 16,
+		// 1 GiB: 1,024 requests of 128k tokens with a 32-byte hash every 16
+		// tokens and one group hold about half of it (their lists may reach
+		// twice what they use as they double).
+		MaxRequestStateBytes: 1 << 30,
+		MaxMappedSegments:    4096,
 		// 4 TiB: more than the RAM of any host this runs on (a segment that is
 		// used is backed by tmpfs, i.e. RAM or swap, so honest engines never
 		// come near it), and 1/32 of x86-64's 128 TiB of user address space,
@@ -331,6 +340,7 @@ func (c Config) withDefaults() Config {
 	c.Limits = c.Limits.WithDefaults()
 	orDefault(&c.MaxEngines, d.MaxEngines)
 	orDefault(&c.MaxRequests, d.MaxRequests)
+	orDefault(&c.MaxRequestStateBytes, d.MaxRequestStateBytes)
 	orDefault(&c.MaxMappedSegments, d.MaxMappedSegments)
 	orDefault(&c.MaxMappedBytes, d.MaxMappedBytes)
 	orDefault(&c.MaxModelLen, d.MaxModelLen)
@@ -431,6 +441,8 @@ func (c Config) Validate() error {
 		return fmt.Errorf("%w: --max-engines %d: want >= 1 (0: the default)", ErrConfig, c.MaxEngines)
 	case c.MaxRequests < 1:
 		return fmt.Errorf("%w: --max-requests %d: want >= 1 (0: the default)", ErrConfig, c.MaxRequests)
+	case c.MaxRequestStateBytes < 1:
+		return fmt.Errorf("%w: --max-request-state-bytes %d: want >= 1 (0: the default)", ErrConfig, c.MaxRequestStateBytes)
 	case c.MaxMappedSegments < 1:
 		return fmt.Errorf("%w: --max-mapped-segments %d: want >= 1 (0: the default)", ErrConfig, c.MaxMappedSegments)
 	case c.MaxMappedBytes < 1:

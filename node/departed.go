@@ -55,6 +55,7 @@ func (n *Node) forgetOldestDeparted() bool {
 		delete(n.cleared, old.id)
 		delete(n.releases, old.id)
 		delete(n.epochs, old.id)
+		delete(n.stateBudgets, old.id) // none of its requests is left: it holds nothing
 		n.forgetNamespaces(old.id)
 		return true
 	}

@@ -47,14 +47,15 @@ func TestIDsLongGoneAreForgotten(t *testing.T) {
 		require.NoError(t, err)
 		require.Contains(t, string(reply.Data), `"ok":true`)
 	}
-	sizes := func() (int, int, int) {
+	sizes := func() (int, int, int, int) {
 		n.mu.Lock()
 		defer n.mu.Unlock()
-		return len(n.cleared), len(n.releases), len(n.epochs)
+		return len(n.cleared), len(n.releases), len(n.epochs), len(n.stateBudgets)
 	}
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if c, r, e := sizes(); c > keep || r > keep || e > keep {
-			return fmt.Errorf("after %d ids came and went, the node keeps cleared %d, releases %d, epochs %d; bound %d", ids, c, r, e, keep)
+		if c, r, e, b := sizes(); c > keep || r > keep || e > keep || b > keep {
+			return fmt.Errorf("after %d ids came and went, the node keeps cleared %d, releases %d, epochs %d, state budgets %d; bound %d",
+				ids, c, r, e, b, keep)
 		}
 		return nil
 	})
@@ -68,7 +69,7 @@ func TestIDsLongGoneAreForgotten(t *testing.T) {
 	register("pod0", "kv2") // forgotten: a new id again
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	require.True(t, n.cleared["pod0"] && n.releases["pod0"] != nil && n.epochs["pod0"] != nil)
+	require.True(t, n.cleared["pod0"] && n.releases["pod0"] != nil && n.epochs["pod0"] != nil && n.stateBudgets["pod0"] != nil)
 }
 
 // A few ids leaving again and again keep the departure queue within twice

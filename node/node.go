@@ -110,7 +110,14 @@ type Node struct {
 	// actors began (engine.Deps.Epochs): a re-register's actor takes them
 	// in, so a late message of its predecessor's epoch is not a new one.
 	epochs map[string]*engine.EpochTrail
-	// departed forgets cleared, releases and epochs of ids long gone.
+	// stateBudgets bounds, per engine id for the whole boot, the bytes of
+	// hashes and block ids its live requests hold (--max-request-state-bytes),
+	// across its actors: a re-register's requests share it with those its
+	// predecessor still holds. requestState is every budget's total.
+	stateBudgets map[string]*sched.StateBudget
+	requestState atomic.Int64
+	// departed forgets cleared, releases, epochs and stateBudgets of ids
+	// long gone.
 	departed departed
 	nss      namespaces // isolation: namespace ids and geometry
 	mapped   int        // isolation: engine segments mapped now
@@ -161,7 +168,8 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	cfg = cfg.withDefaults()
 	n := &Node{cfg: cfg, log: cfg.Log, engines: map[string]*engineRec{}, cleared: map[string]bool{},
 		statusSlots: make(chan struct{}, maxStatusGathers),
-		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, epochs: map[string]*engine.EpochTrail{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
+		releases:    map[string]*actors.Releases{}, ending: map[string][]<-chan struct{}{}, epochs: map[string]*engine.EpochTrail{},
+		stateBudgets: map[string]*sched.StateBudget{}, boot: newBoot(), now: cfg.now, loadWaitStop: make(chan struct{})}
 	n.departed.keep = departedKeep(cfg.MaxEngines)
 	if n.now == nil {
 		n.now = time.Now
@@ -178,7 +186,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.metrics = metrics.New(cfg.Registry)
 	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
-	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow)
+	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow, n.requestState.Load)
 	metrics.RegisterIntakeDrops(cfg.Registry, n.intakeDropped)
 	defer func() {
 		if err != nil {

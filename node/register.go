@@ -255,6 +255,7 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 		n.retire(old)
 		n.leaving(old)
 	}
+	lay.Budget = n.stateBudget(id)
 	rel := n.releases[id]
 	if rel == nil {
 		rel = actors.NewReleases(n.outbox, id)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // leaving notes that rec's actor no longer serves its engine but may still
@@ -59,6 +60,17 @@ func (n *Node) epochTrail(id string) *engine.EpochTrail {
 		n.epochs[id] = t
 	}
 	return t
+}
+
+// stateBudget is engine id's --max-request-state-bytes budget, one for
+// the boot (Node.stateBudgets). Caller holds n.mu.
+func (n *Node) stateBudget(id string) *sched.StateBudget {
+	b := n.stateBudgets[id]
+	if b == nil {
+		b = sched.NewStateBudget(n.cfg.MaxRequestStateBytes, &n.requestState)
+		n.stateBudgets[id] = b
+	}
+	return b
 }
 
 // retire tells an engine actor to reset every request and stop; its device

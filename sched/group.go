@@ -130,7 +130,7 @@ func (g *group) storable(gl *GroupLayout, c messages.ChunkIndex, bpc int) bool {
 
 // chunkIDs is chunk c's block ids (nulls included), aliasing the group's
 // own: a store job reads them while its copy runs, and nothing writes them
-// after. An id once known is never changed (applyBlocks refuses a
+// after. An id once known is never changed (checkBlocks refuses a
 // conflict and only appends past the end, which the slice's capacity
 // excludes), and clearBlocks moves the group to a fresh array.
 func (g *group) chunkIDs(c messages.ChunkIndex, bpc int) []messages.BlockID {
@@ -178,10 +178,10 @@ func (g *group) decided(rd messages.ChunkIndex) {
 	}
 }
 
-// applyBlocks appends ids at start: the overlap must agree, a start past the
-// known length is a hole. It validates before mutating. presize is the
-// capacity its first append reserves (Request.promptUnits).
-func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks, presize int) error {
+// checkBlocks validates ids at start before anything changes: the overlap
+// must agree, a start past the known length is a hole, and every id is
+// below numBlocks (Request.applyBlocks appends them).
+func (g *group) checkBlocks(start int, ids []messages.BlockID, numBlocks int) error {
 	n := len(g.blocks)
 	if start > n {
 		return ErrHole
@@ -193,12 +193,6 @@ func (g *group) applyBlocks(start int, ids []messages.BlockID, numBlocks, presiz
 		if start+i < n && g.blocks[start+i] != id {
 			return ErrConflict
 		}
-	}
-	if end := start + len(ids); end > n {
-		if g.blocks == nil { // the first ids, or the first since clearBlocks
-			g.blocks = make([]messages.BlockID, 0, max(end, presize))
-		}
-		g.blocks = append(g.blocks, ids[n-start:]...)
 	}
 	return nil
 }

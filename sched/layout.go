@@ -57,6 +57,10 @@ type Layout struct {
 	// MaxHashes bounds a request's hashes: ceil(max_model_len / tph)
 	// (PROTOCOL.md "Isolation", bounds).
 	MaxHashes int
+	// Budget, when set, bounds the bytes of hashes and block ids the
+	// engine's live requests hold together; the node sets it, one per
+	// engine id shared by its registers (nil: only each request's bounds).
+	Budget *StateBudget
 }
 
 // ErrBadLayout wraps every reason NewLayout rejects a spec.

@@ -74,6 +74,7 @@ func (r *Request) becomeFinishing(ev *messages.Event) {
 // were built from (buildJob), and a copy may still be reading them.
 func (r *Request) clearBlocks() {
 	for i := range r.groups {
+		r.uncharge(int64(cap(r.groups[i].blocks)) * blockIDBytes)
 		r.groups[i].blocks = nil
 	}
 }

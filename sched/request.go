@@ -3,6 +3,7 @@ package sched
 import (
 	"fmt"
 	"math"
+	"strings"
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
@@ -48,6 +49,9 @@ type Request struct {
 	cancelOwed bool
 	// held: no release goes out until Unhold (see Hold).
 	held bool
+	// charged is what the request holds of its layout's StateBudget
+	// (budget.go).
+	charged int64
 }
 
 type candidate struct {
@@ -148,12 +152,7 @@ func (r *Request) Step(ev *messages.Event) error {
 		if len(ev.IDs) > most-ev.Start {
 			return fmt.Errorf("%w: group %d: %d block ids from %d, at most %d in all", ErrTooLarge, ev.Group, len(ev.IDs), ev.Start, most)
 		}
-		g := &r.groups[ev.Group]
-		presize := 0
-		if g.blocks == nil { // only the first append reserves
-			presize = r.promptUnits(r.lay.Groups[ev.Group].TokensPerBlock, most)
-		}
-		return g.applyBlocks(ev.Start, ev.IDs, r.lay.NumGPUBlocks, presize)
+		return r.applyBlocks(ev.Group, ev.Start, ev.IDs)
 	case messages.EvTokens:
 		if r.phase != Finishing { // the finished event's T is final
 			r.computed, r.total = ev.Computed, ev.Total
@@ -188,12 +187,77 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 			return ErrConflict
 		}
 	}
-	if end := start + len(hs); end > n {
-		if r.hashes == nil { // the first hashes: room for the prompt's
-			r.hashes = make([]messages.Hash, 0, max(end, r.promptUnits(r.lay.TokensPerHash, r.lay.MaxHashes)))
-		}
-		r.hashes = append(r.hashes, hs[n-start:]...)
+	end := start + len(hs)
+	if end <= n {
+		return nil
 	}
+	add := hs[n-start:]
+	var bytes int64
+	for _, h := range add {
+		bytes += int64(len(h))
+	}
+	grown := cap(r.hashes)
+	if end > grown { // the first hashes reserve room for the prompt's
+		grown = grownCap(cap(r.hashes), end, r.promptUnits(r.lay.TokensPerHash, r.lay.MaxHashes), r.lay.MaxHashes, r.hashes == nil)
+	}
+	if err := r.charge(bytes + int64(grown-cap(r.hashes))*hashHeaderBytes); err != nil {
+		return err
+	}
+	if grown > cap(r.hashes) {
+		r.hashes = append(make([]messages.Hash, 0, grown), r.hashes...)
+	}
+	if n > start {
+		// The event's hashes share one string (ingest): kept as they are,
+		// the ones this request already had would stay reachable through
+		// the new ones, uncharged. An engine resending a long overlap with
+		// one new hash at a time would pin a batch's worth per hash.
+		r.hashes = appendOwnHashes(r.hashes, add, bytes)
+		return nil
+	}
+	r.hashes = append(r.hashes, add...)
+	return nil
+}
+
+// appendOwnHashes appends hs to dst as substrings of one new string of
+// their bytes (size in all), so dst keeps nothing else of theirs.
+func appendOwnHashes(dst, hs []messages.Hash, size int64) []messages.Hash {
+	var b strings.Builder
+	b.Grow(int(size))
+	for _, h := range hs {
+		b.WriteString(string(h))
+	}
+	all, off := b.String(), 0
+	for _, h := range hs {
+		dst = append(dst, messages.Hash(all[off:off+len(h)]))
+		off += len(h)
+	}
+	return dst
+}
+
+// applyBlocks appends ids to group gi's block ids at start (group.checkBlocks
+// says what may), charging the list's growth.
+func (r *Request) applyBlocks(gi, start int, ids []messages.BlockID) error {
+	g := &r.groups[gi]
+	n := len(g.blocks)
+	if err := g.checkBlocks(start, ids, r.lay.NumGPUBlocks); err != nil {
+		return err
+	}
+	end := start + len(ids)
+	if end <= n {
+		return nil
+	}
+	if c := cap(g.blocks); end > c {
+		// The ids go to a fresh array, never over the old one: a store
+		// job's chunks alias the ids they were built from (buildJob). The
+		// first append reserves the prompt's.
+		most := r.lay.Groups[gi].MaxBlocks
+		grown := grownCap(c, end, r.promptUnits(r.lay.Groups[gi].TokensPerBlock, most), most, g.blocks == nil)
+		if err := r.charge(int64(grown-c) * blockIDBytes); err != nil {
+			return err
+		}
+		g.blocks = append(make([]messages.BlockID, 0, grown), g.blocks...)
+	}
+	g.blocks = append(g.blocks, ids[n-start:]...)
 	return nil
 }
 

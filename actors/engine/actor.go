@@ -461,6 +461,9 @@ func (a *Actor) forward(c actor.Context, m *Batch) (handed bool) {
 func (a *Actor) status(c actor.Context, m *StatusQuery) {
 	st := Status{Engine: a.deps.Engine, Epoch: a.seq.Epoch(), Seq: a.seq.Applied(), Resyncing: a.seq.Resyncing(),
 		IdleActors: a.spawner.Idle()}
+	if l := a.deps.Request.Layout; l != nil {
+		st.RequestStateBytes, st.RequestStateLimit = l.Budget.Held(), l.Budget.Limit()
+	}
 	pids := make([]*actor.PID, 0, len(a.live))
 	for _, e := range a.live {
 		if !e.failed { // stopped: it would not answer

@@ -123,4 +123,9 @@ type Status struct {
 	// IdleActors are released request actors kept for the engine's next
 	// requests (request.Spawner).
 	IdleActors int `json:"idle_actors,omitempty"`
+	// RequestStateBytes is what the engine's live requests hold of their
+	// hashes and block ids (sched.StateBudget), its actors' before a
+	// re-register included; RequestStateLimit bounds it.
+	RequestStateBytes int64 `json:"request_state_bytes"`
+	RequestStateLimit int64 `json:"request_state_limit,omitempty"`
 }

@@ -185,6 +185,7 @@ func (a *Actor) Receive(c actor.Context) {
 		// settles the count then; lowered here, a shutdown count taken before
 		// the engine handles the stop would miss it.
 		if !a.isDone() {
+			a.state.Forget()
 			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
 			if a.deps.Owed != nil && a.releasing == nil {
@@ -389,6 +390,7 @@ func (a *Actor) perform(c actor.Context, eff sched.Effects, arrived time.Time) {
 		// An idle actor keeps no request state (a long prompt's hashes and
 		// block ids, a recorded span and its batch's context): only its id,
 		// for a status gather that asked late.
+		a.state.Forget() // its hashes and block ids go with it: the engine's budget has them back
 		a.released, a.lastJob, a.state = a.state.ID(), a.state.LastJob(), nil
 		a.stopWaiting() // its wake-ups still queued are stale: they pass their turn on
 		a.span, a.ctx = noSpan, context.Background()

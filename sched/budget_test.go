@@ -1,0 +1,212 @@
+package sched
+
+import (
+	"errors"
+	"math/rand/v2"
+	"reflect"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/quick"
+	"unsafe"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/messages"
+)
+
+// footprint is what r keeps reachable of its hashes and block ids: the
+// lists' capacity and the hashes' bytes. Its charge must equal it.
+func footprint(r *Request) int64 {
+	n := int64(cap(r.hashes)) * hashHeaderBytes
+	for _, h := range r.hashes {
+		n += int64(len(h))
+	}
+	for i := range r.groups {
+		n += int64(cap(r.groups[i].blocks)) * blockIDBytes
+	}
+	return n
+}
+
+func budgetLayout(t testing.TB, limit int64, node *atomic.Int64) *Layout {
+	s := spec(16, 2, full(16), swa(16, 64))
+	s.NumGPUBlocks = 1 << 16
+	lay := mustLayout(t, s)
+	lay.Budget = NewStateBudget(limit, node)
+	return lay
+}
+
+// TestStateBudgetBoundsAnEnginesRequests: past the budget an event that
+// would grow a request's lists is rejected "limit" and changes nothing;
+// what a request gives back (Forget, a preemption's cleared block ids) is
+// taken again by the next.
+func TestStateBudgetBoundsAnEnginesRequests(t *testing.T) {
+	var node atomic.Int64
+	lay := budgetLayout(t, 4096, &node)
+	b := lay.Budget
+	var reqs []*Request
+	var refused error
+	for i := 0; refused == nil; i++ {
+		require.Less(t, i, 100, "never refused")
+		r := NewRequest(lay, added(0))
+		reqs = append(reqs, r)
+		for j := 0; j < 8 && refused == nil; j++ {
+			before := r.Snapshot()
+			charged := r.StateBytes()
+			refused = r.Step(hashes(j*4, 4))
+			if refused != nil {
+				require.Equal(t, before, r.Snapshot(), "a refused event changes nothing")
+				require.Equal(t, charged, r.StateBytes())
+				break
+			}
+			refused = r.Step(blocks(0, j*4, seq(j*4, 4)...))
+		}
+		require.Equal(t, footprint(r), r.StateBytes())
+	}
+	require.ErrorIs(t, refused, ErrStateBudget)
+	require.Equal(t, messages.RejectLimit, messages.RejectLabel(refused))
+	var sum int64
+	for _, r := range reqs {
+		sum += r.StateBytes()
+	}
+	require.Equal(t, sum, b.Held())
+	require.Equal(t, sum, node.Load())
+	require.LessOrEqual(t, b.Held(), int64(4096))
+
+	// A preemption clears the block ids: their bytes come back.
+	last := reqs[len(reqs)-1]
+	first := reqs[0]
+	require.NoError(t, first.Step(preempted()))
+	require.NoError(t, first.Step(resumed()))
+	require.Equal(t, footprint(first), first.StateBytes())
+	held := b.Held()
+	require.Less(t, held, sum)
+
+	// Released: all of it comes back, and the refused request goes on.
+	for _, r := range reqs[:len(reqs)-1] {
+		r.Forget()
+	}
+	require.Equal(t, last.StateBytes(), b.Held())
+	require.NoError(t, last.Step(hashes(len(last.hashes), 4)))
+	last.Forget()
+	require.Zero(t, b.Held())
+	require.Zero(t, node.Load())
+}
+
+// TestOverlappingHashesDoNotPinTheEventsString: an event's hashes share
+// one string (ingest); a request that keeps only the new ones of an
+// overlapping event must not keep the rest reachable through them.
+func TestOverlappingHashesDoNotPinTheEventsString(t *testing.T) {
+	lay := budgetLayout(t, 0, nil)
+	r := NewRequest(lay, added(0))
+	const n, size = 100, 32
+	raw := strings.Repeat("x", n*size) // one event's bytes, as ingest makes them
+	hs := make([]messages.Hash, n)
+	for i := range hs {
+		hs[i] = messages.Hash(raw[i*size : (i+1)*size])
+	}
+	require.NoError(t, r.Step(hashList(0, hs[:n-1]...)))
+	require.NoError(t, r.Step(hashList(0, hs...))) // one new hash at the end
+	lo := uintptr(unsafe.Pointer(unsafe.StringData(raw)))
+	p := uintptr(unsafe.Pointer(unsafe.StringData(string(r.hashes[n-1]))))
+	require.False(t, p >= lo && p < lo+uintptr(len(raw)), "the new hash points into the event's string")
+	require.Equal(t, hs[n-1], r.hashes[n-1])
+	require.Equal(t, footprint(r), r.StateBytes())
+}
+
+// TestStateChargeQuickCheck: under random events of several requests
+// sharing one budget, every request's charge is its footprint, the budget
+// holds their sum and never more than its limit, a refused event changes
+// nothing, and Forget gives everything back.
+func TestStateChargeQuickCheck(t *testing.T) {
+	f := func(seed uint64, limitKiB uint8) bool {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		limit := int64(limitKiB) * 256 // 0 (none) to ~64 KiB
+		lay := budgetLayout(t, limit, nil)
+		reqs := make([]*Request, 3)
+		for i := range reqs {
+			reqs[i] = NewRequest(lay, added(rng.IntN(256)))
+		}
+		for range 200 {
+			r := reqs[rng.IntN(len(reqs))]
+			var ev *messages.Event
+			switch rng.IntN(6) {
+			case 0, 1:
+				start := max(0, len(r.hashes)-rng.IntN(4))
+				k := 1 + rng.IntN(40)
+				raw := strings.Repeat("h", k*(1+rng.IntN(64)))
+				size := len(raw) / k
+				hs := make([]messages.Hash, k)
+				for i := range hs { // one string per event, as ingest makes them
+					hs[i] = messages.Hash(raw[i*size : (i+1)*size])
+				}
+				copy(hs, r.hashes[start:]) // the overlap agrees
+				ev = hashList(start, hs...)
+			case 2, 3:
+				g := rng.IntN(len(r.groups))
+				start := max(0, len(r.groups[g].blocks)-rng.IntN(3))
+				ids := seq(start, 1+rng.IntN(80))
+				ev = blocks(g, start, ids...)
+			case 4:
+				ev = preempted()
+			case 5:
+				ev = resumed()
+			}
+			before, charged := r.Snapshot(), r.StateBytes()
+			if err := r.Step(ev); err != nil {
+				if !errors.Is(err, ErrStateBudget) && !errors.Is(err, ErrPreempted) && !errors.Is(err, ErrTooLarge) {
+					t.Logf("unexpected %v", err)
+					return false
+				}
+				if r.StateBytes() != charged || !snapshotsEqual(before, r.Snapshot()) {
+					return false
+				}
+			}
+			var sum int64
+			for _, q := range reqs {
+				if q.StateBytes() != footprint(q) {
+					t.Logf("charged %d, footprint %d", q.StateBytes(), footprint(q))
+					return false
+				}
+				sum += q.StateBytes()
+			}
+			if sum != lay.Budget.Held() || (limit > 0 && sum > limit) {
+				return false
+			}
+		}
+		for _, q := range reqs {
+			q.Forget()
+		}
+		return lay.Budget.Held() == 0
+	}
+	require.NoError(t, quick.Check(f, &quick.Config{MaxCount: 300}))
+}
+
+func snapshotsEqual(a, b RequestSnapshot) bool { return reflect.DeepEqual(a, b) }
+
+// TestStateBudgetConcurrentTakesNeverPassTheLimit: requests on their own
+// goroutines share a budget (one per engine).
+func TestStateBudgetConcurrentTakesNeverPassTheLimit(t *testing.T) {
+	const limit = 1 << 16
+	b := NewStateBudget(limit, nil)
+	var wg sync.WaitGroup
+	var over atomic.Bool
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range 2000 {
+				if b.take(100) {
+					if b.Held() > limit {
+						over.Store(true)
+					}
+					b.give(100)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	require.False(t, over.Load())
+	require.Zero(t, b.Held())
+}
