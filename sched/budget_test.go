@@ -25,6 +25,11 @@ func footprint(r *Request) int64 {
 	}
 	for i := range r.groups {
 		n += int64(cap(r.groups[i].blocks)) * blockIDBytes
+		keys := r.groups[i].cachedKeys()
+		n += int64(cap(keys)) * hashHeaderBytes
+		for _, k := range keys {
+			n += int64(len(k))
+		}
 	}
 	return n
 }
@@ -209,4 +214,70 @@ func TestStateBudgetConcurrentTakesNeverPassTheLimit(t *testing.T) {
 	wg.Wait()
 	require.False(t, over.Load())
 	require.Zero(t, b.Held())
+}
+
+// TestCachedKeysAreCharged: a decision the pool has no room for caches its
+// keys (one per group per chunk, more than the hashes they come from), and
+// they are charged; past the budget none are cached, and the request
+// stores the same chunks once there is room.
+func TestCachedKeysAreCharged(t *testing.T) {
+	for _, limit := range []int64{0, 150} {
+		lay := layout(t, 4, 1, full(4), full(4))
+		lay.Budget = NewStateBudget(limit, nil)
+		h := newHarness(t, lay, 4, added(16)) // 4 chunks: two per group
+		h.step(hashes(0, 4), blocks(0, 0, seq(1, 4)...), blocks(1, 0, seq(11, 4)...), tokens(8, 8))
+		first := h.advance()
+		require.NotNil(t, first.Job)
+		require.Len(t, first.Job.Chunks, 4)
+		base := h.req.StateBytes()
+		h.step(tokens(16, 16))
+		e := h.advance() // the pool is full of the first job's pending chunks
+		require.Nil(t, e.Job)
+		require.NotNil(t, e.Retry)
+		cached := len(h.req.groups[0].cachedKeys()) + len(h.req.groups[1].cachedKeys())
+		if limit == 0 {
+			require.Equal(t, 4, cached, "chunks 2 and 3 of each group")
+			require.Greater(t, h.req.StateBytes(), base)
+		} else {
+			require.Less(t, cached, 4, "the budget took no more")
+		}
+		require.Equal(t, footprint(h.req), h.req.StateBytes())
+		if limit > 0 {
+			require.LessOrEqual(t, lay.Budget.Held(), limit)
+		}
+		// Room again: the same chunks are stored, the cache given back.
+		for id := range h.jobs {
+			h.done(id, true)
+		}
+		h.advance() // the retry's decision
+		require.NotEmpty(t, h.jobs, "the waiting chunks' job")
+		for id := range h.jobs {
+			h.done(id, true)
+		}
+		require.Equal(t, 2, h.stored["0/2"]+h.stored["0/3"])
+		require.Equal(t, 2, h.stored["1/2"]+h.stored["1/3"])
+		require.Equal(t, base, h.req.StateBytes(), "no key cached any more")
+		require.Equal(t, footprint(h.req), h.req.StateBytes())
+		h.req.Forget()
+		require.Zero(t, lay.Budget.Held())
+	}
+}
+
+// TestAGivenUpRequestGivesItsCachedKeysBack: a finished request that
+// never finds room gives its waiting chunks up, and their cached keys'
+// charge with them.
+func TestAGivenUpRequestGivesItsCachedKeysBack(t *testing.T) {
+	lay := layout(t, 4, 1, full(4))
+	lay.Budget = NewStateBudget(0, nil)
+	h := newHarness(t, lay, 2, added(16))
+	h.step(hashes(0, 4), blocks(0, 0, seq(1, 4)...), tokens(8, 8))
+	require.NotNil(t, h.advance().Job)
+	h.step(finished(16, 16))
+	require.Nil(t, h.advance().Job) // the pool is full of the first job's pending chunks
+	require.NotEmpty(t, h.req.groups[0].cachedKeys())
+	for i := 0; len(h.req.groups[0].cachedKeys()) > 0; i++ {
+		require.LessOrEqual(t, i, FinishRetryLimit, "never gave up")
+		h.advance()
+	}
+	require.Equal(t, footprint(h.req), h.req.StateBytes())
 }

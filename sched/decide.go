@@ -86,7 +86,7 @@ func (r *Request) decideOnce(p Preparer, e *Effects) (more bool) {
 		// nothing: what the rest does with no keys, without its scratch.
 		r.poolFails, r.pendFails = 0, 0
 		for g := range r.groups {
-			r.groups[g].decided(readies[g])
+			r.decided(g, readies[g])
 		}
 		return false
 	}
@@ -128,7 +128,7 @@ func (r *Request) decideOnce(p Preparer, e *Effects) (more bool) {
 				return c < readies[g]
 			})
 		}
-		gr.decided(readies[g])
+		r.decided(g, readies[g])
 	}
 	e.Evicted = len(prep.Evicted)
 	e.Deduped += len(keys) - len(prep.Keys) - len(prep.Pending)
@@ -310,11 +310,44 @@ func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies 
 }
 
 // cacheKeys keeps the keys candidateKeys built past each group's cache, for
-// a decision the pool had no room for.
+// a decision the pool had no room for. The cache is charged to the
+// engine's StateBudget like the request's lists (a decision may offer a
+// key per group for every chunk the pool holds: more than the hashes and
+// ids it was built from); a group whose keys the budget cannot take
+// caches none, and its next decision builds them again.
 func (r *Request) cacheKeys(sc *scratch) {
 	for g := range r.groups {
-		r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]])
+		keys := sc.built[sc.starts[g]:sc.starts[g+1]]
+		if len(keys) == 0 {
+			continue
+		}
+		old := r.groups[g].cachedKeys()
+		cost := int64(len(keys)) * hashHeaderBytes // a Key's header, as a Hash's
+		for _, k := range keys {
+			cost += int64(len(k))
+		}
+		if r.charge(cost-int64(cap(old)-len(old))*hashHeaderBytes) != nil {
+			continue
+		}
+		r.groups[g].cacheKeys(keys)
 	}
+}
+
+// decided moves group g's cursor to rd (group.decided), giving back its
+// cached keys' charge: they are below the cursor now.
+func (r *Request) decided(g int, rd messages.ChunkIndex) {
+	r.uncharge(keysCost(r.groups[g].cachedKeys()))
+	r.groups[g].decided(rd)
+}
+
+// keysCost is what a key cache is charged: its capacity's headers and its
+// keys' bytes.
+func keysCost(keys []messages.Key) int64 {
+	n := int64(cap(keys)) * hashHeaderBytes
+	for _, k := range keys {
+		n += int64(len(k))
+	}
+	return n
 }
 
 // appendKeys builds the pool keys of cands in one allocation: the keys are

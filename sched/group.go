@@ -161,7 +161,9 @@ func (g *group) cacheKeys(keys []messages.Key) {
 		return
 	}
 	r := g.retryState()
-	r.keys = append(r.keys, keys...)
+	// Exactly as long as it holds: its capacity is what is charged for it
+	// (Request.cacheKeys), and it is extended seldom.
+	r.keys = append(append(make([]messages.Key, 0, len(r.keys)+len(keys)), r.keys...), keys...)
 }
 
 // decided follows a decision that moved the cursor to it: redo chunks below

@@ -357,6 +357,7 @@ func (r *Request) giveUp() int {
 			dropped++
 		}
 		gr.cursor = max(gr.cursor, rd)
+		r.uncharge(keysCost(gr.cachedKeys()))
 		gr.retry = nil
 	}
 	return dropped
