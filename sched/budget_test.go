@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -280,4 +281,77 @@ func TestAGivenUpRequestGivesItsCachedKeysBack(t *testing.T) {
 		h.advance()
 	}
 	require.Equal(t, footprint(h.req), h.req.StateBytes())
+}
+
+// refusingPool has no room for anything: every decision fails. It keeps
+// the keys it was last offered.
+type refusingPool struct{ offered []messages.Key }
+
+func (p *refusingPool) PrepareStoreInto(_ *hostpool.Prepared, keys []messages.Key, _ []int64) error {
+	p.offered = append(p.offered[:0], keys...)
+	return hostpool.ErrNoRoom
+}
+
+// within reports whether s's bytes lie in the span of keys' bytes.
+func within(s messages.Key, keys []messages.Key) bool {
+	p := uintptr(unsafe.Pointer(unsafe.StringData(string(s))))
+	for _, k := range keys {
+		lo := uintptr(unsafe.Pointer(unsafe.StringData(string(k))))
+		if p >= lo && p < lo+uintptr(len(k)) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestCachedKeysDoNotPinKeysNotCached: a decision's new keys share one
+// string (appendKeys). Those a group caches must not keep the rest of it
+// reachable when the rest is not cached (a group's keys the budget
+// refused, a redo chunk's): uncharged, one group's key cached per decision
+// would pin another group's whole backlog of keys each time.
+func TestCachedKeysDoNotPinKeysNotCached(t *testing.T) {
+	s := spec(4, 1, full(4), full(4))
+	s.NumGPUBlocks = 1024
+	t.Run("a group refused", func(t *testing.T) {
+		lay := mustLayout(t, s)
+		lay.Budget = NewStateBudget(0, nil)
+		r := NewRequest(lay, added(256))
+		require.NoError(t, r.Step(hashes(0, 64)))
+		require.NoError(t, r.Step(blocks(0, 0, 1)))             // group 0: one chunk ready
+		require.NoError(t, r.Step(blocks(1, 0, seq(1, 64)...))) // group 1: 64
+		require.NoError(t, r.Step(tokens(256, 256)))
+		lay.Budget.limit = lay.Budget.Held() + 64 // one key, not 64
+		p := &refusingPool{}
+		require.NotNil(t, r.Advance(p).Retry)
+		require.Len(t, p.offered, 65)
+		cached := r.groups[0].cachedKeys()
+		require.Equal(t, []messages.Key{key(0, 0, 1)}, cached)
+		require.Empty(t, r.groups[1].cachedKeys())
+		require.False(t, within(cached[0], p.offered), "the cached key points into the decision's string, with group 1's keys")
+		require.Equal(t, footprint(r), r.StateBytes())
+	})
+	t.Run("a redo chunk", func(t *testing.T) {
+		lay := mustLayout(t, s)
+		lay.Budget = NewStateBudget(0, nil)
+		r := NewRequest(lay, added(256))
+		require.NoError(t, r.Step(hashes(0, 64)))
+		require.NoError(t, r.Step(blocks(0, 0, seq(1, 8)...)))
+		require.NoError(t, r.Step(blocks(1, 0, seq(101, 8)...)))
+		require.NoError(t, r.Step(tokens(4, 256)))
+		job := r.Advance(poolOf(lay, 16)).Job // chunk 0 of each group
+		require.NotNil(t, job)
+		r.JobDone(job.ID, false, false) // both to redo
+		require.NoError(t, r.Step(tokens(32, 256)))
+		p := &refusingPool{}
+		require.NotNil(t, r.Advance(p).Retry)
+		require.Len(t, p.offered, 16, "two redo chunks and 7 new ones a group")
+		for g := range 2 {
+			cached := r.groups[g].cachedKeys()
+			require.Len(t, cached, 7)
+			for _, k := range cached {
+				require.False(t, within(k, p.offered), "a cached key points into the decision's string, with the redo chunks' keys")
+			}
+		}
+		require.Equal(t, footprint(r), r.StateBytes())
+	})
 }

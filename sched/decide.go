@@ -315,22 +315,51 @@ func (r *Request) candidateKeys(keys []messages.Key, cands []candidate, readies 
 // key per group for every chunk the pool holds: more than the hashes and
 // ids it was built from); a group whose keys the budget cannot take
 // caches none, and its next decision builds them again.
+//
+// A decision's new keys share one string (appendKeys): they are cached as
+// they are only if all of them are, charged together. Otherwise (a redo
+// chunk's key, a group the budget refused) each group caches its own
+// copy: kept as they were, a group's few keys would keep the rest
+// reachable, uncharged, each decision another group's whole backlog.
 func (r *Request) cacheKeys(sc *scratch) {
+	ng := len(r.groups)
+	if len(sc.built) == sc.starts[ng] { // no redo chunk's key among them
+		var cost int64
+		for g := range r.groups {
+			cost += r.keysCharge(g, sc.built[sc.starts[g]:sc.starts[g+1]])
+		}
+		if r.charge(cost) == nil {
+			for g := range r.groups {
+				r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]])
+			}
+			return
+		}
+	}
 	for g := range r.groups {
 		keys := sc.built[sc.starts[g]:sc.starts[g+1]]
-		if len(keys) == 0 {
+		if len(keys) == 0 || r.charge(r.keysCharge(g, keys)) != nil {
 			continue
 		}
-		old := r.groups[g].cachedKeys()
-		cost := int64(len(keys)) * hashHeaderBytes // a Key's header, as a Hash's
+		var size int64
 		for _, k := range keys {
-			cost += int64(len(k))
+			size += int64(len(k))
 		}
-		if r.charge(cost-int64(cap(old)-len(old))*hashHeaderBytes) != nil {
-			continue
-		}
-		r.groups[g].cacheKeys(keys)
+		r.groups[g].cacheKeys(appendOwn(nil, keys, size))
 	}
+}
+
+// keysCharge is what group g's key cache costs more with keys added to it
+// (group.cacheKeys: its capacity is its length).
+func (r *Request) keysCharge(g int, keys []messages.Key) int64 {
+	if len(keys) == 0 {
+		return 0
+	}
+	old := r.groups[g].cachedKeys()
+	cost := int64(len(keys)) * hashHeaderBytes // a Key's header, as a Hash's
+	for _, k := range keys {
+		cost += int64(len(k))
+	}
+	return cost - int64(cap(old)-len(old))*hashHeaderBytes
 }
 
 // decided moves group g's cursor to rd (group.decided), giving back its

@@ -211,25 +211,25 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 		// the ones this request already had would stay reachable through
 		// the new ones, uncharged. An engine resending a long overlap with
 		// one new hash at a time would pin a batch's worth per hash.
-		r.hashes = appendOwnHashes(r.hashes, add, bytes)
+		r.hashes = appendOwn(r.hashes, add, bytes)
 		return nil
 	}
 	r.hashes = append(r.hashes, add...)
 	return nil
 }
 
-// appendOwnHashes appends hs to dst as substrings of one new string of
-// their bytes (size in all), so dst keeps nothing else of theirs.
-func appendOwnHashes(dst, hs []messages.Hash, size int64) []messages.Hash {
+// appendOwn appends ss to dst as substrings of one new string of their
+// bytes (size in all), so dst keeps nothing else of theirs (hashes, keys).
+func appendOwn[S ~string](dst, ss []S, size int64) []S {
 	var b strings.Builder
 	b.Grow(int(size))
-	for _, h := range hs {
-		b.WriteString(string(h))
+	for _, s := range ss {
+		b.WriteString(string(s))
 	}
 	all, off := b.String(), 0
-	for _, h := range hs {
-		dst = append(dst, messages.Hash(all[off:off+len(h)]))
-		off += len(h)
+	for _, s := range ss {
+		dst = append(dst, S(all[off:off+len(s)]))
+		off += len(s)
 	}
 	return dst
 }
