@@ -150,7 +150,7 @@ func (c *Config) BindFlags(fs *flag.FlagSet) *Flags {
 	num(&c.MaxEngines, "max-engines", d.MaxEngines, "most engines registered on this node")
 	num(&c.MaxRequests, "max-requests", d.MaxRequests, "most live requests per engine")
 	size(&c.MaxRequestStateBytes, "max-request-state-bytes", d.MaxRequestStateBytes,
-		"most bytes of hashes and block ids one engine's live requests hold together (past it their growth and new requests are refused)")
+		"most bytes of hashes and block ids one engine's live requests hold together (past it an event that would grow them is refused)")
 	num(&c.MaxMappedSegments, "max-mapped-segments", d.MaxMappedSegments, "most engine segments mapped on this node")
 	size(&c.MaxMappedBytes, "max-mapped-bytes", d.MaxMappedBytes,
 		"most bytes of engine segments mapped on this node (each segment's span that its regions use, page-rounded)")
