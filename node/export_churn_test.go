@@ -93,7 +93,9 @@ func (n *Node) RequestFootprint() map[string]int {
 		f["ending_chans"] += len(chs)
 	}
 	f["departed_queue"] = len(n.departed.queue)
-	f["request_state_bytes"] = int(n.requestState.Load()) // of live requests: their hashes and block ids
+	for _, b := range n.stateBudgets {
+		f["request_state_bytes"] += int(b.Held()) // of live requests: their hashes, block ids and cached keys
+	}
 	for _, rec := range n.engines {
 		f["load_chunks"] += int(rec.loadChunks.Load()) // of loads in flight: none between cycles
 		f["copying_loads"] += int(rec.copyingLoads.Load())

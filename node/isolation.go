@@ -338,6 +338,19 @@ func (n *Node) mappedNow() int {
 	return n.mapped
 }
 
+// requestStateNow is what every engine's requests hold of their state
+// budgets: summed here, at scrape time, so that a charge touches only its
+// own engine's counter.
+func (n *Node) requestStateNow() int64 {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	var held int64
+	for _, b := range n.stateBudgets {
+		held += b.Held()
+	}
+	return held
+}
+
 func (n *Node) mappedBytesNow() int64 {
 	n.mu.Lock()
 	defer n.mu.Unlock()

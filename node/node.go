@@ -113,9 +113,8 @@ type Node struct {
 	// stateBudgets bounds, per engine id for the whole boot, the bytes of
 	// hashes and block ids its live requests hold (--max-request-state-bytes),
 	// across its actors: a re-register's requests share it with those its
-	// predecessor still holds. requestState is every budget's total.
+	// predecessor still holds.
 	stateBudgets map[string]*sched.StateBudget
-	requestState atomic.Int64
 	// departed forgets cleared, releases, epochs and stateBudgets of ids
 	// long gone.
 	departed departed
@@ -186,7 +185,7 @@ func Start(ctx context.Context, cfg Config) (_ *Node, err error) {
 	n.metrics = metrics.New(cfg.Registry)
 	n.metrics.Preset(knownLabels())
 	metrics.RegisterPool(cfg.Registry, n.poolStats)
-	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow, n.requestState.Load)
+	metrics.RegisterIsolation(cfg.Registry, n.mappedNow, n.namespacesNow, n.mappedBytesNow, n.requestStateNow)
 	metrics.RegisterIntakeDrops(cfg.Registry, n.intakeDropped)
 	defer func() {
 		if err != nil {

@@ -67,7 +67,7 @@ func (n *Node) epochTrail(id string) *engine.EpochTrail {
 func (n *Node) stateBudget(id string) *sched.StateBudget {
 	b := n.stateBudgets[id]
 	if b == nil {
-		b = sched.NewStateBudget(n.cfg.MaxRequestStateBytes, &n.requestState)
+		b = sched.NewStateBudget(n.cfg.MaxRequestStateBytes)
 		n.stateBudgets[id] = b
 	}
 	return b

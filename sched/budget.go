@@ -27,14 +27,12 @@ var ErrStateBudget = messages.NewRejection(messages.RejectLimit, "engine's reque
 type StateBudget struct {
 	limit int64
 	held  atomic.Int64
-	// node, when set, is the total every engine's budget holds (a metric).
-	node *atomic.Int64
 }
 
 // NewStateBudget returns a budget of limit bytes (≤ 0: no bound, only
-// counted) that adds what it holds to node as well (nil: not).
-func NewStateBudget(limit int64, node *atomic.Int64) *StateBudget {
-	return &StateBudget{limit: limit, node: node}
+// counted).
+func NewStateBudget(limit int64) *StateBudget {
+	return &StateBudget{limit: limit}
 }
 
 // Held is what the engine's requests hold now, in bytes.
@@ -68,9 +66,6 @@ func (b *StateBudget) take(n int64) bool {
 			break
 		}
 	}
-	if b.node != nil {
-		b.node.Add(n)
-	}
 	return true
 }
 
@@ -80,9 +75,6 @@ func (b *StateBudget) give(n int64) {
 		return
 	}
 	b.held.Add(-n)
-	if b.node != nil {
-		b.node.Add(-n)
-	}
 }
 
 // The heap a request's lists cost per element.
@@ -118,11 +110,17 @@ func (r *Request) uncharge(n int64) {
 }
 
 // grownCap is the capacity a list of capacity c, nil when fresh, takes to
-// hold end elements: first the presized room, then doubling, never past
-// most (a request's bound: room past it could never be used).
+// hold end elements: first the presized room, then as append grows (twice
+// below 256 elements, then by a quarter and 192 more), never past most (a
+// request's bound: room past it could never be used).
 func grownCap(c, end, presize, most int, fresh bool) int {
-	if fresh {
-		return min(max(end, presize), most)
+	switch {
+	case fresh:
+		c = max(end, presize)
+	case c < 256:
+		c = max(end, 2*c)
+	default:
+		c = max(end, c+(c+3*256)/4)
 	}
-	return min(max(end, 2*c), most)
+	return min(c, most)
 }

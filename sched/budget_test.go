@@ -35,11 +35,11 @@ func footprint(r *Request) int64 {
 	return n
 }
 
-func budgetLayout(t testing.TB, limit int64, node *atomic.Int64) *Layout {
+func budgetLayout(t testing.TB, limit int64) *Layout {
 	s := spec(16, 2, full(16), swa(16, 64))
 	s.NumGPUBlocks = 1 << 16
 	lay := mustLayout(t, s)
-	lay.Budget = NewStateBudget(limit, node)
+	lay.Budget = NewStateBudget(limit)
 	return lay
 }
 
@@ -48,8 +48,7 @@ func budgetLayout(t testing.TB, limit int64, node *atomic.Int64) *Layout {
 // what a request gives back (Forget, a preemption's cleared block ids) is
 // taken again by the next.
 func TestStateBudgetBoundsAnEnginesRequests(t *testing.T) {
-	var node atomic.Int64
-	lay := budgetLayout(t, 4096, &node)
+	lay := budgetLayout(t, 4096)
 	b := lay.Budget
 	var reqs []*Request
 	var refused error
@@ -77,7 +76,6 @@ func TestStateBudgetBoundsAnEnginesRequests(t *testing.T) {
 		sum += r.StateBytes()
 	}
 	require.Equal(t, sum, b.Held())
-	require.Equal(t, sum, node.Load())
 	require.LessOrEqual(t, b.Held(), int64(4096))
 
 	// A preemption clears the block ids: their bytes come back.
@@ -97,14 +95,13 @@ func TestStateBudgetBoundsAnEnginesRequests(t *testing.T) {
 	require.NoError(t, last.Step(hashes(len(last.hashes), 4)))
 	last.Forget()
 	require.Zero(t, b.Held())
-	require.Zero(t, node.Load())
 }
 
 // TestOverlappingHashesDoNotPinTheEventsString: an event's hashes share
 // one string (ingest); a request that keeps only the new ones of an
 // overlapping event must not keep the rest reachable through them.
 func TestOverlappingHashesDoNotPinTheEventsString(t *testing.T) {
-	lay := budgetLayout(t, 0, nil)
+	lay := budgetLayout(t, 0)
 	r := NewRequest(lay, added(0))
 	const n, size = 100, 32
 	raw := strings.Repeat("x", n*size) // one event's bytes, as ingest makes them
@@ -129,7 +126,7 @@ func TestStateChargeQuickCheck(t *testing.T) {
 	f := func(seed uint64, limitKiB uint8) bool {
 		rng := rand.New(rand.NewPCG(seed, 7))
 		limit := int64(limitKiB) * 256 // 0 (none) to ~64 KiB
-		lay := budgetLayout(t, limit, nil)
+		lay := budgetLayout(t, limit)
 		reqs := make([]*Request, 3)
 		for i := range reqs {
 			reqs[i] = NewRequest(lay, added(rng.IntN(256)))
@@ -195,7 +192,7 @@ func snapshotsEqual(a, b RequestSnapshot) bool { return reflect.DeepEqual(a, b) 
 // goroutines share a budget (one per engine).
 func TestStateBudgetConcurrentTakesNeverPassTheLimit(t *testing.T) {
 	const limit = 1 << 16
-	b := NewStateBudget(limit, nil)
+	b := NewStateBudget(limit)
 	var wg sync.WaitGroup
 	var over atomic.Bool
 	for range 8 {
@@ -224,7 +221,7 @@ func TestStateBudgetConcurrentTakesNeverPassTheLimit(t *testing.T) {
 func TestCachedKeysAreCharged(t *testing.T) {
 	for _, limit := range []int64{0, 150} {
 		lay := layout(t, 4, 1, full(4), full(4))
-		lay.Budget = NewStateBudget(limit, nil)
+		lay.Budget = NewStateBudget(limit)
 		h := newHarness(t, lay, 4, added(16)) // 4 chunks: two per group
 		h.step(hashes(0, 4), blocks(0, 0, seq(1, 4)...), blocks(1, 0, seq(11, 4)...), tokens(8, 8))
 		first := h.advance()
@@ -269,7 +266,7 @@ func TestCachedKeysAreCharged(t *testing.T) {
 // charge with them.
 func TestAGivenUpRequestGivesItsCachedKeysBack(t *testing.T) {
 	lay := layout(t, 4, 1, full(4))
-	lay.Budget = NewStateBudget(0, nil)
+	lay.Budget = NewStateBudget(0)
 	h := newHarness(t, lay, 2, added(16))
 	h.step(hashes(0, 4), blocks(0, 0, seq(1, 4)...), tokens(8, 8))
 	require.NotNil(t, h.advance().Job)
@@ -314,7 +311,7 @@ func TestCachedKeysDoNotPinKeysNotCached(t *testing.T) {
 	s.NumGPUBlocks = 1024
 	t.Run("a group refused", func(t *testing.T) {
 		lay := mustLayout(t, s)
-		lay.Budget = NewStateBudget(0, nil)
+		lay.Budget = NewStateBudget(0)
 		r := NewRequest(lay, added(256))
 		require.NoError(t, r.Step(hashes(0, 64)))
 		require.NoError(t, r.Step(blocks(0, 0, 1)))             // group 0: one chunk ready
@@ -332,7 +329,7 @@ func TestCachedKeysDoNotPinKeysNotCached(t *testing.T) {
 	})
 	t.Run("a redo chunk", func(t *testing.T) {
 		lay := mustLayout(t, s)
-		lay.Budget = NewStateBudget(0, nil)
+		lay.Budget = NewStateBudget(0)
 		r := NewRequest(lay, added(256))
 		require.NoError(t, r.Step(hashes(0, 64)))
 		require.NoError(t, r.Step(blocks(0, 0, seq(1, 8)...)))

@@ -175,6 +175,11 @@ func (a *Actor) Receive(c actor.Context) {
 		a.deps.Metrics.RequestsLive.Inc()
 	case *actor.Stopping:
 	case *actor.Stopped, *actor.Restarting:
+		if !a.isDone() {
+			// First: a panic in what follows must not keep the engine's
+			// budget charged for good.
+			a.state.Forget()
+		}
 		a.stopWaiting() // nothing of it waits any more
 		a.abortUnsubmitted()
 		a.endJobSpans()
@@ -185,7 +190,6 @@ func (a *Actor) Receive(c actor.Context) {
 		// settles the count then; lowered here, a shutdown count taken before
 		// the engine handles the stop would miss it.
 		if !a.isDone() {
-			a.state.Forget()
 			a.deps.Metrics.RequestsLive.Dec()
 			a.span.SetStatus(codes.Error, "request actor stopped before release")
 			if a.deps.Owed != nil && a.releasing == nil {

@@ -28,7 +28,7 @@ func TestARequestActorGivesItsStateChargeBackHoweverItEnds(t *testing.T) {
 			rig := newHeldRig(t, nc, 16)
 			deps := rig.deps
 			lay := *deps.Layout
-			lay.Budget = sched.NewStateBudget(0, nil)
+			lay.Budget = sched.NewStateBudget(0)
 			deps.Layout = &lay
 			if end == "failed" {
 				deps.Store = nil
