@@ -245,3 +245,45 @@ func addWithHashes(t *testing.T, c *client.Client, reqs, perReq int) {
 		require.NoError(t, c.Hashes(id, 0, hs...))
 	}
 }
+
+// TestAStepSendsNothingAfterAPartThatFailed: a step over MaxBatchBytes goes
+// out as several batches; once one cannot be published, none after it is
+// (each would follow a gap: checklist step 9), and a resync is due.
+func TestAStepSendsNothingAfterAPartThatFailed(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	startFakeNode(t, nc, "n1", "boot1", time.Minute)
+	const failAt = 2
+	var mu sync.Mutex
+	var first string
+	var tried []uint64 // seqs the client tried to publish in the first epoch
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: 4096,
+		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
+			var b struct{ Epoch string }
+			_ = json.Unmarshal(m.Data, &b)
+			mu.Lock()
+			defer mu.Unlock()
+			if b.Epoch == first {
+				tried = append(tried, seq)
+				if seq == failAt {
+					m.Subject = "" // NATS refuses it (ErrBadSubject), as a publish while reconnecting
+				}
+			}
+		}})
+	mu.Lock()
+	first = c.Epoch()
+	mu.Unlock()
+	addWithHashes(t, c, 50, 20) // about 70 KB: some 17 parts of 4 KiB
+	require.NoError(t, c.Flush())
+	mu.Lock()
+	require.Equal(t, []uint64{1, failAt}, tried, "parts tried after the failed one")
+	mu.Unlock()
+	require.Equal(t, 1, c.Stats().PublishErrors)
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		require.NoError(t, c.Flush()) // a resync due starts at the next Flush, or the session loop's tick
+		if n := c.Stats().Resyncs[client.ResyncPublishError]; n != 1 {
+			return fmt.Errorf("%d publish_error resyncs", n)
+		}
+		return nil
+	})
+}

@@ -394,6 +394,19 @@ func TestReannounceAfterPreemption(t *testing.T) {
 			c.Preempted("r")
 			c.Tokens("r", 4, 8)
 		}, 1, []string{"added", "hashes@0", "blocks g0@0 [1 2 3]", "tokens 8/8", "preempted", "tokens 4/8"}},
+		// What the node ignores the mirror ignores (step 8): blocks while
+		// preempted, tokens after finished, resumed of a running request.
+		{"blocks while preempted are not mirrored", func(c *Client) {
+			c.Preempted("r")
+			c.Blocks("r", 0, 3, []uint32{7})
+		}, 1, []string{"added", "hashes@0", "blocks g0@0 [1 2 3]", "tokens 8/8", "preempted"}},
+		{"tokens after finished are not mirrored", func(c *Client) {
+			c.Finished("r", false, 8, 8)
+			c.Tokens("r", 4, 8)
+		}, 1, []string{"added", "hashes@0", "blocks g0@0 [1 2 3]", "finished 8/8"}},
+		{"resumed of a running request keeps its blocks", func(c *Client) {
+			c.Resumed("r")
+		}, 0, []string{"added", "hashes@0", "blocks g0@0 [1 2 3]", "tokens 8/8"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := &Client{reqs: map[string]*mreq{}, groups: 1, st: Stats{Resyncs: map[string]int{}},

@@ -1,0 +1,169 @@
+package client
+
+import (
+	"encoding/json"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/messages"
+)
+
+// Duties of PROTOCOL.md's engine checklist that no other test would miss:
+// each test below fails with the code it names taken out.
+
+// sessionClient is a Client registered with node n1, boot b1, in epoch e1,
+// with no connection (what these tests call sends nothing).
+func sessionClient(t *testing.T) *Client {
+	t.Helper()
+	c := &Client{reqs: map[string]*mreq{}, groups: 1, st: Stats{Resyncs: map[string]int{}},
+		cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBatchBytes: 1 << 20,
+			OverflowBackoff: 25 * time.Millisecond},
+		out: newDispatcher(nil, nil, nil), epoch: "e1", node: "n1", boot: "b1", lease: 8 * time.Second,
+		kick: make(chan struct{}, 1)}
+	t.Cleanup(c.out.close)
+	return c
+}
+
+func msgOf(t *testing.T, body any) *nats.Msg {
+	t.Helper()
+	data, err := json.Marshal(body)
+	require.NoError(t, err)
+	return &nats.Msg{Data: data}
+}
+
+// Step 18: a resync re-announces added with its max_offload_tokens; left
+// out, the new epoch's node would store the request past its cap.
+func TestAResyncReannouncesMaxOffloadTokens(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	require.NoError(t, c.AddedMax("r", 16, 4))
+	require.NoError(t, c.Added("s", 16))
+	c.batch.Reset()
+	c.reannounceLocked(func() {})
+	dec, bad, err := ingest.DecodeBatch("e", c.batch.Body(nil, "x", 1), ingest.Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	got := map[string]int{}
+	for _, ev := range dec.Events {
+		if ev.Type == messages.EvAdded {
+			got[ev.Request] = ev.MaxOffloadTokens
+		}
+	}
+	require.Equal(t, map[string]int{"r": 4, "s": -1}, got)
+}
+
+// Step 10: a release whose rseq is at or below the highest seen this epoch
+// is a duplicate: counted again it would answer a second owed event and
+// hand the engine blocks the node may still copy.
+func TestADuplicateReleaseFreesNothing(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	require.NoError(t, c.Added("r", 8))
+	require.NoError(t, c.Blocks("r", 0, 0, []uint32{1}))
+	c.Preempted("r")
+	c.Resumed("r")
+	require.NoError(t, c.Blocks("r", 0, 0, []uint32{2}))
+	require.NoError(t, c.Finished("r", false, 8, 8))
+	require.Equal(t, 2, c.reqs["r"].owed)
+	rel := messages.Released{Request: "r", Epoch: "e1", RSeq: 1, Reason: messages.ReasonPreempted}
+	c.onReleased(msgOf(t, rel))
+	c.onReleased(msgOf(t, rel))
+	require.Equal(t, 1, c.reqs["r"].owed, "the duplicate answered the finish too")
+	require.Equal(t, 1, c.st.Releases)
+	require.Equal(t, uint64(1), c.relGot, "a duplicate is not received twice")
+}
+
+// Steps 13 and 15: while the node is lost, its messages (the same boot's)
+// do not move last_seen: the frees wait a lease from the last sign of life
+// before the loss, or a node heard again every lease/4 would put them, and
+// the register after them, off for as long as it heartbeats.
+func TestANodeHeardWhileLostDoesNotPutOffTheFrees(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	seen := time.Now().Add(-time.Hour)
+	c.lastSeen = seen
+	c.loseLocked("test")
+	free := c.freeAtLocked()
+	c.seenLocked("n1", "b1")       // a hello or node heartbeat
+	c.repliedLocked("n1", "b1", 7) // a reply
+	require.Equal(t, seen, c.lastSeen)
+	require.Equal(t, free, c.freeAtLocked())
+}
+
+// Step 17: a P.E.resync for an epoch already left orders nothing (the
+// node repeats its order while the old epoch's messages arrive); and a
+// repeated overflow order while the resync waits does not re-arm its
+// wait, which could put the resync off for ever.
+func TestResyncOrders(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	c.onResync(msgOf(t, messages.Resync{Node: "n1", Boot: "b1", Epoch: "e0", Reason: messages.ResyncGap}))
+	require.Empty(t, c.resync, "an order for an old epoch")
+
+	c.onResync(msgOf(t, messages.Resync{Node: "n1", Boot: "b1", Epoch: "e1", Reason: messages.ResyncOverflow}))
+	require.Equal(t, ResyncNode, c.resync)
+	hold := c.holdUntil
+	require.False(t, hold.IsZero())
+	for range 8 {
+		c.onResync(msgOf(t, messages.Resync{Node: "n1", Boot: "b1", Epoch: "e1", Reason: messages.ResyncOverflow}))
+	}
+	require.Equal(t, hold, c.holdUntil, "a repeated order moved the wait")
+	require.Equal(t, 1, c.overflows)
+}
+
+// Step 11: engine_gone in the current epoch means the node dropped the
+// engine: register again (a heartbeat's "unknown engine" would say so only
+// a period later, the engine's batches meanwhile sent to a node that
+// rejects them).
+func TestAnEngineGoneOfTheCurrentEpochRegistersAgain(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	require.NoError(t, c.Added("r", 8))
+	c.onReleased(msgOf(t, messages.Released{Request: "r", Epoch: "e1", RSeq: 1, Reason: messages.ReasonEngineGone}))
+	require.True(t, c.reregister)
+}
+
+// Step 18: a preempted request that owes nothing is re-announced without
+// blocks, and the release its preempted gets at once is absorbed: neither
+// handed to the engine nor counted as unexplained.
+func TestTheReleaseOfAReannouncedFreedPreemptionIsAbsorbed(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	require.NoError(t, c.Added("r", 8))
+	require.NoError(t, c.Blocks("r", 0, 0, []uint32{1}))
+	c.Preempted("r")
+	c.onReleased(msgOf(t, messages.Released{Request: "r", Epoch: "e1", RSeq: 1, Reason: messages.ReasonPreempted}))
+	require.Equal(t, 1, c.st.Releases)
+	c.resync = ResyncEngine
+	c.resyncLocked()
+	c.onReleased(msgOf(t, messages.Released{Request: "r", Epoch: c.epoch, RSeq: 1, Reason: messages.ReasonPreempted}))
+	require.Equal(t, 1, c.st.Releases)
+	require.Zero(t, c.st.UnexpectedRel)
+	require.False(t, c.reqs["r"].silent)
+}
+
+// Step 15: once a lost node's frees are done, a finished or preempted is
+// answered node_lost at once: no node can copy its blocks, and none may
+// ever come back to release it.
+func TestAnEventAfterTheLossFreesIsFreedAtOnce(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	for _, r := range []string{"f", "p"} {
+		require.NoError(t, c.Added(r, 8))
+		require.NoError(t, c.Blocks(r, 0, 0, []uint32{1}))
+	}
+	c.lastSeen = time.Now().Add(-time.Hour)
+	c.loseLocked("test")
+	c.freeLossLocked()
+	require.NoError(t, c.Finished("f", false, 8, 8))
+	c.Preempted("p")
+	require.Equal(t, 2, c.st.NodeLostFrees)
+	require.NotContains(t, c.reqs, "f")
+	require.Zero(t, c.reqs["p"].owed)
+}
