@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/ingest"
+	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
 )
 
@@ -23,7 +24,7 @@ func sessionClient(t *testing.T) *Client {
 	t.Helper()
 	c := &Client{reqs: map[string]*mreq{}, groups: 1, st: Stats{Resyncs: map[string]int{}},
 		cfg: Config{Log: slog.New(slog.NewTextHandler(io.Discard, nil)), MaxBatchBytes: 1 << 20,
-			OverflowBackoff: 25 * time.Millisecond},
+			OverflowBackoff: 25 * time.Millisecond, RequestTimeout: 5 * time.Second},
 		out: newDispatcher(nil, nil, nil), epoch: "e1", node: "n1", boot: "b1", lease: 8 * time.Second,
 		kick: make(chan struct{}, 1)}
 	t.Cleanup(c.out.close)
@@ -166,4 +167,40 @@ func TestAnEventAfterTheLossFreesIsFreedAtOnce(t *testing.T) {
 	require.Equal(t, 2, c.st.NodeLostFrees)
 	require.NotContains(t, c.reqs, "f")
 	require.Zero(t, c.reqs["p"].owed)
+}
+
+// Step 12: a heartbeat reply counts releases against those received only
+// when the remembered reply is at least half a period old, never for an
+// epoch since left, and a resync forgets the remembered one: else a
+// release still on its way, or the old epoch's count, reads as a lost
+// release and starts a resync for nothing.
+func TestHeartbeatRepliesJudgeOnlyTheirEpochHalfAPeriodOn(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	c := sessionClient(t)
+	c.lease = 4 * time.Minute // a period of a minute: the replies below come well within half of it
+	beat := func(epoch string, seq uint64, rep messages.HeartbeatReply) {
+		t.Helper()
+		sub, err := nc.SubscribeSync(nc.NewInbox())
+		require.NoError(t, err)
+		rep.Node, rep.Boot, rep.Epoch = "n1", "b1", epoch
+		data, err := json.Marshal(rep)
+		require.NoError(t, err)
+		require.NoError(t, nc.Publish(sub.Subject, data))
+		c.heartbeat(epoch, seq, c.probeLocked(), sub, 0)
+	}
+
+	beat("e0", 0, messages.HeartbeatReply{Released: 9}) // its heartbeat was sent before e1 began
+	require.Zero(t, c.hbPrev, "an old epoch's count remembered")
+	require.True(t, c.hbPrevAt.IsZero())
+
+	beat("e1", 0, messages.HeartbeatReply{Released: 2}) // remembered: none was
+	beat("e1", 0, messages.HeartbeatReply{Released: 2}) // too young to judge: the 2 may be on their way
+	require.Empty(t, c.resync)
+
+	c.hbPrevAt = time.Now().Add(-time.Hour)
+	c.resync = ResyncEngine
+	c.resyncLocked()
+	beat(c.epoch, 0, messages.HeartbeatReply{})
+	require.Empty(t, c.resync, "the old epoch's count judged the new one")
 }
