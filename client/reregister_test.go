@@ -238,3 +238,24 @@ func goneAndCopying(t *testing.T, f *fakeNode, c *client.Client) string {
 	f.awaitApplied(t, epoch, 4)
 	return epoch
 }
+
+// TestNoHeartbeatGoesOutWhileAReregisterIsPending: while the node has
+// forgotten the engine, the register, retried each period, takes the
+// heartbeat's place (checklist step 11): no heartbeat is published.
+func TestNoHeartbeatGoesOutWhileAReregisterIsPending(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	enc := dial(t, s.ClientURL(), "e1")
+	c := connect(t, enc, client.Config{Engine: "e1", Spec: spec()})
+	forgetAndRefuse(t, f, c)
+	beats := testkit.Subscribe(t, nc, "kvactors.e1.heartbeat")
+	from := c.Stats().RegisterRefusals
+	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
+		if n := c.Stats().RegisterRefusals; n < from+2 {
+			return fmt.Errorf("%d refusals since, want 2", n-from)
+		}
+		return nil
+	})
+	requireNoneSent(t, enc, "kvactors.e1.heartbeat", beats, "a heartbeat was published while a re-register was pending")
+}
