@@ -45,6 +45,7 @@ type fakeNode struct {
 	loadGate    chan struct{}          // non-nil: each load replies once a value comes (or the node dies)
 	loadsHeld   chan struct{}          // non-nil: told when a load waits at the gate
 	dropLoads   bool                   // loads complete but their replies are lost
+	loadBoot    string                 // non-empty: the boot a load's reply names (read once the gate opens)
 	lastBeat    time.Time              // just before the last node heartbeat was published
 	mute        bool                   // no hello and no node heartbeats: engines learn its boot from replies
 	beatsPaused bool                   // no node heartbeats until unpaused (pauseBeats)
@@ -234,7 +235,13 @@ func (f *fakeNode) onLoad(m *nats.Msg) {
 	if drop {
 		return
 	}
-	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: f.boot})
+	boot := f.boot
+	f.mu.Lock()
+	if f.loadBoot != "" {
+		boot = f.loadBoot
+	}
+	f.mu.Unlock()
+	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: boot})
 }
 
 // refuseRegisters makes the node refuse every register with why ("": answer

@@ -232,6 +232,11 @@ func (c *Client) loadReplied(w *loadWait, m *nats.Msg) {
 	}
 	w.rep, w.reply, w.replyErr = m, rep, err
 	if w.doubt {
+		// Its Load returned already: loadResult will not read this reply,
+		// whose boot may still be news (step 19: another boot is a loss).
+		if err == nil {
+			c.repliedLocked(rep.Node, rep.Boot, w.probe)
+		}
 		c.st.LateLoadReplies++
 		c.cfg.Log.Info("client: a load in doubt was answered: its blocks are safe", "engine", c.cfg.Engine,
 			"node", w.node)

@@ -2,6 +2,8 @@ package client_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
 	"testing"
 	"time"
 
@@ -56,6 +58,37 @@ func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 4, n)
 	require.Zero(t, c.Stats().LoadsInDoubt)
+}
+
+// TestALateLoadReplyFromANewBootIsANodeLoss: a load in doubt answered late
+// by another boot of its node settles, and says the node restarted (step
+// 19: a reply with another boot is a node loss), as a reply in time does.
+func TestALateLoadReplyFromANewBootIsANodeLoss(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	var logs testkit.SyncBuffer
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	losses := c.Stats().NodeLosses
+	d := loadInDoubt(t, c)
+	testkit.Recv(t, held, 5*time.Second, "the load waiting at the node")
+	f.mu.Lock()
+	f.loadBoot = "boot2" // the node restarted; its new process answers (only the load: heartbeats say boot1)
+	f.mu.Unlock()
+	gate <- struct{}{}
+	testkit.Closed(t, d.Settled(), 5*time.Second, "the load settled by its late reply")
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if got := c.Stats().NodeLosses; got != losses+1 {
+			return fmt.Errorf("%d node losses since the load, want 1", got-losses)
+		}
+		return nil
+	})
+	require.Contains(t, logs.String(), `why="new boot boot2"`)
 }
 
 // TestLoadInDoubtUntilTheNodeIsLost: a load the node never answers (it
