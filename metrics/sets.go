@@ -24,17 +24,26 @@ type Events struct {
 	// PendingBytes are the inbound bytes taken and not yet handled, read at
 	// scrape time (ReadPendingFrom): intake touches no gauge per message.
 	PendingBytes prometheus.GaugeFunc
+	// FullestBucketBytes are the pending bytes of the fullest of intake's
+	// buckets of engine ids (each may hold three quarters of the budget),
+	// read at scrape time too: near that share, an engine (or a few sharing
+	// its bucket) is flooding.
+	FullestBucketBytes prometheus.GaugeFunc
 	// IntakeWait is an events batch's wait between intake taking it and its
 	// ingest worker starting on it: the node's queueing before any decision
 	// (a worker whose turn stalls holds back every batch of its engines).
 	IntakeWait prometheus.Histogram
 
-	pending scraped[int64]
+	pending, fullest scraped[int64]
 }
 
 // ReadPendingFrom makes PendingBytes read pending at scrape time (the last
 // intake to call it wins; none: 0).
 func (m *Events) ReadPendingFrom(pending func() int64) { m.pending.from(pending) }
+
+// ReadFullestBucketFrom makes FullestBucketBytes read fullest at scrape
+// time (the last intake to call it wins; none: 0).
+func (m *Events) ReadFullestBucketFrom(fullest func() int64) { m.fullest.from(fullest) }
 
 // ResyncReasons are the label values of DroppedBatches and Resyncs.
 var ResyncReasons = []string{messages.ResyncGap, messages.ResyncReconnect, messages.ResyncOverflow}
@@ -57,12 +66,15 @@ func NewEvents(reg prometheus.Registerer) *Events {
 	}
 	m.PendingBytes = gaugeFunc("ingest", "pending_bytes", "Inbound message bytes taken and not yet handled.",
 		func() float64 { return float64(m.pending.get()) })
+	m.FullestBucketBytes = gaugeFunc("ingest", "fullest_bucket_bytes",
+		"Inbound message bytes taken and not yet handled of the fullest bucket of engine ids.",
+		func() float64 { return float64(m.fullest.get()) })
 	for _, r := range ResyncReasons {
 		m.DroppedBatches.WithLabelValues(r)
 		m.Resyncs.WithLabelValues(r)
 	}
 	register(reg, m.EventsApplied, m.Batches, m.BatchDuplicate, m.EventGaps, m.Rejected, m.DroppedBatches,
-		m.Resyncs, m.PendingBytes, m.IntakeWait)
+		m.Resyncs, m.PendingBytes, m.FullestBucketBytes, m.IntakeWait)
 	return m
 }
 

@@ -137,6 +137,9 @@ func TestClusterCloseDuringAStalledClaim(t *testing.T) {
 	require.Equal(t, []string{}, e.node.Engines())
 	require.Equal(t, 1.0, e.counter("kvactors_cluster_ownership_decisions_total", "claim"), "a's claim only")
 	require.Zero(t, e.node.IntakePending(), "the register's and the parked batch's bytes released")
+	bytes, held := e.node.IntakeBuckets()
+	require.Zero(t, bytes, "released to their engine's bucket")
+	require.Zero(t, held, "released to their engine's bucket")
 }
 
 // An engine parked behind its stalled claim holds at most half the intake

@@ -119,7 +119,7 @@ func (in *ingester) next(w *shardWork, x inbound) {
 	if lent, st := in.handle(x); st != nil {
 		in.park(w, &parkedEngine{engine: x.engine, held: x, step: st})
 	} else if !lent {
-		in.release(x.size)
+		in.release(x.bucket, x.size)
 	}
 }
 
@@ -129,7 +129,7 @@ func (in *ingester) next(w *shardWork, x inbound) {
 // the engine resync, a request is answered with an error).
 func (in *ingester) queueBehind(p *parkedEngine, x inbound) {
 	if p.bytes+x.size > in.budget/2 {
-		in.release(x.size)
+		in.release(x.bucket, x.size)
 		in.overflow(x.engine, x.verb, x.msg)
 		return
 	}
@@ -163,7 +163,7 @@ func (in *ingester) resume(w *shardWork, p *parkedEngine) {
 		in.launch(w, p)
 		return
 	}
-	in.release(p.held.size)
+	in.release(p.held.bucket, p.held.size)
 	// The register may have routed the engine: a batch of it lost while it
 	// was parked is told to its actor before the messages parked behind it.
 	in.flushLost()
@@ -179,7 +179,7 @@ func (in *ingester) resume(w *shardWork, p *parkedEngine) {
 			return
 		}
 		if !lent {
-			in.release(x.size)
+			in.release(x.bucket, x.size)
 		}
 	}
 	delete(w.parked, p.engine)

@@ -15,15 +15,17 @@ import (
 type credit struct {
 	in       *ingester
 	engine   string
+	bucket   uint8 // the engine's share it was admitted to: returned there
 	size     int64
 	returned atomic.Bool
 }
 
-// lend counts a batch of size bytes (already admitted) as held by engineID's
-// actor pid until the credit is returned; nil when pid is no longer the
-// engine's route (its credits were returned already: the caller releases).
-func (in *ingester) lend(engineID string, pid *actor.PID, size int64) *credit {
-	c := &credit{in: in, engine: engineID, size: size}
+// lend counts a batch of size bytes (already admitted to bucket, engineID's)
+// as held by engineID's actor pid until the credit is returned; nil when pid
+// is no longer the engine's route (its credits were returned already: the
+// caller releases).
+func (in *ingester) lend(engineID string, bucket uint8, pid *actor.PID, size int64) *credit {
+	c := &credit{in: in, engine: engineID, bucket: bucket, size: size}
 	in.mu.Lock()
 	if cur := in.engines[engineID]; cur == nil || !cur.Equal(pid) {
 		in.mu.Unlock()
@@ -48,31 +50,62 @@ func (c *credit) Signal() {
 	c.in.mu.Lock()
 	delete(c.in.credits[c.engine], c)
 	c.in.mu.Unlock()
-	c.in.release(c.size)
+	c.in.release(c.bucket, c.size)
 }
 
 func (in *ingester) returnAll(held map[*credit]struct{}) {
 	for c := range held {
 		if c.returned.CompareAndSwap(false, true) {
-			in.release(c.size)
+			in.release(c.bucket, c.size)
 		}
 	}
 }
 
-func (in *ingester) admit(size int64) bool { return in.admitWithin(size, -1) }
+// buckets is how many shares the intake budget has: an engine's messages
+// count in its id's (bucketOf) as well as in the total.
+const buckets = 64
+
+// bucketBytes is one bucket's pending bytes, on a cache line of its own:
+// take and the workers of different engines touch different lines.
+type bucketBytes struct {
+	n atomic.Int64
+	_ [56]byte
+}
+
+// share is what one bucket may hold: the budget less a quarter, so engines
+// of other buckets always have that quarter, whatever one engine (or the
+// few sharing its bucket) publishes.
+func (in *ingester) share() int64 { return in.budget - in.budget/4 }
+
+func (in *ingester) admit(bucket uint8, size int64) bool { return in.admitWithin(bucket, size, -1) }
 
 // admitMore counts extra bytes more for a message of size bytes already
 // admitted (a batch's decoded size past its wire size), within the budget;
 // or past it when that message is all intake holds, so a batch larger than
-// the budget decoded still goes, alone, as a large copy job does.
-func (in *ingester) admitMore(extra, size int64) bool { return in.admitWithin(extra, size) }
+// the budget decoded still goes, alone, as a large copy job does. Its
+// bucket's share is passed likewise only by a message that is all the
+// bucket holds: a batch larger than the share decoded still goes, within
+// the budget, while its engine has nothing else in intake.
+func (in *ingester) admitMore(bucket uint8, extra, size int64) bool {
+	return in.admitWithin(bucket, extra, size)
+}
 
-// admitWithin counts size bytes more if they fit the budget, or if intake
-// holds at most alone bytes now (-1: never past the budget).
-func (in *ingester) admitWithin(size, alone int64) bool {
+// admitWithin counts size bytes more in bucket and in the total if they fit
+// bucket's share and the budget, or if the bucket, for its share, and
+// intake, for the budget, hold at most alone bytes now (-1: never past
+// either). The bucket is counted first, by one Add (undone when refused:
+// meanwhile another message of the bucket may be refused too, at its full
+// share anyway).
+func (in *ingester) admitWithin(bucket uint8, size, alone int64) bool {
+	b := &in.buckets[bucket].n
+	if held := b.Add(size); held > in.share() && held-size > alone {
+		b.Add(-size)
+		return false
+	}
 	for {
 		cur := in.pending.Load()
 		if cur+size > in.budget && cur > alone {
+			b.Add(-size)
 			return false
 		}
 		if in.pending.CompareAndSwap(cur, cur+size) {
@@ -83,8 +116,22 @@ func (in *ingester) admitWithin(size, alone int64) bool {
 	}
 }
 
-func (in *ingester) release(size int64) {
+// release gives size bytes back to bucket and the total: every release
+// names the bucket its bytes were admitted to (inbound.bucket,
+// credit.bucket), or the bucket would stay short of them for good.
+func (in *ingester) release(bucket uint8, size int64) {
+	in.buckets[bucket].n.Add(-size)
 	in.pending.Add(-size)
+}
+
+// fullestBucket is the most bytes one bucket holds now (read at scrape
+// time).
+func (in *ingester) fullestBucket() int64 {
+	var most int64
+	for i := range in.buckets {
+		most = max(most, in.buckets[i].n.Load())
+	}
+	return most
 }
 
 // heldBytes is what a decoded batch holds in memory, near enough: its

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"sync"
@@ -196,15 +197,111 @@ func TestBurstBoundedByCreditWindow(t *testing.T) {
 // larger than the budget decoded still goes (alone), never beside others.
 func TestDecodedBytesPastTheWireAreAdmittedWithinTheBudget(t *testing.T) {
 	in := &ingester{budget: 100}
-	require.True(t, in.admit(60))
-	require.True(t, in.admitMore(80, 60), "alone: past the budget")
-	require.False(t, in.admit(1), "nothing beside it")
-	in.release(140)
+	require.True(t, in.admit(1, 60))
+	require.True(t, in.admitMore(1, 80, 60), "alone: past the budget")
+	require.False(t, in.admit(2, 1), "nothing beside it")
+	in.release(1, 140)
 
-	require.True(t, in.admit(60)) // another batch
-	require.True(t, in.admit(30))
-	require.False(t, in.admitMore(50, 30), "beside another: within the budget only")
-	require.True(t, in.admitMore(10, 30))
+	require.True(t, in.admit(1, 60)) // another engine's batch
+	require.True(t, in.admit(2, 30))
+	require.False(t, in.admitMore(2, 50, 30), "beside another: within the budget only")
+	require.True(t, in.admitMore(2, 10, 30))
 	require.EqualValues(t, 100, in.pending.Load())
 	require.EqualValues(t, 140, in.peak.Load())
 }
+
+// Each bucket of engine ids holds at most its share of the intake budget,
+// three quarters, so engines of the other buckets always have the last
+// quarter; every release gives back to the bucket it names. A batch past
+// the share decoded still goes while it is all its bucket holds (within the
+// budget), and past the budget while it is all intake holds.
+func TestABucketHoldsAtMostItsShareOfTheIntakeBudget(t *testing.T) {
+	in := &ingester{budget: 100} // share 75
+	require.True(t, in.admit(1, 70))
+	require.True(t, in.admit(1, 5))
+	require.False(t, in.admit(1, 1), "bucket 1 is full at its share")
+	require.True(t, in.admit(2, 25), "another bucket gets the last quarter")
+	require.False(t, in.admit(3, 1), "the budget is full")
+	require.EqualValues(t, 100, in.pending.Load())
+	require.EqualValues(t, 75, in.buckets[1].n.Load())
+	require.Zero(t, in.buckets[3].n.Load(), "a refusal leaves nothing counted")
+	require.EqualValues(t, 75, in.fullestBucket())
+
+	in.release(2, 25)
+	require.False(t, in.admit(1, 1), "room in the budget, none in bucket 1's share")
+	require.True(t, in.admit(3, 25))
+	in.release(1, 5)
+	require.True(t, in.admit(1, 5), "the release went back to bucket 1")
+	in.release(1, 75)
+	in.release(3, 25)
+	requireEmpty(t, in)
+
+	// A batch of 40 bytes on the wire that holds 90 decoded.
+	require.True(t, in.admit(4, 10)) // another engine's message
+	require.True(t, in.admit(1, 40))
+	require.True(t, in.admitMore(1, 50, 40), "all its bucket holds: past the share, within the budget")
+	require.False(t, in.admit(1, 1), "nothing beside it in its bucket")
+	in.release(1, 90)
+	require.True(t, in.admit(1, 40))
+	require.True(t, in.admit(1, 20)) // another message of the bucket
+	require.False(t, in.admitMore(1, 30, 40), "beside another of its bucket: within the share only")
+	require.EqualValues(t, 60, in.buckets[1].n.Load(), "the refused bytes undone")
+	in.release(1, 20)
+	require.False(t, in.admitMore(1, 70, 40), "all its bucket holds, not all intake holds: within the budget only")
+	require.EqualValues(t, 40, in.buckets[1].n.Load(), "the refused bytes undone")
+	in.release(4, 10)
+	require.True(t, in.admitMore(1, 70, 40), "all intake holds: past the budget")
+	require.EqualValues(t, 110, in.buckets[1].n.Load())
+	in.release(1, 110)
+	requireEmpty(t, in)
+
+	// A credit gives its bytes back to the bucket it was admitted to, once:
+	// signalled by its actor, or returned when its engine's route ends.
+	in.engines, in.credits, in.hearing = map[string]*actor.PID{}, map[string]map[*credit]struct{}{}, map[string]*transfer.Hearing{}
+	pid := actor.NewPID("nonhost", "e")
+	in.route("e", pid, &transfer.Hearing{}, nil)
+	require.True(t, in.admit(7, 30))
+	c := in.lend("e", 7, pid, 30)
+	require.NotNil(t, c)
+	require.EqualValues(t, 30, in.buckets[7].n.Load())
+	c.Signal()
+	c.Signal()
+	requireEmpty(t, in)
+	require.True(t, in.admit(7, 30))
+	c = in.lend("e", 7, pid, 30)
+	in.unroute("e", pid)
+	requireEmpty(t, in)
+	c.Signal() // after its route ended: returns nothing twice
+	requireEmpty(t, in)
+}
+
+// An engine's shard is what it was before buckets: FNV-1a of its id, which
+// take now computes once for both.
+func TestAnEnginesShardAndBucketComeFromOneFNVHash(t *testing.T) {
+	for _, id := range []string{"", "e1", "vllm-0", "a-much-longer-engine-id.with.dots"} {
+		h := fnv.New32a()
+		_, _ = h.Write([]byte(id))
+		require.Equal(t, h.Sum32(), idHash(id), id)
+		require.Equal(t, int(h.Sum32()%7), shardOf(id, 7), id)
+		require.Equal(t, uint8(h.Sum32()%buckets), bucketOf(idHash(id)), id)
+	}
+}
+
+// requireEmpty: intake holds nothing, in total or in any bucket.
+func requireEmpty(t *testing.T, in *ingester) {
+	t.Helper()
+	require.Zero(t, in.pending.Load())
+	for i := range in.buckets {
+		require.Zero(t, in.buckets[i].n.Load(), "bucket %d", i)
+	}
+}
+
+// holdTotal counts size bytes in intake's total alone, as a message of no
+// engine: every engine's admission sees them (the budget), no engine's
+// share does. false: they do not fit. freeTotal gives them back.
+func holdTotal(in *ingester, size int64) bool {
+	cur := in.pending.Load()
+	return cur+size <= in.budget && in.pending.CompareAndSwap(cur, cur+size)
+}
+
+func freeTotal(in *ingester, size int64) { in.pending.Add(-size) }

@@ -83,11 +83,11 @@ func registerOneEngine(t *testing.T, nc *nats.Conn, dir, id string) {
 // takeWholeBudget fills the intake budget, once the messages before it are
 // done with theirs: a request's reply is sent while its message still holds
 // its bytes, returned just after (ingester.work), so the budget is taken
-// whole only once those come back.
+// whole only once those come back. freeTotal gives it back.
 func takeWholeBudget(t *testing.T, in *ingester) int64 {
 	t.Helper()
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if in.admit(in.budget) {
+		if holdTotal(in, in.budget) {
 			return nil
 		}
 		return fmt.Errorf("intake holds %d bytes", in.pending.Load())
@@ -301,7 +301,7 @@ func TestAnEngineTheNodeIsTooBusyToHearIsAlive(t *testing.T) {
 			registerOneEngine(t, nc, dir, "e1")
 			in := n.ingest
 			taken := takeWholeBudget(t, in)
-			t.Cleanup(sync.OnceFunc(func() { in.release(taken) }))
+			t.Cleanup(sync.OnceFunc(func() { freeTotal(in, taken) }))
 
 			tick := time.NewTicker(lease / 5)
 			defer tick.Stop()
@@ -384,7 +384,7 @@ func TestADroppedSignOfLifeIsStampedWhenItWasDropped(t *testing.T) {
 			tc.drop(t, n, nc, 1)
 			set(lease / 2) // the last sign of life
 			tc.drop(t, n, nc, 2)
-			in.release(taken)
+			freeTotal(in, taken)
 			set(3 * lease / 4) // told a quarter lease late
 			in.flushLost()
 

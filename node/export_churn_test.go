@@ -37,6 +37,7 @@ func (n *Node) Footprint() map[string]int {
 	f["ingest_hearing"] = len(in.hearing)
 	f["ingest_credits"] = len(in.credits)
 	in.mu.RUnlock()
+	in.footprintBytes(f)
 	in.lostMu.Lock()
 	f["ingest_lost"] = len(in.lost)
 	f["ingest_alive"] = len(in.alive)
@@ -106,6 +107,7 @@ func (n *Node) RequestFootprint() map[string]int {
 		f["ingest_credits_held"] += len(cs)
 	}
 	n.ingest.mu.RUnlock()
+	n.ingest.footprintBytes(f)
 	st := n.store.Stats()
 	f["pool_pinned"], f["pool_pending"] = st.Pinned, st.Pending
 	f["pool_waiting"], f["pool_room_waiting"] = n.store.Waiting()
@@ -121,6 +123,23 @@ func (n *Node) RequestFootprint() map[string]int {
 	f["identity_logged"] = len(n.identity.logged)
 	n.identity.mu.Unlock()
 	return f
+}
+
+// footprintBytes puts in f the bytes intake holds now, in total and summed over
+// its buckets: 0 once settled, each bucket too; a release given back to
+// another bucket than its admission's, or to none, leaves them apart (and
+// its engine's share short for good).
+func (in *ingester) footprintBytes(f map[string]int) {
+	f["ingest_pending_bytes"] = int(in.pending.Load())
+	sum, off := int64(0), 0
+	for i := range in.buckets {
+		b := in.buckets[i].n.Load()
+		sum += b
+		if b != 0 {
+			off++
+		}
+	}
+	f["ingest_bucket_bytes"], f["ingest_buckets_held"] = int(sum), off
 }
 
 // PrimeActorRegistry puts a name in each of the actor registry's 32768

@@ -135,6 +135,15 @@ func (n *Node) IntakeShard(engine string) int { return n.ingest.shard(engine) }
 // (parked ones included), or lent to engine actors.
 func (n *Node) IntakePending() int64 { return n.ingest.pending.Load() }
 
+// IntakeBuckets is what the intake's buckets hold now, summed, and how many
+// hold anything: both 0 once every message and credit is given back, to the
+// bucket it was admitted to.
+func (n *Node) IntakeBuckets() (bytes int64, held int) {
+	f := map[string]int{}
+	n.ingest.footprintBytes(f)
+	return int64(f["ingest_bucket_bytes"]), f["ingest_buckets_held"]
+}
+
 // ClusterNamespace is the namespace key a fetch from another node names
 // for an engine of spec in namespace name (messages.ClusterNamespace with
 // the spec's geometry fingerprint).
@@ -175,7 +184,7 @@ func (n *Node) HoldStatusGathers() (release func()) {
 // meanwhile is dropped unread and answered "overloaded".
 func (n *Node) FillIntake(t *testing.T) (release func()) {
 	taken := takeWholeBudget(t, n.ingest)
-	return sync.OnceFunc(func() { n.ingest.release(taken) })
+	return sync.OnceFunc(func() { freeTotal(n.ingest, taken) })
 }
 
 // NATSServerID is the id of the NATS server the node is connected to (its

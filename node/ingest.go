@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,8 +26,10 @@ import (
 // sent them, while different engines decode in parallel.
 //
 // Intake is bounded in bytes (PROTOCOL.md "Back-pressure"): the bytes taken
-// and not yet handled never exceed the budget. What does not fit is dropped
-// and attributed to its engine, which resyncs (reason overflow); a
+// and not yet handled never exceed the budget, and those of the engines
+// hashed to one of 64 buckets never exceed three quarters of it (share), so
+// one engine that floods leaves the others a quarter. What does not fit is
+// dropped and attributed to its engine, which resyncs (reason overflow); a
 // request/reply message gets an error reply instead of silence. nats.go's
 // own pending queue for the subscription is bounded too (the rest of
 // --max-pending-bytes); a drop there names no engine, so every engine
@@ -65,10 +66,11 @@ type ingester struct {
 
 	gate      sync.RWMutex // take holds it shared; stop exclusively, to close the queues
 	stopped   bool
-	budget    int64        // bytes the shard queues may hold
-	pending   atomic.Int64 // bytes in the shard queues and workers
-	discarded atomic.Int64 // messages dropped unread after stop
-	peak      atomic.Int64 // most pending ever
+	budget    int64                // bytes the shard queues may hold
+	pending   atomic.Int64         // bytes in the shard queues and workers
+	buckets   [buckets]bucketBytes // pending again, per bucket of engine ids (bucketOf)
+	discarded atomic.Int64         // messages dropped unread after stop
+	peak      atomic.Int64         // most pending ever
 
 	lostMu  sync.Mutex
 	lost    map[string]uint64    // engines that lost a batch at intake: their shard's queued mark then
@@ -133,6 +135,7 @@ type inbound struct {
 	msg          *nats.Msg
 	n            uint64 // take's number for it (shardMarks)
 	engine, verb string
+	bucket       uint8 // engine's (bucketOf): its size is admitted there and released there
 	size         int64
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics (a
@@ -195,6 +198,7 @@ func newIngester(n *Node, workers int, budget int64) *ingester {
 	in := &ingester{n: n, engines: map[string]*actor.PID{}, credits: map[string]map[*credit]struct{}{},
 		budget: budget, lost: map[string]uint64{}, alive: map[string]time.Time{}, hearing: map[string]*transfer.Hearing{}}
 	n.metrics.ReadPendingFrom(in.pending.Load)
+	n.metrics.ReadFullestBucketFrom(in.fullestBucket)
 	in.halt, in.haltSteps = context.WithCancel(context.Background())
 	for range workers {
 		in.queues = append(in.queues, make(chan inbound, queueDepth))
@@ -350,19 +354,21 @@ func (in *ingester) take(m *nats.Msg) {
 		return
 	}
 	size := msgBytes(m)
+	h := idHash(engineID) // once, for both its bucket and its shard
+	bucket := bucketOf(h)
 	in.gate.RLock()
 	defer in.gate.RUnlock()
 	if in.stopped {
 		in.discarded.Add(1)
 		return
 	}
-	if !in.admit(size) {
+	if !in.admit(bucket, size) {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, n: n, engine: engineID, verb: verb, size: size, at: at,
+	x := inbound{msg: m, n: n, engine: engineID, verb: verb, bucket: bucket, size: size, at: at,
 		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load()), taken: taken}
-	i := in.shard(engineID)
+	i := shardOfHash(h, len(in.queues))
 	mk := &in.marks[i]
 	mk.queuing(n)
 	select {
@@ -370,7 +376,7 @@ func (in *ingester) take(m *nats.Msg) {
 		mk.sent(n, true)
 	default:
 		mk.sent(n, false)
-		in.release(size)
+		in.release(bucket, size)
 		in.overflow(engineID, verb, m)
 	}
 }
@@ -378,10 +384,24 @@ func (in *ingester) take(m *nats.Msg) {
 // shard is the queue of engineID's messages.
 func (in *ingester) shard(engineID string) int { return shardOf(engineID, len(in.queues)) }
 
-func shardOf(engineID string, shards int) int {
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(engineID))
-	return int(h.Sum32() % uint32(shards))
+func shardOf(engineID string, shards int) int { return shardOfHash(idHash(engineID), shards) }
+
+func shardOfHash(h uint32, shards int) int { return int(h % uint32(shards)) }
+
+// bucketOf is the share of the intake budget the engine of id hash h
+// counts in (ingester.buckets).
+func bucketOf(h uint32) uint8 { return uint8(h % buckets) }
+
+// idHash is FNV-1a (32 bits) of an engine id, computed in place: take
+// hashes every message's id once, for its shard and its bucket.
+func idHash(engineID string) uint32 {
+	const offset32, prime32 = 2166136261, 16777619
+	h := uint32(offset32)
+	for i := 0; i < len(engineID); i++ {
+		h ^= uint32(engineID[i])
+		h *= prime32
+	}
+	return h
 }
 
 // handle reports whether the message's bytes went on to an engine actor as
@@ -458,7 +478,7 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	// byte becomes several (a 120-byte event for ~40 bytes of JSON; a
 	// short hash's string header), and the window bounds memory, not JSON.
 	credit := max(size, heldBytes(&batch))
-	if credit > size && !in.admitMore(credit-size, size) {
+	if credit > size && !in.admitMore(x.bucket, credit-size, size) {
 		eventSlices.Put(batch.Events)
 		in.overflow(engineID, x.verb, m) // the engine resyncs, as for a batch dropped at take
 		return false
@@ -466,10 +486,10 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
 	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: recycleEvents,
 		Session: x.session, Stamped: true, HearingGen: x.hearing}
-	if c := in.lend(engineID, pid, credit); c != nil {
+	if c := in.lend(engineID, x.bucket, pid, credit); c != nil {
 		msg.Done, lent = c, true
 	} else {
-		in.release(credit - size) // the worker releases size
+		in.release(x.bucket, credit-size) // the worker releases size
 	}
 	n.system.Root.Send(pid, msg)
 	return lent

@@ -75,7 +75,7 @@ func TestFullIntakeRepliesAndResyncs(t *testing.T) {
 		}
 		return nil
 	})
-	in.release(taken)
+	freeTotal(in, taken)
 	var rs messages.Resync
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resync, 5*time.Second, "overflow resync").Data, &rs))
 	require.Equal(t, messages.Resync{Node: n.NodeID(), Boot: n.Boot(), Epoch: "a", Expected: 2, Got: 0,
@@ -205,12 +205,12 @@ func TestHeaderBytesCountAgainstTheIntakeBudget(t *testing.T) {
 	in := n.ingest
 	const free = 64 << 10
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
-		if in.admit(in.budget - free) {
+		if holdTotal(in, in.budget-free) {
 			return nil
 		}
 		return fmt.Errorf("intake holds %d bytes", in.pending.Load())
 	})
-	t.Cleanup(func() { in.release(in.budget - free) })
+	t.Cleanup(func() { freeTotal(in, in.budget-free) })
 
 	m.Data = []byte(`{"hashes":[]}`)
 	m.Reply = testkit.EngineInbox("e1")

@@ -55,7 +55,7 @@ func TestABatchLostWhileItsRegisterWaitsResyncsOverflow(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, queued(1)) // e1's register
 
 	rest := in.budget - in.pending.Load()
-	require.True(t, in.admit(rest))
+	require.True(t, holdTotal(in, rest))
 	batch := func(seq int) {
 		require.NoError(t, nc.Publish("kvactors.e1.events", fmt.Appendf(nil, `{"epoch":"a","seq":%d,"events":[]}`, seq)))
 		require.NoError(t, nc.Flush())
@@ -67,7 +67,7 @@ func TestABatchLostWhileItsRegisterWaitsResyncsOverflow(t *testing.T) {
 		}
 		return nil
 	})
-	in.release(rest)
+	freeTotal(in, rest)
 	in.flushLost() // e1 is not routed yet
 	batch(2)
 	testkit.Eventually(t, 5*time.Second, time.Millisecond, queued(2))

@@ -33,7 +33,7 @@ func TestABusyNodeAnswersNoLoadOfAnEngineItDoesNotServe(t *testing.T) {
 	overflow := n.metrics.Rejected.WithLabelValues(messages.RejectOverflow)
 
 	taken := takeWholeBudget(t, n.ingest)
-	defer n.ingest.release(taken)
+	defer freeTotal(n.ingest, taken)
 	load := []byte(`{"request":"r1","hashes":["00"],"blocks":[[1]],"tokens":4}`)
 	_, err = testkit.EngineRequest(nc, "e1", "kvactors.e1.load", load, 500*time.Millisecond)
 	require.Error(t, err, "a node that does not serve e1 answered its load")

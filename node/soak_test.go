@@ -187,7 +187,7 @@ func TestStableEnginesUnderManyRequestsKeepNothingPerRequest(t *testing.T) {
 	testkit.Eventually(t, 5*time.Second, 10*time.Millisecond, func() error {
 		base = measure()
 		f := e.node.RequestFootprint()
-		if f["pool_pinned"]+f["pool_pending"]+f["kv_recs"] != 0 {
+		if f["pool_pinned"]+f["pool_pending"]+f["kv_recs"] != 0 || intakeHolds(f) {
 			return fmt.Errorf("warm-up not settled: %v", f)
 		}
 		return nil
