@@ -244,6 +244,16 @@ func (f *fakeNode) onLoad(m *nats.Msg) {
 	f.reply(m, messages.LoadReply{OK: true, LoadedTokens: req.NumTokens, Node: f.node, Boot: boot})
 }
 
+// gateLoads makes each load wait at the node until a value comes on gate
+// (or the node dies); held is told when one waits.
+func (f *fakeNode) gateLoads() (gate, held chan struct{}) {
+	gate, held = make(chan struct{}, 1), make(chan struct{}, 4)
+	f.mu.Lock()
+	f.loadGate, f.loadsHeld = gate, held
+	f.mu.Unlock()
+	return gate, held
+}
+
 // refuseRegisters makes the node refuse every register with why ("": answer
 // them again), as a node at --max-engines or overloaded does.
 func (f *fakeNode) refuseRegisters(why string) {

@@ -38,10 +38,7 @@ func TestLoadInDoubtUntilItsLateReply(t *testing.T) {
 	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
-	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
-	f.mu.Lock()
-	f.loadGate, f.loadsHeld = gate, held
-	f.mu.Unlock()
+	gate, held := f.gateLoads()
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec()})
 	d := loadInDoubt(t, c)
 	testkit.Recv(t, held, 5*time.Second, "the load waiting at the node")
@@ -67,10 +64,7 @@ func TestALateLoadReplyFromANewBootIsANodeLoss(t *testing.T) {
 	t.Parallel()
 	s, nc := testkit.NATS(t)
 	f := startFakeNode(t, nc, "n1", "boot1", testLease)
-	gate, held := make(chan struct{}, 1), make(chan struct{}, 4)
-	f.mu.Lock()
-	f.loadGate, f.loadsHeld = gate, held
-	f.mu.Unlock()
+	gate, held := f.gateLoads()
 	var logs testkit.SyncBuffer
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
 		Log: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))})
