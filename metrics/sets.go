@@ -24,10 +24,11 @@ type Events struct {
 	// PendingBytes are the inbound bytes taken and not yet handled, read at
 	// scrape time (ReadPendingFrom): intake touches no gauge per message.
 	PendingBytes prometheus.GaugeFunc
-	// FullestBucketBytes are the pending bytes of the fullest of intake's
-	// buckets of engine ids (each may hold three quarters of the budget),
-	// read at scrape time too: near that share, an engine (or a few sharing
-	// its bucket) is flooding.
+	// FullestBucketBytes are the pending bytes counted in the fullest of
+	// intake's buckets of engine ids (each may hold half the budget counted;
+	// a calm intake, a quarter of the budget or less, counts in none), read
+	// at scrape time too: near that share, an engine (or a few sharing its
+	// bucket) is flooding.
 	FullestBucketBytes prometheus.GaugeFunc
 	// IntakeWait is an events batch's wait between intake taking it and its
 	// ingest worker starting on it: the node's queueing before any decision

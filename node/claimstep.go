@@ -116,7 +116,7 @@ func (in *ingester) next(w *shardWork, x inbound) {
 			return
 		}
 	}
-	if lent, st := in.handle(x); st != nil {
+	if lent, st := in.handle(&x); st != nil {
 		in.park(w, &parkedEngine{engine: x.engine, held: x, step: st})
 	} else if !lent {
 		in.release(x.bucket, x.size)
@@ -172,7 +172,7 @@ func (in *ingester) resume(w *shardWork, p *parkedEngine) {
 		p.later[0] = inbound{}
 		p.later = p.later[1:]
 		p.bytes -= x.size
-		lent, st := in.handle(x)
+		lent, st := in.handle(&x)
 		if st != nil {
 			p.held, p.step = x, st
 			in.launch(w, p)

@@ -27,8 +27,10 @@ import (
 //
 // Intake is bounded in bytes (PROTOCOL.md "Back-pressure"): the bytes taken
 // and not yet handled never exceed the budget, and those of the engines
-// hashed to one of 64 buckets never exceed three quarters of it (share), so
-// one engine that floods leaves the others a quarter. What does not fit is
+// hashed to one of 64 buckets never exceed three quarters of it: a message
+// counts in its bucket only once intake holds more than a quarter (calm),
+// and a bucket holds at most half counted (share), so one engine that
+// floods leaves the others a quarter. What does not fit is
 // dropped and attributed to its engine, which resyncs (reason overflow); a
 // request/reply message gets an error reply instead of silence. nats.go's
 // own pending queue for the subscription is bounded too (the rest of
@@ -135,7 +137,10 @@ type inbound struct {
 	msg          *nats.Msg
 	n            uint64 // take's number for it (shardMarks)
 	engine, verb string
-	bucket       uint8 // engine's (bucketOf): its size is admitted there and released there
+	// bucket is where its bytes count (noBucket: calm), released there;
+	// home is its engine's (bucketOf), where a calm batch moves when its
+	// decoded bytes do not fit calm (ingester.admitMore).
+	bucket, home uint8
 	size         int64
 	// taken is when take received it: a batch's arrival, so the time it
 	// waits in its shard queue counts in the store latency metrics (a
@@ -362,11 +367,12 @@ func (in *ingester) take(m *nats.Msg) {
 		in.discarded.Add(1)
 		return
 	}
-	if !in.admit(bucket, size) {
+	counted, ok := in.admit(bucket, size)
+	if !ok {
 		in.overflow(engineID, verb, m)
 		return
 	}
-	x := inbound{msg: m, n: n, engine: engineID, verb: verb, bucket: bucket, size: size, at: at,
+	x := inbound{msg: m, n: n, engine: engineID, verb: verb, bucket: counted, home: bucket, size: size, at: at,
 		session: stamp(in.n.fence.Gen(), n, in.lapseEnd.Load()), taken: taken}
 	i := shardOfHash(h, len(in.queues))
 	mk := &in.marks[i]
@@ -376,7 +382,7 @@ func (in *ingester) take(m *nats.Msg) {
 		mk.sent(n, true)
 	default:
 		mk.sent(n, false)
-		in.release(bucket, size)
+		in.release(counted, size)
 		in.overflow(engineID, verb, m)
 	}
 }
@@ -407,8 +413,10 @@ func idHash(engineID string) uint32 {
 // handle reports whether the message's bytes went on to an engine actor as
 // a credit (returned when it has handled them), or returns the step it
 // must wait for off the worker (a register's claim on a cluster: the
-// message's bytes stay taken until the step is done).
-func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
+// message's bytes stay taken until the step is done). Its bytes, not lent,
+// are the caller's to release where x counts then: a batch may have moved
+// into its bucket (events).
+func (in *ingester) handle(x *inbound) (lent bool, st *claimStep) {
 	engineID, m := x.engine, x.msg
 	if x.verb != messages.VerbRegister && !in.n.serving(engineID, x.verb) {
 		// Another node's engine (clusters): stay silent, counted; unless
@@ -447,7 +455,8 @@ func (in *ingester) handle(x inbound) (lent bool, st *claimStep) {
 }
 
 // events hands a batch to pid, its engine's actor (nil: not routed).
-func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
+// x.bucket is updated where the batch moves into its bucket.
+func (in *ingester) events(x *inbound, pid *actor.PID) (lent bool) {
 	engineID, m, size, arrived := x.engine, x.msg, x.size, x.taken
 	n := in.n
 	n.metrics.IntakeWait.Observe(time.Since(arrived).Seconds())
@@ -478,10 +487,14 @@ func (in *ingester) events(x inbound, pid *actor.PID) (lent bool) {
 	// byte becomes several (a 120-byte event for ~40 bytes of JSON; a
 	// short hash's string header), and the window bounds memory, not JSON.
 	credit := max(size, heldBytes(&batch))
-	if credit > size && !in.admitMore(x.bucket, credit-size, size) {
-		eventSlices.Put(batch.Events)
-		in.overflow(engineID, x.verb, m) // the engine resyncs, as for a batch dropped at take
-		return false
+	if credit > size {
+		counted, ok := in.admitMore(x.bucket, x.home, credit-size, size)
+		if !ok {
+			eventSlices.Put(batch.Events)
+			in.overflow(engineID, x.verb, m) // the engine resyncs, as for a batch dropped at take
+			return false
+		}
+		x.bucket = counted // all its bytes count there now, its size too
 	}
 	ctx := n.batchCtx(m, engineID, batch.Seq, len(batch.Events))
 	msg := &engine.Batch{Batch: batch, Ctx: ctx, Arrived: arrived, Recycle: recycleEvents,
