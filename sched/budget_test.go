@@ -2,6 +2,7 @@ package sched
 
 import (
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -351,4 +352,41 @@ func TestCachedKeysDoNotPinKeysNotCached(t *testing.T) {
 		}
 		require.Equal(t, footprint(r), r.StateBytes())
 	})
+}
+
+// TestAKeyCacheGrowsGeometrically: a prefill waiting on a full pool
+// extends its key cache at every step; copied whole at each extension,
+// the cache would cost the square of its length.
+func TestAKeyCacheGrowsGeometrically(t *testing.T) {
+	var g group
+	arrays := 0
+	for i := range 10000 {
+		before := cap(g.cachedKeys())
+		g.cacheKeys([]messages.Key{messages.Key(fmt.Sprintf("k%d", i))})
+		if cap(g.cachedKeys()) != before {
+			arrays++
+		}
+	}
+	require.Len(t, g.cachedKeys(), 10000)
+	require.Equal(t, messages.Key("k9999"), g.cachedKeys()[9999])
+	require.LessOrEqual(t, arrays, 40, "a new array at every few keys")
+}
+
+// TestAnExtendedKeyCacheIsChargedItsCapacity: a prefill that waits on a
+// full pool extends its key cache one chunk at a time; the charge follows
+// the cache's capacity as it grows.
+func TestAnExtendedKeyCacheIsChargedItsCapacity(t *testing.T) {
+	lay := layout(t, 4, 1, full(4))
+	lay.Budget = NewStateBudget(0)
+	h := newHarness(t, lay, 8, added(64))
+	h.step(hashes(0, 16), blocks(0, 0, seq(1, 16)...), tokens(32, 32))
+	require.NotNil(t, h.advance().Job) // chunks 0..7 fill the pool, pending
+	for c := 9; c <= 15; c++ {
+		h.step(tokens(4*c, 4*c))
+		require.Nil(t, h.advance().Job)
+		require.Len(t, h.req.groups[0].cachedKeys(), c-8, "one more key cached")
+		require.Equal(t, footprint(h.req), h.req.StateBytes())
+	}
+	h.req.Forget()
+	require.Zero(t, lay.Budget.Held())
 }

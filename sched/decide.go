@@ -348,18 +348,18 @@ func (r *Request) cacheKeys(sc *scratch) {
 	}
 }
 
-// keysCharge is what group g's key cache costs more with keys added to it
-// (group.cacheKeys: its capacity is its length).
+// keysCharge is what group g's key cache costs more with keys added to it:
+// their bytes, and the headers of the capacity it grows by (keysCap).
 func (r *Request) keysCharge(g int, keys []messages.Key) int64 {
 	if len(keys) == 0 {
 		return 0
 	}
 	old := r.groups[g].cachedKeys()
-	cost := int64(len(keys)) * hashHeaderBytes // a Key's header, as a Hash's
+	cost := int64(keysCap(old, len(keys))-cap(old)) * hashHeaderBytes // a Key's header, as a Hash's
 	for _, k := range keys {
 		cost += int64(len(k))
 	}
-	return cost - int64(cap(old)-len(old))*hashHeaderBytes
+	return cost
 }
 
 // decided moves group g's cursor to rd (group.decided), giving back its

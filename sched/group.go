@@ -2,6 +2,7 @@ package sched
 
 import (
 	"iter"
+	"math"
 	"slices"
 
 	"github.com/kvactors/kvactors/messages"
@@ -161,9 +162,23 @@ func (g *group) cacheKeys(keys []messages.Key) {
 		return
 	}
 	r := g.retryState()
-	// Exactly as long as it holds: its capacity is what is charged for it
-	// (Request.cacheKeys), and it is extended seldom.
-	r.keys = append(append(make([]messages.Key, 0, len(r.keys)+len(keys)), r.keys...), keys...)
+	// Grown by keysCap, which Request.cacheKeys charged for: a prefill that
+	// waits on a full pool extends the cache at each step, and copying it
+	// whole each time would cost the square of its length.
+	if c := keysCap(r.keys, len(keys)); c > cap(r.keys) {
+		r.keys = append(make([]messages.Key, 0, c), r.keys...)
+	}
+	r.keys = append(r.keys, keys...)
+}
+
+// keysCap is the capacity a key cache takes to hold k more keys: its own
+// while they fit; else exactly them when fresh, then as append grows.
+func keysCap(cached []messages.Key, k int) int {
+	end := len(cached) + k
+	if end <= cap(cached) {
+		return cap(cached)
+	}
+	return grownCap(cap(cached), end, 0, math.MaxInt, cap(cached) == 0)
 }
 
 // decided follows a decision that moved the cursor to it: redo chunks below
