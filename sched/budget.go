@@ -22,8 +22,8 @@ var ErrStateBudget = messages.NewRejection(messages.RejectLimit, "engine's reque
 //
 // What a request is charged is what it keeps reachable: the capacity of its
 // hash and block id lists (a hash's string header included) and its hashes'
-// bytes. Lists grow by doubling, so a request may hold up to twice what
-// its ids need; the charge says so rather than hide it.
+// bytes. Lists grow as append grows them, so a request may hold up to
+// twice what its ids need; the charge says so rather than hide it.
 type StateBudget struct {
 	limit int64
 	held  atomic.Int64
@@ -107,6 +107,35 @@ func (r *Request) charge(n int64) error {
 func (r *Request) uncharge(n int64) {
 	r.lay.Budget.give(n)
 	r.charged -= n
+}
+
+// growCharged returns s with room for end elements (grownCap), charging
+// the capacity it grows by (elem bytes each) and extra bytes together:
+// refused, nothing is charged and s is returned as it was. Grown, the
+// elements go to a fresh array.
+func growCharged[T any](r *Request, s []T, end, presize, most int, elem, extra int64) ([]T, error) {
+	c := cap(s)
+	grown := c
+	if end > c {
+		grown = grownCap(c, end, presize, most, s == nil)
+	}
+	if err := r.charge(extra + int64(grown-c)*elem); err != nil {
+		return s, err
+	}
+	if grown > c {
+		s = append(make([]T, 0, grown), s...)
+	}
+	return s, nil
+}
+
+// bytesOf is the bytes of ss's strings (a hash's, a key's): what a list of
+// them keeps reachable besides its headers.
+func bytesOf[S ~string](ss []S) int64 {
+	var n int64
+	for _, s := range ss {
+		n += int64(len(s))
+	}
+	return n
 }
 
 // grownCap is the capacity a list of capacity c, nil when fresh, takes to

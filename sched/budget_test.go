@@ -362,7 +362,7 @@ func TestAKeyCacheGrowsGeometrically(t *testing.T) {
 	arrays := 0
 	for i := range 10000 {
 		before := cap(g.cachedKeys())
-		g.cacheKeys([]messages.Key{messages.Key(fmt.Sprintf("k%d", i))})
+		g.cacheKeys([]messages.Key{messages.Key(fmt.Sprintf("k%d", i))}, false)
 		if cap(g.cachedKeys()) != before {
 			arrays++
 		}

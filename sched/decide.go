@@ -330,7 +330,7 @@ func (r *Request) cacheKeys(sc *scratch) {
 		}
 		if r.charge(cost) == nil {
 			for g := range r.groups {
-				r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]])
+				r.groups[g].cacheKeys(sc.built[sc.starts[g]:sc.starts[g+1]], false)
 			}
 			return
 		}
@@ -340,11 +340,7 @@ func (r *Request) cacheKeys(sc *scratch) {
 		if len(keys) == 0 || r.charge(r.keysCharge(g, keys)) != nil {
 			continue
 		}
-		var size int64
-		for _, k := range keys {
-			size += int64(len(k))
-		}
-		r.groups[g].cacheKeys(appendOwn(nil, keys, size))
+		r.groups[g].cacheKeys(keys, true)
 	}
 }
 
@@ -355,11 +351,7 @@ func (r *Request) keysCharge(g int, keys []messages.Key) int64 {
 		return 0
 	}
 	old := r.groups[g].cachedKeys()
-	cost := int64(keysCap(old, len(keys))-cap(old)) * hashHeaderBytes // a Key's header, as a Hash's
-	for _, k := range keys {
-		cost += int64(len(k))
-	}
-	return cost
+	return int64(keysCap(old, len(keys))-cap(old))*hashHeaderBytes + bytesOf(keys) // a Key's header, as a Hash's
 }
 
 // decided moves group g's cursor to rd (group.decided), giving back its
@@ -372,11 +364,7 @@ func (r *Request) decided(g int, rd messages.ChunkIndex) {
 // keysCost is what a key cache is charged: its capacity's headers and its
 // keys' bytes.
 func keysCost(keys []messages.Key) int64 {
-	n := int64(cap(keys)) * hashHeaderBytes
-	for _, k := range keys {
-		n += int64(len(k))
-	}
-	return n
+	return int64(cap(keys))*hashHeaderBytes + bytesOf(keys)
 }
 
 // appendKeys builds the pool keys of cands in one allocation: the keys are

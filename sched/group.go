@@ -156,8 +156,9 @@ func (g *group) retryState() *groupRetry {
 	return g.retry
 }
 
-// cacheKeys extends the key cache with the keys of the chunks after it.
-func (g *group) cacheKeys(keys []messages.Key) {
+// cacheKeys extends the key cache with the keys of the chunks after it;
+// own: as copies (appendOwn), not the strings keys share with others.
+func (g *group) cacheKeys(keys []messages.Key, own bool) {
 	if len(keys) == 0 {
 		return
 	}
@@ -168,17 +169,21 @@ func (g *group) cacheKeys(keys []messages.Key) {
 	if c := keysCap(r.keys, len(keys)); c > cap(r.keys) {
 		r.keys = append(make([]messages.Key, 0, c), r.keys...)
 	}
+	if own {
+		r.keys = appendOwn(r.keys, keys, bytesOf(keys))
+		return
+	}
 	r.keys = append(r.keys, keys...)
 }
 
 // keysCap is the capacity a key cache takes to hold k more keys: its own
-// while they fit; else exactly them when fresh, then as append grows.
+// while they fit, else as append grows it (exactly them when empty).
 func keysCap(cached []messages.Key, k int) int {
 	end := len(cached) + k
 	if end <= cap(cached) {
 		return cap(cached)
 	}
-	return grownCap(cap(cached), end, 0, math.MaxInt, cap(cached) == 0)
+	return grownCap(cap(cached), end, 0, math.MaxInt, false)
 }
 
 // decided follows a decision that moved the cursor to it: redo chunks below

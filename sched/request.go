@@ -192,20 +192,14 @@ func (r *Request) applyHashes(start int, hs []messages.Hash) error {
 		return nil
 	}
 	add := hs[n-start:]
-	var bytes int64
-	for _, h := range add {
-		bytes += int64(len(h))
-	}
-	grown := cap(r.hashes)
-	if end > grown { // the first hashes reserve room for the prompt's
-		grown = grownCap(cap(r.hashes), end, r.promptUnits(r.lay.TokensPerHash, r.lay.MaxHashes), r.lay.MaxHashes, r.hashes == nil)
-	}
-	if err := r.charge(bytes + int64(grown-cap(r.hashes))*hashHeaderBytes); err != nil {
+	bytes := bytesOf(add)
+	// The first hashes reserve room for the prompt's.
+	hashes, err := growCharged(r, r.hashes, end, r.promptUnits(r.lay.TokensPerHash, r.lay.MaxHashes),
+		r.lay.MaxHashes, hashHeaderBytes, bytes)
+	if err != nil {
 		return err
 	}
-	if grown > cap(r.hashes) {
-		r.hashes = append(make([]messages.Hash, 0, grown), r.hashes...)
-	}
+	r.hashes = hashes
 	if n > start {
 		// The event's hashes share one string (ingest): kept as they are,
 		// the ones this request already had would stay reachable through
@@ -246,18 +240,15 @@ func (r *Request) applyBlocks(gi, start int, ids []messages.BlockID) error {
 	if end <= n {
 		return nil
 	}
-	if c := cap(g.blocks); end > c {
-		// The ids go to a fresh array, never over the old one: a store
-		// job's chunks alias the ids they were built from (buildJob). The
-		// first append reserves the prompt's.
-		most := r.lay.Groups[gi].MaxBlocks
-		grown := grownCap(c, end, r.promptUnits(r.lay.Groups[gi].TokensPerBlock, most), most, g.blocks == nil)
-		if err := r.charge(int64(grown-c) * blockIDBytes); err != nil {
-			return err
-		}
-		g.blocks = append(make([]messages.BlockID, 0, grown), g.blocks...)
+	// Grown, the ids go to a fresh array, never over the old one: a store
+	// job's chunks alias the ids they were built from (buildJob). The first
+	// append reserves the prompt's.
+	most := r.lay.Groups[gi].MaxBlocks
+	blocks, err := growCharged(r, g.blocks, end, r.promptUnits(r.lay.Groups[gi].TokensPerBlock, most), most, blockIDBytes, 0)
+	if err != nil {
+		return err
 	}
-	g.blocks = append(g.blocks, ids[n-start:]...)
+	g.blocks = append(blocks, ids[n-start:]...)
 	return nil
 }
 
