@@ -54,6 +54,25 @@ func TestHostileRequestStateIsBoundedPerEngine(t *testing.T) {
 		got[r.Request] = r.Hashes
 	}
 	require.Equal(t, map[string]int{"m0": 64, "m1": 64, "m2": 0}, got, "the refused event changed nothing")
+	// The budget is the engine's own: another engine's requests still grow.
+	var vh []string
+	var vids []int
+	for i := range 64 {
+		vh, vids = append(vh, hash("w", i)), append(vids, i)
+	}
+	vic.send(added("v2", 256), hashesEv("v2", 0, vh...), blocksEv("v2", 0, 0, vids...))
+	found := false
+	for _, r := range vic.sync().Requests {
+		if r.Request == "v2" {
+			found = true
+			require.Equal(t, 64, r.Hashes, "the victim's hashes refused for the attacker's state")
+			require.Equal(t, 64, r.Groups[0].Blocks)
+		}
+	}
+	require.True(t, found, "the victim's new request is live")
+	require.Equal(t, before+1, rejected(t, e, "limit"), "nothing of the victim's refused")
+	vic.send(finishedEv("v2", true, 0, 0))
+	recv(t, vic.released, "v2 released")
 
 	// Released requests give their bytes back: the same events apply now.
 	for _, r := range []string{"m0", "m1", "m2"} {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -190,28 +191,32 @@ func TestStateChargeQuickCheck(t *testing.T) {
 func snapshotsEqual(a, b RequestSnapshot) bool { return reflect.DeepEqual(a, b) }
 
 // TestStateBudgetConcurrentTakesNeverPassTheLimit: requests on their own
-// goroutines share a budget (one per engine).
+// goroutines share a budget (one per engine). With room for one take, no
+// second is ever inside at once, and takes are refused at the limit.
 func TestStateBudgetConcurrentTakesNeverPassTheLimit(t *testing.T) {
-	const limit = 1 << 16
+	const limit = 150
 	b := NewStateBudget(limit)
 	var wg sync.WaitGroup
-	var over atomic.Bool
+	var inside, most, refused atomic.Int64
 	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		wg.Go(func() {
 			for range 2000 {
-				if b.take(100) {
-					if b.Held() > limit {
-						over.Store(true)
-					}
-					b.give(100)
+				if !b.take(100) {
+					refused.Add(1)
+					continue
 				}
+				n := inside.Add(1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				runtime.Gosched() // held a while: let the others try
+				inside.Add(-1)
+				b.give(100)
 			}
-		}()
+		})
 	}
 	wg.Wait()
-	require.False(t, over.Load())
+	require.Equal(t, int64(1), most.Load(), "more takes inside at once than the limit holds")
+	require.Positive(t, refused.Load(), "the takes never met the limit")
 	require.Zero(t, b.Held())
 }
 
