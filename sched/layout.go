@@ -60,6 +60,10 @@ type Layout struct {
 	// Budget, when set, bounds the bytes of hashes and block ids the
 	// engine's live requests hold together; the node sets it, one per
 	// engine id shared by its registers (nil: only each request's bounds).
+	// Not geometry (SameGeometry and the namespace digest ignore it): it
+	// rides here, the one thing every request of the engine points to,
+	// because a pointer in each Request would push it past its size class
+	// (TestStateSizes).
 	Budget *StateBudget
 }
 
