@@ -472,9 +472,7 @@ func TestAnEnginesShardAndBucketComeFromOneFNVHash(t *testing.T) {
 func requireEmpty(t *testing.T, in *ingester) {
 	t.Helper()
 	require.Zero(t, in.pending.Load())
-	for i := range in.buckets {
-		require.Zero(t, in.buckets[i].n.Load(), "bucket %d", i)
-	}
+	requireNoBucket(t, in)
 }
 
 // holdTotal counts size bytes in intake's total alone, as a message of no
