@@ -369,6 +369,18 @@ func TestACalmIntakeCountsInNoBucket(t *testing.T) {
 	in.release(7, 40)
 	requireEmpty(t, in)
 
+	// Beside another message of its bucket: within the share only, however
+	// small that message.
+	require.Equal(t, noBucket, admitted(t, in, 3, 10))
+	require.True(t, holdTotal(in, 15))
+	require.EqualValues(t, 3, admitted(t, in, 3, 5))
+	refusedMore(t, in, noBucket, 3, 45, 10, "beside another of its bucket: within the share only")
+	require.EqualValues(t, 5, in.buckets[3].n.Load(), "the refused move undone")
+	in.release(3, 5)
+	in.release(noBucket, 10)
+	freeTotal(in, 15)
+	requireEmpty(t, in)
+
 	// Alone in its bucket: past the share (within the budget); alone in
 	// intake: past the budget too.
 	require.Equal(t, noBucket, admitted(t, in, 4, 10))
