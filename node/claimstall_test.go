@@ -187,4 +187,12 @@ func TestClusterStalledClaimParksAtMostHalfTheBudget(t *testing.T) {
 	m := testkit.Recv(t, replies, 5*time.Second, "b's register reply")
 	require.True(t, strings.HasSuffix(m.Subject, ".reg1"), "the lookup dropped unread is not answered: %s %s", m.Subject, m.Data)
 	require.Contains(t, string(m.Data), `"ok":true`)
+	// Every byte comes back, the dropped messages' too, each to the bucket
+	// it counts in.
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if bytes, held := e.node.IntakeBuckets(); e.node.IntakePending() != 0 || bytes != 0 || held != 0 {
+			return fmt.Errorf("intake holds %d bytes, its buckets %d, %d of them not 0", e.node.IntakePending(), bytes, held)
+		}
+		return nil
+	})
 }
