@@ -146,10 +146,9 @@ func TestAResyncGoesOutInBatchesOfMaxBatchBytes(t *testing.T) {
 			return drop
 		},
 		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
-			var b struct{ Epoch string }
-			_ = json.Unmarshal(m.Data, &b)
+			epoch := batchEpoch(m)
 			mu.Lock()
-			sizes[b.Epoch] = append(sizes[b.Epoch], len(m.Data))
+			sizes[epoch] = append(sizes[epoch], len(m.Data))
 			mu.Unlock()
 		}})
 	first := c.Epoch()
@@ -181,13 +180,12 @@ func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
 	attempts := map[string][]uint64{} // epoch -> seqs the client tried to publish
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: 4096,
 		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
-			var b struct{ Epoch string }
-			_ = json.Unmarshal(m.Data, &b)
+			epoch := batchEpoch(m)
 			mu.Lock()
 			defer mu.Unlock()
-			attempts[b.Epoch] = append(attempts[b.Epoch], seq)
-			if b.Epoch != first && failed == "" && seq == failAt {
-				failed = b.Epoch
+			attempts[epoch] = append(attempts[epoch], seq)
+			if epoch != first && failed == "" && seq == failAt {
+				failed = epoch
 				m.Subject = "" // NATS refuses it (ErrBadSubject), as a publish while reconnecting
 			}
 		}})
@@ -208,6 +206,14 @@ func TestAResyncSendsNothingAfterABatchThatFailed(t *testing.T) {
 	st := c.Stats()
 	require.Equal(t, 1, st.PublishErrors)
 	require.Equal(t, 1, st.Resyncs[client.ResyncRetry])
+}
+
+// batchEpoch is the epoch of an event batch the client publishes ("" if
+// its body does not say).
+func batchEpoch(m *nats.Msg) string {
+	var b struct{ Epoch string }
+	_ = json.Unmarshal(m.Data, &b)
+	return b.Epoch
 }
 
 // awaitResyncedHashes flushes until c has left epoch old and the node f
@@ -259,11 +265,9 @@ func TestAStepSendsNothingAfterAPartThatFailed(t *testing.T) {
 	var tried []uint64 // seqs the client tried to publish in the first epoch
 	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), MaxBatchBytes: 4096,
 		BeforePublish: func(m *nats.Msg, seq uint64, events int) {
-			var b struct{ Epoch string }
-			_ = json.Unmarshal(m.Data, &b)
 			mu.Lock()
 			defer mu.Unlock()
-			if b.Epoch == first {
+			if batchEpoch(m) == first {
 				tried = append(tried, seq)
 				if seq == failAt {
 					m.Subject = "" // NATS refuses it (ErrBadSubject), as a publish while reconnecting
