@@ -92,22 +92,36 @@ func (n *Node) adminStatus(id string) (StatusReply, error) {
 	return n.Status(id, 2*time.Second)
 }
 
-// serveEngines is the status snapshot of every engine (?engine=ID for one).
+// serveEngines is the status snapshot of every engine (?engine=ID for one):
+// one JSON list, the same as encoded whole, but written one engine at a
+// time, each snapshot gathered once the one before is written, so the
+// node holds one, not --max-engines of them.
 func (n *Node) serveEngines(w http.ResponseWriter, r *http.Request) {
 	ids := n.Engines()
 	if one := r.URL.Query().Get("engine"); one != "" {
 		ids = []string{one}
 	}
-	out := make([]StatusReply, 0, len(ids))
+	w.Header().Set("Content-Type", "application/json")
+	if len(ids) == 0 {
+		_, _ = w.Write([]byte("[]\n"))
+		return
+	}
+	sep := "[\n  "
 	for _, id := range ids {
 		st, err := n.adminStatus(id)
 		if err != nil {
 			st.Engine, st.Error = id, err.Error()
 		}
-		out = append(out, st)
+		b, err := json.MarshalIndent(st, "  ", "  ")
+		if err != nil { // a StatusReply always encodes: a bug, listed as the engine's error
+			st = StatusReply{Node: st.Node, Boot: st.Boot}
+			st.Engine, st.Error = id, "encoding its status: "+err.Error()
+			b, _ = json.MarshalIndent(st, "  ", "  ")
+		}
+		if _, err := w.Write(append([]byte(sep), b...)); err != nil {
+			return // the client left
+		}
+		sep = ",\n  "
 	}
-	w.Header().Set("Content-Type", "application/json")
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(out)
+	_, _ = w.Write([]byte("\n]\n"))
 }

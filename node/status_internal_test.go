@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
@@ -150,4 +151,72 @@ func TestTheAdminStatusTakesTheStatusSlots(t *testing.T) {
 		require.Contains(t, err, "status requests in flight", id)
 	}
 	require.Zero(t, e1.statusGathers.Load(), "a refused gather keeps none of the engine's share")
+}
+
+// slotFiller is a response writer that takes every node status slot as
+// the first engine snapshot is written to it: a gather after that is
+// refused, one before it served.
+type slotFiller struct {
+	*httptest.ResponseRecorder
+	n      *Node
+	filled bool
+}
+
+func (w *slotFiller) Write(b []byte) (int, error) {
+	if !w.filled && strings.Contains(string(b), `"engine"`) {
+		w.filled = true
+		for range maxStatusGathers {
+			w.n.statusSlots <- struct{}{}
+		}
+	}
+	return w.ResponseRecorder.Write(b)
+}
+
+// /debug/engines writes each engine's snapshot before it gathers the
+// next, so it holds one at a time, not every engine's at once
+// (--max-engines of large state): as the first snapshot is written, the
+// writer takes every status slot, and each later engine is listed with
+// the refusal. Its body is the same JSON as the list encoded whole.
+func TestTheAdminStatusStreamsOneEngineAtATime(t *testing.T) {
+	t.Parallel()
+	n, nc, dir := startInternal(t, nil)
+	get := func(w http.ResponseWriter) {
+		n.serveEngines(w, httptest.NewRequest("GET", "/debug/engines", nil))
+	}
+	rec := httptest.NewRecorder()
+	get(rec)
+	require.Equal(t, "[]\n", rec.Body.String(), "no engine: an empty list")
+
+	ids := []string{"e1", "e2", "e3", "e4"}
+	for _, id := range ids {
+		registerOneEngine(t, nc, dir, id)
+	}
+	rec = httptest.NewRecorder()
+	get(rec)
+	require.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+	var out []StatusReply
+	require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out), rec.Body.String())
+	var whole strings.Builder
+	enc := json.NewEncoder(&whole)
+	enc.SetIndent("", "  ")
+	require.NoError(t, enc.Encode(out))
+	require.Equal(t, whole.String(), rec.Body.String(), "the list as encoded whole")
+	got := map[string]string{}
+	for _, st := range out {
+		got[st.Engine] = st.Error
+		require.Equal(t, n.NodeID(), st.Node)
+		require.Equal(t, 1, st.Pages)
+	}
+	require.Equal(t, map[string]string{"e1": "", "e2": "", "e3": "", "e4": ""}, got)
+
+	w := &slotFiller{ResponseRecorder: httptest.NewRecorder(), n: n}
+	get(w)
+	out = nil
+	require.NoError(t, json.Unmarshal(w.Body.Bytes(), &out), w.Body.String())
+	require.Len(t, out, len(ids))
+	require.Empty(t, out[0].Error, "the first engine is gathered before anything is written")
+	for _, st := range out[1:] {
+		require.Contains(t, st.Error, "status requests in flight",
+			"engine %s gathered before the snapshot ahead of it was written", st.Engine)
+	}
 }
