@@ -132,6 +132,10 @@ type Config struct {
 	// loadChunksMost bounds the chunks of an engine's loads in flight (0:
 	// maxLoadChunks). Tests set it small.
 	loadChunksMost int64
+	// loadBuilt, when set, is called as a load's chunks are built, with
+	// how many and the chunks its engine's loads in flight hold then, its
+	// own counted. Tests set it (export_test).
+	loadBuilt func(chunks int, held int64)
 	// natsExtra is appended to the client's options (nil: none). Tests set
 	// it (export_test), e.g. to keep a node on the one server it dials.
 	natsExtra []nats.Option

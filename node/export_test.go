@@ -53,6 +53,11 @@ func WithLoadChunksBound(most int64) func(*Config) {
 	return func(c *Config) { c.loadChunksMost = most }
 }
 
+// WithLoadBuilt calls f as each load's chunks are built (Config.loadBuilt).
+func WithLoadBuilt(f func(chunks int, held int64)) func(*Config) {
+	return func(c *Config) { c.loadBuilt = f }
+}
+
 // WithClock sets the node's liveness clock (Config.now): engine expiry and
 // the engine-silence fence read it.
 func WithClock(now func() time.Time) func(*Config) {

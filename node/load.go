@@ -137,21 +137,30 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 	if span.IsRecording() {
 		span.SetAttributes(tracing.AttrRequest.String(req.Request))
 	}
+	// Counted until the load ends (end, or its load actor's Done), before
+	// its chunks are built: one that does not fit the room its engine's
+	// other loads leave is refused having built, pinned or fetched nothing.
 	most := n.loadChunksMost()
-	chunks, err := rec.layout.LoadChunksAtMost(req.Hashes, req.NumTokens, req.Blocks, int(most))
+	count, err := rec.layout.LoadChunkCount(req.Hashes, req.NumTokens, req.Blocks, int(most))
 	if err != nil {
 		refuse(err)
 		return
 	}
-	// Counted until the load ends (end, or its load actor's Done): one
-	// that does not fit is refused before it pins or fetches anything.
-	held = int64(len(chunks))
+	held = int64(count)
 	if rec.loadChunks.Add(held) > most {
 		rec.loadChunks.Add(-held)
 		refuse(fmt.Errorf("load %q: %w", req.Request, errTooManyLoadChunks(most)))
 		return
 	}
 	heldChunks = &rec.loadChunks
+	chunks, err := rec.layout.LoadChunksAtMost(req.Hashes, req.NumTokens, req.Blocks, count)
+	if err != nil {
+		refuse(err) // not for a body just counted: a bug
+		return
+	}
+	if n.cfg.loadBuilt != nil {
+		n.cfg.loadBuilt(len(chunks), rec.loadChunks.Load())
+	}
 	keys := make([]messages.Key, len(chunks))
 	for i := range chunks {
 		keys[i] = chunks[i].Key

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -184,4 +185,77 @@ func storedOneChunk(t *testing.T, e *env, dev *heldDevice) {
 	testkit.Recv(t, dev.started, 5*time.Second, "r's store copy")
 	dev.gate <- struct{}{}
 	recv(t, te.stored, "r's chunk stored")
+}
+
+// A load is counted in its engine's loads in flight before its chunks are
+// built: one past the room the others leave is refused having built none
+// (it built up to the whole bound, then found no room: twice the bound's
+// heap while the others held theirs), and a build never finds the
+// engine's loads holding more than the bound, its own counted. Loads sent
+// back to back, every copy held, take the room in turn.
+func TestALoadPastTheRoomLeftBuildsNoChunks(t *testing.T) {
+	t.Parallel()
+	const most = 8
+	var mu sync.Mutex
+	var built []int
+	dev := &heldDevice{started: make(chan struct{}, 16), gate: make(chan struct{}, 16)}
+	e := startNode(t, node.WithLoadChunksBound(most), func(c *node.Config) { c.WrapDevice = dev.wrap },
+		node.WithLoadBuilt(func(chunks int, held int64) {
+			mu.Lock()
+			defer mu.Unlock()
+			built = append(built, chunks)
+			if held > most {
+				t.Errorf("a load of %d chunks built with %d in flight, over %d", chunks, held, most)
+			}
+		}))
+	storedOneChunk(t, e, dev)
+	replies := make(chan *nats.Msg, 8)
+	sub, err := e.nc.ChanSubscribe("_INBOX.e1.room.*", replies)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	load := func(i, chunks int) { // chunks copies of r's first chunk into block 5
+		hashes, blocks := make([]string, chunks), make([]int, chunks)
+		for c := range chunks {
+			hashes[c], blocks[c] = hash("r", 0), 5
+		}
+		data, err := json.Marshal(map[string]any{"request": fmt.Sprint("l", i), "hashes": hashes,
+			"num_tokens": 4 * chunks, "blocks": [][]int{blocks}})
+		require.NoError(t, err)
+		require.NoError(t, e.nc.PublishRequest("kvactors.e1.load", fmt.Sprintf("_INBOX.e1.room.%d", i), data))
+	}
+	answer := func(what string) (string, messages.LoadReply) {
+		t.Helper()
+		m := testkit.Recv(t, replies, 10*time.Second, what)
+		var r messages.LoadReply
+		require.NoError(t, json.Unmarshal(m.Data, &r))
+		return m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], r
+	}
+
+	load(0, 7) // 7 of 8: held copying
+	testkit.Recv(t, dev.started, 5*time.Second, "load 0's copy")
+	load(1, 5) // 12 of 8: refused, none built
+	i, r := answer("the answer to the load past the room")
+	require.Equal(t, "1", i)
+	require.Contains(t, r.Error, messages.Overloaded)
+	mu.Lock()
+	require.Equal(t, []int{7}, built, "only load 0 built its chunks")
+	mu.Unlock()
+
+	for j := range 4 { // back to back: 1 fits (8 of 8), the rest wait for room that is not there
+		load(2+j, 1)
+	}
+	for range 3 {
+		_, r := answer("a load past the room")
+		require.Contains(t, r.Error, messages.Overloaded)
+	}
+	for range 2 {
+		dev.gate <- struct{}{}
+	}
+	for range 2 {
+		i, r := answer("a held load's answer")
+		require.True(t, r.OK, "load %s: %s", i, r.Error)
+	}
+	mu.Lock()
+	require.Equal(t, []int{7, 1}, built, "the loads refused built none")
+	mu.Unlock()
 }

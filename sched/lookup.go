@@ -134,16 +134,42 @@ func (l *Layout) LoadChunks(hashes []messages.Hash, numTokens int, blocks [][]me
 }
 
 // LoadChunksAtMost is LoadChunks refusing, with ErrTooManyChunks, a load of
-// more than most chunks in all groups as soon as it passes most, before
-// it holds their memory (each chunk of a job costs ~150 bytes of heap, and
-// a load may name one chunk again and again).
+// more than most chunks in all groups, before it holds their memory (each
+// chunk of a job costs ~150 bytes of heap, and a load may name one chunk
+// again and again): it counts them first (LoadChunkCount).
 func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID,
 	most int) ([]JobChunk, error) {
+	n, err := l.LoadChunkCount(hashes, numTokens, blocks, most)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]JobChunk, 0, n)
+	_, err = l.loadChunks(hashes, numTokens, blocks, n, func(g, c int, ids []messages.BlockID) {
+		gl := l.Groups[g]
+		out = append(out, JobChunk{Group: g, Index: messages.ChunkIndex(c),
+			Key: l.Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
+	})
+	return out, err
+}
+
+// LoadChunkCount is how many chunks LoadChunksAtMost would build, and its
+// error, without building any: a node counts a load's chunks against its
+// engine's room before it holds their memory.
+func (l *Layout) LoadChunkCount(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID,
+	most int) (int, error) {
+	return l.loadChunks(hashes, numTokens, blocks, most, nil)
+}
+
+// loadChunks checks a load body against the layout and calls chunk (if
+// not nil) for each chunk to copy, in order: of group g, chunk c, into
+// ids; it returns how many, refusing more than most.
+func (l *Layout) loadChunks(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID, most int,
+	chunk func(g, c int, ids []messages.BlockID)) (int, error) {
 	if len(blocks) != len(l.Groups) {
-		return nil, fmt.Errorf("%w: %d block lists for %d groups", ErrBadLoad, len(blocks), len(l.Groups))
+		return 0, fmt.Errorf("%w: %d block lists for %d groups", ErrBadLoad, len(blocks), len(l.Groups))
 	}
 	bpc := l.BlocksPerChunk
-	var out []JobChunk
+	count := 0
 	for g, gl := range l.Groups {
 		n := numTokens / gl.TokensPerChunk
 		if n > gl.MaxBlocks/bpc {
@@ -151,15 +177,15 @@ func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks 
 			// the engine's num_gpu_blocks): past it a load only repeats
 			// chunks, and one load of any size runs alone in the copy queue
 			// while every engine's copies wait.
-			return nil, fmt.Errorf("%w: %w: group %d: %d tokens need %d chunks, a request holds at most %d",
+			return 0, fmt.Errorf("%w: %w: group %d: %d tokens need %d chunks, a request holds at most %d",
 				ErrTooLarge, ErrBadLoad, g, numTokens, n, gl.MaxBlocks/bpc)
 		}
 		if len(blocks[g]) < n*bpc {
-			return nil, fmt.Errorf("%w: group %d: %d block ids for %d chunks of %d blocks", ErrBadLoad, g,
+			return 0, fmt.Errorf("%w: group %d: %d block ids for %d chunks of %d blocks", ErrBadLoad, g,
 				len(blocks[g]), n, bpc)
 		}
 		if n*gl.HashesPerChunk > len(hashes) {
-			return nil, fmt.Errorf("%w: %d tokens need %d hashes, got %d", ErrBadLoad, numTokens,
+			return 0, fmt.Errorf("%w: %d tokens need %d hashes, got %d", ErrBadLoad, numTokens,
 				n*gl.HashesPerChunk, len(hashes))
 		}
 		for c := range n {
@@ -167,7 +193,7 @@ func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks 
 			needed := false
 			for _, id := range ids {
 				if int(id) >= l.NumGPUBlocks {
-					return nil, fmt.Errorf("%w: %w: group %d: block id %d >= num_gpu_blocks %d", ErrBadLoad, ErrBlockRange,
+					return 0, fmt.Errorf("%w: %w: group %d: block id %d >= num_gpu_blocks %d", ErrBadLoad, ErrBlockRange,
 						g, id, l.NumGPUBlocks)
 				}
 				needed = needed || id != 0
@@ -175,12 +201,14 @@ func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks 
 			if !needed {
 				continue
 			}
-			if len(out) == most {
-				return nil, fmt.Errorf("%w: %w: more than %d chunks", ErrTooManyChunks, ErrBadLoad, most)
+			if count == most {
+				return 0, fmt.Errorf("%w: %w: more than %d chunks", ErrTooManyChunks, ErrBadLoad, most)
 			}
-			out = append(out, JobChunk{Group: g, Index: messages.ChunkIndex(c),
-				Key: l.Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
+			count++
+			if chunk != nil {
+				chunk(g, c, ids)
+			}
 		}
 	}
-	return out, nil
+	return count, nil
 }
