@@ -219,3 +219,36 @@ func TestHeaderBytesCountAgainstTheIntakeBudget(t *testing.T) {
 	reply := testkit.Recv(t, replies, 5*time.Second, "a refused request is answered")
 	require.Contains(t, string(reply.Data), messages.Overloaded, "256 KiB of headers do not fit in 64 KiB of budget")
 }
+
+// A message admitted while its shard's queue is full is dropped (overflow)
+// and its bytes given back where they were counted: calm, to the total
+// alone; past calm, to its engine's bucket too. Kept, or given to the other
+// place, they would hold the budget (or a bucket) short for good. The
+// intake here has one shard queue that nothing reads, of no room: always
+// full.
+func TestAMessageItsFullShardQueueDropsGivesItsBytesBack(t *testing.T) {
+	t.Parallel()
+	n, _, _ := startInternal(t, nil)
+	in := &ingester{n: n, queues: []chan inbound{make(chan inbound)}, marks: make([]shardMarks, 1),
+		budget: 1 << 20, lost: map[string]uint64{}, alive: map[string]time.Time{}}
+	batch := &nats.Msg{Subject: "kvactors.e1.events", Data: []byte(`{"epoch":"a","seq":1,"events":[]}`)}
+	size := msgBytes(batch)
+
+	in.take(batch) // calm: intake holds nothing else
+	require.Contains(t, in.lost, "e1", "dropped: e1 resyncs")
+	requireEmpty(t, in)
+
+	delete(in.lost, "e1")
+	require.True(t, holdTotal(in, in.calm()), "intake past calm: the next message counts in its bucket")
+	bucket := bucketOf(idHash("e1"))
+	admittedAt, ok := in.admit(bucket, size)
+	require.True(t, ok)
+	require.Equal(t, bucket, admittedAt, "past calm, e1's batch is counted in its bucket")
+	in.release(admittedAt, size)
+	in.take(batch)
+	require.Contains(t, in.lost, "e1", "dropped: e1 resyncs")
+	require.Equal(t, in.calm(), in.pending.Load(), "the batch's bytes given back to the total")
+	requireNoBucket(t, in)
+	freeTotal(in, in.calm())
+	requireEmpty(t, in)
+}
