@@ -67,3 +67,32 @@ func TestHoldsEmptyCountsPagesNotBytes(t *testing.T) {
 		t.Fatal("1280 chunks of 192 KiB not held by 256 pages that take 5 each")
 	}
 }
+
+// A pool that holds one chunk of each size at once, empty, holds each
+// alone: HoldsEmpty of one of each implies Fits of each (node's register
+// checks Fits of the largest first only for its plainer error).
+func TestHoldsEmptyOfOneOfEachImpliesEachFits(t *testing.T) {
+	check := func(seed uint64) bool {
+		rng := rand.New(rand.NewPCG(seed, 2))
+		pageBytes := int64(64 + rng.IntN(2000))
+		p := New(int64(1+rng.IntN(12))*pageBytes, pageBytes)
+		sizes, ones := make([]int64, 1+rng.IntN(4)), make([]int64, 0, 4)
+		for g := range sizes {
+			sizes[g] = 1 + rng.Int64N(int64(len(p.pages)+2)*pageBytes)
+			ones = append(ones, 1)
+		}
+		if !p.HoldsEmpty(sizes, ones) {
+			return true
+		}
+		for _, s := range sizes {
+			if !p.Fits(s) {
+				t.Logf("page %d × %d, sizes %v: HoldsEmpty, but %d does not fit", pageBytes, len(p.pages), sizes, s)
+				return false
+			}
+		}
+		return true
+	}
+	if err := quick.Check(check, &quick.Config{MaxCount: 5000}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -185,6 +185,11 @@ func (n *Node) register(id string, spec messages.EngineSpec, at time.Time) error
 	if _, err := n.nss.check(id, nsName, lay, most); err != nil {
 		return err
 	}
+	// Implied by HoldsEmpty below (a pool that holds one chunk of each
+	// group holds the largest alone: hostpool's
+	// TestHoldsEmptyOfOneOfEachImpliesEachFits), so it refuses no engine
+	// more; checked first for its plainer answer to the common case, one
+	// chunk the pool cannot hold (TestChunkLargerThanPoolRefused).
 	if need := lay.MaxChunkBytes(); !n.store.Fits(need) {
 		return fmt.Errorf("%w: chunk of %d bytes is larger than the pool can hold (its pages, empty)", ErrRegister, need)
 	}
