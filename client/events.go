@@ -343,13 +343,20 @@ func (c *Client) Resumed(req string) {
 // Finished announces that req ended; OnReleased says when its blocks may be
 // reused. computed and total are as in Tokens. A refused Finished is owed
 // no release: call it again with valid counts, or the node keeps the
-// request, and may store from its blocks, for good.
+// request, and may store from its blocks, for good. A Finished of a
+// request already finished whose release has not come yet is a no-op
+// (nil; nothing sent, nothing recorded, no second release owed): sent,
+// the node would answer it with a second release had it released the
+// first by then.
 func (c *Client) Finished(req string, aborted bool, computed, total int) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	r, err := c.checkLocked("finished", req, count{"computed", computed}, count{"total", total})
 	if err != nil {
 		return err
+	}
+	if r != nil && r.phase == finished {
+		return nil
 	}
 	c.batch.Finished(req, aborted, computed, total)
 	c.cutLocked()
@@ -363,9 +370,6 @@ func (c *Client) Finished(req string, aborted bool, computed, total int) error {
 		return nil
 	}
 	c.announcedLocked(r)
-	if r.phase == finished {
-		return nil
-	}
 	r.finPre = r.phase == preempted // its blocks go back with the preemption's release
 	r.phase, r.aborted, r.computed, r.total = finished, aborted, computed, total
 	r.owed++

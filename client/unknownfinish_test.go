@@ -58,3 +58,33 @@ func TestTheReleaseAnsweringAFinishedOfAnUnheldRequestIsExpected(t *testing.T) {
 		return nil
 	})
 }
+
+// A second Finished of a request whose release has not come yet is the
+// engine's mistake, answered by no OnReleased call (Finished's doc): it
+// sends nothing. Sent, the node would answer it with a second release
+// once it had released the first (the fake node does at once), which the
+// engine never waits for: counted as unexpected.
+func TestASecondFinishedBeforeItsReleaseSendsNothing(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	rels := newReleases()
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(), OnReleased: rels.on})
+
+	require.NoError(t, c.Added("r1", 8))
+	require.NoError(t, c.Finished("r1", false, 8, 8))
+	require.NoError(t, c.Finished("r1", true, 4, 8)) // again, with other values
+	require.NoError(t, c.Flush())
+	rel := testkit.Recv(t, rels.ch, 5*time.Second, "r1's release")
+	require.Equal(t, messages.ReasonFinished, rel.Reason, "the second Finished changed the first")
+	oneRequest(t, c, "r2") // its release comes after any answer to the second Finished
+	require.Equal(t, "r2", testkit.Recv(t, rels.ch, 5*time.Second, "r2's release").Request)
+	finished := 0
+	for _, ev := range f.events(c.Epoch()) {
+		if ev.Request == "r1" && ev.Type == messages.EvFinished {
+			finished++
+		}
+	}
+	require.Equal(t, 1, finished, "finished events of r1 sent")
+	require.Zero(t, c.Stats().UnexpectedRel)
+}
