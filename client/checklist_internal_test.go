@@ -204,3 +204,47 @@ func TestHeartbeatRepliesJudgeOnlyTheirEpochHalfAPeriodOn(t *testing.T) {
 	beat(c.epoch, 0, messages.HeartbeatReply{})
 	require.Empty(t, c.resync, "the old epoch's count judged the new one")
 }
+
+// Step 11: the node may hold a request once one of its events was
+// published, not once it went into a batch: a batch dropped unsent (the
+// node forgot the engine before the Flush, an overflow's wait, a publish
+// the link refused) told the node nothing, so a Finished while the node
+// has forgotten the engine is answered at once, not left waiting for an
+// engine_gone that never comes until a register the node may refuse for
+// long. One whose batch, or resync, went out waits for its engine_gone.
+func TestOnlyAPublishedEventPutsARequestAtTheNode(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	down, err := nats.Connect(nc.ConnectedUrl())
+	require.NoError(t, err)
+	down.Close()
+	for _, tc := range []struct {
+		name  string
+		nc    *nats.Conn
+		drop  func(c *Client)
+		freed bool
+	}{
+		{"discarded", nc, func(c *Client) { c.reregister = true }, true},
+		{"held", nc, func(c *Client) { c.resync, c.holdUntil = ResyncNode, time.Now().Add(time.Hour) }, true},
+		{"refused", down, func(*Client) {}, true},
+		{"sent", nc, func(*Client) {}, false},
+		{"re-announced", nc, func(c *Client) { c.resync = ResyncEngine }, false}, // the Flush resyncs
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := sessionClient(t)
+			c.nc, c.subj = tc.nc, "kvactors.e1."
+			require.NoError(t, c.Added("r", 8))
+			tc.drop(c)
+			require.NoError(t, c.Flush())
+			c.reregister = true // an "unknown engine" heartbeat reply
+			require.NoError(t, c.Finished("r", false, 8, 8))
+			if tc.freed {
+				require.Equal(t, 1, c.st.ForgottenFrees, "the Finished waits for an engine_gone")
+				require.NotContains(t, c.reqs, "r")
+			} else {
+				require.Zero(t, c.st.ForgottenFrees, "freed while the node may copy")
+				require.Equal(t, 1, c.reqs["r"].owed)
+			}
+		})
+	}
+}

@@ -75,6 +75,10 @@ type Client struct {
 	// oldest first; batch is the part being appended to (cutLocked).
 	full []wire.Batch
 	body []byte
+	// unsent are the requests with events in the step's batch that the
+	// node may not hold yet (not atNode): the first publish that may reach
+	// it puts them there. A batch dropped unsent told the node nothing.
+	unsent map[*mreq]struct{}
 
 	reqs   map[string]*mreq
 	loads  map[*loadWait]struct{} // sent, not settled (load.go)
@@ -252,6 +256,7 @@ func (c *Client) Flush() error {
 func (c *Client) resetBatchLocked() {
 	c.batch.Reset()
 	c.full = nil
+	clear(c.unsent)
 }
 
 // publishLocked sends b under the next seq.
@@ -259,6 +264,7 @@ func (c *Client) publishLocked(b *wire.Batch) error {
 	c.seq++
 	if c.cfg.DropBatch != nil && c.cfg.DropBatch(c.seq) {
 		c.st.DroppedBatches++
+		c.atNodeLocked() // lost on the way, as far as the client can tell
 		return nil
 	}
 	c.body = b.Body(c.body, c.epoch, c.seq)
@@ -266,7 +272,13 @@ func (c *Client) publishLocked(b *wire.Batch) error {
 	if c.cfg.BeforePublish != nil {
 		c.cfg.BeforePublish(m, c.seq, b.Events())
 	}
-	if err := c.publishMsg(m); err != nil {
+	err := c.publishMsg(m)
+	if !notSent(err) {
+		// Every unsent request, not only b's: a step's later parts, and a
+		// resync's, are about to follow it, and an extra atNode only waits.
+		c.atNodeLocked()
+	}
+	if err != nil {
 		c.st.PublishErrors++
 		c.cfg.Log.Debug("client: publish", "engine", c.cfg.Engine, "seq", c.seq, "err", err)
 		return fmt.Errorf("client: engine %s: publish batch %d: %w", c.cfg.Engine, c.seq, err)
@@ -307,7 +319,7 @@ func (c *Client) resyncLocked() {
 	if err == nil && c.batch.Events() > 0 {
 		err = c.publishLocked(&c.batch)
 	}
-	c.batch.Reset()
+	c.resetBatchLocked()
 	if err != nil {
 		c.resync = ResyncRetry // a publish failed: start over with yet another epoch
 	}
@@ -325,7 +337,7 @@ func (c *Client) reannounceLocked(flush func()) {
 	slices.SortFunc(reqs, func(a, b *mreq) int { return int(a.n - b.n) })
 	for _, r := range reqs {
 		r.silent = r.phase == preempted && r.owed == 0
-		r.atNode = true
+		c.announcedLocked(r)
 		r.announce(&c.batch, flush)
 	}
 }

@@ -52,7 +52,7 @@
 //     "unknown engine" heartbeat reply) and a re-register is pending, an
 //     engine_gone release answers every release its request is owed, and
 //     a later finished or preempted of a request the node holds nothing of
-//     (its engine_gone came, or it was never announced since) is answered
+//     (its engine_gone came, or no batch carrying it was published since) is answered
 //     at once with reason engine_gone (no epoch), as the node may refuse
 //     the engine for long (--max-engines); one the node may still copy
 //     for waits for its engine_gone (the node answers "unknown engine" as

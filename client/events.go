@@ -180,11 +180,24 @@ func (c *Client) reqLocked(req string) (*mreq, bool) {
 
 // announcedLocked notes that an event of r is in the batch: unless the
 // node has forgotten the engine (its batches are discarded then), the
-// node may hold r from now on.
+// node may hold r once the batch is published (atNodeLocked).
 func (c *Client) announcedLocked(r *mreq) {
-	if r != nil && !c.reregister {
+	if r == nil || r.atNode || c.reregister {
+		return
+	}
+	if c.unsent == nil {
+		c.unsent = map[*mreq]struct{}{}
+	}
+	c.unsent[r] = struct{}{}
+}
+
+// atNodeLocked notes that a batch was published that may reach the node:
+// it may hold every request with events in the step's batch from now on.
+func (c *Client) atNodeLocked() {
+	for r := range c.unsent {
 		r.atNode = true
 	}
+	clear(c.unsent)
 }
 
 // appendAdded appends added, with max_offload_tokens when maxOffload ≥ 0.

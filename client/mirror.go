@@ -43,9 +43,9 @@ type mreq struct {
 	// silent: a release is due from the node that the engine does not wait
 	// for (a preempted request re-announced after its blocks were freed).
 	silent bool
-	// atNode: the node may hold the request: an event of it may have
-	// reached the node since the engine last registered, and no engine_gone
-	// released it since. Without it, while the node has forgotten the
+	// atNode: the node may hold the request: an event of it was published
+	// (not only put in a batch then dropped unsent) since the engine last
+	// registered, and no engine_gone released it since. Without it, while the node has forgotten the
 	// engine, the node can copy nothing of it (freeIfNoNodeLocked).
 	atNode bool
 }
