@@ -2,6 +2,8 @@ package client
 
 import (
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -38,6 +40,33 @@ func msgOf(t *testing.T, body any) *nats.Msg {
 	return &nats.Msg{Data: data}
 }
 
+// reannounced is what a resync of c would re-announce, decoded.
+func reannounced(t *testing.T, c *Client) []messages.Event {
+	t.Helper()
+	c.batch.Reset()
+	c.reannounceLocked(func() {})
+	dec, bad, err := ingest.DecodeBatch("e", c.batch.Body(nil, "x", 1), ingest.Limits{})
+	require.NoError(t, err)
+	require.Empty(t, bad)
+	return dec.Events
+}
+
+// heartbeatReply hands c's heartbeat code rep as the reply to a heartbeat
+// of epoch and seq it has just sent (a probe numbered now), from n1.
+func heartbeatReply(t *testing.T, nc *nats.Conn, c *Client, epoch string, seq uint64, rep messages.HeartbeatReply) {
+	t.Helper()
+	sub, err := nc.SubscribeSync(nc.NewInbox())
+	require.NoError(t, err)
+	if rep.Node == "" {
+		rep.Node, rep.Boot = "n1", "b1"
+	}
+	rep.Epoch = epoch
+	data, err := json.Marshal(rep)
+	require.NoError(t, err)
+	require.NoError(t, nc.Publish(sub.Subject, data))
+	c.heartbeat(epoch, seq, c.probeLocked(), sub, 0)
+}
+
 // Step 18: a resync re-announces added with its max_offload_tokens; left
 // out, the new epoch's node would store the request past its cap.
 func TestAResyncReannouncesMaxOffloadTokens(t *testing.T) {
@@ -45,13 +74,8 @@ func TestAResyncReannouncesMaxOffloadTokens(t *testing.T) {
 	c := sessionClient(t)
 	require.NoError(t, c.AddedMax("r", 16, 4))
 	require.NoError(t, c.Added("s", 16))
-	c.batch.Reset()
-	c.reannounceLocked(func() {})
-	dec, bad, err := ingest.DecodeBatch("e", c.batch.Body(nil, "x", 1), ingest.Limits{})
-	require.NoError(t, err)
-	require.Empty(t, bad)
 	got := map[string]int{}
-	for _, ev := range dec.Events {
+	for _, ev := range reannounced(t, c) {
 		if ev.Type == messages.EvAdded {
 			got[ev.Request] = ev.MaxOffloadTokens
 		}
@@ -181,13 +205,7 @@ func TestHeartbeatRepliesJudgeOnlyTheirEpochHalfAPeriodOn(t *testing.T) {
 	c.lease = 4 * time.Minute // a period of a minute: the replies below come well within half of it
 	beat := func(epoch string, seq uint64, rep messages.HeartbeatReply) {
 		t.Helper()
-		sub, err := nc.SubscribeSync(nc.NewInbox())
-		require.NoError(t, err)
-		rep.Node, rep.Boot, rep.Epoch = "n1", "b1", epoch
-		data, err := json.Marshal(rep)
-		require.NoError(t, err)
-		require.NoError(t, nc.Publish(sub.Subject, data))
-		c.heartbeat(epoch, seq, c.probeLocked(), sub, 0)
+		heartbeatReply(t, nc, c, epoch, seq, rep)
 	}
 
 	beat("e0", 0, messages.HeartbeatReply{Released: 9}) // its heartbeat was sent before e1 began
@@ -247,4 +265,141 @@ func TestOnlyAPublishedEventPutsARequestAtTheNode(t *testing.T) {
 			}
 		})
 	}
+}
+
+// Step 3: the client lifts the pending limits of every subscription: a
+// release dropped as a slow consumer's costs a resync.
+func TestEverySubscriptionHasItsPendingLimitsLifted(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	c := sessionClient(t)
+	c.nc, c.subj, c.cfg.Prefix = nc, "kvactors.e1.", "kvactors"
+	require.NoError(t, c.subscribe())
+	t.Cleanup(c.unsubscribe)
+	require.Len(t, c.subs, 5)
+	for _, s := range c.subs {
+		msgs, bytes, err := s.PendingLimits()
+		require.NoError(t, err)
+		require.Equal(t, [2]int{-1, -1}, [2]int{msgs, bytes}, "the pending limits of %s", s.Subject)
+	}
+}
+
+// Step 14: the session notices a node silent for a lease when the lease
+// runs out, on a timer of its own, not at its next heartbeat tick (a
+// period later; here, a lease of an hour, never within the test).
+func TestTheNodeIsLostWhenItsLeaseRunsOut(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t) // no node: every request gets no responders
+	c := sessionClient(t)
+	c.nc, c.subj, c.stop = nc, "kvactors.e1.", make(chan struct{})
+	c.lease = time.Hour
+	c.lastSeen = time.Now().Add(50*time.Millisecond - c.lease)
+	c.wg.Add(1)
+	go c.loop()
+	t.Cleanup(func() {
+		close(c.stop)
+		c.wg.Wait()
+	})
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if c.Stats().NodeLosses == 0 {
+			return errors.New("the node is not lost yet")
+		}
+		return nil
+	})
+}
+
+// The checklist's clock rule: a lease is measured on the monotonic clock.
+// Each time below was taken before the wall clock stepped (an NTP step, a
+// resumed VM): forward, a node heard a moment ago is not lost; back, one
+// silent for two leases is lost, and its requests freed at once.
+func TestTheLeaseIsMeasuredOnTheMonotonicClock(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t) // no node: every request gets no responders
+	for _, tc := range []struct {
+		name      string
+		ago, step time.Duration
+		lost      bool
+	}{
+		{"forward", 0, 2 * time.Hour, false},
+		{"back", 2 * 8 * time.Second, -2 * time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := sessionClient(t) // a lease of 8 s
+			c.nc, c.subj = nc, "kvactors.e1."
+			require.NoError(t, c.Added("r", 8))
+			require.NoError(t, c.Finished("r", false, 8, 8))
+			// A reading taken ago earlier whose wall clock has since stepped
+			// by step: against now's, its wall time is off by -step.
+			then := testkit.WallStepped(time.Now().Add(-tc.ago), -tc.step)
+			c.lastSeen = then
+			c.sent.end(c.sent.begin(then), nil)
+			c.tickOnce()
+			st := c.Stats()
+			require.Equal(t, tc.lost, st.NodeLosses == 1, "lost")
+			require.Equal(t, tc.lost, st.NodeLostFrees == 1, "freed")
+		})
+	}
+}
+
+// Step 12: a heartbeat reply saying "unknown engine" asks for a register
+// only from the registered boot: from another node (a cluster's, which
+// does not own the engine) it is nothing, and from another boot of the
+// node a restart (step 14), whose loss registers again in its own time.
+func TestOnlyTheRegisteredBootsUnknownEngineRegistersAgain(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	for _, tc := range []struct {
+		node, boot       string
+		reregister, lost bool
+	}{
+		{"n1", "b1", true, false},
+		{"n2", "x1", false, false},
+		{"n1", "b2", false, true},
+	} {
+		c := sessionClient(t)
+		heartbeatReply(t, nc, c, "e1", 0, messages.HeartbeatReply{Node: tc.node, Boot: tc.boot,
+			Error: `unknown engine "e1"`})
+		require.Equal(t, tc.reregister, c.reregister, "a re-register pending after %s/%s's reply", tc.node, tc.boot)
+		require.Equal(t, tc.lost, c.lost, "the node lost after %s/%s's reply", tc.node, tc.boot)
+	}
+}
+
+// A release that arrives once Close has begun (the unregister's
+// engine_gone ones, or one in flight) frees nothing and calls for
+// nothing: the engine is done with the session, and Close says no
+// callback comes after it.
+func TestAReleaseAfterCloseIsStale(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	require.NoError(t, c.Added("r", 8))
+	require.NoError(t, c.Finished("r", false, 8, 8))
+	c.closed = true // Close's first step
+	for i, reason := range []string{messages.ReasonFinished, messages.ReasonEngineGone} {
+		c.onReleased(msgOf(t, messages.Released{Request: "r", Epoch: "e1", RSeq: uint64(i + 1), Reason: reason}))
+	}
+	require.Equal(t, 2, c.st.StaleReleases)
+	require.Zero(t, c.st.Releases)
+	require.Equal(t, 1, c.reqs["r"].owed)
+	require.False(t, c.reregister)
+}
+
+// Step 18: a resync re-announces the requests oldest first (in the order
+// of their added), whatever their ids and later events.
+func TestAResyncReannouncesOldestFirst(t *testing.T) {
+	t.Parallel()
+	c := sessionClient(t)
+	var want []string
+	for i := range 16 {
+		id := fmt.Sprintf("r%02d", 16-i) // ids sort against arrival
+		require.NoError(t, c.Added(id, 8))
+		want = append(want, id)
+	}
+	require.NoError(t, c.Tokens(want[0], 4, 8)) // a later event of the oldest
+	var got []string
+	for _, ev := range reannounced(t, c) {
+		if ev.Type == messages.EvAdded {
+			got = append(got, ev.Request)
+		}
+	}
+	require.Equal(t, want, got)
 }

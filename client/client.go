@@ -139,7 +139,7 @@ type Stats struct {
 	Releases         int    // delivered to OnReleased
 	NodeLostFrees    int    // of which reason node_lost
 	ForgottenFrees   int    // of which made by the client while the node had forgotten the engine (engine_gone)
-	StaleReleases    int    // for an old epoch, or one left when the node's loss freed its requests: not a free
+	StaleReleases    int    // for an old epoch, or one left when the node's loss freed its requests, or handled after Close began: not a free
 	UnnumberedRel    int    // without epoch or rseq in a v2 session (a node with a boot): dropped, not a free
 	UnexpectedRel    int    // for a request not waiting for one (but UnowedResets, and the answer to a Finished of one not held)
 	UnowedResets     int    // engine_reset or engine_gone of the current epoch for a request owed nothing: the node dropped it running (its lapse, this engine's silence, or it dropped the engine)

@@ -415,13 +415,8 @@ func TestReannounceAfterPreemption(t *testing.T) {
 			start(c)
 			tc.steps(c)
 			require.Equal(t, tc.owed, c.reqs["r"].owed)
-			c.batch.Reset()
-			c.reannounceLocked(func() {})
-			dec, bad, err := ingest.DecodeBatch("e", c.batch.Body(nil, "x", 1), ingest.Limits{})
-			require.NoError(t, err)
-			require.Empty(t, bad)
 			var got []string
-			for _, ev := range dec.Events {
+			for _, ev := range reannounced(t, c) {
 				switch ev.Type {
 				case messages.EvHashes:
 					got = append(got, fmt.Sprintf("hashes@%d", ev.Start))
