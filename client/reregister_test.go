@@ -259,3 +259,28 @@ func TestNoHeartbeatGoesOutWhileAReregisterIsPending(t *testing.T) {
 	})
 	requireNoneSent(t, enc, "kvactors.e1.heartbeat", beats, "a heartbeat was published while a re-register was pending")
 }
+
+// TestAStepFlushedBeforeTheReregisterGoesOutWithItsResync: a step flushed
+// while the node has forgotten the engine, its register still to pass,
+// is not published (the node would drop it; the engine's events wait for a
+// registration) but counted, and kept in the mirror: the resync that the
+// register starts re-announces it.
+func TestAStepFlushedBeforeTheReregisterGoesOutWithItsResync(t *testing.T) {
+	t.Parallel()
+	s, nc := testkit.NATS(t)
+	f := startFakeNode(t, nc, "n1", "boot1", testLease)
+	sent := make(chan string, 16)
+	c := connect(t, dial(t, s.ClientURL(), "e1"), client.Config{Engine: "e1", Spec: spec(),
+		BeforePublish: func(m *nats.Msg, _ uint64, _ int) { sent <- batchEpoch(m) }})
+	forgetAndRefuse(t, f, c)
+	old := c.Epoch()
+	require.NoError(t, c.Added("r", 8))
+	require.NoError(t, c.Flush())
+	testkit.NoRecv(t, sent, 0, "a batch published while the register was pending") // published under Flush's lock
+	require.Equal(t, 1, c.Stats().DiscardedBatches)
+	f.refuseRegisters("")
+	epoch := testkit.Recv(t, sent, 5*time.Second, "the resync's batch")
+	require.NotEqual(t, old, epoch)
+	f.awaitApplied(t, epoch, 1)
+	require.Equal(t, "r", f.events(epoch)[0].Request)
+}
