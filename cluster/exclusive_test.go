@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -126,6 +127,12 @@ type exclusiveNode struct {
 	lease   time.Duration
 	rng     *rand.Rand
 	ops     int
+	// leaves: one call in leaves (0: none) gives a held engine up as a
+	// graceful shutdown does (Leave, a closed marker) rather than Release.
+	leaves int
+	// releases: one call in releases (0: 20) releases a held engine.
+	releases int
+	calls    *callLog // nil: not recorded
 }
 
 func (n *exclusiveNode) run(ctx context.Context) {
@@ -144,16 +151,25 @@ func (n *exclusiveNode) run(ctx context.Context) {
 		case time.Now().After(nextBeat):
 			nextBeat = time.Now().Add(n.lease / 4)
 			for _, e := range n.o.Mine() {
-				_, err := n.o.KeepAlive(call, e)
+				start := time.Now()
+				rev, err := n.o.KeepAlive(call, e)
+				n.calls.add(n.name, "keep-alive", e, start, fmt.Sprintf("rev %d, %v", rev, err))
 				n.after(e, err)
 			}
-		case n.rng.IntN(20) == 0 && len(n.o.Mine()) > 0:
-			e := n.o.Mine()[0]
-			n.log.ended(n.name, e, time.Now()) // it stops serving as the release begins
-			_ = n.o.Release(call, e)
+		case n.leaves > 0 && n.rng.IntN(n.leaves) == 0 && len(n.o.Mine()) > 0:
+			e, start := n.o.Mine()[0], time.Now()
+			n.log.ended(n.name, e, start) // it stops serving as the leave begins
+			err := n.o.Leave(call, e)
+			n.calls.add(n.name, "leave", e, start, fmt.Sprint(err))
+		case n.rng.IntN(cmp.Or(n.releases, 20)) == 0 && len(n.o.Mine()) > 0:
+			e, start := n.o.Mine()[0], time.Now()
+			n.log.ended(n.name, e, start) // it stops serving as the release begins
+			err := n.o.Release(call, e)
+			n.calls.add(n.name, "release", e, start, fmt.Sprint(err))
 		default:
-			e := n.engines[n.rng.IntN(len(n.engines))]
+			e, start := n.engines[n.rng.IntN(len(n.engines))], time.Now()
 			d, err := n.o.Resolve(call, e, Request{Register: true, Local: true})
+			n.calls.add(n.name, "resolve", e, start, fmt.Sprintf("%v %s (%s), %v", d.Action, d.Owner, d.Reason, err))
 			if err == nil && d.Action == ownership.Ignore {
 				n.log.ended(n.name, e, time.Now()) // another owner: this one's lease is over
 			}
