@@ -66,14 +66,7 @@ func TestOwnershipIsExclusiveUnderFaults(t *testing.T) {
 		nodes[i] = &exclusiveNode{name: name, link: l, o: o, acks: acks,
 			log: log, engines: engines, lease: lease, rng: rand.New(rand.NewPCG(uint64(i), 7))}
 	}
-	var wg sync.WaitGroup
-	for _, n := range nodes {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			n.run(ctx)
-		}()
-	}
+	wg := runNodes(ctx, nodes)
 
 	// Faults, on the test goroutine (testkit.Cluster's methods must be):
 	// cut an owner off for two leases, let it back, and again; in a long run
@@ -355,4 +348,18 @@ func (k *ackedKV) ackedAt(key string) time.Time {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	return k.at[key]
+}
+
+// runNodes runs each node's contention loop on a goroutine of its own
+// until ctx ends; Wait on the group returned waits for them.
+func runNodes(ctx context.Context, nodes []*exclusiveNode) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n.run(ctx)
+		}()
+	}
+	return &wg
 }

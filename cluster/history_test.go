@@ -2,11 +2,9 @@ package cluster
 
 import (
 	"cmp"
-	"context"
 	"fmt"
 	"hash/fnv"
 	"math"
-	"reflect"
 	"slices"
 	"strings"
 	"sync"
@@ -14,10 +12,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
-
-	"github.com/kvactors/kvactors/cluster/ownership"
 )
 
 // callLog records each Owners call of the contenders of a test (node,
@@ -72,120 +67,6 @@ type kvOut struct {
 	ok  bool
 	rev uint64
 	err string
-}
-
-// kvHistory records every bucket write of the Owners under test.
-type kvHistory struct {
-	start time.Time
-	mu    sync.Mutex
-	ops   []porcupine.Operation
-}
-
-func (h *kvHistory) now() int64 { return int64(time.Since(h.start)) }
-
-func (h *kvHistory) add(client int, in kvIn, rev uint64, err error) {
-	in.ret = h.now()
-	out := kvOut{ok: err == nil, rev: rev}
-	if err != nil {
-		out.err = err.Error()
-	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	h.ops = append(h.ops, porcupine.Operation{ClientId: client, Input: in, Call: in.call, Output: out, Return: in.ret})
-}
-
-// operations is the history for porcupine: a failed write's return is
-// open (it may land any time after its call).
-func (h *kvHistory) operations() []porcupine.Operation {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := make([]porcupine.Operation, len(h.ops))
-	for i, op := range h.ops {
-		if !op.Output.(kvOut).ok {
-			in := op.Input.(kvIn)
-			in.ret = math.MaxInt64
-			op.Input, op.Return = in, math.MaxInt64
-		}
-		out[i] = op
-	}
-	return out
-}
-
-// recordedKV is a KeyValue whose writes are recorded in h.
-type recordedKV struct {
-	jetstream.KeyValue
-	h      *kvHistory
-	client int
-}
-
-func (k *recordedKV) in(kind kvOpKind, key string, value []byte, expect uint64) kvIn {
-	in := kvIn{kind: kind, key: key, expect: expect}
-	if value != nil {
-		r, err := ownership.DecodeRecord(value)
-		if err != nil {
-			panic(fmt.Sprintf("a write of an undecodable record: %v", err)) // Owners writes only its records
-		}
-		in.writer, in.closed = r.Identity.String(), r.Closed
-	}
-	in.call = k.h.now()
-	return in
-}
-
-func (k *recordedKV) Create(ctx context.Context, key string, value []byte, opts ...jetstream.KVCreateOpt) (uint64, error) {
-	in := k.in(kvCreate, key, value, 0)
-	rev, err := k.KeyValue.Create(ctx, key, value, opts...)
-	k.h.add(k.client, in, rev, err)
-	return rev, err
-}
-
-func (k *recordedKV) Update(ctx context.Context, key string, value []byte, revision uint64) (uint64, error) {
-	in := k.in(kvUpdate, key, value, revision)
-	rev, err := k.KeyValue.Update(ctx, key, value, revision)
-	k.h.add(k.client, in, rev, err)
-	return rev, err
-}
-
-func (k *recordedKV) Delete(ctx context.Context, key string, opts ...jetstream.KVDeleteOpt) error {
-	in := k.in(kvDelete, key, nil, deleteRevision(opts))
-	err := k.KeyValue.Delete(ctx, key, opts...)
-	k.h.add(k.client, in, 0, err)
-	return err
-}
-
-// deleteRevision is the revision a delete's jetstream.LastRevision option
-// expects (0: none), read back from the option: nats.go keeps it in an
-// unexported struct its option function fills.
-func deleteRevision(opts []jetstream.KVDeleteOpt) uint64 {
-	var rev uint64
-	for _, opt := range opts {
-		f := reflect.ValueOf(opt)
-		if f.Kind() != reflect.Func || f.Type().NumIn() != 1 || f.Type().In(0).Kind() != reflect.Pointer {
-			continue
-		}
-		o := reflect.New(f.Type().In(0).Elem())
-		f.Call([]reflect.Value{o})
-		if r := o.Elem().FieldByName("revision"); r.IsValid() && r.Uint() != 0 {
-			rev = r.Uint()
-		}
-	}
-	if rev == 0 && len(opts) > 0 { // Owners deletes only on a revision: nats.go's option changed
-		panic("recordedKV: a delete's expected revision could not be read from its options")
-	}
-	return rev
-}
-
-// Writes Owners does not make: recorded nowhere, so they fail loudly
-// rather than leave a gap in the history.
-func (k *recordedKV) Put(context.Context, string, []byte) (uint64, error) {
-	panic("recordedKV: Put is not in the history's model")
-}
-
-func (k *recordedKV) PutString(context.Context, string, string) (uint64, error) {
-	panic("recordedKV: PutString is not in the history's model")
-}
-
-func (k *recordedKV) Purge(context.Context, string, ...jetstream.KVDeleteOpt) error {
-	panic("recordedKV: Purge is not in the history's model")
 }
 
 // regState is one key of the bucket, as ownershipModel sees it: its record
