@@ -371,7 +371,13 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 		// write, its reply back or not (a register read during a keep-alive
 		// sees the keep-alive's write before its reply; taken for lapsed,
 		// a register naming another node went unanswered by every node).
-		renewed, _ = h.sentBy(e.Revision)
+		var ok bool
+		if renewed, ok = h.sentBy(e.Revision); ok && held && e.Revision > h.rev {
+			// A write whose reply is lost: the claim's renewal from now on
+			// (landed), so Serving and the fencing token agree with what
+			// is decided on it.
+			o.landed(engine, e.Revision)
+		}
 	}
 	return ownership.Input{
 		Entry: e, Me: o.me, StandbyFor: o.cfg.StandbyFor,

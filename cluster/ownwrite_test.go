@@ -37,6 +37,10 @@ func TestARegisterReadDuringItsOwnersKeepAliveIsAnsweredByTheOwner(t *testing.T)
 	e, err := a.kv.Get(ctx, "e1")
 	require.NoError(t, err)
 	require.Equal(t, landed, e.Revision(), "served on the landed write, nothing written again")
+	// What Resolve served on, Serving and the fencing token say too: the
+	// landed write is the claim's renewal, sent when the keep-alive was.
+	require.Equal(t, landed, a.Revision("e1"), "the claim's token is the landed write's")
+	require.True(t, a.Serving("e1", time.Now()))
 }
 
 // A record of this process past the revision it knows, with no write of
