@@ -155,3 +155,24 @@ func TestSegmentBytesFollowTheBudget(t *testing.T) {
 	require.NoError(t, err)
 	d.Close()
 }
+
+// A chunk larger than the whole budget is not written (counted dropped):
+// indexed, it would have evicted every chunk on disk, then itself.
+func TestAChunkOverTheBudgetIsNotWrittenAndEvictsNothing(t *testing.T) {
+	ev := &events{}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 4 << 10}, ev.notify)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	small, big := bytes.Repeat([]byte{1}, 1<<10), bytes.Repeat([]byte{2}, 8<<10)
+	require.True(t, d.Spill("e", key(1), sum(small), small))
+	waitOnDisk(t, d, key(1))
+	require.True(t, d.Spill("e", key(2), sum(big), big), "queued: the writer refuses it")
+	require.True(t, d.Spill("e", key(3), sum(small), small))
+	waitOnDisk(t, d, key(3)) // written after the big one was taken
+	_, _, ok := d.Has(key(2))
+	require.False(t, ok)
+	require.Equal(t, []messages.Key{key(1), key(3)}, d.Keys())
+	require.Equal(t, int64(1), d.Stats().Dropped)
+	_, removed := ev.get()
+	require.Empty(t, removed)
+}

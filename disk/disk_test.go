@@ -522,3 +522,69 @@ func TestReannounceTellsEveryChunkAsStored(t *testing.T) {
 	stored, _ = ev.get()
 	require.Len(t, stored, 5, "nothing after Close")
 }
+
+// A read asking for another size than the record's fails without reading
+// (not ErrCorrupt: the record is not at fault) and drops nothing: read
+// into the wrong room, the good chunk would fail its checksum and go.
+func TestAReadOfAnotherSizeKeepsTheChunk(t *testing.T) {
+	ev := &events{}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, ev.notify)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := bytes.Repeat([]byte{9}, 1000)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	for _, size := range []int{999, 1001} {
+		_, err = readBack(t, d, key(1), size)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, ErrCorrupt)
+		require.NotErrorIs(t, err, ErrMissing)
+	}
+	_, removed := ev.get()
+	require.Empty(t, removed)
+	got, err := readBack(t, d, key(1), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
+}
+
+// A spill of a key already on disk writes nothing (the store spills a
+// chunk read back and evicted again).
+func TestASpillOfAKeyOnDiskWritesNothing(t *testing.T) {
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := bytes.Repeat([]byte{1}, 1000)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	require.True(t, d.Spill("e", key(1), sum(c), c), "on disk already")
+	require.True(t, d.Spill("e", key(2), sum(c), c))
+	waitOnDisk(t, d, key(2)) // written after anything queued before it
+	require.Equal(t, int64(2), d.Stats().Writes)
+}
+
+// A chunk found at open has no engine; its drop is told for the engine
+// whose action dropped it.
+func TestADropOfAChunkFoundAtOpenIsToldForTheDroppingEngine(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{2}, 1000)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Close()
+	var mu sync.Mutex
+	var told []string
+	d, err = Open(Config{Dir: dir, Bytes: 1 << 20}, func(engine string, _, removed []messages.Key) {
+		mu.Lock()
+		defer mu.Unlock()
+		for range removed {
+			told = append(told, engine)
+		}
+	})
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	d.Drop("e2", key(1))
+	mu.Lock()
+	defer mu.Unlock()
+	require.Equal(t, []string{"e2"}, told)
+}

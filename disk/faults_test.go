@@ -190,3 +190,33 @@ func filesCounted(t *testing.T, d *Disk, dir string) {
 		return nil
 	})
 }
+
+// A segment cut short under the running tier (an operator's truncate, a
+// filesystem's damage) fails the read of a chunk it held (ErrCorrupt,
+// naming the key), never returns its bytes, and drops the chunk, told
+// removed, so the next load of it is a miss; the tier goes on.
+func TestAReadThatFailsDropsItsChunk(t *testing.T) {
+	ev := &events{}
+	d, err := Open(Config{Dir: t.TempDir(), Bytes: 1 << 20}, ev.notify)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := bytes.Repeat([]byte{8}, 4096)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	require.True(t, d.Spill("e", key(2), sum(c), c))
+	waitOnDisk(t, d, key(1), key(2))
+	path, off, _ := d.Where(key(2))
+	require.NoError(t, os.Truncate(path, off+100)) // key(2)'s data cut short
+
+	_, err = readBack(t, d, key(2), len(c))
+	require.ErrorIs(t, err, ErrCorrupt)
+	require.Contains(t, err.Error(), fmt.Sprintf("%x", string(key(2))))
+	_, _, ok := d.Has(key(2))
+	require.False(t, ok, "dropped")
+	_, removed := ev.get()
+	require.Equal(t, []messages.Key{key(2)}, removed)
+	_, err = readBack(t, d, key(2), len(c))
+	require.ErrorIs(t, err, ErrMissing, "a miss now")
+	got, err := readBack(t, d, key(1), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got, "the chunk before the cut still reads")
+}

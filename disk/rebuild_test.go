@@ -349,3 +349,96 @@ func TestATombstoneOfADeletedSegmentIsNotWritten(t *testing.T) {
 		require.Equal(t, data(i), got, "chunk %d", i)
 	}
 }
+
+// A record's header checksum covers its key: a key byte rotted on disk is
+// a torn header (the segment cut there), never a record of another key,
+// whose data checksum, over the data alone, would hold: the chunk would
+// be served under a key, of another namespace maybe, that never stored it.
+func TestARottedKeyByteIsATornHeaderNotAnotherKey(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{5}, 1000)
+	for i := 1; i <= 3; i++ {
+		require.True(t, d.Spill("e", key(i), sum(c), c))
+	}
+	waitOnDisk(t, d, key(1), key(2), key(3))
+	path, off, _ := d.Where(key(2))
+	d.Close()
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	require.NoError(t, err)
+	last := off - 4 - 1                   // the key's last byte, before the header checksum
+	_, err = f.WriteAt([]byte{'9'}, last) // "chunk-000002" reads "chunk-000009"
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d2.Close)
+	_, _, ok := d2.Has(key(9))
+	require.False(t, ok, "a key no record was written under")
+	require.Equal(t, []messages.Key{key(1)}, d2.Keys(), "cut at the torn header")
+	require.Equal(t, int64(1), d2.Stats().Discarded)
+}
+
+// A torn tail is cut at the record it tears, and the segment's size is
+// where the cut left it: the writer appends to a newest segment with no
+// live chunk (here a dropped record and its tombstone, then a torn
+// header), and its records are indexed where they land, so they read
+// back; the files' bytes are counted as they are.
+func TestATornTailCutLeavesTheSegmentToAppendAtItsEnd(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, Bytes: 1 << 20}
+	d, err := Open(cfg, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{6}, 1000)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Drop("e", key(1)) // its tombstone beside it: the segment holds no live chunk
+	d.Close()
+	files, err := filepath.Glob(filepath.Join(dir, "*"+segSuffix))
+	require.NoError(t, err)
+	require.Len(t, files, 1)
+	f, err := os.OpenFile(files[0], os.O_WRONLY|os.O_APPEND, 0)
+	require.NoError(t, err)
+	_, err = f.Write(appendHeader(nil, string(key(2)), 1000, sum(c))[:10]) // a header torn
+	require.NoError(t, err)
+	require.NoError(t, f.Close())
+
+	d, err = Open(cfg, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	require.Equal(t, int64(1), d.Stats().Discarded)
+	require.True(t, d.Spill("e", key(3), sum(c), c))
+	waitOnDisk(t, d, key(3))
+	path, _, _ := d.Where(key(3))
+	require.Equal(t, files[0], path, "appended to the cut segment")
+	got, err := readBack(t, d, key(3), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
+	info, err := os.Stat(path)
+	require.NoError(t, err)
+	require.Equal(t, info.Size(), d.Stats().FileBytes)
+}
+
+// Close writes the tombstones still queued (here one whose write failed,
+// its retry an hour off): a Close then a restart brings back no record
+// dropped before the Close.
+func TestCloseWritesTheTombstonesStillQueued(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, TombstoneRetry: time.Hour}, nil)
+	require.NoError(t, err)
+	data := bytes.Repeat([]byte{7}, 100)
+	require.True(t, d.Spill("e", key(1), sum(data), data))
+	require.True(t, d.Spill("e", key(2), sum(data), data))
+	waitOnDisk(t, d, key(1), key(2))
+	failWrites(d, 5, false)
+	d.Drop("e", key(1))
+	waitFailed(t, d, 1)
+	d.Close()
+
+	d2, err := Open(Config{Dir: dir, Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	defer d2.Close()
+	require.Equal(t, []messages.Key{key(2)}, d2.Keys(), "the dropped chunk stays out")
+}

@@ -240,3 +240,35 @@ func TestASegmentSwappedForALinkAfterTheListingIsNotFollowed(t *testing.T) {
 	_, err = d.readInto("e", key(1), [][]byte{make([]byte, len(c))})
 	require.ErrorIs(t, err, ErrMissing, "the swapped segment's record is not served")
 }
+
+// Segments are walked in id order, not in their names' order: past
+// 99999999 a name grows a digit ("100000000.kvseg" sorts before
+// "99999999.kvseg"), and walked in name order the older records would
+// come back as the newest.
+func TestSegmentsPastEightDigitsAreWalkedInIDOrder(t *testing.T) {
+	dir := t.TempDir()
+	cfg := Config{Dir: dir, Bytes: 1 << 20}
+	d, err := Open(cfg, nil)
+	require.NoError(t, err)
+	c := bytes.Repeat([]byte{4}, 100)
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	d.Close()
+	require.NoError(t, os.Rename(filepath.Join(dir, "00000001"+segSuffix), filepath.Join(dir, "99999999"+segSuffix)))
+	d, err = Open(cfg, nil)
+	require.NoError(t, err)
+	require.True(t, d.Spill("e", key(2), sum(c), c))
+	waitOnDisk(t, d, key(2))
+	path, _, _ := d.Where(key(2))
+	require.Equal(t, "100000000"+segSuffix, filepath.Base(path))
+	d.Close()
+
+	d, err = Open(cfg, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{key(1), key(2)}, d.Keys(), "write order")
+	d.Close()
+	d, err = Open(Config{Dir: dir, Bytes: 100}, nil) // room for the newest only
+	require.NoError(t, err)
+	defer d.Close()
+	require.Equal(t, []messages.Key{key(2)}, d.Keys())
+}
