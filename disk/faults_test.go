@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -219,4 +220,60 @@ func TestAReadThatFailsDropsItsChunk(t *testing.T) {
 	got, err := readBack(t, d, key(1), len(c))
 	require.NoError(t, err)
 	require.Equal(t, c, got, "the chunk before the cut still reads")
+}
+
+// A segment file deleted under the running tier (an operator's rm, a
+// cleaner) counts as deleted when its turn comes: nothing fails to
+// delete, and the segments after it are deleted in their turn, so the
+// files stay within their bound. A delete that failed on the missing file
+// would stop every later delete: the files would grow without bound.
+func TestASegmentDeletedUnderTheTierIsNoFailedDelete(t *testing.T) {
+	dir := t.TempDir()
+	d, err := Open(Config{Dir: dir, Bytes: 64 << 10, SegmentBytes: 16 << 10}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := bytes.Repeat([]byte{6}, 4<<10)
+	require.True(t, d.Spill("e", key(0), sum(c), c))
+	waitOnDisk(t, d, key(0))
+	path, _, _ := d.Where(key(0))
+	require.NoError(t, os.Remove(path))
+	for i := 1; i < 100; i++ {
+		require.True(t, d.Spill("e", key(i), sum(c), c))
+		waitOnDisk(t, d, key(i))
+	}
+	st := d.Stats()
+	require.Zero(t, st.RemoveFailed)
+	require.LessOrEqual(t, st.FileBytes, int64(96<<10)+int64(16<<10)+int64(4<<10+64))
+	require.LessOrEqual(t, len(segFiles(t, dir)), 8)
+}
+
+// A directory moved away under the running tier fails the spill that
+// needs a new segment (counted; the full segment is not written past
+// SegmentBytes, nor is a retired one appended to): the chunk is not
+// indexed, and once the directory is back the tier writes again.
+func TestANewSegmentThatCannotBeCreatedFailsTheSpillOnly(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "disk")
+	d, err := Open(Config{Dir: dir, Bytes: 1 << 20, SegmentBytes: 1500}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	c := bytes.Repeat([]byte{7}, 1000) // one record per segment: each spill rolls
+	require.True(t, d.Spill("e", key(1), sum(c), c))
+	waitOnDisk(t, d, key(1))
+	moved := dir + ".moved"
+	require.NoError(t, os.Rename(dir, moved))
+	require.True(t, d.Spill("e", key(2), sum(c), c))
+	waitFailed(t, d, 1)
+	_, _, ok := d.Has(key(2))
+	require.False(t, ok)
+	for _, f := range segFiles(t, moved) {
+		info, err := os.Stat(f)
+		require.NoError(t, err)
+		require.LessOrEqual(t, info.Size(), int64(1500), "no segment written past SegmentBytes")
+	}
+	require.NoError(t, os.Rename(moved, dir))
+	require.True(t, d.Spill("e", key(3), sum(c), c))
+	waitOnDisk(t, d, key(3))
+	got, err := readBack(t, d, key(3), len(c))
+	require.NoError(t, err)
+	require.Equal(t, c, got)
 }
