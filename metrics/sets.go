@@ -199,7 +199,7 @@ func (m *Store) Retry(reason string) prometheus.Counter {
 // (RegisterPool); its evictions are counted with the store decisions that
 // cause them (Store).
 type Pool struct {
-	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load, or of another size than their group's
+	Corrupt      prometheus.Counter     // chunks whose bytes failed their checksum on a load, could not be read from the disk tier, or of another size than their group's
 	PoolHits     prometheus.Counter     // chunks a load copied out of host memory (its copy done)
 	ChecksumTime *prometheus.CounterVec // transfer_type: CRC-32C time inside copies
 }
@@ -207,7 +207,7 @@ type Pool struct {
 // NewPool builds the copy path's collectors.
 func NewPool(reg prometheus.Registerer) *Pool {
 	m := &Pool{
-		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load, or their size is not their group's chunk size."),
+		Corrupt:  counter("pool", "corrupt_chunks_total", "Chunks dropped because their bytes failed their CRC-32C on a load, could not be read from the disk tier (an I/O error, a file cut short), or their size is not their group's chunk size."),
 		PoolHits: counter("pool", "hits_total", "Chunks a load copied out of host memory, counted once its copy is done (loads from disk: kvactors_disk_hits_total)."),
 		ChecksumTime: counterVec("store", "checksum_seconds_total",
 			"Seconds of CRC-32C taken (stores) or checked (loads) inside copies; part of kv_offload_total_time.", "transfer_type"),
