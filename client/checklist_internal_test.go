@@ -403,3 +403,50 @@ func TestAResyncReannouncesOldestFirst(t *testing.T) {
 	}
 	require.Equal(t, want, got)
 }
+
+// Step 11: a request finished or preempted in a step not published yet
+// (still in the batch, or held by an overflow's wait) when the node
+// forgets the engine is one the node holds nothing of: its batch is
+// discarded from then on, so it is answered at once (engine_gone), as a
+// Finished coming after would be, not left waiting for a register the
+// node may refuse for long. One already at the node waits for its own
+// engine_gone.
+func TestForgettingAnswersWhatNoPublishedBatchCarried(t *testing.T) {
+	t.Parallel()
+	_, nc := testkit.NATS(t)
+	for _, tc := range []struct {
+		name   string
+		forget func(c *Client)
+	}{
+		{"unknown engine", func(c *Client) {
+			heartbeatReply(t, nc, c, "e1", 0, messages.HeartbeatReply{Error: `unknown engine "e1"`})
+		}},
+		{"engine_gone", func(c *Client) {
+			c.onReleased(msgOf(t, messages.Released{Request: "s", Epoch: "e1", RSeq: 1, Reason: messages.ReasonEngineGone}))
+		}},
+	} {
+		for _, held := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s held=%v", tc.name, held), func(t *testing.T) {
+				c := sessionClient(t)
+				c.nc, c.subj = nc, "kvactors.e1."
+				require.NoError(t, c.Added("s", 8)) // at the node
+				require.NoError(t, c.Added("p", 8))
+				require.NoError(t, c.Flush())
+				require.NoError(t, c.Added("r", 8))
+				require.NoError(t, c.Finished("r", false, 8, 8))
+				require.NoError(t, c.Added("q", 8))
+				c.Preempted("q")
+				c.Preempted("p")
+				if held {
+					c.resync, c.holdUntil = ResyncNode, time.Now().Add(time.Hour)
+					require.NoError(t, c.Flush())
+				}
+				tc.forget(c)
+				require.True(t, c.reregister)
+				require.NotContains(t, c.reqs, "r", "r waits for an engine_gone the node never sends")
+				require.Zero(t, c.reqs["q"].owed, "q waits for an engine_gone the node never sends")
+				require.Equal(t, 1, c.reqs["p"].owed, "p freed while the node may copy")
+			})
+		}
+	}
+}

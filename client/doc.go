@@ -54,7 +54,9 @@
 //     a later finished or preempted of a request the node holds nothing of
 //     (its engine_gone came, or no batch carrying it was published since) is answered
 //     at once with reason engine_gone (no epoch), as the node may refuse
-//     the engine for long (--max-engines); one the node may still copy
+//     the engine for long (--max-engines), and so, when the node forgets
+//     the engine, is every such request already owed a release (its step
+//     unsent: discarded from then on); one the node may still copy
 //     for waits for its engine_gone (the node answers "unknown engine" as
 //     soon as it drops the engine, before its copies end). One that
 //     comes after the re-register took effect, its resync not yet begun,

@@ -53,8 +53,8 @@ func (c *Client) onReleased(m *nats.Msg) {
 		// Not once a re-register took effect in this epoch: the node
 		// holds that registration already (a request's engine_gone comes
 		// once its copies end, after the node answered "unknown engine").
-		c.reregister = true
-		c.wake()
+		// After this release's own request is answered.
+		defer c.forgottenLocked()
 	}
 	r := c.reqs[rel.Request]
 	if r == nil {
@@ -119,6 +119,22 @@ func (c *Client) freeAllLocked(r *mreq, rel Release) {
 	for r.owed > 0 {
 		c.freeLocked(r, rel)
 	}
+}
+
+// forgottenLocked notes that the node forgot the engine: a re-register is
+// due, and the batches until it are discarded, so a request finished or
+// preempted in a step no published batch carried (still in the batch, or
+// held by an overflow's wait) is one the node holds nothing of, answered
+// now as a later event of it would be (freeIfNoNodeLocked), not at a
+// register the node may refuse for long.
+func (c *Client) forgottenLocked() {
+	if !c.reregister {
+		c.reregister = true
+		for _, r := range c.reqs {
+			c.freeIfNoNodeLocked(r)
+		}
+	}
+	c.wake()
 }
 
 // freeIfNoNodeLocked frees r at once when no node can copy its blocks: the

@@ -390,8 +390,7 @@ func (c *Client) heartbeat(epoch string, seq, n uint64, sub *nats.Subscription, 
 	if rep.Error != "" {
 		if strings.Contains(rep.Error, "unknown engine") {
 			c.cfg.Log.Warn("client: the node forgot this engine", "engine", c.cfg.Engine, "err", rep.Error)
-			c.reregister = true
-			c.wake() // at once, not at the next tick: batches are dropped and loads refused until then
+			c.forgottenLocked() // wakes at once, not at the next tick: batches are dropped and loads refused until then
 		}
 		return
 	}
