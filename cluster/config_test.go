@@ -4,6 +4,8 @@ import (
 	"errors"
 	"testing"
 	"time"
+
+	"github.com/kvactors/kvactors/cluster/ownership"
 )
 
 func TestClockSkewDefaultsToATenthOfTheLeaseAndIsBounded(t *testing.T) {
@@ -39,5 +41,31 @@ func TestServingEndsTheSkewBeforeTheLease(t *testing.T) {
 	}
 	if o.Serving("past", now) {
 		t.Error("an engine renewed 9.001 s ago served at a 10 s lease and 1 s skew: a server 1 s ahead may have expired it")
+	}
+}
+
+// A read of this process's own closed marker (Leave's) past the claim's
+// revision is no renewal, though it names this identity and a write of the
+// claim is in flight: every other node takes it for no owner at once, so
+// counted as landed it would keep this node serving, and its fencing
+// token on the marker, while another claims it (claim's rule too).
+func TestAClosedMarkerOfItsOwnIsNoRenewal(t *testing.T) {
+	c := Config{Node: "n", Boot: "b", Lease: 10 * time.Second}
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	me := ownership.Identity{Node: "n", Boot: "b"}
+	o := &Owners{cfg: c, me: me, mine: map[string]held{
+		"e": {rev: 5, renewed: now.Add(-8 * time.Second), unacked: now},
+	}}
+	marker := &ownership.Entry{Record: ownership.Record{Identity: me, LeaseMS: 10000, Renewed: now.UnixMilli(), Closed: true},
+		Revision: 7}
+	o.input("e", marker, Request{})
+	if rev := o.Revision("e"); rev != 5 {
+		t.Errorf("the claim's token is %d after a read of its own closed marker at 7, want 5", rev)
+	}
+	if o.Serving("e", now.Add(2*time.Second)) {
+		t.Error("served on its own closed marker")
 	}
 }

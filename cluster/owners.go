@@ -372,10 +372,11 @@ func (o *Owners) input(engine string, e *ownership.Entry, req Request) (in owner
 		// sees the keep-alive's write before its reply; taken for lapsed,
 		// a register naming another node went unanswered by every node).
 		var ok bool
-		if renewed, ok = h.sentBy(e.Revision); ok && held && e.Revision > h.rev {
+		if renewed, ok = h.sentBy(e.Revision); ok && held && e.Revision > h.rev && !e.Closed {
 			// A write whose reply is lost: the claim's renewal from now on
 			// (landed), so Serving and the fencing token agree with what
-			// is decided on it.
+			// is decided on it. Not a closed marker (this process's Leave,
+			// no owner to every other node), as in claim.
 			o.landed(engine, e.Revision)
 		}
 	}
