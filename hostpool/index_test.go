@@ -139,3 +139,38 @@ func TestKeyIndexGrows(t *testing.T) {
 	x.reserve(100)
 	require.Equal(t, 16384, len(x.slots), "reserve never shrinks")
 }
+
+// Two keys whose tags are equal (found by a birthday search over two
+// namespaces' keys) are two chunks: a probe that matched the tag alone
+// would answer one key's lookup, load or store with the other's chunk,
+// another namespace's KV perhaps (docs/SECURITY.md).
+func TestKeysSharingATagAreDistinct(t *testing.T) {
+	p := New(4, 1)
+	byTag := map[uint32]messages.Key{}
+	var a, b messages.Key
+	for i := 0; a == ""; i++ {
+		k := messages.Key(fmt.Sprintf("ns%d/chunk-%d", i%2, i))
+		if other, ok := byTag[p.index.tag(k)]; ok {
+			a, b = other, k
+		}
+		byTag[p.index.tag(k)] = k
+	}
+	require.Equal(t, p.index.tag(a), p.index.tag(b))
+
+	prep, err := p.PrepareStore([]messages.Key{a}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{a}, prep.Keys)
+	p.CompleteStore(prep.Keys, []uint32{1})
+	st, _ := p.Lookup(b)
+	require.Equal(t, Absent, st, "%x hits %x's chunk", string(b), string(a))
+	require.ErrorIs(t, p.PrepareLoad([]messages.Key{b}), ErrNotReady)
+
+	prep, err = p.PrepareStore([]messages.Key{b}, nil)
+	require.NoError(t, err)
+	require.Equal(t, []messages.Key{b}, prep.Keys, "stored as a chunk of its own")
+	p.CompleteStore(prep.Keys, []uint32{2})
+	require.True(t, p.Drop(b, 2))
+	st, _ = p.Lookup(a)
+	require.Equal(t, Ready, st, "dropping %x took %x", string(b), string(a))
+	checkInvariants(t, p)
+}

@@ -181,6 +181,48 @@ func TestTouchOrder(t *testing.T) {
 	checkInvariants(t, p)
 }
 
+// The offer marks (an offered key is not evicted for its siblings) live
+// as long as the call's epoch, a uint32 that wraps after 2^32 decisions
+// (half a day at 100k a second): a mark left from before the wrap must not
+// look current to the call whose epoch it names again, or that call keeps
+// a chunk it did not offer and finds no room.
+func TestOfferMarksDoNotOutliveTheEpochsWrap(t *testing.T) {
+	p := New(1, 1)
+	_, err := p.PrepareStore(k("a"), nil)
+	require.NoError(t, err)
+	p.CompleteStore(k("a"), sums(k("a")))
+	_, err = p.PrepareStore(k("a"), nil) // a offered: marked with this epoch
+	require.NoError(t, err)
+	mark := p.epoch
+	p.epoch = math.MaxUint32
+	_, err = p.PrepareStore(nil, nil) // wraps to 1
+	require.NoError(t, err)
+	for p.epoch+1 != mark {
+		_, err = p.PrepareStore(nil, nil)
+		require.NoError(t, err)
+	}
+	got, err := p.PrepareStore(k("b"), nil) // the epoch a's old mark names
+	require.NoError(t, err, "a not offered: evictable")
+	require.Equal(t, k("a"), got.Evicted)
+	checkInvariants(t, p)
+}
+
+// Chunks read back for a load (CompleteStorePinned) are touched as a load's
+// are: the first key of the prefix ends up the most recent, so once let go
+// of the prefix is evicted from its tail.
+func TestReadBackChunksAreTouchedInPrefixOrder(t *testing.T) {
+	p := New(3, 1)
+	_, err := p.PrepareStore(k("a", "b"), nil) // room to read a and b back into
+	require.NoError(t, err)
+	p.CompleteStorePinned(k("a", "b"), sums(k("a", "b")))
+	require.Equal(t, k("b", "a"), lruOrder(p))
+	p.CompleteLoad(k("a", "b"))
+	got, err := p.PrepareStore(k("x", "y"), nil)
+	require.NoError(t, err)
+	require.Equal(t, k("b"), got.Evicted, "the prefix's tail first")
+	checkInvariants(t, p)
+}
+
 // PROTOCOL.md "P.E.load": an error "naming the missing key"; a failed
 // PrepareLoad pins nothing.
 func TestPrepareLoadNotReady(t *testing.T) {

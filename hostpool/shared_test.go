@@ -112,6 +112,20 @@ func TestSharedPrepareLoadTouches(t *testing.T) {
 		MaxChunks: MaxChunks}, s.Stats())
 }
 
+// A load over a lower tier touches the keys it found in host memory too.
+func TestSharedPrepareLoadFromTouches(t *testing.T) {
+	s := NewShared(3, 1)
+	_, err := s.PrepareStore(k("a", "b", "c"), nil)
+	require.NoError(t, err)
+	s.CompleteStore(k("a", "b", "c"), okSums(k("a", "b", "c"), true))
+	_, err = s.PrepareLoadFrom(k("a"), func(messages.Key) (int64, bool) { return 0, false })
+	require.NoError(t, err)
+	s.CompleteLoad(k("a"))
+	got, err := s.PrepareStore(k("x"), nil)
+	require.NoError(t, err)
+	require.Equal(t, k("b"), got.Evicted, "a was touched by its load")
+}
+
 // While every slot is pending or pinned, Shared answers no room without the
 // lock (even for an offer of present keys, retried once a slot frees); a
 // completed store lifts it.
@@ -134,6 +148,54 @@ func TestSharedFullFastPath(t *testing.T) {
 	require.Equal(t, []messages.Key{"c"}, got.Keys)
 	require.Equal(t, []messages.Key{"a"}, got.Evicted, "the ready key makes room")
 	require.True(t, s.full.Load(), "b and c pending")
+}
+
+// With no free page and every chunk pending, a page of small slots with a
+// slot free still takes a chunk of its class: the pool is not full, and the
+// fast refusal must not turn that chunk away.
+func TestAFreeSlotKeepsThePoolFromFull(t *testing.T) {
+	s := NewShared(1024, 1024)
+	_, err := s.PrepareStore(k("a"), []int64{64}) // the only page, cut into 64-byte slots
+	require.NoError(t, err)
+	require.Zero(t, s.Stats().FreePages)
+	require.False(t, s.full.Load(), "15 slots free")
+	got, err := s.PrepareStore(k("b"), []int64{64})
+	require.NoError(t, err)
+	require.Equal(t, k("b"), got.Keys)
+}
+
+// A load's end that unpins the chunks of a full pool makes them evictable:
+// the pool is no longer full (its fast refusal would turn every store away
+// until some other change), and as many room waiters as chunks unpinned are
+// woken. Both ends: CompleteLoad (a remote read's, Unpin's) and EndLoad (a
+// load job's).
+func TestALoadsEndLiftsFullAndWakesRoomWaiters(t *testing.T) {
+	for name, end := range map[string]func(*Shared, []messages.Key){
+		"CompleteLoad": func(s *Shared, keys []messages.Key) { s.CompleteLoad(keys) },
+		"EndLoad":      func(s *Shared, keys []messages.Key) { s.By("e").EndLoad(keys) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			s := NewShared(2, 1)
+			_, err := s.PrepareStore(k("a", "b"), nil)
+			require.NoError(t, err)
+			s.CompleteStore(k("a", "b"), okSums(k("a", "b"), true))
+			require.NoError(t, s.PrepareLoad(k("a", "b")))
+			require.True(t, s.full.Load())
+			prep, err := s.PrepareStore(k("c"), nil)
+			require.ErrorIs(t, err, ErrNoRoom)
+			w1, w2, w3 := &countWaker{}, &countWaker{}, &countWaker{}
+			for _, w := range []Waker{w1, w2, w3} {
+				s.WaitRoom(w, prep.RoomGen)
+			}
+
+			end(s, k("a", "b"))
+			require.False(t, s.full.Load(), "a and b evictable")
+			require.Equal(t, []int32{1, 1, 0}, []int32{w1.n.Load(), w2.n.Load(), w3.n.Load()}, "one waiter per chunk unpinned")
+			got, err := s.PrepareStore(k("c"), nil)
+			require.NoError(t, err)
+			require.Equal(t, k("b"), got.Evicted, "the load touched a, then b: b is older")
+		})
+	}
 }
 
 // A load over a lower tier: ready keys are pinned, fetchable absent keys get

@@ -52,6 +52,20 @@ func TestWaitPendingWakesOnceWhenTheFirstKeyEnds(t *testing.T) {
 	require.Zero(t, s.Waiting())
 }
 
+// A waiter on several keys that end in one completion (one job's) is woken
+// once for it, not once per key: each wake-up is a message to its actor
+// and a retry.
+func TestWaitPendingWakesOncePerCompletion(t *testing.T) {
+	s := NewShared(64*16, 16)
+	_, err := s.PrepareStore(k("a", "b", "c"), []int64{16, 16, 16})
+	require.NoError(t, err)
+	w := &countWaker{}
+	s.WaitPending(k("a", "b", "c"), w)
+	s.CompleteStore(k("a", "b", "c"), okSums(k("a", "b", "c"), true))
+	require.EqualValues(t, 1, w.n.Load())
+	require.Zero(t, s.Waiting())
+}
+
 // Keys read back from a lower tier are pending too; their completion
 // (CompleteStorePinned) wakes their waiters.
 func TestWaitPendingWakesOnAPinnedCompletion(t *testing.T) {
@@ -290,4 +304,21 @@ func TestPinReadyOrPendingPinsAPendingKeyAsItIsMadeReady(t *testing.T) {
 	s.CompleteStore(k("late"), okSums(k("late"), true))
 	require.Zero(t, s.Stats().Pinned, "a copy ending after Unpin pins nothing")
 	require.Zero(t, s.Waiting())
+}
+
+// A completion whose chunk a holder pins as it is made ready can leave the
+// pool full (every chunk pending or pinned): the full flag says so after
+// that change as after any other, and a store is refused on the fast path.
+func TestAPinAsAChunkIsMadeReadyCanFillThePool(t *testing.T) {
+	s := NewShared(16, 16) // one chunk
+	_, err := s.PrepareStore(k("a"), []int64{16})
+	require.NoError(t, err)
+	pins := s.PinReadyOrPending(k("a"))
+	s.CompleteStore(k("a"), okSums(k("a"), true))
+	require.EqualValues(t, 1, s.Stats().Pinned)
+	require.True(t, s.full.Load(), "a, the only chunk, pinned")
+	_, err = s.PrepareStore(k("b"), []int64{16})
+	require.ErrorIs(t, err, errFull)
+	s.Unpin(pins)
+	require.False(t, s.full.Load())
 }
