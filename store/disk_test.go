@@ -142,3 +142,32 @@ func TestConcurrentStoresAndLoadsOverDisk(t *testing.T) {
 		dst.Hits, dst.Raced, dst.Dropped)
 	require.Greater(t, dst.Hits, hitsBefore, "the key evicted from host memory came back from disk")
 }
+
+// refusesDisk maps every key to itself but no, which is not to be written
+// to disk.
+type refusesDisk struct{ no messages.Key }
+
+func (r refusesDisk) ToDisk(k messages.Key) (messages.Key, bool) {
+	if k == r.no {
+		return "", false
+	}
+	return k, true
+}
+
+// A victim whose key the mapping refuses (DiskKeys.ToDisk's false: a
+// namespace with no lasting disk key) is not spilled under any disk key;
+// the next victim, which maps, is.
+func TestAVictimWithNoDiskKeyIsNotSpilled(t *testing.T) {
+	const bb = 64
+	l := mustLayout(t, 1, messages.Region{BlockStride: bb, BlockBytes: bb})
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	s := New(heapArena(make([]byte, bb)), bb, d, metrics.NewPool(nil))
+	s.UseDiskKeys(refusesDisk{no: "a"})
+	e := s.Engine("e", l, &memDevice{mem: make([]byte, 4*bb)})
+	storeChunks(t, e, chunk("a", 1))
+	storeChunks(t, e, chunk("b", 2)) // evicts a
+	storeChunks(t, e, chunk("c", 3)) // evicts b
+	d.Close()                        // the queued spills written
+	require.Equal(t, []messages.Key{"b"}, d.Keys())
+}

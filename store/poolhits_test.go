@@ -39,3 +39,13 @@ func TestPoolHitsCountOnlyCopiedLoads(t *testing.T) {
 	require.Equal(t, 2.0, testutil.ToFloat64(m.PoolHits), "a load failing its checksum is no hit")
 	require.Zero(t, s.Stats().Pinned)
 }
+
+// A chunk a load read back from disk is no host memory hit (the disk tier
+// counts it): a load of one chunk from each counts one.
+func TestPoolHitsLeaveOutChunksReadBackFromDisk(t *testing.T) {
+	s, e, _, _ := onDiskOnly(t) // a on disk only, c in host memory
+	_, err := e.PrepareLoad([]messages.Key{"a", "c"})
+	require.NoError(t, err)
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5), chunk("c", 6)}, nil))
+	require.Equal(t, 1.0, testutil.ToFloat64(s.metrics.PoolHits), "c only")
+}

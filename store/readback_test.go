@@ -1,7 +1,9 @@
 package store
 
 import (
+	"bytes"
 	"fmt"
+	"hash/crc32"
 	"testing"
 	"time"
 
@@ -81,4 +83,77 @@ func waitOnDisk(t *testing.T, d *disk.Disk, key messages.Key) {
 		}
 		return nil
 	})
+}
+
+// hookDevice is memDevice running before, once, at its next copy.
+type hookDevice struct {
+	memDevice
+	before func()
+}
+
+func (d *hookDevice) Copy(dir backend.Direction, a backend.Arena, rs []backend.Range) error {
+	if f := d.before; f != nil {
+		d.before = nil
+		f()
+	}
+	return d.memDevice.Copy(dir, a, rs)
+}
+
+// A chunk a load read back from disk is made ready pinned, in the step
+// that makes it ready: a store deciding while the load copies it to the
+// device, into a pool the chunk fills, finds no room rather than evicting
+// it and writing over the bytes on their way out (the load does not check
+// a read-back chunk's bytes again: fetch checked them).
+func TestAChunkReadBackStaysPinnedUntilItsLoadCopiedIt(t *testing.T) {
+	l := mustLayout(t, 1, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	dev := &hookDevice{memDevice: memDevice{mem: make([]byte, 8*testBlockBytes)}}
+	d, err := disk.Open(disk.Config{Dir: t.TempDir(), Bytes: 1 << 20}, nil)
+	require.NoError(t, err)
+	t.Cleanup(d.Close)
+	s := New(heapArena(make([]byte, testBlockBytes)), testBlockBytes, d, metrics.NewPool(nil)) // one chunk
+	e := s.Engine("e", l, dev)
+	rec := bytes.Repeat([]byte{0xAB}, testBlockBytes)
+	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
+	waitOnDisk(t, d, "a")
+	_, err = e.PrepareLoad([]messages.Key{"a"})
+	require.NoError(t, err)
+
+	var during error
+	dev.before = func() {
+		var prep hostpool.Prepared
+		if prep, during = e.PrepareStore([]messages.Key{"x"}, []int64{testBlockBytes}); during == nil {
+			for _, x := range prep.Ext {
+				clear(s.arena.Bytes()[x.Off : x.Off+x.Len]) // x's copy, over a's bytes
+			}
+		}
+	}
+	require.NoError(t, e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("a", 5)}, nil))
+	require.ErrorIs(t, during, hostpool.ErrNoRoom, "a store evicted the chunk being loaded")
+	require.Equal(t, rec, dev.mem[5*testBlockBytes:6*testBlockBytes])
+	require.Zero(t, s.Stats().Pinned)
+}
+
+// A load verifies every chunk it took from host memory, those after a
+// chunk it read back from disk too (whose bytes fetch checked): a corrupt
+// one fails the load before any byte reaches the device.
+func TestALoadVerifiesItsHostChunksPastAReadBack(t *testing.T) {
+	s, e, dev, d := diskFixture(t)
+	rec := bytes.Repeat([]byte{0xAB}, testBlockBytes)
+	require.True(t, d.Spill("e", "r", crc32.Checksum(rec, castagnoli), rec))
+	waitOnDisk(t, d, "r")
+	storeChunks(t, e, chunk("h", 1))
+	loc, err := s.pool.Locate([]messages.Key{"h"})
+	require.NoError(t, err)
+	s.arena.Bytes()[loc.Ext[0].Off] ^= 1
+
+	_, err = e.PrepareLoad([]messages.Key{"r", "h"})
+	require.NoError(t, err)
+	before := bytes.Clone(dev.mem)
+	err = e.Copy(backend.HostToDevice, []sched.JobChunk{chunk("r", 5), chunk("h", 6)}, nil)
+	require.ErrorIs(t, err, ErrCorrupt)
+	var ke *hostpool.KeyError
+	require.ErrorAs(t, err, &ke)
+	require.Equal(t, messages.Key("h"), ke.Key)
+	require.Equal(t, before, dev.mem, "nothing reached the device")
+	require.Zero(t, s.Stats().Pinned)
 }

@@ -2,6 +2,7 @@ package store
 
 import (
 	"bytes"
+	"fmt"
 	"hash/crc32"
 	"testing"
 
@@ -22,10 +23,16 @@ import (
 // 64-bit FNV fingerprint failed to tell apart, or a record left by another
 // build) would otherwise reach the device as the chunk, the load answering
 // ok. It fails naming the key, nothing reaches the device, and the record
-// is dropped.
+// is dropped. Larger or smaller.
 func TestAReadBackOfAnotherSizeIsRefused(t *testing.T) {
+	for _, size := range []int{2 * testBlockBytes, testBlockBytes / 2} { // twice and half the layout's chunk
+		t.Run(fmt.Sprint(size), func(t *testing.T) { testAReadBackOfAnotherSizeIsRefused(t, size) })
+	}
+}
+
+func testAReadBackOfAnotherSizeIsRefused(t *testing.T, size int) {
 	s, e, dev, d := diskFixture(t)
-	rec := bytes.Repeat([]byte{0xAB}, 2*testBlockBytes) // twice the layout's chunk
+	rec := bytes.Repeat([]byte{0xAB}, size)
 	require.True(t, d.Spill("e", "a", crc32.Checksum(rec, castagnoli), rec))
 	waitOnDisk(t, d, "a")
 	require.True(t, s.Ready("a"), "on disk")

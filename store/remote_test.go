@@ -3,6 +3,7 @@ package store
 import (
 	"errors"
 	"hash/crc32"
+	"slices"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/kvactors/kvactors/hostpool"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/metrics"
 )
 
 // A chunk crosses stores: ReadChunk gives its bytes and stored checksum;
@@ -72,6 +74,27 @@ func TestFillRemoteRefusesBadChunks(t *testing.T) {
 	require.Zero(t, s.Stats().Pinned, "a refused chunk is not pinned")
 }
 
+// FillRemote writes only into room given to a pending key: a key already
+// ready (stored meanwhile by another copy, pinned here by a load copying
+// it out) is refused and its bytes are left as they are.
+func TestFillRemoteNeverWritesOverAReadyChunk(t *testing.T) {
+	s, e, _, _ := fixture(t, 2, 16<<10, 0)
+	storeChunks(t, e, chunk("k", 1, 2))
+	want, sum, err := s.ReadChunk("k")
+	require.NoError(t, err)
+	_, err = e.PrepareLoad([]messages.Key{"k"}) // a load holds it
+	require.NoError(t, err)
+
+	other := make([]byte, len(want))
+	require.Error(t, s.FillRemote("e", "k", other, crc32.Checksum(other, castagnoli)))
+	require.Equal(t, 1, s.Stats().Pinned, "the load's pin alone")
+	s.UnpinRemote([]messages.Key{"k"})
+	got, sum2, err := s.ReadChunk("k")
+	require.NoError(t, err)
+	require.Equal(t, want, got, "the ready chunk's bytes were written over")
+	require.Equal(t, sum, sum2)
+}
+
 // A chunk corrupted in host memory is not served: ReadChunk drops it and
 // counts it.
 func TestReadChunkDropsACorruptChunk(t *testing.T) {
@@ -84,4 +107,52 @@ func TestReadChunkDropsACorruptChunk(t *testing.T) {
 	require.True(t, errors.Is(err, ErrCorrupt), "%v", err)
 	require.False(t, s.Ready("a"))
 	require.Equal(t, 1.0, testutil.ToFloat64(m.Corrupt))
+}
+
+// hookArena runs onBytes, once, at the next call to Bytes: the moment a copy
+// starts reading or writing the arena.
+type hookArena struct {
+	b       []byte
+	onBytes func()
+}
+
+func (a *hookArena) Bytes() []byte {
+	if f := a.onBytes; f != nil {
+		a.onBytes = nil
+		f()
+	}
+	return a.b
+}
+func (a *hookArena) Close() error { return nil }
+
+// ReadChunk copies its chunk out under its pin: a store deciding while the
+// bytes are read, into a pool the chunk fills, finds no room rather than
+// evicting the chunk and writing over the bytes being served.
+func TestReadChunkCopiesItsChunkPinned(t *testing.T) {
+	l := mustLayout(t, 2, messages.Region{BlockStride: testBlockBytes, BlockBytes: testBlockBytes})
+	size := l.Groups[0].ChunkBytes
+	arena := &hookArena{b: make([]byte, size)}
+	dev := &memDevice{mem: make([]byte, 64*testBlockBytes)}
+	for i := range dev.mem {
+		dev.mem[i] = byte(i)
+	}
+	s := New(arena, size, nil, metrics.NewPool(nil))
+	e := s.Engine("e", l, dev)
+	storeChunks(t, e, chunk("a", 1, 2))
+	want := slices.Clone(arena.b)
+
+	var during error
+	arena.onBytes = func() {
+		var prep hostpool.Prepared
+		if prep, during = e.PrepareStore([]messages.Key{"b"}, []int64{size}); during == nil {
+			for _, x := range prep.Ext {
+				clear(arena.b[x.Off : x.Off+x.Len]) // b's copy, over a's bytes
+			}
+		}
+	}
+	got, _, err := s.ReadChunk("a")
+	require.ErrorIs(t, during, hostpool.ErrNoRoom, "a store evicted the chunk being read")
+	require.NoError(t, err)
+	require.Equal(t, want, got)
+	require.Zero(t, s.Stats().Pinned)
 }

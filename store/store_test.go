@@ -197,6 +197,46 @@ func TestFailedAndAbortedJobsComplete(t *testing.T) {
 	require.Zero(t, s.Stats().Pinned)
 }
 
+// A store job whose keys the pool cannot locate (a bug: its keys are
+// pending until it completes; here one was never given room) fails and
+// still completes: its other chunks' room is freed, none left pending.
+func TestAStoreJobItsPoolCannotLocateStillCompletes(t *testing.T) {
+	s, e, _, _ := fixture(t, 1, 4<<10, 0)
+	_, err := e.PrepareStore([]messages.Key{"x"}, []int64{64})
+	require.NoError(t, err)
+	err = e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("x", 1), chunk("never", 2)}, nil)
+	require.ErrorIs(t, err, hostpool.ErrNotReady)
+	require.Zero(t, s.Stats().Pending, "x left pending")
+	require.Zero(t, s.Stats().Used)
+}
+
+// A chunk is a lookup hit only once its store completed: while its copy
+// fills it (pending) it is neither Store.Ready nor Engine.Ready
+// (PROTOCOL.md "lookup" stops at it).
+func TestAChunkBeingStoredIsNoLookupHit(t *testing.T) {
+	s, e, _, _ := fixture(t, 1, 4<<10, 0)
+	_, err := e.PrepareStore([]messages.Key{"x"}, []int64{e.lay.Groups[0].ChunkBytes})
+	require.NoError(t, err)
+	require.False(t, s.Ready("x"), "pending: a hit")
+	require.False(t, e.Ready("x"), "pending: a hit")
+	require.NoError(t, e.Copy(backend.DeviceToHost, []sched.JobChunk{chunk("x", 1)}, nil))
+	require.True(t, s.Ready("x"))
+	require.True(t, e.Ready("x"))
+}
+
+// A key whose group is past the engine's layout (its last group + 1, the
+// first index out of range) is no hit for that engine's lookup, even when
+// another engine stored a chunk under it.
+func TestAKeyOfAGroupPastTheLayoutIsNoHit(t *testing.T) {
+	s, e, _, _ := fixture(t, 1, 4<<10, 0)
+	key := sched.Key(0, "h", len(e.lay.Groups))
+	prep, err := e.PrepareStore([]messages.Key{key}, []int64{64})
+	require.NoError(t, err)
+	s.pool.CompleteStore(prep.Keys, []uint32{0})
+	require.True(t, s.Ready(key))
+	require.NotPanics(t, func() { require.False(t, e.Ready(key)) })
+}
+
 // A chunk larger than a tile (20 blocks of 64 KiB = 1.25 MiB, with a null
 // block, across two pieces) is copied a window at a time: its checksum is
 // still the CRC-32C of all its bytes in order, it loads back byte for byte,
