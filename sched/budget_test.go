@@ -395,3 +395,23 @@ func TestAnExtendedKeyCacheIsChargedItsCapacity(t *testing.T) {
 	h.req.Forget()
 	require.Zero(t, lay.Budget.Held())
 }
+
+// A list grows as append grows it but never past its request's bound
+// (grownCap's most): room past MaxHashes or a group's MaxBlocks could never
+// be used, and would be charged to the engine's budget for nothing.
+func TestListsNeverGrowPastTheRequestsBound(t *testing.T) {
+	s := spec(1, 1, full(1))
+	s.MaxModelLen = 20
+	lay := mustLayout(t, s)
+	lay.Budget = NewStateBudget(0)
+	r := NewRequest(lay, added(0)) // no prompt: no room reserved ahead
+	for i := range 20 {
+		require.NoError(t, r.Step(hashes(i, 1)))
+		require.NoError(t, r.Step(blocks(0, i, messages.BlockID(i+1))))
+		require.LessOrEqual(t, cap(r.hashes), lay.MaxHashes, "%d hashes", i+1)
+		require.LessOrEqual(t, cap(r.groups[0].blocks), lay.Groups[0].MaxBlocks, "%d block ids", i+1)
+		require.Equal(t, footprint(r), r.StateBytes())
+	}
+	require.Equal(t, 20, cap(r.hashes), "grown to the bound")
+	require.Equal(t, footprint(r), lay.Budget.Held())
+}

@@ -99,6 +99,8 @@ func TestLoadChunks(t *testing.T) {
 	}
 	_, err = l.LoadChunks(hs[:2], 16, [][]messages.BlockID{{5, 6, 7, 8}, {0, 9}})
 	require.ErrorIs(t, err, ErrBadLoad, "too few hashes")
+	_, err = l.LoadChunks(hs[:3], 16, [][]messages.BlockID{{5, 6, 7, 8}, {0, 9}})
+	require.ErrorIs(t, err, ErrBadLoad, "one hash too few")
 }
 
 // A load past what a request may hold (max_model_len, else num_gpu_blocks'

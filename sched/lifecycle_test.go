@@ -418,3 +418,21 @@ func TestAHeldRequestReleasesNothingUntilUnheld(t *testing.T) {
 	require.Equal(t, []string{messages.ReasonEngineReset}, e.Releases)
 	require.True(t, e.Done)
 }
+
+// A reset cancels every copy in flight once (PROTOCOL.md "EventBatch"):
+// the cancels a preemption still owed (its Step returns no effects) are in
+// the reset's, and no later effects name them again.
+func TestAResetAfterAPreemptionCancelsEachCopyOnce(t *testing.T) {
+	h := newHarness(t, oneGroup4(t), 64, added(8))
+	h.step(hashes(0, 2), blocks(0, 0, 1, 2), tokens(8, 8))
+	job := h.advance().Job
+	require.NotNil(t, job)
+	h.step(preempted()) // no Advance: its cancel is owed
+	e := h.record(h.req.Reset(messages.ReasonEngineReset))
+	require.Equal(t, []JobID{job.ID}, e.Cancel)
+	require.Empty(t, h.advance().Cancel, "cancelled already")
+	e = h.cancel(job.ID)
+	require.Empty(t, e.Cancel, "cancelled already")
+	require.Equal(t, []string{messages.ReasonEngineReset}, e.Releases)
+	require.True(t, e.Done)
+}

@@ -24,6 +24,7 @@ import (
 // and conflicts. The model side mirrors what sched must have accepted and
 // recomputes the ready prefix from scratch. Checked:
 //   - the incremental ready prefix equals the naive one, after every step;
+//   - the request's charge is what its lists and cached keys hold (budget.go);
 //   - the cursor never decreases;
 //   - a job only holds chunks that are ready (tokens, key and every block
 //     known), storable (last block not null; no null block at all in a
@@ -746,6 +747,8 @@ func (m *model) check(where string) {
 		m.failf("%s: hashes %d, model %d", where, s.Hashes, m.hashesKnown)
 	case !slices.Equal(s.InFlight, m.inflight):
 		m.failf("%s: jobs in flight %v, model %v", where, s.InFlight, m.inflight)
+	case m.req.StateBytes() != footprint(m.req): // cached keys included (budget.go)
+		m.failf("%s: charged %d bytes, the request holds %d", where, m.req.StateBytes(), footprint(m.req))
 	}
 	for g, gs := range s.Groups {
 		switch {
