@@ -65,3 +65,25 @@ func TestAFailureBeforeAPreemptionResyncsItsEpoch(t *testing.T) {
 	require.NoError(t, json.Unmarshal(testkit.Recv(t, resyncs, 5*time.Second, "the failure's resync").Data, &rs))
 	require.Equal(t, "a", rs.Epoch)
 }
+
+// A request actor of an ended epoch that fails (reset, waiting for its
+// copy) is released aborted, in its own epoch, and resyncs nothing: the
+// engine has moved on, and a resync would end the live epoch for no
+// request of it.
+func TestAFailureOfAnEndedEpochsRequestResyncsNothing(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	resyncs := testkit.Subscribe(t, nc, "kvactors.e1.resync")
+	system, pid, jobs := startSubmitting(t, nc, nil)
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job")
+	send("b", 1, added("q")) // a's r is reset, and waits for its copy
+	statusOf(t, system, pid)
+	system.Root.Stop(j.Owner) // a's r ends unreleased: a failure
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted},
+		releaseOf(t, released))
+	statusOf(t, system, pid)
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, resyncs, 50*time.Millisecond, "a resync for a failure of an ended epoch's request")
+}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -233,4 +234,25 @@ func copyingInEpochA(t *testing.T) (released <-chan *nats.Msg, system *actor.Act
 	send = epochSender(system, pid)
 	send("a", 1, readyChunk("r", 1)...)
 	return released, system, pid, send, jobs, testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job reads block 1")
+}
+
+// A deferred release that goes out lets its epoch go: once nothing of an
+// ended epoch may publish any more, its release count is forgotten (each
+// ended epoch's count kept would grow the engine's Releases for the boot).
+func TestADeferredReleaseLetsItsEndedEpochsCountGo(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	var rels *actors.Releases
+	system, pid, jobs := startSubmitting(t, nc, func(d *engine.Deps) { rels = d.Releases })
+	send := epochSender(system, pid)
+	send("a", 1, readyChunk("r", 1)...)
+	j := testkit.Recv(t, jobs, 5*time.Second, "a's r: its store job")
+	send("b", 1, messages.Event{Type: messages.EvFinished, Request: "r", Computed: 4, Total: 4}) // deferred for a's r
+	send("c", 1, added("q"))                                                                     // b ends, its release still deferred
+	statusOf(t, system, pid)
+	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
+	require.Equal(t, "a", releaseOf(t, released).Epoch)
+	require.Equal(t, messages.Released{Request: "r", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
+	statusOf(t, system, pid)
+	require.Zero(t, rels.Epochs(), "the ended epochs' release counts are kept")
 }

@@ -4,12 +4,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
 	"github.com/kvactors/kvactors/actors/engine"
+	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
 	"github.com/kvactors/kvactors/internal/testkit"
 	"github.com/kvactors/kvactors/messages"
+	"github.com/kvactors/kvactors/sched"
 )
 
 // An engine actor made while an earlier actor of its engine still ends
@@ -101,4 +104,35 @@ func TestARetireWhileAwaitingPredecessorsWaitsForThem(t *testing.T) {
 	require.Equal(t, messages.Released{Request: "u", Epoch: "b", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
 	testkit.Closed(t, closed, 5*time.Second, "Closed, once the predecessor closed and u's release went out")
 	require.Equal(t, 0, testkit.Recv(t, count, 5*time.Second, "the retire's count"))
+}
+
+// A request actor that fails while its release is held for a predecessor
+// still ending is released (aborted) once the predecessor closed, not at
+// once, also with no copy of its own to wait for (no transfer actor): the
+// predecessor's copies may still read the blocks its release frees.
+func TestAFailedRequestWithNoCopiesWaitsForThePredecessors(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	predecessor := make(chan struct{})
+	fs := holdingFaultyStore(t)
+	system, pid, m, _ := startEngineDeps(t, nc, make(chan struct{}),
+		func(_ *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
+			fs.over(lay)
+			d.Store = fs // no transfer actor: no copy can run
+		}, func(d *engine.Deps) { d.Predecessors = []<-chan struct{}{predecessor} })
+	fs.arm.Store(true) // r's first decision panics
+	epochSender(system, pid)("a", 1, readyChunk("r", 1)...)
+	testkit.Eventually(t, 5*time.Second, time.Millisecond, func() error {
+		if testutilValue(m) != 1 {
+			return errString("r's failure not handled yet")
+		}
+		return nil
+	})
+	statusOf(t, system, pid)
+	require.NoError(t, nc.Flush())
+	testkit.NoRecv(t, released, 100*time.Millisecond, "r released while the predecessor still ends")
+
+	close(predecessor)
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted}, releaseOf(t, released))
+	testkit.NoRecv(t, released, 50*time.Millisecond, "a release more")
 }

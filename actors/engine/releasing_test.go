@@ -168,3 +168,24 @@ func TestAnAddedRightAfterAReleaseAtTheLimitIsTaken(t *testing.T) {
 	statusOf(t, f.system, f.pid)
 	require.Equal(t, 1.0, testutil.ToFloat64(f.m.Events.Rejected.WithLabelValues(messages.RejectLimit)))
 }
+
+// An engine that reuses a request's id as soon as it reads the request's
+// release (its added queued ahead of the old request's Done) gets a new
+// request: the added is not routed to the finished one, which would reject
+// it as released and leave the engine's request untracked.
+func TestAnAddedOfTheIDRightAfterItsReleaseIsANewRequest(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	f := startFinishing(t, nc, make(chan struct{}))
+	letGo := f.hold(t, 3)
+	sendBatch(f.system, f.pid, 4, added("r")) // queued ahead of r's Done
+	f.complete(t, released)
+	letGo()
+
+	st := statusOf(t, f.system, f.pid)
+	require.Len(t, st.Requests, 1, "the engine's new request r is live")
+	require.Equal(t, "r", st.Requests[0].Request)
+	require.NotEqual(t, sched.Done, st.Requests[0].Phase, "the new r, not the released one")
+	require.Zero(t, testutil.ToFloat64(f.m.Events.Rejected.WithLabelValues(messages.RejectReleased)),
+		"the added rejected: released")
+}
