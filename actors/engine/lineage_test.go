@@ -256,3 +256,21 @@ func TestADeferredReleaseLetsItsEndedEpochsCountGo(t *testing.T) {
 	statusOf(t, system, pid)
 	require.Zero(t, rels.Epochs(), "the ended epochs' release counts are kept")
 }
+
+// An epoch that ends with none of its requests left forgets its release
+// count at once: nothing of it can publish any more, and each such count
+// kept would grow the engine's Releases for the boot.
+func TestAnEpochEndingWithNoRequestLeftForgetsItsCount(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	var rels *actors.Releases
+	system, pid, _ := startSubmitting(t, nc, func(d *engine.Deps) { rels = d.Releases })
+	send := epochSender(system, pid)
+	send("a", 1, added("r"), messages.Event{Type: messages.EvFinished, Request: "r"}) // released at once: no copy
+	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonFinished}, releaseOf(t, released))
+	statusOf(t, system, pid) // r's Done handled: a has no request left
+	require.Equal(t, 1, rels.Epochs(), "a, the live epoch, keeps its count")
+	send("b", 1, added("q"))
+	statusOf(t, system, pid)
+	require.Zero(t, rels.Epochs(), "a ended with no request left: its count is kept")
+}
