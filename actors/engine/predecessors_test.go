@@ -1,12 +1,14 @@
 package engine_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/asynkron/protoactor-go/actor"
 	"github.com/stretchr/testify/require"
 
+	"github.com/kvactors/kvactors/actors"
 	"github.com/kvactors/kvactors/actors/engine"
 	"github.com/kvactors/kvactors/actors/request"
 	"github.com/kvactors/kvactors/actors/transfer"
@@ -135,4 +137,28 @@ func TestAFailedRequestWithNoCopiesWaitsForThePredecessors(t *testing.T) {
 	close(predecessor)
 	require.Equal(t, messages.Released{Request: "r", Epoch: "a", RSeq: 1, Reason: messages.ReasonAborted}, releaseOf(t, released))
 	testkit.NoRecv(t, released, 50*time.Millisecond, "a release more")
+}
+
+// An epoch that ends while a predecessor still ends keeps its release count
+// until the predecessor closed: the predecessor (its engine's Releases is
+// this actor's) may still number a release of it, which must follow its
+// earlier ones, not start at rseq 1 again.
+func TestAnEpochEndedWhilePredecessorsEndKeepsItsCount(t *testing.T) {
+	_, nc := testkit.NATS(t)
+	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
+	predecessor := make(chan struct{})
+	var rels *actors.Releases
+	system, pid, _ := startSubmitting(t, nc, func(d *engine.Deps) {
+		d.Predecessors = []<-chan struct{}{predecessor}
+		rels = d.Releases
+	})
+	require.True(t, rels.Publish(context.Background(), "a", "old", messages.ReasonEngineReset, nil)) // the predecessor's
+	require.Equal(t, uint64(1), releaseOf(t, released).RSeq)
+	send := epochSender(system, pid)
+	send("a", 1)             // the predecessor's epoch goes on here, with no request
+	send("b", 1, added("q")) // a ends
+	statusOf(t, system, pid)
+	require.True(t, rels.Publish(context.Background(), "a", "old2", messages.ReasonEngineReset, nil)) // the predecessor's, later
+	require.Equal(t, messages.Released{Request: "old2", Epoch: "a", RSeq: 2, Reason: messages.ReasonEngineReset}, releaseOf(t, released))
+	close(predecessor)
 }
