@@ -153,7 +153,7 @@ func (n *Node) onLoad(engineID string, m *nats.Msg, session uint64, taken time.T
 		return
 	}
 	heldChunks = &rec.loadChunks
-	chunks, err := rec.layout.LoadChunksAtMost(req.Hashes, req.NumTokens, req.Blocks, count)
+	chunks, err := rec.layout.LoadChunksCounted(req.Hashes, req.NumTokens, req.Blocks, count)
 	if err != nil {
 		refuse(err) // not for a body just counted: a bug
 		return

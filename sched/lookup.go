@@ -143,13 +143,24 @@ func (l *Layout) LoadChunksAtMost(hashes []messages.Hash, numTokens int, blocks 
 	if err != nil {
 		return nil, err
 	}
+	return l.LoadChunksCounted(hashes, numTokens, blocks, n)
+}
+
+// LoadChunksCounted builds the n chunks LoadChunkCount counted in the same
+// body, in one walk, holding exactly their memory (a body with more is
+// refused, as LoadChunksAtMost refuses it).
+func (l *Layout) LoadChunksCounted(hashes []messages.Hash, numTokens int, blocks [][]messages.BlockID,
+	n int) ([]JobChunk, error) {
 	out := make([]JobChunk, 0, n)
-	_, err = l.loadChunks(hashes, numTokens, blocks, n, func(g, c int, ids []messages.BlockID) {
+	_, err := l.loadChunks(hashes, numTokens, blocks, n, func(g, c int, ids []messages.BlockID) {
 		gl := l.Groups[g]
 		out = append(out, JobChunk{Group: g, Index: messages.ChunkIndex(c),
 			Key: l.Key(hashes[(c+1)*gl.HashesPerChunk-1], g), Blocks: append([]messages.BlockID(nil), ids...)})
 	})
-	return out, err
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // LoadChunkCount is how many chunks LoadChunksAtMost would build, and its
