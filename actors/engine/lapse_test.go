@@ -23,14 +23,25 @@ import (
 // submits collects the store jobs request actors send to the transfer
 // actor; it never answers them (the copies stay in flight, the test ends
 // them). A Drain (a failed request) is answered at once: its copies are the
-// test's to hold.
-type submits struct{ ch chan *transfer.Submit }
+// test's to hold; drains, if set, is handed each one first. A probe is
+// echoed once what was sent before it has been handled.
+type submits struct {
+	ch     chan *transfer.Submit
+	drains chan *transfer.Drain
+}
+
+type probe struct{ done chan struct{} }
 
 func (s *submits) Receive(c actor.Context) {
 	switch m := c.Message().(type) {
 	case *transfer.Submit:
 		s.ch <- m
+	case probe:
+		m.done <- struct{}{}
 	case *transfer.Drain:
+		if s.drains != nil {
+			s.drains <- m
+		}
 		if m.Then != nil {
 			m.Then()
 			break

@@ -21,28 +21,6 @@ import (
 	"github.com/kvactors/kvactors/store"
 )
 
-// drainsSeen is a transfer actor that hands the test every Submit and
-// Drain (a Drain is answered as the real one does with nothing queued),
-// and echoes a probe once what it was sent before has been handled.
-type drainsSeen struct {
-	jobs   chan *transfer.Submit
-	drains chan *transfer.Drain
-}
-
-type probe struct{ done chan struct{} }
-
-func (s *drainsSeen) Receive(c actor.Context) {
-	switch m := c.Message().(type) {
-	case *transfer.Submit:
-		s.jobs <- m
-	case *transfer.Drain:
-		s.drains <- m
-		c.Send(m.ReplyTo, &transfer.Drained{Owner: m.Owner})
-	case probe:
-		m.done <- struct{}{}
-	}
-}
-
 // A request reset with nothing to release (preempted and released before
 // the engine reset) is done all the same: an end of its actor before its
 // Done is handled is no failure to release it for, aborted. That release
@@ -51,7 +29,7 @@ func (s *drainsSeen) Receive(c actor.Context) {
 func TestARequestResetWithNothingToReleaseIsNotReleasedWhenItsActorEnds(t *testing.T) {
 	_, nc := testkit.NATS(t)
 	released := testkit.Subscribe(t, nc, "kvactors.e1.released")
-	xfer := &drainsSeen{jobs: make(chan *transfer.Submit, 16), drains: make(chan *transfer.Drain, 16)}
+	xfer := &submits{ch: make(chan *transfer.Submit, 16), drains: make(chan *transfer.Drain, 16)}
 	var xferPID *actor.PID
 	system, pid, _, _ := startEngineWith(t, nc, make(chan struct{}), func(system *actor.ActorSystem, lay *sched.Layout, d *request.Deps) {
 		d.Store = store.New(testkit.HeapArena(make([]byte, 64*8)), 8, nil, metrics.NewPool(nil)).
@@ -60,7 +38,7 @@ func TestARequestResetWithNothingToReleaseIsNotReleasedWhenItsActorEnds(t *testi
 		d.Transfer = xferPID
 	})
 	sendBatch(system, pid, 1, readyChunk("r", 1)...)
-	j := testkit.Recv(t, xfer.jobs, 5*time.Second, "r's store job")
+	j := testkit.Recv(t, xfer.ch, 5*time.Second, "r's store job")
 	require.NoError(t, j.Store.Copy(j.Dir, j.Chunks, nil))
 	system.Root.Send(j.Owner, &transfer.JobDone{ID: j.ID})
 	sendBatch(system, pid, 2, messages.Event{Type: messages.EvPreempted, Request: "r"})
